@@ -1,0 +1,39 @@
+"""gmux: a GPU multiplexer for PyTorch training. Builds the Python package and its native core (gmux._native)."""
+import os
+
+from setuptools import find_packages, setup
+
+here = os.path.dirname(os.path.abspath(__file__))
+native_build = os.path.join("python", "build_native.py")
+
+setup(
+    name="gmux",
+    version="0.1.0",
+    description="Time-slice, pack and migrate PyTorch training jobs on shared GPUs",
+    packages=find_packages(include=["gmux", "gmux.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        # A range, not a pin: a GPU machine keeps the torch it has; CPU machines get 2.13.0 from requirements-cpu.txt.
+        "torch>=2.4",
+        "numpy",
+        "pyzmq>=25",
+        "msgpack>=1.0",
+        "cffi>=1.15",
+        "rich>=13",
+        "prometheus-client>=0.17",
+        "nvidia-ml-py>=12",
+        "matplotlib>=3.7",
+    ],
+    extras_require={"test": ["pytest>=7", "pytest-timeout", "hypothesis>=6"]},
+    setup_requires=["cffi>=1.15"],
+    cffi_modules=[native_build + ":ffibuilder"] if os.path.exists(os.path.join(here, native_build)) else [],
+    entry_points={
+        "console_scripts": [
+            "gmux=gmux.cli.gmux:main",
+            "gmuxd=gmux.cli.gmuxd:main",
+            "gmux-launch=gmux.cli.launch:main",
+            "gmux-scheduler=gmux.cli.scheduler:main",
+            "gmux-sim=gmux.cli.sim:main",
+        ]
+    },
+)
