@@ -1,0 +1,52 @@
+"""The in-job runtime. A training script attaches its state with one line and marks boundaries:
+
+    job = gmux.job.attach(model, optimizer, scheduler, extras={...}, state={...})
+    for epoch in job.epochs(10):
+        for batch in job.data(loader):      # tracks the data position; marks boundaries by itself
+            ...
+            job.boundary()                  # optional: explicit boundaries (e.g. gradient accumulation)
+
+or runs unmodified under `python -m gmux.job.run script.py` (transparent optimizer hook).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .checkpoint import CheckpointError
+from .control import Command, Controller, LocalController
+from .device_pool import DevicePool, PoolExhausted
+from .hook import install_hook
+from .job import Job, JobExit
+from .state import StateMismatch, TrackedState
+
+_current: Optional[Job] = None
+
+
+def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None,
+           controller: Optional[Controller] = None, pool: Optional[DevicePool] = None,
+           device=None) -> Job:
+    """Makes this process a gmux job tracking `objects` (modules, optimizers, LR schedulers, GradScalers),
+    the tensors in `extras` and the picklable values in `state` (kept by reference: the job's `state` is
+    that dict). Returns the job, also available as `gmux.job.current()`."""
+    global _current
+    tracked = TrackedState()
+    for obj in objects:
+        tracked.add(obj)
+    for name, t in (extras or {}).items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"extras['{name}'] is a {type(t).__name__}, not a tensor; put it in state=")
+    tracked.extras = dict(extras or {})
+    if state is not None:
+        tracked.state = state
+    _current = Job(tracked, controller=controller, pool=pool, device=device)
+    return _current
+
+
+def current() -> Optional[Job]:
+    return _current
+
+
+__all__ = ["attach", "current", "install_hook", "Job", "JobExit", "Command", "Controller", "LocalController",
+           "DevicePool", "PoolExhausted", "CheckpointError", "StateMismatch", "TrackedState"]

@@ -1,0 +1,79 @@
+"""The data position: which epoch a job is in and how many batches of it it has consumed.
+
+A job restored in a new process must see exactly the batches it would have seen. The shuffle of an epoch
+and the seeds of its loader workers are drawn from torch's random stream (or the loader's generator) when the
+epoch's iterator starts, so the position keeps that stream's state as it was at the epoch's start. Restoring
+mid-epoch rebuilds the iterator from it and replays the batches already consumed (the workers load them
+again, in the same order and with the same seeds, so any randomness inside them repeats too), then puts the
+random streams back to where the checkpoint left them.
+
+Limits, stated where users look: with num_workers=0 a dataset must not draw from the global random stream
+inside __getitem__, and with persistent_workers=True worker random state carries across epochs; in both cases
+a mid-epoch restore in a new process can differ (suspend/resume in one process is always exact).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+
+
+@dataclass
+class DataPosition:
+    epoch: int = 0
+    index: int = 0                                  # batches of this epoch consumed
+    epoch_rng: Optional[torch.Tensor] = None        # torch's CPU random state when the epoch's iterator started
+    epoch_generator: Optional[torch.Tensor] = None  # the loader's own generator state, if it has one
+    replay: bool = False                            # set by a restore: the next data() call fast-forwards
+
+    def to_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index,
+                "epoch_rng": self.epoch_rng, "epoch_generator": self.epoch_generator}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DataPosition":
+        return cls(int(d["epoch"]), int(d["index"]), d["epoch_rng"], d["epoch_generator"], replay=d["index"] > 0)
+
+
+def epochs(position: DataPosition, count: int) -> Iterator[int]:
+    while position.epoch < count:
+        yield position.epoch
+        position.epoch += 1
+        position.index = 0
+        position.replay = False
+
+
+def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[], None]) -> Iterator[Any]:
+    """Iterates one epoch of `loader`; calls `before_fetch` before every fetch after the first."""
+    generator = getattr(loader, "generator", None)
+    # A restored job resumes just after the boundary its checkpoint was taken at: do not mark that one twice.
+    skip_mark = position.replay
+    if position.replay:
+        now_rng = torch.get_rng_state()
+        now_gen = generator.get_state() if generator is not None else None
+        torch.set_rng_state(position.epoch_rng)
+        if generator is not None and position.epoch_generator is not None:
+            generator.set_state(position.epoch_generator)
+        it = iter(loader)
+        for _ in range(position.index):
+            next(it)
+        torch.set_rng_state(now_rng)
+        if now_gen is not None:
+            generator.set_state(now_gen)
+        position.replay = False
+    else:
+        position.index = 0
+        position.epoch_rng = torch.get_rng_state()
+        position.epoch_generator = generator.get_state() if generator is not None else None
+        it = iter(loader)
+    while True:
+        if position.index and not skip_mark:
+            before_fetch()
+        skip_mark = False
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        position.index += 1
+        yield batch

@@ -1,0 +1,88 @@
+"""The memory of a virtual GPU: a fixed pool of physical pages that exists before any job and outlives them.
+
+A real GPU's memory is already there when a job starts; taking it again after a suspend costs an allocator
+call, not page faults. On a machine with no GPU the same holds only if "device memory" comes from a pool of
+pages faulted in once: fresh anonymous memory costs ~3 s/GiB of page faults, a copy into warm pages ~70 ms/GiB.
+The pool is a shared-memory file (so gmuxd can own it and jobs can map it), populated at creation.
+
+Regions are handed out first-fit and come back only when the torch storage over them really dies (a weakref
+finalizer on the buffer object torch holds), so a view the runtime did not know about can never see a region
+reused by someone else: it keeps the region alive, and `in_use` shows it.
+"""
+from __future__ import annotations
+
+import bisect
+import ctypes
+import mmap
+import os
+import threading
+import weakref
+
+import torch
+
+ALIGN = 4096
+
+
+class PoolExhausted(MemoryError):
+    pass
+
+
+class DevicePool:
+    def __init__(self, size: int, path: str | None = None):
+        if size <= 0:
+            raise ValueError(f"pool size must be positive, got {size}")
+        self.size = (size + ALIGN - 1) // ALIGN * ALIGN
+        if path is None:
+            fd = os.memfd_create("gmux-vgpu", 0)
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < self.size:
+                os.ftruncate(fd, self.size)
+            self._map = mmap.mmap(fd, self.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        finally:
+            os.close(fd)
+        self.path = path
+        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        self._lock = threading.Lock()
+        self._free: list[tuple[int, int]] = [(0, self.size)]  # sorted (offset, length)
+        self.in_use = 0
+
+    def holds(self, address: int) -> bool:
+        return self.base <= address < self.base + self.size
+
+    def storage(self, nbytes: int) -> torch.UntypedStorage:
+        """A CPU storage of `nbytes` over warm pool pages; the region returns to the pool when it dies."""
+        length = max(ALIGN, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
+        offset = self._take(length)
+        region = (ctypes.c_char * length).from_buffer(self._map, offset)
+        weakref.finalize(region, self._give_back, offset, length)
+        return torch.frombuffer(region, dtype=torch.uint8, count=nbytes).untyped_storage()
+
+    def _take(self, length: int) -> int:
+        with self._lock:
+            for i, (offset, free) in enumerate(self._free):
+                if free >= length:
+                    if free == length:
+                        del self._free[i]
+                    else:
+                        self._free[i] = (offset + length, free - length)
+                    self.in_use += length
+                    return offset
+        raise PoolExhausted(
+            f"virtual GPU pool exhausted: {length} bytes asked, {self.size - self.in_use} of {self.size} free "
+            f"(largest free run {max((f for _, f in self._free), default=0)})")
+
+    def _give_back(self, offset: int, length: int) -> None:
+        with self._lock:
+            self.in_use -= length
+            i = bisect.bisect(self._free, (offset, length))
+            self._free.insert(i, (offset, length))
+            # Coalesce with the neighbours so large regions stay available.
+            if i + 1 < len(self._free) and offset + length == self._free[i + 1][0]:
+                self._free[i] = (offset, length + self._free[i + 1][1])
+                del self._free[i + 1]
+            if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == self._free[i][0]:
+                prev = self._free[i - 1]
+                self._free[i - 1] = (prev[0], prev[1] + self._free[i][1])
+                del self._free[i]

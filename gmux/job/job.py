@@ -1,0 +1,236 @@
+"""The in-job runtime: one `Job` per training process, driven at mini-batch boundaries.
+
+The job decides nothing. At each boundary it records how long the mini-batch took, asks its controller
+for a pending command and carries it out: suspend (then wait, suspended, until told to resume), checkpoint,
+migrate (checkpoint, then exit), exit. Between boundaries it costs nothing.
+"""
+from __future__ import annotations
+
+import io
+import os
+import time
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
+
+import torch
+
+from . import checkpoint as ckpt
+from .control import Command, Controller, LocalController
+from .data import DataPosition, batches, epochs
+from .device_pool import DevicePool
+from .profile import Profile
+from .state import TrackedState
+from .swap import StateTier
+
+REPORT_EVERY_S = 1.0
+
+
+class JobExit(SystemExit):
+    """Raised at a boundary when the job was told to exit or migrate; its state is already safe."""
+
+
+class Job:
+    def __init__(self, tracked: TrackedState, controller: Optional[Controller] = None,
+                 pool: Optional[DevicePool] = None, device: Optional[torch.device | str] = None,
+                 discover: Optional[Callable[["Job"], None]] = None):
+        self.tracked = tracked
+        self.controller: Controller = controller if controller is not None else LocalController()
+        self.device = torch.device(device) if device is not None else _device_of(tracked)
+        self.tier = StateTier(self.device, pool)
+        self.position = DataPosition()
+        self.profile = Profile(self.device)
+        self._discover = discover
+        self._last = time.perf_counter()
+        self._next_report = self._last + REPORT_EVERY_S
+        self._marked_elsewhere = False
+
+    def move_to(self, device: torch.device | str) -> None:
+        """Tells the runtime which device the job's state lives on (transparent mode learns it late)."""
+        if self.suspended:
+            raise RuntimeError("cannot change the device of a suspended job")
+        self.device = torch.device(device)
+        self.tier = StateTier(self.device, self.tier.pool)
+        self.profile.device = self.device
+
+    @property
+    def state(self) -> dict:
+        return self.tracked.state
+
+    @property
+    def suspended(self) -> bool:
+        return self.tier.suspended
+
+    # -- boundaries ----------------------------------------------------------------------------------------
+    def boundary(self) -> None:
+        """Marks the end of a mini-batch. With nothing pending: a timestamp and a non-blocking poll."""
+        self._marked_elsewhere = True
+        self._boundary()
+
+    def _boundary(self) -> None:
+        now = time.perf_counter()
+        self.profile.batch_s.append(now - self._last)
+        self.profile.steps += 1
+        command = self.controller.poll()
+        if command is not None:
+            self._carry_out(command)
+            now = time.perf_counter()
+        elif now >= self._next_report:
+            self._report(now)
+        self._last = now
+
+    def _boundary_from_iterator(self) -> None:
+        # An explicit boundary() or the optimizer hook knows better (gradient accumulation); defer to it.
+        if not self._marked_elsewhere:
+            self._boundary()
+
+    def epochs(self, count: int) -> Iterator[int]:
+        """`for epoch in job.epochs(n)`: continues from the restored epoch."""
+        return epochs(self.position, count)
+
+    def data(self, loader: Iterable) -> Iterator[Any]:
+        """One epoch of `loader`, with its position tracked; marks a boundary before each fetch unless the
+        script marks them itself."""
+        return batches(self.position, loader, self._boundary_from_iterator)
+
+    def _report(self, now: float) -> None:
+        self._next_report = now + REPORT_EVERY_S
+        self.controller.report(self.report())
+
+    def report(self) -> dict:
+        tracked = 0 if self.suspended else _storage_bytes(self.tracked.tensors())
+        return self.profile.report(tracked)
+
+    # -- commands ------------------------------------------------------------------------------------------
+    def _carry_out(self, command: Command) -> None:
+        if self._discover is not None:
+            self._discover(self)
+        if command.kind == "suspend":
+            if not self._answer(command, self.suspend):
+                return
+            self._while_suspended()
+        elif command.kind == "resume":
+            self.controller.reply(command, {"ok": False, "error": "resume: the job is not suspended"})
+        elif command.kind == "checkpoint":
+            self._answer(command, lambda: self.checkpoint(_target(command)))
+        elif command.kind == "migrate":
+            if self._answer(command, lambda: self.checkpoint(_target(command))):
+                raise JobExit(0)
+        elif command.kind == "exit":
+            self.controller.reply(command, {"ok": True})
+            raise JobExit(0)
+
+    def _while_suspended(self) -> None:
+        while True:
+            command = self.controller.wait()
+            if command is None:
+                continue
+            if command.kind == "resume":
+                if self._answer(command, self.resume):
+                    return
+            elif command.kind == "checkpoint":
+                self._answer(command, lambda: self.checkpoint(_target(command)))
+            elif command.kind == "migrate":
+                if self._answer(command, lambda: self.checkpoint(_target(command))):
+                    raise JobExit(0)
+            elif command.kind == "exit":
+                self.controller.reply(command, {"ok": True, "suspended": True})
+                raise JobExit(0)
+            else:
+                self.controller.reply(command, {"ok": False, "error": f"{command.kind}: the job is suspended"})
+
+    def _answer(self, command: Command, action: Callable[[], dict]) -> bool:
+        try:
+            figures = action()
+        except Exception as e:  # the job keeps its last good state; the driver hears why
+            self.controller.reply(command, {"ok": False, "error": f"{command.kind} failed: {e}"})
+            return False
+        self.controller.reply(command, {"ok": True, **figures})
+        return True
+
+    # -- the operations, callable directly at a boundary -----------------------------------------------------
+    def suspend(self) -> dict:
+        figures = self.tier.suspend(self.tracked.tensors())
+        self.profile.suspends += 1
+        self.profile.suspend_s += figures["total_s"]
+        self.profile.bytes_moved += figures["bytes"]
+        self.profile.last_suspend = figures
+        return figures
+
+    def resume(self) -> dict:
+        figures = self.tier.resume()
+        self.profile.resume_s += figures["total_s"]
+        self.profile.bytes_moved += figures["bytes"]
+        self.profile.last_resume = figures
+        # Time spent suspended is not a mini-batch.
+        self._last = time.perf_counter()
+        return figures
+
+    def snapshot(self) -> dict:
+        snap = self.tracked.capture()
+        snap["position"] = self.position.to_dict()
+        snap["steps"] = self.profile.steps
+        return snap
+
+    def checkpoint(self, target: str | BinaryIO | Callable[[bytes], Any]) -> dict:
+        """Writes the job's state to a path (atomically), a binary file or a byte sink."""
+        t0 = time.perf_counter()
+        resolve = (lambda t: self.tier.host_view(t) if self.suspended and self.tier.host_view(t) is not None else t)
+        if self.device.type == "cuda" and not self.suspended:
+            torch.cuda.synchronize(self.device)
+        snap = self.snapshot()
+        if isinstance(target, (str, os.PathLike)):
+            nbytes = ckpt.save(snap, os.fspath(target), resolve)
+        else:
+            nbytes = ckpt.write(snap, target.write if hasattr(target, "write") else target, resolve)
+        return {"bytes": nbytes, "seconds": time.perf_counter() - t0}
+
+    def restore(self, source: str | BinaryIO | bytes) -> dict:
+        """Puts a checkpoint's state into this job's objects, or raises without changing anything."""
+        if self.suspended:
+            raise RuntimeError("restore: resume the job first")
+        t0 = time.perf_counter()
+        if isinstance(source, (str, os.PathLike)):
+            origin = repr(os.fspath(source))
+            snap = ckpt.load(os.fspath(source))
+        else:
+            origin = "(stream)"
+            snap = ckpt.read(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source, origin)
+        for key in ("modules", "grads", "optimizers", "schedulers", "scalers", "extras", "state", "rng",
+                    "position", "steps"):
+            if key not in snap:
+                raise ckpt.CheckpointError(origin, f"corrupt: no '{key}' section")
+        position = DataPosition.from_dict(snap["position"])
+        self.tracked.apply(snap, f"checkpoint {origin}")
+        self.position = position
+        self.profile.steps = int(snap["steps"])
+        return {"seconds": time.perf_counter() - t0}
+
+    def residue(self) -> dict:
+        """Device memory still held while suspended, by name: what the runtime does not track."""
+        from .residue import residue
+        return residue(self)
+
+
+def _target(command: Command):
+    target = command.args.get("path") or command.args.get("sink")
+    if target is None:
+        raise ValueError(f"{command.kind} needs a 'path'")
+    return target
+
+
+def _device_of(tracked: TrackedState) -> torch.device:
+    for m in tracked.modules:
+        for p in m.parameters():
+            return p.device
+    for t in tracked.extras.values():
+        return t.device
+    return torch.device("cpu")
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        s = t.untyped_storage()
+        if s.data_ptr() not in seen:
+            seen.add(s.data_ptr())
+            total += s.nbytes()
+    return total

@@ -1,0 +1,196 @@
+"""What a job is: the objects a training script attached, the tensors they own, and the random streams.
+
+`TrackedState` enumerates every tensor the runtime moves on suspend (parameters, their gradients, buffers,
+optimizer state, extras) and captures the whole job as one nested structure (`capture`) that the checkpoint
+format serialises and `apply` puts back, validating everything before changing anything.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+import numpy as np
+import torch
+from torch import nn
+
+
+class StateMismatch(ValueError):
+    """A checkpoint does not fit the job it is restored into (another model, another optimizer...)."""
+
+
+def _is_scheduler(obj) -> bool:
+    return hasattr(obj, "state_dict") and hasattr(obj, "optimizer") and hasattr(obj, "step") \
+        and not isinstance(obj, torch.optim.Optimizer)
+
+
+def _is_scaler(obj) -> bool:
+    return type(obj).__name__ == "GradScaler" and hasattr(obj, "unscale_")
+
+
+@dataclass
+class TrackedState:
+    modules: list = field(default_factory=list)
+    optimizers: list = field(default_factory=list)
+    schedulers: list = field(default_factory=list)
+    scalers: list = field(default_factory=list)
+    extras: dict = field(default_factory=dict)
+    state: dict = field(default_factory=dict)
+
+    def add(self, obj) -> None:
+        if isinstance(obj, nn.Module):
+            target = self.modules
+        elif isinstance(obj, torch.optim.Optimizer):
+            target = self.optimizers
+        elif _is_scaler(obj):
+            target = self.scalers
+        elif _is_scheduler(obj):
+            target = self.schedulers
+        else:
+            raise TypeError(f"gmux cannot track a {type(obj).__name__}: attach modules, optimizers, LR schedulers "
+                            f"and GradScalers; pass tensors as extras= and other values as state=")
+        if not any(o is obj for o in target):
+            target.append(obj)
+
+    # -- tensors the swap engine moves -----------------------------------------------------------------
+    def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """Every tracked tensor with a name a person can read, each once."""
+        seen: set[int] = set()
+        out: list[tuple[str, torch.Tensor]] = []
+
+        def visit(name, t):
+            if isinstance(t, torch.Tensor) and id(t) not in seen:
+                seen.add(id(t))
+                out.append((name, t))
+
+        for i, m in enumerate(self.modules):
+            prefix = f"module{i}" if len(self.modules) > 1 else "model"
+            for n, p in m.named_parameters(remove_duplicate=True):
+                visit(f"{prefix}.{n}", p)
+                if p.grad is not None:
+                    visit(f"{prefix}.{n}.grad", p.grad)
+            for n, b in m.named_buffers(remove_duplicate=True):
+                visit(f"{prefix}.{n}", b)
+        for i, opt in enumerate(self.optimizers):
+            names = {id(p): f"optimizer{i}.param{j}" for j, p in
+                     enumerate(p for g in opt.param_groups for p in g["params"])}
+            for p, st in opt.state.items():
+                if p.grad is not None:
+                    visit(f"{names.get(id(p), 'param')}.grad", p.grad)
+                for k, v in st.items():
+                    visit(f"{names.get(id(p), 'param')}.{k}", v)
+        for k, v in self.extras.items():
+            visit(f"extras.{k}", v)
+        return out
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for _, t in self.named_tensors()]
+
+    # -- capture and apply (checkpoint) -------------------------------------------------------------------
+    def capture(self) -> dict:
+        """The job as nested plain values and tensors, referring to live tensors (nothing is copied here)."""
+        grads = []
+        for m in self.modules:
+            grads.append({n: p.grad for n, p in m.named_parameters() if p.grad is not None})
+        return {
+            "modules": [m.state_dict(keep_vars=True) for m in self.modules],
+            "grads": grads,
+            "optimizers": [{**o.state_dict(), "__gmux_type__": type(o).__name__} for o in self.optimizers],
+            "schedulers": [s.state_dict() for s in self.schedulers],
+            "scalers": [s.state_dict() for s in self.scalers],
+            "extras": dict(self.extras),
+            "state": dict(self.state),
+            "rng": capture_rng(),
+        }
+
+    def check(self, snap: dict, origin: str) -> None:
+        """Raises StateMismatch naming the first difference between a captured job and this one."""
+        for kind in ("modules", "optimizers", "schedulers", "scalers"):
+            have, got = len(getattr(self, kind)), len(snap[kind])
+            if have != got:
+                raise StateMismatch(f"{origin}: the checkpoint holds {got} {kind} but this job attached {have}")
+        for i, (m, sd) in enumerate(zip(self.modules, snap["modules"])):
+            mine = m.state_dict(keep_vars=True)
+            missing = sorted(set(mine) - set(sd))
+            extra = sorted(set(sd) - set(mine))
+            if missing or extra:
+                raise StateMismatch(f"{origin}: it was taken from a different model: "
+                                    f"missing {missing[:5]}, unexpected {extra[:5]} (module {i})")
+            for name, t in mine.items():
+                _same_shape(origin, f"parameter or buffer '{name}'", sd[name], t)
+            params = dict(m.named_parameters())
+            for name, g in snap["grads"][i].items():
+                if name not in params:
+                    raise StateMismatch(f"{origin}: gradient of unknown parameter '{name}'")
+                _same_shape(origin, f"gradient of '{name}'", g, params[name])
+        for i, (opt, sd) in enumerate(zip(self.optimizers, snap["optimizers"])):
+            mine = [len(g["params"]) for g in opt.param_groups]
+            got = [len(g["params"]) for g in sd["param_groups"]]
+            if mine != got:
+                raise StateMismatch(f"{origin}: optimizer {i} has parameter groups of sizes {got} in the checkpoint "
+                                    f"but {mine} in this job")
+            if type(opt).__name__ != sd.get("__gmux_type__", type(opt).__name__):
+                raise StateMismatch(f"{origin}: optimizer {i} is {sd['__gmux_type__']} in the checkpoint "
+                                    f"but {type(opt).__name__} in this job")
+        for name, t in self.extras.items():
+            if name not in snap["extras"]:
+                raise StateMismatch(f"{origin}: extra tensor '{name}' is not in the checkpoint")
+            _same_shape(origin, f"extra tensor '{name}'", snap["extras"][name], t)
+
+    def apply(self, snap: dict, origin: str) -> None:
+        """Puts a captured job back in place (same tensor objects); validates everything first."""
+        self.check(snap, origin)
+        with torch.no_grad():
+            for m, sd, grads in zip(self.modules, snap["modules"], snap["grads"]):
+                m.load_state_dict(sd, strict=True)
+                for name, p in m.named_parameters():
+                    g = grads.get(name)
+                    if g is None:
+                        p.grad = None
+                    elif p.grad is not None and p.grad.shape == g.shape:
+                        p.grad.copy_(g)
+                    else:
+                        p.grad = g.to(device=p.device, dtype=p.dtype).clone()
+            for opt, sd in zip(self.optimizers, snap["optimizers"]):
+                sd = {k: v for k, v in sd.items() if k != "__gmux_type__"}
+                opt.load_state_dict(sd)
+            for s, sd in zip(self.schedulers, snap["schedulers"]):
+                s.load_state_dict(sd)
+            for s, sd in zip(self.scalers, snap["scalers"]):
+                s.load_state_dict(sd)
+            for name, t in self.extras.items():
+                t.copy_(snap["extras"][name])
+        self.state.clear()
+        self.state.update(snap["state"])
+        restore_rng(snap["rng"])
+
+
+def _same_shape(origin: str, what: str, saved, live: torch.Tensor) -> None:
+    if not isinstance(saved, torch.Tensor):
+        raise StateMismatch(f"{origin}: {what} is not a tensor in the checkpoint")
+    if tuple(saved.shape) != tuple(live.shape) or saved.dtype != live.dtype:
+        raise StateMismatch(f"{origin}: it was taken from a different model: {what} is "
+                            f"{tuple(saved.shape)} {saved.dtype} in the checkpoint but "
+                            f"{tuple(live.shape)} {live.dtype} in this job")
+
+
+# -- random streams ---------------------------------------------------------------------------------------
+def capture_rng() -> dict:
+    np_state = np.random.get_state()
+    rng = {
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+        "torch": torch.get_rng_state(),
+        "cuda": [],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def restore_rng(rng: dict) -> None:
+    random.setstate(rng["python"])
+    kind, keys, *rest = rng["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] and torch.cuda.is_available():
+        states = list(rng["cuda"])[: torch.cuda.device_count()]
+        torch.cuda.set_rng_state_all(states)

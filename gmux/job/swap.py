@@ -1,0 +1,171 @@
+"""State-tier suspend and resume: the job's tracked tensors leave the device and come back, in place.
+
+Every tracked tensor keeps its Python identity: suspend copies each distinct storage into one host buffer,
+then points the tensors at nothing (`set_()`), which frees the device memory; resume takes fresh device
+memory, copies back and points each tensor at it with its old offset, shape and strides. A Parameter stays
+the same object, optimizer state stays keyed by it, and tensors that shared a storage share the new one.
+
+The host buffer is allocated once per job and reused for every cycle (pinned on CUDA, where pinning fresh
+memory is slower still than faulting it): only growth of the tracked state reallocates it.
+Nothing is released until every copy has finished, and nothing is repointed until all device memory for the
+resume has been obtained, so a failure leaves the job either running or suspended with its state intact.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .device_pool import DevicePool
+
+COPY_CHUNK = 64 << 20  # bytes per CUDA copy on the side stream, so release can overlap the next chunk
+ALIGN = 64
+
+
+@dataclass
+class _Storage:
+    nbytes: int
+    host_offset: int
+    views: list  # (tensor, storage_offset, size, stride)
+
+
+def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
+    """A flat uint8 tensor over a whole storage."""
+    return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (storage.nbytes(),), (1,))
+
+
+class StateTier:
+    def __init__(self, device: torch.device | str, pool: DevicePool | None = None):
+        self.device = torch.device(device)
+        self.pool = pool
+        self._host: torch.Tensor | None = None
+        self._storages: list[_Storage] = []
+        self._host_views: dict[int, torch.Tensor] = {}
+        self.suspended = False
+        self._cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(self.device) if self._cuda else None
+
+    # -- suspend -----------------------------------------------------------------------------------------
+    def suspend(self, tensors: list[torch.Tensor]) -> dict:
+        if self.suspended:
+            raise RuntimeError("suspend: the job is already suspended")
+        t0 = time.perf_counter()
+        groups: dict[int, tuple[torch.UntypedStorage, list]] = {}
+        for t in tensors:
+            if t.device != self.device or t.is_sparse:
+                continue
+            storage = t.untyped_storage()
+            if storage.nbytes() == 0:
+                continue
+            key = storage.data_ptr()
+            groups.setdefault(key, (storage, []))[1].append((t, t.storage_offset(), t.size(), t.stride()))
+        total = 0
+        plan = []
+        for storage, views in groups.values():
+            plan.append((storage, _Storage(storage.nbytes(), total, views)))
+            total += (storage.nbytes() + ALIGN - 1) // ALIGN * ALIGN
+        grew = self._ensure_host(total)
+        t1 = time.perf_counter()
+        self._copy_out(plan)
+        t2 = time.perf_counter()
+        # Every byte is on the host: only now let go of device memory.
+        with torch.no_grad():
+            for _, entry in plan:
+                for t, *_ in entry.views:
+                    t.set_()
+        self._storages = [entry for _, entry in plan]
+        del plan, groups
+        if self._cuda:
+            torch.cuda.empty_cache()
+        t3 = time.perf_counter()
+        self.suspended = True
+        self._host_views.clear()
+        return {"bytes": total, "storages": len(self._storages), "tensors": sum(len(s.views) for s in self._storages),
+                "host_alloc_s": t1 - t0 if grew else 0.0, "copy_s": t2 - t1, "release_s": t3 - t2,
+                "total_s": t3 - t0}
+
+    def _ensure_host(self, total: int) -> bool:
+        if self._host is not None and self._host.numel() >= total:
+            return False
+        # Growth is rare (optimizer state appears after the first step); leave headroom for the next one.
+        size = max(total, int(total * 1.125))
+        self._host = None
+        self._host = torch.empty(size, dtype=torch.uint8, pin_memory=self._cuda)
+        self._host.fill_(0)  # fault the pages in now, not inside the first timed copy
+        return True
+
+    def _copy_out(self, plan) -> None:
+        if not self._cuda:
+            for storage, entry in plan:
+                self._host[entry.host_offset:entry.host_offset + entry.nbytes].copy_(_bytes_of(storage, self.device))
+            return
+        stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for storage, entry in plan:
+                src = _bytes_of(storage, self.device)
+                for lo in range(0, entry.nbytes, COPY_CHUNK):
+                    hi = min(entry.nbytes, lo + COPY_CHUNK)
+                    self._host[entry.host_offset + lo:entry.host_offset + hi].copy_(src[lo:hi], non_blocking=True)
+        stream.synchronize()
+
+    # -- resume ------------------------------------------------------------------------------------------
+    def resume(self) -> dict:
+        if not self.suspended:
+            raise RuntimeError("resume: the job is not suspended")
+        t0 = time.perf_counter()
+        fresh = []
+        try:
+            for entry in self._storages:
+                fresh.append(self._device_storage(entry.nbytes))
+        except Exception:
+            fresh.clear()
+            raise
+        t1 = time.perf_counter()
+        self._copy_in(fresh)
+        t2 = time.perf_counter()
+        with torch.no_grad():
+            for storage, entry in zip(fresh, self._storages):
+                for t, offset, size, stride in entry.views:
+                    t.set_(storage, offset, size, stride)
+        nbytes = sum(s.nbytes for s in self._storages)
+        self._storages = []
+        self._host_views.clear()
+        self.suspended = False
+        t3 = time.perf_counter()
+        return {"bytes": nbytes, "alloc_s": t1 - t0, "copy_s": t2 - t1, "total_s": t3 - t0}
+
+    def _device_storage(self, nbytes: int) -> torch.UntypedStorage:
+        if self.pool is not None and self.device.type == "cpu":
+            return self.pool.storage(nbytes)
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device).untyped_storage()
+
+    def _copy_in(self, fresh) -> None:
+        if not self._cuda:
+            for storage, entry in zip(fresh, self._storages):
+                _bytes_of(storage, self.device).copy_(self._host[entry.host_offset:entry.host_offset + entry.nbytes])
+            return
+        stream = self._stream
+        with torch.cuda.stream(stream):
+            for storage, entry in zip(fresh, self._storages):
+                dst = _bytes_of(storage, self.device)
+                for lo in range(0, entry.nbytes, COPY_CHUNK):
+                    hi = min(entry.nbytes, lo + COPY_CHUNK)
+                    dst[lo:hi].copy_(self._host[entry.host_offset + lo:entry.host_offset + hi], non_blocking=True)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        stream.synchronize()
+
+    # -- reading suspended state (a checkpoint taken while suspended) --------------------------------------
+    def host_view(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """The host copy of a suspended tensor, with its shape and strides, or None if it is not suspended."""
+        if not self.suspended:
+            return None
+        if not self._host_views:
+            for entry in self._storages:
+                for t, offset, size, stride in entry.views:
+                    # host offsets are 64-byte aligned, so they are whole elements of any dtype
+                    start = entry.host_offset // t.element_size() + offset
+                    view = torch.empty(0, dtype=t.dtype).set_(self._host.untyped_storage(), start, size, stride)
+                    self._host_views[id(t)] = view
+        return self._host_views.get(id(tensor))
