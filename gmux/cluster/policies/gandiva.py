@@ -1,0 +1,107 @@
+"""Gandiva (OSDI'18), as a policy over the common interface.
+
+- Affinity placement: a job goes to a machine already running jobs of its GPU count (Gandiva partitions machines
+  by job size so multi-GPU jobs find whole machines), then to an empty one, best fit.
+- Over-subscription: when nothing is idle, a job shares the least-shared GPU set of a running job of its size:
+  packed with it when the pair fits in memory and is not known to lose, else time-sliced (`max_units` deep).
+  Every job makes progress soon after it arrives, the early feedback Gandiva is built for.
+- Introspection: a pack runs for a measurement window; if the measured rates of the pair sum to less than
+  1 + `pack_margin` (it does not beat time-slicing), it is undone and the type pair is remembered as a loser.
+- Migration: when GPUs free up, shared jobs move to idle GPUs (time-sliced first); jobs spread across
+  machines are consolidated; a job that finds enough idle GPUs but no machine with room defragments one
+  machine by migrating small jobs off it.
+- Grow-shrink: elastic jobs take idle GPUs on their machine while nobody waits and give them back when someone
+  does.
+Jobs are served in arrival order (time-sliced jobs are already running, so nothing is ever suspended to host).
+"""
+from __future__ import annotations
+
+from .api import Event, EventKind, Policy
+from .planning import Plan
+from .sharing import (consolidate, defragment_for, deshare, grow_elastic, place_consolidated, share_targets,
+                      shrink_elastic, waiting_in_order)
+
+
+class GandivaPolicy(Policy):
+    name = "gandiva"
+    preemptive = True
+
+    def __init__(self, max_units: int = 4, pack_margin: float = 0.1, pack: bool = True, migrate: bool = True,
+                 grow_shrink: bool = True, defrag_moves: int = 4):
+        if max_units < 1 or pack_margin < 0 or defrag_moves < 0:
+            raise ValueError("max_units >= 1, pack_margin >= 0 and defrag_moves >= 0 are required")
+        self.max_units = max_units
+        self.pack_margin = pack_margin
+        self.pack = pack
+        self.migrate = migrate
+        self.grow_shrink = grow_shrink
+        self.defrag_moves = defrag_moves
+        self.losing_pairs: set = set()     # frozenset({type_a, type_b}) measured not to beat time-slicing
+
+    def describe(self) -> dict:
+        return {"name": self.name, "max_units": self.max_units, "pack_margin": self.pack_margin, "pack": self.pack,
+                "migrate": self.migrate, "grow_shrink": self.grow_shrink, "defrag_moves": self.defrag_moves}
+
+    def decide(self, snap, event: Event) -> list:
+        plan = Plan(snap)
+        if event.kind is EventKind.MEASUREMENT:
+            self._introspect(snap, plan, event)
+        if self.migrate and event.kind is not EventKind.ARRIVAL and plan.total_idle:
+            deshare(snap, plan)
+            consolidate(snap, plan)
+        self._serve(snap, plan)
+        if self.grow_shrink:
+            if not snap.pending and not snap.suspended:
+                grow_elastic(snap, plan)
+        return plan.actions
+
+    def _introspect(self, snap, plan: Plan, event: Event) -> None:
+        a = snap.jobs.get(event.job_id)
+        b = snap.jobs.get(event.key)
+        if a is None or b is None or a.packed_with != b.job_id:
+            return
+        pr = snap.pair_rate(a.job_type, b.job_type)
+        if pr is not None and pr.gain < 1.0 + self.pack_margin:
+            self.losing_pairs.add(frozenset((a.job_type, b.job_type)))
+            plan.unpack(a)
+
+    def may_pack(self, snap, job, partner) -> bool:
+        return (self.pack and partner.packed_with is None and snap.pair_fits(job, partner)
+                and frozenset((job.job_type, partner.job_type)) not in self.losing_pairs)
+
+    def _serve(self, snap, plan: Plan) -> None:
+        """Give every waiting job, oldest first, idle GPUs or a share of busy ones."""
+        failed_sizes: set = set()
+        shrunk = False
+        for job in list(waiting_in_order(snap)):
+            n = job.num_gpus
+            if n in failed_sizes or job.job_id in plan.moved:
+                continue
+            gpus = place_consolidated(snap, plan, job)
+            if gpus is None and self.migrate and n <= snap.max_gpus_per_machine:
+                gpus = defragment_for(snap, plan, n, self.defrag_moves)
+            if gpus is None and self.grow_shrink and not shrunk:
+                shrunk = True
+                if shrink_elastic(snap, plan, n - plan.total_idle if plan.total_idle < n else n):
+                    gpus = place_consolidated(snap, plan, job)
+            if gpus is None and self.migrate:
+                gpus = plan.find_gpus(n, spread=True)
+            if gpus is not None:
+                plan.place(job, gpus)
+                continue
+            if not self._share(snap, plan, job):
+                failed_sizes.add(n)
+                if len(failed_sizes) >= 10:
+                    break
+
+    def _share(self, snap, plan: Plan, job) -> bool:
+        targets = share_targets(snap, plan, job, self.max_units)
+        if not targets:
+            return False
+        for t in targets:
+            if max(plan.units(g) for g in t.gpus) == 1 and self.may_pack(snap, job, t):
+                plan.pack(job, t)
+                return True
+        t = targets[0]
+        plan.place(job, t.gpus)
+        return True

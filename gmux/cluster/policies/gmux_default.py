@@ -1,0 +1,3 @@
+from .api import Policy
+class GmuxPolicy(Policy):
+    name = "gmux"

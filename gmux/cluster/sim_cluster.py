@@ -1,0 +1,275 @@
+"""The simulated cluster: what each job's speed is, what each action costs, and the refusal of impossible actions.
+
+Costs (defaults, `Costs`):
+- `suspend_s` + `resume_s` = 0.3 s + 0.3 s. gmux's own state-tier measurement is ~0.15 s per GiB for a
+  suspend+resume round trip through a warm host buffer on the CPU (benchmarks/suspend_resume.py, DESIGN.md
+  "Measuring"); a typical job in the Gavel set keeps ~4 GiB live at a mini-batch boundary, hence 0.6 s per round
+  trip, inside Gandiva's published 100 ms - 1 s suspend/resume range.
+- `migrate_s` = 2.0 s: Gandiva's published 1-2 s migration, its upper end because migration across machines
+  also streams the checkpoint.
+- `quantum_s` = 60 s: Gandiva's time slice. Time-slicing is simulated as a fluid share: k units on a GPU each
+  progress at 1/k of their speed, less (suspend_s + resume_s) / quantum_s for the switches, and each unit is
+  counted as suspended once per round of k quanta.
+- `measure_s` = 120 s: how long a new pack runs before its rates are known (introspection window: a couple of
+  time slices, enough mini-batches of any Gavel job for a stable mean).
+A stall (resume, migration) is time on the GPUs with no progress. First placement has no stall: every policy
+pays the same process start, so it does not change comparisons.
+
+Speeds. Alone on its requested GPUs a job runs at rate 1. Packed, it runs at the measured packed/solo ratio of
+its pair (sim_trace.Throughputs). A multi-GPU job spread over more machines than it needs runs at the measured
+unconsolidated/consolidated ratio of its type. An elastic job on m != n GPUs runs at m/n below its request and
+1 + (m-n)/n x `elastic_efficiency` above it. A gang job runs at the pace of its most time-sliced GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .policies.api import (Grow, JobState, JobView, Migrate, Pack, Place, PolicyError, Resume, SetTimer, Shrink,
+                           Suspend, Unpack)
+from .policies.snapshot import Snapshot
+from .sim_trace import Throughputs
+
+
+@dataclass
+class Costs:
+    suspend_s: float = 0.3
+    resume_s: float = 0.3
+    migrate_s: float = 2.0
+    quantum_s: float = 60.0
+    measure_s: float = 120.0
+    elastic_efficiency: float = 0.9
+    max_units_per_gpu: int = 8
+
+    def __post_init__(self):
+        for k, v in asdict(self).items():
+            if not (isinstance(v, (int, float)) and v >= 0):
+                raise ValueError(f"cost {k} must be a non-negative number, not {v!r}")
+        if self.quantum_s <= self.suspend_s + self.resume_s:
+            raise ValueError("quantum_s must exceed suspend_s + resume_s, or time-slicing makes no progress")
+        if self.max_units_per_gpu < 1:
+            raise ValueError("max_units_per_gpu must be at least 1")
+
+
+class SimJob:
+    """The simulator's private truth about one job (the policy sees only its JobView)."""
+    __slots__ = ("view", "work", "progress", "stall_until", "settled_at", "version", "held", "sliced_suspends",
+                 "suspends", "migrations", "packs", "finish", "consolidated_machines", "uncons_rate")
+
+    def __init__(self, view: JobView, work: float, per_machine: int, uncons_rate: float):
+        self.view = view
+        self.work = work
+        self.progress = 0.0
+        self.stall_until = 0.0
+        self.settled_at = view.submit_time
+        self.version = 0
+        self.held = 0.0               # GPU-seconds of busy GPU time attributed to this job
+        self.sliced_suspends = 0.0    # fluid count of time-slice switches
+        self.suspends = 0
+        self.migrations = 0
+        self.packs = 0
+        self.finish = None
+        self.consolidated_machines = -(-view.num_gpus // per_machine)
+        self.uncons_rate = uncons_rate
+
+
+class SimCluster:
+    def __init__(self, snap: Snapshot, tput: Throughputs, costs: Costs):
+        self.snap = snap
+        self.tput = tput
+        self.costs = costs
+        self.sim: dict = {}
+        self._switch_factor = 1.0 - (costs.suspend_s + costs.resume_s) / costs.quantum_s
+        self.counters = {"suspends": 0, "resumes": 0, "packs": 0, "unpacks": 0, "migrations": 0, "grows": 0,
+                         "shrinks": 0, "places": 0}
+
+    # ---- speeds ---------------------------------------------------------------------------------------------
+    def settle(self, sj: SimJob, t: float) -> None:
+        """Bring a job's progress and accounts up to time t at its current speed."""
+        v = sj.view
+        dt = t - sj.settled_at
+        if dt > 0:
+            if v.rate > 0:
+                run = t - max(sj.settled_at, sj.stall_until)
+                if run > 0:
+                    sj.progress = min(sj.work, sj.progress + v.rate * run)
+            if v.gpus:
+                v.attained += v.service_rate * dt
+                sj.held += self._held_rate(v) * dt
+                depth = self.snap.units_on(v.gpus)
+                if depth > 1:
+                    sj.sliced_suspends += dt / (depth * self.costs.quantum_s)
+        sj.settled_at = t
+        v.updated_at = t
+        if v.remaining_hint is not None:
+            v.remaining_hint = sj.work - sj.progress
+
+    def _held_rate(self, v: JobView) -> float:
+        units = self.snap.gpu_units
+        size = 2 if v.packed_with is not None else 1
+        return sum(1.0 / (len(units[g]) * size) for g in v.gpus)
+
+    def update_rate(self, sj: SimJob) -> None:
+        v = sj.view
+        if not v.gpus:
+            v.rate = 0.0
+            v.service_rate = 0.0
+            return
+        depth = self.snap.units_on(v.gpus)
+        rate = 1.0 / depth
+        if depth > 1:
+            rate *= self._switch_factor
+        if v.packed_with is not None:
+            other = self.snap.jobs[v.packed_with]
+            pr = self.tput.pair(v.job_type, other.job_type)
+            rate *= pr.rate_a if pr is not None else 0.0
+        n = len(v.gpus)
+        if n > 1 and len(self.snap.machines_of(v.gpus)) > sj.consolidated_machines:
+            rate *= sj.uncons_rate
+        if n != v.num_gpus:
+            rate *= n / v.num_gpus if n < v.num_gpus else 1.0 + (n - v.num_gpus) / v.num_gpus * self.costs.elastic_efficiency
+        v.rate = rate
+        v.service_rate = n / depth
+
+    def completion_time(self, sj: SimJob, now: float) -> float | None:
+        r = sj.view.rate
+        if r <= 0:
+            return None
+        return max(now, sj.stall_until) + (sj.work - sj.progress) / r
+
+    # ---- actions --------------------------------------------------------------------------------------------
+    def residents(self, gpus) -> set:
+        units = self.snap.gpu_units
+        return {jid for g in gpus for u in units[g] for jid in u}
+
+    def _check_gpus(self, jid, gpus, want: int | None) -> None:
+        if not gpus or len(set(gpus)) != len(gpus):
+            raise PolicyError(f"job {jid!r}: GPU list {gpus!r} is empty or repeats a GPU")
+        for g in gpus:
+            if g not in self.snap.gpu_units:
+                raise PolicyError(f"job {jid!r}: no GPU {g!r} in this cluster")
+            if len(self.snap.gpu_units[g]) >= self.costs.max_units_per_gpu:
+                raise PolicyError(f"job {jid!r}: GPU {g} already time-slices {self.costs.max_units_per_gpu} units")
+        if want is not None and len(gpus) != want:
+            raise PolicyError(f"job {jid!r} needs {want} GPUs, was given {len(gpus)}")
+
+    def _job(self, jid, *states) -> SimJob:
+        sj = self.sim.get(jid)
+        if sj is None or jid not in self.snap.jobs:
+            raise PolicyError(f"job {jid!r} is not an active job")
+        if states and sj.view.state not in states:
+            raise PolicyError(f"job {jid!r} is {sj.view.state.value}, expected {' or '.join(s.value for s in states)}")
+        return sj
+
+    def touched_by(self, action) -> tuple[set, list]:
+        """Jobs whose speed the action may change (to settle before and re-rate after), and GPUs it affects."""
+        if isinstance(action, SetTimer):
+            return set(), []
+        jid = action.job_id
+        sj = self.sim.get(jid)
+        gpus = list(sj.view.gpus) if sj is not None else []
+        if isinstance(action, (Place, Resume, Migrate, Grow, Shrink)):
+            gpus += list(action.gpus)
+        elif isinstance(action, Pack):
+            p = self.sim.get(action.partner)
+            if p is not None:
+                gpus += list(p.view.gpus)
+        gpus = [g for g in gpus if g in self.snap.gpu_units]
+        jobs = self.residents(gpus)
+        jobs.add(jid)
+        return jobs, gpus
+
+    def apply(self, action, now: float) -> None:
+        """Carry out one action on the snapshot (the caller settles and re-rates the touched jobs)."""
+        snap = self.snap
+        c = self.counters
+        if isinstance(action, Place):
+            sj = self._job(action.job_id, JobState.PENDING)
+            self._check_gpus(action.job_id, action.gpus, sj.view.num_gpus if not sj.view.elastic else None)
+            self._check_elastic(sj.view, len(action.gpus))
+            snap.attach(sj.view, action.gpus)
+            snap.set_state(sj.view, JobState.RUNNING)
+            sj.view.first_run = now if sj.view.first_run is None else sj.view.first_run
+            sj.view.last_start = now
+            c["places"] += 1
+        elif isinstance(action, Resume):
+            sj = self._job(action.job_id, JobState.SUSPENDED)
+            self._check_gpus(action.job_id, action.gpus, sj.view.num_gpus if not sj.view.elastic else None)
+            self._check_elastic(sj.view, len(action.gpus))
+            snap.attach(sj.view, action.gpus)
+            snap.set_state(sj.view, JobState.RUNNING)
+            sj.stall_until = now + self.costs.suspend_s + self.costs.resume_s
+            sj.view.last_start = now
+            c["resumes"] += 1
+        elif isinstance(action, Suspend):
+            sj = self._job(action.job_id, JobState.RUNNING)
+            snap.detach(sj.view)
+            snap.set_state(sj.view, JobState.SUSPENDED)
+            sj.view.last_stop = now
+            sj.suspends += 1
+            c["suspends"] += 1
+        elif isinstance(action, Pack):
+            sj = self._job(action.job_id, JobState.PENDING, JobState.SUSPENDED)
+            p = self._job(action.partner, JobState.RUNNING)
+            pv, v = p.view, sj.view
+            if pv.packed_with is not None:
+                raise PolicyError(f"pack {action.job_id!r} with {action.partner!r}: partner is already packed")
+            if len(pv.gpus) != v.num_gpus:
+                raise PolicyError(f"pack {action.job_id!r} with {action.partner!r}: GPU counts differ")
+            if not self.tput.fits(v.job_type, pv.job_type):
+                raise PolicyError(f"pack {action.job_id!r} with {action.partner!r}: the pair does not fit in GPU memory")
+            if self.tput.pair(v.job_type, pv.job_type) is None:
+                raise PolicyError(f"pack {action.job_id!r} with {action.partner!r}: pair never measured, refused")
+            was_suspended = v.state is JobState.SUSPENDED
+            snap.attach(v, pv.gpus, partner=pv)
+            snap.set_state(v, JobState.RUNNING)
+            if was_suspended:
+                sj.stall_until = now + self.costs.suspend_s + self.costs.resume_s
+                c["resumes"] += 1
+            v.first_run = now if v.first_run is None else v.first_run
+            v.last_start = now
+            sj.packs += 1
+            c["packs"] += 1
+        elif isinstance(action, Unpack):
+            sj = self._job(action.job_id, JobState.RUNNING)
+            if sj.view.packed_with is None:
+                raise PolicyError(f"unpack {action.job_id!r}: it is not packed")
+            if any(len(snap.gpu_units[g]) >= self.costs.max_units_per_gpu for g in sj.view.gpus):
+                raise PolicyError(f"unpack {action.job_id!r}: its GPUs cannot time-slice another unit")
+            snap.split_pack(sj.view)
+            c["unpacks"] += 1
+        elif isinstance(action, Migrate):
+            sj = self._job(action.job_id, JobState.RUNNING)
+            if set(action.gpus) == set(sj.view.gpus) and sj.view.packed_with is None:
+                raise PolicyError(f"migrate {action.job_id!r}: target is where it already runs")
+            n = len(sj.view.gpus)
+            snap.detach(sj.view)
+            self._check_gpus(action.job_id, action.gpus, n)
+            snap.attach(sj.view, action.gpus)
+            sj.stall_until = now + self.costs.migrate_s
+            sj.migrations += 1
+            c["migrations"] += 1
+        elif isinstance(action, (Grow, Shrink)):
+            sj = self._job(action.job_id, JobState.RUNNING)
+            v = sj.view
+            if not v.elastic:
+                raise PolicyError(f"{type(action).__name__.lower()} {action.job_id!r}: job is not elastic")
+            if v.packed_with is not None:
+                raise PolicyError(f"{type(action).__name__.lower()} {action.job_id!r}: job is packed")
+            old, new = set(v.gpus), set(action.gpus)
+            if isinstance(action, Grow) and not (new > old):
+                raise PolicyError(f"grow {action.job_id!r}: {action.gpus} is not a superset of {v.gpus}")
+            if isinstance(action, Shrink) and not (new < old):
+                raise PolicyError(f"shrink {action.job_id!r}: {action.gpus} is not a subset of {v.gpus}")
+            self._check_elastic(v, len(new))
+            snap.detach(v)
+            self._check_gpus(action.job_id, action.gpus, None)
+            snap.attach(v, action.gpus)
+            sj.stall_until = now + self.costs.suspend_s + self.costs.resume_s
+            c["grows" if isinstance(action, Grow) else "shrinks"] += 1
+        else:
+            raise PolicyError(f"unknown action {action!r}")
+
+    @staticmethod
+    def _check_elastic(v: JobView, n: int) -> None:
+        if v.elastic and not (v.min_gpus <= n <= v.max_gpus):
+            raise PolicyError(f"job {v.job_id!r}: elastic range is {v.min_gpus}..{v.max_gpus} GPUs, was given {n}")

@@ -1,0 +1,162 @@
+"""Results of a simulation: per-policy summaries, the JCT-ratio check against FIFO, a rich table and JSON.
+
+Definitions (all times in seconds):
+- JCT: finish - submit. Queueing delay: first start - submit (as HeliosArtifact reports it).
+- Time to first progress: the same instant seen from the user's side, the first moment the job makes progress
+  (what Gandiva's time-slicing exists to shorten); equal to queueing delay here since a first start never stalls.
+- Makespan: last finish - first submit over all clusters.
+- GPU utilisation: busy GPU-seconds / (GPUs x makespan). A GPU is busy while any job holds it.
+- Suspends include the fluid count of time-slice switches (one per job per round of quanta).
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from .sim_engine import RunResult
+
+COLS = ("job_id", "submit", "first_run", "finish", "gpus", "work", "suspends", "migrations", "packs", "held")
+
+
+def job_table(results: list[RunResult]) -> dict[str, np.ndarray]:
+    rows = [r for res in results for r in res.jobs]
+    if not rows:
+        return {c: np.zeros(0) for c in COLS}
+    arr = np.array(rows, dtype=float)
+    return {c: arr[:, i] for i, c in enumerate(COLS)}
+
+
+def summarize(results: list[RunResult]) -> dict:
+    t = job_table(results)
+    n = len(t["job_id"])
+    if n == 0:
+        return {"jobs": 0}
+    jct = t["finish"] - t["submit"]
+    queue = t["first_run"] - t["submit"]
+    start = min(r.start for r in results)
+    end = max(r.end for r in results)
+    span = max(end - start, 1e-9)
+    gpus = sum(r.num_gpus for r in results)
+    busy = sum(r.busy_gpu_s for r in results)
+    c: dict = {}
+    for r in results:
+        for k, v in r.counters.items():
+            c[k] = c.get(k, 0) + v
+    return {
+        "jobs": int(n),
+        "avg_jct_s": float(jct.mean()),
+        "p50_jct_s": float(np.percentile(jct, 50)),
+        "p99_jct_s": float(np.percentile(jct, 99)),
+        "avg_queue_s": float(queue.mean()),
+        "avg_first_progress_s": float(queue.mean()),
+        "p99_first_progress_s": float(np.percentile(queue, 99)),
+        "makespan_s": float(span),
+        "gpus": int(gpus),
+        "utilisation": float(busy / (gpus * span)),
+        "useful_gpu_s": float((t["work"] * t["gpus"]).sum()),
+        "busy_gpu_s": float(busy),
+        "suspends": int(round(float(t["suspends"].sum()))),
+        "preemptions": int(c.get("suspends", 0)),
+        "packs": int(c.get("packs", 0)),
+        "unpacks": int(c.get("unpacks", 0)),
+        "migrations": int(c.get("migrations", 0)),
+        "grows": int(c.get("grows", 0)),
+        "shrinks": int(c.get("shrinks", 0)),
+        "decisions": int(sum(r.decisions for r in results)),
+        "decide_s": float(sum(r.decide_s for r in results)),
+        "sim_wall_s": float(sum(r.counters.get("wall_s", 0.0) for r in results)),
+    }
+
+
+def jct_ratio(results: list[RunResult], baseline: list[RunResult]) -> dict:
+    """Per job JCT under `results` over JCT under `baseline` (same jobs): mean, p50, p99, max."""
+    a, b = job_table(results), job_table(baseline)
+    ja = dict(zip(a["job_id"].astype(int), a["finish"] - a["submit"]))
+    jb = dict(zip(b["job_id"].astype(int), b["finish"] - b["submit"]))
+    common = sorted(set(ja) & set(jb))
+    if not common:
+        return {}
+    r = np.array([ja[j] / jb[j] for j in common])
+    return {"mean": float(r.mean()), "p50": float(np.percentile(r, 50)), "p99": float(np.percentile(r, 99)),
+            "max": float(r.max()), "over_2": int((r > 2).sum())}
+
+
+def utilisation_series(results: list[RunResult]) -> tuple[np.ndarray, np.ndarray]:
+    """(hours since the first submission, fraction of all clusters' GPUs busy) per bucket."""
+    if not results:
+        return np.zeros(0), np.zeros(0)
+    b = results[0].util_bucket_s
+    gpus = sum(r.num_gpus for r in results)
+    last = max((max(r.util) if r.util else 0) for r in results)
+    busy = np.zeros(last + 1)
+    for r in results:
+        for k, v in r.util.items():
+            busy[k] += v
+    return np.arange(last + 1) * b / 3600.0, busy / (gpus * b)
+
+
+def render_table(summaries: dict[str, dict], ratios: dict[str, dict] | None = None, title: str = "") -> str:
+    """The results as a rich table, returned as text (so callers can print or log it)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title or None)
+    cols = [("policy", None), ("avg JCT h", "avg_jct_s"), ("p50 JCT h", "p50_jct_s"), ("p99 JCT h", "p99_jct_s"),
+            ("avg queue h", "avg_queue_s"), ("p99 1st prog h", "p99_first_progress_s"), ("makespan d", "makespan_s"),
+            ("util %", "utilisation"), ("suspends", "suspends"), ("packs", "packs"), ("unpacks", "unpacks"),
+            ("migr.", "migrations"), ("p99 JCT/fifo", None)]
+    for name, _ in cols:
+        table.add_column(name, justify="right" if name != "policy" else "left")
+    for pol, s in summaries.items():
+        if not s.get("jobs"):
+            continue
+        row = [pol]
+        for name, key in cols[1:-1]:
+            v = s[key]
+            if key == "utilisation":
+                row.append(f"{100 * v:.1f}")
+            elif key == "makespan_s":
+                row.append(f"{v / 86400:.1f}")
+            elif key.endswith("_s"):
+                row.append(f"{v / 3600:.2f}")
+            else:
+                row.append(f"{v:,}")
+        rr = (ratios or {}).get(pol)
+        row.append(f"{rr['p99']:.2f}" if rr else "-")
+        table.add_row(*row)
+    console = Console(width=160, record=True, file=open(__import__("os").devnull, "w"))
+    console.print(table)
+    return console.export_text()
+
+
+def write_json(path: str, payload: dict) -> None:
+    """Atomic write (temp file, fsync, rename), so a reader never sees half a result file."""
+    import os
+    import tempfile
+
+    def clean(o):
+        if isinstance(o, float) and not math.isfinite(o):
+            return None
+        if isinstance(o, dict):
+            return {str(k): clean(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [clean(v) for v in o]
+        if isinstance(o, (np.floating, np.integer)):
+            return o.item()
+        return o
+
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(clean(payload), f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

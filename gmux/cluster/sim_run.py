@@ -1,0 +1,150 @@
+"""Running a whole simulation: split the trace into clusters, run each policy on each, in worker processes.
+
+Layouts:
+- "philly" (default): each virtual cluster of philly_vc.csv is its own cluster of `nodes x gpus_per_machine`
+  GPUs and a job runs only in its VC, as in Philly. Four tiny VCs of the trace (18 jobs) are absent from
+  philly_vc.csv; `unknown_vc="smallest"` (default) gives each of them a cluster the size of the smallest listed VC
+  (8 machines), so every trace job is simulated; `"skip"` leaves their jobs out; `"refuse"` stops.
+- a single cluster of `machines` machines that runs every job (`machines=N`).
+A job that needs more GPUs than its cluster has can never run; such jobs are reported and skipped or refused
+with the bad rows (`bad_rows`).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from dataclasses import dataclass, field
+
+from .policies import make_policy
+from .sim_cluster import Costs
+from .sim_engine import Engine, RunResult, make_machines
+from .sim_trace import Throughputs, TraceError, assign_types, load_trace, load_vcs, select
+
+
+@dataclass
+class SimConfig:
+    trace: str
+    vcs: str | None
+    throughputs: str
+    machines: int | None = None          # single-cluster layout when set
+    gpus_per_machine: int = 8
+    gpu_type: str = "v100"
+    suspect: str = "p100"
+    seed: int = 0
+    start: float | None = None           # seconds since the trace's first submission
+    end: float | None = None
+    sample: float | None = None
+    bad_rows: str = "refuse"
+    unknown_vc: str = "smallest"
+    elastic_fraction: float = 0.0
+    costs: Costs = field(default_factory=Costs)
+    workers: int = 1
+
+
+@dataclass
+class Prepared:
+    clusters: dict                        # name -> (n_machines, [TraceJob])
+    tput: Throughputs
+    notes: list[str]
+    skipped: list[tuple[int, str]]        # (line, why) of jobs not simulated
+
+
+def prepare(cfg: SimConfig) -> Prepared:
+    if cfg.unknown_vc not in ("smallest", "skip", "refuse"):
+        raise ValueError(f"unknown_vc must be smallest, skip or refuse, not {cfg.unknown_vc!r}")
+    if cfg.gpus_per_machine < 1:
+        raise ValueError("gpus_per_machine must be at least 1")
+    tput = Throughputs(cfg.throughputs, cfg.gpu_type, cfg.suspect)
+    trace = load_trace(cfg.trace, bad_rows=cfg.bad_rows)
+    assign_types(trace, tput, seed=cfg.seed, elastic_fraction=cfg.elastic_fraction)
+    jobs = select(trace, cfg.start, cfg.end, cfg.sample, cfg.seed)
+    notes = []
+    if trace.bad_rows:
+        notes.append(f"skipped {len(trace.bad_rows)} bad row(s): " +
+                     "; ".join(f"line {ln}: {msg}" for ln, msg in trace.bad_rows[:10]))
+    if len(tput.suspect_pairs):
+        notes.append(f"{len(tput.suspect_pairs)} suspect {cfg.gpu_type} pair entries (packed == solo): {cfg.suspect}")
+    skipped: list[tuple[int, str]] = []
+    clusters: dict = {}
+    if cfg.machines is not None:
+        if cfg.machines < 1:
+            raise ValueError("machines must be at least 1")
+        cap = cfg.machines * cfg.gpus_per_machine
+        ok = [j for j in jobs if j.num_gpus <= cap]
+        skipped += [(j.line, f"needs {j.num_gpus} GPUs, cluster has {cap}") for j in jobs if j.num_gpus > cap]
+        clusters["cluster"] = (cfg.machines, ok)
+    else:
+        if cfg.vcs is None:
+            raise ValueError("the philly layout needs a VC file (or give machines=N for one cluster)")
+        sizes = load_vcs(cfg.vcs)
+        smallest = min(sizes.values())
+        by_vc: dict = {}
+        for j in jobs:
+            by_vc.setdefault(j.vc, []).append(j)
+        unknown = sorted(v for v in by_vc if v not in sizes)
+        if unknown:
+            count = sum(len(by_vc[v]) for v in unknown)
+            if cfg.unknown_vc == "refuse":
+                raise TraceError(f"{cfg.trace}: {count} job(s) in VC(s) absent from {cfg.vcs}: {', '.join(unknown)}")
+            if cfg.unknown_vc == "skip":
+                for v in unknown:
+                    skipped += [(j.line, f"VC {v} not in {cfg.vcs}") for j in by_vc.pop(v)]
+                notes.append(f"skipped {count} job(s) of VC(s) absent from the layout: {', '.join(unknown)}")
+            else:
+                notes.append(f"{count} job(s) of VC(s) absent from the layout ({', '.join(unknown)}) each run on "
+                             f"a cluster of {smallest} machines (the smallest listed VC)")
+        for v, js in sorted(by_vc.items()):
+            n = sizes.get(v, smallest)
+            cap = n * cfg.gpus_per_machine
+            skipped += [(j.line, f"needs {j.num_gpus} GPUs, VC {v} has {cap}") for j in js if j.num_gpus > cap]
+            clusters[v] = (n, [j for j in js if j.num_gpus <= cap])
+    too_big = [s for s in skipped if "needs" in s[1]]
+    if too_big:
+        if cfg.bad_rows == "refuse":
+            raise TraceError(f"{cfg.trace}: {len(too_big)} job(s) can never fit their cluster: " +
+                             "; ".join(f"line {ln}: {msg}" for ln, msg in too_big[:10]))
+        notes.append(f"skipped {len(too_big)} job(s) larger than their cluster")
+    return Prepared(clusters=clusters, tput=tput, notes=notes, skipped=skipped)
+
+
+_WORK: dict = {}
+
+
+def _run_one(task) -> RunResult:
+    policy_name, cluster, params = task
+    prep: Prepared = _WORK["prep"]
+    cfg: SimConfig = _WORK["cfg"]
+    n_machines, jobs = prep.clusters[cluster]
+    machines = make_machines(n_machines, cfg.gpus_per_machine, gpu_type=cfg.gpu_type)
+    policy = make_policy(policy_name, **params.get(policy_name, {}))
+    t0 = time.perf_counter()
+    eng = Engine(machines, jobs, policy, prep.tput, cfg.costs, cluster_name=cluster, timer_fn=time.perf_counter)
+    res = eng.run()
+    res.counters["wall_s"] = time.perf_counter() - t0
+    return res
+
+
+def simulate(cfg: SimConfig, policies: list[str], prep: Prepared | None = None,
+             params: dict | None = None) -> dict[str, list[RunResult]]:
+    """Run every policy on every cluster; returns {policy: [RunResult per cluster]}."""
+    prep = prep or prepare(cfg)
+    params = params or {}
+    for p in policies:
+        make_policy(p, **params.get(p, {}))      # unknown names and bad parameters fail before any work
+    # Biggest clusters first, so the slowest tasks do not start last.
+    order = sorted(prep.clusters, key=lambda c: -len(prep.clusters[c][1]))
+    tasks = [(p, c, params) for c in order for p in policies if prep.clusters[c][1]]
+    _WORK["prep"], _WORK["cfg"] = prep, cfg
+    out: dict[str, list[RunResult]] = {p: [] for p in policies}
+    if cfg.workers > 1 and len(tasks) > 1 and "fork" in mp.get_all_start_methods():
+        with mp.get_context("fork").Pool(min(cfg.workers, os.cpu_count() or 1, len(tasks))) as pool:
+            for res in pool.imap_unordered(_run_one, tasks):
+                out[res.policy].append(res)
+    else:
+        for t in tasks:
+            res = _run_one(t)
+            out[res.policy].append(res)
+    for p in out:
+        out[p].sort(key=lambda r: r.cluster)
+    return out
