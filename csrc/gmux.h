@@ -101,6 +101,9 @@ int gmux_list(gmux_allocator *a, gmux_alloc_info *out, uint64_t capacity, uint64
 int gmux_suspend(gmux_allocator *a, const gmux_range *live, uint64_t nlive, gmux_swap_stats *out);
 int gmux_resume(gmux_allocator *a, gmux_swap_stats *out);
 int gmux_is_suspended(gmux_allocator *a);
+/* While suspended: copies saved bytes [address, address + n) out of the host store (a checkpoint taken
+ * while suspended reads them here). Bytes that were not live at suspend are refused. */
+int gmux_peek(gmux_allocator *a, uint64_t address, void *dst, uint64_t n);
 
 /* ---- entry points for frameworks: route a device's allocations to an installed allocator ---------- */
 int gmux_install(gmux_allocator *a, int device); /* a NULL uninstalls */

@@ -359,3 +359,32 @@ int gmux_resume(gmux_allocator *a, gmux_swap_stats *out) {
     if (out) *out = st;
     return rc;
 }
+
+int gmux_peek(gmux_allocator *a, uint64_t address, void *dst, uint64_t n) {
+    if (!a || (n && !dst)) return gmux__fail(GMUX_E_INVALID, "gmux_peek: NULL argument");
+    pthread_mutex_lock(&a->lock);
+    int rc = a->suspended ? GMUX_OK : gmux__fail(GMUX_E_STATE, "peek needs a suspended job; read the memory itself");
+    uint64_t lo = 0, hi = a->nsaved; /* first saved range ending after address */
+    while (!rc && lo < hi) {
+        uint64_t mid = (lo + hi) / 2;
+        if (a->saved[mid].addr + a->saved[mid].len <= address) lo = mid + 1;
+        else hi = mid;
+    }
+    unsigned char *store = NULL;
+    if (!rc) rc = a->backend->store_ensure(a->backend, saved_bytes(a), &store);
+    uint64_t cur = address, end = address + n;
+    for (uint64_t r = lo; !rc && cur < end; r++) {
+        const gmux_saved *s = r < a->nsaved ? &a->saved[r] : NULL;
+        if (!s || s->addr > cur || s->addr + s->len <= cur) {
+            rc = gmux__fail(GMUX_E_INVALID, "bytes at 0x%llx were not saved (not live when the job was suspended)",
+                            (unsigned long long)cur);
+            break;
+        }
+        uint64_t take = (s->addr + s->len < end ? s->addr + s->len : end) - cur;
+        memcpy((unsigned char *)dst + (cur - address), store + s->store_off + (cur - s->addr), take);
+        cur += take;
+    }
+    if (store) a->backend->store_release(a->backend);
+    pthread_mutex_unlock(&a->lock);
+    return rc;
+}
