@@ -89,3 +89,17 @@ class LocalController:
             if not self._replied.wait_for(lambda: command.id in self._replies, timeout):
                 raise TimeoutError(f"job did not answer {command.kind} (id {command.id}) within {timeout} s")
             return self._replies.pop(command.id)
+
+
+# The controller a launcher (gmux-launch) installs before the user's script runs, so that `attach()` and the
+# transparent hook in that process talk to gmuxd without the script naming a controller.
+_default: Optional[Controller] = None
+
+
+def set_default(controller: Optional[Controller]) -> None:
+    global _default
+    _default = controller
+
+
+def default() -> Optional[Controller]:
+    return _default

@@ -1,0 +1,131 @@
+"""gmux: look at and steer the jobs of a gmuxd. Thin: every command is one request (gmux.node.client)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from gmux.node.client import Client, GmuxError
+from gmux.node.inventory import parse_size
+from gmux.node.paths import default_runtime_dir
+
+
+def _print(data, as_json: bool, text=None) -> None:
+    if as_json:
+        print(json.dumps(data, indent=1, default=str))
+    elif text is not None:
+        print(text)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="gmux", description="Look at and steer the jobs of gmuxd.")
+    p.add_argument("--runtime-dir", default=default_runtime_dir())
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("ps", help="jobs and GPUs")
+    s.add_argument("--live", action="store_true", help="hide ended jobs")
+    s = sub.add_parser("top", help="the jobs table, live")
+    s.add_argument("--interval", type=float, default=1.0)
+    s.add_argument("--count", type=int, default=0, help="stop after this many refreshes (0: never)")
+    for name, helptext in (("suspend", "suspend a job at its next boundary and keep it suspended"),
+                           ("resume", "let a suspended job run again in its turn"),
+                           ("kill", "kill a job (SIGKILL); its share of the GPU is freed")):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("job")
+    s = sub.add_parser("migrate", help="move a job to another GPU at its next boundary")
+    s.add_argument("job")
+    s.add_argument("--gpu", type=int, required=True)
+    s = sub.add_parser("logs", help="output of a submitted job")
+    s.add_argument("job")
+    s.add_argument("--tail", type=int, default=0)
+    s = sub.add_parser("submit", help="have gmuxd start and supervise a job: gmux submit [opts] -- python train.py")
+    s.add_argument("--mem", type=parse_size)
+    s.add_argument("--weight", type=float, default=1.0)
+    s.add_argument("--name")
+    s.add_argument("argv", nargs=argparse.REMAINDER)
+    s = sub.add_parser("decisions", help="time-slicing, packing and migration decisions, with their numbers")
+    s.add_argument("--limit", type=int, default=50)
+    s = sub.add_parser("shutdown", help="stop gmuxd (jobs keep running unless --kill-jobs)")
+    s.add_argument("--kill-jobs", action="store_true")
+    sub.add_parser("ping", help="is gmuxd there?")
+    a = p.parse_args(argv)
+    try:
+        return run(a)
+    except GmuxError as e:
+        print(f"gmux: {e}", file=sys.stderr)
+        return 1
+
+
+def run(a) -> int:
+    c = Client(a.runtime_dir)
+    if a.cmd == "ps":
+        data = c.call("ps", all=not a.live)
+        if a.json:
+            _print(data, True)
+        else:
+            from rich.console import Console
+            from gmux.node.table import gpus_table, jobs_table
+            con = Console(width=None if sys.stdout.isatty() else 160)
+            con.print(jobs_table(data))
+            con.print(gpus_table(data))
+        return 0
+    if a.cmd == "top":
+        return top(c, a)
+    if a.cmd in ("suspend", "resume", "kill"):
+        data = c.call(a.cmd, timeout=130, job=a.job)
+        _print(data, a.json, f"{a.cmd}: {a.job} " + ", ".join(f"{k}={v}" for k, v in data.items() if k != "job"))
+        return 0
+    if a.cmd == "migrate":
+        data = c.call("migrate", timeout=130, job=a.job, gpu=a.gpu)
+        _print(data, a.json, f"migrated {a.job} to GPU {a.gpu}")
+        return 0
+    if a.cmd == "logs":
+        data = c.call("logs", job=a.job, tail=a.tail)
+        _print(data, a.json, data["text"].rstrip("\n"))
+        return 0
+    if a.cmd == "submit":
+        argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+        if not argv:
+            raise GmuxError("give the command after --, e.g. gmux submit -- python train.py")
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "USER", "LANG")
+               or k.startswith(("OMP_", "MKL_", "TORCH_", "GMUX_"))}
+        data = c.call("submit", argv=argv, cwd=os.getcwd(), env=env, name=a.name, weight=a.weight, mem=a.mem)
+        _print(data, a.json, f"submitted {data['job']} on GPU {data['gpu']} (pid {data['pid']}); "
+                             f"logs: gmux logs {data['job']}")
+        return 0
+    if a.cmd == "decisions":
+        data = c.call("decisions", limit=a.limit)
+        _print(data, a.json, "\n".join(f"{time.strftime('%H:%M:%S', time.localtime(d['t']))} {d['kind']:8} "
+                                       f"{d['text']}" for d in data["decisions"]))
+        return 0
+    if a.cmd == "shutdown":
+        _print(c.call("shutdown", kill_jobs=a.kill_jobs), a.json, "gmuxd is stopping")
+        return 0
+    if a.cmd == "ping":
+        _print(c.call("ping"), a.json, "gmuxd is running")
+        return 0
+    return 2
+
+
+def top(c: Client, a) -> int:
+    from rich.console import Group
+    from rich.live import Live
+    from gmux.node.table import gpus_table, jobs_table
+    n = 0
+    with Live(refresh_per_second=4, screen=False) as live:
+        while True:
+            data = c.call("ps", all=True)
+            if a.json:
+                print(json.dumps(data, default=str), flush=True)
+            else:
+                live.update(Group(jobs_table(data, f"gmux top — {time.strftime('%H:%M:%S')}"), gpus_table(data)))
+            n += 1
+            if a.count and n >= a.count:
+                return 0
+            time.sleep(a.interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""gmuxd: the per-machine GPU multiplexer daemon."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from gmux.node.daemon import Daemon, Options
+from gmux.node.inventory import discover, parse_size
+from gmux.node.paths import RuntimeDir, default_runtime_dir
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="gmuxd", description="Time-slice, pack and migrate training jobs on this "
+                                                          "machine's GPUs.")
+    p.add_argument("--runtime-dir", default=default_runtime_dir(), help="private dir for socket, db, logs")
+    p.add_argument("--virtual-gpus", help="e.g. 2x16GiB: virtual GPUs (jobs compute on the CPU); automatic "
+                                          "when NVML finds no GPU")
+    p.add_argument("--quantum", type=float, default=60.0, help="time-slice quantum in seconds (default 60)")
+    p.add_argument("--host-budget", type=parse_size, default="8GiB",
+                   help="host RAM for suspended jobs' state; beyond it state spills to disk (default 8GiB)")
+    p.add_argument("--no-pack", dest="pack", action="store_false", help="never pack jobs; only time-slice")
+    p.add_argument("--pack-margin", type=float, default=0.1, help="keep a pack if sum of packed/solo rates > 1+margin")
+    p.add_argument("--pack-window", type=float, default=5.0, help="seconds of packed measurement before judging")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (127.0.0.1)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
+                        format="%(asctime)s gmuxd %(levelname)s %(message)s")
+    gpus = discover(a.virtual_gpus)
+    try:
+        daemon = Daemon(RuntimeDir(a.runtime_dir), gpus,
+                        Options(quantum=a.quantum, host_budget=a.host_budget, pack=a.pack, margin=a.pack_margin,
+                                window=a.pack_window, metrics_port=a.metrics_port))
+    except (RuntimeError, PermissionError, OSError) as e:
+        print(f"gmuxd: {e}", file=sys.stderr)
+        return 1
+
+    def stop(signum, frame):
+        daemon.stopping = True   # jobs keep running; a restarted gmuxd re-attaches to them
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    logging.info("serving %s with %d GPU(s): %s", daemon.rundir.endpoint, len(gpus),
+                 ", ".join(f"{g.index}:{g.name} {g.mem_total >> 20}MiB" for g in gpus))
+    daemon.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The job's side of gmuxd: a `Controller` (see control.py) that talks to the daemon over a ZeroMQ DEALER.
+
+Single-threaded on purpose: the runtime calls `poll()` at every mini-batch boundary from the training thread,
+and a non-blocking zmq poll costs about 2 µs, so no helper thread (which would contend for the GIL during
+training) is needed. While suspended the runtime blocks in `wait()`, which sends a heartbeat every second so
+a restarted daemon learns where the job is. Every message carries the job's id and token (a job can only act
+on itself) and the agent's view of its state (running / suspended / waiting), which lets a restarted daemon
+reconcile what it believed with what is true.
+
+Sends never block training: if the daemon is gone, messages queue in zmq (up to its high-water mark) and are
+delivered when it comes back; beyond that they are dropped, and the next report supersedes them.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections import deque
+from typing import Any, Optional
+
+import zmq
+
+from gmux import protocol
+from gmux.job.control import Command
+
+HEARTBEAT_S = 1.0
+SAMPLE_S = 0.2     # how often a running job tells gmuxd how many boundaries it has passed
+
+
+class DaemonUnavailable(ConnectionError):
+    """gmuxd did not answer; the message says how to start it."""
+
+
+def unavailable_message(endpoint: str, timeout: float) -> str:
+    rundir = os.path.dirname(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
+    hint = f"gmuxd --runtime-dir {rundir}" if rundir else "gmuxd"
+    return (f"gmuxd is not answering at {endpoint} (waited {timeout:g} s). Start it with `{hint} &` "
+            f"(add --virtual-gpus 2x16GiB on a machine without GPUs), or point GMUX_RUNTIME_DIR at a running one.")
+
+
+class Agent:
+    def __init__(self, endpoint: str, job: Optional[str] = None, token: Optional[str] = None,
+                 context: Optional[zmq.Context] = None):
+        self.endpoint = endpoint
+        self.job = job
+        self.token = token
+        self.sock = (context or zmq.Context.instance()).socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 2000)   # a final result/bye gets 2 s to leave when the process exits
+        self.sock.setsockopt(zmq.SNDHWM, 1000)
+        self.sock.connect(endpoint)
+        self._ids = itertools.count(1)
+        self._commands: deque[Command] = deque()
+        self._replies: dict[int, dict] = {}
+        self.state = "waiting"           # running / suspended / waiting (not started yet)
+        self.migrating: Optional[dict] = None   # args of an acknowledged migrate: the process must re-exec
+        self.errors: list[str] = []      # error replies from the daemon to one-way messages (kept for tests/logs)
+        self._last_sent = 0.0
+        self.boundaries = 0
+        self._next_sample = 0.0
+
+    # --- request/reply (registration): blocks, queueing any command that arrives meanwhile ---
+    def request(self, mtype: str, timeout: float = 5.0, **fields: Any) -> Any:
+        mid = next(self._ids)
+        self.sock.send(protocol.encode(mtype, mid, **fields), zmq.NOBLOCK)
+        deadline = time.monotonic() + timeout
+        while mid not in self._replies:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sock.poll(left * 1000):
+                if mid in self._replies:
+                    break
+                if time.monotonic() >= deadline:
+                    raise DaemonUnavailable(unavailable_message(self.endpoint, timeout))
+                continue
+            self._drain()
+        rep = self._replies.pop(mid)
+        if not rep.get("ok"):
+            raise RuntimeError(f"gmuxd refused {mtype}: {rep.get('error')}")
+        return rep.get("data")
+
+    def register(self, **fields: Any) -> dict:
+        if self.job and self.token:
+            fields.update(job=self.job, token=self.token)
+        data = self.request("register", **fields)
+        self.job, self.token = data["job"], data["token"]
+        return data
+
+    # --- the Controller protocol ---
+    def poll(self) -> Optional[Command]:
+        # poll() is called once per mini-batch boundary: counting calls gives gmuxd the job's rate at a finer
+        # grain than the runtime's 1 s reports (a quantum of 1-2 s needs several samples).
+        self.boundaries += 1
+        now = time.monotonic()
+        if now >= self._next_sample:
+            self._next_sample = now + SAMPLE_S
+            self._send("heartbeat", state=self.state, boundaries=self.boundaries, t=time.time())
+        if not self._commands:
+            if not self.sock.poll(0):
+                return None
+            self._drain()
+            if not self._commands:
+                return None
+        return self._commands.popleft()
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[Command]:
+        if self.state == "running":
+            self.state = "suspended"
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._commands:
+            now = time.monotonic()
+            if now - self._last_sent >= HEARTBEAT_S:
+                self._send("heartbeat", state=self.state)
+            left = HEARTBEAT_S if deadline is None else min(HEARTBEAT_S, deadline - now)
+            if left <= 0:
+                return None
+            if self.sock.poll(left * 1000):
+                self._drain()
+        return self._commands.popleft()
+
+    def report(self, report: dict) -> None:
+        self._send("report", report=_plain(report), state=self.state)
+
+    def reply(self, command: Command, result: dict) -> None:
+        ok = bool(result.get("ok"))
+        if ok:
+            if command.kind == "resume":
+                self.state = "running"
+            elif command.kind == "suspend":
+                self.state = "suspended"
+            elif command.kind == "migrate":
+                self.migrating = dict(command.args)
+        self._send("result", cmd=command.id, kind=command.kind, result=_plain(result))
+
+    def bye(self, status: int, reason: str = "") -> None:
+        self._send("bye", status=int(status), reason=reason[:1000])
+
+    def close(self) -> None:
+        self.sock.close()
+
+    # --- internals ---
+    def _send(self, mtype: str, **fields: Any) -> None:
+        if self.job is None:
+            return  # not registered (a script run outside gmux-launch): nobody to tell
+        try:
+            self.sock.send(protocol.encode(mtype, next(self._ids), job=self.job, token=self.token, **fields),
+                           zmq.NOBLOCK)
+            self._last_sent = time.monotonic()
+        except zmq.Again:
+            pass  # daemon unreachable and queue full: the next report supersedes this one
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = protocol.decode(frame)
+            except protocol.ProtocolError as e:
+                self.errors.append(f"bad message from gmuxd: {e}")
+                continue
+            if msg.type == "command":
+                self._commands.append(Command(msg["kind"], dict(msg["args"]), id=msg["cmd"]))
+            elif msg.type == "reply":
+                if not msg.get("ok") and len(self.errors) < 100:
+                    self.errors.append(str(msg.get("error")))
+                self._replies[msg.id] = msg.fields
+                if len(self._replies) > 64:   # replies to one-way messages nobody waits for
+                    for k in sorted(self._replies)[:-16]:
+                        del self._replies[k]
+
+
+def _plain(d: dict) -> dict:
+    """Only msgpack-able values (figures from the runtime may hold numpy/torch scalars)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            out[str(k)] = v
+        elif isinstance(v, dict):
+            out[str(k)] = _plain(v)
+        elif isinstance(v, (list, tuple)):
+            out[str(k)] = [x if isinstance(x, (str, int, float, bool)) or x is None else str(x) for x in v][:64]
+        elif hasattr(v, "item"):
+            try:
+                out[str(k)] = v.item()
+            except Exception:
+                out[str(k)] = str(v)
+        else:
+            out[str(k)] = str(v)
+    return out

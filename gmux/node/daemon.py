@@ -1,0 +1,589 @@
+"""gmuxd: the per-machine multiplexer. One thread, one ROUTER socket, one loop.
+
+Every frame received is decoded and validated (gmux.protocol) before use; a bad one gets an error reply and
+the loop goes on. Jobs authenticate with their token and can act only on themselves; the CLI with the admin
+token in the private runtime directory. Between messages the loop ticks: it reaps ended jobs, lets each
+GPU's packer and time-slicer decide, and sends the resulting commands. Job table and decisions live in
+SQLite, so a restarted daemon re-attaches to the jobs that kept running.
+"""
+from __future__ import annotations
+
+import hmac
+import itertools
+import logging
+import os
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+import zmq
+
+from gmux import protocol
+from gmux.node.inventory import Gpu, format_size
+from gmux.node.jobs import Job, alive, proc_starttime
+from gmux.node.packer import Packer, Rates
+from gmux.node.paths import RuntimeDir
+from gmux.node.slicer import Slicer
+from gmux.node.store import Store
+from gmux.node.supervisor import Supervisor
+
+log = logging.getLogger("gmux.daemon")
+
+TICK_S = 0.02           # how often policies run when no message arrives
+REAP_EVERY_S = 0.2      # how often ended processes are looked for
+FLUSH_EVERY_S = 2.0     # how often measurements are written to SQLite
+SOLO_MIN_SPAN_S = 1.5   # a solo rate needs at least this much measured residency
+
+
+class Refused(Exception):
+    """A valid message the daemon will not carry out; the text goes back to the sender."""
+
+
+@dataclass
+class Options:
+    quantum: float = 60.0
+    host_budget: int = 8 << 30        # host RAM for suspended state; beyond it, state spills to disk
+    pack: bool = True
+    margin: float = 0.1
+    window: float = 5.0
+    retry_after: float = 300.0
+    metrics_port: Optional[int] = None
+
+
+class Daemon:
+    def __init__(self, rundir: RuntimeDir, gpus: list[Gpu], options: Optional[Options] = None):
+        self.rundir = rundir
+        self.gpus = {g.index: g for g in gpus}
+        self.opt = options or Options()
+        rundir.create()
+        self._claim_pid_file()
+        self.admin = rundir.admin_token(create=True)
+        self.store = Store(rundir.db)
+        self.sup = Supervisor(rundir)
+        self.jobs: dict[str, Job] = {}
+        self.slicers = {g.index: Slicer(g.index, g.mem_total, self.opt.quantum) for g in gpus}
+        self.packers = {g.index: Packer(self.opt.margin, self.opt.window, self.opt.retry_after, self.opt.pack)
+                        for g in gpus}
+        # Command ids are unique across restarts (a late answer to the previous daemon's command is ignored).
+        self._cmd_ids = itertools.count(int(time.time() * 1000) % (1 << 40) * 1000)
+        self.inflight: dict[int, tuple[str, str, float]] = {}   # cmd -> (job, kind, sent at)
+        self.waiters: dict[str, list] = {}                      # job -> [(identity, msg id, kind, t0)]
+        self.decisions: deque = deque(maxlen=200)
+        self.started = time.time()
+        self.messages = 0
+        self.stopping = False
+        self._last_reap = self._last_flush = 0.0
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)   # an unroutable send raises instead of vanishing
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 16 * protocol.MAX_FRAME)  # beyond this, not even an error reply
+        if os.path.exists(rundir.socket):
+            os.unlink(rundir.socket)   # stale: the pid file proved no daemon owns it
+        self.sock.bind(rundir.endpoint)
+        os.chmod(rundir.socket, 0o600)
+        self.metrics = None
+        if self.opt.metrics_port is not None:
+            from gmux.node.metrics import Metrics
+            self.metrics = Metrics(self, self.opt.metrics_port)
+        self._recover()
+
+    # --- lifecycle ---
+    def _claim_pid_file(self) -> None:
+        try:
+            with open(self.rundir.pid_file) as f:
+                pid, st = (int(x) for x in f.read().split())
+            if pid != os.getpid() and alive(pid, st):
+                raise RuntimeError(f"gmuxd is already running in {self.rundir.root} (pid {pid}); "
+                                   f"stop it first or use another --runtime-dir")
+        except (FileNotFoundError, ValueError):
+            pass
+        with open(self.rundir.pid_file, "w") as f:
+            f.write(f"{os.getpid()} {proc_starttime(os.getpid())}")
+
+    def _recover(self) -> None:
+        """Re-attaches to the jobs of a previous daemon: alive ones go back on their GPU, ended ones are closed."""
+        now = time.monotonic()
+        for job in self.store.load(only_live=True):
+            self.jobs[job.id] = job
+            ended = self.sup.ended(job) if job.pid else ("lost", None, "never started")
+            if ended is not None:
+                self._finish(job, *ended)
+                continue
+            if job.state == "migrating":
+                continue   # its process re-registers after re-executing
+            gpu = job.gpu if job.gpu in self.slicers else 0
+            job.gpu = gpu
+            resident = job.state in ("running", "suspending", "resuming")
+            self.slicers[gpu].add(job.id, job.weight, job.working_set(), now, resident=resident,
+                                  used=job.gpu_seconds)
+            if job.held:
+                self.slicers[gpu].hold(job.id)
+            self._decide(gpu, "reattach", [job.id], {"state": job.state, "pid": job.pid},
+                         f"re-attached {job.id} (pid {job.pid}, {job.state}) after a daemon restart")
+
+    def close(self) -> None:
+        self._flush(force=True)
+        if self.metrics:
+            self.metrics.close()
+        self.sock.close(0)
+        for path in (self.rundir.socket, self.rundir.pid_file):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self.store.close()
+
+    def serve(self, until=None) -> None:
+        """Runs until shutdown (message or `stopping`), or until `until()` returns true."""
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        try:
+            while not self.stopping and not (until and until()):
+                if poller.poll(TICK_S * 1000):
+                    for _ in range(1000):
+                        try:
+                            identity, *frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._receive(identity, frames)
+                self.tick()
+        finally:
+            self.close()
+
+    # --- messages ---
+    def _receive(self, identity: bytes, frames: list) -> None:
+        self.messages += 1
+        if len(frames) != 1:
+            self._send(identity, protocol.error_reply(0, f"expected one frame per message, got {len(frames)}"))
+            return
+        try:
+            msg = protocol.decode(frames[0])
+        except protocol.ProtocolError as e:
+            self._send(identity, protocol.error_reply(0, str(e)))
+            return
+        try:
+            data = getattr(self, "_on_" + msg.type)(msg, identity)
+        except Refused as e:
+            self._send(identity, protocol.error_reply(msg.id, str(e)))
+            return
+        except AttributeError as e:
+            if not hasattr(self, "_on_" + msg.type):   # reply/command sent *to* the daemon
+                self._send(identity, protocol.error_reply(msg.id, f"{msg.type} is sent by gmuxd, not to it"))
+                return
+            raise
+        if data is not DEFERRED:
+            self._send(identity, protocol.reply(msg.id, True, data=data))
+
+    def _send(self, identity: bytes, frame: bytes) -> bool:
+        try:
+            self.sock.send_multipart([identity, frame], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:   # peer gone (EHOSTUNREACH) or not reading (EAGAIN): never wedge the loop
+            return False
+
+    def _job(self, msg: protocol.Message, identity: bytes) -> Job:
+        job = self.jobs.get(msg["job"])
+        if job is None or not hmac.compare_digest(job.token, msg["token"]):
+            raise Refused(f"{msg.type}: unknown job {msg['job']!r} or wrong token (a job can only act on itself)")
+        if job.identity != identity:
+            job.identity = identity
+            for frame in job.outbox:
+                self._send(identity, frame)
+            job.outbox.clear()
+        return job
+
+    def _admin(self, msg: protocol.Message) -> None:
+        if not hmac.compare_digest(self.admin, msg["admin"]):
+            raise Refused(f"{msg.type}: wrong admin token (read it from {self.rundir.admin_token_file})")
+
+    def _on_ping(self, msg, identity):
+        return {"version": protocol.VERSION, "pid": os.getpid(), "uptime": time.time() - self.started,
+                "gpus": len(self.gpus)}
+
+    def _on_register(self, msg, identity):
+        now = time.monotonic()
+        if msg.get("job"):
+            job = self.jobs.get(msg["job"])
+            if job is None or not msg.get("token") or not hmac.compare_digest(job.token, msg["token"]):
+                raise Refused(f"register: unknown job {msg['job']!r} or wrong token")
+            if job.final:
+                raise Refused(f"register: job {job.id} has ended ({job.state}: {job.detail})")
+            # A migrated (or spilled) job's process, back from re-executing itself. Its migrate result may
+            # still be on the way (another connection): the migration is complete either way.
+            for cmd in [c for c, e in self.inflight.items() if e[0] == job.id]:
+                if self.inflight.pop(cmd)[1] == "migrate" and job.state != "migrating":
+                    job.migrations += 1
+            self._leave_gpu(job, now)
+            self._wake(job.id, "migrate", True, 0.0)
+            job.outbox.clear()
+            job.gpu = job.target_gpu if job.target_gpu is not None else job.gpu
+            job.target_gpu = None
+        else:
+            mem = msg.get("mem")
+            job = Job(self.store.next_job_id(), secrets.token_hex(16), msg.get("name") or "",
+                      list(msg["argv"]), msg.get("cwd", ""), weight=float(msg.get("weight", 1.0)), mem=mem)
+            job.gpu = self._place(job)
+            self.jobs[job.id] = job
+        job.pid, job.starttime = msg["pid"], msg.get("starttime")
+        job.identity = identity
+        job.state, job.started, job.detail = "waiting", False, ""
+        job.start_window()
+        self.slicers[job.gpu].add(job.id, job.weight, job.working_set(), now, used=job.gpu_seconds)
+        if job.held:
+            self.slicers[job.gpu].hold(job.id)
+        self.store.save(job)
+        log.info("admitted %s on GPU %d (weight %g, mem %s)", job.id, job.gpu, job.weight,
+                 format_size(job.working_set()))
+        return {"job": job.id, "token": job.token, "gpu": job.gpu, "env": self.gpus[job.gpu].env()}
+
+    def _place(self, job: Job) -> int:
+        need = job.working_set() or 0
+        fitting = [g for g in self.gpus.values() if g.mem_total >= need]
+        if not fitting:
+            biggest = max(g.mem_total for g in self.gpus.values())
+            raise Refused(f"register: the job needs {format_size(need)} but the largest GPU has "
+                          f"{format_size(biggest)}; lower --mem or add a bigger GPU")
+        load = {g.index: sum(self.jobs[j].weight for j in self.slicers[g.index].entries) for g in fitting}
+        return min(fitting, key=lambda g: (load[g.index], g.index)).index
+
+    def _on_report(self, msg, identity):
+        job = self._job(msg, identity)
+        r = msg["report"]
+        job.last_report = r
+        if isinstance(r.get("step"), int):
+            job.step = r["step"]
+        for key in ("mem_boundary", "mem_peak"):
+            if isinstance(r.get(key), int):
+                setattr(job, key, r[key])
+        self._observe_state(job, msg.get("state"))
+        slicer = self.slicers.get(job.gpu)
+        if slicer is not None and job.id in slicer.resident and job.id not in slicer.pending:
+            if slicer.entries.get(job.id) and slicer.entries[job.id].mem != job.working_set():
+                for pack in slicer.set_mem(job.id, job.working_set()):
+                    self._decide(job.gpu, "unpack", sorted(pack), {"mem": job.working_set()},
+                                 f"GPU {job.gpu}: {'+'.join(sorted(pack))} no longer fit in memory: unpacked")
+        return None
+
+    def _on_heartbeat(self, msg, identity):
+        job = self._job(msg, identity)
+        self._observe_state(job, msg["state"])
+        slicer = self.slicers.get(job.gpu)
+        if (msg.get("boundaries") is not None and msg.get("t") is not None and slicer is not None
+                and job.id in slicer.resident and job.id not in slicer.pending):
+            job.sample(float(msg["t"]), msg["boundaries"])
+            # A solo rate is a rate measured while nothing else held the GPU.
+            if slicer.resident == {job.id} and job.window_span() >= min(SOLO_MIN_SPAN_S, 0.6 * slicer.quantum):
+                job.rate_solo = job.window_rate()
+        return None
+
+    def _observe_state(self, job: Job, state: Optional[str]) -> None:
+        if state and job.gpu in self.slicers:
+            self.slicers[job.gpu].observed(job.id, state, time.monotonic())
+
+    def _on_result(self, msg, identity):
+        job = self._job(msg, identity)
+        entry = self.inflight.pop(msg["cmd"], None)
+        if entry is None or entry[0] != job.id:
+            return None     # an answer to a command of a previous daemon, or a repeat: nothing waits for it
+        _, kind, sent = entry
+        now = time.monotonic()
+        result = msg["result"]
+        ok = bool(result.get("ok"))
+        latency = now - sent
+        slicer = self.slicers.get(job.gpu)
+        if not ok:
+            log.warning("%s: %s failed: %s", job.id, kind, result.get("error"))
+            job.detail = f"{kind} failed: {result.get('error')}"
+        if kind in ("suspend", "resume") and slicer is not None:
+            slicer.acked(job.id, kind, now, ok)
+            if ok:
+                job.suspend_seconds += latency
+                if kind == "suspend":
+                    job.suspends += 1
+                    job.host_bytes = int(result.get("bytes") or 0)
+                else:
+                    job.started, job.host_bytes = True, 0
+                    job.start_window()
+        elif kind == "migrate":
+            if slicer is not None:
+                slicer.pending.pop(job.id, None)
+            if ok:
+                self._leave_gpu(job, now)
+                job.state, job.migrations, job.host_bytes = "migrating", job.migrations + 1, 0
+                self.store.save(job)
+        self._wake(job.id, kind, ok, latency, result.get("error"))
+        return None
+
+    def _on_bye(self, msg, identity):
+        job = self._job(msg, identity)
+        state = "exited" if msg["status"] == 0 else "failed"
+        detail = msg.get("reason") or ("finished" if state == "exited" else f"exit status {msg['status']}")
+        self._finish(job, state, msg["status"], detail)
+        return None
+
+    # --- administration ---
+    def _on_ps(self, msg, identity):
+        self._admin(msg)
+        now = time.monotonic()
+        self._sync_accounting(now)
+        jobs = [j.public() for j in self.jobs.values() if msg.get("all", True) or not j.final]
+        gpus = []
+        for g in self.gpus.values():
+            s = self.slicers[g.index]
+            gpus.append({"index": g.index, "name": g.name, "virtual": g.virtual, "mem_total": g.mem_total,
+                         "mem_used": g.mem_used, "jobs": sorted(s.entries), "resident": sorted(s.resident),
+                         "packs": [sorted(p) for p in s.packs], "switches": s.switches,
+                         "resident_mem": sum(self.jobs[j].working_set() or 0 for j in s.resident)})
+        return {"jobs": jobs, "gpus": gpus, "decisions": list(self.decisions)[-20:],
+                "daemon": {"pid": os.getpid(), "uptime": time.time() - self.started, "messages": self.messages,
+                           "quantum": self.opt.quantum, "host_budget": self.opt.host_budget,
+                           "host_held": sum(j.host_bytes for j in self.jobs.values() if not j.final)}}
+
+    def _target(self, msg) -> Job:
+        self._admin(msg)
+        job = self.jobs.get(msg["job"])
+        if job is None:
+            raise Refused(f"{msg.type}: no job {msg['job']!r}; `gmux ps` lists the jobs")
+        if job.final:
+            raise Refused(f"{msg.type}: job {job.id} has ended ({job.state}: {job.detail})")
+        return job
+
+    def _on_suspend(self, msg, identity):
+        job = self._target(msg)
+        job.held = True
+        slicer = self.slicers[job.gpu]
+        slicer.hold(job.id)
+        if job.id in slicer.resident or slicer.pending.get(job.id) == "resume":
+            return self._defer(job.id, "suspend", identity, msg.id)
+        return {"job": job.id, "state": "held", "latency_s": 0.0}
+
+    def _on_resume(self, msg, identity):
+        job = self._target(msg)
+        job.held = False
+        self.slicers[job.gpu].release(job.id)
+        return {"job": job.id, "state": "runnable: runs in its turn on GPU %d" % job.gpu}
+
+    def _on_kill(self, msg, identity):
+        job = self._target(msg)
+        job.kill_requested = True
+        if not self.sup.kill(job):
+            self._finish(job, "killed", None, "killed by gmux kill")
+        return {"job": job.id, "signal": "SIGKILL"}
+
+    def _on_migrate(self, msg, identity):
+        job = self._target(msg)
+        gpu = msg["gpu"]
+        if gpu not in self.gpus:
+            raise Refused(f"migrate: no GPU {gpu}; this machine has {', '.join(map(str, sorted(self.gpus)))}")
+        if gpu == job.gpu:
+            raise Refused(f"migrate: {job.id} is already on GPU {gpu}")
+        need = job.working_set() or 0
+        if need > self.gpus[gpu].mem_total:
+            raise Refused(f"migrate: {job.id} needs {format_size(need)}, GPU {gpu} has "
+                          f"{format_size(self.gpus[gpu].mem_total)}")
+        return self._migrate(job, gpu, identity, msg.id)
+
+    def _migrate(self, job: Job, gpu: int, identity=None, msg_id=0):
+        now = time.monotonic()
+        slicer = self.slicers[job.gpu]
+        if not job.started and job.id not in slicer.pending:
+            # Nothing has run yet: moving it is bookkeeping; it starts on the new GPU in its turn.
+            self._leave_gpu(job, now)
+            job.gpu = gpu
+            self.slicers[gpu].add(job.id, job.weight, job.working_set(), now, used=job.gpu_seconds)
+            return {"job": job.id, "gpu": gpu, "moved": "before starting"}
+        if job.id in slicer.pending:
+            raise Refused(f"migrate: {job.id} is busy with a {slicer.pending[job.id]}; try again in a moment")
+        job.target_gpu = gpu
+        slicer.pending[job.id] = "migrate"     # holds the slicer: its memory is in use until it has left
+        self.send_command(job, "migrate", {"path": self.rundir.checkpoint_file(job.id), "gpu": gpu})
+        self._decide(job.gpu, "migrate", [job.id], {"from": job.gpu, "to": gpu},
+                     f"migrating {job.id} from GPU {job.gpu} to GPU {gpu} at its next boundary")
+        return self._defer(job.id, "migrate", identity, msg_id) if identity is not None else None
+
+    def _on_logs(self, msg, identity):
+        job = self._target_any(msg)
+        if not job.managed:
+            raise Refused(f"logs: {job.id} was started with gmux-launch; its output goes to the terminal that "
+                          f"started it (gmux submit captures logs)")
+        try:
+            with open(self.rundir.log_file(job.id), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        tail = msg.get("tail") or 0
+        text = data.decode(errors="replace")
+        if tail:
+            text = "".join(text.splitlines(keepends=True)[-tail:])
+        return {"job": job.id, "text": text[-protocol.MAX_FRAME // 2:]}
+
+    def _target_any(self, msg) -> Job:
+        self._admin(msg)
+        if msg["job"] not in self.jobs:
+            raise Refused(f"{msg.type}: no job {msg['job']!r}; `gmux ps` lists the jobs")
+        return self.jobs[msg["job"]]
+
+    def _on_submit(self, msg, identity):
+        self._admin(msg)
+        job = Job(self.store.next_job_id(), secrets.token_hex(16), msg.get("name") or "", list(msg["argv"]),
+                  msg["cwd"], weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"), managed=True,
+                  env=dict(msg.get("env") or {}))
+        job.gpu = self._place(job)
+        self.jobs[job.id] = job
+        try:
+            job.pid = self.sup.spawn(job)
+        except OSError as e:
+            self._finish(job, "failed", None, f"could not start: {e}")
+            raise Refused(f"submit: could not start {msg['argv'][0]!r}: {e}")
+        job.starttime = proc_starttime(job.pid)
+        job.detail = "starting"
+        self.store.save(job)
+        return {"job": job.id, "gpu": job.gpu, "pid": job.pid, "log": self.rundir.log_file(job.id)}
+
+    def _on_decisions(self, msg, identity):
+        self._admin(msg)
+        return {"decisions": self.store.decisions(msg.get("limit") or 100)}
+
+    def _on_shutdown(self, msg, identity):
+        self._admin(msg)
+        if msg.get("kill_jobs"):
+            for job in self.jobs.values():
+                if not job.final:
+                    self.sup.kill(job)
+                    self._finish(job, "killed", None, "killed at daemon shutdown")
+        self.stopping = True
+        return {"stopping": True}
+
+    # --- commands to jobs and their outcome ---
+    def send_command(self, job: Job, kind: str, args: dict) -> int:
+        cmd = next(self._cmd_ids)
+        self.inflight[cmd] = (job.id, kind, time.monotonic())
+        frame = protocol.encode("command", 0, cmd=cmd, kind=kind, args=args)
+        if job.identity is None or not self._send(job.identity, frame):
+            job.outbox.append(frame)   # sent when the job's agent is next heard from (e.g. after a restart)
+        return cmd
+
+    def _defer(self, job_id: str, kind: str, identity: bytes, msg_id: int):
+        self.waiters.setdefault(job_id, []).append((identity, msg_id, kind, time.monotonic()))
+        return DEFERRED
+
+    def _wake(self, job_id: str, kind: str, ok: bool, latency: float, error=None) -> None:
+        waiting = self.waiters.get(job_id, [])
+        for w in [w for w in waiting if w[2] == kind]:
+            waiting.remove(w)
+            identity, msg_id, _, t0 = w
+            if ok:
+                self._send(identity, protocol.reply(msg_id, True, data={
+                    "job": job_id, "kind": kind, "latency_s": time.monotonic() - t0, "job_latency_s": latency}))
+            else:
+                self._send(identity, protocol.error_reply(msg_id, f"{kind} of {job_id} failed: {error}"))
+
+    def _leave_gpu(self, job: Job, now: float) -> None:
+        for gpu, slicer in self.slicers.items():
+            if job.id in slicer.entries:
+                job.gpu_seconds = slicer.used(job.id, now)
+                slicer.remove(job.id, now)
+                self.packers[gpu].forget(job.id)
+
+    def _finish(self, job: Job, state: str, status: Optional[int], detail: str) -> None:
+        if job.final:
+            return
+        if job.kill_requested and state in ("killed", "lost"):
+            state, detail = "killed", "killed by gmux kill"
+        self._leave_gpu(job, time.monotonic())
+        job.state, job.exit_status, job.detail, job.host_bytes = state, status, detail, 0
+        job.outbox.clear()
+        for cmd in [c for c, e in self.inflight.items() if e[0] == job.id]:
+            del self.inflight[cmd]
+        for identity, msg_id, kind, _ in self.waiters.pop(job.id, []):
+            self._send(identity, protocol.error_reply(msg_id, f"{kind}: job {job.id} ended ({state}: {detail})"))
+        self.store.save(job)
+        self._decide(job.gpu, "end", [job.id], {"state": state, "status": status, "step": job.step},
+                     f"{job.id} {state}: {detail}; its share of GPU {job.gpu} is free")
+
+    def _decide(self, gpu, kind, jobs, numbers, text) -> None:
+        self.decisions.append(self.store.decide(gpu, kind, jobs, numbers, text))
+        log.info("%s", text)
+
+    # --- the tick: reap, decide, send ---
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last_reap >= REAP_EVERY_S:
+            self._last_reap = now
+            for job in list(self.jobs.values()):
+                if not job.final and job.pid:
+                    ended = self.sup.ended(job)
+                    if ended is not None:
+                        self._finish(job, *ended)
+            self._expire_waiters(now)
+        for gpu, slicer in self.slicers.items():
+            rates = {j: Rates(self.jobs[j].rate_solo, self.jobs[j].rate_now, self.jobs[j].window_span())
+                     for j in slicer.entries}
+            for d in self.packers[gpu].step(slicer, rates, now):
+                self._decide(gpu, d.kind, d.jobs, d.numbers, d.text)
+            for kind, job_id in slicer.tick(now):
+                job = self.jobs[job_id]
+                args = {"gpu": gpu, "env": self.gpus[gpu].env()} if kind == "resume" else {}
+                self.send_command(job, kind, args)
+            self._spill(slicer)
+        self._states()
+        self._flush()
+        if self.metrics:
+            self.metrics.update()
+
+    def _spill(self, slicer: Slicer) -> None:
+        """Suspended state over the host-RAM budget goes to disk: the job checkpoints and its process ends."""
+        held = sum(j.host_bytes for j in self.jobs.values() if not j.final)
+        if held <= self.opt.host_budget:
+            return
+        for job_id in sorted(slicer.entries, key=lambda j: -self.jobs[j].host_bytes):
+            job = self.jobs[job_id]
+            if job.host_bytes and job_id not in slicer.resident and job_id not in slicer.pending:
+                job.spilled = True
+                job.target_gpu = job.gpu
+                slicer.pending[job_id] = "migrate"
+                self.send_command(job, "migrate", {"path": self.rundir.checkpoint_file(job.id), "spill": True})
+                self._decide(slicer.gpu, "spill", [job_id], {"host_held": held, "budget": self.opt.host_budget,
+                                                             "bytes": job.host_bytes},
+                             f"host RAM for suspended jobs {format_size(held)} > budget "
+                             f"{format_size(self.opt.host_budget)}: spilling {job_id} to disk")
+                return
+
+    def _expire_waiters(self, now: float) -> None:
+        for job_id, waiting in self.waiters.items():
+            for w in [w for w in waiting if now - w[3] > 120]:
+                waiting.remove(w)
+                self._send(w[0], protocol.error_reply(w[1], f"{w[2]} of {job_id}: no acknowledgement in 120 s "
+                                                            f"(is the job stuck inside a mini-batch?)"))
+
+    def _states(self) -> None:
+        for slicer in self.slicers.values():
+            for job_id in slicer.entries:
+                job = self.jobs[job_id]
+                pending = slicer.pending.get(job_id)
+                if pending:
+                    job.state = {"suspend": "suspending", "resume": "resuming", "migrate": "migrating"}[pending]
+                elif job_id in slicer.resident:
+                    job.state = "running"
+                elif job.held:
+                    job.state = "held"
+                else:
+                    job.state = "suspended" if job.started else "waiting"
+
+    def _sync_accounting(self, now: float) -> None:
+        for slicer in self.slicers.values():
+            for job_id in slicer.entries:
+                self.jobs[job_id].gpu_seconds = slicer.used(job_id, now)
+
+    def _flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_flush >= FLUSH_EVERY_S:
+            self._last_flush = now
+            self._sync_accounting(now)
+            self.store.save_many(j for j in self.jobs.values() if not j.final)
+
+
+DEFERRED = object()   # a handler's answer that is sent later (when the job acknowledges)

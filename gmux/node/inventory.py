@@ -1,0 +1,120 @@
+"""The GPUs of this machine: real ones through NVML, or virtual ones whose memory is a budget gmuxd enforces.
+
+`--virtual-gpus 2x16GiB` gives two virtual GPUs of 16 GiB; with no flag, NVML is asked and, when it finds
+no GPU (or no driver), gmuxd falls back to virtual GPUs so the same code runs on a laptop or CI machine.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+log = logging.getLogger("gmux.inventory")
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000 ** 2, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000 ** 4, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'16GiB' -> 17179869184. Binary units for K/M/G/T and KiB/..., decimal for KB/MB/GB/TB."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{text!r} is not a size; write e.g. 512MiB, 16GiB or 2000000000")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_size(n: Optional[int]) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n}B"
+
+
+def parse_virtual_gpus(spec: str) -> list[int]:
+    """'2x16GiB' -> [16 GiB, 16 GiB]; '8GiB,16GiB' -> two of different sizes."""
+    sizes: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(?:(\d+)\s*x\s*)?(.+)", part)
+        if not m:
+            raise ValueError(f"{spec!r}: write virtual GPUs as COUNTxSIZE, e.g. 2x16GiB")
+        count = int(m.group(1) or 1)
+        if not 1 <= count <= 64:
+            raise ValueError(f"{spec!r}: between 1 and 64 virtual GPUs")
+        sizes += [parse_size(m.group(2))] * count
+    return sizes
+
+
+@dataclass
+class Gpu:
+    index: int
+    name: str
+    mem_total: int
+    virtual: bool
+    uuid: str = ""
+    # Filled by NVML on real GPUs: memory used by all processes (ours and others') right now.
+    mem_used: Optional[int] = None
+    processes: list = field(default_factory=list)
+
+    def env(self) -> dict:
+        """What a job on this GPU gets in its environment."""
+        if self.virtual:
+            # No device to expose: the job computes on the CPU and its memory budget is this GPU's.
+            return {"CUDA_VISIBLE_DEVICES": "", "GMUX_VIRTUAL_GPU": str(self.index),
+                    "GMUX_GPU_MEM": str(self.mem_total)}
+        return {"CUDA_VISIBLE_DEVICES": self.uuid or str(self.index), "GMUX_GPU_MEM": str(self.mem_total)}
+
+
+def nvml_gpus() -> list[Gpu]:
+    """Real GPUs through NVML; [] when there is no driver or no GPU."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception as e:  # no libnvidia-ml, no driver: a normal state on CPU machines
+        log.info("NVML unavailable (%s)", e)
+        return []
+    gpus = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            name = pynvml.nvmlDeviceGetName(h)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            gpus.append(Gpu(i, name.decode() if isinstance(name, bytes) else name, int(mem.total), False,
+                            uuid.decode() if isinstance(uuid, bytes) else uuid, int(mem.used)))
+    finally:
+        pynvml.nvmlShutdown()
+    return gpus
+
+
+def refresh_nvml(gpus: list[Gpu]) -> None:
+    """Updates memory used and processes of real GPUs (for ps and metrics); virtual ones are left alone."""
+    real = [g for g in gpus if not g.virtual]
+    if not real:
+        return
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            for g in real:
+                h = pynvml.nvmlDeviceGetHandleByIndex(g.index)
+                g.mem_used = int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
+                g.processes = [{"pid": p.pid, "mem": p.usedGpuMemory}
+                               for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as e:
+        log.warning("NVML refresh failed: %s", e)
+
+
+def discover(virtual_spec: Optional[str] = None, default_virtual: str = "2x16GiB") -> list[Gpu]:
+    """The machine's GPUs: the virtual ones asked for, else NVML's, else `default_virtual` ones."""
+    if virtual_spec:
+        return [Gpu(i, "virtual", size, True) for i, size in enumerate(parse_virtual_gpus(virtual_spec))]
+    gpus = nvml_gpus()
+    if gpus:
+        return gpus
+    log.warning("no GPU found through NVML: using virtual GPUs %s (jobs compute on the CPU)", default_virtual)
+    return [Gpu(i, "virtual", size, True) for i, size in enumerate(parse_virtual_gpus(default_virtual))]

@@ -1,0 +1,134 @@
+"""The daemon's record of one job: who it is, where it runs, its state, and what it measured.
+
+A Job is plain data plus the arithmetic on its reports (mini-batch rate over a residency window). The
+daemon mutates it; the store persists it; the policies read `JobView`s derived from it.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+# Persisted columns (everything else is measurement, persisted as a JSON blob).
+IDENTITY = ("id", "token", "name", "argv", "cwd", "pid", "starttime", "gpu", "weight", "mem", "state",
+            "managed", "created", "detail", "exit_status")
+TRANSIENT = ("identity", "outbox", "kill_requested", "_window", "last_report")
+
+
+@dataclass
+class Job:
+    id: str
+    token: str
+    name: str
+    argv: list
+    cwd: str = ""
+    pid: int = 0
+    starttime: Optional[int] = None
+    gpu: Optional[int] = None
+    weight: float = 1.0
+    mem: Optional[int] = None          # declared working set (bytes); None: use the measured peak
+    state: str = "waiting"
+    managed: bool = False              # spawned by gmuxd (gmux submit) rather than by gmux-launch
+    created: float = field(default_factory=time.time)
+    detail: str = ""                   # what happened, in words (shown by gmux ps)
+    exit_status: Optional[int] = None
+    env: dict = field(default_factory=dict)  # extra environment of a submitted job
+    # --- measurements (from the job's reports and the daemon's own clock) ---
+    step: int = 0
+    mem_boundary: Optional[int] = None
+    mem_peak: Optional[int] = None
+    rate_now: Optional[float] = None   # mini-batches/s over the current residency
+    rate_solo: Optional[float] = None  # measured while running alone on its GPU
+    gpu_seconds: float = 0.0           # wall time resident on its GPU
+    suspends: int = 0
+    suspend_seconds: float = 0.0       # time spent carrying out suspend+resume commands (their cost)
+    host_bytes: int = 0                # host RAM holding its suspended state
+    migrations: int = 0
+    last_report: dict = field(default_factory=dict)
+    # --- transient (not persisted) ---
+    held: bool = False                 # suspended by the user: not scheduled until resumed
+    target_gpu: Optional[int] = None   # migration destination
+    started: bool = False              # has run at least once (a waiting job has no state to resume)
+    spilled: bool = False              # its suspended state went to disk (host RAM budget), process ended
+    identity: Optional[bytes] = None   # ROUTER routing id of its agent, learned from its messages
+    outbox: list = field(default_factory=list)    # commands waiting for the agent's routing id
+    kill_requested: bool = False
+    _window: list = field(default_factory=list)   # (t, step) samples of the current residency
+
+    @property
+    def final(self) -> bool:
+        return self.state in ("exited", "failed", "killed", "lost")
+
+    def working_set(self) -> Optional[int]:
+        """Memory this job needs on its GPU: the declared size, or the measured peak when larger or undeclared."""
+        sizes = [s for s in (self.mem, self.mem_peak) if s is not None]
+        return max(sizes) if sizes else None
+
+    # --- rate measurement: mini-batches per second over the current residency, skipping its first sample
+    # (the first mini-batches after a resume include warming caches and are not representative) ---
+    def start_window(self) -> None:
+        self._window = []
+        self.rate_now = None
+
+    def sample(self, t: float, step: int) -> None:
+        self._window.append((t, step))
+        if len(self._window) > 256:
+            del self._window[1:2]   # keep the first point (window start) and the recent ones
+        self.rate_now = self.window_rate()
+
+    def window_rate(self, since: Optional[float] = None) -> Optional[float]:
+        pts = self._window[1:]
+        if since is not None:
+            pts = [p for p in pts if p[0] >= since]
+        if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+            return None
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+
+    def window_span(self) -> float:
+        pts = self._window[1:]
+        return pts[-1][0] - pts[0][0] if len(pts) >= 2 else 0.0
+
+    def row(self) -> dict:
+        d = {k: getattr(self, k) for k in IDENTITY}
+        d["stats"] = {k: v for k, v in asdict(self).items()
+                      if k not in IDENTITY and k not in TRANSIENT}
+        return d
+
+    def public(self) -> dict:
+        """What `gmux ps --json` shows: everything but the token and transient routing state."""
+        d = {k: v for k, v in asdict(self).items() if k not in TRANSIENT and k != "token"}
+        d["report"] = self.last_report
+        d["working_set"] = self.working_set()
+        return d
+
+
+def proc_starttime(pid: int) -> Optional[int]:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None if gone.
+
+    With the pid it identifies a process uniquely: a pid reused by another process has another start time.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after its last ')'.
+    rest = data[data.rfind(b")") + 2:].split()
+    if rest and rest[0] == b"Z":   # a zombie has exited; only its parent's wait is missing
+        return None
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def alive(pid: int, starttime: Optional[int]) -> bool:
+    if pid <= 0:
+        return False
+    st = proc_starttime(pid)
+    return st is not None and (starttime is None or st == starttime)
+
+
+def my_starttime() -> Optional[int]:
+    return proc_starttime(os.getpid())

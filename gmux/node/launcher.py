@@ -1,0 +1,148 @@
+"""gmux-launch: turns `python train.py ...` into a gmux job, in this very process.
+
+Steps: register with gmuxd (admission: it gives a job id, a token and a GPU), wait until told to start (the
+GPU may be time-sliced among several jobs), set the GPU in the environment, install the runtime's
+transparent boundary hook with the agent as its controller, then run the script with runpy as `__main__`.
+The script is not modified and runs in this process, so the hook sees its optimizer steps.
+
+Migration (and spilling to disk) end the job's run at a boundary with its state in a checkpoint; the launcher
+then re-executes itself (same pid, so the shell that started it still waits on it), re-registers with the
+same job id and token, and when started again runs the script with GMUX_RESTORE pointing at the checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Optional
+
+from gmux.job import control
+from gmux.job.agent import Agent
+from gmux.node.jobs import my_starttime
+from gmux.node.paths import RuntimeDir
+from gmux.node.supervisor import write_exit
+
+
+@dataclass
+class LaunchOptions:
+    argv: list
+    runtime_dir: str
+    mem: Optional[int] = None
+    weight: float = 1.0
+    gpus: int = 1
+    name: Optional[str] = None
+    hook: bool = True            # transparent mode; --no-hook for scripts that attach() themselves
+    job: Optional[str] = None    # set when gmuxd spawned us, or after re-executing for a migration
+    token: Optional[str] = None
+    restore: Optional[str] = None
+
+
+def script_of(argv: list) -> tuple[str, str, list]:
+    """('path'|'module', target, sys.argv for it) from `python [-u] train.py args`, `python -m mod args`
+    or `train.py args`."""
+    args = list(argv)
+    if args and os.path.basename(args[0]).startswith("python"):
+        args = args[1:]
+        while args and args[0].startswith("-") and args[0] != "-m":
+            if args[0] in ("-c",):
+                raise SystemExit("gmux-launch runs a script or a module (-m), not python -c")
+            args = args[1:]   # interpreter flags (-u, -O, ...) do not change what runs
+        if args and args[0] == "-m":
+            if len(args) < 2:
+                raise SystemExit("gmux-launch: python -m needs a module name")
+            return "module", args[1], args[1:]
+    if not args or not args[0].endswith(".py") and not os.path.isfile(args[0]):
+        raise SystemExit(f"gmux-launch runs Python training scripts in its own process; got {argv!r}. "
+                         f"Write: gmux-launch -- python train.py ARGS")
+    return "path", args[0], args
+
+
+def run(opt: LaunchOptions) -> int:
+    kind, target, script_argv = script_of(opt.argv)
+    rundir = RuntimeDir(opt.runtime_dir)
+    agent = Agent(rundir.endpoint, opt.job, opt.token)
+    try:
+        reg = agent.register(pid=os.getpid(), starttime=my_starttime(), argv=list(opt.argv), cwd=os.getcwd(),
+                             name=opt.name, weight=opt.weight, mem=opt.mem, gpus=opt.gpus)
+    except Exception as e:
+        print(f"gmux-launch: {e}", file=sys.stderr)
+        return 2
+    job_id = reg["job"]
+    os.environ.update(reg["env"])
+    os.environ.update({"GMUX_JOB_ID": job_id, "GMUX_RUNTIME_DIR": rundir.root})
+    # Admitted; now wait for our turn on the GPU (immediately, when it is free).
+    start = agent.wait()
+    while start.kind != "resume":
+        if start.kind in ("exit", "migrate", "checkpoint"):
+            # Not started: there is no state to save. An exit ends us; a move is the daemon's bookkeeping.
+            agent.reply(start, {"ok": True, "started": False})
+            if start.kind == "exit":
+                write_exit(rundir, job_id, 0, "told to exit before starting")
+                agent.bye(0, "told to exit before starting")
+                return 0
+        else:
+            agent.reply(start, {"ok": True, "started": False})
+        start = agent.wait()
+    os.environ.update(start.args.get("env") or {})
+    if opt.restore:
+        os.environ["GMUX_RESTORE"] = opt.restore
+    else:
+        os.environ.pop("GMUX_RESTORE", None)
+    status, reason = 0, "finished"
+    saved_argv = sys.argv
+    try:
+        control.set_default(agent)
+        if opt.hook:
+            # gmux.job.hook reaches the hook registry as `torch.optim.optimizer`, an attribute torch 2.13 no
+            # longer exposes; put it back until the hook imports register_optimizer_step_post_hook directly.
+            import torch.optim
+            import torch.optim.optimizer as _optimizer_module
+            if not hasattr(torch.optim, "optimizer"):
+                torch.optim.optimizer = _optimizer_module
+            from gmux.job import install_hook
+            install_hook(controller=agent)
+        agent.reply(start, {"ok": True, "started": True})
+        agent.state = "running"
+        sys.argv = list(script_argv)
+        if kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as e:   # includes gmux.job.JobExit (exit or migrate at a boundary)
+        if agent.migrating is not None:
+            _reexec(agent, opt, agent.migrating.get("path"))
+        code = e.code
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        reason = "finished" if status == 0 else f"exit status {status}"
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+    except BaseException as e:
+        traceback.print_exc()
+        status, reason = 1, f"{type(e).__name__}: {e}"[:500]
+    finally:
+        sys.argv = saved_argv
+    write_exit(rundir, job_id, status, reason)
+    agent.bye(status, reason)
+    agent.close()
+    return status
+
+
+def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
+    """Becomes a fresh interpreter (same pid) that re-registers and restores from the checkpoint."""
+    agent.close()   # linger lets the migrate result leave first
+    # The token travels in the environment, not on the command line that `ps` shows to everyone.
+    os.environ["GMUX_JOB_TOKEN"] = agent.token
+    cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", opt.runtime_dir, "--job", agent.job,
+           "--weight", repr(opt.weight), "--gpus", str(opt.gpus)]
+    if opt.mem is not None:
+        cmd += ["--mem", str(opt.mem)]
+    if not opt.hook:
+        cmd += ["--no-hook"]
+    if path:
+        cmd += ["--restore", path]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, cmd + ["--", *opt.argv])

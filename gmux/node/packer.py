@@ -1,0 +1,113 @@
+"""Packing with introspection (Gandiva's rule), as a pure object.
+
+Two jobs whose working sets fit together in a GPU's memory may run at the same time. Whether that pays is
+not knowable in advance (they may compete for the same SMs, memory bandwidth, or, on a virtual GPU, CPU
+cores), so it is measured: each job's *solo* rate is measured while it has the GPU alone; the pair then runs
+together for a window; the pack is kept only if packed_a/solo_a + packed_b/solo_b exceeds 1 by a margin
+(time-slicing the two gives exactly 1, minus switch costs). Otherwise the pair is unpacked, remembered as
+incompatible for a while, and time-sliced. Every decision returns its numbers for the log.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from gmux.node.slicer import Slicer
+
+
+@dataclass
+class Rates:
+    """What the packer needs to know about one job, measured by the daemon."""
+    solo: Optional[float]       # mini-batches/s while alone on the GPU
+    now: Optional[float]        # mini-batches/s over the current residency
+    span: float                 # seconds the current residency's measurement covers
+
+
+@dataclass
+class Decision:
+    kind: str                   # "trial", "keep", "unpack"
+    jobs: list
+    numbers: dict
+    text: str
+
+
+@dataclass
+class Packer:
+    margin: float = 0.1         # keep a pack only if the normalised sum beats 1 + margin
+    window: float = 5.0         # seconds of packed measurement before judging
+    retry_after: float = 300.0  # an unpacked pair is not tried again for this long
+    enabled: bool = True
+    trial: Optional[frozenset] = None
+    trial_start: Optional[float] = None
+    rejected: dict = field(default_factory=dict)   # frozenset pair -> time of rejection
+    kept: set = field(default_factory=set)
+
+    def step(self, slicer: Slicer, rates: dict[str, Rates], now: float) -> list[Decision]:
+        """Judge a running trial, or start one. Mutates the slicer's packs; returns the decisions taken."""
+        if not self.enabled:
+            return []
+        if self.trial is not None:
+            return self._judge(slicer, rates, now)
+        pair = self._candidate(slicer, rates, now)
+        if pair is None:
+            return []
+        a, b = sorted(pair)
+        slicer.pack(pair, run_now=True)
+        self.trial, self.trial_start = pair, None
+        mem = {j: slicer.entries[j].mem for j in (a, b)}
+        return [Decision("trial", [a, b], {"solo": {a: rates[a].solo, b: rates[b].solo}, "mem": mem,
+                                           "gpu_mem": slicer.mem_total},
+                         f"GPU {slicer.gpu}: trying {a}+{b} packed (solo {rates[a].solo:.2f} and "
+                         f"{rates[b].solo:.2f} mini-batches/s; {sum(mem.values())} of {slicer.mem_total} bytes)")]
+
+    def _candidate(self, slicer: Slicer, rates: dict[str, Rates], now: float) -> Optional[frozenset]:
+        packed = set().union(*slicer.packs) if slicer.packs else set()
+        ready = [j for j, e in sorted(slicer.entries.items(), key=lambda kv: kv[1].order)
+                 if j not in packed and not e.held and e.mem is not None
+                 and rates.get(j) is not None and rates[j].solo]
+        for i, a in enumerate(ready):
+            for b in ready[i + 1:]:
+                pair = frozenset((a, b))
+                t = self.rejected.get(pair)
+                if t is not None and now - t < self.retry_after:
+                    continue
+                if slicer.fits(pair):
+                    return pair
+        return None
+
+    def _judge(self, slicer: Slicer, rates: dict[str, Rates], now: float) -> list[Decision]:
+        pair = self.trial
+        if not pair <= set(slicer.entries) or pair not in slicer.packs:
+            self.trial = None       # a member left or the pack was dissolved (memory grew): nothing to judge
+            return []
+        if not (pair == slicer.current == slicer.resident):
+            return []               # not yet running together
+        if self.trial_start is None:
+            self.trial_start = now
+        spans = [rates[j].span if j in rates else 0.0 for j in pair]
+        if now - self.trial_start < self.window or min(spans) < 0.6 * self.window:
+            return []
+        a, b = sorted(pair)
+        packed = {j: rates[j].now for j in (a, b)}
+        solo = {j: rates[j].solo for j in (a, b)}
+        if any(v is None for v in packed.values()) or any(not v for v in solo.values()):
+            return []
+        norm = {j: packed[j] / solo[j] for j in (a, b)}
+        total = sum(norm.values())
+        self.trial = None
+        numbers = {"solo": solo, "packed": packed, "normalised": norm, "sum": total, "margin": self.margin,
+                   "window_s": now - self.trial_start}
+        detail = (f"{a} {packed[a]:.2f}/{solo[a]:.2f} + {b} {packed[b]:.2f}/{solo[b]:.2f} = {total:.2f}")
+        if total > 1 + self.margin:
+            self.kept.add(pair)
+            return [Decision("keep", [a, b], numbers,
+                             f"GPU {slicer.gpu}: keeping {a}+{b} packed: {detail} > 1 + {self.margin}")]
+        slicer.unpack(pair)
+        self.rejected[pair] = now
+        return [Decision("unpack", [a, b], numbers,
+                         f"GPU {slicer.gpu}: unpacking {a}+{b}, time-slicing instead: {detail} <= 1 + {self.margin}")]
+
+    def forget(self, job: str) -> None:
+        if self.trial is not None and job in self.trial:
+            self.trial = None
+        self.kept = {p for p in self.kept if job not in p}

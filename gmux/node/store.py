@@ -1,0 +1,95 @@
+"""gmuxd's tables in SQLite (WAL): jobs and decisions survive a daemon restart.
+
+Writes happen on state changes and on a periodic flush of measurements, not on every report, so a busy
+daemon is not bound by fsync. WAL lets `sqlite3 gmuxd.db` read while the daemon writes.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Iterable, Optional
+
+from gmux.node.jobs import IDENTITY, Job
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, token TEXT NOT NULL, name TEXT, argv TEXT, cwd TEXT, pid INTEGER, starttime INTEGER,
+    gpu INTEGER, weight REAL, mem INTEGER, state TEXT, managed INTEGER, created REAL, detail TEXT,
+    exit_status INTEGER, stats TEXT
+);
+CREATE TABLE IF NOT EXISTS decisions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, gpu INTEGER, kind TEXT, jobs TEXT, numbers TEXT, text TEXT
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+"""
+
+
+class Store:
+    def __init__(self, path: str):
+        self.path = path
+        # isolation_level=None: autocommit; each write is its own transaction (small and rare).
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")   # WAL + NORMAL: durable across a process crash
+        self.db.executescript(SCHEMA)
+
+    def next_job_id(self) -> str:
+        """Job ids are never reused, also across restarts, so logs and checkpoints never collide."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            row = self.db.execute("SELECT value FROM meta WHERE key='next_job'").fetchone()
+            n = int(row[0]) if row else 1
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('next_job', ?)", (str(n + 1),))
+        return f"j{n}"
+
+    def save(self, job: Job) -> None:
+        r = job.row()
+        cols = list(IDENTITY) + ["stats"]
+        vals = [json.dumps(r["argv"]) if c == "argv" else json.dumps(r["stats"]) if c == "stats"
+                else int(r[c]) if c == "managed" else r[c] for c in cols]
+        self.db.execute(f"INSERT INTO jobs ({','.join(cols)}) VALUES ({','.join('?' * len(cols))}) "
+                        f"ON CONFLICT(id) DO UPDATE SET {','.join(f'{c}=excluded.{c}' for c in cols[1:])}", vals)
+
+    def save_many(self, jobs: Iterable[Job]) -> None:
+        self.db.execute("BEGIN")
+        try:
+            for j in jobs:
+                self.save(j)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def load(self, only_live: bool = False) -> list[Job]:
+        cols = list(IDENTITY) + ["stats"]
+        q = f"SELECT {','.join(cols)} FROM jobs"
+        if only_live:
+            q += " WHERE state NOT IN ('exited','failed','killed','lost')"
+        jobs = []
+        for row in self.db.execute(q + " ORDER BY created, id"):
+            d = dict(zip(cols, row))
+            stats = json.loads(d.pop("stats") or "{}")
+            d["argv"] = json.loads(d["argv"] or "[]")
+            d["managed"] = bool(d["managed"])
+            job = Job(**d)
+            for k, v in stats.items():
+                if hasattr(job, k):
+                    setattr(job, k, v)
+            jobs.append(job)
+        return jobs
+
+    def decide(self, gpu: Optional[int], kind: str, jobs: list, numbers: dict, text: str) -> dict:
+        t = time.time()
+        self.db.execute("INSERT INTO decisions (t, gpu, kind, jobs, numbers, text) VALUES (?,?,?,?,?,?)",
+                        (t, gpu, kind, json.dumps(jobs), json.dumps(numbers), text))
+        return {"t": t, "gpu": gpu, "kind": kind, "jobs": jobs, "numbers": numbers, "text": text}
+
+    def decisions(self, limit: int = 100) -> list[dict]:
+        rows = self.db.execute("SELECT t, gpu, kind, jobs, numbers, text FROM decisions ORDER BY seq DESC LIMIT ?",
+                               (limit,)).fetchall()
+        return [{"t": t, "gpu": g, "kind": k, "jobs": json.loads(j), "numbers": json.loads(n), "text": x}
+                for t, g, k, j, n, x in reversed(rows)]
+
+    def close(self) -> None:
+        self.db.close()

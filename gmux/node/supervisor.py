@@ -1,0 +1,89 @@
+"""Processes: spawning submitted jobs with their logs, and finding out how any job's process ended.
+
+gmuxd spawns a submitted job as `gmux-launch --job ID -- argv` (token in its environment) in its own session (so a daemon
+restart or a terminal hang-up does not take the job with it), output appended to logs/ID.log. A job started
+by gmux-launch from a shell is not gmuxd's child, and neither are its own children after a daemon restart:
+for those the launcher leaves an exit record (exits/ID.exit) and a missing record means the process was
+killed outright (SIGKILL, the OOM killer).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Optional
+
+from gmux.node.jobs import Job, alive
+from gmux.node.paths import RuntimeDir, write_atomic
+
+
+class Supervisor:
+    def __init__(self, rundir: RuntimeDir):
+        self.rundir = rundir
+        # Popen objects are kept so that poll() reaps exactly our children and reads their status.
+        self.children: dict[int, subprocess.Popen] = {}
+
+    def spawn(self, job: Job) -> int:
+        cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root,
+               "--job", job.id, "--", *job.argv]
+        # The token travels in the environment, not on the command line that `ps` shows to everyone.
+        env = {**os.environ, **job.env, "GMUX_RUNTIME_DIR": self.rundir.root, "GMUX_JOB_TOKEN": job.token}
+        with open(self.rundir.log_file(job.id), "ab") as log:
+            p = subprocess.Popen(cmd, cwd=job.cwd or None, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        self.children[p.pid] = p
+        return p.pid
+
+    def ended(self, job: Job) -> Optional[tuple[str, Optional[int], str]]:
+        """(state, exit status, what happened) if the job's process has ended, else None."""
+        p = self.children.get(job.pid)
+        if p is not None:
+            rc = p.poll()
+            if rc is None:
+                return None
+            del self.children[job.pid]
+            return describe(rc, read_exit(self.rundir, job.id))
+        if alive(job.pid, job.starttime):
+            return None
+        record = read_exit(self.rundir, job.id)
+        if record is not None:
+            return describe(record.get("status", 1), record)
+        return ("lost", None, f"process {job.pid} ended without an exit record: killed by a signal "
+                              f"(SIGKILL, the OOM killer) or crashed hard")
+
+    def kill(self, job: Job, sig: int = signal.SIGKILL) -> bool:
+        if job.pid <= 0 or not alive(job.pid, job.starttime):
+            return False
+        try:
+            os.kill(job.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+def describe(rc: int, record: Optional[dict]) -> tuple[str, Optional[int], str]:
+    if rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+        return ("killed", rc, f"killed by signal {-rc} ({name})")
+    reason = (record or {}).get("reason") or ""
+    if rc == 0:
+        return ("exited", 0, reason or "finished")
+    return ("failed", rc, f"exit status {rc}" + (f": {reason}" if reason else "") + "; see `gmux logs`")
+
+
+def read_exit(rundir: RuntimeDir, job_id: str) -> Optional[dict]:
+    try:
+        with open(rundir.exit_file(job_id)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_exit(rundir: RuntimeDir, job_id: str, status: int, reason: str = "") -> None:
+    """Called by the launcher as the job ends: the record that tells a clean end from a SIGKILL."""
+    try:
+        write_atomic(rundir.exit_file(job_id), json.dumps({"status": status, "reason": reason}).encode())
+    except OSError:
+        pass  # the runtime dir is gone (daemon cleaned up): nobody to tell

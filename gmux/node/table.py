@@ -1,0 +1,35 @@
+"""The jobs table shown by `gmux ps`, `gmux top` and the demo, built from a `ps` reply."""
+from __future__ import annotations
+
+from rich.table import Table
+
+from gmux.node.inventory import format_size
+
+
+def _rate(v) -> str:
+    return f"{v:.1f}" if isinstance(v, (int, float)) else "-"
+
+
+def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in ("JOB", "NAME", "GPU", "STATE", "STEP", "RATE now/solo", "MEM bnd/peak", "GPU-s",
+                "SUSPENDS (s)", "HOST", "WHAT HAPPENED"):
+        t.add_column(col, overflow="fold")
+    for j in ps["jobs"]:
+        t.add_row(j["id"], j.get("name") or "", str(j.get("gpu")), j["state"] + (" (held)" if j.get("held") else ""),
+                  str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
+                  f"{format_size(j.get('mem_boundary'))}/{format_size(j.get('mem_peak'))}",
+                  f"{j.get('gpu_seconds', 0):.1f}", f"{j.get('suspends', 0)} ({j.get('suspend_seconds', 0):.2f})",
+                  format_size(j.get("host_bytes") or 0), (j.get("detail") or "")[:60])
+    return t
+
+
+def gpus_table(ps: dict) -> Table:
+    t = Table(title="GPUs", title_justify="left")
+    for col in ("GPU", "KIND", "MEMORY", "JOBS", "RESIDENT", "PACKS", "SWITCHES"):
+        t.add_column(col)
+    for g in ps["gpus"]:
+        t.add_row(str(g["index"]), "virtual" if g["virtual"] else g["name"], format_size(g["mem_total"]),
+                  ",".join(g["jobs"]), ",".join(g["resident"]), " ".join("+".join(p) for p in g["packs"]),
+                  str(g["switches"]))
+    return t

@@ -1,0 +1,285 @@
+"""The gmux wire protocol: every message type, its fields and their types, in one place.
+
+Frames are msgpack maps. Every message carries the protocol version `v`, its `type`, and a request `id`
+chosen by the sender (echoed in the reply, so a client can match replies to requests). Clients (jobs, the
+CLI, the cluster scheduler) talk to a daemon over a DEALER socket; the daemon answers every request with
+a `reply` and pushes `command`s to jobs on its own initiative.
+
+Nothing received is trusted: `decode` turns bytes into a validated `Message` or raises `ProtocolError`
+naming the problem, and the daemon turns that error into an error reply. Validation is strict (unknown
+fields are refused) so that a typo in a sender shows up at once instead of being silently ignored.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import msgpack
+
+VERSION = 1
+# The largest frame a daemon accepts. Reports and replies are a few KB; `ps` of hundreds of jobs well under
+# this. Anything bigger is a bug or an attack, refused before it is parsed.
+MAX_FRAME = 1 << 20
+MAX_STR = 4096          # any single string field
+MAX_LIST = 1024         # argv, env entries, ...
+MAX_NESTED_BYTES = 64 * 1024   # free-form maps (reports, command results)
+
+
+class ProtocolError(ValueError):
+    """A message that is not valid gmux protocol; the text says what is wrong with it."""
+
+
+# --- field kinds ---------------------------------------------------------------------------------------
+# Each is a function(value) -> problem string or None. Kept tiny and composable rather than a schema library:
+# the whole wire is visible in the MESSAGES table below.
+
+def _str(v, max_len=MAX_STR):
+    if not isinstance(v, str):
+        return f"expected a string, got {type(v).__name__}"
+    if len(v) > max_len:
+        return f"string of {len(v)} characters exceeds {max_len}"
+    return None
+
+
+def _name(v):
+    # Job ids and names appear in file names and log lines: keep them to a safe alphabet.
+    p = _str(v, 128)
+    if p:
+        return p
+    if not v or not all(c.isalnum() or c in "-_." for c in v) or v.startswith("."):
+        return f"{v!r} is not a valid name (letters, digits, '-', '_', '.'; not starting with '.')"
+    return None
+
+
+def _int(v, lo=-(1 << 62), hi=(1 << 62)):
+    if isinstance(v, bool) or not isinstance(v, int):
+        return f"expected an integer, got {type(v).__name__}"
+    if not lo <= v <= hi:
+        return f"{v} is outside [{lo}, {hi}]"
+    return None
+
+
+def _nonneg_int(v):
+    return _int(v, 0)
+
+
+def _gpu_index(v):
+    return _int(v, 0, 4096)
+
+
+def _pos_float(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return f"expected a number, got {type(v).__name__}"
+    if not math.isfinite(v) or v <= 0 or v > 1e6:
+        return f"{v} is not a finite number in (0, 1e6]"
+    return None
+
+
+def _float(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return f"expected a number, got {type(v).__name__}"
+    if not math.isfinite(v):
+        return f"{v} is not finite"
+    return None
+
+
+def _bool(v):
+    return None if isinstance(v, bool) else f"expected true/false, got {type(v).__name__}"
+
+
+def _str_list(v):
+    if not isinstance(v, list):
+        return f"expected a list of strings, got {type(v).__name__}"
+    if len(v) > MAX_LIST:
+        return f"list of {len(v)} items exceeds {MAX_LIST}"
+    for i, item in enumerate(v):
+        p = _str(item)
+        if p:
+            return f"item {i}: {p}"
+    return None
+
+
+def _argv(v):
+    p = _str_list(v)
+    if p:
+        return p
+    return "argv is empty: give the command to run" if not v else None
+
+
+def _env(v):
+    if not isinstance(v, dict):
+        return f"expected a map of strings, got {type(v).__name__}"
+    if len(v) > MAX_LIST:
+        return f"{len(v)} entries exceed {MAX_LIST}"
+    for k, val in v.items():
+        if _str(k, 256) or _str(val):
+            return f"entry {str(k)[:40]!r}: keys and values must be strings"
+    return None
+
+
+def _free_map(v):
+    """A free-form map (job reports, command arguments and results): any msgpack values, bounded in size."""
+    if not isinstance(v, dict):
+        return f"expected a map, got {type(v).__name__}"
+    try:
+        size = len(msgpack.packb(v))
+    except Exception as e:  # unpackable nested values cannot arrive from the wire, but a local caller may pass them
+        return f"not serialisable: {e}"
+    if size > MAX_NESTED_BYTES:
+        return f"map of {size} bytes exceeds {MAX_NESTED_BYTES}"
+    for k in v:
+        if not isinstance(k, str):
+            return f"keys must be strings, got {type(k).__name__}"
+    return None
+
+
+def _optional(check):
+    def f(v):
+        return None if v is None else check(v)
+    return f
+
+
+def _one_of(*choices):
+    def f(v):
+        return None if v in choices else f"{v!r} is not one of {', '.join(map(str, choices))}"
+    return f
+
+
+JOB_STATES = ("waiting", "running", "suspending", "suspended", "resuming", "migrating", "held",
+              "exited", "failed", "killed", "lost")
+FINAL_STATES = ("exited", "failed", "killed", "lost")
+COMMAND_KINDS = ("suspend", "resume", "checkpoint", "migrate", "exit")
+
+# Fields every job-authenticated message carries: a job can only act on itself, proven by its token.
+_AUTH = {"job": (_name, True), "token": (lambda v: _str(v, 128), True)}
+
+# type -> {field: (check, required)}. The envelope fields v/type/id are common to all and checked separately.
+MESSAGES: dict[str, dict[str, tuple]] = {
+    # --- any client ---
+    "ping": {},
+    # --- a job (gmux-launch) asks to be admitted; or, with job+token, re-registers (after migration/restart) ---
+    "register": {
+        "pid": (_nonneg_int, True),
+        "argv": (_str_list, True),
+        "cwd": (_str, False),
+        "name": (_optional(_name), False),
+        "weight": (_pos_float, False),
+        "mem": (_optional(_nonneg_int), False),     # declared working set, bytes; None: measure it
+        "gpus": (lambda v: _int(v, 1, 64), False),
+        "job": (_optional(_name), False),           # with token: a re-registration
+        "token": (_optional(lambda v: _str(v, 128)), False),
+        "starttime": (_optional(_nonneg_int), False),  # /proc start time: tells a reused pid apart
+    },
+    # --- a job about itself ---
+    "report": {**_AUTH, "report": (_free_map, True), "state": (_one_of("running", "suspended", "waiting"), False)},
+    # boundaries: mini-batch boundaries passed since the process started, stamped t by the job's clock
+    # (the daemon's receive time would add queueing jitter to rates).
+    "heartbeat": {**_AUTH, "state": (_one_of("running", "suspended", "waiting"), True),
+                  "boundaries": (_nonneg_int, False), "t": (_float, False)},
+    "result": {**_AUTH, "cmd": (_nonneg_int, True), "kind": (_one_of(*COMMAND_KINDS), True),
+               "result": (_free_map, True)},
+    "bye": {**_AUTH, "status": (_int, True), "reason": (_str, False)},
+    # --- administration (the CLI, the scheduler): authenticated by the admin token in the runtime dir ---
+    "ps": {"admin": (lambda v: _str(v, 128), True), "all": (_bool, False)},
+    "suspend": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
+    "resume": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
+    "kill": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
+    "migrate": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "gpu": (_gpu_index, True)},
+    "logs": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "tail": (_nonneg_int, False)},
+    "submit": {
+        "admin": (lambda v: _str(v, 128), True),
+        "argv": (_argv, True),
+        "cwd": (_str, True),
+        "env": (_env, False),
+        "name": (_optional(_name), False),
+        "weight": (_pos_float, False),
+        "mem": (_optional(_nonneg_int), False),
+        "gpus": (lambda v: _int(v, 1, 64), False),
+    },
+    "decisions": {"admin": (lambda v: _str(v, 128), True), "limit": (_nonneg_int, False)},
+    "shutdown": {"admin": (lambda v: _str(v, 128), True), "kill_jobs": (_bool, False)},
+    # --- daemon -> client ---
+    "reply": {"ok": (_bool, True), "error": (_str, False), "data": (lambda v: None, False)},
+    "command": {"cmd": (_nonneg_int, True), "kind": (_one_of(*COMMAND_KINDS), True), "args": (_free_map, True)},
+}
+JOB_TYPES = ("report", "heartbeat", "result", "bye")
+ADMIN_TYPES = ("ps", "suspend", "resume", "kill", "migrate", "logs", "submit", "decisions", "shutdown")
+
+
+@dataclass
+class Message:
+    type: str
+    id: int
+    fields: dict
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.fields.get(name, default)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.fields[name]
+
+
+def validate(obj: Any) -> Message:
+    """Checks a decoded frame against MESSAGES; returns it as a Message or raises ProtocolError."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"a message must be a map, got {type(obj).__name__}")
+    v = obj.get("v")
+    if v != VERSION:
+        raise ProtocolError(f"protocol version {v!r} is not supported (this daemon speaks version {VERSION}); "
+                            f"use gmux and gmuxd from the same installation")
+    mtype = obj.get("type")
+    if not isinstance(mtype, str) or mtype not in MESSAGES:
+        shown = repr(mtype)[:60]
+        raise ProtocolError(f"unknown message type {shown}; known: {', '.join(sorted(MESSAGES))}")
+    mid = obj.get("id", 0)
+    if _int(mid, 0, (1 << 63) - 1):
+        raise ProtocolError(f"{mtype}: id must be a non-negative integer")
+    spec = MESSAGES[mtype]
+    fields = {}
+    for key, value in obj.items():
+        if key in ("v", "type", "id"):
+            continue
+        if key not in spec:
+            raise ProtocolError(f"{mtype}: unknown field {str(key)[:60]!r}; expected {', '.join(spec) or 'none'}")
+        problem = spec[key][0](value)
+        if problem:
+            raise ProtocolError(f"{mtype}.{key}: {problem}")
+        fields[key] = value
+    for key, (_, required) in spec.items():
+        if required and key not in fields:
+            raise ProtocolError(f"{mtype}: missing field {key!r}")
+    return Message(mtype, mid, fields)
+
+
+def decode(frame: bytes) -> Message:
+    """Bytes from the wire -> validated Message. Never raises anything but ProtocolError."""
+    if len(frame) > MAX_FRAME:
+        raise ProtocolError(f"message of {len(frame)} bytes exceeds the {MAX_FRAME}-byte limit")
+    try:
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several unrelated types (ExtraData, FormatError, ValueError, ...)
+        raise ProtocolError(f"not a msgpack message: {type(e).__name__}: {str(e)[:100]}") from None
+    return validate(obj)
+
+
+def encode(mtype: str, id: int = 0, **fields: Any) -> bytes:
+    """A message as bytes. Validates outgoing messages too, so a sender's bug fails at the sender."""
+    obj = {"v": VERSION, "type": mtype, "id": id, **fields}
+    if mtype != "reply":
+        validate(obj)
+    return msgpack.packb(obj)
+
+
+def reply(id: int, ok: bool = True, error: Optional[str] = None, data: Any = None) -> bytes:
+    obj: dict = {"v": VERSION, "type": "reply", "id": id, "ok": ok}
+    if error is not None:
+        obj["error"] = error
+    if data is not None:
+        obj["data"] = data
+    return msgpack.packb(obj)
+
+
+def error_reply(id: Any, error: str) -> bytes:
+    return reply(id if isinstance(id, int) and not isinstance(id, bool) and 0 <= id < (1 << 63) else 0,
+                 ok=False, error=error)

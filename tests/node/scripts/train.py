@@ -1,0 +1,57 @@
+"""A small deterministic training script used by the node tests and the demo.
+
+usage: train.py OUT STEPS [--hidden H] [--batch B] [--sleep S] [--threads T] [--attach]
+Writes OUT as JSON: the final parameters' sha256 and loss, so runs can be compared bit for bit.
+Plain torch by default (what gmux-launch's transparent mode runs); --attach uses gmux.job.attach() with the
+launcher's controller and restores from GMUX_RESTORE after a migration (explicit mode, gmux-launch --no-hook).
+Batch i is drawn from a generator seeded with i, so the data depends only on the step count.
+--sleep stands for a job that waits on input each mini-batch (it leaves the CPU free: packing gains).
+"""
+import argparse
+import hashlib
+import json
+import os
+import time
+
+import torch
+
+p = argparse.ArgumentParser()
+p.add_argument("out")
+p.add_argument("steps", type=int)
+p.add_argument("--hidden", type=int, default=64)
+p.add_argument("--batch", type=int, default=32)
+p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--threads", type=int, default=1)
+p.add_argument("--attach", action="store_true")
+a = p.parse_args()
+torch.set_num_threads(a.threads)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, a.hidden), torch.nn.ReLU(), torch.nn.Linear(a.hidden, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+progress = {"step": 0}
+job = None
+if a.attach:
+    import gmux.job
+    from gmux.job import control
+    job = gmux.job.attach(model, opt, state=progress, controller=control.default())
+    if os.environ.get("GMUX_RESTORE"):
+        job.restore(os.environ["GMUX_RESTORE"])
+loss = None
+while progress["step"] < a.steps:
+    x = torch.randn(a.batch, 32, generator=torch.Generator().manual_seed(progress["step"]))
+    y = x.sum(dim=1, keepdim=True)
+    if a.sleep:
+        time.sleep(a.sleep)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    progress["step"] += 1
+    if job is not None:
+        job.boundary()
+h = hashlib.sha256()
+for t in list(model.parameters()) + [opt.state[q]["momentum_buffer"] for q in model.parameters()]:
+    h.update(t.detach().numpy().tobytes())
+with open(a.out, "w") as f:
+    json.dump({"sha256": h.hexdigest(), "loss": float(loss.detach()) if loss is not None else None,
+               "steps": progress["step"], "pid": os.getpid()}, f)
