@@ -299,13 +299,15 @@ def _swap_figures(s) -> dict:
 def place(allocator: Allocator, tensors: Iterable, tags: Optional[Iterable[str]] = None) -> dict:
     """Moves the storages of CPU `tensors` into native memory in place: each tensor keeps its identity,
     offset, shape and strides (`set_` under no_grad), tensors sharing a storage share the new one.
-    Storages already in this allocator's memory are left alone. One allocation per tag holds that tag's
-    storages (the pool's chunks are 2 MiB: one allocation per bias vector would waste most of them);
-    it is freed when the last storage over it dies."""
+    Storages already in this allocator's memory are left alone. One allocation per tag and lifetime holds
+    those storages (the pool's chunks are 2 MiB: one allocation per bias vector would waste most of them);
+    it is freed when the last storage over it dies. Gradients get allocations of their own, since
+    `zero_grad()` drops them every step while weights and optimizer state live on."""
     import torch
 
     ffi, _ = _require()
     tensors = list(tensors)
+    grads = {id(t.grad) for t in tensors if isinstance(t, torch.nn.Parameter) and t.grad is not None}
     tags = list(tags) if tags is not None else [
         "weights" if isinstance(t, torch.nn.Parameter) else "other" for t in tensors]
     if len(tags) != len(tensors):
@@ -319,13 +321,13 @@ def place(allocator: Allocator, tensors: Iterable, tags: Optional[Iterable[str]]
         storage = t.untyped_storage()
         if storage.nbytes() == 0 or allocator.lookup(storage.data_ptr()) is not None:
             continue
-        entry = groups.setdefault(storage.data_ptr(), (storage, _tag(tag), []))
+        entry = groups.setdefault(storage.data_ptr(), (storage, (_tag(tag), id(t) in grads), []))
         entry[2].append(t)
-    by_tag: dict[int, list] = {}
-    for storage, tag, views in groups.values():
-        by_tag.setdefault(tag, []).append((storage, views))
+    by_kind: dict[tuple, list] = {}
+    for storage, kind, views in groups.values():
+        by_kind.setdefault(kind, []).append((storage, views))
     placed = 0
-    for tag, items in by_tag.items():
+    for (tag, _), items in by_kind.items():
         offsets, total = [], 0
         for storage, _ in items:
             offsets.append(total)

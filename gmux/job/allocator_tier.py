@@ -10,6 +10,8 @@ out and releases the physical memory under them; resume maps memory at the same 
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import time
 from typing import Iterable, Optional
 
@@ -52,6 +54,8 @@ class AllocatorTier:
         placed = {"bytes": 0, "storages": 0}
         if self.routing is None:
             placed = native.place(self.allocator, tensors, tags)
+            if placed["bytes"]:
+                _trim_heap()
             live = native.storage_ranges(tensors)
         else:
             live = self.routing.live_ranges()
@@ -93,6 +97,19 @@ class AllocatorTier:
             self._views[key] = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
         host = self._views[key].untyped_storage()
         return torch.empty(0, dtype=tensor.dtype).set_(host, tensor.storage_offset(), tensor.size(), tensor.stride())
+
+
+def _trim_heap() -> None:
+    # Storages just moved out of torch's CPU heap (fresh gradients, mostly) leave free but resident pages
+    # behind: glibc keeps them for reuse. Hand them back, or the job's RSS would not drop by what it moved.
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    if hasattr(_libc, "malloc_trim"):
+        _libc.malloc_trim(0)
+
+
+_libc = None
 
 
 def choose_tier(device: torch.device | str, pool=None):

@@ -19,7 +19,7 @@ from .data import DataPosition, batches, epochs
 from .device_pool import DevicePool
 from .profile import Profile
 from .state import TrackedState
-from .swap import StateTier
+from .allocator_tier import choose_tier
 
 REPORT_EVERY_S = 1.0
 
@@ -35,7 +35,7 @@ class Job:
         self.tracked = tracked
         self.controller: Controller = controller if controller is not None else LocalController()
         self.device = torch.device(device) if device is not None else _device_of(tracked)
-        self.tier = StateTier(self.device, pool)
+        self.tier = choose_tier(self.device, pool)
         self.position = DataPosition()
         self.profile = Profile(self.device)
         self._discover = discover
@@ -48,7 +48,7 @@ class Job:
         if self.suspended:
             raise RuntimeError("cannot change the device of a suspended job")
         self.device = torch.device(device)
-        self.tier = StateTier(self.device, self.tier.pool)
+        self.tier = choose_tier(self.device, self.tier.pool)
         self.profile.device = self.device
 
     @property
@@ -97,7 +97,10 @@ class Job:
 
     def report(self) -> dict:
         tracked = 0 if self.suspended else _storage_bytes(self.tracked.tensors())
-        return self.profile.report(tracked)
+        report = self.profile.report(tracked)
+        if hasattr(self.tier, "memory"):  # the allocator tier's tracker: live at boundary, peak, by tag
+            report.update(self.tier.memory())
+        return report
 
     # -- commands ------------------------------------------------------------------------------------------
     def _carry_out(self, command: Command) -> None:
