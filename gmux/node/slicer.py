@@ -147,6 +147,8 @@ class Slicer:
                 self.resident.add(job)
                 e.resident_since = now
                 e.last_ran = now
+                if not self.pending:
+                    self.since = now   # the quantum starts when the whole slot is running
 
     def observed(self, job: str, state: str, now: float) -> None:
         """What a job says it is doing (after a daemon restart the slicer's belief may be stale)."""
@@ -195,7 +197,7 @@ class Slicer:
         if settled and self.since is None:
             self.since = now
         expired = (not settled or self.prefer is not None or
-                   (len(slots) > 1 and now - (self.since or now) >= self.quantum))
+                   (len(slots) > 1 and self.since is not None and now - self.since >= self.quantum))
         if not expired:
             return []
         if self.prefer is not None and self.prefer in slots:

@@ -1,0 +1,183 @@
+"""gmuxd's message handling in-process: authentication, refusals with reasons, and fuzzing.
+
+The daemon runs in this process (its socket is real, in a private runtime dir) and its replies are captured,
+so thousands of generated messages go through the real decode -> validate -> handle path quickly.
+"""
+import os
+import stat
+import threading
+import time
+
+import msgpack
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from gmux import protocol
+from gmux.node.daemon import Daemon, Options
+from gmux.node.inventory import Gpu
+from gmux.node.paths import RuntimeDir
+
+GiB = 1 << 30
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(RuntimeDir(str(tmp_path / "rt")), [Gpu(0, "virtual", 16 * GiB, True), Gpu(1, "virtual", 16 * GiB, True)],
+               Options(quantum=1.0))
+    d.sent = []
+    d._send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True
+    yield d
+    d.close()
+
+
+def ask(d, mtype, identity=b"c", **fields):
+    d.sent.clear()
+    d._receive(identity, [protocol.encode(mtype, 5, **fields)])
+    replies = [m for i, m in d.sent if m["type"] == "reply" and i == identity]
+    assert len(replies) <= 1
+    return replies[0] if replies else None
+
+
+def register(d, identity=b"job-a", **kw):
+    r = ask(d, "register", identity, pid=os.getpid(), argv=["python", "t.py"], **kw)
+    assert r["ok"], r
+    return r["data"]
+
+
+def test_private_runtime_dir_and_socket(daemon):
+    assert stat.S_IMODE(os.stat(daemon.rundir.root).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(daemon.rundir.socket).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(daemon.rundir.admin_token_file).st_mode) == 0o600
+
+
+def test_register_gets_token_and_a_start_command(daemon):
+    a = register(daemon, mem=GiB)
+    assert a["job"] == "j1" and len(a["token"]) == 32 and a["env"]["GMUX_VIRTUAL_GPU"] == "0"
+    daemon.sent.clear()
+    daemon.tick()
+    (cmd,) = [m for i, m in daemon.sent if m["type"] == "command"]
+    assert cmd["kind"] == "resume" and daemon.sent[0][0] == b"job-a"
+
+
+def test_a_job_can_only_act_on_itself(daemon):
+    a = register(daemon, b"job-a")
+    b = register(daemon, b"job-b")
+    r = ask(daemon, "bye", b"job-a", job=b["job"], token=a["token"], status=0)
+    assert not r["ok"] and "can only act on itself" in r["error"]
+    assert daemon.jobs[b["job"]].state != "exited"
+    # Admin requests need the admin token: a job's token does not do.
+    r = ask(daemon, "kill", b"job-a", admin=a["token"], job=b["job"])
+    assert not r["ok"] and "admin token" in r["error"]
+    assert daemon.jobs[b["job"]].state != "killed"
+
+
+def test_refusals_say_what_to_do(daemon):
+    r = ask(daemon, "migrate", admin=daemon.admin, job="j9", gpu=1)
+    assert "gmux ps" in r["error"]
+    register(daemon)
+    r = ask(daemon, "migrate", admin=daemon.admin, job="j1", gpu=7)
+    assert "no GPU 7" in r["error"]
+    r = ask(daemon, "register", pid=1, argv=["x"], mem=64 * GiB)
+    assert not r["ok"] and "largest GPU" in r["error"]
+    daemon._receive(b"c", [b"\x93garbage"])
+    assert not daemon.sent[-1][1]["ok"] and "msgpack" in daemon.sent[-1][1]["error"]
+    daemon._receive(b"c", [msgpack.packb({"v": 2, "type": "ping", "id": 3})])
+    assert "version 2" in daemon.sent[-1][1]["error"]
+
+
+def test_placement_balances_gpus(daemon):
+    gpus = [register(daemon, f"j{i}".encode())["env"]["GMUX_VIRTUAL_GPU"] for i in range(4)]
+    assert sorted(gpus) == ["0", "0", "1", "1"]
+
+
+names = st.sampled_from(["j1", "j2", "j999", "../x", ""])
+small = st.recursive(st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 63) - 1) | st.floats()
+                     | st.text(max_size=12), lambda c: st.lists(c, max_size=3) | st.dictionaries(
+                         st.text(max_size=6), c, max_size=3), max_leaves=8)
+
+
+@st.composite
+def messages(draw, tokens):
+    mtype = draw(st.sampled_from(sorted(protocol.MESSAGES) + ["junk"]))
+    spec = protocol.MESSAGES.get(mtype, {})
+    obj = {"v": draw(st.sampled_from([protocol.VERSION] * 9 + [0, "1"])), "type": mtype,
+           "id": draw(st.integers(0, 1 << 40))}
+    for name in spec:
+        if draw(st.integers(0, 9)) == 0:
+            continue          # sometimes a field is missing
+        if name == "job":
+            obj[name] = draw(names)
+        elif name in ("token", "admin"):
+            obj[name] = draw(st.sampled_from(tokens + ["nope"]))
+        elif name == "state":
+            obj[name] = draw(st.sampled_from(["running", "suspended", "waiting", "x"]))
+        elif name == "kind":
+            obj[name] = draw(st.sampled_from(list(protocol.COMMAND_KINDS) + ["x"]))
+        elif name == "pid":
+            obj[name] = draw(st.sampled_from([os.getpid(), 1, 0, 1 << 30, -1]))
+        elif name == "gpu":
+            obj[name] = draw(st.integers(-1, 3))
+        else:
+            obj[name] = draw(small)
+    if draw(st.integers(0, 9)) == 0:
+        obj[draw(st.text(max_size=5))] = draw(small)
+    return msgpack.packb(obj)
+
+
+def test_fuzz_handler_thousands_of_messages(daemon):
+    a = register(daemon, b"job-a")
+    tokens = [a["token"], daemon.admin]
+    count = {"n": 0}
+
+    @settings(max_examples=4000, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(messages(tokens))
+    def one(frame):
+        daemon.sent.clear()
+        daemon._receive(b"fuzz", [frame])
+        count["n"] += 1
+        if count["n"] % 50 == 0:
+            daemon.tick()
+        replies = [m for i, m in daemon.sent if i == b"fuzz" and m["type"] == "reply"]
+        # One reply per message, except requests whose answer is deferred until a job acknowledges.
+        assert len(replies) <= 1
+    one()
+    assert count["n"] >= 4000
+    assert daemon.internal_errors == 0
+    r = ask(daemon, "ping")
+    assert r["ok"]
+
+
+def test_fuzz_over_the_socket_does_not_wedge(tmp_path):
+    d = Daemon(RuntimeDir(str(tmp_path / "rt")), [Gpu(0, "virtual", 16 * GiB, True)], Options())
+    stop = threading.Event()
+    t = threading.Thread(target=d.serve, kwargs={"until": stop.is_set}, daemon=True)
+    t.start()
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(d.rundir.endpoint)
+    try:
+        import random
+        rnd = random.Random(1)
+        for i in range(3000):
+            s.send(bytes(rnd.getrandbits(8) for _ in range(rnd.randint(0, 60))))
+        s.send_multipart([b"a", b"b"])                              # two frames
+        s.send(b"\x00" * (protocol.MAX_FRAME + 10))                 # oversized
+        got = 0
+        deadline = time.monotonic() + 30
+        while got < 3002 and time.monotonic() < deadline:
+            if s.poll(1000):
+                m = msgpack.unpackb(s.recv())
+                assert m["type"] == "reply" and m["ok"] is False and m["error"]
+                got += 1
+        assert got == 3002
+        s.send(protocol.encode("ping", 77))
+        assert s.poll(2000)
+        m = msgpack.unpackb(s.recv())
+        assert m["id"] == 77 and m["ok"]
+        assert d.internal_errors == 0
+    finally:
+        s.close()
+        stop.set()
+        t.join(10)
