@@ -80,6 +80,10 @@ class PriorityPolicy(Policy):
                 self._unfile(job)
         return self._after(snap, plan.actions)
 
+    def _find(self, snap, plan: Plan, job):
+        """GPUs for a waiting job in this plan, or None. Subclasses may defragment."""
+        return plan.find_gpus(job.num_gpus)
+
     def _after(self, snap, actions: list) -> list:
         """Hook for subclasses that add timers to what was decided."""
         return actions
@@ -93,7 +97,7 @@ class PriorityPolicy(Policy):
 
     def _preempt(self, snap, plan: Plan) -> None:
         now = snap.now
-        running = sorted(((self.running_key(snap.jobs[j], now), j) for j in snap.running))
+        running = sorted(((self.running_key(snap.jobs[j], now), j) for j in snap.running if j not in plan.moved))
         if not running:
             return
         budget = snap.total_gpus
@@ -101,6 +105,8 @@ class PriorityPolicy(Policy):
         keep = set()
         merged = heapq.merge(((k, 0, j) for k, j in running), ((k, 1, j) for k, j in self._waiting))
         for key, waiting, jid in merged:
+            if waiting and jid in plan.moved:
+                continue
             job = snap.jobs[jid]
             n = len(job.gpus) if not waiting else job.num_gpus
             if n <= budget:
@@ -116,7 +122,7 @@ class PriorityPolicy(Policy):
         for v in victims:
             plan.suspend(v)
         for job in chosen_waiting:
-            gpus = plan.find_gpus(job.num_gpus)
+            gpus = self._find(snap, plan, job)
             if gpus is not None:
                 plan.place(job, gpus)
         # A victim whose GPUs all stayed idle was suspended for nothing: keep it running instead.
@@ -148,7 +154,7 @@ class PriorityPolicy(Policy):
             n = job.num_gpus
             if n > budget or (n <= per and n > fit):
                 continue
-            gpus = plan.find_gpus(n)
+            gpus = self._find(snap, plan, job)
             if gpus is None:
                 continue
             plan.place(job, gpus)
