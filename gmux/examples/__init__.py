@@ -1,0 +1,1 @@
+"""Small real training jobs used by the demo, the tests and the benchmarks."""
