@@ -51,7 +51,8 @@ class GandivaPolicy(Policy):
             consolidate(snap, plan)
         self._serve(snap, plan)
         if self.grow_shrink:
-            if not snap.pending and not snap.suspended:
+            waiting = (j for q in (snap.pending, snap.suspended) for j in q)
+            if not any(j not in plan.moved for j in waiting):
                 grow_elastic(snap, plan)
         return plan.actions
 
@@ -73,7 +74,8 @@ class GandivaPolicy(Policy):
         """Give every waiting job, oldest first, idle GPUs or a share of busy ones."""
         failed_sizes: set = set()
         shrunk = False
-        for job in list(waiting_in_order(snap)):
+        queue = list(waiting_in_order(snap))
+        for pos, job in enumerate(queue):
             n = job.num_gpus
             if n in failed_sizes or job.job_id in plan.moved:
                 continue
@@ -87,12 +89,23 @@ class GandivaPolicy(Policy):
             if gpus is None and self.migrate:
                 gpus = plan.find_gpus(n, spread=True)
             if gpus is not None:
+                if job.elastic and self.grow_shrink and pos == len(queue) - 1:
+                    gpus = self._grown(snap, plan, job, gpus)
                 plan.place(job, gpus)
                 continue
             if not self._share(snap, plan, job):
                 failed_sizes.add(n)
                 if len(failed_sizes) >= 10:
                     break
+
+    @staticmethod
+    def _grown(snap, plan: Plan, job, gpus: tuple) -> tuple:
+        """An elastic job that is the last one waiting starts with the idle GPUs beside it, up to its maximum."""
+        ms = snap.machines_of(gpus)
+        if len(ms) != 1:
+            return gpus
+        extra = [g for g in plan.idle_on(next(iter(ms))) if g not in gpus]
+        return tuple(gpus) + tuple(extra[: job.max_gpus - len(gpus)])
 
     def _share(self, snap, plan: Plan, job) -> bool:
         targets = share_targets(snap, plan, job, self.max_units)

@@ -44,6 +44,7 @@ class GmuxPolicy(PriorityPolicy):
             raise ValueError("need base_gpu_s > 0, factor > 1, levels >= 1, defrag_moves >= 0, starve_factor > 0")
         self.thresholds = tuple(base_gpu_s * factor ** i for i in range(levels - 1))
         self.defrag_moves = defrag_moves
+        self.defragments = defrag_moves > 0
         self.pack = pack
         self.explore = explore
         self.pack_margin = pack_margin

@@ -20,6 +20,8 @@ from .planning import Plan
 class PriorityPolicy(Policy):
     """Subclasses define waiting_key(job) (fixed while the job waits) and running_key(job, now), comparable."""
 
+    defragments = False    # whether _find can make room by migration (then scattered idle GPUs still count)
+
     def __init__(self):
         self._waiting: list = []          # sorted [(key, job_id)]
         self._keys: dict = {}             # job_id -> key it is filed under
@@ -144,7 +146,7 @@ class PriorityPolicy(Policy):
             return
         min_need = min(self._demand)
         per = snap.max_gpus_per_machine
-        fit = plan.max_idle_on_a_machine()
+        fit = per if self.defragments else plan.max_idle_on_a_machine()
         for key, jid in self._waiting:
             if budget < min_need or (fit < min_need and min_need <= per):
                 break
@@ -159,4 +161,5 @@ class PriorityPolicy(Policy):
                 continue
             plan.place(job, gpus)
             budget -= n
-            fit = plan.max_idle_on_a_machine()
+            if not self.defragments:
+                fit = plan.max_idle_on_a_machine()

@@ -124,7 +124,8 @@ def defragment_for(snap, plan: Plan, n: int, max_moves: int = 4) -> tuple | None
 
 
 def consolidate(snap, plan: Plan, limit: int = 4) -> int:
-    """Migrate multi-GPU jobs spread over more machines than they need onto one machine with room."""
+    """Migrate multi-GPU jobs spread over more machines than they need onto one machine with room, counting
+    the GPUs a job already holds there (only the stragglers really move)."""
     per = snap.max_gpus_per_machine
     moved = 0
     for jid in snap.running:
@@ -134,12 +135,22 @@ def consolidate(snap, plan: Plan, limit: int = 4) -> int:
         n = len(job.gpus)
         if n < 2 or n > per or jid in plan.moved or job.packed_with is not None:
             continue
-        if len(snap.machines_of(job.gpus)) <= 1:
+        ms = snap.machines_of(job.gpus)
+        if len(ms) <= 1 or any(plan.units(g) != 1 for g in job.gpus):
             continue
-        m = plan.best_fit_machine(n)
-        if m is None:
-            continue
-        plan.migrate(job, tuple(plan.idle_on(m)[:n]))
+        target = None
+        for m in sorted(ms, key=lambda m: -sum(1 for g in job.gpus if snap.gpu_machine[g] == m)):
+            own = [g for g in job.gpus if snap.gpu_machine[g] == m]
+            idle = plan.idle_on(m)
+            if len(own) + len(idle) >= n:
+                target = tuple(own + idle[: n - len(own)])
+                break
+        if target is None:
+            m = plan.best_fit_machine(n)
+            if m is None:
+                continue
+            target = tuple(plan.idle_on(m)[:n])
+        plan.migrate(job, target)
         moved += 1
     return moved
 

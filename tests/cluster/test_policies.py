@@ -1,0 +1,182 @@
+"""Each policy on small hand-made traces whose right answer is known."""
+import pytest
+
+from conftest import finish, first_run, job, run
+from gmux.cluster.policies import Event, EventKind, JobView, MachineView, PolicyError, Snapshot, make_policy
+
+
+def test_fifo_keeps_arrival_order_and_never_backfills(table):
+    jobs = [job(0, 0, 100, gpus=2), job(1, 1, 50, gpus=2), job(2, 2, 10, gpus=1)]
+    _, res, by = run("fifo", jobs, table(), machines=1, per=2)
+    assert [finish(by, i) for i in range(3)] == [100, 150, 160]   # job 2 waits behind job 1 though 1 GPU is idle
+    assert res.counters["suspends"] == 0
+
+
+def test_sjf_runs_the_shorter_waiting_job_first(table):
+    jobs = [job(0, 0, 100, gpus=2), job(1, 1, 50, gpus=2), job(2, 2, 10, gpus=1)]
+    _, _, by = run("sjf", jobs, table(), machines=1, per=2)
+    assert first_run(by, 2) == 100 and finish(by, 2) == 110
+    assert finish(by, 1) == 160
+
+
+def test_srtf_preempts_for_a_shorter_remaining_job(table):
+    jobs = [job(0, 0, 1000), job(1, 100, 10)]
+    _, res, by = run("srtf", jobs, table(), machines=1, per=1)
+    assert finish(by, 1) == 110
+    assert finish(by, 0) == pytest.approx(1010.6)          # 10 s lost to job 1, 0.6 s to suspend + resume
+    assert res.counters["suspends"] == 1
+
+
+def test_tiresias_las_preempts_the_job_with_more_service(table):
+    jobs = [job(0, 0, 1000), job(1, 500, 10)]
+    _, res, by = run("tiresias", jobs, table(), machines=1, per=1, thresholds=(100.0,))
+    assert first_run(by, 1) == 500 and finish(by, 1) == 510
+    assert finish(by, 0) == pytest.approx(1010.6)
+    assert res.counters["suspends"] == 1
+
+
+def test_tiresias_does_not_preempt_within_a_queue(table):
+    jobs = [job(0, 0, 50), job(1, 10, 10)]                  # both under the 100 GPU-s threshold
+    _, res, by = run("tiresias", jobs, table(), machines=1, per=1, thresholds=(100.0,))
+    assert finish(by, 0) == 50 and finish(by, 1) == 60
+    assert res.counters["suspends"] == 0
+
+
+def test_gandiva_undoes_a_pack_that_loses(table):
+    # B with C packs at 0.5 + 0.4 = 0.9 < 1 + margin: introspection must undo it and remember the pair.
+    pol = make_policy("gandiva")
+    jobs = [job(0, 0, 1000, jtype="B"), job(1, 10, 1000, jtype="C")]
+    _, res, by = run(pol, jobs, table(), machines=1, per=1)
+    assert res.counters["packs"] == 1 and res.counters["unpacks"] == 1
+    assert frozenset(("('B', 1)", "('C', 1)")) in pol.losing_pairs
+    # Packed 120 s (measurement window) at 0.5, then time-sliced at ~0.49: job 0 ends well after 1000 s.
+    assert finish(by, 0) > 1500
+
+
+def test_gandiva_keeps_a_pack_that_wins(table):
+    jobs = [job(0, 0, 1000, jtype="A"), job(1, 10, 1000, jtype="B")]   # 0.8 + 0.7 = 1.5
+    _, res, by = run("gandiva", jobs, table(), machines=1, per=1)
+    assert res.counters["packs"] == 1 and res.counters["unpacks"] == 0
+    assert finish(by, 1) == pytest.approx(10 + 1000 / 0.7, rel=0.05) or finish(by, 1) < 10 + 1000 / 0.7 + 1
+
+
+def test_gandiva_time_slices_when_a_pair_does_not_fit(table):
+    jobs = [job(0, 0, 100, jtype="C"), job(1, 0, 100, jtype="C")]      # C with C: does not fit
+    _, res, by = run("gandiva", jobs, table(), machines=1, per=1)
+    assert res.counters["packs"] == 0
+    assert first_run(by, 1) == 0                                      # progress at once, by time-slicing
+    assert finish(by, 0) == pytest.approx(200 / (1 - 0.6 / 60), rel=0.01)
+
+
+def _fragmented():
+    # m0: long + short, m1: long + short; the shorts end at t=6, leaving one idle GPU on each machine;
+    # then a 2-GPU job arrives and fits nowhere without moving a long job.
+    return [job(0, 0, 10000), job(1, 1, 5), job(2, 2, 10000), job(3, 3, 3), job(4, 20, 100, gpus=2)]
+
+
+@pytest.mark.parametrize("policy", ["gandiva", "gmux"])
+def test_migration_defragments_for_a_multi_gpu_job(table, policy):
+    _, res, by = run(policy, _fragmented(), table(), machines=2, per=2)
+    assert res.counters["migrations"] == 1
+    assert first_run(by, 4) == 20 and finish(by, 4) == 120
+
+
+def test_fifo_without_migration_waits_for_the_fragmentation_to_clear(table):
+    _, res, by = run("fifo", _fragmented(), table(), machines=2, per=2)
+    assert res.counters["migrations"] == 0 and first_run(by, 4) == 10000
+
+
+def test_gandiva_consolidates_a_spread_job_when_a_machine_frees(table):
+    # A 2-GPU job that must start spread over two machines moves onto one when a machine empties.
+    # m0: A (long) + B (ends t=100); m1: C (ends t=500) + D (ends t=50). E starts spread at t=110 on the
+    # holes B and D left, runs at the unconsolidated rate (0.5 in this table), and moves beside itself on m1
+    # when C ends.
+    jobs = [job(0, 0, 10000), job(1, 0, 100), job(2, 0, 500), job(3, 0, 50), job(4, 110, 1000, gpus=2)]
+    _, res, by = run("gandiva", jobs, table(), machines=2, per=2, defrag_moves=0)
+    assert first_run(by, 4) == 110
+    assert res.counters["migrations"] == 1
+    assert finish(by, 4) == pytest.approx(500 + 2.0 + (1000 - 0.5 * 390))
+
+
+def test_gandiva_grows_and_shrinks_an_elastic_job(table):
+    jobs = [job(0, 0, 1000, gpus=2, elastic=True), job(1, 100, 100, gpus=2)]
+    _, res, by = run("gandiva", jobs, table(), machines=1, per=4)
+    assert res.counters["grows"] >= 1 and res.counters["shrinks"] >= 1
+    assert first_run(by, 1) == 100                      # the grown job gives GPUs back at once
+    assert finish(by, 0) < 1000                         # it ran faster while it had the spare GPUs
+
+
+def test_gmux_packs_only_where_measurement_says_it_beats_preemption(table):
+    pol = make_policy("gmux", explore=False, base_gpu_s=5.0)
+    eng_jobs = [job(0, 0, 10000, jtype="A"), job(1, 10, 100, jtype="B")]
+    _, res, _ = run(pol, eng_jobs, table(), machines=1, per=1)
+    assert res.counters["packs"] == 0                   # never measured, no exploration: suspend, don't pack
+    assert res.counters["suspends"] == 1
+
+
+def test_gmux_suspends_the_older_job_of_a_losing_pack(table):
+    pol = make_policy("gmux")
+    jobs = [job(0, 0, 10000, jtype="B"), job(1, 0, 5000, jtype="C"), job(2, 7000, 10, jtype="B")]
+    _, res, by = run(pol, jobs, table(), machines=1, per=1, base_gpu_s=1e6)
+    assert res.counters["packs"] >= 1
+    assert frozenset(("('B', 1)", "('C', 1)")) in pol.losing_pairs
+    assert res.counters["suspends"] >= 1
+
+
+def test_actions_that_would_lose_or_double_place_a_job_are_refused(table):
+    from gmux.cluster.policies.api import Place, Policy
+
+    class Greedy(Policy):
+        name = "bad"
+
+        def decide(self, snap, event):
+            if event.kind is EventKind.ARRIVAL:
+                return [Place(event.job_id, (0,)), Place(event.job_id, (1,))]
+            return []
+
+    with pytest.raises(PolicyError, match="is running, expected pending"):
+        run(Greedy(), [job(0, 0, 10)], table(), machines=1, per=2)
+
+    class Packer(Policy):
+        name = "bad"
+
+        def decide(self, snap, event):
+            if event.kind is EventKind.ARRIVAL and event.job_id == 0:
+                return [Place(0, (0,))]
+            if event.kind is EventKind.ARRIVAL:
+                from gmux.cluster.policies.api import Pack
+                return [Pack(1, 0)]
+            return []
+
+    with pytest.raises(PolicyError, match="does not fit"):
+        run(Packer(), [job(0, 0, 10, jtype="C"), job(1, 1, 10, jtype="C")], table(), machines=1, per=1)
+
+
+def test_policy_that_strands_a_job_is_reported(table):
+    from gmux.cluster.policies.api import Policy
+    from gmux.cluster.sim_engine import SimulationError
+
+    class Lazy(Policy):
+        name = "lazy"
+
+        def decide(self, snap, event):
+            return []
+
+    with pytest.raises(SimulationError, match="left 1 job"):
+        run(Lazy(), [job(0, 0, 10)], table())
+
+
+def test_policies_are_pure_functions_of_the_snapshot():
+    """Same snapshot and event, same actions; nothing in the snapshot changes."""
+    machines = [MachineView(m, tuple(range(m * 4, m * 4 + 4))) for m in range(2)]
+    for name in ("fifo", "sjf", "srtf", "tiresias", "gandiva", "gmux"):
+        outs = []
+        for _ in range(2):
+            snap = Snapshot(machines, now=5.0)
+            for i in range(3):
+                snap.add_job(JobView(job_id=i, num_gpus=2, job_type="('A', 1)", submit_time=float(i),
+                                     remaining_hint=10.0, duration_hint=10.0))
+            before = repr(sorted((j.job_id, j.state, j.gpus) for j in snap.jobs.values()))
+            outs.append(make_policy(name).decide(snap, Event(EventKind.ARRIVAL, job_id=2)))
+            assert repr(sorted((j.job_id, j.state, j.gpus) for j in snap.jobs.values())) == before
+        assert outs[0] == outs[1] and len([a for a in outs[0] if hasattr(a, "gpus")]) == 3, name
