@@ -74,7 +74,7 @@ typedef struct {
     uint64_t bytes_mapped;   /* physical bytes released (suspend) or mapped (resume) */
     uint64_t allocations, units;
     double sync_s;    /* waiting for the job's device work */
-    double stage_s;   /* making the host store ready (growing it on first use; mapping it on the host backend) */
+    double stage_s;   /* host store: growing it (first use only); mapping and unmapping it (host backend) */
     double copy_s;    /* copy phase: wall time while copies were the critical path */
     double map_s;     /* map (resume) or unmap+release (suspend) calls, summed, on the helper thread */
     double total_s;

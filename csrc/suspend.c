@@ -328,7 +328,9 @@ int gmux_suspend(gmux_allocator *a, const gmux_range *live, uint64_t nlive, gmux
         else gmux__fail(rc, "suspend failed and was rolled back: %s", why);
         goto out;
     }
+    t = gmux__now();
     b->store_release(b); /* failure only leaves the store mapped: RSS stays up, bytes are safe */
+    st.stage_s += gmux__now() - t;
     __atomic_store_n(&a->suspended, true, __ATOMIC_RELEASE);
 out:
     if (entered && b->thread_leave) b->thread_leave(b);
@@ -349,7 +351,9 @@ int gmux_resume(gmux_allocator *a, gmux_swap_stats *out) {
     if (!rc && b->thread_enter) entered = (rc = b->thread_enter(b)) == GMUX_OK;
     if (!rc) rc = restore(a, &st);
     if (!rc) {
+        double t = gmux__now();
         b->store_release(b);
+        st.stage_s += gmux__now() - t;
         a->nsaved = 0;
         __atomic_store_n(&a->suspended, false, __ATOMIC_RELEASE);
     }

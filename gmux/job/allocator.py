@@ -393,10 +393,15 @@ class TorchCudaRouting:
         self.active = True
 
     def live_ranges(self) -> list[tuple[int, int]]:
+        """torch's active blocks inside its segments, plus every other allocation of this allocator whole
+        (CuPy arrays, for instance, which have no cached free space)."""
         import torch
 
-        mine = {a["address"] for a in self.allocator.allocations()}
-        return live_ranges_from_snapshot(torch.cuda.memory_snapshot(), lambda address: address in mine)
+        mine = {a["address"]: a["size"] for a in self.allocator.allocations()}
+        snapshot = [seg for seg in torch.cuda.memory_snapshot() if seg["address"] in mine]
+        torch_segments = {seg["address"] for seg in snapshot}
+        others = [(addr, size) for addr, size in mine.items() if addr not in torch_segments]
+        return live_ranges_from_snapshot(snapshot, lambda address: True) + others
 
     def stop(self) -> None:
         import torch
