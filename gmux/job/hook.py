@@ -9,9 +9,11 @@ process (one garbage-collector scan).
 from __future__ import annotations
 
 import gc
+import warnings
 from typing import Optional
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch import nn
 
 from .control import Controller
@@ -25,7 +27,11 @@ def _discover(job: Job) -> None:
     known = {id(o) for o in job.tracked.optimizers}
     if getattr(job, "_discovered", None) == known:
         return
-    modules = [o for o in gc.get_objects() if isinstance(o, nn.Module)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # isinstance() on deprecated lazy module proxies warns
+        objects = gc.get_objects()
+        modules = [o for o in objects if isinstance(o, nn.Module)]
+        others = [o for o in objects if _is_scheduler(o) or _is_scaler(o)]
     children = {id(c) for m in modules for c in m.children()}
     params_in_opt = {id(p) for opt in job.tracked.optimizers for g in opt.param_groups for p in g["params"]}
     for m in modules:
@@ -34,7 +40,7 @@ def _discover(job: Job) -> None:
             continue
         if any(id(p) in params_in_opt for p in m.parameters()) or any(True for _ in m.buffers()):
             job.tracked.add(m)
-    for obj in gc.get_objects():
+    for obj in others:
         if _is_scheduler(obj) and id(getattr(obj, "optimizer", None)) in known:
             job.tracked.add(obj)
         elif _is_scaler(obj):
@@ -59,7 +65,7 @@ def install_hook(controller: Optional[Controller] = None, pool=None) -> Job:
                 job.move_to(first.device)
         job.boundary()
 
-    torch.optim.optimizer.register_optimizer_step_post_hook(after_step)
+    register_optimizer_step_post_hook(after_step)
     _installed = job
     import gmux.job
     gmux.job._current = job

@@ -17,13 +17,15 @@ class StateMismatch(ValueError):
     """A checkpoint does not fit the job it is restored into (another model, another optimizer...)."""
 
 
+_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
 def _is_scheduler(obj) -> bool:
-    return hasattr(obj, "state_dict") and hasattr(obj, "optimizer") and hasattr(obj, "step") \
-        and not isinstance(obj, torch.optim.Optimizer)
+    return isinstance(obj, _SCHEDULERS)
 
 
 def _is_scaler(obj) -> bool:
-    return type(obj).__name__ == "GradScaler" and hasattr(obj, "unscale_")
+    return isinstance(obj, torch.amp.GradScaler)
 
 
 @dataclass

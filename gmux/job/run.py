@@ -1,0 +1,77 @@
+"""Run an unmodified training script as a gmux job, through the transparent optimizer hook.
+
+    python -m gmux.job.run [--cycle-every N] [--hold S] script.py [args...]
+
+With --cycle-every N the job is suspended and resumed at every Nth boundary (held suspended for --hold
+seconds): a way to check that a script survives suspension bit-identically before trusting it to a
+multiplexer. Without it, the hook only measures (see the summary printed at exit).
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import runpy
+import sys
+import time
+from typing import Optional
+
+from .control import Command
+from .hook import install_hook
+
+
+class CycleController:
+    """Suspends at every Nth boundary and resumes after `hold` seconds; answers are kept as figures."""
+
+    def __init__(self, every: int, hold: float = 0.0):
+        if every < 1:
+            raise ValueError(f"--cycle-every must be at least 1, got {every}")
+        self.every, self.hold = every, hold
+        self.boundaries = 0
+        self.replies: list[tuple[str, dict]] = []
+        self.reports: list[dict] = []
+
+    def poll(self) -> Optional[Command]:
+        self.boundaries += 1
+        return Command("suspend") if self.boundaries % self.every == 0 else None
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[Command]:
+        time.sleep(self.hold)
+        return Command("resume")
+
+    def report(self, report: dict) -> None:
+        self.reports.append(report)
+
+    def reply(self, command: Command, result: dict) -> None:
+        self.replies.append((command.kind, result))
+        if not result.get("ok"):
+            print(f"gmux: {command.kind} failed: {result.get('error')}", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gmux.job.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cycle-every", type=int, default=0, metavar="N", help="suspend+resume every N boundaries")
+    p.add_argument("--hold", type=float, default=0.0, metavar="S", help="seconds to stay suspended (default 0)")
+    p.add_argument("script", help="the training script, run as __main__")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    a = p.parse_args(argv)
+    if not os.path.isfile(a.script):
+        p.error(f"no such script: {a.script}")
+    controller = CycleController(a.cycle_every, a.hold) if a.cycle_every else None
+    job = install_hook(controller=controller)
+
+    def summary():
+        s, r = job.profile.last_suspend, job.profile.last_resume
+        print(f"gmux: {job.profile.steps} boundaries, {job.profile.suspends} suspends "
+              f"({job.profile.bytes_moved / 2**20:.1f} MiB moved; last suspend {s.get('total_s', 0) * 1e3:.2f} ms, "
+              f"resume {r.get('total_s', 0) * 1e3:.2f} ms)", file=sys.stderr)
+    atexit.register(summary)
+    sys.argv = [a.script, *a.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
+    runpy.run_path(a.script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

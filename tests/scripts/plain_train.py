@@ -1,0 +1,23 @@
+"""An ordinary training script that knows nothing of gmux (used to test the transparent hook)."""
+import sys
+
+import torch
+from torch import nn
+
+torch.manual_seed(1)
+torch.use_deterministic_algorithms(True)
+torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(20, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 5))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50)
+data = torch.randn(256, 20)
+target = data[:, :5].argmax(1)
+for step in range(50):
+    idx = torch.randint(0, 256, (32,))
+    loss = nn.functional.cross_entropy(model(data[idx]), target[idx])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    sched.step()
+torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, sys.argv[1])
+print(f"final loss {loss.item():.6f}")

@@ -1,0 +1,51 @@
+"""Interrupted deterministic training ends with exactly the weights of an uninterrupted run."""
+import os
+import random
+
+import pytest
+import torch
+
+from conftest import assert_identical, run_py
+
+TRAIN = ["-m", "gmux.examples.train"]
+
+
+def _final(path):
+    return torch.load(path, weights_only=False)
+
+
+@pytest.mark.parametrize("model,steps", [("cnn", 60), ("transformer", 40)])
+def test_suspends_and_restores_in_new_processes_are_lossless(model, steps, tmp):
+    common = [*TRAIN, "--model", model, "--steps", str(steps)]
+    run_py(*common, "--out", f"{tmp}/solo.pt")
+
+    # 24 suspend/resume cycles at random boundaries in one process.
+    rng = random.Random(f"{model}-suspends")
+    at = sorted(rng.sample(range(1, steps + 1), 24))
+    out = run_py(*common, "--suspend-at", ",".join(map(str, at)), "--out", f"{tmp}/suspended.pt")
+    assert "24 suspend/resume cycles" in out.stdout
+    assert_identical(_final(f"{tmp}/solo.pt")["model"], _final(f"{tmp}/suspended.pt")["model"], "model")
+    assert_identical(_final(f"{tmp}/solo.pt")["optimizer"], _final(f"{tmp}/suspended.pt")["optimizer"], "optimizer")
+
+    # Three migrations into new processes (mid-epoch, with loader workers), with suspends in between.
+    cuts = sorted(rng.sample(range(3, steps - 2), 3))
+    restore = []
+    for i, cut in enumerate(cuts):
+        path = f"{tmp}/m{i}.ckpt"
+        run_py(*common, *restore, "--migrate-at", str(cut), "--checkpoint", path,
+               "--suspend-at", str(cut - 1))
+        assert os.path.getsize(path) > 0
+        restore = ["--restore", path]
+    run_py(*common, *restore, "--out", f"{tmp}/migrated.pt")
+    solo, migrated = _final(f"{tmp}/solo.pt"), _final(f"{tmp}/migrated.pt")
+    assert_identical(solo["model"], migrated["model"], "model")
+    assert_identical(solo["optimizer"], migrated["optimizer"], "optimizer")
+    assert solo["losses"] == migrated["losses"]
+
+
+def test_unmodified_script_under_the_transparent_hook(tmp):
+    script = "tests/scripts/plain_train.py"
+    run_py(script, f"{tmp}/plain.pt")
+    out = run_py("-m", "gmux.job.run", "--cycle-every", "2", script, f"{tmp}/hooked.pt")
+    assert "25 suspends" in out.stderr, out.stderr
+    assert_identical(torch.load(f"{tmp}/plain.pt"), torch.load(f"{tmp}/hooked.pt"))
