@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from .policies import make_policy
 from .sim_cluster import Costs
@@ -32,8 +33,8 @@ class SimConfig:
     gpu_type: str = "v100"
     suspect: str = "p100"
     seed: int = 0
-    start: float | None = None           # seconds since the trace's first submission
-    end: float | None = None
+    start: float | datetime | None = None   # seconds since the trace's first submission, or a wall-clock time
+    end: float | datetime | None = None
     sample: float | None = None
     bad_rows: str = "refuse"
     unknown_vc: str = "smallest"
@@ -58,7 +59,12 @@ def prepare(cfg: SimConfig) -> Prepared:
     tput = Throughputs(cfg.throughputs, cfg.gpu_type, cfg.suspect)
     trace = load_trace(cfg.trace, bad_rows=cfg.bad_rows)
     assign_types(trace, tput, seed=cfg.seed, elastic_fraction=cfg.elastic_fraction)
-    jobs = select(trace, cfg.start, cfg.end, cfg.sample, cfg.seed)
+    start, end = (((t - trace.origin).total_seconds() if isinstance(t, datetime) else t) for t in (cfg.start, cfg.end))
+    if start is not None and end is not None and end <= start:
+        raise ValueError(f"the time window is empty: end ({end:.0f} s) is not after start ({start:.0f} s)")
+    jobs = select(trace, start, end, cfg.sample, cfg.seed)
+    if not jobs:
+        raise TraceError(f"{cfg.trace}: no jobs in the selected window/sample")
     notes = []
     if trace.bad_rows:
         notes.append(f"skipped {len(trace.bad_rows)} bad row(s): " +
@@ -148,3 +154,19 @@ def simulate(cfg: SimConfig, policies: list[str], prep: Prepared | None = None,
     for p in out:
         out[p].sort(key=lambda r: r.cluster)
     return out
+
+
+def report(cfg: SimConfig, prep: Prepared, out: dict, baseline: str = "fifo") -> dict:
+    """Everything a result file holds: configuration, notes, per-policy summary and JCT ratio to the baseline."""
+    from dataclasses import asdict
+
+    from .sim_metrics import jct_ratio, summarize
+    summaries = {p: summarize(r) for p, r in out.items()}
+    ratios = {p: jct_ratio(r, out[baseline]) for p, r in out.items() if baseline in out and p != baseline}
+    conf = asdict(cfg)
+    for k in ("start", "end"):
+        if isinstance(conf[k], datetime):
+            conf[k] = conf[k].isoformat(sep=" ")
+    return {"config": conf, "notes": prep.notes, "skipped_jobs": len(prep.skipped),
+            "clusters": {c: {"machines": n, "jobs": len(js)} for c, (n, js) in prep.clusters.items()},
+            "summary": summaries, "jct_ratio_to_" + baseline: ratios}

@@ -84,7 +84,10 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20) -> Tra
                 try:
                     if len(row) != len(header):
                         raise ValueError(f"{len(row)} fields, header has {len(header)}")
-                    ts = _parse_time(row[col["timestamp"]])
+                    try:
+                        ts = _parse_time(row[col["timestamp"]])
+                    except ValueError:
+                        raise ValueError(f"timestamp {row[col['timestamp']]!r} is not YYYY-MM-DD HH:MM:SS") from None
                     dur = float(row[col["duration"]])
                     if not math.isfinite(dur) or dur <= 0:
                         raise ValueError(f"duration {row[col['duration']]!r} is not a positive number")
@@ -112,7 +115,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20) -> Tra
     if bad and bad_rows == "refuse":
         shown = "; ".join(f"line {ln}: {msg}" for ln, msg in bad[:max_report])
         more = f" (and {len(bad) - max_report} more)" if len(bad) > max_report else ""
-        raise TraceError(f"{path}: {len(bad)} bad row(s): {shown}{more}. Use bad_rows='skip' to skip them.")
+        raise TraceError(f"{path}: {len(bad)} bad row(s): {shown}{more}. Skip them with --bad-rows skip (bad_rows='skip').")
     if not rows:
         raise TraceError(f"{path}: no usable job rows")
     origin = min(r[1] for r in rows)

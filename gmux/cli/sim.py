@@ -1,0 +1,180 @@
+"""gmux-sim: replay a cluster trace under scheduling policies (the same policy objects gmux-scheduler runs).
+
+Thin wrapper: argument checking here, all work in gmux.cluster.sim_run."""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from datetime import datetime
+
+DEFAULT_TRACES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "traces")
+
+EPILOG = """\
+examples:
+  gmux-sim                                   all policies, full Philly trace, per-VC clusters
+  gmux-sim --policy fifo,gmux --end 7d       the first week only
+  gmux-sim --sample 0.1 --seed 3             a seeded 10%% sample of the jobs
+  gmux-sim --machines 16 --policy gandiva    one 16-machine (128-GPU) cluster running every job
+  gmux-sim --json out.json --plots out/      results as JSON and PNG plots
+
+times (--start/--end) are offsets from the first submission with a unit (90s, 36h, 7d) or wall-clock
+timestamps ("2017-10-01 00:00:00"). Job types come from gavel_throughputs.json, drawn with --seed.
+"""
+
+
+def _duration(text: str):
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
+    if m:
+        return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    for fmt in ("%Y-%m-%d %H:%M:%S", "%Y-%m-%d"):
+        try:
+            return datetime.strptime(text.strip(), fmt)
+        except ValueError:
+            pass
+    raise argparse.ArgumentTypeError(f"{text!r} is neither an offset like 36h or 7d nor a date like 2017-10-01")
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 < v <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not in (0, 1]")
+    return v
+
+
+def _nonneg(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gmux.cluster.policies import POLICIES
+    from gmux.cluster.sim_cluster import Costs
+    d = Costs()
+    p = argparse.ArgumentParser(prog="gmux-sim", description=__doc__.splitlines()[0], epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("inputs")
+    g.add_argument("--traces", default=os.path.normpath(DEFAULT_TRACES), metavar="DIR",
+                   help="directory holding philly.csv, philly_vc.csv, gavel_throughputs.json (default: %(default)s)")
+    g.add_argument("--trace", metavar="CSV", help="job trace (default: DIR/philly.csv)")
+    g.add_argument("--vcs", metavar="CSV", help="VC layout, vc,node num (default: DIR/philly_vc.csv)")
+    g.add_argument("--throughputs", metavar="JSON", help="Gavel throughput table (default: DIR/gavel_throughputs.json)")
+    g.add_argument("--bad-rows", choices=("refuse", "skip"), default="refuse",
+                   help="what to do with malformed trace rows (reported with line numbers; default: %(default)s)")
+    g = p.add_argument_group("cluster")
+    g.add_argument("--machines", type=_positive_int, metavar="N",
+                   help="one cluster of N machines for all jobs, instead of Philly's per-VC clusters")
+    g.add_argument("--gpus-per-machine", type=_positive_int, default=8, metavar="G", help="(default: %(default)s)")
+    g.add_argument("--gpu-type", default="v100", choices=("v100", "p100", "k80"), help="(default: %(default)s)")
+    g.add_argument("--unknown-vc", choices=("smallest", "skip", "refuse"), default="smallest",
+                   help="jobs of VCs missing from the layout: run on a cluster the size of the smallest VC, "
+                        "skip, or refuse (default: %(default)s)")
+    g.add_argument("--suspect-pairs", choices=("p100", "drop", "keep"), default="p100",
+                   help="throughput pairs whose packed rate equals the solo rate: take the P100 ratio, drop the "
+                        "pair (never packed), or keep (default: %(default)s)")
+    g.add_argument("--elastic-fraction", type=float, default=0.0, metavar="F",
+                   help="seeded fraction of single-machine jobs that accept a GPU count in [n/2, 2n] (the trace "
+                        "says nothing; default: %(default)s)")
+    g = p.add_argument_group("jobs")
+    g.add_argument("--policy", default=",".join(POLICIES), metavar="P[,P...]",
+                   help=f"policies to run (default: all: {', '.join(POLICIES)})")
+    g.add_argument("--start", type=_duration, metavar="T", help="only jobs submitted at or after T")
+    g.add_argument("--end", type=_duration, metavar="T", help="only jobs submitted before T")
+    g.add_argument("--sample", type=_fraction, metavar="F", help="keep a seeded fraction F of the jobs")
+    g.add_argument("--seed", type=int, default=0, help="seed for job types and sampling (default: %(default)s)")
+    g = p.add_argument_group("costs (seconds; see gmux/cluster/sim_cluster.py for where each default comes from)")
+    g.add_argument("--suspend-s", type=_nonneg, default=d.suspend_s, help="(default: %(default)s)")
+    g.add_argument("--resume-s", type=_nonneg, default=d.resume_s, help="(default: %(default)s)")
+    g.add_argument("--migrate-s", type=_nonneg, default=d.migrate_s, help="(default: %(default)s)")
+    g.add_argument("--quantum-s", type=_nonneg, default=d.quantum_s, help="time slice (default: %(default)s)")
+    g.add_argument("--measure-s", type=_nonneg, default=d.measure_s, help="pack measurement window (default: %(default)s)")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", metavar="PATH", help="write results as JSON")
+    g.add_argument("--plots", metavar="DIR", help="write jct_cdf.png and utilisation.png into DIR")
+    g.add_argument("--workers", type=_positive_int, default=1, help="worker processes (default: %(default)s)")
+    g.add_argument("--quiet", action="store_true", help="no table, only errors")
+    return p
+
+
+def main(argv=None) -> int:
+    from gmux.cluster.policies import POLICIES
+    from gmux.cluster.sim_cluster import Costs
+    from gmux.cluster.sim_engine import SimulationError
+    from gmux.cluster.sim_metrics import render_table, write_json
+    from gmux.cluster.sim_run import SimConfig, prepare, report, simulate
+    from gmux.cluster.sim_trace import TraceError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    policies = [x.strip() for x in args.policy.split(",") if x.strip()]
+    bad = [x for x in policies if x not in POLICIES]
+    if bad or not policies:
+        parser.error(f"unknown policy {', '.join(bad) or '(none given)'}; choose from {', '.join(POLICIES)}")
+    if len(set(policies)) != len(policies):
+        parser.error("a policy is listed twice")
+    if not 0.0 <= args.elastic_fraction <= 1.0:
+        parser.error(f"--elastic-fraction must be in [0, 1], not {args.elastic_fraction}")
+    trace = args.trace or os.path.join(args.traces, "philly.csv")
+    vcs = None if args.machines else (args.vcs or os.path.join(args.traces, "philly_vc.csv"))
+    tput = args.throughputs or os.path.join(args.traces, "gavel_throughputs.json")
+    for label, path in (("trace", trace), ("VC layout", vcs), ("throughput table", tput)):
+        if path is not None and not os.path.isfile(path):
+            parser.error(f"{label} {path}: no such file (use --traces DIR or --{label.split()[0]} ...)"
+                         if label != "throughput table" else f"{label} {path}: no such file (use --throughputs)")
+    try:
+        costs = Costs(suspend_s=args.suspend_s, resume_s=args.resume_s, migrate_s=args.migrate_s,
+                      quantum_s=args.quantum_s, measure_s=args.measure_s)
+    except ValueError as e:
+        parser.error(str(e))
+    cfg = SimConfig(trace=trace, vcs=vcs, throughputs=tput, machines=args.machines,
+                    gpus_per_machine=args.gpus_per_machine, gpu_type=args.gpu_type, suspect=args.suspect_pairs,
+                    seed=args.seed, start=args.start, end=args.end, sample=args.sample, bad_rows=args.bad_rows,
+                    unknown_vc=args.unknown_vc, elastic_fraction=args.elastic_fraction, costs=costs,
+                    workers=args.workers)
+    t0 = time.perf_counter()
+    try:
+        prep = prepare(cfg)
+        out = simulate(cfg, policies, prep)
+    except (TraceError, ValueError, SimulationError) as e:
+        print(f"gmux-sim: error: {e}", file=sys.stderr)
+        return 2
+    payload = report(cfg, prep, out, baseline="fifo")
+    payload["seconds"] = time.perf_counter() - t0
+    if not args.quiet:
+        for note in prep.notes:
+            print(f"note: {note}")
+        ratios = payload.get("jct_ratio_to_fifo", {})
+        print(render_table(payload["summary"], ratios, title=f"gmux-sim: {os.path.basename(trace)}, "
+                           f"{sum(len(j) for _, j in prep.clusters.values())} jobs"), end="")
+        print(f"simulated in {payload['seconds']:.1f} s")
+    if args.json:
+        write_json(args.json, payload)
+    if args.plots:
+        from gmux.cluster.sim_plots import plot_jct_cdf, plot_utilisation
+        plot_jct_cdf(out, os.path.join(args.plots, "jct_cdf.png"))
+        plot_utilisation(out, os.path.join(args.plots, "utilisation.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Plots of a simulation (matplotlib, PNG, no display needed): JCT CDF per policy, GPU utilisation over time."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .sim_metrics import job_table, utilisation_series
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")      # headless: CI machines and the simulator never need a display
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_jct_cdf(results: dict, path: str, title: str = "") -> str:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for policy, runs in results.items():
+        t = job_table(runs)
+        if not len(t["job_id"]):
+            continue
+        jct = np.sort(t["finish"] - t["submit"]) / 3600.0
+        ax.plot(jct, np.arange(1, len(jct) + 1) / len(jct), label=policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (hours, log scale)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title(title or "JCT CDF per policy")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_utilisation(results: dict, path: str, title: str = "", smooth_h: int = 24) -> str:
+    """Busy GPUs over all clusters' GPUs, averaged over `smooth_h`-hour windows so bursts stay visible."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for policy, runs in results.items():
+        hours, util = utilisation_series(runs)
+        if not len(util):
+            continue
+        k = max(1, smooth_h)
+        n = len(util) // k * k
+        if n == 0:
+            ax.plot(hours / 24.0, 100 * util, label=policy)
+            continue
+        ax.plot(hours[:n:k] / 24.0, 100 * util[:n].reshape(-1, k).mean(axis=1), label=policy, lw=1)
+    ax.set_xlabel("days since the first submission")
+    ax.set_ylabel(f"GPUs busy (%, {smooth_h} h mean)")
+    ax.set_title(title or "GPU utilisation over time")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

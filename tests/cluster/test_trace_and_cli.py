@@ -1,0 +1,140 @@
+"""Trace loading and validation, the throughput table, the real Philly files, and the gmux-sim CLI."""
+import json
+import os
+
+import pytest
+
+from conftest import TRACES, write_table
+from gmux.cli.sim import main
+from gmux.cluster.sim_trace import Throughputs, TraceError, assign_types, load_trace, load_vcs, select
+
+HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
+GOOD = "2017-10-01 00:00:00,10,1,10,vcA\n2017-10-01 00:01:00,20,2,40,vcA\n"
+BAD = "not-a-date,1,1,1,vcA\n2017-10-01 00:00:00,-5,1,-5,vcA\n2017-10-01 00:00:00,10,1.5,15,vcA\n" \
+      "2017-10-01 00:00:00,10,2,99,vcA\n2017-10-01 00:00:00,10,1\n"
+
+
+def _files(tmp_path, rows=GOOD, vcs="vc,node num\nvcA,1\n"):
+    (tmp_path / "philly.csv").write_text(HEADER + rows)
+    (tmp_path / "philly_vc.csv").write_text(vcs)
+    write_table(tmp_path / "gavel_throughputs.json", {("A", "B"): [0.8, 0.7]})
+    return tmp_path
+
+
+def test_bad_rows_are_reported_with_line_numbers_and_refused(tmp_path):
+    _files(tmp_path, GOOD + BAD)
+    with pytest.raises(TraceError) as e:
+        load_trace(str(tmp_path / "philly.csv"))
+    msg = str(e.value)
+    for line, what in ((4, "timestamp"), (5, "duration"), (6, "num_gpus"), (7, "gpu_time"), (8, "fields")):
+        assert f"line {line}: " in msg and what in msg
+    assert "5 bad row(s)" in msg
+
+
+def test_bad_rows_can_be_skipped(tmp_path):
+    _files(tmp_path, GOOD + BAD)
+    tr = load_trace(str(tmp_path / "philly.csv"), bad_rows="skip")
+    assert len(tr.jobs) == 2 and [ln for ln, _ in tr.bad_rows] == [4, 5, 6, 7, 8]
+    assert tr.jobs[1].submit == 60.0 and tr.jobs[1].num_gpus == 2
+
+
+@pytest.mark.parametrize("content,problem", [("", "empty"), ("a,b\n1,2\n", "lacks column"),
+                                              (HEADER, "no usable job rows")])
+def test_unusable_trace_files_are_refused(tmp_path, content, problem):
+    (tmp_path / "t.csv").write_text(content)
+    with pytest.raises(TraceError, match=problem):
+        load_trace(str(tmp_path / "t.csv"))
+
+
+def test_vc_and_throughput_files_are_validated(tmp_path):
+    (tmp_path / "v.csv").write_text("vc,node num\nx,zero\n")
+    with pytest.raises(TraceError, match="line 2"):
+        load_vcs(str(tmp_path / "v.csv"))
+    (tmp_path / "t.json").write_text("{not json")
+    with pytest.raises(TraceError, match="not valid JSON"):
+        Throughputs(str(tmp_path / "t.json"))
+    (tmp_path / "t.json").write_text(json.dumps({"k80": {}}))
+    with pytest.raises(TraceError, match="no GPU type 'v100'"):
+        Throughputs(str(tmp_path / "t.json"))
+
+
+def test_job_types_are_seeded_and_match_the_scale(tmp_path):
+    _files(tmp_path)
+    tput = Throughputs(str(tmp_path / "gavel_throughputs.json"))
+    a, b = (load_trace(str(tmp_path / "philly.csv")) for _ in range(2))
+    assign_types(a, tput, seed=1)
+    assign_types(b, tput, seed=1)
+    assert [j.job_type for j in a.jobs] == [j.job_type for j in b.jobs]
+    assert a.jobs[1].job_type == "('D', 2)"
+    assert len(select(a, start=30.0)) == 1 and len(select(a, end=30.0)) == 1
+
+
+def test_suspect_pairs_handling(tmp_path):
+    path = tmp_path / "t.json"
+    write_table(path, {("A", "B"): [1.0, 0.7], ("A", "C"): [0.5, 0.5]})
+    data = json.loads(path.read_text())
+    data["p100"]["('A', 1)"]["('B', 1)"] = [6.0, 5.0]     # the same pair measured on P100: 0.6, 0.5
+    data["p100"]["('B', 1)"]["('A', 1)"] = [5.0, 6.0]
+    path.write_text(json.dumps(data))
+    assert Throughputs(str(path), suspect="p100").pair("('A', 1)", "('B', 1)").rate_a == pytest.approx(0.6)
+    assert Throughputs(str(path), suspect="drop").pair("('A', 1)", "('B', 1)") is None
+    assert Throughputs(str(path), suspect="keep").pair("('A', 1)", "('B', 1)").rate_a == 1.0
+    assert Throughputs(str(path)).pair("('A', 1)", "('C', 1)").rate_a == 0.5
+
+
+def test_cli_runs_and_writes_json_and_plots(tmp_path, capsys):
+    _files(tmp_path)
+    out = tmp_path / "out"
+    rc = main(["--traces", str(tmp_path), "--policy", "fifo,gmux", "--json", str(out / "r.json"),
+               "--plots", str(out)])
+    assert rc == 0
+    res = json.loads((out / "r.json").read_text())
+    assert res["summary"]["fifo"]["jobs"] == 2 and res["summary"]["gmux"]["avg_jct_s"] == pytest.approx(15.0)
+    assert (out / "jct_cdf.png").stat().st_size > 1000 and (out / "utilisation.png").stat().st_size > 1000
+    assert "avg JCT" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,needle", [(["--policy", "nope"], "unknown policy nope"),
+                                         (["--sample", "0"], "not in (0, 1]"),
+                                         (["--end", "tomorrow"], "neither an offset"),
+                                         (["--trace", "/nonexistent/x.csv"], "no such file"),
+                                         (["--machines", "-3"], "not a positive integer")])
+def test_cli_rejects_bad_arguments_with_a_clear_message(tmp_path, capsys, args, needle):
+    _files(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["--traces", str(tmp_path)] + args)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_cli_reports_bad_rows_and_unknown_vcs(tmp_path, capsys):
+    _files(tmp_path, GOOD + BAD)
+    assert main(["--traces", str(tmp_path), "--policy", "fifo"]) == 2
+    assert "line 4" in capsys.readouterr().err
+    _files(tmp_path, GOOD + "2017-10-01 00:00:00,10,1,10,vcZ\n")
+    assert main(["--traces", str(tmp_path), "--policy", "fifo", "--unknown-vc", "refuse"]) == 2
+    assert "vcZ" in capsys.readouterr().err
+    assert main(["--traces", str(tmp_path), "--policy", "fifo", "--json", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["summary"]["fifo"]["jobs"] == 3
+
+
+needs_traces = pytest.mark.skipif(not os.path.isfile(os.path.join(TRACES, "philly.csv")),
+                                  reason=f"real traces not found at {TRACES} (../shared/traces from the repo root)")
+
+
+@needs_traces
+def test_real_philly_files_load_and_validate():
+    tr = load_trace(os.path.join(TRACES, "philly.csv"))
+    assert len(tr.jobs) == 82247 and not tr.bad_rows
+    vcs = load_vcs(os.path.join(TRACES, "philly_vc.csv"))
+    assert len(vcs) == 11 and sum(vcs.values()) == 352
+    tput = Throughputs(os.path.join(TRACES, "gavel_throughputs.json"))
+    assert len(tput.by_scale[1]) == 26 and 60 <= len(tput.suspect_pairs) <= 200
+    assign_types(tr, tput, seed=0)
+    assert all(j.job_type in tput.solo for j in tr.jobs)
+
+
+@needs_traces
+def test_real_philly_slice_runs_under_every_policy(capsys):
+    # Three days of the real trace (a few thousand jobs) under every policy, end to end through the CLI.
+    assert main(["--policy", "fifo,sjf,srtf,tiresias,gandiva,gmux", "--start", "40d", "--end", "43d",
+                 "--quiet"]) == 0
