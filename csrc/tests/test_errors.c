@@ -48,6 +48,17 @@ int main(void) {
     REFUSED(gmux_suspend(a, NULL, 3, NULL), GMUX_E_INVALID);
     CHECK(!gmux_is_suspended(a) && ((unsigned char *)p)[999] == 3);
 
+    unsigned char peeked[16];
+    REFUSED(gmux_peek(a, (uint64_t)(uintptr_t)p, peeked, 16), GMUX_E_STATE); /* running: read memory itself */
+    gmux_range half = {(uint64_t)(uintptr_t)p, 500};
+    OK(gmux_suspend(a, &half, 1, NULL));
+    OK(gmux_peek(a, (uint64_t)(uintptr_t)p + 484, peeked, 16));
+    CHECK(peeked[0] == 3 && peeked[15] == 3);
+    REFUSED(gmux_peek(a, (uint64_t)(uintptr_t)p + 490, peeked, 16), GMUX_E_INVALID); /* past what was live */
+    OK(gmux_resume(a, NULL));
+    CHECK(((unsigned char *)p)[499] == 3);
+    memset(p, 3, 1000); /* bytes past 500 were not live: undefined now */
+
     OK(gmux_suspend(a, NULL, 0, NULL));
     REFUSED(gmux_suspend(a, NULL, 0, NULL), GMUX_E_STATE);
     OK(gmux_resume(a, NULL));
