@@ -7,25 +7,38 @@ tensors (through the garbage collector, so only when asked) and names each by wh
 from __future__ import annotations
 
 import gc
-import types
+import sys
 import warnings
 
 import torch
 
 
-def _name(t: torch.Tensor) -> str:
+def _locals() -> dict[int, str]:
+    """Tensors held in local variables of any thread's stack (frames are not visible as gc referrers)."""
+    names: dict[int, str] = {}
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            for k, v in frame.f_locals.items():
+                if isinstance(v, torch.Tensor):
+                    names.setdefault(id(v), f"local '{k}' in {frame.f_code.co_name}()")
+            frame = frame.f_back
+    return names
+
+
+def _name(t: torch.Tensor, scratch: list, local_names: dict[int, str]) -> str:
+    if id(t) in local_names:
+        return local_names[id(t)]
+    fallback = "an unnamed tensor"
     for ref in gc.get_referrers(t):
-        if isinstance(ref, types.FrameType):
-            for k, v in ref.f_locals.items():
-                if v is t:
-                    return f"local '{k}' in {ref.f_code.co_name}()"
-        elif isinstance(ref, dict):
+        if ref is scratch:
+            continue
+        if isinstance(ref, dict):
             for k, v in ref.items():
                 if v is t:
                     return f"'{k}'"
         elif isinstance(ref, (list, tuple)):
-            return f"item of a {type(ref).__name__} of {len(ref)}"
-    return "an unnamed tensor"
+            fallback = f"item of a {type(ref).__name__} of {len(ref)}"
+    return fallback
 
 
 def residue(job) -> dict:
@@ -40,13 +53,14 @@ def residue(job) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # isinstance() on deprecated lazy module proxies warns
         candidates = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    local_names = _locals()
     for obj in candidates:
         if id(obj) in tracked or not on_device(obj):
             continue
         storage = obj.untyped_storage()
         if storage.nbytes() == 0 or storage.data_ptr() in held:
             continue
-        held[storage.data_ptr()] = (f"{_name(obj)}: {tuple(obj.shape)} {obj.dtype}", storage.nbytes())
+        held[storage.data_ptr()] = (f"{_name(obj, candidates, local_names)}: {tuple(obj.shape)} {obj.dtype}", storage.nbytes())
     out = {"tensors": sorted(held.values(), key=lambda x: -x[1]),
            "tensor_bytes": sum(n for _, n in held.values())}
     if pool is not None:

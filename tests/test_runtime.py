@@ -1,0 +1,162 @@
+"""The in-job runtime in one process: identity, memory given back, commands and their failures."""
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import gmux.job as gj
+from conftest import assert_identical
+
+
+def _setup(pool_mib=16, **kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2)
+    scaler = torch.amp.GradScaler("cpu")
+    pool = gj.DevicePool(pool_mib << 20) if pool_mib else None
+    extra = torch.arange(10, dtype=torch.float32)
+    job = gj.attach(model, opt, sched, scaler, extras={"ema": extra}, state={"note": "x"}, pool=pool, **kw)
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+
+    def step():
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        job.boundary()
+    return job, model, opt, step
+
+
+def _values(job):
+    return [t.detach().clone() for t in job.tracked.tensors()]
+
+
+def test_suspend_keeps_every_object_and_gives_memory_back():
+    job, model, opt, step = _setup()
+    for _ in range(3):
+        step()
+    ids = [id(p) for p in model.parameters()] + [id(m) for m in model.modules()] + [id(opt), id(opt.state)]
+    state_keys = [id(p) for p in opt.state]
+    user_ref = model[0].weight
+    before = _values(job)
+    first = job.suspend()
+    assert first["bytes"] > 0 and job.suspended
+    assert user_ref.numel() == 0  # the tensor really lost its memory
+    job.resume()
+    # After one cycle the state lives in the pool; a second suspend must give all of it back.
+    job.suspend()
+    assert job.tier.pool.in_use == 0
+    assert job.residue()["tensors"] == []
+    job.resume()
+    assert [id(p) for p in model.parameters()] + [id(m) for m in model.modules()] + [id(opt), id(opt.state)] == ids
+    assert [id(p) for p in opt.state] == state_keys
+    assert user_ref is model[0].weight and torch.equal(user_ref, before[0])
+    assert_identical(before, _values(job))
+    step()  # and training goes on
+
+
+def test_views_between_tracked_tensors_stay_shared():
+    torch.manual_seed(0)
+    base = torch.randn(100)
+    job = gj.attach(extras={"base": base, "view": base[10:20]}, pool=gj.DevicePool(1 << 20))
+    job.suspend()
+    job.resume()
+    base[15] = 42.0
+    assert job.tracked.extras["view"][5] == 42.0
+
+
+def test_residue_names_what_the_runtime_was_not_told_about():
+    job, model, opt, step = _setup()
+    step()
+    job.suspend()
+    job.resume()
+    kept_by_user = model[0].weight[:2]  # a view the runtime does not track
+    job.suspend()
+    names = [name for name, _ in job.residue()["tensors"]]
+    assert any("kept_by_user" in n for n in names), names
+    assert job.tier.pool.in_use > 0
+    job.resume()
+    del kept_by_user
+
+
+def test_heap_backed_device_without_pool():
+    job, model, opt, step = _setup(pool_mib=0)
+    step()
+    before = _values(job)
+    job.suspend()
+    job.resume()
+    assert_identical(before, _values(job))
+
+
+def test_failed_resume_stays_suspended_and_loses_nothing():
+    job, model, opt, step = _setup(pool_mib=1)
+    step()
+    before = _values(job)
+    job.suspend()
+    blocker = job.tier.pool.storage(job.tier.pool.size - 8192)  # another job took the memory
+    command = job.controller.send("resume")
+    job.controller.send("resume")
+    job.controller.send("exit")
+
+    with pytest.raises(gj.JobExit):
+        job._while_suspended()
+    assert job.suspended
+    assert "pool exhausted" in job.controller.result(command, timeout=5)["error"]
+    del blocker
+    job.resume()
+    assert_identical(before, _values(job))
+
+
+def test_commands_from_another_thread():
+    job, model, opt, step = _setup()
+    c = job.controller
+    answers = {}
+
+    def driver():
+        s = c.send("suspend")
+        answers["suspend"] = c.result(s, timeout=10)
+        answers["resume"] = c.result(c.send("resume"), timeout=10)
+        answers["again"] = c.result(c.send("resume"), timeout=10)
+
+    t = threading.Thread(target=driver)
+    t.start()
+    while t.is_alive():
+        step()
+    assert answers["suspend"]["ok"] and answers["suspend"]["bytes"] > 0
+    assert answers["resume"]["ok"]
+    assert answers["again"] == {"ok": False, "error": "resume: the job is not suspended"}
+    with pytest.raises(ValueError, match="unknown job command 'fly'"):
+        c.send("fly")
+    c.send("exit")
+    with pytest.raises(gj.JobExit):
+        step()
+
+
+def test_checkpoint_while_suspended_equals_checkpoint_while_running(tmp):
+    job, model, opt, step = _setup()
+    for _ in range(2):
+        step()
+    job.checkpoint(f"{tmp}/running.ckpt")
+    job.suspend()
+    job.checkpoint(f"{tmp}/suspended.ckpt")
+    job.resume()
+    with open(f"{tmp}/running.ckpt", "rb") as a, open(f"{tmp}/suspended.ckpt", "rb") as b:
+        assert a.read() == b.read()
+
+
+def test_attach_rejects_what_it_cannot_track():
+    with pytest.raises(TypeError, match="cannot track a str"):
+        gj.attach("model")
+    with pytest.raises(TypeError, match="extras\\['x'\\] is a int"):
+        gj.attach(extras={"x": 3})
+
+
+def test_report_has_rates_and_memory():
+    job, model, opt, step = _setup()
+    for _ in range(5):
+        step()
+    r = job.report()
+    assert r["step"] == 5 and r["rate"] > 0 and r["mem_boundary"] > 0 and r["mem_peak"] >= r["mem_boundary"]
