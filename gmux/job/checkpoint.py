@@ -186,9 +186,11 @@ def _reader(source: BinaryIO) -> Callable[[int], bytearray]:
         while got < n:
             k = source.readinto(view[got:])
             if not k:
-                del buf[got:]
                 break
             got += k
+        view.release()
+        if got < n:
+            del buf[got:]
         return buf
     return read
 

@@ -1,0 +1,136 @@
+"""Checkpoints: streamed or written atomically, and every kind of bad file refused by name, changing nothing."""
+import io
+import os
+import pickle
+import struct
+import zlib
+
+import pytest
+import torch
+from torch import nn
+
+import gmux.job as gj
+from gmux.job import checkpoint as ckpt
+from conftest import assert_identical
+
+
+def _job(width=16, optimizer=torch.optim.Adam):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 2))
+    opt = optimizer(model.parameters(), lr=0.1)
+    job = gj.attach(model, opt, state={"epoch_note": [1, 2.5, "three", (4, None)]})
+    loss = model(torch.randn(8, 4)).sum()
+    loss.backward()
+    opt.step()
+    return job, model
+
+
+def _written(tmp):
+    job, _ = _job()
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    return path
+
+
+def test_stream_round_trip_restores_everything():
+    job, model = _job()
+    sink = io.BytesIO()
+    job.checkpoint(sink)
+    saved = [t.clone() for t in job.tracked.tensors()]
+    other, _ = _job()
+    with torch.no_grad():
+        for p in other.tracked.modules[0].parameters():
+            p.add_(1.0)
+    other.restore(io.BytesIO(sink.getvalue()))
+    assert_identical(saved, [t.clone() for t in other.tracked.tensors()])
+    assert other.state["epoch_note"] == [1, 2.5, "three", (4, None)]
+
+
+def test_atomic_write_leaves_no_partial_file(tmp):
+    path = _written(tmp)
+    good = open(path, "rb").read()
+    job, _ = _job()
+    job.tracked.state["bad"] = object()  # not storable: the write must fail before replacing the file
+    with pytest.raises(gj.CheckpointError, match="cannot store"):
+        job.checkpoint(path)
+    assert open(path, "rb").read() == good
+    assert os.listdir(tmp) == ["job.ckpt"]
+
+
+def _corrupt(path, offset_from_end=None, offset=None):
+    data = bytearray(open(path, "rb").read())
+    at = offset if offset is not None else len(data) - offset_from_end
+    data[at] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+
+
+def _refused(path, pattern):
+    job, model = _job()
+    before = [t.clone() for t in job.tracked.tensors()]
+    with pytest.raises(gj.CheckpointError, match=pattern) as e:
+        job.restore(path)
+    assert repr(path) in str(e.value)
+    assert_identical(before, [t.clone() for t in job.tracked.tensors()])
+
+
+def test_corrupt_data_is_refused(tmp):
+    path = _written(tmp)
+    _corrupt(path, offset_from_end=60)
+    _refused(path, "checksum mismatch in frame")
+
+
+def test_truncated_file_is_refused(tmp):
+    path = _written(tmp)
+    data = open(path, "rb").read()
+    for cut in (len(data) - 1, len(data) // 2, 12, 5):
+        open(path, "wb").write(data[:cut])
+        _refused(path, "truncated|not a gmux checkpoint")
+
+
+def test_wrong_version_is_refused(tmp):
+    path = _written(tmp)
+    data = bytearray(open(path, "rb").read())
+    data[8:10] = struct.pack("<H", 99)
+    open(path, "wb").write(bytes(data))
+    _refused(path, "format version 99; this gmux reads version 1")
+
+
+def test_not_a_checkpoint_and_missing_file(tmp):
+    path = os.path.join(tmp, "notes.txt")
+    open(path, "w").write("hello world, not a checkpoint")
+    _refused(path, "not a gmux checkpoint")
+    _refused(os.path.join(tmp, "absent.ckpt"), "no such file")
+
+
+def test_wrong_model_is_refused_naming_the_parameter(tmp):
+    job, _ = _job(width=32)
+    path = os.path.join(tmp, "wide.ckpt")
+    job.checkpoint(path)
+    small, model = _job(width=16)
+    before = [t.clone() for t in small.tracked.tensors()]
+    with pytest.raises(gj.StateMismatch, match=r"different model: parameter or buffer '0.weight' is \(32, 4\)"):
+        small.restore(path)
+    assert_identical(before, [t.clone() for t in small.tracked.tensors()])
+
+
+def test_wrong_optimizer_is_refused(tmp):
+    path = _written(tmp)
+    job, _ = _job(optimizer=torch.optim.SGD)
+    with pytest.raises(gj.StateMismatch, match="optimizer 0 is Adam in the checkpoint but SGD in this job"):
+        job.restore(path)
+
+
+def test_a_checkpoint_cannot_run_code(tmp):
+    """A forged SKEL frame with a valid checksum that would call os.system is refused, not executed."""
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + os.path.join(tmp, "pwned"),))
+    skeleton = pickle.dumps({"modules": [], "x": Evil()})
+    out = bytearray(ckpt.MAGIC + struct.pack("<H", ckpt.VERSION))
+    for kind, payload in ((ckpt.HEAD, b"\x81\xa7tensors\x90"), (ckpt.SKEL, skeleton)):
+        header = struct.pack("<BQ", kind, len(payload))
+        out += header + payload + struct.pack("<I", zlib.crc32(payload, zlib.crc32(header)))
+    path = os.path.join(tmp, "evil.ckpt")
+    open(path, "wb").write(bytes(out))
+    _refused(path, "refused: the state holds a value of type posix.system")
+    assert not os.path.exists(os.path.join(tmp, "pwned"))
