@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import Iterable, Optional
 
 try:
@@ -82,6 +83,7 @@ class Pool:
     def __init__(self, handle, path: Optional[str]):
         self._h = handle
         self.path = path
+        self._users: "weakref.WeakSet[Allocator]" = weakref.WeakSet()
 
     @classmethod
     def create(cls, size: int, chunk: int = 2 * MiB, path: Optional[str] = None) -> "Pool":
@@ -136,6 +138,8 @@ class Pool:
         return out[0]
 
     def close(self) -> None:
+        if any(a._h is not None for a in self._users):
+            raise RuntimeError("the pool still backs open allocators; close them first")
         if self._h is not None:
             _native.lib.gmux_pool_close(self._h)
             self._h = None
@@ -153,7 +157,10 @@ class Allocator:
     def __init__(self, handle, pool: Optional[Pool] = None):
         self._h = handle
         self.pool = pool  # keeps the pool open while the allocator maps its chunks
-        self._lock = threading.Lock()
+        # Re-entrant: a garbage collection inside a locked section may free a region (_release_region).
+        self._lock = threading.RLock()
+        if pool is not None:
+            pool._users.add(self)
 
     @classmethod
     def host(cls, pool: Pool) -> "Allocator":
@@ -277,6 +284,13 @@ class Allocator:
             if self._h is not None:
                 _check(_native.lib.gmux_allocator_destroy(self._h), "closing the allocator")
                 self._h = None
+
+    def __del__(self):
+        # Unreachable means no placed region refers to it any more (each region's finalizer does).
+        try:
+            self.close()
+        except Exception:
+            pass
 
     def _release_region(self, ptr) -> None:
         with self._lock:

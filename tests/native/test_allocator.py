@@ -37,6 +37,10 @@ def test_misuse_raises_with_code_and_message(pool):
             a.malloc(1 << 30)
     with pytest.raises(RuntimeError, match="closed"):
         a.malloc(10)
+    b = na.Allocator.host(pool)
+    with pytest.raises(RuntimeError, match="close them first"):
+        pool.close()
+    b.close()
     with pytest.raises(na.NativeError, match="not a gmux pool"):
         na.Pool.open(path=__file__)
 
@@ -96,9 +100,10 @@ def test_touching_a_suspended_tensor_faults():
 def test_pool_shared_by_path_with_another_process(tmp_path):
     path = str(tmp_path / "pool")
     with na.Pool.create(32 << 20, path=path) as p:
-        code = f"from gmux.job import allocator as na; a = na.Allocator.host(na.Pool.open(path={path!r})); a.malloc(6 << 20)"
+        code = (f"import os; from gmux.job import allocator as na; a = na.Allocator.host(na.Pool.open(path={path!r})); "
+                "a.malloc(6 << 20); os._exit(0)")
         subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-        # The child exited holding 3 chunks without freeing them: the owner takes them back.
+        # The child died holding 3 chunks (as a killed job would): the owner takes them back.
         assert p.info()["free_chunks"] == p.info()["chunks"] - 3
         assert p.reclaim() == 3
 
