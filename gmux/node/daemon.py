@@ -281,7 +281,7 @@ class Daemon:
             job.sample(float(msg["t"]), msg["boundaries"])
             # A solo rate is a rate measured while nothing else held the GPU.
             if slicer.resident == {job.id} and job.window_span() >= min(SOLO_MIN_SPAN_S, 0.6 * slicer.quantum):
-                job.rate_solo = job.window_rate()
+                job.solo_measured(job.window_rate())
         return None
 
     def _observe_state(self, job: Job, state: Optional[str]) -> None:
@@ -525,8 +525,9 @@ class Daemon:
                         self._finish(job, *ended)
             self._expire_waiters(now)
         for gpu, slicer in self.slicers.items():
-            rates = {j: Rates(self.jobs[j].rate_solo, self.jobs[j].rate_now, self.jobs[j].window_span())
-                     for j in slicer.entries}
+            # A pack is tried only on solo rates measured over at least two residencies (one can be disturbed).
+            rates = {j: Rates(self.jobs[j].rate_solo if self.jobs[j].solo_windows >= 2 else None,
+                              self.jobs[j].rate_now, self.jobs[j].window_span()) for j in slicer.entries}
             for d in self.packers[gpu].step(slicer, rates, now):
                 self._decide(gpu, d.kind, d.jobs, d.numbers, d.text)
             for kind, job_id in slicer.tick(now):

@@ -13,7 +13,7 @@ from typing import Optional
 # Persisted columns (everything else is measurement, persisted as a JSON blob).
 IDENTITY = ("id", "token", "name", "argv", "cwd", "pid", "starttime", "gpu", "weight", "mem", "state",
             "managed", "created", "detail", "exit_status")
-TRANSIENT = ("identity", "outbox", "kill_requested", "_window", "last_report")
+TRANSIENT = ("identity", "outbox", "kill_requested", "_window", "_solo_now", "_solo_hist", "last_report")
 
 
 @dataclass
@@ -54,7 +54,10 @@ class Job:
     identity: Optional[bytes] = None   # ROUTER routing id of its agent, learned from its messages
     outbox: list = field(default_factory=list)    # commands waiting for the agent's routing id
     kill_requested: bool = False
+    solo_windows: int = 0              # residencies the solo rate is measured over
     _window: list = field(default_factory=list)   # (t, step) samples of the current residency
+    _solo_now: Optional[float] = None
+    _solo_hist: list = field(default_factory=list)
 
     @property
     def final(self) -> bool:
@@ -68,8 +71,22 @@ class Job:
     # --- rate measurement: mini-batches per second over the current residency, skipping its first sample
     # (the first mini-batches after a resume include warming caches and are not representative) ---
     def start_window(self) -> None:
+        if self._solo_now is not None:
+            self._solo_hist = (self._solo_hist + [self._solo_now])[-5:]
+            self._solo_now = None
         self._window = []
         self.rate_now = None
+
+    def solo_measured(self, rate: Optional[float]) -> None:
+        """The rate of the current residency, which has the GPU to itself.
+
+        The solo rate is the best of the last few solo residencies: on a shared machine (or GPU) outside
+        interference only ever lowers a rate, so the maximum is the least disturbed estimate.
+        """
+        self._solo_now = rate
+        seen = self._solo_hist + ([rate] if rate is not None else [])
+        self.rate_solo = max(seen) if seen else None
+        self.solo_windows = len(seen)
 
     def sample(self, t: float, step: int) -> None:
         self._window.append((t, step))

@@ -1,6 +1,6 @@
 """A small deterministic training script used by the node tests and the demo.
 
-usage: train.py OUT STEPS [--hidden H] [--batch B] [--sleep S] [--threads T] [--attach]
+usage: train.py OUT STEPS [--hidden H] [--depth D] [--batch B] [--sleep S] [--threads T] [--attach]
 Writes OUT as JSON: the final parameters' sha256 and loss, so runs can be compared bit for bit.
 Plain torch by default (what gmux-launch's transparent mode runs); --attach uses gmux.job.attach() with the
 launcher's controller and restores from GMUX_RESTORE after a migration (explicit mode, gmux-launch --no-hook).
@@ -22,11 +22,19 @@ p.add_argument("--hidden", type=int, default=64)
 p.add_argument("--batch", type=int, default=32)
 p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--threads", type=int, default=1)
+p.add_argument("--depth", type=int, default=0, help="extra hidden layers (more compute per mini-batch)")
 p.add_argument("--attach", action="store_true")
+p.add_argument("--exclusive", action="store_true",
+               help="compute holding the virtual GPU's lock: a job that saturates its device, as a kernel using "
+                    "all SMs does; two such jobs packed on one GPU take turns (on a busy shared CPU, core "
+                    "contention alone is too noisy to show interference reliably)")
 a = p.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(32, a.hidden), torch.nn.ReLU(), torch.nn.Linear(a.hidden, 1))
+layers = [torch.nn.Linear(32, a.hidden), torch.nn.ReLU()]
+for _ in range(a.depth):
+    layers += [torch.nn.Linear(a.hidden, a.hidden), torch.nn.ReLU()]
+model = torch.nn.Sequential(*layers, torch.nn.Linear(a.hidden, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 progress = {"step": 0}
 job = None
@@ -36,15 +44,24 @@ if a.attach:
     job = gmux.job.attach(model, opt, state=progress, controller=control.default())
     if os.environ.get("GMUX_RESTORE"):
         job.restore(os.environ["GMUX_RESTORE"])
+device_lock = None
+if a.exclusive:
+    import fcntl
+    device_lock = open(os.path.join(os.environ.get("GMUX_RUNTIME_DIR", "/tmp"),
+                                    f"vgpu{os.environ.get('GMUX_VIRTUAL_GPU', 'x')}.lock"), "w")
 loss = None
 while progress["step"] < a.steps:
     x = torch.randn(a.batch, 32, generator=torch.Generator().manual_seed(progress["step"]))
     y = x.sum(dim=1, keepdim=True)
     if a.sleep:
         time.sleep(a.sleep)
+    if device_lock:
+        fcntl.flock(device_lock, fcntl.LOCK_EX)
     loss = torch.nn.functional.mse_loss(model(x), y)
     opt.zero_grad()
     loss.backward()
+    if device_lock:
+        fcntl.flock(device_lock, fcntl.LOCK_UN)
     opt.step()
     progress["step"] += 1
     if job is not None:

@@ -1,0 +1,67 @@
+"""End to end, real processes and sockets: three jobs time-sliced 1:1:2 on one virtual GPU.
+
+Their working sets (600 MiB each on a 1 GiB GPU) do not fit two at a time, so gmuxd must time-slice. Over the
+window in which all three are running, each job's share of GPU time must be within ±10% of its weight's
+share, and every job must end bit-identical to a run of the same script without gmux.
+"""
+import subprocess
+import time
+
+import pytest
+
+from conftest import PY, ROOT, SCRIPTS, env, result
+
+STEPS = "16000"
+
+
+def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
+    # The references run first, side by side, without gmux.
+    refs = {}
+    procs = []
+    for name, batch in (("ab", "32"), ("c", "33")):
+        out = tmp_path / f"solo_{name}.json"
+        procs.append(subprocess.Popen([PY, f"{SCRIPTS}/train.py", str(out), STEPS, "--batch", batch], env=env(),
+                                      cwd=ROOT))
+        refs[name] = out
+    for p in procs:
+        assert p.wait(120) == 0
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "0.5", "--no-pack")
+    jobs = {}
+    for name, weight, batch in (("a", "1", "32"), ("b", "1", "32"), ("c", "2", "33")):
+        p = node.launch(f"{SCRIPTS}/train.py", str(tmp_path / f"{name}.json"), STEPS, "--batch", batch, "--attach",
+                        opts=["--no-hook", "--mem", "600MiB", "--weight", weight])
+        jobs[name] = node.job_of(p.pid)
+    # Sample GPU time until the first job ends; the window starts once all three have trained a step.
+    first = last = None
+    max_resident_mem = 0
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        ps = node.ps()
+        by = {j["id"]: j for j in ps["jobs"]}
+        max_resident_mem = max(max_resident_mem, ps["gpus"][0]["resident_mem"])
+        if any(by[j]["state"] in ("exited", "failed", "killed", "lost") for j in jobs.values()):
+            break
+        snap = {n: by[j]["gpu_seconds"] for n, j in jobs.items()}
+        if first is None and all(by[j]["step"] > 0 for j in jobs.values()):
+            first = (time.monotonic(), snap)
+        if first is not None:
+            last = (time.monotonic(), snap)
+        time.sleep(0.25)
+    assert first is not None and last is not None, node.log()
+    window = last[0] - first[0]
+    assert window > 6, f"window of {window:.1f} s is too short to judge shares"
+    used = {n: last[1][n] - first[1][n] for n in jobs}
+    total = sum(used.values())
+    shares = {n: used[n] / total for n in used}
+    print("GPU-time shares over", round(window, 1), "s:", shares)
+    for n, expected in (("a", 0.25), ("b", 0.25), ("c", 0.5)):
+        assert shares[n] == pytest.approx(expected, rel=0.10), shares
+    assert max_resident_mem <= 1 << 30      # never two 600 MiB jobs on the 1 GiB GPU at once
+    for p in node.procs:
+        assert p.wait(180) == 0
+    ps = node.ps()
+    for n, j in jobs.items():
+        info = next(x for x in ps["jobs"] if x["id"] == j)
+        assert info["state"] == "exited" and info["suspends"] >= 3, info
+        assert result(tmp_path / f"{n}.json")["sha256"] == result(refs["c" if n == "c" else "ab"])["sha256"], n
+    assert ps["gpus"][0]["switches"] >= 10
