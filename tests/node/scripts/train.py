@@ -44,6 +44,7 @@ if a.attach:
     job = gmux.job.attach(model, opt, state=progress, controller=control.default())
     if os.environ.get("GMUX_RESTORE"):
         job.restore(os.environ["GMUX_RESTORE"])
+restored_at = progress["step"]
 device_lock = None
 if a.exclusive:
     import fcntl
@@ -71,4 +72,4 @@ for t in list(model.parameters()) + [opt.state[q]["momentum_buffer"] for q in mo
     h.update(t.detach().numpy().tobytes())
 with open(a.out, "w") as f:
     json.dump({"sha256": h.hexdigest(), "loss": float(loss.detach()) if loss is not None else None,
-               "steps": progress["step"], "pid": os.getpid()}, f)
+               "steps": progress["step"], "pid": os.getpid(), "restored_at": restored_at}, f)

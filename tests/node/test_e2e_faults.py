@@ -1,0 +1,76 @@
+"""End to end faults: a job SIGKILLed while running, mid-suspend or suspended frees its share and touches no
+other job; gmuxd SIGKILLed and restarted re-attaches to its jobs, which finish bit-identical."""
+import os
+import signal
+import subprocess
+import time
+
+from conftest import PY, ROOT, SCRIPTS, env, result
+
+FINAL = ("exited", "failed", "killed", "lost")
+
+
+def test_sigkill_of_jobs_at_any_moment(node_factory, tmp_path):
+    ref = subprocess.Popen([PY, f"{SCRIPTS}/train.py", str(tmp_path / "solo.json"), "8000"], env=env(), cwd=ROOT)
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "0.5", "--no-pack")
+    mem = ["--no-hook", "--mem", "600MiB"]
+    survivor = node.launch(f"{SCRIPTS}/train.py", str(tmp_path / "survivor.json"), "8000", "--attach", opts=mem)
+    # Slow mini-batches (0.4 s) leave a wide window between "suspend sent" and "suspended".
+    slow = node.launch(f"{SCRIPTS}/train.py", str(tmp_path / "slow.json"), "100000", "--sleep", "0.4", "--attach",
+                       opts=mem)
+    idle = node.launch(f"{SCRIPTS}/train.py", str(tmp_path / "idle.json"), "100000", "--attach", opts=mem)
+    ids = {name: node.job_of(p.pid) for name, p in (("survivor", survivor), ("slow", slow), ("idle", idle))}
+    # A submitted job is gmuxd's child: its end is known exactly (signal number).
+    sub = node.call("submit", argv=[PY, f"{SCRIPTS}/train.py", str(tmp_path / "sub.json"), "100000", "--attach"],
+                    cwd=ROOT, env={"PYTHONPATH": ROOT}, mem=600 << 20)
+    ids["submitted"] = sub["job"]
+
+    def state(name):
+        return node.job(ids[name])["state"]
+    node.wait_for(lambda: state("slow") == "suspending", 60, "slow job mid-suspend", every=0.02)
+    os.kill(slow.pid, signal.SIGKILL)
+    node.wait_for(lambda: state("idle") == "suspended", 60, "idle job suspended", every=0.05)
+    os.kill(idle.pid, signal.SIGKILL)
+    node.wait_for(lambda: state("submitted") == "running", 60, "submitted job running", every=0.05)
+    os.kill(sub["pid"], signal.SIGKILL)
+    assert survivor.wait(120) == 0
+    ps = {j["id"]: j for j in node.ps()["jobs"]}
+    for name in ("slow", "idle"):
+        j = ps[ids[name]]
+        assert j["state"] == "lost" and "without an exit record" in j["detail"], j
+    assert ps[ids["submitted"]]["state"] == "killed" and "signal 9 (SIGKILL)" in ps[ids["submitted"]]["detail"]
+    assert ps[ids["survivor"]]["state"] == "exited"
+    assert ref.wait(120) == 0
+    assert result(tmp_path / "survivor.json")["sha256"] == result(tmp_path / "solo.json")["sha256"]
+    gpu = node.ps()["gpus"][0]
+    assert gpu["jobs"] == [] and gpu["resident"] == []        # every share freed
+    out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "ps"], env=env(), cwd=ROOT,
+                         capture_output=True, text=True, timeout=30)
+    assert "lost" in out.stdout and "SIGKILL" in out.stdout
+
+
+def test_gmuxd_killed_and_restarted_reattaches(node_factory, tmp_path):
+    refs = [subprocess.Popen([PY, f"{SCRIPTS}/train.py", str(tmp_path / f"solo{b}.json"), "12000", "--batch", b],
+                             env=env(), cwd=ROOT) for b in ("32", "33")]
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--no-pack")
+    procs = [node.launch(f"{SCRIPTS}/train.py", str(tmp_path / f"job{b}.json"), "12000", "--batch", b, "--attach",
+                         opts=["--no-hook", "--mem", "600MiB"]) for b in ("32", "33")]
+    ids = [node.job_of(p.pid) for p in procs]
+    node.wait_for(lambda: all(node.job(j)["suspends"] >= 1 for j in ids), 60, "both jobs sliced at least once")
+    node.kill_daemon(signal.SIGKILL)
+    time.sleep(1.5)                    # the running job keeps training; the suspended one waits
+    assert all(p.poll() is None for p in procs)
+    node.start()
+    ps = {j["id"]: j for j in node.ps()["jobs"]}
+    assert all(ps[j]["state"] not in FINAL for j in ids), ps
+    assert "re-attached" in node.log()
+    before = {j: node.job(j)["suspends"] for j in ids}
+    node.wait_for(lambda: all(node.job(j)["suspends"] > before[j] for j in ids), 60,
+                  "slicing goes on after the restart")
+    for p in procs:
+        assert p.wait(180) == 0
+    for r in refs:
+        assert r.wait(120) == 0
+    for j, b in zip(ids, ("32", "33")):
+        assert node.job(j)["state"] == "exited"
+        assert result(tmp_path / f"job{b}.json")["sha256"] == result(tmp_path / f"solo{b}.json")["sha256"]

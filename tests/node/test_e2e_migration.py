@@ -1,0 +1,50 @@
+"""End to end: `gmux migrate` moves a running job to another virtual GPU at a boundary, bit-identically.
+
+The job checkpoints at its next boundary and ends its run; its launcher re-executes itself (same pid, so the
+shell that started it still waits), re-registers with the same id and token, and restores on the new GPU.
+"""
+import json
+import subprocess
+
+from conftest import PY, ROOT, SCRIPTS, env, result
+
+STEPS = "12000"
+
+
+def test_migrate_between_gpus_is_bit_identical(node_factory, tmp_path):
+    ref = subprocess.Popen([PY, f"{SCRIPTS}/train.py", str(tmp_path / "solo.json"), STEPS], env=env(), cwd=ROOT)
+    node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
+    p = node.launch(f"{SCRIPTS}/train.py", str(tmp_path / "moved.json"), STEPS, "--attach", opts=["--no-hook"])
+    job = node.job_of(p.pid)
+    node.wait_for(lambda: node.job(job)["step"] > 500, 60, "job training")
+    assert node.job(job)["gpu"] == 0
+    out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "--json", "migrate", job, "--gpu", "1"],
+                         env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["kind"] == "migrate"
+    node.wait_for(lambda: node.job(job)["gpu"] == 1 and node.job(job)["state"] == "running", 60, "running on GPU 1")
+    step_after = node.job(job)["step"]
+    # And back again, to show the checkpoint of a restored job restores too.
+    node.call("migrate", job=job, gpu=0)
+    assert p.wait(120) == 0
+    info = node.job(job)
+    assert info["state"] == "exited" and info["gpu"] == 0 and info["migrations"] == 2, info
+    assert info["pid"] == p.pid
+    assert ref.wait(120) == 0
+    moved, solo = result(tmp_path / "moved.json"), result(tmp_path / "solo.json")
+    assert moved["pid"] == p.pid and moved["steps"] == solo["steps"]
+    assert moved["restored_at"] >= step_after > 500     # continued from the checkpoint, not from scratch
+    assert moved["sha256"] == solo["sha256"], (moved, solo, step_after)
+    kinds = [d["kind"] for d in node.call("decisions")["decisions"]]
+    assert kinds.count("migrate") == 2
+
+
+def test_migrate_refusals(node_factory, tmp_path):
+    node = node_factory("--virtual-gpus", "1x1GiB,1x256MiB")
+    p = node.launch(f"{SCRIPTS}/train.py", str(tmp_path / "o.json"), "100000", "--attach",
+                    opts=["--no-hook", "--mem", "512MiB"])
+    job = node.job_of(p.pid)
+    for gpu, needle in ((0, "already on GPU 0"), (1, "needs 512.0MiB"), (5, "no GPU 5")):
+        out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "migrate", job, "--gpu", str(gpu)],
+                             env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and needle in out.stderr, out.stderr
