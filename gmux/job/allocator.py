@@ -9,7 +9,7 @@ How a PyTorch CUDA job's allocations reach gmux (`route_torch_cuda`), and why th
     segments are cached, gmux sees segment-sized calls), but `torch.cuda.use_mem_pool` routes only the
     *current thread*, and backward runs on autograd's device threads: their gradients would bypass gmux.
   * So: the MemPool, entered with `torch._C._cuda_beginAllocateToPool(device, pool.id)`, whose filter
-    accepts every stream from every thread (use_mem_pool uses the current-thread variant). Forward,
+    accepts every stream from every thread (torch >= 2.8; use_mem_pool uses the current-thread variant). Forward,
     backward and optimizer all land in gmux memory, and the caching allocator still keeps the stats.
     Costs: `expandable_segments` cannot serve a pool (refused here with a clear error), and while the pool
     is entered the caching allocator defers freeing blocks that were used on a second stream
@@ -397,8 +397,13 @@ class TorchCudaRouting:
         if "expandable_segments:true" in conf.replace(" ", "").lower():
             raise RuntimeError("gmux cannot route a job that uses expandable_segments (the caching allocator "
                                "does not serve memory pools from them); unset it in PYTORCH_CUDA_ALLOC_CONF")
-        if not hasattr(torch._C, "_cuda_beginAllocateToPool"):
-            raise RuntimeError(f"torch {torch.__version__} lacks _cuda_beginAllocateToPool: cannot route all threads")
+        # Before torch 2.8 the binding named _cuda_beginAllocateToPool was the *current-thread* one (2.8 renamed
+        # it _cuda_beginAllocateCurrentThreadToPool and gave the old name the every-stream filter). Without
+        # the new name, the old one would silently miss backward's threads: refuse instead.
+        if not (hasattr(torch._C, "_cuda_beginAllocateToPool") and
+                hasattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool")):
+            raise RuntimeError(f"torch {torch.__version__} cannot route every thread's allocations to a pool "
+                               "(needs torch >= 2.8); the job uses the state tier instead")
         self.allocator, self.device = allocator, device
         allocator.install(device)
         self._pluggable = torch.cuda.memory.CUDAPluggableAllocator(native_path(), "gmux_alloc", "gmux_free")
