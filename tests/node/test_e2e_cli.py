@@ -1,0 +1,68 @@
+"""The gmux CLI against a real gmuxd: listings with --json, suspend/resume/kill/logs, helpful errors, metrics."""
+import json
+import socket
+import subprocess
+import urllib.request
+
+from conftest import PY, ROOT, SCRIPTS, env
+
+
+def gmux(rt, *args, timeout=60):
+    return subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", rt, *args], env=env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_daemon_not_running_says_how_to_start_it(tmp_path):
+    out = gmux(str(tmp_path / "nowhere"), "ps")
+    assert out.returncode == 1
+    assert "gmuxd is not running" in out.stderr and "gmuxd --runtime-dir" in out.stderr
+    launch = subprocess.run([PY, "-m", "gmux.cli.launch", "--runtime-dir", str(tmp_path / "nowhere"), "--",
+                             "python", f"{SCRIPTS}/train.py", "x", "1"], env=env(), cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert launch.returncode == 2 and "Start it with `gmuxd" in launch.stderr
+
+
+def test_cli_controls_a_submitted_job_and_metrics(node_factory, tmp_path):
+    port = free_port()
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--metrics-port", str(port))
+    sub = gmux(node.rt, "--json", "submit", "--name", "demo1", "--weight", "2", "--", PY, f"{SCRIPTS}/train.py",
+               str(tmp_path / "o.json"), "1000000", "--attach", "--sleep", "0.01")
+    assert sub.returncode == 0, sub.stderr
+    job = json.loads(sub.stdout)["job"]
+    node.wait_for(lambda: node.job(job)["state"] == "running" and node.job(job)["step"] > 0, 60, "job running")
+    ps = json.loads(gmux(node.rt, "--json", "ps").stdout)
+    (j,) = ps["jobs"]
+    assert j["name"] == "demo1" and j["weight"] == 2 and j["managed"] and "token" not in j
+    table = gmux(node.rt, "ps").stdout
+    assert job in table and "running" in table
+    # suspend waits for the job's acknowledgement and says how long it took
+    out = gmux(node.rt, "--json", "suspend", job)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["latency_s"] < 5
+    assert node.job(job)["state"] == "held"
+    step = node.job(job)["step"]
+    node.wait_for(lambda: node.job(job)["host_bytes"] > 0, 5, "suspended state measured")
+    assert gmux(node.rt, "resume", job).returncode == 0
+    node.wait_for(lambda: node.job(job)["step"] > step, 30, "training again after resume")
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert f'gmux_job_state{{gpu="0",job="{job}",state="running"}} 1.0' in metrics
+    assert "gmux_job_suspends_total" in metrics and "gmux_gpu_memory_bytes" in metrics
+    assert "gmux_host_held_bytes" in metrics
+    logs = gmux(node.rt, "logs", job)
+    assert logs.returncode == 0
+    kill = gmux(node.rt, "kill", job)
+    assert kill.returncode == 0
+    node.wait_for(lambda: node.job(job)["state"] == "killed", 20, "killed")
+    assert node.job(job)["detail"] == "killed by gmux kill"
+    again = gmux(node.rt, "suspend", job)
+    assert again.returncode == 1 and "has ended" in again.stderr
+    top = gmux(node.rt, "--json", "top", "--count", "1")
+    assert top.returncode == 0 and json.loads(top.stdout.splitlines()[-1])["jobs"][0]["id"] == job
+    dec = json.loads(gmux(node.rt, "--json", "decisions").stdout)["decisions"]
+    assert any(d["kind"] == "end" and d["jobs"] == [job] for d in dec)
