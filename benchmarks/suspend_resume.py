@@ -1,0 +1,165 @@
+"""State-tier suspend and resume against the honest baselines, measured side by side in one run.
+
+For tracked state of 64 MiB, 256 MiB and 1 GiB (parameters, gradients and Adam state of a real model):
+median suspend and resume over several cycles after a first, warming cycle (reported apart), split into
+copy phases and giving device memory back / taking it again; against (a) copying the same bytes into a warm
+preallocated buffer, twice (out and back), and (b) what a user does today, torch.save + torch.load of the same
+state. Also the cost of a boundary with nothing pending. Prints a table, writes JSON; the last line is
+    suspend_resume_1GiB: copy_vs_warm_copy=<ratio> end_to_end_vs_save_load=<ratio>
+
+On a machine with no GPU the device is a virtual GPU: CPU tensors whose memory comes from a pool of pages
+faulted in once (gmux.job.DevicePool). With --device cuda the same runs on a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch import nn
+
+import gmux.job as gj
+
+MiB = 1 << 20
+
+
+def build_state(total_bytes: int, device: str):
+    """A model whose parameters, gradients and two Adam moments add up to `total_bytes`."""
+    per_tensor = 16 * MiB
+    param_bytes = total_bytes // 4
+    shapes = [per_tensor // 4] * (param_bytes // per_tensor) or [param_bytes // 4]
+    model = nn.ParameterList([nn.Parameter(torch.randn(n, device=device) * 0.01) for n in shapes])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for p in model:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    return model, opt
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def warm_copy_s(nbytes: int, device: str, repeats: int) -> float:
+    """One copy of `nbytes` from device memory into a warm preallocated host buffer: the median of the
+    faster of torch's (multi-threaded) copy_ and a plain memcpy, so the baseline is the best one can do."""
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device == "cuda")
+    dst.fill_(0)
+    ways = {"torch": lambda: dst.copy_(src, non_blocking=device == "cuda")}
+    if device == "cpu":
+        ways["memcpy"] = lambda: np.copyto(dst.numpy(), src.numpy())
+    best = float("inf")
+    for copy in ways.values():
+        times = []
+        for _ in range(repeats + 1):
+            sync(device)
+            t0 = time.perf_counter()
+            copy()
+            sync(device)
+            times.append(time.perf_counter() - t0)
+        best = min(best, statistics.median(times[1:]))
+    return best
+
+
+def save_load_s(model, opt, directory: str) -> tuple[float, float]:
+    path = os.path.join(directory, "state.pt")
+    t0 = time.perf_counter()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+    t1 = time.perf_counter()
+    loaded = torch.load(path, map_location=next(iter(model.parameters())).device)
+    model.load_state_dict(loaded["model"])
+    opt.load_state_dict(loaded["opt"])
+    sync(str(next(iter(model.parameters())).device.type))
+    t2 = time.perf_counter()
+    os.unlink(path)
+    return t1 - t0, t2 - t1
+
+
+def hook_cost_us(n: int = 200_000) -> float:
+    job = gj.attach(nn.Linear(2, 2))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        job.boundary()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def measure(size: int, device: str, cycles: int, scratch: str) -> dict:
+    model, opt = build_state(size, device)
+    pool = gj.DevicePool(int(size * 1.1) + 64 * MiB) if device == "cpu" else None
+    job = gj.attach(model, opt, pool=pool)
+    warm_s, warm_r = job.suspend(), job.resume()
+    sus, res = [], []
+    for _ in range(cycles):
+        sus.append(job.suspend())
+        res.append(job.resume())
+    med = lambda rows, k: statistics.median(r[k] for r in rows)
+    warm = warm_copy_s(warm_s["bytes"], device, max(3, cycles))
+    save_s, load_s = save_load_s(model, opt, scratch)
+    row = {
+        "bytes": warm_s["bytes"],
+        "first_suspend_s": warm_s["total_s"], "first_resume_s": warm_r["total_s"],
+        "suspend_copy_s": med(sus, "copy_s"), "suspend_release_s": med(sus, "release_s"),
+        "suspend_s": med(sus, "total_s"),
+        "resume_alloc_s": med(res, "alloc_s"), "resume_copy_s": med(res, "copy_s"), "resume_s": med(res, "total_s"),
+        "warm_copy_s": warm, "save_s": save_s, "load_s": load_s,
+    }
+    row["copy_vs_warm_copy"] = (row["suspend_copy_s"] + row["resume_copy_s"]) / (2 * warm)
+    row["end_to_end_vs_save_load"] = (save_s + load_s) / (row["suspend_s"] + row["resume_s"])
+    row["suspend_GBps"] = row["bytes"] / row["suspend_copy_s"] / 1e9
+    row["resume_GBps"] = row["bytes"] / row["resume_copy_s"] / 1e9
+    del job, model, opt, pool
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--sizes-mib", default="64,256,1024", help="tracked state sizes (default 64,256,1024)")
+    p.add_argument("--cycles", type=int, default=5)
+    p.add_argument("--json", default="benchmarks/results/suspend_resume.json")
+    a = p.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is available here")
+    try:
+        sizes = [int(s) * MiB for s in a.sizes_mib.split(",")]
+    except ValueError:
+        p.error(f"--sizes-mib takes comma-separated integers, got {a.sizes_mib!r}")
+    rows = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for size in sizes:
+            rows[f"{size // MiB}MiB"] = measure(size, a.device, a.cycles, scratch)
+    hook = hook_cost_us()
+    ms = lambda s: f"{s * 1e3:.1f}"
+    table = Table(title=f"suspend/resume, state tier, device={a.device} (median of {a.cycles} cycles; ms)")
+    for col in ("state", "first susp/res", "suspend copy", "release", "suspend", "resume alloc", "resume copy",
+                "resume", "warm copy", "save+load", "copy/warm", "save+load / ours"):
+        table.add_column(col, justify="right")
+    for name, r in rows.items():
+        table.add_row(name, f"{ms(r['first_suspend_s'])}/{ms(r['first_resume_s'])}", ms(r["suspend_copy_s"]),
+                      ms(r["suspend_release_s"]), ms(r["suspend_s"]), ms(r["resume_alloc_s"]),
+                      ms(r["resume_copy_s"]), ms(r["resume_s"]), ms(r["warm_copy_s"]),
+                      ms(r["save_s"] + r["load_s"]), f"{r['copy_vs_warm_copy']:.2f}",
+                      f"{r['end_to_end_vs_save_load']:.1f}x")
+    Console().print(table)
+    print(f"boundary with nothing pending: {hook:.2f} µs")
+    os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
+    with open(a.json, "w") as f:
+        json.dump({"device": a.device, "torch": torch.__version__, "rows": rows, "hook_us": hook}, f, indent=2)
+    last = rows.get("1024MiB") or rows[list(rows)[-1]]
+    label = "1GiB" if "1024MiB" in rows else list(rows)[-1]
+    print(f"suspend_resume_{label}: copy_vs_warm_copy={last['copy_vs_warm_copy']:.2f} "
+          f"end_to_end_vs_save_load={last['end_to_end_vs_save_load']:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
