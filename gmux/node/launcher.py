@@ -95,12 +95,6 @@ def run(opt: LaunchOptions) -> int:
     try:
         control.set_default(agent)
         if opt.hook:
-            # gmux.job.hook reaches the hook registry as `torch.optim.optimizer`, an attribute torch 2.13 no
-            # longer exposes; put it back until the hook imports register_optimizer_step_post_hook directly.
-            import torch.optim
-            import torch.optim.optimizer as _optimizer_module
-            if not hasattr(torch.optim, "optimizer"):
-                torch.optim.optimizer = _optimizer_module
             from gmux.job import install_hook
             install_hook(controller=agent)
         agent.reply(start, {"ok": True, "started": True})

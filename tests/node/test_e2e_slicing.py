@@ -65,3 +65,20 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
         assert info["state"] == "exited" and info["suspends"] >= 3, info
         assert result(tmp_path / f"{n}.json")["sha256"] == result(refs["c" if n == "c" else "ab"])["sha256"], n
     assert ps["gpus"][0]["switches"] >= 10
+
+
+def test_unmodified_scripts_time_sliced_through_the_hook(node_factory, tmp_path):
+    """Transparent mode: plain torch scripts, boundaries from the optimizer hook gmux-launch installs."""
+    ref = subprocess.Popen([PY, f"{SCRIPTS}/train.py", str(tmp_path / "solo.json"), "6000"], env=env(), cwd=ROOT)
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "0.5", "--no-pack")
+    procs = [node.launch(f"{SCRIPTS}/train.py", str(tmp_path / f"t{i}.json"), "6000", opts=["--mem", "600MiB"])
+             for i in range(2)]
+    ids = [node.job_of(p.pid) for p in procs]
+    for p in procs:
+        assert p.wait(120) == 0
+    assert ref.wait(120) == 0
+    solo = result(tmp_path / "solo.json")["sha256"]
+    for i, j in enumerate(ids):
+        info = node.job(j)
+        assert info["state"] == "exited" and info["suspends"] >= 2, info
+        assert result(tmp_path / f"t{i}.json")["sha256"] == solo
