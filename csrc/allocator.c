@@ -9,11 +9,6 @@
 
 static gmux_allocator *installed[MAX_DEVICES];
 
-static uint64_t unit_len(const gmux_entry *e, uint64_t unit_bytes, uint64_t u) {
-    uint64_t off = u * unit_bytes;
-    return e->span - off < unit_bytes ? e->span - off : unit_bytes;
-}
-
 static int enter(gmux_backend *b) { return b->thread_enter ? b->thread_enter(b) : GMUX_OK; }
 static void leave(gmux_backend *b) {
     if (b->thread_leave) b->thread_leave(b);
@@ -138,7 +133,7 @@ int gmux_mfree(gmux_allocator *a, void *ptr, uint64_t size) {
     }
     gmux__table_remove(&a->table, e->addr);
     for (uint64_t u = 0; u < e->nunits; u++)
-        if (!e->down[u]) a->table.mapped -= unit_len(e, a->backend->unit_bytes, u);
+        if (!e->down[u]) a->table.mapped -= gmux__unit_len(e, a->backend->unit_bytes, u);
     pthread_mutex_unlock(&a->lock);
     gmux__entry_destroy(a, e);
     return GMUX_OK;

@@ -92,11 +92,6 @@ typedef struct {
 
 #define CB(b) ((cuda_backend *)(b))
 
-static uint64_t unit_len(const gmux_entry *e, uint64_t unit_bytes, uint64_t u) {
-    uint64_t off = u * unit_bytes;
-    return e->span - off < unit_bytes ? e->span - off : unit_bytes;
-}
-
 static int c_enter(gmux_backend *b) {
     CU(drv.cuCtxPushCurrent(CB(b)->ctx), "cuCtxPushCurrent");
     return GMUX_OK;
@@ -136,7 +131,7 @@ static void c_phys_free(gmux_backend *b, gmux_entry *e) {
 static int c_map_unit(gmux_backend *b, gmux_entry *e, uint64_t u) {
     cuda_backend *c = CB(b);
     CUdeviceptr at = (CUdeviceptr)(e->addr + u * b->unit_bytes);
-    uint64_t len = unit_len(e, b->unit_bytes, u);
+    uint64_t len = gmux__unit_len(e, b->unit_bytes, u);
     CUmemGenericAllocationHandle h;
     CU(drv.cuMemCreate(&h, len, &c->prop, 0), "cuMemCreate");
     CUresult r = drv.cuMemMap(at, len, 0, h, 0);
@@ -155,7 +150,7 @@ static int c_map_unit(gmux_backend *b, gmux_entry *e, uint64_t u) {
 }
 
 static int c_unmap_unit(gmux_backend *b, gmux_entry *e, uint64_t u) {
-    CU(drv.cuMemUnmap((CUdeviceptr)(e->addr + u * b->unit_bytes), unit_len(e, b->unit_bytes, u)), "cuMemUnmap");
+    CU(drv.cuMemUnmap((CUdeviceptr)(e->addr + u * b->unit_bytes), gmux__unit_len(e, b->unit_bytes, u)), "cuMemUnmap");
     CU(drv.cuMemRelease(((CUmemGenericAllocationHandle *)e->phys)[u]), "cuMemRelease");
     return GMUX_OK;
 }

@@ -24,7 +24,7 @@ typedef struct {
     int store_fd;
     uint64_t store_cap;
     unsigned char *store_map;
-    uint64_t store_map_len;
+    uint64_t store_map_len, store_trimmed;
     uint64_t fences;
 } host_backend;
 
@@ -102,6 +102,8 @@ static int h_unmap_unit(gmux_backend *b, gmux_entry *e, uint64_t unit) {
 
 static int h_sync(gmux_backend *b) { (void)b; return GMUX_OK; }
 
+static int h_store_release(gmux_backend *b);
+
 static int h_store_ensure(gmux_backend *b, uint64_t bytes, unsigned char **host) {
     host_backend *h = HB(b);
     *host = NULL;
@@ -120,11 +122,11 @@ static int h_store_ensure(gmux_backend *b, uint64_t bytes, unsigned char **host)
             return gmux__fail(GMUX_E_NOMEM, "growing the host store to %llu bytes: %s", (unsigned long long)ncap, strerror(errno));
         h->store_cap = ncap;
     }
-    if (h->store_map && h->store_map_len >= bytes) {
+    if (h->store_map && h->store_map_len >= bytes && h->store_trimmed == 0) {
         *host = h->store_map;
         return GMUX_OK;
     }
-    if (h->store_map) munmap(h->store_map, h->store_map_len);
+    if (h->store_map) h_store_release(b);
     h->store_map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, h->store_fd, 0);
     if (h->store_map == MAP_FAILED) {
         h->store_map = NULL;
@@ -137,11 +139,23 @@ static int h_store_ensure(gmux_backend *b, uint64_t bytes, unsigned char **host)
 
 static int h_store_release(gmux_backend *b) {
     host_backend *h = HB(b);
-    if (h->store_map && munmap(h->store_map, h->store_map_len) != 0)
+    if (h->store_map && h->store_map_len > h->store_trimmed &&
+        munmap(h->store_map + h->store_trimmed, h->store_map_len - h->store_trimmed) != 0)
         return gmux__fail(GMUX_E_BACKEND, "unmapping the host store: %s", strerror(errno));
     h->store_map = NULL;
-    h->store_map_len = 0;
+    h->store_map_len = h->store_trimmed = 0;
     return GMUX_OK;
+}
+
+/* Runs on the release thread during suspend: the store's written prefix leaves the RSS while the copier
+ * fills the rest, instead of one long munmap after the last copy. */
+static void h_store_trim(gmux_backend *b, uint64_t upto) {
+    host_backend *h = HB(b);
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    upto = upto / page * page;
+    if (upto > h->store_map_len) upto = h->store_map_len;
+    if (!h->store_map || upto < h->store_trimmed + 16 * GMUX_MiB) return; /* batch: fewer, larger munmaps */
+    if (munmap(h->store_map + h->store_trimmed, upto - h->store_trimmed) == 0) h->store_trimmed = upto;
 }
 
 static int h_copy_out(gmux_backend *b, void *host, uintptr_t dev, uint64_t n) {
@@ -195,6 +209,7 @@ int gmux__backend_host(gmux_pool *pool, gmux_backend **out) {
     b->sync_device = h_sync;
     b->store_ensure = h_store_ensure;
     b->store_release = h_store_release;
+    b->store_trim = h_store_trim;
     b->copy_out = h_copy_out;
     b->copy_in = h_copy_in;
     b->fence_reset = h_fence_reset;

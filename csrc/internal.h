@@ -35,6 +35,12 @@ typedef struct gmux_entry {
 
 static inline uint64_t gmux__nunits(uint64_t span, uint64_t unit) { return (span + unit - 1) / unit; }
 
+/* Bytes in release unit u of e (the last one may be short). */
+static inline uint64_t gmux__unit_len(const gmux_entry *e, uint64_t unit_bytes, uint64_t u) {
+    uint64_t off = u * unit_bytes;
+    return e->span - off < unit_bytes ? e->span - off : unit_bytes;
+}
+
 /* A backend has the semantics of CUDA's virtual memory API: address space is reserved apart from the
  * physical memory mapped into it, and physical memory is released and mapped again at the same address.
  * Release and map work per *unit* (a multiple of the granularity) so the copy engine can overlap them
@@ -55,6 +61,8 @@ struct gmux_backend {
     int (*sync_device)(gmux_backend *b);
     int (*store_ensure)(gmux_backend *b, uint64_t bytes, unsigned char **host); /* reused host buffer */
     int (*store_release)(gmux_backend *b); /* host backend: unmap the store so it leaves the job's RSS */
+    /* Optional (host): unmap the store's first `upto` bytes, already written, while later copies go on. */
+    void (*store_trim)(gmux_backend *b, uint64_t upto);
     int (*copy_out)(gmux_backend *b, void *host, uintptr_t dev, uint64_t n);
     int (*copy_in)(gmux_backend *b, uintptr_t dev, const void *host, uint64_t n);
     void (*fence_reset)(gmux_backend *b); /* start of a copy phase: fence tokens may be reused */
@@ -121,6 +129,7 @@ struct gmux_allocator {
 typedef struct gmux_work {
     gmux_entry *e;
     uint64_t unit, token;
+    uint64_t store_end; /* suspend: store bytes [0, store_end) are written once this unit's copies are */
 } gmux_work;
 
 /* Allocation bookkeeping shared by allocator.c and suspend.c. */

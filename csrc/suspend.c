@@ -25,11 +25,6 @@ typedef struct {
     double map_s;
 } pipeline;
 
-static uint64_t unit_len(const gmux_entry *e, uint64_t unit_bytes, uint64_t u) {
-    uint64_t off = u * unit_bytes;
-    return e->span - off < unit_bytes ? e->span - off : unit_bytes;
-}
-
 static void pipe_init(pipeline *p, gmux_allocator *a, uint64_t n) {
     memset(p, 0, sizeof *p);
     p->a = a;
@@ -90,10 +85,11 @@ static void *releaser(void *arg) {
         if ((rc = b->wait(b, w->token))) { pipe_fail(p, rc); break; }
         double t = gmux__now();
         if ((rc = b->unmap_unit(b, w->e, w->unit))) { pipe_fail(p, rc); break; }
+        if (b->store_trim) b->store_trim(b, w->store_end);
         p->map_s += gmux__now() - t;
         w->e->down[w->unit] = 1;
         w->e->ndown++;
-        p->moved_bytes += unit_len(w->e, b->unit_bytes, w->unit);
+        p->moved_bytes += gmux__unit_len(w->e, b->unit_bytes, w->unit);
     }
     if (b->thread_leave) b->thread_leave(b);
     return NULL;
@@ -118,7 +114,7 @@ static void *mapper(void *arg) {
         p->map_s += gmux__now() - t;
         w->e->down[w->unit] = 0;
         w->e->ndown--;
-        p->moved_bytes += unit_len(w->e, b->unit_bytes, w->unit);
+        p->moved_bytes += gmux__unit_len(w->e, b->unit_bytes, w->unit);
         pipe_post(p, i + 1);
     }
     if (b->thread_leave) b->thread_leave(b);
@@ -127,9 +123,9 @@ static void *mapper(void *arg) {
 
 /* Copies, in one direction, the parts of entry e's saved ranges [rs, re) that fall in unit u. */
 static int copy_unit(gmux_allocator *a, gmux_entry *e, uint64_t u, uint64_t rs, uint64_t re, unsigned char *store,
-                     bool out, uint64_t *bytes) {
+                     bool out, uint64_t *bytes, uint64_t *store_end) {
     gmux_backend *b = a->backend;
-    uintptr_t lo = e->addr + u * b->unit_bytes, hi = lo + unit_len(e, b->unit_bytes, u);
+    uintptr_t lo = e->addr + u * b->unit_bytes, hi = lo + gmux__unit_len(e, b->unit_bytes, u);
     for (uint64_t r = rs; r < re; r++) {
         const gmux_saved *s = &a->saved[r];
         uintptr_t from = s->addr > lo ? s->addr : lo, to = s->addr + s->len < hi ? s->addr + s->len : hi;
@@ -138,6 +134,7 @@ static int copy_unit(gmux_allocator *a, gmux_entry *e, uint64_t u, uint64_t rs, 
         int rc = out ? b->copy_out(b, h, from, to - from) : b->copy_in(b, from, h, to - from);
         if (rc) return rc;
         *bytes += to - from;
+        *store_end = s->store_off + (to - s->addr);
     }
     return GMUX_OK;
 }
@@ -190,7 +187,8 @@ static int restore(gmux_allocator *a, gmux_swap_stats *st) {
         r = rs;
         if (w->e != last) st->allocations++;
         last = w->e;
-        rc = copy_unit(a, w->e, w->unit, rs, re, store, false, &bytes);
+        uint64_t ignored;
+        rc = copy_unit(a, w->e, w->unit, rs, re, store, false, &bytes, &ignored);
     }
     uint64_t token = 0;
     if (!rc) rc = b->fence(b, &token);
@@ -295,7 +293,7 @@ int gmux_suspend(gmux_allocator *a, const gmux_range *live, uint64_t nlive, gmux
         goto out;
     }
     double t0 = gmux__now();
-    uint64_t r = 0, bytes = 0;
+    uint64_t r = 0, bytes = 0, store_end = 0;
     gmux_entry *last = NULL;
     for (uint64_t i = 0; i < n && !rc; i++) {
         gmux_work *w = &a->work[i];
@@ -303,7 +301,8 @@ int gmux_suspend(gmux_allocator *a, const gmux_range *live, uint64_t nlive, gmux
         r = rs;
         if (w->e != last) st.allocations++;
         last = w->e;
-        rc = copy_unit(a, w->e, w->unit, rs, re, store, true, &bytes);
+        rc = copy_unit(a, w->e, w->unit, rs, re, store, true, &bytes, &store_end);
+        w->store_end = store_end;
         if (!rc) rc = b->fence(b, &w->token);
         if (!rc) pipe_post(&p, i + 1);
     }
