@@ -9,6 +9,7 @@ compared bit for bit with an uninterrupted one. Options exercise the runtime:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import threading
@@ -34,6 +35,7 @@ def parse(argv=None):
     p.add_argument("--restore", default=None)
     p.add_argument("--pool-mib", type=int, default=64, help="virtual GPU memory pool (MiB; 0: none)")
     p.add_argument("--out", default=None, help="write final parameters, optimizer state and losses here")
+    p.add_argument("--report", default=None, help="write the suspend/resume/restore figures here (JSON)")
     args = p.parse_args(argv)
     if args.migrate_at is not None and not args.checkpoint:
         p.error("--migrate-at needs --checkpoint PATH")
@@ -58,8 +60,9 @@ def _resumer(job, pending: dict, stop: threading.Event, scratch: str, cycles: li
             c = controller.send("checkpoint", path=os.path.join(scratch, "while-suspended.ckpt"))
             assert controller.result(c, timeout=60)["ok"]
         c = controller.send("resume")
-        assert controller.result(c, timeout=60)["ok"]
-        cycles.append(result)
+        resumed = controller.result(c, timeout=60)
+        assert resumed["ok"], resumed
+        cycles.append({"suspend": result, "resume": resumed})
         pending.pop("suspend")
 
 
@@ -75,8 +78,7 @@ def main(argv=None) -> int:
     pool = gmux.job.DevicePool(args.pool_mib << 20) if args.pool_mib else None
     state = {"step": 0, "losses": []}
     job = gmux.job.attach(model, optimizer, scheduler, state=state, pool=pool)
-    if args.restore:
-        job.restore(args.restore)
+    restored = job.restore(args.restore) if args.restore else None
     stop, cycles, pending = threading.Event(), [], {}
     resumer = threading.Thread(target=_resumer, args=(job, pending, stop, tempfile.mkdtemp(), cycles), daemon=True)
     resumer.start()
@@ -110,6 +112,10 @@ def main(argv=None) -> int:
         pass
     finally:
         stop.set()
+        if args.report:  # also when the job leaves by migrating
+            with open(args.report, "w") as f:
+                json.dump({"cycles": cycles, "restore": restored, "steps": job.state["step"],
+                           "final_loss": job.state["losses"][-1] if job.state["losses"] else None}, f)
     print(f"trained {job.state['step']} steps, final loss {job.state['losses'][-1]:.6f}, "
           f"{len(cycles)} suspend/resume cycles", flush=True)
     if args.out:

@@ -49,7 +49,7 @@ class _Copier:
     def copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         pieces = [(dst.numpy()[lo:lo + self.PIECE], src.numpy()[lo:lo + self.PIECE])
                   for dst, src in pairs for lo in range(0, dst.numel(), self.PIECE)]
-        if self._pool is None or len(pieces) < 2:
+        if self._pool is None or len(pieces) < 2 or sum(d.nbytes for d, _ in pieces) < self.PIECE:
             for d, s in pieces:
                 np.copyto(d, s)
             return
