@@ -92,3 +92,44 @@ def test_suspended_and_resumed_training_is_bit_identical_and_gives_memory_back()
         assert drop >= 0.9 * tracked, f"RSS dropped {drop >> 20} MiB of {tracked >> 20} MiB tracked"
     report = job.report()
     assert report["native_by_tag"]["weights"] > 0 and report["native_peak"] >= report["native_at_boundary"] > 0
+
+
+def test_commands_from_a_controller_go_through_the_allocator_tier():
+    """The runtime's command path: suspend at a boundary gives every pool chunk back (for the next job on
+    this virtual GPU), resume continues, and the result matches an uninterrupted run."""
+    import threading
+
+    torch.set_num_threads(1)
+    model, opt = _make()
+    for step in range(6):
+        _step(model, opt, step)
+    reference = _state(model, opt)
+    del model, opt
+
+    pool = na.Pool.create(256 << 20)
+    model, opt = _make()
+    controller = gmux.job.LocalController()
+    job = gmux.job.attach(model, opt, pool=pool, controller=controller)
+    at_step_3, done = threading.Event(), threading.Event()
+
+    def train():
+        for step in range(6):
+            _step(model, opt, step)
+            if step == 3:
+                at_step_3.set()
+            job.boundary()
+        done.set()
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    assert at_step_3.wait(30)
+    reply = controller.result(controller.send("suspend"), timeout=30)
+    assert reply["ok"] and reply["tier"] == "allocator", reply
+    info = pool.info()
+    assert info["free_chunks"] == info["chunks"] and job.suspended
+    reply = controller.result(controller.send("resume"), timeout=30)
+    assert reply["ok"], reply
+    assert done.wait(60)
+    worker.join()
+    for a, b in zip(_state(model, opt), reference):
+        assert torch.equal(a, b)
