@@ -33,7 +33,8 @@ def parse(argv=None):
     p.add_argument("--migrate-at", type=int, default=None)
     p.add_argument("--checkpoint", default=None, help="checkpoint path for --migrate-at")
     p.add_argument("--restore", default=None)
-    p.add_argument("--pool-mib", type=int, default=64, help="virtual GPU memory pool (MiB; 0: none)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu, a virtual GPU)")
+    p.add_argument("--pool-mib", type=int, default=64, help="virtual GPU memory pool on the CPU (MiB; 0: none)")
     p.add_argument("--out", default=None, help="write final parameters, optimizer state and losses here")
     p.add_argument("--report", default=None, help="write the suspend/resume/restore figures here (JSON)")
     args = p.parse_args(argv)
@@ -70,12 +71,16 @@ def main(argv=None) -> int:
     args = parse(argv)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     model, dataset, loss_fn = build(args.model, args.seed)
+    model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.7)
     loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch, shuffle=True, num_workers=args.workers,
                                          drop_last=True)
-    pool = gmux.job.DevicePool(args.pool_mib << 20) if args.pool_mib else None
+    pool = gmux.job.DevicePool(args.pool_mib << 20) if args.pool_mib and device.type == "cpu" else None
     state = {"step": 0, "losses": []}
     job = gmux.job.attach(model, optimizer, scheduler, state=state, pool=pool)
     restored = job.restore(args.restore) if args.restore else None
@@ -88,6 +93,7 @@ def main(argv=None) -> int:
         for _ in job.epochs(epochs):
             model.train()
             for x, y in job.data(loader):
+                x, y = x.to(device), y.to(device)
                 loss = loss_fn(model(x), y) / args.accum
                 loss.backward()
                 micro += 1
