@@ -112,10 +112,8 @@ static void *mapper(void *arg) {
         double t = gmux__now();
         if ((rc = b->map_unit(b, w->e, w->unit))) { pipe_fail(p, rc); break; }
         p->map_s += gmux__now() - t;
-        w->e->down[w->unit] = 0;
-        w->e->ndown--;
         p->moved_bytes += gmux__unit_len(w->e, b->unit_bytes, w->unit);
-        pipe_post(p, i + 1);
+        pipe_post(p, i + 1); /* mapped; `down` is cleared by restore() only once its bytes are back */
     }
     if (b->thread_leave) b->thread_leave(b);
     return NULL;
@@ -151,7 +149,9 @@ static uint64_t saved_bytes(const gmux_allocator *a) {
     return a->nsaved ? a->saved[a->nsaved - 1].store_off + a->saved[a->nsaved - 1].len : 0;
 }
 
-/* Maps every released unit of the current allocations and copies its saved bytes back. Lock held. */
+/* Maps every released unit of the current allocations and copies its saved bytes back. All or nothing:
+ * on failure the units it mapped are released again, so the job stays suspended, bytes safe in the store,
+ * and a later resume starts over. Lock held. */
 static int restore(gmux_allocator *a, gmux_swap_stats *st) {
     gmux_backend *b = a->backend;
     uint64_t nent = 0, n = 0;
@@ -199,10 +199,19 @@ static int restore(gmux_allocator *a, gmux_swap_stats *st) {
     st->copy_s += (t1 - t0) - waited;
     st->map_s += p.map_s;
     st->bytes_copied += bytes;
-    st->bytes_mapped += p.moved_bytes;
-    st->units += n;
-    a->table.mapped += p.moved_bytes;
     if (!rc && p.err) rc = gmux__fail(p.err, "%s", p.msg);
+    if (!rc) {
+        for (uint64_t i = 0; i < n; i++) {
+            a->work[i].e->down[a->work[i].unit] = 0;
+            a->work[i].e->ndown--;
+        }
+        st->bytes_mapped += p.moved_bytes;
+        st->units += n;
+        a->table.mapped += p.moved_bytes;
+    } else {
+        for (uint64_t i = 0; i < p.posted; i++)
+            if (b->unmap_unit(b, a->work[i].e, a->work[i].unit) != GMUX_OK) __atomic_fetch_add(&a->errors, 1, __ATOMIC_RELAXED);
+    }
     pipe_destroy(&p);
     return rc;
 }
@@ -323,8 +332,13 @@ int gmux_suspend(gmux_allocator *a, const gmux_range *live, uint64_t nlive, gmux
         why[sizeof why - 1] = 0;
         gmux_swap_stats ignored = {0};
         int back = restore(a, &ignored);
-        if (back) rc = gmux__fail(rc, "suspend failed (%s) and rolling back failed too (%s): the job's memory is lost", why, gmux_last_error());
-        else gmux__fail(rc, "suspend failed and was rolled back: %s", why);
+        if (back) { /* every byte is still in the store: stay suspended so that resume can try again */
+            __atomic_store_n(&a->suspended, true, __ATOMIC_RELEASE);
+            rc = gmux__fail(rc, "suspend failed (%s) and rolling back failed too (%s): the job stays suspended "
+                                "with its bytes saved; resume it to retry", why, gmux_last_error());
+        } else {
+            gmux__fail(rc, "suspend failed and was rolled back: %s", why);
+        }
         goto out;
     }
     t = gmux__now();
