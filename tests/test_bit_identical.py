@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from conftest import assert_identical, run_py
+from gmux_testkit import assert_identical, run_py
 
 TRAIN = ["-m", "gmux.examples.train"]
 

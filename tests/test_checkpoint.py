@@ -11,7 +11,7 @@ from torch import nn
 
 import gmux.job as gj
 from gmux.job import checkpoint as ckpt
-from conftest import assert_identical
+from gmux_testkit import assert_identical
 
 
 def _job(width=16, optimizer=torch.optim.Adam):

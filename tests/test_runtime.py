@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import gmux.job as gj
-from conftest import assert_identical
+from gmux_testkit import assert_identical
 
 
 def _setup(pool_mib=16, **kw):
