@@ -170,6 +170,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "job": (_optional(_name), False),           # with token: a re-registration
         "token": (_optional(lambda v: _str(v, 128)), False),
         "starttime": (_optional(_nonneg_int), False),  # /proc start time: tells a reused pid apart
+        "gpu": (_optional(_gpu_index), False),      # pin to this GPU; None: gmuxd places the job
     },
     # --- a job about itself ---
     "report": {**_AUTH, "report": (_free_map, True), "state": (_one_of("running", "suspended", "waiting"), False)},
@@ -196,6 +197,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "weight": (_pos_float, False),
         "mem": (_optional(_nonneg_int), False),
         "gpus": (lambda v: _int(v, 1, 64), False),
+        "gpu": (_optional(_gpu_index), False),
     },
     "decisions": {"admin": (lambda v: _str(v, 128), True), "limit": (_nonneg_int, False)},
     "shutdown": {"admin": (lambda v: _str(v, 128), True), "kill_jobs": (_bool, False)},

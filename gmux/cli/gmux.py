@@ -44,6 +44,7 @@ def main(argv=None) -> int:
     s.add_argument("--mem", type=parse_size)
     s.add_argument("--weight", type=float, default=1.0)
     s.add_argument("--name")
+    s.add_argument("--gpu", type=int, help="run on this GPU (default: gmuxd places the job)")
     s.add_argument("argv", nargs=argparse.REMAINDER)
     s = sub.add_parser("decisions", help="time-slicing, packing and migration decisions, with their numbers")
     s.add_argument("--limit", type=int, default=50)
@@ -91,7 +92,8 @@ def run(a) -> int:
             raise GmuxError("give the command after --, e.g. gmux submit -- python train.py")
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "USER", "LANG")
                or k.startswith(("OMP_", "MKL_", "TORCH_", "GMUX_"))}
-        data = c.call("submit", argv=argv, cwd=os.getcwd(), env=env, name=a.name, weight=a.weight, mem=a.mem)
+        data = c.call("submit", argv=argv, cwd=os.getcwd(), env=env, name=a.name, weight=a.weight, mem=a.mem,
+                      gpu=a.gpu)
         _print(data, a.json, f"submitted {data['job']} on GPU {data['gpu']} (pid {data['pid']}); "
                              f"logs: gmux logs {data['job']}")
         return 0

@@ -20,6 +20,7 @@ def main(argv=None) -> int:
     p.add_argument("--mem", type=parse_size, help="GPU memory the job needs (e.g. 6GiB); default: measured")
     p.add_argument("--weight", type=float, default=1.0, help="share of GPU time relative to other jobs")
     p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--gpu", type=int, help="run on this GPU (default: gmuxd places the job)")
     p.add_argument("--name")
     p.add_argument("--no-hook", dest="hook", action="store_false",
                    help="the script calls gmux.job.attach() itself; do not install the optimizer hook")
@@ -31,7 +32,7 @@ def main(argv=None) -> int:
         p.error("give the command after --, e.g. gmux-launch -- python train.py")
     token = os.environ.pop("GMUX_JOB_TOKEN", None) if a.job else None
     return run(LaunchOptions(argv=argv[split + 1:], runtime_dir=a.runtime_dir, mem=a.mem, weight=a.weight,
-                             gpus=a.gpus, name=a.name, hook=a.hook, job=a.job, token=token, restore=a.restore))
+                             gpus=a.gpus, gpu=a.gpu, name=a.name, hook=a.hook, job=a.job, token=token, restore=a.restore))
 
 
 if __name__ == "__main__":

@@ -230,7 +230,7 @@ class Daemon:
             mem = msg.get("mem")
             job = Job(self.store.next_job_id(), secrets.token_hex(16), msg.get("name") or "",
                       list(msg["argv"]), msg.get("cwd", ""), weight=float(msg.get("weight", 1.0)), mem=mem)
-            job.gpu = self._place(job)
+            job.gpu = self._place(job, msg.get("gpu"))
             self.jobs[job.id] = job
         job.pid, job.starttime = msg["pid"], msg.get("starttime")
         job.identity = identity
@@ -244,8 +244,15 @@ class Daemon:
                  format_size(job.working_set()))
         return {"job": job.id, "token": job.token, "gpu": job.gpu, "env": self.gpus[job.gpu].env()}
 
-    def _place(self, job: Job) -> int:
+    def _place(self, job: Job, pinned: Optional[int] = None) -> int:
         need = job.working_set() or 0
+        if pinned is not None:
+            if pinned not in self.gpus:
+                raise Refused(f"no GPU {pinned}; this machine has {', '.join(map(str, sorted(self.gpus)))}")
+            if self.gpus[pinned].mem_total < need:
+                raise Refused(f"the job needs {format_size(need)}, GPU {pinned} has "
+                              f"{format_size(self.gpus[pinned].mem_total)}")
+            return pinned
         fitting = [g for g in self.gpus.values() if g.mem_total >= need]
         if not fitting:
             biggest = max(g.mem_total for g in self.gpus.values())
@@ -436,7 +443,7 @@ class Daemon:
         job = Job(self.store.next_job_id(), secrets.token_hex(16), msg.get("name") or "", list(msg["argv"]),
                   msg["cwd"], weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"), managed=True,
                   env=dict(msg.get("env") or {}))
-        job.gpu = self._place(job)
+        job.gpu = self._place(job, msg.get("gpu"))
         self.jobs[job.id] = job
         try:
             job.pid = self.sup.spawn(job)

@@ -37,6 +37,7 @@ class LaunchOptions:
     job: Optional[str] = None    # set when gmuxd spawned us, or after re-executing for a migration
     token: Optional[str] = None
     restore: Optional[str] = None
+    gpu: Optional[int] = None    # pin to this GPU
 
 
 def script_of(argv: list) -> tuple[str, str, list]:
@@ -65,7 +66,8 @@ def run(opt: LaunchOptions) -> int:
     agent = Agent(rundir.endpoint, opt.job, opt.token)
     try:
         reg = agent.register(pid=os.getpid(), starttime=my_starttime(), argv=list(opt.argv), cwd=os.getcwd(),
-                             name=opt.name, weight=opt.weight, mem=opt.mem, gpus=opt.gpus)
+                             name=opt.name, weight=opt.weight, mem=opt.mem, gpus=opt.gpus,
+                             gpu=None if opt.job else opt.gpu)
     except Exception as e:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from gmux.node.inventory import format_size
 from gmux.node.slicer import Slicer
 
 
@@ -58,7 +59,8 @@ class Packer:
         return [Decision("trial", [a, b], {"solo": {a: rates[a].solo, b: rates[b].solo}, "mem": mem,
                                            "gpu_mem": slicer.mem_total},
                          f"GPU {slicer.gpu}: trying {a}+{b} packed (solo {rates[a].solo:.2f} and "
-                         f"{rates[b].solo:.2f} mini-batches/s; {sum(mem.values())} of {slicer.mem_total} bytes)")]
+                         f"{rates[b].solo:.2f} mini-batches/s; {format_size(sum(mem.values()))} of "
+                         f"{format_size(slicer.mem_total)})")]
 
     def _candidate(self, slicer: Slicer, rates: dict[str, Rates], now: float) -> Optional[frozenset]:
         packed = set().union(*slicer.packs) if slicer.packs else set()

@@ -13,7 +13,8 @@ import pytest
 from gmux.node.client import Client, GmuxError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+# The training script the tests run (plain torch; --attach for explicit mode), shared with the demo.
+TRAIN = os.path.join(ROOT, "gmux", "node", "demo_train.py")
 PY = sys.executable
 
 
@@ -117,15 +118,6 @@ def node_factory(tmp_path):
     yield make
     for n in nodes:
         n.close()
-
-
-def solo(tmp_path, name: str, *script_args: str) -> dict:
-    """The reference: the same script run plainly, without gmux."""
-    out = str(tmp_path / f"{name}.json")
-    subprocess.run([PY, os.path.join(SCRIPTS, "train.py"), out, *script_args], env=env(), check=True, cwd=ROOT,
-                   timeout=120)
-    with open(out) as f:
-        return json.load(f)
 
 
 def result(path) -> dict:

@@ -4,7 +4,7 @@ import socket
 import subprocess
 import urllib.request
 
-from conftest import PY, ROOT, SCRIPTS, env
+from conftest import PY, ROOT, TRAIN, env
 
 
 def gmux(rt, *args, timeout=60):
@@ -23,7 +23,7 @@ def test_daemon_not_running_says_how_to_start_it(tmp_path):
     assert out.returncode == 1
     assert "gmuxd is not running" in out.stderr and "gmuxd --runtime-dir" in out.stderr
     launch = subprocess.run([PY, "-m", "gmux.cli.launch", "--runtime-dir", str(tmp_path / "nowhere"), "--",
-                             "python", f"{SCRIPTS}/train.py", "x", "1"], env=env(), cwd=ROOT, capture_output=True,
+                             "python", f"{TRAIN}", "x", "1"], env=env(), cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
     assert launch.returncode == 2 and "Start it with `gmuxd" in launch.stderr
 
@@ -31,7 +31,7 @@ def test_daemon_not_running_says_how_to_start_it(tmp_path):
 def test_cli_controls_a_submitted_job_and_metrics(node_factory, tmp_path):
     port = free_port()
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--metrics-port", str(port))
-    sub = gmux(node.rt, "--json", "submit", "--name", "demo1", "--weight", "2", "--", PY, f"{SCRIPTS}/train.py",
+    sub = gmux(node.rt, "--json", "submit", "--name", "demo1", "--weight", "2", "--", PY, f"{TRAIN}",
                str(tmp_path / "o.json"), "1000000", "--attach", "--sleep", "0.01")
     assert sub.returncode == 0, sub.stderr
     job = json.loads(sub.stdout)["job"]

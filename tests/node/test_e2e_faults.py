@@ -5,23 +5,23 @@ import signal
 import subprocess
 import time
 
-from conftest import PY, ROOT, SCRIPTS, env, result
+from conftest import PY, ROOT, TRAIN, env, result
 
 FINAL = ("exited", "failed", "killed", "lost")
 
 
 def test_sigkill_of_jobs_at_any_moment(node_factory, tmp_path):
-    ref = subprocess.Popen([PY, f"{SCRIPTS}/train.py", str(tmp_path / "solo.json"), "8000"], env=env(), cwd=ROOT)
+    ref = subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / "solo.json"), "8000"], env=env(), cwd=ROOT)
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "0.5", "--no-pack")
     mem = ["--no-hook", "--mem", "600MiB"]
-    survivor = node.launch(f"{SCRIPTS}/train.py", str(tmp_path / "survivor.json"), "8000", "--attach", opts=mem)
+    survivor = node.launch(f"{TRAIN}", str(tmp_path / "survivor.json"), "8000", "--attach", opts=mem)
     # Slow mini-batches (0.4 s) leave a wide window between "suspend sent" and "suspended".
-    slow = node.launch(f"{SCRIPTS}/train.py", str(tmp_path / "slow.json"), "100000", "--sleep", "0.4", "--attach",
+    slow = node.launch(f"{TRAIN}", str(tmp_path / "slow.json"), "100000", "--sleep", "0.4", "--attach",
                        opts=mem)
-    idle = node.launch(f"{SCRIPTS}/train.py", str(tmp_path / "idle.json"), "100000", "--attach", opts=mem)
+    idle = node.launch(f"{TRAIN}", str(tmp_path / "idle.json"), "100000", "--attach", opts=mem)
     ids = {name: node.job_of(p.pid) for name, p in (("survivor", survivor), ("slow", slow), ("idle", idle))}
     # A submitted job is gmuxd's child: its end is known exactly (signal number).
-    sub = node.call("submit", argv=[PY, f"{SCRIPTS}/train.py", str(tmp_path / "sub.json"), "100000", "--attach"],
+    sub = node.call("submit", argv=[PY, f"{TRAIN}", str(tmp_path / "sub.json"), "100000", "--attach"],
                     cwd=ROOT, env={"PYTHONPATH": ROOT}, mem=600 << 20)
     ids["submitted"] = sub["job"]
 
@@ -50,10 +50,10 @@ def test_sigkill_of_jobs_at_any_moment(node_factory, tmp_path):
 
 
 def test_gmuxd_killed_and_restarted_reattaches(node_factory, tmp_path):
-    refs = [subprocess.Popen([PY, f"{SCRIPTS}/train.py", str(tmp_path / f"solo{b}.json"), "12000", "--batch", b],
+    refs = [subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / f"solo{b}.json"), "12000", "--batch", b],
                              env=env(), cwd=ROOT) for b in ("32", "33")]
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--no-pack")
-    procs = [node.launch(f"{SCRIPTS}/train.py", str(tmp_path / f"job{b}.json"), "12000", "--batch", b, "--attach",
+    procs = [node.launch(f"{TRAIN}", str(tmp_path / f"job{b}.json"), "12000", "--batch", b, "--attach",
                          opts=["--no-hook", "--mem", "600MiB"]) for b in ("32", "33")]
     ids = [node.job_of(p.pid) for p in procs]
     node.wait_for(lambda: all(node.job(j)["suspends"] >= 1 for j in ids), 60, "both jobs sliced at least once")

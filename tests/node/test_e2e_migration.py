@@ -6,15 +6,15 @@ shell that started it still waits), re-registers with the same id and token, and
 import json
 import subprocess
 
-from conftest import PY, ROOT, SCRIPTS, env, result
+from conftest import PY, ROOT, TRAIN, env, result
 
 STEPS = "12000"
 
 
 def test_migrate_between_gpus_is_bit_identical(node_factory, tmp_path):
-    ref = subprocess.Popen([PY, f"{SCRIPTS}/train.py", str(tmp_path / "solo.json"), STEPS], env=env(), cwd=ROOT)
+    ref = subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / "solo.json"), STEPS], env=env(), cwd=ROOT)
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
-    p = node.launch(f"{SCRIPTS}/train.py", str(tmp_path / "moved.json"), STEPS, "--attach", opts=["--no-hook"])
+    p = node.launch(f"{TRAIN}", str(tmp_path / "moved.json"), STEPS, "--attach", opts=["--no-hook"])
     job = node.job_of(p.pid)
     node.wait_for(lambda: node.job(job)["step"] > 500, 60, "job training")
     assert node.job(job)["gpu"] == 0
@@ -41,7 +41,7 @@ def test_migrate_between_gpus_is_bit_identical(node_factory, tmp_path):
 
 def test_migrate_refusals(node_factory, tmp_path):
     node = node_factory("--virtual-gpus", "1x1GiB,1x256MiB")
-    p = node.launch(f"{SCRIPTS}/train.py", str(tmp_path / "o.json"), "100000", "--attach",
+    p = node.launch(f"{TRAIN}", str(tmp_path / "o.json"), "100000", "--attach",
                     opts=["--no-hook", "--mem", "512MiB"])
     job = node.job_of(p.pid)
     for gpu, needle in ((0, "already on GPU 0"), (1, "needs 512.0MiB"), (5, "no GPU 5")):

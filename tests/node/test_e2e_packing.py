@@ -8,7 +8,7 @@ whose other load varies it is too noisy for a test that must pass or fail for th
 """
 import time
 
-from conftest import SCRIPTS
+from conftest import TRAIN
 
 
 def test_gaining_pair_kept_interfering_pair_unpacked(node_factory, tmp_path):
@@ -19,7 +19,7 @@ def test_gaining_pair_kept_interfering_pair_unpacked(node_factory, tmp_path):
                                        ("waiting", ["--sleep", "0.01"]),
                                        ("compute", ["--exclusive", "--hidden", "512", "--depth", "2", "--batch", "256"]),
                                        ("waiting", ["--sleep", "0.01"]))):
-        p = node.launch(f"{SCRIPTS}/train.py", str(tmp_path / f"{i}.json"), "10000000", *extra, "--attach",
+        p = node.launch(f"{TRAIN}", str(tmp_path / f"{i}.json"), "10000000", *extra, "--attach",
                         opts=["--no-hook", "--mem", "300MiB"])
         kinds[node.job_of(p.pid)] = kind
     ps = node.ps()

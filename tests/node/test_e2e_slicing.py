@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import PY, ROOT, SCRIPTS, env, result
+from conftest import PY, ROOT, TRAIN, env, result
 
 STEPS = "16000"
 
@@ -20,7 +20,7 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
     procs = []
     for name, batch in (("ab", "32"), ("c", "33")):
         out = tmp_path / f"solo_{name}.json"
-        procs.append(subprocess.Popen([PY, f"{SCRIPTS}/train.py", str(out), STEPS, "--batch", batch], env=env(),
+        procs.append(subprocess.Popen([PY, f"{TRAIN}", str(out), STEPS, "--batch", batch], env=env(),
                                       cwd=ROOT))
         refs[name] = out
     for p in procs:
@@ -28,7 +28,7 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "0.5", "--no-pack")
     jobs = {}
     for name, weight, batch in (("a", "1", "32"), ("b", "1", "32"), ("c", "2", "33")):
-        p = node.launch(f"{SCRIPTS}/train.py", str(tmp_path / f"{name}.json"), STEPS, "--batch", batch, "--attach",
+        p = node.launch(f"{TRAIN}", str(tmp_path / f"{name}.json"), STEPS, "--batch", batch, "--attach",
                         opts=["--no-hook", "--mem", "600MiB", "--weight", weight])
         jobs[name] = node.job_of(p.pid)
     # Sample GPU time until the first job ends; the window starts once all three have trained a step.
@@ -69,9 +69,9 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
 
 def test_unmodified_scripts_time_sliced_through_the_hook(node_factory, tmp_path):
     """Transparent mode: plain torch scripts, boundaries from the optimizer hook gmux-launch installs."""
-    ref = subprocess.Popen([PY, f"{SCRIPTS}/train.py", str(tmp_path / "solo.json"), "6000"], env=env(), cwd=ROOT)
+    ref = subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / "solo.json"), "6000"], env=env(), cwd=ROOT)
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "0.5", "--no-pack")
-    procs = [node.launch(f"{SCRIPTS}/train.py", str(tmp_path / f"t{i}.json"), "6000", opts=["--mem", "600MiB"])
+    procs = [node.launch(f"{TRAIN}", str(tmp_path / f"t{i}.json"), "6000", opts=["--mem", "600MiB"])
              for i in range(2)]
     ids = [node.job_of(p.pid) for p in procs]
     for p in procs:

@@ -1,0 +1,281 @@
+"""What multiplexing costs: slicing efficiency, boundary-hook cost, command latency, daemon throughput.
+
+    python benchmarks/multiplex.py [--quick] [--json benchmarks/results/multiplex.json]
+
+(a) slicing efficiency: aggregate mini-batches/s of three jobs time-sliced on one virtual GPU, over the rate
+    of one job alone on the same GPU (solo measured before and after the sliced runs, averaged: the machine
+    is shared and its speed drifts), at quanta of 2 s and 10 s. Real gmuxd, real gmux-launch processes.
+(b) boundary hook cost with nothing pending: Job.boundary() through the gmuxd agent (a non-blocking zmq
+    poll, a timestamp), and the extra cost of an optimizer step with the hook installed.
+(c) command latency from a `gmux suspend` request to the job's acknowledgement (the reply gmuxd sends once
+    the job has suspended), for a job with 10 ms mini-batches; p50/p99 over many suspend/resume cycles.
+(d) messages per second one gmuxd sustains: job heartbeats (validated, authenticated, answered) from a
+    pipelining client.
+Last line: multiplex: slicing_efficiency_q10=<ratio> hook_us=<n> cmd_p99_ms=<n> msgs_per_s=<n>
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+SCRIPT = os.path.join(ROOT, "gmux", "node", "demo_train.py")
+PY = sys.executable
+
+from gmux.node.client import Client, GmuxError  # noqa: E402
+
+
+def env() -> dict:
+    e = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    return e
+
+
+class Gmuxd:
+    def __init__(self, *args: str):
+        self.dir = tempfile.mkdtemp(prefix="gmux-bench-")
+        self.rt = os.path.join(self.dir, "rt")
+        self.proc = subprocess.Popen([PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", self.rt, *args], env=env(),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.jobs: list[subprocess.Popen] = []
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self.client = Client(self.rt, timeout=1)
+                self.client.call("ping")
+                break
+            except GmuxError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def launch(self, *args: str, opts=()) -> str:
+        p = subprocess.Popen([PY, "-m", "gmux.cli.launch", "--runtime-dir", self.rt, *opts, "--", "python", SCRIPT,
+                              os.path.join(self.dir, f"out{len(self.jobs)}.json"), *args], env=env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.jobs.append(p)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for j in self.client.call("ps")["jobs"]:
+                if j["pid"] == p.pid:
+                    return j["id"]
+            time.sleep(0.05)
+        raise RuntimeError("job did not register")
+
+    def ps(self) -> dict:
+        return {j["id"]: j for j in self.client.call("ps")["jobs"]}
+
+    def close(self) -> None:
+        for p in self.jobs:
+            p.kill()
+            p.wait()
+        self.proc.kill()
+        self.proc.wait()
+        self.client.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+JOB_ARGS = ("100000000", "--hidden", "256", "--batch", "64")
+
+
+def rate_over(g: Gmuxd, ids: list, seconds: float) -> float:
+    """Aggregate mini-batches/s of `ids` over `seconds`, counted from the jobs' own step reports,
+    starting once every job has trained (process start-up is not the multiplexer's cost)."""
+    deadline = time.monotonic() + 120
+    while not all(g.ps()[j]["step"] > 0 for j in ids):
+        if time.monotonic() > deadline:
+            raise RuntimeError("jobs did not start")
+        time.sleep(0.2)
+    t0, s0 = time.monotonic(), sum(g.ps()[j]["step"] for j in ids)
+    time.sleep(seconds)
+    t1, s1 = time.monotonic(), sum(g.ps()[j]["step"] for j in ids)
+    return (s1 - s0) / (t1 - t0)
+
+
+def solo_rate(seconds: float) -> float:
+    g = Gmuxd("--virtual-gpus", "1x1GiB", "--no-pack")
+    try:
+        j = g.launch(*JOB_ARGS, opts=["--mem", "600MiB"])
+        return rate_over(g, [j], seconds)
+    finally:
+        g.close()
+
+
+def sliced_rate(quantum: float, seconds: float) -> tuple[float, int]:
+    g = Gmuxd("--virtual-gpus", "1x1GiB", "--no-pack", "--quantum", str(quantum))
+    try:
+        ids = [g.launch(*JOB_ARGS, opts=["--mem", "600MiB"]) for _ in range(3)]
+        # Let every job have its first turn (start-up) before measuring.
+        deadline = time.monotonic() + 120
+        while not all(g.ps()[j]["suspends"] >= 1 for j in ids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        r = rate_over(g, ids, seconds)
+        return r, g.client.call("ps")["gpus"][0]["switches"]
+    finally:
+        g.close()
+
+
+def hook_cost(n: int = 200_000) -> dict:
+    import torch
+    from gmux.job import install_hook
+    from gmux.job.agent import Agent
+    g = Gmuxd("--virtual-gpus", "1x1GiB")
+    try:
+        agent = Agent("ipc://" + os.path.join(g.rt, "gmuxd.sock"))
+        agent.register(pid=os.getpid(), argv=["bench"])
+        agent.state = "running"
+        p = torch.nn.Parameter(torch.zeros(1))
+        opt = torch.optim.SGD([p], lr=0.1)
+        p.grad = torch.zeros(1)
+
+        def per_step(k):
+            t = time.perf_counter()
+            for _ in range(k):
+                opt.step()
+            return (time.perf_counter() - t) / k * 1e6
+        without = min(per_step(n // 10) for _ in range(5))
+        job = install_hook(controller=agent)
+        with_hook = min(per_step(n // 10) for _ in range(5))
+        best = []
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(n):
+                job.boundary()
+            best.append((time.perf_counter() - t) / n * 1e6)
+        return {"boundary_us": min(best), "boundary_us_median": statistics.median(best),
+                "step_us_without_hook": without, "step_us_with_hook": with_hook,
+                "hook_step_overhead_us": with_hook - without}
+    finally:
+        g.close()
+
+
+def command_latency(cycles: int) -> dict:
+    g = Gmuxd("--virtual-gpus", "1x1GiB")
+    try:
+        j = g.launch("100000000", "--sleep", "0.01", opts=["--mem", "100MiB"])   # ~10 ms mini-batches
+        deadline = time.monotonic() + 60
+        while g.ps()[j]["step"] < 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        lat = []
+        first = None
+        for i in range(cycles + 2):
+            t = time.perf_counter()
+            g.client.call("suspend", job=j, timeout=30)
+            ms = (time.perf_counter() - t) * 1e3
+            if i == 0:
+                first = ms      # discovers the job's state and allocates host buffers once: reported apart
+            elif i >= 2:
+                lat.append(ms)
+            g.client.call("resume", job=j)
+            while g.ps()[j]["state"] != "running":
+                time.sleep(0.002)
+            time.sleep(0.03)    # land the next request at a random point of a mini-batch
+        lat.sort()
+        batch_s = g.ps()[j]["report"].get("batch_s") or 0.0
+        return {"p50_ms": statistics.median(lat), "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+                "max_ms": lat[-1], "cycles": cycles, "batch_ms": batch_s * 1e3, "first_suspend_ms": first}
+    finally:
+        g.close()
+
+
+def throughput(seconds: float = 3.0, window: int = 2000) -> dict:
+    import zmq
+    from gmux import protocol
+    g = Gmuxd("--virtual-gpus", "1x1GiB")
+    try:
+        from gmux.job.agent import Agent
+        agent = Agent("ipc://" + os.path.join(g.rt, "gmuxd.sock"))
+        reg = agent.register(pid=os.getpid(), argv=["bench"])
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.connect("ipc://" + os.path.join(g.rt, "gmuxd.sock"))
+        frame = protocol.encode("heartbeat", 1, job=reg["job"], token=reg["token"], state="waiting")
+        sent = got = errors = 0
+        t0 = time.perf_counter()
+        end = t0 + seconds
+        while True:
+            now = time.perf_counter()
+            if now < end:
+                while sent - got < window:
+                    sock.send(frame, zmq.NOBLOCK)
+                    sent += 1
+            elif got >= sent:
+                break
+            if sock.poll(1000):
+                while True:
+                    try:
+                        r = sock.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    got += 1
+                    if b"\xa2ok\xc2" in r:
+                        errors += 1
+            elif now > end + 10:
+                break
+        elapsed = time.perf_counter() - t0
+        sock.close(0)
+        return {"msgs_per_s": got / elapsed, "messages": got, "errors": errors, "seconds": elapsed}
+    finally:
+        g.close()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="shorter windows (less precise)")
+    p.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results", "multiplex.json"))
+    a = p.parse_args()
+    solo_s, q2_s, q10_s, cycles = (8, 14, 30, 60) if a.quick else (15, 30, 60, 200)
+    res: dict = {"machine": {"cpus": os.cpu_count()}, "quick": a.quick}
+    print("(a) time-slicing efficiency ...", flush=True)
+    solo1 = solo_rate(solo_s)
+    q2, sw2 = sliced_rate(2.0, q2_s)
+    q10, sw10 = sliced_rate(10.0, q10_s)
+    solo2 = solo_rate(solo_s)
+    solo = (solo1 + solo2) / 2
+    res["slicing"] = {"solo_rate": solo, "solo_before": solo1, "solo_after": solo2,
+                      "q2": {"rate": q2, "efficiency": q2 / solo, "switches": sw2, "window_s": q2_s},
+                      "q10": {"rate": q10, "efficiency": q10 / solo, "switches": sw10, "window_s": q10_s}}
+    print("(b) boundary hook cost ...", flush=True)
+    res["hook"] = hook_cost()
+    print("(c) command latency ...", flush=True)
+    res["command"] = command_latency(cycles)
+    print("(d) daemon throughput ...", flush=True)
+    res["throughput"] = throughput()
+    os.makedirs(os.path.dirname(a.json), exist_ok=True)
+    with open(a.json, "w") as f:
+        json.dump(res, f, indent=1)
+    s, h, c, t = res["slicing"], res["hook"], res["command"], res["throughput"]
+    rows = [
+        ("solo rate (mini-batches/s), before/after", f"{s['solo_before']:.1f} / {s['solo_after']:.1f}", ""),
+        ("3 jobs sliced, quantum 2 s: aggregate rate", f"{s['q2']['rate']:.1f}",
+         f"efficiency {s['q2']['efficiency']:.3f} ({s['q2']['switches']} switches)"),
+        ("3 jobs sliced, quantum 10 s: aggregate rate", f"{s['q10']['rate']:.1f}",
+         f"efficiency {s['q10']['efficiency']:.3f} ({s['q10']['switches']} switches); target >= 0.95"),
+        ("boundary with nothing pending (us)", f"{h['boundary_us']:.2f}", "target < 20"),
+        ("optimizer step overhead of the hook (us)", f"{h['hook_step_overhead_us']:.2f}",
+         f"step {h['step_us_without_hook']:.1f} -> {h['step_us_with_hook']:.1f}"),
+        ("suspend request -> job ack p50 / p99 (ms)", f"{c['p50_ms']:.2f} / {c['p99_ms']:.2f}",
+         f"mini-batch {c['batch_ms']:.1f} ms; target p99 < {c['batch_ms'] + 5:.1f}; "
+         f"first suspend {c['first_suspend_ms']:.0f} ms"),
+        ("gmuxd messages/s (heartbeats, answered)", f"{t['msgs_per_s']:.0f}", "target >= 20000"),
+    ]
+    w = max(len(r[0]) for r in rows)
+    print(f"\n{'measure':<{w}}  {'value':>16}  note")
+    for name, v, note in rows:
+        print(f"{name:<{w}}  {v:>16}  {note}")
+    print(f"\nJSON: {a.json}")
+    print(f"multiplex: slicing_efficiency_q10={s['q10']['efficiency']:.3f} hook_us={h['boundary_us']:.2f} "
+          f"cmd_p99_ms={c['p99_ms']:.2f} msgs_per_s={t['msgs_per_s']:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
