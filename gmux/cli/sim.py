@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("cluster")
     g.add_argument("--machines", type=_positive_int, metavar="N",
                    help="one cluster of N machines for all jobs, instead of Philly's per-VC clusters")
+    g.add_argument("--vc-scale", type=float, default=1.0, metavar="X",
+                   help="multiply every VC's machine count by X, at least 1 machine (stress runs; default: 1)")
     g.add_argument("--gpus-per-machine", type=_positive_int, default=8, metavar="G", help="(default: %(default)s)")
     g.add_argument("--gpu-type", default="v100", choices=("v100", "p100", "k80"), help="(default: %(default)s)")
     g.add_argument("--unknown-vc", choices=("smallest", "skip", "refuse"), default="smallest",
@@ -132,6 +134,8 @@ def main(argv=None) -> int:
         parser.error(f"unknown policy {', '.join(bad) or '(none given)'}; choose from {', '.join(POLICIES)}")
     if len(set(policies)) != len(policies):
         parser.error("a policy is listed twice")
+    if not args.vc_scale > 0:
+        parser.error(f"--vc-scale must be positive, not {args.vc_scale}")
     if not 0.0 <= args.elastic_fraction <= 1.0:
         parser.error(f"--elastic-fraction must be in [0, 1], not {args.elastic_fraction}")
     trace = args.trace or os.path.join(args.traces, "philly.csv")
@@ -149,7 +153,7 @@ def main(argv=None) -> int:
     cfg = SimConfig(trace=trace, vcs=vcs, throughputs=tput, machines=args.machines,
                     gpus_per_machine=args.gpus_per_machine, gpu_type=args.gpu_type, suspect=args.suspect_pairs,
                     seed=args.seed, start=args.start, end=args.end, sample=args.sample, bad_rows=args.bad_rows,
-                    unknown_vc=args.unknown_vc, elastic_fraction=args.elastic_fraction, costs=costs,
+                    unknown_vc=args.unknown_vc, vc_scale=args.vc_scale, elastic_fraction=args.elastic_fraction, costs=costs,
                     workers=args.workers)
     t0 = time.perf_counter()
     try:

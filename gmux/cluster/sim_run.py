@@ -6,6 +6,7 @@ Layouts:
   philly_vc.csv; `unknown_vc="smallest"` (default) gives each of them a cluster the size of the smallest listed VC
   (8 machines), so every trace job is simulated; `"skip"` leaves their jobs out; `"refuse"` stops.
 - a single cluster of `machines` machines that runs every job (`machines=N`).
+`vc_scale` shrinks or grows every VC (a stress test: Philly's VCs run at ~10% average utilisation).
 A job that needs more GPUs than its cluster has can never run; such jobs are reported and skipped or refused
 with the bad rows (`bad_rows`).
 """
@@ -38,6 +39,7 @@ class SimConfig:
     sample: float | None = None
     bad_rows: str = "refuse"
     unknown_vc: str = "smallest"
+    vc_scale: float = 1.0                # multiply every VC's machine count (stress runs); at least 1 machine
     elastic_fraction: float = 0.0
     costs: Costs = field(default_factory=Costs)
     workers: int = 1
@@ -84,6 +86,11 @@ def prepare(cfg: SimConfig) -> Prepared:
         if cfg.vcs is None:
             raise ValueError("the philly layout needs a VC file (or give machines=N for one cluster)")
         sizes = load_vcs(cfg.vcs)
+        if not cfg.vc_scale > 0:
+            raise ValueError(f"vc_scale must be positive, not {cfg.vc_scale}")
+        if cfg.vc_scale != 1.0:
+            sizes = {v: max(1, round(n * cfg.vc_scale)) for v, n in sizes.items()}
+            notes.append(f"VC sizes scaled by {cfg.vc_scale}: {sum(sizes.values())} machines in all")
         smallest = min(sizes.values())
         by_vc: dict = {}
         for j in jobs:
