@@ -73,6 +73,12 @@ def gpu_side() -> None:
     torch.cuda.init()
     torch.matmul(torch.ones(8, 8, device="cuda"), torch.ones(8, 8, device="cuda"))  # context + cuBLAS handle
     torch.cuda.synchronize()
+    # The warm-up's memory came from torch's default pool: give it back (cuBLAS keeps its workspace cached
+    # otherwise), so that everything the job allocates from here on is routed through gmux.
+    if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+        torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    check(torch.cuda.memory_reserved() == 0, "nothing left in torch's default pool before routing starts")
     routing = na.route_torch_cuda(0)
     try:
         import cupy
