@@ -4,6 +4,7 @@ The daemon runs in this process (its socket is real, in a private runtime dir) a
 so thousands of generated messages go through the real decode -> validate -> handle path quickly.
 """
 import os
+import subprocess
 import stat
 import threading
 import time
@@ -23,12 +24,17 @@ GiB = 1 << 30
 
 @pytest.fixture
 def daemon(tmp_path):
+    # Jobs registered here carry the pid of a throwaway process: a fuzzed "kill" must never hit pytest itself.
+    stand_in = subprocess.Popen(["sleep", "600"])
     d = Daemon(RuntimeDir(str(tmp_path / "rt")), [Gpu(0, "virtual", 16 * GiB, True), Gpu(1, "virtual", 16 * GiB, True)],
                Options(quantum=1.0))
     d.sent = []
     d._send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True
+    d.stand_in_pid = stand_in.pid
     yield d
     d.close()
+    stand_in.kill()
+    stand_in.wait()
 
 
 def ask(d, mtype, identity=b"c", **fields):
@@ -40,7 +46,7 @@ def ask(d, mtype, identity=b"c", **fields):
 
 
 def register(d, identity=b"job-a", **kw):
-    r = ask(d, "register", identity, pid=os.getpid(), argv=["python", "t.py"], **kw)
+    r = ask(d, "register", identity, pid=d.stand_in_pid, argv=["python", "t.py"], **kw)
     assert r["ok"], r
     return r["data"]
 
@@ -98,7 +104,7 @@ small = st.recursive(st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 6
 
 
 @st.composite
-def messages(draw, tokens):
+def messages(draw, tokens, pid):
     mtype = draw(st.sampled_from(sorted(protocol.MESSAGES) + ["junk"]))
     spec = protocol.MESSAGES.get(mtype, {})
     obj = {"v": draw(st.sampled_from([protocol.VERSION] * 9 + [0, "1"])), "type": mtype,
@@ -115,7 +121,7 @@ def messages(draw, tokens):
         elif name == "kind":
             obj[name] = draw(st.sampled_from(list(protocol.COMMAND_KINDS) + ["x"]))
         elif name == "pid":
-            obj[name] = draw(st.sampled_from([os.getpid(), 1, 0, 1 << 30, -1]))
+            obj[name] = draw(st.sampled_from([pid, 0, 1 << 30, -1]))
         elif name == "gpu":
             obj[name] = draw(st.integers(-1, 3))
         else:
@@ -131,7 +137,7 @@ def test_fuzz_handler_thousands_of_messages(daemon):
     count = {"n": 0}
 
     @settings(max_examples=4000, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(messages(tokens))
+    @given(messages(tokens, daemon.stand_in_pid))
     def one(frame):
         daemon.sent.clear()
         daemon._receive(b"fuzz", [frame])
