@@ -171,15 +171,18 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "token": (_optional(lambda v: _str(v, 128)), False),
         "starttime": (_optional(_nonneg_int), False),  # /proc start time: tells a reused pid apart
         "gpu": (_optional(_gpu_index), False),      # pin to this GPU; None: gmuxd places the job
+        # The script restores itself from GMUX_RESTORE (explicit mode), so it can move to another process.
+        "migratable": (_bool, False),
     },
     # --- a job about itself ---
-    "report": {**_AUTH, "report": (_free_map, True), "state": (_one_of("running", "suspended", "waiting"), False)},
+    "report": {**_AUTH, "report": (_free_map, True), "state": (_one_of("running", "suspended", "waiting"), False),
+               "boundaries": (_nonneg_int, False)},
     # boundaries: mini-batch boundaries passed since the process started, stamped t by the job's clock
     # (the daemon's receive time would add queueing jitter to rates).
     "heartbeat": {**_AUTH, "state": (_one_of("running", "suspended", "waiting"), True),
                   "boundaries": (_nonneg_int, False), "t": (_float, False)},
     "result": {**_AUTH, "cmd": (_nonneg_int, True), "kind": (_one_of(*COMMAND_KINDS), True),
-               "result": (_free_map, True)},
+               "result": (_free_map, True), "boundaries": (_nonneg_int, False)},
     "bye": {**_AUTH, "status": (_int, True), "reason": (_str, False)},
     # --- administration (the CLI, the scheduler): authenticated by the admin token in the runtime dir ---
     "ps": {"admin": (lambda v: _str(v, 128), True), "all": (_bool, False)},

@@ -57,6 +57,7 @@ class Agent:
         self._last_sent = 0.0
         self.boundaries = 0
         self._next_sample = 0.0
+        self.on_first_boundary = None   # a launcher's check, run once at the first boundary
 
     # --- request/reply (registration): blocks, queueing any command that arrives meanwhile ---
     def request(self, mtype: str, timeout: float = 5.0, **fields: Any) -> Any:
@@ -89,6 +90,9 @@ class Agent:
         # poll() is called once per mini-batch boundary: counting calls gives gmuxd the job's rate at a finer
         # grain than the runtime's 1 s reports (a quantum of 1-2 s needs several samples).
         self.boundaries += 1
+        if self.on_first_boundary is not None:
+            check, self.on_first_boundary = self.on_first_boundary, None
+            check()
         now = time.monotonic()
         if now >= self._next_sample:
             self._next_sample = now + SAMPLE_S
@@ -117,7 +121,9 @@ class Agent:
         return self._commands.popleft()
 
     def report(self, report: dict) -> None:
-        self._send("report", report=_plain(report), state=self.state)
+        # The agent's boundary count travels with every message: with the runtime's step from a report it
+        # gives gmuxd the job's exact step at each heartbeat and at each acknowledgement, not once a second.
+        self._send("report", report=_plain(report), state=self.state, boundaries=self.boundaries)
 
     def reply(self, command: Command, result: dict) -> None:
         ok = bool(result.get("ok"))
@@ -128,7 +134,7 @@ class Agent:
                 self.state = "suspended"
             elif command.kind == "migrate":
                 self.migrating = dict(command.args)
-        self._send("result", cmd=command.id, kind=command.kind, result=_plain(result))
+        self._send("result", cmd=command.id, kind=command.kind, result=_plain(result), boundaries=self.boundaries)
 
     def bye(self, status: int, reason: str = "") -> None:
         self._send("bye", status=int(status), reason=reason[:1000])

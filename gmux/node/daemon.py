@@ -210,6 +210,8 @@ class Daemon:
 
     def _on_register(self, msg, identity):
         now = time.monotonic()
+        if msg["pid"] <= 1 or msg["pid"] == os.getpid():
+            raise Refused(f"register: pid {msg['pid']} cannot be a job")
         if msg.get("job"):
             job = self.jobs.get(msg["job"])
             if job is None or not msg.get("token") or not hmac.compare_digest(job.token, msg["token"]):
@@ -230,11 +232,13 @@ class Daemon:
             mem = msg.get("mem")
             job = Job(self.store.next_job_id(), secrets.token_hex(16), msg.get("name") or "",
                       list(msg["argv"]), msg.get("cwd", ""), weight=float(msg.get("weight", 1.0)), mem=mem)
-            job.gpu = self._place(job, msg.get("gpu"))
+            job.gpu = self._place(job, msg.get("gpu"), msg.get("gpus", 1))
             self.jobs[job.id] = job
         job.pid, job.starttime = msg["pid"], msg.get("starttime")
+        job.migratable = bool(msg.get("migratable", False))
         job.identity = identity
         job.state, job.started, job.detail = "waiting", False, ""
+        job._step_offset = None   # a new process counts boundaries from 0
         job.start_window()
         self.slicers[job.gpu].add(job.id, job.weight, job.working_set(), now, used=job.gpu_seconds)
         if job.held:
@@ -244,7 +248,10 @@ class Daemon:
                  format_size(job.working_set()))
         return {"job": job.id, "token": job.token, "gpu": job.gpu, "env": self.gpus[job.gpu].env()}
 
-    def _place(self, job: Job, pinned: Optional[int] = None) -> int:
+    def _place(self, job: Job, pinned: Optional[int] = None, gpus: int = 1) -> int:
+        if gpus != 1:
+            raise Refused(f"the job asks for {gpus} GPUs; gmuxd places single-GPU jobs only so far "
+                          f"(run one job per GPU, or give --gpus 1)")
         need = job.working_set() or 0
         if pinned is not None:
             if pinned not in self.gpus:
@@ -267,6 +274,7 @@ class Daemon:
         job.last_report = r
         if isinstance(r.get("step"), int):
             job.step = r["step"]
+            job.count(msg.get("boundaries"), r["step"])
         for key in ("mem_boundary", "mem_peak"):
             if isinstance(r.get(key), int):
                 setattr(job, key, r[key])
@@ -281,6 +289,7 @@ class Daemon:
 
     def _on_heartbeat(self, msg, identity):
         job = self._job(msg, identity)
+        job.count(msg.get("boundaries"))
         self._observe_state(job, msg["state"])
         slicer = self.slicers.get(job.gpu)
         if (msg.get("boundaries") is not None and msg.get("t") is not None and slicer is not None
@@ -297,6 +306,7 @@ class Daemon:
 
     def _on_result(self, msg, identity):
         job = self._job(msg, identity)
+        job.count(msg.get("boundaries"))
         entry = self.inflight.pop(msg["cmd"], None)
         if entry is None or entry[0] != job.id:
             return None     # an answer to a command of a previous daemon, or a repeat: nothing waits for it
@@ -392,6 +402,10 @@ class Daemon:
             raise Refused(f"migrate: no GPU {gpu}; this machine has {', '.join(map(str, sorted(self.gpus)))}")
         if gpu == job.gpu:
             raise Refused(f"migrate: {job.id} is already on GPU {gpu}")
+        if not job.migratable and job.started:
+            raise Refused(f"migrate: {job.id} runs an unmodified script (transparent mode), whose data position "
+                          f"cannot be restored in a new process; run it with gmux-launch --no-hook and "
+                          f"gmux.job.attach() + job.restore(os.environ['GMUX_RESTORE']) to make it movable")
         need = job.working_set() or 0
         if need > self.gpus[gpu].mem_total:
             raise Refused(f"migrate: {job.id} needs {format_size(need)}, GPU {gpu} has "
@@ -443,7 +457,7 @@ class Daemon:
         job = Job(self.store.next_job_id(), secrets.token_hex(16), msg.get("name") or "", list(msg["argv"]),
                   msg["cwd"], weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"), managed=True,
                   env=dict(msg.get("env") or {}))
-        job.gpu = self._place(job, msg.get("gpu"))
+        job.gpu = self._place(job, msg.get("gpu"), msg.get("gpus", 1))
         self.jobs[job.id] = job
         try:
             job.pid = self.sup.spawn(job)
@@ -554,7 +568,8 @@ class Daemon:
             return
         for job_id in sorted(slicer.entries, key=lambda j: -self.jobs[j].host_bytes):
             job = self.jobs[job_id]
-            if job.host_bytes and job_id not in slicer.resident and job_id not in slicer.pending:
+            if (job.host_bytes and job.migratable and job_id not in slicer.resident
+                    and job_id not in slicer.pending):
                 job.spilled = True
                 job.target_gpu = job.gpu
                 slicer.pending[job_id] = "migrate"

@@ -13,7 +13,8 @@ from typing import Optional
 # Persisted columns (everything else is measurement, persisted as a JSON blob).
 IDENTITY = ("id", "token", "name", "argv", "cwd", "pid", "starttime", "gpu", "weight", "mem", "state",
             "managed", "created", "detail", "exit_status")
-TRANSIENT = ("identity", "outbox", "kill_requested", "_window", "_solo_now", "_solo_hist", "last_report")
+TRANSIENT = ("identity", "outbox", "kill_requested", "_window", "_solo_now", "_solo_hist", "_step_offset",
+             "last_report")
 
 
 @dataclass
@@ -51,17 +52,29 @@ class Job:
     target_gpu: Optional[int] = None   # migration destination
     started: bool = False              # has run at least once (a waiting job has no state to resume)
     spilled: bool = False              # its suspended state went to disk (host RAM budget), process ended
+    migratable: bool = False           # can continue in a new process from a checkpoint (explicit mode)
     identity: Optional[bytes] = None   # ROUTER routing id of its agent, learned from its messages
     outbox: list = field(default_factory=list)    # commands waiting for the agent's routing id
     kill_requested: bool = False
     solo_windows: int = 0              # residencies the solo rate is measured over
     _window: list = field(default_factory=list)   # (t, step) samples of the current residency
     _solo_now: Optional[float] = None
+    _step_offset: Optional[int] = None  # runtime step - agent boundary count (constant within one process)
     _solo_hist: list = field(default_factory=list)
 
     @property
     def final(self) -> bool:
         return self.state in ("exited", "failed", "killed", "lost")
+
+    def count(self, boundaries: Optional[int], step: Optional[int] = None) -> None:
+        """Keeps `step` current from the agent's boundary count (every message) and the runtime's step
+        (reports, about once a second; after a restore the runtime's step does not start at 0)."""
+        if boundaries is None:
+            return
+        if step is not None:
+            self._step_offset = step - boundaries
+        if self._step_offset is not None:
+            self.step = max(self.step, boundaries + self._step_offset)
 
     def working_set(self) -> Optional[int]:
         """Memory this job needs on its GPU: the declared size, or the measured peak when larger or undeclared."""

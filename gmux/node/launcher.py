@@ -67,7 +67,7 @@ def run(opt: LaunchOptions) -> int:
     try:
         reg = agent.register(pid=os.getpid(), starttime=my_starttime(), argv=list(opt.argv), cwd=os.getcwd(),
                              name=opt.name, weight=opt.weight, mem=opt.mem, gpus=opt.gpus,
-                             gpu=None if opt.job else opt.gpu)
+                             gpu=None if opt.job else opt.gpu, migratable=not opt.hook)
     except Exception as e:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2
@@ -90,6 +90,7 @@ def run(opt: LaunchOptions) -> int:
     os.environ.update(start.args.get("env") or {})
     if opt.restore:
         os.environ["GMUX_RESTORE"] = opt.restore
+        agent.on_first_boundary = lambda: _check_restored(agent, rundir, opt.restore)
     else:
         os.environ.pop("GMUX_RESTORE", None)
     status, reason = 0, "finished"
@@ -142,3 +143,20 @@ def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, cmd + ["--", *opt.argv])
+
+
+def _check_restored(agent: Agent, rundir: RuntimeDir, path: str) -> None:
+    """After a migration the script must have restored its state before its first boundary. If it did not,
+    it is training from scratch: stop loudly (the checkpoint stays on disk) rather than lose the work silently."""
+    import gmux.job
+    job = gmux.job.current()
+    if job is not None and job.profile.steps > 1:
+        return
+    msg = (f"job {agent.job} was moved with its state in {path}, but the script did not restore it: call "
+           f"job.restore(os.environ['GMUX_RESTORE']) after gmux.job.attach(); stopped instead of training from "
+           f"scratch (the checkpoint is kept)")
+    print(f"gmux-launch: {msg}", file=sys.stderr)
+    write_exit(rundir, agent.job, 3, msg)
+    agent.bye(3, msg)
+    agent.close()
+    os._exit(3)

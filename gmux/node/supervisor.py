@@ -54,7 +54,8 @@ class Supervisor:
                               f"(SIGKILL, the OOM killer) or crashed hard")
 
     def kill(self, job: Job, sig: int = signal.SIGKILL) -> bool:
-        if job.pid <= 0 or not alive(job.pid, job.starttime):
+        # Only a process identified by pid *and* start time: never a reused pid, never on a bare pid's word.
+        if job.pid <= 1 or job.starttime is None or not alive(job.pid, job.starttime):
             return False
         try:
             os.kill(job.pid, sig)

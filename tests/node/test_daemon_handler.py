@@ -84,7 +84,8 @@ def test_refusals_say_what_to_do(daemon):
     register(daemon)
     r = ask(daemon, "migrate", admin=daemon.admin, job="j1", gpu=7)
     assert "no GPU 7" in r["error"]
-    r = ask(daemon, "register", pid=1, argv=["x"], mem=64 * GiB)
+    r = ask(daemon, "register", pid=daemon.stand_in_pid, argv=["x"], mem=64 * GiB)
+    assert "cannot be a job" in ask(daemon, "register", pid=os.getpid(), argv=["x"])["error"]
     assert not r["ok"] and "largest GPU" in r["error"]
     daemon._receive(b"c", [b"\x93garbage"])
     assert not daemon.sent[-1][1]["ok"] and "msgpack" in daemon.sent[-1][1]["error"]
@@ -121,7 +122,7 @@ def messages(draw, tokens, pid):
         elif name == "kind":
             obj[name] = draw(st.sampled_from(list(protocol.COMMAND_KINDS) + ["x"]))
         elif name == "pid":
-            obj[name] = draw(st.sampled_from([pid, 0, 1 << 30, -1]))
+            obj[name] = draw(st.sampled_from([pid, 0, 1, os.getpid(), 1 << 30, -1]))   # gmuxd refuses 1 and itself
         elif name == "gpu":
             obj[name] = draw(st.integers(-1, 3))
         else:

@@ -1,0 +1,43 @@
+"""End to end: suspended state beyond the host-RAM budget spills to disk and comes back bit-identically.
+
+With a budget far below one job's state, every suspended job is spilled: it checkpoints from its host buffers,
+its process re-executes and waits holding nothing, and on its next turn restores from the checkpoint.
+"""
+import subprocess
+
+from conftest import PY, ROOT, TRAIN, env, result
+
+
+def test_spill_to_disk_and_back(node_factory, tmp_path):
+    refs = [subprocess.Popen([PY, TRAIN, str(tmp_path / f"solo{b}.json"), "6000", "--batch", b], env=env(), cwd=ROOT)
+            for b in ("32", "33")]
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "0.5", "--no-pack", "--host-budget", "1KiB")
+    procs = [node.launch(TRAIN, str(tmp_path / f"job{b}.json"), "6000", "--batch", b, "--attach",
+                         opts=["--no-hook", "--mem", "600MiB"]) for b in ("32", "33")]
+    ids = [node.job_of(p.pid) for p in procs]
+    for p in procs:
+        assert p.wait(180) == 0
+    for r in refs:
+        assert r.wait(120) == 0
+    spills = [d for d in node.call("decisions", limit=500)["decisions"] if d["kind"] == "spill"]
+    assert spills and all(d["numbers"]["host_held"] > d["numbers"]["budget"] == 1024 for d in spills)
+    for j, b in zip(ids, ("32", "33")):
+        info = node.job(j)
+        assert info["state"] == "exited" and info["spilled"] and info["migrations"] >= 1, info
+        out = result(tmp_path / f"job{b}.json")
+        assert out["restored_at"] > 0                       # the last run continued from a spilled checkpoint
+        assert out["sha256"] == result(tmp_path / f"solo{b}.json")["sha256"]
+
+
+def test_transparent_job_is_not_moved(node_factory, tmp_path):
+    """An unmodified script cannot be restored in a new process: gmuxd refuses to migrate it, and never spills it."""
+    node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "0.5", "--host-budget", "1KiB")
+    a = node.launch(TRAIN, str(tmp_path / "a.json"), "100000000", opts=["--gpu", "0", "--mem", "600MiB"])
+    b = node.launch(TRAIN, str(tmp_path / "b.json"), "100000000", opts=["--gpu", "0", "--mem", "600MiB"])
+    ja, jb = node.job_of(a.pid), node.job_of(b.pid)
+    node.wait_for(lambda: node.job(ja)["suspends"] >= 2 and node.job(jb)["suspends"] >= 2, 60, "sliced")
+    out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "migrate", ja, "--gpu", "1"], env=env(),
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "transparent mode" in out.stderr and "--no-hook" in out.stderr
+    assert not any(d["kind"] == "spill" for d in node.call("decisions", limit=500)["decisions"])
+    assert a.poll() is None and b.poll() is None and node.job(ja)["migrations"] == 0
