@@ -30,27 +30,6 @@ typedef struct {
 
 #define HB(b) ((host_backend *)(b))
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-
-/* Maps a file range with every page present *and writable*. MAP_POPULATE alone read-faults shared
- * mappings, so the first write to each 4 KiB page takes a fault (and the mmap lock) in the middle of the
- * copy, where it collides with the helper thread's unmapping. MADV_POPULATE_WRITE (Linux 5.14) takes those
- * faults up front; older kernels fall back to MAP_POPULATE. */
-static void *map_writable(void *at, uint64_t len, int fd, uint64_t off, int fixed) {
-    void *p = mmap(at, len, PROT_READ | PROT_WRITE, MAP_SHARED | fixed, fd, (off_t)off);
-    if (p == MAP_FAILED) return p;
-    if (madvise(p, len, MADV_POPULATE_WRITE) != 0) {
-        void *q = mmap(p, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, (off_t)off);
-        if (q == MAP_FAILED) {
-            munmap(p, len);
-            return q;
-        }
-    }
-    return p;
-}
-
 static int h_reserve(gmux_backend *b, uint64_t span, uintptr_t *addr) {
     (void)b;
     void *p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -98,7 +77,8 @@ static int h_map_unit(gmux_backend *b, gmux_entry *e, uint64_t unit) {
         uint64_t r = 1;
         while (k + r < n && chunks[k + r] == chunks[k] + r) r++;
         uintptr_t at = e->addr + (g0 + k) * h->chunk;
-        void *p = map_writable((void *)at, r * h->chunk, h->fd, h->data_off + (uint64_t)chunks[k] * h->chunk, MAP_FIXED);
+        void *p = mmap((void *)at, r * h->chunk, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, h->fd,
+                       (off_t)(h->data_off + (uint64_t)chunks[k] * h->chunk));
         if (p == MAP_FAILED) {
             rc = gmux__fail(GMUX_E_BACKEND, "mapping pool chunks: %s", strerror(errno));
             protect_none(e->addr + g0 * h->chunk, n * h->chunk);
@@ -147,7 +127,7 @@ static int h_store_ensure(gmux_backend *b, uint64_t bytes, unsigned char **host)
         return GMUX_OK;
     }
     if (h->store_map) h_store_release(b);
-    h->store_map = map_writable(NULL, bytes, h->store_fd, 0, 0);
+    h->store_map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, h->store_fd, 0);
     if (h->store_map == MAP_FAILED) {
         h->store_map = NULL;
         return gmux__fail(GMUX_E_BACKEND, "mapping the host store: %s", strerror(errno));

@@ -11,6 +11,13 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef GMUX_RELEASER_NICE
+#define GMUX_RELEASER_NICE 5
+#endif
 
 typedef struct {
     gmux_allocator *a;
@@ -75,6 +82,9 @@ static bool pipe_wait(pipeline *p, uint64_t i) {
 static void *releaser(void *arg) {
     pipeline *p = arg;
     gmux_backend *b = p->a->backend;
+    /* The copies are the critical path of a suspend; releasing is background work that only has to be done
+     * by the end. On a machine with no idle core, yield the CPU to the copier first. */
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), GMUX_RELEASER_NICE);
     int rc = b->thread_enter ? b->thread_enter(b) : GMUX_OK;
     if (rc) {
         pipe_fail(p, rc);
