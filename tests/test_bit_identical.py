@@ -43,9 +43,14 @@ def test_suspends_and_restores_in_new_processes_are_lossless(model, steps, tmp):
     assert solo["losses"] == migrated["losses"]
 
 
-def test_unmodified_script_under_the_transparent_hook(tmp):
+@pytest.mark.parametrize("options,tier", [([], "state"), (["--pool", "64MiB", "--no-native"], "state"),
+                                          (["--pool", "64MiB"], "allocator")])
+def test_unmodified_script_under_the_transparent_hook(options, tier, tmp):
+    from gmux.job import allocator
+    if tier == "allocator" and not allocator.available():
+        pytest.skip("gmux._native is not built")
     script = "tests/scripts/plain_train.py"
     run_py(script, f"{tmp}/plain.pt")
-    out = run_py("-m", "gmux.job.run", "--cycle-every", "2", script, f"{tmp}/hooked.pt")
-    assert "25 suspends" in out.stderr, out.stderr
+    out = run_py("-m", "gmux.job.run", *options, "--cycle-every", "2", script, f"{tmp}/hooked.pt")
+    assert f"25 suspends, {tier} tier" in out.stderr, out.stderr
     assert_identical(torch.load(f"{tmp}/plain.pt"), torch.load(f"{tmp}/hooked.pt"))

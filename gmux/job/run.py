@@ -5,6 +5,10 @@
 With --cycle-every N the job is suspended and resumed at every Nth boundary (held suspended for --hold
 seconds): a way to check that a script survives suspension bit-identically before trusting it to a
 multiplexer. Without it, the hook only measures (see the summary printed at exit).
+
+On a GPU, the script's allocations are routed through gmux's native allocator before it runs (the
+allocator tier: suspend keeps every pointer valid); --no-native keeps torch's own allocator and the state
+tier. On the CPU, --pool SIZE gives the job a virtual GPU of that much memory.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Optional
 
 from .control import Command
 from .hook import install_hook
+from ..node.inventory import parse_size
 
 
 class CycleController:
@@ -48,22 +53,45 @@ class CycleController:
             print(f"gmux: {command.kind} failed: {result.get('error')}", file=sys.stderr)
 
 
+def _device_memory(pool_bytes: int, native: bool):
+    """Routes CUDA allocations through gmux (GPU), or returns a virtual GPU's pool (CPU), or None."""
+    import torch
+    from . import allocator
+    if torch.cuda.is_available():
+        if native and allocator.available():
+            allocator.route_torch_cuda(torch.cuda.current_device())
+        return None
+    if not pool_bytes:
+        return None
+    if native and allocator.available():
+        return allocator.Pool.create(pool_bytes)
+    from .device_pool import DevicePool
+    return DevicePool(pool_bytes)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gmux.job.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cycle-every", type=int, default=0, metavar="N", help="suspend+resume every N boundaries")
     p.add_argument("--hold", type=float, default=0.0, metavar="S", help="seconds to stay suspended (default 0)")
+    p.add_argument("--pool", default=None, metavar="SIZE", help="virtual GPU memory on the CPU, e.g. 2GiB")
+    p.add_argument("--no-native", action="store_true", help="use the state tier only")
     p.add_argument("script", help="the training script, run as __main__")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     a = p.parse_args(argv)
     if not os.path.isfile(a.script):
         p.error(f"no such script: {a.script}")
+    try:
+        pool_bytes = parse_size(a.pool) if a.pool else 0
+    except ValueError as e:
+        p.error(f"--pool: {e}")
     controller = CycleController(a.cycle_every, a.hold) if a.cycle_every else None
-    job = install_hook(controller=controller)
+    job = install_hook(controller=controller, pool=_device_memory(pool_bytes, native=not a.no_native))
 
     def summary():
         s, r = job.profile.last_suspend, job.profile.last_resume
-        print(f"gmux: {job.profile.steps} boundaries, {job.profile.suspends} suspends "
+        tier = "allocator" if type(job.tier).__name__ == "AllocatorTier" else "state"
+        print(f"gmux: {job.profile.steps} boundaries, {job.profile.suspends} suspends, {tier} tier "
               f"({job.profile.bytes_moved / 2**20:.1f} MiB moved; last suspend {s.get('total_s', 0) * 1e3:.2f} ms, "
               f"resume {r.get('total_s', 0) * 1e3:.2f} ms)", file=sys.stderr)
     atexit.register(summary)
