@@ -40,7 +40,7 @@ class AllocatorTier:
         else:
             raise ValueError(f"the allocator tier supports cpu (virtual GPU) and cuda devices, not {self.device}")
         self._views: dict[int, torch.Tensor] = {}
-        self._suspended_tensors: list[torch.Tensor] = []
+        self._suspended_ids: set[int] = set()
 
     @property
     def suspended(self) -> bool:
@@ -61,7 +61,7 @@ class AllocatorTier:
             live = self.routing.live_ranges()
         t1 = time.perf_counter()
         figures = self.allocator.suspend(live)
-        self._suspended_tensors = tensors
+        self._suspended_ids = {id(t) for t in tensors}
         self._views.clear()
         return {"tier": "allocator", "bytes": figures["bytes"], "released_bytes": figures["mapped_bytes"],
                 "allocations": figures["allocations"], "placed_bytes": placed["bytes"], "place_s": t1 - t0,
@@ -73,7 +73,7 @@ class AllocatorTier:
             raise RuntimeError("resume: the job is not suspended")
         t0 = time.perf_counter()
         figures = self.allocator.resume()
-        self._suspended_tensors = []
+        self._suspended_ids = set()
         self._views.clear()
         return {"tier": "allocator", "bytes": figures["bytes"], "mapped_bytes": figures["mapped_bytes"],
                 "alloc_s": figures["map_s"], "stage_s": figures["stage_s"], "copy_s": figures["copy_s"],
@@ -88,7 +88,7 @@ class AllocatorTier:
 
     def host_view(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
         """A host copy of a suspended tensor (its memory is unmapped: touching it would fault), or None."""
-        if not self.suspended or not any(t is tensor for t in self._suspended_tensors):
+        if not self.suspended or id(tensor) not in self._suspended_ids:
             return None
         storage = tensor.untyped_storage()
         key = storage.data_ptr()

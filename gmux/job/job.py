@@ -176,7 +176,9 @@ class Job:
     def checkpoint(self, target: str | BinaryIO | Callable[[bytes], Any]) -> dict:
         """Writes the job's state to a path (atomically), a binary file or a byte sink."""
         t0 = time.perf_counter()
-        resolve = (lambda t: self.tier.host_view(t) if self.suspended and self.tier.host_view(t) is not None else t)
+        def resolve(t: torch.Tensor) -> torch.Tensor:  # a suspended tensor's values are in its host copy
+            view = self.tier.host_view(t) if self.suspended else None
+            return t if view is None else view
         if self.device.type == "cuda" and not self.suspended:
             torch.cuda.synchronize(self.device)
         snap = self.snapshot()
