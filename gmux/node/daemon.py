@@ -239,6 +239,7 @@ class Daemon:
         job.identity = identity
         job.state, job.started, job.detail = "waiting", False, ""
         job._step_offset = None   # a new process counts boundaries from 0
+        job.host_bytes = 0        # a new process holds no suspended state
         job.start_window()
         self.slicers[job.gpu].add(job.id, job.weight, job.working_set(), now, used=job.gpu_seconds)
         if job.held:
@@ -568,7 +569,7 @@ class Daemon:
             return
         for job_id in sorted(slicer.entries, key=lambda j: -self.jobs[j].host_bytes):
             job = self.jobs[job_id]
-            if (job.host_bytes and job.migratable and job_id not in slicer.resident
+            if (job.host_bytes and job.migratable and job.started and job_id not in slicer.resident
                     and job_id not in slicer.pending):
                 job.spilled = True
                 job.target_gpu = job.gpu

@@ -77,15 +77,13 @@ def run(opt: LaunchOptions) -> int:
     # Admitted; now wait for our turn on the GPU (immediately, when it is free).
     start = agent.wait()
     while start.kind != "resume":
-        if start.kind in ("exit", "migrate", "checkpoint"):
-            # Not started: there is no state to save. An exit ends us; a move is the daemon's bookkeeping.
+        if start.kind == "exit":
             agent.reply(start, {"ok": True, "started": False})
-            if start.kind == "exit":
-                write_exit(rundir, job_id, 0, "told to exit before starting")
-                agent.bye(0, "told to exit before starting")
-                return 0
-        else:
-            agent.reply(start, {"ok": True, "started": False})
+            write_exit(rundir, job_id, 0, "told to exit before starting")
+            agent.bye(0, "told to exit before starting")
+            return 0
+        # Not started: there is no state to suspend, checkpoint or move (gmuxd moves a waiting job itself).
+        agent.reply(start, {"ok": False, "error": f"{start.kind}: the job has not started"})
         start = agent.wait()
     os.environ.update(start.args.get("env") or {})
     if opt.restore:
