@@ -225,8 +225,10 @@ class Message:
         return self.fields[name]
 
 
-def validate(obj: Any) -> Message:
-    """Checks a decoded frame against MESSAGES; returns it as a Message or raises ProtocolError."""
+def validate(obj: Any, table: Optional[dict] = None) -> Message:
+    """Checks a decoded frame against MESSAGES (or another table, e.g. CLUSTER_MESSAGES); returns it as a
+    Message or raises ProtocolError."""
+    table = MESSAGES if table is None else table
     if not isinstance(obj, dict):
         raise ProtocolError(f"a message must be a map, got {type(obj).__name__}")
     v = obj.get("v")
@@ -234,13 +236,13 @@ def validate(obj: Any) -> Message:
         raise ProtocolError(f"protocol version {v!r} is not supported (this daemon speaks version {VERSION}); "
                             f"use gmux and gmuxd from the same installation")
     mtype = obj.get("type")
-    if not isinstance(mtype, str) or mtype not in MESSAGES:
+    if not isinstance(mtype, str) or mtype not in table:
         shown = repr(mtype)[:60]
-        raise ProtocolError(f"unknown message type {shown}; known: {', '.join(sorted(MESSAGES))}")
+        raise ProtocolError(f"unknown message type {shown}; known: {', '.join(sorted(table))}")
     mid = obj.get("id", 0)
     if _int(mid, 0, (1 << 63) - 1):
         raise ProtocolError(f"{mtype}: id must be a non-negative integer")
-    spec = MESSAGES[mtype]
+    spec = table[mtype]
     fields = {}
     for key, value in obj.items():
         if key in ("v", "type", "id"):
@@ -257,7 +259,7 @@ def validate(obj: Any) -> Message:
     return Message(mtype, mid, fields)
 
 
-def decode(frame: bytes) -> Message:
+def decode(frame: bytes, table: Optional[dict] = None) -> Message:
     """Bytes from the wire -> validated Message. Never raises anything but ProtocolError."""
     if len(frame) > MAX_FRAME:
         raise ProtocolError(f"message of {len(frame)} bytes exceeds the {MAX_FRAME}-byte limit")
@@ -265,14 +267,14 @@ def decode(frame: bytes) -> Message:
         obj = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     except Exception as e:  # msgpack raises several unrelated types (ExtraData, FormatError, ValueError, ...)
         raise ProtocolError(f"not a msgpack message: {type(e).__name__}: {str(e)[:100]}") from None
-    return validate(obj)
+    return validate(obj, table)
 
 
-def encode(mtype: str, id: int = 0, **fields: Any) -> bytes:
+def encode(mtype: str, id: int = 0, table: Optional[dict] = None, **fields: Any) -> bytes:
     """A message as bytes. Validates outgoing messages too, so a sender's bug fails at the sender."""
     obj = {"v": VERSION, "type": mtype, "id": id, **fields}
     if mtype != "reply":
-        validate(obj)
+        validate(obj, table)
     return msgpack.packb(obj)
 
 
@@ -288,3 +290,102 @@ def reply(id: int, ok: bool = True, error: Optional[str] = None, data: Any = Non
 def error_reply(id: Any, error: str) -> bytes:
     return reply(id if isinstance(id, int) and not isinstance(id, bool) and 0 <= id < (1 << 63) else 0,
                  ok=False, error=error)
+
+
+# ======================================================================================================
+# Cluster mode: gmux-scheduler <-> gmuxd (cluster link), clients -> gmux-scheduler, and checkpoint transfer
+# between machines. A table of its own (CLUSTER_MESSAGES, decoded with `decode(frame, CLUSTER_MESSAGES)`), so
+# the per-machine wire above is unchanged. These travel over TCP with CurveZMQ: a peer has already proven its
+# key before any of this is parsed, but every field is still validated (a trusted peer can have a bug).
+# ======================================================================================================
+XFER_MAX_CHUNK = 4 << 20        # a checkpoint chunk (the raw second frame of an xfer_chunk)
+XFER_MAX_SIZE = 1 << 40         # a checkpoint larger than 1 TiB is not one gmux wrote
+CLUSTER_ACTIONS = ("start", "suspend", "resume", "kill", "move", "migrate_out", "release", "send_checkpoint")
+CLUSTER_EVENTS = ("started", "start_failed", "suspended", "resumed", "moved", "migrate_sent", "migrate_failed",
+                  "checkpointed", "released", "action_failed", "checkpoint_sent")
+_Z85 = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
+
+
+def _z85_key(v):
+    p = _str(v, 40)
+    if p:
+        return p
+    return None if len(v) == 40 and set(v) <= _Z85 else "expected a 40-character z85 CurveZMQ public key"
+
+
+def _tcp_endpoint(v):
+    p = _str(v, 256)
+    if p:
+        return p
+    if not v.startswith("tcp://") or ":" not in v[6:]:
+        return f"{v[:60]!r} is not a tcp://HOST:PORT endpoint"
+    return _int(int(v.rsplit(":", 1)[1]), 1, 65535) if v.rsplit(":", 1)[1].isdigit() else "port is not a number"
+
+
+def _sha256_hex(v):
+    p = _str(v, 64)
+    if p:
+        return p
+    return None if len(v) == 64 and all(c in "0123456789abcdef" for c in v) else "expected a sha256 in lower hex"
+
+
+def _records(spec: dict, max_items: int = MAX_LIST):
+    """A list of maps, each checked field by field against `spec` (same form as a MESSAGES entry)."""
+    def f(v):
+        if not isinstance(v, list):
+            return f"expected a list, got {type(v).__name__}"
+        if len(v) > max_items:
+            return f"list of {len(v)} items exceeds {max_items}"
+        for i, item in enumerate(v):
+            if not isinstance(item, dict):
+                return f"item {i}: expected a map, got {type(item).__name__}"
+            for key, value in item.items():
+                if key not in spec:
+                    return f"item {i}: unknown field {str(key)[:60]!r}"
+                problem = spec[key][0](value)
+                if problem:
+                    return f"item {i}.{key}: {problem}"
+            for key, (_, required) in spec.items():
+                if required and key not in item:
+                    return f"item {i}: missing field {key!r}"
+        return None
+    return f
+
+
+_opt_float = _optional(_float)
+_GPU_RECORD = {"index": (_gpu_index, True), "mem_total": (_nonneg_int, True)}
+# One job as a daemon's cluster link sees it (from its gmuxd's table).
+_JOB_RECORD = {
+    "cjob": (_name, True), "local": (_name, True), "state": (_one_of(*JOB_STATES), True),
+    "step": (_nonneg_int, True), "gpu": (_optional(_gpu_index), True), "rate_now": (_opt_float, False),
+    "rate_solo": (_opt_float, False), "mem_peak": (_optional(_nonneg_int), False),
+    "gpu_seconds": (_float, False), "exit_status": (_optional(_int), False), "detail": (_str, False),
+    "held": (_bool, False),
+}
+
+CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
+    # --- a daemon's cluster link -> scheduler: its whole state, every half second (so a restarted scheduler
+    #     learns everything from the next report) ---
+    "node_report": {"name": (_name, True), "gpus": (_records(_GPU_RECORD, 64), True),
+                    "transfer": (_tcp_endpoint, True), "jobs": (_records(_JOB_RECORD), True)},
+    # --- the outcome of an action, or of something the link did on its own (a periodic checkpoint) ---
+    "node_event": {"name": (_name, True), "cjob": (_name, True), "event": (_one_of(*CLUSTER_EVENTS), True),
+                   "detail": (_str, False), "data": (_free_map, False)},
+    # --- scheduler -> link: do this to a cluster job (args are checked per action by the link) ---
+    "node_action": {"action": (_one_of(*CLUSTER_ACTIONS), True), "cjob": (_name, True),
+                    "args": (_free_map, True)},
+    # --- clients (gmux submit/ps --cluster) -> scheduler ---
+    "c_submit": {"argv": (_argv, True), "cwd": (_str, True), "env": (_env, False), "name": (_optional(_name), False),
+                 "gpus": (lambda v: _int(v, 1, 64), False), "mem": (_optional(_nonneg_int), False),
+                 "weight": (_pos_float, False), "ckpt_every": (_optional(_pos_float), False)},
+    "c_ps": {"all": (_bool, False)},
+    "c_kill": {"cjob": (_name, True)},
+    # --- checkpoint transfer (sender DEALER -> receiver ROUTER): begin says what is coming and learns how much
+    #     of it the receiver already holds (resume after a dropped connection); each chunk carries its offset and
+    #     crc32 with the bytes as a second raw frame; end asks the receiver to verify the sha256 and keep it ---
+    "xfer_begin": {"xfer": (_name, True), "size": (lambda v: _int(v, 0, XFER_MAX_SIZE), True),
+                   "sha256": (_sha256_hex, True)},
+    "xfer_chunk": {"xfer": (_name, True), "offset": (lambda v: _int(v, 0, XFER_MAX_SIZE), True),
+                   "crc": (lambda v: _int(v, 0, (1 << 32) - 1), True)},
+    "xfer_end": {"xfer": (_name, True)},
+}
