@@ -382,10 +382,13 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     "c_kill": {"cjob": (_name, True)},
     # --- checkpoint transfer (sender DEALER -> receiver ROUTER): begin says what is coming and learns how much
     #     of it the receiver already holds (resume after a dropped connection); each chunk carries its offset and
-    #     crc32 with the bytes as a second raw frame; end asks the receiver to verify the sha256 and keep it ---
-    "xfer_begin": {"xfer": (_name, True), "size": (lambda v: _int(v, 0, XFER_MAX_SIZE), True),
-                   "sha256": (_sha256_hex, True)},
+    #     crc32 with the bytes as a second raw frame (checked before the chunk is appended); end gives the
+    #     sha256 of the table of (offset, length, crc32) of every chunk, so the receiver proves it holds exactly
+    #     the chunks the sender read, in order, without a second pass over a 1 GiB file (the checkpoint's own
+    #     frames carry crc32s too, checked again at restore). An xfer name is never reused for different bytes:
+    #     it is the identity that makes a resume safe ---
+    "xfer_begin": {"xfer": (_name, True), "size": (lambda v: _int(v, 0, XFER_MAX_SIZE), True)},
     "xfer_chunk": {"xfer": (_name, True), "offset": (lambda v: _int(v, 0, XFER_MAX_SIZE), True),
                    "crc": (lambda v: _int(v, 0, (1 << 32) - 1), True)},
-    "xfer_end": {"xfer": (_name, True)},
+    "xfer_end": {"xfer": (_name, True), "digest": (_sha256_hex, True)},
 }
