@@ -391,4 +391,5 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     "xfer_chunk": {"xfer": (_name, True), "offset": (lambda v: _int(v, 0, XFER_MAX_SIZE), True),
                    "crc": (lambda v: _int(v, 0, (1 << 32) - 1), True)},
     "xfer_end": {"xfer": (_name, True), "digest": (_sha256_hex, True)},
+    "reply": MESSAGES["reply"],
 }

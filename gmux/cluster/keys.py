@@ -1,0 +1,174 @@
+"""CurveZMQ key pairs for cluster mode: who may talk to gmux-scheduler and to a daemon's transfer endpoint.
+
+A cluster's keys live in one directory (mode 0700), one pair per party, named by role and name:
+
+    scheduler.pub / scheduler.secret
+    daemon.NAME.pub / daemon.NAME.secret      one per machine's gmuxd
+    client.NAME.pub / client.NAME.secret      one per user of `gmux submit --cluster`
+
+Each file holds one z85 key (40 characters). On a real cluster each machine gets the public files and only its
+own secret; on one machine (tests, a demo) they can share the directory. Authorising a party is having its
+.pub file in the directory; revoking it is deleting that file (read again at every handshake, so no restart).
+
+The scheduler accepts daemons and clients, and tells them apart by key (a client key cannot act as a daemon);
+a daemon's transfer endpoint accepts the scheduler and other daemons. A peer with no key, or a key that is not
+in the directory, never completes the CurveZMQ handshake: no message of it reaches our code.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+
+ROLES = ("scheduler", "daemon", "client")
+
+
+class KeyError_(RuntimeError):
+    """A key file that is missing or malformed; the text names it and says how to make one."""
+
+
+def _check_name(name: str) -> str:
+    if not name or len(name) > 64 or not all(c.isalnum() or c in "-_" for c in name):
+        raise ValueError(f"key name {name!r}: use letters, digits, '-' and '_' (at most 64)")
+    return name
+
+
+def stem(role: str, name: str | None = None) -> str:
+    if role not in ROLES:
+        raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
+    if role == "scheduler":
+        return "scheduler"
+    return f"{role}.{_check_name(name or '')}"
+
+
+def _write(path: str, text: str, mode: int) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, text.encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def create(keydir: str, role: str, name: str | None = None, overwrite: bool = False) -> tuple[str, str]:
+    """Makes a key pair; returns (public file, secret file). Refuses to replace an existing pair silently."""
+    os.makedirs(keydir, mode=0o700, exist_ok=True)
+    os.chmod(keydir, 0o700)
+    base = os.path.join(keydir, stem(role, name))
+    pub, sec = base + ".pub", base + ".secret"
+    if not overwrite and (os.path.exists(pub) or os.path.exists(sec)):
+        raise FileExistsError(f"{pub} already exists; delete it (revokes that key) or pass --force")
+    public, secret = zmq.curve_keypair()
+    _write(sec, secret.decode(), 0o600)
+    _write(pub, public.decode(), 0o644)
+    return pub, sec
+
+
+def _read_key(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            key = f.read().strip()
+    except FileNotFoundError:
+        raise KeyError_(f"no key file {path}; create it with `gmux keys --dir {os.path.dirname(path)} ...`") from None
+    if len(key) != 40:
+        raise KeyError_(f"{path} does not hold a 40-character z85 CurveZMQ key")
+    try:
+        zmq.utils.z85.decode(key)
+    except Exception:
+        raise KeyError_(f"{path} is not z85 text") from None
+    return key
+
+
+def load_pair(keydir: str, role: str, name: str | None = None) -> tuple[bytes, bytes]:
+    """(public, secret) of one party, z85 bytes, as setsockopt(CURVE_*KEY) takes them."""
+    base = os.path.join(keydir, stem(role, name))
+    secret_path = base + ".secret"
+    if os.path.exists(secret_path) and os.stat(secret_path).st_mode & 0o077:
+        raise KeyError_(f"{secret_path} is readable by others; chmod 600 it (a leaked secret key is a stolen "
+                        f"identity)")
+    return _read_key(base + ".pub"), _read_key(secret_path)
+
+
+def load_public(keydir: str, role: str, name: str | None = None) -> bytes:
+    return _read_key(os.path.join(keydir, stem(role, name) + ".pub"))
+
+
+def authorized(keydir: str) -> dict[bytes, tuple[str, str]]:
+    """Every public key in the directory: z85 key -> (role, name)."""
+    out: dict[bytes, tuple[str, str]] = {}
+    for fn in sorted(os.listdir(keydir)):
+        if not fn.endswith(".pub"):
+            continue
+        parts = fn[:-4].split(".", 1)
+        role, name = parts[0], (parts[1] if len(parts) > 1 else parts[0])
+        if role not in ROLES:
+            continue
+        try:
+            out[_read_key(os.path.join(keydir, fn))] = (role, name)
+        except KeyError_:
+            continue   # a damaged .pub authorises nobody
+    return out
+
+
+class Guard:
+    """A ZAP handler on `context` that admits CurveZMQ peers whose key is in `keydir` with one of `roles`.
+
+    Runs pyzmq's authenticator thread; the key directory is re-read when it changes (mtime), so revoking a key
+    takes effect at the next handshake. `who(key)` names an admitted peer for the service's own checks."""
+
+    def __init__(self, context: zmq.Context, keydir: str, roles: tuple):
+        self.keydir = keydir
+        self.roles = roles
+        self._lock = threading.Lock()
+        self._mtime = None
+        self._keys: dict[bytes, tuple[str, str]] = {}
+        self.refused = 0
+        self.auth = ThreadAuthenticator(context)
+        self.auth.start()
+        self.auth.configure_curve_callback("*", credentials_provider=self)
+
+    def _reload(self) -> dict:
+        with self._lock:
+            m = os.stat(self.keydir).st_mtime_ns
+            if m != self._mtime:
+                self._keys, self._mtime = authorized(self.keydir), m
+            return self._keys
+
+    def callback(self, domain: str, key: bytes) -> bool:   # called by the authenticator thread per handshake
+        ok = self._reload().get(key, ("", ""))[0] in self.roles
+        if not ok:
+            self.refused += 1
+        return ok
+
+    def who(self, key: bytes | str) -> tuple[str, str] | None:
+        if isinstance(key, str):
+            key = key.encode()
+        return self._reload().get(key)
+
+    def stop(self) -> None:
+        self.auth.stop()
+
+
+def server_socket(context: zmq.Context, kind: int, keydir: str, role: str, name: str | None = None) -> zmq.Socket:
+    """A socket that is the CurveZMQ server side with this party's key pair (bind it afterwards)."""
+    public, secret = load_pair(keydir, role, name)
+    s = context.socket(kind)
+    s.curve_secretkey = secret
+    s.curve_publickey = public
+    s.curve_server = True
+    return s
+
+
+def client_socket(context: zmq.Context, kind: int, keydir: str, role: str, name: str | None,
+                  server_key: bytes) -> zmq.Socket:
+    """A socket that is the CurveZMQ client side, authenticating as (role, name) to a server with `server_key`."""
+    public, secret = load_pair(keydir, role, name)
+    s = context.socket(kind)
+    s.curve_secretkey = secret
+    s.curve_publickey = public
+    s.curve_serverkey = server_key
+    return s

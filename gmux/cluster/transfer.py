@@ -1,0 +1,226 @@
+"""Moving a checkpoint file between machines over ZeroMQ: chunked, checksummed, resumable.
+
+Sender (a DEALER, CurveZMQ client) -> receiver (hosted on a CurveZMQ ROUTER by a daemon's cluster link or by
+gmux-scheduler). See the xfer_* messages in gmux/protocol.py.
+
+- Chunks of CHUNK bytes travel as [header, raw bytes] with the chunk's crc32; up to WINDOW chunks are in flight,
+  so the link is never idle waiting for an acknowledgement.
+- The receiver appends a chunk only if it starts exactly where its file ends and its crc32 matches; every
+  answer says how much it holds ("have"). A sender that hears a smaller "have" than it expected rewinds to it.
+- A dropped connection shows as silence: after `timeout` the sender opens a new connection, sends begin again,
+  learns "have" and goes on from there (bytes already received are not sent again). A receiver that restarted
+  also answers from the length of its partial file.
+- At the end the receiver checks the digest of the sender's chunk table (see protocol.py), fsyncs and renames
+  the partial file to NAME.ckpt: a reader sees a complete, verified file or none.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import struct
+import time
+import zlib
+from collections import deque
+from typing import Callable, Optional
+
+import zmq
+
+from gmux import protocol
+from gmux.cluster import keys
+
+CHUNK = 2 << 20
+WINDOW = 8
+_ENTRY = struct.Struct("<QQI")   # offset, length, crc32: one row of the chunk table the digest covers
+
+
+class TransferError(RuntimeError):
+    """A transfer that could not complete; the text says where and why."""
+
+
+class Receiver:
+    """Keeps incoming checkpoints in `directory`; `handle` answers one xfer_* message (never raises on bad input
+    from a peer: the problem goes back as an error reply)."""
+
+    def __init__(self, directory: str):
+        self.dir = directory
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.open: dict[str, dict] = {}
+        self.completed = 0
+        self.rejected_chunks = 0
+
+    def path(self, xfer: str) -> str:
+        return os.path.join(self.dir, f"{xfer}.ckpt")
+
+    def handle(self, msg: protocol.Message, data: Optional[bytes]) -> tuple[bool, object]:
+        """(ok, reply data or error text)."""
+        x = msg["xfer"]
+        if msg.type == "xfer_begin":
+            return True, {"have": self._begin(x, msg["size"])}
+        st = self.open.get(x)
+        if st is None:
+            return False, f"{msg.type}: no transfer {x!r} in progress (send xfer_begin first)"
+        if msg.type == "xfer_chunk":
+            if data is None or len(data) > protocol.XFER_MAX_CHUNK or len(data) == 0:
+                return False, f"xfer_chunk {x}: needs one data frame of 1..{protocol.XFER_MAX_CHUNK} bytes"
+            off = msg["offset"]
+            if off != st["have"] or off + len(data) > st["size"] or zlib.crc32(data) != msg["crc"]:
+                self.rejected_chunks += 1     # out of place (after a loss) or damaged: the sender rewinds
+                return True, {"have": st["have"]}
+            os.write(st["fd"], data)
+            st["table"].update(_ENTRY.pack(off, len(data), msg["crc"]))
+            st["have"] += len(data)
+            return True, {"have": st["have"]}
+        # xfer_end
+        if st["have"] != st["size"]:
+            return False, f"xfer_end {x}: holds {st['have']} of {st['size']} bytes"
+        if st["table"].hexdigest() != msg["digest"]:
+            self._discard(x)
+            return False, f"xfer_end {x}: digest mismatch; the partial file was discarded, send it again"
+        os.fsync(st["fd"])
+        os.close(st["fd"])
+        del self.open[x]
+        os.rename(self._part(x), self.path(x))
+        self.completed += 1
+        return True, {"have": st["size"], "path": self.path(x)}
+
+    def _part(self, x: str) -> str:
+        return os.path.join(self.dir, f"{x}.part")
+
+    def _begin(self, x: str, size: int) -> int:
+        st = self.open.get(x)
+        if st is not None and st["size"] == size:
+            return st["have"]                  # a resume on a new connection
+        if st is not None:
+            self._discard(x)
+        if os.path.exists(self.path(x)) and os.path.getsize(self.path(x)) == size:
+            os.unlink(self.path(x))            # the same name again: a retry of a finished transfer; take it anew
+        # Rebuild the chunk table of a partial file left by a receiver that restarted: it was appended only with
+        # verified chunks of CHUNK bytes; a torn last chunk is cut off.
+        fd = os.open(self._part(x), os.O_RDWR | os.O_CREAT, 0o600)
+        have = os.fstat(fd).st_size
+        table = hashlib.sha256()
+        if have > size:
+            have = 0
+        have -= have % CHUNK
+        os.ftruncate(fd, have)
+        for off in range(0, have, CHUNK):
+            table.update(_ENTRY.pack(off, CHUNK, zlib.crc32(os.pread(fd, CHUNK, off))))
+        os.lseek(fd, have, os.SEEK_SET)
+        self.open[x] = {"size": size, "have": have, "fd": fd, "table": table}
+        return have
+
+    def _discard(self, x: str) -> None:
+        st = self.open.pop(x)
+        os.close(st["fd"])
+        try:
+            os.unlink(self._part(x))
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        for st in self.open.values():
+            os.close(st["fd"])
+        self.open.clear()
+
+
+def send_file(path: str, endpoint: str, server_key: bytes, keydir: str, role: str, name: Optional[str],
+              xfer: str, timeout: float = 10.0, attempts: int = 6, context: Optional[zmq.Context] = None,
+              chunk: int = CHUNK, window: int = WINDOW,
+              on_connect: Optional[Callable[[int], None]] = None) -> dict:
+    """Sends `path` to the receiver at `endpoint` as transfer `xfer`; blocks until it is verified there.
+    Returns figures: bytes, seconds, resent bytes, reconnects, path on the receiver."""
+    ctx = context or zmq.Context.instance()
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    ids = itertools.count(1)
+    t0 = time.perf_counter()
+    table = hashlib.sha256()
+    tabled = 0            # bytes whose chunk rows are in `table` (rows are added once, in order)
+    resent = 0
+    sent_max = 0
+    reconnects = -1
+    rewinds = 0
+    sock = None
+    try:
+        for attempt in range(attempts):
+            reconnects += 1
+            if sock is not None:
+                sock.close(0)
+            if on_connect is not None:
+                on_connect(attempt)
+            sock = keys.client_socket(ctx, zmq.DEALER, keydir, role, name, server_key)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, window * 4)
+            sock.connect(endpoint)
+            epoch = next(ids)
+
+            def call(mtype, data=None, **fields):
+                frames = [protocol.encode(mtype, epoch, table=protocol.CLUSTER_MESSAGES, xfer=xfer, **fields)]
+                if data is not None:
+                    frames.append(data)
+                sock.send_multipart(frames, copy=data is None or len(data) < 65536)
+
+            def answer():
+                """The next reply of this connection, or None after `timeout` of silence."""
+                while sock.poll(timeout * 1000):
+                    rep = protocol.decode(sock.recv(), protocol.CLUSTER_MESSAGES)
+                    if rep.type != "reply" or rep.id != epoch:
+                        continue
+                    if not rep.get("ok"):
+                        raise TransferError(f"receiver at {endpoint} refused {xfer}: {rep.get('error')}")
+                    return rep.get("data") or {}
+                return None
+
+            call("xfer_begin", size=size)
+            rep = answer()
+            if rep is None:
+                continue
+            offset = int(rep["have"])
+            inflight: deque = deque()
+            lost = False
+            while True:
+                while len(inflight) < window and offset < size:
+                    data = os.pread(fd, min(chunk, size - offset), offset)
+                    crc = zlib.crc32(data)
+                    if offset == tabled:
+                        table.update(_ENTRY.pack(offset, len(data), crc))
+                        tabled += len(data)
+                    if offset < sent_max:
+                        resent += len(data)
+                    call("xfer_chunk", data=data, offset=offset, crc=crc)
+                    offset += len(data)
+                    sent_max = max(sent_max, offset)
+                    inflight.append(offset)
+                if not inflight:
+                    break
+                rep = answer()
+                if rep is None:
+                    lost = True
+                    break
+                have = int(rep["have"])
+                if have == inflight[0]:
+                    inflight.popleft()
+                    continue
+                # A chunk was refused (damaged, or out of place after a loss): go back to what it holds, on a
+                # fresh epoch so the answers to the chunks already on the wire are not mistaken for new ones.
+                epoch = next(ids)
+                rewinds += 1
+                inflight.clear()
+                offset = have
+            if lost:
+                continue
+            call("xfer_end", digest=table.hexdigest())
+            rep = answer()
+            if rep is None:
+                continue
+            seconds = time.perf_counter() - t0
+            return {"bytes": size, "seconds": seconds, "resent": resent, "reconnects": reconnects,
+                    "rewinds": rewinds,                     "path": rep.get("path"), "gib_per_s": size / max(seconds, 1e-9) / (1 << 30)}
+        raise TransferError(f"sending {xfer} ({size} bytes) to {endpoint}: no answer after {attempts} connections "
+                            f"of {timeout:g} s silence each (is the receiving gmuxd up, and is its key in the key "
+                            f"directory?)")
+    finally:
+        os.close(fd)
+        if sock is not None:
+            sock.close(0)

@@ -1,0 +1,58 @@
+"""A loopback TCP forwarder a test can cut: what a dropped connection between two machines looks like."""
+from __future__ import annotations
+
+import socket
+import threading
+
+
+class Proxy:
+    """Forwards 127.0.0.1:port -> 127.0.0.1:target. `cut_after` bytes (client->server) into the first
+    connection, it closes both sides of that connection once; later connections are forwarded untouched."""
+
+    def __init__(self, target_port: int, cut_after: int | None = None):
+        self.target = target_port
+        self.cut_after = cut_after
+        self.cuts = 0
+        self.forwarded = 0
+        self.lsock = socket.socket()
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(8)
+        self.port = self.lsock.getsockname()[1]
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self._stop:
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                return
+            s = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pump, args=(c, s, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(s, c, False), daemon=True).start()
+
+    def _pump(self, src, dst, upstream):
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                if upstream:
+                    self.forwarded += len(data)
+                    if self.cut_after is not None and self.cuts == 0 and self.forwarded > self.cut_after:
+                        self.cuts += 1
+                        break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self):
+        self._stop = True
+        self.lsock.close()
