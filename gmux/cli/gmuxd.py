@@ -24,8 +24,15 @@ def main(argv=None) -> int:
     p.add_argument("--pack-margin", type=float, default=0.1, help="keep a pack if sum of packed/solo rates > 1+margin")
     p.add_argument("--pack-window", type=float, default=5.0, help="seconds of packed measurement before judging")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (127.0.0.1)")
+    p.add_argument("--scheduler", help="cluster mode: gmux-scheduler's tcp://HOST:PORT (needs --keys and --name)")
+    p.add_argument("--keys", help="cluster mode: the cluster's key directory (gmux keys)")
+    p.add_argument("--name", help="cluster mode: this machine's name (its key is daemon.NAME)")
+    p.add_argument("--listen", default="tcp://127.0.0.1:0", help="cluster mode: where checkpoints from other "
+                                                                 "machines arrive (default: a free loopback port)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
+    if a.scheduler and not (a.keys and a.name):
+        p.error("--scheduler needs --keys DIR and --name NAME")
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s gmuxd %(levelname)s %(message)s")
     gpus = discover(a.virtual_gpus)
@@ -43,6 +50,17 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, stop)
     logging.info("serving %s with %d GPU(s): %s", daemon.rundir.endpoint, len(gpus),
                  ", ".join(f"{g.index}:{g.name} {g.mem_total >> 20}MiB" for g in gpus))
+    if a.scheduler:   # the cluster link: its own thread and sockets, talks to this daemon as an admin client
+        from gmux.node.cluster_link import ClusterLink, start_thread
+        try:
+            link = ClusterLink(a.runtime_dir, a.name, a.scheduler, a.keys, a.listen)
+        except Exception as e:
+            daemon.close()
+            print(f"gmuxd: cluster link: {e}", file=sys.stderr)
+            return 1
+        start_thread(link)
+        logging.info("cluster link to %s as %s; checkpoints arrive at %s", a.scheduler, a.name,
+                     link.transfer_endpoint)
     daemon.serve()
     return 0
 
