@@ -20,6 +20,10 @@ def _print(data, as_json: bool, text=None) -> None:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from gmux.cluster import scheduler_cli   # `gmux keys`, and submit/ps/kill --cluster ADDR
+    if scheduler_cli.wants(argv):
+        return scheduler_cli.main(argv)
     p = argparse.ArgumentParser(prog="gmux", description="Look at and steer the jobs of gmuxd.")
     p.add_argument("--runtime-dir", default=default_runtime_dir())
     p.add_argument("--json", action="store_true", help="machine-readable output")
