@@ -1,0 +1,46 @@
+"""gmux-scheduler: the cluster scheduler (see gmux/cluster/scheduler.py). Thin: options in, service runs."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from gmux.cluster import keys
+from gmux.cluster.policies import POLICIES
+from gmux.cluster.scheduler import Options, Scheduler
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="gmux-scheduler", description="Schedule training jobs across machines "
+                                "running gmuxd, with the same policies as gmux-sim.")
+    p.add_argument("--listen", default="tcp://127.0.0.1:7700", help="TCP endpoint (CurveZMQ) for daemons and clients")
+    p.add_argument("--keys", required=True, help="the cluster's key directory (gmux keys --dir DIR --scheduler)")
+    p.add_argument("--state", required=True, help="directory for the SQLite state and received checkpoints")
+    p.add_argument("--policy", default="gmux", choices=sorted(POLICIES))
+    p.add_argument("--tick", type=float, default=1.0, help="seconds between policy decisions (default 1)")
+    p.add_argument("--lost-after", type=float, default=5.0, help="a machine silent this long is lost (default 5 s)")
+    p.add_argument("--ckpt-every", type=float, default=30.0,
+                   help="default periodic checkpoint interval of a job, seconds (0: never)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
+                        format="%(asctime)s gmux-scheduler %(levelname)s %(message)s")
+    try:
+        s = Scheduler(a.state, a.keys, Options(listen=a.listen, policy=a.policy, tick=a.tick,
+                                               lost_after=a.lost_after, ckpt_every=a.ckpt_every or None))
+    except (keys.KeyError_, OSError, ValueError) as e:
+        print(f"gmux-scheduler: {e}", file=sys.stderr)
+        return 1
+
+    def stop(signum, frame):
+        s.stopping = True   # jobs keep running on their daemons; a restarted scheduler picks them up
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    logging.info("listening on %s, policy %s", s.endpoint, s.driver.policy.name)
+    s.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,433 @@
+"""gmux-scheduler: one ROUTER (TCP, CurveZMQ server), one loop, the cluster in SQLite.
+
+Daemons' cluster links connect with daemon keys and report their whole state every half second; clients
+(`gmux submit/ps --cluster`) connect with client keys. A peer's role comes from its key (ZAP User-Id), never
+from what it says. Every frame is decoded against protocol.CLUSTER_MESSAGES before use; a bad one gets an error
+reply, is counted, and the loop goes on.
+
+The loop: receive; every `tick` seconds (and at once after an arrival or a completion) rebuild the snapshot,
+ask the policy, send the daemons their actions; mark machines silent for `lost_after` seconds lost and put their
+jobs back to pending, to restart elsewhere from their last periodic checkpoint. Checkpoint pushes to a daemon
+run on worker threads (a 1 GiB file must not stall the loop); their outcome comes back through a queue.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+import zmq
+
+from gmux import protocol
+from gmux.cluster import keys
+from gmux.cluster.policies import Event, EventKind, make_policy
+from gmux.cluster.scheduler_driver import Driver, Intent
+from gmux.cluster.scheduler_state import CJob, Machine, State
+from gmux.cluster.transfer import Receiver, send_file
+
+log = logging.getLogger("gmux.scheduler")
+C = protocol.CLUSTER_MESSAGES
+
+
+@dataclass
+class Options:
+    listen: str = "tcp://127.0.0.1:7700"
+    policy: str = "gmux"
+    tick: float = 1.0
+    lost_after: float = 5.0
+    ckpt_every: Optional[float] = 30.0     # default periodic checkpoint interval for jobs (None: never)
+
+
+class Scheduler:
+    def __init__(self, statedir: str, keydir: str, options: Optional[Options] = None):
+        self.opt = options or Options()
+        self.statedir = statedir
+        os.makedirs(statedir, mode=0o700, exist_ok=True)
+        self.keydir = keydir
+        self.state = State(os.path.join(statedir, "scheduler.db"))
+        self.jobs = self.state.load_jobs()
+        self.machines = self.state.load_machines()
+        now = time.time()
+        for m in self.machines.values():
+            m.last_seen = max(m.last_seen, now)   # a restarted scheduler gives every machine a fresh grace period
+        self.driver = Driver(make_policy(self.opt.policy))
+        self.receiver = Receiver(os.path.join(statedir, "checkpoints"))
+        self.ctx = zmq.Context()
+        self.guard = keys.Guard(self.ctx, keydir, ("daemon", "client"))
+        self.sock = keys.server_socket(self.ctx, zmq.ROUTER, keydir, "scheduler")
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)    # a link that reconnects takes its name back at once
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.XFER_MAX_CHUNK + protocol.MAX_FRAME)
+        self.sock.bind(self.opt.listen)
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.done: "queue.SimpleQueue" = queue.SimpleQueue()     # outcomes of worker threads
+        self.timers: list = []
+        self.events: deque = deque()
+        self.decision_ms: deque = deque(maxlen=2000)
+        self.bad_messages = 0
+        self.internal_errors = 0
+        self.stopping = False
+        self._last_tick = 0.0
+        self.recent: deque = deque(maxlen=200)
+        if any(not j.final for j in self.jobs.values()):
+            self._log("recover", None, f"recovered {sum(not j.final for j in self.jobs.values())} live jobs and "
+                                       f"{len(self.machines)} machines from {self.state.db and 'SQLite'}")
+
+    # --- loop ---
+    def serve(self, until=None) -> None:
+        try:
+            while not self.stopping and not (until and until()):
+                if self.sock.poll(50):
+                    for _ in range(500):
+                        try:
+                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self._receive(frames)
+                self._drain_workers()
+                now = time.time()
+                if self.events or now - self._last_tick >= self.opt.tick:
+                    self._last_tick = now
+                    self.tick(now)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.state.save_many(self.jobs.values())
+        self.sock.close(0)
+        self.guard.stop()
+        self.receiver.close()
+        self.state.close()
+        self.ctx.term()
+
+    def _receive(self, frames: list) -> None:
+        ident = frames[0].bytes
+        user = frames[1].get("User-Id") if len(frames) > 1 else None
+        who = self.guard.who(user) if user else None
+        mid = 0
+        try:
+            if who is None or len(frames) < 2 or len(frames) > 3:
+                raise protocol.ProtocolError("expected one message frame (two for a checkpoint chunk)")
+            msg = protocol.decode(frames[1].bytes, C)
+            mid = msg.id
+            role, name = who
+            handler = getattr(self, f"_{role}_{msg.type}", None)
+            if handler is None:
+                raise protocol.ProtocolError(f"{msg.type} is not accepted from a {role} key")
+            data = handler(name, ident, msg, frames[2].bytes if len(frames) == 3 else None)
+        except protocol.ProtocolError as e:
+            self.bad_messages += 1
+            self._send(ident, protocol.error_reply(mid, str(e)))
+            return
+        except Exception as e:   # a bug of ours costs one request, never the scheduler (tests assert 0)
+            self.internal_errors += 1
+            log.exception("internal error")
+            self._send(ident, protocol.error_reply(mid, f"gmux-scheduler internal error: {e!r}"))
+            return
+        if data is not None:
+            self._send(ident, protocol.reply(mid, True, data=data))
+
+    def _send(self, ident: bytes, frame: bytes) -> bool:
+        try:
+            self.sock.send_multipart([ident, frame], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False
+
+    def _action(self, machine: str, action: str, cjob: str, **args) -> bool:
+        ok = self._send(machine.encode(), protocol.encode("node_action", 0, table=C, action=action, cjob=cjob,
+                                                           args=args))
+        if not ok:
+            log.warning("could not reach %s for %s %s", machine, action, cjob)
+        return ok
+
+    def _log(self, kind: str, cjob: Optional[str], text: str, numbers: Optional[dict] = None) -> None:
+        self.recent.append(self.state.decide(kind, cjob, text, numbers))
+        log.info("%s", text)
+
+    # --- from daemons ---
+    def _daemon_node_report(self, name, ident, msg, data):
+        if ident != name.encode():
+            raise protocol.ProtocolError("a link's routing id must be its key's name")
+        if msg["name"] != name:
+            raise protocol.ProtocolError(f"report names machine {msg['name']!r} but comes with the key of {name!r}")
+        now = time.time()
+        m = self.machines.get(name)
+        if m is None:
+            m = self.machines[name] = Machine(name, msg["gpus"], msg["transfer"], joined=now)
+            self._log("join", None, f"machine {name} joined with {len(msg['gpus'])} GPU(s)")
+            self.events.append(Event(EventKind.TICK))
+        elif m.state == "lost":
+            m.state = "up"
+            self._log("join", None, f"machine {name} is back")
+        m.gpus, m.transfer, m.last_seen = msg["gpus"], msg["transfer"], now
+        self.state.save_machine(m)
+        seen = set()
+        for r in msg["jobs"]:
+            job = self.jobs.get(r["cjob"])
+            if job is None or (job.machine != name and job.source != name):
+                if job is not None and not job.final and r["state"] not in protocol.FINAL_STATES:
+                    # A copy on a machine the job has left (it came back after being declared lost): stop it.
+                    self._action(name, "kill", r["cjob"], local=r["local"])
+                continue
+            if job.machine != name:
+                continue          # the migration source's view; the target's reports are the truth
+            seen.add(job.cjob)
+            self._observe(job, r, now)
+        return None
+
+    def _observe(self, job: CJob, r: dict, now: float) -> None:
+        job.local = r["local"]
+        job.step = max(job.step, r["step"]) if job.state != "pending" else job.step
+        job.gpu_seconds = float(r.get("gpu_seconds") or 0.0)
+        for k in ("rate_now", "rate_solo", "mem_peak"):
+            if r.get(k) is not None:
+                setattr(job, k, r[k])
+        if r["state"] in protocol.FINAL_STATES:
+            if job.state == "migrating":
+                return
+            status = r.get("exit_status")
+            if r["state"] == "exited" and status == 0:
+                state = "done"
+            elif job.kill_requested:
+                state = "killed"
+            else:
+                state = "failed"
+            job.exit_status = status
+            job.finished = now
+            job.set(state, r.get("detail") or r["state"])
+            self._log("end", job.cjob, f"{job.cjob} {state} on {job.machine} at step {job.step}: {job.detail}",
+                      {"step": job.step, "status": status})
+            self.events.append(Event(EventKind.COMPLETION, job_id=job.cjob))
+        elif job.state == "starting" and r["state"] in ("running", "suspended") and r["step"] > 0:
+            job.set("running")
+            job.first_run = job.first_run or now
+
+    def _daemon_node_event(self, name, ident, msg, data):
+        job = self.jobs.get(msg["cjob"])
+        if job is None:
+            raise protocol.ProtocolError(f"node_event: no cluster job {msg['cjob']!r}")
+        ev, d = msg["event"], msg.get("data") or {}
+        detail = msg.get("detail") or ""
+        if ev == "started" and job.machine == name and job.state in ("starting", "migrating"):
+            if job.state == "migrating" and job.source:
+                self._action(job.source, "release", job.cjob)
+                self._log("migrated", job.cjob, f"{job.cjob} restored on {name} at step {d.get('step')}; "
+                                                f"{job.source} releases it", d)
+                job.migrations += 1
+                job.source = None
+            job.set("running")
+            job.first_run = job.first_run or time.time()
+        elif ev == "start_failed" and job.machine == name:
+            if job.state == "migrating" and job.source:
+                self._action(job.source, "resume", job.cjob)
+                job.machine, job.gpu, job.source = job.source, None, None
+                job.set("running", f"migration target {name} failed: {detail}")
+            else:
+                job.machine = job.gpu = None
+                job.set("pending", f"start on {name} failed: {detail}")
+            self._log("start_failed", job.cjob, f"{job.cjob}: start on {name} failed: {detail}")
+        elif ev == "migrate_sent" and job.source == name and job.state == "migrating":
+            self._action(job.machine, "start", job.cjob, **self._start_args(job, restore=d.get("xfer")))
+            self._log("migrate_sent", job.cjob, f"{job.cjob}: checkpoint ({d.get('bytes')} B) sent {name} -> "
+                                                f"{job.machine} in {d.get('seconds', 0):.3f} s", d)
+        elif ev == "migrate_failed" and job.source == name:
+            job.machine, job.gpu, job.source = name, d.get("gpu", job.gpu), None
+            job.set("running", f"migration failed, kept on {name}: {detail}")
+            self._log("migrate_failed", job.cjob, f"{job.cjob}: migration from {name} failed: {detail}")
+        elif ev == "checkpointed":
+            path = self.receiver.path(d.get("xfer", "")) if isinstance(d.get("xfer"), str) else None
+            if path and os.path.exists(path):
+                old, job.ckpt_path, job.ckpt_step = job.ckpt_path, path, int(d.get("step") or 0)
+                if old and old != path and os.path.exists(old):
+                    os.unlink(old)
+        elif ev == "suspended" and job.state == "suspended":
+            job.detail = f"held on {name}"
+        elif ev == "action_failed":
+            self._log("action_failed", job.cjob, f"{job.cjob} on {name}: {detail}")
+        self.state.save(job)
+        return None
+
+    def _daemon_xfer_begin(self, name, ident, msg, data):
+        return self._xfer(name, msg, data)
+
+    _daemon_xfer_chunk = _daemon_xfer_end = _daemon_xfer_begin
+
+    def _xfer(self, name, msg, data):
+        if not msg["xfer"].startswith(name + "-"):
+            raise protocol.ProtocolError(f"{msg.type}: a daemon's checkpoint names start with its own name")
+        ok, out = self.receiver.handle(msg, data)
+        if not ok:
+            raise protocol.ProtocolError(out)
+        return out
+
+    # --- from clients ---
+    def _client_c_submit(self, name, ident, msg, data):
+        if msg.get("gpus", 1) != 1:
+            raise protocol.ProtocolError("c_submit: multi-GPU jobs are not scheduled across machines yet; "
+                                         "submit with --gpus 1")
+        job = CJob(self.state.next_id(), list(msg["argv"]), msg["cwd"], dict(msg.get("env") or {}),
+                   msg.get("name") or "", 1, msg.get("mem"), float(msg.get("weight", 1.0)),
+                   msg.get("ckpt_every", self.opt.ckpt_every))
+        self.jobs[job.cjob] = job
+        self.state.save(job)
+        self._log("submit", job.cjob, f"{job.cjob} submitted by {name}: {' '.join(job.argv)[:200]}")
+        self.events.append(Event(EventKind.ARRIVAL, job_id=job.cjob))
+        return {"cjob": job.cjob}
+
+    def _client_c_ps(self, name, ident, msg, data):
+        jobs = [{k: getattr(j, k) for k in ("cjob", "name", "state", "machine", "gpu", "source", "local", "step",
+                                            "rate_now", "rate_solo", "attained", "gpu_seconds", "restarts",
+                                            "migrations", "ckpt_step", "detail", "exit_status")}
+                for j in self.jobs.values() if msg.get("all", True) or not j.final]
+        ms = [{"name": m.name, "state": m.state, "gpus": len(m.gpus), "seen_s_ago": time.time() - m.last_seen}
+              for m in self.machines.values()]
+        dm = sorted(self.decision_ms)
+        return {"jobs": jobs, "machines": ms, "policy": self.driver.policy.name,
+                "decisions": list(self.recent)[-30:], "bad_messages": self.bad_messages,
+                "internal_errors": self.internal_errors,
+                "decision_ms": {"n": len(dm), "p50": dm[len(dm) // 2] if dm else None,
+                                "p99": dm[min(len(dm) - 1, int(len(dm) * 0.99))] if dm else None,
+                                "mean": statistics.fmean(dm) if dm else None}}
+
+    def _client_c_kill(self, name, ident, msg, data):
+        job = self.jobs.get(msg["cjob"])
+        if job is None or job.final:
+            raise protocol.ProtocolError(f"c_kill: no live job {msg['cjob']!r}")
+        job.kill_requested = True
+        if job.machine is None:
+            job.set("killed", f"killed by {name} before it started")
+            job.finished = time.time()
+        else:
+            self._action(job.machine, "kill", job.cjob)
+        self.state.save(job)
+        return {"cjob": job.cjob}
+
+    # --- the tick ---
+    def tick(self, now: float) -> None:
+        self._losses(now)
+        events = list(self.events) or [Event(EventKind.TICK)]
+        self.events.clear()
+        due = [t for t in self.timers if t[0] <= now]
+        self.timers = [t for t in self.timers if t[0] > now]
+        events += [Event(EventKind.TIMER, key=k) for _, k in due]
+        for ev in events:
+            if not any(not j.final for j in self.jobs.values()):
+                break
+            t0 = time.perf_counter()
+            intents, timers = self.driver.decide(self.jobs, self.machines, ev, now)
+            self.timers += timers
+            for it in intents:
+                self._carry_out(it)
+            self.decision_ms.append((time.perf_counter() - t0) * 1000)
+        self.state.save_many(j for j in self.jobs.values() if not j.final or j.finished and now - j.finished < 5)
+
+    def _losses(self, now: float) -> None:
+        for m in self.machines.values():
+            if m.state == "up" and now - m.last_seen > self.opt.lost_after:
+                m.state = "lost"
+                self.state.save_machine(m)
+                moved = []
+                for job in self.jobs.values():
+                    if job.final:
+                        continue
+                    if job.source == m.name and job.state == "migrating":
+                        job.source = None      # its checkpoint is already on the target: the move goes on
+                    if job.machine == m.name:
+                        job.attained += job.gpu_seconds
+                        job.gpu_seconds, job.machine, job.gpu, job.source, job.local = 0.0, None, None, None, None
+                        job.restarts += 1
+                        job.set("pending", f"machine {m.name} lost; restarts from "
+                                           + (f"its checkpoint at step {job.ckpt_step}" if job.ckpt_path
+                                              else "the beginning (no checkpoint yet)"))
+                        moved.append(job.cjob)
+                        self.events.append(Event(EventKind.ARRIVAL, job_id=job.cjob))
+                self._log("lost", None, f"machine {m.name} silent for {now - m.last_seen:.1f} s: lost; "
+                                        f"{len(moved)} job(s) to restart elsewhere: {', '.join(moved)}",
+                          {"jobs": moved})
+
+    def _start_args(self, job: CJob, restore: Optional[str] = None) -> dict:
+        return {"argv": job.argv, "cwd": job.cwd, "env": job.env, "gpu": job.gpu, "mem": job.mem,
+                "weight": job.weight, "restore": restore, "ckpt_every": job.ckpt_every}
+
+    def _carry_out(self, it: Intent) -> None:
+        job = self.jobs[it.cjob]
+        if job.state in ("starting", "migrating") or it.what == "none":
+            if it.why:
+                self._log("skip", job.cjob, f"{job.cjob}: {it.why}")
+            return
+        m = self.machines.get(it.machine) if it.machine else None
+        if it.what == "start":
+            job.machine, job.gpu = it.machine, it.gpu
+            if job.ckpt_path and os.path.exists(job.ckpt_path):
+                job.set("starting", f"sending its checkpoint (step {job.ckpt_step}) to {it.machine}")
+                self._push(job, m)
+            else:
+                job.set("starting", f"started on {it.machine} GPU {it.gpu}")
+                self._action(it.machine, "start", job.cjob, **self._start_args(job))
+            self._log("place", job.cjob, f"{job.cjob} -> {it.machine} GPU {it.gpu} ({it.why})")
+        elif it.what == "suspend":
+            job.set("suspended")
+            self._action(job.machine, "suspend", job.cjob)
+            self._log("suspend", job.cjob, f"suspend {job.cjob} on {job.machine} ({it.why})")
+        elif it.what == "resume":
+            job.set("running")
+            job.gpu = it.gpu
+            self._action(job.machine, "resume", job.cjob, gpu=it.gpu)
+            self._log("resume", job.cjob, f"resume {job.cjob} on {job.machine} GPU {it.gpu}")
+        elif it.what == "move":
+            job.gpu = it.gpu
+            self._action(job.machine, "move", job.cjob, gpu=it.gpu)
+            self._log("move", job.cjob, f"move {job.cjob} to GPU {it.gpu} of {job.machine}")
+        elif it.what == "migrate":
+            self.migrate(job, it.machine, it.gpu, it.why)
+
+    def migrate(self, job: CJob, machine: str, gpu: int, why: str = "") -> None:
+        """Cross-machine: the source checkpoints at a boundary and streams to the target; the target restores;
+        only then is the source told to release the job (see _daemon_node_event)."""
+        target = self.machines[machine]
+        job.source, job.machine, job.gpu = job.machine, machine, gpu
+        job.attained += job.gpu_seconds
+        job.gpu_seconds = 0.0
+        job.set("migrating", f"{job.source} -> {machine}")
+        self._action(job.source, "migrate_out", job.cjob, target=machine, endpoint=target.transfer,
+                     xfer=f"{job.cjob}-m{job.migrations + 1}-{int(time.time() * 1000) % 10**9}")
+        self._log("migrate", job.cjob, f"migrate {job.cjob} {job.source} -> {machine} GPU {gpu} ({why})")
+
+    def _push(self, job: CJob, m: Machine) -> None:
+        xfer = f"{job.cjob}-r{job.restarts}-{int(time.time() * 1000) % 10**9}"
+        path, endpoint, name = job.ckpt_path, m.transfer, m.name
+
+        def work():
+            try:
+                server_key = keys.load_public(self.keydir, "daemon", name)
+                r = send_file(path, endpoint, server_key, self.keydir, "scheduler", None, xfer, context=self.ctx)
+                self.done.put(("pushed", job.cjob, name, xfer, r, None))
+            except Exception as e:
+                self.done.put(("pushed", job.cjob, name, xfer, None, str(e)))
+        threading.Thread(target=work, daemon=True, name=f"push-{job.cjob}").start()
+
+    def _drain_workers(self) -> None:
+        while True:
+            try:
+                kind, cjob, name, xfer, figures, error = self.done.get_nowait()
+            except queue.Empty:
+                return
+            job = self.jobs[cjob]
+            if job.machine != name or job.state != "starting":
+                continue
+            if error:
+                job.machine = job.gpu = None
+                job.set("pending", f"checkpoint push to {name} failed: {error}")
+                self._log("push_failed", cjob, job.detail)
+                continue
+            self._action(name, "start", cjob, **self._start_args(job, restore=xfer))
+            self._log("restart", cjob, f"{cjob}: checkpoint at step {job.ckpt_step} sent to {name} "
+                                       f"({figures['bytes']} B in {figures['seconds']:.3f} s); restoring there")

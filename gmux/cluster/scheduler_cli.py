@@ -1,0 +1,98 @@
+"""The cluster half of the `gmux` CLI: `gmux keys`, and `submit`/`ps`/`kill` with --cluster ADDR.
+
+gmux/cli/gmux.py hands these command lines here (so the per-machine CLI stays as it is)."""
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+
+from gmux.cluster import keys
+from gmux.cluster.scheduler_client import ClusterClient, ClusterError
+from gmux.node.inventory import parse_size
+
+
+def wants(argv: list) -> bool:
+    """Whether a `gmux` command line is for this module (only options before `--` count)."""
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    return "keys" in head[:2] or "--cluster" in head or any(a.startswith("--cluster=") for a in head)
+
+
+def main(argv: list) -> int:
+    p = argparse.ArgumentParser(prog="gmux")
+    p.add_argument("--json", action="store_true")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    k = sub.add_parser("keys", help="create CurveZMQ key pairs for cluster mode")
+    k.add_argument("--dir", default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"))
+    k.add_argument("--scheduler", action="store_true", help="the scheduler's pair")
+    k.add_argument("--daemon", action="append", default=[], metavar="NAME", help="a machine's pair (repeatable)")
+    k.add_argument("--client", action="append", default=[], metavar="NAME", help="a user's pair (repeatable)")
+    k.add_argument("--force", action="store_true", help="replace existing pairs (revokes the old keys)")
+    for name in ("submit", "ps", "kill"):
+        s = sub.add_parser(name)
+        s.add_argument("--cluster", default=os.environ.get("GMUX_CLUSTER"), required=not os.environ.get("GMUX_CLUSTER"),
+                       help="gmux-scheduler's tcp://HOST:PORT")
+        s.add_argument("--keys", default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"))
+        s.add_argument("--as", dest="who", default=os.environ.get("GMUX_KEY_NAME") or getpass.getuser(),
+                       help="your client key's name (client.NAME in --keys)")
+        if name == "submit":
+            s.add_argument("--name")
+            s.add_argument("--mem", type=parse_size)
+            s.add_argument("--weight", type=float, default=1.0)
+            s.add_argument("--ckpt-every", type=float, help="periodic checkpoint interval, seconds")
+            s.add_argument("argv", nargs=argparse.REMAINDER)
+        elif name == "kill":
+            s.add_argument("job")
+        else:
+            s.add_argument("--live", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        return run(a)
+    except (ClusterError, keys.KeyError_, FileExistsError, ValueError) as e:
+        print(f"gmux: {e}", file=sys.stderr)
+        return 1
+
+
+def run(a) -> int:
+    if a.cmd == "keys":
+        made = []
+        if a.scheduler:
+            made.append(keys.create(a.dir, "scheduler", None, a.force))
+        made += [keys.create(a.dir, "daemon", n, a.force) for n in a.daemon]
+        made += [keys.create(a.dir, "client", n, a.force) for n in a.client]
+        if not made:
+            raise ValueError("say which pairs to create: --scheduler, --daemon NAME, --client NAME")
+        for pub, sec in made:
+            print(f"{pub}\n{sec}  (secret: give it only to its owner)")
+        return 0
+    c = ClusterClient(a.cluster, a.keys, a.who)
+    try:
+        if a.cmd == "submit":
+            argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+            if not argv:
+                raise ClusterError("give the command after --, e.g. gmux submit --cluster ADDR -- python train.py")
+            env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "USER", "LANG")
+                   or k.startswith(("OMP_", "MKL_", "TORCH_"))}
+            data = c.call("c_submit", argv=argv, cwd=os.getcwd(), env=env, name=a.name, mem=a.mem,
+                          weight=a.weight, ckpt_every=a.ckpt_every)
+            print(json.dumps(data) if a.json else f"submitted {data['cjob']} to {a.cluster}")
+        elif a.cmd == "kill":
+            data = c.call("c_kill", cjob=a.job)
+            print(json.dumps(data) if a.json else f"killing {a.job}")
+        else:
+            data = c.call("c_ps", all=not a.live)
+            if a.json:
+                print(json.dumps(data, indent=1, default=str))
+            else:
+                print(f"policy {data['policy']}; machines: " + ", ".join(
+                    f"{m['name']}({m['state']}, {m['gpus']} GPU)" for m in data["machines"]))
+                print(f"{'JOB':6} {'STATE':10} {'MACHINE':10} {'GPU':>3} {'STEP':>8} {'RESTARTS':>8} {'MOVES':>5}  DETAIL")
+                for j in data["jobs"]:
+                    print(f"{j['cjob']:6} {j['state']:10} {str(j['machine'] or '-'):10} "
+                          f"{'-' if j['gpu'] is None else j['gpu']:>3} {j['step']:>8} {j['restarts']:>8} "
+                          f"{j['migrations']:>5}  {j['detail'][:60]}")
+    finally:
+        c.close()
+    return 0

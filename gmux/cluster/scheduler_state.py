@@ -1,0 +1,154 @@
+"""gmux-scheduler's cluster state in SQLite (WAL): machines, jobs, decisions. The one source of truth across
+scheduler restarts; the daemons' reports refresh the measured parts of it every half second.
+
+Cluster job states:
+  pending    no machine; the policy places it (after a loss, from its last checkpoint if it has one)
+  starting   a start was sent to `machine` (or its checkpoint is on the way there); not yet seen running
+  running    its gmuxd runs it (time-sliced or packed there as that gmuxd decides)
+  suspended  held by the scheduler (policy Suspend); its state is in host RAM on `machine`
+  migrating  being moved from `source` to `machine`: checkpoint on the way; the source releases it only
+             after `machine` has restored it
+  done / failed / killed   final
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Optional
+
+LIVE = ("pending", "starting", "running", "suspended", "migrating")
+FINAL = ("done", "failed", "killed")
+
+
+@dataclass
+class CJob:
+    cjob: str
+    argv: list
+    cwd: str
+    env: dict = field(default_factory=dict)
+    name: str = ""
+    gpus: int = 1
+    mem: Optional[int] = None
+    weight: float = 1.0
+    ckpt_every: Optional[float] = None
+    submitted: float = field(default_factory=time.time)
+    state: str = "pending"
+    machine: Optional[str] = None
+    gpu: Optional[int] = None
+    source: Optional[str] = None       # the machine a migration leaves from
+    local: Optional[str] = None        # the job id on `machine`'s gmuxd
+    step: int = 0
+    attained: float = 0.0              # GPU-seconds on machines it has left
+    gpu_seconds: float = 0.0           # GPU-seconds on `machine` (from its reports)
+    rate_now: Optional[float] = None
+    rate_solo: Optional[float] = None
+    mem_peak: Optional[int] = None
+    first_run: Optional[float] = None
+    ckpt_path: Optional[str] = None    # last periodic checkpoint held by the scheduler
+    ckpt_step: Optional[int] = None
+    restarts: int = 0
+    migrations: int = 0
+    since: float = field(default_factory=time.time)   # when it entered its state
+    kill_requested: bool = False
+    detail: str = ""
+    exit_status: Optional[int] = None
+    finished: Optional[float] = None
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL
+
+    def set(self, state: str, detail: Optional[str] = None) -> None:
+        if state != self.state:
+            self.state, self.since = state, time.time()
+        if detail is not None:
+            self.detail = detail
+
+
+_JSON = ("argv", "env")
+_COLS = [f.name for f in fields(CJob)]
+
+
+@dataclass
+class Machine:
+    name: str
+    gpus: list                  # [{"index", "mem_total"}]
+    transfer: str               # tcp endpoint of its cluster link's checkpoint receiver
+    last_seen: float = 0.0
+    state: str = "up"           # up / lost
+    joined: float = field(default_factory=time.time)
+
+
+class State:
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        # Untyped columns (SQLite keeps each value's type): the dataclass above is the schema.
+        self.db.execute(f"CREATE TABLE IF NOT EXISTS jobs (cjob TEXT PRIMARY KEY, seq INTEGER, {', '.join(_COLS[1:])})")
+        self.db.execute("CREATE TABLE IF NOT EXISTS machines (name TEXT PRIMARY KEY, data TEXT)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS decisions (id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, "
+                        "kind TEXT, cjob TEXT, text TEXT, numbers TEXT)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
+
+    # --- jobs ---
+    def next_id(self) -> str:
+        row = self.db.execute("SELECT v FROM meta WHERE k='seq'").fetchone()
+        n = int(row[0]) + 1 if row else 1
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES ('seq', ?)", (str(n),))
+        return f"c{n}"
+
+    def save(self, job: CJob) -> None:
+        d = asdict(job)
+        for k in _JSON:
+            d[k] = json.dumps(d[k])
+        d["kill_requested"] = int(d["kill_requested"])
+        cols = ", ".join(_COLS)
+        self.db.execute(f"INSERT OR REPLACE INTO jobs (seq, {cols}) VALUES (?, {', '.join('?' * len(_COLS))})",
+                        [int(job.cjob[1:]) if job.cjob[1:].isdigit() else 0] + [d[c] for c in _COLS])
+
+    def save_many(self, jobs) -> None:
+        self.db.execute("BEGIN")
+        try:
+            for j in jobs:
+                self.save(j)
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def load_jobs(self) -> dict[str, CJob]:
+        out = {}
+        for row in self.db.execute(f"SELECT {', '.join(_COLS)} FROM jobs ORDER BY seq"):
+            d = dict(zip(_COLS, row))
+            for k in _JSON:
+                d[k] = json.loads(d[k])
+            d["kill_requested"] = bool(d["kill_requested"])
+            out[d["cjob"]] = CJob(**d)
+        return out
+
+    # --- machines ---
+    def save_machine(self, m: Machine) -> None:
+        self.db.execute("INSERT OR REPLACE INTO machines VALUES (?, ?)", (m.name, json.dumps(asdict(m))))
+
+    def load_machines(self) -> dict[str, Machine]:
+        return {name: Machine(**json.loads(data)) for name, data in self.db.execute("SELECT name, data FROM machines")}
+
+    # --- decisions ---
+    def decide(self, kind: str, cjob: Optional[str], text: str, numbers: Optional[dict] = None) -> dict:
+        t = time.time()
+        self.db.execute("INSERT INTO decisions (t, kind, cjob, text, numbers) VALUES (?, ?, ?, ?, ?)",
+                        (t, kind, cjob, text, json.dumps(numbers or {}, default=str)))
+        return {"t": t, "kind": kind, "cjob": cjob, "text": text, "numbers": numbers or {}}
+
+    def decisions(self, limit: int = 100) -> list[dict]:
+        rows = self.db.execute("SELECT t, kind, cjob, text, numbers FROM decisions ORDER BY id DESC LIMIT ?",
+                               (limit,)).fetchall()
+        return [{"t": t, "kind": k, "cjob": c, "text": x, "numbers": json.loads(n)} for t, k, c, x, n in rows[::-1]]
+
+    def close(self) -> None:
+        self.db.close()
