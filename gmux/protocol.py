@@ -380,6 +380,8 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
                  "weight": (_pos_float, False), "ckpt_every": (_optional(_pos_float), False)},
     "c_ps": {"all": (_bool, False)},
     "c_kill": {"cjob": (_name, True)},
+    # an operator's move (the policies move jobs on their own; this is for draining a machine, and for tests)
+    "c_migrate": {"cjob": (_name, True), "machine": (_name, True), "gpu": (_gpu_index, True)},
     # --- checkpoint transfer (sender DEALER -> receiver ROUTER): begin says what is coming and learns how much
     #     of it the receiver already holds (resume after a dropped connection); each chunk carries its offset and
     #     crc32 with the bytes as a second raw frame (checked before the chunk is appended); end gives the

@@ -124,7 +124,7 @@ class Scheduler:
             data = handler(name, ident, msg, frames[2].bytes if len(frames) == 3 else None)
         except protocol.ProtocolError as e:
             self.bad_messages += 1
-            self._send(ident, protocol.error_reply(mid, str(e)))
+            self._send(ident, protocol.error_reply(mid, str(e)[:1000]))   # quoted bad values can be long
             return
         except Exception as e:   # a bug of ours costs one request, never the scheduler (tests assert 0)
             self.internal_errors += 1
@@ -177,8 +177,9 @@ class Scheduler:
                     # A copy on a machine the job has left (it came back after being declared lost): stop it.
                     self._action(name, "kill", r["cjob"], local=r["local"])
                 continue
-            if job.machine != name:
-                continue          # the migration source's view; the target's reports are the truth
+            if job.machine != name or job.final:
+                continue          # the migration source's view (the target's reports are the truth), or news
+                                  # about a job already ended
             seen.add(job.cjob)
             self._observe(job, r, now)
         return None
@@ -216,6 +217,8 @@ class Scheduler:
             raise protocol.ProtocolError(f"node_event: no cluster job {msg['cjob']!r}")
         ev, d = msg["event"], msg.get("data") or {}
         detail = msg.get("detail") or ""
+        if job.final:
+            return None        # news about a job that has ended (its report got here first)
         if ev == "started" and job.machine == name and job.state in ("starting", "migrating"):
             if job.state == "migrating" and job.source:
                 self._action(job.source, "release", job.cjob)
@@ -309,6 +312,22 @@ class Scheduler:
             self._action(job.machine, "kill", job.cjob)
         self.state.save(job)
         return {"cjob": job.cjob}
+
+    def _client_c_migrate(self, name, ident, msg, data):
+        job = self.jobs.get(msg["cjob"])
+        m = self.machines.get(msg["machine"])
+        if job is None or job.state != "running":
+            raise protocol.ProtocolError(f"c_migrate: {msg['cjob']!r} is not a running job (it is "
+                                         f"{job.state if job else 'unknown'})")
+        if m is None or m.state != "up" or msg["gpu"] not in {g["index"] for g in m.gpus}:
+            raise protocol.ProtocolError(f"c_migrate: no GPU {msg['gpu']} on an up machine {msg['machine']!r}")
+        if m.name == job.machine:
+            job.gpu = msg["gpu"]
+            self._action(job.machine, "move", job.cjob, gpu=msg["gpu"])
+        else:
+            self.migrate(job, m.name, msg["gpu"], f"asked by {name}")
+        self.state.save(job)
+        return {"cjob": job.cjob, "from": job.source or job.machine, "to": m.name}
 
     # --- the tick ---
     def tick(self, now: float) -> None:

@@ -155,7 +155,7 @@ class ClusterLink:
                 raise protocol.ProtocolError(f"{msg.type} is not accepted on a transfer endpoint")
             ok, out = self.receiver.handle(msg, body[1] if len(body) == 2 else None)
         except protocol.ProtocolError as e:
-            ok, out = False, str(e)
+            ok, out = False, str(e)[:1000]
         reply = protocol.reply(mid, True, data=out) if ok else protocol.error_reply(mid, out)
         try:
             self.inbox.send_multipart([ident, reply], zmq.NOBLOCK)
@@ -191,8 +191,9 @@ class ClusterLink:
                 del self.starting[cjob]
                 self._event("started", cjob, step=rec["step"], local=rec["local"])
             elif cjob in self.starting and rec["state"] in protocol.FINAL_STATES:
-                del self.starting[cjob]
-                self._event("start_failed", cjob, f"{rec['state']}: {rec['detail']}")
+                del self.starting[cjob]     # a job that finished before it was seen running needs no event
+                if not (rec["state"] == "exited" and rec["exit_status"] == 0):
+                    self._event("start_failed", cjob, f"{rec['state']}: {rec['detail']}")
             self._maybe_checkpoint(cjob, rec, now)
         gpus = [{"index": g["index"], "mem_total": int(g["mem_total"])} for g in ps["gpus"]]
         self._send_up("node_report", name=self.name, gpus=gpus, transfer=self.transfer_endpoint, jobs=records)

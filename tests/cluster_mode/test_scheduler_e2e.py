@@ -1,0 +1,127 @@
+"""gmux-scheduler with three real gmuxd daemons on loopback: jobs placed by a policy run to completion
+bit-identical to solo runs; strangers and wrong keys are refused; malformed daemon messages cost nothing;
+a scheduler killed mid-run and restarted loses no job."""
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+
+import msgpack
+import zmq
+
+from gmux import protocol
+from gmux.cluster import keys
+from gmux.cluster.scheduler_client import ClusterClient, ClusterError
+from conftest import PY, ROOT, TRAIN, env, solo, wait_for
+
+STEPS = "1500"
+
+
+def _outputs(tmp_path, names):
+    return {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in names}
+
+
+def test_gandiva_places_on_three_daemons_bit_identical_and_refuses_strangers(cluster_factory, tmp_path):
+    c = cluster_factory(policy="gandiva")
+    refs = {b: solo(tmp_path, b, STEPS, "--batch", b) for b in ("30", "31", "32", "33")}
+    c.wait_machines(3)
+    ids = {b: c.submit(str(tmp_path / f"j{b}.json"), STEPS, "--batch", b) for b in refs}
+
+    # --- refusals, while the jobs run ---
+    ctx = zmq.Context.instance()
+    plain = ctx.socket(zmq.DEALER)                       # no CurveZMQ at all
+    plain.setsockopt(zmq.LINGER, 0)
+    plain.connect(c.endpoint)
+    plain.send(protocol.encode("c_ps", 1, table=protocol.CLUSTER_MESSAGES))
+    assert not plain.poll(1000), "a client without a key got an answer"
+    plain.close(0)
+    stranger = str(tmp_path / "stranger-keys")
+    keys.create(stranger, "client", "tester")            # same name, a key the cluster never authorised
+    for f in ("scheduler.pub",):
+        open(os.path.join(stranger, f), "w").write(open(os.path.join(c.keys, f)).read())
+    try:
+        ClusterClient(c.endpoint, stranger, "tester", timeout=1.0).call("c_ps")
+        raise AssertionError("a wrong key got an answer")
+    except ClusterError as e:
+        assert "did not answer" in str(e)
+    # A client key cannot speak for a machine.
+    cl = c.client()
+    try:
+        cl.call("node_report", name="m1", gpus=[], transfer="tcp://127.0.0.1:9", jobs=[])
+        raise AssertionError("a client key was taken for a daemon")
+    except ClusterError as e:
+        assert "not accepted from a client key" in str(e)
+    cl.close()
+
+    # --- malformed messages from an authorised daemon key ---
+    keys.create(c.keys, "daemon", "rogue")
+    rogue = keys.client_socket(ctx, zmq.DEALER, c.keys, "daemon", "rogue", keys.load_public(c.keys, "scheduler"))
+    rogue.setsockopt(zmq.IDENTITY, b"rogue")
+    rogue.setsockopt(zmq.LINGER, 0)
+    rogue.connect(c.endpoint)
+    rnd = random.Random(7)
+    good = {"v": 1, "type": "node_report", "id": 3, "name": "rogue", "gpus": [{"index": 0, "mem_total": 1}],
+            "transfer": "tcp://127.0.0.1:9", "jobs": []}
+    frames = [[b"\xc1garbage"], [msgpack.packb([1, 2])], [msgpack.packb({**good, "v": 9})],
+              [msgpack.packb({**good, "name": "m1"})],                   # names another machine
+              [msgpack.packb({**good, "jobs": [{"cjob": "c1"}]})],      # a job record missing fields
+              [msgpack.packb({**good, "gpus": "x" * 100})],
+              [msgpack.packb({**good, "transfer": "ipc:///tmp/x"})],
+              [msgpack.packb({"v": 1, "type": "xfer_chunk", "id": 4, "xfer": "m1-c1-k1", "offset": 0, "crc": 0}), b"x"],
+              [msgpack.packb({"v": 1, "type": "node_event", "id": 5, "name": "rogue", "cjob": "c999", "event": "started"})],
+              [msgpack.packb({"v": 1, "type": "c_submit", "id": 6, "argv": ["x"], "cwd": "/"})],   # not a client
+              [b"a", b"b", b"c"]]
+    for _ in range(300):
+        obj = {k: rnd.choice([None, -1, 2 ** 64 - 1, "", "x" * 5000, [], {}, 1.5, True]) if rnd.random() < 0.3 else v
+               for k, v in good.items()}
+        obj[rnd.choice(sorted(good))] = "x" * 5000     # at least one field that no message type accepts
+        frames.append([msgpack.packb(obj)])
+    for f in frames:
+        rogue.send_multipart(f)
+    replies = 0
+    while rogue.poll(2000):
+        msg = protocol.decode(rogue.recv(), protocol.CLUSTER_MESSAGES)
+        replies += 1
+        assert msg.type == "reply" and not msg.get("ok"), msg
+    assert replies == len(frames)
+    rogue.close(0)
+    ps = c.ps()
+    assert ps["internal_errors"] == 0 and ps["bad_messages"] >= len(frames)
+    assert "rogue" not in {m["name"] for m in ps["machines"]}
+
+    # --- every job completes, bit-identical to its solo run ---
+    jobs = c.wait_done(list(ids.values()), 180)
+    used = {jobs[i]["machine"] for i in ids.values()}
+    assert len(used) >= 2, f"the policy spread nothing: {used}"
+    for b, cjob in ids.items():
+        out = json.loads((tmp_path / f"j{b}.json").read_text())
+        assert out["sha256"] == refs[b]["sha256"] and out["steps"] == int(STEPS), (b, out, refs[b])
+    # The CLI against the cluster.
+    r = subprocess.run([PY, "-m", "gmux.cli.gmux", "ps", "--cluster", c.endpoint, "--keys", c.keys, "--as", "tester"],
+                       env=env(), capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "policy gandiva" in r.stdout and sum(" done " in line for line in r.stdout.splitlines()) == len(ids)
+
+
+def test_gmux_policy_scheduler_killed_and_restarted_loses_nothing(cluster_factory, tmp_path):
+    c = cluster_factory(policy="gmux")
+    refs = {b: solo(tmp_path, b, STEPS, "--batch", b, "--sleep", "0.002")
+            for b in ("40", "41", "42")}
+    c.wait_machines(3)
+    ids = {b: c.submit(str(tmp_path / f"j{b}.json"), STEPS, "--batch", b, "--sleep", "0.002") for b in refs}
+    wait_for(lambda: all(j["state"] == "running" and j["step"] > 50 for j in c.ps()["jobs"]), 60, "all running")
+    c.sched.send_signal(signal.SIGKILL)
+    c.sched.wait()
+    time.sleep(1.0)
+    c.start_scheduler()
+    ps = c.ps()
+    assert {j["cjob"] for j in ps["jobs"]} == set(ids.values())
+    assert all(j["state"] in ("running", "done") for j in ps["jobs"]), ps["jobs"]
+    jobs = c.wait_done(list(ids.values()), 180)
+    assert all(jobs[i]["restarts"] == 0 for i in ids.values())      # nothing was restarted: nothing was lost
+    for b in refs:
+        out = json.loads((tmp_path / f"j{b}.json").read_text())
+        assert out["sha256"] == refs[b]["sha256"], b
+    assert "recovered 3 live jobs" in (tmp_path / "scheduler.log").read_text()
