@@ -119,7 +119,7 @@ class Daemon:
             job.gpu = gpu
             resident = job.state in ("running", "suspending", "resuming")
             self.slicers[gpu].add(job.id, job.weight, job.working_set(), now, resident=resident,
-                                  used=job.gpu_seconds)
+                                  used=job.gpu_seconds, confirm=True)
             if job.held:
                 self.slicers[gpu].hold(job.id)
             self._decide(gpu, "reattach", [job.id], {"state": job.state, "pid": job.pid},
@@ -315,6 +315,8 @@ class Daemon:
         now = time.monotonic()
         result = msg["result"]
         ok = bool(result.get("ok"))
+        if kind == "suspend" and not ok and msg.get("state") == "suspended":
+            ok = True   # it was suspended already (our belief was stale, e.g. after a restart): same outcome
         latency = now - sent
         slicer = self.slicers.get(job.gpu)
         if not ok:
@@ -430,6 +432,19 @@ class Daemon:
         self._decide(job.gpu, "migrate", [job.id], {"from": job.gpu, "to": gpu},
                      f"migrating {job.id} from GPU {job.gpu} to GPU {gpu} at its next boundary")
         return self._defer(job.id, "migrate", identity, msg_id) if identity is not None else None
+
+    def _on_checkpoint(self, msg, identity):
+        """The job writes its state to checkpoints/JOB.snapshot.ckpt at its next boundary (or at once from its
+        host copy if suspended) and goes on; the reply waits for that (cluster mode reads the file)."""
+        job = self._target(msg)
+        if not job.migratable or not job.started:
+            raise Refused(f"checkpoint: {job.id} " + ("has not started" if job.migratable else
+                          "runs in transparent mode (run it with gmux-launch --no-hook and attach())"))
+        slicer = self.slicers.get(job.gpu)
+        if slicer is not None and job.id in slicer.pending:
+            raise Refused(f"checkpoint: {job.id} is busy with a {slicer.pending[job.id]}; try again in a moment")
+        self.send_command(job, "checkpoint", {"path": self.rundir.checkpoint_file(job.id + ".snapshot")})
+        return self._defer(job.id, "checkpoint", identity, msg.id)
 
     def _on_logs(self, msg, identity):
         job = self._target_any(msg)
@@ -594,7 +609,8 @@ class Daemon:
                 job = self.jobs[job_id]
                 pending = slicer.pending.get(job_id)
                 if pending:
-                    job.state = {"suspend": "suspending", "resume": "resuming", "migrate": "migrating"}[pending]
+                    job.state = {"suspend": "suspending", "resume": "resuming", "migrate": "migrating",
+                                 "confirm": job.state}[pending]
                 elif job_id in slicer.resident:
                     job.state = "running"
                 elif job.held:
