@@ -182,7 +182,8 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     "heartbeat": {**_AUTH, "state": (_one_of("running", "suspended", "waiting"), True),
                   "boundaries": (_nonneg_int, False), "t": (_float, False)},
     "result": {**_AUTH, "cmd": (_nonneg_int, True), "kind": (_one_of(*COMMAND_KINDS), True),
-               "result": (_free_map, True), "boundaries": (_nonneg_int, False)},
+               "result": (_free_map, True), "boundaries": (_nonneg_int, False),
+               "state": (_one_of("running", "suspended", "waiting"), False)},
     "bye": {**_AUTH, "status": (_int, True), "reason": (_str, False)},
     # --- administration (the CLI, the scheduler): authenticated by the admin token in the runtime dir ---
     "ps": {"admin": (lambda v: _str(v, 128), True), "all": (_bool, False)},
@@ -191,6 +192,9 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     "kill": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
     "migrate": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "gpu": (_gpu_index, True)},
     "logs": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "tail": (_nonneg_int, False)},
+    # write the job's state to a checkpoint file at its next boundary, the job going on (cluster mode: periodic
+    # checkpoints, and the first half of a move to another machine)
+    "checkpoint": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
     "submit": {
         "admin": (lambda v: _str(v, 128), True),
         "argv": (_argv, True),
@@ -209,7 +213,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     "command": {"cmd": (_nonneg_int, True), "kind": (_one_of(*COMMAND_KINDS), True), "args": (_free_map, True)},
 }
 JOB_TYPES = ("report", "heartbeat", "result", "bye")
-ADMIN_TYPES = ("ps", "suspend", "resume", "kill", "migrate", "logs", "submit", "decisions", "shutdown")
+ADMIN_TYPES = ("ps", "suspend", "resume", "kill", "migrate", "logs", "submit", "decisions", "shutdown", "checkpoint")
 
 
 @dataclass
