@@ -23,7 +23,7 @@ def test_round_trip_every_client_type():
         "command": {"cmd": 1, "kind": "resume", "args": {"gpu": 0}},
     }
     assert set(samples) | {"reply"} >= set(protocol.MESSAGES) - {"suspend", "resume", "kill", "logs", "decisions",
-                                                                 "shutdown"}
+                                                                 "shutdown", "checkpoint"}
     for mtype, fields in samples.items():
         msg = decode(encode(mtype, 9, **fields))
         assert msg.type == mtype and msg.id == 9 and msg.fields == fields
