@@ -332,8 +332,14 @@ class ClusterLink:
         self._event("moved", cjob, gpu=gpu)
 
     def _checkpoint(self, local: str) -> tuple[str, dict]:
-        data = self.admin("checkpoint", job=local)
-        return data["path"], data
+        """Has gmuxd get the job's state written at a boundary; (file, figures incl. the step it was taken at)."""
+        data = dict(self.admin("checkpoint", job=local) or {})
+        try:
+            ps = self.admin("ps", timeout=5.0, all=True)
+            data["step"] = next(int(j.get("step") or 0) for j in ps["jobs"] if j["id"] == local)
+        except (GmuxError, StopIteration):
+            pass
+        return self.rundir.checkpoint_file(local + ".snapshot"), data
 
     def _checkpoint_to_scheduler(self, cjob: str, local: str, xfer: str) -> None:
         path, data = self._checkpoint(local)
