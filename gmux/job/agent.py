@@ -134,7 +134,8 @@ class Agent:
                 self.state = "suspended"
             elif command.kind == "migrate":
                 self.migrating = dict(command.args)
-        self._send("result", cmd=command.id, kind=command.kind, result=_plain(result), boundaries=self.boundaries)
+        self._send("result", cmd=command.id, kind=command.kind, result=_plain(result), boundaries=self.boundaries,
+                   state=self.state)
 
     def bye(self, status: int, reason: str = "") -> None:
         self._send("bye", status=int(status), reason=reason[:1000])

@@ -49,10 +49,13 @@ class Slicer:
         self.prefer: Optional[frozenset] = None  # run this slot next (a pack on trial), regardless of quantum
         self._order = 0
         self.switches = 0
+        self.backoff_until = -math.inf
 
     # --- membership ---
     def add(self, job: str, weight: float, mem: Optional[int], now: float, resident: bool = False,
-            used: float = 0.0) -> None:
+            used: float = 0.0, confirm: bool = False) -> None:
+        """A job joins the GPU. With confirm (re-attached after a daemon restart, state only believed), the
+        slicer sends nothing on this GPU until `observed` hears the job's actual state."""
         live = [e.vtime(now) for e in self.entries.values()]
         e = Entry(job, weight, mem, self._order, used=used)
         self._order += 1
@@ -60,6 +63,8 @@ class Slicer:
         if live:
             e.credit = max(0.0, min(live) * weight - used)
         self.entries[job] = e
+        if confirm:
+            self.pending[job] = "confirm"
         if resident:
             self.resident.add(job)
             e.resident_since = now
@@ -138,10 +143,12 @@ class Slicer:
                 self.resident.discard(job)
                 self._stop(e, now)
             else:
-                # It could not suspend and still holds its memory: abandon this switch, keep it running.
+                # It could not suspend and still holds its memory: abandon this switch, keep it running, and
+                # try again only after a quantum (not at every tick).
                 self.switch_to = None
                 self.current = frozenset(self.resident)
                 self.since = now
+                self.backoff_until = now + self.quantum
         elif kind == "resume":
             if ok:
                 self.resident.add(job)
@@ -153,6 +160,8 @@ class Slicer:
     def observed(self, job: str, state: str, now: float) -> None:
         """What a job says it is doing (after a daemon restart the slicer's belief may be stale)."""
         e = self.entries.get(job)
+        if self.pending.get(job) == "confirm":
+            del self.pending[job]   # a re-attached job has told us its state: the slicer may act again
         if e is None or job in self.pending:
             return
         if state == "running" and job not in self.resident:
@@ -175,7 +184,7 @@ class Slicer:
     # --- the decision ---
     def tick(self, now: float) -> list[tuple[str, str]]:
         """Commands to send now: [(kind, job)]."""
-        if self.pending:
+        if self.pending or now < self.backoff_until:
             return []  # a switch (or a single command) is in flight: wait for every acknowledgement
         if self.switch_to is not None:
             # Every job leaving has suspended: its memory is free, so the arriving ones may start.

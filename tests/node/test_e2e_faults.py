@@ -50,10 +50,10 @@ def test_sigkill_of_jobs_at_any_moment(node_factory, tmp_path):
 
 
 def test_gmuxd_killed_and_restarted_reattaches(node_factory, tmp_path):
-    refs = [subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / f"solo{b}.json"), "12000", "--batch", b],
+    refs = [subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / f"solo{b}.json"), "8000", "--batch", b],
                              env=env(), cwd=ROOT) for b in ("32", "33")]
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--no-pack")
-    procs = [node.launch(f"{TRAIN}", str(tmp_path / f"job{b}.json"), "12000", "--batch", b, "--attach",
+    procs = [node.launch(f"{TRAIN}", str(tmp_path / f"job{b}.json"), "8000", "--batch", b, "--attach",
                          opts=["--no-hook", "--mem", "600MiB"]) for b in ("32", "33")]
     ids = [node.job_of(p.pid) for p in procs]
     node.wait_for(lambda: all(node.job(j)["suspends"] >= 1 for j in ids), 60, "both jobs sliced at least once")
