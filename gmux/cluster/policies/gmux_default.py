@@ -18,9 +18,10 @@ What the Philly measurements (benchmarks/simulate.py) showed, and what each rule
   fits (exploration: the engine or the daemons measure it during a window); a measured loser is undone by
   suspending the member with more attained service, and the type pair is not tried again.
 - Idle GPUs are never left idle while a packed job could run alone: packs are split by migration.
-- Starvation guard: a waiting job is promoted above every level once it has waited `starve_factor` times the
-  time it has run (at least `starve_min_s`, 6 h); promoted jobs are not preempted again. This bounds how much worse a
-  long job can fare than under FIFO (the p99 of JCT/JCT_fifo is reported by the benchmark).
+- Starvation guard (Tiresias' promotion): a job that has waited `starve_factor` times the time it has run (at
+  least `starve_min_s`, 6 h) has its service forgiven: it re-enters the top level and is demoted again as it
+  runs. This bounds how much worse a long job fares than under FIFO (the benchmark reports the p99 of
+  JCT/JCT_fifo).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class GmuxPolicy(PriorityPolicy):
         self.starve_min_s = starve_min_s
         self.max_pack_tries = max_pack_tries
         self.losing_pairs: set = set()
-        self.promoted: set = set()
+        self.promoted: dict = {}        # job -> attained service forgiven when it was promoted
         self._timers: list = []
         self._waiting_since: dict = {}
 
@@ -66,14 +67,10 @@ class GmuxPolicy(PriorityPolicy):
         return bisect.bisect_right(self.thresholds, attained)
 
     def waiting_key(self, job):
-        if job.job_id in self.promoted:
-            return (-1, job.submit_time)
-        return (self.level(job.attained), job.submit_time)
+        return (self.level(job.attained - self.promoted.get(job.job_id, 0.0)), job.submit_time)
 
     def running_key(self, job, now):
-        if job.job_id in self.promoted:
-            return (-1, job.submit_time)
-        return (self.level(job.attained_at(now)), job.submit_time)
+        return (self.level(job.attained_at(now) - self.promoted.get(job.job_id, 0.0)), job.submit_time)
 
     def _find(self, snap, plan: Plan, job):
         gpus = plan.find_gpus(job.num_gpus)
@@ -109,7 +106,7 @@ class GmuxPolicy(PriorityPolicy):
         if event.kind is EventKind.ARRIVAL and event.job_id in self._keys:
             self._arm_starvation(snap.jobs[event.job_id], now)
         if event.kind is EventKind.COMPLETION:
-            self.promoted.discard(event.job_id)
+            self.promoted.pop(event.job_id, None)
         out = plan.actions + self._timers
         self._timers = []
         return out
@@ -122,10 +119,10 @@ class GmuxPolicy(PriorityPolicy):
 
     def _promote(self, snap, jid) -> None:
         job = snap.jobs.get(jid)
-        if job is None or jid not in self._keys or jid in self.promoted:
+        if job is None or jid not in self._keys:
             return
         self._unfile(job)
-        self.promoted.add(jid)
+        self.promoted[jid] = job.attained
         self._file(job)
 
     def _introspect(self, snap, plan: Plan, event: Event) -> None:
@@ -158,7 +155,7 @@ class GmuxPolicy(PriorityPolicy):
                 if rid in plan.moved:
                     continue
                 other = snap.jobs[rid]
-                if other.packed_with is not None or len(other.gpus) != job.num_gpus or rid in self.promoted:
+                if other.packed_with is not None or len(other.gpus) != job.num_gpus:
                     continue
                 if max(plan.units(g) for g in other.gpus) != 1 or not snap.pair_fits(job, other):
                     continue

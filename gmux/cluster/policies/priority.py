@@ -99,14 +99,29 @@ class PriorityPolicy(Policy):
 
     def _preempt(self, snap, plan: Plan) -> None:
         now = snap.now
-        running = sorted(((self.running_key(snap.jobs[j], now), j) for j in snap.running if j not in plan.moved))
+        budget = snap.total_gpus
+        keep = set()
+        running = []
+        for j in snap.running:
+            if j in plan.moved:
+                continue
+            job = snap.jobs[j]
+            if job.packed_with is not None:
+                # Suspending either member of a pack frees no GPU, so packs are never victims; the pair
+                # uses its GPUs once.
+                if job.packed_with not in keep:
+                    budget -= len(job.gpus)
+                keep.add(j)
+                continue
+            running.append((self.running_key(job, now), j))
+        running.sort()
         if not running:
             return
-        budget = snap.total_gpus
         chosen_waiting = []
-        keep = set()
         merged = heapq.merge(((k, 0, j) for k, j in running), ((k, 1, j) for k, j in self._waiting))
         for key, waiting, jid in merged:
+            if budget <= 0:
+                break
             if waiting and jid in plan.moved:
                 continue
             job = snap.jobs[jid]
@@ -114,8 +129,6 @@ class PriorityPolicy(Policy):
             if n <= budget:
                 budget -= n
                 (chosen_waiting.append(job) if waiting else keep.add(jid))
-                if budget == 0:
-                    break
         if not chosen_waiting:
             return
         victims = [snap.jobs[j] for _, j in running if j not in keep]
