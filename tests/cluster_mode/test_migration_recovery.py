@@ -1,0 +1,45 @@
+"""Cross-machine migration mid-training stays bit-identical (the source releases only after the target
+restored); a machine killed mid-run has its job restarted elsewhere from its last periodic checkpoint."""
+import json
+
+from conftest import solo, wait_for
+
+STEPS = "6000"
+
+
+def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path):
+    c = cluster_factory(policy="gandiva")
+    args = (STEPS, "--batch", "36", "--sleep", "0.003")
+    ref = solo(tmp_path, "ref", *args)
+    c.wait_machines(3)
+    out = tmp_path / "moved.json"
+    cjob = c.submit(str(out), *args, ckpt_every=1.0)
+    first = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 300 and j)(c.job(cjob)), 60,
+                     "job running")
+    src = first["machine"]
+    dst = next(m for m in ("m1", "m2", "m3") if m != src)
+    moved = c.call("c_migrate", cjob=cjob, machine=dst, gpu=1)
+    assert moved == {"cjob": cjob, "from": src, "to": dst}
+    after = wait_for(lambda: (lambda j: j["migrations"] == 1 and j["state"] == "running" and j)(c.job(cjob)), 60,
+                     "migration done")
+    assert after["machine"] == dst and after["gpu"] == 1
+    ps = c.ps()
+    text = " ".join(d["text"] for d in ps["decisions"])
+    assert f"{cjob}: checkpoint" in text and f"restored on {dst}" in text and f"{src} releases it" in text
+    # Source released only after the target restored: the source's copy is now killed, not running.
+    from gmux.node.client import Client
+    src_jobs = Client(str(tmp_path / f"rt-{src}")).call("ps", all=True)["jobs"]
+    assert [j["state"] for j in src_jobs if j["name"] == cjob] == ["killed"]
+
+    # A periodic checkpoint of the job, taken on its new machine, reaches the scheduler; then that machine dies.
+    at = wait_for(lambda: (lambda j: (j["ckpt_step"] or 0) > after["step"] and j)(c.job(cjob)), 60,
+                  "a checkpoint from the new machine")
+    c.kill_machine(dst)
+    again = wait_for(lambda: (lambda j: j["restarts"] == 1 and j["state"] in ("running", "done") and j)(c.job(cjob)),
+                     60, "restarted elsewhere")
+    assert again["machine"] not in (dst,)
+    jobs = c.wait_done([cjob], 180)
+    res = json.loads(out.read_text())
+    assert res["sha256"] == ref["sha256"] and res["steps"] == int(STEPS)
+    assert res["restored_at"] >= at["ckpt_step"] > 0      # from its checkpoint, not from scratch
+    assert jobs[cjob]["migrations"] == 1 and jobs[cjob]["restarts"] == 1
