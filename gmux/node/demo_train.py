@@ -27,7 +27,8 @@ p.add_argument("--attach", action="store_true")
 p.add_argument("--exclusive", action="store_true",
                help="compute holding the virtual GPU's lock: a job that saturates its device, as a kernel using "
                     "all SMs does; two such jobs packed on one GPU take turns (on a busy shared CPU, core "
-                    "contention alone is too noisy to show interference reliably)")
+                    "contention alone is too noisy to show interference reliably). The lock is released before "
+                    "the optimizer step, whose hook may suspend the job")
 a = p.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -52,12 +53,12 @@ if a.exclusive:
                                     f"vgpu{os.environ.get('GMUX_VIRTUAL_GPU', 'x')}.lock"), "w")
 loss = None
 while progress["step"] < a.steps:
-    x = torch.randn(a.batch, 32, generator=torch.Generator().manual_seed(progress["step"]))
-    y = x.sum(dim=1, keepdim=True)
     if a.sleep:
         time.sleep(a.sleep)
     if device_lock:
         fcntl.flock(device_lock, fcntl.LOCK_EX)
+    x = torch.randn(a.batch, 32, generator=torch.Generator().manual_seed(progress["step"]))
+    y = x.sum(dim=1, keepdim=True)
     loss = torch.nn.functional.mse_loss(model(x), y)
     opt.zero_grad()
     loss.backward()

@@ -47,9 +47,9 @@ def test_cli_controls_a_submitted_job_and_metrics(node_factory, tmp_path):
     assert json.loads(out.stdout)["latency_s"] < 5
     assert node.job(job)["state"] == "held"
     step = node.job(job)["step"]
-    node.wait_for(lambda: node.job(job)["host_bytes"] > 0, 5, "suspended state measured")
+    node.wait_for(lambda: node.job(job)["host_bytes"] > 0, 30, "suspended state measured")
     assert gmux(node.rt, "resume", job).returncode == 0
-    node.wait_for(lambda: node.job(job)["step"] > step, 30, "training again after resume")
+    node.wait_for(lambda: node.job(job)["step"] > step, 60, "training again after resume")
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     assert f'gmux_job_state{{gpu="0",job="{job}",state="running"}} 1.0' in metrics
     assert "gmux_job_suspends_total" in metrics and "gmux_gpu_memory_bytes" in metrics

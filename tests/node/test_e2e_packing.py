@@ -12,7 +12,7 @@ from conftest import TRAIN
 
 
 def test_gaining_pair_kept_interfering_pair_unpacked(node_factory, tmp_path):
-    node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1", "--pack-window", "3", "--pack-margin", "0.3")
+    node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1", "--pack-window", "3", "--pack-margin", "0.5")
     kinds = {}
     # Launch order alternates so that placement (least loaded GPU) puts each kind on its own GPU.
     for i, (kind, extra) in enumerate((("compute", ["--exclusive", "--hidden", "512", "--depth", "2", "--batch", "256"]),
@@ -36,8 +36,8 @@ def test_gaining_pair_kept_interfering_pair_unpacked(node_factory, tmp_path):
     unpack = by_jobs[tuple(compute)]
     print("kept:", keep["text"])
     print("unpacked:", unpack["text"])
-    assert keep["kind"] == "keep" and keep["numbers"]["sum"] > 1.3
-    assert unpack["kind"] == "unpack" and unpack["numbers"]["sum"] <= 1.3
+    assert keep["kind"] == "keep" and keep["numbers"]["sum"] > 1.5
+    assert unpack["kind"] == "unpack" and unpack["numbers"]["sum"] <= 1.5
     for d in (keep, unpack):            # the numbers behind the decision are logged with it
         assert set(d["numbers"]) >= {"solo", "packed", "normalised", "sum", "margin"}
         assert all(v > 0 for v in d["numbers"]["solo"].values())
