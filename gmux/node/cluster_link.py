@@ -83,6 +83,7 @@ class ClusterLink:
         self.busy: set[str] = set()            # cjobs with a worker on them (no periodic checkpoint meanwhile)
         self.starting: dict[str, float] = {}   # cjob -> when started here, until it is seen past a boundary
         self.ckpt_every: dict[str, float] = {}
+        self.spawned: dict[str, int] = {}      # cjob -> pid of the process started for it last
         self.last_ckpt: dict[str, float] = {}
         self.ckpt_seq = 0
         self.stopping = False
@@ -172,10 +173,19 @@ class ClusterLink:
         except GmuxError as e:
             log.warning("gmuxd not answering: %s", e)
             return
+        # One record per cluster job: the process this link started last for it (an older incarnation, e.g.
+        # the released copy of a job that has since come back, must not speak for it); after a restart of
+        # the link, the newest local job of that name.
         latest: dict[str, dict] = {}
         for j in ps["jobs"]:
             cjob = j.get("name") or ""
-            if CJOB.match(cjob) and (cjob not in latest or _num(j["id"]) > _num(latest[cjob]["id"])):
+            if not CJOB.match(cjob):
+                continue
+            pid = self.spawned.get(cjob)
+            if pid is not None:
+                if j.get("pid") == pid:
+                    latest[cjob] = j
+            elif cjob not in latest or _num(j["id"]) > _num(latest[cjob]["id"]):
                 latest[cjob] = j
         records = []
         for cjob, j in latest.items():
@@ -297,6 +307,8 @@ class ClusterLink:
             self._event("start_failed", cjob, f"could not start: {e}")
             return
         self.children[p.pid] = p
+        self.spawned[cjob] = p.pid      # gmux-launch registers its own pid: this names the new incarnation
+        self._jobs.pop(cjob, None)
         self.starting[cjob] = time.monotonic()
         if a.get("ckpt_every"):
             self.ckpt_every[cjob] = float(a["ckpt_every"])
