@@ -1,0 +1,64 @@
+"""Gang commands for multi-rank (torch.distributed) jobs: every rank carries out a command at the same boundary.
+
+Each rank of an N-rank job is its own gmux job with its own controller (its gmuxd agent), so the ranks' suspend
+commands arrive at different boundaries. A rank that suspended alone would leave its peers blocked inside the
+next collective, holding their GPUs; a rank that checkpointed alone would write a state its peers do not share.
+`GangController` wraps a rank's controller: at every boundary it holds back what arrived and asks the gang, with
+one tiny all_reduce(MIN) on a process group of the job's own, whether every rank now holds a command of the same
+kind; only then is it handed to the runtime, so all ranks act on the same step. `resume` needs no agreement:
+each rank resumes when told, and the ranks meet again in their next collective.
+
+NCCL communicators across a suspend (what this means on GPUs): the ranks suspend between steps, after the step's
+collectives have completed, so no collective is in flight and the process group stays valid; its communicators
+are not destroyed. Their own device memory (NCCL's channel buffers, allocated by NCCL outside torch's caching
+allocator and outside gmux's allocator tier) stays allocated while the job is suspended: a suspended NCCL gang
+does not give that memory back (gloo's buffers are host memory). A gang moved to other machines cannot take
+its communicators along: the new processes restore from the checkpoint and build a new process group.
+
+The cost is one all_reduce of one int per boundary (tens of µs with gloo on one machine).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from gmux.job.control import Command, Controller
+
+_AGREE = {"suspend": 1, "checkpoint": 2, "migrate": 3, "exit": 4}
+
+
+class GangController:
+    def __init__(self, inner: Controller, group=None):
+        self.inner = inner
+        self.group = group if group is not None else dist.new_group(backend="gloo")
+        self.held: list[Command] = []
+        self.boundaries = 0
+        self.agreed_at: list[tuple[str, int]] = []     # (kind, boundary) of every command carried out as a gang
+
+    def poll(self) -> Optional[Command]:
+        self.boundaries += 1
+        c = self.inner.poll()      # every boundary, even while holding one: the agent counts boundaries
+        if c is not None:
+            if c.kind not in _AGREE:
+                return c           # e.g. a stray resume: the runtime answers it as it would alone
+            self.held.append(c)
+        mine = _AGREE.get(self.held[0].kind, 0) if self.held else 0
+        flags = torch.tensor([mine, -mine], dtype=torch.int64)
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group)
+        # min(x) == max(x) == mine: every rank holds a command of the same kind
+        if mine and int(flags[0]) == mine and -int(flags[1]) == mine:
+            cmd = self.held.pop(0)
+            self.agreed_at.append((cmd.kind, self.boundaries))
+            return cmd
+        return None
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[Command]:
+        return self.inner.wait(timeout)
+
+    def report(self, report: dict) -> None:
+        self.inner.report(report)
+
+    def reply(self, command: Command, result: dict) -> None:
+        self.inner.reply(command, result)
