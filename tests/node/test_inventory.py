@@ -1,0 +1,47 @@
+"""GPU inventory and the launcher's reading of a command line: pure functions, refusals that say what to write."""
+import pytest
+
+from gmux.node.inventory import discover, format_size, parse_size, parse_virtual_gpus
+from gmux.node.launcher import script_of
+
+
+def test_sizes():
+    assert parse_size("16GiB") == 16 << 30
+    assert parse_size("512MiB") == 512 << 20
+    assert parse_size("1.5G") == 3 << 29
+    assert parse_size("2GB") == 2 * 1000 ** 3
+    assert parse_size("123") == 123
+    for bad in ("", "GiB", "12 parsecs", "-1GiB"):
+        with pytest.raises(ValueError, match="write e.g."):
+            parse_size(bad)
+    assert format_size(3 << 29) == "1.5GiB" and format_size(None) == "-"
+
+
+def test_virtual_gpus():
+    assert parse_virtual_gpus("2x16GiB") == [16 << 30] * 2
+    assert parse_virtual_gpus("8GiB,1x16GiB") == [8 << 30, 16 << 30]
+    with pytest.raises(ValueError):
+        parse_virtual_gpus("0x16GiB")
+    gpus = discover("2x1GiB")
+    assert [(g.index, g.virtual, g.mem_total) for g in gpus] == [(0, True, 1 << 30), (1, True, 1 << 30)]
+    assert gpus[1].env() == {"CUDA_VISIBLE_DEVICES": "", "GMUX_VIRTUAL_GPU": "1", "GMUX_GPU_MEM": str(1 << 30)}
+
+
+def test_no_nvml_gpu_falls_back_to_virtual():
+    # This machine has no GPU (or no driver): NVML finds none and gmuxd still comes up, on virtual GPUs.
+    from gmux.node.inventory import nvml_gpus
+    if nvml_gpus():
+        pytest.skip("a real GPU is present")
+    gpus = discover(None, default_virtual="1x2GiB")
+    assert len(gpus) == 1 and gpus[0].virtual and gpus[0].mem_total == 2 << 30
+
+
+def test_script_of():
+    assert script_of(["python", "train.py", "--lr", "1"]) == ("path", "train.py", ["train.py", "--lr", "1"])
+    assert script_of(["python3", "-u", "train.py"]) == ("path", "train.py", ["train.py"])
+    assert script_of(["python", "-m", "pkg.train", "x"]) == ("module", "pkg.train", ["pkg.train", "x"])
+    assert script_of(["train.py", "a"]) == ("path", "train.py", ["train.py", "a"])
+    with pytest.raises(SystemExit, match="python -c"):
+        script_of(["python", "-c", "print(1)"])
+    with pytest.raises(SystemExit, match="gmux-launch -- python train.py"):
+        script_of(["bash", "run.sh"])
