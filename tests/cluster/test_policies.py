@@ -107,8 +107,8 @@ def test_gandiva_grows_and_shrinks_an_elastic_job(table):
 
 
 def test_gmux_packs_only_where_measurement_says_it_beats_preemption(table):
-    pol = make_policy("gmux", explore=False, base_gpu_s=5.0)
-    eng_jobs = [job(0, 0, 10000, jtype="A"), job(1, 10, 100, jtype="B")]
+    pol = make_policy("gmux", explore=False, base_gpu_s=500.0, levels=2)
+    eng_jobs = [job(0, 0, 10000, jtype="A"), job(1, 1000, 100, jtype="B")]
     _, res, _ = run(pol, eng_jobs, table(), machines=1, per=1)
     assert res.counters["packs"] == 0                   # never measured, no exploration: suspend, don't pack
     assert res.counters["suspends"] == 1

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 
-from .api import Event, EventKind, Pack, Place, Resume, SetTimer, Suspend
+from .api import Event, EventKind, Place, Resume, SetTimer, Suspend
 from .planning import Plan
 from .priority import PriorityPolicy
 from .sharing import consolidate, defragment_for, deshare
@@ -53,9 +53,9 @@ class GmuxPolicy(PriorityPolicy):
         self.starve_min_s = starve_min_s
         self.max_pack_tries = max_pack_tries
         self.losing_pairs: set = set()
+        self._host_idx: dict = {}       # GPU count -> job type -> {running job: None}, oldest first
+        self._host_age = 0
         self.promoted: dict = {}        # job -> attained service forgiven when it was promoted
-        self._timers: list = []
-        self._waiting_since: dict = {}
 
     def describe(self) -> dict:
         return {"name": self.name, "thresholds_gpu_s": list(self.thresholds), "defrag_moves": self.defrag_moves,
@@ -78,12 +78,19 @@ class GmuxPolicy(PriorityPolicy):
             gpus = defragment_for(snap, plan, job.num_gpus, self.defrag_moves)
         return gpus
 
+    def rekey_at(self, job, now, gpus: int):
+        served = job.attained - self.promoted.get(job.job_id, 0.0)
+        lvl = self.level(served)
+        if lvl >= len(self.thresholds):
+            return None
+        return now + (self.thresholds[lvl] - served) / max(1, gpus) + 1e-6
+
     # ---- decisions -----------------------------------------------------------------------------------------
     def decide(self, snap, event: Event) -> list:
-        self._sync_event(snap, event)
-        plan = Plan(snap)
+        self._sync(snap, event)
         if event.kind is EventKind.TIMER and isinstance(event.key, tuple) and event.key[0] == "promote":
             self._promote(snap, event.key[1])
+        plan = Plan(snap)
         if event.kind is EventKind.MEASUREMENT:
             self._introspect(snap, plan, event)
         if self._keys:
@@ -91,31 +98,27 @@ class GmuxPolicy(PriorityPolicy):
             self._backfill(snap, plan)
             if self.pack:
                 self._pack_waiting(snap, plan)
-        if plan.total_idle:
-            deshare(snap, plan)
+        if plan.total_idle and event.kind is not EventKind.ARRIVAL:
+            # Only when GPUs were freed: an arrival just used the idle ones.
+            deshare(snap, plan, packed_only=True)
             consolidate(snap, plan)
+        out = self._record(snap, plan.actions)
+        if self.pack:
+            self._note_hosts(snap, plan.actions)
         now = snap.now
+        timers = []
         for a in plan.actions:
-            job = snap.jobs[a.job_id]
             if isinstance(a, Suspend):
-                self._file_as_suspended(job, now)
-                self._arm_starvation(job, now)
-            elif job.job_id in self._keys and isinstance(a, (Place, Resume, Pack)):
-                self._unfile(job)
-                self._waiting_since.pop(job.job_id, None)
+                timers.append(self._starvation_timer(snap.jobs[a.job_id], now))
         if event.kind is EventKind.ARRIVAL and event.job_id in self._keys:
-            self._arm_starvation(snap.jobs[event.job_id], now)
+            timers.append(self._starvation_timer(snap.jobs[event.job_id], now))
         if event.kind is EventKind.COMPLETION:
             self.promoted.pop(event.job_id, None)
-        out = plan.actions + self._timers
-        self._timers = []
-        return out
+        return out + timers
 
-    def _arm_starvation(self, job, now: float) -> None:
+    def _starvation_timer(self, job, now: float) -> SetTimer:
         ran = job.attained / max(1, job.num_gpus)
-        wait = max(self.starve_min_s, self.starve_factor * ran)
-        self._waiting_since[job.job_id] = now
-        self._timers.append(SetTimer(now + wait, ("promote", job.job_id)))
+        return SetTimer(now + max(self.starve_min_s, self.starve_factor * ran), ("promote", job.job_id))
 
     def _promote(self, snap, jid) -> None:
         job = snap.jobs.get(jid)
@@ -141,38 +144,76 @@ class GmuxPolicy(PriorityPolicy):
         return 2.0 * r_new + r_partner > 2.0 + self.pack_margin
 
     def _pack_waiting(self, snap, plan: Plan) -> None:
-        """Waiting jobs that found no GPUs: pack each with a running job where measurement says it pays."""
-        tries = 0
-        for key, jid in list(self._waiting):
-            if tries >= self.max_pack_tries:
+        """Waiting jobs that found no GPUs: pack each with a running job where measurement says it pays.
+
+        Hosts come from an index by (GPU count, type) kept up to date from this policy's own placements and
+        rebuilt every `HOST_REBUILD` decisions (entries are re-validated on use), so a waiting job costs
+        O(job types), not O(running jobs)."""
+        if not snap.running:
+            return
+        self._host_age += 1
+        if self._host_age > self.HOST_REBUILD or not self._host_idx:
+            self._rebuild_hosts(snap)
+        tried = 0
+        for key, jid in self._waiting:
+            if tried >= self.max_pack_tries:
                 break
             if jid in plan.moved:
                 continue
-            tries += 1
+            tried += 1
             job = snap.jobs[jid]
             best = None
-            for rid in snap.running:
-                if rid in plan.moved:
+            for jtype, hosts in self._host_idx.get(job.num_gpus, {}).items():
+                if frozenset((job.job_type, jtype)) in self.losing_pairs:
                     continue
-                other = snap.jobs[rid]
-                if other.packed_with is not None or len(other.gpus) != job.num_gpus:
+                other = self._first_host(snap, plan, hosts, job.num_gpus)
+                if other is None or not snap.pair_fits(job, other):
                     continue
-                if max(plan.units(g) for g in other.gpus) != 1 or not snap.pair_fits(job, other):
-                    continue
-                if frozenset((job.job_type, other.job_type)) in self.losing_pairs:
-                    continue
-                pr = snap.pair_rate(job.job_type, other.job_type)
+                pr = snap.pair_rate(job.job_type, jtype)
                 if pr is None:
                     if not self.explore:
                         continue
                     score = 0.0
-                else:
-                    if not self._pack_pays(pr.rate_a, pr.rate_b):
-                        continue
+                elif self._pack_pays(pr.rate_a, pr.rate_b):
                     score = 2.0 * pr.rate_a + pr.rate_b
-                # Prefer measured winners, then partners with the most service (they lose least by sharing).
-                cand = (score, other.attained_at(snap.now), rid)
+                else:
+                    continue
+                cand = (score, -other.submit_time, other.job_id)
                 if best is None or cand > best:
                     best = cand
             if best is not None:
                 plan.pack(job, snap.jobs[best[2]])
+
+    HOST_REBUILD = 1000
+
+    @staticmethod
+    def _first_host(snap, plan: Plan, hosts: dict, n: int):
+        """The oldest valid host in `hosts` (running, alone on its GPUs), dropping stale entries on the way."""
+        stale = []
+        found = None
+        for rid in hosts:
+            other = snap.jobs.get(rid)
+            if other is None or other.packed_with is not None or len(other.gpus) != n:
+                stale.append(rid)
+                continue
+            if rid in plan.moved or any(plan.units(g) != 1 for g in other.gpus):
+                continue
+            found = other
+            break
+        for rid in stale:
+            del hosts[rid]
+        return found
+
+    def _rebuild_hosts(self, snap) -> None:
+        self._host_age = 0
+        self._host_idx = {}
+        for rid in snap.running:
+            other = snap.jobs[rid]
+            if other.packed_with is None:
+                self._host_idx.setdefault(len(other.gpus), {}).setdefault(other.job_type, {})[rid] = None
+
+    def _note_hosts(self, snap, actions: list) -> None:
+        for a in actions:
+            if isinstance(a, (Place, Resume)):
+                job = snap.jobs[a.job_id]
+                self._host_idx.setdefault(len(a.gpus), {}).setdefault(job.job_type, {})[a.job_id] = None

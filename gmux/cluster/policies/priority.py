@@ -1,159 +1,191 @@
-"""Shared machinery of the priority policies (sjf, srtf, tiresias): an ordered waiting list and a
-"desired running set" walk.
+"""Shared machinery of the priority policies (sjf, srtf, tiresias, gmux): ordered indexes of waiting and running
+jobs, preemption of the worst running jobs by the best waiting ones, and backfilling.
 
-Each decision walks jobs best-first, giving each the GPUs it needs while any are left in the budget (the
-cluster's size for preemptive policies, its idle GPUs otherwise). Running jobs outside the desired set are
-suspended; waiting jobs inside it are placed with a consolidated best fit; a victim whose GPUs nobody ended up
-needing is left running; leftover idle GPUs are backfilled in priority order. The walk stops as soon as the
-budget is spent, so a decision costs O(running jobs + waiting jobs walked), not O(all jobs).
+A decision must stay cheap with 10,000 active jobs, so nothing here walks every job:
+- waiting jobs sit in a sorted list keyed by `waiting_key` (fixed while a job waits);
+- running jobs (preemptive policies) sit in a sorted list keyed by `running_key` when they started, re-keyed
+  when the policy's own timers say a job's key changed (Tiresias' demotions); the current key is recomputed
+  for every job actually examined, so a slightly stale position only costs ordering precision, never safety;
+- preemption pairs the best waiting job with the worst running ones, and stops at the first waiting job that
+  no worse-keyed running job can make room for; backfill stops once no waiting job can fit the idle GPUs.
+Both indexes are checked against the snapshot's counts on every call and rebuilt if someone else changed
+states (a real scheduler's view can move under a policy), so they are accelerators, not a second truth.
 """
 from __future__ import annotations
 
 import bisect
-import heapq
 from collections import Counter
 
-from .api import Event, Policy, Suspend
+from .api import Event, EventKind, Pack, Place, Policy, Resume, SetTimer, Suspend
 from .planning import Plan
 
 
 class PriorityPolicy(Policy):
-    """Subclasses define waiting_key(job) (fixed while the job waits) and running_key(job, now), comparable."""
+    """Subclasses define waiting_key(job) (fixed while the job waits) and running_key(job, now), comparable;
+    smaller is better. `rekey_at(job, now)` may return when a running job's key will next change."""
 
     defragments = False    # whether _find can make room by migration (then scattered idle GPUs still count)
+    max_examined = 32      # waiting jobs that may try preemption in one decision
 
     def __init__(self):
         self._waiting: list = []          # sorted [(key, job_id)]
-        self._keys: dict = {}             # job_id -> key it is filed under
+        self._keys: dict = {}             # job_id -> (key, job_id) it is filed under
         self._demand: Counter = Counter()
+        self._running: list = []          # sorted [(key, job_id)], preemptive policies only
+        self._rkeys: dict = {}
 
-    # ---- the waiting index ---------------------------------------------------------------------------------
+    # ---- ordering ------------------------------------------------------------------------------------------
     def waiting_key(self, job):
         raise NotImplementedError
 
     def running_key(self, job, now):
         return self.waiting_key(job)
 
-    def _file(self, job) -> None:
-        k = (self.waiting_key(job), job.job_id)
+    def rekey_at(self, job, now, gpus: int):
+        """When a job that just started on `gpus` GPUs changes key next (None: never, or only in ways that keep
+        the order of running jobs, as SRTF's remaining times all shrinking at one rate do)."""
+        return None
+
+    # ---- the waiting index ---------------------------------------------------------------------------------
+    def _file(self, job, key=None) -> None:
+        k = (self.waiting_key(job) if key is None else key, job.job_id)
         self._keys[job.job_id] = k
         bisect.insort(self._waiting, k)
         self._demand[job.num_gpus] += 1
 
     def _unfile(self, job) -> None:
         k = self._keys.pop(job.job_id)
-        i = bisect.bisect_left(self._waiting, k)
-        del self._waiting[i]
+        del self._waiting[bisect.bisect_left(self._waiting, k)]
         self._demand[job.num_gpus] -= 1
         if not self._demand[job.num_gpus]:
             del self._demand[job.num_gpus]
 
-    def _sync(self, snap) -> None:
-        """Keep the index equal to the snapshot's waiting jobs; rebuild if someone else changed states."""
-        waiting = len(snap.pending) + len(snap.suspended)
-        if waiting == len(self._keys) and all(j in self._keys for j in snap.pending) and \
-                all(j in self._keys for j in snap.suspended):
-            return
-        self._waiting, self._keys, self._demand = [], {}, Counter()
-        for jid in list(snap.pending) + list(snap.suspended):
-            self._file(snap.jobs[jid])
+    # ---- the running index ---------------------------------------------------------------------------------
+    def _run_add(self, job, now) -> None:
+        k = (self.running_key(job, now), job.job_id)
+        self._rkeys[job.job_id] = k
+        bisect.insort(self._running, k)
 
-    def _sync_event(self, snap, event: Event) -> None:
-        # The common cases in O(log n): a new arrival; otherwise fall back to a full check only when counts differ.
-        if event.job_id is not None and event.job_id in snap.pending and event.job_id not in self._keys:
+    def _run_remove(self, jid) -> None:
+        k = self._rkeys.pop(jid, None)
+        if k is not None:
+            del self._running[bisect.bisect_left(self._running, k)]
+
+    def _sync(self, snap, event: Event) -> None:
+        if event.kind is EventKind.ARRIVAL and event.job_id in snap.pending and event.job_id not in self._keys:
             self._file(snap.jobs[event.job_id])
+        if event.kind is EventKind.COMPLETION:
+            self._run_remove(event.job_id)
         if len(self._keys) != len(snap.pending) + len(snap.suspended):
-            self._sync(snap)
+            self._waiting, self._keys, self._demand = [], {}, Counter()
+            for jid in list(snap.pending) + list(snap.suspended):
+                self._file(snap.jobs[jid])
+        if self.preemptive:
+            if event.kind is EventKind.TIMER and isinstance(event.key, tuple) and event.key[0] == "rekey":
+                jid = event.key[1]
+                if jid in self._rkeys and jid in snap.running:
+                    self._run_remove(jid)
+                    self._run_add(snap.jobs[jid], snap.now)
+            if len(self._rkeys) != len(snap.running):
+                self._running, self._rkeys = [], {}
+                for jid in snap.running:
+                    self._run_add(snap.jobs[jid], snap.now)
 
     # ---- decisions ------------------------------------------------------------------------------------------
     def decide(self, snap, event: Event) -> list:
-        self._sync_event(snap, event)
-        if not self._keys:
-            return self._after(snap, [])
+        self._sync(snap, event)
         plan = Plan(snap)
+        self._plan(snap, plan, event)
+        return self._record(snap, plan.actions)
+
+    def _plan(self, snap, plan: Plan, event: Event) -> None:
+        if not self._keys:
+            return
         if self.preemptive:
             self._preempt(snap, plan)
         self._backfill(snap, plan)
-        for a in plan.actions:
+
+    def _record(self, snap, actions: list) -> list:
+        """Bring the indexes up to date with what was decided; add re-key timers for jobs just started."""
+        now = snap.now
+        out = list(actions)
+        for a in actions:
+            if isinstance(a, SetTimer):
+                continue
             job = snap.jobs[a.job_id]
             if isinstance(a, Suspend):
-                self._file_as_suspended(job, snap.now)
-            elif job.job_id in self._keys:
-                self._unfile(job)
-        return self._after(snap, plan.actions)
+                self._run_remove(job.job_id)
+                self._file(job, self.running_key(job, now))     # it accrues nothing while it waits
+            elif isinstance(a, (Place, Resume, Pack)):
+                if job.job_id in self._keys:
+                    self._unfile(job)
+                if self.preemptive:
+                    self._run_add(job, now)
+                    at = self.rekey_at(job, now, job.num_gpus if isinstance(a, Pack) else len(a.gpus))
+                    if at is not None:
+                        out.append(SetTimer(at, ("rekey", job.job_id)))
+        return out
 
     def _find(self, snap, plan: Plan, job):
         """GPUs for a waiting job in this plan, or None. Subclasses may defragment."""
         return plan.find_gpus(job.num_gpus)
 
-    def _after(self, snap, actions: list) -> list:
-        """Hook for subclasses that add timers to what was decided."""
-        return actions
-
-    def _file_as_suspended(self, job, now: float) -> None:
-        # Filed with the key it has at the moment of suspension; it accrues nothing while it waits.
-        k = (self.running_key(job, now), job.job_id)
-        self._keys[job.job_id] = k
-        bisect.insort(self._waiting, k)
-        self._demand[job.num_gpus] += 1
-
     def _preempt(self, snap, plan: Plan) -> None:
+        """Best waiting jobs displace worst running ones (strictly worse key), while that makes room."""
         now = snap.now
-        budget = snap.total_gpus
-        keep = set()
-        running = []
-        for j in snap.running:
-            if j in plan.moved:
-                continue
-            job = snap.jobs[j]
-            if job.packed_with is not None:
-                # Suspending either member of a pack frees no GPU, so packs are never victims; the pair
-                # uses its GPUs once.
-                if job.packed_with not in keep:
-                    budget -= len(job.gpus)
-                keep.add(j)
-                continue
-            running.append((self.running_key(job, now), j))
-        running.sort()
-        if not running:
-            return
-        chosen_waiting = []
-        merged = heapq.merge(((k, 0, j) for k, j in running), ((k, 1, j) for k, j in self._waiting))
-        for key, waiting, jid in merged:
-            if budget <= 0:
+        pos = len(self._running) - 1
+        examined = 0
+        for key, jid in list(self._waiting[: self.max_examined * 4]):
+            if examined >= self.max_examined or pos < 0:
                 break
-            if waiting and jid in plan.moved:
+            if jid in plan.moved:
                 continue
+            examined += 1
             job = snap.jobs[jid]
-            n = len(job.gpus) if not waiting else job.num_gpus
-            if n <= budget:
-                budget -= n
-                (chosen_waiting.append(job) if waiting else keep.add(jid))
-        if not chosen_waiting:
-            return
-        victims = [snap.jobs[j] for _, j in running if j not in keep]
-        if not victims:
-            return
-        for v in victims:
-            plan.suspend(v)
-        for job in chosen_waiting:
-            gpus = self._find(snap, plan, job)
-            if gpus is not None:
-                plan.place(job, gpus)
-        # A victim whose GPUs all stayed idle was suspended for nothing: keep it running instead.
-        spared = {v.job_id for v in victims if all(plan.units(g) == 0 for g in v.gpus)}
-        if spared:
-            plan.actions = [a for a in plan.actions if not (isinstance(a, Suspend) and a.job_id in spared)]
+            n = job.num_gpus
+            if n <= plan.total_idle:
+                gpus = self._find(snap, plan, job)
+                if gpus is not None:
+                    plan.place(job, gpus)
+                    continue
+            victims, freed, p = [], plan.total_idle, pos
+            while freed < n and p >= 0:
+                rkey, rid = self._running[p]
+                p -= 1
+                r = snap.jobs.get(rid)
+                if r is None or rid in plan.moved or r.packed_with is not None or not r.gpus:
+                    continue        # suspending a packed job frees no GPU
+                if not self.running_key(r, now) > key:
+                    p = -1          # the rest are better than this job: no more victims for anyone behind it
+                    break
+                victims.append(r)
+                freed += len(r.gpus)
+            if freed < n:
+                if p < 0:
+                    break
+                continue
+            trial = plan.copy()
             for v in victims:
-                if v.job_id in spared:
-                    plan._occupy(v.gpus)
-                    plan.moved.discard(v.job_id)
+                trial.suspend(v)
+            gpus = self._find(snap, trial, job)
+            if gpus is None:
+                continue            # room by count, not by place (fragmentation): leave everyone running
+            # Suspend only the victims whose GPUs the job really takes (a defragmenting _find may also have
+            # planned migrations in the trial: keep the trial then).
+            taken = set(gpus)
+            if any(not isinstance(a, Suspend) for a in trial.actions[len(plan.actions):]):
+                plan.adopt(trial)
+            else:
+                for v in victims:
+                    if taken & set(v.gpus):
+                        plan.suspend(v)
+            if any(plan.units(g) for g in gpus):
+                raise AssertionError("preemption planned onto busy GPUs")
+            plan.place(job, gpus)
+            pos = p
 
     def _backfill(self, snap, plan: Plan) -> None:
-        """Fill idle GPUs with waiting jobs, best first, skipping those that do not fit.
-
-        Victims of this same decision are not resumed here (that would undo the preemption just chosen); the
-        next event reconsiders them."""
+        """Fill idle GPUs with waiting jobs, best first, skipping those that do not fit."""
         budget = plan.total_idle
         if budget == 0 or not self._demand:
             return

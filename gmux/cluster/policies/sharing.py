@@ -51,12 +51,14 @@ def share_targets(snap, plan: Plan, job, max_units: int):
     return [snap.jobs[t[3]] for t in out]
 
 
-def deshare(snap, plan: Plan, limit: int | None = None) -> int:
-    """Move time-sliced or packed jobs onto idle GPUs, deepest sharing first. Returns how many moved."""
+def deshare(snap, plan: Plan, limit: int | None = None, packed_only: bool = False) -> int:
+    """Move time-sliced or packed jobs onto idle GPUs, deepest sharing first. Returns how many moved.
+
+    `packed_only`: the caller never time-slices, so only packed jobs (an index of the snapshot) are looked at."""
     if plan.total_idle == 0:
         return 0
     cands = []
-    for jid in snap.running:
+    for jid in (snap.packed if packed_only else snap.running):
         if jid in plan.moved:
             continue
         job = snap.jobs[jid]

@@ -42,6 +42,7 @@ class Snapshot:
         self.suspended: OrderedDict = OrderedDict()
         self.running: OrderedDict = OrderedDict()
         self.pair_rates: dict[tuple[str, str], PairRate] = {}
+        self.packed: set = set()   # jobs running packed with a partner (both members)
         # Type pairs known not to fit together in one GPU's memory (or not to be packable at all).
         self.no_fit: set[tuple[str, str]] = set()
 
@@ -119,6 +120,8 @@ class Snapshot:
         if partner is not None:
             job.packed_with = partner.job_id
             partner.packed_with = job.job_id
+            self.packed.add(job.job_id)
+            self.packed.add(partner.job_id)
 
     def detach(self, job: JobView) -> None:
         """Take `job` off its GPUs; a pack partner stays as a unit of its own."""
@@ -141,6 +144,8 @@ class Snapshot:
             partner = self.jobs.get(job.packed_with)
             if partner is not None:
                 partner.packed_with = None
+            self.packed.discard(job.packed_with)
+            self.packed.discard(jid)
             job.packed_with = None
         job.gpus = ()
 
@@ -154,6 +159,8 @@ class Snapshot:
             lst.append((job.job_id,))
         job.packed_with = None
         partner.packed_with = None
+        self.packed.discard(job.job_id)
+        self.packed.discard(partner.job_id)
 
     def _idle_change(self, m: int, delta: int) -> None:
         k = self.machine_idle[m]

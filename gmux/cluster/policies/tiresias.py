@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import bisect
 
-from .api import Place, Resume, SetTimer
 from .priority import PriorityPolicy
 
 
@@ -42,16 +41,10 @@ class TiresiasPolicy(PriorityPolicy):
     def running_key(self, job, now):
         return (self.level(job.attained_at(now)), job.submit_time)
 
-    def _after(self, snap, actions: list) -> list:
-        # Ask to be woken when each job just started crosses its next threshold (its service rate is fixed
-        # while it runs alone; a stale timer only causes a harmless re-evaluation).
-        out = list(actions)
-        for a in actions:
-            if isinstance(a, (Place, Resume)):
-                job = snap.jobs[a.job_id]
-                lvl = self.level(job.attained)
-                if lvl < len(self.thresholds):
-                    rate = len(a.gpus)
-                    out.append(SetTimer(snap.now + (self.thresholds[lvl] - job.attained) / rate + 1e-6,
-                                        ("demote", a.job_id)))
-        return out
+    def rekey_at(self, job, now, gpus: int):
+        # Running alone, a job gains `gpus` GPU-seconds of service per second: it crosses its next threshold
+        # at a known instant (a stale timer only causes a harmless re-key).
+        lvl = self.level(job.attained)
+        if lvl >= len(self.thresholds):
+            return None
+        return now + (self.thresholds[lvl] - job.attained) / max(1, gpus) + 1e-6
