@@ -10,7 +10,13 @@ import sys
 import time
 from datetime import datetime
 
-DEFAULT_TRACES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "traces")
+def _default_traces() -> str:
+    """../shared/traces from the working directory (the project's convention), else beside the source tree."""
+    for base in (os.getcwd(), os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")):
+        path = os.path.normpath(os.path.join(base, "..", "shared", "traces"))
+        if os.path.isdir(path):
+            return path
+    return os.path.normpath(os.path.join(os.getcwd(), "..", "shared", "traces"))
 
 EPILOG = """\
 examples:
@@ -74,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gmux-sim", description=__doc__.splitlines()[0], epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("inputs")
-    g.add_argument("--traces", default=os.path.normpath(DEFAULT_TRACES), metavar="DIR",
+    g.add_argument("--traces", default=_default_traces(), metavar="DIR",
                    help="directory holding philly.csv, philly_vc.csv, gavel_throughputs.json (default: %(default)s)")
     g.add_argument("--trace", metavar="CSV", help="job trace (default: DIR/philly.csv)")
     g.add_argument("--vcs", metavar="CSV", help="VC layout, vc,node num (default: DIR/philly_vc.csv)")

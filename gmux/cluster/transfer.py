@@ -29,8 +29,8 @@ import zmq
 from gmux import protocol
 from gmux.cluster import keys
 
-CHUNK = 2 << 20
-WINDOW = 8
+CHUNK = 256 << 10    # 256 KiB: large messages cost fresh mmapped buffers (page faults) in malloc and libzmq
+WINDOW = 64   # 16 MiB in flight
 _ENTRY = struct.Struct("<QQI")   # offset, length, crc32: one row of the chunk table the digest covers
 
 

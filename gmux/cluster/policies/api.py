@@ -21,7 +21,7 @@ Vocabulary used throughout:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Hashable
 
 JobId = Hashable
@@ -193,12 +193,3 @@ class PairRate:
     def gain(self) -> float:
         """Combined progress of the pair per unit time; > 1 means packing beats time-slicing them."""
         return self.rate_a + self.rate_b
-
-
-@dataclass(slots=True)
-class PolicyParams:
-    """Knobs shared by the sharing policies (gandiva, gmux)."""
-    quantum: float = 60.0              # time slice, seconds (Gandiva uses 60 s)
-    max_units_per_gpu: int = 4         # deepest time-slicing a policy may ask for
-    pack_margin: float = 0.1           # keep a pack only if rate_a + rate_b >= 1 + margin
-    extra: dict = field(default_factory=dict)

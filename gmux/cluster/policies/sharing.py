@@ -4,7 +4,7 @@ elastic jobs. Each function reads the snapshot, records moves in a Plan, and ret
 """
 from __future__ import annotations
 
-from .api import Grow, JobState, Shrink
+from .api import Grow, Shrink
 from .planning import Plan
 
 
@@ -211,4 +211,4 @@ def waiting_in_order(snap):
 
 
 __all__ = ["machine_affinity", "place_consolidated", "share_targets", "deshare", "defragment_for", "consolidate",
-           "grow_elastic", "shrink_elastic", "waiting_in_order", "JobState"]
+           "grow_elastic", "shrink_elastic", "waiting_in_order"]
