@@ -7,7 +7,7 @@ import zmq
 
 from gmux import protocol
 from gmux.cluster import keys
-from gmux.cluster.transfer import Receiver, TransferError, send_file
+from gmux.cluster.transfer import CHUNK, WINDOW, Receiver, TransferError, send_file
 from proxy_util import Proxy
 
 
@@ -64,7 +64,7 @@ def test_transfer_exact_and_resumes_after_cut(keydir, tmp_path):
         assert proxy.cuts == 1 and r["reconnects"] + r["rewinds"] >= 1
         assert open(r["path"], "rb").read() == payload
         # Resumed, not restarted: at most the window in flight at the cut is sent twice.
-        assert r["resent"] <= 8 * (2 << 20)
+        assert r["resent"] <= WINDOW * CHUNK
         assert r["resent"] < len(payload) / 2
         proxy.close()
     finally:
