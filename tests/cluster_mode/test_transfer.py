@@ -50,13 +50,13 @@ def keydir(tmp_path):
 
 def test_transfer_exact_and_resumes_after_cut(keydir, tmp_path):
     src = tmp_path / "src.ckpt"
-    payload = os.urandom(20 << 20) + b"tail"
+    payload = os.urandom(48 << 20) + b"tail"
     src.write_bytes(payload)
     stop = threading.Event()
     st, t = _serve(keydir, str(tmp_path / "in"), stop)
     try:
         server_key = keys.load_public(keydir, "daemon", "b")
-        proxy = Proxy(st["port"], cut_after=9 << 20)
+        proxy = Proxy(st["port"], cut_after=20 << 20)
         r = send_file(str(src), f"tcp://127.0.0.1:{proxy.port}", server_key, keydir, "daemon", "a", "c1-1",
                       timeout=1.5)
         # The cut loses what was on the wire; zmq reconnects by itself (then the receiver's "have" rewinds the
