@@ -4,7 +4,7 @@ import json
 
 from conftest import solo, wait_for
 
-STEPS = "6000"
+STEPS = "4000"
 
 
 def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path):

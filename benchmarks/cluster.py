@@ -1,0 +1,229 @@
+"""Cluster mode, measured: cross-machine migration against checkpoint size and against the same bytes over a raw
+ZeroMQ socket; gmux-scheduler's decision latency with 3 real daemons and with 100 simulated ones.
+
+    .venv/bin/python benchmarks/cluster.py [--sizes 64,256,1024] [--out benchmarks/results/cluster.json]
+
+(a) Migration. A real gmux-scheduler and two real gmuxd (virtual GPUs, loopback TCP, CurveZMQ) run one training
+    job (demo_train.py, a hidden-to-hidden layer sized so that the checkpoint, weights + grads + momentum, is the target
+    size); `c_migrate` moves it to the other daemon. Timed from the request until the target has restored it
+    and passed a boundary (what the scheduler waits for before the source releases): suspend at a boundary,
+    checkpoint written, streamed (chunked, crc32, CurveZMQ), new process, torch import, restore, first step.
+    Beside it, in the same run: the checkpoint file's bytes over a plain ZeroMQ DEALER->ROUTER TCP socket
+    (2 MiB messages, pipelined, memory to memory), the floor for moving those bytes between two processes.
+(b) Decisions. The time of one scheduling decision (snapshot from SQLite-backed tables, policy, actions) as
+    gmux-scheduler measures it, while (a) runs against 3 daemons; and with 100 simulated daemons (CurveZMQ
+    DEALERs that report 2 GPUs each and run whatever they are told for a few seconds) and 300 jobs.
+Last line: `cluster: migrate_1GiB_vs_raw=<ratio> decision_ms_p99=<n>` (the p99 with 100 daemons).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import random
+import sys
+import tempfile
+import threading
+import time
+
+import zmq
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "cluster_mode"))
+
+from gmux import protocol  # noqa: E402
+from gmux.cluster import keys  # noqa: E402
+
+C = protocol.CLUSTER_MESSAGES
+
+
+def raw_zmq_seconds(path: str, chunk: int = 2 << 20, window: int = 8) -> float:
+    """The same bytes over plain ZeroMQ TCP on loopback, pipelined like the real transfer."""
+    data = pathlib.Path(path).read_bytes()
+    ctx = zmq.Context()
+    rx = ctx.socket(zmq.ROUTER)
+    port = rx.bind_to_random_port("tcp://127.0.0.1")
+    got = {"n": 0}
+
+    def serve():
+        while got["n"] < len(data):
+            ident, frame = rx.recv_multipart(copy=False)
+            got["n"] += len(frame)
+            rx.send_multipart([ident.bytes, b"k"])
+    t = threading.Thread(target=serve)
+    t.start()
+    tx = ctx.socket(zmq.DEALER)
+    tx.connect(f"tcp://127.0.0.1:{port}")
+    view = memoryview(data)
+    t0 = time.perf_counter()
+    off, inflight = 0, 0
+    while off < len(data) or inflight:
+        while inflight < window and off < len(data):
+            tx.send(view[off:off + chunk], copy=False)
+            off += chunk
+            inflight += 1
+        tx.recv()
+        inflight -= 1
+    seconds = time.perf_counter() - t0
+    t.join()
+    tx.close(0)
+    rx.close(0)
+    ctx.term()
+    return seconds
+
+
+def hidden_for(size_bytes: int) -> int:
+    # --depth 1: params ~ h^2 (one hidden-to-hidden layer); checkpoint ~ 12 bytes/param (weights, grads and
+    # momentum in float32)
+    return int(math.sqrt(size_bytes / 12))
+
+
+def migration(tmp: pathlib.Path, size_mib: int) -> dict:
+    from conftest import Cluster, wait_for
+    c = Cluster(tmp, machines=("a", "b"), policy="gandiva", gpus="2x8GiB", sched_args=["--ckpt-every", "0"])
+    try:
+        c.wait_machines(2, 60)
+        h = hidden_for(size_mib << 20)
+        cjob = c.submit(str(tmp / "out.json"), "1000000", "--hidden", str(h), "--depth", "1", "--batch", "8")
+        j = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] >= 3 and j)(c.job(cjob)), 300,
+                     "job running")
+        dst = "b" if j["machine"] == "a" else "a"
+        t0 = time.perf_counter()
+        c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
+        wait_for(lambda: c.job(cjob)["migrations"] == 1, 600, "migration done", every=0.05)
+        total = time.perf_counter() - t0
+        ps = c.ps()
+        sent = next(d for d in reversed(ps["decisions"]) if d["kind"] == "migrate_sent")["numbers"]
+        ckpt = next(iter((tmp / f"rt-{j['machine']}" / "checkpoints").glob("*.snapshot.ckpt")))
+        raw = min(raw_zmq_seconds(str(ckpt)) for _ in range(2))
+        dm = ps["decision_ms"]
+        return {"size_mib": size_mib, "bytes": sent["bytes"], "migrate_s": total, "suspend_s": sent["suspend_s"],
+                "checkpoint_s": sent["checkpoint_s"], "transfer_s": sent["transfer_s"], "raw_zmq_s": raw,
+                "migrate_vs_raw": total / raw, "transfer_vs_raw": sent["transfer_s"] / raw,
+                "decision_ms_p99_3daemons": dm["p99"], "decisions_3daemons": dm["n"]}
+    finally:
+        c.close()
+
+
+class FakeDaemons:
+    """N CurveZMQ daemon links in one thread: report 2 GPUs each, run what they are told for `run_s`."""
+
+    def __init__(self, keydir: str, endpoint: str, n: int, run_s: float = 3.0):
+        self.ctx = zmq.Context()
+        self.socks = {}
+        self.jobs: dict[str, dict] = {}
+        self.run_s = run_s
+        sk = keys.load_public(keydir, "scheduler")
+        for i in range(n):
+            name = f"sim{i}"
+            s = keys.client_socket(self.ctx, zmq.DEALER, keydir, "daemon", name, sk)
+            s.setsockopt(zmq.IDENTITY, name.encode())
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(endpoint)
+            self.socks[name] = s
+        self.stop = False
+        self.t = threading.Thread(target=self.loop, daemon=True)
+        self.t.start()
+
+    def loop(self):
+        poller = zmq.Poller()
+        for s in self.socks.values():
+            poller.register(s, zmq.POLLIN)
+        last = 0.0
+        while not self.stop:
+            for s, _ in poller.poll(50):
+                name = s.getsockopt(zmq.IDENTITY).decode()
+                msg = protocol.decode(s.recv(), C)
+                if msg.type == "node_action" and msg["action"] == "start":
+                    self.jobs[msg["cjob"]] = {"machine": name, "gpu": msg["args"]["gpu"], "t0": time.time(),
+                                              "local": f"j{len(self.jobs)}"}
+            now = time.time()
+            if now - last >= 0.5:
+                last = now
+                for name, s in self.socks.items():
+                    recs = []
+                    for cj, j in self.jobs.items():
+                        if j["machine"] != name:
+                            continue
+                        done = now - j["t0"] > self.run_s
+                        recs.append({"cjob": cj, "local": j["local"], "state": "exited" if done else "running",
+                                     "step": int((now - j["t0"]) * 100) + 1, "gpu": j["gpu"], "exit_status": 0,
+                                     "gpu_seconds": now - j["t0"], "rate_now": 100.0, "rate_solo": 100.0})
+                    s.send(protocol.encode("node_report", 0, table=C, name=name,
+                                           gpus=[{"index": 0, "mem_total": 16 << 30}, {"index": 1, "mem_total": 16 << 30}],
+                                           transfer="tcp://127.0.0.1:9", jobs=recs))
+
+    def close(self):
+        self.stop = True
+        self.t.join()
+        for s in self.socks.values():
+            s.close(0)
+        self.ctx.term()
+
+
+def decisions_100(tmp: pathlib.Path, jobs: int = 300, policy: str = "gmux") -> dict:
+    import subprocess
+    from conftest import PY, ROOT as R, env, free_port, wait_for
+    from gmux.cluster.scheduler_client import ClusterClient
+    kd = str(tmp / "keys")
+    keys.create(kd, "scheduler")
+    keys.create(kd, "client", "bench")
+    for i in range(100):
+        keys.create(kd, "daemon", f"sim{i}")
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    log = open(tmp / "sched100.log", "ab")
+    sched = subprocess.Popen([PY, "-m", "gmux.cli.scheduler", "--listen", ep, "--keys", kd, "--state", str(tmp / "s100"),
+                              "--policy", policy, "--tick", "0.5", "--ckpt-every", "0"], env=env(), stdout=log,
+                             stderr=subprocess.STDOUT, cwd=R)
+    fake = FakeDaemons(kd, ep, 100)
+    try:
+        cl = ClusterClient(ep, kd, "bench", timeout=30)
+        wait_for(lambda: sum(m["state"] == "up" for m in cl.call("c_ps")["machines"]) == 100, 60, "100 daemons up")
+        rnd = random.Random(1)
+        for i in range(jobs):
+            cl.call("c_submit", argv=["python", f"model{rnd.randrange(6)}.py"], cwd="/")
+            if i % 50 == 49:
+                time.sleep(0.5)
+        wait_for(lambda: all(j["state"] == "done" for j in cl.call("c_ps")["jobs"]), 300, "all simulated jobs done")
+        ps = cl.call("c_ps")
+        cl.close()
+        return {"daemons": 100, "jobs": jobs, "policy": policy, **{f"decision_ms_{k}": v
+                                                                     for k, v in ps["decision_ms"].items()}}
+    finally:
+        fake.close()
+        sched.kill()
+        sched.wait()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", default="64,256,1024")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cluster.json"))
+    a = p.parse_args()
+    rows = []
+    for size in [int(s) for s in a.sizes.split(",")]:
+        with tempfile.TemporaryDirectory(prefix=f"gmux-bench-{size}-") as d:
+            r = migration(pathlib.Path(d), size)
+        rows.append(r)
+        print(f"migrate {size:5d} MiB: total {r['migrate_s']:7.2f} s (suspend {r['suspend_s']:.2f}, checkpoint "
+              f"{r['checkpoint_s']:.2f}, transfer {r['transfer_s']:.2f}) raw zmq {r['raw_zmq_s']:.3f} s  "
+              f"total/raw {r['migrate_vs_raw']:.1f}  transfer/raw {r['transfer_vs_raw']:.1f}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="gmux-bench-100-") as d:
+        dec = decisions_100(pathlib.Path(d))
+    print(f"decisions, 100 simulated daemons, {dec['jobs']} jobs ({dec['policy']}): n={dec['decision_ms_n']} "
+          f"p50={dec['decision_ms_p50']:.2f} ms p99={dec['decision_ms_p99']:.2f} ms", flush=True)
+    p3 = max((r["decision_ms_p99_3daemons"] or 0) for r in rows)
+    print(f"decisions, 3 real daemons: p99={p3:.2f} ms (worst over the migration runs)")
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump({"migrations": rows, "decisions_100": dec}, f, indent=1)
+    big = next((r for r in rows if r["size_mib"] == 1024), rows[-1])
+    print(f"cluster: migrate_1GiB_vs_raw={big['migrate_vs_raw']:.1f} decision_ms_p99={dec['decision_ms_p99']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
