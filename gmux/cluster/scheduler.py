@@ -33,6 +33,7 @@ from gmux.cluster.transfer import Receiver, send_file
 
 log = logging.getLogger("gmux.scheduler")
 C = protocol.CLUSTER_MESSAGES
+START_RETRY_S = 30.0
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Scheduler:
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.done: "queue.SimpleQueue" = queue.SimpleQueue()     # outcomes of worker threads
         self.timers: list = []
+        self.pushing: set = set()       # jobs whose checkpoint is on its way to a daemon
         self.events: deque = deque()
         self.decision_ms: deque = deque(maxlen=2000)
         self.bad_messages = 0
@@ -210,6 +212,7 @@ class Scheduler:
         elif job.state == "starting" and r["state"] in ("running", "suspended") and r["step"] > 0:
             job.set("running")
             job.first_run = job.first_run or now
+            self.state.save(job)      # a state change is written at once, measurements at the tick
 
     def _daemon_node_event(self, name, ident, msg, data):
         job = self.jobs.get(msg["cjob"])
@@ -332,6 +335,7 @@ class Scheduler:
     # --- the tick ---
     def tick(self, now: float) -> None:
         self._losses(now)
+        self._stalled_starts(now)
         events = list(self.events) or [Event(EventKind.TICK)]
         self.events.clear()
         due = [t for t in self.timers if t[0] <= now]
@@ -347,6 +351,22 @@ class Scheduler:
                 self._carry_out(it)
             self.decision_ms.append((time.perf_counter() - t0) * 1000)
         self.state.save_many(j for j in self.jobs.values() if not j.final or j.finished and now - j.finished < 5)
+
+    def _stalled_starts(self, now: float) -> None:
+        """A start the daemon never acted on (lost with a scheduler that died right after deciding, or sent while
+        the link was reconnecting) is sent again; the link ignores a start of a job it already runs."""
+        for job in self.jobs.values():
+            if (job.state == "starting" and job.local is None and now - job.since > START_RETRY_S
+                    and job.cjob not in self.pushing):
+                job.since = now
+                if job.ckpt_path and os.path.exists(job.ckpt_path):
+                    job.machine, job.gpu = None, None     # pushed, but never seen there: place (and push) again
+                    job.set("pending", "restore not confirmed: placing again")
+                    self.events.append(Event(EventKind.ARRIVAL, job_id=job.cjob))
+                    continue
+                self._action(job.machine, "start", job.cjob, **self._start_args(job))
+                self._log("retry", job.cjob, f"{job.cjob}: no sign of it on {job.machine} after "
+                                             f"{START_RETRY_S:g} s: start sent again")
 
     def _losses(self, now: float) -> None:
         for m in self.machines.values():
@@ -431,6 +451,7 @@ class Scheduler:
                 self.done.put(("pushed", job.cjob, name, xfer, r, None))
             except Exception as e:
                 self.done.put(("pushed", job.cjob, name, xfer, None, str(e)))
+        self.pushing.add(job.cjob)
         threading.Thread(target=work, daemon=True, name=f"push-{job.cjob}").start()
 
     def _drain_workers(self) -> None:
@@ -439,6 +460,7 @@ class Scheduler:
                 kind, cjob, name, xfer, figures, error = self.done.get_nowait()
             except queue.Empty:
                 return
+            self.pushing.discard(cjob)
             job = self.jobs[cjob]
             if job.machine != name or job.state != "starting":
                 continue

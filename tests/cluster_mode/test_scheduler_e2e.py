@@ -118,7 +118,8 @@ def test_gmux_policy_scheduler_killed_and_restarted_loses_nothing(cluster_factor
     c.start_scheduler()
     ps = c.ps()
     assert {j["cjob"] for j in ps["jobs"]} == set(ids.values())
-    assert all(j["state"] in ("running", "done") for j in ps["jobs"]), ps["jobs"]
+    # Its view comes back from SQLite and the daemons' next reports, without starting anything again.
+    wait_for(lambda: all(j["state"] in ("running", "done") for j in c.ps()["jobs"]), 10, "jobs seen running")
     jobs = c.wait_done(list(ids.values()), 180)
     assert all(jobs[i]["restarts"] == 0 for i in ids.values())      # nothing was restarted: nothing was lost
     for b in refs:
