@@ -355,6 +355,9 @@ class Daemon:
         now = time.monotonic()
         self._sync_accounting(now)
         jobs = [j.public() for j in self.jobs.values() if msg.get("all", True) or not j.final]
+        for j in jobs:   # the slicer's weighted GPU time (stride scheduling keeps these within a quantum)
+            entry = self.slicers[j["gpu"]].entries.get(j["id"]) if j["gpu"] in self.slicers else None
+            j["vtime"] = entry.vtime(now) if entry else None
         gpus = []
         for g in self.gpus.values():
             s = self.slicers[g.index]

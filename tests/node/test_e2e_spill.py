@@ -20,12 +20,12 @@ def test_spill_to_disk_and_back(node_factory, tmp_path):
     for r in refs:
         assert r.wait(120) == 0
     spills = [d for d in node.call("decisions", limit=500)["decisions"] if d["kind"] == "spill"]
-    assert spills and all(d["numbers"]["host_held"] > d["numbers"]["budget"] == 1024 for d in spills)
+    assert spills and all(d["numbers"]["host_held"] > d["numbers"]["budget"] == 1024 for d in spills), spills
     for j, b in zip(ids, ("32", "33")):
         info = node.job(j)
         assert info["state"] == "exited" and info["spilled"] and info["migrations"] >= 1, info
         out = result(tmp_path / f"job{b}.json")
-        assert out["restored_at"] > 0                       # the last run continued from a spilled checkpoint
+        assert out["restored_at"] > 0, (out, info)           # the last run continued from a spilled checkpoint
         assert out["sha256"] == result(tmp_path / f"solo{b}.json")["sha256"]
 
 
