@@ -17,6 +17,8 @@ What the Philly measurements (benchmarks/simulate.py) showed, and what each rule
   would otherwise wait only if that holds for the measured pair rates, or if the pair was never measured and
   fits (exploration: the engine or the daemons measure it during a window); a measured loser is undone by
   suspending the member with more attained service, and the type pair is not tried again.
+- Anti-thrashing: a job that (re)started less than `min_run_s` (300 s, five Gandiva quanta) ago is not
+  preempted; the newcomer waits for that moment (a timer), which bounds suspends per job per level.
 - Idle GPUs are never left idle while a packed job could run alone: packs are split by migration.
 - Starvation guard (Tiresias' promotion): a job that has waited `starve_factor` times the time it has run (at
   least `starve_min_s`, 6 h) has its service forgiven: it re-enters the top level and is demoted again as it
@@ -39,13 +41,16 @@ class GmuxPolicy(PriorityPolicy):
 
     def __init__(self, base_gpu_s: float = 900.0, factor: float = 4.0, levels: int = 6, defrag_moves: int = 4,
                  pack: bool = True, explore: bool = True, pack_margin: float = 0.0, starve_factor: float = 1.0,
-                 starve_min_s: float = 21600.0, max_pack_tries: int = 8):
+                 starve_min_s: float = 21600.0, max_pack_tries: int = 8, min_run_s: float = 300.0):
         super().__init__()
         if base_gpu_s <= 0 or factor <= 1 or levels < 1 or defrag_moves < 0 or starve_factor <= 0:
             raise ValueError("need base_gpu_s > 0, factor > 1, levels >= 1, defrag_moves >= 0, starve_factor > 0")
         self.thresholds = tuple(base_gpu_s * factor ** i for i in range(levels - 1))
         self.defrag_moves = defrag_moves
         self.defragments = defrag_moves > 0
+        if min_run_s < 0:
+            raise ValueError("min_run_s must be >= 0")
+        self.min_run_s = min_run_s
         self.pack = pack
         self.explore = explore
         self.pack_margin = pack_margin
@@ -60,7 +65,7 @@ class GmuxPolicy(PriorityPolicy):
     def describe(self) -> dict:
         return {"name": self.name, "thresholds_gpu_s": list(self.thresholds), "defrag_moves": self.defrag_moves,
                 "pack": self.pack, "explore": self.explore, "starve_factor": self.starve_factor,
-                "starve_min_s": self.starve_min_s}
+                "starve_min_s": self.starve_min_s, "min_run_s": self.min_run_s}
 
     # ---- priority ------------------------------------------------------------------------------------------
     def level(self, attained: float) -> int:
@@ -114,7 +119,7 @@ class GmuxPolicy(PriorityPolicy):
             timers.append(self._starvation_timer(snap.jobs[event.job_id], now))
         if event.kind is EventKind.COMPLETION:
             self.promoted.pop(event.job_id, None)
-        return out + timers
+        return out + timers + self._take_wakeups()
 
     def _starvation_timer(self, job, now: float) -> SetTimer:
         ran = job.attained / max(1, job.num_gpus)

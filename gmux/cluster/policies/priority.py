@@ -26,6 +26,7 @@ class PriorityPolicy(Policy):
 
     defragments = False    # whether _find can make room by migration (then scattered idle GPUs still count)
     max_examined = 32      # waiting jobs that may try preemption in one decision
+    min_run_s = 0.0        # a job that (re)started less than this ago is not preempted (anti-thrashing)
 
     def __init__(self):
         self._waiting: list = []          # sorted [(key, job_id)]
@@ -96,7 +97,12 @@ class PriorityPolicy(Policy):
         self._sync(snap, event)
         plan = Plan(snap)
         self._plan(snap, plan, event)
-        return self._record(snap, plan.actions)
+        return self._record(snap, plan.actions) + self._take_wakeups()
+
+    def _take_wakeups(self) -> list:
+        """A timer for the earliest moment a job protected by min_run_s becomes preemptible, if one was skipped."""
+        w, self._wakeup = getattr(self, "_wakeup", None), None
+        return [SetTimer(w, ("wake", None))] if w is not None else []
 
     def _plan(self, snap, plan: Plan, event: Event) -> None:
         if not self._keys:
@@ -158,6 +164,10 @@ class PriorityPolicy(Policy):
                 if not self.running_key(r, now) > key:
                     p = -1          # the rest are better than this job: no more victims for anyone behind it
                     break
+                if self.min_run_s and r.last_start is not None and now - r.last_start < self.min_run_s:
+                    at = r.last_start + self.min_run_s
+                    self._wakeup = at if getattr(self, "_wakeup", None) is None else min(self._wakeup, at)
+                    continue
                 victims.append(r)
                 freed += len(r.gpus)
             if freed < n:
