@@ -27,7 +27,12 @@ def test_gandiva_places_on_three_daemons_bit_identical_and_refuses_strangers(clu
     c = cluster_factory(policy="gandiva")
     refs = {b: solo(tmp_path, b, STEPS, "--batch", b) for b in ("30", "31", "32", "33")}
     c.wait_machines(3)
-    ids = {b: c.submit(str(tmp_path / f"j{b}.json"), STEPS, "--batch", b) for b in refs}
+    ids = {b: c.submit(str(tmp_path / f"j{b}.json"), STEPS, "--batch", b) for b in refs if b != "33"}
+    r = subprocess.run([PY, "-m", "gmux.cli.gmux", "--json", "submit", "--cluster", c.endpoint, "--keys", c.keys,
+                        "--as", "tester", "--", PY, TRAIN, str(tmp_path / "j33.json"), STEPS, "--batch", "33",
+                        "--attach"], env=env(), capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert r.returncode == 0, r.stderr
+    ids["33"] = json.loads(r.stdout)["cjob"]
 
     # --- refusals, while the jobs run ---
     ctx = zmq.Context.instance()

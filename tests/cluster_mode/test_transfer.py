@@ -42,9 +42,17 @@ def _serve(keydir, directory, stop):
 
 @pytest.fixture
 def keydir(tmp_path):
+    """Made with the CLI, as a user would: gmux keys."""
+    import subprocess
+    import sys
+    from conftest import ROOT, env
     d = str(tmp_path / "keys")
-    for role, name in (("scheduler", None), ("daemon", "a"), ("daemon", "b")):
-        keys.create(d, role, name)
+    r = subprocess.run([sys.executable, "-m", "gmux.cli.gmux", "keys", "--dir", d, "--scheduler", "--daemon", "a",
+                        "--daemon", "b"], env=env(), capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert oct(os.stat(d).st_mode & 0o777) == "0o700"
+    assert all(os.stat(os.path.join(d, f)).st_mode & 0o077 == 0 for f in os.listdir(d) if f.endswith(".secret"))
+    assert sorted(keys.authorized(d).values()) == [("daemon", "a"), ("daemon", "b"), ("scheduler", "scheduler")]
     return d
 
 
