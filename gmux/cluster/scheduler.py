@@ -205,6 +205,8 @@ class Scheduler:
                 state = "failed"
             job.exit_status = status
             job.finished = now
+            if job.ckpt_path and os.path.exists(job.ckpt_path):
+                os.unlink(job.ckpt_path)      # an ended job is never restarted: its last checkpoint is dead weight
             job.set(state, r.get("detail") or r["state"])
             self._log("end", job.cjob, f"{job.cjob} {state} on {job.machine} at step {job.step}: {job.detail}",
                       {"step": job.step, "status": status})

@@ -1,0 +1,67 @@
+"""The policy driver: the snapshot it builds from the scheduler's tables, and how each action becomes a daemon
+intent (pure: no processes)."""
+from gmux.cluster.policies import (Event, EventKind, Grow, JobState, Migrate, Pack, Place, Resume, SetTimer,
+                                   Suspend, Unpack, make_policy)
+from gmux.cluster.scheduler_driver import Driver
+from gmux.cluster.scheduler_state import CJob, Machine
+
+GPUS = [{"index": 0, "mem_total": 8 << 30}, {"index": 1, "mem_total": 8 << 30}]
+
+
+def _cluster():
+    machines = {"a": Machine("a", GPUS, "tcp://127.0.0.1:1", joined=1.0),
+                "b": Machine("b", GPUS, "tcp://127.0.0.1:2", joined=2.0),
+                "gone": Machine("gone", GPUS, "tcp://127.0.0.1:3", joined=0.5, state="lost")}
+    jobs = {"c1": CJob("c1", ["python", "t.py"], "/", state="running", machine="a", gpu=1, gpu_seconds=5.0,
+                       attained=2.0, rate_now=50.0, rate_solo=100.0),
+            "c2": CJob("c2", ["python", "t.py"], "/", state="suspended", machine="b", gpu=0),
+            "c3": CJob("c3", ["python", "u.py"], "/"),
+            "c4": CJob("c4", ["python", "u.py"], "/", state="done", machine="a", gpu=0)}
+    return jobs, machines
+
+
+class Scripted:
+    name = "scripted"
+
+    def __init__(self, actions):
+        self.actions = actions
+        self.seen = None
+
+    def decide(self, snap, event):
+        self.seen = snap
+        return self.actions
+
+
+def test_snapshot_from_tables():
+    jobs, machines = _cluster()
+    d = Driver(make_policy("gandiva"))
+    snap = d.snapshot(jobs, machines, now=100.0)
+    assert [m.gpu_ids for m in snap.machines] == [(0, 1), (2, 3)]          # lost machine left out, join order
+    assert d.gpu_of == {0: ("a", 0), 1: ("a", 1), 2: ("b", 0), 3: ("b", 1)}
+    assert set(snap.jobs) == {"c1", "c2", "c3"}                            # ended jobs leave the snapshot
+    v = snap.jobs["c1"]
+    assert v.state is JobState.RUNNING and v.gpus == (1,) and v.rate == 0.5 and v.attained == 7.0
+    assert snap.jobs["c2"].state is JobState.SUSPENDED and snap.jobs["c3"].state is JobState.PENDING
+    assert snap.gpu_units[1] == [("c1",)] and snap.total_idle == 3
+
+
+def test_actions_become_intents():
+    jobs, machines = _cluster()
+    p = Scripted([Place("c3", (3,)), Pack("c3", "c1"), Suspend("c1"), Resume("c2", (2,)), Resume("c2", (1,)),
+                  Migrate("c1", (0,)), Migrate("c1", (3,)), Unpack("c1"), Grow("c1", (0, 1)), SetTimer(5.0, "k"),
+                  Place("c3", (0, 1))])
+    intents, timers = Driver(p).decide(jobs, machines, Event(EventKind.TICK), now=1.0)
+    got = [(i.what, i.cjob, i.machine, i.gpu) for i in intents]
+    assert got == [("start", "c3", "b", 1), ("start", "c3", "a", 1), ("suspend", "c1", "a", 1),
+                   ("resume", "c2", "b", 0), ("migrate", "c2", "a", 1), ("move", "c1", "a", 0),
+                   ("migrate", "c1", "b", 1), ("none", "c1", None, None), ("none", "c1", None, None),
+                   ("none", "c3", None, None)]
+    assert timers == [(5.0, "k")]
+    assert "multi-GPU" in intents[-1].why
+
+
+def test_real_policies_place_pending_jobs():
+    for name in ("gandiva", "gmux", "fifo", "tiresias"):
+        jobs, machines = _cluster()
+        intents, _ = Driver(make_policy(name)).decide(jobs, machines, Event(EventKind.ARRIVAL, job_id="c3"), 1.0)
+        assert any(i.what == "start" and i.cjob == "c3" for i in intents), (name, intents)
