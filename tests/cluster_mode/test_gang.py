@@ -10,7 +10,7 @@ from gmux.node.client import Client
 from conftest import PY, ROOT, env, free_port, wait_for
 
 GANG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gang_train.py")
-STEPS = "3000"
+STEPS = "2000"
 
 
 def _ranks(tmp_path, tag, prefix=(), extra=()):
