@@ -77,7 +77,7 @@ class Engine:
         self.now = 0.0
         self.result = RunResult(policy=policy.name, cluster=cluster_name, num_gpus=self.snap.total_gpus,
                                 util_bucket_s=util_bucket_s)
-        self._busy_since = 0.0
+        self._same = 0
         self.completed: set = set()
 
     # ---- bookkeeping -------------------------------------------------------------------------------------------
@@ -85,10 +85,20 @@ class Engine:
         self.seq += 1
         heapq.heappush(self.heap, (t, kind, self.seq, payload))
 
+    # Decisions allowed at one instant before the run is declared a livelock (a policy that keeps asking to be
+    # woken "now", or two actions undoing each other forever).
+    MAX_SAME_INSTANT = 200_000
+
     def _advance(self, t: float) -> None:
         """Integrate busy GPUs from the last instant to t (utilisation and its time series)."""
         if t <= self.now:
+            self._same += 1
+            if self._same > self.MAX_SAME_INSTANT:
+                raise SimulationError(f"{self.result.cluster}: policy {self.policy.name} made "
+                                      f"{self.MAX_SAME_INSTANT} decisions at t={self.now:.3f} s without time "
+                                      f"advancing (livelock)")
             return
+        self._same = 0
         busy = self.snap.total_gpus - self.snap.total_idle
         if busy:
             r = self.result

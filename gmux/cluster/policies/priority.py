@@ -137,12 +137,33 @@ class PriorityPolicy(Policy):
         return plan.find_gpus(job.num_gpus)
 
     def _preempt(self, snap, plan: Plan) -> None:
-        """Best waiting jobs displace worst running ones (strictly worse key), while that makes room."""
+        """Best waiting jobs displace worst running ones (strictly worse key), while that makes room.
+
+        Eligible victims are drawn once per decision from the worst end of the running index into `pool`, so
+        each running job is looked at no more than once however many waiting jobs try."""
         now = snap.now
-        pos = len(self._running) - 1
+        pool: list = []
+        used = 0                      # pool[:used] are already suspended in this plan
+        scan = len(self._running) - 1
+
+        def draw():
+            nonlocal scan
+            while scan >= 0:
+                rid = self._running[scan][1]
+                scan -= 1
+                r = snap.jobs.get(rid)
+                if r is None or rid in plan.moved or r.packed_with is not None or not r.gpus:
+                    continue          # suspending a packed job frees no GPU
+                if self.min_run_s and r.last_start is not None and now - r.last_start < self.min_run_s - 1e-6:
+                    at = r.last_start + self.min_run_s + 1e-3     # strictly after, or the timer re-arms itself
+                    self._wakeup = at if getattr(self, "_wakeup", None) is None else min(self._wakeup, at)
+                    continue
+                return r
+            return None
+
         examined = 0
         for key, jid in list(self._waiting[: self.max_examined * 4]):
-            if examined >= self.max_examined or pos < 0:
+            if examined >= self.max_examined:
                 break
             if jid in plan.moved:
                 continue
@@ -154,24 +175,23 @@ class PriorityPolicy(Policy):
                 if gpus is not None:
                     plan.place(job, gpus)
                     continue
-            victims, freed, p = [], plan.total_idle, pos
-            while freed < n and p >= 0:
-                rkey, rid = self._running[p]
-                p -= 1
-                r = snap.jobs.get(rid)
-                if r is None or rid in plan.moved or r.packed_with is not None or not r.gpus:
-                    continue        # suspending a packed job frees no GPU
+            victims, freed, q, no_more = [], plan.total_idle, used, False
+            while freed < n:
+                if q == len(pool):
+                    r = draw()
+                    if r is None:
+                        no_more = True
+                        break
+                    pool.append(r)
+                r = pool[q]
                 if not self.running_key(r, now) > key:
-                    p = -1          # the rest are better than this job: no more victims for anyone behind it
+                    no_more = True    # the rest are better than this job, so better than anyone behind it too
                     break
-                if self.min_run_s and r.last_start is not None and now - r.last_start < self.min_run_s:
-                    at = r.last_start + self.min_run_s
-                    self._wakeup = at if getattr(self, "_wakeup", None) is None else min(self._wakeup, at)
-                    continue
                 victims.append(r)
                 freed += len(r.gpus)
+                q += 1
             if freed < n:
-                if p < 0:
+                if no_more and q == used:
                     break
                 continue
             trial = plan.copy()
@@ -192,7 +212,8 @@ class PriorityPolicy(Policy):
             if any(plan.units(g) for g in gpus):
                 raise AssertionError("preemption planned onto busy GPUs")
             plan.place(job, gpus)
-            pos = p
+            # Victims not needed stay running but leave the pool's head: they were worse than this job.
+            used = q
 
     def _backfill(self, snap, plan: Plan) -> None:
         """Fill idle GPUs with waiting jobs, best first, skipping those that do not fit."""
