@@ -180,3 +180,22 @@ def test_policies_are_pure_functions_of_the_snapshot():
             outs.append(make_policy(name).decide(snap, Event(EventKind.ARRIVAL, job_id=2)))
             assert repr(sorted((j.job_id, j.state, j.gpus) for j in snap.jobs.values())) == before
         assert outs[0] == outs[1] and len([a for a in outs[0] if hasattr(a, "gpus")]) == 3, name
+
+
+def test_a_policy_that_never_lets_time_advance_is_reported_as_a_livelock(table):
+    from gmux.cluster.policies.api import Place, Policy, SetTimer
+    from gmux.cluster.sim_engine import Engine, SimulationError, make_machines
+
+    class Insomniac(Policy):
+        name = "insomniac"
+
+        def decide(self, snap, event):
+            acts = [SetTimer(snap.now, "again")]
+            if event.kind is EventKind.ARRIVAL:
+                acts.append(Place(event.job_id, (0,)))
+            return acts
+
+    eng = Engine(make_machines(1, 1), [job(0, 0, 10)], Insomniac(), table())
+    eng.MAX_SAME_INSTANT = 1000
+    with pytest.raises(SimulationError, match="livelock"):
+        eng.run()
