@@ -155,6 +155,7 @@ def write_json(path: str, payload: dict) -> None:
             json.dump(clean(payload), f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)          # mkstemp makes 0600; a result file is for everyone to read
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
