@@ -11,7 +11,8 @@ $(STAMP): setup.py requirements-cpu.txt
 	touch $@
 
 demo: $(STAMP)
-	$(PY) -m gmux.demo
+	$(PY) -m gmux.multiplex_demo
+	$(PY) -m gmux.runtime_demo
 
 test: $(STAMP) test-c test-py
 

@@ -134,3 +134,17 @@ def test_a_checkpoint_cannot_run_code(tmp):
     open(path, "wb").write(bytes(out))
     _refused(path, "refused: the state holds a value of type posix.system")
     assert not os.path.exists(os.path.join(tmp, "pwned"))
+
+
+def test_attach_restores_a_moved_job_from_GMUX_RESTORE(tmp, monkeypatch):
+    job, _ = _job()
+    saved = [t.clone() for t in job.tracked.tensors()]
+    path = os.path.join(tmp, "moved.ckpt")
+    job.checkpoint(path)
+    monkeypatch.setenv("GMUX_RESTORE", path)
+    torch.manual_seed(1)  # a fresh process would build different initial weights
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    moved = gj.attach(model, opt, state={})
+    assert_identical(saved, [t.clone() for t in moved.tracked.tensors()])
+    assert moved.state["epoch_note"] == [1, 2.5, "three", (4, None)]

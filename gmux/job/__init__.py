@@ -10,10 +10,12 @@ or runs unmodified under `python -m gmux.job.run script.py` (transparent optimiz
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
 
+from . import control
 from .checkpoint import CheckpointError
 from .control import Command, Controller, LocalController
 from .device_pool import DevicePool, PoolExhausted
@@ -26,10 +28,14 @@ _current: Optional[Job] = None
 
 def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None,
            controller: Optional[Controller] = None, pool: Optional[DevicePool] = None,
-           device=None) -> Job:
+           device=None, restore: Optional[str] = None) -> Job:
     """Makes this process a gmux job tracking `objects` (modules, optimizers, LR schedulers, GradScalers),
     the tensors in `extras` and the picklable values in `state` (kept by reference: the job's `state` is
-    that dict). Returns the job, also available as `gmux.job.current()`."""
+    that dict). Returns the job, also available as `gmux.job.current()`.
+
+    Under gmux-launch the controller is gmuxd's agent and, after a migration, the job's state is restored
+    here from the checkpoint gmuxd names in GMUX_RESTORE (or from `restore=`), so the script continues
+    exactly where it left off."""
     global _current
     tracked = TrackedState()
     for obj in objects:
@@ -40,7 +46,11 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     tracked.extras = dict(extras or {})
     if state is not None:
         tracked.state = state
-    _current = Job(tracked, controller=controller, pool=pool, device=device)
+    _current = Job(tracked, controller=controller if controller is not None else control.default(), pool=pool,
+                   device=device)
+    restore = restore or os.environ.get("GMUX_RESTORE")
+    if restore:
+        _current.restore(restore)
     return _current
 
 

@@ -411,7 +411,7 @@ class Daemon:
         if not job.migratable and job.started:
             raise Refused(f"migrate: {job.id} runs an unmodified script (transparent mode), whose data position "
                           f"cannot be restored in a new process; run it with gmux-launch --no-hook and "
-                          f"gmux.job.attach() + job.restore(os.environ['GMUX_RESTORE']) to make it movable")
+                          f"gmux.job.attach() (which restores a moved job's state) to make it movable")
         need = job.working_set() or 0
         if need > self.gpus[gpu].mem_total:
             raise Refused(f"migrate: {job.id} needs {format_size(need)}, GPU {gpu} has "

@@ -41,10 +41,7 @@ progress = {"step": 0}
 job = None
 if a.attach:
     import gmux.job
-    from gmux.job import control
-    job = gmux.job.attach(model, opt, state=progress, controller=control.default())
-    if os.environ.get("GMUX_RESTORE"):
-        job.restore(os.environ["GMUX_RESTORE"])
+    job = gmux.job.attach(model, opt, state=progress)  # gmuxd's controller; restores after a migration
 restored_at = progress["step"]
 device_lock = None
 if a.exclusive:

@@ -150,8 +150,8 @@ def _check_restored(agent: Agent, rundir: RuntimeDir, path: str) -> None:
     job = gmux.job.current()
     if job is not None and job.profile.steps > 1:
         return
-    msg = (f"job {agent.job} was moved with its state in {path}, but the script did not restore it: call "
-           f"job.restore(os.environ['GMUX_RESTORE']) after gmux.job.attach(); stopped instead of training from "
+    msg = (f"job {agent.job} was moved with its state in {path}, but the script did not restore it: attach "
+           f"its state with gmux.job.attach() (which restores it) before its first step; stopped instead of training from "
            f"scratch (the checkpoint is kept)")
     print(f"gmux-launch: {msg}", file=sys.stderr)
     write_exit(rundir, agent.job, 3, msg)

@@ -8,13 +8,16 @@ import subprocess
 
 from conftest import PY, ROOT, TRAIN, env, result
 
-STEPS = "12000"
+STEPS = "4000"
+# Each step waits 3 ms (as if for input), so the job is still running when the `gmux migrate` process, which
+# may take seconds to start on a loaded machine, asks; it changes no number.
+PACE = ["--sleep", "0.003"]
 
 
 def test_migrate_between_gpus_is_bit_identical(node_factory, tmp_path):
-    ref = subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / "solo.json"), STEPS], env=env(), cwd=ROOT)
+    ref = subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / "solo.json"), STEPS, *PACE], env=env(), cwd=ROOT)
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
-    p = node.launch(f"{TRAIN}", str(tmp_path / "moved.json"), STEPS, "--attach", opts=["--no-hook"])
+    p = node.launch(f"{TRAIN}", str(tmp_path / "moved.json"), STEPS, *PACE, "--attach", opts=["--no-hook"])
     job = node.job_of(p.pid)
     node.wait_for(lambda: node.job(job)["step"] > 500, 60, "job training")
     assert node.job(job)["gpu"] == 0
