@@ -440,6 +440,15 @@ def route_torch_cuda(device: int = 0, allocator: Optional[Allocator] = None) -> 
     return _routings[device]
 
 
+def route_this_job() -> Optional[TorchCudaRouting]:
+    """What a launcher calls before the training script runs: on a GPU, with the native library built, routes
+    the job's torch allocations on its current device through gmux (the allocator tier); else None."""
+    import torch
+    if not available() or not torch.cuda.is_available():
+        return None
+    return route_torch_cuda(torch.cuda.current_device())
+
+
 def torch_routing(device: int) -> Optional[TorchCudaRouting]:
     r = _routings.get(device)
     return r if r is not None and r.active else None

@@ -58,8 +58,8 @@ def _device_memory(pool_bytes: int, native: bool):
     import torch
     from . import allocator
     if torch.cuda.is_available():
-        if native and allocator.available():
-            allocator.route_torch_cuda(torch.cuda.current_device())
+        if native:
+            allocator.route_this_job()
         return None
     if not pool_bytes:
         return None

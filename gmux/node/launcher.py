@@ -95,6 +95,9 @@ def run(opt: LaunchOptions) -> int:
     saved_argv = sys.argv
     try:
         control.set_default(agent)
+        if os.environ.get("GMUX_NATIVE", "1") != "0":  # GMUX_NATIVE=0: torch's own allocator, state tier
+            from gmux.job.allocator import route_this_job
+            route_this_job()
         if opt.hook:
             from gmux.job import install_hook
             install_hook(controller=agent)
