@@ -34,6 +34,8 @@ class PriorityPolicy(Policy):
         self._demand: Counter = Counter()
         self._running: list = []          # sorted [(key, job_id)], preemptive policies only
         self._rkeys: dict = {}
+        self._wakeup = None               # earliest end of a min_run_s protection seen in this decision
+        self._armed: set = set()          # wake-up times already requested
 
     # ---- ordering ------------------------------------------------------------------------------------------
     def waiting_key(self, job):
@@ -73,6 +75,8 @@ class PriorityPolicy(Policy):
             del self._running[bisect.bisect_left(self._running, k)]
 
     def _sync(self, snap, event: Event) -> None:
+        if event.kind is EventKind.TIMER and isinstance(event.key, tuple) and event.key[0] == "wake":
+            self._armed.discard(event.key[1])
         if event.kind is EventKind.ARRIVAL and event.job_id in snap.pending and event.job_id not in self._keys:
             self._file(snap.jobs[event.job_id])
         if event.kind is EventKind.COMPLETION:
@@ -100,9 +104,13 @@ class PriorityPolicy(Policy):
         return self._record(snap, plan.actions) + self._take_wakeups()
 
     def _take_wakeups(self) -> list:
-        """A timer for the earliest moment a job protected by min_run_s becomes preemptible, if one was skipped."""
-        w, self._wakeup = getattr(self, "_wakeup", None), None
-        return [SetTimer(w, ("wake", None))] if w is not None else []
+        """A timer for the earliest moment a job protected by min_run_s becomes preemptible, if one was skipped
+        and no timer for that moment is already pending (busy clusters would otherwise pile up thousands)."""
+        w, self._wakeup = self._wakeup, None
+        if w is None or w in self._armed:
+            return []
+        self._armed.add(w)
+        return [SetTimer(w, ("wake", w))]
 
     def _plan(self, snap, plan: Plan, event: Event) -> None:
         if not self._keys:
@@ -156,7 +164,7 @@ class PriorityPolicy(Policy):
                     continue          # suspending a packed job frees no GPU
                 if self.min_run_s and r.last_start is not None and now - r.last_start < self.min_run_s - 1e-6:
                     at = r.last_start + self.min_run_s + 1e-3     # strictly after, or the timer re-arms itself
-                    self._wakeup = at if getattr(self, "_wakeup", None) is None else min(self._wakeup, at)
+                    self._wakeup = at if self._wakeup is None else min(self._wakeup, at)
                     continue
                 return r
             return None
