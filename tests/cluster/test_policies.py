@@ -199,3 +199,25 @@ def test_a_policy_that_never_lets_time_advance_is_reported_as_a_livelock(table):
     eng.MAX_SAME_INSTANT = 1000
     with pytest.raises(SimulationError, match="livelock"):
         eng.run()
+
+
+@pytest.mark.parametrize("name", ["sjf", "srtf", "tiresias", "gmux"])
+def test_priority_policies_follow_a_fresh_snapshot_whose_jobs_changed(name):
+    """gmux-scheduler builds a new snapshot per decision; jobs may come and go in between with equal counts."""
+    machines = [MachineView(0, (0, 1))]
+    pol = make_policy(name)
+
+    def snapshot(ids, running):
+        snap = Snapshot(machines, now=100.0)
+        for i in ids:
+            v = JobView(job_id=i, num_gpus=1, job_type="('A', 1)", submit_time=float(i), remaining_hint=50.0,
+                        duration_hint=50.0, attained=10.0 if i in running else 0.0, updated_at=100.0)
+            snap.add_job(v)
+            if i in running:
+                snap.set_state(v, JobState.RUNNING)
+                snap.attach(v, (running.index(i),))
+        return snap
+
+    pol.decide(snapshot([1, 2, 3, 4], [1, 2]), Event(EventKind.TICK))
+    acts = pol.decide(snapshot([5, 6, 7, 8], [5, 6]), Event(EventKind.TICK))   # same counts, all new jobs
+    assert all(a.job_id in (5, 6, 7, 8) for a in acts if hasattr(a, "job_id"))
