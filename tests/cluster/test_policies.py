@@ -2,7 +2,7 @@
 import pytest
 
 from conftest import finish, first_run, job, run
-from gmux.cluster.policies import Event, EventKind, JobView, MachineView, PolicyError, Snapshot, make_policy
+from gmux.cluster.policies import Event, EventKind, JobState, JobView, MachineView, PolicyError, Snapshot, make_policy
 
 
 def test_fifo_keeps_arrival_order_and_never_backfills(table):
