@@ -95,6 +95,17 @@ class Node:
         self.daemon.wait(10)
 
     def close(self) -> None:
+        # Jobs gmuxd spawned itself (`gmux submit`) run in their own sessions and outlive it: end them too.
+        try:
+            pids = [j["pid"] for j in self.ps()["jobs"] if j.get("pid") and j["state"] not in ("exited", "failed",
+                                                                                           "killed", "lost")]
+        except Exception:
+            pids = []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         for p in self.procs:
             if p.poll() is None:
                 p.kill()

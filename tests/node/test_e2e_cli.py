@@ -50,8 +50,9 @@ def test_cli_controls_a_submitted_job_and_metrics(node_factory, tmp_path):
     node.wait_for(lambda: node.job(job)["host_bytes"] > 0, 30, "suspended state measured")
     assert gmux(node.rt, "resume", job).returncode == 0
     node.wait_for(lambda: node.job(job)["step"] > step, 60, "training again after resume")
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    assert f'gmux_job_state{{gpu="0",job="{job}",state="running"}} 1.0' in metrics
+    running = f'gmux_job_state{{gpu="0",job="{job}",state="running"}} 1.0'
+    scrape = lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    metrics = node.wait_for(lambda: (lambda m: running in m and m)(scrape()), 20, "the job's metrics")
     assert "gmux_job_suspends_total" in metrics and "gmux_gpu_memory_bytes" in metrics
     assert "gmux_host_held_bytes" in metrics
     logs = gmux(node.rt, "logs", job)
