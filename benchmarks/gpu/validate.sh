@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of the native core, as one prepared script (< 8 minutes on one H200): builds the C library
+# The GPU check of the native core and the runtime, as one prepared script (< 8 minutes on one H200): builds the C library
 # and its tests, builds gmux._native in place (no network needed: cffi and a compiler only), then runs
 # validate_gpu.py. Without a GPU it builds, runs the C tests and the CPU-side checks, and says that the
 # GPU checks were skipped.
@@ -32,4 +32,9 @@ print("built", os.path.relpath(out))
 PY
 fi
 
-timeout 420 $py benchmarks/gpu/validate_gpu.py
+status=0
+timeout 300 $py benchmarks/gpu/validate_gpu.py || status=$?
+
+echo "== in-job runtime on CUDA (state tier): bit-identity, suspend and resume speed"
+timeout 150 $py benchmarks/gpu/runtime_cuda.py || status=$?
+exit $status
