@@ -21,6 +21,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from gmux.examples.compare import identical
+
 STEPS = 60
 
 
@@ -31,14 +33,6 @@ def _train(*args: str) -> float:
     return time.perf_counter() - t0
 
 
-def _identical(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_identical(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_identical(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def main() -> int:
@@ -71,7 +65,7 @@ def main() -> int:
     console.print(table)
     console.print(f"checkpoint: {ckpt_bytes:,} bytes; restore in the new process took "
                   f"{second['restore']['seconds'] * 1e3:.1f} ms")
-    same = _identical(solo["model"], migrated["model"]) and _identical(solo["optimizer"], migrated["optimizer"])
+    same = identical(solo["model"], migrated["model"]) and identical(solo["optimizer"], migrated["optimizer"])
     console.print(f"final loss: uninterrupted {solo['losses'][-1]:.6f}, interrupted {migrated['losses'][-1]:.6f}")
     console.print(f"final weights and optimizer state bit-identical: "
                   f"{'[green]yes' if same else '[red]NO'}[/] ({len(cycles)} suspends, 1 migration)")

@@ -20,21 +20,14 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from gmux.examples.compare import identical  # noqa: E402
 
 
 def run(*args):
     env = dict(os.environ, PYTHONPATH=ROOT)
     subprocess.run([sys.executable, *args], check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-
-
-def same(a, b):
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def bit_identity() -> bool:
@@ -48,7 +41,7 @@ def bit_identity() -> bool:
         solo, sus, mig = (torch.load(f"{d}/{n}.pt", map_location="cpu") for n in ("solo", "sus", "mig"))
     ok = True
     for name, other in (("20 suspends", sus), ("2 migrations", mig)):
-        good = same(solo["model"], other["model"]) and same(solo["optimizer"], other["optimizer"])
+        good = identical(solo["model"], other["model"]) and identical(solo["optimizer"], other["optimizer"])
         print(f"cuda bit-identity after {name}: {'yes' if good else 'NO'}")
         ok &= good
     return ok

@@ -112,11 +112,8 @@ class Job:
             self._while_suspended()
         elif command.kind == "resume":
             self.controller.reply(command, {"ok": False, "error": "resume: the job is not suspended"})
-        elif command.kind == "checkpoint":
-            self._answer(command, lambda: self.checkpoint(_target(command)))
-        elif command.kind == "migrate":
-            if self._answer(command, lambda: self.checkpoint(_target(command))):
-                raise JobExit(0)
+        elif command.kind in ("checkpoint", "migrate"):
+            self._write_checkpoint(command)
         elif command.kind == "exit":
             self.controller.reply(command, {"ok": True})
             raise JobExit(0)
@@ -129,16 +126,18 @@ class Job:
             if command.kind == "resume":
                 if self._answer(command, self.resume):
                     return
-            elif command.kind == "checkpoint":
-                self._answer(command, lambda: self.checkpoint(_target(command)))
-            elif command.kind == "migrate":
-                if self._answer(command, lambda: self.checkpoint(_target(command))):
-                    raise JobExit(0)
+            elif command.kind in ("checkpoint", "migrate"):
+                self._write_checkpoint(command)
             elif command.kind == "exit":
                 self.controller.reply(command, {"ok": True, "suspended": True})
                 raise JobExit(0)
             else:
                 self.controller.reply(command, {"ok": False, "error": f"{command.kind}: the job is suspended"})
+
+    def _write_checkpoint(self, command: Command) -> None:
+        """checkpoint, or migrate: checkpoint and leave (only once the state is safely written)."""
+        if self._answer(command, lambda: self.checkpoint(_target(command))) and command.kind == "migrate":
+            raise JobExit(0)
 
     def _answer(self, command: Command, action: Callable[[], dict]) -> bool:
         try:
