@@ -50,10 +50,13 @@ def test_sigkill_of_jobs_at_any_moment(node_factory, tmp_path):
 
 
 def test_gmuxd_killed_and_restarted_reattaches(node_factory, tmp_path):
-    refs = [subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / f"solo{b}.json"), "8000", "--batch", b],
+    # Paced (3 ms of "input" per step, no effect on the numbers) so that the jobs are still there to be
+    # sliced after the restart however fast this machine is.
+    pace = ["--sleep", "0.003"]
+    refs = [subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / f"solo{b}.json"), "4000", "--batch", b, *pace],
                              env=env(), cwd=ROOT) for b in ("32", "33")]
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--no-pack")
-    procs = [node.launch(f"{TRAIN}", str(tmp_path / f"job{b}.json"), "8000", "--batch", b, "--attach",
+    procs = [node.launch(f"{TRAIN}", str(tmp_path / f"job{b}.json"), "4000", "--batch", b, *pace, "--attach",
                          opts=["--no-hook", "--mem", "600MiB"]) for b in ("32", "33")]
     ids = [node.job_of(p.pid) for p in procs]
     node.wait_for(lambda: all(node.job(j)["suspends"] >= 1 for j in ids), 60, "both jobs sliced at least once")
