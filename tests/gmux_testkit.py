@@ -6,6 +6,17 @@ import sys
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The training script the gmuxd and cluster tests run (plain torch; --attach for explicit mode).
+TRAIN = os.path.join(ROOT, "gmux", "node", "demo_train.py")
+PY = sys.executable
+
+
+def env() -> dict:
+    """The environment for a process of the project under test."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+    e.setdefault("OMP_NUM_THREADS", "1")
+    return e
 
 
 def run_py(*args, timeout=180, check=True):

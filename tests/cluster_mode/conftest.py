@@ -12,17 +12,10 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gmux_testkit import PY, ROOT, TRAIN, env  # noqa: F401 (re-exported to the tests of this folder)
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(ROOT, "gmux", "node", "demo_train.py")
-PY = sys.executable
 
-
-def env() -> dict:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
-    e.setdefault("OMP_NUM_THREADS", "1")
-    return e
 
 
 def free_port() -> int:

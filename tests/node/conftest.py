@@ -5,24 +5,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from gmux.node.client import Client, GmuxError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# The training script the tests run (plain torch; --attach for explicit mode), shared with the demo.
-TRAIN = os.path.join(ROOT, "gmux", "node", "demo_train.py")
-PY = sys.executable
+from gmux_testkit import PY, ROOT, TRAIN, env  # noqa: F401 (re-exported to the tests of this folder)
 
-
-def env() -> dict:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
-    e.setdefault("OMP_NUM_THREADS", "1")
-    return e
 
 
 class Node:
