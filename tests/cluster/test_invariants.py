@@ -5,7 +5,7 @@ Engine.check_invariants() does the per-event checks; this file drives it with hy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import job, run
+from sim_harness import job, run
 from gmux.cluster.policies import POLICIES
 
 JOB = st.tuples(st.integers(0, 3000), st.integers(1, 4000), st.sampled_from([1, 1, 1, 1, 2, 4, 8]),

@@ -1,7 +1,7 @@
 """Each policy on small hand-made traces whose right answer is known."""
 import pytest
 
-from conftest import finish, first_run, job, run
+from sim_harness import finish, first_run, job, run
 from gmux.cluster.policies import Event, EventKind, JobState, JobView, MachineView, PolicyError, Snapshot, make_policy
 
 

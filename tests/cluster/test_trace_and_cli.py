@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from conftest import TRACES, write_table
+from sim_harness import TRACES, write_table
 from gmux.cli.sim import main
 from gmux.cluster.sim_trace import Throughputs, TraceError, assign_types, load_trace, load_vcs, select
 

@@ -7,7 +7,7 @@ import threading
 import time
 
 from gmux.node.client import Client
-from conftest import PY, ROOT, env, free_port, wait_for
+from cluster_harness import PY, ROOT, env, free_port, wait_for
 
 GANG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gang_train.py")
 STEPS = "2000"

@@ -2,7 +2,7 @@
 restored); a machine killed mid-run has its job restarted elsewhere from its last periodic checkpoint."""
 import json
 
-from conftest import solo, wait_for
+from cluster_harness import solo, wait_for
 
 STEPS = "4000"
 

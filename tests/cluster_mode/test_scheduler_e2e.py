@@ -14,7 +14,7 @@ import zmq
 from gmux import protocol
 from gmux.cluster import keys
 from gmux.cluster.scheduler_client import ClusterClient, ClusterError
-from conftest import PY, ROOT, TRAIN, env, solo, wait_for
+from cluster_harness import PY, ROOT, TRAIN, env, solo, wait_for
 
 STEPS = "1500"
 

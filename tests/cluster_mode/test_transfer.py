@@ -45,7 +45,7 @@ def keydir(tmp_path):
     """Made with the CLI, as a user would: gmux keys."""
     import subprocess
     import sys
-    from conftest import ROOT, env
+    from cluster_harness import ROOT, env
     d = str(tmp_path / "keys")
     r = subprocess.run([sys.executable, "-m", "gmux.cli.gmux", "keys", "--dir", d, "--scheduler", "--daemon", "a",
                         "--daemon", "b"], env=env(), capture_output=True, text=True, cwd=ROOT, timeout=60)

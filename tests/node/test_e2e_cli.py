@@ -4,7 +4,7 @@ import socket
 import subprocess
 import urllib.request
 
-from conftest import PY, ROOT, TRAIN, env
+from node_harness import PY, ROOT, TRAIN, env
 
 
 def gmux(rt, *args, timeout=60):

@@ -5,7 +5,7 @@ import signal
 import subprocess
 import time
 
-from conftest import PY, ROOT, TRAIN, env, result
+from node_harness import PY, ROOT, TRAIN, env, result
 
 FINAL = ("exited", "failed", "killed", "lost")
 

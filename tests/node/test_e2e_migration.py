@@ -6,7 +6,7 @@ shell that started it still waits), re-registers with the same id and token, and
 import json
 import subprocess
 
-from conftest import PY, ROOT, TRAIN, env, result
+from node_harness import PY, ROOT, TRAIN, env, result
 
 STEPS = "4000"
 # Each step waits 3 ms (as if for input), so the job is still running when the `gmux migrate` process, which

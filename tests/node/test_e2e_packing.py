@@ -8,7 +8,7 @@ whose other load varies it is too noisy for a test that must pass or fail for th
 """
 import time
 
-from conftest import TRAIN
+from node_harness import TRAIN
 
 
 def test_gaining_pair_kept_interfering_pair_unpacked(node_factory, tmp_path):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import PY, ROOT, TRAIN, env, result
+from node_harness import PY, ROOT, TRAIN, env, result
 
 STEPS = "20000"
 QUANTUM = 0.25

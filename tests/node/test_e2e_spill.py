@@ -5,7 +5,7 @@ its process re-executes and waits holding nothing, and on its next turn restores
 """
 import subprocess
 
-from conftest import PY, ROOT, TRAIN, env, result
+from node_harness import PY, ROOT, TRAIN, env, result
 
 
 def test_spill_to_disk_and_back(node_factory, tmp_path):

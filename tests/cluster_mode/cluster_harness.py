@@ -1,0 +1,160 @@
+"""Fixtures for cluster-mode tests: a real gmux-scheduler process and real gmuxd processes (each with its
+cluster link), on loopback TCP with CurveZMQ keys made for the test, virtual GPUs, real training jobs."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gmux_testkit import PY, ROOT, TRAIN, env  # noqa: F401 (re-exported to the tests of this folder)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred, timeout: float, what: str, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s: {what}")
+
+
+def solo(tmp_path, name: str, *args: str) -> dict:
+    """The same script run plainly, never interrupted: the reference for bit-identity."""
+    out = tmp_path / f"solo-{name}.json"
+    subprocess.run([PY, TRAIN, str(out), *args], env=env(), check=True, cwd=ROOT)
+    return json.loads(out.read_text())
+
+
+class Cluster:
+    def __init__(self, tmp_path, machines=("m1", "m2", "m3"), policy="gandiva", gpus="2x2GiB", sched_args=()):
+        from gmux.cluster import keys
+        self.tmp = tmp_path
+        self.keys = str(tmp_path / "keys")
+        keys.create(self.keys, "scheduler")
+        keys.create(self.keys, "client", "tester")
+        for m in machines:
+            keys.create(self.keys, "daemon", m)
+        self.port = free_port()
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.policy, self.gpus, self.sched_args = policy, gpus, list(sched_args)
+        self.daemons: dict[str, subprocess.Popen] = {}
+        self.sched = None
+        self.start_scheduler()
+        for m in machines:
+            self.start_daemon(m)
+
+    def start_scheduler(self) -> None:
+        log = open(self.tmp / "scheduler.log", "ab")
+        self.sched = subprocess.Popen([PY, "-m", "gmux.cli.scheduler", "--listen", self.endpoint, "--keys", self.keys,
+                                       "--state", str(self.tmp / "sched"), "--policy", self.policy, "--tick", "0.5",
+                                       *self.sched_args], env=env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        wait_for(lambda: self._ps_ok(), 20, "gmux-scheduler did not come up")
+
+    def start_daemon(self, m: str) -> None:
+        log = open(self.tmp / f"gmuxd-{m}.log", "ab")
+        self.daemons[m] = subprocess.Popen(
+            [PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", str(self.tmp / f"rt-{m}"), "--virtual-gpus", self.gpus,
+             "--quantum", "2", "--scheduler", self.endpoint, "--keys", self.keys, "--name", m],
+            env=env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def wait_machines(self, n: int, timeout: float = 30) -> None:
+        wait_for(lambda: sum(x["state"] == "up" for x in self.ps()["machines"]) >= n, timeout, f"{n} machines up")
+
+    def _ps_ok(self) -> bool:
+        try:
+            self.ps(timeout=0.5)
+            return True
+        except Exception:
+            return False
+
+    def client(self, timeout=10.0):
+        from gmux.cluster.scheduler_client import ClusterClient
+        return ClusterClient(self.endpoint, self.keys, "tester", timeout=timeout)
+
+    def call(self, mtype, timeout=10.0, **fields):
+        c = self.client(timeout)
+        try:
+            return c.call(mtype, **fields)
+        finally:
+            c.close()
+
+    def ps(self, timeout=10.0) -> dict:
+        return self.call("c_ps", timeout=timeout)
+
+    def job(self, cjob: str) -> dict:
+        return next(j for j in self.ps()["jobs"] if j["cjob"] == cjob)
+
+    def submit(self, *args: str, ckpt_every=None, name=None) -> str:
+        return self.call("c_submit", argv=[PY, TRAIN, *args, "--attach"], cwd=ROOT, env={"OMP_NUM_THREADS": "1"},
+                         ckpt_every=ckpt_every, name=name)["cjob"]
+
+    def wait_done(self, cjobs, timeout: float) -> dict:
+        def check():
+            jobs = {j["cjob"]: j for j in self.ps()["jobs"]}
+            bad = [j for c, j in jobs.items() if c in cjobs and j["state"] in ("failed", "killed")]
+            assert not bad, f"jobs ended badly: {bad}\n{self.logs()}"
+            return all(jobs[c]["state"] == "done" for c in cjobs) and jobs
+        return wait_for(check, timeout, f"jobs {cjobs} done", every=0.5)
+
+    def logs(self) -> str:
+        out = []
+        for f in sorted(self.tmp.glob("*.log")) + sorted(self.tmp.glob("rt-*/logs/*.log")):
+            out.append(f"==== {f.name}\n" + f.read_text(errors="replace")[-3000:])
+        return "\n".join(out)
+
+    def kill_machine(self, m: str) -> None:
+        """The machine dies: its gmuxd and every job process on it."""
+        rt = self.tmp / f"rt-{m}"
+        self.daemons[m].send_signal(signal.SIGKILL)
+        self.daemons[m].wait()
+        for pidfile in rt.glob("exits/*"):
+            pass
+        for line in subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines():
+            pid, _, args = line.strip().partition(" ")
+            if str(rt) in args and "gmux.cli.launch" in args:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def close(self) -> None:
+        for p in list(self.daemons.values()) + [self.sched]:
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+        for line in subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines():
+            pid, _, args = line.strip().partition(" ")
+            if str(self.tmp) in args and "gmux.cli.launch" in args:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+@pytest.fixture
+def cluster_factory(tmp_path):
+    made = []
+
+    def make(**kw):
+        c = Cluster(tmp_path, **kw)
+        made.append(c)
+        return c
+    yield make
+    for c in made:
+        c.close()

@@ -1,0 +1,126 @@
+"""Fixtures for gmuxd tests: a real daemon process on a private runtime dir, real job processes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from gmux.node.client import Client, GmuxError
+
+from gmux_testkit import PY, ROOT, TRAIN, env  # noqa: F401 (re-exported to the tests of this folder)
+
+
+
+class Node:
+    """A gmuxd process and the jobs a test starts; everything is killed at teardown."""
+
+    def __init__(self, tmp_path, *args: str):
+        self.tmp = tmp_path
+        self.rt = str(tmp_path / "rt")
+        self.args = list(args)
+        self.procs: list[subprocess.Popen] = []
+        self.daemon = None
+        self.start()
+
+    def start(self) -> None:
+        log = open(self.tmp / "gmuxd.log", "ab")
+        self.daemon = subprocess.Popen([PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", self.rt, *self.args],
+                                       env=env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.wait_for(lambda: self._ping(), 20, "gmuxd did not come up")
+
+    def _ping(self) -> bool:
+        try:
+            c = Client(self.rt, timeout=0.5)
+            try:
+                c.call("ping")
+                return True
+            finally:
+                c.close()
+        except GmuxError:
+            return False
+
+    def call(self, mtype: str, **fields):
+        c = Client(self.rt, timeout=30)
+        try:
+            return c.call(mtype, timeout=30, **fields)
+        finally:
+            c.close()
+
+    def ps(self) -> dict:
+        return self.call("ps", all=True)
+
+    def job(self, job_id: str) -> dict:
+        return next(j for j in self.ps()["jobs"] if j["id"] == job_id)
+
+    def launch(self, *script_args: str, opts=(), log_name=None) -> subprocess.Popen:
+        log = open(self.tmp / (log_name or f"launch{len(self.procs)}.log"), "ab")
+        p = subprocess.Popen([PY, "-m", "gmux.cli.launch", "--runtime-dir", self.rt, *opts, "--", "python",
+                              *script_args], env=env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                             start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def job_of(self, pid: int, timeout: float = 20) -> str:
+        found = []
+        self.wait_for(lambda: found.extend(j["id"] for j in self.ps()["jobs"] if j["pid"] == pid) or found,
+                      timeout, f"no job registered by pid {pid}")
+        return found[0]
+
+    @staticmethod
+    def wait_for(cond, timeout: float, what: str, every: float = 0.1):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            v = cond()
+            if v:
+                return v
+            time.sleep(every)
+        raise AssertionError(f"timed out after {timeout} s: {what}")
+
+    def kill_daemon(self, sig=signal.SIGKILL) -> None:
+        self.daemon.send_signal(sig)
+        self.daemon.wait(10)
+
+    def close(self) -> None:
+        # Jobs gmuxd spawned itself (`gmux submit`) run in their own sessions and outlive it: end them too.
+        try:
+            pids = [j["pid"] for j in self.ps()["jobs"] if j.get("pid") and j["state"] not in ("exited", "failed",
+                                                                                           "killed", "lost")]
+        except Exception:
+            pids = []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        if self.daemon and self.daemon.poll() is None:
+            self.daemon.kill()
+            self.daemon.wait(10)
+
+    def log(self) -> str:
+        return (self.tmp / "gmuxd.log").read_text()
+
+
+@pytest.fixture
+def node_factory(tmp_path):
+    nodes = []
+
+    def make(*args):
+        n = Node(tmp_path, *args)
+        nodes.append(n)
+        return n
+    yield make
+    for n in nodes:
+        n.close()
+
+
+def result(path) -> dict:
+    with open(path) as f:
+        return json.load(f)
