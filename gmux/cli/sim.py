@@ -43,34 +43,22 @@ def _duration(text: str):
     raise argparse.ArgumentTypeError(f"{text!r} is neither an offset like 36h or 7d nor a date like 2017-10-01")
 
 
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 < v <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not in (0, 1]")
-    return v
+def _checked(convert, ok, what: str):
+    """An argparse type: `convert` the text, then require `ok(value)`, naming `what` was expected."""
+    def parse(text: str):
+        try:
+            v = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"{text} is not {what}")
+        return v
+    return parse
 
 
-def _nonneg(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative")
-    return v
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return v
+_fraction = _checked(float, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
+_nonneg = _checked(float, lambda v: v >= 0, "a number >= 0")
+_positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,15 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, ax, path: str) -> str:
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_jct_cdf(results: dict, path: str, title: str = "") -> str:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -29,12 +38,7 @@ def plot_jct_cdf(results: dict, path: str, title: str = "") -> str:
     ax.set_ylabel("fraction of jobs")
     ax.set_title(title or "JCT CDF per policy")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path)
 
 
 def plot_utilisation(results: dict, path: str, title: str = "", smooth_h: int = 24) -> str:
@@ -55,9 +59,4 @@ def plot_utilisation(results: dict, path: str, title: str = "", smooth_h: int = 
     ax.set_ylabel(f"GPUs busy (%, {smooth_h} h mean)")
     ax.set_title(title or "GPU utilisation over time")
     ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path)
