@@ -43,22 +43,22 @@ def _duration(text: str):
     raise argparse.ArgumentTypeError(f"{text!r} is neither an offset like 36h or 7d nor a date like 2017-10-01")
 
 
-def _checked(convert, ok, what: str):
-    """An argparse type: `convert` the text, then require `ok(value)`, naming `what` was expected."""
+def _checked(convert, noun: str, ok, wanted: str):
+    """An argparse type: `convert` the text (else it is not a `noun`), then require `ok(value)` (`wanted`)."""
     def parse(text: str):
         try:
             v = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
         if not ok(v):
-            raise argparse.ArgumentTypeError(f"{text} is not {what}")
+            raise argparse.ArgumentTypeError(f"{text} is not {wanted}")
         return v
     return parse
 
 
-_fraction = _checked(float, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")
-_nonneg = _checked(float, lambda v: v >= 0, "a number >= 0")
-_positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
+_fraction = _checked(float, "a number", lambda v: 0.0 < v <= 1.0, "in (0, 1]")
+_nonneg = _checked(float, "a number", lambda v: v >= 0, ">= 0")
+_positive_int = _checked(int, "an integer", lambda v: v >= 1, "a positive integer")
 
 
 def build_parser() -> argparse.ArgumentParser:
