@@ -149,7 +149,7 @@ def _one_of(*choices):
 JOB_STATES = ("waiting", "running", "suspending", "suspended", "resuming", "migrating", "held",
               "exited", "failed", "killed", "lost")
 FINAL_STATES = ("exited", "failed", "killed", "lost")
-COMMAND_KINDS = ("suspend", "resume", "checkpoint", "migrate", "exit")
+COMMAND_KINDS = ("suspend", "resume", "checkpoint", "migrate", "spill", "exit")
 
 # Fields every job-authenticated message carries: a job can only act on itself, proven by its token.
 _AUTH = {"job": (_name, True), "token": (lambda v: _str(v, 128), True)}

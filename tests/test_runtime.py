@@ -1,4 +1,5 @@
 """The in-job runtime in one process: identity, memory given back, commands and their failures."""
+import os
 import threading
 
 import pytest
@@ -160,3 +161,57 @@ def test_report_has_rates_and_memory():
         step()
     r = job.report()
     assert r["step"] == 5 and r["rate"] > 0 and r["mem_boundary"] > 0 and r["mem_peak"] >= r["mem_boundary"]
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_spill_frees_host_memory_and_resume_is_bit_identical(tmp):
+    def run(spill: bool):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024))   # ~32 MiB of parameters
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        job = gj.attach(model, opt, pool=gj.DevicePool(256 << 20))
+        x = torch.randn(8, 1024)
+        for i in range(6):
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if spill and i == 2:
+                job.suspend()
+                held = _rss_bytes()
+                figures = job.spill(f"{tmp}/job.spill")
+                assert figures["bytes"] > 100 << 20   # parameters, grads, two Adam moments
+                assert os.path.getsize(f"{tmp}/job.spill") == figures["bytes"]
+                assert held - _rss_bytes() > 0.9 * figures["bytes"], "the host copy's memory was not given back"
+                resumed = job.resume()
+                assert resumed["unspill_s"] > 0 and not os.path.exists(f"{tmp}/job.spill")
+        return [t.detach().clone() for t in job.tracked.tensors()]
+    assert_identical(run(False), run(True))
+
+
+def test_spill_refused_while_running_and_a_damaged_spill_file_is_named(tmp):
+    job, model, opt, step = _setup()
+    step()
+    command = job.controller.send("spill", path=f"{tmp}/s")
+    step()   # the command is carried out at this boundary
+    assert job.controller.result(command, timeout=5) == {"ok": False, "error": "spill: the job is not suspended"}
+    before = _values(job)
+    job.suspend()
+    job.spill(f"{tmp}/s")
+    with open(f"{tmp}/s", "r+b") as f:
+        f.seek(100)
+        good = f.read(1)
+        f.seek(100)
+        f.write(bytes([good[0] ^ 0xFF]))
+    with pytest.raises(gj.SpillError, match=f"spill file {tmp}/s: checksum mismatch"):
+        job.resume()
+    assert job.suspended                      # still suspended, the file kept for a second look
+    with open(f"{tmp}/s", "r+b") as f:
+        f.seek(100)
+        f.write(good)
+    job.resume()
+    assert_identical(before, _values(job))

@@ -22,6 +22,7 @@ from .device_pool import DevicePool, PoolExhausted
 from .hook import install_hook
 from .job import Job, JobExit
 from .state import StateMismatch, TrackedState
+from .swap import SpillError
 
 _current: Optional[Job] = None
 
@@ -59,4 +60,4 @@ def current() -> Optional[Job]:
 
 
 __all__ = ["attach", "current", "install_hook", "Job", "JobExit", "Command", "Controller", "LocalController",
-           "DevicePool", "PoolExhausted", "CheckpointError", "StateMismatch", "TrackedState"]
+           "DevicePool", "PoolExhausted", "SpillError", "CheckpointError", "StateMismatch", "TrackedState"]

@@ -13,9 +13,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
+from gmux.protocol import COMMAND_KINDS as COMMANDS  # one list of commands, defined with the wire
+
 # What a job can be told to do. "checkpoint" takes args {"path": str} (or a byte sink, locally);
-# "migrate" is checkpoint-then-exit; "exit" stops the job at the boundary with its state intact.
-COMMANDS = ("suspend", "resume", "checkpoint", "migrate", "exit")
+# "migrate" is checkpoint-then-exit; "spill" (suspended only, {"path": str}) moves the host copy of the
+# state to a file; "exit" stops the job at the boundary with its state intact.
 
 _ids = itertools.count(1)
 

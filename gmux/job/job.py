@@ -1,8 +1,9 @@
 """The in-job runtime: one `Job` per training process, driven at mini-batch boundaries.
 
 The job decides nothing. At each boundary it records how long the mini-batch took, asks its controller
-for a pending command and carries it out: suspend (then wait, suspended, until told to resume), checkpoint,
-migrate (checkpoint, then exit), exit. Between boundaries it costs nothing.
+for a pending command and carries it out: suspend (then wait, suspended, until told to resume, checkpoint,
+spill its host copy to disk or exit), checkpoint, migrate (checkpoint, then exit), exit. Between boundaries
+it costs nothing.
 """
 from __future__ import annotations
 
@@ -110,8 +111,8 @@ class Job:
             if not self._answer(command, self.suspend):
                 return
             self._while_suspended()
-        elif command.kind == "resume":
-            self.controller.reply(command, {"ok": False, "error": "resume: the job is not suspended"})
+        elif command.kind in ("resume", "spill"):
+            self.controller.reply(command, {"ok": False, "error": f"{command.kind}: the job is not suspended"})
         elif command.kind in ("checkpoint", "migrate"):
             self._write_checkpoint(command)
         elif command.kind == "exit":
@@ -128,6 +129,8 @@ class Job:
                     return
             elif command.kind in ("checkpoint", "migrate"):
                 self._write_checkpoint(command)
+            elif command.kind == "spill":
+                self._answer(command, lambda: self.spill(_target(command)))
             elif command.kind == "exit":
                 self.controller.reply(command, {"ok": True, "suspended": True})
                 raise JobExit(0)
@@ -164,6 +167,15 @@ class Job:
         self.profile.last_resume = figures
         # Time spent suspended is not a mini-batch.
         self._last = time.perf_counter()
+        return figures
+
+    def spill(self, path: str) -> dict:
+        """While suspended: moves the host copy of the state to a file at `path`, freeing its host memory."""
+        if not hasattr(self.tier, "spill"):
+            raise RuntimeError("spill: the allocator tier keeps suspended bytes in its own host store and cannot "
+                               "spill them in-process; checkpoint and migrate the job instead")
+        figures = self.tier.spill(path)
+        self.profile.spills += 1
         return figures
 
     def snapshot(self) -> dict:

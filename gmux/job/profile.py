@@ -33,6 +33,7 @@ class Profile:
         self.batch_s: deque[float] = deque(maxlen=256)
         self.steps = 0
         self.suspends = 0
+        self.spills = 0
         self.suspend_s = 0.0
         self.resume_s = 0.0
         self.bytes_moved = 0
@@ -57,5 +58,5 @@ class Profile:
         times = list(self.batch_s)
         median = statistics.median(times) if times else None
         return {"step": self.steps, "batch_s": median, "rate": (1.0 / median) if median else None,
-                **self.memory(tracked_bytes), "suspends": self.suspends, "suspend_s": self.suspend_s,
+                **self.memory(tracked_bytes), "suspends": self.suspends, "spills": self.spills, "suspend_s": self.suspend_s,
                 "resume_s": self.resume_s, "bytes_moved": self.bytes_moved}

@@ -6,7 +6,10 @@ memory, copies back and points each tensor at it with its old offset, shape and 
 the same object, optimizer state stays keyed by it, and tensors that shared a storage share the new one.
 
 The host buffer is allocated once per job and reused for every cycle (pinned on CUDA, where pinning fresh
-memory is slower still than faulting it): only growth of the tracked state reallocates it.
+memory is slower still than faulting it): only growth of the tracked state reallocates it. The one exception
+is a spill: when gmuxd's host-RAM budget for suspended jobs runs out, a suspended job writes its host buffer to
+a file and frees it, in its own process (so an unmodified script, which cannot restart from a checkpoint, can
+spill too); its resume reads the file back first.
 Nothing is released until every copy has finished, and nothing is repointed until all device memory for the
 resume has been obtained, so a failure leaves the job either running or suspended with its state intact.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -68,6 +72,10 @@ def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tens
     return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
+class SpillError(RuntimeError):
+    pass
+
+
 class StateTier:
     def __init__(self, device: torch.device | str, pool: DevicePool | None = None):
         self.device = torch.device(device)
@@ -79,6 +87,11 @@ class StateTier:
         self._cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
         self._copier = None if self._cuda else _Copier()
+        self._spill: tuple[str, int, int] | None = None   # (path, bytes, crc32) while the host copy is on disk
+
+    @property
+    def spilled(self) -> bool:
+        return self._spill is not None
 
     # -- suspend -----------------------------------------------------------------------------------------
     def suspend(self, tensors: list[torch.Tensor]) -> dict:
@@ -149,6 +162,7 @@ class StateTier:
         if not self.suspended:
             raise RuntimeError("resume: the job is not suspended")
         t0 = time.perf_counter()
+        unspill_s = self._unspill()
         fresh = []
         try:
             for entry in self._storages:
@@ -168,7 +182,8 @@ class StateTier:
         self._host_views.clear()
         self.suspended = False
         t3 = time.perf_counter()
-        return {"bytes": nbytes, "alloc_s": t1 - t0, "copy_s": t2 - t1, "total_s": t3 - t0}
+        return {"bytes": nbytes, "unspill_s": unspill_s, "alloc_s": t1 - t0 - unspill_s, "copy_s": t2 - t1,
+                "total_s": t3 - t0}
 
     def _device_storage(self, nbytes: int) -> torch.UntypedStorage:
         if self.pool is not None and self.device.type == "cpu":
@@ -190,11 +205,62 @@ class StateTier:
         torch.cuda.current_stream(self.device).wait_stream(stream)
         stream.synchronize()
 
+    # -- spill: the host copy to disk and back ----------------------------------------------------------------
+    def spill(self, path: str) -> dict:
+        """Writes the suspended state's host copy to `path` and frees the host buffer."""
+        if not self.suspended:
+            raise RuntimeError("spill: the job is not suspended")
+        if self._spill is not None:
+            return {"bytes": 0, "seconds": 0.0, "already": True}
+        t0 = time.perf_counter()
+        used = max((e.host_offset + e.nbytes for e in self._storages), default=0)
+        data = self._host[:used].numpy()
+        crc = 0
+        tmp = path + ".part"
+        with open(tmp, "wb") as f:
+            for lo in range(0, used, COPY_CHUNK):
+                piece = data[lo:lo + COPY_CHUNK]
+                crc = zlib.crc32(piece, crc)
+                f.write(piece)
+        os.replace(tmp, path)
+        self._spill = (path, used, crc)
+        self._host = None
+        self._host_views.clear()
+        if self._cuda and hasattr(torch._C, "_host_emptyCache"):
+            torch._C._host_emptyCache()   # pinned blocks are cached by torch, not freed, unless asked
+        return {"bytes": used, "seconds": time.perf_counter() - t0, "path": path}
+
+    def _unspill(self) -> float:
+        """Reads a spilled host copy back into a host buffer, checking it; the file goes once it is back."""
+        if self._spill is None:
+            return 0.0
+        t0 = time.perf_counter()
+        path, used, crc = self._spill
+        try:
+            size = os.path.getsize(path)
+        except OSError as e:
+            raise SpillError(f"spill file {path}: {e.strerror}; the suspended state is in it") from None
+        if size != used:
+            raise SpillError(f"spill file {path}: {size} bytes, {used} were written")
+        self._ensure_host(used)
+        data = self._host[:used].numpy()
+        got = 0
+        with open(path, "rb") as f:
+            for lo in range(0, used, COPY_CHUNK):
+                n = f.readinto(memoryview(data[lo:lo + COPY_CHUNK]))
+                got = zlib.crc32(data[lo:lo + n], got)
+        if got != crc:
+            raise SpillError(f"spill file {path}: checksum mismatch (crc32 {got:#010x}, written {crc:#010x})")
+        os.unlink(path)
+        self._spill = None
+        return time.perf_counter() - t0
+
     # -- reading suspended state (a checkpoint taken while suspended) --------------------------------------
     def host_view(self, tensor: torch.Tensor) -> torch.Tensor | None:
         """The host copy of a suspended tensor, with its shape and strides, or None if it is not suspended."""
         if not self.suspended:
             return None
+        self._unspill()
         if not self._host_views:
             for entry in self._storages:
                 for t, offset, size, stride in entry.views:
