@@ -232,6 +232,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "gpu": (_optional(_gpu_index), False),
         # gmuxd starts this many ranks of a gang (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in their env)
         "ranks": (lambda v: _int(v, 1, 64), False),
+        "hook": (_bool, False),   # false: the script attach()es itself (gmux-launch --no-hook)
     },
     "decisions": {"admin": (lambda v: _str(v, 128), True), "limit": (_nonneg_int, False)},
     "shutdown": {"admin": (lambda v: _str(v, 128), True), "kill_jobs": (_bool, False)},

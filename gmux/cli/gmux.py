@@ -53,6 +53,8 @@ def main(argv=None) -> int:
     s.add_argument("--gpus", type=int, default=1, help="GPUs the process uses, given to it exclusively (default 1)")
     s.add_argument("--ranks", type=int, help="start N ranks of a torch.distributed job, each on a GPU of its own, "
                                              "with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set")
+    s.add_argument("--no-hook", dest="hook", action="store_false",
+                   help="the script calls gmux.job.attach() itself (explicit mode: it can be moved between GPUs)")
     s.add_argument("argv", nargs=argparse.REMAINDER)
     s = sub.add_parser("decisions", help="time-slicing, packing and migration decisions, with their numbers")
     s.add_argument("--limit", type=int, default=50)
@@ -103,6 +105,8 @@ def run(a) -> int:
         if a.gpus < 1 or (a.ranks is not None and a.ranks < 1):
             raise GmuxError((f"--gpus {a.gpus}" if a.gpus < 1 else f"--ranks {a.ranks}") + ": must be at least 1")
         fields = {"ranks": a.ranks} if a.ranks is not None else {}
+        if not a.hook:
+            fields["hook"] = False
         data = c.call("submit", argv=argv, cwd=os.getcwd(), env=env, name=a.name, weight=a.weight, mem=a.mem,
                       gpu=a.gpu, gpus=a.gpus, **fields)
         where = "waiting for a GPU" if data["gpu"] is None else f"on GPU {data['gpu']}"

@@ -606,7 +606,8 @@ class Daemon:
         for g in self.gpus.values():
             s = self.slicers[g.index]
             gpus.append({"index": g.index, "name": g.name, "virtual": g.virtual, "mem_total": g.mem_total,
-                         "mem_used": g.mem_used, "jobs": sorted(s.entries), "resident": sorted(s.resident),
+                         "mem_used": g.mem_used,
+                         "jobs": sorted(set(s.entries) | ({owner[g.index]} if g.index in owner else set())), "resident": sorted(s.resident),
                          "packs": [sorted(p) for p in s.packs], "switches": s.switches,
                          "owner": owner.get(g.index), "reserved": self.reserved.get(g.index),
                          "resident_mem": sum(self.jobs[j].working_set() or 0 for j in s.resident)})
@@ -783,6 +784,7 @@ class Daemon:
         job = Job(self.store.next_job_id(), secrets.token_hex(16), name, list(msg["argv"]), msg["cwd"],
                   weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"), managed=True, env=env)
         job.gpus_wanted, job.gang, job.pinned = msg.get("gpus", 1), gang, msg.get("gpu")
+        job.hook = msg.get("hook", True)
         self._admit(job, "submit")
         self.jobs[job.id] = job
         if job.gpu is None:

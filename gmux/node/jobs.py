@@ -35,6 +35,8 @@ class Job:
     detail: str = ""                   # what happened, in words (shown by gmux ps)
     exit_status: Optional[int] = None
     env: dict = field(default_factory=dict)  # extra environment of a submitted job
+    hook: bool = True                  # a submitted job runs with the transparent optimizer hook (False: it
+                                       # calls gmux.job.attach() itself, as gmux-launch --no-hook)
     gpus_wanted: int = 1               # GPUs the process uses; more than one are given to it exclusively
     gang: Optional[dict] = None        # {id, rank, size}: one rank of a torch.distributed job
     pinned: Optional[int] = None       # the GPU the job was asked to run on (gmux-launch --gpu)

@@ -17,7 +17,7 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
         t.add_column(col, overflow="fold")
     for j in ps["jobs"]:
         gang = j.get("gang")
-        name = (j.get("name") or "") + (f" [gang {gang['id']} {gang['rank']}/{gang['size']}]" if gang else "")
+        name = (j.get("name") or "") + (f" (gang {gang['id']} {gang['rank']}/{gang['size']})" if gang else "")
         gpu = ",".join(map(str, j["exclusive_gpus"])) + " (own)" if j.get("exclusive_gpus") else str(j.get("gpu"))
         t.add_row(j["id"], name, gpu, j["state"] + (" (held)" if j.get("held") else ""),
                   str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
