@@ -246,9 +246,10 @@ class Daemon:
             if job.final:
                 raise Refused(f"register: job {job.id} has ended ({job.state}: {job.detail})")
             # A migrated (or spilled) job's process, back from re-executing itself. Its migrate result may
-            # still be on the way (another connection): the migration is complete either way.
+            # still be on the way (another connection): the migration is complete either way, and is counted
+            # here (its result, arriving later, finds no command in flight and is ignored).
             for cmd in [c for c, e in self.inflight.items() if e[0] == job.id]:
-                if self.inflight.pop(cmd)[1] == "migrate" and job.state != "migrating":
+                if self.inflight.pop(cmd)[1] == "migrate":
                     job.migrations += 1
             self._leave_gpu(job, now)
             self._wake(job.id, "migrate", True, 0.0)
