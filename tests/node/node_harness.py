@@ -141,8 +141,9 @@ def daemon_factory(tmp_path):
     # Jobs registered here carry the pid of a throwaway process: a fuzzed "kill" must never hit pytest itself.
     stand_in = subprocess.Popen(["sleep", "600"])
 
-    def make(sizes=(16 * GiB, 16 * GiB), **options):
-        d = Daemon(RuntimeDir(str(tmp_path / f"rt{len(made)}")),
+    def make(sizes=(16 * GiB, 16 * GiB), root=None, **options):
+        """root: a runtime dir used before (a restarted daemon)."""
+        d = Daemon(RuntimeDir(root or str(tmp_path / f"rt{len(made)}")),
                    [Gpu(i, "virtual", size, True) for i, size in enumerate(sizes)], Options(quantum=1.0, **options))
         d.sent = []
         d._send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True

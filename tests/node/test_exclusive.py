@@ -147,3 +147,27 @@ def test_submit_ranks_gives_each_rank_its_rendezvous(daemon, tmp_path):
     for j in jobs:
         daemon.sup.kill(j)
         daemon.sup.children[j.pid].wait(30)
+
+
+def test_a_restarted_daemon_keeps_waiting_jobs_queued_and_held_gpus_held(daemon_factory, tmp_path):
+    d = daemon_factory(root=str(tmp_path / "rt"))
+    a = register(d, b"a")
+    tick(d)
+    ack(d, b"a", a, commands(d, b"a")[0])   # started in transparent mode: it pins GPU 0
+    r0 = register(d, b"r0", gang={"id": "g", "rank": 0, "size": 1})
+    c = register(d, b"c", gpus=2)
+    tick(d)
+    assert d.jobs[r0["job"]].exclusive_gpus == [1] and d.jobs[c["job"]].gpu is None
+    d._flush(force=True)
+    again = daemon_factory(root=str(tmp_path / "rt"))     # the same tables, as after a crash
+    assert again.queue == [c["job"]] and set(again.slicers[1].entries) == {r0["job"]}
+    e = register(again, b"e")
+    assert e["gpu"] == 0                                     # GPU 1 is still the gang's
+    for k, reg in ((b"r0", r0), (b"a", a)):
+        ask(again, "bye", k, job=reg["job"], token=reg["token"], status=0)
+    tick(again, 2)
+    assert again.jobs[c["job"]].gpu is None                  # e is on GPU 0, and has no other GPU to go to
+    assert "no way to free 2 whole GPUs" in again.jobs[c["job"]].detail
+    ask(again, "bye", b"e", job=e["job"], token=e["token"], status=0)
+    tick(again)
+    assert again.jobs[c["job"]].exclusive_gpus == [0, 1]
