@@ -393,6 +393,12 @@ class Daemon(Admission):
     def _on_suspend(self, msg, identity):
         job = self._target(msg)
         unit = self._unit_of(job)   # a gang's ranks suspend together (at one boundary: gmux.job.gang)
+        hooked = [m.id for m in unit if job.gang and m.registered and not m.migratable]
+        if hooked:
+            # Each rank would stop at its own optimizer step while its peers wait in the next collective.
+            raise Refused(f"suspend: gang {job.gang['id']} has ranks in transparent mode ({', '.join(hooked)}), "
+                          f"which cannot agree on a boundary to stop at; run the ranks with --no-hook and "
+                          f"gmux.job.gang.GangController to make the gang suspendable")
         busy = []
         for m in unit:
             m.held = True

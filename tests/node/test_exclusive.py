@@ -67,10 +67,10 @@ def test_a_transparent_job_pins_its_gpu_and_the_wait_says_why(daemon_factory):
 
 
 def test_gang_is_placed_on_distinct_gpus_and_suspended_resumed_killed_as_one(daemon):
-    r0 = register(daemon, b"r0", gang={"id": "g", "rank": 0, "size": 2})
+    r0 = register(daemon, b"r0", gang={"id": "g", "rank": 0, "size": 2}, migratable=True)
     tick(daemon)
     assert not commands(daemon, b"r0") and "1 of 2 registered" in daemon.jobs[r0["job"]].detail
-    r1 = register(daemon, b"r1", gang={"id": "g", "rank": 1, "size": 2})
+    r1 = register(daemon, b"r1", gang={"id": "g", "rank": 1, "size": 2}, migratable=True)
     tick(daemon)
     starts = {k: commands(daemon, k)[0] for k in (b"r0", b"r1")}
     assert {s["args"]["env"]["GMUX_VIRTUAL_GPU"] for s in starts.values()} == {"0", "1"}
@@ -98,10 +98,13 @@ def test_gang_is_placed_on_distinct_gpus_and_suspended_resumed_killed_as_one(dae
     assert {daemon.jobs[j].state for j in (r0["job"], r1["job"])} == {"killed"}
 
 
-def test_a_failed_rank_ends_its_gang(daemon):
+def test_a_failed_rank_ends_its_gang_and_a_transparent_gang_is_not_suspended(daemon):
     r0 = register(daemon, b"r0", gang={"id": "g", "rank": 0, "size": 2})
     r1 = register(daemon, b"r1", gang={"id": "g", "rank": 1, "size": 2})
     tick(daemon)
+    r = ask(daemon, "suspend", admin=daemon.admin, job=r1["job"])
+    assert not r["ok"] and "transparent mode" in r["error"] and "--no-hook" in r["error"]
+    assert not any(daemon.jobs[j].held for j in (r0["job"], r1["job"]))
     ask(daemon, "bye", b"r0", job=r0["job"], token=r0["token"], status=1)
     assert daemon.jobs[r1["job"]].state == "killed"
     assert any(x["kind"] == "gang" and "killing its peers" in x["text"] for x in daemon.decisions)
