@@ -146,6 +146,29 @@ def _one_of(*choices):
     return f
 
 
+MAX_GANG = 4096   # ranks of one torch.distributed job (across machines: one machine sees some of them)
+
+
+def _gang(v):
+    """One rank of a gang: {id: name, rank: 0..size-1, size: ranks in all}."""
+    if not isinstance(v, dict):
+        return f"expected a map {{id, rank, size}}, got {type(v).__name__}"
+    if set(v) != {"id", "rank", "size"}:
+        return f"expected exactly the fields id, rank, size; got {', '.join(sorted(map(str, v)))[:80]}"
+    problem = _name(v["id"])
+    if problem:
+        return f"id: {problem}"
+    problem = _int(v["size"], 1, MAX_GANG)
+    if problem:
+        return f"size: {problem}"
+    problem = _int(v["rank"], 0, MAX_GANG)
+    if problem:
+        return f"rank: {problem}"
+    if v["rank"] >= v["size"]:
+        return f"rank {v['rank']} is not below the gang's size {v['size']} (ranks are 0..{v['size'] - 1})"
+    return None
+
+
 JOB_STATES = ("waiting", "running", "suspending", "suspended", "resuming", "migrating", "held",
               "exited", "failed", "killed", "lost")
 FINAL_STATES = ("exited", "failed", "killed", "lost")
@@ -173,6 +196,8 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "gpu": (_optional(_gpu_index), False),      # pin to this GPU; None: gmuxd places the job
         # The script restores itself from GMUX_RESTORE (explicit mode), so it can move to another process.
         "migratable": (_bool, False),
+        # one rank of a torch.distributed job: gmuxd gives each rank a GPU of its own and acts on all ranks at once
+        "gang": (_optional(_gang), False),
     },
     # --- a job about itself ---
     "report": {**_AUTH, "report": (_free_map, True), "state": (_one_of("running", "suspended", "waiting"), False),
@@ -205,6 +230,9 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "mem": (_optional(_nonneg_int), False),
         "gpus": (lambda v: _int(v, 1, 64), False),
         "gpu": (_optional(_gpu_index), False),
+        # gmuxd starts this many ranks of a gang (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT in their env)
+        "ranks": (lambda v: _int(v, 1, 64), False),
+        "hook": (_bool, False),   # false: the script attach()es itself (gmux-launch --no-hook)
     },
     "decisions": {"admin": (lambda v: _str(v, 128), True), "limit": (_nonneg_int, False)},
     "shutdown": {"admin": (lambda v: _str(v, 128), True), "kill_jobs": (_bool, False)},

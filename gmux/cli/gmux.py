@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     for name, helptext in (("suspend", "suspend a job at its next boundary and keep it suspended"),
                            ("resume", "let a suspended job run again in its turn"),
                            ("kill", "kill a job (SIGKILL); its share of the GPU is freed")):
+        helptext += " (a gang rank: every rank of its gang)"
         s = sub.add_parser(name, help=helptext)
         s.add_argument("job")
     s = sub.add_parser("migrate", help="move a job to another GPU at its next boundary")
@@ -49,6 +50,11 @@ def main(argv=None) -> int:
     s.add_argument("--weight", type=float, default=1.0)
     s.add_argument("--name")
     s.add_argument("--gpu", type=int, help="run on this GPU (default: gmuxd places the job)")
+    s.add_argument("--gpus", type=int, default=1, help="GPUs the process uses, given to it exclusively (default 1)")
+    s.add_argument("--ranks", type=int, help="start N ranks of a torch.distributed job, each on a GPU of its own, "
+                                             "with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set")
+    s.add_argument("--no-hook", dest="hook", action="store_false",
+                   help="the script calls gmux.job.attach() itself (explicit mode: it can be moved between GPUs)")
     s.add_argument("argv", nargs=argparse.REMAINDER)
     s = sub.add_parser("decisions", help="time-slicing, packing and migration decisions, with their numbers")
     s.add_argument("--limit", type=int, default=50)
@@ -96,10 +102,19 @@ def run(a) -> int:
             raise GmuxError("give the command after --, e.g. gmux submit -- python train.py")
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "USER", "LANG")
                or k.startswith(("OMP_", "MKL_", "TORCH_", "GMUX_"))}
+        if a.gpus < 1 or (a.ranks is not None and a.ranks < 1):
+            raise GmuxError((f"--gpus {a.gpus}" if a.gpus < 1 else f"--ranks {a.ranks}") + ": must be at least 1")
+        fields = {"ranks": a.ranks} if a.ranks is not None else {}
+        if not a.hook:
+            fields["hook"] = False
         data = c.call("submit", argv=argv, cwd=os.getcwd(), env=env, name=a.name, weight=a.weight, mem=a.mem,
-                      gpu=a.gpu)
-        _print(data, a.json, f"submitted {data['job']} on GPU {data['gpu']} (pid {data['pid']}); "
-                             f"logs: gmux logs {data['job']}")
+                      gpu=a.gpu, gpus=a.gpus, **fields)
+        where = "waiting for a GPU" if data["gpu"] is None else f"on GPU {data['gpu']}"
+        if "gang" in data:
+            _print(data, a.json, f"submitted gang {data['gang']}: ranks {', '.join(data['jobs'])} (pids "
+                                 f"{', '.join(map(str, data['pids']))}); logs: gmux logs JOB")
+        else:
+            _print(data, a.json, f"submitted {data['job']} {where} (pid {data['pid']}); logs: gmux logs {data['job']}")
         return 0
     if a.cmd == "decisions":
         data = c.call("decisions", limit=a.limit)

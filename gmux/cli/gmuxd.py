@@ -23,6 +23,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-pack", dest="pack", action="store_false", help="never pack jobs; only time-slice")
     p.add_argument("--pack-margin", type=float, default=0.1, help="keep a pack if sum of packed/solo rates > 1+margin")
     p.add_argument("--pack-window", type=float, default=5.0, help="seconds of packed measurement before judging")
+    p.add_argument("--pack-recheck", type=float, default=15.0,
+                   help="seconds a kept pack runs together before it is measured again (default 15)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (127.0.0.1)")
     p.add_argument("--scheduler", help="cluster mode: gmux-scheduler's tcp://HOST:PORT (needs --keys and --name)")
     p.add_argument("--keys", help="cluster mode: the cluster's key directory (gmux keys)")
@@ -39,7 +41,7 @@ def main(argv=None) -> int:
     try:
         daemon = Daemon(RuntimeDir(a.runtime_dir), gpus,
                         Options(quantum=a.quantum, host_budget=a.host_budget, pack=a.pack, margin=a.pack_margin,
-                                window=a.pack_window, metrics_port=a.metrics_port))
+                                window=a.pack_window, recheck=a.pack_recheck, metrics_port=a.metrics_port))
     except (RuntimeError, PermissionError, OSError) as e:
         print(f"gmuxd: {e}", file=sys.stderr)
         return 1

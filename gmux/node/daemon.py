@@ -13,14 +13,16 @@ import itertools
 import logging
 import os
 import secrets
+import socket
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import zmq
 
 from gmux import protocol
+from gmux.node.admission import Admission, Refused
 from gmux.node.inventory import Gpu, format_size
 from gmux.node.jobs import Job, alive, proc_starttime
 from gmux.node.packer import Packer, Rates
@@ -37,8 +39,17 @@ FLUSH_EVERY_S = 2.0     # how often measurements are written to SQLite
 SOLO_MIN_SPAN_S = 1.5   # a solo rate needs at least this much measured residency
 
 
-class Refused(Exception):
-    """A valid message the daemon will not carry out; the text goes back to the sender."""
+@dataclass
+class Waiter:
+    """A request whose reply waits for jobs to acknowledge (a gang's suspend waits for every rank)."""
+    identity: bytes
+    msg_id: int
+    kind: str
+    t0: float
+    job: str                  # the job the request named
+    jobs: tuple               # every job acknowledging
+    left: set = field(default_factory=set)
+    done: bool = False
 
 
 @dataclass
@@ -49,10 +60,11 @@ class Options:
     margin: float = 0.1
     window: float = 5.0
     retry_after: float = 300.0
+    recheck: float = 15.0             # a kept pack is measured again this often (seconds)
     metrics_port: Optional[int] = None
 
 
-class Daemon:
+class Daemon(Admission):
     def __init__(self, rundir: RuntimeDir, gpus: list[Gpu], options: Optional[Options] = None):
         self.rundir = rundir
         self.gpus = {g.index: g for g in gpus}
@@ -64,12 +76,17 @@ class Daemon:
         self.sup = Supervisor(rundir)
         self.jobs: dict[str, Job] = {}
         self.slicers = {g.index: Slicer(g.index, g.mem_total, self.opt.quantum) for g in gpus}
-        self.packers = {g.index: Packer(self.opt.margin, self.opt.window, self.opt.retry_after, self.opt.pack)
-                        for g in gpus}
+        self.packers = {g.index: Packer(self.opt.margin, self.opt.window, self.opt.retry_after, self.opt.pack,
+                                        recheck=self.opt.recheck) for g in gpus}
+        self.queue: list[str] = []            # admitted jobs without a GPU yet, in arrival order
+        self.reserved: dict[int, str] = {}    # GPU -> the waiting multi-GPU job or gang it is being freed for
+        self.defrag: Optional[dict] = None    # the defragmentation under way: unit, GPUs, moves, started at
+        self._defrag_next = 0.0
+        self._wait_why: dict[str, str] = {}   # unit -> why it waits (logged when it changes)
         # Command ids are unique across restarts (a late answer to the previous daemon's command is ignored).
         self._cmd_ids = itertools.count(int(time.time() * 1000) % (1 << 40) * 1000)
         self.inflight: dict[int, tuple[str, str, float]] = {}   # cmd -> (job, kind, sent at)
-        self.waiters: dict[str, list] = {}                      # job -> [(identity, msg id, kind, t0)]
+        self.waiters: dict[str, list[Waiter]] = {}              # job -> requests waiting on its acknowledgement
         self.decisions: deque = deque(maxlen=200)
         self.started = time.time()
         self.messages = 0
@@ -113,8 +130,13 @@ class Daemon:
             if ended is not None:
                 self._finish(job, *ended)
                 continue
+            job.registered = True   # alive: registered, or about to (re-registering is the same)
             if job.state == "migrating":
                 continue   # its process re-registers after re-executing
+            if job.gpu is None or (job.exclusive and not job.exclusive_gpus):
+                job.gpu = None
+                self.queue.append(job.id)
+                continue
             gpu = job.gpu if job.gpu in self.slicers else 0
             job.gpu = gpu
             resident = job.state in ("running", "suspending", "resuming")
@@ -219,9 +241,10 @@ class Daemon:
             if job.final:
                 raise Refused(f"register: job {job.id} has ended ({job.state}: {job.detail})")
             # A migrated (or spilled) job's process, back from re-executing itself. Its migrate result may
-            # still be on the way (another connection): the migration is complete either way.
+            # still be on the way (another connection): the migration is complete either way, and is counted
+            # here (its result, arriving later, finds no command in flight and is ignored).
             for cmd in [c for c, e in self.inflight.items() if e[0] == job.id]:
-                if self.inflight.pop(cmd)[1] == "migrate" and job.state != "migrating":
+                if self.inflight.pop(cmd)[1] == "migrate":
                     job.migrations += 1
             self._leave_gpu(job, now)
             self._wake(job.id, "migrate", True, 0.0)
@@ -229,45 +252,30 @@ class Daemon:
             job.gpu = job.target_gpu if job.target_gpu is not None else job.gpu
             job.target_gpu = None
         else:
-            mem = msg.get("mem")
             job = Job(self.store.next_job_id(), secrets.token_hex(16), msg.get("name") or "",
-                      list(msg["argv"]), msg.get("cwd", ""), weight=float(msg.get("weight", 1.0)), mem=mem)
-            job.gpu = self._place(job, msg.get("gpu"), msg.get("gpus", 1))
+                      list(msg["argv"]), msg.get("cwd", ""), weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"))
+            job.gpus_wanted, job.gang, job.pinned = msg.get("gpus", 1), msg.get("gang"), msg.get("gpu")
+            self._admit(job, "register")
             self.jobs[job.id] = job
         job.pid, job.starttime = msg["pid"], msg.get("starttime")
         job.migratable = bool(msg.get("migratable", False))
         job.identity = identity
+        job.registered = True
         job.state, job.started, job.detail = "waiting", False, ""
         job._step_offset = None   # a new process counts boundaries from 0
         job.host_bytes = 0        # a new process holds no suspended state
         job.start_window()
-        self.slicers[job.gpu].add(job.id, job.weight, job.working_set(), now, used=job.gpu_seconds)
-        if job.held:
-            self.slicers[job.gpu].hold(job.id)
+        if job.gpu is None:
+            self._enqueue(job)
+        else:
+            self.slicers[job.gpu].add(job.id, job.weight, job.working_set(), now, used=job.gpu_seconds)
+            if job.held:
+                self.slicers[job.gpu].hold(job.id)
         self.store.save(job)
-        log.info("admitted %s on GPU %d (weight %g, mem %s)", job.id, job.gpu, job.weight,
+        log.info("admitted %s on GPU %s (weight %g, mem %s)", job.id, job.gpu, job.weight,
                  format_size(job.working_set()))
-        return {"job": job.id, "token": job.token, "gpu": job.gpu, "env": self.gpus[job.gpu].env()}
-
-    def _place(self, job: Job, pinned: Optional[int] = None, gpus: int = 1) -> int:
-        if gpus != 1:
-            raise Refused(f"the job asks for {gpus} GPUs; gmuxd places single-GPU jobs only so far "
-                          f"(run one job per GPU, or give --gpus 1)")
-        need = job.working_set() or 0
-        if pinned is not None:
-            if pinned not in self.gpus:
-                raise Refused(f"no GPU {pinned}; this machine has {', '.join(map(str, sorted(self.gpus)))}")
-            if self.gpus[pinned].mem_total < need:
-                raise Refused(f"the job needs {format_size(need)}, GPU {pinned} has "
-                              f"{format_size(self.gpus[pinned].mem_total)}")
-            return pinned
-        fitting = [g for g in self.gpus.values() if g.mem_total >= need]
-        if not fitting:
-            biggest = max(g.mem_total for g in self.gpus.values())
-            raise Refused(f"register: the job needs {format_size(need)} but the largest GPU has "
-                          f"{format_size(biggest)}; lower --mem or add a bigger GPU")
-        load = {g.index: sum(self.jobs[j].weight for j in self.slicers[g.index].entries) for g in fitting}
-        return min(fitting, key=lambda g: (load[g.index], g.index)).index
+        return {"job": job.id, "token": job.token, "gpu": job.gpu,
+                "env": self._env(job) if job.gpu is not None else {}}
 
     def _on_report(self, msg, identity):
         job = self._job(msg, identity)
@@ -359,11 +367,14 @@ class Daemon:
             entry = self.slicers[j["gpu"]].entries.get(j["id"]) if j["gpu"] in self.slicers else None
             j["vtime"] = entry.vtime(now) if entry else None
         gpus = []
+        owner = {g: j.id for j in self.jobs.values() if not j.final for g in j.exclusive_gpus}
         for g in self.gpus.values():
             s = self.slicers[g.index]
             gpus.append({"index": g.index, "name": g.name, "virtual": g.virtual, "mem_total": g.mem_total,
-                         "mem_used": g.mem_used, "jobs": sorted(s.entries), "resident": sorted(s.resident),
+                         "mem_used": g.mem_used,
+                         "jobs": sorted(set(s.entries) | ({owner[g.index]} if g.index in owner else set())), "resident": sorted(s.resident),
                          "packs": [sorted(p) for p in s.packs], "switches": s.switches,
+                         "owner": owner.get(g.index), "reserved": self.reserved.get(g.index),
                          "resident_mem": sum(self.jobs[j].working_set() or 0 for j in s.resident)})
         return {"jobs": jobs, "gpus": gpus, "decisions": list(self.decisions)[-20:],
                 "daemon": {"pid": os.getpid(), "uptime": time.time() - self.started, "messages": self.messages,
@@ -381,33 +392,63 @@ class Daemon:
 
     def _on_suspend(self, msg, identity):
         job = self._target(msg)
-        job.held = True
-        slicer = self.slicers[job.gpu]
-        slicer.hold(job.id)
-        if job.id in slicer.resident or slicer.pending.get(job.id) == "resume":
-            return self._defer(job.id, "suspend", identity, msg.id)
-        return {"job": job.id, "state": "held", "latency_s": 0.0}
+        unit = self._unit_of(job)   # a gang's ranks suspend together (at one boundary: gmux.job.gang)
+        hooked = [m.id for m in unit if job.gang and m.registered and not m.migratable]
+        if hooked:
+            # Each rank would stop at its own optimizer step while its peers wait in the next collective.
+            raise Refused(f"suspend: gang {job.gang['id']} has ranks in transparent mode ({', '.join(hooked)}), "
+                          f"which cannot agree on a boundary to stop at; run the ranks with --no-hook and "
+                          f"gmux.job.gang.GangController to make the gang suspendable")
+        busy = []
+        for m in unit:
+            m.held = True
+            if m.gpu is None:
+                continue          # still queued: nothing runs
+            slicer = self.slicers[m.gpu]
+            slicer.hold(m.id)
+            if m.id in slicer.resident or slicer.pending.get(m.id) == "resume":
+                busy.append(m.id)
+        if busy:
+            return self._defer(busy, "suspend", identity, msg.id, job.id)
+        return {"job": job.id, "state": "held", "latency_s": 0.0, "jobs": [m.id for m in unit]}
 
     def _on_resume(self, msg, identity):
         job = self._target(msg)
-        job.held = False
-        self.slicers[job.gpu].release(job.id)
-        return {"job": job.id, "state": "runnable: runs in its turn on GPU %d" % job.gpu}
+        unit = self._unit_of(job)
+        for m in unit:
+            m.held = False
+            if m.gpu is not None:
+                self.slicers[m.gpu].release(m.id)
+        where = "waits for a GPU" if job.gpu is None else f"runs in its turn on GPU {job.gpu}"
+        return {"job": job.id, "state": f"runnable: {where}", "jobs": [m.id for m in unit]}
 
     def _on_kill(self, msg, identity):
         job = self._target(msg)
-        job.kill_requested = True
-        if not self.sup.kill(job):
-            self._finish(job, "killed", None, "killed by gmux kill")
-        return {"job": job.id, "signal": "SIGKILL"}
+        unit = self._unit_of(job)
+        for m in unit:
+            m.kill_requested = True
+            if not self.sup.kill(m):
+                self._finish(m, "killed", None, "killed by gmux kill")
+        return {"job": job.id, "signal": "SIGKILL", "jobs": [m.id for m in unit]}
 
     def _on_migrate(self, msg, identity):
         job = self._target(msg)
         gpu = msg["gpu"]
         if gpu not in self.gpus:
             raise Refused(f"migrate: no GPU {gpu}; this machine has {', '.join(map(str, sorted(self.gpus)))}")
+        if job.gang:
+            raise Refused(f"migrate: {job.id} is rank {job.gang['rank']} of gang {job.gang['id']}: moving a rank "
+                          f"means rebuilding the ranks' process group on the new GPU, which gmuxd does not do; "
+                          f"kill the gang and start it again to place it anew")
+        if job.exclusive:
+            raise Refused(f"migrate: {job.id} holds GPUs {','.join(map(str, job.exclusive_gpus))} to itself "
+                          f"(it asked for {job.gpus_wanted}); gmux migrate moves single-GPU jobs")
+        if job.gpu is None:
+            raise Refused(f"migrate: {job.id} waits for a GPU and has none to move from")
         if gpu == job.gpu:
             raise Refused(f"migrate: {job.id} is already on GPU {gpu}")
+        if self.reserved.get(gpu) or any(gpu in j.exclusive_gpus for j in self.jobs.values() if not j.final):
+            raise Refused(f"migrate: GPU {gpu} is held (or being freed) for a multi-GPU job or gang")
         if not job.migratable and job.started:
             raise Refused(f"migrate: {job.id} runs an unmodified script (transparent mode), whose data position "
                           f"cannot be restored in a new process; run it with gmux-launch --no-hook and "
@@ -425,7 +466,10 @@ class Daemon:
             # Nothing has run yet: moving it is bookkeeping; it starts on the new GPU in its turn.
             self._leave_gpu(job, now)
             job.gpu = gpu
-            self.slicers[gpu].add(job.id, job.weight, job.working_set(), now, used=job.gpu_seconds)
+            if job.registered:   # else it joins the slicer when its process registers
+                self.slicers[gpu].add(job.id, job.weight, job.working_set(), now, used=job.gpu_seconds)
+                if job.held:
+                    self.slicers[gpu].hold(job.id)
             return {"job": job.id, "gpu": gpu, "moved": "before starting"}
         if job.id in slicer.pending:
             raise Refused(f"migrate: {job.id} is busy with a {slicer.pending[job.id]}; try again in a moment")
@@ -473,20 +517,50 @@ class Daemon:
 
     def _on_submit(self, msg, identity):
         self._admin(msg)
-        job = Job(self.store.next_job_id(), secrets.token_hex(16), msg.get("name") or "", list(msg["argv"]),
-                  msg["cwd"], weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"), managed=True,
-                  env=dict(msg.get("env") or {}))
-        job.gpu = self._place(job, msg.get("gpu"), msg.get("gpus", 1))
+        ranks = msg.get("ranks")
+        if ranks is not None and (msg.get("gpus", 1) != 1 or msg.get("gpu") is not None):
+            raise Refused("submit: --ranks N starts N single-GPU ranks placed by gmuxd; it takes neither --gpus "
+                          "(one process using N GPUs) nor --gpu")
+        env = dict(msg.get("env") or {})
+        if ranks is not None:
+            gang = msg.get("name") or f"gang{self.store.next_job_id()}"
+            if self._gang(gang):
+                raise Refused(f"submit: a gang named {gang} is running; choose another --name")
+            # torch.distributed's rendezvous for the ranks. Each rank sees only its own GPU (as device 0), so
+            # LOCAL_RANK is 0: the device index a script passes to torch.cuda.set_device.
+            env.update(WORLD_SIZE=str(ranks), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+            jobs = [self._new_submitted(msg, {**env, "RANK": str(r)}, f"{gang}-{r}",
+                                        gang={"id": gang, "rank": r, "size": ranks}) for r in range(ranks)]
+        else:
+            jobs = [self._new_submitted(msg, env, msg.get("name") or "")]
+        for job in jobs:
+            try:
+                job.pid = self.sup.spawn(job)
+            except OSError as e:
+                for other in jobs:
+                    self.sup.kill(other)
+                    self._finish(other, "failed", None, f"could not start: {e}")
+                raise Refused(f"submit: could not start {msg['argv'][0]!r}: {e}")
+            job.starttime = proc_starttime(job.pid)
+            if job.gpu is not None:
+                job.detail = "starting"
+            self.store.save(job)
+        first = jobs[0]
+        data = {"job": first.id, "gpu": first.gpu, "pid": first.pid, "log": self.rundir.log_file(first.id)}
+        if ranks is not None:
+            data.update(gang=first.gang["id"], jobs=[j.id for j in jobs], pids=[j.pid for j in jobs])
+        return data
+
+    def _new_submitted(self, msg, env: dict, name: str, gang: Optional[dict] = None) -> Job:
+        job = Job(self.store.next_job_id(), secrets.token_hex(16), name, list(msg["argv"]), msg["cwd"],
+                  weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"), managed=True, env=env)
+        job.gpus_wanted, job.gang, job.pinned = msg.get("gpus", 1), gang, msg.get("gpu")
+        job.hook = msg.get("hook", True)
+        self._admit(job, "submit")
         self.jobs[job.id] = job
-        try:
-            job.pid = self.sup.spawn(job)
-        except OSError as e:
-            self._finish(job, "failed", None, f"could not start: {e}")
-            raise Refused(f"submit: could not start {msg['argv'][0]!r}: {e}")
-        job.starttime = proc_starttime(job.pid)
-        job.detail = "starting"
-        self.store.save(job)
-        return {"job": job.id, "gpu": job.gpu, "pid": job.pid, "log": self.rundir.log_file(job.id)}
+        if job.gpu is None:
+            self._enqueue(job)
+        return job
 
     def _on_decisions(self, msg, identity):
         self._admin(msg)
@@ -511,20 +585,31 @@ class Daemon:
             job.outbox.append(frame)   # sent when the job's agent is next heard from (e.g. after a restart)
         return cmd
 
-    def _defer(self, job_id: str, kind: str, identity: bytes, msg_id: int):
-        self.waiters.setdefault(job_id, []).append((identity, msg_id, kind, time.monotonic()))
+    def _defer(self, jobs, kind: str, identity: bytes, msg_id: int, named: Optional[str] = None):
+        """The reply is sent once every job in `jobs` (one id, or a gang's) has acknowledged `kind`."""
+        jobs = (jobs,) if isinstance(jobs, str) else tuple(jobs)
+        w = Waiter(identity, msg_id, kind, time.monotonic(), named or jobs[0], jobs, set(jobs))
+        for j in jobs:
+            self.waiters.setdefault(j, []).append(w)
         return DEFERRED
 
     def _wake(self, job_id: str, kind: str, ok: bool, latency: float, error=None) -> None:
         waiting = self.waiters.get(job_id, [])
-        for w in [w for w in waiting if w[2] == kind]:
+        for w in [w for w in waiting if w.kind == kind]:
             waiting.remove(w)
-            identity, msg_id, _, t0 = w
-            if ok:
-                self._send(identity, protocol.reply(msg_id, True, data={
-                    "job": job_id, "kind": kind, "latency_s": time.monotonic() - t0, "job_latency_s": latency}))
-            else:
-                self._send(identity, protocol.error_reply(msg_id, f"{kind} of {job_id} failed: {error}"))
+            if w.done:
+                continue
+            if not ok:
+                w.done = True
+                self._send(w.identity, protocol.error_reply(w.msg_id, f"{kind} of {job_id} failed: {error}"))
+                continue
+            w.left.discard(job_id)
+            if not w.left:
+                w.done = True
+                data = {"job": w.job, "kind": kind, "latency_s": time.monotonic() - w.t0, "job_latency_s": latency}
+                if len(w.jobs) > 1:
+                    data["jobs"] = list(w.jobs)
+                self._send(w.identity, protocol.reply(w.msg_id, True, data=data))
 
     def _leave_gpu(self, job: Job, now: float) -> None:
         for gpu, slicer in self.slicers.items():
@@ -543,11 +628,28 @@ class Daemon:
         job.outbox.clear()
         for cmd in [c for c, e in self.inflight.items() if e[0] == job.id]:
             del self.inflight[cmd]
-        for identity, msg_id, kind, _ in self.waiters.pop(job.id, []):
-            self._send(identity, protocol.error_reply(msg_id, f"{kind}: job {job.id} ended ({state}: {detail})"))
+        for w in self.waiters.pop(job.id, []):
+            if not w.done:
+                w.done = True
+                self._send(w.identity, protocol.error_reply(w.msg_id, f"{w.kind}: job {job.id} ended ({state}: "
+                                                                      f"{detail})"))
+        if job.id in self.queue:
+            self.queue.remove(job.id)
         self.store.save(job)
+        where = (f"GPUs {','.join(map(str, job.exclusive_gpus))} are" if len(job.exclusive_gpus) > 1 else
+                 f"GPU {job.gpu} is" if job.exclusive else f"its share of GPU {job.gpu} is")
         self._decide(job.gpu, "end", [job.id], {"state": state, "status": status, "step": job.step},
-                     f"{job.id} {state}: {detail}; its share of GPU {job.gpu} is free")
+                     f"{job.id} {state}: {detail}; {where} free")
+        if job.gang and state != "exited" and not job.kill_requested:
+            # Its peers would wait in their next collective for a rank that is gone: end the gang with it.
+            peers = self._gang(job.gang["id"])
+            if peers:
+                self._decide(job.gpu, "gang", [p.id for p in peers], {"gang": job.gang["id"], "rank": job.gang["rank"]},
+                             f"rank {job.gang['rank']} of gang {job.gang['id']} ({job.id}) {state}: killing its "
+                             f"peers {', '.join(p.id for p in peers)}")
+            for p in peers:
+                if not self.sup.kill(p):
+                    self._finish(p, "killed", None, f"rank {job.gang['rank']} of its gang {state}")
 
     def _decide(self, gpu, kind, jobs, numbers, text) -> None:
         self.decisions.append(self.store.decide(gpu, kind, jobs, numbers, text))
@@ -564,15 +666,19 @@ class Daemon:
                     if ended is not None:
                         self._finish(job, *ended)
             self._expire_waiters(now)
+        self._admit_queue(now)
         for gpu, slicer in self.slicers.items():
             # A pack is tried only on solo rates measured over at least two residencies (one can be disturbed).
             rates = {j: Rates(self.jobs[j].rate_solo if self.jobs[j].solo_windows >= 2 else None,
                               self.jobs[j].rate_now, self.jobs[j].window_span()) for j in slicer.entries}
             for d in self.packers[gpu].step(slicer, rates, now):
                 self._decide(gpu, d.kind, d.jobs, d.numbers, d.text)
+                if d.kind == "recheck":   # measure the pack afresh: its rates from this instant on
+                    for j in d.jobs:
+                        self.jobs[j].start_window()
             for kind, job_id in slicer.tick(now):
                 job = self.jobs[job_id]
-                args = {"gpu": gpu, "env": self.gpus[gpu].env()} if kind == "resume" else {}
+                args = {"gpu": gpu, "env": self._env(job)} if kind == "resume" else {}
                 self.send_command(job, kind, args)
             self._spill(slicer)
         self._states()
@@ -587,7 +693,8 @@ class Daemon:
             return
         for job_id in sorted(slicer.entries, key=lambda j: -self.jobs[j].host_bytes):
             job = self.jobs[job_id]
-            if (job.host_bytes and job.migratable and job.started and job_id not in slicer.resident
+            # A gang rank is never spilled alone: its process would leave the gang's process group.
+            if (job.host_bytes and job.migratable and job.started and not job.gang and job_id not in slicer.resident
                     and job_id not in slicer.pending):
                 job.spilled = True
                 job.target_gpu = job.gpu
@@ -601,10 +708,13 @@ class Daemon:
 
     def _expire_waiters(self, now: float) -> None:
         for job_id, waiting in self.waiters.items():
-            for w in [w for w in waiting if now - w[3] > 120]:
+            for w in [w for w in waiting if now - w.t0 > 120]:
                 waiting.remove(w)
-                self._send(w[0], protocol.error_reply(w[1], f"{w[2]} of {job_id}: no acknowledgement in 120 s "
-                                                            f"(is the job stuck inside a mini-batch?)"))
+                if not w.done:
+                    w.done = True
+                    self._send(w.identity, protocol.error_reply(w.msg_id, f"{w.kind} of {job_id}: no acknowledgement "
+                                                                          f"in 120 s (is the job stuck inside a "
+                                                                          f"mini-batch?)"))
 
     def _states(self) -> None:
         for slicer in self.slicers.values():
@@ -632,6 +742,14 @@ class Daemon:
             self._last_flush = now
             self._sync_accounting(now)
             self.store.save_many(j for j in self.jobs.values() if not j.final)
+
+
+def _free_port() -> int:
+    """A loopback port free now (the ranks bind it when they start: another process could take it first, as
+    with torchrun's own choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 DEFERRED = object()   # a handler's answer that is sent later (when the job acknowledges)

@@ -70,4 +70,5 @@ for t in list(model.parameters()) + [opt.state[q]["momentum_buffer"] for q in mo
     h.update(t.detach().numpy().tobytes())
 with open(a.out, "w") as f:
     json.dump({"sha256": h.hexdigest(), "loss": float(loss.detach()) if loss is not None else None,
-               "steps": progress["step"], "pid": os.getpid(), "restored_at": restored_at}, f)
+               "steps": progress["step"], "pid": os.getpid(), "restored_at": restored_at,
+               "devices": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "GMUX_VIRTUAL_GPU")}}, f)

@@ -67,6 +67,19 @@ class Gpu:
         return {"CUDA_VISIBLE_DEVICES": self.uuid or str(self.index), "GMUX_GPU_MEM": str(self.mem_total)}
 
 
+def env_for(gpus: list) -> dict:
+    """What a job holding several GPUs gets: all of them, listed as CUDA_VISIBLE_DEVICES lists devices (a
+    virtual GPU list in GMUX_VIRTUAL_GPU), and the smallest one's memory as its per-GPU budget."""
+    if len(gpus) == 1:
+        return gpus[0].env()
+    env = {"GMUX_GPU_MEM": str(min(g.mem_total for g in gpus))}
+    if all(g.virtual for g in gpus):
+        env.update(CUDA_VISIBLE_DEVICES="", GMUX_VIRTUAL_GPU=",".join(str(g.index) for g in gpus))
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid or str(g.index) for g in gpus)
+    return env
+
+
 def nvml_gpus() -> list[Gpu]:
     """Real GPUs through NVML; [] when there is no driver or no GPU."""
     try:

@@ -14,7 +14,7 @@ from typing import Optional
 IDENTITY = ("id", "token", "name", "argv", "cwd", "pid", "starttime", "gpu", "weight", "mem", "state",
             "managed", "created", "detail", "exit_status")
 TRANSIENT = ("identity", "outbox", "kill_requested", "_window", "_solo_now", "_solo_hist", "_step_offset",
-             "last_report")
+             "last_report", "registered")
 
 
 @dataclass
@@ -35,6 +35,12 @@ class Job:
     detail: str = ""                   # what happened, in words (shown by gmux ps)
     exit_status: Optional[int] = None
     env: dict = field(default_factory=dict)  # extra environment of a submitted job
+    hook: bool = True                  # a submitted job runs with the transparent optimizer hook (False: it
+                                       # calls gmux.job.attach() itself, as gmux-launch --no-hook)
+    gpus_wanted: int = 1               # GPUs the process uses; more than one are given to it exclusively
+    gang: Optional[dict] = None        # {id, rank, size}: one rank of a torch.distributed job
+    pinned: Optional[int] = None       # the GPU the job was asked to run on (gmux-launch --gpu)
+    exclusive_gpus: list = field(default_factory=list)  # GPUs held exclusively (multi-GPU job, gang rank)
     # --- measurements (from the job's reports and the daemon's own clock) ---
     step: int = 0
     mem_boundary: Optional[int] = None
@@ -56,11 +62,17 @@ class Job:
     identity: Optional[bytes] = None   # ROUTER routing id of its agent, learned from its messages
     outbox: list = field(default_factory=list)    # commands waiting for the agent's routing id
     kill_requested: bool = False
+    registered: bool = False           # its process has registered (a submitted job's has not, at first)
     solo_windows: int = 0              # residencies the solo rate is measured over
     _window: list = field(default_factory=list)   # (t, step) samples of the current residency
     _solo_now: Optional[float] = None
     _step_offset: Optional[int] = None  # runtime step - agent boundary count (constant within one process)
     _solo_hist: list = field(default_factory=list)
+
+    @property
+    def exclusive(self) -> bool:
+        """Needs whole GPUs to itself: never time-sliced or packed with other jobs."""
+        return self.gpus_wanted > 1 or self.gang is not None
 
     @property
     def final(self) -> bool:

@@ -38,6 +38,7 @@ class LaunchOptions:
     token: Optional[str] = None
     restore: Optional[str] = None
     gpu: Optional[int] = None    # pin to this GPU
+    gang: Optional[dict] = None  # {id, rank, size}: one rank of a torch.distributed job
 
 
 def script_of(argv: list) -> tuple[str, str, list]:
@@ -67,7 +68,8 @@ def run(opt: LaunchOptions) -> int:
     try:
         reg = agent.register(pid=os.getpid(), starttime=my_starttime(), argv=list(opt.argv), cwd=os.getcwd(),
                              name=opt.name, weight=opt.weight, mem=opt.mem, gpus=opt.gpus,
-                             gpu=None if opt.job else opt.gpu, migratable=not opt.hook)
+                             gpu=None if opt.job else opt.gpu, migratable=not opt.hook,
+                             gang=None if opt.job else opt.gang)
     except Exception as e:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2

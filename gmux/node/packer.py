@@ -6,6 +6,10 @@ cores), so it is measured: each job's *solo* rate is measured while it has the G
 together for a window; the pack is kept only if packed_a/solo_a + packed_b/solo_b exceeds 1 by a margin
 (time-slicing the two gives exactly 1, minus switch costs). Otherwise the pair is unpacked, remembered as
 incompatible for a while, and time-sliced. Every decision returns its numbers for the log.
+
+A kept pack is judged again every `recheck` seconds it has run together (the jobs change phase; a neighbour
+may start to saturate the device): the daemon restarts both jobs' rate windows ("recheck") and the same rule
+decides after a window whether the pack stays or is undone.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ class Rates:
 
 @dataclass
 class Decision:
-    kind: str                   # "trial", "keep", "unpack"
+    kind: str                   # "trial", "keep", "unpack", "recheck" (measure a kept pack again)
     jobs: list
     numbers: dict
     text: str
@@ -38,17 +42,26 @@ class Packer:
     window: float = 5.0         # seconds of packed measurement before judging
     retry_after: float = 300.0  # an unpacked pair is not tried again for this long
     enabled: bool = True
+    recheck: float = 15.0       # seconds a kept pack runs together before it is measured again
     trial: Optional[frozenset] = None
     trial_start: Optional[float] = None
     rejected: dict = field(default_factory=dict)   # frozenset pair -> time of rejection
     kept: set = field(default_factory=set)
+    together: dict = field(default_factory=dict)   # kept pair -> seconds run together since last judged
+    _seen: Optional[float] = None                  # when step() last ran (to count time run together)
 
     def step(self, slicer: Slicer, rates: dict[str, Rates], now: float) -> list[Decision]:
         """Judge a running trial, or start one. Mutates the slicer's packs; returns the decisions taken."""
         if not self.enabled:
             return []
+        last, self._seen = self._seen, now
         if self.trial is not None:
             return self._judge(slicer, rates, now)
+        for pair in sorted(self.kept, key=sorted):
+            if pair == slicer.current == slicer.resident and pair in slicer.packs and last is not None:
+                self.together[pair] = self.together.get(pair, 0.0) + (now - last)
+            if self.together.get(pair, 0.0) >= self.recheck:
+                return self._recheck(slicer, pair, rates)
         pair = self._candidate(slicer, rates, now)
         if pair is None:
             return []
@@ -61,6 +74,14 @@ class Packer:
                          f"GPU {slicer.gpu}: trying {a}+{b} packed (solo {rates[a].solo:.2f} and "
                          f"{rates[b].solo:.2f} mini-batches/s; {format_size(sum(mem.values()))} of "
                          f"{format_size(slicer.mem_total)})")]
+
+    def _recheck(self, slicer: Slicer, pair: frozenset, rates: dict[str, Rates]) -> list[Decision]:
+        a, b = sorted(pair)
+        self.trial, self.trial_start = pair, None
+        self.together[pair] = 0.0
+        return [Decision("recheck", [a, b], {"solo": {j: rates[j].solo if j in rates else None for j in (a, b)},
+                                             "after_s": self.recheck},
+                         f"GPU {slicer.gpu}: measuring kept pack {a}+{b} again after {self.recheck:g} s together")]
 
     def _candidate(self, slicer: Slicer, rates: dict[str, Rates], now: float) -> Optional[frozenset]:
         packed = set().union(*slicer.packs) if slicer.packs else set()
@@ -100,16 +121,24 @@ class Packer:
         numbers = {"solo": solo, "packed": packed, "normalised": norm, "sum": total, "margin": self.margin,
                    "window_s": now - self.trial_start}
         detail = (f"{a} {packed[a]:.2f}/{solo[a]:.2f} + {b} {packed[b]:.2f}/{solo[b]:.2f} = {total:.2f}")
+        again = pair in self.kept
+        numbers["recheck"] = again
         if total > 1 + self.margin:
             self.kept.add(pair)
+            self.together[pair] = 0.0
             return [Decision("keep", [a, b], numbers,
-                             f"GPU {slicer.gpu}: keeping {a}+{b} packed: {detail} > 1 + {self.margin}")]
+                             f"GPU {slicer.gpu}: {'still ' if again else ''}keeping {a}+{b} packed: {detail} "
+                             f"> 1 + {self.margin}")]
         slicer.unpack(pair)
+        self.kept.discard(pair)
+        self.together.pop(pair, None)
         self.rejected[pair] = now
+        what = "the kept pack stopped gaining" if again else "time-slicing instead"
         return [Decision("unpack", [a, b], numbers,
-                         f"GPU {slicer.gpu}: unpacking {a}+{b}, time-slicing instead: {detail} <= 1 + {self.margin}")]
+                         f"GPU {slicer.gpu}: unpacking {a}+{b}, {what}: {detail} <= 1 + {self.margin}")]
 
     def forget(self, job: str) -> None:
         if self.trial is not None and job in self.trial:
             self.trial = None
         self.kept = {p for p in self.kept if job not in p}
+        self.together = {p: t for p, t in self.together.items() if job not in p}

@@ -26,8 +26,8 @@ class Supervisor:
         self.children: dict[int, subprocess.Popen] = {}
 
     def spawn(self, job: Job) -> int:
-        cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root,
-               "--job", job.id, "--", *job.argv]
+        cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root, "--job", job.id,
+               *([] if job.hook else ["--no-hook"]), "--", *job.argv]
         # The token travels in the environment, not on the command line that `ps` shows to everyone.
         env = {**os.environ, **job.env, "GMUX_RUNTIME_DIR": self.rundir.root, "GMUX_JOB_TOKEN": job.token}
         with open(self.rundir.log_file(job.id), "ab") as log:

@@ -16,7 +16,10 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
                 "SUSPENDS (s)", "HOST", "WHAT HAPPENED"):
         t.add_column(col, overflow="fold")
     for j in ps["jobs"]:
-        t.add_row(j["id"], j.get("name") or "", str(j.get("gpu")), j["state"] + (" (held)" if j.get("held") else ""),
+        gang = j.get("gang")
+        name = (j.get("name") or "") + (f" (gang {gang['id']} {gang['rank']}/{gang['size']})" if gang else "")
+        gpu = ",".join(map(str, j["exclusive_gpus"])) + " (own)" if j.get("exclusive_gpus") else str(j.get("gpu"))
+        t.add_row(j["id"], name, gpu, j["state"] + (" (held)" if j.get("held") else ""),
                   str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
                   f"{format_size(j.get('mem_boundary'))}/{format_size(j.get('mem_peak'))}",
                   f"{j.get('gpu_seconds', 0):.1f}", f"{j.get('suspends', 0)} ({j.get('suspend_seconds', 0):.2f})",
@@ -26,10 +29,10 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
 
 def gpus_table(ps: dict) -> Table:
     t = Table(title="GPUs", title_justify="left")
-    for col in ("GPU", "KIND", "MEMORY", "JOBS", "RESIDENT", "PACKS", "SWITCHES"):
+    for col in ("GPU", "KIND", "MEMORY", "JOBS", "RESIDENT", "PACKS", "SWITCHES", "HELD BY"):
         t.add_column(col)
     for g in ps["gpus"]:
         t.add_row(str(g["index"]), "virtual" if g["virtual"] else g["name"], format_size(g["mem_total"]),
                   ",".join(g["jobs"]), ",".join(g["resident"]), " ".join("+".join(p) for p in g["packs"]),
-                  str(g["switches"]))
+                  str(g["switches"]), g.get("owner") or (f"(freeing for {g['reserved']})" if g.get("reserved") else ""))
     return t

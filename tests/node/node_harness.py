@@ -7,12 +7,19 @@ import signal
 import subprocess
 import time
 
+import msgpack
 import pytest
 
+from gmux import protocol
 from gmux.node.client import Client, GmuxError
+from gmux.node.daemon import Daemon, Options
+from gmux.node.inventory import Gpu
+from gmux.node.paths import RuntimeDir
 
 from gmux_testkit import PY, ROOT, TRAIN, env  # noqa: F401 (re-exported to the tests of this folder)
 
+
+GiB = 1 << 30
 
 
 class Node:
@@ -124,3 +131,48 @@ def node_factory(tmp_path):
 def result(path) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+# --- a daemon in this process (its socket real, its replies captured): fast tests of message handling ---
+@pytest.fixture
+def daemon_factory(tmp_path):
+    """make(sizes) -> a Daemon on virtual GPUs of these sizes whose sends are recorded in d.sent."""
+    made = []
+    # Jobs registered here carry the pid of a throwaway process: a fuzzed "kill" must never hit pytest itself.
+    stand_in = subprocess.Popen(["sleep", "600"])
+
+    def make(sizes=(16 * GiB, 16 * GiB), root=None, **options):
+        """root: a runtime dir used before (a restarted daemon)."""
+        d = Daemon(RuntimeDir(root or str(tmp_path / f"rt{len(made)}")),
+                   [Gpu(i, "virtual", size, True) for i, size in enumerate(sizes)], Options(quantum=1.0, **options))
+        d.sent = []
+        d._send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True
+        d.stand_in_pid = stand_in.pid
+        made.append(d)
+        return d
+    yield make
+    for d in made:
+        d.close()
+    stand_in.kill()
+    stand_in.wait()
+
+
+@pytest.fixture
+def daemon(daemon_factory):
+    return daemon_factory()
+
+
+def ask(d, mtype, identity=b"c", **fields):
+    d.sent.clear()
+    d._receive(identity, [protocol.encode(mtype, 5, **fields)])
+    replies = [m for i, m in d.sent if m["type"] == "reply" and i == identity]
+    assert len(replies) <= 1
+    return replies[0] if replies else None
+
+
+def register(d, identity=b"job-a", **kw):
+    r = ask(d, "register", identity, pid=d.stand_in_pid, argv=["python", "t.py"], **kw)
+    assert r["ok"], r
+    return r["data"]
+
+

@@ -4,13 +4,11 @@ The daemon runs in this process (its socket is real, in a private runtime dir) a
 so thousands of generated messages go through the real decode -> validate -> handle path quickly.
 """
 import os
-import subprocess
 import stat
 import threading
 import time
 
 import msgpack
-import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -18,37 +16,7 @@ from gmux import protocol
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import Gpu
 from gmux.node.paths import RuntimeDir
-
-GiB = 1 << 30
-
-
-@pytest.fixture
-def daemon(tmp_path):
-    # Jobs registered here carry the pid of a throwaway process: a fuzzed "kill" must never hit pytest itself.
-    stand_in = subprocess.Popen(["sleep", "600"])
-    d = Daemon(RuntimeDir(str(tmp_path / "rt")), [Gpu(0, "virtual", 16 * GiB, True), Gpu(1, "virtual", 16 * GiB, True)],
-               Options(quantum=1.0))
-    d.sent = []
-    d._send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True
-    d.stand_in_pid = stand_in.pid
-    yield d
-    d.close()
-    stand_in.kill()
-    stand_in.wait()
-
-
-def ask(d, mtype, identity=b"c", **fields):
-    d.sent.clear()
-    d._receive(identity, [protocol.encode(mtype, 5, **fields)])
-    replies = [m for i, m in d.sent if m["type"] == "reply" and i == identity]
-    assert len(replies) <= 1
-    return replies[0] if replies else None
-
-
-def register(d, identity=b"job-a", **kw):
-    r = ask(d, "register", identity, pid=d.stand_in_pid, argv=["python", "t.py"], **kw)
-    assert r["ok"], r
-    return r["data"]
+from node_harness import GiB, ask, register
 
 
 def test_private_runtime_dir_and_socket(daemon):

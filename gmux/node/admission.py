@@ -1,0 +1,257 @@
+"""gmuxd's admission and placement: which GPU a new job gets, whole GPUs for multi-GPU jobs and gangs (held
+exclusively), the queue of jobs waiting for GPUs, and defragmentation (moving single-GPU jobs to free whole GPUs).
+
+A part of the daemon (a mixin of `Daemon`, sharing its tables); the decisions themselves are the pure functions
+of gmux.node.placement. A single-GPU job is placed at once when a GPU can take it. A multi-GPU job, and a gang's
+ranks, wait in the queue until enough whole GPUs are free; each tick tries the queue again and, if GPUs are
+missing, plans moves of movable jobs, reserves the GPUs being freed (no new job lands on them) and logs the plan
+with its numbers. A gang's ranks are one unit: placed together, suspended, resumed and killed together.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+
+from gmux.node import placement
+from gmux.node.inventory import env_for, format_size
+from gmux.node.jobs import Job
+
+log = logging.getLogger("gmux.daemon")
+
+DEFRAG_RETRY_S = 2.0    # a defragmentation that has not freed its GPUs is planned again after this long
+
+
+class Refused(Exception):
+    """A valid message the daemon will not carry out; the text goes back to the sender."""
+
+
+class Admission:
+    def _admit(self, job: Job, what: str) -> None:
+        """Refuses what this machine can never run; otherwise places a single-GPU job now if a GPU can take it,
+        or leaves job.gpu None: the job waits in the queue (multi-GPU jobs and gang ranks always start there)."""
+        need = job.working_set() or 0
+        pinned, n = job.pinned, len(self.gpus)
+        here = ", ".join(map(str, sorted(self.gpus)))
+        if pinned is not None and pinned not in self.gpus:
+            raise Refused(f"{what}: no GPU {pinned}; this machine has {here}")
+        if job.gpus_wanted > n:
+            raise Refused(f"{what}: the job asks for {job.gpus_wanted} GPUs; this machine has {n} ({here})")
+        if job.gpus_wanted > 1 and job.gang is not None:
+            raise Refused(f"{what}: a gang rank uses one GPU; give --gpus 1 (or leave it out) with --gang")
+        if job.gpus_wanted > 1 and pinned is not None:
+            raise Refused(f"{what}: --gpu pins a single-GPU job or a gang rank; a job asking for "
+                          f"{job.gpus_wanted} GPUs is given them by gmuxd")
+        fitting = [g for g in self.gpus.values() if g.mem_total >= need]
+        if pinned is not None and self.gpus[pinned].mem_total < need:
+            raise Refused(f"{what}: the job needs {format_size(need)}, GPU {pinned} has "
+                          f"{format_size(self.gpus[pinned].mem_total)}")
+        if not fitting:
+            biggest = max(g.mem_total for g in self.gpus.values())
+            raise Refused(f"{what}: the job needs {format_size(need)} but the largest GPU has "
+                          f"{format_size(biggest)}; lower --mem or add a bigger GPU")
+        if len(fitting) < job.gpus_wanted:
+            raise Refused(f"{what}: the job asks for {job.gpus_wanted} GPUs of {format_size(need)}; only "
+                          f"{len(fitting)} of this machine's GPUs are that big")
+        if job.gang is not None:
+            self._join_gang(job, what, len(fitting))
+        job.gpu = None
+        if not job.exclusive:
+            job.gpu = placement.single_gpu(self._views(), need, pinned, keep_free=self._exclusive_waiting())
+
+    def _join_gang(self, job: Job, what: str, fitting: int) -> None:
+        g = job.gang
+        peers = self._gang(g["id"])
+        if peers:
+            first = peers[0]
+            if first.gang["size"] != g["size"]:
+                raise Refused(f"{what}: gang {g['id']} has {first.gang['size']} ranks (so said rank "
+                              f"{first.gang['rank']}, {first.id}); this rank says {g['size']}")
+            same = [p for p in peers if p.gang["rank"] == g["rank"]]
+            if same:
+                raise Refused(f"{what}: rank {g['rank']} of gang {g['id']} is already registered ({same[0].id})")
+            if job.pinned is not None and any(p.pinned == job.pinned for p in peers):
+                other = next(p for p in peers if p.pinned == job.pinned)
+                raise Refused(f"{what}: rank {g['rank']} of gang {g['id']} is pinned to GPU {job.pinned}, as is "
+                              f"rank {other.gang['rank']} ({other.id}): each rank needs a GPU of its own")
+        if job.pinned is None and g["size"] > fitting:
+            raise Refused(f"{what}: gang {g['id']} has {g['size']} ranks and this machine {fitting} GPUs that "
+                          f"hold one: each rank needs a GPU of its own (ranks of a gang spanning machines are "
+                          f"pinned with --gpu)")
+
+    def _gang(self, gang_id: str) -> list[Job]:
+        return sorted((j for j in self.jobs.values() if not j.final and j.gang and j.gang["id"] == gang_id),
+                      key=lambda j: j.gang["rank"])
+
+    def _unit_of(self, job: Job) -> list[Job]:
+        """The jobs acted on together: every live rank of a gang, or the job alone."""
+        return self._gang(job.gang["id"]) if job.gang else [job]
+
+    def _env(self, job: Job) -> dict:
+        return env_for([self.gpus[g] for g in job.exclusive_gpus] or [self.gpus[job.gpu]])
+
+    def _enqueue(self, job: Job) -> None:
+        if job.id not in self.queue:
+            self.queue.append(job.id)
+        job.state = "waiting"
+        job.detail = ("waiting for its gang's ranks and whole GPUs" if job.gang else
+                      f"waiting for {job.gpus_wanted} GPUs to itself" if job.exclusive else
+                      "waiting: every GPU it fits is held by a multi-GPU job or gang")
+
+    def _exclusive_waiting(self) -> bool:
+        return any(self.jobs[j].exclusive for j in self.queue)
+
+    def _views(self) -> list:
+        """The GPUs as the placement functions see them: who holds each exclusively, and which single-GPU
+        jobs are on it (a moving job counts on its destination, and on its source until it has left)."""
+        owner = {g: j.id for j in self.jobs.values() if not j.final for g in j.exclusive_gpus}
+        occupants: dict[int, list] = {g: [] for g in self.gpus}
+        for j in self.jobs.values():
+            if j.final or j.exclusive:
+                continue
+            where = set()
+            if j.target_gpu is not None:
+                where.add(j.target_gpu)
+            if j.gpu is not None and (j.id in self.slicers[j.gpu].entries or not j.registered):
+                where.add(j.gpu)
+            why_not = ("it is moving now" if j.target_gpu is not None else
+                       f"pinned to GPU {j.pinned} with --gpu" if j.pinned is not None else
+                       "an unmodified script (transparent mode) cannot be restored in a new process"
+                       if j.started and not j.migratable else
+                       f"busy with a {self.slicers[j.gpu].pending[j.id]}"
+                       if j.gpu is not None and j.id in self.slicers[j.gpu].pending else "")
+            moved = (j.mem_boundary or j.working_set() or 0) if j.started else 0
+            for g in where:
+                occupants[g].append(placement.Occupant(j.id, j.working_set() or 0, moved, not why_not, why_not,
+                                                       j.weight))
+        return [placement.GpuView(i, g.mem_total, occupants[i], owner.get(i), self.reserved.get(i))
+                for i, g in sorted(self.gpus.items())]
+
+    def _units(self) -> list[tuple[str, list]]:
+        """Waiting multi-GPU jobs and gangs, in arrival order: (name, jobs). A gang's unpinned ranks are one
+        unit once all its ranks are known here; a rank pinned with --gpu (a cluster scheduler placed it, and its
+        gang may span machines) is placed alone, on its GPU."""
+        units, seen = [], set()
+        for job_id in self.queue:
+            job = self.jobs[job_id]
+            if not job.exclusive:
+                continue
+            if job.gang is None or job.pinned is not None:
+                units.append((job.id, [job]))
+                continue
+            name = "gang " + job.gang["id"]
+            if name in seen:
+                continue
+            seen.add(name)
+            ranks = self._gang(job.gang["id"])
+            if len(ranks) < job.gang["size"]:
+                for r in ranks:
+                    if r.gpu is None:
+                        r.detail = (f"waiting for gang {job.gang['id']}'s other ranks "
+                                    f"({len(ranks)} of {job.gang['size']} registered)")
+                continue
+            units.append((name, [r for r in ranks if r.id in self.queue and r.pinned is None]))
+        return units
+
+    def _admit_queue(self, now: float) -> None:
+        """Gives queued jobs their GPUs: single-GPU jobs wherever they fit, multi-GPU jobs and gangs whole GPUs
+        when enough are free; otherwise it defragments (moves single-GPU jobs) to free them."""
+        if not self.queue and not self.reserved:
+            return
+        units = self._units()
+        names = {u for u, _ in units}
+        self.reserved = {g: u for g, u in self.reserved.items() if u in names}
+        if self.defrag is not None and self.defrag["unit"] not in names:
+            self.defrag = None
+        views = self._views()
+        keep_free = self._exclusive_waiting()
+        for job_id in list(self.queue):
+            job = self.jobs[job_id]
+            if job.exclusive:
+                continue
+            gpu = placement.single_gpu(views, job.working_set() or 0, job.pinned, keep_free)
+            if gpu is not None:
+                self._grant([job], [gpu], now)
+                views = self._views()
+        for unit, members in units:
+            count = sum(m.gpus_wanted for m in members)
+            need = max(m.working_set() or 0 for m in members)
+            pinned = tuple(m.pinned for m in members if m.pinned is not None)
+            got = placement.whole_gpus(views, unit, count, need, pinned)
+            if got is not None:
+                self._grant(members, got, now)
+                self._decide(got[0], "exclusive", [m.id for m in members], {"gpus": got, "unit": unit},
+                             f"{unit} gets GPU{'s' if len(got) > 1 else ''} {','.join(map(str, got))} to itself")
+                self.reserved = {g: u for g, u in self.reserved.items() if u != unit}
+                if self.defrag is not None and self.defrag["unit"] == unit:
+                    self.defrag = None
+                self._wait_why.pop(unit, None)
+                views = self._views()
+            else:
+                self._defragment(unit, members, count, need, pinned, views, now)
+
+    def _grant(self, members: list, gpus: list, now: float) -> None:
+        """Each job gets its GPU (a multi-GPU job all of them); a registered one joins its GPU's slicer, which
+        starts it; a submitted one whose process has not registered yet joins it when it does."""
+        gpus = sorted(gpus)
+        i = 0
+        for job in members:
+            mine, i = gpus[i:i + job.gpus_wanted], i + job.gpus_wanted
+            job.gpu = mine[0]
+            job.exclusive_gpus = list(mine) if job.exclusive else []
+            if job.id in self.queue:
+                self.queue.remove(job.id)
+            job.detail = ""
+            if job.registered:
+                self.slicers[job.gpu].add(job.id, job.weight, job.working_set(), now, used=job.gpu_seconds)
+                if job.held:
+                    self.slicers[job.gpu].hold(job.id)
+            self.store.save(job)
+
+    def _defragment(self, unit: str, members: list, count: int, need: int, pinned: tuple, views: list,
+                    now: float) -> None:
+        if self.defrag is not None:
+            if self.defrag["unit"] != unit:
+                for m in members:
+                    m.detail = f"waiting for {count} GPUs to itself, after {self.defrag['unit']}"
+                return
+            moving = [mv.job for mv in self.defrag["moves"]
+                      if not self.jobs[mv.job].final and self.jobs[mv.job].target_gpu is not None]
+            if moving or now - self.defrag["t"] < DEFRAG_RETRY_S:
+                return
+            # The moves are over but the GPUs are not all free (a move was refused or failed, a job arrived):
+            # plan again from what is true now.
+            self.reserved = {g: u for g, u in self.reserved.items() if u != unit}
+            self.defrag = None
+            views = self._views()
+        if now < self._defrag_next:
+            return
+        self._defrag_next = now + DEFRAG_RETRY_S
+        plan, why = placement.plan_defrag(views, unit, count, need, pinned)
+        if plan is None:
+            for m in members:
+                m.detail = f"waiting for {count} GPUs to itself: {why}"[:300]
+            if self._wait_why.get(unit) != why:
+                self._wait_why[unit] = why
+                self._decide(None, "wait", [m.id for m in members], {"unit": unit, "gpus": count, "mem": need},
+                             f"{unit} waits for {count} GPUs to itself: {why}")
+            return
+        free = [v.index for v in views if v.index in plan.gpus and not v.occupants]
+        for g in plan.gpus:
+            self.reserved[g] = unit
+        self.defrag = {"unit": unit, "gpus": plan.gpus, "moves": plan.moves, "t": now}
+        self._wait_why.pop(unit, None)
+        moves = "; ".join(f"{m.job} GPU {m.src}->{m.dst} ({format_size(m.bytes)})" for m in plan.moves)
+        self._decide(None, "defrag", [m.job for m in plan.moves] + [m.id for m in members],
+                     {"unit": unit, "need": count, "mem": need, "free": free, "gpus": plan.gpus,
+                      "moves": [asdict(m) for m in plan.moves], "bytes": plan.bytes},
+                     f"defragmenting for {unit}: {count} whole GPUs needed, {len(free)} free; freeing GPUs "
+                     f"{','.join(map(str, plan.gpus))} by moving {len(plan.moves)} job(s), "
+                     f"{format_size(plan.bytes)} in all: {moves or 'nothing to move'}")
+        for m in members:
+            m.detail = f"waiting for {count} GPUs to itself: moving {len(plan.moves)} job(s) off GPUs " \
+                       f"{','.join(map(str, plan.gpus))}"
+        for mv in plan.moves:
+            try:
+                self._migrate(self.jobs[mv.job], mv.dst)
+            except Refused as e:   # busy this instant: the plan is made again if the GPUs do not come free
+                log.info("defrag: %s", e)

@@ -1,0 +1,118 @@
+"""End to end: multi-GPU jobs and gangs under a real gmuxd, with real job processes on virtual GPUs.
+
+A `--gpus 2` job gets two whole GPUs: gmuxd moves a movable job off one (defragmentation) and the moved job
+time-slices with another; a 2-rank gloo gang started by `gmux submit --ranks 2` is suspended and resumed as one
+by naming one rank; every job ends bit-identical to an uninterrupted run. Bad requests are refused by name.
+"""
+import json
+import os
+import socket
+import subprocess
+
+from node_harness import PY, ROOT, TRAIN, env, result
+
+STEPS = "3000"
+# Each step waits 3 ms (as if for input), so the jobs are still running when the events under test happen on a
+# loaded machine; it changes no number.
+PACE = ["--sleep", "0.003"]
+GANG_ENV = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gang_env.py")
+GANG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster_mode", "gang_train.py")
+
+
+def gmux(rt, *args, timeout=60):
+    return subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", rt, *args], env=env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def launch_refused(rt, *opts, script=("x.json", "10")):
+    out = subprocess.run([PY, "-m", "gmux.cli.launch", "--runtime-dir", rt, *opts, "--", "python", TRAIN, *script],
+                         env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out
+    return out.stderr
+
+
+def test_multi_gpu_job_gets_whole_gpus_by_moving_a_job_bit_identical(node_factory, tmp_path):
+    ref = subprocess.Popen([PY, TRAIN, str(tmp_path / "solo.json"), STEPS, *PACE], env=env(), cwd=ROOT)
+    node = node_factory("--virtual-gpus", "3x1GiB", "--quantum", "1")
+    singles = {}
+    for name in ("a", "b"):
+        p = node.launch(TRAIN, str(tmp_path / f"{name}.json"), STEPS, *PACE, "--attach",
+                        opts=["--no-hook", "--mem", "256MiB"])
+        singles[node.job_of(p.pid)] = (p, name)
+    node.wait_for(lambda: all(node.job(j)["step"] > 200 for j in singles), 60, "both single-GPU jobs training")
+    assert sorted(node.job(j)["gpu"] for j in singles) == [0, 1]
+    big = node.launch(TRAIN, str(tmp_path / "big.json"), STEPS, *PACE, opts=["--gpus", "2"])
+    jbig = node.job_of(big.pid)
+    node.wait_for(lambda: node.job(jbig)["state"] == "running", 90, "the 2-GPU job running")
+    held = node.job(jbig)["exclusive_gpus"]
+    assert len(held) == 2 and 2 in held, held
+    gpus = {g["index"]: g for g in node.ps()["gpus"]}
+    assert all(gpus[g]["owner"] == jbig and gpus[g]["jobs"] == [jbig] for g in held)   # no one else on them
+    (moved,) = [j for j in singles if node.job(j)["migrations"] == 1]
+    (other,) = set(singles) - {moved}
+    node.wait_for(lambda: node.job(moved)["gpu"] == node.job(other)["gpu"], 60, "the moved job re-registered")
+    assert node.job(moved)["gpu"] not in held      # it time-slices with the other single-GPU job
+    defrag = [d for d in node.call("decisions")["decisions"] if d["kind"] == "defrag"]
+    assert len(defrag) == 1 and [m["job"] for m in defrag[0]["numbers"]["moves"]] == [moved], defrag
+    assert defrag[0]["numbers"]["need"] == 2 and defrag[0]["numbers"]["free"] == [2]
+    assert big.wait(180) == 0 and all(p.wait(180) == 0 for p, _ in singles.values())
+    assert ref.wait(120) == 0
+    solo = result(tmp_path / "solo.json")
+    out = {name: result(tmp_path / f"{name}.json") for name in ("a", "b", "big")}
+    assert out["big"]["devices"] == {"CUDA_VISIBLE_DEVICES": "", "GMUX_VIRTUAL_GPU": ",".join(map(str, held))}
+    for name, r in out.items():
+        assert r["steps"] == solo["steps"] and r["sha256"] == solo["sha256"], (name, r, solo)
+    assert out[singles[moved][1]]["restored_at"] > 200      # moved mid-run, continued from its checkpoint
+
+
+def test_gang_submitted_with_ranks_suspends_and_resumes_as_one_bit_identical(node_factory, tmp_path):
+    steps = "2000"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    plain = [subprocess.Popen([PY, GANG, str(tmp_path / f"plain{r}.json"), str(r), "2", str(port), steps, "--plain"],
+                              env=env(), cwd=ROOT) for r in range(2)]
+    assert [p.wait(120) for p in plain] == [0, 0]
+    node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
+    sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--no-hook", "--name", "g", "--", "python", GANG_ENV,
+               str(tmp_path / "gang"), steps)
+    assert sub.returncode == 0, sub.stderr
+    ranks = json.loads(sub.stdout)["jobs"]
+    node.wait_for(lambda: all(node.job(j)["state"] == "running" and node.job(j)["step"] > 200 for j in ranks), 90,
+                  "both ranks training")
+    assert sorted(node.job(j)["gpu"] for j in ranks) == [0, 1]
+    table = gmux(node.rt, "ps")
+    assert "gang g 0/2" in table.stdout and "gang g 1/2" in table.stdout, table.stdout
+    for cycle in range(2):
+        named = ranks[cycle]             # either rank stands for the gang
+        out = gmux(node.rt, "--json", "suspend", named, timeout=130)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["jobs"] == ranks
+        assert {node.job(j)["state"] for j in ranks} == {"held"}
+        steps_held = [node.job(j)["step"] for j in ranks]
+        out = gmux(node.rt, "resume", ranks[1 - cycle])
+        assert out.returncode == 0, out.stderr
+        node.wait_for(lambda: all(node.job(j)["step"] > s for j, s in zip(ranks, steps_held)), 60, "ranks resumed")
+    node.wait_for(lambda: all(node.job(j)["state"] == "exited" for j in ranks), 180, "the gang finished")
+    outs = [result(tmp_path / f"gang{r}.json") for r in range(2)]
+    ref = [result(tmp_path / f"plain{r}.json") for r in range(2)]
+    assert outs[0]["sha256"] == outs[1]["sha256"] == ref[0]["sha256"] == ref[1]["sha256"]
+    assert outs[0]["suspends"] == outs[1]["suspends"] == 2
+    assert outs[0]["agreed"] == outs[1]["agreed"]         # both ranks suspended at the same boundaries
+
+
+def test_bad_multi_gpu_and_gang_requests_are_refused_by_name(node_factory, tmp_path):
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    assert "--gpus 0: a job uses at least one GPU" in launch_refused(node.rt, "--gpus", "0")
+    assert "asks for 3 GPUs; this machine has 2" in launch_refused(node.rt, "--gpus", "3")
+    assert "--rank 2 --world 2: the rank must be in 0..WORLD-1" in launch_refused(
+        node.rt, "--gang", "g", "--rank", "2", "--world", "2")
+    assert "needs all of --gang NAME, --rank R and --world N" in launch_refused(node.rt, "--gang", "g")
+    # A rank whose gang size disagrees with the rank already registered.
+    first = node.launch(TRAIN, str(tmp_path / "r0.json"), "10", opts=["--gang", "g", "--rank", "0", "--world", "2"])
+    node.job_of(first.pid)
+    assert "gang g has 2 ranks" in launch_refused(node.rt, "--gang", "g", "--rank", "1", "--world", "3")
+    out = gmux(node.rt, "submit", "--gpus", "0", "--", "python", TRAIN, "x.json", "10")
+    assert out.returncode == 1 and "--gpus 0: must be at least 1" in out.stderr
+    out = gmux(node.rt, "submit", "--ranks", "3", "--", "python", TRAIN, "x.json", "10")
+    assert out.returncode == 1 and "gang" in out.stderr and "each rank needs a GPU of its own" in out.stderr

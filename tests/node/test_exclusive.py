@@ -1,0 +1,176 @@
+"""Multi-GPU jobs and gangs in an in-process gmuxd: exclusive GPUs, waiting, defragmentation, gang-wide
+commands, and refusals that name the problem."""
+import msgpack
+
+from gmux import protocol
+from node_harness import GiB, ask, register
+
+
+def commands(d, identity):
+    return [m for i, m in d.sent if i == identity and m["type"] == "command"]
+
+
+def ack(d, identity, reg, cmd, ok=True, state=None):
+    d._receive(identity, [protocol.encode("result", 9, job=reg["job"], token=reg["token"], cmd=cmd["cmd"],
+                                          kind=cmd["kind"], result={"ok": ok}, **({"state": state} if state else {}))])
+
+
+def tick(d, n=1):
+    d.sent.clear()
+    for _ in range(n):
+        d.tick()
+
+
+def test_multi_gpu_job_waits_then_defrag_frees_whole_gpus_for_it(daemon_factory):
+    d = daemon_factory((16 * GiB,) * 3)
+    a, b = register(d, b"a", mem=GiB), register(d, b"b", mem=GiB)
+    assert (a["gpu"], b["gpu"]) == (0, 1)
+    c = register(d, b"c", gpus=2, mem=GiB)
+    assert c["gpu"] is None and c["env"] == {}
+    assert "2 GPUs to itself" in d.jobs[c["job"]].detail
+    tick(d, 2)    # defragment (a has not started: it moves by bookkeeping), then give c its GPUs
+    kinds = [x["kind"] for x in d.decisions]
+    assert kinds.index("defrag") < kinds.index("exclusive")
+    defrag = next(x for x in d.decisions if x["kind"] == "defrag")
+    assert defrag["numbers"]["need"] == 2 and defrag["numbers"]["free"] == [2] and defrag["numbers"]["bytes"] == 0
+    assert [m["job"] for m in defrag["numbers"]["moves"]] == [a["job"]]
+    assert d.jobs[a["job"]].gpu == 1 and d.jobs[c["job"]].exclusive_gpus == [0, 2]
+    (start,) = commands(d, b"c")
+    assert start["kind"] == "resume" and start["args"]["env"]["GMUX_VIRTUAL_GPU"] == "0,2"
+    # While c holds GPUs 0 and 2, a new job shares GPU 1 (time-sliced), never c's GPUs.
+    e = register(d, b"e")
+    assert e["gpu"] == 1
+    assert set(d.slicers[0].entries) == {c["job"]} and not d.slicers[2].entries
+    ps = ask(d, "ps", admin=d.admin)["data"]
+    assert [g["owner"] for g in ps["gpus"]] == [c["job"], None, c["job"]]
+    r = ask(d, "migrate", admin=d.admin, job=a["job"], gpu=0)
+    assert not r["ok"] and "held" in r["error"]
+    r = ask(d, "migrate", admin=d.admin, job=c["job"], gpu=1)
+    assert not r["ok"] and "single-GPU jobs" in r["error"]
+    # When c ends, its GPUs are whole again for everyone.
+    ask(d, "bye", b"c", job=c["job"], token=c["token"], status=0)
+    assert register(d, b"f")["gpu"] in (0, 2)
+
+
+def test_a_transparent_job_pins_its_gpu_and_the_wait_says_why(daemon_factory):
+    d = daemon_factory((16 * GiB,) * 2)
+    a = register(d, b"a", mem=GiB)           # transparent mode (not migratable)
+    tick(d)
+    (start,) = commands(d, b"a")
+    ack(d, b"a", a, start)                   # it has started: it cannot be restored elsewhere
+    c = register(d, b"c", gpus=2)
+    tick(d, 3)
+    (wait,) = [x for x in d.decisions if x["kind"] == "wait"]
+    assert "cannot move" in wait["text"] and "transparent mode" in wait["text"]
+    assert "transparent mode" in d.jobs[c["job"]].detail and d.jobs[c["job"]].state == "waiting"
+    assert not any(x["kind"] == "defrag" for x in d.decisions)
+
+
+def test_gang_is_placed_on_distinct_gpus_and_suspended_resumed_killed_as_one(daemon):
+    r0 = register(daemon, b"r0", gang={"id": "g", "rank": 0, "size": 2}, migratable=True)
+    tick(daemon)
+    assert not commands(daemon, b"r0") and "1 of 2 registered" in daemon.jobs[r0["job"]].detail
+    r1 = register(daemon, b"r1", gang={"id": "g", "rank": 1, "size": 2}, migratable=True)
+    tick(daemon)
+    starts = {k: commands(daemon, k)[0] for k in (b"r0", b"r1")}
+    assert {s["args"]["env"]["GMUX_VIRTUAL_GPU"] for s in starts.values()} == {"0", "1"}
+    assert daemon.jobs[r0["job"]].exclusive_gpus == [0] and daemon.jobs[r1["job"]].exclusive_gpus == [1]
+    for k, reg in ((b"r0", r0), (b"r1", r1)):
+        ack(daemon, k, reg, starts[k])
+    # One rank is named; both suspend, and the reply waits for both.
+    assert ask(daemon, "suspend", admin=daemon.admin, job=r1["job"]) is None
+    tick(daemon)
+    stops = {k: commands(daemon, k)[0] for k in (b"r0", b"r1")}
+    assert {s["kind"] for s in stops.values()} == {"suspend"}
+    daemon.sent.clear()
+    ack(daemon, b"r0", r0, stops[b"r0"], state="suspended")
+    assert not [m for i, m in daemon.sent if i == b"c"]
+    ack(daemon, b"r1", r1, stops[b"r1"], state="suspended")
+    (reply,) = [m for i, m in daemon.sent if i == b"c"]
+    assert reply["ok"] and reply["data"]["jobs"] == [r0["job"], r1["job"]]
+    r = ask(daemon, "resume", admin=daemon.admin, job=r0["job"])
+    assert r["data"]["jobs"] == [r0["job"], r1["job"]]
+    assert not any(daemon.jobs[j].held for j in (r0["job"], r1["job"]))
+    r = ask(daemon, "migrate", admin=daemon.admin, job=r0["job"], gpu=1)
+    assert not r["ok"] and "process group" in r["error"]
+    r = ask(daemon, "kill", admin=daemon.admin, job=r0["job"])
+    assert r["data"]["jobs"] == [r0["job"], r1["job"]]
+    assert {daemon.jobs[j].state for j in (r0["job"], r1["job"])} == {"killed"}
+
+
+def test_a_failed_rank_ends_its_gang_and_a_transparent_gang_is_not_suspended(daemon):
+    r0 = register(daemon, b"r0", gang={"id": "g", "rank": 0, "size": 2})
+    r1 = register(daemon, b"r1", gang={"id": "g", "rank": 1, "size": 2})
+    tick(daemon)
+    r = ask(daemon, "suspend", admin=daemon.admin, job=r1["job"])
+    assert not r["ok"] and "transparent mode" in r["error"] and "--no-hook" in r["error"]
+    assert not any(daemon.jobs[j].held for j in (r0["job"], r1["job"]))
+    ask(daemon, "bye", b"r0", job=r0["job"], token=r0["token"], status=1)
+    assert daemon.jobs[r1["job"]].state == "killed"
+    assert any(x["kind"] == "gang" and "killing its peers" in x["text"] for x in daemon.decisions)
+
+
+def test_bad_multi_gpu_and_gang_registrations_are_refused_by_name(daemon):
+    def refused(**kw):
+        r = ask(daemon, "register", b"x", pid=daemon.stand_in_pid, argv=["python", "t.py"], **kw)
+        assert not r["ok"]
+        return r["error"]
+    assert "asks for 3 GPUs; this machine has 2" in refused(gpus=3)
+    assert "a gang rank uses one GPU" in refused(gpus=2, gang={"id": "g", "rank": 0, "size": 2})
+    assert "--gpu pins a single-GPU job" in refused(gpus=2, gpu=0)
+    assert "each rank needs a GPU of its own" in refused(gang={"id": "big", "rank": 0, "size": 3})
+    register(daemon, b"r0", gang={"id": "g", "rank": 0, "size": 2})
+    assert "gang g has 2 ranks" in refused(gang={"id": "g", "rank": 1, "size": 3})
+    assert "rank 0 of gang g is already registered" in refused(gang={"id": "g", "rank": 0, "size": 2})
+    # Checked on the wire: the rank must be below the size, and gpus at least 1.
+    for bad, needle in (({"gang": {"id": "g", "rank": 2, "size": 2}}, "rank 2 is not below the gang's size 2"),
+                        ({"gpus": 0}, "register.gpus: 0 is outside"),
+                        ({"gang": {"id": "g", "rank": 0}}, "exactly the fields id, rank, size")):
+        daemon.sent.clear()
+        daemon._receive(b"x", [msgpack.packb({"v": protocol.VERSION, "type": "register", "id": 1,
+                                              "pid": daemon.stand_in_pid, "argv": ["t.py"], **bad})])
+        (reply,) = [m for _, m in daemon.sent]
+        assert not reply["ok"] and needle in reply["error"], reply
+
+
+def test_submit_ranks_gives_each_rank_its_rendezvous(daemon, tmp_path):
+    # The ranks' processes are real (gmux-launch of a script that does not exist): what matters is their env.
+    r = ask(daemon, "submit", admin=daemon.admin, argv=["python", str(tmp_path / "absent.py")], cwd=str(tmp_path),
+            ranks=2, name="g")
+    assert r["ok"], r
+    jobs = [daemon.jobs[j] for j in r["data"]["jobs"]]
+    assert [j.gang for j in jobs] == [{"id": "g", "rank": k, "size": 2} for k in range(2)]
+    assert [j.env["RANK"] for j in jobs] == ["0", "1"]
+    assert {j.env["WORLD_SIZE"] for j in jobs} == {"2"} and {j.env["LOCAL_RANK"] for j in jobs} == {"0"}
+    assert len({j.env["MASTER_PORT"] for j in jobs}) == 1 and jobs[0].env["MASTER_ADDR"] == "127.0.0.1"
+    assert "a gang named g is running" in ask(daemon, "submit", admin=daemon.admin, argv=["python", "x.py"],
+                                              cwd=str(tmp_path), ranks=2, name="g")["error"]
+    assert "--ranks N starts N single-GPU ranks" in ask(daemon, "submit", admin=daemon.admin, argv=["x.py"],
+                                                        cwd=str(tmp_path), ranks=2, gpus=2)["error"]
+    for j in jobs:
+        daemon.sup.kill(j)
+        daemon.sup.children[j.pid].wait(30)
+
+
+def test_a_restarted_daemon_keeps_waiting_jobs_queued_and_held_gpus_held(daemon_factory, tmp_path):
+    d = daemon_factory(root=str(tmp_path / "rt"))
+    a = register(d, b"a")
+    tick(d)
+    ack(d, b"a", a, commands(d, b"a")[0])   # started in transparent mode: it pins GPU 0
+    r0 = register(d, b"r0", gang={"id": "g", "rank": 0, "size": 1})
+    c = register(d, b"c", gpus=2)
+    tick(d)
+    assert d.jobs[r0["job"]].exclusive_gpus == [1] and d.jobs[c["job"]].gpu is None
+    d._flush(force=True)
+    again = daemon_factory(root=str(tmp_path / "rt"))     # the same tables, as after a crash
+    assert again.queue == [c["job"]] and set(again.slicers[1].entries) == {r0["job"]}
+    e = register(again, b"e")
+    assert e["gpu"] == 0                                     # GPU 1 is still the gang's
+    for k, reg in ((b"r0", r0), (b"a", a)):
+        ask(again, "bye", k, job=reg["job"], token=reg["token"], status=0)
+    tick(again, 2)
+    assert again.jobs[c["job"]].gpu is None                  # e is on GPU 0, and has no other GPU to go to
+    assert "no way to free 2 whole GPUs" in again.jobs[c["job"]].detail
+    ask(again, "bye", b"e", job=e["job"], token=e["token"], status=0)
+    tick(again)
+    assert again.jobs[c["job"]].exclusive_gpus == [0, 1]
