@@ -8,6 +8,7 @@ SQLite, so a restarted daemon re-attaches to the jobs that kept running.
 """
 from __future__ import annotations
 
+import contextlib
 import hmac
 import itertools
 import logging
@@ -340,6 +341,13 @@ class Daemon(Admission):
                 else:
                     job.started, job.host_bytes = True, 0
                     job.start_window()
+        elif kind == "spill":
+            if slicer is not None:
+                slicer.pending.pop(job.id, None)
+            if ok:
+                job.host_bytes = 0
+            else:
+                job.spill_refused = True    # e.g. the allocator tier: asking again would fail again
         elif kind == "migrate":
             if slicer is not None:
                 slicer.pending.pop(job.id, None)
@@ -635,6 +643,9 @@ class Daemon(Admission):
                                                                       f"{detail})"))
         if job.id in self.queue:
             self.queue.remove(job.id)
+        if job.spilled:    # a job that ended while spilled leaves its host copy behind; nothing will read it
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.rundir.spill_file(job.id))
         self.store.save(job)
         where = (f"GPUs {','.join(map(str, job.exclusive_gpus))} are" if len(job.exclusive_gpus) > 1 else
                  f"GPU {job.gpu} is" if job.exclusive else f"its share of GPU {job.gpu} is")
@@ -687,24 +698,33 @@ class Daemon(Admission):
             self.metrics.update()
 
     def _spill(self, slicer: Slicer) -> None:
-        """Suspended state over the host-RAM budget goes to disk: the job checkpoints and its process ends."""
+        """Suspended state over the host-RAM budget goes to disk, the largest first. A job that can restart
+        from a checkpoint (explicit mode) checkpoints and its process ends, giving back all it holds; any other
+        job writes its host copy to a file in its own process and frees it (the `spill` command)."""
         held = sum(j.host_bytes for j in self.jobs.values() if not j.final)
         if held <= self.opt.host_budget:
             return
         for job_id in sorted(slicer.entries, key=lambda j: -self.jobs[j].host_bytes):
             job = self.jobs[job_id]
             # A gang rank is never spilled alone: its process would leave the gang's process group.
-            if (job.host_bytes and job.migratable and job.started and not job.gang and job_id not in slicer.resident
-                    and job_id not in slicer.pending):
-                job.spilled = True
+            if (not job.host_bytes or not job.started or job.gang or job.spill_refused
+                    or job_id in slicer.resident or job_id in slicer.pending):
+                continue
+            job.spilled = True
+            if job.migratable:
                 job.target_gpu = job.gpu
                 slicer.pending[job_id] = "migrate"
                 self.send_command(job, "migrate", {"path": self.rundir.checkpoint_file(job.id), "spill": True})
-                self._decide(slicer.gpu, "spill", [job_id], {"host_held": held, "budget": self.opt.host_budget,
-                                                             "bytes": job.host_bytes},
-                             f"host RAM for suspended jobs {format_size(held)} > budget "
-                             f"{format_size(self.opt.host_budget)}: spilling {job_id} to disk")
-                return
+                how = "checkpoint, end its process"
+            else:
+                slicer.pending[job_id] = "spill"
+                self.send_command(job, "spill", {"path": self.rundir.spill_file(job.id)})
+                how = "host copy to a file, in its process"
+            self._decide(slicer.gpu, "spill", [job_id], {"host_held": held, "budget": self.opt.host_budget,
+                                                         "bytes": job.host_bytes},
+                         f"host RAM for suspended jobs {format_size(held)} > budget "
+                         f"{format_size(self.opt.host_budget)}: spilling {job_id} to disk ({how})")
+            return
 
     def _expire_waiters(self, now: float) -> None:
         for job_id, waiting in self.waiters.items():
@@ -723,7 +743,7 @@ class Daemon(Admission):
                 pending = slicer.pending.get(job_id)
                 if pending:
                     job.state = {"suspend": "suspending", "resume": "resuming", "migrate": "migrating",
-                                 "confirm": job.state}[pending]
+                                 "spill": "suspended", "confirm": job.state}[pending]
                 elif job_id in slicer.resident:
                     job.state = "running"
                 elif job.held:

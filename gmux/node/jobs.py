@@ -57,7 +57,8 @@ class Job:
     held: bool = False                 # suspended by the user: not scheduled until resumed
     target_gpu: Optional[int] = None   # migration destination
     started: bool = False              # has run at least once (a waiting job has no state to resume)
-    spilled: bool = False              # its suspended state went to disk (host RAM budget), process ended
+    spilled: bool = False              # its suspended state went to disk (host RAM budget) at least once
+    spill_refused: bool = False        # the job answered a spill with an error: not asked again
     migratable: bool = False           # can continue in a new process from a checkpoint (explicit mode)
     identity: Optional[bytes] = None   # ROUTER routing id of its agent, learned from its messages
     outbox: list = field(default_factory=list)    # commands waiting for the agent's routing id

@@ -61,6 +61,9 @@ class RuntimeDir:
     def checkpoint_file(self, job: str) -> str:
         return os.path.join(self.checkpoints(), f"{job}.ckpt")
 
+    def spill_file(self, job: str) -> str:
+        return os.path.join(self.checkpoints(), f"{job}.spill")
+
     def exit_file(self, job: str) -> str:
         return os.path.join(self.exits(), f"{job}.exit")
 

@@ -32,15 +32,29 @@ def test_spill_to_disk_and_back(node_factory, tmp_path):
         assert out["sha256"] == result(tmp_path / f"solo{b}.json")["sha256"]
 
 
-def test_transparent_job_is_not_moved(node_factory, tmp_path):
-    """An unmodified script cannot be restored in a new process: gmuxd refuses to migrate it, and never spills it."""
-    node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "0.5", "--host-budget", "1KiB")
-    a = node.launch(TRAIN, str(tmp_path / "a.json"), "100000000", opts=["--gpu", "0", "--mem", "600MiB"])
-    b = node.launch(TRAIN, str(tmp_path / "b.json"), "100000000", opts=["--gpu", "0", "--mem", "600MiB"])
-    ja, jb = node.job_of(a.pid), node.job_of(b.pid)
-    node.wait_for(lambda: node.job(ja)["suspends"] >= 2 and node.job(jb)["suspends"] >= 2, 60, "sliced")
+def test_transparent_job_spills_in_its_process_and_is_not_moved(node_factory, tmp_path):
+    """An unmodified script cannot be restored in a new process: gmuxd refuses to migrate it, and spills it in
+    place instead (its host copy to a file, freed, read back at resume); it still ends bit-identical."""
+    pace = ["--sleep", "0.003"]
+    refs = [subprocess.Popen([PY, TRAIN, str(tmp_path / f"solo{b}.json"), "1500", "--batch", b, *pace], env=env(),
+                             cwd=ROOT) for b in ("32", "33")]
+    node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "0.5", "--no-pack", "--host-budget", "1KiB")
+    procs = [node.launch(TRAIN, str(tmp_path / f"job{b}.json"), "1500", "--batch", b, *pace,
+                         opts=["--gpu", "0", "--mem", "600MiB"]) for b in ("32", "33")]
+    ja, jb = (node.job_of(p.pid) for p in procs)
+    node.wait_for(lambda: node.job(ja)["suspends"] >= 1 and node.job(jb)["suspends"] >= 1, 60, "sliced")
     out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "migrate", ja, "--gpu", "1"], env=env(),
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "transparent mode" in out.stderr and "--no-hook" in out.stderr
-    assert not any(d["kind"] == "spill" for d in node.call("decisions", limit=500)["decisions"])
-    assert a.poll() is None and b.poll() is None and node.job(ja)["migrations"] == 0
+    for p in procs:
+        assert p.wait(180) == 0
+    for r in refs:
+        assert r.wait(120) == 0
+    spills = [d for d in node.call("decisions", limit=1000)["decisions"] if d["kind"] == "spill"]
+    assert {j for d in spills for j in d["jobs"]} == {ja, jb}, spills
+    assert all("in its process" in d["text"] for d in spills), spills
+    for j, b in zip((ja, jb), ("32", "33")):
+        info = node.job(j)
+        assert info["state"] == "exited" and info["spilled"] and info["migrations"] == 0, info
+        assert result(tmp_path / f"job{b}.json")["sha256"] == result(tmp_path / f"solo{b}.json")["sha256"]
+    assert not list((tmp_path / "rt" / "checkpoints").glob("*.spill"))   # each was read back and removed
