@@ -1,7 +1,8 @@
 """End to end: suspended state beyond the host-RAM budget spills to disk and comes back bit-identically.
 
-With a budget far below one job's state, every suspended job is spilled: it checkpoints from its host buffers,
-its process re-executes and waits holding nothing, and on its next turn restores from the checkpoint.
+With a budget far below one job's state, every suspended job is spilled. An explicit-mode job checkpoints from
+its host buffers, its process re-executes and waits holding nothing, and on its next turn restores from the
+checkpoint; an unmodified script writes its host copy to a file in its own process and reads it back at resume.
 """
 import subprocess
 
