@@ -201,28 +201,39 @@ def command_latency(cycles: int) -> dict:
         batch = g.ps()[j]["report"].get("batch_s") or 0.011
         rng = random.Random(0)
         lat = []
+        # Where the time goes, from gmuxd's own clock in its reply: the job's part (the command's way to the job,
+        # the wait for its boundary, the suspend, the result's way back), gmuxd's handling of the request and
+        # the result, and the rest (the request's and the reply's way between client and gmuxd).
+        parts: dict[str, list] = {"job": [], "gmuxd": [], "client_gmuxd": []}
         first = None
         for i in range(cycles + 2):
             t = time.perf_counter()
-            g.client.call("suspend", job=j, timeout=30)
+            r = g.client.call("suspend", job=j, timeout=30)
             ms = (time.perf_counter() - t) * 1e3
             if i == 0:
                 first = ms      # discovers the job's state and allocates host buffers once: reported apart
             elif i >= 2:
                 lat.append(ms)
+                parts["job"].append(r["job_latency_s"] * 1e3)
+                parts["gmuxd"].append((r["latency_s"] - r["job_latency_s"]) * 1e3)
+                parts["client_gmuxd"].append(ms - r["latency_s"] * 1e3)
             g.client.call("resume", job=j)
             while g.ps()[j]["state"] != "running":
                 time.sleep(0.002)
             # The job's boundaries keep one phase relative to this loop after a resume, so a fixed pause would
             # land every request at the same point of a mini-batch: add a uniformly random part of one.
             time.sleep(0.03 + rng.uniform(0, batch))
-        lat.sort()
         batch_s = g.ps()[j]["report"].get("batch_s") or 0.0
-        return {"p50_ms": statistics.median(lat), "p90_ms": lat[int(0.9 * len(lat))],
-                "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
-                "max_ms": lat[-1], "cycles": cycles, "batch_ms": batch_s * 1e3, "first_suspend_ms": first}
+        return {**_percentiles(lat), "cycles": cycles, "batch_ms": batch_s * 1e3, "first_suspend_ms": first,
+                "parts": {k: _percentiles(v) for k, v in parts.items()}}
     finally:
         g.close()
+
+
+def _percentiles(ms: list) -> dict:
+    ms = sorted(ms)
+    return {"p50_ms": statistics.median(ms), "p90_ms": ms[int(0.9 * len(ms))],
+            "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))], "max_ms": ms[-1]}
 
 
 def throughput(seconds: float = 3.0, window: int = 2000) -> dict:
@@ -319,6 +330,11 @@ def main() -> int:
         rows.append(("suspend request -> job ack p50 / p99 (ms)", f"{c['p50_ms']:.2f} / {c['p99_ms']:.2f}",
                      f"mini-batch {c['batch_ms']:.1f} ms; target p99 < {c['batch_ms'] + 5:.1f}; "
                      f"first suspend {c['first_suspend_ms']:.0f} ms"))
+        for k, name in (("job", "  of which gmuxd -> job -> gmuxd"), ("gmuxd", "  of which gmuxd's handling"),
+                        ("client_gmuxd", "  of which client <-> gmuxd")):
+            q = c["parts"][k]
+            rows.append((f"{name} p50 / p99 (ms)", f"{q['p50_ms']:.2f} / {q['p99_ms']:.2f}",
+                         "incl. the wait for the boundary and the suspend" if k == "job" else ""))
         last.append(f"cmd_p99_ms={c['p99_ms']:.2f}")
     if "d" in parts:
         print("(d) daemon throughput ...", flush=True)
