@@ -1,6 +1,6 @@
 """What multiplexing costs: slicing efficiency, boundary-hook cost, command latency, daemon throughput.
 
-    python benchmarks/multiplex.py [--quick] [--json benchmarks/results/multiplex.json]
+    python benchmarks/multiplex.py [--quick] [--only abcd] [--cycles N] [--json benchmarks/results/multiplex.json]
 
 (a) slicing efficiency: aggregate mini-batches/s of three jobs time-sliced on one virtual GPU, over the rate
     of one job alone on the same GPU, at quanta of 2 s and 10 s. Real gmuxd, real gmux-launch processes.
@@ -13,13 +13,14 @@
     the job has suspended), for a job with 10 ms mini-batches; p50/p99 over many suspend/resume cycles.
 (d) messages per second one gmuxd sustains: job heartbeats (validated, authenticated, answered) from a
     pipelining client.
-Last line: multiplex: slicing_efficiency_q10=<ratio> hook_us=<n> cmd_p99_ms=<n> msgs_per_s=<n>
+Last line: multiplex: slicing_efficiency_q10=<ratio> hook_us=<n> cmd_p99_ms=<n> msgs_per_s=<n> (the parts run)
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -194,28 +195,45 @@ def command_latency(cycles: int) -> dict:
     try:
         j = g.launch("100000000", "--sleep", "0.01", opts=["--mem", "100MiB"])   # ~10 ms mini-batches
         deadline = time.monotonic() + 60
-        while g.ps()[j]["step"] < 20 and time.monotonic() < deadline:
+        # A report taken after 20 mini-batches: the first ones include the script's start-up.
+        while g.ps()[j]["report"].get("step", 0) < 20 and time.monotonic() < deadline:
             time.sleep(0.1)
+        batch = g.ps()[j]["report"].get("batch_s") or 0.011
+        rng = random.Random(0)
         lat = []
+        # Where the time goes, from gmuxd's own clock in its reply: the job's part (the command's way to the job,
+        # the wait for its boundary, the suspend, the result's way back), gmuxd's handling of the request and
+        # the result, and the rest (the request's and the reply's way between client and gmuxd).
+        parts: dict[str, list] = {"job": [], "gmuxd": [], "client_gmuxd": []}
         first = None
         for i in range(cycles + 2):
             t = time.perf_counter()
-            g.client.call("suspend", job=j, timeout=30)
+            r = g.client.call("suspend", job=j, timeout=30)
             ms = (time.perf_counter() - t) * 1e3
             if i == 0:
                 first = ms      # discovers the job's state and allocates host buffers once: reported apart
             elif i >= 2:
                 lat.append(ms)
+                parts["job"].append(r["job_latency_s"] * 1e3)
+                parts["gmuxd"].append((r["latency_s"] - r["job_latency_s"]) * 1e3)
+                parts["client_gmuxd"].append(ms - r["latency_s"] * 1e3)
             g.client.call("resume", job=j)
             while g.ps()[j]["state"] != "running":
                 time.sleep(0.002)
-            time.sleep(0.03)    # land the next request at a random point of a mini-batch
-        lat.sort()
+            # The job's boundaries keep one phase relative to this loop after a resume, so a fixed pause would
+            # land every request at the same point of a mini-batch: add a uniformly random part of one.
+            time.sleep(0.03 + rng.uniform(0, batch))
         batch_s = g.ps()[j]["report"].get("batch_s") or 0.0
-        return {"p50_ms": statistics.median(lat), "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
-                "max_ms": lat[-1], "cycles": cycles, "batch_ms": batch_s * 1e3, "first_suspend_ms": first}
+        return {**_percentiles(lat), "cycles": cycles, "batch_ms": batch_s * 1e3, "first_suspend_ms": first,
+                "parts": {k: _percentiles(v) for k, v in parts.items()}}
     finally:
         g.close()
+
+
+def _percentiles(ms: list) -> dict:
+    ms = sorted(ms)
+    return {"p50_ms": statistics.median(ms), "p90_ms": ms[int(0.9 * len(ms))],
+            "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))], "max_ms": ms[-1]}
 
 
 def throughput(seconds: float = 3.0, window: int = 2000) -> dict:
@@ -263,56 +281,78 @@ def throughput(seconds: float = 3.0, window: int = 2000) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="shorter windows (less precise)")
+    p.add_argument("--only", default="abcd", metavar="PARTS",
+                   help="run only these parts, e.g. --only c for command latency (default: abcd, all)")
+    p.add_argument("--cycles", type=int, help="suspend/resume cycles for (c) (default 200; 60 with --quick)")
     p.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results", "multiplex.json"))
     a = p.parse_args()
+    parts = set(a.only)
+    if not parts or parts - set("abcd"):
+        p.error(f"--only takes letters among a, b, c, d; got {a.only!r}")
     solo_s, q2_s, q10_s, cycles = (8, 14, 30, 60) if a.quick else (15, 30, 60, 200)
-    res: dict = {"machine": {"cpus": os.cpu_count()}, "quick": a.quick}
-    print("(a) time-slicing efficiency ...", flush=True)
-    solo1 = solo_rate(solo_s)
-    q2, sw2, alone2 = sliced_rate(2.0, q2_s)
-    q10, sw10, alone10 = sliced_rate(10.0, q10_s)
-    solo2 = solo_rate(solo_s)
-    solo = (solo1 + solo2) / 2
-    res["slicing"] = {"solo_rate": solo, "solo_before": solo1, "solo_after": solo2,
-                      "q2": {"rate": q2, "efficiency": q2 / alone2, "vs_separate_solo_runs": q2 / solo,
-                             "alone_rate_in_run": alone2, "switches": sw2, "window_s": q2_s},
-                      "q10": {"rate": q10, "efficiency": q10 / alone10, "vs_separate_solo_runs": q10 / solo,
-                              "alone_rate_in_run": alone10, "switches": sw10, "window_s": q10_s}}
-    print("(b) boundary hook cost ...", flush=True)
-    res["hook"] = hook_cost()
-    print("(c) command latency ...", flush=True)
-    res["command"] = command_latency(cycles)
-    print("(d) daemon throughput ...", flush=True)
-    res["throughput"] = throughput()
+    cycles = a.cycles or cycles
+    res: dict = {"machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}, "quick": a.quick}
+    rows, last = [], []
+    if "a" in parts:
+        print("(a) time-slicing efficiency ...", flush=True)
+        solo1 = solo_rate(solo_s)
+        q2, sw2, alone2 = sliced_rate(2.0, q2_s)
+        q10, sw10, alone10 = sliced_rate(10.0, q10_s)
+        solo2 = solo_rate(solo_s)
+        solo = (solo1 + solo2) / 2
+        s = res["slicing"] = {
+            "solo_rate": solo, "solo_before": solo1, "solo_after": solo2,
+            "q2": {"rate": q2, "efficiency": q2 / alone2, "vs_separate_solo_runs": q2 / solo,
+                   "alone_rate_in_run": alone2, "switches": sw2, "window_s": q2_s},
+            "q10": {"rate": q10, "efficiency": q10 / alone10, "vs_separate_solo_runs": q10 / solo,
+                    "alone_rate_in_run": alone10, "switches": sw10, "window_s": q10_s}}
+        rows.append(("solo runs (mini-batches/s), before/after", f"{s['solo_before']:.1f} / {s['solo_after']:.1f}", ""))
+        for q in ("q2", "q10"):
+            rows.append((f"3 jobs sliced, quantum {q[1:]} s: aggregate rate", f"{s[q]['rate']:.1f}",
+                         f"alone in the same run {s[q]['alone_rate_in_run']:.1f} -> efficiency "
+                         f"{s[q]['efficiency']:.3f}; vs separate solo runs {s[q]['vs_separate_solo_runs']:.3f} "
+                         f"({s[q]['switches']} switches)" + ("; target >= 0.95" if q == "q10" else "")))
+        last.append(f"slicing_efficiency_q10={s['q10']['efficiency']:.3f}")
+    if "b" in parts:
+        print("(b) boundary hook cost ...", flush=True)
+        h = res["hook"] = hook_cost()
+        rows += [
+            ("hook with nothing pending (us)", f"{h['hook_us']:.2f}",
+             f"target < 20; of which Job.boundary {h['boundary_us']:.2f}"),
+            ("optimizer step with/without hook (us)",
+             f"{h['step_us_with_hook']:.1f} / {h['step_us_without_hook']:.1f}",
+             "noisy: the difference is within run-to-run spread"),
+        ]
+        last.append(f"hook_us={h['hook_us']:.2f}")
+    if "c" in parts:
+        print("(c) command latency ...", flush=True)
+        c = res["command"] = command_latency(cycles)
+        rows.append(("suspend request -> job ack p50 / p99 (ms)", f"{c['p50_ms']:.2f} / {c['p99_ms']:.2f}",
+                     f"mini-batch {c['batch_ms']:.1f} ms; target p99 < {c['batch_ms'] + 5:.1f}; "
+                     f"first suspend {c['first_suspend_ms']:.0f} ms"))
+        for k, name in (("job", "  of which gmuxd -> job -> gmuxd"), ("gmuxd", "  of which gmuxd's handling"),
+                        ("client_gmuxd", "  of which client <-> gmuxd")):
+            q = c["parts"][k]
+            rows.append((f"{name} p50 / p99 (ms)", f"{q['p50_ms']:.2f} / {q['p99_ms']:.2f}",
+                         "incl. the wait for the boundary and the suspend" if k == "job" else ""))
+        last.append(f"cmd_p99_ms={c['p99_ms']:.2f}")
+    if "d" in parts:
+        print("(d) daemon throughput ...", flush=True)
+        t = res["throughput"] = throughput()
+        rows.append(("gmuxd messages/s (heartbeats, answered)", f"{t['msgs_per_s']:.0f}", "target >= 20000"))
+        last.append(f"msgs_per_s={t['msgs_per_s']:.0f}")
+    res["machine"]["loadavg_after"] = os.getloadavg()
     os.makedirs(os.path.dirname(a.json), exist_ok=True)
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)
-    s, h, c, t = res["slicing"], res["hook"], res["command"], res["throughput"]
-    rows = [
-        ("solo runs (mini-batches/s), before/after", f"{s['solo_before']:.1f} / {s['solo_after']:.1f}", ""),
-    ]
-    for q in ("q2", "q10"):
-        rows.append((f"3 jobs sliced, quantum {q[1:]} s: aggregate rate", f"{s[q]['rate']:.1f}",
-                     f"alone in the same run {s[q]['alone_rate_in_run']:.1f} -> efficiency {s[q]['efficiency']:.3f}; "
-                     f"vs separate solo runs {s[q]['vs_separate_solo_runs']:.3f} ({s[q]['switches']} switches)"
-                     + ("; target >= 0.95" if q == "q10" else "")))
-    rows += [
-        ("hook with nothing pending (us)", f"{h['hook_us']:.2f}",
-         f"target < 20; of which Job.boundary {h['boundary_us']:.2f}"),
-        ("optimizer step with/without hook (us)", f"{h['step_us_with_hook']:.1f} / {h['step_us_without_hook']:.1f}",
-         "noisy: the difference is within run-to-run spread"),
-        ("suspend request -> job ack p50 / p99 (ms)", f"{c['p50_ms']:.2f} / {c['p99_ms']:.2f}",
-         f"mini-batch {c['batch_ms']:.1f} ms; target p99 < {c['batch_ms'] + 5:.1f}; "
-         f"first suspend {c['first_suspend_ms']:.0f} ms"),
-        ("gmuxd messages/s (heartbeats, answered)", f"{t['msgs_per_s']:.0f}", "target >= 20000"),
-    ]
     w = max(len(r[0]) for r in rows)
     print(f"\n{'measure':<{w}}  {'value':>16}  note")
     for name, v, note in rows:
         print(f"{name:<{w}}  {v:>16}  {note}")
-    print(f"\nJSON: {a.json}")
-    print(f"multiplex: slicing_efficiency_q10={s['q10']['efficiency']:.3f} hook_us={h['hook_us']:.2f} "
-          f"cmd_p99_ms={c['p99_ms']:.2f} msgs_per_s={t['msgs_per_s']:.0f}")
+    print(f"\nload average (1 min) before/after: {res['machine']['loadavg'][0]:.1f} / "
+          f"{res['machine']['loadavg_after'][0]:.1f} on {os.cpu_count()} cores")
+    print(f"JSON: {a.json}")
+    print("multiplex: " + " ".join(last))
     return 0
 
 

@@ -1,0 +1,41 @@
+"""The job's agent against a bare ROUTER standing in for gmuxd: what it sends, in which order."""
+import zmq
+
+from gmux import protocol
+from gmux.job.agent import Agent
+
+
+def _next(router: zmq.Socket) -> protocol.Message:
+    assert router.poll(5000), "the agent sent nothing"
+    return protocol.decode(router.recv_multipart()[1])
+
+
+def test_a_command_at_a_boundary_is_answered_before_the_rate_sample_is_sent(tmp_path):
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    endpoint = f"ipc://{tmp_path}/gmuxd.sock"
+    router.bind(endpoint)
+    agent = Agent(endpoint, job="j1", token="0" * 32)
+    try:
+        agent.state = "running"
+        agent.report({"step": 0})    # tells the router the agent's identity
+        assert router.poll(5000)
+        identity, frame = router.recv_multipart()
+        assert protocol.decode(frame).type == "report"
+        router.send_multipart([identity, protocol.encode(
+            "command", 0, cmd=7, kind="checkpoint", args={"path": str(tmp_path / "c.ckpt")})])
+        assert agent.sock.poll(5000)
+
+        command = agent.poll()       # the first boundary: a sample is due, and a command is waiting
+        assert (command.kind, command.id) == ("checkpoint", 7)
+        agent.reply(command, {"ok": True})
+        first = _next(router)
+        assert first.type == "result" and first["cmd"] == 7
+        assert not router.poll(100), "a rate sample went out at the command's boundary"
+
+        assert agent.poll() is None  # the next boundary sends the sample held back
+        sample = _next(router)
+        assert sample.type == "heartbeat" and sample["boundaries"] == 2 and sample["state"] == "running"
+    finally:
+        agent.close()
+        router.close()
