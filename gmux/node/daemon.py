@@ -81,7 +81,7 @@ class Daemon(Admission):
         self.queue: list[str] = []            # admitted jobs without a GPU yet, in arrival order
         self.reserved: dict[int, str] = {}    # GPU -> the waiting multi-GPU job or gang it is being freed for
         self.defrag: Optional[dict] = None    # the defragmentation under way: unit, GPUs, moves, started at
-        self._defrag_next = 0.0
+        self._plan_at: dict[str, float] = {}  # unit -> when a defragmentation may next be planned for it
         self._wait_why: dict[str, str] = {}   # unit -> why it waits (logged when it changes)
         # Command ids are unique across restarts (a late answer to the previous daemon's command is ignored).
         self._cmd_ids = itertools.count(int(time.time() * 1000) % (1 << 40) * 1000)
