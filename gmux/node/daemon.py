@@ -2,8 +2,9 @@
 
 Every frame received is decoded and validated (gmux.protocol) before use; a bad one gets an error reply and
 the loop goes on. Jobs authenticate with their token and can act only on themselves; the CLI with the admin
-token in the private runtime directory. Between messages the loop ticks: it reaps ended jobs, lets each
-GPU's packer and time-slicer decide, and sends the resulting commands. Job table and decisions live in
+token in the private runtime directory. Between messages the loop ticks: it reaps ended jobs, gives queued
+jobs their GPUs (gmux.node.admission: multi-GPU jobs and gangs, defragmentation), lets each GPU's packer and
+time-slicer decide, and sends the resulting commands. Job table and decisions live in
 SQLite, so a restarted daemon re-attaches to the jobs that kept running.
 """
 from __future__ import annotations
