@@ -160,6 +160,8 @@ class Admission:
         units = self._units()
         names = {u for u, _ in units}
         self.reserved = {g: u for g, u in self.reserved.items() if u in names}
+        self._plan_at = {u: t for u, t in self._plan_at.items() if u in names}
+        self._wait_why = {u: w for u, w in self._wait_why.items() if u in names}
         if self.defrag is not None and self.defrag["unit"] not in names:
             self.defrag = None
         views = self._views()
@@ -223,9 +225,11 @@ class Admission:
             self.reserved = {g: u for g, u in self.reserved.items() if u != unit}
             self.defrag = None
             views = self._views()
-        if now < self._defrag_next:
+        # Each waiting unit is planned for at most every DEFRAG_RETRY_S; one that cannot be helped does not
+        # keep a later, smaller one from being planned for.
+        if now < self._plan_at.get(unit, 0.0):
             return
-        self._defrag_next = now + DEFRAG_RETRY_S
+        self._plan_at[unit] = now + DEFRAG_RETRY_S
         plan, why = placement.plan_defrag(views, unit, count, need, pinned)
         if plan is None:
             for m in members:

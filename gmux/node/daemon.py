@@ -2,8 +2,9 @@
 
 Every frame received is decoded and validated (gmux.protocol) before use; a bad one gets an error reply and
 the loop goes on. Jobs authenticate with their token and can act only on themselves; the CLI with the admin
-token in the private runtime directory. Between messages the loop ticks: it reaps ended jobs, lets each
-GPU's packer and time-slicer decide, and sends the resulting commands. Job table and decisions live in
+token in the private runtime directory. Between messages the loop ticks: it reaps ended jobs, gives queued
+jobs their GPUs (gmux.node.admission: multi-GPU jobs and gangs, defragmentation), lets each GPU's packer and
+time-slicer decide, and sends the resulting commands. Job table and decisions live in
 SQLite, so a restarted daemon re-attaches to the jobs that kept running.
 """
 from __future__ import annotations
@@ -82,7 +83,7 @@ class Daemon(Admission):
         self.queue: list[str] = []            # admitted jobs without a GPU yet, in arrival order
         self.reserved: dict[int, str] = {}    # GPU -> the waiting multi-GPU job or gang it is being freed for
         self.defrag: Optional[dict] = None    # the defragmentation under way: unit, GPUs, moves, started at
-        self._defrag_next = 0.0
+        self._plan_at: dict[str, float] = {}  # unit -> when a defragmentation may next be planned for it
         self._wait_why: dict[str, str] = {}   # unit -> why it waits (logged when it changes)
         # Command ids are unique across restarts (a late answer to the previous daemon's command is ignored).
         self._cmd_ids = itertools.count(int(time.time() * 1000) % (1 << 40) * 1000)

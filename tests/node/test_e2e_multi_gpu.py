@@ -15,8 +15,7 @@ STEPS = "3000"
 # Each step waits 3 ms (as if for input), so the jobs are still running when the events under test happen on a
 # loaded machine; it changes no number.
 PACE = ["--sleep", "0.003"]
-GANG_ENV = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gang_env.py")
-GANG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster_mode", "gang_train.py")
+GANG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gang_env_train.py")
 
 
 def gmux(rt, *args, timeout=60):
@@ -66,16 +65,17 @@ def test_multi_gpu_job_gets_whole_gpus_by_moving_a_job_bit_identical(node_factor
 
 
 def test_gang_submitted_with_ranks_suspends_and_resumes_as_one_bit_identical(node_factory, tmp_path):
-    steps = "2000"
+    steps = "4000"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    plain = [subprocess.Popen([PY, GANG, str(tmp_path / f"plain{r}.json"), str(r), "2", str(port), steps, "--plain"],
-                              env=env(), cwd=ROOT) for r in range(2)]
+    plain = [subprocess.Popen([PY, GANG, str(tmp_path / "plain"), steps, "--plain"], cwd=ROOT,
+                              env={**env(), "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port)}) for r in range(2)]
     assert [p.wait(120) for p in plain] == [0, 0]
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
-    sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--no-hook", "--name", "g", "--", "python", GANG_ENV,
-               str(tmp_path / "gang"), steps)
+    sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--no-hook", "--name", "g", "--", "python", GANG,
+               str(tmp_path / "gang"), steps, *PACE)
     assert sub.returncode == 0, sub.stderr
     ranks = json.loads(sub.stdout)["jobs"]
     node.wait_for(lambda: all(node.job(j)["state"] == "running" and node.job(j)["step"] > 200 for j in ranks), 90,

@@ -174,3 +174,20 @@ def test_a_restarted_daemon_keeps_waiting_jobs_queued_and_held_gpus_held(daemon_
     ask(again, "bye", b"e", job=e["job"], token=e["token"], status=0)
     tick(again)
     assert again.jobs[c["job"]].exclusive_gpus == [0, 1]
+
+
+def test_a_job_that_cannot_be_helped_does_not_block_defrag_for_a_later_one(daemon):
+    t = register(daemon, b"t")
+    tick(daemon)
+    ack(daemon, b"t", t, commands(daemon, b"t")[0])      # transparent and started: GPU 0 is pinned
+    m = register(daemon, b"m", migratable=True)            # on GPU 1, not started: movable
+    assert m["gpu"] == 1
+    big = register(daemon, b"big", gpus=2)                 # needs GPU 0 too: waits
+    r0 = register(daemon, b"r0", gang={"id": "solo", "rank": 0, "size": 1})
+    tick(daemon, 2)
+    assert daemon.jobs[big["job"]].gpu is None
+    (wait,) = [x for x in daemon.decisions if x["kind"] == "wait"]
+    assert wait["jobs"] == [big["job"]] and "cannot move" in wait["text"]
+    (defrag,) = [x for x in daemon.decisions if x["kind"] == "defrag"]
+    assert defrag["numbers"]["unit"] == "gang solo" and defrag["numbers"]["gpus"] == [1]
+    assert daemon.jobs[m["job"]].gpu == 0 and daemon.jobs[r0["job"]].exclusive_gpus == [1]
