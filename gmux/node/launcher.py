@@ -90,9 +90,17 @@ def run(opt: LaunchOptions) -> int:
     os.environ.update(start.args.get("env") or {})
     if opt.restore:
         os.environ["GMUX_RESTORE"] = opt.restore
-        agent.on_first_boundary = lambda: _check_restored(agent, rundir, opt.restore)
     else:
         os.environ.pop("GMUX_RESTORE", None)
+
+    def first_boundary() -> None:
+        if opt.restore:
+            _check_restored(agent, rundir, opt.restore)
+        # The start is acknowledged only now: until the script reaches its first boundary (importing torch,
+        # building the model, restoring a checkpoint: seconds on a busy machine) it trains nothing, and its
+        # quantum, which starts with the acknowledgement, would be spent before its first mini-batch.
+        agent.reply(start, {"ok": True, "started": True})
+    agent.on_first_boundary = first_boundary
     status, reason = 0, "finished"
     saved_argv = sys.argv
     try:
@@ -103,7 +111,6 @@ def run(opt: LaunchOptions) -> int:
         if opt.hook:
             from gmux.job import install_hook
             install_hook(controller=agent)
-        agent.reply(start, {"ok": True, "started": True})
         agent.state = "running"
         sys.argv = list(script_argv)
         if kind == "module":
