@@ -138,7 +138,7 @@ class FakeDaemons:
                 name = s.getsockopt(zmq.IDENTITY).decode()
                 msg = protocol.decode(s.recv(), C)
                 if msg.type == "node_action" and msg["action"] == "start":
-                    self.jobs[msg["cjob"]] = {"machine": name, "gpu": msg["args"]["gpu"], "t0": time.time(),
+                    self.jobs[msg["cjob"]] = {"machine": name, "gpu": msg["args"]["gpus"][0], "t0": time.time(),
                                               "local": f"j{len(self.jobs)}"}
             now = time.time()
             if now - last >= 0.5:
