@@ -1,6 +1,7 @@
 """Cross-machine migration mid-training stays bit-identical (the source releases only after the target
 restored); a machine killed mid-run has its job restarted elsewhere from its last periodic checkpoint."""
 import json
+import os
 
 from cluster_harness import solo, wait_for
 
@@ -32,6 +33,9 @@ def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path
                           if j["name"] == cjob]
     # The release is sent once the target reports the job past a boundary; the source acts on its next tick.
     wait_for(lambda: src_states() == ["killed"], 30, "the source released its copy")
+    # The checkpoint the target received is deleted once the job restored from it has passed a boundary.
+    received = lambda m: [f for f in os.listdir(tmp_path / f"rt-{m}" / "cluster-in") if f.endswith(".ckpt")]
+    wait_for(lambda: received(dst) == [], 30, "the received checkpoint deleted")
 
     # A periodic checkpoint of the job, taken on its new machine, reaches the scheduler; then that machine dies.
     at = wait_for(lambda: (lambda j: (j["ckpt_step"] or 0) > after["step"] and j)(c.job(cjob)), 60,
@@ -40,8 +44,10 @@ def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path
     again = wait_for(lambda: (lambda j: j["restarts"] == 1 and j["state"] in ("running", "done") and j)(c.job(cjob)),
                      60, "restarted elsewhere")
     assert again["machine"] not in (dst,)
+    wait_for(lambda: received(again["machine"]) == [], 30, "the pushed checkpoint deleted after the restore")
     jobs = c.wait_done([cjob], 180)
     res = json.loads(out.read_text())
     assert res["sha256"] == ref["sha256"] and res["steps"] == int(STEPS)
     assert res["restored_at"] >= at["ckpt_step"] > 0      # from its checkpoint, not from scratch
     assert jobs[cjob]["migrations"] == 1 and jobs[cjob]["restarts"] == 1
+    assert not [f for f in os.listdir(tmp_path / "sched" / "checkpoints") if f.endswith(".ckpt")]  # job ended
