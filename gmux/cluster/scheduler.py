@@ -30,11 +30,12 @@ from gmux.cluster import keys
 from gmux.cluster.policies import Event, EventKind, make_policy
 from gmux.cluster.scheduler_driver import Driver, Intent
 from gmux.cluster.scheduler_state import CJob, Machine, State
-from gmux.cluster.transfer import Receiver, send_file
+from gmux.cluster.transfer import Receiver, rank_xfers, send_file
 
 log = logging.getLogger("gmux.scheduler")
 C = protocol.CLUSTER_MESSAGES
 START_RETRY_S = 30.0
+MIGRATE_WAIT_S = 600.0     # how long a move's new processes wait for their checkpoints before giving up
 # A periodic checkpoint's file, as a link names it: MACHINE-CJOB-kSEQ.RANK.ckpt (the machine's name may hold '-').
 _PERIODIC = re.compile(r"-(c\d+)-k\d+\.\d+\.ckpt$")
 
@@ -75,6 +76,7 @@ class Scheduler:
         self.done: "queue.SimpleQueue" = queue.SimpleQueue()     # outcomes of worker threads
         self.timers: list = []
         self.pushing: set = set()       # jobs whose checkpoint is on its way to a daemon
+        self.moves: dict = {}           # cjob -> how its cross-machine move stands: sending / sent / target_failed
         self.events: deque = deque()
         self.decision_ms: deque = deque(maxlen=2000)
         self.bad_messages = 0
@@ -235,10 +237,16 @@ class Scheduler:
                                                 f"{job.source} releases it", d)
                 job.migrations += 1
                 job.source = None
+                self.moves.pop(job.cjob, None)
             job.set("running")
             job.first_run = job.first_run or time.time()
         elif ev == "start_failed" and job.machine == name:
-            if job.state == "migrating" and job.source:
+            if job.state == "migrating" and job.source and self.moves.get(job.cjob) == "sending":
+                # The source is suspending or sending: a resume now could land before its suspend and leave
+                # the job held there. Its outcome (migrate_sent / migrate_failed) settles the move.
+                self.moves[job.cjob] = "target_failed"
+                job.detail = f"migration target {name} failed: {detail}"
+            elif job.state == "migrating" and job.source:
                 self._action(job.source, "resume", job.cjob)
                 self._back_to_source(job)
                 job.set("running", f"migration target {name} failed: {detail}")
@@ -247,10 +255,17 @@ class Scheduler:
                 job.set("pending", f"start on {name} failed: {detail}")
             self._log("start_failed", job.cjob, f"{job.cjob}: start on {name} failed: {detail}")
         elif ev == "migrate_sent" and job.source == name and job.state == "migrating":
-            self._action(job.machine, "start", job.cjob, **self._start_args(job, restore=d.get("xfers")))
             self._log("migrate_sent", job.cjob, f"{job.cjob}: checkpoint ({d.get('bytes')} B) sent {name} -> "
                                                 f"{job.machine} in {d.get('seconds', 0):.3f} s", d)
+            if self.moves.get(job.cjob) == "target_failed":
+                self._action(name, "resume", job.cjob)
+                self._back_to_source(job)
+                job.set("running")
+            else:
+                self.moves[job.cjob] = "sent"
         elif ev == "migrate_failed" and job.source == name:
+            if self.moves.pop(job.cjob, None) != "target_failed":
+                self._action(job.machine, "kill", job.cjob)     # the new processes waiting for the checkpoint
             self._back_to_source(job)
             job.set("running", f"migration failed, kept on {name}: {detail}")
             self._log("migrate_failed", job.cjob, f"{job.cjob}: migration from {name} failed: {detail}")
@@ -424,7 +439,11 @@ class Scheduler:
                     if job.final:
                         continue
                     if job.source == m.name and job.state == "migrating":
-                        job.source = None      # its checkpoint is already on the target: the move goes on
+                        if self.moves.get(job.cjob) == "sent":
+                            job.source = None      # its checkpoint is already on the target: the move goes on
+                        else:                      # it never will be: the job is lost with its source
+                            self._action(job.machine, "kill", job.cjob)
+                            job.machine = m.name
                     if job.machine == m.name:
                         job.attained += job.gpu_seconds
                         job.gpu_seconds, job.machine, job.gpu, job.source, job.local = 0.0, None, None, None, None
@@ -487,14 +506,19 @@ class Scheduler:
         job.attained += job.gpu_seconds
         job.gpu_seconds = 0.0
         job.set("migrating", f"{job.source} -> {machine}")
-        self._action(job.source, "migrate_out", job.cjob, target=machine, endpoint=target.transfer,
-                     xfer=f"{job.cjob}-m{job.migrations + 1}-{int(time.time() * 1000) % 10**9}")
+        xfer = f"{job.cjob}-m{job.migrations + 1}-{int(time.time() * 1000) % 10**9}"
+        self.moves[job.cjob] = "sending"
+        self._action(job.source, "migrate_out", job.cjob, target=machine, endpoint=target.transfer, xfer=xfer)
+        # The new processes start now, beside the suspend and the transfer, and wait for their checkpoints: a
+        # fresh interpreter, torch and the model cost as much as the move itself.
+        self._action(machine, "start", job.cjob, **self._start_args(job, restore=rank_xfers(xfer, job.gpus)),
+                     restore_wait=MIGRATE_WAIT_S)
         self._log("migrate", job.cjob, f"migrate {job.cjob} {job.source} -> {machine} GPU {_gpus(gpus)} ({why})")
 
     def _push(self, job: CJob, m: Machine) -> None:
         base = f"{job.cjob}-r{job.restarts}-{int(time.time() * 1000) % 10**9}"
         paths, endpoint, name = list(job.ckpt_paths), m.transfer, m.name
-        xfers = [f"{base}.{r}" for r in range(len(paths))]
+        xfers = rank_xfers(base, len(paths))
 
         def work():
             try:

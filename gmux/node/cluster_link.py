@@ -37,7 +37,7 @@ import zmq
 
 from gmux import protocol
 from gmux.cluster import keys
-from gmux.cluster.transfer import Receiver, send_file
+from gmux.cluster.transfer import Receiver, rank_xfers, send_file
 from gmux.node.client import Client, GmuxError
 from gmux.node.paths import RuntimeDir
 
@@ -65,7 +65,7 @@ def _check_start(args: dict) -> Optional[str]:
         for x in restore:
             if protocol._name(x):
                 return f"restore: {protocol._name(x)}"
-    for key in ("ckpt_every", "weight"):
+    for key in ("ckpt_every", "weight", "restore_wait"):
         if args.get(key) is not None and protocol._pos_float(args[key]):
             return f"{key}: {protocol._pos_float(args[key])}"
     if args.get("mem") is not None and protocol._nonneg_int(args["mem"]):
@@ -104,6 +104,7 @@ class ClusterLink:
         self.locals: dict[str, list] = {}      # cjob -> each rank's job id on this gmuxd, latest report
         self.restoring: dict[str, list] = {}   # cjob -> received checkpoints its new processes restore from
         self.broken: set[str] = set()          # gangs with a rank ended badly, whose other ranks were killed
+        self.cancelled: set[str] = set()       # starts killed before gmuxd knew their processes
         self._gang_flags: Optional[bool] = None   # whether this gmux-launch takes --gang/--rank/--world
         self.last_ckpt: dict[str, float] = {}
         self.ckpt_seq = 0
@@ -291,6 +292,9 @@ class ClusterLink:
                 self._start(cjob, args)
             return
         ranks = self.locals.get(cjob) if cjob in self._jobs else None
+        if not ranks and action in ("kill", "release") and cjob in self.starting:
+            self._kill_unregistered(cjob)      # e.g. started beside a move that then failed
+            return
         if not ranks:
             self._event("action_failed", cjob, f"{action}: {cjob} does not run on {self.name}")
             return
@@ -329,12 +333,13 @@ class ClusterLink:
     def _start(self, cjob: str, a: dict) -> None:
         paths = [self.receiver.path(x) for x in a.get("restore") or []]
         missing = [x for x, p in zip(a.get("restore") or [], paths) if not os.path.exists(p)]
-        if missing:
+        if missing and not a.get("restore_wait"):      # else still on the way: the processes wait for them
             self._event("start_failed", cjob, f"no received checkpoint {missing[0]!r} on {self.name}")
             return
         self.spawned[cjob] = []         # until the processes exist, no record speaks for the job
         self.world[cjob] = len(a["gpus"])
         self.broken.discard(cjob)
+        self.cancelled.discard(cjob)
         self._jobs.pop(cjob, None)
         self.restoring[cjob] = paths
         self.starting[cjob] = time.monotonic()
@@ -354,6 +359,9 @@ class ClusterLink:
                 self._gang_flags = _launch_takes_gang_flags()
         env = {**os.environ, **a.get("env", {}), **gang_env}
         env.pop("GMUX_JOB_TOKEN", None)
+        env.pop("GMUX_RESTORE_WAIT", None)
+        if a.get("restore_wait"):
+            env["GMUX_RESTORE_WAIT"] = repr(float(a["restore_wait"]))
         os.makedirs(self.rundir.logs(), exist_ok=True)
         procs = []
         for rank, gpu in enumerate(a["gpus"]):
@@ -384,7 +392,22 @@ class ClusterLink:
         for p in procs:
             self.children[p.pid] = p
         self.spawned[cjob] = [p.pid for p in procs]  # gmux-launch registers its own pid: names this incarnation
+        if cjob in self.cancelled:
+            for p in procs:
+                p.kill()
+            return
         log.info("started %s (pids %s)%s", cjob, self.spawned[cjob], " restoring" if paths else "")
+
+    def _kill_unregistered(self, cjob: str) -> None:
+        """Kills the processes of a start that gmuxd may not know yet (the worker spawning them may not even be
+        done: it kills what it spawned when it sees the start cancelled), and forgets the start."""
+        self.cancelled.add(cjob)
+        self.starting.pop(cjob, None)
+        for pid in self.spawned.get(cjob) or []:
+            p = self.children.get(pid)
+            if p is not None and p.poll() is None:
+                p.kill()
+        self._drop_received(cjob)
 
     def _ranks(self, cjob: str, mtype: str, event: Optional[str], ranks: list) -> None:
         """The same admin request for every rank, all at once (a gang's ranks suspend only together)."""
@@ -436,10 +459,9 @@ class ClusterLink:
 
     def _send(self, paths: list, endpoint: str, server_key: bytes, xfer: str) -> tuple[list, dict]:
         """Sends a checkpoint per rank as XFER.RANK, deleting each once the receiver holds it; (names, figures)."""
-        xfers, total = [], {"bytes": 0, "seconds": 0.0}
-        for rank, path in enumerate(paths):
-            xfers.append(f"{xfer}.{rank}")
-            r = send_file(path, endpoint, server_key, self.keydir, "daemon", self.name, xfers[-1], context=self.ctx)
+        xfers, total = rank_xfers(xfer, len(paths)), {"bytes": 0, "seconds": 0.0}
+        for path, name in zip(paths, xfers):
+            r = send_file(path, endpoint, server_key, self.keydir, "daemon", self.name, name, context=self.ctx)
             os.unlink(path)
             total["bytes"] += r["bytes"]
             total["seconds"] += r["seconds"]
