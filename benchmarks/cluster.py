@@ -32,6 +32,7 @@ import zmq
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "cluster_mode"))
 
 from gmux import protocol  # noqa: E402

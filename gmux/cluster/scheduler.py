@@ -241,15 +241,8 @@ class Scheduler:
             job.set("running")
             job.first_run = job.first_run or time.time()
         elif ev == "start_failed" and job.machine == name:
-            if job.state == "migrating" and job.source and self.moves.get(job.cjob) == "sending":
-                # The source is suspending or sending: a resume now could land before its suspend and leave
-                # the job held there. Its outcome (migrate_sent / migrate_failed) settles the move.
-                self.moves[job.cjob] = "target_failed"
-                job.detail = f"migration target {name} failed: {detail}"
-            elif job.state == "migrating" and job.source:
-                self._action(job.source, "resume", job.cjob)
-                self._back_to_source(job)
-                job.set("running", f"migration target {name} failed: {detail}")
+            if job.state == "migrating" and job.source:
+                self._target_failed(job, f"migration target {name} failed: {detail}")
             else:
                 job.machine, job.gpu, job.rank_gpus = None, None, []
                 job.set("pending", f"start on {name} failed: {detail}")
@@ -284,6 +277,19 @@ class Scheduler:
             self._log("action_failed", job.cjob, f"{job.cjob} on {name}: {detail}")
         self.state.save(job)
         return None
+
+    def _target_failed(self, job: CJob, why: str) -> None:
+        """A move's new processes are gone: the job stays on its source. While the source is still suspending
+        or sending, a resume could land before its suspend and leave the job held there: its outcome
+        (migrate_sent / migrate_failed) settles the move then."""
+        if self.moves.get(job.cjob) == "sending":
+            self.moves[job.cjob] = "target_failed"
+            job.detail = why
+            return
+        self.moves.pop(job.cjob, None)
+        self._action(job.source, "resume", job.cjob)
+        self._back_to_source(job)
+        job.set("running", why)
 
     @staticmethod
     def _back_to_source(job: CJob) -> None:
@@ -442,8 +448,12 @@ class Scheduler:
                         if self.moves.get(job.cjob) == "sent":
                             job.source = None      # its checkpoint is already on the target: the move goes on
                         else:                      # it never will be: the job is lost with its source
+                            self.moves.pop(job.cjob, None)
                             self._action(job.machine, "kill", job.cjob)
                             job.machine = m.name
+                    elif job.machine == m.name and job.state == "migrating" and job.source:
+                        self._target_failed(job, f"migration target {m.name} lost")
+                        continue
                     if job.machine == m.name:
                         job.attained += job.gpu_seconds
                         job.gpu_seconds, job.machine, job.gpu, job.source, job.local = 0.0, None, None, None, None

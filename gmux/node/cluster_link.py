@@ -21,6 +21,7 @@ its own newest periodic copy for recovery.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import queue
@@ -107,6 +108,9 @@ class ClusterLink:
         self.cancelled: set[str] = set()       # starts killed before gmuxd knew their processes
         self._gang_flags: Optional[bool] = None   # whether this gmux-launch takes --gang/--rank/--world
         self.last_ckpt: dict[str, float] = {}
+        # One gang-wide request at a time per job: ranks that got a checkpoint and a suspend in different orders
+        # would each hold a different command first and never agree.
+        self.gang_locks: dict[str, threading.Lock] = {}
         self.ckpt_seq = 0
         self.stopping = False
         self.bad_actions = 0
@@ -409,9 +413,13 @@ class ClusterLink:
                 p.kill()
         self._drop_received(cjob)
 
+    def _gang_lock(self, cjob: str) -> threading.Lock:
+        return self.gang_locks.setdefault(cjob, threading.Lock())
+
     def _ranks(self, cjob: str, mtype: str, event: Optional[str], ranks: list) -> None:
         """The same admin request for every rank, all at once (a gang's ranks suspend only together)."""
-        errors = [e for e in _each(lambda local: self._admin_error(mtype, local), ranks) if e]
+        with self._gang_lock(cjob) if mtype == "suspend" else contextlib.nullcontext():
+            errors = [e for e in _each(lambda local: self._admin_error(mtype, local), ranks) if e]
         if errors:
             self._event("action_failed", cjob, f"{mtype}: {errors[0]}")
         elif event:
@@ -468,19 +476,21 @@ class ClusterLink:
         return xfers, total
 
     def _checkpoint_to_scheduler(self, cjob: str, ranks: list, xfer: str) -> None:
-        paths, step = self._checkpoint(ranks)
+        with self._gang_lock(cjob):
+            paths, step = self._checkpoint(ranks)
         xfers, r = self._send(paths, self.scheduler_endpoint, keys.load_public(self.keydir, "scheduler"), xfer)
         self._event("checkpointed", cjob, xfers=xfers, step=step, bytes=r["bytes"], seconds=r["seconds"])
 
     def _migrate_out(self, cjob: str, ranks: list, target: str, endpoint: str, xfer: str) -> None:
         t0 = time.perf_counter()
         try:
-            errors = [e for e in _each(lambda local: self._admin_error("suspend", local), ranks) if e]
-            if errors:                                     # at its next boundary (every rank at one); held there
-                raise GmuxError(f"suspend: {errors[0]}")
-            t_susp = time.perf_counter() - t0
-            paths, step = self._checkpoint(ranks)          # from the suspended state's host copy
-            t_ckpt = time.perf_counter() - t0 - t_susp
+            with self._gang_lock(cjob):
+                errors = [e for e in _each(lambda local: self._admin_error("suspend", local), ranks) if e]
+                if errors:                                 # at its next boundary (every rank at one); held there
+                    raise GmuxError(f"suspend: {errors[0]}")
+                t_susp = time.perf_counter() - t0
+                paths, step = self._checkpoint(ranks)      # from the suspended state's host copy
+                t_ckpt = time.perf_counter() - t0 - t_susp
             xfers, r = self._send(paths, endpoint, keys.load_public(self.keydir, "daemon", target), xfer)
         except Exception as e:
             for local in ranks:

@@ -51,3 +51,29 @@ def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path
     assert res["restored_at"] >= at["ckpt_step"] > 0      # from its checkpoint, not from scratch
     assert jobs[cjob]["migrations"] == 1 and jobs[cjob]["restarts"] == 1
     assert not [f for f in os.listdir(tmp_path / "sched" / "checkpoints") if f.endswith(".ckpt")]  # job ended
+
+
+def test_target_lost_mid_move_the_job_runs_on_at_its_source(cluster_factory, tmp_path):
+    c = cluster_factory(policy="gandiva")
+    args = ("2500", "--batch", "36", "--sleep", "0.003")
+    ref = solo(tmp_path, "ref", *args)
+    c.wait_machines(3)
+    out = tmp_path / "stayed.json"
+    cjob = c.submit(str(out), *args)
+    first = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 200 and j)(c.job(cjob)), 60,
+                     "job running")
+    src = first["machine"]
+    dst = next(m for m in ("m1", "m2", "m3") if m != src)
+    c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
+    # The checkpoint is on the target, whose new process (started with the move) is still starting: the
+    # target dies before it has restored anything.
+    wait_for(lambda: any(d["kind"] == "migrate_sent" for d in c.ps()["decisions"]), 30, "checkpoint sent",
+             every=0.05)
+    c.kill_machine(dst)
+    back = wait_for(lambda: (lambda j: j["state"] == "running" and j["machine"] == src and j)(c.job(cjob)), 30,
+                    "the job back on its source")
+    assert f"migration target {dst} lost" in back["detail"] and back["local"] == first["local"]
+    jobs = c.wait_done([cjob], 120)
+    assert jobs[cjob]["migrations"] == 0 and jobs[cjob]["restarts"] == 0
+    res = json.loads(out.read_text())
+    assert res["sha256"] == ref["sha256"] and res["restored_at"] == 0     # never restarted: run on where it was
