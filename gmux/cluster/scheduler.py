@@ -183,7 +183,7 @@ class Scheduler:
             if job is None or (job.machine != name and job.source != name):
                 if job is not None and not job.final and r["state"] not in protocol.FINAL_STATES:
                     # A copy on a machine the job has left (it came back after being declared lost): stop it.
-                    self._action(name, "kill", r["cjob"], local=r["local"])
+                    self._action(name, "kill", r["cjob"])
                 continue
             if job.machine != name or job.final:
                 continue          # the migration source's view (the target's reports are the truth), or news
@@ -471,7 +471,7 @@ class Scheduler:
     def _start_args(self, job: CJob, restore: Optional[list] = None) -> dict:
         """What a link needs to start the job's ranks: rank r on gpus[r], restoring received checkpoint
         restore[r] (None: from the beginning)."""
-        return {"argv": job.argv, "cwd": job.cwd, "env": job.env, "gpus": job.rank_gpus, "mem": job.mem,
+        return {"argv": job.argv, "cwd": job.cwd, "env": job.env, "gpus": job.rank_gpus or [job.gpu], "mem": job.mem,
                 "weight": job.weight, "restore": restore, "ckpt_every": job.ckpt_every}
 
     def _carry_out(self, it: Intent) -> None:
@@ -511,7 +511,7 @@ class Scheduler:
         the target; the target restores them (a gang with a new rendezvous); only then is the source told to
         release the job (see _daemon_node_event)."""
         target = self.machines[machine]
-        job.source, job.source_gpus = job.machine, list(job.rank_gpus)
+        job.source, job.source_gpus = job.machine, list(job.rank_gpus or [job.gpu])
         job.machine, job.gpu, job.rank_gpus = machine, gpus[0], list(gpus)
         job.attained += job.gpu_seconds
         job.gpu_seconds = 0.0

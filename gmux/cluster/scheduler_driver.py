@@ -124,7 +124,7 @@ class Driver:
                     machine, gpus = where[0][0], tuple(g for _, g in where)
                     if len({m for m, _ in where}) != 1:
                         intents.append(Intent("none", job.cjob, why=f"{type(a).__name__} of a {len(a.gpus)}-rank "
-                                                                      f"gang across machines: its ranks must share one"))
+                                                                      f"gang across machines: its ranks share one"))
                         continue
                 why = f"policy {type(a).__name__}"
                 problem = (f"on {len(gpus)} GPUs, but {job.cjob} has {job.gpus} rank(s), one per GPU"

@@ -355,7 +355,7 @@ class ClusterLink:
     def _spawn(self, cjob: str, a: dict, paths: list) -> None:
         """Starts every rank's process (a worker's job: learning what gmux-launch offers takes a process)."""
         world = len(a["gpus"])
-        gang_env, gang_args = {}, {}
+        gang_env = {}
         if world > 1:
             port = _free_port()       # a new rendezvous at every start: the old one may still be held
             gang_env = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
@@ -425,9 +425,9 @@ class ClusterLink:
         elif event:
             self._event(event, cjob)
 
-    def _admin_error(self, mtype: str, local: str, **fields) -> Optional[str]:
+    def _admin_error(self, mtype: str, local: str) -> Optional[str]:
         try:
-            self.admin(mtype, job=local, **fields)
+            self.admin(mtype, job=local)
             return None
         except GmuxError as e:
             return str(e)

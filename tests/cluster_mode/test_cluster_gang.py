@@ -23,9 +23,9 @@ def _plain(tmp_path, steps: str) -> list:
 
 
 def _cli(c, *args, as_json=False):
-    return subprocess.run([PY, "-m", "gmux.cli.gmux", *(["--json"] if as_json else []), *args[:1], "--cluster", c.endpoint, "--keys", c.keys,
-                           "--as", "tester", *args[1:]], env=env(), capture_output=True, text=True, cwd=ROOT,
-                          timeout=60)
+    return subprocess.run([PY, "-m", "gmux.cli.gmux", *(["--json"] if as_json else []), *args[:1],
+                           "--cluster", c.endpoint, "--keys", c.keys, "--as", "tester", *args[1:]],
+                          env=env(), capture_output=True, text=True, cwd=ROOT, timeout=60)
 
 
 def _local(tmp_path, machine: str, cjob: str) -> dict:
