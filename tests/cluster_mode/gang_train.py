@@ -1,5 +1,5 @@
 """A data-parallel training job over gloo (explicit mode, GangController), deterministic.
-usage: gang_train.py OUT STEPS [--rank R --world W --port P] [--sleep S] [--plain]
+usage: gang_train.py OUT STEPS [--rank R --world W --port P] [--sleep S] [--fail-at N] [--plain]
 Without --rank, the rendezvous comes from the environment as torchrun (and gmux's cluster link) sets it: RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT. OUT may hold {rank}. --plain: no gmux at all, the reference run."""
 import argparse
@@ -18,6 +18,7 @@ p.add_argument("--rank", type=int)
 p.add_argument("--world", type=int)
 p.add_argument("--port", type=int)
 p.add_argument("--sleep", type=float, default=0.0, help="seconds per step, to pace the job against a test's moves")
+p.add_argument("--fail-at", type=int, help="the last rank raises at this step (a crashed rank)")
 p.add_argument("--plain", action="store_true")
 a = p.parse_args()
 torch.set_num_threads(1)
@@ -49,6 +50,8 @@ while progress["step"] < a.steps:
         q.grad /= world
     opt.step()
     progress["step"] += 1
+    if progress["step"] == a.fail_at and rank == world - 1:
+        raise RuntimeError(f"rank {rank} fails at step {a.fail_at}, as asked")
     if a.sleep:
         time.sleep(a.sleep)
     if job is not None:

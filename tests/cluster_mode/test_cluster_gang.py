@@ -106,3 +106,17 @@ def test_gang_migrated_then_its_machine_lost_bit_identical_checkpoints_cleaned(c
     assert jobs[cjob]["migrations"] == 1 and jobs[cjob]["restarts"] == 1
     assert [f for f in _ckpts(sched_dir) if f"-{cjob}-" in f] == []       # an ended job keeps none
     assert c.ps()["internal_errors"] == 0
+
+
+def test_a_crashed_rank_fails_the_whole_gang(cluster_factory, tmp_path):
+    c = cluster_factory(policy="gandiva", machines=("m1",))
+    c.wait_machines(1)
+    cjob = c.call("c_submit", argv=[PY, GANG, str(tmp_path / "f{rank}.json"), "100000", "--sleep", "0.002",
+                                    "--fail-at", "300"], cwd=ROOT, env={"OMP_NUM_THREADS": "1"}, ranks=2)["cjob"]
+    job = wait_for(lambda: (lambda j: j["state"] in ("failed", "done", "killed") and j)(c.job(cjob)), 90,
+                   "the gang ended")
+    assert job["state"] == "failed" and job["detail"].startswith("rank "), job
+    # No rank is left waiting for its dead peer, holding its GPU.
+    wait_for(lambda: all(s in ("failed", "killed", "exited", "lost") for s in _local(tmp_path, "m1", cjob).values()),
+             30, "every rank ended")
+    assert len(_local(tmp_path, "m1", cjob)) == 2
