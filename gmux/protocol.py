@@ -331,6 +331,7 @@ def error_reply(id: Any, error: str) -> bytes:
 # key before any of this is parsed, but every field is still validated (a trusted peer can have a bug).
 # ======================================================================================================
 XFER_MAX_CHUNK = 4 << 20        # a checkpoint chunk (the raw second frame of an xfer_chunk)
+MAX_RANKS = 64                  # processes of one gang (one per GPU of one machine)
 XFER_MAX_SIZE = 1 << 40         # a checkpoint larger than 1 TiB is not one gmux wrote
 CLUSTER_ACTIONS = ("start", "suspend", "resume", "kill", "move", "migrate_out", "release", "send_checkpoint")
 CLUSTER_EVENTS = ("started", "start_failed", "suspended", "resumed", "moved", "migrate_sent", "migrate_failed",
@@ -387,13 +388,27 @@ def _records(spec: dict, max_items: int = MAX_LIST):
 _opt_float = _optional(_float)
 _GPU_RECORD = {"index": (_gpu_index, True), "mem_total": (_nonneg_int, True)}
 # One job as a daemon's cluster link sees it (from its gmuxd's table).
+# One rank of a gang (a multi-GPU job: one process per GPU, all on one machine).
+_RANK_RECORD = {"rank": (lambda v: _int(v, 0, MAX_RANKS - 1), True), "local": (_name, True),
+                "gpu": (_optional(_gpu_index), True), "state": (_one_of(*JOB_STATES), True),
+                "step": (_nonneg_int, True)}
 _JOB_RECORD = {
     "cjob": (_name, True), "local": (_name, True), "state": (_one_of(*JOB_STATES), True),
     "step": (_nonneg_int, True), "gpu": (_optional(_gpu_index), True), "rate_now": (_opt_float, False),
     "rate_solo": (_opt_float, False), "mem_peak": (_optional(_nonneg_int), False),
     "gpu_seconds": (_float, False), "exit_status": (_optional(_int), False), "detail": (_str, False),
-    "held": (_bool, False),
+    "held": (_bool, False), "ranks": (_records(_RANK_RECORD, MAX_RANKS), False),
 }
+
+
+def _ranks(v):
+    p = _int(v, lo=-(1 << 62))
+    if p:
+        return p
+    if not 1 <= v <= MAX_RANKS:
+        return f"{v} ranks: a job runs 1..{MAX_RANKS} ranks, one process per GPU"
+    return None
+
 
 CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     # --- a daemon's cluster link -> scheduler: its whole state, every half second (so a restarted scheduler
@@ -408,11 +423,12 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
                     "args": (_free_map, True)},
     # --- clients (gmux submit/ps --cluster) -> scheduler ---
     "c_submit": {"argv": (_argv, True), "cwd": (_str, True), "env": (_env, False), "name": (_optional(_name), False),
-                 "gpus": (lambda v: _int(v, 1, 64), False), "mem": (_optional(_nonneg_int), False),
+                 "ranks": (_ranks, False), "mem": (_optional(_nonneg_int), False),
                  "weight": (_pos_float, False), "ckpt_every": (_optional(_pos_float), False)},
     "c_ps": {"all": (_bool, False)},
     "c_kill": {"cjob": (_name, True)},
     # an operator's move (the policies move jobs on their own; this is for draining a machine, and for tests)
+    # (a gang's rank r goes to GPU gpu + r of that machine)
     "c_migrate": {"cjob": (_name, True), "machine": (_name, True), "gpu": (_gpu_index, True)},
     # --- checkpoint transfer (sender DEALER -> receiver ROUTER): begin says what is coming and learns how much
     #     of it the receiver already holds (resume after a dropped connection); each chunk carries its offset and

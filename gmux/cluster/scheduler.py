@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import statistics
 import threading
 import time
@@ -29,11 +30,14 @@ from gmux.cluster import keys
 from gmux.cluster.policies import Event, EventKind, make_policy
 from gmux.cluster.scheduler_driver import Driver, Intent
 from gmux.cluster.scheduler_state import CJob, Machine, State
-from gmux.cluster.transfer import Receiver, send_file
+from gmux.cluster.transfer import Receiver, rank_xfers, send_file
 
 log = logging.getLogger("gmux.scheduler")
 C = protocol.CLUSTER_MESSAGES
 START_RETRY_S = 30.0
+MIGRATE_WAIT_S = 600.0     # how long a move's new processes wait for their checkpoints before giving up
+# A periodic checkpoint's file, as a link names it: MACHINE-CJOB-kSEQ.RANK.ckpt (the machine's name may hold '-').
+_PERIODIC = re.compile(r"-(c\d+)-k\d+\.\d+\.ckpt$")
 
 
 @dataclass
@@ -59,6 +63,7 @@ class Scheduler:
             m.last_seen = max(m.last_seen, now)   # a restarted scheduler gives every machine a fresh grace period
         self.driver = Driver(make_policy(self.opt.policy))
         self.receiver = Receiver(os.path.join(statedir, "checkpoints"))
+        self._sweep_checkpoints()
         self.ctx = zmq.Context()
         self.guard = keys.Guard(self.ctx, keydir, ("daemon", "client"))
         self.sock = keys.server_socket(self.ctx, zmq.ROUTER, keydir, "scheduler")
@@ -71,6 +76,7 @@ class Scheduler:
         self.done: "queue.SimpleQueue" = queue.SimpleQueue()     # outcomes of worker threads
         self.timers: list = []
         self.pushing: set = set()       # jobs whose checkpoint is on its way to a daemon
+        self.moves: dict = {}           # cjob -> how its cross-machine move stands: sending / sent / target_failed
         self.events: deque = deque()
         self.decision_ms: deque = deque(maxlen=2000)
         self.bad_messages = 0
@@ -177,7 +183,7 @@ class Scheduler:
             if job is None or (job.machine != name and job.source != name):
                 if job is not None and not job.final and r["state"] not in protocol.FINAL_STATES:
                     # A copy on a machine the job has left (it came back after being declared lost): stop it.
-                    self._action(name, "kill", r["cjob"], local=r["local"])
+                    self._action(name, "kill", r["cjob"])
                 continue
             if job.machine != name or job.final:
                 continue          # the migration source's view (the target's reports are the truth), or news
@@ -188,6 +194,7 @@ class Scheduler:
 
     def _observe(self, job: CJob, r: dict, now: float) -> None:
         job.local = r["local"]
+        job.ranks = r.get("ranks") or []
         job.step = max(job.step, r["step"]) if job.state != "pending" else job.step
         job.gpu_seconds = float(r.get("gpu_seconds") or 0.0)
         for k in ("rate_now", "rate_solo", "mem_peak"):
@@ -205,8 +212,7 @@ class Scheduler:
                 state = "failed"
             job.exit_status = status
             job.finished = now
-            if job.ckpt_path and os.path.exists(job.ckpt_path):
-                os.unlink(job.ckpt_path)      # an ended job is never restarted: its last checkpoint is dead weight
+            self._drop_checkpoints(job.cjob)   # an ended job is never restarted: its checkpoints are dead weight
             job.set(state, r.get("detail") or r["state"])
             self._log("end", job.cjob, f"{job.cjob} {state} on {job.machine} at step {job.step}: {job.detail}",
                       {"step": job.step, "status": status})
@@ -231,37 +237,86 @@ class Scheduler:
                                                 f"{job.source} releases it", d)
                 job.migrations += 1
                 job.source = None
+                self.moves.pop(job.cjob, None)
             job.set("running")
             job.first_run = job.first_run or time.time()
         elif ev == "start_failed" and job.machine == name:
             if job.state == "migrating" and job.source:
-                self._action(job.source, "resume", job.cjob)
-                job.machine, job.gpu, job.source = job.source, None, None
-                job.set("running", f"migration target {name} failed: {detail}")
+                self._target_failed(job, f"migration target {name} failed: {detail}")
             else:
-                job.machine = job.gpu = None
+                job.machine, job.gpu, job.rank_gpus = None, None, []
                 job.set("pending", f"start on {name} failed: {detail}")
             self._log("start_failed", job.cjob, f"{job.cjob}: start on {name} failed: {detail}")
         elif ev == "migrate_sent" and job.source == name and job.state == "migrating":
-            self._action(job.machine, "start", job.cjob, **self._start_args(job, restore=d.get("xfer")))
             self._log("migrate_sent", job.cjob, f"{job.cjob}: checkpoint ({d.get('bytes')} B) sent {name} -> "
                                                 f"{job.machine} in {d.get('seconds', 0):.3f} s", d)
+            if self.moves.get(job.cjob) == "target_failed":
+                self._action(name, "resume", job.cjob)
+                self._back_to_source(job)
+                job.set("running")
+            else:
+                self.moves[job.cjob] = "sent"
         elif ev == "migrate_failed" and job.source == name:
-            job.machine, job.gpu, job.source = name, d.get("gpu", job.gpu), None
+            if self.moves.pop(job.cjob, None) != "target_failed":
+                self._action(job.machine, "kill", job.cjob)     # the new processes waiting for the checkpoint
+            self._back_to_source(job)
             job.set("running", f"migration failed, kept on {name}: {detail}")
             self._log("migrate_failed", job.cjob, f"{job.cjob}: migration from {name} failed: {detail}")
         elif ev == "checkpointed":
-            path = self.receiver.path(d.get("xfer", "")) if isinstance(d.get("xfer"), str) else None
-            if path and os.path.exists(path):
-                old, job.ckpt_path, job.ckpt_step = job.ckpt_path, path, int(d.get("step") or 0)
-                if old and old != path and os.path.exists(old):
-                    os.unlink(old)
+            xfers = d.get("xfers")
+            ok = (isinstance(xfers, list) and len(xfers) == job.gpus
+                  and all(isinstance(x, str) and x.startswith(f"{name}-{job.cjob}-") and not protocol._name(x)
+                          for x in xfers))
+            paths = [self.receiver.path(x) for x in xfers] if ok else []
+            if paths and all(os.path.exists(p) for p in paths):
+                job.ckpt_paths, job.ckpt_step = paths, int(d.get("step") or 0)
+                self._drop_checkpoints(job.cjob, keep=paths)     # only the newest complete set is worth keeping
         elif ev == "suspended" and job.state == "suspended":
             job.detail = f"held on {name}"
         elif ev == "action_failed":
             self._log("action_failed", job.cjob, f"{job.cjob} on {name}: {detail}")
         self.state.save(job)
         return None
+
+    def _target_failed(self, job: CJob, why: str) -> None:
+        """A move's new processes are gone: the job stays on its source. While the source is still suspending
+        or sending, a resume could land before its suspend and leave the job held there: its outcome
+        (migrate_sent / migrate_failed) settles the move then."""
+        if self.moves.get(job.cjob) == "sending":
+            self.moves[job.cjob] = "target_failed"
+            job.detail = why
+            return
+        self.moves.pop(job.cjob, None)
+        self._action(job.source, "resume", job.cjob)
+        self._back_to_source(job)
+        job.set("running", why)
+
+    @staticmethod
+    def _back_to_source(job: CJob) -> None:
+        """A migration that did not happen: the job is where it was, on the GPUs it had there."""
+        job.machine, job.source = job.source, None
+        job.rank_gpus = list(job.source_gpus)
+        job.gpu = job.rank_gpus[0] if job.rank_gpus else None
+
+    def _sweep_checkpoints(self) -> None:
+        """Received checkpoints no live job's newest set names (left by a scheduler that stopped between a
+        transfer and its bookkeeping) are deleted at start."""
+        keep = {p for j in self.jobs.values() if not j.final for p in j.ckpt_paths}
+        for f in os.listdir(self.receiver.dir):
+            path = os.path.join(self.receiver.dir, f)
+            if f.endswith(".ckpt") and path not in keep:
+                os.unlink(path)
+
+    def _drop_checkpoints(self, cjob: str, keep=()) -> None:
+        """Deletes the received checkpoints of `cjob` but those in `keep`."""
+        for f in os.listdir(self.receiver.dir):
+            m = _PERIODIC.search(f)
+            path = os.path.join(self.receiver.dir, f)
+            if m and m.group(1) == cjob and path not in keep:
+                os.unlink(path)
+        job = self.jobs.get(cjob)
+        if job is not None and not keep:
+            job.ckpt_paths = []
 
     def _daemon_xfer_begin(self, name, ident, msg, data):
         return self._xfer(name, msg, data)
@@ -278,11 +333,14 @@ class Scheduler:
 
     # --- from clients ---
     def _client_c_submit(self, name, ident, msg, data):
-        if msg.get("gpus", 1) != 1:
-            raise protocol.ProtocolError("c_submit: multi-GPU jobs are not scheduled across machines yet; "
-                                         "submit with --gpus 1")
+        ranks = msg.get("ranks", 1)
+        most = max((len(m.gpus) for m in self.machines.values()), default=None)
+        if most is not None and ranks > most:
+            raise protocol.ProtocolError(f"c_submit: --ranks {ranks}: no machine has {ranks} GPUs (the most any "
+                                         f"machine of this cluster has is {most}); a gang runs on one machine, "
+                                         f"one rank per GPU")
         job = CJob(self.state.next_id(), list(msg["argv"]), msg["cwd"], dict(msg.get("env") or {}),
-                   msg.get("name") or "", 1, msg.get("mem"), float(msg.get("weight", 1.0)),
+                   msg.get("name") or "", ranks, msg.get("mem"), float(msg.get("weight", 1.0)),
                    msg.get("ckpt_every", self.opt.ckpt_every))
         self.jobs[job.cjob] = job
         self.state.save(job)
@@ -291,7 +349,8 @@ class Scheduler:
         return {"cjob": job.cjob}
 
     def _client_c_ps(self, name, ident, msg, data):
-        jobs = [{k: getattr(j, k) for k in ("cjob", "name", "state", "machine", "gpu", "source", "local", "step",
+        jobs = [{k: getattr(j, k) for k in ("cjob", "name", "state", "machine", "gpu", "gpus", "rank_gpus", "ranks",
+                                            "source", "local", "step",
                                             "rate_now", "rate_solo", "attained", "gpu_seconds", "restarts",
                                             "migrations", "ckpt_step", "detail", "exit_status")}
                 for j in self.jobs.values() if msg.get("all", True) or not j.final]
@@ -324,13 +383,19 @@ class Scheduler:
         if job is None or job.state != "running":
             raise protocol.ProtocolError(f"c_migrate: {msg['cjob']!r} is not a running job (it is "
                                          f"{job.state if job else 'unknown'})")
-        if m is None or m.state != "up" or msg["gpu"] not in {g["index"] for g in m.gpus}:
-            raise protocol.ProtocolError(f"c_migrate: no GPU {msg['gpu']} on an up machine {msg['machine']!r}")
+        gpus = [msg["gpu"] + r for r in range(job.gpus)]
+        if m is None or m.state != "up" or not set(gpus) <= {g["index"] for g in m.gpus}:
+            raise protocol.ProtocolError(f"c_migrate: no GPU{'s' if job.gpus > 1 else ''} "
+                                         f"{', '.join(map(str, gpus))} on an up machine {msg['machine']!r}"
+                                         + (f" (rank r of {job.cjob}'s {job.gpus} goes to GPU {msg['gpu']}+r)"
+                                            if job.gpus > 1 else ""))
         if m.name == job.machine:
-            job.gpu = msg["gpu"]
+            if job.gpus > 1:
+                raise protocol.ProtocolError(f"c_migrate: {job.cjob} is a gang: it moves between machines only")
+            job.gpu, job.rank_gpus = msg["gpu"], [msg["gpu"]]
             self._action(job.machine, "move", job.cjob, gpu=msg["gpu"])
         else:
-            self.migrate(job, m.name, msg["gpu"], f"asked by {name}")
+            self.migrate(job, m.name, gpus, f"asked by {name}")
         self.state.save(job)
         return {"cjob": job.cjob, "from": job.source or job.machine, "to": m.name}
 
@@ -361,8 +426,8 @@ class Scheduler:
             if (job.state == "starting" and job.local is None and now - job.since > START_RETRY_S
                     and job.cjob not in self.pushing):
                 job.since = now
-                if job.ckpt_path and os.path.exists(job.ckpt_path):
-                    job.machine, job.gpu = None, None     # pushed, but never seen there: place (and push) again
+                if job.ckpt_paths:
+                    job.machine, job.gpu, job.rank_gpus = None, None, []  # pushed, never seen there: place again
                     job.set("pending", "restore not confirmed: placing again")
                     self.events.append(Event(EventKind.ARRIVAL, job_id=job.cjob))
                     continue
@@ -380,13 +445,22 @@ class Scheduler:
                     if job.final:
                         continue
                     if job.source == m.name and job.state == "migrating":
-                        job.source = None      # its checkpoint is already on the target: the move goes on
+                        if self.moves.get(job.cjob) == "sent":
+                            job.source = None      # its checkpoint is already on the target: the move goes on
+                        else:                      # it never will be: the job is lost with its source
+                            self.moves.pop(job.cjob, None)
+                            self._action(job.machine, "kill", job.cjob)
+                            job.machine = m.name
+                    elif job.machine == m.name and job.state == "migrating" and job.source:
+                        self._target_failed(job, f"migration target {m.name} lost")
+                        continue
                     if job.machine == m.name:
                         job.attained += job.gpu_seconds
                         job.gpu_seconds, job.machine, job.gpu, job.source, job.local = 0.0, None, None, None, None
+                        job.rank_gpus, job.ranks = [], []
                         job.restarts += 1
                         job.set("pending", f"machine {m.name} lost; restarts from "
-                                           + (f"its checkpoint at step {job.ckpt_step}" if job.ckpt_path
+                                           + (f"its checkpoint at step {job.ckpt_step}" if job.ckpt_paths
                                               else "the beginning (no checkpoint yet)"))
                         moved.append(job.cjob)
                         self.events.append(Event(EventKind.ARRIVAL, job_id=job.cjob))
@@ -394,8 +468,10 @@ class Scheduler:
                                         f"{len(moved)} job(s) to restart elsewhere: {', '.join(moved)}",
                           {"jobs": moved})
 
-    def _start_args(self, job: CJob, restore: Optional[str] = None) -> dict:
-        return {"argv": job.argv, "cwd": job.cwd, "env": job.env, "gpu": job.gpu, "mem": job.mem,
+    def _start_args(self, job: CJob, restore: Optional[list] = None) -> dict:
+        """What a link needs to start the job's ranks: rank r on gpus[r], restoring received checkpoint
+        restore[r] (None: from the beginning)."""
+        return {"argv": job.argv, "cwd": job.cwd, "env": job.env, "gpus": job.rank_gpus or [job.gpu], "mem": job.mem,
                 "weight": job.weight, "restore": restore, "ckpt_every": job.ckpt_every}
 
     def _carry_out(self, it: Intent) -> None:
@@ -406,60 +482,72 @@ class Scheduler:
             return
         m = self.machines.get(it.machine) if it.machine else None
         if it.what == "start":
-            job.machine, job.gpu = it.machine, it.gpu
-            if job.ckpt_path and os.path.exists(job.ckpt_path):
+            job.machine, job.gpu, job.rank_gpus = it.machine, it.gpu, list(it.gpus)
+            if job.ckpt_paths and all(os.path.exists(p) for p in job.ckpt_paths):
                 job.set("starting", f"sending its checkpoint (step {job.ckpt_step}) to {it.machine}")
                 self._push(job, m)
             else:
                 job.set("starting", f"started on {it.machine} GPU {it.gpu}")
                 self._action(it.machine, "start", job.cjob, **self._start_args(job))
-            self._log("place", job.cjob, f"{job.cjob} -> {it.machine} GPU {it.gpu} ({it.why})")
+            self._log("place", job.cjob, f"{job.cjob} -> {it.machine} GPU {_gpus(it.gpus)} ({it.why})")
         elif it.what == "suspend":
             job.set("suspended")
             self._action(job.machine, "suspend", job.cjob)
             self._log("suspend", job.cjob, f"suspend {job.cjob} on {job.machine} ({it.why})")
         elif it.what == "resume":
             job.set("running")
-            job.gpu = it.gpu
+            job.gpu, job.rank_gpus = it.gpu, list(it.gpus)
             self._action(job.machine, "resume", job.cjob, gpu=it.gpu)
             self._log("resume", job.cjob, f"resume {job.cjob} on {job.machine} GPU {it.gpu}")
         elif it.what == "move":
-            job.gpu = it.gpu
+            job.gpu, job.rank_gpus = it.gpu, list(it.gpus)
             self._action(job.machine, "move", job.cjob, gpu=it.gpu)
             self._log("move", job.cjob, f"move {job.cjob} to GPU {it.gpu} of {job.machine}")
         elif it.what == "migrate":
-            self.migrate(job, it.machine, it.gpu, it.why)
+            self.migrate(job, it.machine, list(it.gpus), it.why)
 
-    def migrate(self, job: CJob, machine: str, gpu: int, why: str = "") -> None:
-        """Cross-machine: the source checkpoints at a boundary and streams to the target; the target restores;
-        only then is the source told to release the job (see _daemon_node_event)."""
+    def migrate(self, job: CJob, machine: str, gpus: list, why: str = "") -> None:
+        """Cross-machine: the source suspends every rank at one boundary, checkpoints each and streams them to
+        the target; the target restores them (a gang with a new rendezvous); only then is the source told to
+        release the job (see _daemon_node_event)."""
         target = self.machines[machine]
-        job.source, job.machine, job.gpu = job.machine, machine, gpu
+        job.source, job.source_gpus = job.machine, list(job.rank_gpus or [job.gpu])
+        job.machine, job.gpu, job.rank_gpus = machine, gpus[0], list(gpus)
         job.attained += job.gpu_seconds
         job.gpu_seconds = 0.0
         job.set("migrating", f"{job.source} -> {machine}")
-        self._action(job.source, "migrate_out", job.cjob, target=machine, endpoint=target.transfer,
-                     xfer=f"{job.cjob}-m{job.migrations + 1}-{int(time.time() * 1000) % 10**9}")
-        self._log("migrate", job.cjob, f"migrate {job.cjob} {job.source} -> {machine} GPU {gpu} ({why})")
+        xfer = f"{job.cjob}-m{job.migrations + 1}-{int(time.time() * 1000) % 10**9}"
+        self.moves[job.cjob] = "sending"
+        self._action(job.source, "migrate_out", job.cjob, target=machine, endpoint=target.transfer, xfer=xfer)
+        # The new processes start now, beside the suspend and the transfer, and wait for their checkpoints: a
+        # fresh interpreter, torch and the model cost as much as the move itself.
+        self._action(machine, "start", job.cjob, **self._start_args(job, restore=rank_xfers(xfer, job.gpus)),
+                     restore_wait=MIGRATE_WAIT_S)
+        self._log("migrate", job.cjob, f"migrate {job.cjob} {job.source} -> {machine} GPU {_gpus(gpus)} ({why})")
 
     def _push(self, job: CJob, m: Machine) -> None:
-        xfer = f"{job.cjob}-r{job.restarts}-{int(time.time() * 1000) % 10**9}"
-        path, endpoint, name = job.ckpt_path, m.transfer, m.name
+        base = f"{job.cjob}-r{job.restarts}-{int(time.time() * 1000) % 10**9}"
+        paths, endpoint, name = list(job.ckpt_paths), m.transfer, m.name
+        xfers = rank_xfers(base, len(paths))
 
         def work():
             try:
                 server_key = keys.load_public(self.keydir, "daemon", name)
-                r = send_file(path, endpoint, server_key, self.keydir, "scheduler", None, xfer, context=self.ctx)
-                self.done.put(("pushed", job.cjob, name, xfer, r, None))
+                total = {"bytes": 0, "seconds": 0.0}
+                for path, xfer in zip(paths, xfers):
+                    r = send_file(path, endpoint, server_key, self.keydir, "scheduler", None, xfer, context=self.ctx)
+                    total["bytes"] += r["bytes"]
+                    total["seconds"] += r["seconds"]
+                self.done.put(("pushed", job.cjob, name, xfers, total, None))
             except Exception as e:
-                self.done.put(("pushed", job.cjob, name, xfer, None, str(e)))
+                self.done.put(("pushed", job.cjob, name, xfers, None, str(e)))
         self.pushing.add(job.cjob)
         threading.Thread(target=work, daemon=True, name=f"push-{job.cjob}").start()
 
     def _drain_workers(self) -> None:
         while True:
             try:
-                kind, cjob, name, xfer, figures, error = self.done.get_nowait()
+                kind, cjob, name, xfers, figures, error = self.done.get_nowait()
             except queue.Empty:
                 return
             self.pushing.discard(cjob)
@@ -467,10 +555,14 @@ class Scheduler:
             if job.machine != name or job.state != "starting":
                 continue
             if error:
-                job.machine = job.gpu = None
+                job.machine, job.gpu, job.rank_gpus = None, None, []
                 job.set("pending", f"checkpoint push to {name} failed: {error}")
                 self._log("push_failed", cjob, job.detail)
                 continue
-            self._action(name, "start", cjob, **self._start_args(job, restore=xfer))
+            self._action(name, "start", cjob, **self._start_args(job, restore=xfers))
             self._log("restart", cjob, f"{cjob}: checkpoint at step {job.ckpt_step} sent to {name} "
                                        f"({figures['bytes']} B in {figures['seconds']:.3f} s); restoring there")
+
+
+def _gpus(gpus) -> str:
+    return ",".join(map(str, gpus))

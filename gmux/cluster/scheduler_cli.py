@@ -42,6 +42,9 @@ def main(argv: list) -> int:
             s.add_argument("--mem", type=parse_size)
             s.add_argument("--weight", type=float, default=1.0)
             s.add_argument("--ckpt-every", type=float, help="periodic checkpoint interval, seconds")
+            s.add_argument("--ranks", type=int, default=1,
+                           help="a gang of N processes, one per GPU of one machine (torch.distributed: RANK, "
+                                "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are set for each)")
             s.add_argument("argv", nargs=argparse.REMAINDER)
         elif name == "kill":
             s.add_argument("job")
@@ -50,7 +53,7 @@ def main(argv: list) -> int:
     a = p.parse_args(argv)
     try:
         return run(a)
-    except (ClusterError, keys.KeyError_, FileExistsError, ValueError) as e:
+    except (ClusterError, keys.KeyError_, FileExistsError, ValueError) as e:   # ValueError: ProtocolError too
         print(f"gmux: {e}", file=sys.stderr)
         return 1
 
@@ -76,7 +79,7 @@ def run(a) -> int:
             env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "USER", "LANG")
                    or k.startswith(("OMP_", "MKL_", "TORCH_"))}
             data = c.call("c_submit", argv=argv, cwd=os.getcwd(), env=env, name=a.name, mem=a.mem,
-                          weight=a.weight, ckpt_every=a.ckpt_every)
+                          weight=a.weight, ckpt_every=a.ckpt_every, ranks=a.ranks)
             print(json.dumps(data) if a.json else f"submitted {data['cjob']} to {a.cluster}")
         elif a.cmd == "kill":
             data = c.call("c_kill", cjob=a.job)
@@ -93,6 +96,9 @@ def run(a) -> int:
                     print(f"{j['cjob']:6} {j['state']:10} {str(j['machine'] or '-'):10} "
                           f"{'-' if j['gpu'] is None else j['gpu']:>3} {j['step']:>8} {j['restarts']:>8} "
                           f"{j['migrations']:>5}  {j['detail'][:60]}")
+                    for r in j.get("ranks") or []:
+                        print(f"  .{r['rank']:<3} {r['state']:10} {str(j['machine'] or '-'):10} "
+                              f"{'-' if r['gpu'] is None else r['gpu']:>3} {r['step']:>8}  local job {r['local']}")
     finally:
         c.close()
     return 0

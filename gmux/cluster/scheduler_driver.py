@@ -9,12 +9,19 @@ scheduler did is in its tables, not in a snapshot that could drift from them.
 
 Actions map onto daemons like this:
   Place / Pack          start the job on the GPU (a Pack's GPU is its partner's: that gmuxd's packer then
-                        measures the pair and keeps or undoes the pack by its own introspection)
+                        measures the pair and keeps or undoes the pack by its own introspection); a gang (a job
+                        of n ranks) on n GPUs of one machine, one rank per GPU
   Suspend               hold the job at its next boundary (state stays in that machine's host RAM)
   Resume                let it run again; on another machine: migrate it there
   Migrate               another GPU of the same machine: gmuxd's own migration; another machine: cross-machine
   Unpack                left to the daemon's packer (it measures the pair; the cluster does not)
-  Grow / Shrink         refused: gmuxd runs single-GPU jobs (said in the decision log)
+  Grow / Shrink         refused: a gang's size is fixed at submission (said in the decision log)
+
+Gangs get their GPUs to themselves: gmuxd time-slices and packs each GPU on its own, so a rank sharing a GPU
+would be suspended alone and its peers would wait for it in their next collective. Until gmuxd slices a
+gang's GPUs together, an action that would put a gang beside another job (or a job beside a gang) is not
+carried out, nor one that spreads a gang over machines (its ranks meet on loopback) or moves it between GPUs
+of its machine (a gang moves only as a whole, by checkpoint and new processes: cross-machine migration).
   SetTimer              kept by the scheduler and fired as a TIMER event
 """
 from __future__ import annotations
@@ -37,8 +44,9 @@ class Intent:
     what: str
     cjob: str
     machine: Optional[str] = None     # where it goes (start, resume, move, migrate)
-    gpu: Optional[int] = None         # local GPU index there
+    gpu: Optional[int] = None         # local GPU index there (rank 0's, for a gang)
     why: str = ""
+    gpus: tuple = ()                  # every rank's local GPU index there
 
 
 def job_type(job: CJob) -> str:
@@ -70,8 +78,8 @@ class Driver:
             if job.final or job.state not in _POLICY_STATE:
                 continue
             state = _POLICY_STATE[job.state]
-            where = global_of.get((job.machine, job.gpu))
-            if state is JobState.RUNNING and where is None:
+            where = tuple(global_of.get((job.machine, g)) for g in (job.rank_gpus or [job.gpu]))
+            if state is JobState.RUNNING and None in where:
                 continue     # on a machine that is not up: the service turns it pending first
             rate = (job.rate_now / job.rate_solo) if job.rate_now and job.rate_solo else (1.0 if state is JobState.RUNNING else 0.0)
             v = JobView(job.cjob, job.gpus, job_type(job), job.submitted, state=JobState.PENDING,
@@ -83,7 +91,7 @@ class Driver:
             if state is not JobState.PENDING:
                 snap.set_state(v, state)
             if state is JobState.RUNNING:
-                snap.attach(v, (where,))
+                snap.attach(v, where)
         return snap
 
     def decide(self, jobs: dict[str, CJob], machines: dict[str, Machine], event: Event,
@@ -93,6 +101,11 @@ class Driver:
         snap = self.snapshot(jobs, machines, now)
         actions = self.policy.decide(snap, event)
         intents, timers = [], []
+        occupants: dict[tuple, list] = {}      # (machine, gpu) -> live jobs placed there
+        for j in jobs.values():
+            if not j.final and j.machine is not None:
+                for g in j.rank_gpus or [j.gpu]:
+                    occupants.setdefault((j.machine, g), []).append(j)
         for a in actions:
             if isinstance(a, SetTimer):
                 timers.append((a.at, a.key))
@@ -105,20 +118,31 @@ class Driver:
                     partner = jobs.get(a.partner)
                     if partner is None or partner.machine is None:
                         continue
-                    machine, gpu = partner.machine, partner.gpu
+                    machine, gpus = partner.machine, tuple(partner.rank_gpus or [partner.gpu])
                 else:
-                    if len(a.gpus) != 1:
-                        intents.append(Intent("none", job.cjob, why=f"{type(a).__name__} on {len(a.gpus)} GPUs: "
-                                                                      f"multi-GPU placement is not supported yet"))
+                    where = [self.gpu_of[g] for g in a.gpus]
+                    machine, gpus = where[0][0], tuple(g for _, g in where)
+                    if len({m for m, _ in where}) != 1:
+                        intents.append(Intent("none", job.cjob, why=f"{type(a).__name__} of a {len(a.gpus)}-rank "
+                                                                      f"gang across machines: its ranks share one"))
                         continue
-                    machine, gpu = self.gpu_of[a.gpus[0]]
-                if isinstance(a, (Place, Pack)) and job.state == "pending":
-                    intents.append(Intent("start", job.cjob, machine, gpu, f"policy {type(a).__name__}"))
+                why = f"policy {type(a).__name__}"
+                problem = (f"on {len(gpus)} GPUs, but {job.cjob} has {job.gpus} rank(s), one per GPU"
+                           if len(gpus) != job.gpus else _gang_problem(job, machine, gpus, occupants))
+                if problem:
+                    intents.append(Intent("none", job.cjob, why=f"{type(a).__name__}: {problem}"))
+                elif isinstance(a, (Place, Pack)) and job.state == "pending":
+                    intents.append(Intent("start", job.cjob, machine, gpus[0], why, gpus))
                 elif job.machine == machine:
-                    kind = "resume" if job.state == "suspended" else ("move" if gpu != job.gpu else "none")
-                    intents.append(Intent(kind, job.cjob, machine, gpu, f"policy {type(a).__name__}"))
+                    moved = gpus != tuple(job.rank_gpus or [job.gpu])
+                    kind = "resume" if job.state == "suspended" else ("move" if moved else "none")
+                    if moved and job.gpus > 1:
+                        intents.append(Intent("none", job.cjob, why=f"{type(a).__name__}: a gang moves between "
+                                                                      f"machines only"))
+                        continue
+                    intents.append(Intent(kind, job.cjob, machine, gpus[0], why, gpus))
                 else:
-                    intents.append(Intent("migrate", job.cjob, machine, gpu, f"policy {type(a).__name__}"))
+                    intents.append(Intent("migrate", job.cjob, machine, gpus[0], why, gpus))
             elif isinstance(a, Suspend):
                 intents.append(Intent("suspend", job.cjob, job.machine, job.gpu, "policy Suspend"))
             elif isinstance(a, Unpack):
@@ -126,3 +150,13 @@ class Driver:
             elif isinstance(a, (Grow, Shrink)):
                 intents.append(Intent("none", job.cjob, why=f"{type(a).__name__}: elastic jobs not supported"))
         return intents, timers
+
+
+def _gang_problem(job: CJob, machine: str, gpus: tuple, occupants: dict) -> Optional[str]:
+    """Why `job` may not go on `gpus` of `machine` beside what runs there (see the module's note on gangs)."""
+    for g in gpus:
+        others = [o for o in occupants.get((machine, g), []) if o.cjob != job.cjob]
+        if others and (job.gpus > 1 or any(o.gpus > 1 for o in others)):
+            return (f"GPU {g} of {machine} holds {others[0].cjob}; a gang shares no GPU (gmuxd slices each GPU "
+                    f"on its own)")
+    return None

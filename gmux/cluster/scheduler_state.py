@@ -30,15 +30,18 @@ class CJob:
     cwd: str
     env: dict = field(default_factory=dict)
     name: str = ""
-    gpus: int = 1
+    gpus: int = 1                      # its ranks: a gang of n processes, one per GPU, all on one machine
     mem: Optional[int] = None
     weight: float = 1.0
     ckpt_every: Optional[float] = None
     submitted: float = field(default_factory=time.time)
     state: str = "pending"
     machine: Optional[str] = None
-    gpu: Optional[int] = None
+    gpu: Optional[int] = None          # rank 0's GPU on `machine`
+    rank_gpus: list = field(default_factory=list)   # every rank's GPU on `machine`, by rank (empty: not placed)
+    ranks: list = field(default_factory=list)       # a gang's ranks as `machine` last reported them
     source: Optional[str] = None       # the machine a migration leaves from
+    source_gpus: list = field(default_factory=list)  # and its GPUs there, by rank (where a failed move leaves it)
     local: Optional[str] = None        # the job id on `machine`'s gmuxd
     step: int = 0
     attained: float = 0.0              # GPU-seconds on machines it has left
@@ -47,7 +50,7 @@ class CJob:
     rate_solo: Optional[float] = None
     mem_peak: Optional[int] = None
     first_run: Optional[float] = None
-    ckpt_path: Optional[str] = None    # last periodic checkpoint held by the scheduler
+    ckpt_paths: list = field(default_factory=list)  # newest complete periodic checkpoint: a file per rank, one step
     ckpt_step: Optional[int] = None
     restarts: int = 0
     migrations: int = 0
@@ -68,7 +71,7 @@ class CJob:
             self.detail = detail
 
 
-_JSON = ("argv", "env")
+_JSON = ("argv", "env", "rank_gpus", "source_gpus", "ranks", "ckpt_paths")
 _COLS = [f.name for f in fields(CJob)]
 
 
@@ -90,6 +93,10 @@ class State:
         self.db.execute("PRAGMA synchronous=NORMAL")
         # Untyped columns (SQLite keeps each value's type): the dataclass above is the schema.
         self.db.execute(f"CREATE TABLE IF NOT EXISTS jobs (cjob TEXT PRIMARY KEY, seq INTEGER, {', '.join(_COLS[1:])})")
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(jobs)")}
+        for col in _COLS:
+            if col not in have:      # a database written by an older gmux-scheduler
+                self.db.execute(f"ALTER TABLE jobs ADD COLUMN {col}")
         self.db.execute("CREATE TABLE IF NOT EXISTS machines (name TEXT PRIMARY KEY, data TEXT)")
         self.db.execute("CREATE TABLE IF NOT EXISTS decisions (id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, "
                         "kind TEXT, cjob TEXT, text TEXT, numbers TEXT)")
@@ -126,7 +133,7 @@ class State:
         for row in self.db.execute(f"SELECT {', '.join(_COLS)} FROM jobs ORDER BY seq"):
             d = dict(zip(_COLS, row))
             for k in _JSON:
-                d[k] = json.loads(d[k])
+                d[k] = json.loads(d[k]) if d[k] is not None else []
             d["kill_requested"] = bool(d["kill_requested"])
             out[d["cjob"]] = CJob(**d)
         return out

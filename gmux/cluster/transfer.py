@@ -34,6 +34,11 @@ WINDOW = 64   # 16 MiB in flight
 _ENTRY = struct.Struct("<QQI")   # offset, length, crc32: one row of the chunk table the digest covers
 
 
+def rank_xfers(base: str, ranks: int) -> list:
+    """The transfer names of a job's checkpoints, one per rank, taken together under one name."""
+    return [f"{base}.{r}" for r in range(ranks)]
+
+
 class TransferError(RuntimeError):
     """A transfer that could not complete; the text says where and why."""
 

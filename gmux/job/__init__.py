@@ -11,6 +11,7 @@ or runs unmodified under `python -m gmux.job.run script.py` (transparent optimiz
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 import torch
@@ -51,8 +52,19 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
                    device=device)
     restore = restore or os.environ.get("GMUX_RESTORE")
     if restore:
+        _await(restore, float(os.environ.get("GMUX_RESTORE_WAIT") or 0))
         _current.restore(restore)
     return _current
+
+
+def _await(path: str, seconds: float) -> None:
+    """A job started on a machine while its checkpoint is still on the way there (a cross-machine move overlaps
+    the new process's start with the transfer) waits here for the file; it appears whole (renamed once verified)."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if seconds and not os.path.exists(path):
+        raise CheckpointError(f"{path}: the checkpoint to restore did not arrive within {seconds:g} s")
 
 
 def current() -> Optional[Job]:

@@ -7,16 +7,26 @@ entered from another thread. Toward the cluster it holds:
     it sends a full report every REPORT_S and events, and receives node_actions;
   - a ROUTER (CurveZMQ server, same key) where checkpoints arrive from other daemons and from the scheduler.
 Cluster jobs run under `gmux-launch --no-hook --name CJOB` (explicit mode: the script attaches and restores
-itself, so it can continue in another process on another machine). Slow work (waiting for a job's boundary,
-streaming a checkpoint) runs on worker threads; only this loop touches its sockets.
+itself, so it can continue in another process on another machine). A gang (a job of n ranks, one per GPU)
+runs n of them, named CJOB.RANK, that meet at a rendezvous on loopback the link picks afresh at every start;
+the link reports them as one job (with its ranks) and acts on all of them at once: the ranks' GangController
+makes them carry out a suspend or a checkpoint at one step, but only when every rank has been asked, so the
+requests go out together. Slow work (waiting for a job's boundary, streaming a checkpoint, starting
+processes) runs on worker threads; only this loop touches its sockets.
+
+Checkpoints received for a start are deleted once every process restoring from them has passed its first
+boundary (or has ended, or could not start): the state then lives in the processes, and the scheduler keeps
+its own newest periodic copy for recovery.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import queue
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -28,14 +38,14 @@ import zmq
 
 from gmux import protocol
 from gmux.cluster import keys
-from gmux.cluster.transfer import Receiver, send_file
+from gmux.cluster.transfer import Receiver, rank_xfers, send_file
 from gmux.node.client import Client, GmuxError
 from gmux.node.paths import RuntimeDir
 
 log = logging.getLogger("gmux.cluster_link")
 C = protocol.CLUSTER_MESSAGES
 REPORT_S = 0.5
-CJOB = re.compile(r"^c\d+$")
+LOCAL_NAME = re.compile(r"^(c\d+)(?:\.(\d+))?$")    # CJOB (a one-GPU job) or CJOB.RANK (a rank of a gang)
 
 
 def _check_start(args: dict) -> Optional[str]:
@@ -44,12 +54,19 @@ def _check_start(args: dict) -> Optional[str]:
         p = check(args.get(key))
         if p:
             return f"{key}: {p}"
-    if not isinstance(args.get("gpu"), int) or isinstance(args.get("gpu"), bool):
-        return "gpu: expected an integer"
-    for key in ("restore",):
-        if args.get(key) is not None and protocol._name(args[key]):
-            return f"{key}: {protocol._name(args[key])}"
-    for key in ("ckpt_every", "weight"):
+    gpus = args.get("gpus")
+    if not isinstance(gpus, list) or not 1 <= len(gpus) <= protocol.MAX_RANKS:
+        return f"gpus: expected a list of 1..{protocol.MAX_RANKS} GPU indices, one per rank"
+    if any(protocol._gpu_index(g) for g in gpus) or len(set(gpus)) != len(gpus):
+        return f"gpus: {gpus!r} are not distinct GPU indices"
+    restore = args.get("restore")
+    if restore is not None:
+        if not isinstance(restore, list) or len(restore) != len(gpus):
+            return f"restore: expected one received checkpoint per rank ({len(gpus)})"
+        for x in restore:
+            if protocol._name(x):
+                return f"restore: {protocol._name(x)}"
+    for key in ("ckpt_every", "weight", "restore_wait"):
         if args.get(key) is not None and protocol._pos_float(args[key]):
             return f"{key}: {protocol._pos_float(args[key])}"
     if args.get("mem") is not None and protocol._nonneg_int(args["mem"]):
@@ -83,8 +100,17 @@ class ClusterLink:
         self.busy: set[str] = set()            # cjobs with a worker on them (no periodic checkpoint meanwhile)
         self.starting: dict[str, float] = {}   # cjob -> when started here, until it is seen past a boundary
         self.ckpt_every: dict[str, float] = {}
-        self.spawned: dict[str, int] = {}      # cjob -> pid of the process started for it last
+        self.spawned: dict[str, list] = {}     # cjob -> pid of each rank's process started for it last
+        self.world: dict[str, int] = {}        # cjob -> its number of ranks
+        self.locals: dict[str, list] = {}      # cjob -> each rank's job id on this gmuxd, latest report
+        self.restoring: dict[str, list] = {}   # cjob -> received checkpoints its new processes restore from
+        self.broken: set[str] = set()          # gangs with a rank ended badly, whose other ranks were killed
+        self.cancelled: set[str] = set()       # starts killed before gmuxd knew their processes
+        self._gang_flags: Optional[bool] = None   # whether this gmux-launch takes --gang/--rank/--world
         self.last_ckpt: dict[str, float] = {}
+        # One gang-wide request at a time per job: ranks that got a checkpoint and a suspend in different orders
+        # would each hold a different command first and never agree.
+        self.gang_locks: dict[str, threading.Lock] = {}
         self.ckpt_seq = 0
         self.stopping = False
         self.bad_actions = 0
@@ -173,40 +199,54 @@ class ClusterLink:
         except GmuxError as e:
             log.warning("gmuxd not answering: %s", e)
             return
-        # One record per cluster job: the process this link started last for it (an older incarnation, e.g.
-        # the released copy of a job that has since come back, must not speak for it); after a restart of
-        # the link, the newest local job of that name.
-        latest: dict[str, dict] = {}
+        # One record per rank: the process this link started last for it (an older incarnation, e.g. the
+        # released copy of a job that has since come back, must not speak for it); after a restart of the
+        # link, the newest local job of that name.
+        latest: dict[tuple, dict] = {}
         for j in ps["jobs"]:
-            cjob = j.get("name") or ""
-            if not CJOB.match(cjob):
+            m = LOCAL_NAME.match(j.get("name") or "")
+            if not m:
                 continue
-            pid = self.spawned.get(cjob)
-            if pid is not None:
-                if j.get("pid") == pid:
-                    latest[cjob] = j
-            elif cjob not in latest or _num(j["id"]) > _num(latest[cjob]["id"]):
-                latest[cjob] = j
+            key = (m.group(1), int(m.group(2) or 0))
+            pids = self.spawned.get(key[0])
+            if pids is not None:
+                if key[1] < len(pids) and j.get("pid") == pids[key[1]]:
+                    latest[key] = j
+            elif key not in latest or _num(j["id"]) > _num(latest[key]["id"]):
+                latest[key] = j
+        gangs: dict[str, dict] = {}
+        for (cjob, rank), j in latest.items():
+            gangs.setdefault(cjob, {})[rank] = j
         records = []
-        for cjob, j in latest.items():
-            rec = {"cjob": cjob, "local": j["id"], "state": j["state"], "step": int(j.get("step") or 0),
-                   "gpu": j.get("gpu"), "rate_now": _f(j.get("rate_now")), "rate_solo": _f(j.get("rate_solo")),
-                   "mem_peak": j.get("mem_peak") if isinstance(j.get("mem_peak"), int) else None,
-                   "gpu_seconds": float(j.get("gpu_seconds") or 0.0),
-                   "exit_status": j.get("exit_status"), "detail": str(j.get("detail") or "")[:500],
-                   "held": bool(j.get("held", False))}
+        for cjob, by_rank in gangs.items():
+            world = self.world.setdefault(cjob, max(by_rank) + 1)
+            rec = _gang_record(cjob, world, by_rank)
+            self.locals[cjob] = [j["id"] for _, j in sorted(by_rank.items())]
             records.append(rec)
             self._jobs[cjob] = rec
+            if rec.pop("_broken") and cjob not in self.broken:
+                self.broken.add(cjob)       # its peers would wait in their next collective for ever
+                live = [j["id"] for j in by_rank.values() if j["state"] not in protocol.FINAL_STATES]
+                self._work(cjob, self._ranks, cjob, "kill", None, live)
             if cjob in self.starting and rec["state"] in ("running", "suspended") and rec["step"] > 0:
                 del self.starting[cjob]
+                self._drop_received(cjob)
                 self._event("started", cjob, step=rec["step"], local=rec["local"])
             elif cjob in self.starting and rec["state"] in protocol.FINAL_STATES:
                 del self.starting[cjob]     # a job that finished before it was seen running needs no event
+                self._drop_received(cjob)
                 if not (rec["state"] == "exited" and rec["exit_status"] == 0):
                     self._event("start_failed", cjob, f"{rec['state']}: {rec['detail']}")
             self._maybe_checkpoint(cjob, rec, now)
         gpus = [{"index": g["index"], "mem_total": int(g["mem_total"])} for g in ps["gpus"]]
         self._send_up("node_report", name=self.name, gpus=gpus, transfer=self.transfer_endpoint, jobs=records)
+
+    def _drop_received(self, cjob: str) -> None:
+        for path in self.restoring.pop(cjob, []):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     def _maybe_checkpoint(self, cjob: str, rec: dict, now: float) -> None:
         every = self.ckpt_every.get(cjob)
@@ -215,8 +255,8 @@ class ClusterLink:
             return
         self.last_ckpt[cjob] = now
         self.ckpt_seq += 1
-        xfer = f"{self.name}-{cjob}-k{self.ckpt_seq}"
-        self._work(cjob, self._checkpoint_to_scheduler, cjob, rec["local"], xfer)
+        self._work(cjob, self._checkpoint_to_scheduler, cjob, list(self.locals[cjob]),
+                   f"{self.name}-{cjob}-k{self.ckpt_seq}")
 
     def _work(self, cjob: str, fn, *args) -> None:
         self.busy.add(cjob)
@@ -248,7 +288,6 @@ class ClusterLink:
             log.warning("bad message from the scheduler: %s", e)
             return
         action, cjob, args = msg["action"], msg["cjob"], msg["args"]
-        local = (self._jobs.get(cjob) or {}).get("local")
         if action == "start":
             problem = _check_start(args)
             if problem:
@@ -256,21 +295,31 @@ class ClusterLink:
             elif not self._live(cjob):
                 self._start(cjob, args)
             return
-        if local is None:
+        ranks = self.locals.get(cjob) if cjob in self._jobs else None
+        if not ranks and action in ("kill", "release") and cjob in self.starting:
+            self._kill_unregistered(cjob)      # e.g. started beside a move that then failed
+            return
+        if not ranks:
             self._event("action_failed", cjob, f"{action}: {cjob} does not run on {self.name}")
             return
         if action == "suspend":
-            self._work(cjob, self._simple, cjob, "suspend", "suspended", local)
+            self._work(cjob, self._ranks, cjob, "suspend", "suspended", ranks)
         elif action == "resume":
-            self._work(cjob, self._resume, cjob, local, args.get("gpu"))
+            self._work(cjob, self._resume, cjob, ranks, args.get("gpu"))
         elif action == "kill":
-            target = args.get("local") if isinstance(args.get("local"), str) else local
-            self._work(cjob, self._simple, cjob, "kill", None, target)
+            self._work(cjob, self._ranks, cjob, "kill", None, ranks)
         elif action == "release":
-            self._work(cjob, self._simple, cjob, "kill", "released", local)
+            # The job lives on elsewhere: this copy no longer speaks for it (should the job come back here,
+            # its old record must not pass for the new one's end).
+            self.spawned[cjob] = []
+            self._jobs.pop(cjob, None)
+            self._work(cjob, self._ranks, cjob, "kill", "released", ranks)
         elif action == "move":
-            if isinstance(args.get("gpu"), int):
-                self._work(cjob, self._move, cjob, local, args["gpu"])
+            if len(ranks) > 1:
+                self._event("action_failed", cjob, f"move: {cjob} is a gang of {len(ranks)} ranks; it moves "
+                                                   f"between machines only")
+            elif isinstance(args.get("gpu"), int):
+                self._work(cjob, self._move, cjob, ranks[0], args["gpu"])
         elif action == "migrate_out":
             ok = all(isinstance(args.get(k), str) for k in ("target", "endpoint", "xfer"))
             if not ok or protocol._tcp_endpoint(args["endpoint"]) or protocol._name(args["xfer"]) \
@@ -278,7 +327,7 @@ class ClusterLink:
                 self._event("migrate_failed", cjob, "bad migrate_out arguments")
                 return
             self.busy.add(cjob)   # no periodic checkpoint may start now
-            self._work(cjob, self._migrate_out, cjob, local, args["target"], args["endpoint"], args["xfer"])
+            self._work(cjob, self._migrate_out, cjob, ranks, args["target"], args["endpoint"], args["xfer"])
 
     def _live(self, cjob: str) -> bool:
         rec = self._jobs.get(cjob)
@@ -286,50 +335,110 @@ class ClusterLink:
                                          and rec["state"] != "migrating")
 
     def _start(self, cjob: str, a: dict) -> None:
-        cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root, "--no-hook",
-               "--name", cjob, "--gpu", str(a["gpu"]), "--weight", repr(float(a.get("weight") or 1.0))]
-        if a.get("mem") is not None:
-            cmd += ["--mem", str(a["mem"])]
-        if a.get("restore"):
-            path = self.receiver.path(a["restore"])
-            if not os.path.exists(path):
-                self._event("start_failed", cjob, f"no received checkpoint {a['restore']!r} on {self.name}")
-                return
-            cmd += ["--restore", path]
-        env = {**os.environ, **a.get("env", {})}
-        env.pop("GMUX_JOB_TOKEN", None)
-        os.makedirs(self.rundir.logs(), exist_ok=True)
-        try:
-            with open(os.path.join(self.rundir.logs(), f"{cjob}.cluster.log"), "ab") as out:
-                p = subprocess.Popen(cmd + ["--", *a["argv"]], cwd=a["cwd"] or None, env=env, stdout=out,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        except OSError as e:
-            self._event("start_failed", cjob, f"could not start: {e}")
+        paths = [self.receiver.path(x) for x in a.get("restore") or []]
+        missing = [x for x, p in zip(a.get("restore") or [], paths) if not os.path.exists(p)]
+        if missing and not a.get("restore_wait"):      # else still on the way: the processes wait for them
+            self._event("start_failed", cjob, f"no received checkpoint {missing[0]!r} on {self.name}")
             return
-        self.children[p.pid] = p
-        self.spawned[cjob] = p.pid      # gmux-launch registers its own pid: this names the new incarnation
+        self.spawned[cjob] = []         # until the processes exist, no record speaks for the job
+        self.world[cjob] = len(a["gpus"])
+        self.broken.discard(cjob)
+        self.cancelled.discard(cjob)
         self._jobs.pop(cjob, None)
+        self.restoring[cjob] = paths
         self.starting[cjob] = time.monotonic()
         if a.get("ckpt_every"):
             self.ckpt_every[cjob] = float(a["ckpt_every"])
             self.last_ckpt[cjob] = time.monotonic()
-        log.info("started %s (pid %d)%s", cjob, p.pid, " restoring" if a.get("restore") else "")
+        self._work(cjob, self._spawn, cjob, a, paths)
 
-    def _simple(self, cjob: str, mtype: str, event: Optional[str], local: str) -> None:
-        try:
-            self.admin(mtype, job=local)
-        except GmuxError as e:
-            self._event("action_failed", cjob, f"{mtype}: {e}")
+    def _spawn(self, cjob: str, a: dict, paths: list) -> None:
+        """Starts every rank's process (a worker's job: learning what gmux-launch offers takes a process)."""
+        world = len(a["gpus"])
+        gang_env = {}
+        if world > 1:
+            port = _free_port()       # a new rendezvous at every start: the old one may still be held
+            gang_env = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            if self._gang_flags is None:
+                self._gang_flags = _launch_takes_gang_flags()
+        env = {**os.environ, **a.get("env", {}), **gang_env}
+        env.pop("GMUX_JOB_TOKEN", None)
+        env.pop("GMUX_RESTORE_WAIT", None)
+        if a.get("restore_wait"):
+            env["GMUX_RESTORE_WAIT"] = repr(float(a["restore_wait"]))
+        os.makedirs(self.rundir.logs(), exist_ok=True)
+        procs = []
+        for rank, gpu in enumerate(a["gpus"]):
+            name = cjob if world == 1 else f"{cjob}.{rank}"
+            cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root, "--no-hook",
+                   "--name", name, "--gpu", str(gpu), "--weight", repr(float(a.get("weight") or 1.0))]
+            if a.get("mem") is not None:
+                cmd += ["--mem", str(a["mem"])]
+            if paths:
+                cmd += ["--restore", paths[rank]]
+            if world > 1 and self._gang_flags:
+                cmd += ["--gang", cjob, "--rank", str(rank), "--world", str(world)]
+            # LOCAL_RANK as torchrun sets it: every rank of a gang is on this machine.
+            rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)} if world > 1 else env
+            try:
+                with open(os.path.join(self.rundir.logs(), f"{name}.cluster.log"), "ab") as out:
+                    procs.append(subprocess.Popen(cmd + ["--", *a["argv"]], cwd=a["cwd"] or None, env=rank_env,
+                                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                  start_new_session=True))
+            except OSError as e:
+                for p in procs:          # a gang without one of its ranks would wait for it for ever
+                    p.kill()
+                    p.wait()
+                self.starting.pop(cjob, None)
+                self._drop_received(cjob)
+                self._event("start_failed", cjob, f"could not start rank {rank}: {e}")
+                return
+        for p in procs:
+            self.children[p.pid] = p
+        self.spawned[cjob] = [p.pid for p in procs]  # gmux-launch registers its own pid: names this incarnation
+        if cjob in self.cancelled:
+            for p in procs:
+                p.kill()
             return
-        if event:
+        log.info("started %s (pids %s)%s", cjob, self.spawned[cjob], " restoring" if paths else "")
+
+    def _kill_unregistered(self, cjob: str) -> None:
+        """Kills the processes of a start that gmuxd may not know yet (the worker spawning them may not even be
+        done: it kills what it spawned when it sees the start cancelled), and forgets the start."""
+        self.cancelled.add(cjob)
+        self.starting.pop(cjob, None)
+        for pid in self.spawned.get(cjob) or []:
+            p = self.children.get(pid)
+            if p is not None and p.poll() is None:
+                p.kill()
+        self._drop_received(cjob)
+
+    def _gang_lock(self, cjob: str) -> threading.Lock:
+        return self.gang_locks.setdefault(cjob, threading.Lock())
+
+    def _ranks(self, cjob: str, mtype: str, event: Optional[str], ranks: list) -> None:
+        """The same admin request for every rank, all at once (a gang's ranks suspend only together)."""
+        with self._gang_lock(cjob) if mtype == "suspend" else contextlib.nullcontext():
+            errors = [e for e in _each(lambda local: self._admin_error(mtype, local), ranks) if e]
+        if errors:
+            self._event("action_failed", cjob, f"{mtype}: {errors[0]}")
+        elif event:
             self._event(event, cjob)
 
-    def _resume(self, cjob: str, local: str, gpu) -> None:
+    def _admin_error(self, mtype: str, local: str) -> Optional[str]:
+        try:
+            self.admin(mtype, job=local)
+            return None
+        except GmuxError as e:
+            return str(e)
+
+    def _resume(self, cjob: str, ranks: list, gpu) -> None:
         rec = self._jobs.get(cjob) or {}
         try:
-            if isinstance(gpu, int) and rec.get("gpu") is not None and gpu != rec.get("gpu"):
-                self.admin("migrate", job=local, gpu=gpu)
-            self.admin("resume", job=local)
+            if len(ranks) == 1 and isinstance(gpu, int) and rec.get("gpu") is not None and gpu != rec.get("gpu"):
+                self.admin("migrate", job=ranks[0], gpu=gpu)
+            for local in ranks:
+                self.admin("resume", job=local)
         except GmuxError as e:
             self._event("action_failed", cjob, f"resume: {e}")
             return
@@ -343,41 +452,110 @@ class ClusterLink:
             return
         self._event("moved", cjob, gpu=gpu)
 
-    def _checkpoint(self, local: str) -> tuple[str, dict]:
-        """Has gmuxd get the job's state written at a boundary; (file, figures incl. the step it was taken at)."""
-        data = dict(self.admin("checkpoint", job=local) or {})
+    def _checkpoint(self, ranks: list) -> tuple[list, int]:
+        """Has gmuxd get every rank's state written at one boundary; (a file per rank, the step it was taken at)."""
+        errors = [e for e in _each(lambda local: self._admin_error("checkpoint", local), ranks) if e]
+        if errors:
+            raise GmuxError(f"checkpoint: {errors[0]}")
+        step = 0
         try:
             ps = self.admin("ps", timeout=5.0, all=True)
-            data["step"] = next(int(j.get("step") or 0) for j in ps["jobs"] if j["id"] == local)
-        except (GmuxError, StopIteration):
+            step = min(int(j.get("step") or 0) for j in ps["jobs"] if j["id"] in ranks)
+        except (GmuxError, ValueError):
             pass
-        return self.rundir.checkpoint_file(local + ".snapshot"), data
+        return [self.rundir.checkpoint_file(local + ".snapshot") for local in ranks], step
 
-    def _checkpoint_to_scheduler(self, cjob: str, local: str, xfer: str) -> None:
-        path, data = self._checkpoint(local)
-        r = send_file(path, self.scheduler_endpoint, keys.load_public(self.keydir, "scheduler"), self.keydir,
-                      "daemon", self.name, xfer, context=self.ctx)
-        self._event("checkpointed", cjob, xfer=xfer, step=int(data.get("step") or 0), bytes=r["bytes"],
-                    seconds=r["seconds"])
+    def _send(self, paths: list, endpoint: str, server_key: bytes, xfer: str) -> tuple[list, dict]:
+        """Sends a checkpoint per rank as XFER.RANK, deleting each once the receiver holds it; (names, figures)."""
+        xfers, total = rank_xfers(xfer, len(paths)), {"bytes": 0, "seconds": 0.0}
+        for path, name in zip(paths, xfers):
+            r = send_file(path, endpoint, server_key, self.keydir, "daemon", self.name, name, context=self.ctx)
+            os.unlink(path)
+            total["bytes"] += r["bytes"]
+            total["seconds"] += r["seconds"]
+        return xfers, total
 
-    def _migrate_out(self, cjob: str, local: str, target: str, endpoint: str, xfer: str) -> None:
+    def _checkpoint_to_scheduler(self, cjob: str, ranks: list, xfer: str) -> None:
+        with self._gang_lock(cjob):
+            paths, step = self._checkpoint(ranks)
+        xfers, r = self._send(paths, self.scheduler_endpoint, keys.load_public(self.keydir, "scheduler"), xfer)
+        self._event("checkpointed", cjob, xfers=xfers, step=step, bytes=r["bytes"], seconds=r["seconds"])
+
+    def _migrate_out(self, cjob: str, ranks: list, target: str, endpoint: str, xfer: str) -> None:
         t0 = time.perf_counter()
         try:
-            self.admin("suspend", job=local)              # at its next boundary; held there
-            t_susp = time.perf_counter() - t0
-            path, data = self._checkpoint(local)           # from the suspended state's host copy
-            t_ckpt = time.perf_counter() - t0 - t_susp
-            r = send_file(path, endpoint, keys.load_public(self.keydir, "daemon", target), self.keydir, "daemon",
-                          self.name, xfer, context=self.ctx)
+            with self._gang_lock(cjob):
+                errors = [e for e in _each(lambda local: self._admin_error("suspend", local), ranks) if e]
+                if errors:                                 # at its next boundary (every rank at one); held there
+                    raise GmuxError(f"suspend: {errors[0]}")
+                t_susp = time.perf_counter() - t0
+                paths, step = self._checkpoint(ranks)      # from the suspended state's host copy
+                t_ckpt = time.perf_counter() - t0 - t_susp
+            xfers, r = self._send(paths, endpoint, keys.load_public(self.keydir, "daemon", target), xfer)
         except Exception as e:
-            try:
-                self.admin("resume", job=local)            # the move failed: the job runs on here
-            except GmuxError:
-                pass
+            for local in ranks:
+                self._admin_error("resume", local)         # the move failed: the job runs on here
             self._event("migrate_failed", cjob, f"{type(e).__name__}: {e}")
             return
-        self._event("migrate_sent", cjob, xfer=xfer, bytes=r["bytes"], seconds=time.perf_counter() - t0,
-                    suspend_s=t_susp, checkpoint_s=t_ckpt, transfer_s=r["seconds"], step=int(data.get("step") or 0))
+        self._event("migrate_sent", cjob, xfers=xfers, bytes=r["bytes"], seconds=time.perf_counter() - t0,
+                    suspend_s=t_susp, checkpoint_s=t_ckpt, transfer_s=r["seconds"], step=step)
+
+
+def _each(fn, items: list) -> list:
+    """fn(item) for every item at the same time; their results in order."""
+    if len(items) == 1:
+        return [fn(items[0])]
+    with ThreadPoolExecutor(len(items), thread_name_prefix="rank") as ex:
+        return list(ex.map(fn, items))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch_takes_gang_flags() -> bool:
+    """Whether this installation's gmux-launch tells gmuxd a rank's gang (--gang/--rank/--world): then gmuxd
+    knows the gang too; either way the rendezvous travels in the environment, as torchrun's does."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "gmux.cli.launch", "--help", "--"], capture_output=True,
+                             text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return all(flag in out for flag in ("--gang", "--rank", "--world"))
+
+
+def _gang_record(cjob: str, world: int, by_rank: dict) -> dict:
+    """The one record the scheduler sees for a job of `world` ranks (rank -> its gmuxd record): it runs while
+    any rank runs; it has ended well when every rank has; it has failed when one rank has (then `_broken` says
+    whether other ranks live on and must be stopped). Its step is the slowest rank's."""
+    present = [by_rank[r] for r in sorted(by_rank)]
+    r0 = by_rank.get(0, present[0])
+    bad = [(r, j) for r, j in sorted(by_rank.items()) if j["state"] in protocol.FINAL_STATES
+           and not (j["state"] == "exited" and j.get("exit_status") == 0)]
+    live = [j for j in present if j["state"] not in protocol.FINAL_STATES]
+    head = bad[0][1] if bad else r0
+    if bad:
+        state = head["state"]
+    elif len(present) < world:
+        state = "waiting"          # a rank has not registered yet
+    elif not live:
+        state = "exited"
+    else:
+        state = "running" if any(j["state"] == "running" for j in live) else live[0]["state"]
+    rec = {"cjob": cjob, "local": r0["id"], "state": state,
+           "step": min(int(j.get("step") or 0) for j in present) if len(present) == world else 0,
+           "gpu": r0.get("gpu"), "rate_now": _f(r0.get("rate_now")), "rate_solo": _f(r0.get("rate_solo")),
+           "mem_peak": max((j["mem_peak"] for j in present if isinstance(j.get("mem_peak"), int)), default=None),
+           "gpu_seconds": sum(float(j.get("gpu_seconds") or 0.0) for j in present),
+           "exit_status": head.get("exit_status") if state in protocol.FINAL_STATES else None,
+           "detail": (f"rank {bad[0][0]}: " if bad and world > 1 else "") + str(head.get("detail") or "")[:500],
+           "held": any(bool(j.get("held", False)) for j in present), "_broken": bool(bad and live)}
+    if world > 1:
+        rec["ranks"] = [{"rank": r, "local": j["id"], "gpu": j.get("gpu"), "state": j["state"],
+                         "step": int(j.get("step") or 0)} for r, j in sorted(by_rank.items())]
+    return rec
 
 
 def _num(job_id: str) -> int:

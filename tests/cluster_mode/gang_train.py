@@ -1,44 +1,66 @@
-"""A 2-rank data-parallel training job over gloo (explicit mode, GangController), deterministic.
-usage: gang_train.py OUT RANK WORLD PORT STEPS [--plain]   (--plain: no gmux at all, the reference run)"""
+"""A data-parallel training job over gloo (explicit mode, GangController), deterministic.
+usage: gang_train.py OUT STEPS [--rank R --world W --port P] [--sleep S] [--fail-at N] [--plain]
+Without --rank, the rendezvous comes from the environment as torchrun (and gmux's cluster link) sets it: RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT. OUT may hold {rank}. --plain: no gmux at all, the reference run."""
+import argparse
 import hashlib
 import json
-import sys
+import os
+import time
 
 import torch
 import torch.distributed as dist
 
-out, rank, world, port, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-plain = "--plain" in sys.argv
+p = argparse.ArgumentParser()
+p.add_argument("out")
+p.add_argument("steps", type=int)
+p.add_argument("--rank", type=int)
+p.add_argument("--world", type=int)
+p.add_argument("--port", type=int)
+p.add_argument("--sleep", type=float, default=0.0, help="seconds per step, to pace the job against a test's moves")
+p.add_argument("--fail-at", type=int, help="the last rank raises at this step (a crashed rank)")
+p.add_argument("--plain", action="store_true")
+a = p.parse_args()
 torch.set_num_threads(1)
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+if a.rank is None:
+    dist.init_process_group("gloo", init_method="env://")
+else:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.world)
+rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 progress = {"step": 0}
 job = gang = None
-if not plain:
+if not a.plain:
     import gmux.job
     from gmux.job import control
     from gmux.job.gang import GangController
     gang = GangController(control.default())
     job = gmux.job.attach(model, opt, state=progress, controller=gang)
-while progress["step"] < steps:
+restored_at = progress["step"]
+while progress["step"] < a.steps:
     g = torch.Generator().manual_seed(progress["step"] * world + rank)
     x = torch.randn(8, 16, generator=g)
     loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
     opt.zero_grad()
     loss.backward()
-    for p in model.parameters():          # data parallel by hand: the same sum on every rank, every step
-        dist.all_reduce(p.grad)
-        p.grad /= world
+    for q in model.parameters():          # data parallel by hand: the same sum on every rank, every step
+        dist.all_reduce(q.grad)
+        q.grad /= world
     opt.step()
     progress["step"] += 1
+    if progress["step"] == a.fail_at and rank == world - 1:
+        raise RuntimeError(f"rank {rank} fails at step {a.fail_at}, as asked")
+    if a.sleep:
+        time.sleep(a.sleep)
     if job is not None:
         job.boundary()
 h = hashlib.sha256()
 for t in list(model.parameters()) + [opt.state[q]["momentum_buffer"] for q in model.parameters()]:
     h.update(t.detach().numpy().tobytes())
-with open(out, "w") as f:
-    json.dump({"sha256": h.hexdigest(), "steps": progress["step"], "rank": rank,
-               "agreed": gang.agreed_at if gang else [], "suspends": job.profile.suspends if job else 0}, f)
+with open(a.out.format(rank=rank), "w") as f:
+    json.dump({"sha256": h.hexdigest(), "steps": progress["step"], "rank": rank, "restored_at": restored_at,
+               "pid": os.getpid(), "agreed": gang.agreed_at if gang else [],
+               "suspends": job.profile.suspends if job else 0}, f)
 dist.destroy_process_group()

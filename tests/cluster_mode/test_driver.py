@@ -57,7 +57,28 @@ def test_actions_become_intents():
                    ("migrate", "c1", "b", 1), ("none", "c1", None, None), ("none", "c1", None, None),
                    ("none", "c3", None, None)]
     assert timers == [(5.0, "k")]
-    assert "multi-GPU" in intents[-1].why
+    assert "on 2 GPUs, but c3 has 1 rank(s)" in intents[-1].why
+
+
+def test_gangs_get_one_machine_and_their_gpus_to_themselves():
+    jobs, machines = _cluster()
+    jobs["g"] = CJob("g", ["python", "t.py"], "/", gpus=2)
+    jobs["c5"] = CJob("c5", ["python", "u.py"], "/")
+    jobs["c2"].state = "done"
+    p = Scripted([Place("g", (1, 2)), Place("g", (0, 1)), Place("g", (2, 3)), Pack("c5", "c1")])
+    intents, _ = Driver(p).decide(jobs, machines, Event(EventKind.TICK), now=1.0)
+    assert [(i.what, i.machine, i.gpus) for i in intents] == [("none", None, ()), ("none", None, ()),
+                                                              ("start", "b", (0, 1)), ("start", "a", (1,))]
+    assert "across machines" in intents[0].why and "GPU 1 of a holds c1" in intents[1].why
+    # Once the gang runs on b, nothing joins it there, and it moves between machines only.
+    jobs["g"].state, jobs["g"].machine, jobs["g"].gpu, jobs["g"].rank_gpus = "running", "b", 0, [0, 1]
+    p.actions = [Place("c5", (2,)), Migrate("g", (0, 1)), Migrate("g", (3, 2))]
+    intents, _ = Driver(p).decide(jobs, machines, Event(EventKind.TICK), now=1.0)
+    assert [i.what for i in intents] == ["none", "none", "none"]
+    assert "a gang shares no GPU" in intents[0].why and "GPU 1 of a holds c1" in intents[1].why
+    assert "between machines only" in intents[2].why
+    snap = Driver(make_policy("gandiva")).snapshot(jobs, machines, now=1.0)
+    assert snap.jobs["g"].gpus == (2, 3) and snap.jobs["g"].num_gpus == 2
 
 
 def test_real_policies_place_pending_jobs():

@@ -15,8 +15,8 @@ STEPS = "2000"
 
 def _ranks(tmp_path, tag, prefix=(), extra=()):
     port = free_port()
-    return [subprocess.Popen([*prefix, PY, GANG, str(tmp_path / f"{tag}{r}.json"), str(r), "2", str(port), STEPS,
-                              *extra], env=env(), cwd=ROOT, stdout=open(tmp_path / f"{tag}{r}.log", "ab"),
+    return [subprocess.Popen([*prefix, PY, GANG, str(tmp_path / f"{tag}{r}.json"), STEPS, "--rank", str(r),
+                              "--world", "2", "--port", str(port), *extra], env=env(), cwd=ROOT, stdout=open(tmp_path / f"{tag}{r}.log", "ab"),
                              stderr=subprocess.STDOUT) for r in range(2)]
 
 
@@ -31,8 +31,8 @@ def test_gloo_gang_suspends_and_resumes_at_one_step_bit_identical(tmp_path):
         wait_for(lambda: os.path.exists(os.path.join(rt, "gmuxd.sock")), 30, "gmuxd up")
         time.sleep(0.5)
         procs = [subprocess.Popen([PY, "-m", "gmux.cli.launch", "--runtime-dir", rt, "--no-hook", "--gpu", str(r),
-                                   "--name", f"rank{r}", "--", "python", GANG, str(tmp_path / f"gang{r}.json"), str(r),
-                                   "2", str(port), STEPS], env=env(), cwd=ROOT, start_new_session=True,
+                                   "--name", f"rank{r}", "--", "python", GANG, str(tmp_path / f"gang{r}.json"), STEPS,
+                                   "--rank", str(r), "--world", "2", "--port", str(port)], env=env(), cwd=ROOT, start_new_session=True,
                                   stdout=open(tmp_path / f"gang{r}.log", "ab"), stderr=subprocess.STDOUT)
                  for port in [free_port()] for r in range(2)]
         c = Client(rt, timeout=60)

@@ -1,6 +1,7 @@
 """Cross-machine migration mid-training stays bit-identical (the source releases only after the target
 restored); a machine killed mid-run has its job restarted elsewhere from its last periodic checkpoint."""
 import json
+import os
 
 from cluster_harness import solo, wait_for
 
@@ -32,6 +33,9 @@ def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path
                           if j["name"] == cjob]
     # The release is sent once the target reports the job past a boundary; the source acts on its next tick.
     wait_for(lambda: src_states() == ["killed"], 30, "the source released its copy")
+    # The checkpoint the target received is deleted once the job restored from it has passed a boundary.
+    received = lambda m: [f for f in os.listdir(tmp_path / f"rt-{m}" / "cluster-in") if f.endswith(".ckpt")]
+    wait_for(lambda: received(dst) == [], 30, "the received checkpoint deleted")
 
     # A periodic checkpoint of the job, taken on its new machine, reaches the scheduler; then that machine dies.
     at = wait_for(lambda: (lambda j: (j["ckpt_step"] or 0) > after["step"] and j)(c.job(cjob)), 60,
@@ -40,8 +44,36 @@ def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path
     again = wait_for(lambda: (lambda j: j["restarts"] == 1 and j["state"] in ("running", "done") and j)(c.job(cjob)),
                      60, "restarted elsewhere")
     assert again["machine"] not in (dst,)
+    wait_for(lambda: received(again["machine"]) == [], 30, "the pushed checkpoint deleted after the restore")
     jobs = c.wait_done([cjob], 180)
     res = json.loads(out.read_text())
     assert res["sha256"] == ref["sha256"] and res["steps"] == int(STEPS)
     assert res["restored_at"] >= at["ckpt_step"] > 0      # from its checkpoint, not from scratch
     assert jobs[cjob]["migrations"] == 1 and jobs[cjob]["restarts"] == 1
+    assert not [f for f in os.listdir(tmp_path / "sched" / "checkpoints") if f.endswith(".ckpt")]  # job ended
+
+
+def test_target_lost_mid_move_the_job_runs_on_at_its_source(cluster_factory, tmp_path):
+    c = cluster_factory(policy="gandiva")
+    args = ("2500", "--batch", "36", "--sleep", "0.003")
+    ref = solo(tmp_path, "ref", *args)
+    c.wait_machines(3)
+    out = tmp_path / "stayed.json"
+    cjob = c.submit(str(out), *args)
+    first = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 200 and j)(c.job(cjob)), 60,
+                     "job running")
+    src = first["machine"]
+    dst = next(m for m in ("m1", "m2", "m3") if m != src)
+    c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
+    # The checkpoint is on the target, whose new process (started with the move) is still starting: the
+    # target dies before it has restored anything.
+    wait_for(lambda: any(d["kind"] == "migrate_sent" for d in c.ps()["decisions"]), 30, "checkpoint sent",
+             every=0.05)
+    c.kill_machine(dst)
+    back = wait_for(lambda: (lambda j: j["state"] == "running" and j["machine"] == src and j)(c.job(cjob)), 30,
+                    "the job back on its source")
+    assert f"migration target {dst} lost" in back["detail"] and back["local"] == first["local"]
+    jobs = c.wait_done([cjob], 120)
+    assert jobs[cjob]["migrations"] == 0 and jobs[cjob]["restarts"] == 0
+    res = json.loads(out.read_text())
+    assert res["sha256"] == ref["sha256"] and res["restored_at"] == 0     # never restarted: run on where it was

@@ -1,0 +1,122 @@
+"""Gangs through gmux-scheduler: a 2-rank gloo job submitted with --ranks 2 runs on two GPUs of one machine,
+bit-identical to the same 2-rank run without gmux; moved to another machine mid-training (every rank suspended
+at one step, each rank's checkpoint streamed, two new processes with a new rendezvous) it stays bit-identical
+and the source's ranks are gone; its machine lost, it restarts from its last complete checkpoint set.
+Received checkpoints are deleted once restored from; the scheduler keeps only the newest set."""
+import json
+import os
+import subprocess
+
+from gmux.node.client import Client
+from cluster_harness import PY, ROOT, env, free_port, wait_for
+
+GANG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gang_train.py")
+
+
+def _plain(tmp_path, steps: str) -> list:
+    """The reference: the same two ranks, no gmux, never interrupted."""
+    port = str(free_port())
+    ps = [subprocess.Popen([PY, GANG, str(tmp_path / f"plain{r}.json"), steps, "--rank", str(r), "--world", "2",
+                            "--port", port, "--plain"], env=env(), cwd=ROOT) for r in range(2)]
+    assert [p.wait(120) for p in ps] == [0, 0]
+    return [json.loads((tmp_path / f"plain{r}.json").read_text()) for r in range(2)]
+
+
+def _cli(c, *args, as_json=False):
+    return subprocess.run([PY, "-m", "gmux.cli.gmux", *(["--json"] if as_json else []), *args[:1],
+                           "--cluster", c.endpoint, "--keys", c.keys, "--as", "tester", *args[1:]],
+                          env=env(), capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+def _local(tmp_path, machine: str, cjob: str) -> dict:
+    """The rank processes gmuxd of `machine` has seen for `cjob`: name -> state."""
+    jobs = Client(str(tmp_path / f"rt-{machine}")).call("ps", all=True)["jobs"]
+    return {j["name"]: j["state"] for j in jobs if j["name"].startswith(cjob + ".")}
+
+
+def _ckpts(d) -> list:
+    return sorted(f for f in os.listdir(d) if f.endswith(".ckpt")) if os.path.isdir(d) else []
+
+
+def test_gang_through_the_scheduler_bit_identical_and_bad_ranks_refused(cluster_factory, tmp_path):
+    steps = "600"
+    c = cluster_factory(policy="gandiva", machines=("m1", "m2"))
+    ref = _plain(tmp_path, steps)
+    c.wait_machines(2)
+    for ranks, problem in (("0", "0 ranks: a job runs 1..64 ranks"), ("3", "no machine has 3 GPUs")):
+        r = _cli(c, "submit", "--ranks", ranks, "--", PY, GANG, str(tmp_path / "x.json"), steps)
+        assert r.returncode == 1 and problem in r.stderr, (ranks, r.stdout, r.stderr)
+    r = _cli(c, "submit", "--ranks", "2", "--", PY, GANG, str(tmp_path / "gang{rank}.json"), steps, as_json=True)
+    assert r.returncode == 0, r.stderr
+    cjob = json.loads(r.stdout)["cjob"]
+    job = wait_for(lambda: (lambda j: j["state"] in ("running", "done") and j["ranks"] and j)(c.job(cjob)), 90,
+                   "the gang running")
+    assert job["gpus"] == 2 and sorted(job["rank_gpus"]) == [0, 1]
+    assert [r["rank"] for r in job["ranks"]] == [0, 1] and len({r["local"] for r in job["ranks"]}) == 2
+    shown = _cli(c, "ps").stdout
+    assert f"{cjob} " in shown and "  .0 " in shown and "  .1 " in shown, shown
+    c.wait_done([cjob], 120)
+    outs = [json.loads((tmp_path / f"gang{r}.json").read_text()) for r in range(2)]
+    assert [o["sha256"] for o in outs] == [x["sha256"] for x in ref] and ref[0]["sha256"] == ref[1]["sha256"]
+    assert [o["steps"] for o in outs] == [int(steps)] * 2
+    assert _local(tmp_path, job["machine"], cjob) == {f"{cjob}.0": "exited", f"{cjob}.1": "exited"}
+    assert c.ps()["internal_errors"] == 0
+
+
+def test_gang_migrated_then_its_machine_lost_bit_identical_checkpoints_cleaned(cluster_factory, tmp_path):
+    steps = "3000"
+    c = cluster_factory(policy="gandiva")
+    ref = _plain(tmp_path, steps)
+    c.wait_machines(3)
+    out = str(tmp_path / "moved{rank}.json")
+    cjob = c.call("c_submit", argv=[PY, GANG, out, steps, "--sleep", "0.004"], cwd=ROOT,
+                  env={"OMP_NUM_THREADS": "1"}, ranks=2, ckpt_every=1.0)["cjob"]
+    first = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 200 and j)(c.job(cjob)), 90,
+                     "the gang running")
+    src = first["machine"]
+    dst = next(m for m in ("m1", "m2", "m3") if m != src)
+    assert c.call("c_migrate", cjob=cjob, machine=dst, gpu=0) == {"cjob": cjob, "from": src, "to": dst}
+    after = wait_for(lambda: (lambda j: j["migrations"] == 1 and j["state"] == "running" and j)(c.job(cjob)), 90,
+                     "migration done")
+    assert after["machine"] == dst and after["rank_gpus"] == [0, 1]
+    text = " ".join(d["text"] for d in c.ps()["decisions"])
+    assert f"restored on {dst}" in text and f"{src} releases it" in text
+    # Every rank of the source released; the target's received checkpoints deleted once both ranks restored.
+    wait_for(lambda: _local(tmp_path, src, cjob) == {f"{cjob}.0": "killed", f"{cjob}.1": "killed"}, 30,
+             "the source released both ranks")
+    wait_for(lambda: _ckpts(tmp_path / f"rt-{dst}" / "cluster-in") == [], 30, "received checkpoints deleted")
+
+    # A periodic checkpoint set from the new machine; the scheduler keeps the newest set only (one file a rank).
+    sched_dir = tmp_path / "sched" / "checkpoints"
+    at = wait_for(lambda: (lambda j: (j["ckpt_step"] or 0) > after["step"] and j)(c.job(cjob)), 60,
+                  "a checkpoint set from the new machine")
+    for _ in range(5):
+        held = [f for f in _ckpts(sched_dir) if f"-{cjob}-" in f]
+        assert len(held) <= 2, held
+    c.kill_machine(dst)
+    again = wait_for(lambda: (lambda j: j["restarts"] == 1 and j["state"] in ("running", "done") and j)(c.job(cjob)),
+                     90, "restarted elsewhere")
+    assert again["machine"] != dst
+    wait_for(lambda: _ckpts(tmp_path / f"rt-{again['machine']}" / "cluster-in") == [], 30,
+             "pushed checkpoints deleted after the restore")
+    jobs = c.wait_done([cjob], 180)
+    outs = [json.loads(open(out.format(rank=r)).read()) for r in range(2)]
+    assert [o["sha256"] for o in outs] == [x["sha256"] for x in ref]
+    assert outs[0]["restored_at"] == outs[1]["restored_at"] >= at["ckpt_step"] > 0   # one step, not scratch
+    assert jobs[cjob]["migrations"] == 1 and jobs[cjob]["restarts"] == 1
+    assert [f for f in _ckpts(sched_dir) if f"-{cjob}-" in f] == []       # an ended job keeps none
+    assert c.ps()["internal_errors"] == 0
+
+
+def test_a_crashed_rank_fails_the_whole_gang(cluster_factory, tmp_path):
+    c = cluster_factory(policy="gandiva", machines=("m1",))
+    c.wait_machines(1)
+    cjob = c.call("c_submit", argv=[PY, GANG, str(tmp_path / "f{rank}.json"), "100000", "--sleep", "0.002",
+                                    "--fail-at", "300"], cwd=ROOT, env={"OMP_NUM_THREADS": "1"}, ranks=2)["cjob"]
+    job = wait_for(lambda: (lambda j: j["state"] in ("failed", "done", "killed") and j)(c.job(cjob)), 90,
+                   "the gang ended")
+    assert job["state"] == "failed" and job["detail"].startswith("rank "), job
+    # No rank is left waiting for its dead peer, holding its GPU.
+    wait_for(lambda: all(s in ("failed", "killed", "exited", "lost") for s in _local(tmp_path, "m1", cjob).values()),
+             30, "every rank ended")
+    assert len(_local(tmp_path, "m1", cjob)) == 2
