@@ -106,7 +106,6 @@ class ClusterLink:
         self.restoring: dict[str, list] = {}   # cjob -> received checkpoints its new processes restore from
         self.broken: set[str] = set()          # gangs with a rank ended badly, whose other ranks were killed
         self.cancelled: set[str] = set()       # starts killed before gmuxd knew their processes
-        self._gang_flags: Optional[bool] = None   # whether this gmux-launch takes --gang/--rank/--world
         self.last_ckpt: dict[str, float] = {}
         # One gang-wide request at a time per job: ranks that got a checkpoint and a suspend in different orders
         # would each hold a different command first and never agree.
@@ -353,14 +352,12 @@ class ClusterLink:
         self._work(cjob, self._spawn, cjob, a, paths)
 
     def _spawn(self, cjob: str, a: dict, paths: list) -> None:
-        """Starts every rank's process (a worker's job: learning what gmux-launch offers takes a process)."""
+        """Starts every rank's process; gmuxd learns the gang from each rank's --gang/--rank/--world."""
         world = len(a["gpus"])
         gang_env = {}
         if world > 1:
             port = _free_port()       # a new rendezvous at every start: the old one may still be held
             gang_env = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            if self._gang_flags is None:
-                self._gang_flags = _launch_takes_gang_flags()
         env = {**os.environ, **a.get("env", {}), **gang_env}
         env.pop("GMUX_JOB_TOKEN", None)
         env.pop("GMUX_RESTORE_WAIT", None)
@@ -376,10 +373,11 @@ class ClusterLink:
                 cmd += ["--mem", str(a["mem"])]
             if paths:
                 cmd += ["--restore", paths[rank]]
-            if world > 1 and self._gang_flags:
+            if world > 1:
                 cmd += ["--gang", cjob, "--rank", str(rank), "--world", str(world)]
-            # LOCAL_RANK as torchrun sets it: every rank of a gang is on this machine.
-            rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)} if world > 1 else env
+            # Each rank sees only its own GPU (gmux-launch sets it visible), which is device 0 in the rank's
+            # process: LOCAL_RANK=0, as gmux submit --ranks sets it, so torch.cuda.set_device(LOCAL_RANK) works.
+            rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": "0"} if world > 1 else env
             try:
                 with open(os.path.join(self.rundir.logs(), f"{name}.cluster.log"), "ab") as out:
                     procs.append(subprocess.Popen(cmd + ["--", *a["argv"]], cwd=a["cwd"] or None, env=rank_env,
@@ -513,17 +511,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _launch_takes_gang_flags() -> bool:
-    """Whether this installation's gmux-launch tells gmuxd a rank's gang (--gang/--rank/--world): then gmuxd
-    knows the gang too; either way the rendezvous travels in the environment, as torchrun's does."""
-    try:
-        out = subprocess.run([sys.executable, "-m", "gmux.cli.launch", "--help", "--"], capture_output=True,
-                             text=True, timeout=60).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return all(flag in out for flag in ("--gang", "--rank", "--world"))
 
 
 def _gang_record(cjob: str, world: int, by_rank: dict) -> dict:
