@@ -172,7 +172,7 @@ static int restore(gmux_allocator *a, gmux_swap_stats *st) {
     n = 0;
     for (uint64_t i = 0; i < nent; i++)
         for (uint64_t u = 0; u < a->order[i]->nunits; u++)
-            if (a->order[i]->down[u]) a->work[n++] = (gmux_work){a->order[i], u, 0};
+            if (a->order[i]->down[u]) a->work[n++] = (gmux_work){.e = a->order[i], .unit = u};
     double t = gmux__now();
     unsigned char *store = NULL;
     if ((rc = b->store_ensure(b, saved_bytes(a), &store))) return rc;
@@ -301,7 +301,7 @@ int gmux_suspend(gmux_allocator *a, const gmux_range *live, uint64_t nlive, gmux
     if (rc) goto out;
     n = 0;
     for (uint64_t i = 0; i < nent; i++)
-        for (uint64_t u = 0; u < a->order[i]->nunits; u++) a->work[n++] = (gmux_work){a->order[i], u, 0};
+        for (uint64_t u = 0; u < a->order[i]->nunits; u++) a->work[n++] = (gmux_work){.e = a->order[i], .unit = u};
     b->fence_reset(b);
     pipeline p;
     pipe_init(&p, a, n);
