@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -45,3 +46,14 @@ def assert_identical(a, b, where="state"):
             assert_identical(x, y, f"{where}[{i}]")
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def wait_for(pred, timeout: float, what: str, every: float = 0.2):
+    """Polls `pred` until it returns something true (returned), or fails the test naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s: {what}")

@@ -8,11 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
-from gmux_testkit import PY, ROOT, TRAIN, env  # noqa: F401 (re-exported to the tests of this folder)
+from gmux_testkit import PY, ROOT, TRAIN, env, wait_for  # noqa: F401 (re-exported to the tests of this folder)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,16 +21,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_for(pred, timeout: float, what: str, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s: {what}")
 
 
 def solo(tmp_path, name: str, *args: str) -> dict:

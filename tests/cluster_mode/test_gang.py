@@ -9,7 +9,7 @@ import time
 from gmux.node.client import Client
 from cluster_harness import PY, ROOT, env, free_port, wait_for
 
-GANG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gang_train.py")
+GANG = os.path.join(ROOT, "tests", "scripts", "gang_train.py")
 STEPS = "2000"
 
 

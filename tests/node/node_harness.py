@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import msgpack
 import pytest
@@ -16,7 +15,7 @@ from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import Gpu
 from gmux.node.paths import RuntimeDir
 
-from gmux_testkit import PY, ROOT, TRAIN, env  # noqa: F401 (re-exported to the tests of this folder)
+from gmux_testkit import PY, ROOT, TRAIN, env, wait_for  # noqa: F401 (re-exported to the tests of this folder)
 
 
 GiB = 1 << 30
@@ -79,13 +78,7 @@ class Node:
 
     @staticmethod
     def wait_for(cond, timeout: float, what: str, every: float = 0.1):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            v = cond()
-            if v:
-                return v
-            time.sleep(every)
-        raise AssertionError(f"timed out after {timeout} s: {what}")
+        return wait_for(cond, timeout, what, every)
 
     def kill_daemon(self, sig=signal.SIGKILL) -> None:
         self.daemon.send_signal(sig)

@@ -15,7 +15,7 @@ STEPS = "3000"
 # Each step waits 3 ms (as if for input), so the jobs are still running when the events under test happen on a
 # loaded machine; it changes no number.
 PACE = ["--sleep", "0.003"]
-GANG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gang_env_train.py")
+GANG = os.path.join(ROOT, "tests", "scripts", "gang_train.py")
 
 
 def gmux(rt, *args, timeout=60):
@@ -69,13 +69,13 @@ def test_gang_submitted_with_ranks_suspends_and_resumes_as_one_bit_identical(nod
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    plain = [subprocess.Popen([PY, GANG, str(tmp_path / "plain"), steps, "--plain"], cwd=ROOT,
+    plain = [subprocess.Popen([PY, GANG, str(tmp_path / "plain{rank}.json"), steps, "--plain"], cwd=ROOT,
                               env={**env(), "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                                    "MASTER_PORT": str(port)}) for r in range(2)]
     assert [p.wait(120) for p in plain] == [0, 0]
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
     sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--no-hook", "--name", "g", "--", "python", GANG,
-               str(tmp_path / "gang"), steps, *PACE)
+               str(tmp_path / "gang{rank}.json"), steps, *PACE)
     assert sub.returncode == 0, sub.stderr
     ranks = json.loads(sub.stdout)["jobs"]
     node.wait_for(lambda: all(node.job(j)["state"] == "running" and node.job(j)["step"] > 200 for j in ranks), 90,
