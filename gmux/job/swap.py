@@ -15,6 +15,7 @@ resume has been obtained, so a failure leaves the job either running or suspende
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 import zlib
@@ -42,17 +43,26 @@ class _Copier:
 
     torch's copy_ splits every copy across its intra-op threads, which for the many medium-sized storages
     of a model costs up to 3x on a busy machine (the multiplexer's normal state); a fixed split of whole
-    pieces keeps each thread streaming. numpy's copy releases the GIL."""
+    pieces keeps each thread streaming. numpy's copy releases the GIL.
+    A small range is copied at once by address: wrapping it in tensors and arrays first costs more than the
+    copy, and a suspend's latency is mostly such per-storage overhead for a model of small layers."""
 
     PIECE = 32 << 20
+    SMALL = 1 << 20
 
     def __init__(self):
         self.threads = max(1, min(4, os.cpu_count() or 1))
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gmux-copy") if self.threads > 1 else None
 
-    def copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        pieces = [(dst.numpy()[lo:lo + self.PIECE], src.numpy()[lo:lo + self.PIECE])
-                  for dst, src in pairs for lo in range(0, dst.numel(), self.PIECE)]
+    def copy(self, ranges: list[tuple[int, int, int]]) -> None:
+        """ranges: (destination address, source address, bytes)."""
+        pieces = []
+        for dst, src, n in ranges:
+            if n < self.SMALL:
+                ctypes.memmove(dst, src, n)
+                continue
+            d, s = _array_at(dst, n), _array_at(src, n)
+            pieces += [(d[lo:lo + self.PIECE], s[lo:lo + self.PIECE]) for lo in range(0, n, self.PIECE)]
         if self._pool is None or len(pieces) < 2 or sum(d.nbytes for d, _ in pieces) < self.PIECE:
             for d, s in pieces:
                 np.copyto(d, s)
@@ -65,6 +75,10 @@ class _Copier:
 def _copy_all(pieces) -> None:
     for d, s in pieces:
         np.copyto(d, s)
+
+
+def _array_at(address: int, nbytes: int) -> np.ndarray:
+    return np.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=np.uint8)
 
 
 def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
@@ -144,8 +158,8 @@ class StateTier:
 
     def _copy_out(self, plan) -> None:
         if not self._cuda:
-            self._copier.copy([(self._host[e.host_offset:e.host_offset + e.nbytes], _bytes_of(storage, self.device))
-                               for storage, e in plan])
+            base = self._host.data_ptr()
+            self._copier.copy([(base + e.host_offset, storage.data_ptr(), e.nbytes) for storage, e in plan])
             return
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -192,7 +206,8 @@ class StateTier:
 
     def _copy_in(self, fresh) -> None:
         if not self._cuda:
-            self._copier.copy([(_bytes_of(storage, self.device), self._host[e.host_offset:e.host_offset + e.nbytes])
+            base = self._host.data_ptr()
+            self._copier.copy([(storage.data_ptr(), base + e.host_offset, e.nbytes)
                                for storage, e in zip(fresh, self._storages)])
             return
         stream = self._stream

@@ -92,6 +92,7 @@ class Daemon(Admission):
         self.decisions: deque = deque(maxlen=200)
         self.started = time.time()
         self.messages = 0
+        self.received_at = time.monotonic()
         self.internal_errors = 0
         self.stopping = False
         self._last_reap = self._last_flush = 0.0
@@ -181,6 +182,7 @@ class Daemon(Admission):
     # --- messages ---
     def _receive(self, identity: bytes, frames: list) -> None:
         self.messages += 1
+        self.received_at = time.monotonic()   # a deferred reply's latency counts from here
         if len(frames) != 1:
             self._send(identity, protocol.error_reply(0, f"expected one frame per message, got {len(frames)}"))
             return
@@ -328,6 +330,9 @@ class Daemon(Admission):
         if kind == "suspend" and not ok and msg.get("state") == "suspended":
             ok = True   # it was suspended already (our belief was stale, e.g. after a restart): same outcome
         latency = now - sent
+        # The requester hears first; the bookkeeping below cannot change the outcome, and this loop is
+        # single-threaded, so nothing can observe the order.
+        self._wake(job.id, kind, ok, latency, result.get("error"))
         slicer = self.slicers.get(job.gpu)
         if not ok:
             log.warning("%s: %s failed: %s", job.id, kind, result.get("error"))
@@ -356,7 +361,6 @@ class Daemon(Admission):
                 self._leave_gpu(job, now)
                 job.state, job.migrations, job.host_bytes = "migrating", job.migrations + 1, 0
                 self.store.save(job)
-        self._wake(job.id, kind, ok, latency, result.get("error"))
         return None
 
     def _on_bye(self, msg, identity):
@@ -417,6 +421,10 @@ class Daemon(Admission):
             slicer.hold(m.id)
             if m.id in slicer.resident or slicer.pending.get(m.id) == "resume":
                 busy.append(m.id)
+        # The command leaves now, not after the rest of this batch of messages and the tick's other work: the
+        # job sees it at its next boundary, and each boundary missed costs the requester a whole mini-batch.
+        for gpu in {m.gpu for m in unit if m.gpu is not None}:
+            self._switch(self.slicers[gpu], time.monotonic())
         if busy:
             return self._defer(busy, "suspend", identity, msg.id, job.id)
         return {"job": job.id, "state": "held", "latency_s": 0.0, "jobs": [m.id for m in unit]}
@@ -428,6 +436,8 @@ class Daemon(Admission):
             m.held = False
             if m.gpu is not None:
                 self.slicers[m.gpu].release(m.id)
+        for gpu in {m.gpu for m in unit if m.gpu is not None}:
+            self._switch(self.slicers[gpu], time.monotonic())
         where = "waits for a GPU" if job.gpu is None else f"runs in its turn on GPU {job.gpu}"
         return {"job": job.id, "state": f"runnable: {where}", "jobs": [m.id for m in unit]}
 
@@ -597,7 +607,7 @@ class Daemon(Admission):
     def _defer(self, jobs, kind: str, identity: bytes, msg_id: int, named: Optional[str] = None):
         """The reply is sent once every job in `jobs` (one id, or a gang's) has acknowledged `kind`."""
         jobs = (jobs,) if isinstance(jobs, str) else tuple(jobs)
-        w = Waiter(identity, msg_id, kind, time.monotonic(), named or jobs[0], jobs, set(jobs))
+        w = Waiter(identity, msg_id, kind, self.received_at, named or jobs[0], jobs, set(jobs))
         for j in jobs:
             self.waiters.setdefault(j, []).append(w)
         return DEFERRED
@@ -688,15 +698,18 @@ class Daemon(Admission):
                 if d.kind == "recheck":   # measure the pack afresh: its rates from this instant on
                     for j in d.jobs:
                         self.jobs[j].start_window()
-            for kind, job_id in slicer.tick(now):
-                job = self.jobs[job_id]
-                args = {"gpu": gpu, "env": self._env(job)} if kind == "resume" else {}
-                self.send_command(job, kind, args)
+            self._switch(slicer, now)
             self._spill(slicer)
         self._states()
         self._flush()
         if self.metrics:
             self.metrics.update()
+
+    def _switch(self, slicer: Slicer, now: float) -> None:
+        for kind, job_id in slicer.tick(now):
+            job = self.jobs[job_id]
+            args = {"gpu": slicer.gpu, "env": self._env(job)} if kind == "resume" else {}
+            self.send_command(job, kind, args)
 
     def _spill(self, slicer: Slicer) -> None:
         """Suspended state over the host-RAM budget goes to disk, the largest first. A job that can restart

@@ -77,9 +77,8 @@ def test_gang_is_placed_on_distinct_gpus_and_suspended_resumed_killed_as_one(dae
     assert daemon.jobs[r0["job"]].exclusive_gpus == [0] and daemon.jobs[r1["job"]].exclusive_gpus == [1]
     for k, reg in ((b"r0", r0), (b"r1", r1)):
         ack(daemon, k, reg, starts[k])
-    # One rank is named; both suspend, and the reply waits for both.
+    # One rank is named; both suspend (the commands leave with the request), and the reply waits for both.
     assert ask(daemon, "suspend", admin=daemon.admin, job=r1["job"]) is None
-    tick(daemon)
     stops = {k: commands(daemon, k)[0] for k in (b"r0", b"r1")}
     assert {s["kind"] for s in stops.values()} == {"suspend"}
     daemon.sent.clear()
