@@ -10,7 +10,9 @@
 (b) boundary hook cost with nothing pending: the installed optimizer post-hook called as torch calls it
     (Job.boundary() through the gmuxd agent: a timestamp and a non-blocking zmq poll), best of 5.
 (c) command latency from a `gmux suspend` request to the job's acknowledgement (the reply gmuxd sends once
-    the job has suspended), for a job with 10 ms mini-batches; p50/p99 over many suspend/resume cycles.
+    the job has suspended), for a job with 10 ms mini-batches; p50/p99 over many suspend/resume cycles, split
+    into the wait for the job's next boundary (stamped by the job) and gmux's own part. Baseline, same run:
+    the same job and the same four hops through a bare ZeroMQ relay with no gmux code (bare_relay.py).
 (d) messages per second one gmuxd sustains: job heartbeats (validated, authenticated, answered) from a
     pipelining client.
 Last line: multiplex: slicing_efficiency_q10=<ratio> hook_us=<n> cmd_p99_ms=<n> msgs_per_s=<n> (the parts run)
@@ -201,10 +203,11 @@ def command_latency(cycles: int) -> dict:
         batch = g.ps()[j]["report"].get("batch_s") or 0.011
         rng = random.Random(0)
         lat = []
-        # Where the time goes, from gmuxd's own clock in its reply: the job's part (the command's way to the job,
-        # the wait for its boundary, the suspend, the result's way back), gmuxd's handling of the request and
-        # the result, and the rest (the request's and the reply's way between client and gmuxd).
-        parts: dict[str, list] = {"job": [], "gmuxd": [], "client_gmuxd": []}
+        # Where the time goes, from gmuxd's reply: the wait for the job's next boundary (the rest of the
+        # mini-batch in progress, from the job's own stamp), and what is gmux's own: the rest of the job's part
+        # (the command's way to the job, the suspend, the result's way back), gmuxd's handling of the request
+        # and the result, and the request's and the reply's way between client and gmuxd.
+        parts: dict[str, list] = {"boundary_wait": [], "own": [], "job": [], "gmuxd": [], "client_gmuxd": []}
         first = None
         for i in range(cycles + 2):
             t = time.perf_counter()
@@ -214,7 +217,10 @@ def command_latency(cycles: int) -> dict:
                 first = ms      # discovers the job's state and allocates host buffers once: reported apart
             elif i >= 2:
                 lat.append(ms)
-                parts["job"].append(r["job_latency_s"] * 1e3)
+                wait = r["boundary_wait_s"] * 1e3
+                parts["boundary_wait"].append(wait)
+                parts["own"].append(ms - wait)
+                parts["job"].append(r["job_latency_s"] * 1e3 - wait)
                 parts["gmuxd"].append((r["latency_s"] - r["job_latency_s"]) * 1e3)
                 parts["client_gmuxd"].append(ms - r["latency_s"] * 1e3)
             g.client.call("resume", job=j)
@@ -228,6 +234,48 @@ def command_latency(cycles: int) -> dict:
                 "parts": {k: _percentiles(v) for k, v in parts.items()}}
     finally:
         g.close()
+
+
+def bare_latency(cycles: int, batch_s: float) -> dict:
+    """The honest baseline for (c): the same job and the same four hops through a relay, with no gmux code
+    (benchmarks/bare_relay.py): what any boundary-stopping multiplexer pays on this machine."""
+    import zmq
+    d = tempfile.mkdtemp(prefix="gmux-bare-")
+    endpoint = f"ipc://{d}/relay.sock"
+    tool = os.path.join(ROOT, "benchmarks", "bare_relay.py")
+    procs = [subprocess.Popen([PY, tool, "relay", endpoint], env=env(), stdout=subprocess.DEVNULL),
+             subprocess.Popen([PY, tool, "job", endpoint, SCRIPT, os.path.join(d, "out.json"), "100000000",
+                               "--sleep", "0.01"], env=env(), stdout=subprocess.DEVNULL)]
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        def call() -> bytes:
+            sock.send(b"suspend")
+            if not sock.poll(30_000):
+                raise RuntimeError("bare relay: no answer in 30 s")
+            return sock.recv()
+        deadline = time.monotonic() + 60
+        while call() == b"no job yet":
+            if time.monotonic() > deadline:
+                raise RuntimeError("bare relay: the job did not start")
+            time.sleep(0.1)
+        time.sleep(1.0)     # past the script's first mini-batches, as (c) waits for 20 of them
+        rng = random.Random(1)
+        lat = []
+        for i in range(cycles + 2):
+            t = time.perf_counter()
+            call()
+            if i >= 2:
+                lat.append((time.perf_counter() - t) * 1e3)
+            time.sleep(0.03 + rng.uniform(0, batch_s))
+        return _percentiles(lat)
+    finally:
+        sock.close(0)
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _percentiles(ms: list) -> dict:
@@ -327,14 +375,23 @@ def main() -> int:
     if "c" in parts:
         print("(c) command latency ...", flush=True)
         c = res["command"] = command_latency(cycles)
+        bare = c["bare"] = bare_latency(cycles, c["batch_ms"] / 1e3)
+        c["p99_vs_bare"] = c["p99_ms"] / bare["p99_ms"]
         rows.append(("suspend request -> job ack p50 / p99 (ms)", f"{c['p50_ms']:.2f} / {c['p99_ms']:.2f}",
                      f"mini-batch {c['batch_ms']:.1f} ms; target p99 < {c['batch_ms'] + 5:.1f}; "
                      f"first suspend {c['first_suspend_ms']:.0f} ms"))
-        for k, name in (("job", "  of which gmuxd -> job -> gmuxd"), ("gmuxd", "  of which gmuxd's handling"),
-                        ("client_gmuxd", "  of which client <-> gmuxd")):
+        notes = {"boundary_wait": f"the rest of the mini-batch in progress (up to one; batches vary: "
+                                  f"max {c['parts']['boundary_wait']['max_ms']:.1f})",
+                 "own": "all but the wait; the target's 5 ms",
+                 "job": "the command's way there, the suspend, the result's way back"}
+        for k, name in (("boundary_wait", "  of which the wait for the job's boundary"),
+                        ("own", "  of which gmux's own (the rest)"), ("job", "    in the job and on the way"),
+                        ("gmuxd", "    gmuxd's handling"), ("client_gmuxd", "    client <-> gmuxd")):
             q = c["parts"][k]
-            rows.append((f"{name} p50 / p99 (ms)", f"{q['p50_ms']:.2f} / {q['p99_ms']:.2f}",
-                         "incl. the wait for the boundary and the suspend" if k == "job" else ""))
+            rows.append((f"{name} p50 / p99 (ms)", f"{q['p50_ms']:.2f} / {q['p99_ms']:.2f}", notes.get(k, "")))
+        rows.append(("baseline: bare ZeroMQ relay, same job, p50 / p99 (ms)",
+                     f"{bare['p50_ms']:.2f} / {bare['p99_ms']:.2f}",
+                     f"no gmux code (benchmarks/bare_relay.py); gmux p99 / bare p99 = {c['p99_vs_bare']:.2f}"))
         last.append(f"cmd_p99_ms={c['p99_ms']:.2f}")
     if "d" in parts:
         print("(d) daemon throughput ...", flush=True)

@@ -208,7 +208,10 @@ MESSAGES: dict[str, dict[str, tuple]] = {
                   "boundaries": (_nonneg_int, False), "t": (_float, False)},
     "result": {**_AUTH, "cmd": (_nonneg_int, True), "kind": (_one_of(*COMMAND_KINDS), True),
                "result": (_free_map, True), "boundaries": (_nonneg_int, False),
-               "state": (_one_of("running", "suspended", "waiting"), False)},
+               "state": (_one_of("running", "suspended", "waiting"), False),
+               # when the job took the command at a boundary (CLOCK_MONOTONIC, this machine's): gmuxd splits
+               # a command's latency into the wait for that boundary (the mini-batch) and the rest (gmux's own)
+               "taken_at": (_float, False)},
     "bye": {**_AUTH, "status": (_int, True), "reason": (_str, False)},
     # --- administration (the CLI, the scheduler): authenticated by the admin token in the runtime dir ---
     "ps": {"admin": (lambda v: _str(v, 128), True), "all": (_bool, False)},

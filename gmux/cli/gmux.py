@@ -19,6 +19,20 @@ def _print(data, as_json: bool, text=None) -> None:
         print(text)
 
 
+def _outcome(cmd: str, data: dict) -> str:
+    jobs = ", ".join(data.get("jobs") or [data["job"]])
+    if cmd == "suspend" and data.get("kind") == "suspend":
+        text = f"suspended {jobs} in {data['latency_s'] * 1e3:.1f} ms"
+        if data.get("boundary_wait_s") is not None:
+            text += f" ({data['boundary_wait_s'] * 1e3:.1f} ms of it waiting for the mini-batch to end)"
+        return text
+    if cmd == "suspend":
+        return f"{jobs}: {data['state']} (it was not running: it stays suspended until `gmux resume`)"
+    if cmd == "resume":
+        return f"{jobs}: {data['state']}"
+    return f"{cmd}: {jobs} " + ", ".join(f"{k}={v}" for k, v in data.items() if k not in ("job", "jobs"))
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from gmux.cluster import scheduler_cli   # `gmux keys`, and submit/ps/kill --cluster ADDR
@@ -86,7 +100,7 @@ def run(a) -> int:
         return top(c, a)
     if a.cmd in ("suspend", "resume", "kill"):
         data = c.call(a.cmd, timeout=130, job=a.job)
-        _print(data, a.json, f"{a.cmd}: {a.job} " + ", ".join(f"{k}={v}" for k, v in data.items() if k != "job"))
+        _print(data, a.json, _outcome(a.cmd, data))
         return 0
     if a.cmd == "migrate":
         data = c.call("migrate", timeout=130, job=a.job, gpu=a.gpu)

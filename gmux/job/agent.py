@@ -50,6 +50,7 @@ class Agent:
         self.sock.connect(endpoint)
         self._ids = itertools.count(1)
         self._commands: deque[Command] = deque()
+        self._taken: dict[int, float] = {}    # command id -> when taken at a boundary (for gmuxd's latency split)
         self._replies: dict[int, dict] = {}
         self.state = "waiting"           # running / suspended / waiting (not started yet)
         self.migrating: Optional[dict] = None   # args of an acknowledged migrate: the process must re-exec
@@ -90,6 +91,7 @@ class Agent:
         # poll() is called once per mini-batch boundary: counting calls gives gmuxd the job's rate at a finer
         # grain than the runtime's 1 s reports (a quantum of 1-2 s needs several samples).
         self.boundaries += 1
+        at = time.monotonic()
         if self.on_first_boundary is not None:
             check, self.on_first_boundary = self.on_first_boundary, None
             check()
@@ -99,10 +101,11 @@ class Agent:
             # A command goes first: its sender waits for the result, and encoding and sending a sample first
             # cost ~0.2 ms (up to 5 ms on a busy machine). The sample waits for the next boundary (gmuxd drops
             # one taken while a suspend or migrate is in flight anyway).
-            return self._commands.popleft()
-        now = time.monotonic()
-        if now >= self._next_sample:
-            self._next_sample = now + SAMPLE_S
+            command = self._commands.popleft()
+            self._taken[command.id] = at
+            return command
+        if at >= self._next_sample:
+            self._next_sample = at + SAMPLE_S
             self._send("heartbeat", state=self.state, boundaries=self.boundaries, t=time.time())
         return None
 
@@ -135,8 +138,9 @@ class Agent:
                 self.state = "suspended"
             elif command.kind == "migrate":
                 self.migrating = dict(command.args)
+        taken = self._taken.pop(command.id, None)
         self._send("result", cmd=command.id, kind=command.kind, result=_plain(result), boundaries=self.boundaries,
-                   state=self.state)
+                   state=self.state, **({"taken_at": taken} if taken is not None else {}))
 
     def bye(self, status: int, reason: str = "") -> None:
         self._send("bye", status=int(status), reason=reason[:1000])

@@ -330,9 +330,12 @@ class Daemon(Admission):
         if kind == "suspend" and not ok and msg.get("state") == "suspended":
             ok = True   # it was suspended already (our belief was stale, e.g. after a restart): same outcome
         latency = now - sent
+        taken = msg.get("taken_at")
+        # (stamped as the job's boundary began: a command arriving during that boundary's poll waited 0)
+        waited = max(0.0, taken - sent) if taken is not None and taken <= now else None
         # The requester hears first; the bookkeeping below cannot change the outcome, and this loop is
         # single-threaded, so nothing can observe the order.
-        self._wake(job.id, kind, ok, latency, result.get("error"))
+        self._wake(job.id, kind, ok, latency, result.get("error"), waited)
         slicer = self.slicers.get(job.gpu)
         if not ok:
             log.warning("%s: %s failed: %s", job.id, kind, result.get("error"))
@@ -612,7 +615,8 @@ class Daemon(Admission):
             self.waiters.setdefault(j, []).append(w)
         return DEFERRED
 
-    def _wake(self, job_id: str, kind: str, ok: bool, latency: float, error=None) -> None:
+    def _wake(self, job_id: str, kind: str, ok: bool, latency: float, error=None,
+              boundary_wait: Optional[float] = None) -> None:
         waiting = self.waiters.get(job_id, [])
         for w in [w for w in waiting if w.kind == kind]:
             waiting.remove(w)
@@ -626,6 +630,8 @@ class Daemon(Admission):
             if not w.left:
                 w.done = True
                 data = {"job": w.job, "kind": kind, "latency_s": time.monotonic() - w.t0, "job_latency_s": latency}
+                if boundary_wait is not None:   # of job_latency_s, the wait for the job's next boundary
+                    data["boundary_wait_s"] = boundary_wait
                 if len(w.jobs) > 1:
                     data["jobs"] = list(w.jobs)
                 self._send(w.identity, protocol.reply(w.msg_id, True, data=data))

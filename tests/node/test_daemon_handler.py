@@ -9,6 +9,7 @@ import threading
 import time
 
 import msgpack
+import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -32,6 +33,43 @@ def test_register_gets_token_and_a_start_command(daemon):
     daemon.tick()
     (cmd,) = [m for i, m in daemon.sent if m["type"] == "command"]
     assert cmd["kind"] == "resume" and daemon.sent[0][0] == b"job-a"
+
+
+def _result(d, identity, reg, cmd, **extra):
+    d.sent.clear()
+    d._receive(identity, [protocol.encode("result", 9, job=reg["job"], token=reg["token"], cmd=cmd["cmd"],
+                                          kind=cmd["kind"], result={"ok": True}, **extra)])
+    return [m for i, m in d.sent if m["type"] == "reply" and i == b"c"]
+
+
+def test_a_suspend_is_sent_at_once_and_its_latency_split_at_the_jobs_boundary(daemon):
+    a = register(daemon, mem=GiB)
+    daemon.sent.clear()
+    daemon.tick()
+    (start,) = [m for i, m in daemon.sent if m["type"] == "command"]
+    _result(daemon, b"job-a", a, start)
+    # The command leaves with the request (no tick in between); the reply waits for the job.
+    assert ask(daemon, "suspend", admin=daemon.admin, job=a["job"]) is None
+    (stop,) = [m for i, m in daemon.sent if m["type"] == "command"]
+    assert stop["kind"] == "suspend"
+    job_id, kind, sent = daemon.inflight[stop["cmd"]]
+    sent -= 0.010    # as if sent 10 ms ago, and taken at a boundary 4 ms after that
+    daemon.inflight[stop["cmd"]] = (job_id, kind, sent)
+    (reply,) = _result(daemon, b"job-a", a, stop, taken_at=sent + 0.004, state="suspended")
+    data = reply["data"]
+    assert reply["ok"] and data["boundary_wait_s"] == pytest.approx(0.004)
+    assert data["job_latency_s"] >= 0.010 > data["boundary_wait_s"]
+    # A command that reached the job during the poll of the boundary it was taken at waited for nothing; a
+    # stamp from the future (another clock) is not believed.
+    for taken, expected in ((-0.001, 0.0), (3600.0, None)):
+        ask(daemon, "resume", admin=daemon.admin, job=a["job"])
+        (go,) = [m for i, m in daemon.sent if m["type"] == "command"]
+        _result(daemon, b"job-a", a, go, state="running")
+        ask(daemon, "suspend", admin=daemon.admin, job=a["job"])
+        (stop,) = [m for i, m in daemon.sent if m["type"] == "command"]
+        (reply,) = _result(daemon, b"job-a", a, stop, taken_at=daemon.inflight[stop["cmd"]][2] + taken,
+                           state="suspended")
+        assert reply["data"].get("boundary_wait_s") == expected
 
 
 def test_a_job_can_only_act_on_itself(daemon):
