@@ -146,14 +146,15 @@ class StateTier:
                 "host_alloc_s": t1 - t0 if grew else 0.0, "copy_s": t2 - t1, "release_s": t3 - t2,
                 "total_s": t3 - t0}
 
-    def _ensure_host(self, total: int) -> bool:
+    def _ensure_host(self, total: int, fault_in: bool = True) -> bool:
         if self._host is not None and self._host.numel() >= total:
             return False
         # Growth is rare (optimizer state appears after the first step); leave headroom for the next one.
         size = max(total, int(total * 1.125))
         self._host = None
         self._host = torch.empty(size, dtype=torch.uint8, pin_memory=self._cuda)
-        self._host.fill_(0)  # fault the pages in now, not inside the first timed copy
+        if fault_in:
+            self._host.fill_(0)  # fault the pages in now, not inside the first timed copy
         return True
 
     def _copy_out(self, plan) -> None:
@@ -257,7 +258,7 @@ class StateTier:
             raise SpillError(f"spill file {path}: {e.strerror}; the suspended state is in it") from None
         if size != used:
             raise SpillError(f"spill file {path}: {size} bytes, {used} were written")
-        self._ensure_host(used)
+        self._ensure_host(used, fault_in=False)   # the read below writes every byte: no pass to fault pages in
         data = self._host[:used].numpy()
         got = 0
         with open(path, "rb") as f:
