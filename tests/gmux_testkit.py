@@ -48,12 +48,13 @@ def assert_identical(a, b, where="state"):
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-def wait_for(pred, timeout: float, what: str, every: float = 0.2):
-    """Polls `pred` until it returns something true (returned), or fails the test naming `what`."""
+def wait_for(pred, timeout: float, what, every: float = 0.2):
+    """Polls `pred` until it returns something true (returned), or fails the test naming `what` (a text, or
+    a function giving one: the state at the time of failure)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = pred()
         if v:
             return v
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s: {what}")
+    raise AssertionError(f"timed out after {timeout} s: {what() if callable(what) else what}")

@@ -6,6 +6,7 @@ import logging
 import signal
 import sys
 
+from gmux.cli.argtypes import nonneg, port, positive
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import discover, parse_size
 from gmux.node.paths import RuntimeDir, default_runtime_dir
@@ -17,15 +18,16 @@ def main(argv=None) -> int:
     p.add_argument("--runtime-dir", default=default_runtime_dir(), help="private dir for socket, db, logs")
     p.add_argument("--virtual-gpus", help="e.g. 2x16GiB: virtual GPUs (jobs compute on the CPU); automatic "
                                           "when NVML finds no GPU")
-    p.add_argument("--quantum", type=float, default=60.0, help="time-slice quantum in seconds (default 60)")
+    p.add_argument("--quantum", type=positive, default=60.0, help="time-slice quantum in seconds (default 60)")
     p.add_argument("--host-budget", type=parse_size, default="8GiB",
                    help="host RAM for suspended jobs' state; beyond it state spills to disk (default 8GiB)")
     p.add_argument("--no-pack", dest="pack", action="store_false", help="never pack jobs; only time-slice")
-    p.add_argument("--pack-margin", type=float, default=0.1, help="keep a pack if sum of packed/solo rates > 1+margin")
-    p.add_argument("--pack-window", type=float, default=5.0, help="seconds of packed measurement before judging")
-    p.add_argument("--pack-recheck", type=float, default=15.0,
-                   help="seconds a kept pack runs together before it is measured again (default 15)")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (127.0.0.1)")
+    p.add_argument("--pack-margin", type=nonneg, default=0.1, help="keep a pack if sum of packed/solo rates > 1+margin")
+    p.add_argument("--pack-window", type=positive, default=5.0, help="seconds of packed measurement before judging")
+    p.add_argument("--pack-recheck", type=positive, default=600.0,
+                   help="seconds a kept pack runs together before it is measured again: each job alone for a "
+                        "turn, then together (default 600)")
+    p.add_argument("--metrics-port", type=port, help="serve Prometheus metrics on this port (127.0.0.1)")
     p.add_argument("--scheduler", help="cluster mode: gmux-scheduler's tcp://HOST:PORT (needs --keys and --name)")
     p.add_argument("--keys", help="cluster mode: the cluster's key directory (gmux keys)")
     p.add_argument("--name", help="cluster mode: this machine's name (its key is daemon.NAME)")

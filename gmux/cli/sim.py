@@ -10,6 +10,9 @@ import sys
 import time
 from datetime import datetime
 
+from gmux.cli.argtypes import fraction, nonneg, positive_int
+
+
 def _default_traces() -> str:
     """../shared/traces from the working directory (the project's convention), else beside the source tree."""
     for base in (os.getcwd(), os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")):
@@ -43,22 +46,6 @@ def _duration(text: str):
     raise argparse.ArgumentTypeError(f"{text!r} is neither an offset like 36h or 7d nor a date like 2017-10-01")
 
 
-def _checked(convert, noun: str, ok, wanted: str):
-    """An argparse type: `convert` the text (else it is not a `noun`), then require `ok(value)` (`wanted`)."""
-    def parse(text: str):
-        try:
-            v = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
-        if not ok(v):
-            raise argparse.ArgumentTypeError(f"{text} is not {wanted}")
-        return v
-    return parse
-
-
-_fraction = _checked(float, "a number", lambda v: 0.0 < v <= 1.0, "in (0, 1]")
-_nonneg = _checked(float, "a number", lambda v: v >= 0, ">= 0")
-_positive_int = _checked(int, "an integer", lambda v: v >= 1, "a positive integer")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,11 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--bad-rows", choices=("refuse", "skip"), default="refuse",
                    help="what to do with malformed trace rows (reported with line numbers; default: %(default)s)")
     g = p.add_argument_group("cluster")
-    g.add_argument("--machines", type=_positive_int, metavar="N",
+    g.add_argument("--machines", type=positive_int, metavar="N",
                    help="one cluster of N machines for all jobs, instead of Philly's per-VC clusters")
     g.add_argument("--vc-scale", type=float, default=1.0, metavar="X",
                    help="multiply every VC's machine count by X, at least 1 machine (stress runs; default: 1)")
-    g.add_argument("--gpus-per-machine", type=_positive_int, default=8, metavar="G", help="(default: %(default)s)")
+    g.add_argument("--gpus-per-machine", type=positive_int, default=8, metavar="G", help="(default: %(default)s)")
     g.add_argument("--gpu-type", default="v100", choices=("v100", "p100", "k80"), help="(default: %(default)s)")
     g.add_argument("--unknown-vc", choices=("smallest", "skip", "refuse"), default="smallest",
                    help="jobs of VCs missing from the layout: run on a cluster the size of the smallest VC, "
@@ -96,18 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"policies to run (default: all: {', '.join(POLICIES)})")
     g.add_argument("--start", type=_duration, metavar="T", help="only jobs submitted at or after T")
     g.add_argument("--end", type=_duration, metavar="T", help="only jobs submitted before T")
-    g.add_argument("--sample", type=_fraction, metavar="F", help="keep a seeded fraction F of the jobs")
+    g.add_argument("--sample", type=fraction, metavar="F", help="keep a seeded fraction F of the jobs")
     g.add_argument("--seed", type=int, default=0, help="seed for job types and sampling (default: %(default)s)")
     g = p.add_argument_group("costs (seconds; see gmux/cluster/sim_cluster.py for where each default comes from)")
-    g.add_argument("--suspend-s", type=_nonneg, default=d.suspend_s, help="(default: %(default)s)")
-    g.add_argument("--resume-s", type=_nonneg, default=d.resume_s, help="(default: %(default)s)")
-    g.add_argument("--migrate-s", type=_nonneg, default=d.migrate_s, help="(default: %(default)s)")
-    g.add_argument("--quantum-s", type=_nonneg, default=d.quantum_s, help="time slice (default: %(default)s)")
-    g.add_argument("--measure-s", type=_nonneg, default=d.measure_s, help="pack measurement window (default: %(default)s)")
+    g.add_argument("--suspend-s", type=nonneg, default=d.suspend_s, help="(default: %(default)s)")
+    g.add_argument("--resume-s", type=nonneg, default=d.resume_s, help="(default: %(default)s)")
+    g.add_argument("--migrate-s", type=nonneg, default=d.migrate_s, help="(default: %(default)s)")
+    g.add_argument("--quantum-s", type=nonneg, default=d.quantum_s, help="time slice (default: %(default)s)")
+    g.add_argument("--measure-s", type=nonneg, default=d.measure_s, help="pack measurement window (default: %(default)s)")
     g = p.add_argument_group("output")
     g.add_argument("--json", metavar="PATH", help="write results as JSON")
     g.add_argument("--plots", metavar="DIR", help="write jct_cdf.png and utilisation.png into DIR")
-    g.add_argument("--workers", type=_positive_int, default=1, help="worker processes (default: %(default)s)")
+    g.add_argument("--workers", type=positive_int, default=1, help="worker processes (default: %(default)s)")
     g.add_argument("--quiet", action="store_true", help="no table, only errors")
     return p
 
@@ -130,8 +117,8 @@ def main(argv=None) -> int:
         parser.error("a policy is listed twice")
     if not args.vc_scale > 0:
         parser.error(f"--vc-scale must be positive, not {args.vc_scale}")
-    if not 0.0 <= args.elastic_fraction <= 1.0:
-        parser.error(f"--elastic-fraction must be in [0, 1], not {args.elastic_fraction}")
+    if not 0.0 <= args.elasticfraction <= 1.0:
+        parser.error(f"--elastic-fraction must be in [0, 1], not {args.elasticfraction}")
     trace = args.trace or os.path.join(args.traces, "philly.csv")
     vcs = None if args.machines else (args.vcs or os.path.join(args.traces, "philly_vc.csv"))
     tput = args.throughputs or os.path.join(args.traces, "gavel_throughputs.json")
@@ -147,7 +134,7 @@ def main(argv=None) -> int:
     cfg = SimConfig(trace=trace, vcs=vcs, throughputs=tput, machines=args.machines,
                     gpus_per_machine=args.gpus_per_machine, gpu_type=args.gpu_type, suspect=args.suspect_pairs,
                     seed=args.seed, start=args.start, end=args.end, sample=args.sample, bad_rows=args.bad_rows,
-                    unknown_vc=args.unknown_vc, vc_scale=args.vc_scale, elastic_fraction=args.elastic_fraction, costs=costs,
+                    unknown_vc=args.unknown_vc, vc_scale=args.vc_scale, elasticfraction=args.elasticfraction, costs=costs,
                     workers=args.workers)
     t0 = time.perf_counter()
     try:

@@ -8,6 +8,7 @@ Batch i is drawn from a generator seeded with i, so the data depends only on the
 --sleep stands for a job that waits on input each mini-batch (it leaves the CPU free: packing gains).
 """
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -28,7 +29,11 @@ p.add_argument("--exclusive", action="store_true",
                help="compute holding the virtual GPU's lock: a job that saturates its device, as a kernel using "
                     "all SMs does; two such jobs packed on one GPU take turns (on a busy shared CPU, core "
                     "contention alone is too noisy to show interference reliably). The lock is released before "
-                    "the optimizer step, whose hook may suspend the job")
+                    "each boundary, where the job may be suspended: before the optimizer step in transparent mode "
+                    "(its hook is the boundary), after it with --attach")
+p.add_argument("--exclusive-when", metavar="PATH",
+               help="from when PATH exists on: stop sleeping and compute as --exclusive (a job whose phase changes, "
+                    "so a kept pack stops gaining)")
 a = p.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -44,13 +49,21 @@ if a.attach:
     job = gmux.job.attach(model, opt, state=progress)  # gmuxd's controller; restores after a migration
 restored_at = progress["step"]
 device_lock = None
-if a.exclusive:
-    import fcntl
+
+
+def lock_device():
+    global device_lock
     device_lock = open(os.path.join(os.environ.get("GMUX_RUNTIME_DIR", "/tmp"),
                                     f"vgpu{os.environ.get('GMUX_VIRTUAL_GPU', 'x')}.lock"), "w")
+
+
+if a.exclusive:
+    lock_device()
 loss = None
 while progress["step"] < a.steps:
-    if a.sleep:
+    if a.exclusive_when and device_lock is None and os.path.exists(a.exclusive_when):
+        lock_device()
+    if a.sleep and not (a.exclusive_when and device_lock is not None):
         time.sleep(a.sleep)
     if device_lock:
         fcntl.flock(device_lock, fcntl.LOCK_EX)
@@ -59,9 +72,11 @@ while progress["step"] < a.steps:
     loss = torch.nn.functional.mse_loss(model(x), y)
     opt.zero_grad()
     loss.backward()
-    if device_lock:
-        fcntl.flock(device_lock, fcntl.LOCK_UN)
+    if device_lock and job is None:
+        fcntl.flock(device_lock, fcntl.LOCK_UN)   # transparent mode: the step's hook is the boundary
     opt.step()
+    if device_lock and job is not None:
+        fcntl.flock(device_lock, fcntl.LOCK_UN)   # attached: the boundary is job.boundary(), below
     progress["step"] += 1
     if job is not None:
         job.boundary()

@@ -8,8 +8,10 @@ together for a window; the pack is kept only if packed_a/solo_a + packed_b/solo_
 incompatible for a while, and time-sliced. Every decision returns its numbers for the log.
 
 A kept pack is judged again every `recheck` seconds it has run together (the jobs change phase; a neighbour
-may start to saturate the device): the daemon restarts both jobs' rate windows ("recheck") and the same rule
-decides after a window whether the pack stays or is undone.
+may start to saturate the device). Its old solo rates cannot judge it: a job whose phase changed has a new
+solo rate too (one that stopped waiting on input is faster alone and slower packed). So a re-check undoes the
+pack, the daemon forgets both solo rates, each job runs alone again for one turn to measure a fresh one, and
+the pair is tried together and judged by the same rule.
 """
 from __future__ import annotations
 
@@ -42,12 +44,13 @@ class Packer:
     window: float = 5.0         # seconds of packed measurement before judging
     retry_after: float = 300.0  # an unpacked pair is not tried again for this long
     enabled: bool = True
-    recheck: float = 15.0       # seconds a kept pack runs together before it is measured again
+    recheck: float = 600.0      # seconds a kept pack runs together before it is measured again
     trial: Optional[frozenset] = None
     trial_start: Optional[float] = None
     rejected: dict = field(default_factory=dict)   # frozenset pair -> time of rejection
     kept: set = field(default_factory=set)
     together: dict = field(default_factory=dict)   # kept pair -> seconds run together since last judged
+    again: set = field(default_factory=set)        # kept pairs being measured afresh (alone, then together)
     _seen: Optional[float] = None                  # when step() last ran (to count time run together)
 
     def step(self, slicer: Slicer, rates: dict[str, Rates], now: float) -> list[Decision]:
@@ -77,11 +80,14 @@ class Packer:
 
     def _recheck(self, slicer: Slicer, pair: frozenset, rates: dict[str, Rates]) -> list[Decision]:
         a, b = sorted(pair)
-        self.trial, self.trial_start = pair, None
-        self.together[pair] = 0.0
+        slicer.unpack(pair)
+        self.kept.discard(pair)
+        self.together.pop(pair, None)
+        self.again.add(pair)
         return [Decision("recheck", [a, b], {"solo": {j: rates[j].solo if j in rates else None for j in (a, b)},
                                              "after_s": self.recheck},
-                         f"GPU {slicer.gpu}: measuring kept pack {a}+{b} again after {self.recheck:g} s together")]
+                         f"GPU {slicer.gpu}: measuring kept pack {a}+{b} again after {self.recheck:g} s together: "
+                         f"each alone for a turn (fresh solo rates), then together")]
 
     def _candidate(self, slicer: Slicer, rates: dict[str, Rates], now: float) -> Optional[frozenset]:
         packed = set().union(*slicer.packs) if slicer.packs else set()
@@ -121,7 +127,8 @@ class Packer:
         numbers = {"solo": solo, "packed": packed, "normalised": norm, "sum": total, "margin": self.margin,
                    "window_s": now - self.trial_start}
         detail = (f"{a} {packed[a]:.2f}/{solo[a]:.2f} + {b} {packed[b]:.2f}/{solo[b]:.2f} = {total:.2f}")
-        again = pair in self.kept
+        again = pair in self.again
+        self.again.discard(pair)
         numbers["recheck"] = again
         if total > 1 + self.margin:
             self.kept.add(pair)
@@ -141,4 +148,5 @@ class Packer:
         if self.trial is not None and job in self.trial:
             self.trial = None
         self.kept = {p for p in self.kept if job not in p}
+        self.again = {p for p in self.again if job not in p}
         self.together = {p: t for p, t in self.together.items() if job not in p}

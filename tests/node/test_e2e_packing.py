@@ -51,3 +51,33 @@ def test_gaining_pair_kept_interfering_pair_unpacked(node_factory, tmp_path):
     assert sum(w == set(waiting) for w, _ in samples) >= 6, samples
     assert all(len(c) <= 1 for _, c in samples), samples
     assert len({frozenset(c) for _, c in samples if c}) >= 1
+
+
+def test_a_kept_pack_is_measured_again_and_unpacked_once_it_stops_gaining(node_factory, tmp_path):
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--pack-window", "3", "--pack-margin", "0.5",
+                        "--pack-recheck", "4")
+    saturate = tmp_path / "saturate"   # once it exists, both jobs compute holding the device: packing stops paying
+    ids = sorted(node.job_of(node.launch(f"{TRAIN}", str(tmp_path / f"{i}.json"), "10000000", "--sleep", "0.03",
+                                         "--exclusive-when", str(saturate), "--hidden", "512", "--depth", "2",
+                                         "--batch", "256", "--attach", opts=["--no-hook", "--mem", "300MiB"]).pid)
+                 for i in range(2))
+
+    def decided(kind, after=0):
+        return [d for d in node.call("decisions", limit=200)["decisions"]
+                if d["kind"] == kind and sorted(d["jobs"]) == ids and d["t"] > after]
+    keep = node.wait_for(lambda: decided("keep"), 120, "the pair kept")[0]
+    assert keep["numbers"]["sum"] > 1.5, keep["text"]
+    saturate.touch()
+    recheck = node.wait_for(lambda: decided("recheck", keep["t"]), 60, "the kept pack measured again")[0]
+    assert recheck["numbers"]["after_s"] == 4
+    since = lambda: [d["text"] for d in node.call("decisions", limit=200)["decisions"] if d["t"] >= recheck["t"]]
+    unpack = node.wait_for(lambda: decided("unpack", recheck["t"]), 60, lambda: f"the pack given up: {since()}")[0]
+    print("kept:", keep["text"])
+    print("unpacked on re-check:", unpack["text"])
+    assert unpack["numbers"]["sum"] <= 1.5 and unpack["numbers"]["recheck"] and "stopped gaining" in unpack["text"]
+    # From then on the two take turns on the GPU.
+    samples = []
+    for _ in range(8):
+        samples.append(set(node.ps()["gpus"][0]["resident"]))
+        time.sleep(0.25)
+    assert all(len(s) <= 1 for s in samples), samples

@@ -54,29 +54,54 @@ def test_no_trial_without_measured_solo_rates_or_memory():
     assert p.step(s, {"a": Rates(1.0, None, 0), "b": Rates(None, None, 0)}, 0) == []  # b's solo unknown
 
 
-def test_kept_pack_is_measured_again_and_unpacked_when_it_stops_gaining():
+def test_kept_pack_is_measured_again_from_fresh_solo_rates_and_unpacked_when_it_stops_gaining():
     s, p, out, t = setup({"a": 9.0, "b": 15.0}, recheck=5.0, steps=35)   # kept at once (1.65)
     assert [d.kind for d in out] == ["keep"]
+    pair = frozenset("ab")
 
-    def run(packed, seconds):
+    def run(solo, packed, seconds, span=3.0):
+        """The daemon's view: solo None until measured afresh; packed rates while together."""
         nonlocal t
         got = []
         for _ in range(int(seconds * 10)):
             t += 0.1
-            got += p.step(s, {j: Rates({"a": 10.0, "b": 20.0}[j], packed[j], span) for j in "ab"}, t)
-            s.tick(t)
+            got += p.step(s, {j: Rates(solo[j], packed[j] if s.resident == set("ab") else None, span)
+                              for j in "ab"}, t)
+            for kind, j in s.tick(t):
+                s.acked(j, kind, t)
         return got
-    span = 10.0
-    assert run({"a": 9.0, "b": 15.0}, 4.0) == []        # not yet due
-    span = 0.0                                          # the daemon restarts the windows at a recheck
-    (recheck,) = run({"a": 9.0, "b": 15.0}, 1.5)
+    old = {"a": 10.0, "b": 20.0}
+    assert run(old, {"a": 9.0, "b": 15.0}, 4.0) == []                  # not yet due
+    got = []
+    while not got:                                                      # due within 1.5 s
+        got = run(old, {"a": 9.0, "b": 15.0}, 0.1)
+        assert t < 40.0
+    (recheck,) = got
     assert recheck.kind == "recheck" and recheck.jobs == ["a", "b"] and "again" in recheck.text
-    span = 3.0
-    (kept,) = run({"a": 9.0, "b": 15.0}, 3.5)           # still gaining: kept, and measured again later
-    assert kept.kind == "keep" and kept.numbers["recheck"] and "still keeping" in kept.text
-    span = 0.0
-    assert [d.kind for d in run({"a": 5.0, "b": 9.0}, 5.5)] == ["recheck"]
-    span = 3.0
-    (gone,) = run({"a": 5.0, "b": 9.0}, 3.5)            # 0.5 + 0.45 = 0.95: no longer pays
-    assert gone.kind == "unpack" and "stopped gaining" in gone.text and abs(gone.numbers["sum"] - 0.95) < 1e-9
-    assert s.packs == [] and p.kept == set()
+    # The pack is undone while the jobs' solo rates are measured again: they take turns.
+    assert s.packs == [] and p.again == {pair} and pair not in p.kept
+    unknown = {"a": None, "b": None}
+    assert run(unknown, {"a": None, "b": None}, 3.0) == [] and s.resident != set("ab")
+    # Fresh solo rates (this phase is faster alone): tried together again; packed at the old rates it no longer
+    # pays against them (9/30 + 15/40 = 0.675), although it did against the stale ones.
+    fresh = {"a": 30.0, "b": 40.0}
+    decided = run(fresh, {"a": 9.0, "b": 15.0}, 6.0)
+    assert [d.kind for d in decided] == ["trial", "unpack"]
+    gone = decided[1]
+    assert gone.numbers["recheck"] and "stopped gaining" in gone.text and abs(gone.numbers["sum"] - 0.675) < 1e-9
+    assert s.packs == [] and p.kept == set() and p.again == set()
+
+
+def test_a_rechecked_pack_that_still_gains_is_kept():
+    s, p, out, t = setup({"a": 9.0, "b": 15.0}, recheck=5.0, steps=35)
+    for _ in range(80):
+        t += 0.1
+        alone = s.resident != set("ab")
+        solo = {"a": 10.0, "b": 20.0}
+        p_out = p.step(s, {j: Rates(solo[j], None if alone else {"a": 9.0, "b": 15.0}[j], 3.0) for j in "ab"}, t)
+        out += p_out
+        for kind, j in s.tick(t):
+            s.acked(j, kind, t)
+    kinds = [d.kind for d in out]
+    assert kinds[:4] == ["keep", "recheck", "trial", "keep"], kinds
+    assert out[3].numbers["recheck"] and "still keeping" in out[3].text and s.packs == [frozenset("ab")]

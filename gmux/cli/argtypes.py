@@ -1,0 +1,24 @@
+"""argparse types that refuse bad numbers at the command line, naming what was expected."""
+from __future__ import annotations
+
+import argparse
+
+
+def checked(convert, noun: str, ok, wanted: str):
+    """An argparse type: `convert` the text (else it is not a `noun`), then require `ok(value)` (`wanted`)."""
+    def parse(text: str):
+        try:
+            v = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"{text} is not {wanted}")
+        return v
+    return parse
+
+
+fraction = checked(float, "a number", lambda v: 0.0 < v <= 1.0, "in (0, 1]")
+nonneg = checked(float, "a number", lambda v: v >= 0, ">= 0")
+positive = checked(float, "a number", lambda v: v > 0, "> 0")
+positive_int = checked(int, "an integer", lambda v: v >= 1, "a positive integer")
+port = checked(int, "a port number", lambda v: 1 <= v <= 65535, "a port in 1..65535")
