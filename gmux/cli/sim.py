@@ -117,8 +117,8 @@ def main(argv=None) -> int:
         parser.error("a policy is listed twice")
     if not args.vc_scale > 0:
         parser.error(f"--vc-scale must be positive, not {args.vc_scale}")
-    if not 0.0 <= args.elasticfraction <= 1.0:
-        parser.error(f"--elastic-fraction must be in [0, 1], not {args.elasticfraction}")
+    if not 0.0 <= args.elastic_fraction <= 1.0:
+        parser.error(f"--elastic-fraction must be in [0, 1], not {args.elastic_fraction}")
     trace = args.trace or os.path.join(args.traces, "philly.csv")
     vcs = None if args.machines else (args.vcs or os.path.join(args.traces, "philly_vc.csv"))
     tput = args.throughputs or os.path.join(args.traces, "gavel_throughputs.json")
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     cfg = SimConfig(trace=trace, vcs=vcs, throughputs=tput, machines=args.machines,
                     gpus_per_machine=args.gpus_per_machine, gpu_type=args.gpu_type, suspect=args.suspect_pairs,
                     seed=args.seed, start=args.start, end=args.end, sample=args.sample, bad_rows=args.bad_rows,
-                    unknown_vc=args.unknown_vc, vc_scale=args.vc_scale, elasticfraction=args.elasticfraction, costs=costs,
+                    unknown_vc=args.unknown_vc, vc_scale=args.vc_scale, elastic_fraction=args.elastic_fraction, costs=costs,
                     workers=args.workers)
     t0 = time.perf_counter()
     try:
