@@ -401,6 +401,7 @@ class Scheduler:
 
     # --- the tick ---
     def tick(self, now: float) -> None:
+        self.receiver.expire()
         self._losses(now)
         self._stalled_starts(now)
         events = list(self.events) or [Event(EventKind.TICK)]

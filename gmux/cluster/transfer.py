@@ -12,6 +12,8 @@ gmux-scheduler). See the xfer_* messages in gmux/protocol.py.
   also answers from the length of its partial file.
 - At the end the receiver checks the digest of the sender's chunk table (see protocol.py), fsyncs and renames
   the partial file to NAME.ckpt: a reader sees a complete, verified file or none.
+- A partial file nobody has added to for STALE_S (its sender gave up, or died) is deleted by `expire`, which
+  the hosts of a receiver call as they tick; a sender that comes back later starts that file again.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from gmux.cluster import keys
 
 CHUNK = 256 << 10    # 256 KiB: large messages cost fresh mmapped buffers (page faults) in malloc and libzmq
 WINDOW = 64   # 16 MiB in flight
+STALE_S = 600.0      # far beyond a sender's reconnect timeout: a partial file this idle is abandoned
 _ENTRY = struct.Struct("<QQI")   # offset, length, crc32: one row of the chunk table the digest covers
 
 
@@ -53,6 +56,8 @@ class Receiver:
         self.open: dict[str, dict] = {}
         self.completed = 0
         self.rejected_chunks = 0
+        self.expired = 0
+        self._swept = 0.0
 
     def path(self, xfer: str) -> str:
         return os.path.join(self.dir, f"{xfer}.ckpt")
@@ -65,6 +70,7 @@ class Receiver:
         st = self.open.get(x)
         if st is None:
             return False, f"{msg.type}: no transfer {x!r} in progress (send xfer_begin first)"
+        st["seen"] = time.time()
         if msg.type == "xfer_chunk":
             if data is None or len(data) > protocol.XFER_MAX_CHUNK or len(data) == 0:
                 return False, f"xfer_chunk {x}: needs one data frame of 1..{protocol.XFER_MAX_CHUNK} bytes"
@@ -112,8 +118,30 @@ class Receiver:
         for off in range(0, have, CHUNK):
             table.update(_ENTRY.pack(off, CHUNK, zlib.crc32(os.pread(fd, CHUNK, off))))
         os.lseek(fd, have, os.SEEK_SET)
-        self.open[x] = {"size": size, "have": have, "fd": fd, "table": table}
+        self.open[x] = {"size": size, "have": have, "fd": fd, "table": table, "seen": time.time()}
         return have
+
+    def expire(self, now: Optional[float] = None, every: float = 30.0) -> int:
+        """Deletes partial files idle for STALE_S (open here, or left by a receiver that stopped); returns how
+        many. Looks at most once every `every` seconds, so a host may call it on every tick."""
+        now = time.time() if now is None else now
+        if now - self._swept < every:
+            return 0
+        self._swept = now
+        gone = [x for x, st in self.open.items() if now - st["seen"] > STALE_S]
+        for x in gone:
+            self._discard(x)
+        for f in os.listdir(self.dir):
+            path = os.path.join(self.dir, f)
+            if f.endswith(".part") and f[:-len(".part")] not in self.open:
+                try:
+                    if now - os.path.getmtime(path) > STALE_S:
+                        os.unlink(path)
+                        gone.append(f)
+                except FileNotFoundError:
+                    pass
+        self.expired += len(gone)
+        return len(gone)
 
     def _discard(self, x: str) -> None:
         st = self.open.pop(x)

@@ -151,6 +151,7 @@ class ClusterLink:
                 if now - self._last_report >= REPORT_S:
                     self._last_report = now
                     self._report(now)
+                    self.receiver.expire()
         finally:
             self.close()
 

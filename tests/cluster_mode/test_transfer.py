@@ -109,3 +109,27 @@ def test_stranger_and_wrong_key_refused(keydir, tmp_path):
     finally:
         stop.set()
         t.join(5)
+
+
+def test_an_abandoned_partial_file_is_deleted_and_a_late_sender_starts_again(tmp_path):
+    import time
+    import zlib
+    from gmux.cluster.transfer import STALE_S
+    recv = Receiver(str(tmp_path / "in"))
+    chunk = os.urandom(CHUNK)
+
+    def msg(mtype, **fields):
+        return protocol.decode(protocol.encode(mtype, 1, protocol.CLUSTER_MESSAGES, **fields), protocol.CLUSTER_MESSAGES)
+    assert recv.handle(msg("xfer_begin", xfer="a-j1.0", size=3 * CHUNK), None) == (True, {"have": 0})
+    assert recv.handle(msg("xfer_chunk", xfer="a-j1.0", offset=0, crc=zlib.crc32(chunk)), chunk)[1] == {"have": CHUNK}
+    # A partial file left by an earlier receiver process, as old as the stale limit.
+    orphan = tmp_path / "in" / "a-j2.0.part"
+    orphan.write_bytes(chunk)
+    os.utime(orphan, (time.time() - STALE_S - 1,) * 2)
+    part = tmp_path / "in" / "a-j1.0.part"
+    assert recv.expire() == 1 and part.exists() and not orphan.exists()   # the open one is still fed
+    assert recv.expire(time.time() + 10) == 0                             # looked at most every 30 s
+    assert recv.expire(time.time() + STALE_S + 60) == 1 and not part.exists() and recv.expired == 2
+    r = recv.handle(msg("xfer_chunk", xfer="a-j1.0", offset=CHUNK, crc=zlib.crc32(chunk)), chunk)
+    assert not r[0] and "xfer_begin" in r[1]
+    assert recv.handle(msg("xfer_begin", xfer="a-j1.0", size=3 * CHUNK), None) == (True, {"have": 0})
