@@ -64,6 +64,7 @@ class Scheduler:
         self.driver = Driver(make_policy(self.opt.policy))
         self.receiver = Receiver(os.path.join(statedir, "checkpoints"))
         self._sweep_checkpoints()
+        self._skipped: dict[str, str] = {}   # cjob -> the last reason an intent for it was skipped (logged once)
         self.ctx = zmq.Context()
         self.guard = keys.Guard(self.ctx, keydir, ("daemon", "client"))
         self.sock = keys.server_socket(self.ctx, zmq.ROUTER, keydir, "scheduler")
@@ -478,9 +479,12 @@ class Scheduler:
     def _carry_out(self, it: Intent) -> None:
         job = self.jobs[it.cjob]
         if job.state in ("starting", "migrating") or it.what == "none":
-            if it.why:
+            # A policy may propose the same thing on every tick until the world changes: say it once.
+            if it.why and self._skipped.get(job.cjob) != it.why:
+                self._skipped[job.cjob] = it.why
                 self._log("skip", job.cjob, f"{job.cjob}: {it.why}")
             return
+        self._skipped.pop(job.cjob, None)
         m = self.machines.get(it.machine) if it.machine else None
         if it.what == "start":
             job.machine, job.gpu, job.rank_gpus = it.machine, it.gpu, list(it.gpus)

@@ -86,3 +86,22 @@ def test_real_policies_place_pending_jobs():
         jobs, machines = _cluster()
         intents, _ = Driver(make_policy(name)).decide(jobs, machines, Event(EventKind.ARRIVAL, job_id="c3"), 1.0)
         assert any(i.what == "start" and i.cjob == "c3" for i in intents), (name, intents)
+
+
+def test_a_skipped_intent_is_logged_once_until_its_reason_changes(tmp_path):
+    from gmux.cluster import keys
+    from gmux.cluster.scheduler import Options, Scheduler
+    from gmux.cluster.scheduler_driver import Intent
+    keydir = str(tmp_path / "keys")
+    keys.create(keydir, "scheduler")
+    s = Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*"))
+    try:
+        s.jobs["c1"] = CJob("c1", ["python", "t.py"], "/", state="starting", machine="a", gpu=0)
+        skips = lambda: [d for d in s.recent if d["kind"] == "skip"]
+        for _ in range(5):          # a policy proposing the same thing every tick
+            s._carry_out(Intent("none", "c1", why="gang c1 cannot share GPU 0"))
+        assert len(skips()) == 1
+        s._carry_out(Intent("none", "c1", why="waiting for 2 free GPUs"))
+        assert [d["text"] for d in skips()] == ["c1: gang c1 cannot share GPU 0", "c1: waiting for 2 free GPUs"]
+    finally:
+        s.close()
