@@ -1,6 +1,10 @@
 """gmuxd's admission and placement: which GPU a new job gets, whole GPUs for multi-GPU jobs and gangs (held
 exclusively), the queue of jobs waiting for GPUs, and defragmentation (moving single-GPU jobs to free whole GPUs).
 
+A multi-GPU job or gang rank that the user suspends gives its GPUs back once it has suspended ("parked"):
+other jobs may use them meanwhile. Resumed, it waits in the queue for those same GPUs (its process was started
+on them), and defragmentation moves movable jobs off them as it would for any waiting unit.
+
 A part of the daemon (a mixin of `Daemon`, sharing its tables); the decisions themselves are the pure functions
 of gmux.node.placement. A single-GPU job is placed at once when a GPU can take it. A multi-GPU job, and a gang's
 ranks, wait in the queue until enough whole GPUs are free; each tick tries the queue again and, if GPUs are
@@ -19,6 +23,10 @@ from gmux.node.jobs import Job
 log = logging.getLogger("gmux.daemon")
 
 DEFRAG_RETRY_S = 2.0    # a defragmentation that has not freed its GPUs is planned again after this long
+
+
+def _gpus(gpus: list) -> str:
+    return f"GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}"
 
 
 class Refused(Exception):
@@ -175,9 +183,12 @@ class Admission:
                 self._grant([job], [gpu], now)
                 views = self._views()
         for unit, members in units:
+            if any(m.held for m in members):
+                continue       # suspended by the user while waiting: it takes no GPU until resumed
             count = sum(m.gpus_wanted for m in members)
             need = max(m.working_set() or 0 for m in members)
-            pinned = tuple(m.pinned for m in members if m.pinned is not None)
+            pinned = tuple(sorted({m.pinned for m in members if m.pinned is not None}
+                                  | {g for m in members for g in m.parked_gpus}))
             got = placement.whole_gpus(views, unit, count, need, pinned)
             if got is not None:
                 self._grant(members, got, now)
@@ -194,10 +205,13 @@ class Admission:
     def _grant(self, members: list, gpus: list, now: float) -> None:
         """Each job gets its GPU (a multi-GPU job all of them); a registered one joins its GPU's slicer, which
         starts it; a submitted one whose process has not registered yet joins it when it does."""
-        gpus = sorted(gpus)
-        i = 0
+        parked = {g for m in members for g in m.parked_gpus}
+        rest = [g for g in sorted(gpus) if g not in parked]
         for job in members:
-            mine, i = gpus[i:i + job.gpus_wanted], i + job.gpus_wanted
+            if job.parked_gpus:    # back on the GPUs its process was started on
+                mine, job.parked_gpus = list(job.parked_gpus), []
+            else:
+                mine, rest = rest[:job.gpus_wanted], rest[job.gpus_wanted:]
             job.gpu = mine[0]
             job.exclusive_gpus = list(mine) if job.exclusive else []
             if job.id in self.queue:
@@ -208,6 +222,28 @@ class Admission:
                 if job.held:
                     self.slicers[job.gpu].hold(job.id)
             self.store.save(job)
+
+    def _park_held(self, now: float) -> None:
+        """A held multi-GPU job or gang rank that has suspended gives its GPUs back (its memory there is free)."""
+        for job in self.jobs.values():
+            if job.final or not job.held or not job.exclusive_gpus or job.gpu not in self.slicers:
+                continue
+            slicer = self.slicers[job.gpu]
+            if job.id not in slicer.entries or job.id in slicer.resident or job.id in slicer.pending:
+                continue
+            gpus = sorted(job.exclusive_gpus)
+            self._leave_gpu(job, now)
+            job.parked_gpus, job.exclusive_gpus, job.gpu = gpus, [], None
+            job.state, job.detail = "held", f"suspended; gave back {_gpus(gpus)} until `gmux resume`"
+            self.store.save(job)
+            self._decide(gpus[0], "park", [job.id], {"gpus": gpus},
+                         f"{job.id} is suspended by the user: {_gpus(gpus)} free for other jobs until it is "
+                         f"resumed (it resumes there)")
+
+    def _unpark(self, job: Job) -> None:
+        """A parked job the user resumes waits for its own GPUs."""
+        self._enqueue(job)
+        job.detail = f"waiting for {_gpus(job.parked_gpus)} back (its process runs there)"
 
     def _defragment(self, unit: str, members: list, count: int, need: int, pinned: tuple, views: list,
                     now: float) -> None:

@@ -136,6 +136,9 @@ class Daemon(Admission):
             job.registered = True   # alive: registered, or about to (re-registering is the same)
             if job.state == "migrating":
                 continue   # its process re-registers after re-executing
+            if job.parked_gpus and job.held:
+                job.gpu = None
+                continue   # suspended, its GPUs given back: it waits for `gmux resume`
             if job.gpu is None or (job.exclusive and not job.exclusive_gpus):
                 job.gpu = None
                 self.queue.append(job.id)
@@ -418,8 +421,11 @@ class Daemon(Admission):
         busy = []
         for m in unit:
             m.held = True
-            if m.gpu is None:
-                continue          # still queued: nothing runs
+            if m.gpu is None:     # still queued (or parked): nothing runs, and it takes no GPU until resumed
+                m.state = "held"
+                if m.parked_gpus and m.id in self.queue:
+                    self.queue.remove(m.id)
+                continue
             slicer = self.slicers[m.gpu]
             slicer.hold(m.id)
             if m.id in slicer.resident or slicer.pending.get(m.id) == "resume":
@@ -439,9 +445,15 @@ class Daemon(Admission):
             m.held = False
             if m.gpu is not None:
                 self.slicers[m.gpu].release(m.id)
+            elif m.parked_gpus:
+                self._unpark(m)
+            elif m.id in self.queue:
+                m.state = "waiting"
         for gpu in {m.gpu for m in unit if m.gpu is not None}:
             self._switch(self.slicers[gpu], time.monotonic())
-        where = "waits for a GPU" if job.gpu is None else f"runs in its turn on GPU {job.gpu}"
+        where = (f"runs in its turn on GPU {job.gpu}" if job.gpu is not None else
+                 f"waits for GPUs {','.join(map(str, job.parked_gpus))}, which it gave back while suspended"
+                 if job.parked_gpus else "waits for a GPU")
         return {"job": job.id, "state": f"runnable: {where}", "jobs": [m.id for m in unit]}
 
     def _on_kill(self, msg, identity):
@@ -664,10 +676,11 @@ class Daemon(Admission):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.rundir.spill_file(job.id))
         self.store.save(job)
-        where = (f"GPUs {','.join(map(str, job.exclusive_gpus))} are" if len(job.exclusive_gpus) > 1 else
-                 f"GPU {job.gpu} is" if job.exclusive else f"its share of GPU {job.gpu} is")
+        where = ("it held no GPU" if job.gpu is None and not job.exclusive_gpus else
+                 f"GPUs {','.join(map(str, job.exclusive_gpus))} are free" if len(job.exclusive_gpus) > 1 else
+                 f"GPU {job.gpu} is free" if job.exclusive else f"its share of GPU {job.gpu} is free")
         self._decide(job.gpu, "end", [job.id], {"state": state, "status": status, "step": job.step},
-                     f"{job.id} {state}: {detail}; {where} free")
+                     f"{job.id} {state}: {detail}; {where}")
         if job.gang and state != "exited" and not job.kill_requested:
             # Its peers would wait in their next collective for a rank that is gone: end the gang with it.
             peers = self._gang(job.gang["id"])
@@ -706,6 +719,7 @@ class Daemon(Admission):
                         self.jobs[j].forget_solo()
             self._switch(slicer, now)
             self._spill(slicer)
+        self._park_held(now)
         self._states()
         self._flush()
         if self.metrics:

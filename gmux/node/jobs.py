@@ -41,6 +41,8 @@ class Job:
     gang: Optional[dict] = None        # {id, rank, size}: one rank of a torch.distributed job
     pinned: Optional[int] = None       # the GPU the job was asked to run on (gmux-launch --gpu)
     exclusive_gpus: list = field(default_factory=list)  # GPUs held exclusively (multi-GPU job, gang rank)
+    parked_gpus: list = field(default_factory=list)     # ... given back while suspended by the user: it resumes
+                                                        # on these (its process's devices), once they are free
     # --- measurements (from the job's reports and the daemon's own clock) ---
     step: int = 0
     mem_boundary: Optional[int] = None

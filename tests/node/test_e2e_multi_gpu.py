@@ -2,7 +2,8 @@
 
 A `--gpus 2` job gets two whole GPUs: gmuxd moves a movable job off one (defragmentation) and the moved job
 time-slices with another; a 2-rank gloo gang started by `gmux submit --ranks 2` is suspended and resumed as one
-by naming one rank; every job ends bit-identical to an uninterrupted run. Bad requests are refused by name.
+by naming one rank, and while suspended gives its GPUs to another job; every job ends bit-identical to an
+uninterrupted run. Bad requests are refused by name.
 """
 import json
 import os
@@ -90,8 +91,17 @@ def test_gang_submitted_with_ranks_suspends_and_resumes_as_one_bit_identical(nod
         assert json.loads(out.stdout)["jobs"] == ranks
         assert {node.job(j)["state"] for j in ranks} == {"held"}
         steps_held = [node.job(j)["step"] for j in ranks]
+        node.wait_for(lambda: all(g["owner"] is None for g in node.ps()["gpus"]), 30, "the gang's GPUs given back")
+        if cycle == 0:
+            # Meanwhile another job trains on a GPU the gang gave back; resumed, the gang waits for it to end.
+            guest = node.launch(TRAIN, str(tmp_path / "guest.json"), "400", *PACE)
+            jguest = node.job_of(guest.pid)
+            node.wait_for(lambda: node.job(jguest)["step"] > 0, 60, "the guest training on the gang's GPU")
         out = gmux(node.rt, "resume", ranks[1 - cycle])
         assert out.returncode == 0, out.stderr
+        if cycle == 0:
+            assert "which it gave back while suspended" in out.stdout, out.stdout
+            assert guest.wait(120) == 0 and result(tmp_path / "guest.json")["steps"] == 400
         node.wait_for(lambda: all(node.job(j)["step"] > s for j, s in zip(ranks, steps_held)), 60, "ranks resumed")
     node.wait_for(lambda: all(node.job(j)["state"] == "exited" for j in ranks), 180, "the gang finished")
     outs = [result(tmp_path / f"gang{r}.json") for r in range(2)]

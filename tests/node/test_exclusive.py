@@ -190,3 +190,72 @@ def test_a_job_that_cannot_be_helped_does_not_block_defrag_for_a_later_one(daemo
     (defrag,) = [x for x in daemon.decisions if x["kind"] == "defrag"]
     assert defrag["numbers"]["unit"] == "gang solo" and defrag["numbers"]["gpus"] == [1]
     assert daemon.jobs[m["job"]].gpu == 0 and daemon.jobs[r0["job"]].exclusive_gpus == [1]
+
+
+def test_a_suspended_gang_gives_its_gpus_back_and_resumes_on_them(daemon_factory, tmp_path):
+    d = daemon_factory((16 * GiB,) * 3, root=str(tmp_path / "rt"))
+    ranks = {k: register(d, k, gang={"id": "g", "rank": r, "size": 2}, migratable=True)
+             for r, k in enumerate((b"r0", b"r1"))}
+    tick(d)
+    for k, reg in ranks.items():
+        ack(d, k, reg, commands(d, k)[0])
+    ids = [reg["job"] for reg in ranks.values()]
+    assert [d.jobs[j].exclusive_gpus for j in ids] == [[0], [1]]
+    assert ask(d, "suspend", admin=d.admin, job=ids[0]) is None
+    stops = {k: commands(d, k)[0] for k in ranks}
+    for k, reg in ranks.items():
+        ack(d, k, reg, stops[k], state="suspended")
+    tick(d)
+    # Suspended and held: its GPUs are free for others, and it says so.
+    assert [(d.jobs[j].gpu, d.jobs[j].exclusive_gpus, d.jobs[j].parked_gpus) for j in ids] == [(None, [], [0]),
+                                                                                              (None, [], [1])]
+    assert [x["numbers"]["gpus"] for x in d.decisions if x["kind"] == "park"] == [[0], [1]]
+    ps = ask(d, "ps", admin=d.admin)["data"]
+    assert [g["owner"] for g in ps["gpus"]] == [None, None, None]
+    assert {j["state"] for j in ps["jobs"]} == {"held"} and "gave back GPU 0" in ps["jobs"][0]["detail"]
+    # A restarted daemon keeps it parked, out of the queue.
+    d._flush(force=True)
+    d = daemon_factory((16 * GiB,) * 3, root=str(tmp_path / "rt"))
+    assert d.queue == [] and not any(d.slicers[g].entries for g in d.slicers)
+    assert [d.jobs[j].parked_gpus for j in ids] == [[0], [1]]
+    for k, reg in ranks.items():     # the ranks' agents are heard from (a heartbeat a second)
+        ask(d, "heartbeat", k, job=reg["job"], token=reg["token"], state="suspended")
+    assert {d.jobs[j].state for j in ids} == {"held"}
+    other = register(d, b"o", migratable=True)      # lands on a GPU the gang gave back (not started: movable)
+    assert other["gpu"] == 0
+    r = ask(d, "resume", admin=d.admin, job=ids[1])
+    assert r["ok"] and "waits for GPUs 1" in r["data"]["state"] and d.queue == ids
+    assert "waiting for GPU 0 back" in d.jobs[ids[0]].detail
+    tick(d, 2)        # the newcomer is moved off GPU 0, then each rank gets its own GPU back
+    (defrag,) = [x for x in d.decisions if x["kind"] == "defrag"]
+    assert defrag["numbers"]["gpus"] == [0, 1] and [m["job"] for m in defrag["numbers"]["moves"]] == [other["job"]]
+    assert d.jobs[other["job"]].gpu == 2
+    assert [(d.jobs[j].exclusive_gpus, d.jobs[j].parked_gpus) for j in ids] == [([0], []), ([1], [])]
+    for k, gpu in ((b"r0", "0"), (b"r1", "1")):
+        (go,) = [c for c in commands(d, k) if c["kind"] == "resume"]
+        assert go["args"]["env"]["GMUX_VIRTUAL_GPU"] == gpu
+
+
+def test_a_parked_job_suspended_again_while_it_waits_leaves_the_queue(daemon):
+    c = register(daemon, b"c", gpus=2, migratable=True)
+    tick(daemon)
+    ack(daemon, b"c", c, commands(daemon, b"c")[0])
+    assert ask(daemon, "suspend", admin=daemon.admin, job=c["job"]) is None
+    ack(daemon, b"c", c, commands(daemon, b"c")[0], state="suspended")
+    tick(daemon)
+    job = daemon.jobs[c["job"]]
+    assert job.parked_gpus == [0, 1] and job.gpu is None
+    e = register(daemon, b"e")                       # transparent: once started it cannot move
+    tick(daemon)
+    ack(daemon, b"e", e, commands(daemon, b"e")[0])
+    ask(daemon, "resume", admin=daemon.admin, job=c["job"])
+    tick(daemon, 2)
+    assert job.gpu is None and "cannot move" in job.detail          # e pins one of its GPUs
+    r = ask(daemon, "suspend", admin=daemon.admin, job=c["job"])
+    assert r["ok"] and r["data"]["state"] == "held" and daemon.queue == [] and job.state == "held"
+    ask(daemon, "bye", b"e", job=e["job"], token=e["token"], status=0)
+    tick(daemon, 2)
+    assert job.gpu is None and job.parked_gpus == [0, 1]            # held: it takes its GPUs only when resumed
+    ask(daemon, "resume", admin=daemon.admin, job=c["job"])
+    tick(daemon)
+    assert job.exclusive_gpus == [0, 1] and [x["kind"] for x in commands(daemon, b"c")] == ["resume"]
