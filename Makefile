@@ -17,7 +17,7 @@ demo: $(STAMP)
 test: $(STAMP) test-c test-py
 
 test-py: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=10 tests
 
 test-c: $(STAMP)
 	bash scripts/ctest.sh
