@@ -18,8 +18,11 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
     for j in ps["jobs"]:
         gang = j.get("gang")
         name = (j.get("name") or "") + (f" (gang {gang['id']} {gang['rank']}/{gang['size']})" if gang else "")
-        gpu = ",".join(map(str, j["exclusive_gpus"])) + " (own)" if j.get("exclusive_gpus") else str(j.get("gpu"))
-        t.add_row(j["id"], name, gpu, j["state"] + (" (held)" if j.get("held") else ""),
+        gpu = (",".join(map(str, j["exclusive_gpus"])) + " (own)" if j.get("exclusive_gpus") else
+               ",".join(map(str, j["parked_gpus"])) + " (lent)" if j.get("parked_gpus") else
+               "-" if j.get("gpu") is None else str(j["gpu"]))
+        held = j.get("held") and j["state"] != "held"
+        t.add_row(j["id"], name, gpu, j["state"] + (" (held)" if held else ""),
                   str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
                   f"{format_size(j.get('mem_boundary'))}/{format_size(j.get('mem_peak'))}",
                   f"{j.get('gpu_seconds', 0):.1f}", f"{j.get('suspends', 0)} ({j.get('suspend_seconds', 0):.2f})",
