@@ -24,9 +24,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-pack", dest="pack", action="store_false", help="never pack jobs; only time-slice")
     p.add_argument("--pack-margin", type=nonneg, default=0.1, help="keep a pack if sum of packed/solo rates > 1+margin")
     p.add_argument("--pack-window", type=positive, default=5.0, help="seconds of packed measurement before judging")
-    p.add_argument("--pack-recheck", type=positive, default=600.0,
-                   help="seconds a kept pack runs together before it is measured again: each job alone for a "
-                        "turn, then together (default 600)")
+    p.add_argument("--pack-recheck", type=positive, default=1800.0,
+                   help="seconds a kept pack runs together before it is measured again: each job alone for two "
+                        "turns, then together (default 1800)")
     p.add_argument("--metrics-port", type=port, help="serve Prometheus metrics on this port (127.0.0.1)")
     p.add_argument("--scheduler", help="cluster mode: gmux-scheduler's tcp://HOST:PORT (needs --keys and --name)")
     p.add_argument("--keys", help="cluster mode: the cluster's key directory (gmux keys)")

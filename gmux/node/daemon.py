@@ -62,7 +62,7 @@ class Options:
     margin: float = 0.1
     window: float = 5.0
     retry_after: float = 300.0
-    recheck: float = 600.0            # a kept pack is measured again this often (seconds together)
+    recheck: float = 1800.0           # a kept pack is measured again this often (seconds together)
     metrics_port: Optional[int] = None
 
 
@@ -709,9 +709,10 @@ class Daemon(Admission):
             self._expire_waiters(now)
         self._admit_queue(now)
         for gpu, slicer in self.slicers.items():
-            # A pack is tried only on solo rates measured over enough residencies (one can be disturbed).
-            rates = {j: Rates(self.jobs[j].rate_solo if self.jobs[j].solo_windows >= self.jobs[j].solo_needed
-                              else None, self.jobs[j].rate_now, self.jobs[j].window_span()) for j in slicer.entries}
+            # A pack is tried only on solo rates measured over at least two residencies (one can be disturbed,
+            # and a disturbed solo rate reads low, which makes any pack look like a gain).
+            rates = {j: Rates(self.jobs[j].rate_solo if self.jobs[j].solo_windows >= 2 else None,
+                              self.jobs[j].rate_now, self.jobs[j].window_span()) for j in slicer.entries}
             for d in self.packers[gpu].step(slicer, rates, now):
                 self._decide(gpu, d.kind, d.jobs, d.numbers, d.text)
                 if d.kind == "recheck":

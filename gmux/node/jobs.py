@@ -67,7 +67,6 @@ class Job:
     kill_requested: bool = False
     registered: bool = False           # its process has registered (a submitted job's has not, at first)
     solo_windows: int = 0              # residencies the solo rate is measured over
-    solo_needed: int = 2               # ... before it is believed (one can be disturbed; 1 when re-measured)
     _window: list = field(default_factory=list)   # (t, step) samples of the current residency
     _solo_now: Optional[float] = None
     _step_offset: Optional[int] = None  # runtime step - agent boundary count (constant within one process)
@@ -107,9 +106,8 @@ class Job:
         self.rate_now = None
 
     def forget_solo(self) -> None:
-        """Its solo rate no longer holds (a kept pack is re-checked): measure it afresh, over one residency."""
+        """Its solo rate no longer holds (a kept pack is re-checked): measure it afresh, as at the start."""
         self._solo_now, self._solo_hist, self.rate_solo, self.solo_windows = None, [], None, 0
-        self.solo_needed = 1
 
     def solo_measured(self, rate: Optional[float]) -> None:
         """The rate of the current residency, which has the GPU to itself.

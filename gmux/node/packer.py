@@ -10,8 +10,8 @@ incompatible for a while, and time-sliced. Every decision returns its numbers fo
 A kept pack is judged again every `recheck` seconds it has run together (the jobs change phase; a neighbour
 may start to saturate the device). Its old solo rates cannot judge it: a job whose phase changed has a new
 solo rate too (one that stopped waiting on input is faster alone and slower packed). So a re-check undoes the
-pack, the daemon forgets both solo rates, each job runs alone again for one turn to measure a fresh one, and
-the pair is tried together and judged by the same rule.
+pack, the daemon forgets both solo rates, each job runs alone again (two turns, as at first) to measure a
+fresh one, and the pair is tried together and judged by the same rule.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class Packer:
     window: float = 5.0         # seconds of packed measurement before judging
     retry_after: float = 300.0  # an unpacked pair is not tried again for this long
     enabled: bool = True
-    recheck: float = 600.0      # seconds a kept pack runs together before it is measured again
+    recheck: float = 1800.0     # seconds a kept pack runs together before it is measured again
     trial: Optional[frozenset] = None
     trial_start: Optional[float] = None
     rejected: dict = field(default_factory=dict)   # frozenset pair -> time of rejection
@@ -87,7 +87,7 @@ class Packer:
         return [Decision("recheck", [a, b], {"solo": {j: rates[j].solo if j in rates else None for j in (a, b)},
                                              "after_s": self.recheck},
                          f"GPU {slicer.gpu}: measuring kept pack {a}+{b} again after {self.recheck:g} s together: "
-                         f"each alone for a turn (fresh solo rates), then together")]
+                         f"each alone again (fresh solo rates), then together")]
 
     def _candidate(self, slicer: Slicer, rates: dict[str, Rates], now: float) -> Optional[frozenset]:
         packed = set().union(*slicer.packs) if slicer.packs else set()

@@ -57,7 +57,7 @@ def test_a_kept_pack_is_measured_again_and_unpacked_once_it_stops_gaining(node_f
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--pack-window", "3", "--pack-margin", "0.5",
                         "--pack-recheck", "4")
     saturate = tmp_path / "saturate"   # once it exists, both jobs compute holding the device: packing stops paying
-    ids = sorted(node.job_of(node.launch(f"{TRAIN}", str(tmp_path / f"{i}.json"), "10000000", "--sleep", "0.03",
+    ids = sorted(node.job_of(node.launch(f"{TRAIN}", str(tmp_path / f"{i}.json"), "10000000", "--sleep", "0.05",
                                          "--exclusive-when", str(saturate), "--hidden", "512", "--depth", "2",
                                          "--batch", "256", "--attach", opts=["--no-hook", "--mem", "300MiB"]).pid)
                  for i in range(2))
