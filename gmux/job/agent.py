@@ -50,7 +50,6 @@ class Agent:
         self.sock.connect(endpoint)
         self._ids = itertools.count(1)
         self._commands: deque[Command] = deque()
-        self._taken: dict[int, float] = {}    # command id -> when taken at a boundary (for gmuxd's latency split)
         self._replies: dict[int, dict] = {}
         self.state = "waiting"           # running / suspended / waiting (not started yet)
         self.migrating: Optional[dict] = None   # args of an acknowledged migrate: the process must re-exec
@@ -102,7 +101,7 @@ class Agent:
             # cost ~0.2 ms (up to 5 ms on a busy machine). The sample waits for the next boundary (gmuxd drops
             # one taken while a suspend or migrate is in flight anyway).
             command = self._commands.popleft()
-            self._taken[command.id] = at
+            command.taken_at = at     # gmuxd splits the command's latency at this boundary
             return command
         if at >= self._next_sample:
             self._next_sample = at + SAMPLE_S
@@ -138,9 +137,9 @@ class Agent:
                 self.state = "suspended"
             elif command.kind == "migrate":
                 self.migrating = dict(command.args)
-        taken = self._taken.pop(command.id, None)
+        taken = {} if command.taken_at is None else {"taken_at": command.taken_at}
         self._send("result", cmd=command.id, kind=command.kind, result=_plain(result), boundaries=self.boundaries,
-                   state=self.state, **({"taken_at": taken} if taken is not None else {}))
+                   state=self.state, **taken)
 
     def bye(self, status: int, reason: str = "") -> None:
         self._send("bye", status=int(status), reason=reason[:1000])

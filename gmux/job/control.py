@@ -27,6 +27,7 @@ class Command:
     kind: str
     args: dict = field(default_factory=dict)
     id: int = field(default_factory=lambda: next(_ids))
+    taken_at: Optional[float] = None    # when the gmuxd agent handed it to the job at a boundary (time.monotonic)
 
     def __post_init__(self):
         if self.kind not in COMMANDS:

@@ -49,6 +49,7 @@ if a.attach:
     job = gmux.job.attach(model, opt, state=progress)  # gmuxd's controller; restores after a migration
 restored_at = progress["step"]
 device_lock = None
+saturating = False     # --exclusive-when's file has appeared
 
 
 def lock_device():
@@ -61,9 +62,10 @@ if a.exclusive:
     lock_device()
 loss = None
 while progress["step"] < a.steps:
-    if a.exclusive_when and device_lock is None and os.path.exists(a.exclusive_when):
+    if a.exclusive_when and not saturating and os.path.exists(a.exclusive_when):
         lock_device()
-    if a.sleep and not (a.exclusive_when and device_lock is not None):
+        saturating = True
+    if a.sleep and not saturating:
         time.sleep(a.sleep)
     if device_lock:
         fcntl.flock(device_lock, fcntl.LOCK_EX)
