@@ -11,8 +11,8 @@ $(STAMP): setup.py requirements-cpu.txt
 	touch $@
 
 demo: $(STAMP)
-	$(PY) -m gmux.multiplex_demo
-	$(PY) -m gmux.runtime_demo
+	$(PY) -m gmux.examples.multiplex_demo
+	$(PY) -m gmux.examples.runtime_demo
 
 test: $(STAMP) test-c test-py
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "cluster_mode"))
 
 from gmux import protocol  # noqa: E402
-from gmux.cluster import keys  # noqa: E402
+from gmux.wire import keys  # noqa: E402
 
 C = protocol.CLUSTER_MESSAGES
 
@@ -168,7 +168,7 @@ class FakeDaemons:
 def decisions_100(tmp: pathlib.Path, jobs: int = 300, policy: str = "gmux") -> dict:
     import subprocess
     from cluster_harness import PY, ROOT as R, env, free_port, wait_for
-    from gmux.cluster.scheduler_client import ClusterClient
+    from gmux.wire.scheduler_client import ClusterClient
     kd = str(tmp / "keys")
     keys.create(kd, "scheduler")
     keys.create(kd, "client", "bench")

@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 SCRIPT = os.path.join(ROOT, "gmux", "node", "demo_train.py")
 PY = sys.executable
 
-from gmux.node.client import Client, GmuxError  # noqa: E402
+from gmux.wire.daemon_client import Client, GmuxError  # noqa: E402
 
 
 def env() -> dict:

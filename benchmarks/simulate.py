@@ -23,11 +23,11 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from gmux.cluster.policies import POLICIES, Event, EventKind, make_policy  # noqa: E402
-from gmux.cluster.sim_engine import Engine, make_machines  # noqa: E402
-from gmux.cluster.sim_metrics import render_table, write_json  # noqa: E402
-from gmux.cluster.sim_plots import plot_jct_cdf, plot_utilisation  # noqa: E402
-from gmux.cluster.sim_run import SimConfig, prepare, report, simulate  # noqa: E402
-from gmux.cluster.sim_trace import Throughputs, TraceJob  # noqa: E402
+from gmux.cluster.sim.engine import Engine, make_machines  # noqa: E402
+from gmux.cluster.sim.metrics import render_table, write_json  # noqa: E402
+from gmux.cluster.sim.plots import plot_jct_cdf, plot_utilisation  # noqa: E402
+from gmux.cluster.sim.run import SimConfig, prepare, report, simulate  # noqa: E402
+from gmux.cluster.sim.trace import Throughputs, TraceJob  # noqa: E402
 
 # HeliosArtifact (SC'21), per-VC Philly on these VC sizes (from ../shared/traces/README.md).
 PUBLISHED = {"fifo": {"avg_jct_s": 86072, "avg_queue_s": 56531},

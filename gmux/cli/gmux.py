@@ -1,4 +1,4 @@
-"""gmux: look at and steer the jobs of a gmuxd. Thin: every command is one request (gmux.node.client)."""
+"""gmux: look at and steer the jobs of a gmuxd. Thin: every command is one request (gmux.wire.daemon_client)."""
 from __future__ import annotations
 
 import argparse
@@ -7,9 +7,9 @@ import os
 import sys
 import time
 
-from gmux.node.client import Client, GmuxError
-from gmux.node.inventory import parse_size
-from gmux.node.paths import default_runtime_dir
+from gmux.wire.daemon_client import Client, GmuxError
+from gmux.util.sizes import parse_size
+from gmux.rundir import default_runtime_dir
 
 
 def _print(data, as_json: bool, text=None) -> None:
@@ -35,7 +35,7 @@ def _outcome(cmd: str, data: dict) -> str:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from gmux.cluster import scheduler_cli   # `gmux keys`, and submit/ps/kill --cluster ADDR
+    from gmux.cli import cluster_commands as scheduler_cli   # `gmux keys`, and submit/ps/kill --cluster ADDR
     if scheduler_cli.wants(argv):
         return scheduler_cli.main(argv)
     p = argparse.ArgumentParser(prog="gmux", description="Look at and steer the jobs of gmuxd.")
@@ -91,7 +91,7 @@ def run(a) -> int:
             _print(data, True)
         else:
             from rich.console import Console
-            from gmux.node.table import gpus_table, jobs_table
+            from gmux.cli.tables import gpus_table, jobs_table
             con = Console(width=None if sys.stdout.isatty() else 160)
             con.print(jobs_table(data))
             con.print(gpus_table(data))
@@ -147,7 +147,7 @@ def run(a) -> int:
 def top(c: Client, a) -> int:
     from rich.console import Group
     from rich.live import Live
-    from gmux.node.table import gpus_table, jobs_table
+    from gmux.cli.tables import gpus_table, jobs_table
     n = 0
     with Live(refresh_per_second=4, screen=False) as live:
         while True:

@@ -8,8 +8,9 @@ import sys
 
 from gmux.cli.argtypes import nonneg, port, positive
 from gmux.node.daemon import Daemon, Options
-from gmux.node.inventory import discover, parse_size
-from gmux.node.paths import RuntimeDir, default_runtime_dir
+from gmux.node.inventory import discover
+from gmux.util.sizes import parse_size
+from gmux.rundir import RuntimeDir, default_runtime_dir
 
 
 def main(argv=None) -> int:

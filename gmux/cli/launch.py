@@ -6,9 +6,9 @@ import argparse
 import os
 import sys
 
-from gmux.node.inventory import parse_size
-from gmux.node.launcher import LaunchOptions, run
-from gmux.node.paths import default_runtime_dir
+from gmux.util.sizes import parse_size
+from gmux.job.launch import LaunchOptions, run
+from gmux.rundir import default_runtime_dir
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,4 @@
-"""gmux-scheduler: the cluster scheduler (see gmux/cluster/scheduler.py). Thin: options in, service runs."""
+"""gmux-scheduler: the cluster scheduler (see gmux/cluster/scheduler/service.py). Thin: options in, service runs."""
 from __future__ import annotations
 
 import argparse
@@ -6,9 +6,9 @@ import logging
 import signal
 import sys
 
-from gmux.cluster import keys
+from gmux.wire import keys
 from gmux.cluster.policies import POLICIES
-from gmux.cluster.scheduler import Options, Scheduler
+from gmux.cluster.scheduler.service import Options, Scheduler
 
 
 def main(argv=None) -> int:

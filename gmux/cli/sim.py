@@ -1,6 +1,6 @@
 """gmux-sim: replay a cluster trace under scheduling policies (the same policy objects gmux-scheduler runs).
 
-Thin wrapper: argument checking here, all work in gmux.cluster.sim_run."""
+Thin wrapper: argument checking here, all work in gmux.cluster.sim.run."""
 from __future__ import annotations
 
 import argparse
@@ -50,7 +50,7 @@ def _duration(text: str):
 
 def build_parser() -> argparse.ArgumentParser:
     from gmux.cluster.policies import POLICIES
-    from gmux.cluster.sim_cluster import Costs
+    from gmux.cluster.sim.cluster import Costs
     d = Costs()
     p = argparse.ArgumentParser(prog="gmux-sim", description=__doc__.splitlines()[0], epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--end", type=_duration, metavar="T", help="only jobs submitted before T")
     g.add_argument("--sample", type=fraction, metavar="F", help="keep a seeded fraction F of the jobs")
     g.add_argument("--seed", type=int, default=0, help="seed for job types and sampling (default: %(default)s)")
-    g = p.add_argument_group("costs (seconds; see gmux/cluster/sim_cluster.py for where each default comes from)")
+    g = p.add_argument_group("costs (seconds; see gmux/cluster/sim/cluster.py for where each default comes from)")
     g.add_argument("--suspend-s", type=nonneg, default=d.suspend_s, help="(default: %(default)s)")
     g.add_argument("--resume-s", type=nonneg, default=d.resume_s, help="(default: %(default)s)")
     g.add_argument("--migrate-s", type=nonneg, default=d.migrate_s, help="(default: %(default)s)")
@@ -101,11 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     from gmux.cluster.policies import POLICIES
-    from gmux.cluster.sim_cluster import Costs
-    from gmux.cluster.sim_engine import SimulationError
-    from gmux.cluster.sim_metrics import render_table, write_json
-    from gmux.cluster.sim_run import SimConfig, prepare, report, simulate
-    from gmux.cluster.sim_trace import TraceError
+    from gmux.cluster.sim.cluster import Costs
+    from gmux.cluster.sim.engine import SimulationError
+    from gmux.cluster.sim.metrics import render_table, write_json
+    from gmux.cluster.sim.run import SimConfig, prepare, report, simulate
+    from gmux.cluster.sim.trace import TraceError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     if args.json:
         write_json(args.json, payload)
     if args.plots:
-        from gmux.cluster.sim_plots import plot_jct_cdf, plot_utilisation
+        from gmux.cluster.sim.plots import plot_jct_cdf, plot_utilisation
         plot_jct_cdf(out, os.path.join(args.plots, "jct_cdf.png"))
         plot_utilisation(out, os.path.join(args.plots, "utilisation.png"))
     return 0

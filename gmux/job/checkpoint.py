@@ -15,16 +15,16 @@ applied to a job until all of it has been read and checked.
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import struct
-import tempfile
 import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterator
 
 import msgpack
 import torch
+
+from gmux.util.atomic import atomic_open
 
 MAGIC = b"GMUXCKPT"
 VERSION = 1
@@ -112,24 +112,9 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
 
 
 def save(snapshot: dict, path: str, resolve=lambda t: t) -> int:
-    """Writes atomically: a temporary file beside `path`, fsync, rename, fsync of the directory."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".gmux-ckpt-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb", buffering=0) as f:
-            n = write(snapshot, f.write, resolve)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-    return n
+    """Writes atomically (gmux.util.atomic): a crash leaves the previous checkpoint whole."""
+    with atomic_open(path) as f:
+        return write(snapshot, f.write, resolve)
 
 
 # -- reading ------------------------------------------------------------------------------------------------

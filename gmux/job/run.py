@@ -22,7 +22,7 @@ from typing import Optional
 
 from .control import Command
 from .hook import install_hook
-from ..node.inventory import parse_size
+from gmux.util.sizes import parse_size
 
 
 class CycleController:

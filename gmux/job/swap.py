@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gmux.util.atomic import atomic_open
+
 from .device_pool import DevicePool
 
 COPY_CHUNK = 64 << 20  # bytes per CUDA copy on the side stream, so release can overlap the next chunk
@@ -232,13 +234,12 @@ class StateTier:
         used = max((e.host_offset + e.nbytes for e in self._storages), default=0)
         data = self._host[:used].numpy()
         crc = 0
-        tmp = path + ".part"
-        with open(tmp, "wb") as f:
+        # Not durable: a spill file dies with its process; it must only never be read half-written.
+        with atomic_open(path, durable=False) as f:
             for lo in range(0, used, COPY_CHUNK):
                 piece = data[lo:lo + COPY_CHUNK]
                 crc = zlib.crc32(piece, crc)
                 f.write(piece)
-        os.replace(tmp, path)
         self._spill = (path, used, crc)
         self._host = None
         self._host_views.clear()

@@ -17,7 +17,8 @@ import logging
 from dataclasses import asdict
 
 from gmux.node import placement
-from gmux.node.inventory import env_for, format_size
+from gmux.node.inventory import env_for
+from gmux.util.sizes import format_size
 from gmux.node.jobs import Job
 
 log = logging.getLogger("gmux.daemon")

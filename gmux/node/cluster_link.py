@@ -26,7 +26,6 @@ import logging
 import os
 import queue
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -37,10 +36,11 @@ from typing import Optional
 import zmq
 
 from gmux import protocol
-from gmux.cluster import keys
-from gmux.cluster.transfer import Receiver, rank_xfers, send_file
-from gmux.node.client import Client, GmuxError
-from gmux.node.paths import RuntimeDir
+from gmux.wire import keys
+from gmux.wire.transfer import Receiver, rank_xfers, send_file
+from gmux.wire.daemon_client import Client, GmuxError
+from gmux.rundir import RuntimeDir
+from gmux.util.rendezvous import free_port, rendezvous_env
 
 log = logging.getLogger("gmux.cluster_link")
 C = protocol.CLUSTER_MESSAGES
@@ -355,11 +355,8 @@ class ClusterLink:
     def _spawn(self, cjob: str, a: dict, paths: list) -> None:
         """Starts every rank's process; gmuxd learns the gang from each rank's --gang/--rank/--world."""
         world = len(a["gpus"])
-        gang_env = {}
-        if world > 1:
-            port = _free_port()       # a new rendezvous at every start: the old one may still be held
-            gang_env = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        env = {**os.environ, **a.get("env", {}), **gang_env}
+        port = free_port() if world > 1 else None   # a new rendezvous at every start: the old may be held
+        env = {**os.environ, **a.get("env", {})}
         env.pop("GMUX_JOB_TOKEN", None)
         env.pop("GMUX_RESTORE_WAIT", None)
         if a.get("restore_wait"):
@@ -376,9 +373,7 @@ class ClusterLink:
                 cmd += ["--restore", paths[rank]]
             if world > 1:
                 cmd += ["--gang", cjob, "--rank", str(rank), "--world", str(world)]
-            # Each rank sees only its own GPU (gmux-launch sets it visible), which is device 0 in the rank's
-            # process: LOCAL_RANK=0, as gmux submit --ranks sets it, so torch.cuda.set_device(LOCAL_RANK) works.
-            rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": "0"} if world > 1 else env
+            rank_env = {**env, **rendezvous_env(world, port, rank)} if world > 1 else env
             try:
                 with open(os.path.join(self.rundir.logs(), f"{name}.cluster.log"), "ab") as out:
                     procs.append(subprocess.Popen(cmd + ["--", *a["argv"]], cwd=a["cwd"] or None, env=rank_env,
@@ -506,12 +501,6 @@ def _each(fn, items: list) -> list:
         return [fn(items[0])]
     with ThreadPoolExecutor(len(items), thread_name_prefix="rank") as ex:
         return list(ex.map(fn, items))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _gang_record(cjob: str, world: int, by_rank: dict) -> dict:

@@ -15,7 +15,6 @@ import itertools
 import logging
 import os
 import secrets
-import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -25,13 +24,15 @@ import zmq
 
 from gmux import protocol
 from gmux.node.admission import Admission, Refused
-from gmux.node.inventory import Gpu, format_size
-from gmux.node.jobs import Job, alive, proc_starttime
+from gmux.node.inventory import Gpu
+from gmux.util.sizes import format_size
+from gmux.node.jobs import Job
 from gmux.node.packer import Packer, Rates
-from gmux.node.paths import RuntimeDir
+from gmux.rundir import RuntimeDir, alive, proc_starttime
 from gmux.node.slicer import Slicer
 from gmux.node.store import Store
 from gmux.node.supervisor import Supervisor
+from gmux.util.rendezvous import free_port, rendezvous_env
 
 log = logging.getLogger("gmux.daemon")
 
@@ -560,10 +561,8 @@ class Daemon(Admission):
             gang = msg.get("name") or f"gang{self.store.next_job_id()}"
             if self._gang(gang):
                 raise Refused(f"submit: a gang named {gang} is running; choose another --name")
-            # torch.distributed's rendezvous for the ranks. Each rank sees only its own GPU (as device 0), so
-            # LOCAL_RANK is 0: the device index a script passes to torch.cuda.set_device.
-            env.update(WORLD_SIZE=str(ranks), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-            jobs = [self._new_submitted(msg, {**env, "RANK": str(r)}, f"{gang}-{r}",
+            port = free_port()
+            jobs = [self._new_submitted(msg, {**env, **rendezvous_env(ranks, port, r)}, f"{gang}-{r}",
                                         gang={"id": gang, "rank": r, "size": ranks}) for r in range(ranks)]
         else:
             jobs = [self._new_submitted(msg, env, msg.get("name") or "")]
@@ -797,14 +796,6 @@ class Daemon(Admission):
             self._last_flush = now
             self._sync_accounting(now)
             self.store.save_many(j for j in self.jobs.values() if not j.final)
-
-
-def _free_port() -> int:
-    """A loopback port free now (the ranks bind it when they start: another process could take it first, as
-    with torchrun's own choice)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 DEFERRED = object()   # a handler's answer that is sent later (when the job acknowledges)

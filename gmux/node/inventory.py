@@ -10,28 +10,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from gmux.util.sizes import parse_size
+
 log = logging.getLogger("gmux.inventory")
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000 ** 2, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000 ** 4, "tib": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """'16GiB' -> 17179869184. Binary units for K/M/G/T and KiB/..., decimal for KB/MB/GB/TB."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"{text!r} is not a size; write e.g. 512MiB, 16GiB or 2000000000")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def format_size(n: Optional[int]) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f}{unit}"
-    return f"{n}B"
-
 
 def parse_virtual_gpus(spec: str) -> list[int]:
     """'2x16GiB' -> [16 GiB, 16 GiB]; '8GiB,16GiB' -> two of different sizes."""

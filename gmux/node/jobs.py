@@ -5,7 +5,6 @@ daemon mutates it; the store persists it; the policies read `JobView`s derived f
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -150,34 +149,3 @@ class Job:
         d["report"] = self.last_report
         d["working_set"] = self.working_set()
         return d
-
-
-def proc_starttime(pid: int) -> Optional[int]:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None if gone.
-
-    With the pid it identifies a process uniquely: a pid reused by another process has another start time.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces and parentheses: split after its last ')'.
-    rest = data[data.rfind(b")") + 2:].split()
-    if rest and rest[0] == b"Z":   # a zombie has exited; only its parent's wait is missing
-        return None
-    try:
-        return int(rest[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def alive(pid: int, starttime: Optional[int]) -> bool:
-    if pid <= 0:
-        return False
-    st = proc_starttime(pid)
-    return st is not None and (starttime is None or st == starttime)
-
-
-def my_starttime() -> Optional[int]:
-    return proc_starttime(os.getpid())

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gmux.node.inventory import format_size
+from gmux.util.sizes import format_size
 from gmux.node.slicer import Slicer
 
 

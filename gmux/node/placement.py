@@ -13,7 +13,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gmux.node.inventory import format_size
+from gmux.util.sizes import format_size
 
 MAX_COMBINATIONS = 20000   # GPU subsets examined per plan (8 GPUs: at most 70 of them are)
 

@@ -1,25 +1,21 @@
 """gmuxd's tables in SQLite (WAL): jobs and decisions survive a daemon restart.
 
 Writes happen on state changes and on a periodic flush of measurements, not on every report, so a busy
-daemon is not bound by fsync. WAL lets `sqlite3 gmuxd.db` read while the daemon writes.
+daemon is not bound by fsync (gmux.util.db: WAL, transactions, the decision log).
 """
 from __future__ import annotations
 
 import json
-import sqlite3
-import time
 from typing import Iterable, Optional
 
 from gmux.node.jobs import IDENTITY, Job
+from gmux.util.db import DecisionLog, open_db, transaction
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, token TEXT NOT NULL, name TEXT, argv TEXT, cwd TEXT, pid INTEGER, starttime INTEGER,
     gpu INTEGER, weight REAL, mem INTEGER, state TEXT, managed INTEGER, created REAL, detail TEXT,
     exit_status INTEGER, stats TEXT
-);
-CREATE TABLE IF NOT EXISTS decisions (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, gpu INTEGER, kind TEXT, jobs TEXT, numbers TEXT, text TEXT
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
@@ -28,16 +24,13 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 class Store:
     def __init__(self, path: str):
         self.path = path
-        # isolation_level=None: autocommit; each write is its own transaction (small and rare).
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")   # WAL + NORMAL: durable across a process crash
+        self.db = open_db(path)
         self.db.executescript(SCHEMA)
+        self.log = DecisionLog(self.db)
 
     def next_job_id(self) -> str:
         """Job ids are never reused, also across restarts, so logs and checkpoints never collide."""
-        with self.db:
-            self.db.execute("BEGIN IMMEDIATE")
+        with transaction(self.db):
             row = self.db.execute("SELECT value FROM meta WHERE key='next_job'").fetchone()
             n = int(row[0]) if row else 1
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('next_job', ?)", (str(n + 1),))
@@ -52,14 +45,9 @@ class Store:
                         f"ON CONFLICT(id) DO UPDATE SET {','.join(f'{c}=excluded.{c}' for c in cols[1:])}", vals)
 
     def save_many(self, jobs: Iterable[Job]) -> None:
-        self.db.execute("BEGIN")
-        try:
+        with transaction(self.db):
             for j in jobs:
                 self.save(j)
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
 
     def load(self, only_live: bool = False) -> list[Job]:
         cols = list(IDENTITY) + ["stats"]
@@ -80,16 +68,10 @@ class Store:
         return jobs
 
     def decide(self, gpu: Optional[int], kind: str, jobs: list, numbers: dict, text: str) -> dict:
-        t = time.time()
-        self.db.execute("INSERT INTO decisions (t, gpu, kind, jobs, numbers, text) VALUES (?,?,?,?,?,?)",
-                        (t, gpu, kind, json.dumps(jobs), json.dumps(numbers), text))
-        return {"t": t, "gpu": gpu, "kind": kind, "jobs": jobs, "numbers": numbers, "text": text}
+        return self.log.record(kind, text, jobs, numbers, gpu)
 
     def decisions(self, limit: int = 100) -> list[dict]:
-        rows = self.db.execute("SELECT t, gpu, kind, jobs, numbers, text FROM decisions ORDER BY seq DESC LIMIT ?",
-                               (limit,)).fetchall()
-        return [{"t": t, "gpu": g, "kind": k, "jobs": json.loads(j), "numbers": json.loads(n), "text": x}
-                for t, g, k, j, n, x in reversed(rows)]
+        return self.log.recent(limit)
 
     def close(self) -> None:
         self.db.close()

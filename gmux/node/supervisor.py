@@ -8,15 +8,14 @@ killed outright (SIGKILL, the OOM killer).
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 from typing import Optional
 
-from gmux.node.jobs import Job, alive
-from gmux.node.paths import RuntimeDir, write_atomic
+from gmux.node.jobs import Job
+from gmux.rundir import RuntimeDir, alive, read_exit
 
 
 class Supervisor:
@@ -72,19 +71,3 @@ def describe(rc: int, record: Optional[dict]) -> tuple[str, Optional[int], str]:
     if rc == 0:
         return ("exited", 0, reason or "finished")
     return ("failed", rc, f"exit status {rc}" + (f": {reason}" if reason else "") + "; see `gmux logs`")
-
-
-def read_exit(rundir: RuntimeDir, job_id: str) -> Optional[dict]:
-    try:
-        with open(rundir.exit_file(job_id)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def write_exit(rundir: RuntimeDir, job_id: str, status: int, reason: str = "") -> None:
-    """Called by the launcher as the job ends: the record that tells a clean end from a SIGKILL."""
-    try:
-        write_atomic(rundir.exit_file(job_id), json.dumps({"status": status, "reason": reason}).encode())
-    except OSError:
-        pass  # the runtime dir is gone (daemon cleaned up): nobody to tell

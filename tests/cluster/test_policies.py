@@ -154,7 +154,7 @@ def test_actions_that_would_lose_or_double_place_a_job_are_refused(table):
 
 def test_policy_that_strands_a_job_is_reported(table):
     from gmux.cluster.policies.api import Policy
-    from gmux.cluster.sim_engine import SimulationError
+    from gmux.cluster.sim.engine import SimulationError
 
     class Lazy(Policy):
         name = "lazy"
@@ -184,7 +184,7 @@ def test_policies_are_pure_functions_of_the_snapshot():
 
 def test_a_policy_that_never_lets_time_advance_is_reported_as_a_livelock(table):
     from gmux.cluster.policies.api import Place, Policy, SetTimer
-    from gmux.cluster.sim_engine import Engine, SimulationError, make_machines
+    from gmux.cluster.sim.engine import Engine, SimulationError, make_machines
 
     class Insomniac(Policy):
         name = "insomniac"

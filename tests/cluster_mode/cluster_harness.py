@@ -32,7 +32,7 @@ def solo(tmp_path, name: str, *args: str) -> dict:
 
 class Cluster:
     def __init__(self, tmp_path, machines=("m1", "m2", "m3"), policy="gandiva", gpus="2x2GiB", sched_args=()):
-        from gmux.cluster import keys
+        from gmux.wire import keys
         self.tmp = tmp_path
         self.keys = str(tmp_path / "keys")
         keys.create(self.keys, "scheduler")
@@ -73,7 +73,7 @@ class Cluster:
             return False
 
     def client(self, timeout=10.0):
-        from gmux.cluster.scheduler_client import ClusterClient
+        from gmux.wire.scheduler_client import ClusterClient
         return ClusterClient(self.endpoint, self.keys, "tester", timeout=timeout)
 
     def call(self, mtype, timeout=10.0, **fields):

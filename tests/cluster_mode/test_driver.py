@@ -2,8 +2,8 @@
 intent (pure: no processes)."""
 from gmux.cluster.policies import (Event, EventKind, Grow, JobState, Migrate, Pack, Place, Resume, SetTimer,
                                    Suspend, Unpack, make_policy)
-from gmux.cluster.scheduler_driver import Driver
-from gmux.cluster.scheduler_state import CJob, Machine
+from gmux.cluster.scheduler.driver import Driver
+from gmux.cluster.scheduler.state import CJob, Machine
 
 GPUS = [{"index": 0, "mem_total": 8 << 30}, {"index": 1, "mem_total": 8 << 30}]
 
@@ -89,9 +89,9 @@ def test_real_policies_place_pending_jobs():
 
 
 def test_a_skipped_intent_is_logged_once_until_its_reason_changes(tmp_path):
-    from gmux.cluster import keys
-    from gmux.cluster.scheduler import Options, Scheduler
-    from gmux.cluster.scheduler_driver import Intent
+    from gmux.wire import keys
+    from gmux.cluster.scheduler.service import Options, Scheduler
+    from gmux.cluster.scheduler.driver import Intent
     keydir = str(tmp_path / "keys")
     keys.create(keydir, "scheduler")
     s = Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*"))

@@ -6,7 +6,7 @@ import subprocess
 import threading
 import time
 
-from gmux.node.client import Client
+from gmux.wire.daemon_client import Client
 from cluster_harness import PY, ROOT, env, free_port, wait_for
 
 GANG = os.path.join(ROOT, "tests", "scripts", "gang_train.py")

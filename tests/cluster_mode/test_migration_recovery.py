@@ -28,7 +28,7 @@ def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path
     text = " ".join(d["text"] for d in ps["decisions"])
     assert f"{cjob}: checkpoint" in text and f"restored on {dst}" in text and f"{src} releases it" in text
     # Source released only after the target restored: the source's copy is now killed, not running.
-    from gmux.node.client import Client
+    from gmux.wire.daemon_client import Client
     src_states = lambda: [j["state"] for j in Client(str(tmp_path / f"rt-{src}")).call("ps", all=True)["jobs"]
                           if j["name"] == cjob]
     # The release is sent once the target reports the job past a boundary; the source acts on its next tick.

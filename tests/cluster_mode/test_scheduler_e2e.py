@@ -12,8 +12,8 @@ import msgpack
 import zmq
 
 from gmux import protocol
-from gmux.cluster import keys
-from gmux.cluster.scheduler_client import ClusterClient, ClusterError
+from gmux.wire import keys
+from gmux.wire.scheduler_client import ClusterClient, ClusterError
 from cluster_harness import PY, ROOT, TRAIN, env, solo, wait_for
 
 STEPS = "1500"

@@ -6,8 +6,8 @@ import pytest
 import zmq
 
 from gmux import protocol
-from gmux.cluster import keys
-from gmux.cluster.transfer import CHUNK, WINDOW, Receiver, TransferError, send_file
+from gmux.wire import keys
+from gmux.wire.transfer import CHUNK, WINDOW, Receiver, TransferError, send_file
 from proxy_util import Proxy
 
 
@@ -114,7 +114,7 @@ def test_stranger_and_wrong_key_refused(keydir, tmp_path):
 def test_an_abandoned_partial_file_is_deleted_and_a_late_sender_starts_again(tmp_path):
     import time
     import zlib
-    from gmux.cluster.transfer import STALE_S
+    from gmux.wire.transfer import STALE_S
     recv = Receiver(str(tmp_path / "in"))
     chunk = os.urandom(CHUNK)
 

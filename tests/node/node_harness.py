@@ -10,10 +10,10 @@ import msgpack
 import pytest
 
 from gmux import protocol
-from gmux.node.client import Client, GmuxError
+from gmux.wire.daemon_client import Client, GmuxError
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import Gpu
-from gmux.node.paths import RuntimeDir
+from gmux.rundir import RuntimeDir
 
 from gmux_testkit import PY, ROOT, TRAIN, env, wait_for  # noqa: F401 (re-exported to the tests of this folder)
 

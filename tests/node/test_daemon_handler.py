@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from gmux import protocol
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import Gpu
-from gmux.node.paths import RuntimeDir
+from gmux.rundir import RuntimeDir
 from node_harness import GiB, ask, register
 
 

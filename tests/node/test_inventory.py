@@ -1,8 +1,9 @@
 """GPU inventory and the launcher's reading of a command line: pure functions, refusals that say what to write."""
 import pytest
 
-from gmux.node.inventory import discover, format_size, parse_size, parse_virtual_gpus
-from gmux.node.launcher import script_of
+from gmux.node.inventory import discover, parse_virtual_gpus
+from gmux.util.sizes import format_size, parse_size
+from gmux.job.launch import script_of
 
 
 def test_sizes():

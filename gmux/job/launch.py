@@ -20,9 +20,7 @@ from typing import Optional
 
 from gmux.job import control
 from gmux.job.agent import Agent
-from gmux.node.jobs import my_starttime
-from gmux.node.paths import RuntimeDir
-from gmux.node.supervisor import write_exit
+from gmux.rundir import RuntimeDir, my_starttime, write_exit
 
 
 @dataclass

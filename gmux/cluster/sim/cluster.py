@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .policies.api import (Grow, JobState, JobView, Migrate, Pack, Place, PolicyError, Resume, SetTimer, Shrink,
+from gmux.cluster.policies.api import (Grow, JobState, JobView, Migrate, Pack, Place, PolicyError, Resume, SetTimer, Shrink,
                            Suspend, Unpack)
-from .policies.snapshot import Snapshot
-from .sim_trace import Throughputs
+from gmux.cluster.policies.snapshot import Snapshot
+from gmux.cluster.sim.trace import Throughputs
 
 
 @dataclass

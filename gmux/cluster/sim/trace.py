@@ -24,7 +24,7 @@ from datetime import datetime
 
 import numpy as np
 
-from .policies.api import PairRate
+from gmux.cluster.policies.api import PairRate
 
 SCALES = (1, 2, 4, 8)
 

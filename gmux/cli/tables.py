@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from gmux.node.inventory import format_size
+from gmux.util.sizes import format_size
 
 
 def _rate(v) -> str:

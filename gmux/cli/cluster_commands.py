@@ -9,9 +9,9 @@ import json
 import os
 import sys
 
-from gmux.cluster import keys
-from gmux.cluster.scheduler_client import ClusterClient, ClusterError
-from gmux.node.inventory import parse_size
+from gmux.wire import keys
+from gmux.wire.scheduler_client import ClusterClient, ClusterError
+from gmux.util.sizes import parse_size
 
 
 def wants(argv: list) -> bool:

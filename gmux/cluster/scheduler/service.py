@@ -26,11 +26,11 @@ from typing import Optional
 import zmq
 
 from gmux import protocol
-from gmux.cluster import keys
+from gmux.wire import keys
 from gmux.cluster.policies import Event, EventKind, make_policy
-from gmux.cluster.scheduler_driver import Driver, Intent
-from gmux.cluster.scheduler_state import CJob, Machine, State
-from gmux.cluster.transfer import Receiver, rank_xfers, send_file
+from gmux.cluster.scheduler.driver import Driver, Intent
+from gmux.cluster.scheduler.state import CJob, Machine, State
+from gmux.wire.transfer import Receiver, rank_xfers, send_file
 
 log = logging.getLogger("gmux.scheduler")
 C = protocol.CLUSTER_MESSAGES

@@ -1,6 +1,6 @@
 """The multiplexer demo: five real training jobs on two GPUs, time-sliced and packed, watched live.
 
-    python -m gmux.multiplex_demo [--duration 40] [--quantum 2]
+    python -m gmux.examples.multiplex_demo [--duration 40] [--quantum 2]
 
 Starts a private gmuxd (virtual GPUs: jobs compute on the CPU), then launches unmodified training scripts
 with gmux-launch: three on GPU 0 whose working sets do not fit together (time-sliced, weights 1:1:2) and a
@@ -22,8 +22,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from gmux.node.client import Client, GmuxError
-from gmux.node.table import gpus_table, jobs_table
+from gmux.wire.daemon_client import Client, GmuxError
+from gmux.cli.tables import gpus_table, jobs_table
 
 TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node", "demo_train.py")
 
@@ -38,7 +38,7 @@ JOBS = [
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gmux.multiplex_demo", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m gmux.examples.multiplex_demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=float, default=45.0, help="seconds to run the jobs (default 45)")
     p.add_argument("--quantum", type=float, default=2.0, help="time-slice quantum in seconds (default 2)")

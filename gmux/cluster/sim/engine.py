@@ -14,10 +14,10 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
-from .policies.api import Event, EventKind, JobState, JobView, MachineView, Pack, PolicyError, SetTimer
-from .policies.snapshot import Snapshot
-from .sim_cluster import Costs, SimCluster, SimJob
-from .sim_trace import Throughputs, TraceJob
+from gmux.cluster.policies.api import Event, EventKind, JobState, JobView, MachineView, Pack, PolicyError, SetTimer
+from gmux.cluster.policies.snapshot import Snapshot
+from gmux.cluster.sim.cluster import Costs, SimCluster, SimJob
+from gmux.cluster.sim.trace import Throughputs, TraceJob
 
 _DONE, _MEASURE, _TIMER = 0, 1, 2
 

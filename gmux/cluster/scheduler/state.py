@@ -13,11 +13,11 @@ Cluster job states:
 from __future__ import annotations
 
 import json
-import os
-import sqlite3
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
+
+from gmux.util.db import DecisionLog, open_db, transaction
 
 LIVE = ("pending", "starting", "running", "suspended", "migrating")
 FINAL = ("done", "failed", "killed")
@@ -87,10 +87,7 @@ class Machine:
 
 class State:
     def __init__(self, path: str):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db = open_db(path)
         # Untyped columns (SQLite keeps each value's type): the dataclass above is the schema.
         self.db.execute(f"CREATE TABLE IF NOT EXISTS jobs (cjob TEXT PRIMARY KEY, seq INTEGER, {', '.join(_COLS[1:])})")
         have = {row[1] for row in self.db.execute("PRAGMA table_info(jobs)")}
@@ -98,15 +95,15 @@ class State:
             if col not in have:      # a database written by an older gmux-scheduler
                 self.db.execute(f"ALTER TABLE jobs ADD COLUMN {col}")
         self.db.execute("CREATE TABLE IF NOT EXISTS machines (name TEXT PRIMARY KEY, data TEXT)")
-        self.db.execute("CREATE TABLE IF NOT EXISTS decisions (id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, "
-                        "kind TEXT, cjob TEXT, text TEXT, numbers TEXT)")
         self.db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
+        self.log = DecisionLog(self.db)
 
     # --- jobs ---
     def next_id(self) -> str:
-        row = self.db.execute("SELECT v FROM meta WHERE k='seq'").fetchone()
-        n = int(row[0]) + 1 if row else 1
-        self.db.execute("INSERT OR REPLACE INTO meta VALUES ('seq', ?)", (str(n),))
+        with transaction(self.db):
+            row = self.db.execute("SELECT v FROM meta WHERE k='seq'").fetchone()
+            n = int(row[0]) + 1 if row else 1
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('seq', ?)", (str(n),))
         return f"c{n}"
 
     def save(self, job: CJob) -> None:
@@ -119,14 +116,9 @@ class State:
                         [int(job.cjob[1:]) if job.cjob[1:].isdigit() else 0] + [d[c] for c in _COLS])
 
     def save_many(self, jobs) -> None:
-        self.db.execute("BEGIN")
-        try:
+        with transaction(self.db):
             for j in jobs:
                 self.save(j)
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
 
     def load_jobs(self) -> dict[str, CJob]:
         out = {}
@@ -147,15 +139,15 @@ class State:
 
     # --- decisions ---
     def decide(self, kind: str, cjob: Optional[str], text: str, numbers: Optional[dict] = None) -> dict:
-        t = time.time()
-        self.db.execute("INSERT INTO decisions (t, kind, cjob, text, numbers) VALUES (?, ?, ?, ?, ?)",
-                        (t, kind, cjob, text, json.dumps(numbers or {}, default=str)))
-        return {"t": t, "kind": kind, "cjob": cjob, "text": text, "numbers": numbers or {}}
+        return _with_cjob(self.log.record(kind, text, [cjob] if cjob else [], numbers))
 
     def decisions(self, limit: int = 100) -> list[dict]:
-        rows = self.db.execute("SELECT t, kind, cjob, text, numbers FROM decisions ORDER BY id DESC LIMIT ?",
-                               (limit,)).fetchall()
-        return [{"t": t, "kind": k, "cjob": c, "text": x, "numbers": json.loads(n)} for t, k, c, x, n in rows[::-1]]
+        return [_with_cjob(d) for d in self.log.recent(limit)]
 
     def close(self) -> None:
         self.db.close()
+
+
+def _with_cjob(d: dict) -> dict:
+    """A scheduler decision concerns one cluster job (or none): shown as `cjob`."""
+    return {**d, "cjob": d["jobs"][0] if d["jobs"] else None}

@@ -1,6 +1,6 @@
 """The runtime demo: a real model trained, suspended, resumed and migrated to a new process, losing nothing.
 
-    python -m gmux.runtime_demo            (part of: make demo)
+    python -m gmux.examples.runtime_demo            (part of: make demo)
 
 Runs the same deterministic training three ways, each in its own process:
   1. uninterrupted;

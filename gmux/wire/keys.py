@@ -22,6 +22,8 @@ import threading
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
+from gmux.util.atomic import write_atomic
+
 ROLES = ("scheduler", "daemon", "client")
 
 
@@ -44,14 +46,7 @@ def stem(role: str, name: str | None = None) -> str:
 
 
 def _write(path: str, text: str, mode: int) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, text.encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
+    write_atomic(path, text.encode() + b"\n", mode)
 
 
 def create(keydir: str, role: str, name: str | None = None, overwrite: bool = False) -> tuple[str, str]:

@@ -29,7 +29,7 @@ from typing import Callable, Optional
 import zmq
 
 from gmux import protocol
-from gmux.cluster import keys
+from gmux.wire import keys
 
 CHUNK = 256 << 10    # 256 KiB: large messages cost fresh mmapped buffers (page faults) in malloc and libzmq
 WINDOW = 64   # 16 MiB in flight

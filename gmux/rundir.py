@@ -1,4 +1,5 @@
-"""Where a gmuxd keeps its socket, database, logs and checkpoints: one private runtime directory.
+"""The contract between a job and its gmuxd: the private runtime directory (socket, database, logs, checkpoints,
+exit records) and how a process is identified (pid and start time).
 
 The directory is mode 0700 because the socket in it is the daemon's front door: only the user who runs
 gmuxd may reach it. The admin token (mode 0600) separates the CLI from jobs: a job is given only its own
@@ -6,10 +7,14 @@ token, so its messages can act only on itself.
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import stat
 from dataclasses import dataclass
+from typing import Optional
+
+from gmux.util.atomic import write_atomic
 
 
 def default_runtime_dir() -> str:
@@ -88,23 +93,54 @@ class RuntimeDir:
             if not create:
                 raise
         token = secrets.token_hex(16)
-        tmp = self.admin_token_file + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, self.admin_token_file)
+        write_atomic(self.admin_token_file, token.encode())
         return token
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """temp file, fsync, rename: a reader sees the old file or the new one, never half of one."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+# --- exit records: how a process that is not gmuxd's child ended ---
+def read_exit(rundir: RuntimeDir, job_id: str) -> Optional[dict]:
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
+        with open(rundir.exit_file(job_id)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_exit(rundir: RuntimeDir, job_id: str, status: int, reason: str = "") -> None:
+    """Called by the launcher as the job ends: the record that tells a clean end from a SIGKILL."""
+    try:
+        write_atomic(rundir.exit_file(job_id), json.dumps({"status": status, "reason": reason}).encode())
+    except OSError:
+        pass  # the runtime dir is gone (daemon cleaned up): nobody to tell
+
+
+# --- process identity ---
+def proc_starttime(pid: int) -> Optional[int]:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None if gone.
+
+    With the pid it identifies a process uniquely: a pid reused by another process has another start time.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after its last ')'.
+    rest = data[data.rfind(b")") + 2:].split()
+    if rest and rest[0] == b"Z":   # a zombie has exited; only its parent's wait is missing
+        return None
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def alive(pid: int, starttime: Optional[int]) -> bool:
+    if pid <= 0:
+        return False
+    st = proc_starttime(pid)
+    return st is not None and (starttime is None or st == starttime)
+
+
+def my_starttime() -> Optional[int]:
+    return proc_starttime(os.getpid())

@@ -9,7 +9,7 @@ import zmq
 
 from gmux import protocol
 from gmux.job.agent import unavailable_message
-from gmux.node.paths import RuntimeDir, default_runtime_dir
+from gmux.rundir import RuntimeDir, default_runtime_dir
 
 
 class GmuxError(RuntimeError):

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .sim_engine import RunResult
+from gmux.cluster.sim.engine import RunResult
 
 COLS = ("job_id", "submit", "first_run", "finish", "gpus", "work", "suspends", "migrations", "packs", "held")
 
@@ -132,9 +132,10 @@ def render_table(summaries: dict[str, dict], ratios: dict[str, dict] | None = No
 
 
 def write_json(path: str, payload: dict) -> None:
-    """Atomic write (temp file, fsync, rename), so a reader never sees half a result file."""
+    """Atomic write (gmux.util.atomic), so a reader never sees half a result file."""
     import os
-    import tempfile
+
+    from gmux.util.atomic import atomic_open
 
     def clean(o):
         if isinstance(o, float) and not math.isfinite(o):
@@ -147,17 +148,6 @@ def write_json(path: str, payload: dict) -> None:
             return o.item()
         return o
 
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(clean(payload), f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)          # mkstemp makes 0600; a result file is for everyone to read
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_open(path, mode=0o644, text=True) as f:   # a result file is for everyone to read
+        json.dump(clean(payload), f, indent=1, sort_keys=True)

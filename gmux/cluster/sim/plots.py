@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from .sim_metrics import job_table, utilisation_series
+from gmux.cluster.sim.metrics import job_table, utilisation_series
 
 
 def _pyplot():

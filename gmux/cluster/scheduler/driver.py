@@ -32,7 +32,7 @@ from typing import Optional
 
 from gmux.cluster.policies import (Event, Grow, JobState, JobView, MachineView, Migrate, Pack, Place, Resume,
                                    SetTimer, Shrink, Snapshot, Suspend, Unpack)
-from gmux.cluster.scheduler_state import CJob, Machine
+from gmux.cluster.scheduler.state import CJob, Machine
 
 _POLICY_STATE = {"pending": JobState.PENDING, "starting": JobState.RUNNING, "running": JobState.RUNNING,
                  "migrating": JobState.RUNNING, "suspended": JobState.SUSPENDED}

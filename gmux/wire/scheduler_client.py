@@ -9,7 +9,7 @@ from typing import Any, Optional
 import zmq
 
 from gmux import protocol
-from gmux.cluster import keys
+from gmux.wire import keys
 
 
 class ClusterError(RuntimeError):

@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .policies import make_policy
-from .sim_cluster import Costs
-from .sim_engine import Engine, RunResult, make_machines
-from .sim_trace import Throughputs, TraceError, assign_types, load_trace, load_vcs, select
+from gmux.cluster.policies import make_policy
+from gmux.cluster.sim.cluster import Costs
+from gmux.cluster.sim.engine import Engine, RunResult, make_machines
+from gmux.cluster.sim.trace import Throughputs, TraceError, assign_types, load_trace, load_vcs, select
 
 
 @dataclass
@@ -167,7 +167,7 @@ def report(cfg: SimConfig, prep: Prepared, out: dict, baseline: str = "fifo") ->
     """Everything a result file holds: configuration, notes, per-policy summary and JCT ratio to the baseline."""
     from dataclasses import asdict
 
-    from .sim_metrics import jct_ratio, summarize
+    from gmux.cluster.sim.metrics import jct_ratio, summarize
     summaries = {p: summarize(r) for p, r in out.items()}
     ratios = {p: jct_ratio(r, out[baseline]) for p, r in out.items() if baseline in out and p != baseline}
     conf = asdict(cfg)

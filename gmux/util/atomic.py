@@ -1,0 +1,45 @@
+"""Atomic files: a reader sees the old file or the new one, never half of one.
+
+Write to a temporary file beside the target, fsync it, rename it over the target, fsync the directory (so the
+rename itself survives a crash). A failure at any point removes the temporary file and leaves the target as it
+was.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from typing import IO, Iterator
+
+
+@contextlib.contextmanager
+def atomic_open(path: str, mode: int = 0o600, text: bool = False, durable: bool = True) -> Iterator[IO]:
+    """Yields a file to write; on a clean exit it replaces `path`. `mode` is the new file's permission bits.
+    durable=False skips the fsyncs, for files that need not survive a machine crash (a spill file dies with
+    its process anyway) but must never be seen half-written."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w" if text else "wb", buffering=-1 if text else 0) as f:
+            yield f
+            if text:
+                f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
+    with atomic_open(path, mode) as f:
+        f.write(data)
