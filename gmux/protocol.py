@@ -7,7 +7,12 @@ a `reply` and pushes `command`s to jobs on its own initiative.
 
 Nothing received is trusted: `decode` turns bytes into a validated `Message` or raises `ProtocolError`
 naming the problem, and the daemon turns that error into an error reply. Validation is strict (unknown
-fields are refused) so that a typo in a sender shows up at once instead of being silently ignored.
+fields are refused) so that a typo in a sender shows up at once instead of being silently ignored. Nested
+payloads are typed too: a command's args by its kind, a cluster action's args by the action, results, reports
+and events field by field.
+
+Longer than 500 lines on purpose: the whole wire (every message, every field, every nested payload) is read in
+one file, which is the point of having one.
 """
 from __future__ import annotations
 
@@ -23,7 +28,6 @@ VERSION = 1
 MAX_FRAME = 1 << 20
 MAX_STR = 4096          # any single string field
 MAX_LIST = 1024         # argv, env entries, ...
-MAX_NESTED_BYTES = 64 * 1024   # free-form maps (reports, command results)
 
 
 class ProtocolError(ValueError):
@@ -118,26 +122,98 @@ def _env(v):
     return None
 
 
-def _free_map(v):
-    """A free-form map (job reports, command arguments and results): any msgpack values, bounded in size."""
-    if not isinstance(v, dict):
-        return f"expected a map, got {type(v).__name__}"
-    try:
-        size = len(msgpack.packb(v))
-    except Exception as e:  # unpackable nested values cannot arrive from the wire, but a local caller may pass them
-        return f"not serialisable: {e}"
-    if size > MAX_NESTED_BYTES:
-        return f"map of {size} bytes exceeds {MAX_NESTED_BYTES}"
-    for k in v:
-        if not isinstance(k, str):
-            return f"keys must be strings, got {type(k).__name__}"
-    return None
-
-
 def _optional(check):
     def f(v):
         return None if v is None else check(v)
     return f
+
+
+def _fields(obj: dict, spec: dict) -> Optional[str]:
+    """What is wrong with a nested map checked field by field against `spec` (same form as a MESSAGES entry)."""
+    for key, value in obj.items():
+        if key not in spec:
+            return f"unknown field {str(key)[:60]!r}; expected {', '.join(spec) or 'none'}"
+        problem = spec[key][0](value)
+        if problem:
+            return f"{key}: {problem}"
+    for key, (_, required) in spec.items():
+        if required and key not in obj:
+            return f"missing field {key!r}"
+    return None
+
+
+def _map(spec: dict):
+    """A nested map with typed fields."""
+    def f(v):
+        return f"expected a map, got {type(v).__name__}" if not isinstance(v, dict) else _fields(v, spec)
+    return f
+
+
+MAX_FIGURES = 64
+
+
+def _figure(v):
+    """One measurement: a number, a flag, a short text, nothing, or a small map of names to numbers (bytes by
+    tag)."""
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return _int(v) if isinstance(v, int) else _float(v)
+    if isinstance(v, str):
+        return _str(v, 1024)
+    if isinstance(v, dict):
+        if len(v) > MAX_FIGURES:
+            return f"map of {len(v)} entries exceeds {MAX_FIGURES}"
+        for k, x in v.items():
+            if _str(k, 128) or isinstance(x, bool) or not isinstance(x, (int, float)) or _figure(x):
+                return f"entry {str(k)[:40]!r}: expected a name and a number"
+        return None
+    return f"expected a number, flag, text or map of numbers, got {type(v).__name__}"
+
+
+def _figures(known: dict):
+    """A job's report or a command's result: the fields in `known`, typed, and any other measurement as a
+    figure (the runtime adds figures as it learns to measure more; the daemon reads only the known ones)."""
+    def f(v):
+        if not isinstance(v, dict):
+            return f"expected a map, got {type(v).__name__}"
+        if len(v) > MAX_FIGURES:
+            return f"map of {len(v)} entries exceeds {MAX_FIGURES}"
+        for key, value in v.items():
+            if not isinstance(key, str) or _str(key, 128):
+                return f"keys must be names, got {str(key)[:40]!r}"
+            problem = (known[key][0] if key in known else _figure)(value)
+            if problem:
+                return f"{key}: {problem}"
+        for key, (_, required) in known.items():
+            if required and key not in v:
+                return f"missing field {key!r}"
+        return None
+    return f
+
+
+class _By:
+    """A nested map whose fields depend on another field of the same message: a command's args on its kind,
+    a cluster action's args on the action."""
+
+    def __init__(self, field: str, specs: dict):
+        self.field, self.specs = field, specs
+
+    def __call__(self, v):
+        return None if isinstance(v, dict) else f"expected a map, got {type(v).__name__}"
+
+    def within(self, value: dict, fields: dict) -> Optional[str]:
+        spec = self.specs.get(fields.get(self.field))
+        if spec is None:
+            return None
+        return spec(value) if callable(spec) else _fields(value, spec)
+
+
+def _path(v):
+    p = _str(v)
+    if p:
+        return p
+    return "a path cannot be empty or hold a NUL byte" if not v or "\0" in v else None
 
 
 def _one_of(*choices):
@@ -174,6 +250,25 @@ JOB_STATES = ("waiting", "running", "suspending", "suspended", "resuming", "migr
 FINAL_STATES = ("exited", "failed", "killed", "lost")
 COMMAND_KINDS = ("suspend", "resume", "checkpoint", "migrate", "spill", "exit")
 
+# What each command carries (gmuxd -> job), by kind.
+COMMAND_ARGS = {
+    "suspend": {},
+    "resume": {"gpu": (_gpu_index, False), "env": (_env, False)},   # the GPU it resumes on, and its environment
+    "checkpoint": {"path": (_path, True)},
+    "migrate": {"path": (_path, True), "gpu": (_optional(_gpu_index), False),
+                "spill": (_bool, False)},    # spill: checkpoint and end the process to give back its host memory
+    "spill": {"path": (_path, True)},        # the host copy of a suspended job's state goes to this file
+    "exit": {},
+}
+_JOB_STATE = _one_of("running", "suspended", "waiting")
+_opt_count = _optional(_nonneg_int)
+# A command's outcome (job -> gmuxd); the figures gmuxd reads are typed, any other is a measurement.
+RESULT = {"ok": (_bool, True), "error": (_optional(_str), False), "bytes": (_opt_count, False),
+          "seconds": (_optional(_float), False)}
+# A job's periodic report: what gmuxd reads to schedule it, and any other measurement.
+REPORT = {"step": (_opt_count, False), "mem_boundary": (_opt_count, False), "mem_peak": (_opt_count, False),
+          "batch_s": (_optional(_float), False), "rate": (_optional(_float), False)}
+
 # Fields every job-authenticated message carries: a job can only act on itself, proven by its token.
 _AUTH = {"job": (_name, True), "token": (lambda v: _str(v, 128), True)}
 
@@ -200,15 +295,15 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "gang": (_optional(_gang), False),
     },
     # --- a job about itself ---
-    "report": {**_AUTH, "report": (_free_map, True), "state": (_one_of("running", "suspended", "waiting"), False),
+    "report": {**_AUTH, "report": (_figures(REPORT), True), "state": (_JOB_STATE, False),
                "boundaries": (_nonneg_int, False)},
     # boundaries: mini-batch boundaries passed since the process started, stamped t by the job's clock
     # (the daemon's receive time would add queueing jitter to rates).
-    "heartbeat": {**_AUTH, "state": (_one_of("running", "suspended", "waiting"), True),
+    "heartbeat": {**_AUTH, "state": (_JOB_STATE, True),
                   "boundaries": (_nonneg_int, False), "t": (_float, False)},
     "result": {**_AUTH, "cmd": (_nonneg_int, True), "kind": (_one_of(*COMMAND_KINDS), True),
-               "result": (_free_map, True), "boundaries": (_nonneg_int, False),
-               "state": (_one_of("running", "suspended", "waiting"), False),
+               "result": (_figures(RESULT), True), "boundaries": (_nonneg_int, False),
+               "state": (_JOB_STATE, False),
                # when the job took the command at a boundary (CLOCK_MONOTONIC, this machine's): gmuxd splits
                # a command's latency into the wait for that boundary (the mini-batch) and the rest (gmux's own)
                "taken_at": (_float, False)},
@@ -241,7 +336,8 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     "shutdown": {"admin": (lambda v: _str(v, 128), True), "kill_jobs": (_bool, False)},
     # --- daemon -> client ---
     "reply": {"ok": (_bool, True), "error": (_str, False), "data": (lambda v: None, False)},
-    "command": {"cmd": (_nonneg_int, True), "kind": (_one_of(*COMMAND_KINDS), True), "args": (_free_map, True)},
+    "command": {"cmd": (_nonneg_int, True), "kind": (_one_of(*COMMAND_KINDS), True),
+                "args": (_By("kind", COMMAND_ARGS), True)},
 }
 JOB_TYPES = ("report", "heartbeat", "result", "bye")
 ADMIN_TYPES = ("ps", "suspend", "resume", "kill", "migrate", "logs", "submit", "decisions", "shutdown", "checkpoint")
@@ -288,9 +384,13 @@ def validate(obj: Any, table: Optional[dict] = None) -> Message:
         if problem:
             raise ProtocolError(f"{mtype}.{key}: {problem}")
         fields[key] = value
-    for key, (_, required) in spec.items():
+    for key, (check, required) in spec.items():
         if required and key not in fields:
             raise ProtocolError(f"{mtype}: missing field {key!r}")
+        if isinstance(check, _By) and key in fields:
+            problem = check.within(fields[key], fields)
+            if problem:
+                raise ProtocolError(f"{mtype}.{key}: {problem}")
     return Message(mtype, mid, fields)
 
 
@@ -303,6 +403,21 @@ def decode(frame: bytes, table: Optional[dict] = None) -> Message:
     except Exception as e:  # msgpack raises several unrelated types (ExtraData, FormatError, ValueError, ...)
         raise ProtocolError(f"not a msgpack message: {type(e).__name__}: {str(e)[:100]}") from None
     return validate(obj, table)
+
+
+def peek_action(frame: bytes) -> tuple:
+    """(action, cjob) of a node_action refused by `decode`, when both are valid, else (None, None): enough to
+    tell the scheduler which job's action failed."""
+    try:
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=False) if len(frame) <= MAX_FRAME else None
+    except Exception:
+        return None, None
+    if not isinstance(obj, dict) or obj.get("type") != "node_action":
+        return None, None
+    action, cjob = obj.get("action"), obj.get("cjob")
+    if action not in CLUSTER_ACTIONS or _name(cjob):
+        return None, None
+    return action, cjob
 
 
 def encode(mtype: str, id: int = 0, table: Optional[dict] = None, **fields: Any) -> bytes:
@@ -336,9 +451,9 @@ def error_reply(id: Any, error: str) -> bytes:
 XFER_MAX_CHUNK = 4 << 20        # a checkpoint chunk (the raw second frame of an xfer_chunk)
 MAX_RANKS = 64                  # processes of one gang (one per GPU of one machine)
 XFER_MAX_SIZE = 1 << 40         # a checkpoint larger than 1 TiB is not one gmux wrote
-CLUSTER_ACTIONS = ("start", "suspend", "resume", "kill", "move", "migrate_out", "release", "send_checkpoint")
+CLUSTER_ACTIONS = ("start", "suspend", "resume", "kill", "move", "migrate_out", "release")
 CLUSTER_EVENTS = ("started", "start_failed", "suspended", "resumed", "moved", "migrate_sent", "migrate_failed",
-                  "checkpointed", "released", "action_failed", "checkpoint_sent")
+                  "checkpointed", "released", "action_failed")
 _Z85 = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
 
 
@@ -373,17 +488,9 @@ def _records(spec: dict, max_items: int = MAX_LIST):
         if len(v) > max_items:
             return f"list of {len(v)} items exceeds {max_items}"
         for i, item in enumerate(v):
-            if not isinstance(item, dict):
-                return f"item {i}: expected a map, got {type(item).__name__}"
-            for key, value in item.items():
-                if key not in spec:
-                    return f"item {i}: unknown field {str(key)[:60]!r}"
-                problem = spec[key][0](value)
-                if problem:
-                    return f"item {i}.{key}: {problem}"
-            for key, (_, required) in spec.items():
-                if required and key not in item:
-                    return f"item {i}: missing field {key!r}"
+            problem = f"expected a map, got {type(item).__name__}" if not isinstance(item, dict) else _fields(item, spec)
+            if problem:
+                return f"item {i}: {problem}"
         return None
     return f
 
@@ -404,6 +511,14 @@ _JOB_RECORD = {
 }
 
 
+def _gpu_list(v):
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_RANKS:
+        return f"expected a list of 1..{MAX_RANKS} GPU indices, one per rank"
+    if any(_gpu_index(g) for g in v) or len(set(v)) != len(v):
+        return f"{v!r} are not distinct GPU indices"
+    return None
+
+
 def _ranks(v):
     p = _int(v, lo=-(1 << 62))
     if p:
@@ -413,6 +528,48 @@ def _ranks(v):
     return None
 
 
+def _names(max_items: int):
+    def f(v):
+        if not isinstance(v, list):
+            return f"expected a list of names, got {type(v).__name__}"
+        if len(v) > max_items:
+            return f"list of {len(v)} items exceeds {max_items}"
+        for i, x in enumerate(v):
+            if _name(x):
+                return f"item {i}: {_name(x)}"
+        return None
+    return f
+
+
+_START = {"argv": (_argv, True), "cwd": (_str, True), "env": (_env, False),
+          # rank r runs on gpus[r] (distinct GPUs of this machine) and restores received checkpoint restore[r]
+          "gpus": (_gpu_list, True),
+          "restore": (_optional(_names(MAX_RANKS)), False), "mem": (_optional(_nonneg_int), False),
+          "weight": (_optional(_pos_float), False), "ckpt_every": (_optional(_pos_float), False),
+          "restore_wait": (_optional(_pos_float), False)}
+
+
+def _start(v):
+    problem = _fields(v, _START)
+    if problem is None and v.get("restore") is not None and len(v["restore"]) != len(v["gpus"]):
+        return f"restore: expected one received checkpoint per rank ({len(v['gpus'])})"
+    return problem
+
+
+# What each action carries (scheduler -> a machine's cluster link), by action.
+ACTION_ARGS = {
+    "start": _start,
+    "suspend": {}, "kill": {}, "release": {},
+    "resume": {"gpu": (_optional(_gpu_index), False)},
+    "move": {"gpu": (_gpu_index, True)},
+    "migrate_out": {"target": (_name, True), "endpoint": (_tcp_endpoint, True), "xfer": (_name, True)},
+}
+# What an event reports, whichever event it is.
+EVENT_DATA = {"step": (_nonneg_int, False), "local": (_name, False), "gpu": (_gpu_index, False),
+              "xfers": (_names(MAX_RANKS), False), "bytes": (_nonneg_int, False), "seconds": (_float, False),
+              # a move's parts: suspending the ranks, writing their checkpoints, sending them
+              "suspend_s": (_float, False), "checkpoint_s": (_float, False), "transfer_s": (_float, False)}
+
 CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     # --- a daemon's cluster link -> scheduler: its whole state, every half second (so a restarted scheduler
     #     learns everything from the next report) ---
@@ -420,10 +577,10 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
                     "transfer": (_tcp_endpoint, True), "jobs": (_records(_JOB_RECORD), True)},
     # --- the outcome of an action, or of something the link did on its own (a periodic checkpoint) ---
     "node_event": {"name": (_name, True), "cjob": (_name, True), "event": (_one_of(*CLUSTER_EVENTS), True),
-                   "detail": (_str, False), "data": (_free_map, False)},
-    # --- scheduler -> link: do this to a cluster job (args are checked per action by the link) ---
+                   "detail": (_str, False), "data": (_map(EVENT_DATA), False)},
+    # --- scheduler -> link: do this to a cluster job ---
     "node_action": {"action": (_one_of(*CLUSTER_ACTIONS), True), "cjob": (_name, True),
-                    "args": (_free_map, True)},
+                    "args": (_By("action", ACTION_ARGS), True)},
     # --- clients (gmux submit/ps --cluster) -> scheduler ---
     "c_submit": {"argv": (_argv, True), "cwd": (_str, True), "env": (_env, False), "name": (_optional(_name), False),
                  "ranks": (_ranks, False), "mem": (_optional(_nonneg_int), False),

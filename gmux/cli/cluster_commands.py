@@ -12,6 +12,7 @@ import sys
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
 from gmux.util.sizes import parse_size
+from gmux.cli.submit_env import submit_env
 
 
 def wants(argv: list) -> bool:
@@ -76,8 +77,7 @@ def run(a) -> int:
             argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
             if not argv:
                 raise ClusterError("give the command after --, e.g. gmux submit --cluster ADDR -- python train.py")
-            env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "USER", "LANG")
-                   or k.startswith(("OMP_", "MKL_", "TORCH_"))}
+            env = submit_env()
             data = c.call("c_submit", argv=argv, cwd=os.getcwd(), env=env, name=a.name, mem=a.mem,
                           weight=a.weight, ckpt_every=a.ckpt_every, ranks=a.ranks)
             print(json.dumps(data) if a.json else f"submitted {data['cjob']} to {a.cluster}")

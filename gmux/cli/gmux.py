@@ -10,6 +10,7 @@ import time
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.util.sizes import parse_size
 from gmux.rundir import default_runtime_dir
+from gmux.cli.submit_env import submit_env
 
 
 def _print(data, as_json: bool, text=None) -> None:
@@ -35,9 +36,9 @@ def _outcome(cmd: str, data: dict) -> str:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from gmux.cli import cluster_commands as scheduler_cli   # `gmux keys`, and submit/ps/kill --cluster ADDR
-    if scheduler_cli.wants(argv):
-        return scheduler_cli.main(argv)
+    from gmux.cli import cluster_commands   # `gmux keys`, and submit/ps/kill --cluster ADDR
+    if cluster_commands.wants(argv):
+        return cluster_commands.main(argv)
     p = argparse.ArgumentParser(prog="gmux", description="Look at and steer the jobs of gmuxd.")
     p.add_argument("--runtime-dir", default=default_runtime_dir())
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -114,8 +115,7 @@ def run(a) -> int:
         argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
         if not argv:
             raise GmuxError("give the command after --, e.g. gmux submit -- python train.py")
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "USER", "LANG")
-               or k.startswith(("OMP_", "MKL_", "TORCH_", "GMUX_"))}
+        env = submit_env()
         if a.gpus < 1 or (a.ranks is not None and a.ranks < 1):
             raise GmuxError((f"--gpus {a.gpus}" if a.gpus < 1 else f"--ranks {a.ranks}") + ": must be at least 1")
         fields = {"ranks": a.ranks} if a.ranks is not None else {}

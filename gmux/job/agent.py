@@ -12,8 +12,6 @@ delivered when it comes back; beyond that they are dropped, and the next report 
 """
 from __future__ import annotations
 
-import itertools
-import os
 import time
 from collections import deque
 from typing import Any, Optional
@@ -22,6 +20,8 @@ import zmq
 
 from gmux import protocol
 from gmux.job.control import Command
+from gmux.wire.daemon_client import unavailable_message
+from gmux.wire.request import Requester
 
 HEARTBEAT_S = 1.0
 SAMPLE_S = 0.2     # how often a running job tells gmuxd how many boundaries it has passed
@@ -29,13 +29,6 @@ SAMPLE_S = 0.2     # how often a running job tells gmuxd how many boundaries it 
 
 class DaemonUnavailable(ConnectionError):
     """gmuxd did not answer; the message says how to start it."""
-
-
-def unavailable_message(endpoint: str, timeout: float) -> str:
-    rundir = os.path.dirname(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
-    hint = f"gmuxd --runtime-dir {rundir}" if rundir else "gmuxd"
-    return (f"gmuxd is not answering at {endpoint} (waited {timeout:g} s). Start it with `{hint} &` "
-            f"(add --virtual-gpus 2x16GiB on a machine without GPUs), or point GMUX_RUNTIME_DIR at a running one.")
 
 
 class Agent:
@@ -48,9 +41,10 @@ class Agent:
         self.sock.setsockopt(zmq.LINGER, 2000)   # a final result/bye gets 2 s to leave when the process exits
         self.sock.setsockopt(zmq.SNDHWM, 1000)
         self.sock.connect(endpoint)
-        self._ids = itertools.count(1)
+        self.requests = Requester(self.sock, "gmuxd", RuntimeError, lambda waited: unavailable_message(endpoint, waited),
+                                  on_message=self._dispatch, on_bad=self._bad, unanswered=DaemonUnavailable,
+                                  refused=lambda mtype, error: f"gmuxd refused {mtype}: {error}")
         self._commands: deque[Command] = deque()
-        self._replies: dict[int, dict] = {}
         self.state = "waiting"           # running / suspended / waiting (not started yet)
         self.migrating: Optional[dict] = None   # args of an acknowledged migrate: the process must re-exec
         self.errors: list[str] = []      # error replies from the daemon to one-way messages (kept for tests/logs)
@@ -61,22 +55,7 @@ class Agent:
 
     # --- request/reply (registration): blocks, queueing any command that arrives meanwhile ---
     def request(self, mtype: str, timeout: float = 5.0, **fields: Any) -> Any:
-        mid = next(self._ids)
-        self.sock.send(protocol.encode(mtype, mid, **fields), zmq.NOBLOCK)
-        deadline = time.monotonic() + timeout
-        while mid not in self._replies:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.sock.poll(left * 1000):
-                if mid in self._replies:
-                    break
-                if time.monotonic() >= deadline:
-                    raise DaemonUnavailable(unavailable_message(self.endpoint, timeout))
-                continue
-            self._drain()
-        rep = self._replies.pop(mid)
-        if not rep.get("ok"):
-            raise RuntimeError(f"gmuxd refused {mtype}: {rep.get('error')}")
-        return rep.get("data")
+        return self.requests.call(mtype, timeout, **fields)
 
     def register(self, **fields: Any) -> dict:
         if self.job and self.token:
@@ -152,32 +131,26 @@ class Agent:
         if self.job is None:
             return  # not registered (a script run outside gmux-launch): nobody to tell
         try:
-            self.sock.send(protocol.encode(mtype, next(self._ids), job=self.job, token=self.token, **fields),
-                           zmq.NOBLOCK)
+            self.requests.send(mtype, job=self.job, token=self.token, **fields)
             self._last_sent = time.monotonic()
         except zmq.Again:
             pass  # daemon unreachable and queue full: the next report supersedes this one
 
     def _drain(self) -> None:
-        while True:
-            try:
-                frame = self.sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                msg = protocol.decode(frame)
-            except protocol.ProtocolError as e:
-                self.errors.append(f"bad message from gmuxd: {e}")
-                continue
-            if msg.type == "command":
-                self._commands.append(Command(msg["kind"], dict(msg["args"]), id=msg["cmd"]))
-            elif msg.type == "reply":
-                if not msg.get("ok") and len(self.errors) < 100:
-                    self.errors.append(str(msg.get("error")))
-                self._replies[msg.id] = msg.fields
-                if len(self._replies) > 64:   # replies to one-way messages nobody waits for
-                    for k in sorted(self._replies)[:-16]:
-                        del self._replies[k]
+        while self.sock.poll(0):
+            msg = self.requests.receive()
+            if msg is not None:
+                self._dispatch(msg)
+
+    def _bad(self, e: protocol.ProtocolError) -> None:
+        self.errors.append(f"bad message from gmuxd: {e}")
+
+    def _dispatch(self, msg: protocol.Message) -> None:
+        if msg.type == "command":
+            self._commands.append(Command(msg["kind"], dict(msg["args"]), id=msg["cmd"]))
+        elif msg.type == "reply":   # to a one-way message nobody waits for
+            if not msg.get("ok") and len(self.errors) < 100:
+                self.errors.append(str(msg.get("error")))
 
 
 def _plain(d: dict) -> dict:

@@ -25,7 +25,6 @@ import contextlib
 import logging
 import os
 import queue
-import re
 import subprocess
 import sys
 import threading
@@ -39,39 +38,13 @@ from gmux import protocol
 from gmux.wire import keys
 from gmux.wire.transfer import Receiver, rank_xfers, send_file
 from gmux.wire.daemon_client import Client, GmuxError
+from gmux.node.cluster_records import gang_record, ranks_by_job
 from gmux.rundir import RuntimeDir
 from gmux.util.rendezvous import free_port, rendezvous_env
 
 log = logging.getLogger("gmux.cluster_link")
 C = protocol.CLUSTER_MESSAGES
 REPORT_S = 0.5
-LOCAL_NAME = re.compile(r"^(c\d+)(?:\.(\d+))?$")    # CJOB (a one-GPU job) or CJOB.RANK (a rank of a gang)
-
-
-def _check_start(args: dict) -> Optional[str]:
-    """What is wrong with a start's arguments, or None (the scheduler is trusted, but checked: it can have bugs)."""
-    for key, check in (("argv", protocol._argv), ("cwd", protocol._str), ("env", protocol._env)):
-        p = check(args.get(key))
-        if p:
-            return f"{key}: {p}"
-    gpus = args.get("gpus")
-    if not isinstance(gpus, list) or not 1 <= len(gpus) <= protocol.MAX_RANKS:
-        return f"gpus: expected a list of 1..{protocol.MAX_RANKS} GPU indices, one per rank"
-    if any(protocol._gpu_index(g) for g in gpus) or len(set(gpus)) != len(gpus):
-        return f"gpus: {gpus!r} are not distinct GPU indices"
-    restore = args.get("restore")
-    if restore is not None:
-        if not isinstance(restore, list) or len(restore) != len(gpus):
-            return f"restore: expected one received checkpoint per rank ({len(gpus)})"
-        for x in restore:
-            if protocol._name(x):
-                return f"restore: {protocol._name(x)}"
-    for key in ("ckpt_every", "weight", "restore_wait"):
-        if args.get(key) is not None and protocol._pos_float(args[key]):
-            return f"{key}: {protocol._pos_float(args[key])}"
-    if args.get("mem") is not None and protocol._nonneg_int(args["mem"]):
-        return "mem: expected a non-negative integer"
-    return None
 
 
 class ClusterLink:
@@ -199,28 +172,10 @@ class ClusterLink:
         except GmuxError as e:
             log.warning("gmuxd not answering: %s", e)
             return
-        # One record per rank: the process this link started last for it (an older incarnation, e.g. the
-        # released copy of a job that has since come back, must not speak for it); after a restart of the
-        # link, the newest local job of that name.
-        latest: dict[tuple, dict] = {}
-        for j in ps["jobs"]:
-            m = LOCAL_NAME.match(j.get("name") or "")
-            if not m:
-                continue
-            key = (m.group(1), int(m.group(2) or 0))
-            pids = self.spawned.get(key[0])
-            if pids is not None:
-                if key[1] < len(pids) and j.get("pid") == pids[key[1]]:
-                    latest[key] = j
-            elif key not in latest or _num(j["id"]) > _num(latest[key]["id"]):
-                latest[key] = j
-        gangs: dict[str, dict] = {}
-        for (cjob, rank), j in latest.items():
-            gangs.setdefault(cjob, {})[rank] = j
         records = []
-        for cjob, by_rank in gangs.items():
+        for cjob, by_rank in ranks_by_job(ps["jobs"], self.spawned).items():
             world = self.world.setdefault(cjob, max(by_rank) + 1)
-            rec = _gang_record(cjob, world, by_rank)
+            rec = gang_record(cjob, world, by_rank)
             self.locals[cjob] = [j["id"] for _, j in sorted(by_rank.items())]
             records.append(rec)
             self._jobs[cjob] = rec
@@ -277,6 +232,12 @@ class ClusterLink:
             if len(frames) != 1:
                 raise protocol.ProtocolError("expected one frame")
             msg = protocol.decode(frames[0], C)
+        except protocol.ProtocolError as e:
+            self.bad_actions += 1
+            log.warning("bad message from the scheduler: %s", e)
+            self._refuse(frames, e)
+            return
+        try:
             if msg.type == "reply":
                 if not msg.get("ok"):
                     log.warning("scheduler refused: %s", msg.get("error"))
@@ -289,10 +250,7 @@ class ClusterLink:
             return
         action, cjob, args = msg["action"], msg["cjob"], msg["args"]
         if action == "start":
-            problem = _check_start(args)
-            if problem:
-                self._event("start_failed", cjob, f"bad start arguments: {problem}")
-            elif not self._live(cjob):
+            if not self._live(cjob):
                 self._start(cjob, args)
             return
         ranks = self.locals.get(cjob) if cjob in self._jobs else None
@@ -318,16 +276,19 @@ class ClusterLink:
             if len(ranks) > 1:
                 self._event("action_failed", cjob, f"move: {cjob} is a gang of {len(ranks)} ranks; it moves "
                                                    f"between machines only")
-            elif isinstance(args.get("gpu"), int):
+            else:
                 self._work(cjob, self._move, cjob, ranks[0], args["gpu"])
         elif action == "migrate_out":
-            ok = all(isinstance(args.get(k), str) for k in ("target", "endpoint", "xfer"))
-            if not ok or protocol._tcp_endpoint(args["endpoint"]) or protocol._name(args["xfer"]) \
-                    or protocol._name(args["target"]):
-                self._event("migrate_failed", cjob, "bad migrate_out arguments")
-                return
             self.busy.add(cjob)   # no periodic checkpoint may start now
             self._work(cjob, self._migrate_out, cjob, ranks, args["target"], args["endpoint"], args["xfer"])
+
+    def _refuse(self, frames: list, error: protocol.ProtocolError) -> None:
+        """An action refused for its arguments still reaches the scheduler as a failure of that job, so the job
+        does not wait for an outcome that never comes."""
+        action, cjob = protocol.peek_action(frames[0]) if len(frames) == 1 else (None, None)
+        if cjob is not None:
+            event = {"start": "start_failed", "migrate_out": "migrate_failed"}.get(action, "action_failed")
+            self._event(event, cjob, f"bad {action} arguments: {error}")
 
     def _live(self, cjob: str) -> bool:
         rec = self._jobs.get(cjob)
@@ -501,47 +462,6 @@ def _each(fn, items: list) -> list:
         return [fn(items[0])]
     with ThreadPoolExecutor(len(items), thread_name_prefix="rank") as ex:
         return list(ex.map(fn, items))
-
-
-def _gang_record(cjob: str, world: int, by_rank: dict) -> dict:
-    """The one record the scheduler sees for a job of `world` ranks (rank -> its gmuxd record): it runs while
-    any rank runs; it has ended well when every rank has; it has failed when one rank has (then `_broken` says
-    whether other ranks live on and must be stopped). Its step is the slowest rank's."""
-    present = [by_rank[r] for r in sorted(by_rank)]
-    r0 = by_rank.get(0, present[0])
-    bad = [(r, j) for r, j in sorted(by_rank.items()) if j["state"] in protocol.FINAL_STATES
-           and not (j["state"] == "exited" and j.get("exit_status") == 0)]
-    live = [j for j in present if j["state"] not in protocol.FINAL_STATES]
-    head = bad[0][1] if bad else r0
-    if bad:
-        state = head["state"]
-    elif len(present) < world:
-        state = "waiting"          # a rank has not registered yet
-    elif not live:
-        state = "exited"
-    else:
-        state = "running" if any(j["state"] == "running" for j in live) else live[0]["state"]
-    rec = {"cjob": cjob, "local": r0["id"], "state": state,
-           "step": min(int(j.get("step") or 0) for j in present) if len(present) == world else 0,
-           "gpu": r0.get("gpu"), "rate_now": _f(r0.get("rate_now")), "rate_solo": _f(r0.get("rate_solo")),
-           "mem_peak": max((j["mem_peak"] for j in present if isinstance(j.get("mem_peak"), int)), default=None),
-           "gpu_seconds": sum(float(j.get("gpu_seconds") or 0.0) for j in present),
-           "exit_status": head.get("exit_status") if state in protocol.FINAL_STATES else None,
-           "detail": (f"rank {bad[0][0]}: " if bad and world > 1 else "") + str(head.get("detail") or "")[:500],
-           "held": any(bool(j.get("held", False)) for j in present), "_broken": bool(bad and live)}
-    if world > 1:
-        rec["ranks"] = [{"rank": r, "local": j["id"], "gpu": j.get("gpu"), "state": j["state"],
-                         "step": int(j.get("step") or 0)} for r, j in sorted(by_rank.items())]
-    return rec
-
-
-def _num(job_id: str) -> int:
-    digits = "".join(c for c in job_id if c.isdigit())
-    return int(digits) if digits else 0
-
-
-def _f(v) -> Optional[float]:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def start_thread(link: ClusterLink) -> threading.Thread:

@@ -1,19 +1,26 @@
-"""Talking to a gmuxd as its administrator (the CLI, the demo, tests): one request, one reply."""
+"""Talking to a gmuxd as its administrator (the CLI, the demo, the cluster link, tests): one request, one reply."""
 from __future__ import annotations
 
-import itertools
 import os
 from typing import Any, Optional
 
 import zmq
 
 from gmux import protocol
-from gmux.job.agent import unavailable_message
 from gmux.rundir import RuntimeDir, default_runtime_dir
+from gmux.wire.request import Requester
 
 
 class GmuxError(RuntimeError):
     """gmuxd refused a request or cannot be reached; the message says what to do."""
+
+
+def unavailable_message(endpoint: str, timeout: Optional[float] = None, running: bool = True) -> str:
+    rundir = os.path.dirname(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
+    hint = f"gmuxd --runtime-dir {rundir}" if rundir else "gmuxd"
+    what = f"is not answering at {endpoint} (waited {timeout:g} s)" if running else f"is not running at {endpoint}"
+    return (f"gmuxd {what}. Start it with `{hint} &` (add --virtual-gpus 2x16GiB on a machine without GPUs), "
+            f"or point GMUX_RUNTIME_DIR at a running one.")
 
 
 class Client:
@@ -21,8 +28,7 @@ class Client:
         self.rundir = RuntimeDir(runtime_dir or default_runtime_dir())
         self.timeout = timeout
         if not os.path.exists(self.rundir.socket):
-            raise GmuxError(unavailable_message(self.rundir.endpoint, 0).replace(" (waited 0 s)", "")
-                            .replace("is not answering", "is not running"))
+            raise GmuxError(unavailable_message(self.rundir.endpoint, running=False))
         try:
             self.admin = self.rundir.admin_token()
         except FileNotFoundError:
@@ -32,26 +38,13 @@ class Client:
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(self.rundir.endpoint)
-        self._ids = itertools.count(1)
+        self.requests = Requester(self.sock, "gmuxd", GmuxError,
+                                  lambda waited: unavailable_message(self.rundir.endpoint, waited))
 
     def call(self, mtype: str, timeout: Optional[float] = None, **fields: Any) -> Any:
         if mtype in protocol.ADMIN_TYPES:
             fields["admin"] = self.admin
-        mid = next(self._ids)
-        self.sock.send(protocol.encode(mtype, mid, **fields))
-        wait_ms = (timeout if timeout is not None else self.timeout) * 1000
-        while True:
-            if not self.sock.poll(wait_ms):
-                raise GmuxError(unavailable_message(self.rundir.endpoint, wait_ms / 1000))
-            try:
-                msg = protocol.decode(self.sock.recv())
-            except protocol.ProtocolError as e:
-                raise GmuxError(f"gmuxd sent a bad reply: {e}") from None
-            if msg.type == "reply" and msg.id == mid:
-                break
-        if not msg.get("ok"):
-            raise GmuxError(msg.get("error") or "refused")
-        return msg.get("data")
+        return self.requests.call(mtype, self.timeout if timeout is None else timeout, **fields)
 
     def close(self) -> None:
         self.sock.close(0)

@@ -20,7 +20,6 @@ import os
 import threading
 
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
 
 from gmux.util.atomic import write_atomic
 
@@ -122,6 +121,7 @@ class Guard:
         self._mtime = None
         self._keys: dict[bytes, tuple[str, str]] = {}
         self.refused = 0
+        from zmq.auth.thread import ThreadAuthenticator   # here: it imports asyncio, which a CLI need not pay for
         self.auth = ThreadAuthenticator(context)
         self.auth.start()
         self.auth.configure_curve_callback("*", credentials_provider=self)

@@ -3,13 +3,13 @@ over TCP with this user's client key. A refused key looks like silence (CurveZMQ
 handshake), so the timeout message names both possible causes."""
 from __future__ import annotations
 
-import itertools
 from typing import Any, Optional
 
 import zmq
 
 from gmux import protocol
 from gmux.wire import keys
+from gmux.wire.request import Requester
 
 
 class ClusterError(RuntimeError):
@@ -26,26 +26,16 @@ class ClusterClient:
             raise ClusterError(str(e)) from None
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
-        self._ids = itertools.count(1)
+        self.requests = Requester(self.sock, "gmux-scheduler", ClusterError, self._silence,
+                                  table=protocol.CLUSTER_MESSAGES)
+
+    def _silence(self, waited: float) -> str:
+        return (f"gmux-scheduler did not answer at {self.endpoint} in {waited:g} s: it is not running there, or it "
+                f"refused this key (client.{self.name}.pub must be in its key directory; create one with "
+                f"`gmux keys --dir DIR --client {self.name}`)")
 
     def call(self, mtype: str, timeout: Optional[float] = None, **fields: Any) -> Any:
-        mid = next(self._ids)
-        self.sock.send(protocol.encode(mtype, mid, table=protocol.CLUSTER_MESSAGES, **fields))
-        wait_ms = (self.timeout if timeout is None else timeout) * 1000
-        while True:
-            if not self.sock.poll(wait_ms):
-                raise ClusterError(f"gmux-scheduler did not answer at {self.endpoint} in {wait_ms / 1000:g} s: it is "
-                                   f"not running there, or it refused this key (client.{self.name}.pub must be in "
-                                   f"its key directory; create one with `gmux keys --dir DIR --client {self.name}`)")
-            try:
-                msg = protocol.decode(self.sock.recv(), protocol.CLUSTER_MESSAGES)
-            except protocol.ProtocolError as e:
-                raise ClusterError(f"gmux-scheduler sent a bad reply: {e}") from None
-            if msg.type == "reply" and msg.id == mid:
-                break
-        if not msg.get("ok"):
-            raise ClusterError(msg.get("error") or "refused")
-        return msg.get("data")
+        return self.requests.call(mtype, self.timeout if timeout is None else timeout, **fields)
 
     def close(self) -> None:
         self.sock.close(0)

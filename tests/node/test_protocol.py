@@ -81,3 +81,62 @@ def test_decode_structured_garbage(mtype, fields):
         decode(msgpack.packb(obj))
     except ProtocolError:
         pass
+
+
+# --- typed nested payloads: a command's args by its kind, a cluster action's by the action, figures bounded ---
+@pytest.mark.parametrize("mtype,fields,needle", [
+    ("command", {"cmd": 1, "kind": "spill", "args": {}}, "command.args: missing field 'path'"),
+    ("command", {"cmd": 1, "kind": "suspend", "args": {"path": "/x"}}, "command.args: unknown field 'path'"),
+    ("command", {"cmd": 1, "kind": "resume", "args": {"gpu": -1}}, "command.args: gpu:"),
+    ("command", {"cmd": 1, "kind": "checkpoint", "args": {"path": "a\0b"}}, "NUL"),
+    ("result", {"job": "j1", "token": "t", "cmd": 1, "kind": "suspend", "result": {"bytes": 5}},
+     "result.result: missing field 'ok'"),
+    ("result", {"job": "j1", "token": "t", "cmd": 1, "kind": "suspend", "result": {"ok": True, "bytes": -1}},
+     "bytes:"),
+    ("report", {"job": "j1", "token": "t", "report": {"step": "3"}}, "report.report: step:"),
+    ("report", {"job": "j1", "token": "t", "report": {"by_tag": {"a": {"b": 1}}}}, "expected a name and a number"),
+    ("report", {"job": "j1", "token": "t", "report": {f"k{i}": 1 for i in range(100)}}, "exceeds 64"),
+])
+def test_nested_payloads_are_typed(mtype, fields, needle):
+    with pytest.raises(ProtocolError, match=needle.replace("(", r"\(")):
+        decode(msgpack.packb({"v": protocol.VERSION, "type": mtype, "id": 1, **fields}))
+    with pytest.raises(ProtocolError):
+        encode(mtype, 1, **fields)     # a sender's bug fails at the sender
+
+
+START = {"argv": ["python", "t.py"], "cwd": "/", "gpus": [0, 1], "restore": ["m-c1-0", "m-c1-1"], "mem": None,
+         "weight": 1.0, "ckpt_every": None}
+
+
+@pytest.mark.parametrize("action,args,needle", [
+    ("start", {**START, "restore": ["m-c1-0"]}, "one received checkpoint per rank"),
+    ("start", {**START, "gpus": [0, 0]}, "distinct GPU indices"),
+    ("start", {**START, "argv": []}, "argv is empty"),
+    ("start", {**START, "surprise": 1}, "unknown field 'surprise'"),
+    ("move", {}, "missing field 'gpu'"),
+    ("migrate_out", {"target": "m2", "endpoint": "http://x", "xfer": "x"}, "tcp://"),
+    ("kill", {"gpu": 1}, "unknown field 'gpu'"),
+])
+def test_cluster_actions_are_typed(action, args, needle):
+    raw = msgpack.packb({"v": protocol.VERSION, "type": "node_action", "id": 1, "action": action, "cjob": "c1",
+                         "args": args})
+    with pytest.raises(ProtocolError, match=needle):
+        decode(raw, protocol.CLUSTER_MESSAGES)
+    # the link can still say which job's action was refused
+    assert protocol.peek_action(raw) == (action, "c1")
+
+
+def test_typed_payloads_round_trip():
+    for action, args in [("start", START), ("move", {"gpu": 3}), ("resume", {"gpu": None}), ("release", {}),
+                         ("migrate_out", {"target": "m2", "endpoint": "tcp://127.0.0.1:7000", "xfer": "m1-c1-4"})]:
+        msg = decode(encode("node_action", 2, table=protocol.CLUSTER_MESSAGES, action=action, cjob="c1", args=args),
+                     protocol.CLUSTER_MESSAGES)
+        assert msg["args"] == args
+    data = {"xfers": ["m1-c1-0"], "bytes": 10, "seconds": 0.5, "step": 4}
+    msg = decode(encode("node_event", 3, table=protocol.CLUSTER_MESSAGES, name="m1", cjob="c1", event="checkpointed",
+                        data=data), protocol.CLUSTER_MESSAGES)
+    assert msg["data"] == data
+    assert protocol.peek_action(b"\xc1") == (None, None)
+    with pytest.raises(ProtocolError, match="xfers: item 0"):
+        encode("node_event", 3, table=protocol.CLUSTER_MESSAGES, name="m1", cjob="c1", event="checkpointed",
+               data={"xfers": ["../etc"]})

@@ -265,9 +265,8 @@ class Scheduler:
             self._log("migrate_failed", job.cjob, f"{job.cjob}: migration from {name} failed: {detail}")
         elif ev == "checkpointed":
             xfers = d.get("xfers")
-            ok = (isinstance(xfers, list) and len(xfers) == job.gpus
-                  and all(isinstance(x, str) and x.startswith(f"{name}-{job.cjob}-") and not protocol._name(x)
-                          for x in xfers))
+            ok = (xfers is not None and len(xfers) == job.gpus      # names, typed by the protocol (EVENT_DATA)
+                  and all(x.startswith(f"{name}-{job.cjob}-") for x in xfers))
             paths = [self.receiver.path(x) for x in xfers] if ok else []
             if paths and all(os.path.exists(p) for p in paths):
                 job.ckpt_paths, job.ckpt_step = paths, int(d.get("step") or 0)

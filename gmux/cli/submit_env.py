@@ -1,0 +1,20 @@
+"""The environment a submitted job takes from the shell that submits it (gmux submit, locally or to a cluster).
+
+The job runs later, elsewhere, as a child of gmuxd: it gets what a training script needs to behave as it would in
+this shell (paths, locale, thread and torch settings, gmux's own job knobs), never the names of this shell's
+daemon, keys or tokens, which gmuxd sets for the job itself.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional
+
+PASSED = ("PATH", "PYTHONPATH", "HOME", "USER", "LANG")
+PASSED_PREFIXES = ("OMP_", "MKL_", "TORCH_", "GMUX_")
+WITHHELD = ("GMUX_RUNTIME_DIR", "GMUX_JOB_TOKEN", "GMUX_KEYS", "GMUX_CLUSTER", "GMUX_KEY_NAME")
+
+
+def submit_env(environ: Optional[Mapping[str, str]] = None) -> dict:
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items()
+            if (k in PASSED or k.startswith(PASSED_PREFIXES)) and k not in WITHHELD}

@@ -1,0 +1,77 @@
+"""What a machine's cluster link tells the scheduler about its jobs: one record per cluster job, built from
+gmuxd's table (pure functions, no I/O).
+
+A cluster job runs as gmuxd jobs named CJOB (one GPU) or CJOB.RANK (a rank of a gang); the scheduler sees one
+record per CJOB, with its ranks.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from gmux import protocol
+
+LOCAL_NAME = re.compile(r"^(c\d+)(?:\.(\d+))?$")    # CJOB (a one-GPU job) or CJOB.RANK (a rank of a gang)
+
+
+def ranks_by_job(jobs: list, spawned: dict) -> dict:
+    """cjob -> {rank: gmuxd record}. One record per rank: the process the link started last for it (an older
+    incarnation, e.g. the released copy of a job that has since come back, must not speak for it; `spawned`
+    is cjob -> the pids of its ranks); after a restart of the link, the newest local job of that name."""
+    latest: dict[tuple, dict] = {}
+    for j in jobs:
+        m = LOCAL_NAME.match(j.get("name") or "")
+        if not m:
+            continue
+        key = (m.group(1), int(m.group(2) or 0))
+        pids = spawned.get(key[0])
+        if pids is not None:
+            if key[1] < len(pids) and j.get("pid") == pids[key[1]]:
+                latest[key] = j
+        elif key not in latest or local_number(j["id"]) > local_number(latest[key]["id"]):
+            latest[key] = j
+    by_job: dict[str, dict] = {}
+    for (cjob, rank), j in latest.items():
+        by_job.setdefault(cjob, {})[rank] = j
+    return by_job
+
+
+def gang_record(cjob: str, world: int, by_rank: dict) -> dict:
+    """The one record the scheduler sees for a job of `world` ranks (rank -> its gmuxd record): it runs while
+    any rank runs; it has ended well when every rank has; it has failed when one rank has (then `_broken` says
+    whether other ranks live on and must be stopped). Its step is the slowest rank's."""
+    present = [by_rank[r] for r in sorted(by_rank)]
+    r0 = by_rank.get(0, present[0])
+    bad = [(r, j) for r, j in sorted(by_rank.items()) if j["state"] in protocol.FINAL_STATES
+           and not (j["state"] == "exited" and j.get("exit_status") == 0)]
+    live = [j for j in present if j["state"] not in protocol.FINAL_STATES]
+    head = bad[0][1] if bad else r0
+    if bad:
+        state = head["state"]
+    elif len(present) < world:
+        state = "waiting"          # a rank has not registered yet
+    elif not live:
+        state = "exited"
+    else:
+        state = "running" if any(j["state"] == "running" for j in live) else live[0]["state"]
+    rec = {"cjob": cjob, "local": r0["id"], "state": state,
+           "step": min(int(j.get("step") or 0) for j in present) if len(present) == world else 0,
+           "gpu": r0.get("gpu"), "rate_now": _number(r0.get("rate_now")), "rate_solo": _number(r0.get("rate_solo")),
+           "mem_peak": max((j["mem_peak"] for j in present if isinstance(j.get("mem_peak"), int)), default=None),
+           "gpu_seconds": sum(float(j.get("gpu_seconds") or 0.0) for j in present),
+           "exit_status": head.get("exit_status") if state in protocol.FINAL_STATES else None,
+           "detail": (f"rank {bad[0][0]}: " if bad and world > 1 else "") + str(head.get("detail") or "")[:500],
+           "held": any(bool(j.get("held", False)) for j in present), "_broken": bool(bad and live)}
+    if world > 1:
+        rec["ranks"] = [{"rank": r, "local": j["id"], "gpu": j.get("gpu"), "state": j["state"],
+                         "step": int(j.get("step") or 0)} for r, j in sorted(by_rank.items())]
+    return rec
+
+
+def local_number(job_id: str) -> int:
+    digits = "".join(c for c in job_id if c.isdigit())
+    return int(digits) if digits else 0
+
+
+def _number(v) -> Optional[float]:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
