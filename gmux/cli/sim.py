@@ -85,10 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--end", type=_duration, metavar="T", help="only jobs submitted before T")
     g.add_argument("--sample", type=fraction, metavar="F", help="keep a seeded fraction F of the jobs")
     g.add_argument("--seed", type=int, default=0, help="seed for job types and sampling (default: %(default)s)")
-    g = p.add_argument_group("costs (seconds; see gmux/cluster/sim/cluster.py for where each default comes from)")
-    g.add_argument("--suspend-s", type=nonneg, default=d.suspend_s, help="(default: %(default)s)")
-    g.add_argument("--resume-s", type=nonneg, default=d.resume_s, help="(default: %(default)s)")
-    g.add_argument("--migrate-s", type=nonneg, default=d.migrate_s, help="(default: %(default)s)")
+    g = p.add_argument_group("costs (seconds; see gmux/cluster/sim/costs.py for where each default comes from)")
+    g.add_argument("--suspend-s", type=nonneg, default=None,
+                   help="flat copy-out time of every suspend (default: per job type, from the cost model)")
+    g.add_argument("--resume-s", type=nonneg, default=None, help="flat copy-in time (default: the cost model)")
+    g.add_argument("--migrate-s", type=nonneg, default=None, help="flat migration time (default: the cost model)")
+    g.add_argument("--copy-gbps", type=nonneg, default=d.copy_gbps,
+                   help="state copy rate of the cost model, GB/s (default: %(default)s, measured by native_swap)")
     g.add_argument("--quantum-s", type=nonneg, default=d.quantum_s, help="time slice (default: %(default)s)")
     g.add_argument("--measure-s", type=nonneg, default=d.measure_s, help="pack measurement window (default: %(default)s)")
     g = p.add_argument_group("output")
@@ -128,7 +131,7 @@ def main(argv=None) -> int:
                          if label != "throughput table" else f"{label} {path}: no such file (use --throughputs)")
     try:
         costs = Costs(suspend_s=args.suspend_s, resume_s=args.resume_s, migrate_s=args.migrate_s,
-                      quantum_s=args.quantum_s, measure_s=args.measure_s)
+                      quantum_s=args.quantum_s, measure_s=args.measure_s, copy_gbps=args.copy_gbps)
     except ValueError as e:
         parser.error(str(e))
     cfg = SimConfig(trace=trace, vcs=vcs, throughputs=tput, machines=args.machines,
@@ -148,6 +151,8 @@ def main(argv=None) -> int:
     if not args.quiet:
         for note in prep.notes:
             print(f"note: {note}")
+        for line in costs.summary_lines():
+            print(line)
         ratios = payload.get("jct_ratio_to_fifo", {})
         print(render_table(payload["summary"], ratios, title=f"gmux-sim: {os.path.basename(trace)}, "
                            f"{sum(len(j) for _, j in prep.clusters.values())} jobs"), end="")

@@ -1,18 +1,32 @@
-"""Gandiva (OSDI'18), as a policy over the common interface.
+"""Gandiva (Xiao et al., OSDI'18), as a policy over the common interface.
 
-- Affinity placement: a job goes to a machine already running jobs of its GPU count (Gandiva partitions machines
-  by job size so multi-GPU jobs find whole machines), then to an empty one, best fit.
-- Over-subscription: when nothing is idle, a job shares the least-shared GPU set of a running job of its size:
-  packed with it when the pair fits in memory and is not known to lose, else time-sliced (`max_units` deep).
-  Every job makes progress soon after it arrives, the early feedback Gandiva is built for.
-- Introspection: a pack runs for a measurement window; if the measured rates of the pair sum to less than
-  1 + `pack_margin` (it does not beat time-slicing), it is undone and the type pair is remembered as a loser.
-- Migration: when GPUs free up, shared jobs move to idle GPUs (time-sliced first); jobs spread across
-  machines are consolidated; a job that finds enough idle GPUs but no machine with room defragments one
-  machine by migrating small jobs off it.
-- Grow-shrink: elastic jobs take idle GPUs on their machine while nobody waits and give them back when someone
-  does.
-Jobs are served in arrival order (time-sliced jobs are already running, so nothing is ever suspended to host).
+What it follows, by section of the paper:
+- Placement (§5, "Scheduling policy"): a job goes consolidated onto one machine when it fits one, preferring
+  machines that already run jobs of its GPU count (Gandiva's *affinity*: machines partitioned by job size so
+  multi-GPU jobs find whole machines), then empty ones, best fit; a job larger than a machine takes whole
+  machines. Waiting jobs are served in arrival order.
+- Migration (§3.3, §5): when a job finds enough idle GPUs but no machine with room, one machine is
+  *defragmented* by migrating up to `defrag_moves` small jobs off it. When GPUs free up, jobs spread over more
+  machines than their size needs are *consolidated* (any size, whole machines for the large ones), and jobs
+  that share a GPU move to idle GPUs (*de-sharing*), in that order and only after waiting jobs were served.
+- Over-subscription by time-slicing and packing (§3.1, §3.2, §5): when nothing fits, a job shares the
+  least-shared GPU set of a running job of its own size (affinity): packed with it when the pair fits in
+  memory and is not known to lose, else time-sliced (suspend-resume every 60 s quantum), at most `max_units`
+  deep. Every job makes progress soon after it arrives, the early feedback Gandiva is built for.
+- Introspection (§3.4): a pack runs for a measurement window; if the measured rates of the pair sum to less
+  than 1 + `pack_margin`, it is undone (the two are time-sliced instead) and the type pair is not packed again.
+- Grow-shrink (§3.5): elastic jobs take idle GPUs on their machine while nobody waits and give them back when
+  someone does.
+
+Where it departs:
+- Relaxed placement: a job that fits no machine but finds enough idle GPUs in scattered holes starts spread over
+  them (at the measured unconsolidated rate) rather than time-slicing on busy GPUs, and consolidation puts it
+  together as soon as a machine has room. The paper relaxes affinity before it waits; we relax locality too,
+  so that idle GPUs are never left idle beside a waiting job.
+- Defragmentation only clears room on one machine (jobs of at most a machine's GPUs); a job larger than a
+  machine waits for whole machines, spreads, or time-slices.
+- Gandiva's scheduler is work-conserving and FIFO among waiting jobs; it has no notion of job priority, so
+  nothing is ever suspended to host memory except by time-slicing.
 """
 from __future__ import annotations
 
@@ -46,10 +60,12 @@ class GandivaPolicy(Policy):
         plan = Plan(snap)
         if event.kind is EventKind.MEASUREMENT:
             self._introspect(snap, plan, event)
-        if self.migrate and event.kind is not EventKind.ARRIVAL and plan.total_idle:
-            deshare(snap, plan)
-            consolidate(snap, plan)
         self._serve(snap, plan)
+        if self.migrate and plan.total_idle:
+            # Waiting jobs had the idle GPUs first; what is left puts spread jobs together, then un-shares.
+            consolidate(snap, plan)
+            if plan.total_idle:
+                deshare(snap, plan)
         if self.grow_shrink:
             waiting = (j for q in (snap.pending, snap.suspended) for j in q)
             if not any(j not in plan.moved for j in waiting):
@@ -87,7 +103,7 @@ class GandivaPolicy(Policy):
                 if shrink_elastic(snap, plan, n - plan.total_idle if plan.total_idle < n else n):
                     gpus = place_consolidated(snap, plan, job)
             if gpus is None and self.migrate:
-                gpus = plan.find_gpus(n, spread=True)
+                gpus = plan.find_gpus(n, spread=True)      # relaxed locality; consolidate() undoes it
             if gpus is not None:
                 if job.elastic and self.grow_shrink and pos == len(queue) - 1:
                     gpus = self._grown(snap, plan, job, gpus)

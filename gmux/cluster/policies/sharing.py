@@ -126,8 +126,11 @@ def defragment_for(snap, plan: Plan, n: int, max_moves: int = 4) -> tuple | None
 
 
 def consolidate(snap, plan: Plan, limit: int = 4) -> int:
-    """Migrate multi-GPU jobs spread over more machines than they need onto one machine with room, counting
-    the GPUs a job already holds there (only the stragglers really move)."""
+    """Migrate multi-GPU jobs spread over more machines than they need onto as few as their size allows, when
+    that many machines have room, counting the GPUs a job already holds (only the stragglers really move).
+
+    Jobs of any size: a job larger than a machine goes to whole machines plus a best-fit remainder. Jobs that
+    share their GPUs (time-sliced or packed) are left alone: deshare() moves them."""
     per = snap.max_gpus_per_machine
     moved = 0
     for jid in snap.running:
@@ -135,23 +138,18 @@ def consolidate(snap, plan: Plan, limit: int = 4) -> int:
             break
         job = snap.jobs[jid]
         n = len(job.gpus)
-        if n < 2 or n > per or jid in plan.moved or job.packed_with is not None:
+        if n < 2 or jid in plan.moved or job.packed_with is not None:
             continue
         ms = snap.machines_of(job.gpus)
-        if len(ms) <= 1 or any(plan.units(g) != 1 for g in job.gpus):
+        need = -(-n // per)
+        if len(ms) <= need or any(plan.units(g) != 1 for g in job.gpus):
             continue
-        target = None
-        for m in sorted(ms, key=lambda m: -sum(1 for g in job.gpus if snap.gpu_machine[g] == m)):
-            own = [g for g in job.gpus if snap.gpu_machine[g] == m]
-            idle = plan.idle_on(m)
-            if len(own) + len(idle) >= n:
-                target = tuple(own + idle[: n - len(own)])
-                break
-        if target is None:
-            m = plan.best_fit_machine(n)
-            if m is None:
-                continue
-            target = tuple(plan.idle_on(m)[:n])
+        trial = plan.copy()
+        trial._vacate(job)           # its own GPUs count as room
+        own = set(ms)
+        target = trial.find_gpus(n, prefer=lambda m: m in own)
+        if target is None or len(snap.machines_of(target)) >= len(ms):
+            continue
         plan.migrate(job, target)
         moved += 1
     return moved

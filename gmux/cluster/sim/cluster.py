@@ -1,19 +1,16 @@
 """The simulated cluster: what each job's speed is, what each action costs, and the refusal of impossible actions.
 
-Costs (defaults, `Costs`):
-- `suspend_s` + `resume_s` = 0.3 s + 0.3 s. gmux's own state-tier measurement is ~0.15 s per GiB for a
-  suspend+resume round trip through a warm host buffer on the CPU (benchmarks/suspend_resume.py, DESIGN.md
-  "Measuring"); a typical job in the Gavel set keeps ~4 GiB live at a mini-batch boundary, hence 0.6 s per round
-  trip, inside Gandiva's published 100 ms - 1 s suspend/resume range.
-- `migrate_s` = 2.0 s: Gandiva's published 1-2 s migration, its upper end because migration across machines
-  also streams the checkpoint.
-- `quantum_s` = 60 s: Gandiva's time slice. Time-slicing is simulated as a fluid share: k units on a GPU each
-  progress at 1/k of their speed, less (suspend_s + resume_s) / quantum_s for the switches, and each unit is
-  counted as suspended once per round of k quanta.
-- `measure_s` = 120 s: how long a new pack runs before its rates are known (introspection window: a couple of
-  time slices, enough mini-batches of any Gavel job for a stable mean).
-A stall (resume, migration) is time on the GPUs with no progress. First placement has no stall: every policy
-pays the same process start, so it does not change comparisons.
+Costs come from costs.py (per job type, from gmux's measurements; the summary of every run prints them). Who pays:
+- A suspend keeps the job's GPUs busy for its copy-out: a job placed on them within that time stalls until the
+  copy is done (`gpu_free_at`), so the preempting job, not the victim, waits for it, as on real hardware.
+- A resume, or a pack of a suspended job, stalls the job for its copy-in on its new GPUs.
+- A migration stalls the job on its new GPUs (between GPUs of one machine: a suspend + a resume; to another
+  machine: a checkpoint, a stream and a new process), and its old GPUs are busy for the copy-out.
+- Time-slicing (k units on a GPU) is a fluid share: each unit progresses at 1/k of its speed, less one suspend
+  and one resume of its own type per quantum, and is counted as suspended once per round of k quanta.
+- `measure_s` = 120 s: how long a new pack runs before its rates are known (introspection window).
+A stall is time on the GPUs with no progress: it counts as busy GPU time and as "slowed by sharing", never as
+queueing. First placement has no stall: every policy pays the same process start.
 
 Speeds. Alone on its requested GPUs a job runs at rate 1. Packed, it runs at the measured packed/solo ratio of
 its pair (sim_trace.Throughputs). A multi-GPU job spread over more machines than it needs runs at the measured
@@ -22,38 +19,20 @@ unconsolidated/consolidated ratio of its type. An elastic job on m != n GPUs run
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 from gmux.cluster.policies.api import (Grow, JobState, JobView, Migrate, Pack, Place, PolicyError, Resume, SetTimer, Shrink,
                            Suspend, Unpack)
 from gmux.cluster.policies.snapshot import Snapshot
+from gmux.cluster.sim.costs import Costs
 from gmux.cluster.sim.trace import Throughputs
 
-
-@dataclass
-class Costs:
-    suspend_s: float = 0.3
-    resume_s: float = 0.3
-    migrate_s: float = 2.0
-    quantum_s: float = 60.0
-    measure_s: float = 120.0
-    elastic_efficiency: float = 0.9
-    max_units_per_gpu: int = 8
-
-    def __post_init__(self):
-        for k, v in asdict(self).items():
-            if not (isinstance(v, (int, float)) and v >= 0):
-                raise ValueError(f"cost {k} must be a non-negative number, not {v!r}")
-        if self.quantum_s <= self.suspend_s + self.resume_s:
-            raise ValueError("quantum_s must exceed suspend_s + resume_s, or time-slicing makes no progress")
-        if self.max_units_per_gpu < 1:
-            raise ValueError("max_units_per_gpu must be at least 1")
+__all__ = ["Costs", "SimCluster", "SimJob"]
 
 
 class SimJob:
     """The simulator's private truth about one job (the policy sees only its JobView)."""
     __slots__ = ("view", "work", "progress", "stall_until", "settled_at", "version", "held", "sliced_suspends",
-                 "suspends", "migrations", "packs", "finish", "consolidated_machines", "uncons_rate")
+                 "suspends", "migrations", "packs", "finish", "consolidated_machines", "uncons_rate", "waited",
+                 "stalled")
 
     def __init__(self, view: JobView, work: float, per_machine: int, uncons_rate: float):
         self.view = view
@@ -70,6 +49,8 @@ class SimJob:
         self.finish = None
         self.consolidated_machines = -(-view.num_gpus // per_machine)
         self.uncons_rate = uncons_rate
+        self.waited = 0.0             # seconds with no GPU at all (pending or suspended): queueing
+        self.stalled = 0.0            # seconds on GPUs with no progress (resume, migration, waiting for a copy-out)
 
 
 class SimCluster:
@@ -78,7 +59,7 @@ class SimCluster:
         self.tput = tput
         self.costs = costs
         self.sim: dict = {}
-        self._switch_factor = 1.0 - (costs.suspend_s + costs.resume_s) / costs.quantum_s
+        self.gpu_free_at: dict = {}    # GPU -> when the copy-out of the job suspended or moved off it ends
         self.counters = {"suspends": 0, "resumes": 0, "packs": 0, "unpacks": 0, "migrations": 0, "grows": 0,
                          "shrinks": 0, "places": 0}
 
@@ -92,7 +73,11 @@ class SimCluster:
                 run = t - max(sj.settled_at, sj.stall_until)
                 if run > 0:
                     sj.progress = min(sj.work, sj.progress + v.rate * run)
-            if v.gpus:
+            if not v.gpus:
+                sj.waited += dt
+            else:
+                if sj.stall_until > sj.settled_at:
+                    sj.stalled += min(t, sj.stall_until) - sj.settled_at
                 v.attained += v.service_rate * dt
                 sj.held += self._held_rate(v) * dt
                 depth = self.snap.units_on(v.gpus)
@@ -117,7 +102,7 @@ class SimCluster:
         depth = self.snap.units_on(v.gpus)
         rate = 1.0 / depth
         if depth > 1:
-            rate *= self._switch_factor
+            rate *= self.costs.switch_factor(v.job_type)
         if v.packed_with is not None:
             other = self.snap.jobs[v.packed_with]
             pr = self.tput.pair(v.job_type, other.job_type)
@@ -188,6 +173,7 @@ class SimCluster:
             self._check_elastic(sj.view, len(action.gpus))
             snap.attach(sj.view, action.gpus)
             snap.set_state(sj.view, JobState.RUNNING)
+            sj.stall_until = self._free_at(action.gpus, now)
             sj.view.first_run = now if sj.view.first_run is None else sj.view.first_run
             sj.view.last_start = now
             c["places"] += 1
@@ -197,11 +183,12 @@ class SimCluster:
             self._check_elastic(sj.view, len(action.gpus))
             snap.attach(sj.view, action.gpus)
             snap.set_state(sj.view, JobState.RUNNING)
-            sj.stall_until = now + self.costs.suspend_s + self.costs.resume_s
+            sj.stall_until = self._free_at(action.gpus, now) + self.costs.resume(sj.view.job_type)
             sj.view.last_start = now
             c["resumes"] += 1
         elif isinstance(action, Suspend):
             sj = self._job(action.job_id, JobState.RUNNING)
+            self._copy_out(sj.view, now)
             snap.detach(sj.view)
             snap.set_state(sj.view, JobState.SUSPENDED)
             sj.view.last_stop = now
@@ -223,7 +210,7 @@ class SimCluster:
             snap.attach(v, pv.gpus, partner=pv)
             snap.set_state(v, JobState.RUNNING)
             if was_suspended:
-                sj.stall_until = now + self.costs.suspend_s + self.costs.resume_s
+                sj.stall_until = now + self.costs.resume(v.job_type)
                 c["resumes"] += 1
             v.first_run = now if v.first_run is None else v.first_run
             v.last_start = now
@@ -242,10 +229,15 @@ class SimCluster:
             if set(action.gpus) == set(sj.view.gpus) and sj.view.packed_with is None:
                 raise PolicyError(f"migrate {action.job_id!r}: target is where it already runs")
             n = len(sj.view.gpus)
+            # Any change of machines means new processes somewhere (a gang moves by checkpoint and restart).
+            cross = snap.machines_of(action.gpus) != snap.machines_of(sj.view.gpus)
+            start = self._free_at(action.gpus, now)     # other jobs' copy-outs on the target GPUs
+            if sj.view.packed_with is None:             # (a packed job's GPUs stay busy with its partner anyway)
+                self._copy_out(sj.view, now, keep=action.gpus)
             snap.detach(sj.view)
             self._check_gpus(action.job_id, action.gpus, n)
             snap.attach(sj.view, action.gpus)
-            sj.stall_until = now + self.costs.migrate_s
+            sj.stall_until = start + self.costs.migrate(sj.view.job_type, cross)
             sj.migrations += 1
             c["migrations"] += 1
         elif isinstance(action, (Grow, Shrink)):
@@ -264,10 +256,22 @@ class SimCluster:
             snap.detach(v)
             self._check_gpus(action.job_id, action.gpus, None)
             snap.attach(v, action.gpus)
-            sj.stall_until = now + self.costs.suspend_s + self.costs.resume_s
+            sj.stall_until = now + self.costs.suspend(v.job_type) + self.costs.resume(v.job_type)
             c["grows" if isinstance(action, Grow) else "shrinks"] += 1
         else:
             raise PolicyError(f"unknown action {action!r}")
+
+    def _copy_out(self, v: JobView, now: float, keep=()) -> None:
+        """The GPUs a job leaves (all but `keep`) stay busy while its state is copied off them."""
+        t = now + self.costs.suspend(v.job_type)
+        for g in v.gpus:
+            if g not in keep and self.gpu_free_at.get(g, 0.0) < t:
+                self.gpu_free_at[g] = t
+
+    def _free_at(self, gpus, now: float) -> float:
+        """When all of `gpus` are free of earlier copy-outs (now, if they are)."""
+        fa = self.gpu_free_at
+        return max([now] + [fa[g] for g in gpus if g in fa])
 
     @staticmethod
     def _check_elastic(v: JobView, n: int) -> None:

@@ -31,11 +31,13 @@ class RunResult:
     policy: str
     cluster: str
     num_gpus: int
-    jobs: list[tuple] = field(default_factory=list)   # (job_id, submit, first_run, finish, gpus, work, suspends, migrations, packs)
+    # (job_id, submit, first_run, finish, gpus, work, suspends, migrations, packs, held, waited, stalled): see
+    # metrics.COLS
+    jobs: list[tuple] = field(default_factory=list)
     counters: dict = field(default_factory=dict)
     busy_gpu_s: float = 0.0
-    start: float = 0.0
-    end: float = 0.0
+    start: float = 0.0               # first submission
+    end: float = 0.0                 # last completion (timers left over after it do not count)
     util_bucket_s: float = 3600.0
     util: dict = field(default_factory=dict)          # bucket index -> busy GPU-seconds in that bucket
     decisions: int = 0
@@ -200,7 +202,8 @@ class Engine:
             left = list(snap.jobs)[:5]
             raise SimulationError(f"{self.result.cluster}: policy {self.policy.name} left {len(snap.jobs)} job(s) "
                                   f"unfinished with nothing left to wake it (e.g. {left})")
-        self.result.end = self.now
+        # The end is the last completion: a policy's timers may still fire after it, with nothing left to run.
+        self.result.end = max((r[3] for r in self.result.jobs), default=self.result.start)
         self.result.counters = dict(cl.counters)
         return self.result
 
@@ -233,7 +236,8 @@ class Engine:
         neighbours.discard(v.job_id)
         self._rerate(neighbours)
         self.result.jobs.append((v.job_id, v.submit_time, v.first_run, sj.finish, v.num_gpus, sj.work,
-                                 sj.suspends + sj.sliced_suspends, sj.migrations, sj.packs, sj.held))
+                                 sj.suspends + sj.sliced_suspends, sj.migrations, sj.packs, sj.held, sj.waited,
+                                 sj.stalled))
 
     # ---- invariants (tests) -----------------------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -1,12 +1,18 @@
 """Results of a simulation: per-policy summaries, the JCT-ratio check against FIFO, a rich table and JSON.
 
 Definitions (all times in seconds):
-- JCT: finish - submit. Queueing delay: first start - submit (as HeliosArtifact reports it).
-- Time to first progress: the same instant seen from the user's side, the first moment the job makes progress
-  (what Gandiva's time-slicing exists to shorten); equal to queueing delay here since a first start never stalls.
-- Makespan: last finish - first submit over all clusters.
-- GPU utilisation: busy GPU-seconds / (GPUs x makespan). A GPU is busy while any job holds it.
-- Suspends include the fluid count of time-slice switches (one per job per round of quanta).
+- JCT: finish - submit.
+- Queueing: the time a job held no GPU at all (pending, or suspended), summed over its life. A packed or
+  time-sliced job holds GPUs, so it is not queued, however slowly it runs: that shows as
+- Slowed by sharing: JCT - queueing - solo run time, i.e. time on GPUs beyond running alone (time-slicing,
+  packing, running spread over machines, and the stalls of resumes and migrations). Comparable across policies
+  because queueing + slowed + solo time = JCT for every job (elastic jobs given more GPUs can go below zero).
+- Time to first progress: first start - submit (what Gandiva's time-slicing exists to shorten).
+- Makespan: last completion - first submission over all clusters (timers left after the last completion do not
+  count).
+- GPU utilisation: busy GPU-seconds / (GPUs x makespan). A GPU is busy while any job holds it, stalls included.
+- Suspends include the fluid count of time-slice switches (one per job per round of quanta); suspends per job
+  divides them by the number of jobs.
 """
 from __future__ import annotations
 
@@ -17,7 +23,8 @@ import numpy as np
 
 from gmux.cluster.sim.engine import RunResult
 
-COLS = ("job_id", "submit", "first_run", "finish", "gpus", "work", "suspends", "migrations", "packs", "held")
+COLS = ("job_id", "submit", "first_run", "finish", "gpus", "work", "suspends", "migrations", "packs", "held", "waited",
+        "stalled")
 
 
 def job_table(results: list[RunResult]) -> dict[str, np.ndarray]:
@@ -34,7 +41,9 @@ def summarize(results: list[RunResult]) -> dict:
     if n == 0:
         return {"jobs": 0}
     jct = t["finish"] - t["submit"]
-    queue = t["first_run"] - t["submit"]
+    queue = t["waited"]
+    first = t["first_run"] - t["submit"]
+    slowed = jct - queue - t["work"]
     start = min(r.start for r in results)
     end = max(r.end for r in results)
     span = max(end - start, 1e-9)
@@ -50,14 +59,18 @@ def summarize(results: list[RunResult]) -> dict:
         "p50_jct_s": float(np.percentile(jct, 50)),
         "p99_jct_s": float(np.percentile(jct, 99)),
         "avg_queue_s": float(queue.mean()),
-        "avg_first_progress_s": float(queue.mean()),
-        "p99_first_progress_s": float(np.percentile(queue, 99)),
+        "p99_queue_s": float(np.percentile(queue, 99)),
+        "avg_slowed_s": float(slowed.mean()),
+        "avg_stall_s": float(t["stalled"].mean()),
+        "avg_first_progress_s": float(first.mean()),
+        "p99_first_progress_s": float(np.percentile(first, 99)),
         "makespan_s": float(span),
         "gpus": int(gpus),
         "utilisation": float(busy / (gpus * span)),
         "useful_gpu_s": float((t["work"] * t["gpus"]).sum()),
         "busy_gpu_s": float(busy),
         "suspends": int(round(float(t["suspends"].sum()))),
+        "suspends_per_job": float(t["suspends"].sum() / n),
         "preemptions": int(c.get("suspends", 0)),
         "packs": int(c.get("packs", 0)),
         "unpacks": int(c.get("unpacks", 0)),
@@ -104,7 +117,8 @@ def render_table(summaries: dict[str, dict], ratios: dict[str, dict] | None = No
 
     table = Table(title=title or None)
     cols = [("policy", None), ("avg JCT h", "avg_jct_s"), ("p50 JCT h", "p50_jct_s"), ("p99 JCT h", "p99_jct_s"),
-            ("avg queue h", "avg_queue_s"), ("p99 1st prog h", "p99_first_progress_s"), ("makespan d", "makespan_s"),
+            ("avg queue h", "avg_queue_s"), ("slowed h", "avg_slowed_s"), ("p99 1st prog h", "p99_first_progress_s"),
+            ("makespan d", "makespan_s"),
             ("util %", "utilisation"), ("suspends", "suspends"), ("packs", "packs"), ("unpacks", "unpacks"),
             ("migr.", "migrations"), ("p99 JCT/fifo", None)]
     for name, _ in cols:

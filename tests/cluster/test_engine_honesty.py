@@ -1,0 +1,145 @@
+"""What the engine measures, checked against runs whose right answer is known: the makespan ends at the last
+completion, queueing counts only time without a GPU, every suspend/resume/migration is charged in GPU time from
+the cost model, and no baseline leaves a job spread while a machine it fits on is idle."""
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim_harness import FLAT, finish, job, run
+from gmux.cluster.policies import POLICIES, EventKind
+from gmux.cluster.policies.api import Place, Policy, SetTimer
+from gmux.cluster.sim.costs import Costs, model_of
+from gmux.cluster.sim.engine import Engine, make_machines
+from gmux.cluster.sim.metrics import summarize
+
+JOB = st.tuples(st.integers(0, 3000), st.integers(1, 4000), st.sampled_from([1, 1, 1, 2, 4, 8, 12]),
+                st.sampled_from("ABC"))
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _jobs(spec, cap):
+    out = []
+    for i, (submit, dur, gpus, jtype) in enumerate(spec):
+        gpus = min(gpus, cap)
+        out.append(job(i, submit, dur, gpus=gpus, jtype=jtype if gpus == 1 else None))
+    return out
+
+
+@SETTINGS
+@given(st.lists(JOB, min_size=1, max_size=30), st.sampled_from([(1, 8), (2, 4), (3, 4)]))
+def test_makespan_is_the_last_completion_under_every_policy(table, spec, shape):
+    machines, per = shape
+    jobs = _jobs(spec, machines * per)
+    for name in POLICIES:
+        _, res, by = run(name, jobs, table(), machines=machines, per=per, check=False)
+        last = max(r[3] for r in res.jobs)
+        assert res.end == last, name
+        s = summarize([res])
+        assert s["makespan_s"] == pytest.approx(last - min(j.submit for j in jobs)), name
+        assert s["utilisation"] <= 1.0 + 1e-9, name
+        # Queueing + slowed + solo time is each job's JCT (nothing is counted twice or lost).
+        for r in res.jobs:
+            jid, submit, first, fin, gpus, work, *_, waited, stalled = r
+            assert waited >= 0 and stalled >= 0 and waited <= fin - submit + 1e-6, name
+            assert fin - submit - waited >= work - 1e-6, name
+
+
+class _Sleepy(Policy):
+    """Places every job at once on GPU 0.. and asks to be woken a year later (a leftover timer)."""
+    name = "sleepy"
+
+    def decide(self, snap, event):
+        if event.kind is EventKind.ARRIVAL:
+            return [Place(event.job_id, (event.job_id,)), SetTimer(snap.now + 3.15e7, "later")]
+        return []
+
+
+def test_a_leftover_timer_does_not_stretch_the_makespan_or_dilute_utilisation(table):
+    eng = Engine(make_machines(1, 2), [job(0, 0, 100), job(1, 0, 50)], _Sleepy(), table(), FLAT)
+    res = eng.run()
+    assert res.end == 100
+    s = summarize([res])
+    assert s["makespan_s"] == 100 and s["utilisation"] == pytest.approx(150 / 200)
+
+
+def test_queueing_counts_only_time_without_a_gpu_and_sharing_shows_as_slowed(table):
+    # Gandiva time-slices the second job at once: no queueing, but each runs at half speed (less switches).
+    jobs = [job(0, 0, 100, jtype="C"), job(1, 0, 100, jtype="C")]     # C with C does not fit: time-sliced
+    _, res, _ = run("gandiva", jobs, table(), machines=1, per=1)
+    s = summarize([res])
+    assert s["avg_queue_s"] == 0
+    assert s["avg_slowed_s"] > 90                      # ~100 s each lost to sharing the GPU
+    # FIFO makes the second job wait the whole first job: 100 s of queueing, nothing slowed.
+    _, res, _ = run("fifo", jobs, table(), machines=1, per=1)
+    s = summarize([res])
+    assert s["avg_queue_s"] == pytest.approx(50) and s["avg_slowed_s"] == pytest.approx(0, abs=1e-9)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_every_suspend_and_resume_is_charged_from_the_cost_model(table, k):
+    """A long job preempted k times by short ones: it finishes k x (suspend + resume) later, each short job waits
+    for the copy-out, and the cluster's busy GPU time exceeds the work by exactly those copies."""
+    costs = Costs()
+    long_type = "('A', 1)"
+    sus, res_s = costs.suspend(long_type), costs.resume(long_type)
+    assert sus > 0.05 and res_s > 0.05 and model_of(long_type) == "A"
+    jobs = [job(0, 0, 10000)] + [job(1 + i, 1000 * (i + 1), 10) for i in range(k)]
+    _, res, by = run("srtf", jobs, table(), machines=1, per=1, costs=costs)
+    assert res.counters["suspends"] == k
+    for i in range(k):
+        assert finish(by, 1 + i) == pytest.approx(1000 * (i + 1) + sus + 10)
+    assert finish(by, 0) == pytest.approx(10000 + k * (10 + sus + res_s))
+    useful = 10000 + 10 * k
+    assert res.busy_gpu_s == pytest.approx(useful + k * (sus + res_s))
+    stalled = sum(r[11] for r in res.jobs)
+    assert stalled == pytest.approx(k * (sus + res_s))
+
+
+def test_bigger_state_costs_more_and_another_machine_costs_most():
+    c = Costs()
+    small, big = "('ResNet-18 (batch size 32)', 1)", "('Transformer (batch size 64)', 1)"
+    assert c.suspend(big) > c.suspend(small) > c.switch_fixed_s
+    assert c.migrate(big, True) > c.migrate(big, False) == pytest.approx(c.suspend(big) + c.resume(big))
+    assert c.migrate(small, True) >= c.cross_start_s
+    flat = Costs(suspend_s=1.0, resume_s=2.0, migrate_s=3.0)
+    assert (flat.suspend(big), flat.resume(big), flat.migrate(big, True)) == (1.0, 2.0, 3.0)
+    assert any("Transformer" in line for line in c.summary_lines())
+    with pytest.raises(ValueError, match="quantum_s"):
+        Costs(quantum_s=0.1)
+
+
+def test_a_cross_machine_migration_costs_the_measured_restart(table):
+    # Gandiva consolidates a spread 2-GPU job; the straggler crosses machines, so the model's cross-machine
+    # cost applies (3.5 s + 7.9 s/GiB), and the GPU it left is busy for the copy-out.
+    costs = Costs()
+    jobs = [job(0, 0, 10000), job(1, 0, 100), job(2, 0, 500), job(3, 0, 50), job(4, 110, 1000, gpus=2)]
+    _, res, by = run("gandiva", jobs, table(), machines=2, per=2, defrag_moves=0, costs=costs)
+    move = costs.migrate("('D', 2)", True)
+    assert res.counters["migrations"] == 1 and move > 3.5
+    assert finish(by, 4) == pytest.approx(500 + move + (1000 - 0.5 * 390))
+
+
+BASELINES = [p for p in POLICIES if p != "gmux"]
+
+
+@SETTINGS
+@given(st.lists(JOB, min_size=1, max_size=30), st.sampled_from([(2, 4), (3, 4), (4, 2)]))
+def test_no_baseline_leaves_a_job_spread_while_a_machine_it_fits_on_is_idle(table, spec, shape):
+    machines, per = shape
+    jobs = _jobs(spec, machines * per)
+    for name in BASELINES:
+        def check(eng, name=name):
+            snap = eng.snap
+            idle_machines = sum(1 for m in snap.machines if snap.machine_idle[m.machine_id] == len(m.gpu_ids))
+            for jid in snap.running:
+                v = snap.jobs[jid]
+                need = -(-len(v.gpus) // per)
+                spread = len(snap.machines_of(v.gpus))
+                if spread > need:
+                    # Whole idle machines, plus the ones it partly holds, would give it a consolidated home.
+                    assert idle_machines < need, (name, jid, v.gpus, snap.now)
+        pol_params = {"thresholds": (50.0, 500.0)} if name == "tiresias" else {}
+        from gmux.cluster.policies import make_policy
+        eng = Engine(make_machines(machines, per), jobs, make_policy(name, **pol_params), table(), FLAT,
+                     on_event=check)
+        eng.run()
