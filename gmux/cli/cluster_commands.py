@@ -13,6 +13,7 @@ from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
 from gmux.util.sizes import parse_size
 from gmux.cli.submit_env import submit_env
+from gmux.util.text import printable
 
 
 def wants(argv: list) -> bool:
@@ -55,7 +56,7 @@ def main(argv: list) -> int:
     try:
         return run(a)
     except (ClusterError, keys.KeyError_, FileExistsError, ValueError) as e:   # ValueError: ProtocolError too
-        print(f"gmux: {e}", file=sys.stderr)
+        print(f"gmux: {printable(e)}", file=sys.stderr)
         return 1
 
 
@@ -95,7 +96,7 @@ def run(a) -> int:
                 for j in data["jobs"]:
                     print(f"{j['cjob']:6} {j['state']:10} {str(j['machine'] or '-'):10} "
                           f"{'-' if j['gpu'] is None else j['gpu']:>3} {j['step']:>8} {j['restarts']:>8} "
-                          f"{j['migrations']:>5}  {j['detail'][:60]}")
+                          f"{j['migrations']:>5}  {printable(j['detail'], limit=60)}")
                     for r in j.get("ranks") or []:
                         print(f"  .{r['rank']:<3} {r['state']:10} {str(j['machine'] or '-'):10} "
                               f"{'-' if r['gpu'] is None else r['gpu']:>3} {r['step']:>8}  local job {r['local']}")

@@ -11,13 +11,15 @@ from gmux.wire.daemon_client import Client, GmuxError
 from gmux.util.sizes import parse_size
 from gmux.rundir import default_runtime_dir
 from gmux.cli.submit_env import submit_env
+from gmux.util.text import printable
 
 
-def _print(data, as_json: bool, text=None) -> None:
+def _print(data, as_json: bool, text=None, keep: str = "\n") -> None:
+    """Text for people goes through `printable`: it quotes jobs' names and reasons, which a job chose."""
     if as_json:
         print(json.dumps(data, indent=1, default=str))
     elif text is not None:
-        print(text)
+        print(printable(text, keep))
 
 
 def _outcome(cmd: str, data: dict) -> str:
@@ -60,6 +62,8 @@ def main(argv=None) -> int:
     s = sub.add_parser("logs", help="output of a submitted job")
     s.add_argument("job")
     s.add_argument("--tail", type=int, default=0)
+    s.add_argument("--raw", action="store_true", help="the output as the job wrote it, escape sequences included "
+                                                      "(default: control characters are shown escaped)")
     s = sub.add_parser("submit", help="have gmuxd start and supervise a job: gmux submit [opts] -- python train.py")
     s.add_argument("--mem", type=parse_size)
     s.add_argument("--weight", type=float, default=1.0)
@@ -80,7 +84,7 @@ def main(argv=None) -> int:
     try:
         return run(a)
     except GmuxError as e:
-        print(f"gmux: {e}", file=sys.stderr)
+        print(f"gmux: {printable(e)}", file=sys.stderr)
         return 1
 
 
@@ -109,7 +113,10 @@ def run(a) -> int:
         return 0
     if a.cmd == "logs":
         data = c.call("logs", job=a.job, tail=a.tail)
-        _print(data, a.json, data["text"].rstrip("\n"))
+        if a.raw and not a.json:
+            sys.stdout.write(data["text"])
+        else:
+            _print(data, a.json, data["text"].rstrip("\n"), keep="\n\t")
         return 0
     if a.cmd == "submit":
         argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv

@@ -1,9 +1,18 @@
-"""The jobs table shown by `gmux ps`, `gmux top` and the demo, built from a `ps` reply."""
+"""The jobs table shown by `gmux ps`, `gmux top` and the demo, built from a `ps` reply.
+
+Every cell is a rich Text, never markup: a job's name or exit reason containing `[/bold]` is shown as typed,
+and control characters are escaped (gmux.util.text)."""
 from __future__ import annotations
 
 from rich.table import Table
+from rich.text import Text
 
 from gmux.util.sizes import format_size
+from gmux.util.text import printable
+
+
+def _cells(*values) -> list:
+    return [Text(printable(v)) for v in values]
 
 
 def _rate(v) -> str:
@@ -22,11 +31,11 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
                ",".join(map(str, j["parked_gpus"])) + " (lent)" if j.get("parked_gpus") else
                "-" if j.get("gpu") is None else str(j["gpu"]))
         held = j.get("held") and j["state"] != "held"
-        t.add_row(j["id"], name, gpu, j["state"] + (" (held)" if held else ""),
+        t.add_row(*_cells(j["id"], name, gpu, j["state"] + (" (held)" if held else ""),
                   str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
                   f"{format_size(j.get('mem_boundary'))}/{format_size(j.get('mem_peak'))}",
                   f"{j.get('gpu_seconds', 0):.1f}", f"{j.get('suspends', 0)} ({j.get('suspend_seconds', 0):.2f})",
-                  format_size(j.get("host_bytes") or 0), (j.get("detail") or "")[:60])
+                  format_size(j.get("host_bytes") or 0), (j.get("detail") or "")[:60]))
     return t
 
 
@@ -35,7 +44,7 @@ def gpus_table(ps: dict) -> Table:
     for col in ("GPU", "KIND", "MEMORY", "JOBS", "RESIDENT", "PACKS", "SWITCHES", "HELD BY"):
         t.add_column(col)
     for g in ps["gpus"]:
-        t.add_row(str(g["index"]), "virtual" if g["virtual"] else g["name"], format_size(g["mem_total"]),
-                  ",".join(g["jobs"]), ",".join(g["resident"]), " ".join("+".join(p) for p in g["packs"]),
-                  str(g["switches"]), g.get("owner") or (f"(freeing for {g['reserved']})" if g.get("reserved") else ""))
+        t.add_row(*_cells(g["index"], "virtual" if g["virtual"] else g["name"], format_size(g["mem_total"]),
+                          ",".join(g["jobs"]), ",".join(g["resident"]), " ".join("+".join(p) for p in g["packs"]),
+                          g["switches"], g.get("owner") or (f"(freeing for {g['reserved']})" if g.get("reserved") else "")))
     return t

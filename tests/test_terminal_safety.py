@@ -1,0 +1,32 @@
+"""Strings a job chose (its name, exit reason, log) never drive the terminal of whoever looks at them, and are
+never read as rich markup."""
+import io
+
+from rich.console import Console
+
+from gmux.cli.tables import gpus_table, jobs_table
+from gmux.util.text import printable
+
+HOSTILE = "\x1b]0;owned\x07\x1b[2J[/bogus][bold]x\u202eevil\r\x9b31m"
+
+
+def test_printable_escapes_every_control_and_format_character():
+    out = printable(HOSTILE)
+    assert out.isprintable() and "\x1b" not in out and "\u202e" not in out and "\x9b" not in out
+    assert "\\x1b]0;owned\\x07" in out and "\\u202e" in out and "[/bogus]" in out
+    assert printable("line 1\n\tline 2", keep="\n\t") == "line 1\n\tline 2"
+    assert printable("ok", limit=1) == "o…"
+
+
+def test_ps_table_shows_hostile_text_as_typed_and_never_crashes():
+    job = {"id": "j1", "name": HOSTILE, "state": "failed", "detail": HOSTILE, "gpu": 0, "step": 1,
+           "exclusive_gpus": [], "parked_gpus": []}
+    gpu = {"index": 0, "virtual": True, "name": "v", "mem_total": 1 << 30, "jobs": ["j1"], "resident": [],
+           "packs": [], "switches": 0}
+    buf = io.StringIO()
+    con = Console(file=buf, width=300, force_terminal=True, color_system=None)
+    con.print(jobs_table({"jobs": [job]}))     # `[/bogus]` raised rich.errors.MarkupError before
+    con.print(gpus_table({"gpus": [gpu]}))
+    text = buf.getvalue()
+    assert "\x1b]0;" not in text and "\x07" not in text and "\u202e" not in text
+    assert "[/bogus]" in text and "\\x1b]0;owned" in text
