@@ -27,6 +27,10 @@ def default_runtime_dir() -> str:
     return f"/tmp/gmux-{os.getuid()}"
 
 
+class RuntimeDirError(PermissionError):
+    """A runtime directory gmuxd will not use; the message says why and what to do."""
+
+
 @dataclass(frozen=True)
 class RuntimeDir:
     root: str
@@ -73,21 +77,74 @@ class RuntimeDir:
         return os.path.join(self.exits(), f"{job}.exit")
 
     def create(self) -> None:
-        """Creates the directory tree private to this user; refuses one that others can enter."""
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
-        st = os.stat(self.root)
-        if st.st_uid != os.getuid():
-            raise PermissionError(f"runtime directory {self.root} belongs to uid {st.st_uid}, not to you; "
-                                  f"choose another with --runtime-dir or GMUX_RUNTIME_DIR")
-        if stat.S_IMODE(st.st_mode) != 0o700:
-            os.chmod(self.root, 0o700)
+        """Creates the directory tree private to this user, or takes over one that gmuxd made before. Refuses,
+        changing nothing, a directory that could have been planted or redirected: a symlink, one owned by
+        someone else, one that others could enter and that holds anything, or one holding a symlink, a file of
+        another user or anything but files and directories (and the daemon's socket)."""
+        parent = os.path.dirname(os.path.abspath(self.root))
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+        try:
+            os.mkdir(self.root, 0o700)
+        except FileExistsError:
+            self._check_existing()
         for sub in (self.logs(), self.checkpoints(), self.exits()):
-            os.makedirs(sub, mode=0o700, exist_ok=True)
+            try:
+                os.mkdir(sub, 0o700)
+            except FileExistsError:
+                pass
+        self.check()
+
+    def _check_existing(self) -> None:
+        st = os.lstat(self.root)
+        if stat.S_ISLNK(st.st_mode):
+            raise RuntimeDirError(f"runtime directory {self.root} is a symlink (to {os.readlink(self.root)!r}); "
+                                  f"gmuxd does not follow it. Remove it, or choose another with --runtime-dir or "
+                                  f"GMUX_RUNTIME_DIR")
+        if not stat.S_ISDIR(st.st_mode):
+            raise RuntimeDirError(f"runtime directory {self.root} exists and is not a directory")
+        if st.st_uid != os.getuid():
+            raise RuntimeDirError(f"runtime directory {self.root} belongs to uid {st.st_uid}, not to you; choose "
+                                  f"another with --runtime-dir or GMUX_RUNTIME_DIR")
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            if os.listdir(self.root):
+                raise RuntimeDirError(f"runtime directory {self.root} is open to others (mode "
+                                      f"{stat.S_IMODE(st.st_mode):o}) and not empty: anything in it may have been "
+                                      f"put there by another user. Remove it (gmuxd makes it afresh), or choose "
+                                      f"another with --runtime-dir or GMUX_RUNTIME_DIR")
+            os.chmod(self.root, 0o700)
+
+    def check(self) -> None:
+        """Every entry in the tree is this user's, and none is a symlink: nothing in it can redirect a write."""
+        me = os.getuid()
+        for top in (self.root, self.logs(), self.checkpoints(), self.exits()):
+            st = os.lstat(top)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
+                raise RuntimeDirError(f"{top} is not a directory of yours; remove it (gmuxd makes it afresh)")
+            if stat.S_IMODE(st.st_mode) != 0o700:
+                os.chmod(top, 0o700)
+            with os.scandir(top) as entries:
+                for e in entries:
+                    est = e.stat(follow_symlinks=False)
+                    kind = ("a symlink" if stat.S_ISLNK(est.st_mode) else
+                            None if stat.S_ISREG(est.st_mode) or stat.S_ISDIR(est.st_mode) or stat.S_ISSOCK(est.st_mode)
+                            else "not a file")
+                    if kind is None and est.st_uid != me:
+                        kind = f"owned by uid {est.st_uid}"
+                    if kind:
+                        raise RuntimeDirError(f"{e.path} is {kind}: gmuxd did not make it, and will not use a "
+                                              f"runtime directory holding it. Remove it, or choose another "
+                                              f"directory with --runtime-dir or GMUX_RUNTIME_DIR")
+
+    def open_private(self, path: str, append: bool = False) -> int:
+        """A file under the tree, opened for writing without following a symlink (O_NOFOLLOW) and created 0600."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+        return os.open(path, flags, 0o600)
 
     def admin_token(self, create: bool = False) -> str:
         """The admin token; a daemon creates it once (it survives restarts so a running CLI keeps working)."""
         try:
-            with open(self.admin_token_file) as f:
+            fd = os.open(self.admin_token_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd) as f:
                 return f.read().strip()
         except FileNotFoundError:
             if not create:

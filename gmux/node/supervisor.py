@@ -29,7 +29,7 @@ class Supervisor:
                *([] if job.hook else ["--no-hook"]), "--", *job.argv]
         # The token travels in the environment, not on the command line that `ps` shows to everyone.
         env = {**os.environ, **job.env, "GMUX_RUNTIME_DIR": self.rundir.root, "GMUX_JOB_TOKEN": job.token}
-        with open(self.rundir.log_file(job.id), "ab") as log:
+        with os.fdopen(self.rundir.open_private(self.rundir.log_file(job.id), append=True), "ab") as log:
             p = subprocess.Popen(cmd, cwd=job.cwd or None, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True)
         self.children[p.pid] = p

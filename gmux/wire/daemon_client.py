@@ -35,6 +35,8 @@ class Client:
             raise GmuxError(f"no admin token in {self.rundir.root}: is gmuxd running there?") from None
         except PermissionError:
             raise GmuxError(f"cannot read {self.rundir.admin_token_file}: run gmux as the user running gmuxd")
+        except OSError as e:     # e.g. ELOOP: the token is a symlink, which gmux never follows
+            raise GmuxError(f"cannot read {self.rundir.admin_token_file}: {e.strerror}") from None
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(self.rundir.endpoint)
