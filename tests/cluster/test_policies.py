@@ -12,6 +12,25 @@ def test_fifo_keeps_arrival_order_and_never_backfills(table):
     assert res.counters["suspends"] == 0
 
 
+def test_fifo_bf_backfills_a_job_that_fits_past_one_that_does_not(table):
+    jobs = [job(0, 0, 100, gpus=2), job(1, 1, 50, gpus=2), job(2, 2, 10, gpus=1)]
+    _, _, strict = run("fifo", jobs, table(), machines=1, per=3)
+    _, res, bf = run("fifo-bf", jobs, table(), machines=1, per=3)
+    assert first_run(strict, 2) == 100                      # strict FIFO: behind job 1, which waits for job 0
+    assert first_run(bf, 2) == 2 and finish(bf, 2) == 12    # backfilled into the idle GPU at once
+    assert finish(bf, 1) == 150 and res.counters["suspends"] == 0
+
+
+def test_tiresias_uses_its_published_queues_and_preempts_only_across_them(table):
+    assert make_policy("tiresias").thresholds == (3250.0, 7200.0)
+    # Job 0 (one GPU) passes 3,250 GPU-s at t=3250: job 1, arriving later, then preempts it; job 2, arriving
+    # while job 1 (same queue 0) runs, does not preempt job 1 and waits.
+    jobs = [job(0, 0, 5000), job(1, 4000, 1000), job(2, 4100, 10)]
+    _, res, by = run("tiresias", jobs, table(), machines=1, per=1)
+    assert first_run(by, 1) == 4000 and finish(by, 1) == pytest.approx(5000.3)
+    assert first_run(by, 2) == pytest.approx(5000.3) and res.counters["suspends"] == 1
+
+
 def test_sjf_runs_the_shorter_waiting_job_first(table):
     jobs = [job(0, 0, 100, gpus=2), job(1, 1, 50, gpus=2), job(2, 2, 10, gpus=1)]
     _, _, by = run("sjf", jobs, table(), machines=1, per=2)

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from .api import (Event, EventKind, Grow, JobState, JobView, MachineView, Migrate, Pack, PairRate, Place, Policy,
                   PolicyError, Resume, SetTimer, Shrink, Suspend, Unpack)
-from .fifo import FifoPolicy
+from .fifo import FifoBackfillPolicy, FifoPolicy
 from .gandiva import GandivaPolicy
 from .gmux_default import GmuxPolicy
 from .oracle import SjfPolicy, SrtfPolicy
 from .snapshot import Snapshot
 from .tiresias import TiresiasPolicy
 
-POLICIES = {p.name: p for p in (FifoPolicy, SjfPolicy, SrtfPolicy, TiresiasPolicy, GandivaPolicy, GmuxPolicy)}
+POLICIES = {p.name: p for p in (FifoPolicy, FifoBackfillPolicy, SjfPolicy, SrtfPolicy, TiresiasPolicy, GandivaPolicy,
+                                GmuxPolicy)}
 
 
 def make_policy(name: str, **params) -> Policy:

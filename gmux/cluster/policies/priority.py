@@ -44,6 +44,10 @@ class PriorityPolicy(Policy):
     def running_key(self, job, now):
         return self.waiting_key(job)
 
+    def suspended_key(self, job, now):
+        """Where a job suspended now is filed among the waiting ones (by default: its running key)."""
+        return self.running_key(job, now)
+
     def rekey_at(self, job, now, gpus: int):
         """When a job that just started on `gpus` GPUs changes key next (None: never, or only in ways that keep
         the order of running jobs, as SRTF's remaining times all shrinking at one rate do)."""
@@ -132,7 +136,7 @@ class PriorityPolicy(Policy):
             job = snap.jobs[a.job_id]
             if isinstance(a, Suspend):
                 self._run_remove(job.job_id)
-                self._file(job, self.running_key(job, now))     # it accrues nothing while it waits
+                self._file(job, self.suspended_key(job, now))   # it accrues nothing while it waits
             elif isinstance(a, (Place, Resume, Pack)):
                 if job.job_id in self._keys:
                     self._unfile(job)

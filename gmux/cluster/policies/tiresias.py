@@ -1,15 +1,21 @@
-"""Tiresias (NSDI'19): discretized two-dimensional least-attained-service (2D-LAS).
+"""Tiresias (Gu et al., NSDI'19): discretized two-dimensional least-attained-service (2D-LAS, §4.2).
 
 A job's priority is its attained service in GPU-seconds (GPUs held x time: the "two dimensions"), discretized
-into queues by `thresholds`: queue 0 below the first threshold, and so on. Lower queues come first; inside a
-queue, jobs go in submission order (Tiresias' FIFO within a queue), which keeps the discretization from
-thrashing jobs of nearly equal service. A job is demoted when its service crosses a threshold: the policy asks
-for a timer at that instant. Higher-priority waiting jobs preempt lower-priority running ones by suspend.
+into K queues by `thresholds`: queue 0 below the first threshold, and so on. Lower queues come first; inside a
+queue, jobs keep arrival order (FIFO), and a waiting job never preempts a running one of its own queue: only a
+job of a higher-priority queue does, by suspend (§4.2, "discretized 2D-LAS" with FIFO within a queue, which is
+what keeps jobs of nearly equal service from thrashing). A job is demoted when its service crosses a threshold:
+the policy asks for a timer at that instant.
 
-Defaults: two thresholds, 1 and 10 GPU-hours (three queues). Tiresias' own evaluation used two queues with a
-threshold chosen per workload; with Philly's median job of ~19 minutes on one GPU, 1 GPU-hour separates the
-short majority from the long tail, and the 10 GPU-hour queue keeps multi-day jobs from sharing a queue with
-medium ones. Not modelled: Tiresias' starvation knob (promotion of long-waiting jobs), off in its defaults here.
+Parameters: the published ones of the authors' simulator for the `dlas-gpu` schedule (SymbioticLab/Tiresias,
+simulator/jobs.py and run_sim.py): three queues, limits 3,250 and 7,200 GPU-seconds, service in GPU-seconds,
+the starvation knob (promotion of jobs that waited longer than STARVE x their run time) off, as in `dlas-gpu`.
+
+Where it departs: placement is consolidated for every job (best fit on one machine, whole machines for larger
+jobs); Tiresias relaxes consolidation for models its profiler finds insensitive to placement, which needs a
+per-model skew profile the trace does not carry. Its simulator re-evaluates all queues on every event; here a
+decision examines the best waiting jobs against the worst running ones (priority.py), which reaches the same
+allocation whenever the waiting jobs it examines can be placed.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ class TiresiasPolicy(PriorityPolicy):
     name = "tiresias"
     preemptive = True
 
-    def __init__(self, thresholds=(3600.0, 36000.0)):
+    def __init__(self, thresholds=(3250.0, 7200.0)):
         super().__init__()
         th = tuple(float(t) for t in thresholds)
         if any(t <= 0 for t in th) or list(th) != sorted(th):
@@ -36,10 +42,15 @@ class TiresiasPolicy(PriorityPolicy):
         return bisect.bisect_right(self.thresholds, attained)
 
     def waiting_key(self, job):
-        return (self.level(job.attained), job.submit_time)
+        return (self.level(job.attained), 1, job.submit_time)
 
     def running_key(self, job, now):
-        return (self.level(job.attained_at(now)), job.submit_time)
+        # A running job sorts ahead of every waiting job of its own queue (the 0), so only a better queue
+        # preempts it; of two running jobs in one queue the later-submitted is the first to go.
+        return (self.level(job.attained_at(now)), 0, job.submit_time)
+
+    def suspended_key(self, job, now):
+        return (self.level(job.attained_at(now)), 1, job.submit_time)
 
     def rekey_at(self, job, now, gpus: int):
         # Running alone, a job gains `gpus` GPU-seconds of service per second: it crosses its next threshold
