@@ -5,21 +5,28 @@ A multi-GPU job or gang rank that the user suspends gives its GPUs back once it 
 other jobs may use them meanwhile. Resumed, it waits in the queue for those same GPUs (its process was started
 on them), and defragmentation moves movable jobs off them as it would for any waiting unit.
 
-A part of the daemon (a mixin of `Daemon`, sharing its tables); the decisions themselves are the pure functions
-of gmux.node.placement. A single-GPU job is placed at once when a GPU can take it. A multi-GPU job, and a gang's
-ranks, wait in the queue until enough whole GPUs are free; each tick tries the queue again and, if GPUs are
-missing, plans moves of movable jobs, reserves the GPUs being freed (no new job lands on them) and logs the plan
-with its numbers. A gang's ranks are one unit: placed together, suspended, resumed and killed together.
+A single-GPU job is placed at once when a GPU can take it. A multi-GPU job, and a gang's ranks, wait in the
+queue until enough whole GPUs are free; each tick tries the queue again and, if GPUs are missing, plans moves
+of movable jobs, reserves the GPUs being freed (no new job lands on them) and logs the plan with its numbers.
+A gang's ranks are one unit: placed together, suspended, resumed and killed together.
+
+An object the daemon holds (composed, not mixed in): it reads the machine's GPUs, the job table and the
+slicers, owns the queue, the reservations and the defragmentation under way, and asks the daemon for the rest
+through the narrow `Node` interface. The decisions themselves are the pure functions of gmux.node.placement.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict
+from typing import Optional, Protocol
 
 from gmux.node import placement
-from gmux.node.inventory import env_for
+from gmux.node.inventory import Gpu
+from gmux.node.jobs import Job, gang_members
+from gmux.node.slicer import Slicer
+from gmux.node.store import Store
 from gmux.util.sizes import format_size
-from gmux.node.jobs import Job
+from gmux.wire.server import Refused
 
 log = logging.getLogger("gmux.daemon")
 
@@ -30,12 +37,49 @@ def _gpus(gpus: list) -> str:
     return f"GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}"
 
 
-class Refused(Exception):
-    """A valid message the daemon will not carry out; the text goes back to the sender."""
+class Node(Protocol):
+    """What admission asks of the daemon."""
+
+    def decide(self, gpu: Optional[int], kind: str, jobs: list, numbers: dict, text: str) -> None:
+        """Logs a decision (the decision log, and gmuxd's log)."""
+
+    def seat(self, job: Job, now: float) -> None:
+        """The job, registered, joins the slicer of its GPU (job.gpu)."""
+
+    def leave_gpu(self, job: Job, now: float) -> None:
+        """The job leaves its GPU's slicer and packer (its GPU time is kept)."""
+
+    def migrate(self, job: Job, gpu: int) -> None:
+        """Moves a single-GPU job to `gpu` (at its next boundary); Refused if it cannot move now."""
 
 
 class Admission:
-    def _admit(self, job: Job, what: str) -> None:
+    def __init__(self, gpus: dict[int, Gpu], jobs: dict[str, Job], slicers: dict[int, Slicer], store: Store,
+                 node: Node):
+        self.gpus, self.jobs, self.slicers, self.store, self.node = gpus, jobs, slicers, store, node
+        self.queue: list[str] = []            # admitted jobs without a GPU yet, in arrival order
+        self.reserved: dict[int, str] = {}    # GPU -> the waiting multi-GPU job or gang it is being freed for
+        self.defrag: Optional[dict] = None    # the defragmentation under way: unit, GPUs, moves, started at
+        self._plan_at: dict[str, float] = {}  # unit -> when a defragmentation may next be planned for it
+        self._wait_why: dict[str, str] = {}   # unit -> why it waits (logged when it changes)
+
+    # --- the queue, as others see it ---
+    def queued(self, job_id: str) -> bool:
+        return job_id in self.queue
+
+    def dequeue(self, job_id: str) -> None:
+        if job_id in self.queue:
+            self.queue.remove(job_id)
+
+    def requeue(self, job: Job) -> None:
+        """A re-attached job without its GPUs (after a daemon restart) waits again, its state as it was."""
+        self.queue.append(job.id)
+
+    def reserved_for(self, gpu: int) -> Optional[str]:
+        """The waiting unit this GPU is being freed for, if any."""
+        return self.reserved.get(gpu)
+
+    def admit(self, job: Job, what: str) -> None:
         """Refuses what this machine can never run; otherwise places a single-GPU job now if a GPU can take it,
         or leaves job.gpu None: the job waits in the queue (multi-GPU jobs and gang ranks always start there)."""
         need = job.working_set() or 0
@@ -69,7 +113,7 @@ class Admission:
 
     def _join_gang(self, job: Job, what: str, fitting: int) -> None:
         g = job.gang
-        peers = self._gang(g["id"])
+        peers = gang_members(self.jobs, g["id"])
         if peers:
             first = peers[0]
             if first.gang["size"] != g["size"]:
@@ -87,18 +131,7 @@ class Admission:
                           f"hold one: each rank needs a GPU of its own (ranks of a gang spanning machines are "
                           f"pinned with --gpu)")
 
-    def _gang(self, gang_id: str) -> list[Job]:
-        return sorted((j for j in self.jobs.values() if not j.final and j.gang and j.gang["id"] == gang_id),
-                      key=lambda j: j.gang["rank"])
-
-    def _unit_of(self, job: Job) -> list[Job]:
-        """The jobs acted on together: every live rank of a gang, or the job alone."""
-        return self._gang(job.gang["id"]) if job.gang else [job]
-
-    def _env(self, job: Job) -> dict:
-        return env_for([self.gpus[g] for g in job.exclusive_gpus] or [self.gpus[job.gpu]])
-
-    def _enqueue(self, job: Job) -> None:
+    def enqueue(self, job: Job) -> None:
         if job.id not in self.queue:
             self.queue.append(job.id)
         job.state = "waiting"
@@ -126,8 +159,8 @@ class Admission:
                        f"pinned to GPU {j.pinned} with --gpu" if j.pinned is not None else
                        "an unmodified script (transparent mode) cannot be restored in a new process"
                        if j.started and not j.migratable else
-                       f"busy with a {self.slicers[j.gpu].pending[j.id]}"
-                       if j.gpu is not None and j.id in self.slicers[j.gpu].pending else "")
+                       f"busy with a {self.slicers[j.gpu].busy_with(j.id)}"
+                       if j.gpu is not None and self.slicers[j.gpu].busy_with(j.id) else "")
             moved = (j.mem_boundary or j.working_set() or 0) if j.started else 0
             for g in where:
                 occupants[g].append(placement.Occupant(j.id, j.working_set() or 0, moved, not why_not, why_not,
@@ -151,7 +184,7 @@ class Admission:
             if name in seen:
                 continue
             seen.add(name)
-            ranks = self._gang(job.gang["id"])
+            ranks = gang_members(self.jobs, job.gang["id"])
             if len(ranks) < job.gang["size"]:
                 for r in ranks:
                     if r.gpu is None:
@@ -161,7 +194,7 @@ class Admission:
             units.append((name, [r for r in ranks if r.id in self.queue and r.pinned is None]))
         return units
 
-    def _admit_queue(self, now: float) -> None:
+    def run(self, now: float) -> None:
         """Gives queued jobs their GPUs: single-GPU jobs wherever they fit, multi-GPU jobs and gangs whole GPUs
         when enough are free; otherwise it defragments (moves single-GPU jobs) to free them."""
         if not self.queue and not self.reserved:
@@ -193,7 +226,7 @@ class Admission:
             got = placement.whole_gpus(views, unit, count, need, pinned)
             if got is not None:
                 self._grant(members, got, now)
-                self._decide(got[0], "exclusive", [m.id for m in members], {"gpus": got, "unit": unit},
+                self.node.decide(got[0], "exclusive", [m.id for m in members], {"gpus": got, "unit": unit},
                              f"{unit} gets GPU{'s' if len(got) > 1 else ''} {','.join(map(str, got))} to itself")
                 self.reserved = {g: u for g, u in self.reserved.items() if u != unit}
                 if self.defrag is not None and self.defrag["unit"] == unit:
@@ -219,31 +252,29 @@ class Admission:
                 self.queue.remove(job.id)
             job.detail = ""
             if job.registered:
-                self.slicers[job.gpu].add(job.id, job.weight, job.working_set(), now, used=job.gpu_seconds)
-                if job.held:
-                    self.slicers[job.gpu].hold(job.id)
+                self.node.seat(job, now)
             self.store.save(job)
 
-    def _park_held(self, now: float) -> None:
+    def park_held(self, now: float) -> None:
         """A held multi-GPU job or gang rank that has suspended gives its GPUs back (its memory there is free)."""
         for job in self.jobs.values():
             if job.final or not job.held or not job.exclusive_gpus or job.gpu not in self.slicers:
                 continue
             slicer = self.slicers[job.gpu]
-            if job.id not in slicer.entries or job.id in slicer.resident or job.id in slicer.pending:
+            if job.id not in slicer.entries or job.id in slicer.resident or slicer.busy_with(job.id):
                 continue
             gpus = sorted(job.exclusive_gpus)
-            self._leave_gpu(job, now)
+            self.node.leave_gpu(job, now)
             job.parked_gpus, job.exclusive_gpus, job.gpu = gpus, [], None
             job.state, job.detail = "held", f"suspended; gave back {_gpus(gpus)} until `gmux resume`"
             self.store.save(job)
-            self._decide(gpus[0], "park", [job.id], {"gpus": gpus},
+            self.node.decide(gpus[0], "park", [job.id], {"gpus": gpus},
                          f"{job.id} is suspended by the user: {_gpus(gpus)} free for other jobs until it is "
                          f"resumed (it resumes there)")
 
-    def _unpark(self, job: Job) -> None:
+    def unpark(self, job: Job) -> None:
         """A parked job the user resumes waits for its own GPUs."""
-        self._enqueue(job)
+        self.enqueue(job)
         job.detail = f"waiting for {_gpus(job.parked_gpus)} back (its process runs there)"
 
     def _defragment(self, unit: str, members: list, count: int, need: int, pinned: tuple, views: list,
@@ -273,7 +304,7 @@ class Admission:
                 m.detail = f"waiting for {count} GPUs to itself: {why}"[:300]
             if self._wait_why.get(unit) != why:
                 self._wait_why[unit] = why
-                self._decide(None, "wait", [m.id for m in members], {"unit": unit, "gpus": count, "mem": need},
+                self.node.decide(None, "wait", [m.id for m in members], {"unit": unit, "gpus": count, "mem": need},
                              f"{unit} waits for {count} GPUs to itself: {why}")
             return
         free = [v.index for v in views if v.index in plan.gpus and not v.occupants]
@@ -282,7 +313,7 @@ class Admission:
         self.defrag = {"unit": unit, "gpus": plan.gpus, "moves": plan.moves, "t": now}
         self._wait_why.pop(unit, None)
         moves = "; ".join(f"{m.job} GPU {m.src}->{m.dst} ({format_size(m.bytes)})" for m in plan.moves)
-        self._decide(None, "defrag", [m.job for m in plan.moves] + [m.id for m in members],
+        self.node.decide(None, "defrag", [m.job for m in plan.moves] + [m.id for m in members],
                      {"unit": unit, "need": count, "mem": need, "free": free, "gpus": plan.gpus,
                       "moves": [asdict(m) for m in plan.moves], "bytes": plan.bytes},
                      f"defragmenting for {unit}: {count} whole GPUs needed, {len(free)} free; freeing GPUs "
@@ -293,6 +324,6 @@ class Admission:
                        f"{','.join(map(str, plan.gpus))}"
         for mv in plan.moves:
             try:
-                self._migrate(self.jobs[mv.job], mv.dst)
+                self.node.migrate(self.jobs[mv.job], mv.dst)
             except Refused as e:   # busy this instant: the plan is made again if the GPUs do not come free
                 log.info("defrag: %s", e)

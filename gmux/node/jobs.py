@@ -149,3 +149,14 @@ class Job:
         d["report"] = self.last_report
         d["working_set"] = self.working_set()
         return d
+
+
+def gang_members(jobs: dict, gang_id: str) -> list:
+    """The live ranks of a gang, by rank."""
+    return sorted((j for j in jobs.values() if not j.final and j.gang and j.gang["id"] == gang_id),
+                  key=lambda j: j.gang["rank"])
+
+
+def unit_of(jobs: dict, job: Job) -> list:
+    """The jobs acted on together: every live rank of a gang, or the job alone."""
+    return gang_members(jobs, job.gang["id"]) if job.gang else [job]

@@ -103,6 +103,21 @@ class Slicer:
         if job in self.entries:
             self.entries[job].held = False
 
+    # --- commands the daemon sends on its own (migrate, spill) ---
+    def mark_busy(self, job: str, kind: str) -> None:
+        """A command of the daemon's own (not the slicer's) is in flight for `job`. The slicer waits for it as for
+        one of its own switches: a migrating job's memory is in use until it has left, and a spilling job must
+        not be resumed while it writes its state out."""
+        self.pending[job] = kind
+
+    def clear_busy(self, job: str) -> None:
+        """That command is over (answered, or given up)."""
+        self.pending.pop(job, None)
+
+    def busy_with(self, job: str) -> Optional[str]:
+        """The command awaiting `job`'s acknowledgement (suspend, resume, migrate, spill, confirm), if any."""
+        return self.pending.get(job)
+
     # --- packs ---
     def fits(self, jobs) -> bool:
         mems = [self.entries[j].mem for j in jobs]

@@ -139,7 +139,7 @@ def daemon_factory(tmp_path):
         d = Daemon(RuntimeDir(root or str(tmp_path / f"rt{len(made)}")),
                    [Gpu(i, "virtual", size, True) for i, size in enumerate(sizes)], Options(quantum=1.0, **options))
         d.sent = []
-        d._send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True
+        d.server.send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True
         d.stand_in_pid = stand_in.pid
         made.append(d)
         return d
@@ -157,7 +157,7 @@ def daemon(daemon_factory):
 
 def ask(d, mtype, identity=b"c", **fields):
     d.sent.clear()
-    d._receive(identity, [protocol.encode(mtype, 5, **fields)])
+    d.server.receive(identity, [protocol.encode(mtype, 5, **fields)])
     replies = [m for i, m in d.sent if m["type"] == "reply" and i == identity]
     assert len(replies) <= 1
     return replies[0] if replies else None

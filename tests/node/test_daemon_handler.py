@@ -37,7 +37,7 @@ def test_register_gets_token_and_a_start_command(daemon):
 
 def _result(d, identity, reg, cmd, **extra):
     d.sent.clear()
-    d._receive(identity, [protocol.encode("result", 9, job=reg["job"], token=reg["token"], cmd=cmd["cmd"],
+    d.server.receive(identity, [protocol.encode("result", 9, job=reg["job"], token=reg["token"], cmd=cmd["cmd"],
                                           kind=cmd["kind"], result={"ok": True}, **extra)])
     return [m for i, m in d.sent if m["type"] == "reply" and i == b"c"]
 
@@ -52,9 +52,9 @@ def test_a_suspend_is_sent_at_once_and_its_latency_split_at_the_jobs_boundary(da
     assert ask(daemon, "suspend", admin=daemon.admin, job=a["job"]) is None
     (stop,) = [m for i, m in daemon.sent if m["type"] == "command"]
     assert stop["kind"] == "suspend"
-    job_id, kind, sent = daemon.inflight[stop["cmd"]]
+    job_id, kind, sent = daemon.commands.inflight[stop["cmd"]]
     sent -= 0.010    # as if sent 10 ms ago, and taken at a boundary 4 ms after that
-    daemon.inflight[stop["cmd"]] = (job_id, kind, sent)
+    daemon.commands.inflight[stop["cmd"]] = (job_id, kind, sent)
     (reply,) = _result(daemon, b"job-a", a, stop, taken_at=sent + 0.004, state="suspended")
     data = reply["data"]
     assert reply["ok"] and data["boundary_wait_s"] == pytest.approx(0.004)
@@ -67,7 +67,7 @@ def test_a_suspend_is_sent_at_once_and_its_latency_split_at_the_jobs_boundary(da
         _result(daemon, b"job-a", a, go, state="running")
         ask(daemon, "suspend", admin=daemon.admin, job=a["job"])
         (stop,) = [m for i, m in daemon.sent if m["type"] == "command"]
-        (reply,) = _result(daemon, b"job-a", a, stop, taken_at=daemon.inflight[stop["cmd"]][2] + taken,
+        (reply,) = _result(daemon, b"job-a", a, stop, taken_at=daemon.commands.inflight[stop["cmd"]][2] + taken,
                            state="suspended")
         assert reply["data"].get("boundary_wait_s") == expected
 
@@ -93,9 +93,9 @@ def test_refusals_say_what_to_do(daemon):
     r = ask(daemon, "register", pid=daemon.stand_in_pid, argv=["x"], mem=64 * GiB)
     assert "cannot be a job" in ask(daemon, "register", pid=os.getpid(), argv=["x"])["error"]
     assert not r["ok"] and "largest GPU" in r["error"]
-    daemon._receive(b"c", [b"\x93garbage"])
+    daemon.server.receive(b"c", [b"\x93garbage"])
     assert not daemon.sent[-1][1]["ok"] and "msgpack" in daemon.sent[-1][1]["error"]
-    daemon._receive(b"c", [msgpack.packb({"v": 2, "type": "ping", "id": 3})])
+    daemon.server.receive(b"c", [msgpack.packb({"v": 2, "type": "ping", "id": 3})])
     assert "version 2" in daemon.sent[-1][1]["error"]
 
 
@@ -147,7 +147,7 @@ def test_fuzz_handler_thousands_of_messages(daemon):
     @given(messages(tokens, daemon.stand_in_pid))
     def one(frame):
         daemon.sent.clear()
-        daemon._receive(b"fuzz", [frame])
+        daemon.server.receive(b"fuzz", [frame])
         count["n"] += 1
         if count["n"] % 50 == 0:
             daemon.tick()

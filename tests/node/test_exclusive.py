@@ -11,7 +11,7 @@ def commands(d, identity):
 
 
 def ack(d, identity, reg, cmd, ok=True, state=None):
-    d._receive(identity, [protocol.encode("result", 9, job=reg["job"], token=reg["token"], cmd=cmd["cmd"],
+    d.server.receive(identity, [protocol.encode("result", 9, job=reg["job"], token=reg["token"], cmd=cmd["cmd"],
                                           kind=cmd["kind"], result={"ok": ok}, **({"state": state} if state else {}))])
 
 
@@ -126,7 +126,7 @@ def test_bad_multi_gpu_and_gang_registrations_are_refused_by_name(daemon):
                         ({"gpus": 0}, "register.gpus: 0 is outside"),
                         ({"gang": {"id": "g", "rank": 0}}, "exactly the fields id, rank, size")):
         daemon.sent.clear()
-        daemon._receive(b"x", [msgpack.packb({"v": protocol.VERSION, "type": "register", "id": 1,
+        daemon.server.receive(b"x", [msgpack.packb({"v": protocol.VERSION, "type": "register", "id": 1,
                                               "pid": daemon.stand_in_pid, "argv": ["t.py"], **bad})])
         (reply,) = [m for _, m in daemon.sent]
         assert not reply["ok"] and needle in reply["error"], reply
@@ -162,7 +162,7 @@ def test_a_restarted_daemon_keeps_waiting_jobs_queued_and_held_gpus_held(daemon_
     assert d.jobs[r0["job"]].exclusive_gpus == [1] and d.jobs[c["job"]].gpu is None
     d._flush(force=True)
     again = daemon_factory(root=str(tmp_path / "rt"))     # the same tables, as after a crash
-    assert again.queue == [c["job"]] and set(again.slicers[1].entries) == {r0["job"]}
+    assert again.admission.queue == [c["job"]] and set(again.slicers[1].entries) == {r0["job"]}
     e = register(again, b"e")
     assert e["gpu"] == 0                                     # GPU 1 is still the gang's
     for k, reg in ((b"r0", r0), (b"a", a)):
@@ -216,7 +216,7 @@ def test_a_suspended_gang_gives_its_gpus_back_and_resumes_on_them(daemon_factory
     # A restarted daemon keeps it parked, out of the queue.
     d._flush(force=True)
     d = daemon_factory((16 * GiB,) * 3, root=str(tmp_path / "rt"))
-    assert d.queue == [] and not any(d.slicers[g].entries for g in d.slicers)
+    assert d.admission.queue == [] and not any(d.slicers[g].entries for g in d.slicers)
     assert [d.jobs[j].parked_gpus for j in ids] == [[0], [1]]
     for k, reg in ranks.items():     # the ranks' agents are heard from (a heartbeat a second)
         ask(d, "heartbeat", k, job=reg["job"], token=reg["token"], state="suspended")
@@ -224,7 +224,7 @@ def test_a_suspended_gang_gives_its_gpus_back_and_resumes_on_them(daemon_factory
     other = register(d, b"o", migratable=True)      # lands on a GPU the gang gave back (not started: movable)
     assert other["gpu"] == 0
     r = ask(d, "resume", admin=d.admin, job=ids[1])
-    assert r["ok"] and "waits for GPUs 1" in r["data"]["state"] and d.queue == ids
+    assert r["ok"] and "waits for GPUs 1" in r["data"]["state"] and d.admission.queue == ids
     assert "waiting for GPU 0 back" in d.jobs[ids[0]].detail
     tick(d, 2)        # the newcomer is moved off GPU 0, then each rank gets its own GPU back
     (defrag,) = [x for x in d.decisions if x["kind"] == "defrag"]
@@ -252,7 +252,7 @@ def test_a_parked_job_suspended_again_while_it_waits_leaves_the_queue(daemon):
     tick(daemon, 2)
     assert job.gpu is None and "cannot move" in job.detail          # e pins one of its GPUs
     r = ask(daemon, "suspend", admin=daemon.admin, job=c["job"])
-    assert r["ok"] and r["data"]["state"] == "held" and daemon.queue == [] and job.state == "held"
+    assert r["ok"] and r["data"]["state"] == "held" and daemon.admission.queue == [] and job.state == "held"
     ask(daemon, "bye", b"e", job=e["job"], token=e["token"], status=0)
     tick(daemon, 2)
     assert job.gpu is None and job.parked_gpus == [0, 1]            # held: it takes its GPUs only when resumed

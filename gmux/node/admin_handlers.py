@@ -1,0 +1,262 @@
+"""gmuxd's handlers for its administrators (the CLI, the cluster link): ping, ps, suspend, resume, kill,
+migrate, checkpoint, logs, submit, decisions, shutdown.
+
+Every request but ping carries the admin token, which only the user running gmuxd can read (it lives in the
+private runtime directory). A refusal says why and what to do instead. Requests that wait for jobs to act
+(suspend of a running job, migrate, checkpoint) are answered once the jobs acknowledge (Commands.defer). Each
+handler takes a gmux.wire.server.Request and returns the reply's data.
+"""
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+import time
+from typing import TYPE_CHECKING, Optional
+
+from gmux import protocol
+from gmux.node.jobs import Job, gang_members, unit_of
+from gmux.rundir import proc_starttime
+from gmux.util.rendezvous import free_port, rendezvous_env
+from gmux.util.sizes import format_size
+from gmux.wire.server import Refused, Request
+
+if TYPE_CHECKING:
+    from gmux.node.daemon import Daemon
+
+
+class AdminHandlers:
+    def __init__(self, node: "Daemon"):
+        self.node = node
+
+    def table(self) -> dict:
+        return {"ping": self.ping, "ps": self.ps, "suspend": self.suspend, "resume": self.resume,
+                "kill": self.kill, "migrate": self.migrate, "checkpoint": self.checkpoint, "logs": self.logs,
+                "submit": self.submit, "decisions": self.decisions, "shutdown": self.shutdown}
+
+    # --- who may ask, about which job ---
+    def _admin(self, msg: protocol.Message) -> None:
+        if not hmac.compare_digest(self.node.admin, msg["admin"]):
+            raise Refused(f"{msg.type}: wrong admin token (read it from {self.node.rundir.admin_token_file})")
+
+    def _target(self, msg: protocol.Message) -> Job:
+        """The live job the request names."""
+        job = self._target_any(msg)
+        if job.final:
+            raise Refused(f"{msg.type}: job {job.id} has ended ({job.state}: {job.detail})")
+        return job
+
+    def _target_any(self, msg: protocol.Message) -> Job:
+        """The job the request names, live or ended."""
+        self._admin(msg)
+        job = self.node.jobs.get(msg["job"])
+        if job is None:
+            raise Refused(f"{msg.type}: no job {msg['job']!r}; `gmux ps` lists the jobs")
+        return job
+
+    # --- the handlers ---
+    def ping(self, req: Request):
+        return {"version": protocol.VERSION, "pid": os.getpid(), "uptime": time.time() - self.node.started,
+                "gpus": len(self.node.gpus)}
+
+    def ps(self, req: Request):
+        node, msg = self.node, req.msg
+        self._admin(msg)
+        now = time.monotonic()
+        node.sync_accounting(now)
+        jobs = [j.public() for j in node.jobs.values() if msg.get("all", True) or not j.final]
+        for j in jobs:   # the slicer's weighted GPU time (stride scheduling keeps these within a quantum)
+            entry = node.slicers[j["gpu"]].entries.get(j["id"]) if j["gpu"] in node.slicers else None
+            j["vtime"] = entry.vtime(now) if entry else None
+        gpus = []
+        owner = {g: j.id for j in node.jobs.values() if not j.final for g in j.exclusive_gpus}
+        for g in node.gpus.values():
+            s = node.slicers[g.index]
+            gpus.append({"index": g.index, "name": g.name, "virtual": g.virtual, "mem_total": g.mem_total,
+                         "mem_used": g.mem_used,
+                         "jobs": sorted(set(s.entries) | ({owner[g.index]} if g.index in owner else set())),
+                         "resident": sorted(s.resident),
+                         "packs": [sorted(p) for p in s.packs], "switches": s.switches,
+                         "owner": owner.get(g.index), "reserved": node.admission.reserved_for(g.index),
+                         "resident_mem": sum(node.jobs[j].working_set() or 0 for j in s.resident)})
+        return {"jobs": jobs, "gpus": gpus, "decisions": list(node.decisions)[-20:],
+                "daemon": {"pid": os.getpid(), "uptime": time.time() - node.started, "messages": node.messages,
+                           "quantum": node.opt.quantum, "host_budget": node.opt.host_budget,
+                           "host_held": node.host_held()}}
+
+    def suspend(self, req: Request):
+        node, job = self.node, self._target(req.msg)
+        unit = unit_of(node.jobs, job)   # a gang's ranks suspend together (at one boundary: gmux.job.gang)
+        hooked = [m.id for m in unit if job.gang and m.registered and not m.migratable]
+        if hooked:
+            # Each rank would stop at its own optimizer step while its peers wait in the next collective.
+            raise Refused(f"suspend: gang {job.gang['id']} has ranks in transparent mode ({', '.join(hooked)}), "
+                          f"which cannot agree on a boundary to stop at; run the ranks with --no-hook and "
+                          f"gmux.job.gang.GangController to make the gang suspendable")
+        busy = []
+        for m in unit:
+            m.held = True
+            if m.gpu is None:     # still queued (or parked): nothing runs, and it takes no GPU until resumed
+                m.state = "held"
+                if m.parked_gpus:
+                    node.admission.dequeue(m.id)
+                continue
+            slicer = node.slicers[m.gpu]
+            slicer.hold(m.id)
+            if m.id in slicer.resident or slicer.busy_with(m.id) == "resume":
+                busy.append(m.id)
+        # The command leaves now, not after the rest of this batch of messages and the tick's other work: the
+        # job sees it at its next boundary, and each boundary missed costs the requester a whole mini-batch.
+        for gpu in {m.gpu for m in unit if m.gpu is not None}:
+            node.switch(node.slicers[gpu], time.monotonic())
+        if busy:
+            return node.commands.defer(busy, "suspend", req, job.id)
+        return {"job": job.id, "state": "held", "latency_s": 0.0, "jobs": [m.id for m in unit]}
+
+    def resume(self, req: Request):
+        node, job = self.node, self._target(req.msg)
+        unit = unit_of(node.jobs, job)
+        for m in unit:
+            m.held = False
+            if m.gpu is not None:
+                node.slicers[m.gpu].release(m.id)
+            elif m.parked_gpus:
+                node.admission.unpark(m)
+            elif node.admission.queued(m.id):
+                m.state = "waiting"
+        for gpu in {m.gpu for m in unit if m.gpu is not None}:
+            node.switch(node.slicers[gpu], time.monotonic())
+        where = (f"runs in its turn on GPU {job.gpu}" if job.gpu is not None else
+                 f"waits for GPUs {','.join(map(str, job.parked_gpus))}, which it gave back while suspended"
+                 if job.parked_gpus else "waits for a GPU")
+        return {"job": job.id, "state": f"runnable: {where}", "jobs": [m.id for m in unit]}
+
+    def kill(self, req: Request):
+        node, job = self.node, self._target(req.msg)
+        unit = unit_of(node.jobs, job)
+        for m in unit:
+            m.kill_requested = True
+            if not node.sup.kill(m):
+                node.finish(m, "killed", None, "killed by gmux kill")
+        return {"job": job.id, "signal": "SIGKILL", "jobs": [m.id for m in unit]}
+
+    def migrate(self, req: Request):
+        node, job = self.node, self._target(req.msg)
+        gpu = req.msg["gpu"]
+        if gpu not in node.gpus:
+            raise Refused(f"migrate: no GPU {gpu}; this machine has {', '.join(map(str, sorted(node.gpus)))}")
+        if job.gang:
+            raise Refused(f"migrate: {job.id} is rank {job.gang['rank']} of gang {job.gang['id']}: moving a rank "
+                          f"means rebuilding the ranks' process group on the new GPU, which gmuxd does not do; "
+                          f"kill the gang and start it again to place it anew")
+        if job.exclusive:
+            raise Refused(f"migrate: {job.id} holds GPUs {','.join(map(str, job.exclusive_gpus))} to itself "
+                          f"(it asked for {job.gpus_wanted}); gmux migrate moves single-GPU jobs")
+        if job.gpu is None:
+            raise Refused(f"migrate: {job.id} waits for a GPU and has none to move from")
+        if gpu == job.gpu:
+            raise Refused(f"migrate: {job.id} is already on GPU {gpu}")
+        if node.admission.reserved_for(gpu) or any(gpu in j.exclusive_gpus for j in node.jobs.values()
+                                                   if not j.final):
+            raise Refused(f"migrate: GPU {gpu} is held (or being freed) for a multi-GPU job or gang")
+        if not job.migratable and job.started:
+            raise Refused(f"migrate: {job.id} runs an unmodified script (transparent mode), whose data position "
+                          f"cannot be restored in a new process; run it with gmux-launch --no-hook and "
+                          f"gmux.job.attach() (which restores a moved job's state) to make it movable")
+        need = job.working_set() or 0
+        if need > node.gpus[gpu].mem_total:
+            raise Refused(f"migrate: {job.id} needs {format_size(need)}, GPU {gpu} has "
+                          f"{format_size(node.gpus[gpu].mem_total)}")
+        return node.migrate(job, gpu, req)
+
+    def checkpoint(self, req: Request):
+        """The job writes its state to checkpoints/JOB.snapshot.ckpt at its next boundary (or at once from its
+        host copy if suspended) and goes on; the reply waits for that (cluster mode reads the file)."""
+        node, job = self.node, self._target(req.msg)
+        if not job.migratable or not job.started:
+            raise Refused(f"checkpoint: {job.id} " + ("has not started" if job.migratable else
+                          "runs in transparent mode (run it with gmux-launch --no-hook and attach())"))
+        slicer = node.slicers.get(job.gpu)
+        busy = slicer.busy_with(job.id) if slicer is not None else None
+        if busy:
+            raise Refused(f"checkpoint: {job.id} is busy with a {busy}; try again in a moment")
+        node.commands.send(job, "checkpoint", {"path": node.rundir.checkpoint_file(job.id + ".snapshot")})
+        return node.commands.defer(job.id, "checkpoint", req)
+
+    def logs(self, req: Request):
+        job = self._target_any(req.msg)
+        if not job.managed:
+            raise Refused(f"logs: {job.id} was started with gmux-launch; its output goes to the terminal that "
+                          f"started it (gmux submit captures logs)")
+        try:
+            with open(self.node.rundir.log_file(job.id), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        tail = req.msg.get("tail") or 0
+        text = data.decode(errors="replace")
+        if tail:
+            text = "".join(text.splitlines(keepends=True)[-tail:])
+        return {"job": job.id, "text": text[-protocol.MAX_FRAME // 2:]}
+
+    def submit(self, req: Request):
+        node, msg = self.node, req.msg
+        self._admin(msg)
+        ranks = msg.get("ranks")
+        if ranks is not None and (msg.get("gpus", 1) != 1 or msg.get("gpu") is not None):
+            raise Refused("submit: --ranks N starts N single-GPU ranks placed by gmuxd; it takes neither --gpus "
+                          "(one process using N GPUs) nor --gpu")
+        env = dict(msg.get("env") or {})
+        if ranks is not None:
+            gang = msg.get("name") or f"gang{node.store.next_job_id()}"
+            if gang_members(node.jobs, gang):
+                raise Refused(f"submit: a gang named {gang} is running; choose another --name")
+            port = free_port()
+            jobs = [self._new_submitted(msg, {**env, **rendezvous_env(ranks, port, r)}, f"{gang}-{r}",
+                                        gang={"id": gang, "rank": r, "size": ranks}) for r in range(ranks)]
+        else:
+            jobs = [self._new_submitted(msg, env, msg.get("name") or "")]
+        for job in jobs:
+            try:
+                job.pid = node.sup.spawn(job)
+            except OSError as e:
+                for other in jobs:
+                    node.sup.kill(other)
+                    node.finish(other, "failed", None, f"could not start: {e}")
+                raise Refused(f"submit: could not start {msg['argv'][0]!r}: {e}")
+            job.starttime = proc_starttime(job.pid)
+            if job.gpu is not None:
+                job.detail = "starting"
+            node.store.save(job)
+        first = jobs[0]
+        data = {"job": first.id, "gpu": first.gpu, "pid": first.pid, "log": node.rundir.log_file(first.id)}
+        if ranks is not None:
+            data.update(gang=first.gang["id"], jobs=[j.id for j in jobs], pids=[j.pid for j in jobs])
+        return data
+
+    def _new_submitted(self, msg: protocol.Message, env: dict, name: str, gang: Optional[dict] = None) -> Job:
+        node = self.node
+        job = Job(node.store.next_job_id(), secrets.token_hex(16), name, list(msg["argv"]), msg["cwd"],
+                  weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"), managed=True, env=env)
+        job.gpus_wanted, job.gang, job.pinned = msg.get("gpus", 1), gang, msg.get("gpu")
+        job.hook = msg.get("hook", True)
+        node.admission.admit(job, "submit")
+        node.jobs[job.id] = job
+        if job.gpu is None:
+            node.admission.enqueue(job)
+        return job
+
+    def decisions(self, req: Request):
+        self._admin(req.msg)
+        return {"decisions": self.node.store.decisions(req.msg.get("limit") or 100)}
+
+    def shutdown(self, req: Request):
+        node = self.node
+        self._admin(req.msg)
+        if req.msg.get("kill_jobs"):
+            for job in node.jobs.values():
+                if not job.final:
+                    node.sup.kill(job)
+                    node.finish(job, "killed", None, "killed at daemon shutdown")
+        node.stop()
+        return {"stopping": True}

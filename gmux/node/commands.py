@@ -1,0 +1,122 @@
+"""Commands in flight to jobs, and the requests whose replies wait for them.
+
+gmuxd tells a job what to do with a command (suspend, resume, checkpoint, migrate, spill); the job carries it
+out at its next mini-batch boundary and answers with a `result`. Until then the command is in flight here,
+under an id unique across daemon restarts, so a late answer to the previous daemon's command finds nothing and
+is ignored. A request that waits for jobs to act (a gang's suspend waits for every rank) is a Waiter: answered
+once every job has acknowledged, at once with an error when one fails or ends, and with an error when they
+have not acknowledged within WAIT_S.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from gmux import protocol
+from gmux.node.jobs import Job
+from gmux.wire.server import DEFERRED, Request, Server
+
+WAIT_S = 120.0    # a request waiting this long for acknowledgements gets an error (a job stuck in a mini-batch)
+
+
+@dataclass
+class Waiter:
+    """A request whose reply waits for jobs to acknowledge `kind`."""
+    identity: bytes
+    msg_id: int
+    kind: str
+    t0: float
+    job: str                  # the job the request named
+    jobs: tuple               # every job acknowledging
+    left: set = field(default_factory=set)
+    done: bool = False
+
+
+class Commands:
+    def __init__(self, server: Server):
+        self.server = server
+        # Unique across restarts: milliseconds since the epoch, times 1000 commands of headroom per millisecond.
+        self._ids = itertools.count(int(time.time() * 1000) % (1 << 40) * 1000)
+        self.inflight: dict[int, tuple[str, str, float]] = {}   # cmd -> (job, kind, sent at)
+        self.waiters: dict[str, list[Waiter]] = {}              # job -> requests waiting on its acknowledgement
+
+    # --- commands ---
+    def send(self, job: Job, kind: str, args: dict) -> int:
+        cmd = next(self._ids)
+        self.inflight[cmd] = (job.id, kind, time.monotonic())
+        frame = protocol.encode("command", 0, cmd=cmd, kind=kind, args=args)
+        if job.identity is None or not self.server.send(job.identity, frame):
+            job.outbox.append(frame)   # sent when the job's agent is next heard from (e.g. after a restart)
+        return cmd
+
+    def heard_from(self, job: Job, identity: bytes) -> None:
+        """The job's agent speaks from `identity` (a new connection, or the first): what waited for it goes now."""
+        if job.identity != identity:
+            job.identity = identity
+            for frame in job.outbox:
+                self.server.send(identity, frame)
+            job.outbox.clear()
+
+    def answered(self, cmd: int, job_id: str) -> Optional[tuple[str, float]]:
+        """The job answered command `cmd`: (kind, sent at), or None when nothing of it is in flight (an answer
+        to a previous daemon's command, a repeat, or another job's command)."""
+        entry = self.inflight.pop(cmd, None)
+        if entry is None or entry[0] != job_id:
+            return None
+        return entry[1], entry[2]
+
+    def forget(self, job_id: str) -> list[str]:
+        """Drops the job's commands in flight (its process is gone or replaced); returns their kinds."""
+        mine = [c for c, e in self.inflight.items() if e[0] == job_id]
+        return [self.inflight.pop(c)[1] for c in mine]
+
+    # --- requests waiting for acknowledgements ---
+    def defer(self, jobs: Union[str, tuple, list], kind: str, req: Request, named: Optional[str] = None):
+        """The reply to `req` is sent once every job in `jobs` (one id, or a gang's) has acknowledged `kind`."""
+        jobs = (jobs,) if isinstance(jobs, str) else tuple(jobs)
+        w = Waiter(req.identity, req.msg.id, kind, req.received_at, named or jobs[0], jobs, set(jobs))
+        for j in jobs:
+            self.waiters.setdefault(j, []).append(w)
+        return DEFERRED
+
+    def wake(self, job_id: str, kind: str, ok: bool, latency: float, error=None,
+             boundary_wait: Optional[float] = None) -> None:
+        """The job acknowledged `kind` (or failed it): the requests waiting for it hear, once all theirs have."""
+        waiting = self.waiters.get(job_id, [])
+        for w in [w for w in waiting if w.kind == kind]:
+            waiting.remove(w)
+            if w.done:
+                continue
+            if not ok:
+                w.done = True
+                self.server.refuse(w.identity, w.msg_id, f"{kind} of {job_id} failed: {error}")
+                continue
+            w.left.discard(job_id)
+            if not w.left:
+                w.done = True
+                data = {"job": w.job, "kind": kind, "latency_s": time.monotonic() - w.t0, "job_latency_s": latency}
+                if boundary_wait is not None:   # of job_latency_s, the wait for the job's next boundary
+                    data["boundary_wait_s"] = boundary_wait
+                if len(w.jobs) > 1:
+                    data["jobs"] = list(w.jobs)
+                self.server.reply(w.identity, w.msg_id, data)
+
+    def ended(self, job: Job, why: str) -> None:
+        """The job has ended: nothing more goes to it, and every request waiting on it hears why."""
+        job.outbox.clear()
+        self.forget(job.id)
+        for w in self.waiters.pop(job.id, []):
+            if not w.done:
+                w.done = True
+                self.server.refuse(w.identity, w.msg_id, f"{w.kind}: job {job.id} ended ({why})")
+
+    def expire(self, now: float) -> None:
+        for job_id, waiting in self.waiters.items():
+            for w in [w for w in waiting if now - w.t0 > WAIT_S]:
+                waiting.remove(w)
+                if not w.done:
+                    w.done = True
+                    self.server.refuse(w.identity, w.msg_id, f"{w.kind} of {job_id}: no acknowledgement in "
+                                                             f"{WAIT_S:.0f} s (is the job stuck inside a mini-batch?)")

@@ -1,0 +1,180 @@
+"""gmuxd's handlers for what jobs say about themselves: register, report, heartbeat, result, bye.
+
+A job proves who it is with the token it got at registration, and can act only on itself. Its reports feed
+the measurements (rates, memory at the boundary and at peak) that the slicer and the packer decide on; its
+results acknowledge commands (the slicer's switches, migrations, spills, checkpoints) and wake the requests
+waiting for them. Each handler takes a gmux.wire.server.Request and returns the reply's data.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import secrets
+import time
+from typing import TYPE_CHECKING, Optional
+
+from gmux.node.jobs import Job
+from gmux.util.sizes import format_size
+from gmux.wire.server import Refused, Request
+
+if TYPE_CHECKING:
+    from gmux.node.daemon import Daemon
+
+log = logging.getLogger("gmux.daemon")
+
+SOLO_MIN_SPAN_S = 1.5   # a solo rate needs at least this much measured residency
+
+
+class JobHandlers:
+    def __init__(self, node: "Daemon"):
+        self.node = node
+
+    def table(self) -> dict:
+        return {"register": self.register, "report": self.report, "heartbeat": self.heartbeat,
+                "result": self.result, "bye": self.bye}
+
+    def _job(self, req: Request) -> Job:
+        """The job the message is from, proven by its token."""
+        msg = req.msg
+        job = self.node.jobs.get(msg["job"])
+        if job is None or not hmac.compare_digest(job.token, msg["token"]):
+            raise Refused(f"{msg.type}: unknown job {msg['job']!r} or wrong token (a job can only act on itself)")
+        self.node.commands.heard_from(job, req.identity)
+        return job
+
+    def register(self, req: Request):
+        node, msg, now = self.node, req.msg, time.monotonic()
+        if msg["pid"] <= 1 or msg["pid"] == os.getpid():
+            raise Refused(f"register: pid {msg['pid']} cannot be a job")
+        if msg.get("job"):
+            job = node.jobs.get(msg["job"])
+            if job is None or not msg.get("token") or not hmac.compare_digest(job.token, msg["token"]):
+                raise Refused(f"register: unknown job {msg['job']!r} or wrong token")
+            if job.final:
+                raise Refused(f"register: job {job.id} has ended ({job.state}: {job.detail})")
+            # A migrated (or spilled) job's process, back from re-executing itself. Its migrate result may
+            # still be on the way (another connection): the migration is complete either way, and is counted
+            # here (its result, arriving later, finds no command in flight and is ignored).
+            job.migrations += node.commands.forget(job.id).count("migrate")
+            node.leave_gpu(job, now)
+            node.commands.wake(job.id, "migrate", True, 0.0)
+            job.outbox.clear()
+            job.gpu = job.target_gpu if job.target_gpu is not None else job.gpu
+            job.target_gpu = None
+        else:
+            job = Job(node.store.next_job_id(), secrets.token_hex(16), msg.get("name") or "",
+                      list(msg["argv"]), msg.get("cwd", ""), weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"))
+            job.gpus_wanted, job.gang, job.pinned = msg.get("gpus", 1), msg.get("gang"), msg.get("gpu")
+            node.admission.admit(job, "register")
+            node.jobs[job.id] = job
+        job.pid, job.starttime = msg["pid"], msg.get("starttime")
+        job.migratable = bool(msg.get("migratable", False))
+        job.identity = req.identity
+        job.registered = True
+        job.state, job.started, job.detail = "waiting", False, ""
+        job._step_offset = None   # a new process counts boundaries from 0
+        job.host_bytes = 0        # a new process holds no suspended state
+        job.start_window()
+        if job.gpu is None:
+            node.admission.enqueue(job)
+        else:
+            node.seat(job, now)
+        node.store.save(job)
+        log.info("admitted %s on GPU %s (weight %g, mem %s)", job.id, job.gpu, job.weight,
+                 format_size(job.working_set()))
+        return {"job": job.id, "token": job.token, "gpu": job.gpu,
+                "env": node.env(job) if job.gpu is not None else {}}
+
+    def report(self, req: Request):
+        job, msg = self._job(req), req.msg
+        r = msg["report"]
+        job.last_report = r
+        if isinstance(r.get("step"), int):
+            job.step = r["step"]
+            job.count(msg.get("boundaries"), r["step"])
+        for key in ("mem_boundary", "mem_peak"):
+            if isinstance(r.get(key), int):
+                setattr(job, key, r[key])
+        self._observe_state(job, msg.get("state"))
+        slicer = self.node.slicers.get(job.gpu)
+        if slicer is not None and job.id in slicer.resident and not slicer.busy_with(job.id):
+            if slicer.entries.get(job.id) and slicer.entries[job.id].mem != job.working_set():
+                for pack in slicer.set_mem(job.id, job.working_set()):
+                    self.node.decide(job.gpu, "unpack", sorted(pack), {"mem": job.working_set()},
+                                     f"GPU {job.gpu}: {'+'.join(sorted(pack))} no longer fit in memory: unpacked")
+        return None
+
+    def heartbeat(self, req: Request):
+        job, msg = self._job(req), req.msg
+        job.count(msg.get("boundaries"))
+        self._observe_state(job, msg["state"])
+        slicer = self.node.slicers.get(job.gpu)
+        if (msg.get("boundaries") is not None and msg.get("t") is not None and slicer is not None
+                and job.id in slicer.resident and not slicer.busy_with(job.id)):
+            job.sample(float(msg["t"]), msg["boundaries"])
+            # A solo rate is a rate measured while nothing else held the GPU.
+            if slicer.resident == {job.id} and job.window_span() >= min(SOLO_MIN_SPAN_S, 0.6 * slicer.quantum):
+                job.solo_measured(job.window_rate())
+        return None
+
+    def _observe_state(self, job: Job, state: Optional[str]) -> None:
+        if state and job.gpu in self.node.slicers:
+            self.node.slicers[job.gpu].observed(job.id, state, time.monotonic())
+
+    def result(self, req: Request):
+        node, msg = self.node, req.msg
+        job = self._job(req)
+        job.count(msg.get("boundaries"))
+        answered = node.commands.answered(msg["cmd"], job.id)
+        if answered is None:
+            return None     # an answer to a command of a previous daemon, or a repeat: nothing waits for it
+        kind, sent = answered
+        now = time.monotonic()
+        result = msg["result"]
+        ok = bool(result.get("ok"))
+        if kind == "suspend" and not ok and msg.get("state") == "suspended":
+            ok = True   # it was suspended already (our belief was stale, e.g. after a restart): same outcome
+        latency = now - sent
+        taken = msg.get("taken_at")
+        # (stamped as the job's boundary began: a command arriving during that boundary's poll waited 0)
+        waited = max(0.0, taken - sent) if taken is not None and taken <= now else None
+        # The requester hears first; the bookkeeping below cannot change the outcome, and this loop is
+        # single-threaded, so nothing can observe the order.
+        node.commands.wake(job.id, kind, ok, latency, result.get("error"), waited)
+        slicer = node.slicers.get(job.gpu)
+        if not ok:
+            log.warning("%s: %s failed: %s", job.id, kind, result.get("error"))
+            job.detail = f"{kind} failed: {result.get('error')}"
+        if kind in ("suspend", "resume") and slicer is not None:
+            slicer.acked(job.id, kind, now, ok)
+            if ok:
+                job.suspend_seconds += latency
+                if kind == "suspend":
+                    job.suspends += 1
+                    job.host_bytes = int(result.get("bytes") or 0)
+                else:
+                    job.started, job.host_bytes = True, 0
+                    job.start_window()
+        elif kind == "spill":
+            if slicer is not None:
+                slicer.clear_busy(job.id)
+            if ok:
+                job.host_bytes = 0
+            else:
+                job.spill_refused = True    # e.g. the allocator tier: asking again would fail again
+        elif kind == "migrate":
+            if slicer is not None:
+                slicer.clear_busy(job.id)
+            if ok:
+                node.leave_gpu(job, now)
+                job.state, job.migrations, job.host_bytes = "migrating", job.migrations + 1, 0
+                node.store.save(job)
+        return None
+
+    def bye(self, req: Request):
+        job, msg = self._job(req), req.msg
+        state = "exited" if msg["status"] == 0 else "failed"
+        detail = msg.get("reason") or ("finished" if state == "exited" else f"exit status {msg['status']}")
+        self.node.finish(job, state, msg["status"], detail)
+        return None

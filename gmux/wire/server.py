@@ -1,0 +1,155 @@
+"""One server loop for a ROUTER socket, apart from what its messages mean: gmuxd and gmux-scheduler both run it.
+
+The owner binds the socket and gives the loop a handler table (message type -> callable). The loop polls,
+takes up to `batch` waiting messages, then calls the owner's `tick`, and again, until `until()` says stop.
+Each message is decoded and validated against the owner's message table (gmux.protocol) before a handler
+sees it. What a handler returns is the reply's data; what it raises decides the answer:
+  - one of the owner's refusal exceptions (a valid message it will not carry out): an error reply with its text;
+  - anything else is a bug of ours. It costs that one request, never the loop: an internal-error reply, logged
+    and counted (`internal_errors`; the tests assert it stays 0).
+A handler whose answer must wait (for a job to acknowledge a command) returns DEFERRED, and the owner answers
+later with `reply` or `refuse`. Sends never block: a peer that is gone or not reading loses its reply and the
+loop goes on, since one stuck client must never wedge the loop that serves every other.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+import zmq
+
+from gmux import protocol
+
+log = logging.getLogger("gmux.server")
+
+DEFERRED = object()    # a handler's answer that the owner sends later (with reply or refuse)
+MAX_ERROR = 1000       # an error text quoting a bad value can be long; the sender needs only its start
+
+
+class Refused(Exception):
+    """A valid message that will not be carried out; its text goes back to the sender."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One validated message and where it came from, as a handler gets it."""
+    identity: bytes                    # the ROUTER routing id: where replies to it go
+    msg: protocol.Message
+    received_at: float                 # time.monotonic() on arrival: a deferred reply's latency counts from here
+    peer: Any = None                   # who the peer's key says it is, from `authenticate` (e.g. (role, name))
+    attachment: Optional[bytes] = None  # a raw second frame (a checkpoint chunk), where the owner takes one
+
+
+Handler = Callable[[Request], Any]
+
+
+def _bytes(frame) -> bytes:
+    return frame if isinstance(frame, bytes) else frame.bytes
+
+
+class Server:
+    """The loop over one bound ROUTER socket.
+
+    handlers: message type -> handler; with `authenticate`, role -> (message type -> handler) instead, since
+      what a daemon's key may send is not what a client's key may.
+    name: says whose internal error an internal-error reply reports ("gmuxd").
+    table: the protocol message table frames are validated against (None: gmux.protocol.MESSAGES).
+    refusals: exceptions a handler raises to refuse a message (answered, counted in `refused`, not logged).
+    authenticate: frame -> (role, name), or None for a peer without a known key; from the frame's
+      properties (ZAP User-Id), never from what the peer says.
+    attachments: a message may carry one raw frame after it (a checkpoint chunk).
+    reply_to_none: a handler returning None is answered with an empty ok reply (gmuxd: a job's one-way messages
+      are acknowledged), or not at all (gmux-scheduler: a link's reports are one-way).
+    unknown: the refusal text for a message type no handler takes ({type}, and with roles {role}).
+    """
+
+    def __init__(self, sock: zmq.Socket, handlers: Mapping, *, name: str, table: Optional[dict] = None,
+                 refusals: tuple = (Refused,), authenticate: Optional[Callable[[Any], Any]] = None,
+                 attachments: bool = False, reply_to_none: bool = True,
+                 unknown: str = "{type} is not accepted from a {role} key"):
+        self.sock = sock
+        self.handlers = handlers
+        self.name = name
+        self.table = table
+        self.refusals = refusals
+        self.authenticate = authenticate
+        self.attachments = attachments
+        self.reply_to_none = reply_to_none
+        self.unknown = unknown
+        # An unroutable send must raise (and be dropped here) rather than vanish silently inside ZeroMQ.
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.messages = 0          # frames received
+        self.refused = 0           # of which answered with an error: malformed, unknown, or refused by a handler
+        self.internal_errors = 0   # of which a handler failed on (a bug)
+
+    def serve(self, tick: Callable[[], None], until: Callable[[], bool], poll_s: float = 0.02,
+              batch: int = 1000) -> None:
+        """Runs until `until()` is true. `tick` runs after each poll: at least every `poll_s`, and after every
+        `batch` messages, so a flood of messages cannot starve the owner's timers."""
+        copy = self.authenticate is None    # the frame's properties (the key's User-Id) need a zmq.Frame
+        while not until():
+            if self.sock.poll(poll_s * 1000):
+                for _ in range(batch):
+                    try:
+                        identity, *frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=copy)
+                    except zmq.Again:
+                        break
+                    self.receive(identity, frames)
+            tick()
+
+    def receive(self, identity, frames: list) -> None:
+        """One message from `identity` (its frames after the routing id): decoded, handled, answered."""
+        identity = _bytes(identity)
+        self.messages += 1
+        received_at = time.monotonic()
+        peer = self.authenticate(frames[0]) if self.authenticate is not None and frames else None
+        most = 2 if self.attachments else 1
+        if not 1 <= len(frames) <= most or (self.authenticate is not None and peer is None):
+            self._refuse(identity, 0, "expected one message frame (two for a checkpoint chunk)" if self.attachments
+                         else f"expected one frame per message, got {len(frames)}")
+            return
+        try:
+            msg = protocol.decode(_bytes(frames[0]), self.table)
+        except protocol.ProtocolError as e:
+            self._refuse(identity, 0, str(e))
+            return
+        role = peer[0] if self.authenticate is not None else None
+        handler = (self.handlers if role is None else self.handlers.get(role, {})).get(msg.type)
+        if handler is None:
+            self._refuse(identity, msg.id, self.unknown.format(type=msg.type, role=role))
+            return
+        request = Request(identity, msg, received_at, peer, _bytes(frames[1]) if len(frames) == 2 else None)
+        try:
+            data = handler(request)
+        except self.refusals as e:
+            self._refuse(identity, msg.id, str(e))
+            return
+        except Exception as e:
+            self.internal_errors += 1
+            log.exception("%s: internal error handling %s", self.name, msg.type)
+            self.refuse(identity, msg.id, f"{self.name} internal error on {msg.type}: {e!r}")
+            return
+        if data is DEFERRED or (data is None and not self.reply_to_none):
+            return
+        self.reply(identity, msg.id, data)
+
+    def _refuse(self, identity: bytes, msg_id, text: str) -> None:
+        self.refused += 1
+        self.refuse(identity, msg_id, text)
+
+    # --- sending (also for deferred answers, and for messages the owner starts itself) ---
+    def reply(self, identity: bytes, msg_id: int, data: Any = None) -> bool:
+        return self.send(identity, protocol.reply(msg_id, True, data=data))
+
+    def refuse(self, identity: bytes, msg_id, text: str) -> bool:
+        return self.send(identity, protocol.error_reply(msg_id, text[:MAX_ERROR]))
+
+    def send(self, identity: bytes, frame: bytes) -> bool:
+        """False when the frame could not be queued: the peer is gone (EHOSTUNREACH) or not reading (EAGAIN)."""
+        try:
+            self.sock.send_multipart([identity, frame], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False
