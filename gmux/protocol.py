@@ -92,13 +92,22 @@ def _bool(v):
     return None if isinstance(v, bool) else f"expected true/false, got {type(v).__name__}"
 
 
+def _exec_str(v, max_len=MAX_STR):
+    """A string handed to the kernel when a process starts (argument, environment, directory): no NUL byte,
+    which exec cannot pass."""
+    p = _str(v, max_len)
+    if p:
+        return p
+    return "holds a NUL byte, which no process argument, environment entry or path can" if "\0" in v else None
+
+
 def _str_list(v):
     if not isinstance(v, list):
         return f"expected a list of strings, got {type(v).__name__}"
     if len(v) > MAX_LIST:
         return f"list of {len(v)} items exceeds {MAX_LIST}"
     for i, item in enumerate(v):
-        p = _str(item)
+        p = _exec_str(item)
         if p:
             return f"item {i}: {p}"
     return None
@@ -119,6 +128,8 @@ def _env(v):
     for k, val in v.items():
         if _str(k, 256) or _str(val):
             return f"entry {str(k)[:40]!r}: keys and values must be strings"
+        if _exec_str(k, 256) or _exec_str(val) or not k or "=" in k:
+            return f"entry {str(k)[:40]!r}: a name without '=' and a value, neither holding a NUL byte"
     return None
 
 
@@ -210,10 +221,7 @@ class _By:
 
 
 def _path(v):
-    p = _str(v)
-    if p:
-        return p
-    return "a path cannot be empty or hold a NUL byte" if not v or "\0" in v else None
+    return "a path cannot be empty" if v == "" else _exec_str(v)
 
 
 def _one_of(*choices):
@@ -280,7 +288,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     "register": {
         "pid": (_nonneg_int, True),
         "argv": (_str_list, True),
-        "cwd": (_str, False),
+        "cwd": (_exec_str, False),
         "name": (_optional(_name), False),
         "weight": (_pos_float, False),
         "mem": (_optional(_nonneg_int), False),     # declared working set, bytes; None: measure it
@@ -321,7 +329,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     "submit": {
         "admin": (lambda v: _str(v, 128), True),
         "argv": (_argv, True),
-        "cwd": (_str, True),
+        "cwd": (_exec_str, True),
         "env": (_env, False),
         "name": (_optional(_name), False),
         "weight": (_pos_float, False),
@@ -541,7 +549,7 @@ def _names(max_items: int):
     return f
 
 
-_START = {"argv": (_argv, True), "cwd": (_str, True), "env": (_env, False),
+_START = {"argv": (_argv, True), "cwd": (_exec_str, True), "env": (_env, False),
           # rank r runs on gpus[r] (distinct GPUs of this machine) and restores received checkpoint restore[r]
           "gpus": (_gpu_list, True),
           "restore": (_optional(_names(MAX_RANKS)), False), "mem": (_optional(_nonneg_int), False),
@@ -582,7 +590,7 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     "node_action": {"action": (_one_of(*CLUSTER_ACTIONS), True), "cjob": (_name, True),
                     "args": (_By("action", ACTION_ARGS), True)},
     # --- clients (gmux submit/ps --cluster) -> scheduler ---
-    "c_submit": {"argv": (_argv, True), "cwd": (_str, True), "env": (_env, False), "name": (_optional(_name), False),
+    "c_submit": {"argv": (_argv, True), "cwd": (_exec_str, True), "env": (_env, False), "name": (_optional(_name), False),
                  "ranks": (_ranks, False), "mem": (_optional(_nonneg_int), False),
                  "weight": (_pos_float, False), "ckpt_every": (_optional(_pos_float), False)},
     "c_ps": {"all": (_bool, False)},

@@ -140,3 +140,16 @@ def test_typed_payloads_round_trip():
     with pytest.raises(ProtocolError, match="xfers: item 0"):
         encode("node_event", 3, table=protocol.CLUSTER_MESSAGES, name="m1", cjob="c1", event="checkpointed",
                data={"xfers": ["../etc"]})
+
+
+@pytest.mark.parametrize("fields", [
+    {"argv": ["python", "a\0b"], "cwd": "/"},
+    {"argv": ["python"], "cwd": "/tmp\0x"},
+    {"argv": ["python"], "cwd": "/", "env": {"A": "b\0c"}},
+    {"argv": ["python"], "cwd": "/", "env": {"A=B": "c"}},
+    {"argv": ["python"], "cwd": "/", "env": {"": "c"}},
+])
+def test_submit_refuses_what_exec_cannot_take(fields):
+    """A NUL byte in argv, env or cwd made the spawn fail inside gmuxd and left ghost jobs; it is refused at the edge."""
+    with pytest.raises(ProtocolError, match="NUL|without '='"):
+        decode(frame(type="submit", admin="a", **fields))
