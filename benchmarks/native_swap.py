@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gmux.job import allocator as na  # noqa: E402
+from gmux.job.memory import native as na  # noqa: E402
 
 MiB = 1 << 20
 SLOT = 1 * MiB  # live ranges: the first fraction of every 1 MiB slot of every allocation

@@ -46,7 +46,7 @@ def test_suspends_and_restores_in_new_processes_are_lossless(model, steps, tmp):
 @pytest.mark.parametrize("options,tier", [([], "state"), (["--pool", "64MiB", "--no-native"], "state"),
                                           (["--pool", "64MiB"], "allocator")])
 def test_unmodified_script_under_the_transparent_hook(options, tier, tmp):
-    from gmux.job import allocator
+    from gmux.job.memory import native as allocator
     if tier == "allocator" and not allocator.available():
         pytest.skip("gmux._native is not built")
     script = "tests/scripts/plain_train.py"

@@ -7,69 +7,37 @@
             job.boundary()                  # optional: explicit boundaries (e.g. gradient accumulation)
 
 or runs unmodified under `python -m gmux.job.run script.py` (transparent optimizer hook).
+
+The names below are loaded on first use: gmux-launch imports its own modules from this package (the runner,
+the gmuxd agent, control) to register the job before the user's script runs, and must not pay for torch first.
 """
 from __future__ import annotations
 
-import os
-import time
-from typing import Optional
+import importlib
 
-import torch
+# Public name -> the module of this package that defines it.
+_EXPORTS = {
+    "attach": "api", "current": "api",
+    "install_hook": "hook",
+    "Job": "job", "JobExit": "job",
+    "Command": "control", "Controller": "control", "LocalController": "control",
+    "DevicePool": "memory.python_pool", "PoolExhausted": "memory.python_pool",
+    "SpillError": "memory.spill",
+    "CheckpointError": "checkpoint",
+    "StateMismatch": "state", "TrackedState": "state",
+}
 
-from . import control
-from .checkpoint import CheckpointError
-from .control import Command, Controller, LocalController
-from .device_pool import DevicePool, PoolExhausted
-from .hook import install_hook
-from .job import Job, JobExit
-from .state import StateMismatch, TrackedState
-from .swap import SpillError
-
-_current: Optional[Job] = None
-
-
-def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None,
-           controller: Optional[Controller] = None, pool: Optional[DevicePool] = None,
-           device=None, restore: Optional[str] = None) -> Job:
-    """Makes this process a gmux job tracking `objects` (modules, optimizers, LR schedulers, GradScalers),
-    the tensors in `extras` and the picklable values in `state` (kept by reference: the job's `state` is
-    that dict). Returns the job, also available as `gmux.job.current()`.
-
-    Under gmux-launch the controller is gmuxd's agent and, after a migration, the job's state is restored
-    here from the checkpoint gmuxd names in GMUX_RESTORE (or from `restore=`), so the script continues
-    exactly where it left off."""
-    global _current
-    tracked = TrackedState()
-    for obj in objects:
-        tracked.add(obj)
-    for name, t in (extras or {}).items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"extras['{name}'] is a {type(t).__name__}, not a tensor; put it in state=")
-    tracked.extras = dict(extras or {})
-    if state is not None:
-        tracked.state = state
-    _current = Job(tracked, controller=controller if controller is not None else control.default(), pool=pool,
-                   device=device)
-    restore = restore or os.environ.get("GMUX_RESTORE")
-    if restore:
-        _await(restore, float(os.environ.get("GMUX_RESTORE_WAIT") or 0))
-        _current.restore(restore)
-    return _current
+__all__ = list(_EXPORTS)
 
 
-def _await(path: str, seconds: float) -> None:
-    """A job started on a machine while its checkpoint is still on the way there (a cross-machine move overlaps
-    the new process's start with the transfer) waits here for the file; it appears whole (renamed once verified)."""
-    deadline = time.monotonic() + seconds
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    if seconds and not os.path.exists(path):
-        raise CheckpointError(f"{path}: the checkpoint to restore did not arrive within {seconds:g} s")
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value   # once loaded, a plain attribute
+    return value
 
 
-def current() -> Optional[Job]:
-    return _current
-
-
-__all__ = ["attach", "current", "install_hook", "Job", "JobExit", "Command", "Controller", "LocalController",
-           "DevicePool", "PoolExhausted", "SpillError", "CheckpointError", "StateMismatch", "TrackedState"]
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])

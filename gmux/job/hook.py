@@ -12,10 +12,10 @@ import gc
 import warnings
 from typing import Optional
 
-import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch import nn
 
+from .api import set_current
 from .control import Controller
 from .job import Job
 from .state import TrackedState, _is_scaler, _is_scheduler
@@ -49,7 +49,8 @@ def _discover(job: Job) -> None:
 
 
 def install_hook(controller: Optional[Controller] = None, pool=None) -> Job:
-    """Makes this process a gmux job whose boundaries are its optimizer steps. Idempotent."""
+    """Makes this process a gmux job whose boundaries are its optimizer steps. Idempotent. `pool`: the
+    virtual GPU's memory a runner set up (gmux.job.memory.device_memory), or None."""
     global _installed
     if _installed is not None:
         return _installed
@@ -67,6 +68,5 @@ def install_hook(controller: Optional[Controller] = None, pool=None) -> Job:
 
     register_optimizer_step_post_hook(after_step)
     _installed = job
-    import gmux.job
-    gmux.job._current = job
+    set_current(job)
     return job

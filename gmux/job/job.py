@@ -17,10 +17,9 @@ import torch
 from . import checkpoint as ckpt
 from .control import Command, Controller, LocalController
 from .data import DataPosition, batches, epochs
-from .device_pool import DevicePool
+from .memory import choose_tier
 from .profile import Profile
 from .state import TrackedState
-from .allocator_tier import choose_tier
 
 REPORT_EVERY_S = 1.0
 
@@ -31,12 +30,12 @@ class JobExit(SystemExit):
 
 class Job:
     def __init__(self, tracked: TrackedState, controller: Optional[Controller] = None,
-                 pool: Optional[DevicePool] = None, device: Optional[torch.device | str] = None,
+                 pool=None, device: Optional[torch.device | str] = None,
                  discover: Optional[Callable[["Job"], None]] = None):
         self.tracked = tracked
         self.controller: Controller = controller if controller is not None else LocalController()
         self.device = torch.device(device) if device is not None else _device_of(tracked)
-        self.tier = choose_tier(self.device, pool)
+        self.tier = choose_tier(self.device, pool)   # its memory tier (gmux/job/memory/tier.py)
         self.position = DataPosition()
         self.profile = Profile(self.device)
         self._discover = discover
@@ -99,8 +98,7 @@ class Job:
     def report(self) -> dict:
         tracked = 0 if self.suspended else _storage_bytes(self.tracked.tensors())
         report = self.profile.report(tracked)
-        if hasattr(self.tier, "memory"):  # the allocator tier's tracker: live at boundary, peak, by tag
-            report.update(self.tier.memory())
+        report.update(self.tier.memory())   # the allocator tier's tracker: live at boundary, peak, by tag
         return report
 
     # -- commands ------------------------------------------------------------------------------------------
@@ -171,9 +169,6 @@ class Job:
 
     def spill(self, path: str) -> dict:
         """While suspended: moves the host copy of the state to a file at `path`, freeing its host memory."""
-        if not hasattr(self.tier, "spill"):
-            raise RuntimeError("spill: the allocator tier keeps suspended bytes in its own host store and cannot "
-                               "spill them in-process; checkpoint and migrate the job instead")
         figures = self.tier.spill(path)
         self.profile.spills += 1
         return figures

@@ -1,9 +1,10 @@
 """gmux-launch: turns `python train.py ...` into a gmux job, in this very process.
 
 Steps: register with gmuxd (admission: it gives a job id, a token and a GPU), wait until told to start (the
-GPU may be time-sliced among several jobs), set the GPU in the environment, install the runtime's
-transparent boundary hook with the agent as its controller, then run the script with runpy as `__main__`.
-The script is not modified and runs in this process, so the hook sees its optimizer steps.
+GPU may be time-sliced among several jobs), set the GPU in the environment, then run the script through the
+runner shared with `python -m gmux.job.run` (runner.py: device memory, the transparent hook with the agent as
+its controller, runpy as `__main__`). The script is not modified and runs in this process, so the hook sees
+its optimizer steps. What is launch's own: gmuxd, its start, the exit record, and the re-exec after a move.
 
 Migration (and spilling to disk) end the job's run at a boundary with its state in a checkpoint; the launcher
 then re-executes itself (same pid, so the shell that started it still waits on it), re-registers with the
@@ -12,14 +13,13 @@ same job id and token, and when started again runs the script with GMUX_RESTORE 
 from __future__ import annotations
 
 import os
-import runpy
 import sys
-import traceback
 from dataclasses import dataclass
 from typing import Optional
 
-from gmux.job import control
+from gmux.job import control, runner
 from gmux.job.agent import Agent
+from gmux.job.runner import script_of
 from gmux.rundir import RuntimeDir, my_starttime, write_exit
 
 
@@ -39,26 +39,6 @@ class LaunchOptions:
     gang: Optional[dict] = None  # {id, rank, size}: one rank of a torch.distributed job
 
 
-def script_of(argv: list) -> tuple[str, str, list]:
-    """('path'|'module', target, sys.argv for it) from `python [-u] train.py args`, `python -m mod args`
-    or `train.py args`."""
-    args = list(argv)
-    if args and os.path.basename(args[0]).startswith("python"):
-        args = args[1:]
-        while args and args[0].startswith("-") and args[0] != "-m":
-            if args[0] in ("-c",):
-                raise SystemExit("gmux-launch runs a script or a module (-m), not python -c")
-            args = args[1:]   # interpreter flags (-u, -O, ...) do not change what runs
-        if args and args[0] == "-m":
-            if len(args) < 2:
-                raise SystemExit("gmux-launch: python -m needs a module name")
-            return "module", args[1], args[1:]
-    if not args or not args[0].endswith(".py") and not os.path.isfile(args[0]):
-        raise SystemExit(f"gmux-launch runs Python training scripts in its own process; got {argv!r}. "
-                         f"Write: gmux-launch -- python train.py ARGS")
-    return "path", args[0], args
-
-
 def run(opt: LaunchOptions) -> int:
     kind, target, script_argv = script_of(opt.argv)
     rundir = RuntimeDir(opt.runtime_dir)
@@ -74,6 +54,7 @@ def run(opt: LaunchOptions) -> int:
     job_id = reg["job"]
     os.environ.update(reg["env"])
     os.environ.update({"GMUX_JOB_ID": job_id, "GMUX_RUNTIME_DIR": rundir.root})
+    runner.warm_up()
     # Admitted; now wait for our turn on the GPU (immediately, when it is free).
     start = agent.wait()
     while start.kind != "resume":
@@ -99,36 +80,16 @@ def run(opt: LaunchOptions) -> int:
         # quantum, which starts with the acknowledgement, would be spent before its first mini-batch.
         agent.reply(start, {"ok": True, "started": True})
     agent.on_first_boundary = first_boundary
-    status, reason = 0, "finished"
-    saved_argv = sys.argv
-    try:
-        control.set_default(agent)
-        if os.environ.get("GMUX_NATIVE", "1") != "0":  # GMUX_NATIVE=0: torch's own allocator, state tier
-            from gmux.job.allocator import route_this_job
-            route_this_job()
-        if opt.hook:
-            from gmux.job import install_hook
-            install_hook(controller=agent)
+
+    def setup() -> None:
+        control.set_default(agent)   # a script that attaches itself (--no-hook) is driven by gmuxd too
+        native = os.environ.get("GMUX_NATIVE", "1") != "0"   # GMUX_NATIVE=0: torch's own allocator, state tier
+        runner.prepare(agent, hook=opt.hook, native=native)
         agent.state = "running"
-        sys.argv = list(script_argv)
-        if kind == "module":
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
-            runpy.run_path(target, run_name="__main__")
-    except SystemExit as e:   # includes gmux.job.JobExit (exit or migrate at a boundary)
-        if agent.migrating is not None:
-            _reexec(agent, opt, agent.migrating.get("path"))
-        code = e.code
-        status = code if isinstance(code, int) else (0 if code is None else 1)
-        reason = "finished" if status == 0 else f"exit status {status}"
-        if code is not None and not isinstance(code, int):
-            print(code, file=sys.stderr)
-    except BaseException as e:
-        traceback.print_exc()
-        status, reason = 1, f"{type(e).__name__}: {e}"[:500]
-    finally:
-        sys.argv = saved_argv
+    status, reason = runner.run_script(kind, target, script_argv, setup)
+    if agent.migrating is not None:
+        # The migrate was acknowledged: the state is in the checkpoint, and this process becomes the job's next.
+        _reexec(agent, opt, agent.migrating.get("path"))
     write_exit(rundir, job_id, status, reason)
     agent.bye(status, reason)
     agent.close()
@@ -156,8 +117,8 @@ def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
 def _check_restored(agent: Agent, rundir: RuntimeDir, path: str) -> None:
     """After a migration the script must have restored its state before its first boundary. If it did not,
     it is training from scratch: stop loudly (the checkpoint stays on disk) rather than lose the work silently."""
-    import gmux.job
-    job = gmux.job.current()
+    from gmux.job.api import current
+    job = current()
     if job is not None and job.profile.steps > 1:
         return
     msg = (f"job {agent.job} was moved with its state in {path}, but the script did not restore it: attach "

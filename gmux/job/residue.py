@@ -44,10 +44,8 @@ def _name(t: torch.Tensor, scratch: list, local_names: dict[int, str]) -> str:
 def residue(job) -> dict:
     pool = job.tier.pool if job.device.type == "cpu" else None
     if job.device.type == "cpu" and pool is None:
-        return {"tensors": [], "tensor_bytes": 0}
-    # A virtual GPU's device memory is its pool; any other CPU tensor is host memory, not residue.
-    on_device = (lambda t: pool.holds(t.untyped_storage().data_ptr())) if pool is not None \
-        else (lambda t: t.device == job.device)
+        return {"tensors": [], "tensor_bytes": 0}   # CPU tensors on the heap are host memory, never residue
+    on_device = job.tier.on_device   # what counts as the job's device memory is the tier's to say
     tracked = {id(t) for t in job.tracked.tensors()}
     held: dict[int, tuple[str, int]] = {}
     with warnings.catch_warnings():

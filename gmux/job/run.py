@@ -4,25 +4,27 @@
 
 With --cycle-every N the job is suspended and resumed at every Nth boundary (held suspended for --hold
 seconds): a way to check that a script survives suspension bit-identically before trusting it to a
-multiplexer. Without it, the hook only measures (see the summary printed at exit).
+multiplexer. Without it, the hook only measures (see the summary printed at exit). The script runs through
+the runner gmux-launch uses (runner.py); what is this module's own is the local controller that cycles.
 
 On a GPU, the script's allocations are routed through gmux's native allocator before it runs (the
 allocator tier: suspend keeps every pointer valid); --no-native keeps torch's own allocator and the state
-tier. On the CPU, --pool SIZE gives the job a virtual GPU of that much memory.
+tier. On the CPU, --pool SIZE gives the job a virtual GPU of that much memory (gmux's native pool and the allocator
+tier; with --no-native, the Python pool and the state tier).
 """
 from __future__ import annotations
 
 import argparse
 import atexit
 import os
-import runpy
 import sys
 import time
 from typing import Optional
 
-from .control import Command
-from .hook import install_hook
 from gmux.util.sizes import parse_size
+
+from . import runner
+from .control import Command
 
 
 class CycleController:
@@ -53,22 +55,6 @@ class CycleController:
             print(f"gmux: {command.kind} failed: {result.get('error')}", file=sys.stderr)
 
 
-def _device_memory(pool_bytes: int, native: bool):
-    """Routes CUDA allocations through gmux (GPU), or returns a virtual GPU's pool (CPU), or None."""
-    import torch
-    from . import allocator
-    if torch.cuda.is_available():
-        if native:
-            allocator.route_this_job()
-        return None
-    if not pool_bytes:
-        return None
-    if native and allocator.available():
-        return allocator.Pool.create(pool_bytes)
-    from .device_pool import DevicePool
-    return DevicePool(pool_bytes)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gmux.job.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,19 +72,16 @@ def main(argv=None) -> int:
     except ValueError as e:
         p.error(f"--pool: {e}")
     controller = CycleController(a.cycle_every, a.hold) if a.cycle_every else None
-    job = install_hook(controller=controller, pool=_device_memory(pool_bytes, native=not a.no_native))
+    job = runner.prepare(controller, pool_bytes=pool_bytes, native=not a.no_native)
 
     def summary():
         s, r = job.profile.last_suspend, job.profile.last_resume
-        tier = "allocator" if type(job.tier).__name__ == "AllocatorTier" else "state"
-        print(f"gmux: {job.profile.steps} boundaries, {job.profile.suspends} suspends, {tier} tier "
+        print(f"gmux: {job.profile.steps} boundaries, {job.profile.suspends} suspends, {job.tier.name} tier "
               f"({job.profile.bytes_moved / 2**20:.1f} MiB moved; last suspend {s.get('total_s', 0) * 1e3:.2f} ms, "
               f"resume {r.get('total_s', 0) * 1e3:.2f} ms)", file=sys.stderr)
     atexit.register(summary)
-    sys.argv = [a.script, *a.args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
-    runpy.run_path(a.script, run_name="__main__")
-    return 0
+    status, _ = runner.run_script("path", a.script, [a.script, *a.args])
+    return status
 
 
 if __name__ == "__main__":

@@ -1,5 +1,4 @@
 """The Python face of the native core: pools, allocators, placement of CPU tensors, errors, tier choice."""
-import os
 import signal
 import subprocess
 import sys
@@ -8,7 +7,7 @@ import textwrap
 import pytest
 import torch
 
-from gmux.job import allocator as na
+from gmux.job.memory import native as na
 
 pytestmark = pytest.mark.skipif(not na.available(), reason="gmux._native is not built")
 
@@ -86,7 +85,7 @@ def test_suspend_releases_and_restores_in_place(pool):
 def test_touching_a_suspended_tensor_faults():
     code = textwrap.dedent("""
         import torch
-        from gmux.job import allocator as na
+        from gmux.job.memory import native as na
         a = na.Allocator.host(na.Pool.create(8 << 20))
         t = torch.ones(1000)
         na.place(a, [t])
@@ -100,7 +99,7 @@ def test_touching_a_suspended_tensor_faults():
 def test_pool_shared_by_path_with_another_process(tmp_path):
     path = str(tmp_path / "pool")
     with na.Pool.create(32 << 20, path=path) as p:
-        code = (f"import os; from gmux.job import allocator as na; a = na.Allocator.host(na.Pool.open(path={path!r})); "
+        code = (f"import os; from gmux.job.memory import native as na; a = na.Allocator.host(na.Pool.open(path={path!r})); "
                 "a.malloc(6 << 20); os._exit(0)")
         subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
         # The child died holding 3 chunks (as a killed job would): the owner takes them back.
@@ -145,9 +144,10 @@ def test_cupy_hookup_is_import_guarded(pool):
 
 
 def test_choose_tier(pool):
-    from gmux.job.allocator_tier import AllocatorTier, choose_tier
-    from gmux.job.device_pool import DevicePool
-    from gmux.job.swap import StateTier
+    from gmux.job.memory import choose_tier
+    from gmux.job.memory.allocator_tier import AllocatorTier
+    from gmux.job.memory.python_pool import DevicePool
+    from gmux.job.memory.state_tier import StateTier
 
     assert isinstance(choose_tier("cpu", pool), AllocatorTier)
     assert isinstance(choose_tier("cpu", None), StateTier)

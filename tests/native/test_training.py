@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import gmux.job
-from gmux.job import allocator as na
-from gmux.job.allocator_tier import AllocatorTier
+from gmux.job.memory import native as na
+from gmux.job.memory.allocator_tier import AllocatorTier
 
 pytestmark = pytest.mark.skipif(not na.available(), reason="gmux._native is not built")
 

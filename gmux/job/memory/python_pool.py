@@ -1,4 +1,6 @@
-"""The memory of a virtual GPU: a fixed pool of physical pages that exists before any job and outlives them.
+"""The fallback memory of a virtual GPU, in pure Python, for where the native pool (gmux._native) is not built
+(or a job is run with --no-native): a fixed pool of physical pages that exists before any job and outlives them.
+It backs the state tier only; the native Pool (native.py) is preferred and backs the allocator tier.
 
 A real GPU's memory is already there when a job starts; taking it again after a suspend costs an allocator
 call, not page faults. On a machine with no GPU the same holds only if "device memory" comes from a pool of

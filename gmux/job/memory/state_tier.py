@@ -1,4 +1,4 @@
-"""State-tier suspend and resume: the job's tracked tensors leave the device and come back, in place.
+"""The state tier: the job's tracked tensors leave the device and come back, in place. Any torch device.
 
 Every tracked tensor keeps its Python identity: suspend copies each distinct storage into one host buffer,
 then points the tensors at nothing (`set_()`), which frees the device memory; resume takes fresh device
@@ -6,28 +6,24 @@ memory, copies back and points each tensor at it with its old offset, shape and 
 the same object, optimizer state stays keyed by it, and tensors that shared a storage share the new one.
 
 The host buffer is allocated once per job and reused for every cycle (pinned on CUDA, where pinning fresh
-memory is slower still than faulting it): only growth of the tracked state reallocates it. The one exception
-is a spill: when gmuxd's host-RAM budget for suspended jobs runs out, a suspended job writes its host buffer to
-a file and frees it, in its own process (so an unmodified script, which cannot restart from a checkpoint, can
-spill too); its resume reads the file back first.
+memory is slower still than faulting it): only growth of the tracked state reallocates it, and a spill
+(spill.py), which hands it to a file. On a virtual GPU, fresh "device" memory comes from the job's pool
+(a native Pool's host allocator is the allocator tier's; this tier takes the Python DevicePool, or the heap).
 Nothing is released until every copy has finished, and nothing is repointed until all device memory for the
 resume has been obtained, so a failure leaves the job either running or suspended with its state intact.
 """
 from __future__ import annotations
 
-import ctypes
-import os
 import time
-import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Optional
 
-import numpy as np
 import torch
 
-from gmux.util.atomic import atomic_open
-
-from .device_pool import DevicePool
+from .copier import Copier
+from .python_pool import DevicePool
+from .spill import SpillFile
+from .tier import Tier
 
 COPY_CHUNK = 64 << 20  # bytes per CUDA copy on the side stream, so release can overlap the next chunk
 ALIGN = 64
@@ -40,59 +36,14 @@ class _Storage:
     views: list  # (tensor, storage_offset, size, stride)
 
 
-class _Copier:
-    """Copies many CPU byte ranges with one plain memcpy per piece, pieces spread over a few threads.
-
-    torch's copy_ splits every copy across its intra-op threads, which for the many medium-sized storages
-    of a model costs up to 3x on a busy machine (the multiplexer's normal state); a fixed split of whole
-    pieces keeps each thread streaming. numpy's copy releases the GIL.
-    A small range is copied at once by address: wrapping it in tensors and arrays first costs more than the
-    copy, and a suspend's latency is mostly such per-storage overhead for a model of small layers."""
-
-    PIECE = 32 << 20
-    SMALL = 1 << 20
-
-    def __init__(self):
-        self.threads = max(1, min(4, os.cpu_count() or 1))
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="gmux-copy") if self.threads > 1 else None
-
-    def copy(self, ranges: list[tuple[int, int, int]]) -> None:
-        """ranges: (destination address, source address, bytes)."""
-        pieces = []
-        for dst, src, n in ranges:
-            if n < self.SMALL:
-                ctypes.memmove(dst, src, n)
-                continue
-            d, s = _array_at(dst, n), _array_at(src, n)
-            pieces += [(d[lo:lo + self.PIECE], s[lo:lo + self.PIECE]) for lo in range(0, n, self.PIECE)]
-        if self._pool is None or len(pieces) < 2 or sum(d.nbytes for d, _ in pieces) < self.PIECE:
-            for d, s in pieces:
-                np.copyto(d, s)
-            return
-        share = [pieces[i::self.threads] for i in range(self.threads)]
-        for f in [self._pool.submit(_copy_all, part) for part in share if part]:
-            f.result()
-
-
-def _copy_all(pieces) -> None:
-    for d, s in pieces:
-        np.copyto(d, s)
-
-
-def _array_at(address: int, nbytes: int) -> np.ndarray:
-    return np.frombuffer((ctypes.c_char * nbytes).from_address(address), dtype=np.uint8)
-
-
 def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
     """A flat uint8 tensor over a whole storage."""
     return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
-class SpillError(RuntimeError):
-    pass
+class StateTier(Tier):
+    name = "state"
 
-
-class StateTier:
     def __init__(self, device: torch.device | str, pool: DevicePool | None = None):
         self.device = torch.device(device)
         self.pool = pool
@@ -102,8 +53,8 @@ class StateTier:
         self.suspended = False
         self._cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
-        self._copier = None if self._cuda else _Copier()
-        self._spill: tuple[str, int, int] | None = None   # (path, bytes, crc32) while the host copy is on disk
+        self._copier = None if self._cuda else Copier()
+        self._spill: Optional[SpillFile] = None   # while the host copy is on disk
 
     @property
     def spilled(self) -> bool:
@@ -225,22 +176,13 @@ class StateTier:
 
     # -- spill: the host copy to disk and back ----------------------------------------------------------------
     def spill(self, path: str) -> dict:
-        """Writes the suspended state's host copy to `path` and frees the host buffer."""
         if not self.suspended:
             raise RuntimeError("spill: the job is not suspended")
         if self._spill is not None:
             return {"bytes": 0, "seconds": 0.0, "already": True}
         t0 = time.perf_counter()
         used = max((e.host_offset + e.nbytes for e in self._storages), default=0)
-        data = self._host[:used].numpy()
-        crc = 0
-        # Not durable: a spill file dies with its process; it must only never be read half-written.
-        with atomic_open(path, durable=False) as f:
-            for lo in range(0, used, COPY_CHUNK):
-                piece = data[lo:lo + COPY_CHUNK]
-                crc = zlib.crc32(piece, crc)
-                f.write(piece)
-        self._spill = (path, used, crc)
+        self._spill = SpillFile.write(path, self._host[:used].numpy())
         self._host = None
         self._host_views.clear()
         if self._cuda and hasattr(torch._C, "_host_emptyCache"):
@@ -248,27 +190,13 @@ class StateTier:
         return {"bytes": used, "seconds": time.perf_counter() - t0, "path": path}
 
     def _unspill(self) -> float:
-        """Reads a spilled host copy back into a host buffer, checking it; the file goes once it is back."""
+        """Reads a spilled host copy back into a host buffer; the file goes once it is back."""
         if self._spill is None:
             return 0.0
         t0 = time.perf_counter()
-        path, used, crc = self._spill
-        try:
-            size = os.path.getsize(path)
-        except OSError as e:
-            raise SpillError(f"spill file {path}: {e.strerror}; the suspended state is in it") from None
-        if size != used:
-            raise SpillError(f"spill file {path}: {size} bytes, {used} were written")
-        self._ensure_host(used, fault_in=False)   # the read below writes every byte: no pass to fault pages in
-        data = self._host[:used].numpy()
-        got = 0
-        with open(path, "rb") as f:
-            for lo in range(0, used, COPY_CHUNK):
-                n = f.readinto(memoryview(data[lo:lo + COPY_CHUNK]))
-                got = zlib.crc32(data[lo:lo + n], got)
-        if got != crc:
-            raise SpillError(f"spill file {path}: checksum mismatch (crc32 {got:#010x}, written {crc:#010x})")
-        os.unlink(path)
+        self._spill.check_size()                               # before allocating a buffer for it
+        self._ensure_host(self._spill.nbytes, fault_in=False)  # the read writes every byte: no pass to fault pages in
+        self._spill.read_into(self._host[:self._spill.nbytes].numpy())
         self._spill = None
         return time.perf_counter() - t0
 
@@ -286,3 +214,9 @@ class StateTier:
                     view = torch.empty(0, dtype=t.dtype).set_(self._host.untyped_storage(), start, size, stride)
                     self._host_views[id(t)] = view
         return self._host_views.get(id(tensor))
+
+    def on_device(self, tensor: torch.Tensor) -> bool:
+        if self.device.type == "cpu":
+            # A virtual GPU's device memory is its pool; any other CPU tensor is host memory, not residue.
+            return self.pool is not None and self.pool.holds(tensor.untyped_storage().data_ptr())
+        return tensor.device == self.device

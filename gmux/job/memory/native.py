@@ -19,6 +19,7 @@ How a PyTorch CUDA job's allocations reach gmux (`route_torch_cuda`), and why th
     runtime or not, is valid after resume.
 On a virtual GPU (CPU) there is no allocator to hook: `place()` moves the job's tensor storages into
 native memory in place (`Tensor.set_`, identity kept), and the same suspend path applies to them.
+Mechanism only, like the C under it: whether a job uses any of this is decided in gmux/job/memory/__init__.py.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from typing import Iterable, Optional
 
 try:
     from gmux import _native
-except ImportError:  # not built (no compiler when installed): the runtime falls back to the state tier
+except ImportError:  # not built (no compiler when installed): jobs get the state tier and the Python pool
     _native = None
 
 MiB = 1 << 20
@@ -126,10 +127,6 @@ class Pool:
     def in_use(self) -> int:
         i = self.info()
         return i["bytes"] - i["free_bytes"]
-
-    def holds(self, address: int) -> bool:
-        # After an allocator-tier suspend the job holds no pool memory at all: nothing of it is residue.
-        return False
 
     def reclaim(self) -> int:
         ffi, lib = _require()
@@ -438,15 +435,6 @@ def route_torch_cuda(device: int = 0, allocator: Optional[Allocator] = None) -> 
     if device not in _routings:
         _routings[device] = TorchCudaRouting(allocator or Allocator.cuda(device), device)
     return _routings[device]
-
-
-def route_this_job() -> Optional[TorchCudaRouting]:
-    """What a launcher calls before the training script runs: on a GPU, with the native library built, routes
-    the job's torch allocations on its current device through gmux (the allocator tier); else None."""
-    import torch
-    if not available() or not torch.cuda.is_available():
-        return None
-    return route_torch_cuda(torch.cuda.current_device())
 
 
 def torch_routing(device: int) -> Optional[TorchCudaRouting]:

@@ -1,12 +1,13 @@
-"""Allocator-tier suspend and resume: the counterpart of the state tier (swap.StateTier), same interface.
+"""The allocator tier: the counterpart of the state tier (state_tier.py), behind the same interface (tier.py).
 
 Where the state tier repoints each tracked tensor at host memory and back, the allocator tier leaves every
 pointer alone: the job's memory is native (gmux._native) address ranges, and suspend copies the live bytes
 out and releases the physical memory under them; resume maps memory at the same addresses and copies back.
   * virtual GPU (CPU): the tracked tensors' storages are placed in native memory over the pool on first use
     (and any new storage, such as fresh gradients, on later suspends); live = those storages.
-  * CUDA: all of the job's torch allocations already go through gmux (allocator.route_torch_cuda); live =
+  * CUDA: all of the job's torch allocations already go through gmux (native.route_torch_cuda); live =
     the caching allocator's active blocks, so tensors the runtime never heard of survive too.
+The suspended bytes live in the native core's own host store, so this tier cannot spill them to a file.
 """
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import allocator as native
+from . import native
+from .tier import Tier
 
 
-class AllocatorTier:
+class AllocatorTier(Tier):
+    name = "allocator"
+
     def __init__(self, device: torch.device | str, pool: Optional[native.Pool] = None,
                  allocator: Optional[native.Allocator] = None):
         self.device = torch.device(device)
@@ -31,7 +35,7 @@ class AllocatorTier:
             self.routing = native.torch_routing(index)
             if self.routing is None:
                 raise RuntimeError(f"the allocator tier needs {self.device}'s allocations routed through gmux "
-                                   "(gmux.job.allocator.route_torch_cuda) before the job allocates")
+                                   "(gmux.job.memory.native.route_torch_cuda) before the job allocates")
             self.allocator = self.routing.allocator
         elif self.device.type == "cpu":
             if allocator is None and pool is None:
@@ -86,6 +90,14 @@ class AllocatorTier:
         return {"native_live": s["live"], "native_peak": s["peak"], "native_at_boundary": s["at_boundary"],
                 "native_by_tag": s["at_boundary_by_tag"], "native_peak_by_tag": s["peak_by_tag"]}
 
+    def spill(self, path: str) -> dict:
+        raise RuntimeError("spill: the allocator tier keeps suspended bytes in its own host store and cannot "
+                           "spill them in-process; checkpoint and migrate the job instead")
+
+    def on_device(self, tensor: torch.Tensor) -> bool:
+        # On a virtual GPU a suspend gives back all of the job's pool memory: nothing of it can be residue.
+        return self.device.type != "cpu" and tensor.device == self.device
+
     def host_view(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
         """A host copy of a suspended tensor (its memory is unmapped: touching it would fault), or None."""
         if not self.suspended or id(tensor) not in self._suspended_ids:
@@ -110,19 +122,3 @@ def _trim_heap() -> None:
 
 
 _libc = None
-
-
-def choose_tier(device: torch.device | str, pool=None):
-    """The allocator tier where it applies (native library built, and a native Pool for a virtual GPU or
-    routed torch allocations on CUDA), the state tier otherwise."""
-    from .swap import StateTier
-
-    device = torch.device(device)
-    if native.available():
-        if device.type == "cpu" and isinstance(pool, native.Pool):
-            return AllocatorTier(device, pool)
-        if device.type == "cuda":
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            if native.torch_routing(index) is not None:
-                return AllocatorTier(device)
-    return StateTier(device, None if isinstance(pool, native.Pool) else pool)

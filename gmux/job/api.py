@@ -1,0 +1,68 @@
+"""What a training script calls: `attach()` makes its process a gmux job, `current()` returns that job.
+
+(Re-exported as gmux.job.attach and gmux.job.current.)
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Optional
+
+import torch
+
+from . import control
+from .checkpoint import CheckpointError
+from .control import Controller
+from .job import Job
+from .state import TrackedState
+
+_current: Optional[Job] = None
+
+
+def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None,
+           controller: Optional[Controller] = None, pool=None, device=None, restore: Optional[str] = None) -> Job:
+    """Makes this process a gmux job tracking `objects` (modules, optimizers, LR schedulers, GradScalers),
+    the tensors in `extras` and the picklable values in `state` (kept by reference: the job's `state` is
+    that dict). Returns the job, also available as `gmux.job.current()`. `pool`: a virtual GPU's memory
+    (gmux.job.memory.device_memory, or a DevicePool), for a job on the CPU.
+
+    Under gmux-launch the controller is gmuxd's agent and, after a migration, the job's state is restored
+    here from the checkpoint gmuxd names in GMUX_RESTORE (or from `restore=`), so the script continues
+    exactly where it left off."""
+    global _current
+    tracked = TrackedState()
+    for obj in objects:
+        tracked.add(obj)
+    for name, t in (extras or {}).items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"extras['{name}'] is a {type(t).__name__}, not a tensor; put it in state=")
+    tracked.extras = dict(extras or {})
+    if state is not None:
+        tracked.state = state
+    _current = Job(tracked, controller=controller if controller is not None else control.default(), pool=pool,
+                   device=device)
+    restore = restore or os.environ.get("GMUX_RESTORE")
+    if restore:
+        _await(restore, float(os.environ.get("GMUX_RESTORE_WAIT") or 0))
+        _current.restore(restore)
+    return _current
+
+
+def _await(path: str, seconds: float) -> None:
+    """A job started on a machine while its checkpoint is still on the way there (a cross-machine move overlaps
+    the new process's start with the transfer) waits here for the file; it appears whole (renamed once verified)."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if seconds and not os.path.exists(path):
+        raise CheckpointError(f"{path}: the checkpoint to restore did not arrive within {seconds:g} s")
+
+
+def current() -> Optional[Job]:
+    return _current
+
+
+def set_current(job: Job) -> None:
+    """The transparent hook's job is the process's job too."""
+    global _current
+    _current = job

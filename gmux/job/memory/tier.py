@@ -1,0 +1,52 @@
+"""What a job asks of a way of suspending it: the one interface of the state tier and the allocator tier.
+
+The job (gmux/job/job.py) holds one `Tier` and never asks which one it is: it hands the tier its tracked
+tensors at a suspend, asks for them back at a resume, for host copies of suspended tensors when a checkpoint is
+taken while suspended, for extra memory figures in its reports, and for a spill when gmuxd's host-RAM budget
+for suspended jobs runs out. Which tier a job gets is decided in one place: `gmux.job.memory.choose_tier`.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Optional
+
+import torch
+
+
+class Tier(ABC):
+    name: str                      # "state" or "allocator": what summaries and benchmarks call it
+    device: torch.device           # where the job's state lives
+    pool = None                    # the virtual GPU's memory it draws from (CPU only), or None
+    suspended: bool = False        # between a successful suspend and a successful resume
+
+    @property
+    def spilled(self) -> bool:
+        """Suspended with its host copy in a file (see spill)."""
+        return False
+
+    @abstractmethod
+    def suspend(self, tensors: list[torch.Tensor]) -> dict:
+        """Frees the device memory under `tensors` (the job's tracked state) with their bytes kept on the host;
+        returns figures ({"bytes", "total_s", ...}). On failure the job is still running, intact."""
+
+    @abstractmethod
+    def resume(self) -> dict:
+        """Device memory again, the bytes copied back, every tensor valid; returns figures. On failure the job
+        stays suspended, intact."""
+
+    @abstractmethod
+    def host_view(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
+        """While suspended: a host tensor with the values, shape and strides of a suspended `tensor`, or None."""
+
+    def spill(self, path: str) -> dict:
+        """While suspended: moves the host copy to a file at `path`, freeing its host memory; resume reads it."""
+        raise RuntimeError(f"spill: the {self.name} tier cannot spill its suspended state to a file")
+
+    def memory(self) -> dict:
+        """Figures for the job's report beyond what the profiler measures (the native tracker's, for one)."""
+        return {}
+
+    def on_device(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor`'s memory is the job's device memory, which a suspend should have freed: what the
+        residue scan (gmux/job/residue.py) names when something the runtime was not told about keeps it."""
+        return tensor.device == self.device

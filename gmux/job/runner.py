@@ -1,0 +1,88 @@
+"""Runs a user's training script, unmodified, as a gmux job in this very process: what gmux-launch (launch.py,
+driven by gmuxd's agent) and `python -m gmux.job.run` (run.py, driven locally) have in common.
+
+In order: the job's device memory is set up before the script allocates anything (on a GPU its allocations
+are routed through gmux: gmux.job.memory.device_memory); the transparent hook is installed, so that the
+script's optimizer steps are the job's boundaries; the script runs as `__main__` through runpy, in this process,
+so the hook sees its steps. However the script ends, the end becomes one exit status and one reason.
+
+Nothing here imports torch before it is needed: gmux-launch imports this module to register the job first.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import runpy
+import sys
+import traceback
+from typing import Callable, Optional
+
+
+def script_of(argv: list) -> tuple[str, str, list]:
+    """('path'|'module', target, sys.argv for it) from `python [-u] train.py args`, `python -m mod args`
+    or `train.py args`."""
+    args = list(argv)
+    if args and os.path.basename(args[0]).startswith("python"):
+        args = args[1:]
+        while args and args[0].startswith("-") and args[0] != "-m":
+            if args[0] in ("-c",):
+                raise SystemExit("gmux-launch runs a script or a module (-m), not python -c")
+            args = args[1:]   # interpreter flags (-u, -O, ...) do not change what runs
+        if args and args[0] == "-m":
+            if len(args) < 2:
+                raise SystemExit("gmux-launch: python -m needs a module name")
+            return "module", args[1], args[1:]
+    if not args or not args[0].endswith(".py") and not os.path.isfile(args[0]):
+        raise SystemExit(f"gmux-launch runs Python training scripts in its own process; got {argv!r}. "
+                         f"Write: gmux-launch -- python train.py ARGS")
+    return "path", args[0], args
+
+
+def warm_up() -> None:
+    """Imports what running a script as a job needs (torch and the runtime: seconds on a busy machine). A
+    launcher calls it once the job is registered, while it waits for its turn, so that the import is not
+    spent in its turn on the GPU (the other jobs' time) nor before registering (gmux ps would not show it)."""
+    for module in ("hook", "memory.state_tier", "memory.allocator_tier"):
+        importlib.import_module(f"{__package__}.{module}")
+
+
+def prepare(controller=None, *, hook: bool = True, pool_bytes: int = 0, native: bool = True):
+    """Sets up the job's device memory (a virtual GPU of `pool_bytes` on the CPU; `native`: allow gmux's
+    native allocator) and, with `hook`, installs the transparent hook with `controller` driving the job.
+    Returns the hook's Job; None without the hook (the script then attaches its state itself, and on a GPU
+    gets the allocator tier through the routing set up here)."""
+    from .memory import device_memory
+
+    pool = device_memory(pool_bytes, native)
+    if not hook:
+        return None
+    from .hook import install_hook
+    return install_hook(controller=controller, pool=pool)
+
+
+def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], None]] = None) -> tuple[int, str]:
+    """Runs the script (`kind` 'path' or 'module', as script_of says) as `__main__` with sys.argv = `argv`,
+    after `setup()`; returns (exit status, reason). A failure in `setup` ends the job like a failing script."""
+    status, reason = 0, "finished"
+    saved_argv = sys.argv
+    try:
+        if setup is not None:
+            setup()
+        sys.argv = list(argv)
+        if kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as e:   # includes gmux.job.JobExit (exit or migrate at a boundary)
+        code = e.code
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        reason = "finished" if status == 0 else f"exit status {status}"
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+    except BaseException as e:
+        traceback.print_exc()
+        status, reason = 1, f"{type(e).__name__}: {e}"[:500]
+    finally:
+        sys.argv = saved_argv
+    return status, reason
