@@ -32,7 +32,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-SCRIPT = os.path.join(ROOT, "gmux", "node", "demo_train.py")
+SCRIPT = os.path.join(ROOT, "gmux", "examples", "demo_train.py")
 PY = sys.executable
 
 from gmux.wire.daemon_client import Client, GmuxError  # noqa: E402

@@ -8,7 +8,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The training script the gmuxd and cluster tests run (plain torch; --attach for explicit mode).
-TRAIN = os.path.join(ROOT, "gmux", "node", "demo_train.py")
+TRAIN = os.path.join(ROOT, "gmux", "examples", "demo_train.py")
 PY = sys.executable
 
 

@@ -25,7 +25,7 @@ from rich.table import Table
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.cli.tables import gpus_table, jobs_table
 
-TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node", "demo_train.py")
+TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo_train.py")
 
 # name, GPU, weight, memory, script arguments
 JOBS = [
