@@ -18,8 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
-from gmux.job import allocator as na  # noqa: E402
-from gmux.job.allocator_tier import AllocatorTier  # noqa: E402
+from gmux.job.memory import native as na  # noqa: E402
+from gmux.job.memory.allocator_tier import AllocatorTier  # noqa: E402
 
 failures: list[str] = []
 results: dict = {}
