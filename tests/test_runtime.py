@@ -215,3 +215,29 @@ def test_spill_refused_while_running_and_a_damaged_spill_file_is_named(tmp):
         f.write(good)
     job.resume()
     assert_identical(before, _values(job))
+
+
+def test_the_runner_turns_every_ending_into_a_status_and_a_reason(tmp):
+    import sys
+
+    from gmux.job.runner import run_script
+
+    cases = {"pass": (0, "finished"), "import sys; sys.exit(0)": (0, "finished"),
+             "import sys; sys.exit(4)": (4, "exit status 4"), "import sys; sys.exit('bad input')": (1, "exit status 1"),
+             "raise ValueError('boom')": (1, "ValueError: boom")}
+    argv = list(sys.argv)
+    for i, (body, expected) in enumerate(cases.items()):
+        path = f"{tmp}/s{i}.py"
+        with open(path, "w") as f:
+            f.write("import sys\nassert sys.argv[1:] == ['--x', '1']\n" + body + "\n")
+        assert run_script("path", path, [path, "--x", "1"]) == expected, body
+    assert sys.argv == argv     # the script's argv was its own
+
+
+def test_gmux_launch_registers_before_paying_for_torch():
+    """gmux-launch's own modules import no torch: the job registers at once, and imports torch while it waits."""
+    import subprocess
+    import sys
+    code = "import sys, gmux.cli.launch; print([m for m in ('torch', 'numpy') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

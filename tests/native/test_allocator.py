@@ -152,3 +152,23 @@ def test_choose_tier(pool):
     assert isinstance(choose_tier("cpu", pool), AllocatorTier)
     assert isinstance(choose_tier("cpu", None), StateTier)
     assert isinstance(choose_tier("cpu", DevicePool(1 << 20)), StateTier)
+
+
+def test_device_memory_prefers_the_native_pool_and_falls_back_to_the_python_one():
+    """The one place that decides a job's memory: the native pool (allocator tier) where the library is built,
+    the Python DevicePool (state tier) only without it, no pool for no size; both tiers behind one interface."""
+    from gmux.job.memory import choose_tier, device_memory
+    from gmux.job.memory.python_pool import DevicePool
+    from gmux.job.memory.tier import Tier
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU device_memory routes CUDA allocations instead of making a virtual GPU")
+    native_pool, python_pool = device_memory(4 << 20), device_memory(4 << 20, native=False)
+    assert isinstance(native_pool, na.Pool) and native_pool.info()["bytes"] == 4 << 20
+    assert isinstance(python_pool, DevicePool) and python_pool.size == 4 << 20
+    assert device_memory(0) is None
+    tiers = [choose_tier("cpu", p) for p in (native_pool, python_pool, None)]
+    assert [t.name for t in tiers] == ["allocator", "state", "state"]
+    assert all(isinstance(t, Tier) for t in tiers)
+    with pytest.raises(RuntimeError, match="allocator tier .* cannot spill"):
+        tiers[0].spill("/nonexistent")

@@ -56,10 +56,6 @@ class StateTier(Tier):
         self._copier = None if self._cuda else Copier()
         self._spill: Optional[SpillFile] = None   # while the host copy is on disk
 
-    @property
-    def spilled(self) -> bool:
-        return self._spill is not None
-
     # -- suspend -----------------------------------------------------------------------------------------
     def suspend(self, tensors: list[torch.Tensor]) -> dict:
         if self.suspended:

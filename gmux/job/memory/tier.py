@@ -19,11 +19,6 @@ class Tier(ABC):
     pool = None                    # the virtual GPU's memory it draws from (CPU only), or None
     suspended: bool = False        # between a successful suspend and a successful resume
 
-    @property
-    def spilled(self) -> bool:
-        """Suspended with its host copy in a file (see spill)."""
-        return False
-
     @abstractmethod
     def suspend(self, tensors: list[torch.Tensor]) -> dict:
         """Frees the device memory under `tensors` (the job's tracked state) with their bytes kept on the host;
@@ -38,15 +33,16 @@ class Tier(ABC):
     def host_view(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
         """While suspended: a host tensor with the values, shape and strides of a suspended `tensor`, or None."""
 
+    @abstractmethod
     def spill(self, path: str) -> dict:
-        """While suspended: moves the host copy to a file at `path`, freeing its host memory; resume reads it."""
-        raise RuntimeError(f"spill: the {self.name} tier cannot spill its suspended state to a file")
+        """While suspended: moves the host copy to a file at `path` (spill.py), freeing its host memory; resume
+        reads it back. A tier that cannot raises, saying what to do instead."""
 
     def memory(self) -> dict:
         """Figures for the job's report beyond what the profiler measures (the native tracker's, for one)."""
         return {}
 
+    @abstractmethod
     def on_device(self, tensor: torch.Tensor) -> bool:
         """Whether `tensor`'s memory is the job's device memory, which a suspend should have freed: what the
         residue scan (gmux/job/residue.py) names when something the runtime was not told about keeps it."""
-        return tensor.device == self.device
