@@ -49,8 +49,8 @@ def warm_up() -> None:
 def prepare(controller=None, *, hook: bool = True, pool_bytes: int = 0, native: bool = True):
     """Sets up the job's device memory (a virtual GPU of `pool_bytes` on the CPU; `native`: allow gmux's
     native allocator) and, with `hook`, installs the transparent hook with `controller` driving the job.
-    Returns the hook's Job; None without the hook (the script then attaches its state itself, and on a GPU
-    gets the allocator tier through the routing set up here)."""
+    Returns the hook's Job; None without the hook (the script then attaches its state itself, with a pool of
+    its own on the CPU, and on a GPU gets the allocator tier through the routing set up here)."""
     from .memory import device_memory
 
     pool = device_memory(pool_bytes, native)
