@@ -234,8 +234,9 @@ def test_the_runner_turns_every_ending_into_a_status_and_a_reason(tmp):
     assert sys.argv == argv     # the script's argv was its own
 
 
-def test_gmux_launch_registers_before_paying_for_torch():
-    """gmux-launch's own modules import no torch: the job registers at once, and imports torch while it waits."""
+def test_gmux_launch_modules_import_no_torch():
+    """gmux-launch imports torch at one chosen point (runner.warm_up), not as a side effect of importing its own
+    modules: its usage errors and --help answer at once."""
     import subprocess
     import sys
     code = "import sys, gmux.cli.launch; print([m for m in ('torch', 'numpy') if m in sys.modules])"

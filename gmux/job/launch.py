@@ -42,6 +42,7 @@ class LaunchOptions:
 def run(opt: LaunchOptions) -> int:
     kind, target, script_argv = script_of(opt.argv)
     rundir = RuntimeDir(opt.runtime_dir)
+    runner.warm_up()   # before registering: a registered job must be ready to run when it is given the GPU
     agent = Agent(rundir.endpoint, opt.job, opt.token)
     try:
         reg = agent.register(pid=os.getpid(), starttime=my_starttime(), argv=list(opt.argv), cwd=os.getcwd(),
@@ -54,7 +55,6 @@ def run(opt: LaunchOptions) -> int:
     job_id = reg["job"]
     os.environ.update(reg["env"])
     os.environ.update({"GMUX_JOB_ID": job_id, "GMUX_RUNTIME_DIR": rundir.root})
-    runner.warm_up()
     # Admitted; now wait for our turn on the GPU (immediately, when it is free).
     start = agent.wait()
     while start.kind != "resume":

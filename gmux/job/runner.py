@@ -6,7 +6,8 @@ are routed through gmux: gmux.job.memory.device_memory); the transparent hook is
 script's optimizer steps are the job's boundaries; the script runs as `__main__` through runpy, in this process,
 so the hook sees its steps. However the script ends, the end becomes one exit status and one reason.
 
-Nothing here imports torch before it is needed: gmux-launch imports this module to register the job first.
+Nothing here imports torch at module level: gmux-launch imports it at one chosen point (warm_up), so that its
+usage errors and --help answer at once.
 """
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ def script_of(argv: list) -> tuple[str, str, list]:
 
 def warm_up() -> None:
     """Imports what running a script as a job needs (torch and the runtime: seconds on a busy machine). A
-    launcher calls it once the job is registered, while it waits for its turn, so that the import is not
-    spent in its turn on the GPU (the other jobs' time) nor before registering (gmux ps would not show it)."""
+    launcher calls it before it registers: once registered, a job may be given the GPU at once, and a GPU
+    handed to a job that is still importing torch is idle while the job it displaced could have trained (a job
+    that re-executes after a spill or a move would cost the GPU that import at every turn)."""
     for module in ("hook", "memory.state_tier", "memory.allocator_tier"):
         importlib.import_module(f"{__package__}.{module}")
 
