@@ -1,0 +1,63 @@
+"""The learned service model behind gmux's priority: it becomes least-attained-service on heavy-tailed sizes and
+the opposite near a typical length, falls back to LAS without data, and gmux learns from real completions."""
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim_harness import job, run
+from gmux.cluster.policies import make_policy
+from gmux.cluster.policies.gittins import GRID0, MIN_SAMPLES, ServiceModel, grid, grid_floor
+
+H = 3600.0
+
+
+def test_heavy_tailed_sizes_give_least_attained_service():
+    rng = random.Random(1)
+    m = ServiceModel()
+    for _ in range(3000):
+        m.add(1, rng.lognormvariate(7.0, 2.5))          # median 18 min, a few jobs weeks
+    effs = [m.effective(1, a) for a in (0, 600, 6000, 60000)]
+    assert effs == sorted(effs) and effs[-1] > 10 * effs[0]
+
+
+def test_a_typical_length_makes_a_job_nearing_it_more_urgent():
+    rng = random.Random(2)
+    m = ServiceModel()
+    for _ in range(500):
+        m.add(4, 4 * rng.uniform(49 * H, 51 * H))      # 4-GPU jobs that all run ~50 h
+    fresh, halfway, near = (m.effective(4, 4 * h * H) for h in (0, 25, 45))
+    assert near < halfway < fresh
+    assert fresh == pytest.approx(4 * 50 * H, rel=0.05)   # a fresh one is expected to need all of it
+
+
+def test_without_enough_samples_it_is_las_and_classes_fall_back_to_the_pool():
+    m = ServiceModel()
+    assert m.effective(1, 0) == GRID0 and m.effective(1, 10 * GRID0) == grid(grid_floor(10 * GRID0))
+    for i in range(MIN_SAMPLES + 5):
+        m.add(1, 100.0 + i)
+    assert m.effective(8, 0) == m.effective(1, 0)       # no 8-GPU samples yet: the pooled distribution
+    assert m.effective(1, 1e9) == grid(grid_floor(1e9))  # beyond every sample: the attained service itself
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(1.0, 1e7), min_size=MIN_SAMPLES, max_size=300), st.floats(0, 1e7))
+def test_the_effective_size_is_positive_and_changes_only_at_grid_points(samples, a):
+    m = ServiceModel()
+    for s in samples:
+        m.add(2, s)
+    e = m.effective(2, a)
+    assert e > 0
+    nxt = ServiceModel.next_change(a)
+    if nxt is not None:
+        assert nxt > a and m.effective(2, (a + nxt) / 2) == e if grid_floor((a + nxt) / 2) == grid_floor(a) \
+            else True
+
+
+def test_gmux_learns_from_completions(table):
+    pol = make_policy("gmux")
+    jobs = [job(i, 10 * i, 100 + i) for i in range(MIN_SAMPLES + 10)]
+    run(pol, jobs, table(), machines=1, per=4)
+    assert pol.model.version >= 1
+    assert pol.model.effective(1, 0) < 400                # it has seen only ~100-140 s jobs
