@@ -30,6 +30,7 @@ from gmux.wire import keys
 from gmux.cluster.policies import Event, EventKind, make_policy
 from gmux.cluster.scheduler.driver import Driver, Intent
 from gmux.cluster.scheduler.state import CJob, Machine, State
+from gmux.wire.server import Server
 from gmux.wire.transfer import Receiver, rank_xfers, send_file
 
 log = logging.getLogger("gmux.scheduler")
@@ -68,20 +69,27 @@ class Scheduler:
         self.ctx = zmq.Context()
         self.guard = keys.Guard(self.ctx, keydir, ("daemon", "client"))
         self.sock = keys.server_socket(self.ctx, zmq.ROUTER, keydir, "scheduler")
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)    # a link that reconnects takes its name back at once
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.XFER_MAX_CHUNK + protocol.MAX_FRAME)
         self.sock.bind(self.opt.listen)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        # What each key may send: a daemon's link reports and pushes checkpoints, a client asks.
+        handlers = {"daemon": {"node_report": self._daemon_node_report, "node_event": self._daemon_node_event,
+                               "xfer_begin": self._daemon_xfer_begin, "xfer_chunk": self._daemon_xfer_chunk,
+                               "xfer_end": self._daemon_xfer_end},
+                    "client": {"c_submit": self._client_c_submit, "c_ps": self._client_c_ps,
+                               "c_kill": self._client_c_kill, "c_migrate": self._client_c_migrate}}
+        self.server = Server(self.sock, {role: {t: _by_key(h) for t, h in table.items()}
+                                         for role, table in handlers.items()},
+                             name="gmux-scheduler", table=C, refusals=(protocol.ProtocolError,),
+                             authenticate=self._peer, attachments=True, reply_to_none=False)
         self.done: "queue.SimpleQueue" = queue.SimpleQueue()     # outcomes of worker threads
         self.timers: list = []
         self.pushing: set = set()       # jobs whose checkpoint is on its way to a daemon
         self.moves: dict = {}           # cjob -> how its cross-machine move stands: sending / sent / target_failed
         self.events: deque = deque()
         self.decision_ms: deque = deque(maxlen=2000)
-        self.bad_messages = 0
-        self.internal_errors = 0
         self.stopping = False
         self._last_tick = 0.0
         self.recent: deque = deque(maxlen=200)
@@ -92,21 +100,25 @@ class Scheduler:
     # --- loop ---
     def serve(self, until=None) -> None:
         try:
-            while not self.stopping and not (until and until()):
-                if self.sock.poll(50):
-                    for _ in range(500):
-                        try:
-                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
-                            break
-                        self._receive(frames)
-                self._drain_workers()
-                now = time.time()
-                if self.events or now - self._last_tick >= self.opt.tick:
-                    self._last_tick = now
-                    self.tick(now)
+            self.server.serve(self._between_polls, lambda: self.stopping or bool(until and until()),
+                              poll_s=0.05, batch=500)
         finally:
             self.close()
+
+    def _between_polls(self) -> None:
+        self._drain_workers()
+        now = time.time()
+        if self.events or now - self._last_tick >= self.opt.tick:
+            self._last_tick = now
+            self.tick(now)
+
+    @property
+    def bad_messages(self) -> int:
+        return self.server.refused
+
+    @property
+    def internal_errors(self) -> int:
+        return self.server.internal_errors
 
     def close(self) -> None:
         self.state.save_many(self.jobs.values())
@@ -116,43 +128,14 @@ class Scheduler:
         self.state.close()
         self.ctx.term()
 
-    def _receive(self, frames: list) -> None:
-        ident = frames[0].bytes
-        user = frames[1].get("User-Id") if len(frames) > 1 else None
-        who = self.guard.who(user) if user else None
-        mid = 0
-        try:
-            if who is None or len(frames) < 2 or len(frames) > 3:
-                raise protocol.ProtocolError("expected one message frame (two for a checkpoint chunk)")
-            msg = protocol.decode(frames[1].bytes, C)
-            mid = msg.id
-            role, name = who
-            handler = getattr(self, f"_{role}_{msg.type}", None)
-            if handler is None:
-                raise protocol.ProtocolError(f"{msg.type} is not accepted from a {role} key")
-            data = handler(name, ident, msg, frames[2].bytes if len(frames) == 3 else None)
-        except protocol.ProtocolError as e:
-            self.bad_messages += 1
-            self._send(ident, protocol.error_reply(mid, str(e)[:1000]))   # quoted bad values can be long
-            return
-        except Exception as e:   # a bug of ours costs one request, never the scheduler (tests assert 0)
-            self.internal_errors += 1
-            log.exception("internal error")
-            self._send(ident, protocol.error_reply(mid, f"gmux-scheduler internal error: {e!r}"))
-            return
-        if data is not None:
-            self._send(ident, protocol.reply(mid, True, data=data))
-
-    def _send(self, ident: bytes, frame: bytes) -> bool:
-        try:
-            self.sock.send_multipart([ident, frame], zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError:
-            return False
+    def _peer(self, frame) -> Optional[tuple]:
+        """(role, name) from the peer's key (its ZAP User-Id), never from what it says; None for no known key."""
+        user = frame.get("User-Id")
+        return self.guard.who(user) if user else None
 
     def _action(self, machine: str, action: str, cjob: str, **args) -> bool:
-        ok = self._send(machine.encode(), protocol.encode("node_action", 0, table=C, action=action, cjob=cjob,
-                                                           args=args))
+        ok = self.server.send(machine.encode(), protocol.encode("node_action", 0, table=C, action=action,
+                                                                cjob=cjob, args=args))
         if not ok:
             log.warning("could not reach %s for %s %s", machine, action, cjob)
         return ok
@@ -566,6 +549,11 @@ class Scheduler:
             self._action(name, "start", cjob, **self._start_args(job, restore=xfers))
             self._log("restart", cjob, f"{cjob}: checkpoint at step {job.ckpt_step} sent to {name} "
                                        f"({figures['bytes']} B in {figures['seconds']:.3f} s); restoring there")
+
+
+def _by_key(handler):
+    """A handler of the form (machine or client name, routing id, message, attached frame), as a server handler."""
+    return lambda req: handler(req.peer[1], req.identity, req.msg, req.attachment)
 
 
 def _gpus(gpus) -> str:
