@@ -142,3 +142,16 @@ def test_newcomer_does_not_monopolise():
     ua = s.used("a", sim.now) - 30.0
     ub = s.used("b", sim.now)
     assert ua / (ua + ub) == pytest.approx(0.5, abs=0.1), (ua, ub, sim.now - start)
+
+
+def test_a_command_of_the_daemons_own_holds_the_slicer_until_it_is_over():
+    s = Slicer(0, 100, quantum=1.0)
+    s.add("a", 1.0, 10, 0.0)
+    s.add("b", 1.0, 10, 0.0)
+    assert s.tick(0.0) == [("resume", "a")]
+    s.acked("a", "resume", 0.0)
+    s.mark_busy("b", "spill")
+    assert s.busy_with("b") == "spill" and s.busy_with("a") is None
+    assert s.tick(5.0) == []          # a quantum is over, but b is busy: no switch
+    s.clear_busy("b")
+    assert s.busy_with("b") is None and s.tick(5.0) == [("suspend", "a")]
