@@ -241,7 +241,7 @@ class AdminHandlers:
         job.gpus_wanted, job.gang, job.pinned = msg.get("gpus", 1), gang, msg.get("gpu")
         job.hook = msg.get("hook", True)
         node.admission.admit(job, "submit")
-        node.jobs[job.id] = job
+        node.add_job(job)
         if job.gpu is None:
             node.admission.enqueue(job)
         return job

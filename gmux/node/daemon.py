@@ -172,6 +172,10 @@ class Daemon:
         self.decisions.append(self.store.decide(gpu, kind, jobs, numbers, text))
         log.info("%s", text)
 
+    def add_job(self, job: Job) -> None:
+        """A new job (admitted) enters the job table."""
+        self.jobs[job.id] = job
+
     def seat(self, job: Job, now: float) -> None:
         self.slicers[job.gpu].add(job.id, job.weight, job.working_set(), now, used=job.gpu_seconds)
         if job.held:

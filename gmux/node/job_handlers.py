@@ -67,7 +67,7 @@ class JobHandlers:
                       list(msg["argv"]), msg.get("cwd", ""), weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"))
             job.gpus_wanted, job.gang, job.pinned = msg.get("gpus", 1), msg.get("gang"), msg.get("gpu")
             node.admission.admit(job, "register")
-            node.jobs[job.id] = job
+            node.add_job(job)
         job.pid, job.starttime = msg["pid"], msg.get("starttime")
         job.migratable = bool(msg.get("migratable", False))
         job.identity = req.identity
