@@ -60,3 +60,19 @@ def plot_utilisation(results: dict, path: str, title: str = "", smooth_h: int = 
     ax.set_title(title or "GPU utilisation over time")
     ax.grid(True, alpha=0.3)
     return _save(plt, fig, ax, path)
+
+
+def plot_load_curve(curve: dict, path: str, title: str = "") -> str:
+    """Average JCT (hours, log scale) against load, one line per policy. `curve`: {policy: {vc_scale: jct_s}};
+    load is drawn as 1/vc_scale (x2 = half the machines), so heavier load is to the right."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for policy, pts in curve.items():
+        xs = sorted(pts, reverse=True)
+        ax.plot([1.0 / x for x in xs], [pts[x] / 3600.0 for x in xs], marker="o", label=policy)
+    ax.set_yscale("log")
+    ax.set_xlabel("load relative to Philly's own VC sizes (1 / VC scale)")
+    ax.set_ylabel("average JCT (hours, log scale)")
+    ax.set_title(title or "Average JCT against load")
+    ax.grid(True, which="both", alpha=0.3)
+    return _save(plt, fig, ax, path)
