@@ -176,4 +176,4 @@ def report(cfg: SimConfig, prep: Prepared, out: dict, baseline: str = "fifo") ->
             conf[k] = conf[k].isoformat(sep=" ")
     return {"config": conf, "notes": prep.notes, "skipped_jobs": len(prep.skipped),
             "clusters": {c: {"machines": n, "jobs": len(js)} for c, (n, js) in prep.clusters.items()},
-            "summary": summaries, "jct_ratio_to_" + baseline: ratios}
+            "costs": cfg.costs.table(), "summary": summaries, "jct_ratio_to_" + baseline: ratios}
