@@ -20,6 +20,7 @@ import os
 import threading
 
 import zmq
+import zmq.utils.z85   # not imported by zmq itself: zmq.auth did that, and is imported only where needed
 
 from gmux.util.atomic import write_atomic
 
