@@ -4,27 +4,33 @@
     frame = kind (u8) | length (u64) | payload | crc32 of kind+length+payload (u32)
 
 Frames are HEAD (msgpack: the tensor table), SKEL (the nested structure with tensors replaced by references,
-pickled, and read back only through an allow-list, since a checkpoint file is untrusted input), DATA (tensor
-bytes in table order, at most CHUNK bytes per frame) and END (msgpack: frame count and data bytes, so a
-truncated stream is told from a complete one). Frames let the same bytes go to a file or, chunk by chunk, to
-a socket, and let a reader name the exact place where a stream is damaged.
+pickled, and read back by gmux.job.skeleton's bounded decoder of the pickle subset gmux writes, since a
+checkpoint file is untrusted input), DATA (tensor bytes in table order, at most CHUNK bytes per frame) and END
+(msgpack: frame count, data bytes and the CRC-32 of all tensor data in order, so a truncated stream is told
+from a complete one and DATA frames out of order from frames in order; files written before data_crc32 was
+added are read without that check). Frames let the same bytes go to a file or, chunk by chunk, to a socket,
+and let a reader name the exact place where a stream is damaged.
 
-A reader validates the whole stream and builds every tensor on the host before returning; nothing is
-applied to a job until all of it has been read and checked.
+A reader checks the metadata first and allocates nothing until it has: the tensor table and the skeleton are
+read and decoded with bounded memory and time, every tensor is referred to exactly once, the caller's
+`check` (Job.restore: gmux.job.restore_check) compares them with the live job, and the table's claimed sizes
+are compared with the bytes the file still holds. Only then are buffers allocated and the data read; the
+whole stream is validated before `read` returns, and nothing is applied to a job until it has.
 """
 from __future__ import annotations
 
-import io
+import collections
 import pickle
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Iterator, NamedTuple, Optional
 
 import msgpack
 import torch
 
 from gmux.util.atomic import atomic_open
+from . import skeleton as _skeleton
 
 MAGIC = b"GMUXCKPT"
 VERSION = 1
@@ -33,22 +39,34 @@ _FRAME = struct.Struct("<BQ")
 _CRC = struct.Struct("<I")
 CHUNK = 16 << 20
 MAX_META = 256 << 20  # a HEAD or SKEL frame larger than this is not one gmux wrote
+MAX_FREE = 256 << 20  # tensors the job cannot vouch for (in state=), read from a stream of unknown length
+MAX_RANK = 64
 
-_DTYPES = {str(d).removeprefix("torch."): d for d in (
+DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
     torch.float8_e4m3fn, torch.float8_e5m2)}
 
 
 class CheckpointError(ValueError):
-    def __init__(self, origin: str, problem: str):
-        super().__init__(f"checkpoint {origin}: {problem}")
+    """A checkpoint refused: `origin` names the file (or stream), `problem` the field and what is wrong."""
+    def __init__(self, origin: str, problem: Optional[str] = None):
+        if problem is None:             # one-argument form: a message that names the file itself
+            origin, problem = None, origin
+        super().__init__(problem if origin is None else f"checkpoint {origin}: {problem}")
         self.origin, self.problem = origin, problem
 
 
 @dataclass(frozen=True)
 class TensorRef:
     index: int
+
+
+class Row(NamedTuple):
+    """One tensor of the table: what the HEAD frame claims before any of its data is read."""
+    dtype: str
+    shape: tuple
+    nbytes: int
 
 
 # -- writing ------------------------------------------------------------------------------------------------
@@ -79,12 +97,12 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
     skeleton = pickle.dumps(_split(snapshot, tensors, resolve), protocol=5)
     try:
         _load_skeleton(skeleton)
-    except pickle.UnpicklingError as e:
+    except _skeleton.SkeletonError as e:
         raise CheckpointError("(being written)", f"the job's state holds a value gmux cannot store: {e}. "
                               "Keep state= to numbers, strings, bytes, lists, tuples, dicts and tensors") from None
     table = [[str(t.dtype).removeprefix("torch."), list(t.shape), t.numel() * t.element_size()] for t in tensors]
     for (dtype, *_), t in zip(table, tensors):
-        if dtype not in _DTYPES:
+        if dtype not in DTYPES:
             raise CheckpointError("(being written)", f"tensors of dtype {t.dtype} are not supported")
     written = 0
 
@@ -100,14 +118,15 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
     written += len(MAGIC) + 2
     frame(HEAD, msgpack.packb({"tensors": table}))
     frame(SKEL, skeleton)
-    frames, data = 0, 0
+    frames, data, crc = 0, 0, 0
     for t in tensors:
         buf = _host_bytes(t)
         for lo in range(0, len(buf), CHUNK):
             frame(DATA, buf[lo:lo + CHUNK])
+            crc = zlib.crc32(buf[lo:lo + CHUNK], crc)
             frames += 1
         data += len(buf)
-    frame(END, msgpack.packb({"data_frames": frames, "data_bytes": data}))
+    frame(END, msgpack.packb({"data_frames": frames, "data_bytes": data, "data_crc32": crc}))
     return written
 
 
@@ -118,21 +137,61 @@ def save(snapshot: dict, path: str, resolve=lambda t: t) -> int:
 
 
 # -- reading ------------------------------------------------------------------------------------------------
-class _Allowed(pickle.Unpickler):
-    SAFE = {("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
-            ("builtins", "complex"), ("gmux.job.checkpoint", "TensorRef")}
+def _make_ref(state) -> TensorRef:
+    # BUILD sets a TensorRef's fields from a dict the file chose: only {'index': int} makes one.
+    if type(state) is not dict or set(state) != {"index"} or type(state["index"]) is not int:
+        raise _skeleton.SkeletonError("a tensor reference without an integer index")
+    return TensorRef(state["index"])
 
-    def find_class(self, module, name):
-        if (module, name) in self.SAFE:
-            return TensorRef if name == "TensorRef" else super().find_class(module, name)
-        raise pickle.UnpicklingError(f"a value of type {module}.{name}")
+
+_ALLOWED = {("collections", "OrderedDict"): collections.OrderedDict, ("builtins", "set"): set,
+            ("builtins", "frozenset"): frozenset, ("builtins", "complex"): complex,
+            ("builtins", "bytearray"): bytearray, ("gmux.job.checkpoint", "TensorRef"): _make_ref}
 
 
 def _load_skeleton(data: bytes):
-    return _Allowed(io.BytesIO(data)).load()
+    return _skeleton.decode(data, _make_ref, _ALLOWED)
 
 
-def _frames(read: Callable[[int], bytes], origin: str) -> Iterator[tuple[int, memoryview]]:
+class _Reader:
+    """Reads exactly n bytes (fewer only at the end of the stream) into a writable buffer torch can wrap,
+    never allocating for bytes the source does not hold: `left` is what a file (or any seekable source)
+    still holds; for a stream of unknown length the buffer grows as the bytes arrive."""
+
+    def __init__(self, source: BinaryIO):
+        self.source, self.left = source, _remaining(source)
+
+    def __call__(self, n: int) -> bytearray:
+        if self.left is not None:
+            n = min(n, self.left)
+        buf, got = bytearray(min(n, CHUNK)), 0
+        while got < n:
+            if got == len(buf):
+                buf.extend(bytes(min(n - got, CHUNK)))
+            with memoryview(buf) as view, view[got:] as tail:   # released before buf is resized
+                k = self.source.readinto(tail)
+            if not k:
+                break
+            got += k
+        del buf[got:]
+        if self.left is not None:
+            self.left -= got
+        return buf
+
+
+def _remaining(source: BinaryIO) -> Optional[int]:
+    try:
+        if not source.seekable():
+            return None
+        here = source.tell()
+        end = source.seek(0, 2)
+        source.seek(here)
+        return max(0, end - here)
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _frames(read: Callable[[int], bytearray], origin: str) -> Iterator[tuple[int, memoryview]]:
     head = read(len(MAGIC) + 2)
     if len(head) < len(MAGIC) + 2 or head[:len(MAGIC)] != MAGIC:
         raise CheckpointError(origin, "not a gmux checkpoint (bad magic bytes)")
@@ -163,26 +222,17 @@ def _frames(read: Callable[[int], bytes], origin: str) -> Iterator[tuple[int, me
         index += 1
 
 
-def _reader(source: BinaryIO) -> Callable[[int], bytearray]:
-    """Exactly n bytes (fewer only at the end of the stream), into a writable buffer torch can wrap."""
-    def read(n: int) -> bytearray:
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
-        while got < n:
-            k = source.readinto(view[got:])
-            if not k:
-                break
-            got += k
-        view.release()
-        if got < n:
-            del buf[got:]
-        return buf
-    return read
+Check = Callable[[object, list], Optional[int]]
 
 
-def read(source: BinaryIO, origin: str) -> dict:
-    """Reads and validates a whole checkpoint stream into a snapshot of host tensors."""
-    frames = _frames(_reader(source), origin)
+def read(source: BinaryIO, origin: str, check: Optional[Check] = None) -> dict:
+    """Reads and validates a whole checkpoint stream into a snapshot of host tensors.
+
+    `check(skeleton, table)` is called once the metadata is decoded, before anything is allocated for the
+    data; it raises CheckpointError for a checkpoint that does not fit, and returns how many of the table's
+    bytes it has vouched for (checked against the live job), or None for none."""
+    reader = _Reader(source)
+    frames = _frames(reader, origin)
     try:
         kind, head = next(frames)
         if kind != HEAD:
@@ -192,52 +242,76 @@ def read(source: BinaryIO, origin: str) -> dict:
         if kind != SKEL:
             raise CheckpointError(origin, "corrupt: the second frame is not SKEL")
         try:
-            skeleton = _load_skeleton(bytes(skel))
-        except pickle.UnpicklingError as e:
+            skeleton = _load_skeleton(skel)
+        except _skeleton.SkeletonError as e:
             raise CheckpointError(origin, f"refused: the state holds {e}, which gmux never writes") from None
-        tensors, data_frames = [], 0
-        buffers = [torch.empty(nbytes, dtype=torch.uint8) for _, _, nbytes in table]
-        slot, filled = 0, 0
-        for kind, payload in frames:
-            if kind == END:
-                end = msgpack.unpackb(payload)
-                if not isinstance(end, dict) or end.get("data_frames") != data_frames:
-                    raise CheckpointError(origin, "corrupt: the END frame does not match the data read")
-                break
-            if kind != DATA:
-                raise CheckpointError(origin, f"corrupt: unexpected frame kind {kind} among data")
-            data_frames += 1
-            view = torch.frombuffer(payload, dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
-            at = 0
-            while at < len(payload):
-                while slot < len(buffers) and filled == buffers[slot].numel():
-                    slot, filled = slot + 1, 0
-                if slot == len(buffers):
-                    raise CheckpointError(origin, "corrupt: more tensor data than the table describes")
-                take = min(len(payload) - at, buffers[slot].numel() - filled)
-                buffers[slot][filled:filled + take].copy_(view[at:at + take])
-                filled += take
-                at += take
-        while slot < len(buffers) and filled == buffers[slot].numel():
-            slot, filled = slot + 1, 0
-        if slot != len(buffers):
-            raise CheckpointError(origin, "corrupt: less tensor data than the table describes")
+        _each_referred_once(skeleton, len(table), origin)
+        vouched = check(skeleton, table) if check is not None else None
+        _fits(table, reader.left, vouched, origin)
+        buffers = _read_data(frames, table, origin)
     except StopIteration:
         raise CheckpointError(origin, "truncated: the stream ends before its data") from None
     except (msgpack.UnpackException, ValueError, TypeError) as e:
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(origin, f"corrupt: {e}") from None
-    for (dtype, shape, _), buf in zip(table, buffers):
-        tensors.append(buf.view(_DTYPES[dtype]).reshape(shape))
+    tensors = [buf.view(DTYPES[row.dtype]).reshape(row.shape) for row, buf in zip(table, buffers)]
     return _join(skeleton, tensors, origin)
 
 
-def load(path: str) -> dict:
+def _fits(table: list, left: Optional[int], vouched: Optional[int], origin: str) -> None:
+    """The table claims no more data than the file holds; from a stream of unknown length, no more than the
+    live job vouched for plus MAX_FREE. Checked before any buffer is allocated."""
+    need = sum(row.nbytes for row in table)
+    if left is not None and need > left:
+        raise CheckpointError(origin, f"corrupt: the tensor table claims {need} bytes of tensor data, "
+                                      f"but the file holds only {left} more bytes")
+    if left is None and need - (vouched or 0) > MAX_FREE:
+        raise CheckpointError(origin, f"refused: the tensor table claims {need - (vouched or 0)} bytes of tensor "
+                                      f"data the job does not hold (at most {MAX_FREE} from a stream)")
+
+
+def _read_data(frames, table: list, origin: str) -> list:
+    buffers = [torch.empty(row.nbytes, dtype=torch.uint8) for row in table]
+    slot, filled, data_frames, data_bytes, crc = 0, 0, 0, 0, 0
+    for kind, payload in frames:
+        if kind == END:
+            end = msgpack.unpackb(payload)
+            if not (isinstance(end, dict) and type(end.get("data_frames")) is int
+                    and end["data_frames"] == data_frames and end.get("data_bytes") == data_bytes):
+                raise CheckpointError(origin, "corrupt: the END frame does not match the data read")
+            if "data_crc32" in end and end["data_crc32"] != crc:
+                raise CheckpointError(origin, "corrupt: the tensor data is not what was written "
+                                              "(DATA frames missing, repeated or out of order)")
+            break
+        if kind != DATA:
+            raise CheckpointError(origin, f"corrupt: unexpected frame kind {kind} among data")
+        data_frames += 1
+        data_bytes += len(payload)
+        crc = zlib.crc32(payload, crc)
+        view = torch.frombuffer(payload, dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
+        at = 0
+        while at < len(payload):
+            while slot < len(buffers) and filled == buffers[slot].numel():
+                slot, filled = slot + 1, 0
+            if slot == len(buffers):
+                raise CheckpointError(origin, "corrupt: more tensor data than the table describes")
+            take = min(len(payload) - at, buffers[slot].numel() - filled)
+            buffers[slot][filled:filled + take].copy_(view[at:at + take])
+            filled += take
+            at += take
+    while slot < len(buffers) and filled == buffers[slot].numel():
+        slot, filled = slot + 1, 0
+    if slot != len(buffers):
+        raise CheckpointError(origin, "corrupt: less tensor data than the table describes")
+    return buffers
+
+
+def load(path: str, check: Optional[Check] = None) -> dict:
     origin = repr(path)
     try:
         with open(path, "rb") as f:
-            return read(f, origin)
+            return read(f, origin, check)
     except FileNotFoundError:
         raise CheckpointError(origin, "no such file") from None
     except IsADirectoryError:
@@ -249,24 +323,50 @@ def _parse_table(table, origin: str) -> list:
         raise CheckpointError(origin, "corrupt: the HEAD frame has no tensor table")
     rows = []
     for i, row in enumerate(table["tensors"]):
-        if not (isinstance(row, list) and len(row) == 3 and row[0] in _DTYPES and isinstance(row[1], list)
-                and all(isinstance(d, int) and d >= 0 for d in row[1]) and isinstance(row[2], int)):
-            raise CheckpointError(origin, f"corrupt: tensor {i} is described as {row!r}")
+        if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str) and row[0] in DTYPES
+                and isinstance(row[1], list) and len(row[1]) <= MAX_RANK
+                and all(type(d) is int and d >= 0 for d in row[1]) and type(row[2]) is int):
+            raise CheckpointError(origin, f"corrupt: tensor {i} is described as {_short(row)}")
         dtype, shape, nbytes = row
         count = 1
         for d in shape:
             count *= d
-        if count * torch.empty(0, dtype=_DTYPES[dtype]).element_size() != nbytes:
+        if count * torch.empty(0, dtype=DTYPES[dtype]).element_size() != nbytes:
             raise CheckpointError(origin, f"corrupt: tensor {i} ({dtype} {shape}) cannot hold {nbytes} bytes")
-        rows.append(row)
+        rows.append(Row(dtype, tuple(shape), nbytes))
     return rows
+
+
+def _short(value, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _each_referred_once(skeleton, count: int, origin: str) -> None:
+    """Every tensor of the table appears exactly once in the skeleton (as gmux writes it): no table row is
+    read without a place to go, and no place receives another's data. The skeleton is bounded (size and depth,
+    gmux.job.skeleton), so this walk is too."""
+    seen = [False] * count
+    stack = [skeleton]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, TensorRef):
+            if not 0 <= obj.index < count:
+                raise CheckpointError(origin, f"corrupt: reference to tensor {obj.index} of {count}")
+            if seen[obj.index]:
+                raise CheckpointError(origin, f"corrupt: tensor {obj.index} is referred to twice")
+            seen[obj.index] = True
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    if not all(seen):
+        raise CheckpointError(origin, f"corrupt: tensor {seen.index(False)} of the table is never referred to")
 
 
 def _join(obj, tensors: list, origin: str):
     if isinstance(obj, TensorRef):
-        if not 0 <= obj.index < len(tensors):
-            raise CheckpointError(origin, f"corrupt: reference to tensor {obj.index} of {len(tensors)}")
-        return tensors[obj.index]
+        return tensors[obj.index]                     # in range: _each_referred_once
     if isinstance(obj, dict):
         return type(obj)((k, _join(v, tensors, origin)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
