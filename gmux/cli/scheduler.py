@@ -22,13 +22,17 @@ def main(argv=None) -> int:
     p.add_argument("--lost-after", type=float, default=5.0, help="a machine silent this long is lost (default 5 s)")
     p.add_argument("--ckpt-every", type=float, default=30.0,
                    help="default periodic checkpoint interval of a job, seconds (0: never)")
+    p.add_argument("--admin", action="append", default=[], metavar="NAME",
+                   help="a client key name that may kill or move every user's jobs (repeatable); any other client "
+                        "acts only on the jobs it submitted")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s gmux-scheduler %(levelname)s %(message)s")
     try:
         s = Scheduler(a.state, a.keys, Options(listen=a.listen, policy=a.policy, tick=a.tick,
-                                               lost_after=a.lost_after, ckpt_every=a.ckpt_every or None))
+                                               lost_after=a.lost_after, ckpt_every=a.ckpt_every or None,
+                                               admins=tuple(a.admin)))
     except (keys.KeyError_, OSError, ValueError) as e:
         print(f"gmux-scheduler: {e}", file=sys.stderr)
         return 1

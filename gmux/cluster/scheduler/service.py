@@ -16,7 +16,6 @@ import logging
 import os
 import queue
 import re
-import statistics
 import threading
 import time
 from collections import deque
@@ -28,6 +27,7 @@ import zmq
 from gmux import protocol
 from gmux.wire import keys
 from gmux.cluster.policies import Event, EventKind, make_policy
+from gmux.cluster.scheduler.client_handlers import ClientHandlers
 from gmux.cluster.scheduler.driver import Driver, Intent
 from gmux.cluster.scheduler.state import CJob, Machine, State
 from gmux.wire.server import Server
@@ -48,6 +48,7 @@ class Options:
     tick: float = 1.0
     lost_after: float = 5.0
     ckpt_every: Optional[float] = 30.0     # default periodic checkpoint interval for jobs (None: never)
+    admins: tuple = ()                     # client key names that may act on every user's jobs
 
 
 class Scheduler:
@@ -78,8 +79,7 @@ class Scheduler:
         handlers = {"daemon": {"node_report": self._daemon_node_report, "node_event": self._daemon_node_event,
                                "xfer_begin": self._daemon_xfer_begin, "xfer_chunk": self._daemon_xfer_chunk,
                                "xfer_end": self._daemon_xfer_end},
-                    "client": {"c_submit": self._client_c_submit, "c_ps": self._client_c_ps,
-                               "c_kill": self._client_c_kill, "c_migrate": self._client_c_migrate}}
+                    "client": ClientHandlers(self).table()}
         self.server = Server(self.sock, {role: {t: _by_key(h) for t, h in table.items()}
                                          for role, table in handlers.items()},
                              name="gmux-scheduler", table=C, refusals=(protocol.ProtocolError,),
@@ -313,74 +313,6 @@ class Scheduler:
         if not ok:
             raise protocol.ProtocolError(out)
         return out
-
-    # --- from clients ---
-    def _client_c_submit(self, name, ident, msg, data):
-        ranks = msg.get("ranks", 1)
-        most = max((len(m.gpus) for m in self.machines.values()), default=None)
-        if most is not None and ranks > most:
-            raise protocol.ProtocolError(f"c_submit: --ranks {ranks}: no machine has {ranks} GPUs (the most any "
-                                         f"machine of this cluster has is {most}); a gang runs on one machine, "
-                                         f"one rank per GPU")
-        job = CJob(self.state.next_id(), list(msg["argv"]), msg["cwd"], dict(msg.get("env") or {}),
-                   msg.get("name") or "", ranks, msg.get("mem"), float(msg.get("weight", 1.0)),
-                   msg.get("ckpt_every", self.opt.ckpt_every))
-        self.jobs[job.cjob] = job
-        self.state.save(job)
-        self._log("submit", job.cjob, f"{job.cjob} submitted by {name}: {' '.join(job.argv)[:200]}")
-        self.events.append(Event(EventKind.ARRIVAL, job_id=job.cjob))
-        return {"cjob": job.cjob}
-
-    def _client_c_ps(self, name, ident, msg, data):
-        jobs = [{k: getattr(j, k) for k in ("cjob", "name", "state", "machine", "gpu", "gpus", "rank_gpus", "ranks",
-                                            "source", "local", "step",
-                                            "rate_now", "rate_solo", "attained", "gpu_seconds", "restarts",
-                                            "migrations", "ckpt_step", "detail", "exit_status")}
-                for j in self.jobs.values() if msg.get("all", True) or not j.final]
-        ms = [{"name": m.name, "state": m.state, "gpus": len(m.gpus), "seen_s_ago": time.time() - m.last_seen}
-              for m in self.machines.values()]
-        dm = sorted(self.decision_ms)
-        return {"jobs": jobs, "machines": ms, "policy": self.driver.policy.name,
-                "decisions": list(self.recent)[-30:], "bad_messages": self.bad_messages,
-                "internal_errors": self.internal_errors,
-                "decision_ms": {"n": len(dm), "p50": dm[len(dm) // 2] if dm else None,
-                                "p99": dm[min(len(dm) - 1, int(len(dm) * 0.99))] if dm else None,
-                                "mean": statistics.fmean(dm) if dm else None}}
-
-    def _client_c_kill(self, name, ident, msg, data):
-        job = self.jobs.get(msg["cjob"])
-        if job is None or job.final:
-            raise protocol.ProtocolError(f"c_kill: no live job {msg['cjob']!r}")
-        job.kill_requested = True
-        if job.machine is None:
-            job.set("killed", f"killed by {name} before it started")
-            job.finished = time.time()
-        else:
-            self._action(job.machine, "kill", job.cjob)
-        self.state.save(job)
-        return {"cjob": job.cjob}
-
-    def _client_c_migrate(self, name, ident, msg, data):
-        job = self.jobs.get(msg["cjob"])
-        m = self.machines.get(msg["machine"])
-        if job is None or job.state != "running":
-            raise protocol.ProtocolError(f"c_migrate: {msg['cjob']!r} is not a running job (it is "
-                                         f"{job.state if job else 'unknown'})")
-        gpus = [msg["gpu"] + r for r in range(job.gpus)]
-        if m is None or m.state != "up" or not set(gpus) <= {g["index"] for g in m.gpus}:
-            raise protocol.ProtocolError(f"c_migrate: no GPU{'s' if job.gpus > 1 else ''} "
-                                         f"{', '.join(map(str, gpus))} on an up machine {msg['machine']!r}"
-                                         + (f" (rank r of {job.cjob}'s {job.gpus} goes to GPU {msg['gpu']}+r)"
-                                            if job.gpus > 1 else ""))
-        if m.name == job.machine:
-            if job.gpus > 1:
-                raise protocol.ProtocolError(f"c_migrate: {job.cjob} is a gang: it moves between machines only")
-            job.gpu, job.rank_gpus = msg["gpu"], [msg["gpu"]]
-            self._action(job.machine, "move", job.cjob, gpu=msg["gpu"])
-        else:
-            self.migrate(job, m.name, gpus, f"asked by {name}")
-        self.state.save(job)
-        return {"cjob": job.cjob, "from": job.source or job.machine, "to": m.name}
 
     # --- the tick ---
     def tick(self, now: float) -> None:

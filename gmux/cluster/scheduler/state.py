@@ -59,6 +59,7 @@ class CJob:
     detail: str = ""
     exit_status: Optional[int] = None
     finished: Optional[float] = None
+    owner: Optional[str] = None        # the client key that submitted it: only it or an admin may act on it
 
     @property
     def final(self) -> bool:

@@ -1,0 +1,97 @@
+"""What gmux-scheduler does for its clients (`gmux submit/ps/kill/migrate --cluster`): each request comes with the
+name of the client key it was signed with, which the service learned from CurveZMQ, never from the message.
+
+A job belongs to the key that submitted it: only that key, or one named an admin (`gmux-scheduler --admin`),
+may kill or move it. Every client may list every job.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from gmux import protocol
+from gmux.cluster.policies import Event, EventKind
+from gmux.cluster.scheduler.state import CJob
+
+
+class ClientHandlers:
+    def __init__(self, scheduler):
+        self.s = scheduler
+
+    def table(self) -> dict:
+        return {"c_submit": self.submit, "c_ps": self.ps, "c_kill": self.kill, "c_migrate": self.migrate}
+
+    def _own(self, name: str, job: CJob, what: str) -> None:
+        if name != job.owner and name not in self.s.opt.admins:
+            raise protocol.ProtocolError(f"{what}: {job.cjob} belongs to {job.owner or 'no recorded owner'}, not to "
+                                         f"{name}; only its owner or an admin (gmux-scheduler --admin NAME) may act "
+                                         f"on it")
+
+    def submit(self, name, ident, msg, data):
+        ranks = msg.get("ranks", 1)
+        most = max((len(m.gpus) for m in self.s.machines.values()), default=None)
+        if most is not None and ranks > most:
+            raise protocol.ProtocolError(f"c_submit: --ranks {ranks}: no machine has {ranks} GPUs (the most any "
+                                         f"machine of this cluster has is {most}); a gang runs on one machine, "
+                                         f"one rank per GPU")
+        job = CJob(self.s.state.next_id(), list(msg["argv"]), msg["cwd"], dict(msg.get("env") or {}),
+                   msg.get("name") or "", ranks, msg.get("mem"), float(msg.get("weight", 1.0)),
+                   msg.get("ckpt_every", self.s.opt.ckpt_every), owner=name)
+        self.s.jobs[job.cjob] = job
+        self.s.state.save(job)
+        self.s._log("submit", job.cjob, f"{job.cjob} submitted by {name}: {' '.join(job.argv)[:200]}")
+        self.s.events.append(Event(EventKind.ARRIVAL, job_id=job.cjob))
+        return {"cjob": job.cjob}
+
+    def ps(self, name, ident, msg, data):
+        jobs = [{k: getattr(j, k) for k in ("cjob", "name", "state", "machine", "gpu", "gpus", "rank_gpus", "ranks",
+                                            "source", "local", "step", "owner",
+                                            "rate_now", "rate_solo", "attained", "gpu_seconds", "restarts",
+                                            "migrations", "ckpt_step", "detail", "exit_status")}
+                for j in self.s.jobs.values() if msg.get("all", True) or not j.final]
+        ms = [{"name": m.name, "state": m.state, "gpus": len(m.gpus), "seen_s_ago": time.time() - m.last_seen}
+              for m in self.s.machines.values()]
+        dm = sorted(self.s.decision_ms)
+        return {"jobs": jobs, "machines": ms, "policy": self.s.driver.policy.name,
+                "decisions": list(self.s.recent)[-30:], "bad_messages": self.s.bad_messages,
+                "internal_errors": self.s.internal_errors,
+                "decision_ms": {"n": len(dm), "p50": dm[len(dm) // 2] if dm else None,
+                                "p99": dm[min(len(dm) - 1, int(len(dm) * 0.99))] if dm else None,
+                                "mean": statistics.fmean(dm) if dm else None}}
+
+    def kill(self, name, ident, msg, data):
+        job = self.s.jobs.get(msg["cjob"])
+        if job is None or job.final:
+            raise protocol.ProtocolError(f"c_kill: no live job {msg['cjob']!r}")
+        self._own(name, job, "c_kill")
+        job.kill_requested = True
+        if job.machine is None:
+            job.set("killed", f"killed by {name} before it started")
+            job.finished = time.time()
+        else:
+            self.s._action(job.machine, "kill", job.cjob)
+        self.s.state.save(job)
+        return {"cjob": job.cjob}
+
+    def migrate(self, name, ident, msg, data):
+        job = self.s.jobs.get(msg["cjob"])
+        m = self.s.machines.get(msg["machine"])
+        if job is None or job.state != "running":
+            raise protocol.ProtocolError(f"c_migrate: {msg['cjob']!r} is not a running job (it is "
+                                         f"{job.state if job else 'unknown'})")
+        self._own(name, job, "c_migrate")
+        gpus = [msg["gpu"] + r for r in range(job.gpus)]
+        if m is None or m.state != "up" or not set(gpus) <= {g["index"] for g in m.gpus}:
+            raise protocol.ProtocolError(f"c_migrate: no GPU{'s' if job.gpus > 1 else ''} "
+                                         f"{', '.join(map(str, gpus))} on an up machine {msg['machine']!r}"
+                                         + (f" (rank r of {job.cjob}'s {job.gpus} goes to GPU {msg['gpu']}+r)"
+                                            if job.gpus > 1 else ""))
+        if m.name == job.machine:
+            if job.gpus > 1:
+                raise protocol.ProtocolError(f"c_migrate: {job.cjob} is a gang: it moves between machines only")
+            job.gpu, job.rank_gpus = msg["gpu"], [msg["gpu"]]
+            self.s._action(job.machine, "move", job.cjob, gpu=msg["gpu"])
+        else:
+            self.s.migrate(job, m.name, gpus, f"asked by {name}")
+        self.s.state.save(job)
+        return {"cjob": job.cjob, "from": job.source or job.machine, "to": m.name}

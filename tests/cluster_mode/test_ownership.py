@@ -1,0 +1,50 @@
+"""gmux-scheduler: a job belongs to the client key that submitted it; another user's key cannot kill or move it,
+an admin's can. Real CurveZMQ sockets, a real scheduler loop (in a thread), keys made by gmux.wire.keys."""
+import threading
+
+import pytest
+
+from gmux.cluster.scheduler.service import Options, Scheduler
+from gmux.wire import keys
+from gmux.wire.scheduler_client import ClusterClient, ClusterError
+
+
+@pytest.fixture
+def scheduler(tmp_path):
+    keydir = str(tmp_path / "keys")
+    keys.create(keydir, "scheduler")
+    for who in ("alice", "bob", "ops"):
+        keys.create(keydir, "client", who)
+    s = Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*", admins=("ops",)))
+    stop = threading.Event()
+    t = threading.Thread(target=s.serve, kwargs={"until": stop.is_set}, daemon=True)
+    t.start()
+    clients = []
+
+    def client(who):
+        c = ClusterClient(s.endpoint, keydir, who, timeout=10.0)
+        clients.append(c)
+        return c
+    yield s, client
+    for c in clients:
+        c.close()
+    stop.set()
+    t.join(10)
+
+
+def test_only_the_owner_or_an_admin_acts_on_a_job(scheduler):
+    s, client = scheduler
+    alice, bob, ops = client("alice"), client("bob"), client("ops")
+    a1 = alice.call("c_submit", argv=["python", "t.py"], cwd="/")["cjob"]
+    a2 = alice.call("c_submit", argv=["python", "t.py"], cwd="/")["cjob"]
+    with pytest.raises(ClusterError, match=f"{a1} belongs to alice, not to bob"):
+        bob.call("c_kill", cjob=a1)
+    with pytest.raises(ClusterError, match="belongs to alice"):
+        bob.call("c_kill", cjob=a2)
+    jobs = {j["cjob"]: j for j in bob.call("c_ps")["jobs"]}
+    assert jobs[a1]["owner"] == "alice" and jobs[a1]["state"] == "pending"     # the refusal changed nothing
+    assert jobs[a2]["state"] == "pending"
+    assert alice.call("c_kill", cjob=a1) == {"cjob": a1}
+    assert ops.call("c_kill", cjob=a2) == {"cjob": a2}
+    states = {j["cjob"]: j["state"] for j in alice.call("c_ps")["jobs"]}
+    assert states == {a1: "killed", a2: "killed"}
