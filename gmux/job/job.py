@@ -19,6 +19,7 @@ from .control import Command, Controller, LocalController
 from .data import DataPosition, batches, epochs
 from .memory import choose_tier
 from .profile import Profile
+from .restore_check import Fit
 from .state import TrackedState
 
 REPORT_EVERY_S = 1.0
@@ -195,24 +196,26 @@ class Job:
         return {"bytes": nbytes, "seconds": time.perf_counter() - t0}
 
     def restore(self, source: str | BinaryIO | bytes) -> dict:
-        """Puts a checkpoint's state into this job's objects, or raises without changing anything."""
+        """Puts a checkpoint's state into this job's objects, or raises CheckpointError without changing
+        anything: the checkpoint is checked against this job (restore_check.Fit) before its data is read, and
+        its random states are tried on scratch generators before anything is applied."""
         if self.suspended:
             raise RuntimeError("restore: resume the job first")
         t0 = time.perf_counter()
         if isinstance(source, (str, os.PathLike)):
             origin = repr(os.fspath(source))
-            snap = ckpt.load(os.fspath(source))
+            fit = Fit(self, origin)
+            snap = ckpt.load(os.fspath(source), fit.layout)
         else:
             origin = "(stream)"
-            snap = ckpt.read(io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source, origin)
-        for key in ("modules", "grads", "optimizers", "schedulers", "scalers", "extras", "state", "rng",
-                    "position", "steps"):
-            if key not in snap:
-                raise ckpt.CheckpointError(origin, f"corrupt: no '{key}' section")
+            fit = Fit(self, origin)
+            stream = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
+            snap = ckpt.read(stream, origin, fit.layout)
+        fit.values(snap)
         position = DataPosition.from_dict(snap["position"])
-        self.tracked.apply(snap, f"checkpoint {origin}")
+        self.tracked.apply(snap)
         self.position = position
-        self.profile.steps = int(snap["steps"])
+        self.profile.steps = snap["steps"]
         return {"seconds": time.perf_counter() - t0}
 
     def residue(self) -> dict:

@@ -2,7 +2,7 @@
 
 `TrackedState` enumerates every tensor the runtime moves on suspend (parameters, their gradients, buffers,
 optimizer state, extras) and captures the whole job as one nested structure (`capture`) that the checkpoint
-format serialises and `apply` puts back, validating everything before changing anything.
+format serialises and `apply` puts back, once gmux.job.restore_check has found that it fits.
 """
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from .checkpoint import CheckpointError
 
-class StateMismatch(ValueError):
-    """A checkpoint does not fit the job it is restored into (another model, another optimizer...)."""
+
+class StateMismatch(CheckpointError):
+    """A sound checkpoint that does not fit the job it is restored into (another model, another optimizer...)."""
 
 
 _SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
@@ -103,43 +105,9 @@ class TrackedState:
             "rng": capture_rng(),
         }
 
-    def check(self, snap: dict, origin: str) -> None:
-        """Raises StateMismatch naming the first difference between a captured job and this one."""
-        for kind in ("modules", "optimizers", "schedulers", "scalers"):
-            have, got = len(getattr(self, kind)), len(snap[kind])
-            if have != got:
-                raise StateMismatch(f"{origin}: the checkpoint holds {got} {kind} but this job attached {have}")
-        for i, (m, sd) in enumerate(zip(self.modules, snap["modules"])):
-            mine = m.state_dict(keep_vars=True)
-            missing = sorted(set(mine) - set(sd))
-            extra = sorted(set(sd) - set(mine))
-            if missing or extra:
-                raise StateMismatch(f"{origin}: it was taken from a different model: "
-                                    f"missing {missing[:5]}, unexpected {extra[:5]} (module {i})")
-            for name, t in mine.items():
-                _same_shape(origin, f"parameter or buffer '{name}'", sd[name], t)
-            params = dict(m.named_parameters())
-            for name, g in snap["grads"][i].items():
-                if name not in params:
-                    raise StateMismatch(f"{origin}: gradient of unknown parameter '{name}'")
-                _same_shape(origin, f"gradient of '{name}'", g, params[name])
-        for i, (opt, sd) in enumerate(zip(self.optimizers, snap["optimizers"])):
-            mine = [len(g["params"]) for g in opt.param_groups]
-            got = [len(g["params"]) for g in sd["param_groups"]]
-            if mine != got:
-                raise StateMismatch(f"{origin}: optimizer {i} has parameter groups of sizes {got} in the checkpoint "
-                                    f"but {mine} in this job")
-            if type(opt).__name__ != sd.get("__gmux_type__", type(opt).__name__):
-                raise StateMismatch(f"{origin}: optimizer {i} is {sd['__gmux_type__']} in the checkpoint "
-                                    f"but {type(opt).__name__} in this job")
-        for name, t in self.extras.items():
-            if name not in snap["extras"]:
-                raise StateMismatch(f"{origin}: extra tensor '{name}' is not in the checkpoint")
-            _same_shape(origin, f"extra tensor '{name}'", snap["extras"][name], t)
-
-    def apply(self, snap: dict, origin: str) -> None:
-        """Puts a captured job back in place (same tensor objects); validates everything first."""
-        self.check(snap, origin)
+    def apply(self, snap: dict) -> None:
+        """Puts a captured job back in place (same tensor objects). Only for a snapshot that
+        gmux.job.restore_check.Fit has passed (layout and values): then nothing here can fail half-way."""
         with torch.no_grad():
             for m, sd, grads in zip(self.modules, snap["modules"], snap["grads"]):
                 m.load_state_dict(sd, strict=True)
@@ -163,15 +131,6 @@ class TrackedState:
         self.state.clear()
         self.state.update(snap["state"])
         restore_rng(snap["rng"])
-
-
-def _same_shape(origin: str, what: str, saved, live: torch.Tensor) -> None:
-    if not isinstance(saved, torch.Tensor):
-        raise StateMismatch(f"{origin}: {what} is not a tensor in the checkpoint")
-    if tuple(saved.shape) != tuple(live.shape) or saved.dtype != live.dtype:
-        raise StateMismatch(f"{origin}: it was taken from a different model: {what} is "
-                            f"{tuple(saved.shape)} {saved.dtype} in the checkpoint but "
-                            f"{tuple(live.shape)} {live.dtype} in this job")
 
 
 # -- random streams ---------------------------------------------------------------------------------------

@@ -1,0 +1,351 @@
+"""Does a checkpoint fit this job? Decided against the live job before the job changes, in two passes.
+
+`Fit.layout(skeleton, table)` runs once the metadata is decoded, before any buffer is allocated for the data
+(gmux.job.checkpoint.read calls it): every section has the type, keys and length the job has; every tensor
+has the dtype and shape of the live tensor it will be copied into (its device is that tensor's: the file
+holds host bytes); optimizer state per parameter has the keys, shapes and dtypes the optimizer uses, and its
+parameter groups the job's count, sizes and value types; LR scheduler and AMP scaler states are shaped like
+the job's; the step count and the data position are non-negative integers; the Python random state is tried
+on a scratch generator. It returns the bytes of tensor data it vouched for (the rest, tensors inside state=,
+are bounded by the file's length).
+
+`Fit.values(snap)` runs once the data is read and checksummed, still before anything is applied: the torch,
+CUDA and NumPy random states (and the data position's) are tried on scratch generators, so that applying them
+cannot fail half-way. Every refusal is a CheckpointError naming the file and the field (StateMismatch, a
+CheckpointError, where the checkpoint is sound but was taken from another model or optimizer).
+"""
+from __future__ import annotations
+
+import math
+import random
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .checkpoint import DTYPES, CheckpointError, Row, TensorRef
+from .state import StateMismatch
+
+SECTIONS = ("modules", "grads", "optimizers", "schedulers", "scalers", "extras", "state", "rng", "position",
+            "steps")
+PARAM, SCALAR = "like the parameter", "a scalar"
+
+
+def describe(v) -> str:
+    if isinstance(v, (TensorRef, torch.Tensor)):
+        return "a tensor"
+    if v is None:
+        return "None"
+    name = type(v).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+class Fit:
+    def __init__(self, job, origin: str):
+        self.job, self.origin = job, origin
+        self.live = job.snapshot()           # the job's state dicts, referring to its tensors (nothing copied)
+        self.table: list[Row] = []
+        self.vouched = 0
+
+    def fail(self, problem: str, error=CheckpointError):
+        raise error(self.origin, problem)
+
+    # -- generic shapes ---------------------------------------------------------------------------------
+    def row(self, saved, where: str) -> Row:
+        if not isinstance(saved, TensorRef):
+            self.fail(f"{where}: {describe(saved)}, the job has a tensor")
+        return self.table[saved.index]
+
+    def tensor(self, saved, dtype: str, shape: tuple, where: str) -> Row:
+        row = self.row(saved, where)
+        if row.dtype != dtype:
+            self.fail(f"{where}: dtype {row.dtype}, the job has {dtype}")
+        if row.shape != tuple(shape):
+            self.fail(f"{where}: shape {row.shape}, the job has {tuple(shape)}")
+        self.vouched += row.nbytes
+        return row
+
+    def keys(self, saved: dict, live: dict, where: str) -> None:
+        missing = [k for k in live if k not in saved]
+        extra = [k for k in saved if k not in live]
+        if missing or extra:
+            self.fail(f"{where}: keys {sorted(map(str, saved))}, the job has {sorted(map(str, live))}")
+
+    def alike(self, saved, live, where: str) -> None:
+        """`saved` has the structure of the job's `live` value: same container types, keys and lengths, the
+        same kind of leaf (numbers int and float alike, bool apart), tensors of the same dtype and shape."""
+        if isinstance(live, torch.Tensor):
+            self.tensor(saved, _dtype(live), tuple(live.shape), where)
+        elif isinstance(live, dict):
+            if not isinstance(saved, dict):
+                self.fail(f"{where}: {describe(saved)}, the job has a dict")
+            self.keys(saved, live, where)
+            for k, v in live.items():
+                self.alike(saved[k], v, f"{where} '{k}'")
+        elif isinstance(live, (list, tuple)):
+            if type(saved) is not type(live):
+                self.fail(f"{where}: {describe(saved)}, the job has {describe(live)}")
+            if len(saved) != len(live):
+                self.fail(f"{where}: {len(saved)} items, the job has {len(live)}")
+            for i, (s, v) in enumerate(zip(saved, live)):
+                self.alike(s, v, f"{where}[{i}]")
+        elif type(live) in (int, float):
+            if type(saved) not in (int, float):
+                self.fail(f"{where}: {describe(saved)}, the job has {describe(live)}")
+        elif type(saved) is not type(live):
+            self.fail(f"{where}: {describe(saved)}, the job has {describe(live)}")
+
+    def counter(self, saved, where: str) -> None:
+        if type(saved) is not int:
+            self.fail(f"{where}: {describe(saved)}, the job has an int")
+        if saved < 0:
+            self.fail(f"{where}: {saved}, which is negative")
+
+    # -- pass 1: before the data ------------------------------------------------------------------------
+    def layout(self, skel, table: list) -> int:
+        self.table, self.vouched = table, 0
+        if not isinstance(skel, dict):
+            self.fail(f"the skeleton is {describe(skel)}, not a dict of sections")
+        for key in skel:
+            if key not in SECTIONS:
+                self.fail(f"corrupt: unexpected section {str(key)[:40]!r}")
+        for key in SECTIONS:
+            if key not in skel:
+                self.fail(f"corrupt: no '{key}' section")
+        for key in ("modules", "grads", "optimizers", "schedulers", "scalers"):
+            if not isinstance(skel[key], list):
+                self.fail(f"'{key}': {describe(skel[key])}, the job has a list")
+        for key in ("modules", "optimizers", "schedulers", "scalers"):
+            have, got = len(self.live[key]), len(skel[key])
+            if have != got:
+                self.fail(f"the checkpoint holds {got} {key} but this job attached {have}", StateMismatch)
+        if len(skel["grads"]) != len(skel["modules"]):
+            self.fail(f"'grads': {len(skel['grads'])} items, the job has {len(skel['modules'])}")
+        self.modules(skel["modules"], skel["grads"])
+        for i, (sd, opt) in enumerate(zip(skel["optimizers"], self.job.tracked.optimizers)):
+            self.optimizer(i, sd, opt, self.live["optimizers"][i])
+        for kind, name in (("schedulers", "scheduler"), ("scalers", "scaler")):
+            for i, (sd, live) in enumerate(zip(skel[kind], self.live[kind])):
+                self.alike(sd, live, f"{name} {i}")
+        for i, sd in enumerate(skel["scalers"]):
+            self.scaler(i, sd)
+        self.extras(skel["extras"])
+        if not isinstance(skel["state"], dict):
+            self.fail(f"'state': {describe(skel['state'])}, the job has a dict")
+        self.rng(skel["rng"])
+        self.position(skel["position"])
+        self.counter(skel["steps"], "'steps'")
+        return self.vouched
+
+    def modules(self, modules: list, grads: list) -> None:
+        for i, (sd, live, module) in enumerate(zip(modules, self.live["modules"], self.job.tracked.modules)):
+            if not isinstance(sd, dict):
+                self.fail(f"module {i}: {describe(sd)}, the job has a dict")
+            missing = sorted(set(live) - set(sd))
+            extra = sorted(map(str, set(sd) - set(live)))
+            if missing or extra:
+                self.fail(f"it was taken from a different model: missing {missing[:5]}, unexpected {extra[:5]} "
+                          f"(module {i})", StateMismatch)
+            for name, t in live.items():
+                if not isinstance(t, torch.Tensor):
+                    self.alike(sd[name], t, f"module {i} '{name}'")
+                    continue
+                row = self.row(sd[name], f"parameter or buffer '{name}'")
+                if row.shape != tuple(t.shape) or row.dtype != _dtype(t):
+                    self.fail(f"it was taken from a different model: parameter or buffer '{name}' is {row.shape} "
+                              f"{row.dtype} in the checkpoint but {tuple(t.shape)} {_dtype(t)} in this job",
+                              StateMismatch)
+                self.vouched += row.nbytes
+            if not isinstance(grads[i], dict):
+                self.fail(f"'grads'[{i}]: {describe(grads[i])}, the job has a dict")
+            params = dict(module.named_parameters())
+            for name, g in grads[i].items():
+                if name not in params:
+                    self.fail(f"gradient of unknown parameter {str(name)[:80]!r}", StateMismatch)
+                p = params[name]
+                self.tensor(g, _dtype(p), tuple(p.shape), f"gradient of '{name}'")
+
+    def optimizer(self, i: int, sd, opt: torch.optim.Optimizer, live: dict) -> None:
+        where = f"optimizer {i}"
+        if not isinstance(sd, dict):
+            self.fail(f"{where}: {describe(sd)}, the job has a dict")
+        self.keys(sd, live, where)
+        kind = sd["__gmux_type__"]
+        if not isinstance(kind, str):
+            self.fail(f"{where} '__gmux_type__': {describe(kind)}, the job has a str")
+        if kind != type(opt).__name__:
+            self.fail(f"{where} is {kind[:80]} in the checkpoint but {type(opt).__name__} in this job", StateMismatch)
+        groups = sd["param_groups"]
+        if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+            self.fail(f"{where} 'param_groups': {describe(groups)}, the job has a list of dicts")
+        for g in groups:
+            if not isinstance(g.get("params"), list) or not all(type(p) is int for p in g["params"]):
+                self.fail(f"{where} 'param_groups': 'params' is not a list of parameter numbers")
+        mine = [len(g["params"]) for g in live["param_groups"]]
+        got = [len(g["params"]) for g in groups]
+        if mine != got:
+            self.fail(f"{where} has parameter groups of sizes {got} in the checkpoint but {mine} in this job",
+                      StateMismatch)
+        for j, (g, lg) in enumerate(zip(groups, live["param_groups"])):
+            self.alike({k: v for k, v in g.items() if k != "params"},
+                       {k: v for k, v in lg.items() if k != "params"}, f"{where} param group {j}")
+        # torch maps the saved parameter numbers to the job's parameters by position, group by group.
+        saved_ids = [p for g in groups for p in g["params"]]
+        if len(set(saved_ids)) != len(saved_ids):
+            self.fail(f"{where} 'param_groups': a parameter number appears twice")
+        position = {pid: n for n, pid in enumerate(saved_ids)}
+        params = [(p, g) for g in opt.param_groups for p in g["params"]]
+        state = sd["state"]
+        if not isinstance(state, dict):
+            self.fail(f"{where} 'state': {describe(state)}, the job has a dict")
+        for pid, st in state.items():
+            if type(pid) is not int or pid not in position:
+                self.fail(f"{where} 'state': state for {str(pid)[:40]!r}, which is none of its parameters")
+            n = position[pid]
+            self.param_state(f"{where} state for param {n}", st, params[n], live["state"].get(n), opt)
+
+    def param_state(self, where: str, saved, param_group, live: Optional[dict], opt) -> None:
+        p, group = param_group
+        if not isinstance(saved, dict):
+            self.fail(f"{where}: {describe(saved)}, the job has a dict")
+        if live:                            # the job's optimizer has state for it: exactly that structure
+            self.keys(saved, live, where)
+            for k, v in live.items():
+                self.alike(saved[k], v, f"{where} '{k}'")
+            return
+        expected = fresh_state(opt, group)  # a fresh optimizer: what it would create
+        if expected is not None:
+            self.keys(saved, expected, where)
+        for k, v in saved.items():
+            if not isinstance(k, str):
+                self.fail(f"{where}: key {str(k)[:40]!r} is not a name")
+            what = expected[k] if expected is not None else None
+            if isinstance(v, TensorRef):
+                row = self.table[v.index]
+                if what == SCALAR or (what is None and row.shape == ()):
+                    if row.shape != () or not torch.empty(0, dtype=DTYPES[row.dtype]).is_floating_point():
+                        self.fail(f"{where} '{k}': {row.dtype} {row.shape}, the job has a floating-point scalar")
+                    self.vouched += row.nbytes
+                else:
+                    self.tensor(v, _dtype(p), tuple(p.shape), f"{where} '{k}'")
+            elif type(v) not in (int, float) or what == PARAM:
+                self.fail(f"{where} '{k}': {describe(v)}, the job has {'a tensor' if what == PARAM else 'a number'}")
+
+    def scaler(self, i: int, sd: dict) -> None:
+        if "scale" in sd and not (math.isfinite(sd["scale"]) and sd["scale"] > 0):
+            self.fail(f"scaler {i} 'scale': {sd['scale']}, which is not a positive finite number")
+        if "_growth_tracker" in sd:
+            self.counter(sd["_growth_tracker"], f"scaler {i} '_growth_tracker'")
+
+    def extras(self, extras) -> None:
+        if not isinstance(extras, dict):
+            self.fail(f"'extras': {describe(extras)}, the job has a dict")
+        for name in extras:
+            if name not in self.live["extras"]:
+                self.fail(f"extra tensor {str(name)[:80]!r} is in the checkpoint but not in this job")
+        for name, t in self.live["extras"].items():
+            if name not in extras:
+                self.fail(f"extra tensor '{name}' is not in the checkpoint", StateMismatch)
+            self.tensor(extras[name], _dtype(t), tuple(t.shape), f"extra tensor '{name}'")
+
+    def rng(self, rng) -> None:
+        live = self.live["rng"]
+        if not isinstance(rng, dict):
+            self.fail(f"'rng': {describe(rng)}, the job has a dict")
+        self.keys(rng, live, "'rng'")
+        py = rng["python"]
+        if not (type(py) is tuple and len(py) == 3 and type(py[1]) is tuple
+                and all(type(x) is int for x in py[1]) and type(py[0]) is int and type(py[2]) in (type(None), float)):
+            self.fail("rng 'python': not a Python random state (version, 625 integers, gauss)")
+        try:
+            random.Random().setstate(py)    # a scratch generator: the job's own is untouched
+        except (TypeError, ValueError, OverflowError) as e:
+            self.fail(f"rng 'python': {e}")
+        np_state = rng["numpy"]
+        if not (type(np_state) is tuple and len(np_state) == 5 and np_state[0] == "MT19937"
+                and type(np_state[2]) is int and type(np_state[3]) is int and type(np_state[4]) in (int, float)):
+            self.fail("rng 'numpy': not a NumPy MT19937 state")
+        self.alike(np_state[1], live["numpy"][1], "rng 'numpy' keys")
+        self.alike(rng["torch"], live["torch"], "rng 'torch'")
+        cuda = rng["cuda"]
+        if not isinstance(cuda, list) or len(cuda) > 1024:
+            self.fail(f"rng 'cuda': {describe(cuda)}, the job has a list of device states")
+        for k, s in enumerate(cuda):
+            row = self.row(s, f"rng 'cuda'[{k}]")
+            if row.dtype != "uint8" or row.shape not in ((16,), (8,)):
+                self.fail(f"rng 'cuda'[{k}]: {row.dtype} {row.shape}, the job has uint8 (16,)")
+            self.vouched += row.nbytes
+
+    def position(self, pos) -> None:
+        if not isinstance(pos, dict):
+            self.fail(f"'position': {describe(pos)}, the job has a dict")
+        self.keys(pos, self.job.position.to_dict(), "'position'")
+        self.counter(pos["epoch"], "position 'epoch'")
+        self.counter(pos["index"], "position 'index'")
+        rng_shape = tuple(self.live["rng"]["torch"].shape)
+        if pos["epoch_rng"] is None:
+            if pos["index"] > 0:
+                self.fail(f"position 'epoch_rng': None, but the checkpoint is {pos['index']} batches into an "
+                          f"epoch and replaying them needs it")
+        else:
+            self.tensor(pos["epoch_rng"], "uint8", rng_shape, "position 'epoch_rng'")
+        if pos["epoch_generator"] is not None:
+            row = self.row(pos["epoch_generator"], "position 'epoch_generator'")
+            if row.dtype != "uint8" or row.shape not in (rng_shape, (16,)):
+                self.fail(f"position 'epoch_generator': {row.dtype} {row.shape}, the job has a generator state")
+            self.vouched += row.nbytes
+
+    # -- pass 2: the data, still before anything is applied -------------------------------------------------
+    def values(self, snap: dict) -> None:
+        self.generator(snap["rng"]["torch"], "rng 'torch'")
+        self.generator(snap["position"]["epoch_rng"], "position 'epoch_rng'")
+        gen = snap["position"]["epoch_generator"]
+        if gen is not None and gen.numel() != 16:
+            self.generator(gen, "position 'epoch_generator'")
+        kind, keys, *rest = snap["rng"]["numpy"]
+        if keys.numel() and (int(keys.min()) < 0 or int(keys.max()) >= 1 << 32):
+            self.fail("rng 'numpy': key words outside 0..2**32-1")
+        try:
+            np.random.RandomState().set_state((kind, keys.numpy().astype(np.uint32), *rest))
+        except (TypeError, ValueError, OverflowError) as e:
+            self.fail(f"rng 'numpy': {e}")
+        cuda = snap["rng"]["cuda"]
+        if cuda and torch.cuda.is_available():
+            for k, s in enumerate(cuda[: torch.cuda.device_count()]):
+                self.generator(s, f"rng 'cuda'[{k}]", device=f"cuda:{k}")
+
+    def generator(self, state: Optional[torch.Tensor], where: str, device: str = "cpu") -> None:
+        if state is None:
+            return
+        try:
+            torch.Generator(device=device).set_state(state)   # a scratch generator: torch's own check
+        except (RuntimeError, TypeError, ValueError) as e:
+            self.fail(f"{where}: {str(e).splitlines()[0]}")
+
+
+def fresh_state(opt: torch.optim.Optimizer, group: dict) -> Optional[dict]:
+    """The per-parameter state a built-in optimizer creates at its first step, key by key (PARAM: shaped and
+    typed like the parameter; SCALAR: a floating-point scalar); None for an optimizer not known here, whose
+    state is only checked to be tensors shaped like the parameter, scalars or numbers."""
+    t = type(opt)
+    if t in (torch.optim.Adam, torch.optim.AdamW):
+        keys = {"step": SCALAR, "exp_avg": PARAM, "exp_avg_sq": PARAM}
+        if group.get("amsgrad"):
+            keys["max_exp_avg_sq"] = PARAM
+        return keys
+    if t is torch.optim.SGD:
+        return {"momentum_buffer": PARAM} if group.get("momentum") else {}
+    if t is torch.optim.RMSprop:
+        keys = {"step": SCALAR, "square_avg": PARAM}
+        if group.get("momentum"):
+            keys["momentum_buffer"] = PARAM
+        if group.get("centered"):
+            keys["grad_avg"] = PARAM
+        return keys
+    if t is torch.optim.Adagrad:
+        return {"step": SCALAR, "sum": PARAM}
+    return None

@@ -1,0 +1,193 @@
+"""Restore checks everything before it changes anything (issue 12, item 4).
+
+Each test builds a checkpoint whose frames are sound (valid checksums) but whose content does not fit the job,
+or is made to cost much to decode, and asserts that restoring it raises CheckpointError naming the file and
+the field, and leaves the live job bit-identical: weights, gradients, optimizer, schedulers, scaler, RNG,
+data position and step count.
+"""
+import copy
+import os
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import gmux.job as gj
+from gmux.job.data import DataPosition
+from gmux_testkit import assert_identical
+
+import ckpt_forge as forge
+
+
+def small_job(seed=0, steps=1, width=8):
+    """A small job: 3 linear layers (param 2 is the (4, 8) weight), Adam with state, StepLR, GradScaler."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 4), nn.ReLU(), nn.Linear(4, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2)
+    scaler = torch.amp.GradScaler("cpu")
+    job = gj.attach(model, opt, sched, scaler, extras={"ema": torch.zeros(3)}, state={"note": [1, "two"]})
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(8, 4)).pow(2).sum().backward()
+        opt.step()
+        sched.step()
+    job.position = DataPosition(epoch=1, index=2, epoch_rng=torch.get_rng_state())
+    job.profile.steps = steps
+    return job
+
+
+def frozen(job) -> dict:
+    """Everything a restore could change, copied (tensors cloned), to compare bit for bit."""
+    snap = job.snapshot()
+    snap["optimizer_objects"] = [copy.deepcopy(o.state_dict()) for o in job.tracked.optimizers]
+    snap["position"]["replay"] = job.position.replay
+    return _clone(snap)
+
+
+def _clone(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clone(v) for v in obj)
+    return obj
+
+
+def refused(tmp, data: bytes, pattern: str, live=None):
+    """Writes `data` to a file, restores it into a live job, and checks the refusal and that nothing changed."""
+    path = os.path.join(tmp, "c.ckpt")
+    with open(path, "wb") as f:
+        f.write(data)
+    job = live if live is not None else small_job(seed=1, steps=2)
+    before = frozen(job)
+    with pytest.raises(gj.CheckpointError, match=pattern) as e:
+        job.restore(path)
+    assert repr(path) in str(e.value), f"the error does not name the file: {e.value}"
+    assert_identical(before, frozen(job))
+    return str(e.value)
+
+
+def test_a_sound_checkpoint_still_restores_into_a_fresh_job(tmp):
+    """The validation refuses no checkpoint gmux wrote: one with optimizer state, into a job without any."""
+    source = small_job(seed=0, steps=3)
+    path = os.path.join(tmp, "ok.ckpt")
+    source.checkpoint(path)
+    expect = frozen(source)
+    fresh = small_job(seed=5, steps=0)
+    fresh.restore(path)
+    got = frozen(fresh)
+    expect["position"]["replay"] = True
+    assert_identical(expect, got)
+
+
+# -- the failures found by the adversarial tester ---------------------------------------------------------
+def test_optimizer_state_of_the_wrong_shape_is_refused(tmp):
+    """Before: restored without error; the next optimizer step crashed."""
+    snap = small_job().snapshot()
+    snap["optimizers"][0]["state"][2]["exp_avg"] = torch.zeros(4, 4)
+    data = forge.written(snap)
+    want = r"optimizer 0 state for param 2 'exp_avg': shape \(4, 4\), the job has \(4, 8\)"
+    refused(tmp, data, want)
+    refused(tmp, data, want, live=small_job(seed=3, steps=0))   # a fresh optimizer has no state to compare to
+
+
+def test_optimizer_state_of_the_wrong_dtype_or_keys_is_refused(tmp):
+    snap = small_job().snapshot()
+    snap["optimizers"][0]["state"][1]["exp_avg_sq"] = snap["optimizers"][0]["state"][1]["exp_avg_sq"].double()
+    refused(tmp, forge.written(snap), r"optimizer 0 state for param 1 'exp_avg_sq': dtype float64, the job has float32")
+    snap = small_job().snapshot()
+    del snap["optimizers"][0]["state"][0]["exp_avg"]
+    refused(tmp, forge.written(snap), r"optimizer 0 state for param 0: keys")
+    refused(tmp, forge.written(snap), r"optimizer 0 state for param 0: keys", live=small_job(seed=3, steps=0))
+    snap = small_job().snapshot()
+    snap["optimizers"][0]["param_groups"][0]["lr"] = "fast"
+    refused(tmp, forge.written(snap), r"optimizer 0 param group 0 'lr': a str, the job has a float")
+
+
+def test_a_bad_rng_state_is_refused_before_the_weights_change(tmp):
+    """Before: refused by torch.set_rng_state only after load_state_dict had overwritten the weights."""
+    snap = small_job().snapshot()
+    snap["rng"]["torch"] = torch.zeros(10, dtype=torch.uint8)
+    refused(tmp, forge.written(snap), r"rng 'torch': shape \(10,\), the job has \(5056,\)")
+    snap["rng"]["torch"] = torch.zeros(5056, dtype=torch.uint8)   # the right size, but no valid state
+    refused(tmp, forge.written(snap), r"rng 'torch': .*Invalid mt19937 state")
+    snap = small_job().snapshot()
+    snap["rng"]["python"] = (3, (1, 2, 3), None)
+    refused(tmp, forge.written(snap), r"rng 'python'")
+    snap = small_job().snapshot()
+    snap["rng"]["numpy"] = ("MT19937", torch.full((624,), -1, dtype=torch.int64), 0, 0, 0.0)
+    refused(tmp, forge.written(snap), r"rng 'numpy'")
+
+
+def test_a_non_numeric_step_count_or_position_is_refused_before_anything_changes(tmp):
+    """Before: int('many') failed after the weights, optimizer and RNG had been restored."""
+    snap = small_job().snapshot()
+    snap["steps"] = "many"
+    refused(tmp, forge.written(snap), r"'steps': a str, the job has an int")
+    snap = small_job().snapshot()
+    snap["position"]["epoch"] = 1.5
+    refused(tmp, forge.written(snap), r"position 'epoch'")
+    snap = small_job().snapshot()
+    snap["position"]["epoch_rng"] = None      # mid-epoch (index 2) needs the epoch's random state to replay
+    refused(tmp, forge.written(snap), r"position 'epoch_rng'")
+
+
+def test_a_shared_reference_bomb_is_refused_while_decoding(tmp):
+    """Before: a few hundred bytes standing for 8**7 values were expanded (35 s and 3 GiB for a larger one)."""
+    data = forge.written(small_job().snapshot())
+    skel = forge.skeleton_of(data)
+    skel["state"] = {"bomb": forge.SENTINEL}
+    bomb = forge.with_skeleton(data, forge.spliced(skel, forge.shared_reference_bomb(levels=7, width=8)))
+    assert len(forge.shared_reference_bomb(levels=7, width=8)) < 400
+    t0 = time.perf_counter()
+    refused(tmp, bomb, r"shared references")
+    assert time.perf_counter() - t0 < 10
+
+
+def test_deep_nesting_is_refused_naming_the_file(tmp):
+    """Before: a raw RecursionError (a nested list) or a restore that hashed 50000 nested tuples; one of
+    1,000,000 crashed the process (the C stack overflows while hashing a dict key)."""
+    data = forge.written(small_job().snapshot())
+    skel = forge.skeleton_of(data)
+    skel["state"] = {"deep": forge.SENTINEL}
+    refused(tmp, forge.with_skeleton(data, forge.spliced(skel, forge.deep_list(100000))), r"nested deeper than")
+    skel["state"] = {forge.SENTINEL: 1}
+    refused(tmp, forge.with_skeleton(data, forge.spliced(skel, forge.deep_tuple(50000))), r"nested deeper than")
+
+
+def test_a_section_of_the_wrong_type_is_refused_naming_it(tmp):
+    """Before: a raw TypeError from len() of an int."""
+    snap = small_job().snapshot()
+    snap["modules"] = 5
+    refused(tmp, forge.written(snap), r"'modules': an int, the job has a list")
+    snap = small_job().snapshot()
+    snap["optimizers"][0]["state"] = [1, 2]
+    refused(tmp, forge.written(snap), r"optimizer 0 'state': a list, the job has a dict")
+
+
+def test_a_tensor_table_claiming_4_TiB_is_refused_before_allocating(tmp):
+    """Before: torch.empty(4 TiB) was tried before any data was read."""
+    snap = small_job().snapshot()
+    snap["state"]["t"] = torch.zeros(7)
+    data = forge.written(snap)
+    rows = forge.table_of(data)
+    free = rows.index(["float32", [7], 28])      # the state's tensor: the only one of that shape
+    huge = [r[:] for r in rows]
+    huge[free] = ["float32", [1 << 40], 4 << 40]
+    refused(tmp, forge.with_table(data, huge),
+            r"claims \d+ bytes of tensor data, but the file holds only \d+ more bytes")
+    huge = [r[:] for r in rows]
+    huge[0] = ["float32", [1 << 40, 1], 4 << 40]       # the first weight, which the job holds as (8, 4)
+    refused(tmp, forge.with_table(data, huge), r"parameter or buffer '0.weight' is \(1099511627776, 1\)")
+
+
+def test_unknown_sections_and_extras_are_refused(tmp):
+    snap = small_job().snapshot()
+    snap["extras"]["other"] = torch.zeros(5)
+    refused(tmp, forge.written(snap), r"extra tensor 'other' is in the checkpoint but not in this job")
+    snap = small_job().snapshot()
+    snap["surprise"] = 1
+    refused(tmp, forge.written(snap), r"unexpected section 'surprise'")
