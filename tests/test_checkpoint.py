@@ -148,3 +148,67 @@ def test_attach_restores_a_moved_job_from_GMUX_RESTORE(tmp, monkeypatch):
     moved = gj.attach(model, opt, state={})
     assert_identical(saved, [t.clone() for t in moved.tracked.tensors()])
     assert moved.state["epoch_note"] == [1, 2.5, "three", (4, None)]
+
+
+def test_data_frames_out_of_order_are_refused(tmp):
+    """Each DATA frame has a valid checksum; only END's data_crc32 tells their order (before: restored garbage)."""
+    import ckpt_forge as forge
+    path = _written(tmp)
+    frames = forge.split(open(path, "rb").read())
+    data = [i for i, (kind, _) in enumerate(frames) if kind == ckpt.DATA]
+    a, b = data[0], data[1]                     # the first weight (16, 4) and its bias (16,)
+    frames[a], frames[b] = frames[b], frames[a]
+    open(path, "wb").write(forge.join(frames))
+    _refused(path, r"tensor data is not what was written \(DATA frames missing, repeated or out of order\)")
+
+
+def test_a_checkpoint_written_before_data_crc32_still_restores(tmp):
+    """Version 1 files from before END carried data_crc32 are read as they were (same version number)."""
+    import msgpack
+
+    import ckpt_forge as forge
+    job, _ = _job()
+    saved = [t.clone() for t in job.tracked.tensors()]
+    path = _written(tmp)
+    frames = forge.split(open(path, "rb").read())
+    end = msgpack.unpackb(frames[-1][1])
+    del end["data_crc32"]
+    frames[-1][1] = msgpack.packb(end)
+    open(path, "wb").write(forge.join(frames))
+    other, _ = _job()
+    other.restore(path)
+    assert_identical(saved, [t.clone() for t in other.tracked.tensors()])
+
+
+class _Pipe(io.RawIOBase):
+    """A stream that cannot seek (a socket, a pipe): its length is unknown until it ends."""
+    def __init__(self, data: bytes):
+        self._inner = io.BytesIO(data)
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        return self._inner.readinto(b)
+
+
+def test_a_stream_of_unknown_length_restores_and_bounds_what_the_job_cannot_vouch_for():
+    import ckpt_forge as forge
+    job, _ = _job()
+    saved = [t.clone() for t in job.tracked.tensors()]
+    sink = io.BytesIO()
+    job.checkpoint(sink)
+    other, _ = _job()
+    other.restore(_Pipe(sink.getvalue()))
+    assert_identical(saved, [t.clone() for t in other.tracked.tensors()])
+    # a tensor in state= claiming 1 GiB, in a stream that cannot say how long it is: refused before allocating
+    snap = job.snapshot()
+    snap["state"]["blob"] = torch.zeros(3)
+    data = forge.written(snap)
+    rows = forge.table_of(data)
+    rows[rows.index(["float32", [3], 12])] = ["uint8", [1 << 30], 1 << 30]
+    before = [t.clone() for t in other.tracked.tensors()]
+    with pytest.raises(gj.CheckpointError, match=r"\(stream\): refused: the tensor table claims \d+ bytes of tensor "
+                                                 r"data the job does not hold \(at most 268435456 from a stream\)"):
+        other.restore(_Pipe(forge.with_table(data, rows)))
+    assert_identical(before, [t.clone() for t in other.tracked.tensors()])
