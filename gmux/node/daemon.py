@@ -34,7 +34,7 @@ from gmux.node.slicer import Slicer
 from gmux.node.store import Store
 from gmux.node.supervisor import Supervisor
 from gmux.rundir import RuntimeDir, alive, proc_starttime
-from gmux.wire.server import Refused, Request, Server
+from gmux.wire.server import Refused, Request, Server, configure
 
 log = logging.getLogger("gmux.daemon")
 
@@ -78,8 +78,7 @@ class Daemon:
         self.started = time.time()
         self.stopping = False
         self._last_reap = self._last_flush = 0.0
-        sock = zmq.Context.instance().socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
+        sock = configure(zmq.Context.instance().socket(zmq.ROUTER))
         sock.setsockopt(zmq.MAXMSGSIZE, 16 * protocol.MAX_FRAME)  # beyond this, not even an error reply
         if os.path.exists(rundir.socket):
             os.unlink(rundir.socket)   # stale: the pid file proved no daemon owns it

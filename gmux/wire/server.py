@@ -25,6 +25,9 @@ from gmux import protocol
 log = logging.getLogger("gmux.server")
 
 DEFERRED = object()    # a handler's answer that the owner sends later (with reply or refuse)
+# Replies queued for one peer before further ones are dropped: a client that sends requests and never reads
+# the replies must not grow the server (at up to MAX_FRAME a reply, 32 of them are the most it can cost).
+SEND_QUEUE = 32
 MAX_ERROR = 1000       # an error text quoting a bad value can be long; the sender needs only its start
 
 
@@ -43,6 +46,13 @@ class Request:
 
 
 Handler = Callable[[Request], Any]
+
+
+def configure(sock: zmq.Socket) -> zmq.Socket:
+    """Settings a served ROUTER needs before it binds (a listener keeps the options it was bound with)."""
+    sock.setsockopt(zmq.SNDHWM, SEND_QUEUE)
+    sock.setsockopt(zmq.LINGER, 0)
+    return sock
 
 
 def _bytes(frame) -> bytes:
@@ -80,6 +90,8 @@ class Server:
         self.unknown = unknown
         # An unroutable send must raise (and be dropped here) rather than vanish silently inside ZeroMQ.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if sock.getsockopt(zmq.SNDHWM) != SEND_QUEUE:
+            raise ValueError("configure(sock) before binding it: a bound socket keeps the queue limits it had")
         self.messages = 0          # frames received
         self.refused = 0           # of which answered with an error: malformed, unknown, or refused by a handler
         self.internal_errors = 0   # of which a handler failed on (a bug)
@@ -141,7 +153,12 @@ class Server:
 
     # --- sending (also for deferred answers, and for messages the owner starts itself) ---
     def reply(self, identity: bytes, msg_id: int, data: Any = None) -> bool:
-        return self.send(identity, protocol.reply(msg_id, True, data=data))
+        frame = protocol.reply(msg_id, True, data=data)
+        if len(frame) > protocol.MAX_FRAME:    # the client would refuse it: say so instead, and how to ask for less
+            log.warning("%s: a reply of %d bytes was not sent", self.name, len(frame))
+            return self.refuse(identity, msg_id, f"the reply is {len(frame)} bytes, over the {protocol.MAX_FRAME}-byte "
+                                                 f"limit of a message; ask for less (e.g. a smaller --limit or --tail)")
+        return self.send(identity, frame)
 
     def refuse(self, identity: bytes, msg_id, text: str) -> bool:
         return self.send(identity, protocol.error_reply(msg_id, text[:MAX_ERROR]))

@@ -8,14 +8,13 @@ import pytest
 import zmq
 
 from gmux import protocol
-from gmux.wire.server import DEFERRED, Refused, Server
+from gmux.wire.server import DEFERRED, SEND_QUEUE, Refused, Server, configure
 
 
 @pytest.fixture
 def router(tmp_path):
     ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
+    sock = configure(ctx.socket(zmq.ROUTER))
     endpoint = f"ipc://{tmp_path}/s.sock"
     sock.bind(endpoint)
     yield sock, endpoint
@@ -125,8 +124,60 @@ def test_the_loop_ticks_and_never_blocks_on_a_peer_that_does_not_read(router):
         assert good.poll(10000), "the loop is wedged by a peer that does not read"
         assert msgpack.unpackb(good.recv())["id"] == 5
         good.close(0)
+        deadline = time.monotonic() + 10      # (the good ping may be read in the loop's first batch: fair queueing)
+        while len(ticks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
         peer.close(0)
         stop.set()
         t.join(10)
     assert not t.is_alive() and len(ticks) > 1 and server.internal_errors == 0
+
+
+def test_a_peer_that_never_reads_costs_at_most_the_send_queue(router):
+    """A client sending requests and never reading its replies once grew gmuxd from 34 to 173 MiB."""
+    sock, endpoint = router
+    stop = threading.Event()
+    server = Server(sock, {"ping": lambda req: {"blob": "x" * 100_000}}, name="testd")
+    queued = []
+    send = server.send
+    server.send = lambda identity, frame: queued.append(send(identity, frame)) or queued[-1]
+    t = threading.Thread(target=server.serve, args=(lambda: None, stop.is_set), kwargs={"poll_s": 0.01},
+                         daemon=True)
+    t.start()
+    peer = zmq.Context.instance().socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.setsockopt(zmq.RCVHWM, 1)
+    peer.connect(endpoint)
+    try:
+        for i in range(1000):
+            peer.send(protocol.encode("ping", i + 1))
+        deadline = time.monotonic() + 30
+        while len(queued) < 1000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        peer.close(0)
+        stop.set()
+        t.join(10)
+    assert len(queued) == 1000
+    # what went out beyond the queue can only be in the kernel's socket buffers and the peer's one-message queue
+    assert sum(queued) <= SEND_QUEUE + 16, f"{sum(queued)} replies of 100 kB queued for a peer that never reads"
+
+
+def test_a_reply_too_big_for_any_client_becomes_an_error_that_says_so(router):
+    server = Server(router[0], {"ping": lambda req: {"blob": "x" * (protocol.MAX_FRAME + 10)}}, name="testd")
+    sent = captured(server)
+    server.receive(b"c1", [protocol.encode("ping", 3)])
+    ident, frame = sent[-1]
+    assert frame["id"] == 3 and frame["ok"] is False and "over the 1048576-byte limit" in frame["error"]
+
+
+def test_a_socket_bound_before_configure_is_refused(tmp_path):
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(f"ipc://{tmp_path}/late.sock")
+    try:
+        with pytest.raises(ValueError, match="before binding"):
+            Server(sock, {}, name="testd")
+    finally:
+        sock.close(0)

@@ -30,7 +30,7 @@ from gmux.cluster.policies import Event, EventKind, make_policy
 from gmux.cluster.scheduler.client_handlers import ClientHandlers
 from gmux.cluster.scheduler.driver import Driver, Intent
 from gmux.cluster.scheduler.state import CJob, Machine, State
-from gmux.wire.server import Server
+from gmux.wire.server import Server, configure
 from gmux.wire.transfer import Receiver, rank_xfers, send_file
 
 log = logging.getLogger("gmux.scheduler")
@@ -73,6 +73,7 @@ class Scheduler:
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)    # a link that reconnects takes its name back at once
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.XFER_MAX_CHUNK + protocol.MAX_FRAME)
+        configure(self.sock)
         self.sock.bind(self.opt.listen)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         # What each key may send: a daemon's link reports and pushes checkpoints, a client asks.
