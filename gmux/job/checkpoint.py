@@ -251,10 +251,11 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None) -> dict:
         buffers = _read_data(frames, table, origin)
     except StopIteration:
         raise CheckpointError(origin, "truncated: the stream ends before its data") from None
-    except (msgpack.UnpackException, ValueError, TypeError) as e:
+    except (msgpack.UnpackException, ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+        # Untrusted input: whatever the checks above did not foresee is still refused, naming the file.
         if isinstance(e, CheckpointError):
             raise
-        raise CheckpointError(origin, f"corrupt: {e}") from None
+        raise CheckpointError(origin, f"corrupt: {type(e).__name__}: {_short(e)}") from None
     tensors = [buf.view(DTYPES[row.dtype]).reshape(row.shape) for row, buf in zip(table, buffers)]
     return _join(skeleton, tensors, origin)
 
