@@ -38,6 +38,7 @@ from gmux import protocol
 from gmux.wire import keys
 from gmux.wire.transfer import Receiver, rank_xfers, send_file
 from gmux.wire.daemon_client import Client, GmuxError
+from gmux.wire.server import Server, configure
 from gmux.node.cluster_records import gang_record, ranks_by_job
 from gmux.rundir import RuntimeDir
 from gmux.util.rendezvous import free_port, rendezvous_env
@@ -55,10 +56,14 @@ class ClusterLink:
         self.scheduler_endpoint = scheduler
         self.ctx = zmq.Context()        # its own context: the ZAP handler must not see gmuxd's ipc socket
         self.guard = keys.Guard(self.ctx, keydir, ("scheduler", "daemon"))
-        self.inbox = keys.server_socket(self.ctx, zmq.ROUTER, keydir, "daemon", name)
-        self.inbox.setsockopt(zmq.LINGER, 0)
+        self.inbox = configure(keys.server_socket(self.ctx, zmq.ROUTER, keydir, "daemon", name))
         self.inbox.setsockopt(zmq.MAXMSGSIZE, protocol.XFER_MAX_CHUNK + protocol.MAX_FRAME)
         self.inbox.bind(listen)
+        # Checkpoints arriving from other machines and the scheduler: the shared loop's handling, polled here
+        # beside the link's own DEALER.
+        self.transfers = Server(self.inbox, {t: self._xfer for t in ("xfer_begin", "xfer_chunk", "xfer_end")},
+                                name="cluster link", table=C, refusals=(protocol.ProtocolError,), attachments=True,
+                                unknown="{type} is not accepted on a transfer endpoint")
         self.transfer_endpoint = self.inbox.getsockopt_string(zmq.LAST_ENDPOINT)
         self.receiver = Receiver(os.path.join(self.rundir.root, "cluster-in"))
         self.up = keys.client_socket(self.ctx, zmq.DEALER, keydir, "daemon", name, keys.load_public(keydir, "scheduler"))
@@ -112,7 +117,10 @@ class ClusterLink:
                             frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        (self._from_scheduler if sock is self.up else self._inbox)(frames)
+                        if sock is self.up:
+                            self._from_scheduler(frames)
+                        else:
+                            self.transfers.receive(frames[0], frames[1:])
                 while True:
                     try:
                         event, cjob, detail, data = self.outbox.get_nowait()
@@ -143,24 +151,11 @@ class ClusterLink:
             pass     # scheduler away: the next report carries the whole state again
 
     # --- checkpoints arriving ---
-    def _inbox(self, frames: list) -> None:
-        ident, body = frames[0], frames[1:]
-        mid = 0
-        try:
-            if not 1 <= len(body) <= 2:
-                raise protocol.ProtocolError("expected one message frame (two for a checkpoint chunk)")
-            msg = protocol.decode(body[0], C)
-            mid = msg.id
-            if not msg.type.startswith("xfer_"):
-                raise protocol.ProtocolError(f"{msg.type} is not accepted on a transfer endpoint")
-            ok, out = self.receiver.handle(msg, body[1] if len(body) == 2 else None)
-        except protocol.ProtocolError as e:
-            ok, out = False, str(e)[:1000]
-        reply = protocol.reply(mid, True, data=out) if ok else protocol.error_reply(mid, out)
-        try:
-            self.inbox.send_multipart([ident, reply], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
+    def _xfer(self, req):
+        ok, out = self.receiver.handle(req.msg, req.attachment)
+        if not ok:
+            raise protocol.ProtocolError(out)
+        return out
 
     # --- the report ---
     def _report(self, now: float) -> None:
