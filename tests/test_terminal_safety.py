@@ -30,3 +30,23 @@ def test_ps_table_shows_hostile_text_as_typed_and_never_crashes():
     text = buf.getvalue()
     assert "\x1b]0;" not in text and "\x07" not in text and "\u202e" not in text
     assert "[/bogus]" in text and "\\x1b]0;owned" in text
+
+
+def test_log_tail_is_cut_by_bytes_on_a_character_boundary(tmp_path):
+    """A job that printed 400k non-ASCII characters made `gmux logs --tail 5` fail: logs were cut by characters,
+    and a reply of characters of 3 bytes each outgrew a message."""
+    from gmux import protocol
+    from gmux.util.text import tail
+    log = tmp_path / "j1.log"
+    log.write_text("€" * 400_000 + "\nsecond to last\nlast\n")
+    text = tail(str(log), protocol.MAX_FRAME // 2)
+    assert len(text.encode()) <= protocol.MAX_FRAME // 2 and "\ufffd" not in text and text.endswith("last\n")
+    assert tail(str(log), protocol.MAX_FRAME // 2, lines=2) == "second to last\nlast\n"
+    assert tail(str(tmp_path / "missing.log"), 100) == ""
+    big = tmp_path / "big.log"
+    with open(big, "wb") as f:          # a log of 64 MiB: only its end is read
+        f.truncate(64 << 20)
+        f.seek(0, 2)
+        f.write("é\n".encode() * 10)
+    assert tail(str(big), 7) == "\né\né\n"
+    assert tail(str(big), 8) == "\né\né\n"      # the cut fell inside an é: its second byte is dropped

@@ -19,6 +19,7 @@ from gmux.node.jobs import Job, gang_members, unit_of
 from gmux.rundir import proc_starttime
 from gmux.util.rendezvous import free_port, rendezvous_env
 from gmux.util.sizes import format_size
+from gmux.util.text import tail
 from gmux.wire.server import Refused, Request
 
 if TYPE_CHECKING:
@@ -188,16 +189,9 @@ class AdminHandlers:
         if not job.managed:
             raise Refused(f"logs: {job.id} was started with gmux-launch; its output goes to the terminal that "
                           f"started it (gmux submit captures logs)")
-        try:
-            with open(self.node.rundir.log_file(job.id), "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            data = b""
-        tail = req.msg.get("tail") or 0
-        text = data.decode(errors="replace")
-        if tail:
-            text = "".join(text.splitlines(keepends=True)[-tail:])
-        return {"job": job.id, "text": text[-protocol.MAX_FRAME // 2:]}
+        # Cut by bytes (a reply must fit a message, whatever characters the job printed), from the file's end.
+        text = tail(self.node.rundir.log_file(job.id), protocol.MAX_FRAME // 2, req.msg.get("tail") or 0)
+        return {"job": job.id, "text": text}
 
     def submit(self, req: Request):
         node, msg = self.node, req.msg
