@@ -122,24 +122,46 @@ def test_a_cross_machine_migration_costs_the_measured_restart(table):
 BASELINES = [p for p in POLICIES if p != "gmux"]
 
 
+def _never_spread_beside_room(eng, name=""):
+    """After every event: a running job spread over more machines than its size needs has no consolidated home,
+    i.e. there are not enough machines whose GPUs are all idle or its own to hold it."""
+    snap = eng.snap
+    per = snap.max_gpus_per_machine
+    for jid in snap.running:
+        v = snap.jobs[jid]
+        n = len(v.gpus)
+        need = -(-n // per)
+        if len(snap.machines_of(v.gpus)) <= need or any(len(snap.gpu_units[g]) > 1 for g in v.gpus):
+            continue
+        own = {}
+        for g in v.gpus:
+            own[snap.gpu_machine[g]] = own.get(snap.gpu_machine[g], 0) + 1
+        room = sorted((snap.machine_idle[m.machine_id] + own.get(m.machine_id, 0) for m in snap.machines),
+                      reverse=True)
+        # Consolidated: whole machines for all but the remainder, then one with room for the remainder.
+        fits = (sum(1 for r in room[:need] if r >= per) >= need - 1 and len(room) >= need
+                and room[need - 1] >= n - (need - 1) * per)
+        assert not fits, (name, jid, v.gpus, snap.now)
+
+
+def test_gandiva_puts_a_spread_job_together_when_its_own_machine_frees(table):
+    # E starts spread over the holes of B (m0) and D (m1); when C ends, m1 has E's GPU and an idle one.
+    jobs = [job(0, 0, 10000), job(1, 0, 100), job(2, 0, 500), job(3, 0, 50), job(4, 110, 1000, gpus=2)]
+    from gmux.cluster.policies import make_policy
+    eng = Engine(make_machines(2, 2), jobs, make_policy("gandiva", defrag_moves=0), table(), FLAT,
+                 on_event=_never_spread_beside_room)
+    eng.run()
+    assert eng.result.counters["migrations"] == 1
+
+
 @SETTINGS
 @given(st.lists(JOB, min_size=1, max_size=30), st.sampled_from([(2, 4), (3, 4), (4, 2)]))
 def test_no_baseline_leaves_a_job_spread_while_a_machine_it_fits_on_is_idle(table, spec, shape):
+    from gmux.cluster.policies import make_policy
     machines, per = shape
     jobs = _jobs(spec, machines * per)
     for name in BASELINES:
-        def check(eng, name=name):
-            snap = eng.snap
-            idle_machines = sum(1 for m in snap.machines if snap.machine_idle[m.machine_id] == len(m.gpu_ids))
-            for jid in snap.running:
-                v = snap.jobs[jid]
-                need = -(-len(v.gpus) // per)
-                spread = len(snap.machines_of(v.gpus))
-                if spread > need:
-                    # Whole idle machines, plus the ones it partly holds, would give it a consolidated home.
-                    assert idle_machines < need, (name, jid, v.gpus, snap.now)
         pol_params = {"thresholds": (50.0, 500.0)} if name == "tiresias" else {}
-        from gmux.cluster.policies import make_policy
         eng = Engine(make_machines(machines, per), jobs, make_policy(name, **pol_params), table(), FLAT,
-                     on_event=check)
+                     on_event=lambda e, name=name: _never_spread_beside_room(e, name))
         eng.run()
