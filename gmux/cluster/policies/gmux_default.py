@@ -11,9 +11,10 @@ It is told no durations. What it relies on, and why each part should carry over 
   of preempting it. A new cluster's distribution is learned from its own completions, so nothing here is
   Philly's: until 30 jobs of a class finished it uses the pooled one, and with none it is plain LAS
   (`learn=False` gives plain LAS over geometric thresholds, the ablation).
-- **Coarse queues** (one per octave of effective size): inside a queue jobs keep arrival order and a waiting job
-  never preempts a running one of its own queue (Tiresias' rule), so preemptions come only from a job that is
-  at least twice as short, which bounds suspends per job near Tiresias'. (The previous gmux promoted starving
+- **Coarse queues** (one per octave of effective size): a waiting job never preempts a running one of its own
+  queue (Tiresias' rule), so preemptions come only from a job that is at least twice as short, which bounds
+  suspends per job near Tiresias'; inside a queue, waiting jobs start in order of their exact effective size
+  (then arrival), which costs no preemption (at x0.5 it took p99 JCT from 85.9 to 82.5 h, the mean unchanged). (The previous gmux promoted starving
   jobs to the top queue, where they were preempted again, thousands of times each.)
 - **Anti-thrashing:** a job that (re)started less than `min_run_s` ago is not preempted; the newcomer waits for
   that moment (a timer). A suspend costs seconds of GPU time (sim/costs.py); ten minutes of work protects it.
@@ -92,14 +93,20 @@ class GmuxPolicy(PriorityPolicy):
         return int(math.floor(self.buckets_per_octave * math.log2(max(eff, GRID0) / GRID0)))
 
     def waiting_key(self, job):
-        return (self.level(job, job.attained), 1, job.submit_time)
+        return (self.level(job, job.attained), 1, self._fine(job, job.attained), job.submit_time)
+
+    def _fine(self, job, attained):
+        """Inside a queue, waiting jobs go by their exact effective size (then arrival); running ones never yield
+        to a job of their own queue, so this orders the waiting without adding preemptions."""
+        return self.model.effective(job.num_gpus, attained) if self.learn else 0.0
 
     def running_key(self, job, now):
         # Running jobs sort ahead of the waiting jobs of their own queue (the 0): only a better queue preempts.
-        return (self.level(job, job.attained_at(now)), 0, job.submit_time)
+        return (self.level(job, job.attained_at(now)), 0, 0.0, job.submit_time)
 
     def suspended_key(self, job, now):
-        return (self.level(job, job.attained_at(now)), 1, job.submit_time)
+        a = job.attained_at(now)
+        return (self.level(job, a), 1, self._fine(job, a), job.submit_time)
 
     def rekey_at(self, job, now, gpus: int):
         if self.learn:
