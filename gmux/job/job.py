@@ -43,6 +43,9 @@ class Job:
         self._last = time.perf_counter()
         self._next_report = self._last + REPORT_EVERY_S
         self._marked_elsewhere = False
+        # How the job's boundaries come (reported; `gmux ps` shows it): "explicit" for a script that attached
+        # itself; transparent mode (hook.py) says "none yet", then "optimizer hook" or "module hook".
+        self.control = "explicit"
 
     def move_to(self, device: torch.device | str) -> None:
         """Tells the runtime which device the job's state lives on (transparent mode learns it late)."""
@@ -100,6 +103,7 @@ class Job:
         tracked = 0 if self.suspended else _storage_bytes(self.tracked.tensors())
         report = self.profile.report(tracked)
         report.update(self.tier.memory())   # the allocator tier's tracker: live at boundary, peak, by tag
+        report["control"] = self.control
         return report
 
     # -- commands ------------------------------------------------------------------------------------------

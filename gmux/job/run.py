@@ -76,7 +76,7 @@ def main(argv=None) -> int:
 
     def summary():
         s, r = job.profile.last_suspend, job.profile.last_resume
-        print(f"gmux: {job.profile.steps} boundaries, {job.profile.suspends} suspends, {job.tier.name} tier "
+        print(f"gmux: {job.profile.steps} boundaries ({job.control}), {job.profile.suspends} suspends, {job.tier.name} tier "
               f"({job.profile.bytes_moved / 2**20:.1f} MiB moved; last suspend {s.get('total_s', 0) * 1e3:.2f} ms, "
               f"resume {r.get('total_s', 0) * 1e3:.2f} ms)", file=sys.stderr)
     atexit.register(summary)

@@ -1,0 +1,240 @@
+"""Where an unmodified training loop's mini-batch boundaries are: watching optimizer steps, outermost module
+calls and backward passes through torch's own hooks, and calling `mark(source)` at each boundary.
+
+A boundary is a point between iterations where suspending is exact and cheap: no autograd graph of the
+iteration is waiting for its backward (its activations would stay on the device, and the parameters it saved
+must not be re-pointed under it), no gradient is waiting to be applied, and no optimizer step is running.
+
+- **Optimizer steps** (`source` "optimizer hook"): after an optimizer step, outside any other step (LBFGS calls
+  its closure inside `step`; a wrapper optimizer steps its inner one), once no graph built since the previous
+  step is still waiting for its backward. With one optimizer that is every step (gradient accumulation: every
+  real step, never between micro-batches). With several (a GAN's generator and discriminator, a critic stepped
+  n times per generator step) the order of steps is learned until the optimizer that stepped first after the
+  last new one steps again: that is one round, and a boundary is marked once a round's worth of steps has
+  happened since the previous boundary, so one per iteration of the loop, not one per model. An optimizer
+  that stops stepping ends its round after twice its usual count of steps by the others.
+- **Outermost module calls** (`source` "module hook"), in loops that never call an optimizer's `step` (updates
+  written by hand: `p.data.add_(-lr * p.grad)`): at the start of a call of a module that no other module call
+  encloses, once a backward has finished since the previous boundary, the gradients it left were used since
+  (set to None, replaced, or changed in place, as `zero_grad()` and `p.grad.zero_()` do), and no graph built
+  since the previous boundary still waits for its backward. Several models per iteration (a hand-written GAN)
+  get one boundary per iteration: the second model's call comes while the first model's graph still waits.
+  Once any optimizer steps, only its steps are boundaries (one per iteration, not two).
+
+Loops that get no boundary (the job is then time-sliced without its cooperation): no optimizer `step` and no
+`nn.Module` call (pure tensor code); gradients cleared only through `p.grad.data.zero_()` (`.data` hides the
+change from the version counter gmux reads); a graph with grad enabled that is kept alive and never
+backpropagated; a single call that never returns (one endless mini-batch).
+
+Cost: outermost module calls are found with global module hooks, which make every module call take torch's
+slow path; they stay only for the first few boundaries (or calls), after which only the outermost modules
+found keep a hook of their own. A call of one with nothing pending costs a few attribute reads; a call with
+grad enabled adds one token and one autograd pre-hook on its output's graph.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from typing import Callable, Optional
+
+import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+OPTIMIZER, MODULE = "optimizer hook", "module hook"
+SCOUT_BOUNDARIES = 3        # global module hooks stay until this many boundaries...
+SCOUT_CALLS = 1000          # ...or this many outermost calls without them
+MAX_WATCHED = 64            # graphs watched at once (a loop that never backpropagates must not grow a list)
+_TENSORS_PER_OUTPUT = 8     # tensors of one call's output that may carry its graph
+
+
+class _Graph:
+    """Lives exactly as long as the autograd graph of one outermost call (its pre-hooks hold it)."""
+    __slots__ = ("ran", "__weakref__")
+
+    def __init__(self):
+        self.ran = False
+
+
+class LoopWatch:
+    def __init__(self, mark: Callable[[str], None], on_optimizer: Callable[[torch.optim.Optimizer], None],
+                 on_root: Callable[[torch.nn.Module], None]):
+        self.mark, self.on_optimizer, self.on_root = mark, on_optimizer, on_root
+        self.boundaries = 0
+        self.roots: "weakref.WeakValueDictionary[int, torch.nn.Module]" = weakref.WeakValueDictionary()
+        self._depth = 0                 # module calls in progress (all while scouting, then outermost ones)
+        self._in_step = 0               # optimizer steps in progress
+        self._graphs: list = []         # weakrefs to _Graph of calls since the previous boundary / step
+        self._backward_done = False     # a backward finished since the previous boundary
+        self._callback_queued = False
+        self._grads: list = []          # (param, id(grad), grad._version) as the last backward left them
+        self._sentinels: dict = {}      # root id -> a parameter whose gradient tells whether grads were used
+        self._optimizers: set = set()
+        self._round: Optional[Counter] = None   # steps per optimizer in one iteration; None while learning
+        self._starter: Optional[int] = None
+        self._since: Counter = Counter()
+        self._outer_calls = 0
+        self._handles = [register_optimizer_step_pre_hook(self._step_pre),
+                         register_optimizer_step_post_hook(self._step_post)]
+        self._scouts = [register_module_forward_pre_hook(self._scout_pre),
+                        register_module_forward_hook(self._scout_post)]
+
+    def close(self) -> None:
+        for h in self._handles + self._scouts:
+            h.remove()
+        self._handles, self._scouts = [], []
+
+    # -- optimizer steps --------------------------------------------------------------------------------
+    def _step_pre(self, optimizer, args, kwargs) -> None:
+        self._in_step += 1
+        if id(optimizer) not in self._optimizers:
+            self.on_optimizer(optimizer)
+
+    def _step_post(self, optimizer, args, kwargs) -> None:
+        self._in_step -= 1
+        if self._in_step:
+            return                       # an optimizer stepped by another one's step
+        complete = self._count_step(id(optimizer))
+        waiting = self._graph_waiting()
+        self._graphs.clear()             # a graph older than this step is not this iteration's
+        if complete and not waiting:
+            self._boundary(OPTIMIZER)
+
+    def _count_step(self, key: int) -> bool:
+        """Counts a step towards the current round; True when the round is complete."""
+        new = key not in self._optimizers
+        self._optimizers.add(key)
+        self._since[key] += 1
+        if len(self._optimizers) == 1:
+            return True
+        if new:                          # learn the round again, starting at the newcomer
+            self._round, self._starter = None, key
+            self._since = Counter({key: 1})
+            return False
+        if self._round is None:
+            if key != self._starter or self._since[key] < 2:
+                return False
+            self._since[key] -= 1
+            self._round, self._since = self._since, Counter({key: 1})
+        if all(self._since[k] >= n for k, n in self._round.items()):
+            return True
+        if any(n > 2 * self._round.get(k, 0) + 2 for k, n in self._since.items()):
+            self._round = Counter({key: 1})   # a member of the round stopped stepping
+            return True
+        return False
+
+    # -- outermost module calls ---------------------------------------------------------------------------
+    def _scout_pre(self, module, args) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            if id(module) not in self.roots:
+                self.roots[id(module)] = module
+                self.on_root(module)
+            self._outer_calls += 1
+            self._enter()
+
+    def _scout_post(self, module, args, output) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._leave(output)
+            if self.boundaries >= SCOUT_BOUNDARIES or self._outer_calls >= SCOUT_CALLS:
+                self._end_scouting()
+
+    def _end_scouting(self) -> None:
+        """Nothing is in progress: swaps the global module hooks for hooks on the outermost modules only."""
+        for h in self._scouts:
+            h.remove()
+        self._scouts = []
+        for module in list(self.roots.values()):
+            self._handles += [module.register_forward_pre_hook(self._root_pre),
+                              module.register_forward_hook(self._root_post)]
+
+    def _root_pre(self, module, args) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            self._enter()
+
+    def _root_post(self, module, args, output) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._leave(output)
+
+    def _enter(self) -> None:
+        if self._in_step or self._optimizers or not self._backward_done:
+            return
+        if self._grads_used() and not self._graph_waiting():
+            self._boundary(MODULE)
+
+    def _leave(self, output) -> None:
+        if torch.is_grad_enabled():
+            self._watch(output)
+
+    # -- graphs and gradients -----------------------------------------------------------------------------
+    def _watch(self, output) -> None:
+        nodes = {id(n): n for n in _grad_fns(output)}
+        if not nodes:
+            return
+        graph = _Graph()
+        for node in nodes.values():
+            node.register_prehook(self._ran(graph))
+        if len(self._graphs) >= MAX_WATCHED:
+            self._graphs = [g for g in self._graphs if g() is not None][-MAX_WATCHED // 2:]
+        self._graphs.append(weakref.ref(graph))
+
+    def _ran(self, graph: _Graph):
+        def prehook(grad_outputs):
+            graph.ran = True
+            # Once per backward, and only where updates are written by hand: its end is where the gradients are final.
+            if not self._optimizers and not self._callback_queued:
+                self._callback_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
+        return prehook
+
+    def _backward_end(self) -> None:
+        self._callback_queued = False
+        self._backward_done = True
+        self._grads = []
+        for key, module in list(self.roots.items()):
+            p = self._sentinels.get(key)
+            if p is None or p.grad is None:
+                p = next((q for q in module.parameters() if q.grad is not None), None)
+                if p is None:
+                    continue
+                self._sentinels[key] = p
+            self._grads.append((p, id(p.grad), p.grad._version))
+
+    def _grads_used(self) -> bool:
+        """Whether the gradients the last backward left were set to None, replaced or changed in place since
+        (an update that then clears them). With none to look at (no parameters), the backward is enough."""
+        if not self._grads:
+            return True
+        return any(p.grad is None or id(p.grad) != g or p.grad._version != v for p, g, v in self._grads)
+
+    def _graph_waiting(self) -> bool:
+        return any(g is not None and not g.ran for g in (r() for r in self._graphs))
+
+    def _boundary(self, source: str) -> None:
+        self.boundaries += 1
+        self._graphs.clear()
+        self._grads = []
+        self._backward_done = False
+        self._since = Counter()
+        self.mark(source)
+
+
+def _grad_fns(output) -> list:
+    """The graph nodes of the tensors in a module's output (a tensor, a sequence, a mapping, one level deep)."""
+    if isinstance(output, torch.Tensor):
+        return [output.grad_fn] if output.grad_fn is not None else []
+    if isinstance(output, dict):
+        items = list(output.values())[:_TENSORS_PER_OUTPUT]
+    elif isinstance(output, (tuple, list)):
+        items = list(output[:_TENSORS_PER_OUTPUT])
+    else:
+        return []
+    nodes = []
+    for item in items:
+        for t in (item if isinstance(item, (tuple, list)) else (item,))[:_TENSORS_PER_OUTPUT]:
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                nodes.append(t.grad_fn)
+    return nodes

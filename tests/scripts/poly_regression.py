@@ -1,0 +1,28 @@
+"""Polynomial regression with hand-written updates (no torch.optim), in the style of PyTorch's regression
+example: the loop the module hook gives boundaries to. Usage: poly_regression.py OUT.pt"""
+import sys
+
+import torch
+from torch import nn
+
+torch.manual_seed(3)
+torch.set_num_threads(1)
+DEGREE, LR = 4, 0.05
+true_w, true_b = torch.randn(DEGREE, 1) * 0.5, torch.randn(1) * 0.5
+
+
+def features(x):
+    return torch.cat([x ** i for i in range(1, DEGREE + 1)], 1)
+
+
+fc = nn.Linear(DEGREE, 1)
+for step in range(60):
+    x = torch.randn(32, 1)
+    y = features(x) @ true_w + true_b
+    loss = nn.functional.smooth_l1_loss(fc(features(x)), y)
+    loss.backward()
+    for p in fc.parameters():
+        p.data.add_(-LR * p.grad)
+        p.grad.zero_()
+torch.save(fc.state_dict(), sys.argv[1])
+print(f"final loss {loss.item():.6f}")

@@ -1,0 +1,46 @@
+"""Unmodified training loops of every common kind, suspended and resumed at their boundaries by
+`python -m gmux.job.run --cycle-every N`, end bit-identical to a plain run (each script is run both ways at
+once, in new processes)."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gmux_testkit import ROOT, assert_identical
+
+SUMMARY = re.compile(r"gmux: (\d+) boundaries \(([a-z ]+)\), (\d+) suspends")
+
+
+def _start(*args):
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc):
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, f"{proc.args} exited {proc.returncode}\n{out}\n{err}"
+    return out, err
+
+
+@pytest.mark.parametrize("script,args,every,control,expected", [
+    ("poly_regression.py", [], 3, "module hook", 59),        # 60 iterations: the first call has no update before it
+    ("lbfgs_timeseries.py", [], 2, "optimizer hook", 8),      # 8 LBFGS steps of up to 6 closure calls each
+    ("gan_pair.py", [], 3, "optimizer hook", 38),             # 40 iterations; the first two teach the order of steps
+    ("grad_accum.py", [], 3, "optimizer hook", 20),           # 20 updates of 4 micro-batches
+    ("grad_accum.py", ["--by-hand"], 3, "module hook", 19),
+])
+def test_loop_suspended_at_its_boundaries_ends_bit_identical(script, args, every, control, expected, tmp):
+    path = f"tests/scripts/{script}"
+    plain = _start(path, f"{tmp}/plain.pt", *args)
+    hooked = _start("-m", "gmux.job.run", "--cycle-every", str(every), path, f"{tmp}/hooked.pt", *args)
+    plain_out, _ = _finish(plain)
+    hooked_out, err = _finish(hooked)
+    boundaries, seen_control, suspends = SUMMARY.search(err).groups()
+    assert (int(boundaries), seen_control, int(suspends)) == (expected, control, expected // every), err
+    assert_identical(torch.load(f"{tmp}/plain.pt"), torch.load(f"{tmp}/hooked.pt"), script)
+    assert plain_out == hooked_out
+    if script == "lbfgs_timeseries.py":
+        assert "closure calls that saw a boundary inside a step: 0" in hooked_out

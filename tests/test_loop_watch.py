@@ -1,0 +1,139 @@
+"""Where the transparent hook finds boundaries (gmux/job/boundaries.py), loop by loop, in this process: each
+test drives a small real training loop and records what LoopWatch marks and what was in flight at that moment."""
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules import module as module_hooks
+
+from gmux.job.boundaries import MODULE, OPTIMIZER, SCOUT_BOUNDARIES, LoopWatch
+
+
+class Recorder:
+    def __init__(self):
+        self.marks = []
+        self.watch = LoopWatch(self.mark, lambda o: None, lambda m: None)
+
+    def mark(self, source):
+        # what a suspend at this boundary would meet: a step in progress, a graph waiting for its backward
+        self.marks.append((source, self.watch._in_step, self.watch._graph_waiting()))
+
+    def sources(self):
+        return {s for s, _, _ in self.marks}
+
+
+@pytest.fixture
+def rec():
+    torch.manual_seed(0)
+    r = Recorder()
+    yield r
+    r.watch.close()
+
+
+def test_hand_written_updates_get_a_boundary_per_iteration_at_the_model_call(rec):
+    fc = nn.Linear(3, 1)
+    for _ in range(10):
+        fc(torch.randn(4, 3)).pow(2).mean().backward()
+        for p in fc.parameters():
+            p.data.add_(-0.1 * p.grad)
+            p.grad.zero_()
+    assert len(rec.marks) == 9 and rec.sources() == {MODULE}   # the first call has no update before it
+
+
+def test_hand_written_accumulation_has_no_boundary_between_micro_batches(rec):
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    calls = 0
+    for update in range(6):
+        for micro in range(3):
+            calls += 1
+            model(torch.randn(4, 3)).sum().backward()
+            if micro == 0:
+                assert len(rec.marks) == update, "a boundary between micro-batches"
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad
+                p.grad = None
+    assert len(rec.marks) == 5 and rec.sources() == {MODULE}
+
+
+def test_grads_cleared_only_through_dot_data_give_no_boundary(rec):
+    fc = nn.Linear(3, 1)
+    for _ in range(5):
+        fc(torch.randn(4, 3)).sum().backward()
+        for p in fc.parameters():
+            p.data.add_(-0.1 * p.grad)
+            p.grad.data.zero_()     # invisible to the version counter: documented as a loop without boundaries
+    assert rec.marks == []
+
+
+def test_pure_tensor_code_gets_no_boundary(rec):
+    w = torch.randn(3, 1, requires_grad=True)
+    for _ in range(5):
+        (torch.randn(4, 3) @ w).sum().backward()
+        with torch.no_grad():
+            w -= 0.1 * w.grad
+            w.grad = None
+    assert rec.marks == []
+
+
+def test_optimizer_steps_with_accumulation_are_the_only_boundaries(rec):
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(5):
+        for _ in range(4):
+            model(torch.randn(2, 3)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert len(rec.marks) == 5 and rec.sources() == {OPTIMIZER}
+
+
+def test_lbfgs_closure_calls_never_get_a_boundary(rec):
+    model = nn.Linear(3, 1)
+    x, y = torch.randn(16, 3), torch.randn(16, 1)
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=5)
+    calls = []
+
+    def closure():
+        calls.append(len(rec.marks))
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+    for _ in range(4):
+        opt.step(closure)
+    assert len(calls) > 8 and len(rec.marks) == 4
+    assert all(in_step == 0 for _, in_step, _ in rec.marks)
+
+
+def _gan(critic_steps: int, reuse_fake: bool, iterations: int):
+    G, D = nn.Linear(2, 2), nn.Linear(2, 1)
+    og, od = torch.optim.Adam(G.parameters()), torch.optim.Adam(D.parameters())
+    for _ in range(iterations):
+        fake = G(torch.randn(4, 2))
+        for _ in range(critic_steps):
+            od.zero_grad()
+            (D(torch.randn(4, 2)) - D(fake.detach())).mean().backward()
+            od.step()
+        og.zero_grad()
+        D(fake if reuse_fake else G(torch.randn(4, 2))).mean().backward()
+        og.step()
+
+
+@pytest.mark.parametrize("critic_steps,reuse_fake", [(1, True), (1, False), (5, False)])
+def test_a_loop_over_two_models_gets_one_boundary_per_iteration(rec, critic_steps, reuse_fake):
+    _gan(critic_steps, reuse_fake, 30)
+    # Until the generator first steps, each critic step is a boundary (one optimizer is all there is); the next
+    # iterations teach the order of the steps; from then on, one per iteration.
+    assert 26 <= len(rec.marks) <= 29 + critic_steps, rec.marks
+    assert all(not waiting for _, _, waiting in rec.marks), "a boundary cut through the generator's graph"
+
+
+def test_the_global_module_hooks_go_once_the_loop_is_known(rec):
+    hook = rec.watch._scout_pre
+    fc = nn.Linear(3, 1)
+    for _ in range(SCOUT_BOUNDARIES + 5):
+        fc(torch.randn(4, 3)).sum().backward()
+        for p in fc.parameters():
+            p.data.add_(-0.1 * p.grad)
+            p.grad = None
+    assert hook not in module_hooks._global_forward_pre_hooks.values()
+    assert len(rec.marks) == SCOUT_BOUNDARIES + 4          # the model's own hook carries on
