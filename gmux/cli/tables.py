@@ -19,9 +19,25 @@ def _rate(v) -> str:
     return f"{v:.1f}" if isinstance(v, (int, float)) else "-"
 
 
+# What each way of being controlled lets gmuxd do with a job (the job's report says which it is: gmux/job/job.py).
+_ALLOWS = {"explicit": "suspend, free mem", "optimizer hook": "suspend, free mem",
+           "module hook": "suspend, free mem", "none yet": "no boundary yet"}
+
+
+def _control(j: dict) -> str:
+    """CONTROL: how the job's boundaries come, and what that allows; '-' until the job has reported."""
+    mode = (j.get("report") or {}).get("control")
+    if not isinstance(mode, str):
+        return "-"
+    allows = _ALLOWS.get(mode, "")
+    if mode == "explicit" and j.get("migratable") and not j.get("gang"):
+        allows += ", move"
+    return f"{mode}: {allows}" if allows else mode
+
+
 def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
     t = Table(title=title, title_justify="left")
-    for col in ("JOB", "NAME", "GPU", "STATE", "STEP", "RATE now/solo", "MEM bnd/peak", "GPU-s",
+    for col in ("JOB", "NAME", "GPU", "STATE", "CONTROL", "STEP", "RATE now/solo", "MEM bnd/peak", "GPU-s",
                 "SUSPENDS (s)", "HOST", "WHAT HAPPENED"):
         t.add_column(col, overflow="fold")
     for j in ps["jobs"]:
@@ -31,7 +47,7 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
                ",".join(map(str, j["parked_gpus"])) + " (lent)" if j.get("parked_gpus") else
                "-" if j.get("gpu") is None else str(j["gpu"]))
         held = j.get("held") and j["state"] != "held"
-        t.add_row(*_cells(j["id"], name, gpu, j["state"] + (" (held)" if held else ""),
+        t.add_row(*_cells(j["id"], name, gpu, j["state"] + (" (held)" if held else ""), _control(j),
                   str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
                   f"{format_size(j.get('mem_boundary'))}/{format_size(j.get('mem_peak'))}",
                   f"{j.get('gpu_seconds', 0):.1f}", f"{j.get('suspends', 0)} ({j.get('suspend_seconds', 0):.2f})",

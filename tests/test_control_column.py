@@ -1,0 +1,28 @@
+"""`gmux ps` says how each job is controlled (the `control` figure of its report) and what that allows."""
+import io
+
+from rich.console import Console
+
+from gmux.cli.tables import jobs_table
+
+
+def _row(**job):
+    base = {"id": "j1", "name": "n", "state": "running", "gpu": 0, "step": 3, "exclusive_gpus": [], "parked_gpus": []}
+    buf = io.StringIO()
+    Console(file=buf, width=400, color_system=None).print(jobs_table({"jobs": [dict(base, **job)]}))
+    return buf.getvalue()
+
+
+def test_control_column_names_the_mode_and_what_it_allows():
+    assert "CONTROL" in _row()
+    assert "explicit: suspend, free mem, move" in _row(report={"control": "explicit"}, migratable=True)
+    gang_rank = _row(report={"control": "explicit"}, migratable=True, gang={"id": "g", "rank": 0, "size": 2})
+    assert "explicit: suspend, free mem" in gang_rank and "move" not in gang_rank
+    assert "optimizer hook: suspend, free mem" in _row(report={"control": "optimizer hook"})
+    assert "module hook: suspend, free mem" in _row(report={"control": "module hook"})
+    assert "none yet: no boundary yet" in _row(report={"control": "none yet"})
+
+
+def test_a_job_that_has_not_reported_shows_a_dash():
+    line = [ln for ln in _row(report=None).splitlines() if "j1" in ln][0]
+    assert " - " in line
