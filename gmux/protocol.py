@@ -301,6 +301,9 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "migratable": (_bool, False),
         # one rank of a torch.distributed job: gmuxd gives each rank a GPU of its own and acts on all ranks at once
         "gang": (_optional(_gang), False),
+        # a gang rank whose runtime agrees with its peers on the boundary to act at (gmux.job.gang.GangController),
+        # though the script itself attached nothing (transparent mode: a torchrun worker under gmux-launch)
+        "agrees": (_bool, False),
     },
     # --- a job about itself ---
     "report": {**_AUTH, "report": (_figures(REPORT), True), "state": (_JOB_STATE, False),
