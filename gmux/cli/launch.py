@@ -1,5 +1,7 @@
 """gmux-launch [--mem SIZE] [--weight W] [--gpus N | --gang NAME --rank R --world N] -- python train.py ARGS:
-run a script as a gmux job (a multi-GPU job, or one rank of a torch.distributed gang)."""
+run a script as a gmux job (a multi-GPU job, or one rank of a torch.distributed gang);
+gmux-launch [--mem SIZE] [--weight W] [--name NAME] -- torchrun ... train.py ARGS: a torchrun job as one gang
+(gmux/job/torchrun.py)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +9,7 @@ import os
 import sys
 
 from gmux.util.sizes import parse_size
+from gmux.job import torchrun
 from gmux.job.launch import LaunchOptions, run
 from gmux.rundir import default_runtime_dir
 
@@ -32,6 +35,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-hook", dest="hook", action="store_false",
                    help="the script calls gmux.job.attach() itself; do not install the optimizer hook")
     p.add_argument("--runtime-dir", default=default_runtime_dir())
+    # a worker torchrun started (gmux/job/torchrun.py): its rank and world size are torchrun's RANK and WORLD_SIZE
+    p.add_argument("--torchrun-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--job", help=argparse.SUPPRESS)       # set by gmuxd / by a migration's re-exec
     p.add_argument("--restore", help=argparse.SUPPRESS)
     a = p.parse_args(argv[:split])
@@ -39,6 +44,13 @@ def main(argv=None) -> int:
         p.error("give the command after --, e.g. gmux-launch -- python train.py")
     if a.gpus < 1:
         p.error(f"--gpus {a.gpus}: a job uses at least one GPU")
+    torchrun_args = torchrun.torchrun_options(argv[split + 1:])
+    if torchrun_args is not None:
+        return _torchrun(p, a, torchrun_args)
+    if a.torchrun_worker:
+        if a.gang is None or "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            p.error("--torchrun-worker is for the workers gmux-launch starts through torchrun")
+        a.rank, a.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     gang = None
     if (a.gang, a.rank, a.world) != (None, None, None):
         if None in (a.gang, a.rank, a.world):
@@ -51,7 +63,21 @@ def main(argv=None) -> int:
     token = os.environ.pop("GMUX_JOB_TOKEN", None) if a.job else None
     return run(LaunchOptions(argv=argv[split + 1:], runtime_dir=a.runtime_dir, mem=a.mem, weight=a.weight,
                              gpus=a.gpus, gpu=a.gpu, name=a.name, hook=a.hook, job=a.job, token=token, restore=a.restore,
-                             gang=gang))
+                             gang=gang, torchrun=a.torchrun_worker))
+
+
+def _torchrun(p: argparse.ArgumentParser, a: argparse.Namespace, args: list) -> int:
+    """Runs torchrun with each worker a gmux-launch rank of one gang, named after --name or this process."""
+    if a.gang is not None or a.rank is not None or a.world is not None or a.gpu is not None:
+        p.error("with torchrun, gmux-launch makes the gang itself: no --gang, --rank, --world or --gpu")
+    gang = a.name or f"torchrun-{os.getpid()}"
+    opts = ["--runtime-dir", a.runtime_dir, "--gang", gang, "--weight", repr(a.weight)]
+    opts += (["--mem", str(a.mem)] if a.mem is not None else []) + (["--name", a.name] if a.name else [])
+    opts += [] if a.hook else ["--no-hook"]
+    _, ranks = torchrun.worker_command(args, opts)    # refuses what cannot run as one gang before anything starts
+    if a.gpus != 1 and ranks and a.gpus != ranks:
+        p.error(f"--gpus {a.gpus} with torchrun --nproc-per-node {ranks}: each rank uses one GPU")
+    return torchrun.run(args, opts)
 
 
 if __name__ == "__main__":

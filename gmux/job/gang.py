@@ -16,6 +16,11 @@ does not give that memory back (gloo's buffers are host memory). A gang moved to
 its communicators along: the new processes restore from the checkpoint and build a new process group.
 
 The cost is one all_reduce of one int per boundary (tens of µs with gloo on one machine).
+
+A transparent-mode rank (a torchrun worker under gmux-launch) is wrapped before its script has made the default
+process group, so its own group is made at its first boundary after `init_process_group` (`lazy`): every rank
+gets there at the same step of the same program, so the ranks make it in the same order relative to the script's
+own groups. Until then a command that needs agreement is held.
 """
 from __future__ import annotations
 
@@ -30,9 +35,9 @@ _AGREE = {"suspend": 1, "checkpoint": 2, "migrate": 3, "exit": 4}
 
 
 class GangController:
-    def __init__(self, inner: Controller, group=None):
+    def __init__(self, inner: Controller, group=None, lazy: bool = False):
         self.inner = inner
-        self.group = group if group is not None else dist.new_group(backend="gloo")
+        self.group = group if group is not None or lazy else dist.new_group(backend="gloo")
         self.held: list[Command] = []
         self.boundaries = 0
         self.agreed_at: list[tuple[str, int]] = []     # (kind, boundary) of every command carried out as a gang
@@ -44,6 +49,10 @@ class GangController:
             if c.kind not in _AGREE:
                 return c           # e.g. a stray resume: the runtime answers it as it would alone
             self.held.append(c)
+        if self.group is None:
+            if not (dist.is_available() and dist.is_initialized()):
+                return None      # no process group yet: nothing to agree through
+            self.group = dist.new_group(backend="gloo")
         mine = _AGREE.get(self.held[0].kind, 0) if self.held else 0
         flags = torch.tensor([mine, -mine], dtype=torch.int64)
         dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group)

@@ -37,6 +37,7 @@ class LaunchOptions:
     restore: Optional[str] = None
     gpu: Optional[int] = None    # pin to this GPU
     gang: Optional[dict] = None  # {id, rank, size}: one rank of a torch.distributed job
+    torchrun: bool = False       # a worker torchrun started: its rendezvous is in the environment already
 
 
 def run(opt: LaunchOptions) -> int:
@@ -48,7 +49,7 @@ def run(opt: LaunchOptions) -> int:
         reg = agent.register(pid=os.getpid(), starttime=my_starttime(), argv=list(opt.argv), cwd=os.getcwd(),
                              name=opt.name, weight=opt.weight, mem=opt.mem, gpus=opt.gpus,
                              gpu=None if opt.job else opt.gpu, migratable=not opt.hook,
-                             gang=None if opt.job else opt.gang)
+                             gang=None if opt.job else opt.gang, agrees=bool(opt.gang and opt.hook))
     except Exception as e:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2
@@ -67,6 +68,9 @@ def run(opt: LaunchOptions) -> int:
         agent.reply(start, {"ok": False, "error": f"{start.kind}: the job has not started"})
         start = agent.wait()
     os.environ.update(start.args.get("env") or {})
+    if opt.torchrun and len(os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")) == 1 \
+            and os.environ.get("CUDA_VISIBLE_DEVICES"):
+        os.environ["LOCAL_RANK"] = "0"   # the rank sees only the GPU gmuxd gave it: device 0, whatever torchrun said
     if opt.restore:
         os.environ["GMUX_RESTORE"] = opt.restore
     else:
@@ -84,7 +88,13 @@ def run(opt: LaunchOptions) -> int:
     def setup() -> None:
         control.set_default(agent)   # a script that attaches itself (--no-hook) is driven by gmuxd too
         native = os.environ.get("GMUX_NATIVE", "1") != "0"   # GMUX_NATIVE=0: torch's own allocator, state tier
-        runner.prepare(agent, hook=opt.hook, native=native)
+        controller = agent
+        if opt.gang and opt.hook:
+            # A hooked rank agrees with its peers on the boundary to act at (a script that attaches itself
+            # wraps its controller in GangController on its own)
+            from gmux.job.gang import GangController
+            controller = GangController(agent, lazy=True)
+        runner.prepare(controller, hook=opt.hook, native=native)
         agent.state = "running"
     status, reason = runner.run_script(kind, target, script_argv, setup)
     if agent.migrating is not None:

@@ -1,0 +1,38 @@
+"""An ordinary DistributedDataParallel training script over gloo, started by torchrun (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT from its environment), knowing nothing of gmux; deterministic.
+usage: ddp_train.py OUT STEPS [--sleep S]   (OUT may hold {rank}; each rank writes the digest of its state)"""
+import argparse
+import hashlib
+import json
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+p = argparse.ArgumentParser()
+p.add_argument("out")
+p.add_argument("steps", type=int)
+p.add_argument("--sleep", type=float, default=0.0, help="seconds per step, to pace the job against a test's moves")
+a = p.parse_args()
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+for step in range(a.steps):
+    g = torch.Generator().manual_seed(step * world + rank)
+    x = torch.randn(8, 16, generator=g)
+    loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if a.sleep:
+        time.sleep(a.sleep)
+h = hashlib.sha256()
+for t in list(model.parameters()) + [opt.state[q]["momentum_buffer"] for q in model.parameters()]:
+    h.update(t.detach().numpy().tobytes())
+with open(a.out.format(rank=rank), "w") as f:
+    json.dump({"sha256": h.hexdigest(), "steps": a.steps, "rank": rank}, f)
+dist.destroy_process_group()
