@@ -320,7 +320,8 @@ MESSAGES: dict[str, dict[str, tuple]] = {
                "taken_at": (_float, False)},
     "bye": {**_AUTH, "status": (_int, True), "reason": (_str, False)},
     # --- administration (the CLI, the scheduler): authenticated by the admin token in the runtime dir ---
-    "ps": {"admin": (lambda v: _str(v, 128), True), "all": (_bool, False)},
+    "ps": {"admin": (lambda v: _str(v, 128), True), "all": (_bool, False),
+           "limit": (lambda v: _int(v, 1, 100_000), False)},   # jobs listed: the live first, then the newest ended
     "suspend": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
     "resume": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
     "kill": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},

@@ -10,6 +10,7 @@ import time
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.util.sizes import parse_size
 from gmux.rundir import default_runtime_dir
+from gmux.cli.argtypes import positive_int
 from gmux.cli.submit_env import submit_env
 from gmux.util.text import printable
 
@@ -47,6 +48,8 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("ps", help="jobs and GPUs")
     s.add_argument("--live", action="store_true", help="hide ended jobs")
+    s.add_argument("--limit", type=positive_int, help="list at most N jobs: the live ones first, then the newest "
+                                                      "ended (default 100)")
     s = sub.add_parser("top", help="the jobs table, live")
     s.add_argument("--interval", type=float, default=1.0)
     s.add_argument("--count", type=int, default=0, help="stop after this many refreshes (0: never)")
@@ -91,7 +94,7 @@ def main(argv=None) -> int:
 def run(a) -> int:
     c = Client(a.runtime_dir)
     if a.cmd == "ps":
-        data = c.call("ps", all=not a.live)
+        data = c.call("ps", all=not a.live, **({"limit": a.limit} if a.limit else {}))
         if a.json:
             _print(data, True)
         else:
@@ -99,6 +102,9 @@ def run(a) -> int:
             from gmux.cli.tables import gpus_table, jobs_table
             con = Console(width=None if sys.stdout.isatty() else 160)
             con.print(jobs_table(data))
+            if data.get("jobs_shown", 0) < data.get("jobs_total", 0):
+                con.print(f"({data['jobs_shown']} of {data['jobs_total']} jobs shown: gmux ps --limit N for more)",
+                          markup=False)
             con.print(gpus_table(data))
         return 0
     if a.cmd == "top":

@@ -46,6 +46,7 @@ from gmux.util.rendezvous import free_port, rendezvous_env
 log = logging.getLogger("gmux.cluster_link")
 C = protocol.CLUSTER_MESSAGES
 REPORT_S = 0.5
+LINK_PS_LIMIT = 1000    # the link reads every live job and the newest ended ones (gmuxd keeps 1000 ended)
 
 
 class ClusterLink:
@@ -163,7 +164,7 @@ class ClusterLink:
             if p.poll() is not None:
                 del self.children[pid]   # reaped: gmuxd reads how it ended from the exit record
         try:
-            ps = self.admin("ps", timeout=5.0, all=True)
+            ps = self.admin("ps", timeout=5.0, all=True, limit=LINK_PS_LIMIT)
         except GmuxError as e:
             log.warning("gmuxd not answering: %s", e)
             return
@@ -409,7 +410,7 @@ class ClusterLink:
             raise GmuxError(f"checkpoint: {errors[0]}")
         step = 0
         try:
-            ps = self.admin("ps", timeout=5.0, all=True)
+            ps = self.admin("ps", timeout=5.0, all=True, limit=LINK_PS_LIMIT)
             step = min(int(j.get("step") or 0) for j in ps["jobs"] if j["id"] in ranks)
         except (GmuxError, ValueError):
             pass

@@ -67,6 +67,12 @@ class Store:
             jobs.append(job)
         return jobs
 
+    def prune(self, ended_before: float) -> int:
+        """Forgets jobs that ended before `ended_before` (wall time); returns how many."""
+        cur = self.db.execute("DELETE FROM jobs WHERE state IN ('exited','failed','killed','lost') "
+                              "AND json_extract(stats, '$.ended') < ?", (ended_before,))
+        return cur.rowcount
+
     def decide(self, gpu: Optional[int], kind: str, jobs: list, numbers: dict, text: str) -> dict:
         return self.log.record(kind, text, jobs, numbers, gpu)
 

@@ -26,8 +26,9 @@ log = logging.getLogger("gmux.server")
 
 DEFERRED = object()    # a handler's answer that the owner sends later (with reply or refuse)
 # Replies queued for one peer before further ones are dropped: a client that sends requests and never reads
-# the replies must not grow the server (at up to MAX_FRAME a reply, 32 of them are the most it can cost).
-SEND_QUEUE = 32
+# the replies must not grow the server without bound, while one that sends a burst of requests and reads as it
+# goes must lose none (ZeroMQ counts messages, not bytes: with `ps` replies of ~50 kB, about 13 MB at most).
+SEND_QUEUE = 256
 MAX_ERROR = 1000       # an error text quoting a bad value can be long; the sender needs only its start
 
 
