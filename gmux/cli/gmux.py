@@ -106,6 +106,8 @@ def run(a) -> int:
                 con.print(f"({data['jobs_shown']} of {data['jobs_total']} jobs shown: gmux ps --limit N for more)",
                           markup=False)
             con.print(gpus_table(data))
+            if data["daemon"].get("store"):
+                con.print(f"gmuxd is serving from memory: {printable(data['daemon']['store'])}", markup=False)
         return 0
     if a.cmd == "top":
         return top(c, a)

@@ -2,10 +2,17 @@
 
 Writes happen on state changes and on a periodic flush of measurements, not on every report, so a busy
 daemon is not bound by fsync (gmux.util.db: WAL, transactions, the decision log).
+
+A write that fails (a full disk, an I/O error) never takes gmuxd down: the daemon serves from its tables in
+memory, what was not written is kept and written again at the next flush, `failing` says what is wrong (shown by
+`gmux ps`), and job ids stay unique from an in-memory counter until the database takes writes again.
 """
 from __future__ import annotations
 
 import json
+import logging
+import sqlite3
+import time
 from typing import Iterable, Optional
 
 from gmux.node.jobs import IDENTITY, Job
@@ -21,22 +28,49 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
 
 
+log = logging.getLogger("gmux.store")
+
+
 class Store:
     def __init__(self, path: str):
         self.path = path
         self.db = open_db(path)
         self.db.executescript(SCHEMA)
         self.log = DecisionLog(self.db)
+        self.failing: Optional[str] = None       # what the last failed write said, until writes work again
+        self._unsaved: dict[str, Job] = {}        # jobs whose last state is not in the database yet
+        self._undecided: list[tuple] = []         # decisions not in the database yet
+        row = self.db.execute("SELECT value FROM meta WHERE key='next_job'").fetchone()
+        self._next = int(row[0]) if row else 1    # the next job id, also while the database refuses writes
 
     def next_job_id(self) -> str:
         """Job ids are never reused, also across restarts, so logs and checkpoints never collide."""
-        with transaction(self.db):
-            row = self.db.execute("SELECT value FROM meta WHERE key='next_job'").fetchone()
-            n = int(row[0]) if row else 1
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('next_job', ?)", (str(n + 1),))
+        n = self._next
+        self._next += 1
+        self._write(self._save_counter)
         return f"j{n}"
 
+    def _save_counter(self) -> None:
+        with transaction(self.db):
+            row = self.db.execute("SELECT value FROM meta WHERE key='next_job'").fetchone()
+            self._next = max(self._next, int(row[0]) if row else 1)
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('next_job', ?)", (str(self._next),))
+
+    def _write(self, fn) -> bool:
+        try:
+            fn()
+        except sqlite3.Error as e:
+            if self.failing is None:
+                log.error("cannot write %s: %s; serving from memory and retrying at every flush", self.path, e)
+            self.failing = f"cannot write {self.path}: {e}"
+            return False
+        return True
+
     def save(self, job: Job) -> None:
+        if not self._write(lambda: self._save(job)):
+            self._unsaved[job.id] = job
+
+    def _save(self, job: Job) -> None:
         r = job.row()
         cols = list(IDENTITY) + ["stats"]
         vals = [json.dumps(r["argv"]) if c == "argv" else json.dumps(r["stats"]) if c == "stats"
@@ -45,9 +79,23 @@ class Store:
                         f"ON CONFLICT(id) DO UPDATE SET {','.join(f'{c}=excluded.{c}' for c in cols[1:])}", vals)
 
     def save_many(self, jobs: Iterable[Job]) -> None:
-        with transaction(self.db):
-            for j in jobs:
-                self.save(j)
+        """A flush: these jobs, and whatever earlier writes could not store, in one transaction."""
+        jobs = {**self._unsaved, **{j.id: j for j in jobs}}
+
+        def write():
+            with transaction(self.db):
+                for j in jobs.values():
+                    self._save(j)
+                for d in self._undecided:
+                    self.log.record(*d)
+            self._save_counter()
+        if self._write(write):
+            if self.failing is not None:
+                log.warning("%s takes writes again: %d jobs and %d decisions written", self.path, len(jobs),
+                            len(self._undecided))
+            self.failing, self._unsaved, self._undecided = None, {}, []
+        else:
+            self._unsaved = jobs
 
     def load(self, only_live: bool = False) -> list[Job]:
         cols = list(IDENTITY) + ["stats"]
@@ -74,7 +122,12 @@ class Store:
         return cur.rowcount
 
     def decide(self, gpu: Optional[int], kind: str, jobs: list, numbers: dict, text: str) -> dict:
-        return self.log.record(kind, text, jobs, numbers, gpu)
+        args = (kind, text, jobs, numbers, gpu, time.time())
+        out = []
+        if not self._write(lambda: out.append(self.log.record(*args))):
+            self._undecided.append(args)
+            return self.log.entry(*args)
+        return out[0]
 
     def decisions(self, limit: int = 100) -> list[dict]:
         return self.log.recent(limit)

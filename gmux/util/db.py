@@ -29,11 +29,13 @@ def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     db.execute("BEGIN IMMEDIATE")
     try:
         yield db
+        db.execute("COMMIT")
     except BaseException:
+        # SQLite may have rolled back itself (a full disk fails the COMMIT): a second ROLLBACK would raise
+        # "cannot rollback - no transaction is active" over the error that matters.
         if db.in_transaction:
             db.execute("ROLLBACK")
         raise
-    db.execute("COMMIT")
 
 
 def columns(db: sqlite3.Connection, table: str) -> set:
@@ -55,12 +57,19 @@ class DecisionLog:
                 if col == "jobs" and "cjob" in have:
                     db.execute("UPDATE decisions SET jobs = json_array(cjob) WHERE cjob IS NOT NULL")
 
-    def record(self, kind: str, text: str, jobs=(), numbers: Optional[dict] = None, gpu: Optional[int] = None) -> dict:
-        t = time.time()
-        jobs, numbers = list(jobs), numbers or {}
+    @staticmethod
+    def entry(kind: str, text: str, jobs=(), numbers: Optional[dict] = None, gpu: Optional[int] = None,
+              t: Optional[float] = None) -> dict:
+        """A decision as it is shown (and written)."""
+        return {"t": time.time() if t is None else t, "gpu": gpu, "kind": kind, "jobs": list(jobs),
+                "numbers": numbers or {}, "text": text}
+
+    def record(self, kind: str, text: str, jobs=(), numbers: Optional[dict] = None, gpu: Optional[int] = None,
+               t: Optional[float] = None) -> dict:
+        d = self.entry(kind, text, jobs, numbers, gpu, t)
         self.db.execute("INSERT INTO decisions (t, gpu, kind, jobs, numbers, text) VALUES (?,?,?,?,?,?)",
-                        (t, gpu, kind, json.dumps(jobs), json.dumps(numbers, default=str), text))
-        return {"t": t, "gpu": gpu, "kind": kind, "jobs": jobs, "numbers": numbers, "text": text}
+                        (d["t"], gpu, kind, json.dumps(d["jobs"]), json.dumps(d["numbers"], default=str), text))
+        return d
 
     def recent(self, limit: int = 100) -> list[dict]:
         rows = self.db.execute("SELECT t, gpu, kind, jobs, numbers, text FROM decisions ORDER BY rowid DESC LIMIT ?",
