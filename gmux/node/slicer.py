@@ -7,14 +7,31 @@ slow switch is paid back rather than forgotten), suspends the jobs leaving and, 
 acknowledged (their memory is free), resumes the jobs arriving. So the resident set never exceeds the GPU's
 memory, and a job that reaches its boundary late only delays the switch.
 
-The slicer returns commands ("suspend"/"resume", job) for the daemon to send and is told of acknowledgements
-through `acked`. Time is passed in, so tests drive it with a fake clock.
+A job that does not acknowledge a suspend or a resume by its deadline (gmux.node.pacing: a few of its
+mini-batches, at least a floor) is *overdue*: its command stays with it, taken at its next boundary, and the
+slicer asks the daemon to stop it (SIGSTOP), provided the jobs arriving fit in memory beside what it keeps
+resident. A stopped job holds its memory but computes nothing and is not charged GPU time; at its next turn it
+is continued (SIGCONT) and, still overdue, stopped again as soon as its turn is over. A job with no boundary
+at all is thus time-sliced by stop and continue alone. When an overdue job reaches its boundary at last, its
+command is acknowledged as usual (and, if its turn is not over, it is resumed at once). A job stopped by
+someone else (frozen) keeps its memory and gets no turns until it runs again.
+
+GPU time (`used`): a job holds the GPU from when its resume is sent until its suspend is acknowledged (copy in,
+compute, the wait for its boundary, copy out), except while it is stopped or frozen. On a busy time-sliced GPU
+the jobs' GPU times add up to the wall time, less the instants between one job's suspend and the next's resume.
+
+The slicer returns commands for the daemon to carry out: ("suspend"/"resume", job) to send, ("stop"/"cont",
+job) to signal, ("late", job) once when an overdue job cannot be stopped (it may not be, or the jobs arriving do
+not fit beside it) and is waited for. It is told of acknowledgements through `acked`. Time is passed in, so
+tests drive it with a fake clock.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Optional
+
+from gmux.node.pacing import Pacing
 
 
 @dataclass
@@ -27,7 +44,14 @@ class Entry:
     credit: float = 0.0         # head start given on arrival so a newcomer does not monopolise the GPU
     last_ran: float = -math.inf
     held: bool = False          # suspended by the user: not scheduled
-    resident_since: Optional[float] = None
+    resident_since: Optional[float] = None   # counting GPU time since (None: not holding the GPU's compute)
+    batch_s: Optional[float] = None  # its median mini-batch time: sets its deadline and its turn
+    stoppable: bool = True      # may be stopped (not a job on GPUs of its own: stopping it would free nothing)
+    sent_at: Optional[float] = None  # when its pending suspend/resume was sent
+    overdue: bool = False       # that command missed its deadline; it stays with the job for its next boundary
+    stopped: bool = False       # SIGSTOPped by gmuxd: keeps its memory, computes nothing
+    frozen: bool = False        # stopped by someone else: keeps its memory, no turns until it runs again
+    late_told: bool = False     # the daemon has been told it cannot be stopped (once per overdue command)
 
     def vtime(self, now: float) -> float:
         used = self.used + (now - self.resident_since if self.resident_since is not None else 0.0)
@@ -35,10 +59,11 @@ class Entry:
 
 
 class Slicer:
-    def __init__(self, gpu: int, mem_total: int, quantum: float = 60.0):
+    def __init__(self, gpu: int, mem_total: int, quantum: float = 60.0, pacing: Optional[Pacing] = None):
         self.gpu = gpu
         self.mem_total = mem_total
         self.quantum = quantum
+        self.pacing = pacing or Pacing()
         self.entries: dict[str, Entry] = {}
         self.packs: list[frozenset] = []      # groups that run together (kept packs and a pack on trial)
         self.current: frozenset = frozenset() # the slot chosen to be resident
@@ -49,15 +74,17 @@ class Slicer:
         self.prefer: Optional[frozenset] = None  # run this slot next (a pack on trial), regardless of quantum
         self._order = 0
         self.switches = 0
+        self.stops = 0
         self.backoff_until = -math.inf
+        self._later: list[tuple[str, str]] = []   # commands decided between ticks, returned by the next
 
     # --- membership ---
     def add(self, job: str, weight: float, mem: Optional[int], now: float, resident: bool = False,
-            used: float = 0.0, confirm: bool = False) -> None:
+            used: float = 0.0, confirm: bool = False, stoppable: bool = True) -> None:
         """A job joins the GPU. With confirm (re-attached after a daemon restart, state only believed), the
         slicer sends nothing on this GPU until `observed` hears the job's actual state."""
         live = [e.vtime(now) for e in self.entries.values()]
-        e = Entry(job, weight, mem, self._order, used=used)
+        e = Entry(job, weight, mem, self._order, used=used, stoppable=stoppable)
         self._order += 1
         # Start level with the least-served job already here: fair from now on, no back pay for the past.
         if live:
@@ -94,6 +121,11 @@ class Slicer:
         for p in broken:
             self.unpack(p)
         return broken
+
+    def set_batch(self, job: str, batch_s: Optional[float]) -> None:
+        """Its median mini-batch time, from its latest report."""
+        if job in self.entries:
+            self.entries[job].batch_s = batch_s
 
     def hold(self, job: str) -> None:
         if job in self.entries:
@@ -138,7 +170,7 @@ class Slicer:
             self.prefer = None
 
     def slots(self) -> list[frozenset]:
-        runnable = {j for j, e in self.entries.items() if not e.held}
+        runnable = {j for j, e in self.entries.items() if not (e.held or e.frozen)}
         slots = [p for p in self.packs if p <= runnable]
         packed = set().union(*slots) if slots else set()
         slots += [frozenset([j]) for j in sorted(runnable - packed, key=lambda j: self.entries[j].order)]
@@ -147,30 +179,85 @@ class Slicer:
     def slot_vtime(self, slot: frozenset, now: float) -> float:
         return min(self.entries[j].vtime(now) for j in slot)
 
+    # --- stopped jobs ---
+    def frozen(self, job: str, now: float) -> None:
+        """The daemon found the job stopped by someone else: it keeps its memory and gets no turns."""
+        e = self.entries.get(job)
+        if e is not None:
+            self._stop(e, now)
+            e.stopped, e.frozen = False, True
+            self.resident.add(job)
+
+    def thawed(self, job: str) -> None:
+        """A frozen job runs again (continued by whoever stopped it): once overdue, it is stopped by gmuxd
+        when not in its turn, and its command is acknowledged at its next boundary as usual."""
+        e = self.entries.get(job)
+        if e is not None and e.frozen:
+            e.frozen = False
+
+    def stopped(self) -> list[str]:
+        """Jobs that keep their memory on the GPU without computing (stopped by gmuxd or by someone else)."""
+        return sorted(j for j, e in self.entries.items() if e.stopped or e.frozen)
+
+    def continued(self, job: str) -> bool:
+        """Overdue, and computing in its turn (its command waits at its next boundary)."""
+        e = self.entries.get(job)
+        return (e is not None and e.overdue and not (e.stopped or e.frozen) and job in self.resident
+                and self._in_turn(job))
+
+    def waited(self, job: str, now: float) -> Optional[float]:
+        """How long the job's pending suspend or resume has waited for it."""
+        e = self.entries.get(job)
+        return None if e is None or e.sent_at is None else now - e.sent_at
+
+    def deadline(self, job: str) -> float:
+        return self.pacing.deadline(self.entries[job].batch_s)
+
+    def turn(self, slot) -> float:
+        """A slot's turn: the quantum, stretched for a job whose mini-batch is long (gmux.node.pacing)."""
+        return max([self.quantum] + [self.pacing.turn(self.quantum, self.entries[j].batch_s) for j in slot])
+
     # --- acknowledgements ---
     def acked(self, job: str, kind: str, now: float, ok: bool = True) -> None:
         e = self.entries.get(job)
         if e is None or self.pending.get(job) != kind:
             return
         del self.pending[job]
+        was_overdue, e.overdue, e.late_told, e.sent_at = e.overdue, False, False, None
+        if e.frozen:
+            e.frozen = False    # it answered, so it runs: whoever stopped it has continued it
         if kind == "suspend":
             if ok:
                 self.resident.discard(job)
                 self._stop(e, now)
+                if e.stopped:
+                    # It suspended and was stopped before its answer arrived: continue it, so that it can
+                    # wait for its resume (it holds no memory now).
+                    e.stopped = False
+                    self._later.append(("cont", job))
+                if was_overdue and self.switch_to is None and job in self.current:
+                    # Continued for its turn, it reached its boundary and took the suspend waiting there:
+                    # its turn is not over, so it resumes at once.
+                    self.switch_to = self.current
             else:
                 # It could not suspend and still holds its memory: abandon this switch, keep it running, and
                 # try again only after a quantum (not at every tick).
                 self.switch_to = None
-                self.current = frozenset(self.resident)
+                self.current = frozenset(self._running())
                 self.since = now
                 self.backoff_until = now + self.quantum
         elif kind == "resume":
             if ok:
                 self.resident.add(job)
-                e.resident_since = now
                 e.last_ran = now
-                if not self.pending:
+                if e.stopped:
+                    self._stop(e, now)   # resumed, then stopped before its answer arrived: still stopped
+                elif e.resident_since is None:
+                    e.resident_since = now
+                if not self._waiting():
                     self.since = now   # the quantum starts when the whole slot is running
+            else:
+                self._stop(e, now)
 
     def observed(self, job: str, state: str, now: float) -> None:
         """What a job says it is doing (after a daemon restart the slicer's belief may be stale)."""
@@ -198,31 +285,103 @@ class Slicer:
 
     # --- the decision ---
     def tick(self, now: float) -> list[tuple[str, str]]:
-        """Commands to send now: [(kind, job)]."""
-        if self.pending or now < self.backoff_until:
-            return []  # a switch (or a single command) is in flight: wait for every acknowledgement
+        """Commands to carry out now: [(kind, job)]."""
+        out, self._later = self._later, []
+        out += self._deadlines(now)
+        if self._waiting() or now < self.backoff_until:
+            return out  # a switch (or a single command) is in flight: wait for every acknowledgement
+        # A job leaving that is overdue already (it was continued for its turn) is stopped at once.
+        return out + self._decide(now) + self._deadlines(now)
+
+    def _running(self) -> set:
+        """Resident jobs that compute (neither stopped nor frozen)."""
+        return {j for j in self.resident if not (self.entries[j].stopped or self.entries[j].frozen)}
+
+    def _in_turn(self, job: str) -> bool:
+        return job in (self.switch_to if self.switch_to is not None else self.current)
+
+    def _waiting(self) -> bool:
+        """A command is in flight that the slicer must wait for. An overdue command does not hold it up once
+        its job is stopped, frozen, or continued for its own turn."""
+        for j in self.pending:
+            e = self.entries[j]
+            if not (e.overdue and (e.stopped or e.frozen or self._in_turn(j))):
+                return True
+        return False
+
+    def _fits_beside(self, arriving, job: str) -> bool:
+        """Whether the jobs arriving fit in memory beside `job` and every other job that keeps its memory."""
+        keep = {j for j in self.resident if self.entries[j].stopped or self.entries[j].frozen} | {job}
+        together = set(arriving) | keep
+        return len(together) == 1 or self.fits(together)
+
+    def _deadlines(self, now: float) -> list[tuple[str, str]]:
+        """Overdue suspends and resumes: stop the job when that lets the others run, else say so once."""
+        out = []
+        for j, kind in list(self.pending.items()):
+            e = self.entries[j]
+            if kind not in ("suspend", "resume") or e.sent_at is None or e.stopped or e.frozen:
+                continue
+            if not e.overdue and now - e.sent_at < self.deadline(j):
+                continue
+            e.overdue = True
+            if self._in_turn(j):
+                continue   # continued for its turn (or its overdue resume began one): stopped when it is over
+            target = self.switch_to if self.switch_to is not None else self.current
+            if e.stoppable and self._fits_beside(target, j):
+                self._stop(e, now)
+                e.stopped = True
+                self.resident.add(j)   # an overdue resume may have begun copying in: count its memory
+                self.stops += 1
+                out.append(("stop", j))
+            elif not e.late_told:
+                e.late_told = True
+                out.append(("late", j))
+        return out
+
+    def _decide(self, now: float) -> list[tuple[str, str]]:
         if self.switch_to is not None:
-            # Every job leaving has suspended: its memory is free, so the arriving ones may start.
+            # Every job leaving has suspended or been stopped: the arriving ones may start.
             arriving = sorted(self.switch_to - self.resident, key=lambda j: self.entries[j].order)
+            out = []
+            for j in sorted(self.switch_to & self.resident, key=lambda j: self.entries[j].order):
+                e = self.entries[j]
+                if e.stopped:
+                    e.stopped = False
+                    e.resident_since = now
+                    e.last_ran = now
+                    out.append(("cont", j))
             self.current = self.switch_to
             self.switch_to = None
+            for j in arriving:
+                e = self.entries[j]
+                self.pending[j] = "resume"
+                e.sent_at, e.overdue, e.late_told = now, False, False
+                e.resident_since = now     # it holds the GPU from here: its memory is being copied in
             if arriving:
-                for j in arriving:
-                    self.pending[j] = "resume"
-                return [("resume", j) for j in arriving]
+                return out + [("resume", j) for j in arriving]
+            if out:
+                self.since = now           # continued jobs: their turn starts now
+                return out
         slots = self.slots()
         if not slots:
-            out = sorted(self.resident)
+            out = sorted(self._running())
             for j in out:
-                self.pending[j] = "suspend"
+                self._send_suspend(j, now)
             self.current = frozenset()
-            return [("suspend", j) for j in out]
-        settled = self.current in slots and self.current == self.resident
+            return [("suspend", j) for j in out if self.entries[j].sent_at == now]
+        running = self._running()
+        settled = self.current in slots and self.current == running
         if settled and self.since is None:
             self.since = now
         expired = (not settled or self.prefer is not None or
-                   (len(slots) > 1 and self.since is not None and now - self.since >= self.quantum))
+                   (len(slots) > 1 and self.since is not None and now - self.since >= self.turn(self.current)))
         if not expired:
+            return []
+        # A slot can run only if it fits beside the jobs that keep their memory without computing.
+        kept = {j for j in self.resident if self.entries[j].stopped or self.entries[j].frozen}
+        slots = [s for s in slots if not (kept - s) or self.fits(s | kept)]
+        if not slots:
             return []
         if self.prefer is not None and self.prefer in slots:
             choice = self.prefer
@@ -237,10 +396,19 @@ class Slicer:
             return []
         self.switches += 1
         self.since = None
-        leaving = sorted(self.resident - choice)
+        leaving = sorted(running - choice)
         self.switch_to = choice
-        if leaving:
-            for j in leaving:
-                self.pending[j] = "suspend"
-            return [("suspend", j) for j in leaving]
-        return self.tick(now)      # nothing to free: resume the arriving jobs at once
+        for j in leaving:
+            self._send_suspend(j, now)
+        sent = [("suspend", j) for j in leaving if self.entries[j].sent_at == now]
+        if self._waiting():
+            return sent
+        return sent + self._decide(now)   # nothing to wait for: resume (or continue) the arriving jobs now
+
+    def _send_suspend(self, job: str, now: float) -> None:
+        """Asks a leaving job to suspend, unless a suspend already waits at its next boundary (overdue)."""
+        e = self.entries[job]
+        if self.pending.get(job) in ("suspend", "resume") and e.overdue:
+            return   # its command is still with it: it is stopped now, by _deadlines
+        self.pending[job] = "suspend"
+        e.sent_at, e.overdue, e.late_told = now, False, False

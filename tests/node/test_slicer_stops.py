@@ -1,0 +1,170 @@
+"""The slicer with jobs that miss their deadlines: stop (SIGSTOP) and continue (SIGCONT) decisions, memory kept
+by stopped jobs, and GPU time, on a fake clock. Jobs are played by hand or by `Play` (a job acknowledges only
+at its boundaries, and never while stopped)."""
+import pytest
+
+from gmux.node.pacing import Pacing
+from gmux.node.slicer import Slicer
+
+GiB = 1 << 30
+PACE = Pacing(floor=1.0, k=3.0, c=2.0)
+
+
+def slicer(quantum=0.5, mem=(3 * GiB, 3 * GiB, 3 * GiB), total=10 * GiB, **kw):
+    s = Slicer(0, total, quantum=quantum, pacing=PACE)
+    for i, m in enumerate(mem):
+        s.add("abc"[i], 1, m, 0.0, **kw)
+    return s
+
+
+class Play:
+    """Each job computes mini-batches of `batch[job]` seconds (None: it never reaches a boundary) while it
+    runs; it takes a command at its next boundary, at once while it waits suspended; a stopped job does
+    nothing. Checks after every step that the resident memory fits the GPU."""
+
+    def __init__(self, s, batch, dt=0.01):
+        self.s, self.batch, self.dt, self.now = s, batch, dt, 0.0
+        self.stopped, self.computing, self.progress, self.commands = set(), set(), {}, {}
+        self.log = []
+
+    def run(self, until):
+        s = self.s
+        while self.now < until:
+            for kind, j in s.tick(self.now):
+                self.log.append((round(self.now, 2), kind, j))
+                if kind == "stop":
+                    self.stopped.add(j)
+                elif kind == "cont":
+                    self.stopped.discard(j)
+                elif kind in ("suspend", "resume"):
+                    self.commands[j] = kind
+            for j in list(self.commands):
+                if j in self.stopped:
+                    continue
+                kind = self.commands[j]
+                if kind == "resume" or self._at_boundary(j):
+                    del self.commands[j]
+                    (self.computing.add if kind == "resume" else self.computing.discard)(j)
+                    s.acked(j, kind, self.now)
+            for j in self.computing - self.stopped:
+                self.progress[j] = self.progress.get(j, 0.0) + self.dt
+            mem = sum(s.entries[j].mem or 0 for j in s.resident)
+            assert mem <= s.mem_total, f"resident {s.resident} exceed the GPU at t={self.now}"
+            self.now = round(self.now + self.dt, 6)
+
+    def _at_boundary(self, j):
+        b = self.batch.get(j)
+        if b is None:
+            return False
+        done = self.progress.get(j, 0.0)
+        return abs(done / b - round(done / b)) < self.dt / (2 * b)
+
+    def used(self):
+        return {j: self.s.used(j, self.now) for j in self.s.entries}
+
+
+def test_a_job_that_never_reaches_a_boundary_is_time_sliced_by_stop_and_continue():
+    s = slicer()
+    play = Play(s, {"a": 0.05, "b": 0.05, "c": None})
+    play.run(30.0)
+    kinds = [k for _, k, j in play.log if j == "c"]
+    assert kinds.count("suspend") == 1            # asked once; the command waits at its boundary for ever
+    assert kinds.count("stop") >= 10 and kinds.count("cont") >= 10
+    used = play.used()
+    # Its turns are a quantum each; the deadline is paid once. Everyone keeps its share.
+    for j in "abc":
+        assert used[j] / play.now == pytest.approx(1 / 3, abs=0.05), used
+    # GPU time adds up to the wall time: a stopped job is charged nothing, the others everything.
+    assert sum(used.values()) == pytest.approx(play.now, rel=0.02), used
+    assert progress_share(play, "a") > 0.3
+
+
+def progress_share(play, j):
+    return play.progress[j] / play.now
+
+
+def test_a_stopped_job_keeps_its_memory_and_others_run_only_if_they_fit_beside_it():
+    s = slicer(mem=(6 * GiB, 6 * GiB))            # two do not fit together
+    assert s.tick(0.0) == [("resume", "a")]
+    s.acked("a", "resume", 0.0)
+    assert s.tick(0.6) == [("suspend", "a")]
+    assert s.tick(1.5) == []                      # before the deadline: wait
+    assert s.tick(1.7) == [("late", "a")]         # past it, but b would not fit beside a: said once, not stopped
+    assert s.tick(5.0) == [] and s.stopped() == []
+    assert s.used("a", 5.0) == pytest.approx(5.0)  # it holds the GPU: its wait for the boundary is its GPU time
+    s.acked("a", "suspend", 5.2)                  # its boundary at last: the switch goes on as usual
+    assert s.tick(5.2) == [("resume", "b")]
+
+
+def test_a_continued_job_that_reaches_its_boundary_within_its_turn_resumes_at_once():
+    s = slicer(quantum=1.0, mem=(3 * GiB, 3 * GiB))
+    play = Play(s, {"a": 2.5, "b": 0.05})         # a's first mini-batch outlasts its turn and its deadline
+    play.run(8.0)
+    a = [(t, k) for t, k, j in play.log if j == "a"]
+    assert [k for _, k in a[:5]] == ["resume", "suspend", "stop", "cont", "resume"], a
+    cont, resume = a[3][0], a[4][0]
+    assert resume - cont == pytest.approx(0.5, abs=0.05)   # at its boundary, half-way through its turn
+    assert not [e for e in play.log if e[2] == "b" and cont < e[0] < resume]
+
+
+def test_a_continued_job_is_stopped_again_as_soon_as_its_turn_is_over():
+    s = slicer(mem=(3 * GiB, 3 * GiB))
+    play = Play(s, {"a": None, "b": 0.05})
+    play.run(10.0)
+    a = [(t, k) for t, k, j in play.log if j == "a"]
+    turns = [(t0, t1) for (t0, k0), (t1, k1) in zip(a, a[1:]) if k0 == "cont" and k1 == "stop"]
+    assert len(turns) >= 3 and all(t1 - t0 == pytest.approx(0.5, abs=0.05) for t0, t1 in turns), a
+
+
+def test_an_answer_that_arrives_after_the_stop_continues_the_job_to_wait_for_its_resume():
+    s = slicer(mem=(3 * GiB, 3 * GiB))
+    s.tick(0.0)
+    s.acked("a", "resume", 0.0)
+    s.tick(0.6)
+    s.tick(1.7)                                   # stopped just after it suspended
+    s.acked("a", "suspend", 1.72)
+    assert "a" not in s.resident and s.stopped() == []
+    assert ("cont", "a") in s.tick(1.73)
+
+
+def test_a_job_that_may_not_be_stopped_is_waited_for():
+    s = slicer(mem=(3 * GiB, 3 * GiB), stoppable=False)
+    s.tick(0.0)
+    s.acked("a", "resume", 0.0)
+    s.tick(0.6)
+    assert s.tick(1.7) == [("late", "a")]
+    assert s.tick(3.0) == []
+
+
+def test_a_long_mini_batch_stretches_the_turn_instead_of_paying_a_suspend_per_step():
+    s = slicer(mem=(3 * GiB, 3 * GiB))
+    play = Play(s, {"a": 0.05, "b": 1.0})
+    s.set_batch("a", 0.05)
+    s.set_batch("b", 1.0)
+    play.run(40.0)
+    steps_b = play.progress["b"] / 1.0
+    suspends_b = [k for _, k, j in play.log if j == "b"].count("suspend")
+    assert suspends_b <= steps_b / 1.8, (suspends_b, steps_b)     # about one suspend per c = 2 steps
+    assert not [e for e in play.log if e[1] == "stop"]            # it always made its deadline
+    used = play.used()
+    assert used["a"] / used["b"] == pytest.approx(1.0, abs=0.15)  # stride scheduling keeps the shares
+
+
+def test_a_job_stopped_by_someone_else_keeps_its_memory_and_gets_no_turns_until_it_runs_again():
+    s = slicer()
+    play = Play(s, {"a": 0.05, "b": 0.05, "c": 0.05})
+    play.run(0.3)
+    assert s.resident == {"a"}
+    play.stopped.add("a")                         # SIGSTOP from outside gmux
+    play.run(1.6)                                 # its suspend was sent at 0.5: the deadline passes at 1.5
+    assert ("stop", "a") in [(k, j) for _, k, j in play.log]
+    s.frozen("a", play.now)                       # the daemon saw it was stopped already: not its own stop
+    play.run(10.0)
+    assert not [e for e in play.log if e[1] == "cont" and e[2] == "a"]   # never continued by gmuxd
+    assert "a" in s.resident and s.stopped() == ["a"]
+    used = play.used()
+    assert used["b"] == pytest.approx(used["c"], rel=0.15) and used["a"] <= 1.51   # until its deadline
+    play.stopped.discard("a")                     # continued by its owner: it takes its suspend, runs again
+    s.thawed("a")
+    play.run(20.0)
+    assert "a" not in s.stopped() and play.used()["a"] > used["a"] + 2
