@@ -78,6 +78,9 @@ class AdminHandlers:
                          "jobs": sorted(set(s.entries) | ({owner[g.index]} if g.index in owner else set())),
                          "resident": sorted(s.resident),
                          "packs": [sorted(p) for p in s.packs], "switches": s.switches,
+                         # jobs keeping their memory here without computing (gmux.node.stopping), and how often
+                         # jobs were stopped for missing a deadline
+                         "stopped": s.stopped(), "stops": s.stops,
                          "owner": owner.get(g.index), "reserved": node.admission.reserved_for(g.index),
                          "resident_mem": sum(node.jobs[j].working_set() or 0 for j in s.resident)})
         return {"jobs": jobs, "gpus": gpus, "decisions": list(node.decisions)[-20:],

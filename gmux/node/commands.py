@@ -5,7 +5,8 @@ out at its next mini-batch boundary and answers with a `result`. Until then the 
 under an id unique across daemon restarts, so a late answer to the previous daemon's command finds nothing and
 is ignored. A request that waits for jobs to act (a gang's suspend waits for every rank) is a Waiter: answered
 once every job has acknowledged, at once with an error when one fails or ends, and with an error when they
-have not acknowledged within WAIT_S.
+have not acknowledged within WAIT_S. A suspend is settled earlier, at the job's deadline (gmux.node.pacing),
+when gmuxd stops the job instead or says why it cannot.
 """
 from __future__ import annotations
 
@@ -102,6 +103,23 @@ class Commands:
                 if len(w.jobs) > 1:
                     data["jobs"] = list(w.jobs)
                 self.server.reply(w.identity, w.msg_id, data)
+
+    def settle(self, job_id: str, kind: str, stopped: bool, text: str, numbers: dict) -> None:
+        """The job missed the deadline of `kind`: the requests waiting for it hear now what gmuxd did, stopped
+        (a reply: the job computes no more, its command waits for its next boundary) or not (an error)."""
+        for w in self.waiters.pop(job_id, []):
+            if w.done:
+                continue
+            if w.kind != kind:
+                self.waiters.setdefault(job_id, []).append(w)
+                continue
+            w.done = True
+            if stopped:
+                self.server.reply(w.identity, w.msg_id, {"job": w.job, "kind": "stop", "state": "stopped",
+                                                         "detail": text, "latency_s": time.monotonic() - w.t0,
+                                                         **numbers})
+            else:
+                self.server.refuse(w.identity, w.msg_id, text)
 
     def ended(self, job: Job, why: str) -> None:
         """The job has ended: nothing more goes to it, and every request waiting on it hears why."""

@@ -4,7 +4,8 @@ This file is the daemon's lifecycle and its tick; the rest are its parts, each b
   - JobHandlers (job_handlers.py) and AdminHandlers (admin_handlers.py): the messages, by who sends them;
   - Commands (commands.py): commands in flight to jobs, and the requests waiting for their acknowledgement;
   - Admission (admission.py): which GPU a job gets, the queue, whole GPUs for multi-GPU jobs and gangs;
-  - per GPU a Slicer and a Packer, and the spill policy: pure decisions, carried out here.
+  - per GPU a Slicer and a Packer, and the spill policy: pure decisions, carried out here;
+  - Stopping (stopping.py): the slicer's stops of a job that misses its deadline (SIGSTOP/SIGCONT).
 Between messages the loop ticks: it reaps ended jobs, gives queued jobs their GPUs, lets each GPU's packer and
 time-slicer decide, spills suspended state over the host-RAM budget, and sends the resulting commands. The job
 table and the decisions live in SQLite, so a restarted daemon re-attaches to the jobs that kept running.
@@ -31,6 +32,8 @@ from gmux.node.job_handlers import JobHandlers
 from gmux.node.jobs import Job, gang_members
 from gmux.node.packer import Packer, Rates
 from gmux.node.slicer import Slicer
+from gmux.node.pacing import Pacing
+from gmux.node.stopping import Stopping
 from gmux.node.store import Store
 from gmux.node.supervisor import Supervisor
 from gmux.rundir import RuntimeDir, alive, proc_starttime
@@ -57,6 +60,7 @@ class Options:
     retry_after: float = 300.0
     recheck: float = 1800.0           # a kept pack is measured again this often (seconds together)
     metrics_port: Optional[int] = None
+    pacing: Pacing = Pacing()         # suspend deadlines and turns from each job's mini-batch time
 
 
 class Daemon:
@@ -70,7 +74,7 @@ class Daemon:
         self.store = Store(rundir.db)
         self.sup = Supervisor(rundir)
         self.jobs: dict[str, Job] = {}
-        self.slicers = {g.index: Slicer(g.index, g.mem_total, self.opt.quantum) for g in gpus}
+        self.slicers = {g.index: Slicer(g.index, g.mem_total, self.opt.quantum, self.opt.pacing) for g in gpus}
         self.packers = {g.index: Packer(self.opt.margin, self.opt.window, self.opt.retry_after, self.opt.pack,
                                         recheck=self.opt.recheck) for g in gpus}
         self.admission = Admission(self.gpus, self.jobs, self.slicers, self.store, self)
@@ -87,6 +91,7 @@ class Daemon:
         handlers = {**JobHandlers(self).table(), **AdminHandlers(self).table()}
         self.server = Server(sock, handlers, name="gmuxd", unknown="{type} is sent by gmuxd, not to it")
         self.commands = Commands(self.server)
+        self.stops = Stopping(self)
         self.metrics = None
         if self.opt.metrics_port is not None:
             from gmux.node.metrics import Metrics
@@ -124,6 +129,11 @@ class Daemon:
                 self.finish(job, *ended)
                 continue
             job.registered = True   # alive: registered, or about to (re-registering is the same)
+            if job.stopped_by_gmux:
+                # The previous daemon stopped it and cannot continue it: continued, it takes its suspend at
+                # its next boundary (or runs on, boundless, until this daemon stops it again in its turn).
+                self.sup.cont(job)
+                job.stopped_by_gmux = False
             if job.state == "migrating":
                 continue   # its process re-registers after re-executing
             if job.parked_gpus and job.held:
@@ -137,7 +147,7 @@ class Daemon:
             job.gpu = gpu
             resident = job.state in ("running", "suspending", "resuming")
             self.slicers[gpu].add(job.id, job.weight, job.working_set(), now, resident=resident,
-                                  used=job.gpu_seconds, confirm=True)
+                                  used=job.gpu_seconds, confirm=True, stoppable=not job.exclusive)
             if job.held:
                 self.slicers[gpu].hold(job.id)
             self.decide(gpu, "reattach", [job.id], {"state": job.state, "pid": job.pid},
@@ -148,6 +158,7 @@ class Daemon:
         self.stopping = True
 
     def close(self) -> None:
+        self.stops.continue_all()
         self._flush(force=True)
         if self.metrics:
             self.metrics.close()
@@ -176,7 +187,8 @@ class Daemon:
         self.jobs[job.id] = job
 
     def seat(self, job: Job, now: float) -> None:
-        self.slicers[job.gpu].add(job.id, job.weight, job.working_set(), now, used=job.gpu_seconds)
+        self.slicers[job.gpu].add(job.id, job.weight, job.working_set(), now, used=job.gpu_seconds,
+                                  stoppable=not job.exclusive)
         if job.held:
             self.slicers[job.gpu].hold(job.id)
 
@@ -196,9 +208,15 @@ class Daemon:
         return sum(j.host_bytes for j in self.jobs.values() if not j.final)
 
     def switch(self, slicer: Slicer, now: float) -> None:
-        """Sends what the GPU's slicer decides now (suspends and resumes of a switch)."""
+        """Carries out what the GPU's slicer decides now: the suspends and resumes of a switch, and the stops
+        and continues of jobs that miss their deadlines."""
         for kind, job_id in slicer.tick(now):
-            job = self.jobs[job_id]
+            job = self.jobs.get(job_id)
+            if job is None or job.final:
+                continue
+            if kind not in ("suspend", "resume"):
+                self.stops.carry_out(slicer, kind, job, now)
+                continue
             args = {"gpu": slicer.gpu, "env": self.env(job)} if kind == "resume" else {}
             self.commands.send(job, kind, args)
 
@@ -271,6 +289,8 @@ class Daemon:
                     if ended is not None:
                         self.finish(job, *ended)
             self.commands.expire(now)
+            for slicer in self.slicers.values():
+                self.stops.check_frozen(slicer)
         self.admission.run(now)
         for gpu, slicer in self.slicers.items():
             # A pack is tried only on solo rates measured over at least two residencies (one can be disturbed,
@@ -313,8 +333,11 @@ class Daemon:
         for slicer in self.slicers.values():
             for job_id in slicer.entries:
                 job = self.jobs[job_id]
+                self.stops.note(slicer, job, time.monotonic())
                 busy = slicer.busy_with(job_id)
-                if busy:
+                if busy and slicer.continued(job_id):
+                    job.state = "running"    # overdue, continued for its turn: its command waits at its boundary
+                elif busy:
                     job.state = _BUSY_STATE.get(busy, job.state)
                 elif job_id in slicer.resident:
                     job.state = "running"

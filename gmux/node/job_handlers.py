@@ -74,6 +74,7 @@ class JobHandlers:
         job.registered = True
         job.state, job.started, job.detail = "waiting", False, ""
         job._step_offset = None   # a new process counts boundaries from 0
+        job.boundaries, job.stopped_by_gmux = 0, False
         job.host_bytes = 0        # a new process holds no suspended state
         job.start_window()
         if job.gpu is None:
@@ -98,6 +99,8 @@ class JobHandlers:
                 setattr(job, key, r[key])
         self._observe_state(job, msg.get("state"))
         slicer = self.node.slicers.get(job.gpu)
+        if slicer is not None and job.id in slicer.entries and isinstance(r.get("batch_s"), float):
+            slicer.set_batch(job.id, r["batch_s"])    # sets its suspend deadline and the length of its turn
         if slicer is not None and job.id in slicer.resident and not slicer.busy_with(job.id):
             if slicer.entries.get(job.id) and slicer.entries[job.id].mem != job.working_set():
                 for pack in slicer.set_mem(job.id, job.working_set()):

@@ -13,7 +13,7 @@ from typing import Optional
 IDENTITY = ("id", "token", "name", "argv", "cwd", "pid", "starttime", "gpu", "weight", "mem", "state",
             "managed", "created", "detail", "exit_status")
 TRANSIENT = ("identity", "outbox", "kill_requested", "_window", "_solo_now", "_solo_hist", "_step_offset",
-             "last_report", "registered")
+             "last_report", "registered", "_late_told", "_note")
 
 
 @dataclass
@@ -53,6 +53,9 @@ class Job:
     suspend_seconds: float = 0.0       # time spent carrying out suspend+resume commands (their cost)
     host_bytes: int = 0                # host RAM holding its suspended state
     migrations: int = 0
+    boundaries: int = 0                # mini-batch boundaries its current process has passed
+    stops: int = 0                     # times gmuxd stopped it (SIGSTOP) for missing a suspend's deadline
+    stopped_by_gmux: bool = False      # SIGSTOPped by gmuxd now (a restarted gmuxd continues it)
     last_report: dict = field(default_factory=dict)
     # --- transient (not persisted) ---
     held: bool = False                 # suspended by the user: not scheduled until resumed
@@ -70,6 +73,8 @@ class Job:
     _solo_now: Optional[float] = None
     _step_offset: Optional[int] = None  # runtime step - agent boundary count (constant within one process)
     _solo_hist: list = field(default_factory=list)
+    _late_told: Optional[float] = None  # the overdue command (by its send time) already told of in a decision
+    _note: str = ""                     # the detail gmuxd wrote about its being stopped (cleared when over)
 
     @property
     def exclusive(self) -> bool:
@@ -85,6 +90,7 @@ class Job:
         (reports, about once a second; after a restore the runtime's step does not start at 0)."""
         if boundaries is None:
             return
+        self.boundaries = max(self.boundaries, boundaries)
         if step is not None:
             self._step_offset = step - boundaries
         if self._step_offset is not None:

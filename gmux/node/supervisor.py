@@ -5,9 +5,15 @@ restart or a terminal hang-up does not take the job with it), output appended to
 by gmux-launch from a shell is not gmuxd's child, and neither are its own children after a daemon restart:
 for those the launcher leaves an exit record (exits/ID.exit) and a missing record means the process was
 killed outright (SIGKILL, the OOM killer).
+
+It also takes a GPU's compute away from a job that does not stop in time (SIGSTOP, later SIGCONT): the job's
+process group when it leads one of its own (a submitted job, or one started in its own session: its
+DataLoader workers stop with it), else the process and its descendants, so that a shell or a driver script
+that shares the job's group is never stopped with it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -52,9 +58,37 @@ class Supervisor:
         return ("lost", None, f"process {job.pid} ended without an exit record: killed by a signal "
                               f"(SIGKILL, the OOM killer) or crashed hard")
 
-    def kill(self, job: Job, sig: int = signal.SIGKILL) -> bool:
+    def stop(self, job: Job) -> bool:
+        return self._signal_tree(job, signal.SIGSTOP)
+
+    def cont(self, job: Job) -> bool:
+        return self._signal_tree(job, signal.SIGCONT)
+
+    def stopped_outside(self, job: Job) -> bool:
+        """Whether the job's process is stopped (by a signal or a debugger) although gmuxd did not stop it."""
+        return self._identified(job) and _state(job.pid) in ("T", "t")
+
+    def _signal_tree(self, job: Job, sig: int) -> bool:
+        if not self._identified(job):
+            return False
+        try:
+            if os.getpgid(job.pid) == job.pid:
+                os.killpg(job.pid, sig)
+            else:
+                for pid in [job.pid, *_descendants(job.pid)]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    @staticmethod
+    def _identified(job: Job) -> bool:
         # Only a process identified by pid *and* start time: never a reused pid, never on a bare pid's word.
-        if job.pid <= 1 or job.starttime is None or not alive(job.pid, job.starttime):
+        return job.pid > 1 and job.starttime is not None and alive(job.pid, job.starttime)
+
+    def kill(self, job: Job, sig: int = signal.SIGKILL) -> bool:
+        if not self._identified(job):
             return False
         try:
             os.kill(job.pid, sig)
@@ -71,3 +105,36 @@ def describe(rc: int, record: Optional[dict]) -> tuple[str, Optional[int], str]:
     if rc == 0:
         return ("exited", 0, reason or "finished")
     return ("failed", rc, f"exit status {rc}" + (f": {reason}" if reason else "") + "; see `gmux logs`")
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (field 3 of /proc/PID/stat); '' if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return ""
+    rest = data[data.rfind(b")") + 2:].split()   # the command name may hold spaces and parentheses
+    return rest[0].decode() if rest else ""
+
+
+def _descendants(pid: int) -> list[int]:
+    """The process's children, theirs, and so on (from /proc/PID/task/TID/children)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+            except OSError:
+                continue
+            for kid in kids:
+                if kid not in found:
+                    found.append(kid)
+                    todo.append(kid)
+    return found

@@ -1,0 +1,139 @@
+"""Carrying out the slicer's stops: a job that misses its suspend's (or resume's) deadline loses the GPU's compute.
+
+The slicer decides (gmux.node.slicer: "stop", "cont", "late"); this part signals the job's processes through
+the Supervisor (pid and start time checked), tells a job stopped by someone else apart (frozen: never
+continued by gmuxd), answers the user's `gmux suspend` at the deadline, logs a decision with the numbers once
+per missed deadline, and writes what `gmux ps` shows in the job's detail. A gang rank, or any job holding GPUs
+of its own, is never stopped: its peers would wait in their next collective, and its GPUs free nothing for
+others; the slicer is told so when the job is seated (`stoppable`).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gmux.node.jobs import Job
+from gmux.node.slicer import Slicer
+from gmux.util.sizes import format_size
+
+if TYPE_CHECKING:
+    from gmux.node.daemon import Daemon
+
+
+class Stopping:
+    def __init__(self, node: "Daemon"):
+        self.node = node
+
+    def carry_out(self, slicer: Slicer, kind: str, job: Job, now: float) -> None:
+        if kind == "stop":
+            self._stop(slicer, job, now)
+        elif kind == "cont":
+            if job.stopped_by_gmux:
+                self.node.sup.cont(job)
+                job.stopped_by_gmux = False
+                self.node.store.save(job)   # a restarted gmuxd must not think it still stopped
+        elif kind == "late":
+            self._late(slicer, job, now)
+
+    def _stop(self, slicer: Slicer, job: Job, now: float) -> None:
+        node = self.node
+        if node.sup.stopped_outside(job):
+            slicer.frozen(job.id, now)    # someone else stopped it: theirs to continue, not ours
+            outside = True
+        else:
+            outside = False
+            if not node.sup.stop(job):
+                return   # its process is gone: the reaper ends it
+            job.stops += 1
+            job.stopped_by_gmux = True
+            node.store.save(job)
+        sent = slicer.entries[job.id].sent_at
+        if job._late_told == sent:
+            return    # the same missed deadline, a later turn: counted, not logged again
+        job._late_told = sent
+        numbers = self._numbers(slicer, job, now)
+        others = [j for j in slicer.entries if j != job.id and not slicer.entries[j].held]
+        text = (f"GPU {slicer.gpu}: {job.id} " + self._why(slicer, job, now) +
+                (": it was found stopped by someone else (SIGSTOP, a debugger), and gets no turns until it is "
+                 "continued (SIGCONT)" if outside else
+                 ": stopped (SIGSTOP), and continued (SIGCONT) at each of its turns until it reaches a boundary") +
+                f"; it keeps {format_size(numbers['mem'])} on the GPU"
+                + (f", beside which {', '.join(others)} run" if others else ""))
+        node.decide(slicer.gpu, "stop", [job.id], {**numbers, "outside": outside}, text)
+        node.commands.settle(job.id, slicer.busy_with(job.id) or "suspend", True, text, numbers)
+
+    def _late(self, slicer: Slicer, job: Job, now: float) -> None:
+        numbers = self._numbers(slicer, job, now)
+        if job.exclusive:
+            why = ("it holds GPUs of its own, so stopping it would free nothing for others" +
+                   (", and its gang's other ranks would wait for it in their next collective" if job.gang else ""))
+        else:
+            target = slicer.switch_to if slicer.switch_to is not None else slicer.current
+            need = sum(slicer.entries[j].mem or 0 for j in target if j != job.id)
+            why = (f"{', '.join(sorted(target)) or 'the next jobs'} ({format_size(need)}) would not fit beside "
+                   f"the {format_size(numbers['mem'])} it keeps (GPU of {format_size(slicer.mem_total)}; a job "
+                   f"of unknown size fits nowhere beside it)")
+        text = (f"GPU {slicer.gpu}: {job.id} {self._why(slicer, job, now)}: not stopped, because {why}; "
+                f"its {slicer.busy_with(job.id)} waits for its next boundary")
+        self.node.decide(slicer.gpu, "late", [job.id], numbers, text)
+        self.node.commands.settle(job.id, slicer.busy_with(job.id) or "suspend", False, text, numbers)
+
+    def _why(self, slicer: Slicer, job: Job, now: float) -> str:
+        e = slicer.entries[job.id]
+        waited = slicer.waited(job.id, now) or 0.0
+        basis = (f"{slicer.pacing.k:g} x its {e.batch_s:.2f} s mini-batch" if e.batch_s
+                 else "its mini-batch time is not known yet")
+        return (f"did not reach a boundary in {waited:.1f} s (deadline {slicer.deadline(job.id):.1f} s: at least "
+                f"{slicer.pacing.floor:g} s, {basis}); " + self._control(job))
+
+    @staticmethod
+    def _control(job: Job) -> str:
+        control = job.last_report.get("control")
+        if job.boundaries == 0:
+            return ("it has reached no mini-batch boundary since it started, so its memory cannot be freed (how "
+                    f"gmux controls it: {control or 'no boundary seen'})")
+        return f"it passed {job.boundaries} boundaries before" + (f" (control: {control})" if control else "")
+
+    @staticmethod
+    def _numbers(slicer: Slicer, job: Job, now: float) -> dict:
+        e = slicer.entries[job.id]
+        return {"waited_s": round(slicer.waited(job.id, now) or 0.0, 3),
+                "deadline_s": round(slicer.deadline(job.id), 3), "batch_s": e.batch_s,
+                "mem": e.mem or 0, "boundaries": job.boundaries}
+
+    # --- what gmux ps shows ---
+    def note(self, slicer: Slicer, job: Job, now: float) -> None:
+        """The job's detail while it is overdue, stopped or frozen; cleared (if still ours) once it is not."""
+        e = slicer.entries[job.id]
+        note = ""
+        waited = slicer.waited(job.id, now)
+        kept = format_size(e.mem or 0)
+        never = job.boundaries == 0
+        if e.frozen:
+            note = f"stopped from outside gmux, keeps {kept}; runs again on SIGCONT"
+        elif e.stopped:
+            note = (f"stopped: no boundary ever, its {kept} can't be freed" if never else
+                    f"stopped (no boundary in {waited:.1f} s), keeps {kept}")
+        elif e.overdue and waited is not None:
+            note = (f"no boundary ever: sliced by SIGSTOP/SIGCONT, {kept} kept" if never else
+                    f"no boundary in {waited:.1f} s: sliced by SIGSTOP/SIGCONT")
+        if note:
+            control = job.last_report.get("control")
+            job.detail = job._note = note + (f" (control: {control})" if control and never else "")
+        elif job._note:
+            if job.detail == job._note:
+                job.detail = ""
+            job._note = ""
+
+    # --- the daemon's lifecycle ---
+    def check_frozen(self, slicer: Slicer) -> None:
+        """A job stopped by someone else that runs again is given back to the slicer."""
+        for j in slicer.stopped():
+            if slicer.entries[j].frozen and not self.node.sup.stopped_outside(self.node.jobs[j]):
+                slicer.thawed(j)
+
+    def continue_all(self) -> None:
+        """At shutdown: a job left stopped would never run again. Continued, it waits at its next boundary."""
+        for job in self.node.jobs.values():
+            if job.stopped_by_gmux and not job.final:
+                self.node.sup.cont(job)
+                job.stopped_by_gmux = False
