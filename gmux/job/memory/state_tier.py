@@ -1,9 +1,22 @@
 """The state tier: the job's tracked tensors leave the device and come back, in place. Any torch device.
 
-Every tracked tensor keeps its Python identity: suspend copies each distinct storage into one host buffer,
-then points the tensors at nothing (`set_()`), which frees the device memory; resume takes fresh device
-memory, copies back and points each tensor at it with its old offset, shape and strides. A Parameter stays
-the same object, optimizer state stays keyed by it, and tensors that shared a storage share the new one.
+Every tracked tensor keeps its Python identity, its TensorImpl and its autograd nodes: suspend copies each
+distinct storage into one host buffer, then frees the device memory under it; resume takes device memory
+again and copies back. A Parameter stays the same object, optimizer state stays keyed by it, and hooks on its
+gradient accumulator (AccumulateGrad) keep firing: DistributedDataParallel registers its gradient-ready hooks
+there. Never `set_()` a parameter: autograd then gives it a new accumulator node and every hook on the old
+one is silently lost (after one cycle DDP stopped all-reducing; tests/test_ddp_hooks.py).
+
+Two ways to free, per storage:
+- in place, where the device memory is torch's own (a GPU, or the heap of a CPU job with no pool): the
+  storage itself is resized to 0 and back (`untyped_storage().resize_`). Storage objects stay, so every alias
+  stays one: DDP's `gradient_as_bucket_view` grads and their bucket, views the runtime was not told about.
+- re-pointed, where the memory must come from the Python DevicePool (a virtual GPU) or the storage cannot be
+  resized (over foreign memory, e.g. from_numpy): each tracked tensor is pointed at an empty tensor and, at
+  resume, at a fresh storage with its old offset, shape and strides, through `.data =` (set_data), which
+  keeps the TensorImpl, its hooks and its accumulator node. Tracked tensors that shared a storage share the
+  new one; an untracked alias keeps the old memory, and the residue scan names it. resize_ cannot serve the
+  pool: its memory would come from the heap, faulted in at every resume (~3.5x the copy into warm pages).
 
 The host buffer is allocated once per job and reused for every cycle (pinned on CUDA, where pinning fresh
 memory is slower still than faulting it): only growth of the tracked state reallocates it, and a spill
@@ -34,6 +47,7 @@ class _Storage:
     nbytes: int
     host_offset: int
     views: list  # (tensor, storage_offset, size, stride)
+    in_place: Optional[torch.UntypedStorage]  # the storage resized to 0 and back; None: re-pointed (see above)
 
 
 def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
@@ -73,17 +87,20 @@ class StateTier(Tier):
         total = 0
         plan = []
         for storage, views in groups.values():
-            plan.append((storage, _Storage(storage.nbytes(), total, views)))
+            plan.append((storage, _Storage(storage.nbytes(), total, views,
+                                           storage if self._resizes(storage) else None)))
             total += (storage.nbytes() + ALIGN - 1) // ALIGN * ALIGN
         grew = self._ensure_host(total)
         t1 = time.perf_counter()
         self._copy_out(plan)
         t2 = time.perf_counter()
         # Every byte is on the host: only now let go of device memory.
-        with torch.no_grad():
-            for _, entry in plan:
-                for t, *_ in entry.views:
-                    t.set_()
+        for storage, entry in plan:
+            if entry.in_place is not None:
+                storage.resize_(0)
+                continue
+            for t, *_ in entry.views:
+                t.data = torch.empty(0, dtype=t.dtype, device=self.device)
         self._storages = [entry for _, entry in plan]
         del plan, groups
         if self._cuda:
@@ -94,6 +111,10 @@ class StateTier(Tier):
         return {"bytes": total, "storages": len(self._storages), "tensors": sum(len(s.views) for s in self._storages),
                 "host_alloc_s": t1 - t0 if grew else 0.0, "copy_s": t2 - t1, "release_s": t3 - t2,
                 "total_s": t3 - t0}
+
+    def _resizes(self, storage: torch.UntypedStorage) -> bool:
+        """Whether `storage` is freed in place: its memory is torch's allocator's, and a resume takes it there."""
+        return storage.resizable() and not (self.pool is not None and self.device.type == "cpu")
 
     def _ensure_host(self, total: int, fault_in: bool = True) -> bool:
         if self._host is not None and self._host.numel() >= total:
@@ -130,17 +151,26 @@ class StateTier(Tier):
         fresh = []
         try:
             for entry in self._storages:
-                fresh.append(self._device_storage(entry.nbytes))
+                if entry.in_place is not None:
+                    entry.in_place.resize_(entry.nbytes)
+                    fresh.append(entry.in_place)
+                else:
+                    fresh.append(self._device_storage(entry.nbytes))
         except Exception:
+            # Out of device memory: give back what was taken, so the job stays suspended as it was.
+            for entry in self._storages:
+                if entry.in_place is not None:
+                    entry.in_place.resize_(0)
             fresh.clear()
             raise
         t1 = time.perf_counter()
         self._copy_in(fresh)
         t2 = time.perf_counter()
-        with torch.no_grad():
-            for storage, entry in zip(fresh, self._storages):
-                for t, offset, size, stride in entry.views:
-                    t.set_(storage, offset, size, stride)
+        for storage, entry in zip(fresh, self._storages):
+            if entry.in_place is not None:
+                continue
+            for t, offset, size, stride in entry.views:
+                t.data = torch.empty(0, dtype=t.dtype, device=self.device).set_(storage, offset, size, stride)
         nbytes = sum(s.nbytes for s in self._storages)
         self._storages = []
         self._host_views.clear()
