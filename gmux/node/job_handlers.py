@@ -97,10 +97,8 @@ class JobHandlers:
         for key in ("mem_boundary", "mem_peak"):
             if isinstance(r.get(key), int):
                 setattr(job, key, r[key])
-        self._observe_state(job, msg.get("state"))
+        self._observe_state(job, msg.get("state"), msg.get("boundaries"))
         slicer = self.node.slicers.get(job.gpu)
-        if slicer is not None and job.id in slicer.entries and isinstance(r.get("batch_s"), float):
-            slicer.set_batch(job.id, r["batch_s"])    # sets its suspend deadline and the length of its turn
         if slicer is not None and job.id in slicer.resident and not slicer.busy_with(job.id):
             if slicer.entries.get(job.id) and slicer.entries[job.id].mem != job.working_set():
                 for pack in slicer.set_mem(job.id, job.working_set()):
@@ -111,7 +109,7 @@ class JobHandlers:
     def heartbeat(self, req: Request):
         job, msg = self._job(req), req.msg
         job.count(msg.get("boundaries"))
-        self._observe_state(job, msg["state"])
+        self._observe_state(job, msg["state"], msg.get("boundaries"))
         slicer = self.node.slicers.get(job.gpu)
         if (msg.get("boundaries") is not None and msg.get("t") is not None and slicer is not None
                 and job.id in slicer.resident and not slicer.busy_with(job.id)):
@@ -121,14 +119,20 @@ class JobHandlers:
                 job.solo_measured(job.window_rate())
         return None
 
-    def _observe_state(self, job: Job, state: Optional[str]) -> None:
-        if state and job.gpu in self.node.slicers:
-            self.node.slicers[job.gpu].observed(job.id, state, time.monotonic())
+    def _observe_state(self, job: Job, state: Optional[str], boundaries: Optional[int] = None) -> None:
+        slicer = self.node.slicers.get(job.gpu)
+        if slicer is None:
+            return
+        # Its mini-batch time, which sets its suspend deadline and the length of its turn (gmux.node.pacing)
+        slicer.passed(job.id, boundaries, time.monotonic())
+        if state:
+            slicer.observed(job.id, state, time.monotonic())
 
     def result(self, req: Request):
         node, msg = self.node, req.msg
         job = self._job(req)
         job.count(msg.get("boundaries"))
+        self._observe_state(job, None, msg.get("boundaries"))
         answered = node.commands.answered(msg["cmd"], job.id)
         if answered is None:
             return None     # an answer to a command of a previous daemon, or a repeat: nothing waits for it

@@ -28,7 +28,9 @@ tests drive it with a fake clock.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Optional
 
 from gmux.node.pacing import Pacing
@@ -46,6 +48,8 @@ class Entry:
     held: bool = False          # suspended by the user: not scheduled
     resident_since: Optional[float] = None   # counting GPU time since (None: not holding the GPU's compute)
     batch_s: Optional[float] = None  # its median mini-batch time: sets its deadline and its turn
+    batches: deque = field(default_factory=lambda: deque(maxlen=9))   # recent GPU seconds per mini-batch
+    mark: Optional[tuple] = None     # (GPU seconds, boundaries passed) when its count last moved
     stoppable: bool = True      # may be stopped (not a job on GPUs of its own: stopping it would free nothing)
     sent_at: Optional[float] = None  # when its pending suspend/resume was sent
     overdue: bool = False       # that command missed its deadline; it stays with the job for its next boundary
@@ -122,10 +126,23 @@ class Slicer:
             self.unpack(p)
         return broken
 
-    def set_batch(self, job: str, batch_s: Optional[float]) -> None:
-        """Its median mini-batch time, from its latest report."""
-        if job in self.entries:
-            self.entries[job].batch_s = batch_s
+    def passed(self, job: str, boundaries: Optional[int], now: float) -> None:
+        """The job's process has passed `boundaries` mini-batch boundaries. Its mini-batch time is measured
+        here as GPU time per boundary, so the time it was stopped never counts: its own clock would count it,
+        and a job stopped in a mini-batch would then be given an ever longer deadline and turn."""
+        e = self.entries.get(job)
+        if e is None or boundaries is None:
+            return
+        used = self.used(job, now)
+        if e.mark is None or boundaries < e.mark[1]:
+            e.mark = (used, boundaries)     # the first count heard, or a new process counting from 0
+            return
+        if boundaries == e.mark[1]:
+            return
+        if e.mark[1] > 0:   # up to its first boundary the process was starting, not training
+            e.batches.append((used - e.mark[0]) / (boundaries - e.mark[1]))
+            e.batch_s = statistics.median(e.batches)
+        e.mark = (used, boundaries)
 
     def hold(self, job: str) -> None:
         if job in self.entries:

@@ -19,12 +19,13 @@ def slicer(quantum=0.5, mem=(3 * GiB, 3 * GiB, 3 * GiB), total=10 * GiB, **kw):
 
 class Play:
     """Each job computes mini-batches of `batch[job]` seconds (None: it never reaches a boundary) while it
-    runs; it takes a command at its next boundary, at once while it waits suspended; a stopped job does
-    nothing. Checks after every step that the resident memory fits the GPU."""
+    runs, telling the slicer its boundary count; it takes a suspend at its next boundary, a resume at once; a
+    stopped job does nothing. Checks after every step that the resident memory fits the GPU."""
 
     def __init__(self, s, batch, dt=0.01):
         self.s, self.batch, self.dt, self.now = s, batch, dt, 0.0
         self.stopped, self.computing, self.progress, self.commands = set(), set(), {}, {}
+        self.count = {}
         self.log = []
 
     def run(self, until):
@@ -38,16 +39,19 @@ class Play:
                     self.stopped.discard(j)
                 elif kind in ("suspend", "resume"):
                     self.commands[j] = kind
-            for j in list(self.commands):
-                if j in self.stopped:
-                    continue
-                kind = self.commands[j]
-                if kind == "resume" or self._at_boundary(j):
-                    del self.commands[j]
-                    (self.computing.add if kind == "resume" else self.computing.discard)(j)
-                    s.acked(j, kind, self.now)
-            for j in self.computing - self.stopped:
+            for j in sorted(self.computing - self.stopped):
                 self.progress[j] = self.progress.get(j, 0.0) + self.dt
+                if self._at_boundary(j):
+                    self.count[j] = self.count.get(j, 0) + 1
+                    s.passed(j, self.count[j], self.now)
+                    if self.commands.get(j) == "suspend":
+                        del self.commands[j]
+                        self.computing.discard(j)
+                        s.acked(j, "suspend", self.now)
+            for j in [j for j, k in self.commands.items() if k == "resume" and j not in self.stopped]:
+                del self.commands[j]
+                self.computing.add(j)
+                s.acked(j, "resume", self.now)
             mem = sum(s.entries[j].mem or 0 for j in s.resident)
             assert mem <= s.mem_total, f"resident {s.resident} exceed the GPU at t={self.now}"
             self.now = round(self.now + self.dt, 6)
@@ -56,7 +60,7 @@ class Play:
         b = self.batch.get(j)
         if b is None:
             return False
-        done = self.progress.get(j, 0.0)
+        done = self.progress[j]
         return abs(done / b - round(done / b)) < self.dt / (2 * b)
 
     def used(self):
@@ -139,9 +143,8 @@ def test_a_job_that_may_not_be_stopped_is_waited_for():
 def test_a_long_mini_batch_stretches_the_turn_instead_of_paying_a_suspend_per_step():
     s = slicer(mem=(3 * GiB, 3 * GiB))
     play = Play(s, {"a": 0.05, "b": 1.0})
-    s.set_batch("a", 0.05)
-    s.set_batch("b", 1.0)
     play.run(40.0)
+    assert s.entries["b"].batch_s == pytest.approx(1.0, abs=0.05)   # measured from its boundaries
     steps_b = play.progress["b"] / 1.0
     suspends_b = [k for _, k, j in play.log if j == "b"].count("suspend")
     assert suspends_b <= steps_b / 1.8, (suspends_b, steps_b)     # about one suspend per c = 2 steps
@@ -168,3 +171,19 @@ def test_a_job_stopped_by_someone_else_keeps_its_memory_and_gets_no_turns_until_
     s.thawed("a")
     play.run(20.0)
     assert "a" not in s.stopped() and play.used()["a"] > used["a"] + 2
+
+
+def test_the_time_a_job_is_stopped_never_counts_in_its_mini_batch_time():
+    s = slicer(mem=(3 * GiB, 3 * GiB))
+    play = Play(s, {"a": 0.6, "b": 0.05})
+    while not (play.count.get("a", 0) >= 2 and "a" in play.computing and play.progress["a"] % 0.6 > 0.2):
+        play.run(play.now + play.dt)
+    play.stopped.add("a")                          # stopped from outside in the middle of a mini-batch ...
+    play.run(play.now + 3.0)
+    s.frozen("a", play.now)
+    play.run(play.now + 3.0)
+    play.stopped.discard("a")                      # ... for seconds, then continued
+    s.thawed("a")
+    play.run(play.now + 10.0)
+    assert play.count["a"] >= 6
+    assert s.entries["a"].batch_s == pytest.approx(0.6, abs=0.05)

@@ -1,0 +1,129 @@
+"""End to end: a job gmuxd cannot stop in time cannot stall the others on its GPU.
+
+Three jobs time-sliced on a virtual GPU at a short quantum (each 300 MiB on 1 GiB, so the others fit beside
+whatever a stopped job keeps): two ordinary training jobs and a culprit, (a) a training job SIGSTOPped from
+outside while it runs, or (b) a job that never reaches a boundary. Over a window the ordinary jobs must keep at
+least 80% of their fair share (a third of the GPU) of progress, judged against their own measured mini-batch
+rate; the GPU-seconds of the three must add up to the window's wall time within 10%; gmux ps and gmux decisions
+must name the culprit; and every job that ends must be bit-identical to its run without gmux.
+"""
+import os
+import signal
+import subprocess
+import time
+
+from node_harness import PY, ROOT, TRAIN, env, result
+
+STEPS = "2000"
+SLEEP = "0.005"       # paced mini-batches: progress measures GPU time, not how busy the CPUs are
+QUANTUM = "0.4"
+WINDOW_S = 8.0
+SPIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spin_job.py")
+
+
+def start(node, tmp_path, culprit_args):
+    ref = subprocess.Popen([PY, TRAIN, str(tmp_path / "solo.json"), STEPS, "--sleep", SLEEP], env=env(), cwd=ROOT)
+    procs = {n: node.launch(TRAIN, str(tmp_path / f"{n}.json"), STEPS, "--sleep", SLEEP, opts=["--mem", "300MiB"])
+             for n in ("a", "b")}
+    procs["x"] = node.launch(*culprit_args, opts=["--mem", "300MiB"])
+    ids = {n: node.job_of(p.pid) for n, p in procs.items()}
+    return ref, procs, ids
+
+
+def trained(node, ids, names=("a", "b")) -> bool:
+    """The ordinary jobs are past their start (gmux-launch acknowledges a job's first resume at its first
+    boundary, so a job starting may be stopped like any other) and have reported their mini-batch rate."""
+    by = {j["id"]: j for j in node.ps()["jobs"]}
+    return all(by[ids[n]]["step"] >= 50 and by[ids[n]]["report"].get("rate") for n in names)
+
+
+def level(node, ids) -> bool:
+    """Stride scheduling has paid back what each job lost while it started (a job stopped in its start is
+    charged nothing, and gets that time later): the window measures the steady state."""
+    vts = [j["vtime"] for j in node.ps()["jobs"] if j["id"] in ids.values()]
+    return None not in vts and max(vts) - min(vts) <= float(QUANTUM)
+
+
+def snapshot(node, when=None):
+    """The jobs when `when(jobs)` holds (polled), and the time then."""
+    while True:
+        jobs = {j["id"]: j for j in node.ps()["jobs"]}
+        if when is None or when(jobs):
+            return jobs, time.monotonic()
+        time.sleep(0.02)
+
+
+def window(node, ids, rounds=None):
+    """Progress and GPU time of each job over WINDOW_S seconds, or over whole rounds: from one stop of the
+    culprit to the `rounds`-th after (a window cut mid-turn would be off by up to a turn of one job)."""
+    if rounds is None:
+        before, t0 = snapshot(node)
+        time.sleep(WINDOW_S)
+        after, t1 = snapshot(node)
+    else:
+        x = ids["x"]
+        first = node.job(x)["stops"] + 1
+        before, t0 = snapshot(node, lambda jobs: jobs[x]["stops"] >= first)
+        after, t1 = snapshot(node, lambda jobs: jobs[x]["stops"] >= before[x]["stops"] + rounds)
+    wall = t1 - t0
+    gpu_s = sum(after[i]["gpu_seconds"] - before[i]["gpu_seconds"] for i in ids.values())
+    shares = {}
+    for n in ("a", "b"):
+        rate = after[ids[n]]["report"]["rate"]         # its own mini-batches per second while it runs
+        steps = after[ids[n]]["step"] - before[ids[n]]["step"]
+        shares[n] = steps / (rate * wall / 3)
+    print(f"progress against a fair third: {shares}; GPU-s {gpu_s:.2f} of {wall:.2f} s wall; by job "
+          f"{ {n: round(after[i]['gpu_seconds'] - before[i]['gpu_seconds'], 2) for n, i in ids.items()} }, stops "
+          f"{ {n: after[i]['stops'] - before[i]['stops'] for n, i in ids.items()} }, suspends "
+          f"{ {n: after[i]['suspends'] - before[i]['suspends'] for n, i in ids.items()} }")
+    return shares, gpu_s / wall
+
+
+def check_culprit(node, culprit, words):
+    decisions = node.call("decisions", limit=200)["decisions"]
+    stops = [d for d in decisions if d["kind"] == "stop" and culprit in d["jobs"]
+             and all(w in d["text"] for w in words)]
+    assert stops, [d for d in decisions if d["kind"] == "stop"]
+    assert stops[-1]["numbers"]["waited_s"] >= stops[-1]["numbers"]["deadline_s"] > 0, stops[-1]
+
+
+def finish(ref, procs, tmp_path, names):
+    assert ref.wait(120) == 0
+    solo = result(tmp_path / "solo.json")["sha256"]
+    for n in names:
+        assert procs[n].wait(120) == 0
+        assert result(tmp_path / f"{n}.json")["sha256"] == solo, n
+
+
+def test_a_sigstopped_job_does_not_stall_its_gpu(node_factory, tmp_path):
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", QUANTUM, "--no-pack")
+    ref, procs, ids = start(node, tmp_path, [TRAIN, str(tmp_path / "x.json"), STEPS, "--sleep", SLEEP])
+    node.wait_for(lambda: trained(node, ids, "abx") and node.job(ids["x"])["state"] == "running", 40,
+                  lambda: node.ps())
+    os.kill(procs["x"].pid, signal.SIGSTOP)                    # stopped from outside gmux, on the GPU
+    node.wait_for(lambda: ids["x"] in node.ps()["gpus"][0]["stopped"], 10, lambda: node.ps())
+    shares, accounted = window(node, ids)
+    assert min(shares.values()) >= 0.8, shares
+    assert 0.9 <= accounted <= 1.1, accounted
+    x = node.job(ids["x"])
+    assert x["detail"].startswith("stopped from outside gmux"), x["detail"]
+    check_culprit(node, ids["x"], ["did not reach a boundary", "stopped by someone else", "300"])
+    os.kill(procs["x"].pid, signal.SIGCONT)                    # given back: it finishes, nothing lost
+    finish(ref, procs, tmp_path, "abx")
+    assert node.job(ids["x"])["suspends"] >= 1
+
+
+def test_a_job_without_boundaries_is_time_sliced_by_stop_and_continue(node_factory, tmp_path):
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", QUANTUM, "--no-pack")
+    ref, procs, ids = start(node, tmp_path, [SPIN])
+    node.wait_for(lambda: trained(node, ids) and node.job(ids["x"])["stops"] >= 2 and level(node, ids), 40,
+                  lambda: node.ps())
+    shares, accounted = window(node, ids, rounds=10)
+    assert min(shares.values()) >= 0.8, shares
+    assert 0.9 <= accounted <= 1.1, accounted
+    x = node.job(ids["x"])
+    assert "no boundary ever" in x["detail"] and x["stops"] >= 3, x
+    assert x["gpu_seconds"] > 1.0          # it gets its turns: it is sliced, not starved
+    check_culprit(node, ids["x"], ["no mini-batch boundary since it started", "memory cannot be freed"])
+    procs["x"].kill()
+    finish(ref, procs, tmp_path, "ab")
