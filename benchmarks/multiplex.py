@@ -1,6 +1,7 @@
-"""What multiplexing costs: slicing efficiency, boundary-hook cost, command latency, daemon throughput.
+"""What multiplexing costs: slicing efficiency, boundary-hook cost, command latency, daemon throughput, and how
+much of a busy GPU's wall time is accounted to its jobs.
 
-    python benchmarks/multiplex.py [--quick] [--only abcd] [--cycles N] [--json benchmarks/results/multiplex.json]
+    python benchmarks/multiplex.py [--quick] [--only abcde] [--cycles N] [--json benchmarks/results/multiplex.json]
 
 (a) slicing efficiency: aggregate mini-batches/s of three jobs time-sliced on one virtual GPU, over the rate
     of one job alone on the same GPU, at quanta of 2 s and 10 s. Real gmuxd, real gmux-launch processes.
@@ -15,7 +16,11 @@
     the same job and the same four hops through a bare ZeroMQ relay with no gmux code (bare_relay.py).
 (d) messages per second one gmuxd sustains: job heartbeats (validated, authenticated, answered) from a
     pipelining client.
-Last line: multiplex: slicing_efficiency_q10=<ratio> hook_us=<n> cmd_p99_ms=<n> msgs_per_s=<n> (the parts run)
+(e) GPU time accounted on a busy GPU: one job with 0.5 s mini-batches (longer than the 0.5 s quantum's share
+    of a step) time-sliced with two short-step jobs; the jobs' GPU-seconds over the GPU's wall time, against
+    1.0 (a job holds the GPU from its resume's sending to its suspend's acknowledgement, never while stopped).
+Last line: multiplex: slicing_efficiency_q10=<ratio> hook_us=<n> cmd_p99_ms=<n> msgs_per_s=<n>
+    accounted_fraction=<ratio> (the parts run)
 """
 from __future__ import annotations
 
@@ -326,17 +331,42 @@ def throughput(seconds: float = 3.0, window: int = 2000) -> dict:
         g.close()
 
 
+def mixed_accounting(quantum: float, seconds: float) -> dict:
+    """One job whose mini-batch (0.5 s, paced) is longer than the quantum among two short-step jobs: the
+    fraction of the GPU's wall time accounted to the jobs as GPU-seconds (1.0: every second of a busy GPU is
+    some job's), and the long job's suspends per step (its turn stretches to a couple of its mini-batches)."""
+    g = Gmuxd("--virtual-gpus", "1x1GiB", "--no-pack", "--quantum", str(quantum))
+    try:
+        ids = [g.launch(*JOB_ARGS, opts=["--mem", "300MiB"]) for _ in range(2)]
+        long = g.launch(*JOB_ARGS, "--sleep", "0.5", opts=["--mem", "300MiB"])
+        deadline = time.monotonic() + 120
+        while g.ps()[long]["step"] < 3 or not all(g.ps()[j]["step"] > 0 for j in ids):
+            if time.monotonic() > deadline:
+                raise RuntimeError("jobs did not start")
+            time.sleep(0.2)
+        before, t0 = g.ps(), time.monotonic()
+        time.sleep(seconds)
+        after, t1 = g.ps(), time.monotonic()
+        d = {j: {k: after[j][k] - before[j][k] for k in ("gpu_seconds", "step", "suspends", "stops")}
+             for j in ids + [long]}
+        return {"fraction": sum(x["gpu_seconds"] for x in d.values()) / (t1 - t0), "wall_s": t1 - t0,
+                "quantum": quantum, "long_steps": d[long]["step"], "long_suspends": d[long]["suspends"],
+                "stops": sum(x["stops"] for x in d.values()), "jobs": d}
+    finally:
+        g.close()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="shorter windows (less precise)")
-    p.add_argument("--only", default="abcd", metavar="PARTS",
-                   help="run only these parts, e.g. --only c for command latency (default: abcd, all)")
+    p.add_argument("--only", default="abcde", metavar="PARTS",
+                   help="run only these parts, e.g. --only c for command latency (default: abcde, all)")
     p.add_argument("--cycles", type=int, help="suspend/resume cycles for (c) (default 200; 60 with --quick)")
     p.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results", "multiplex.json"))
     a = p.parse_args()
     parts = set(a.only)
-    if not parts or parts - set("abcd"):
-        p.error(f"--only takes letters among a, b, c, d; got {a.only!r}")
+    if not parts or parts - set("abcde"):
+        p.error(f"--only takes letters among a, b, c, d, e; got {a.only!r}")
     solo_s, q2_s, q10_s, cycles = (8, 14, 30, 60) if a.quick else (15, 30, 60, 200)
     cycles = a.cycles or cycles
     res: dict = {"machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}, "quick": a.quick}
@@ -398,6 +428,13 @@ def main() -> int:
         t = res["throughput"] = throughput()
         rows.append(("gmuxd messages/s (heartbeats, answered)", f"{t['msgs_per_s']:.0f}", "target >= 20000"))
         last.append(f"msgs_per_s={t['msgs_per_s']:.0f}")
+    if "e" in parts:
+        print("(e) GPU time accounted, one long-step job among short ones ...", flush=True)
+        m = res["mixed"] = mixed_accounting(0.5, 10 if a.quick else 20)
+        rows.append(("mixed: GPU-seconds of the jobs / GPU wall time", f"{m['fraction']:.3f}",
+                     f"against 1.0; quantum {m['quantum']} s, 0.5 s mini-batches among short ones: "
+                     f"{m['long_suspends']} suspends in {m['long_steps']} long steps, {m['stops']} stops"))
+        last.append(f"accounted_fraction={m['fraction']:.3f}")
     res["machine"]["loadavg_after"] = os.getloadavg()
     os.makedirs(os.path.dirname(a.json), exist_ok=True)
     with open(a.json, "w") as f:
