@@ -6,7 +6,7 @@ import logging
 import signal
 import sys
 
-from gmux.cli.argtypes import nonneg, port, positive
+from gmux.cli.argtypes import nonneg, port, positive, positive_int
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import discover
 from gmux.util.sizes import parse_size
@@ -34,6 +34,10 @@ def main(argv=None) -> int:
     p.add_argument("--name", help="cluster mode: this machine's name (its key is daemon.NAME)")
     p.add_argument("--listen", default="tcp://127.0.0.1:0", help="cluster mode: where checkpoints from other "
                                                                  "machines arrive (default: a free loopback port)")
+    p.add_argument("--keep-ended", type=positive_int, default=1000,
+                   help="ended jobs kept in the job table, newest first (default 1000; older ones stay in SQLite)")
+    p.add_argument("--retain-ended", type=positive, default=30.0, metavar="DAYS",
+                   help="days an ended job stays in SQLite (default 30)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     if a.scheduler and not (a.keys and a.name):
@@ -44,7 +48,8 @@ def main(argv=None) -> int:
     try:
         daemon = Daemon(RuntimeDir(a.runtime_dir), gpus,
                         Options(quantum=a.quantum, host_budget=a.host_budget, pack=a.pack, margin=a.pack_margin,
-                                window=a.pack_window, recheck=a.pack_recheck, metrics_port=a.metrics_port))
+                                window=a.pack_window, recheck=a.pack_recheck, metrics_port=a.metrics_port,
+                                keep_ended=a.keep_ended, retain_ended=a.retain_ended * 86400))
     except (RuntimeError, PermissionError, OSError) as e:
         print(f"gmuxd: {e}", file=sys.stderr)
         return 1

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from gmux.node.daemon import Daemon
 
 
+PS_LIMIT = 100     # jobs a `ps` lists unless asked for another number: the live ones first, then the newest ended
+
 class AdminHandlers:
     def __init__(self, node: "Daemon"):
         self.node = node
@@ -65,7 +67,12 @@ class AdminHandlers:
         self._admin(msg)
         now = time.monotonic()
         node.sync_accounting(now)
-        jobs = [j.public() for j in node.jobs.values() if msg.get("all", True) or not j.final]
+        live = [j for j in node.jobs.values() if not j.final]
+        ended = sorted((j for j in node.jobs.values() if j.final and msg.get("all", True)),
+                       key=lambda j: -(j.ended or j.created))
+        limit = msg.get("limit") or PS_LIMIT
+        shown = (live + ended)[:limit]
+        jobs = [j.public() for j in sorted(shown, key=lambda j: (j.created, j.id))]
         for j in jobs:   # the slicer's weighted GPU time (stride scheduling keeps these within a quantum)
             entry = node.slicers[j["gpu"]].entries.get(j["id"]) if j["gpu"] in node.slicers else None
             j["vtime"] = entry.vtime(now) if entry else None
@@ -84,9 +91,10 @@ class AdminHandlers:
                          "owner": owner.get(g.index), "reserved": node.admission.reserved_for(g.index),
                          "resident_mem": sum(node.jobs[j].working_set() or 0 for j in s.resident)})
         return {"jobs": jobs, "gpus": gpus, "decisions": list(node.decisions)[-20:],
+                "jobs_total": len(live) + len(ended), "jobs_shown": len(jobs),
                 "daemon": {"pid": os.getpid(), "uptime": time.time() - node.started, "messages": node.messages,
                            "quantum": node.opt.quantum, "host_budget": node.opt.host_budget,
-                           "host_held": node.host_held()}}
+                           "host_held": node.host_held(), "store": node.store.failing}}
 
     def suspend(self, req: Request):
         node, job = self.node, self._target(req.msg)

@@ -61,6 +61,8 @@ class Options:
     recheck: float = 1800.0           # a kept pack is measured again this often (seconds together)
     metrics_port: Optional[int] = None
     pacing: Pacing = Pacing()         # suspend deadlines and turns from each job's mini-batch time
+    keep_ended: int = 1000            # ended jobs kept in the job table (the newest); older ones only in SQLite
+    retain_ended: float = 30 * 86400  # seconds an ended job's row stays in SQLite
 
 
 class Daemon:
@@ -122,6 +124,7 @@ class Daemon:
     def _recover(self) -> None:
         """Re-attaches to the jobs of a previous daemon: alive ones go back on their GPU, ended ones are closed."""
         now = time.monotonic()
+        self.store.prune(time.time() - self.opt.retain_ended)
         for job in self.store.load(only_live=True):
             self.jobs[job.id] = job
             ended = self.sup.ended(job) if job.pid else ("lost", None, "never started")
@@ -242,6 +245,15 @@ class Daemon:
                     f"migrating {job.id} from GPU {job.gpu} to GPU {gpu} at its next boundary")
         return self.commands.defer(job.id, "migrate", req) if req is not None else None
 
+    def _forget_ended(self) -> None:
+        """The job table keeps the newest `keep_ended` ended jobs; older ones live on only in SQLite, so that a
+        long-running daemon's table (and every `gmux ps`) does not grow with its history."""
+        ended = [j for j in self.jobs.values() if j.final]
+        if len(ended) > self.opt.keep_ended:
+            ended.sort(key=lambda j: (j.ended or j.created, j.created))
+            for j in ended[:len(ended) - self.opt.keep_ended]:
+                del self.jobs[j.id]
+
     def finish(self, job: Job, state: str, status: Optional[int], detail: str) -> None:
         """The job has ended: it leaves its GPU and the queue, whoever waits on it hears, and a gang's other
         ranks are ended with it."""
@@ -251,6 +263,7 @@ class Daemon:
             state, detail = "killed", "killed by gmux kill"
         self.leave_gpu(job, time.monotonic())
         job.state, job.exit_status, job.detail, job.host_bytes = state, status, detail, 0
+        job.ended = time.time()
         self.commands.ended(job, f"{state}: {detail}")
         self.admission.dequeue(job.id)
         if job.spilled:    # a job that ended while spilled leaves its host copy behind; nothing will read it
@@ -291,6 +304,7 @@ class Daemon:
             self.commands.expire(now)
             for slicer in self.slicers.values():
                 self.stops.check_frozen(slicer)
+            self._forget_ended()
         self.admission.run(now)
         for gpu, slicer in self.slicers.items():
             # A pack is tried only on solo rates measured over at least two residencies (one can be disturbed,

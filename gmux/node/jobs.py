@@ -33,6 +33,7 @@ class Job:
     created: float = field(default_factory=time.time)
     detail: str = ""                   # what happened, in words (shown by gmux ps)
     exit_status: Optional[int] = None
+    ended: Optional[float] = None      # wall time it ended (its row is pruned `retain_ended` after)
     env: dict = field(default_factory=dict)  # extra environment of a submitted job
     hook: bool = True                  # a submitted job runs with the transparent optimizer hook (False: it
                                        # calls gmux.job.attach() itself, as gmux-launch --no-hook)
@@ -150,9 +151,14 @@ class Job:
         return d
 
     def public(self) -> dict:
-        """What `gmux ps --json` shows: everything but the token and transient routing state."""
-        d = {k: v for k, v in asdict(self).items() if k not in TRANSIENT and k != "token"}
-        d["report"] = self.last_report
+        """What `gmux ps --json` shows: everything but the token, transient routing state and the environment
+        (its names only), bounded so that hundreds of jobs fit one reply whatever their argv or reports hold."""
+        d = {k: v for k, v in asdict(self).items() if k not in TRANSIENT and k not in ("token", "env")}
+        d["argv"] = [a[:128] for a in self.argv[:16]] + (["..."] if len(self.argv) > 16 else [])
+        d["cwd"], d["detail"] = self.cwd[:256], self.detail[:300]
+        d["env"] = len(self.env)
+        d["report"] = dict(list({k[:32]: v[:64] if isinstance(v, str) else v for k, v in self.last_report.items()
+                                 if not isinstance(v, dict)}.items())[:32])
         d["working_set"] = self.working_set()
         return d
 

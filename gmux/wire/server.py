@@ -27,8 +27,10 @@ log = logging.getLogger("gmux.server")
 DEFERRED = object()    # a handler's answer that the owner sends later (with reply or refuse)
 # Replies queued for one peer before further ones are dropped: a client that sends requests and never reads
 # the replies must not grow the server without bound, while one that sends a burst of requests and reads as it
-# goes must lose none (ZeroMQ counts messages, not bytes: with `ps` replies of ~50 kB, about 13 MB at most).
-SEND_QUEUE = 256
+# goes must lose none. ZeroMQ counts messages, not bytes, and a writer learns of its peer's reads only every
+# SEND_QUEUE/2 messages: 512 leaves room for bursts of a few hundred, and costs at most 512 replies a peer
+# (`ps` is bounded to ~100 jobs, a few hundred kB).
+SEND_QUEUE = 512
 MAX_ERROR = 1000       # an error text quoting a bad value can be long; the sender needs only its start
 
 
