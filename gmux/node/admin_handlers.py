@@ -99,7 +99,7 @@ class AdminHandlers:
     def suspend(self, req: Request):
         node, job = self.node, self._target(req.msg)
         unit = unit_of(node.jobs, job)   # a gang's ranks suspend together (at one boundary: gmux.job.gang)
-        hooked = [m.id for m in unit if job.gang and m.registered and not m.migratable]
+        hooked = [m.id for m in unit if job.gang and m.registered and not m.migratable and not m.agrees]
         if hooked:
             # Each rank would stop at its own optimizer step while its peers wait in the next collective.
             raise Refused(f"suspend: gang {job.gang['id']} has ranks in transparent mode ({', '.join(hooked)}), "

@@ -70,6 +70,7 @@ class JobHandlers:
             node.add_job(job)
         job.pid, job.starttime = msg["pid"], msg.get("starttime")
         job.migratable = bool(msg.get("migratable", False))
+        job.agrees = bool(msg.get("agrees", False))
         job.identity = req.identity
         job.registered = True
         job.state, job.started, job.detail = "waiting", False, ""

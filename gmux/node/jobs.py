@@ -65,6 +65,7 @@ class Job:
     spilled: bool = False              # its suspended state went to disk (host RAM budget) at least once
     spill_refused: bool = False        # the job answered a spill with an error: not asked again
     migratable: bool = False           # can continue in a new process from a checkpoint (explicit mode)
+    agrees: bool = False               # a gang rank whose runtime agrees with its peers on the boundary to act at
     identity: Optional[bytes] = None   # ROUTER routing id of its agent, learned from its messages
     outbox: list = field(default_factory=list)    # commands waiting for the agent's routing id
     kill_requested: bool = False

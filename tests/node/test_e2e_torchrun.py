@@ -5,8 +5,6 @@ import json
 import os
 import subprocess
 
-import pytest
-
 from node_harness import PY, ROOT, env, result
 
 DDP = os.path.join(ROOT, "tests", "scripts", "ddp_train.py")
@@ -53,9 +51,6 @@ def test_torchrun_gang_suspends_and_resumes_as_one_bit_identical(node_factory, t
     table = gmux(node.rt, "ps").stdout
     assert "gang tr 0/2" in table and "gang tr 1/2" in table and "optimizer hook" in table, table
     out = gmux(node.rt, "--json", "suspend", ranks[0], timeout=130)
-    if "cannot agree on a boundary" in out.stderr:
-        pytest.xfail("gmuxd still refuses to suspend a gang of hooked ranks: it does not read register.agrees "
-                     "(the daemon side of issue 11)")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["jobs"] == ranks
     held = [node.job(j)["step"] for j in ranks]
