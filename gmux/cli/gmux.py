@@ -30,6 +30,8 @@ def _outcome(cmd: str, data: dict) -> str:
         if data.get("boundary_wait_s") is not None:
             text += f" ({data['boundary_wait_s'] * 1e3:.1f} ms of it waiting for the mini-batch to end)"
         return text
+    if cmd == "suspend" and data.get("kind") == "stop":    # no boundary by its deadline: SIGSTOPped instead
+        return f"{jobs}: {data.get('detail') or 'stopped'}"
     if cmd == "suspend":
         return f"{jobs}: {data['state']} (it was not running: it stays suspended until `gmux resume`)"
     if cmd == "resume":
