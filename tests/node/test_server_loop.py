@@ -101,19 +101,24 @@ def test_roles_from_the_key_and_an_attached_frame(router):
     assert server.internal_errors == 0 and server.refused == 3
 
 
+def serve_with_a_non_reader(server, tick, stop, endpoint):
+    """The server's loop on a thread, and a peer that will never read (it holds at most one reply)."""
+    t = threading.Thread(target=server.serve, args=(tick, stop.is_set), kwargs={"poll_s": 0.01}, daemon=True)
+    t.start()
+    peer = zmq.Context.instance().socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.setsockopt(zmq.RCVHWM, 1)
+    peer.connect(endpoint)
+    return t, peer
+
+
 def test_the_loop_ticks_and_never_blocks_on_a_peer_that_does_not_read(router):
     sock, endpoint = router
     ticks = []
     stop = threading.Event()
     server = Server(sock, {"ping": lambda req: {"blob": "x" * 60000}}, name="testd")
     assert server.send(b"nobody", protocol.reply(1)) is False     # unroutable: dropped, not queued forever
-    t = threading.Thread(target=server.serve, args=(lambda: ticks.append(1), stop.is_set),
-                         kwargs={"poll_s": 0.01}, daemon=True)
-    t.start()
-    peer = zmq.Context.instance().socket(zmq.DEALER)
-    peer.setsockopt(zmq.LINGER, 0)
-    peer.setsockopt(zmq.RCVHWM, 1)
-    peer.connect(endpoint)
+    t, peer = serve_with_a_non_reader(server, lambda: ticks.append(1), stop, endpoint)
     try:
         for i in range(3000):      # never read: the server's queue to it fills, and its sends are dropped
             peer.send(protocol.encode("ping", i + 1))
@@ -142,13 +147,7 @@ def test_a_peer_that_never_reads_costs_at_most_the_send_queue(router):
     queued = []
     send = server.send
     server.send = lambda identity, frame: queued.append(send(identity, frame)) or queued[-1]
-    t = threading.Thread(target=server.serve, args=(lambda: None, stop.is_set), kwargs={"poll_s": 0.01},
-                         daemon=True)
-    t.start()
-    peer = zmq.Context.instance().socket(zmq.DEALER)
-    peer.setsockopt(zmq.LINGER, 0)
-    peer.setsockopt(zmq.RCVHWM, 1)
-    peer.connect(endpoint)
+    t, peer = serve_with_a_non_reader(server, lambda: None, stop, endpoint)
     try:
         for i in range(1000):
             peer.send(protocol.encode("ping", i + 1))
