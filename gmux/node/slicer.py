@@ -359,7 +359,9 @@ class Slicer:
     def _decide(self, now: float) -> list[tuple[str, str]]:
         if self.switch_to is not None:
             # Every job leaving has suspended or been stopped: the arriving ones may start.
-            arriving = sorted(self.switch_to - self.resident, key=lambda j: self.entries[j].order)
+            # (a job whose resume is still on its way is not sent another: it answers the one it has)
+            arriving = sorted((j for j in self.switch_to - self.resident if self.pending.get(j) != "resume"),
+                              key=lambda j: self.entries[j].order)
             out = []
             for j in sorted(self.switch_to & self.resident, key=lambda j: self.entries[j].order):
                 e = self.entries[j]
@@ -387,7 +389,8 @@ class Slicer:
                 self._send_suspend(j, now)
             self.current = frozenset()
             return [("suspend", j) for j in out if self.entries[j].sent_at == now]
-        running = self._running()
+        # An overdue resume in its turn counts as running: its turn goes on, and no second resume is sent.
+        running = self._running() | {j for j in self.current if self.pending.get(j) == "resume"}
         settled = self.current in slots and self.current == running
         if settled and self.since is None:
             self.since = now

@@ -187,3 +187,20 @@ def test_the_time_a_job_is_stopped_never_counts_in_its_mini_batch_time():
     play.run(play.now + 10.0)
     assert play.count["a"] >= 6
     assert s.entries["a"].batch_s == pytest.approx(0.6, abs=0.05)
+
+
+def test_an_overdue_resume_is_never_sent_twice():
+    """A job slow to reach its first boundary (a gang's rendezvous, a big model) was sent its resume again at every
+    tick once overdue; a gang's ranks, answering the extra resumes at different boundaries, then disagreed and hung."""
+    from gmux.node.slicer import Slicer
+    alone = Slicer(1, 2 << 30, 60.0)
+    alone.add("j1", 1.0, None, 0.0)
+    sent = [c for t in (0.0, 0.5, 1.2, 3.0, 10.0, 61.0, 125.0) for c in alone.tick(t)]
+    assert sent == [("resume", "j1")]
+    alone.acked("j1", "resume", 126.0)
+    assert alone.resident == {"j1"} and alone.tick(127.0) == []
+    pair = Slicer(1, 2 << 30, 2.0)
+    pair.add("a", 1.0, 1 << 20, 0.0)
+    pair.add("b", 1.0, 1 << 20, 0.0)
+    sent = [c for t in (0.0, 0.5, 1.5, 2.5, 3.0, 5.0, 6.0) for c in pair.tick(t)]
+    assert sent.count(("resume", "a")) == 1 and ("stop", "a") in sent and ("resume", "b") in sent
