@@ -128,7 +128,7 @@ def _env(v):
     for k, val in v.items():
         if _str(k, 256) or _str(val):
             return f"entry {str(k)[:40]!r}: keys and values must be strings"
-        if _exec_str(k, 256) or _exec_str(val) or not k or "=" in k:
+        if not k or "=" in k or "\0" in k or "\0" in val:
             return f"entry {str(k)[:40]!r}: a name without '=' and a value, neither holding a NUL byte"
     return None
 

@@ -5,6 +5,7 @@ daemon mutates it; the store persists it; the policies read `JobView`s derived f
 """
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -158,8 +159,9 @@ class Job:
         d["argv"] = [a[:128] for a in self.argv[:16]] + (["..."] if len(self.argv) > 16 else [])
         d["cwd"], d["detail"] = self.cwd[:256], self.detail[:300]
         d["env"] = len(self.env)
-        d["report"] = dict(list({k[:32]: v[:64] if isinstance(v, str) else v for k, v in self.last_report.items()
-                                 if not isinstance(v, dict)}.items())[:32])
+        figures = ((k[:32], v[:64] if isinstance(v, str) else v) for k, v in self.last_report.items()
+                   if not isinstance(v, dict))
+        d["report"] = dict(itertools.islice(figures, 32))
         d["working_set"] = self.working_set()
         return d
 

@@ -163,8 +163,8 @@ def ask(d, mtype, identity=b"c", **fields):
     return replies[0] if replies else None
 
 
-def register(d, identity=b"job-a", **kw):
-    r = ask(d, "register", identity, pid=d.stand_in_pid, argv=["python", "t.py"], **kw)
+def register(d, identity=b"job-a", argv=("python", "t.py"), **kw):
+    r = ask(d, "register", identity, pid=d.stand_in_pid, argv=list(argv), **kw)
     assert r["ok"], r
     return r["data"]
 

@@ -5,13 +5,9 @@ full", then "cannot rollback - no transaction is active"). SQLite's max_page_cou
 exactly as a full disk does (SQLITE_FULL), without needing a small filesystem."""
 from gmux.node.jobs import Job
 from gmux.node.store import Store
-from node_harness import ask
+from node_harness import ask, register
 
-
-def register(d, identity):
-    r = ask(d, "register", identity, pid=d.stand_in_pid, argv=["python", "train.py"] + ["--x=" + "y" * 1000] * 40)
-    assert r["ok"], r
-    return r["data"]
+BIG_ARGV = ["python", "train.py"] + ["--x=" + "y" * 1000] * 40     # a row that needs new pages of the database
 
 
 def _fill(db):
@@ -44,8 +40,8 @@ def test_a_full_database_is_survived_and_caught_up(tmp_path):
 
 def test_gmuxd_keeps_serving_while_its_database_is_full(daemon):
     _fill(daemon.store.db)
-    a = register(daemon, identity=b"job-a")
-    b = register(daemon, identity=b"job-b")
+    a = register(daemon, b"job-a", BIG_ARGV)
+    b = register(daemon, b"job-b", BIG_ARGV)
     assert a["job"] != b["job"]
     daemon._last_flush = 0.0
     daemon.tick()                                       # the flush fails inside: the loop goes on

@@ -5,13 +5,7 @@ Before: after 3,000 registrations, or with 18 jobs each sending a 60 KB report, 
 import msgpack
 
 from gmux import protocol
-from node_harness import ask
-
-
-def register(d, identity, argv):
-    r = ask(d, "register", identity, pid=d.stand_in_pid, argv=argv)
-    assert r["ok"], r
-    return r["data"]
+from node_harness import ask, register
 
 
 def _ps_size(d, **fields):
@@ -23,7 +17,7 @@ def _ps_size(d, **fields):
 def test_three_thousand_registrations_keep_the_table_and_ps_bounded(daemon_factory):
     d = daemon_factory(keep_ended=100)
     for i in range(3000):
-        reg = register(d, identity=f"job-{i}".encode(), argv=["python", "train.py", "--run", str(i), "x" * 500])
+        reg = register(d, f"job-{i}".encode(), ["python", "train.py", "--run", str(i), "x" * 500])
         assert ask(d, "bye", f"job-{i}".encode(), job=reg["job"], token=reg["token"], status=0)["ok"]
     d._last_reap = 0.0
     d.tick()
@@ -39,7 +33,7 @@ def test_big_reports_and_argvs_of_many_live_jobs_still_fit_one_ps(daemon_factory
     d = daemon_factory()
     fat = {f"figure_{k}": "y" * 1000 for k in range(60)}          # as big as a report may be (64 figures)
     for i in range(300):
-        reg = register(d, identity=f"job-{i}".encode(), argv=["python", "t.py", *["--flag"] * 1000])
+        reg = register(d, f"job-{i}".encode(), ["python", "t.py", *["--flag"] * 1000])
         assert ask(d, "report", f"job-{i}".encode(), job=reg["job"], token=reg["token"], report=fat)["ok"]
     size, data = _ps_size(d)
     assert size <= protocol.MAX_FRAME
