@@ -16,8 +16,11 @@ demo: $(STAMP)
 
 test: $(STAMP) test-c test-py
 
+# Two workers: most end-to-end tests wait on real processes and timers, so a second worker uses the idle core.
+# A file stays on one worker (its module fixtures are started once). TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test-py: $(STAMP)
-	$(PY) -m pytest -q --durations=10 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 test-c: $(STAMP)
 	bash scripts/ctest.sh

@@ -24,7 +24,7 @@ setup(
         "nvidia-ml-py>=12",
         "matplotlib>=3.7",
     ],
-    extras_require={"test": ["pytest>=7", "pytest-timeout", "hypothesis>=6"]},
+    extras_require={"test": ["pytest>=7", "pytest-timeout", "pytest-xdist>=3", "hypothesis>=6"]},
     setup_requires=["cffi>=1.15"],
     cffi_modules=[native_build + ":ffibuilder"] if os.path.exists(os.path.join(here, native_build)) else [],
     entry_points={
