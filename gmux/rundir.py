@@ -1,9 +1,14 @@
-"""The contract between a job and its gmuxd: the private runtime directory (socket, database, logs, checkpoints,
+"""The contract between a job and its gmuxd: the runtime directory (socket, database, logs, checkpoints,
 exit records) and how a process is identified (pid and start time).
 
-The directory is mode 0700 because the socket in it is the daemon's front door: only the user who runs
-gmuxd may reach it. The admin token (mode 0600) separates the CLI from jobs: a job is given only its own
+A per-user daemon's directory is mode 0700 because the socket in it is the daemon's front door: only the user who
+runs gmuxd may reach it. The admin token (mode 0600) separates the CLI from jobs: a job is given only its own
 token, so its messages can act only on itself.
+
+A system daemon's directory (gmuxd --system, run by root) is root's, mode 0750 and of the socket group, so that
+the group's members reach the socket and nobody else does; who asks is then told by the kernel (the ipc peer's
+uid), and there is no admin token. Each user's jobs write their checkpoints and exit records in users/UID, a
+directory only that user (and root) can enter, made by gmuxd.
 """
 from __future__ import annotations
 
@@ -16,15 +21,29 @@ from typing import Optional
 
 from gmux.util.atomic import write_atomic
 
+SYSTEM_RUNTIME_DIR = "/run/gmux"   # the system daemon's (gmuxd --system; contrib/systemd/gmuxd.service)
+MAX_EXIT_RECORD = 64 << 10         # an exit record is a status and a reason; more is not one
 
-def default_runtime_dir() -> str:
-    env = os.environ.get("GMUX_RUNTIME_DIR")
-    if env:
-        return env
+
+def private_runtime_dir() -> str:
+    """This user's own daemon's directory (where `gmuxd` starts one unless told otherwise)."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and os.path.isdir(xdg):
         return os.path.join(xdg, "gmux")
     return f"/tmp/gmux-{os.getuid()}"
+
+
+def default_runtime_dir() -> str:
+    """Where clients look for gmuxd: GMUX_RUNTIME_DIR if set; else this user's own daemon if it runs; else the
+    system daemon if one runs and this user may reach it; else the private directory (whose error says how to
+    start a daemon there)."""
+    env = os.environ.get("GMUX_RUNTIME_DIR")
+    if env:
+        return env
+    private = private_runtime_dir()
+    if not os.path.exists(RuntimeDir(private).socket) and os.path.exists(RuntimeDir(SYSTEM_RUNTIME_DIR).socket):
+        return SYSTEM_RUNTIME_DIR
+    return private
 
 
 class RuntimeDirError(PermissionError):
@@ -64,37 +83,55 @@ class RuntimeDir:
     def exits(self) -> str:
         return os.path.join(self.root, "exits")
 
+    def users(self) -> str:
+        return os.path.join(self.root, "users")
+
+    def user_dir(self, uid: int) -> str:
+        return os.path.join(self.users(), str(uid))
+
+    @property
+    def system(self) -> bool:
+        """A system daemon's tree: jobs write in users/UID (the job's side and gmuxd's agree by looking)."""
+        return os.path.isdir(self.users())
+
+    def _jobs_dir(self, private: str, uid: Optional[int]) -> str:
+        # uid: the job's owner, as gmuxd knows it; None: this process's (the job itself)
+        return self.user_dir(os.getuid() if uid is None else uid) if self.system else private
+
     def log_file(self, job: str) -> str:
         return os.path.join(self.logs(), f"{job}.log")
 
-    def checkpoint_file(self, job: str) -> str:
-        return os.path.join(self.checkpoints(), f"{job}.ckpt")
+    def checkpoint_file(self, job: str, uid: Optional[int] = None) -> str:
+        return os.path.join(self._jobs_dir(self.checkpoints(), uid), f"{job}.ckpt")
 
-    def spill_file(self, job: str) -> str:
-        return os.path.join(self.checkpoints(), f"{job}.spill")
+    def spill_file(self, job: str, uid: Optional[int] = None) -> str:
+        return os.path.join(self._jobs_dir(self.checkpoints(), uid), f"{job}.spill")
 
-    def exit_file(self, job: str) -> str:
-        return os.path.join(self.exits(), f"{job}.exit")
+    def exit_file(self, job: str, uid: Optional[int] = None) -> str:
+        return os.path.join(self._jobs_dir(self.exits(), uid), f"{job}.exit")
 
-    def create(self) -> None:
+    def create(self, group: Optional[int] = None) -> None:
         """Creates the directory tree private to this user, or takes over one that gmuxd made before. Refuses,
         changing nothing, a directory that could have been planted or redirected: a symlink, one owned by
         someone else, one that others could enter and that holds anything, or one holding a symlink, a file of
-        another user or anything but files and directories (and the daemon's socket)."""
+        another user or anything but files and directories (and the daemon's socket).
+        With `group` (a system daemon, run by root): the top directory is mode 0750 and of that group, and
+        users/ (0711) is made for the users' own directories."""
+        mode = 0o700 if group is None else 0o750
         parent = os.path.dirname(os.path.abspath(self.root))
-        os.makedirs(parent, mode=0o700, exist_ok=True)
+        os.makedirs(parent, mode=0o700 if group is None else 0o755, exist_ok=True)
         try:
-            os.mkdir(self.root, 0o700)
+            os.mkdir(self.root, 0o700)   # opened to the group only once it is known to be ours (check)
         except FileExistsError:
-            self._check_existing()
-        for sub in (self.logs(), self.checkpoints(), self.exits()):
+            self._check_existing(mode)
+        for sub in (self.logs(), self.checkpoints(), self.exits()) + ((self.users(),) if group is not None else ()):
             try:
                 os.mkdir(sub, 0o700)
             except FileExistsError:
                 pass
-        self.check()
+        self.check(group)
 
-    def _check_existing(self) -> None:
+    def _check_existing(self, mode: int = 0o700) -> None:
         st = os.lstat(self.root)
         if stat.S_ISLNK(st.st_mode):
             raise RuntimeDirError(f"runtime directory {self.root} is a symlink (to {os.readlink(self.root)!r}); "
@@ -105,7 +142,7 @@ class RuntimeDir:
         if st.st_uid != os.getuid():
             raise RuntimeDirError(f"runtime directory {self.root} belongs to uid {st.st_uid}, not to you; choose "
                                   f"another with --runtime-dir or GMUX_RUNTIME_DIR")
-        if stat.S_IMODE(st.st_mode) & 0o077:
+        if stat.S_IMODE(st.st_mode) & ~mode & 0o777:
             if os.listdir(self.root):
                 raise RuntimeDirError(f"runtime directory {self.root} is open to others (mode "
                                       f"{stat.S_IMODE(st.st_mode):o}) and not empty: anything in it may have been "
@@ -113,15 +150,25 @@ class RuntimeDir:
                                       f"another with --runtime-dir or GMUX_RUNTIME_DIR")
             os.chmod(self.root, 0o700)
 
-    def check(self) -> None:
-        """Every entry in the tree is this user's, and none is a symlink: nothing in it can redirect a write."""
+    def check(self, group: Optional[int] = None) -> None:
+        """Every entry in the tree is this user's, and none is a symlink: nothing in it can redirect a write.
+        A system tree's users/ holds one directory per user, owned by that user, whose contents gmuxd never
+        follows into (it only ever names files directly in it)."""
         me = os.getuid()
-        for top in (self.root, self.logs(), self.checkpoints(), self.exits()):
+        tops = (self.root, self.logs(), self.checkpoints(), self.exits())
+        for top in tops + ((self.users(),) if group is not None else ()):
             st = os.lstat(top)
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
                 raise RuntimeDirError(f"{top} is not a directory of yours; remove it (gmuxd makes it afresh)")
-            if stat.S_IMODE(st.st_mode) != 0o700:
-                os.chmod(top, 0o700)
+            # the group's members pass through the top to the socket, and through users/ to their own directory
+            mode = 0o711 if top == self.users() else 0o750 if top == self.root and group is not None else 0o700
+            if top == self.root and group is not None and st.st_gid != group:
+                os.chown(top, -1, group)
+            if stat.S_IMODE(st.st_mode) != mode:
+                os.chmod(top, mode)
+            if top == self.users():
+                self._check_users()
+                continue
             with os.scandir(top) as entries:
                 for e in entries:
                     est = e.stat(follow_symlinks=False)
@@ -134,6 +181,28 @@ class RuntimeDir:
                         raise RuntimeDirError(f"{e.path} is {kind}: gmuxd did not make it, and will not use a "
                                               f"runtime directory holding it. Remove it, or choose another "
                                               f"directory with --runtime-dir or GMUX_RUNTIME_DIR")
+
+    def _check_users(self) -> None:
+        with os.scandir(self.users()) as entries:
+            for e in entries:
+                est = e.stat(follow_symlinks=False)
+                if not (stat.S_ISDIR(est.st_mode) and e.name.isdigit() and est.st_uid == int(e.name)):
+                    raise RuntimeDirError(f"{e.path} is not a user's directory made by gmuxd (users/UID, owned by "
+                                          f"UID); remove it, or choose another directory with --runtime-dir")
+
+    def make_user_dir(self, uid: int, gid: int) -> str:
+        """users/UID, the one place a system daemon's job of that user writes (checkpoints, exit records): made
+        by root in root's users/, so nobody could have planted it, then given to the user."""
+        path = self.user_dir(uid)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+                raise RuntimeDirError(f"{path} is not a directory of uid {uid}; remove it (gmuxd makes it afresh)")
+            return path
+        os.chown(path, uid, gid)
+        return path
 
     def open_private(self, path: str, append: bool = False) -> int:
         """A file under the tree, opened for writing without following a symlink (O_NOFOLLOW) and created 0600."""
@@ -155,16 +224,29 @@ class RuntimeDir:
 
 
 # --- exit records: how a process that is not gmuxd's child ended ---
-def read_exit(rundir: RuntimeDir, job_id: str) -> Optional[dict]:
+def read_exit(rundir: RuntimeDir, job_id: str, uid: Optional[int] = None) -> Optional[dict]:
+    """The job's exit record, or None. With `uid` (a system daemon reading a user's directory), only a regular
+    file of that user, opened without following a symlink and without blocking on a FIFO, and read bounded:
+    whatever else the user put there is no record of theirs."""
     try:
-        with open(rundir.exit_file(job_id)) as f:
-            return json.load(f)
+        fd = os.open(rundir.exit_file(job_id, uid), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
+            return None
+        record = json.loads(os.read(fd, MAX_EXIT_RECORD))
+        return record if isinstance(record, dict) else None
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
 
 
 def write_exit(rundir: RuntimeDir, job_id: str, status: int, reason: str = "") -> None:
-    """Called by the launcher as the job ends: the record that tells a clean end from a SIGKILL."""
+    """Called by the launcher as the job ends: the record that tells a clean end from a SIGKILL (in a system
+    daemon's tree, in this user's own directory)."""
     try:
         write_atomic(rundir.exit_file(job_id), json.dumps({"status": status, "reason": reason}).encode())
     except OSError:

@@ -2,21 +2,33 @@
 from __future__ import annotations
 
 import argparse
+import grp
 import logging
+import os
 import signal
 import sys
 
 from gmux.cli.argtypes import nonneg, port, positive, positive_int
+from gmux.node.access import SystemMode
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import discover
 from gmux.util.sizes import parse_size
-from gmux.rundir import RuntimeDir, default_runtime_dir
+from gmux.rundir import SYSTEM_RUNTIME_DIR, RuntimeDir, private_runtime_dir
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gmuxd", description="Time-slice, pack and migrate training jobs on this "
                                                           "machine's GPUs.")
-    p.add_argument("--runtime-dir", default=default_runtime_dir(), help="private dir for socket, db, logs")
+    p.add_argument("--runtime-dir", help="dir for socket, db, logs (default: a private one of yours, "
+                                         f"{SYSTEM_RUNTIME_DIR} with --system)")
+    p.add_argument("--system", action="store_true",
+                   help="serve every member of --socket-group through one socket, as root: users act on their own "
+                        "jobs (told apart by the kernel), admins on all, and jobs run as their users "
+                        "(docs/security.md, contrib/systemd/gmuxd.service)")
+    p.add_argument("--socket-group", default="gmux", help="with --system: the group that may use gmuxd "
+                                                          "(default gmux)")
+    p.add_argument("--admin-group", help="with --system: members of this group may act on every job (root "
+                                         "always may)")
     p.add_argument("--virtual-gpus", help="e.g. 2x16GiB: virtual GPUs (jobs compute on the CPU); automatic "
                                           "when NVML finds no GPU")
     p.add_argument("--quantum", type=positive, default=60.0, help="time-slice quantum in seconds (default 60)")
@@ -42,6 +54,11 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.scheduler and not (a.keys and a.name):
         p.error("--scheduler needs --keys DIR and --name NAME")
+    system = _system_mode(p, a) if a.system else None
+    if a.admin_group and not a.system:
+        p.error("--admin-group is for --system (a per-user gmuxd's admin is its user)")
+    a.runtime_dir = a.runtime_dir or os.environ.get("GMUX_RUNTIME_DIR") or (
+        SYSTEM_RUNTIME_DIR if a.system else private_runtime_dir())
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s gmuxd %(levelname)s %(message)s")
     gpus = discover(a.virtual_gpus)
@@ -49,7 +66,7 @@ def main(argv=None) -> int:
         daemon = Daemon(RuntimeDir(a.runtime_dir), gpus,
                         Options(quantum=a.quantum, host_budget=a.host_budget, pack=a.pack, margin=a.pack_margin,
                                 window=a.pack_window, recheck=a.pack_recheck, metrics_port=a.metrics_port,
-                                keep_ended=a.keep_ended, retain_ended=a.retain_ended * 86400))
+                                keep_ended=a.keep_ended, retain_ended=a.retain_ended * 86400, system=system))
     except (RuntimeError, PermissionError, OSError) as e:
         print(f"gmuxd: {e}", file=sys.stderr)
         return 1
@@ -73,6 +90,24 @@ def main(argv=None) -> int:
                      link.transfer_endpoint)
     daemon.serve()
     return 0
+
+
+def _system_mode(p: argparse.ArgumentParser, a: argparse.Namespace) -> SystemMode:
+    if os.geteuid() != 0:
+        p.error("--system runs as root: it starts each user's jobs as that user (run it from "
+                "contrib/systemd/gmuxd.service, or without --system for a daemon of your own)")
+    if a.scheduler:
+        # the cluster link would read users' checkpoint files as root and send them off this machine
+        p.error("--system with --scheduler is not supported yet: run a per-user gmuxd in cluster mode")
+    groups = {}
+    for flag, name in (("--socket-group", a.socket_group), ("--admin-group", a.admin_group)):
+        if name is None:
+            continue
+        try:
+            groups[flag] = grp.getgrnam(name).gr_gid if not name.isdigit() else grp.getgrgid(int(name)).gr_gid
+        except KeyError:
+            p.error(f"{flag} {name}: no such group (create it, e.g. `groupadd {name}`, and add its users)")
+    return SystemMode(groups["--socket-group"], groups.get("--admin-group"))
 
 
 if __name__ == "__main__":

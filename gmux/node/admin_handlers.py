@@ -1,26 +1,27 @@
 """gmuxd's handlers for its administrators (the CLI, the cluster link): ping, ps, suspend, resume, kill,
 migrate, checkpoint, logs, submit, decisions, shutdown.
 
-Every request but ping carries the admin token, which only the user running gmuxd can read (it lives in the
-private runtime directory). A refusal says why and what to do instead. Requests that wait for jobs to act
+Who asks is decided by gmux.node.access: in a per-user daemon, the admin token every request but ping carries
+(only the user running gmuxd can read it); in a system daemon, the uid the kernel gives for the peer, which may act
+on its own jobs (an admin's on all). A refusal says why and what to do instead. Requests that wait for jobs to act
 (suspend of a running job, migrate, checkpoint) are answered once the jobs acknowledge (Commands.defer). Each
 handler takes a gmux.wire.server.Request and returns the reply's data.
 """
 from __future__ import annotations
 
-import hmac
 import os
 import secrets
 import time
 from typing import TYPE_CHECKING, Optional
 
 from gmux import protocol
+from gmux.node.access import user_name
 from gmux.node.jobs import Job, gang_members, unit_of
 from gmux.rundir import proc_starttime
 from gmux.util.rendezvous import free_port, rendezvous_env
 from gmux.util.sizes import format_size
 from gmux.util.text import tail
-from gmux.wire.server import Refused, Request
+from gmux.wire.server import Caller, Refused, Request
 
 if TYPE_CHECKING:
     from gmux.node.daemon import Daemon
@@ -38,23 +39,24 @@ class AdminHandlers:
                 "submit": self.submit, "decisions": self.decisions, "shutdown": self.shutdown}
 
     # --- who may ask, about which job ---
-    def _admin(self, msg: protocol.Message) -> None:
-        if not hmac.compare_digest(self.node.admin, msg["admin"]):
-            raise Refused(f"{msg.type}: wrong admin token (read it from {self.node.rundir.admin_token_file})")
+    def _who(self, req: Request) -> Caller:
+        return self.node.access.caller(req)
 
-    def _target(self, msg: protocol.Message) -> Job:
-        """The live job the request names."""
-        job = self._target_any(msg)
+    def _target(self, req: Request) -> Job:
+        """The live job the request names (with every rank of its gang, the caller's to act on)."""
+        job = self._target_any(req)
         if job.final:
-            raise Refused(f"{msg.type}: job {job.id} has ended ({job.state}: {job.detail})")
+            raise Refused(f"{req.msg.type}: job {job.id} has ended ({job.state}: {job.detail})")
         return job
 
-    def _target_any(self, msg: protocol.Message) -> Job:
-        """The job the request names, live or ended."""
-        self._admin(msg)
+    def _target_any(self, req: Request) -> Job:
+        """The job the request names, live or ended, if the caller may act on it (checked before anything)."""
+        msg = req.msg
+        who = self._who(req)
         job = self.node.jobs.get(msg["job"])
         if job is None:
             raise Refused(f"{msg.type}: no job {msg['job']!r}; `gmux ps` lists the jobs")
+        self.node.access.check(msg, who, [job] + ([] if job.final else unit_of(self.node.jobs, job)))
         return job
 
     # --- the handlers ---
@@ -63,17 +65,21 @@ class AdminHandlers:
                 "gpus": len(self.node.gpus)}
 
     def ps(self, req: Request):
+        """Every job to an admin (and in a per-user daemon); to another user of a system daemon, their own
+        jobs, and of the others' only the ids the GPU table shows sharing their GPUs."""
         node, msg = self.node, req.msg
-        self._admin(msg)
+        who = self._who(req)
+        mine = (lambda j: True) if node.access.is_admin(who) else (lambda j: j.uid == who.uid)
         now = time.monotonic()
         node.sync_accounting(now)
-        live = [j for j in node.jobs.values() if not j.final]
-        ended = sorted((j for j in node.jobs.values() if j.final and msg.get("all", True)),
+        live = [j for j in node.jobs.values() if not j.final and mine(j)]
+        ended = sorted((j for j in node.jobs.values() if j.final and msg.get("all", True) and mine(j)),
                        key=lambda j: -(j.ended or j.created))
         limit = msg.get("limit") or PS_LIMIT
         shown = (live + ended)[:limit]
         jobs = [j.public() for j in sorted(shown, key=lambda j: (j.created, j.id))]
         for j in jobs:   # the slicer's weighted GPU time (stride scheduling keeps these within a quantum)
+            j["user"] = user_name(j["uid"])
             entry = node.slicers[j["gpu"]].entries.get(j["id"]) if j["gpu"] in node.slicers else None
             j["vtime"] = entry.vtime(now) if entry else None
         gpus = []
@@ -90,14 +96,25 @@ class AdminHandlers:
                          "stopped": s.stopped(), "stops": s.stops,
                          "owner": owner.get(g.index), "reserved": node.admission.reserved_for(g.index),
                          "resident_mem": sum(node.jobs[j].working_set() or 0 for j in s.resident)})
-        return {"jobs": jobs, "gpus": gpus, "decisions": list(node.decisions)[-20:],
+        return {"jobs": jobs, "gpus": gpus, "decisions": self._visible(who, node.decisions, 20),
                 "jobs_total": len(live) + len(ended), "jobs_shown": len(jobs),
                 "daemon": {"pid": os.getpid(), "uptime": time.time() - node.started, "messages": node.messages,
                            "quantum": node.opt.quantum, "host_budget": node.opt.host_budget,
-                           "host_held": node.host_held(), "store": node.store.failing}}
+                           "host_held": node.host_held(), "store": node.store.failing,
+                           "system": node.access.system is not None}}
+
+    def _visible(self, who: Caller, decisions, limit: int) -> list:
+        """The newest `limit` decisions the caller may read: an admin all; a user those about a job of theirs
+        (a decision quotes what its jobs reported, e.g. an exit reason) and those about no job."""
+        if self.node.access.is_admin(who):
+            return list(decisions)[-limit:] if limit else list(decisions)
+        jobs = self.node.jobs
+        seen = [d for d in decisions if not d.get("jobs") or any(
+            jobs[j].uid == who.uid for j in d["jobs"] if j in jobs)]
+        return seen[-limit:] if limit else seen
 
     def suspend(self, req: Request):
-        node, job = self.node, self._target(req.msg)
+        node, job = self.node, self._target(req)
         unit = unit_of(node.jobs, job)   # a gang's ranks suspend together (at one boundary: gmux.job.gang)
         hooked = [m.id for m in unit if job.gang and m.registered and not m.migratable and not m.agrees]
         if hooked:
@@ -126,7 +143,7 @@ class AdminHandlers:
         return {"job": job.id, "state": "held", "latency_s": 0.0, "jobs": [m.id for m in unit]}
 
     def resume(self, req: Request):
-        node, job = self.node, self._target(req.msg)
+        node, job = self.node, self._target(req)
         unit = unit_of(node.jobs, job)
         for m in unit:
             m.held = False
@@ -144,7 +161,7 @@ class AdminHandlers:
         return {"job": job.id, "state": f"runnable: {where}", "jobs": [m.id for m in unit]}
 
     def kill(self, req: Request):
-        node, job = self.node, self._target(req.msg)
+        node, job = self.node, self._target(req)
         unit = unit_of(node.jobs, job)
         for m in unit:
             m.kill_requested = True
@@ -153,7 +170,7 @@ class AdminHandlers:
         return {"job": job.id, "signal": "SIGKILL", "jobs": [m.id for m in unit]}
 
     def migrate(self, req: Request):
-        node, job = self.node, self._target(req.msg)
+        node, job = self.node, self._target(req)
         gpu = req.msg["gpu"]
         if gpu not in node.gpus:
             raise Refused(f"migrate: no GPU {gpu}; this machine has {', '.join(map(str, sorted(node.gpus)))}")
@@ -184,7 +201,7 @@ class AdminHandlers:
     def checkpoint(self, req: Request):
         """The job writes its state to checkpoints/JOB.snapshot.ckpt at its next boundary (or at once from its
         host copy if suspended) and goes on; the reply waits for that (cluster mode reads the file)."""
-        node, job = self.node, self._target(req.msg)
+        node, job = self.node, self._target(req)
         if not job.migratable or not job.started:
             raise Refused(f"checkpoint: {job.id} " + ("has not started" if job.migratable else
                           "runs in transparent mode (run it with gmux-launch --no-hook and attach())"))
@@ -192,11 +209,11 @@ class AdminHandlers:
         busy = slicer.busy_with(job.id) if slicer is not None else None
         if busy:
             raise Refused(f"checkpoint: {job.id} is busy with a {busy}; try again in a moment")
-        node.commands.send(job, "checkpoint", {"path": node.rundir.checkpoint_file(job.id + ".snapshot")})
+        node.commands.send(job, "checkpoint", {"path": node.rundir.checkpoint_file(job.id + ".snapshot", job.uid)})
         return node.commands.defer(job.id, "checkpoint", req)
 
     def logs(self, req: Request):
-        job = self._target_any(req.msg)
+        job = self._target_any(req)
         if not job.managed:
             raise Refused(f"logs: {job.id} was started with gmux-launch; its output goes to the terminal that "
                           f"started it (gmux submit captures logs)")
@@ -206,21 +223,23 @@ class AdminHandlers:
 
     def submit(self, req: Request):
         node, msg = self.node, req.msg
-        self._admin(msg)
+        who = self._who(req)
         ranks = msg.get("ranks")
         if ranks is not None and (msg.get("gpus", 1) != 1 or msg.get("gpu") is not None):
             raise Refused("submit: --ranks N starts N single-GPU ranks placed by gmuxd; it takes neither --gpus "
                           "(one process using N GPUs) nor --gpu")
         env = dict(msg.get("env") or {})
+        if node.access.system is not None:
+            node.user_dir(who)    # before any job exists: a refusal here leaves nothing behind
         if ranks is not None:
             gang = msg.get("name") or f"gang{node.store.next_job_id()}"
             if gang_members(node.jobs, gang):
                 raise Refused(f"submit: a gang named {gang} is running; choose another --name")
             port = free_port()
-            jobs = [self._new_submitted(msg, {**env, **rendezvous_env(ranks, port, r)}, f"{gang}-{r}",
+            jobs = [self._new_submitted(msg, who, {**env, **rendezvous_env(ranks, port, r)}, f"{gang}-{r}",
                                         gang={"id": gang, "rank": r, "size": ranks}) for r in range(ranks)]
         else:
-            jobs = [self._new_submitted(msg, env, msg.get("name") or "")]
+            jobs = [self._new_submitted(msg, who, env, msg.get("name") or "")]
         for job in jobs:
             try:
                 job.pid = node.sup.spawn(job)
@@ -239,10 +258,12 @@ class AdminHandlers:
             data.update(gang=first.gang["id"], jobs=[j.id for j in jobs], pids=[j.pid for j in jobs])
         return data
 
-    def _new_submitted(self, msg: protocol.Message, env: dict, name: str, gang: Optional[dict] = None) -> Job:
+    def _new_submitted(self, msg: protocol.Message, who: Caller, env: dict, name: str,
+                       gang: Optional[dict] = None) -> Job:
         node = self.node
         job = Job(node.store.next_job_id(), secrets.token_hex(16), name, list(msg["argv"]), msg["cwd"],
                   weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"), managed=True, env=env)
+        job.uid, job.gid = who.uid, who.gid    # its owner: the one who may act on it, and whom it runs as
         job.gpus_wanted, job.gang, job.pinned = msg.get("gpus", 1), gang, msg.get("gpu")
         job.hook = msg.get("hook", True)
         node.admission.admit(job, "submit")
@@ -252,12 +273,15 @@ class AdminHandlers:
         return job
 
     def decisions(self, req: Request):
-        self._admin(req.msg)
-        return {"decisions": self.node.store.decisions(req.msg.get("limit") or 100)}
+        who = self._who(req)
+        limit = req.msg.get("limit") or 100
+        # a user's own among the newest (others' are left out, not counted against the limit, up to 10x)
+        wanted = limit if self.node.access.is_admin(who) else min(10 * limit, 10000)
+        return {"decisions": self._visible(who, self.node.store.decisions(wanted), limit)}
 
     def shutdown(self, req: Request):
         node = self.node
-        self._admin(req.msg)
+        self.node.access.admin_only(req.msg, self._who(req))
         if req.msg.get("kill_jobs"):
             for job in node.jobs.values():
                 if not job.final:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pwd
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import zmq
 
 from gmux import protocol
 from gmux.node import spill
+from gmux.node.access import Access, SystemMode
 from gmux.node.admin_handlers import AdminHandlers
 from gmux.node.admission import Admission
 from gmux.node.commands import Commands
@@ -37,7 +39,7 @@ from gmux.node.stopping import Stopping
 from gmux.node.store import Store
 from gmux.node.supervisor import Supervisor
 from gmux.rundir import RuntimeDir, alive, proc_starttime
-from gmux.wire.server import Refused, Request, Server, configure
+from gmux.wire.server import Caller, Refused, Request, Server, configure
 
 log = logging.getLogger("gmux.daemon")
 
@@ -63,6 +65,7 @@ class Options:
     pacing: Pacing = Pacing()         # suspend deadlines and turns from each job's mini-batch time
     keep_ended: int = 1000            # ended jobs kept in the job table (the newest); older ones only in SQLite
     retain_ended: float = 30 * 86400  # seconds an ended job's row stays in SQLite
+    system: Optional[SystemMode] = None  # gmuxd --system: one socket for a group, users told apart by the kernel
 
 
 class Daemon:
@@ -70,11 +73,20 @@ class Daemon:
         self.rundir = rundir
         self.gpus = {g.index: g for g in gpus}
         self.opt = options or Options()
-        rundir.create()
+        system = self.opt.system
+        rundir.create(system.socket_group if system else None)
         self._claim_pid_file()
-        self.admin = rundir.admin_token(create=True)
+        if system is None:
+            self.admin = rundir.admin_token(create=True)
+        else:
+            # No admin token: the kernel says who asks. One left here by a per-user daemon would grant nothing,
+            # and is removed so that no client takes it for the way in.
+            self.admin = None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(rundir.admin_token_file)
+        self.access = Access(self.admin, rundir.admin_token_file, system)
         self.store = Store(rundir.db)
-        self.sup = Supervisor(rundir)
+        self.sup = Supervisor(rundir, system is not None)
         self.jobs: dict[str, Job] = {}
         self.slicers = {g.index: Slicer(g.index, g.mem_total, self.opt.quantum, self.opt.pacing) for g in gpus}
         self.packers = {g.index: Packer(self.opt.margin, self.opt.window, self.opt.retry_after, self.opt.pack,
@@ -89,9 +101,14 @@ class Daemon:
         if os.path.exists(rundir.socket):
             os.unlink(rundir.socket)   # stale: the pid file proved no daemon owns it
         sock.bind(rundir.endpoint)
-        os.chmod(rundir.socket, 0o600)
+        if system is not None:   # the group's members connect (the directory lets only them reach it)
+            os.chown(rundir.socket, -1, system.socket_group)
+            os.chmod(rundir.socket, 0o660)
+        else:
+            os.chmod(rundir.socket, 0o600)
         handlers = {**JobHandlers(self).table(), **AdminHandlers(self).table()}
-        self.server = Server(sock, handlers, name="gmuxd", unknown="{type} is sent by gmuxd, not to it")
+        self.server = Server(sock, handlers, name="gmuxd", unknown="{type} is sent by gmuxd, not to it",
+                             credentials=system is not None)
         self.commands = Commands(self.server)
         self.stops = Stopping(self)
         self.metrics = None
@@ -185,6 +202,19 @@ class Daemon:
         self.decisions.append(self.store.decide(gpu, kind, jobs, numbers, text))
         log.info("%s", text)
 
+    def user_dir(self, who: Caller) -> None:
+        """A system daemon's job writes its checkpoints and exit record in its owner's users/UID: made (or
+        checked) before the job exists, for a user the user database knows (the job will run as them)."""
+        try:
+            pwd.getpwuid(who.uid)
+        except KeyError:
+            raise Refused(f"uid {who.uid} is not in the user database; gmuxd --system runs jobs only for known "
+                          f"users") from None
+        try:
+            self.rundir.make_user_dir(who.uid, who.gid)
+        except OSError as e:
+            raise Refused(f"cannot prepare {self.rundir.user_dir(who.uid)} for your jobs: {e}") from None
+
     def add_job(self, job: Job) -> None:
         """A new job (admitted) enters the job table."""
         self.jobs[job.id] = job
@@ -240,7 +270,7 @@ class Daemon:
             raise Refused(f"migrate: {job.id} is busy with a {busy}; try again in a moment")
         job.target_gpu = gpu
         slicer.mark_busy(job.id, "migrate")     # holds the slicer: its memory is in use until it has left
-        self.commands.send(job, "migrate", {"path": self.rundir.checkpoint_file(job.id), "gpu": gpu})
+        self.commands.send(job, "migrate", {"path": self.rundir.checkpoint_file(job.id, job.uid), "gpu": gpu})
         self.decide(job.gpu, "migrate", [job.id], {"from": job.gpu, "to": gpu},
                     f"migrating {job.id} from GPU {job.gpu} to GPU {gpu} at its next boundary")
         return self.commands.defer(job.id, "migrate", req) if req is not None else None
@@ -268,7 +298,7 @@ class Daemon:
         self.admission.dequeue(job.id)
         if job.spilled:    # a job that ended while spilled leaves its host copy behind; nothing will read it
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.rundir.spill_file(job.id))
+                os.unlink(self.rundir.spill_file(job.id, job.uid))
         self.store.save(job)
         where = ("it held no GPU" if job.gpu is None and not job.exclusive_gpus else
                  f"GPUs {','.join(map(str, job.exclusive_gpus))} are free" if len(job.exclusive_gpus) > 1 else
@@ -337,9 +367,9 @@ class Daemon:
         slicer.mark_busy(job.id, decision.command)
         if decision.command == "migrate":
             job.target_gpu = job.gpu    # it comes back, from its checkpoint, to the GPU it left
-            self.commands.send(job, "migrate", {"path": self.rundir.checkpoint_file(job.id), "spill": True})
+            self.commands.send(job, "migrate", {"path": self.rundir.checkpoint_file(job.id, job.uid), "spill": True})
         else:
-            self.commands.send(job, "spill", {"path": self.rundir.spill_file(job.id)})
+            self.commands.send(job, "spill", {"path": self.rundir.spill_file(job.id, job.uid)})
         self.decide(slicer.gpu, "spill", [job.id], decision.numbers, decision.text)
 
     def _states(self) -> None:

@@ -1,6 +1,8 @@
 """gmuxd's handlers for what jobs say about themselves: register, report, heartbeat, result, bye.
 
-A job proves who it is with the token it got at registration, and can act only on itself. Its reports feed
+A job proves who it is with the token it got at registration, and can act only on itself. Under a system
+daemon it must also be its owner's process (the kernel's uid for the peer), and a process registers only itself
+(the kernel's pid for the peer), since gmuxd, as root, will signal the pid it registers. Its reports feed
 the measurements (rates, memory at the boundary and at peak) that the slicer and the packer decide on; its
 results acknowledge commands (the slicer's switches, migrations, spills, checkpoints) and wake the requests
 waiting for them. Each handler takes a gmux.wire.server.Request and returns the reply's data.
@@ -14,7 +16,9 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Optional
 
-from gmux.node.jobs import Job
+from gmux.node.access import user_name
+from gmux.node.jobs import Job, gang_members
+from gmux.rundir import proc_starttime
 from gmux.util.sizes import format_size
 from gmux.wire.server import Refused, Request
 
@@ -38,18 +42,28 @@ class JobHandlers:
         """The job the message is from, proven by its token."""
         msg = req.msg
         job = self.node.jobs.get(msg["job"])
-        if job is None or not hmac.compare_digest(job.token, msg["token"]):
+        if job is None or not hmac.compare_digest(job.token, msg["token"]) or not self._owners(req, job):
             raise Refused(f"{msg.type}: unknown job {msg['job']!r} or wrong token (a job can only act on itself)")
         self.node.commands.heard_from(job, req.identity)
         return job
 
+    def _owners(self, req: Request, job: Job) -> bool:
+        """Whether a message with the job's token comes from its owner (always, in a per-user daemon): a token
+        that leaked to another user is worth nothing to them."""
+        return self.node.access.system is None or (req.caller is not None and req.caller.uid == job.uid)
+
     def register(self, req: Request):
         node, msg, now = self.node, req.msg, time.monotonic()
+        who, system = req.caller, node.access.system is not None
         if msg["pid"] <= 1 or msg["pid"] == os.getpid():
             raise Refused(f"register: pid {msg['pid']} cannot be a job")
+        if system and msg["pid"] != who.pid:
+            raise Refused(f"register: pid {msg['pid']} is not the registering process (pid {who.pid}); a process "
+                          f"registers itself as a job (gmux-launch does)")
         if msg.get("job"):
             job = node.jobs.get(msg["job"])
-            if job is None or not msg.get("token") or not hmac.compare_digest(job.token, msg["token"]):
+            if (job is None or not msg.get("token") or not hmac.compare_digest(job.token, msg["token"])
+                    or not self._owners(req, job)):
                 raise Refused(f"register: unknown job {msg['job']!r} or wrong token")
             if job.final:
                 raise Refused(f"register: job {job.id} has ended ({job.state}: {job.detail})")
@@ -63,12 +77,21 @@ class JobHandlers:
             job.gpu = job.target_gpu if job.target_gpu is not None else job.gpu
             job.target_gpu = None
         else:
+            gang = msg.get("gang")
+            others = [m for m in gang_members(node.jobs, gang["id"]) if m.uid != who.uid] if system and gang else []
+            if others:    # ranks of one gang are suspended and killed together: never across users
+                raise Refused(f"register: gang {gang['id']} is {user_name(others[0].uid)}'s; choose another "
+                              f"--gang name")
+            if system:
+                node.user_dir(who)
             job = Job(node.store.next_job_id(), secrets.token_hex(16), msg.get("name") or "",
                       list(msg["argv"]), msg.get("cwd", ""), weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"))
+            job.uid, job.gid = (who.uid, who.gid) if who is not None else (os.getuid(), os.getgid())
             job.gpus_wanted, job.gang, job.pinned = msg.get("gpus", 1), msg.get("gang"), msg.get("gpu")
             node.admission.admit(job, "register")
             node.add_job(job)
-        job.pid, job.starttime = msg["pid"], msg.get("starttime")
+        # (a system daemon takes the start time from the kernel, as it took the pid)
+        job.pid, job.starttime = msg["pid"], proc_starttime(msg["pid"]) if system else msg.get("starttime")
         job.migratable = bool(msg.get("migratable", False))
         job.agrees = bool(msg.get("agrees", False))
         job.identity = req.identity
@@ -85,7 +108,9 @@ class JobHandlers:
         node.store.save(job)
         log.info("admitted %s on GPU %s (weight %g, mem %s)", job.id, job.gpu, job.weight,
                  format_size(job.working_set()))
-        return {"job": job.id, "token": job.token, "gpu": job.gpu,
+        # mem: the declared memory the job was admitted with, which its runtime enforces as its limit (a
+        # submitted job's process learns it, and its name, here: gmux submit --mem is not on its command line)
+        return {"job": job.id, "token": job.token, "gpu": job.gpu, "mem": job.mem, "name": job.name,
                 "env": node.env(job) if job.gpu is not None else {}}
 
     def report(self, req: Request):

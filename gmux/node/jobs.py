@@ -36,6 +36,8 @@ class Job:
     exit_status: Optional[int] = None
     ended: Optional[float] = None      # wall time it ended (its row is pruned `retain_ended` after)
     env: dict = field(default_factory=dict)  # extra environment of a submitted job
+    uid: Optional[int] = None          # its owner (who submitted or registered it; a system daemon runs it as them)
+    gid: Optional[int] = None          # ... and the owner's group as the kernel gave it
     hook: bool = True                  # a submitted job runs with the transparent optimizer hook (False: it
                                        # calls gmux.job.attach() itself, as gmux-launch --no-hook)
     gpus_wanted: int = 1               # GPUs the process uses; more than one are given to it exclusively

@@ -10,23 +10,34 @@ It also takes a GPU's compute away from a job that does not stop in time (SIGSTO
 process group when it leads one of its own (a submitted job, or one started in its own session: its
 DataLoader workers stop with it), else the process and its descendants, so that a shell or a driver script
 that shares the job's group is never stopped with it.
+
+Under a system daemon (root), a submitted job runs as the user who submitted it (their uid, gid and groups, set
+in the child before it executes anything), and a process is signalled only while it is still that user's.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import signal
 import subprocess
 import sys
 from typing import Optional
 
+from gmux.node.access import user_groups
 from gmux.node.jobs import Job
 from gmux.rundir import RuntimeDir, alive, read_exit
 
+# What a system daemon's own environment says about root, which a job started as its user must not inherit (the
+# rest, e.g. an admin's CUDA or NCCL settings in the unit, reaches every job).
+_ROOTS_OWN = ("HOME", "USER", "LOGNAME", "MAIL", "SHELL", "NOTIFY_SOCKET", "CREDENTIALS_DIRECTORY",
+              "GMUX_KEYS", "GMUX_CLUSTER", "GMUX_KEY_NAME")
+
 
 class Supervisor:
-    def __init__(self, rundir: RuntimeDir):
+    def __init__(self, rundir: RuntimeDir, system: bool = False):
         self.rundir = rundir
+        self.system = system     # gmuxd --system: jobs run as their owners
         # Popen objects are kept so that poll() reaps exactly our children and reads their status.
         self.children: dict[int, subprocess.Popen] = {}
 
@@ -35,9 +46,18 @@ class Supervisor:
                *([] if job.hook else ["--no-hook"]), "--", *job.argv]
         # The token travels in the environment, not on the command line that `ps` shows to everyone.
         env = {**os.environ, **job.env, "GMUX_RUNTIME_DIR": self.rundir.root, "GMUX_JOB_TOKEN": job.token}
+        as_user = {}
+        if self.system:
+            pw = pwd.getpwuid(job.uid)    # the caller checked that the owner is a known user
+            env = {k: v for k, v in os.environ.items() if k not in _ROOTS_OWN}
+            env.update({"HOME": pw.pw_dir, "USER": pw.pw_name, "LOGNAME": pw.pw_name, **job.env,
+                        "GMUX_RUNTIME_DIR": self.rundir.root, "GMUX_JOB_TOKEN": job.token})
+            # setgroups, setgid, setuid in the child, before exec: nothing of the job ever runs as root. (The
+            # kernel checks the user's own right to enter cwd at every relative path the job opens.)
+            as_user = {"user": job.uid, "group": job.gid, "extra_groups": user_groups(job.uid, job.gid)}
         with os.fdopen(self.rundir.open_private(self.rundir.log_file(job.id), append=True), "ab") as log:
             p = subprocess.Popen(cmd, cwd=job.cwd or None, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+                                 stderr=subprocess.STDOUT, start_new_session=True, **as_user)
         self.children[p.pid] = p
         return p.pid
 
@@ -49,14 +69,18 @@ class Supervisor:
             if rc is None:
                 return None
             del self.children[job.pid]
-            return describe(rc, read_exit(self.rundir, job.id))
+            return describe(rc, self._exit_record(job))
         if alive(job.pid, job.starttime):
             return None
-        record = read_exit(self.rundir, job.id)
+        record = self._exit_record(job)
         if record is not None:
             return describe(record.get("status", 1), record)
         return ("lost", None, f"process {job.pid} ended without an exit record: killed by a signal "
                               f"(SIGKILL, the OOM killer) or crashed hard")
+
+    def _exit_record(self, job: Job) -> Optional[dict]:
+        # a system daemon believes a record only if it is the job owner's own file in their directory
+        return read_exit(self.rundir, job.id, job.uid) if self.system else read_exit(self.rundir, job.id)
 
     def stop(self, job: Job) -> bool:
         return self._signal_tree(job, signal.SIGSTOP)
@@ -76,16 +100,19 @@ class Supervisor:
                 os.killpg(job.pid, sig)
             else:
                 for pid in [job.pid, *_descendants(job.pid)]:
+                    if self.system and _real_uid(pid) != job.uid:
+                        continue    # e.g. a setuid program the job ran: its user could not stop it either
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, sig)
             return True
         except ProcessLookupError:
             return False
 
-    @staticmethod
-    def _identified(job: Job) -> bool:
-        # Only a process identified by pid *and* start time: never a reused pid, never on a bare pid's word.
-        return job.pid > 1 and job.starttime is not None and alive(job.pid, job.starttime)
+    def _identified(self, job: Job) -> bool:
+        # Only a process identified by pid *and* start time: never a reused pid, never on a bare pid's word;
+        # under a system daemon, only while it runs as the job's owner (root signals nothing of anyone else's).
+        return (job.pid > 1 and job.starttime is not None and alive(job.pid, job.starttime)
+                and (not self.system or _real_uid(job.pid) == job.uid))
 
     def kill(self, job: Job, sig: int = signal.SIGKILL) -> bool:
         if not self._identified(job):
@@ -105,6 +132,18 @@ def describe(rc: int, record: Optional[dict]) -> tuple[str, Optional[int], str]:
     if rc == 0:
         return ("exited", 0, reason or "finished")
     return ("failed", rc, f"exit status {rc}" + (f": {reason}" if reason else "") + "; see `gmux logs`")
+
+
+def _real_uid(pid: int) -> Optional[int]:
+    """The process's real uid (the first of /proc/PID/status's Uid: line); None if gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _state(pid: int) -> str:

@@ -7,6 +7,9 @@ sees it. What a handler returns is the reply's data; what it raises decides the 
   - one of the owner's refusal exceptions (a valid message it will not carry out): an error reply with its text;
   - anything else is a bug of ours. It costs that one request, never the loop: an internal-error reply, logged
     and counted (`internal_errors`; the tests assert it stays 0).
+With `credentials`, each request also says which local process sent it (a Caller: uid, gid and pid of an ipc
+peer, from the kernel's SO_PEERCRED that ZeroMQ reports as the frame property Peer-Address), so a daemon
+serving many users knows who asks without trusting anything the peer says or can read.
 A handler whose answer must wait (for a job to acknowledge a command) returns DEFERRED, and the owner answers
 later with `reply` or `refuse`. Sends never block: a peer that is gone or not reading loses its reply and the
 loop goes on, since one stuck client must never wedge the loop that serves every other.
@@ -34,6 +37,28 @@ SEND_QUEUE = 512
 MAX_ERROR = 1000       # an error text quoting a bad value can be long; the sender needs only its start
 
 
+@dataclass(frozen=True)
+class Caller:
+    """The local process at the other end of an ipc connection, as the kernel saw it when it connected."""
+    uid: int
+    gid: int
+    pid: int
+
+
+def peer_credentials(frame) -> Optional[Caller]:
+    """The Caller of a received zmq.Frame, or None when the transport has no credentials (tcp) or the library
+    does not report them. libzmq fills Peer-Address with `localhost:UID:GID:PID` for ipc peers on Linux
+    (SO_PEERCRED, taken by the kernel at connect time: the peer cannot choose it)."""
+    try:
+        address = frame.get("Peer-Address")
+    except (zmq.ZMQError, AttributeError):   # a bytes frame, or an option this libzmq does not know
+        return None
+    parts = address.split(":") if isinstance(address, str) else []
+    if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
+        return None
+    return Caller(int(parts[1]), int(parts[2]), int(parts[3]))
+
+
 class Refused(Exception):
     """A valid message that will not be carried out; its text goes back to the sender."""
 
@@ -46,6 +71,7 @@ class Request:
     received_at: float                 # time.monotonic() on arrival: a deferred reply's latency counts from here
     peer: Any = None                   # who the peer's key says it is, from `authenticate` (e.g. (role, name))
     attachment: Optional[bytes] = None  # a raw second frame (a checkpoint chunk), where the owner takes one
+    caller: Optional[Caller] = None    # who sent it, from the kernel (with `credentials`), else None
 
 
 Handler = Callable[[Request], Any]
@@ -76,12 +102,14 @@ class Server:
     reply_to_none: a handler returning None is answered with an empty ok reply (gmuxd: a job's one-way messages
       are acknowledged), or not at all (gmux-scheduler: a link's reports are one-way).
     unknown: the refusal text for a message type no handler takes ({type}, and with roles {role}).
+    credentials: every request carries its sender's Caller (ipc peers only); a message whose sender the kernel
+      did not name is refused, never served as nobody in particular.
     """
 
     def __init__(self, sock: zmq.Socket, handlers: Mapping, *, name: str, table: Optional[dict] = None,
                  refusals: tuple = (Refused,), authenticate: Optional[Callable[[Any], Any]] = None,
                  attachments: bool = False, reply_to_none: bool = True,
-                 unknown: str = "{type} is not accepted from a {role} key"):
+                 unknown: str = "{type} is not accepted from a {role} key", credentials: bool = False):
         self.sock = sock
         self.handlers = handlers
         self.name = name
@@ -91,6 +119,7 @@ class Server:
         self.attachments = attachments
         self.reply_to_none = reply_to_none
         self.unknown = unknown
+        self.credentials = credentials
         # An unroutable send must raise (and be dropped here) rather than vanish silently inside ZeroMQ.
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if sock.getsockopt(zmq.SNDHWM) != SEND_QUEUE:
@@ -103,7 +132,8 @@ class Server:
               batch: int = 1000) -> None:
         """Runs until `until()` is true. `tick` runs after each poll: at least every `poll_s`, and after every
         `batch` messages, so a flood of messages cannot starve the owner's timers."""
-        copy = self.authenticate is None    # the frame's properties (the key's User-Id) need a zmq.Frame
+        # The frame's properties (the key's User-Id, the peer's credentials) need a zmq.Frame.
+        copy = self.authenticate is None and not self.credentials
         while not until():
             if self.sock.poll(poll_s * 1000):
                 for _ in range(batch):
@@ -130,12 +160,17 @@ class Server:
         except protocol.ProtocolError as e:
             self._refuse(identity, 0, str(e))
             return
+        caller = peer_credentials(frames[0]) if self.credentials else None
+        if self.credentials and caller is None:
+            self._refuse(identity, msg.id, f"{self.name} cannot tell which local user sent {msg.type} (it serves "
+                                           f"ipc peers, whose uid the kernel reports)")
+            return
         role = peer[0] if self.authenticate is not None else None
         handler = (self.handlers if role is None else self.handlers.get(role, {})).get(msg.type)
         if handler is None:
             self._refuse(identity, msg.id, self.unknown.format(type=msg.type, role=role))
             return
-        request = Request(identity, msg, received_at, peer, _bytes(frames[1]) if len(frames) == 2 else None)
+        request = Request(identity, msg, received_at, peer, _bytes(frames[1]) if len(frames) == 2 else None, caller)
         try:
             data = handler(request)
         except self.refusals as e:

@@ -1,0 +1,291 @@
+"""gmuxd --system with real Unix users (throwaway ones, made here as root): one user cannot suspend, kill, see the
+logs of, or list another's job; a user acts on their own; root and the admin group act on all; a job cannot act
+as an admin with anything it can read; jobs run as their users. Who asks is the kernel's word (the ipc peer's
+uid), never a file or a field.
+
+Skipped unless run as root with useradd/groupadd (CI and these machines run the suite as root)."""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from node_harness import PY, ROOT, TRAIN, env, wait_for
+
+TOOLS = ("useradd", "userdel", "groupadd", "groupdel")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in TOOLS),
+    reason=f"needs root and {', '.join(TOOLS)} to make throwaway users (running as uid {os.geteuid()})")
+
+# Run as a user: requests to gmuxd through the ordinary client, each answered {ok, data | error}.
+ASK = """
+import json, sys
+from gmux.wire.daemon_client import Client, GmuxError
+out = []
+for mtype, fields in json.loads(sys.argv[2]):
+    try:
+        out.append({"ok": True, "data": Client(sys.argv[1]).call(mtype, **fields)})
+    except GmuxError as e:
+        out.append({"ok": False, "error": str(e)})
+print(json.dumps(out))
+"""
+
+# Run as a job of user A: everything it can read of gmuxd's directory and its own environment, then the ways it
+# could try to act as an admin on another user's job.
+ATTACKER = """
+import json, os, subprocess, sys, zmq
+from gmux import protocol
+rt, victim, out = os.environ["GMUX_RUNTIME_DIR"], sys.argv[1], sys.argv[2]
+readable = {}
+for d, _, files in os.walk(rt):
+    for f in files:
+        try:
+            readable[os.path.join(d, f)] = open(os.path.join(d, f), "rb").read(200).decode("latin-1")
+        except OSError:
+            pass
+tokens = [os.environ.get("GMUX_JOB_TOKEN") or "", ""] + [v.strip() for v in readable.values()]
+refusals = []
+s = zmq.Context.instance().socket(zmq.DEALER)
+s.connect("ipc://" + os.path.join(rt, "gmuxd.sock"))
+for i, token in enumerate(tokens):
+    for mtype in ("kill", "suspend"):
+        s.send(protocol.encode(mtype, i + 1, admin=token[:128], job=victim))
+        if not s.poll(10000):
+            raise SystemExit("gmuxd did not answer")
+        refusals.append(protocol.decode(s.recv()).get("error"))
+cli = subprocess.run([sys.executable, "-m", "gmux.cli.gmux", "kill", victim], capture_output=True, text=True)
+down = subprocess.run([sys.executable, "-m", "gmux.cli.gmux", "shutdown"], capture_output=True, text=True)
+json.dump({"readable": sorted(readable), "refusals": refusals, "cli": [cli.returncode, cli.stderr],
+           "shutdown": [down.returncode, down.stderr], "uid": os.getuid()}, open(out, "w"))
+"""
+
+
+def mirror_python(dst: str) -> tuple[str, dict]:
+    """A venv in `dst` the users can run: this interpreter and its standard library hard-linked (or copied) out
+    of a directory they cannot enter (e.g. a pyenv under /root, mode 0700), this checkout's site-packages by a
+    symlink. Returns its python and the environment it needs (its libpython before the build's RUNPATH)."""
+    ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    exe, base = os.path.realpath(sys.executable), sys.base_prefix
+
+    def link(src, to):
+        try:
+            os.link(src, to)
+        except OSError:   # another filesystem
+            shutil.copy2(src, to)
+    os.makedirs(f"{dst}/py/bin")
+    os.makedirs(f"{dst}/py/lib")
+    link(exe, f"{dst}/py/bin/{os.path.basename(exe)}")
+    for f in os.listdir(f"{base}/lib"):
+        if f.startswith("libpython"):
+            link(os.path.realpath(f"{base}/lib/{f}"), f"{dst}/py/lib/{f}")
+    shutil.copytree(f"{base}/lib/{ver}", f"{dst}/py/lib/{ver}", copy_function=link,
+                    ignore=shutil.ignore_patterns("site-packages", "test"))
+    os.makedirs(f"{dst}/venv/bin")
+    os.makedirs(f"{dst}/venv/lib/{ver}")
+    os.symlink(f"{dst}/py/bin/{os.path.basename(exe)}", f"{dst}/venv/bin/python")
+    os.symlink(os.path.join(sys.prefix, "lib", ver, "site-packages"), f"{dst}/venv/lib/{ver}/site-packages")
+    with open(f"{dst}/venv/pyvenv.cfg", "w") as f:
+        f.write(f"home = {dst}/py/bin\ninclude-system-site-packages = false\nversion = {sys.version.split()[0]}\n")
+    return f"{dst}/venv/bin/python", {"LD_LIBRARY_PATH": f"{dst}/py/lib"}
+
+
+class Users:
+    """Throwaway groups and users, and how to run things as them; removed at the end."""
+
+    def __init__(self):
+        tag = secrets.token_hex(3)
+        self.tmp = tempfile.mkdtemp(prefix="gmux-users-")
+        os.chmod(self.tmp, 0o755)     # (our own temp dir) the users pass through it to the socket and home
+        self.py, self.env = PY, env()
+        self.group, self.admins = f"gmxs{tag}", f"gmxa{tag}"
+        self.made_groups, self.made_users = [], []
+        for g in (self.group, self.admins):
+            subprocess.run(["groupadd", g], check=True, capture_output=True)
+            self.made_groups.append(g)
+        self.uid = {}
+        for who, groups in (("a", self.group), ("b", self.group), ("adm", f"{self.group},{self.admins}"),
+                            ("out", None)):
+            name = f"gmx{who}{tag}"
+            subprocess.run(["useradd", "-M", "-N", "-s", "/bin/sh", "-d", self.home(who)]
+                           + (["-G", groups] if groups else []) + [name], check=True, capture_output=True)
+            self.made_users.append(name)
+            pw = pwd.getpwnam(name)
+            self.uid[who] = (pw.pw_uid, pw.pw_gid, name)
+            os.makedirs(self.home(who), mode=0o700)
+            os.chown(self.home(who), pw.pw_uid, pw.pw_gid)
+
+    def home(self, who: str) -> str:
+        return os.path.join(self.tmp, f"home-{who}")
+
+    def name(self, who: str) -> str:
+        return self.uid[who][2]
+
+    def run(self, who: str, argv: list, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+        uid, gid, name = self.uid[who]
+        e = dict(self.env, HOME=self.home(who), USER=name, LOGNAME=name)
+        return subprocess.run(argv, user=uid, group=gid, extra_groups=os.getgrouplist(name, gid), env=e,
+                              cwd=self.home(who), capture_output=True, text=True, timeout=timeout, **kw)
+
+    def popen(self, who: str, argv: list, log: str) -> subprocess.Popen:
+        uid, gid, name = self.uid[who]
+        e = dict(self.env, HOME=self.home(who), USER=name, LOGNAME=name)
+        with open(os.path.join(self.tmp, log), "ab") as out:
+            return subprocess.Popen(argv, user=uid, group=gid, extra_groups=os.getgrouplist(name, gid), env=e,
+                                    cwd=self.home(who), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def close(self) -> None:
+        # userdel refuses a user with processes: end those this test started as them (none should be left)
+        uids = {u for u, _, _ in self.uid.values()}
+        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    uid = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+                if uid in uids:
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, StopIteration, ValueError):
+                pass
+        for name in self.made_users:
+            subprocess.run(["userdel", name], capture_output=True)
+        for g in self.made_groups:
+            subprocess.run(["groupdel", g], capture_output=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def users():
+    u = Users()
+    try:
+        try:
+            runs = u.run("a", [PY, "-c", "import gmux, zmq"]).returncode == 0
+        except PermissionError:   # the interpreter lies where the users cannot go
+            runs = False
+        if not runs:
+            py, extra = mirror_python(os.path.join(u.tmp, "python"))
+            u.py, u.env = py, {**u.env, **extra}
+            check = u.run("a", [u.py, "-c", "import gmux, zmq"])
+            if check.returncode != 0:
+                pytest.skip(f"a throwaway user cannot run this checkout's python ({PY}, nor a copy of it "
+                            f"made in {u.tmp}): {check.stderr[-300:]}")
+        yield u
+    finally:
+        u.close()
+
+
+@pytest.fixture(scope="module")
+def system(users):
+    """A gmuxd --system (as root) on two virtual GPUs, its runtime dir in the users' reach."""
+    rt = os.path.join(users.tmp, "rt")
+    log = open(os.path.join(users.tmp, "gmuxd.log"), "ab")
+    # (gmuxd starts jobs with its own interpreter: the one the users can run)
+    d = subprocess.Popen([users.py, "-m", "gmux.cli.gmuxd", "--system", "--runtime-dir", rt, "--socket-group",
+                          users.group, "--admin-group", users.admins, "--virtual-gpus", "3x1GiB"],
+                         env=users.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        wait_for(lambda: d.poll() is not None or ask(users, rt, None, [("ping", {})])[0]["ok"], 30,
+                 "gmuxd --system did not come up")
+        assert d.poll() is None, open(os.path.join(users.tmp, "gmuxd.log")).read()
+        yield rt
+    finally:
+        d.send_signal(signal.SIGTERM)
+        try:
+            d.wait(10)
+        except subprocess.TimeoutExpired:
+            d.kill()
+
+
+def ask(users: Users, rt: str, who, requests: list) -> list:
+    """Requests to gmuxd as the user `who` (None: root), through the ordinary client."""
+    argv = [users.py, "-c", ASK, rt, json.dumps([[m, f] for m, f in requests])]
+    out = (subprocess.run(argv, env=users.env, cwd=ROOT, capture_output=True, text=True, timeout=60) if who is None
+           else users.run(who, argv))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def ps(users, rt, who=None) -> dict:
+    (r,) = ask(users, rt, who, [("ps", {"all": True})])
+    assert r["ok"], r
+    return {j["id"]: j for j in r["data"]["jobs"]}
+
+
+def real_uid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+
+
+def test_users_act_only_on_their_own_jobs_and_jobs_are_never_admins(users, system):
+    rt = system
+    gmux = [users.py, "-m", "gmux.cli.gmux", "--runtime-dir", rt]
+    # B submits a job (gmuxd starts it as B); A launches one of its own from a shell (it registers itself).
+    b_out = os.path.join(users.home("b"), "b.json")
+    sub = users.run("b", gmux + ["--json", "submit", "--name", "bees", "--", "python", TRAIN, b_out, "600",
+                                 "--sleep", "0.03"])
+    assert sub.returncode == 0, sub.stderr
+    b_job = json.loads(sub.stdout)["job"]
+    a_launch = users.popen("a", [users.py, "-m", "gmux.cli.launch", "--runtime-dir", rt, "--", "python", TRAIN,
+                                 os.path.join(users.home("a"), "a.json"), "100000", "--sleep", "0.05"], "a.log")
+    jobs = wait_for(lambda: (lambda j: len(j) == 2 and all(x["state"] == "running" and x["step"] > 0
+                                                          for x in j.values()) and j)(ps(users, rt)),
+                    60, lambda: f"both jobs running: {ps(users, rt)}")
+    a_job = next(i for i in jobs if i != b_job)
+    assert jobs[b_job]["user"] == users.name("b") and jobs[a_job]["user"] == users.name("a")
+    assert jobs[a_job]["pid"] == a_launch.pid
+    assert real_uid(jobs[b_job]["pid"]) == users.uid["b"][0], "a submitted job runs as its user, not as root"
+
+    # A on B's job: every action refused, naming the owner; the job is left as it was.
+    refused = ask(users, rt, "a", [("kill", {"job": b_job}), ("suspend", {"job": b_job}), ("resume", {"job": b_job}),
+                                   ("logs", {"job": b_job}), ("migrate", {"job": b_job, "gpu": 2}),
+                                   ("checkpoint", {"job": b_job}), ("shutdown", {})])
+    for r in refused[:-1]:
+        assert not r["ok"] and f"belongs to {users.name('b')}, not to you ({users.name('a')})" in r["error"], r
+    assert not refused[-1]["ok"] and "only an admin" in refused[-1]["error"]
+    cli = users.run("a", gmux + ["kill", b_job])
+    assert cli.returncode == 1 and f"job {b_job} belongs to {users.name('b')}" in cli.stderr, cli.stderr
+    assert set(ps(users, rt, "a")) == {a_job}, "a user's ps lists their own jobs"
+    assert ps(users, rt, "b")[b_job]["state"] == "running"
+    # a user outside the socket group cannot even connect
+    outsider = users.run("out", gmux + ["ps"])
+    assert outsider.returncode == 1 and b_job not in outsider.stdout
+
+    # A's own job: A may read its state and suspend it; A's job (a job of A's) tries to be an admin.
+    mine = ask(users, rt, "a", [("suspend", {"job": a_job}), ("resume", {"job": a_job})])
+    assert all(r["ok"] for r in mine), mine
+    report = os.path.join(users.home("a"), "attack.json")
+    script = os.path.join(users.home("a"), "attack.py")
+    with open(script, "w") as f:
+        f.write(ATTACKER)
+    os.chown(script, *users.uid["a"][:2])
+    sub = users.run("a", gmux + ["--json", "submit", "--", "python", script, b_job, report])
+    assert sub.returncode == 0, sub.stderr
+    attacker = json.loads(sub.stdout)["job"]
+    wait_for(lambda: os.path.exists(report) or ps(users, rt)[attacker]["state"] in ("failed", "exited"), 60,
+             "the attacking job's report")
+    got = json.load(open(report))
+    assert got["uid"] == users.uid["a"][0]
+    assert not any(p.endswith("admin.token") for p in got["readable"]), got["readable"]
+    assert got["refusals"] and all(f"belongs to {users.name('b')}" in r for r in got["refusals"]), got["refusals"]
+    assert got["cli"][0] == 1 and "belongs to" in got["cli"][1], got["cli"]
+    assert got["shutdown"][0] == 1 and "only an admin" in got["shutdown"][1], got["shutdown"]
+
+    # The admin group's member and root act on anyone's job.
+    adm = ask(users, rt, "adm", [("suspend", {"job": b_job}), ("logs", {"job": b_job}), ("resume", {"job": b_job})])
+    assert all(r["ok"] for r in adm), adm
+    assert set(ps(users, rt, "adm")) >= {a_job, b_job, attacker}
+    (killed,) = ask(users, rt, None, [("kill", {"job": a_job})])
+    assert killed["ok"], killed
+    # B's job, untouched by A, finishes its run.
+    wait_for(lambda: ps(users, rt, "b")[b_job]["state"] in ("exited", "failed", "killed", "lost"), 90,
+             lambda: f"B's job to end: {ps(users, rt, 'b')[b_job]}")
+    b = ps(users, rt, "b")[b_job]
+    assert b["state"] == "exited" and b["exit_status"] == 0, b
+    assert json.load(open(b_out))["steps"] == 600
+    assert ps(users, rt)[a_job]["detail"] == "killed by gmux kill"
+    a_launch.wait(20)
