@@ -40,6 +40,9 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
     for col in ("JOB", "NAME", "GPU", "STATE", "CONTROL", "STEP", "RATE now/solo", "MEM bnd/peak", "GPU-s",
                 "SUSPENDS (s)", "HOST", "WHAT HAPPENED"):
         t.add_column(col, overflow="fold")
+    system = bool((ps.get("daemon") or {}).get("system"))   # a system gmuxd's jobs have owners: show them
+    if system:
+        t.add_column("USER")
     for j in ps["jobs"]:
         gang = j.get("gang")
         name = (j.get("name") or "") + (f" (gang {gang['id']} {gang['rank']}/{gang['size']})" if gang else "")
@@ -51,7 +54,8 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
                   str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
                   f"{format_size(j.get('mem_boundary'))}/{format_size(j.get('mem_peak'))}",
                   f"{j.get('gpu_seconds', 0):.1f}", f"{j.get('suspends', 0)} ({j.get('suspend_seconds', 0):.2f})",
-                  format_size(j.get("host_bytes") or 0), (j.get("detail") or "")[:60]))
+                  format_size(j.get("host_bytes") or 0), (j.get("detail") or "")[:60],
+                  *([j.get("user") or "?"] if system else [])))
     return t
 
 
