@@ -16,9 +16,15 @@ import subprocess
 import sys
 import tempfile
 
+import msgpack
 import pytest
 
-from node_harness import PY, ROOT, TRAIN, env, wait_for
+from gmux import protocol
+from gmux.node.access import SystemMode
+from gmux.node.daemon import Daemon, Options
+from gmux.node.inventory import Gpu
+from gmux.rundir import RuntimeDir, RuntimeDirError
+from node_harness import GiB, PY, ROOT, TRAIN, env, wait_for
 
 TOOLS = ("useradd", "userdel", "groupadd", "groupdel")
 pytestmark = pytest.mark.skipif(
@@ -32,7 +38,7 @@ from gmux.wire.daemon_client import Client, GmuxError
 out = []
 for mtype, fields in json.loads(sys.argv[2]):
     try:
-        out.append({"ok": True, "data": Client(sys.argv[1]).call(mtype, **fields)})
+        out.append({"ok": True, "data": Client(sys.argv[1], timeout=60).call(mtype, **fields)})
     except GmuxError as e:
         out.append({"ok": False, "error": str(e)})
 print(json.dumps(out))
@@ -95,6 +101,22 @@ def mirror_python(dst: str) -> tuple[str, dict]:
     with open(f"{dst}/venv/pyvenv.cfg", "w") as f:
         f.write(f"home = {dst}/py/bin\ninclude-system-site-packages = false\nversion = {sys.version.split()[0]}\n")
     return f"{dst}/venv/bin/python", {"LD_LIBRARY_PATH": f"{dst}/py/lib"}
+
+
+# B's job: trains (an optimizer step per mini-batch: boundaries to suspend at) until told to stop by a file,
+# so that it outlives whatever the test tries against it and then ends cleanly, on the test's word.
+UNTIL = """
+import json, os, sys, time, torch
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+steps = 0
+while not os.path.exists(sys.argv[1]) or steps < 5:
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    steps += 1
+    time.sleep(0.02)
+json.dump({"steps": steps, "uid": os.getuid()}, open(sys.argv[2], "w"))
+"""
 
 
 class Users:
@@ -186,7 +208,7 @@ def system(users):
     log = open(os.path.join(users.tmp, "gmuxd.log"), "ab")
     # (gmuxd starts jobs with its own interpreter: the one the users can run)
     d = subprocess.Popen([users.py, "-m", "gmux.cli.gmuxd", "--system", "--runtime-dir", rt, "--socket-group",
-                          users.group, "--admin-group", users.admins, "--virtual-gpus", "3x1GiB"],
+                          users.group, "--admin-group", users.admins, "--virtual-gpus", "4x1GiB"],
                          env=users.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         wait_for(lambda: d.poll() is not None or ask(users, rt, None, [("ping", {})])[0]["ok"], 30,
@@ -221,51 +243,70 @@ def real_uid(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
 
 
+def put(users: Users, who: str, name: str, text: str) -> str:
+    path = os.path.join(users.home(who), name)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chown(path, *users.uid[who][:2])
+    return path
+
+
 def test_users_act_only_on_their_own_jobs_and_jobs_are_never_admins(users, system):
     rt = system
     gmux = [users.py, "-m", "gmux.cli.gmux", "--runtime-dir", rt]
-    # B submits a job (gmuxd starts it as B); A launches one of its own from a shell (it registers itself).
-    b_out = os.path.join(users.home("b"), "b.json")
-    sub = users.run("b", gmux + ["--json", "submit", "--name", "bees", "--", "python", TRAIN, b_out, "600",
-                                 "--sleep", "0.03"])
+    # B submits a job (gmuxd starts it as B); A launches one of its own from a shell (it registers itself) and
+    # submits another that will try to act as an admin (all start at once: each imports torch first).
+    stop, b_out = os.path.join(users.home("b"), "stop"), os.path.join(users.home("b"), "b.json")
+    sub = users.run("b", gmux + ["--json", "submit", "--name", "bees", "--", "python",
+                                 put(users, "b", "until.py", UNTIL), stop, b_out])
     assert sub.returncode == 0, sub.stderr
     b_job = json.loads(sub.stdout)["job"]
-    a_launch = users.popen("a", [users.py, "-m", "gmux.cli.launch", "--runtime-dir", rt, "--", "python", TRAIN,
-                                 os.path.join(users.home("a"), "a.json"), "100000", "--sleep", "0.05"], "a.log")
-    jobs = wait_for(lambda: (lambda j: len(j) == 2 and all(x["state"] == "running" and x["step"] > 0
-                                                          for x in j.values()) and j)(ps(users, rt)),
-                    60, lambda: f"both jobs running: {ps(users, rt)}")
-    a_job = next(i for i in jobs if i != b_job)
+    a_launch = users.popen("a", [users.py, "-m", "gmux.cli.launch", "--runtime-dir", rt, "--no-hook", "--", "python",
+                                 TRAIN, os.path.join(users.home("a"), "a.json"), "100000", "--sleep", "0.02",
+                                 "--attach"], "a.log")
+    report = os.path.join(users.home("a"), "attack.json")
+    sub = users.run("a", gmux + ["--json", "submit", "--", "python", put(users, "a", "attack.py", ATTACKER),
+                                 b_job, report])
+    assert sub.returncode == 0, sub.stderr
+    attacker = json.loads(sub.stdout)["job"]
+    a_job = wait_for(lambda: next((i for i, j in ps(users, rt).items() if j["pid"] == a_launch.pid), None), 60,
+                     "A's job registered")
+    jobs = wait_for(lambda: (lambda j: all(j[i]["state"] == "running" and j[i]["step"] > 0 for i in (a_job, b_job))
+                             and j)(ps(users, rt)), 60, lambda: f"A's and B's jobs running: {ps(users, rt)}")
     assert jobs[b_job]["user"] == users.name("b") and jobs[a_job]["user"] == users.name("a")
-    assert jobs[a_job]["pid"] == a_launch.pid
     assert real_uid(jobs[b_job]["pid"]) == users.uid["b"][0], "a submitted job runs as its user, not as root"
 
     # A on B's job: every action refused, naming the owner; the job is left as it was.
+    free = ({0, 1, 2, 3} - {j["gpu"] for j in jobs.values()}).pop()
     refused = ask(users, rt, "a", [("kill", {"job": b_job}), ("suspend", {"job": b_job}), ("resume", {"job": b_job}),
-                                   ("logs", {"job": b_job}), ("migrate", {"job": b_job, "gpu": 2}),
+                                   ("logs", {"job": b_job}), ("migrate", {"job": b_job, "gpu": free}),
                                    ("checkpoint", {"job": b_job}), ("shutdown", {})])
     for r in refused[:-1]:
         assert not r["ok"] and f"belongs to {users.name('b')}, not to you ({users.name('a')})" in r["error"], r
     assert not refused[-1]["ok"] and "only an admin" in refused[-1]["error"]
     cli = users.run("a", gmux + ["kill", b_job])
     assert cli.returncode == 1 and f"job {b_job} belongs to {users.name('b')}" in cli.stderr, cli.stderr
-    assert set(ps(users, rt, "a")) == {a_job}, "a user's ps lists their own jobs"
-    assert ps(users, rt, "b")[b_job]["state"] == "running"
+    assert set(ps(users, rt, "a")) == {a_job, attacker}, "a user's ps lists their own jobs"
+    b = ps(users, rt, "b")[b_job]
+    assert b["state"] == "running" and not b["held"] and b["gpu"] == jobs[b_job]["gpu"], b
     # a user outside the socket group cannot even connect
     outsider = users.run("out", gmux + ["ps"])
     assert outsider.returncode == 1 and b_job not in outsider.stdout
 
-    # A's own job: A may read its state and suspend it; A's job (a job of A's) tries to be an admin.
-    mine = ask(users, rt, "a", [("suspend", {"job": a_job}), ("resume", {"job": a_job})])
-    assert all(r["ok"] for r in mine), mine
-    report = os.path.join(users.home("a"), "attack.json")
-    script = os.path.join(users.home("a"), "attack.py")
-    with open(script, "w") as f:
-        f.write(ATTACKER)
-    os.chown(script, *users.uid["a"][:2])
-    sub = users.run("a", gmux + ["--json", "submit", "--", "python", script, b_job, report])
-    assert sub.returncode == 0, sub.stderr
-    attacker = json.loads(sub.stdout)["job"]
+    # A acts on its own job: moves it to a free GPU (its checkpoint goes to A's own directory, and it goes on
+    # from there in a new process while the rest goes on).
+    (moved,) = ask(users, rt, "a", [("migrate", {"job": a_job, "gpu": free})])
+    assert moved["ok"], moved
+    ckpt = os.stat(os.path.join(rt, "users", str(users.uid["a"][0]), f"{a_job}.ckpt"))
+    assert ckpt.st_uid == users.uid["a"][0] and ckpt.st_mode & 0o077 == 0
+
+    # The admin group's member acts on anyone's job.
+    adm = ask(users, rt, "adm", [("suspend", {"job": b_job}), ("logs", {"job": b_job}), ("resume", {"job": b_job})])
+    assert all(r["ok"] for r in adm), adm
+    assert adm[0]["data"]["kind"] == "suspend"
+    assert set(ps(users, rt, "adm")) == {a_job, b_job, attacker}
+
+    # A's job, with everything it could read, tried to be an admin.
     wait_for(lambda: os.path.exists(report) or ps(users, rt)[attacker]["state"] in ("failed", "exited"), 60,
              "the attacking job's report")
     got = json.load(open(report))
@@ -275,17 +316,121 @@ def test_users_act_only_on_their_own_jobs_and_jobs_are_never_admins(users, syste
     assert got["cli"][0] == 1 and "belongs to" in got["cli"][1], got["cli"]
     assert got["shutdown"][0] == 1 and "only an admin" in got["shutdown"][1], got["shutdown"]
 
-    # The admin group's member and root act on anyone's job.
-    adm = ask(users, rt, "adm", [("suspend", {"job": b_job}), ("logs", {"job": b_job}), ("resume", {"job": b_job})])
-    assert all(r["ok"] for r in adm), adm
-    assert set(ps(users, rt, "adm")) >= {a_job, b_job, attacker}
-    (killed,) = ask(users, rt, None, [("kill", {"job": a_job})])
+    wait_for(lambda: (lambda j: j["gpu"] == free and j["state"] == "running" and j["migrations"] == 1)(
+        ps(users, rt, "a")[a_job]), 60, lambda: f"A's job running on GPU {free}: {ps(users, rt, 'a')[a_job]}")
+    (killed,) = ask(users, rt, None, [("kill", {"job": a_job})])     # root acts on anyone's job
     assert killed["ok"], killed
-    # B's job, untouched by A, finishes its run.
-    wait_for(lambda: ps(users, rt, "b")[b_job]["state"] in ("exited", "failed", "killed", "lost"), 90,
+    # B's job, untouched by A, finishes its run when B says.
+    with open(stop, "w"):
+        pass
+    wait_for(lambda: ps(users, rt, "b")[b_job]["state"] in ("exited", "failed", "killed", "lost"), 60,
              lambda: f"B's job to end: {ps(users, rt, 'b')[b_job]}")
     b = ps(users, rt, "b")[b_job]
-    assert b["state"] == "exited" and b["exit_status"] == 0, b
-    assert json.load(open(b_out))["steps"] == 600
+    assert b["state"] == "exited" and b["exit_status"] == 0 and b["suspends"] == 1, b
+    assert json.load(open(b_out))["uid"] == users.uid["b"][0]
     assert ps(users, rt)[a_job]["detail"] == "killed by gmux kill"
     a_launch.wait(20)
+
+
+# --- the same rules in-process: a system daemon whose requests come with the credentials a test chooses ---
+class Peer:
+    """A received frame as the server sees it, with the kernel's word on its sender."""
+
+    def __init__(self, frame: bytes, uid: int, gid: int, pid: int):
+        self.bytes, self.address = frame, f"localhost:{uid}:{gid}:{pid}"
+
+    def get(self, name: str) -> str:
+        assert name == "Peer-Address"
+        return self.address
+
+
+@pytest.fixture
+def sysd(users, tmp_path):
+    stand_in = subprocess.Popen(["sleep", "600"])    # root's: a job claiming it is never signalled for a user
+    d = Daemon(RuntimeDir(str(tmp_path / "rt")), [Gpu(i, "virtual", 4 * GiB, True) for i in range(2)],
+               Options(quantum=1.0, system=SystemMode(grp_gid(users.group), grp_gid(users.admins))))
+    d.sent = []
+    d.server.send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True
+    d.pid = stand_in.pid
+    yield d
+    d.close()
+    stand_in.kill()
+    stand_in.wait()
+
+
+def grp_gid(name: str) -> int:
+    import grp
+    return grp.getgrnam(name).gr_gid
+
+
+def call(d, users, who, mtype, identity=b"c", **fields) -> dict:
+    """A request from a process of user `who` whose pid is d.pid."""
+    uid, gid, _ = users.uid[who]
+    d.sent.clear()
+    d.server.receive(identity, [Peer(protocol.encode(mtype, 5, **fields), uid, gid, d.pid)])
+    replies = [m for i, m in d.sent if m["type"] == "reply" and i == identity]
+    return replies[0] if replies else None    # None: deferred (it waits for the job)
+
+
+def test_system_tree_socket_and_no_admin_token(sysd, users):
+    import stat
+    st = os.stat(sysd.rundir.root)
+    assert stat.S_IMODE(st.st_mode) == 0o750 and st.st_gid == grp_gid(users.group) and st.st_uid == 0
+    sock = os.stat(sysd.rundir.socket)
+    assert stat.S_IMODE(sock.st_mode) == 0o660 and sock.st_gid == grp_gid(users.group)
+    assert not os.path.exists(sysd.rundir.admin_token_file)
+    assert stat.S_IMODE(os.stat(sysd.rundir.users()).st_mode) == 0o711
+    # a message the kernel did not attribute (not ipc) is refused, never served as nobody in particular
+    sysd.sent.clear()
+    sysd.server.receive(b"c", [protocol.encode("ping", 5)])
+    assert "cannot tell which local user" in sysd.sent[0][1]["error"]
+
+
+def test_a_process_registers_only_itself_and_owns_what_it_registers(sysd, users):
+    other = call(sysd, users, "a", "register", pid=sysd.pid + 100000, argv=["python", "t.py"])
+    assert not other["ok"] and "is not the registering process" in other["error"] and not sysd.jobs
+    reg = call(sysd, users, "a", "register", pid=sysd.pid, argv=["python", "t.py"],
+               gang={"id": "g", "rank": 0, "size": 2})["data"]
+    job = sysd.jobs[reg["job"]]
+    assert (job.uid, job.gid) == users.uid["a"][:2]
+    user_dir = os.stat(sysd.rundir.user_dir(users.uid["a"][0]))
+    assert user_dir.st_uid == users.uid["a"][0] and user_dir.st_mode & 0o777 == 0o700
+    # A's token is worth nothing to B; B cannot join A's gang (its ranks are suspended and killed together)
+    leaked = call(sysd, users, "b", "heartbeat", job=reg["job"], token=reg["token"], state="running")
+    assert not leaked["ok"] and "wrong token" in leaked["error"]
+    joined = call(sysd, users, "b", "register", pid=sysd.pid, argv=["python", "t.py"],
+                  gang={"id": "g", "rank": 1, "size": 2})
+    assert not joined["ok"] and f"gang g is {users.name('a')}'s" in joined["error"]
+    # root's process registered as A's job (only a test can do that) is never signalled for A's job
+    assert not sysd.sup.kill(job) and sysd.sup.stopped_outside(job) is False
+
+
+def test_a_refused_request_changes_nothing(sysd, users):
+    reg = call(sysd, users, "a", "register", pid=sysd.pid, argv=["python", "t.py"])["data"]
+    job = sysd.jobs[reg["job"]]
+    sysd.tick()    # it is sent its start
+    slicer = sysd.slicers[job.gpu]
+
+    def state():
+        return (job.state, job.held, job.gpu, job.kill_requested, set(slicer.entries), set(slicer.resident),
+                slicer.busy_with(job.id), len(sysd.commands.inflight))
+    before = state()
+    for mtype in ("suspend", "kill", "migrate", "resume", "logs"):
+        fields = {"gpu": 1 - job.gpu} if mtype == "migrate" else {}
+        r = call(sysd, users, "b", mtype, admin="", job=job.id, **fields)
+        assert not r["ok"] and f"belongs to {users.name('a')}" in r["error"], r
+    assert state() == before and sysd.server.internal_errors == 0
+    assert call(sysd, users, "b", "ps", admin="")["data"]["jobs"] == []
+    (mine,) = call(sysd, users, "a", "ps", admin="")["data"]["jobs"]
+    assert mine["user"] == users.name("a")
+    # the admin group's member acts by who they are (the token field is ignored: there is none)
+    call(sysd, users, "adm", "suspend", admin="", job=job.id)
+    assert job.held and state() != before
+
+
+def test_a_users_directory_must_be_theirs(users, tmp_path):
+    rd = RuntimeDir(str(tmp_path / "rt"))
+    rd.create(grp_gid(users.group))
+    os.mkdir(rd.user_dir(users.uid["a"][0]))     # made by root, not given to A: not one gmuxd made
+    with pytest.raises(RuntimeDirError, match="not a user's directory"):
+        rd.create(grp_gid(users.group))
