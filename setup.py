@@ -6,6 +6,19 @@ from setuptools import find_packages, setup
 here = os.path.dirname(os.path.abspath(__file__))
 native_build = os.path.join("python", "build_native.py")
 
+
+def _cpu_limit():
+    """The memory limit of jobs on virtual GPUs (csrc/cpu_limit.cpp), built against the installed torch."""
+    import sys
+    sys.path.insert(0, os.path.join(here, "python"))
+    try:
+        from build_cpu_limit import extension
+    finally:
+        sys.path.pop(0)
+    ext = extension()
+    return [ext] if ext is not None else []
+
+
 setup(
     name="gmux",
     version="0.1.0",
@@ -26,6 +39,7 @@ setup(
     ],
     extras_require={"test": ["pytest>=7", "pytest-timeout", "pytest-xdist>=3", "hypothesis>=6"]},
     setup_requires=["cffi>=1.15"],
+    ext_modules=_cpu_limit(),
     cffi_modules=[native_build + ":ffibuilder"] if os.path.exists(os.path.join(here, native_build)) else [],
     entry_points={
         "console_scripts": [

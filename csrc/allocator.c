@@ -66,6 +66,29 @@ void gmux__entry_destroy(gmux_allocator *a, gmux_entry *e) {
     free(e);
 }
 
+/* Counts `span` against the job's limit before any backend work, or refuses it. The add comes first and is
+ * undone on refusal: two threads allocating at once both see the other's claim. */
+static int claim(gmux_allocator *a, uint64_t size, uint64_t span) {
+    uint64_t now = __atomic_add_fetch(&a->committed, span, __ATOMIC_ACQ_REL);
+    uint64_t limit = __atomic_load_n(&a->limit, __ATOMIC_ACQUIRE);
+    if (limit && now > limit) {
+        __atomic_sub_fetch(&a->committed, span, __ATOMIC_ACQ_REL);
+        __atomic_fetch_add(&a->refused, 1, __ATOMIC_RELAXED);
+        return gmux__fail(GMUX_E_NOMEM, "over the job's memory limit of %llu bytes: %llu asked (%llu mapped) with %llu in use",
+                          (unsigned long long)limit, (unsigned long long)size, (unsigned long long)span,
+                          (unsigned long long)(now - span));
+    }
+    return GMUX_OK;
+}
+
+static void unclaim(gmux_allocator *a, uint64_t span) { __atomic_sub_fetch(&a->committed, span, __ATOMIC_ACQ_REL); }
+
+int gmux_set_limit(gmux_allocator *a, uint64_t bytes) {
+    if (!a) return gmux__fail(GMUX_E_INVALID, "gmux_set_limit: allocator is NULL");
+    __atomic_store_n(&a->limit, bytes, __ATOMIC_RELEASE);
+    return GMUX_OK;
+}
+
 int gmux_malloc(gmux_allocator *a, uint64_t size, void *stream, void **out) {
     if (!a || !out) return gmux__fail(GMUX_E_INVALID, "gmux_malloc: NULL allocator or out");
     *out = NULL;
@@ -73,17 +96,24 @@ int gmux_malloc(gmux_allocator *a, uint64_t size, void *stream, void **out) {
     if (__atomic_load_n(&a->suspended, __ATOMIC_ACQUIRE))
         return gmux__fail(GMUX_E_STATE, "allocation of %llu bytes while the job is suspended", (unsigned long long)size);
     gmux_backend *b = a->backend;
+    const uint64_t span = (size + b->granularity - 1) / b->granularity * b->granularity;
+    int rc = claim(a, size, span);
+    if (rc) return rc;
     gmux_entry *e = calloc(1, sizeof *e);
-    if (!e) return gmux__fail(GMUX_E_NOMEM, "allocation entry");
+    if (!e) {
+        unclaim(a, span);
+        return gmux__fail(GMUX_E_NOMEM, "allocation entry");
+    }
     e->size = size;
-    e->span = (size + b->granularity - 1) / b->granularity * b->granularity;
+    e->span = span;
     e->stream = stream;
     e->nunits = gmux__nunits(e->span, b->unit_bytes);
     e->down = calloc(e->nunits, 1);
-    int rc = e->down ? b->phys_init(b, e) : gmux__fail(GMUX_E_NOMEM, "allocation entry");
+    rc = e->down ? b->phys_init(b, e) : gmux__fail(GMUX_E_NOMEM, "allocation entry");
     if (rc) {
         free(e->down);
         free(e);
+        unclaim(a, span);
         return rc;
     }
     if ((rc = enter(b))) goto undo_phys;
@@ -104,6 +134,7 @@ int gmux_malloc(gmux_allocator *a, uint64_t size, void *stream, void **out) {
     pthread_mutex_unlock(&a->lock);
     if (rc) {
         gmux__entry_destroy(a, e);
+        unclaim(a, span);
         return rc;
     }
     *out = (void *)e->addr;
@@ -114,6 +145,7 @@ undo_phys:
     b->phys_free(b, e);
     free(e->down);
     free(e);
+    unclaim(a, span);
     return rc;
 }
 
@@ -135,6 +167,7 @@ int gmux_mfree(gmux_allocator *a, void *ptr, uint64_t size) {
     for (uint64_t u = 0; u < e->nunits; u++)
         if (!e->down[u]) a->table.mapped -= gmux__unit_len(e, a->backend->unit_bytes, u);
     pthread_mutex_unlock(&a->lock);
+    unclaim(a, e->span);
     gmux__entry_destroy(a, e);
     return GMUX_OK;
 }
@@ -179,6 +212,9 @@ int gmux_stats_get(gmux_allocator *a, gmux_stats *out) {
     out->allocations = t->count;
     out->suspended = a->suspended;
     out->errors = __atomic_load_n(&a->errors, __ATOMIC_RELAXED);
+    out->limit = __atomic_load_n(&a->limit, __ATOMIC_ACQUIRE);
+    out->committed = __atomic_load_n(&a->committed, __ATOMIC_ACQUIRE);
+    out->refused = __atomic_load_n(&a->refused, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&a->lock);
     return GMUX_OK;
 }

@@ -58,6 +58,9 @@ typedef struct {
     uint64_t allocations;
     uint64_t suspended;
     uint64_t errors; /* failures inside gmux_alloc/gmux_free, which cannot return a status */
+    uint64_t limit;     /* the job's memory limit (0: none) */
+    uint64_t committed; /* what counts against it: the span of every allocation (granularity-rounded) */
+    uint64_t refused;   /* allocations refused for the limit */
 } gmux_stats;
 
 typedef struct {
@@ -90,6 +93,9 @@ int gmux_malloc(gmux_allocator *a, uint64_t size, void *stream, void **out);
 int gmux_mfree(gmux_allocator *a, void *ptr, uint64_t size); /* size 0: do not check it */
 int gmux_set_tag(gmux_allocator *a, void *ptr, int tag);
 int gmux_set_default_tag(gmux_allocator *a, int tag);
+/* The job's memory limit in bytes (0: none). An allocation that would take the allocations' total span past
+ * it fails with GMUX_E_NOMEM and a message saying so; allocations already made are never touched. */
+int gmux_set_limit(gmux_allocator *a, uint64_t bytes);
 int gmux_boundary(gmux_allocator *a); /* records live bytes at this mini-batch boundary */
 int gmux_stats_get(gmux_allocator *a, gmux_stats *out);
 int gmux_lookup(gmux_allocator *a, uint64_t address, gmux_alloc_info *out); /* allocation containing address */

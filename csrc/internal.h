@@ -114,6 +114,12 @@ struct gmux_allocator {
     int default_tag;
     bool suspended;
     uint64_t errors;
+    /* The job's memory limit (0: none) and what counts against it: the span of every allocation, in flight
+     * or made, whether mapped now or released by a suspend (a resume maps it all again). Atomics, so the
+     * check and the claim are one step and two threads can never both slip past the limit. */
+    uint64_t limit;
+    uint64_t committed;
+    uint64_t refused;
     /* reused across suspend/resume cycles so that the hot path allocates nothing after the first */
     gmux_saved *saved;
     uint64_t nsaved, saved_cap;

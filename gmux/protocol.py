@@ -275,7 +275,9 @@ RESULT = {"ok": (_bool, True), "error": (_optional(_str), False), "bytes": (_opt
           "seconds": (_optional(_float), False)}
 # A job's periodic report: what gmuxd reads to schedule it, and any other measurement.
 REPORT = {"step": (_opt_count, False), "mem_boundary": (_opt_count, False), "mem_peak": (_opt_count, False),
-          "batch_s": (_optional(_float), False), "rate": (_optional(_float), False)}
+          "batch_s": (_optional(_float), False), "rate": (_optional(_float), False),
+          # the job's memory limit (its --mem; 0: none) and what counts against it now (gmux/job/memory/limit.py)
+          "mem_limit": (_opt_count, False), "mem_in_use": (_opt_count, False), "mem_limit_soft": (_optional(_bool), False)}
 
 # Fields every job-authenticated message carries: a job can only act on itself, proven by its token.
 _AUTH = {"job": (_name, True), "token": (lambda v: _str(v, 128), True)}

@@ -38,6 +38,7 @@ typedef struct {
     uint64_t live[4], peak[4], at_boundary[4];
     uint64_t live_total, peak_total, at_boundary_total;
     uint64_t mapped_bytes, reserved_bytes, allocations, suspended, errors;
+    uint64_t limit, committed, refused;
 } gmux_stats;
 typedef struct { uint64_t address, size, stream; int tag; } gmux_alloc_info;
 typedef struct { uint64_t address, length; } gmux_range;
@@ -55,6 +56,7 @@ int gmux_malloc(gmux_allocator *a, uint64_t size, void *stream, void **out);
 int gmux_mfree(gmux_allocator *a, void *ptr, uint64_t size);
 int gmux_set_tag(gmux_allocator *a, void *ptr, int tag);
 int gmux_set_default_tag(gmux_allocator *a, int tag);
+int gmux_set_limit(gmux_allocator *a, uint64_t bytes);
 int gmux_boundary(gmux_allocator *a);
 int gmux_stats_get(gmux_allocator *a, gmux_stats *out);
 int gmux_lookup(gmux_allocator *a, uint64_t address, gmux_alloc_info *out);

@@ -22,7 +22,11 @@ def main(argv=None) -> int:
         return 2
     split = argv.index("--")
     p = argparse.ArgumentParser(prog="gmux-launch", description="Run an unmodified training script as a gmux job.")
-    p.add_argument("--mem", type=parse_size, help="GPU memory the job needs (e.g. 6GiB); default: measured")
+    p.add_argument("--mem", type=parse_size, help="GPU memory the job needs (e.g. 6GiB), and its limit: an "
+                                                  "allocation past it fails with an out-of-memory error; default: "
+                                                  "measured, no limit")
+    p.add_argument("--mem-soft", action="store_true", help="--mem declares the job's size for admission only: "
+                                                           "no limit (also GMUX_MEM_SOFT=1)")
     p.add_argument("--weight", type=float, default=1.0, help="share of GPU time relative to other jobs")
     p.add_argument("--gpus", type=int, default=1, help="GPUs this one process uses; more than one are given to it "
                                                        "exclusively, when that many are free (default 1)")
@@ -61,8 +65,8 @@ def main(argv=None) -> int:
             p.error(f"--gang with --gpus {a.gpus}: each rank of a gang uses one GPU")
         gang = {"id": a.gang, "rank": a.rank, "size": a.world}
     token = os.environ.pop("GMUX_JOB_TOKEN", None) if a.job else None
-    return run(LaunchOptions(argv=argv[split + 1:], runtime_dir=a.runtime_dir, mem=a.mem, weight=a.weight,
-                             gpus=a.gpus, gpu=a.gpu, name=a.name, hook=a.hook, job=a.job, token=token, restore=a.restore,
+    return run(LaunchOptions(argv=argv[split + 1:], runtime_dir=a.runtime_dir, mem=a.mem, mem_soft=a.mem_soft,
+                             weight=a.weight, gpus=a.gpus, gpu=a.gpu, name=a.name, hook=a.hook, job=a.job, token=token, restore=a.restore,
                              gang=gang, torchrun=a.torchrun_worker))
 
 
@@ -73,6 +77,7 @@ def _torchrun(p: argparse.ArgumentParser, a: argparse.Namespace, args: list) -> 
     gang = a.name or f"torchrun-{os.getpid()}"
     opts = ["--runtime-dir", a.runtime_dir, "--gang", gang, "--weight", repr(a.weight)]
     opts += (["--mem", str(a.mem)] if a.mem is not None else []) + (["--name", a.name] if a.name else [])
+    opts += ["--mem-soft"] if a.mem_soft else []
     opts += [] if a.hook else ["--no-hook"]
     _, ranks = torchrun.worker_command(args, opts)    # refuses what cannot run as one gang before anything starts
     if a.gpus != 1 and ranks and a.gpus != ranks:

@@ -35,9 +35,21 @@ def _control(j: dict) -> str:
     return f"{mode}: {allows}" if allows else mode
 
 
+def _mem(j: dict) -> str:
+    """MEM use/peak/limit: what counts against the job's limit now (where its runtime counts it; else its
+    memory at the last boundary), its peak, and its --mem: a hard limit, 'soft' (counted, never refused: a
+    declaration for admission), or '-' for none."""
+    r = j.get("report") or {}
+    use = r.get("mem_in_use") if isinstance(r.get("mem_in_use"), int) else j.get("mem_boundary")
+    limit = r.get("mem_limit") if isinstance(r.get("mem_limit"), int) and r.get("mem_limit") else j.get("mem")
+    enforced = r.get("mem_enforced")
+    mark = " soft" if enforced == "counted" else " (not enforced)" if enforced == "not enforced" else ""
+    return f"{format_size(use)}/{format_size(j.get('mem_peak'))}/{format_size(limit)}{mark}"
+
+
 def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
     t = Table(title=title, title_justify="left")
-    for col in ("JOB", "NAME", "GPU", "STATE", "CONTROL", "STEP", "RATE now/solo", "MEM bnd/peak", "GPU-s",
+    for col in ("JOB", "NAME", "GPU", "STATE", "CONTROL", "STEP", "RATE now/solo", "MEM use/peak/limit", "GPU-s",
                 "SUSPENDS (s)", "HOST", "WHAT HAPPENED"):
         t.add_column(col, overflow="fold")
     system = bool((ps.get("daemon") or {}).get("system"))   # a system gmuxd's jobs have owners: show them
@@ -52,7 +64,7 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
         held = j.get("held") and j["state"] != "held"
         t.add_row(*_cells(j["id"], name, gpu, j["state"] + (" (held)" if held else ""), _control(j),
                   str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
-                  f"{format_size(j.get('mem_boundary'))}/{format_size(j.get('mem_peak'))}",
+                  _mem(j),
                   f"{j.get('gpu_seconds', 0):.1f}", f"{j.get('suspends', 0)} ({j.get('suspend_seconds', 0):.2f})",
                   format_size(j.get("host_bytes") or 0), (j.get("detail") or "")[:60],
                   *([j.get("user") or "?"] if system else [])))

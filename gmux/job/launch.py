@@ -28,6 +28,7 @@ class LaunchOptions:
     argv: list
     runtime_dir: str
     mem: Optional[int] = None
+    mem_soft: bool = False       # --mem is a declaration for admission only, not a limit (GMUX_MEM_SOFT=1)
     weight: float = 1.0
     gpus: int = 1
     name: Optional[str] = None
@@ -54,6 +55,10 @@ def run(opt: LaunchOptions) -> int:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2
     job_id = reg["job"]
+    # The limit is what gmuxd admitted the job with: its --mem, or a submitted job's (gmux submit --mem).
+    mem_limit = reg.get("mem", opt.mem)
+    if opt.mem_soft:
+        os.environ["GMUX_MEM_SOFT"] = "1"   # kept across a migration's re-exec, like the rest of the environment
     os.environ.update(reg["env"])
     os.environ.update({"GMUX_JOB_ID": job_id, "GMUX_RUNTIME_DIR": rundir.root})
     # Admitted; now wait for our turn on the GPU (immediately, when it is free).
@@ -94,7 +99,8 @@ def run(opt: LaunchOptions) -> int:
             # wraps its controller in GangController on its own)
             from gmux.job.gang import GangController
             controller = GangController(agent, lazy=True)
-        runner.prepare(controller, hook=opt.hook, native=native)
+        runner.prepare(controller, hook=opt.hook, native=native, mem_limit=mem_limit, job=job_id,
+                       name=opt.name or reg.get("name") or None)
         agent.state = "running"
     status, reason = runner.run_script(kind, target, script_argv, setup)
     if agent.migrating is not None:

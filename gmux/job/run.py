@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     p.add_argument("--hold", type=float, default=0.0, metavar="S", help="seconds to stay suspended (default 0)")
     p.add_argument("--pool", default=None, metavar="SIZE", help="virtual GPU memory on the CPU, e.g. 2GiB")
     p.add_argument("--no-native", action="store_true", help="use the state tier only")
+    p.add_argument("--mem", default=None, metavar="SIZE", help="the job's memory limit (as gmux-launch --mem): an "
+                                                               "allocation past it fails with an out-of-memory error")
     p.add_argument("script", help="the training script, run as __main__")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     a = p.parse_args(argv)
@@ -69,10 +71,11 @@ def main(argv=None) -> int:
         p.error(f"no such script: {a.script}")
     try:
         pool_bytes = parse_size(a.pool) if a.pool else 0
+        mem_limit = parse_size(a.mem) if a.mem else None
     except ValueError as e:
-        p.error(f"--pool: {e}")
+        p.error(f"--pool/--mem: {e}")
     controller = CycleController(a.cycle_every, a.hold) if a.cycle_every else None
-    job = runner.prepare(controller, pool_bytes=pool_bytes, native=not a.no_native)
+    job = runner.prepare(controller, pool_bytes=pool_bytes, native=not a.no_native, mem_limit=mem_limit)
 
     def summary():
         s, r = job.profile.last_suspend, job.profile.last_resume

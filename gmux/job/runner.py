@@ -48,14 +48,16 @@ def warm_up() -> None:
         importlib.import_module(f"{__package__}.{module}")
 
 
-def prepare(controller=None, *, hook: bool = True, pool_bytes: int = 0, native: bool = True):
+def prepare(controller=None, *, hook: bool = True, pool_bytes: int = 0, native: bool = True,
+            mem_limit: Optional[int] = None, job: Optional[str] = None, name: Optional[str] = None):
     """Sets up the job's device memory (a virtual GPU of `pool_bytes` on the CPU; `native`: allow gmux's
-    native allocator) and, with `hook`, installs the transparent hook with `controller` driving the job.
+    native allocator; `mem_limit`: the job's --mem, past which its allocations fail, naming `job` and `name`)
+    and, with `hook`, installs the transparent hook with `controller` driving the job.
     Returns the hook's Job; None without the hook (the script then attaches its state itself, with a pool of
     its own on the CPU, and on a GPU gets the allocator tier through the routing set up here)."""
     from .memory import device_memory
 
-    pool = device_memory(pool_bytes, native)
+    pool = device_memory(pool_bytes, native, mem_limit, job=job, name=name)
     if not hook:
         return None
     from .hook import install_hook

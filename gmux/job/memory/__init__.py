@@ -8,10 +8,11 @@
     python_pool.py     DevicePool, a virtual GPU's memory in pure Python: the fallback where gmux._native is
                        not built (or a job is run with --no-native)
     spill.py           a suspended job's host copy to a file and back, checked
+    limit.py           the job's memory limit (--mem), enforced: its policy and its figures for reports
     copier.py          the state tier's host copy engine (virtual GPUs)
 
-The choices are made here and nowhere else: which device memory a job gets before its script runs
-(`device_memory`), and which tier suspends its state (`choose_tier`). Policy here, mechanism below (the C core
+The choices are made here and nowhere else: which device memory a job gets before its script runs, with its
+limit (`device_memory`), and which tier suspends its state (`choose_tier`). Policy here, mechanism below (the C core
 and its binding decide nothing). This module imports torch only when asked to choose, so that gmux-launch can
 import its way to a registered job without paying for torch first.
 """
@@ -25,21 +26,27 @@ if TYPE_CHECKING:
     from .tier import Tier
 
 
-def device_memory(pool_bytes: int = 0, native: bool = True):
+def device_memory(pool_bytes: int = 0, native: bool = True, limit: int | None = None, *, job: str | None = None,
+                  name: str | None = None):
     """Sets up a job's device memory before its script allocates any (a runner calls this first).
 
     On a GPU: with `native` allowed and gmux._native built, routes every torch CUDA allocation of the job
     through gmux (so its state gets the allocator tier); returns None. On the CPU: a virtual GPU of `pool_bytes`,
     the native Pool where it can be (allocator tier), else the Python DevicePool (state tier); None for no pool
-    (pool_bytes 0: tensors stay on the heap, state tier)."""
+    (pool_bytes 0: tensors stay on the heap, state tier). With `limit` (bytes; the job's --mem), an allocation
+    past it fails with torch.OutOfMemoryError naming the job (`job`, `name`) and the limit (limit.py; a soft
+    limit, GMUX_MEM_SOFT=1, only counts)."""
     import torch
 
     from . import native as core
+    from .limit import enforce
 
     if torch.cuda.is_available():
         if native and core.available():
             core.route_torch_cuda(torch.cuda.current_device())
+        enforce(limit, job=job, name=name, cuda=True)   # after routing: the routed allocator enforces it
         return None
+    enforce(limit, job=job, name=name, cuda=False)     # before any pool: its regions count too
     if not pool_bytes:
         return None
     if native and core.available():

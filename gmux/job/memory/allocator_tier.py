@@ -88,7 +88,7 @@ class AllocatorTier(Tier):
         self.allocator.boundary()
         s = self.allocator.stats()
         return {"native_live": s["live"], "native_peak": s["peak"], "native_at_boundary": s["at_boundary"],
-                "native_by_tag": s["at_boundary_by_tag"], "native_peak_by_tag": s["peak_by_tag"]}
+                "native_by_tag": s["at_boundary_by_tag"], "native_peak_by_tag": s["peak_by_tag"], **super().memory()}
 
     def spill(self, path: str) -> dict:
         raise RuntimeError("spill: the allocator tier keeps suspended bytes in its own host store and cannot "

@@ -209,6 +209,10 @@ class Allocator:
     def set_default_tag(self, tag: str | int) -> None:
         _check(_native.lib.gmux_set_default_tag(self._handle(), _tag(tag)), "set_default_tag")
 
+    def set_limit(self, nbytes: int) -> None:
+        """Past `nbytes` (the spans of all allocations; 0: no limit) an allocation fails (GMUX_E_NOMEM)."""
+        _check(_native.lib.gmux_set_limit(self._handle(), nbytes), "set_limit")
+
     def boundary(self) -> None:
         _check(_native.lib.gmux_boundary(self._handle()), "boundary")
 
@@ -221,7 +225,8 @@ class Allocator:
                 "peak_by_tag": {TAG_NAMES[i]: s.peak[i] for i in range(4)},
                 "at_boundary_by_tag": {TAG_NAMES[i]: s.at_boundary[i] for i in range(4)},
                 "mapped": s.mapped_bytes, "reserved": s.reserved_bytes, "allocations": s.allocations,
-                "suspended": bool(s.suspended), "errors": s.errors}
+                "suspended": bool(s.suspended), "errors": s.errors,
+                "limit": s.limit, "committed": s.committed, "refused": s.refused}
 
     def allocations(self) -> list[dict]:
         ffi, lib = _require()
@@ -338,13 +343,22 @@ def place(allocator: Allocator, tensors: Iterable, tags: Optional[Iterable[str]]
     for storage, kind, views in groups.values():
         by_kind.setdefault(kind, []).append((storage, views))
     placed = 0
+    from .limit import cpu_limit
+    limiter = cpu_limit()   # the job's limit counts its storages wherever they live (limit.py)
     for (tag, _), items in by_kind.items():
         offsets, total = [], 0
         for storage, _ in items:
             offsets.append(total)
             total += (storage.nbytes() + ALIGN - 1) // ALIGN * ALIGN
-        address = allocator.malloc(total, tag)
-        region = ffi.gc(ffi.cast("void *", address), allocator._release_region)
+        if limiter is not None:
+            limiter.claim(total, check=False)   # moved, not grown: the heap storages go just below
+        try:
+            address = allocator.malloc(total, tag)
+        except BaseException:
+            if limiter is not None:
+                limiter.release(total)
+            raise
+        region = ffi.gc(ffi.cast("void *", address), _releaser(allocator, limiter, total))
         buf = ffi.buffer(region, total)  # holds `region`; torch.frombuffer holds `buf`
         with torch.no_grad():
             for (storage, views), off in zip(items, offsets):
@@ -355,6 +369,15 @@ def place(allocator: Allocator, tensors: Iterable, tags: Optional[Iterable[str]]
                     t.set_(fresh, t.storage_offset(), t.size(), t.stride())
         placed += total
     return {"bytes": placed, "storages": len(groups)}
+
+
+def _releaser(allocator: Allocator, limiter, nbytes: int):
+    """Frees a placed region when the last storage over it dies, and gives its bytes back to the job's count."""
+    def release(ptr) -> None:
+        allocator._release_region(ptr)
+        if limiter is not None:
+            limiter.release(nbytes)
+    return release
 
 
 def storage_ranges(tensors: Iterable) -> list[tuple[int, int]]:

@@ -10,6 +10,10 @@ The pool is a shared-memory file (so gmuxd can own it and jobs can map it), popu
 Regions are handed out first-fit and come back only when the torch storage over them really dies (a weakref
 finalizer on the buffer object torch holds), so a view the runtime did not know about can never see a region
 reused by someone else: it keeps the region alive, and `in_use` shows it.
+
+A job with a memory limit (limit.py) counts its pool regions with its tensors: a region is claimed from the
+job's count when it is handed out (refused past the limit, with torch's out-of-memory error) and released
+when it comes back. A pool that is full refuses with the same error, naming the pool.
 """
 from __future__ import annotations
 
@@ -22,11 +26,14 @@ import weakref
 
 import torch
 
+from . import limit
+
 ALIGN = 4096
 
 
-class PoolExhausted(MemoryError):
-    pass
+class PoolExhausted(torch.OutOfMemoryError, MemoryError):
+    """The virtual GPU's pool has no room: what a GPU out of memory raises (a script's `except
+    torch.OutOfMemoryError` catches it), and a MemoryError as before."""
 
 
 class DevicePool:
@@ -57,8 +64,15 @@ class DevicePool:
         """A CPU storage of `nbytes` over warm pool pages; the region returns to the pool when it dies."""
         length = max(ALIGN, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
         offset = self._take(length)
+        limiter = limit.cpu_limit()
+        if limiter is not None:
+            try:
+                limiter.claim(length)
+            except BaseException:
+                self._give_back(offset, length)
+                raise
         region = (ctypes.c_char * length).from_buffer(self._map, offset)
-        weakref.finalize(region, self._give_back, offset, length)
+        weakref.finalize(region, self._give_back, offset, length, limiter)
         return torch.frombuffer(region, dtype=torch.uint8, count=nbytes).untyped_storage()
 
     def _take(self, length: int) -> int:
@@ -75,7 +89,9 @@ class DevicePool:
             f"virtual GPU pool exhausted: {length} bytes asked, {self.size - self.in_use} of {self.size} free "
             f"(largest free run {max((f for _, f in self._free), default=0)})")
 
-    def _give_back(self, offset: int, length: int) -> None:
+    def _give_back(self, offset: int, length: int, limiter=None) -> None:
+        if limiter is not None:   # the limiter that counted this region (None: it was not counted)
+            limiter.release(length)
         with self._lock:
             self.in_use -= length
             i = bisect.bisect(self._free, (offset, length))

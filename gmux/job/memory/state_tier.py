@@ -34,6 +34,7 @@ from typing import Optional
 import torch
 
 from .copier import Copier
+from .limit import host_memory
 from .python_pool import DevicePool
 from .spill import SpillFile
 from .tier import Tier
@@ -122,7 +123,8 @@ class StateTier(Tier):
         # Growth is rare (optimizer state appears after the first step); leave headroom for the next one.
         size = max(total, int(total * 1.125))
         self._host = None
-        self._host = torch.empty(size, dtype=torch.uint8, pin_memory=self._cuda)
+        with host_memory():   # host memory: not counted against the job's device memory limit (limit.py)
+            self._host = torch.empty(size, dtype=torch.uint8, pin_memory=self._cuda)
         if fault_in:
             self._host.fill_(0)  # fault the pages in now, not inside the first timed copy
         return True

@@ -39,8 +39,11 @@ class Tier(ABC):
         reads it back. A tier that cannot raises, saying what to do instead."""
 
     def memory(self) -> dict:
-        """Figures for the job's report beyond what the profiler measures (the native tracker's, for one)."""
-        return {}
+        """Figures for the job's report beyond what the profiler measures (the native tracker's, for one):
+        the job's memory limit, what counts against it, and its exact peak where it is counted (limit.py)."""
+        from .limit import enforced
+        limit = enforced()
+        return limit.figures() if limit is not None else {}
 
     @abstractmethod
     def on_device(self, tensor: torch.Tensor) -> bool:

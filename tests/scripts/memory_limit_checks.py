@@ -1,0 +1,118 @@
+"""usage: memory_limit_checks.py CHECK — one check of the CPU memory limiter (gmux/job/memory/limit.py) in a
+process of its own (the limiter replaces torch's CPU allocator for the rest of the process); prints 'ok CHECK'
+when every assertion held. Run by tests/test_memory_limit.py."""
+import sys
+import threading
+
+import torch
+
+from gmux.job.memory import limit as ml
+
+MiB = 1 << 20
+
+
+def refuse():
+    """Past the limit the allocation fails with torch's OOM error naming job, limit and how to raise it;
+    nothing is counted for it; a free gives room back; the figures say limit, in use, peak."""
+    e = ml.enforce(64 * MiB, job="j7", name="big", soft=False, cuda=False)
+    kept = torch.ones(40 * MiB, dtype=torch.uint8)
+    before = e.figures()
+    assert before["mem_limit"] == 64 * MiB and before["mem_enforced"] == "enforced", before
+    assert 40 * MiB <= before["mem_in_use"] < 41 * MiB, before
+    try:
+        torch.empty(30 * MiB, dtype=torch.uint8)
+    except torch.OutOfMemoryError as err:
+        text = str(err)
+    else:
+        raise AssertionError("30 MiB past a 64 MiB limit with 40 MiB in use was allowed")
+    for words in ("job j7 (big)", "memory limit of 64.0MiB", "tried to allocate 30.0MiB", "gmux-launch --mem"):
+        assert words in text, (words, text)
+    after = e.figures()
+    assert after["mem_in_use"] == before["mem_in_use"] and after["mem_refused"] == 1, after
+    del kept
+    again = torch.ones(60 * MiB, dtype=torch.uint8)   # freed memory is room again
+    f = e.figures()
+    assert 60 * MiB <= f["mem_peak"] <= 64 * MiB and f["mem_in_use"] >= 60 * MiB, f
+    del again
+    assert e.figures()["mem_peak"] >= 60 * MiB        # the peak since the previous report...
+    f = e.figures()                                   # ...restarts from what is in use at each report
+    assert f["mem_peak"] == f["mem_in_use"] < MiB, f
+
+
+def host_scope():
+    """The runtime's host copies (host_memory) are not the job's device memory."""
+    e = ml.enforce(16 * MiB, job="j1", cuda=False)
+    with ml.host_memory():
+        host = torch.empty(64 * MiB, dtype=torch.uint8)
+    assert e.figures()["mem_in_use"] < MiB
+    device = torch.ones(8 * MiB, dtype=torch.uint8)
+    del host                                          # freeing uncounted memory takes nothing off the count
+    assert e.figures()["mem_in_use"] >= 8 * MiB
+    del device
+
+
+def soft():
+    """GMUX_MEM_SOFT=1: counted and reported, never refused."""
+    e = ml.enforce(8 * MiB, job="j2", soft=None if ml.soft_from_env({"GMUX_MEM_SOFT": "1"}) is None else True,
+                   cuda=False)
+    big = torch.ones(32 * MiB, dtype=torch.uint8)
+    f = e.figures()
+    assert f["mem_limit_soft"] and f["mem_enforced"] == "counted" and f["mem_in_use"] >= 32 * MiB, f
+    del big
+
+
+def pools():
+    """A virtual GPU's pools count with the tensors: a DevicePool region and the native Pool's placed storages
+    are claimed from the same count and given back when they die; past the limit a region is refused with
+    torch's OOM error and the pool gets it back."""
+    from gmux.job.memory import native as na
+    from gmux.job.memory.python_pool import DevicePool
+    e = ml.enforce(32 * MiB, job="j3", cuda=False)
+    pool = DevicePool(128 * MiB)
+    region = pool.storage(20 * MiB)
+    assert e.figures()["mem_in_use"] >= 20 * MiB
+    try:
+        pool.storage(20 * MiB)
+    except torch.OutOfMemoryError as err:
+        assert "memory limit of 32.0MiB" in str(err), err
+    else:
+        raise AssertionError("a pool region past the limit was handed out")
+    assert pool.in_use == 20 * MiB, pool.in_use          # the refused region went back to the pool
+    del region
+    assert e.figures()["mem_in_use"] < MiB and pool.in_use == 0
+    if na.available():
+        p = na.Pool.create(64 * MiB)
+        a = na.Allocator.host(p)
+        t = torch.ones(4 * MiB)                          # 16 MiB on the heap
+        na.place(a, [t])                                 # moved into the pool: counted once, not twice
+        f = e.figures()
+        assert 16 * MiB <= f["mem_in_use"] < 17 * MiB and float(t.sum()) == 4 * MiB, f
+        del t
+        assert e.figures()["mem_in_use"] < MiB
+
+
+def threads():
+    """Two threads allocating at once can never both slip past the limit."""
+    e = ml.enforce(100 * MiB, job="j4", cuda=False)
+    held, refused, go = [], [], threading.Barrier(4)
+
+    def grab():
+        go.wait()
+        for _ in range(10):
+            try:
+                held.append(torch.empty(4 * MiB, dtype=torch.uint8))
+            except torch.OutOfMemoryError:
+                refused.append(1)
+    workers = [threading.Thread(target=grab) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(held) == 25 and len(refused) == 15, (len(held), len(refused))   # 25 x 4 MiB = the limit
+    assert e.figures()["mem_in_use"] <= 100 * MiB
+
+
+if __name__ == "__main__":
+    check = sys.argv[1]
+    {"refuse": refuse, "host_scope": host_scope, "soft": soft, "pools": pools, "threads": threads}[check]()
+    print(f"ok {check}")
