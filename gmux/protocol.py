@@ -276,6 +276,8 @@ RESULT = {"ok": (_bool, True), "error": (_optional(_str), False), "bytes": (_opt
 # A job's periodic report: what gmuxd reads to schedule it, and any other measurement.
 REPORT = {"step": (_opt_count, False), "mem_boundary": (_opt_count, False), "mem_peak": (_opt_count, False),
           "batch_s": (_optional(_float), False), "rate": (_optional(_float), False),
+          # a framework job (control "framework"): whether it can continue exactly in a new process, or why not
+          "movable": (_optional(_bool), False), "unmovable": (_optional(lambda v: _str(v, 1024)), False),
           # the job's memory limit (its --mem; 0: none) and what counts against it now (gmux/job/memory/limit.py)
           "mem_limit": (_opt_count, False), "mem_in_use": (_opt_count, False), "mem_limit_soft": (_optional(_bool), False)}
 

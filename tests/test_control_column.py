@@ -21,6 +21,9 @@ def test_control_column_names_the_mode_and_what_it_allows():
     assert "optimizer hook: suspend, free mem" in _row(report={"control": "optimizer hook"})
     assert "module hook: suspend, free mem" in _row(report={"control": "module hook"})
     assert "none yet: no boundary yet" in _row(report={"control": "none yet"})
+    # a Trainer's job (gmux/job/frameworks): movable where the framework's resume is exact
+    assert "framework: suspend, free mem, move" in _row(report={"control": "framework"}, migratable=True)
+    assert "move" not in _row(report={"control": "framework", "unmovable": "IterableDataset"})
 
 
 def test_a_job_that_has_not_reported_shows_a_dash():

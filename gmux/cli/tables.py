@@ -21,7 +21,8 @@ def _rate(v) -> str:
 
 # What each way of being controlled lets gmuxd do with a job (the job's report says which it is: gmux/job/job.py).
 _ALLOWS = {"explicit": "suspend, free mem", "optimizer hook": "suspend, free mem",
-           "module hook": "suspend, free mem", "none yet": "no boundary yet"}
+           "module hook": "suspend, free mem", "none yet": "no boundary yet",
+           "framework": "suspend, free mem"}   # a Trainer's steps (gmux/job/frameworks); move where exact
 
 
 def _control(j: dict) -> str:
@@ -30,7 +31,7 @@ def _control(j: dict) -> str:
     if not isinstance(mode, str):
         return "-"
     allows = _ALLOWS.get(mode, "")
-    if mode == "explicit" and j.get("migratable") and not j.get("gang"):
+    if mode in ("explicit", "framework") and j.get("migratable") and not j.get("gang"):
         allows += ", move"
     return f"{mode}: {allows}" if allows else mode
 

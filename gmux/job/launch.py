@@ -44,7 +44,8 @@ class LaunchOptions:
 def run(opt: LaunchOptions) -> int:
     kind, target, script_argv = script_of(opt.argv)
     rundir = RuntimeDir(opt.runtime_dir)
-    runner.warm_up()   # before registering: a registered job must be ready to run when it is given the GPU
+    # before registering: a registered job must be ready to run when it is given the GPU
+    runner.warm_up(target if kind == "path" else None)
     agent = Agent(rundir.endpoint, opt.job, opt.token)
     try:
         reg = agent.register(pid=os.getpid(), starttime=my_starttime(), argv=list(opt.argv), cwd=os.getcwd(),

@@ -3,8 +3,10 @@ driven by gmuxd's agent) and `python -m gmux.job.run` (run.py, driven locally) h
 
 In order: the job's device memory is set up before the script allocates anything (on a GPU its allocations
 are routed through gmux: gmux.job.memory.device_memory); the transparent hook is installed, so that the
-script's optimizer steps are the job's boundaries; the script runs as `__main__` through runpy, in this process,
-so the hook sees its steps. However the script ends, the end becomes one exit status and one reason.
+script's optimizer steps are the job's boundaries, and with it the watch for frameworks' Trainers
+(gmux.job.frameworks), which take over from the hook when the script trains with one; the script runs as
+`__main__` through runpy, in this process, so the hook sees its steps. However the script ends, the end
+becomes one exit status and one reason.
 
 Nothing here imports torch at module level: gmux-launch imports it at one chosen point (warm_up), so that its
 usage errors and --help answer at once.
@@ -39,13 +41,15 @@ def script_of(argv: list) -> tuple[str, str, list]:
     return "path", args[0], args
 
 
-def warm_up() -> None:
+def warm_up(script: Optional[str] = None) -> None:
     """Imports what running a script as a job needs (torch and the runtime: seconds on a busy machine). A
     launcher calls it before it registers: once registered, a job may be given the GPU at once, and a GPU
     handed to a job that is still importing torch is idle while the job it displaced could have trained (a job
     that re-executes after a spill or a move would cost the GPU that import at every turn)."""
     for module in ("hook", "memory.state_tier", "memory.allocator_tier"):
         importlib.import_module(f"{__package__}.{module}")
+    from . import frameworks
+    frameworks.warm_up(script)   # the framework `script` trains with, if any (transformers: seconds more)
 
 
 def prepare(controller=None, *, hook: bool = True, pool_bytes: int = 0, native: bool = True,
@@ -61,7 +65,12 @@ def prepare(controller=None, *, hook: bool = True, pool_bytes: int = 0, native: 
     if not hook:
         return None
     from .hook import install_hook
-    return install_hook(controller=controller, pool=pool)
+    from . import frameworks
+    hooked = install_hook(controller=controller, pool=pool)
+    # A script that trains with Hugging Face's or Lightning's Trainer becomes an explicit-mode job once its
+    # Trainer starts (gmux/job/frameworks): movable, where the framework's setup allows an exact resume.
+    frameworks.install(hooked)
+    return hooked
 
 
 def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], None]] = None) -> tuple[int, str]:

@@ -188,6 +188,10 @@ class AdminHandlers:
         if node.admission.reserved_for(gpu) or any(gpu in j.exclusive_gpus for j in node.jobs.values()
                                                    if not j.final):
             raise Refused(f"migrate: GPU {gpu} is held (or being freed) for a multi-GPU job or gang")
+        unmovable = (job.last_report or {}).get("unmovable")
+        if not job.migratable and job.started and isinstance(unmovable, str) and unmovable:
+            raise Refused(f"migrate: {job.id} trains with a framework whose resume would not be exact here: "
+                          f"{unmovable}; it is not moved (it is still suspended and time-sliced on its GPU)")
         if not job.migratable and job.started:
             raise Refused(f"migrate: {job.id} runs an unmodified script (transparent mode), whose data position "
                           f"cannot be restored in a new process; run it with gmux-launch --no-hook and "

@@ -117,6 +117,10 @@ class JobHandlers:
         job, msg = self._job(req), req.msg
         r = msg["report"]
         job.last_report = r
+        if r.get("control") == "framework" and isinstance(r.get("movable"), bool):
+            # A framework job (gmux/job/frameworks) knows whether it can continue exactly in a new process only
+            # once its Trainer has started; until then it registered as transparent (not movable).
+            job.migratable = r["movable"]
         if isinstance(r.get("step"), int):
             job.step = r["step"]
             job.count(msg.get("boundaries"), r["step"])

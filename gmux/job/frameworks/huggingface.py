@@ -1,0 +1,169 @@
+"""Hugging Face `transformers.Trainer` (which trains through `accelerate`) as an explicit-mode gmux job.
+
+Boundary: the end of each optimizer step (`TrainerCallback.on_step_end`: the scheduler has stepped, gradients
+are cleared, `global_step` counts the step; gradient accumulation is never mid-cycle there), except a step after
+which the Trainer logs, evaluates, saves or stops: a process restored after it would skip that work, as the
+Trainer's own resume does.
+
+State: the model, the optimizer (the torch optimizer inside accelerate's wrapper), the LR scheduler and the AMP
+scaler, as tensors the runtime moves; the random states; and `TrainerState` (global step, epoch, the stateful
+callbacks' states) as JSON in the job's state.
+
+Restore, in the process started after a move: `train()` is run with the Trainer's own `resume_from_checkpoint`
+pointing at a directory holding only that `trainer_state.json`, so the Trainer computes the epoch and the
+batches to skip itself (accelerate's `skip_first_batches`; its seeded sampler gives each epoch the same order
+in any process); its loading of weights, optimizer, scheduler and scaler is replaced by gmux's restore of the
+checkpoint at `on_train_begin` (checked against the live objects before anything is applied), and its loading
+of the random states by the states the checkpoint holds, at the point the Trainer loads them.
+
+A move would change results, and is refused (`why_not_movable`), with DeepSpeed or FSDP (they shard and
+checkpoint the state themselves), several processes, an IterableDataset (its stream cannot be rewound to a
+position), a shuffling sampler that is not accelerate's seeded one (`use_seedable_sampler=False`, a custom
+sampler: the epoch's order would differ), data-loader workers (their seeds come from the random state when
+the epoch's iterator starts, which a restored process does not reproduce) and `ignore_data_skip=True`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+from gmux.job import frameworks
+
+FRAMEWORK = "huggingface"
+_EXACT_SAMPLERS = ("SequentialSampler", "SeedableRandomSampler")
+_LOADERS = ("_load_from_checkpoint", "_load_optimizer_and_scheduler", "_load_scaler", "_load_rng_state")
+
+
+def patch(module) -> None:
+    Trainer = module.Trainer
+    if getattr(Trainer, "_gmux_patched", False):
+        return
+    original = Trainer.train
+    Callback = _callback_class(module.TrainerCallback)
+
+    @functools.wraps(original)
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        job = frameworks.job()
+        if job is None:
+            return original(self, resume_from_checkpoint, *args, **kwargs)
+        callback = Callback(self, job)
+        self.add_callback(callback)
+        path = frameworks.take_restore()
+        scratch = None
+        try:
+            if path is not None:
+                if resume_from_checkpoint:
+                    raise RuntimeError(f"gmux restores this job from {path}; the script also asks the Trainer to "
+                                       f"resume from {resume_from_checkpoint!r}")
+                scratch = tempfile.mkdtemp(prefix="gmux-hf-")
+                with open(os.path.join(scratch, "trainer_state.json"), "w") as f:
+                    f.write(frameworks.saved_state(path, FRAMEWORK)["trainer_state"])
+                callback.restore_from = path
+                _take_over_loading(self, callback)
+                resume_from_checkpoint = scratch
+            return original(self, resume_from_checkpoint, *args, **kwargs)
+        finally:
+            self.remove_callback(callback)
+            for name in _LOADERS:
+                self.__dict__.pop(name, None)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    Trainer.train = train
+    Trainer._gmux_patched = True
+
+
+def _take_over_loading(trainer, callback) -> None:
+    """The Trainer's resume loads weights, optimizer, scheduler and scaler from files gmux did not write; gmux
+    restores them itself at on_train_begin. Its random states are the checkpoint's, set where it sets them."""
+    nothing = lambda *args, **kwargs: None   # noqa: E731
+    trainer._load_from_checkpoint = nothing
+    trainer._load_optimizer_and_scheduler = nothing
+    trainer._load_scaler = nothing
+    trainer._load_rng_state = lambda checkpoint: callback.put_back_rng()
+
+
+def why_not_movable(trainer, train_dataloader) -> Optional[str]:
+    """Why continuing this Trainer in a new process could change its results; None if it cannot."""
+    args = trainer.args
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        return "DeepSpeed shards and checkpoints the training state itself"
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return "FSDP shards the training state across processes"
+    if args.world_size > 1:
+        return f"it trains in {args.world_size} processes"
+    if args.ignore_data_skip:
+        return "ignore_data_skip=True: a resumed run would not skip the batches already trained on"
+    import torch.utils.data
+    if isinstance(trainer.train_dataset, torch.utils.data.IterableDataset):
+        return "its dataset is an IterableDataset, whose stream cannot be rewound to a position"
+    if args.dataloader_num_workers:
+        return ("its data loader has worker processes, seeded from the random state when each epoch starts, "
+                "which a resumed run does not reproduce")
+    sampler = getattr(getattr(train_dataloader, "batch_sampler", None), "sampler", None) \
+        or getattr(train_dataloader, "sampler", None)
+    name = type(sampler).__name__
+    if sampler is not None and name not in _EXACT_SAMPLERS:
+        return (f"its training data is drawn by a {name}, whose order a resumed run does not reproduce "
+                f"(accelerate's seeded sampler does: accelerator_config use_seedable_sampler=True, the default)")
+    return None
+
+
+def _callback_class(TrainerCallback):
+    class GmuxCallback(TrainerCallback):
+        """Attaches the Trainer's state to the job and marks a boundary at the end of each step."""
+
+        def __init__(self, trainer, job):
+            self.trainer, self.job = trainer, job
+            self.restore_from: Optional[str] = None
+            self._rng = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            trainer = self.trainer
+            optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)     # accelerate's wrapper
+            scheduler = getattr(trainer.lr_scheduler, "scheduler", trainer.lr_scheduler)
+            if not _is_scheduler(scheduler):
+                scheduler = None
+            frameworks.attach(self.job, FRAMEWORK,
+                              [trainer.model, optimizer, scheduler, getattr(trainer.accelerator, "scaler", None)],
+                              why_not_movable(trainer, kwargs.get("train_dataloader")), self.refresh)
+            if self.restore_from is not None:
+                from gmux.job.state import capture_rng
+                self.job.restore(self.restore_from)
+                self._rng = capture_rng()     # the Trainer sets these once it has skipped to the position
+                self.restore_from = None
+
+        def put_back_rng(self) -> None:
+            if self._rng is not None:
+                from gmux.job.state import restore_rng
+                restore_rng(self._rng)
+                self._rng = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if (control.should_log or control.should_evaluate or control.should_save
+                    or control.should_training_stop or control.should_epoch_stop):
+                return     # the Trainer acts after this callback; a process restored here would not
+            self.job.boundary()
+
+        def refresh(self) -> None:
+            """TrainerState, with the stateful callbacks' states as they are now (as the Trainer saves it)."""
+            trainer = self.trainer
+            exportable = [cb for cb in trainer.callback_handler.callbacks + [trainer.control]
+                          if hasattr(cb, "state") and callable(cb.state) and cb is not self]
+            callbacks = {}
+            for cb in exportable:
+                callbacks.setdefault(cb.__class__.__name__, []).append(cb.state())
+            trainer.state.stateful_callbacks = {k: v[0] if len(v) == 1 else v for k, v in callbacks.items()}
+            self.job.tracked.state["trainer_state"] = json.dumps(dataclasses.asdict(trainer.state), sort_keys=True)
+
+    return GmuxCallback
+
+
+def _is_scheduler(obj) -> bool:
+    from gmux.job.state import _is_scheduler as known
+    return obj is not None and known(obj)

@@ -1,0 +1,241 @@
+"""Lightning `Trainer` (`lightning.pytorch` or `pytorch_lightning`) as an explicit-mode gmux job.
+
+Boundary: the end of a training batch (`Callback.on_train_batch_end`: the optimizer and any step-interval
+scheduler have stepped), except mid-way through a gradient-accumulation cycle, at an epoch's last batch, and
+before a validation run: there Lightning's own resume does work a restored process would not (its epoch end,
+its validation), or gradients are pending.
+
+State: the LightningModule, the strategy's optimizers, the LR schedulers and the precision plugin's scaler, as
+tensors the runtime moves; the random states; and in the job's state what Lightning saves besides them (its
+loops' progress, the callbacks' and the datamodule's state dicts, the precision plugin's state) plus the data
+position: the random states and the loader's generators as they were when the epoch's iterator was made, and
+the batches of the epoch trained on.
+
+Restore, in the process started after a move: `fit()` runs Lightning's own restore of its loops and callbacks
+from that state (its checkpoint connector is handed the saved dict instead of reading a file; its loading of
+weights, optimizers and schedulers is left to gmux, which restores and checks them at `on_train_start`); the
+training data's iterator is made again under the random states of the epoch's start and advanced past the
+batches already trained on (the loader loads them again, in the same order); the random states are the
+checkpoint's from the next batch on.
+
+A move would change results, and is refused (`why_not_movable`), with a strategy other than a single device
+(DDP, FSDP, DeepSpeed: several processes, sharded state), an IterableDataset or a loader that is not a torch
+DataLoader (no position to return to), persistent workers (their random state carries across epochs),
+`reload_dataloaders_every_n_epochs` (the loader is made anew under random states a resumed run does not have),
+a LightningModule that overrides `on_save_checkpoint`/`on_load_checkpoint` (state of its own that gmux does not
+see), and state that is not plain data (numbers, strings, tensors, lists, dicts).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from typing import Optional
+
+from gmux.job import frameworks
+
+FRAMEWORK = "lightning"
+_active = None      # the GmuxCallback of the fit in progress (one at a time in a process)
+
+
+def patch(module) -> None:
+    Trainer = module.Trainer
+    if getattr(Trainer, "_gmux_patched", False):
+        return
+    root = module.__name__.rsplit(".trainer.trainer", 1)[0]
+    call = importlib.import_module(f"{root}.trainer.call")
+    combined = importlib.import_module(f"{root}.utilities.combined_loader")
+    Callback = _callback_class(importlib.import_module(f"{root}.callbacks").Callback, call,
+                               importlib.import_module(root).__version__)
+    original = Trainer.fit
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def fit(self, *args, **kwargs):
+        global _active
+        job = frameworks.job()
+        if job is None or _active is not None:
+            return original(self, *args, **kwargs)
+        callback = Callback(self, job)
+        path = frameworks.take_restore()
+        if path is not None:
+            if signature.bind(self, *args, **kwargs).arguments.get("ckpt_path"):
+                raise RuntimeError(f"gmux restores this job from {path}; the script also passes fit(ckpt_path=...)")
+            callback.resume(path, frameworks.saved_state(path, FRAMEWORK))
+        self.callbacks.append(callback)
+        _active = callback
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _active = None
+            if callback in self.callbacks:
+                self.callbacks.remove(callback)
+            for name in ("resume_start", "restore_model", "restore_optimizers_and_schedulers"):
+                self._checkpoint_connector.__dict__.pop(name, None)
+
+    Trainer.fit = fit
+    _watch_epochs(combined.CombinedLoader)
+    Trainer._gmux_patched = True
+
+
+def _watch_epochs(CombinedLoader) -> None:
+    """Each time the fit's training data is iterated (an epoch starts), its random states are noted; in a
+    restored process, the first time, the iterator is made under the saved ones and advanced to the position."""
+    original = CombinedLoader.__iter__
+
+    @functools.wraps(original)
+    def __iter__(self):
+        cb = _active
+        if cb is None or cb.trainer.fit_loop._combined_loader is not self:
+            return original(self)
+        return cb.iterate(self, original)
+
+    CombinedLoader.__iter__ = __iter__
+
+
+def why_not_movable(trainer, module_hooks) -> Optional[str]:
+    import torch.utils.data
+    strategy = type(trainer.strategy).__name__
+    if strategy != "SingleDeviceStrategy":
+        return f"its strategy is {strategy}: several processes or sharded state"
+    if trainer.reload_dataloaders_every_n_epochs:
+        return "reload_dataloaders_every_n_epochs: its loader is made anew under random states a resumed run lacks"
+    if module_hooks:
+        return f"its LightningModule overrides {' and '.join(module_hooks)}: state of its own that gmux does not see"
+    loader = trainer.fit_loop._combined_loader
+    for dl in (loader.flattened if loader is not None else []):
+        if not isinstance(dl, torch.utils.data.DataLoader):
+            return f"its training data is a {type(dl).__name__}, not a torch DataLoader: no position to return to"
+        if isinstance(dl.dataset, torch.utils.data.IterableDataset):
+            return "its dataset is an IterableDataset, whose stream cannot be rewound to a position"
+        if dl.persistent_workers:
+            return "persistent_workers=True: its workers' random state carries across epochs"
+    return None
+
+
+def plain(value, where: str = "state"):
+    """`value` as data a gmux checkpoint holds (dicts, lists, tuples, numbers, strings, tensors), or TypeError."""
+    import torch
+    if value is None or isinstance(value, (bool, int, float, str, bytes, torch.Tensor)):
+        return value
+    if isinstance(value, dict):
+        return {k: plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v, f"{where}[{i}]") for i, v in enumerate(value))
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():    # a NumPy scalar
+        return value.item()
+    raise TypeError(f"{where} is a {type(value).__name__}, which a gmux checkpoint does not hold")
+
+
+def _callback_class(Callback, call, version: str):
+    class GmuxCallback(Callback):
+        """Attaches the fit's state to the job, marks boundaries at batch ends, and restores a moved job."""
+
+        def __init__(self, trainer, job):
+            self.trainer, self.job, self.version = trainer, job, version
+            self.restore_from: Optional[str] = None
+            self.position: Optional[dict] = None    # where a restored process resumes its epoch
+            self.epoch_start: Optional[dict] = None
+            self.index = 0                            # batches of the epoch trained on at the last boundary
+            self._rng = None
+
+        # -- restoring -----------------------------------------------------------------------------------
+        def resume(self, path: str, saved: dict) -> None:
+            self.restore_from, self.position = path, saved["data"]
+            connector = self.trainer._checkpoint_connector
+            loaded = dict(saved["lightning"])
+
+            def resume_start(checkpoint_path=None, weights_only=None):
+                connector._ckpt_path = None
+                connector._loaded_checkpoint = loaded
+            connector.resume_start = resume_start
+            connector.restore_model = lambda: None                       # gmux's restore, at on_train_start
+            connector.restore_optimizers_and_schedulers = lambda: None
+
+        def iterate(self, loader, original):
+            from gmux.job.state import capture_rng, restore_rng
+            generators = _generators(loader)
+            if self.position is None:
+                self.epoch_start = {"rng": capture_rng(), "generators": [g.get_state() for g in generators]}
+                return original(loader)
+            position, self.position = self.position, None
+            restore_rng(position["rng"])
+            for g, state in zip(generators, position["generators"]):
+                g.set_state(state)
+            self.epoch_start = {"rng": position["rng"], "generators": position["generators"]}
+            it = original(loader)
+            for _ in range(position["index"]):
+                next(it)
+            self.index = position["index"]
+            return it
+
+        def on_train_start(self, trainer, pl_module):
+            from gmux.job.state import capture_rng
+            hooks = [h for h in ("on_save_checkpoint", "on_load_checkpoint") if _overrides(pl_module, h)]
+            schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
+            scaler = getattr(trainer.precision_plugin, "scaler", None)
+            frameworks.attach(self.job, FRAMEWORK, [pl_module, *trainer.strategy.optimizers, *schedulers, scaler],
+                              why_not_movable(trainer, hooks), self.refresh)
+            if self.restore_from is not None:
+                self.job.restore(self.restore_from)
+                self._rng = capture_rng()      # in place from the next batch on (the loader was advanced since)
+                self.restore_from = None
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if self._rng is not None:
+                from gmux.job.state import restore_rng
+                restore_rng(self._rng)
+                self._rng = None
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            done = batch_idx + 1
+            loop = trainer.fit_loop.epoch_loop
+            if done % trainer.accumulate_grad_batches or loop.batch_progress.is_last_batch:
+                return      # gradients pending, or the epoch's end still to run
+            try:
+                validating = loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+            except Exception:
+                return      # cannot tell: no boundary rather than one before a validation run
+            if validating:
+                return
+            self.index = done
+            self.job.boundary()
+
+        def refresh(self) -> None:
+            trainer = self.trainer
+            saved = {
+                "epoch": trainer.current_epoch, "global_step": trainer.global_step,
+                "pytorch-lightning_version": self.version,
+                "loops": trainer._checkpoint_connector._get_loops_state_dict(),
+                "callbacks": call._call_callbacks_state_dict(trainer),
+            }
+            precision = trainer.precision_plugin.state_dict()
+            if precision:
+                saved[trainer.precision_plugin.__class__.__qualname__] = precision
+            if trainer.datamodule is not None:
+                state = call._call_lightning_datamodule_hook(trainer, "state_dict")
+                if state:
+                    saved[trainer.datamodule.__class__.__qualname__] = state
+            self.job.tracked.state["lightning"] = plain(saved, "lightning state")
+            self.job.tracked.state["data"] = {**(self.epoch_start or {}), "index": self.index}
+
+    return GmuxCallback
+
+
+def _overrides(pl_module, hook: str) -> bool:
+    """Whether the user's LightningModule class defines `hook` itself (Lightning's own classes do not count)."""
+    for cls in type(pl_module).__mro__:
+        if hook in cls.__dict__:
+            return not cls.__module__.startswith(("lightning.", "pytorch_lightning."))
+    return False
+
+
+def _generators(loader) -> list:
+    """The torch generators that decide the epoch's order and its workers' seeds, each once."""
+    found = []
+    for dl in loader.flattened:
+        for g in (getattr(dl, "generator", None), getattr(getattr(dl, "sampler", None), "generator", None)):
+            if g is not None and not any(g is f for f in found):
+                found.append(g)
+    return found
+

@@ -1,0 +1,82 @@
+"""A Hugging Face Trainer script as people write them: a small regression model with dropout, a map-style
+dataset, TrainingArguments with gradient accumulation, a linear warm-up schedule and AdamW, then train().
+
+usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S]
+Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
+training at (more than 0 when gmux restored it after a move). --sleep stands for waiting on input in the
+collator each micro-batch; it changes no number.
+"""
+import argparse
+import hashlib
+import json
+import os
+import tempfile
+import time
+
+import torch
+from torch import nn
+from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
+
+p = argparse.ArgumentParser()
+p.add_argument("out")
+p.add_argument("--epochs", type=int, default=3)
+p.add_argument("--samples", type=int, default=256)
+p.add_argument("--sleep", type=float, default=0.0)
+a = p.parse_args()
+torch.set_num_threads(1)
+
+
+class Regressor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 128), nn.ReLU(),
+                                 nn.Linear(128, 1))
+
+    def forward(self, x, labels=None):
+        pred = self.net(x).squeeze(-1)
+        return {"loss": nn.functional.mse_loss(pred, labels), "logits": pred}
+
+
+class Points(torch.utils.data.Dataset):
+    def __init__(self, n):
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randn(n, 16, generator=g)
+        self.y = self.x[:, :4].sum(1) + 0.1 * torch.randn(n, generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+def collate(items):
+    if a.sleep:
+        time.sleep(a.sleep)
+    return {k: torch.stack([it[k] for it in items]) for k in items[0]}
+
+
+class FirstStep(TrainerCallback):
+    first = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.first is None:
+            self.first = state.global_step
+
+
+args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf-out-"), per_device_train_batch_size=8,
+                         gradient_accumulation_steps=2, num_train_epochs=a.epochs, learning_rate=3e-3,
+                         lr_scheduler_type="linear", warmup_steps=5, weight_decay=0.01, logging_strategy="no",
+                         save_strategy="no", report_to="none", seed=0, use_cpu=True, disable_tqdm=True,
+                         dataloader_num_workers=0)
+set_seed(0)
+first = FirstStep()
+trainer = Trainer(model=Regressor(), args=args, train_dataset=Points(a.samples), data_collator=collate,
+                  callbacks=[first])
+trainer.train()
+digest = hashlib.sha256()
+for name, t in sorted(trainer.model.state_dict().items()):
+    digest.update(name.encode() + t.detach().contiguous().numpy().tobytes())
+with open(a.out, "w") as f:
+    json.dump({"sha256": digest.hexdigest(), "global_step": trainer.state.global_step, "first_step": first.first,
+               "pid": os.getpid()}, f)

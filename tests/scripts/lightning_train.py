@@ -1,0 +1,76 @@
+"""A Lightning script as people write them: a LightningModule with dropout, a shuffled DataLoader, Adam with a
+per-step LR schedule, gradient accumulation, then Trainer.fit().
+
+usage: lightning_train.py OUT [--epochs N] [--samples N] [--sleep S]
+Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
+training at (more than 0 when gmux restored it after a move). --sleep stands for waiting on input in the
+collate function each batch; it changes no number.
+"""
+import argparse
+import hashlib
+import json
+import os
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset, default_collate
+import lightning.pytorch as pl
+
+p = argparse.ArgumentParser()
+p.add_argument("out")
+p.add_argument("--epochs", type=int, default=3)
+p.add_argument("--samples", type=int, default=256)
+p.add_argument("--sleep", type=float, default=0.0)
+a = p.parse_args()
+torch.set_num_threads(1)
+
+
+def collate(items):
+    if a.sleep:
+        time.sleep(a.sleep)
+    return default_collate(items)
+
+
+class Regressor(pl.LightningModule):
+    def __init__(self, samples):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Dropout(0.1), nn.Linear(128, 128), nn.ReLU(),
+                                 nn.Linear(128, 1))
+        x = torch.randn(samples, 16)
+        self.data = TensorDataset(x, x[:, :4].sum(1, keepdim=True) + 0.1 * torch.randn(samples, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        opt = torch.optim.Adam(self.parameters(), lr=3e-3)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.8)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_size=8, shuffle=True, collate_fn=collate)
+
+
+class FirstStep(pl.Callback):
+    first = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.first is None:
+            self.first = trainer.global_step
+
+
+pl.seed_everything(0, verbose=False)
+model = Regressor(a.samples)
+first = FirstStep()
+trainer = pl.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=1, accumulate_grad_batches=2, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                     callbacks=[first])
+trainer.fit(model)
+digest = hashlib.sha256()
+for name, t in sorted(model.state_dict().items()):
+    digest.update(name.encode() + t.detach().contiguous().numpy().tobytes())
+with open(a.out, "w") as f:
+    json.dump({"sha256": digest.hexdigest(), "global_step": trainer.global_step, "first_step": first.first,
+               "pid": os.getpid()}, f)
