@@ -37,7 +37,10 @@ setup(
         "nvidia-ml-py>=12",
         "matplotlib>=3.7",
     ],
-    extras_require={"test": ["pytest>=7", "pytest-timeout", "pytest-xdist>=3", "hypothesis>=6"]},
+    # The frameworks are for tests only (tests/node/test_e2e_frameworks.py): gmux imports them only when the script
+    # does. Pinned to versions that install beside torch 2.13.0 without pulling another torch (about 50 s here).
+    extras_require={"test": ["pytest>=7", "pytest-timeout", "pytest-xdist>=3", "hypothesis>=6",
+                             "transformers==5.24.0", "accelerate==1.15.0", "lightning==2.6.6"]},
     setup_requires=["cffi>=1.15"],
     ext_modules=_cpu_limit(),
     cffi_modules=[native_build + ":ffibuilder"] if os.path.exists(os.path.join(here, native_build)) else [],
