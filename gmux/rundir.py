@@ -35,15 +35,21 @@ def private_runtime_dir() -> str:
 
 def default_runtime_dir() -> str:
     """Where clients look for gmuxd: GMUX_RUNTIME_DIR if set; else this user's own daemon if it runs; else the
-    system daemon if one runs and this user may reach it; else the private directory (whose error says how to
-    start a daemon there)."""
+    system daemon if one runs (or its directory is closed to this user); else the private directory (whose
+    error says how to start a daemon there)."""
     env = os.environ.get("GMUX_RUNTIME_DIR")
     if env:
         return env
     private = private_runtime_dir()
-    if not os.path.exists(RuntimeDir(private).socket) and os.path.exists(RuntimeDir(SYSTEM_RUNTIME_DIR).socket):
+    if os.path.exists(RuntimeDir(private).socket):
+        return private
+    try:
+        os.stat(RuntimeDir(SYSTEM_RUNTIME_DIR).socket)
         return SYSTEM_RUNTIME_DIR
-    return private
+    except PermissionError:   # a system daemon runs, for a group this user is not in: its error says so
+        return SYSTEM_RUNTIME_DIR
+    except OSError:
+        return private
 
 
 class RuntimeDirError(PermissionError):

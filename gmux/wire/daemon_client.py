@@ -26,12 +26,28 @@ def unavailable_message(endpoint: str, timeout: Optional[float] = None, running:
             f"or point GMUX_RUNTIME_DIR at a running one.")
 
 
+def closed_message(root: str) -> str:
+    """For a user kept out of a gmuxd's directory: a system gmuxd serves the members of its socket group."""
+    try:
+        import grp
+        group = grp.getgrgid(os.stat(root).st_gid).gr_name
+    except (OSError, KeyError):
+        group = "its socket group"
+    return (f"cannot reach gmuxd in {root}: permission denied. A system gmuxd serves the members of {group}; "
+            f"ask its admin to add you (usermod -aG {group} USER, then log in again), or run a gmuxd of your own "
+            f"(GMUX_RUNTIME_DIR elsewhere)")
+
+
 class Client:
     def __init__(self, runtime_dir: Optional[str] = None, timeout: float = 5.0):
         self.rundir = RuntimeDir(runtime_dir or default_runtime_dir())
         self.timeout = timeout
-        if not os.path.exists(self.rundir.socket):
-            raise GmuxError(unavailable_message(self.rundir.endpoint, running=False))
+        try:
+            os.stat(self.rundir.socket)
+        except PermissionError:
+            raise GmuxError(closed_message(self.rundir.root)) from None
+        except OSError:
+            raise GmuxError(unavailable_message(self.rundir.endpoint, running=False)) from None
         try:
             self.admin = self.rundir.admin_token()
         except FileNotFoundError:

@@ -292,6 +292,10 @@ def test_users_act_only_on_their_own_jobs_and_jobs_are_never_admins(users, syste
     # a user outside the socket group cannot even connect
     outsider = users.run("out", gmux + ["ps"])
     assert outsider.returncode == 1 and b_job not in outsider.stdout
+    assert f"permission denied. A system gmuxd serves the members of {users.group}" in outsider.stderr
+    # and a user cannot start a system daemon (it must be root to run jobs as their users)
+    own = users.run("a", [users.py, "-m", "gmux.cli.gmuxd", "--system", "--runtime-dir", users.home("a") + "/rt"])
+    assert own.returncode == 2 and "--system runs as root" in own.stderr, own.stderr
 
     # A acts on its own job: moves it to a free GPU (its checkpoint goes to A's own directory, and it goes on
     # from there in a new process while the rest goes on).
