@@ -1,0 +1,152 @@
+"""gmux.job.frameworks without the frameworks: what is imported when, how a Trainer module is found and
+patched, and which setups are refused a move (and why). Fast: no framework is imported here; the real ones run
+end to end in tests/node/test_e2e_frameworks.py."""
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from gmux.job import frameworks
+from gmux.job.frameworks import huggingface, lightning
+
+FRAMEWORK_ROOTS = ("transformers", "accelerate", "lightning", "pytorch_lightning")
+
+
+def _loaded():
+    return {m for m in sys.modules if m.split(".")[0] in FRAMEWORK_ROOTS}
+
+
+@pytest.fixture
+def watch(monkeypatch):
+    """frameworks.install as a launcher calls it, undone afterwards (the finder leaves sys.meta_path)."""
+    saved = list(sys.meta_path)
+    monkeypatch.setattr(frameworks, "_job", None)
+    monkeypatch.setattr(frameworks, "_restore", None)
+    yield
+    sys.meta_path[:] = saved
+
+
+def test_gmux_imports_no_framework_for_a_plain_script(watch, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(2, 2)\n# transformers is mentioned in a comment\n")
+    before = _loaded()
+    frameworks.warm_up(str(script))
+    frameworks.install(object())
+    __import__("json")                     # imports go on through the finder as before
+    assert _loaded() == before
+
+
+def test_a_scripts_trainer_import_is_what_warm_up_imports(tmp_path, monkeypatch):
+    imported = []
+    monkeypatch.setattr(frameworks.importlib, "import_module", imported.append)
+    monkeypatch.delenv(frameworks.WARM_ENV, raising=False)
+    for source, expected in (("from transformers import Trainer, TrainingArguments\n", "transformers.trainer"),
+                             ("import lightning.pytorch as pl\n", "lightning.pytorch.trainer.trainer"),
+                             ("import lightning as L\n", "lightning.pytorch.trainer.trainer"),
+                             ("import pytorch_lightning as pl\n", "pytorch_lightning.trainer.trainer"),
+                             ("from transformers import AutoModel\n", None)):
+        imported.clear()
+        (tmp_path / "s.py").write_text(source)
+        frameworks.warm_up(str(tmp_path / "s.py"))
+        assert imported == ([expected] if expected else []), source
+
+
+def test_a_watched_module_is_patched_once_it_has_loaded(watch, tmp_path, monkeypatch):
+    pkg = tmp_path / "gmux_fake_fw"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "trainer.py").write_text(
+        "class TrainerCallback:\n    pass\n\n"
+        "class Trainer:\n    def train(self, resume_from_checkpoint=None):\n        return 'trained'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(frameworks.WATCHED, "gmux_fake_fw.trainer", "huggingface")
+    frameworks.install(None)
+    try:
+        from gmux_fake_fw.trainer import Trainer
+        assert Trainer._gmux_patched and Trainer.train.__wrapped__ is not None
+        assert Trainer().train() == "trained"          # no job (not under gmux-launch): the Trainer's own train
+        import gmux_fake_fw.trainer as module
+        assert module.__loader__.get_source("gmux_fake_fw.trainer").startswith("class TrainerCallback")
+    finally:
+        for name in ("gmux_fake_fw", "gmux_fake_fw.trainer"):
+            sys.modules.pop(name, None)
+
+
+# -- Hugging Face: which setups move -------------------------------------------------------------------------
+class SeedableRandomSampler(torch.utils.data.RandomSampler):
+    pass
+
+
+def _hf(**changes):
+    args = dict(world_size=1, ignore_data_skip=False, dataloader_num_workers=0)
+    trainer = dict(is_deepspeed_enabled=False, is_fsdp_enabled=False, train_dataset=TensorDataset(torch.zeros(8)))
+    sampler = changes.pop("sampler", None)
+    for k, v in changes.items():
+        (args if k in args else trainer)[k] = v
+    loader = SimpleNamespace(batch_sampler=SimpleNamespace(sampler=sampler or SeedableRandomSampler(range(8))))
+    return huggingface.why_not_movable(SimpleNamespace(args=SimpleNamespace(**args), **trainer), loader)
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(3))
+
+
+def test_huggingface_moves_only_where_its_resume_is_exact():
+    assert _hf() is None
+    assert _hf(sampler=torch.utils.data.SequentialSampler(range(8))) is None
+    for changes, words in (({"is_deepspeed_enabled": True}, "DeepSpeed"), ({"is_fsdp_enabled": True}, "FSDP"),
+                           ({"world_size": 2}, "2 processes"), ({"ignore_data_skip": True}, "ignore_data_skip"),
+                           ({"train_dataset": Stream()}, "IterableDataset"),
+                           ({"dataloader_num_workers": 2}, "worker processes"),
+                           ({"sampler": torch.utils.data.RandomSampler(range(8))}, "RandomSampler")):
+        why = _hf(**changes)
+        assert why and words in why, (changes, why)
+
+
+# -- Lightning: which setups move ----------------------------------------------------------------------------
+class SingleDeviceStrategy:
+    pass
+
+
+class DDPStrategy:
+    pass
+
+
+def _lt(strategy=SingleDeviceStrategy, loaders=None, hooks=(), reload=0):
+    loaders = loaders if loaders is not None else [DataLoader(TensorDataset(torch.zeros(8)), shuffle=True)]
+    trainer = SimpleNamespace(strategy=strategy(), reload_dataloaders_every_n_epochs=reload,
+                              fit_loop=SimpleNamespace(_combined_loader=SimpleNamespace(flattened=loaders)))
+    return lightning.why_not_movable(trainer, list(hooks))
+
+
+def test_lightning_moves_only_where_its_resume_is_exact():
+    assert _lt() is None
+    data = TensorDataset(torch.zeros(8))
+    for kwargs, words in (({"strategy": DDPStrategy}, "DDPStrategy"), ({"reload": 1}, "reload_dataloaders"),
+                          ({"hooks": ["on_save_checkpoint"]}, "on_save_checkpoint"),
+                          ({"loaders": [DataLoader(Stream())]}, "IterableDataset"),
+                          ({"loaders": [[1, 2, 3]]}, "not a torch DataLoader"),
+                          ({"loaders": [DataLoader(data, num_workers=1, persistent_workers=True)]}, "persistent")):
+        why = _lt(**kwargs)
+        assert why and words in why, (kwargs, why)
+
+
+def test_lightning_state_must_be_plain_data():
+    import numpy as np
+    t = torch.ones(2)
+    assert lightning.plain({"a": [1, (2.0, "x")], "b": t, "c": np.float32(1.5), "d": None}) == \
+        {"a": [1, (2.0, "x")], "b": t, "c": 1.5, "d": None}
+    with pytest.raises(TypeError, match=r"state\['cb'\]\['when'\] is a object"):
+        lightning.plain({"cb": {"when": object()}})
+
+
+def test_only_the_users_own_lightning_hooks_count():
+    Base = type("LightningModule", (), {"on_save_checkpoint": lambda self, c: None,
+                                        "__module__": "lightning.pytorch.core"})
+    Plain = type("Plain", (Base,), {"__module__": "train"})
+    Own = type("Own", (Base,), {"__module__": "train", "on_save_checkpoint": lambda self, c: None})
+    assert not lightning._overrides(Plain(), "on_save_checkpoint")
+    assert lightning._overrides(Own(), "on_save_checkpoint")
