@@ -35,6 +35,9 @@ fi
 status=0
 timeout 300 $py benchmarks/gpu/validate_gpu.py || status=$?
 
+echo "== a job's memory limit through the routed allocator"
+timeout 120 $py benchmarks/gpu/memlimit_gpu.py || status=$?
+
 echo "== in-job runtime on CUDA (state tier): bit-identity, suspend and resume speed"
 timeout 150 $py benchmarks/gpu/runtime_cuda.py || status=$?
 exit $status

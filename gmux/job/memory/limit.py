@@ -214,10 +214,14 @@ def _observe_oom(what: str, allocator) -> None:
     """torch's CUDA out-of-memory error has torch's words; the job's log gets gmux's too, just before it."""
     import torch
 
+    seen = {"refused": 0}
+
     def observer(device, alloc, device_allocated, device_free):
-        refused = allocator.stats()["refused"] if allocator is not None else None
-        if refused == 0:
-            return   # the GPU itself is full, not the job over its limit
+        if allocator is not None:
+            refused = allocator.stats()["refused"]
+            if refused == seen["refused"]:
+                return   # no refusal of gmux's since the last error: the GPU itself is full, not the job's limit
+            seen["refused"] = refused
         print(f"{what}: tried to allocate {format_size(alloc)} with {format_size(device_allocated)} "
               f"allocated. {HOW}", file=sys.stderr, flush=True)
     if hasattr(torch._C, "_cuda_attach_out_of_memory_observer"):
