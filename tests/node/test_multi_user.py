@@ -349,17 +349,30 @@ class Peer:
 
 
 @pytest.fixture
-def sysd(users, tmp_path):
+def sysd_factory(users, tmp_path):
+    """make() -> a system Daemon in this process on tmp_path/rt (again: a restarted one), replies captured."""
     stand_in = subprocess.Popen(["sleep", "600"])    # root's: a job claiming it is never signalled for a user
-    d = Daemon(RuntimeDir(str(tmp_path / "rt")), [Gpu(i, "virtual", 4 * GiB, True) for i in range(2)],
-               Options(quantum=1.0, system=SystemMode(grp_gid(users.group), grp_gid(users.admins))))
-    d.sent = []
-    d.server.send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True
-    d.pid = stand_in.pid
-    yield d
-    d.close()
+    made = []
+
+    def make():
+        d = Daemon(RuntimeDir(str(tmp_path / "rt")), [Gpu(i, "virtual", 4 * GiB, True) for i in range(2)],
+                   Options(quantum=1.0, system=SystemMode(grp_gid(users.group), grp_gid(users.admins))))
+        d.sent = []
+        d.server.send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True
+        d.pid = stand_in.pid
+        made.append(d)
+        return d
+    yield make
+    for d in made:
+        if not d.server.sock.closed:
+            d.close()
     stand_in.kill()
     stand_in.wait()
+
+
+@pytest.fixture
+def sysd(sysd_factory):
+    return sysd_factory()
 
 
 def grp_gid(name: str) -> int:
@@ -438,3 +451,14 @@ def test_a_users_directory_must_be_theirs(users, tmp_path):
     os.mkdir(rd.user_dir(users.uid["a"][0]))     # made by root, not given to A: not one gmuxd made
     with pytest.raises(RuntimeDirError, match="not a user's directory"):
         rd.create(grp_gid(users.group))
+
+
+def test_owners_survive_a_restart(sysd_factory, users):
+    d = sysd_factory()
+    reg = call(d, users, "a", "register", pid=d.pid, argv=["python", "t.py"])["data"]
+    d.close()
+    again = sysd_factory()    # the same directory, taken over: the job re-attached with its owner
+    assert again.jobs[reg["job"]].uid == users.uid["a"][0]
+    r = call(again, users, "b", "kill", admin="", job=reg["job"])
+    assert not r["ok"] and f"belongs to {users.name('a')}" in r["error"]
+    assert call(again, users, "a", "heartbeat", job=reg["job"], token=reg["token"], state="running")["ok"]
