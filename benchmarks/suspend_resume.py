@@ -4,7 +4,11 @@ For tracked state of 64 MiB, 256 MiB and 1 GiB (parameters, gradients and Adam s
 median suspend and resume over several cycles after a first, warming cycle (reported apart), split into
 copy phases and giving device memory back / taking it again; against (a) copying the same bytes into a warm
 preallocated buffer, twice (out and back), and (b) what a user does today, torch.save + torch.load of the same
-state. Also the cost of a boundary with nothing pending. Prints a table, writes JSON; the last line is
+state. Also the cost of a boundary with nothing pending. And the per-tensor cost: a model of many small tensors
+(1,600 tracked tensors, 5.5 MB: 160 Linear(46, 46) layers under Adam) on the heap (freed in place, as on a GPU)
+and on the Python pool (re-pointed), against one copy of the same bytes into a warm buffer in the same run.
+Prints tables, writes JSON; the last lines are
+    suspend_resume_many: suspend_vs_copy=<ratio> resume_vs_copy=<ratio> (heap; the pool's beside it)
     suspend_resume_1GiB: copy_vs_warm_copy=<ratio> end_to_end_vs_save_load=<ratio>
 
 On a machine with no GPU the device is a virtual GPU: CPU tensors whose memory comes from a pool of pages
@@ -128,12 +132,68 @@ def measure(size: int, device: str, cycles: int, scratch: str) -> dict:
     return row
 
 
+def build_many(device: str, layers: int = 160, width: int = 46):
+    """1,600 tracked tensors (weights, biases, their grads, Adam's two moments and step counts), ~5.5 MB."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(4, width, device=device)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def measure_many(device: str, pooled: bool, cycles: int) -> dict:
+    """The tier's suspend and resume of many small tensors (median of `cycles`), the walk over the tracked
+    objects that finds them (the job's part, apart), and one warm copy of the same bytes (the baseline)."""
+    model, opt = build_many(device)
+    pool = gj.DevicePool(64 * MiB) if pooled else None
+    job = gj.attach(model, opt, pool=pool)
+    job.suspend(), job.resume()          # the first cycle allocates and faults the host buffer
+    sus, res, walk = [], [], []
+    for _ in range(cycles):
+        t0 = time.perf_counter()
+        tensors = job.tracked.tensors()
+        walk.append(time.perf_counter() - t0)
+        sus.append(job.tier.suspend(tensors))
+        res.append(job.tier.resume())
+    med = lambda rows, k: statistics.median(r[k] for r in rows)
+    row = {"tensors": sus[0]["tensors"], "storages": sus[0]["storages"], "bytes": sus[0]["bytes"],
+           "tier": type(job.tier).__name__, "suspend_s": med(sus, "total_s"), "resume_s": med(res, "total_s"),
+           "suspend_copy_s": med(sus, "copy_s"), "resume_copy_s": med(res, "copy_s"),
+           "walk_s": statistics.median(walk), "warm_copy_s": warm_copy_s(sus[0]["bytes"], device, cycles)}
+    row["suspend_vs_copy"] = row["suspend_s"] / row["warm_copy_s"]
+    row["resume_vs_copy"] = row["resume_s"] / row["warm_copy_s"]
+    row["us_per_tensor"] = (row["suspend_s"] + row["resume_s"]) / row["tensors"] * 1e6
+    del job, model, opt, pool
+    return row
+
+
+def print_many(many: dict, device: str, cycles: int) -> None:
+    ms = lambda s: f"{s * 1e3:.2f}"
+    table = Table(title=f"many small tensors, state tier, device={device} (median of {cycles} cycles; ms)")
+    for col in ("memory", "tensors", "bytes", "suspend (copy)", "resume (copy)", "warm copy", "suspend/copy",
+                "resume/copy", "µs/tensor", "walk (job)"):
+        table.add_column(col, justify="right")
+    for name, r in many.items():
+        table.add_row(name, str(r["tensors"]), f"{r['bytes'] / 1e6:.2f} MB",
+                      f"{ms(r['suspend_s'])} ({ms(r['suspend_copy_s'])})",
+                      f"{ms(r['resume_s'])} ({ms(r['resume_copy_s'])})", ms(r["warm_copy_s"]),
+                      f"{r['suspend_vs_copy']:.1f}", f"{r['resume_vs_copy']:.1f}", f"{r['us_per_tensor']:.2f}",
+                      ms(r["walk_s"]))
+    Console(width=max(160, Console().width)).print(table)
+    print("walk: TrackedState.tensors(), finding the tensors (the job's part, before the tier's suspend)")
+    for name, r in many.items():
+        print(f"suspend_resume_many_{name}: suspend_vs_copy={r['suspend_vs_copy']:.1f} "
+              f"resume_vs_copy={r['resume_vs_copy']:.1f} us_per_tensor={r['us_per_tensor']:.2f}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--sizes-mib", default="64,256,1024", help="tracked state sizes (default 64,256,1024)")
     p.add_argument("--cycles", type=int, default=5)
     p.add_argument("--json", default="benchmarks/results/suspend_resume.json")
+    p.add_argument("--many-only", action="store_true", help="only the many-small-tensors rows (~10 s)")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available here")
@@ -141,6 +201,14 @@ def main(argv=None) -> int:
         sizes = [int(s) * MiB for s in a.sizes_mib.split(",")]
     except ValueError:
         p.error(f"--sizes-mib takes comma-separated integers, got {a.sizes_mib!r}")
+    many_cycles = max(a.cycles, 15)
+    many = {"heap": measure_many(a.device, False, many_cycles)}
+    if a.device == "cpu":
+        many["pool"] = measure_many(a.device, True, many_cycles)
+    print_many(many, a.device, many_cycles)
+    if a.many_only:
+        _write(a.json, {"device": a.device, "torch": torch.__version__, "many": many})
+        return 0
     rows = {}
     with tempfile.TemporaryDirectory() as scratch:
         for size in sizes:
@@ -161,14 +229,18 @@ def main(argv=None) -> int:
     print("ceiling: save+load over two warm copies, the most any suspend that copies the bytes out and back "
           "could show")
     print(f"boundary with nothing pending: {hook:.2f} µs")
-    os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
-    with open(a.json, "w") as f:
-        json.dump({"device": a.device, "torch": torch.__version__, "rows": rows, "hook_us": hook}, f, indent=2)
+    _write(a.json, {"device": a.device, "torch": torch.__version__, "rows": rows, "hook_us": hook, "many": many})
     last = rows.get("1024MiB") or rows[list(rows)[-1]]
     label = "1GiB" if "1024MiB" in rows else list(rows)[-1]
     print(f"suspend_resume_{label}: copy_vs_warm_copy={last['copy_vs_warm_copy']:.2f} "
           f"end_to_end_vs_save_load={last['end_to_end_vs_save_load']:.1f}")
     return 0
+
+
+def _write(path: str, figures: dict) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(figures, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -22,15 +22,25 @@ The host buffer is allocated once per job and reused for every cycle (pinned on 
 memory is slower still than faulting it): only growth of the tracked state reallocates it, and a spill
 (spill.py), which hands it to a file. On a virtual GPU, fresh "device" memory comes from the job's pool
 (a native Pool's host allocator is the allocator tier's; this tier takes the Python DevicePool, or the heap).
+The bookkeeping is batched: a suspend's plan is a few columns (lists: one row per storage, one per tensor)
+filled and walked with map() and comprehensions that call torch's C methods directly, with no Python object or
+loop body per tensor, and small copies run through map() too. Per-row objects and loops cost ~5-10 µs per
+tensor, tens of milliseconds for a model of a few thousand small tensors, ~20x its bytes' copy time (the
+"many small tensors" rows in benchmarks/README.md). On the Python pool, a resume takes one block for all the
+re-pointed storages, laid out like the host buffer, so that the copy back is one memcpy; each storage is still
+its own storage (a slice of the block), so an alias is one only where it was one before.
 Nothing is released until every copy has finished, and nothing is repointed until all device memory for the
 resume has been obtained, so a failure leaves the job either running or suspended with its state intact.
 """
 from __future__ import annotations
 
+import ctypes
 import time
-from dataclasses import dataclass
+from collections import deque
+from itertools import repeat
 from typing import Optional
 
+import numpy as np
 import torch
 
 from .copier import Copier
@@ -42,18 +52,51 @@ from .tier import Tier
 COPY_CHUNK = 64 << 20  # bytes per CUDA copy on the side stream, so release can overlap the next chunk
 ALIGN = 64
 
+# torch's C methods, called through map(): no Python frame per tensor.
+_storage_of = torch.Tensor.untyped_storage
+_set_data = torch.Tensor.data.__set__
 
-@dataclass
-class _Storage:
-    nbytes: int
-    host_offset: int
-    views: list  # (tensor, storage_offset, size, stride)
-    in_place: Optional[torch.UntypedStorage]  # the storage resized to 0 and back; None: re-pointed (see above)
+
+def _each(fn, *columns) -> None:
+    """fn over the columns, for its effect, looped in C."""
+    deque(map(fn, *columns), maxlen=0)
 
 
 def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
     """A flat uint8 tensor over a whole storage."""
     return torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (storage.nbytes(),), (1,))
+
+
+class _Plan:
+    """One suspend, kept until its resume, as columns: per storage (row) and per tensor."""
+    __slots__ = ("tensors", "owner", "dtypes", "layouts", "storages", "nbytes", "offsets", "in_place", "used",
+                 "small", "small_end")
+
+    def __init__(self, tensors, owner, storages, nbytes, in_place):
+        self.tensors = tensors          # tracked tensors on the device, each once
+        self.owner = owner              # per tensor: the row of its storage
+        self.storages = storages        # per row: the storage, kept only where freed in place (else None)
+        self.nbytes = nbytes            # per row
+        self.in_place = in_place        # per row: resized to 0 and back, or re-pointed (module docstring)
+        # Host offsets: small rows first, packed, so that on the pool they come back as one block (resume).
+        sizes = np.asarray(nbytes, dtype=np.int64)
+        aligned = (sizes + ALIGN - 1) // ALIGN * ALIGN
+        small = sizes < Copier.SMALL
+        order = np.concatenate([np.flatnonzero(small), np.flatnonzero(~small)])
+        ends = np.cumsum(aligned[order])
+        offsets = np.empty_like(aligned)
+        offsets[order] = ends - aligned[order]
+        self.offsets = offsets.tolist()            # per row: where its bytes sit in the host buffer
+        self.used = int(ends[-1]) if len(ends) else 0
+        self.small = small.tolist()                # per row: below Copier.SMALL
+        self.small_end = int(ends[int(small.sum()) - 1]) if small.any() else 0
+        self.dtypes = None              # per tensor, for the re-pointed ones: set at release
+        self.layouts = None             # per tensor (storage offset, size, stride), likewise
+
+    def moved(self) -> list[int]:
+        """The tensors whose storage is re-pointed, by index."""
+        in_place = self.in_place
+        return [i for i, row in enumerate(self.owner) if not in_place[row]]
 
 
 class StateTier(Tier):
@@ -63,59 +106,72 @@ class StateTier(Tier):
         self.device = torch.device(device)
         self.pool = pool
         self._host: torch.Tensor | None = None
-        self._storages: list[_Storage] = []
+        self._plan: Optional[_Plan] = None
         self._host_views: dict[int, torch.Tensor] = {}
         self.suspended = False
         self._cuda = self.device.type == "cuda"
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None
         self._copier = None if self._cuda else Copier()
         self._spill: Optional[SpillFile] = None   # while the host copy is on disk
+        self._empty: dict[torch.dtype, torch.Tensor] = {}   # what a re-pointed tensor holds while suspended
 
     # -- suspend -----------------------------------------------------------------------------------------
     def suspend(self, tensors: list[torch.Tensor]) -> dict:
         if self.suspended:
             raise RuntimeError("suspend: the job is already suspended")
         t0 = time.perf_counter()
-        groups: dict[int, tuple[torch.UntypedStorage, list]] = {}
-        for t in tensors:
-            if t.device != self.device or t.is_sparse:
-                continue
-            storage = t.untyped_storage()
-            if storage.nbytes() == 0:
-                continue
-            key = storage.data_ptr()
-            groups.setdefault(key, (storage, []))[1].append((t, t.storage_offset(), t.size(), t.stride()))
-        total = 0
-        plan = []
-        for storage, views in groups.values():
-            plan.append((storage, _Storage(storage.nbytes(), total, views,
-                                           storage if self._resizes(storage) else None)))
-            total += (storage.nbytes() + ALIGN - 1) // ALIGN * ALIGN
-        grew = self._ensure_host(total)
+        plan = self._make_plan(tensors)
+        grew = self._ensure_host(plan.used)
         t1 = time.perf_counter()
         self._copy_out(plan)
         t2 = time.perf_counter()
         # Every byte is on the host: only now let go of device memory.
-        for storage, entry in plan:
-            if entry.in_place is not None:
-                storage.resize_(0)
-                continue
-            for t, *_ in entry.views:
-                t.data = torch.empty(0, dtype=t.dtype, device=self.device)
-        self._storages = [entry for _, entry in plan]
-        del plan, groups
+        self._release(plan)
+        self._plan = plan
         if self._cuda:
             torch.cuda.empty_cache()
         t3 = time.perf_counter()
         self.suspended = True
         self._host_views.clear()
-        return {"bytes": total, "storages": len(self._storages), "tensors": sum(len(s.views) for s in self._storages),
+        return {"bytes": plan.used, "storages": len(plan.nbytes), "tensors": len(plan.tensors),
                 "host_alloc_s": t1 - t0 if grew else 0.0, "copy_s": t2 - t1, "release_s": t3 - t2,
                 "total_s": t3 - t0}
 
-    def _resizes(self, storage: torch.UntypedStorage) -> bool:
-        """Whether `storage` is freed in place: its memory is torch's allocator's, and a resume takes it there."""
-        return storage.resizable() and not (self.pool is not None and self.device.type == "cpu")
+    def _make_plan(self, tensors: list[torch.Tensor]) -> _Plan:
+        device, strided = self.device, torch.strided
+        ts = [t for t in tensors if t.device == device and t.layout == strided]
+        storages = list(map(_storage_of, ts))
+        if 0 in map(torch.UntypedStorage.nbytes, storages):   # an empty tensor: nothing to move
+            keep = [i for i, s in enumerate(storages) if s.nbytes()]
+            ts, storages = [ts[i] for i in keep], [storages[i] for i in keep]
+        keys = list(map(torch.UntypedStorage.data_ptr, storages))
+        # Tensors over one storage share its row: the dict keeps first-seen order, one storage object per key.
+        unique = dict(zip(keys, storages))
+        rows = {key: row for row, key in enumerate(unique)}
+        owner = list(map(rows.__getitem__, keys))
+        kept = list(unique.values())
+        nbytes = list(map(torch.UntypedStorage.nbytes, kept))
+        if self.pool is not None and self.device.type == "cpu":
+            in_place = [False] * len(kept)   # the pool's memory: a resume must take it from the pool
+        else:
+            in_place = list(map(torch.UntypedStorage.resizable, kept))
+        return _Plan(ts, owner, kept, nbytes, in_place)
+
+    def _release(self, plan: _Plan) -> None:
+        _each(torch.UntypedStorage.resize_, [s for s, ip in zip(plan.storages, plan.in_place) if ip], repeat(0))
+        moved = plan.moved()
+        if moved:
+            ts = [plan.tensors[i] for i in moved]
+            dtypes = [t.dtype for t in ts]
+            plan.dtypes = dtypes
+            plan.layouts = list(zip(map(torch.Tensor.storage_offset, ts), map(torch.Tensor.size, ts),
+                                    map(torch.Tensor.stride, ts)))
+            empty = self._empty
+            for dt in set(dtypes).difference(empty):
+                empty[dt] = torch.empty(0, dtype=dt, device=self.device)
+            _each(_set_data, ts, map(empty.__getitem__, dtypes))
+            # The plan must not keep a re-pointed storage alive: that memory is what the suspend gives back.
+            plan.storages = [s if ip else None for s, ip in zip(plan.storages, plan.in_place)]
 
     def _ensure_host(self, total: int, fault_in: bool = True) -> bool:
         if self._host is not None and self._host.numel() >= total:
@@ -129,20 +185,37 @@ class StateTier(Tier):
             self._host.fill_(0)  # fault the pages in now, not inside the first timed copy
         return True
 
-    def _copy_out(self, plan) -> None:
+    def _host_copy(self, dsts: list[int], srcs: list[int], nbytes: list[int]) -> None:
+        """CPU copies by address. Small ones through map(): each costs more to dispatch than to copy, and the
+        Copier's own per-range loop would double that; large ones go to the Copier's threads."""
+        small = Copier.SMALL
+        if max(nbytes, default=0) < small:
+            _each(ctypes.memmove, dsts, srcs, nbytes)
+            return
+        rows = list(zip(dsts, srcs, nbytes))
+        little = [r for r in rows if r[2] < small]
+        if little:
+            _each(ctypes.memmove, *zip(*little))
+        self._copier.copy([r for r in rows if r[2] >= small])
+
+    def _copy_out(self, plan: _Plan) -> None:
         if not self._cuda:
             base = self._host.data_ptr()
-            self._copier.copy([(base + e.host_offset, storage.data_ptr(), e.nbytes) for storage, e in plan])
+            self._host_copy([base + off for off in plan.offsets],
+                            list(map(torch.UntypedStorage.data_ptr, plan.storages)), plan.nbytes)
             return
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for storage, entry in plan:
-                src = _bytes_of(storage, self.device)
-                for lo in range(0, entry.nbytes, COPY_CHUNK):
-                    hi = min(entry.nbytes, lo + COPY_CHUNK)
-                    self._host[entry.host_offset + lo:entry.host_offset + hi].copy_(src[lo:hi], non_blocking=True)
+            for storage, offset, nbytes in zip(plan.storages, plan.offsets, plan.nbytes):
+                self._chunks(self._host[offset:offset + nbytes], _bytes_of(storage, self.device), nbytes)
         stream.synchronize()
+
+    @staticmethod
+    def _chunks(dst: torch.Tensor, src: torch.Tensor, nbytes: int) -> None:
+        for lo in range(0, nbytes, COPY_CHUNK):
+            hi = min(nbytes, lo + COPY_CHUNK)
+            dst[lo:hi].copy_(src[lo:hi], non_blocking=True)
 
     # -- resume ------------------------------------------------------------------------------------------
     def resume(self) -> dict:
@@ -150,55 +223,67 @@ class StateTier(Tier):
             raise RuntimeError("resume: the job is not suspended")
         t0 = time.perf_counter()
         unspill_s = self._unspill()
-        fresh = []
+        plan = self._plan
         try:
-            for entry in self._storages:
-                if entry.in_place is not None:
-                    entry.in_place.resize_(entry.nbytes)
-                    fresh.append(entry.in_place)
-                else:
-                    fresh.append(self._device_storage(entry.nbytes))
+            fresh, block = self._take_device_memory(plan)
         except Exception:
             # Out of device memory: give back what was taken, so the job stays suspended as it was.
-            for entry in self._storages:
-                if entry.in_place is not None:
-                    entry.in_place.resize_(0)
-            fresh.clear()
+            _each(torch.UntypedStorage.resize_, [s for s, ip in zip(plan.storages, plan.in_place) if ip], repeat(0))
             raise
         t1 = time.perf_counter()
-        self._copy_in(fresh)
+        self._copy_in(plan, fresh, block)
         t2 = time.perf_counter()
-        for storage, entry in zip(fresh, self._storages):
-            if entry.in_place is not None:
-                continue
-            for t, offset, size, stride in entry.views:
-                t.data = torch.empty(0, dtype=t.dtype, device=self.device).set_(storage, offset, size, stride)
-        nbytes = sum(s.nbytes for s in self._storages)
-        self._storages = []
+        if plan.layouts is not None:
+            # new() of the empty tensor it holds: same dtype and device, without parsing them again per tensor
+            empty, ts, owner = self._empty, plan.tensors, plan.owner
+            for i, dtype, (offset, size, stride) in zip(plan.moved(), plan.dtypes, plan.layouts):
+                ts[i].data = empty[dtype].new().set_(fresh[owner[i]], offset, size, stride)
+        self._plan = None
         self._host_views.clear()
         self.suspended = False
         t3 = time.perf_counter()
-        return {"bytes": nbytes, "unspill_s": unspill_s, "alloc_s": t1 - t0 - unspill_s, "copy_s": t2 - t1,
+        return {"bytes": plan.used, "unspill_s": unspill_s, "alloc_s": t1 - t0 - unspill_s, "copy_s": t2 - t1,
                 "total_s": t3 - t0}
 
+    def _take_device_memory(self, plan: _Plan) -> tuple[list, Optional[torch.UntypedStorage]]:
+        """Per row, the storage its bytes go back into; and the pool block under them all, if there is one."""
+        _each(torch.UntypedStorage.resize_, [s for s, ip in zip(plan.storages, plan.in_place) if ip],
+              [n for n, ip in zip(plan.nbytes, plan.in_place) if ip])
+        if self.pool is None or self.device.type != "cpu" or not plan.nbytes:
+            return [s if ip else self._device_storage(n)
+                    for s, n, ip in zip(plan.storages, plan.nbytes, plan.in_place)], None
+        # On the pool every row is re-pointed. The small rows share one block, laid out as in the host buffer
+        # (one region to take, one memcpy back); each is still its own storage over its slice, which keeps
+        # the block alive (through a ctypes array, not a tensor, which the residue scan would name). Large
+        # rows take their own region, so that a view a user kept pins only its own storage's memory.
+        block = None
+        if plan.small_end:
+            block = self.pool.storage(plan.small_end)
+            window = (ctypes.c_char * plan.small_end).from_address(block.data_ptr())
+            window.block = block
+            memory = memoryview(window).cast("B")
+        return [torch.frombuffer(memory[off:off + n], dtype=torch.uint8).untyped_storage() if small
+                else self.pool.storage(n) for off, n, small in zip(plan.offsets, plan.nbytes, plan.small)], block
+
     def _device_storage(self, nbytes: int) -> torch.UntypedStorage:
-        if self.pool is not None and self.device.type == "cpu":
-            return self.pool.storage(nbytes)
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device).untyped_storage()
 
-    def _copy_in(self, fresh) -> None:
+    def _copy_in(self, plan: _Plan, fresh: list, block: Optional[torch.UntypedStorage]) -> None:
         if not self._cuda:
             base = self._host.data_ptr()
-            self._copier.copy([(storage.data_ptr(), base + e.host_offset, e.nbytes)
-                               for storage, e in zip(fresh, self._storages)])
+            if block is None:
+                self._host_copy(list(map(torch.UntypedStorage.data_ptr, fresh)),
+                                [base + off for off in plan.offsets], plan.nbytes)
+                return
+            large = [(s.data_ptr(), base + off, n) for s, off, n, small
+                     in zip(fresh, plan.offsets, plan.nbytes, plan.small) if not small]
+            dsts, srcs, nbytes = zip(*large) if large else ((), (), ())
+            self._host_copy([block.data_ptr(), *dsts], [base, *srcs], [plan.small_end, *nbytes])
             return
         stream = self._stream
         with torch.cuda.stream(stream):
-            for storage, entry in zip(fresh, self._storages):
-                dst = _bytes_of(storage, self.device)
-                for lo in range(0, entry.nbytes, COPY_CHUNK):
-                    hi = min(entry.nbytes, lo + COPY_CHUNK)
-                    dst[lo:hi].copy_(self._host[entry.host_offset + lo:entry.host_offset + hi], non_blocking=True)
+            for storage, offset, nbytes in zip(fresh, plan.offsets, plan.nbytes):
+                self._chunks(_bytes_of(storage, self.device), self._host[offset:offset + nbytes], nbytes)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         stream.synchronize()
 
@@ -209,7 +294,7 @@ class StateTier(Tier):
         if self._spill is not None:
             return {"bytes": 0, "seconds": 0.0, "already": True}
         t0 = time.perf_counter()
-        used = max((e.host_offset + e.nbytes for e in self._storages), default=0)
+        used = self._plan.used
         self._spill = SpillFile.write(path, self._host[:used].numpy())
         self._host = None
         self._host_views.clear()
@@ -235,12 +320,14 @@ class StateTier(Tier):
             return None
         self._unspill()
         if not self._host_views:
-            for entry in self._storages:
-                for t, offset, size, stride in entry.views:
-                    # host offsets are 64-byte aligned, so they are whole elements of any dtype
-                    start = entry.host_offset // t.element_size() + offset
-                    view = torch.empty(0, dtype=t.dtype).set_(self._host.untyped_storage(), start, size, stride)
-                    self._host_views[id(t)] = view
+            plan, host = self._plan, self._host.untyped_storage()
+            # A tensor freed in place kept its metadata; a re-pointed one's was recorded at release.
+            layouts = {i: (dt, *layout) for i, dt, layout in zip(plan.moved(), plan.dtypes or (), plan.layouts or ())}
+            for i, (t, row) in enumerate(zip(plan.tensors, plan.owner)):
+                dtype, offset, size, stride = layouts.get(i) or (t.dtype, t.storage_offset(), t.size(), t.stride())
+                # host offsets are 64-byte aligned, so they are whole elements of any dtype
+                start = plan.offsets[row] // dtype.itemsize + offset
+                self._host_views[id(t)] = torch.empty(0, dtype=dtype).set_(host, start, size, stride)
         return self._host_views.get(id(tensor))
 
     def on_device(self, tensor: torch.Tensor) -> bool:
