@@ -11,6 +11,12 @@ from a complete one and DATA frames out of order from frames in order; files wri
 added are read without that check). Frames let the same bytes go to a file or, chunk by chunk, to a socket,
 and let a reader name the exact place where a stream is damaged.
 
+A writer may mark tensors as zeros (`Zeros`): their rows stay in the table (dtype and shape) and are listed
+in HEAD's "zeros", but no DATA carries them, and a reader gives them zeros. A job uses it for gradients its
+loop is known to overwrite before they are read again (Job.grads_overwritten): a third of the bytes of a
+model under SGD with momentum, a quarter under Adam. A reader from before "zeros" refuses such a stream (its
+table claims more data than the stream carries).
+
 A reader checks the metadata first and allocates nothing until it has: the tensor table and the skeleton are
 read and decoded with bounded memory and time, every tensor is referred to exactly once, the caller's
 `check` (Job.restore: gmux.job.restore_check) compares them with the live job, and the table's claimed sizes
@@ -62,6 +68,13 @@ class TensorRef:
     index: int
 
 
+@dataclass(frozen=True)
+class Zeros:
+    """Wraps a tensor in a snapshot to be written: its dtype and shape are recorded, its values are not; it
+    reads back as zeros."""
+    tensor: torch.Tensor
+
+
 class Row(NamedTuple):
     """One tensor of the table: what the HEAD frame claims before any of its data is read."""
     dtype: str
@@ -70,14 +83,17 @@ class Row(NamedTuple):
 
 
 # -- writing ------------------------------------------------------------------------------------------------
-def _split(obj, tensors: list, resolve: Callable[[torch.Tensor], torch.Tensor]):
+def _split(obj, tensors: list, resolve: Callable[[torch.Tensor], torch.Tensor], zeros: list):
+    if isinstance(obj, Zeros):
+        zeros.append(len(tensors))
+        obj = obj.tensor
     if isinstance(obj, torch.Tensor):
         tensors.append(resolve(obj))
         return TensorRef(len(tensors) - 1)
     if isinstance(obj, dict):
-        return type(obj)((k, _split(v, tensors, resolve)) for k, v in obj.items())
+        return type(obj)((k, _split(v, tensors, resolve, zeros)) for k, v in obj.items())
     if type(obj) in (list, tuple):
-        return type(obj)(_split(v, tensors, resolve) for v in obj)
+        return type(obj)(_split(v, tensors, resolve, zeros) for v in obj)
     return obj
 
 
@@ -94,7 +110,8 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
 
     `resolve` maps a live tensor to the tensor holding its values (the host copy of a suspended tensor)."""
     tensors: list[torch.Tensor] = []
-    skeleton = pickle.dumps(_split(snapshot, tensors, resolve), protocol=5)
+    zeros: list[int] = []
+    skeleton = pickle.dumps(_split(snapshot, tensors, resolve, zeros), protocol=5)
     try:
         _load_skeleton(skeleton)
     except _skeleton.SkeletonError as e:
@@ -116,10 +133,13 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
 
     sink(MAGIC + struct.pack("<H", VERSION))
     written += len(MAGIC) + 2
-    frame(HEAD, msgpack.packb({"tensors": table}))
+    frame(HEAD, msgpack.packb({"tensors": table, "zeros": zeros} if zeros else {"tensors": table}))
     frame(SKEL, skeleton)
     frames, data, crc = 0, 0, 0
-    for t in tensors:
+    skip = set(zeros)
+    for i, t in enumerate(tensors):
+        if i in skip:
+            continue
         buf = _host_bytes(t)
         for lo in range(0, len(buf), CHUNK):
             frame(DATA, buf[lo:lo + CHUNK])
@@ -237,7 +257,9 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None) -> dict:
         kind, head = next(frames)
         if kind != HEAD:
             raise CheckpointError(origin, "corrupt: the first frame is not HEAD")
-        table = _parse_table(msgpack.unpackb(head), origin)
+        head = msgpack.unpackb(head)
+        table = _parse_table(head, origin)
+        zeros = _parse_zeros(head, len(table), origin)
         kind, skel = next(frames)
         if kind != SKEL:
             raise CheckpointError(origin, "corrupt: the second frame is not SKEL")
@@ -247,8 +269,8 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None) -> dict:
             raise CheckpointError(origin, f"refused: the state holds {e}, which gmux never writes") from None
         _each_referred_once(skeleton, len(table), origin)
         vouched = check(skeleton, table) if check is not None else None
-        _fits(table, reader.left, vouched, origin)
-        buffers = _read_data(frames, table, origin)
+        _fits(table, zeros, reader.left, vouched, origin)
+        buffers = _read_data(frames, table, zeros, origin)
     except StopIteration:
         raise CheckpointError(origin, "truncated: the stream ends before its data") from None
     except (msgpack.UnpackException, ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
@@ -260,20 +282,30 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None) -> dict:
     return _join(skeleton, tensors, origin)
 
 
-def _fits(table: list, left: Optional[int], vouched: Optional[int], origin: str) -> None:
+def _fits(table: list, zeros: set, left: Optional[int], vouched: Optional[int], origin: str) -> None:
     """The table claims no more data than the file holds; from a stream of unknown length, no more than the
-    live job vouched for plus MAX_FREE. Checked before any buffer is allocated."""
+    live job vouched for plus MAX_FREE (counting zeros rows too: they take memory all the same). Checked
+    before any buffer is allocated."""
     need = sum(row.nbytes for row in table)
-    if left is not None and need > left:
-        raise CheckpointError(origin, f"corrupt: the tensor table claims {need} bytes of tensor data, "
+    carried = need - sum(table[i].nbytes for i in zeros)
+    if left is not None and carried > left:
+        raise CheckpointError(origin, f"corrupt: the tensor table claims {carried} bytes of tensor data, "
                                       f"but the file holds only {left} more bytes")
     if left is None and need - (vouched or 0) > MAX_FREE:
         raise CheckpointError(origin, f"refused: the tensor table claims {need - (vouched or 0)} bytes of tensor "
                                       f"data the job does not hold (at most {MAX_FREE} from a stream)")
 
 
-def _read_data(frames, table: list, origin: str) -> list:
-    buffers = [torch.empty(row.nbytes, dtype=torch.uint8) for row in table]
+def _read_data(frames, table: list, zeros: set, origin: str) -> list:
+    buffers = [torch.zeros(row.nbytes, dtype=torch.uint8) if i in zeros else torch.empty(row.nbytes, dtype=torch.uint8)
+               for i, row in enumerate(table)]
+    # DATA fills the other rows, in order; a zeros row is passed over like an empty one.
+    carried = [b for i, b in enumerate(buffers) if i not in zeros]
+    _fill(frames, carried, origin)
+    return buffers
+
+
+def _fill(frames, buffers: list, origin: str) -> None:
     slot, filled, data_frames, data_bytes, crc = 0, 0, 0, 0, 0
     for kind, payload in frames:
         if kind == END:
@@ -305,7 +337,6 @@ def _read_data(frames, table: list, origin: str) -> list:
         slot, filled = slot + 1, 0
     if slot != len(buffers):
         raise CheckpointError(origin, "corrupt: less tensor data than the table describes")
-    return buffers
 
 
 def load(path: str, check: Optional[Check] = None) -> dict:
@@ -336,6 +367,14 @@ def _parse_table(table, origin: str) -> list:
             raise CheckpointError(origin, f"corrupt: tensor {i} ({dtype} {shape}) cannot hold {nbytes} bytes")
         rows.append(Row(dtype, tuple(shape), nbytes))
     return rows
+
+
+def _parse_zeros(head: dict, count: int, origin: str) -> set:
+    zeros = head.get("zeros", [])
+    if not (isinstance(zeros, list) and all(type(i) is int and 0 <= i < count for i in zeros)
+            and len(set(zeros)) == len(zeros)):
+        raise CheckpointError(origin, f"corrupt: the HEAD frame's zeros are {_short(zeros)}")
+    return set(zeros)
 
 
 def _short(value, limit: int = 120) -> str:

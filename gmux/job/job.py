@@ -43,6 +43,9 @@ class Job:
         self._last = time.perf_counter()
         self._next_report = self._last + REPORT_EVERY_S
         self._marked_elsewhere = False
+        # Whether a checkpoint may leave out the gradients' values (see `checkpoint`); GMUX_GRADS=overwritten
+        # says so for a script that cannot set it (gmux-launch, gmux submit --env).
+        self.grads_overwritten = os.environ.get("GMUX_GRADS") == "overwritten"
         # How the job's boundaries come (reported; `gmux ps` shows it): "explicit" for a script that attached
         # itself; transparent mode (hook.py) says "none yet", then "optimizer hook" or "module hook".
         self.control = "explicit"
@@ -185,7 +188,17 @@ class Job:
         return snap
 
     def checkpoint(self, target: str | BinaryIO | Callable[[bytes], Any]) -> dict:
-        """Writes the job's state to a path (atomically), a binary file or a byte sink."""
+        """Writes the job's state to a path (atomically), a binary file or a byte sink.
+
+        With `grads_overwritten` set, the gradients' values are not written, only which parameters have one
+        and its shape: a restore gives them zeros. That is bit-identical to sending them when the job's loop
+        zeroes its gradients (optimizer.zero_grad() or model.zero_grad(), set_to_none either way) after every
+        boundary before its next backward, and reads none of them before that: an existing gradient is then
+        set to zeros (or None) whatever it held. It holds for every boundary at an optimizer step (gmux-launch's
+        hook; job.boundary() or job.data() once per step) with the usual zero_grad-backward-step loop, for any
+        optimizer, and for gradient accumulation whose boundaries fall only at optimizer steps. It does not
+        hold at a boundary between micro-batches of an accumulation cycle (the next backward adds to the
+        gradients), nor for a loop that reads last step's gradients first (logging their norm, say)."""
         t0 = time.perf_counter()
         def resolve(t: torch.Tensor) -> torch.Tensor:  # a suspended tensor's values are in its host copy
             view = self.tier.host_view(t) if self.suspended else None
@@ -193,6 +206,8 @@ class Job:
         if self.device.type == "cuda" and not self.suspended:
             torch.cuda.synchronize(self.device)
         snap = self.snapshot()
+        if self.grads_overwritten:
+            snap["grads"] = [{name: ckpt.Zeros(g) for name, g in grads.items()} for grads in snap["grads"]]
         if isinstance(target, (str, os.PathLike)):
             nbytes = ckpt.save(snap, os.fspath(target), resolve)
         else:
