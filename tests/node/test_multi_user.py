@@ -27,9 +27,8 @@ from gmux.rundir import RuntimeDir, RuntimeDirError
 from node_harness import GiB, PY, ROOT, TRAIN, env, wait_for
 
 TOOLS = ("useradd", "userdel", "groupadd", "groupdel")
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not all(shutil.which(t) for t in TOOLS),
-    reason=f"needs root and {', '.join(TOOLS)} to make throwaway users (running as uid {os.geteuid()})")
+CANNOT_MAKE_USERS = (None if os.geteuid() == 0 and all(shutil.which(t) for t in TOOLS) else
+                     f"needs root and {', '.join(TOOLS)} to make throwaway users (running as uid {os.geteuid()})")
 
 # Run as a user: requests to gmuxd through the ordinary client, each answered {ok, data | error}.
 ASK = """
@@ -183,6 +182,8 @@ class Users:
 
 @pytest.fixture(scope="module")
 def users():
+    if CANNOT_MAKE_USERS:
+        pytest.skip(CANNOT_MAKE_USERS)
     u = Users()
     try:
         try:
@@ -332,8 +333,30 @@ def test_users_act_only_on_their_own_jobs_and_jobs_are_never_admins(users, syste
     b = ps(users, rt, "b")[b_job]
     assert b["state"] == "exited" and b["exit_status"] == 0 and b["suspends"] == 1, b
     assert json.load(open(b_out))["uid"] == users.uid["b"][0]
+    record = os.stat(os.path.join(rt, "users", str(users.uid["b"][0]), f"{b_job}.exit"))
+    assert record.st_uid == users.uid["b"][0], "the job's exit record is in its user's own directory"
     assert ps(users, rt)[a_job]["detail"] == "killed by gmux kill"
     a_launch.wait(20)
+
+
+def test_the_kernel_names_an_ipc_peer(tmp_path):
+    """What every rule above rests on (runs as any user): a served request carries the sender's uid, gid and
+    pid as the kernel gave them, whatever the message says."""
+    import zmq
+    from gmux.wire.server import Caller, Server, configure
+    ctx = zmq.Context.instance()
+    sock = configure(ctx.socket(zmq.ROUTER))
+    sock.bind(f"ipc://{tmp_path}/s.sock")
+    seen = []
+    server = Server(sock, {"ping": lambda req: seen.append(req.caller) or {}}, name="t", credentials=True)
+    client = ctx.socket(zmq.DEALER)
+    client.connect(f"ipc://{tmp_path}/s.sock")
+    client.send(protocol.encode("ping", 1))
+    server.serve(lambda: None, lambda: bool(seen), poll_s=0.05)
+    assert seen == [Caller(os.getuid(), os.getgid(), os.getpid())]
+    assert protocol.decode(client.recv())["ok"]
+    client.close(0)
+    sock.close(0)
 
 
 # --- the same rules in-process: a system daemon whose requests come with the credentials a test chooses ---
