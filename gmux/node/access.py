@@ -16,8 +16,9 @@ import grp
 import hmac
 import os
 import pwd
+import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from gmux import protocol
 from gmux.wire.server import Caller, Refused, Request
@@ -30,6 +31,27 @@ class SystemMode:
     admin_group: Optional[int] = None
 
 
+LOOKUP_TTL_S = 60.0    # how long an answer of the user database is reused
+
+
+def _cached(fn: Callable) -> Callable:
+    """`fn` with its answers kept LOOKUP_TTL_S: the user database may be a network service (LDAP, sssd) that takes
+    milliseconds or more, and gmuxd's one loop asks it for every request of a user and every row of a ps; a
+    change of membership takes effect within the minute."""
+    memo: dict = {}
+
+    def lookup(*key):
+        now = time.monotonic()
+        hit = memo.get(key)
+        if hit is None or now - hit[0] > LOOKUP_TTL_S:
+            if len(memo) > 4096:
+                memo.clear()
+            hit = memo[key] = (now, fn(*key))
+        return hit[1]
+    return lookup
+
+
+@_cached
 def user_name(uid: Optional[int]) -> str:
     if uid is None:
         return "?"
@@ -46,6 +68,7 @@ def group_name(gid: Optional[int]) -> str:
         return f"gid {gid}"
 
 
+@_cached
 def user_groups(uid: int, gid: int) -> list[int]:
     """The user's groups as the user database has them (what a login of theirs would get: initgroups)."""
     try:
