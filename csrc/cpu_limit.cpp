@@ -17,6 +17,7 @@
  * saying so. */
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -33,6 +34,7 @@ constexpr uint64_t kMagic = 0x676d75786c696d31ull;  // "gmuxlim1": catches a blo
 struct Header {
   uint64_t magic;
   uint64_t counted;  // bytes added to in_use by this allocation (0: host memory, uncounted)
+  uint64_t size;     // bytes asked for (what adopting it counts)
 };
 
 std::atomic<uint64_t> g_limit{0};    // 0: count only, never refuse
@@ -110,6 +112,7 @@ class LimitedCPUAllocator final : public c10::Allocator {
     auto* h = static_cast<Header*>(base);
     h->magic = kMagic;
     h->counted = counted;
+    h->size = n;
     void* data = static_cast<char*>(base) + kHeader;
     return {data, data, &delete_block, c10::Device(c10::DeviceType::CPU)};
   }
@@ -176,6 +179,21 @@ int gmux_cpu_limit_claim(uint64_t n, int check) {
 }
 
 void gmux_cpu_limit_release(uint64_t n) { g_in_use.fetch_sub(n, std::memory_order_relaxed); }
+
+/* A storage allocated in a host scope that the job keeps as its own (a checkpoint's tensor that became its
+ * optimizer state at a restore) is counted from now on, whatever the limit (the memory is there already);
+ * `storage` is a c10::StorageImpl* (torch.UntypedStorage._cdata). Returns the bytes adopted: 0 for a storage
+ * that is not this allocator's (told apart by its deleter, so no foreign memory is read) or already counted. */
+uint64_t gmux_cpu_limit_adopt(void* storage) {
+  if (storage == nullptr) return 0;
+  const c10::DataPtr& data = static_cast<c10::StorageImpl*>(storage)->data_ptr();
+  if (data.get_deleter() != &delete_block || data.get() == nullptr) return 0;
+  auto* h = reinterpret_cast<Header*>(static_cast<char*>(data.get()) - kHeader);
+  if (h->magic != kMagic || h->counted) return 0;
+  h->counted = h->size;
+  raise_peak(g_in_use.fetch_add(h->size, std::memory_order_relaxed) + h->size);
+  return h->size;
+}
 
 /* Allocations by this thread between enter and leave are host memory, not counted (nests). */
 void gmux_cpu_host_enter(void) { ++t_host; }

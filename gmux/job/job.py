@@ -18,6 +18,7 @@ from . import checkpoint as ckpt
 from .control import Command, Controller, LocalController
 from .data import DataPosition, batches, epochs
 from .memory import choose_tier
+from .memory.limit import adopt, host_memory
 from .profile import Profile
 from .restore_check import Fit
 from .state import TrackedState
@@ -221,18 +222,23 @@ class Job:
         if self.suspended:
             raise RuntimeError("restore: resume the job first")
         t0 = time.perf_counter()
-        if isinstance(source, (str, os.PathLike)):
-            origin = repr(os.fspath(source))
-            fit = Fit(self, origin)
-            snap = ckpt.load(os.fspath(source), fit.layout)
-        else:
-            origin = "(stream)"
-            fit = Fit(self, origin)
-            stream = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
-            snap = ckpt.read(stream, origin, fit.layout)
+        # The checkpoint's buffers are read as host memory, outside the job's memory limit (its live state is
+        # counted already: a restore must not need twice the limit); what the job keeps of them, its optimizer
+        # state, is counted once applied (limit.adopt).
+        with host_memory():
+            if isinstance(source, (str, os.PathLike)):
+                origin = repr(os.fspath(source))
+                fit = Fit(self, origin)
+                snap = ckpt.load(os.fspath(source), fit.layout)
+            else:
+                origin = "(stream)"
+                fit = Fit(self, origin)
+                stream = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
+                snap = ckpt.read(stream, origin, fit.layout)
         fit.values(snap)
         position = DataPosition.from_dict(snap["position"])
         self.tracked.apply(snap)
+        adopt(self.tracked.tensors())
         self.position = position
         self.profile.steps = snap["steps"]
         return {"seconds": time.perf_counter() - t0}

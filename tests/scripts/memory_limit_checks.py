@@ -112,7 +112,36 @@ def threads():
     assert e.figures()["mem_in_use"] <= 100 * MiB
 
 
+def restore():
+    """A restore reads the checkpoint as host memory: a job whose state is 64 of its 112 MiB restores
+    (counted, it would need its state twice), and what it keeps of the checkpoint (Adam's state) is counted."""
+    import io
+    import gmux.job
+    e = ml.enforce(112 * MiB, job="j5", cuda=False)   # its steps peak at 96 MiB (Adam's temporaries)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2048, 2048)                       # 16 MiB of weights
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    job = gmux.job.attach(model, opt)
+
+    def step():
+        loss = model(torch.randn(4, 2048)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    step()                                                    # weights, gradients, two Adam moments: 64 MiB
+    buf = io.BytesIO()
+    job.checkpoint(buf)
+    live = e.figures()["mem_in_use"]
+    assert 64 * MiB <= live < 65 * MiB, live
+    job.restore(buf.getvalue())
+    after = e.figures()["mem_in_use"]
+    assert abs(after - live) < MiB, (live, after)             # the moments it kept are counted, once
+    step()
+    assert e.figures()["mem_refused"] == 0
+
+
 if __name__ == "__main__":
     check = sys.argv[1]
-    {"refuse": refuse, "host_scope": host_scope, "soft": soft, "pools": pools, "threads": threads}[check]()
+    {"refuse": refuse, "host_scope": host_scope, "soft": soft, "pools": pools, "threads": threads,
+     "restore": restore}[check]()
     print(f"ok {check}")

@@ -59,6 +59,8 @@ class CpuLimit:
         lib.gmux_cpu_limit_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
         lib.gmux_cpu_limit_claim.argtypes = [ctypes.c_uint64, ctypes.c_int]
         lib.gmux_cpu_limit_release.argtypes = [ctypes.c_uint64]
+        lib.gmux_cpu_limit_adopt.argtypes = [ctypes.c_void_p]
+        lib.gmux_cpu_limit_adopt.restype = ctypes.c_uint64
         self.what = "gmux: over the job's GPU memory limit"
 
     def install(self, limit: int, what: str, how: str = HOW) -> None:
@@ -87,6 +89,17 @@ class CpuLimit:
 
     def release(self, nbytes: int) -> None:
         self._lib.gmux_cpu_limit_release(nbytes)
+
+    def adopt(self, tensors) -> int:
+        """Counts the storages of `tensors` that were allocated as host memory and are the job's now (a
+        restore's buffers kept as optimizer state); returns the bytes adopted."""
+        seen, adopted = set(), 0
+        for t in tensors:
+            s = t.untyped_storage()
+            if s._cdata not in seen:
+                seen.add(s._cdata)
+                adopted += self._lib.gmux_cpu_limit_adopt(s._cdata)
+        return adopted
 
     @contextmanager
     def host(self):
@@ -129,6 +142,11 @@ def host_memory():
         return
     with limiter.host():
         yield
+
+
+def adopt(tensors) -> int:
+    """What the job keeps of memory made in `host_memory()` counts from now on (no-op without a CPU limiter)."""
+    return _cpu.adopt(tensors) if _cpu is not None else 0
 
 
 class Enforced:
