@@ -54,6 +54,16 @@ def test_tiresias_las_preempts_the_job_with_more_service(table):
     assert res.counters["suspends"] == 1
 
 
+def test_tiresias_demotes_a_job_at_every_threshold_it_crosses_in_one_run(table):
+    # Job 1 preempts job 0 (queue 1) at t=120, passes 100 GPU-s (queue 1: no preemption within a queue) and
+    # then 200 GPU-s in the same run: queue 2, so job 0 (queue 1) must take the GPU back at ~320 s. With only its
+    # first crossing noticed, job 1 kept queue 1 and ran to its end (job 0 finished at ~2,000 s).
+    jobs = [job(0, 0, 1000), job(1, 120, 1000)]
+    _, res, by = run("tiresias", jobs, table(), machines=1, per=1, thresholds=(100.0, 200.0))
+    assert res.counters["suspends"] == 2
+    assert finish(by, 0) < finish(by, 1) and finish(by, 0) == pytest.approx(1201.2, abs=1.0)
+
+
 def test_tiresias_does_not_preempt_within_a_queue(table):
     jobs = [job(0, 0, 50), job(1, 10, 10)]                  # both under the 100 GPU-s threshold
     _, res, by = run("tiresias", jobs, table(), machines=1, per=1, thresholds=(100.0,))

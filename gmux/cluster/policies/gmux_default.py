@@ -109,13 +109,14 @@ class GmuxPolicy(PriorityPolicy):
         return (self.level(job, a), 1, self._fine(job, a), job.submit_time)
 
     def rekey_at(self, job, now, gpus: int):
+        a = job.attained_at(now)
         if self.learn:
-            nxt = self.model.next_change(job.attained)
+            nxt = self.model.next_change(a)
         else:
-            nxt = next((t for t in self.thresholds if t > job.attained), None)
+            nxt = next((t for t in self.thresholds if t > a), None)
         if nxt is None:
             return None
-        return now + (nxt - job.attained) / max(1, gpus) + 1e-6
+        return self.service_until(job, now, gpus, nxt)
 
     def _run_add(self, job, now) -> None:
         super()._run_add(job, now)

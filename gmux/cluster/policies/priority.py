@@ -36,6 +36,8 @@ class PriorityPolicy(Policy):
         self._rkeys: dict = {}
         self._wakeup = None               # earliest end of a min_run_s protection seen in this decision
         self._armed: set = set()          # wake-up times already requested
+        self._rearm: list = []            # re-key timers for running jobs re-keyed in this decision
+        self._rgen: dict = {}             # job_id -> its latest start's number (re-key timers carry it)
 
     # ---- ordering ------------------------------------------------------------------------------------------
     def waiting_key(self, job):
@@ -49,9 +51,17 @@ class PriorityPolicy(Policy):
         return self.running_key(job, now)
 
     def rekey_at(self, job, now, gpus: int):
-        """When a job that just started on `gpus` GPUs changes key next (None: never, or only in ways that keep
-        the order of running jobs, as SRTF's remaining times all shrinking at one rate do)."""
+        """When a job running on `gpus` GPUs changes key next (None: never, or only in ways that keep the order of
+        running jobs, as SRTF's remaining times all shrinking at one rate do). Called when it starts and again
+        at each re-key."""
         return None
+
+    @staticmethod
+    def service_until(job, now, gpus: int, target: float) -> float:
+        """The instant a job running on `gpus` GPUs reaches `target` GPU-seconds of service (its measured
+        service rate when it has one: a packed job gains less than one GPU-second per GPU)."""
+        rate = job.service_rate if job.service_rate > 0 else max(1, gpus)
+        return now + max(0.0, target - job.attained_at(now)) / rate + 1e-6
 
     # ---- the waiting index ---------------------------------------------------------------------------------
     def _file(self, job, key=None) -> None:
@@ -85,6 +95,7 @@ class PriorityPolicy(Policy):
             self._file(snap.jobs[event.job_id])
         if event.kind is EventKind.COMPLETION:
             self._run_remove(event.job_id)
+            self._rgen.pop(event.job_id, None)
         # Membership, not just counts: gmux-scheduler builds a fresh snapshot per decision, and a job may have
         # started or finished elsewhere between two calls (O(jobs) set comparisons, ~0.3 ms at 10,000 jobs).
         if len(self._keys) != len(snap.pending) + len(snap.suspended) or \
@@ -95,9 +106,17 @@ class PriorityPolicy(Policy):
         if self.preemptive:
             if event.kind is EventKind.TIMER and isinstance(event.key, tuple) and event.key[0] == "rekey":
                 jid = event.key[1]
-                if jid in self._rkeys and jid in snap.running:
+                # A timer from an earlier run of the job (suspended and started again since) is stale: the
+                # later start armed its own.
+                if jid in self._rkeys and jid in snap.running and self._rgen.get(jid) == event.key[2]:
+                    job = snap.jobs[jid]
                     self._run_remove(jid)
-                    self._run_add(snap.jobs[jid], snap.now)
+                    self._run_add(job, snap.now)
+                    # And the change after it: without this a job kept the key of its first crossing for as
+                    # long as it ran (Tiresias' second threshold was never seen by a job that ran past both).
+                    at = self.rekey_at(job, snap.now, max(1, len(job.gpus)))
+                    if at is not None and at > snap.now:      # never "now" again: that would never end
+                        self._rearm.append(SetTimer(at, event.key))
             if len(self._rkeys) != len(snap.running) or self._rkeys.keys() != snap.running.keys():
                 self._running, self._rkeys = [], {}
                 for jid in snap.running:
@@ -113,11 +132,12 @@ class PriorityPolicy(Policy):
     def _take_wakeups(self) -> list:
         """A timer for the earliest moment a job protected by min_run_s becomes preemptible, if one was skipped
         and no timer for that moment is already pending (busy clusters would otherwise pile up thousands)."""
+        out, self._rearm = self._rearm, []
         w, self._wakeup = self._wakeup, None
         if w is None or w in self._armed:
-            return []
+            return out
         self._armed.add(w)
-        return [SetTimer(w, ("wake", w))]
+        return out + [SetTimer(w, ("wake", w))]
 
     def _plan(self, snap, plan: Plan, event: Event) -> None:
         if not self._keys:
@@ -144,7 +164,8 @@ class PriorityPolicy(Policy):
                     self._run_add(job, now)
                     at = self.rekey_at(job, now, job.num_gpus if isinstance(a, Pack) else len(a.gpus))
                     if at is not None:
-                        out.append(SetTimer(at, ("rekey", job.job_id)))
+                        gen = self._rgen[job.job_id] = self._rgen.get(job.job_id, 0) + 1
+                        out.append(SetTimer(at, ("rekey", job.job_id, gen)))
         return out
 
     def _find(self, snap, plan: Plan, job):

@@ -53,9 +53,9 @@ class TiresiasPolicy(PriorityPolicy):
         return (self.level(job.attained_at(now)), 1, job.submit_time)
 
     def rekey_at(self, job, now, gpus: int):
-        # Running alone, a job gains `gpus` GPU-seconds of service per second: it crosses its next threshold
-        # at a known instant (a stale timer only causes a harmless re-key).
-        lvl = self.level(job.attained)
+        # Running, a job gains service at a known rate: it crosses its next threshold at a known instant (a
+        # timer that fires early only re-keys the job and asks again).
+        lvl = self.level(job.attained_at(now))
         if lvl >= len(self.thresholds):
             return None
-        return now + (self.thresholds[lvl] - job.attained) / max(1, gpus) + 1e-6
+        return self.service_until(job, now, gpus, self.thresholds[lvl])
