@@ -1,7 +1,8 @@
 """End to end: a Hugging Face Trainer script and a Lightning script, unmodified under gmux-launch, become
 framework-controlled jobs (gmux/job/frameworks): time-sliced on one virtual GPU with a third job at a short
 quantum, spilled by exit when their suspended state is over the host budget, migrated to another GPU mid-run,
-and each ends bit-identical to its solo run.
+and each ends bit-identical to its solo run. A Trainer whose resume would not be exact (its sampler is not
+seeded) is refused a move, with the reason.
 
 One gmuxd serves the whole scenario (the frameworks' imports cost seconds per process, and each spill or move
 starts the job's process again); each framework's outcome is its own test. The frameworks are test
@@ -40,13 +41,16 @@ def scenario(tmp_path_factory):
     solo = {n: subprocess.Popen([PY, script, str(tmp / f"solo_{n}.json"), *ARGS], env=env(), cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=open(tmp / f"solo_{n}.log", "wb"))
             for n, (_, script) in FRAMEWORKS.items()}
-    node = Node(tmp, "--virtual-gpus", "2x1GiB", "--quantum", QUANTUM, "--no-pack", "--host-budget", BUDGET)
+    node = Node(tmp, "--virtual-gpus", "4x1GiB", "--quantum", QUANTUM, "--no-pack", "--host-budget", BUDGET)
     out = {"tmp": tmp, "node": node, "solo": solo, "ids": {}, "procs": {}}
     try:
         opts = ["--gpu", "0", "--mem", "300MiB"]
         third = node.launch(TRAIN, str(tmp / "third.json"), "1000000", "--sleep", "0.003", opts=opts)
         for n, (_, script) in FRAMEWORKS.items():
             out["procs"][n] = node.launch(script, str(tmp / f"{n}.json"), *ARGS, opts=opts, log_name=f"{n}.log")
+        out["procs"]["unseeded"] = node.launch(FRAMEWORKS["hf"][1], str(tmp / "unseeded.json"), "--epochs", "6",
+                                               "--unseeded", "--sleep", "0.01", opts=["--gpu", "3", "--mem", "300MiB"],
+                                               log_name="unseeded.log")
         out["ids"] = {n: node.job_of(p.pid, 60) for n, p in out["procs"].items()}
         out["ids"]["third"] = node.job_of(third.pid)
         _run(node, out)
@@ -59,38 +63,43 @@ def scenario(tmp_path_factory):
 
 
 def _run(node: Node, out: dict) -> None:
+    """One loop watches gmux ps and acts as soon as each thing can be shown: a framework job's turns after a
+    spill are long (its restart counts as its first mini-batch, and a turn lasts two), and it may finish in one."""
     ids = out["ids"]
-    fw = [ids["hf"], ids["lightning"]]
-
-    def framework_ready():
-        jobs = {j["id"]: j for j in node.ps()["jobs"]}
-        return all((jobs[i].get("report") or {}).get("control") == "framework" and jobs[i]["migratable"]
-                   and jobs[i]["suspends"] >= 1 for i in fw) and jobs
-    jobs = node.wait_for(framework_ready, 240, lambda: node.ps())
-    out["table"] = _render(jobs.values())
-    # GPU 0's wall time against the GPU-seconds accounted to its three jobs, over a window of slicing and spills
-    before, t0 = {j["id"]: j for j in node.ps()["jobs"]}, time.monotonic()
-    time.sleep(3.0)
-    after, t1 = {j["id"]: j for j in node.ps()["jobs"]}, time.monotonic()
-    out["accounted"] = sum(after[i]["gpu_seconds"] - before[i]["gpu_seconds"] for i in ids.values()) / (t1 - t0)
-    # Each framework job, once it has been spilled by exit, is moved to GPU 1 during one of its turns.
-    for n in ("hf", "lightning"):
-        job = ids[n]
-        node.wait_for(lambda: node.job(job)["spilled"] and node.job(job)["migrations"] >= 1, 240,
-                      lambda: node.ps())
-        deadline = time.monotonic() + 240
-        while True:
-            info = node.job(job)
+    sliced = (ids["hf"], ids["lightning"], ids["third"])
+    target = {"hf": 1, "lightning": 2}      # a GPU of its own: no suspend, so no further spill (a new process)
+    first = last = None                     # (time, GPU-seconds by job) while all three are sliced on GPU 0
+    deadline = time.monotonic() + 300
+    while target or "refused" not in out:
+        assert time.monotonic() < deadline, f"never moved: {sorted(target)}, {out.get('refused')}: {node.ps()}"
+        t, jobs = time.monotonic(), {j["id"]: j for j in node.ps()["jobs"]}
+        if all((jobs[i].get("report") or {}).get("control") and jobs[i]["gpu"] == 0 for i in sliced):
+            first = first or (t, {i: jobs[i]["gpu_seconds"] for i in sliced})
+            last = (t, {i: jobs[i]["gpu_seconds"] for i in sliced})
+        if all((jobs[ids[n]].get("report") or {}).get("control") == "framework" for n in FRAMEWORKS):
+            out.setdefault("table", _render(jobs.values()))
+        unseeded = jobs[ids["unseeded"]]
+        if "refused" not in out and (unseeded.get("report") or {}).get("control") == "framework":
+            assert unseeded["state"] == "running", unseeded
+            with pytest.raises(GmuxError) as refused:
+                node.call("migrate", job=unseeded["id"], gpu=0)
+            out["refused"], out["unseeded_table"] = str(refused.value), _render([unseeded])
+        for n in list(target):
+            info = jobs[ids[n]]
             assert info["state"] not in ("exited", "failed"), f"{n} ended before it could be moved: {info}"
-            if info["state"] == "running" and info["migratable"] and info["gpu"] == 0:
+            # once it has been suspended and spilled by exit, during one of its turns
+            if (info["spilled"] and info["migrations"] >= 1 and info["state"] == "running" and info["gpu"] == 0
+                    and info["migratable"]):
                 try:
-                    node.call("migrate", job=job, gpu=1)   # answered once the job has left for GPU 1
-                    break
+                    node.call("migrate", job=ids[n], gpu=target[n])   # answered once the job has left
+                    del target[n]
                 except GmuxError:
                     pass     # its turn ended meanwhile (busy with a suspend): at its next turn
-            assert time.monotonic() < deadline, f"{n} was never moved: {node.ps()}"
-            time.sleep(0.05)
-    for n in ("hf", "lightning"):
+        time.sleep(0.05)
+    (t0, before), (t1, after) = first, last
+    out["window"] = t1 - t0
+    out["accounted"] = sum(after[i] - before[i] for i in sliced) / (t1 - t0)
+    for n in ("hf", "lightning", "unseeded"):
         assert out["procs"][n].wait(300) == 0, (out["tmp"] / f"{n}.log").read_text()[-3000:]
     for p in out["solo"].values():
         assert p.wait(300) == 0
@@ -109,11 +118,11 @@ def _render(jobs) -> str:
 def test_framework_job_is_sliced_spilled_moved_and_bit_identical(scenario, name):
     job = scenario["ids"][name]
     info = scenario["jobs"][job]
-    print(f"{name}: {info['suspends']} suspends, {info['migrations']} migrations, GPU-seconds accounted / wall "
-          f"{scenario['accounted']:.3f}")
-    assert info["state"] == "exited" and info["gpu"] == 1, info
+    print(f"{name}: {info['suspends']} suspends, {info['migrations']} migrations; GPU 0: GPU-seconds accounted / "
+          f"wall {scenario['accounted']:.3f} over {scenario['window']:.1f} s")
+    assert info["state"] == "exited" and info["gpu"] == {"hf": 1, "lightning": 2}[name], info
     assert info["suspends"] > 0 and info["spilled"] and info["migrations"] >= 2, info
-    assert 0.9 <= scenario["accounted"] <= 1.1, scenario["accounted"]
+    assert scenario["window"] >= 3.0 and 0.9 <= scenario["accounted"] <= 1.1, scenario["accounted"]
     kinds = {d["kind"] for d in scenario["decisions"] if job in d["jobs"]}
     assert {"spill", "migrate"} <= kinds, kinds
     moved, solo = result(scenario["tmp"] / f"{name}.json"), result(scenario["tmp"] / f"solo_{name}.json")
@@ -122,3 +131,12 @@ def test_framework_job_is_sliced_spilled_moved_and_bit_identical(scenario, name)
     assert moved["sha256"] == solo["sha256"], (moved, solo)
     row = [ln for ln in scenario["table"].splitlines() if job in ln][0]
     assert "framework: suspend, free mem, move" in row, row
+
+
+def test_a_trainer_whose_resume_is_not_exact_is_refused_a_move(scenario):
+    job = scenario["ids"]["unseeded"]
+    info = scenario["jobs"][job]
+    assert "not moved" in scenario["refused"] and "RandomSampler" in scenario["refused"], scenario["refused"]
+    row = [ln for ln in scenario["unseeded_table"].splitlines() if job in ln][0]
+    assert "framework: suspend, free mem" in row and "move" not in row, row
+    assert info["state"] == "exited" and info["gpu"] == 3 and info["migrations"] == 0 and not info["migratable"]

@@ -1,10 +1,11 @@
 """A Hugging Face Trainer script as people write them: a small regression model with dropout, a map-style
 dataset, TrainingArguments with gradient accumulation, a linear warm-up schedule and AdamW, then train().
 
-usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S]
+usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S] [--unseeded]
 Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
 training at (more than 0 when gmux restored it after a move). --sleep stands for waiting on input in the
-collator each micro-batch; it changes no number.
+collator each micro-batch; it changes no number. --unseeded shuffles with torch's RandomSampler instead of
+accelerate's seeded one (the epoch's order then comes from the global random state).
 """
 import argparse
 import hashlib
@@ -22,6 +23,7 @@ p.add_argument("out")
 p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--samples", type=int, default=256)
 p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--unseeded", action="store_true")
 a = p.parse_args()
 torch.set_num_threads(1)
 
@@ -68,7 +70,7 @@ args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf-out-"), per_devi
                          gradient_accumulation_steps=2, num_train_epochs=a.epochs, learning_rate=3e-3,
                          lr_scheduler_type="linear", warmup_steps=5, weight_decay=0.01, logging_strategy="no",
                          save_strategy="no", report_to="none", seed=0, use_cpu=True, disable_tqdm=True,
-                         dataloader_num_workers=0)
+                         dataloader_num_workers=0, accelerator_config={"use_seedable_sampler": not a.unseeded})
 set_seed(0)
 first = FirstStep()
 trainer = Trainer(model=Regressor(), args=args, train_dataset=Points(a.samples), data_collator=collate,
