@@ -135,6 +135,10 @@ class RuntimeDir:
                 os.mkdir(sub, 0o700)
             except FileExistsError:
                 pass
+        if group is not None:
+            # The group passes through this directory to the socket: the database (every job's token, argv and
+            # environment) is made root's alone before SQLite opens it (its -wal and -shm files take its mode).
+            os.close(os.open(self.db, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         self.check(group)
 
     def _check_existing(self, mode: int = 0o700) -> None:
@@ -175,6 +179,8 @@ class RuntimeDir:
             if top == self.users():
                 self._check_users()
                 continue
+            if top == self.root and group is not None:
+                self._close_files()
             with os.scandir(top) as entries:
                 for e in entries:
                     est = e.stat(follow_symlinks=False)
@@ -187,6 +193,15 @@ class RuntimeDir:
                         raise RuntimeDirError(f"{e.path} is {kind}: gmuxd did not make it, and will not use a "
                                               f"runtime directory holding it. Remove it, or choose another "
                                               f"directory with --runtime-dir or GMUX_RUNTIME_DIR")
+
+    def _close_files(self) -> None:
+        """A system tree's own files are root's alone (mode 0600): the top directory is open to the group."""
+        with os.scandir(self.root) as entries:
+            for e in entries:
+                est = e.stat(follow_symlinks=False)
+                # (a regular file, not a symlink, in a directory only root may change: chmod cannot be redirected)
+                if stat.S_ISREG(est.st_mode) and stat.S_IMODE(est.st_mode) & 0o077 and est.st_uid == os.getuid():
+                    os.chmod(e.path, 0o600)
 
     def _check_users(self) -> None:
         with os.scandir(self.users()) as entries:

@@ -135,7 +135,8 @@ class Daemon:
                                    f"stop it first or use another --runtime-dir")
         except (FileNotFoundError, ValueError):
             pass
-        with open(self.rundir.pid_file, "w") as f:
+        fd = os.open(self.rundir.pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
             f.write(f"{os.getpid()} {proc_starttime(os.getpid())}")
 
     def _recover(self) -> None:
