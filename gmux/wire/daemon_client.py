@@ -27,15 +27,28 @@ def unavailable_message(endpoint: str, timeout: Optional[float] = None, running:
 
 
 def closed_message(root: str) -> str:
-    """For a user kept out of a gmuxd's directory: a system gmuxd serves the members of its socket group."""
+    """For a user kept out of a gmuxd's directory: a per-user gmuxd serves its user, a system one the members
+    of its socket group."""
+    import grp
+    import pwd
     try:
-        import grp
-        group = grp.getgrgid(os.stat(root).st_gid).gr_name
-    except (OSError, KeyError):
-        group = "its socket group"
-    return (f"cannot reach gmuxd in {root}: permission denied. A system gmuxd serves the members of {group}; "
-            f"ask its admin to add you (usermod -aG {group} USER, then log in again), or run a gmuxd of your own "
-            f"(GMUX_RUNTIME_DIR elsewhere)")
+        st = os.stat(root)
+    except OSError:
+        st = None
+    if st is not None and st.st_uid != 0:
+        try:
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            owner = f"uid {st.st_uid}"
+        return (f"cannot reach gmuxd in {root}: permission denied; it is {owner}'s own gmuxd, which serves only "
+                f"them. Start one of your own (gmuxd, with GMUX_RUNTIME_DIR unset) or use the machine's system gmuxd")
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except (AttributeError, KeyError):
+        group = None
+    return (f"cannot reach gmuxd in {root}: permission denied. A system gmuxd serves the members of "
+            f"{group or 'its socket group'}; ask its admin to add you (usermod -aG {group or 'GROUP'} USER, then log "
+            f"in again), or run a gmuxd of your own (GMUX_RUNTIME_DIR elsewhere)")
 
 
 class Client:
