@@ -126,6 +126,8 @@ class RuntimeDir:
         mode = 0o700 if group is None else 0o750
         parent = os.path.dirname(os.path.abspath(self.root))
         os.makedirs(parent, mode=0o700 if group is None else 0o755, exist_ok=True)
+        if group is not None:
+            self._check_parent(parent)
         try:
             os.mkdir(self.root, 0o700)   # opened to the group only once it is known to be ours (check)
         except FileExistsError:
@@ -140,6 +142,16 @@ class RuntimeDir:
             # environment) is made root's alone before SQLite opens it (its -wal and -shm files take its mode).
             os.close(os.open(self.db, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         self.check(group)
+
+    @staticmethod
+    def _check_parent(parent: str) -> None:
+        """A system daemon's directory must not be in one where another user could rename it away and put their
+        own in its place: its parent is root's, and writable by others only if sticky (as /tmp, /run)."""
+        st = os.stat(parent)
+        if st.st_uid != 0 or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            raise RuntimeDirError(f"{parent} (where the runtime directory goes) is not root's alone (owner uid "
+                                  f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): another user could replace "
+                                  f"the directory; use /run/gmux, or a directory in one only root may change")
 
     def _check_existing(self, mode: int = 0o700) -> None:
         st = os.lstat(self.root)

@@ -478,6 +478,13 @@ def test_a_users_directory_must_be_theirs(users, tmp_path):
     os.mkdir(rd.user_dir(users.uid["a"][0]))     # made by root, not given to A: not one gmuxd made
     with pytest.raises(RuntimeDirError, match="not a user's directory"):
         rd.create(grp_gid(users.group))
+    # nor may the system directory lie where a user could swap it for one of theirs
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)
+    with pytest.raises(RuntimeDirError, match="another user could replace"):
+        RuntimeDir(str(shared / "rt")).create(grp_gid(users.group))
+    assert not (shared / "rt").exists()
 
 
 def test_owners_survive_a_restart(sysd_factory, users):
