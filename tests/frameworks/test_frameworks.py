@@ -150,3 +150,25 @@ def test_only_the_users_own_lightning_hooks_count():
     Own = type("Own", (Base,), {"__module__": "train", "on_save_checkpoint": lambda self, c: None})
     assert not lightning._overrides(Plain(), "on_save_checkpoint")
     assert lightning._overrides(Own(), "on_save_checkpoint")
+
+
+def test_the_report_says_whether_the_job_can_move(monkeypatch):
+    """A Trainer's job is movable once attached with an exact setup; not once its Trainer has returned, nor for a
+    second Trainer run in the same process (a new process would run the first one again before it)."""
+    from gmux.job.job import Job
+    from gmux.job.state import TrackedState
+    monkeypatch.setattr(frameworks, "_runs", 0)
+    job = Job(TrackedState(), device="cpu")
+    model = torch.nn.Linear(2, 2)
+    frameworks.started()
+    frameworks.attach(job, "huggingface", [model, torch.optim.SGD(model.parameters(), lr=0.1)], None, lambda: None)
+    report = job.report()
+    assert job.control == "framework" and report["control"] == "framework"
+    assert report["movable"] is True and report["unmovable"] is None and len(job.tracked.tensors()) == 2
+    frameworks.finished(job)
+    assert job.report()["movable"] is False and "finished" in job.report()["unmovable"]
+    frameworks.started()
+    frameworks.attach(job, "huggingface", [model], None, lambda: None)
+    assert job.report()["movable"] is False and "before" in job.report()["unmovable"]
+    frameworks.attach(job, "huggingface", [model], "an IterableDataset", lambda: None)
+    assert job.report()["unmovable"] == "an IterableDataset"

@@ -36,6 +36,7 @@ WARM_ENV = "GMUX_FRAMEWORK_MODULE"
 
 _job = None
 _restore: Optional[str] = None
+_runs = 0           # Trainer runs started in this process
 
 
 def install(job) -> None:
@@ -91,13 +92,13 @@ def attach(job, framework: str, objects: list, why_not_movable: Optional[str], r
         job.move_to(first.device)
     job.control = "framework"
     job._discover = lambda _job: refresh()   # before every command: the framework's counters into the state
-    figures = {"movable": why_not_movable is None, "unmovable": why_not_movable, "framework": framework}
-    base = type(job).report
-    # The report says whether the job can move; gmuxd reads it (a framework job learns that only now).
-    job.report = lambda: {**base(job), **figures}
-    job._next_report = 0.0       # report at the next boundary, not a second from now
-    if why_not_movable is None:
-        os.environ[WARM_ENV] = next(k for k, v in WATCHED.items() if v == framework and k in sys.modules)
+    if why_not_movable is None and _runs > 1:
+        why_not_movable = ("its script trained with a Trainer before in this process; a new process would train "
+                           "that one again first")
+    _say(job, {"movable": why_not_movable is None, "unmovable": why_not_movable, "framework": framework})
+    module = next((k for k, v in WATCHED.items() if v == framework and k in sys.modules), None)
+    if why_not_movable is None and module is not None:
+        os.environ[WARM_ENV] = module   # for the process that continues this one after a move
 
 
 # what a script's source says about the Trainer it will import: `from transformers import Trainer`,
@@ -105,6 +106,29 @@ def attach(job, framework: str, objects: list, why_not_movable: Optional[str], r
 _USES = (("transformers.trainer", re.compile(r"^\s*(from|import)\s+transformers\b.*\bTrainer\b", re.M)),
          ("lightning.pytorch.trainer.trainer", re.compile(r"^\s*(from|import)\s+lightning\b", re.M)),
          ("pytorch_lightning.trainer.trainer", re.compile(r"^\s*(from|import)\s+pytorch_lightning\b", re.M)))
+
+
+def _say(job, figures: dict) -> None:
+    """The job's reports say whether it can move; gmuxd reads it (a framework job learns that only once its
+    Trainer has started)."""
+    job.framework_figures = figures
+    if "report" not in job.__dict__:
+        base = type(job).report
+        job.report = lambda: {**base(job), **job.framework_figures}
+    job._next_report = 0.0       # report at the next boundary, not a second from now
+
+
+def started() -> None:
+    """A Trainer starts training (counted: only a process's first can be resumed in a new process)."""
+    global _runs
+    _runs += 1
+
+
+def finished(job) -> None:
+    """The Trainer has returned: the script goes on without the framework's boundaries, and cannot move."""
+    if getattr(job, "framework_figures", None):
+        _say(job, {**job.framework_figures, "movable": False,
+                   "unmovable": "its Trainer has finished training; the script goes on without boundaries"})
 
 
 def warm_up(script: Optional[str] = None) -> None:

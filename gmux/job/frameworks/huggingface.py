@@ -53,6 +53,7 @@ def patch(module) -> None:
             return original(self, resume_from_checkpoint, *args, **kwargs)
         callback = Callback(self, job)
         self.add_callback(callback)
+        frameworks.started()
         path = frameworks.take_restore()
         scratch = None
         try:
@@ -68,6 +69,7 @@ def patch(module) -> None:
                 resume_from_checkpoint = scratch
             return original(self, resume_from_checkpoint, *args, **kwargs)
         finally:
+            frameworks.finished(job)
             self.remove_callback(callback)
             for name in _LOADERS:
                 self.__dict__.pop(name, None)

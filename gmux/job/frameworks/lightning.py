@@ -57,6 +57,7 @@ def patch(module) -> None:
         if job is None or _active is not None:
             return original(self, *args, **kwargs)
         callback = Callback(self, job)
+        frameworks.started()
         path = frameworks.take_restore()
         if path is not None:
             if signature.bind(self, *args, **kwargs).arguments.get("ckpt_path"):
@@ -68,6 +69,7 @@ def patch(module) -> None:
             return original(self, *args, **kwargs)
         finally:
             _active = None
+            frameworks.finished(job)
             if callback in self.callbacks:
                 self.callbacks.remove(callback)
             for name in ("resume_start", "restore_model", "restore_optimizers_and_schedulers"):
