@@ -20,6 +20,8 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -140,6 +142,9 @@ int gmux_cpu_limit_install(uint64_t limit) {
       return;
     }
     g_inner = inner;
+    // A process the job forks (a DataLoader worker) is not the job's device: it keeps counting its own blocks
+    // (frees of the parent's must find their header) but is never refused.
+    pthread_atfork(nullptr, nullptr, [] { g_limit.store(0, std::memory_order_relaxed); });
     // Priority above the default's (0): torch keeps the allocator with the highest priority it was given.
     c10::SetCPUAllocator(new LimitedCPUAllocator(), /*priority=*/1);
   });

@@ -15,7 +15,7 @@ from node_harness import PY, ROOT, TRAIN, env, result
 
 HOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memhog_job.py")
 MiB = 1 << 20
-STEPS = "3000"
+STEPS = "1500"
 
 
 def test_a_job_past_its_limit_gets_an_oom_error_and_its_neighbour_is_untouched(node_factory, tmp_path):

@@ -1,6 +1,7 @@
 """usage: memory_limit_checks.py CHECK — one check of the CPU memory limiter (gmux/job/memory/limit.py) in a
 process of its own (the limiter replaces torch's CPU allocator for the rest of the process); prints 'ok CHECK'
 when every assertion held. Run by tests/test_memory_limit.py."""
+import os
 import sys
 import threading
 
@@ -33,6 +34,13 @@ def refuse():
     again = torch.ones(60 * MiB, dtype=torch.uint8)   # freed memory is room again
     f = e.figures()
     assert 60 * MiB <= f["mem_peak"] <= 64 * MiB and f["mem_in_use"] >= 60 * MiB, f
+    pid = os.fork()          # a forked process (a DataLoader worker) is not the job's device: never refused
+    if pid == 0:
+        try:   # allocation only: a parallel fill after fork may hang in the child's OpenMP runtime
+            os._exit(0 if torch.empty(100 * MiB, dtype=torch.uint8).numel() == 100 * MiB else 1)
+        except BaseException:
+            os._exit(2)
+    assert os.waitpid(pid, 0)[1] == 0
     del again
     assert e.figures()["mem_peak"] >= 60 * MiB        # the peak since the previous report...
     f = e.figures()                                   # ...restarts from what is in use at each report
