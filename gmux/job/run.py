@@ -10,7 +10,8 @@ the runner gmux-launch uses (runner.py); what is this module's own is the local 
 On a GPU, the script's allocations are routed through gmux's native allocator before it runs (the
 allocator tier: suspend keeps every pointer valid); --no-native keeps torch's own allocator and the state
 tier. On the CPU, --pool SIZE gives the job a virtual GPU of that much memory (gmux's native pool and the allocator
-tier; with --no-native, the Python pool and the state tier).
+tier; with --no-native, the Python pool and the state tier). --mem SIZE sets the job's memory limit as
+gmux-launch --mem does: an allocation past it fails with torch.OutOfMemoryError.
 """
 from __future__ import annotations
 

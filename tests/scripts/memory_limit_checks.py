@@ -61,8 +61,8 @@ def host_scope():
 
 def soft():
     """GMUX_MEM_SOFT=1: counted and reported, never refused."""
-    e = ml.enforce(8 * MiB, job="j2", soft=None if ml.soft_from_env({"GMUX_MEM_SOFT": "1"}) is None else True,
-                   cuda=False)
+    os.environ["GMUX_MEM_SOFT"] = "1"                 # as gmux-launch --mem-soft sets it
+    e = ml.enforce(8 * MiB, job="j2", cuda=False)
     big = torch.ones(32 * MiB, dtype=torch.uint8)
     f = e.figures()
     assert f["mem_limit_soft"] and f["mem_enforced"] == "counted" and f["mem_in_use"] >= 32 * MiB, f
