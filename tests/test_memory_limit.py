@@ -75,3 +75,21 @@ def test_a_full_pool_raises_torchs_out_of_memory_error():
         pool.storage(2 * MiB)
     assert isinstance(e.value, (PoolExhausted, MemoryError))
     del kept
+
+
+def test_a_cuda_oom_at_the_routed_allocators_limit_is_explained_in_the_exit_reason(monkeypatch):
+    """On a GPU torch raises its own OOM error when gmux's routed allocator refuses; the job's exit reason says
+    it was the job's limit (only once the allocator has refused something: a full GPU is not the limit)."""
+    from gmux.job.memory import limit as ml
+    with na.Pool.create(16 * MiB) as pool, na.Allocator.host(pool) as a:
+        what = ml.describe(4 * MiB, "j1", "big")
+        monkeypatch.setattr(ml, "_enforced", ml.Enforced(4 * MiB, False, "enforced", allocator=a, what=what))
+        a.set_limit(4 * MiB)
+        torch_error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 MiB. GPU 0 has ...")
+        assert ml.explain(torch_error) is None                 # nothing refused: the GPU itself was full
+        with pytest.raises(na.NativeError):
+            a.malloc(8 * MiB)
+        reason = ml.explain(torch_error)
+        assert reason.startswith("OutOfMemoryError: gmux: job j1 (big) is over its GPU memory limit of 4.0MiB"), reason
+        assert "gmux-launch --mem" in reason and "CUDA out of memory" in reason
+        assert ml.explain(ValueError("x")) is None

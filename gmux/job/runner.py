@@ -95,7 +95,8 @@ def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], 
             print(code, file=sys.stderr)
     except BaseException as e:
         traceback.print_exc()
-        status, reason = 1, f"{type(e).__name__}: {e}"[:500]
+        from .memory.limit import explain   # torch's CUDA OOM error does not say it was the job's limit
+        status, reason = 1, (explain(e) or f"{type(e).__name__}: {e}")[:500]
     finally:
         sys.argv = saved_argv
     return status, reason

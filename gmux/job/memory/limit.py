@@ -149,12 +149,24 @@ def adopt(tensors) -> int:
     return _cpu.adopt(tensors) if _cpu is not None else 0
 
 
+def explain(error: BaseException) -> Optional[str]:
+    """The exit reason for a job that ended with `error`, when it is torch's CUDA out-of-memory error for an
+    allocation gmux's routed allocator refused at the job's limit (torch's words do not say so); else None."""
+    e = _enforced
+    if e is None or e.allocator is None or type(error).__name__ != "OutOfMemoryError" or str(error).startswith("gmux:"):
+        return None
+    if not e.allocator.stats()["refused"]:
+        return None
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    return f"OutOfMemoryError: {e.what}. {HOW} (torch: {first})"
+
+
 class Enforced:
     """What a job's runtime holds about its limit: the figures for its reports."""
 
     def __init__(self, limit: Optional[int], soft: bool, how: str, cpu: Optional[CpuLimit] = None,
-                 allocator=None, device: Optional[int] = None):
-        self.limit, self.soft, self.how = limit, soft, how
+                 allocator=None, device: Optional[int] = None, what: str = ""):
+        self.limit, self.soft, self.how, self.what = limit, soft, how, what
         self.cpu, self.allocator, self.device = cpu, allocator, device
 
     def figures(self) -> dict:
@@ -219,7 +231,7 @@ def _enforce_cuda(limit: int, what: str, soft: bool) -> Enforced:
         routing.allocator.set_limit(0 if soft else limit)
         if not soft:
             _observe_oom(what, routing.allocator)
-        return Enforced(limit, soft, "counted" if soft else "enforced", allocator=routing.allocator)
+        return Enforced(limit, soft, "counted" if soft else "enforced", allocator=routing.allocator, what=what)
     if soft:
         return Enforced(limit, True, "counted", device=device)
     total = torch.cuda.get_device_properties(device).total_memory
