@@ -9,11 +9,14 @@ ZeroMQ socket; gmux-scheduler's decision latency with 3 real daemons and with 10
     and passed a boundary (what the scheduler waits for before the source releases): suspend at a boundary,
     checkpoint written, streamed (chunked, crc32, CurveZMQ), new process, torch import, restore, first step.
     Beside it, in the same run: the checkpoint file's bytes over a plain ZeroMQ DEALER->ROUTER TCP socket
-    (2 MiB messages, pipelined, memory to memory), the floor for moving those bytes between two processes.
+    (2 MiB messages, pipelined, memory to memory), the floor for moving those bytes between two processes, and
+    over a CurveZMQ one, the floor for a secured move. Downtime apart: from the job's last boundary at the
+    source to its first at the target (the total also holds the wait for that last boundary).
 (b) Decisions. The time of one scheduling decision (snapshot from SQLite-backed tables, policy, actions) as
     gmux-scheduler measures it, while (a) runs against 3 daemons; and with 100 simulated daemons (CurveZMQ
     DEALERs that report 2 GPUs each and run whatever they are told for a few seconds) and 300 jobs.
-Last line: `cluster: migrate_1GiB_vs_raw=<ratio> decision_ms_p99=<n>` (the p99 with 100 daemons).
+Last line: `cluster: migrate_1GiB_vs_raw=<total/plain> downtime_1GiB_vs_curve_raw=<downtime/curve-raw>
+decision_ms_p99=<n>` (the p99 with 100 daemons).
 """
 from __future__ import annotations
 
@@ -41,12 +44,16 @@ from gmux.wire import keys  # noqa: E402
 C = protocol.CLUSTER_MESSAGES
 
 
-def raw_zmq_seconds(nbytes: int, chunk: int = 2 << 20, window: int = 8) -> float:
+def raw_zmq_seconds(nbytes: int, chunk: int = 2 << 20, window: int = 8, keydir: str | None = None) -> float:
     """As many bytes over plain ZeroMQ TCP on loopback, pipelined like the real transfer (plain ZeroMQ does not
-    look at the bytes, so zeros cost what the checkpoint's would)."""
+    look at the bytes, so zeros cost what the checkpoint's would); memory to memory. With `keydir`, over
+    CurveZMQ (a daemon's keys, as a real move's link): the floor for a secured move, encryption included."""
     data = bytes(nbytes)
     ctx = zmq.Context()
-    rx = ctx.socket(zmq.ROUTER)
+    if keydir is None:
+        rx = ctx.socket(zmq.ROUTER)
+    else:
+        rx = keys.server_socket(ctx, zmq.ROUTER, keydir, "daemon", "rx")
     port = rx.bind_to_random_port("tcp://127.0.0.1")
     got = {"n": 0}
 
@@ -57,7 +64,10 @@ def raw_zmq_seconds(nbytes: int, chunk: int = 2 << 20, window: int = 8) -> float
             rx.send_multipart([ident.bytes, b"k"])
     t = threading.Thread(target=serve)
     t.start()
-    tx = ctx.socket(zmq.DEALER)
+    if keydir is None:
+        tx = ctx.socket(zmq.DEALER)
+    else:   # no ZAP handler: a CurveZMQ server without one admits any client that knows its key
+        tx = keys.client_socket(ctx, zmq.DEALER, keydir, "daemon", "tx", keys.load_public(keydir, "daemon", "rx"))
     tx.connect(f"tcp://127.0.0.1:{port}")
     view = memoryview(data)
     t0 = time.perf_counter()
@@ -100,10 +110,20 @@ def migration(tmp: pathlib.Path, size_mib: int) -> dict:
         ps = c.ps()
         sent = next(d for d in reversed(ps["decisions"]) if d["kind"] == "migrate_sent")["numbers"]
         raw = min(raw_zmq_seconds(sent["bytes"]) for _ in range(2))
+        kd = str(tmp / "bench-keys")
+        for name in ("rx", "tx"):
+            keys.create(kd, "daemon", name)
+        curve = min(raw_zmq_seconds(sent["bytes"], keydir=kd) for _ in range(2))
+        # Downtime: from the job's last boundary at the source (the link's request plus the time the job still
+        # computed before it: gmuxd's boundary wait) to its first at the target (what the scheduler waits for).
+        running = sent.get("running_s")
+        downtime = total - running if isinstance(running, (int, float)) else None
         dm = ps["decision_ms"]
-        return {"size_mib": size_mib, "bytes": sent["bytes"], "migrate_s": total, "suspend_s": sent["suspend_s"],
-                "checkpoint_s": sent["checkpoint_s"], "transfer_s": sent["transfer_s"], "raw_zmq_s": raw,
+        return {"size_mib": size_mib, "bytes": sent["bytes"], "migrate_s": total, "downtime_s": downtime,
+                "suspend_s": sent["suspend_s"], "checkpoint_s": sent["checkpoint_s"],
+                "transfer_s": sent["transfer_s"], "raw_zmq_s": raw, "curve_zmq_s": curve,
                 "migrate_vs_raw": total / raw, "transfer_vs_raw": sent["transfer_s"] / raw,
+                "downtime_vs_curve_raw": downtime / curve if downtime is not None else None,
                 "decision_ms_p99_3daemons": dm["p99"], "decisions_3daemons": dm["n"]}
     finally:
         c.close()
@@ -209,9 +229,11 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix=f"gmux-bench-{size}-") as d:
             r = migration(pathlib.Path(d), size)
         rows.append(r)
-        print(f"migrate {size:5d} MiB: total {r['migrate_s']:7.2f} s (suspend {r['suspend_s']:.2f}, checkpoint "
-              f"{r['checkpoint_s']:.2f}, transfer {r['transfer_s']:.2f}) raw zmq {r['raw_zmq_s']:.3f} s  "
-              f"total/raw {r['migrate_vs_raw']:.1f}  transfer/raw {r['transfer_vs_raw']:.1f}", flush=True)
+        down = f"{r['downtime_s']:.2f}" if r["downtime_s"] is not None else "?"
+        print(f"migrate {size:5d} MiB: downtime {down} s, total {r['migrate_s']:7.2f} s (suspend {r['suspend_s']:.2f}, "
+              f"checkpoint {r['checkpoint_s']:.2f}, transfer {r['transfer_s']:.2f}) raw zmq {r['raw_zmq_s']:.3f} s, "
+              f"curve zmq {r['curve_zmq_s']:.3f} s  total/raw {r['migrate_vs_raw']:.1f}  "
+              f"downtime/curve {_ratio(r['downtime_vs_curve_raw'])}", flush=True)
     with tempfile.TemporaryDirectory(prefix="gmux-bench-100-") as d:
         dec = decisions_100(pathlib.Path(d))
     print(f"decisions, 100 simulated daemons, {dec['jobs']} jobs ({dec['policy']}): n={dec['decision_ms_n']} "
@@ -222,8 +244,13 @@ def main() -> int:
     with open(a.out, "w") as f:
         json.dump({"migrations": rows, "decisions_100": dec}, f, indent=1)
     big = next((r for r in rows if r["size_mib"] == 1024), rows[-1])
-    print(f"cluster: migrate_1GiB_vs_raw={big['migrate_vs_raw']:.1f} decision_ms_p99={dec['decision_ms_p99']:.2f}")
+    print(f"cluster: migrate_1GiB_vs_raw={big['migrate_vs_raw']:.1f} "
+          f"downtime_1GiB_vs_curve_raw={_ratio(big['downtime_vs_curve_raw'])} decision_ms_p99={dec['decision_ms_p99']:.2f}")
     return 0
+
+
+def _ratio(r) -> str:
+    return f"{r:.1f}" if r is not None else "?"
 
 
 if __name__ == "__main__":

@@ -584,7 +584,9 @@ ACTION_ARGS = {
 EVENT_DATA = {"step": (_nonneg_int, False), "local": (_name, False), "gpu": (_gpu_index, False),
               "xfers": (_names(MAX_RANKS), False), "bytes": (_nonneg_int, False), "seconds": (_float, False),
               # a move's parts: suspending the ranks, writing their checkpoints, sending them
-              "suspend_s": (_float, False), "checkpoint_s": (_float, False), "transfer_s": (_float, False)}
+              "suspend_s": (_float, False), "checkpoint_s": (_float, False), "transfer_s": (_float, False),
+              # of suspend_s, how long the job still computed before its boundary: where a move's downtime begins
+              "running_s": (_float, False)}
 
 CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     # --- a daemon's cluster link -> scheduler: its whole state, every half second (so a restarted scheduler
@@ -616,6 +618,7 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     "xfer_begin": {"xfer": (_name, True), "size": (lambda v: _int(v, 0, XFER_MAX_SIZE), True)},
     "xfer_chunk": {"xfer": (_name, True), "offset": (lambda v: _int(v, 0, XFER_MAX_SIZE), True),
                    "crc": (lambda v: _int(v, 0, (1 << 32) - 1), True)},
-    "xfer_end": {"xfer": (_name, True), "digest": (_sha256_hex, True)},
+    "xfer_end": {"xfer": (_name, True), "digest": (_sha256_hex, True),
+                 "size": (lambda v: _int(v, 0, XFER_MAX_SIZE), False)},   # a stream's, known at its end
     "reply": MESSAGES["reply"],
 }

@@ -105,10 +105,13 @@ def _host_bytes(t: torch.Tensor) -> memoryview:
 
 
 def write(snapshot: dict, sink: Callable[[bytes], object],
-          resolve: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> int:
+          resolve: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+          announce: Optional[Callable[[int], object]] = None) -> int:
     """Serialises a captured job into `sink` (called with each piece of bytes); returns the bytes written.
 
-    `resolve` maps a live tensor to the tensor holding its values (the host copy of a suspended tensor)."""
+    `resolve` maps a live tensor to the tensor holding its values (the host copy of a suspended tensor).
+    `announce`, if given, is called before the first byte with an upper bound of the bytes to come (exact but
+    for the END frame's checksum, whose encoding takes 1 to 5 bytes): what a stream tells its receiver first."""
     tensors: list[torch.Tensor] = []
     zeros: list[int] = []
     skeleton = pickle.dumps(_split(snapshot, tensors, resolve, zeros), protocol=5)
@@ -131,12 +134,19 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
             sink(piece)
         written += len(header) + len(payload) + _CRC.size
 
+    head = msgpack.packb({"tensors": table, "zeros": zeros} if zeros else {"tensors": table})
+    skip = set(zeros)
+    if announce is not None:
+        carried = [row[2] for i, row in enumerate(table) if i not in skip]
+        count = sum(-(-n // CHUNK) for n in carried)
+        end = msgpack.packb({"data_frames": count, "data_bytes": sum(carried), "data_crc32": 0xFFFFFFFF})
+        overhead = _FRAME.size + _CRC.size
+        announce(len(MAGIC) + 2 + len(head) + len(skeleton) + len(end) + sum(carried) + overhead * (count + 3))
     sink(MAGIC + struct.pack("<H", VERSION))
     written += len(MAGIC) + 2
-    frame(HEAD, msgpack.packb({"tensors": table, "zeros": zeros} if zeros else {"tensors": table}))
+    frame(HEAD, head)
     frame(SKEL, skeleton)
     frames, data, crc = 0, 0, 0
-    skip = set(zeros)
     for i, t in enumerate(tensors):
         if i in skip:
             continue

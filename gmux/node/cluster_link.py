@@ -36,10 +36,11 @@ import zmq
 
 from gmux import protocol
 from gmux.wire import keys
-from gmux.wire.transfer import Receiver, rank_xfers, send_file
+from gmux.wire.transfer import Receiver
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.wire.server import Server, configure
-from gmux.node.cluster_records import gang_record, ranks_by_job
+from gmux.node.cluster_records import gang_record, ranks_by_job, running_before_boundary
+from gmux.node.cluster_stream import send_files, stream_ranks
 from gmux.rundir import RuntimeDir
 from gmux.util.rendezvous import free_port, rendezvous_env
 
@@ -66,7 +67,8 @@ class ClusterLink:
                                 name="cluster link", table=C, refusals=(protocol.ProtocolError,), attachments=True,
                                 unknown="{type} is not accepted on a transfer endpoint")
         self.transfer_endpoint = self.inbox.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.receiver = Receiver(os.path.join(self.rundir.root, "cluster-in"))
+        # No fsync: a move's source holds the job until the target restored, the scheduler its own checkpoints.
+        self.receiver = Receiver(os.path.join(self.rundir.root, "cluster-in"), durable=False)
         self.up = keys.client_socket(self.ctx, zmq.DEALER, keydir, "daemon", name, keys.load_public(keydir, "scheduler"))
         self.up.setsockopt(zmq.IDENTITY, name.encode())
         self.up.setsockopt(zmq.LINGER, 0)
@@ -377,11 +379,15 @@ class ClusterLink:
             self._event(event, cjob)
 
     def _admin_error(self, mtype: str, local: str) -> Optional[str]:
+        return self._admin_reply(mtype, local)[0]
+
+    def _admin_reply(self, mtype: str, local: str) -> tuple[Optional[str], Optional[dict]]:
+        """(the error, or None; gmuxd's reply, or None)."""
         try:
-            self.admin(mtype, job=local)
-            return None
+            reply = self.admin(mtype, job=local)
+            return None, reply if isinstance(reply, dict) else None
         except GmuxError as e:
-            return str(e)
+            return str(e), None
 
     def _resume(self, cjob: str, ranks: list, gpu) -> None:
         rec = self._jobs.get(cjob) or {}
@@ -408,48 +414,57 @@ class ClusterLink:
         errors = [e for e in _each(lambda local: self._admin_error("checkpoint", local), ranks) if e]
         if errors:
             raise GmuxError(f"checkpoint: {errors[0]}")
-        step = 0
+        return [self._snapshot_path(local) for local in ranks], self._step(ranks)
+
+    def _snapshot_path(self, local: str) -> str:
+        return self.rundir.checkpoint_file(local + ".snapshot")
+
+    def _step(self, ranks: list) -> int:
         try:
             ps = self.admin("ps", timeout=5.0, all=True, limit=LINK_PS_LIMIT)
-            step = min(int(j.get("step") or 0) for j in ps["jobs"] if j["id"] in ranks)
+            return min(int(j.get("step") or 0) for j in ps["jobs"] if j["id"] in ranks)
         except (GmuxError, ValueError):
-            pass
-        return [self.rundir.checkpoint_file(local + ".snapshot") for local in ranks], step
+            return 0
 
-    def _send(self, paths: list, endpoint: str, server_key: bytes, xfer: str) -> tuple[list, dict]:
-        """Sends a checkpoint per rank as XFER.RANK, deleting each once the receiver holds it; (names, figures)."""
-        xfers, total = rank_xfers(xfer, len(paths)), {"bytes": 0, "seconds": 0.0}
-        for path, name in zip(paths, xfers):
-            r = send_file(path, endpoint, server_key, self.keydir, "daemon", self.name, name, context=self.ctx)
-            os.unlink(path)
-            total["bytes"] += r["bytes"]
-            total["seconds"] += r["seconds"]
-        return xfers, total
+    def _sender(self) -> dict:
+        return dict(keydir=self.keydir, role="daemon", name=self.name, context=self.ctx)
 
     def _checkpoint_to_scheduler(self, cjob: str, ranks: list, xfer: str) -> None:
         with self._gang_lock(cjob):
             paths, step = self._checkpoint(ranks)
-        xfers, r = self._send(paths, self.scheduler_endpoint, keys.load_public(self.keydir, "scheduler"), xfer)
+        xfers, r = send_files(paths, self.scheduler_endpoint, keys.load_public(self.keydir, "scheduler"), xfer,
+                              self._sender())
         self._event("checkpointed", cjob, xfers=xfers, step=step, bytes=r["bytes"], seconds=r["seconds"])
 
     def _migrate_out(self, cjob: str, ranks: list, target: str, endpoint: str, xfer: str) -> None:
         t0 = time.perf_counter()
         try:
             with self._gang_lock(cjob):
-                errors = [e for e in _each(lambda local: self._admin_error("suspend", local), ranks) if e]
+                replies = _each(lambda local: self._admin_reply("suspend", local), ranks)
+                errors = [e for e, _ in replies if e]
                 if errors:                                 # at its next boundary (every rank at one); held there
                     raise GmuxError(f"suspend: {errors[0]}")
                 t_susp = time.perf_counter() - t0
-                paths, step = self._checkpoint(ranks)      # from the suspended state's host copy
-                t_ckpt = time.perf_counter() - t0 - t_susp
-            xfers, r = self._send(paths, endpoint, keys.load_public(self.keydir, "daemon", target), xfer)
+                running = running_before_boundary(t_susp, [r for _, r in replies])
+                target_key = keys.load_public(self.keydir, "daemon", target)
+                if not self.rundir.system:     # streamed from the host copy (cluster_stream), all ranks at once
+                    xfers, r = stream_ranks(ranks, endpoint, target_key, xfer, self._snapshot_path,
+                                            lambda local: self._admin_error("checkpoint", local), self._sender())
+                    step, t_ckpt = self._step(ranks), r["checkpoint_s"]
+                else:                          # staged: the jobs write in their users' directories
+                    paths, step = self._checkpoint(ranks)
+                    t_ckpt = time.perf_counter() - t0 - t_susp
+            if self.rundir.system:
+                xfers, r = send_files(paths, endpoint, target_key, xfer, self._sender())
         except Exception as e:
             for local in ranks:
                 self._admin_error("resume", local)         # the move failed: the job runs on here
             self._event("migrate_failed", cjob, f"{type(e).__name__}: {e}")
             return
         self._event("migrate_sent", cjob, xfers=xfers, bytes=r["bytes"], seconds=time.perf_counter() - t0,
-                    suspend_s=t_susp, checkpoint_s=t_ckpt, transfer_s=r["seconds"], step=step)
+                    suspend_s=t_susp, checkpoint_s=t_ckpt, transfer_s=r["seconds"], step=step,
+                    **({"running_s": running} if running is not None else {}))
+
 
 
 def _each(fn, items: list) -> list:

@@ -75,3 +75,16 @@ def local_number(job_id: str) -> int:
 
 def _number(v) -> Optional[float]:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def running_before_boundary(suspend_s: float, replies: list) -> Optional[float]:
+    """Of a move's suspend (`suspend_s` from the request), how long the job still computed: until the first
+    rank's boundary, that is the whole minus the part after it (gmuxd's reply: job_latency_s, of which
+    boundary_wait_s before the boundary). Where downtime begins; None if a reply does not say."""
+    after = []
+    for reply in replies:
+        job, wait = (reply or {}).get("job_latency_s"), (reply or {}).get("boundary_wait_s")
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (job, wait)):
+            return None
+        after.append(job - wait)
+    return max(0.0, suspend_s - max(after)) if after else None

@@ -12,6 +12,11 @@ gmux-scheduler). See the xfer_* messages in gmux/protocol.py.
   also answers from the length of its partial file.
 - At the end the receiver checks the digest of the sender's chunk table (see protocol.py), fsyncs and renames
   the partial file to NAME.ckpt: a reader sees a complete, verified file or none.
+- A stream (send_stream: a checkpoint read from a pipe as the job writes it, never staged in a file) announces
+  an upper bound of its size first and its exact size at the end; the sender keeps the chunks not yet
+  acknowledged (at most WINDOW), so it resumes after a cut like a file does, from what the receiver holds.
+- A receiver that need not outlive a crash (durable=False: a move's target, whose source still holds the job
+  until the target has restored it) renames without fsync.
 - A partial file nobody has added to for STALE_S (its sender gave up, or died) is deleted by `expire`, which
   the hosts of a receiver call as they tick; a sender that comes back later starts that file again.
 """
@@ -50,8 +55,9 @@ class Receiver:
     """Keeps incoming checkpoints in `directory`; `handle` answers one xfer_* message (never raises on bad input
     from a peer: the problem goes back as an error reply)."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, durable: bool = True):
         self.dir = directory
+        self.durable = durable
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self.open: dict[str, dict] = {}
         self.completed = 0
@@ -82,18 +88,20 @@ class Receiver:
             st["table"].update(_ENTRY.pack(off, len(data), msg["crc"]))
             st["have"] += len(data)
             return True, {"have": st["have"]}
-        # xfer_end
-        if st["have"] != st["size"]:
-            return False, f"xfer_end {x}: holds {st['have']} of {st['size']} bytes"
+        # xfer_end (a stream's begin gave a bound; its end says the size)
+        size = msg.get("size", st["size"])
+        if st["have"] != size or size > st["size"]:
+            return False, f"xfer_end {x}: holds {st['have']} of {size} bytes"
         if st["table"].hexdigest() != msg["digest"]:
             self._discard(x)
             return False, f"xfer_end {x}: digest mismatch; the partial file was discarded, send it again"
-        os.fsync(st["fd"])
+        if self.durable:
+            os.fsync(st["fd"])
         os.close(st["fd"])
         del self.open[x]
         os.rename(self._part(x), self.path(x))
         self.completed += 1
-        return True, {"have": st["size"], "path": self.path(x)}
+        return True, {"have": size, "path": self.path(x)}
 
     def _part(self, x: str) -> str:
         return os.path.join(self.dir, f"{x}.part")
@@ -157,15 +165,88 @@ class Receiver:
         self.open.clear()
 
 
+class _File:
+    """What a sender sends from a file: any part, at any time."""
+
+    def __init__(self, path: str):
+        self.size = os.path.getsize(path)
+        self.fd = os.open(path, os.O_RDONLY)
+        self.final: Optional[int] = None      # a file's size is told at its begin
+
+    def get(self, offset: int, n: int) -> bytes:
+        return os.pread(self.fd, min(n, self.size - offset), offset) if offset < self.size else b""
+
+    def release(self, upto: int) -> None:
+        pass
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _Stream:
+    """What a sender sends from a stream read once: `read(n)` gives n bytes (fewer only at its end). It starts
+    with its size's upper bound (8 bytes, little-endian); the chunks not yet acknowledged are kept for resending."""
+
+    def __init__(self, read: Callable[[int], bytes], chunk: int):
+        head = read(8)
+        if len(head) != 8:
+            raise TransferError("the stream ended before its length")
+        (self.size,) = struct.unpack("<Q", head)
+        self.read, self.chunk = read, chunk
+        self.kept: deque = deque()           # (offset, bytes), in order, from the oldest unacknowledged
+        self.produced = 0
+        self.final: Optional[int] = None      # the exact size, once the stream has ended
+
+    def get(self, offset: int, n: int) -> bytes:
+        if offset < self.produced:
+            if not self.kept or offset < self.kept[0][0]:
+                raise TransferError(f"the receiver holds {offset} bytes, fewer than this sender still keeps")
+            data = self.kept[(offset - self.kept[0][0]) // self.chunk][1]
+            return data[:n]
+        if offset > self.produced:
+            raise TransferError(f"the receiver holds {offset} bytes, more than this stream has given")
+        if self.final is not None:
+            return b""
+        data = self.read(n)
+        if len(data) < n:
+            self.final = self.produced + len(data)
+        if self.produced + len(data) > self.size:
+            raise TransferError(f"the stream is longer than the {self.size} bytes it announced")
+        if data:
+            self.kept.append((offset, data))
+            self.produced += len(data)
+        return data
+
+    def release(self, upto: int) -> None:
+        while self.kept and self.kept[0][0] + len(self.kept[0][1]) <= upto:
+            self.kept.popleft()
+
+    def close(self) -> None:
+        self.kept.clear()
+
+
 def send_file(path: str, endpoint: str, server_key: bytes, keydir: str, role: str, name: Optional[str],
-              xfer: str, timeout: float = 10.0, attempts: int = 6, context: Optional[zmq.Context] = None,
-              chunk: int = CHUNK, window: int = WINDOW,
-              on_connect: Optional[Callable[[int], None]] = None) -> dict:
+              xfer: str, **options) -> dict:
     """Sends `path` to the receiver at `endpoint` as transfer `xfer`; blocks until it is verified there.
-    Returns figures: bytes, seconds, resent bytes, reconnects, path on the receiver."""
+    Returns figures: bytes, seconds, resent bytes, reconnects, path on the receiver. Options: see _send."""
+    return _send(_File(path), endpoint, server_key, keydir, role, name, xfer, **options)
+
+
+def send_stream(read: Callable[[int], bytes], endpoint: str, server_key: bytes, keydir: str, role: str,
+                name: Optional[str], xfer: str, **options) -> dict:
+    """Sends a stream as transfer `xfer` as it is read (see _Stream), pipelined with whoever writes it; blocks
+    until it is verified there. A stream that ends short of a complete checkpoint is the reader's to refuse."""
+    chunk = options.get("chunk", CHUNK)
+    return _send(_Stream(read, chunk), endpoint, server_key, keydir, role, name, xfer, **options)
+
+
+def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: Optional[str],
+          xfer: str, timeout: float = 10.0, attempts: int = 6, context: Optional[zmq.Context] = None,
+          chunk: int = CHUNK, window: int = WINDOW, on_connect: Optional[Callable[[int], None]] = None,
+          before_end: Optional[Callable[[], None]] = None) -> dict:
+    """The sender of both: `before_end` (if given) runs once all bytes are acknowledged, before the transfer is
+    completed, and may raise to leave it incomplete (a stream whose writer has not vouched for it)."""
     ctx = context or zmq.Context.instance()
-    size = os.path.getsize(path)
-    fd = os.open(path, os.O_RDONLY)
     ids = itertools.count(1)
     t0 = time.perf_counter()
     table = hashlib.sha256()
@@ -205,7 +286,7 @@ def send_file(path: str, endpoint: str, server_key: bytes, keydir: str, role: st
                     return rep.get("data") or {}
                 return None
 
-            call("xfer_begin", size=size)
+            call("xfer_begin", size=src.size)
             rep = answer()
             if rep is None:
                 continue
@@ -213,8 +294,10 @@ def send_file(path: str, endpoint: str, server_key: bytes, keydir: str, role: st
             inflight: deque = deque()
             lost = False
             while True:
-                while len(inflight) < window and offset < size:
-                    data = os.pread(fd, min(chunk, size - offset), offset)
+                while len(inflight) < window:
+                    data = src.get(offset, chunk)
+                    if not data:
+                        break
                     crc = zlib.crc32(data)
                     if offset == tabled:
                         table.update(_ENTRY.pack(offset, len(data), crc))
@@ -234,6 +317,7 @@ def send_file(path: str, endpoint: str, server_key: bytes, keydir: str, role: st
                 have = int(rep["have"])
                 if have == inflight[0]:
                     inflight.popleft()
+                    src.release(have)
                     continue
                 # A chunk was refused (damaged, or out of place after a loss): go back to what it holds, on a
                 # fresh epoch so the answers to the chunks already on the wire are not mistaken for new ones.
@@ -243,17 +327,20 @@ def send_file(path: str, endpoint: str, server_key: bytes, keydir: str, role: st
                 offset = have
             if lost:
                 continue
-            call("xfer_end", digest=table.hexdigest())
+            if before_end is not None:
+                before_end()
+            call("xfer_end", digest=table.hexdigest(), **({} if src.final is None else {"size": src.final}))
             rep = answer()
             if rep is None:
                 continue
             seconds = time.perf_counter() - t0
+            size = src.size if src.final is None else src.final
             return {"bytes": size, "seconds": seconds, "resent": resent, "reconnects": reconnects,
-                    "rewinds": rewinds,                     "path": rep.get("path"), "gib_per_s": size / max(seconds, 1e-9) / (1 << 30)}
-        raise TransferError(f"sending {xfer} ({size} bytes) to {endpoint}: no answer after {attempts} connections "
-                            f"of {timeout:g} s silence each (is the receiving gmuxd up, and is its key in the key "
-                            f"directory?)")
+                    "rewinds": rewinds, "path": rep.get("path"), "gib_per_s": size / max(seconds, 1e-9) / (1 << 30)}
+        raise TransferError(f"sending {xfer} ({src.size} bytes) to {endpoint}: no answer after {attempts} "
+                            f"connections of {timeout:g} s silence each (is the receiving gmuxd up, and is its key "
+                            f"in the key directory?)")
     finally:
-        os.close(fd)
+        src.close()
         if sock is not None:
             sock.close(0)

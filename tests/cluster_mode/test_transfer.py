@@ -1,4 +1,6 @@
-"""Checkpoint transfer over CurveZMQ: bit-exact, resumable after a dropped TCP connection, refuses strangers."""
+"""Checkpoint transfer over CurveZMQ: bit-exact, resumable after a dropped TCP connection, refuses strangers;
+streams from a job's pipe likewise, completed only once the job has vouched for what it wrote."""
+import io
 import os
 import threading
 
@@ -133,3 +135,119 @@ def test_an_abandoned_partial_file_is_deleted_and_a_late_sender_starts_again(tmp
     r = recv.handle(msg("xfer_chunk", xfer="a-j1.0", offset=CHUNK, crc=zlib.crc32(chunk)), chunk)
     assert not r[0] and "xfer_begin" in r[1]
     assert recv.handle(msg("xfer_begin", xfer="a-j1.0", size=3 * CHUNK), None) == (True, {"have": 0})
+
+
+# -- streams: a checkpoint sent as the job writes it, never staged in a file (gmux.node.cluster_stream) --------
+def _writer(payload: bytes, bound: int):
+    """A pipe fed by a thread as a job feeds it: the size's bound first, then the bytes; (read end, thread)."""
+    import struct
+    r, w = os.pipe()
+
+    def feed():
+        with open(w, "wb") as f:
+            f.write(struct.pack("<Q", bound))
+            for lo in range(0, len(payload), 1 << 20):
+                f.write(payload[lo:lo + (1 << 20)])
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    return open(r, "rb", buffering=CHUNK), t
+
+
+def test_a_stream_is_exact_and_resumes_after_a_cut_from_what_it_kept(keydir, tmp_path):
+    from gmux.wire.transfer import send_stream
+    payload = os.urandom(40 << 20) + b"tail"
+    stop = threading.Event()
+    st, t = _serve(keydir, str(tmp_path / "in"), stop)
+    try:
+        server_key = keys.load_public(keydir, "daemon", "b")
+        proxy = Proxy(st["port"], cut_after=16 << 20)
+        pipe, feeder = _writer(payload, len(payload) + 3)          # a bound, as a checkpoint announces it
+        r = send_stream(pipe.read, f"tcp://127.0.0.1:{proxy.port}", server_key, keydir, "daemon", "a", "c1-2",
+                        timeout=1.5)
+        feeder.join()
+        assert proxy.cuts == 1 and r["reconnects"] + r["rewinds"] >= 1
+        assert open(r["path"], "rb").read() == payload and r["bytes"] == len(payload)
+        assert r["resent"] <= WINDOW * CHUNK
+        proxy.close()
+    finally:
+        stop.set()
+        t.join(5)
+
+
+def _job_checkpoint(tmp_path):
+    import torch
+    from torch import nn
+
+    import gmux.job as gj
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    job = gj.attach(model, opt)
+    job.suspend()                                           # as in a move: from the suspended host copy
+    return job
+
+
+def test_a_job_streams_its_checkpoint_through_a_pipe_and_it_lands_verified(keydir, tmp_path):
+    import torch
+
+    from gmux.job import checkpoint as ckpt
+    from gmux.node.cluster_stream import stream_out
+    from gmux.wire.transfer import send_stream
+    job = _job_checkpoint(tmp_path)
+    stop = threading.Event()
+    st, t = _serve(keydir, str(tmp_path / "in"), stop)
+    endpoint, server_key = f"tcp://127.0.0.1:{st['port']}", keys.load_public(keydir, "daemon", "b")
+    send = lambda read, **kw: send_stream(read, endpoint, server_key, keydir, "daemon", "a", "c2-1", **kw)
+    path = str(tmp_path / "c2.snapshot.ckpt")
+    try:
+        r = stream_out(path, lambda: job.checkpoint(path) and None, send)
+        assert not os.path.exists(path)                      # the pipe is gone; nothing was staged
+        staged = io.BytesIO()
+        job.checkpoint(staged)
+        assert open(r["path"], "rb").read() == staged.getvalue()   # byte for byte the checkpoint, verified
+        snap = ckpt.load(r["path"])
+        assert torch.equal(snap["modules"][0]["0.weight"], job.tier.host_view(job.tracked.modules[0][0].weight))
+
+        # A job whose checkpoint is refused before it opens the pipe: nothing lands, the error is told.
+        with pytest.raises(RuntimeError, match="busy"):
+            stream_out(path, lambda: "busy with a suspend", send)
+
+        # A job that writes half its checkpoint and fails: the stream just stops, and is never completed.
+        def half() -> str:
+            fd = os.open(path, os.O_WRONLY)
+            os.write(fd, (10 << 20).to_bytes(8, "little") + os.urandom(3 << 20))
+            os.close(fd)
+            return "RuntimeError: the job failed half-way"
+        with pytest.raises(RuntimeError, match="half-way"):
+            stream_out(path, half, lambda read, **kw: send_stream(read, endpoint, server_key, keydir, "daemon", "a",
+                                                                 "c3-1", **kw))
+        assert not os.path.exists(os.path.join(str(tmp_path / "in"), "c3-1.ckpt"))
+        assert os.path.exists(os.path.join(str(tmp_path / "in"), "c2-1.ckpt"))
+    finally:
+        stop.set()
+        t.join(5)
+
+
+def test_a_transfer_that_fails_fails_the_jobs_checkpoint_which_stays_suspended(keydir, tmp_path):
+    from gmux.node.cluster_stream import stream_out
+    from gmux.wire.transfer import send_stream
+    job = _job_checkpoint(tmp_path)
+    path = str(tmp_path / "c4.snapshot.ckpt")
+    nobody = "tcp://127.0.0.1:9"                              # no receiver: the sender gives up
+    send = lambda read, **kw: send_stream(read, nobody, keys.load_public(keydir, "daemon", "b"), keydir, "daemon",
+                                          "a", "c4-1", timeout=0.3, attempts=1, **kw)
+    errors = []
+
+    def checkpoint():
+        try:
+            job.checkpoint(path)
+        except OSError as e:                                 # the pipe's reader gave up: EPIPE
+            errors.append(e)
+            return f"checkpoint failed: {e}"
+    with pytest.raises(TransferError, match="no answer"):
+        stream_out(path, checkpoint, send)
+    assert errors and isinstance(errors[0], BrokenPipeError)
+    assert job.suspended
+    job.resume()
