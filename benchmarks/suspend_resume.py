@@ -142,25 +142,52 @@ def build_many(device: str, layers: int = 160, width: int = 46):
     return model, opt
 
 
-def measure_many(device: str, pooled: bool, cycles: int) -> dict:
+def tier_at(rev: str):
+    """The StateTier class of gmux/job/memory/state_tier.py at git revision `rev`, loaded beside this one."""
+    import subprocess
+    import sys
+    import types
+    src = subprocess.run(["git", "show", f"{rev}:gmux/job/memory/state_tier.py"], capture_output=True, text=True,
+                         check=True).stdout
+    mod = types.ModuleType(f"gmux.job.memory.state_tier_at_{abs(hash(rev))}")
+    mod.__package__ = "gmux.job.memory"
+    sys.modules[mod.__name__] = mod          # dataclasses look their module up
+    exec(compile(src, f"state_tier.py@{rev}", "exec"), mod.__dict__)
+    return mod.StateTier
+
+
+def measure_many(device: str, pooled: bool, cycles: int, tier_class=None) -> dict:
     """The tier's suspend and resume of many small tensors (median of `cycles`), the walk over the tracked
-    objects that finds them (the job's part, apart), and one warm copy of the same bytes (the baseline)."""
+    objects that finds them (the job's part, apart), and one warm copy of the same bytes (the baseline).
+    With `tier_class`, that state tier instead of the current one (--against)."""
     model, opt = build_many(device)
     pool = gj.DevicePool(64 * MiB) if pooled else None
     job = gj.attach(model, opt, pool=pool)
+    if tier_class is not None:
+        job.tier = tier_class(device, pool)
     job.suspend(), job.resume()          # the first cycle allocates and faults the host buffer
-    sus, res, walk = [], [], []
+    sus, res, walk, cpu = [], [], [], []
     for _ in range(cycles):
         t0 = time.perf_counter()
         tensors = job.tracked.tensors()
         walk.append(time.perf_counter() - t0)
+        c0 = time.thread_time()
         sus.append(job.tier.suspend(tensors))
+        c1 = time.thread_time()
         res.append(job.tier.resume())
+        cpu.append((c1 - c0, time.thread_time() - c1))
     med = lambda rows, k: statistics.median(r[k] for r in rows)
     row = {"tensors": sus[0]["tensors"], "storages": sus[0]["storages"], "bytes": sus[0]["bytes"],
            "tier": type(job.tier).__name__, "suspend_s": med(sus, "total_s"), "resume_s": med(res, "total_s"),
            "suspend_copy_s": med(sus, "copy_s"), "resume_copy_s": med(res, "copy_s"),
            "walk_s": statistics.median(walk), "warm_copy_s": warm_copy_s(sus[0]["bytes"], device, cycles)}
+    # CPU time of this thread (least of the cycles), against one single-threaded memcpy's: on a machine whose
+    # cores other work keeps busy, wall time mostly measures the wait for a core, and this the work itself.
+    row["suspend_cpu_s"], row["resume_cpu_s"] = min(c for c, _ in cpu), min(r for _, r in cpu)
+    row["copy_cpu_s"] = copy_cpu_s(sus[0]["bytes"], cycles) if device == "cpu" else None
+    if row["copy_cpu_s"]:
+        row["suspend_cpu_vs_copy"] = row["suspend_cpu_s"] / row["copy_cpu_s"]
+        row["resume_cpu_vs_copy"] = row["resume_cpu_s"] / row["copy_cpu_s"]
     row["suspend_vs_copy"] = row["suspend_s"] / row["warm_copy_s"]
     row["resume_vs_copy"] = row["resume_s"] / row["warm_copy_s"]
     row["us_per_tensor"] = (row["suspend_s"] + row["resume_s"]) / row["tensors"] * 1e6
@@ -168,23 +195,38 @@ def measure_many(device: str, pooled: bool, cycles: int) -> dict:
     return row
 
 
+def copy_cpu_s(nbytes: int, repeats: int) -> float:
+    """This thread's CPU time for one memcpy of `nbytes` into a warm buffer, the least of `repeats`."""
+    src, dst = np.ones(nbytes, dtype=np.uint8), np.zeros(nbytes, dtype=np.uint8)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        c0 = time.thread_time()
+        np.copyto(dst, src)
+        best = min(best, time.thread_time() - c0)
+    return best
+
+
 def print_many(many: dict, device: str, cycles: int) -> None:
     ms = lambda s: f"{s * 1e3:.2f}"
     table = Table(title=f"many small tensors, state tier, device={device} (median of {cycles} cycles; ms)")
     for col in ("memory", "tensors", "bytes", "suspend (copy)", "resume (copy)", "warm copy", "suspend/copy",
-                "resume/copy", "µs/tensor", "walk (job)"):
+                "resume/copy", "µs/tensor", "walk (job)", "CPU: susp/res/copy", "CPU ratios"):
         table.add_column(col, justify="right")
     for name, r in many.items():
         table.add_row(name, str(r["tensors"]), f"{r['bytes'] / 1e6:.2f} MB",
                       f"{ms(r['suspend_s'])} ({ms(r['suspend_copy_s'])})",
                       f"{ms(r['resume_s'])} ({ms(r['resume_copy_s'])})", ms(r["warm_copy_s"]),
                       f"{r['suspend_vs_copy']:.1f}", f"{r['resume_vs_copy']:.1f}", f"{r['us_per_tensor']:.2f}",
-                      ms(r["walk_s"]))
+                      ms(r["walk_s"]),
+                      f"{ms(r['suspend_cpu_s'])}/{ms(r['resume_cpu_s'])}/{ms(r['copy_cpu_s'] or 0)}",
+                      f"{r.get('suspend_cpu_vs_copy', 0):.1f}/{r.get('resume_cpu_vs_copy', 0):.1f}")
     Console(width=max(160, Console().width)).print(table)
     print("walk: TrackedState.tensors(), finding the tensors (the job's part, before the tier's suspend)")
     for name, r in many.items():
         print(f"suspend_resume_many_{name}: suspend_vs_copy={r['suspend_vs_copy']:.1f} "
-              f"resume_vs_copy={r['resume_vs_copy']:.1f} us_per_tensor={r['us_per_tensor']:.2f}")
+              f"resume_vs_copy={r['resume_vs_copy']:.1f} us_per_tensor={r['us_per_tensor']:.2f} "
+              f"cpu_suspend_vs_copy={r.get('suspend_cpu_vs_copy', 0):.1f} "
+              f"cpu_resume_vs_copy={r.get('resume_cpu_vs_copy', 0):.1f}")
 
 
 def main(argv=None) -> int:
@@ -194,6 +236,8 @@ def main(argv=None) -> int:
     p.add_argument("--cycles", type=int, default=5)
     p.add_argument("--json", default="benchmarks/results/suspend_resume.json")
     p.add_argument("--many-only", action="store_true", help="only the many-small-tensors rows (~10 s)")
+    p.add_argument("--against", help="also measure the state tier of this git revision (before/after)")
+    p.add_argument("--rounds", type=int, default=1, help="many-small-tensors rounds; the least disturbed is kept")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available here")
@@ -202,9 +246,17 @@ def main(argv=None) -> int:
     except ValueError:
         p.error(f"--sizes-mib takes comma-separated integers, got {a.sizes_mib!r}")
     many_cycles = max(a.cycles, 15)
-    many = {"heap": measure_many(a.device, False, many_cycles)}
-    if a.device == "cpu":
-        many["pool"] = measure_many(a.device, True, many_cycles)
+    memories = [("heap", False)] + ([("pool", True)] if a.device == "cpu" else [])
+    many = {}
+    old = tier_at(a.against) if a.against else None
+    for _ in range(a.rounds):          # interleaved with --against, so that both see the same machine
+        for name, pooled in memories:
+            runs = [(name, None)] + ([(f"{name}@{a.against}", old)] if old else [])
+            for label, cls in runs:
+                row = measure_many(a.device, pooled, many_cycles, cls)
+                if label not in many or row["suspend_cpu_s"] + row["resume_cpu_s"] < \
+                        many[label]["suspend_cpu_s"] + many[label]["resume_cpu_s"]:
+                    many[label] = row       # the least disturbed of the rounds
     print_many(many, a.device, many_cycles)
     if a.many_only:
         _write(a.json, {"device": a.device, "torch": torch.__version__, "many": many})
