@@ -136,7 +136,8 @@ def _check_restored(agent: Agent, rundir: RuntimeDir, path: str) -> None:
     it is training from scratch: stop loudly (the checkpoint stays on disk) rather than lose the work silently."""
     from gmux.job.api import current
     job = current()
-    if job is not None and job.profile.steps > 1:
+    # (a framework job restored from a checkpoint taken at its first boundary has counted one step only)
+    if job is not None and (job.profile.steps > 1 or getattr(job, "restored_from", None) == path):
         return
     msg = (f"job {agent.job} was moved with its state in {path}, but the script did not restore it: attach "
            f"its state with gmux.job.attach() (which restores it) before its first step; stopped instead of training from "

@@ -137,6 +137,7 @@ def _callback_class(TrainerCallback):
             if self.restore_from is not None:
                 from gmux.job.state import capture_rng
                 self.job.restore(self.restore_from)
+                self.job.restored_from = self.restore_from   # gmux-launch checks that the move was restored
                 self._rng = capture_rng()     # the Trainer sets these once it has skipped to the position
                 self.restore_from = None
 

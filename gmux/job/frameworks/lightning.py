@@ -180,6 +180,7 @@ def _callback_class(Callback, call, version: str):
                               why_not_movable(trainer, hooks), self.refresh)
             if self.restore_from is not None:
                 self.job.restore(self.restore_from)
+                self.job.restored_from = self.restore_from   # gmux-launch checks that the move was restored
                 self._rng = capture_rng()      # in place from the next batch on (the loader was advanced since)
                 self.restore_from = None
 
