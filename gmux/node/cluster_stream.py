@@ -27,6 +27,18 @@ from typing import Callable, Optional
 from gmux.wire.transfer import CHUNK, TransferError, rank_xfers, send_file, send_stream
 
 
+def patiently(ask: Callable[[], Optional[str]], patience: float = 120.0) -> Optional[str]:
+    """gmuxd's answer to `ask` (an error text or None), asked again while gmuxd says the job is still busy
+    with the move's suspend: a job that missed its suspend deadline is stopped and reaches its boundary only at
+    a later turn (gmux.node.pacing), and gmuxd acknowledges the suspend before that."""
+    deadline = time.monotonic() + patience
+    while True:
+        error = ask()
+        if error is None or "is busy with a" not in error or time.monotonic() > deadline:
+            return error
+        time.sleep(0.2)
+
+
 def send_files(paths: list, endpoint: str, server_key: bytes, xfer: str, sender: dict) -> tuple[list, dict]:
     """The staged way, where a checkpoint is a file (a periodic one, or a system daemon's job's): a file per
     rank sent as XFER.RANK, each deleted once the receiver holds it; (the transfer names, figures)."""
@@ -51,7 +63,7 @@ def stream_ranks(ranks: list, endpoint: str, server_key: bytes, xfer: str, path_
 
     def one(rank: str, name: str) -> dict:
         def ask() -> Optional[str]:
-            error = checkpoint(rank)
+            error = patiently(lambda: checkpoint(rank))
             written.append(time.perf_counter() - t0)
             return error
         send = functools.partial(send_stream, endpoint=endpoint, server_key=server_key, xfer=name, **sender)

@@ -251,3 +251,11 @@ def test_a_transfer_that_fails_fails_the_jobs_checkpoint_which_stays_suspended(k
     assert errors and isinstance(errors[0], BrokenPipeError)
     assert job.suspended
     job.resume()
+
+
+def test_a_checkpoint_is_asked_again_while_gmuxd_is_busy_with_the_moves_suspend():
+    from gmux.node.cluster_stream import patiently
+    answers = iter(["checkpoint: j1 is busy with a suspend; try again in a moment"] * 2 + [None])
+    assert patiently(lambda: next(answers)) is None                 # a job stopped at its deadline got there
+    assert patiently(lambda: "checkpoint: j1 has not started") == "checkpoint: j1 has not started"
+    assert "busy" in patiently(lambda: "checkpoint: j1 is busy with a suspend", patience=0.3)
