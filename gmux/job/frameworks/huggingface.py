@@ -29,6 +29,7 @@ import functools
 import json
 import os
 import shutil
+import sys
 import tempfile
 from typing import Optional
 
@@ -58,9 +59,9 @@ def patch(module) -> None:
         scratch = None
         try:
             if path is not None:
-                if resume_from_checkpoint:
-                    raise RuntimeError(f"gmux restores this job from {path}; the script also asks the Trainer to "
-                                       f"resume from {resume_from_checkpoint!r}")
+                if resume_from_checkpoint:   # a checkpoint of its own, older than the one the job was moved with
+                    print(f"gmux: resuming from {path} (where this job was moved from), not from "
+                          f"{resume_from_checkpoint!r}", file=sys.stderr)
                 scratch = tempfile.mkdtemp(prefix="gmux-hf-")
                 with open(os.path.join(scratch, "trainer_state.json"), "w") as f:
                     f.write(frameworks.saved_state(path, FRAMEWORK)["trainer_state"])

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import sys
 from typing import Optional
 
 from gmux.job import frameworks
@@ -60,8 +61,10 @@ def patch(module) -> None:
         frameworks.started()
         path = frameworks.take_restore()
         if path is not None:
-            if signature.bind(self, *args, **kwargs).arguments.get("ckpt_path"):
-                raise RuntimeError(f"gmux restores this job from {path}; the script also passes fit(ckpt_path=...)")
+            own = signature.bind(self, *args, **kwargs).arguments.get("ckpt_path")
+            if own:   # a checkpoint of its own, older than the one the job was moved with: not read
+                print(f"gmux: resuming from {path} (where this job was moved from), not from {own!r}",
+                      file=sys.stderr)
             callback.resume(path, frameworks.saved_state(path, FRAMEWORK))
         self.callbacks.append(callback)
         _active = callback
