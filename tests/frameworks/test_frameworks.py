@@ -46,6 +46,8 @@ def test_a_scripts_trainer_import_is_what_warm_up_imports(tmp_path, monkeypatch)
                              ("import lightning.pytorch as pl\n", "lightning.pytorch.trainer.trainer"),
                              ("import lightning as L\n", "lightning.pytorch.trainer.trainer"),
                              ("import pytorch_lightning as pl\n", "pytorch_lightning.trainer.trainer"),
+                             ("from transformers import (\n    Trainer,\n    TrainingArguments,\n)\n",
+                              "transformers.trainer"),
                              ("from transformers import AutoModel\n", None)):
         imported.clear()
         (tmp_path / "s.py").write_text(source)

@@ -103,9 +103,11 @@ def attach(job, framework: str, objects: list, why_not_movable: Optional[str], r
 
 # what a script's source says about the Trainer it will import: `from transformers import Trainer`,
 # `import lightning.pytorch as pl`, `import lightning as L`, `import pytorch_lightning`
-_USES = (("transformers.trainer", re.compile(r"^\s*(from|import)\s+transformers\b.*\bTrainer\b", re.M)),
-         ("lightning.pytorch.trainer.trainer", re.compile(r"^\s*(from|import)\s+lightning\b", re.M)),
-         ("pytorch_lightning.trainer.trainer", re.compile(r"^\s*(from|import)\s+pytorch_lightning\b", re.M)))
+# (every pattern of an entry must match; an import of several names may span lines)
+_USES = (("transformers.trainer", (re.compile(r"^\s*(from|import)\s+transformers\b", re.M),
+                                   re.compile(r"\bTrainer\b"))),
+         ("lightning.pytorch.trainer.trainer", (re.compile(r"^\s*(from|import)\s+lightning\b", re.M),)),
+         ("pytorch_lightning.trainer.trainer", (re.compile(r"^\s*(from|import)\s+pytorch_lightning\b", re.M),)))
 
 
 def _say(job, figures: dict) -> None:
@@ -142,7 +144,7 @@ def warm_up(script: Optional[str] = None) -> None:
                 source = f.read(1 << 20)
         except OSError:
             source = ""
-        names += [name for name, pattern in _USES if pattern.search(source)]
+        names += [name for name, patterns in _USES if all(p.search(source) for p in patterns)]
     for name in names:
         if name in WATCHED and name not in sys.modules:
             try:
