@@ -40,7 +40,7 @@ from gmux.wire.transfer import Receiver
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.wire.server import Server, configure
 from gmux.node.cluster_records import gang_record, ranks_by_job, running_before_boundary
-from gmux.node.cluster_stream import patiently, send_files, stream_ranks
+from gmux.node.cluster_stream import send_files, staged, stream_ranks
 from gmux.rundir import RuntimeDir
 from gmux.util.rendezvous import free_port, rendezvous_env
 
@@ -411,7 +411,8 @@ class ClusterLink:
 
     def _checkpoint(self, ranks: list) -> tuple[list, int]:
         """Has gmuxd get every rank's state written at one boundary; (a file per rank, the step it was taken at)."""
-        errors = [e for e in _each(lambda local: patiently(lambda: self._admin_error("checkpoint", local)), ranks) if e]
+        ask = lambda local: staged(self._snapshot_path(local), lambda: self._admin_error("checkpoint", local))  # noqa: E731
+        errors = [e for e in _each(ask, ranks) if e]
         if errors:
             raise GmuxError(f"checkpoint: {errors[0]}")
         return [self._snapshot_path(local) for local in ranks], self._step(ranks)

@@ -19,6 +19,7 @@ import contextlib
 import errno
 import functools
 import os
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,16 @@ def patiently(ask: Callable[[], Optional[str]], patience: float = 120.0) -> Opti
         if error is None or "is busy with a" not in error or time.monotonic() > deadline:
             return error
         time.sleep(0.2)
+
+
+def staged(path: str, ask: Callable[[], Optional[str]]) -> Optional[str]:
+    """A checkpoint written as a file at `path` (`ask`: gmuxd's checkpoint command, patiently). A pipe left
+    there by a stream its link never finished (it was killed mid-move) goes first: the job would take it for
+    a stream and wait for a reader that never comes."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISFIFO(os.lstat(path).st_mode):
+            os.unlink(path)
+    return patiently(ask)
 
 
 def send_files(paths: list, endpoint: str, server_key: bytes, xfer: str, sender: dict) -> tuple[list, dict]:

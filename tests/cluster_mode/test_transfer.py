@@ -259,3 +259,15 @@ def test_a_checkpoint_is_asked_again_while_gmuxd_is_busy_with_the_moves_suspend(
     assert patiently(lambda: next(answers)) is None                 # a job stopped at its deadline got there
     assert patiently(lambda: "checkpoint: j1 has not started") == "checkpoint: j1 has not started"
     assert "busy" in patiently(lambda: "checkpoint: j1 is busy with a suspend", patience=0.3)
+
+
+def test_a_pipe_left_by_a_killed_link_does_not_block_a_staged_checkpoint(tmp_path):
+    from gmux.node.cluster_stream import staged
+    path = str(tmp_path / "j1.snapshot.ckpt")
+    os.mkfifo(path)
+
+    def job_writes_a_file():
+        assert not os.path.exists(path)          # gone before the job was asked
+        open(path, "wb").write(b"checkpoint")
+    assert staged(path, lambda: job_writes_a_file()) is None
+    assert open(path, "rb").read() == b"checkpoint"
