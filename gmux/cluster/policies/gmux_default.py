@@ -37,6 +37,21 @@ version then lost badly to the SRTF oracle at x0.25 (1.59x), almost all in three
 wide jobs have a typical length; learning the distribution is the answer to that finding, so those VCs
 shaped the design and are not a clean hold-out for it. It has no parameter fitted to them
 (`buckets_per_octave` 1, 2 and 4 gave 106.7, 108.1 and 105.0 h there: flat).
+
+Re-keying, and what it cost here. A running job's queue is now re-read at every grid point it crosses
+(priority.py; before, only the first crossing of a run was seen, so a long run kept an early, better queue
+and was rarely preempted). That is what the index means, and it made x0.25 worse (9.90 -> 10.36 h; one held-out
+VC, 2869ce, 302 -> 399 h, where 32-GPU jobs, a class too small to learn for most of the trace, are ranked by
+GPU-seconds behind nearly every 8-GPU job). Tried at x0.25 and not kept, each judged on the tuned VCs:
+- ranking by wall-clock rather than GPU-seconds, as SRTF does: held-out 2869ce 399 -> 318 h, but tuned 7f04ca
+  131 -> 141 h and 0e4a51 49.8 -> 50.6 h;
+- a hysteresis of one or two octaves before a running job yields: within 1% on the tuned VCs;
+- a prior from siblings (jobs of the same size submitted within 15-60 min of each other: their durations agree
+  within 2x for 68-86% of Philly's jobs, per size class): a sibling's duration is known only once it ends, by
+  when most of the others have been served; 0-5% on the five worst VCs (measured before the re-keying fix).
+  Told the siblings' durations in advance, as an upper bound, it gained 16%; told each job's own duration, this
+  same machinery matched SRTF (60.6 against 61.7 h on those VCs), so the queues, minimum run and packing are
+  not what is missing: knowing which wide job in a deep backlog is short is.
 """
 from __future__ import annotations
 
