@@ -251,3 +251,24 @@ def test_priority_policies_follow_a_fresh_snapshot_whose_jobs_changed(name):
     pol.decide(snapshot([1, 2, 3, 4], [1, 2]), Event(EventKind.TICK))
     acts = pol.decide(snapshot([5, 6, 7, 8], [5, 6]), Event(EventKind.TICK))   # same counts, all new jobs
     assert all(a.job_id in (5, 6, 7, 8) for a in acts if hasattr(a, "job_id"))
+
+
+def test_a_re_key_chain_follows_the_job_and_a_timer_from_an_earlier_run_is_ignored():
+    """Each crossing arms the next re-key; a timer left from a run that ended is dropped, so suspends and resumes
+    never pile up chains of timers for one job."""
+    from gmux.cluster.policies import SetTimer
+    pol = make_policy("tiresias", thresholds=(100.0, 200.0, 300.0))
+    snap = Snapshot([MachineView(0, (0,))], now=0.0)
+    v = JobView(job_id=0, num_gpus=1, job_type="('A', 1)", submit_time=0.0)
+    snap.add_job(v)
+    acts = pol.decide(snap, Event(EventKind.ARRIVAL, job_id=0))
+    timer = next(a for a in acts if isinstance(a, SetTimer))
+    assert timer.at == pytest.approx(100.0) and timer.key[:2] == ("rekey", 0)
+    snap.set_state(v, JobState.RUNNING)
+    snap.attach(v, (0,))
+    v.service_rate, v.last_start = 1.0, 0.0
+    snap.now = 100.0 + 1e-6
+    again = [a for a in pol.decide(snap, Event(EventKind.TIMER, key=timer.key)) if isinstance(a, SetTimer)]
+    assert len(again) == 1 and again[0].at == pytest.approx(200.0) and again[0].key == timer.key
+    stale = ("rekey", 0, timer.key[2] - 1)
+    assert not [a for a in pol.decide(snap, Event(EventKind.TIMER, key=stale)) if isinstance(a, SetTimer)]
