@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Hashable
+from typing import TYPE_CHECKING, Hashable
+
+if TYPE_CHECKING:                  # for the annotation only: snapshot.py imports this module
+    from .snapshot import Snapshot
 
 JobId = Hashable
 
@@ -171,7 +174,7 @@ class Policy:
     preemptive = False
     uses_oracle = False
 
-    def decide(self, snap: "Snapshot", event: Event) -> list:  # noqa: F821 - Snapshot lives in snapshot.py
+    def decide(self, snap: "Snapshot", event: Event) -> list:
         raise NotImplementedError
 
     def describe(self) -> dict:
