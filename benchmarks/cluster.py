@@ -93,13 +93,16 @@ def hidden_for(size_bytes: int) -> int:
     return int(math.sqrt(size_bytes / 12))
 
 
-def migration(tmp: pathlib.Path, size_mib: int) -> dict:
-    from cluster_harness import Cluster, wait_for
+def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept") -> dict:
+    from cluster_harness import PY, ROOT as R, TRAIN, Cluster, wait_for
     c = Cluster(tmp, machines=("a", "b"), policy="gandiva", gpus="2x8GiB", sched_args=["--ckpt-every", "0"])
     try:
         c.wait_machines(2, 60)
         h = hidden_for(size_mib << 20)
-        cjob = c.submit(str(tmp / "out.json"), "1000000", "--hidden", str(h), "--depth", "1", "--batch", "8")
+        # GMUX_GRADS=overwritten: the checkpoint leaves the gradients out (demo_train zeroes them every step)
+        cjob = c.call("c_submit", argv=[PY, TRAIN, str(tmp / "out.json"), "1000000", "--hidden", str(h), "--depth",
+                                        "1", "--batch", "8", "--attach"], cwd=R,
+                      env={"OMP_NUM_THREADS": "1", "GMUX_GRADS": grads})["cjob"]
         j = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] >= 3 and j)(c.job(cjob)), 300,
                      "job running")
         dst = "b" if j["machine"] == "a" else "a"
@@ -222,20 +225,27 @@ def decisions_100(tmp: pathlib.Path, jobs: int = 300, policy: str = "gmux") -> d
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="64,256,1024")
+    p.add_argument("--grads", default="kept", choices=["kept", "overwritten"],
+                   help="overwritten: the job's checkpoints leave its gradients out (GMUX_GRADS)")
+    p.add_argument("--no-decisions", action="store_true", help="the migrations only")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cluster.json"))
     a = p.parse_args()
     rows = []
     for size in [int(s) for s in a.sizes.split(",")]:
         with tempfile.TemporaryDirectory(prefix=f"gmux-bench-{size}-") as d:
-            r = migration(pathlib.Path(d), size)
+            r = migration(pathlib.Path(d), size, a.grads)
         rows.append(r)
         down = f"{r['downtime_s']:.2f}" if r["downtime_s"] is not None else "?"
         print(f"migrate {size:5d} MiB: downtime {down} s, total {r['migrate_s']:7.2f} s (suspend {r['suspend_s']:.2f}, "
               f"checkpoint {r['checkpoint_s']:.2f}, transfer {r['transfer_s']:.2f}) raw zmq {r['raw_zmq_s']:.3f} s, "
               f"curve zmq {r['curve_zmq_s']:.3f} s  total/raw {r['migrate_vs_raw']:.1f}  "
               f"downtime/curve {_ratio(r['downtime_vs_curve_raw'])}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="gmux-bench-100-") as d:
-        dec = decisions_100(pathlib.Path(d))
+    if a.no_decisions:
+        dec = {"jobs": 0, "policy": "-", "decision_ms_n": 0, "decision_ms_p50": float("nan"),
+               "decision_ms_p99": float("nan")}
+    else:
+        with tempfile.TemporaryDirectory(prefix="gmux-bench-100-") as d:
+            dec = decisions_100(pathlib.Path(d))
     print(f"decisions, 100 simulated daemons, {dec['jobs']} jobs ({dec['policy']}): n={dec['decision_ms_n']} "
           f"p50={dec['decision_ms_p50']:.2f} ms p99={dec['decision_ms_p99']:.2f} ms", flush=True)
     p3 = max((r["decision_ms_p99_3daemons"] or 0) for r in rows)
