@@ -271,6 +271,11 @@ class Slicer:
                     self._stop(e, now)   # resumed, then stopped before its answer arrived: still stopped
                 elif e.resident_since is None:
                     e.resident_since = now
+                if not e.stopped and self.switch_to is not None and job not in self.switch_to:
+                    # Answered after its turn was over (no suspend could be sent while its resume was out):
+                    # it computes and holds its memory now, so it leaves before the arriving jobs come in.
+                    self._send_suspend(job, now)
+                    self._later.append(("suspend", job))
                 if not self._waiting():
                     self.since = now   # the quantum starts when the whole slot is running
             else:

@@ -204,3 +204,19 @@ def test_an_overdue_resume_is_never_sent_twice():
     pair.add("b", 1.0, 1 << 20, 0.0)
     sent = [c for t in (0.0, 0.5, 1.5, 2.5, 3.0, 5.0, 6.0) for c in pair.tick(t)]
     assert sent.count(("resume", "a")) == 1 and ("stop", "a") in sent and ("resume", "b") in sent
+
+
+def test_a_late_resume_answered_after_its_turn_is_over_is_suspended_before_the_next_job_resumes():
+    """Two jobs that do not fit together; a's resume is answered only after its turn is over (a slow start on a
+    loaded machine). b must not be resumed beside it: a is asked to suspend first (the end-to-end slicing test
+    saw 1.2 GiB resident on a 1 GiB GPU)."""
+    s = slicer(mem=(6 * GiB, 6 * GiB))
+    assert s.tick(0.0) == [("resume", "a")]
+    s.tick(0.6)                                   # a's turn is over before it answered: b is chosen next
+    assert ("late", "a") in s.tick(1.2) + s.tick(1.7)    # overdue, and b would not fit beside it
+    s.acked("a", "resume", 2.0)                   # its answer at last: it holds its memory now
+    sent = s.tick(2.0)
+    assert ("suspend", "a") in sent and ("resume", "b") not in sent, sent
+    assert sum(s.entries[j].mem for j in s.resident) <= s.mem_total
+    s.acked("a", "suspend", 2.1)
+    assert ("resume", "b") in s.tick(2.1)
