@@ -51,8 +51,11 @@ def test_gloo_gang_suspends_and_resumes_at_one_step_bit_identical(tmp_path):
             suspend("rank1")
             t0.join(60)
             assert set(done) == {"rank0", "rank1"}
-            held = {j["name"]: j for j in c.call("ps", all=True)["jobs"] if j["name"] in ids}
-            assert all(j["state"] in ("held", "suspended") for j in held.values()), held
+            # ps may lag the replies by a tick; on failure, each rank's reply and state say what happened (a rank
+            # past its deadline on a loaded machine is stopped, and its reply says so)
+            states = lambda: {j["name"]: j["state"] for j in c.call("ps", all=True)["jobs"] if j["name"] in ids}
+            wait_for(lambda: all(s in ("held", "suspended") for s in states().values()), 60,
+                     lambda: f"both ranks suspended (replies {done}, states {states()})")
             time.sleep(1.0)
             for name in ids:
                 c.call("resume", job=ids[name])
