@@ -16,13 +16,10 @@ import subprocess
 import sys
 import tempfile
 
-import msgpack
 import pytest
 
 from gmux import protocol
 from gmux.node.access import SystemMode
-from gmux.node.daemon import Daemon, Options
-from gmux.node.inventory import Gpu
 from gmux.rundir import RuntimeDir, RuntimeDirError
 from node_harness import GiB, PY, ROOT, TRAIN, env, wait_for
 
@@ -372,25 +369,14 @@ class Peer:
 
 
 @pytest.fixture
-def sysd_factory(users, tmp_path):
+def sysd_factory(users, tmp_path, daemon_factory):
     """make() -> a system Daemon in this process on tmp_path/rt (again: a restarted one), replies captured."""
-    stand_in = subprocess.Popen(["sleep", "600"])    # root's: a job claiming it is never signalled for a user
-    made = []
-
     def make():
-        d = Daemon(RuntimeDir(str(tmp_path / "rt")), [Gpu(i, "virtual", 4 * GiB, True) for i in range(2)],
-                   Options(quantum=1.0, system=SystemMode(grp_gid(users.group), grp_gid(users.admins))))
-        d.sent = []
-        d.server.send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True
-        d.pid = stand_in.pid
-        made.append(d)
+        d = daemon_factory((4 * GiB, 4 * GiB), root=str(tmp_path / "rt"),
+                           system=SystemMode(grp_gid(users.group), grp_gid(users.admins)))
+        d.pid = d.stand_in_pid   # root's: a job claiming it is never signalled for a user
         return d
-    yield make
-    for d in made:
-        if not d.server.sock.closed:
-            d.close()
-    stand_in.kill()
-    stand_in.wait()
+    return make
 
 
 @pytest.fixture
