@@ -77,6 +77,8 @@ bool count(uint64_t n, uint64_t* before) {
 }
 
 void delete_block(void* data) {
+  // Callers of the raw interface may free a null pointer (oneDNN does, in its LSTM kernels), as free() allows.
+  if (data == nullptr) return;
   auto* h = reinterpret_cast<Header*>(static_cast<char*>(data) - kHeader);
   if (h->magic != kMagic) {
     // Never seen: a block of ours always carries the header. Leaking is safer than freeing a wrong pointer.

@@ -148,8 +148,19 @@ def restore():
     assert e.figures()["mem_refused"] == 0
 
 
+def lstm():
+    """oneDNN's LSTM kernels allocate through the CPU allocator's raw interface and free null pointers through it
+    (as free() allows): under the limiter an LSTM's forward and backward ran into a segmentation fault."""
+    e = ml.enforce(256 * MiB, job="j6", cuda=False)
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(1, 12, batch_first=True)
+    out, _ = lstm(torch.randn(8, 40, 1))
+    out.sum().backward()
+    assert e.figures()["mem_refused"] == 0 and e.figures()["mem_in_use"] > 0
+
+
 if __name__ == "__main__":
     check = sys.argv[1]
     {"refuse": refuse, "host_scope": host_scope, "soft": soft, "pools": pools, "threads": threads,
-     "restore": restore}[check]()
+     "restore": restore, "lstm": lstm}[check]()
     print(f"ok {check}")
