@@ -1,6 +1,8 @@
 """Polynomial regression with hand-written updates (no torch.optim), in the style of PyTorch's regression
-example: the loop the module hook gives boundaries to. Usage: poly_regression.py OUT.pt"""
+example: the loop the module hook gives boundaries to. Usage: poly_regression.py OUT.pt [STEPS [SLEEP]]
+(SLEEP: seconds each step also waits, standing for a GPU's compute)"""
 import sys
+import time
 
 import torch
 from torch import nn
@@ -16,7 +18,10 @@ def features(x):
 
 
 fc = nn.Linear(DEGREE, 1)
-for step in range(60):
+STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 60
+SLEEP = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+for step in range(STEPS):
+    time.sleep(SLEEP)
     x = torch.randn(32, 1)
     y = features(x) @ true_w + true_b
     loss = nn.functional.smooth_l1_loss(fc(features(x)), y)
