@@ -266,6 +266,9 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
             sock = keys.client_socket(ctx, zmq.DEALER, keydir, role, name, server_key)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, window * 4)
+            # A DEALER's send waits for a peer, and a receiver that refuses our key never becomes one: a send
+            # that waits `timeout` counts as that connection's silence.
+            sock.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
             sock.connect(endpoint)
             epoch = next(ids)
 
@@ -273,7 +276,11 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
                 frames = [protocol.encode(mtype, epoch, table=protocol.CLUSTER_MESSAGES, xfer=xfer, **fields)]
                 if data is not None:
                     frames.append(data)
-                sock.send_multipart(frames, copy=data is None or len(data) < 65536)
+                try:
+                    sock.send_multipart(frames, copy=data is None or len(data) < 65536)
+                except zmq.Again:
+                    return False
+                return True
 
             def answer():
                 """The next reply of this connection, or None after `timeout` of silence."""
@@ -286,7 +293,8 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
                     return rep.get("data") or {}
                 return None
 
-            call("xfer_begin", size=src.size)
+            if not call("xfer_begin", size=src.size):
+                continue
             rep = answer()
             if rep is None:
                 continue
@@ -304,11 +312,13 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
                         tabled += len(data)
                     if offset < sent_max:
                         resent += len(data)
-                    call("xfer_chunk", data=data, offset=offset, crc=crc)
+                    if not call("xfer_chunk", data=data, offset=offset, crc=crc):
+                        lost = True
+                        break
                     offset += len(data)
                     sent_max = max(sent_max, offset)
                     inflight.append(offset)
-                if not inflight:
+                if lost or not inflight:
                     break
                 rep = answer()
                 if rep is None:
@@ -329,7 +339,8 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
                 continue
             if before_end is not None:
                 before_end()
-            call("xfer_end", digest=table.hexdigest(), **({} if src.final is None else {"size": src.final}))
+            if not call("xfer_end", digest=table.hexdigest(), **({} if src.final is None else {"size": src.final})):
+                continue
             rep = answer()
             if rep is None:
                 continue
