@@ -18,9 +18,10 @@ test: $(STAMP) test-c test-py
 
 # Two workers: most end-to-end tests wait on real processes and timers, so a second worker uses the idle core.
 # A file stays on one worker (its module fixtures are started once). TEST_WORKERS=0 runs them in this process.
+# --timeout: a test that hangs fails alone (with its stack) instead of holding the whole run until CI gives up.
 TEST_WORKERS ?= 2
 test-py: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --timeout 900 --durations=15 tests
 
 test-c: $(STAMP)
 	bash scripts/ctest.sh
