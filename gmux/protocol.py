@@ -272,7 +272,8 @@ _JOB_STATE = _one_of("running", "suspended", "waiting")
 _opt_count = _optional(_nonneg_int)
 # A command's outcome (job -> gmuxd); the figures gmuxd reads are typed, any other is a measurement.
 RESULT = {"ok": (_bool, True), "error": (_optional(_str), False), "bytes": (_opt_count, False),
-          "seconds": (_optional(_float), False)}
+          "seconds": (_optional(_float), False),
+          "step": (_opt_count, False)}    # a checkpoint's: the step it holds
 # A job's periodic report: what gmuxd reads to schedule it, and any other measurement.
 REPORT = {"step": (_opt_count, False), "mem_boundary": (_opt_count, False), "mem_peak": (_opt_count, False),
           "batch_s": (_optional(_float), False), "rate": (_optional(_float), False),
@@ -329,7 +330,10 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     "suspend": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
     "resume": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
     "kill": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
-    "migrate": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "gpu": (_gpu_index, True)},
+    # new_process: checkpoint and continue in a new process even where the move could be made in the job's own
+    # process (between virtual GPUs); the path a real GPU's move takes
+    "migrate": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "gpu": (_gpu_index, True),
+                "new_process": (_bool, False)},
     "logs": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "tail": (_nonneg_int, False)},
     # write the job's state to a checkpoint file at its next boundary, the job going on (cluster mode: periodic
     # checkpoints, and the first half of a move to another machine)

@@ -140,12 +140,14 @@ def test_checkpoint_while_suspended_equals_checkpoint_while_running(tmp):
     job, model, opt, step = _setup()
     for _ in range(2):
         step()
-    job.checkpoint(f"{tmp}/running.ckpt")
+    assert job.checkpoint(f"{tmp}/running.ckpt")["step"] == 2     # the step it holds, said to gmuxd
     job.suspend()
     job.checkpoint(f"{tmp}/suspended.ckpt")
     job.resume()
     with open(f"{tmp}/running.ckpt", "rb") as a, open(f"{tmp}/suspended.ckpt", "rb") as b:
         assert a.read() == b.read()
+    step()
+    assert job.report()["step"] == 3 and job.checkpoint(f"{tmp}/later.ckpt")["step"] == 3
 
 
 def test_attach_rejects_what_it_cannot_track():

@@ -218,7 +218,8 @@ class Job:
             nbytes = ckpt.save(snap, os.fspath(target), resolve)
         else:
             nbytes = ckpt.write(snap, target.write if hasattr(target, "write") else target, resolve)
-        return {"bytes": nbytes, "seconds": time.perf_counter() - t0}
+        # The step it holds: the job goes on stepping once it is written, so a later report's is not it.
+        return {"bytes": nbytes, "seconds": time.perf_counter() - t0, "step": snap["steps"]}
 
     def restore(self, source: str | BinaryIO | bytes) -> dict:
         """Puts a checkpoint's state into this job's objects, or raises CheckpointError without changing

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import Callable, Optional
 
 import zmq
 
@@ -411,21 +411,27 @@ class ClusterLink:
 
     def _checkpoint(self, ranks: list) -> tuple[list, int]:
         """Has gmuxd get every rank's state written at one boundary; (a file per rank, the step it was taken at)."""
-        ask = lambda local: staged(self._snapshot_path(local), lambda: self._admin_error("checkpoint", local))  # noqa: E731
-        errors = [e for e in _each(ask, ranks) if e]
+        steps: dict = {}
+        ask_one = self._checkpointer(steps)
+        errors = [e for e in _each(lambda local: staged(self._snapshot_path(local), lambda: ask_one(local)), ranks)
+                  if e]
         if errors:
             raise GmuxError(f"checkpoint: {errors[0]}")
-        return [self._snapshot_path(local) for local in ranks], self._step(ranks)
+        return [self._snapshot_path(local) for local in ranks], _taken_at(steps, ranks)
+
+    def _checkpointer(self, steps: dict) -> Callable[[str], Optional[str]]:
+        """gmuxd's checkpoint command for one rank: its error text or None; the step the rank's checkpoint
+        holds goes into `steps` (from the job's own answer: the job steps on once it is written, so a later
+        ps could name a step the checkpoint does not hold)."""
+        def ask(local: str) -> Optional[str]:
+            error, reply = self._admin_reply("checkpoint", local)
+            if error is None and reply is not None:
+                steps[local] = reply.get("step")
+            return error
+        return ask
 
     def _snapshot_path(self, local: str) -> str:
         return self.rundir.checkpoint_file(local + ".snapshot")
-
-    def _step(self, ranks: list) -> int:
-        try:
-            ps = self.admin("ps", timeout=5.0, all=True, limit=LINK_PS_LIMIT)
-            return min(int(j.get("step") or 0) for j in ps["jobs"] if j["id"] in ranks)
-        except (GmuxError, ValueError):
-            return 0
 
     def _sender(self) -> dict:
         return dict(keydir=self.keydir, role="daemon", name=self.name, context=self.ctx)
@@ -449,9 +455,10 @@ class ClusterLink:
                 running = running_before_boundary(t_susp, [r for _, r in replies])
                 target_key = keys.load_public(self.keydir, "daemon", target)
                 if not self.rundir.system:     # streamed from the host copy (cluster_stream), all ranks at once
+                    steps: dict = {}
                     xfers, r = stream_ranks(ranks, endpoint, target_key, xfer, self._snapshot_path,
-                                            lambda local: self._admin_error("checkpoint", local), self._sender())
-                    step, t_ckpt = self._step(ranks), r["checkpoint_s"]
+                                            self._checkpointer(steps), self._sender())
+                    step, t_ckpt = _taken_at(steps, ranks), r["checkpoint_s"]
                 else:                          # staged: the jobs write in their users' directories
                     paths, step = self._checkpoint(ranks)
                     t_ckpt = time.perf_counter() - t0 - t_susp
@@ -466,6 +473,15 @@ class ClusterLink:
                     suspend_s=t_susp, checkpoint_s=t_ckpt, transfer_s=r["seconds"], step=step,
                     **({"running_s": running} if running is not None else {}))
 
+
+
+def _taken_at(steps: dict, ranks: list) -> int:
+    """The step a set of rank checkpoints holds (every rank's is taken at one boundary; the lowest if not)."""
+    known = [steps.get(r) for r in ranks]
+    if any(s is None for s in known):
+        raise GmuxError(f"checkpoint: gmuxd did not say which step the checkpoint of "
+                        f"{', '.join(r for r, s in zip(ranks, known) if s is None)} holds")
+    return min(known)
 
 
 def _each(fn, items: list) -> list:

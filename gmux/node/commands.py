@@ -33,6 +33,8 @@ class Waiter:
     jobs: tuple               # every job acknowledging
     left: set = field(default_factory=set)
     done: bool = False
+    data: dict = field(default_factory=dict)   # what the reply says besides the latencies (e.g. a move's path)
+    steps: dict = field(default_factory=dict)   # the step each job reported with its acknowledgement
 
 
 class Commands:
@@ -74,16 +76,19 @@ class Commands:
         return [self.inflight.pop(c)[1] for c in mine]
 
     # --- requests waiting for acknowledgements ---
-    def defer(self, jobs: Union[str, tuple, list], kind: str, req: Request, named: Optional[str] = None):
-        """The reply to `req` is sent once every job in `jobs` (one id, or a gang's) has acknowledged `kind`."""
+    def defer(self, jobs: Union[str, tuple, list], kind: str, req: Request, named: Optional[str] = None,
+              data: Optional[dict] = None):
+        """The reply to `req` is sent once every job in `jobs` (one id, or a gang's) has acknowledged `kind`;
+        `data` goes into it."""
         jobs = (jobs,) if isinstance(jobs, str) else tuple(jobs)
-        w = Waiter(req.identity, req.msg.id, kind, req.received_at, named or jobs[0], jobs, set(jobs))
+        w = Waiter(req.identity, req.msg.id, kind, req.received_at, named or jobs[0], jobs, set(jobs),
+                   data=dict(data or {}))
         for j in jobs:
             self.waiters.setdefault(j, []).append(w)
         return DEFERRED
 
     def wake(self, job_id: str, kind: str, ok: bool, latency: float, error=None,
-             boundary_wait: Optional[float] = None) -> None:
+             boundary_wait: Optional[float] = None, step: Optional[int] = None) -> None:
         """The job acknowledged `kind` (or failed it): the requests waiting for it hear, once all theirs have."""
         waiting = self.waiters.get(job_id, [])
         for w in [w for w in waiting if w.kind == kind]:
@@ -95,11 +100,16 @@ class Commands:
                 self.server.refuse(w.identity, w.msg_id, f"{kind} of {job_id} failed: {error}")
                 continue
             w.left.discard(job_id)
+            if step is not None:
+                w.steps[job_id] = step
             if not w.left:
                 w.done = True
-                data = {"job": w.job, "kind": kind, "latency_s": time.monotonic() - w.t0, "job_latency_s": latency}
+                data = {**w.data, "job": w.job, "kind": kind, "latency_s": time.monotonic() - w.t0,
+                        "job_latency_s": latency}
                 if boundary_wait is not None:   # of job_latency_s, the wait for the job's next boundary
                     data["boundary_wait_s"] = boundary_wait
+                if len(w.steps) == len(w.jobs):   # (a checkpoint's: the step it holds)
+                    data["step"] = min(w.steps.values())
                 if len(w.jobs) > 1:
                     data["jobs"] = list(w.jobs)
                 self.server.reply(w.identity, w.msg_id, data)

@@ -68,3 +68,18 @@ def test_a_failure_an_end_or_silence_answers_with_an_error():
     c.defer("d", "suspend", request(3, at=0.0))
     c.expire(WAIT_S + 1)
     assert "no acknowledgement in 120 s" in server.sent[-1][1]["error"]
+
+
+def test_a_checkpoint_reply_names_the_step_the_checkpoints_hold():
+    # The jobs step on once their checkpoints are written; the requester (the cluster link, recording a
+    # restart point) must hear the step each one wrote, not what a later report says.
+    server = Recorder()
+    c = Commands(server)
+    c.defer(("g0", "g1"), "checkpoint", request(1))
+    c.wake("g0", "checkpoint", True, 0.1, step=345)
+    c.wake("g1", "checkpoint", True, 0.1, step=344)
+    reply = server.sent[-1][1]["data"]
+    assert reply["step"] == 344 and reply["jobs"] == ["g0", "g1"]
+    c.defer("s", "suspend", request(2))
+    c.wake("s", "suspend", True, 0.1)
+    assert "step" not in server.sent[-1][1]["data"]      # said only when every job said it
