@@ -61,9 +61,12 @@ def main(argv=None) -> int:
         helptext += " (a gang rank: every rank of its gang)"
         s = sub.add_parser(name, help=helptext)
         s.add_argument("job")
-    s = sub.add_parser("migrate", help="move a job to another GPU at its next boundary")
+    s = sub.add_parser("migrate", help="move a job to another GPU at its next boundary (between virtual GPUs in "
+                                       "its own process; between real GPUs by checkpoint and a new process)")
     s.add_argument("job")
     s.add_argument("--gpu", type=int, required=True)
+    s.add_argument("--new-process", action="store_true",
+                   help="checkpoint and restore in a new process even between virtual GPUs (as on real GPUs)")
     s = sub.add_parser("logs", help="output of a submitted job")
     s.add_argument("job")
     s.add_argument("--tail", type=int, default=0)
@@ -118,8 +121,9 @@ def run(a) -> int:
         _print(data, a.json, _outcome(a.cmd, data))
         return 0
     if a.cmd == "migrate":
-        data = c.call("migrate", timeout=130, job=a.job, gpu=a.gpu)
-        _print(data, a.json, f"migrated {a.job} to GPU {a.gpu}")
+        fields = {"new_process": True} if a.new_process else {}
+        data = c.call("migrate", timeout=130, job=a.job, gpu=a.gpu, **fields)
+        _print(data, a.json, f"migrated {a.job} to GPU {a.gpu}" + (f" ({data['path']})" if data.get("path") else ""))
         return 0
     if a.cmd == "logs":
         data = c.call("logs", job=a.job, tail=a.tail)

@@ -3,7 +3,8 @@
 The job decides nothing. At each boundary it records how long the mini-batch took, asks its controller
 for a pending command and carries it out: suspend (then wait, suspended, until told to resume, checkpoint,
 spill its host copy to disk or exit), checkpoint, migrate (checkpoint, then exit), exit. Between boundaries
-it costs nothing.
+it costs nothing. A resume may put the job on another virtual GPU than the one it left (a move in its own
+process): the command's environment says which.
 """
 from __future__ import annotations
 
@@ -135,7 +136,7 @@ class Job:
             if command is None:
                 continue
             if command.kind == "resume":
-                if self._answer(command, self.resume):
+                if self._answer(command, lambda: self._resume_as_told(command)):
                     return
             elif command.kind in ("checkpoint", "migrate"):
                 self._write_checkpoint(command)
@@ -146,6 +147,17 @@ class Job:
                 raise JobExit(0)
             else:
                 self.controller.reply(command, {"ok": False, "error": f"{command.kind}: the job is suspended"})
+
+    def _resume_as_told(self, command: Command) -> dict:
+        """resume, on the GPU the command names: gmuxd may resume the job on another virtual GPU than the one it
+        left (a move in its own process, gmux.node.moves), and the command's environment (GMUX_VIRTUAL_GPU, its
+        memory budget) says which, to this process and to whatever in it reads the environment. Applied only
+        once the job runs again (a failed resume changes nothing)."""
+        figures = self.resume()
+        os.environ.update(command.args.get("env") or {})
+        if command.args.get("gpu") is not None:
+            figures["gpu"] = command.args["gpu"]
+        return figures
 
     def _write_checkpoint(self, command: Command) -> None:
         """checkpoint, or migrate: checkpoint and leave (only once the state is safely written)."""

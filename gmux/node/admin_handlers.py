@@ -19,7 +19,6 @@ from gmux.node.access import user_name
 from gmux.node.jobs import Job, gang_members, unit_of
 from gmux.rundir import proc_starttime
 from gmux.util.rendezvous import free_port, rendezvous_env
-from gmux.util.sizes import format_size
 from gmux.util.text import tail
 from gmux.wire.server import Caller, Refused, Request
 
@@ -185,22 +184,23 @@ class AdminHandlers:
             raise Refused(f"migrate: {job.id} waits for a GPU and has none to move from")
         if gpu == job.gpu:
             raise Refused(f"migrate: {job.id} is already on GPU {gpu}")
-        if node.admission.reserved_for(gpu) or any(gpu in j.exclusive_gpus for j in node.jobs.values()
-                                                   if not j.final):
-            raise Refused(f"migrate: GPU {gpu} is held (or being freed) for a multi-GPU job or gang")
-        unmovable = (job.last_report or {}).get("unmovable")
-        if not job.migratable and job.started and isinstance(unmovable, str) and unmovable:
-            raise Refused(f"migrate: {job.id} trains with a framework whose resume would not be exact here: "
-                          f"{unmovable}; it is not moved (it is still suspended and time-sliced on its GPU)")
-        if not job.migratable and job.started:
-            raise Refused(f"migrate: {job.id} runs an unmodified script (transparent mode), whose data position "
-                          f"cannot be restored in a new process; run it with gmux-launch --no-hook and "
-                          f"gmux.job.attach() (which restores a moved job's state) to make it movable")
-        need = job.working_set() or 0
-        if need > node.gpus[gpu].mem_total:
-            raise Refused(f"migrate: {job.id} needs {format_size(need)}, GPU {gpu} has "
-                          f"{format_size(node.gpus[gpu].mem_total)}")
-        return node.migrate(job, gpu, req)
+        why = node.admission.move_refusal(job, gpu)
+        if why is not None:
+            raise Refused(f"migrate: {why}")
+        new_process = bool(req.msg.get("new_process"))
+        if job.started and not node.moves.applies(job, gpu, new_process):
+            # A new process must restore the job: only a job that attached itself can be.
+            unmovable = (job.last_report or {}).get("unmovable")
+            if not job.migratable and isinstance(unmovable, str) and unmovable:
+                raise Refused(f"migrate: {job.id} trains with a framework whose resume would not be exact here: "
+                              f"{unmovable}; it is not moved (it is still suspended and time-sliced on its GPU)")
+            if not job.migratable:
+                raise Refused(f"migrate: {job.id} runs an unmodified script (transparent mode), whose data "
+                              f"position cannot be restored in a new process; run it with gmux-launch --no-hook "
+                              f"and gmux.job.attach() (which restores a moved job's state) to make it movable" +
+                              (" (a move in its own process, between virtual GPUs, restores nothing: leave out "
+                               "--new-process)" if node.moves.applies(job, gpu) else ""))
+        return node.migrate(job, gpu, req, new_process)
 
     def checkpoint(self, req: Request):
         """The job writes its state to checkpoints/JOB.snapshot.ckpt at its next boundary (or at once from its

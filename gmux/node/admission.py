@@ -22,6 +22,7 @@ from typing import Optional, Protocol
 
 from gmux.node import placement
 from gmux.node.inventory import Gpu
+from gmux.node.moves import in_process
 from gmux.node.jobs import Job, gang_members
 from gmux.node.slicer import Slicer
 from gmux.node.store import Store
@@ -50,7 +51,8 @@ class Node(Protocol):
         """The job leaves its GPU's slicer and packer (its GPU time is kept)."""
 
     def migrate(self, job: Job, gpu: int) -> None:
-        """Moves a single-GPU job to `gpu` (at its next boundary); Refused if it cannot move now."""
+        """Moves a single-GPU job to `gpu` (at its next boundary, in its own process between virtual GPUs);
+        Refused if it cannot move now."""
 
 
 class Admission:
@@ -78,6 +80,17 @@ class Admission:
     def reserved_for(self, gpu: int) -> Optional[str]:
         """The waiting unit this GPU is being freed for, if any."""
         return self.reserved.get(gpu)
+
+    def move_refusal(self, job: Job, gpu: int) -> Optional[str]:
+        """Why `gpu` cannot take the single-GPU `job` moving there (None: it can): too small for its working set,
+        or held (or being freed) for a multi-GPU job or gang. A GPU whose jobs are running is not refused: the job
+        time-slices with them there, as a job admitted there would."""
+        need = job.working_set() or 0
+        if need > self.gpus[gpu].mem_total:
+            return f"{job.id} needs {format_size(need)}, GPU {gpu} has {format_size(self.gpus[gpu].mem_total)}"
+        if self.reserved.get(gpu) or any(gpu in j.exclusive_gpus for j in self.jobs.values() if not j.final):
+            return f"GPU {gpu} is held (or being freed) for a multi-GPU job or gang"
+        return None
 
     def admit(self, job: Job, what: str) -> None:
         """Refuses what this machine can never run; otherwise places a single-GPU job now if a GPU can take it,
@@ -158,7 +171,7 @@ class Admission:
             why_not = ("it is moving now" if j.target_gpu is not None else
                        f"pinned to GPU {j.pinned} with --gpu" if j.pinned is not None else
                        "an unmodified script (transparent mode) cannot be restored in a new process"
-                       if j.started and not j.migratable else
+                       if j.started and not j.migratable and not self._in_process(j) else
                        f"busy with a {self.slicers[j.gpu].busy_with(j.id)}"
                        if j.gpu is not None and self.slicers[j.gpu].busy_with(j.id) else "")
             moved = (j.mem_boundary or j.working_set() or 0) if j.started else 0
@@ -167,6 +180,11 @@ class Admission:
                                                        j.weight))
         return [placement.GpuView(i, g.mem_total, occupants[i], owner.get(i), self.reserved.get(i))
                 for i, g in sorted(self.gpus.items())]
+
+    def _in_process(self, job: Job) -> bool:
+        """Whether the job would move in its own process wherever it goes (every GPU virtual), so that it needs
+        no restore in a new process (gmux.node.moves)."""
+        return job.gpu is not None and all(in_process(self.gpus[job.gpu], g) for g in self.gpus.values())
 
     def _units(self) -> list[tuple[str, list]]:
         """Waiting multi-GPU jobs and gangs, in arrival order: (name, jobs). A gang's unpinned ranks are one

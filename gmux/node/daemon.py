@@ -5,7 +5,8 @@ This file is the daemon's lifecycle and its tick; the rest are its parts, each b
   - Commands (commands.py): commands in flight to jobs, and the requests waiting for their acknowledgement;
   - Admission (admission.py): which GPU a job gets, the queue, whole GPUs for multi-GPU jobs and gangs;
   - per GPU a Slicer and a Packer, and the spill policy: pure decisions, carried out here;
-  - Stopping (stopping.py): the slicer's stops of a job that misses its deadline (SIGSTOP/SIGCONT).
+  - Stopping (stopping.py): the slicer's stops of a job that misses its deadline (SIGSTOP/SIGCONT);
+  - Moves (moves.py): moves between virtual GPUs in the job's own process.
 Between messages the loop ticks: it reaps ended jobs, gives queued jobs their GPUs, lets each GPU's packer and
 time-slicer decide, spills suspended state over the host-RAM budget, and sends the resulting commands. The job
 table and the decisions live in SQLite, so a restarted daemon re-attaches to the jobs that kept running.
@@ -32,6 +33,7 @@ from gmux.node.commands import Commands
 from gmux.node.inventory import Gpu, env_for
 from gmux.node.job_handlers import JobHandlers
 from gmux.node.jobs import Job, gang_members
+from gmux.node.moves import Moves
 from gmux.node.packer import Packer, Rates
 from gmux.node.slicer import Slicer
 from gmux.node.pacing import Pacing
@@ -48,8 +50,11 @@ REAP_EVERY_S = 0.2      # how often ended processes are looked for
 FLUSH_EVERY_S = 2.0     # how often measurements are written to SQLite
 
 # What a job is doing while a command to it awaits acknowledgement ("confirm": a re-attached job's state is
-# only believed until it says).
-_BUSY_STATE = {"suspend": "suspending", "resume": "resuming", "migrate": "migrating", "spill": "suspended"}
+# only believed until it says). A move in its own process is a suspend until it has left (and a restarted
+# daemon, which knows nothing of the move, takes it for one: its process will not re-register as a migrating
+# job's would).
+_BUSY_STATE = {"suspend": "suspending", "resume": "resuming", "migrate": "migrating", "spill": "suspended",
+               "move": "suspending"}
 
 
 @dataclass
@@ -111,6 +116,7 @@ class Daemon:
                              credentials=system is not None)
         self.commands = Commands(self.server)
         self.stops = Stopping(self)
+        self.moves = Moves(self)
         self.metrics = None
         if self.opt.metrics_port is not None:
             from gmux.node.metrics import Metrics
@@ -254,9 +260,11 @@ class Daemon:
             args = {"gpu": slicer.gpu, "env": self.env(job)} if kind == "resume" else {}
             self.commands.send(job, kind, args)
 
-    def migrate(self, job: Job, gpu: int, req: Optional[Request] = None):
-        """Moves a single-GPU job to `gpu`: at once if it has not run yet, else at its next boundary (with
-        `req`, the reply waits for that)."""
+    def migrate(self, job: Job, gpu: int, req: Optional[Request] = None, new_process: bool = False):
+        """Moves a single-GPU job to `gpu`: at once if it has not run yet; between virtual GPUs, in its own
+        process (gmux.node.moves; new_process: not so); else by a checkpoint at its next boundary, its process
+        ending and its launcher executing itself again to restore it on `gpu` (with `req`, the reply waits for
+        the job to have suspended or checkpointed). The reply's `path` says which."""
         now = time.monotonic()
         slicer = self.slicers[job.gpu]
         busy = slicer.busy_with(job.id)
@@ -266,15 +274,19 @@ class Daemon:
             job.gpu = gpu
             if job.registered:   # else it joins the slicer when its process registers
                 self.seat(job, now)
-            return {"job": job.id, "gpu": gpu, "moved": "before starting"}
+            return {"job": job.id, "gpu": gpu, "moved": "before starting", "path": "before starting"}
         if busy:
             raise Refused(f"migrate: {job.id} is busy with a {busy}; try again in a moment")
+        if self.moves.applies(job, gpu, new_process):
+            return self.moves.start(job, gpu, req)
         job.target_gpu = gpu
         slicer.mark_busy(job.id, "migrate")     # holds the slicer: its memory is in use until it has left
         self.commands.send(job, "migrate", {"path": self.rundir.checkpoint_file(job.id, job.uid), "gpu": gpu})
-        self.decide(job.gpu, "migrate", [job.id], {"from": job.gpu, "to": gpu},
-                    f"migrating {job.id} from GPU {job.gpu} to GPU {gpu} at its next boundary")
-        return self.commands.defer(job.id, "migrate", req) if req is not None else None
+        self.decide(job.gpu, "migrate", [job.id], {"from": job.gpu, "to": gpu, "path": "new process"},
+                    f"migrating {job.id} from GPU {job.gpu} to GPU {gpu} at its next boundary: checkpoint, then "
+                    f"a new process restores it there")
+        data = {"gpu": gpu, "from": job.gpu, "path": "new process"}
+        return self.commands.defer(job.id, "migrate", req, data=data) if req is not None else None
 
     def _forget_ended(self) -> None:
         """The job table keeps the newest `keep_ended` ended jobs; older ones live on only in SQLite, so that a

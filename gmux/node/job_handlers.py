@@ -180,6 +180,8 @@ class JobHandlers:
         # single-threaded, so nothing can observe the order.
         node.commands.wake(job.id, kind, ok, latency, result.get("error"), waited, result.get("step"))
         slicer = node.slicers.get(job.gpu)
+        # the suspend of a move in the job's own process (gmux.node.moves), not one of the slicer's switches
+        moving = kind == "suspend" and slicer is not None and slicer.busy_with(job.id) == "move"
         if not ok:
             log.warning("%s: %s failed: %s", job.id, kind, result.get("error"))
             job.detail = f"{kind} failed: {result.get('error')}"
@@ -193,6 +195,8 @@ class JobHandlers:
                 else:
                     job.started, job.host_bytes = True, 0
                     job.start_window()
+            if moving:
+                node.moves.suspended(job, ok, result.get("error"), latency)
         elif kind == "spill":
             if slicer is not None:
                 slicer.clear_busy(job.id)

@@ -155,13 +155,23 @@ class Slicer:
     # --- commands the daemon sends on its own (migrate, spill) ---
     def mark_busy(self, job: str, kind: str) -> None:
         """A command of the daemon's own (not the slicer's) is in flight for `job`. The slicer waits for it as for
-        one of its own switches: a migrating job's memory is in use until it has left, and a spilling job must
-        not be resumed while it writes its state out."""
+        one of its own switches: a migrating (or moving) job's memory is in use until it has left, and a spilling
+        job must not be resumed while it writes its state out."""
         self.pending[job] = kind
 
     def clear_busy(self, job: str) -> None:
         """That command is over (answered, or given up)."""
         self.pending.pop(job, None)
+
+    def suspended_here(self, job: str, now: float) -> None:
+        """The job, busy with a command of the daemon's own that suspended it (a move in its own process, given
+        up once it had suspended), stays on this GPU: it holds no memory here now and resumes in its turn."""
+        e = self.entries.get(job)
+        if e is None:
+            return
+        self.pending.pop(job, None)
+        self.resident.discard(job)
+        self._stop(e, now)
 
     def busy_with(self, job: str) -> Optional[str]:
         """The command awaiting `job`'s acknowledgement (suspend, resume, migrate, spill, confirm), if any."""

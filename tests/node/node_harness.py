@@ -134,10 +134,12 @@ def daemon_factory(tmp_path):
     # Jobs registered here carry the pid of a throwaway process: a fuzzed "kill" must never hit pytest itself.
     stand_in = subprocess.Popen(["sleep", "600"])
 
-    def make(sizes=(16 * GiB, 16 * GiB), root=None, **options):
-        """root: a runtime dir used before (a restarted daemon)."""
-        d = Daemon(RuntimeDir(root or str(tmp_path / f"rt{len(made)}")),
-                   [Gpu(i, "virtual", size, True) for i, size in enumerate(sizes)], Options(quantum=1.0, **options))
+    def make(sizes=(16 * GiB, 16 * GiB), root=None, virtual=True, **options):
+        """root: a runtime dir used before (a restarted daemon); virtual=False: GPUs as NVML would list them
+        (their inventory only: nothing here touches a device)."""
+        gpus = [Gpu(i, "virtual", size, True) if virtual else Gpu(i, "GPU", size, False, f"GPU-{i:08d}")
+                for i, size in enumerate(sizes)]
+        d = Daemon(RuntimeDir(root or str(tmp_path / f"rt{len(made)}")), gpus, Options(**{"quantum": 1.0, **options}))
         d.sent = []
         d.server.send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True
         d.stand_in_pid = stand_in.pid

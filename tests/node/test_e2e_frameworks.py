@@ -2,7 +2,7 @@
 framework-controlled jobs (gmux/job/frameworks): each time-sliced with two plain training jobs on a virtual GPU
 at a short quantum, spilled by exit when its suspended state is over the host budget, migrated to another GPU
 mid-run, and each ends bit-identical to its solo run. A Trainer whose resume would not be exact (its sampler is not
-seeded) is refused a move, with the reason.
+seeded) is refused a move to a new process, with the reason.
 
 One gmuxd serves the whole scenario (the frameworks' imports cost seconds per process, and each spill or move
 starts the job's process again); each framework's outcome is its own test. The frameworks are test
@@ -92,7 +92,7 @@ def _run(node: Node, out: dict) -> None:
             # (it waits 50 ms per batch, so that it is still training when a blocking migrate below returns)
             assert unseeded["state"] == "running", unseeded
             with pytest.raises(GmuxError) as refused:
-                node.call("migrate", job=unseeded["id"], gpu=0)
+                node.call("migrate", job=unseeded["id"], gpu=0, new_process=True)   # (in its process: moves)
             out["refused"], out["unseeded_table"] = str(refused.value), _render([unseeded])
         for n in list(target):
             info = jobs[ids[n]]

@@ -1,4 +1,6 @@
-"""End to end: `gmux migrate` moves a running job to another virtual GPU at a boundary, bit-identically.
+"""End to end: `gmux migrate --new-process` moves a running job to another virtual GPU at a boundary, by the
+path a move between real GPUs takes, bit-identically (without --new-process a move between virtual GPUs is
+made in the job's own process: tests/node/test_move_in_process_e2e.py).
 
 The job checkpoints at its next boundary and ends its run; its launcher re-executes itself (same pid, so the
 shell that started it still waits), re-registers with the same id and token, and restores on the new GPU.
@@ -21,14 +23,15 @@ def test_migrate_between_gpus_is_bit_identical(node_factory, tmp_path):
     job = node.job_of(p.pid)
     node.wait_for(lambda: node.job(job)["step"] > 500, 60, "job training")
     assert node.job(job)["gpu"] == 0
-    out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "--json", "migrate", job, "--gpu", "1"],
+    out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "--json", "migrate", job, "--gpu", "1",
+                          "--new-process"],
                          env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["kind"] == "migrate"
+    assert json.loads(out.stdout)["kind"] == "migrate" and json.loads(out.stdout)["path"] == "new process"
     node.wait_for(lambda: node.job(job)["gpu"] == 1 and node.job(job)["state"] == "running", 60, "running on GPU 1")
     step_after = node.job(job)["step"]
     # And back again, to show the checkpoint of a restored job restores too.
-    node.call("migrate", job=job, gpu=0)
+    node.call("migrate", job=job, gpu=0, new_process=True)
     assert p.wait(120) == 0
     info = node.job(job)
     assert info["state"] == "exited" and info["gpu"] == 0 and info["migrations"] == 2, info

@@ -34,8 +34,9 @@ def test_spill_to_disk_and_back(node_factory, tmp_path):
 
 
 def test_transparent_job_spills_in_its_process_and_is_not_moved(node_factory, tmp_path):
-    """An unmodified script cannot be restored in a new process: gmuxd refuses to migrate it, and spills it in
-    place instead (its host copy to a file, freed, read back at resume); it still ends bit-identical."""
+    """An unmodified script cannot be restored in a new process: gmuxd refuses to migrate it so (--new-process;
+    a move in its own process needs no restore), and spills it in place instead (its host copy to a file, freed,
+    read back at resume); it still ends bit-identical."""
     pace = ["--sleep", "0.003"]
     refs = [subprocess.Popen([PY, TRAIN, str(tmp_path / f"solo{b}.json"), "1500", "--batch", b, *pace], env=env(),
                              cwd=ROOT) for b in ("32", "33")]
@@ -44,7 +45,8 @@ def test_transparent_job_spills_in_its_process_and_is_not_moved(node_factory, tm
                          opts=["--gpu", "0", "--mem", "600MiB"]) for b in ("32", "33")]
     ja, jb = (node.job_of(p.pid) for p in procs)
     node.wait_for(lambda: node.job(ja)["suspends"] >= 1 and node.job(jb)["suspends"] >= 1, 60, "sliced")
-    out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "migrate", ja, "--gpu", "1"], env=env(),
+    out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "migrate", ja, "--gpu", "1",
+                          "--new-process"], env=env(),
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "transparent mode" in out.stderr and "--no-hook" in out.stderr
     for p in procs:

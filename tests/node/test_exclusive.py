@@ -53,7 +53,9 @@ def test_multi_gpu_job_waits_then_defrag_frees_whole_gpus_for_it(daemon_factory)
 
 
 def test_a_transparent_job_pins_its_gpu_and_the_wait_says_why(daemon_factory):
-    d = daemon_factory((16 * GiB,) * 2)
+    # Real GPUs: a move is a new process (between virtual GPUs it is made in the job's own process, and a
+    # transparent job moves too: tests/node/test_move_in_process.py)
+    d = daemon_factory((16 * GiB,) * 2, virtual=False)
     a = register(d, b"a", mem=GiB)           # transparent mode (not migratable)
     tick(d)
     (start,) = commands(d, b"a")
@@ -175,8 +177,9 @@ def test_a_restarted_daemon_keeps_waiting_jobs_queued_and_held_gpus_held(daemon_
     assert again.jobs[c["job"]].exclusive_gpus == [0, 1]
 
 
-def test_a_job_that_cannot_be_helped_does_not_block_defrag_for_a_later_one(daemon):
-    t = register(daemon, b"t")
+def test_a_job_that_cannot_be_helped_does_not_block_defrag_for_a_later_one(daemon_factory):
+    daemon = daemon_factory(virtual=False)   # real GPUs: a transparent job cannot move (a new process would not
+    t = register(daemon, b"t")               # restore it); between virtual GPUs it would move in its process
     tick(daemon)
     ack(daemon, b"t", t, commands(daemon, b"t")[0])      # transparent and started: GPU 0 is pinned
     m = register(daemon, b"m", migratable=True)            # on GPU 1, not started: movable
@@ -236,7 +239,8 @@ def test_a_suspended_gang_gives_its_gpus_back_and_resumes_on_them(daemon_factory
         assert go["args"]["env"]["GMUX_VIRTUAL_GPU"] == gpu
 
 
-def test_a_parked_job_suspended_again_while_it_waits_leaves_the_queue(daemon):
+def test_a_parked_job_suspended_again_while_it_waits_leaves_the_queue(daemon_factory):
+    daemon = daemon_factory(virtual=False)   # real GPUs, where a started transparent job cannot move
     c = register(daemon, b"c", gpus=2, migratable=True)
     tick(daemon)
     ack(daemon, b"c", c, commands(daemon, b"c")[0])

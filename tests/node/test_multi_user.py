@@ -295,9 +295,9 @@ def test_users_act_only_on_their_own_jobs_and_jobs_are_never_admins(users, syste
     own = users.run("a", [users.py, "-m", "gmux.cli.gmuxd", "--system", "--runtime-dir", users.home("a") + "/rt"])
     assert own.returncode == 2 and "--system runs as root" in own.stderr, own.stderr
 
-    # A acts on its own job: moves it to a free GPU (its checkpoint goes to A's own directory, and it goes on
-    # from there in a new process while the rest goes on).
-    (moved,) = ask(users, rt, "a", [("migrate", {"job": a_job, "gpu": free})])
+    # A acts on its own job: moves it to a free GPU in a new process (its checkpoint goes to A's own directory,
+    # and it goes on from there while the rest goes on).
+    (moved,) = ask(users, rt, "a", [("migrate", {"job": a_job, "gpu": free, "new_process": True})])
     assert moved["ok"], moved
     ckpt = os.stat(os.path.join(rt, "users", str(users.uid["a"][0]), f"{a_job}.ckpt"))
     assert ckpt.st_uid == users.uid["a"][0] and ckpt.st_mode & 0o077 == 0

@@ -1,0 +1,202 @@
+"""Moves between virtual GPUs in the job's own process (gmux.node.moves), in an in-process gmuxd whose sends are
+recorded: the suspend at the boundary, the seat moving from one slicer to the other, the resume with the target's
+environment; a move given up with the job where it was; a job ending mid-move; real GPUs and --new-process taking
+the checkpoint-and-new-process path; a transparent job moved by defragmentation."""
+import time
+
+from gmux import protocol
+from node_harness import GiB, ask, register
+
+MiB = 1 << 20
+
+
+def commands(d, identity):
+    return [m for i, m in d.sent if i == identity and m["type"] == "command"]
+
+
+def replies(d, identity=b"c"):
+    return [m for i, m in d.sent if i == identity and m["type"] == "reply"]
+
+
+def ack(d, identity, reg, cmd, ok=True, state=None, **result):
+    d.sent.clear()
+    d.server.receive(identity, [protocol.encode("result", 9, job=reg["job"], token=reg["token"], cmd=cmd["cmd"],
+                                                kind=cmd["kind"], result={"ok": ok, **result},
+                                                **({"state": state} if state else {}))])
+
+
+def tick(d):
+    d.sent.clear()
+    d.tick()
+
+
+def started(d, identity, **kw):
+    """A registered job, started on its GPU (its first resume acknowledged)."""
+    reg = register(d, identity, **kw)
+    tick(d)
+    (go,) = commands(d, identity)
+    assert go["kind"] == "resume"
+    ack(d, identity, reg, go, state="running")
+    return reg
+
+
+def seats(d, job):
+    """Where the slicers hold `job`: (GPU, resident, busy) for each slicer that has it."""
+    return [(g, job in s.resident, s.busy_with(job)) for g, s in d.slicers.items() if job in s.entries]
+
+
+def test_a_running_job_suspends_its_seat_moves_and_it_resumes_on_the_target(daemon_factory):
+    d = daemon_factory((GiB, GiB))
+    a = started(d, b"a", mem=256 * MiB)
+    job = d.jobs[a["job"]]
+    assert job.gpu == 0 and seats(d, a["job"]) == [(0, True, None)]
+    d.sent.clear()
+    assert ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1) is None    # the reply waits for the suspend
+    (stop,) = commands(d, b"a")
+    assert stop["kind"] == "suspend" and stop["args"] == {}
+    assert seats(d, a["job"]) == [(0, True, "move")]     # its memory is on GPU 0 until it has suspended
+    tick(d)
+    assert job.state == "suspending" and "moving to GPU 1 in its own process" in job.detail
+    assert not commands(d, b"a")                          # the source's slicer waits for it
+    used = d.slicers[0].used(a["job"], time.monotonic())
+    ack(d, b"a", a, stop, state="suspended", bytes=5 * MiB)
+    (reply,) = replies(d)
+    assert reply["ok"], reply
+    data = reply["data"]
+    assert data["path"] == "in process" and (data["from"], data["gpu"], data["kind"]) == (0, 1, "migrate")
+    # The seat moved, with its GPU time; the target's resume left with the acknowledgement, with its environment.
+    assert seats(d, a["job"]) == [(1, False, "resume")] and not d.slicers[0].entries
+    assert job.gpu == 1 and job.migrations == 1 and job.gpu_seconds >= used and job.host_bytes == 5 * MiB
+    (go,) = commands(d, b"a")
+    assert go["kind"] == "resume" and go["args"]["gpu"] == 1 and go["args"]["env"]["GMUX_VIRTUAL_GPU"] == "1"
+    ack(d, b"a", a, go, state="running")
+    assert seats(d, a["job"]) == [(1, True, None)] and job.host_bytes == 0
+    moved = [x for x in d.decisions if x["kind"] == "moved"]
+    assert len(moved) == 1 and f"moved {a['job']} in process from GPU 0 to GPU 1" in moved[0]["text"]
+    tick(d)
+    ps = ask(d, "ps", admin=d.admin)["data"]
+    (row,) = ps["jobs"]
+    assert row["gpu"] == 1 and row["state"] == "running" and row["detail"] == "moved in process from GPU 0 to GPU 1"
+    assert [(g["jobs"], g["resident"]) for g in ps["gpus"]] == [([], []), ([a["job"]], [a["job"]])]
+    assert [g["resident_mem"] for g in ps["gpus"]] == [0, 256 * MiB]
+
+
+def test_a_suspended_job_moves_at_once_and_a_held_one_stays_held(daemon_factory):
+    d = daemon_factory((GiB, GiB))
+    a = started(d, b"a", mem=256 * MiB)
+    ask(d, "suspend", admin=d.admin, job=a["job"])
+    (stop,) = commands(d, b"a")
+    ack(d, b"a", a, stop, state="suspended")
+    r = ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1)
+    assert r["ok"] and r["data"]["path"] == "in process" and r["data"]["suspended_already"], r
+    assert not commands(d, b"a")     # held by its user: moved, not resumed
+    assert seats(d, a["job"]) == [(1, False, None)] and d.jobs[a["job"]].held
+    assert "stays suspended, held by its user" in d.decisions[-1]["text"]
+    ask(d, "resume", admin=d.admin, job=a["job"])
+    (go,) = commands(d, b"a")
+    assert go["kind"] == "resume" and go["args"]["env"]["GMUX_VIRTUAL_GPU"] == "1"
+
+
+def test_a_move_onto_a_busy_gpu_waits_for_its_turn_there(daemon_factory):
+    d = daemon_factory((GiB, GiB), quantum=600.0)
+    a, b = started(d, b"a", mem=256 * MiB), started(d, b"b", mem=256 * MiB)
+    assert (d.jobs[a["job"]].gpu, d.jobs[b["job"]].gpu) == (0, 1)
+    d.sent.clear()
+    ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1)
+    (stop,) = commands(d, b"a")
+    ack(d, b"a", a, stop, state="suspended")
+    assert replies(d)[0]["ok"] and "in its turn, after " + b["job"] in d.decisions[-1]["text"]
+    assert seats(d, a["job"]) == [(1, False, None)] and seats(d, b["job"]) == [(1, True, None)]
+    assert not commands(d, b"a") and not commands(d, b"b")    # b's turn (600 s) goes on
+
+
+def test_the_target_is_checked_again_once_the_job_has_suspended(daemon_factory):
+    d = daemon_factory((GiB, 512 * MiB))
+    a = started(d, b"a", mem=256 * MiB)
+    d.sent.clear()
+    ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1)
+    (stop,) = commands(d, b"a")
+    # Before its boundary the job reports a peak past the target's size.
+    d.server.receive(b"a", [protocol.encode("report", 8, job=a["job"], token=a["token"],
+                                            report={"mem_peak": 768 * MiB}, state="running")])
+    ack(d, b"a", a, stop, state="suspended")
+    (reply,) = replies(d)
+    assert not reply["ok"] and "needs 768.0MiB, GPU 1 has 512.0MiB" in reply["error"], reply
+    assert "stays on GPU 0, suspended, and resumes there in its turn" in reply["error"]
+    # Nothing of it on GPU 1; on GPU 0 it is suspended, no longer busy, and resumed there at once (alone there).
+    assert not d.slicers[1].entries and d.jobs[a["job"]].gpu == 0 and d.jobs[a["job"]].target_gpu is None
+    (go,) = commands(d, b"a")
+    assert go["kind"] == "resume" and go["args"]["env"]["GMUX_VIRTUAL_GPU"] == "0"
+    assert seats(d, a["job"]) == [(0, False, "resume")]
+    assert "given up" in [x for x in d.decisions if x["kind"] == "migrate"][-1]["text"]
+
+
+def test_a_failed_suspend_leaves_the_job_running_where_it_was(daemon_factory):
+    d = daemon_factory((GiB, GiB))
+    a = started(d, b"a", mem=256 * MiB)
+    d.sent.clear()
+    ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1)
+    (stop,) = commands(d, b"a")
+    ack(d, b"a", a, stop, ok=False, error="suspend failed: no host memory", state="running")
+    (reply,) = replies(d)
+    assert not reply["ok"] and "no host memory" in reply["error"] and "runs on GPU 0 as before" in reply["error"]
+    assert seats(d, a["job"]) == [(0, True, None)] and not d.slicers[1].entries
+
+
+def test_a_job_that_ends_mid_move_leaves_both_gpus_clean(daemon_factory):
+    d = daemon_factory((GiB, GiB))
+    for when in ("suspending", "moved"):
+        a = started(d, f"a-{when}".encode(), mem=256 * MiB)
+        gpu = d.jobs[a["job"]].gpu
+        d.sent.clear()
+        ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1 - gpu)
+        (stop,) = commands(d, f"a-{when}".encode())
+        if when == "moved":      # it suspended, its seat moved; it dies before its resume there is answered
+            ack(d, f"a-{when}".encode(), a, stop, state="suspended")
+        d.sent.clear()
+        d.server.receive(f"a-{when}".encode(), [protocol.encode("bye", 7, job=a["job"], token=a["token"],
+                                                                status=-9, reason="killed")])
+        if when == "suspending":
+            (reply,) = replies(d)
+            assert not reply["ok"] and f"job {a['job']} ended" in reply["error"], reply
+        assert d.jobs[a["job"]].state == "failed" and seats(d, a["job"]) == []
+        for s in d.slicers.values():
+            assert not s.entries and not s.resident and not s.pending, (when, s.entries, s.pending)
+        ps = ask(d, "ps", admin=d.admin)["data"]
+        assert all(g["jobs"] == [] and g["resident_mem"] == 0 for g in ps["gpus"]), ps["gpus"]
+    # Both GPUs take new jobs as before.
+    b, c = started(d, b"b", mem=GiB), started(d, b"c", mem=GiB)
+    assert {d.jobs[b["job"]].gpu, d.jobs[c["job"]].gpu} == {0, 1}
+
+
+def test_real_gpus_and_new_process_take_the_checkpoint_path(daemon_factory):
+    for virtual, fields in ((False, {}), (True, {"new_process": True})):
+        d = daemon_factory((GiB, GiB), virtual=virtual)
+        a = started(d, b"a", mem=256 * MiB, migratable=True)
+        d.sent.clear()
+        assert ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1, **fields) is None
+        (cmd,) = commands(d, b"a")
+        assert cmd["kind"] == "migrate" and cmd["args"]["path"].endswith(f"{a['job']}.ckpt")
+        assert d.slicers[0].busy_with(a["job"]) == "migrate"
+        ack(d, b"a", a, cmd)
+        (reply,) = replies(d)
+        assert reply["ok"] and reply["data"]["path"] == "new process", reply
+        t = started(d, b"t", mem=256 * MiB)    # transparent mode: a new process cannot restore it
+        r = ask(d, "migrate", admin=d.admin, job=t["job"], gpu=1 - d.jobs[t["job"]].gpu, **fields)
+        assert not r["ok"] and "transparent mode" in r["error"], r
+        assert ("leave out --new-process" in r["error"]) == virtual
+
+
+def test_a_transparent_job_is_moved_in_process_to_free_gpus_for_a_multi_gpu_job(daemon_factory):
+    d = daemon_factory((16 * GiB,) * 3)
+    a, b = started(d, b"a", mem=GiB), started(d, b"b", mem=GiB)    # transparent mode, on GPUs 0 and 1
+    c = register(d, b"c", gpus=2)
+    tick(d)
+    defrag = next(x for x in d.decisions if x["kind"] == "defrag")
+    assert [(m["job"], m["src"], m["dst"]) for m in defrag["numbers"]["moves"]] == [(a["job"], 0, 1)]
+    (stop,) = commands(d, b"a")
+    assert stop["kind"] == "suspend"      # moved in its own process: nothing to restore in a new one
+    ack(d, b"a", a, stop, state="suspended")
+    tick(d)
+    assert d.jobs[a["job"]].gpu == 1 and d.jobs[c["job"]].exclusive_gpus == [0, 2]
+    assert seats(d, a["job"]) == [(1, False, None)] and seats(d, b["job"]) == [(1, True, None)]
