@@ -92,7 +92,7 @@ def test_wrong_version_is_refused(tmp):
     data = bytearray(open(path, "rb").read())
     data[8:10] = struct.pack("<H", 99)
     open(path, "wb").write(bytes(data))
-    _refused(path, "format version 99; this gmux reads version 1")
+    _refused(path, "format version 99; this gmux reads versions 1, 2")
 
 
 def test_not_a_checkpoint_and_missing_file(tmp):
@@ -151,7 +151,7 @@ def test_attach_restores_a_moved_job_from_GMUX_RESTORE(tmp, monkeypatch):
 
 
 def test_data_frames_out_of_order_are_refused(tmp):
-    """Each DATA frame has a valid checksum; only END's data_crc32 tells their order (before: restored garbage)."""
+    """Each DATA frame has a valid checksum; only END's frames_crc32 tells their order (before: restored garbage)."""
     import ckpt_forge as forge
     path = _written(tmp)
     frames = forge.split(open(path, "rb").read())
@@ -162,22 +162,51 @@ def test_data_frames_out_of_order_are_refused(tmp):
     _refused(path, r"tensor data is not what was written \(DATA frames missing, repeated or out of order\)")
 
 
-def test_a_checkpoint_written_before_data_crc32_still_restores(tmp):
-    """Version 1 files from before END carried data_crc32 are read as they were (same version number)."""
+def _as_version_1(frames: list, data_crc32: bool, swap: tuple = ()) -> bytes:
+    """The same checkpoint as version 1 wrote it: END checksummed the tensor data itself (its oldest files
+    did not); `swap`: two frames then exchanged."""
     import msgpack
 
+    import ckpt_forge as forge
+    end = msgpack.unpackb(frames[-1][1])
+    del end["frames_crc32"]
+    if data_crc32:
+        end["data_crc32"] = zlib.crc32(b"".join(p for k, p in frames if k == ckpt.DATA))
+    frames[-1][1] = msgpack.packb(end)
+    if swap:
+        a, b = swap
+        frames[a], frames[b] = frames[b], frames[a]
+    return forge.join(frames, prefix=ckpt.MAGIC + struct.pack("<H", 1))
+
+
+def test_version_1_checkpoints_still_restore_and_their_order_check_holds(tmp):
     import ckpt_forge as forge
     job, _ = _job()
     saved = [t.clone() for t in job.tracked.tensors()]
     path = _written(tmp)
+    written = open(path, "rb").read()
+    for data_crc32 in (True, False):
+        open(path, "wb").write(_as_version_1(forge.split(written), data_crc32))
+        other, _ = _job()
+        other.restore(path)
+        assert_identical(saved, [t.clone() for t in other.tracked.tensors()])
+    frames = forge.split(written)
+    data = [i for i, (kind, _) in enumerate(frames) if kind == ckpt.DATA]
+    open(path, "wb").write(_as_version_1(frames, True, swap=(data[0], data[1])))
+    _refused(path, r"DATA frames missing, repeated or out of order")
+
+
+def test_a_version_2_end_without_its_order_checksum_is_refused(tmp):
+    import msgpack
+
+    import ckpt_forge as forge
+    path = _written(tmp)
     frames = forge.split(open(path, "rb").read())
     end = msgpack.unpackb(frames[-1][1])
-    del end["data_crc32"]
+    del end["frames_crc32"]
     frames[-1][1] = msgpack.packb(end)
     open(path, "wb").write(forge.join(frames))
-    other, _ = _job()
-    other.restore(path)
-    assert_identical(saved, [t.clone() for t in other.tracked.tensors()])
+    _refused(path, r"DATA frames missing, repeated or out of order")
 
 
 class _Pipe(io.RawIOBase):

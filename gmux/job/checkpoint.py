@@ -6,10 +6,14 @@
 Frames are HEAD (msgpack: the tensor table), SKEL (the nested structure with tensors replaced by references,
 pickled, and read back by gmux.job.skeleton's bounded decoder of the pickle subset gmux writes, since a
 checkpoint file is untrusted input), DATA (tensor bytes in table order, at most CHUNK bytes per frame) and END
-(msgpack: frame count, data bytes and the CRC-32 of all tensor data in order, so a truncated stream is told
-from a complete one and DATA frames out of order from frames in order; files written before data_crc32 was
-added are read without that check). Frames let the same bytes go to a file or, chunk by chunk, to a socket,
-and let a reader name the exact place where a stream is damaged.
+(msgpack: frame count, data bytes and frames_crc32, the CRC-32 of the DATA frames' own checksums in order, so
+a truncated stream is told from a complete one and DATA frames out of order from frames in order). Frames let
+the same bytes go to a file or, chunk by chunk, to a socket, and let a reader name the exact place where a
+stream is damaged.
+
+Each byte of tensor data is checksummed once on each side (a move's bytes, 1 GiB of them, cross a link whose
+own encryption authenticates them: these checksums are the end-to-end check, and the only ones). Version 1,
+still read, checksummed the data a second time for END's data_crc32 (absent in its oldest files).
 
 A writer may mark tensors as zeros (`Zeros`): their rows stay in the table (dtype and shape) and are listed
 in HEAD's "zeros", but no DATA carries them, and a reader gives them zeros. A job uses it for gradients its
@@ -30,7 +34,7 @@ import pickle
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterator, NamedTuple, Optional
+from typing import BinaryIO, Callable, NamedTuple, Optional
 
 import msgpack
 import torch
@@ -39,7 +43,8 @@ from gmux.util.atomic import atomic_open
 from . import skeleton as _skeleton
 
 MAGIC = b"GMUXCKPT"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
 HEAD, SKEL, DATA, END = 1, 2, 3, 4
 _FRAME = struct.Struct("<BQ")
 _CRC = struct.Struct("<I")
@@ -126,20 +131,21 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
             raise CheckpointError("(being written)", f"tensors of dtype {t.dtype} are not supported")
     written = 0
 
-    def frame(kind: int, payload) -> None:
+    def frame(kind: int, payload) -> bytes:
         nonlocal written
         header = _FRAME.pack(kind, len(payload))
-        crc = zlib.crc32(payload, zlib.crc32(header))
-        for piece in (header, payload, _CRC.pack(crc)):
+        trailer = _CRC.pack(zlib.crc32(payload, zlib.crc32(header)))
+        for piece in (header, payload, trailer):
             sink(piece)
         written += len(header) + len(payload) + _CRC.size
+        return trailer
 
     head = msgpack.packb({"tensors": table, "zeros": zeros} if zeros else {"tensors": table})
     skip = set(zeros)
     if announce is not None:
         carried = [row[2] for i, row in enumerate(table) if i not in skip]
         count = sum(-(-n // CHUNK) for n in carried)
-        end = msgpack.packb({"data_frames": count, "data_bytes": sum(carried), "data_crc32": 0xFFFFFFFF})
+        end = msgpack.packb({"data_frames": count, "data_bytes": sum(carried), "frames_crc32": 0xFFFFFFFF})
         overhead = _FRAME.size + _CRC.size
         announce(len(MAGIC) + 2 + len(head) + len(skeleton) + len(end) + sum(carried) + overhead * (count + 3))
     sink(MAGIC + struct.pack("<H", VERSION))
@@ -152,11 +158,10 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
             continue
         buf = _host_bytes(t)
         for lo in range(0, len(buf), CHUNK):
-            frame(DATA, buf[lo:lo + CHUNK])
-            crc = zlib.crc32(buf[lo:lo + CHUNK], crc)
+            crc = zlib.crc32(frame(DATA, buf[lo:lo + CHUNK]), crc)
             frames += 1
         data += len(buf)
-    frame(END, msgpack.packb({"data_frames": frames, "data_bytes": data, "data_crc32": crc}))
+    frame(END, msgpack.packb({"data_frames": frames, "data_bytes": data, "frames_crc32": crc}))
     return written
 
 
@@ -184,9 +189,10 @@ def _load_skeleton(data: bytes):
 
 
 class _Reader:
-    """Reads exactly n bytes (fewer only at the end of the stream) into a writable buffer torch can wrap,
-    never allocating for bytes the source does not hold: `left` is what a file (or any seekable source)
-    still holds; for a stream of unknown length the buffer grows as the bytes arrive."""
+    """Reads exactly n bytes (fewer only at the end of the stream), never allocating for bytes the source does
+    not hold: `left` is what a file (or any seekable source) still holds; for a stream of unknown length the
+    buffer grows as the bytes arrive. `into` fills a buffer the caller has (tensor data goes straight to its
+    place)."""
 
     def __init__(self, source: BinaryIO):
         self.source, self.left = source, _remaining(source)
@@ -199,14 +205,27 @@ class _Reader:
             if got == len(buf):
                 buf.extend(bytes(min(n - got, CHUNK)))
             with memoryview(buf) as view, view[got:] as tail:   # released before buf is resized
-                k = self.source.readinto(tail)
+                k = self._fill(tail)
             if not k:
                 break
             got += k
         del buf[got:]
-        if self.left is not None:
-            self.left -= got
         return buf
+
+    def into(self, view: memoryview) -> int:
+        got = 0
+        while got < len(view):
+            k = self._fill(view[got:])
+            if not k:
+                break
+            got += k
+        return got
+
+    def _fill(self, view: memoryview) -> int:
+        k = self.source.readinto(view) or 0
+        if self.left is not None:
+            self.left -= k
+        return k
 
 
 def _remaining(source: BinaryIO) -> Optional[int]:
@@ -221,37 +240,71 @@ def _remaining(source: BinaryIO) -> Optional[int]:
         return None
 
 
-def _frames(read: Callable[[int], bytearray], origin: str) -> Iterator[tuple[int, memoryview]]:
-    head = read(len(MAGIC) + 2)
-    if len(head) < len(MAGIC) + 2 or head[:len(MAGIC)] != MAGIC:
-        raise CheckpointError(origin, "not a gmux checkpoint (bad magic bytes)")
-    (version,) = struct.unpack("<H", head[len(MAGIC):])
-    if version != VERSION:
-        raise CheckpointError(origin, f"format version {version}; this gmux reads version {VERSION}")
-    index = 0
-    while True:
-        header = read(_FRAME.size)
+class _Frames:
+    """A stream's frames, one at a time: `next` reads a header, then the payload comes whole (`payload`) or
+    into the caller's buffers (`payload_into`, in pieces), and `close` checks the frame's checksum."""
+
+    def __init__(self, read: _Reader, origin: str):
+        self.read, self.origin, self.index = read, origin, 0
+        head = read(len(MAGIC) + 2)
+        if len(head) < len(MAGIC) + 2 or head[:len(MAGIC)] != MAGIC:
+            raise CheckpointError(origin, "not a gmux checkpoint (bad magic bytes)")
+        (self.version,) = struct.unpack("<H", head[len(MAGIC):])
+        if self.version not in READS:
+            raise CheckpointError(origin, f"format version {self.version}; this gmux reads versions "
+                                          f"{', '.join(map(str, READS))}")
+        self._crc = 0
+
+    def next(self) -> tuple[int, int]:
+        """The next frame's kind and payload length."""
+        header = self.read(_FRAME.size)
         if len(header) == 0:
-            raise CheckpointError(origin, f"truncated: the stream ends after frame {index} without an END frame")
+            raise CheckpointError(self.origin, f"truncated: the stream ends after frame {self.index} without an "
+                                               f"END frame")
         if len(header) < _FRAME.size:
-            raise CheckpointError(origin, f"truncated inside the header of frame {index}")
+            raise CheckpointError(self.origin, f"truncated inside the header of frame {self.index}")
         kind, length = _FRAME.unpack(header)
         if kind not in (HEAD, SKEL, DATA, END):
-            raise CheckpointError(origin, f"corrupt: frame {index} has unknown kind {kind}")
+            raise CheckpointError(self.origin, f"corrupt: frame {self.index} has unknown kind {kind}")
         if length > (CHUNK if kind == DATA else MAX_META):
-            raise CheckpointError(origin, f"corrupt: frame {index} claims {length} bytes")
-        payload = read(length)
-        trailer = read(_CRC.size)
-        if len(payload) < length or len(trailer) < _CRC.size:
-            raise CheckpointError(origin, f"truncated inside frame {index}")
-        if zlib.crc32(payload, zlib.crc32(header)) != _CRC.unpack(trailer)[0]:
-            raise CheckpointError(origin, f"corrupt: checksum mismatch in frame {index}")
-        yield kind, memoryview(payload)
-        if kind == END:
-            return
-        index += 1
+            raise CheckpointError(self.origin, f"corrupt: frame {self.index} claims {length} bytes")
+        self._crc = zlib.crc32(header)
+        return kind, length
+
+    def payload(self, length: int) -> memoryview:
+        data = self.read(length)
+        if len(data) < length:
+            raise CheckpointError(self.origin, f"truncated inside frame {self.index}")
+        self._crc = zlib.crc32(data, self._crc)
+        return memoryview(data)
+
+    def payload_into(self, view: memoryview) -> None:
+        if self.read.into(view) < len(view):
+            raise CheckpointError(self.origin, f"truncated inside frame {self.index}")
+        self._crc = zlib.crc32(view, self._crc)
+
+    def close(self) -> int:
+        """Checks the frame just read against its trailer; returns the checksum (END's frames_crc32 chains
+        the DATA frames' ones)."""
+        trailer = self.read(_CRC.size)
+        if len(trailer) < _CRC.size:
+            raise CheckpointError(self.origin, f"truncated inside frame {self.index}")
+        if self._crc != _CRC.unpack(trailer)[0]:
+            raise CheckpointError(self.origin, f"corrupt: checksum mismatch in frame {self.index}")
+        self.index += 1
+        return self._crc
+
+    def whole(self, expect: int, what: str) -> memoryview:
+        """The next frame, which must be of kind `expect`, read whole and checked."""
+        kind, length = self.next()
+        if kind != expect:
+            raise CheckpointError(self.origin, f"corrupt: the {what} frame is not {_KIND_NAMES[expect]}")
+        payload = self.payload(length)
+        self.close()
+        return payload
 
 
+_KIND_NAMES = {HEAD: "HEAD", SKEL: "SKEL", DATA: "DATA", END: "END"}
 Check = Callable[[object, list], Optional[int]]
 
 
@@ -262,17 +315,12 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None) -> dict:
     data; it raises CheckpointError for a checkpoint that does not fit, and returns how many of the table's
     bytes it has vouched for (checked against the live job), or None for none."""
     reader = _Reader(source)
-    frames = _frames(reader, origin)
     try:
-        kind, head = next(frames)
-        if kind != HEAD:
-            raise CheckpointError(origin, "corrupt: the first frame is not HEAD")
-        head = msgpack.unpackb(head)
+        frames = _Frames(reader, origin)
+        head = msgpack.unpackb(frames.whole(HEAD, "first"))
         table = _parse_table(head, origin)
         zeros = _parse_zeros(head, len(table), origin)
-        kind, skel = next(frames)
-        if kind != SKEL:
-            raise CheckpointError(origin, "corrupt: the second frame is not SKEL")
+        skel = frames.whole(SKEL, "second")
         try:
             skeleton = _load_skeleton(skel)
         except _skeleton.SkeletonError as e:
@@ -281,8 +329,6 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None) -> dict:
         vouched = check(skeleton, table) if check is not None else None
         _fits(table, zeros, reader.left, vouched, origin)
         buffers = _read_data(frames, table, zeros, origin)
-    except StopIteration:
-        raise CheckpointError(origin, "truncated: the stream ends before its data") from None
     except (msgpack.UnpackException, ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
         # Untrusted input: whatever the checks above did not foresee is still refused, naming the file.
         if isinstance(e, CheckpointError):
@@ -306,44 +352,51 @@ def _fits(table: list, zeros: set, left: Optional[int], vouched: Optional[int], 
                                       f"data the job does not hold (at most {MAX_FREE} from a stream)")
 
 
-def _read_data(frames, table: list, zeros: set, origin: str) -> list:
+def _read_data(frames: _Frames, table: list, zeros: set, origin: str) -> list:
     buffers = [torch.zeros(row.nbytes, dtype=torch.uint8) if i in zeros else torch.empty(row.nbytes, dtype=torch.uint8)
                for i, row in enumerate(table)]
     # DATA fills the other rows, in order; a zeros row is passed over like an empty one.
-    carried = [b for i, b in enumerate(buffers) if i not in zeros]
+    carried = [memoryview(b.numpy()) for i, b in enumerate(buffers) if i not in zeros]
     _fill(frames, carried, origin)
     return buffers
 
 
-def _fill(frames, buffers: list, origin: str) -> None:
-    slot, filled, data_frames, data_bytes, crc = 0, 0, 0, 0, 0
-    for kind, payload in frames:
+def _fill(frames: _Frames, buffers: list, origin: str) -> None:
+    """Reads the DATA frames straight into `buffers` (memoryviews, in order), then checks END."""
+    slot, filled, data_frames, data_bytes, chain, data_crc = 0, 0, 0, 0, 0, 0
+    while True:
+        kind, length = frames.next()
         if kind == END:
-            end = msgpack.unpackb(payload)
+            end = msgpack.unpackb(frames.payload(length))
+            frames.close()
             if not (isinstance(end, dict) and type(end.get("data_frames")) is int
                     and end["data_frames"] == data_frames and end.get("data_bytes") == data_bytes):
                 raise CheckpointError(origin, "corrupt: the END frame does not match the data read")
-            if "data_crc32" in end and end["data_crc32"] != crc:
+            # (version 1's oldest files carry no data_crc32: read as they were)
+            key, have = ("frames_crc32", chain) if frames.version >= 2 else ("data_crc32", data_crc)
+            if end.get(key, have if frames.version == 1 else None) != have:
                 raise CheckpointError(origin, "corrupt: the tensor data is not what was written "
                                               "(DATA frames missing, repeated or out of order)")
             break
         if kind != DATA:
             raise CheckpointError(origin, f"corrupt: unexpected frame kind {kind} among data")
         data_frames += 1
-        data_bytes += len(payload)
-        crc = zlib.crc32(payload, crc)
-        view = torch.frombuffer(payload, dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
+        data_bytes += length
         at = 0
-        while at < len(payload):
-            while slot < len(buffers) and filled == buffers[slot].numel():
+        while at < length:
+            while slot < len(buffers) and filled == len(buffers[slot]):
                 slot, filled = slot + 1, 0
             if slot == len(buffers):
                 raise CheckpointError(origin, "corrupt: more tensor data than the table describes")
-            take = min(len(payload) - at, buffers[slot].numel() - filled)
-            buffers[slot][filled:filled + take].copy_(view[at:at + take])
+            take = min(length - at, len(buffers[slot]) - filled)
+            piece = buffers[slot][filled:filled + take]
+            frames.payload_into(piece)
+            if frames.version == 1:      # version 1 checksummed the data again, for END's data_crc32
+                data_crc = zlib.crc32(piece, data_crc)
             filled += take
             at += take
-    while slot < len(buffers) and filled == buffers[slot].numel():
+        chain = zlib.crc32(_CRC.pack(frames.close()), chain)
+    while slot < len(buffers) and filled == len(buffers[slot]):
         slot, filled = slot + 1, 0
     if slot != len(buffers):
         raise CheckpointError(origin, "corrupt: less tensor data than the table describes")
