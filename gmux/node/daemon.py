@@ -359,6 +359,7 @@ class Daemon:
                 if d.kind == "recheck":
                     for j in d.jobs:
                         self.jobs[j].forget_solo()
+            self.moves.expire(slicer, now)
             self.switch(slicer, now)
             self._spill(slicer)
         self.admission.park_held(now)

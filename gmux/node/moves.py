@@ -19,7 +19,9 @@ While the job suspends, its source slicer is busy with "move" and waits, as for 
 is in use there until it has left. Once the job has suspended, the target is checked again (admission's
 move_refusal: a multi-GPU job may have claimed it meanwhile, or the job's measured working set may have grown
 past it); when it cannot take the job, the job stays on its source, suspended, and resumes there in its turn.
-Only one slicer holds the job at any moment, so a job that ends mid-move leaves nothing on either GPU.
+A job that has not suspended by its deadline (no boundary, or stuck in a mini-batch) has its move given up,
+its suspend left to the source's slicer as one of its own. Only one slicer holds the job at any moment, so a
+job that ends mid-move leaves nothing on either GPU.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Optional
 
 from gmux.node.inventory import Gpu
 from gmux.node.jobs import Job
+from gmux.node.slicer import Slicer
 from gmux.util.sizes import format_size
 from gmux.wire.server import Request
 
@@ -61,13 +64,32 @@ class Moves:
             self._seat(job, gpu, now)
             return {**data, "latency_s": 0.0, "suspended_already": True}
         job.target_gpu = gpu    # (admission counts it on both GPUs until it has left)
-        slicer.mark_busy(job.id, "move")
+        slicer.mark_busy(job.id, "move", now)
         node.commands.send(job, "suspend", {})
         job.detail = f"moving to GPU {gpu} in its own process: suspending at its next boundary"
         node.decide(src, "migrate", [job.id], {"from": src, "to": gpu, "path": PATH},
                     f"moving {job.id} from GPU {src} to GPU {gpu} in its own process (pid {job.pid}): suspending "
                     f"it at its next boundary")
         return node.commands.defer(job.id, "migrate", req, data=data) if req is not None else None
+
+    def expire(self, slicer: Slicer, now: float) -> None:
+        """Moves from this GPU whose job has not suspended by its deadline (gmux.node.pacing: a few mini-batches,
+        at least a floor) are given up: a job with no boundary, or stuck in a mini-batch, would otherwise hold its
+        source GPU's slicer for ever. Its suspend becomes the slicer's own (stopped when others need the GPU,
+        resumed here once it has suspended)."""
+        for job_id in slicer.overdue_busy("move", now):
+            job = self.node.jobs[job_id]
+            gpu, job.target_gpu = job.target_gpu, None
+            waited, deadline = slicer.waited(job_id, now), slicer.deadline(job_id)
+            slicer.busy_to_suspend(job_id)
+            why = (f"it did not suspend within {waited:.1f} s (its deadline, {deadline:.1f} s: no mini-batch "
+                   f"boundary reached, control: {job.last_report.get('control') or 'no boundary seen'}); it stays "
+                   f"on GPU {slicer.gpu}, its suspend waiting for its next boundary as a time slice's does")
+            job.detail = f"move to GPU {gpu} given up: {why}"
+            self.node.decide(slicer.gpu, "migrate", [job_id], {"from": slicer.gpu, "to": gpu, "path": PATH,
+                                                               "ok": False, "waited_s": round(waited, 3)},
+                             f"move of {job_id} from GPU {slicer.gpu} to GPU {gpu} given up: {why}")
+            self.node.commands.wake(job_id, "migrate", False, waited, why)
 
     def suspended(self, job: Job, ok: bool, error: Optional[str], latency: float) -> None:
         """The job answered the suspend of its move (ok: it holds no memory now): the move is completed, or

@@ -153,15 +153,33 @@ class Slicer:
             self.entries[job].held = False
 
     # --- commands the daemon sends on its own (migrate, spill) ---
-    def mark_busy(self, job: str, kind: str) -> None:
+    def mark_busy(self, job: str, kind: str, now: Optional[float] = None) -> None:
         """A command of the daemon's own (not the slicer's) is in flight for `job`. The slicer waits for it as for
         one of its own switches: a migrating (or moving) job's memory is in use until it has left, and a spilling
-        job must not be resumed while it writes its state out."""
+        job must not be resumed while it writes its state out. With `now`, the command has the job's deadline
+        (`overdue_busy`)."""
         self.pending[job] = kind
+        if now is not None and job in self.entries:
+            self.entries[job].sent_at = now
 
     def clear_busy(self, job: str) -> None:
         """That command is over (answered, or given up)."""
         self.pending.pop(job, None)
+        if job in self.entries:
+            self.entries[job].sent_at = None
+
+    def overdue_busy(self, kind: str, now: float) -> list[str]:
+        """Jobs whose command `kind` of the daemon's own, sent with a time, has waited past their deadline."""
+        return [j for j, k in self.pending.items() if k == kind and self.entries[j].sent_at is not None
+                and now - self.entries[j].sent_at >= self.deadline(j)]
+
+    def busy_to_suspend(self, job: str) -> None:
+        """The daemon gives up its command that began with a suspend (a move whose job has not reached its
+        boundary): the suspend, still with the job, becomes this slicer's own, with its deadline counted from
+        when it was sent. The job is stopped, as any overdue job is, when others need the GPU, and once it
+        suspends it resumes here in its turn."""
+        if job in self.entries:
+            self.pending[job] = "suspend"
 
     def suspended_here(self, job: str, now: float) -> None:
         """The job, busy with a command of the daemon's own that suspended it (a move in its own process, given
@@ -170,6 +188,7 @@ class Slicer:
         if e is None:
             return
         self.pending.pop(job, None)
+        e.sent_at = None
         self.resident.discard(job)
         self._stop(e, now)
 

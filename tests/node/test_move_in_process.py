@@ -200,3 +200,29 @@ def test_a_transparent_job_is_moved_in_process_to_free_gpus_for_a_multi_gpu_job(
     tick(d)
     assert d.jobs[a["job"]].gpu == 1 and d.jobs[c["job"]].exclusive_gpus == [0, 2]
     assert seats(d, a["job"]) == [(1, False, None)] and seats(d, b["job"]) == [(1, True, None)]
+
+
+def test_a_job_that_does_not_reach_its_boundary_has_its_move_given_up(daemon_factory):
+    d = daemon_factory((GiB, GiB))
+    a = started(d, b"a", mem=256 * MiB)
+    d.sent.clear()
+    ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1)
+    (stop,) = commands(d, b"a")
+    tick(d)
+    assert not replies(d) and seats(d, a["job"]) == [(0, True, "move")]    # within its deadline: waited for
+    d.slicers[0].entries[a["job"]].sent_at -= 5.0     # as if sent 5 s ago (its deadline: the 1 s floor)
+    tick(d)
+    (reply,) = replies(d)
+    assert not reply["ok"] and "did not suspend within 5.0 s" in reply["error"], reply
+    assert "stays on GPU 0" in reply["error"]
+    assert "given up: it did not suspend" in [x for x in d.decisions if x["kind"] == "migrate"][-1]["text"]
+    # Its suspend, still with it, is GPU 0's slicer's own now: nothing of it on GPU 1, and once it suspends at
+    # last it is resumed where it was.
+    assert seats(d, a["job"]) == [(0, True, "suspend")] and not d.slicers[1].entries
+    assert d.jobs[a["job"]].target_gpu is None
+    ack(d, b"a", a, stop, state="suspended")
+    assert not replies(d)
+    tick(d)
+    (go,) = commands(d, b"a")
+    assert go["kind"] == "resume" and go["args"]["env"]["GMUX_VIRTUAL_GPU"] == "0"
+    assert not [x for x in d.decisions if x["kind"] == "moved"]

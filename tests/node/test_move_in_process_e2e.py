@@ -88,7 +88,8 @@ def checkpoints(tmp_path):
 
 def test_a_job_killed_mid_move_leaves_both_gpus_clean(node_factory, tmp_path):
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "600")
-    # Each step waits 2 s: a move asked for waits that long for the job's boundary.
+    # Each step waits 2 s: a move asked for waits that long for the job's boundary (within its deadline: three
+    # of its mini-batches).
     p = node.launch(TRAIN, str(tmp_path / "o.json"), "100000", "--sleep", "2", "--attach", opts=["--no-hook"])
     job = node.job_of(p.pid, 60)
     node.wait_for(lambda: node.job(job)["step"] >= 2, 120, "job training")
@@ -101,8 +102,9 @@ def test_a_job_killed_mid_move_leaves_both_gpus_clean(node_factory, tmp_path):
             outcome["error"] = str(e)
     asker = threading.Thread(target=ask)
     asker.start()
-    node.wait_for(lambda: "moving to GPU 1" in node.job(job)["detail"], 30, "the move asked for")
-    assert node.job(job)["state"] == "suspending" and gpu_table(node)[0] == ([job], [job])
+    info = node.wait_for(lambda: (lambda j: j if "moving to GPU 1" in j["detail"] else None)(node.job(job)), 30,
+                         "the move asked for")
+    assert info["state"] == "suspending" and gpu_table(node)[0] == ([job], [job]), info
     os.killpg(p.pid, signal.SIGKILL)
     asker.join(60)
     assert f"job {job} ended" in outcome.get("error", ""), outcome
