@@ -320,6 +320,13 @@ def test_users_act_only_on_their_own_jobs_and_jobs_are_never_admins(users, syste
 
     wait_for(lambda: (lambda j: j["gpu"] == free and j["state"] == "running" and j["migrations"] == 1)(
         ps(users, rt, "a")[a_job]), 60, lambda: f"A's job running on GPU {free}: {ps(users, rt, 'a')[a_job]}")
+    # ... and back, in its own process this time (its new process's pid, A's job still)
+    pid = ps(users, rt, "a")[a_job]["pid"]
+    (back,) = ask(users, rt, "a", [("migrate", {"job": a_job, "gpu": jobs[a_job]["gpu"]})])
+    assert back["ok"] and back["data"]["path"] == "in process", back
+    wait_for(lambda: (lambda j: j["gpu"] == jobs[a_job]["gpu"] and j["state"] == "running" and j["migrations"] == 2
+                      and j["pid"] == pid)(ps(users, rt, "a")[a_job]), 60,
+             lambda: f"A's job running on GPU {jobs[a_job]['gpu']}: {ps(users, rt, 'a')[a_job]}")
     (killed,) = ask(users, rt, None, [("kill", {"job": a_job})])     # root acts on anyone's job
     assert killed["ok"], killed
     # B's job, untouched by A, finishes its run when B says.
