@@ -226,3 +226,25 @@ def test_a_job_that_does_not_reach_its_boundary_has_its_move_given_up(daemon_fac
     (go,) = commands(d, b"a")
     assert go["kind"] == "resume" and go["args"]["env"]["GMUX_VIRTUAL_GPU"] == "0"
     assert not [x for x in d.decisions if x["kind"] == "moved"]
+
+
+def test_a_daemon_restarted_mid_move_keeps_the_job_where_it_was(daemon_factory, tmp_path):
+    d = daemon_factory((GiB, GiB), root=str(tmp_path / "rt"))
+    a = started(d, b"a", mem=256 * MiB)
+    d.sent.clear()
+    ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1)
+    (stop,) = commands(d, b"a")
+    tick(d)
+    d._flush(force=True)
+    again = daemon_factory((GiB, GiB), root=str(tmp_path / "rt"))     # the same tables, as after a crash
+    # It knows nothing of the move: the job is on GPU 0, suspending as far as it knows, and believed only once
+    # it says; its process is not waited for to re-register (as a migrating job's would be).
+    assert seats(again, a["job"]) == [(0, True, "confirm")] and not again.slicers[1].entries
+    # The job took the old daemon's suspend at its boundary: its answer finds nothing in flight, and its
+    # heartbeat says what it is; it is resumed on GPU 0.
+    ack(again, b"a", a, stop, state="suspended")
+    again.server.receive(b"a", [protocol.encode("heartbeat", 8, job=a["job"], token=a["token"],
+                                                state="suspended")])
+    tick(again)
+    (go,) = commands(again, b"a")
+    assert go["kind"] == "resume" and go["args"]["env"]["GMUX_VIRTUAL_GPU"] == "0"

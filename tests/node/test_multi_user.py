@@ -320,7 +320,7 @@ def test_users_act_only_on_their_own_jobs_and_jobs_are_never_admins(users, syste
 
     wait_for(lambda: (lambda j: j["gpu"] == free and j["state"] == "running" and j["migrations"] == 1)(
         ps(users, rt, "a")[a_job]), 60, lambda: f"A's job running on GPU {free}: {ps(users, rt, 'a')[a_job]}")
-    # ... and back, in its own process this time (its new process's pid, A's job still)
+    # ... and back, in its own process this time (the pid it has had all along, A's job still)
     pid = ps(users, rt, "a")[a_job]["pid"]
     (back,) = ask(users, rt, "a", [("migrate", {"job": a_job, "gpu": jobs[a_job]["gpu"]})])
     assert back["ok"] and back["data"]["path"] == "in process", back
