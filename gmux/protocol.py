@@ -493,13 +493,6 @@ def _tcp_endpoint(v):
     return _int(int(v.rsplit(":", 1)[1]), 1, 65535) if v.rsplit(":", 1)[1].isdigit() else "port is not a number"
 
 
-def _sha256_hex(v):
-    p = _str(v, 64)
-    if p:
-        return p
-    return None if len(v) == 64 and all(c in "0123456789abcdef" for c in v) else "expected a sha256 in lower hex"
-
-
 def _records(spec: dict, max_items: int = MAX_LIST):
     """A list of maps, each checked field by field against `spec` (same form as a MESSAGES entry)."""
     def f(v):
@@ -613,16 +606,13 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     # (a gang's rank r goes to GPU gpu + r of that machine)
     "c_migrate": {"cjob": (_name, True), "machine": (_name, True), "gpu": (_gpu_index, True)},
     # --- checkpoint transfer (sender DEALER -> receiver ROUTER): begin says what is coming and learns how much
-    #     of it the receiver already holds (resume after a dropped connection); each chunk carries its offset and
-    #     crc32 with the bytes as a second raw frame (checked before the chunk is appended); end gives the
-    #     sha256 of the table of (offset, length, crc32) of every chunk, so the receiver proves it holds exactly
-    #     the chunks the sender read, in order, without a second pass over a 1 GiB file (the checkpoint's own
-    #     frames carry crc32s too, checked again at restore). An xfer name is never reused for different bytes:
-    #     it is the identity that makes a resume safe ---
+    #     of it the receiver already holds (resume after a dropped connection); each chunk carries its offset,
+    #     with the bytes as a second raw frame; end completes it. No checksums: CurveZMQ authenticates every
+    #     message, and a checkpoint's own frames carry crc32s, checked by its reader (gmux.wire.transfer). An
+    #     xfer name is never reused for different bytes: it is the identity that makes a resume safe ---
     "xfer_begin": {"xfer": (_name, True), "size": (lambda v: _int(v, 0, XFER_MAX_SIZE), True)},
-    "xfer_chunk": {"xfer": (_name, True), "offset": (lambda v: _int(v, 0, XFER_MAX_SIZE), True),
-                   "crc": (lambda v: _int(v, 0, (1 << 32) - 1), True)},
-    "xfer_end": {"xfer": (_name, True), "digest": (_sha256_hex, True),
+    "xfer_chunk": {"xfer": (_name, True), "offset": (lambda v: _int(v, 0, XFER_MAX_SIZE), True)},
+    "xfer_end": {"xfer": (_name, True),
                  "size": (lambda v: _int(v, 0, XFER_MAX_SIZE), False)},   # a stream's, known at its end
     "reply": MESSAGES["reply"],
 }

@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 import os
-import time
 from typing import Optional
 
 import torch
 
+from gmux.wire.arriving import Arriving
+from gmux.wire.transfer import TransferError
 from . import control
 from .checkpoint import CheckpointError
 from .control import Controller
@@ -42,20 +43,18 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     _current = Job(tracked, controller=controller if controller is not None else control.default(), pool=pool,
                    device=device)
     restore = restore or os.environ.get("GMUX_RESTORE")
-    if restore:
-        _await(restore, float(os.environ.get("GMUX_RESTORE_WAIT") or 0))
+    wait = float(os.environ.get("GMUX_RESTORE_WAIT") or 0)
+    if restore and wait:
+        # Started on a machine while its checkpoint is still on the way there (a cross-machine move overlaps
+        # the new process's start with the transfer): restored as the bytes arrive, applied once all have.
+        try:
+            with Arriving(restore, wait) as arriving:
+                _current.restore(arriving)
+        except TransferError as e:
+            raise CheckpointError(str(e)) from None
+    elif restore:
         _current.restore(restore)
     return _current
-
-
-def _await(path: str, seconds: float) -> None:
-    """A job started on a machine while its checkpoint is still on the way there (a cross-machine move overlaps
-    the new process's start with the transfer) waits here for the file; it appears whole (renamed once verified)."""
-    deadline = time.monotonic() + seconds
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    if seconds and not os.path.exists(path):
-        raise CheckpointError(f"{path}: the checkpoint to restore did not arrive within {seconds:g} s")
 
 
 def current() -> Optional[Job]:

@@ -329,6 +329,8 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None) -> dict:
         vouched = check(skeleton, table) if check is not None else None
         _fits(table, zeros, reader.left, vouched, origin)
         buffers = _read_data(frames, table, zeros, origin)
+        if reader(1):       # (a stream still arriving ends only once complete: gmux.wire.arriving)
+            raise CheckpointError(origin, "corrupt: bytes after the END frame")
     except (msgpack.UnpackException, ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
         # Untrusted input: whatever the checks above did not foresee is still refused, naming the file.
         if isinstance(e, CheckpointError):

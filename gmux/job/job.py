@@ -249,7 +249,7 @@ class Job:
                 fit = Fit(self, origin)
                 snap = ckpt.load(os.fspath(source), fit.layout)
             else:
-                origin = "(stream)"
+                origin = repr(source.name) if isinstance(getattr(source, "name", None), str) else "(stream)"
                 fit = Fit(self, origin)
                 stream = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
                 snap = ckpt.read(stream, origin, fit.layout)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import os
 import stat
@@ -26,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 from gmux.wire.transfer import CHUNK, TransferError, rank_xfers, send_file, send_stream
+
+PIPE_BYTES = 1 << 20
 
 
 def patiently(ask: Callable[[], Optional[str]], patience: float = 120.0) -> Optional[str]:
@@ -110,6 +113,8 @@ def stream_out(path: str, checkpoint: Callable[[], Optional[str]],
     def pump() -> None:
         try:
             fd = os.open(path, os.O_RDONLY)   # until the job opens its end (or _unblock, below)
+            with contextlib.suppress(OSError):  # 1 MiB, not 64 KiB: a sixteenth of the wake-ups (capped by
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)          # /proc/sys/fs/pipe-max-size)
             with open(fd, "rb", buffering=CHUNK) as pipe:
                 try:
                     outcome["figures"] = send(pipe.read, before_end=before_end)

@@ -74,7 +74,7 @@ def test_gandiva_places_on_three_daemons_bit_identical_and_refuses_strangers(clu
               [msgpack.packb({**good, "jobs": [{"cjob": "c1"}]})],      # a job record missing fields
               [msgpack.packb({**good, "gpus": "x" * 100})],
               [msgpack.packb({**good, "transfer": "ipc:///tmp/x"})],
-              [msgpack.packb({"v": 1, "type": "xfer_chunk", "id": 4, "xfer": "m1-c1-k1", "offset": 0, "crc": 0}), b"x"],
+              [msgpack.packb({"v": 1, "type": "xfer_chunk", "id": 4, "xfer": "m1-c1-k1", "offset": 0}), b"x"],
               [msgpack.packb({"v": 1, "type": "node_event", "id": 5, "name": "rogue", "cjob": "c999", "event": "started"})],
               [msgpack.packb({"v": 1, "type": "c_submit", "id": 6, "argv": ["x"], "cwd": "/"})],   # not a client
               [b"a", b"b", b"c"]]

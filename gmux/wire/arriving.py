@@ -1,0 +1,73 @@
+"""A checkpoint read while its transfer still writes it: a move's new process restores as the bytes arrive,
+instead of after the last one.
+
+A receiver (gmux.wire.transfer.Receiver) appends to NAME.part and renames it to NAME.ckpt once the sender has
+completed the transfer (the source's job vouched for its checkpoint). `Arriving(path)` reads NAME.ckpt from the
+partial file as it grows: a read at the end of what has landed waits for more, and the stream ends only once
+the file is complete (renamed), so a reader that reads to the end of the stream (gmux.job.checkpoint: nothing
+may follow the END frame) never accepts bytes of a transfer that was not completed. A partial file given up
+(discarded, or begun again) or silent for `wait` seconds ends the stream with a TransferError."""
+from __future__ import annotations
+
+import io
+import os
+import time
+
+from gmux.wire.transfer import TransferError, partial_path
+
+POLL_S = 0.002     # between looks at a file that has no new bytes yet (a chunk lands every ~1 ms at 250 MB/s)
+
+
+class Arriving(io.RawIOBase):
+    def __init__(self, path: str, wait: float):
+        self.name, self.wait = path, wait
+        self._part = partial_path(path)
+        self._fd = self._open()
+        self._complete = False
+
+    def _open(self) -> int:
+        deadline = time.monotonic() + self.wait
+        while True:
+            for p in (self.name, self._part):     # the final name first: a partial file may be renamed meanwhile
+                try:
+                    return os.open(p, os.O_RDONLY)
+                except FileNotFoundError:
+                    pass
+            if time.monotonic() > deadline:
+                raise TransferError(f"{self.name}: the checkpoint to restore did not arrive within {self.wait:g} s")
+            time.sleep(POLL_S)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        idle_since = time.monotonic()
+        while True:
+            n = os.readv(self._fd, [buffer])
+            if n or self._complete:
+                return n
+            if self._completed():
+                self._complete = True        # read again: bytes may have landed just before the rename
+                continue
+            if time.monotonic() - idle_since > self.wait:
+                raise TransferError(f"{self.name}: no bytes of the checkpoint arrived for {self.wait:g} s")
+            time.sleep(POLL_S)
+
+    def _completed(self) -> bool:
+        """Whether the file this reads is now NAME.ckpt (its transfer completed); raises if it was given up."""
+        mine = os.fstat(self._fd)
+        try:
+            final = os.stat(self.name)
+        except FileNotFoundError:
+            final = None
+        if final is not None and (final.st_ino, final.st_dev) == (mine.st_ino, mine.st_dev):
+            return True
+        if mine.st_nlink == 0:
+            raise TransferError(f"{self.name}: its transfer was given up after {os.lseek(self._fd, 0, os.SEEK_CUR)} "
+                                f"bytes (the partial file was discarded)")
+        return False
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
