@@ -259,6 +259,9 @@ class Job:
         adopt(self.tracked.tensors())
         self.position = position
         self.profile.steps = snap["steps"]
+        # Its first boundary after the restore reports at once: a move's source holds the job until gmuxd hears
+        # it (gmux.node.cluster_link), and a regular report could be a second away.
+        self._next_report = 0.0
         return {"seconds": time.perf_counter() - t0}
 
     def residue(self) -> dict:

@@ -47,6 +47,7 @@ from gmux.util.rendezvous import free_port, rendezvous_env
 log = logging.getLogger("gmux.cluster_link")
 C = protocol.CLUSTER_MESSAGES
 REPORT_S = 0.5
+STARTING_LOOK_S = 0.1   # while a job starts here (its source holds it until we say it is past a boundary)
 LINK_PS_LIMIT = 1000    # the link reads every live job and the newest ended ones (gmuxd keeps 1000 ended)
 
 
@@ -94,7 +95,7 @@ class ClusterLink:
         self.ckpt_seq = 0
         self.stopping = False
         self.bad_actions = 0
-        self._last_report = 0.0
+        self._last_report = self._last_look = 0.0
         self._jobs: dict[str, dict] = {}       # cjob -> its latest local record
 
     # --- plumbing ---
@@ -133,9 +134,12 @@ class ClusterLink:
                                   data=data)
                 now = time.monotonic()
                 if now - self._last_report >= REPORT_S:
-                    self._last_report = now
+                    self._last_report = self._last_look = now
                     self._report(now)
                     self.receiver.expire()
+                elif self.starting and now - self._last_look >= STARTING_LOOK_S:
+                    self._last_look = now
+                    self._report(now, full=False)
         finally:
             self.close()
 
@@ -161,7 +165,9 @@ class ClusterLink:
         return out
 
     # --- the report ---
-    def _report(self, now: float) -> None:
+    def _report(self, now: float, full: bool = True) -> None:
+        """Reads gmuxd's jobs: events for starts that succeeded or failed, and (`full`) the report to the
+        scheduler and periodic checkpoints."""
         for pid, p in list(self.children.items()):
             if p.poll() is not None:
                 del self.children[pid]   # reaped: gmuxd reads how it ended from the exit record
@@ -190,9 +196,11 @@ class ClusterLink:
                 self._drop_received(cjob)
                 if not (rec["state"] == "exited" and rec["exit_status"] == 0):
                     self._event("start_failed", cjob, f"{rec['state']}: {rec['detail']}")
-            self._maybe_checkpoint(cjob, rec, now)
-        gpus = [{"index": g["index"], "mem_total": int(g["mem_total"])} for g in ps["gpus"]]
-        self._send_up("node_report", name=self.name, gpus=gpus, transfer=self.transfer_endpoint, jobs=records)
+            if full:
+                self._maybe_checkpoint(cjob, rec, now)
+        if full:
+            gpus = [{"index": g["index"], "mem_total": int(g["mem_total"])} for g in ps["gpus"]]
+            self._send_up("node_report", name=self.name, gpus=gpus, transfer=self.transfer_endpoint, jobs=records)
 
     def _drop_received(self, cjob: str) -> None:
         for path in self.restoring.pop(cjob, []):

@@ -77,3 +77,46 @@ def test_target_lost_mid_move_the_job_runs_on_at_its_source(cluster_factory, tmp
     assert jobs[cjob]["migrations"] == 0 and jobs[cjob]["restarts"] == 0
     res = json.loads(out.read_text())
     assert res["sha256"] == ref["sha256"] and res["restored_at"] == 0     # never restarted: run on where it was
+
+
+def test_target_process_killed_mid_restore_the_job_runs_on_at_its_source(cluster_factory, tmp_path):
+    """The target's new process restores as the checkpoint arrives (gmux.wire.arriving); killed while it reads,
+    the move fails and the job continues where it was, bit-identical, and nothing it received is left behind."""
+    import signal
+
+    from gmux.wire.daemon_client import Client
+    c = cluster_factory(policy="gandiva")
+    args = ("400", "--hidden", "3000", "--depth", "1", "--batch", "8")   # a checkpoint of ~110 MB
+    ref = solo(tmp_path, "ref", *args)
+    c.wait_machines(3)
+    out = tmp_path / "stayed.json"
+    cjob = c.submit(str(out), *args)
+    first = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 20 and j)(c.job(cjob)), 120,
+                     "job running")
+    src = first["machine"]
+    dst = next(m for m in ("m1", "m2", "m3") if m != src)
+    inbox = tmp_path / f"rt-{dst}" / "cluster-in"
+
+    def restoring():
+        """The target's process once it has the checkpoint open (arriving, or arrived) and reads it."""
+        jobs = Client(str(tmp_path / f"rt-{dst}")).call("ps", all=True)["jobs"]
+        for j in (j for j in jobs if j["name"] == cjob and j.get("pid")):
+            try:
+                fds = [os.readlink(f"/proc/{j['pid']}/fd/{fd}") for fd in os.listdir(f"/proc/{j['pid']}/fd")]
+            except OSError:              # (an fd closed between listing and reading it)
+                continue
+            if any(f.startswith(str(inbox)) for f in fds):
+                return j
+    c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
+    target = wait_for(restoring, 60, "the target's process reading the checkpoint", every=0.005)
+    os.kill(target["pid"], signal.SIGKILL)
+    back = wait_for(lambda: (lambda j: j["state"] == "running" and j["machine"] == src and j)(c.job(cjob)), 60,
+                    "the job back on its source")
+    assert back["local"] == first["local"] and dst in back["detail"], back
+    jobs = c.wait_done([cjob], 180)
+    assert jobs[cjob]["migrations"] == 0 and jobs[cjob]["restarts"] == 0
+    res = json.loads(out.read_text())
+    assert res["sha256"] == ref["sha256"] and res["restored_at"] == 0     # never restarted: ran on where it was
+    wait_for(lambda: not [f for f in os.listdir(inbox) if f"{cjob}-m1-" in f], 60,
+             "what the target received deleted")
+    assert c.ps()["internal_errors"] == 0
