@@ -1,6 +1,7 @@
 """A small deterministic training script used by the node tests and the demo.
 
 usage: train.py OUT STEPS [--hidden H] [--depth D] [--batch B] [--sleep S] [--threads T] [--attach]
+                [--boundary-log PATH]
 Writes OUT as JSON: the final parameters' sha256 and loss, so runs can be compared bit for bit.
 Plain torch by default (what gmux-launch's transparent mode runs); --attach uses gmux.job.attach() with the
 launcher's controller and restores from GMUX_RESTORE after a migration (explicit mode, gmux-launch --no-hook).
@@ -34,6 +35,9 @@ p.add_argument("--exclusive", action="store_true",
 p.add_argument("--exclusive-when", metavar="PATH",
                help="from when PATH exists on: stop sleeping and compute as --exclusive (a job whose phase changes, "
                     "so a kept pack stops gaining)")
+p.add_argument("--boundary-log", metavar="PATH",
+               help="append 'TIME PID STEP' at every boundary (a benchmark reads a move's downtime from it: the "
+                    "last line of one process to the first of the next)")
 a = p.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -61,6 +65,7 @@ def lock_device():
 if a.exclusive:
     lock_device()
 loss = None
+boundary_log = open(a.boundary_log, "a", buffering=1) if a.boundary_log else None
 while progress["step"] < a.steps:
     if a.exclusive_when and not saturating and os.path.exists(a.exclusive_when):
         lock_device()
@@ -80,6 +85,8 @@ while progress["step"] < a.steps:
     if device_lock and job is not None:
         fcntl.flock(device_lock, fcntl.LOCK_UN)   # attached: the boundary is job.boundary(), below
     progress["step"] += 1
+    if boundary_log:
+        boundary_log.write(f"{time.time():.6f} {os.getpid()} {progress['step']}\n")
     if job is not None:
         job.boundary()
 h = hashlib.sha256()
