@@ -15,7 +15,7 @@ H = 3600.0
 
 def test_heavy_tailed_sizes_give_least_attained_service():
     rng = random.Random(1)
-    m = ServiceModel()
+    m = ServiceModel(window=3000)                      # all of them: 200 samples of so wide a law are ragged
     for _ in range(3000):
         m.add(1, rng.lognormvariate(7.0, 2.5))          # median 18 min, a few jobs weeks
     effs = [m.effective(1, a) for a in (0, 600, 6000, 60000)]
@@ -30,6 +30,18 @@ def test_a_typical_length_makes_a_job_nearing_it_more_urgent():
     fresh, halfway, near = (m.effective(4, 4 * h * H) for h in (0, 25, 45))
     assert near < halfway < fresh
     assert fresh == pytest.approx(4 * 50 * H, rel=0.05)   # a fresh one is expected to need all of it
+
+
+def test_the_distribution_follows_the_recent_completions():
+    """A class whose jobs went from ~1 h to ~50 h: a fresh job is expected to need ~50 h (all history would say
+    a few hours: half the jobs it saw were short)."""
+    m = ServiceModel(window=200)
+    for hours in (1, 50):
+        for i in range(300):
+            m.add(1, hours * H * (1 + i / 3000))
+    assert m.effective(1, 0) > 0.9 * 50 * H
+    with pytest.raises(ValueError):
+        ServiceModel(window=MIN_SAMPLES - 1)
 
 
 def test_without_enough_samples_it_is_las_and_classes_fall_back_to_the_pool():

@@ -1,0 +1,76 @@
+"""Sweep evidence behind gmux's priority: how much a sibling's service says about a job is learned from the
+cluster's completions (near 1 for real sweeps, near 0 for independent jobs that merely arrive together), and a
+waiting sibling of a long-served job ranks behind a fresh job of another sweep."""
+import random
+
+import pytest
+
+from gmux.cluster.policies import make_policy
+from gmux.cluster.policies.api import JobView
+from gmux.cluster.policies.sweeps import Sweeps
+
+H = 3600.0
+
+
+def view(i, t, gpus=4):
+    return JobView(job_id=i, num_gpus=gpus, job_type="('D', 4)", submit_time=float(t))
+
+
+def calibrate(sweeps, alike: bool, seed: int = 0, first_id: int = 0) -> int:
+    """60 sweeps of three 4-GPU jobs submitted a second apart, an hour and more between sweeps; each member's
+    service is that of its sweep (within 10%) or drawn on its own."""
+    rng = random.Random(seed)
+    jid, t = first_id, 0.0
+    for _ in range(60):
+        length = H * rng.lognormvariate(0, 2)
+        ids = list(range(jid, jid + 3))
+        for i, m in enumerate(ids):
+            sweeps.join(view(m, t + i))
+        for i, m in enumerate(ids):
+            s = length * (1 + 0.1 * (i % 2) - 0.05 * i) if alike else H * rng.lognormvariate(0, 2)
+            sweeps.observe(m, s)
+            sweeps.complete(m, s)
+        jid, t = jid + 3, t + 4 * H
+    return jid
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_share_is_learned_high_for_real_sweeps_and_low_for_independent_jobs(seed):
+    alike, independent = Sweeps(60.0, 0.3), Sweeps(60.0, 0.3)
+    calibrate(alike, True, seed)
+    calibrate(independent, False, seed)
+    assert alike.share > 0.7
+    assert independent.share < 0.25
+
+
+def test_a_sibling_of_a_long_served_job_ranks_behind_a_fresh_job_of_another_sweep():
+    pol = make_policy("gmux", sweep_gap_s=60.0)
+    n = calibrate(pol.sweeps, True)
+    t = 1e6
+    a, b, c = view(n, t), view(n + 1, t + 1), view(n + 2, t + 2 * H)       # a, b one sweep; c its own
+    for v in (a, b, c):
+        pol.sweeps.join(v)
+    assert pol.sweeps.observe(a.job_id, 4 * 20 * H) == [b.job_id]           # a has run 20 h: b's rank moves
+    assert pol.sweeps.bound(b.job_id) == pytest.approx(pol.sweeps.share * 4 * 20 * H)
+    assert pol.sweeps.bound(c.job_id) == 0.0
+    # Without the sweep, b (submitted first) would come first: same class, same (zero) service.
+    assert pol.waiting_key(b) > pol.waiting_key(c)
+    assert pol.sweeps.observe(a.job_id, 4 * 20 * H + 1) == []                # same grid point: nobody moves
+
+
+def test_a_finished_sweep_is_forgotten_but_the_latest_of_a_size_stays_joinable():
+    sw = Sweeps(60.0, 0.3)
+    sw.join(view(0, 0))
+    sw.observe(0, 100.0)
+    sw.complete(0, 100.0)
+    sw.join(view(1, 30))                       # within the gap of the latest 4-GPU arrival: same sweep
+    assert sw.bound(1) == 0.0 and sw._sweep[1] == 0
+    sw.join(view(2, 10 * H))                   # a new sweep; the old one, now empty, goes once 1 finishes
+    sw.observe(1, 50.0)
+    sw.complete(1, 50.0)
+    assert 0 not in sw._members and set(sw._members) == {2}
+    ratios = len(sw._ratios)
+    sw.complete(2, None)                       # left without running: no evidence, but it leaves
+    assert len(sw._ratios) == ratios and 2 not in sw._sweep and not sw._members[2]
+    with pytest.raises(ValueError):
+        Sweeps(-1.0, 0.3)
