@@ -4,6 +4,7 @@ Thin wrapper: argument checking here, all work in gmux.cluster.sim.run."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -28,6 +29,8 @@ examples:
   gmux-sim --sample 0.1 --seed 3             a seeded 10%% sample of the jobs
   gmux-sim --machines 16 --policy gandiva    one 16-machine (128-GPU) cluster running every job
   gmux-sim --json out.json --plots out/      results as JSON and PNG plots
+  gmux-sim --vc-scale 0.25 --policy gmux --clusters 2869ce,103959 --params '{"gmux": {"sweep_quantile": 0}}'
+                                             two VCs at a quarter of their size, gmux without sweep evidence
 
 times (--start/--end) are offsets from the first submission with a unit (90s, 36h, 7d) or wall-clock
 timestamps ("2017-10-01 00:00:00"). Job types come from gavel_throughputs.json, drawn with --seed.
@@ -81,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("jobs")
     g.add_argument("--policy", default=",".join(POLICIES), metavar="P[,P...]",
                    help=f"policies to run (default: all: {', '.join(POLICIES)})")
+    g.add_argument("--clusters", metavar="VC[,VC...]",
+                   help="simulate only these virtual clusters (each runs alone, so their results are those of a "
+                        "full run: e.g. a cross-validation split)")
+    g.add_argument("--params", metavar="JSON", default="{}",
+                   help='policy parameters, e.g. \'{"gmux": {"sweep_quantile": 0}}\' (an ablation)')
     g.add_argument("--start", type=_duration, metavar="T", help="only jobs submitted at or after T")
     g.add_argument("--end", type=_duration, metavar="T", help="only jobs submitted before T")
     g.add_argument("--sample", type=fraction, metavar="F", help="keep a seeded fraction F of the jobs")
@@ -122,6 +130,12 @@ def main(argv=None) -> int:
         parser.error(f"--vc-scale must be positive, not {args.vc_scale}")
     if not 0.0 <= args.elastic_fraction <= 1.0:
         parser.error(f"--elastic-fraction must be in [0, 1], not {args.elastic_fraction}")
+    try:
+        params = json.loads(args.params)
+    except json.JSONDecodeError as e:
+        parser.error(f"--params is not JSON: {e}")
+    if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
+        parser.error('--params must map policy names to parameter objects, e.g. {"gmux": {"min_run_s": 300}}')
     trace = args.trace or os.path.join(args.traces, "philly.csv")
     vcs = None if args.machines else (args.vcs or os.path.join(args.traces, "philly_vc.csv"))
     tput = args.throughputs or os.path.join(args.traces, "gavel_throughputs.json")
@@ -142,8 +156,14 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     try:
         prep = prepare(cfg)
-        out = simulate(cfg, policies, prep)
-    except (TraceError, ValueError, SimulationError) as e:
+        if args.clusters:
+            keep = [c.strip() for c in args.clusters.split(",") if c.strip()]
+            unknown = [c for c in keep if c not in prep.clusters]
+            if unknown:
+                raise ValueError(f"no cluster {', '.join(unknown)}; the trace has {', '.join(sorted(prep.clusters))}")
+            prep.clusters = {c: prep.clusters[c] for c in keep}
+        out = simulate(cfg, policies, prep, params=params)
+    except (TraceError, ValueError, TypeError, SimulationError) as e:
         print(f"gmux-sim: error: {e}", file=sys.stderr)
         return 2
     payload = report(cfg, prep, out, baseline="fifo")

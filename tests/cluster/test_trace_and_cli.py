@@ -98,7 +98,9 @@ def test_cli_runs_and_writes_json_and_plots(tmp_path, capsys):
                                          (["--sample", "0"], "not in (0, 1]"),
                                          (["--end", "tomorrow"], "neither an offset"),
                                          (["--trace", "/nonexistent/x.csv"], "no such file"),
-                                         (["--machines", "-3"], "not a positive integer")])
+                                         (["--machines", "-3"], "not a positive integer"),
+                                         (["--params", "{nope"], "--params is not JSON"),
+                                         (["--params", '{"gmux": 3}'], "must map policy names")])
 def test_cli_rejects_bad_arguments_with_a_clear_message(tmp_path, capsys, args, needle):
     _files(tmp_path)
     with pytest.raises(SystemExit) as e:
@@ -115,6 +117,24 @@ def test_cli_reports_bad_rows_and_unknown_vcs(tmp_path, capsys):
     assert "vcZ" in capsys.readouterr().err
     assert main(["--traces", str(tmp_path), "--policy", "fifo", "--json", str(tmp_path / "r.json")]) == 0
     assert json.loads((tmp_path / "r.json").read_text())["summary"]["fifo"]["jobs"] == 3
+
+
+def test_cli_runs_chosen_clusters_with_policy_parameters(tmp_path, capsys):
+    """A subset of the VCs gives each the result it has in a full run (they run apart); parameters reach the
+    policy, and a wrong name or parameter is an error, not a silent default."""
+    _files(tmp_path, GOOD + "2017-10-01 00:00:00,30,1,30,vcB\n", vcs="vc,node num\nvcA,1\nvcB,1\n")
+    def jobs(*extra):
+        assert main(["--traces", str(tmp_path), "--policy", "gmux", "--json", str(tmp_path / "r.json")]
+                    + list(extra)) == 0
+        return json.loads((tmp_path / "r.json").read_text())
+    full = jobs()
+    only_b = jobs("--clusters", "vcB", "--params", '{"gmux": {"sweep_quantile": 0, "min_run_s": 60}}')
+    assert full["summary"]["gmux"]["jobs"] == 3 and only_b["summary"]["gmux"]["jobs"] == 1
+    assert only_b["summary"]["gmux"]["avg_jct_s"] == pytest.approx(30.0)
+    assert main(["--traces", str(tmp_path), "--policy", "gmux", "--clusters", "vcC"]) == 2
+    assert "no cluster vcC" in capsys.readouterr().err
+    assert main(["--traces", str(tmp_path), "--policy", "gmux", "--params", '{"gmux": {"nope": 1}}']) == 2
+    assert "nope" in capsys.readouterr().err
 
 
 needs_traces = pytest.mark.skipif(not os.path.isfile(os.path.join(TRACES, "philly.csv")),
