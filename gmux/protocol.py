@@ -327,7 +327,9 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     # --- administration (the CLI, the scheduler): authenticated by the admin token in the runtime dir ---
     "ps": {"admin": (lambda v: _str(v, 128), True), "all": (_bool, False),
            "limit": (lambda v: _int(v, 1, 100_000), False)},   # jobs listed: the live first, then the newest ended
-    "suspend": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
+    # to_boundary: the caller needs the job at its boundary (a cross-machine move): at its deadline it is
+    # stopped only if another job needs the GPU's compute, and continued once none does
+    "suspend": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "to_boundary": (_bool, False)},
     "resume": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
     "kill": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
     # new_process: checkpoint and continue in a new process even where the move could be made in the job's own

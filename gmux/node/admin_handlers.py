@@ -130,7 +130,7 @@ class AdminHandlers:
                     node.admission.dequeue(m.id)
                 continue
             slicer = node.slicers[m.gpu]
-            slicer.hold(m.id)
+            slicer.hold(m.id, to_boundary=bool(req.msg.get("to_boundary")))
             if m.id in slicer.resident or slicer.busy_with(m.id) == "resume":
                 busy.append(m.id)
         # The command leaves now, not after the rest of this batch of messages and the tick's other work: the

@@ -389,10 +389,10 @@ class ClusterLink:
     def _admin_error(self, mtype: str, local: str) -> Optional[str]:
         return self._admin_reply(mtype, local)[0]
 
-    def _admin_reply(self, mtype: str, local: str) -> tuple[Optional[str], Optional[dict]]:
+    def _admin_reply(self, mtype: str, local: str, **fields) -> tuple[Optional[str], Optional[dict]]:
         """(the error, or None; gmuxd's reply, or None)."""
         try:
-            reply = self.admin(mtype, job=local)
+            reply = self.admin(mtype, job=local, **fields)
             return None, reply if isinstance(reply, dict) else None
         except GmuxError as e:
             return str(e), None
@@ -455,7 +455,9 @@ class ClusterLink:
         t0 = time.perf_counter()
         try:
             with self._gang_lock(cjob):
-                replies = _each(lambda local: self._admin_reply("suspend", local), ranks)
+                # (to_boundary: stopped at its deadline, a job would reach the boundary this move needs only
+                # when resumed)
+                replies = _each(lambda local: self._admin_reply("suspend", local, to_boundary=True), ranks)
                 errors = [e for e, _ in replies if e]
                 if errors:                                 # at its next boundary (every rank at one); held there
                     raise GmuxError(f"suspend: {errors[0]}")

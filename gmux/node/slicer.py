@@ -46,6 +46,7 @@ class Entry:
     credit: float = 0.0         # head start given on arrival so a newcomer does not monopolise the GPU
     last_ran: float = -math.inf
     held: bool = False          # suspended by the user: not scheduled
+    to_boundary: bool = False   # held for a move that needs it at its boundary: stopped only while others need it
     resident_since: Optional[float] = None   # counting GPU time since (None: not holding the GPU's compute)
     batch_s: Optional[float] = None  # its median mini-batch time: sets its deadline and its turn
     batches: deque = field(default_factory=lambda: deque(maxlen=9))   # recent GPU seconds per mini-batch
@@ -144,13 +145,14 @@ class Slicer:
             e.batch_s = statistics.median(e.batches)
         e.mark = (used, boundaries)
 
-    def hold(self, job: str) -> None:
+    def hold(self, job: str, to_boundary: bool = False) -> None:
         if job in self.entries:
             self.entries[job].held = True
+            self.entries[job].to_boundary = to_boundary
 
     def release(self, job: str) -> None:
         if job in self.entries:
-            self.entries[job].held = False
+            self.entries[job].held = self.entries[job].to_boundary = False
 
     # --- commands the daemon sends on its own (migrate, spill) ---
     def mark_busy(self, job: str, kind: str, now: Optional[float] = None) -> None:
@@ -353,10 +355,11 @@ class Slicer:
 
     def _waiting(self) -> bool:
         """A command is in flight that the slicer must wait for. An overdue command does not hold it up once
-        its job is stopped, frozen, or continued for its own turn."""
+        its job is stopped, frozen, continued for its own turn, or computing on to a move's boundary (stopped
+        as soon as others are to run)."""
         for j in self.pending:
             e = self.entries[j]
-            if not (e.overdue and (e.stopped or e.frozen or self._in_turn(j))):
+            if not (e.overdue and (e.stopped or e.frozen or self._in_turn(j) or e.to_boundary)):
                 return True
         return False
 
@@ -371,14 +374,21 @@ class Slicer:
         out = []
         for j, kind in list(self.pending.items()):
             e = self.entries[j]
+            target = self.switch_to if self.switch_to is not None else self.current
+            # A job held for a move computes on to the boundary its move waits for, unless another needs the
+            # GPU's compute (stopped, it would reach that boundary only when resumed: the move fails).
+            patient = e.to_boundary and kind == "suspend" and not (set(target) - {j})
+            if patient and e.stopped and not e.frozen:
+                e.stopped = False
+                out.append(("cont", j))
+                continue
             if kind not in ("suspend", "resume") or e.sent_at is None or e.stopped or e.frozen:
                 continue
             if not e.overdue and now - e.sent_at < self.deadline(j):
                 continue
             e.overdue = True
-            if self._in_turn(j):
+            if self._in_turn(j) or patient:
                 continue   # continued for its turn (or its overdue resume began one): stopped when it is over
-            target = self.switch_to if self.switch_to is not None else self.current
             if e.stoppable and self._fits_beside(target, j):
                 self._stop(e, now)
                 e.stopped = True

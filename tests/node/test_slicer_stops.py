@@ -220,3 +220,33 @@ def test_a_late_resume_answered_after_its_turn_is_over_is_suspended_before_the_n
     assert sum(s.entries[j].mem for j in s.resident) <= s.mem_total
     s.acked("a", "suspend", 2.1)
     assert ("resume", "b") in s.tick(2.1)
+
+
+def test_a_job_held_for_a_move_computes_on_to_its_boundary_unless_others_need_the_gpu():
+    # A move (the cluster link's suspend, to_boundary) needs the job at its boundary: stopped alone on its
+    # GPU, it would reach it only when resumed, and the move would wait for ever. A user's suspend is stopped.
+    for to_boundary in (True, False):
+        s = slicer(mem=(3 * GiB,))
+        play = Play(s, {"a": 3.0})                     # a mini-batch past its 1 s deadline
+        play.run(0.5)
+        s.hold("a", to_boundary=to_boundary)
+        play.run(8.0)
+        kinds = [k for _, k, j in play.log if j == "a"]
+        if to_boundary:
+            assert "stop" not in kinds and "a" not in s.resident and s.entries["a"].held, play.log
+        else:
+            assert "stop" in kinds and "a" in s.stopped(), play.log
+
+    # Held for a move while another job runs: stopped so that it may; continued once nobody needs the GPU.
+    s = slicer(mem=(3 * GiB, 3 * GiB))
+    play = Play(s, {"a": 3.0, "b": 0.05})
+    play.run(0.3)
+    s.hold("a", to_boundary=True)
+    play.run(3.0)
+    assert "a" in s.stopped()                          # b runs; a keeps its memory, computing nothing
+    s.hold("b")
+    play.run(9.0)
+    a = [k for _, k, j in play.log if j == "a"]
+    assert a[-2:] == ["stop", "cont"] and "a" not in s.resident, play.log   # reached its boundary, suspended
+    s.release("a")
+    assert not s.entries["a"].to_boundary
