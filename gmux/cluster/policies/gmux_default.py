@@ -76,6 +76,10 @@ gap (30 min) and the idea come from the sibling analysis above, made on the whol
   chain into one endless "sweep") mean JCT went 50,164 -> 100,788 s, far behind Tiresias' 68,021 (learned
   share: 55,023 s); a fixed share of 1.0 gave held out 10.00 h but tuned 8.70, and 0.5 with a gap of 60 min
   held out 11.33;
+- the other side of the sweep, a completed sibling's service C capping a member's effective size at C minus
+  its service (everyone re-ranked at such a completion): tuned 8.59 h, held out 10.18 h, 9.61 h all, but
+  suspends per job 0.17 -> 0.24 (0e4a51 0.63 -> 1.46), and like a fixed share it assumes siblings alike
+  rather than learning whether they are;
 - a sparse class borrowing the pooled distribution of per-GPU (wall-clock) service scaled by its GPU count,
   instead of pooled GPU-seconds: tuned 8.61 -> 9.08 h (held out 11.33 -> 11.15), before the window;
 - a check on the oracle side: SRTF ranking by remaining GPU-seconds instead of wall-clock gives 7.78 h against
