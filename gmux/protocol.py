@@ -474,7 +474,8 @@ XFER_MAX_CHUNK = 4 << 20        # a checkpoint chunk (the raw second frame of an
 MAX_RANKS = 64                  # processes of one gang (one per GPU of one machine)
 XFER_MAX_SIZE = 1 << 40         # a checkpoint larger than 1 TiB is not one gmux wrote
 CLUSTER_ACTIONS = ("start", "suspend", "resume", "kill", "move", "migrate_out", "release")
-CLUSTER_EVENTS = ("started", "start_failed", "suspended", "resumed", "moved", "migrate_sent", "migrate_failed",
+# ready: a move's new processes are up and wait for their checkpoints (the source may suspend the job now)
+CLUSTER_EVENTS = ("started", "ready", "start_failed", "suspended", "resumed", "moved", "migrate_sent", "migrate_failed",
                   "checkpointed", "released", "action_failed")
 _Z85 = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
 

@@ -45,8 +45,10 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     restore = restore or os.environ.get("GMUX_RESTORE")
     wait = float(os.environ.get("GMUX_RESTORE_WAIT") or 0)
     if restore and wait:
-        # Started on a machine while its checkpoint is still on the way there (a cross-machine move overlaps
-        # the new process's start with the transfer): restored as the bytes arrive, applied once all have.
+        # Started on a machine while its checkpoint is still on the way there: restored as the bytes arrive,
+        # applied once all have. gmuxd hears first that this process is ready for them (interpreter, torch and
+        # model built): a move's source computes on until then (gmux.node.cluster_link, "ready").
+        _current.controller.report({**_current.report(), "awaiting_restore": True})
         try:
             with Arriving(restore, wait) as arriving:
                 _current.restore(arriving)

@@ -81,11 +81,13 @@ class ClusterLink:
         self.children: dict[int, subprocess.Popen] = {}
         self.busy: set[str] = set()            # cjobs with a worker on them (no periodic checkpoint meanwhile)
         self.starting: dict[str, float] = {}   # cjob -> when started here, until it is seen past a boundary
+        self.ready: set = set()                  # of those, the ones said "ready" (every rank awaits its checkpoint)
         self.ckpt_every: dict[str, float] = {}
         self.spawned: dict[str, list] = {}     # cjob -> pid of each rank's process started for it last
         self.world: dict[str, int] = {}        # cjob -> its number of ranks
         self.locals: dict[str, list] = {}      # cjob -> each rank's job id on this gmuxd, latest report
         self.restoring: dict[str, list] = {}   # cjob -> received checkpoints its new processes restore from
+        self.unwanted: set = set()     # those dropped while still arriving: deleted as soon as they complete
         self.broken: set[str] = set()          # gangs with a rank ended badly, whose other ranks were killed
         self.cancelled: set[str] = set()       # starts killed before gmuxd knew their processes
         self.last_ckpt: dict[str, float] = {}
@@ -162,6 +164,9 @@ class ClusterLink:
         ok, out = self.receiver.handle(req.msg, req.attachment)
         if not ok:
             raise protocol.ProtocolError(out)
+        if isinstance(out, dict) and out.get("path") in self.unwanted:
+            self.unwanted.discard(out["path"])
+            os.unlink(out["path"])
         return out
 
     # --- the report ---
@@ -187,12 +192,18 @@ class ClusterLink:
                 self.broken.add(cjob)       # its peers would wait in their next collective for ever
                 live = [j["id"] for j in by_rank.values() if j["state"] not in protocol.FINAL_STATES]
                 self._work(cjob, self._ranks, cjob, "kill", None, live)
+            if (cjob in self.starting and cjob not in self.ready and len(by_rank) == world
+                    and all((j.get("report") or {}).get("awaiting_restore") for j in by_rank.values())):
+                self.ready.add(cjob)       # every rank waits for its checkpoint: a move's source may suspend
+                self._event("ready", cjob)
             if cjob in self.starting and rec["state"] in ("running", "suspended") and rec["step"] > 0:
                 del self.starting[cjob]
+                self.ready.discard(cjob)
                 self._drop_received(cjob)
                 self._event("started", cjob, step=rec["step"], local=rec["local"])
             elif cjob in self.starting and rec["state"] in protocol.FINAL_STATES:
                 del self.starting[cjob]     # a job that finished before it was seen running needs no event
+                self.ready.discard(cjob)
                 self._drop_received(cjob)
                 if not (rec["state"] == "exited" and rec["exit_status"] == 0):
                     self._event("start_failed", cjob, f"{rec['state']}: {rec['detail']}")
@@ -207,7 +218,7 @@ class ClusterLink:
             try:
                 os.unlink(path)
             except FileNotFoundError:
-                pass
+                self.unwanted.add(path)     # a move whose new process failed while its checkpoint streamed
 
     def _maybe_checkpoint(self, cjob: str, rec: dict, now: float) -> None:
         every = self.ckpt_every.get(cjob)
@@ -314,6 +325,7 @@ class ClusterLink:
         self._jobs.pop(cjob, None)
         self.restoring[cjob] = paths
         self.starting[cjob] = time.monotonic()
+        self.ready.discard(cjob)
         if a.get("ckpt_every"):
             self.ckpt_every[cjob] = float(a["ckpt_every"])
             self.last_ckpt[cjob] = time.monotonic()
@@ -351,6 +363,7 @@ class ClusterLink:
                     p.kill()
                     p.wait()
                 self.starting.pop(cjob, None)
+                self.ready.discard(cjob)
                 self._drop_received(cjob)
                 self._event("start_failed", cjob, f"could not start rank {rank}: {e}")
                 return
@@ -368,6 +381,7 @@ class ClusterLink:
         done: it kills what it spawned when it sees the start cancelled), and forgets the start."""
         self.cancelled.add(cjob)
         self.starting.pop(cjob, None)
+        self.ready.discard(cjob)
         for pid in self.spawned.get(cjob) or []:
             p = self.children.get(pid)
             if p is not None and p.poll() is None:

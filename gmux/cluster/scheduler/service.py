@@ -37,6 +37,7 @@ log = logging.getLogger("gmux.scheduler")
 C = protocol.CLUSTER_MESSAGES
 START_RETRY_S = 30.0
 MIGRATE_WAIT_S = 600.0     # how long a move's new processes wait for their checkpoints before giving up
+WARM_WAIT_S = 120.0        # how long a move's source computes on while its new processes start (then it suspends)
 # A periodic checkpoint's file, as a link names it: MACHINE-CJOB-kSEQ.RANK.ckpt (the machine's name may hold '-').
 _PERIODIC = re.compile(r"-(c\d+)-k\d+\.\d+\.ckpt$")
 
@@ -88,7 +89,9 @@ class Scheduler:
         self.done: "queue.SimpleQueue" = queue.SimpleQueue()     # outcomes of worker threads
         self.timers: list = []
         self.pushing: set = set()       # jobs whose checkpoint is on its way to a daemon
-        self.moves: dict = {}           # cjob -> how its cross-machine move stands: sending / sent / target_failed
+        # cjob -> how its cross-machine move stands: warming / sending / sent / target_failed
+        self.moves: dict = {}
+        self.warming: dict = {}         # cjob -> (since, its migrate_out's args), until the target is ready
         self.events: deque = deque()
         self.decision_ms: deque = deque(maxlen=2000)
         self.stopping = False
@@ -225,6 +228,8 @@ class Scheduler:
                 self.moves.pop(job.cjob, None)
             job.set("running")
             job.first_run = job.first_run or time.time()
+        elif ev == "ready" and job.machine == name and job.state == "migrating" and job.cjob in self.warming:
+            self._suspend_source(job, f"its new processes on {name} are ready")
         elif ev == "start_failed" and job.machine == name:
             if job.state == "migrating" and job.source:
                 self._target_failed(job, f"migration target {name} failed: {detail}")
@@ -270,8 +275,9 @@ class Scheduler:
             self.moves[job.cjob] = "target_failed"
             job.detail = why
             return
-        self.moves.pop(job.cjob, None)
-        self._action(job.source, "resume", job.cjob)
+        if self.moves.pop(job.cjob, None) != "warming":    # (warming: the source never stopped computing)
+            self._action(job.source, "resume", job.cjob)
+        self.warming.pop(job.cjob, None)
         self._back_to_source(job)
         job.set("running", why)
 
@@ -320,6 +326,7 @@ class Scheduler:
         self.receiver.expire()
         self._losses(now)
         self._stalled_starts(now)
+        self._warm_timeouts(time.monotonic())
         events = list(self.events) or [Event(EventKind.TICK)]
         self.events.clear()
         due = [t for t in self.timers if t[0] <= now]
@@ -437,13 +444,30 @@ class Scheduler:
         job.gpu_seconds = 0.0
         job.set("migrating", f"{job.source} -> {machine}")
         xfer = f"{job.cjob}-m{job.migrations + 1}-{int(time.time() * 1000) % 10**9}"
-        self.moves[job.cjob] = "sending"
-        self._action(job.source, "migrate_out", job.cjob, target=machine, endpoint=target.transfer, xfer=xfer)
-        # The new processes start now, beside the suspend and the transfer, and wait for their checkpoints: a
-        # fresh interpreter, torch and the model cost as much as the move itself.
+        # The new processes start first and the job computes on at its source meanwhile: a fresh interpreter,
+        # torch and the model cost as much as the move itself, and are no downtime that way. Once they wait
+        # for their checkpoints (their link says "ready"; or after WARM_WAIT_S) the source suspends the job at
+        # its next boundary and streams its checkpoint, which they restore as it arrives.
+        self.moves[job.cjob] = "warming"
+        self.warming[job.cjob] = (time.monotonic(), {"target": machine, "endpoint": target.transfer, "xfer": xfer})
         self._action(machine, "start", job.cjob, **self._start_args(job, restore=rank_xfers(xfer, job.gpus)),
                      restore_wait=MIGRATE_WAIT_S)
         self._log("migrate", job.cjob, f"migrate {job.cjob} {job.source} -> {machine} GPU {_gpus(gpus)} ({why})")
+
+    def _suspend_source(self, job: CJob, why: str) -> None:
+        """The second half of a move: the source suspends the job and streams its checkpoint to the target."""
+        _, args = self.warming.pop(job.cjob)
+        self.moves[job.cjob] = "sending"
+        self._action(job.source, "migrate_out", job.cjob, **args)
+        self._log("migrate_out", job.cjob, f"{job.cjob}: {why}; {job.source} suspends it and sends its checkpoint")
+
+    def _warm_timeouts(self, now: float) -> None:
+        for cjob, (since, _) in list(self.warming.items()):
+            job = self.jobs[cjob]
+            if job.final or job.state != "migrating":
+                self.warming.pop(cjob)
+            elif now - since > WARM_WAIT_S:
+                self._suspend_source(job, f"its new processes on {job.machine} not ready after {WARM_WAIT_S:g} s")
 
     def _push(self, job: CJob, m: Machine) -> None:
         base = f"{job.cjob}-r{job.restarts}-{int(time.time() * 1000) % 10**9}"
