@@ -23,6 +23,8 @@ Where it departs:
   them (at the measured unconsolidated rate) rather than time-slicing on busy GPUs, and consolidation puts it
   together as soon as a machine has room. The paper relaxes affinity before it waits; we relax locality too,
   so that idle GPUs are never left idle beside a waiting job.
+- A job spread over machines is never shared (packed or time-sliced with): that would keep it spread, as a
+  shared job is moved only by de-sharing.
 - Defragmentation only clears room on one machine (jobs of at most a machine's GPUs); a job larger than a
   machine waits for whole machines, spreads, or time-slices.
 - Gandiva's scheduler is work-conserving and FIFO among waiting jobs; it has no notion of job priority, so

@@ -34,14 +34,19 @@ def place_consolidated(snap, plan: Plan, job, spread: bool = False):
 
 
 def share_targets(snap, plan: Plan, job, max_units: int):
-    """Running jobs of the same size whose GPU set `job` could join, least-shared first (ties: oldest)."""
+    """Running jobs of the same size whose GPU set `job` could join, least-shared first (ties: oldest).
+
+    Not a job spread over more machines than its size needs: sharing its GPUs would pin it spread, since
+    consolidate() leaves shared jobs to deshare(), which needs a whole idle home for the one it moves (a 4-GPU
+    pack stayed over three 2-GPU machines beside two machines' worth of room)."""
     n = job.num_gpus
+    need = -(-n // snap.max_gpus_per_machine)
     out = []
     for jid in snap.running:
         if jid in plan.moved:
             continue
         other = snap.jobs[jid]
-        if len(other.gpus) != n:
+        if len(other.gpus) != n or len(snap.machines_of(other.gpus)) > need:
             continue
         depth = max(plan.units(g) for g in other.gpus)
         if depth >= max_units:
