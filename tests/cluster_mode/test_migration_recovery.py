@@ -27,6 +27,10 @@ def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path
     ps = c.ps()
     text = " ".join(d["text"] for d in ps["decisions"])
     assert f"{cjob}: checkpoint" in text and f"restored on {dst}" in text and f"{src} releases it" in text
+    # The source suspended only once the target's new process was up and waiting for its checkpoint.
+    kinds = [d["kind"] for d in ps["decisions"] if d.get("cjob") == cjob]
+    assert kinds.index("migrate") < kinds.index("migrate_out") < kinds.index("migrate_sent"), kinds
+    assert f"its new processes on {dst} are ready; {src} suspends it" in text
     # Source released only after the target restored: the source's copy is now killed, not running.
     from gmux.wire.daemon_client import Client
     src_states = lambda: [j["state"] for j in Client(str(tmp_path / f"rt-{src}")).call("ps", all=True)["jobs"]
@@ -119,4 +123,30 @@ def test_target_process_killed_mid_restore_the_job_runs_on_at_its_source(cluster
     assert res["sha256"] == ref["sha256"] and res["restored_at"] == 0     # never restarted: ran on where it was
     wait_for(lambda: not [f for f in os.listdir(inbox) if f"{cjob}-m1-" in f], 60,
              "what the target received deleted")
+    assert c.ps()["internal_errors"] == 0
+
+
+def test_target_lost_while_it_starts_the_source_never_stopped(cluster_factory, tmp_path):
+    """Lost before its new process is ready: the source was never asked to suspend, so nothing is resumed."""
+    c = cluster_factory(policy="gandiva")
+    args = ("2500", "--batch", "36", "--sleep", "0.003")
+    ref = solo(tmp_path, "ref", *args)
+    c.wait_machines(3)
+    out = tmp_path / "stayed.json"
+    cjob = c.submit(str(out), *args)
+    first = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 100 and j)(c.job(cjob)), 60,
+                     "job running")
+    src = first["machine"]
+    dst = next(m for m in ("m1", "m2", "m3") if m != src)
+    c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
+    c.kill_machine(dst)                      # at once: its new process is still starting
+    back = wait_for(lambda: (lambda j: j["state"] == "running" and j["machine"] == src and j)(c.job(cjob)), 30,
+                    "the job back on its source")
+    assert f"migration target {dst} lost" in back["detail"] and back["local"] == first["local"]
+    kinds = [d["kind"] for d in c.ps()["decisions"] if d.get("cjob") == cjob]
+    assert "migrate_out" not in kinds and "migrate_sent" not in kinds, kinds
+    jobs = c.wait_done([cjob], 120)
+    assert jobs[cjob]["migrations"] == 0 and jobs[cjob]["restarts"] == 0
+    res = json.loads(out.read_text())
+    assert res["sha256"] == ref["sha256"] and res["restored_at"] == 0
     assert c.ps()["internal_errors"] == 0
