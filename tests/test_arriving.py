@@ -95,18 +95,23 @@ def test_a_complete_transfer_is_read_like_a_file(tmp_path):
     assert_identical(_values(src), _values(dst))
 
 
+def _refused_and_unchanged(path, wait, match):
+    """A restore from `path` as it arrives fails with `match`, and the job it was for is as it was."""
+    dst = _job(1)
+    before = _values(dst)
+    with pytest.raises(TransferError, match=match):
+        with Arriving(path, wait=wait) as arriving:
+            dst.restore(arriving)
+    assert_identical(before, _values(dst))
+
+
 def test_a_transfer_given_up_half_way_changes_nothing(tmp_path):
     data = _checkpoint_bytes(tmp_path, _job(0))
     path = str(tmp_path / "cut.ckpt")
     rx = Receiver(path, data, gone_at=len(data) // 2)
     rx.start()
-    dst = _job(1)
-    before = _values(dst)
-    with pytest.raises(TransferError, match="given up after"):
-        with Arriving(path, wait=10) as arriving:
-            dst.restore(arriving)
+    _refused_and_unchanged(path, 10, "given up after")
     rx.join()
-    assert_identical(before, _values(dst))
 
 
 def test_every_byte_but_never_completed_is_not_applied(tmp_path):
@@ -117,12 +122,7 @@ def test_every_byte_but_never_completed_is_not_applied(tmp_path):
     rx = Receiver(path, data, pieces=4, pause=0.0, complete=False)
     rx.start()
     rx.join()
-    dst = _job(1)
-    before = _values(dst)
-    with pytest.raises(TransferError, match="no bytes of the checkpoint arrived for 0.3 s"):
-        with Arriving(path, wait=0.3) as arriving:
-            dst.restore(arriving)
-    assert_identical(before, _values(dst))
+    _refused_and_unchanged(path, 0.3, "no bytes of the checkpoint arrived for 0.3 s")
 
 
 def test_nothing_arriving_is_named(tmp_path):

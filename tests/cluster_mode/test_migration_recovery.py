@@ -57,20 +57,25 @@ def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path
     assert not [f for f in os.listdir(tmp_path / "sched" / "checkpoints") if f.endswith(".ckpt")]  # job ended
 
 
-def test_target_lost_mid_move_the_job_runs_on_at_its_source(cluster_factory, tmp_path):
-    c = cluster_factory(policy="gandiva")
-    args = ("2500", "--batch", "36", "--sleep", "0.003")
+def _running(c, tmp_path, args, past_step):
+    """A job of `args` running past `past_step` on one of three machines: (its solo run, its output file, its
+    cluster id, its record then, another machine)."""
     ref = solo(tmp_path, "ref", *args)
     c.wait_machines(3)
     out = tmp_path / "stayed.json"
     cjob = c.submit(str(out), *args)
-    first = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 200 and j)(c.job(cjob)), 60,
+    first = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > past_step and j)(c.job(cjob)), 120,
                      "job running")
+    return ref, out, cjob, first, next(m for m in ("m1", "m2", "m3") if m != first["machine"])
+
+
+def test_target_lost_mid_move_the_job_runs_on_at_its_source(cluster_factory, tmp_path):
+    c = cluster_factory(policy="gandiva")
+    ref, out, cjob, first, dst = _running(c, tmp_path, ("2500", "--batch", "36", "--sleep", "0.003"), 200)
     src = first["machine"]
-    dst = next(m for m in ("m1", "m2", "m3") if m != src)
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
-    # The checkpoint is on the target, whose new process (started with the move) is still starting: the
-    # target dies before it has restored anything.
+    # The checkpoint is on the target, whose new process restores it: the target dies before the job has
+    # passed a boundary there.
     wait_for(lambda: any(d["kind"] == "migrate_sent" for d in c.ps()["decisions"]), 30, "checkpoint sent",
              every=0.05)
     c.kill_machine(dst)
@@ -90,15 +95,10 @@ def test_target_process_killed_mid_restore_the_job_runs_on_at_its_source(cluster
 
     from gmux.wire.daemon_client import Client
     c = cluster_factory(policy="gandiva")
-    args = ("400", "--hidden", "3000", "--depth", "1", "--batch", "8")   # a checkpoint of ~110 MB
-    ref = solo(tmp_path, "ref", *args)
-    c.wait_machines(3)
-    out = tmp_path / "stayed.json"
-    cjob = c.submit(str(out), *args)
-    first = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 20 and j)(c.job(cjob)), 120,
-                     "job running")
+    # a checkpoint of ~110 MB
+    ref, out, cjob, first, dst = _running(c, tmp_path, ("400", "--hidden", "3000", "--depth", "1", "--batch", "8"),
+                                          20)
     src = first["machine"]
-    dst = next(m for m in ("m1", "m2", "m3") if m != src)
     inbox = tmp_path / f"rt-{dst}" / "cluster-in"
 
     def restoring():
@@ -129,15 +129,8 @@ def test_target_process_killed_mid_restore_the_job_runs_on_at_its_source(cluster
 def test_target_lost_while_it_starts_the_source_never_stopped(cluster_factory, tmp_path):
     """Lost before its new process is ready: the source was never asked to suspend, so nothing is resumed."""
     c = cluster_factory(policy="gandiva")
-    args = ("2500", "--batch", "36", "--sleep", "0.003")
-    ref = solo(tmp_path, "ref", *args)
-    c.wait_machines(3)
-    out = tmp_path / "stayed.json"
-    cjob = c.submit(str(out), *args)
-    first = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 100 and j)(c.job(cjob)), 60,
-                     "job running")
+    ref, out, cjob, first, dst = _running(c, tmp_path, ("2500", "--batch", "36", "--sleep", "0.003"), 100)
     src = first["machine"]
-    dst = next(m for m in ("m1", "m2", "m3") if m != src)
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
     c.kill_machine(dst)                      # at once: its new process is still starting
     back = wait_for(lambda: (lambda j: j["state"] == "running" and j["machine"] == src and j)(c.job(cjob)), 30,
