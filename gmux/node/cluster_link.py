@@ -17,6 +17,10 @@ processes) runs on worker threads; only this loop touches its sockets.
 Checkpoints received for a start are deleted once every process restoring from them has passed its first
 boundary (or has ended, or could not start): the state then lives in the processes, and the scheduler keeps
 its own newest periodic copy for recovery.
+
+Longer than 500 lines on purpose, for now: one loop's state (what starts, restores, is busy, was dropped) is
+shared by its report, its actions and the moves' two halves; the way to split it is a move object owning its
+part of that state (as gmux/node/moves.py does for gmuxd), not yet done.
 """
 from __future__ import annotations
 

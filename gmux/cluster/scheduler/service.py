@@ -9,6 +9,10 @@ The loop: receive; every `tick` seconds (and at once after an arrival or a compl
 ask the policy, send the daemons their actions; mark machines silent for `lost_after` seconds lost and put their
 jobs back to pending, to restart elsewhere from their last periodic checkpoint. Checkpoint pushes to a daemon
 run on worker threads (a 1 GiB file must not stall the loop); their outcome comes back through a queue.
+
+Longer than 500 lines on purpose, for now: the moves' and losses' state machines share the job table and the
+action queue with every handler; the way to split it is a move object owning moves/warming (as
+gmux/node/moves.py does for gmuxd), not yet done.
 """
 from __future__ import annotations
 
