@@ -102,9 +102,10 @@ def test_a_job_killed_mid_move_leaves_both_gpus_clean(node_factory, tmp_path):
             outcome["error"] = str(e)
     asker = threading.Thread(target=ask)
     asker.start()
-    info = node.wait_for(lambda: (lambda j: j if "moving to GPU 1" in j["detail"] else None)(node.job(job)), 30,
-                         "the move asked for")
-    assert info["state"] == "suspending" and gpu_table(node)[0] == ([job], [job]), info
+    # (the detail is set as the move is asked for; the state once the suspend has gone out, a tick later)
+    info = node.wait_for(lambda: (lambda j: j if "moving to GPU 1" in j["detail"] and j["state"] == "suspending"
+                                  else None)(node.job(job)), 30, "the move asked for")
+    assert gpu_table(node)[0] == ([job], [job]), info
     os.killpg(p.pid, signal.SIGKILL)
     asker.join(60)
     assert f"job {job} ended" in outcome.get("error", ""), outcome
