@@ -40,6 +40,17 @@ def started(d, identity, **kw):
     return reg
 
 
+def asked_to_move(daemon_factory):
+    """A job running on GPU 0 of two, asked to move to GPU 1: (the daemon, the job's registration, the suspend
+    the move sent it)."""
+    d = daemon_factory((GiB, GiB))
+    a = started(d, b"a", mem=256 * MiB)
+    d.sent.clear()
+    ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1)
+    (stop,) = commands(d, b"a")
+    return d, a, stop
+
+
 def seats(d, job):
     """Where the slicers hold `job`: (GPU, resident, busy) for each slicer that has it."""
     return [(g, job in s.resident, s.busy_with(job)) for g, s in d.slicers.items() if job in s.entries]
@@ -132,11 +143,7 @@ def test_the_target_is_checked_again_once_the_job_has_suspended(daemon_factory):
 
 
 def test_a_failed_suspend_leaves_the_job_running_where_it_was(daemon_factory):
-    d = daemon_factory((GiB, GiB))
-    a = started(d, b"a", mem=256 * MiB)
-    d.sent.clear()
-    ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1)
-    (stop,) = commands(d, b"a")
+    d, a, stop = asked_to_move(daemon_factory)
     ack(d, b"a", a, stop, ok=False, error="suspend failed: no host memory", state="running")
     (reply,) = replies(d)
     assert not reply["ok"] and "no host memory" in reply["error"] and "runs on GPU 0 as before" in reply["error"]
@@ -203,11 +210,7 @@ def test_a_transparent_job_is_moved_in_process_to_free_gpus_for_a_multi_gpu_job(
 
 
 def test_a_job_that_does_not_reach_its_boundary_has_its_move_given_up(daemon_factory):
-    d = daemon_factory((GiB, GiB))
-    a = started(d, b"a", mem=256 * MiB)
-    d.sent.clear()
-    ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1)
-    (stop,) = commands(d, b"a")
+    d, a, stop = asked_to_move(daemon_factory)
     tick(d)
     assert not replies(d) and seats(d, a["job"]) == [(0, True, "move")]    # within its deadline: waited for
     d.slicers[0].entries[a["job"]].sent_at -= 5.0     # as if sent 5 s ago (its deadline: the 1 s floor)
