@@ -260,7 +260,7 @@ COMMAND_KINDS = ("suspend", "resume", "checkpoint", "migrate", "spill", "exit")
 
 # What each command carries (gmuxd -> job), by kind.
 COMMAND_ARGS = {
-    "suspend": {},
+    "suspend": {"in_place": (_bool, False)},   # held for a move: copy nothing out, keep the memory (gmux.job.job)
     "resume": {"gpu": (_gpu_index, False), "env": (_env, False)},   # the GPU it resumes on, and its environment
     "checkpoint": {"path": (_path, True)},
     "migrate": {"path": (_path, True), "gpu": (_optional(_gpu_index), False),
@@ -273,7 +273,8 @@ _opt_count = _optional(_nonneg_int)
 # A command's outcome (job -> gmuxd); the figures gmuxd reads are typed, any other is a measurement.
 RESULT = {"ok": (_bool, True), "error": (_optional(_str), False), "bytes": (_opt_count, False),
           "seconds": (_optional(_float), False),
-          "step": (_opt_count, False)}    # a checkpoint's: the step it holds
+          "step": (_opt_count, False),    # a checkpoint's: the step it holds
+          "in_place": (_optional(_bool), False)}   # a suspend's or resume's: nothing was copied (in place)
 # A job's periodic report: what gmuxd reads to schedule it, and any other measurement.
 REPORT = {"step": (_opt_count, False), "mem_boundary": (_opt_count, False), "mem_peak": (_opt_count, False),
           "batch_s": (_optional(_float), False), "rate": (_optional(_float), False),
@@ -328,8 +329,10 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     "ps": {"admin": (lambda v: _str(v, 128), True), "all": (_bool, False),
            "limit": (lambda v: _int(v, 1, 100_000), False)},   # jobs listed: the live first, then the newest ended
     # to_boundary: the caller needs the job at its boundary (a cross-machine move): at its deadline it is
-    # stopped only if another job needs the GPU's compute, and continued once none does
-    "suspend": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "to_boundary": (_bool, False)},
+    # stopped only if another job needs the GPU's compute, and continued once none does; in_place: its suspend
+    # copies nothing out, its memory stays where it is until it resumes (the move checkpoints it from there)
+    "suspend": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "to_boundary": (_bool, False),
+                "in_place": (_bool, False)},
     "resume": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
     "kill": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
     # new_process: checkpoint and continue in a new process even where the move could be made in the job's own

@@ -5,6 +5,11 @@ for a pending command and carries it out: suspend (then wait, suspended, until t
 spill its host copy to disk or exit), checkpoint, migrate (checkpoint, then exit), exit. Between boundaries
 it costs nothing. A resume may put the job on another virtual GPU than the one it left (a move in its own
 process): the command's environment says which.
+
+A suspend `in_place` (a cross-machine move's: gmux.node.cluster_link) holds the job at its boundary without
+copying its state out: the move's checkpoint is written from live memory, and a move that fails resumes it with
+nothing to copy back. Its memory stays where it is (gmuxd's slicer counts it as kept) until it resumes, exits,
+or is told to suspend for real.
 """
 from __future__ import annotations
 
@@ -48,6 +53,7 @@ class Job:
         self._last = time.perf_counter()
         self._next_report = self._last + REPORT_EVERY_S
         self._marked_elsewhere = False
+        self._in_place = False          # suspended in place: held at a boundary, its memory where it was
         # Whether a checkpoint may leave out the gradients' values (see `checkpoint`); GMUX_GRADS=overwritten
         # says so for a script that cannot set it (gmux-launch, gmux submit --env).
         self.grads_overwritten = os.environ.get("GMUX_GRADS") == "overwritten"
@@ -119,7 +125,7 @@ class Job:
         if self._discover is not None:
             self._discover(self)
         if command.kind == "suspend":
-            if not self._answer(command, self.suspend):
+            if not self._answer(command, lambda: self._suspend_as_told(command)):
                 return
             self._while_suspended()
         elif command.kind in ("resume", "spill"):
@@ -142,18 +148,38 @@ class Job:
                 self._write_checkpoint(command)
             elif command.kind == "spill":
                 self._answer(command, lambda: self.spill(_target(command)))
+            elif command.kind == "suspend" and self._in_place:
+                self._answer(command, self._suspend_held)
             elif command.kind == "exit":
                 self.controller.reply(command, {"ok": True, "suspended": True})
                 raise JobExit(0)
             else:
                 self.controller.reply(command, {"ok": False, "error": f"{command.kind}: the job is suspended"})
 
+    def _suspend_as_told(self, command: Command) -> dict:
+        if command.args.get("in_place"):
+            self._in_place = True
+            return {"in_place": True, "bytes": 0, "total_s": 0.0}
+        return self.suspend()
+
+    def _suspend_held(self) -> dict:
+        """Held in place and told to suspend (gmuxd needs its memory: a move in its own process, say): now for
+        real."""
+        figures = self.suspend()
+        self._in_place = False
+        return figures
+
     def _resume_as_told(self, command: Command) -> dict:
         """resume, on the GPU the command names: gmuxd may resume the job on another virtual GPU than the one it
         left (a move in its own process, gmux.node.moves), and the command's environment (GMUX_VIRTUAL_GPU, its
         memory budget) says which, to this process and to whatever in it reads the environment. Applied only
         once the job runs again (a failed resume changes nothing)."""
-        figures = self.resume()
+        if self._in_place:
+            self._in_place = False
+            self._last = time.perf_counter()    # (time held is not a mini-batch)
+            figures = {"in_place": True, "bytes": 0, "total_s": 0.0}
+        else:
+            figures = self.resume()
         os.environ.update(command.args.get("env") or {})
         if command.args.get("gpu") is not None:
             figures["gpu"] = command.args["gpu"]
@@ -193,6 +219,8 @@ class Job:
 
     def spill(self, path: str) -> dict:
         """While suspended: moves the host copy of the state to a file at `path`, freeing its host memory."""
+        if self._in_place:
+            raise RuntimeError("the job is held in place (a move's suspend): it has no host copy to spill")
         figures = self.tier.spill(path)
         self.profile.spills += 1
         return figures

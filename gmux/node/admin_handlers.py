@@ -130,8 +130,8 @@ class AdminHandlers:
                     node.admission.dequeue(m.id)
                 continue
             slicer = node.slicers[m.gpu]
-            slicer.hold(m.id, to_boundary=bool(req.msg.get("to_boundary")))
-            if m.id in slicer.resident or slicer.busy_with(m.id) == "resume":
+            slicer.hold(m.id, to_boundary=bool(req.msg.get("to_boundary")), in_place=bool(req.msg.get("in_place")))
+            if (m.id in slicer.resident and not slicer.is_kept(m.id)) or slicer.busy_with(m.id) == "resume":
                 busy.append(m.id)
         # The command leaves now, not after the rest of this batch of messages and the tick's other work: the
         # job sees it at its next boundary, and each boundary missed costs the requester a whole mini-batch.

@@ -474,15 +474,17 @@ class ClusterLink:
         try:
             with self._gang_lock(cjob):
                 # (to_boundary: stopped at its deadline, a job would reach the boundary this move needs only
-                # when resumed)
-                replies = _each(lambda local: self._admin_reply("suspend", local, to_boundary=True), ranks)
+                # when resumed; in_place: the checkpoint is written from live memory, and a failed move resumes
+                # the job with nothing to copy back)
+                replies = _each(lambda local: self._admin_reply("suspend", local, to_boundary=True, in_place=True),
+                                ranks)
                 errors = [e for e, _ in replies if e]
                 if errors:                                 # at its next boundary (every rank at one); held there
                     raise GmuxError(f"suspend: {errors[0]}")
                 t_susp = time.perf_counter() - t0
                 running = running_before_boundary(t_susp, [r for _, r in replies])
                 target_key = keys.load_public(self.keydir, "daemon", target)
-                if not self.rundir.system:     # streamed from the host copy (cluster_stream), all ranks at once
+                if not self.rundir.system:     # streamed from live memory (cluster_stream), all ranks at once
                     steps: dict = {}
                     xfers, r = stream_ranks(ranks, endpoint, target_key, xfer, self._snapshot_path,
                                             self._checkpointer(steps), self._sender())

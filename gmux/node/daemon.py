@@ -257,7 +257,7 @@ class Daemon:
             if kind not in ("suspend", "resume"):
                 self.stops.carry_out(slicer, kind, job, now)
                 continue
-            args = {"gpu": slicer.gpu, "env": self.env(job)} if kind == "resume" else {}
+            args = {"gpu": slicer.gpu, "env": self.env(job)} if kind == "resume" else slicer.suspend_args(job_id)
             self.commands.send(job, kind, args)
 
     def migrate(self, job: Job, gpu: int, req: Optional[Request] = None, new_process: bool = False):
@@ -397,7 +397,7 @@ class Daemon:
                     job.state = "running"    # overdue, continued for its turn: its command waits at its boundary
                 elif busy:
                     job.state = _BUSY_STATE.get(busy, job.state)
-                elif job_id in slicer.resident:
+                elif job_id in slicer.resident and not slicer.is_kept(job_id):
                     job.state = "running"
                 elif job.held:
                     job.state = "held"

@@ -142,7 +142,7 @@ class JobHandlers:
         self._observe_state(job, msg["state"], msg.get("boundaries"))
         slicer = self.node.slicers.get(job.gpu)
         if (msg.get("boundaries") is not None and msg.get("t") is not None and slicer is not None
-                and job.id in slicer.resident and not slicer.busy_with(job.id)):
+                and slicer.computing(job.id) and not slicer.busy_with(job.id)):
             job.sample(float(msg["t"]), msg["boundaries"])
             # A solo rate is a rate measured while nothing else held the GPU.
             if slicer.resident == {job.id} and job.window_span() >= min(SOLO_MIN_SPAN_S, 0.6 * slicer.quantum):
@@ -186,7 +186,7 @@ class JobHandlers:
             log.warning("%s: %s failed: %s", job.id, kind, result.get("error"))
             job.detail = f"{kind} failed: {result.get('error')}"
         if kind in ("suspend", "resume") and slicer is not None:
-            slicer.acked(job.id, kind, now, ok)
+            slicer.acked(job.id, kind, now, ok, in_place=bool(result.get("in_place")))
             if ok:
                 job.suspend_seconds += latency
                 if kind == "suspend":

@@ -14,7 +14,8 @@ resident. A stopped job holds its memory but computes nothing and is not charged
 is continued (SIGCONT) and, still overdue, stopped again as soon as its turn is over. A job with no boundary
 at all is thus time-sliced by stop and continue alone. When an overdue job reaches its boundary at last, its
 command is acknowledged as usual (and, if its turn is not over, it is resumed at once). A job stopped by
-someone else (frozen) keeps its memory and gets no turns until it runs again.
+someone else (frozen) keeps its memory and gets no turns until it runs again. A job held for a cross-machine
+move suspends in place (gmux.job.job): it too keeps its memory (kept) and computes nothing until resumed.
 
 GPU time (`used`): a job holds the GPU from when its resume is sent until its suspend is acknowledged (copy in,
 compute, the wait for its boundary, copy out), except while it is stopped or frozen. On a busy time-sliced GPU
@@ -47,6 +48,8 @@ class Entry:
     last_ran: float = -math.inf
     held: bool = False          # suspended by the user: not scheduled
     to_boundary: bool = False   # held for a move that needs it at its boundary: stopped only while others need it
+    in_place: bool = False      # held for a move that checkpoints it from live memory: its suspend copies nothing
+    kept: bool = False          # suspended in place: keeps its memory, computes nothing, until resumed
     resident_since: Optional[float] = None   # counting GPU time since (None: not holding the GPU's compute)
     batch_s: Optional[float] = None  # its median mini-batch time: sets its deadline and its turn
     batches: deque = field(default_factory=lambda: deque(maxlen=9))   # recent GPU seconds per mini-batch
@@ -145,14 +148,29 @@ class Slicer:
             e.batch_s = statistics.median(e.batches)
         e.mark = (used, boundaries)
 
-    def hold(self, job: str, to_boundary: bool = False) -> None:
+    def hold(self, job: str, to_boundary: bool = False, in_place: bool = False) -> None:
         if job in self.entries:
             self.entries[job].held = True
             self.entries[job].to_boundary = to_boundary
+            self.entries[job].in_place = in_place
 
     def release(self, job: str) -> None:
         if job in self.entries:
-            self.entries[job].held = self.entries[job].to_boundary = False
+            self.entries[job].held = self.entries[job].to_boundary = self.entries[job].in_place = False
+
+    def suspend_args(self, job: str) -> dict:
+        """What the job's suspend command says besides its kind: in place, for a move (see `hold`)."""
+        e = self.entries.get(job)
+        return {"in_place": True} if e is not None and e.in_place else {}
+
+    def is_kept(self, job: str) -> bool:
+        """Whether the job is suspended in place (see `acked`)."""
+        e = self.entries.get(job)
+        return e is not None and e.kept
+
+    def computing(self, job: str) -> bool:
+        """Whether the job holds the GPU's compute now (resident, and neither stopped, frozen nor kept)."""
+        return job in self._running()
 
     # --- commands the daemon sends on its own (migrate, spill) ---
     def mark_busy(self, job: str, kind: str, now: Optional[float] = None) -> None:
@@ -266,7 +284,8 @@ class Slicer:
         return max([self.quantum] + [self.pacing.turn(self.quantum, self.entries[j].batch_s) for j in slot])
 
     # --- acknowledgements ---
-    def acked(self, job: str, kind: str, now: float, ok: bool = True) -> None:
+    def acked(self, job: str, kind: str, now: float, ok: bool = True, in_place: bool = False) -> None:
+        """`job` answered `kind` (in_place: a suspend that kept its memory where it was)."""
         e = self.entries.get(job)
         if e is None or self.pending.get(job) != kind:
             return
@@ -276,7 +295,10 @@ class Slicer:
             e.frozen = False    # it answered, so it runs: whoever stopped it has continued it
         if kind == "suspend":
             if ok:
-                self.resident.discard(job)
+                if in_place:
+                    e.kept = True       # (still resident: its memory is counted until it resumes or leaves)
+                else:
+                    self.resident.discard(job)
                 self._stop(e, now)
                 if e.stopped:
                     # It suspended and was stopped before its answer arrived: continue it, so that it can
@@ -297,6 +319,7 @@ class Slicer:
         elif kind == "resume":
             if ok:
                 self.resident.add(job)
+                e.kept = False
                 e.last_ran = now
                 if e.stopped:
                     self._stop(e, now)   # resumed, then stopped before its answer arrived: still stopped
@@ -322,7 +345,7 @@ class Slicer:
         if state == "running" and job not in self.resident:
             self.resident.add(job)   # it holds memory whatever we believed: count it, and switch properly
             e.resident_since = now
-        elif state in ("suspended", "waiting") and job in self.resident:
+        elif state in ("suspended", "waiting") and job in self.resident and not e.kept:
             self.resident.discard(job)
             self._stop(e, now)
 
@@ -347,8 +370,16 @@ class Slicer:
         return out + self._decide(now) + self._deadlines(now)
 
     def _running(self) -> set:
-        """Resident jobs that compute (neither stopped nor frozen)."""
-        return {j for j in self.resident if not (self.entries[j].stopped or self.entries[j].frozen)}
+        """Resident jobs that compute (neither stopped, frozen nor kept)."""
+        return {j for j in self.resident if not self._idle(self.entries[j])}
+
+    def _kept(self) -> set:
+        """Resident jobs that keep their memory without computing."""
+        return {j for j in self.resident if self._idle(self.entries[j])}
+
+    @staticmethod
+    def _idle(e: Entry) -> bool:
+        return e.stopped or e.frozen or e.kept
 
     def _in_turn(self, job: str) -> bool:
         return job in (self.switch_to if self.switch_to is not None else self.current)
@@ -365,7 +396,7 @@ class Slicer:
 
     def _fits_beside(self, arriving, job: str) -> bool:
         """Whether the jobs arriving fit in memory beside `job` and every other job that keeps its memory."""
-        keep = {j for j in self.resident if self.entries[j].stopped or self.entries[j].frozen} | {job}
+        keep = self._kept() | {job}
         together = set(arriving) | keep
         return len(together) == 1 or self.fits(together)
 
@@ -401,10 +432,18 @@ class Slicer:
         return out
 
     def _decide(self, now: float) -> list[tuple[str, str]]:
+        kept = self._kept() - (self.switch_to or frozenset())
+        if self.switch_to is not None and kept and not self.fits(self.switch_to | kept):
+            # A job leaving kept its memory (suspended in place, for a move): the slot chosen no longer fits
+            # beside it, so choose again below among those that do.
+            self.switch_to = None
+            self.current = frozenset(self._running())
         if self.switch_to is not None:
             # Every job leaving has suspended or been stopped: the arriving ones may start.
             # (a job whose resume is still on its way is not sent another: it answers the one it has)
-            arriving = sorted((j for j in self.switch_to - self.resident if self.pending.get(j) != "resume"),
+            # (a kept job arrives too: it resumes, copying nothing, before it computes again)
+            arriving = sorted((j for j in self.switch_to - self._running() if self.pending.get(j) != "resume"
+                               and (j not in self.resident or self.entries[j].kept)),
                               key=lambda j: self.entries[j].order)
             out = []
             for j in sorted(self.switch_to & self.resident, key=lambda j: self.entries[j].order):
@@ -443,7 +482,7 @@ class Slicer:
         if not expired:
             return []
         # A slot can run only if it fits beside the jobs that keep their memory without computing.
-        kept = {j for j in self.resident if self.entries[j].stopped or self.entries[j].frozen}
+        kept = self._kept()
         slots = [s for s in slots if not (kept - s) or self.fits(s | kept)]
         if not slots:
             return []
