@@ -30,40 +30,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Optional
 
 from gmux.node.pacing import Pacing
-
-
-@dataclass
-class Entry:
-    id: str
-    weight: float
-    mem: Optional[int]          # working set in bytes; None: not known yet
-    order: int                  # arrival order: ties go to the job that came first
-    used: float = 0.0           # GPU seconds resident (real time, shown to users)
-    credit: float = 0.0         # head start given on arrival so a newcomer does not monopolise the GPU
-    last_ran: float = -math.inf
-    held: bool = False          # suspended by the user: not scheduled
-    to_boundary: bool = False   # held for a move that needs it at its boundary: stopped only while others need it
-    in_place: bool = False      # held for a move that checkpoints it from live memory: its suspend copies nothing
-    kept: bool = False          # suspended in place: keeps its memory, computes nothing, until resumed
-    resident_since: Optional[float] = None   # counting GPU time since (None: not holding the GPU's compute)
-    batch_s: Optional[float] = None  # its median mini-batch time: sets its deadline and its turn
-    batches: deque = field(default_factory=lambda: deque(maxlen=9))   # recent GPU seconds per mini-batch
-    mark: Optional[tuple] = None     # (GPU seconds, boundaries passed) when its count last moved
-    stoppable: bool = True      # may be stopped (not a job on GPUs of its own: stopping it would free nothing)
-    sent_at: Optional[float] = None  # when its pending suspend/resume was sent
-    overdue: bool = False       # that command missed its deadline; it stays with the job for its next boundary
-    stopped: bool = False       # SIGSTOPped by gmuxd: keeps its memory, computes nothing
-    frozen: bool = False        # stopped by someone else: keeps its memory, no turns until it runs again
-    late_told: bool = False     # the daemon has been told it cannot be stopped (once per overdue command)
-
-    def vtime(self, now: float) -> float:
-        used = self.used + (now - self.resident_since if self.resident_since is not None else 0.0)
-        return (used + self.credit) / self.weight
+from gmux.node.slicer_entry import Entry
 
 
 class Slicer:
@@ -160,13 +130,11 @@ class Slicer:
 
     def suspend_args(self, job: str) -> dict:
         """What the job's suspend command says besides its kind: in place, for a move (see `hold`)."""
-        e = self.entries.get(job)
-        return {"in_place": True} if e is not None and e.in_place else {}
+        return {"in_place": True} if job in self.entries and self.entries[job].in_place else {}
 
     def is_kept(self, job: str) -> bool:
         """Whether the job is suspended in place (see `acked`)."""
-        e = self.entries.get(job)
-        return e is not None and e.kept
+        return job in self.entries and self.entries[job].kept
 
     def computing(self, job: str) -> bool:
         """Whether the job holds the GPU's compute now (resident, and neither stopped, frozen nor kept)."""
@@ -371,15 +339,11 @@ class Slicer:
 
     def _running(self) -> set:
         """Resident jobs that compute (neither stopped, frozen nor kept)."""
-        return {j for j in self.resident if not self._idle(self.entries[j])}
+        return self.resident - self._kept()
 
     def _kept(self) -> set:
         """Resident jobs that keep their memory without computing."""
-        return {j for j in self.resident if self._idle(self.entries[j])}
-
-    @staticmethod
-    def _idle(e: Entry) -> bool:
-        return e.stopped or e.frozen or e.kept
+        return {j for j in self.resident if (e := self.entries[j]).stopped or e.frozen or e.kept}
 
     def _in_turn(self, job: str) -> bool:
         return job in (self.switch_to if self.switch_to is not None else self.current)
