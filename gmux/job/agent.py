@@ -5,7 +5,8 @@ and a non-blocking zmq poll costs about 2 µs, so no helper thread (which would 
 training) is needed. While suspended the runtime blocks in `wait()`, which sends a heartbeat every second so
 a restarted daemon learns where the job is. Every message carries the job's id and token (a job can only act
 on itself) and the agent's view of its state (running / suspended / waiting), which lets a restarted daemon
-reconcile what it believed with what is true.
+reconcile what it believed with what is true. A job suspended in place (for a move: gmux.job.job) still holds
+its GPU memory, so it says "running": that memory is what a restarted daemon must count.
 
 Sends never block training: if the daemon is gone, messages queue in zmq (up to its high-water mark) and are
 delivered when it comes back; beyond that they are dropped, and the next report supersedes them.
@@ -46,6 +47,7 @@ class Agent:
                                   refused=lambda mtype, error: f"gmuxd refused {mtype}: {error}")
         self._commands: deque[Command] = deque()
         self.state = "waiting"           # running / suspended / waiting (not started yet)
+        self.in_place = False            # suspended in place: waiting at a boundary, its memory where it was
         self.migrating: Optional[dict] = None   # args of an acknowledged migrate: the process must re-exec
         self.errors: list[str] = []      # error replies from the daemon to one-way messages (kept for tests/logs)
         self._last_sent = 0.0
@@ -88,7 +90,7 @@ class Agent:
         return None
 
     def wait(self, timeout: Optional[float] = None) -> Optional[Command]:
-        if self.state == "running":
+        if self.state == "running" and not self.in_place:
             self.state = "suspended"
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._commands:
@@ -110,10 +112,9 @@ class Agent:
     def reply(self, command: Command, result: dict) -> None:
         ok = bool(result.get("ok"))
         if ok:
-            if command.kind == "resume":
-                self.state = "running"
-            elif command.kind == "suspend":
-                self.state = "suspended"
+            if command.kind in ("resume", "suspend"):
+                self.in_place = command.kind == "suspend" and bool(result.get("in_place"))
+                self.state = "running" if command.kind == "resume" or self.in_place else "suspended"
             elif command.kind == "migrate":
                 self.migrating = dict(command.args)
         taken = {} if command.taken_at is None else {"taken_at": command.taken_at}

@@ -39,3 +39,30 @@ def test_a_command_at_a_boundary_is_answered_before_the_rate_sample_is_sent(tmp_
     finally:
         agent.close()
         router.close()
+
+
+def test_a_job_suspended_in_place_says_it_runs_while_it_waits(tmp_path):
+    # It holds its GPU memory: a daemon restarted meanwhile must count that memory (the slicer's "running").
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    endpoint = f"ipc://{tmp_path}/gmuxd.sock"
+    router.bind(endpoint)
+    agent = Agent(endpoint, job="j1", token="0" * 32)
+    try:
+        agent.state = "running"
+        agent.report({"step": 0})
+        assert router.poll(5000)
+        identity, _ = router.recv_multipart()
+        said = []
+        for cmd, kind, args, result in [(1, "suspend", {"in_place": True}, {"ok": True, "in_place": True}),
+                                        (2, "suspend", {}, {"ok": True, "bytes": 8})]:
+            router.send_multipart([identity, protocol.encode("command", 0, cmd=cmd, kind=kind, args=args)])
+            agent.reply(agent.wait(timeout=5), result)
+            answer = _next(router)
+            assert agent.wait(timeout=1.1) is None       # waits, with a heartbeat, for the next command
+            beat = _next(router)
+            said.append((answer["state"], beat.type, beat["state"]))
+        assert said == [("running", "heartbeat", "running"), ("suspended", "heartbeat", "suspended")]
+    finally:
+        agent.close()
+        router.close()
