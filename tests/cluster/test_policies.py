@@ -272,3 +272,21 @@ def test_a_re_key_chain_follows_the_job_and_a_timer_from_an_earlier_run_is_ignor
     assert len(again) == 1 and again[0].at == pytest.approx(200.0) and again[0].key == timer.key
     stale = ("rekey", 0, timer.key[2] - 1)
     assert not [a for a in pol.decide(snap, Event(EventKind.TIMER, key=stale)) if isinstance(a, SetTimer)]
+
+
+def test_gmux_ranks_a_job_that_would_idle_a_wider_gang_by_the_gpus_it_really_holds(table):
+    # One 1-GPU job arrives while an 8-GPU job runs: suspending the gang for it would leave 7 GPUs idle, so it
+    # counts as 8 x its 60 GPU-s (queue 3) and waits for the gang to pass 960 GPU-s (queue 4, at t=120) instead of
+    # preempting at once (its own queue 0 against the gang's 3 at t=60). Plain ranking: at once.
+    jobs = [job(0, 0, 1000, gpus=8), job(1, 60, 50)]
+    _, res, by = run("gmux", jobs, table(), min_run_s=0.0)
+    assert first_run(by, 1) == pytest.approx(120.0, abs=0.01) and res.counters["suspends"] == 1
+    _, _, plain = run("gmux", jobs, table(), min_run_s=0.0, idle_aware=False)
+    assert first_run(plain, 1) == pytest.approx(60.0, abs=0.01)
+
+
+def test_gmux_suspends_a_wider_gang_at_once_when_waiting_jobs_take_the_rest(table):
+    jobs = [job(0, 0, 1000, gpus=8)] + [job(i, 60, 50) for i in range(1, 9)]
+    _, res, by = run("gmux", jobs, table(), min_run_s=0.0)
+    assert all(first_run(by, i) == pytest.approx(60.0, abs=0.01) for i in range(1, 9))
+    assert res.counters["suspends"] == 1

@@ -22,6 +22,11 @@ It is told no durations. What it relies on, and why each part should carry over 
   suspends per job near Tiresias'; inside a queue, waiting jobs start in order of their exact effective size
   (then arrival), which costs no preemption (at x0.5 it took p99 JCT from 85.9 to 82.5 h, the mean unchanged). (The previous gmux promoted starving
   jobs to the top queue, where they were preempted again, thousands of times each.)
+- **A preemption that would idle GPUs is ranked by what it holds:** suspending a gang wider than the job needs
+  leaves the rest idle unless waiting jobs take them (a suspended 4-GPU job does not fit the 3 GPUs a 1-GPU job
+  leaves). Then the job counts as its effective size times (its GPUs + the idle ones) / its GPUs, the GPU-seconds
+  it really occupies, and must still be in a better queue than the gang (`idle_aware=False` is the ablation).
+  Nothing in it is Philly's: it is the policy's own GPU-seconds ranking applied to the GPUs a decision ties up.
 - **Anti-thrashing:** a job that (re)started less than `min_run_s` ago is not preempted; the newcomer waits for
   that moment (a timer). A suspend costs seconds of GPU time (sim/costs.py); ten minutes of work protects it.
 - **Packing pays where GPUs are short:** when a waiting job finds no idle GPUs and no worse-queue job to
@@ -86,6 +91,24 @@ gap (30 min) and the idea come from the sibling analysis above, made on the whol
   7.75 h; in 2869ce it starves the 32-GPU jobs as gmux does (1,068 h) and still matches SRTF there (208 h
   against 203) by serving the 8-GPU jobs well (114 h against 278 h). So ranking wide jobs by GPU-seconds is not
   the loss in 2869ce; not knowing which 8-GPU jobs are short is (gmux: 311 h for them).
+
+Idle GPUs behind a preemption (seed 0, all VCs, `--params '{"gmux": {"idle_aware": false}}'` for before). Found
+in a held-out VC: in 103959 at x0.25 gmux left 4.15 GPU-days per GPU idle while a job waited (none of them a job
+small enough to fit by count), FIFO-bf 1.62, so it is not a clean hold-out for this; the rule has no knob. x0.25
+9.73 -> 9.68 h (tuned 8.56 -> 8.56, held out 10.39 -> 10.30; 103959 88.7 -> 86.4 h, 2869ce 311 -> 310 h); x0.35
+5.34 -> 5.32 (tuned 6.04 -> 6.02, held out 4.95 -> 4.93); x0.5 4.04 -> 4.05 (tuned 4.85 -> 4.85, held out 3.59
+-> 3.60). Measured and not kept:
+- refusing such a preemption outright: x0.25 9.48 h (held out 9.98, 103959 81.8 h, idle 3.16 GPU-days per GPU)
+  but the tuned VCs lost at every load (x0.25 8.59, x0.35 6.13, x0.5 4.89 h; 7f04ca at x0.35 75.5 -> 78.4 h with
+  seeds 0, 1 and 2 alike: a short job waited behind a long 8-GPU gang); taking narrow victims first and a wide one
+  only when no narrow one is left changed nothing (103959 89.3 h);
+- a rescue lane for makespan (utilisation here is busy GPU-seconds over the span to the last completion, so it
+  measures makespan): the oldest job waiting past an age runs, one at a time, never preempted. x0.25 makespan
+  147.5 -> 137.2 d (utilisation 35.6 -> 38.2%; 103959 ends at 137 d, busy to its last day) but average JCT 9.73
+  -> 10.15 h (tuned 8.88, held out 10.85), and ages of 3 to 60 days gave the same in 103959 (the lane never
+  empties there); at x0.35 5.34 -> 5.38 h, makespan 114.8 -> 116.8 d (7f04ca's 1,286-h 8-GPU job was not the
+  oldest). Beating the best baseline's 39.4% at x0.25 needs the last job done by about day 133 (packing does the
+  same work in fewer busy GPU-seconds), in a VC whose work alone on its 16 GPUs lasts until day 130.8.
 """
 from __future__ import annotations
 
@@ -107,7 +130,7 @@ class GmuxPolicy(PriorityPolicy):
                  defrag_moves: int = 4, buckets_per_octave: int = 1,
                  pack: bool = True, explore: bool = True, pack_margin: float = 0.1, min_run_s: float = 600.0,
                  max_pack_tries: int = 16, host_scan: int = 128, size_window: int = WINDOW,
-                 sweep_gap_s: float = 1800.0, sweep_quantile: float = 0.3):
+                 sweep_gap_s: float = 1800.0, sweep_quantile: float = 0.3, idle_aware: bool = True):
         super().__init__()
         if base_gpu_s <= 0 or factor <= 1 or levels < 1 or defrag_moves < 0 or pack_margin < 0 or min_run_s < 0 \
                 or buckets_per_octave < 1:
@@ -130,21 +153,36 @@ class GmuxPolicy(PriorityPolicy):
         self.losing_pairs: set = set()
         self.sweeps = Sweeps(sweep_gap_s, sweep_quantile, size_window)
         self._snap = None
+        self.idle_aware = idle_aware
 
     def describe(self) -> dict:
         return {"name": self.name, "learn": self.learn, "buckets_per_octave": self.buckets_per_octave,
                 "thresholds_gpu_s": list(self.thresholds), "defrag_moves": self.defrag_moves,
                 "pack": self.pack, "explore": self.explore, "pack_margin": self.pack_margin,
                 "min_run_s": self.min_run_s, "size_window": self.model.window, "sweep_gap_s": self.sweeps.gap_s,
-                "sweep_quantile": self.sweeps.quantile}
+                "sweep_quantile": self.sweeps.quantile, "idle_aware": self.idle_aware}
 
     # ---- priority ------------------------------------------------------------------------------------------
     def level(self, job, attained: float) -> int:
         """The job's queue: octaves of its effective remaining size (learned), or of fixed LAS thresholds."""
         if not self.learn:
             return sum(1 for t in self.thresholds if attained >= t)
-        eff = self._effective(job, attained)
+        return self._octave(self._effective(job, attained))
+
+    def _octave(self, eff: float) -> int:
         return int(math.floor(self.buckets_per_octave * math.log2(max(eff, GRID0) / GRID0)))
+
+    def may_idle(self, job, victim, spare: int, now) -> bool:
+        """Suspending a gang wider than the job needs leaves `spare` GPUs idle unless waiting jobs take them, so
+        the job is then ranked by the GPU-seconds it really holds: its effective size times (its GPUs + the idle
+        ones) / its GPUs, and must still be in a better queue than the victim."""
+        n = job.num_gpus
+        if not (self.idle_aware and self.learn):
+            return True
+        if sum(s * c for s, c in self._demand.items() if s <= spare) - (n if n <= spare else 0) >= spare:
+            return True
+        held = self._effective(job, job.attained) * (n + spare) / n
+        return self.running_key(victim, now)[0] > self._octave(held)
 
     def _effective(self, job, attained: float) -> float:
         """The learned effective remaining size, for a job whose sweep says it needs at least `bound`: the

@@ -56,6 +56,11 @@ class PriorityPolicy(Policy):
         at each re-key."""
         return None
 
+    def may_idle(self, job, victim, spare: int, now) -> bool:
+        """Whether `job` may suspend `victim`, a gang wider than it needs, when that frees `spare` GPUs beyond
+        its need (the idle GPUs counted). By default always, as SRTF and Tiresias do."""
+        return True
+
     @staticmethod
     def service_until(job, now, gpus: int, target: float) -> float:
         """The instant a job running on `gpus` GPUs reaches `target` GPU-seconds of service (its measured
@@ -223,9 +228,11 @@ class PriorityPolicy(Policy):
                 if not self.running_key(r, now) > key:
                     no_more = True    # the rest are better than this job, so better than anyone behind it too
                     break
+                q += 1
+                if len(r.gpus) > n and not self.may_idle(job, r, freed + len(r.gpus) - n, now):
+                    continue
                 victims.append(r)
                 freed += len(r.gpus)
-                q += 1
             if freed < n:
                 if no_more and q == used:
                     break
