@@ -92,6 +92,6 @@ class ClientHandlers:
             job.gpu, job.rank_gpus = msg["gpu"], [msg["gpu"]]
             self.s._action(job.machine, "move", job.cjob, gpu=msg["gpu"])
         else:
-            self.s.migrate(job, m.name, gpus, f"asked by {name}")
+            self.s.moves.start(job, m.name, gpus, f"asked by {name}")
         self.s.state.save(job)
         return {"cjob": job.cjob, "from": job.source or job.machine, "to": m.name}

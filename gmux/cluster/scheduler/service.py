@@ -8,11 +8,8 @@ reply, is counted, and the loop goes on.
 The loop: receive; every `tick` seconds (and at once after an arrival or a completion) rebuild the snapshot,
 ask the policy, send the daemons their actions; mark machines silent for `lost_after` seconds lost and put their
 jobs back to pending, to restart elsewhere from their last periodic checkpoint. Checkpoint pushes to a daemon
-run on worker threads (a 1 GiB file must not stall the loop); their outcome comes back through a queue.
-
-Longer than 500 lines on purpose, for now: the moves' and losses' state machines share the job table and the
-action queue with every handler; the way to split it is a move object owning moves/warming (as
-gmux/node/moves.py does for gmuxd), not yet done.
+run on worker threads (a 1 GiB file must not stall the loop); their outcome comes back through a queue. A job's
+move to another machine goes through stages of its own: moves.py.
 """
 from __future__ import annotations
 
@@ -33,6 +30,7 @@ from gmux.wire import keys
 from gmux.cluster.policies import Event, EventKind, make_policy
 from gmux.cluster.scheduler.client_handlers import ClientHandlers
 from gmux.cluster.scheduler.driver import Driver, Intent
+from gmux.cluster.scheduler.moves import Moves
 from gmux.cluster.scheduler.state import CJob, Machine, State
 from gmux.wire.server import Server, configure
 from gmux.wire.transfer import Receiver, rank_xfers, send_file
@@ -40,8 +38,6 @@ from gmux.wire.transfer import Receiver, rank_xfers, send_file
 log = logging.getLogger("gmux.scheduler")
 C = protocol.CLUSTER_MESSAGES
 START_RETRY_S = 30.0
-MIGRATE_WAIT_S = 600.0     # how long a move's new processes wait for their checkpoints before giving up
-WARM_WAIT_S = 120.0        # how long a move's source computes on while its new processes start (then it suspends)
 # A periodic checkpoint's file, as a link names it: MACHINE-CJOB-kSEQ.RANK.ckpt (the machine's name may hold '-').
 _PERIODIC = re.compile(r"-(c\d+)-k\d+\.\d+\.ckpt$")
 
@@ -93,9 +89,7 @@ class Scheduler:
         self.done: "queue.SimpleQueue" = queue.SimpleQueue()     # outcomes of worker threads
         self.timers: list = []
         self.pushing: set = set()       # jobs whose checkpoint is on its way to a daemon
-        # cjob -> how its cross-machine move stands: warming / sending / sent / target_failed
-        self.moves: dict = {}
-        self.warming: dict = {}         # cjob -> (since, its migrate_out's args), until the target is ready
+        self.moves = Moves(self)
         self.events: deque = deque()
         self.decision_ms: deque = deque(maxlen=2000)
         self.stopping = False
@@ -222,40 +216,20 @@ class Scheduler:
         detail = msg.get("detail") or ""
         if job.final:
             return None        # news about a job that has ended (its report got here first)
-        if ev == "started" and job.machine == name and job.state in ("starting", "migrating"):
+        if ev in Moves.EVENTS:
+            self.moves.event(job, name, ev, d, detail)
+        elif ev == "started" and job.machine == name and job.state in ("starting", "migrating"):
             if job.state == "migrating" and job.source:
-                self._action(job.source, "release", job.cjob)
-                self._log("migrated", job.cjob, f"{job.cjob} restored on {name} at step {d.get('step')}; "
-                                                f"{job.source} releases it", d)
-                job.migrations += 1
-                job.source = None
-                self.moves.pop(job.cjob, None)
+                self.moves.arrived(job, name, d)
             job.set("running")
             job.first_run = job.first_run or time.time()
-        elif ev == "ready" and job.machine == name and job.state == "migrating" and job.cjob in self.warming:
-            self._suspend_source(job, f"its new processes on {name} are ready")
         elif ev == "start_failed" and job.machine == name:
             if job.state == "migrating" and job.source:
-                self._target_failed(job, f"migration target {name} failed: {detail}")
+                self.moves.target_failed(job, f"migration target {name} failed: {detail}")
             else:
                 job.machine, job.gpu, job.rank_gpus = None, None, []
                 job.set("pending", f"start on {name} failed: {detail}")
             self._log("start_failed", job.cjob, f"{job.cjob}: start on {name} failed: {detail}")
-        elif ev == "migrate_sent" and job.source == name and job.state == "migrating":
-            self._log("migrate_sent", job.cjob, f"{job.cjob}: checkpoint ({d.get('bytes')} B) sent {name} -> "
-                                                f"{job.machine} in {d.get('seconds', 0):.3f} s", d)
-            if self.moves.get(job.cjob) == "target_failed":
-                self._action(name, "resume", job.cjob)
-                self._back_to_source(job)
-                job.set("running")
-            else:
-                self.moves[job.cjob] = "sent"
-        elif ev == "migrate_failed" and job.source == name:
-            if self.moves.pop(job.cjob, None) != "target_failed":
-                self._action(job.machine, "kill", job.cjob)     # the new processes waiting for the checkpoint
-            self._back_to_source(job)
-            job.set("running", f"migration failed, kept on {name}: {detail}")
-            self._log("migrate_failed", job.cjob, f"{job.cjob}: migration from {name} failed: {detail}")
         elif ev == "checkpointed":
             xfers = d.get("xfers")
             ok = (xfers is not None and len(xfers) == job.gpus      # names, typed by the protocol (EVENT_DATA)
@@ -270,27 +244,6 @@ class Scheduler:
             self._log("action_failed", job.cjob, f"{job.cjob} on {name}: {detail}")
         self.state.save(job)
         return None
-
-    def _target_failed(self, job: CJob, why: str) -> None:
-        """A move's new processes are gone: the job stays on its source. While the source is still suspending
-        or sending, a resume could land before its suspend and leave the job held there: its outcome
-        (migrate_sent / migrate_failed) settles the move then."""
-        if self.moves.get(job.cjob) == "sending":
-            self.moves[job.cjob] = "target_failed"
-            job.detail = why
-            return
-        if self.moves.pop(job.cjob, None) != "warming":    # (warming: the source never stopped computing)
-            self._action(job.source, "resume", job.cjob)
-        self.warming.pop(job.cjob, None)
-        self._back_to_source(job)
-        job.set("running", why)
-
-    @staticmethod
-    def _back_to_source(job: CJob) -> None:
-        """A migration that did not happen: the job is where it was, on the GPUs it had there."""
-        job.machine, job.source = job.source, None
-        job.rank_gpus = list(job.source_gpus)
-        job.gpu = job.rank_gpus[0] if job.rank_gpus else None
 
     def _sweep_checkpoints(self) -> None:
         """Received checkpoints no live job's newest set names (left by a scheduler that stopped between a
@@ -330,7 +283,7 @@ class Scheduler:
         self.receiver.expire()
         self._losses(now)
         self._stalled_starts(now)
-        self._warm_timeouts(time.monotonic())
+        self.moves.expire(time.monotonic())
         events = list(self.events) or [Event(EventKind.TICK)]
         self.events.clear()
         due = [t for t in self.timers if t[0] <= now]
@@ -370,17 +323,7 @@ class Scheduler:
                 self.state.save_machine(m)
                 moved = []
                 for job in self.jobs.values():
-                    if job.final:
-                        continue
-                    if job.source == m.name and job.state == "migrating":
-                        if self.moves.get(job.cjob) == "sent":
-                            job.source = None      # its checkpoint is already on the target: the move goes on
-                        else:                      # it never will be: the job is lost with its source
-                            self.moves.pop(job.cjob, None)
-                            self._action(job.machine, "kill", job.cjob)
-                            job.machine = m.name
-                    elif job.machine == m.name and job.state == "migrating" and job.source:
-                        self._target_failed(job, f"migration target {m.name} lost")
+                    if job.final or self.moves.machine_lost(job, m.name):
                         continue
                     if job.machine == m.name:
                         job.attained += job.gpu_seconds
@@ -435,43 +378,7 @@ class Scheduler:
             self._action(job.machine, "move", job.cjob, gpu=it.gpu)
             self._log("move", job.cjob, f"move {job.cjob} to GPU {it.gpu} of {job.machine}")
         elif it.what == "migrate":
-            self.migrate(job, it.machine, list(it.gpus), it.why)
-
-    def migrate(self, job: CJob, machine: str, gpus: list, why: str = "") -> None:
-        """Cross-machine: the source suspends every rank at one boundary, checkpoints each and streams them to
-        the target; the target restores them (a gang with a new rendezvous); only then is the source told to
-        release the job (see _daemon_node_event)."""
-        target = self.machines[machine]
-        job.source, job.source_gpus = job.machine, list(job.rank_gpus or [job.gpu])
-        job.machine, job.gpu, job.rank_gpus = machine, gpus[0], list(gpus)
-        job.attained += job.gpu_seconds
-        job.gpu_seconds = 0.0
-        job.set("migrating", f"{job.source} -> {machine}")
-        xfer = f"{job.cjob}-m{job.migrations + 1}-{int(time.time() * 1000) % 10**9}"
-        # The new processes start first and the job computes on at its source meanwhile: a fresh interpreter,
-        # torch and the model cost as much as the move itself, and are no downtime that way. Once they wait
-        # for their checkpoints (their link says "ready"; or after WARM_WAIT_S) the source suspends the job at
-        # its next boundary and streams its checkpoint, which they restore as it arrives.
-        self.moves[job.cjob] = "warming"
-        self.warming[job.cjob] = (time.monotonic(), {"target": machine, "endpoint": target.transfer, "xfer": xfer})
-        self._action(machine, "start", job.cjob, **self._start_args(job, restore=rank_xfers(xfer, job.gpus)),
-                     restore_wait=MIGRATE_WAIT_S)
-        self._log("migrate", job.cjob, f"migrate {job.cjob} {job.source} -> {machine} GPU {_gpus(gpus)} ({why})")
-
-    def _suspend_source(self, job: CJob, why: str) -> None:
-        """The second half of a move: the source suspends the job and streams its checkpoint to the target."""
-        _, args = self.warming.pop(job.cjob)
-        self.moves[job.cjob] = "sending"
-        self._action(job.source, "migrate_out", job.cjob, **args)
-        self._log("migrate_out", job.cjob, f"{job.cjob}: {why}; {job.source} suspends it and sends its checkpoint")
-
-    def _warm_timeouts(self, now: float) -> None:
-        for cjob, (since, _) in list(self.warming.items()):
-            job = self.jobs[cjob]
-            if job.final or job.state != "migrating":
-                self.warming.pop(cjob)
-            elif now - since > WARM_WAIT_S:
-                self._suspend_source(job, f"its new processes on {job.machine} not ready after {WARM_WAIT_S:g} s")
+            self.moves.start(job, it.machine, list(it.gpus), it.why)
 
     def _push(self, job: CJob, m: Machine) -> None:
         base = f"{job.cjob}-r{job.restarts}-{int(time.time() * 1000) % 10**9}"
