@@ -14,13 +14,8 @@ makes them carry out a suspend or a checkpoint at one step, but only when every 
 requests go out together. Slow work (waiting for a job's boundary, streaming a checkpoint, starting
 processes) runs on worker threads; only this loop touches its sockets.
 
-Checkpoints received for a start are deleted once every process restoring from them has passed its first
-boundary (or has ended, or could not start): the state then lives in the processes, and the scheduler keeps
-its own newest periodic copy for recovery.
-
-Longer than 500 lines on purpose, for now: one loop's state (what starts, restores, is busy, was dropped) is
-shared by its report, its actions and the moves' two halves; the way to split it is a move object owning its
-part of that state (as gmux/node/moves.py does for gmuxd), not yet done.
+Starts, until the job is past its first boundary here, are gmux.node.cluster_starts'; a move's checkpoint
+leaves through gmux.node.cluster_stream.
 """
 from __future__ import annotations
 
@@ -29,7 +24,6 @@ import contextlib
 import logging
 import os
 import queue
-import subprocess
 import sys
 import threading
 import time
@@ -44,9 +38,9 @@ from gmux.wire.transfer import Receiver
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.wire.server import Server, configure
 from gmux.node.cluster_records import gang_record, ranks_by_job, running_before_boundary
+from gmux.node.cluster_starts import Starts
 from gmux.node.cluster_stream import send_files, staged, stream_ranks
 from gmux.rundir import RuntimeDir
-from gmux.util.rendezvous import free_port, rendezvous_env
 
 log = logging.getLogger("gmux.cluster_link")
 C = protocol.CLUSTER_MESSAGES
@@ -82,18 +76,12 @@ class ClusterLink:
         self.up.connect(scheduler)
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="cluster-link")
         self.outbox: "queue.SimpleQueue" = queue.SimpleQueue()   # (event, cjob, detail, data) from workers
-        self.children: dict[int, subprocess.Popen] = {}
+        self.starts = Starts(self.rundir, self._event)
         self.busy: set[str] = set()            # cjobs with a worker on them (no periodic checkpoint meanwhile)
-        self.starting: dict[str, float] = {}   # cjob -> when started here, until it is seen past a boundary
-        self.ready: set = set()                  # of those, the ones said "ready" (every rank awaits its checkpoint)
         self.ckpt_every: dict[str, float] = {}
-        self.spawned: dict[str, list] = {}     # cjob -> pid of each rank's process started for it last
         self.world: dict[str, int] = {}        # cjob -> its number of ranks
         self.locals: dict[str, list] = {}      # cjob -> each rank's job id on this gmuxd, latest report
-        self.restoring: dict[str, list] = {}   # cjob -> received checkpoints its new processes restore from
-        self.unwanted: set = set()     # those dropped while still arriving: deleted as soon as they complete
         self.broken: set[str] = set()          # gangs with a rank ended badly, whose other ranks were killed
-        self.cancelled: set[str] = set()       # starts killed before gmuxd knew their processes
         self.last_ckpt: dict[str, float] = {}
         # One gang-wide request at a time per job: ranks that got a checkpoint and a suspend in different orders
         # would each hold a different command first and never agree.
@@ -143,7 +131,7 @@ class ClusterLink:
                     self._last_report = self._last_look = now
                     self._report(now)
                     self.receiver.expire()
-                elif self.starting and now - self._last_look >= STARTING_LOOK_S:
+                elif self.starts.starting and now - self._last_look >= STARTING_LOOK_S:
                     self._last_look = now
                     self._report(now, full=False)
         finally:
@@ -168,25 +156,22 @@ class ClusterLink:
         ok, out = self.receiver.handle(req.msg, req.attachment)
         if not ok:
             raise protocol.ProtocolError(out)
-        if isinstance(out, dict) and out.get("path") in self.unwanted:
-            self.unwanted.discard(out["path"])
-            os.unlink(out["path"])
+        if isinstance(out, dict) and out.get("path"):
+            self.starts.arrived(out["path"])
         return out
 
     # --- the report ---
     def _report(self, now: float, full: bool = True) -> None:
         """Reads gmuxd's jobs: events for starts that succeeded or failed, and (`full`) the report to the
         scheduler and periodic checkpoints."""
-        for pid, p in list(self.children.items()):
-            if p.poll() is not None:
-                del self.children[pid]   # reaped: gmuxd reads how it ended from the exit record
+        self.starts.reap()
         try:
             ps = self.admin("ps", timeout=5.0, all=True, limit=LINK_PS_LIMIT)
         except GmuxError as e:
             log.warning("gmuxd not answering: %s", e)
             return
         records = []
-        for cjob, by_rank in ranks_by_job(ps["jobs"], self.spawned).items():
+        for cjob, by_rank in ranks_by_job(ps["jobs"], self.starts.spawned).items():
             world = self.world.setdefault(cjob, max(by_rank) + 1)
             rec = gang_record(cjob, world, by_rank)
             self.locals[cjob] = [j["id"] for _, j in sorted(by_rank.items())]
@@ -196,33 +181,12 @@ class ClusterLink:
                 self.broken.add(cjob)       # its peers would wait in their next collective for ever
                 live = [j["id"] for j in by_rank.values() if j["state"] not in protocol.FINAL_STATES]
                 self._work(cjob, self._ranks, cjob, "kill", None, live)
-            if (cjob in self.starting and cjob not in self.ready and len(by_rank) == world
-                    and all((j.get("report") or {}).get("awaiting_restore") for j in by_rank.values())):
-                self.ready.add(cjob)       # every rank waits for its checkpoint: a move's source may suspend
-                self._event("ready", cjob)
-            if cjob in self.starting and rec["state"] in ("running", "suspended") and rec["step"] > 0:
-                del self.starting[cjob]
-                self.ready.discard(cjob)
-                self._drop_received(cjob)
-                self._event("started", cjob, step=rec["step"], local=rec["local"])
-            elif cjob in self.starting and rec["state"] in protocol.FINAL_STATES:
-                del self.starting[cjob]     # a job that finished before it was seen running needs no event
-                self.ready.discard(cjob)
-                self._drop_received(cjob)
-                if not (rec["state"] == "exited" and rec["exit_status"] == 0):
-                    self._event("start_failed", cjob, f"{rec['state']}: {rec['detail']}")
+            self.starts.observe(cjob, rec, by_rank, world)
             if full:
                 self._maybe_checkpoint(cjob, rec, now)
         if full:
             gpus = [{"index": g["index"], "mem_total": int(g["mem_total"])} for g in ps["gpus"]]
             self._send_up("node_report", name=self.name, gpus=gpus, transfer=self.transfer_endpoint, jobs=records)
-
-    def _drop_received(self, cjob: str) -> None:
-        for path in self.restoring.pop(cjob, []):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                self.unwanted.add(path)     # a move whose new process failed while its checkpoint streamed
 
     def _maybe_checkpoint(self, cjob: str, rec: dict, now: float) -> None:
         every = self.ckpt_every.get(cjob)
@@ -275,8 +239,8 @@ class ClusterLink:
                 self._start(cjob, args)
             return
         ranks = self.locals.get(cjob) if cjob in self._jobs else None
-        if not ranks and action in ("kill", "release") and cjob in self.starting:
-            self._kill_unregistered(cjob)      # e.g. started beside a move that then failed
+        if not ranks and action in ("kill", "release") and cjob in self.starts.starting:
+            self.starts.cancel(cjob)      # e.g. started beside a move that then failed
             return
         if not ranks:
             self._event("action_failed", cjob, f"{action}: {cjob} does not run on {self.name}")
@@ -290,7 +254,7 @@ class ClusterLink:
         elif action == "release":
             # The job lives on elsewhere: this copy no longer speaks for it (should the job come back here,
             # its old record must not pass for the new one's end).
-            self.spawned[cjob] = []
+            self.starts.spawned[cjob] = []
             self._jobs.pop(cjob, None)
             self._work(cjob, self._ranks, cjob, "kill", "released", ranks)
         elif action == "move":
@@ -313,7 +277,7 @@ class ClusterLink:
 
     def _live(self, cjob: str) -> bool:
         rec = self._jobs.get(cjob)
-        return cjob in self.starting or (rec is not None and rec["state"] not in protocol.FINAL_STATES
+        return cjob in self.starts.starting or (rec is not None and rec["state"] not in protocol.FINAL_STATES
                                          and rec["state"] != "migrating")
 
     def _start(self, cjob: str, a: dict) -> None:
@@ -322,75 +286,14 @@ class ClusterLink:
         if missing and not a.get("restore_wait"):      # else still on the way: the processes wait for them
             self._event("start_failed", cjob, f"no received checkpoint {missing[0]!r} on {self.name}")
             return
-        self.spawned[cjob] = []         # until the processes exist, no record speaks for the job
+        self.starts.begin(cjob, paths)
         self.world[cjob] = len(a["gpus"])
         self.broken.discard(cjob)
-        self.cancelled.discard(cjob)
         self._jobs.pop(cjob, None)
-        self.restoring[cjob] = paths
-        self.starting[cjob] = time.monotonic()
-        self.ready.discard(cjob)
         if a.get("ckpt_every"):
             self.ckpt_every[cjob] = float(a["ckpt_every"])
             self.last_ckpt[cjob] = time.monotonic()
-        self._work(cjob, self._spawn, cjob, a, paths)
-
-    def _spawn(self, cjob: str, a: dict, paths: list) -> None:
-        """Starts every rank's process; gmuxd learns the gang from each rank's --gang/--rank/--world."""
-        world = len(a["gpus"])
-        port = free_port() if world > 1 else None   # a new rendezvous at every start: the old may be held
-        env = {**os.environ, **a.get("env", {})}
-        env.pop("GMUX_JOB_TOKEN", None)
-        env.pop("GMUX_RESTORE_WAIT", None)
-        if a.get("restore_wait"):
-            env["GMUX_RESTORE_WAIT"] = repr(float(a["restore_wait"]))
-        os.makedirs(self.rundir.logs(), exist_ok=True)
-        procs = []
-        for rank, gpu in enumerate(a["gpus"]):
-            name = cjob if world == 1 else f"{cjob}.{rank}"
-            cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root, "--no-hook",
-                   "--name", name, "--gpu", str(gpu), "--weight", repr(float(a.get("weight") or 1.0))]
-            if a.get("mem") is not None:
-                cmd += ["--mem", str(a["mem"])]
-            if paths:
-                cmd += ["--restore", paths[rank]]
-            if world > 1:
-                cmd += ["--gang", cjob, "--rank", str(rank), "--world", str(world)]
-            rank_env = {**env, **rendezvous_env(world, port, rank)} if world > 1 else env
-            try:
-                with open(os.path.join(self.rundir.logs(), f"{name}.cluster.log"), "ab") as out:
-                    procs.append(subprocess.Popen(cmd + ["--", *a["argv"]], cwd=a["cwd"] or None, env=rank_env,
-                                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                  start_new_session=True))
-            except OSError as e:
-                for p in procs:          # a gang without one of its ranks would wait for it for ever
-                    p.kill()
-                    p.wait()
-                self.starting.pop(cjob, None)
-                self.ready.discard(cjob)
-                self._drop_received(cjob)
-                self._event("start_failed", cjob, f"could not start rank {rank}: {e}")
-                return
-        for p in procs:
-            self.children[p.pid] = p
-        self.spawned[cjob] = [p.pid for p in procs]  # gmux-launch registers its own pid: names this incarnation
-        if cjob in self.cancelled:
-            for p in procs:
-                p.kill()
-            return
-        log.info("started %s (pids %s)%s", cjob, self.spawned[cjob], " restoring" if paths else "")
-
-    def _kill_unregistered(self, cjob: str) -> None:
-        """Kills the processes of a start that gmuxd may not know yet (the worker spawning them may not even be
-        done: it kills what it spawned when it sees the start cancelled), and forgets the start."""
-        self.cancelled.add(cjob)
-        self.starting.pop(cjob, None)
-        self.ready.discard(cjob)
-        for pid in self.spawned.get(cjob) or []:
-            p = self.children.get(pid)
-            if p is not None and p.poll() is None:
-                p.kill()
-        self._drop_received(cjob)
+        self._work(cjob, self.starts.spawn, cjob, a, paths)
 
     def _gang_lock(self, cjob: str) -> threading.Lock:
         return self.gang_locks.setdefault(cjob, threading.Lock())

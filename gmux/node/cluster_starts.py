@@ -1,0 +1,139 @@
+"""Starts of cluster jobs on this machine, from the scheduler's start to the job's first boundary here.
+
+A start (fresh, a restart from a checkpoint, or a move's target) runs one `gmux-launch --no-hook` per rank,
+which registers with gmuxd itself. Until every rank is seen past a boundary the start is `starting`: the link
+looks at gmuxd more often, tells the scheduler once every rank waits for the checkpoint it restores from
+(`ready`: a move's source may now suspend), then that it `started`, or that it failed. The checkpoints it
+restores from (received from another machine, or still arriving) are deleted once the start is over either
+way: the state then lives in the processes, and the scheduler keeps its own newest periodic copy for recovery.
+One that is still arriving is deleted once it completes (`arrived`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Callable
+
+from gmux import protocol
+from gmux.rundir import RuntimeDir
+from gmux.util.rendezvous import free_port, rendezvous_env
+
+log = logging.getLogger("gmux.cluster_link")
+
+
+class Starts:
+    def __init__(self, rundir: RuntimeDir, event: Callable[..., None]):
+        self.rundir = rundir
+        self.event = event                      # the link's: (event, cjob, detail="", **data) to the scheduler
+        self.children: dict[int, subprocess.Popen] = {}
+        self.spawned: dict[str, list] = {}     # cjob -> pid of each rank's process started for it last
+        self.starting: dict[str, float] = {}   # cjob -> when started here, until it is seen past a boundary
+        self.ready: set = set()                # of those, the ones said "ready" (every rank awaits its checkpoint)
+        self.restoring: dict[str, list] = {}   # cjob -> received checkpoints its new processes restore from
+        self.unwanted: set = set()             # those dropped while still arriving: deleted once they complete
+        self.cancelled: set[str] = set()       # starts killed before gmuxd knew their processes
+
+    def begin(self, cjob: str, paths: list) -> None:
+        """A start from the checkpoints at `paths` (none: a fresh one); its processes come from `spawn`."""
+        self.spawned[cjob] = []         # until the processes exist, no record speaks for the job
+        self.cancelled.discard(cjob)
+        self.restoring[cjob] = paths
+        self.starting[cjob] = time.monotonic()
+        self.ready.discard(cjob)
+
+    def spawn(self, cjob: str, a: dict, paths: list) -> None:
+        """Starts every rank's process (on a worker thread); gmuxd learns the gang from each rank's
+        --gang/--rank/--world."""
+        world = len(a["gpus"])
+        port = free_port() if world > 1 else None   # a new rendezvous at every start: the old may be held
+        env = {**os.environ, **a.get("env", {})}
+        env.pop("GMUX_JOB_TOKEN", None)
+        env.pop("GMUX_RESTORE_WAIT", None)
+        if a.get("restore_wait"):
+            env["GMUX_RESTORE_WAIT"] = repr(float(a["restore_wait"]))
+        os.makedirs(self.rundir.logs(), exist_ok=True)
+        procs = []
+        for rank, gpu in enumerate(a["gpus"]):
+            name = cjob if world == 1 else f"{cjob}.{rank}"
+            cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root, "--no-hook",
+                   "--name", name, "--gpu", str(gpu), "--weight", repr(float(a.get("weight") or 1.0))]
+            if a.get("mem") is not None:
+                cmd += ["--mem", str(a["mem"])]
+            if paths:
+                cmd += ["--restore", paths[rank]]
+            if world > 1:
+                cmd += ["--gang", cjob, "--rank", str(rank), "--world", str(world)]
+            rank_env = {**env, **rendezvous_env(world, port, rank)} if world > 1 else env
+            try:
+                with open(os.path.join(self.rundir.logs(), f"{name}.cluster.log"), "ab") as out:
+                    procs.append(subprocess.Popen(cmd + ["--", *a["argv"]], cwd=a["cwd"] or None, env=rank_env,
+                                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                  start_new_session=True))
+            except OSError as e:
+                for p in procs:          # a gang without one of its ranks would wait for it for ever
+                    p.kill()
+                    p.wait()
+                self._over(cjob)
+                self.event("start_failed", cjob, f"could not start rank {rank}: {e}")
+                return
+        for p in procs:
+            self.children[p.pid] = p
+        self.spawned[cjob] = [p.pid for p in procs]  # gmux-launch registers its own pid: names this incarnation
+        if cjob in self.cancelled:
+            for p in procs:
+                p.kill()
+            return
+        log.info("started %s (pids %s)%s", cjob, self.spawned[cjob], " restoring" if paths else "")
+
+    def cancel(self, cjob: str) -> None:
+        """Kills the processes of a start that gmuxd may not know yet (the worker spawning them may not even be
+        done: it kills what it spawned when it sees the start cancelled), and forgets the start."""
+        self.cancelled.add(cjob)
+        for pid in self.spawned.get(cjob) or []:
+            p = self.children.get(pid)
+            if p is not None and p.poll() is None:
+                p.kill()
+        self._over(cjob)
+
+    def reap(self) -> None:
+        for pid, p in list(self.children.items()):
+            if p.poll() is not None:
+                del self.children[pid]   # reaped: gmuxd reads how it ended from the exit record
+
+    def observe(self, cjob: str, rec: dict, by_rank: dict, world: int) -> None:
+        """What gmuxd says of a job (`rec`, the link's record of it; `by_rank`, gmuxd's record of each rank):
+        the events a start it is in owes the scheduler."""
+        if cjob not in self.starting:
+            return
+        if (cjob not in self.ready and len(by_rank) == world
+                and all((j.get("report") or {}).get("awaiting_restore") for j in by_rank.values())):
+            self.ready.add(cjob)       # every rank waits for its checkpoint: a move's source may suspend
+            self.event("ready", cjob)
+        if rec["state"] in ("running", "suspended") and rec["step"] > 0:
+            self._over(cjob)
+            self.event("started", cjob, step=rec["step"], local=rec["local"])
+        elif rec["state"] in protocol.FINAL_STATES:
+            self._over(cjob)           # a job that finished before it was seen running needs no event
+            if not (rec["state"] == "exited" and rec["exit_status"] == 0):
+                self.event("start_failed", cjob, f"{rec['state']}: {rec['detail']}")
+
+    def arrived(self, path: str) -> bool:
+        """A checkpoint has arrived complete at `path`: whether it was dropped meanwhile (and is now deleted)."""
+        if path not in self.unwanted:
+            return False
+        self.unwanted.discard(path)
+        os.unlink(path)
+        return True
+
+    def _over(self, cjob: str) -> None:
+        """The start is over (started, failed or cancelled): its received checkpoints go."""
+        self.starting.pop(cjob, None)
+        self.ready.discard(cjob)
+        for path in self.restoring.pop(cjob, []):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                self.unwanted.add(path)     # a move whose new process failed while its checkpoint streamed
