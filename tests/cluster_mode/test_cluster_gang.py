@@ -6,6 +6,7 @@ Received checkpoints are deleted once restored from; the scheduler keeps only th
 import json
 import os
 import subprocess
+import time
 
 from gmux.wire.daemon_client import Client
 from cluster_harness import PY, ROOT, env, free_port, wait_for
@@ -90,9 +91,14 @@ def test_gang_migrated_then_its_machine_lost_bit_identical_checkpoints_cleaned(c
     sched_dir = tmp_path / "sched" / "checkpoints"
     at = wait_for(lambda: (lambda j: (j["ckpt_step"] or 0) > after["step"] and j)(c.job(cjob)), 60,
                   "a checkpoint set from the new machine")
-    for _ in range(5):
-        held = [f for f in _ckpts(sched_dir) if f"-{cjob}-" in f]
-        assert len(held) <= 2, held
+    # (a set is registered once its every file has arrived, and only then is the set before it deleted: at
+    # most two sets at any moment, one soon after)
+    def sets():
+        return {f.rsplit(".", 2)[0] for f in _ckpts(sched_dir) if f"-{cjob}-" in f}
+    for _ in range(20):
+        assert len(sets()) <= 2, _ckpts(sched_dir)
+        time.sleep(0.05)
+    wait_for(lambda: len(sets()) == 1, 30, "one checkpoint set held")
     c.kill_machine(dst)
     again = wait_for(lambda: (lambda j: j["restarts"] == 1 and j["state"] in ("running", "done") and j)(c.job(cjob)),
                      90, "restarted elsewhere")

@@ -1,5 +1,7 @@
 """The policy driver: the snapshot it builds from the scheduler's tables, and how each action becomes a daemon
 intent (pure: no processes)."""
+import os
+
 from gmux.cluster.policies import (Event, EventKind, Grow, JobState, Migrate, Pack, Place, Resume, SetTimer,
                                    Suspend, Unpack, make_policy)
 from gmux.cluster.scheduler.driver import Driver
@@ -103,5 +105,33 @@ def test_a_skipped_intent_is_logged_once_until_its_reason_changes(tmp_path):
         assert len(skips()) == 1
         s._carry_out(Intent("none", "c1", why="waiting for 2 free GPUs"))
         assert [d["text"] for d in skips()] == ["c1: gang c1 cannot share GPU 0", "c1: waiting for 2 free GPUs"]
+    finally:
+        s.close()
+
+
+def test_a_checkpoint_set_older_than_the_one_held_is_dropped(tmp_path):
+    # A move's source may send a periodic set taken before the move after the target's newer one: the job must
+    # keep the newer (a restart from the older would lose progress), and the older's files go.
+    from gmux.wire import keys
+    from gmux.cluster.scheduler.service import Options, Scheduler
+    keydir = str(tmp_path / "keys")
+    keys.create(keydir, "scheduler")
+    s = Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*"))
+    try:
+        s.jobs["c1"] = CJob("c1", ["python", "t.py"], "/", state="running", machine="b", gpu=0)
+
+        def arrives(machine, seq, step):
+            xfer = f"{machine}-c1-k{seq}.0"
+            open(s.receiver.path(xfer), "wb").close()
+            s._daemon_node_event(machine, b"", {"cjob": "c1", "event": "checkpointed",
+                                                "data": {"xfers": [xfer], "step": step}}, None)
+            return s.receiver.path(xfer)
+
+        newer = arrives("b", 1, 500)
+        older = arrives("a", 7, 420)
+        assert s.jobs["c1"].ckpt_paths == [newer] and s.jobs["c1"].ckpt_step == 500
+        assert os.path.exists(newer) and not os.path.exists(older)
+        newest = arrives("b", 2, 600)
+        assert s.jobs["c1"].ckpt_step == 600 and not os.path.exists(newer) and os.path.exists(newest)
     finally:
         s.close()

@@ -235,9 +235,12 @@ class Scheduler:
             ok = (xfers is not None and len(xfers) == job.gpus      # names, typed by the protocol (EVENT_DATA)
                   and all(x.startswith(f"{name}-{job.cjob}-") for x in xfers))
             paths = [self.receiver.path(x) for x in xfers] if ok else []
-            if paths and all(os.path.exists(p) for p in paths):
-                job.ckpt_paths, job.ckpt_step = paths, int(d.get("step") or 0)
+            step = int(d.get("step") or 0)
+            if paths and all(os.path.exists(p) for p in paths) and step >= (job.ckpt_step or 0):
+                job.ckpt_paths, job.ckpt_step = paths, step
                 self._drop_checkpoints(job.cjob, keep=paths)     # only the newest complete set is worth keeping
+            elif paths:      # older than the set held (a move's source, checkpointed before the move, heard late)
+                self._drop_checkpoints(job.cjob, keep=job.ckpt_paths)
         elif ev == "suspended" and job.state == "suspended":
             job.detail = f"held on {name}"
         elif ev == "action_failed":
