@@ -76,7 +76,17 @@ class Receiver:
         return os.path.join(self.dir, f"{xfer}.ckpt")
 
     def handle(self, msg: protocol.Message, data: Optional[bytes]) -> tuple[bool, object]:
-        """(ok, reply data or error text)."""
+        """(ok, reply data or error text). A transfer this machine cannot store (its disk full, say) is given
+        up here, its partial file deleted: the sender hears why, and a move fails with its job at its source."""
+        try:
+            return self._handle(msg, data)
+        except OSError as e:
+            x = msg["xfer"]
+            if x in self.open:
+                self._discard(x)
+            return False, f"{msg.type} {x}: cannot store it on this machine: {e.strerror or e}"
+
+    def _handle(self, msg: protocol.Message, data: Optional[bytes]) -> tuple[bool, object]:
         x = msg["xfer"]
         if msg.type == "xfer_begin":
             return True, {"have": self._begin(x, msg["size"])}
@@ -91,7 +101,9 @@ class Receiver:
             if off != st["have"] or off + len(data) > st["size"]:
                 self.rejected_chunks += 1     # out of place (after a loss): the sender rewinds
                 return True, {"have": st["have"]}
-            os.write(st["fd"], data)
+            view = memoryview(data)
+            while view:                       # (a short write: the disk filled up, and the next one says so)
+                view = view[os.write(st["fd"], view):]
             st["have"] += len(data)
             return True, {"have": st["have"]}
         # xfer_end (a stream's begin gave a bound; its end says the size)

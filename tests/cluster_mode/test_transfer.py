@@ -271,3 +271,34 @@ def test_a_pipe_left_by_a_killed_link_does_not_block_a_staged_checkpoint(tmp_pat
         open(path, "wb").write(b"checkpoint")
     assert staged(path, lambda: job_writes_a_file()) is None
     assert open(path, "rb").read() == b"checkpoint"
+
+
+def test_a_full_disk_gives_the_transfer_up_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    # The receiver cannot store a chunk (ENOSPC, after a short write): the sender hears why, the partial file is
+    # deleted (it would only hold the space), and a later transfer of the same name starts afresh.
+    import errno
+    from gmux.wire import transfer
+    recv = Receiver(str(tmp_path / "in"))
+    chunk = os.urandom(CHUNK)
+
+    def msg(mtype, **fields):
+        return protocol.decode(protocol.encode(mtype, 1, protocol.CLUSTER_MESSAGES, **fields), protocol.CLUSTER_MESSAGES)
+    assert recv.handle(msg("xfer_begin", xfer="a-j1.0", size=3 * CHUNK), None) == (True, {"have": 0})
+    assert recv.handle(msg("xfer_chunk", xfer="a-j1.0", offset=0), chunk)[1] == {"have": CHUNK}
+    real_write, calls = os.write, []
+
+    def full(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[:100]))      # what still fitted
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(transfer.os, "write", full)
+    ok, why = recv.handle(msg("xfer_chunk", xfer="a-j1.0", offset=CHUNK), chunk)
+    assert not ok and "cannot store it on this machine: No space left on device" in why, why
+    assert calls == [CHUNK, CHUNK - 100]
+    assert os.listdir(tmp_path / "in") == [] and recv.open == {}
+    monkeypatch.setattr(transfer.os, "write", real_write)
+    assert recv.handle(msg("xfer_begin", xfer="a-j1.0", size=CHUNK), None) == (True, {"have": 0})
+    assert recv.handle(msg("xfer_chunk", xfer="a-j1.0", offset=0), chunk)[1] == {"have": CHUNK}
+    assert recv.handle(msg("xfer_end", xfer="a-j1.0"), None)[0]
+    assert (tmp_path / "in" / "a-j1.0.ckpt").read_bytes() == chunk
