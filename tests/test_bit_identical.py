@@ -1,4 +1,5 @@
 """Interrupted deterministic training ends with exactly the weights of an uninterrupted run."""
+import json
 import os
 import random
 
@@ -26,6 +27,14 @@ def test_suspends_and_restores_in_new_processes_are_lossless(model, steps, tmp):
     assert "24 suspend/resume cycles" in out.stdout
     assert_identical(_final(f"{tmp}/solo.pt")["model"], _final(f"{tmp}/suspended.pt")["model"], "model")
     assert_identical(_final(f"{tmp}/solo.pt")["optimizer"], _final(f"{tmp}/suspended.pt")["optimizer"], "optimizer")
+    # The same, each suspended in place (a cross-machine move's: nothing copied out or back).
+    out = run_py(*common, "--suspend-at", ",".join(map(str, at)), "--in-place", "--out", f"{tmp}/held.pt",
+                 "--report", f"{tmp}/held.json")
+    assert "24 suspend/resume cycles" in out.stdout
+    with open(f"{tmp}/held.json") as f:
+        assert all(c["suspend"]["in_place"] and c["suspend"]["bytes"] == 0 for c in json.load(f)["cycles"])
+    assert_identical(_final(f"{tmp}/solo.pt")["model"], _final(f"{tmp}/held.pt")["model"], "model")
+    assert_identical(_final(f"{tmp}/solo.pt")["optimizer"], _final(f"{tmp}/held.pt")["optimizer"], "optimizer")
 
     # Three migrations into new processes (mid-epoch, with loader workers), with suspends in between.
     cuts = sorted(rng.sample(range(3, steps - 2), 3))

@@ -2,8 +2,9 @@
 
     python benchmarks/gpu/runtime_cuda.py      (skips, saying so, where no GPU exists)
 
-1. Trains the CNN on cuda three ways (uninterrupted; 20 suspend/resume cycles; two migrations into new
-   processes) and checks that the final weights and optimizer state are bit-identical.
+1. Trains the CNN on cuda four ways (uninterrupted; 20 suspend/resume cycles; 20 in place, as a cross-machine
+   move suspends, a checkpoint taken from live device memory in some; two migrations into new processes) and
+   checks that the final weights and optimizer state are bit-identical.
 2. Runs benchmarks/suspend_resume.py --device cuda (state tier; 64 MiB to 1 GiB) and reports suspend and
    resume GB/s against a pinned cudaMemcpy of the same bytes, measured with CuPy (independently of torch)
    in the same run.
@@ -35,12 +36,13 @@ def bit_identity() -> bool:
     with tempfile.TemporaryDirectory() as d:
         run(*train, "--out", f"{d}/solo.pt")
         run(*train, "--suspend-at", ",".join(str(s) for s in range(2, 60, 3)), "--out", f"{d}/sus.pt")
+        run(*train, "--suspend-at", ",".join(str(s) for s in range(2, 60, 3)), "--in-place", "--out", f"{d}/held.pt")
         run(*train, "--migrate-at", "17", "--checkpoint", f"{d}/a.ckpt")
         run(*train, "--restore", f"{d}/a.ckpt", "--migrate-at", "41", "--checkpoint", f"{d}/b.ckpt")
         run(*train, "--restore", f"{d}/b.ckpt", "--out", f"{d}/mig.pt")
-        solo, sus, mig = (torch.load(f"{d}/{n}.pt", map_location="cpu") for n in ("solo", "sus", "mig"))
+        solo, sus, held, mig = (torch.load(f"{d}/{n}.pt", map_location="cpu") for n in ("solo", "sus", "held", "mig"))
     ok = True
-    for name, other in (("20 suspends", sus), ("2 migrations", mig)):
+    for name, other in (("20 suspends", sus), ("20 suspends in place", held), ("2 migrations", mig)):
         good = identical(solo["model"], other["model"]) and identical(solo["optimizer"], other["optimizer"])
         print(f"cuda bit-identity after {name}: {'yes' if good else 'NO'}")
         ok &= good

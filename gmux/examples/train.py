@@ -3,6 +3,7 @@
 Deterministic on the CPU (seeded, deterministic algorithms, one thread), so an interrupted run can be
 compared bit for bit with an uninterrupted one. Options exercise the runtime:
   --suspend-at 3,9,...   suspend at these steps; a second thread resumes (and sometimes checkpoints) it
+  --in-place             those suspends keep the state where it is (a cross-machine move's), copying nothing
   --migrate-at N --checkpoint PATH   at step N: checkpoint to PATH and exit (a migration's first half)
   --restore PATH         continue from a checkpoint in this new process
 """
@@ -30,6 +31,8 @@ def parse(argv=None):
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (default 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--suspend-at", default="", help="comma-separated steps at which to suspend and resume")
+    p.add_argument("--in-place", action="store_true",
+                   help="suspend in place (as a cross-machine move does): nothing copied out or back")
     p.add_argument("--migrate-at", type=int, default=None)
     p.add_argument("--checkpoint", default=None, help="checkpoint path for --migrate-at")
     p.add_argument("--restore", default=None)
@@ -106,7 +109,8 @@ def main(argv=None) -> int:
                 job.state["losses"].append(loss.item() * args.accum)
                 step = job.state["step"]
                 if step in args.suspend_at:
-                    pending["suspend"] = job.controller.send("suspend")
+                    pending["suspend"] = job.controller.send("suspend", **({"in_place": True} if args.in_place
+                                                                            else {}))
                 if step == args.migrate_at:
                     job.controller.send("migrate", path=args.checkpoint)
                 job.boundary()
