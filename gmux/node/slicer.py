@@ -15,7 +15,8 @@ is continued (SIGCONT) and, still overdue, stopped again as soon as its turn is 
 at all is thus time-sliced by stop and continue alone. When an overdue job reaches its boundary at last, its
 command is acknowledged as usual (and, if its turn is not over, it is resumed at once). A job stopped by
 someone else (frozen) keeps its memory and gets no turns until it runs again. A job held for a cross-machine
-move suspends in place (gmux.job.job): it too keeps its memory (kept) and computes nothing until resumed.
+move suspends in place (gmux.job.job): it too keeps its memory (kept) and computes nothing until resumed,
+unless another slot needs that memory: then it is asked to suspend for real.
 
 GPU time (`used`): a job holds the GPU from when its resume is sent until its suspend is acknowledged (copy in,
 compute, the wait for its boundary, copy out), except while it is stopped or frozen. On a busy time-sliced GPU
@@ -263,9 +264,8 @@ class Slicer:
             e.frozen = False    # it answered, so it runs: whoever stopped it has continued it
         if kind == "suspend":
             if ok:
-                if in_place:
-                    e.kept = True       # (still resident: its memory is counted until it resumes or leaves)
-                else:
+                e.kept = in_place       # (kept: still resident, its memory counted until it resumes or leaves)
+                if not in_place:
                     self.resident.discard(job)
                 self._stop(e, now)
                 if e.stopped:
@@ -445,8 +445,18 @@ class Slicer:
                    (len(slots) > 1 and self.since is not None and now - self.since >= self.turn(self.current)))
         if not expired:
             return []
-        # A slot can run only if it fits beside the jobs that keep their memory without computing.
+        # A slot can run only if it fits beside the jobs that keep their memory without computing. A job kept
+        # in place for a move keeps it only while no one needs it: it is asked to suspend for real (taken once
+        # its move's checkpoint is written).
         kept = self._kept()
+        if any((kept - s) and not self.fits(s | kept) for s in slots):
+            out = []
+            for j in sorted(j for j in kept if self.entries[j].kept and j not in self.pending):
+                self.entries[j].in_place = False
+                self._send_suspend(j, now)
+                out.append(("suspend", j))
+            if out:
+                return out
         slots = [s for s in slots if not (kept - s) or self.fits(s | kept)]
         if not slots:
             return []

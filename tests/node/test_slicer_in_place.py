@@ -26,17 +26,32 @@ def held_in_place(s, job="a", t=0.1):
 
 
 def test_a_job_suspended_in_place_keeps_its_memory_and_is_charged_no_gpu_time():
-    s = slicer(6 * GiB, 6 * GiB)                 # b does not fit beside a
+    s = slicer(6 * GiB)
     held_in_place(s)
     assert s.is_kept("a") and "a" in s.resident and not s.computing("a")
     used = s.used("a", 0.1)
     for t in (0.5, 2.0, 5.0):
-        assert ("resume", "b") not in s.tick(t)   # a's memory is still on the GPU
-    assert s.used("a", 5.0) == used and "b" not in s.resident
+        assert s.tick(t) == []                   # nobody needs its memory: it keeps it
+    assert s.used("a", 5.0) == used and "a" in s.resident
 
-    # The move succeeded: the job leaves the machine, its memory with it, and b may come in.
-    s.remove("a", 5.0)
-    assert ("resume", "b") in s.tick(5.1)
+
+def test_a_kept_job_suspends_for_real_when_another_needs_its_memory():
+    s = slicer(6 * GiB, 6 * GiB)                 # b does not fit beside a
+    held_in_place(s)
+    sent = s.tick(0.5)
+    assert ("suspend", "a") in sent and s.suspend_args("a") == {}    # this time it copies its state out
+    for t in (0.6, 2.0):
+        assert ("resume", "b") not in s.tick(t)   # (its move's checkpoint still being written)
+    s.acked("a", "suspend", 2.5)
+    assert "a" not in s.resident and not s.is_kept("a")
+    assert ("resume", "b") in s.tick(2.6)
+
+
+def test_a_kept_job_leaving_the_machine_frees_its_memory():
+    s = slicer(6 * GiB)
+    held_in_place(s)
+    s.remove("a", 5.0)                           # the move succeeded: the job leaves, its memory with it
+    assert s.resident == set()
 
 
 def test_a_job_that_fits_beside_a_kept_one_runs_meanwhile():
@@ -61,10 +76,10 @@ def test_a_failed_move_resumes_the_kept_job_before_it_computes_again():
 
 def test_a_kept_job_is_not_taken_for_freed_by_its_own_heartbeat():
     # Its agent says "suspended" while it waits at its boundary: its memory is still there.
-    s = slicer(6 * GiB, 6 * GiB)
+    s = slicer(6 * GiB)
     held_in_place(s)
     s.observed("a", "suspended", 0.3)
-    assert "a" in s.resident and ("resume", "b") not in s.tick(0.4)
+    assert "a" in s.resident and s.is_kept("a")
 
 
 def test_a_plain_hold_still_frees_the_memory():
