@@ -139,3 +139,41 @@ def test_bytes_after_the_end_frame_are_refused(tmp_path):
     with pytest.raises(gj.CheckpointError, match="bytes after the END frame"):
         dst.restore(str(path))
     assert_identical(before, _values(dst))
+
+
+def test_a_fresh_process_restores_straight_into_its_own_parameters(tmp_path, monkeypatch):
+    # A move's target only just built its model, and ends if the restore fails: its parameters and buffers are
+    # read into where they are, not into new buffers copied in afterwards (one pass over the bytes less).
+    from gmux.job import checkpoint as ckpt
+    src = _job(0)
+    data = _checkpoint_bytes(tmp_path, src)
+    path = str(tmp_path / "fresh.ckpt")
+    rx = Receiver(path, data)
+    rx.start()
+    dst = _job(1)
+    model = dst.tracked.modules[0]
+    where = {n: p.data_ptr() for n, p in model.state_dict().items()}
+    filled, read = [], ckpt.read
+
+    def spy(source, origin, check=None, into=None):
+        out = read(source, origin, check, into)
+        filled.extend(t.data_ptr() for t in (into or {}).values())
+        return out
+    monkeypatch.setattr(ckpt, "read", spy)
+    with Arriving(path, wait=10) as arriving:
+        dst.restore(arriving, fresh=True)
+    rx.join()
+    assert_identical(_values(src), _values(dst))
+    assert {n: p.data_ptr() for n, p in model.state_dict().items()} == where
+    assert sorted(filled) == sorted(where.values())      # every parameter and buffer read into where it is
+
+
+def test_a_fresh_restore_given_up_half_way_is_still_refused(tmp_path):
+    data = _checkpoint_bytes(tmp_path, _job(0))
+    path = str(tmp_path / "cut-fresh.ckpt")
+    rx = Receiver(path, data, gone_at=len(data) // 2)
+    rx.start()
+    with pytest.raises(TransferError, match="given up after"):
+        with Arriving(path, wait=10) as arriving:
+            _job(1).restore(arriving, fresh=True)
+    rx.join()

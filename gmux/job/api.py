@@ -51,7 +51,7 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
         _current.controller.report({**_current.report(), "awaiting_restore": True})
         try:
             with Arriving(restore, wait) as arriving:
-                _current.restore(arriving)
+                _current.restore(arriving, fresh=True)    # (a refused one ends this process: the move fails)
         except TransferError as e:
             raise CheckpointError(str(e)) from None
     elif restore:

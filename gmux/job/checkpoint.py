@@ -308,12 +308,14 @@ _KIND_NAMES = {HEAD: "HEAD", SKEL: "SKEL", DATA: "DATA", END: "END"}
 Check = Callable[[object, list], Optional[int]]
 
 
-def read(source: BinaryIO, origin: str, check: Optional[Check] = None) -> dict:
+def read(source: BinaryIO, origin: str, check: Optional[Check] = None, into: Optional[dict] = None) -> dict:
     """Reads and validates a whole checkpoint stream into a snapshot of host tensors.
 
     `check(skeleton, table)` is called once the metadata is decoded, before anything is allocated for the
     data; it raises CheckpointError for a checkpoint that does not fit, and returns how many of the table's
-    bytes it has vouched for (checked against the live job), or None for none."""
+    bytes it has vouched for (checked against the live job), or None for none. `into` (table row -> a
+    contiguous host tensor of the row's dtype and shape, as `check` leaves it) names tensors to read rows
+    straight into instead of new buffers: they hold garbage if the checkpoint is then refused."""
     reader = _Reader(source)
     try:
         frames = _Frames(reader, origin)
@@ -328,7 +330,7 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None) -> dict:
         _each_referred_once(skeleton, len(table), origin)
         vouched = check(skeleton, table) if check is not None else None
         _fits(table, zeros, reader.left, vouched, origin)
-        buffers = _read_data(frames, table, zeros, origin)
+        buffers = _read_data(frames, table, zeros, origin, into or {})
         if reader(1):       # (a stream still arriving ends only once complete: gmux.wire.arriving)
             raise CheckpointError(origin, "corrupt: bytes after the END frame")
     except (msgpack.UnpackException, ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
@@ -354,8 +356,9 @@ def _fits(table: list, zeros: set, left: Optional[int], vouched: Optional[int], 
                                       f"data the job does not hold (at most {MAX_FREE} from a stream)")
 
 
-def _read_data(frames: _Frames, table: list, zeros: set, origin: str) -> list:
-    buffers = [torch.zeros(row.nbytes, dtype=torch.uint8) if i in zeros else torch.empty(row.nbytes, dtype=torch.uint8)
+def _read_data(frames: _Frames, table: list, zeros: set, origin: str, into: dict) -> list:
+    buffers = [torch.zeros(row.nbytes, dtype=torch.uint8) if i in zeros else
+               into[i].view(-1).view(torch.uint8) if i in into else torch.empty(row.nbytes, dtype=torch.uint8)
                for i, row in enumerate(table)]
     # DATA fills the other rows, in order; a zeros row is passed over like an empty one.
     carried = [memoryview(b.numpy()) for i, b in enumerate(buffers) if i not in zeros]

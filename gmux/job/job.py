@@ -261,10 +261,14 @@ class Job:
         # The step it holds: the job goes on stepping once it is written, so a later report's is not it.
         return {"bytes": nbytes, "seconds": time.perf_counter() - t0, "step": snap["steps"]}
 
-    def restore(self, source: str | BinaryIO | bytes) -> dict:
+    def restore(self, source: str | BinaryIO | bytes, fresh: bool = False) -> dict:
         """Puts a checkpoint's state into this job's objects, or raises CheckpointError without changing
         anything: the checkpoint is checked against this job (restore_check.Fit) before its data is read, and
-        its random states are tried on scratch generators before anything is applied."""
+        its random states are tried on scratch generators before anything is applied.
+
+        `fresh`: this process only just built its state, and ends if the restore fails (a move's target), so
+        the parameters and buffers it holds on the host are read into directly, not copied in afterwards; a
+        refused checkpoint leaves them undefined."""
         if self.suspended:
             raise RuntimeError("restore: resume the job first")
         t0 = time.perf_counter()
@@ -280,7 +284,7 @@ class Job:
                 origin = repr(source.name) if isinstance(getattr(source, "name", None), str) else "(stream)"
                 fit = Fit(self, origin)
                 stream = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
-                snap = ckpt.read(stream, origin, fit.layout)
+                snap = ckpt.read(stream, origin, fit.layout, fit.into if fresh else None)
         fit.values(snap)
         position = DataPosition.from_dict(snap["position"])
         self.tracked.apply(snap)

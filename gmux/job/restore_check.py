@@ -50,6 +50,10 @@ class Fit:
         self.live = job.snapshot()           # the job's state dicts, referring to its tensors (nothing copied)
         self.table: list[Row] = []
         self.vouched = 0
+        # table row -> the job's own host tensor it restores, contiguous and not shared: a fresh process's
+        # restore may read its bytes straight into it (Job.restore, fresh)
+        self.into: dict[int, torch.Tensor] = {}
+        self._filled: set = set()
 
     def fail(self, problem: str, error=CheckpointError):
         raise error(self.origin, problem)
@@ -98,6 +102,12 @@ class Fit:
                 self.fail(f"{where}: {describe(saved)}, the job has {describe(live)}")
         elif type(saved) is not type(live):
             self.fail(f"{where}: {describe(saved)}, the job has {describe(live)}")
+
+    def _may_fill(self, index: int, t: torch.Tensor) -> None:
+        storage = t.untyped_storage().data_ptr() if t.device.type == "cpu" and t.is_contiguous() else None
+        if storage is not None and storage not in self._filled:      # (tied weights: one of them)
+            self._filled.add(storage)
+            self.into[index] = t.detach()
 
     def counter(self, saved, where: str) -> None:
         if type(saved) is not int:
@@ -160,6 +170,7 @@ class Fit:
                               f"{row.dtype} in the checkpoint but {tuple(t.shape)} {_dtype(t)} in this job",
                               StateMismatch)
                 self.vouched += row.nbytes
+                self._may_fill(sd[name].index, t)
             if not isinstance(grads[i], dict):
                 self.fail(f"'grads'[{i}]: {describe(grads[i])}, the job has a dict")
             params = dict(module.named_parameters())

@@ -117,8 +117,8 @@ class TrackedState:
                         p.grad = None
                     elif p.grad is not None and p.grad.shape == g.shape:
                         p.grad.copy_(g)
-                    else:
-                        p.grad = g.to(device=p.device, dtype=p.dtype).clone()
+                    else:      # (a restored snapshot's tensors are buffers of its own: taken, not copied)
+                        p.grad = g.to(device=p.device, dtype=p.dtype)
             for opt, sd in zip(self.optimizers, snap["optimizers"]):
                 sd = {k: v for k, v in sd.items() if k != "__gmux_type__"}
                 opt.load_state_dict(sd)
