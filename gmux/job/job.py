@@ -33,6 +33,7 @@ from .restore_check import Fit
 from .state import TrackedState
 
 REPORT_EVERY_S = 1.0
+NOTHING_COPIED = {"in_place": True, "bytes": 0, "total_s": 0.0}   # a suspend's or resume's figures, in place
 
 
 class JobExit(SystemExit):
@@ -159,7 +160,7 @@ class Job:
     def _suspend_as_told(self, command: Command) -> dict:
         if command.args.get("in_place"):
             self._in_place = True
-            return {"in_place": True, "bytes": 0, "total_s": 0.0}
+            return dict(NOTHING_COPIED)
         return self.suspend()
 
     def _suspend_held(self) -> dict:
@@ -177,7 +178,7 @@ class Job:
         if self._in_place:
             self._in_place = False
             self._last = time.perf_counter()    # (time held is not a mini-batch)
-            figures = {"in_place": True, "bytes": 0, "total_s": 0.0}
+            figures = dict(NOTHING_COPIED)
         else:
             figures = self.resume()
         os.environ.update(command.args.get("env") or {})

@@ -113,16 +113,23 @@ def test_stranger_and_wrong_key_refused(keydir, tmp_path):
         t.join(5)
 
 
+def msg(mtype, **fields):
+    return protocol.decode(protocol.encode(mtype, 1, protocol.CLUSTER_MESSAGES, **fields), protocol.CLUSTER_MESSAGES)
+
+
+def _one_chunk_in(tmp_path):
+    """A receiver holding the first of the three chunks of transfer a-j1.0; (the receiver, a chunk)."""
+    recv = Receiver(str(tmp_path / "in"))
+    chunk = os.urandom(CHUNK)
+    assert recv.handle(msg("xfer_begin", xfer="a-j1.0", size=3 * CHUNK), None) == (True, {"have": 0})
+    assert recv.handle(msg("xfer_chunk", xfer="a-j1.0", offset=0), chunk)[1] == {"have": CHUNK}
+    return recv, chunk
+
+
 def test_an_abandoned_partial_file_is_deleted_and_a_late_sender_starts_again(tmp_path):
     import time
     from gmux.wire.transfer import STALE_S
-    recv = Receiver(str(tmp_path / "in"))
-    chunk = os.urandom(CHUNK)
-
-    def msg(mtype, **fields):
-        return protocol.decode(protocol.encode(mtype, 1, protocol.CLUSTER_MESSAGES, **fields), protocol.CLUSTER_MESSAGES)
-    assert recv.handle(msg("xfer_begin", xfer="a-j1.0", size=3 * CHUNK), None) == (True, {"have": 0})
-    assert recv.handle(msg("xfer_chunk", xfer="a-j1.0", offset=0), chunk)[1] == {"have": CHUNK}
+    recv, chunk = _one_chunk_in(tmp_path)
     # A partial file left by an earlier receiver process, as old as the stale limit.
     orphan = tmp_path / "in" / "a-j2.0.part"
     orphan.write_bytes(chunk)
@@ -278,13 +285,7 @@ def test_a_full_disk_gives_the_transfer_up_and_leaves_nothing_behind(tmp_path, m
     # deleted (it would only hold the space), and a later transfer of the same name starts afresh.
     import errno
     from gmux.wire import transfer
-    recv = Receiver(str(tmp_path / "in"))
-    chunk = os.urandom(CHUNK)
-
-    def msg(mtype, **fields):
-        return protocol.decode(protocol.encode(mtype, 1, protocol.CLUSTER_MESSAGES, **fields), protocol.CLUSTER_MESSAGES)
-    assert recv.handle(msg("xfer_begin", xfer="a-j1.0", size=3 * CHUNK), None) == (True, {"have": 0})
-    assert recv.handle(msg("xfer_chunk", xfer="a-j1.0", offset=0), chunk)[1] == {"have": CHUNK}
+    recv, chunk = _one_chunk_in(tmp_path)
     real_write, calls = os.write, []
 
     def full(fd, data):

@@ -10,12 +10,17 @@ def _next(router: zmq.Socket) -> protocol.Message:
     return protocol.decode(router.recv_multipart()[1])
 
 
-def test_a_command_at_a_boundary_is_answered_before_the_rate_sample_is_sent(tmp_path):
+def _pair(tmp_path):
+    """A bare ROUTER standing in for gmuxd, and an agent connected to it."""
     router = zmq.Context.instance().socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     endpoint = f"ipc://{tmp_path}/gmuxd.sock"
     router.bind(endpoint)
-    agent = Agent(endpoint, job="j1", token="0" * 32)
+    return router, Agent(endpoint, job="j1", token="0" * 32)
+
+
+def test_a_command_at_a_boundary_is_answered_before_the_rate_sample_is_sent(tmp_path):
+    router, agent = _pair(tmp_path)
     try:
         agent.state = "running"
         agent.report({"step": 0})    # tells the router the agent's identity
@@ -43,11 +48,7 @@ def test_a_command_at_a_boundary_is_answered_before_the_rate_sample_is_sent(tmp_
 
 def test_a_job_suspended_in_place_says_it_runs_while_it_waits(tmp_path):
     # It holds its GPU memory: a daemon restarted meanwhile must count that memory (the slicer's "running").
-    router = zmq.Context.instance().socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    endpoint = f"ipc://{tmp_path}/gmuxd.sock"
-    router.bind(endpoint)
-    agent = Agent(endpoint, job="j1", token="0" * 32)
+    router, agent = _pair(tmp_path)
     try:
         agent.state = "running"
         agent.report({"step": 0})
