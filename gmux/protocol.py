@@ -160,6 +160,21 @@ def _map(spec: dict):
     return f
 
 
+# What a move's new process already holds (gmux.job.holdings): concatenated digests of its tensors' bytes, as
+# its link serves them to the move's source (xfer_holds) and the source's link hands them to the job's
+# checkpoint. At most HOLDS_MAX (512 KiB: a message stays under MAX_FRAME).
+HOLDS_DIGEST_BYTES = 16
+HOLDS_MAX = 32768
+
+
+def holds_problem(v):
+    if not isinstance(v, bytes):
+        return f"expected bytes, got {type(v).__name__}"
+    if len(v) % HOLDS_DIGEST_BYTES or len(v) > HOLDS_MAX * HOLDS_DIGEST_BYTES:
+        return f"{len(v)} bytes are not at most {HOLDS_MAX} digests of {HOLDS_DIGEST_BYTES} bytes"
+    return None
+
+
 MAX_FIGURES = 64
 
 
@@ -262,7 +277,7 @@ COMMAND_KINDS = ("suspend", "resume", "checkpoint", "migrate", "spill", "exit")
 COMMAND_ARGS = {
     "suspend": {"in_place": (_bool, False)},   # held for a move: copy nothing out, keep the memory (gmux.job.job)
     "resume": {"gpu": (_gpu_index, False), "env": (_env, False)},   # the GPU it resumes on, and its environment
-    "checkpoint": {"path": (_path, True)},
+    "checkpoint": {"path": (_path, True), "holds": (holds_problem, False)},   # holds: leave out what a move's target has
     "migrate": {"path": (_path, True), "gpu": (_optional(_gpu_index), False),
                 "spill": (_bool, False)},    # spill: checkpoint and end the process to give back its host memory
     "spill": {"path": (_path, True)},        # the host copy of a suspended job's state goes to this file
@@ -342,7 +357,8 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     "logs": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "tail": (_nonneg_int, False)},
     # write the job's state to a checkpoint file at its next boundary, the job going on (cluster mode: periodic
     # checkpoints, and the first half of a move to another machine)
-    "checkpoint": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
+    "checkpoint": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True),
+                   "holds": (holds_problem, False)},    # a move's: what its target holds already (not sent)
     "submit": {
         "admin": (lambda v: _str(v, 128), True),
         "argv": (_argv, True),
@@ -620,5 +636,8 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     "xfer_chunk": {"xfer": (_name, True), "offset": (lambda v: _int(v, 0, XFER_MAX_SIZE), True)},
     "xfer_end": {"xfer": (_name, True),
                  "size": (lambda v: _int(v, 0, XFER_MAX_SIZE), False)},   # a stream's, known at its end
+    # what the process waiting for transfer xfer already holds (reply {"holds": bytes}, empty if nothing): a
+    # move's source asks before it suspends, and leaves those tensors out (gmux.job.holdings)
+    "xfer_holds": {"xfer": (_name, True)},
     "reply": MESSAGES["reply"],
 }

@@ -1,7 +1,7 @@
 """A small deterministic training script used by the node tests and the demo.
 
 usage: train.py OUT STEPS [--hidden H] [--depth D] [--batch B] [--sleep S] [--threads T] [--attach]
-                [--boundary-log PATH]
+                [--frozen-mib M] [--boundary-log PATH]
 Writes OUT as JSON: the final parameters' sha256 and loss, so runs can be compared bit for bit.
 Plain torch by default (what gmux-launch's transparent mode runs); --attach uses gmux.job.attach() with the
 launcher's controller and restores from GMUX_RESTORE after a migration (explicit mode, gmux-launch --no-hook).
@@ -25,6 +25,10 @@ p.add_argument("--batch", type=int, default=32)
 p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--threads", type=int, default=1)
 p.add_argument("--depth", type=int, default=0, help="extra hidden layers (more compute per mini-batch)")
+p.add_argument("--frozen-mib", type=float, default=0.0,
+               help="a frozen embedding table of this size (requires_grad False, the same in every process "
+                    "that builds it) whose rows are added to the input: a job most of whose bytes training "
+                    "leaves alone, as a fine-tuned head over a pretrained backbone")
 p.add_argument("--attach", action="store_true")
 p.add_argument("--exclusive", action="store_true",
                help="compute holding the virtual GPU's lock: a job that saturates its device, as a kernel using "
@@ -45,7 +49,13 @@ layers = [torch.nn.Linear(32, a.hidden), torch.nn.ReLU()]
 for _ in range(a.depth):
     layers += [torch.nn.Linear(a.hidden, a.hidden), torch.nn.ReLU()]
 model = torch.nn.Sequential(*layers, torch.nn.Linear(a.hidden, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+table = None
+if a.frozen_mib:
+    table = torch.nn.Embedding(max(1, int(a.frozen_mib * (1 << 20) / (32 * 4))), 32)
+    table.weight.requires_grad_(False)
+    model = torch.nn.ModuleDict({"table": table, "body": model})
+trained = [q for q in model.parameters() if q.requires_grad]
+opt = torch.optim.SGD(trained, lr=0.01, momentum=0.9)
 progress = {"step": 0}
 job = None
 if a.attach:
@@ -76,7 +86,11 @@ while progress["step"] < a.steps:
         fcntl.flock(device_lock, fcntl.LOCK_EX)
     x = torch.randn(a.batch, 32, generator=torch.Generator().manual_seed(progress["step"]))
     y = x.sum(dim=1, keepdim=True)
-    loss = torch.nn.functional.mse_loss(model(x), y)
+    if table is not None:
+        rows = torch.randint(0, table.num_embeddings, (a.batch,),
+                             generator=torch.Generator().manual_seed(progress["step"]))
+        x = x + table(rows)
+    loss = torch.nn.functional.mse_loss((model["body"] if table is not None else model)(x), y)
     opt.zero_grad()
     loss.backward()
     if device_lock and job is None:
@@ -90,7 +104,7 @@ while progress["step"] < a.steps:
     if job is not None:
         job.boundary()
 h = hashlib.sha256()
-for t in list(model.parameters()) + [opt.state[q]["momentum_buffer"] for q in model.parameters()]:
+for t in list(model.parameters()) + [opt.state[q]["momentum_buffer"] for q in trained]:
     h.update(t.detach().numpy().tobytes())
 with open(a.out, "w") as f:
     json.dump({"sha256": h.hexdigest(), "loss": float(loss.detach()) if loss is not None else None,

@@ -11,7 +11,7 @@ import torch
 
 from gmux.wire.arriving import Arriving
 from gmux.wire.transfer import TransferError
-from . import control
+from . import control, holdings
 from .checkpoint import CheckpointError
 from .control import Controller
 from .job import Job
@@ -47,13 +47,20 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     if restore and wait:
         # Started on a machine while its checkpoint is still on the way there: restored as the bytes arrive,
         # applied once all have. gmuxd hears first that this process is ready for them (interpreter, torch and
-        # model built): a move's source computes on until then (gmux.node.cluster_link, "ready").
+        # model built): a move's source computes on until then (gmux.node.cluster_link, "ready"). What it holds
+        # already, it offers first: the source leaves that out (gmux.job.holdings).
+        offer = holdings.Offer.of(_current.tracked.modules)
+        offered = holdings.holds_path(restore)
+        offer.save(offered)
         _current.controller.report({**_current.report(), "awaiting_restore": True})
         try:
             with Arriving(restore, wait) as arriving:
-                _current.restore(arriving, fresh=True)    # (a refused one ends this process: the move fails)
+                # (a refused one ends this process: the move fails)
+                _current.restore(arriving, fresh=True, offer=offer)
         except TransferError as e:
             raise CheckpointError(str(e)) from None
+        finally:
+            offer.withdraw(offered)
     elif restore:
         _current.restore(restore)
     return _current

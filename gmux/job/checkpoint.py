@@ -21,6 +21,10 @@ loop is known to overwrite before they are read again (Job.grads_overwritten): a
 model under SGD with momentum, a quarter under Adam. A reader from before "zeros" refuses such a stream (its
 table claims more data than the stream carries).
 
+A move's stream may leave out tensors its reader holds already (gmux.job.holdings): HEAD's "held" lists them
+as [row, digest]; no DATA carries them, and the reader takes each from its own tensor with that digest, or
+refuses the stream. Only a move's new process can read such a stream; files never hold one.
+
 A reader checks the metadata first and allocates nothing until it has: the tensor table and the skeleton are
 read and decoded with bounded memory and time, every tensor is referred to exactly once, the caller's
 `check` (Job.restore: gmux.job.restore_check) compares them with the live job, and the table's claimed sizes
@@ -88,21 +92,21 @@ class Row(NamedTuple):
 
 
 # -- writing ------------------------------------------------------------------------------------------------
-def _split(obj, tensors: list, resolve: Callable[[torch.Tensor], torch.Tensor], zeros: list):
+def _split(obj, tensors: list, zeros: list):
     if isinstance(obj, Zeros):
         zeros.append(len(tensors))
         obj = obj.tensor
     if isinstance(obj, torch.Tensor):
-        tensors.append(resolve(obj))
+        tensors.append(obj)
         return TensorRef(len(tensors) - 1)
     if isinstance(obj, dict):
-        return type(obj)((k, _split(v, tensors, resolve, zeros)) for k, v in obj.items())
+        return type(obj)((k, _split(v, tensors, zeros)) for k, v in obj.items())
     if type(obj) in (list, tuple):
-        return type(obj)(_split(v, tensors, resolve, zeros) for v in obj)
+        return type(obj)(_split(v, tensors, zeros) for v in obj)
     return obj
 
 
-def _host_bytes(t: torch.Tensor) -> memoryview:
+def host_bytes(t: torch.Tensor) -> memoryview:
     flat = t.detach().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()
@@ -111,15 +115,19 @@ def _host_bytes(t: torch.Tensor) -> memoryview:
 
 def write(snapshot: dict, sink: Callable[[bytes], object],
           resolve: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
-          announce: Optional[Callable[[int], object]] = None) -> int:
+          announce: Optional[Callable[[int], object]] = None,
+          held: Optional[Callable[[list], dict]] = None) -> int:
     """Serialises a captured job into `sink` (called with each piece of bytes); returns the bytes written.
 
     `resolve` maps a live tensor to the tensor holding its values (the host copy of a suspended tensor).
     `announce`, if given, is called before the first byte with an upper bound of the bytes to come (exact but
-    for the END frame's checksum, whose encoding takes 1 to 5 bytes): what a stream tells its receiver first."""
-    tensors: list[torch.Tensor] = []
+    for the END frame's checksum, whose encoding takes 1 to 5 bytes): what a stream tells its receiver first.
+    `held`, given the live tensors in table order, names the rows the reader holds already ({row: digest}, a
+    move's target: gmux.job.holdings); they are listed, not carried."""
+    live: list[torch.Tensor] = []
     zeros: list[int] = []
-    skeleton = pickle.dumps(_split(snapshot, tensors, resolve, zeros), protocol=5)
+    skeleton = pickle.dumps(_split(snapshot, live, zeros), protocol=5)
+    tensors = [resolve(t) for t in live]
     try:
         _load_skeleton(skeleton)
     except _skeleton.SkeletonError as e:
@@ -140,8 +148,12 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
         written += len(header) + len(payload) + _CRC.size
         return trailer
 
-    head = msgpack.packb({"tensors": table, "zeros": zeros} if zeros else {"tensors": table})
     skip = set(zeros)
+    held_rows = {i: d for i, d in (held(live) if held is not None else {}).items() if i not in skip}
+    skip |= set(held_rows)
+    head = {"tensors": table, **({"zeros": zeros} if zeros else {}),
+            **({"held": sorted(held_rows.items())} if held_rows else {})}
+    head = msgpack.packb(head)
     if announce is not None:
         carried = [row[2] for i, row in enumerate(table) if i not in skip]
         count = sum(-(-n // CHUNK) for n in carried)
@@ -156,7 +168,7 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
     for i, t in enumerate(tensors):
         if i in skip:
             continue
-        buf = _host_bytes(t)
+        buf = host_bytes(t)
         for lo in range(0, len(buf), CHUNK):
             crc = zlib.crc32(frame(DATA, buf[lo:lo + CHUNK]), crc)
             frames += 1
@@ -308,20 +320,24 @@ _KIND_NAMES = {HEAD: "HEAD", SKEL: "SKEL", DATA: "DATA", END: "END"}
 Check = Callable[[object, list], Optional[int]]
 
 
-def read(source: BinaryIO, origin: str, check: Optional[Check] = None, into: Optional[dict] = None) -> dict:
+def read(source: BinaryIO, origin: str, check: Optional[Check] = None, into: Optional[dict] = None,
+         holds: Optional[Callable[[bytes], Optional[torch.Tensor]]] = None) -> dict:
     """Reads and validates a whole checkpoint stream into a snapshot of host tensors.
 
     `check(skeleton, table)` is called once the metadata is decoded, before anything is allocated for the
     data; it raises CheckpointError for a checkpoint that does not fit, and returns how many of the table's
     bytes it has vouched for (checked against the live job), or None for none. `into` (table row -> a
     contiguous host tensor of the row's dtype and shape, as `check` leaves it) names tensors to read rows
-    straight into instead of new buffers: they hold garbage if the checkpoint is then refused."""
+    straight into instead of new buffers: they hold garbage if the checkpoint is then refused. `holds` finds
+    the tensor this process holds with a digest (gmux.job.holdings.Offer.find): a row the stream lists as
+    held takes that tensor's bytes; a stream with held rows and no `holds` is refused."""
     reader = _Reader(source)
     try:
         frames = _Frames(reader, origin)
         head = msgpack.unpackb(frames.whole(HEAD, "first"))
         table = _parse_table(head, origin)
         zeros = _parse_zeros(head, len(table), origin)
+        held = _parse_held(head, table, zeros, holds, origin)
         skel = frames.whole(SKEL, "second")
         try:
             skeleton = _load_skeleton(skel)
@@ -329,8 +345,8 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None, into: Opt
             raise CheckpointError(origin, f"refused: the state holds {e}, which gmux never writes") from None
         _each_referred_once(skeleton, len(table), origin)
         vouched = check(skeleton, table) if check is not None else None
-        _fits(table, zeros, reader.left, vouched, origin)
-        buffers = _read_data(frames, table, zeros, origin, into or {})
+        _fits(table, zeros | set(held), reader.left, vouched, origin)
+        buffers = _read_data(frames, table, zeros, held, origin, into or {})
         if reader(1):       # (a stream still arriving ends only once complete: gmux.wire.arriving)
             raise CheckpointError(origin, "corrupt: bytes after the END frame")
     except (msgpack.UnpackException, ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
@@ -342,12 +358,12 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None, into: Opt
     return _join(skeleton, tensors, origin)
 
 
-def _fits(table: list, zeros: set, left: Optional[int], vouched: Optional[int], origin: str) -> None:
+def _fits(table: list, uncarried: set, left: Optional[int], vouched: Optional[int], origin: str) -> None:
     """The table claims no more data than the file holds; from a stream of unknown length, no more than the
-    live job vouched for plus MAX_FREE (counting zeros rows too: they take memory all the same). Checked
-    before any buffer is allocated."""
+    live job vouched for plus MAX_FREE (counting rows not carried, zeros and held, too: they take memory all
+    the same). Checked before any buffer is allocated."""
     need = sum(row.nbytes for row in table)
-    carried = need - sum(table[i].nbytes for i in zeros)
+    carried = need - sum(table[i].nbytes for i in uncarried)
     if left is not None and carried > left:
         raise CheckpointError(origin, f"corrupt: the tensor table claims {carried} bytes of tensor data, "
                                       f"but the file holds only {left} more bytes")
@@ -356,14 +372,26 @@ def _fits(table: list, zeros: set, left: Optional[int], vouched: Optional[int], 
                                       f"data the job does not hold (at most {MAX_FREE} from a stream)")
 
 
-def _read_data(frames: _Frames, table: list, zeros: set, origin: str, into: dict) -> list:
+def _read_data(frames: _Frames, table: list, zeros: set, held: dict, origin: str, into: dict) -> list:
+    # A held row's bytes are taken from its holder before anything is written (a holder may be another row's
+    # `into`, which the data then overwrites); a row read into its own holder needs nothing.
+    own = {i: into.get(i) is not None and _same_memory(into[i], holder) for i, holder in held.items()}
+    taken = {i: holder.detach().reshape(-1).view(torch.uint8).cpu().clone()
+             for i, holder in held.items() if not own[i]}
     buffers = [torch.zeros(row.nbytes, dtype=torch.uint8) if i in zeros else
-               into[i].view(-1).view(torch.uint8) if i in into else torch.empty(row.nbytes, dtype=torch.uint8)
+               into[i].view(-1).view(torch.uint8) if i in into else
+               taken.pop(i) if i in taken else torch.empty(row.nbytes, dtype=torch.uint8)
                for i, row in enumerate(table)]
-    # DATA fills the other rows, in order; a zeros row is passed over like an empty one.
-    carried = [memoryview(b.numpy()) for i, b in enumerate(buffers) if i not in zeros]
+    for i, bytes_ in taken.items():        # (rows read into a tensor of the job's: their holder's bytes go there)
+        buffers[i].copy_(bytes_)
+    # DATA fills the other rows, in order; a zeros or held row is passed over like an empty one.
+    carried = [memoryview(b.numpy()) for i, b in enumerate(buffers) if i not in zeros and i not in held]
     _fill(frames, carried, origin)
     return buffers
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.device == b.device and a.data_ptr() == b.data_ptr() and a.is_contiguous() and b.is_contiguous()
 
 
 def _fill(frames: _Frames, buffers: list, origin: str) -> None:
@@ -443,6 +471,32 @@ def _parse_zeros(head: dict, count: int, origin: str) -> set:
             and len(set(zeros)) == len(zeros)):
         raise CheckpointError(origin, f"corrupt: the HEAD frame's zeros are {_short(zeros)}")
     return set(zeros)
+
+
+def _parse_held(head: dict, table: list, zeros: set, holds, origin: str) -> dict:
+    """HEAD's "held" rows, each with the tensor of this process that holds its bytes: {row: tensor}."""
+    pairs = head.get("held", [])
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 and type(p[0]) is int
+                                              and 0 <= p[0] < len(table) and p[0] not in zeros
+                                              and isinstance(p[1], bytes) for p in pairs):
+        raise CheckpointError(origin, f"corrupt: 'held' is {_short(pairs)}, not [row, digest] pairs of distinct "
+                                      f"rows that carry data")
+    if len({p[0] for p in pairs}) != len(pairs):
+        raise CheckpointError(origin, "corrupt: 'held' names a row twice")
+    if pairs and holds is None:
+        raise CheckpointError(origin, f"refused: {len(pairs)} of its tensors were left out as ones a move's new "
+                                      f"process holds; it can only be restored there")
+    held = {}
+    for row, d in pairs:
+        holder = holds(d)
+        if holder is None:
+            raise CheckpointError(origin, f"refused: tensor {row} was left out as one this process holds, and it "
+                                          f"holds none with digest {d.hex()}")
+        if holder.numel() * holder.element_size() != table[row].nbytes:
+            raise CheckpointError(origin, f"refused: tensor {row} is {table[row].nbytes} bytes, the tensor this "
+                                          f"process holds with its digest {holder.numel() * holder.element_size()}")
+        held[row] = holder
+    return held
 
 
 def _short(value, limit: int = 120) -> str:

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from . import checkpoint as ckpt
+from . import checkpoint as ckpt, holdings
 from .control import Command, Controller, LocalController
 from .data import DataPosition, batches, epochs
 from .memory import choose_tier
@@ -55,6 +55,7 @@ class Job:
         self._next_report = self._last + REPORT_EVERY_S
         self._marked_elsewhere = False
         self._in_place = False          # suspended in place: held at a boundary, its memory where it was
+        self.unchanged = holdings.Unchanged(tracked.modules)   # what a move's checkpoint may leave out
         # Whether a checkpoint may leave out the gradients' values (see `checkpoint`); GMUX_GRADS=overwritten
         # says so for a script that cannot set it (gmux-launch, gmux submit --env).
         self.grads_overwritten = os.environ.get("GMUX_GRADS") == "overwritten"
@@ -188,7 +189,8 @@ class Job:
 
     def _write_checkpoint(self, command: Command) -> None:
         """checkpoint, or migrate: checkpoint and leave (only once the state is safely written)."""
-        if self._answer(command, lambda: self.checkpoint(_target(command))) and command.kind == "migrate":
+        if self._answer(command, lambda: self.checkpoint(_target(command), command.args.get("holds") or b"")) \
+                and command.kind == "migrate":
             raise JobExit(0)
 
     def _answer(self, command: Command, action: Callable[[], dict]) -> bool:
@@ -232,8 +234,11 @@ class Job:
         snap["steps"] = self.profile.steps
         return snap
 
-    def checkpoint(self, target: str | BinaryIO | Callable[[bytes], Any]) -> dict:
+    def checkpoint(self, target: str | BinaryIO | Callable[[bytes], Any], holds: bytes = b"") -> dict:
         """Writes the job's state to a path (atomically), a binary file or a byte sink.
+
+        `holds`: digests a move's new process offers (gmux.job.holdings); the tensors it holds are left out.
+        Only a stream (a move's) leaves them out: a file must restore anywhere.
 
         With `grads_overwritten` set, the gradients' values are not written, only which parameters have one
         and its shape: a restore gives them zeros. That is bit-identical to sending them when the job's loop
@@ -254,7 +259,8 @@ class Job:
         if self.grads_overwritten:
             snap["grads"] = [{name: ckpt.Zeros(g) for name, g in grads.items()} for grads in snap["grads"]]
         if isinstance(target, (str, os.PathLike)) and _is_fifo(target):
-            nbytes = _stream(snap, os.fspath(target), resolve)
+            held = self.unchanged.held(holdings.parse(holds), resolve) if holds else None
+            nbytes = _stream(snap, os.fspath(target), resolve, held)
         elif isinstance(target, (str, os.PathLike)):
             nbytes = ckpt.save(snap, os.fspath(target), resolve)
         else:
@@ -262,14 +268,16 @@ class Job:
         # The step it holds: the job goes on stepping once it is written, so a later report's is not it.
         return {"bytes": nbytes, "seconds": time.perf_counter() - t0, "step": snap["steps"]}
 
-    def restore(self, source: str | BinaryIO | bytes, fresh: bool = False) -> dict:
+    def restore(self, source: str | BinaryIO | bytes, fresh: bool = False,
+                offer: Optional[holdings.Offer] = None) -> dict:
         """Puts a checkpoint's state into this job's objects, or raises CheckpointError without changing
         anything: the checkpoint is checked against this job (restore_check.Fit) before its data is read, and
         its random states are tried on scratch generators before anything is applied.
 
         `fresh`: this process only just built its state, and ends if the restore fails (a move's target), so
         the parameters and buffers it holds on the host are read into directly, not copied in afterwards; a
-        refused checkpoint leaves them undefined."""
+        refused checkpoint leaves them undefined. `offer`: what this process offered its move's source; the
+        tensors the stream left out as held are taken from it."""
         if self.suspended:
             raise RuntimeError("restore: resume the job first")
         t0 = time.perf_counter()
@@ -285,10 +293,12 @@ class Job:
                 origin = repr(source.name) if isinstance(getattr(source, "name", None), str) else "(stream)"
                 fit = Fit(self, origin)
                 stream = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
-                snap = ckpt.read(stream, origin, fit.layout, fit.into if fresh else None)
+                snap = ckpt.read(stream, origin, fit.layout, fit.into if fresh else None,
+                                 offer.find if offer is not None else None)
         fit.values(snap)
         position = DataPosition.from_dict(snap["position"])
         self.tracked.apply(snap)
+        self.unchanged.mark()
         adopt(self.tracked.tensors())
         self.position = position
         self.profile.steps = snap["steps"]
@@ -310,7 +320,7 @@ def _is_fifo(path) -> bool:
         return False
 
 
-def _stream(snap: dict, path: str, resolve, wait_s: float = 30.0) -> int:
+def _stream(snap: dict, path: str, resolve, held=None, wait_s: float = 30.0) -> int:
     """A checkpoint into a pipe whose reader sends it on as it comes (a cross-machine move: gmux.node.cluster_link):
     no file, no fsync, nothing held whole. Its size's upper bound goes first (gmux.wire.transfer's streams).
     The reader opened it before asking for the checkpoint; should it be gone, wait_s bounds the wait."""
@@ -325,7 +335,7 @@ def _stream(snap: dict, path: str, resolve, wait_s: float = 30.0) -> int:
             time.sleep(0.01)
     os.set_blocking(fd, True)
     with open(fd, "wb", buffering=1 << 20) as f:
-        return ckpt.write(snap, f.write, resolve, announce=lambda n: f.write(struct.pack("<Q", n)))
+        return ckpt.write(snap, f.write, resolve, announce=lambda n: f.write(struct.pack("<Q", n)), held=held)
 
 
 def _target(command: Command):

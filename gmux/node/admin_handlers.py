@@ -213,7 +213,9 @@ class AdminHandlers:
         busy = slicer.busy_with(job.id) if slicer is not None else None
         if busy:
             raise Refused(f"checkpoint: {job.id} is busy with a {busy}; try again in a moment")
-        node.commands.send(job, "checkpoint", {"path": node.rundir.checkpoint_file(job.id + ".snapshot", job.uid)})
+        holds = req.msg.get("holds")
+        node.commands.send(job, "checkpoint", {"path": node.rundir.checkpoint_file(job.id + ".snapshot", job.uid),
+                                               **({"holds": holds} if holds else {})})
         return node.commands.defer(job.id, "checkpoint", req)
 
     def logs(self, req: Request):

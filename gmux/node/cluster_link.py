@@ -34,7 +34,7 @@ import zmq
 
 from gmux import protocol
 from gmux.wire import keys
-from gmux.wire.transfer import Receiver
+from gmux.wire.transfer import Receiver, ask_holds, rank_xfers
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.wire.server import Server, configure
 from gmux.node.cluster_records import gang_record, ranks_by_job, running_before_boundary
@@ -62,7 +62,7 @@ class ClusterLink:
         self.inbox.bind(listen)
         # Checkpoints arriving from other machines and the scheduler: the shared loop's handling, polled here
         # beside the link's own DEALER.
-        self.transfers = Server(self.inbox, {t: self._xfer for t in ("xfer_begin", "xfer_chunk", "xfer_end")},
+        self.transfers = Server(self.inbox, {t: self._xfer for t in ("xfer_begin", "xfer_chunk", "xfer_end", "xfer_holds")},
                                 name="cluster link", table=C, refusals=(protocol.ProtocolError,), attachments=True,
                                 unknown="{type} is not accepted on a transfer endpoint")
         self.transfer_endpoint = self.inbox.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -348,12 +348,14 @@ class ClusterLink:
             raise GmuxError(f"checkpoint: {errors[0]}")
         return [self._snapshot_path(local) for local in ranks], _taken_at(steps, ranks)
 
-    def _checkpointer(self, steps: dict) -> Callable[[str], Optional[str]]:
+    def _checkpointer(self, steps: dict, holds: Optional[dict] = None) -> Callable[[str], Optional[str]]:
         """gmuxd's checkpoint command for one rank: its error text or None; the step the rank's checkpoint
         holds goes into `steps` (from the job's own answer: the job steps on once it is written, so a later
-        ps could name a step the checkpoint does not hold)."""
+        ps could name a step the checkpoint does not hold). `holds`: by rank, what a move's target offers
+        (left out of the checkpoint)."""
         def ask(local: str) -> Optional[str]:
-            error, reply = self._admin_reply("checkpoint", local)
+            offered = (holds or {}).get(local)
+            error, reply = self._admin_reply("checkpoint", local, **({"holds": offered} if offered else {}))
             if error is None and reply is not None:
                 steps[local] = reply.get("step")
             return error
@@ -373,8 +375,13 @@ class ClusterLink:
         self._event("checkpointed", cjob, xfers=xfers, step=step, bytes=r["bytes"], seconds=r["seconds"])
 
     def _migrate_out(self, cjob: str, ranks: list, target: str, endpoint: str, xfer: str) -> None:
-        t0 = time.perf_counter()
         try:
+            target_key = keys.load_public(self.keydir, "daemon", target)
+            # What the new processes hold already (their frozen tensors), asked while the job still computes.
+            holds = {} if self.rundir.system else dict(zip(ranks, _each(
+                lambda name: ask_holds(endpoint, target_key, xfer=name, **self._sender()),
+                rank_xfers(xfer, len(ranks)))))
+            t0 = time.perf_counter()
             with self._gang_lock(cjob):
                 # (to_boundary: stopped at its deadline, a job would reach the boundary this move needs only
                 # when resumed; in_place: the checkpoint is written from live memory, and a failed move resumes
@@ -386,11 +393,10 @@ class ClusterLink:
                     raise GmuxError(f"suspend: {errors[0]}")
                 t_susp = time.perf_counter() - t0
                 running = running_before_boundary(t_susp, [r for _, r in replies])
-                target_key = keys.load_public(self.keydir, "daemon", target)
                 if not self.rundir.system:     # streamed from live memory (cluster_stream), all ranks at once
                     steps: dict = {}
                     xfers, r = stream_ranks(ranks, endpoint, target_key, xfer, self._snapshot_path,
-                                            self._checkpointer(steps), self._sender())
+                                            self._checkpointer(steps, holds), self._sender())
                     step, t_ckpt = _taken_at(steps, ranks), r["checkpoint_s"]
                 else:                          # staged: the jobs write in their users' directories
                     paths, step = self._checkpoint(ranks)

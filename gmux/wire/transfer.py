@@ -22,6 +22,8 @@ gmux-scheduler). See the xfer_* messages in gmux/protocol.py.
   acknowledged (at most WINDOW), so it resumes after a cut like a file does, from what the receiver holds.
 - A receiver that need not outlive a crash (durable=False: a move's target, whose source still holds the job
   until the target has restored it) renames without fsync.
+- xfer_holds asks what the process waiting for a transfer already holds (gmux.job.holdings: it wrote that
+  beside the partial file); a move's source asks before it suspends (`ask_holds`) and leaves those tensors out.
 - A partial file nobody has added to for STALE_S (its sender gave up, or died) is deleted by `expire`, which
   the hosts of a receiver call as they tick; a sender that comes back later starts that file again.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 import struct
 import time
 from collections import deque
@@ -90,6 +93,8 @@ class Receiver:
         x = msg["xfer"]
         if msg.type == "xfer_begin":
             return True, {"have": self._begin(x, msg["size"])}
+        if msg.type == "xfer_holds":
+            return True, {"holds": self._holds(x)}
         st = self.open.get(x)
         if st is None:
             return False, f"{msg.type}: no transfer {x!r} in progress (send xfer_begin first)"
@@ -117,6 +122,25 @@ class Receiver:
         os.rename(self._part(x), self.path(x))
         self.completed += 1
         return True, {"have": size, "path": self.path(x)}
+
+    def _holds(self, x: str) -> bytes:
+        """What the process that waits for transfer `x` offers (gmux.job.holdings, a file it wrote here); a file
+        that is not a regular one of at most HOLDS_MAX digests offers nothing."""
+        limit = protocol.HOLDS_MAX * protocol.HOLDS_DIGEST_BYTES
+        try:
+            fd = os.open(self._offer(x), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return b""
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return b""
+            wire = os.read(fd, limit + 1)
+        finally:
+            os.close(fd)
+        return wire if protocol.holds_problem(wire) is None else b""
+
+    def _offer(self, x: str) -> str:
+        return self.path(x).removesuffix(".ckpt") + ".holds"
 
     def _part(self, x: str) -> str:
         return partial_path(self.path(x))
@@ -153,7 +177,7 @@ class Receiver:
             self._discard(x)
         for f in os.listdir(self.dir):
             path = os.path.join(self.dir, f)
-            if f.endswith(".part") and f[:-len(".part")] not in self.open:
+            if f.endswith(".holds") or f.endswith(".part") and f[:-len(".part")] not in self.open:
                 try:
                     if now - os.path.getmtime(path) > STALE_S:
                         os.unlink(path)
@@ -250,6 +274,30 @@ def send_stream(read: Callable[[int], bytes], endpoint: str, server_key: bytes, 
     until it is verified there. A stream that ends short of a complete checkpoint is the reader's to refuse."""
     chunk = options.get("chunk", CHUNK)
     return _send(_Stream(read, chunk), endpoint, server_key, keydir, role, name, xfer, **options)
+
+
+def ask_holds(endpoint: str, server_key: bytes, keydir: str, role: str, name: Optional[str], xfer: str,
+              timeout: float = 5.0, context: Optional[zmq.Context] = None) -> bytes:
+    """What the process waiting for transfer `xfer` at `endpoint` offers (digests, gmux.job.holdings); empty
+    if it offers nothing or cannot be asked: then the whole checkpoint goes, as before there were offers."""
+    ctx = context or zmq.Context.instance()
+    sock = keys.client_socket(ctx, zmq.DEALER, keydir, role, name, server_key)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
+        sock.connect(endpoint)
+        sock.send(protocol.encode("xfer_holds", 1, table=protocol.CLUSTER_MESSAGES, xfer=xfer))
+        deadline = time.monotonic() + timeout
+        while sock.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            rep = protocol.decode(sock.recv(), protocol.CLUSTER_MESSAGES)
+            if rep.type == "reply" and rep.id == 1:
+                holds = (rep.get("data") or {}).get("holds", b"") if rep.get("ok") else b""
+                return holds if protocol.holds_problem(holds) is None else b""
+    except (zmq.ZMQError, protocol.ProtocolError, AttributeError):
+        pass
+    finally:
+        sock.close(0)
+    return b""
 
 
 def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: Optional[str],
