@@ -277,7 +277,8 @@ COMMAND_KINDS = ("suspend", "resume", "checkpoint", "migrate", "spill", "exit")
 COMMAND_ARGS = {
     "suspend": {"in_place": (_bool, False)},   # held for a move: copy nothing out, keep the memory (gmux.job.job)
     "resume": {"gpu": (_gpu_index, False), "env": (_env, False)},   # the GPU it resumes on, and its environment
-    "checkpoint": {"path": (_path, True), "holds": (holds_problem, False)},   # holds: leave out what a move's target has
+    # holds: what a move's target has already, left out of the checkpoint (gmux.job.holdings)
+    "checkpoint": {"path": (_path, True), "holds": (holds_problem, False)},
     "migrate": {"path": (_path, True), "gpu": (_optional(_gpu_index), False),
                 "spill": (_bool, False)},    # spill: checkpoint and end the process to give back its host memory
     "spill": {"path": (_path, True)},        # the host copy of a suspended job's state goes to this file

@@ -155,8 +155,8 @@ def test_a_fresh_process_restores_straight_into_its_own_parameters(tmp_path, mon
     where = {n: p.data_ptr() for n, p in model.state_dict().items()}
     filled, read = [], ckpt.read
 
-    def spy(source, origin, check=None, into=None):
-        out = read(source, origin, check, into)
+    def spy(source, origin, check=None, into=None, holds=None):
+        out = read(source, origin, check, into, holds)
         filled.extend(t.data_ptr() for t in (into or {}).values())
         return out
     monkeypatch.setattr(ckpt, "read", spy)

@@ -44,6 +44,7 @@ import msgpack
 import torch
 
 from gmux.util.atomic import atomic_open
+from gmux.util.bounded_read import BoundedReader
 from . import skeleton as _skeleton
 
 MAGIC = b"GMUXCKPT"
@@ -200,63 +201,11 @@ def _load_skeleton(data: bytes):
     return _skeleton.decode(data, _make_ref, _ALLOWED)
 
 
-class _Reader:
-    """Reads exactly n bytes (fewer only at the end of the stream), never allocating for bytes the source does
-    not hold: `left` is what a file (or any seekable source) still holds; for a stream of unknown length the
-    buffer grows as the bytes arrive. `into` fills a buffer the caller has (tensor data goes straight to its
-    place)."""
-
-    def __init__(self, source: BinaryIO):
-        self.source, self.left = source, _remaining(source)
-
-    def __call__(self, n: int) -> bytearray:
-        if self.left is not None:
-            n = min(n, self.left)
-        buf, got = bytearray(min(n, CHUNK)), 0
-        while got < n:
-            if got == len(buf):
-                buf.extend(bytes(min(n - got, CHUNK)))
-            with memoryview(buf) as view, view[got:] as tail:   # released before buf is resized
-                k = self._fill(tail)
-            if not k:
-                break
-            got += k
-        del buf[got:]
-        return buf
-
-    def into(self, view: memoryview) -> int:
-        got = 0
-        while got < len(view):
-            k = self._fill(view[got:])
-            if not k:
-                break
-            got += k
-        return got
-
-    def _fill(self, view: memoryview) -> int:
-        k = self.source.readinto(view) or 0
-        if self.left is not None:
-            self.left -= k
-        return k
-
-
-def _remaining(source: BinaryIO) -> Optional[int]:
-    try:
-        if not source.seekable():
-            return None
-        here = source.tell()
-        end = source.seek(0, 2)
-        source.seek(here)
-        return max(0, end - here)
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
 class _Frames:
     """A stream's frames, one at a time: `next` reads a header, then the payload comes whole (`payload`) or
     into the caller's buffers (`payload_into`, in pieces), and `close` checks the frame's checksum."""
 
-    def __init__(self, read: _Reader, origin: str):
+    def __init__(self, read: BoundedReader, origin: str):
         self.read, self.origin, self.index = read, origin, 0
         head = read(len(MAGIC) + 2)
         if len(head) < len(MAGIC) + 2 or head[:len(MAGIC)] != MAGIC:
@@ -331,7 +280,7 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None, into: Opt
     straight into instead of new buffers: they hold garbage if the checkpoint is then refused. `holds` finds
     the tensor this process holds with a digest (gmux.job.holdings.Offer.find): a row the stream lists as
     held takes that tensor's bytes; a stream with held rows and no `holds` is refused."""
-    reader = _Reader(source)
+    reader = BoundedReader(source, CHUNK)
     try:
         frames = _Frames(reader, origin)
         head = msgpack.unpackb(frames.whole(HEAD, "first"))

@@ -62,7 +62,8 @@ class ClusterLink:
         self.inbox.bind(listen)
         # Checkpoints arriving from other machines and the scheduler: the shared loop's handling, polled here
         # beside the link's own DEALER.
-        self.transfers = Server(self.inbox, {t: self._xfer for t in ("xfer_begin", "xfer_chunk", "xfer_end", "xfer_holds")},
+        xfers = ("xfer_begin", "xfer_chunk", "xfer_end", "xfer_holds")
+        self.transfers = Server(self.inbox, {t: self._xfer for t in xfers},
                                 name="cluster link", table=C, refusals=(protocol.ProtocolError,), attachments=True,
                                 unknown="{type} is not accepted on a transfer endpoint")
         self.transfer_endpoint = self.inbox.getsockopt_string(zmq.LAST_ENDPOINT)
