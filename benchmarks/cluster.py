@@ -15,7 +15,10 @@ ZeroMQ socket; gmux-scheduler's decision latency with 3 real daemons and with 10
     mini-batch is in it; the issue's bound is 1.5x the CurveZMQ floor plus one mini-batch (`downtime_vs_target`
     <= 1 meets it). The total also holds the wait for that last boundary and the report that tells the
     scheduler.
-(b) Decisions. The time of one scheduling decision (snapshot from SQLite-backed tables, policy, actions) as
+(b) Incremental moves: a job 7/8 of whose bytes are a frozen table (demo_train --frozen-mib) moved twice in the
+    same run, its target offering what it already holds (gmux.job.holdings: the frozen table is not sent) and not
+    (GMUX_HOLDINGS=off, the whole checkpoint sent); `downtime offered/whole` compares the two.
+(c) Decisions. The time of one scheduling decision (snapshot from SQLite-backed tables, policy, actions) as
     gmux-scheduler measures it, while (a) runs against 3 daemons; and with 100 simulated daemons (CurveZMQ
     DEALERs that report 2 GPUs each and run whatever they are told for a few seconds) and 300 jobs.
 Last line: `cluster: migrate_1GiB_vs_raw=<total/plain> downtime_1GiB_vs_curve_raw=<downtime/curve-raw>
@@ -108,17 +111,22 @@ def hidden_for(size_bytes: int) -> int:
     return int(math.sqrt(size_bytes / 12))
 
 
-def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept") -> dict:
+def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib: int = 0,
+              holdings: bool = True) -> dict:
+    """One move; `frozen_mib` of the `size_mib` are a frozen table (demo_train --frozen-mib) that the target
+    builds too, offered to the source unless `holdings` is False (GMUX_HOLDINGS=off: the whole is sent)."""
     from cluster_harness import PY, ROOT as R, TRAIN, Cluster, wait_for
     c = Cluster(tmp, machines=("a", "b"), policy="gandiva", gpus="2x8GiB", sched_args=["--ckpt-every", "0"])
     try:
         c.wait_machines(2, 60)
-        h = hidden_for(size_mib << 20)
+        h = hidden_for((size_mib - frozen_mib) << 20)
+        frozen = ["--frozen-mib", str(frozen_mib)] if frozen_mib else []
         # GMUX_GRADS=overwritten: the checkpoint leaves the gradients out (demo_train zeroes them every step)
         log = tmp / "boundaries.log"
         cjob = c.call("c_submit", argv=[PY, TRAIN, str(tmp / "out.json"), "1000000", "--hidden", str(h), "--depth",
-                                        "1", "--batch", "8", "--attach", "--boundary-log", str(log)], cwd=R,
-                      env={"OMP_NUM_THREADS": "1", "GMUX_GRADS": grads})["cjob"]
+                                        "1", "--batch", "8", "--attach", "--boundary-log", str(log), *frozen],
+                      cwd=R, env={"OMP_NUM_THREADS": "1", "GMUX_GRADS": grads,
+                                  **({} if holdings else {"GMUX_HOLDINGS": "off"})})["cjob"]
         j = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] >= 3 and j)(c.job(cjob)), 300,
                      "job running")
         dst = "b" if j["machine"] == "a" else "a"
@@ -137,7 +145,8 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept") -> dict:
         # them (the target's first mini-batch included); the total is until the scheduler has heard of it.
         downtime, batch = _downtime(log)
         dm = ps["decision_ms"]
-        return {"size_mib": size_mib, "bytes": sent["bytes"], "migrate_s": total, "downtime_s": downtime,
+        return {"size_mib": size_mib, "frozen_mib": frozen_mib, "holdings": holdings, "bytes": sent["bytes"],
+                "migrate_s": total, "downtime_s": downtime,
                 "batch_s": batch, "downtime_vs_target": downtime / (1.5 * curve + batch),
                 "suspend_s": sent["suspend_s"], "checkpoint_s": sent["checkpoint_s"],
                 "transfer_s": sent["transfer_s"], "raw_zmq_s": raw, "curve_zmq_s": curve,
@@ -243,6 +252,9 @@ def main() -> int:
     p.add_argument("--sizes", default="64,256,1024")
     p.add_argument("--grads", default="kept", choices=["kept", "overwritten"],
                    help="overwritten: the job's checkpoints leave its gradients out (GMUX_GRADS)")
+    p.add_argument("--frozen", default="1024",
+                   help="sizes (MiB, comma-separated; empty for none) of jobs 7/8 of whose bytes are a frozen table, "
+                        "each moved twice: the target offering what it holds, and not (GMUX_HOLDINGS=off)")
     p.add_argument("--no-decisions", action="store_true", help="the migrations only")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cluster.json"))
     a = p.parse_args()
@@ -256,6 +268,20 @@ def main() -> int:
               f"{r['transfer_s']:.2f}) raw zmq {r['raw_zmq_s']:.3f} s, curve zmq {r['curve_zmq_s']:.3f} s  total/raw "
               f"{r['migrate_vs_raw']:.1f}  downtime/curve {_ratio(r['downtime_vs_curve_raw'])}  downtime/(1.5 curve + "
               f"batch) {r['downtime_vs_target']:.2f}", flush=True)
+    incremental = []
+    for size in [int(s) for s in a.frozen.split(",") if s]:
+        pair = {}
+        for offered in (True, False):
+            with tempfile.TemporaryDirectory(prefix=f"gmux-bench-frozen-{size}-") as d:
+                pair[offered] = migration(pathlib.Path(d), size, a.grads, frozen_mib=size * 7 // 8, holdings=offered)
+        held, whole = pair[True], pair[False]
+        ratio = held["downtime_s"] / whole["downtime_s"]
+        incremental.append({"size_mib": size, "frozen_mib": size * 7 // 8, "offered": held, "whole": whole,
+                            "downtime_vs_whole": ratio, "bytes_vs_whole": held["bytes"] / whole["bytes"]})
+        print(f"migrate {size:5d} MiB, {size * 7 // 8} MiB frozen: offered: sent {held['bytes'] / 2**20:.1f} MiB, "
+              f"downtime {held['downtime_s']:.2f} s, total {held['migrate_s']:.2f} s; whole: sent "
+              f"{whole['bytes'] / 2**20:.1f} MiB, downtime {whole['downtime_s']:.2f} s, total "
+              f"{whole['migrate_s']:.2f} s  downtime offered/whole {ratio:.2f}", flush=True)
     if a.no_decisions:
         dec = {"jobs": 0, "policy": "-", "decision_ms_n": 0, "decision_ms_p50": float("nan"),
                "decision_ms_p99": float("nan")}
@@ -268,7 +294,7 @@ def main() -> int:
     print(f"decisions, 3 real daemons: p99={p3:.2f} ms (worst over the migration runs)")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump({"migrations": rows, "decisions_100": dec}, f, indent=1)
+        json.dump({"migrations": rows, "incremental": incremental, "decisions_100": dec}, f, indent=1)
     big = next((r for r in rows if r["size_mib"] == 1024), rows[-1])
     print(f"cluster: migrate_1GiB_vs_raw={big['migrate_vs_raw']:.1f} "
           f"downtime_1GiB_vs_curve_raw={_ratio(big['downtime_vs_curve_raw'])} decision_ms_p99={dec['decision_ms_p99']:.2f}")

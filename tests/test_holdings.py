@@ -99,8 +99,8 @@ def test_only_tensors_whose_version_did_not_move_are_hashed(tmp_path, monkeypatc
     src = _trained()
     offer = holdings.Offer.of(_build()[0].modules())
     hashed = []
-    digest = holdings.digest
-    monkeypatch.setattr(holdings, "digest", lambda t: hashed.append(t.shape) or digest(t))
+    digests = holdings.digests
+    monkeypatch.setattr(holdings, "digests", lambda ts: hashed.extend(t.shape for t in ts) or digests(ts))
     _streamed(src, offer.wire(), tmp_path)
     # the trained weights are as large, but every step moved them: the tables and the buffer only
     assert sorted(hashed) == sorted([torch.Size([1024, 32])] * 2 + [torch.Size([32, 512])])
@@ -204,3 +204,15 @@ def test_the_receiver_serves_an_offer_only_from_a_regular_file_of_digests(tmp_pa
     assert ask() == (True, {"holds": b""})            # (and does not wait for a writer)
     assert rx.expire(now=os.path.getmtime(offered) + 10**6) == 1 and not os.path.exists(offered)
     assert holdings.parse(b"x" * 17) == frozenset() and len(holdings.parse(b"x" * 16 + b"y" * 16)) == 2
+
+
+def test_a_digest_covers_every_piece_of_a_large_tensor(monkeypatch):
+    monkeypatch.setattr(holdings, "PIECE_BYTES", 1024)
+    t = torch.randn(1000)                            # four pieces, the last one short
+    u = t.clone()
+    assert holdings.digest(t) == holdings.digest(u) and len(holdings.digest(t)) == protocol.HOLDS_DIGEST_BYTES
+    for at in (0, 300, 999):
+        v = t.clone()
+        v[at] += 1
+        assert holdings.digest(v) != holdings.digest(t)
+    assert holdings.digest(t[:512]) != holdings.digest(t)

@@ -48,8 +48,9 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
         # Started on a machine while its checkpoint is still on the way there: restored as the bytes arrive,
         # applied once all have. gmuxd hears first that this process is ready for them (interpreter, torch and
         # model built): a move's source computes on until then (gmux.node.cluster_link, "ready"). What it holds
-        # already, it offers first: the source leaves that out (gmux.job.holdings).
-        offer = holdings.Offer.of(_current.tracked.modules)
+        # already, it offers first: the source leaves that out (gmux.job.holdings; GMUX_HOLDINGS=off offers
+        # nothing, the baseline a benchmark compares with).
+        offer = holdings.Offer.of(_current.tracked.modules if os.environ.get("GMUX_HOLDINGS") != "off" else [])
         offered = holdings.holds_path(restore)
         offer.save(offered)
         _current.controller.report({**_current.report(), "awaiting_restore": True})

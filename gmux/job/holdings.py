@@ -8,9 +8,10 @@ the checkpoint it waits for, which its link serves to the source: gmux.wire.tran
 checkpoint the source leaves out every tensor whose bytes have one of those digests: the stream's HEAD lists
 it as held (row, digest) and the target takes those bytes from its own tensor (gmux.job.checkpoint).
 
-What makes it safe: the digest is SHA-256 (its first 16 bytes) of the tensor's bytes as the source writes its
-checkpoint, so a tensor changed by any means is sent; and the target looks the digest up among the tensors it
-hashed itself. A held tensor is the target's, identical in every byte, or the restore is refused.
+What makes it safe: the digest is SHA-256 (over the SHA-256s of 16 MiB pieces, its first 16 bytes) of the
+tensor's bytes as the source writes its checkpoint, so a tensor changed by any means is sent; and the target
+looks the digest up among the tensors it hashed itself. A held tensor is the target's, identical in every
+byte, or the restore is refused.
 
 What it costs: the source hashes only tensors whose version counter has not moved since attach or the last
 restore (`Unchanged`). An optimizer's step bumps it, so a model trained whole is sent without a hash, as before.
@@ -36,17 +37,33 @@ from .checkpoint import host_bytes
 MIN_BYTES = 64 << 10
 
 
-def digest(t: torch.Tensor) -> bytes:
-    """The bytes' SHA-256 (hashlib releases the GIL: tensors hash in parallel), its first HOLDS_DIGEST_BYTES."""
-    return hashlib.sha256(host_bytes(t)).digest()[:HOLDS_DIGEST_BYTES]
+PIECE_BYTES = 16 << 20
+
+
+def _pieces(t: torch.Tensor) -> list:
+    """A tensor's bytes in pieces of about PIECE_BYTES, each hashed on its own (a large tensor's on several
+    cores; a device tensor's copied to the host a piece at a time)."""
+    flat = t.detach().reshape(-1)
+    step = max(1, PIECE_BYTES // max(1, t.element_size()))
+    return [flat[lo:lo + step] for lo in range(0, max(1, flat.numel()), step)]
+
+
+def _sha(piece: torch.Tensor) -> bytes:
+    return hashlib.sha256(host_bytes(piece)).digest()   # (hashlib releases the GIL)
 
 
 def digests(tensors: list) -> list:
-    """digest() of each, in parallel over the machine's cores."""
-    if len(tensors) < 2:
-        return [digest(t) for t in tensors]
-    with ThreadPoolExecutor(min(len(tensors), os.cpu_count() or 1, 8), thread_name_prefix="digest") as pool:
-        return list(pool.map(digest, tensors))
+    """Each tensor's digest: SHA-256 over the SHA-256s of its pieces, its first HOLDS_DIGEST_BYTES; every piece
+    of every tensor hashed in parallel over the machine's cores."""
+    pieces = [_pieces(t) for t in tensors]
+    work = [p for ps in pieces for p in ps]
+    with ThreadPoolExecutor(max(1, min(len(work), os.cpu_count() or 1, 16)), thread_name_prefix="digest") as pool:
+        shas = iter(list(pool.map(_sha, work)))
+    return [hashlib.sha256(b"".join(next(shas) for _ in ps)).digest()[:HOLDS_DIGEST_BYTES] for ps in pieces]
+
+
+def digest(t: torch.Tensor) -> bytes:
+    return digests([t])[0]
 
 
 def holds_path(checkpoint_path: str) -> str:
