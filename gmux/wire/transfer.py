@@ -42,8 +42,10 @@ import zmq
 from gmux import protocol
 from gmux.wire import keys
 
-CHUNK = 256 << 10    # 256 KiB: large messages cost fresh mmapped buffers (page faults) in malloc and libzmq
-WINDOW = 64   # 16 MiB in flight
+# 1 MiB: a message (and its reply) costs Python time on both ends; a quarter of the messages of 256 KiB chunks
+# gave 64 MiB moves 0.90-0.94 of issue 15's downtime bound against 0.95-1.11 (three runs each, this VM)
+CHUNK = 1 << 20
+WINDOW = 16          # 16 MiB in flight
 STALE_S = 600.0      # far beyond a sender's reconnect timeout: a partial file this idle is abandoned
 
 
