@@ -1,11 +1,13 @@
 """Cluster mode, measured: cross-machine migration against checkpoint size and against the same bytes over a raw
 ZeroMQ socket; gmux-scheduler's decision latency with 3 real daemons and with 100 simulated ones.
 
-    .venv/bin/python benchmarks/cluster.py [--sizes 64,256,1024] [--out benchmarks/results/cluster.json]
+    .venv/bin/python benchmarks/cluster.py [--sizes 64,256,1024] [--frozen 1024] [--moves 3]
+                                           [--out benchmarks/results/cluster.json]
 
 (a) Migration. A real gmux-scheduler and two real gmuxd (virtual GPUs, loopback TCP, CurveZMQ) run one training
     job (demo_train.py, a hidden-to-hidden layer sized so that the checkpoint, weights + grads + momentum, is the target
-    size); `c_migrate` moves it to the other daemon. Timed from the request until the target has restored it
+    size); `c_migrate` moves it to the other daemon and back, three times (--moves; each figure is the median
+    of the three: one move's vary by a fifth on this shared 2-core VM). Timed from the request until the target has restored it
     and passed a boundary (what the scheduler waits for before the source releases): suspend at a boundary,
     checkpoint written, streamed (chunked, crc32, CurveZMQ), new process, torch import, restore, first step.
     Beside it, in the same run: the checkpoint file's bytes over a plain ZeroMQ DEALER->ROUTER TCP socket
@@ -15,8 +17,8 @@ ZeroMQ socket; gmux-scheduler's decision latency with 3 real daemons and with 10
     mini-batch is in it; the issue's bound is 1.5x the CurveZMQ floor plus one mini-batch (`downtime_vs_target`
     <= 1 meets it). The total also holds the wait for that last boundary and the report that tells the
     scheduler.
-(b) Incremental moves: a job 7/8 of whose bytes are a frozen table (demo_train --frozen-mib) moved twice in the
-    same run, its target offering what it already holds (gmux.job.holdings: the frozen table is not sent) and not
+(b) Incremental moves: a job 7/8 of whose bytes are a frozen table (demo_train --frozen-mib) moved in the same
+    run, its target offering what it already holds (gmux.job.holdings: the frozen table is not sent) and not
     (GMUX_HOLDINGS=off, the whole checkpoint sent); `downtime offered/whole` compares the two.
 (c) Decisions. The time of one scheduling decision (snapshot from SQLite-backed tables, policy, actions) as
     gmux-scheduler measures it, while (a) runs against 3 daemons; and with 100 simulated daemons (CurveZMQ
@@ -93,16 +95,19 @@ def raw_zmq_seconds(nbytes: int, chunk: int = 2 << 20, window: int = 8, keydir: 
     return seconds
 
 
-def _downtime(log: pathlib.Path) -> tuple:
-    """(seconds from the last boundary of the job's first process to the first of its second, the median
-    mini-batch before the move) from demo_train's --boundary-log."""
+def _downtimes(log: pathlib.Path) -> tuple:
+    """([seconds from the last boundary of each of the job's processes to the first of the next], the median
+    mini-batch of its first process) from demo_train's --boundary-log."""
     rows = [line.split() for line in log.read_text().splitlines()]
     rows = [(float(t), int(pid)) for t, pid, _ in (r for r in rows if len(r) == 3)]
-    first = rows[0][1]
-    before = [t for t, pid in rows if pid == first]
-    after = [t for t, pid in rows if pid != first]
-    gaps = sorted(b - a for a, b in zip(before, before[1:]))
-    return after[0] - before[-1], gaps[len(gaps) // 2]
+    gaps = [b[0] - a[0] for a, b in zip(rows, rows[1:]) if a[1] != b[1]]
+    first = [t for t, pid in rows if pid == rows[0][1]]
+    batches = sorted(b - a for a, b in zip(first, first[1:]))
+    return gaps, batches[len(batches) // 2]
+
+
+def _median(xs: list) -> float:
+    return sorted(xs)[len(xs) // 2]
 
 
 def hidden_for(size_bytes: int) -> int:
@@ -112,8 +117,9 @@ def hidden_for(size_bytes: int) -> int:
 
 
 def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib: int = 0,
-              holdings: bool = True) -> dict:
-    """One move; `frozen_mib` of the `size_mib` are a frozen table (demo_train --frozen-mib) that the target
+              holdings: bool = True, moves: int = 3) -> dict:
+    """`moves` moves of one job, back and forth (the medians reported: one move's figures vary by a fifth on a
+    2-core VM shared by two daemons, their links, the scheduler and the job); `frozen_mib` of the `size_mib` are a frozen table (demo_train --frozen-mib) that the target
     builds too, offered to the source unless `holdings` is False (GMUX_HOLDINGS=off: the whole is sent)."""
     from cluster_harness import PY, ROOT as R, TRAIN, Cluster, wait_for
     c = Cluster(tmp, machines=("a", "b"), policy="gandiva", gpus="2x8GiB", sched_args=["--ckpt-every", "0"])
@@ -127,15 +133,19 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
                                         "1", "--batch", "8", "--attach", "--boundary-log", str(log), *frozen],
                       cwd=R, env={"OMP_NUM_THREADS": "1", "GMUX_GRADS": grads,
                                   **({} if holdings else {"GMUX_HOLDINGS": "off"})})["cjob"]
-        j = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] >= 3 and j)(c.job(cjob)), 300,
-                     "job running")
-        dst = "b" if j["machine"] == "a" else "a"
-        t0 = time.perf_counter()
-        c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
-        wait_for(lambda: c.job(cjob)["migrations"] == 1, 600, "migration done", every=0.05)
-        total = time.perf_counter() - t0
-        ps = c.ps()
-        sent = next(d for d in reversed(ps["decisions"]) if d["kind"] == "migrate_sent")["numbers"]
+        totals, sent = [], []
+        for k in range(moves):          # back and forth, each once the job has stepped on at its new place
+            j = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] >= 3 + 3 * k and j)(c.job(cjob)),
+                         300, "job running")
+            dst = "b" if j["machine"] == "a" else "a"
+            t0 = time.perf_counter()
+            c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
+            wait_for(lambda: c.job(cjob)["migrations"] == k + 1, 600, "migration done", every=0.05)
+            totals.append(time.perf_counter() - t0)
+            ps = c.ps()
+            sent.append(next(d for d in reversed(ps["decisions"]) if d["kind"] == "migrate_sent")["numbers"])
+        total = _median(totals)
+        sent = sorted(sent, key=lambda n: n["seconds"])[len(sent) // 2]
         raw = min(raw_zmq_seconds(sent["bytes"]) for _ in range(2))
         kd = str(tmp / "bench-keys")
         for name in ("rx", "tx"):
@@ -143,10 +153,12 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
         curve = min(raw_zmq_seconds(sent["bytes"], keydir=kd) for _ in range(2))
         # Downtime: from the job's last boundary at the source to its first at the target, as the job logged
         # them (the target's first mini-batch included); the total is until the scheduler has heard of it.
-        downtime, batch = _downtime(log)
+        downtimes, batch = _downtimes(log)
+        downtime = _median(downtimes)
         dm = ps["decision_ms"]
         return {"size_mib": size_mib, "frozen_mib": frozen_mib, "holdings": holdings, "bytes": sent["bytes"],
-                "migrate_s": total, "downtime_s": downtime,
+                "moves": moves, "migrate_s": total, "migrate_s_each": totals, "downtime_s": downtime,
+                "downtime_s_each": downtimes,
                 "batch_s": batch, "downtime_vs_target": downtime / (1.5 * curve + batch),
                 "suspend_s": sent["suspend_s"], "checkpoint_s": sent["checkpoint_s"],
                 "transfer_s": sent["transfer_s"], "raw_zmq_s": raw, "curve_zmq_s": curve,
@@ -255,13 +267,14 @@ def main() -> int:
     p.add_argument("--frozen", default="1024",
                    help="sizes (MiB, comma-separated; empty for none) of jobs 7/8 of whose bytes are a frozen table, "
                         "each moved twice: the target offering what it holds, and not (GMUX_HOLDINGS=off)")
+    p.add_argument("--moves", type=int, default=3, help="moves per job, back and forth (medians reported)")
     p.add_argument("--no-decisions", action="store_true", help="the migrations only")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cluster.json"))
     a = p.parse_args()
     rows = []
     for size in [int(s) for s in a.sizes.split(",")]:
         with tempfile.TemporaryDirectory(prefix=f"gmux-bench-{size}-") as d:
-            r = migration(pathlib.Path(d), size, a.grads)
+            r = migration(pathlib.Path(d), size, a.grads, moves=a.moves)
         rows.append(r)
         print(f"migrate {size:5d} MiB: downtime {r['downtime_s']:.2f} s (mini-batch {r['batch_s']:.2f} s), total "
               f"{r['migrate_s']:7.2f} s (suspend {r['suspend_s']:.2f}, checkpoint {r['checkpoint_s']:.2f}, transfer "
@@ -273,7 +286,8 @@ def main() -> int:
         pair = {}
         for offered in (True, False):
             with tempfile.TemporaryDirectory(prefix=f"gmux-bench-frozen-{size}-") as d:
-                pair[offered] = migration(pathlib.Path(d), size, a.grads, frozen_mib=size * 7 // 8, holdings=offered)
+                pair[offered] = migration(pathlib.Path(d), size, a.grads, frozen_mib=size * 7 // 8,
+                                          holdings=offered, moves=a.moves)
         held, whole = pair[True], pair[False]
         ratio = held["downtime_s"] / whole["downtime_s"]
         incremental.append({"size_mib": size, "frozen_mib": size * 7 // 8, "offered": held, "whole": whole,
