@@ -207,8 +207,14 @@ class _File:
     """What a sender sends from a file: any part, at any time."""
 
     def __init__(self, path: str):
-        self.size = os.path.getsize(path)
-        self.fd = os.open(path, os.O_RDONLY)
+        # Not through a symlink, and only a regular file: a system daemon's link sends files from its users'
+        # directories, where a user could plant a link to a file only root may read.
+        self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(self.fd)
+            raise TransferError(f"{path}: not a regular file; refusing to send it")
+        self.size = st.st_size
         self.final: Optional[int] = None      # a file's size is told at its begin
 
     def get(self, offset: int, n: int) -> bytes:

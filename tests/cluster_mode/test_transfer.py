@@ -303,3 +303,24 @@ def test_a_full_disk_gives_the_transfer_up_and_leaves_nothing_behind(tmp_path, m
     assert recv.handle(msg("xfer_chunk", xfer="a-j1.0", offset=0), chunk)[1] == {"have": CHUNK}
     assert recv.handle(msg("xfer_end", xfer="a-j1.0"), None)[0]
     assert (tmp_path / "in" / "a-j1.0.ckpt").read_bytes() == chunk
+
+
+def test_a_planted_symlink_or_pipe_is_not_sent(keydir, tmp_path):
+    # A system daemon's link sends a checkpoint from its user's directory: a user who makes it a link to a file
+    # only root may read (or a pipe that never ends) gets a refusal, and nothing leaves the machine.
+    secret = tmp_path / "root-only"
+    secret.write_bytes(b"s" * 1000)
+    link, pipe = tmp_path / "link.ckpt", tmp_path / "pipe.ckpt"
+    os.symlink(secret, link)
+    os.mkfifo(pipe)
+    stop = threading.Event()
+    st, t = _serve(keydir, str(tmp_path / "in"), stop)
+    try:
+        for path, match in ((link, "Too many levels of symbolic links|ELOOP|symbolic"), (pipe, "not a regular")):
+            with pytest.raises((TransferError, OSError), match=match):
+                send_file(str(path), f"tcp://127.0.0.1:{st['port']}", keys.load_public(keydir, "daemon", "b"),
+                          keydir, "daemon", "a", "c9-2", timeout=0.5, attempts=1)
+        assert os.listdir(tmp_path / "in") == []
+    finally:
+        stop.set()
+        t.join()
