@@ -40,7 +40,7 @@ from gmux.wire.server import Server, configure
 from gmux.node.cluster_records import gang_record, ranks_by_job, running_before_boundary
 from gmux.node.cluster_starts import Starts
 from gmux.node.cluster_stream import send_files, staged, stream_ranks
-from gmux.rundir import RuntimeDir
+from gmux.rundir import RuntimeDir, RuntimeDirError
 
 log = logging.getLogger("gmux.cluster_link")
 C = protocol.CLUSTER_MESSAGES
@@ -52,6 +52,11 @@ LINK_PS_LIMIT = 1000    # the link reads every live job and the newest ended one
 class ClusterLink:
     def __init__(self, runtime_dir: str, name: str, scheduler: str, keydir: str, listen: str = "tcp://127.0.0.1:0"):
         self.rundir = RuntimeDir(runtime_dir)
+        if self.rundir.system:
+            # (as gmuxd --system --scheduler is: the link would start users' jobs and read their checkpoints
+            # as root; docs/security.md)
+            raise RuntimeDirError(f"{runtime_dir} is a system daemon's: cluster mode is not supported there yet; "
+                                  f"run a per-user gmuxd in cluster mode")
         self.name = name
         self.keydir = keydir
         self.scheduler_endpoint = scheduler
@@ -379,9 +384,8 @@ class ClusterLink:
         try:
             target_key = keys.load_public(self.keydir, "daemon", target)
             # What the new processes hold already (their frozen tensors), asked while the job still computes.
-            holds = {} if self.rundir.system else dict(zip(ranks, _each(
-                lambda name: ask_holds(endpoint, target_key, xfer=name, **self._sender()),
-                rank_xfers(xfer, len(ranks)))))
+            holds = dict(zip(ranks, _each(lambda name: ask_holds(endpoint, target_key, xfer=name, **self._sender()),
+                                          rank_xfers(xfer, len(ranks)))))
             t0 = time.perf_counter()
             with self._gang_lock(cjob):
                 # (to_boundary: stopped at its deadline, a job would reach the boundary this move needs only
@@ -394,16 +398,11 @@ class ClusterLink:
                     raise GmuxError(f"suspend: {errors[0]}")
                 t_susp = time.perf_counter() - t0
                 running = running_before_boundary(t_susp, [r for _, r in replies])
-                if not self.rundir.system:     # streamed from live memory (cluster_stream), all ranks at once
-                    steps: dict = {}
-                    xfers, r = stream_ranks(ranks, endpoint, target_key, xfer, self._snapshot_path,
-                                            self._checkpointer(steps, holds), self._sender())
-                    step, t_ckpt = _taken_at(steps, ranks), r["checkpoint_s"]
-                else:                          # staged: the jobs write in their users' directories
-                    paths, step = self._checkpoint(ranks)
-                    t_ckpt = time.perf_counter() - t0 - t_susp
-            if self.rundir.system:
-                xfers, r = send_files(paths, endpoint, target_key, xfer, self._sender())
+                # streamed from live memory (cluster_stream), all ranks at once
+                steps: dict = {}
+                xfers, r = stream_ranks(ranks, endpoint, target_key, xfer, self._snapshot_path,
+                                        self._checkpointer(steps, holds), self._sender())
+                step, t_ckpt = _taken_at(steps, ranks), r["checkpoint_s"]
         except Exception as e:
             for local in ranks:
                 self._admin_error("resume", local)         # the move failed: the job runs on here
@@ -448,7 +447,11 @@ def main(argv=None) -> int:
     p.add_argument("--listen", default="tcp://127.0.0.1:0", help="where checkpoints arrive from other machines")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s cluster-link %(levelname)s %(message)s")
-    ClusterLink(a.runtime_dir, a.name, a.scheduler, a.keys, a.listen).serve()
+    try:
+        link = ClusterLink(a.runtime_dir, a.name, a.scheduler, a.keys, a.listen)
+    except RuntimeDirError as e:
+        p.error(str(e))
+    link.serve()
     return 0
 
 

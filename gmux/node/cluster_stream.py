@@ -55,7 +55,7 @@ def staged(path: str, ask: Callable[[], Optional[str]]) -> Optional[str]:
 
 
 def send_files(paths: list, endpoint: str, server_key: bytes, xfer: str, sender: dict) -> tuple[list, dict]:
-    """The staged way, where a checkpoint is a file (a periodic one, or a system daemon's job's): a file per
+    """The staged way, where a checkpoint is a file (a periodic one, sent to gmux-scheduler): a file per
     rank sent as XFER.RANK, each deleted once the receiver holds it; (the transfer names, figures)."""
     names, total = rank_xfers(xfer, len(paths)), {"bytes": 0, "seconds": 0.0}
     for path, name in zip(paths, names):

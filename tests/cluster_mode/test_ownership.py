@@ -48,3 +48,20 @@ def test_only_the_owner_or_an_admin_acts_on_a_job(scheduler):
     assert ops.call("c_kill", cjob=a2) == {"cjob": a2}
     states = {j["cjob"]: j["state"] for j in alice.call("c_ps")["jobs"]}
     assert states == {a1: "killed", a2: "killed"}
+
+
+def test_a_link_beside_a_system_daemon_is_refused(tmp_path):
+    # gmuxd --system --scheduler is refused; so is the link started on its own beside a system daemon (it would
+    # start users' jobs and read their checkpoints as root), before it opens a socket.
+    import subprocess
+    import sys
+    from cluster_harness import ROOT, env
+    from gmux.node.cluster_link import ClusterLink
+    from gmux.rundir import RuntimeDirError
+    (tmp_path / "run" / "users").mkdir(parents=True)
+    with pytest.raises(RuntimeDirError, match="system daemon's: cluster mode is not supported"):
+        ClusterLink(str(tmp_path / "run"), "m1", "tcp://127.0.0.1:1", str(tmp_path / "keys"))
+    r = subprocess.run([sys.executable, "-m", "gmux.node.cluster_link", "--runtime-dir", str(tmp_path / "run"),
+                        "--name", "m1", "--scheduler", "tcp://127.0.0.1:1", "--keys", str(tmp_path / "keys")],
+                       env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "cluster mode is not supported" in r.stderr and "Traceback" not in r.stderr
