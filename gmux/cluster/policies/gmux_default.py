@@ -109,6 +109,16 @@ small enough to fit by count), FIFO-bf 1.62, so it is not a clean hold-out for t
   empties there); at x0.35 5.34 -> 5.38 h, makespan 114.8 -> 116.8 d (7f04ca's 1,286-h 8-GPU job was not the
   oldest). Beating the best baseline's 39.4% at x0.25 needs the last job done by about day 133 (packing does the
   same work in fewer busy GPU-seconds), in a VC whose work alone on its 16 GPUs lasts until day 130.8.
+
+Measured after that and not kept (benchmarks/README.md has the table): backfilled jobs losing the within-queue
+protection (x0.25 9.60 h, but the tuned VCs lose at x0.25 and x0.35); a lane for a job beyond every completion of
+its class (makespan 147.7 -> 143.4 d, average JCT +2%); no suspending a member of one's own sweep (suspends -18 to
+-31%, JCT unchanged, but an independent stream chained into one sweep loses up to 22% in the synthetic overload;
+gated on a learned share >= 1/2 the held-out VCs lose); a finished sibling capping a member's effective size
+(held out -2.6%, tuned 7f04ca +6%; only in the within-queue order: -0.4% at x0.25, +0.2-0.7% at x0.35); a size
+grid of factor sqrt(2) (no change). What the x0.25 gap is made of: a wide job of 10-40 h (103959's ~22-h bursts:
+762 h against SRTF's 52 h) is started, served past the short modes and suspended, and from then looks like the
+50-h jobs it waits with.
 """
 from __future__ import annotations
 
