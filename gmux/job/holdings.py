@@ -31,12 +31,11 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from gmux.protocol import HOLDS_DIGEST_BYTES, HOLDS_MAX
+from gmux.protocol import HOLDS_DIGEST_BYTES, HOLDS_MAX, holds_problem
+from gmux.util.atomic import atomic_open
 from .checkpoint import host_bytes
 
 MIN_BYTES = 64 << 10
-
-
 PIECE_BYTES = 16 << 20
 
 
@@ -73,7 +72,7 @@ def holds_path(checkpoint_path: str) -> str:
 
 def parse(wire: bytes) -> frozenset:
     """Digests offered over the wire (concatenated, HOLDS_DIGEST_BYTES each); anything malformed offers none."""
-    if not isinstance(wire, bytes) or len(wire) % HOLDS_DIGEST_BYTES or len(wire) > HOLDS_MAX * HOLDS_DIGEST_BYTES:
+    if holds_problem(wire):
         return frozenset()
     return frozenset(wire[i:i + HOLDS_DIGEST_BYTES] for i in range(0, len(wire), HOLDS_DIGEST_BYTES))
 
@@ -111,15 +110,11 @@ class Offer:
         False if it cannot (a directory this process may not write: then the whole checkpoint comes)."""
         if not self.by_digest:
             return False
-        tmp = f"{path}.{os.getpid()}.tmp"
         try:
-            with open(tmp, "wb") as f:
+            with atomic_open(path, durable=False) as f:    # (gone with the process if it crashes: no fsync)
                 f.write(self.wire())
-            os.replace(tmp, path)
             return True
         except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             return False
 
     @staticmethod

@@ -130,12 +130,10 @@ class Receiver:
         that is not a regular one of at most HOLDS_MAX digests offers nothing."""
         limit = protocol.HOLDS_MAX * protocol.HOLDS_DIGEST_BYTES
         try:
-            fd = os.open(self._offer(x), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = _open_regular(self._offer(x))
         except OSError:
             return b""
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return b""
             wire = os.read(fd, limit + 1)
         finally:
             os.close(fd)
@@ -203,18 +201,23 @@ class Receiver:
         self.open.clear()
 
 
+def _open_regular(path: str) -> int:
+    """A file opened to read, not through a symlink and only if it is a regular one (an OSError otherwise): a
+    link sends, and serves, files from directories others may write, where a planted link could point at a
+    file only root may read, or a pipe that never ends."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path}: not a regular file")
+    return fd
+
+
 class _File:
     """What a sender sends from a file: any part, at any time."""
 
     def __init__(self, path: str):
-        # Not through a symlink, and only a regular file: a system daemon's link sends files from its users'
-        # directories, where a user could plant a link to a file only root may read.
-        self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        st = os.fstat(self.fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(self.fd)
-            raise TransferError(f"{path}: not a regular file; refusing to send it")
-        self.size = st.st_size
+        self.fd = _open_regular(path)
+        self.size = os.fstat(self.fd).st_size
         self.final: Optional[int] = None      # a file's size is told at its begin
 
     def get(self, offset: int, n: int) -> bytes:
