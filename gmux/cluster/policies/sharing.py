@@ -95,7 +95,8 @@ def defragment_for(snap, plan: Plan, n: int, max_moves: int = 4) -> tuple | None
 
     Tries machines with the most idle GPUs first and takes the first whose clearing works out in a trial plan;
     moves only jobs that run alone, live entirely on that machine and are smaller than n, at most `max_moves`
-    of them (each migration stalls a job ~2 s). Returns the GPUs made idle, or None (plan untouched)."""
+    of them (each a move to another machine: seconds of held GPUs and of stall, see sim/costs.py). Returns the
+    GPUs made idle, or None (plan untouched)."""
     per = snap.max_gpus_per_machine
     if n > per or plan.total_idle < n:
         return None

@@ -4,8 +4,12 @@ Costs come from costs.py (per job type, from gmux's measurements; the summary of
 - A suspend keeps the job's GPUs busy for its copy-out: a job placed on them within that time stalls until the
   copy is done (`gpu_free_at`), so the preempting job, not the victim, waits for it, as on real hardware.
 - A resume, or a pack of a suspended job, stalls the job for its copy-in on its new GPUs.
-- A migration stalls the job on its new GPUs (between GPUs of one machine: a suspend + a resume; to another
-  machine: a checkpoint, a stream and a new process), and its old GPUs are busy for the copy-out.
+- A migration stalls the job on its new GPUs (between GPUs of one machine: a suspend + a resume, and its old GPUs
+  are busy for the copy-out). A move to another machine first holds its new GPUs idle for the warm-up (the
+  target's new process starting) while the job computes on at its source speed (`warm_until`, `warm_rate`:
+  its progress is credited, not counted as a stall), then stalls it for the stream and restore; its old GPUs
+  are busy until the target has restored (the source streams from its live memory). Who else pays: a job
+  placed on the old GPUs within that time waits for them, as for a copy-out.
 - Time-slicing (k units on a GPU) is a fluid share: each unit progresses at 1/k of its speed, less one suspend
   and one resume of its own type per quantum, and is counted as suspended once per round of k quanta.
 - `measure_s` = 120 s: how long a new pack runs before its rates are known (introspection window).
@@ -32,7 +36,7 @@ class SimJob:
     """The simulator's private truth about one job (the policy sees only its JobView)."""
     __slots__ = ("view", "work", "progress", "stall_until", "settled_at", "version", "held", "sliced_suspends",
                  "suspends", "migrations", "packs", "finish", "consolidated_machines", "uncons_rate", "waited",
-                 "stalled")
+                 "stalled", "warm_until", "warm_rate")
 
     def __init__(self, view: JobView, work: float, per_machine: int, uncons_rate: float):
         self.view = view
@@ -51,6 +55,8 @@ class SimJob:
         self.uncons_rate = uncons_rate
         self.waited = 0.0             # seconds with no GPU at all (pending or suspended): queueing
         self.stalled = 0.0            # seconds on GPUs with no progress (resume, migration, waiting for a copy-out)
+        self.warm_until = 0.0         # a cross-machine move's warm-up: until then it progresses at its source ...
+        self.warm_rate = 0.0          # ... at this speed, while it holds its new GPUs (stall_until >= warm_until)
 
 
 class SimCluster:
@@ -69,6 +75,10 @@ class SimCluster:
         v = sj.view
         dt = t - sj.settled_at
         if dt > 0:
+            warm_end = sj.settled_at
+            if sj.warm_until > sj.settled_at:       # still computing at its source while its target warms up
+                warm_end = min(t, sj.warm_until)
+                sj.progress = min(sj.work, sj.progress + sj.warm_rate * (warm_end - sj.settled_at))
             if v.rate > 0:
                 run = t - max(sj.settled_at, sj.stall_until)
                 if run > 0:
@@ -76,8 +86,8 @@ class SimCluster:
             if not v.gpus:
                 sj.waited += dt
             else:
-                if sj.stall_until > sj.settled_at:
-                    sj.stalled += min(t, sj.stall_until) - sj.settled_at
+                if sj.stall_until > warm_end:
+                    sj.stalled += min(t, sj.stall_until) - warm_end
                 v.attained += v.service_rate * dt
                 sj.held += self._held_rate(v) * dt
                 depth = self.snap.units_on(v.gpus)
@@ -117,9 +127,15 @@ class SimCluster:
 
     def completion_time(self, sj: SimJob, now: float) -> float | None:
         r = sj.view.rate
+        left = sj.work - sj.progress
+        if sj.warm_until > now:                     # a move's warm-up: the job still runs at its source
+            at_source = sj.warm_rate * (sj.warm_until - now)
+            if at_source >= left and sj.warm_rate > 0:
+                return now + left / sj.warm_rate    # it ends before the move would stop it
+            left -= at_source
         if r <= 0:
             return None
-        return max(now, sj.stall_until) + (sj.work - sj.progress) / r
+        return max(now, sj.stall_until) + left / r
 
     # ---- actions --------------------------------------------------------------------------------------------
     def residents(self, gpus) -> set:
@@ -192,6 +208,7 @@ class SimCluster:
             snap.detach(sj.view)
             snap.set_state(sj.view, JobState.SUSPENDED)
             sj.view.last_stop = now
+            sj.warm_until = 0.0                     # a move in its warm-up is called off
             sj.suspends += 1
             c["suspends"] += 1
         elif isinstance(action, Pack):
@@ -232,12 +249,19 @@ class SimCluster:
             # Any change of machines means new processes somewhere (a gang moves by checkpoint and restart).
             cross = snap.machines_of(action.gpus) != snap.machines_of(sj.view.gpus)
             start = self._free_at(action.gpus, now)     # other jobs' copy-outs on the target GPUs
+            warm = self.costs.warmup(sj.view.job_type, cross)
+            if warm > 0:                                # the job computes on at its source meanwhile
+                if sj.warm_until <= now:                # (moved again during a warm-up: still at the first source)
+                    sj.warm_rate = sj.view.rate
+                sj.warm_until = max(sj.warm_until, now + warm)
+            start = max(start, sj.warm_until)
+            stall_until = start + self.costs.migrate(sj.view.job_type, cross)
             if sj.view.packed_with is None:             # (a packed job's GPUs stay busy with its partner anyway)
-                self._copy_out(sj.view, now, keep=action.gpus)
+                self._copy_out(sj.view, now, keep=action.gpus, until=stall_until if cross else None)
             snap.detach(sj.view)
             self._check_gpus(action.job_id, action.gpus, n)
             snap.attach(sj.view, action.gpus)
-            sj.stall_until = start + self.costs.migrate(sj.view.job_type, cross)
+            sj.stall_until = stall_until
             sj.migrations += 1
             c["migrations"] += 1
         elif isinstance(action, (Grow, Shrink)):
@@ -256,14 +280,14 @@ class SimCluster:
             snap.detach(v)
             self._check_gpus(action.job_id, action.gpus, None)
             snap.attach(v, action.gpus)
-            sj.stall_until = now + self.costs.suspend(v.job_type) + self.costs.resume(v.job_type)
+            sj.stall_until = max(now, sj.warm_until) + self.costs.suspend(v.job_type) + self.costs.resume(v.job_type)
             c["grows" if isinstance(action, Grow) else "shrinks"] += 1
         else:
             raise PolicyError(f"unknown action {action!r}")
 
-    def _copy_out(self, v: JobView, now: float, keep=()) -> None:
-        """The GPUs a job leaves (all but `keep`) stay busy while its state is copied off them."""
-        t = now + self.costs.suspend(v.job_type)
+    def _copy_out(self, v: JobView, now: float, keep=(), until: float | None = None) -> None:
+        """The GPUs a job leaves (all but `keep`) stay busy while its state is copied off them (or `until`)."""
+        t = now + self.costs.suspend(v.job_type) if until is None else until
         for g in v.gpus:
             if g not in keep and self.gpu_free_at.get(g, 0.0) < t:
                 self.gpu_free_at[g] = t

@@ -14,13 +14,29 @@ simulator charges it as a stall on the GPUs (see cluster.py for who pays it). Th
 - **Fixed part** `switch_fixed_s` = 0.05 s per suspend or resume: command round trip (p99 ~20 ms, gmuxd's
   command-latency benchmark) plus unmapping/mapping the job's pages (40-75 ms per GiB measured, ~20 ms for a
   typical job).
-- **Another machine** (`cross_start_s` 3.5 s + `cross_s_per_gib` 7.9 s/GiB): a straight line through gmux's
-  measured cross-machine migrations (benchmarks/README.md, cluster mode: ~4.1 s at 64 MiB, dominated by the new
-  process's start, and 10-12 s at 1 GiB). A move between GPUs of one machine costs a suspend plus a resume.
+- **Another machine**, from gmux's measured cross-machine moves (benchmarks/README.md, "Cross-machine moves,
+  fifth round": `benchmarks/cluster.py` at 7815f9a, medians of three moves, CurveZMQ-secured stream; the moves
+  are being made faster since, so these are the fifth round's figures). A move has two parts:
+  - **Warm-up** (`cross_warmup_s` 3.11 s + `cross_warmup_s_per_gib` 1.70 s/GiB): the target's new process
+    starts (interpreter, torch import, the model built) while the job computes on at its source; the target's
+    GPUs are reserved for it and idle. Measured as the move's total (request to the target heard) minus its
+    downtime: 3.19, 3.57 and 4.80 s at 64 MiB, 256 MiB and 1 GiB (a bigger model takes longer to build, and the
+    source's wait for its next boundary, up to a mini-batch, is in it too); the line is the least-squares fit
+    through the three (within 0.04 s of each).
+  - **Stall** (`cross_start_s` 0.06 s + `cross_s_per_gib` 3.26 s/GiB): the job stopped, from its last boundary
+    at the source to its first at the target. Measured downtime 0.28, 0.99 and 3.84 s at 64 MiB, 256 MiB and
+    1 GiB, less the target's first mini-batch that the downtime includes (0.015, 0.115, 0.515 s of it; in the
+    simulator that mini-batch is progress at the job's speed): 0.265, 0.875, 3.325 s; least-squares line
+    through the three (within 0.002 s of each). Before the fifth round this was one 3.5 s + 7.9 s/GiB stall
+    from 10-12 s moves that started the new process inside the downtime.
+  The engine charges both (cluster.py): during the warm-up the job keeps its source's speed (its progress is
+  credited) while it holds its target GPUs, which count as busy; the stall follows on the target; the source's
+  GPUs are busy until the target has restored (the source streams from its live memory and is released then).
+  A move between GPUs of one machine costs a suspend plus a resume and has no warm-up (same process).
 - Time-slicing (Gandiva's) pays one suspend and one resume per quantum.
 
 `suspend_s`/`resume_s`/`migrate_s` given explicitly replace the model with flat figures for every job (hand-made
-tests, sensitivity runs from the command line).
+tests, sensitivity runs from the command line); a flat `migrate_s` is all stall, with no warm-up.
 """
 from __future__ import annotations
 
@@ -53,8 +69,10 @@ def model_of(job_type: str) -> str:
 class Costs:
     copy_gbps: float = 5.0
     switch_fixed_s: float = 0.05
-    cross_start_s: float = 3.5
-    cross_s_per_gib: float = 7.9
+    cross_start_s: float = 0.06          # stall of a move to another machine: fixed part
+    cross_s_per_gib: float = 3.26        # ... and per GiB of state
+    cross_warmup_s: float = 3.11         # the target's new process starting, the job still at its source
+    cross_warmup_s_per_gib: float = 1.70
     quantum_s: float = 60.0
     measure_s: float = 120.0
     elastic_efficiency: float = 0.9
@@ -65,7 +83,8 @@ class Costs:
     params_m: dict = field(default_factory=lambda: dict(PARAMS_M))
 
     def __post_init__(self):
-        for k in ("copy_gbps", "switch_fixed_s", "cross_start_s", "cross_s_per_gib", "quantum_s", "measure_s",
+        for k in ("copy_gbps", "switch_fixed_s", "cross_start_s", "cross_s_per_gib", "cross_warmup_s",
+                  "cross_warmup_s_per_gib", "quantum_s", "measure_s",
                   "elastic_efficiency", "max_units_per_gpu", "suspend_s", "resume_s", "migrate_s"):
             v = getattr(self, k)
             if v is None and k in ("suspend_s", "resume_s", "migrate_s"):
@@ -103,12 +122,19 @@ class Costs:
         return self.switch_fixed_s + self._copy_s(job_type)
 
     def migrate(self, job_type: str, cross_machine: bool) -> float:
-        """Seconds a moved job holds its new GPUs before it makes progress."""
+        """Seconds a moved job is stopped on its new GPUs before it makes progress (after any warm-up)."""
         if self.migrate_s is not None:
             return self.migrate_s
         if not cross_machine:
             return self.suspend(job_type) + self.resume(job_type)
         return self.cross_start_s + self.cross_s_per_gib * self.state_gib(job_type)
+
+    def warmup(self, job_type: str, cross_machine: bool) -> float:
+        """Seconds a move holds its new GPUs idle before the stall while the job computes on at its source (the
+        target's new process starting); 0 within a machine and under a flat `migrate_s`."""
+        if self.migrate_s is not None or not cross_machine:
+            return 0.0
+        return self.cross_warmup_s + self.cross_warmup_s_per_gib * self.state_gib(job_type)
 
     def switch_factor(self, job_type: str) -> float:
         """Share of a time-sliced quantum that is progress (one suspend + one resume per quantum)."""
@@ -124,6 +150,7 @@ class Costs:
         for m in sorted(self.params_m):
             rows.append({"model": m, "state_gib": round(self.state_gib(m), 3), "suspend_s": round(self.suspend(m), 3),
                          "resume_s": round(self.resume(m), 3), "migrate_local_s": round(self.migrate(m, False), 3),
+                         "warmup_cross_s": round(self.warmup(m, True), 2),
                          "migrate_cross_s": round(self.migrate(m, True), 2)})
         return rows
 
@@ -133,10 +160,12 @@ class Costs:
                     f"{self.migrate_s} s (None: the model below)")
         else:
             head = "costs: model from gmux's measurements"
-        lines = [head + f"; copy {self.copy_gbps} GB/s, fixed {self.switch_fixed_s} s per switch, other machine "
-                 f"{self.cross_start_s} s + {self.cross_s_per_gib} s/GiB, quantum {self.quantum_s} s"]
+        lines = [head + f"; copy {self.copy_gbps} GB/s, fixed {self.switch_fixed_s} s per switch, other machine: "
+                 f"warm-up {self.cross_warmup_s} s + {self.cross_warmup_s_per_gib} s/GiB (job still at its source, "
+                 f"target GPUs held) then stall {self.cross_start_s} s + {self.cross_s_per_gib} s/GiB, quantum "
+                 f"{self.quantum_s} s"]
         for r in self.table():
             lines.append(f"  {r['model']:15s} {r['state_gib']:6.3f} GiB  suspend {r['suspend_s']:.3f} s  resume "
                          f"{r['resume_s']:.3f} s  move here {r['migrate_local_s']:.3f} s  other machine "
-                         f"{r['migrate_cross_s']:.2f} s")
+                         f"{r['warmup_cross_s']:.2f} s warm-up + {r['migrate_cross_s']:.2f} s stall")
         return lines
