@@ -36,6 +36,7 @@ setup(
         "prometheus-client>=0.17",
         "nvidia-ml-py>=12",
         "matplotlib>=3.7",
+        "cryptography>=42",   # AES-GCM for a transfer's bulk bytes (gmux.wire.sealed)
     ],
     # The frameworks are for tests only (tests/node/test_e2e_frameworks.py): gmux imports them only when the script
     # does. Pinned to versions that install beside torch 2.13.0 without pulling another torch (about 50 s here).

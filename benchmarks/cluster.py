@@ -95,6 +95,46 @@ def raw_zmq_seconds(nbytes: int, chunk: int = 2 << 20, window: int = 8, keydir: 
     return seconds
 
 
+def sealed_zmq_seconds(nbytes: int, chunk: int = 1 << 20, window: int = 16) -> float:
+    """As many bytes sealed with AES-256-GCM over plain ZeroMQ, memory to memory, each chunk opened on arrival
+    (what gmux.wire.sealed does, without the files and the pipe): the floor for gmux's secured move now."""
+    from gmux.wire import sealed
+    key = sealed.new_key()
+    data = bytes(chunk)
+    ctx = zmq.Context()
+    rx = ctx.socket(zmq.ROUTER)
+    port = rx.bind_to_random_port("tcp://127.0.0.1")
+    n = -(-nbytes // chunk)
+
+    def serve():
+        opener = sealed.Seal(key)
+        for _ in range(n):
+            ident, header, body = rx.recv_multipart(copy=False)
+            opener.open(header.bytes, int.from_bytes(header.bytes, "little"), body.buffer)
+            rx.send_multipart([ident.bytes, b"k"])
+    t = threading.Thread(target=serve)
+    t.start()
+    tx = ctx.socket(zmq.DEALER)
+    tx.connect(f"tcp://127.0.0.1:{port}")
+    seal = sealed.Seal(key)
+    t0 = time.perf_counter()
+    sent, inflight = 0, 0
+    while sent < n or inflight:
+        while inflight < window and sent < n:
+            header = seal.next_nonce().to_bytes(8, "little")
+            tx.send_multipart([header, seal.seal(header, data)], copy=False)
+            sent += 1
+            inflight += 1
+        tx.recv()
+        inflight -= 1
+    seconds = time.perf_counter() - t0
+    t.join()
+    tx.close(0)
+    rx.close(0)
+    ctx.term()
+    return seconds
+
+
 def _downtimes(log: pathlib.Path) -> tuple:
     """([seconds from the last boundary of each of the job's processes to the first of the next], the median
     mini-batch of its first process) from demo_train's --boundary-log."""
@@ -117,11 +157,12 @@ def hidden_for(size_bytes: int) -> int:
 
 
 def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib: int = 0,
-              holdings: bool = True, moves: int = 3) -> dict:
+              holdings: bool = True, moves: int = 3, bulk: str = "sealed") -> dict:
     """`moves` moves of one job, back and forth (the medians reported: one move's figures vary by a fifth on a
     2-core VM shared by two daemons, their links, the scheduler and the job); `frozen_mib` of the `size_mib` are a frozen table (demo_train --frozen-mib) that the target
     builds too, offered to the source unless `holdings` is False (GMUX_HOLDINGS=off: the whole is sent)."""
     from cluster_harness import PY, ROOT as R, TRAIN, Cluster, wait_for
+    os.environ["GMUX_BULK"] = bulk        # read by the source's link (bulk=curve: every byte through CurveZMQ)
     c = Cluster(tmp, machines=("a", "b"), policy="gandiva", gpus="2x8GiB", sched_args=["--ckpt-every", "0"])
     try:
         c.wait_machines(2, 60)
@@ -151,12 +192,15 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
         for name in ("rx", "tx"):
             keys.create(kd, "daemon", name)
         curve = min(raw_zmq_seconds(sent["bytes"], keydir=kd) for _ in range(2))
+        sealed_raw = min(sealed_zmq_seconds(sent["bytes"]) for _ in range(2))
         # Downtime: from the job's last boundary at the source to its first at the target, as the job logged
         # them (the target's first mini-batch included); the total is until the scheduler has heard of it.
         downtimes, batch = _downtimes(log)
         downtime = _median(downtimes)
         dm = ps["decision_ms"]
         return {"size_mib": size_mib, "frozen_mib": frozen_mib, "holdings": holdings, "bytes": sent["bytes"],
+                "bulk": bulk, "sealed_bytes": sent.get("sealed_bytes", 0), "sealed_zmq_s": sealed_raw,
+                "downtime_vs_sealed_raw": downtime / sealed_raw,
                 "moves": moves, "migrate_s": total, "migrate_s_each": totals, "downtime_s": downtime,
                 "downtime_s_each": downtimes,
                 "batch_s": batch, "downtime_vs_target": downtime / (1.5 * curve + batch),
@@ -268,26 +312,34 @@ def main() -> int:
                    help="sizes (MiB, comma-separated; empty for none) of jobs 7/8 of whose bytes are a frozen table, "
                         "each moved twice: the target offering what it holds, and not (GMUX_HOLDINGS=off)")
     p.add_argument("--moves", type=int, default=3, help="moves per job, back and forth (medians reported)")
+    p.add_argument("--bulk", default="sealed,curve",
+                   help="how a move's bytes travel, each measured in turn: sealed (AES-GCM beside CurveZMQ, "
+                        "gmux's way), curve (through CurveZMQ, GMUX_BULK=curve); the first is the headline")
     p.add_argument("--no-decisions", action="store_true", help="the migrations only")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cluster.json"))
     a = p.parse_args()
+    bulks = a.bulk.split(",")
+    if not bulks or any(b not in ("sealed", "curve") for b in bulks):
+        p.error(f"--bulk: a comma-separated list of sealed and curve, not {a.bulk!r}")
     rows = []
     for size in [int(s) for s in a.sizes.split(",")]:
-        with tempfile.TemporaryDirectory(prefix=f"gmux-bench-{size}-") as d:
-            r = migration(pathlib.Path(d), size, a.grads, moves=a.moves)
-        rows.append(r)
-        print(f"migrate {size:5d} MiB: downtime {r['downtime_s']:.2f} s (mini-batch {r['batch_s']:.2f} s), total "
-              f"{r['migrate_s']:7.2f} s (suspend {r['suspend_s']:.2f}, checkpoint {r['checkpoint_s']:.2f}, transfer "
-              f"{r['transfer_s']:.2f}) raw zmq {r['raw_zmq_s']:.3f} s, curve zmq {r['curve_zmq_s']:.3f} s  total/raw "
-              f"{r['migrate_vs_raw']:.1f}  downtime/curve {_ratio(r['downtime_vs_curve_raw'])}  downtime/(1.5 curve + "
-              f"batch) {r['downtime_vs_target']:.2f}", flush=True)
+        for bulk in bulks:
+            with tempfile.TemporaryDirectory(prefix=f"gmux-bench-{size}-") as d:
+                r = migration(pathlib.Path(d), size, a.grads, moves=a.moves, bulk=bulk)
+            rows.append(r)
+            print(f"migrate {size:5d} MiB ({bulk:6s}): downtime {r['downtime_s']:.2f} s (mini-batch {r['batch_s']:.2f} s), "
+                  f"total {r['migrate_s']:6.2f} s (suspend {r['suspend_s']:.2f}, checkpoint {r['checkpoint_s']:.2f}, "
+                  f"transfer {r['transfer_s']:.2f}) raw zmq {r['raw_zmq_s']:.3f} s, sealed zmq {r['sealed_zmq_s']:.3f} s, "
+                  f"curve zmq {r['curve_zmq_s']:.3f} s  total/raw {r['migrate_vs_raw']:.1f}  downtime/curve "
+                  f"{_ratio(r['downtime_vs_curve_raw'])}  downtime/sealed {_ratio(r['downtime_vs_sealed_raw'])}  "
+                  f"downtime/(1.5 curve + batch) {r['downtime_vs_target']:.2f}", flush=True)
     incremental = []
     for size in [int(s) for s in a.frozen.split(",") if s]:
         pair = {}
         for offered in (True, False):
             with tempfile.TemporaryDirectory(prefix=f"gmux-bench-frozen-{size}-") as d:
                 pair[offered] = migration(pathlib.Path(d), size, a.grads, frozen_mib=size * 7 // 8,
-                                          holdings=offered, moves=a.moves)
+                                          holdings=offered, moves=a.moves, bulk=bulks[0])
         held, whole = pair[True], pair[False]
         ratio = held["downtime_s"] / whole["downtime_s"]
         incremental.append({"size_mib": size, "frozen_mib": size * 7 // 8, "offered": held, "whole": whole,
@@ -309,7 +361,7 @@ def main() -> int:
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"migrations": rows, "incremental": incremental, "decisions_100": dec}, f, indent=1)
-    big = next((r for r in rows if r["size_mib"] == 1024), rows[-1])
+    big = next((r for r in rows if r["size_mib"] == 1024 and r["bulk"] == bulks[0]), rows[0])
     print(f"cluster: migrate_1GiB_vs_raw={big['migrate_vs_raw']:.1f} "
           f"downtime_1GiB_vs_curve_raw={_ratio(big['downtime_vs_curve_raw'])} decision_ms_p99={dec['decision_ms_p99']:.2f}")
     return 0

@@ -175,6 +175,12 @@ def holds_problem(v):
     return None
 
 
+def _seal_key(v):
+    if not isinstance(v, bytes) or len(v) != 32:
+        return "expected a key of 32 bytes"
+    return None
+
+
 MAX_FIGURES = 64
 
 
@@ -606,7 +612,9 @@ EVENT_DATA = {"step": (_nonneg_int, False), "local": (_name, False), "gpu": (_gp
               # a move's parts: suspending the ranks, writing their checkpoints, sending them
               "suspend_s": (_float, False), "checkpoint_s": (_float, False), "transfer_s": (_float, False),
               # of suspend_s, how long the job still computed before its boundary: where a move's downtime begins
-              "running_s": (_float, False)}
+              "running_s": (_float, False),
+              # of bytes, how many went sealed beside Curve (gmux.wire.sealed) rather than through it
+              "sealed_bytes": (_nonneg_int, False)}
 
 CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     # --- a daemon's cluster link -> scheduler: its whole state, every half second (so a restarted scheduler
@@ -633,12 +641,25 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     #     with the bytes as a second raw frame; end completes it. No checksums: CurveZMQ authenticates every
     #     message, and a checkpoint's own frames carry crc32s, checked by its reader (gmux.wire.transfer). An
     #     xfer name is never reused for different bytes: it is the identity that makes a resume safe ---
-    "xfer_begin": {"xfer": (_name, True), "size": (lambda v: _int(v, 0, XFER_MAX_SIZE), True)},
+    # (seal: a fresh AES-256-GCM key for this transfer's chunks; a receiver that takes it answers with the port
+    #  of its bulk socket, where the chunks then go sealed as xfer_sealed, beside Curve: gmux.wire.sealed)
+    "xfer_begin": {"xfer": (_name, True), "size": (lambda v: _int(v, 0, XFER_MAX_SIZE), True),
+                   "seal": (_seal_key, False)},
     "xfer_chunk": {"xfer": (_name, True), "offset": (lambda v: _int(v, 0, XFER_MAX_SIZE), True)},
     "xfer_end": {"xfer": (_name, True),
                  "size": (lambda v: _int(v, 0, XFER_MAX_SIZE), False)},   # a stream's, known at its end
     # what the process waiting for transfer xfer already holds (reply {"holds": bytes}, empty if nothing): a
     # move's source asks before it suspends, and leaves those tensors out (gmux.job.holdings)
     "xfer_holds": {"xfer": (_name, True)},
+    "reply": MESSAGES["reply"],
+}
+
+# A transfer's bulk socket (plain ZeroMQ, beside the CurveZMQ one: gmux.wire.sealed): only sealed chunks, each
+# [header, AES-GCM sealed bytes] with this header as the seal's associated data, and the receiver's answers,
+# replies whose data is {"nonce", "sealed"}: {"have": n} or {"error": text} sealed the other way. Anyone may
+# connect here, so nothing in a frame is believed before it opened with the transfer's key.
+BULK_MESSAGES = {
+    "xfer_sealed": {"xfer": (_name, True), "offset": (lambda v: _int(v, 0, XFER_MAX_SIZE), True),
+                    "nonce": (lambda v: _int(v, 0, (1 << 62)), True)},
     "reply": MESSAGES["reply"],
 }

@@ -5,7 +5,9 @@ talks to its gmuxd only through the admin socket, like the CLI: the daemon's sin
 entered from another thread. Toward the cluster it holds:
   - a DEALER to the scheduler (CurveZMQ client with this machine's daemon key; routing id = its name), on which
     it sends a full report every REPORT_S and events, and receives node_actions;
-  - a ROUTER (CurveZMQ server, same key) where checkpoints arrive from other daemons and from the scheduler.
+  - a ROUTER (CurveZMQ server, same key) where checkpoints arrive from other daemons and from the scheduler;
+  - a plain ROUTER beside it (the bulk socket) where a transfer's chunks arrive sealed with the key its sender
+    agreed over Curve (gmux.wire.sealed), a quarter of Curve's cost per byte.
 Cluster jobs run under `gmux-launch --no-hook --name CJOB` (explicit mode: the script attaches and restores
 itself, so it can continue in another process on another machine). A gang (a job of n ranks, one per GPU)
 runs n of them, named CJOB.RANK, that meet at a rendezvous on loopback the link picks afresh at every start;
@@ -33,7 +35,7 @@ from typing import Callable, Optional
 import zmq
 
 from gmux import protocol
-from gmux.wire import keys
+from gmux.wire import keys, sealed
 from gmux.wire.transfer import Receiver, ask_holds, rank_xfers
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.wire.server import Server, configure
@@ -72,8 +74,16 @@ class ClusterLink:
                                 name="cluster link", table=C, refusals=(protocol.ProtocolError,), attachments=True,
                                 unknown="{type} is not accepted on a transfer endpoint")
         self.transfer_endpoint = self.inbox.getsockopt_string(zmq.LAST_ENDPOINT)
+        # Anyone may connect here: a frame is believed only once it opens with a transfer's key, and each peer's
+        # queue holds a few chunks at most.
+        self.bulk = self.ctx.socket(zmq.ROUTER)
+        self.bulk.setsockopt(zmq.LINGER, 0)
+        self.bulk.setsockopt(zmq.MAXMSGSIZE, protocol.XFER_MAX_CHUNK + sealed.TAG_BYTES)
+        self.bulk.setsockopt(zmq.RCVHWM, 64)
+        self.bulk.bind(self.transfer_endpoint.rsplit(":", 1)[0] + ":0")
+        bulk_port = int(self.bulk.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
         # No fsync: a move's source holds the job until the target restored, the scheduler its own checkpoints.
-        self.receiver = Receiver(os.path.join(self.rundir.root, "cluster-in"), durable=False)
+        self.receiver = Receiver(os.path.join(self.rundir.root, "cluster-in"), durable=False, bulk_port=bulk_port)
         self.up = keys.client_socket(self.ctx, zmq.DEALER, keydir, "daemon", name, keys.load_public(keydir, "scheduler"))
         self.up.setsockopt(zmq.IDENTITY, name.encode())
         self.up.setsockopt(zmq.LINGER, 0)
@@ -113,6 +123,7 @@ class ClusterLink:
         poller = zmq.Poller()
         poller.register(self.up, zmq.POLLIN)
         poller.register(self.inbox, zmq.POLLIN)
+        poller.register(self.bulk, zmq.POLLIN)
         try:
             while not self.stopping and not (until and until()):
                 for sock, _ in poller.poll(100):
@@ -123,6 +134,8 @@ class ClusterLink:
                             break
                         if sock is self.up:
                             self._from_scheduler(frames)
+                        elif sock is self.bulk:
+                            self._sealed(frames)
                         else:
                             self.transfers.receive(frames[0], frames[1:])
                 while True:
@@ -147,6 +160,7 @@ class ClusterLink:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.up.close(0)
         self.inbox.close(0)
+        self.bulk.close(0)
         self.guard.stop()
         self.receiver.close()
         self.ctx.term()
@@ -165,6 +179,12 @@ class ClusterLink:
         if isinstance(out, dict) and out.get("path"):
             self.starts.arrived(out["path"])
         return out
+
+    def _sealed(self, frames: list) -> None:
+        answer = self.receiver.handle_sealed(frames[1], frames[2]) if len(frames) == 3 else None
+        if answer is not None:
+            with contextlib.suppress(zmq.Again):
+                self.bulk.send_multipart([frames[0], answer], zmq.NOBLOCK)
 
     # --- the report ---
     def _report(self, now: float, full: bool = True) -> None:
@@ -408,7 +428,8 @@ class ClusterLink:
                 self._admin_error("resume", local)         # the move failed: the job runs on here
             self._event("migrate_failed", cjob, f"{type(e).__name__}: {e}")
             return
-        self._event("migrate_sent", cjob, xfers=xfers, bytes=r["bytes"], seconds=time.perf_counter() - t0,
+        self._event("migrate_sent", cjob, xfers=xfers, bytes=r["bytes"], sealed_bytes=r["sealed_bytes"],
+                    seconds=time.perf_counter() - t0,
                     suspend_s=t_susp, checkpoint_s=t_ckpt, transfer_s=r["seconds"], step=step,
                     **({"running_s": running} if running is not None else {}))
 

@@ -86,7 +86,8 @@ def stream_ranks(ranks: list, endpoint: str, server_key: bytes, xfer: str, path_
 
     with ThreadPoolExecutor(len(ranks), thread_name_prefix="rank-stream") as ex:
         figures = list(ex.map(one, ranks, names))
-    return names, {"bytes": sum(f["bytes"] for f in figures), "seconds": max(f["seconds"] for f in figures),
+    return names, {"bytes": sum(f["bytes"] for f in figures), "sealed_bytes": sum(f["sealed_bytes"] for f in figures),
+                   "seconds": max(f["seconds"] for f in figures),
                    "checkpoint_s": max(written)}
 
 

@@ -7,11 +7,18 @@ import threading
 
 class Proxy:
     """Forwards 127.0.0.1:port -> 127.0.0.1:target. `cut_after` bytes (client->server) into the first
-    connection, it closes both sides of that connection once; later connections are forwarded untouched."""
+    connection, it closes both sides of that connection once; later connections are forwarded untouched.
+    `flip_at`: the byte at that offset of everything sent client->server is changed, once (a damaged or
+    tampered frame). `watch`: whether those bytes ever passed client->server (`seen`)."""
 
-    def __init__(self, target_port: int, cut_after: int | None = None):
+    def __init__(self, target_port: int, cut_after: int | None = None, flip_at: int | None = None,
+                 watch: bytes | None = None):
         self.target = target_port
         self.cut_after = cut_after
+        self.flip_at = flip_at
+        self.watch = watch
+        self.seen = False
+        self._tail = b""
         self.cuts = 0
         self.forwarded = 0
         self.lsock = socket.socket()
@@ -39,6 +46,12 @@ class Proxy:
                 if not data:
                     break
                 if upstream:
+                    if self.flip_at is not None and self.forwarded <= self.flip_at < self.forwarded + len(data):
+                        i = self.flip_at - self.forwarded
+                        data = data[:i] + bytes([data[i] ^ 0x40]) + data[i + 1:]
+                    if self.watch:
+                        self.seen |= self.watch in self._tail + data
+                        self._tail = data[-len(self.watch):]
                     self.forwarded += len(data)
                     if self.cut_after is not None and self.cuts == 0 and self.forwarded > self.cut_after:
                         self.cuts += 1

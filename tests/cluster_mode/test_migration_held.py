@@ -5,6 +5,7 @@ a second move, from the process that was restored, leaves it out again."""
 import json
 
 from cluster_harness import PY, ROOT, TRAIN, solo, wait_for
+from gmux.wire import sealed
 
 STEPS = "3000"
 FROZEN_MIB = 8
@@ -36,3 +37,5 @@ def test_moves_leave_out_what_the_target_holds_and_stay_bit_identical(cluster_fa
     # a few hundred KiB
     for figures in sent:
         assert figures["bytes"] < 1 << 20, sent
+        # the chunks went sealed beside CurveZMQ (gmux.wire.sealed), every one of them
+        assert figures["sealed_bytes"] == figures["bytes"] or not sealed.available(), sent

@@ -13,18 +13,30 @@ from gmux.wire.transfer import CHUNK, WINDOW, Receiver, TransferError, send_file
 from proxy_util import Proxy
 
 
-def _serve(keydir, directory, stop):
-    """A receiver on a Curve ROUTER, as a daemon's cluster link hosts it."""
+def _serve(keydir, directory, stop, bulk=False):
+    """A receiver on a Curve ROUTER, as a daemon's cluster link hosts it; `bulk`: with its plain bulk socket
+    beside it (state["bulk"]: its port; a test may point the receiver's offer elsewhere, at a proxy)."""
     ctx = zmq.Context()
     guard = keys.Guard(ctx, keydir, ("scheduler", "daemon"))
     sock = keys.server_socket(ctx, zmq.ROUTER, keydir, "daemon", "b")
     port = sock.bind_to_random_port("tcp://127.0.0.1")
-    recv = Receiver(directory)
-    state = {"port": port, "recv": recv, "guard": guard}
+    plain = ctx.socket(zmq.ROUTER)
+    bulk_port = plain.bind_to_random_port("tcp://127.0.0.1") if bulk else None
+    recv = Receiver(directory, bulk_port=bulk_port)
+    state = {"port": port, "recv": recv, "guard": guard, "bulk": bulk_port}
 
     def loop():
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(plain, zmq.POLLIN)
         while not stop.is_set():
-            if not sock.poll(50):
+            ready = dict(poller.poll(50))
+            if plain in ready:
+                ident, *frames = plain.recv_multipart()
+                answer = recv.handle_sealed(*frames) if len(frames) == 2 else None
+                if answer is not None:
+                    plain.send_multipart([ident, answer])
+            if sock not in ready:
                 continue
             ident, *frames = sock.recv_multipart()
             try:
@@ -35,6 +47,7 @@ def _serve(keydir, directory, stop):
             mid = msg.id if msg else 0
             sock.send_multipart([ident, protocol.reply(mid, True, data=out) if ok else protocol.error_reply(mid, out)])
         sock.close(0)
+        plain.close(0)
         guard.stop()
         ctx.term()
     t = threading.Thread(target=loop, daemon=True)
