@@ -38,4 +38,4 @@ def test_moves_leave_out_what_the_target_holds_and_stay_bit_identical(cluster_fa
     for figures in sent:
         assert figures["bytes"] < 1 << 20, sent
         # the chunks went sealed beside CurveZMQ (gmux.wire.sealed), every one of them
-        assert figures["sealed_bytes"] == figures["bytes"] or not sealed.available(), sent
+        assert figures["sealed_bytes"] >= figures["bytes"] or not sealed.available(), sent
