@@ -128,3 +128,48 @@ def test_a_bad_key_in_begin_is_refused_at_the_edge():
         with pytest.raises(protocol.ProtocolError, match="xfer_begin.seal"):
             protocol.validate({"v": protocol.VERSION, "type": "xfer_begin", "id": 1, "xfer": "a", "size": 1,
                                "seal": bad}, protocol.CLUSTER_MESSAGES)
+
+
+def test_a_stranger_flooding_the_bulk_port_mid_transfer_changes_nothing(keydir, tmp_path):
+    """Anyone may connect to the bulk port: junk frames naming the transfer in progress (forged seals, garbage,
+    oversized) are dropped unanswered while the real transfer completes exact."""
+    import zmq
+    payload = _payload()
+    src = tmp_path / "src.ckpt"
+    src.write_bytes(payload)
+    stop = threading.Event()
+    st, t = _serve(keydir, str(tmp_path / "in"), stop, bulk=True)
+    ctx = zmq.Context()
+    hostile = ctx.socket(zmq.DEALER)
+    hostile.setsockopt(zmq.LINGER, 0)
+    hostile.connect(f"tcp://127.0.0.1:{st['bulk']}")
+    flooding = threading.Event()
+
+    def flood():
+        forged = sealed.Seal(sealed.new_key())
+        n = 0
+        while not flooding.is_set():
+            header = protocol.encode("xfer_sealed", 1, table=protocol.BULK_MESSAGES, xfer="c3-1", offset=n << 20,
+                                     nonce=forged.next_nonce())
+            for frames in ([header, forged.seal(header, os.urandom(1 << 20))], [b"\xff" * 64, b"x"],
+                           [header]):
+                try:
+                    hostile.send_multipart(frames, zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            n += 1
+            flooding.wait(0.002)
+    th = threading.Thread(target=flood)
+    th.start()
+    try:
+        r = send_file(str(src), f"tcp://127.0.0.1:{st['port']}", keys.load_public(keydir, "daemon", "b"), keydir,
+                      "daemon", "a", "c3-1", timeout=2.0)
+        assert open(r["path"], "rb").read() == payload and r["sealed_bytes"] >= len(payload)
+        assert st["recv"].dropped_sealed > 0 and not hostile.poll(100)   # dropped, and never answered
+    finally:
+        flooding.set()
+        th.join(5)
+        hostile.close(0)
+        ctx.term()
+        stop.set()
+        t.join(5)
