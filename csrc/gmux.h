@@ -118,6 +118,10 @@ void gmux_free(void *ptr, size_t size, int device, void *stream);
 void *gmux_cupy_malloc(void *param, size_t size, int device);            /* cupy CFunctionAllocator; */
 void gmux_cupy_free(void *param, void *ptr, int device);                 /* param is a gmux_allocator* */
 
+/* ---- CRC-32 as zlib's crc32() computes it (checkpoint frames), folded with PCLMULQDQ where the CPU has it */
+uint32_t gmux_crc32(uint32_t crc, const void *buf, size_t len);
+int gmux_crc32_folds(void); /* 1 where the folded path runs, 0 where every byte takes the table */
+
 #ifdef __cplusplus
 }
 #endif

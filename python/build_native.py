@@ -11,7 +11,7 @@ from cffi import FFI
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
-SOURCES = ["error.c", "table.c", "pool.c", "backend_host.c", "backend_cuda.c", "allocator.c", "suspend.c"]
+SOURCES = ["error.c", "table.c", "pool.c", "backend_host.c", "backend_cuda.c", "allocator.c", "suspend.c", "crc32.c"]
 
 CDEF = """
 typedef enum {
@@ -71,6 +71,9 @@ void *gmux_alloc(size_t size, int device, void *stream);
 void gmux_free(void *ptr, size_t size, int device, void *stream);
 void *gmux_cupy_malloc(void *param, size_t size, int device);
 void gmux_cupy_free(void *param, void *ptr, int device);
+
+uint32_t gmux_crc32(uint32_t crc, const void *buf, size_t len);
+int gmux_crc32_folds(void);
 """
 
 

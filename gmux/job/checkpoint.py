@@ -36,7 +36,6 @@ from __future__ import annotations
 import collections
 import pickle
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, NamedTuple, Optional
 
@@ -46,6 +45,7 @@ import torch
 from gmux.util.atomic import atomic_open
 from gmux.util.bounded_read import BoundedReader
 from . import skeleton as _skeleton
+from .crc import crc32
 
 MAGIC = b"GMUXCKPT"
 VERSION = 2
@@ -143,7 +143,7 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
     def frame(kind: int, payload) -> bytes:
         nonlocal written
         header = _FRAME.pack(kind, len(payload))
-        trailer = _CRC.pack(zlib.crc32(payload, zlib.crc32(header)))
+        trailer = _CRC.pack(crc32(payload, crc32(header)))
         for piece in (header, payload, trailer):
             sink(piece)
         written += len(header) + len(payload) + _CRC.size
@@ -171,7 +171,7 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
             continue
         buf = host_bytes(t)
         for lo in range(0, len(buf), CHUNK):
-            crc = zlib.crc32(frame(DATA, buf[lo:lo + CHUNK]), crc)
+            crc = crc32(frame(DATA, buf[lo:lo + CHUNK]), crc)
             frames += 1
         data += len(buf)
     frame(END, msgpack.packb({"data_frames": frames, "data_bytes": data, "frames_crc32": crc}))
@@ -229,20 +229,20 @@ class _Frames:
             raise CheckpointError(self.origin, f"corrupt: frame {self.index} has unknown kind {kind}")
         if length > (CHUNK if kind == DATA else MAX_META):
             raise CheckpointError(self.origin, f"corrupt: frame {self.index} claims {length} bytes")
-        self._crc = zlib.crc32(header)
+        self._crc = crc32(header)
         return kind, length
 
     def payload(self, length: int) -> memoryview:
         data = self.read(length)
         if len(data) < length:
             raise CheckpointError(self.origin, f"truncated inside frame {self.index}")
-        self._crc = zlib.crc32(data, self._crc)
+        self._crc = crc32(data, self._crc)
         return memoryview(data)
 
     def payload_into(self, view: memoryview) -> None:
         if self.read.into(view) < len(view):
             raise CheckpointError(self.origin, f"truncated inside frame {self.index}")
-        self._crc = zlib.crc32(view, self._crc)
+        self._crc = crc32(view, self._crc)
 
     def close(self) -> int:
         """Checks the frame just read against its trailer; returns the checksum (END's frames_crc32 chains
@@ -374,10 +374,10 @@ def _fill(frames: _Frames, buffers: list, origin: str) -> None:
             piece = buffers[slot][filled:filled + take]
             frames.payload_into(piece)
             if frames.version == 1:      # version 1 checksummed the data again, for END's data_crc32
-                data_crc = zlib.crc32(piece, data_crc)
+                data_crc = crc32(piece, data_crc)
             filled += take
             at += take
-        chain = zlib.crc32(_CRC.pack(frames.close()), chain)
+        chain = crc32(_CRC.pack(frames.close()), chain)
     while slot < len(buffers) and filled == len(buffers[slot]):
         slot, filled = slot + 1, 0
     if slot != len(buffers):

@@ -9,10 +9,10 @@ crc32 are kept in memory and checked on the way back, and a mismatch names the f
 from __future__ import annotations
 
 import os
-import zlib
 
 import numpy as np
 
+from gmux.job.crc import crc32
 from gmux.util.atomic import atomic_open
 
 CHUNK = 64 << 20   # bytes per write/read and crc32 update: no second copy of the whole state in memory
@@ -35,7 +35,7 @@ class SpillFile:
         with atomic_open(path, durable=False) as f:
             for lo in range(0, len(data), CHUNK):
                 piece = data[lo:lo + CHUNK]
-                crc = zlib.crc32(piece, crc)
+                crc = crc32(piece, crc)
                 f.write(piece)
         return cls(path, len(data), crc)
 
@@ -55,7 +55,7 @@ class SpillFile:
         with open(self.path, "rb") as f:
             for lo in range(0, self.nbytes, CHUNK):
                 n = f.readinto(memoryview(data[lo:lo + CHUNK]))
-                got = zlib.crc32(data[lo:lo + n], got)
+                got = crc32(data[lo:lo + n], got)
         if got != self.crc:
             raise SpillError(f"spill file {self.path}: checksum mismatch (crc32 {got:#010x}, written {self.crc:#010x})")
         os.unlink(self.path)
