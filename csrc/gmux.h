@@ -122,6 +122,9 @@ void gmux_cupy_free(void *param, void *ptr, int device);                 /* para
 uint32_t gmux_crc32(uint32_t crc, const void *buf, size_t len);
 int gmux_crc32_folds(void); /* 1 where the folded path runs, 0 where every byte takes the table */
 
+/* ---- host copies by address, count of them in one call (dst[i] <- src[i], nbytes[i] bytes each) ---------- */
+void gmux_copy_ranges(const uint64_t *dst, const uint64_t *src, const uint64_t *nbytes, uint64_t count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,7 +11,8 @@ from cffi import FFI
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
-SOURCES = ["error.c", "table.c", "pool.c", "backend_host.c", "backend_cuda.c", "allocator.c", "suspend.c", "crc32.c"]
+SOURCES = ["error.c", "table.c", "pool.c", "backend_host.c", "backend_cuda.c", "allocator.c", "suspend.c", "crc32.c",
+           "copy_ranges.c"]
 
 CDEF = """
 typedef enum {
@@ -74,6 +75,7 @@ void gmux_cupy_free(void *param, void *ptr, int device);
 
 uint32_t gmux_crc32(uint32_t crc, const void *buf, size_t len);
 int gmux_crc32_folds(void);
+void gmux_copy_ranges(const uint64_t *dst, const uint64_t *src, const uint64_t *nbytes, uint64_t count);
 """
 
 

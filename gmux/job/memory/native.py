@@ -72,6 +72,19 @@ def _tag(tag: str | int) -> int:
     return TAGS[tag]
 
 
+def copy_ranges(dsts: list, srcs: list, nbytes: list) -> bool:
+    """Copies nbytes[i] bytes from address srcs[i] to dsts[i], for every i, in one native call; False (nothing
+    copied) where gmux._native is not built."""
+    if _native is None:
+        return False
+    import numpy as np
+    cols = np.array((dsts, srcs, nbytes), dtype=np.uint64)
+    first = _native.ffi.cast("uint64_t *", cols.ctypes.data)
+    n = len(dsts)
+    _native.lib.gmux_copy_ranges(first, first + n, first + 2 * n, n)
+    return True
+
+
 def native_path() -> str:
     """The shared object that exports gmux_alloc/gmux_free (for CUDAPluggableAllocator's dlopen)."""
     _require()

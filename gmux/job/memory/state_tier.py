@@ -43,6 +43,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from . import native
 from .copier import Copier
 from .limit import host_memory
 from .python_pool import DevicePool
@@ -60,6 +61,12 @@ _set_data = torch.Tensor.data.__set__
 def _each(fn, *columns) -> None:
     """fn over the columns, for its effect, looped in C."""
     deque(map(fn, *columns), maxlen=0)
+
+
+def _copy_small(dsts: list, srcs: list, nbytes: list) -> None:
+    """Small copies by address: one native call for many (a model of small layers), else memmove per range."""
+    if len(dsts) < 16 or not native.copy_ranges(dsts, srcs, nbytes):
+        _each(ctypes.memmove, dsts, srcs, nbytes)
 
 
 def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
@@ -190,12 +197,12 @@ class StateTier(Tier):
         Copier's own per-range loop would double that; large ones go to the Copier's threads."""
         small = Copier.SMALL
         if max(nbytes, default=0) < small:
-            _each(ctypes.memmove, dsts, srcs, nbytes)
+            _copy_small(dsts, srcs, nbytes)
             return
         rows = list(zip(dsts, srcs, nbytes))
         little = [r for r in rows if r[2] < small]
         if little:
-            _each(ctypes.memmove, *zip(*little))
+            _copy_small(*map(list, zip(*little)))
         self._copier.copy([r for r in rows if r[2] >= small])
 
     def _copy_out(self, plan: _Plan) -> None:
