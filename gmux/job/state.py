@@ -57,36 +57,40 @@ class TrackedState:
     # -- tensors the swap engine moves -----------------------------------------------------------------
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """Every tracked tensor with a name a person can read, each once."""
+        return self._walk(named=True)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """named_tensors' tensors in its order, without making the names (every suspend walks them)."""
+        return self._walk(named=False)
+
+    def _walk(self, named: bool) -> list:
         seen: set[int] = set()
-        out: list[tuple[str, torch.Tensor]] = []
+        out: list = []
 
         def visit(name, t):
             if isinstance(t, torch.Tensor) and id(t) not in seen:
                 seen.add(id(t))
-                out.append((name, t))
+                out.append((name, t) if named else t)
 
         for i, m in enumerate(self.modules):
             prefix = f"module{i}" if len(self.modules) > 1 else "model"
             for n, p in m.named_parameters(remove_duplicate=True):
-                visit(f"{prefix}.{n}", p)
+                visit(named and f"{prefix}.{n}", p)
                 if p.grad is not None:
-                    visit(f"{prefix}.{n}.grad", p.grad)
+                    visit(named and f"{prefix}.{n}.grad", p.grad)
             for n, b in m.named_buffers(remove_duplicate=True):
-                visit(f"{prefix}.{n}", b)
+                visit(named and f"{prefix}.{n}", b)
         for i, opt in enumerate(self.optimizers):
             names = {id(p): f"optimizer{i}.param{j}" for j, p in
-                     enumerate(p for g in opt.param_groups for p in g["params"])}
+                     enumerate(p for g in opt.param_groups for p in g["params"])} if named else {}
             for p, st in opt.state.items():
                 if p.grad is not None:
-                    visit(f"{names.get(id(p), 'param')}.grad", p.grad)
+                    visit(named and f"{names.get(id(p), 'param')}.grad", p.grad)
                 for k, v in st.items():
-                    visit(f"{names.get(id(p), 'param')}.{k}", v)
+                    visit(named and f"{names.get(id(p), 'param')}.{k}", v)
         for k, v in self.extras.items():
-            visit(f"extras.{k}", v)
+            visit(named and f"extras.{k}", v)
         return out
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [t for _, t in self.named_tensors()]
 
     # -- capture and apply (checkpoint) -------------------------------------------------------------------
     def capture(self) -> dict:
