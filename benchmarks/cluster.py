@@ -52,23 +52,30 @@ from gmux.wire import keys  # noqa: E402
 C = protocol.CLUSTER_MESSAGES
 
 
-def raw_zmq_seconds(nbytes: int, chunk: int = 2 << 20, window: int = 8, keydir: str | None = None) -> float:
+def raw_zmq_seconds(nbytes: int, chunk: int = 2 << 20, window: int = 8, keydir: str | None = None,
+                    sealed: bool = False) -> float:
     """As many bytes over plain ZeroMQ TCP on loopback, pipelined like the real transfer (plain ZeroMQ does not
     look at the bytes, so zeros cost what the checkpoint's would); memory to memory. With `keydir`, over
-    CurveZMQ (a daemon's keys, as a real move's link): the floor for a secured move, encryption included."""
-    data = bytes(nbytes)
+    CurveZMQ (a daemon's keys, as a real move's link): the floor for a secured move, encryption included. With
+    `sealed`, each chunk sealed with AES-256-GCM and opened on arrival over plain ZeroMQ (gmux.wire.sealed,
+    without the pipe and the files): the floor for gmux's way of securing a move."""
+    from gmux.wire import sealed as seal_mod
+    key = seal_mod.new_key() if sealed else None
+    data = bytes(chunk if sealed else nbytes)
+    n = -(-nbytes // chunk)
     ctx = zmq.Context()
     if keydir is None:
         rx = ctx.socket(zmq.ROUTER)
     else:
         rx = keys.server_socket(ctx, zmq.ROUTER, keydir, "daemon", "rx")
     port = rx.bind_to_random_port("tcp://127.0.0.1")
-    got = {"n": 0}
 
     def serve():
-        while got["n"] < len(data):
-            ident, frame = rx.recv_multipart(copy=False)
-            got["n"] += len(frame)
+        opener = seal_mod.Seal(key) if sealed else None
+        for _ in range(n):
+            ident, *frames = rx.recv_multipart(copy=False)
+            if opener is not None:
+                opener.open(frames[0].bytes, int.from_bytes(frames[0].bytes, "little"), frames[1].buffer)
             rx.send_multipart([ident.bytes, b"k"])
     t = threading.Thread(target=serve)
     t.start()
@@ -77,52 +84,17 @@ def raw_zmq_seconds(nbytes: int, chunk: int = 2 << 20, window: int = 8, keydir: 
     else:   # no ZAP handler: a CurveZMQ server without one admits any client that knows its key
         tx = keys.client_socket(ctx, zmq.DEALER, keydir, "daemon", "tx", keys.load_public(keydir, "daemon", "rx"))
     tx.connect(f"tcp://127.0.0.1:{port}")
+    seal = seal_mod.Seal(key) if sealed else None
     view = memoryview(data)
-    t0 = time.perf_counter()
-    off, inflight = 0, 0
-    while off < len(data) or inflight:
-        while inflight < window and off < len(data):
-            tx.send(view[off:off + chunk], copy=False)
-            off += chunk
-            inflight += 1
-        tx.recv()
-        inflight -= 1
-    seconds = time.perf_counter() - t0
-    t.join()
-    tx.close(0)
-    rx.close(0)
-    ctx.term()
-    return seconds
-
-
-def sealed_zmq_seconds(nbytes: int, chunk: int = 1 << 20, window: int = 16) -> float:
-    """As many bytes sealed with AES-256-GCM over plain ZeroMQ, memory to memory, each chunk opened on arrival
-    (what gmux.wire.sealed does, without the files and the pipe): the floor for gmux's secured move now."""
-    from gmux.wire import sealed
-    key = sealed.new_key()
-    data = bytes(chunk)
-    ctx = zmq.Context()
-    rx = ctx.socket(zmq.ROUTER)
-    port = rx.bind_to_random_port("tcp://127.0.0.1")
-    n = -(-nbytes // chunk)
-
-    def serve():
-        opener = sealed.Seal(key)
-        for _ in range(n):
-            ident, header, body = rx.recv_multipart(copy=False)
-            opener.open(header.bytes, int.from_bytes(header.bytes, "little"), body.buffer)
-            rx.send_multipart([ident.bytes, b"k"])
-    t = threading.Thread(target=serve)
-    t.start()
-    tx = ctx.socket(zmq.DEALER)
-    tx.connect(f"tcp://127.0.0.1:{port}")
-    seal = sealed.Seal(key)
     t0 = time.perf_counter()
     sent, inflight = 0, 0
     while sent < n or inflight:
         while inflight < window and sent < n:
-            header = seal.next_nonce().to_bytes(8, "little")
-            tx.send_multipart([header, seal.seal(header, data)], copy=False)
+            if seal is not None:
+                header = seal.next_nonce().to_bytes(8, "little")
+                tx.send_multipart([header, seal.seal(header, data)], copy=False)
+            else:
+                tx.send(view[sent * chunk:(sent + 1) * chunk], copy=False)
             sent += 1
             inflight += 1
         tx.recv()
@@ -192,7 +164,7 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
         for name in ("rx", "tx"):
             keys.create(kd, "daemon", name)
         curve = min(raw_zmq_seconds(sent["bytes"], keydir=kd) for _ in range(2))
-        sealed_raw = min(sealed_zmq_seconds(sent["bytes"]) for _ in range(2))
+        sealed_raw = min(raw_zmq_seconds(sent["bytes"], 1 << 20, 16, sealed=True) for _ in range(2))
         # Downtime: from the job's last boundary at the source to its first at the target, as the job logged
         # them (the target's first mini-batch included); the total is until the scheduler has heard of it.
         downtimes, batch = _downtimes(log)
