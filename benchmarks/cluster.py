@@ -20,6 +20,11 @@ ZeroMQ socket; gmux-scheduler's decision latency with 3 real daemons and with 10
 (b) Incremental moves: a job 7/8 of whose bytes are a frozen table (demo_train --frozen-mib) moved in the same
     run, its target offering what it already holds (gmux.job.holdings: the frozen table is not sent) and not
     (GMUX_HOLDINGS=off, the whole checkpoint sent); `downtime offered/whole` compares the two.
+    The two daemons' CPU time during each move (gmuxd and its cluster link: the sending, the receiving and
+    everything else they do meanwhile; the job's processes, which also train, are not in it): a figure the VM's
+    load hardly changes, where wall times vary by a fifth or more from run to run. `--bulk` measures each size with the bytes sealed beside CurveZMQ (gmux's
+    way, gmux.wire.sealed) and through it (GMUX_BULK=curve), with a third floor in the same run: the bytes
+    sealed with AES-GCM over plain ZeroMQ, memory to memory.
 (c) Decisions. The time of one scheduling decision (snapshot from SQLite-backed tables, policy, actions) as
     gmux-scheduler measures it, while (a) runs against 3 daemons; and with 100 simulated daemons (CurveZMQ
     DEALERs that report 2 GPUs each and run whatever they are told for a few seconds) and 300 jobs.
@@ -107,6 +112,18 @@ def raw_zmq_seconds(nbytes: int, chunk: int = 2 << 20, window: int = 8, keydir: 
     return seconds
 
 
+def cpu_seconds(pids: list) -> float:
+    """CPU time (user + system) these processes have used so far, all their threads."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                total += sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:13])
+        except OSError:
+            pass
+    return total / tick
+
+
 def _downtimes(log: pathlib.Path) -> tuple:
     """([seconds from the last boundary of each of the job's processes to the first of the next], the median
     mini-batch of its first process) from demo_train's --boundary-log."""
@@ -146,15 +163,17 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
                                         "1", "--batch", "8", "--attach", "--boundary-log", str(log), *frozen],
                       cwd=R, env={"OMP_NUM_THREADS": "1", "GMUX_GRADS": grads,
                                   **({} if holdings else {"GMUX_HOLDINGS": "off"})})["cjob"]
-        totals, sent = [], []
+        totals, sent, cpus = [], [], []
         for k in range(moves):          # back and forth, each once the job has stepped on at its new place
             j = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] >= 3 + 3 * k and j)(c.job(cjob)),
                          300, "job running")
             dst = "b" if j["machine"] == "a" else "a"
-            t0 = time.perf_counter()
+            daemons = [d.pid for d in c.daemons.values()]      # each gmuxd with its cluster link's threads
+            cpu0, t0 = cpu_seconds(daemons), time.perf_counter()
             c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
             wait_for(lambda: c.job(cjob)["migrations"] == k + 1, 600, "migration done", every=0.05)
             totals.append(time.perf_counter() - t0)
+            cpus.append(cpu_seconds(daemons) - cpu0)
             ps = c.ps()
             sent.append(next(d for d in reversed(ps["decisions"]) if d["kind"] == "migrate_sent")["numbers"])
         total = _median(totals)
@@ -172,6 +191,7 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
         dm = ps["decision_ms"]
         return {"size_mib": size_mib, "frozen_mib": frozen_mib, "holdings": holdings, "bytes": sent["bytes"],
                 "bulk": bulk, "sealed_bytes": sent.get("sealed_bytes", 0), "sealed_zmq_s": sealed_raw,
+                "cpu_s": _median(cpus), "cpu_s_each": cpus,
                 "downtime_vs_sealed_raw": downtime / sealed_raw,
                 "moves": moves, "migrate_s": total, "migrate_s_each": totals, "downtime_s": downtime,
                 "downtime_s_each": downtimes,
@@ -301,7 +321,8 @@ def main() -> int:
             rows.append(r)
             print(f"migrate {size:5d} MiB ({bulk:6s}): downtime {r['downtime_s']:.2f} s (mini-batch {r['batch_s']:.2f} s), "
                   f"total {r['migrate_s']:6.2f} s (suspend {r['suspend_s']:.2f}, checkpoint {r['checkpoint_s']:.2f}, "
-                  f"transfer {r['transfer_s']:.2f}) raw zmq {r['raw_zmq_s']:.3f} s, sealed zmq {r['sealed_zmq_s']:.3f} s, "
+                  f"transfer {r['transfer_s']:.2f}), daemons' CPU {r['cpu_s']:.2f} s; raw zmq {r['raw_zmq_s']:.3f} s, "
+                  f"sealed zmq {r['sealed_zmq_s']:.3f} s, "
                   f"curve zmq {r['curve_zmq_s']:.3f} s  total/raw {r['migrate_vs_raw']:.1f}  downtime/curve "
                   f"{_ratio(r['downtime_vs_curve_raw'])}  downtime/sealed {_ratio(r['downtime_vs_sealed_raw'])}  "
                   f"downtime/(1.5 curve + batch) {r['downtime_vs_target']:.2f}", flush=True)
@@ -317,9 +338,9 @@ def main() -> int:
         incremental.append({"size_mib": size, "frozen_mib": size * 7 // 8, "offered": held, "whole": whole,
                             "downtime_vs_whole": ratio, "bytes_vs_whole": held["bytes"] / whole["bytes"]})
         print(f"migrate {size:5d} MiB, {size * 7 // 8} MiB frozen: offered: sent {held['bytes'] / 2**20:.1f} MiB, "
-              f"downtime {held['downtime_s']:.2f} s, total {held['migrate_s']:.2f} s; whole: sent "
-              f"{whole['bytes'] / 2**20:.1f} MiB, downtime {whole['downtime_s']:.2f} s, total "
-              f"{whole['migrate_s']:.2f} s  downtime offered/whole {ratio:.2f}", flush=True)
+              f"downtime {held['downtime_s']:.2f} s, total {held['migrate_s']:.2f} s, daemons' CPU {held['cpu_s']:.2f} s; "
+              f"whole: sent {whole['bytes'] / 2**20:.1f} MiB, downtime {whole['downtime_s']:.2f} s, total "
+              f"{whole['migrate_s']:.2f} s, daemons' CPU {whole['cpu_s']:.2f} s  downtime offered/whole {ratio:.2f}", flush=True)
     if a.no_decisions:
         dec = {"jobs": 0, "policy": "-", "decision_ms_n": 0, "decision_ms_p50": float("nan"),
                "decision_ms_p99": float("nan")}
