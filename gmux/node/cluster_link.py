@@ -7,7 +7,7 @@ entered from another thread. Toward the cluster it holds:
     it sends a full report every REPORT_S and events, and receives node_actions;
   - a ROUTER (CurveZMQ server, same key) where checkpoints arrive from other daemons and from the scheduler;
   - a plain ROUTER beside it (the bulk socket) where a transfer's chunks arrive sealed with the key its sender
-    agreed over Curve (gmux.wire.sealed), a quarter of Curve's cost per byte.
+    agreed over Curve (gmux.wire.sealed), a third of Curve's time per byte.
 Cluster jobs run under `gmux-launch --no-hook --name CJOB` (explicit mode: the script attaches and restores
 itself, so it can continue in another process on another machine). A gang (a job of n ranks, one per GPU)
 runs n of them, named CJOB.RANK, that meet at a rendezvous on loopback the link picks afresh at every start;

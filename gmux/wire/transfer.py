@@ -7,7 +7,7 @@ gmux-scheduler). See the xfer_* messages in gmux/protocol.py.
   idle waiting for an acknowledgement.
 - Sealed, beside Curve, where the receiver offers it: the sender puts a fresh key in xfer_begin; a receiver with
   a bulk socket (a daemon's cluster link) answers with its port, and the chunks and their acknowledgements go
-  there sealed with AES-GCM (gmux.wire.sealed), at a quarter of Curve's cost per byte; begin and end stay on
+  there sealed with AES-GCM (gmux.wire.sealed), a third of Curve's time per byte; begin and end stay on
   Curve. Otherwise (gmux-scheduler, GMUX_BULK=curve, no `cryptography`) the chunks go through Curve.
 - The receiver appends a chunk only if it starts exactly where its file ends; every answer says how much it
   holds ("have"). A sender that hears a smaller "have" than it expected rewinds to it.
