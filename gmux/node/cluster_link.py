@@ -74,14 +74,7 @@ class ClusterLink:
                                 name="cluster link", table=C, refusals=(protocol.ProtocolError,), attachments=True,
                                 unknown="{type} is not accepted on a transfer endpoint")
         self.transfer_endpoint = self.inbox.getsockopt_string(zmq.LAST_ENDPOINT)
-        # Anyone may connect here: a frame is believed only once it opens with a transfer's key, and each peer's
-        # queue holds a few chunks at most.
-        self.bulk = self.ctx.socket(zmq.ROUTER)
-        self.bulk.setsockopt(zmq.LINGER, 0)
-        self.bulk.setsockopt(zmq.MAXMSGSIZE, protocol.XFER_MAX_CHUNK + sealed.TAG_BYTES)
-        self.bulk.setsockopt(zmq.RCVHWM, 64)
-        self.bulk.bind(self.transfer_endpoint.rsplit(":", 1)[0] + ":0")
-        bulk_port = int(self.bulk.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+        self.bulk, bulk_port = sealed.bulk_socket(self.ctx, self.transfer_endpoint)
         # No fsync: a move's source holds the job until the target restored, the scheduler its own checkpoints.
         self.receiver = Receiver(os.path.join(self.rundir.root, "cluster-in"), durable=False, bulk_port=bulk_port)
         self.up = keys.client_socket(self.ctx, zmq.DEALER, keydir, "daemon", name, keys.load_public(keydir, "scheduler"))
@@ -127,15 +120,16 @@ class ClusterLink:
         try:
             while not self.stopping and not (until and until()):
                 for sock, _ in poller.poll(100):
+                    if sock is self.bulk:
+                        sealed.serve_bulk(self.bulk, self.receiver.handle_sealed)
+                        continue
                     for _ in range(200):
-                        try:     # (a sealed chunk is read where zmq received it: one copy of a MiB fewer)
-                            frames = sock.recv_multipart(zmq.NOBLOCK, copy=sock is not self.bulk)
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         if sock is self.up:
                             self._from_scheduler(frames)
-                        elif sock is self.bulk:
-                            self._sealed(frames)
                         else:
                             self.transfers.receive(frames[0], frames[1:])
                 while True:
@@ -179,12 +173,6 @@ class ClusterLink:
         if isinstance(out, dict) and out.get("path"):
             self.starts.arrived(out["path"])
         return out
-
-    def _sealed(self, frames: list) -> None:
-        answer = self.receiver.handle_sealed(frames[1].bytes, frames[2].buffer) if len(frames) == 3 else None
-        if answer is not None:
-            with contextlib.suppress(zmq.Again):
-                self.bulk.send_multipart([frames[0].bytes, answer], zmq.NOBLOCK)
 
     # --- the report ---
     def _report(self, now: float, full: bool = True) -> None:
@@ -398,7 +386,8 @@ class ClusterLink:
             paths, step = self._checkpoint(ranks)
         xfers, r = send_files(paths, self.scheduler_endpoint, keys.load_public(self.keydir, "scheduler"), xfer,
                               self._sender())
-        self._event("checkpointed", cjob, xfers=xfers, step=step, bytes=r["bytes"], seconds=r["seconds"])
+        self._event("checkpointed", cjob, xfers=xfers, step=step, bytes=r["bytes"], sealed_bytes=r["sealed_bytes"],
+                    seconds=r["seconds"])
 
     def _migrate_out(self, cjob: str, ranks: list, target: str, endpoint: str, xfer: str) -> None:
         try:

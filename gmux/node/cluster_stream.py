@@ -57,12 +57,12 @@ def staged(path: str, ask: Callable[[], Optional[str]]) -> Optional[str]:
 def send_files(paths: list, endpoint: str, server_key: bytes, xfer: str, sender: dict) -> tuple[list, dict]:
     """The staged way, where a checkpoint is a file (a periodic one, sent to gmux-scheduler): a file per
     rank sent as XFER.RANK, each deleted once the receiver holds it; (the transfer names, figures)."""
-    names, total = rank_xfers(xfer, len(paths)), {"bytes": 0, "seconds": 0.0}
+    names, total = rank_xfers(xfer, len(paths)), {"bytes": 0, "sealed_bytes": 0, "seconds": 0.0}
     for path, name in zip(paths, names):
         r = send_file(path, endpoint, server_key, xfer=name, **sender)
         os.unlink(path)
-        total["bytes"] += r["bytes"]
-        total["seconds"] += r["seconds"]
+        for k in total:
+            total[k] += r[k]
     return names, total
 
 

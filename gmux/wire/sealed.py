@@ -105,6 +105,34 @@ def _answer_aad(epoch: int) -> bytes:
     return b"gmux-xfer-answer" + struct.pack("<Q", epoch)
 
 
+def bulk_socket(ctx: zmq.Context, beside: str) -> tuple:
+    """(socket, port): the plain ROUTER where a receiving host takes sealed chunks, on the interface of its Curve
+    endpoint `beside`, a port of its own. Anyone may connect here: a frame is believed only once it opens with a
+    transfer's key, and each peer's queue holds a few chunks at most."""
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, protocol.XFER_MAX_CHUNK + TAG_BYTES)
+    sock.setsockopt(zmq.RCVHWM, 64)
+    sock.bind(beside.rsplit(":", 1)[0] + ":0")
+    return sock, int(sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+
+
+def serve_bulk(sock: zmq.Socket, handle, batch: int = 200) -> None:
+    """Answers what waits on a bulk socket (read without copying), at most `batch` frames: `handle(header,
+    data)` (a Receiver's handle_sealed) gives the answer, or None for a frame dropped unanswered."""
+    for _ in range(batch):
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return
+        answer = handle(frames[1].bytes, frames[2].buffer) if len(frames) == 3 else None
+        if answer is not None:
+            try:
+                sock.send_multipart([frames[0].bytes, answer], zmq.NOBLOCK)
+            except zmq.Again:
+                pass          # (a peer that does not read its answers: the sender times out and begins again)
+
+
 def seal_or_none(key: Optional[bytes]) -> Optional[Seal]:
     """The receiver's side of a begin: a Seal for the key the sender sent, if this end can open it."""
     return Seal(key) if key is not None and AESGCM is not None else None

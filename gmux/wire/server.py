@@ -129,19 +129,28 @@ class Server:
         self.internal_errors = 0   # of which a handler failed on (a bug)
 
     def serve(self, tick: Callable[[], None], until: Callable[[], bool], poll_s: float = 0.02,
-              batch: int = 1000) -> None:
+              batch: int = 1000, beside: Optional[dict] = None) -> None:
         """Runs until `until()` is true. `tick` runs after each poll: at least every `poll_s`, and after every
-        `batch` messages, so a flood of messages cannot starve the owner's timers."""
+        `batch` messages, so a flood of messages cannot starve the owner's timers. `beside`: other sockets of
+        the owner's, each with what drains it, called when it has something (a bounded amount, like `batch`)."""
         # The frame's properties (the key's User-Id, the peer's credentials) need a zmq.Frame.
         copy = self.authenticate is None and not self.credentials
+        beside = beside or {}
+        poller = zmq.Poller()
+        for sock in (self.sock, *beside):
+            poller.register(sock, zmq.POLLIN)
         while not until():
-            if self.sock.poll(poll_s * 1000):
+            ready = dict(poller.poll(poll_s * 1000))
+            if self.sock in ready:
                 for _ in range(batch):
                     try:
                         identity, *frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=copy)
                     except zmq.Again:
                         break
                     self.receive(identity, frames)
+            for sock, drain in beside.items():
+                if sock in ready:
+                    drain()
             tick()
 
     def receive(self, identity, frames: list) -> None:

@@ -6,9 +6,9 @@ gmux-scheduler). See the xfer_* messages in gmux/protocol.py.
 - Chunks of CHUNK bytes travel as [header, raw bytes]; up to WINDOW chunks are in flight, so the link is never
   idle waiting for an acknowledgement.
 - Sealed, beside Curve, where the receiver offers it: the sender puts a fresh key in xfer_begin; a receiver with
-  a bulk socket (a daemon's cluster link) answers with its port, and the chunks and their acknowledgements go
+  a bulk socket (a daemon's cluster link, gmux-scheduler) answers with its port, and the chunks and their acknowledgements go
   there sealed with AES-GCM (gmux.wire.sealed), a third of Curve's time per byte; begin and end stay on
-  Curve. Otherwise (gmux-scheduler, GMUX_BULK=curve, no `cryptography`) the chunks go through Curve.
+  Curve. Otherwise (a receiver without one, GMUX_BULK=curve, no `cryptography`) the chunks go through Curve.
 - The receiver appends a chunk only if it starts exactly where its file ends; every answer says how much it
   holds ("have"). A sender that hears a smaller "have" than it expected rewinds to it.
 - No checksum of its own: every message is authenticated by CurveZMQ (Poly1305: a changed byte fails the
@@ -75,6 +75,7 @@ class Receiver:
         self.dir = directory
         self.durable = durable
         self.bulk_port = bulk_port            # where the host's bulk socket takes sealed chunks (or None)
+        self.sealed_bytes = 0                 # appended from sealed chunks
         self.dropped_sealed = 0
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self.open: dict[str, dict] = {}
@@ -155,7 +156,9 @@ class Receiver:
             return None
         st["seen"] = time.time()
         try:
+            had = st["have"]
             answer = {"have": self._append(st, msg["offset"], chunk)}
+            self.sealed_bytes += answer["have"] - had
         except OSError as e:
             self._discard(x)
             answer = {"error": f"xfer_sealed {x}: cannot store it on this machine: {e.strerror or e}"}

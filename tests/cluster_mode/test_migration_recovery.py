@@ -4,6 +4,7 @@ import json
 import os
 
 from cluster_harness import solo, wait_for
+from gmux.wire import sealed
 
 STEPS = "4000"
 
@@ -27,6 +28,9 @@ def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path
     ps = c.ps()
     text = " ".join(d["text"] for d in ps["decisions"])
     assert f"{cjob}: checkpoint" in text and f"restored on {dst}" in text and f"{src} releases it" in text
+    # the periodic checkpoints reached gmux-scheduler sealed, beside its Curve socket (gmux.wire.sealed)
+    assert ps["checkpoints_in"]["completed"] >= 1
+    assert ps["checkpoints_in"]["sealed_bytes"] > 0 or not sealed.available(), ps["checkpoints_in"]
     # The source suspended only once the target's new process was up and waiting for its checkpoint.
     kinds = [d["kind"] for d in ps["decisions"] if d.get("cjob") == cjob]
     assert kinds.index("migrate") < kinds.index("migrate_out") < kinds.index("migrate_sent"), kinds

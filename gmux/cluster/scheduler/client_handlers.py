@@ -55,6 +55,8 @@ class ClientHandlers:
         return {"jobs": jobs, "machines": ms, "policy": self.s.driver.policy.name,
                 "decisions": list(self.s.recent)[-30:], "bad_messages": self.s.bad_messages,
                 "internal_errors": self.s.internal_errors,
+                "checkpoints_in": {"completed": self.s.receiver.completed, "sealed_bytes": self.s.receiver.sealed_bytes,
+                                   "dropped_sealed": self.s.receiver.dropped_sealed},
                 "decision_ms": {"n": len(dm), "p50": dm[len(dm) // 2] if dm else None,
                                 "p99": dm[min(len(dm) - 1, int(len(dm) * 0.99))] if dm else None,
                                 "mean": statistics.fmean(dm) if dm else None}}

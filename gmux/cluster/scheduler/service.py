@@ -26,7 +26,7 @@ from typing import Optional
 import zmq
 
 from gmux import protocol
-from gmux.wire import keys
+from gmux.wire import keys, sealed
 from gmux.cluster.policies import Event, EventKind, make_policy
 from gmux.cluster.scheduler.client_handlers import ClientHandlers
 from gmux.cluster.scheduler.driver import Driver, Intent
@@ -77,6 +77,9 @@ class Scheduler:
         configure(self.sock)
         self.sock.bind(self.opt.listen)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        # Periodic checkpoints arrive sealed beside Curve (gmux.wire.sealed): decrypting every machine's in one
+        # process is what a cluster's scheduler would otherwise spend its core on.
+        self.bulk, self.receiver.bulk_port = sealed.bulk_socket(self.ctx, self.endpoint)
         # What each key may send: a daemon's link reports and pushes checkpoints, a client asks.
         handlers = {"daemon": {"node_report": self._daemon_node_report, "node_event": self._daemon_node_event,
                                "xfer_begin": self._daemon_xfer_begin, "xfer_chunk": self._daemon_xfer_chunk,
@@ -103,7 +106,8 @@ class Scheduler:
     def serve(self, until=None) -> None:
         try:
             self.server.serve(self._between_polls, lambda: self.stopping or bool(until and until()),
-                              poll_s=0.05, batch=500)
+                              poll_s=0.05, batch=500,
+                              beside={self.bulk: lambda: sealed.serve_bulk(self.bulk, self.receiver.handle_sealed)})
         finally:
             self.close()
 
@@ -125,6 +129,7 @@ class Scheduler:
     def close(self) -> None:
         self.state.save_many(self.jobs.values())
         self.sock.close(0)
+        self.bulk.close(0)
         self.guard.stop()
         self.receiver.close()
         self.state.close()
