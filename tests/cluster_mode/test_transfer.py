@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from gmux import protocol
-from gmux.wire import keys
+from gmux.wire import keys, sealed
 from gmux.wire.transfer import CHUNK, WINDOW, Receiver, TransferError, send_file
 from proxy_util import Proxy
 
@@ -20,9 +20,8 @@ def _serve(keydir, directory, stop, bulk=False):
     guard = keys.Guard(ctx, keydir, ("scheduler", "daemon"))
     sock = keys.server_socket(ctx, zmq.ROUTER, keydir, "daemon", "b")
     port = sock.bind_to_random_port("tcp://127.0.0.1")
-    plain = ctx.socket(zmq.ROUTER)
-    bulk_port = plain.bind_to_random_port("tcp://127.0.0.1") if bulk else None
-    recv = Receiver(directory, bulk_port=bulk_port)
+    plain, bulk_port = sealed.bulk_socket(ctx, f"tcp://127.0.0.1:{port}")   # as a link or the scheduler makes it
+    recv = Receiver(directory, bulk_port=bulk_port if bulk else None)
     state = {"port": port, "recv": recv, "guard": guard, "bulk": bulk_port}
 
     def loop():
@@ -32,10 +31,7 @@ def _serve(keydir, directory, stop, bulk=False):
         while not stop.is_set():
             ready = dict(poller.poll(50))
             if plain in ready:
-                ident, *frames = plain.recv_multipart()
-                answer = recv.handle_sealed(*frames) if len(frames) == 2 else None
-                if answer is not None:
-                    plain.send_multipart([ident, answer])
+                sealed.serve_bulk(plain, recv.handle_sealed)
             if sock not in ready:
                 continue
             ident, *frames = sock.recv_multipart()
