@@ -50,7 +50,9 @@ def scenario(tmp_path_factory):
         for n, (_, script) in FRAMEWORKS.items():
             opts = ["--gpu", str(SHARED[n]), "--mem", "300MiB"]
             out["procs"][n] = node.launch(script, str(tmp / f"{n}.json"), *ARGS, opts=opts, log_name=f"{n}.log")
-        out["procs"]["unseeded"] = node.launch(FRAMEWORKS["hf"][1], str(tmp / "unseeded.json"), "--epochs", "6",
+        # (12 epochs: alone on its GPU it must still be training when the loop below, busy with the other jobs'
+        # moves, first sees it under its Trainer; at 6 it once finished before, on a loaded machine)
+        out["procs"]["unseeded"] = node.launch(FRAMEWORKS["hf"][1], str(tmp / "unseeded.json"), "--epochs", "12",
                                                "--unseeded", "--sleep", "0.05", opts=["--gpu", "4", "--mem", "300MiB"],
                                                log_name="unseeded.log")
         out["ids"] = {n: node.job_of(p.pid, 60) for n, p in out["procs"].items()}
