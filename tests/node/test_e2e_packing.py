@@ -75,7 +75,9 @@ def test_a_kept_pack_is_measured_again_and_unpacked_once_it_stops_gaining(node_f
     print("kept:", keep["text"])
     print("unpacked on re-check:", unpack["text"])
     assert unpack["numbers"]["sum"] <= 1.5 and unpack["numbers"]["recheck"] and "stopped gaining" in unpack["text"]
-    # From then on the two take turns on the GPU.
+    # From then on the two take turns on the GPU: once the job the unpack suspends has reached its boundary
+    # (a CI run sampled both still resident just after the decision), one at a time.
+    node.wait_for(lambda: len(node.ps()["gpus"][0]["resident"]) <= 1, 30, "the unpacked pair apart")
     samples = []
     for _ in range(8):
         samples.append(set(node.ps()["gpus"][0]["resident"]))
