@@ -353,7 +353,8 @@ class Daemon:
             # A pack is tried only on solo rates measured over at least two residencies (one can be disturbed,
             # and a disturbed solo rate reads low, which makes any pack look like a gain).
             rates = {j: Rates(self.jobs[j].rate_solo if self.jobs[j].solo_windows >= 2 else None,
-                              self.jobs[j].rate_now, self.jobs[j].window_span()) for j in slicer.entries}
+                              self.jobs[j].rate_now, self.jobs[j].window_span(), self.jobs[j].solo_seen)
+                     for j in slicer.entries}
             for d in self.packers[gpu].step(slicer, rates, now):
                 self.decide(gpu, d.kind, d.jobs, d.numbers, d.text)
                 if d.kind == "recheck":

@@ -74,6 +74,7 @@ class Job:
     kill_requested: bool = False
     registered: bool = False           # its process has registered (a submitted job's has not, at first)
     solo_windows: int = 0              # residencies the solo rate is measured over
+    solo_seen: int = 0                 # solo residencies measured, ever (the packer waits for a fresh one)
     _window: list = field(default_factory=list)   # (t, step) samples of the current residency
     _solo_now: Optional[float] = None
     _step_offset: Optional[int] = None  # runtime step - agent boundary count (constant within one process)
@@ -125,6 +126,8 @@ class Job:
         The solo rate is the best of the last few solo residencies: on a shared machine (or GPU) outside
         interference only ever lowers a rate, so the maximum is the least disturbed estimate.
         """
+        if self._solo_now is None and rate is not None:
+            self.solo_seen += 1
         self._solo_now = rate
         seen = self._solo_hist + ([rate] if rate is not None else [])
         self.rate_solo = max(seen) if seen else None

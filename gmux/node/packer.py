@@ -7,6 +7,12 @@ together for a window; the pack is kept only if packed_a/solo_a + packed_b/solo_
 (time-slicing the two gives exactly 1, minus switch costs). Otherwise the pair is unpacked, remembered as
 incompatible for a while, and time-sliced. Every decision returns its numbers for the log.
 
+The solo rates are measured on both sides of the packed window: after it, the pair is taken apart until each
+job has had a fresh turn alone, and the judgement uses the best solo rate seen. Rates measured at different
+times see different outside load (other jobs starting, another tenant's burst); with solo rates from before
+the window only, a pair measured alone while the machine was busy and together once it was quiet looks like a
+gain that is not there. The fresh turn bounds that error by the load's change within one turn.
+
 A kept pack is judged again every `recheck` seconds it has run together (the jobs change phase; a neighbour
 may start to saturate the device). Its old solo rates cannot judge it: a job whose phase changed has a new
 solo rate too (one that stopped waiting on input is faster alone and slower packed). So a re-check undoes the
@@ -28,6 +34,7 @@ class Rates:
     solo: Optional[float]       # mini-batches/s while alone on the GPU
     now: Optional[float]        # mini-batches/s over the current residency
     span: float                 # seconds the current residency's measurement covers
+    solo_seen: int = 0          # solo residencies measured so far (grows by one with each fresh turn alone)
 
 
 @dataclass
@@ -47,6 +54,9 @@ class Packer:
     recheck: float = 1800.0     # seconds a kept pack runs together before it is measured again
     trial: Optional[frozenset] = None
     trial_start: Optional[float] = None
+    packed: Optional[dict] = None                  # the trial's rates together, once its window is over
+    marks: dict = field(default_factory=dict)      # each member's solo_seen when the window ended
+    apart_since: Optional[float] = None
     rejected: dict = field(default_factory=dict)   # frozenset pair -> time of rejection
     kept: set = field(default_factory=set)
     together: dict = field(default_factory=dict)   # kept pair -> seconds run together since last judged
@@ -70,7 +80,7 @@ class Packer:
             return []
         a, b = sorted(pair)
         slicer.pack(pair, run_now=True)
-        self.trial, self.trial_start = pair, None
+        self.trial, self.trial_start, self.packed = pair, None, None
         mem = {j: slicer.entries[j].mem for j in (a, b)}
         return [Decision("trial", [a, b], {"solo": {a: rates[a].solo, b: rates[b].solo}, "mem": mem,
                                            "gpu_mem": slicer.mem_total},
@@ -106,8 +116,55 @@ class Packer:
 
     def _judge(self, slicer: Slicer, rates: dict[str, Rates], now: float) -> list[Decision]:
         pair = self.trial
-        if not pair <= set(slicer.entries) or pair not in slicer.packs:
-            self.trial = None       # a member left or the pack was dissolved (memory grew): nothing to judge
+        if not pair <= set(slicer.entries):
+            self.trial = None       # a member left: nothing to judge
+            return []
+        if self.packed is None:
+            return self._measure_together(slicer, pair, rates, now)
+        # Apart again: wait for a fresh solo turn each, or judge on what is known once turns are overdue
+        # (a member that cannot run alone must not stall every other trial on this GPU).
+        overdue = now - self.apart_since > self.window + 2 * len(slicer.entries) * slicer.quantum
+        if not overdue and any(rates[j].solo_seen <= self.marks[j] for j in pair):
+            return []
+        a, b = sorted(pair)
+        packed = self.packed
+        solo = {j: rates[j].solo for j in (a, b)}
+        if any(not v for v in solo.values()):
+            return []
+        norm = {j: packed[j] / solo[j] for j in (a, b)}
+        total = sum(norm.values())
+        self.trial, self.packed = None, None
+        numbers = {"solo": solo, "packed": packed, "normalised": norm, "sum": total, "margin": self.margin,
+                   "window_s": self.apart_since - self.trial_start, "apart_s": now - self.apart_since,
+                   "fresh_solo": not overdue}
+        detail = (f"{a} {packed[a]:.2f}/{solo[a]:.2f} + {b} {packed[b]:.2f}/{solo[b]:.2f} = {total:.2f}")
+        again = pair in self.again
+        self.again.discard(pair)
+        numbers["recheck"] = again
+        gains = total > 1 + self.margin
+        if gains and slicer.fits(pair):
+            slicer.pack(pair, run_now=True)
+            self.kept.add(pair)
+            self.together[pair] = 0.0
+            return [Decision("keep", [a, b], numbers,
+                             f"GPU {slicer.gpu}: {'still ' if again else ''}keeping {a}+{b} packed: {detail} "
+                             f"> 1 + {self.margin}")]
+        self.kept.discard(pair)
+        self.together.pop(pair, None)
+        self.rejected[pair] = now
+        if gains:
+            return [Decision("unpack", [a, b], numbers, f"GPU {slicer.gpu}: unpacking {a}+{b}: it would gain "
+                             f"({detail}) but no longer fits in memory")]
+        what = "the kept pack stopped gaining" if again else "time-slicing instead"
+        return [Decision("unpack", [a, b], numbers,
+                         f"GPU {slicer.gpu}: unpacking {a}+{b}, {what}: {detail} <= 1 + {self.margin}")]
+
+    def _measure_together(self, slicer: Slicer, pair: frozenset, rates: dict[str, Rates],
+                          now: float) -> list[Decision]:
+        """The packed window: once it is over, its rates are kept and the pair is taken apart for fresh solo
+        turns (the judgement follows them)."""
+        if pair not in slicer.packs:
+            self.trial = None       # the pack was dissolved (memory grew): nothing to judge
             return []
         if not (pair == slicer.current == slicer.resident):
             return []               # not yet running together
@@ -116,37 +173,17 @@ class Packer:
         spans = [rates[j].span if j in rates else 0.0 for j in pair]
         if now - self.trial_start < self.window or min(spans) < 0.6 * self.window:
             return []
-        a, b = sorted(pair)
-        packed = {j: rates[j].now for j in (a, b)}
-        solo = {j: rates[j].solo for j in (a, b)}
-        if any(v is None for v in packed.values()) or any(not v for v in solo.values()):
+        packed = {j: rates[j].now for j in sorted(pair)}
+        if any(v is None for v in packed.values()):
             return []
-        norm = {j: packed[j] / solo[j] for j in (a, b)}
-        total = sum(norm.values())
-        self.trial = None
-        numbers = {"solo": solo, "packed": packed, "normalised": norm, "sum": total, "margin": self.margin,
-                   "window_s": now - self.trial_start}
-        detail = (f"{a} {packed[a]:.2f}/{solo[a]:.2f} + {b} {packed[b]:.2f}/{solo[b]:.2f} = {total:.2f}")
-        again = pair in self.again
-        self.again.discard(pair)
-        numbers["recheck"] = again
-        if total > 1 + self.margin:
-            self.kept.add(pair)
-            self.together[pair] = 0.0
-            return [Decision("keep", [a, b], numbers,
-                             f"GPU {slicer.gpu}: {'still ' if again else ''}keeping {a}+{b} packed: {detail} "
-                             f"> 1 + {self.margin}")]
+        self.packed, self.apart_since = packed, now
+        self.marks = {j: rates[j].solo_seen for j in pair}
         slicer.unpack(pair)
-        self.kept.discard(pair)
-        self.together.pop(pair, None)
-        self.rejected[pair] = now
-        what = "the kept pack stopped gaining" if again else "time-slicing instead"
-        return [Decision("unpack", [a, b], numbers,
-                         f"GPU {slicer.gpu}: unpacking {a}+{b}, {what}: {detail} <= 1 + {self.margin}")]
+        return []
 
     def forget(self, job: str) -> None:
         if self.trial is not None and job in self.trial:
-            self.trial = None
+            self.trial, self.packed = None, None
         self.kept = {p for p in self.kept if job not in p}
         self.again = {p for p in self.again if job not in p}
         self.together = {p: t for p, t in self.together.items() if job not in p}
