@@ -291,3 +291,19 @@ def test_gmux_suspends_a_wider_gang_at_once_when_waiting_jobs_take_the_rest(tabl
     _, res, by = run("gmux", jobs, table(), min_run_s=0.0)
     assert all(first_run(by, i) == pytest.approx(60.0, abs=0.01) for i in range(1, 9))
     assert res.counters["suspends"] == 1
+
+
+@pytest.mark.parametrize("machines", [[], [MachineView(0, ())]], ids=["no machine up", "a machine without GPUs"])
+@pytest.mark.parametrize("name", ["fifo", "fifo-bf", "sjf", "srtf", "tiresias", "gandiva", "gmux"])
+def test_a_cluster_with_no_gpu_up_places_nothing_and_does_not_fail(name, machines):
+    """gmux-scheduler asks for decisions while every machine may be down (one killed, the others late with
+    their reports): waiting jobs, of one GPU and of several, stay waiting (a Gandiva scheduler once died here
+    dividing by the GPUs per machine, 0)."""
+    pol = make_policy(name)
+    for kind in (EventKind.ARRIVAL, EventKind.TICK, EventKind.COMPLETION):
+        snap = Snapshot(machines, now=50.0)
+        for i, n in enumerate((1, 2, 4)):
+            snap.add_job(JobView(job_id=i, num_gpus=n, job_type="('A', 1)", submit_time=float(i),
+                                 remaining_hint=10.0, duration_hint=10.0))
+        acts = pol.decide(snap, Event(kind, job_id=2 if kind is EventKind.ARRIVAL else None))
+        assert not [a for a in acts if hasattr(a, "gpus")], (name, acts)

@@ -90,6 +90,8 @@ class Plan:
         remainder. With `spread`, a job that cannot be consolidated takes idle GPUs wherever they are (slower:
         the simulator charges the measured unconsolidated rate), most-idle machines first."""
         per = self.snap.max_gpus_per_machine
+        if per == 0:
+            return None              # no machine up (or none with GPUs): nowhere to place anything
         if n <= per:
             m = self.best_fit_machine(n, prefer)
             if m is not None:

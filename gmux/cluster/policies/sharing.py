@@ -40,6 +40,8 @@ def share_targets(snap, plan: Plan, job, max_units: int):
     consolidate() leaves shared jobs to deshare(), which needs a whole idle home for the one it moves (a 4-GPU
     pack stayed over three 2-GPU machines beside two machines' worth of room)."""
     n = job.num_gpus
+    if snap.max_gpus_per_machine == 0:
+        return []
     need = -(-n // snap.max_gpus_per_machine)
     out = []
     for jid in snap.running:

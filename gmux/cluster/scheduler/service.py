@@ -301,7 +301,15 @@ class Scheduler:
             if not any(not j.final for j in self.jobs.values()):
                 break
             t0 = time.perf_counter()
-            intents, timers = self.driver.decide(self.jobs, self.machines, ev, now)
+            try:
+                intents, timers = self.driver.decide(self.jobs, self.machines, ev, now)
+            except Exception as e:
+                # A policy's bug must not take the cluster's control down with it: the jobs run on, the
+                # scheduler still answers, and the next event asks the policy again.
+                log.exception("policy %s failed on %s", self.opt.policy, ev)
+                self._log("policy_failed", ev.job_id if isinstance(ev.job_id, str) else None,
+                          f"policy {self.opt.policy} failed on {ev.kind.value}: {type(e).__name__}: {e}"[:500])
+                continue
             self.timers += timers
             for it in intents:
                 self._carry_out(it)
