@@ -36,6 +36,7 @@ from gmux.wire.server import Server, configure
 from gmux.wire.transfer import Receiver, rank_xfers, send_file
 
 log = logging.getLogger("gmux.scheduler")
+STALL_S = 1.0     # a loop iteration this long (it polls every 0.05 s) means the scheduler itself was held
 C = protocol.CLUSTER_MESSAGES
 START_RETRY_S = 30.0
 # A periodic checkpoint's file, as a link names it: MACHINE-CJOB-kSEQ.RANK.ckpt (the machine's name may hold '-').
@@ -64,6 +65,7 @@ class Scheduler:
         now = time.time()
         for m in self.machines.values():
             m.last_seen = max(m.last_seen, now)   # a restarted scheduler gives every machine a fresh grace period
+        self._listened_at = now
         self.driver = Driver(make_policy(self.opt.policy))
         self.receiver = Receiver(os.path.join(statedir, "checkpoints"))
         self._sweep_checkpoints()
@@ -114,6 +116,7 @@ class Scheduler:
     def _between_polls(self) -> None:
         self._drain_workers()
         now = time.time()
+        self._credit_own_stall(now)
         if self.events or now - self._last_tick >= self.opt.tick:
             self._last_tick = now
             self.tick(now)
@@ -331,6 +334,19 @@ class Scheduler:
                 self._action(job.machine, "start", job.cjob, **self._start_args(job))
                 self._log("retry", job.cjob, f"{job.cjob}: no sign of it on {job.machine} after "
                                              f"{START_RETRY_S:g} s: start sent again")
+
+    def _credit_own_stall(self, now: float) -> None:
+        """A machine is lost once the scheduler has *listened* for lost_after seconds and heard nothing. While
+        its own loop was held (an fsync on a disk another tenant saturates, the whole host descheduled), the
+        machines' reports wait unread in its socket, and counting that time would declare every machine lost at
+        once, restarting all their jobs elsewhere (a CI run lost all three this way after a 15 s stall)."""
+        gap, self._listened_at = now - self._listened_at, now
+        if gap < STALL_S:
+            return
+        for m in self.machines.values():
+            if m.state == "up":
+                m.last_seen += gap
+        log.warning("the scheduler's loop was held for %.1f s: machines' silence during it is not counted", gap)
 
     def _losses(self, now: float) -> None:
         for m in self.machines.values():
