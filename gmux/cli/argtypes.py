@@ -20,5 +20,6 @@ def checked(convert, noun: str, ok, wanted: str):
 fraction = checked(float, "a number", lambda v: 0.0 < v <= 1.0, "in (0, 1]")
 nonneg = checked(float, "a number", lambda v: v >= 0, ">= 0")
 positive = checked(float, "a number", lambda v: v > 0, "> 0")
+nonneg_int = checked(int, "an integer", lambda v: v >= 0, "an integer >= 0")
 positive_int = checked(int, "an integer", lambda v: v >= 1, "a positive integer")
 port = checked(int, "a port number", lambda v: 1 <= v <= 65535, "a port in 1..65535")

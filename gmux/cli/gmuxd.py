@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from gmux.cli.argtypes import nonneg, port, positive, positive_int
+from gmux.cli.argtypes import nonneg, nonneg_int, port, positive, positive_int
 from gmux.node.access import SystemMode
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import discover
@@ -46,6 +46,9 @@ def main(argv=None) -> int:
     p.add_argument("--name", help="cluster mode: this machine's name (its key is daemon.NAME)")
     p.add_argument("--listen", default="tcp://127.0.0.1:0", help="cluster mode: where checkpoints from other "
                                                                  "machines arrive (default: a free loopback port)")
+    p.add_argument("--warm-starts", type=nonneg_int, default=1, metavar="N",
+                   help="cluster mode: interpreters kept with torch imported for the next starts here (a move's "
+                        "target, a restart), each taking a start's first seconds off; 0: none (default 1)")
     p.add_argument("--keep-ended", type=positive_int, default=1000,
                    help="ended jobs kept in the job table, newest first (default 1000; older ones stay in SQLite)")
     p.add_argument("--retain-ended", type=positive, default=30.0, metavar="DAYS",
@@ -80,7 +83,7 @@ def main(argv=None) -> int:
     if a.scheduler:   # the cluster link: its own thread and sockets, talks to this daemon as an admin client
         from gmux.node.cluster_link import ClusterLink, start_thread
         try:
-            link = ClusterLink(a.runtime_dir, a.name, a.scheduler, a.keys, a.listen)
+            link = ClusterLink(a.runtime_dir, a.name, a.scheduler, a.keys, a.listen, a.warm_starts)
         except Exception as e:
             daemon.close()
             print(f"gmuxd: cluster link: {e}", file=sys.stderr)

@@ -42,6 +42,7 @@ from gmux.wire.server import Server, configure
 from gmux.node.cluster_records import gang_record, ranks_by_job, running_before_boundary
 from gmux.node.cluster_starts import Starts
 from gmux.node.cluster_stream import send_files, staged, stream_ranks
+from gmux.node.warm_pool import WarmPool
 from gmux.rundir import RuntimeDir, RuntimeDirError
 
 log = logging.getLogger("gmux.cluster_link")
@@ -52,7 +53,8 @@ LINK_PS_LIMIT = 1000    # the link reads every live job and the newest ended one
 
 
 class ClusterLink:
-    def __init__(self, runtime_dir: str, name: str, scheduler: str, keydir: str, listen: str = "tcp://127.0.0.1:0"):
+    def __init__(self, runtime_dir: str, name: str, scheduler: str, keydir: str, listen: str = "tcp://127.0.0.1:0",
+                 warm_starts: int = 1):
         self.rundir = RuntimeDir(runtime_dir)
         if self.rundir.system:
             # (as gmuxd --system --scheduler is: the link would start users' jobs and read their checkpoints
@@ -85,7 +87,9 @@ class ClusterLink:
         self.up.connect(scheduler)
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="cluster-link")
         self.outbox: "queue.SimpleQueue" = queue.SimpleQueue()   # (event, cjob, detail, data) from workers
-        self.starts = Starts(self.rundir, self._event)
+        self.warm = WarmPool(self.rundir.root, self.rundir.logs(), warm_starts)
+        self.warm.fill()
+        self.starts = Starts(self.rundir, self._event, self.warm)
         self.busy: set[str] = set()            # cjobs with a worker on them (no periodic checkpoint meanwhile)
         self.ckpt_every: dict[str, float] = {}
         self.world: dict[str, int] = {}        # cjob -> its number of ranks
@@ -152,6 +156,7 @@ class ClusterLink:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.warm.close()
         self.up.close(0)
         self.inbox.close(0)
         self.bulk.close(0)

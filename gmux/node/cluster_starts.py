@@ -15,19 +15,21 @@ import os
 import subprocess
 import sys
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 from gmux import protocol
 from gmux.rundir import RuntimeDir
+from gmux.node.warm_pool import WarmPool
 from gmux.util.rendezvous import free_port, rendezvous_env
 
 log = logging.getLogger("gmux.cluster_link")
 
 
 class Starts:
-    def __init__(self, rundir: RuntimeDir, event: Callable[..., None]):
+    def __init__(self, rundir: RuntimeDir, event: Callable[..., None], warm: Optional[WarmPool] = None):
         self.rundir = rundir
         self.event = event                      # the link's: (event, cjob, detail="", **data) to the scheduler
+        self.warm = warm                        # interpreters with torch imported, for the next start's ranks
         self.children: dict[int, subprocess.Popen] = {}
         self.spawned: dict[str, list] = {}     # cjob -> pid of each rank's process started for it last
         self.starting: dict[str, float] = {}   # cjob -> when started here, until it is seen past a boundary
@@ -55,7 +57,7 @@ class Starts:
         if a.get("restore_wait"):
             env["GMUX_RESTORE_WAIT"] = repr(float(a["restore_wait"]))
         os.makedirs(self.rundir.logs(), exist_ok=True)
-        procs = []
+        procs, how = [], []
         for rank, gpu in enumerate(a["gpus"]):
             name = cjob if world == 1 else f"{cjob}.{rank}"
             cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root, "--no-hook",
@@ -67,8 +69,15 @@ class Starts:
             if world > 1:
                 cmd += ["--gang", cjob, "--rank", str(rank), "--world", str(world)]
             rank_env = {**env, **rendezvous_env(world, port, rank)} if world > 1 else env
+            log_path = os.path.join(self.rundir.logs(), f"{name}.cluster.log")
+            warm, why = (None, "no pool") if self.warm is None else \
+                self.warm.take(cmd[3:] + ["--", *a["argv"]], rank_env, a["cwd"] or None, log_path)
+            how.append("warm" if warm else f"cold: {why}")
+            if warm is not None:
+                procs.append(warm)
+                continue
             try:
-                with open(os.path.join(self.rundir.logs(), f"{name}.cluster.log"), "ab") as out:
+                with open(log_path, "ab") as out:
                     procs.append(subprocess.Popen(cmd + ["--", *a["argv"]], cwd=a["cwd"] or None, env=rank_env,
                                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                   start_new_session=True))
@@ -86,7 +95,8 @@ class Starts:
             for p in procs:
                 p.kill()
             return
-        log.info("started %s (pids %s)%s", cjob, self.spawned[cjob], " restoring" if paths else "")
+        log.info("started %s (pids %s, %s)%s", cjob, self.spawned[cjob], "; ".join(how),
+                 " restoring" if paths else "")
 
     def cancel(self, cjob: str) -> None:
         """Kills the processes of a start that gmuxd may not know yet (the worker spawning them may not even be
@@ -132,6 +142,8 @@ class Starts:
         """The start is over (started, failed or cancelled): its received checkpoints go."""
         self.starting.pop(cjob, None)
         self.ready.discard(cjob)
+        if self.warm is not None and not self.starting:
+            self.warm.fill()           # the next warm interpreters import torch now, not beside a start
         for path in self.restoring.pop(cjob, []):
             try:
                 os.unlink(path)

@@ -116,7 +116,7 @@ class Cluster:
             pass
         for line in subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines():
             pid, _, args = line.strip().partition(" ")
-            if str(rt) in args and "gmux.cli.launch" in args:
+            if str(rt) in args and ("gmux.cli.launch" in args or "gmux.job.warm" in args):
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except ProcessLookupError:
@@ -129,7 +129,7 @@ class Cluster:
                 p.wait()
         for line in subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines():
             pid, _, args = line.strip().partition(" ")
-            if str(self.tmp) in args and "gmux.cli.launch" in args:
+            if str(self.tmp) in args and ("gmux.cli.launch" in args or "gmux.job.warm" in args):
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except ProcessLookupError:

@@ -112,10 +112,13 @@ def test_gandiva_places_on_three_daemons_bit_identical_and_refuses_strangers(clu
 
 def test_gmux_policy_scheduler_killed_and_restarted_loses_nothing(cluster_factory, tmp_path):
     c = cluster_factory(policy="gmux")
-    refs = {b: solo(tmp_path, b, STEPS, "--batch", b, "--sleep", "0.002")
+    # Long enough that all three still run when the scheduler is killed: two start in warm interpreters, the
+    # third (two on one machine) cold, seconds later on a busy machine.
+    steps = "4000"
+    refs = {b: solo(tmp_path, b, steps, "--batch", b, "--sleep", "0.002")
             for b in ("40", "41", "42")}
     c.wait_machines(3)
-    ids = {b: c.submit(str(tmp_path / f"j{b}.json"), STEPS, "--batch", b, "--sleep", "0.002") for b in refs}
+    ids = {b: c.submit(str(tmp_path / f"j{b}.json"), steps, "--batch", b, "--sleep", "0.002") for b in refs}
     wait_for(lambda: all(j["state"] == "running" and j["step"] > 50 for j in c.ps()["jobs"]), 60, "all running")
     c.sched.send_signal(signal.SIGKILL)
     c.sched.wait()
