@@ -146,13 +146,14 @@ def hidden_for(size_bytes: int) -> int:
 
 
 def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib: int = 0,
-              holdings: bool = True, moves: int = 3, bulk: str = "sealed") -> dict:
+              holdings: bool = True, moves: int = 3, bulk: str = "sealed", starts: str = "warm") -> dict:
     """`moves` moves of one job, back and forth (the medians reported: one move's figures vary by a fifth on a
     2-core VM shared by two daemons, their links, the scheduler and the job); `frozen_mib` of the `size_mib` are a frozen table (demo_train --frozen-mib) that the target
     builds too, offered to the source unless `holdings` is False (GMUX_HOLDINGS=off: the whole is sent)."""
     from cluster_harness import PY, ROOT as R, TRAIN, Cluster, wait_for
     os.environ["GMUX_BULK"] = bulk        # read by the source's link (bulk=curve: every byte through CurveZMQ)
-    c = Cluster(tmp, machines=("a", "b"), policy="gandiva", gpus="2x8GiB", sched_args=["--ckpt-every", "0"])
+    c = Cluster(tmp, machines=("a", "b"), policy="gandiva", gpus="2x8GiB", sched_args=["--ckpt-every", "0"],
+                daemon_args=["--warm-starts", "1" if starts == "warm" else "0"])
     try:
         c.wait_machines(2, 60)
         h = hidden_for((size_mib - frozen_mib) << 20)
@@ -190,7 +191,7 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
         downtime = _median(downtimes)
         dm = ps["decision_ms"]
         return {"size_mib": size_mib, "frozen_mib": frozen_mib, "holdings": holdings, "bytes": sent["bytes"],
-                "bulk": bulk, "sealed_bytes": sent.get("sealed_bytes", 0), "sealed_zmq_s": sealed_raw,
+                "bulk": bulk, "starts": starts, "sealed_bytes": sent.get("sealed_bytes", 0), "sealed_zmq_s": sealed_raw,
                 "cpu_s": _median(cpus), "cpu_s_each": cpus,
                 "downtime_vs_sealed_raw": downtime / sealed_raw,
                 "moves": moves, "migrate_s": total, "migrate_s_each": totals, "downtime_s": downtime,
@@ -307,19 +308,27 @@ def main() -> int:
     p.add_argument("--bulk", default="sealed,curve",
                    help="how a move's bytes travel, each measured in turn: sealed (AES-GCM beside CurveZMQ, "
                         "gmux's way), curve (through CurveZMQ, GMUX_BULK=curve); the first is the headline")
+    p.add_argument("--starts", default="warm,cold",
+                   help="how a move's target process starts, each measured in turn: warm (the target machine's "
+                        "interpreter with torch imported, gmuxd's default), cold (gmuxd --warm-starts 0: a new "
+                        "interpreter); the first is the headline; cold rows are measured with the first --bulk")
     p.add_argument("--no-decisions", action="store_true", help="the migrations only")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cluster.json"))
     a = p.parse_args()
     bulks = a.bulk.split(",")
     if not bulks or any(b not in ("sealed", "curve") for b in bulks):
         p.error(f"--bulk: a comma-separated list of sealed and curve, not {a.bulk!r}")
+    starts = a.starts.split(",")
+    if not starts or any(x not in ("warm", "cold") for x in starts):
+        p.error(f"--starts: a comma-separated list of warm and cold, not {a.starts!r}")
     rows = []
     for size in [int(s) for s in a.sizes.split(",")]:
-        for bulk in bulks:
+        ways = [(bulk, starts[0]) for bulk in bulks] + [(bulks[0], x) for x in starts[1:]]
+        for bulk, start in ways:
             with tempfile.TemporaryDirectory(prefix=f"gmux-bench-{size}-") as d:
-                r = migration(pathlib.Path(d), size, a.grads, moves=a.moves, bulk=bulk)
+                r = migration(pathlib.Path(d), size, a.grads, moves=a.moves, bulk=bulk, starts=start)
             rows.append(r)
-            print(f"migrate {size:5d} MiB ({bulk:6s}): downtime {r['downtime_s']:.2f} s (mini-batch {r['batch_s']:.2f} s), "
+            print(f"migrate {size:5d} MiB ({bulk:6s}, {start}): downtime {r['downtime_s']:.2f} s (mini-batch {r['batch_s']:.2f} s), "
                   f"total {r['migrate_s']:6.2f} s (suspend {r['suspend_s']:.2f}, checkpoint {r['checkpoint_s']:.2f}, "
                   f"transfer {r['transfer_s']:.2f}), daemons' CPU {r['cpu_s']:.2f} s; raw zmq {r['raw_zmq_s']:.3f} s, "
                   f"sealed zmq {r['sealed_zmq_s']:.3f} s, "
@@ -332,7 +341,7 @@ def main() -> int:
         for offered in (True, False):
             with tempfile.TemporaryDirectory(prefix=f"gmux-bench-frozen-{size}-") as d:
                 pair[offered] = migration(pathlib.Path(d), size, a.grads, frozen_mib=size * 7 // 8,
-                                          holdings=offered, moves=a.moves, bulk=bulks[0])
+                                          holdings=offered, moves=a.moves, bulk=bulks[0], starts=starts[0])
         held, whole = pair[True], pair[False]
         ratio = held["downtime_s"] / whole["downtime_s"]
         incremental.append({"size_mib": size, "frozen_mib": size * 7 // 8, "offered": held, "whole": whole,
@@ -354,7 +363,8 @@ def main() -> int:
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"migrations": rows, "incremental": incremental, "decisions_100": dec}, f, indent=1)
-    big = next((r for r in rows if r["size_mib"] == 1024 and r["bulk"] == bulks[0]), rows[0])
+    big = next((r for r in rows if r["size_mib"] == 1024 and r["bulk"] == bulks[0] and r["starts"] == starts[0]),
+               rows[0])
     print(f"cluster: migrate_1GiB_vs_raw={big['migrate_vs_raw']:.1f} "
           f"downtime_1GiB_vs_curve_raw={_ratio(big['downtime_vs_curve_raw'])} decision_ms_p99={dec['decision_ms_p99']:.2f}")
     return 0

@@ -31,7 +31,8 @@ def solo(tmp_path, name: str, *args: str) -> dict:
 
 
 class Cluster:
-    def __init__(self, tmp_path, machines=("m1", "m2", "m3"), policy="gandiva", gpus="2x2GiB", sched_args=()):
+    def __init__(self, tmp_path, machines=("m1", "m2", "m3"), policy="gandiva", gpus="2x2GiB", sched_args=(),
+                 daemon_args=()):
         from gmux.wire import keys
         self.tmp = tmp_path
         self.keys = str(tmp_path / "keys")
@@ -41,7 +42,7 @@ class Cluster:
             keys.create(self.keys, "daemon", m)
         self.port = free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
-        self.policy, self.gpus, self.sched_args = policy, gpus, list(sched_args)
+        self.policy, self.gpus, self.sched_args, self.daemon_args = policy, gpus, list(sched_args), list(daemon_args)
         self.daemons: dict[str, subprocess.Popen] = {}
         self.sched = None
         self.start_scheduler()
@@ -59,7 +60,7 @@ class Cluster:
         log = open(self.tmp / f"gmuxd-{m}.log", "ab")
         self.daemons[m] = subprocess.Popen(
             [PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", str(self.tmp / f"rt-{m}"), "--virtual-gpus", self.gpus,
-             "--quantum", "2", "--scheduler", self.endpoint, "--keys", self.keys, "--name", m],
+             "--quantum", "2", "--scheduler", self.endpoint, "--keys", self.keys, "--name", m, *self.daemon_args],
             env=env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
     def wait_machines(self, n: int, timeout: float = 30) -> None:
