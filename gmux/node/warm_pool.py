@@ -2,7 +2,7 @@
 
 Each start (a move's target, a restart, a fresh job) is one gmux-launch per rank. A cold one spends its first
 seconds on the interpreter and `import torch` before the script even builds its model, and for a move that is
-part of its total. The pool keeps `size` interpreters that did that ahead of time (gmux.job.warm) and hands a
+part of its total. The pool keeps `size` interpreters that did that ahead of time (gmux.cli.warm) and hands a
 start to one of them; it starts the next only once that start is over, so that its import never competes with
 the start it would speed up.
 
@@ -58,7 +58,7 @@ class WarmPool:
                 try:
                     os.makedirs(self.logs, exist_ok=True)
                     with open(os.path.join(self.logs, "warm.log"), "ab") as out:
-                        p = subprocess.Popen([sys.executable, "-m", "gmux.job.warm", "--runtime-dir", self.runtime_dir], stdin=subprocess.PIPE,
+                        p = subprocess.Popen([sys.executable, "-m", "gmux.cli.warm", "--runtime-dir", self.runtime_dir], stdin=subprocess.PIPE,
                                              stdout=out, stderr=subprocess.STDOUT, cwd="/", env=self.env,
                                              start_new_session=True)
                 except OSError as e:

@@ -32,7 +32,7 @@ def solo(tmp_path, name: str, *args: str) -> dict:
 
 class Cluster:
     def __init__(self, tmp_path, machines=("m1", "m2", "m3"), policy="gandiva", gpus="2x2GiB", sched_args=(),
-                 daemon_args=()):
+                 daemon_args=(), warm=False):
         from gmux.wire import keys
         self.tmp = tmp_path
         self.keys = str(tmp_path / "keys")
@@ -42,7 +42,11 @@ class Cluster:
             keys.create(self.keys, "daemon", m)
         self.port = free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
-        self.policy, self.gpus, self.sched_args, self.daemon_args = policy, gpus, list(sched_args), list(daemon_args)
+        # gmuxd keeps a warm interpreter per machine by default; the tests whose point is not a move's total
+        # leave it out: on 2 cores every idle one's torch import slows the rest of the suite.
+        self.policy, self.gpus, self.sched_args = policy, gpus, list(sched_args)
+        self.daemon_args = (["--warm-starts", "1" if warm else "0"] if "--warm-starts" not in daemon_args else []) \
+            + list(daemon_args)
         self.daemons: dict[str, subprocess.Popen] = {}
         self.sched = None
         self.start_scheduler()
@@ -117,7 +121,7 @@ class Cluster:
             pass
         for line in subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines():
             pid, _, args = line.strip().partition(" ")
-            if str(rt) in args and ("gmux.cli.launch" in args or "gmux.job.warm" in args):
+            if str(rt) in args and ("gmux.cli.launch" in args or "gmux.cli.warm" in args):
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except ProcessLookupError:
@@ -130,7 +134,7 @@ class Cluster:
                 p.wait()
         for line in subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines():
             pid, _, args = line.strip().partition(" ")
-            if str(self.tmp) in args and ("gmux.cli.launch" in args or "gmux.job.warm" in args):
+            if str(self.tmp) in args and ("gmux.cli.launch" in args or "gmux.cli.warm" in args):
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except ProcessLookupError:

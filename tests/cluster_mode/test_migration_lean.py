@@ -9,7 +9,7 @@ STEPS = "6000"
 
 
 def test_a_move_without_gradients_sends_less_and_stays_bit_identical(cluster_factory, tmp_path):
-    c = cluster_factory(policy="gandiva")
+    c = cluster_factory(policy="gandiva", warm=True)
     args = (STEPS, "--batch", "36", "--sleep", "0.003", "--hidden", "256", "--depth", "1")
     ref = solo(tmp_path, "ref", *args)
     c.wait_machines(3)

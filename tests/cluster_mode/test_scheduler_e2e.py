@@ -114,7 +114,7 @@ def test_gmux_policy_scheduler_killed_and_restarted_loses_nothing(cluster_factor
     c = cluster_factory(policy="gmux")
     # Long enough that all three still run when the scheduler is killed: two start in warm interpreters, the
     # third (two on one machine) cold, seconds later on a busy machine.
-    steps = "4000"
+    steps = "2500"
     refs = {b: solo(tmp_path, b, steps, "--batch", b, "--sleep", "0.002")
             for b in ("40", "41", "42")}
     c.wait_machines(3)

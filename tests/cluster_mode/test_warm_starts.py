@@ -15,7 +15,7 @@ def _started(c, m: str, cjob: str) -> list:
 
 
 def test_a_moved_job_restores_in_a_warm_interpreter_and_an_odd_environment_starts_cold(cluster_factory, tmp_path):
-    c = cluster_factory(policy="gandiva", machines=("m1", "m2"))
+    c = cluster_factory(policy="gandiva", machines=("m1", "m2"), warm=True)
     args = (STEPS, "--batch", "36", "--sleep", "0.003", "--hidden", "128", "--depth", "1")
     ref = solo(tmp_path, "ref", *args)
     c.wait_machines(2)

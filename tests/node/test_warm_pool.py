@@ -1,9 +1,12 @@
-"""The pool of warm interpreters (gmux.node.warm_pool) and the interpreter itself (gmux.job.warm), with real
+"""The pool of warm interpreters (gmux.node.warm_pool) and the interpreter itself (gmux.cli.warm), with real
 processes: which starts it takes, what a refused or malformed start leaves, and that closing ends the unused."""
 import json
 import subprocess
 import sys
 
+import pytest
+
+from gmux.cli.warm import _spec
 from gmux.node.warm_pool import WarmPool, start_time_differences
 from gmux_testkit import env
 
@@ -66,14 +69,17 @@ def test_a_start_runs_as_a_job_in_the_warm_interpreter_with_its_directory_enviro
         pool.close()
 
 
-def test_a_malformed_start_is_refused_by_the_interpreter(tmp_path):
-    for line, reason in ((b"[1, 2]\n", "not a JSON object"),
-                         (b'{"argv": ["x"], "env": {}, "cwd": null, "log": "/tmp/x"}\n', "with -- before"),
-                         (b'{"argv": ["--", "p"], "env": {"A": 1}, "cwd": null, "log": "/tmp/x"}\n', "strings to"),
-                         (b"", None)):
-        done = subprocess.run([sys.executable, "-m", "gmux.job.warm"], input=line, capture_output=True, cwd="/",
+def test_a_malformed_start_is_refused_by_the_interpreter():
+    for line, reason in ((b"[1, 2]", "not a JSON object"),
+                         (b'{"argv": ["x"], "env": {}, "cwd": null, "log": "/tmp/x"}', "with -- before"),
+                         (b'{"argv": ["--", "p"], "env": {"A": 1}, "cwd": null, "log": "/tmp/x"}', "strings to"),
+                         (b'{"argv": ["--", "p"], "env": {}, "cwd": 3, "log": "/tmp/x"}', "cwd must be"),
+                         (b'{"argv": ["--", "p"], "env": {}, "cwd": null}', "log must be")):
+        with pytest.raises(ValueError, match=reason):
+            _spec(line)
+    # The real interpreter: a refused start ends it with 2 and the reason; no start at all (the pool closed), 0.
+    for line, status in ((b"[1, 2]\n", 2), (b"", 0)):
+        done = subprocess.run([sys.executable, "-m", "gmux.cli.warm"], input=line, capture_output=True, cwd="/",
                               env=env(), timeout=120)
-        if reason is None:
-            assert done.returncode == 0 and done.stderr == b""      # the pool closed: it ran nothing
-        else:
-            assert done.returncode == 2 and reason.encode() in done.stderr, done.stderr
+        assert done.returncode == status, done.stderr
+        assert (b"refused its start: the start is not a JSON object" in done.stderr) == (status == 2), done.stderr

@@ -1,4 +1,4 @@
-"""A warm interpreter for the next cluster start on this machine: `python -m gmux.job.warm`.
+"""A warm interpreter for the next cluster start on this machine: `python -m gmux.cli.warm`.
 
 A cold start's process spends its first seconds on the interpreter, `import torch` and, at the script's
 first optimizer, `import torch._dynamo` (3 s together on this 2-core VM) before its first step; for a move's
@@ -14,6 +14,7 @@ with status 2 and the reason on stderr, which the pool's log keeps.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -59,7 +60,7 @@ def _become(spec: dict) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gmux.job.warm", description="A warm interpreter for the next "
+    p = argparse.ArgumentParser(prog="python -m gmux.cli.warm", description="A warm interpreter for the next "
                                 "cluster start (gmux.node.warm_pool starts it): it imports torch, then runs the "
                                 "start given on its stdin as gmux-launch.")
     p.add_argument("--runtime-dir", help="the gmuxd whose starts it runs (for ps; the start's argv says it again)")
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
     # the rest of torch, in every training script before its first step. A cold launcher leaves it to the
     # script (one that builds no optimizer never pays it); a warm interpreter has the time.
     try:
-        import torch._dynamo  # noqa: F401
+        importlib.import_module("torch._dynamo")
     except Exception:   # a torch without it (or broken in it): the script pays it, as in a cold start
         pass
     from gmux.cli import launch
