@@ -3,10 +3,12 @@
 A cold start's process spends its first seconds on the interpreter, `import torch` and, at the script's
 first optimizer, `import torch._dynamo` (3 s together on this 2-core VM) before its first step; for a move's
 target that is part of the move's total. A warm interpreter has done all of that before any start is known:
-the first boundary of a small model's script came 0.11 s after its start, against 3.0 s cold. It then waits for one start on its stdin, one JSON line:
-{"argv": gmux-launch's arguments, "env": the start's environment, "cwd": its working directory,
-"log": the file its output goes to}, and becomes that gmux-launch in this process (gmux.cli.launch). The pool
-(gmux.node.warm_pool) hands a start only to an interpreter whose start-time environment is the start's.
+the first boundary of a small model's script came 0.11 s after its start, against 3.0 s cold.
+
+It then waits for one start on its stdin, one JSON line: {"argv": gmux-launch's arguments, "env": the start's
+environment, "cwd": its working directory, "log": the file its output goes to}, and becomes that gmux-launch in
+this process (gmux.cli.launch). The pool (gmux.node.warm_pool) hands a start only to an interpreter whose
+start-time environment is the start's.
 
 Its stdin closed without a line (the pool is closing): it ends, having run nothing. A malformed line ends it
 with status 2 and the reason on stderr, which the pool's log keeps.

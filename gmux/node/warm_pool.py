@@ -58,8 +58,9 @@ class WarmPool:
                 try:
                     os.makedirs(self.logs, exist_ok=True)
                     with open(os.path.join(self.logs, "warm.log"), "ab") as out:
-                        p = subprocess.Popen([sys.executable, "-m", "gmux.cli.warm", "--runtime-dir", self.runtime_dir], stdin=subprocess.PIPE,
-                                             stdout=out, stderr=subprocess.STDOUT, cwd="/", env=self.env,
+                        p = subprocess.Popen([sys.executable, "-m", "gmux.cli.warm", "--runtime-dir",
+                                              self.runtime_dir], stdin=subprocess.PIPE, stdout=out,
+                                             stderr=subprocess.STDOUT, cwd="/", env=self.env,
                                              start_new_session=True)
                 except OSError as e:
                     log.warning("no warm interpreter: %s", e)
