@@ -26,6 +26,10 @@ gmux-scheduler). See the xfer_* messages in gmux/protocol.py.
   acknowledged (at most WINDOW), so it resumes after a cut like a file does, from what the receiver holds.
 - A receiver that need not outlive a crash (durable=False: a move's target, whose source still holds the job
   until the target has restored it) renames without fsync.
+- A host that serves many senders in one loop (gmux-scheduler) passes `later` and gets its answers to xfer_end
+  from `finished()`: the fsync runs on a thread of the receiver's, since on a disk another tenant saturates one
+  takes seconds, and a loop held that long stops hearing every machine's reports. The answer still comes only
+  once the bytes are on disk: a sender drops its own copy when it hears it.
 - xfer_holds asks what the process waiting for a transfer already holds (gmux.job.holdings: it wrote that
   beside the partial file); a move's source asks before it suspends (`ask_holds`) and leaves those tensors out.
 - A partial file nobody has added to for STALE_S (its sender gave up, or died) is deleted by `expire`, which
@@ -35,10 +39,12 @@ from __future__ import annotations
 
 import itertools
 import os
+import queue
 import stat
 import struct
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 import zmq
@@ -71,9 +77,14 @@ class Receiver:
     """Keeps incoming checkpoints in `directory`; `handle` answers one xfer_* message (never raises on bad input
     from a peer: the problem goes back as an error reply)."""
 
+    LATER = object()    # handle's answer to an xfer_end whose fsync runs in the background: see finished()
+
     def __init__(self, directory: str, durable: bool = True, bulk_port: Optional[int] = None):
         self.dir = directory
         self.durable = durable
+        self.flushing: dict[str, dict] = {}   # transfer -> its state while its fsync runs, with who waits for it
+        self._flushed: queue.SimpleQueue = queue.SimpleQueue()
+        self._flusher: Optional[ThreadPoolExecutor] = None
         self.bulk_port = bulk_port            # where the host's bulk socket takes sealed chunks (or None)
         self.sealed_bytes = 0                 # appended from sealed chunks
         self.dropped_sealed = 0
@@ -87,19 +98,23 @@ class Receiver:
     def path(self, xfer: str) -> str:
         return os.path.join(self.dir, f"{xfer}.ckpt")
 
-    def handle(self, msg: protocol.Message, data: Optional[bytes]) -> tuple[bool, object]:
+    def handle(self, msg: protocol.Message, data: Optional[bytes], later=None) -> tuple[bool, object]:
         """(ok, reply data or error text). A transfer this machine cannot store (its disk full, say) is given
-        up here, its partial file deleted: the sender hears why, and a move fails with its job at its source."""
+        up here, its partial file deleted: the sender hears why, and a move fails with its job at its source.
+        With `later` (whatever the host needs to answer this message), a durable xfer_end answers (True, LATER)
+        and its answer comes from finished() once the file is on disk."""
         try:
-            return self._handle(msg, data)
+            return self._handle(msg, data, later)
         except OSError as e:
             x = msg["xfer"]
             if x in self.open:
                 self._discard(x)
             return False, f"{msg.type} {x}: cannot store it on this machine: {e.strerror or e}"
 
-    def _handle(self, msg: protocol.Message, data: Optional[bytes]) -> tuple[bool, object]:
+    def _handle(self, msg: protocol.Message, data: Optional[bytes], later) -> tuple[bool, object]:
         x = msg["xfer"]
+        if x in self.flushing:
+            return self._while_flushing(x, msg, later)
         if msg.type == "xfer_begin":
             have = self._begin(x, msg["size"], msg.get("seal"))
             return True, {"have": have, **({"bulk": self.bulk_port} if self.open[x]["seal"] else {})}
@@ -117,13 +132,60 @@ class Receiver:
         size = msg.get("size", st["size"])
         if st["have"] != size or size > st["size"]:
             return False, f"xfer_end {x}: holds {st['have']} of {size} bytes"
-        if self.durable:
-            os.fsync(st["fd"])
-        os.close(st["fd"])
         del self.open[x]
+        if self.durable and later is not None:
+            self._flush_later(x, st, later)
+            return True, self.LATER
+        try:
+            if self.durable:
+                os.fsync(st["fd"])
+        finally:
+            os.close(st["fd"])
+        return True, self._complete(x, size)
+
+    def _complete(self, x: str, size: int) -> dict:
         os.rename(self._part(x), self.path(x))
         self.completed += 1
-        return True, {"have": size, "path": self.path(x)}
+        return {"have": size, "path": self.path(x)}
+
+    def _flush_later(self, x: str, st: dict, later) -> None:
+        if self._flusher is None:
+            self._flusher = ThreadPoolExecutor(1, thread_name_prefix="gmux-fsync")
+        self.flushing[x] = {"size": st["have"], "fd": st["fd"], "waiters": [later]}
+        future = self._flusher.submit(os.fsync, st["fd"])
+        future.add_done_callback(lambda f: self._flushed.put((x, f.exception())))
+
+    def _while_flushing(self, x: str, msg: protocol.Message, later) -> tuple[bool, object]:
+        """A sender that heard nothing while its file was being written to disk, and asks again: it holds
+        everything, and its end is answered with the first one's."""
+        fl = self.flushing[x]
+        if msg.type == "xfer_begin" and msg["size"] == fl["size"]:
+            return True, {"have": fl["size"]}
+        if msg.type == "xfer_end" and later is not None and msg.get("size", fl["size"]) == fl["size"]:
+            fl["waiters"].append(later)
+            return True, self.LATER
+        return False, f"{msg.type} {x}: its transfer of {fl['size']} bytes is being written to disk; ask again"
+
+    def finished(self):
+        """(later, ok, answer) for each xfer_end answered LATER whose fsync has ended since the last call: the
+        completed file's figures, or why it could not be kept (its partial file is gone then)."""
+        while True:
+            try:
+                x, error = self._flushed.get_nowait()
+            except queue.Empty:
+                return
+            fl = self.flushing.pop(x)
+            os.close(fl["fd"])
+            if error is None:
+                try:
+                    ok, answer = True, self._complete(x, fl["size"])
+                except OSError as e:
+                    error = e
+            if error is not None:
+                self._unlink_part(x)
+                ok, answer = False, f"xfer_end {x}: cannot store it on this machine: {error.strerror or error}"
+            for later in fl["waiters"]:
+                yield later, ok, answer
 
     def _append(self, st: dict, off: int, data: bytes) -> int:
         """Appends a chunk if it starts where the file ends; returns how much the file holds."""
@@ -219,9 +281,10 @@ class Receiver:
         gone = [x for x, st in self.open.items() if now - st["seen"] > STALE_S]
         for x in gone:
             self._discard(x)
+        busy = self.open.keys() | self.flushing.keys()
         for f in os.listdir(self.dir):
             path = os.path.join(self.dir, f)
-            if f.endswith(".holds") or f.endswith(".part") and f[:-len(".part")] not in self.open:
+            if f.endswith(".holds") or f.endswith(".part") and f[:-len(".part")] not in busy:
                 try:
                     if now - os.path.getmtime(path) > STALE_S:
                         os.unlink(path)
@@ -234,15 +297,23 @@ class Receiver:
     def _discard(self, x: str) -> None:
         st = self.open.pop(x)
         os.close(st["fd"])
+        self._unlink_part(x)
+
+    def _unlink_part(self, x: str) -> None:
         try:
             os.unlink(self._part(x))
         except FileNotFoundError:
             pass
 
     def close(self) -> None:
-        for st in self.open.values():
+        """Closes every open file; fsyncs under way are waited for (their partial files stay, as a restarted
+        receiver finds them, and their senders, unanswered, send again)."""
+        if self._flusher is not None:
+            self._flusher.shutdown(wait=True)
+        for st in [*self.open.values(), *self.flushing.values()]:
             os.close(st["fd"])
         self.open.clear()
+        self.flushing.clear()
 
 
 def _open_regular(path: str) -> int:

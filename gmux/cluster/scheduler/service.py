@@ -32,7 +32,7 @@ from gmux.cluster.scheduler.client_handlers import ClientHandlers
 from gmux.cluster.scheduler.driver import Driver, Intent
 from gmux.cluster.scheduler.moves import Moves
 from gmux.cluster.scheduler.state import CJob, Machine, State
-from gmux.wire.server import Server, configure
+from gmux.wire.server import DEFERRED, Server, configure
 from gmux.wire.transfer import Receiver, rank_xfers, send_file
 
 log = logging.getLogger("gmux.scheduler")
@@ -115,6 +115,7 @@ class Scheduler:
 
     def _between_polls(self) -> None:
         self._drain_workers()
+        self._answer_flushed()
         now = time.time()
         self._credit_own_stall(now)
         if self.events or now - self._last_tick >= self.opt.tick:
@@ -277,17 +278,25 @@ class Scheduler:
             job.ckpt_paths = []
 
     def _daemon_xfer_begin(self, name, ident, msg, data):
-        return self._xfer(name, msg, data)
+        return self._xfer(name, ident, msg, data)
 
     _daemon_xfer_chunk = _daemon_xfer_end = _daemon_xfer_begin
 
-    def _xfer(self, name, msg, data):
+    def _xfer(self, name, ident, msg, data):
         if not msg["xfer"].startswith(name + "-"):
             raise protocol.ProtocolError(f"{msg.type}: a daemon's checkpoint names start with its own name")
-        ok, out = self.receiver.handle(msg, data)
+        # A checkpoint's fsync runs beside this loop (gmux.wire.transfer): the end is answered from _between_polls.
+        ok, out = self.receiver.handle(msg, data, later=(ident, msg.id))
         if not ok:
             raise protocol.ProtocolError(out)
-        return out
+        return DEFERRED if out is Receiver.LATER else out
+
+    def _answer_flushed(self) -> None:
+        for (ident, msg_id), ok, out in self.receiver.finished():
+            if ok:
+                self.server.reply(ident, msg_id, out)
+            else:
+                self.server.refuse(ident, msg_id, out)
 
     # --- the tick ---
     def tick(self, now: float) -> None:
@@ -337,7 +346,7 @@ class Scheduler:
 
     def _credit_own_stall(self, now: float) -> None:
         """A machine is lost once the scheduler has *listened* for lost_after seconds and heard nothing. While
-        its own loop was held (an fsync on a disk another tenant saturates, the whole host descheduled), the
+        its own loop was held (a write to a disk another tenant saturates, the whole host descheduled), the
         machines' reports wait unread in its socket, and counting that time would declare every machine lost at
         once, restarting all their jobs elsewhere (a CI run lost all three this way after a 15 s stall)."""
         gap, self._listened_at = now - self._listened_at, now
