@@ -130,7 +130,7 @@ class Packer:
         packed = self.packed
         solo = {j: rates[j].solo for j in (a, b)}
         if any(not v for v in solo.values()):
-            return []
+            return self._give_up(slicer, pair, solo, now) if overdue else []
         norm = {j: packed[j] / solo[j] for j in (a, b)}
         total = sum(norm.values())
         self.trial, self.packed = None, None
@@ -158,6 +158,22 @@ class Packer:
         what = "the kept pack stopped gaining" if again else "time-slicing instead"
         return [Decision("unpack", [a, b], numbers,
                          f"GPU {slicer.gpu}: unpacking {a}+{b}, {what}: {detail} <= 1 + {self.margin}")]
+
+    def _give_up(self, slicer: Slicer, pair: frozenset, solo: dict, now: float) -> list[Decision]:
+        """A member with no rate alone long after the window (its rate was forgotten): with nothing to judge
+        against, the pair time-slices, and other trials on this GPU may go on."""
+        a, b = sorted(pair)
+        packed, self.trial, self.packed = self.packed, None, None
+        self.kept.discard(pair)
+        self.again.discard(pair)
+        self.together.pop(pair, None)
+        self.rejected[pair] = now
+        unknown = [j for j in (a, b) if not solo[j]]
+        numbers = {"solo": solo, "packed": packed, "apart_s": now - self.apart_since, "fresh_solo": False,
+                   "unknown": unknown}
+        return [Decision("unpack", [a, b], numbers,
+                         f"GPU {slicer.gpu}: unpacking {a}+{b} unjudged: no rate of {' or '.join(unknown)} alone "
+                         f"{now - self.apart_since:.0f} s after the packed window; time-slicing")]
 
     def _measure_together(self, slicer: Slicer, pair: frozenset, rates: dict[str, Rates],
                           now: float) -> list[Decision]:

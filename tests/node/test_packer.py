@@ -126,3 +126,15 @@ def test_a_rechecked_pack_that_still_gains_is_kept():
     assert kinds[:5] == ["trial", "keep", "recheck", "trial", "keep"], kinds
     assert out[4].numbers["recheck"] and "still keeping" in out[4].text
     assert play.s.packs == [frozenset("ab")] or kinds[5:6] == ["recheck"]
+
+
+def test_a_member_whose_solo_rate_is_lost_apart_ends_the_trial_once_overdue():
+    """Nothing to judge against: the pair time-slices and the GPU's packer is free for other trials."""
+    play = Play()
+    solo = lambda pl: OLD if pl.p.packed is None else {"a": OLD["a"], "b": None}
+    out = play.run(solo, {"a": 9.0, "b": 15.0}, 20.0)
+    assert [d.kind for d in out] == ["trial", "unpack"], [d.text for d in out]
+    gone = out[1]
+    assert gone.numbers["unknown"] == ["b"] and gone.numbers["apart_s"] > 3.0 + 2 * 2 * 1.0
+    assert "unjudged" in gone.text and play.s.packs == [] and play.p.trial is None
+    assert frozenset("ab") in play.p.rejected
