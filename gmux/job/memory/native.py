@@ -72,15 +72,16 @@ def _tag(tag: str | int) -> int:
     return TAGS[tag]
 
 
-def copy_ranges(dsts: list, srcs: list, nbytes: list) -> bool:
-    """Copies nbytes[i] bytes from address srcs[i] to dsts[i], for every i, in one native call; False (nothing
-    copied) where gmux._native is not built."""
+def copy_ranges(dsts, srcs, nbytes) -> bool:
+    """Copies nbytes[i] bytes from address srcs[i] to dsts[i], for every i, in one native call (each column a
+    sequence of ints or an integer numpy array); False (nothing copied) where gmux._native is not built."""
     if _native is None:
         return False
     import numpy as np
-    cols = np.array((dsts, srcs, nbytes), dtype=np.uint64)
-    first = _native.ffi.cast("uint64_t *", cols.ctypes.data)
     n = len(dsts)
+    cols = np.empty((3, n), dtype=np.uint64)
+    cols[0], cols[1], cols[2] = dsts, srcs, nbytes
+    first = _native.ffi.cast("uint64_t *", cols.ctypes.data)
     _native.lib.gmux_copy_ranges(first, first + n, first + 2 * n, n)
     return True
 

@@ -63,10 +63,14 @@ def _each(fn, *columns) -> None:
     deque(map(fn, *columns), maxlen=0)
 
 
-def _copy_small(dsts: list, srcs: list, nbytes: list) -> None:
+def _copy_small(dsts: np.ndarray, srcs: np.ndarray, nbytes: np.ndarray) -> None:
     """Small copies by address: one native call for many (a model of small layers), else memmove per range."""
     if len(dsts) < 16 or not native.copy_ranges(dsts, srcs, nbytes):
-        _each(ctypes.memmove, dsts, srcs, nbytes)
+        _each(ctypes.memmove, dsts.tolist(), srcs.tolist(), nbytes.tolist())
+
+
+def _addresses(storages: list) -> np.ndarray:
+    return np.fromiter(map(torch.UntypedStorage.data_ptr, storages), dtype=np.int64, count=len(storages))
 
 
 def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tensor:
@@ -77,7 +81,7 @@ def _bytes_of(storage: torch.UntypedStorage, device: torch.device) -> torch.Tens
 class _Plan:
     """One suspend, kept until its resume, as columns: per storage (row) and per tensor."""
     __slots__ = ("tensors", "owner", "dtypes", "layouts", "storages", "nbytes", "offsets", "in_place", "used",
-                 "small", "small_end")
+                 "small", "small_end", "sizes", "at")
 
     def __init__(self, tensors, owner, storages, nbytes, in_place):
         self.tensors = tensors          # tracked tensors on the device, each once
@@ -94,6 +98,7 @@ class _Plan:
         offsets = np.empty_like(aligned)
         offsets[order] = ends - aligned[order]
         self.offsets = offsets.tolist()            # per row: where its bytes sit in the host buffer
+        self.sizes, self.at = sizes, offsets       # the same two columns as arrays, for the copies
         self.used = int(ends[-1]) if len(ends) else 0
         self.small = small.tolist()                # per row: below Copier.SMALL
         self.small_end = int(ends[int(small.sum()) - 1]) if small.any() else 0
@@ -192,24 +197,22 @@ class StateTier(Tier):
             self._host.fill_(0)  # fault the pages in now, not inside the first timed copy
         return True
 
-    def _host_copy(self, dsts: list[int], srcs: list[int], nbytes: list[int]) -> None:
-        """CPU copies by address. Small ones through map(): each costs more to dispatch than to copy, and the
-        Copier's own per-range loop would double that; large ones go to the Copier's threads."""
-        small = Copier.SMALL
-        if max(nbytes, default=0) < small:
+    def _host_copy(self, dsts: np.ndarray, srcs: np.ndarray, nbytes: np.ndarray) -> None:
+        """CPU copies by address (columns of int64). Small ones in one native call: each costs more to dispatch
+        than to copy, and the Copier's own per-range loop would double that; large ones go to the Copier's
+        threads."""
+        small = nbytes < Copier.SMALL
+        if small.all():
             _copy_small(dsts, srcs, nbytes)
             return
-        rows = list(zip(dsts, srcs, nbytes))
-        little = [r for r in rows if r[2] < small]
-        if little:
-            _copy_small(*map(list, zip(*little)))
-        self._copier.copy([r for r in rows if r[2] >= small])
+        if small.any():
+            _copy_small(dsts[small], srcs[small], nbytes[small])
+        large = ~small
+        self._copier.copy(list(zip(dsts[large].tolist(), srcs[large].tolist(), nbytes[large].tolist())))
 
     def _copy_out(self, plan: _Plan) -> None:
         if not self._cuda:
-            base = self._host.data_ptr()
-            self._host_copy([base + off for off in plan.offsets],
-                            list(map(torch.UntypedStorage.data_ptr, plan.storages)), plan.nbytes)
+            self._host_copy(self._host.data_ptr() + plan.at, _addresses(plan.storages), plan.sizes)
             return
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -279,13 +282,13 @@ class StateTier(Tier):
         if not self._cuda:
             base = self._host.data_ptr()
             if block is None:
-                self._host_copy(list(map(torch.UntypedStorage.data_ptr, fresh)),
-                                [base + off for off in plan.offsets], plan.nbytes)
+                self._host_copy(_addresses(fresh), base + plan.at, plan.sizes)
                 return
             large = [(s.data_ptr(), base + off, n) for s, off, n, small
                      in zip(fresh, plan.offsets, plan.nbytes, plan.small) if not small]
             dsts, srcs, nbytes = zip(*large) if large else ((), (), ())
-            self._host_copy([block.data_ptr(), *dsts], [base, *srcs], [plan.small_end, *nbytes])
+            self._host_copy(*(np.array(col, dtype=np.int64) for col in
+                              ([block.data_ptr(), *dsts], [base, *srcs], [plan.small_end, *nbytes])))
             return
         stream = self._stream
         with torch.cuda.stream(stream):
