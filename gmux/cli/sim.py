@@ -26,14 +26,20 @@ EPILOG = """\
 examples:
   gmux-sim                                   all policies, full Philly trace, per-VC clusters
   gmux-sim --policy fifo,gmux --end 7d       the first week only
-  gmux-sim --sample 0.1 --seed 3             a seeded 10%% sample of the jobs
+  gmux-sim --sample 0.1 --seed 3             a seeded 10% sample of the jobs
   gmux-sim --machines 16 --policy gandiva    one 16-machine (128-GPU) cluster running every job
   gmux-sim --json out.json --plots out/      results as JSON and PNG plots
   gmux-sim --vc-scale 0.25 --policy gmux --clusters 2869ce,103959 --params '{"gmux": {"sweep_quantile": 0}}'
                                              two VCs at a quarter of their size, gmux without sweep evidence
+  gmux-sim --trace cluster_log.csv --vcs my_vcs.csv
+                                             another cluster's trace (Helios' and Acme's columns are known)
+  gmux-sim --trace jobs.csv --machines 32 --columns submit=queued_at,gpus=n_gpu,duration=secs
+                                             a trace whose columns have other names, on one 32-machine cluster
 
 times (--start/--end) are offsets from the first submission with a unit (90s, 36h, 7d) or wall-clock
 timestamps ("2017-10-01 00:00:00"). Job types come from gavel_throughputs.json, drawn with --seed.
+A trace's times are dates and times (ISO 8601) or seconds; rows of jobs that used no GPU or never ran are left
+out and counted.
 """
 
 
@@ -51,6 +57,21 @@ def _duration(text: str):
 
 
 
+def _columns(text: str) -> dict:
+    from gmux.cluster.sim.trace import COLUMNS
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        meaning, eq, name = part.partition("=")
+        meaning, name = meaning.strip(), name.strip()
+        if not eq or not name or meaning not in COLUMNS or meaning in out:
+            raise argparse.ArgumentTypeError(f"{part!r}: give MEANING=COLUMN once per meaning, MEANING one of "
+                                             f"{', '.join(COLUMNS)}")
+        out[meaning] = name
+    if not out:
+        raise argparse.ArgumentTypeError("give at least one MEANING=COLUMN")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gmux.cluster.policies import POLICIES
     from gmux.cluster.sim.cluster import Costs
@@ -63,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trace", metavar="CSV", help="job trace (default: DIR/philly.csv)")
     g.add_argument("--vcs", metavar="CSV", help="VC layout, vc,node num (default: DIR/philly_vc.csv)")
     g.add_argument("--throughputs", metavar="JSON", help="Gavel throughput table (default: DIR/gavel_throughputs.json)")
+    g.add_argument("--columns", type=_columns, metavar="MEANING=COLUMN[,...]",
+                   help="the trace's columns where their names are not ones gmux-sim knows; meanings: submit, "
+                        "duration, gpus, vc, start, end (duration may come from start and end)")
     g.add_argument("--bad-rows", choices=("refuse", "skip"), default="refuse",
                    help="what to do with malformed trace rows (reported with line numbers; default: %(default)s)")
     g = p.add_argument_group("cluster")
@@ -151,7 +175,8 @@ def main(argv=None) -> int:
     cfg = SimConfig(trace=trace, vcs=vcs, throughputs=tput, machines=args.machines,
                     gpus_per_machine=args.gpus_per_machine, gpu_type=args.gpu_type, suspect=args.suspect_pairs,
                     seed=args.seed, start=args.start, end=args.end, sample=args.sample, bad_rows=args.bad_rows,
-                    unknown_vc=args.unknown_vc, vc_scale=args.vc_scale, elastic_fraction=args.elastic_fraction, costs=costs,
+                    columns=args.columns, unknown_vc=args.unknown_vc, vc_scale=args.vc_scale,
+                    elastic_fraction=args.elastic_fraction, costs=costs,
                     workers=args.workers)
     t0 = time.perf_counter()
     try:

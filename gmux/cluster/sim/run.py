@@ -21,7 +21,7 @@ from datetime import datetime
 from gmux.cluster.policies import make_policy
 from gmux.cluster.sim.cluster import Costs
 from gmux.cluster.sim.engine import Engine, RunResult, make_machines
-from gmux.cluster.sim.trace import Throughputs, TraceError, assign_types, load_trace, load_vcs, select
+from gmux.cluster.sim.trace import ONE_VC, Throughputs, TraceError, assign_types, load_trace, load_vcs, select
 
 
 @dataclass
@@ -38,6 +38,7 @@ class SimConfig:
     end: float | datetime | None = None
     sample: float | None = None
     bad_rows: str = "refuse"
+    columns: dict | None = None          # the trace's column names where they are not ones it knows (trace.py)
     unknown_vc: str = "smallest"
     vc_scale: float = 1.0                # multiply every VC's machine count (stress runs); at least 1 machine
     elastic_fraction: float = 0.0
@@ -59,7 +60,7 @@ def prepare(cfg: SimConfig) -> Prepared:
     if cfg.gpus_per_machine < 1:
         raise ValueError("gpus_per_machine must be at least 1")
     tput = Throughputs(cfg.throughputs, cfg.gpu_type, cfg.suspect)
-    trace = load_trace(cfg.trace, bad_rows=cfg.bad_rows)
+    trace = load_trace(cfg.trace, bad_rows=cfg.bad_rows, columns=cfg.columns)
     assign_types(trace, tput, seed=cfg.seed, elastic_fraction=cfg.elastic_fraction)
     start, end = (((t - trace.origin).total_seconds() if isinstance(t, datetime) else t) for t in (cfg.start, cfg.end))
     if start is not None and end is not None and end <= start:
@@ -68,6 +69,8 @@ def prepare(cfg: SimConfig) -> Prepared:
     if not jobs:
         raise TraceError(f"{cfg.trace}: no jobs in the selected window/sample")
     notes = []
+    if trace.skipped:
+        notes.append("rows of no GPU job left out: " + ", ".join(f"{n} {why}" for why, n in trace.skipped.items()))
     if trace.bad_rows:
         notes.append(f"skipped {len(trace.bad_rows)} bad row(s): " +
                      "; ".join(f"line {ln}: {msg}" for ln, msg in trace.bad_rows[:10]))
@@ -96,6 +99,13 @@ def prepare(cfg: SimConfig) -> Prepared:
         for j in jobs:
             by_vc.setdefault(j.vc, []).append(j)
         unknown = sorted(v for v in by_vc if v not in sizes)
+        if len(unknown) == len(by_vc) and cfg.unknown_vc != "skip":
+            # Another cluster's trace against Philly's layout: every job would run on a made-up cluster.
+            which = ("has no VC column" if unknown == [ONE_VC] else
+                     f"has none of its VC(s) ({', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''}) in "
+                     f"the layout {cfg.vcs}")
+            raise TraceError(f"{cfg.trace} {which}: give its own layout (--vcs) or one cluster for every job "
+                             f"(--machines N)")
         if unknown:
             count = sum(len(by_vc[v]) for v in unknown)
             if cfg.unknown_vc == "refuse":

@@ -20,7 +20,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 
 import numpy as np
 
@@ -51,21 +51,94 @@ class Trace:
     origin: datetime            # wall-clock time of submit == 0
     path: str
     bad_rows: list[tuple[int, str]] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)   # rows that are no GPU job: why -> how many
 
 
-def _parse_time(text: str) -> datetime:
-    return datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S")
+# What each column means, under the names published GPU-cluster traces give it: Philly's as the Pollux artifact
+# converted it (this loader's first format), Helios' and Acme's (SenseTime and Shanghai AI Lab: submit_time,
+# gpu_num, vc, start_time, end_time, duration), and common spellings. `columns=` names others.
+COLUMNS = {
+    "submit": ("timestamp", "submit_time", "submitted_time", "submission_time"),
+    "duration": ("duration", "run_time", "runtime"),
+    "gpus": ("num_gpus", "gpu_num", "gpus", "num_gpu", "gpu_count"),
+    "vc": ("cluster", "vc", "virtual_cluster"),
+    "start": ("start_time",),
+    "end": ("end_time",),
+}
+ONE_VC = "all"      # the VC of every job of a trace without a VC column
 
 
-def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20) -> Trace:
-    """Read a Philly-format CSV (timestamp,duration,num_gpus,gpu_time,cluster)."""
+class _Times:
+    """A trace's time values: all dates and times (ISO 8601, as YYYY-MM-DD HH:MM:SS) or all seconds (a Unix
+    time, or since any origin), whichever its first row has; a row of the other kind is a bad row."""
+
+    def __init__(self):
+        self.numeric: bool | None = None
+
+    def parse(self, what: str, text: str) -> float:
+        """Seconds since the Unix epoch (dates and times without a zone are taken as UTC)."""
+        text = text.strip()
+        try:
+            value, numeric = float(text), True
+        except ValueError:
+            try:
+                when = datetime.fromisoformat(text)
+            except ValueError:
+                raise ValueError(f"{what} {text!r} is neither a date and time (YYYY-MM-DD HH:MM:SS) nor "
+                                 f"seconds") from None
+            when = when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when
+            value, numeric = when.timestamp(), False
+        if self.numeric is None:
+            self.numeric = numeric
+        elif numeric != self.numeric:
+            raise ValueError(f"{what} {text!r} is {'seconds' if numeric else 'a date'}, the trace's first row "
+                             f"{'seconds' if self.numeric else 'a date'}")
+        if not math.isfinite(value):
+            raise ValueError(f"{what} {text!r} is not a finite time")
+        return value
+
+
+def _resolve(path: str, header: list[str], columns: dict[str, str] | None) -> dict[str, int]:
+    """Column meaning -> index in the header, from COLUMNS and the caller's `columns` (meaning -> name)."""
+    unknown = set(columns or ()) - set(COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown column meaning(s) {', '.join(sorted(unknown))}: give some of "
+                         f"{', '.join(COLUMNS)}")
+    found: dict[str, int] = {}
+    for meaning, names in COLUMNS.items():
+        if columns and meaning in columns:
+            if columns[meaning] not in header:
+                raise TraceError(f"{path}: no column {columns[meaning]!r} (given for {meaning}; the header has "
+                                 f"{', '.join(header)})")
+            found[meaning] = header.index(columns[meaning])
+            continue
+        name = next((n for n in names if n in header), None)
+        if name is not None:
+            found[meaning] = header.index(name)
+    missing = [m for m in ("submit", "gpus") if m not in found]
+    if "duration" not in found and not {"start", "end"} <= set(found):
+        missing.append("duration")
+    if missing:
+        raise TraceError(f"{path}: header lacks column(s) for {', '.join(missing)} (has {', '.join(header)}); "
+                         f"names understood: " + "; ".join(f"{m}: {', '.join(COLUMNS[m])}" for m in missing) +
+                         " (gmux-sim --columns MEANING=NAME names another)")
+    return found
+
+
+def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
+               columns: dict[str, str] | None = None) -> Trace:
+    """Read a job trace CSV: Philly's (timestamp,duration,num_gpus,gpu_time,cluster), Helios' or Acme's
+    (submit_time, gpu_num, vc, duration or start_time and end_time), or any whose columns `columns` names
+    (meaning -> column: submit, duration, gpus, vc, start, end). Rows of jobs that used no GPU, or never ran
+    (duration 0), are not bad: they are counted in `skipped`."""
     if bad_rows not in ("refuse", "skip"):
         raise ValueError(f"bad_rows must be 'refuse' or 'skip', not {bad_rows!r}")
     if not os.path.isfile(path):
         raise TraceError(f"{path}: no such trace file")
-    need = ("timestamp", "duration", "num_gpus", "cluster")
-    rows: list[tuple[int, datetime, float, int, str]] = []
+    rows: list[tuple[int, float, float, int, str]] = []
     bad: list[tuple[int, str]] = []
+    skipped = {"no GPU": 0, "never ran": 0}
+    times = _Times()
     try:
         with open(path, newline="") as f:
             reader = csv.reader(f)
@@ -73,39 +146,39 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20) -> Tra
             if header is None:
                 raise TraceError(f"{path}: empty file")
             header = [h.strip() for h in header]
-            missing = [c for c in need if c not in header]
-            if missing:
-                raise TraceError(f"{path}: header lacks column(s) {', '.join(missing)} (has {', '.join(header)})")
-            col = {c: header.index(c) for c in header}
+            col = _resolve(path, header, columns)
+            gpu_time = header.index("gpu_time") if "gpu_time" in header else None
             for line, row in enumerate(reader, start=2):
                 if not row:
                     continue
-                problem = None
                 try:
                     if len(row) != len(header):
                         raise ValueError(f"{len(row)} fields, header has {len(header)}")
-                    try:
-                        ts = _parse_time(row[col["timestamp"]])
-                    except ValueError:
-                        raise ValueError(f"timestamp {row[col['timestamp']]!r} is not YYYY-MM-DD HH:MM:SS") from None
-                    dur = float(row[col["duration"]])
-                    if not math.isfinite(dur) or dur <= 0:
-                        raise ValueError(f"duration {row[col['duration']]!r} is not a positive number")
-                    g = float(row[col["num_gpus"]])
-                    if not math.isfinite(g) or g != int(g) or g < 1:
-                        raise ValueError(f"num_gpus {row[col['num_gpus']]!r} is not a positive integer")
+                    ts = times.parse("timestamp", row[col["submit"]])
+                    if "duration" in col:
+                        text = row[col["duration"]].strip()
+                        dur = float(text) if text else math.nan
+                    else:
+                        dur = times.parse("end_time", row[col["end"]]) - times.parse("start_time", row[col["start"]])
+                    if not math.isfinite(dur) or dur < 0:
+                        raise ValueError(f"duration {row[col['duration']]!r} is not a number of seconds >= 0"
+                                         if "duration" in col else "end_time is before start_time")
+                    g = float(row[col["gpus"]])
+                    if not math.isfinite(g) or g != int(g) or g < 0:
+                        raise ValueError(f"num_gpus {row[col['gpus']]!r} is not a whole number >= 0")
                     g = int(g)
-                    if "gpu_time" in col:
-                        gt = float(row[col["gpu_time"]])
+                    if gpu_time is not None:
+                        gt = float(row[gpu_time])
                         if not math.isfinite(gt) or abs(gt - dur * g) > 1e-6 * max(1.0, gt):
-                            raise ValueError(f"gpu_time {row[col['gpu_time']]!r} != duration x num_gpus")
-                    vc = row[col["cluster"]].strip()
+                            raise ValueError(f"gpu_time {row[gpu_time]!r} != duration x num_gpus")
+                    vc = row[col["vc"]].strip() if "vc" in col else ONE_VC
                     if not vc:
                         raise ValueError("empty cluster")
                 except ValueError as e:
-                    problem = str(e)
-                if problem is not None:
-                    bad.append((line, problem))
+                    bad.append((line, str(e)))
+                    continue
+                if g == 0 or dur == 0:
+                    skipped["no GPU" if g == 0 else "never ran"] += 1
                     continue
                 rows.append((line, ts, dur, g, vc))
     except UnicodeDecodeError as e:
@@ -117,11 +190,13 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20) -> Tra
         more = f" (and {len(bad) - max_report} more)" if len(bad) > max_report else ""
         raise TraceError(f"{path}: {len(bad)} bad row(s): {shown}{more}. Skip them with --bad-rows skip (bad_rows='skip').")
     if not rows:
-        raise TraceError(f"{path}: no usable job rows")
-    origin = min(r[1] for r in rows)
-    jobs = [TraceJob(job_id=i, line=ln, submit=(ts - origin).total_seconds(), duration=d, num_gpus=g, vc=vc)
+        left_out = ", ".join(f"{n} {why}" for why, n in skipped.items() if n)
+        raise TraceError(f"{path}: no usable job rows" + (f" ({left_out})" if left_out else ""))
+    first = min(r[1] for r in rows)
+    origin = datetime.fromtimestamp(first, timezone.utc).replace(tzinfo=None)
+    jobs = [TraceJob(job_id=i, line=ln, submit=ts - first, duration=d, num_gpus=g, vc=vc)
             for i, (ln, ts, d, g, vc) in enumerate(rows)]
-    return Trace(jobs=jobs, origin=origin, path=path, bad_rows=bad)
+    return Trace(jobs=jobs, origin=origin, path=path, bad_rows=bad, skipped={k: n for k, n in skipped.items() if n})
 
 
 def load_vcs(path: str) -> dict[str, int]:
