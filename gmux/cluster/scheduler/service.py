@@ -172,7 +172,6 @@ class Scheduler:
             self._log("join", None, f"machine {name} is back")
         m.gpus, m.transfer, m.last_seen = msg["gpus"], msg["transfer"], now
         self.state.save_machine(m)
-        seen = set()
         for r in msg["jobs"]:
             job = self.jobs.get(r["cjob"])
             if job is None or (job.machine != name and job.source != name):
@@ -183,7 +182,6 @@ class Scheduler:
             if job.machine != name or job.final:
                 continue          # the migration source's view (the target's reports are the truth), or news
                                   # about a job already ended
-            seen.add(job.cjob)
             self._observe(job, r, now)
         return None
 
