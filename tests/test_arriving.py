@@ -10,7 +10,8 @@ from torch import nn
 
 import gmux.job as gj
 from gmux.wire.arriving import Arriving
-from gmux.wire.transfer import TransferError, partial_path
+from gmux.wire.receiver import partial_path
+from gmux.wire.transfer import TransferError
 from gmux_testkit import assert_identical
 
 

@@ -15,7 +15,7 @@ import gmux.job as gj
 from ckpt_forge import join, split
 from gmux import protocol
 from gmux.job import checkpoint as ckpt, holdings
-from gmux.wire.transfer import Receiver
+from gmux.wire.receiver import Receiver
 from gmux_testkit import assert_identical
 
 

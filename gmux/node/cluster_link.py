@@ -36,7 +36,8 @@ import zmq
 
 from gmux import protocol
 from gmux.wire import keys, sealed
-from gmux.wire.transfer import Receiver, ask_holds, rank_xfers
+from gmux.wire.receiver import Receiver
+from gmux.wire.transfer import ask_holds, rank_xfers
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.wire.server import Server, configure
 from gmux.node.cluster_records import gang_record, ranks_by_job, running_before_boundary

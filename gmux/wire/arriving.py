@@ -1,7 +1,7 @@
 """A checkpoint read while its transfer still writes it: a move's new process restores as the bytes arrive,
 instead of after the last one.
 
-A receiver (gmux.wire.transfer.Receiver) appends to NAME.part and renames it to NAME.ckpt once the sender has
+A receiver (gmux.wire.receiver.Receiver) appends to NAME.part and renames it to NAME.ckpt once the sender has
 completed the transfer (the source's job vouched for its checkpoint). `Arriving(path)` reads NAME.ckpt from the
 partial file as it grows: a read at the end of what has landed waits for more, and the stream ends only once
 the file is complete (renamed), so a reader that reads to the end of the stream (gmux.job.checkpoint: nothing
@@ -13,7 +13,8 @@ import io
 import os
 import time
 
-from gmux.wire.transfer import TransferError, partial_path
+from gmux.wire.receiver import partial_path
+from gmux.wire.transfer import TransferError
 
 POLL_S = 0.002     # between looks at a file that has no new bytes yet (a 1 MiB chunk lands every ~4 ms at 250 MB/s)
 

@@ -9,7 +9,8 @@ import zmq
 
 from gmux import protocol
 from gmux.wire import keys, sealed
-from gmux.wire.transfer import CHUNK, WINDOW, Receiver, TransferError, send_file
+from gmux.wire.receiver import Receiver
+from gmux.wire.transfer import CHUNK, WINDOW, TransferError, send_file
 from proxy_util import Proxy
 
 
@@ -137,7 +138,7 @@ def _one_chunk_in(tmp_path):
 
 def test_an_abandoned_partial_file_is_deleted_and_a_late_sender_starts_again(tmp_path):
     import time
-    from gmux.wire.transfer import STALE_S
+    from gmux.wire.receiver import STALE_S
     recv, chunk = _one_chunk_in(tmp_path)
     # A partial file left by an earlier receiver process, as old as the stale limit.
     orphan = tmp_path / "in" / "a-j2.0.part"
@@ -293,7 +294,7 @@ def test_a_full_disk_gives_the_transfer_up_and_leaves_nothing_behind(tmp_path, m
     # The receiver cannot store a chunk (ENOSPC, after a short write): the sender hears why, the partial file is
     # deleted (it would only hold the space), and a later transfer of the same name starts afresh.
     import errno
-    from gmux.wire import transfer
+    from gmux.wire import receiver
     recv, chunk = _one_chunk_in(tmp_path)
     real_write, calls = os.write, []
 
@@ -302,12 +303,12 @@ def test_a_full_disk_gives_the_transfer_up_and_leaves_nothing_behind(tmp_path, m
         if len(calls) == 1:
             return real_write(fd, bytes(data[:100]))      # what still fitted
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(transfer.os, "write", full)
+    monkeypatch.setattr(receiver.os, "write", full)
     ok, why = recv.handle(msg("xfer_chunk", xfer="a-j1.0", offset=CHUNK), chunk)
     assert not ok and "cannot store it on this machine: No space left on device" in why, why
     assert calls == [CHUNK, CHUNK - 100]
     assert os.listdir(tmp_path / "in") == [] and recv.open == {}
-    monkeypatch.setattr(transfer.os, "write", real_write)
+    monkeypatch.setattr(receiver.os, "write", real_write)
     assert recv.handle(msg("xfer_begin", xfer="a-j1.0", size=CHUNK), None) == (True, {"have": 0})
     assert recv.handle(msg("xfer_chunk", xfer="a-j1.0", offset=0), chunk)[1] == {"have": CHUNK}
     assert recv.handle(msg("xfer_end", xfer="a-j1.0"), None)[0]

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from gmux import protocol
-from gmux.wire import transfer
-from gmux.wire.transfer import Receiver
+from gmux.wire import receiver
+from gmux.wire.receiver import Receiver
 
 
 def _msg(mtype, mid=1, **fields):
@@ -37,7 +37,7 @@ def held_fsync(monkeypatch):
         if gate["error"]:
             raise gate["error"]
         real(fd)
-    monkeypatch.setattr(transfer.os, "fsync", fsync)
+    monkeypatch.setattr(receiver.os, "fsync", fsync)
     return gate
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from gmux import protocol
 from gmux.wire import keys, sealed
-from gmux.wire.transfer import CHUNK, WINDOW, Receiver, send_file
+from gmux.wire.receiver import Receiver
+from gmux.wire.transfer import CHUNK, WINDOW, send_file
 from proxy_util import Proxy
 from test_transfer import _serve, keydir, msg  # noqa: F401 - keydir is a fixture
 

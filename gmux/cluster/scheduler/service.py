@@ -33,7 +33,8 @@ from gmux.cluster.scheduler.driver import Driver, Intent
 from gmux.cluster.scheduler.moves import Moves
 from gmux.cluster.scheduler.state import CJob, Machine, State
 from gmux.wire.server import DEFERRED, Server, configure
-from gmux.wire.transfer import Receiver, rank_xfers, send_file
+from gmux.wire.receiver import Receiver
+from gmux.wire.transfer import rank_xfers, send_file
 
 log = logging.getLogger("gmux.scheduler")
 STALL_S = 1.0     # a loop iteration this long (it polls every 0.05 s) means the scheduler itself was held
@@ -228,6 +229,7 @@ class Scheduler:
         elif ev == "started" and job.machine == name and job.state in ("starting", "migrating"):
             if job.state == "migrating" and job.source:
                 self.moves.arrived(job, name, d)
+            job.move = {}          # (a move whose source was lost after it sent: nothing is left to release)
             job.set("running")
             job.first_run = job.first_run or time.time()
         elif ev == "start_failed" and job.machine == name:

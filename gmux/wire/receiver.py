@@ -1,0 +1,281 @@
+"""The receiving end of a checkpoint transfer (gmux.wire.transfer): a daemon's cluster link and gmux-scheduler
+host one on their ROUTER sockets and hand it each xfer_* message.
+
+- It appends a chunk only if it starts exactly where its file ends; every answer says how much it holds
+  ("have"), and a sender that hears less than it expected rewinds to it.
+- At the end it checks it holds the whole size, fsyncs and renames the partial file to NAME.ckpt: a reader sees
+  a complete file or none. A reader that cannot wait for that (a move's new process, restoring as the bytes
+  arrive) follows the partial file (gmux.wire.arriving).
+- A receiver that need not outlive a crash (durable=False: a move's target, whose source still holds the job
+  until the target has restored it) renames without fsync.
+- A host that serves many senders in one loop (gmux-scheduler) passes `later` and gets its answers to xfer_end
+  from `finished()`: the fsync runs on a thread of the receiver's, since on a disk another tenant saturates one
+  takes seconds, and a loop held that long stops hearing every machine's reports. The answer still comes only
+  once the bytes are on disk: a sender drops its own copy when it hears it.
+- xfer_holds asks what the process waiting for a transfer already holds (gmux.job.holdings: it wrote that
+  beside the partial file).
+- A partial file nobody has added to for STALE_S (its sender gave up, or died) is deleted by `expire`, which
+  the hosts of a receiver call as they tick; a sender that comes back later starts that file again.
+- Sealed chunks (gmux.wire.sealed) come from the host's bulk socket through `handle_sealed`.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+from gmux import protocol
+from gmux.wire import sealed
+from gmux.wire.transfer import CHUNK, open_regular
+
+STALE_S = 600.0      # far beyond a sender's reconnect timeout: a partial file this idle is abandoned
+
+
+def partial_path(path: str) -> str:
+    """Where a receiver appends the bytes of NAME.ckpt until its transfer completes."""
+    return path.removesuffix(".ckpt") + ".part"
+
+
+class Receiver:
+    """Keeps incoming checkpoints in `directory`; `handle` answers one xfer_* message (never raises on bad input
+    from a peer: the problem goes back as an error reply)."""
+
+    LATER = object()    # handle's answer to an xfer_end whose fsync runs in the background: see finished()
+
+    def __init__(self, directory: str, durable: bool = True, bulk_port: Optional[int] = None):
+        self.dir = directory
+        self.durable = durable
+        self.flushing: dict[str, dict] = {}   # transfer -> its state while its fsync runs, with who waits for it
+        self._flushed: queue.SimpleQueue = queue.SimpleQueue()
+        self._flusher: Optional[ThreadPoolExecutor] = None
+        self.bulk_port = bulk_port            # where the host's bulk socket takes sealed chunks (or None)
+        self.sealed_bytes = 0                 # appended from sealed chunks
+        self.dropped_sealed = 0
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self.open: dict[str, dict] = {}
+        self.completed = 0
+        self.rejected_chunks = 0
+        self.expired = 0
+        self._swept = 0.0
+
+    def path(self, xfer: str) -> str:
+        return os.path.join(self.dir, f"{xfer}.ckpt")
+
+    def handle(self, msg: protocol.Message, data: Optional[bytes], later=None) -> tuple[bool, object]:
+        """(ok, reply data or error text). A transfer this machine cannot store (its disk full, say) is given
+        up here, its partial file deleted: the sender hears why, and a move fails with its job at its source.
+        With `later` (whatever the host needs to answer this message), a durable xfer_end answers (True, LATER)
+        and its answer comes from finished() once the file is on disk."""
+        try:
+            return self._handle(msg, data, later)
+        except OSError as e:
+            x = msg["xfer"]
+            if x in self.open:
+                self._discard(x)
+            return False, f"{msg.type} {x}: cannot store it on this machine: {e.strerror or e}"
+
+    def _handle(self, msg: protocol.Message, data: Optional[bytes], later) -> tuple[bool, object]:
+        x = msg["xfer"]
+        if x in self.flushing:
+            return self._while_flushing(x, msg, later)
+        if msg.type == "xfer_begin":
+            have = self._begin(x, msg["size"], msg.get("seal"))
+            return True, {"have": have, **({"bulk": self.bulk_port} if self.open[x]["seal"] else {})}
+        if msg.type == "xfer_holds":
+            return True, {"holds": self._holds(x)}
+        st = self.open.get(x)
+        if st is None:
+            return False, f"{msg.type}: no transfer {x!r} in progress (send xfer_begin first)"
+        st["seen"] = time.time()
+        if msg.type == "xfer_chunk":
+            if data is None or len(data) > protocol.XFER_MAX_CHUNK or len(data) == 0:
+                return False, f"xfer_chunk {x}: needs one data frame of 1..{protocol.XFER_MAX_CHUNK} bytes"
+            return True, {"have": self._append(st, msg["offset"], data)}
+        # xfer_end (a stream's begin gave a bound; its end says the size)
+        size = msg.get("size", st["size"])
+        if st["have"] != size or size > st["size"]:
+            return False, f"xfer_end {x}: holds {st['have']} of {size} bytes"
+        del self.open[x]
+        if self.durable and later is not None:
+            self._flush_later(x, st, later)
+            return True, self.LATER
+        try:
+            if self.durable:
+                os.fsync(st["fd"])
+        finally:
+            os.close(st["fd"])
+        return True, self._complete(x, size)
+
+    def _complete(self, x: str, size: int) -> dict:
+        os.rename(self._part(x), self.path(x))
+        self.completed += 1
+        return {"have": size, "path": self.path(x)}
+
+    def _flush_later(self, x: str, st: dict, later) -> None:
+        if self._flusher is None:
+            self._flusher = ThreadPoolExecutor(1, thread_name_prefix="gmux-fsync")
+        self.flushing[x] = {"size": st["have"], "fd": st["fd"], "waiters": [later]}
+        future = self._flusher.submit(os.fsync, st["fd"])
+        future.add_done_callback(lambda f: self._flushed.put((x, f.exception())))
+
+    def _while_flushing(self, x: str, msg: protocol.Message, later) -> tuple[bool, object]:
+        """A sender that heard nothing while its file was being written to disk, and asks again: it holds
+        everything, and its end is answered with the first one's."""
+        fl = self.flushing[x]
+        if msg.type == "xfer_begin" and msg["size"] == fl["size"]:
+            return True, {"have": fl["size"]}
+        if msg.type == "xfer_end" and later is not None and msg.get("size", fl["size"]) == fl["size"]:
+            fl["waiters"].append(later)
+            return True, self.LATER
+        return False, f"{msg.type} {x}: its transfer of {fl['size']} bytes is being written to disk; ask again"
+
+    def finished(self):
+        """(later, ok, answer) for each xfer_end answered LATER whose fsync has ended since the last call: the
+        completed file's figures, or why it could not be kept (its partial file is gone then)."""
+        while True:
+            try:
+                x, error = self._flushed.get_nowait()
+            except queue.Empty:
+                return
+            fl = self.flushing.pop(x)
+            os.close(fl["fd"])
+            if error is None:
+                try:
+                    ok, answer = True, self._complete(x, fl["size"])
+                except OSError as e:
+                    error = e
+            if error is not None:
+                self._unlink_part(x)
+                ok, answer = False, f"xfer_end {x}: cannot store it on this machine: {error.strerror or error}"
+            for later in fl["waiters"]:
+                yield later, ok, answer
+
+    def _append(self, st: dict, off: int, data: bytes) -> int:
+        """Appends a chunk if it starts where the file ends; returns how much the file holds."""
+        if off != st["have"] or off + len(data) > st["size"]:
+            self.rejected_chunks += 1         # out of place (after a loss): the sender rewinds
+            return st["have"]
+        view = memoryview(data)
+        while view:                           # (a short write: the disk filled up, and the next one says so)
+            view = view[os.write(st["fd"], view):]
+        st["have"] += len(data)
+        return st["have"]
+
+    def handle_sealed(self, header: bytes, data: bytes) -> Optional[bytes]:
+        """The answer to [header, data] from the host's bulk socket (gmux.wire.sealed), or None: what is not a
+        chunk sealed with the key of a transfer open here is dropped unanswered (anyone may send it)."""
+        try:
+            msg = protocol.decode(header, protocol.BULK_MESSAGES)
+        except protocol.ProtocolError:
+            msg = None
+        x = msg["xfer"] if msg is not None and msg.type == "xfer_sealed" else None
+        st = self.open.get(x)
+        seal = st["seal"] if st is not None else None
+        if seal is None or not sealed.TAG_BYTES < len(data) <= protocol.XFER_MAX_CHUNK + sealed.TAG_BYTES:
+            self.dropped_sealed += 1
+            return None
+        try:
+            chunk = seal.open(header, msg["nonce"], data)
+        except sealed.Unsealed:
+            self.dropped_sealed += 1
+            return None
+        st["seen"] = time.time()
+        try:
+            had = st["have"]
+            answer = {"have": self._append(st, msg["offset"], chunk)}
+            self.sealed_bytes += answer["have"] - had
+        except OSError as e:
+            self._discard(x)
+            answer = {"error": f"xfer_sealed {x}: cannot store it on this machine: {e.strerror or e}"}
+        nonce, body = seal.seal_answer(msg.id, answer)
+        return protocol.reply(msg.id, data={"nonce": nonce, "sealed": body})
+
+    def _holds(self, x: str) -> bytes:
+        """What the process that waits for transfer `x` offers (gmux.job.holdings, a file it wrote here); a file
+        that is not a regular one of at most HOLDS_MAX digests offers nothing."""
+        limit = protocol.HOLDS_MAX * protocol.HOLDS_DIGEST_BYTES
+        try:
+            fd = open_regular(self._offer(x))
+        except OSError:
+            return b""
+        try:
+            wire = os.read(fd, limit + 1)
+        finally:
+            os.close(fd)
+        return wire if protocol.holds_problem(wire) is None else b""
+
+    def _offer(self, x: str) -> str:
+        return self.path(x).removesuffix(".ckpt") + ".holds"
+
+    def _part(self, x: str) -> str:
+        return partial_path(self.path(x))
+
+    def _begin(self, x: str, size: int, key: Optional[bytes] = None) -> int:
+        """Opens (or finds again) transfer `x`; its chunks may come sealed with `key` (each begin brings a new
+        one) if this host has a bulk socket."""
+        seal = sealed.seal_or_none(key) if self.bulk_port else None
+        st = self.open.get(x)
+        if st is not None and st["size"] == size:
+            st["seal"] = seal
+            return st["have"]                  # a resume on a new connection
+        if st is not None:
+            self._discard(x)
+        if os.path.exists(self.path(x)) and os.path.getsize(self.path(x)) == size:
+            os.unlink(self.path(x))            # the same name again: a retry of a finished transfer; take it anew
+        # A partial file left by a receiver that restarted was appended only with whole chunks of CHUNK bytes; a
+        # torn last chunk is cut off.
+        fd = os.open(self._part(x), os.O_RDWR | os.O_CREAT, 0o600)
+        have = os.fstat(fd).st_size
+        if have > size:
+            have = 0
+        have -= have % CHUNK
+        os.ftruncate(fd, have)
+        os.lseek(fd, have, os.SEEK_SET)
+        self.open[x] = {"size": size, "have": have, "fd": fd, "seen": time.time(), "seal": seal}
+        return have
+
+    def expire(self, now: Optional[float] = None, every: float = 30.0) -> int:
+        """Deletes partial files idle for STALE_S (open here, or left by a receiver that stopped); returns how
+        many. Looks at most once every `every` seconds, so a host may call it on every tick."""
+        now = time.time() if now is None else now
+        if now - self._swept < every:
+            return 0
+        self._swept = now
+        gone = [x for x, st in self.open.items() if now - st["seen"] > STALE_S]
+        for x in gone:
+            self._discard(x)
+        busy = self.open.keys() | self.flushing.keys()
+        for f in os.listdir(self.dir):
+            path = os.path.join(self.dir, f)
+            if f.endswith(".holds") or f.endswith(".part") and f[:-len(".part")] not in busy:
+                try:
+                    if now - os.path.getmtime(path) > STALE_S:
+                        os.unlink(path)
+                        gone.append(f)
+                except FileNotFoundError:
+                    pass
+        self.expired += len(gone)
+        return len(gone)
+
+    def _discard(self, x: str) -> None:
+        st = self.open.pop(x)
+        os.close(st["fd"])
+        self._unlink_part(x)
+
+    def _unlink_part(self, x: str) -> None:
+        try:
+            os.unlink(self._part(x))
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        """Closes every open file; fsyncs under way are waited for (their partial files stay, as a restarted
+        receiver finds them, and their senders, unanswered, send again)."""
+        if self._flusher is not None:
+            self._flusher.shutdown(wait=True)
+        for st in [*self.open.values(), *self.flushing.values()]:
+            os.close(st["fd"])
+        self.open.clear()
+        self.flushing.clear()
