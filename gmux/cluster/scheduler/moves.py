@@ -13,12 +13,15 @@ A move's stage:
   target_failed  the target failed while the source was sending: a resume could land before the source's suspend
                  and leave the job held there, so the send's outcome (migrate_sent / migrate_failed) settles it
 A move that does not happen leaves the job on its source, on the GPUs it had there, running.
+
+The move lives in its job's record (`CJob.move`: stage, target, endpoint, transfer name, since), written to SQLite
+at each change of stage, so a scheduler restarted mid-move carries it on: a warming move whose "ready" may have
+been lost with the old process sends at once (its target restores the checkpoint whenever it is ready).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from gmux.cluster.scheduler.state import CJob
 from gmux.wire.transfer import rank_xfers
@@ -30,25 +33,19 @@ MIGRATE_WAIT_S = 600.0     # how long a move's new processes wait for their chec
 WARM_WAIT_S = 120.0        # how long a move's source computes on while its new processes start (then it suspends)
 
 
-@dataclass
-class Move:
-    stage: str                      # see the module's docstring
-    since: float = 0.0              # when its new processes were asked to start (time.monotonic)
-    out: Optional[dict] = None      # its migrate_out's args, sent to the source once they are ready
-
-
 class Moves:
     EVENTS = ("ready", "migrate_sent", "migrate_failed")    # the link events only a move has
 
     def __init__(self, scheduler: "Scheduler"):
         self.s = scheduler
-        # Not in SQLite: after a restart, a warming move's "ready" starts no send (its target gives up after
-        # MIGRATE_WAIT_S and the job stays on its source).
-        self.by_job: dict[str, Move] = {}
+        for job in scheduler.jobs.values():
+            if job.move.get("stage") == "warming" and job.state == "migrating":
+                job.move["since"] = -WARM_WAIT_S     # (its "ready" may have been lost: expire() sends it)
 
-    def _stage(self, cjob: str) -> Optional[str]:
-        move = self.by_job.get(cjob)
-        return move.stage if move else None
+    def _set(self, job: CJob, **move) -> None:
+        """The move's new stage (or none: move={}), written at once: a restarted scheduler goes on from it."""
+        job.move = move
+        self.s.state.save(job)
 
     def start(self, job: CJob, machine: str, gpus: list, why: str = "") -> None:
         """Moves `job` to `machine`, rank r to gpus[r]: its new processes are started there first."""
@@ -60,8 +57,7 @@ class Moves:
         job.gpu_seconds = 0.0
         job.set("migrating", f"{job.source} -> {machine}")
         xfer = f"{job.cjob}-m{job.migrations + 1}-{int(time.time() * 1000) % 10**9}"
-        self.by_job[job.cjob] = Move("warming", time.monotonic(),
-                                     {"target": machine, "endpoint": target.transfer, "xfer": xfer})
+        self._set(job, stage="warming", since=time.monotonic(), target=machine, endpoint=target.transfer, xfer=xfer)
         s._action(machine, "start", job.cjob, **s._start_args(job, restore=rank_xfers(xfer, job.gpus)),
                   restore_wait=MIGRATE_WAIT_S)
         s._log("migrate", job.cjob, f"migrate {job.cjob} {job.source} -> {machine} GPU {','.join(map(str, gpus))} "
@@ -74,44 +70,44 @@ class Moves:
                                           f"{job.source} releases it", d)
         job.migrations += 1
         job.source = None
-        self.by_job.pop(job.cjob, None)
+        self._set(job)
 
     def event(self, job: CJob, name: str, ev: str, d: dict, detail: str) -> None:
         """One of EVENTS about `job` from the link of machine `name`."""
         s = self.s
-        if ev == "ready" and job.machine == name and job.state == "migrating" and self._stage(job.cjob) == "warming":
+        if ev == "ready" and job.machine == name and job.state == "migrating" and job.move.get("stage") == "warming":
             self._suspend_source(job, f"its new processes on {name} are ready")
         elif ev == "migrate_sent" and job.source == name and job.state == "migrating":
             s._log("migrate_sent", job.cjob, f"{job.cjob}: checkpoint ({d.get('bytes')} B) sent {name} -> "
                                              f"{job.machine} in {d.get('seconds', 0):.3f} s", d)
-            if self._stage(job.cjob) == "target_failed":
+            if job.move.get("stage") == "target_failed":
                 s._action(name, "resume", job.cjob)
-                self.by_job.pop(job.cjob)
                 _back_to_source(job)
                 job.set("running")
+                self._set(job)
             else:
-                self.by_job[job.cjob] = Move("sent")
+                self._set(job, **{**job.move, "stage": "sent"})
         elif ev == "migrate_failed" and job.source == name:
-            move = self.by_job.pop(job.cjob, None)
-            if move is None or move.stage != "target_failed":
+            if job.move.get("stage") != "target_failed":
                 s._action(job.machine, "kill", job.cjob)     # the new processes waiting for the checkpoint
             _back_to_source(job)
             job.set("running", f"migration failed, kept on {name}: {detail}")
+            self._set(job)
             s._log("migrate_failed", job.cjob, f"{job.cjob}: migration from {name} failed: {detail}")
 
     def target_failed(self, job: CJob, why: str) -> None:
         """The move's new processes are gone: the job stays on its source (see target_failed in the module's
         docstring)."""
-        stage = self._stage(job.cjob)
+        stage = job.move.get("stage")
         if stage == "sending":
-            self.by_job[job.cjob].stage = "target_failed"
             job.detail = why
+            self._set(job, **{**job.move, "stage": "target_failed"})
             return
         if stage != "warming":      # (warming: the source never stopped computing)
             self.s._action(job.source, "resume", job.cjob)
-        self.by_job.pop(job.cjob, None)
         _back_to_source(job)
         job.set("running", why)
+        self._set(job)
 
     def machine_lost(self, job: CJob, name: str) -> bool:
         """Machine `name` is lost: a move of `job` from it goes on if its checkpoint is on the target, else the job
@@ -120,12 +116,12 @@ class Moves:
         if job.state != "migrating":
             return False
         if job.source == name:
-            if self._stage(job.cjob) == "sent":
+            if job.move.get("stage") == "sent":
                 job.source = None
             else:
-                self.by_job.pop(job.cjob, None)
                 self.s._action(job.machine, "kill", job.cjob)
                 job.machine = name
+                self._set(job)
         elif job.machine == name and job.source:
             self.target_failed(job, f"migration target {name} lost")
             return True
@@ -134,20 +130,22 @@ class Moves:
     def expire(self, now: float) -> None:
         """Moves whose new processes are not ready after WARM_WAIT_S (time.monotonic `now`) go on without waiting
         for them; a warming move whose job is no longer migrating is forgotten."""
-        for cjob, move in list(self.by_job.items()):
-            if move.stage != "warming":
+        for job in self.s.jobs.values():
+            if job.move.get("stage") != "warming":
                 continue
-            job = self.s.jobs[cjob]
             if job.final or job.state != "migrating":
-                self.by_job.pop(cjob)
-            elif now - move.since > WARM_WAIT_S:
-                self._suspend_source(job, f"its new processes on {job.machine} not ready after {WARM_WAIT_S:g} s")
+                self._set(job)
+            elif now - job.move["since"] > WARM_WAIT_S:
+                why = ("the scheduler restarted while they started" if job.move["since"] < 0 else
+                       f"its new processes on {job.machine} not ready after {WARM_WAIT_S:g} s")
+                self._suspend_source(job, why)
 
     def _suspend_source(self, job: CJob, why: str) -> None:
         """The second half of a move: the source suspends the job and streams its checkpoint to the target."""
-        move = self.by_job[job.cjob]
-        move.stage = "sending"
-        self.s._action(job.source, "migrate_out", job.cjob, **move.out)
+        move = job.move
+        self._set(job, **{**move, "stage": "sending"})
+        self.s._action(job.source, "migrate_out", job.cjob,
+                       **{k: move[k] for k in ("target", "endpoint", "xfer")})
         self.s._log("migrate_out", job.cjob, f"{job.cjob}: {why}; {job.source} suspends it and sends its checkpoint")
 
 

@@ -42,6 +42,7 @@ class CJob:
     ranks: list = field(default_factory=list)       # a gang's ranks as `machine` last reported them
     source: Optional[str] = None       # the machine a migration leaves from
     source_gpus: list = field(default_factory=list)  # and its GPUs there, by rank (where a failed move leaves it)
+    move: dict = field(default_factory=dict)        # the move under way, if any (gmux.cluster.scheduler.moves)
     local: Optional[str] = None        # the job id on `machine`'s gmuxd
     step: int = 0
     attained: float = 0.0              # GPU-seconds on machines it has left
@@ -72,7 +73,7 @@ class CJob:
             self.detail = detail
 
 
-_JSON = ("argv", "env", "rank_gpus", "source_gpus", "ranks", "ckpt_paths")
+_JSON = ("argv", "env", "rank_gpus", "source_gpus", "ranks", "ckpt_paths", "move")
 _COLS = [f.name for f in fields(CJob)]
 
 
@@ -126,7 +127,7 @@ class State:
         for row in self.db.execute(f"SELECT {', '.join(_COLS)} FROM jobs ORDER BY seq"):
             d = dict(zip(_COLS, row))
             for k in _JSON:
-                d[k] = json.loads(d[k]) if d[k] is not None else []
+                d[k] = json.loads(d[k]) if d[k] is not None else {} if k in ("env", "move") else []
             d["kill_requested"] = bool(d["kill_requested"])
             out[d["cjob"]] = CJob(**d)
         return out

@@ -1,0 +1,69 @@
+"""gmux-scheduler killed in the middle of a move, while the target's new process starts: the restarted scheduler
+carries the move on from SQLite (it sends at once, since the target's "ready" may have gone with the old process),
+and the job ends bit-identical, moved once, never restarted."""
+import json
+import signal
+
+from cluster_harness import solo, wait_for
+
+STEPS = "6000"
+
+
+def test_a_move_under_way_survives_a_scheduler_restart(cluster_factory, tmp_path):
+    c = cluster_factory(policy="gandiva")
+    args = (STEPS, "--batch", "20", "--sleep", "0.003")
+    ref = solo(tmp_path, "ref", *args)
+    c.wait_machines(3)
+    out = tmp_path / "moved.json"
+    cjob = c.submit(str(out), *args)
+    first = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 200 and j)(c.job(cjob)), 60,
+                     "job running")
+    src = first["machine"]
+    dst = next(m for m in ("m1", "m2", "m3") if m != src)
+    target_log = tmp_path / f"gmuxd-{dst}.log"
+    c.call("c_migrate", cjob=cjob, machine=dst, gpu=1)
+    # The target's new process is spawned (cold: it imports torch for seconds before it is ready): kill now.
+    wait_for(lambda: f"started {cjob} (pids" in target_log.read_text(), 30, "the target's process spawned")
+    c.sched.send_signal(signal.SIGKILL)
+    c.sched.wait()
+    # (had the target been ready before the kill, the move would have gone on without the restart's help)
+    assert "migrate_out" not in [d["kind"] for d in _decisions(tmp_path) if d["cjob"] == cjob]
+    c.start_scheduler()
+    moved = wait_for(lambda: (lambda j: j["migrations"] == 1 and j["state"] == "running" and j)(c.job(cjob)), 90,
+                     lambda: f"the move carried on: {c.job(cjob)}")
+    assert moved["machine"] == dst
+    text = " ".join(d["text"] for d in c.ps()["decisions"] if d.get("cjob") == cjob)
+    assert "the scheduler restarted while they started" in text and f"restored on {dst}" in text
+    jobs = c.wait_done([cjob], 180)
+    assert jobs[cjob]["migrations"] == 1 and jobs[cjob]["restarts"] == 0
+    res = json.loads(out.read_text())
+    assert res["sha256"] == ref["sha256"] and res["steps"] == int(STEPS) and res["restored_at"] > 0
+
+
+def _decisions(tmp_path) -> list:
+    """The decisions the killed scheduler had written (its SQLite, read directly)."""
+    import sqlite3
+    db = sqlite3.connect(tmp_path / "sched" / "scheduler.db")
+    try:
+        return [{"kind": k, "cjob": json.loads(j)[0] if j and json.loads(j) else None}
+                for k, j in db.execute("SELECT kind, jobs FROM decisions")]
+    finally:
+        db.close()
+
+
+def test_a_jobs_move_is_kept_in_sqlite_and_an_older_database_gains_none(tmp_path):
+    from gmux.cluster.scheduler.state import CJob, State
+    st = State(str(tmp_path / "s.db"))
+    move = {"stage": "sending", "since": 12.5, "target": "m2", "endpoint": "tcp://h:1", "xfer": "c1-m1-7"}
+    st.save(CJob("c1", ["python", "t.py"], "/", state="migrating", machine="m2", source="m1", move=move))
+    st.save(CJob("c2", ["python", "t.py"], "/"))
+    st.close()
+    jobs = State(str(tmp_path / "s.db")).load_jobs()
+    assert jobs["c1"].move == move and jobs["c2"].move == {}
+    # a database an older gmux-scheduler wrote, without the column: every job loads with no move under way
+    import sqlite3
+    db = sqlite3.connect(tmp_path / "s.db")
+    db.execute("ALTER TABLE jobs DROP COLUMN move")
+    db.commit()
+    db.close()
+    assert State(str(tmp_path / "s.db")).load_jobs()["c1"].move == {}
