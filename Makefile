@@ -21,7 +21,7 @@ test: $(STAMP) test-c test-py
 # --timeout: a test that hangs fails alone (with its stack) instead of holding the whole run until CI gives up.
 TEST_WORKERS ?= 2
 test-py: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --timeout 900 --durations=15 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --timeout 900 --durations=15 tests
 
 test-c: $(STAMP)
 	bash scripts/ctest.sh
