@@ -10,16 +10,16 @@ STEPS = "6000"
 
 
 def test_a_move_under_way_survives_a_scheduler_restart(cluster_factory, tmp_path):
-    c = cluster_factory(policy="gandiva")
+    c = cluster_factory(policy="gandiva", machines=("m1", "m2"))
     args = (STEPS, "--batch", "20", "--sleep", "0.003")
     ref = solo(tmp_path, "ref", *args)
-    c.wait_machines(3)
+    c.wait_machines(2)
     out = tmp_path / "moved.json"
     cjob = c.submit(str(out), *args)
     first = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 200 and j)(c.job(cjob)), 60,
                      "job running")
     src = first["machine"]
-    dst = next(m for m in ("m1", "m2", "m3") if m != src)
+    dst = "m2" if src == "m1" else "m1"
     target_log = tmp_path / f"gmuxd-{dst}.log"
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=1)
     # The target's new process is spawned (cold: it imports torch for seconds before it is ready): kill now.
@@ -67,3 +67,33 @@ def test_a_jobs_move_is_kept_in_sqlite_and_an_older_database_gains_none(tmp_path
     db.commit()
     db.close()
     assert State(str(tmp_path / "s.db")).load_jobs()["c1"].move == {}
+
+
+def test_a_source_not_yet_reconnected_is_asked_again_and_the_move_stays_warming(tmp_path):
+    """A restarted scheduler's first ticks come before the machines' links are back: the migrate_out cannot be
+    delivered, and the move must not be taken as sending (it would wait for a send nobody makes)."""
+    import time
+    from gmux.cluster.scheduler.moves import WARM_WAIT_S
+    from gmux.cluster.scheduler.service import Options, Scheduler
+    from gmux.cluster.scheduler.state import CJob, Machine, State
+    from gmux.wire import keys
+    keydir = str(tmp_path / "keys")
+    keys.create(keydir, "scheduler")
+    st = State(str(tmp_path / "state" / "scheduler.db"))
+    move = {"stage": "warming", "since": 5.0, "target": "m2", "endpoint": "tcp://127.0.0.1:1", "xfer": "c1-m1-1"}
+    st.save(CJob("c1", ["python", "t.py"], "/", state="migrating", machine="m2", gpu=0, rank_gpus=[0],
+                 source="m1", source_gpus=[0], move=move))
+    for m in ("m1", "m2"):
+        st.save_machine(Machine(m, [{"index": 0, "mem_total": 1 << 30}], "tcp://127.0.0.1:1", last_seen=time.time()))
+    st.close()
+    s = Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*"))
+    try:
+        job = s.jobs["c1"]
+        assert job.move["since"] == -WARM_WAIT_S          # recovered: to be sent at once
+        for _ in range(3):
+            s.moves.expire(time.monotonic())
+        assert job.move["stage"] == "warming" and job.state == "migrating"
+        assert "migrate_out" not in [d["kind"] for d in s.recent]
+        assert State(str(tmp_path / "state" / "scheduler.db")).load_jobs()["c1"].move["stage"] == "warming"
+    finally:
+        s.close()

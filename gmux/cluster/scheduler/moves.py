@@ -41,6 +41,7 @@ class Moves:
         for job in scheduler.jobs.values():
             if job.move.get("stage") == "warming" and job.state == "migrating":
                 job.move["since"] = -WARM_WAIT_S     # (its "ready" may have been lost: expire() sends it)
+                job.move.pop("why", None)
 
     def _set(self, job: CJob, **move) -> None:
         """The move's new stage (or none: move={}), written at once: a restarted scheduler goes on from it."""
@@ -136,16 +137,22 @@ class Moves:
             if job.final or job.state != "migrating":
                 self._set(job)
             elif now - job.move["since"] > WARM_WAIT_S:
-                why = ("the scheduler restarted while they started" if job.move["since"] < 0 else
-                       f"its new processes on {job.machine} not ready after {WARM_WAIT_S:g} s")
+                why = job.move.get("why") or ("the scheduler restarted while they started" if job.move["since"] < 0
+                                              else f"its new processes on {job.machine} not ready after "
+                                                   f"{WARM_WAIT_S:g} s")
                 self._suspend_source(job, why)
 
     def _suspend_source(self, job: CJob, why: str) -> None:
-        """The second half of a move: the source suspends the job and streams its checkpoint to the target."""
+        """The second half of a move: the source suspends the job and streams its checkpoint to the target. A
+        source not connected (its link not yet back after a restart of this scheduler) is asked again at the next
+        tick: the move stays warming, never "sending" with nothing sent."""
         move = job.move
-        self._set(job, **{**move, "stage": "sending"})
-        self.s._action(job.source, "migrate_out", job.cjob,
-                       **{k: move[k] for k in ("target", "endpoint", "xfer")})
+        if not self.s._action(job.source, "migrate_out", job.cjob,
+                              **{k: move[k] for k in ("target", "endpoint", "xfer")}):
+            if move["since"] >= 0:
+                self._set(job, **{**move, "since": -WARM_WAIT_S, "why": why})
+            return
+        self._set(job, **{**{k: v for k, v in move.items() if k != "why"}, "stage": "sending"})
         self.s._log("migrate_out", job.cjob, f"{job.cjob}: {why}; {job.source} suspends it and sends its checkpoint")
 
 
