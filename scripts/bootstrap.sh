@@ -14,11 +14,9 @@ else
   python3 -m venv "$venv"
   have_torch=0
 fi
-# --no-compile: byte-compiling every file of torch, transformers and lightning at install took ~30 s of a
-# 20-minute CI run; Python compiles what is imported, once, on first import.
 pip="$venv/bin/python -m pip"
-$pip install -q --no-compile --upgrade pip setuptools wheel cffi
+$pip install -q --upgrade pip setuptools wheel cffi
 if [ "$have_torch" = 0 ]; then
-  $pip install -q --no-compile -r requirements-cpu.txt
+  $pip install -q -r requirements-cpu.txt
 fi
-$pip install -q --no-compile --no-build-isolation -e '.[test]'
+$pip install -q --no-build-isolation -e '.[test]'
