@@ -149,9 +149,7 @@ class Packer:
             return [Decision("keep", [a, b], numbers,
                              f"GPU {slicer.gpu}: {'still ' if again else ''}keeping {a}+{b} packed: {detail} "
                              f"> 1 + {self.margin}")]
-        self.kept.discard(pair)
-        self.together.pop(pair, None)
-        self.rejected[pair] = now
+        self._reject(pair, now)
         if gains:
             return [Decision("unpack", [a, b], numbers, f"GPU {slicer.gpu}: unpacking {a}+{b}: it would gain "
                              f"({detail}) but no longer fits in memory")]
@@ -164,16 +162,20 @@ class Packer:
         against, the pair time-slices, and other trials on this GPU may go on."""
         a, b = sorted(pair)
         packed, self.trial, self.packed = self.packed, None, None
-        self.kept.discard(pair)
         self.again.discard(pair)
-        self.together.pop(pair, None)
-        self.rejected[pair] = now
+        self._reject(pair, now)
         unknown = [j for j in (a, b) if not solo[j]]
         numbers = {"solo": solo, "packed": packed, "apart_s": now - self.apart_since, "fresh_solo": False,
                    "unknown": unknown}
         return [Decision("unpack", [a, b], numbers,
                          f"GPU {slicer.gpu}: unpacking {a}+{b} unjudged: no rate of {' or '.join(unknown)} alone "
                          f"{now - self.apart_since:.0f} s after the packed window; time-slicing")]
+
+    def _reject(self, pair: frozenset, now: float) -> None:
+        """Time-slice the pair from now on, and try it again only after retry_after."""
+        self.kept.discard(pair)
+        self.together.pop(pair, None)
+        self.rejected[pair] = now
 
     def _measure_together(self, slicer: Slicer, pair: frozenset, rates: dict[str, Rates],
                           now: float) -> list[Decision]:

@@ -74,7 +74,7 @@ class Receiver:
             x = msg["xfer"]
             if x in self.open:
                 self._discard(x)
-            return False, f"{msg.type} {x}: cannot store it on this machine: {e.strerror or e}"
+            return False, _cannot_store(msg.type, x, e)
 
     def _handle(self, msg: protocol.Message, data: Optional[bytes], later) -> tuple[bool, object]:
         x = msg["xfer"]
@@ -148,7 +148,7 @@ class Receiver:
                     error = e
             if error is not None:
                 self._unlink_part(x)
-                ok, answer = False, f"xfer_end {x}: cannot store it on this machine: {error.strerror or error}"
+                ok, answer = False, _cannot_store("xfer_end", x, error)
             for later in fl["waiters"]:
                 yield later, ok, answer
 
@@ -188,7 +188,7 @@ class Receiver:
             self.sealed_bytes += answer["have"] - had
         except OSError as e:
             self._discard(x)
-            answer = {"error": f"xfer_sealed {x}: cannot store it on this machine: {e.strerror or e}"}
+            answer = {"error": _cannot_store("xfer_sealed", x, e)}
         nonce, body = seal.seal_answer(msg.id, answer)
         return protocol.reply(msg.id, data={"nonce": nonce, "sealed": body})
 
@@ -279,3 +279,7 @@ class Receiver:
             os.close(st["fd"])
         self.open.clear()
         self.flushing.clear()
+
+
+def _cannot_store(mtype: str, x: str, e: OSError) -> str:
+    return f"{mtype} {x}: cannot store it on this machine: {e.strerror or e}"

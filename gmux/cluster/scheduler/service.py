@@ -285,7 +285,7 @@ class Scheduler:
     def _xfer(self, name, ident, msg, data):
         if not msg["xfer"].startswith(name + "-"):
             raise protocol.ProtocolError(f"{msg.type}: a daemon's checkpoint names start with its own name")
-        # A checkpoint's fsync runs beside this loop (gmux.wire.transfer): the end is answered from _between_polls.
+        # A checkpoint's fsync runs beside this loop (gmux.wire.receiver): the end is answered from _between_polls.
         ok, out = self.receiver.handle(msg, data, later=(ident, msg.id))
         if not ok:
             raise protocol.ProtocolError(out)
