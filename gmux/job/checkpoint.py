@@ -34,7 +34,9 @@ whole stream is validated before `read` returns, and nothing is applied to a job
 from __future__ import annotations
 
 import collections
+import os
 import pickle
+import stat
 import struct
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, NamedTuple, Optional
@@ -387,12 +389,14 @@ def _fill(frames: _Frames, buffers: list, origin: str) -> None:
 def load(path: str, check: Optional[Check] = None) -> dict:
     origin = repr(path)
     try:
-        with open(path, "rb") as f:
-            return read(f, origin, check)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)   # a FIFO must not hold this process in open()
     except FileNotFoundError:
         raise CheckpointError(origin, "no such file") from None
-    except IsADirectoryError:
-        raise CheckpointError(origin, "is a directory") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointError(origin, "is not a regular file")
+    with open(fd, "rb") as f:
+        return read(f, origin, check)
 
 
 def _parse_table(table, origin: str) -> list:

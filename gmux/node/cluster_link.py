@@ -306,6 +306,9 @@ class ClusterLink:
         if missing and not a.get("restore_wait"):      # else still on the way: the processes wait for them
             self._event("start_failed", cjob, f"no received checkpoint {missing[0]!r} on {self.name}")
             return
+        if a.get("restore_wait"):
+            for x in a.get("restore") or []:
+                self.receiver.expect_reader(x)
         self.starts.begin(cjob, paths)
         self.world[cjob] = len(a["gpus"])
         self.broken.discard(cjob)

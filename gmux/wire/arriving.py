@@ -6,11 +6,17 @@ completed the transfer (the source's job vouched for its checkpoint). `Arriving(
 partial file as it grows: a read at the end of what has landed waits for more, and the stream ends only once
 the file is complete (renamed), so a reader that reads to the end of the stream (gmux.job.checkpoint: nothing
 may follow the END frame) never accepts bytes of a transfer that was not completed. A partial file given up
-(discarded, or begun again) or silent for `wait` seconds ends the stream with a TransferError."""
+(discarded, or begun again) or silent for `wait` seconds ends the stream with a TransferError.
+
+The partial file may be a FIFO (gmux.wire.piped: the receiver knew this process would read it): the same
+names, the same rules. It is opened without blocking, so that no writer yet is no data yet, not a wait in
+open(); the end of its stream is the writer closing its end once the FIFO has its final name."""
 from __future__ import annotations
 
 import io
 import os
+import select
+import stat
 import time
 
 from gmux.wire.receiver import partial_path
@@ -24,6 +30,8 @@ class Arriving(io.RawIOBase):
         self.name, self.wait = path, wait
         self._part = partial_path(path)
         self._fd = self._open()
+        self._fifo = stat.S_ISFIFO(os.fstat(self._fd).st_mode)
+        self._got = 0                 # bytes read
         self._complete = False
 
     def _open(self) -> int:
@@ -31,7 +39,7 @@ class Arriving(io.RawIOBase):
         while True:
             for p in (self.name, self._part):     # the final name first: a partial file may be renamed meanwhile
                 try:
-                    return os.open(p, os.O_RDONLY)
+                    return os.open(p, os.O_RDONLY | os.O_NONBLOCK)
                 except FileNotFoundError:
                     pass
             if time.monotonic() > deadline:
@@ -44,29 +52,37 @@ class Arriving(io.RawIOBase):
     def readinto(self, buffer) -> int:
         idle_since = time.monotonic()
         while True:
-            n = os.readv(self._fd, [buffer])
+            try:
+                n = os.readv(self._fd, [buffer])
+            except BlockingIOError:            # a FIFO whose writer has written nothing more yet
+                select.select([self._fd], [], [], POLL_S * 50)
+                n = None
             if n or self._complete:
+                self._got += n
                 return n
-            if self._completed():
+            if n == 0 and self._completed():
                 self._complete = True        # read again: bytes may have landed just before the rename
                 continue
             if time.monotonic() - idle_since > self.wait:
                 raise TransferError(f"{self.name}: no bytes of the checkpoint arrived for {self.wait:g} s")
-            time.sleep(POLL_S)
+            if n == 0:
+                time.sleep(POLL_S)
 
     def _completed(self) -> bool:
-        """Whether the file this reads is now NAME.ckpt (its transfer completed); raises if it was given up."""
+        """Whether the file this reads is now NAME.ckpt (its transfer completed); raises if it was given up.
+        A FIFO read to its end before its first byte has only not had its writer yet: a complete one had to
+        pass at least its header through it."""
         mine = os.fstat(self._fd)
+        if mine.st_nlink == 0:
+            raise TransferError(f"{self.name}: its transfer was given up after {self._got} bytes (the partial "
+                                f"file was discarded)")
+        if self._fifo and not self._got:
+            return False
         try:
             final = os.stat(self.name)
         except FileNotFoundError:
-            final = None
-        if final is not None and (final.st_ino, final.st_dev) == (mine.st_ino, mine.st_dev):
-            return True
-        if mine.st_nlink == 0:
-            raise TransferError(f"{self.name}: its transfer was given up after {os.lseek(self._fd, 0, os.SEEK_CUR)} "
-                                f"bytes (the partial file was discarded)")
-        return False
+            return False
+        return (final.st_ino, final.st_dev) == (mine.st_ino, mine.st_dev)
 
     def close(self) -> None:
         if not self.closed:

@@ -7,7 +7,8 @@ host one on their ROUTER sockets and hand it each xfer_* message.
   a complete file or none. A reader that cannot wait for that (a move's new process, restoring as the bytes
   arrive) follows the partial file (gmux.wire.arriving).
 - A receiver that need not outlive a crash (durable=False: a move's target, whose source still holds the job
-  until the target has restored it) renames without fsync.
+  until the target has restored it) renames without fsync; and a transfer whose reader its host announced
+  (`expect_reader`: a move's new process, waiting for it) goes through a FIFO, not a file (gmux.wire.piped).
 - A host that serves many senders in one loop (gmux-scheduler) passes `later` and gets its answers to xfer_end
   from `finished()`: the fsync runs on a thread of the receiver's, since on a disk another tenant saturates one
   takes seconds, and a loop held that long stops hearing every machine's reports. The answer still comes only
@@ -28,6 +29,7 @@ from typing import Optional
 
 from gmux import protocol
 from gmux.wire import sealed
+from gmux.wire.piped import Piped
 from gmux.wire.transfer import CHUNK, open_regular
 
 STALE_S = 600.0      # far beyond a sender's reconnect timeout: a partial file this idle is abandoned
@@ -55,10 +57,18 @@ class Receiver:
         self.dropped_sealed = 0
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self.open: dict[str, dict] = {}
+        self.readers: set[str] = set()        # transfers a process waits to read as they arrive
+        self.draining: dict[str, Piped] = {}  # completed piped transfers whose writer is still writing
         self.completed = 0
         self.rejected_chunks = 0
         self.expired = 0
         self._swept = 0.0
+
+    def expect_reader(self, xfer: str) -> None:
+        """A process will read transfer `xfer` as it arrives (gmux.wire.arriving): if it has not begun yet, it
+        goes through a FIFO (not on a receiver that must outlive a crash)."""
+        if not self.durable:
+            self.readers.add(xfer)
 
     def path(self, xfer: str) -> str:
         return os.path.join(self.dir, f"{xfer}.ckpt")
@@ -98,6 +108,8 @@ class Receiver:
         if st["have"] != size or size > st["size"]:
             return False, f"xfer_end {x}: holds {st['have']} of {size} bytes"
         del self.open[x]
+        if st["pipe"] is not None:
+            return True, self._complete_piped(x, st["pipe"], size)
         if self.durable and later is not None:
             self._flush_later(x, st, later)
             return True, self.LATER
@@ -112,6 +124,13 @@ class Receiver:
         os.rename(self._part(x), self.path(x))
         self.completed += 1
         return {"have": size, "path": self.path(x)}
+
+    def _complete_piped(self, x: str, pipe: Piped, size: int) -> dict:
+        answer = self._complete(x, size)     # renamed before the writer's end closes: see gmux.wire.piped
+        pipe.end()
+        self.readers.discard(x)
+        self.draining[x] = pipe
+        return answer
 
     def _flush_later(self, x: str, st: dict, later) -> None:
         if self._flusher is None:
@@ -156,6 +175,10 @@ class Receiver:
         """Appends a chunk if it starts where the file ends; returns how much the file holds."""
         if off != st["have"] or off + len(data) > st["size"]:
             self.rejected_chunks += 1         # out of place (after a loss): the sender rewinds
+            return st["have"]
+        if st["pipe"] is not None:
+            st["pipe"].put(data)
+            st["have"] += len(data)
             return st["have"]
         view = memoryview(data)
         while view:                           # (a short write: the disk filled up, and the next one says so)
@@ -224,6 +247,11 @@ class Receiver:
             self._discard(x)
         if os.path.exists(self.path(x)) and os.path.getsize(self.path(x)) == size:
             os.unlink(self.path(x))            # the same name again: a retry of a finished transfer; take it anew
+        self._drained(x)
+        if x in self.readers:
+            self.open[x] = {"size": size, "have": 0, "fd": None, "seen": time.time(), "seal": seal,
+                            "pipe": Piped(self._part(x), self.path(x), STALE_S)}
+            return 0
         # A partial file left by a receiver that restarted was appended only with whole chunks of CHUNK bytes; a
         # torn last chunk is cut off.
         fd = os.open(self._part(x), os.O_RDWR | os.O_CREAT, 0o600)
@@ -233,7 +261,7 @@ class Receiver:
         have -= have % CHUNK
         os.ftruncate(fd, have)
         os.lseek(fd, have, os.SEEK_SET)
-        self.open[x] = {"size": size, "have": have, "fd": fd, "seen": time.time(), "seal": seal}
+        self.open[x] = {"size": size, "have": have, "fd": fd, "seen": time.time(), "seal": seal, "pipe": None}
         return have
 
     def expire(self, now: Optional[float] = None, every: float = 30.0) -> int:
@@ -246,6 +274,11 @@ class Receiver:
         gone = [x for x, st in self.open.items() if now - st["seen"] > STALE_S]
         for x in gone:
             self._discard(x)
+        for x in list(self.draining):
+            if not os.path.exists(self.path(x)):   # its start is over (gmux.node.cluster_starts), read or not
+                self._drained(x)
+            elif self.draining[x].done:
+                del self.draining[x]
         busy = self.open.keys() | self.flushing.keys()
         for f in os.listdir(self.dir):
             path = os.path.join(self.dir, f)
@@ -261,8 +294,17 @@ class Receiver:
 
     def _discard(self, x: str) -> None:
         st = self.open.pop(x)
-        os.close(st["fd"])
+        if st["pipe"] is not None:
+            st["pipe"].abort()
+        else:
+            os.close(st["fd"])
         self._unlink_part(x)
+
+    def _drained(self, x: str) -> None:
+        """Stops the writer of an earlier piped transfer of the same name, should it still be at work."""
+        pipe = self.draining.pop(x, None)
+        if pipe is not None:
+            pipe.abort()
 
     def _unlink_part(self, x: str) -> None:
         try:
@@ -275,9 +317,17 @@ class Receiver:
         receiver finds them, and their senders, unanswered, send again)."""
         if self._flusher is not None:
             self._flusher.shutdown(wait=True)
-        for st in [*self.open.values(), *self.flushing.values()]:
-            os.close(st["fd"])
+        for st in self.open.values():
+            if st["pipe"] is not None:
+                st["pipe"].abort()
+            else:
+                os.close(st["fd"])
+        for fl in self.flushing.values():
+            os.close(fl["fd"])
+        for pipe in self.draining.values():
+            pipe.abort()
         self.open.clear()
+        self.draining.clear()
         self.flushing.clear()
 
 

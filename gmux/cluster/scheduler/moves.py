@@ -89,12 +89,13 @@ class Moves:
             else:
                 self._set(job, **{**job.move, "stage": "sent"})
         elif ev == "migrate_failed" and job.source == name:
+            target = job.machine
             if job.move.get("stage") != "target_failed":
-                s._action(job.machine, "kill", job.cjob)     # the new processes waiting for the checkpoint
+                s._action(target, "kill", job.cjob)     # the new processes waiting for the checkpoint
             _back_to_source(job)
-            job.set("running", f"migration failed, kept on {name}: {detail}")
+            job.set("running", f"migration to {target} failed, kept on {name}: {detail}")
             self._set(job)
-            s._log("migrate_failed", job.cjob, f"{job.cjob}: migration from {name} failed: {detail}")
+            s._log("migrate_failed", job.cjob, f"{job.cjob}: migration from {name} to {target} failed: {detail}")
 
     def target_failed(self, job: CJob, why: str) -> None:
         """The move's new processes are gone: the job stays on its source (see target_failed in the module's
