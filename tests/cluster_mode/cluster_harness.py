@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 
 import pytest
 
@@ -23,11 +24,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def solo(tmp_path, name: str, *args: str) -> dict:
-    """The same script run plainly, never interrupted: the reference for bit-identity."""
-    out = tmp_path / f"solo-{name}.json"
-    subprocess.run([PY, TRAIN, str(out), *args], env=env(), check=True, cwd=ROOT)
-    return json.loads(out.read_text())
+class Solo(Mapping):
+    """The same script run plainly, never interrupted: the reference for bit-identity. It runs beside the
+    cluster (most of a cluster test waits on paced training); reading its result waits for it to end."""
+
+    def __init__(self, tmp_path, name: str, *args: str):
+        self._out = tmp_path / f"solo-{name}.json"
+        self._proc = subprocess.Popen([PY, TRAIN, str(self._out), *args], env=env(), cwd=ROOT)
+        self._result = None
+
+    def _read(self) -> dict:
+        if self._result is None:
+            assert self._proc.wait(300) == 0, f"the reference run {self._out.name} failed"
+            self._result = json.loads(self._out.read_text())
+        return self._result
+
+    def __getitem__(self, key):
+        return self._read()[key]
+
+    def __iter__(self):
+        return iter(self._read())
+
+    def __len__(self):
+        return len(self._read())
 
 
 class Cluster:

@@ -4,7 +4,7 @@ leaves it out of the stream (gmux.job.holdings), and the job still ends bit-iden
 a second move, from the process that was restored, leaves it out again."""
 import json
 
-from cluster_harness import PY, ROOT, TRAIN, solo, wait_for
+from cluster_harness import PY, ROOT, TRAIN, Solo, wait_for
 from gmux.wire import sealed
 
 STEPS = "6000"   # ~30 s paced: two moves fit even when a loaded machine starts each target in ~10 s
@@ -14,7 +14,7 @@ FROZEN_MIB = 8
 def test_moves_leave_out_what_the_target_holds_and_stay_bit_identical(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva")
     args = (STEPS, "--batch", "16", "--hidden", "64", "--frozen-mib", str(FROZEN_MIB))
-    ref = solo(tmp_path, "ref", *args)        # (unpaced: the pause between mini-batches changes no number)
+    ref = Solo(tmp_path, "ref", *args)        # (unpaced: the pause between mini-batches changes no number)
     args += ("--sleep", "0.003")
     c.wait_machines(3)
     out = tmp_path / "moved.json"

@@ -3,7 +3,7 @@ checkpoint sent leaves them out (a third of this SGD-with-momentum job's bytes) 
 bit-identical to an uninterrupted run; beside it, the same job without the setting sends them."""
 import json
 
-from cluster_harness import PY, ROOT, TRAIN, solo, wait_for
+from cluster_harness import PY, ROOT, TRAIN, Solo, wait_for
 
 STEPS = "6000"
 
@@ -11,7 +11,7 @@ STEPS = "6000"
 def test_a_move_without_gradients_sends_less_and_stays_bit_identical(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva", warm=True)
     args = (STEPS, "--batch", "36", "--sleep", "0.003", "--hidden", "256", "--depth", "1")
-    ref = solo(tmp_path, "ref", *args)
+    ref = Solo(tmp_path, "ref", *args)
     c.wait_machines(3)
     outs, cjobs = {}, {}
     for kind, env in (("full", {}), ("lean", {"GMUX_GRADS": "overwritten"})):

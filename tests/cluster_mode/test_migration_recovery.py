@@ -2,8 +2,9 @@
 restored); a machine killed mid-run has its job restarted elsewhere from its last periodic checkpoint."""
 import json
 import os
+import signal
 
-from cluster_harness import solo, wait_for
+from cluster_harness import Solo, wait_for
 from gmux.wire import sealed
 
 STEPS = "4000"
@@ -12,7 +13,7 @@ STEPS = "4000"
 def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva")
     args = (STEPS, "--batch", "36", "--sleep", "0.003")
-    ref = solo(tmp_path, "ref", *args)
+    ref = Solo(tmp_path, "ref", *args)
     c.wait_machines(3)
     out = tmp_path / "moved.json"
     cjob = c.submit(str(out), *args, ckpt_every=1.0)
@@ -61,10 +62,30 @@ def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path
     assert not [f for f in os.listdir(tmp_path / "sched" / "checkpoints") if f.endswith(".ckpt")]  # job ended
 
 
+def _target(tmp_path, machine, cjob, test):
+    """The job's new process on `machine` (gmuxd's record of it) once `test` holds for that record."""
+    from gmux.wire.daemon_client import Client
+    jobs = Client(str(tmp_path / f"rt-{machine}")).call("ps", all=True)["jobs"]
+    return next((j for j in jobs if j["name"] == cjob and j.get("pid") and test(j)), None)
+
+
+def _restoring(tmp_path, machine, cjob):
+    """The job's new process on `machine` once it has its checkpoint open (arriving, or arrived) and reads it."""
+    inbox = str(tmp_path / f"rt-{machine}" / "cluster-in")
+
+    def reading(j):
+        try:
+            fds = [os.readlink(f"/proc/{j['pid']}/fd/{fd}") for fd in os.listdir(f"/proc/{j['pid']}/fd")]
+        except OSError:              # (an fd closed between listing and reading it)
+            return False
+        return any(f.startswith(inbox) for f in fds)
+    return _target(tmp_path, machine, cjob, reading)
+
+
 def _running(c, tmp_path, args, past_step):
     """A job of `args` running past `past_step` on one of three machines: (its solo run, its output file, its
     cluster id, its record then, another machine)."""
-    ref = solo(tmp_path, "ref", *args)
+    ref = Solo(tmp_path, "ref", *args)
     c.wait_machines(3)
     out = tmp_path / "stayed.json"
     cjob = c.submit(str(out), *args)
@@ -75,11 +96,14 @@ def _running(c, tmp_path, args, past_step):
 
 def test_target_lost_mid_move_the_job_runs_on_at_its_source(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva")
-    ref, out, cjob, first, dst = _running(c, tmp_path, ("2500", "--batch", "36", "--sleep", "0.003"), 200)
+    ref, out, cjob, first, dst = _running(c, tmp_path, ("6000", "--batch", "36", "--sleep", "0.003"), 200)
     src = first["machine"]
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
     # The checkpoint is on the target, whose new process restores it: the target dies before the job has
-    # passed a boundary there.
+    # passed a boundary there (its process, stopped once it waits for the checkpoint, cannot pass one first).
+    target = wait_for(lambda: _target(tmp_path, dst, cjob, lambda j: (j.get("report") or {}).get("awaiting_restore")),
+                      60, "the target's process waiting for the checkpoint", every=0.01)
+    os.kill(target["pid"], signal.SIGSTOP)
     wait_for(lambda: any(d["kind"] == "migrate_sent" for d in c.ps()["decisions"]), 30, "checkpoint sent",
              every=0.05)
     c.kill_machine(dst)
@@ -95,28 +119,15 @@ def test_target_lost_mid_move_the_job_runs_on_at_its_source(cluster_factory, tmp
 def test_target_process_killed_mid_restore_the_job_runs_on_at_its_source(cluster_factory, tmp_path):
     """The target's new process restores as the checkpoint arrives (gmux.wire.arriving); killed while it reads,
     the move fails and the job continues where it was, bit-identical, and nothing it received is left behind."""
-    import signal
-
-    from gmux.wire.daemon_client import Client
     c = cluster_factory(policy="gandiva")
     # a checkpoint of ~110 MB
     ref, out, cjob, first, dst = _running(c, tmp_path, ("400", "--hidden", "3000", "--depth", "1", "--batch", "8"),
                                           20)
     src = first["machine"]
     inbox = tmp_path / f"rt-{dst}" / "cluster-in"
-
-    def restoring():
-        """The target's process once it has the checkpoint open (arriving, or arrived) and reads it."""
-        jobs = Client(str(tmp_path / f"rt-{dst}")).call("ps", all=True)["jobs"]
-        for j in (j for j in jobs if j["name"] == cjob and j.get("pid")):
-            try:
-                fds = [os.readlink(f"/proc/{j['pid']}/fd/{fd}") for fd in os.listdir(f"/proc/{j['pid']}/fd")]
-            except OSError:              # (an fd closed between listing and reading it)
-                continue
-            if any(f.startswith(str(inbox)) for f in fds):
-                return j
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
-    target = wait_for(restoring, 60, "the target's process reading the checkpoint", every=0.005)
+    target = wait_for(lambda: _restoring(tmp_path, dst, cjob), 60, "the target's process reading the checkpoint",
+                      every=0.005)
     os.kill(target["pid"], signal.SIGKILL)
     back = wait_for(lambda: (lambda j: j["state"] == "running" and j["machine"] == src and j)(c.job(cjob)), 60,
                     "the job back on its source")

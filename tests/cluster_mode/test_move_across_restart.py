@@ -4,7 +4,7 @@ and the job ends bit-identical, moved once, never restarted."""
 import json
 import signal
 
-from cluster_harness import solo, wait_for
+from cluster_harness import Solo, wait_for
 
 STEPS = "6000"
 
@@ -12,7 +12,7 @@ STEPS = "6000"
 def test_a_move_under_way_survives_a_scheduler_restart(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva", machines=("m1", "m2"))
     args = (STEPS, "--batch", "20", "--sleep", "0.003")
-    ref = solo(tmp_path, "ref", *args)
+    ref = Solo(tmp_path, "ref", *args)
     c.wait_machines(2)
     out = tmp_path / "moved.json"
     cjob = c.submit(str(out), *args)

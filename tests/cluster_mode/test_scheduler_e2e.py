@@ -14,7 +14,7 @@ import zmq
 from gmux import protocol
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
-from cluster_harness import PY, ROOT, TRAIN, env, solo, wait_for
+from cluster_harness import PY, ROOT, TRAIN, env, Solo, wait_for
 
 STEPS = "1500"
 
@@ -25,7 +25,7 @@ def _outputs(tmp_path, names):
 
 def test_gandiva_places_on_three_daemons_bit_identical_and_refuses_strangers(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva")
-    refs = {b: solo(tmp_path, b, STEPS, "--batch", b) for b in ("30", "31", "32", "33")}
+    refs = {b: Solo(tmp_path, b, STEPS, "--batch", b) for b in ("30", "31", "32", "33")}
     c.wait_machines(3)
     ids = {b: c.submit(str(tmp_path / f"j{b}.json"), STEPS, "--batch", b) for b in refs if b != "33"}
     r = subprocess.run([PY, "-m", "gmux.cli.gmux", "--json", "submit", "--cluster", c.endpoint, "--keys", c.keys,
@@ -115,7 +115,7 @@ def test_gmux_policy_scheduler_killed_and_restarted_loses_nothing(cluster_factor
     # Long enough that all three still run when the scheduler is killed: two start in warm interpreters, the
     # third (two on one machine) cold, seconds later on a busy machine.
     steps = "2500"
-    refs = {b: solo(tmp_path, b, steps, "--batch", b, "--sleep", "0.002")
+    refs = {b: Solo(tmp_path, b, steps, "--batch", b, "--sleep", "0.002")
             for b in ("40", "41", "42")}
     c.wait_machines(3)
     ids = {b: c.submit(str(tmp_path / f"j{b}.json"), steps, "--batch", b, "--sleep", "0.002") for b in refs}

@@ -4,7 +4,7 @@ what is read before a script runs gets a cold process, and says why."""
 import json
 import re
 
-from cluster_harness import PY, ROOT, TRAIN, solo, wait_for
+from cluster_harness import PY, ROOT, TRAIN, Solo, wait_for
 
 STEPS = "4000"
 
@@ -17,7 +17,7 @@ def _started(c, m: str, cjob: str) -> list:
 def test_a_moved_job_restores_in_a_warm_interpreter_and_an_odd_environment_starts_cold(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva", machines=("m1", "m2"), warm=True)
     args = (STEPS, "--batch", "36", "--sleep", "0.003", "--hidden", "128", "--depth", "1")
-    ref = solo(tmp_path, "ref", *args)
+    ref = Solo(tmp_path, "ref", *args)
     c.wait_machines(2)
     out = tmp_path / "moved.json"
     cjob = c.call("c_submit", argv=[PY, TRAIN, str(out), *args, "--attach"], cwd=ROOT,

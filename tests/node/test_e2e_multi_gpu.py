@@ -67,14 +67,13 @@ def test_multi_gpu_job_gets_whole_gpus_by_moving_a_job_bit_identical(node_factor
 
 
 def test_gang_submitted_with_ranks_suspends_and_resumes_as_one_bit_identical(node_factory, tmp_path):
-    steps = "4000"
+    steps = "2500"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     plain = [subprocess.Popen([PY, GANG, str(tmp_path / "plain{rank}.json"), steps, "--plain"], cwd=ROOT,
                               env={**env(), "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": str(port)}) for r in range(2)]
-    assert [p.wait(120) for p in plain] == [0, 0]
+                                   "MASTER_PORT": str(port)}) for r in range(2)]     # (read at the end)
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
     sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--no-hook", "--name", "g", "--", "python", GANG,
                str(tmp_path / "gang{rank}.json"), steps, *PACE)
@@ -105,6 +104,7 @@ def test_gang_submitted_with_ranks_suspends_and_resumes_as_one_bit_identical(nod
             assert guest.wait(120) == 0 and result(tmp_path / "guest.json")["steps"] == 400
         node.wait_for(lambda: all(node.job(j)["step"] > s for j, s in zip(ranks, steps_held)), 60, "ranks resumed")
     node.wait_for(lambda: all(node.job(j)["state"] == "exited" for j in ranks), 180, "the gang finished")
+    assert [p.wait(120) for p in plain] == [0, 0]
     outs = [result(tmp_path / f"gang{r}.json") for r in range(2)]
     ref = [result(tmp_path / f"plain{r}.json") for r in range(2)]
     assert outs[0]["sha256"] == outs[1]["sha256"] == ref[0]["sha256"] == ref[1]["sha256"]

@@ -11,7 +11,7 @@ import pytest
 
 from node_harness import PY, ROOT, TRAIN, env, result
 
-STEPS = "20000"
+STEPS = "10000"
 QUANTUM = 0.25
 
 
