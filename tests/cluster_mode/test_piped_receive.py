@@ -1,6 +1,6 @@
 """A move's checkpoint reaches the process waiting for it through a FIFO (gmux.wire.piped), not a file: the real
 Receiver, fed xfer_* messages as a cluster link feeds it, and a job restoring through Arriving in a thread.
-Bit-identical whether the reader comes early or late; a reader that ends fails the transfer; a transfer given
+Bit-identical whether the reader comes early or late, across a sender's reconnection; a reader that ends fails the transfer; a transfer given
 up fails the restore and leaves the job as it was; a stream nobody reads is dropped once its start is over."""
 import os
 import stat
@@ -91,7 +91,10 @@ def test_piped_restore_is_bit_identical_and_no_file_is_written(tmp_path, reader_
     reader.start()
     assert rx.handle(_msg("xfer_begin", xfer="m1-c1.0", size=len(data)), None) == (True, {"have": 0})
     assert stat.S_ISFIFO(os.stat(partial_path(path)).st_mode)
+    half = len(data) // CHUNK // 2 * CHUNK
     for lo in range(0, len(data), CHUNK):
+        if lo == half:     # the connection was lost: the sender begins again and hears where to go on from
+            assert rx.handle(_msg("xfer_begin", xfer="m1-c1.0", size=len(data)), None) == (True, {"have": half})
         assert rx.handle(_msg("xfer_chunk", xfer="m1-c1.0", offset=lo), data[lo:lo + CHUNK])[0]
     ok, out = rx.handle(_msg("xfer_end", xfer="m1-c1.0"), None)
     assert ok and out == {"have": len(data), "path": path}
