@@ -47,9 +47,13 @@ def scenario(tmp_path_factory):
     node = Node(tmp, "--virtual-gpus", "5x1GiB", "--quantum", QUANTUM, "--no-pack", "--host-budget", BUDGET)
     out = {"tmp": tmp, "node": node, "solo": solo, "ids": {}, "procs": {}, "others": {}}
     try:
+        # The framework jobs train only once their GPUs' other jobs train too: alone, one once finished before
+        # the others had started, on a loaded machine.
+        go = tmp / "go"
         for n, (_, script) in FRAMEWORKS.items():
             opts = ["--gpu", str(SHARED[n]), "--mem", "300MiB"]
-            out["procs"][n] = node.launch(script, str(tmp / f"{n}.json"), *ARGS, opts=opts, log_name=f"{n}.log")
+            out["procs"][n] = node.launch(script, str(tmp / f"{n}.json"), *ARGS, "--wait-for", str(go), opts=opts,
+                                          log_name=f"{n}.log")
         # (12 epochs: alone on its GPU it must still be training when the loop below, busy with the other jobs'
         # moves, first sees it under its Trainer; at 6 it once finished before, on a loaded machine)
         out["procs"]["unseeded"] = node.launch(FRAMEWORKS["hf"][1], str(tmp / "unseeded.json"), "--epochs", "12",
@@ -62,6 +66,9 @@ def scenario(tmp_path_factory):
                                   opts=["--gpu", str(SHARED[n]), "--mem", "300MiB"]) for k in range(2)]
                   for n in FRAMEWORKS}
         out["others"] = {n: [node.job_of(p.pid) for p in ps] for n, ps in others.items()}
+        node.wait_for(lambda: all(node.job(j)["step"] > 0 for js in out["others"].values() for j in js), 120,
+                      "the other jobs training")
+        go.touch()
         _run(node, out)
     finally:
         node.close()

@@ -1,10 +1,11 @@
 """A Hugging Face Trainer script as people write them: a small regression model with dropout, a map-style
 dataset, TrainingArguments with gradient accumulation, a linear warm-up schedule and AdamW, then train().
 
-usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S] [--unseeded]
+usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--unseeded]
 Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
 training at (more than 0 when gmux restored it after a move). --sleep stands for waiting on input in the
-collator each micro-batch; it changes no number. --unseeded shuffles with torch's RandomSampler instead of
+collator each micro-batch; it changes no number. --wait-for holds training back until FILE exists (a test's
+starting gun; no number changes). --unseeded shuffles with torch's RandomSampler instead of
 accelerate's seeded one (the epoch's order then comes from the global random state).
 """
 import argparse
@@ -23,6 +24,7 @@ p.add_argument("out")
 p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--samples", type=int, default=256)
 p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--wait-for", default=None, help="train only once this file exists")
 p.add_argument("--unseeded", action="store_true")
 a = p.parse_args()
 torch.set_num_threads(1)
@@ -75,6 +77,8 @@ set_seed(0)
 first = FirstStep()
 trainer = Trainer(model=Regressor(), args=args, train_dataset=Points(a.samples), data_collator=collate,
                   callbacks=[first])
+while a.wait_for and not os.path.exists(a.wait_for):
+    time.sleep(0.05)
 trainer.train()
 digest = hashlib.sha256()
 for name, t in sorted(trainer.model.state_dict().items()):

@@ -1,10 +1,11 @@
 """A Lightning script as people write them: a LightningModule with dropout, a shuffled DataLoader, Adam with a
 per-step LR schedule, gradient accumulation, then Trainer.fit().
 
-usage: lightning_train.py OUT [--epochs N] [--samples N] [--sleep S]
+usage: lightning_train.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE]
 Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
 training at (more than 0 when gmux restored it after a move). --sleep stands for waiting on input in the
-collate function each batch; it changes no number.
+collate function each batch; it changes no number. --wait-for holds training back until FILE exists (a
+test's starting gun; no number changes).
 """
 import argparse
 import hashlib
@@ -22,6 +23,7 @@ p.add_argument("out")
 p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--samples", type=int, default=256)
 p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--wait-for", default=None, help="train only once this file exists")
 a = p.parse_args()
 torch.set_num_threads(1)
 
@@ -67,6 +69,8 @@ first = FirstStep()
 trainer = pl.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=1, accumulate_grad_batches=2, logger=False,
                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                      callbacks=[first])
+while a.wait_for and not os.path.exists(a.wait_for):
+    time.sleep(0.05)
 trainer.fit(model)
 digest = hashlib.sha256()
 for name, t in sorted(model.state_dict().items()):
