@@ -1,23 +1,21 @@
 """A move's checkpoint reaches the process waiting for it through a FIFO (gmux.wire.piped), not a file: the real
 Receiver, fed xfer_* messages as a cluster link feeds it, and a job restoring through Arriving in a thread.
-Bit-identical whether the reader comes early or late, across a sender's reconnection; a reader that ends fails the transfer; a transfer given
-up fails the restore and leaves the job as it was; a stream nobody reads is dropped once its start is over."""
+Bit-identical whether the reader comes early or late, across a sender's reconnection; a reader that ends fails
+the transfer; a transfer given up fails the restore and leaves the job as it was; a stream nobody reads is dropped once its start is over."""
 import os
 import stat
 import threading
 import time
 
 import pytest
-import torch
-from torch import nn
 
-import gmux.job as gj
 from gmux import protocol
 from gmux.job.checkpoint import CheckpointError, load
 from gmux.wire.arriving import Arriving
 from gmux.wire.receiver import Receiver, partial_path
 from gmux.wire.transfer import TransferError
 from gmux_testkit import assert_identical
+from test_arriving import _checkpoint_bytes as _checkpoint, _job, _values
 
 CHUNK = 64 << 10
 
@@ -25,26 +23,6 @@ CHUNK = 64 << 10
 def _msg(mtype, mid=1, **fields):
     return protocol.decode(protocol.encode(mtype, mid, table=protocol.CLUSTER_MESSAGES, **fields),
                            protocol.CLUSTER_MESSAGES)
-
-
-def _job(seed):
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 64))
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    job = gj.attach(model, opt, state={"step": seed})
-    model(torch.randn(4, 64)).sum().backward()
-    opt.step()
-    return job
-
-
-def _values(job):
-    return [t.detach().clone() for t in job.tracked.tensors()]
-
-
-def _checkpoint(tmp_path, job):
-    path = tmp_path / "src.ckpt"
-    job.checkpoint(str(path))
-    return path.read_bytes()
 
 
 class Restoring(threading.Thread):
@@ -65,6 +43,20 @@ class Restoring(threading.Thread):
                 self.job.restore(arriving, fresh=self.fresh)
         except Exception as e:           # noqa: BLE001 - the test asserts what it was
             self.error = e
+
+
+def _wait_open(path, timeout=10.0):
+    """Until some thread of this process has `path` open."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") == path:
+                    return
+            except OSError:
+                pass
+        time.sleep(0.005)
+    raise AssertionError(f"{path} was never opened")
 
 
 def _send(rx, x, data, upto=None, pause=0.0):
@@ -138,6 +130,7 @@ def test_a_transfer_given_up_fails_the_restore_and_changes_nothing(tmp_path):
     reader = Restoring(rx.path("m1-c3.0"), fresh=False)
     reader.start()
     assert _send(rx, "m1-c3.0", data, upto=len(data) // 2) == (True, None)
+    _wait_open(partial_path(rx.path("m1-c3.0")))      # (else it would read the transfer begun again, as it should)
     # The sender came back with another size: the transfer is begun again, the first one given up.
     assert rx.handle(_msg("xfer_begin", xfer="m1-c3.0", size=len(data) + 1), None) == (True, {"have": 0})
     reader.join(20)
