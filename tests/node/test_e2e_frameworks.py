@@ -48,7 +48,8 @@ def scenario(tmp_path_factory):
     out = {"tmp": tmp, "node": node, "solo": solo, "ids": {}, "procs": {}, "others": {}}
     try:
         # The framework jobs train only once their GPUs' other jobs train too: alone, one once finished before
-        # the others had started, on a loaded machine.
+        # the others had started, on a loaded machine (and the unseeded one, alone on its GPU, before the loop
+        # below had begun).
         go = tmp / "go"
         for n, (_, script) in FRAMEWORKS.items():
             opts = ["--gpu", str(SHARED[n]), "--mem", "300MiB"]
@@ -57,8 +58,8 @@ def scenario(tmp_path_factory):
         # (12 epochs: alone on its GPU it must still be training when the loop below, busy with the other jobs'
         # moves, first sees it under its Trainer; at 6 it once finished before, on a loaded machine)
         out["procs"]["unseeded"] = node.launch(FRAMEWORKS["hf"][1], str(tmp / "unseeded.json"), "--epochs", "12",
-                                               "--unseeded", "--sleep", "0.05", opts=["--gpu", "4", "--mem", "300MiB"],
-                                               log_name="unseeded.log")
+                                               "--unseeded", "--sleep", "0.05", "--wait-for", str(go),
+                                               opts=["--gpu", "4", "--mem", "300MiB"], log_name="unseeded.log")
         out["ids"] = {n: node.job_of(p.pid, 60) for n, p in out["procs"].items()}
         # The two other jobs on each shared GPU join once the framework job is there (its imports take seconds):
         # the slicer gives no back pay, and fairness is simplest to read from a common start.
