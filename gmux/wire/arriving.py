@@ -19,6 +19,7 @@ import select
 import stat
 import time
 
+from gmux.wire.piped import wait_ready
 from gmux.wire.receiver import partial_path
 from gmux.wire.transfer import TransferError
 
@@ -55,7 +56,7 @@ class Arriving(io.RawIOBase):
             try:
                 n = os.readv(self._fd, [buffer])
             except BlockingIOError:            # a FIFO whose writer has written nothing more yet
-                select.select([self._fd], [], [], POLL_S * 50)
+                wait_ready(self._fd, select.POLLIN, int(POLL_S * 50 * 1000))
                 n = None
             if n or self._complete:
                 self._got += n
@@ -88,3 +89,4 @@ class Arriving(io.RawIOBase):
         if not self.closed:
             os.close(self._fd)
         super().close()
+

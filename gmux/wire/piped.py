@@ -125,5 +125,12 @@ class Piped:
         while view and not self._stop.is_set():
             try:
                 view = view[os.write(fd, view):]
-            except BlockingIOError:
-                select.select([], [fd], [], 0.1)   # full: the reader is busy; wake up to see _stop now and then
+            except BlockingIOError:               # full: the reader is busy; wake up to see _stop now and then
+                wait_ready(fd, select.POLLOUT, 100)
+
+
+def wait_ready(fd: int, event: int, ms: int) -> None:
+    """Until `fd` is ready for `event` or `ms` have passed (poll, not select: a daemon's fds may pass 1024)."""
+    p = select.poll()
+    p.register(fd, event)
+    p.poll(ms)
