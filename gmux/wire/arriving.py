@@ -56,9 +56,8 @@ class Arriving(io.RawIOBase):
             try:
                 n = os.readv(self._fd, [buffer])
             except BlockingIOError:            # a FIFO whose writer has written nothing more yet
-                wait_ready(self._fd, select.POLLIN, int(POLL_S * 50 * 1000))
                 n = None
-            if n or self._complete:
+            if n or (n == 0 and self._complete):
                 self._got += n
                 return n
             if n == 0 and self._completed():
@@ -66,7 +65,9 @@ class Arriving(io.RawIOBase):
                 continue
             if time.monotonic() - idle_since > self.wait:
                 raise TransferError(f"{self.name}: no bytes of the checkpoint arrived for {self.wait:g} s")
-            if n == 0:
+            if n is None:
+                wait_ready(self._fd, select.POLLIN, int(POLL_S * 50 * 1000))
+            else:
                 time.sleep(POLL_S)
 
     def _completed(self) -> bool:
@@ -89,4 +90,3 @@ class Arriving(io.RawIOBase):
         if not self.closed:
             os.close(self._fd)
         super().close()
-
