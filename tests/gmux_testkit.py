@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -20,14 +21,48 @@ def env() -> dict:
     return e
 
 
+_server = None        # the fork server of this pytest worker (forkserver.py); False once it failed to start
+
+
+def start_py(*args, env_=None, cwd=ROOT, log=None, err=None):
+    """`python ARGS` as a new process (the subprocess.Popen methods the tests use): forked from a warm
+    interpreter where the environment allows, else started cold. log: a path for its output (stdout, and
+    stderr unless err names another); without one its output is dropped and its errors go to this worker's
+    stderr."""
+    return _start(list(args), env() if env_ is None else env_, cwd, log or os.devnull, err or log)
+
+
+def _start(args: list, environ: dict, cwd: str, stdout: str, stderr: str | None):
+    global _server
+    if _server is None:
+        try:
+            import forkserver
+            _server = forkserver.Server(PY, env(), ROOT)
+        except Exception as e:          # the suite is slower without it, never wrong
+            print(f"fork server unavailable, starting cold: {e}", file=sys.stderr)
+            _server = False
+    if _server and _server.fits(environ):
+        return _server.spawn(args, environ, cwd, stdout, stderr)
+    return subprocess.Popen([PY, *args], env=environ, cwd=cwd, stdout=open(stdout, "ab"),
+                            stderr=open(stderr, "ab") if stderr and stderr != stdout else
+                            subprocess.STDOUT if stderr else None)
+
+
 def run_py(*args, timeout=180, check=True):
     """Runs python with the project importable, in a new process; returns the completed process."""
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
+    with tempfile.TemporaryDirectory() as d:
+        out, err = os.path.join(d, "out"), os.path.join(d, "err")
+        proc = _start(list(args), env(), ROOT, out, err)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        with open(out, errors="replace") as f, open(err, errors="replace") as g:
+            done = subprocess.CompletedProcess([PY, *args], code, f.read(), g.read())
+    if check and code != 0:
+        raise AssertionError(f"{args} exited {code}\n{done.stdout}\n{done.stderr}")
+    return done
 
 
 def assert_identical(a, b, where="state"):

@@ -1,27 +1,25 @@
 """Unmodified training loops of every common kind, suspended and resumed at their boundaries by
 `python -m gmux.job.run --cycle-every N`, end bit-identical to a plain run (each script is run both ways at
 once, in new processes)."""
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from gmux_testkit import ROOT, assert_identical
+from gmux_testkit import assert_identical, start_py
 
 SUMMARY = re.compile(r"gmux: (\d+) boundaries \(([a-z ]+)\), (\d+) suspends")
 
 
-def _start(*args):
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _start(tmp, name, *args):
+    return start_py(*args, log=f"{tmp}/{name}.out", err=f"{tmp}/{name}.err"), f"{tmp}/{name}"
 
 
-def _finish(proc):
-    out, err = proc.communicate(timeout=180)
-    assert proc.returncode == 0, f"{proc.args} exited {proc.returncode}\n{out}\n{err}"
+def _finish(started):
+    proc, name = started
+    code = proc.wait(180)
+    out, err = open(f"{name}.out").read(), open(f"{name}.err").read()
+    assert code == 0, f"{proc.args} exited {code}\n{out}\n{err}"
     return out, err
 
 
@@ -34,8 +32,8 @@ def _finish(proc):
 ])
 def test_loop_suspended_at_its_boundaries_ends_bit_identical(script, args, every, control, expected, tmp):
     path = f"tests/scripts/{script}"
-    plain = _start(path, f"{tmp}/plain.pt", *args)
-    hooked = _start("-m", "gmux.job.run", "--cycle-every", str(every), path, f"{tmp}/hooked.pt", *args)
+    plain = _start(tmp, "plain", path, f"{tmp}/plain.pt", *args)
+    hooked = _start(tmp, "hooked", "-m", "gmux.job.run", "--cycle-every", str(every), path, f"{tmp}/hooked.pt", *args)
     plain_out, _ = _finish(plain)
     hooked_out, err = _finish(hooked)
     boundaries, seen_control, suspends = SUMMARY.search(err).groups()

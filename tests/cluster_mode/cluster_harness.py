@@ -12,7 +12,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from gmux_testkit import PY, ROOT, TRAIN, env, wait_for  # noqa: F401 (re-exported to the tests of this folder)
+# Re-exported to the tests of this folder.
+from gmux_testkit import PY, ROOT, TRAIN, env, start_py, wait_for  # noqa: F401
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,7 +31,7 @@ class Solo(Mapping):
 
     def __init__(self, tmp_path, name: str, *args: str):
         self._out = tmp_path / f"solo-{name}.json"
-        self._proc = subprocess.Popen([PY, TRAIN, str(self._out), *args], env=env(), cwd=ROOT)
+        self._proc = start_py(TRAIN, str(self._out), *args)
         self._result = None
 
     def _read(self) -> dict:

@@ -15,7 +15,8 @@ from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import Gpu
 from gmux.rundir import RuntimeDir
 
-from gmux_testkit import PY, ROOT, TRAIN, env, wait_for  # noqa: F401 (re-exported to the tests of this folder)
+# Re-exported to the tests of this folder.
+from gmux_testkit import PY, ROOT, TRAIN, env, start_py, wait_for  # noqa: F401
 
 
 GiB = 1 << 30
@@ -96,13 +97,13 @@ class Node:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-        if self.daemon and self.daemon.poll() is None:
-            self.daemon.kill()
-            self.daemon.wait(10)
+        # Everything is killed first, then reaped: on a loaded machine one exit can take seconds (CI once took
+        # more than 10 s to reap a launcher), and each wait would otherwise add to the next.
+        left = [p for p in (*self.procs, self.daemon) if p is not None and p.poll() is None]
+        for p in left:
+            p.kill()
+        for p in left:
+            p.wait(60)
 
     def log(self) -> str:
         return (self.tmp / "gmuxd.log").read_text()

@@ -5,13 +5,13 @@ import signal
 import subprocess
 import time
 
-from node_harness import PY, ROOT, TRAIN, env, result
+from node_harness import PY, ROOT, TRAIN, env, result, start_py
 
 FINAL = ("exited", "failed", "killed", "lost")
 
 
 def test_sigkill_of_jobs_at_any_moment(node_factory, tmp_path):
-    ref = subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / "solo.json"), "8000"], env=env(), cwd=ROOT)
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), "8000")
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "0.5", "--no-pack")
     mem = ["--no-hook", "--mem", "600MiB"]
     survivor = node.launch(f"{TRAIN}", str(tmp_path / "survivor.json"), "8000", "--attach", opts=mem)
@@ -53,8 +53,7 @@ def test_gmuxd_killed_and_restarted_reattaches(node_factory, tmp_path):
     # Paced (3 ms of "input" per step, no effect on the numbers) so that the jobs are still there to be
     # sliced after the restart however fast this machine is.
     pace = ["--sleep", "0.003"]
-    refs = [subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / f"solo{b}.json"), "4000", "--batch", b, *pace],
-                             env=env(), cwd=ROOT) for b in ("32", "33")]
+    refs = [start_py(TRAIN, str(tmp_path / f"solo{b}.json"), "4000", "--batch", b, *pace) for b in ("32", "33")]
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--no-pack")
     procs = [node.launch(f"{TRAIN}", str(tmp_path / f"job{b}.json"), "4000", "--batch", b, *pace, "--attach",
                          opts=["--no-hook", "--mem", "600MiB"]) for b in ("32", "33")]
@@ -70,8 +69,8 @@ def test_gmuxd_killed_and_restarted_reattaches(node_factory, tmp_path):
     before = {j: node.job(j)["suspends"] for j in ids}
     node.wait_for(lambda: all(node.job(j)["suspends"] > before[j] for j in ids), 60,
                   "slicing goes on after the restart")
-    for p in procs:
-        assert p.wait(180) == 0
+    for p in procs:                    # two sliced jobs and their two references share this busy machine
+        assert p.wait(400) == 0
     for r in refs:
         assert r.wait(120) == 0
     for j, b in zip(ids, ("32", "33")):

@@ -11,7 +11,6 @@ dependencies (`pip install .[test]`); without them these tests are skipped.
 import importlib.util
 import io
 import os
-import subprocess
 import time
 
 import pytest
@@ -19,7 +18,7 @@ from rich.console import Console
 
 from gmux.cli.tables import jobs_table
 from gmux.wire.daemon_client import GmuxError
-from node_harness import PY, ROOT, TRAIN, Node, env, result
+from node_harness import ROOT, TRAIN, Node, result, start_py
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 FRAMEWORKS = {"hf": ("transformers", os.path.join(SCRIPTS, "hf_trainer.py")),
@@ -41,8 +40,7 @@ pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"{', '.join(MISSING)} not
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("frameworks")
-    solo = {n: subprocess.Popen([PY, script, str(tmp / f"solo_{n}.json"), *ARGS], env=env(), cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=open(tmp / f"solo_{n}.log", "wb"))
+    solo = {n: start_py(script, str(tmp / f"solo_{n}.json"), *ARGS, log=str(tmp / f"solo_{n}.log"))
             for n, (_, script) in FRAMEWORKS.items()}
     node = Node(tmp, "--virtual-gpus", "5x1GiB", "--quantum", QUANTUM, "--no-pack", "--host-budget", BUDGET)
     out = {"tmp": tmp, "node": node, "solo": solo, "ids": {}, "procs": {}, "others": {}}

@@ -3,14 +3,13 @@ hand-written update, LBFGS with a closure (each step longer than the quantum) an
 time-sliced on one virtual GPU at a short quantum. Each ends bit-identical to its solo run, was suspended, and the
 three jobs' GPU-seconds add up to the shared GPU's wall time."""
 import os
-import subprocess
 import time
 
 import pytest
 import torch
 
 from gmux_testkit import assert_identical
-from node_harness import PY, ROOT, env
+from node_harness import ROOT, start_py
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 
@@ -22,8 +21,7 @@ LOOPS = {"hand": ("poly_regression.py", "400", "0.02"),
 
 
 def test_loops_without_hookable_steps_are_time_sliced_accounted_and_bit_identical(node_factory, tmp_path):
-    solos = {n: subprocess.Popen([PY, os.path.join(SCRIPTS, s), str(tmp_path / f"solo_{n}.pt"), *a], env=env(), cwd=ROOT)
-             for n, (s, *a) in LOOPS.items()}
+    solos = {n: start_py(os.path.join(SCRIPTS, s), str(tmp_path / f"solo_{n}.pt"), *a) for n, (s, *a) in LOOPS.items()}
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", QUANTUM, "--no-pack")
     procs = {n: node.launch(os.path.join(SCRIPTS, s), str(tmp_path / f"{n}.pt"), *a, opts=["--mem", "300MiB"],
                             log_name=f"{n}.log") for n, (s, *a) in LOOPS.items()}

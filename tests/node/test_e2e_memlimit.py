@@ -6,12 +6,11 @@ ends bit-identical to a run of the same script without gmux. `gmux ps` shows eac
 and peak while it runs. On the code before the limit the 200 MiB were simply taken (the hog exited 0).
 """
 import os
-import subprocess
 
 from rich.console import Console
 
 from gmux.cli.tables import jobs_table
-from node_harness import PY, ROOT, TRAIN, env, result
+from node_harness import PY, ROOT, TRAIN, result, start_py
 
 HOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memhog_job.py")
 MiB = 1 << 20
@@ -19,7 +18,7 @@ STEPS = "1500"
 
 
 def test_a_job_past_its_limit_gets_an_oom_error_and_its_neighbour_is_untouched(node_factory, tmp_path):
-    ref = subprocess.Popen([PY, TRAIN, str(tmp_path / "solo.json"), STEPS], env=env(), cwd=ROOT)
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS)
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "0.5")
     neighbour = node.launch(TRAIN, str(tmp_path / "neighbour.json"), STEPS, opts=["--mem", "64MiB",
                                                                                     "--name", "neighbour"])

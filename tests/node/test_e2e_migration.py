@@ -8,7 +8,7 @@ shell that started it still waits), re-registers with the same id and token, and
 import json
 import subprocess
 
-from node_harness import PY, ROOT, TRAIN, env, result
+from node_harness import PY, ROOT, TRAIN, env, result, start_py
 
 STEPS = "4000"
 # Each step waits 3 ms (as if for input), so the job is still running when the `gmux migrate` process, which
@@ -17,7 +17,7 @@ PACE = ["--sleep", "0.003"]
 
 
 def test_migrate_between_gpus_is_bit_identical(node_factory, tmp_path):
-    ref = subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / "solo.json"), STEPS, *PACE], env=env(), cwd=ROOT)
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, *PACE)
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
     p = node.launch(f"{TRAIN}", str(tmp_path / "moved.json"), STEPS, *PACE, "--attach", opts=["--no-hook"])
     job = node.job_of(p.pid)

@@ -10,7 +10,7 @@ import os
 import socket
 import subprocess
 
-from node_harness import PY, ROOT, TRAIN, env, result
+from node_harness import PY, ROOT, TRAIN, env, result, start_py
 
 STEPS = "3000"
 # Each step waits 3 ms (as if for input), so the jobs are still running when the events under test happen on a
@@ -32,7 +32,7 @@ def launch_refused(rt, *opts, script=("x.json", "10")):
 
 
 def test_multi_gpu_job_gets_whole_gpus_by_moving_a_job_bit_identical(node_factory, tmp_path):
-    ref = subprocess.Popen([PY, TRAIN, str(tmp_path / "solo.json"), STEPS, *PACE], env=env(), cwd=ROOT)
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, *PACE)
     node = node_factory("--virtual-gpus", "3x1GiB", "--quantum", "1")
     singles = {}
     for name in ("a", "b"):
@@ -71,9 +71,9 @@ def test_gang_submitted_with_ranks_suspends_and_resumes_as_one_bit_identical(nod
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    plain = [subprocess.Popen([PY, GANG, str(tmp_path / "plain{rank}.json"), steps, "--plain"], cwd=ROOT,
-                              env={**env(), "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": str(port)}) for r in range(2)]     # (read at the end)
+    plain = [start_py(GANG, str(tmp_path / "plain{rank}.json"), steps, "--plain",
+                      env_={**env(), "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                            "MASTER_PORT": str(port)}) for r in range(2)]     # (read at the end)
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
     sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--no-hook", "--name", "g", "--", "python", GANG,
                str(tmp_path / "gang{rank}.json"), steps, *PACE)

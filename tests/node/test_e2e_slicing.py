@@ -4,12 +4,11 @@ Their working sets (600 MiB each on a 1 GiB GPU) do not fit two at a time, so gm
 window in which all three are running, each job's share of GPU time must be within ±10% of its weight's
 share, and every job must end bit-identical to a run of the same script without gmux.
 """
-import subprocess
 import time
 
 import pytest
 
-from node_harness import PY, ROOT, TRAIN, env, result
+from node_harness import TRAIN, result, start_py
 
 STEPS = "10000"
 QUANTUM = 0.25
@@ -21,8 +20,7 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
     procs = []
     for name, batch in (("ab", "32"), ("c", "33")):
         out = tmp_path / f"solo_{name}.json"
-        procs.append(subprocess.Popen([PY, f"{TRAIN}", str(out), STEPS, "--batch", batch], env=env(),
-                                      cwd=ROOT))
+        procs.append(start_py(TRAIN, str(out), STEPS, "--batch", batch))
         refs[name] = out
     for p in procs:
         assert p.wait(120) == 0
@@ -79,7 +77,7 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
 
 def test_unmodified_scripts_time_sliced_through_the_hook(node_factory, tmp_path):
     """Transparent mode: plain torch scripts, boundaries from the optimizer hook gmux-launch installs."""
-    ref = subprocess.Popen([PY, f"{TRAIN}", str(tmp_path / "solo.json"), "6000"], env=env(), cwd=ROOT)
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), "6000")
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "0.5", "--no-pack")
     procs = [node.launch(f"{TRAIN}", str(tmp_path / f"t{i}.json"), "6000", opts=["--mem", "600MiB"])
              for i in range(2)]

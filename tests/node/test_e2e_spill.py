@@ -6,15 +6,14 @@ checkpoint; an unmodified script writes its host copy to a file in its own proce
 """
 import subprocess
 
-from node_harness import PY, ROOT, TRAIN, env, result
+from node_harness import PY, ROOT, TRAIN, env, result, start_py
 
 
 def test_spill_to_disk_and_back(node_factory, tmp_path):
     # Paced (3 ms of "input" per step, no effect on the numbers) so that the jobs are sliced, and so spilled,
     # however fast this machine is.
     pace = ["--sleep", "0.003"]
-    refs = [subprocess.Popen([PY, TRAIN, str(tmp_path / f"solo{b}.json"), "2000", "--batch", b, *pace], env=env(),
-                             cwd=ROOT) for b in ("32", "33")]
+    refs = [start_py(TRAIN, str(tmp_path / f"solo{b}.json"), "2000", "--batch", b, *pace) for b in ("32", "33")]
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--no-pack", "--host-budget", "1KiB")
     procs = [node.launch(TRAIN, str(tmp_path / f"job{b}.json"), "2000", "--batch", b, *pace, "--attach",
                          opts=["--no-hook", "--mem", "600MiB"]) for b in ("32", "33")]
@@ -38,8 +37,7 @@ def test_transparent_job_spills_in_its_process_and_is_not_moved(node_factory, tm
     a move in its own process needs no restore), and spills it in place instead (its host copy to a file, freed,
     read back at resume); it still ends bit-identical."""
     pace = ["--sleep", "0.003"]
-    refs = [subprocess.Popen([PY, TRAIN, str(tmp_path / f"solo{b}.json"), "1500", "--batch", b, *pace], env=env(),
-                             cwd=ROOT) for b in ("32", "33")]
+    refs = [start_py(TRAIN, str(tmp_path / f"solo{b}.json"), "1500", "--batch", b, *pace) for b in ("32", "33")]
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "0.5", "--no-pack", "--host-budget", "1KiB")
     procs = [node.launch(TRAIN, str(tmp_path / f"job{b}.json"), "1500", "--batch", b, *pace,
                          opts=["--gpu", "0", "--mem", "600MiB"]) for b in ("32", "33")]

@@ -9,10 +9,9 @@ must name the culprit; and every job that ends must be bit-identical to its run 
 """
 import os
 import signal
-import subprocess
 import time
 
-from node_harness import PY, ROOT, TRAIN, env, result
+from node_harness import TRAIN, result, start_py
 
 STEPS = "2000"
 SLEEP = "0.005"       # paced mini-batches: progress measures GPU time, not how busy the CPUs are
@@ -22,7 +21,7 @@ SPIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spin_job.py")
 
 
 def start(node, tmp_path, culprit_args):
-    ref = subprocess.Popen([PY, TRAIN, str(tmp_path / "solo.json"), STEPS, "--sleep", SLEEP], env=env(), cwd=ROOT)
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, "--sleep", SLEEP)
     procs = {n: node.launch(TRAIN, str(tmp_path / f"{n}.json"), STEPS, "--sleep", SLEEP, opts=["--mem", "300MiB"])
              for n in ("a", "b")}
     procs["x"] = node.launch(*culprit_args, opts=["--mem", "300MiB"])

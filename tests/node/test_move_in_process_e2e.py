@@ -13,7 +13,7 @@ import subprocess
 import threading
 
 from gmux.wire.daemon_client import GmuxError
-from node_harness import PY, ROOT, TRAIN, env, result
+from node_harness import PY, ROOT, TRAIN, env, result, start_py
 
 STEPS = "2500"
 # Each step waits 5 ms (as if for input), so that the jobs are still training while the moves are asked for
@@ -31,7 +31,7 @@ def gpu_table(node):
 
 
 def test_jobs_swap_gpus_in_their_own_processes_bit_identically(node_factory, tmp_path):
-    refs = {m: subprocess.Popen([PY, TRAIN, str(tmp_path / f"solo-{m}.json"), STEPS, *PACE], env=env(), cwd=ROOT)
+    refs = {m: start_py(TRAIN, str(tmp_path / f"solo-{m}.json"), STEPS, *PACE)
             for m in ("explicit", "transparent")}
     node = node_factory("--virtual-gpus", "1GiB,1GiB,64MiB", "--quantum", "600")
     pe = node.launch(TRAIN, str(tmp_path / "explicit.json"), STEPS, *PACE, "--attach",
