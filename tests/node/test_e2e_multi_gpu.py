@@ -34,11 +34,11 @@ def launch_refused(rt, *opts, script=("x.json", "10")):
 def test_multi_gpu_job_gets_whole_gpus_by_moving_a_job_bit_identical(node_factory, tmp_path):
     ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, *PACE)
     node = node_factory("--virtual-gpus", "3x1GiB", "--quantum", "1")
-    singles = {}
-    for name in ("a", "b"):
-        p = node.launch(TRAIN, str(tmp_path / f"{name}.json"), STEPS, *PACE, "--attach",
-                        opts=["--no-hook", "--mem", "256MiB"])
-        singles[node.job_of(p.pid)] = (p, name)
+    # Slower (6 ms a step) and started together: on a loaded machine a single-GPU job paced like the others once
+    # finished before the 2-GPU job had registered.
+    started = {name: node.launch(TRAIN, str(tmp_path / f"{name}.json"), STEPS, "--sleep", "0.006", "--attach",
+                                 opts=["--no-hook", "--mem", "256MiB"]) for name in ("a", "b")}
+    singles = {node.job_of(p.pid): (p, name) for name, p in started.items()}
     node.wait_for(lambda: all(node.job(j)["step"] > 200 for j in singles), 60, "both single-GPU jobs training")
     assert sorted(node.job(j)["gpu"] for j in singles) == [0, 1]
     big = node.launch(TRAIN, str(tmp_path / "big.json"), STEPS, *PACE, opts=["--gpus", "2"])
