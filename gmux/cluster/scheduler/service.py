@@ -32,6 +32,7 @@ from gmux.cluster.scheduler.client_handlers import ClientHandlers
 from gmux.cluster.scheduler.driver import Driver, Intent
 from gmux.cluster.scheduler.moves import Moves
 from gmux.cluster.scheduler.state import CJob, Machine, State
+from gmux.cluster.scheduler.unheard import RESENT, Unheard
 from gmux.wire.server import DEFERRED, Server, configure
 from gmux.wire.receiver import Receiver
 from gmux.wire.transfer import rank_xfers, send_file
@@ -96,6 +97,7 @@ class Scheduler:
         self.timers: list = []
         self.pushing: set = set()       # jobs whose checkpoint is on its way to a daemon
         self.moves = Moves(self)
+        self.unheard = Unheard(self._action)
         self.events: deque = deque()
         self.decision_ms: deque = deque(maxlen=2000)
         self.stopping = False
@@ -150,6 +152,8 @@ class Scheduler:
                                                                 cjob=cjob, args=args))
         if not ok:
             log.warning("could not reach %s for %s %s", machine, action, cjob)
+        if action in RESENT:
+            self.unheard.sent(cjob, ok, time.time())
         return ok
 
     def _log(self, kind: str, cjob: Optional[str], text: str, numbers: Optional[dict] = None) -> None:
@@ -184,6 +188,9 @@ class Scheduler:
                 continue          # the migration source's view (the target's reports are the truth), or news
                                   # about a job already ended
             self._observe(job, r, now)
+            again = self.unheard.check(job, r, now)
+            if again:
+                self._log("resend", job.cjob, f"{job.cjob}: {name} shows it did not hear '{again}': sent again")
         return None
 
     def _observe(self, job: CJob, r: dict, now: float) -> None:
@@ -206,6 +213,7 @@ class Scheduler:
                 state = "failed"
             job.exit_status = status
             job.finished = now
+            self.unheard.forget(job.cjob)
             self._drop_checkpoints(job.cjob)   # an ended job is never restarted: its checkpoints are dead weight
             job.set(state, r.get("detail") or r["state"])
             self._log("end", job.cjob, f"{job.cjob} {state} on {job.machine} at step {job.step}: {job.detail}",

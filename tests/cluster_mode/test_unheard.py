@@ -1,0 +1,97 @@
+"""A suspend, resume or kill that a machine did not hear (its link was away when it was sent, or it was lost on
+the way) is sent again once the machine's reports show it was not done; a report that agrees, or a local hold
+that ends within the grace, sends nothing."""
+import time
+
+import msgpack
+import pytest
+
+from gmux.cluster.scheduler import unheard
+from gmux.cluster.scheduler.driver import Intent
+from gmux.cluster.scheduler.service import Options, Scheduler
+from gmux.cluster.scheduler.state import CJob, Machine
+from gmux.wire import keys
+
+GRACE = 0.3
+
+
+@pytest.fixture
+def sched(tmp_path, monkeypatch):
+    monkeypatch.setattr(unheard, "GRACE_S", GRACE)
+    keydir = str(tmp_path / "keys")
+    keys.create(keydir, "scheduler")
+    s = Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*"))
+    s.machines = {"m1": Machine("m1", [{"index": 0, "mem_total": 1 << 30}], "tcp://127.0.0.1:1",
+                                last_seen=time.time())}
+    s.jobs = {"c1": CJob("c1", ["python", "train.py"], "/", state="running", machine="m1", gpu=0, rank_gpus=[0],
+                         local="j1", owner="tester")}
+    s.reachable = True
+    s.wire = []
+
+    def send(ident, frame):
+        if s.reachable:
+            msg = msgpack.unpackb(frame)
+            s.wire.append((ident.decode(), msg["action"], msg["args"]))
+        return s.reachable
+    s.server.send = send
+    yield s
+    s.close()
+
+
+def report(s, state="running", held=False):
+    s._daemon_node_report("m1", b"m1", {"name": "m1", "gpus": [{"index": 0, "mem_total": 1 << 30}],
+                                         "transfer": "tcp://127.0.0.1:1",
+                                         "jobs": [{"cjob": "c1", "local": "j1", "state": state, "step": 10,
+                                                   "gpu": 0, "held": held}]}, None)
+
+
+def test_a_suspend_sent_while_the_link_was_away_is_sent_when_it_reports_again(sched):
+    sched.reachable = False
+    sched._carry_out(Intent("suspend", "c1", why="its turn is over"))
+    assert sched.jobs["c1"].state == "suspended" and sched.wire == []
+    sched.reachable = True
+    report(sched, "running", held=False)          # back: it still runs the job the scheduler counts suspended
+    assert sched.wire == [("m1", "suspend", {})]
+    assert any(d["kind"] == "resend" and "did not hear 'suspend'" in d["text"] for d in sched.recent)
+    report(sched, "running", held=False)          # sent a moment ago and on its way: not again yet
+    assert len(sched.wire) == 1
+    report(sched, "suspended", held=True)         # done: nothing more
+    time.sleep(GRACE * 1.5)
+    report(sched, "suspended", held=True)
+    assert len(sched.wire) == 1
+
+
+def test_a_resume_lost_on_the_way_is_sent_again_after_the_grace(sched):
+    sched.jobs["c1"].state = "suspended"
+    sched._carry_out(Intent("resume", "c1", machine="m1", gpu=0, gpus=(0,)))
+    assert sched.wire == [("m1", "resume", {"gpu": 0})]
+    report(sched, "suspended", held=True)         # not heard yet: within the grace, nothing is sent
+    assert len(sched.wire) == 1
+    time.sleep(GRACE * 1.5)
+    report(sched, "suspended", held=True)         # still held a grace later: lost on the way
+    assert sched.wire[1:] == [("m1", "resume", {"gpu": 0})]
+    report(sched, "suspended", held=True)         # the second is on its way
+    assert len(sched.wire) == 2
+
+
+def test_a_hold_that_ends_within_the_grace_sends_nothing(sched):
+    report(sched, "running", held=True)           # held there for a moment (a local command, a stop)
+    time.sleep(GRACE * 0.5)
+    report(sched, "running", held=False)
+    time.sleep(GRACE * 0.7)
+    report(sched, "running", held=True)           # a new hold: its own grace
+    assert sched.wire == []
+
+
+def test_a_kill_is_repeated_until_the_job_has_ended_and_then_forgotten(sched):
+    sched.jobs["c1"].kill_requested = True
+    time.sleep(GRACE * 1.5)
+    report(sched, "running")
+    time.sleep(GRACE * 1.5)
+    report(sched, "running")
+    assert [a for _, a, _ in sched.wire] == ["kill"]
+    report(sched, "killed")
+    assert sched.jobs["c1"].state == "killed"
+    time.sleep(GRACE * 1.5)
+    report(sched, "running")                      # news about an ended job changes nothing
+    assert [a for _, a, _ in sched.wire] == ["kill"]
