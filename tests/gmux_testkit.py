@@ -43,9 +43,9 @@ def _start(args: list, environ: dict, cwd: str, stdout: str, stderr: str | None)
             _server = False
     if _server and _server.fits(environ):
         return _server.spawn(args, environ, cwd, stdout, stderr)
-    return subprocess.Popen([PY, *args], env=environ, cwd=cwd, stdout=open(stdout, "ab"),
-                            stderr=open(stderr, "ab") if stderr and stderr != stdout else
-                            subprocess.STDOUT if stderr else None)
+    with open(stdout, "ab") as out, open(stderr or os.devnull, "ab") as err:
+        return subprocess.Popen([PY, *args], env=environ, cwd=cwd, stdout=out,
+                                stderr=None if not stderr else subprocess.STDOUT if stderr == stdout else err)
 
 
 def run_py(*args, timeout=180, check=True):
