@@ -124,9 +124,8 @@ def serve() -> None:
 class Forked:
     """The part of subprocess.Popen that the tests use, for a process the server forked."""
 
-    def __init__(self, server: "Server", pid: int, args: list, stdout: str | None, stderr: str | None):
+    def __init__(self, server: "Server", pid: int, args: list):
         self._server, self.pid, self.args = server, pid, args
-        self.stdout_path, self.stderr_path = stdout, stderr
         self.returncode = None
 
     def poll(self):
@@ -201,7 +200,7 @@ class Server:
                 if not self.alive:
                     raise RuntimeError("the fork server died")
                 self.cond.wait(1.0)
-            return Forked(self, self.started.pop(rid), argv, stdout, stderr)
+            return Forked(self, self.started.pop(rid), argv)
 
 
 if __name__ == "__main__":
