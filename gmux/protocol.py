@@ -645,6 +645,7 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     #  of its bulk socket, where the chunks then go sealed as xfer_sealed, beside Curve: gmux.wire.sealed)
     "xfer_begin": {"xfer": (_name, True), "size": (lambda v: _int(v, 0, XFER_MAX_SIZE), True),
                    "seal": (_seal_key, False)},
+    # (an empty chunk appends nothing: a sender asks with it how much room a receiver has now)
     "xfer_chunk": {"xfer": (_name, True), "offset": (lambda v: _int(v, 0, XFER_MAX_SIZE), True)},
     "xfer_end": {"xfer": (_name, True),
                  "size": (lambda v: _int(v, 0, XFER_MAX_SIZE), False)},   # a stream's, known at its end
@@ -656,7 +657,7 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
 
 # A transfer's bulk socket (plain ZeroMQ, beside the CurveZMQ one: gmux.wire.sealed): only sealed chunks, each
 # [header, AES-GCM sealed bytes] with this header as the seal's associated data, and the receiver's answers,
-# replies whose data is {"nonce", "sealed"}: {"have": n} or {"error": text} sealed the other way. Anyone may
+# replies whose data is {"nonce", "sealed"}: {"have": n[, "room": n]} or {"error": text} sealed the other way. Anyone may
 # connect here, so nothing in a frame is believed before it opened with the transfer's key.
 BULK_MESSAGES = {
     "xfer_sealed": {"xfer": (_name, True), "offset": (lambda v: _int(v, 0, XFER_MAX_SIZE), True),

@@ -12,7 +12,9 @@ closes its end, so a reader that sees the end of the stream and finds its FIFO n
 all of it; a FIFO unlinked (given up) tells it the transfer failed.
 
 Memory: chunks wait in the writer's queue only while the reader is slower than the network, or while no reader
-has opened the FIFO yet. A reader that never comes (its process died first) does not hold them for long: the
+has opened the FIFO yet, and never more than QUEUE_BYTES of them: `room` says how much more it takes, the
+receiver refuses a chunk beyond it and tells its sender the room left, and the sender keeps no more than that in
+flight (gmux.wire.transfer). A reader that never comes (its process died first) does not hold them for long: the
 writer gives up once its FIFO is gone (the start that waited for it is over: gmux.node.cluster_starts deletes
 it once complete) or after `patience` seconds.
 """
@@ -29,6 +31,7 @@ import time
 from typing import Optional
 
 PIPE_BYTES = 1 << 20
+QUEUE_BYTES = 32 << 20   # two senders' windows: a reader as fast as the network never sees it full
 LOOK_S = 0.002       # between attempts to open the FIFO while no reader has
 
 
@@ -44,15 +47,25 @@ class Piped:
         self.error: Optional[OSError] = None
         self._stop = threading.Event()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queued = 0                      # bytes put and not yet written
+        self._count = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="gmux-piped", daemon=True)
         self._thread.start()
 
+    @property
+    def room(self) -> int:
+        """How many more bytes `put` may queue now."""
+        return max(0, QUEUE_BYTES - self._queued)
+
     def put(self, data: bytes) -> None:
-        """Queues a chunk; raises the OSError that stopped the writer (its reader gone, say)."""
+        """Queues a chunk (the caller keeps within `room`); raises the OSError that stopped the writer (its
+        reader gone, say)."""
         if self.error is not None:
             raise self.error
         if self._stop.is_set():
             raise OSError(errno.EPIPE, "no process will read it any more (its FIFO is gone)")
+        with self._count:
+            self._queued += len(data)
         self._queue.put(data)
 
     def end(self) -> None:
@@ -83,6 +96,8 @@ class Piped:
                 if data is None:
                     return
                 self._write(fd, memoryview(data))
+                with self._count:
+                    self._queued -= len(data)
         except OSError as e:
             if e.errno == errno.EPIPE:
                 e = OSError(errno.EPIPE, "the process restoring it stopped reading (it ended)")
@@ -93,6 +108,8 @@ class Piped:
             self._stop.set()
             while not self._queue.empty():     # nothing more will be written: free the memory now
                 self._queue.get_nowait()
+            with self._count:
+                self._queued = 0
 
     def _open(self) -> Optional[int]:
         """The FIFO's writing end, once a reader has opened it; None if given up first."""

@@ -9,6 +9,9 @@ host one on their ROUTER sockets and hand it each xfer_* message.
 - A receiver that need not outlive a crash (durable=False: a move's target, whose source still holds the job
   until the target has restored it) renames without fsync; and a transfer whose reader its host announced
   (`expect_reader`: a move's new process, waiting for it) goes through a FIFO, not a file (gmux.wire.piped).
+  Its answers also say how much more it takes now ("room"; an empty chunk asks): a chunk beyond that is refused
+  like one out of place, so a process that reads slowly, or not at all, holds up its sender rather than this
+  host's memory.
 - A host that serves many senders in one loop (gmux-scheduler) passes `later` and gets its answers to xfer_end
   from `finished()`: the fsync runs on a thread of the receiver's, since on a disk another tenant saturates one
   takes seconds, and a loop held that long stops hearing every machine's reports. The answer still comes only
@@ -61,6 +64,7 @@ class Receiver:
         self.draining: dict[str, Piped] = {}  # completed piped transfers whose writer is still writing
         self.completed = 0
         self.rejected_chunks = 0
+        self.refused_full = 0                 # chunks refused while a piped transfer's reader was behind
         self.expired = 0
         self._swept = 0.0
 
@@ -91,8 +95,8 @@ class Receiver:
         if x in self.flushing:
             return self._while_flushing(x, msg, later)
         if msg.type == "xfer_begin":
-            have = self._begin(x, msg["size"], msg.get("seal"))
-            return True, {"have": have, **({"bulk": self.bulk_port} if self.open[x]["seal"] else {})}
+            self._begin(x, msg["size"], msg.get("seal"))
+            return True, {**_answer(self.open[x]), **({"bulk": self.bulk_port} if self.open[x]["seal"] else {})}
         if msg.type == "xfer_holds":
             return True, {"holds": self._holds(x)}
         st = self.open.get(x)
@@ -100,9 +104,10 @@ class Receiver:
             return False, f"{msg.type}: no transfer {x!r} in progress (send xfer_begin first)"
         st["seen"] = time.time()
         if msg.type == "xfer_chunk":
-            if data is None or len(data) > protocol.XFER_MAX_CHUNK or len(data) == 0:
-                return False, f"xfer_chunk {x}: needs one data frame of 1..{protocol.XFER_MAX_CHUNK} bytes"
-            return True, {"have": self._append(st, msg["offset"], data)}
+            if data is None or len(data) > protocol.XFER_MAX_CHUNK:
+                return False, f"xfer_chunk {x}: needs one data frame of 0..{protocol.XFER_MAX_CHUNK} bytes"
+            self._append(st, msg["offset"], data)
+            return True, _answer(st)
         # xfer_end (a stream's begin gave a bound; its end says the size)
         size = msg.get("size", st["size"])
         if st["have"] != size or size > st["size"]:
@@ -172,11 +177,17 @@ class Receiver:
                 yield later, ok, answer
 
     def _append(self, st: dict, off: int, data: bytes) -> int:
-        """Appends a chunk if it starts where the file ends; returns how much the file holds."""
+        """Appends a chunk if it starts where the file ends (and, piped, if its writer has room for it);
+        returns how much the file holds."""
         if off != st["have"] or off + len(data) > st["size"]:
             self.rejected_chunks += 1         # out of place (after a loss): the sender rewinds
             return st["have"]
+        if not data:
+            return st["have"]                 # a sender asking for room
         if st["pipe"] is not None:
+            if len(data) > st["pipe"].room:
+                self.refused_full += 1        # its reader is behind: the sender waits for room
+                return st["have"]
             st["pipe"].put(data)
             st["have"] += len(data)
             return st["have"]
@@ -196,7 +207,7 @@ class Receiver:
         x = msg["xfer"] if msg is not None and msg.type == "xfer_sealed" else None
         st = self.open.get(x)
         seal = st["seal"] if st is not None else None
-        if seal is None or not sealed.TAG_BYTES < len(data) <= protocol.XFER_MAX_CHUNK + sealed.TAG_BYTES:
+        if seal is None or not sealed.TAG_BYTES <= len(data) <= protocol.XFER_MAX_CHUNK + sealed.TAG_BYTES:
             self.dropped_sealed += 1
             return None
         try:
@@ -207,7 +218,8 @@ class Receiver:
         st["seen"] = time.time()
         try:
             had = st["have"]
-            answer = {"have": self._append(st, msg["offset"], chunk)}
+            self._append(st, msg["offset"], chunk)
+            answer = _answer(st)
             self.sealed_bytes += answer["have"] - had
         except OSError as e:
             self._discard(x)
@@ -329,6 +341,11 @@ class Receiver:
         self.open.clear()
         self.draining.clear()
         self.flushing.clear()
+
+
+def _answer(st: dict) -> dict:
+    """What the receiver holds of a transfer, and, piped, how much more it takes now."""
+    return {"have": st["have"]} if st["pipe"] is None else {"have": st["have"], "room": st["pipe"].room}
 
 
 def _cannot_store(mtype: str, x: str, e: OSError) -> str:

@@ -23,6 +23,10 @@ gmux-scheduler). See the xfer_* messages in gmux/protocol.py.
 - A stream (send_stream: a checkpoint read from a pipe as the job writes it, never staged in a file) announces
   an upper bound of its size first and its exact size at the end; the sender keeps the chunks not yet
   acknowledged (at most WINDOW), so it resumes after a cut like a file does, from what the receiver holds.
+- A receiver that feeds a process as the bytes arrive (gmux.wire.piped) answers how much more it takes now
+  ("room"): the sender keeps no more than that in flight; with no room, it waits (PAUSE_S, doubling to
+  PAUSE_MAX_S) and asks again with an empty chunk. A receiver that takes nothing for as long as the sender
+  would wait through silences fails the transfer: the process it feeds has stopped reading.
 - A move's source asks what the process waiting for a transfer already holds (`ask_holds`, xfer_holds) before
   it suspends, and leaves those tensors out.
 """
@@ -45,6 +49,13 @@ from gmux.wire import keys, sealed
 # gave 64 MiB moves 0.90-0.94 of issue 15's downtime bound against 0.95-1.11 (three runs each, this VM)
 CHUNK = 1 << 20
 WINDOW = 16          # 16 MiB in flight
+PAUSE_S, PAUSE_MAX_S = 0.002, 0.1     # while a receiver has no room, between asking again
+
+
+def _room(answer: dict) -> Optional[int]:
+    """How many more bytes the receiver takes now, if it says (a valid count), else None."""
+    room = answer.get("room")
+    return room if isinstance(room, int) and not isinstance(room, bool) and room >= 0 else None
 
 
 def rank_xfers(base: str, ranks: int) -> list:
@@ -77,6 +88,9 @@ class _File:
 
     def get(self, offset: int, n: int) -> bytes:
         return os.pread(self.fd, min(n, self.size - offset), offset) if offset < self.size else b""
+
+    def more(self, offset: int) -> bool:
+        return offset < self.size
 
     def release(self, upto: int) -> None:
         pass
@@ -118,6 +132,10 @@ class _Stream:
             self.kept.append((offset, data))
             self.produced += len(data)
         return data
+
+    def more(self, offset: int) -> bool:
+        """Whether bytes may follow `offset` (unknown until a read came short)."""
+        return self.final is None or offset < self.final
 
     def release(self, upto: int) -> None:
         while self.kept and self.kept[0][0] + len(self.kept[0][1]) <= upto:
@@ -181,6 +199,7 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
     rewinds = 0
     sealed_bytes = 0
     sock = bulk = None
+    pause, progress = 0.0, time.monotonic()
     try:
         for attempt in range(attempts):
             reconnects += 1
@@ -227,6 +246,7 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
             if rep is None:
                 continue
             offset = int(rep["have"])
+            room = _room(rep)
             port = rep.get("bulk") if key else None
             if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
                 bulk = sealed.BulkSender(ctx, endpoint, port, key, xfer, window, timeout)
@@ -246,7 +266,18 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
             inflight: deque = deque()
             lost = False
             while True:
-                while len(inflight) < window:
+                limit = window if room is None else min(window, room // chunk)
+                if limit == 0 and not inflight and src.more(offset):
+                    if time.monotonic() - progress > timeout * attempts:
+                        raise TransferError(f"the receiver at {endpoint} took nothing of {xfer} for "
+                                            f"{timeout * attempts:g} s: the process it feeds has stopped reading")
+                    pause = min(PAUSE_MAX_S, max(PAUSE_S, 2 * pause))
+                    time.sleep(pause)
+                    if not send_chunk(b"", offset):      # asks for room
+                        lost = True
+                    else:
+                        inflight.append(offset)
+                while len(inflight) < limit:
                     data = src.get(offset, chunk)
                     if not data:
                         break
@@ -266,13 +297,16 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
                 if rep is None:
                     lost = True
                     break
-                have = int(rep["have"])
+                have, room = int(rep["have"]), _room(rep)
                 if have == inflight[0]:
                     inflight.popleft()
                     src.release(have)
+                    if room is None or room >= chunk:
+                        pause, progress = 0.0, time.monotonic()
                     continue
-                # A chunk was refused (damaged, or out of place after a loss): go back to what it holds, on a
-                # fresh epoch so the answers to the chunks already on the wire are not mistaken for new ones.
+                # A chunk was refused (damaged, out of place after a loss, or no room for it): go back to what
+                # it holds, on a fresh epoch so the answers to the chunks already on the wire are not mistaken
+                # for new ones.
                 epoch = next(ids)
                 rewinds += 1
                 inflight.clear()

@@ -12,6 +12,7 @@ import pytest
 from gmux import protocol
 from gmux.job.checkpoint import CheckpointError, load
 from gmux.wire.arriving import Arriving
+from gmux.wire.piped import QUEUE_BYTES
 from gmux.wire.receiver import Receiver, partial_path
 from gmux.wire.transfer import TransferError
 from gmux_testkit import assert_identical
@@ -59,13 +60,20 @@ def _wait_open(path, timeout=10.0):
     raise AssertionError(f"{path} was never opened")
 
 
+def _have(answer):
+    """(ok, what it holds) of a receiver's answer; to a piped transfer it also says its room."""
+    ok, out = answer
+    assert 0 <= out.get("room", 0) <= QUEUE_BYTES
+    return ok, out["have"]
+
+
 def _send(rx, x, data, upto=None, pause=0.0):
-    assert rx.handle(_msg("xfer_begin", xfer=x, size=len(data)), None) == (True, {"have": 0})
+    assert _have(rx.handle(_msg("xfer_begin", xfer=x, size=len(data)), None)) == (True, 0)
     for lo in range(0, len(data) if upto is None else upto, CHUNK):
         ok, out = rx.handle(_msg("xfer_chunk", xfer=x, offset=lo), data[lo:lo + CHUNK])
         if not ok:
             return ok, out
-        assert out == {"have": min(lo + CHUNK, len(data))}
+        assert out["have"] == min(lo + CHUNK, len(data))
         time.sleep(pause)
     if upto is not None:
         return True, None
@@ -81,12 +89,12 @@ def test_piped_restore_is_bit_identical_and_no_file_is_written(tmp_path, reader_
     path = rx.path("m1-c1.0")
     reader = Restoring(path, reader_delay)
     reader.start()
-    assert rx.handle(_msg("xfer_begin", xfer="m1-c1.0", size=len(data)), None) == (True, {"have": 0})
+    assert _have(rx.handle(_msg("xfer_begin", xfer="m1-c1.0", size=len(data)), None)) == (True, 0)
     assert stat.S_ISFIFO(os.stat(partial_path(path)).st_mode)
     half = len(data) // CHUNK // 2 * CHUNK
     for lo in range(0, len(data), CHUNK):
         if lo == half:     # the connection was lost: the sender begins again and hears where to go on from
-            assert rx.handle(_msg("xfer_begin", xfer="m1-c1.0", size=len(data)), None) == (True, {"have": half})
+            assert _have(rx.handle(_msg("xfer_begin", xfer="m1-c1.0", size=len(data)), None)) == (True, half)
         assert rx.handle(_msg("xfer_chunk", xfer="m1-c1.0", offset=lo), data[lo:lo + CHUNK])[0]
     ok, out = rx.handle(_msg("xfer_end", xfer="m1-c1.0"), None)
     assert ok and out == {"have": len(data), "path": path}
@@ -132,7 +140,7 @@ def test_a_transfer_given_up_fails_the_restore_and_changes_nothing(tmp_path):
     assert _send(rx, "m1-c3.0", data, upto=len(data) // 2) == (True, None)
     _wait_open(partial_path(rx.path("m1-c3.0")))      # (else it would read the transfer begun again, as it should)
     # The sender came back with another size: the transfer is begun again, the first one given up.
-    assert rx.handle(_msg("xfer_begin", xfer="m1-c3.0", size=len(data) + 1), None) == (True, {"have": 0})
+    assert _have(rx.handle(_msg("xfer_begin", xfer="m1-c3.0", size=len(data) + 1), None)) == (True, 0)
     reader.join(20)
     assert isinstance(reader.error, TransferError) and "given up" in str(reader.error), reader.error
     assert_identical(reader.before, _values(reader.job))

@@ -14,15 +14,16 @@ from gmux.wire.transfer import CHUNK, WINDOW, TransferError, send_file
 from proxy_util import Proxy
 
 
-def _serve(keydir, directory, stop, bulk=False):
+def _serve(keydir, directory, stop, bulk=False, durable=True):
     """A receiver on a Curve ROUTER, as a daemon's cluster link hosts it; `bulk`: with its plain bulk socket
-    beside it (state["bulk"]: its port; a test may point the receiver's offer elsewhere, at a proxy)."""
+    beside it (state["bulk"]: its port; a test may point the receiver's offer elsewhere, at a proxy);
+    `durable=False`: a move's target's."""
     ctx = zmq.Context()
     guard = keys.Guard(ctx, keydir, ("scheduler", "daemon"))
     sock = keys.server_socket(ctx, zmq.ROUTER, keydir, "daemon", "b")
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     plain, bulk_port = sealed.bulk_socket(ctx, f"tcp://127.0.0.1:{port}")   # as a link or the scheduler makes it
-    recv = Receiver(directory, bulk_port=bulk_port if bulk else None)
+    recv = Receiver(directory, durable=durable, bulk_port=bulk_port if bulk else None)
     state = {"port": port, "recv": recv, "guard": guard, "bulk": bulk_port}
 
     def loop():
