@@ -362,14 +362,19 @@ class ClusterLink:
         self._event("moved", cjob, gpu=gpu)
 
     def _checkpoint(self, ranks: list) -> tuple[list, int]:
-        """Has gmuxd get every rank's state written at one boundary; (a file per rank, the step it was taken at)."""
+        """Has gmuxd get every rank's state written at one boundary; (a file per rank, the step it was taken at).
+        Each file is renamed away from where gmuxd has the job write (the caller holds the gang's lock): a move
+        that starts while it is still being sent makes that path its stream's pipe."""
         steps: dict = {}
         ask_one = self._checkpointer(steps)
         errors = [e for e in _each(lambda local: staged(self._snapshot_path(local), lambda: ask_one(local)), ranks)
                   if e]
         if errors:
             raise GmuxError(f"checkpoint: {errors[0]}")
-        return [self._snapshot_path(local) for local in ranks], _taken_at(steps, ranks)
+        paths = [self.rundir.checkpoint_file(local + ".periodic") for local in ranks]
+        for local, path in zip(ranks, paths):
+            os.replace(self._snapshot_path(local), path)
+        return paths, _taken_at(steps, ranks)
 
     def _checkpointer(self, steps: dict, holds: Optional[dict] = None) -> Callable[[str], Optional[str]]:
         """gmuxd's checkpoint command for one rank: its error text or None; the step the rank's checkpoint
@@ -393,8 +398,13 @@ class ClusterLink:
     def _checkpoint_to_scheduler(self, cjob: str, ranks: list, xfer: str) -> None:
         with self._gang_lock(cjob):
             paths, step = self._checkpoint(ranks)
-        xfers, r = send_files(paths, self.scheduler_endpoint, keys.load_public(self.keydir, "scheduler"), xfer,
-                              self._sender())
+        try:
+            xfers, r = send_files(paths, self.scheduler_endpoint, keys.load_public(self.keydir, "scheduler"), xfer,
+                                  self._sender())
+        finally:
+            for path in paths:                 # (each sent one is gone already; one not sent is not kept)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
         self._event("checkpointed", cjob, xfers=xfers, step=step, bytes=r["bytes"], sealed_bytes=r["sealed_bytes"],
                     seconds=r["seconds"])
 
