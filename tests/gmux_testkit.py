@@ -1,5 +1,7 @@
 """Helpers shared by the runtime tests (a plain module: each test folder has its own conftest)."""
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -93,3 +95,19 @@ def wait_for(pred, timeout: float, what, every: float = 0.2):
             return v
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout} s: {what() if callable(what) else what}")
+
+
+def kill_jobs_under(directory) -> None:
+    """SIGKILLs every job process (gmux-launch, or a warm interpreter) whose command line names `directory`
+    (/proc, not ps: ps cuts a command line at 80 columns when its output is not a terminal)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if str(directory) in args and ("gmux.cli.launch" in args or "gmux.cli.warm" in args):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)

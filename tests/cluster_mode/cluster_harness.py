@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import pytest
 
 # Re-exported to the tests of this folder.
-from gmux_testkit import PY, ROOT, TRAIN, env, start_py, wait_for  # noqa: F401
+from gmux_testkit import PY, ROOT, TRAIN, env, kill_jobs_under, start_py, wait_for  # noqa: F401
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -137,28 +137,14 @@ class Cluster:
         rt = self.tmp / f"rt-{m}"
         self.daemons[m].send_signal(signal.SIGKILL)
         self.daemons[m].wait()
-        for pidfile in rt.glob("exits/*"):
-            pass
-        for line in subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines():
-            pid, _, args = line.strip().partition(" ")
-            if str(rt) in args and ("gmux.cli.launch" in args or "gmux.cli.warm" in args):
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        kill_jobs_under(rt)
 
     def close(self) -> None:
         for p in list(self.daemons.values()) + [self.sched]:
             if p is not None and p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
-        for line in subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines():
-            pid, _, args = line.strip().partition(" ")
-            if str(self.tmp) in args and ("gmux.cli.launch" in args or "gmux.cli.warm" in args):
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        kill_jobs_under(self.tmp)
 
 
 @pytest.fixture

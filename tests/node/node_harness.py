@@ -16,7 +16,7 @@ from gmux.node.inventory import Gpu
 from gmux.rundir import RuntimeDir
 
 # Re-exported to the tests of this folder.
-from gmux_testkit import PY, ROOT, TRAIN, env, start_py, wait_for  # noqa: F401
+from gmux_testkit import PY, ROOT, TRAIN, env, kill_jobs_under, start_py, wait_for  # noqa: F401
 
 
 GiB = 1 << 30
@@ -104,6 +104,7 @@ class Node:
             p.kill()
         for p in left:
             p.wait(60)
+        kill_jobs_under(self.tmp)    # those of a gmuxd that a test killed, which ps above could not list
 
     def log(self) -> str:
         return (self.tmp / "gmuxd.log").read_text()
