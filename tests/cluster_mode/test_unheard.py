@@ -1,6 +1,7 @@
-"""A suspend, resume or kill that a machine did not hear (its link was away when it was sent, or it was lost on
-the way) is sent again once the machine's reports show it was not done; a report that agrees, or a local hold
-that ends within the grace, sends nothing."""
+"""A suspend, resume, kill or move that a machine did not hear (its link was away when it was sent, or it was lost
+on the way) is sent again once the machine's reports show it was not done; a report that agrees, or a local hold
+that ends within the grace, sends nothing; a move the machine refused is not sent again, and the scheduler takes
+the GPU the machine reports."""
 import time
 
 import msgpack
@@ -38,11 +39,16 @@ def sched(tmp_path, monkeypatch):
     s.close()
 
 
-def report(s, state="running", held=False):
-    s._daemon_node_report("m1", b"m1", {"name": "m1", "gpus": [{"index": 0, "mem_total": 1 << 30}],
+def report(s, state="running", held=False, gpu=0):
+    s._daemon_node_report("m1", b"m1", {"name": "m1", "gpus": [{"index": 0, "mem_total": 1 << 30},
+                                                                {"index": 1, "mem_total": 1 << 30}],
                                          "transfer": "tcp://127.0.0.1:1",
                                          "jobs": [{"cjob": "c1", "local": "j1", "state": state, "step": 10,
-                                                   "gpu": 0, "held": held}]}, None)
+                                                   "gpu": gpu, "held": held}]}, None)
+
+
+def event(s, name, detail):
+    s._daemon_node_event("m1", b"m1", {"name": "m1", "cjob": "c1", "event": name, "detail": detail}, None)
 
 
 def test_a_suspend_sent_while_the_link_was_away_is_sent_when_it_reports_again(sched):
@@ -95,3 +101,35 @@ def test_a_kill_is_repeated_until_the_job_has_ended_and_then_forgotten(sched):
     time.sleep(GRACE * 1.5)
     report(sched, "running")                      # news about an ended job changes nothing
     assert [a for _, a, _ in sched.wire] == ["kill"]
+
+
+def test_a_move_lost_on_the_way_is_sent_again_once_then_the_machine_is_believed(sched):
+    sched._carry_out(Intent("move", "c1", machine="m1", gpu=1, gpus=(1,)))
+    assert sched.wire == [("m1", "move", {"gpu": 1})] and sched.jobs["c1"].gpu == 1
+    report(sched, gpu=0)                          # under way (it waits for a boundary): within the grace
+    time.sleep(GRACE * 1.5)
+    report(sched, gpu=0)                          # still on GPU 0 a grace later: lost on the way
+    assert sched.wire[1:] == [("m1", "move", {"gpu": 1})]
+    event(sched, "action_failed", "move: migrate: j1 is busy with a move; try again in a moment")
+    report(sched, gpu=0)                          # busy: the first is still under way, nothing is given up yet
+    assert sched.jobs["c1"].gpu == 1
+    time.sleep(GRACE * 1.5)
+    report(sched, gpu=0)                          # not made a grace after the resend: the machine is believed
+    assert len(sched.wire) == 2 and sched.jobs["c1"].gpu == 0 and sched.jobs["c1"].rank_gpus == [0]
+    report(sched, gpu=1)                          # ...also when the first move lands after all
+    assert len(sched.wire) == 2 and sched.jobs["c1"].gpu == 1
+
+
+def test_a_move_the_machine_refused_is_not_sent_again(sched):
+    sched._carry_out(Intent("move", "c1", machine="m1", gpu=1, gpus=(1,)))
+    event(sched, "action_failed", "move: migrate: GPU 1 cannot take j1: 900 MiB of 1 GiB in use")
+    report(sched, gpu=0)                          # refused: the scheduler takes the machine's word at once
+    assert sched.jobs["c1"].gpu == 0 and sched.jobs["c1"].rank_gpus == [0]
+    time.sleep(GRACE * 1.5)
+    report(sched, gpu=0)
+    assert sched.wire == [("m1", "move", {"gpu": 1})]
+    sched._carry_out(Intent("move", "c1", machine="m1", gpu=1, gpus=(1,)))   # the policy's new move is its own
+    report(sched, gpu=0)
+    time.sleep(GRACE * 1.5)
+    report(sched, gpu=0)
+    assert [a for _, a, _ in sched.wire] == ["move", "move", "move"]

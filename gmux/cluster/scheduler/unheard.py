@@ -4,8 +4,12 @@ The scheduler sends a suspend, resume or kill to a machine's link once and sets 
 been heard. A message to a link that is reconnecting, or away, is dropped by the ROUTER socket: before this, the
 job then ran on while the scheduler counted it suspended (its GPU given to another), or stayed held for good. A
 machine's report is the truth of what it did. When it still shows running a job that the scheduler suspended,
-held one that it resumed, or alive one whose owner killed it, the action is sent again, once the grace that an
-action on its way needs has passed (at once after a send that failed).
+held one that it resumed, alive one whose owner killed it, or a single-GPU job on another of its GPUs than the
+one it was moved to, the action is sent again, once the grace that an action on its way needs has passed (at
+once after a send that failed). A move is sent again once at most: one the machine heard and refused (the GPU
+could not take the job), or one still not made a grace after it was sent again (the machine moved the job
+itself, say, to make room for a gang), is given up, the GPU the machine reports taken as the job's, and the
+policy decides anew; fighting the machine would move the job back and forth.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Callable, Optional
 from gmux import protocol
 
 GRACE_S = 10.0          # a suspend waits for its job's next boundary; a kill for the process to end
-RESENT = ("suspend", "resume", "kill")
+RESENT = ("suspend", "resume", "kill", "move")
 
 
 class Unheard:
@@ -24,21 +28,34 @@ class Unheard:
         self._sent: dict[str, float] = {}     # cjob -> when its last suspend/resume/kill was sent
         self._failed: set = set()             # cjobs whose last one could not be sent (the link was away)
         self._seen: dict[str, tuple] = {}     # cjob -> (the action its machine's reports lack, since when)
+        self._given_up: set = set()           # cjobs whose last move their machine refused, or not made again
+        self._moved_again: set = set()        # cjobs whose last move was sent again
 
     def sent(self, cjob: str, ok: bool, now: float) -> None:
         self._sent[cjob] = now
+        self._given_up.discard(cjob)
+        self._moved_again.discard(cjob)
         (self._failed.discard if ok else self._failed.add)(cjob)
+
+    def refused(self, cjob: str) -> None:
+        """Its machine heard its last move and could not make it."""
+        self._given_up.add(cjob)
 
     def forget(self, cjob: str) -> None:
         self._sent.pop(cjob, None)
         self._seen.pop(cjob, None)
         self._failed.discard(cjob)
+        self._given_up.discard(cjob)
+        self._moved_again.discard(cjob)
 
     def check(self, job, report: dict, now: float) -> Optional[str]:
         """Sends again what `report` (the job's record from its machine) shows it did not hear: at once if the
         last send failed, else once the reports have lacked it for GRACE_S (a local hold or an action on its
         way is not a loss) and nothing was sent for as long. Returns the action sent, or None."""
         lacking = None if job.final or report["state"] in protocol.FINAL_STATES else _lacking(job, report)
+        if lacking == "move" and job.cjob in self._given_up:
+            job.gpu, job.rank_gpus = report["gpu"], [report["gpu"]]     # where it is, the machine says
+            lacking = None
         if lacking is None:
             self._seen.pop(job.cjob, None)
             return None
@@ -47,8 +64,13 @@ class Unheard:
         lasting = now - self._seen[job.cjob][1] >= GRACE_S and now - self._sent.get(job.cjob, 0.0) >= GRACE_S
         if job.cjob not in self._failed and not lasting:
             return None
+        if lacking == "move" and job.cjob in self._moved_again:
+            self._given_up.add(job.cjob)
+            return self.check(job, report, now)
         self._seen[job.cjob] = (lacking, now)
-        self._send(job.machine, lacking, job.cjob, **({"gpu": job.gpu} if lacking == "resume" else {}))
+        self._send(job.machine, lacking, job.cjob, **({"gpu": job.gpu} if lacking in ("resume", "move") else {}))
+        if lacking == "move":
+            self._moved_again.add(job.cjob)
         return lacking
 
 
@@ -60,4 +82,7 @@ def _lacking(job, report: dict) -> Optional[str]:
         return "suspend"
     if job.state == "running" and held:
         return "resume"
+    gpu = report.get("gpu")
+    if job.state == "running" and job.gpus == 1 and isinstance(gpu, int) and job.gpu is not None and gpu != job.gpu:
+        return "move"
     return None
