@@ -124,6 +124,33 @@ def cpu_seconds(pids: list) -> float:
     return total / tick
 
 
+def warm_pids(under: pathlib.Path) -> list:
+    """The warm interpreters (gmux.cli.warm) of the gmuxd runtime directories under `under`."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if "gmux.cli.warm" in args and str(under) in args:
+            pids.append(int(pid))
+    return pids
+
+
+def settle_warm_pools(under: pathlib.Path, timeout: float = 60.0) -> None:
+    """Until the warm interpreters under `under` are idle (torch imported, waiting for a start). A pool refills
+    once a start is over; moving back and forth, the next move would otherwise stream beside the import on these
+    2 cores shared by both "machines", which separate machines of more cores do not see."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = warm_pids(under)
+        before = cpu_seconds(pids)
+        time.sleep(0.5)
+        if cpu_seconds(pids) - before < 0.05:
+            return
+
+
 def _downtimes(log: pathlib.Path) -> tuple:
     """([seconds from the last boundary of each of the job's processes to the first of the next], the median
     mini-batch of its first process) from demo_train's --boundary-log."""
@@ -169,6 +196,8 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
             j = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] >= 3 + 3 * k and j)(c.job(cjob)),
                          300, "job running")
             dst = "b" if j["machine"] == "a" else "a"
+            if starts == "warm":
+                settle_warm_pools(tmp)
             daemons = [d.pid for d in c.daemons.values()]      # each gmuxd with its cluster link's threads
             cpu0, t0 = cpu_seconds(daemons), time.perf_counter()
             c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
