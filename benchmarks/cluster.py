@@ -16,7 +16,10 @@ ZeroMQ socket; gmux-scheduler's decision latency with 3 real daemons and with 10
     source to its first at the target, as the job logs them (demo_train --boundary-log), so the target's first
     mini-batch is in it; the issue's bound is 1.5x the CurveZMQ floor plus one mini-batch (`downtime_vs_target`
     <= 1 meets it). The total also holds the wait for that last boundary and the report that tells the
-    scheduler.
+    scheduler. Its floor, same run: the target script's own model build (demo_train logs its start and the
+    model built; in a warm interpreter, torch is imported already) + the bytes at the plain floor + one
+    mini-batch: what no move of this job could undercut (`total_floor_vs_raw`); with the faster secured floor
+    in place of the plain one, what no secured move could (`total_floor_secured_vs_raw`).
 (b) Incremental moves: a job 7/8 of whose bytes are a frozen table (demo_train --frozen-mib) moved in the same
     run, its target offering what it already holds (gmux.job.holdings: the frozen table is not sent) and not
     (GMUX_HOLDINGS=off, the whole checkpoint sent); `downtime offered/whole` compares the two.
@@ -153,13 +156,17 @@ def settle_warm_pools(under: pathlib.Path, timeout: float = 60.0) -> None:
 
 def _downtimes(log: pathlib.Path) -> tuple:
     """([seconds from the last boundary of each of the job's processes to the first of the next], the median
-    mini-batch of its first process) from demo_train's --boundary-log."""
-    rows = [line.split() for line in log.read_text().splitlines()]
-    rows = [(float(t), int(pid)) for t, pid, _ in (r for r in rows if len(r) == 3)]
+    mini-batch of its first process, [seconds each moved-to process's script took to build its model]) from
+    demo_train's --boundary-log."""
+    lines = [line.split() for line in log.read_text().splitlines()]
+    lines = [(float(t), int(pid), what) for t, pid, what in (r for r in lines if len(r) == 3)]
+    rows = [(t, pid) for t, pid, what in lines if what.isdigit()]
     gaps = [b[0] - a[0] for a, b in zip(rows, rows[1:]) if a[1] != b[1]]
     first = [t for t, pid in rows if pid == rows[0][1]]
     batches = sorted(b - a for a, b in zip(first, first[1:]))
-    return gaps, batches[len(batches) // 2]
+    starts = {pid: t for t, pid, what in lines if what == "start"}
+    builds = [t - starts[pid] for t, pid, what in lines if what == "built" and pid in starts and pid != rows[0][1]]
+    return gaps, batches[len(batches) // 2], builds
 
 
 def _median(xs: list) -> float:
@@ -216,8 +223,12 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
         sealed_raw = min(raw_zmq_seconds(sent["bytes"], 1 << 20, 16, sealed=True) for _ in range(2))
         # Downtime: from the job's last boundary at the source to its first at the target, as the job logged
         # them (the target's first mini-batch included); the total is until the scheduler has heard of it.
-        downtimes, batch = _downtimes(log)
+        downtimes, batch, builds = _downtimes(log)
         downtime = _median(downtimes)
+        # What no move of this job can undercut: its target's script builds the model, then the bytes at the
+        # plain floor, then its first mini-batch there.
+        build = _median(builds)
+        floor, secured = build + raw + batch, build + min(sealed_raw, curve) + batch
         dm = ps["decision_ms"]
         return {"size_mib": size_mib, "frozen_mib": frozen_mib, "holdings": holdings, "bytes": sent["bytes"],
                 "bulk": bulk, "starts": starts, "sealed_bytes": sent.get("sealed_bytes", 0), "sealed_zmq_s": sealed_raw,
@@ -229,6 +240,8 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
                 "suspend_s": sent["suspend_s"], "checkpoint_s": sent["checkpoint_s"],
                 "transfer_s": sent["transfer_s"], "raw_zmq_s": raw, "curve_zmq_s": curve,
                 "migrate_vs_raw": total / raw, "transfer_vs_raw": sent["transfer_s"] / raw,
+                "build_s": build, "build_s_each": builds, "total_floor_s": floor, "total_floor_vs_raw": floor / raw,
+                "total_floor_secured_vs_raw": secured / raw,
                 "downtime_vs_curve_raw": downtime / curve,
                 "decision_ms_p99_3daemons": dm["p99"], "decisions_3daemons": dm["n"]}
     finally:
@@ -361,7 +374,9 @@ def main() -> int:
                   f"total {r['migrate_s']:6.2f} s (suspend {r['suspend_s']:.2f}, checkpoint {r['checkpoint_s']:.2f}, "
                   f"transfer {r['transfer_s']:.2f}), daemons' CPU {r['cpu_s']:.2f} s; raw zmq {r['raw_zmq_s']:.3f} s, "
                   f"sealed zmq {r['sealed_zmq_s']:.3f} s, "
-                  f"curve zmq {r['curve_zmq_s']:.3f} s  total/raw {r['migrate_vs_raw']:.1f}  downtime/curve "
+                  f"curve zmq {r['curve_zmq_s']:.3f} s  total/raw {r['migrate_vs_raw']:.1f} (floor: the target's "
+                  f"model build {r['build_s']:.2f} s + raw + batch = {r['total_floor_vs_raw']:.1f}; secured, with the "
+                  f"sealed or Curve floor: {r['total_floor_secured_vs_raw']:.1f})  downtime/curve "
                   f"{_ratio(r['downtime_vs_curve_raw'])}  downtime/sealed {_ratio(r['downtime_vs_sealed_raw'])}  "
                   f"downtime/(1.5 curve + batch) {r['downtime_vs_target']:.2f}", flush=True)
     incremental = []

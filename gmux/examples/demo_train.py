@@ -41,8 +41,12 @@ p.add_argument("--exclusive-when", metavar="PATH",
                     "so a kept pack stops gaining)")
 p.add_argument("--boundary-log", metavar="PATH",
                help="append 'TIME PID STEP' at every boundary (a benchmark reads a move's downtime from it: the "
-                    "last line of one process to the first of the next)")
+                    "last line of one process to the first of the next), and 'TIME PID start' and 'TIME PID "
+                    "built' around the model's build")
 a = p.parse_args()
+boundary_log = open(a.boundary_log, "a", buffering=1) if a.boundary_log else None
+if boundary_log:
+    boundary_log.write(f"{time.time():.6f} {os.getpid()} start\n")
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
 layers = [torch.nn.Linear(32, a.hidden), torch.nn.ReLU()]
@@ -56,6 +60,8 @@ if a.frozen_mib:
     model = torch.nn.ModuleDict({"table": table, "body": model})
 trained = [q for q in model.parameters() if q.requires_grad]
 opt = torch.optim.SGD(trained, lr=0.01, momentum=0.9)
+if boundary_log:
+    boundary_log.write(f"{time.time():.6f} {os.getpid()} built\n")
 progress = {"step": 0}
 job = None
 if a.attach:
@@ -75,7 +81,6 @@ def lock_device():
 if a.exclusive:
     lock_device()
 loss = None
-boundary_log = open(a.boundary_log, "a", buffering=1) if a.boundary_log else None
 while progress["step"] < a.steps:
     if a.exclusive_when and not saturating and os.path.exists(a.exclusive_when):
         lock_device()
