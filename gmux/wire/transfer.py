@@ -199,7 +199,7 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
     rewinds = 0
     sealed_bytes = 0
     sock = bulk = None
-    pause, progress = 0.0, time.monotonic()
+    pause, progress, taken = 0.0, time.monotonic(), 0     # (taken: the most the receiver said it holds)
     try:
         for attempt in range(attempts):
             reconnects += 1
@@ -301,8 +301,10 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
                 if have == inflight[0]:
                     inflight.popleft()
                     src.release(have)
+                    if have > taken:
+                        taken, progress = have, time.monotonic()
                     if room is None or room >= chunk:
-                        pause, progress = 0.0, time.monotonic()
+                        pause = 0.0
                     continue
                 # A chunk was refused (damaged, out of place after a loss, or no room for it): go back to what
                 # it holds, on a fresh epoch so the answers to the chunks already on the wire are not mistaken

@@ -122,3 +122,13 @@ def test_a_reader_that_stops_reading_fails_the_transfer_and_holds_little(keydir,
     assert isinstance(r, TransferError) and "stopped reading" in str(r), r
     assert seconds < 30
     assert watch.most <= QUEUE_BYTES
+
+
+def test_a_reader_slower_than_the_senders_patience_is_still_waited_for(keydir, tmp_path):  # noqa: F811
+    bulk = BULK[-1]                              # gmux's own way (sealed, where it can)
+    payload = os.urandom(80 << 20)
+    # Read a quarter of a chunk at a time (~25 MB/s): room never reaches a whole chunk for long, and the sender
+    # waits ~2 s in all, more than its patience (1 s of nothing taken), though never that long without progress.
+    r, seconds, reader, watch, recv = _run(keydir, tmp_path, bulk, payload, 1 << 18, 0.01, timeout=0.5, attempts=2)
+    assert not isinstance(r, Exception), r
+    assert bytes(reader.got) == payload and seconds > 1.0
