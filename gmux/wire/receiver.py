@@ -176,26 +176,24 @@ class Receiver:
             for later in fl["waiters"]:
                 yield later, ok, answer
 
-    def _append(self, st: dict, off: int, data: bytes) -> int:
-        """Appends a chunk if it starts where the file ends (and, piped, if its writer has room for it);
-        returns how much the file holds."""
+    def _append(self, st: dict, off: int, data: bytes) -> None:
+        """Appends a chunk if it starts where the file ends (and, piped, if its writer has room for it); the
+        transfer's "have" says whether it did."""
         if off != st["have"] or off + len(data) > st["size"]:
             self.rejected_chunks += 1         # out of place (after a loss): the sender rewinds
-            return st["have"]
+            return
         if not data:
-            return st["have"]                 # a sender asking for room
+            return                            # a sender asking for room
         if st["pipe"] is not None:
             if len(data) > st["pipe"].room:
                 self.refused_full += 1        # its reader is behind: the sender waits for room
-                return st["have"]
+                return
             st["pipe"].put(data)
-            st["have"] += len(data)
-            return st["have"]
-        view = memoryview(data)
-        while view:                           # (a short write: the disk filled up, and the next one says so)
-            view = view[os.write(st["fd"], view):]
+        else:
+            view = memoryview(data)
+            while view:                       # (a short write: the disk filled up, and the next one says so)
+                view = view[os.write(st["fd"], view):]
         st["have"] += len(data)
-        return st["have"]
 
     def handle_sealed(self, header: bytes, data: bytes) -> Optional[bytes]:
         """The answer to [header, data] from the host's bulk socket (gmux.wire.sealed), or None: what is not a
