@@ -130,16 +130,15 @@ def cpu_seconds(pids: list) -> float:
 def warm_pids(under: pathlib.Path) -> list:
     """The warm interpreters (gmux.cli.warm) of the gmuxd runtime directories under `under` that wait for a
     start: their stdin is still the pool's pipe (one that became a job reads /dev/null)."""
+    from gmux_testkit import jobs_under
     pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid, args in jobs_under(under):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().decode(errors="replace")
             waiting = os.readlink(f"/proc/{pid}/fd/0").startswith("pipe:")
         except OSError:
             continue
-        if "gmux.cli.warm" in args and str(under) in args and waiting:
-            pids.append(int(pid))
+        if "gmux.cli.warm" in args and waiting:
+            pids.append(pid)
     return pids
 
 

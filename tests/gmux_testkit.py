@@ -97,9 +97,10 @@ def wait_for(pred, timeout: float, what, every: float = 0.2):
     raise AssertionError(f"timed out after {timeout} s: {what() if callable(what) else what}")
 
 
-def kill_jobs_under(directory) -> None:
-    """SIGKILLs every job process (gmux-launch, or a warm interpreter) whose command line names `directory`
-    (/proc, not ps: ps cuts a command line at 80 columns when its output is not a terminal)."""
+def jobs_under(directory) -> list:
+    """(pid, command line) of every job process (gmux-launch, or a warm interpreter) whose command line names
+    `directory` (/proc, not ps: ps cuts a command line at 80 columns when its output is not a terminal)."""
+    found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
@@ -109,5 +110,12 @@ def kill_jobs_under(directory) -> None:
         except OSError:
             continue
         if str(directory) in args and ("gmux.cli.launch" in args or "gmux.cli.warm" in args):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+            found.append((int(pid), args))
+    return found
+
+
+def kill_jobs_under(directory) -> None:
+    """SIGKILLs every job process under `directory` (jobs_under)."""
+    for pid, _ in jobs_under(directory):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
