@@ -54,7 +54,7 @@ class Unheard:
         way is not a loss) and nothing was sent for as long. Returns the action sent, or None."""
         lacking = None if job.final or report["state"] in protocol.FINAL_STATES else _lacking(job, report)
         if lacking == "move" and job.cjob in self._given_up:
-            job.gpu, job.rank_gpus = report["gpu"], [report["gpu"]]     # where it is, the machine says
+            _believe(job, report)
             lacking = None
         if lacking is None:
             self._seen.pop(job.cjob, None)
@@ -66,12 +66,19 @@ class Unheard:
             return None
         if lacking == "move" and job.cjob in self._moved_again:
             self._given_up.add(job.cjob)
-            return self.check(job, report, now)
+            _believe(job, report)
+            self._seen.pop(job.cjob, None)
+            return None
         self._seen[job.cjob] = (lacking, now)
         self._send(job.machine, lacking, job.cjob, **({"gpu": job.gpu} if lacking in ("resume", "move") else {}))
         if lacking == "move":
             self._moved_again.add(job.cjob)
         return lacking
+
+
+def _believe(job, report: dict) -> None:
+    """The job is where its machine says: its move is given up."""
+    job.gpu, job.rank_gpus = report["gpu"], [report["gpu"]]
 
 
 def _lacking(job, report: dict) -> Optional[str]:
