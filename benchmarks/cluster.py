@@ -18,8 +18,11 @@ ZeroMQ socket; gmux-scheduler's decision latency with 3 real daemons and with 10
     <= 1 meets it). The total also holds the wait for that last boundary and the report that tells the
     scheduler. Its floor, same run: the target script's own model build (demo_train logs its start and the
     model built; in a warm interpreter, torch is imported already) + the bytes at the plain floor + one
-    mini-batch: what no move of this job could undercut (`total_floor_vs_raw`); with the faster secured floor
-    in place of the plain one, what no secured move could (`total_floor_secured_vs_raw`).
+    mini-batch: what no move of this job that builds its target while the source computes on could undercut
+    (`total_floor_vs_raw`); with the faster secured floor in place of the plain one, what no such secured move
+    could (`total_floor_secured_vs_raw`). Below both, what no secured move at all could undercut, even one
+    whose target built its model while the bytes were on their way: the bytes at the secured floor and the
+    target's first mini-batch (`secured_bytes_batch_vs_raw`).
 (b) Incremental moves: a job 7/8 of whose bytes are a frozen table (demo_train --frozen-mib) moved in the same
     run, its target offering what it already holds (gmux.job.holdings: the frozen table is not sent) and not
     (GMUX_HOLDINGS=off, the whole checkpoint sent); `downtime offered/whole` compares the two.
@@ -230,6 +233,7 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
         # plain floor, then its first mini-batch there.
         build = _median(builds)
         floor, secured = build + raw + batch, build + min(sealed_raw, curve) + batch
+        bytes_batch = min(sealed_raw, curve) + batch
         dm = ps["decision_ms"]
         return {"size_mib": size_mib, "frozen_mib": frozen_mib, "holdings": holdings, "bytes": sent["bytes"],
                 "bulk": bulk, "starts": starts, "sealed_bytes": sent.get("sealed_bytes", 0), "sealed_zmq_s": sealed_raw,
@@ -242,7 +246,7 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
                 "transfer_s": sent["transfer_s"], "raw_zmq_s": raw, "curve_zmq_s": curve,
                 "migrate_vs_raw": total / raw, "transfer_vs_raw": sent["transfer_s"] / raw,
                 "build_s": build, "build_s_each": builds, "total_floor_s": floor, "total_floor_vs_raw": floor / raw,
-                "total_floor_secured_vs_raw": secured / raw,
+                "total_floor_secured_vs_raw": secured / raw, "secured_bytes_batch_vs_raw": bytes_batch / raw,
                 "downtime_vs_curve_raw": downtime / curve,
                 "decision_ms_p99_3daemons": dm["p99"], "decisions_3daemons": dm["n"]}
     finally:
@@ -377,7 +381,8 @@ def main() -> int:
                   f"sealed zmq {r['sealed_zmq_s']:.3f} s, "
                   f"curve zmq {r['curve_zmq_s']:.3f} s  total/raw {r['migrate_vs_raw']:.1f} (floor: the target's "
                   f"model build {r['build_s']:.2f} s + raw + batch = {r['total_floor_vs_raw']:.1f}; secured, with the "
-                  f"sealed or Curve floor: {r['total_floor_secured_vs_raw']:.1f})  downtime/curve "
+                  f"sealed or Curve floor: {r['total_floor_secured_vs_raw']:.1f}; any secured move, its bytes and "
+                  f"batch alone: {r['secured_bytes_batch_vs_raw']:.1f})  downtime/curve "
                   f"{_ratio(r['downtime_vs_curve_raw'])}  downtime/sealed {_ratio(r['downtime_vs_sealed_raw'])}  "
                   f"downtime/(1.5 curve + batch) {r['downtime_vs_target']:.2f}", flush=True)
     incremental = []
