@@ -383,7 +383,8 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     "decisions": {"admin": (lambda v: _str(v, 128), True), "limit": (_nonneg_int, False)},
     "shutdown": {"admin": (lambda v: _str(v, 128), True), "kill_jobs": (_bool, False)},
     # --- daemon -> client ---
-    "reply": {"ok": (_bool, True), "error": (_str, False), "data": (lambda v: None, False)},
+    # busy: refused only for now (the job is in the middle of something that ends by itself): ask again later
+    "reply": {"ok": (_bool, True), "error": (_str, False), "busy": (_bool, False), "data": (lambda v: None, False)},
     "command": {"cmd": (_nonneg_int, True), "kind": (_one_of(*COMMAND_KINDS), True),
                 "args": (_By("kind", COMMAND_ARGS), True)},
 }
@@ -476,18 +477,20 @@ def encode(mtype: str, id: int = 0, table: Optional[dict] = None, **fields: Any)
     return msgpack.packb(obj)
 
 
-def reply(id: int, ok: bool = True, error: Optional[str] = None, data: Any = None) -> bytes:
+def reply(id: int, ok: bool = True, error: Optional[str] = None, data: Any = None, busy: bool = False) -> bytes:
     obj: dict = {"v": VERSION, "type": "reply", "id": id, "ok": ok}
     if error is not None:
         obj["error"] = error
+    if busy:
+        obj["busy"] = True
     if data is not None:
         obj["data"] = data
     return msgpack.packb(obj)
 
 
-def error_reply(id: Any, error: str) -> bytes:
+def error_reply(id: Any, error: str, busy: bool = False) -> bytes:
     return reply(id if isinstance(id, int) and not isinstance(id, bool) and 0 <= id < (1 << 63) else 0,
-                 ok=False, error=error)
+                 ok=False, error=error, busy=busy)
 
 
 # ======================================================================================================
@@ -608,6 +611,8 @@ ACTION_ARGS = {
 }
 # What an event reports, whichever event it is.
 EVENT_DATA = {"step": (_nonneg_int, False), "local": (_name, False), "gpu": (_gpu_index, False),
+              # an action_failed's action, and whether gmuxd refused it only for now (a move or suspend under way)
+              "action": (_one_of(*CLUSTER_ACTIONS), False), "busy": (_bool, False),
               "xfers": (_names(MAX_RANKS), False), "bytes": (_nonneg_int, False), "seconds": (_float, False),
               # a move's parts: suspending the ranks, writing their checkpoints, sending them
               "suspend_s": (_float, False), "checkpoint_s": (_float, False), "transfer_s": (_float, False),

@@ -20,7 +20,7 @@ from gmux.node.jobs import Job, gang_members, unit_of
 from gmux.rundir import proc_starttime
 from gmux.util.rendezvous import free_port, rendezvous_env
 from gmux.util.text import tail
-from gmux.wire.server import Caller, Refused, Request
+from gmux.wire.server import Busy, Caller, Refused, Request
 
 if TYPE_CHECKING:
     from gmux.node.daemon import Daemon
@@ -212,7 +212,7 @@ class AdminHandlers:
         slicer = node.slicers.get(job.gpu)
         busy = slicer.busy_with(job.id) if slicer is not None else None
         if busy:
-            raise Refused(f"checkpoint: {job.id} is busy with a {busy}; try again in a moment")
+            raise Busy(f"checkpoint: {job.id} is busy with a {busy}; try again in a moment")
         holds = req.msg.get("holds")
         node.commands.send(job, "checkpoint", {"path": node.rundir.checkpoint_file(job.id + ".snapshot", job.uid),
                                                **({"holds": holds} if holds else {})})

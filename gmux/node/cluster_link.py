@@ -38,7 +38,7 @@ from gmux import protocol
 from gmux.wire import keys, sealed
 from gmux.wire.receiver import Receiver
 from gmux.wire.transfer import ask_holds, rank_xfers
-from gmux.wire.daemon_client import Client, GmuxError
+from gmux.wire.daemon_client import Client, GmuxBusy, GmuxError
 from gmux.wire.server import Server, configure
 from gmux.node.cluster_records import gang_record, ranks_by_job, running_before_boundary
 from gmux.node.cluster_starts import Starts
@@ -263,7 +263,7 @@ class ClusterLink:
             self.starts.cancel(cjob)      # e.g. started beside a move that then failed
             return
         if not ranks:
-            self._event("action_failed", cjob, f"{action}: {cjob} does not run on {self.name}")
+            self._event("action_failed", cjob, f"{action}: {cjob} does not run on {self.name}", action=action)
             return
         if action == "suspend":
             self._work(cjob, self._ranks, cjob, "suspend", "suspended", ranks)
@@ -280,7 +280,7 @@ class ClusterLink:
         elif action == "move":
             if len(ranks) > 1:
                 self._event("action_failed", cjob, f"move: {cjob} is a gang of {len(ranks)} ranks; it moves "
-                                                   f"between machines only")
+                                                   f"between machines only", action="move")
             else:
                 self._work(cjob, self._move, cjob, ranks[0], args["gpu"])
         elif action == "migrate_out":
@@ -326,20 +326,20 @@ class ClusterLink:
         with self._gang_lock(cjob) if mtype == "suspend" else contextlib.nullcontext():
             errors = [e for e in _each(lambda local: self._admin_error(mtype, local), ranks) if e]
         if errors:
-            self._event("action_failed", cjob, f"{mtype}: {errors[0]}")
+            self._event("action_failed", cjob, f"{mtype}: {errors[0]}", **_busy(errors[0]))
         elif event:
             self._event(event, cjob)
 
-    def _admin_error(self, mtype: str, local: str) -> Optional[str]:
+    def _admin_error(self, mtype: str, local: str) -> Optional[GmuxError]:
         return self._admin_reply(mtype, local)[0]
 
-    def _admin_reply(self, mtype: str, local: str, **fields) -> tuple[Optional[str], Optional[dict]]:
-        """(the error, or None; gmuxd's reply, or None)."""
+    def _admin_reply(self, mtype: str, local: str, **fields) -> tuple[Optional[GmuxError], Optional[dict]]:
+        """(gmuxd's refusal, or None; its reply, or None)."""
         try:
             reply = self.admin(mtype, job=local, **fields)
             return None, reply if isinstance(reply, dict) else None
         except GmuxError as e:
-            return str(e), None
+            return e, None
 
     def _resume(self, cjob: str, ranks: list, gpu) -> None:
         rec = self._jobs.get(cjob) or {}
@@ -349,7 +349,7 @@ class ClusterLink:
             for local in ranks:
                 self.admin("resume", job=local)
         except GmuxError as e:
-            self._event("action_failed", cjob, f"resume: {e}")
+            self._event("action_failed", cjob, f"resume: {e}", action="resume", **_busy(e))
             return
         self._event("resumed", cjob)
 
@@ -357,7 +357,7 @@ class ClusterLink:
         try:
             self.admin("migrate", job=local, gpu=gpu)
         except GmuxError as e:
-            self._event("action_failed", cjob, f"move: {e}")
+            self._event("action_failed", cjob, f"move: {e}", action="move", **_busy(e))
             return
         self._event("moved", cjob, gpu=gpu)
 
@@ -376,12 +376,12 @@ class ClusterLink:
             os.replace(self._snapshot_path(local), path)
         return paths, _taken_at(steps, ranks)
 
-    def _checkpointer(self, steps: dict, holds: Optional[dict] = None) -> Callable[[str], Optional[str]]:
-        """gmuxd's checkpoint command for one rank: its error text or None; the step the rank's checkpoint
+    def _checkpointer(self, steps: dict, holds: Optional[dict] = None) -> Callable[[str], Optional[GmuxError]]:
+        """gmuxd's checkpoint command for one rank: its refusal or None; the step the rank's checkpoint
         holds goes into `steps` (from the job's own answer: the job steps on once it is written, so a later
         ps could name a step the checkpoint does not hold). `holds`: by rank, what a move's target offers
         (left out of the checkpoint)."""
-        def ask(local: str) -> Optional[str]:
+        def ask(local: str) -> Optional[GmuxError]:
             offered = (holds or {}).get(local)
             error, reply = self._admin_reply("checkpoint", local, **({"holds": offered} if offered else {}))
             if error is None and reply is not None:
@@ -450,6 +450,12 @@ def _taken_at(steps: dict, ranks: list) -> int:
         raise GmuxError(f"checkpoint: gmuxd did not say which step the checkpoint of "
                         f"{', '.join(r for r, s in zip(ranks, known) if s is None)} holds")
     return min(known)
+
+
+def _busy(error: GmuxError) -> dict:
+    """An action_failed event's data for gmuxd's refusal: whether it was only for now (a move or suspend under
+    way), which the scheduler must not take for a refusal of the action itself."""
+    return {"busy": True} if isinstance(error, GmuxBusy) else {}
 
 
 def _each(fn, items: list) -> list:

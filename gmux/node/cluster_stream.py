@@ -27,24 +27,26 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
+from gmux.wire.daemon_client import GmuxBusy, GmuxError
 from gmux.wire.transfer import CHUNK, TransferError, rank_xfers, send_file, send_stream
 
 PIPE_BYTES = 1 << 20
 
 
-def patiently(ask: Callable[[], Optional[str]], patience: float = 120.0) -> Optional[str]:
-    """gmuxd's answer to `ask` (an error text or None), asked again while gmuxd says the job is still busy
-    with the move's suspend: a job that missed its suspend deadline is stopped and reaches its boundary only at
-    a later turn (gmux.node.pacing), and gmuxd acknowledges the suspend before that."""
+def patiently(ask: Callable[[], Optional[GmuxError]], patience: float = 120.0) -> Optional[str]:
+    """gmuxd's answer to `ask` (its refusal or None) as an error text or None, asked again while gmuxd refuses
+    only for now (GmuxBusy: the job is still busy with the move's suspend): a job that missed its suspend
+    deadline is stopped and reaches its boundary only at a later turn (gmux.node.pacing), and gmuxd acknowledges
+    the suspend before that."""
     deadline = time.monotonic() + patience
     while True:
         error = ask()
-        if error is None or "is busy with a" not in error or time.monotonic() > deadline:
-            return error
+        if not isinstance(error, GmuxBusy) or time.monotonic() > deadline:
+            return None if error is None else str(error)
         time.sleep(0.2)
 
 
-def staged(path: str, ask: Callable[[], Optional[str]]) -> Optional[str]:
+def staged(path: str, ask: Callable[[], Optional[GmuxError]]) -> Optional[str]:
     """A checkpoint written as a file at `path` (`ask`: gmuxd's checkpoint command, patiently). A pipe left
     there by a stream its link never finished (it was killed mid-move) goes first: the job would take it for
     a stream and wait for a reader that never comes."""
@@ -67,9 +69,9 @@ def send_files(paths: list, endpoint: str, server_key: bytes, xfer: str, sender:
 
 
 def stream_ranks(ranks: list, endpoint: str, server_key: bytes, xfer: str, path_of: Callable[[str], str],
-                 checkpoint: Callable[[str], Optional[str]], sender: dict) -> tuple[list, dict]:
+                 checkpoint: Callable[[str], Optional[GmuxError]], sender: dict) -> tuple[list, dict]:
     """Every rank's checkpoint (gmuxd job ids `ranks`) streamed to `endpoint` as XFER.RANK, all at once:
-    `path_of(rank)` is where gmuxd has the job write it, `checkpoint(rank)` asks for it (an error text or
+    `path_of(rank)` is where gmuxd has the job write it, `checkpoint(rank)` asks for it (gmuxd's refusal or
     None), `sender` is send_stream's identity (keydir, role, name, context). Returns (the transfer names,
     figures: bytes, seconds of the slowest, checkpoint_s until the last job had written its own)."""
     names = rank_xfers(xfer, len(ranks))

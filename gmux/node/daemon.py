@@ -41,7 +41,7 @@ from gmux.node.stopping import Stopping
 from gmux.node.store import Store
 from gmux.node.supervisor import Supervisor
 from gmux.rundir import RuntimeDir, alive, proc_starttime
-from gmux.wire.server import Caller, Refused, Request, Server, configure
+from gmux.wire.server import Busy, Caller, Refused, Request, Server, configure
 
 log = logging.getLogger("gmux.daemon")
 
@@ -276,7 +276,7 @@ class Daemon:
                 self.seat(job, now)
             return {"job": job.id, "gpu": gpu, "moved": "before starting", "path": "before starting"}
         if busy:
-            raise Refused(f"migrate: {job.id} is busy with a {busy}; try again in a moment")
+            raise Busy(f"migrate: {job.id} is busy with a {busy}; try again in a moment")
         if self.moves.applies(job, gpu, new_process):
             return self.moves.start(job, gpu, req)
         job.target_gpu = gpu

@@ -18,6 +18,11 @@ class GmuxError(RuntimeError):
     """gmuxd refused a request or cannot be reached; the message says what to do."""
 
 
+class GmuxBusy(GmuxError):
+    """gmuxd refused a request only for now: the job is busy with something that ends by itself (a suspend, a
+    move); the same request may succeed in a moment."""
+
+
 def unavailable_message(endpoint: str, timeout: Optional[float] = None, running: bool = True) -> str:
     rundir = os.path.dirname(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
     hint = f"gmuxd --runtime-dir {rundir}" if rundir else "gmuxd"
@@ -75,7 +80,7 @@ class Client:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(self.rundir.endpoint)
         self.requests = Requester(self.sock, "gmuxd", GmuxError,
-                                  lambda waited: unavailable_message(self.rundir.endpoint, waited))
+                                  lambda waited: unavailable_message(self.rundir.endpoint, waited), busy=GmuxBusy)
 
     def call(self, mtype: str, timeout: Optional[float] = None, **fields: Any) -> Any:
         if mtype in protocol.ADMIN_TYPES:

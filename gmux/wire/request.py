@@ -20,8 +20,9 @@ class Requester:
     def __init__(self, sock: zmq.Socket, peer: str, error: type, silence: Callable[[float], str],
                  table: Optional[dict] = None, on_message: Optional[Callable[[protocol.Message], None]] = None,
                  on_bad: Optional[Callable[[protocol.ProtocolError], None]] = None, unanswered: type = None,
-                 refused: Callable[[str, str], str] = lambda mtype, error: error):
+                 refused: Callable[[str, str], str] = lambda mtype, error: error, busy: type = None):
         self.sock, self.peer, self.error, self.silence = sock, peer, error, silence
+        self.busy = busy or error      # raised for a refusal the reply marks `busy` (only for now)
         self.table, self.on_message, self.on_bad = table, on_message, on_bad
         self.unanswered = unanswered or error
         self.refused = refused
@@ -54,7 +55,7 @@ class Requester:
             if msg is not None and self.on_message is not None:
                 self.on_message(msg)
         if not msg.get("ok"):
-            raise self.error(self.refused(mtype, msg.get("error") or "refused"))
+            raise (self.busy if msg.get("busy") else self.error)(self.refused(mtype, msg.get("error") or "refused"))
         return msg.get("data")
 
     def receive(self) -> Optional[protocol.Message]:

@@ -63,6 +63,12 @@ class Refused(Exception):
     """A valid message that will not be carried out; its text goes back to the sender."""
 
 
+class Busy(Refused):
+    """Refused only for now: the target is in the middle of something that ends by itself (a suspend, a move),
+    and the same request may succeed in a moment. The reply says so (`busy`), so callers that wait need not
+    read the text."""
+
+
 @dataclass(frozen=True)
 class Request:
     """One validated message and where it came from, as a handler gets it."""
@@ -183,7 +189,7 @@ class Server:
         try:
             data = handler(request)
         except self.refusals as e:
-            self._refuse(identity, msg.id, str(e))
+            self._refuse(identity, msg.id, str(e), isinstance(e, Busy))
             return
         except Exception as e:
             self.internal_errors += 1
@@ -194,9 +200,9 @@ class Server:
             return
         self.reply(identity, msg.id, data)
 
-    def _refuse(self, identity: bytes, msg_id, text: str) -> None:
+    def _refuse(self, identity: bytes, msg_id, text: str, busy: bool = False) -> None:
         self.refused += 1
-        self.refuse(identity, msg_id, text)
+        self.refuse(identity, msg_id, text, busy)
 
     # --- sending (also for deferred answers, and for messages the owner starts itself) ---
     def reply(self, identity: bytes, msg_id: int, data: Any = None) -> bool:
@@ -207,8 +213,8 @@ class Server:
                                                  f"limit of a message; ask for less (e.g. a smaller --limit or --tail)")
         return self.send(identity, frame)
 
-    def refuse(self, identity: bytes, msg_id, text: str) -> bool:
-        return self.send(identity, protocol.error_reply(msg_id, text[:MAX_ERROR]))
+    def refuse(self, identity: bytes, msg_id, text: str, busy: bool = False) -> bool:
+        return self.send(identity, protocol.error_reply(msg_id, text[:MAX_ERROR], busy))
 
     def send(self, identity: bytes, frame: bytes) -> bool:
         """False when the frame could not be queued: the peer is gone (EHOSTUNREACH) or not reading (EAGAIN)."""

@@ -3,6 +3,7 @@ streams from a job's pipe likewise, completed only once the job has vouched for 
 import io
 import os
 import threading
+import time
 
 import pytest
 import zmq
@@ -273,10 +274,15 @@ def test_a_transfer_that_fails_fails_the_jobs_checkpoint_which_stays_suspended(k
 
 def test_a_checkpoint_is_asked_again_while_gmuxd_is_busy_with_the_moves_suspend():
     from gmux.node.cluster_stream import patiently
-    answers = iter(["checkpoint: j1 is busy with a suspend; try again in a moment"] * 2 + [None])
+    from gmux.wire.daemon_client import GmuxBusy, GmuxError
+    answers = iter([GmuxBusy("checkpoint: j1 is busy with a suspend; try again in a moment")] * 2 + [None])
     assert patiently(lambda: next(answers)) is None                 # a job stopped at its deadline got there
-    assert patiently(lambda: "checkpoint: j1 has not started") == "checkpoint: j1 has not started"
-    assert "busy" in patiently(lambda: "checkpoint: j1 is busy with a suspend", patience=0.3)
+    assert patiently(lambda: GmuxError("checkpoint: j1 has not started")) == "checkpoint: j1 has not started"
+    # only the reply's busy flag counts, not the wording: a refusal that merely says "busy" is final
+    assert patiently(lambda: GmuxError("checkpoint: j1 is busy with a suspend")) == "checkpoint: j1 is busy with a suspend"
+    t0 = time.monotonic()
+    assert "busy" in patiently(lambda: GmuxBusy("checkpoint: j1 is busy with a suspend"), patience=0.3)
+    assert time.monotonic() - t0 >= 0.3
 
 
 def test_a_pipe_left_by_a_killed_link_does_not_block_a_staged_checkpoint(tmp_path):

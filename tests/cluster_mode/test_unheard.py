@@ -7,6 +7,7 @@ import time
 import msgpack
 import pytest
 
+from gmux import protocol
 from gmux.cluster.scheduler import unheard
 from gmux.cluster.scheduler.driver import Intent
 from gmux.cluster.scheduler.service import Options, Scheduler
@@ -47,8 +48,11 @@ def report(s, state="running", held=False, gpu=0):
                                                    "gpu": gpu, "held": held}]}, None)
 
 
-def event(s, name, detail):
-    s._daemon_node_event("m1", b"m1", {"name": "m1", "cjob": "c1", "event": name, "detail": detail}, None)
+def event(s, name, detail, **data):
+    """A link's event as the scheduler gets it: encoded and validated against the wire format."""
+    frame = protocol.encode("node_event", table=protocol.CLUSTER_MESSAGES, name="m1", cjob="c1", event=name,
+                            detail=detail, data=data)
+    s._daemon_node_event("m1", b"m1", protocol.decode(frame, protocol.CLUSTER_MESSAGES), None)
 
 
 def test_a_suspend_sent_while_the_link_was_away_is_sent_when_it_reports_again(sched):
@@ -110,7 +114,8 @@ def test_a_move_lost_on_the_way_is_sent_again_once_then_the_machine_is_believed(
     time.sleep(GRACE * 1.5)
     report(sched, gpu=0)                          # still on GPU 0 a grace later: lost on the way
     assert sched.wire[1:] == [("m1", "move", {"gpu": 1})]
-    event(sched, "action_failed", "move: migrate: j1 is busy with a move; try again in a moment")
+    event(sched, "action_failed", "move: migrate: j1 is busy with a move; try again in a moment", action="move",
+          busy=True)
     report(sched, gpu=0)                          # busy: the first is still under way, nothing is given up yet
     assert sched.jobs["c1"].gpu == 1
     time.sleep(GRACE * 1.5)
@@ -122,7 +127,7 @@ def test_a_move_lost_on_the_way_is_sent_again_once_then_the_machine_is_believed(
 
 def test_a_move_the_machine_refused_is_not_sent_again(sched):
     sched._carry_out(Intent("move", "c1", machine="m1", gpu=1, gpus=(1,)))
-    event(sched, "action_failed", "move: migrate: GPU 1 cannot take j1: 900 MiB of 1 GiB in use")
+    event(sched, "action_failed", "move: migrate: GPU 1 cannot take j1: 900 MiB of 1 GiB in use", action="move")
     report(sched, gpu=0)                          # refused: the scheduler takes the machine's word at once
     assert sched.jobs["c1"].gpu == 0 and sched.jobs["c1"].rank_gpus == [0]
     time.sleep(GRACE * 1.5)

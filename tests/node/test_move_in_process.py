@@ -185,12 +185,14 @@ def test_real_gpus_and_new_process_take_the_checkpoint_path(daemon_factory):
         (cmd,) = commands(d, b"a")
         assert cmd["kind"] == "migrate" and cmd["args"]["path"].endswith(f"{a['job']}.ckpt")
         assert d.slicers[0].busy_with(a["job"]) == "migrate"
+        again = ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1, **fields)    # refused only for now
+        assert not again["ok"] and again["busy"] is True and "busy with a migrate" in again["error"], again
         ack(d, b"a", a, cmd)
         (reply,) = replies(d)
         assert reply["ok"] and reply["data"]["path"] == "new process", reply
         t = started(d, b"t", mem=256 * MiB)    # transparent mode: a new process cannot restore it
         r = ask(d, "migrate", admin=d.admin, job=t["job"], gpu=1 - d.jobs[t["job"]].gpu, **fields)
-        assert not r["ok"] and "transparent mode" in r["error"], r
+        assert not r["ok"] and "transparent mode" in r["error"] and "busy" not in r, r
         assert ("leave out --new-process" in r["error"]) == virtual
 
 

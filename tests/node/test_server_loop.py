@@ -8,7 +8,8 @@ import pytest
 import zmq
 
 from gmux import protocol
-from gmux.wire.server import DEFERRED, SEND_QUEUE, Refused, Server, configure
+from gmux.wire.request import Requester
+from gmux.wire.server import DEFERRED, SEND_QUEUE, Busy, Refused, Server, configure
 
 
 @pytest.fixture
@@ -73,6 +74,47 @@ def test_dispatch_refusals_internal_errors_and_deferred_replies(router):
     server.reply(later[0].identity, later[0].msg.id, {"done": True})
     assert sent[-1] == (b"b", {"v": protocol.VERSION, "type": "reply", "id": 11, "ok": True, "data": {"done": True}})
     assert (server.messages, server.refused, server.internal_errors) == (8, 4, 1)
+
+
+
+class Final(Exception):
+    pass
+
+
+class NotYet(Final):
+    pass
+
+
+def test_a_refusal_only_for_now_says_so_in_the_reply_and_reaches_the_caller_as_its_busy_error(router):
+    sock, endpoint = router
+
+    def busy(req):
+        raise Busy("j1 is busy with a move; try again in a moment")
+
+    def final(req):
+        raise Refused("j1 is busy with a move")       # the same words, but a final refusal: only the flag counts
+    server = Server(sock, {"migrate": busy, "kill": final}, name="testd")
+    stop = threading.Event()
+    t = threading.Thread(target=server.serve, args=(lambda: None, stop.is_set), daemon=True)
+    t.start()
+    client = zmq.Context.instance().socket(zmq.DEALER)
+    client.connect(endpoint)
+    try:
+        asks = Requester(client, "testd", Final, lambda waited: "silent", busy=NotYet)
+        with pytest.raises(NotYet, match="busy with a move; try again"):
+            asks.call("migrate", 5, admin="x", job="j1", gpu=1)
+        with pytest.raises(Final) as refused:
+            asks.call("kill", 5, admin="x", job="j1")
+        assert type(refused.value) is Final
+        plain = Requester(client, "testd", Final, lambda waited: "silent")   # a caller that does not wait
+        with pytest.raises(Final) as refused:
+            plain.call("migrate", 5, admin="x", job="j1", gpu=1)
+        assert type(refused.value) is Final
+    finally:
+        stop.set()
+        t.join(5)
+        client.close(0)
+    assert server.refused == 3 and server.internal_errors == 0
 
 
 def test_roles_from_the_key_and_an_attached_frame(router):

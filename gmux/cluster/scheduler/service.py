@@ -261,7 +261,7 @@ class Scheduler:
         elif ev == "suspended" and job.state == "suspended":
             job.detail = f"held on {name}"
         elif ev == "action_failed":
-            if detail.startswith("move:") and "is busy with a" not in detail:   # (busy: a move still under way)
+            if d.get("action") == "move" and not d.get("busy"):     # (busy: a move still under way)
                 self.unheard.refused(job.cjob)
             self._log("action_failed", job.cjob, f"{job.cjob} on {name}: {detail}")
         self.state.save(job)
