@@ -638,6 +638,9 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
                  "weight": (_pos_float, False), "ckpt_every": (_optional(_pos_float), False)},
     "c_ps": {"all": (_bool, False)},
     "c_kill": {"cjob": (_name, True)},
+    # its user's hold (suspended, and kept so, until c_resume), and its end
+    "c_suspend": {"cjob": (_name, True)},
+    "c_resume": {"cjob": (_name, True)},
     # an operator's move (the policies move jobs on their own; this is for draining a machine, and for tests)
     # (a gang's rank r goes to GPU gpu + r of that machine)
     "c_migrate": {"cjob": (_name, True), "machine": (_name, True), "gpu": (_gpu_index, True)},

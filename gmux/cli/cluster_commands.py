@@ -1,4 +1,4 @@
-"""The cluster half of the `gmux` CLI: `gmux keys`, and `submit`/`ps`/`kill` with --cluster ADDR.
+"""The cluster half of the `gmux` CLI: `gmux keys`, and `submit`/`ps`/`kill`/`suspend`/`resume` with --cluster ADDR.
 
 gmux/cli/gmux.py hands these command lines here (so the per-machine CLI stays as it is)."""
 from __future__ import annotations
@@ -32,8 +32,12 @@ def main(argv: list) -> int:
     k.add_argument("--daemon", action="append", default=[], metavar="NAME", help="a machine's pair (repeatable)")
     k.add_argument("--client", action="append", default=[], metavar="NAME", help="a user's pair (repeatable)")
     k.add_argument("--force", action="store_true", help="replace existing pairs (revokes the old keys)")
-    for name in ("submit", "ps", "kill"):
-        s = sub.add_parser(name)
+    helps = {"submit": "submit a job to the cluster: gmux submit --cluster ADDR [opts] -- python train.py",
+             "ps": "the cluster's jobs and machines", "kill": "kill a cluster job",
+             "suspend": "hold a cluster job: suspended where it runs, and kept so until `gmux resume --cluster`",
+             "resume": "release a held cluster job: it runs again in its turn"}
+    for name in ("submit", "ps", "kill", "suspend", "resume"):
+        s = sub.add_parser(name, help=helps[name])
         s.add_argument("--cluster", default=os.environ.get("GMUX_CLUSTER"), required=not os.environ.get("GMUX_CLUSTER"),
                        help="gmux-scheduler's tcp://HOST:PORT")
         s.add_argument("--keys", default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"))
@@ -48,8 +52,8 @@ def main(argv: list) -> int:
                            help="a gang of N processes, one per GPU of one machine (torch.distributed: RANK, "
                                 "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are set for each)")
             s.add_argument("argv", nargs=argparse.REMAINDER)
-        elif name == "kill":
-            s.add_argument("job")
+        elif name in ("kill", "suspend", "resume"):
+            s.add_argument("job", help="the cluster job (cN, as gmux ps --cluster lists it)")
         else:
             s.add_argument("--live", action="store_true")
     a = p.parse_args(argv)
@@ -85,6 +89,11 @@ def run(a) -> int:
         elif a.cmd == "kill":
             data = c.call("c_kill", cjob=a.job)
             print(json.dumps(data) if a.json else f"killing {a.job}")
+        elif a.cmd in ("suspend", "resume"):
+            data = c.call("c_" + a.cmd, cjob=a.job)
+            print(json.dumps(data) if a.json else
+                  f"{a.job} held until `gmux resume --cluster {a.job}` (if it runs, it suspends at its next "
+                  f"boundary)" if a.cmd == "suspend" else f"{a.job} released: it runs again in its turn")
         else:
             data = c.call("c_ps", all=not a.live)
             if a.json:

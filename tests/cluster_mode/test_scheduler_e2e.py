@@ -12,6 +12,7 @@ import msgpack
 import zmq
 
 from gmux import protocol
+from gmux.cluster.scheduler import unheard
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
 from cluster_harness import PY, ROOT, TRAIN, env, Solo, wait_for
@@ -96,6 +97,31 @@ def test_gandiva_places_on_three_daemons_bit_identical_and_refuses_strangers(clu
     assert ps["internal_errors"] == 0 and ps["bad_messages"] >= len(frames)
     assert "rogue" not in {m["name"] for m in ps["machines"]}
 
+    # --- its user holds a job (the CLI): it stays suspended past the grace after which the scheduler says
+    #     again what a machine did not do, then runs on once released ---
+    def cli(*args):
+        r = subprocess.run([PY, "-m", "gmux.cli.gmux", *args[:1], "--cluster", c.endpoint, "--keys", c.keys,
+                            "--as", "tester", *args[1:]], env=env(), capture_output=True, text=True, cwd=ROOT,
+                           timeout=30)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    live = sorted((j["step"], j["cjob"]) for j in c.ps()["jobs"] if j["cjob"] in ids.values() and not j["exit_status"]
+                  and j["state"] in ("running", "suspended", "pending", "starting"))
+    assert live, "every job ended before one could be held"
+    held = live[0][1]
+    wait_for(lambda: c.job(held)["state"] in ("running", "suspended"), 60, "the job to hold started")
+    assert "held until" in cli("suspend", held)
+
+    def stopped():
+        before = c.job(held)["step"]
+        time.sleep(1.5)
+        now = c.job(held)
+        return now if now["step"] == before else None
+    step = wait_for(stopped, 60, "the held job stopped")["step"]
+    time.sleep(unheard.GRACE_S + 1.5)
+    job = c.job(held)
+    assert job["state"] == "held" and job["step"] == step and "held by tester" in job["detail"], job
+    assert "released" in cli("resume", held)
     # --- every job completes, bit-identical to its solo run ---
     jobs = c.wait_done(list(ids.values()), 180)
     used = {jobs[i]["machine"] for i in ids.values()}

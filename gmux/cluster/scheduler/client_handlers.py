@@ -1,8 +1,15 @@
-"""What gmux-scheduler does for its clients (`gmux submit/ps/kill/migrate --cluster`): each request comes with the
-name of the client key it was signed with, which the service learned from CurveZMQ, never from the message.
+"""What gmux-scheduler does for its clients (`gmux submit/ps/kill/suspend/resume/migrate --cluster`): each request
+comes with the name of the client key it was signed with, which the service learned from CurveZMQ, never from
+the message.
 
 A job belongs to the key that submitted it: only that key, or one named an admin (`gmux-scheduler --admin`),
-may kill or move it. Every client may list every job.
+may kill, hold, release or move it. Every client may list every job.
+
+A user's hold (`gmux suspend --cluster`) takes the job away from the policy: it is suspended where it runs (its
+state kept in its machine's host memory, as for a policy Suspend), and nothing resumes it until its user says
+so; one not placed yet waits unplaced. Released (`gmux resume --cluster`), it is the policy's again, suspended
+or pending, and runs in its turn. A local `gmux suspend` on its machine is not a hold: the scheduler, which
+counts the job running there, resumes it (gmux.cluster.scheduler.unheard).
 """
 from __future__ import annotations
 
@@ -19,7 +26,8 @@ class ClientHandlers:
         self.s = scheduler
 
     def table(self) -> dict:
-        return {"c_submit": self.submit, "c_ps": self.ps, "c_kill": self.kill, "c_migrate": self.migrate}
+        return {"c_submit": self.submit, "c_ps": self.ps, "c_kill": self.kill, "c_suspend": self.hold,
+                "c_resume": self.release, "c_migrate": self.migrate}
 
     def _own(self, name: str, job: CJob, what: str) -> None:
         if name != job.owner and name not in self.s.opt.admins:
@@ -62,9 +70,7 @@ class ClientHandlers:
                                 "mean": statistics.fmean(dm) if dm else None}}
 
     def kill(self, name, ident, msg, data):
-        job = self.s.jobs.get(msg["cjob"])
-        if job is None or job.final:
-            raise protocol.ProtocolError(f"c_kill: no live job {msg['cjob']!r}")
+        job = self._live(msg["cjob"], "c_kill")
         self._own(name, job, "c_kill")
         job.kill_requested = True
         if job.machine is None:
@@ -74,6 +80,41 @@ class ClientHandlers:
             self.s._action(job.machine, "kill", job.cjob)
         self.s.state.save(job)
         return {"cjob": job.cjob}
+
+    def hold(self, name, ident, msg, data):
+        job = self._live(msg["cjob"], "c_suspend")
+        self._own(name, job, "c_suspend")
+        if job.state in ("starting", "migrating"):
+            raise protocol.ProtocolError(f"c_suspend: {job.cjob} is {job.state} (to {job.machine}); hold it once it "
+                                         f"runs there")
+        if job.state != "held":
+            running, where = job.state == "running", f" on {job.machine}" if job.machine else ""
+            job.set("held", f"held by {name}{where}; `gmux resume --cluster {job.cjob}` lets it run")
+            if running:
+                self.s._action(job.machine, "suspend", job.cjob)
+                self.s.events.append(Event(EventKind.TICK))      # its GPUs are free for others now
+            self.s.state.save(job)
+            self.s._log("hold", job.cjob, f"{job.cjob} held by {name}{where}")
+        return {"cjob": job.cjob, "state": job.state}
+
+    def release(self, name, ident, msg, data):
+        job = self._live(msg["cjob"], "c_resume")
+        self._own(name, job, "c_resume")
+        if job.state != "held":
+            raise protocol.ProtocolError(f"c_resume: {job.cjob} is not held by its user (it is {job.state}); "
+                                         f"the policy decides when it runs")
+        placed = job.machine is not None
+        job.set("suspended" if placed else "pending", f"released by {name}: runs in its turn")
+        self.s.events.append(Event(EventKind.TICK) if placed else Event(EventKind.ARRIVAL, job_id=job.cjob))
+        self.s.state.save(job)
+        self.s._log("release", job.cjob, f"{job.cjob} released by {name}")
+        return {"cjob": job.cjob, "state": job.state}
+
+    def _live(self, cjob: str, what: str) -> CJob:
+        job = self.s.jobs.get(cjob)
+        if job is None or job.final:
+            raise protocol.ProtocolError(f"{what}: no live job {cjob!r}")
+        return job
 
     def migrate(self, name, ident, msg, data):
         job = self.s.jobs.get(msg["cjob"])

@@ -381,11 +381,13 @@ class Scheduler:
                         job.gpu_seconds, job.machine, job.gpu, job.source, job.local = 0.0, None, None, None, None
                         job.rank_gpus, job.ranks = [], []
                         job.restarts += 1
-                        job.set("pending", f"machine {m.name} lost; restarts from "
-                                           + (f"its checkpoint at step {job.ckpt_step}" if job.ckpt_paths
-                                              else "the beginning (no checkpoint yet)"))
+                        held = job.state == "held"       # (its user's hold outlives the machine)
+                        job.set("held" if held else "pending", f"machine {m.name} lost; restarts from "
+                                + (f"its checkpoint at step {job.ckpt_step}" if job.ckpt_paths
+                                   else "the beginning (no checkpoint yet)") + (" once released" if held else ""))
                         moved.append(job.cjob)
-                        self.events.append(Event(EventKind.ARRIVAL, job_id=job.cjob))
+                        if not held:
+                            self.events.append(Event(EventKind.ARRIVAL, job_id=job.cjob))
                 self._log("lost", None, f"machine {m.name} silent for {now - m.last_seen:.1f} s: lost; "
                                         f"{len(moved)} job(s) to restart elsewhere: {', '.join(moved)}",
                           {"jobs": moved})

@@ -6,6 +6,8 @@ Cluster job states:
   starting   a start was sent to `machine` (or its checkpoint is on the way there); not yet seen running
   running    its gmuxd runs it (time-sliced or packed there as that gmuxd decides)
   suspended  held by the scheduler (policy Suspend); its state is in host RAM on `machine`
+  held       held by its user (`gmux suspend --cluster`): suspended on `machine` (none: it waits unplaced) until
+             `gmux resume --cluster`; the policy does not see it, so it neither runs nor holds a GPU meanwhile
   migrating  being moved from `source` to `machine`: checkpoint on the way; the source releases it only
              after `machine` has restored it
   done / failed / killed   final
@@ -19,7 +21,7 @@ from typing import Optional
 
 from gmux.util.db import DecisionLog, open_db, transaction
 
-LIVE = ("pending", "starting", "running", "suspended", "migrating")
+LIVE = ("pending", "starting", "running", "suspended", "held", "migrating")
 FINAL = ("done", "failed", "killed")
 
 

@@ -85,7 +85,7 @@ def _lacking(job, report: dict) -> Optional[str]:
     held = bool(report.get("held"))
     if job.kill_requested:
         return "kill"
-    if job.state == "suspended" and not held:
+    if job.state in ("suspended", "held") and job.machine is not None and not held:
         return "suspend"
     if job.state == "running" and held:
         return "resume"

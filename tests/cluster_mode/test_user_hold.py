@@ -1,0 +1,119 @@
+"""A user's hold on a cluster job (`gmux suspend/resume --cluster`): the job is suspended where it runs and the
+policy neither resumes it nor sees it until its user releases it; a machine that shows it running anyway is
+told again to suspend it; a hold outlives the loss of its machine; only the owner or an admin holds or
+releases, and a refusal changes nothing. The scheduler here has no daemons: the fixture records what it sends
+them, and reports are fed to it as a machine's link would send them."""
+import time
+
+import msgpack
+import pytest
+
+from gmux import protocol
+from gmux.cluster.scheduler import unheard
+from gmux.cluster.scheduler.service import Options, Scheduler
+from gmux.cluster.scheduler.state import CJob, Machine
+from gmux.wire import keys
+
+GRACE = 0.3
+C = protocol.CLUSTER_MESSAGES
+
+
+@pytest.fixture
+def sched(tmp_path, monkeypatch):
+    monkeypatch.setattr(unheard, "GRACE_S", GRACE)
+    keydir = str(tmp_path / "keys")
+    keys.create(keydir, "scheduler")
+    s = Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*", admins=("ops",)))
+    s.machines = {"m1": Machine("m1", [{"index": 0, "mem_total": 8 << 30}, {"index": 1, "mem_total": 8 << 30}],
+                                "tcp://127.0.0.1:1", last_seen=time.time())}
+    s.jobs = {"c1": CJob("c1", ["python", "train.py"], "/", state="running", machine="m1", gpu=0, rank_gpus=[0],
+                         local="j1", owner="alice", first_run=time.time())}
+    s.wire = []
+
+    def send(ident, frame):
+        msg = msgpack.unpackb(frame)
+        s.wire.append((ident.decode(), msg["action"], msg["cjob"]))
+        return True
+    s.server.send = send
+    yield s
+    s.close()
+
+
+def client(s, who, mtype, **fields):
+    """A client's request as the scheduler's server hands it over: validated against the wire format first."""
+    msg = protocol.decode(protocol.encode(mtype, 1, table=C, **fields), C)
+    return s.server.handlers["client"][mtype](type("Req", (), {"peer": ("client", who), "identity": b"x", "msg": msg,
+                                                                "attachment": None})())
+
+
+def report(s, state="running", held=False, cjob="c1"):
+    s._daemon_node_report("m1", b"m1", {"name": "m1", "gpus": s.machines["m1"].gpus, "transfer": "tcp://127.0.0.1:1",
+                                         "jobs": [{"cjob": cjob, "local": "j1", "state": state, "step": 10,
+                                                   "gpu": 0, "held": held}]}, None)
+
+
+def test_a_held_job_is_suspended_kept_so_and_runs_again_once_released(sched):
+    assert client(sched, "alice", "c_suspend", cjob="c1") == {"cjob": "c1", "state": "held"}
+    assert sched.wire == [("m1", "suspend", "c1")] and sched.jobs["c1"].state == "held"
+    sched.tick(time.time())
+    assert sched.wire == [("m1", "suspend", "c1")]            # the policy has GPUs and a job: it resumes nothing
+    assert "held by alice" in sched.jobs["c1"].detail
+    report(sched, "suspended", held=True)
+    time.sleep(GRACE * 1.5)
+    report(sched, "suspended", held=True)                     # held as asked: nothing sent, however long
+    sched.tick(time.time())
+    assert len(sched.wire) == 1
+    report(sched, "running", held=False)                      # resumed on the machine: the hold is said again
+    time.sleep(GRACE * 1.5)
+    report(sched, "running", held=False)
+    assert sched.wire[1:] == [("m1", "suspend", "c1")]
+    assert client(sched, "alice", "c_suspend", cjob="c1")["state"] == "held"    # again: nothing new
+    assert len(sched.wire) == 2
+    assert client(sched, "alice", "c_resume", cjob="c1") == {"cjob": "c1", "state": "suspended"}
+    sched.tick(time.time())
+    assert sched.wire[2:] == [("m1", "resume", "c1")] and sched.jobs["c1"].state == "running"
+    kinds = [d["kind"] for d in sched.recent]
+    assert "hold" in kinds and "release" in kinds
+
+
+def test_a_pending_job_held_is_not_placed_until_released(sched):
+    sched.jobs["c2"] = CJob("c2", ["python", "train.py"], "/", owner="alice")
+    client(sched, "alice", "c_suspend", cjob="c2")
+    sched.tick(time.time())
+    assert sched.jobs["c2"].state == "held" and sched.jobs["c2"].machine is None and sched.wire == []
+    client(sched, "alice", "c_resume", cjob="c2")
+    assert sched.jobs["c2"].state == "pending"
+    sched.tick(time.time())
+    assert sched.wire == [("m1", "start", "c2")] and sched.jobs["c2"].state == "starting"
+
+
+def test_a_hold_outlives_its_machine(sched):
+    client(sched, "alice", "c_suspend", cjob="c1")
+    sched.machines["m1"].last_seen -= 3600
+    sched.tick(time.time())
+    job = sched.jobs["c1"]
+    assert job.state == "held" and job.machine is None and job.restarts == 1, job
+    assert "once released" in job.detail
+    client(sched, "alice", "c_resume", cjob="c1")
+    assert job.state == "pending"
+
+
+def test_only_the_owner_or_an_admin_holds_and_a_refusal_changes_nothing(sched):
+    with pytest.raises(protocol.ProtocolError, match="c1 belongs to alice, not to bob"):
+        client(sched, "bob", "c_suspend", cjob="c1")
+    with pytest.raises(protocol.ProtocolError, match="c1 is not held by its user \\(it is running\\)"):
+        client(sched, "alice", "c_resume", cjob="c1")
+    with pytest.raises(protocol.ProtocolError, match="no live job 'c9'"):
+        client(sched, "alice", "c_suspend", cjob="c9")
+    sched.jobs["c1"].state = "starting"
+    with pytest.raises(protocol.ProtocolError, match="c1 is starting .*hold it once it runs there"):
+        client(sched, "alice", "c_suspend", cjob="c1")
+    assert sched.jobs["c1"].state == "starting" and sched.wire == []
+    sched.jobs["c1"].state = "running"
+    assert client(sched, "ops", "c_suspend", cjob="c1")["state"] == "held"
+    with pytest.raises(protocol.ProtocolError, match="belongs to alice, not to bob"):
+        client(sched, "bob", "c_resume", cjob="c1")
+    assert sched.jobs["c1"].state == "held"
+    assert client(sched, "ops", "c_resume", cjob="c1")["state"] == "suspended"
+    with pytest.raises(protocol.ProtocolError, match="cjob"):
+        protocol.decode(msgpack.packb({"v": protocol.VERSION, "type": "c_suspend", "id": 1, "cjob": ["c1"]}), C)
