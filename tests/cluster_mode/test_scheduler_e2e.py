@@ -103,18 +103,18 @@ def test_gandiva_places_on_three_daemons_bit_identical_and_refuses_strangers(clu
         r = subprocess.run([PY, "-m", "gmux.cli.gmux", *args[:1], "--cluster", c.endpoint, "--keys", c.keys,
                             "--as", "tester", *args[1:]], env=env(), capture_output=True, text=True, cwd=ROOT,
                            timeout=30)
-        assert r.returncode == 0, r.stderr
-        return r.stdout
+        # (the policy may be moving it this moment: a hold waits until it runs at its new place)
+        return r.stdout if r.returncode == 0 else None if "hold it once it runs there" in r.stderr else r.stderr
     live = sorted((j["step"], j["cjob"]) for j in c.ps()["jobs"] if j["cjob"] in ids.values() and not j["exit_status"]
                   and j["state"] in ("running", "suspended", "pending", "starting"))
     assert live, "every job ended before one could be held"
     held = live[0][1]
-    wait_for(lambda: c.job(held)["state"] in ("running", "suspended"), 60, "the job to hold started")
-    assert "held until" in cli("suspend", held)
+    out = wait_for(lambda: cli("suspend", held), 60, "a hold taken")
+    assert "held until" in out, out
 
     def stopped():
         before = c.job(held)["step"]
-        time.sleep(1.5)
+        time.sleep(2.0)
         now = c.job(held)
         return now if now["step"] == before else None
     step = wait_for(stopped, 60, "the held job stopped")["step"]

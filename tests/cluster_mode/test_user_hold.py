@@ -1,7 +1,7 @@
 """A user's hold on a cluster job (`gmux suspend/resume --cluster`): the job is suspended where it runs and the
-policy neither resumes it nor sees it until its user releases it; a machine that shows it running anyway is
-told again to suspend it; a hold outlives the loss of its machine; only the owner or an admin holds or
-releases, and a refusal changes nothing. The scheduler here has no daemons: the fixture records what it sends
+policy sees neither it nor its GPUs until its user releases it; a machine that shows it running anyway, or a
+policy resume that lands after the hold, is told again to suspend it; a hold outlives the loss of its machine;
+only the owner or an admin holds or releases, and a refusal changes nothing. The scheduler here has no daemons: the fixture records what it sends
 them, and reports are fed to it as a machine's link would send them."""
 import time
 
@@ -76,6 +76,21 @@ def test_a_held_job_is_suspended_kept_so_and_runs_again_once_released(sched):
     assert "hold" in kinds and "release" in kinds
 
 
+def test_a_held_jobs_gpus_are_kept_for_it_and_a_late_resume_is_undone(sched):
+    client(sched, "alice", "c_suspend", cjob="c1")                 # on GPU 0 of m1's two
+    sched.jobs["c2"] = CJob("c2", ["python", "train.py"], "/", owner="bob")
+    sched.jobs["c3"] = CJob("c3", ["python", "train.py"], "/", gpus=2, owner="bob")   # a gang of two
+    sched.tick(time.time())
+    assert sched.wire[1:] == [("m1", "start", "c2")] and sched.jobs["c2"].gpu == 1
+    sched.tick(time.time())
+    assert sched.jobs["c3"].state == "pending" and len(sched.wire) == 2
+    assert not any("holds c1" in d["text"] for d in sched.recent)  # never proposed onto c1's GPU
+    # The policy's resume of c1, sent before the hold, lands after it: the hold is said again at once.
+    frame = protocol.encode("node_event", table=C, name="m1", cjob="c1", event="resumed", detail="")
+    sched._daemon_node_event("m1", b"m1", protocol.decode(frame, C), None)
+    assert sched.wire[2:] == [("m1", "suspend", "c1")] and sched.jobs["c1"].state == "held"
+
+
 def test_a_pending_job_held_is_not_placed_until_released(sched):
     sched.jobs["c2"] = CJob("c2", ["python", "train.py"], "/", owner="alice")
     client(sched, "alice", "c_suspend", cjob="c2")
@@ -115,5 +130,10 @@ def test_only_the_owner_or_an_admin_holds_and_a_refusal_changes_nothing(sched):
         client(sched, "bob", "c_resume", cjob="c1")
     assert sched.jobs["c1"].state == "held"
     assert client(sched, "ops", "c_resume", cjob="c1")["state"] == "suspended"
+    client(sched, "alice", "c_suspend", cjob="c1")
+    client(sched, "alice", "c_kill", cjob="c1")
+    with pytest.raises(protocol.ProtocolError, match="c1 is being killed"):
+        client(sched, "alice", "c_resume", cjob="c1")
+    assert sched.jobs["c1"].state == "held"
     with pytest.raises(protocol.ProtocolError, match="cjob"):
         protocol.decode(msgpack.packb({"v": protocol.VERSION, "type": "c_suspend", "id": 1, "cjob": ["c1"]}), C)

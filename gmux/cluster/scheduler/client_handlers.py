@@ -6,9 +6,9 @@ A job belongs to the key that submitted it: only that key, or one named an admin
 may kill, hold, release or move it. Every client may list every job.
 
 A user's hold (`gmux suspend --cluster`) takes the job away from the policy: it is suspended where it runs (its
-state kept in its machine's host memory, as for a policy Suspend), and nothing resumes it until its user says
-so; one not placed yet waits unplaced. Released (`gmux resume --cluster`), it is the policy's again, suspended
-or pending, and runs in its turn. A local `gmux suspend` on its machine is not a hold: the scheduler, which
+state kept in its machine's host memory, as for a policy Suspend), its GPUs kept for it (the policy is not shown
+them), and nothing resumes it until its user says so; one not placed yet waits unplaced. Released (`gmux resume
+--cluster`), it is the policy's again, suspended or pending, and runs in its turn. A local `gmux suspend` on its machine is not a hold: the scheduler, which
 counts the job running there, resumes it (gmux.cluster.scheduler.unheard).
 """
 from __future__ import annotations
@@ -92,7 +92,6 @@ class ClientHandlers:
             job.set("held", f"held by {name}{where}; `gmux resume --cluster {job.cjob}` lets it run")
             if running:
                 self.s._action(job.machine, "suspend", job.cjob)
-                self.s.events.append(Event(EventKind.TICK))      # its GPUs are free for others now
             self.s.state.save(job)
             self.s._log("hold", job.cjob, f"{job.cjob} held by {name}{where}")
         return {"cjob": job.cjob, "state": job.state}
@@ -100,6 +99,8 @@ class ClientHandlers:
     def release(self, name, ident, msg, data):
         job = self._live(msg["cjob"], "c_resume")
         self._own(name, job, "c_resume")
+        if job.kill_requested:
+            raise protocol.ProtocolError(f"c_resume: {job.cjob} is being killed")
         if job.state != "held":
             raise protocol.ProtocolError(f"c_resume: {job.cjob} is not held by its user (it is {job.state}); "
                                          f"the policy decides when it runs")

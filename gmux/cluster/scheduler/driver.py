@@ -63,13 +63,15 @@ class Driver:
     def snapshot(self, jobs: dict[str, CJob], machines: dict[str, Machine], now: float) -> Snapshot:
         up = sorted((m for m in machines.values() if m.state == "up"), key=lambda m: (m.joined, m.name))
         views, self.gpu_of, global_of = [], {}, {}
+        reserved = _held_gpus(jobs)
         g = 0
         for i, m in enumerate(up):
             ids = []
             for rec in sorted(m.gpus, key=lambda r: r["index"]):
                 self.gpu_of[g] = (m.name, rec["index"])
                 global_of[(m.name, rec["index"])] = g
-                ids.append(g)
+                if (m.name, rec["index"]) not in reserved:
+                    ids.append(g)
                 g += 1
             mem = min((r["mem_total"] for r in m.gpus), default=0) / (1 << 30)
             views.append(MachineView(i, tuple(ids), gpu_mem_gib=mem))
@@ -150,6 +152,17 @@ class Driver:
             elif isinstance(a, (Grow, Shrink)):
                 intents.append(Intent("none", job.cjob, why=f"{type(a).__name__}: elastic jobs not supported"))
         return intents, timers
+
+
+def _held_gpus(jobs: dict[str, CJob]) -> set:
+    """(machine, GPU) pairs kept for jobs their users hold: the policy is not shown them, so it places nothing
+    there until the hold ends (as a suspended job keeps its nodes in Slurm). A GPU that a running job shares with
+    the held one (a pack) stays shown: that job holds it anyway."""
+    held = {(j.machine, g) for j in jobs.values() if j.state == "held" and j.machine is not None
+            for g in j.rank_gpus or [j.gpu]}
+    busy = {(j.machine, g) for j in jobs.values() if j.state in ("starting", "running", "migrating")
+            for g in j.rank_gpus or [j.gpu]}
+    return held - busy
 
 
 def _gang_problem(job: CJob, machine: str, gpus: tuple, occupants: dict) -> Optional[str]:

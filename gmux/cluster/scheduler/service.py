@@ -260,6 +260,8 @@ class Scheduler:
                 self._drop_checkpoints(job.cjob, keep=job.ckpt_paths)
         elif ev == "suspended" and job.state == "suspended":
             job.detail = f"held on {name}"
+        elif ev == "resumed" and job.state == "held":     # a policy resume overtaken by its user's hold
+            self._action(job.machine, "suspend", job.cjob)
         elif ev == "action_failed":
             if d.get("action") == "move" and not d.get("busy"):     # (busy: a move still under way)
                 self.unheard.refused(job.cjob)

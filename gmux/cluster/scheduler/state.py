@@ -7,7 +7,7 @@ Cluster job states:
   running    its gmuxd runs it (time-sliced or packed there as that gmuxd decides)
   suspended  held by the scheduler (policy Suspend); its state is in host RAM on `machine`
   held       held by its user (`gmux suspend --cluster`): suspended on `machine` (none: it waits unplaced) until
-             `gmux resume --cluster`; the policy does not see it, so it neither runs nor holds a GPU meanwhile
+             `gmux resume --cluster`; the policy sees neither it nor its GPUs, which stay kept for it
   migrating  being moved from `source` to `machine`: checkpoint on the way; the source releases it only
              after `machine` has restored it
   done / failed / killed   final
