@@ -137,3 +137,21 @@ def test_only_the_owner_or_an_admin_holds_and_a_refusal_changes_nothing(sched):
     assert sched.jobs["c1"].state == "held"
     with pytest.raises(protocol.ProtocolError, match="cjob"):
         protocol.decode(msgpack.packb({"v": protocol.VERSION, "type": "c_suspend", "id": 1, "cjob": ["c1"]}), C)
+
+
+def test_a_job_killed_while_held_is_learned_with_the_service_it_had_when_held(sched):
+    """gmux's size model learns each ended job's service: a job held (or suspended) and then killed must count
+    what it ran, not the time it sat held as if it had run on."""
+    learned = []
+    model = sched.driver.policy.model
+    model.add = lambda n, service: learned.append(service)
+    sched.tick(time.time())                           # the policy sees c1 running from now on
+    time.sleep(0.3)
+    client(sched, "alice", "c_suspend", cjob="c1")
+    sched.tick(time.time())                           # ...and no longer
+    time.sleep(1.5)
+    client(sched, "alice", "c_kill", cjob="c1")
+    report(sched, "killed")
+    sched.tick(time.time())
+    assert sched.jobs["c1"].state == "killed"
+    assert len(learned) == 1 and 0.2 <= learned[0] < 0.9, learned     # ~0.3 s, not ~1.8 s

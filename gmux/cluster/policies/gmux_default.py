@@ -133,7 +133,7 @@ from __future__ import annotations
 
 import math
 
-from .api import Event, EventKind
+from .api import Event, EventKind, Suspend
 from .gittins import GRID0, WINDOW, ServiceModel
 from .planning import Plan
 from .priority import PriorityPolicy
@@ -255,6 +255,29 @@ class GmuxPolicy(PriorityPolicy):
         self._observe(job.job_id, job.attained_at(now))
         super()._run_add(job, now)
         self._svc[job.job_id] = (job.attained_at(now), job.service_rate or job.num_gpus, now, job.num_gpus)
+
+    def _sync(self, snap, event: Event) -> None:
+        before = self._rkeys
+        super()._sync(snap, event)
+        if self._rkeys is not before:
+            # Rebuilt from the snapshot: jobs may have stopped running without a Suspend of this policy's (held by
+            # their user, gone from a lost machine). Their service stops growing where it was.
+            for jid in before.keys() - self._rkeys.keys():
+                self._freeze(jid, snap.now)
+
+    def _record(self, snap, actions: list) -> list:
+        for a in actions:
+            if isinstance(a, Suspend):
+                self._freeze(a.job_id, snap.now)
+        return super()._record(snap, actions)
+
+    def _freeze(self, jid, now: float) -> None:
+        """A job that stopped running at `now` has received no more service since: a job killed while suspended
+        or held must not be learned as having run all along."""
+        rec = self._svc.get(jid)
+        if rec is not None and rec[1]:
+            attained, rate, at, n = rec
+            self._svc[jid] = (attained + rate * max(0.0, now - at), 0.0, now, n)
 
     def _learn(self, event: Event, now: float) -> None:
         """A completed job's service joins the distribution; a changed distribution re-ranks everyone."""

@@ -322,8 +322,8 @@ class Scheduler:
         self.timers = [t for t in self.timers if t[0] > now]
         events += [Event(EventKind.TIMER, key=k) for _, k in due]
         for ev in events:
-            if not any(not j.final for j in self.jobs.values()):
-                break
+            if ev.kind is not EventKind.COMPLETION and not any(not j.final for j in self.jobs.values()):
+                continue        # (a completion still reaches the policy: it learns from the last one too)
             t0 = time.perf_counter()
             try:
                 intents, timers = self.driver.decide(self.jobs, self.machines, ev, now)
