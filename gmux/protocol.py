@@ -638,7 +638,7 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
                  "weight": (_pos_float, False), "ckpt_every": (_optional(_pos_float), False)},
     "c_ps": {"all": (_bool, False)},
     "c_kill": {"cjob": (_name, True)},
-    # its user's hold (suspended, and kept so, until c_resume), and its end
+    # a user's hold on a job (suspended, and kept so), and the hold's end
     "c_suspend": {"cjob": (_name, True)},
     "c_resume": {"cjob": (_name, True)},
     # an operator's move (the policies move jobs on their own; this is for draining a machine, and for tests)

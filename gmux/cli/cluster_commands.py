@@ -91,9 +91,10 @@ def run(a) -> int:
             print(json.dumps(data) if a.json else f"killing {a.job}")
         elif a.cmd in ("suspend", "resume"):
             data = c.call("c_" + a.cmd, cjob=a.job)
-            print(json.dumps(data) if a.json else
-                  f"{a.job} held until `gmux resume --cluster {a.job}` (if it runs, it suspends at its next "
-                  f"boundary)" if a.cmd == "suspend" else f"{a.job} released: it runs again in its turn")
+            said = {"suspend": f"{a.job} held until `gmux resume --cluster {a.job}` (if it runs, it suspends at its "
+                               f"next boundary)",
+                    "resume": f"{a.job} released: it runs again in its turn"}
+            print(json.dumps(data) if a.json else said[a.cmd])
         else:
             data = c.call("c_ps", all=not a.live)
             if a.json:

@@ -13,6 +13,7 @@ from gmux.cluster.scheduler import unheard
 from gmux.cluster.scheduler.service import Options, Scheduler
 from gmux.cluster.scheduler.state import CJob, Machine
 from gmux.wire import keys
+from gmux.wire.server import Request
 
 GRACE = 0.3
 C = protocol.CLUSTER_MESSAGES
@@ -42,8 +43,7 @@ def sched(tmp_path, monkeypatch):
 def client(s, who, mtype, **fields):
     """A client's request as the scheduler's server hands it over: validated against the wire format first."""
     msg = protocol.decode(protocol.encode(mtype, 1, table=C, **fields), C)
-    return s.server.handlers["client"][mtype](type("Req", (), {"peer": ("client", who), "identity": b"x", "msg": msg,
-                                                                "attachment": None})())
+    return s.server.handlers["client"][mtype](Request(b"x", msg, time.monotonic(), peer=("client", who)))
 
 
 def report(s, state="running", held=False, cjob="c1"):

@@ -8,8 +8,9 @@ may kill, hold, release or move it. Every client may list every job.
 A user's hold (`gmux suspend --cluster`) takes the job away from the policy: it is suspended where it runs (its
 state kept in its machine's host memory, as for a policy Suspend), its GPUs kept for it (the policy is not shown
 them), and nothing resumes it until its user says so; one not placed yet waits unplaced. Released (`gmux resume
---cluster`), it is the policy's again, suspended or pending, and runs in its turn. A local `gmux suspend` on its machine is not a hold: the scheduler, which
-counts the job running there, resumes it (gmux.cluster.scheduler.unheard).
+--cluster`), it is the policy's again, suspended or pending, and runs in its turn. A local `gmux suspend` on its
+machine is not a hold: the scheduler, which counts the job running there, resumes it
+(gmux.cluster.scheduler.unheard).
 """
 from __future__ import annotations
 

@@ -160,6 +160,8 @@ def _held_gpus(jobs: dict[str, CJob]) -> set:
     the held one (a pack) stays shown: that job holds it anyway."""
     held = {(j.machine, g) for j in jobs.values() if j.state == "held" and j.machine is not None
             for g in j.rank_gpus or [j.gpu]}
+    if not held:
+        return held          # (every decision builds a snapshot: no second walk over the jobs without a hold)
     busy = {(j.machine, g) for j in jobs.values() if j.state in ("starting", "running", "migrating")
             for g in j.rank_gpus or [j.gpu]}
     return held - busy
