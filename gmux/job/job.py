@@ -23,6 +23,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
 
 import torch
 
+from gmux.util.splice import PipeWriter
 from . import checkpoint as ckpt, holdings
 from .control import Command, Controller, LocalController
 from .data import DataPosition, batches, epochs
@@ -334,8 +335,16 @@ def _stream(snap: dict, path: str, resolve, held=None, wait_s: float = 30.0) -> 
                 raise
             time.sleep(0.01)
     os.set_blocking(fd, True)
-    with open(fd, "wb", buffering=1 << 20) as f:
-        return ckpt.write(snap, f.write, resolve, announce=lambda n: f.write(struct.pack("<Q", n)), held=held)
+    try:
+        # Spliced, not copied (gmux.util.splice): the job stands still until this returns, and it returns only
+        # once its reader has read every byte that refers to its memory.
+        pipe = PipeWriter(fd)
+        n = ckpt.write(snap, pipe.write_all, resolve, announce=lambda n: pipe.write_all(struct.pack("<Q", n)),
+                       held=held)
+        pipe.drain()
+        return n
+    finally:
+        os.close(fd)
 
 
 def _target(command: Command):

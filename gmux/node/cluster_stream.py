@@ -3,10 +3,10 @@ and the staged way, for checkpoints that are files.
 
 The link makes the checkpoint's path a pipe (a FIFO in its own runtime directory), has gmuxd tell the suspended
 job to checkpoint there, and sends what comes out of the pipe as it comes (gmux.wire.transfer.send_stream):
-the job, suspended in place (its memory where it was, nothing copied out), serialises its live state straight
-into the pipe (gmux.job.job: no file, no fsync), the link encrypts and sends it, the target appends it, all at
-once. Before the old way's 1 GiB staged move paid a
-file write with fsync, then file reads, then the transfer, one after the other.
+the job, suspended in place (its memory where it was, nothing copied out), splices its live state into the pipe
+(gmux.job.job, gmux.util.splice: no file, no fsync, no copy; the link's read is the only one), the link encrypts
+and sends it, the target appends it, all at once. Before the old way's 1 GiB staged move paid a file write with
+fsync, then file reads, then the transfer, one after the other.
 
 The end of the stream is not its end: the target's file is completed (xfer_end) only once gmuxd has said that
 the job wrote its whole checkpoint. A job that fails or dies half-way leaves a stream that just stops: the

@@ -5,7 +5,8 @@ suspends; what arrives for it need not outlive a crash (the source holds the job
 Appending it to a file cost this VM 1.3-3.6 s per GiB in page-cache pages faulted in for the first time, and
 held the whole checkpoint in the page cache; a pipe reuses the same 1 MiB. So where the receiver knows a
 reader waits (gmux.wire.receiver.Receiver.expect_reader), NAME.part is a FIFO that a thread of its own fills in
-order, and the receiver's loop never blocks on it.
+order, and the receiver's loop never blocks on it. The thread splices the chunks (gmux.util.splice: the reader's
+read is the only copy) and closes its end only once the reader has read them all.
 
 The names keep their meaning: NAME.part is renamed NAME.ckpt once the transfer completed, before the writer
 closes its end, so a reader that sees the end of the stream and finds its FIFO named NAME.ckpt knows it has
@@ -29,6 +30,8 @@ import select
 import threading
 import time
 from typing import Optional
+
+from gmux.util.splice import PipeWriter
 
 PIPE_BYTES = 1 << 20
 QUEUE_BYTES = 32 << 20   # two senders' windows: a reader as fast as the network never sees it full
@@ -91,11 +94,13 @@ class Piped:
             fd = self._open()
             if fd is None:
                 return
+            pipe = PipeWriter(fd)
             while not self._stop.is_set():
                 data = self._queue.get()
                 if data is None:
+                    pipe.drain(stop=self._stop.is_set)
                     return
-                self._write(fd, memoryview(data))
+                self._write(pipe, memoryview(data))
                 with self._count:
                     self._queued -= len(data)
         except OSError as e:
@@ -138,12 +143,12 @@ class Piped:
         except FileNotFoundError:
             return os.open(self.names[1], os.O_WRONLY | os.O_NONBLOCK)
 
-    def _write(self, fd: int, view: memoryview) -> None:
+    def _write(self, pipe: PipeWriter, view: memoryview) -> None:
         while view and not self._stop.is_set():
             try:
-                view = view[os.write(fd, view):]
+                view = view[pipe.write(view):]
             except BlockingIOError:               # full: the reader is busy; wake up to see _stop now and then
-                wait_ready(fd, select.POLLOUT, 100)
+                wait_ready(pipe.fd, select.POLLOUT, 100)
 
 
 def wait_ready(fd: int, event: int, ms: int) -> None:
