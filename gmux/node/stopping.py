@@ -111,7 +111,9 @@ class Stopping:
         if e.frozen:
             note = f"stopped from outside gmux, keeps {kept}; runs again on SIGCONT"
         elif e.stopped:
+            # (no command waiting: a resume it answered while being stopped; it stays stopped until its turn)
             note = (f"stopped: no boundary ever, its {kept} can't be freed" if never else
+                    f"stopped, keeps {kept}" if waited is None else
                     f"stopped (no boundary in {waited:.1f} s), keeps {kept}")
         elif e.overdue and waited is not None:
             note = (f"no boundary ever: sliced by SIGSTOP/SIGCONT, {kept} kept" if never else

@@ -250,3 +250,22 @@ def test_a_job_held_for_a_move_computes_on_to_its_boundary_unless_others_need_th
     assert a[-2:] == ["stop", "cont"] and "a" not in s.resident, play.log   # reached its boundary, suspended
     s.release("a")
     assert not s.entries["a"].to_boundary
+
+
+def test_a_stopped_job_whose_resume_was_answered_is_shown_without_crashing_gmuxd():
+    """A job that had passed boundaries before, stopped while its resume was out and answering it then, stays
+    stopped with no command waiting. gmux ps's note for it formatted the missing wait as a number, and gmuxd
+    died of the TypeError (seen once in the suite under load)."""
+    from gmux.node.jobs import Job
+    from gmux.node.stopping import Stopping
+    pair = Slicer(1, 2 << 30, 2.0)
+    pair.add("a", 1.0, 1 << 20, 0.0)
+    pair.add("b", 1.0, 1 << 20, 0.0)
+    sent = [c for t in (0.0, 0.5, 3.0, 5.0) for c in pair.tick(t)]
+    assert ("stop", "a") in sent
+    pair.acked("a", "resume", 5.1)
+    assert pair.entries["a"].stopped and pair.waited("a", 5.2) is None
+    job = Job("a", "t", "a", ["x"])
+    job.boundaries = 3
+    Stopping(None).note(pair, job, 5.2)
+    assert job.detail == "stopped, keeps 1.0MiB"
