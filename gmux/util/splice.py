@@ -16,33 +16,31 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import os
 import select
 import struct
 import termios
 from collections import deque
 
-import cffi
-
 SPLICE_FROM = 64 << 10      # below this a plain write's copy costs less than the page bookkeeping
 SPLICE_F_NONBLOCK = 0x02    # (vmsplice blocks on a full pipe whatever the fd's O_NONBLOCK says)
 
 
-_ffi = cffi.FFI()
-_ffi.cdef("struct iovec { void *iov_base; size_t iov_len; };"
-          "ssize_t vmsplice(int fd, const struct iovec *iov, unsigned long nr_segs, unsigned int flags);")
-
-
-def _load_libc():
+@functools.cache
+def _vmsplice():
+    """(ffi, libc), or None where libc has no vmsplice. Loaded on first use: cffi's parser costs ~50 ms to
+    import, which a process that never writes into a pipe should not pay."""
+    import cffi
+    ffi = cffi.FFI()
+    ffi.cdef("struct iovec { void *iov_base; size_t iov_len; };"
+             "ssize_t vmsplice(int fd, const struct iovec *iov, unsigned long nr_segs, unsigned int flags);")
     try:
-        libc = _ffi.dlopen(None)
+        libc = ffi.dlopen(None)
         libc.vmsplice   # noqa: B018 - (a libc without it: plain writes)
-        return libc
     except (OSError, AttributeError):
         return None
-
-
-_libc = _load_libc()
+    return ffi, libc
 
 
 def unread(fd: int) -> int:
@@ -59,7 +57,7 @@ class PipeWriter:
         self.written = 0
         self._held: deque = deque()           # (end offset, piece): spliced, maybe not read yet
         self._small = bytearray()             # write_all's small pieces, written together
-        self._splice = _libc is not None and os.environ.get("GMUX_VMSPLICE") != "off"
+        self._splice = os.environ.get("GMUX_VMSPLICE") != "off" and _vmsplice() is not None
         self._flags = 0 if self._splice and os.get_blocking(fd) else SPLICE_F_NONBLOCK
 
     def write(self, data) -> int:
@@ -96,12 +94,13 @@ class PipeWriter:
             view = view[n:]
 
     def _spliced(self, view: memoryview):
-        iov = _ffi.new("struct iovec *", {"iov_base": _ffi.from_buffer(view), "iov_len": len(view)})
-        n = _libc.vmsplice(self.fd, iov, 1, self._flags)
+        ffi, libc = _vmsplice()
+        iov = ffi.new("struct iovec *", {"iov_base": ffi.from_buffer(view), "iov_len": len(view)})
+        n = libc.vmsplice(self.fd, iov, 1, self._flags)
         if n >= 0:
             self._held.append((self.written + n, view))
             return n
-        err = _ffi.errno
+        err = ffi.errno
         if err == errno.EAGAIN:
             raise BlockingIOError(err, os.strerror(err))
         if err in (errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.EFAULT, errno.EBADF):
