@@ -339,10 +339,10 @@ def _stream(snap: dict, path: str, resolve, held=None, wait_s: float = 30.0) -> 
         # Spliced, not copied (gmux.util.splice): the job stands still until this returns, and it returns only
         # once its reader has read every byte that refers to its memory.
         pipe = PipeWriter(fd)
-        n = ckpt.write(snap, pipe.write_all, resolve, announce=lambda n: pipe.write_all(struct.pack("<Q", n)),
-                       held=held)
+        nbytes = ckpt.write(snap, pipe.write_all, resolve,
+                            announce=lambda n: pipe.write_all(struct.pack("<Q", n)), held=held)
         pipe.drain()
-        return n
+        return nbytes
     finally:
         os.close(fd)
 

@@ -78,20 +78,18 @@ class PipeWriter:
             self._small += view
             if len(self._small) < SPLICE_FROM:
                 return
-            view = memoryview(bytes(self._small))
-            self._small.clear()
+            view, self._small = memoryview(self._small), bytearray()   # (the gathered ones, never changed again)
         else:
             self.flush()
-        while view:
-            view = view[self.write(view):]
+        self._out(view)
 
     def flush(self) -> None:
         small, self._small = self._small, bytearray()
-        view = memoryview(small)
+        self._out(memoryview(small))
+
+    def _out(self, view: memoryview) -> None:
         while view:
-            n = os.write(self.fd, view)
-            self.written += n
-            view = view[n:]
+            view = view[self.write(view):]
 
     def _spliced(self, view: memoryview):
         ffi, libc = _vmsplice()
