@@ -53,6 +53,10 @@ def main(argv=None) -> int:
                    help="ended jobs kept in the job table, newest first (default 1000; older ones stay in SQLite)")
     p.add_argument("--retain-ended", type=positive, default=30.0, metavar="DAYS",
                    help="days an ended job stays in SQLite (default 30)")
+    p.add_argument("--rebind-gpus", action="store_true",
+                   help="move jobs between this machine's real GPUs in their own process: the CUDA driver (580 or "
+                        "later) moves a suspended job's CUDA state onto a GPU of the same chip. Without it such a "
+                        "move is a checkpoint and a new process")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     if a.scheduler and not (a.keys and a.name):
@@ -65,8 +69,19 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
                         format="%(asctime)s gmuxd %(levelname)s %(message)s")
     gpus = discover(a.virtual_gpus)
+    driver = None
+    if a.rebind_gpus and any(not g.virtual for g in gpus):
+        from gmux.node.cuda_rebind import CudaDriver, Unavailable
+        try:
+            driver = CudaDriver.load()
+        except Unavailable as e:
+            print(f"gmuxd: --rebind-gpus: {e}", file=sys.stderr)
+            return 1
+    elif a.rebind_gpus:
+        logging.info("--rebind-gpus: this machine's GPUs are virtual, and their jobs move in their own process "
+                     "anyway")
     try:
-        daemon = Daemon(RuntimeDir(a.runtime_dir), gpus,
+        daemon = Daemon(RuntimeDir(a.runtime_dir), gpus, rebind=driver, options=
                         Options(quantum=a.quantum, host_budget=a.host_budget, pack=a.pack, margin=a.pack_margin,
                                 window=a.pack_window, recheck=a.pack_recheck, metrics_port=a.metrics_port,
                                 keep_ended=a.keep_ended, retain_ended=a.retain_ended * 86400, system=system))

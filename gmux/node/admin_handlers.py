@@ -198,8 +198,9 @@ class AdminHandlers:
                 raise Refused(f"migrate: {job.id} runs an unmodified script (transparent mode), whose data "
                               f"position cannot be restored in a new process; run it with gmux-launch --no-hook "
                               f"and gmux.job.attach() (which restores a moved job's state) to make it movable" +
-                              (" (a move in its own process, between virtual GPUs, restores nothing: leave out "
-                               "--new-process)" if node.moves.applies(job, gpu) else ""))
+                              (" (a move in its own process restores nothing: leave out --new-process)"
+                               if node.moves.applies(job, gpu) else
+                               f" (nor can it move in its own process: {node.moves.refusal(job, gpu)})"))
         return node.migrate(job, gpu, req, new_process)
 
     def checkpoint(self, req: Request):

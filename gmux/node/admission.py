@@ -22,7 +22,6 @@ from typing import Optional, Protocol
 
 from gmux.node import placement
 from gmux.node.inventory import Gpu
-from gmux.node.moves import in_process
 from gmux.node.jobs import Job, gang_members
 from gmux.node.slicer import Slicer
 from gmux.node.store import Store
@@ -51,8 +50,11 @@ class Node(Protocol):
         """The job leaves its GPU's slicer and packer (its GPU time is kept)."""
 
     def migrate(self, job: Job, gpu: int) -> None:
-        """Moves a single-GPU job to `gpu` (at its next boundary, in its own process between virtual GPUs);
+        """Moves a single-GPU job to `gpu` (at its next boundary, in its own process where it can);
         Refused if it cannot move now."""
+
+    def moves_in_process(self, job: Job, gpu: int) -> bool:
+        """Whether a move of the job to `gpu` is made in its own process (gmux.node.moves)."""
 
 
 class Admission:
@@ -182,9 +184,9 @@ class Admission:
                 for i, g in sorted(self.gpus.items())]
 
     def _in_process(self, job: Job) -> bool:
-        """Whether the job would move in its own process wherever it goes (every GPU virtual), so that it needs
-        no restore in a new process (gmux.node.moves)."""
-        return job.gpu is not None and all(in_process(self.gpus[job.gpu], g) for g in self.gpus.values())
+        """Whether the job would move in its own process wherever it goes, so that it needs no restore in a new
+        process (gmux.node.moves)."""
+        return job.gpu is not None and all(self.node.moves_in_process(job, g) for g in self.gpus if g != job.gpu)
 
     def _units(self) -> list[tuple[str, list]]:
         """Waiting multi-GPU jobs and gangs, in arrival order: (name, jobs). A gang's unpinned ranks are one

@@ -6,7 +6,7 @@ This file is the daemon's lifecycle and its tick; the rest are its parts, each b
   - Admission (admission.py): which GPU a job gets, the queue, whole GPUs for multi-GPU jobs and gangs;
   - per GPU a Slicer and a Packer, and the spill policy: pure decisions, carried out here;
   - Stopping (stopping.py): the slicer's stops of a job that misses its deadline (SIGSTOP/SIGCONT);
-  - Moves (moves.py): moves between virtual GPUs in the job's own process.
+  - Moves (moves.py): moves between GPUs in the job's own process.
 Between messages the loop ticks: it reaps ended jobs, gives queued jobs their GPUs, lets each GPU's packer and
 time-slicer decide, spills suspended state over the host-RAM budget, and sends the resulting commands. The job
 table and the decisions live in SQLite, so a restarted daemon re-attaches to the jobs that kept running.
@@ -33,6 +33,7 @@ from gmux.node.commands import Commands
 from gmux.node.inventory import Gpu, env_for
 from gmux.node.job_handlers import JobHandlers
 from gmux.node.jobs import Job, gang_members
+from gmux.node.cuda_rebind import Driver
 from gmux.node.moves import Moves
 from gmux.node.packer import Packer, Rates
 from gmux.node.slicer import Slicer
@@ -74,7 +75,10 @@ class Options:
 
 
 class Daemon:
-    def __init__(self, rundir: RuntimeDir, gpus: list[Gpu], options: Optional[Options] = None):
+    def __init__(self, rundir: RuntimeDir, gpus: list[Gpu], options: Optional[Options] = None,
+                 rebind: Optional[Driver] = None):
+        """rebind: the CUDA driver's checkpoint API (gmuxd --rebind-gpus), which moves jobs between real GPUs
+        in their own process (gmux.node.moves)."""
         self.rundir = rundir
         self.gpus = {g.index: g for g in gpus}
         self.opt = options or Options()
@@ -116,7 +120,7 @@ class Daemon:
                              credentials=system is not None)
         self.commands = Commands(self.server)
         self.stops = Stopping(self)
-        self.moves = Moves(self)
+        self.moves = Moves(self, rebind)
         self.metrics = None
         if self.opt.metrics_port is not None:
             from gmux.node.metrics import Metrics
@@ -156,6 +160,7 @@ class Daemon:
                 self.finish(job, *ended)
                 continue
             job.registered = True   # alive: registered, or about to (re-registering is the same)
+            self.moves.recover(job)
             if job.stopped_by_gmux:
                 # The previous daemon stopped it and cannot continue it: continued, it takes its suspend at
                 # its next boundary (or runs on, boundless, until this daemon stops it again in its turn).
@@ -239,6 +244,9 @@ class Daemon:
                 slicer.remove(job.id, now)
                 self.packers[gpu].forget(job.id)
 
+    def moves_in_process(self, job: Job, gpu: int) -> bool:
+        return self.moves.applies(job, gpu)
+
     def env(self, job: Job) -> dict:
         """The environment that shows the job its GPUs."""
         return env_for([self.gpus[g] for g in job.exclusive_gpus] or [self.gpus[job.gpu]])
@@ -261,8 +269,8 @@ class Daemon:
             self.commands.send(job, kind, args)
 
     def migrate(self, job: Job, gpu: int, req: Optional[Request] = None, new_process: bool = False):
-        """Moves a single-GPU job to `gpu`: at once if it has not run yet; between virtual GPUs, in its own
-        process (gmux.node.moves; new_process: not so); else by a checkpoint at its next boundary, its process
+        """Moves a single-GPU job to `gpu`: at once if it has not run yet; between virtual GPUs (and real ones
+        with --rebind-gpus), in its own process (gmux.node.moves; new_process: not so); else by a checkpoint at its next boundary, its process
         ending and its launcher executing itself again to restore it on `gpu` (with `req`, the reply waits for
         the job to have suspended or checkpointed). The reply's `path` says which."""
         now = time.monotonic()
@@ -349,6 +357,7 @@ class Daemon:
                 self.stops.check_frozen(slicer)
             self._forget_ended()
         self.admission.run(now)
+        self.moves.poll(now)
         for gpu, slicer in self.slicers.items():
             # A pack is tried only on solo rates measured over at least two residencies (one can be disturbed,
             # and a disturbed solo rate reads low, which makes any pack look like a gain).

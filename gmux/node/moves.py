@@ -1,4 +1,4 @@
-"""Moves of a job between this machine's virtual GPUs in the job's own process: no checkpoint, no new interpreter.
+"""Moves of a job between this machine's GPUs in the job's own process: no checkpoint, no new interpreter.
 
 A job on a virtual GPU computes on the CPU; what puts it "on GPU 1" is gmuxd's accounting (the GPU's slicer seat,
 whose memory budget it counts against) and its environment (GMUX_VIRTUAL_GPU). So a move is a time slice that
@@ -9,25 +9,31 @@ target's slicer resumes it in its turn, with the target's environment, which the
 suspended moves this way, transparent mode too (a new process could not restore its data position). A job
 already suspended (its turn is over, or its user holds it) moves at once: only its seat moves.
 
-Real GPUs keep the checkpoint-and-new-process path (Daemon.migrate): gmuxd pins a job to its GPU with
-CUDA_VISIBLE_DEVICES, which CUDA reads once, when the process initialises it. The process's CUDA context, the
-memory its allocator reserved and the device of every tensor (torch.device("cuda:0") in that process) belong to
-the GPU it started on; nothing in the process can be pointed at another device honestly, so a new process it is.
-Gangs and jobs holding GPUs of their own are refused before this (their process groups are bound to devices).
+Between real GPUs the process's CUDA context, its allocator's reservations and the device of every tensor belong
+to the GPU it started on (gmuxd pins it with CUDA_VISIBLE_DEVICES, read once). Where gmuxd was started with
+--rebind-gpus, the CUDA driver moves them (gmux.node.cuda_rebind): once the job has suspended, the driver
+checkpoints what its process still holds on the source GPU and restores it onto the target, same chip, same
+device addresses; then the seat moves as above. A rebind that fails leaves the process on its source GPU, where
+it resumes in its turn, and that job's later moves take the checkpoint-and-new-process path (Daemon.migrate), as
+every move between real GPUs does without --rebind-gpus. Gangs and jobs holding GPUs of their own are refused
+before this (their process groups are bound to devices).
 
 While the job suspends, its source slicer is busy with "move" and waits, as for a migration: the job's memory
-is in use there until it has left. Once the job has suspended, the target is checked again (admission's
-move_refusal: a multi-GPU job may have claimed it meanwhile, or the job's measured working set may have grown
-past it); when it cannot take the job, the job stays on its source, suspended, and resumes there in its turn.
-A job that has not suspended by its deadline (no boundary, or stuck in a mini-batch) has its move given up,
-its suspend left to the source's slicer as one of its own. Only one slicer holds the job at any moment, so a
-job that ends mid-move leaves nothing on either GPU.
+is in use there until it has left (and with "rebind" while the driver moves it). Once the job has suspended, the
+target is checked again (admission's move_refusal: a multi-GPU job may have claimed it meanwhile, or the job's
+measured working set may have grown past it); when it cannot take the job, the job stays on its source,
+suspended, and resumes there in its turn. A job that has not suspended by its deadline (no boundary, or stuck in
+a mini-batch) has its move given up, its suspend left to the source's slicer as one of its own. Only one slicer
+holds the job at any moment, so a job that ends mid-move leaves nothing on either GPU.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Optional
 
+from gmux.node.cuda_rebind import LOCKED, CHECKPOINTED, STATE_NAMES, Driver, DriverError, RebindError, \
+    Rebinding, rebind, uuid_bytes
 from gmux.node.inventory import Gpu
 from gmux.node.jobs import Job
 from gmux.node.slicer import Slicer
@@ -39,20 +45,41 @@ if TYPE_CHECKING:
 
 PATH = "in process"     # what replies and decisions call this kind of move
 
-
-def in_process(src: Gpu, dst: Gpu) -> bool:
-    """Whether a job moves from `src` to `dst` in its own process: between virtual GPUs only (module docstring)."""
-    return src.virtual and dst.virtual
+log = logging.getLogger("gmux.moves")
 
 
 class Moves:
-    def __init__(self, node: "Daemon"):
+    def __init__(self, node: "Daemon", driver: Optional[Driver] = None):
         self.node = node
+        self.driver = driver    # the CUDA driver's checkpoint API, with --rebind-gpus (None: no rebinding)
+        self.rebinding: dict[str, tuple[Rebinding, int, float]] = {}   # job -> (the driver's work, target, latency)
+        self.refused: dict[str, str] = {}    # jobs whose rebind failed -> why (they move with a new process)
 
     def applies(self, job: Job, gpu: int, new_process: bool = False) -> bool:
         """Whether a move of the single-GPU job `job` to `gpu` is made in its own process (new_process: the user
         asked for the checkpoint-and-new-process path)."""
-        return not new_process and in_process(self.node.gpus[job.gpu], self.node.gpus[gpu])
+        return not new_process and self.refusal(job, gpu) is None
+
+    def refusal(self, job: Job, gpu: int) -> Optional[str]:
+        """Why `job` cannot move to `gpu` in its own process; None if it can (module docstring)."""
+        src, dst = self.node.gpus[job.gpu], self.node.gpus[gpu]
+        if src.virtual and dst.virtual:
+            return None
+        if src.virtual != dst.virtual:
+            return "one GPU is virtual and the other is not"
+        if self.driver is None:
+            return "between real GPUs a job moves in its own process only where gmuxd runs with --rebind-gpus"
+        if src.name != dst.name:
+            return (f"GPU {src.index} is a {src.name} and GPU {dst.index} a {dst.name}: the CUDA driver restores a "
+                    f"process only onto a GPU of the same chip")
+        for g in (src, dst):
+            try:
+                uuid_bytes(g.uuid)
+            except ValueError as e:
+                return f"GPU {g.index}: {e}"
+        if job.id in self.refused:
+            return f"its last move in its own process failed ({self.refused[job.id]})"
+        return None
 
     def start(self, job: Job, gpu: int, req: Optional[Request]):
         """Moves the started, idle (no command in flight) job to `gpu`: at once if it is suspended, else once it
@@ -95,7 +122,6 @@ class Moves:
         """The job answered the suspend of its move (ok: it holds no memory now): the move is completed, or
         given up with the job where it was."""
         node, now, src, gpu = self.node, time.monotonic(), job.gpu, job.target_gpu
-        job.target_gpu = None
         slicer = node.slicers[src]
         if not ok:
             slicer.clear_busy(job.id)    # it could not suspend: it still computes, where it was
@@ -106,16 +132,80 @@ class Moves:
                 slicer.suspended_here(job.id, now)
                 why += f"; {job.id} stays on GPU {src}, suspended, and resumes there in its turn"
         if why is not None:
+            job.target_gpu = None
             job.detail = f"move to GPU {gpu} given up: {why}"
             node.decide(src, "migrate", [job.id], {"from": src, "to": gpu, "path": PATH, "ok": False},
                         f"move of {job.id} from GPU {src} to GPU {gpu} given up: {why}")
             node.commands.wake(job.id, "migrate", False, latency, why)
             node.switch(slicer, now)
-            return
-        self._seat(job, gpu, now)
-        node.commands.wake(job.id, "migrate", True, latency)
+        elif not node.gpus[src].virtual:
+            self._rebind(job, gpu, latency)    # (it stays counted on both GPUs until the driver is done)
+        else:
+            job.target_gpu = None
+            self._seat(job, gpu, now)
+            node.commands.wake(job.id, "migrate", True, latency)
 
-    def _seat(self, job: Job, gpu: int, now: float) -> None:
+    def _rebind(self, job: Job, gpu: int, latency: float) -> None:
+        """The suspended job's process is rebound from its GPU to `gpu` by the driver, on a thread (`poll`)."""
+        node, src = self.node, job.gpu
+        node.slicers[src].mark_busy(job.id, "rebind")    # no deadline: the driver's calls end on their own
+        old, new, driver, pid = node.gpus[src].uuid, node.gpus[gpu].uuid, self.driver, job.pid
+        self.rebinding[job.id] = (Rebinding(lambda: rebind(driver, pid, old, new)), gpu, latency)
+        job.detail = f"moving to GPU {gpu} in its own process: the CUDA driver rebinds it from GPU {src}"
+
+    def poll(self, now: float) -> None:
+        """Rebinds the driver has finished: the seat moves, or the job stays on its source GPU."""
+        for job_id, (work, gpu, latency) in list(self.rebinding.items()):
+            if not work.done():
+                continue
+            del self.rebinding[job_id]
+            job = self.node.jobs.get(job_id)
+            if job is None or job.final or job.gpu is None:
+                continue    # it ended meanwhile: finish() has cleared its seat and answered its request
+            job.target_gpu = None
+            took = now - work.started
+            try:
+                times = work.result()
+            except Exception as e:   # noqa: BLE001 - RebindError, or a bug: either way the move is over
+                self._rebind_failed(job, gpu, e, latency + took, now)
+                continue
+            self.node.slicers[job.gpu].clear_busy(job.id)
+            self._seat(job, gpu, now, {k: round(v, 4) for k, v in times.items()})
+            self.node.commands.wake(job.id, "migrate", True, latency + took)
+
+    def _rebind_failed(self, job: Job, gpu: int, e: Exception, latency: float, now: float) -> None:
+        node, src = self.node, job.gpu
+        where = getattr(e, "where", "unknown")
+        self.refused[job.id] = str(e)
+        slicer = node.slicers[src]
+        slicer.suspended_here(job.id, now)
+        then = ("it stays on GPU {src}, suspended, and resumes there in its turn" if where == "source" else
+                "its CUDA state could not be put back, so its resume on GPU {src} may fail").format(src=src)
+        why = f"the CUDA driver did not rebind it: {e}; {then}; its next move takes a new process"
+        job.detail = f"move to GPU {gpu} given up: {why}"
+        node.decide(src, "migrate", [job.id], {"from": src, "to": gpu, "path": PATH, "ok": False, "where": where},
+                    f"move of {job.id} from GPU {src} to GPU {gpu} given up: {why}")
+        node.commands.wake(job.id, "migrate", False, latency, why)
+        node.switch(slicer, now)
+
+    def recover(self, job: Job) -> None:
+        """A job of a previous gmuxd that may have died during its rebind: a process left locked by the driver
+        is unlocked, one left checkpointed is restored onto its old GPU first (its next CUDA call would block for
+        ever otherwise)."""
+        if self.driver is None or not job.pid or job.gpu is None or self.node.gpus[job.gpu].virtual:
+            return
+        try:
+            state = self.driver.state(job.pid)
+            if state == CHECKPOINTED:
+                self.driver.restore(job.pid, [])
+            if state in (LOCKED, CHECKPOINTED):
+                self.driver.unlock(job.pid)
+                log.warning("%s: its CUDA state was left %s by a rebind the previous gmuxd did not finish; put "
+                            "back and unlocked", job.id, STATE_NAMES[state])
+        except DriverError as e:
+            log.info("%s: its CUDA state could not be checked: %s", job.id, e)
+
+    def _seat(self, job: Job, gpu: int, now: float, rebind_s: Optional[dict] = None) -> None:
         """The suspended job's seat moves: it leaves the source's slicer (its GPU time goes with it) and joins
         the target's, which resumes it in its turn with the target's environment."""
         node, src = self.node, job.gpu
@@ -129,10 +219,14 @@ class Moves:
                 f"it resumes there in its turn, after {', '.join(others)}" if others else "it resumes there now")
         job.detail = f"moved in process from GPU {src} to GPU {gpu}"
         node.store.save(job)
-        node.decide(gpu, "moved", [job.id], {"from": src, "to": gpu, "path": PATH, "pid": job.pid,
-                                             "host_bytes": job.host_bytes},
+        numbers = {"from": src, "to": gpu, "path": PATH, "pid": job.pid, "host_bytes": job.host_bytes}
+        rebound = ""
+        if rebind_s is not None:
+            numbers["rebind_s"] = rebind_s
+            rebound = f"; its CUDA context rebound by the driver in {sum(rebind_s.values()):.2f} s"
+        node.decide(gpu, "moved", [job.id], numbers,
                     f"moved {job.id} in process from GPU {src} to GPU {gpu} (pid {job.pid}, no new interpreter; "
-                    f"{format_size(job.host_bytes)} of state in host memory): {then}")
+                    f"{format_size(job.host_bytes)} of state in host memory{rebound}): {then}")
         # Both GPUs act now rather than at the next tick: the source's next job, the mover's resume.
         node.switch(node.slicers[src], now)
         node.switch(target, now)

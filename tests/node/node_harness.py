@@ -136,12 +136,14 @@ def daemon_factory(tmp_path):
     # Jobs registered here carry the pid of a throwaway process: a fuzzed "kill" must never hit pytest itself.
     stand_in = subprocess.Popen(["sleep", "600"])
 
-    def make(sizes=(16 * GiB, 16 * GiB), root=None, virtual=True, **options):
+    def make(sizes=(16 * GiB, 16 * GiB), root=None, virtual=True, rebind=None, **options):
         """root: a runtime dir used before (a restarted daemon); virtual=False: GPUs as NVML would list them
-        (their inventory only: nothing here touches a device)."""
-        gpus = [Gpu(i, "virtual", size, True) if virtual else Gpu(i, "GPU", size, False, f"GPU-{i:08d}")
-                for i, size in enumerate(sizes)]
-        d = Daemon(RuntimeDir(root or str(tmp_path / f"rt{len(made)}")), gpus, Options(**{"quantum": 1.0, **options}))
+        (their inventory only: nothing here touches a device); rebind: a stand-in for the CUDA driver's
+        checkpoint API (gmuxd --rebind-gpus)."""
+        gpus = [Gpu(i, "virtual", size, True) if virtual else
+                Gpu(i, "GPU", size, False, f"GPU-{i:08x}-0000-4000-8000-{i:012x}") for i, size in enumerate(sizes)]
+        d = Daemon(RuntimeDir(root or str(tmp_path / f"rt{len(made)}")), gpus, Options(**{"quantum": 1.0, **options}),
+                   rebind=rebind)
         d.sent = []
         d.server.send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True
         d.stand_in_pid = stand_in.pid

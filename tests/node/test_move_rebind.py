@@ -1,0 +1,219 @@
+"""Moves between real GPUs in the job's own process (gmuxd --rebind-gpus): the CUDA driver's checkpoint API
+driven in the right order and put back on every failure (gmux.node.cuda_rebind), its binding laid out as the
+toolkit's cuda.h lays it out, and gmuxd's move around it (gmux.node.moves) with a stand-in for the driver.
+No GPU here: benchmarks/gpu/rebind_cuda.py runs the driver's calls on a real process."""
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from gmux.node import cuda_rebind
+from gmux.node.cuda_rebind import (CHECKPOINTED, LOCKED, RUNNING, CudaDriver, DriverError, RebindError, Unavailable,
+                                   rebind, uuid_bytes)
+from node_harness import GiB, ask
+from test_move_in_process import ack, commands, replies, seats, started, tick
+
+MiB = 1 << 20
+OLD, NEW = "GPU-00000000-0000-4000-8000-000000000000", "GPU-00000001-0000-4000-8000-000000000001"
+
+
+class StandIn:
+    """Records the calls a rebind makes; `fail` names the calls that fail (a restore: "restore" with GPU pairs,
+    "restore-back" without)."""
+
+    def __init__(self, *fail, state=RUNNING):
+        self.fail, self.calls, self._state = set(fail), [], state
+
+    def _call(self, name, *args):
+        self.calls.append((name, *args))
+        if name in self.fail:
+            raise DriverError(f"{name} failed: CUDA_ERROR_INVALID_VALUE (1)")
+
+    def state(self, pid):
+        self._call("state", pid)
+        return self._state
+
+    def lock(self, pid, timeout_ms):
+        self._call("lock", pid)
+
+    def checkpoint(self, pid):
+        self._call("checkpoint", pid)
+
+    def restore(self, pid, pairs):
+        self._call("restore" if pairs else "restore-back", pid, *pairs)
+
+    def unlock(self, pid):
+        self._call("unlock", pid)
+
+    def names(self):
+        return [c[0] for c in self.calls]
+
+
+def test_a_rebind_locks_checkpoints_restores_onto_the_new_gpu_and_unlocks():
+    d = StandIn()
+    times = rebind(d, 42, OLD, NEW)
+    assert d.calls == [("state", 42), ("lock", 42), ("checkpoint", 42),
+                       ("restore", 42, (uuid_bytes(OLD), uuid_bytes(NEW))), ("unlock", 42)]
+    assert set(times) == {"lock_s", "checkpoint_s", "restore_s", "unlock_s"} and all(t >= 0 for t in times.values())
+
+
+@pytest.mark.parametrize("fail, calls, where, says", [
+    ({"state"}, ["state"], "source", "is pid 42 a CUDA process"),
+    ({"lock"}, ["state", "lock"], "source", "nothing changed"),
+    ({"checkpoint"}, ["state", "lock", "checkpoint", "unlock"], "source", "back on its GPU"),
+    ({"restore"}, ["state", "lock", "checkpoint", "restore", "restore-back", "unlock"], "source",
+     "onto GPU " + NEW),
+    ({"restore", "restore-back"}, ["state", "lock", "checkpoint", "restore", "restore-back"], "unknown",
+     "its CUDA state is unknown"),
+    ({"checkpoint", "unlock"}, ["state", "lock", "checkpoint", "unlock"], "unknown", "putting it back failed"),
+    ({"unlock"}, ["state", "lock", "checkpoint", "restore", "unlock"], "unknown", "restored onto GPU " + NEW),
+])
+def test_a_failed_step_puts_the_process_back_where_it_was(fail, calls, where, says):
+    d = StandIn(*fail)
+    with pytest.raises(RebindError) as e:
+        rebind(d, 42, OLD, NEW)
+    assert d.names() == calls and e.value.where == where and says in str(e.value), str(e.value)
+
+
+def test_a_process_someone_else_is_checkpointing_is_left_alone():
+    for state in (LOCKED, CHECKPOINTED):
+        d = StandIn(state=state)
+        with pytest.raises(RebindError, match="not running: someone else") as e:
+            rebind(d, 42, OLD, NEW)
+        assert d.names() == ["state"] and e.value.where == "source"
+
+
+def test_uuids_are_the_drivers_sixteen_bytes_and_others_are_refused_before_any_call():
+    assert uuid_bytes("GPU-5f0f3a0e-1b2c-4d5e-8f90-0123456789ab") == bytes.fromhex("5f0f3a0e1b2c4d5e8f900123456789ab")
+    for bad in ("", "0", "MIG-5f0f3a0e-1b2c-4d5e-8f90-0123456789ab", "GPU-5f0f3a0e", "GPU-zz0f3a0e-1b2c-4d5e-8f90-0123456789ab"):
+        d = StandIn()
+        with pytest.raises(ValueError, match="not a whole GPU's UUID"):
+            rebind(d, 42, bad, NEW)
+        assert d.calls == []
+
+
+def test_without_a_usable_driver_loading_says_why():
+    with pytest.raises(Unavailable, match="no CUDA driver .*libcuda-nowhere.so"):
+        CudaDriver.load("libcuda-nowhere.so")
+    with pytest.raises(Unavailable, match="no checkpoint API"):
+        CudaDriver.load("libc.so.6")
+
+
+@pytest.mark.skipif(not (shutil.which("gcc") and os.path.exists("/usr/local/cuda/include/cuda.h")),
+                    reason="needs gcc and the CUDA toolkit's cuda.h")
+def test_the_binding_lays_out_the_arguments_as_cuda_h_does(tmp_path):
+    import cffi
+    ffi = cffi.FFI()
+    ffi.cdef(cuda_rebind._CDEF)
+    fields = {"CUcheckpointLockArgs": ["timeoutMs"], "CUcheckpointCheckpointArgs": [],
+              "CUcheckpointGpuPair": ["oldUuid", "newUuid"], "CUcheckpointRestoreArgs": ["gpuPairs", "gpuPairsCount"],
+              "CUcheckpointUnlockArgs": [], "CUuuid": ["bytes"]}
+    lines = []
+    for struct, names in fields.items():
+        lines.append(f'printf("{struct} %zu\\n", sizeof({struct}));')
+        lines += [f'printf("{struct}.{n} %zu\\n", offsetof({struct}, {n}));' for n in names]
+    src = tmp_path / "layout.c"
+    src.write_text("#include <stdio.h>\n#include <stddef.h>\n#include <cuda.h>\nint main(void){" + "".join(lines)
+                   + "return 0;}\n")
+    subprocess.run(["gcc", "-I/usr/local/cuda/include", str(src), "-o", str(tmp_path / "layout")], check=True)
+    theirs = dict(line.split() for line in subprocess.run([str(tmp_path / "layout")], capture_output=True,
+                                                          text=True, check=True).stdout.splitlines())
+    ours = {}
+    for struct, names in fields.items():
+        ours[struct] = str(ffi.sizeof(struct))
+        ours.update({f"{struct}.{n}": str(ffi.offsetof(struct, n)) for n in names})
+    assert ours == theirs
+
+
+# --- gmuxd's move around the driver ---
+
+def asked_to_move(daemon_factory, driver, **job):
+    d = daemon_factory((GiB, GiB), virtual=False, rebind=driver)
+    a = started(d, b"a", mem=256 * MiB, **job)
+    d.sent.clear()
+    assert ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1) is None
+    (stop,) = commands(d, b"a")
+    assert stop["kind"] == "suspend" and seats(d, a["job"]) == [(0, True, "move")]
+    ack(d, b"a", a, stop, state="suspended", bytes=5 * MiB)
+    return d, a
+
+
+def driver_done(d, job):
+    work = d.moves.rebinding[job][0]
+    assert work.wait(10)
+    tick(d)
+
+
+def test_a_suspended_job_is_rebound_by_the_driver_and_resumes_on_the_target(daemon_factory):
+    driver = StandIn()
+    d, a = asked_to_move(daemon_factory, driver)
+    job = d.jobs[a["job"]]
+    # The driver works on a thread; meanwhile GPU 0's slicer waits for it (its context is still there) and the
+    # job is counted on both GPUs.
+    assert job.id in d.moves.rebinding and seats(d, job.id) == [(0, True, "rebind")] and job.target_gpu == 1
+    assert "the CUDA driver rebinds it from GPU 0" in job.detail and not replies(d)
+    driver_done(d, job.id)
+    assert driver.calls == [("state", job.pid), ("lock", job.pid), ("checkpoint", job.pid),
+                            ("restore", job.pid, (uuid_bytes(d.gpus[0].uuid), uuid_bytes(d.gpus[1].uuid))),
+                            ("unlock", job.pid)]
+    (reply,) = replies(d)
+    assert reply["ok"] and reply["data"]["path"] == "in process" and reply["data"]["gpu"] == 1, reply
+    (go,) = commands(d, b"a")
+    assert go["kind"] == "resume" and go["args"]["env"]["CUDA_VISIBLE_DEVICES"] == d.gpus[1].uuid
+    assert job.gpu == 1 and job.target_gpu is None and job.migrations == 1 and not d.slicers[0].entries
+    moved = [x for x in d.decisions if x["kind"] == "moved"][-1]
+    assert set(moved["numbers"]["rebind_s"]) == {"lock_s", "checkpoint_s", "restore_s", "unlock_s"}
+    assert "rebound by the driver" in moved["text"]
+
+
+def test_a_failed_rebind_leaves_the_job_on_its_gpu_and_its_next_move_takes_a_new_process(daemon_factory):
+    driver = StandIn("restore")
+    d, a = asked_to_move(daemon_factory, driver, migratable=True)
+    job = d.jobs[a["job"]]
+    driver_done(d, job.id)
+    assert driver.names()[-2:] == ["restore-back", "unlock"]
+    (reply,) = replies(d)
+    assert not reply["ok"] and "did not rebind it" in reply["error"] and "stays on GPU 0" in reply["error"], reply
+    (go,) = commands(d, b"a")      # resumed where it was, alone there
+    assert go["kind"] == "resume" and go["args"]["env"]["CUDA_VISIBLE_DEVICES"] == d.gpus[0].uuid
+    assert job.gpu == 0 and job.target_gpu is None and not d.slicers[1].entries
+    ack(d, b"a", a, go, state="running")
+    assert not d.moves.applies(job, 1) and "its last move in its own process failed" in d.moves.refusal(job, 1)
+    d.sent.clear()
+    ask(d, "migrate", admin=d.admin, job=job.id, gpu=1)
+    (cmd,) = commands(d, b"a")
+    assert cmd["kind"] == "migrate" and d.slicers[0].busy_with(job.id) == "migrate"
+
+
+def test_a_transparent_job_that_cannot_be_rebound_is_not_moved(daemon_factory):
+    d = daemon_factory((GiB, GiB), virtual=False)    # no --rebind-gpus
+    t = started(d, b"t", mem=256 * MiB)
+    r = ask(d, "migrate", admin=d.admin, job=t["job"], gpu=1)
+    assert not r["ok"] and "transparent mode" in r["error"] and "--rebind-gpus" in r["error"], r
+    d = daemon_factory((GiB, GiB), virtual=False, rebind=StandIn())
+    d.gpus[1].name = "another chip"
+    t = started(d, b"t", mem=256 * MiB)
+    r = ask(d, "migrate", admin=d.admin, job=t["job"], gpu=1)
+    assert not r["ok"] and "only onto a GPU of the same chip" in r["error"], r
+
+
+def test_a_job_that_ends_while_the_driver_works_is_forgotten(daemon_factory):
+    driver = StandIn()
+    d, a = asked_to_move(daemon_factory, driver)
+    job = d.jobs[a["job"]]
+    d.finish(job, "failed", 1, "killed")
+    driver_done(d, job.id)
+    assert not d.moves.rebinding and not d.slicers[0].entries and not d.slicers[1].entries and job.gpu == 0
+
+
+def test_a_restarted_gmuxd_puts_back_a_process_its_predecessor_left_checkpointed(daemon_factory, tmp_path):
+    d = daemon_factory((GiB, GiB), root=str(tmp_path / "rt"), virtual=False, rebind=StandIn())
+    a = started(d, b"a", mem=256 * MiB)
+    d._flush(force=True)
+    for state, calls in ((CHECKPOINTED, ["state", "restore-back", "unlock"]), (LOCKED, ["state", "unlock"]),
+                         (RUNNING, ["state"])):
+        driver = StandIn(state=state)
+        daemon_factory((GiB, GiB), root=str(tmp_path / "rt"), virtual=False, rebind=driver).close()
+        assert driver.names() == calls and driver.calls[0][1] == d.jobs[a["job"]].pid
