@@ -17,4 +17,5 @@ def test_validate_script_builds_and_runs_its_cpu_side():
     if not torch.cuda.is_available():
         assert "GPU checks SKIPPED" in out.stdout
         assert "runtime_cuda: skipped, no CUDA device here" in out.stdout
+        assert "rebind_cuda: skipped, no CUDA device here" in out.stdout
         assert "GB/s" not in out.stdout.split("GPU checks SKIPPED")[1]

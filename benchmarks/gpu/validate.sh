@@ -40,4 +40,7 @@ timeout 120 $py benchmarks/gpu/memlimit_gpu.py || status=$?
 
 echo "== in-job runtime on CUDA (state tier): bit-identity, suspend and resume speed"
 timeout 150 $py benchmarks/gpu/runtime_cuda.py || status=$?
+
+echo "== a training process moved between GPUs by the CUDA driver (gmuxd --rebind-gpus)"
+timeout 150 $py benchmarks/gpu/rebind_cuda.py --mib 1024 || status=$?
 exit $status

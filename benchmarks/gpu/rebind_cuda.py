@@ -1,0 +1,184 @@
+"""A training process moved between GPUs by the CUDA driver (gmux.node.cuda_rebind, gmuxd --rebind-gpus).
+
+    python benchmarks/gpu/rebind_cuda.py [--mib 1024]     (skips, saying so, where no GPU or no such driver exists)
+
+A child process trains a deterministic MLP on cuda with about --mib MiB of weights, gradients and optimizer
+state, and pauses after step 5 (as a job waits at its boundary). This process then rebinds it with gmux's
+binding, the way gmuxd does: lock, checkpoint, restore onto the target GPU, unlock. The target is another GPU of
+the same chip where there is one, else the same GPU (the driver's remap path, onto itself). Twice:
+  - held: the child's state is still on the GPU (the driver copies all of it out and back);
+  - suspended: the child has moved its tensors to host memory first, as gmux's memory tier does before gmuxd
+    rebinds it (the driver moves the context and what the allocator still caches).
+Each run is compared with the same training uninterrupted: its weights must be bit-identical. NVML must then list
+the child on the target GPU. The table gives each step's time, against a pinned host-to-device copy of the same
+bytes measured in the same run (torch, to and from pinned memory).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+CHILD = r"""
+import hashlib, sys, torch
+mib, pause, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+torch.manual_seed(0)
+torch.use_deterministic_algorithms(True)
+width = 1024
+layers = max(1, (mib << 20) // (width * width * 4 * 4))      # weights + grads + two Adam moments, fp32
+model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)]).cuda()
+opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+g = torch.Generator(device="cpu").manual_seed(1)
+for step in range(10):
+    x = torch.randn(64, width, generator=g).cuda()
+    opt.zero_grad(set_to_none=False)
+    model(x).square().mean().backward()
+    opt.step()
+    if step == pause:
+        torch.cuda.synchronize()
+        if mode == "suspended":
+            model.cpu()
+            for s in opt.state.values():
+                for k, v in s.items():
+                    if torch.is_tensor(v) and v.is_cuda:
+                        s[k] = v.cpu()
+            torch.cuda.empty_cache()     # (Module.cpu moved the gradients with their parameters)
+        print("paused", torch.cuda.memory_reserved(), flush=True)
+        sys.stdin.readline()
+        if mode == "suspended":
+            model.cuda()
+            for s in opt.state.values():
+                for k, v in s.items():
+                    if torch.is_tensor(v) and not v.is_cuda and k != "step":
+                        s[k] = v.cuda()
+torch.cuda.synchronize()
+h = hashlib.sha256()
+for t in list(model.state_dict().values()):
+    h.update(t.cpu().numpy().tobytes())
+print("hash", h.hexdigest(), sum(p.numel() * 4 for p in model.parameters()), flush=True)
+"""
+
+
+def child(mib: int, pause: int, mode: str) -> subprocess.Popen:
+    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8")     # (deterministic cuBLAS)
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(mib), str(pause), mode], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+
+
+def finish(p: subprocess.Popen) -> tuple[str, int]:
+    out, _ = p.communicate(timeout=300)
+    line = [x for x in out.splitlines() if x.startswith("hash ")][-1].split()
+    return line[1], int(line[2])
+
+
+def gpus_listing(pid: int) -> list[str]:
+    import pynvml
+    pynvml.nvmlInit()
+    try:
+        found = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            if any(p.pid == pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)):
+                u = pynvml.nvmlDeviceGetUUID(h)
+                found.append(u.decode() if isinstance(u, bytes) else u)
+        return found
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def uuids() -> list[tuple[str, str]]:
+    import pynvml
+    pynvml.nvmlInit()
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            u, n = pynvml.nvmlDeviceGetUUID(h), pynvml.nvmlDeviceGetName(h)
+            out.append((u.decode() if isinstance(u, bytes) else u, n.decode() if isinstance(n, bytes) else n))
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def pinned_copy_s(nbytes: int) -> float:
+    import torch
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dev.copy_(host)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    host.copy_(dev)
+    dev.copy_(host)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mib", type=int, default=1024)
+    a = p.parse_args()
+    import torch
+    if not torch.cuda.is_available():
+        print("rebind_cuda: skipped, no CUDA device here")
+        return 0
+    from gmux.node.cuda_rebind import CudaDriver, RebindError, Unavailable, rebind
+    try:
+        driver = CudaDriver.load()
+    except Unavailable as e:
+        print(f"rebind_cuda: skipped, the driver cannot rebind processes here: {e}")
+        return 0
+    devices = uuids()
+    src = devices[0]
+    dst = next((d for d in devices[1:] if d[1] == src[1]), src)
+    where = "another GPU" if dst is not src else "the same GPU (one GPU of this chip here)"
+    print(f"rebind_cuda: {src[1]}, from {src[0]} to {where} {dst[0]}")
+    base = child(a.mib, 5, "none")
+    base.stdin.close()
+    want, weights = finish(base)
+    rows, ok = [], True
+    for mode in ("held", "suspended"):
+        c = child(a.mib, 5, mode)
+        reserved = int(c.stdout.readline().split()[1])
+        t = time.perf_counter()
+        try:
+            steps = rebind(driver, c.pid, src[0], dst[0])
+            error = None
+        except RebindError as e:
+            steps, error = {}, f"{e} (where: {e.where})"
+        total = time.perf_counter() - t
+        listed = gpus_listing(c.pid)
+        c.stdin.write("go\n")
+        c.stdin.flush()
+        got, _ = finish(c)
+        same = got == want
+        on_target = listed == [dst[0]]
+        ok &= error is None and same and on_target
+        rows.append({"state": mode, "device_bytes_at_pause": reserved, "total_s": round(total, 4),
+                     **{k: round(v, 4) for k, v in steps.items()}, "bit_identical": same,
+                     "nvml_lists_it_on_target": on_target, "error": error})
+    copy = pinned_copy_s(weights * 4)
+    print(f"{'state':<10} {'on GPU at pause':>16} {'lock':>8} {'checkpoint':>11} {'restore':>9} {'unlock':>8} "
+          f"{'total':>8} {'bit-identical':>14} {'on target':>10}")
+    for r in rows:
+        print(f"{r['state']:<10} {r['device_bytes_at_pause'] / 2**20:>12.0f} MiB "
+              + " ".join(f"{r.get(k, float('nan')):>{w}.3f}" for k, w in
+                         (("lock_s", 8), ("checkpoint_s", 11), ("restore_s", 9), ("unlock_s", 8), ("total_s", 8)))
+              + f" {'yes' if r['bit_identical'] else 'NO':>14} {'yes' if r['nvml_lists_it_on_target'] else 'NO':>10}"
+              + (f"\n    error: {r['error']}" if r["error"] else ""))
+    held = next(r for r in rows if r["state"] == "held")
+    print(f"pinned copy out and back of the same {weights * 4 / 2**20:.0f} MiB: {copy:.3f} s")
+    print(f"rebind: held_vs_pinned_copy={held['total_s'] / copy:.1f} ok={'yes' if ok else 'NO'}")
+    os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
+    with open(os.path.join(ROOT, "benchmarks", "results", "rebind_cuda.json"), "w") as f:
+        json.dump({"gpu": src[1], "to": where, "rows": rows, "pinned_copy_s": copy, "ok": ok}, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
