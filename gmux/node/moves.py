@@ -32,9 +32,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Optional
 
-from gmux.node.cuda_rebind import LOCKED, CHECKPOINTED, STATE_NAMES, Driver, DriverError, RebindError, \
-    Rebinding, rebind, uuid_bytes
-from gmux.node.inventory import Gpu
+from gmux.node.cuda_rebind import CHECKPOINTED, LOCKED, STATE_NAMES, Driver, DriverError, Rebinding, rebind, \
+    uuid_bytes
 from gmux.node.jobs import Job
 from gmux.node.slicer import Slicer
 from gmux.util.sizes import format_size

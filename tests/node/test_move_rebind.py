@@ -5,7 +5,6 @@ No GPU here: benchmarks/gpu/rebind_cuda.py runs the driver's calls on a real pro
 import os
 import shutil
 import subprocess
-import time
 
 import pytest
 
