@@ -175,37 +175,50 @@ def rebind(driver: Driver, pid: int, old_uuid: str, new_uuid: str,
     except DriverError as e:
         raise RebindError(f"{e}: nothing changed", "source") from None
     times["lock_s"] = time.perf_counter() - t
+    step = "checkpoint"
     try:
         t = time.perf_counter()
         driver.checkpoint(pid)
         times["checkpoint_s"] = time.perf_counter() - t
-    except DriverError as e:
-        _unlock_back(driver, pid, f"{e}", restore=False)
-    try:
-        t = time.perf_counter()
+        step, t = "restore", time.perf_counter()
         driver.restore(pid, pairs)
         times["restore_s"] = time.perf_counter() - t
-    except DriverError as e:
-        _unlock_back(driver, pid, f"{e} onto GPU {new_uuid}", restore=True)
+    except BaseException as e:   # noqa: BLE001 - whatever failed, the process must not stay locked
+        why = f"{_said(e)}{f' onto GPU {new_uuid}' if step == 'restore' else ''}"
+        where = _put_back(driver, pid)
+        raise RebindError(f"{why}; " + ("it is back on its GPU, as it was" if where == "source" else
+                                        "putting it back failed too: its CUDA state is unknown"), where) from None
     t = time.perf_counter()
-    try:
-        driver.unlock(pid)
-    except DriverError as e:
-        raise RebindError(f"restored onto GPU {new_uuid}, then {e}", "unknown") from None
+    for attempt in (1, 2):
+        try:
+            driver.unlock(pid)
+            break
+        except BaseException as e:   # noqa: BLE001
+            if attempt == 2:
+                raise RebindError(f"restored onto GPU {new_uuid}, then {_said(e)} (twice): its CUDA state is "
+                                  f"unknown", "unknown") from None
     times["unlock_s"] = time.perf_counter() - t
     return times
 
 
-def _unlock_back(driver: Driver, pid: int, why: str, restore: bool) -> None:
-    """After a failed step: the process back on its old GPU (restored without remapping, if it was checkpointed)
-    and unlocked; always raises RebindError."""
+def _said(e: BaseException) -> str:
+    return str(e) if isinstance(e, DriverError) else f"{type(e).__name__}: {e}"
+
+
+def _put_back(driver: Driver, pid: int) -> str:
+    """After a failed checkpoint or restore: the process restored onto its old GPU if it is checkpointed, and
+    unlocked. "source" if it runs there now, else "unknown" (the driver failed it, or would not say)."""
     try:
-        if restore:
+        state = driver.state(pid)
+        if state == CHECKPOINTED:
             driver.restore(pid, [])
-        driver.unlock(pid)
-    except DriverError as e:
-        raise RebindError(f"{why}; putting it back failed too ({e}): its CUDA state is unknown", "unknown") from None
-    raise RebindError(f"{why}; it is back on its GPU, as it was", "source")
+            state = LOCKED
+        if state == LOCKED:
+            driver.unlock(pid)
+            state = RUNNING
+    except BaseException:   # noqa: BLE001 - the caller reports it unknown
+        return "unknown"
+    return "source" if state == RUNNING else "unknown"
 
 
 class Rebinding:

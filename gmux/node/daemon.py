@@ -310,6 +310,7 @@ class Daemon:
         ranks are ended with it."""
         if job.final:
             return
+        self.moves.refused.pop(job.id, None)
         if job.kill_requested and state in ("killed", "lost"):
             state, detail = "killed", "killed by gmux kill"
         self.leave_gpu(job, time.monotonic())

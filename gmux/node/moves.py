@@ -86,10 +86,16 @@ class Moves:
         node, now, src = self.node, time.monotonic(), job.gpu
         slicer = node.slicers[src]
         data = {"job": job.id, "kind": "migrate", "gpu": gpu, "from": src, "path": PATH, "pid": job.pid}
-        if job.id not in slicer.resident:
+        if job.id not in slicer.resident and node.gpus[src].virtual:
             self._seat(job, gpu, now)
             return {**data, "latency_s": 0.0, "suspended_already": True}
         job.target_gpu = gpu    # (admission counts it on both GPUs until it has left)
+        if job.id not in slicer.resident:   # suspended already: only its process's CUDA state is left to move
+            self._rebind(job, gpu, 0.0)
+            node.decide(src, "migrate", [job.id], {"from": src, "to": gpu, "path": PATH},
+                        f"moving {job.id} from GPU {src} to GPU {gpu} in its own process (pid {job.pid}): it is "
+                        f"suspended; the CUDA driver rebinds it")
+            return node.commands.defer(job.id, "migrate", req, data=data) if req is not None else None
         slicer.mark_busy(job.id, "move", now)
         node.commands.send(job, "suspend", {})
         job.detail = f"moving to GPU {gpu} in its own process: suspending at its next boundary"
@@ -147,7 +153,9 @@ class Moves:
     def _rebind(self, job: Job, gpu: int, latency: float) -> None:
         """The suspended job's process is rebound from its GPU to `gpu` by the driver, on a thread (`poll`)."""
         node, src = self.node, job.gpu
-        node.slicers[src].mark_busy(job.id, "rebind")    # no deadline: the driver's calls end on their own
+        # No deadline: the driver's calls end on their own. Its memory is in host memory, so the source GPU's
+        # other jobs may run meanwhile.
+        node.slicers[src].suspended_busy(job.id, "rebind", time.monotonic())
         old, new, driver, pid = node.gpus[src].uuid, node.gpus[gpu].uuid, self.driver, job.pid
         self.rebinding[job.id] = (Rebinding(lambda: rebind(driver, pid, old, new)), gpu, latency)
         job.detail = f"moving to GPU {gpu} in its own process: the CUDA driver rebinds it from GPU {src}"
@@ -178,8 +186,14 @@ class Moves:
         self.refused[job.id] = str(e)
         slicer = node.slicers[src]
         slicer.suspended_here(job.id, now)
-        then = ("it stays on GPU {src}, suspended, and resumes there in its turn" if where == "source" else
-                "its CUDA state could not be put back, so its resume on GPU {src} may fail").format(src=src)
+        if where == "source":
+            then = f"it stays on GPU {src}, suspended, and resumes there in its turn"
+        else:
+            # Resumed, its next CUDA call might block for ever or fail: its user decides.
+            job.held = True
+            slicer.hold(job.id)
+            then = (f"its CUDA state could not be put back, so it is held, suspended on GPU {src}: `gmux resume` "
+                    f"tries it there, `gmux kill` ends it")
         why = f"the CUDA driver did not rebind it: {e}; {then}; its next move takes a new process"
         job.detail = f"move to GPU {gpu} given up: {why}"
         node.decide(src, "migrate", [job.id], {"from": src, "to": gpu, "path": PATH, "ok": False, "where": where},

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from gmux.node import cuda_rebind
-from gmux.node.cuda_rebind import (CHECKPOINTED, LOCKED, RUNNING, CudaDriver, DriverError, RebindError, Unavailable,
+from gmux.node.cuda_rebind import (CHECKPOINTED, FAILED, LOCKED, RUNNING, CudaDriver, DriverError, RebindError, Unavailable,
                                    rebind, uuid_bytes)
 from node_harness import GiB, ask
 from test_move_in_process import ack, commands, replies, seats, started, tick
@@ -19,32 +19,38 @@ OLD, NEW = "GPU-00000000-0000-4000-8000-000000000000", "GPU-00000001-0000-4000-8
 
 
 class StandIn:
-    """Records the calls a rebind makes; `fail` names the calls that fail (a restore: "restore" with GPU pairs,
-    "restore-back" without)."""
+    """The driver's process states, and a record of the calls a rebind makes. `fail` names the calls that fail
+    (a restore: "restore" with GPU pairs, "restore-back" without; "unlock-once": the first unlock only);
+    `broken`: a failed call leaves the process FAILED; `raises`: what a failing call raises (else DriverError)."""
 
-    def __init__(self, *fail, state=RUNNING):
-        self.fail, self.calls, self._state = set(fail), [], state
+    def __init__(self, *fail, state=RUNNING, broken=False, raises=None):
+        self.fail, self.calls, self._state, self.broken, self.raises = set(fail), [], state, broken, raises
 
-    def _call(self, name, *args):
+    def _call(self, name, *args, then=None):
         self.calls.append((name, *args))
-        if name in self.fail:
-            raise DriverError(f"{name} failed: CUDA_ERROR_INVALID_VALUE (1)")
+        if name in self.fail or (name == "unlock" and "unlock-once" in self.fail):
+            self.fail.discard("unlock-once")
+            if self.broken:
+                self._state = FAILED
+            raise self.raises or DriverError(f"{name} failed: CUDA_ERROR_INVALID_VALUE (1)")
+        if then is not None:
+            self._state = then
 
     def state(self, pid):
         self._call("state", pid)
         return self._state
 
     def lock(self, pid, timeout_ms):
-        self._call("lock", pid)
+        self._call("lock", pid, then=LOCKED)
 
     def checkpoint(self, pid):
-        self._call("checkpoint", pid)
+        self._call("checkpoint", pid, then=CHECKPOINTED)
 
     def restore(self, pid, pairs):
-        self._call("restore" if pairs else "restore-back", pid, *pairs)
+        self._call("restore" if pairs else "restore-back", pid, *pairs, then=LOCKED)
 
     def unlock(self, pid):
-        self._call("unlock", pid)
+        self._call("unlock", pid, then=RUNNING)
 
     def names(self):
         return [c[0] for c in self.calls]
@@ -61,19 +67,37 @@ def test_a_rebind_locks_checkpoints_restores_onto_the_new_gpu_and_unlocks():
 @pytest.mark.parametrize("fail, calls, where, says", [
     ({"state"}, ["state"], "source", "is pid 42 a CUDA process"),
     ({"lock"}, ["state", "lock"], "source", "nothing changed"),
-    ({"checkpoint"}, ["state", "lock", "checkpoint", "unlock"], "source", "back on its GPU"),
-    ({"restore"}, ["state", "lock", "checkpoint", "restore", "restore-back", "unlock"], "source",
+    ({"checkpoint"}, ["state", "lock", "checkpoint", "state", "unlock"], "source", "back on its GPU"),
+    ({"restore"}, ["state", "lock", "checkpoint", "restore", "state", "restore-back", "unlock"], "source",
      "onto GPU " + NEW),
-    ({"restore", "restore-back"}, ["state", "lock", "checkpoint", "restore", "restore-back"], "unknown",
+    ({"restore", "restore-back"}, ["state", "lock", "checkpoint", "restore", "state", "restore-back"], "unknown",
      "its CUDA state is unknown"),
-    ({"checkpoint", "unlock"}, ["state", "lock", "checkpoint", "unlock"], "unknown", "putting it back failed"),
-    ({"unlock"}, ["state", "lock", "checkpoint", "restore", "unlock"], "unknown", "restored onto GPU " + NEW),
+    ({"checkpoint", "unlock"}, ["state", "lock", "checkpoint", "state", "unlock"], "unknown",
+     "putting it back failed"),
+    ({"unlock"}, ["state", "lock", "checkpoint", "restore", "unlock", "unlock"], "unknown", "(twice)"),
 ])
 def test_a_failed_step_puts_the_process_back_where_it_was(fail, calls, where, says):
     d = StandIn(*fail)
     with pytest.raises(RebindError) as e:
         rebind(d, 42, OLD, NEW)
     assert d.names() == calls and e.value.where == where and says in str(e.value), str(e.value)
+
+
+def test_an_unlock_that_fails_once_is_tried_again_and_a_process_the_driver_failed_is_unknown():
+    d = StandIn("unlock-once")
+    rebind(d, 42, OLD, NEW)
+    assert d.names() == ["state", "lock", "checkpoint", "restore", "unlock", "unlock"]
+    d = StandIn("restore", broken=True)
+    with pytest.raises(RebindError, match="state is unknown") as e:
+        rebind(d, 42, OLD, NEW)
+    assert e.value.where == "unknown" and d.names()[-1] == "state"
+
+
+def test_any_exception_after_the_lock_still_puts_the_process_back():
+    d = StandIn("restore", raises=TypeError("an initializer for ctype 'CUuuid' must be a list"))
+    with pytest.raises(RebindError, match="TypeError: an initializer") as e:
+        rebind(d, 42, OLD, NEW)
+    assert e.value.where == "source" and d.names()[-2:] == ["restore-back", "unlock"]
 
 
 def test_a_process_someone_else_is_checkpointing_is_left_alone():
@@ -149,9 +173,9 @@ def test_a_suspended_job_is_rebound_by_the_driver_and_resumes_on_the_target(daem
     driver = StandIn()
     d, a = asked_to_move(daemon_factory, driver)
     job = d.jobs[a["job"]]
-    # The driver works on a thread; meanwhile GPU 0's slicer waits for it (its context is still there) and the
-    # job is counted on both GPUs.
-    assert job.id in d.moves.rebinding and seats(d, job.id) == [(0, True, "rebind")] and job.target_gpu == 1
+    # The driver works on a thread; meanwhile the job holds no memory on GPU 0 (its state is in host memory),
+    # is busy there with the rebind, and counts on both GPUs.
+    assert job.id in d.moves.rebinding and seats(d, job.id) == [(0, False, "rebind")] and job.target_gpu == 1
     assert "the CUDA driver rebinds it from GPU 0" in job.detail and not replies(d)
     driver_done(d, job.id)
     assert driver.calls == [("state", job.pid), ("lock", job.pid), ("checkpoint", job.pid),
@@ -172,7 +196,7 @@ def test_a_failed_rebind_leaves_the_job_on_its_gpu_and_its_next_move_takes_a_new
     d, a = asked_to_move(daemon_factory, driver, migratable=True)
     job = d.jobs[a["job"]]
     driver_done(d, job.id)
-    assert driver.names()[-2:] == ["restore-back", "unlock"]
+    assert driver.names()[-3:] == ["state", "restore-back", "unlock"]
     (reply,) = replies(d)
     assert not reply["ok"] and "did not rebind it" in reply["error"] and "stays on GPU 0" in reply["error"], reply
     (go,) = commands(d, b"a")      # resumed where it was, alone there
@@ -216,3 +240,36 @@ def test_a_restarted_gmuxd_puts_back_a_process_its_predecessor_left_checkpointed
         driver = StandIn(state=state)
         daemon_factory((GiB, GiB), root=str(tmp_path / "rt"), virtual=False, rebind=driver).close()
         assert driver.names() == calls and driver.calls[0][1] == d.jobs[a["job"]].pid
+
+
+def test_a_suspended_job_is_rebound_too_and_a_held_one_stays_held(daemon_factory):
+    driver = StandIn()
+    d = daemon_factory((GiB, GiB), virtual=False, rebind=driver)
+    a = started(d, b"a", mem=256 * MiB)
+    ask(d, "suspend", admin=d.admin, job=a["job"])
+    (stop,) = commands(d, b"a")
+    ack(d, b"a", a, stop, state="suspended")
+    assert ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1) is None     # waits for the driver
+    assert seats(d, a["job"]) == [(0, False, "rebind")]
+    driver_done(d, a["job"])
+    assert driver.names() == ["state", "lock", "checkpoint", "restore", "unlock"]
+    (reply,) = replies(d)
+    assert reply["ok"] and reply["data"]["path"] == "in process", reply
+    assert seats(d, a["job"]) == [(1, False, None)] and d.jobs[a["job"]].held and not commands(d, b"a")
+
+
+def test_a_suspend_asked_during_the_rebind_is_answered_at_once_and_holds_the_job_on_its_target(daemon_factory):
+    d, a = asked_to_move(daemon_factory, StandIn())
+    r = ask(d, "suspend", admin=d.admin, job=a["job"])
+    assert r["ok"] and r["data"]["state"] == "held", r
+    driver_done(d, a["job"])
+    assert seats(d, a["job"]) == [(1, False, None)] and not commands(d, b"a")   # held: not resumed
+
+
+def test_a_job_whose_cuda_state_is_unknown_is_held_not_resumed(daemon_factory):
+    d, a = asked_to_move(daemon_factory, StandIn("restore", broken=True))
+    driver_done(d, a["job"])
+    (reply,) = replies(d)
+    assert not reply["ok"] and "held, suspended on GPU 0" in reply["error"] and "gmux kill" in reply["error"]
+    job = d.jobs[a["job"]]
+    assert job.held and job.gpu == 0 and seats(d, job.id) == [(0, False, None)] and not commands(d, b"a")
