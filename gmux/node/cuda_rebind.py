@@ -12,11 +12,14 @@ has already copied its tensors to host memory, so what the driver moves is its c
 holds, and it resumes on the target through its memory tier as after any time slice. The driver's calls block
 (the copy-out, the restore), so gmuxd makes them on a thread of their own.
 
-If anything fails, the process is put back where it was: restored without remapping (onto its old GPU) and
-unlocked, and the error says so (`RebindError.where == "source"`); only when even that fails is its state unknown
-(`where == "unknown"`, the driver may have left it FAILED). The driver calls need the caller to be allowed to
-act on the process (its owner, or root) and a driver that has the API; `CudaDriver.load` says why not where it
-cannot be used, and gmuxd then moves jobs between real GPUs with a new process, as before.
+If anything fails after the lock, the process is put back by the state the driver reports: restored without
+remapping (onto its old GPU) if it is checkpointed, then unlocked (`RebindError.where == "source"`). Where the
+driver failed it, or would not say, its state is unknown (`where == "unknown"`), and gmuxd holds the job rather
+than resume it. Not covered: a restore with GPU pairs that fails having half-moved the process to the target (it
+is unlocked where it is, and reported as on its source); and a gmuxd restarted without --rebind-gpus does not
+look for processes its predecessor left locked. The driver's calls need the caller to be allowed to act on the
+process (its owner, or root) and a driver that has the API; `CudaDriver.load` says why not where it cannot be
+used, and gmuxd then moves jobs between real GPUs with a new process, as before.
 """
 from __future__ import annotations
 
