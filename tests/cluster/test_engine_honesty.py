@@ -105,25 +105,26 @@ def test_bigger_state_costs_more_and_another_machine_costs_most():
     flat = Costs(suspend_s=1.0, resume_s=2.0, migrate_s=3.0)
     assert (flat.suspend(big), flat.resume(big), flat.migrate(big, True), flat.warmup(big, True)) == (1.0, 2.0, 3.0, 0)
     assert any("Transformer" in line and "warm-up" in line for line in c.summary_lines())
-    assert "warm-up 3.11 s + 1.7 s/GiB" in c.summary_lines()[0] and "stall 0.06 s + 3.26 s/GiB" in c.summary_lines()[0]
+    assert "warm-up 0.45 s + 1.11 s/GiB" in c.summary_lines()[0] and "stall 0.14 s + 2.26 s/GiB" in c.summary_lines()[0]
 
 
-# benchmarks/README.md, "Cross-machine moves, fifth round" (medians of three moves): checkpoint MiB -> downtime,
-# the target's first mini-batch inside it, and the move's total (request to the target heard).
-FIFTH_ROUND = {64: (0.28, 0.015, 3.47), 256: (0.99, 0.115, 4.56), 1024: (3.84, 0.515, 8.64)}
+# benchmarks/README.md, "Cross-machine moves, sixteenth session" (the whole benchmark, sealed, warm target; medians
+# of three moves): checkpoint MiB -> downtime, the target's first mini-batch inside it, and the move's total
+# (request to the target heard).
+MEASURED = {64: (0.26, 0.02, 0.69), 256: (0.94, 0.19, 1.78), 1024: (3.22, 0.83, 4.76)}
 
 
-@pytest.mark.parametrize("mib", sorted(FIFTH_ROUND))
+@pytest.mark.parametrize("mib", sorted(MEASURED))
 def test_the_cross_machine_model_reproduces_the_measured_moves(mib):
     # The stall is the downtime less the target's first mini-batch (progress in the simulator); the warm-up is
     # the rest of the move, spent while the job still computes at its source.
     c = Costs()
-    downtime, batch, total = FIFTH_ROUND[mib]
+    downtime, batch, total = MEASURED[mib]
     gib = mib / 1024
     stall = c.cross_start_s + c.cross_s_per_gib * gib
     warm = c.cross_warmup_s + c.cross_warmup_s_per_gib * gib
-    assert stall == pytest.approx(downtime - batch, abs=0.02)
-    assert warm == pytest.approx(total - downtime, abs=0.05)
+    assert stall == pytest.approx(downtime - batch, abs=0.05)
+    assert warm == pytest.approx(total - downtime, abs=0.12)
     state = c.state_gib("Transformer")
     assert c.migrate("Transformer", True) == pytest.approx(c.cross_start_s + c.cross_s_per_gib * state)
     with pytest.raises(ValueError, match="quantum_s"):
@@ -138,7 +139,7 @@ def test_a_cross_machine_migration_costs_the_measured_restart(table):
     jobs = [job(0, 0, 10000), job(1, 0, 100), job(2, 0, 500), job(3, 0, 50), job(4, 110, 1000, gpus=2)]
     eng, res, by = run("gandiva", jobs, table(), machines=2, per=2, defrag_moves=0, costs=costs)
     warm, move = costs.warmup("('D', 2)", True), costs.migrate("('D', 2)", True)
-    assert res.counters["migrations"] == 1 and warm > 3 and move > 0.06
+    assert res.counters["migrations"] == 1 and warm > 0.5 and move > 0.14
     assert finish(by, 4) == pytest.approx(500 + warm + move + (1000 - 0.5 * 390 - 0.5 * warm))
     assert by[4][11] == pytest.approx(move)                       # only the stall is time without progress
     assert max(eng.cluster.gpu_free_at.values()) == pytest.approx(500 + warm + move)
@@ -209,13 +210,13 @@ class _MoveAt(Policy):
         return []
 
 
-@pytest.mark.parametrize("at", [90.0, 99.0])
+@pytest.mark.parametrize("at", [90.0, 99.5])
 def test_a_move_to_another_machine_costs_the_job_only_its_stall(table, at):
     # A 100-s job moved at `at`: it computes on at its source through the warm-up, so it loses only the stall;
     # one that would end within the warm-up ends at its source, on time, and its move is moot.
     costs = Costs()
     warm, stall = costs.warmup("('A', 1)", True), costs.migrate("('A', 1)", True)
-    assert 1 < warm < 10 and stall > 0.05
+    assert 0.5 < warm < 10 and stall > 0.05 and 99.5 + warm > 100
     eng = Engine(make_machines(2, 1), [job(0, 0, 100)], _MoveAt(at), table(), costs, check=True)
     res = eng.run()
     (r,) = res.jobs
