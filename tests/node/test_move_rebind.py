@@ -150,6 +150,49 @@ def test_the_binding_lays_out_the_arguments_as_cuda_h_does(tmp_path):
     assert ours == theirs
 
 
+@pytest.fixture
+def fake_libcuda(tmp_path):
+    """fake/fake_libcuda_checkpoint.c built here: the checkpoint API's C side, logging what it is passed."""
+    if not (shutil.which("gcc") and os.path.exists("/usr/local/cuda/include/cuda.h")):
+        pytest.skip("needs gcc and the CUDA toolkit's cuda.h")
+
+    def build(name):
+        out = tmp_path / f"libcuda-{name}.so"      # (a path of its own: dlopen shares a loaded library's state)
+        subprocess.run(["gcc", "-shared", "-fPIC", "-I/usr/local/cuda/include", "-o", str(out),
+                        os.path.join(os.path.dirname(__file__), "fake", "fake_libcuda_checkpoint.c")], check=True)
+        return str(out)
+    return build
+
+
+def calls(log):
+    return [line.strip() for line in log.read_text().splitlines()]
+
+
+def test_the_binding_hands_the_driver_its_arguments(fake_libcuda, tmp_path, monkeypatch):
+    log = tmp_path / "calls"
+    monkeypatch.setenv("FAKE_CUDA_LOG", str(log))
+    rebind(CudaDriver.load(fake_libcuda("ok")), 4242, OLD, NEW)
+    assert calls(log) == ["cuInit 0", "state 4242", "lock 4242 timeout=10000", "checkpoint 4242",
+                          f"restore 4242 pairs=1 {uuid_bytes(OLD).hex()}->{uuid_bytes(NEW).hex()}", "unlock 4242"]
+
+
+def test_the_drivers_error_is_named_and_the_process_put_back(fake_libcuda, tmp_path, monkeypatch):
+    log = tmp_path / "calls"
+    monkeypatch.setenv("FAKE_CUDA_LOG", str(log))
+    monkeypatch.setenv("FAKE_CUDA_FAIL", "restore")
+    with pytest.raises(RebindError) as e:
+        rebind(CudaDriver.load(fake_libcuda("failing")), 4242, OLD, NEW)
+    assert e.value.where == "source"
+    assert "cuCheckpointProcessRestore failed: CUDA_ERROR_NOT_SUPPORTED (801) onto GPU " + NEW in str(e.value)
+    assert calls(log)[-3:] == ["state 4242", "restore-back 4242 pairs=0", "unlock 4242"]
+
+
+def test_a_driver_too_old_to_remap_is_refused(fake_libcuda, monkeypatch):
+    monkeypatch.setenv("FAKE_CUDA_VERSION", "12080")
+    with pytest.raises(Unavailable, match=r"supports CUDA 12\.8; .* needs CUDA 13\.0"):
+        CudaDriver.load(fake_libcuda("old"))
+
+
 # --- gmuxd's move around the driver ---
 
 def asked_to_move(daemon_factory, driver, **job):
