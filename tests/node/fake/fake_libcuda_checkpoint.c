@@ -17,6 +17,13 @@ static CUresult logged(const char *call, int pid, const char *more) {
     return fail && strcmp(fail, call) == 0 ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS;
 }
 
+/* A call that, when it succeeds, leaves the process in state `then`. */
+static CUresult step(const char *call, int pid, const char *more, int then) {
+    CUresult rc = logged(call, pid, more);
+    if (rc == CUDA_SUCCESS) state = then;
+    return rc;
+}
+
 static void hex(char *out, const CUuuid *u) {
     for (int i = 0; i < 16; i++) sprintf(out + 2 * i, "%02x", (unsigned char)u->bytes[i]);
 }
@@ -42,16 +49,12 @@ CUresult cuCheckpointProcessGetState(int pid, CUprocessState *out) {
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args) {
     char more[32];
     snprintf(more, sizeof more, "timeout=%u", args ? args->timeoutMs : 0);
-    CUresult rc = logged("lock", pid, more);
-    if (rc == CUDA_SUCCESS) state = CU_PROCESS_STATE_LOCKED;
-    return rc;
+    return step("lock", pid, more, CU_PROCESS_STATE_LOCKED);
 }
 
 CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args) {
     (void)args;
-    CUresult rc = logged("checkpoint", pid, NULL);
-    if (rc == CUDA_SUCCESS) state = CU_PROCESS_STATE_CHECKPOINTED;
-    return rc;
+    return step("checkpoint", pid, NULL, CU_PROCESS_STATE_CHECKPOINTED);
 }
 
 CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args) {
@@ -64,14 +67,10 @@ CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args) {
     } else if (args && args->gpuPairsCount) {
         snprintf(more, sizeof more, "pairs=%u", args->gpuPairsCount);
     }
-    CUresult rc = logged(args && args->gpuPairsCount ? "restore" : "restore-back", pid, more);
-    if (rc == CUDA_SUCCESS) state = CU_PROCESS_STATE_LOCKED;
-    return rc;
+    return step(args && args->gpuPairsCount ? "restore" : "restore-back", pid, more, CU_PROCESS_STATE_LOCKED);
 }
 
 CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args) {
     (void)args;
-    CUresult rc = logged("unlock", pid, NULL);
-    if (rc == CUDA_SUCCESS) state = CU_PROCESS_STATE_RUNNING;
-    return rc;
+    return step("unlock", pid, NULL, CU_PROCESS_STATE_RUNNING);
 }
