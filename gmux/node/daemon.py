@@ -190,6 +190,7 @@ class Daemon:
         self.stopping = True
 
     def close(self) -> None:
+        self.moves.settle()
         self.stops.continue_all()
         self._flush(force=True)
         if self.metrics:

@@ -201,6 +201,14 @@ class Moves:
         node.commands.wake(job.id, "migrate", False, latency, why)
         node.switch(slicer, now)
 
+    def settle(self, timeout: float = 60.0) -> None:
+        """Before gmuxd exits: waits for the driver's rebinds in flight (a process left locked would block at its
+        next CUDA call) and carries out their outcome, so that the job table says where each job is."""
+        end = time.monotonic() + timeout
+        for work, _, _ in list(self.rebinding.values()):
+            work.wait(max(0.0, end - time.monotonic()))
+        self.poll(time.monotonic())
+
     def recover(self, job: Job) -> None:
         """A job of a previous gmuxd that may have died during its rebind: a process left locked by the driver
         is unlocked, one left checkpointed is restored onto its old GPU first (its next CUDA call would block for

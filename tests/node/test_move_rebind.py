@@ -5,6 +5,7 @@ No GPU here: benchmarks/gpu/rebind_cuda.py runs the driver's calls on a real pro
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -23,10 +24,12 @@ class StandIn:
     (a restore: "restore" with GPU pairs, "restore-back" without; "unlock-once": the first unlock only);
     `broken`: a failed call leaves the process FAILED; `raises`: what a failing call raises (else DriverError)."""
 
-    def __init__(self, *fail, state=RUNNING, broken=False, raises=None):
+    def __init__(self, *fail, state=RUNNING, broken=False, raises=None, slow=0.0):
         self.fail, self.calls, self._state, self.broken, self.raises = set(fail), [], state, broken, raises
+        self.slow = slow    # seconds each call takes
 
     def _call(self, name, *args, then=None):
+        time.sleep(self.slow)
         self.calls.append((name, *args))
         if name in self.fail or (name == "unlock" and "unlock-once" in self.fail):
             self.fail.discard("unlock-once")
@@ -316,3 +319,19 @@ def test_a_job_whose_cuda_state_is_unknown_is_held_not_resumed(daemon_factory):
     assert not reply["ok"] and "held, suspended on GPU 0" in reply["error"] and "gmux kill" in reply["error"]
     job = d.jobs[a["job"]]
     assert job.held and job.gpu == 0 and seats(d, job.id) == [(0, False, None)] and not commands(d, b"a")
+
+
+def test_gmuxd_closing_waits_for_the_driver_and_records_where_the_job_went(daemon_factory, tmp_path):
+    driver = StandIn(slow=0.1)
+    d = daemon_factory((GiB, GiB), root=str(tmp_path / "rt"), virtual=False, rebind=driver)
+    a = started(d, b"a", mem=256 * MiB)
+    d.sent.clear()
+    ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1)
+    (stop,) = commands(d, b"a")
+    ack(d, b"a", a, stop, state="suspended")
+    assert not d.moves.rebinding[a["job"]][0].done()
+    d.close()       # as at SIGTERM: the rebind is not cut off, and where it left the job is written down
+    assert driver.names() == ["state", "lock", "checkpoint", "restore", "unlock"]
+    again = daemon_factory((GiB, GiB), root=str(tmp_path / "rt"), virtual=False, rebind=StandIn())
+    # (its resume left as the move completed: the new gmuxd believes where it is once it says)
+    assert again.jobs[a["job"]].gpu == 1 and [g for g, *_ in seats(again, a["job"])] == [1]
