@@ -155,7 +155,7 @@ class Moves:
         node, src = self.node, job.gpu
         # No deadline: the driver's calls end on their own. Its memory is in host memory, so the source GPU's
         # other jobs may run meanwhile.
-        node.slicers[src].suspended_busy(job.id, "rebind", time.monotonic())
+        node.slicers[src].suspended_here(job.id, time.monotonic(), busy="rebind")
         old, new, driver, pid = node.gpus[src].uuid, node.gpus[gpu].uuid, self.driver, job.pid
         self.rebinding[job.id] = (Rebinding(lambda: rebind(driver, pid, old, new)), gpu, latency)
         job.detail = f"moving to GPU {gpu} in its own process: the CUDA driver rebinds it from GPU {src}"

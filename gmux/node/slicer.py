@@ -170,25 +170,17 @@ class Slicer:
         if job in self.entries:
             self.pending[job] = "suspend"
 
-    def suspended_busy(self, job: str, kind: str, now: float) -> None:
-        """The job has suspended (it holds no memory here now) and a command of the daemon's own goes on with
-        it (`kind`: a move's rebind by the CUDA driver): neither resumed nor suspended until `clear_busy`,
-        `suspended_here` or its leaving."""
-        e = self.entries.get(job)
-        if e is None:
-            return
-        self.pending[job] = kind
-        e.sent_at = None
-        self.resident.discard(job)
-        self._stop(e, now)
-
-    def suspended_here(self, job: str, now: float) -> None:
+    def suspended_here(self, job: str, now: float, busy: Optional[str] = None) -> None:
         """The job, busy with a command of the daemon's own that suspended it (a move in its own process, given
-        up once it had suspended), stays on this GPU: it holds no memory here now and resumes in its turn."""
+        up once it had suspended), stays on this GPU: it holds no memory here now and resumes in its turn; with
+        `busy`, it stays busy with that (a move's rebind by the CUDA driver) until `clear_busy` or it leaves."""
         e = self.entries.get(job)
         if e is None:
             return
-        self.pending.pop(job, None)
+        if busy is None:
+            self.pending.pop(job, None)
+        else:
+            self.pending[job] = busy
         e.sent_at = None
         self.resident.discard(job)
         self._stop(e, now)
