@@ -153,8 +153,9 @@ class Moves:
     def _rebind(self, job: Job, gpu: int, latency: float) -> None:
         """The suspended job's process is rebound from its GPU to `gpu` by the driver, on a thread (`poll`)."""
         node, src = self.node, job.gpu
-        # No deadline: the driver's calls end on their own. Its memory is in host memory, so the source GPU's
-        # other jobs may run meanwhile.
+        # No deadline: the driver's calls end on their own. It holds no memory on the source now (a suspend
+        # asked meanwhile is answered at once); the source's slicer waits for it before its next switch, as
+        # for any command in flight, so it is never resumed there while the driver has it.
         node.slicers[src].suspended_here(job.id, time.monotonic(), busy="rebind")
         old, new, driver, pid = node.gpus[src].uuid, node.gpus[gpu].uuid, self.driver, job.pid
         self.rebinding[job.id] = (Rebinding(lambda: rebind(driver, pid, old, new)), gpu, latency)

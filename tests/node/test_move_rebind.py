@@ -5,6 +5,7 @@ No GPU here: benchmarks/gpu/rebind_cuda.py runs the driver's calls on a real pro
 import os
 import shutil
 import subprocess
+import threading
 import time
 
 import pytest
@@ -335,3 +336,21 @@ def test_gmuxd_closing_waits_for_the_driver_and_records_where_the_job_went(daemo
     again = daemon_factory((GiB, GiB), root=str(tmp_path / "rt"), virtual=False, rebind=StandIn())
     # (its resume left as the move completed: the new gmuxd believes where it is once it says)
     assert again.jobs[a["job"]].gpu == 1 and [g for g, *_ in seats(again, a["job"])] == [1]
+
+
+def test_the_source_gpu_sends_the_job_nothing_while_the_driver_has_it(daemon_factory):
+    release = threading.Event()
+
+    class Held(StandIn):
+        def checkpoint(self, pid):
+            release.wait(10)
+            super().checkpoint(pid)
+    d, a = asked_to_move(daemon_factory, Held())
+    for _ in range(5):      # ticks: its quantum over, nothing else on GPU 0; it is not resumed there
+        time.sleep(0.05)
+        tick(d)
+        assert not commands(d, b"a") and seats(d, a["job"]) == [(0, False, "rebind")]
+    release.set()
+    driver_done(d, a["job"])
+    (go,) = commands(d, b"a")
+    assert go["kind"] == "resume" and go["args"]["gpu"] == 1
