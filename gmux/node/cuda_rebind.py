@@ -188,7 +188,11 @@ def rebind(driver: Driver, pid: int, old_uuid: str, new_uuid: str,
         times["restore_s"] = time.perf_counter() - t
     except BaseException as e:   # noqa: BLE001 - whatever failed, the process must not stay locked
         why = f"{_said(e)}{f' onto GPU {new_uuid}' if step == 'restore' else ''}"
-        where = _put_back(driver, pid)
+        try:
+            put_back(driver, pid)
+            where = "source"
+        except BaseException:   # noqa: BLE001 - reported as unknown
+            where = "unknown"
         raise RebindError(f"{why}; " + ("it is back on its GPU, as it was" if where == "source" else
                                         "putting it back failed too: its CUDA state is unknown"), where) from None
     t = time.perf_counter()
@@ -208,20 +212,18 @@ def _said(e: BaseException) -> str:
     return str(e) if isinstance(e, DriverError) else f"{type(e).__name__}: {e}"
 
 
-def _put_back(driver: Driver, pid: int) -> str:
-    """After a failed checkpoint or restore: the process restored onto its old GPU if it is checkpointed, and
-    unlocked. "source" if it runs there now, else "unknown" (the driver failed it, or would not say)."""
-    try:
-        state = driver.state(pid)
-        if state == CHECKPOINTED:
-            driver.restore(pid, [])
-            state = LOCKED
-        if state == LOCKED:
-            driver.unlock(pid)
-            state = RUNNING
-    except BaseException:   # noqa: BLE001 - the caller reports it unknown
-        return "unknown"
-    return "source" if state == RUNNING else "unknown"
+def put_back(driver: Driver, pid: int) -> int:
+    """A process a rebind left locked or checkpointed (it failed, or its gmuxd died): restored onto its old GPU if
+    checkpointed, then unlocked. Returns the state it was found in; raises DriverError where it does not run now
+    (the driver failed it)."""
+    state = driver.state(pid)
+    if state == CHECKPOINTED:
+        driver.restore(pid, [])
+    if state in (LOCKED, CHECKPOINTED):
+        driver.unlock(pid)
+    elif state != RUNNING:
+        raise DriverError(f"its CUDA state is {STATE_NAMES.get(state, state)}")
+    return state
 
 
 class Rebinding:

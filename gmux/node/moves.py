@@ -32,7 +32,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Optional
 
-from gmux.node.cuda_rebind import CHECKPOINTED, LOCKED, STATE_NAMES, Driver, DriverError, Rebinding, rebind, \
+from gmux.node.cuda_rebind import RUNNING, STATE_NAMES, Driver, DriverError, Rebinding, put_back, rebind, \
     uuid_bytes
 from gmux.node.jobs import Job
 from gmux.node.slicer import Slicer
@@ -217,15 +217,13 @@ class Moves:
         if self.driver is None or not job.pid or job.gpu is None or self.node.gpus[job.gpu].virtual:
             return
         try:
-            state = self.driver.state(job.pid)
-            if state == CHECKPOINTED:
-                self.driver.restore(job.pid, [])
-            if state in (LOCKED, CHECKPOINTED):
-                self.driver.unlock(job.pid)
-                log.warning("%s: its CUDA state was left %s by a rebind the previous gmuxd did not finish; put "
-                            "back and unlocked", job.id, STATE_NAMES[state])
+            state = put_back(self.driver, job.pid)
         except DriverError as e:
-            log.info("%s: its CUDA state could not be checked: %s", job.id, e)
+            log.info("%s: its CUDA state could not be checked or put back: %s", job.id, e)
+            return
+        if state != RUNNING:
+            log.warning("%s: its CUDA state was left %s by a rebind the previous gmuxd did not finish; put back and "
+                        "unlocked", job.id, STATE_NAMES[state])
 
     def _seat(self, job: Job, gpu: int, now: float, rebind_s: Optional[dict] = None) -> None:
         """The suspended job's seat moves: it leaves the source's slicer (its GPU time goes with it) and joins
