@@ -65,8 +65,9 @@ print("hash", h.hexdigest(), sum(p.numel() * 4 for p in model.parameters()), flu
 """
 
 
-def child(mib: int, pause: int, mode: str) -> subprocess.Popen:
-    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8")     # (deterministic cuBLAS)
+def child(mib: int, pause: int, mode: str, gpu_uuid: str) -> subprocess.Popen:
+    # on the GPU the rebind names (CUDA's device order need not be NVML's); deterministic cuBLAS
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu_uuid, CUBLAS_WORKSPACE_CONFIG=":4096:8")
     return subprocess.Popen([sys.executable, "-c", CHILD, str(mib), str(pause), mode], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
 
@@ -77,33 +78,11 @@ def finish(p: subprocess.Popen, say: str = "") -> tuple[str, int]:
     return line[1], int(line[2])
 
 
-def gpus_listing(pid: int) -> list[str]:
-    import pynvml
-    pynvml.nvmlInit()
-    try:
-        found = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            if any(p.pid == pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)):
-                u = pynvml.nvmlDeviceGetUUID(h)
-                found.append(u.decode() if isinstance(u, bytes) else u)
-        return found
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def uuids() -> list[tuple[str, str]]:
-    import pynvml
-    pynvml.nvmlInit()
-    try:
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            u, n = pynvml.nvmlDeviceGetUUID(h), pynvml.nvmlDeviceGetName(h)
-            out.append((u.decode() if isinstance(u, bytes) else u, n.decode() if isinstance(n, bytes) else n))
-        return out
-    finally:
-        pynvml.nvmlShutdown()
+def gpus_listing(gpus: list, pid: int) -> list[str]:
+    """The UUIDs of the GPUs on which NVML lists `pid` now."""
+    from gmux.node.inventory import refresh_nvml
+    refresh_nvml(gpus)
+    return [g.uuid for g in gpus if any(p["pid"] == pid for p in g.processes)]
 
 
 def pinned_copy_s(nbytes: int) -> float:
@@ -128,33 +107,34 @@ def main() -> int:
         print("rebind_cuda: skipped, no CUDA device here")
         return 0
     from gmux.node.cuda_rebind import CudaDriver, RebindError, Unavailable, rebind
+    from gmux.node.inventory import nvml_gpus
     try:
         driver = CudaDriver.load()
     except Unavailable as e:
         print(f"rebind_cuda: skipped, the driver cannot rebind processes here: {e}")
         return 0
-    devices = uuids()
-    src = devices[0]
-    dst = next((d for d in devices[1:] if d[1] == src[1]), src)
+    gpus = nvml_gpus()
+    src = gpus[0]
+    dst = next((g for g in gpus[1:] if g.name == src.name), src)
     where = "another GPU" if dst is not src else "the same GPU (one GPU of this chip here)"
-    print(f"rebind_cuda: {src[1]}, from {src[0]} to {where} {dst[0]}")
-    want, weights = finish(child(a.mib, 5, "none"), "go\n")
+    print(f"rebind_cuda: {src.name}, from {src.uuid} to {where} {dst.uuid}")
+    want, weights = finish(child(a.mib, 5, "none", src.uuid), "go\n")
     rows, ok = [], True
     for mode in ("held", "suspended"):
-        c = child(a.mib, 5, mode)
+        c = child(a.mib, 5, mode, src.uuid)
         reserved = int(c.stdout.readline().split()[1])
         t = time.perf_counter()
         try:
-            steps = rebind(driver, c.pid, src[0], dst[0])
+            steps = rebind(driver, c.pid, src.uuid, dst.uuid)
             error = None
         except RebindError as e:
             steps, error = {}, f"{e} (where: {e.where})"
         total = time.perf_counter() - t
-        listed = gpus_listing(c.pid)
+        listed = gpus_listing(gpus, c.pid)
         got, _ = finish(c, "go\n")
         same = got == want
         # NVML names host pids: in a container with a pid namespace of its own it lists the child nowhere
-        on_target = listed == [dst[0]] if listed else None
+        on_target = listed == [dst.uuid] if listed else None
         ok &= error is None and same and on_target is not False
         rows.append({"state": mode, "device_bytes_at_pause": reserved, "total_s": round(total, 4),
                      **{k: round(v, 4) for k, v in steps.items()}, "bit_identical": same,
@@ -174,7 +154,7 @@ def main() -> int:
     print(f"rebind: held_vs_pinned_copy={held['total_s'] / copy:.1f} ok={'yes' if ok else 'NO'}")
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     with open(os.path.join(ROOT, "benchmarks", "results", "rebind_cuda.json"), "w") as f:
-        json.dump({"gpu": src[1], "to": where, "rows": rows, "pinned_copy_s": copy, "ok": ok}, f, indent=1)
+        json.dump({"gpu": src.name, "to": where, "rows": rows, "pinned_copy_s": copy, "ok": ok}, f, indent=1)
     return 0 if ok else 1
 
 
