@@ -53,6 +53,13 @@ class Moves:
         self.driver = driver    # the CUDA driver's checkpoint API, with --rebind-gpus (None: no rebinding)
         self.rebinding: dict[str, tuple[Rebinding, int, float]] = {}   # job -> (the driver's work, target, latency)
         self.refused: dict[str, str] = {}    # jobs whose rebind failed -> why (they move with a new process)
+        self.no_uuid: dict[int, str] = {}    # real GPUs the driver cannot be told about -> why (checked once)
+        for g in node.gpus.values():
+            if not g.virtual:
+                try:
+                    uuid_bytes(g.uuid)
+                except ValueError as e:
+                    self.no_uuid[g.index] = f"GPU {g.index}: {e}"
 
     def applies(self, job: Job, gpu: int, new_process: bool = False) -> bool:
         """Whether a move of the single-GPU job `job` to `gpu` is made in its own process (new_process: the user
@@ -72,10 +79,8 @@ class Moves:
             return (f"GPU {src.index} is a {src.name} and GPU {dst.index} a {dst.name}: the CUDA driver restores a "
                     f"process only onto a GPU of the same chip")
         for g in (src, dst):
-            try:
-                uuid_bytes(g.uuid)
-            except ValueError as e:
-                return f"GPU {g.index}: {e}"
+            if g.index in self.no_uuid:
+                return self.no_uuid[g.index]
         if job.id in self.refused:
             return f"its last move in its own process failed ({self.refused[job.id]})"
         return None
