@@ -30,10 +30,10 @@ from gmux.node.access import Access, SystemMode
 from gmux.node.admin_handlers import AdminHandlers
 from gmux.node.admission import Admission
 from gmux.node.commands import Commands
+from gmux.node.cuda_rebind import Driver
 from gmux.node.inventory import Gpu, env_for
 from gmux.node.job_handlers import JobHandlers
 from gmux.node.jobs import Job, gang_members
-from gmux.node.cuda_rebind import Driver
 from gmux.node.moves import Moves
 from gmux.node.packer import Packer, Rates
 from gmux.node.slicer import Slicer
@@ -271,9 +271,10 @@ class Daemon:
 
     def migrate(self, job: Job, gpu: int, req: Optional[Request] = None, new_process: bool = False):
         """Moves a single-GPU job to `gpu`: at once if it has not run yet; between virtual GPUs (and real ones
-        with --rebind-gpus), in its own process (gmux.node.moves; new_process: not so); else by a checkpoint at its next boundary, its process
-        ending and its launcher executing itself again to restore it on `gpu` (with `req`, the reply waits for
-        the job to have suspended or checkpointed). The reply's `path` says which."""
+        with --rebind-gpus), in its own process (gmux.node.moves; new_process: not so); else by a checkpoint at
+        its next boundary, its process ending and its launcher executing itself again to restore it on `gpu`
+        (with `req`, the reply waits for the job to have suspended or checkpointed). The reply's `path` says
+        which."""
         now = time.monotonic()
         slicer = self.slicers[job.gpu]
         busy = slicer.busy_with(job.id)

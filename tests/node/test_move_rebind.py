@@ -11,8 +11,8 @@ import time
 import pytest
 
 from gmux.node import cuda_rebind
-from gmux.node.cuda_rebind import (CHECKPOINTED, FAILED, LOCKED, RUNNING, CudaDriver, DriverError, RebindError, Unavailable,
-                                   rebind, uuid_bytes)
+from gmux.node.cuda_rebind import (CHECKPOINTED, FAILED, LOCKED, RUNNING, CudaDriver, DriverError, RebindError,
+                                   Unavailable, rebind, uuid_bytes)
 from node_harness import GiB, ask
 from test_move_in_process import ack, commands, replies, seats, started, tick
 
@@ -114,7 +114,8 @@ def test_a_process_someone_else_is_checkpointing_is_left_alone():
 
 def test_uuids_are_the_drivers_sixteen_bytes_and_others_are_refused_before_any_call():
     assert uuid_bytes("GPU-5f0f3a0e-1b2c-4d5e-8f90-0123456789ab") == bytes.fromhex("5f0f3a0e1b2c4d5e8f900123456789ab")
-    for bad in ("", "0", "MIG-5f0f3a0e-1b2c-4d5e-8f90-0123456789ab", "GPU-5f0f3a0e", "GPU-zz0f3a0e-1b2c-4d5e-8f90-0123456789ab"):
+    for bad in ("", "0", "MIG-5f0f3a0e-1b2c-4d5e-8f90-0123456789ab", "GPU-5f0f3a0e",
+                "GPU-zz0f3a0e-1b2c-4d5e-8f90-0123456789ab"):
         d = StandIn()
         with pytest.raises(ValueError, match="not a whole GPU's UUID"):
             rebind(d, 42, bad, NEW)
