@@ -20,7 +20,7 @@ import pwd
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import zmq
 
@@ -30,7 +30,7 @@ from gmux.node.access import Access, SystemMode
 from gmux.node.admin_handlers import AdminHandlers
 from gmux.node.admission import Admission
 from gmux.node.commands import Commands
-from gmux.node.cuda_rebind import Driver
+from gmux.node.cuda_rebind import CudaDriver, Driver
 from gmux.node.inventory import Gpu, env_for
 from gmux.node.job_handlers import JobHandlers
 from gmux.node.jobs import Job, gang_members
@@ -76,9 +76,10 @@ class Options:
 
 class Daemon:
     def __init__(self, rundir: RuntimeDir, gpus: list[Gpu], options: Optional[Options] = None,
-                 rebind: Optional[Driver] = None):
+                 rebind: Optional[Driver] = None, load_driver: Callable[[], Driver] = CudaDriver.load):
         """rebind: the CUDA driver's checkpoint API (gmuxd --rebind-gpus), which moves jobs between real GPUs
-        in their own process (gmux.node.moves)."""
+        in their own process (gmux.node.moves); load_driver: how to get it without --rebind-gpus, to put back a
+        process that a predecessor with it left mid-rebind."""
         self.rundir = rundir
         self.gpus = {g.index: g for g in gpus}
         self.opt = options or Options()
@@ -120,7 +121,7 @@ class Daemon:
                              credentials=system is not None)
         self.commands = Commands(self.server)
         self.stops = Stopping(self)
-        self.moves = Moves(self, rebind)
+        self.moves = Moves(self, rebind, load_driver)
         self.metrics = None
         if self.opt.metrics_port is not None:
             from gmux.node.metrics import Metrics

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-from gmux.node.cuda_rebind import RUNNING, STATE_NAMES, Driver, DriverError, Rebinding, put_back, rebind, \
-    uuid_bytes
+from gmux.node.cuda_rebind import RUNNING, STATE_NAMES, CudaDriver, Driver, DriverError, Rebinding, Unavailable, \
+    put_back, rebind, uuid_bytes
 from gmux.node.jobs import Job
 from gmux.node.slicer import Slicer
 from gmux.util.sizes import format_size
@@ -48,9 +48,14 @@ log = logging.getLogger("gmux.moves")
 
 
 class Moves:
-    def __init__(self, node: "Daemon", driver: Optional[Driver] = None):
+    def __init__(self, node: "Daemon", driver: Optional[Driver] = None,
+                 load_driver: Callable[[], Driver] = CudaDriver.load):
         self.node = node
         self.driver = driver    # the CUDA driver's checkpoint API, with --rebind-gpus (None: no rebinding)
+        # Without --rebind-gpus the driver is still needed once, by a gmuxd restarted after a predecessor that
+        # had it and died mid-rebind: loaded then, and only then (an Unavailable if it cannot be).
+        self._load_driver = load_driver
+        self._to_put_back: Optional[Driver | Unavailable] = None
         self.rebinding: dict[str, tuple[Rebinding, int, float]] = {}   # job -> (the driver's work, target, latency)
         self.refused: dict[str, str] = {}    # jobs whose rebind failed -> why (they move with a new process)
         self.no_uuid: dict[int, str] = {}    # real GPUs the driver cannot be told about -> why (checked once)
@@ -163,6 +168,7 @@ class Moves:
         # for any command in flight, so it is never resumed there while the driver has it.
         node.slicers[src].suspended_here(job.id, time.monotonic(), busy="rebind")
         old, new, driver, pid = node.gpus[src].uuid, node.gpus[gpu].uuid, self.driver, job.pid
+        node.store.save(job)    # (its target_gpu: a gmuxd restarted after a crash puts back what the driver held)
         self.rebinding[job.id] = (Rebinding(lambda: rebind(driver, pid, old, new)), gpu, latency)
         job.detail = f"moving to GPU {gpu} in its own process: the CUDA driver rebinds it from GPU {src}"
 
@@ -218,11 +224,26 @@ class Moves:
     def recover(self, job: Job) -> None:
         """A job of a previous gmuxd that may have died during its rebind: a process left locked by the driver
         is unlocked, one left checkpointed is restored onto its old GPU first (its next CUDA call would block for
-        ever otherwise)."""
-        if self.driver is None or not job.pid or job.gpu is None or self.node.gpus[job.gpu].virtual:
+        ever otherwise). Without --rebind-gpus only a job whose record says a move was under way is checked."""
+        if not job.pid or job.gpu is None or self.node.gpus[job.gpu].virtual:
             return
+        driver = self.driver
+        if driver is None:
+            if job.target_gpu is None:
+                return
+            if self._to_put_back is None:
+                try:
+                    self._to_put_back = self._load_driver()
+                except Unavailable as e:
+                    self._to_put_back = e
+            if isinstance(self._to_put_back, Unavailable):
+                log.warning("%s was moving to GPU %s when the previous gmuxd stopped; if that gmuxd ran with "
+                            "--rebind-gpus, its process may be left locked by the CUDA driver, and it cannot be "
+                            "checked: %s", job.id, job.target_gpu, self._to_put_back)
+                return
+            driver = self._to_put_back
         try:
-            state = put_back(self.driver, job.pid)
+            state = put_back(driver, job.pid)
         except DriverError as e:
             log.info("%s: its CUDA state could not be checked or put back: %s", job.id, e)
             return

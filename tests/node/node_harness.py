@@ -12,6 +12,7 @@ import pytest
 from gmux import protocol
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.node.daemon import Daemon, Options
+from gmux.node.cuda_rebind import Unavailable
 from gmux.node.inventory import Gpu
 from gmux.rundir import RuntimeDir
 
@@ -136,14 +137,15 @@ def daemon_factory(tmp_path):
     # Jobs registered here carry the pid of a throwaway process: a fuzzed "kill" must never hit pytest itself.
     stand_in = subprocess.Popen(["sleep", "600"])
 
-    def make(sizes=(16 * GiB, 16 * GiB), root=None, virtual=True, rebind=None, **options):
+    def make(sizes=(16 * GiB, 16 * GiB), root=None, virtual=True, rebind=None, load_driver=None, **options):
         """root: a runtime dir used before (a restarted daemon); virtual=False: GPUs as NVML would list them
         (their inventory only: nothing here touches a device); rebind: a stand-in for the CUDA driver's
-        checkpoint API (gmuxd --rebind-gpus)."""
+        checkpoint API (gmuxd --rebind-gpus); load_driver: what gmuxd without it gets when it asks for the
+        driver (default: Unavailable, as on a machine without one)."""
         gpus = [Gpu(i, "virtual", size, True) if virtual else
                 Gpu(i, "GPU", size, False, f"GPU-{i:08x}-0000-4000-8000-{i:012x}") for i, size in enumerate(sizes)]
         d = Daemon(RuntimeDir(root or str(tmp_path / f"rt{len(made)}")), gpus, Options(**{"quantum": 1.0, **options}),
-                   rebind=rebind)
+                   rebind=rebind, load_driver=load_driver or no_driver)
         d.sent = []
         d.server.send = lambda identity, frame: d.sent.append((identity, msgpack.unpackb(frame))) or True
         d.stand_in_pid = stand_in.pid
@@ -155,6 +157,10 @@ def daemon_factory(tmp_path):
             d.close()
     stand_in.kill()
     stand_in.wait()
+
+
+def no_driver():
+    raise Unavailable("no CUDA driver here (a test)")
 
 
 @pytest.fixture

@@ -290,6 +290,35 @@ def test_a_restarted_gmuxd_puts_back_a_process_its_predecessor_left_checkpointed
         assert driver.names() == calls and driver.calls[0][1] == d.jobs[a["job"]].pid
 
 
+def test_a_gmuxd_restarted_without_rebind_gpus_still_puts_back_what_its_predecessor_left(daemon_factory, tmp_path,
+                                                                                        caplog):
+    release = threading.Event()
+
+    class Stuck(StandIn):
+        def checkpoint(self, pid):
+            release.wait(10)
+            super().checkpoint(pid)
+    root = str(tmp_path / "rt")
+    try:
+        d = daemon_factory((GiB, GiB), root=root, virtual=False, rebind=Stuck())
+        a = started(d, b"a", mem=256 * MiB)
+        started(d, b"b", mem=256 * MiB)           # no move under way: nothing to put back
+        d.sent.clear()
+        ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1)
+        (stop,) = commands(d, b"a")
+        ack(d, b"a", a, stop, state="suspended")
+        assert d.moves.rebinding       # gmuxd dies here, its driver holding the process locked
+        left, loads = StandIn(state=LOCKED), []
+        daemon_factory((GiB, GiB), root=root, virtual=False, load_driver=lambda: loads.append(1) or left)
+        assert loads == [1] and left.calls == [("state", d.jobs[a["job"]].pid), ("unlock", d.jobs[a["job"]].pid)]
+        # Where the driver cannot be loaded, it says which job may be left locked, and serves the rest.
+        again = daemon_factory((GiB, GiB), root=root, virtual=False)
+        assert len(again.jobs) == 2
+        assert f"{a['job']} was moving to GPU 1" in caplog.text and "cannot be checked" in caplog.text
+    finally:
+        release.set()
+
+
 def test_a_suspended_job_is_rebound_too_and_a_held_one_stays_held(daemon_factory):
     driver = StandIn()
     d = daemon_factory((GiB, GiB), virtual=False, rebind=driver)
