@@ -88,6 +88,7 @@ typedef struct {
     uint64_t store_cap;
     CUevent *events;
     uint64_t nevents, events_cap, next_event;
+    pthread_mutex_t events_lock; /* the releaser thread reads `events` while the copier may grow it */
 } cuda_backend;
 
 #define CB(b) ((cuda_backend *)(b))
@@ -192,13 +193,20 @@ static int c_copy_in(gmux_backend *b, uintptr_t dev, const void *host, uint64_t 
 
 static void c_fence_reset(gmux_backend *b) { CB(b)->next_event = 0; }
 
+/* Called by the copier thread only: it alone grows the array, so its own reads need no lock. */
 static int c_fence(gmux_backend *b, uint64_t *token) {
     cuda_backend *c = CB(b);
     if (c->next_event == c->nevents) { /* events are created once and reused by later cycles */
+        CUevent ev;
+        CU(drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+        pthread_mutex_lock(&c->events_lock);
         int rc = gmux__grow((void **)&c->events, &c->events_cap, c->nevents + 1, sizeof *c->events);
-        if (rc) return rc;
-        CU(drv.cuEventCreate(&c->events[c->nevents], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-        c->nevents++;
+        if (!rc) c->events[c->nevents++] = ev;
+        pthread_mutex_unlock(&c->events_lock);
+        if (rc) {
+            drv.cuEventDestroy(ev);
+            return rc;
+        }
     }
     CU(drv.cuEventRecord(c->events[c->next_event], c->stream), "cuEventRecord");
     *token = c->next_event++;
@@ -206,8 +214,12 @@ static int c_fence(gmux_backend *b, uint64_t *token) {
 }
 
 static int c_wait(gmux_backend *b, uint64_t token) {
-    if (token >= CB(b)->nevents) return gmux__fail(GMUX_E_INVALID, "fence %llu was never recorded", (unsigned long long)token);
-    CU(drv.cuEventSynchronize(CB(b)->events[token]), "cuEventSynchronize");
+    cuda_backend *c = CB(b);
+    pthread_mutex_lock(&c->events_lock);
+    CUevent ev = token < c->nevents ? c->events[token] : NULL;
+    pthread_mutex_unlock(&c->events_lock);
+    if (!ev) return gmux__fail(GMUX_E_INVALID, "fence %llu was never recorded", (unsigned long long)token);
+    CU(drv.cuEventSynchronize(ev), "cuEventSynchronize");
     return GMUX_OK;
 }
 
@@ -220,6 +232,7 @@ static void c_destroy(gmux_backend *b) {
         c_leave(b);
     }
     drv.cuDevicePrimaryCtxRelease(c->dev);
+    pthread_mutex_destroy(&c->events_lock);
     free(c->events);
     free(c);
 }
@@ -256,6 +269,7 @@ int gmux__backend_cuda(int device, gmux_backend **out) {
         free(c);
         return cu_fail(r, "setting up virtual memory management on the device");
     }
+    pthread_mutex_init(&c->events_lock, NULL);
     gmux_backend *b = &c->base;
     b->name = "cuda";
     b->granularity = gran;

@@ -3,10 +3,12 @@ validate.sh: with every torch CUDA allocation routed through gmux and a 512 MiB 
 more are refused with torch.OutOfMemoryError (gmux's words on stderr just before it), nothing allocated before is
 touched, and the job allocates again within its limit afterwards. Prints one line per check; exits 1 on a failure.
 """
+import os
 import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 MiB = 1 << 20
 
 

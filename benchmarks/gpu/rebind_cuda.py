@@ -72,10 +72,32 @@ def child(mib: int, pause: int, mode: str, gpu_uuid: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
 
 
+class ChildFailed(Exception):
+    pass
+
+
 def finish(p: subprocess.Popen, say: str = "") -> tuple[str, int]:
-    out, _ = p.communicate(say, timeout=300)
-    line = [x for x in out.splitlines() if x.startswith("hash ")][-1].split()
-    return line[1], int(line[2])
+    """The child's final hash and weight bytes, once it has trained on; ChildFailed where it gave none."""
+    try:
+        out, _ = p.communicate(say, timeout=90)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise ChildFailed("the child did not finish within 90 s") from None
+    lines = [x.split() for x in out.splitlines() if x.startswith("hash ")]
+    if not lines:
+        raise ChildFailed(f"the child ended (exit status {p.returncode}) without its result; its stderr is above")
+    return lines[-1][1], int(lines[-1][2])
+
+
+def paused(c: subprocess.Popen) -> int:
+    """The device bytes the child holds at its pause."""
+    line = c.stdout.readline().split()
+    if not line or line[0] != "paused":
+        c.kill()
+        c.wait()
+        raise ChildFailed(f"the child ended (exit status {c.returncode}) before its pause; its stderr is above")
+    return int(line[1])
 
 
 def gpus_listing(gpus: list, pid: int) -> list[str]:
@@ -114,15 +136,28 @@ def main() -> int:
         print(f"rebind_cuda: skipped, the driver cannot rebind processes here: {e}")
         return 0
     gpus = nvml_gpus()
+    if not gpus:
+        print("rebind_cuda: FAILED: torch sees a GPU but NVML lists none")
+        return 1
     src = gpus[0]
     dst = next((g for g in gpus[1:] if g.name == src.name), src)
     where = "another GPU" if dst is not src else "the same GPU (one GPU of this chip here)"
     print(f"rebind_cuda: {src.name}, from {src.uuid} to {where} {dst.uuid}")
-    want, weights = finish(child(a.mib, 5, "none", src.uuid), "go\n")
+    try:
+        want, weights = finish(child(a.mib, 5, "none", src.uuid), "go\n")
+    except ChildFailed as e:
+        print(f"rebind_cuda: FAILED: the uninterrupted run: {e}")
+        return 1
     rows, ok = [], True
     for mode in ("held", "suspended"):
         c = child(a.mib, 5, mode, src.uuid)
-        reserved = int(c.stdout.readline().split()[1])
+        try:
+            reserved = paused(c)
+        except ChildFailed as e:
+            rows.append({"state": mode, "device_bytes_at_pause": 0, "total_s": float("nan"), "bit_identical": False,
+                         "nvml_lists_it_on_target": None, "error": str(e)})
+            ok = False
+            continue
         t = time.perf_counter()
         try:
             steps = rebind(driver, c.pid, src.uuid, dst.uuid)
@@ -131,7 +166,10 @@ def main() -> int:
             steps, error = {}, f"{e} (where: {e.where})"
         total = time.perf_counter() - t
         listed = gpus_listing(gpus, c.pid)
-        got, _ = finish(c, "go\n")
+        try:
+            got, _ = finish(c, "go\n")
+        except ChildFailed as e:
+            got, error = None, f"{error}; {e}" if error else str(e)
         same = got == want
         # NVML names host pids: in a container with a pid namespace of its own it lists the child nowhere
         on_target = listed == [dst.uuid] if listed else None

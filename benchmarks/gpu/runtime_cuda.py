@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 import torch
 
@@ -28,7 +29,8 @@ from gmux.examples.compare import identical  # noqa: E402
 
 
 def run(*args):
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    # (ahead of what PYTHONPATH held: wheels carried to a GPU machine are found there)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     subprocess.run([sys.executable, *args], check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
 
 
@@ -118,8 +120,17 @@ def main() -> int:
         print("runtime_cuda: skipped, no CUDA device here (torch.cuda.is_available() is False)")
         return 0
     print(f"device: {torch.cuda.get_device_name()} torch {torch.__version__}")
-    ok = bit_identity()
-    ok &= held_move("cuda")
+    ok = True
+    for step in (bit_identity, lambda: held_move("cuda"), speeds):
+        try:             # each step on its own: one that fails does not hide what the others measure
+            ok &= step()
+        except Exception:    # noqa: BLE001 - reported, and the script fails
+            traceback.print_exc()
+            ok = False
+    return 0 if ok else 1
+
+
+def speeds() -> bool:
     out = os.path.join(ROOT, "benchmarks/results/suspend_resume_cuda.json")
     run("benchmarks/suspend_resume.py", "--device", "cuda", "--json", out)
     rows = json.load(open(out))["rows"]
@@ -129,7 +140,7 @@ def main() -> int:
               f"pinned cudaMemcpy D2H (cupy) {ref:.1f} GB/s, suspend/memcpy {r['suspend_GBps'] / ref:.2f}; "
               f"suspend {r['suspend_s'] * 1e3:.1f} ms, resume {r['resume_s'] * 1e3:.1f} ms, "
               f"save+load {(r['save_s'] + r['load_s']) * 1e3:.0f} ms")
-    return 0 if ok else 1
+    return True
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -119,8 +120,12 @@ def gpu_side() -> None:
     tier.resume()
     s = tier.suspend(tensors)
     suspended = used_bytes()
-    released = (running - suspended) / job_bytes if job_bytes else 0.0
-    check(released >= 0.99, f"released {released:.2%} of the job's {job_bytes >> 20} MiB (context and handles excluded)")
+    # Against what gmux allocated: the driver also grows the context lazily while the job trains (kernel modules
+    # loaded on first use, local memory), which no suspend can give back; that part is reported, not judged.
+    owned = gm["live"]
+    released = (running - suspended) / owned if owned else 0.0
+    check(released >= 0.99, f"released {released:.2%} of the {owned >> 20} MiB gmux allocated for the job "
+                            f"(the job grew the GPU's use by {job_bytes >> 20} MiB in all, context included)")
     r = tier.resume()
     check([t.data_ptr() for t in tensors] == pointers, "data pointers unchanged across suspend/resume")
     check(all(torch.equal(t.detach().cpu(), ref) for t, ref in zip(tensors, reference)), "tensors bit-identical after resume")
@@ -146,7 +151,11 @@ def gpu_side() -> None:
 def main() -> int:
     cpu_side()
     if torch.cuda.is_available():
-        gpu_side()
+        try:
+            gpu_side()
+        except Exception as e:  # noqa: BLE001 - what was checked before it is still reported and written
+            traceback.print_exc()
+            failures.append(f"the GPU checks stopped: {e!r}")
     else:
         print("== GPU checks SKIPPED: no CUDA device here (nothing measured)")
     out = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "gpu_validate.json")

@@ -101,7 +101,10 @@ class CudaDriver:
     @functools.cache
     def load(cls, path: str = "libcuda.so.1") -> "CudaDriver":
         """The driver, initialised (a restore needs cuInit in the calling process); Unavailable says why not."""
-        import cffi
+        try:
+            import cffi
+        except ImportError:
+            raise Unavailable("the cffi package is not installed (gmux binds the driver with it)") from None
         ffi = cffi.FFI()
         ffi.cdef(_CDEF)
         try:
