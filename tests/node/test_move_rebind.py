@@ -5,6 +5,7 @@ No GPU here: benchmarks/gpu/rebind_cuda.py runs the driver's calls on a real pro
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 
@@ -122,7 +123,11 @@ def test_uuids_are_the_drivers_sixteen_bytes_and_others_are_refused_before_any_c
         assert d.calls == []
 
 
-def test_without_a_usable_driver_loading_says_why():
+def test_without_a_usable_driver_loading_says_why(monkeypatch):
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "cffi", None)        # (a GPU machine's Python without it)
+        with pytest.raises(Unavailable, match="cffi package is not installed"):
+            CudaDriver.load()
     with pytest.raises(Unavailable, match="no CUDA driver .*libcuda-nowhere.so"):
         CudaDriver.load("libcuda-nowhere.so")
     with pytest.raises(Unavailable, match="no checkpoint API"):
