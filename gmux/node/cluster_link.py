@@ -49,7 +49,11 @@ from gmux.rundir import RuntimeDir, RuntimeDirError
 log = logging.getLogger("gmux.cluster_link")
 C = protocol.CLUSTER_MESSAGES
 REPORT_S = 0.5
-STARTING_LOOK_S = 0.1   # while a job starts here (its source holds it until we say it is past a boundary)
+IDLE_POLL_MS = 100
+# While a job starts here the link looks at gmuxd's live jobs this often: a move's source computes on until we
+# say the new processes wait for their checkpoints, and holds the job until we say it is past a boundary, so
+# each look's delay is the move's (a look costs gmuxd a listing of its live jobs, about a millisecond).
+STARTING_LOOK_S = 0.02
 LINK_PS_LIMIT = 1000    # the link reads every live job and the newest ended ones (gmuxd keeps 1000 ended)
 
 
@@ -88,6 +92,10 @@ class ClusterLink:
         self.up.connect(scheduler)
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="cluster-link")
         self.outbox: "queue.SimpleQueue" = queue.SimpleQueue()   # (event, cjob, detail, data) from workers
+        # A byte written here wakes the loop for an event a worker queued: a move's "migrate_sent" and a gang's
+        # "action_failed" go up at once, not at the loop's next look (up to IDLE_POLL_MS later).
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_lock = threading.Lock()      # (a worker ending after close() must not write to a reused fd)
         self.warm = WarmPool(self.rundir.root, self.rundir.logs(), warm_starts)
         self.warm.fill()
         self.starts = Starts(self.rundir, self._event, self.warm)
@@ -116,15 +124,23 @@ class ClusterLink:
 
     def _event(self, event: str, cjob: str, detail: str = "", **data) -> None:
         self.outbox.put((event, cjob, detail, data))
+        with self._wake_lock, contextlib.suppress(BlockingIOError):    # (full: the loop is woken already)
+            if self._wake_w is not None:
+                os.write(self._wake_w, b"\0")
 
     def serve(self, until=None) -> None:
         poller = zmq.Poller()
         poller.register(self.up, zmq.POLLIN)
         poller.register(self.inbox, zmq.POLLIN)
         poller.register(self.bulk, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         try:
             while not self.stopping and not (until and until()):
-                for sock, _ in poller.poll(100):
+                for sock, _ in poller.poll(int(STARTING_LOOK_S * 1000) if self.starts.starting else IDLE_POLL_MS):
+                    if sock is self._wake_r:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 4096)
+                        continue
                     if sock is self.bulk:
                         sealed.serve_bulk(self.bulk, self.receiver.handle_sealed)
                         continue
@@ -137,13 +153,6 @@ class ClusterLink:
                             self._from_scheduler(frames)
                         else:
                             self.transfers.receive(frames[0], frames[1:])
-                while True:
-                    try:
-                        event, cjob, detail, data = self.outbox.get_nowait()
-                    except queue.Empty:
-                        break
-                    self._send_up("node_event", name=self.name, cjob=cjob, event=event, detail=detail[:2000],
-                                  data=data)
                 now = time.monotonic()
                 if now - self._last_report >= REPORT_S:
                     self._last_report = self._last_look = now
@@ -152,6 +161,14 @@ class ClusterLink:
                 elif self.starts.starting and now - self._last_look >= STARTING_LOOK_S:
                     self._last_look = now
                     self._report(now, full=False)
+                # (after the look: a start it saw succeed is told at once)
+                while True:
+                    try:
+                        event, cjob, detail, data = self.outbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    self._send_up("node_event", name=self.name, cjob=cjob, event=event, detail=detail[:2000],
+                                  data=data)
         finally:
             self.close()
 
@@ -164,6 +181,10 @@ class ClusterLink:
         self.guard.stop()
         self.receiver.close()
         self.ctx.term()
+        with self._wake_lock:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_w = None
 
     def _send_up(self, mtype: str, **fields) -> None:
         try:
@@ -183,12 +204,21 @@ class ClusterLink:
     # --- the report ---
     def _report(self, now: float, full: bool = True) -> None:
         """Reads gmuxd's jobs: events for starts that succeeded or failed, and (`full`) the report to the
-        scheduler and periodic checkpoints."""
+        scheduler and periodic checkpoints. Not `full`: a look at the live jobs only, for the starts under way
+        (what has ended, a start that failed, waits for the next full report)."""
         self.starts.reap()
         try:
-            ps = self.admin("ps", timeout=5.0, all=True, limit=LINK_PS_LIMIT)
+            ps = self.admin("ps", timeout=5.0, all=full, limit=LINK_PS_LIMIT)
         except GmuxError as e:
             log.warning("gmuxd not answering: %s", e)
+            return
+        if not full:
+            for cjob, by_rank in ranks_by_job(ps["jobs"], self.starts.spawned).items():
+                world = self.world.get(cjob)
+                if cjob in self.starts.starting and world:
+                    # (a rank missing from the live ones makes the record "waiting": no event until the full
+                    # report says how it ended)
+                    self.starts.observe(cjob, gang_record(cjob, world, by_rank), by_rank, world)
             return
         records = []
         for cjob, by_rank in ranks_by_job(ps["jobs"], self.starts.spawned).items():
