@@ -38,13 +38,14 @@ from gmux import protocol
 from gmux.wire import keys, sealed
 from gmux.wire.receiver import Receiver
 from gmux.wire.transfer import ask_holds, rank_xfers
-from gmux.wire.daemon_client import Client, GmuxBusy, GmuxError
+from gmux.wire.daemon_client import Client, GmuxError
 from gmux.wire.server import Server, configure
-from gmux.node.cluster_records import gang_record, ranks_by_job, running_before_boundary
+from gmux.node.cluster_records import busy_data, gang_record, ranks_by_job, running_before_boundary, taken_at
 from gmux.node.cluster_starts import Starts
 from gmux.node.cluster_stream import send_files, staged, stream_ranks
 from gmux.node.warm_pool import WarmPool
 from gmux.rundir import RuntimeDir, RuntimeDirError
+from gmux.util.wakeup import Wakeup
 
 log = logging.getLogger("gmux.cluster_link")
 C = protocol.CLUSTER_MESSAGES
@@ -94,8 +95,7 @@ class ClusterLink:
         self.outbox: "queue.SimpleQueue" = queue.SimpleQueue()   # (event, cjob, detail, data) from workers
         # A byte written here wakes the loop for an event a worker queued: a move's "migrate_sent" and a gang's
         # "action_failed" go up at once, not at the loop's next look (up to IDLE_POLL_MS later).
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._wake_lock = threading.Lock()      # (a worker ending after close() must not write to a reused fd)
+        self.wakeup = Wakeup()
         self.warm = WarmPool(self.rundir.root, self.rundir.logs(), warm_starts)
         self.warm.fill()
         self.starts = Starts(self.rundir, self._event, self.warm)
@@ -124,22 +124,19 @@ class ClusterLink:
 
     def _event(self, event: str, cjob: str, detail: str = "", **data) -> None:
         self.outbox.put((event, cjob, detail, data))
-        with self._wake_lock, contextlib.suppress(BlockingIOError):    # (full: the loop is woken already)
-            if self._wake_w is not None:
-                os.write(self._wake_w, b"\0")
+        self.wakeup.set()
 
     def serve(self, until=None) -> None:
         poller = zmq.Poller()
         poller.register(self.up, zmq.POLLIN)
         poller.register(self.inbox, zmq.POLLIN)
         poller.register(self.bulk, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self.wakeup.fileno(), zmq.POLLIN)
         try:
             while not self.stopping and not (until and until()):
                 for sock, _ in poller.poll(int(STARTING_LOOK_S * 1000) if self.starts.starting else IDLE_POLL_MS):
-                    if sock is self._wake_r:
-                        with contextlib.suppress(BlockingIOError):
-                            os.read(self._wake_r, 4096)
+                    if sock == self.wakeup.fileno():
+                        self.wakeup.clear()
                         continue
                     if sock is self.bulk:
                         sealed.serve_bulk(self.bulk, self.receiver.handle_sealed)
@@ -181,10 +178,7 @@ class ClusterLink:
         self.guard.stop()
         self.receiver.close()
         self.ctx.term()
-        with self._wake_lock:
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-            self._wake_w = None
+        self.wakeup.close()
 
     def _send_up(self, mtype: str, **fields) -> None:
         try:
@@ -213,12 +207,7 @@ class ClusterLink:
             log.warning("gmuxd not answering: %s", e)
             return
         if not full:
-            for cjob, by_rank in ranks_by_job(ps["jobs"], self.starts.spawned).items():
-                world = self.world.get(cjob)
-                if cjob in self.starts.starting and world:
-                    # (a rank missing from the live ones makes the record "waiting": no event until the full
-                    # report says how it ended)
-                    self.starts.observe(cjob, gang_record(cjob, world, by_rank), by_rank, world)
+            self.starts.look(ps["jobs"], self.world)
             return
         records = []
         for cjob, by_rank in ranks_by_job(ps["jobs"], self.starts.spawned).items():
@@ -356,7 +345,7 @@ class ClusterLink:
         with self._gang_lock(cjob) if mtype == "suspend" else contextlib.nullcontext():
             errors = [e for e in _each(lambda local: self._admin_error(mtype, local), ranks) if e]
         if errors:
-            self._event("action_failed", cjob, f"{mtype}: {errors[0]}", **_busy(errors[0]))
+            self._event("action_failed", cjob, f"{mtype}: {errors[0]}", **busy_data(errors[0]))
         elif event:
             self._event(event, cjob)
 
@@ -379,7 +368,7 @@ class ClusterLink:
             for local in ranks:
                 self.admin("resume", job=local)
         except GmuxError as e:
-            self._event("action_failed", cjob, f"resume: {e}", action="resume", **_busy(e))
+            self._event("action_failed", cjob, f"resume: {e}", action="resume", **busy_data(e))
             return
         self._event("resumed", cjob)
 
@@ -387,7 +376,7 @@ class ClusterLink:
         try:
             self.admin("migrate", job=local, gpu=gpu)
         except GmuxError as e:
-            self._event("action_failed", cjob, f"move: {e}", action="move", **_busy(e))
+            self._event("action_failed", cjob, f"move: {e}", action="move", **busy_data(e))
             return
         self._event("moved", cjob, gpu=gpu)
 
@@ -404,7 +393,7 @@ class ClusterLink:
         paths = [self.rundir.checkpoint_file(local + ".periodic") for local in ranks]
         for local, path in zip(ranks, paths):
             os.replace(self._snapshot_path(local), path)
-        return paths, _taken_at(steps, ranks)
+        return paths, taken_at(steps, ranks)
 
     def _checkpointer(self, steps: dict, holds: Optional[dict] = None) -> Callable[[str], Optional[GmuxError]]:
         """gmuxd's checkpoint command for one rank: its refusal or None; the step the rank's checkpoint
@@ -460,7 +449,7 @@ class ClusterLink:
                 steps: dict = {}
                 xfers, r = stream_ranks(ranks, endpoint, target_key, xfer, self._snapshot_path,
                                         self._checkpointer(steps, holds), self._sender())
-                step, t_ckpt = _taken_at(steps, ranks), r["checkpoint_s"]
+                step, t_ckpt = taken_at(steps, ranks), r["checkpoint_s"]
         except Exception as e:
             for local in ranks:
                 self._admin_error("resume", local)         # the move failed: the job runs on here
@@ -471,21 +460,6 @@ class ClusterLink:
                     suspend_s=t_susp, checkpoint_s=t_ckpt, transfer_s=r["seconds"], step=step,
                     **({"running_s": running} if running is not None else {}))
 
-
-
-def _taken_at(steps: dict, ranks: list) -> int:
-    """The step a set of rank checkpoints holds (every rank's is taken at one boundary; the lowest if not)."""
-    known = [steps.get(r) for r in ranks]
-    if any(s is None for s in known):
-        raise GmuxError(f"checkpoint: gmuxd did not say which step the checkpoint of "
-                        f"{', '.join(r for r, s in zip(ranks, known) if s is None)} holds")
-    return min(known)
-
-
-def _busy(error: GmuxError) -> dict:
-    """An action_failed event's data for gmuxd's refusal: whether it was only for now (a move or suspend under
-    way), which the scheduler must not take for a refusal of the action itself."""
-    return {"busy": True} if isinstance(error, GmuxBusy) else {}
 
 
 def _each(fn, items: list) -> list:

@@ -1,5 +1,5 @@
 """What a machine's cluster link tells the scheduler about its jobs: one record per cluster job, built from
-gmuxd's table (pure functions, no I/O).
+gmuxd's table, and what its ranks' answers add up to (pure functions, no I/O).
 
 A cluster job runs as gmuxd jobs named CJOB (one GPU) or CJOB.RANK (a rank of a gang); the scheduler sees one
 record per CJOB, with its ranks.
@@ -10,6 +10,7 @@ import re
 from typing import Optional
 
 from gmux import protocol
+from gmux.wire.daemon_client import GmuxBusy, GmuxError
 
 LOCAL_NAME = re.compile(r"^(c\d+)(?:\.(\d+))?$")    # CJOB (a one-GPU job) or CJOB.RANK (a rank of a gang)
 
@@ -88,3 +89,18 @@ def running_before_boundary(suspend_s: float, replies: list) -> Optional[float]:
             return None
         after.append(job - wait)
     return max(0.0, suspend_s - max(after)) if after else None
+
+
+def taken_at(steps: dict, ranks: list) -> int:
+    """The step a set of rank checkpoints holds (every rank's is taken at one boundary; the lowest if not)."""
+    known = [steps.get(r) for r in ranks]
+    if any(s is None for s in known):
+        raise GmuxError(f"checkpoint: gmuxd did not say which step the checkpoint of "
+                        f"{', '.join(r for r, s in zip(ranks, known) if s is None)} holds")
+    return min(known)
+
+
+def busy_data(error: GmuxError) -> dict:
+    """An action_failed event's data for gmuxd's refusal: whether it was only for now (a move or suspend under
+    way), which the scheduler must not take for a refusal of the action itself."""
+    return {"busy": True} if isinstance(error, GmuxBusy) else {}

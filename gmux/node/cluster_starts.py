@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 from gmux import protocol
 from gmux.rundir import RuntimeDir
+from gmux.node.cluster_records import gang_record, ranks_by_job
 from gmux.node.warm_pool import WarmPool
 from gmux.util.rendezvous import free_port, rendezvous_env
 
@@ -112,6 +113,14 @@ class Starts:
         for pid, p in list(self.children.items()):
             if p.poll() is not None:
                 del self.children[pid]   # reaped: gmuxd reads how it ended from the exit record
+
+    def look(self, live: list, world: dict) -> None:
+        """gmuxd's live jobs (`live`; cjob -> its number of ranks in `world`), looked at while starts are under
+        way: the events they owe. A rank missing from them makes its job's record "waiting", so no event comes
+        until a full report says how it ended."""
+        for cjob, by_rank in ranks_by_job(live, self.spawned).items():
+            if cjob in self.starting and world.get(cjob):
+                self.observe(cjob, gang_record(cjob, world[cjob], by_rank), by_rank, world[cjob])
 
     def observe(self, cjob: str, rec: dict, by_rank: dict, world: int) -> None:
         """What gmuxd says of a job (`rec`, the link's record of it; `by_rank`, gmuxd's record of each rank):

@@ -1,7 +1,6 @@
 """A cluster link tells the scheduler what its workers learn as they learn it: an event queued by a worker thread
 (a move's "migrate_sent", a failed action) wakes the link's loop instead of waiting for its next look at gmuxd.
 A real link, real CurveZMQ sockets, a stand-in scheduler; no gmuxd (its looks fail and are logged)."""
-import os
 import threading
 import time
 
@@ -35,7 +34,7 @@ def link_and_scheduler(tmp_path, monkeypatch):
     loop.start()
     yield link, sched
     done.set()
-    os.write(link._wake_w, b"\0")       # (out of its minute-long poll now)
+    link.wakeup.set()                   # (out of its minute-long poll now)
     loop.join(10)
     sched.close(0)
     guard.stop()
