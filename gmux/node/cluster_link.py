@@ -134,7 +134,8 @@ class ClusterLink:
         poller.register(self.wakeup.fileno(), zmq.POLLIN)
         try:
             while not self.stopping and not (until and until()):
-                for sock, _ in poller.poll(int(STARTING_LOOK_S * 1000) if self.starts.starting else IDLE_POLL_MS):
+                watched = self.starts.watched()
+                for sock, _ in poller.poll(int(STARTING_LOOK_S * 1000) if watched else IDLE_POLL_MS):
                     if sock == self.wakeup.fileno():
                         self.wakeup.clear()
                         continue
@@ -155,7 +156,8 @@ class ClusterLink:
                     self._last_report = self._last_look = now
                     self._report(now)
                     self.receiver.expire()
-                elif self.starts.starting and now - self._last_look >= STARTING_LOOK_S:
+                elif self.starts.starting and now - self._last_look >= (STARTING_LOOK_S if watched else
+                                                                        IDLE_POLL_MS / 1000):
                     self._last_look = now
                     self._report(now, full=False)
                 # (after the look: a start it saw succeed is told at once)

@@ -114,6 +114,14 @@ class Starts:
             if p.poll() is not None:
                 del self.children[pid]   # reaped: gmuxd reads how it ended from the exit record
 
+    def watched(self) -> bool:
+        """Whether a start that restores is at a step the link should look for often: its processes are getting
+        ready (a move's source computes on until they are), or its checkpoints have all arrived (the source holds
+        the job until it has passed a boundary here). In between, while the bytes stream, a look would only take
+        CPU from the stream."""
+        return any(paths and (cjob not in self.ready or all(os.path.exists(p) for p in paths))
+                   for cjob, paths in self.restoring.items() if cjob in self.starting)
+
     def look(self, live: list, world: dict) -> None:
         """gmuxd's live jobs (`live`; cjob -> its number of ranks in `world`), looked at while starts are under
         way: the events they owe. A rank missing from them makes its job's record "waiting", so no event comes
