@@ -15,21 +15,23 @@ simulator charges it as a stall on the GPUs (see cluster.py for who pays it). Th
   command-latency benchmark) plus unmapping/mapping the job's pages (40-75 ms per GiB measured, ~20 ms for a
   typical job).
 - **Another machine**, from gmux's measured cross-machine moves (benchmarks/README.md, "Cross-machine moves,
-  sixteenth session": the whole `benchmarks/cluster.py` at 7e5fe2a, medians of three moves, the sealed stream
+  eighteenth session": the whole `benchmarks/cluster.py` at ddc6032, medians of three moves, the sealed stream
   with a warm target, gmux's default). A move has two parts:
-  - **Warm-up** (`cross_warmup_s` 0.45 s + `cross_warmup_s_per_gib` 1.11 s/GiB): the target's process (warm:
+  - **Warm-up** (`cross_warmup_s` 0.07 s + `cross_warmup_s_per_gib` 1.19 s/GiB): the target's process (warm:
     torch already imported) builds the model while the job computes on at its source; the target's GPUs are
     reserved for it and idle. Measured as the move's total (request to the target heard) minus its downtime:
-    0.43, 0.84 and 1.54 s at 64 MiB, 256 MiB and 1 GiB (a bigger model takes longer to build, and the source's
+    0.17, 0.34 and 1.27 s at 64 MiB, 256 MiB and 1 GiB (a bigger model takes longer to build, and the source's
     wait for its next boundary, up to a mini-batch, is in it too); the line is the least-squares fit through the
-    three (within 0.11 s of each).
-  - **Stall** (`cross_start_s` 0.14 s + `cross_s_per_gib` 2.26 s/GiB): the job stopped, from its last boundary
-    at the source to its first at the target. Measured downtime 0.26, 0.94 and 3.22 s at 64 MiB, 256 MiB and
-    1 GiB, less the target's first mini-batch that the downtime includes (0.02, 0.19, 0.83 s of it; in the
-    simulator that mini-batch is progress at the job's speed): 0.24, 0.75, 2.39 s; least-squares line through
-    the three (within 0.05 s of each). Before: the fifth round's 3.11 s + 1.70 s/GiB of warm-up (a cold
-    interpreter) and 0.06 s + 3.26 s/GiB of stall (the checkpoint copied through pipes), and before that one
-    3.5 s + 7.9 s/GiB stall from 10-12 s moves that started the new process inside the downtime.
+    three (within 0.04 s of each). The sixteenth session's 0.45 s + 1.11 s/GiB had ~0.3 s more of it: the
+    target's link noticed the new process and its first boundary up to 0.2 s late each.
+  - **Stall** (`cross_start_s` 0.16 s + `cross_s_per_gib` 2.33 s/GiB): the job stopped, from its last boundary
+    at the source to its first at the target. Measured downtime 0.37, 0.88 and 3.22 s at 64 MiB, 256 MiB and
+    1 GiB, less the target's first mini-batch that the downtime includes (0.03, 0.18, 0.73 s of it; in the
+    simulator that mini-batch is progress at the job's speed): 0.34, 0.70, 2.50 s; least-squares line through
+    the three (within 0.05 s of each). Before: 0.14 s + 2.26 s/GiB (sixteenth session), the fifth round's
+    0.06 s + 3.26 s/GiB (the checkpoint copied through pipes, with 3.11 s + 1.70 s/GiB of warm-up in a cold
+    interpreter), and before that one 3.5 s + 7.9 s/GiB stall from 10-12 s moves that started the new process
+    inside the downtime.
   The engine charges both (cluster.py): during the warm-up the job keeps its source's speed (its progress is
   credited) while it holds its target GPUs, which count as busy; the stall follows on the target; the source's
   GPUs are busy until the target has restored (the source streams from its live memory and is released then).
@@ -70,10 +72,10 @@ def model_of(job_type: str) -> str:
 class Costs:
     copy_gbps: float = 5.0
     switch_fixed_s: float = 0.05
-    cross_start_s: float = 0.14          # stall of a move to another machine: fixed part
-    cross_s_per_gib: float = 2.26        # ... and per GiB of state
-    cross_warmup_s: float = 0.45         # the target's process building the model, the job still at its source
-    cross_warmup_s_per_gib: float = 1.11
+    cross_start_s: float = 0.16          # stall of a move to another machine: fixed part
+    cross_s_per_gib: float = 2.33        # ... and per GiB of state
+    cross_warmup_s: float = 0.07         # the target's process building the model, the job still at its source
+    cross_warmup_s_per_gib: float = 1.19
     quantum_s: float = 60.0
     measure_s: float = 120.0
     elastic_efficiency: float = 0.9
