@@ -134,8 +134,8 @@ class ClusterLink:
         poller.register(self.wakeup.fileno(), zmq.POLLIN)
         try:
             while not self.stopping and not (until and until()):
-                watched = self.starts.watched()
-                for sock, _ in poller.poll(int(STARTING_LOOK_S * 1000) if watched else IDLE_POLL_MS):
+                look_s = STARTING_LOOK_S if self.starts.watched() else IDLE_POLL_MS / 1000
+                for sock, _ in poller.poll(int(look_s * 1000)):
                     if sock == self.wakeup.fileno():
                         self.wakeup.clear()
                         continue
@@ -156,8 +156,7 @@ class ClusterLink:
                     self._last_report = self._last_look = now
                     self._report(now)
                     self.receiver.expire()
-                elif self.starts.starting and now - self._last_look >= (STARTING_LOOK_S if watched else
-                                                                        IDLE_POLL_MS / 1000):
+                elif self.starts.starting and now - self._last_look >= look_s:
                     self._last_look = now
                     self._report(now, full=False)
                 # (after the look: a start it saw succeed is told at once)

@@ -227,21 +227,9 @@ class Moves:
         ever otherwise). Without --rebind-gpus only a job whose record says a move was under way is checked."""
         if not job.pid or job.gpu is None or self.node.gpus[job.gpu].virtual:
             return
-        driver = self.driver
+        driver = self.driver or (self._driver_to_put_back(job) if job.target_gpu is not None else None)
         if driver is None:
-            if job.target_gpu is None:
-                return
-            if self._to_put_back is None:
-                try:
-                    self._to_put_back = self._load_driver()
-                except Unavailable as e:
-                    self._to_put_back = e
-            if isinstance(self._to_put_back, Unavailable):
-                log.warning("%s was moving to GPU %s when the previous gmuxd stopped; if that gmuxd ran with "
-                            "--rebind-gpus, its process may be left locked by the CUDA driver, and it cannot be "
-                            "checked: %s", job.id, job.target_gpu, self._to_put_back)
-                return
-            driver = self._to_put_back
+            return
         try:
             state = put_back(driver, job.pid)
         except DriverError as e:
@@ -250,6 +238,21 @@ class Moves:
         if state != RUNNING:
             log.warning("%s: its CUDA state was left %s by a rebind the previous gmuxd did not finish; put back and "
                         "unlocked", job.id, STATE_NAMES[state])
+
+    def _driver_to_put_back(self, job: Job) -> Optional[Driver]:
+        """The driver without --rebind-gpus, loaded at the first job that may need it; None (said, for `job`)
+        where it cannot be."""
+        if self._to_put_back is None:
+            try:
+                self._to_put_back = self._load_driver()
+            except Unavailable as e:
+                self._to_put_back = e
+        if isinstance(self._to_put_back, Unavailable):
+            log.warning("%s was moving to GPU %s when the previous gmuxd stopped; if that gmuxd ran with "
+                        "--rebind-gpus, its process may be left locked by the CUDA driver, and it cannot be "
+                        "checked: %s", job.id, job.target_gpu, self._to_put_back)
+            return None
+        return self._to_put_back
 
     def _seat(self, job: Job, gpu: int, now: float, rebind_s: Optional[dict] = None) -> None:
         """The suspended job's seat moves: it leaves the source's slicer (its GPU time goes with it) and joins
