@@ -3,9 +3,10 @@
 The real layout loads Philly's VCs to ~13% on average, where every policy gives nearly the same JCT; shrinking
 every VC (`vc_scale` x1, x0.5, x0.35, x0.25) is where scheduling matters. For each load and policy it prints
 average and p99 JCT, the ratio to the SRTF oracle, queueing (time with no GPU) and time slowed by sharing,
-suspends per job, utilisation and makespan; then the same split into the VCs the gmux policy was tuned on and
-the others (cross-validation), the cost model's figures, the published ratios beside ours, and the time of one
-decision on a 1,000-machine cluster. Writes benchmarks/results/simulate.json and sim_load_curve.png (average
+suspends per job, utilisation and makespan (gmux-law, gmux told the size law but not the sizes, is the
+yardstick for how much of gmux's distance to SRTF is learning the law); then the same split into the VCs the gmux
+policy was tuned on and the others (cross-validation), the cost model's figures, the published ratios beside ours,
+and the time of one decision on a 1,000-machine cluster. Writes benchmarks/results/simulate.json and sim_load_curve.png (average
 JCT against load). The last line is
 
     sim_load: gmux_vs_srtf_worst=<r> gmux_vs_tiresias_worst=<r> suspends_vs_tiresias_worst=<r> seconds=<n>
@@ -146,7 +147,8 @@ def main() -> int:
         curve[load]["_wall_s"] = wall
         split[load] = {}
         for name, pick in (("tuned", lambda c: c in TUNE_VCS), ("held_out", lambda c: c not in TUNE_VCS)):
-            ss = {p: summarize([r for r in out[p] if pick(r.cluster)]) for p in ("srtf", "tiresias", "gmux")}
+            ss = {p: summarize([r for r in out[p] if pick(r.cluster)])
+                  for p in ("srtf", "tiresias", "gmux", "gmux-law")}
             split[load][name] = {p: ss[p]["avg_jct_s"] for p in ss}
         print(f"\nPhilly x{load:g} ({sum(n for n, _ in prep.clusters.values())} machines, "
               f"{summ['fifo']['jobs']} jobs): {wall:.0f} s wall with {args.workers} worker(s)")
@@ -166,7 +168,7 @@ def main() -> int:
             s = split[load][name]
             print(f"  x{load:<5g} {name:9s} srtf {s['srtf'] / 3600:7.2f}  tiresias {s['tiresias'] / 3600:7.2f}  "
                   f"gmux {s['gmux'] / 3600:7.2f}  gmux/srtf {s['gmux'] / s['srtf']:.2f}  "
-                  f"gmux/tiresias {s['gmux'] / s['tiresias']:.2f}")
+                  f"gmux/tiresias {s['gmux'] / s['tiresias']:.2f}  gmux-law/srtf {s['gmux-law'] / s['srtf']:.2f}")
 
     print("\nPublished (HeliosArtifact, SC'21, their own Philly job set, its real load) beside ours:")
     for load in loads:
@@ -176,13 +178,14 @@ def main() -> int:
               f"{c['fifo']['avg_jct_s'] / c['srtf']['avg_jct_s']:.2f} (theirs {PUBLISHED['fifo'] / PUBLISHED['srtf']:.2f})")
 
     print("\nThe issue's table (average JCT, hours; gmux/SRTF; gmux vs Tiresias), markdown:")
-    print("| Philly | " + " | ".join(policies) + " | gmux/SRTF | gmux vs Tiresias |")
-    print("| --- |" + " ---: |" * (len(policies) + 2))
+    print("| Philly | " + " | ".join(policies) + " | gmux/SRTF | gmux vs Tiresias | gmux-law/SRTF |")
+    print("| --- |" + " ---: |" * (len(policies) + 3))
     for load in loads:
         c = curve[load]
         cells = [f"{c[p]['avg_jct_s'] / 3600:.2f}" for p in policies]
         print(f"| ×{load:g} | " + " | ".join(cells) + f" | {c['gmux']['vs_srtf']:.2f} | "
-              f"{100 * (c['gmux']['avg_jct_s'] / c['tiresias']['avg_jct_s'] - 1):+.1f}% |")
+              f"{100 * (c['gmux']['avg_jct_s'] / c['tiresias']['avg_jct_s'] - 1):+.1f}% | "
+              f"{c['gmux-law']['vs_srtf']:.2f} |")
 
     payload = {"loads": {str(k): v for k, v in curve.items()}, "cross_validation": {str(k): v for k, v in split.items()},
                "costs": cfg.costs.table(), "tune_vcs": list(TUNE_VCS), "published_helios_avg_jct_s": PUBLISHED,

@@ -9,12 +9,13 @@ from .api import (Event, EventKind, Grow, JobState, JobView, MachineView, Migrat
 from .fifo import FifoBackfillPolicy, FifoPolicy
 from .gandiva import GandivaPolicy
 from .gmux_default import GmuxPolicy
+from .law_oracle import GmuxLawPolicy
 from .oracle import SjfPolicy, SrtfPolicy
 from .snapshot import Snapshot
 from .tiresias import TiresiasPolicy
 
 POLICIES = {p.name: p for p in (FifoPolicy, FifoBackfillPolicy, SjfPolicy, SrtfPolicy, TiresiasPolicy, GandivaPolicy,
-                                GmuxPolicy)}
+                                GmuxPolicy, GmuxLawPolicy)}
 
 
 def make_policy(name: str, **params) -> Policy:

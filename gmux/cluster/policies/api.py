@@ -168,7 +168,7 @@ class Policy:
     """Base class. Subclasses set `name` and implement `decide`.
 
     `preemptive`: whether the policy ever suspends jobs (the caller may skip suspend bookkeeping otherwise).
-    `uses_oracle`: whether it reads remaining_hint/duration_hint (only the sjf/srtf baselines do)."""
+    `uses_oracle`: whether it reads remaining_hint/duration_hint (only the sjf, srtf and gmux-law yardsticks do)."""
 
     name = "base"
     preemptive = False

@@ -287,13 +287,19 @@ class GmuxPolicy(PriorityPolicy):
             service = attained + rate * max(0.0, now - at)
             self._observe(event.job_id, service)
             self.sweeps.complete(event.job_id, service)
-            self.model.add(n, service)
-            version = (self.model.version, self.sweeps.version)
-            if version != self._model_version:
-                self._model_version = version
-                self._keys, self._rkeys = {}, {}        # _sync rebuilds both indexes with the new keys
+            self._learn_service(n, service)
+            self._rerank_if_changed()
         else:
             self.sweeps.complete(event.job_id, None)
+
+    def _learn_service(self, num_gpus: int, service: float) -> None:
+        self.model.add(num_gpus, service)
+
+    def _rerank_if_changed(self) -> None:
+        version = (self.model.version, self.sweeps.version)
+        if version != self._model_version:
+            self._model_version = version
+            self._keys, self._rkeys = {}, {}        # _sync rebuilds both indexes with the new keys
 
     def _find(self, snap, plan: Plan, job):
         gpus = plan.find_gpus(job.num_gpus)
