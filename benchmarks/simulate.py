@@ -6,8 +6,8 @@ average and p99 JCT, the ratio to the SRTF oracle, queueing (time with no GPU) a
 suspends per job, utilisation and makespan (gmux-law, gmux told the size law but not the sizes, is the
 yardstick for how much of gmux's distance to SRTF is learning the law); then the same split into the VCs the gmux
 policy was tuned on and the others (cross-validation), the cost model's figures, the published ratios beside ours,
-and the time of one decision on a 1,000-machine cluster. Writes benchmarks/results/simulate.json and sim_load_curve.png (average
-JCT against load). The last line is
+and the time of one decision on a 1,000-machine cluster. Writes benchmarks/results/simulate.json and
+sim_load_curve.png (average JCT against load). The last line is
 
     sim_load: gmux_vs_srtf_worst=<r> gmux_vs_tiresias_worst=<r> suspends_vs_tiresias_worst=<r> seconds=<n>
 
