@@ -128,6 +128,20 @@ predicting better than the class median (worse: consecutive completions are alik
 on the median sibling (tuned +1.4%) or on a learned sweep share >= 1/2 (loses at x0.35: 5.32 -> 5.38 h); among
 equal effective sizes, the most-served waiting job first (x0.25 -0.5% and -1.6%, noise at x0.35 and x0.5, and it
 assumes a typical length: +7.8% on one seed of the heavy-tailed synthetic stream).
+
+Measured in the nineteenth session (benchmarks/README.md has the table; all VCs, seeds 0 and 1 where two figures):
+learning is not what is missing. gmux-law (law_oracle.py: this policy, each job's true size joining the law at
+its arrival) gives 9.60 h at x0.25 against 9.68, and loses at x0.35 (5.41 against 5.32). Given the whole trace's
+law of each VC and class in hindsight it gives 9.38 h; read on a grid of factor sqrt(2) with four queues per
+octave, 9.00 h (1.16x SRTF): no variant told the law reached 1.15x. Learning variants, none kept:
+- the law estimated by Kaplan-Meier, the jobs still alive counted as needing more than their service so far
+  (completions alone under-represent long jobs where they wait): x0.25 9.68 h, tuned 8.56 -> 8.92, held out
+  10.30 -> 10.10 (7f04ca 132 -> 146 h); over a cohort of the last 200 arrivals instead: 9.67 h, tuned 8.81,
+  and x0.35 5.32 -> 5.37;
+- the grid of factor sqrt(2): x0.25 9.56 and 9.58 h (held out -2%), x0.35 +0.6% (tuned +1.5%), x0.5 flat;
+  with 4 samples above a grid point enough to read the tail there (8 now): x0.25 9.33 and 9.35 h (held out 9.70,
+  -5.7%), but tuned +0.7% at x0.25 and +1.8% at x0.35. The tuned VCs say no; what the finer grid buys told the
+  law (2869ce 314 -> 254 h) it loses learned, where a class's first weeks have too few long completions.
 """
 from __future__ import annotations
 
