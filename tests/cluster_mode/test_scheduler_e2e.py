@@ -18,6 +18,7 @@ from gmux.wire.scheduler_client import ClusterClient, ClusterError
 from cluster_harness import PY, ROOT, TRAIN, env, Solo, wait_for
 
 STEPS = "1500"
+PACE = ("--sleep", "0.01")
 
 
 def _outputs(tmp_path, names):
@@ -26,12 +27,14 @@ def _outputs(tmp_path, names):
 
 def test_gandiva_places_on_three_daemons_bit_identical_and_refuses_strangers(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva")
+    # The jobs are paced (10 ms a step, 15 s at least) so that on a fast machine they still run when one is
+    # held; pacing changes no weight, so the solo references run unpaced.
     refs = {b: Solo(tmp_path, b, STEPS, "--batch", b) for b in ("30", "31", "32", "33")}
     c.wait_machines(3)
-    ids = {b: c.submit(str(tmp_path / f"j{b}.json"), STEPS, "--batch", b) for b in refs if b != "33"}
+    ids = {b: c.submit(str(tmp_path / f"j{b}.json"), STEPS, "--batch", b, *PACE) for b in refs if b != "33"}
     r = subprocess.run([PY, "-m", "gmux.cli.gmux", "--json", "submit", "--cluster", c.endpoint, "--keys", c.keys,
                         "--as", "tester", "--", PY, TRAIN, str(tmp_path / "j33.json"), STEPS, "--batch", "33",
-                        "--attach"], env=env(), capture_output=True, text=True, cwd=ROOT, timeout=30)
+                        *PACE, "--attach"], env=env(), capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert r.returncode == 0, r.stderr
     ids["33"] = json.loads(r.stdout)["cjob"]
 
