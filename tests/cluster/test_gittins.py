@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from sim_harness import job, run
 from gmux.cluster.policies import make_policy
-from gmux.cluster.policies.gittins import GRID0, MIN_SAMPLES, ServiceModel, grid, grid_floor
+from gmux.cluster.policies.gittins import GRID0, MIN_SAMPLES, ServiceModel, grid, grid_floor, grid_points
 
 H = 3600.0
 
@@ -54,17 +54,31 @@ def test_without_enough_samples_it_is_las_and_classes_fall_back_to_the_pool():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.floats(1.0, 1e7), min_size=MIN_SAMPLES, max_size=300), st.floats(0, 1e7))
-def test_the_effective_size_is_positive_and_changes_only_at_grid_points(samples, a):
-    m = ServiceModel()
+@given(st.lists(st.floats(1.0, 1e7), min_size=MIN_SAMPLES, max_size=300), st.floats(0, 1e7),
+       st.sampled_from([1, 2, 3, 4]))
+def test_the_effective_size_is_positive_and_changes_only_at_grid_points(samples, a, per_octave):
+    m = ServiceModel(per_octave=per_octave)
     for s in samples:
         m.add(2, s)
     e = m.effective(2, a)
     assert e > 0
-    nxt = ServiceModel.next_change(a)
+    nxt = m.next_change(a)
     assert nxt is not None and nxt > a
     mid = (a + nxt) / 2                                  # before the next grid point: the same answer
-    assert grid_floor(mid) == grid_floor(a) and m.effective(2, mid) == e
+    assert grid_floor(mid, per_octave) == grid_floor(a, per_octave) and m.effective(2, mid) == e
+
+
+@pytest.mark.parametrize("per_octave", [1, 2, 3, 4])
+def test_every_grid_point_is_its_own_floor_so_a_job_is_rekeyed_past_it(per_octave):
+    """A job re-keyed exactly at a grid point must read that point's cell, or its next change would be the same
+    instant and it would be re-keyed forever."""
+    m = ServiceModel(per_octave=per_octave)
+    for k in range(1, grid_points(per_octave)):
+        g = grid(k, per_octave)
+        assert grid_floor(g, per_octave) == k
+        nxt = m.next_change(g)
+        assert nxt is None or nxt > g
+    assert grid(1 + per_octave, per_octave) == 2 * GRID0        # per_octave points to a doubling
 
 
 def test_gmux_learns_from_completions(table):

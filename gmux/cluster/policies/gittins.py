@@ -27,9 +27,9 @@ job 0.31 -> 0.19 (in 6214e9, 41,226 one-GPU jobs, 0.38 -> 0.13), average JCT wit
 to 1%). The window (200) was chosen on the tuned VCs: 50, 100, 200 and 400 gave 8.69, 8.68, 8.58 and 8.63 h
 there (a first version that trimmed at evaluation).
 
-Cost: the index is evaluated on a geometric grid of attained service (factor 2 from 60 GPU-seconds) against 32
-quantiles of the remaining samples, and only once a tenth of the samples (at least 10) are new since it was
-last evaluated; a lookup is one bisect.
+Cost: the index is evaluated on a geometric grid of attained service (factor 2 from 60 GPU-seconds, or
+`per_octave` points per doubling) against 32 quantiles of the remaining samples, and only once a tenth of the
+samples (at least 10) are new since it was last evaluated; a lookup is one bisect.
 """
 from __future__ import annotations
 
@@ -47,21 +47,32 @@ WINDOW = 200          # recent completions per class that make its distribution 
                       # tuned VCs)
 
 
-def grid(k: int) -> float:
-    return 0.0 if k == 0 else GRID0 * 2.0 ** (k - 1)
+def grid(k: int, per_octave: int = 1) -> float:
+    """The k-th grid point: 0, then GRID0 and `per_octave` points for every doubling after it."""
+    return 0.0 if k == 0 else GRID0 * 2.0 ** ((k - 1) / per_octave)
 
 
-def grid_floor(a: float) -> int:
+def grid_floor(a: float, per_octave: int = 1) -> int:
     """The index of the largest grid point <= a."""
     if a < GRID0:
         return 0
-    return min(GRID_POINTS - 1, 1 + int(math.floor(math.log2(a / GRID0))))
+    k = 1 + int(math.floor(per_octave * math.log2(a / GRID0)))
+    if grid(k, per_octave) > a:          # log2's rounding, either way, at a grid point itself
+        k -= 1
+    elif grid(k + 1, per_octave) <= a:
+        k += 1
+    return min(grid_points(per_octave) - 1, k)
+
+
+def grid_points(per_octave: int = 1) -> int:
+    return (GRID_POINTS - 1) * per_octave + 1
 
 
 class _Samples:
-    __slots__ = ("values", "sorted", "prefix", "evaluated_at", "added", "eff")
+    __slots__ = ("values", "sorted", "prefix", "evaluated_at", "added", "eff", "per_octave")
 
-    def __init__(self, window: int):
+    def __init__(self, window: int, per_octave: int = 1):
+        self.per_octave = per_octave
         self.values: deque = deque(maxlen=window)     # the most recent completions only
         self.sorted: list = []
         self.prefix: list = [0.0]
@@ -83,7 +94,7 @@ class _Samples:
             p.append(p[-1] + v)
         self.evaluated_at = len(s)
         self.added = 0
-        self.eff = [self._effective(grid(k)) for k in range(GRID_POINTS)]
+        self.eff = [self._effective(grid(k, self.per_octave)) for k in range(grid_points(self.per_octave))]
 
     def _effective(self, a: float):
         s, p = self.sorted, self.prefix
@@ -109,12 +120,15 @@ class _Samples:
 class ServiceModel:
     """Completed jobs' service by GPU-count class, and the effective remaining size of a running one."""
 
-    def __init__(self, window: int = WINDOW):
+    def __init__(self, window: int = WINDOW, per_octave: int = 1):
         if window < MIN_SAMPLES:
             raise ValueError(f"window must hold at least {MIN_SAMPLES} samples, got {window}")
+        if per_octave < 1:
+            raise ValueError(f"per_octave must be at least 1, got {per_octave}")
         self.window = window
+        self.per_octave = per_octave
         self._by: dict = {}
-        self._all = _Samples(window)
+        self._all = _Samples(window, per_octave)
         self.version = 0             # bumps whenever an evaluation changed the answers
 
     @staticmethod
@@ -125,7 +139,7 @@ class ServiceModel:
         service = max(service, 1e-3)
         c = self._by.get(self.klass(num_gpus))
         if c is None:
-            c = self._by[self.klass(num_gpus)] = _Samples(self.window)
+            c = self._by[self.klass(num_gpus)] = _Samples(self.window, self.per_octave)
         for x in (c, self._all):
             x.add(service)
             if x.stale():
@@ -135,16 +149,15 @@ class ServiceModel:
     def effective(self, num_gpus: int, attained: float) -> float:
         """Effective remaining size (GPU-seconds) of a job of `num_gpus` with `attained` service, at the grid
         point below it (so it changes only when the job crosses a grid point)."""
-        k = grid_floor(attained)
+        k = grid_floor(attained, self.per_octave)
         for x in (self._by.get(self.klass(num_gpus)), self._all):
             if x is not None and x.eff:
                 e = x.eff[k]
                 if e is not None:
                     return e
-        return max(grid(k), GRID0)
+        return max(grid(k, self.per_octave), GRID0)
 
-    @staticmethod
-    def next_change(attained: float) -> float | None:
+    def next_change(self, attained: float) -> float | None:
         """The attained service at which the answer may change next (the next grid point)."""
-        k = grid_floor(attained) + 1
-        return grid(k) if k < GRID_POINTS else None
+        k = grid_floor(attained, self.per_octave) + 1
+        return grid(k, self.per_octave) if k < grid_points(self.per_octave) else None

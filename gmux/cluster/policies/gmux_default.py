@@ -163,7 +163,8 @@ class GmuxPolicy(PriorityPolicy):
                  defrag_moves: int = 4, buckets_per_octave: int = 1,
                  pack: bool = True, explore: bool = True, pack_margin: float = 0.1, min_run_s: float = 600.0,
                  max_pack_tries: int = 16, host_scan: int = 128, size_window: int = WINDOW,
-                 sweep_gap_s: float = 1800.0, sweep_quantile: float = 0.3, idle_aware: bool = True):
+                 sweep_gap_s: float = 1800.0, sweep_quantile: float = 0.3, idle_aware: bool = True,
+                 grid_per_octave: int = 1):
         super().__init__()
         if base_gpu_s <= 0 or factor <= 1 or levels < 1 or defrag_moves < 0 or pack_margin < 0 or min_run_s < 0 \
                 or buckets_per_octave < 1:
@@ -172,7 +173,7 @@ class GmuxPolicy(PriorityPolicy):
         self.thresholds = tuple(base_gpu_s * factor ** i for i in range(levels - 1))
         self.learn = learn
         self.buckets_per_octave = buckets_per_octave
-        self.model = ServiceModel(size_window)
+        self.model = ServiceModel(size_window, grid_per_octave)
         self._model_version = (0, 0)
         self._svc: dict = {}            # running job -> (attained, service rate, at, GPUs): to learn its service
         self.defrag_moves = defrag_moves
@@ -193,7 +194,8 @@ class GmuxPolicy(PriorityPolicy):
                 "thresholds_gpu_s": list(self.thresholds), "defrag_moves": self.defrag_moves,
                 "pack": self.pack, "explore": self.explore, "pack_margin": self.pack_margin,
                 "min_run_s": self.min_run_s, "size_window": self.model.window, "sweep_gap_s": self.sweeps.gap_s,
-                "sweep_quantile": self.sweeps.quantile, "idle_aware": self.idle_aware}
+                "sweep_quantile": self.sweeps.quantile, "idle_aware": self.idle_aware,
+                "grid_per_octave": self.model.per_octave}
 
     # ---- priority ------------------------------------------------------------------------------------------
     def level(self, job, attained: float) -> int:

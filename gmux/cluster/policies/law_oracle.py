@@ -1,18 +1,17 @@
-"""gmux-law: gmux's own mechanism, told the size law instead of learning it. A yardstick for simulation only.
+"""gmux-law: gmux's mechanism told the size law instead of learning it. A yardstick for simulation only.
 
-gmux ranks jobs by the Gittins index of the service law it learns from completions (gmux_default.py). How much
-of its distance to the SRTF oracle is that learning, and how much is not knowing sizes at all? This policy is
-gmux in every other respect, but each job's true size (GPU-seconds, from the simulator's duration hint) joins
-the law when the job *arrives*: the law of the work just submitted, known at once, with no lag and none of the
-bias of learning from completions (under overload the short jobs finish and the long ones wait, so the recent
-completions under-represent them). A job's priority is still read from the law at its attained service, never
-from its own size, so it remains a policy that does not know which job is short: the best gmux's mechanism can
-do with perfect knowledge of the law. Like sjf and srtf it refuses to run without hints.
+gmux ranks jobs by the Gittins index of the service law it learns from completions (gmux_default.py). How close
+to the SRTF oracle can that kind of policy come when the law is not the problem? This policy is gmux, but each
+job's true size (GPU-seconds, from the simulator's duration hint) joins the law when the job *arrives*: the law
+of the work just submitted, known at once, with no lag and none of the bias of learning from completions (under
+overload the short jobs finish and the long ones wait, so recent completions under-represent them). A job's
+priority is still read from the law at its attained service, never from its own size, so it remains a policy
+that does not know which job is short. It reads the law finely (two grid points per doubling of service, four
+queues per octave of effective size), the variant that did best told the law; learned, the same fine reading
+loses (gmux_default.py). Like sjf and srtf it refuses to run without hints.
 
-What it showed (benchmarks/simulate.py, nineteenth session): at x0.25 it averages 9.60 h against gmux's 9.68 h
-and SRTF's 7.75 (x0.35 5.41 against 5.32, x0.5 4.06 against 4.04). Learning the law from completions costs gmux
-about 1% at the heaviest load and nothing at the others, so gmux's distance to SRTF is not knowing which job is
-short, and how finely the mechanism reads the law (gmux_default.py, "Measured in the nineteenth session").
+What it showed (benchmarks/README.md, "What gmux-law shows"): at x0.25 told the law gmux's mechanism as it is
+does 9.60 h against gmux's 9.68 (learning costs about 1%), read finely 9.15 h, against SRTF's 7.75 (1.18x).
 """
 from __future__ import annotations
 
@@ -23,6 +22,9 @@ from .gmux_default import GmuxPolicy
 class GmuxLawPolicy(GmuxPolicy):
     name = "gmux-law"
     uses_oracle = True
+
+    def __init__(self, grid_per_octave: int = 2, buckets_per_octave: int = 4, **params):
+        super().__init__(grid_per_octave=grid_per_octave, buckets_per_octave=buckets_per_octave, **params)
 
     def decide(self, snap, event):
         if event.kind is EventKind.ARRIVAL and event.job_id in snap.jobs:
