@@ -130,10 +130,11 @@ equal effective sizes, the most-served waiting job first (x0.25 -0.5% and -1.6%,
 assumes a typical length: +7.8% on one seed of the heavy-tailed synthetic stream).
 
 Measured in the nineteenth session (benchmarks/README.md has the table; all VCs, seeds 0 and 1 where two figures):
-learning is not what is missing. gmux-law (law_oracle.py: this policy, each job's true size joining the law at
-its arrival) gives 9.60 h at x0.25 against 9.68, and loses at x0.35 (5.41 against 5.32). Given the whole trace's
-law of each VC and class in hindsight it gives 9.38 h; read on a grid of factor sqrt(2) with four queues per
-octave, 9.00 h (1.16x SRTF): no variant told the law reached 1.15x. Learning variants, none kept:
+learning is not what is missing. Told the law (law_oracle.py: each job's true size joins it at its arrival) this
+policy as it is gives 9.60 h at x0.25 against 9.68, and loses at x0.35 (5.41 against 5.32); reading that law on
+a grid of factor sqrt(2) with four queues per octave (gmux-law as committed) 9.15 h (1.18x SRTF). Given the whole
+trace's law of each VC and class in hindsight, 9.38 h, read finely 9.00 h (1.16x): no variant told the law
+reached 1.15x. Learning variants, none kept:
 - the law estimated by Kaplan-Meier, the jobs still alive counted as needing more than their service so far
   (completions alone under-represent long jobs where they wait): x0.25 9.68 h, tuned 8.56 -> 8.92, held out
   10.30 -> 10.10 (7f04ca 132 -> 146 h); over a cohort of the last 200 arrivals instead: 9.67 h, tuned 8.81,
