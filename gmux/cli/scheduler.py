@@ -17,7 +17,9 @@ def main(argv=None) -> int:
     p.add_argument("--listen", default="tcp://127.0.0.1:7700", help="TCP endpoint (CurveZMQ) for daemons and clients")
     p.add_argument("--keys", required=True, help="the cluster's key directory (gmux keys --dir DIR --scheduler)")
     p.add_argument("--state", required=True, help="directory for the SQLite state and received checkpoints")
-    p.add_argument("--policy", default="gmux", choices=sorted(POLICIES))
+    p.add_argument("--policy", default="gmux", choices=sorted(n for n, c in POLICIES.items() if not c.uses_oracle),
+                   help="the scheduling policy (default gmux); sjf, srtf and gmux-law need every job's duration in "
+                        "advance and run only in gmux-sim")
     p.add_argument("--tick", type=float, default=1.0, help="seconds between policy decisions (default 1)")
     p.add_argument("--lost-after", type=float, default=5.0, help="a machine silent this long is lost (default 5 s)")
     p.add_argument("--ckpt-every", type=float, default=30.0,

@@ -135,3 +135,23 @@ def test_a_checkpoint_set_older_than_the_one_held_is_dropped(tmp_path):
         assert s.jobs["c1"].ckpt_step == 600 and not os.path.exists(newer) and os.path.exists(newest)
     finally:
         s.close()
+
+
+def test_a_policy_that_needs_durations_is_refused_before_anything_is_created(tmp_path, capsys):
+    import pytest
+    from gmux.cli import scheduler as cli
+    from gmux.cluster.scheduler.service import Options, Scheduler
+    from gmux.wire import keys
+    keydir = str(tmp_path / "keys")
+    keys.create(keydir, "scheduler")
+    for name in ("sjf", "srtf", "gmux-law"):
+        with pytest.raises(ValueError, match="needs every job's duration"):
+            Driver(make_policy(name))
+        state = tmp_path / f"state-{name}"
+        with pytest.raises(ValueError, match="yardstick for gmux-sim"):
+            Scheduler(str(state), keydir, Options(listen="tcp://127.0.0.1:*", policy=name))
+        assert not state.exists()
+        with pytest.raises(SystemExit) as e:
+            cli.main(["--keys", keydir, "--state", str(state), "--policy", name])
+        assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+        assert not state.exists()

@@ -57,6 +57,11 @@ def job_type(job: CJob) -> str:
 
 class Driver:
     def __init__(self, policy):
+        if getattr(policy, "uses_oracle", False):
+            # sjf, srtf and gmux-law read every job's duration, which a real cluster does not know: each arrival
+            # would fail and nothing would ever be placed.
+            raise ValueError(f"policy {policy.name!r} needs every job's duration in advance: it is a yardstick for "
+                             f"gmux-sim, not a scheduler for a real cluster")
         self.policy = policy
         self.gpu_of: dict[int, tuple[str, int]] = {}      # global GPU id -> (machine, local index)
 

@@ -58,6 +58,7 @@ class Options:
 class Scheduler:
     def __init__(self, statedir: str, keydir: str, options: Optional[Options] = None):
         self.opt = options or Options()
+        self.driver = Driver(make_policy(self.opt.policy))      # a refused policy leaves no state directory behind
         self.statedir = statedir
         os.makedirs(statedir, mode=0o700, exist_ok=True)
         self.keydir = keydir
@@ -68,7 +69,6 @@ class Scheduler:
         for m in self.machines.values():
             m.last_seen = max(m.last_seen, now)   # a restarted scheduler gives every machine a fresh grace period
         self._listened_at = now
-        self.driver = Driver(make_policy(self.opt.policy))
         self.receiver = Receiver(os.path.join(statedir, "checkpoints"))
         self._sweep_checkpoints()
         self._skipped: dict[str, str] = {}   # cjob -> the last reason an intent for it was skipped (logged once)
