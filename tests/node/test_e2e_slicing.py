@@ -12,6 +12,9 @@ from node_harness import TRAIN, result, start_py
 
 STEPS = "10000"
 QUANTUM = 0.25
+# A floor of 0.3 ms a step (3 s of GPU time a job) so that on a fast machine the jobs still run for the rounds
+# the shares are judged over; pacing changes no weight, so the solo references run unpaced.
+PACE = ("--sleep", "0.0003")
 
 
 def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
@@ -27,7 +30,7 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", str(QUANTUM), "--no-pack")
     jobs = {}
     for name, weight, batch in (("a", "1", "32"), ("b", "1", "32"), ("c", "2", "33")):
-        p = node.launch(f"{TRAIN}", str(tmp_path / f"{name}.json"), STEPS, "--batch", batch, "--attach",
+        p = node.launch(f"{TRAIN}", str(tmp_path / f"{name}.json"), STEPS, "--batch", batch, *PACE, "--attach",
                         opts=["--no-hook", "--mem", "600MiB", "--weight", weight])
         jobs[name] = node.job_of(p.pid)
     # Sample GPU time until the first job ends. Shares are judged over whole rounds: from the start of one turn
