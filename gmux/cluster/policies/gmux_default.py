@@ -168,9 +168,9 @@ class GmuxPolicy(PriorityPolicy):
                  grid_per_octave: int = 1):
         super().__init__()
         if base_gpu_s <= 0 or factor <= 1 or levels < 1 or defrag_moves < 0 or pack_margin < 0 or min_run_s < 0 \
-                or buckets_per_octave < 1:
+                or buckets_per_octave < 1 or not isinstance(grid_per_octave, int) or grid_per_octave < 1:
             raise ValueError("need base_gpu_s > 0, factor > 1, levels >= 1, defrag_moves >= 0, pack_margin >= 0, "
-                             "min_run_s >= 0, buckets_per_octave >= 1")
+                             "min_run_s >= 0, buckets_per_octave >= 1, grid_per_octave a whole number >= 1")
         self.thresholds = tuple(base_gpu_s * factor ** i for i in range(levels - 1))
         self.learn = learn
         self.buckets_per_octave = buckets_per_octave
