@@ -124,6 +124,14 @@ def test_two_ranks_cycled_by_gmux_end_with_equal_weights(tmp):
     momentum stay equal to each other and to a run never suspended."""
     port = 29500 + int(hashlib.sha256(tmp.encode()).hexdigest(), 16) % 2000
     cycled = _torchrun(tmp, "cycled", 30, 7, port)
-    plain = _torchrun(tmp, "plain", 30, None, port + 1)
+    try:
+        plain = _torchrun(tmp, "plain", 30, None, port + 1)
+    except AssertionError as e:
+        # The reference run, which gmux never touches, still aborts now and then at gloo's teardown after its
+        # work is written ("terminate called without an active exception", a torch bug: pytorch/pytorch#190489
+        # and #179291); gmux is not under test there, so it is run once more. The gmux run gets no second try.
+        if "terminate called without an active exception" not in str(e):
+            raise
+        plain = _torchrun(tmp, "plain-again", 30, None, port + 2)
     assert cycled[0] == cycled[1], "the ranks diverged: DDP stopped all-reducing after a resume"
     assert cycled == plain
