@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from sim_harness import FLAT, finish, job, run
 from gmux.cluster.policies import POLICIES, EventKind
-from gmux.cluster.policies.api import Migrate, Place, Policy, SetTimer
+from gmux.cluster.policies.api import Migrate, Pack, Place, Policy, SetTimer
 from gmux.cluster.sim.costs import Costs, model_of
 from gmux.cluster.sim.engine import Engine, make_machines
 from gmux.cluster.sim.metrics import summarize
@@ -60,6 +60,27 @@ def test_a_leftover_timer_does_not_stretch_the_makespan_or_dilute_utilisation(ta
     assert res.end == 100
     s = summarize([res])
     assert s["makespan_s"] == 100 and s["utilisation"] == pytest.approx(150 / 200)
+    assert s["work_utilisation"] == pytest.approx(150 / 200)      # nothing shared or stalled: the same
+
+
+class _PackAll(Policy):
+    """Runs the first job on GPU 0 and packs every later one beside it."""
+    name = "pack-all"
+
+    def decide(self, snap, event):
+        if event.kind is not EventKind.ARRIVAL:
+            return []
+        return [Place(event.job_id, (0,))] if event.job_id == 0 else [Pack(event.job_id, 0)]
+
+
+def test_work_utilisation_counts_what_packing_gains_and_busy_time_does_not(table):
+    # Two A jobs of 60 s packed at 0.6 each: both finish at 100 s on one GPU of two. Busy: 100 GPU-s of 200;
+    # work done: 120 solo GPU-seconds of 200.
+    res = Engine(make_machines(1, 2), [job(0, 0, 60), job(1, 0, 60)], _PackAll(), table(), FLAT).run()
+    s = summarize([res])
+    assert s["makespan_s"] == pytest.approx(100)
+    assert s["utilisation"] == pytest.approx(100 / 200)
+    assert s["work_utilisation"] == pytest.approx(120 / 200)
 
 
 def test_queueing_counts_only_time_without_a_gpu_and_sharing_shows_as_slowed(table):

@@ -11,6 +11,10 @@ Definitions (all times in seconds):
 - Makespan: last completion - first submission over all clusters (timers left after the last completion do not
   count).
 - GPU utilisation: busy GPU-seconds / (GPUs x makespan). A GPU is busy while any job holds it, stalls included.
+- Work utilisation: the jobs' work (solo GPU-seconds: duration x GPUs) / (GPUs x makespan), the share of the
+  clusters' capacity that went into training. Busy time counts a stalled or slowed GPU as used and a GPU shared
+  by two jobs once, so packing that does the same work in fewer GPU-seconds lowers it; this one does not. Every
+  policy does the same work, so it ranks policies by makespan alone.
 - Suspends include the fluid count of time-slice switches (one per job per round of quanta); suspends per job
   divides them by the number of jobs.
 """
@@ -67,6 +71,7 @@ def summarize(results: list[RunResult]) -> dict:
         "makespan_s": float(span),
         "gpus": int(gpus),
         "utilisation": float(busy / (gpus * span)),
+        "work_utilisation": float((t["work"] * t["gpus"]).sum() / (gpus * span)),
         "useful_gpu_s": float((t["work"] * t["gpus"]).sum()),
         "busy_gpu_s": float(busy),
         "suspends": int(round(float(t["suspends"].sum()))),
@@ -119,7 +124,7 @@ def render_table(summaries: dict[str, dict], ratios: dict[str, dict] | None = No
     cols = [("policy", None), ("avg JCT h", "avg_jct_s"), ("p50 JCT h", "p50_jct_s"), ("p99 JCT h", "p99_jct_s"),
             ("avg queue h", "avg_queue_s"), ("slowed h", "avg_slowed_s"), ("p99 1st prog h", "p99_first_progress_s"),
             ("makespan d", "makespan_s"),
-            ("util %", "utilisation"), ("suspends", "suspends"), ("packs", "packs"), ("unpacks", "unpacks"),
+            ("util %", "utilisation"), ("work %", "work_utilisation"), ("suspends", "suspends"), ("packs", "packs"), ("unpacks", "unpacks"),
             ("migr.", "migrations"), ("p99 JCT/fifo", None)]
     for name, _ in cols:
         table.add_column(name, justify="right" if name != "policy" else "left")
@@ -129,7 +134,7 @@ def render_table(summaries: dict[str, dict], ratios: dict[str, dict] | None = No
         row = [pol]
         for name, key in cols[1:-1]:
             v = s[key]
-            if key == "utilisation":
+            if key in ("utilisation", "work_utilisation"):
                 row.append(f"{100 * v:.1f}")
             elif key == "makespan_s":
                 row.append(f"{v / 86400:.1f}")
