@@ -1,5 +1,6 @@
 """The learned service model behind gmux's priority: it becomes least-attained-service on heavy-tailed sizes and
-the opposite near a typical length, falls back to LAS without data, and gmux learns from real completions."""
+the opposite near a typical length, falls back to LAS without data and to the last queue beyond it, counts the
+jobs still running (censored), and gmux learns from real completions."""
 import random
 
 import pytest
@@ -55,7 +56,36 @@ def test_without_enough_samples_it_is_las_and_classes_fall_back_to_the_pool():
     for i in range(MIN_SAMPLES + 5):
         m.add(1, 100.0 + i)
     assert m.effective(8, 0) == m.effective(1, 0)       # no 8-GPU samples yet: the pooled distribution
-    assert m.effective(1, 1e9) == grid(grid_floor(1e9))  # beyond every sample: the attained service itself
+    assert m.effective(1, 1e9) == m.beyond               # beyond every sample: the last queue, in arrival order
+    assert m.beyond >= max(m.effective(1, grid(k)) for k in range(grid_points()))
+
+
+def test_a_few_samples_above_count_for_what_they_weigh():
+    """Too few samples above the attained service to read a tail: the missing ones are taken to run as long again
+    (least attained service), so three 4-GPU jobs seen to end at 72 h pull a job 40 h in toward them, no further."""
+    m = ServiceModel()
+    for _ in range(3):
+        m.add(4, 4 * 72 * H)
+    for i in range(100):
+        m.add(4, 4 * (24 + i / 100) * H)
+    e = m.effective(4, 4 * 40 * H)       # read at the grid point below: 34.1 h, 37.9 h short of the three
+    assert 4 * 30 * H < e < 4 * 45 * H and e < m.beyond
+
+
+def test_the_censored_law_counts_the_long_jobs_still_running():
+    """Under overload the short jobs finish and the long ones wait: completions alone say a new job is short. The
+    censored law (the last arrivals, those still in the system known to need more than they have had) does not."""
+    alive = {i: 4 * 30 * H for i in range(60, 100)}   # 40 long ones, 30 h in and counting
+    censored, plain = ServiceModel(attained=alive.get), ServiceModel()
+    for i in range(100):
+        censored.arrive(4, i)
+    for i in range(60):                                 # while 60 short ones finish
+        censored.add(4, 4 * 10 * H, i)
+        plain.add(4, 4 * 10 * H)
+    assert plain.effective(4, 0) < 4 * 11 * H
+    assert censored.effective(4, 0) > 1.5 * plain.effective(4, 0)
+    censored.add(4, 4 * H, 1000)                        # not a member of the cohort: no evidence
+    assert censored._by[4].samples() == 60 and 1000 not in censored._by[4].done
 
 
 @settings(max_examples=50, deadline=None)

@@ -144,7 +144,7 @@ def test_a_job_killed_while_held_is_learned_with_the_service_it_had_when_held(sc
     what it ran, not the time it sat held as if it had run on."""
     learned = []
     model = sched.driver.policy.model
-    model.add = lambda n, service: learned.append(service)
+    model.add = lambda n, service, job_id=None: learned.append(service)
     sched.tick(time.time())                           # the policy sees c1 running from now on
     time.sleep(0.3)
     client(sched, "alice", "c_suspend", cjob="c1")

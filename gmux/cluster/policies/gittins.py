@@ -69,40 +69,88 @@ def grid_points(per_octave: int = 1) -> int:
 
 
 class _Samples:
-    __slots__ = ("values", "sorted", "prefix", "evaluated_at", "added", "eff", "per_octave")
+    """One class's law: the most recent completions, or (censored) the most recent arrivals, those that finished
+    known exactly and those still in the system known only to need more than they have had."""
+    __slots__ = ("values", "cohort", "done", "finished", "sorted", "wprefix", "vprefix", "tail", "evaluated_at", "added", "eff",
+                 "per_octave")
 
-    def __init__(self, window: int, per_octave: int = 1):
+    def __init__(self, window: int, per_octave: int = 1, censored: bool = False):
         self.per_octave = per_octave
-        self.values: deque = deque(maxlen=window)     # the most recent completions only
-        self.sorted: list = []
-        self.prefix: list = [0.0]
+        self.values: deque = deque(maxlen=window)     # the most recent completions only (uncensored)
+        self.cohort: deque | None = deque(maxlen=window) if censored else None   # recent arrivals' ids
+        self.done: dict = {}         # cohort member -> its service once it completed, None before
+        self.finished = 0            # members that completed
+        self.sorted: list = []       # completed services, ascending
+        self.wprefix: list = [0.0]   # their weights, summed (1 each uncensored; Kaplan-Meier masses, censored)
+        self.vprefix: list = [0.0]   # weight x service, summed
+        self.tail = 0.0              # weight beyond every completion (members alive past the longest one)
         self.evaluated_at = 0        # samples at the last evaluation
         self.added = 0               # completions since then
         self.eff: list = []          # effective remaining size at each grid point (None: extrapolate)
 
-    def add(self, value: float) -> None:
-        self.values.append(value)
+    def arrive(self, jid) -> None:
+        if len(self.cohort) == self.cohort.maxlen:
+            self.finished -= self.done.pop(self.cohort[0]) is not None
+        self.cohort.append(jid)
+        self.done[jid] = None
+
+    def add(self, value: float, jid=None) -> None:
+        if self.cohort is None:
+            self.values.append(value)
+        elif self.done.get(jid, 0.0) is None:      # a member (one that left the cohort is no evidence here)
+            self.done[jid] = value
+            self.finished += 1
+        else:
+            return
         self.added += 1
 
-    def stale(self) -> bool:
-        return len(self.values) >= MIN_SAMPLES and self.added >= 10 and 10 * self.added >= self.evaluated_at
+    def samples(self) -> int:
+        return len(self.values) if self.cohort is None else self.finished
 
-    def evaluate(self) -> None:
-        s = self.sorted = sorted(self.values)
-        p = self.prefix = [0.0]
-        for v in s:
-            p.append(p[-1] + v)
-        self.evaluated_at = len(s)
+    def stale(self) -> bool:
+        n = self.samples()
+        return n >= MIN_SAMPLES and self.added >= 10 and 10 * self.added >= self.evaluated_at
+
+    def evaluate(self, attained=None) -> None:
+        """Rebuild the law. Censored, `attained(id)` gives the service a member still in the system has had so
+        far (None: gone without completing, no evidence), and the law is the Kaplan-Meier estimate: completions
+        under overload are mostly the short jobs, while the long ones wait, so completions alone would say long
+        jobs are rarer than they are, rank new jobs as short, and starve the long ones further."""
+        if self.cohort is None:
+            obs = [(v, 0) for v in self.values]
+        else:
+            obs = []
+            for jid in self.cohort:
+                if self.done[jid] is not None:
+                    obs.append((self.done[jid], 0))
+                else:
+                    a = attained(jid) if attained is not None else None
+                    if a is not None and a > 0.0:
+                        obs.append((a, 1))
+        obs.sort()                   # at a tie a completion comes first: the censored one was still at risk
+        at_risk = surv = float(len(obs))
+        s, wp, vp = [], [0.0], [0.0]
+        for v, censored in obs:
+            if not censored:
+                w = surv / at_risk   # exactly 1.0 while nothing is censored
+                surv -= w
+                s.append(v)
+                wp.append(wp[-1] + w)
+                vp.append(vp[-1] + w * v)
+            at_risk -= 1.0
+        self.sorted, self.wprefix, self.vprefix, self.tail = s, wp, vp, max(0.0, surv)
+        self.evaluated_at = self.samples()
         self.added = 0
         self.eff = [self._effective(grid(k, self.per_octave)) for k in range(grid_points(self.per_octave))]
 
     def _effective(self, a: float):
-        s, p = self.sorted, self.prefix
+        s, wp, vp = self.sorted, self.wprefix, self.vprefix
         n = len(s)
         i = bisect.bisect_right(s, a)
         m = n - i
         if m < TAIL_SAMPLES:
-            return None
+            return self._padded(a, i) if m else None
+        above = wp[n] - wp[i] + self.tail
         best = 0.0
         seen = set()
         for q in range(1, QUANTILES + 1):
@@ -110,42 +158,81 @@ class _Samples:
             if j in seen:
                 continue
             seen.add(j)
-            done = j - i + 1
-            cost = (p[j + 1] - p[i]) - done * a + (n - j - 1) * (s[j] - a)
+            done = wp[j + 1] - wp[i]
+            cost = (vp[j + 1] - vp[i]) - done * a + (above - done) * (s[j] - a)
+            if cost > 0:
+                best = max(best, done / cost)
+        return 1.0 / best if best > 0 else None
+
+    def _padded(self, a: float, i: int):
+        """Too few samples above `a` to read a tail: the missing ones are taken to run as long again (2a, the
+        least-attained-service assumption), so a few completions move the index only as much as they weigh."""
+        s, wp = self.sorted, self.wprefix
+        pts = [(s[j], wp[j + 1] - wp[j]) for j in range(i, len(s))]
+        pts.append((2.0 * a if a > 0 else GRID0, float(TAIL_SAMPLES - len(pts)) + self.tail))
+        pts.sort()
+        total = sum(w for _, w in pts)
+        best, done, spent = 0.0, 0.0, 0.0
+        for v, w in pts:
+            # serve up to v: those finishing by then cost their service, the rest (total - done - w) cost v - a
+            done += w
+            spent += w * (v - a)
+            cost = spent + (total - done) * (v - a)
             if cost > 0:
                 best = max(best, done / cost)
         return 1.0 / best if best > 0 else None
 
 
 class ServiceModel:
-    """Completed jobs' service by GPU-count class, and the effective remaining size of a running one."""
+    """The service law of each GPU-count class, and the effective remaining size of a job in it.
 
-    def __init__(self, window: int = WINDOW, per_octave: int = 1):
+    Uncensored (the default), a class's law is its most recent completions. Censored, it is its most recent
+    arrivals (`arrive`), read by Kaplan-Meier: `attained(job_id)` says how much service a member still in the
+    system has had (None once it is gone)."""
+
+    def __init__(self, window: int = WINDOW, per_octave: int = 1, attained=None):
         if window < MIN_SAMPLES:
             raise ValueError(f"window must hold at least {MIN_SAMPLES} samples, got {window}")
         if per_octave < 1:
             raise ValueError(f"per_octave must be at least 1, got {per_octave}")
         self.window = window
         self.per_octave = per_octave
+        self.attained = attained
         self._by: dict = {}
-        self._all = _Samples(window, per_octave)
+        self._all = self._samples()
         self.version = 0             # bumps whenever an evaluation changed the answers
+
+    @property
+    def censored(self) -> bool:
+        return self.attained is not None
+
+    def _samples(self) -> _Samples:
+        return _Samples(self.window, self.per_octave, self.censored)
+
+    def _class(self, num_gpus: int) -> _Samples:
+        k = self.klass(num_gpus)
+        c = self._by.get(k)
+        if c is None:
+            c = self._by[k] = self._samples()
+        return c
 
     @staticmethod
     def klass(num_gpus: int) -> int:
         return 1 << max(0, int(num_gpus).bit_length() - 1)     # 1, 2, 4, 8, 16, ...
 
-    def add(self, num_gpus: int, service: float) -> None:
-        service = max(service, 1e-3)
-        c = self._by.get(self.klass(num_gpus))
-        if c is None:
-            c = self._by[self.klass(num_gpus)] = _Samples(self.window, self.per_octave)
-        for x in (c, self._all):
-            x.add(service)
-            if x.stale():
-                x.evaluate()
-                self.version += 1
+    def arrive(self, num_gpus: int, job_id) -> None:
+        """A job joined the class (censored models only: the others learn from completions alone)."""
+        if self.censored:
+            for x in (self._class(num_gpus), self._all):
+                x.arrive(job_id)
 
+    def add(self, num_gpus: int, service: float, job_id=None) -> None:
+        service = max(service, 1e-3)
+        for x in (self._class(num_gpus), self._all):
+            x.add(service, job_id)
+            if x.stale():
+                x.evaluate(self.attained)
+                self.version += 1
     def effective(self, num_gpus: int, attained: float) -> float:
         """Effective remaining size (GPU-seconds) of a job of `num_gpus` with `attained` service, at the grid
         point below it (so it changes only when the job crosses a grid point)."""
@@ -155,7 +242,17 @@ class ServiceModel:
                 e = x.eff[k]
                 if e is not None:
                     return e
+        if any(x is not None and x.eff for x in (self._by.get(self.klass(num_gpus)), self._all)):
+            return self.beyond
         return max(grid(k, self.per_octave), GRID0)
+
+    @property
+    def beyond(self) -> float:
+        """The effective size of a job past everything its law has seen: all such jobs share the last queue, in
+        arrival order (Tiresias' lowest queue). Ranked by attained service instead (least-attained-service), they
+        would take turns, and under overload a class of jobs with a typical length would never finish: each new
+        one passes the ones nearly done."""
+        return grid(grid_points(self.per_octave) - 1, self.per_octave)
 
     def next_change(self, attained: float) -> float | None:
         """The attained service at which the answer may change next (the next grid point)."""

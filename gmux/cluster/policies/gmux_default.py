@@ -165,7 +165,7 @@ class GmuxPolicy(PriorityPolicy):
                  pack: bool = True, explore: bool = True, pack_margin: float = 0.1, min_run_s: float = 600.0,
                  max_pack_tries: int = 16, host_scan: int = 128, size_window: int = WINDOW,
                  sweep_gap_s: float = 1800.0, sweep_quantile: float = 0.3, idle_aware: bool = True,
-                 grid_per_octave: int = 1):
+                 grid_per_octave: int = 1, censored: bool = True):
         super().__init__()
         if base_gpu_s <= 0 or factor <= 1 or levels < 1 or defrag_moves < 0 or pack_margin < 0 or min_run_s < 0 \
                 or buckets_per_octave < 1 or not isinstance(grid_per_octave, int) or grid_per_octave < 1:
@@ -174,7 +174,7 @@ class GmuxPolicy(PriorityPolicy):
         self.thresholds = tuple(base_gpu_s * factor ** i for i in range(levels - 1))
         self.learn = learn
         self.buckets_per_octave = buckets_per_octave
-        self.model = ServiceModel(size_window, grid_per_octave)
+        self.model = ServiceModel(size_window, grid_per_octave, self._attained if censored else None)
         self._model_version = (0, 0)
         self._svc: dict = {}            # running job -> (attained, service rate, at, GPUs): to learn its service
         self.defrag_moves = defrag_moves
@@ -196,7 +196,7 @@ class GmuxPolicy(PriorityPolicy):
                 "pack": self.pack, "explore": self.explore, "pack_margin": self.pack_margin,
                 "min_run_s": self.min_run_s, "size_window": self.model.window, "sweep_gap_s": self.sweeps.gap_s,
                 "sweep_quantile": self.sweeps.quantile, "idle_aware": self.idle_aware,
-                "grid_per_octave": self.model.per_octave}
+                "grid_per_octave": self.model.per_octave, "censored": self.model.censored}
 
     # ---- priority ------------------------------------------------------------------------------------------
     def level(self, job, attained: float) -> int:
@@ -304,13 +304,18 @@ class GmuxPolicy(PriorityPolicy):
             service = attained + rate * max(0.0, now - at)
             self._observe(event.job_id, service)
             self.sweeps.complete(event.job_id, service)
-            self._learn_service(n, service)
+            self._learn_service(n, service, event.job_id)
             self._rerank_if_changed()
         else:
             self.sweeps.complete(event.job_id, None)
 
-    def _learn_service(self, num_gpus: int, service: float) -> None:
-        self.model.add(num_gpus, service)
+    def _learn_service(self, num_gpus: int, service: float, job_id) -> None:
+        self.model.add(num_gpus, service, job_id)
+
+    def _attained(self, job_id) -> float | None:
+        """The service a job still in the system has had (the censored law's evidence); None once it is gone."""
+        job = self._snap.jobs.get(job_id) if self._snap is not None else None
+        return job.attained_at(self._snap.now) if job is not None else None
 
     def _rerank_if_changed(self) -> None:
         version = (self.model.version, self.sweeps.version)
@@ -327,8 +332,11 @@ class GmuxPolicy(PriorityPolicy):
     # ---- decisions -----------------------------------------------------------------------------------------
     def decide(self, snap, event: Event) -> list:
         self._snap = snap
-        if event.kind is EventKind.ARRIVAL and self.learn and self.sweeps.quantile > 0 and event.job_id in snap.jobs:
-            self.sweeps.join(snap.jobs[event.job_id])      # quantile 0: no sweep evidence (the ablation)
+        if event.kind is EventKind.ARRIVAL and self.learn and event.job_id in snap.jobs:
+            job = snap.jobs[event.job_id]
+            self.model.arrive(job.num_gpus, job.job_id)
+            if self.sweeps.quantile > 0:
+                self.sweeps.join(job)      # quantile 0: no sweep evidence (the ablation)
         if event.kind is EventKind.COMPLETION:
             self._learn(event, snap.now)
         self._sync(snap, event)

@@ -24,7 +24,9 @@ class GmuxLawPolicy(GmuxPolicy):
     uses_oracle = True
 
     def __init__(self, grid_per_octave: int = 2, buckets_per_octave: int = 4, **params):
-        super().__init__(grid_per_octave=grid_per_octave, buckets_per_octave=buckets_per_octave, **params)
+        # Told every size at arrival, its law has no censored members: it learns nothing from completions.
+        super().__init__(grid_per_octave=grid_per_octave, buckets_per_octave=buckets_per_octave, censored=False,
+                         **params)
 
     def decide(self, snap, event):
         if event.kind is EventKind.ARRIVAL and event.job_id in snap.jobs:
@@ -36,5 +38,5 @@ class GmuxLawPolicy(GmuxPolicy):
             self._rerank_if_changed()
         return super().decide(snap, event)
 
-    def _learn_service(self, num_gpus: int, service: float) -> None:
+    def _learn_service(self, num_gpus: int, service: float, job_id) -> None:
         """Completions teach it nothing: it already knows the law."""
