@@ -53,7 +53,7 @@ MIN_SAMPLES = 30      # fewer completions than this: not a distribution yet
 TAIL_SAMPLES = 8      # fewer samples above the attained service than this: extrapolate (20 ranked the
                       # small VCs' first weeks by extrapolation alone: 126 h against 107 h there)
 QUANTILES = 32
-WINDOW = 200          # recent completions per class that make its distribution (gmux_default.py: chosen on the
+WINDOW = 800          # recent arrivals per class that make its distribution (gmux_default.py: chosen on the
                       # tuned VCs)
 
 
