@@ -103,6 +103,25 @@ def test_the_effective_size_is_positive_and_changes_only_at_grid_points(samples,
     assert grid_floor(mid, per_octave) == grid_floor(a, per_octave) and m.effective(2, mid) == e
 
 
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.floats(1.0, 1e7), st.booleans()), min_size=MIN_SAMPLES, max_size=300),
+       st.floats(0, 1e8))
+def test_the_censored_law_answers_for_any_mix_of_finished_and_running_jobs(jobs, a):
+    """Whatever finished and whatever still runs: a positive answer, the last queue the worst of them, and the
+    model forgets a job it was never told arrived."""
+    alive = {i: v for i, (v, done) in enumerate(jobs) if not done}
+    m = ServiceModel(attained=alive.get)
+    for i in range(len(jobs)):
+        m.arrive(2, i)
+    for i, (v, done) in enumerate(jobs):
+        if done:
+            m.add(2, v, i)
+    e = m.effective(2, a)
+    assert 0 < e <= m.beyond
+    m.add(2, 1.0, len(jobs) + 1)
+    assert len(jobs) + 1 not in m._by[2].done
+
+
 @pytest.mark.parametrize("per_octave", [1, 2, 3, 4])
 def test_every_grid_point_is_its_own_floor_so_a_job_is_rekeyed_past_it(per_octave):
     """A job re-keyed exactly at a grid point must read that point's cell, or its next change would be the same
