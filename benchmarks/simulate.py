@@ -158,7 +158,8 @@ def main() -> int:
             r = curve[load][p]
             print(f"  {p:9s} {r['avg_jct_s'] / 3600:9.2f} {r['p99_jct_s'] / 3600:8.1f} {r['vs_srtf']:6.2f} "
                   f"{r['avg_queue_s'] / 3600:8.2f} {r['avg_slowed_s'] / 3600:8.2f} {r['suspends_per_job']:8.3f} "
-                  f"{100 * r['utilisation']:6.1f} {100 * r['work_utilisation']:6.1f} {r['makespan_s'] / 86400:7.1f} {r['sim_wall_s']:6.0f}")
+                  f"{100 * r['utilisation']:6.1f} {100 * r['work_utilisation']:6.1f} {r['makespan_s'] / 86400:7.1f} "
+                  f"{r['sim_wall_s']:6.0f}")
     for line in cfg.costs.summary_lines():
         print(line)
 

@@ -31,10 +31,10 @@ new jobs are ranked as short, and the long ones wait longer still.
 
 Only the most recent `window` completions (or arrivals) of a class (and of the pool) count: a cluster's job
 mix drifts (new projects, sweeps of near-identical jobs, deadlines), and a distribution of everything since the
-start answers for a workload that is gone. What it bought on Philly at x0.25 (gmux_default.py has the commands): suspends per
-job 0.31 -> 0.19 (in 6214e9, 41,226 one-GPU jobs, 0.38 -> 0.13), average JCT within noise (held-out VCs 11.25 ->
-11.19 h, tuned 8.62 -> 8.58; re-evaluating the model one completion earlier or later moves such figures by up
-to 1%). The window was chosen on the tuned VCs: of completions, 50, 100, 200 and 400 gave 8.69, 8.68, 8.58 and
+start answers for a workload that is gone. What it bought on Philly at x0.25 (gmux_default.py has the commands):
+suspends per job 0.31 -> 0.19 (in 6214e9, 41,226 one-GPU jobs, 0.38 -> 0.13), average JCT within noise (held-out
+VCs 11.25 -> 11.19 h, tuned 8.62 -> 8.58; re-evaluating the model one completion earlier or later moves such
+figures by up to 1%). The window was chosen on the tuned VCs: of completions, 50, 100, 200 and 400 gave 8.69, 8.68, 8.58 and
 8.63 h there; of arrivals for the censored law, 200, 400, 800 and 1,600 gave 8.73, 8.67, 8.57 and 8.60 h (x0.35:
 6.16, 6.08, 6.05, 6.05), so it is 800.
 
@@ -82,8 +82,8 @@ def grid_points(per_octave: int = 1) -> int:
 class _Samples:
     """One class's law: the most recent completions, or (censored) the most recent arrivals, those that finished
     known exactly and those still in the system known only to need more than they have had."""
-    __slots__ = ("values", "cohort", "done", "finished", "sorted", "wprefix", "vprefix", "tail", "evaluated_at", "added", "eff",
-                 "per_octave")
+    __slots__ = ("values", "cohort", "done", "finished", "sorted", "wprefix", "vprefix", "tail", "evaluated_at",
+                 "added", "eff", "per_octave")
 
     def __init__(self, window: int, per_octave: int = 1, censored: bool = False):
         self.per_octave = per_octave
@@ -185,7 +185,7 @@ class _Samples:
         total = sum(w for _, w in pts)
         best, done, spent = 0.0, 0.0, 0.0
         for v, w in pts:
-            # serve up to v: those finishing by then cost their service, the rest (total - done - w) cost v - a
+            # serve up to v: those finishing by then cost their service, the rest (total - done) cost v - a
             done += w
             spent += w * (v - a)
             cost = spent + (total - done) * (v - a)
@@ -248,14 +248,14 @@ class ServiceModel:
         """Effective remaining size (GPU-seconds) of a job of `num_gpus` with `attained` service, at the grid
         point below it (so it changes only when the job crosses a grid point)."""
         k = grid_floor(attained, self.per_octave)
+        known = False
         for x in (self._by.get(self.klass(num_gpus)), self._all):
             if x is not None and x.eff:
+                known = True
                 e = x.eff[k]
                 if e is not None:
                     return e
-        if any(x is not None and x.eff for x in (self._by.get(self.klass(num_gpus)), self._all)):
-            return self.beyond
-        return max(grid(k, self.per_octave), GRID0)
+        return self.beyond if known else max(grid(k, self.per_octave), GRID0)
 
     @property
     def beyond(self) -> float:

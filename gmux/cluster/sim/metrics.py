@@ -123,9 +123,9 @@ def render_table(summaries: dict[str, dict], ratios: dict[str, dict] | None = No
     table = Table(title=title or None)
     cols = [("policy", None), ("avg JCT h", "avg_jct_s"), ("p50 JCT h", "p50_jct_s"), ("p99 JCT h", "p99_jct_s"),
             ("avg queue h", "avg_queue_s"), ("slowed h", "avg_slowed_s"), ("p99 1st prog h", "p99_first_progress_s"),
-            ("makespan d", "makespan_s"),
-            ("util %", "utilisation"), ("work %", "work_utilisation"), ("suspends", "suspends"), ("packs", "packs"), ("unpacks", "unpacks"),
-            ("migr.", "migrations"), ("p99 JCT/fifo", None)]
+            ("makespan d", "makespan_s"), ("util %", "utilisation"), ("work %", "work_utilisation"),
+            ("suspends", "suspends"), ("packs", "packs"), ("unpacks", "unpacks"), ("migr.", "migrations"),
+            ("p99 JCT/fifo", None)]
     for name, _ in cols:
         table.add_column(name, justify="right" if name != "policy" else "left")
     for pol, s in summaries.items():
