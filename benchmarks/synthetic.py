@@ -28,7 +28,6 @@ sys.path.insert(0, ROOT)
 from gmux.cluster.policies import make_policy  # noqa: E402
 from gmux.cluster.sim.engine import Engine, make_machines  # noqa: E402
 from gmux.cluster.sim.metrics import summarize, write_json  # noqa: E402
-from gmux.cluster.sim.run import SimConfig  # noqa: E402
 from gmux.cluster.sim.synthetic import SHAPES, job_stream  # noqa: E402
 from gmux.cluster.sim.trace import Throughputs  # noqa: E402
 
@@ -42,10 +41,9 @@ def _run(task) -> tuple:
     tput = Throughputs(table)
     gpus = GPUS.get(shape, 64)
     stream = job_stream(shape, load, gpus, jobs, tput, seed)
-    costs = SimConfig(trace="", vcs="", throughputs=table).costs
     out = {}
     for p in POLICIES:
-        res = Engine(make_machines(gpus // 8, 8), stream, make_policy(p), tput, costs, cluster_name=shape).run()
+        res = Engine(make_machines(gpus // 8, 8), stream, make_policy(p), tput, cluster_name=shape).run()
         s = summarize([res])
         out[p] = {k: s[k] for k in ("avg_jct_s", "p99_jct_s", "suspends_per_job", "makespan_s")}
     return shape, load, seed, out

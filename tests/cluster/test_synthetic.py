@@ -8,7 +8,6 @@ from sim_harness import TRACES
 from gmux.cluster.policies import make_policy
 from gmux.cluster.sim.engine import Engine, make_machines
 from gmux.cluster.sim.metrics import summarize
-from gmux.cluster.sim.run import SimConfig
 from gmux.cluster.sim.synthetic import SHAPES, job_stream
 from gmux.cluster.sim.trace import Throughputs
 
@@ -48,7 +47,6 @@ def test_wide_jobs_of_two_typical_lengths_under_overload_do_not_sink_gmux_below_
     1.67x Tiresias' average JCT here (its 8-GPU jobs of ~72 h: 1,626 h against 646 h). With the censored law and
     the last queue in arrival order: 1.02x and 1.07x."""
     jobs = job_stream("modal", 1.1, 32, 1500, tput, seed)
-    costs = SimConfig(trace="", vcs="", throughputs=TABLE).costs
-    jct = {p: summarize([Engine(make_machines(4, 8), jobs, make_policy(p), tput, costs).run()])["avg_jct_s"]
+    jct = {p: summarize([Engine(make_machines(4, 8), jobs, make_policy(p), tput).run()])["avg_jct_s"]
            for p in ("tiresias", "gmux")}
     assert jct["gmux"] <= 1.12 * jct["tiresias"]
