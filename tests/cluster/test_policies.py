@@ -307,3 +307,24 @@ def test_a_cluster_with_no_gpu_up_places_nothing_and_does_not_fail(name, machine
                                  remaining_hint=10.0, duration_hint=10.0))
         acts = pol.decide(snap, Event(kind, job_id=2 if kind is EventKind.ARRIVAL else None))
         assert not [a for a in acts if hasattr(a, "gpus")], (name, acts)
+
+
+@pytest.mark.parametrize("last_ends_at", [1030.0, 2000.0], ids=["a GPU frees within the delay", "none frees"])
+def test_gmux_newcomer_waits_its_own_expected_run_for_a_free_gpu_before_it_suspends_anyone(table, last_ends_at):
+    # Eight 1-GPU jobs fill the machine; a 50-s job arrives at t=1000. Nothing is learned yet, so it expects a
+    # minute (GRID0) and waits that long for a GPU to free by itself: job 7's end at 1030 s serves it with no
+    # suspend; with none ending by 1060 s it displaces one then. Without the delay it displaces one at once.
+    jobs = [job(i, 0, 10_000) for i in range(7)] + [job(7, 0, last_ends_at), job(8, 1000, 50)]
+    _, res, by = run("gmux", jobs, table())
+    if last_ends_at < 1060:
+        assert first_run(by, 8) == pytest.approx(last_ends_at, abs=0.5) and res.counters["suspends"] == 0
+    else:
+        assert first_run(by, 8) == pytest.approx(1060.0, abs=1.0) and res.counters["suspends"] == 1
+    _, eager, by = run("gmux", jobs, table(), preempt_delay=0.0)
+    assert first_run(by, 8) == pytest.approx(1000.0, abs=1.0) and eager.counters["suspends"] == 1
+
+
+def test_gmux_refuses_a_negative_or_nan_preempt_delay():
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="preempt_delay"):
+            make_policy("gmux", preempt_delay=bad)

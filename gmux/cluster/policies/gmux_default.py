@@ -181,12 +181,14 @@ class GmuxPolicy(PriorityPolicy):
                  pack: bool = True, explore: bool = True, pack_margin: float = 0.1, min_run_s: float = 600.0,
                  max_pack_tries: int = 16, host_scan: int = 128, size_window: int = WINDOW,
                  sweep_gap_s: float = 1800.0, sweep_quantile: float = 0.3, idle_aware: bool = True,
-                 grid_per_octave: int = 1, censored: bool = True):
+                 grid_per_octave: int = 1, censored: bool = True, preempt_delay: float = 1.0):
         super().__init__()
         if base_gpu_s <= 0 or factor <= 1 or levels < 1 or defrag_moves < 0 or pack_margin < 0 or min_run_s < 0 \
-                or buckets_per_octave < 1 or not isinstance(grid_per_octave, int) or grid_per_octave < 1:
+                or buckets_per_octave < 1 or not isinstance(grid_per_octave, int) or grid_per_octave < 1 \
+                or not preempt_delay >= 0:
             raise ValueError("need base_gpu_s > 0, factor > 1, levels >= 1, defrag_moves >= 0, pack_margin >= 0, "
-                             "min_run_s >= 0, buckets_per_octave >= 1, grid_per_octave a whole number >= 1")
+                             "min_run_s >= 0, buckets_per_octave >= 1, grid_per_octave a whole number >= 1, "
+                             "preempt_delay >= 0")
         self.thresholds = tuple(base_gpu_s * factor ** i for i in range(levels - 1))
         self.learn = learn
         self.buckets_per_octave = buckets_per_octave
@@ -205,6 +207,7 @@ class GmuxPolicy(PriorityPolicy):
         self.sweeps = Sweeps(sweep_gap_s, sweep_quantile, size_window)
         self._snap = None
         self.idle_aware = idle_aware
+        self.preempt_delay = preempt_delay
 
     def describe(self) -> dict:
         return {"name": self.name, "learn": self.learn, "buckets_per_octave": self.buckets_per_octave,
@@ -212,7 +215,8 @@ class GmuxPolicy(PriorityPolicy):
                 "pack": self.pack, "explore": self.explore, "pack_margin": self.pack_margin,
                 "min_run_s": self.min_run_s, "size_window": self.model.window, "sweep_gap_s": self.sweeps.gap_s,
                 "sweep_quantile": self.sweeps.quantile, "idle_aware": self.idle_aware,
-                "grid_per_octave": self.model.per_octave, "censored": self.model.censored}
+                "grid_per_octave": self.model.per_octave, "censored": self.model.censored,
+                "preempt_delay": self.preempt_delay}
 
     # ---- priority ------------------------------------------------------------------------------------------
     def level(self, job, attained: float) -> int:
@@ -235,6 +239,17 @@ class GmuxPolicy(PriorityPolicy):
             return True
         held = self._effective(job, job.attained) * (n + spare) / n
         return self.running_key(victim, now)[0] > self._octave(held)
+
+    def may_preempt_at(self, job, now) -> float:
+        """A job that found no idle GPUs first waits for some to free by themselves, for `preempt_delay` times
+        its own expected run (effective size per GPU) and at most `min_run_s` (the time a victim is protected):
+        a completion elsewhere often serves it within that, and a suspend is spent only where waiting would cost
+        the job more than its own size."""
+        if not self.preempt_delay:
+            return now
+        since = max(job.submit_time, job.last_stop or 0.0)
+        run_s = self._effective(job, job.attained) / max(1, job.num_gpus)
+        return since + min(self.min_run_s, self.preempt_delay * run_s)
 
     def _effective(self, job, attained: float) -> float:
         """The learned effective remaining size, for a job whose sweep says it needs at least `bound`: the
@@ -362,7 +377,8 @@ class GmuxPolicy(PriorityPolicy):
         if self._keys:
             self._preempt(snap, plan)
             self._backfill(snap, plan)
-            if self.pack and event.kind is not EventKind.TIMER:
+            # Not at re-key timers (the busiest events); at wake-ups, for the jobs whose delay just ended.
+            if self.pack and (event.kind is not EventKind.TIMER or _is_wakeup(event)):
                 self._pack_waiting(snap, plan)
         if plan.total_idle and event.kind is not EventKind.ARRIVAL:
             # GPUs were freed and no waiting job could use them: run packed jobs alone again, put spread ones
@@ -405,8 +421,10 @@ class GmuxPolicy(PriorityPolicy):
                 break
             if jid in plan.moved:
                 continue
-            tried += 1
             job = snap.jobs[jid]
+            if self.may_preempt_at(job, snap.now) > snap.now:
+                continue                # waiting for GPUs to free, by choice: not a job that found none
+            tried += 1
             for h in hosts:
                 if h.job_id in plan.moved or len(h.gpus) != job.num_gpus or job.elastic or h.elastic:
                     continue
@@ -418,3 +436,7 @@ class GmuxPolicy(PriorityPolicy):
                 if (pr is None and self.explore) or (pr is not None and self._pays(pr)):
                     plan.pack(job, h)
                     break
+
+
+def _is_wakeup(event: Event) -> bool:
+    return isinstance(event.key, tuple) and event.key[:1] == ("wake",)

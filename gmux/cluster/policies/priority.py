@@ -216,6 +216,10 @@ class PriorityPolicy(Policy):
                 if gpus is not None:
                     plan.place(job, gpus)
                     continue
+            ready = self.may_preempt_at(job, now)
+            if ready > now:
+                self._wakeup = ready if self._wakeup is None else min(self._wakeup, ready)
+                continue
             victims, freed, q, no_more = [], plan.total_idle, used, False
             while freed < n:
                 if q == len(pool):
@@ -257,6 +261,10 @@ class PriorityPolicy(Policy):
             plan.place(job, gpus)
             # Victims not needed stay running but leave the pool's head: they were worse than this job.
             used = q
+
+    def may_preempt_at(self, job, now) -> float:
+        """From when a waiting job that finds no idle GPUs may displace running ones (here: at once)."""
+        return now
 
     def _backfill(self, snap, plan: Plan) -> None:
         """Fill idle GPUs with waiting jobs, best first, skipping those that do not fit."""
