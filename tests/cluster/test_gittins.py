@@ -161,3 +161,29 @@ def test_gmux_under_overload_suspends_no_more_than_tiresias_and_beats_it(table):
     assert out["gmux"][0] <= 2 * out["tiresias"][0]
     assert out["gmux"][1] <= 2 * out["tiresias"][1]
     assert out["gmux"][2] < out["tiresias"][2]
+
+
+def test_gmux_taking_over_jobs_in_flight_learns_from_them():
+    """A restarted gmux-scheduler hands its new policy a snapshot of jobs it never saw arrive. They join the law
+    (oldest first), so their completions teach it; before, the censored law ignored them as non-members and a
+    restarted scheduler ranked everyone by attained service until a whole window of new arrivals had passed."""
+    from gmux.cluster.policies import Event, EventKind, JobState, JobView, MachineView, Snapshot
+    pol = make_policy("gmux")
+    snap = Snapshot([MachineView(0, tuple(range(64)))], now=1000.0)
+    for i in range(60):
+        v = JobView(job_id=i, num_gpus=1, job_type="('A', 1)", submit_time=float(i), attained=900.0 + i,
+                    service_rate=1.0, updated_at=1000.0)
+        snap.add_job(v)
+        snap.set_state(v, JobState.RUNNING)
+        snap.attach(v, (i,))
+    pol.decide(snap, Event(EventKind.TICK))
+    snap.remove_job(59)                                  # killed: gone without a completion
+    pol.decide(snap, Event(EventKind.TICK))
+    assert pol.model.version == 0
+    for i in range(MIN_SAMPLES + 10):
+        snap.now += 10.0
+        snap.remove_job(i)
+        pol.decide(snap, Event(EventKind.COMPLETION, job_id=i))
+    assert pol.model.version > 0
+    learned = pol.model.effective(1, 0.0)
+    assert learned > 900.0, learned                      # a new job is expected to run about as long as they did

@@ -222,6 +222,7 @@ class GmuxPolicy(PriorityPolicy):
         self.host_scan = host_scan
         self.losing_pairs: set = set()
         self.sweeps = Sweeps(sweep_gap_s, sweep_quantile, size_window)
+        self._members: set = set()      # jobs in the system that the law and the sweeps have counted as arrived
         self._snap = None
         self.idle_aware = idle_aware
         self.preempt_delay = preempt_delay
@@ -344,6 +345,24 @@ class GmuxPolicy(PriorityPolicy):
             attained, rate, at, n = rec
             self._svc[jid] = (attained + rate * max(0.0, now - at), 0.0, now, n)
 
+    def _count_arrivals(self, snap, event: Event) -> None:
+        """Every job joins the law and the sweeps once: at its arrival, or, for jobs this policy never saw arrive
+        (gmux-scheduler restarted with jobs in flight, a policy swapped in), at the first decision that shows them,
+        oldest first. Without this a restarted scheduler's law would hold only the jobs that came after it."""
+        jobs = snap.jobs
+        if event.kind is EventKind.ARRIVAL and event.job_id in jobs and event.job_id not in self._members:
+            self._join(jobs[event.job_id])
+        if len(self._members) != len(jobs):
+            self._members &= jobs.keys()        # gone without a completion (killed, lost with a machine)
+            for job in sorted((jobs[j] for j in jobs.keys() - self._members), key=lambda j: j.submit_time):
+                self._join(job)
+
+    def _join(self, job) -> None:
+        self._members.add(job.job_id)
+        self.model.arrive(job.num_gpus, job.job_id)
+        if self.sweeps.quantile > 0:
+            self.sweeps.join(job)          # quantile 0: no sweep evidence (the ablation)
+
     def _learn(self, event: Event, now: float) -> None:
         """A completed job's service joins the distribution; a changed distribution re-ranks everyone."""
         rec = self._svc.pop(event.job_id, None)
@@ -380,12 +399,10 @@ class GmuxPolicy(PriorityPolicy):
     # ---- decisions -----------------------------------------------------------------------------------------
     def decide(self, snap, event: Event) -> list:
         self._snap = snap
-        if event.kind is EventKind.ARRIVAL and self.learn and event.job_id in snap.jobs:
-            job = snap.jobs[event.job_id]
-            self.model.arrive(job.num_gpus, job.job_id)
-            if self.sweeps.quantile > 0:
-                self.sweeps.join(job)      # quantile 0: no sweep evidence (the ablation)
+        if self.learn:
+            self._count_arrivals(snap, event)
         if event.kind is EventKind.COMPLETION:
+            self._members.discard(event.job_id)
             self._learn(event, snap.now)
         self._sync(snap, event)
         plan = Plan(snap)
