@@ -187,3 +187,17 @@ def test_gmux_taking_over_jobs_in_flight_learns_from_them():
     assert pol.model.version > 0
     learned = pol.model.effective(1, 0.0)
     assert learned > 900.0, learned                      # a new job is expected to run about as long as they did
+
+
+def test_a_job_seen_again_is_one_member_of_the_law():
+    """A job released from a hold (or back from a lost machine) arrives again: it must count once, and leave the
+    window once (twice in the window, the second departure failed and the law took in no arrival after it)."""
+    model = ServiceModel(window=MIN_SAMPLES, attained=lambda jid: None)
+    model.arrive(1, "held")
+    model.arrive(1, "held")
+    for i in range(2 * MIN_SAMPLES):
+        model.arrive(1, i)
+    for i in range(MIN_SAMPLES, 2 * MIN_SAMPLES):
+        model.add(1, 100.0, i)
+    assert model.version > 0
+    assert model.effective(1, 0.0) == pytest.approx(100.0)

@@ -74,3 +74,17 @@ def test_a_finished_sweep_is_forgotten_but_the_latest_of_a_size_stays_joinable()
     assert len(sw._ratios) == ratios and 2 not in sw._sweep and not sw._members[2]
     with pytest.raises(ValueError):
         Sweeps(-1.0, 0.3)
+
+
+def test_a_job_seen_again_stays_in_the_sweep_it_joined():
+    """Released from a hold, a job arrives again long after its sweep: it must not start a new chain (nor pull
+    the chain's last submission back to its own), or the next true sweep would not be recognised."""
+    sweeps = Sweeps(gap_s=1800.0, quantile=0.5)
+    sweeps.share = 0.5                  # as if learned: a member needs at least half its sweep's most
+    a, b = view(1, 0), view(2, 10)
+    sweeps.join(a)
+    sweeps.join(b)
+    sweeps.join(a)                      # seen again at a later decision
+    sweeps.join(view(3, 1805))          # within the gap of b, the sweep's latest submission
+    sweeps.observe(1, 5 * H)
+    assert sweeps.bound(3) == sweeps.bound(2) == 2.5 * H

@@ -100,6 +100,8 @@ class _Samples:
         self.eff: list = []          # effective remaining size at each grid point (None: extrapolate)
 
     def arrive(self, jid) -> None:
+        if jid in self.done:
+            return           # a job seen again (released from a hold, back from a lost machine) is one member
         if len(self.cohort) == self.cohort.maxlen:
             self.finished -= self.done.pop(self.cohort[0]) is not None
         self.cohort.append(jid)

@@ -184,7 +184,7 @@ import math
 from .api import Event, EventKind, Suspend
 from .gittins import GRID0, WINDOW, ServiceModel
 from .planning import Plan
-from .priority import PriorityPolicy
+from .priority import PriorityPolicy, is_wakeup
 from .sharing import consolidate, defragment_for, deshare
 from .sweeps import Sweeps
 
@@ -350,10 +350,13 @@ class GmuxPolicy(PriorityPolicy):
         (gmux-scheduler restarted with jobs in flight, a policy swapped in), at the first decision that shows them,
         oldest first. Without this a restarted scheduler's law would hold only the jobs that came after it."""
         jobs = snap.jobs
-        if event.kind is EventKind.ARRIVAL and event.job_id in jobs and event.job_id not in self._members:
-            self._join(jobs[event.job_id])
+        if event.kind is EventKind.ARRIVAL and event.job_id in jobs and event.job_id not in self._members \
+                and len(self._members) + 1 == len(jobs):
+            self._join(jobs[event.job_id])      # the usual case, without a pass over every job
+        # Counts, not membership: a job that left (held, killed) while another came in the same decision is
+        # caught at the next change of count, and a new job's own arrival event joins it before that.
         if len(self._members) != len(jobs):
-            self._members &= jobs.keys()        # gone without a completion (killed, lost with a machine)
+            self._members &= jobs.keys()
             for job in sorted((jobs[j] for j in jobs.keys() - self._members), key=lambda j: j.submit_time):
                 self._join(job)
 
@@ -411,8 +414,8 @@ class GmuxPolicy(PriorityPolicy):
         if self._keys:
             self._preempt(snap, plan)
             self._backfill(snap, plan)
-            # Not at re-key timers (the busiest events); at wake-ups, for the jobs whose delay just ended.
-            if self.pack and (event.kind is not EventKind.TIMER or _is_wakeup(event)):
+            # Not at re-key timers (the busiest events); at wake-ups, where a job's delay may have just ended.
+            if self.pack and (event.kind is not EventKind.TIMER or is_wakeup(event)):
                 self._pack_waiting(snap, plan)
         if plan.total_idle and event.kind is not EventKind.ARRIVAL:
             # GPUs were freed and no waiting job could use them: run packed jobs alone again, put spread ones
@@ -450,13 +453,13 @@ class GmuxPolicy(PriorityPolicy):
         if not hosts:
             return
         tried = 0
-        for _, jid in self._waiting:
+        for _, jid in self._waiting[: self.max_pack_tries * 4]:
             if tried >= self.max_pack_tries:
                 break
             if jid in plan.moved:
                 continue
             job = snap.jobs[jid]
-            if self.may_preempt_at(job, snap.now) > snap.now:
+            if self._still_waiting(job, snap.now):
                 continue                # waiting for GPUs to free, by choice: not a job that found none
             tried += 1
             for h in hosts:
@@ -471,6 +474,3 @@ class GmuxPolicy(PriorityPolicy):
                     plan.pack(job, h)
                     break
 
-
-def _is_wakeup(event: Event) -> bool:
-    return isinstance(event.key, tuple) and event.key[:1] == ("wake",)

@@ -20,6 +20,11 @@ from .api import Event, EventKind, Pack, Place, Policy, Resume, SetTimer, Suspen
 from .planning import Plan
 
 
+def is_wakeup(event: Event) -> bool:
+    """A timer this policy asked for to look again once a protection or a delay ends (_take_wakeups)."""
+    return event.kind is EventKind.TIMER and isinstance(event.key, tuple) and event.key[:1] == ("wake",)
+
+
 class PriorityPolicy(Policy):
     """Subclasses define waiting_key(job) (fixed while the job waits) and running_key(job, now), comparable;
     smaller is better. `rekey_at(job, now)` may return when a running job's key will next change."""
@@ -34,7 +39,7 @@ class PriorityPolicy(Policy):
         self._demand: Counter = Counter()
         self._running: list = []          # sorted [(key, job_id)], preemptive policies only
         self._rkeys: dict = {}
-        self._wakeup = None               # earliest end of a min_run_s protection seen in this decision
+        self._wakeup = None               # earliest end of a protection or a waiting job's delay, this decision
         self._armed: set = set()          # wake-up times already requested
         self._rearm: list = []            # re-key timers for running jobs re-keyed in this decision
         self._rgen: dict = {}             # job_id -> its latest start's number (re-key timers carry it)
@@ -94,7 +99,7 @@ class PriorityPolicy(Policy):
             del self._running[bisect.bisect_left(self._running, k)]
 
     def _sync(self, snap, event: Event) -> None:
-        if event.kind is EventKind.TIMER and isinstance(event.key, tuple) and event.key[0] == "wake":
+        if is_wakeup(event):
             self._armed.discard(event.key[1])
         if event.kind is EventKind.ARRIVAL and event.job_id in snap.pending and event.job_id not in self._keys:
             self._file(snap.jobs[event.job_id])
@@ -135,8 +140,9 @@ class PriorityPolicy(Policy):
         return self._record(snap, plan.actions) + self._take_wakeups()
 
     def _take_wakeups(self) -> list:
-        """A timer for the earliest moment a job protected by min_run_s becomes preemptible, if one was skipped
-        and no timer for that moment is already pending (busy clusters would otherwise pile up thousands)."""
+        """A timer for the earliest moment a job protected by min_run_s becomes preemptible, or a waiting job's
+        delay ends, if one was skipped and no timer for that moment is already pending (busy clusters would
+        otherwise pile up thousands)."""
         out, self._rearm = self._rearm, []
         w, self._wakeup = self._wakeup, None
         if w is None or w in self._armed:
@@ -208,18 +214,17 @@ class PriorityPolicy(Policy):
                 break
             if jid in plan.moved:
                 continue
-            examined += 1
             job = snap.jobs[jid]
             n = job.num_gpus
             if n <= plan.total_idle:
                 gpus = self._find(snap, plan, job)
                 if gpus is not None:
                     plan.place(job, gpus)
+                    examined += 1
                     continue
-            ready = self.may_preempt_at(job, now)
-            if ready > now:
-                self._wakeup = ready if self._wakeup is None else min(self._wakeup, ready)
+            if self._still_waiting(job, now):
                 continue
+            examined += 1
             victims, freed, q, no_more = [], plan.total_idle, used, False
             while freed < n:
                 if q == len(pool):
@@ -265,6 +270,14 @@ class PriorityPolicy(Policy):
     def may_preempt_at(self, job, now) -> float:
         """From when a waiting job that finds no idle GPUs may displace running ones (here: at once)."""
         return now
+
+    def _still_waiting(self, job, now) -> bool:
+        """Whether the job waits by choice for now (see may_preempt_at); if so, a wake-up is asked for its end."""
+        ready = self.may_preempt_at(job, now)
+        if ready <= now:
+            return False
+        self._wakeup = ready if self._wakeup is None else min(self._wakeup, ready)
+        return True
 
     def _backfill(self, snap, plan: Plan) -> None:
         """Fill idle GPUs with waiting jobs, best first, skipping those that do not fit."""

@@ -37,6 +37,8 @@ class Sweeps:
         self._added = 0
 
     def join(self, job) -> None:
+        if job.job_id in self._sweep:
+            return           # seen again (released from a hold): it stays in the sweep it joined
         last = self._last.get(job.num_gpus)
         if last is not None and job.submit_time - last[0] <= self.gap_s:
             g = last[1]

@@ -93,6 +93,7 @@ class Driver:
                         rate=min(rate, 2.0), attained=job.attained + job.gpu_seconds,
                         service_rate=float(job.gpus) if state is JobState.RUNNING else 0.0, updated_at=now,
                         first_run=job.first_run, last_start=job.since if state is JobState.RUNNING else None,
+                        last_stop=job.since if state is JobState.SUSPENDED else None,
                         mem_gib=(job.mem_peak or job.mem or 0) / (1 << 30) or None)
             snap.add_job(v)
             if state is not JobState.PENDING:
