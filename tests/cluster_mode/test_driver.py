@@ -45,6 +45,9 @@ def test_snapshot_from_tables():
     assert v.state is JobState.RUNNING and v.gpus == (1,) and v.rate == 0.5 and v.attained == 7.0
     assert snap.jobs["c2"].state is JobState.SUSPENDED and snap.jobs["c3"].state is JobState.PENDING
     assert snap.gpu_units[1] == [("c1",)] and snap.total_idle == 3
+    # when each started or stopped (gmux lets a suspended job wait a little again before it preempts)
+    assert v.last_start == jobs["c1"].since and v.last_stop is None
+    assert snap.jobs["c2"].last_stop == jobs["c2"].since and snap.jobs["c2"].last_start is None
 
 
 def test_actions_become_intents():
