@@ -169,8 +169,8 @@ the new law does worse (27.8 -> 34.1 h, still 0.49x Tiresias).
 The preemption delay (twenty-first session), found off Philly: on the synthetic heavy-tailed and sweep streams
 gmux suspended up to 5.9x as often as Tiresias, most of it a long gang suspended for each short newcomer and
 resumed minutes later. With the delay, suspends per job fell by a third to a half on every shape and load at the
-same average JCT (worst over Tiresias 5.88 -> 3.33; heavy at 1.1: 0.319 -> 0.156), and on Philly too (x0.5 0.069
--> 0.048, x0.35 0.151 -> 0.100, x0.25 0.218 -> 0.163). Its price is on Philly at x0.35: 5.32 -> 5.44 h (tuned
+same average JCT (worst over Tiresias 5.88 -> 3.20; heavy at 1.1: 0.319 -> 0.155), and on Philly too (x0.5 0.069
+-> 0.051, x0.35 0.151 -> 0.105, x0.25 0.218 -> 0.169). Its price is on Philly at x0.35: 5.32 -> 5.44 h (tuned
 6.05 -> 6.22, held out 4.92 -> 5.01; 7f04ca 75.8 -> 82 h, where a sweep of 8-GPU 4.5-h jobs now starts ten
 minutes later, is overtaken by the law and waits ~400 h); x0.25 9.57 -> 9.56, x0.5 4.06 -> 4.06. Measured and not
 kept: `preempt_delay` 0.25 and 0.5 (x0.35 5.36 and 5.36 h, x0.25 9.65 and 9.68 h; fewer suspends saved), and
