@@ -473,4 +473,3 @@ class GmuxPolicy(PriorityPolicy):
                 if (pr is None and self.explore) or (pr is not None and self._pays(pr)):
                     plan.pack(job, h)
                     break
-
