@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from gmux.cluster.policies import POLICIES
+    from gmux.cluster.policies import POLICIES, make_policy
     from gmux.cluster.sim.cluster import Costs
     from gmux.cluster.sim.engine import SimulationError
     from gmux.cluster.sim.metrics import render_table, write_json
@@ -160,6 +160,15 @@ def main(argv=None) -> int:
         parser.error(f"--params is not JSON: {e}")
     if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
         parser.error('--params must map policy names to parameter objects, e.g. {"gmux": {"min_run_s": 300}}')
+    stray = [name for name in params if name not in policies]
+    if stray:
+        parser.error(f"--params names {', '.join(map(repr, stray))}, not among the policies run "
+                     f"({', '.join(policies)})")
+    for name in policies:
+        try:
+            make_policy(name, **params.get(name, {}))     # before the trace is read: it may take minutes
+        except (ValueError, TypeError) as e:
+            parser.error(str(e))
     trace = args.trace or os.path.join(args.traces, "philly.csv")
     vcs = None if args.machines else (args.vcs or os.path.join(args.traces, "philly_vc.csv"))
     tput = args.throughputs or os.path.join(args.traces, "gavel_throughputs.json")

@@ -45,9 +45,11 @@ def test_the_distribution_follows_the_recent_completions():
         ServiceModel(window=MIN_SAMPLES - 1)
     with pytest.raises(ValueError, match="per_octave"):
         ServiceModel(per_octave=0)
-    for bad in (0, 1.5, -2):
+    for bad in (0, -2):
         with pytest.raises(ValueError, match="grid_per_octave a whole number"):
             make_policy("gmux", grid_per_octave=bad)
+    with pytest.raises(ValueError, match="'grid_per_octave' must be a whole number, got 1.5"):
+        make_policy("gmux", grid_per_octave=1.5)
 
 
 def test_without_enough_samples_it_is_las_and_classes_fall_back_to_the_pool():

@@ -100,7 +100,17 @@ def test_cli_runs_and_writes_json_and_plots(tmp_path, capsys):
                                          (["--trace", "/nonexistent/x.csv"], "no such file"),
                                          (["--machines", "-3"], "not a positive integer"),
                                          (["--params", "{nope"], "--params is not JSON"),
-                                         (["--params", '{"gmux": 3}'], "must map policy names")])
+                                         (["--params", '{"gmux": 3}'], "must map policy names"),
+                                         (["--policy", "gmux", "--params", '{"gmux": {"nope": 1}}'],
+                                          "gmux: unknown parameter 'nope'; it takes base_gpu_s,"),
+                                         (["--policy", "gmux-law", "--params", '{"gmux-law": {"pack_margin": "x"}}'],
+                                          "gmux-law: parameter 'pack_margin' must be a finite number, got 'x'"),
+                                         (["--policy", "gmux", "--params", '{"gmux": {"min_run_s": NaN}}'],
+                                          "'min_run_s' must be a finite number, got nan"),
+                                         (["--policy", "gmux", "--params", '{"gmux": {"pack": "\\u001b[31m"}}'],
+                                          "'pack' must be true or false, got '\\x1b[31m'"),
+                                         (["--policy", "tiresias", "--params", '{"tiresias": {"thresholds": 7}}'],
+                                          "'thresholds' must be a list, got 7")])
 def test_cli_rejects_bad_arguments_with_a_clear_message(tmp_path, capsys, args, needle):
     _files(tmp_path)
     with pytest.raises(SystemExit) as e:
@@ -133,8 +143,12 @@ def test_cli_runs_chosen_clusters_with_policy_parameters(tmp_path, capsys):
     assert only_b["summary"]["gmux"]["avg_jct_s"] == pytest.approx(30.0)
     assert main(["--traces", str(tmp_path), "--policy", "gmux", "--clusters", "vcC"]) == 2
     assert "no cluster vcC" in capsys.readouterr().err
-    assert main(["--traces", str(tmp_path), "--policy", "gmux", "--params", '{"gmux": {"nope": 1}}']) == 2
-    assert "nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:       # refused before the trace is read
+        main(["--traces", str(tmp_path), "--policy", "gmux", "--params", '{"gmux": {"nope": 1}}'])
+    assert e.value.code == 2 and "nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:       # parameters for a policy not run would be silently unused
+        main(["--traces", str(tmp_path), "--policy", "fifo", "--params", '{"gmux": {"min_run_s": 60}}'])
+    assert e.value.code == 2 and "'gmux', not among the policies run (fifo)" in capsys.readouterr().err
 
 
 needs_traces = pytest.mark.skipif(not os.path.isfile(os.path.join(TRACES, "philly.csv")),

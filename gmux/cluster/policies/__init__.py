@@ -4,6 +4,9 @@
 and gmux-scheduler."""
 from __future__ import annotations
 
+import inspect
+import math
+
 from .api import (Event, EventKind, Grow, JobState, JobView, MachineView, Migrate, Pack, PairRate, Place, Policy,
                   PolicyError, Resume, SetTimer, Shrink, Suspend, Unpack)
 from .fifo import FifoBackfillPolicy, FifoPolicy
@@ -23,7 +26,48 @@ def make_policy(name: str, **params) -> Policy:
         cls = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}") from None
+    _check(name, _parameters(cls), params)
     return cls(**params)
+
+
+def _parameters(cls) -> dict:
+    """Each keyword the policy's constructor takes, with its default (through `**params` handed to a base)."""
+    out: dict = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        forwards = False
+        for p in list(inspect.signature(init).parameters.values())[1:]:
+            if p.kind is p.VAR_KEYWORD:
+                forwards = True
+            elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                out.setdefault(p.name, p.default)
+        if not forwards:
+            break
+    return out
+
+
+def _check(name: str, accepted: dict, params: dict) -> None:
+    """Parameters come from users (gmux-sim --params, JSON): a wrong name or kind is named here, before the
+    constructor fails on it with a message about types."""
+    for key, value in params.items():
+        if key not in accepted:
+            raise ValueError(f"{name}: unknown parameter {key!r}; it takes {', '.join(sorted(accepted))}")
+        default = accepted[key]
+        if isinstance(default, bool):
+            ok, kind = isinstance(value, bool), "true or false"
+        elif isinstance(default, int):
+            ok, kind = isinstance(value, int) and not isinstance(value, bool), "a whole number"
+        elif isinstance(default, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            kind = "a finite number"
+        elif isinstance(default, (tuple, list)):
+            ok, kind = isinstance(value, (tuple, list)), "a list"
+        else:
+            continue
+        if not ok:
+            raise ValueError(f"{name}: parameter {key!r} must be {kind}, got {value!r}")
 
 
 __all__ = ["POLICIES", "make_policy", "Snapshot", "Policy", "PolicyError", "Event", "EventKind", "JobState",
