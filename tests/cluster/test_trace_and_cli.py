@@ -109,6 +109,8 @@ def test_cli_runs_and_writes_json_and_plots(tmp_path, capsys):
                                           "'min_run_s' must be a finite number, got nan"),
                                          (["--policy", "gmux", "--params", '{"gmux": {"pack": "\\u001b[31m"}}'],
                                           "'pack' must be true or false, got '\\x1b[31m'"),
+                                         (["--policy", "gmux-law", "--params", '{"gmux-law": {"censored": true}}'],
+                                          "gmux-law: parameter 'censored' does not apply"),
                                          (["--policy", "tiresias", "--params", '{"tiresias": {"thresholds": 7}}'],
                                           "'thresholds' must be a list, got 7")])
 def test_cli_rejects_bad_arguments_with_a_clear_message(tmp_path, capsys, args, needle):

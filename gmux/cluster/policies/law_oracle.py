@@ -25,6 +25,8 @@ class GmuxLawPolicy(GmuxPolicy):
 
     def __init__(self, grid_per_octave: int = 2, buckets_per_octave: int = 4, **params):
         # Told every size at arrival, its law has no censored members: it learns nothing from completions.
+        if "censored" in params:
+            raise ValueError("gmux-law: parameter 'censored' does not apply (it is told the law, never censored)")
         super().__init__(grid_per_octave=grid_per_octave, buckets_per_octave=buckets_per_octave, censored=False,
                          **params)
 
