@@ -246,6 +246,7 @@ class ServiceModel:
             if x.stale():
                 x.evaluate(self.attained)
                 self.version += 1
+
     def effective(self, num_gpus: int, attained: float) -> float:
         """Effective remaining size (GPU-seconds) of a job of `num_gpus` with `attained` service, at the grid
         point below it (so it changes only when the job crosses a grid point)."""

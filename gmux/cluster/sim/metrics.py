@@ -57,6 +57,7 @@ def summarize(results: list[RunResult]) -> dict:
     for r in results:
         for k, v in r.counters.items():
             c[k] = c.get(k, 0) + v
+    useful = float((t["work"] * t["gpus"]).sum())
     return {
         "jobs": int(n),
         "avg_jct_s": float(jct.mean()),
@@ -71,8 +72,8 @@ def summarize(results: list[RunResult]) -> dict:
         "makespan_s": float(span),
         "gpus": int(gpus),
         "utilisation": float(busy / (gpus * span)),
-        "work_utilisation": float((t["work"] * t["gpus"]).sum() / (gpus * span)),
-        "useful_gpu_s": float((t["work"] * t["gpus"]).sum()),
+        "work_utilisation": useful / (gpus * span),
+        "useful_gpu_s": useful,
         "busy_gpu_s": float(busy),
         "suspends": int(round(float(t["suspends"].sum()))),
         "suspends_per_job": float(t["suspends"].sum() / n),
