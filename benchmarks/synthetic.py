@@ -4,10 +4,13 @@ Five shapes (heavy-tailed one-GPU trials, exponential, two typical lengths per G
 each at offered loads 0.7, 0.95 and 1.1 of the cluster, three seeds each, 4,000 jobs; 64 GPUs (8 machines of 8),
 256 for the wide shape. Policies: FIFO with backfilling, the SRTF oracle, Tiresias and gmux (Gandiva is left out:
 its time slices make it ten times slower to simulate, and it is not what gmux must beat here). Prints, per shape
-and load, average JCT (mean over seeds), gmux over SRTF and over Tiresias (worst seed), and suspends per job;
+and load, average JCT (mean over seeds), gmux over SRTF and over Tiresias (worst seed), suspends per job, and the
+utilisation gap: the best baseline's work utilisation (the jobs' work over the capacity up to the last completion,
+as in simulate.py) over gmux's, worst seed, and the same gap for the SRTF oracle against FIFO-bf and Tiresias;
 writes benchmarks/results/synthetic.json. The last line is
 
-    synthetic: gmux_vs_tiresias_worst=<r> gmux_vs_srtf_worst=<r> suspends_vs_tiresias_worst=<r> seconds=<n>
+    synthetic: gmux_vs_tiresias_worst=<r> gmux_vs_srtf_worst=<r> suspends_vs_tiresias_worst=<r>
+               best_util_vs_gmux_worst=<r> best_util_vs_srtf_worst=<r> seconds=<n>   (one line)
 
 each the worst over every shape, load and seed.
 
@@ -45,7 +48,7 @@ def _run(task) -> tuple:
     for p in POLICIES:
         res = Engine(make_machines(gpus // 8, 8), stream, make_policy(p), tput, cluster_name=shape).run()
         s = summarize([res])
-        out[p] = {k: s[k] for k in ("avg_jct_s", "p99_jct_s", "suspends_per_job", "makespan_s")}
+        out[p] = {k: s[k] for k in ("avg_jct_s", "p99_jct_s", "suspends_per_job", "makespan_s", "work_utilisation")}
     return shape, load, seed, out
 
 
@@ -72,10 +75,19 @@ def main() -> int:
     def ratio(runs, a, b, key="avg_jct_s"):
         return max(r[a][key] / max(r[b][key], 1e-9) for r in runs)
 
-    print(f"average JCT (h, mean of {args.seeds} seeds); gmux/SRTF and gmux/Tiresias: the worst seed; "
+    def util_gap(runs, who="gmux"):
+        """The best other policy's work utilisation over `who`'s (above 1: `who` ended later), the worst seed;
+        for SRTF, the best of FIFO-bf and Tiresias: what knowing every size does to a finite stream's end."""
+        others = [p for p in POLICIES if p not in (who, "gmux")] if who != "gmux" else [p for p in POLICIES
+                                                                                       if p != "gmux"]
+        return max(max(r[p]["work_utilisation"] for p in others) / max(r[who]["work_utilisation"], 1e-9)
+                   for r in runs)
+
+    print(f"average JCT (h, mean of {args.seeds} seeds); gmux/SRTF, gmux/Tiresias and the util gaps (the best "
+          f"other policy's work utilisation over gmux's; SRTF's against FIFO-bf and Tiresias): the worst seed; "
           f"suspends per job (mean)")
     print(f"  {'shape':7s} {'load':>5s} " + " ".join(f"{p:>9s}" for p in POLICIES) +
-          f" {'/SRTF':>6s} {'/Tir.':>6s} {'susp gmux':>9s} {'susp Tir.':>9s}")
+          f" {'/SRTF':>6s} {'/Tir.':>6s} {'susp gmux':>9s} {'susp Tir.':>9s} {'util gap':>8s} {'SRTF gap':>8s}")
     rows = []
     for (sh, ld), runs in by.items():
         avg = {p: sum(r[p]["avg_jct_s"] for r in runs) / len(runs) / 3600 for p in POLICIES}
@@ -84,13 +96,17 @@ def main() -> int:
                "gmux_vs_srtf_worst": ratio(runs, "gmux", "srtf"),
                "gmux_vs_tiresias_worst": ratio(runs, "gmux", "tiresias"),
                "suspends_vs_tiresias_worst": ratio(runs, "gmux", "tiresias", "suspends_per_job"),
+               "best_util_vs_gmux_worst": util_gap(runs),
+               "best_util_vs_srtf_worst": util_gap(runs, "srtf"),
                "runs": runs}
         rows.append(row)
         print(f"  {sh:7s} {ld:5.2f} " + " ".join(f"{avg[p]:9.2f}" for p in POLICIES) +
               f" {row['gmux_vs_srtf_worst']:6.2f} {row['gmux_vs_tiresias_worst']:6.2f} "
-              f"{sus['gmux']:9.3f} {sus['tiresias']:9.3f}")
+              f"{sus['gmux']:9.3f} {sus['tiresias']:9.3f} {row['best_util_vs_gmux_worst']:8.3f} "
+              f"{row['best_util_vs_srtf_worst']:8.3f}")
     worst = {k: max(r[k] for r in rows) for k in ("gmux_vs_tiresias_worst", "gmux_vs_srtf_worst",
-                                                   "suspends_vs_tiresias_worst")}
+                                                   "suspends_vs_tiresias_worst", "best_util_vs_gmux_worst",
+                                                   "best_util_vs_srtf_worst")}
     seconds = time.perf_counter() - t0
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "synthetic.json"), {"rows": rows, "jobs": args.jobs, "seeds": args.seeds,
@@ -98,7 +114,9 @@ def main() -> int:
     print(f"wrote {os.path.join(args.out, 'synthetic.json')}")
     print(f"synthetic: gmux_vs_tiresias_worst={worst['gmux_vs_tiresias_worst']:.3f} "
           f"gmux_vs_srtf_worst={worst['gmux_vs_srtf_worst']:.3f} "
-          f"suspends_vs_tiresias_worst={worst['suspends_vs_tiresias_worst']:.2f} seconds={seconds:.0f}")
+          f"suspends_vs_tiresias_worst={worst['suspends_vs_tiresias_worst']:.2f} "
+          f"best_util_vs_gmux_worst={worst['best_util_vs_gmux_worst']:.3f} "
+          f"best_util_vs_srtf_worst={worst['best_util_vs_srtf_worst']:.3f} seconds={seconds:.0f}")
     return 0
 
 
