@@ -12,6 +12,7 @@ import time
 from datetime import datetime
 
 from gmux.cli.argtypes import fraction, nonneg, positive_int
+from gmux.util.text import printable
 
 
 def _default_traces() -> str:
@@ -198,17 +199,17 @@ def main(argv=None) -> int:
             prep.clusters = {c: prep.clusters[c] for c in keep}
         out = simulate(cfg, policies, prep, params=params)
     except (TraceError, ValueError, TypeError, SimulationError) as e:
-        print(f"gmux-sim: error: {e}", file=sys.stderr)
+        print(f"gmux-sim: error: {printable(e)}", file=sys.stderr)
         return 2
     payload = report(cfg, prep, out, baseline="fifo")
     payload["seconds"] = time.perf_counter() - t0
     if not args.quiet:
         for note in prep.notes:
-            print(f"note: {note}")
+            print(f"note: {printable(note)}")
         for line in costs.summary_lines():
             print(line)
         ratios = payload.get("jct_ratio_to_fifo", {})
-        print(render_table(payload["summary"], ratios, title=f"gmux-sim: {os.path.basename(trace)}, "
+        print(render_table(payload["summary"], ratios, title=f"gmux-sim: {printable(os.path.basename(trace))}, "
                            f"{sum(len(j) for _, j in prep.clusters.values())} jobs"), end="")
         print(f"simulated in {payload['seconds']:.1f} s")
     if args.json:

@@ -131,6 +131,23 @@ def test_cli_reports_bad_rows_and_unknown_vcs(tmp_path, capsys):
     assert json.loads((tmp_path / "r.json").read_text())["summary"]["fifo"]["jobs"] == 3
 
 
+def test_cli_shows_what_a_crafted_trace_holds_without_letting_it_drive_the_terminal(tmp_path, capsys):
+    """A trace is untrusted: its VC names, header and fields reach gmux-sim's errors, notes and table title as
+    escaped text, never as escape codes or rich markup, and a non-number is reported in gmux-sim's words."""
+    _files(tmp_path, GOOD + "2017-10-01 00:00:00,10,\x1b[2J,10,vcA\n"
+                           "2017-10-01 00:02:00,10,1,10,\x1b]0;owned\x07\n")
+    assert main(["--traces", str(tmp_path), "--policy", "fifo", "--bad-rows", "skip", "--unknown-vc", "refuse"]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "\\x1b]0;owned\\x07" in err
+    crafted = tmp_path / "[bogus]\x1b[31m.csv"
+    crafted.write_text((tmp_path / "philly.csv").read_text())
+    assert main(["--traces", str(tmp_path), "--trace", str(crafted), "--policy", "fifo", "--bad-rows", "skip",
+                 "--machines", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "num_gpus '\\x1b[2J' is not a whole number >= 0" in out
+    assert "gmux-sim: [bogus]\\x1b[31m.csv, 3 jobs" in out
+
+
 def test_cli_runs_chosen_clusters_with_policy_parameters(tmp_path, capsys):
     """A subset of the VCs gives each the result it has in a full run (they run apart); parameters reach the
     policy, and a wrong name or parameter is an error, not a silent default."""

@@ -118,10 +118,13 @@ def utilisation_series(results: list[RunResult]) -> tuple[np.ndarray, np.ndarray
 
 def render_table(summaries: dict[str, dict], ratios: dict[str, dict] | None = None, title: str = "") -> str:
     """The results as a rich table, returned as text (so callers can print or log it)."""
+    import io
+
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title or None)
+    table = Table(title=Text(title) if title else None)     # a title naming a file is not read as markup
     cols = [("policy", None), ("avg JCT h", "avg_jct_s"), ("p50 JCT h", "p50_jct_s"), ("p99 JCT h", "p99_jct_s"),
             ("avg queue h", "avg_queue_s"), ("slowed h", "avg_slowed_s"), ("p99 1st prog h", "p99_first_progress_s"),
             ("makespan d", "makespan_s"), ("util %", "utilisation"), ("work %", "work_utilisation"),
@@ -146,7 +149,7 @@ def render_table(summaries: dict[str, dict], ratios: dict[str, dict] | None = No
         rr = (ratios or {}).get(pol)
         row.append(f"{rr['p99']:.2f}" if rr else "-")
         table.add_row(*row)
-    console = Console(width=160, record=True, file=open(__import__("os").devnull, "w"))
+    console = Console(width=160, record=True, file=io.StringIO())
     console.print(table)
     return console.export_text()
 

@@ -125,6 +125,14 @@ def _resolve(path: str, header: list[str], columns: dict[str, str] | None) -> di
     return found
 
 
+def _number(text: str) -> float:
+    """A numeric field; NaN for one that is not a number, which the caller reports in its own words."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
 def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                columns: dict[str, str] | None = None) -> Trace:
     """Read a job trace CSV: Philly's (timestamp,duration,num_gpus,gpu_time,cluster), Helios' or Acme's
@@ -157,18 +165,18 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                     ts = times.parse("timestamp", row[col["submit"]])
                     if "duration" in col:
                         text = row[col["duration"]].strip()
-                        dur = float(text) if text else math.nan
+                        dur = _number(text)
                     else:
                         dur = times.parse("end_time", row[col["end"]]) - times.parse("start_time", row[col["start"]])
                     if not math.isfinite(dur) or dur < 0:
                         raise ValueError(f"duration {row[col['duration']]!r} is not a number of seconds >= 0"
                                          if "duration" in col else "end_time is before start_time")
-                    g = float(row[col["gpus"]])
+                    g = _number(row[col["gpus"]])
                     if not math.isfinite(g) or g != int(g) or g < 0:
                         raise ValueError(f"num_gpus {row[col['gpus']]!r} is not a whole number >= 0")
                     g = int(g)
                     if gpu_time is not None:
-                        gt = float(row[gpu_time])
+                        gt = _number(row[gpu_time])
                         if not math.isfinite(gt) or abs(gt - dur * g) > 1e-6 * max(1.0, gt):
                             raise ValueError(f"gpu_time {row[gpu_time]!r} != duration x num_gpus")
                     vc = row[col["vc"]].strip() if "vc" in col else ONE_VC
