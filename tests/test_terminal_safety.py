@@ -50,3 +50,23 @@ def test_log_tail_is_cut_by_bytes_on_a_character_boundary(tmp_path):
         f.write("é\n".encode() * 10)
     assert tail(str(big), 7) == "\né\né\n"
     assert tail(str(big), 8) == "\né\né\n"      # the cut fell inside an é: its second byte is dropped
+
+
+def test_daemon_logs_escape_what_a_job_chose_and_keep_tracebacks(tmp_path):
+    """gmuxd, gmux-scheduler and the cluster link log through log_to_stderr: a job's text quoted in a log line
+    (a failed command's error, an exit reason) can neither drive the terminal nor forge a log line."""
+    import subprocess
+    import sys
+    code = ("import logging, sys\n"
+            "from gmux.util.text import log_to_stderr\n"
+            "log_to_stderr('gmuxd')\n"
+            "logging.getLogger('gmux.node').warning('j1: suspend failed: %s', sys.argv[1])\n"
+            "try:\n    raise ValueError('boom')\nexcept ValueError:\n"
+            "    logging.getLogger('gmux.node').exception('tick')\n")
+    forged = HOSTILE + "\n2026-01-01 00:00:00,000 gmuxd INFO j2 admitted"
+    err = subprocess.run([sys.executable, "-c", code, forged], capture_output=True, text=True, check=True).stderr
+    first, *rest = err.splitlines()
+    assert "\x1b" not in err and "\x07" not in err and "\u202e" not in err and "\x9b" not in err
+    assert first.endswith("gmuxd WARNING j1: suspend failed: " + printable(forged))
+    assert "\\x0a2026-01-01" in first and not any("j2 admitted" in line for line in rest)
+    assert rest[1] == "Traceback (most recent call last):" and rest[-1] == "ValueError: boom"

@@ -13,6 +13,7 @@ from gmux.node.access import SystemMode
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import discover
 from gmux.util.sizes import parse_size
+from gmux.util.text import log_to_stderr
 from gmux.rundir import SYSTEM_RUNTIME_DIR, RuntimeDir, private_runtime_dir
 
 
@@ -66,8 +67,7 @@ def main(argv=None) -> int:
         p.error("--admin-group is for --system (a per-user gmuxd's admin is its user)")
     a.runtime_dir = a.runtime_dir or os.environ.get("GMUX_RUNTIME_DIR") or (
         SYSTEM_RUNTIME_DIR if a.system else private_runtime_dir())
-    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
-                        format="%(asctime)s gmuxd %(levelname)s %(message)s")
+    log_to_stderr("gmuxd", a.verbose)
     gpus = discover(a.virtual_gpus)
     driver = None
     if a.rebind_gpus and any(not g.virtual for g in gpus):

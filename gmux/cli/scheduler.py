@@ -9,6 +9,7 @@ import sys
 from gmux.wire import keys
 from gmux.cluster.policies import POLICIES
 from gmux.cluster.scheduler.service import Options, Scheduler
+from gmux.util.text import log_to_stderr
 
 
 def main(argv=None) -> int:
@@ -29,8 +30,7 @@ def main(argv=None) -> int:
                         "acts only on the jobs it submitted")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if a.verbose else logging.INFO,
-                        format="%(asctime)s gmux-scheduler %(levelname)s %(message)s")
+    log_to_stderr("gmux-scheduler", a.verbose)
     try:
         s = Scheduler(a.state, a.keys, Options(listen=a.listen, policy=a.policy, tick=a.tick,
                                                lost_after=a.lost_after, ckpt_every=a.ckpt_every or None,

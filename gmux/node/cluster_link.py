@@ -45,6 +45,7 @@ from gmux.node.cluster_starts import Starts
 from gmux.node.cluster_stream import send_files, staged, stream_ranks
 from gmux.node.warm_pool import WarmPool
 from gmux.rundir import RuntimeDir, RuntimeDirError
+from gmux.util.text import log_to_stderr
 from gmux.util.wakeup import Wakeup
 
 log = logging.getLogger("gmux.cluster_link")
@@ -486,7 +487,7 @@ def main(argv=None) -> int:
     p.add_argument("--keys", required=True, help="the cluster's key directory")
     p.add_argument("--listen", default="tcp://127.0.0.1:0", help="where checkpoints arrive from other machines")
     a = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s cluster-link %(levelname)s %(message)s")
+    log_to_stderr("cluster-link")
     try:
         link = ClusterLink(a.runtime_dir, a.name, a.scheduler, a.keys, a.listen)
     except RuntimeDirError as e:

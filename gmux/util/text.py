@@ -3,6 +3,7 @@ terminal: control and format characters are escaped, so a job cannot move the cu
 the window title or reverse the direction of the text around it."""
 from __future__ import annotations
 
+import logging
 import unicodedata
 from typing import Optional
 
@@ -41,3 +42,19 @@ def tail(path: str, max_bytes: int, lines: int = 0) -> str:
         data = data[skip:]
     text = data.decode(errors="replace")
     return "".join(text.splitlines(keepends=True)[-lines:]) if lines else text
+
+
+class _PrintableMessages(logging.Formatter):
+    """Each log line's message through `printable`, newlines included, so a job's name or exit reason quoted in a
+    daemon's log neither drives the terminal showing it nor forges a line of its own; a traceback, appended
+    after the message, keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+
+def log_to_stderr(prog: str, verbose: bool = False) -> None:
+    """A long-running program's log on stderr: time, program, level, message (escaped as above)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(_PrintableMessages(f"%(asctime)s {prog} %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
