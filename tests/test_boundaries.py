@@ -29,6 +29,9 @@ def _finish(started):
     ("gan_pair.py", [], 3, "optimizer hook", 38),             # 40 iterations; the first two teach the order of steps
     ("grad_accum.py", [], 3, "optimizer hook", 20),           # 20 updates of 4 micro-batches
     ("grad_accum.py", ["--by-hand"], 3, "module hook", 19),
+    ("shared_and_sparse.py", ["shared"], 3, "optimizer hook", 60),     # torch crashed resizing shared memory
+    ("shared_and_sparse.py", ["hogwild"], 3, "none yet", 0),            # the forked child trains: not the job
+    ("shared_and_sparse.py", ["sparse"], 3, "optimizer hook", 59),      # a report with sparse gradients raised
 ])
 def test_loop_suspended_at_its_boundaries_ends_bit_identical(script, args, every, control, expected, tmp):
     path = f"tests/scripts/{script}"
@@ -42,3 +45,20 @@ def test_loop_suspended_at_its_boundaries_ends_bit_identical(script, args, every
     assert plain_out == hooked_out
     if script == "lbfgs_timeseries.py":
         assert "closure calls that saw a boundary inside a step: 0" in hooked_out
+
+
+@pytest.mark.parametrize("tier", [["--pool", "64MiB"], ["--pool", "64MiB", "--no-native"]],
+                         ids=["native pool", "python pool"])
+def test_shared_memory_stays_shared_on_a_virtual_gpu(tier, tmp):
+    """Memory another process maps is never moved: a Hogwild child's updates reach the parent's model (a
+    suspend that re-pointed the shared parameters to the pool cut them off and the run ended with other
+    weights), and a model in shared memory trained in place ends as a plain run does."""
+    for mode in ("hogwild", "shared"):
+        path = "tests/scripts/shared_and_sparse.py"
+        plain = _start(tmp, f"plain-{mode}", path, f"{tmp}/plain-{mode}.pt", mode)
+        hooked = _start(tmp, f"hooked-{mode}", "-m", "gmux.job.run", "--cycle-every", "3", *tier, path,
+                        f"{tmp}/hooked-{mode}.pt", mode)
+        _finish(plain)
+        _, err = _finish(hooked)
+        assert SUMMARY.search(err).group(3) == ("0" if mode == "hogwild" else "20"), err
+        assert_identical(torch.load(f"{tmp}/plain-{mode}.pt"), torch.load(f"{tmp}/hooked-{mode}.pt"), mode)

@@ -19,6 +19,7 @@ import os
 import stat
 import struct
 import time
+import weakref
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
 
 import torch
@@ -63,6 +64,15 @@ class Job:
         # How the job's boundaries come (reported; `gmux ps` shows it): "explicit" for a script that attached
         # itself; transparent mode (hook.py) says "none yet", then "optimizer hook" or "module hook".
         self.control = "explicit"
+        me = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (job := me()) is not None and job._forked())
+
+    def _forked(self) -> None:
+        """In a child forked from the job (a Hogwild worker, a DataLoader worker that calls a module), its
+        boundaries are the child's own: it is not the job gmux controls, so it takes no command (suspending it
+        would move tensors it shares with its parent) and leaves the parent's connection to gmuxd alone (kept
+        referenced here, so the child never closes it)."""
+        self._parents_controller, self.controller = self.controller, LocalController()
 
     def move_to(self, device: torch.device | str) -> None:
         """Tells the runtime which device the job's state lives on (transparent mode learns it late)."""
@@ -365,7 +375,8 @@ def _device_of(tracked: TrackedState) -> torch.device:
 
 def _storage_bytes(tensors: list[torch.Tensor]) -> int:
     seen, total = set(), 0
-    for t in tensors:
+    # A sparse tensor (an Embedding(sparse=True)'s gradient) has no storage of its own: its indices and values do.
+    for t in (part for t in tensors for part in ((t._indices(), t._values()) if t.is_sparse else (t,))):
         s = t.untyped_storage()
         if s.data_ptr() not in seen:
             seen.add(s.data_ptr())

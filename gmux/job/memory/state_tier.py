@@ -153,8 +153,12 @@ class StateTier(Tier):
         device, strided = self.device, torch.strided
         ts = [t for t in tensors if t.device == device and t.layout == strided]
         storages = list(map(_storage_of, ts))
-        if 0 in map(torch.UntypedStorage.nbytes, storages):   # an empty tensor: nothing to move
-            keep = [i for i, s in enumerate(storages) if s.nbytes()]
+        # Shared memory (`model.share_memory()`, Hogwild) stays where it is: other processes map it, so a suspend
+        # would not free it, moving it would cut them off, and torch crashes resizing it. (On a GPU every
+        # storage says it is shared.)
+        shared = device.type == "cpu" and any(map(torch.UntypedStorage.is_shared, storages))
+        if shared or 0 in map(torch.UntypedStorage.nbytes, storages):   # an empty tensor: nothing to move
+            keep = [i for i, s in enumerate(storages) if s.nbytes() and not (shared and s.is_shared())]
             ts, storages = [ts[i] for i in keep], [storages[i] for i in keep]
         keys = list(map(torch.UntypedStorage.data_ptr, storages))
         # Tensors over one storage share its row: the dict keeps first-seen order, one storage object per key.
