@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from gmux.util.sizes import parse_size
+
 
 def checked(convert, noun: str, ok, wanted: str):
     """An argparse type: `convert` the text (else it is not a `noun`), then require `ok(value)` (`wanted`)."""
@@ -23,3 +25,15 @@ positive = checked(float, "a number", lambda v: v > 0, "> 0")
 nonneg_int = checked(int, "an integer", lambda v: v >= 0, "an integer >= 0")
 positive_int = checked(int, "an integer", lambda v: v >= 1, "a positive integer")
 port = checked(int, "a port number", lambda v: 1 <= v <= 65535, "a port in 1..65535")
+
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+size = checked(_size, "a size", lambda v: v >= 0, "a size")       # a size of memory ('16GiB'), in parse_size's words
+positive_size = checked(_size, "a size", lambda v: v > 0, "a size > 0")

@@ -11,7 +11,7 @@ import sys
 
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
-from gmux.util.sizes import parse_size
+from gmux.cli.argtypes import positive_size
 from gmux.cli.submit_env import submit_env
 from gmux.util.text import printable
 
@@ -45,7 +45,7 @@ def main(argv: list) -> int:
                        help="your client key's name (client.NAME in --keys)")
         if name == "submit":
             s.add_argument("--name")
-            s.add_argument("--mem", type=parse_size)
+            s.add_argument("--mem", type=positive_size)
             s.add_argument("--weight", type=float, default=1.0)
             s.add_argument("--ckpt-every", type=float, help="periodic checkpoint interval, seconds")
             s.add_argument("--ranks", type=int, default=1,

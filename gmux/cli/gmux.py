@@ -7,10 +7,10 @@ import os
 import sys
 import time
 
+from gmux.protocol import ProtocolError
 from gmux.wire.daemon_client import Client, GmuxError
-from gmux.util.sizes import parse_size
 from gmux.rundir import default_runtime_dir
-from gmux.cli.argtypes import positive_int
+from gmux.cli.argtypes import nonneg_int, positive, positive_int, positive_size
 from gmux.cli.submit_env import submit_env
 from gmux.util.text import printable
 
@@ -53,8 +53,8 @@ def main(argv=None) -> int:
     s.add_argument("--limit", type=positive_int, help="list at most N jobs: the live ones first, then the newest "
                                                       "ended (default 100)")
     s = sub.add_parser("top", help="the jobs table, live")
-    s.add_argument("--interval", type=float, default=1.0)
-    s.add_argument("--count", type=int, default=0, help="stop after this many refreshes (0: never)")
+    s.add_argument("--interval", type=positive, default=1.0, help="seconds between refreshes (default 1)")
+    s.add_argument("--count", type=nonneg_int, default=0, help="stop after this many refreshes (0: never)")
     for name, helptext in (("suspend", "suspend a job at its next boundary and keep it suspended"),
                            ("resume", "let a suspended job run again in its turn"),
                            ("kill", "kill a job (SIGKILL); its share of the GPU is freed")):
@@ -64,34 +64,34 @@ def main(argv=None) -> int:
     s = sub.add_parser("migrate", help="move a job to another GPU at its next boundary (between virtual GPUs in "
                                        "its own process; between real GPUs by checkpoint and a new process)")
     s.add_argument("job")
-    s.add_argument("--gpu", type=int, required=True)
+    s.add_argument("--gpu", type=nonneg_int, required=True)
     s.add_argument("--new-process", action="store_true",
                    help="checkpoint and restore in a new process even between virtual GPUs (as on real GPUs)")
     s = sub.add_parser("logs", help="output of a submitted job")
     s.add_argument("job")
-    s.add_argument("--tail", type=int, default=0)
+    s.add_argument("--tail", type=nonneg_int, default=0, help="only the last N lines (0: all)")
     s.add_argument("--raw", action="store_true", help="the output as the job wrote it, escape sequences included "
                                                       "(default: control characters are shown escaped)")
     s = sub.add_parser("submit", help="have gmuxd start and supervise a job: gmux submit [opts] -- python train.py")
-    s.add_argument("--mem", type=parse_size)
-    s.add_argument("--weight", type=float, default=1.0)
+    s.add_argument("--mem", type=positive_size)
+    s.add_argument("--weight", type=positive, default=1.0)
     s.add_argument("--name")
-    s.add_argument("--gpu", type=int, help="run on this GPU (default: gmuxd places the job)")
-    s.add_argument("--gpus", type=int, default=1, help="GPUs the process uses, given to it exclusively (default 1)")
-    s.add_argument("--ranks", type=int, help="start N ranks of a torch.distributed job, each on a GPU of its own, "
+    s.add_argument("--gpu", type=nonneg_int, help="run on this GPU (default: gmuxd places the job)")
+    s.add_argument("--gpus", type=positive_int, default=1, help="GPUs the process uses, given to it exclusively (default 1)")
+    s.add_argument("--ranks", type=positive_int, help="start N ranks of a torch.distributed job, each on a GPU of its own, "
                                              "with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set")
     s.add_argument("--no-hook", dest="hook", action="store_false",
                    help="the script calls gmux.job.attach() itself (explicit mode: it can be moved between GPUs)")
     s.add_argument("argv", nargs=argparse.REMAINDER)
     s = sub.add_parser("decisions", help="time-slicing, packing and migration decisions, with their numbers")
-    s.add_argument("--limit", type=int, default=50)
+    s.add_argument("--limit", type=positive_int, default=50)
     s = sub.add_parser("shutdown", help="stop gmuxd (jobs keep running unless --kill-jobs)")
     s.add_argument("--kill-jobs", action="store_true")
     sub.add_parser("ping", help="is gmuxd there?")
     a = p.parse_args(argv)
     try:
         return run(a)
-    except GmuxError as e:
+    except (GmuxError, ProtocolError) as e:    # ProtocolError: a value the wire format refuses, before sending
         print(f"gmux: {printable(e)}", file=sys.stderr)
         return 1
 

@@ -8,12 +8,11 @@ import os
 import signal
 import sys
 
-from gmux.cli.argtypes import nonneg, nonneg_int, port, positive, positive_int
+from gmux.cli.argtypes import nonneg, nonneg_int, port, positive, positive_int, size
 from gmux.node.access import SystemMode
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import discover
-from gmux.util.sizes import parse_size
-from gmux.util.text import log_to_stderr
+from gmux.util.text import log_to_stderr, printable
 from gmux.rundir import SYSTEM_RUNTIME_DIR, RuntimeDir, private_runtime_dir
 
 
@@ -33,7 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--virtual-gpus", help="e.g. 2x16GiB: virtual GPUs (jobs compute on the CPU); automatic "
                                           "when NVML finds no GPU")
     p.add_argument("--quantum", type=positive, default=60.0, help="time-slice quantum in seconds (default 60)")
-    p.add_argument("--host-budget", type=parse_size, default="8GiB",
+    p.add_argument("--host-budget", type=size, default="8GiB",
                    help="host RAM for suspended jobs' state; beyond it state spills to disk (default 8GiB)")
     p.add_argument("--no-pack", dest="pack", action="store_false", help="never pack jobs; only time-slice")
     p.add_argument("--pack-margin", type=nonneg, default=0.1, help="keep a pack if sum of packed/solo rates > 1+margin")
@@ -68,7 +67,10 @@ def main(argv=None) -> int:
     a.runtime_dir = a.runtime_dir or os.environ.get("GMUX_RUNTIME_DIR") or (
         SYSTEM_RUNTIME_DIR if a.system else private_runtime_dir())
     log_to_stderr("gmuxd", a.verbose)
-    gpus = discover(a.virtual_gpus)
+    try:
+        gpus = discover(a.virtual_gpus)
+    except ValueError as e:
+        p.error(f"--virtual-gpus {printable(e)}")
     driver = None
     if a.rebind_gpus and any(not g.virtual for g in gpus):
         from gmux.node.cuda_rebind import CudaDriver, Unavailable

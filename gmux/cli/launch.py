@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from gmux.util.sizes import parse_size
+from gmux.cli.argtypes import positive_size
 from gmux.job import torchrun
 from gmux.job.launch import LaunchOptions, run
 from gmux.rundir import default_runtime_dir
@@ -22,7 +22,7 @@ def main(argv=None) -> int:
         return 2
     split = argv.index("--")
     p = argparse.ArgumentParser(prog="gmux-launch", description="Run an unmodified training script as a gmux job.")
-    p.add_argument("--mem", type=parse_size, help="GPU memory the job needs (e.g. 6GiB), and its limit: an "
+    p.add_argument("--mem", type=positive_size, help="GPU memory the job needs (e.g. 6GiB), and its limit: an "
                                                   "allocation past it fails with an out-of-memory error; default: "
                                                   "measured, no limit")
     p.add_argument("--mem-soft", action="store_true", help="--mem declares the job's size for admission only: "

@@ -133,13 +133,15 @@ class AdminHandlers:
             slicer.hold(m.id, to_boundary=bool(req.msg.get("to_boundary")), in_place=bool(req.msg.get("in_place")))
             if (m.id in slicer.resident and not slicer.is_kept(m.id)) or slicer.busy_with(m.id) == "resume":
                 busy.append(m.id)
+        # Waiting before the switch below: it may already settle the request (a job that has not acknowledged
+        # its start is stopped at once).
+        reply = (node.commands.defer(busy, "suspend", req, job.id) if busy else
+                 {"job": job.id, "state": "held", "latency_s": 0.0, "jobs": [m.id for m in unit]})
         # The command leaves now, not after the rest of this batch of messages and the tick's other work: the
         # job sees it at its next boundary, and each boundary missed costs the requester a whole mini-batch.
         for gpu in {m.gpu for m in unit if m.gpu is not None}:
             node.switch(node.slicers[gpu], time.monotonic())
-        if busy:
-            return node.commands.defer(busy, "suspend", req, job.id)
-        return {"job": job.id, "state": "held", "latency_s": 0.0, "jobs": [m.id for m in unit]}
+        return reply
 
     def resume(self, req: Request):
         node, job = self.node, self._target(req)

@@ -24,7 +24,10 @@ def parse_virtual_gpus(spec: str) -> list[int]:
         count = int(m.group(1) or 1)
         if not 1 <= count <= 64:
             raise ValueError(f"{spec!r}: between 1 and 64 virtual GPUs")
-        sizes += [parse_size(m.group(2))] * count
+        size = parse_size(m.group(2))
+        if size < 1 << 20:
+            raise ValueError(f"{spec!r}: a virtual GPU has at least 1MiB of memory")
+        sizes += [size] * count
     return sizes
 
 

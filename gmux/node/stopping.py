@@ -59,7 +59,7 @@ class Stopping:
                 f"; it keeps {format_size(numbers['mem'])} on the GPU"
                 + (f", beside which {', '.join(others)} run" if others else ""))
         node.decide(slicer.gpu, "stop", [job.id], {**numbers, "outside": outside}, text)
-        node.commands.settle(job.id, slicer.busy_with(job.id) or "suspend", True, text, numbers)
+        self._settle(slicer, job, True, text, numbers)
 
     def _late(self, slicer: Slicer, job: Job, now: float) -> None:
         numbers = self._numbers(slicer, job, now)
@@ -75,7 +75,14 @@ class Stopping:
         text = (f"GPU {slicer.gpu}: {job.id} {self._why(slicer, job, now)}: not stopped, because {why}; "
                 f"its {slicer.busy_with(job.id)} waits for its next boundary")
         self.node.decide(slicer.gpu, "late", [job.id], numbers, text)
-        self.node.commands.settle(job.id, slicer.busy_with(job.id) or "suspend", False, text, numbers)
+        self._settle(slicer, job, False, text, numbers)
+
+    def _settle(self, slicer: Slicer, job: Job, stopped: bool, text: str, numbers: dict) -> None:
+        """Who waits on the missed command hears what was done; so does a user's suspend of a held job, which
+        waits behind a command the job has not acknowledged yet (its first resume, in a job still starting up)."""
+        kinds = {slicer.busy_with(job.id) or "suspend"} | ({"suspend"} if job.held else set())
+        for kind in kinds:
+            self.node.commands.settle(job.id, kind, stopped, text, numbers)
 
     def _why(self, slicer: Slicer, job: Job, now: float) -> str:
         e = slicer.entries[job.id]

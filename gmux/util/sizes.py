@@ -13,7 +13,10 @@ def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"{text!r} is not a size; write e.g. 512MiB, 16GiB or 2000000000")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not value < 1 << 64:    # also refuses inf, which int() would raise OverflowError on
+        raise ValueError(f"{text!r} is more memory than any machine has")
+    return int(value)
 
 
 def format_size(n: Optional[int]) -> str:

@@ -71,3 +71,34 @@ def test_cli_controls_a_submitted_job_and_metrics(node_factory, tmp_path):
     assert top.returncode == 0 and json.loads(top.stdout.splitlines()[-1])["jobs"][0]["id"] == job
     dec = json.loads(gmux(node.rt, "--json", "decisions").stdout)["decisions"]
     assert any(d["kind"] == "end" and d["jobs"] == [job] for d in dec)
+
+
+CARELESS = [  # (arguments, what the one-line refusal says)
+    (["kill", ""], "kill.job: '' is not a valid name"),
+    (["logs", "\x1b[31mRED"], "logs.job: '\\x1b[31mRED' is not a valid name"),
+    (["suspend", "[/bogus]"], "suspend.job: '[/bogus]' is not a valid name"),
+    (["submit", "--name", "", "--", "python", "x.py"], "submit.name: '' is not a valid name"),
+    (["submit", "--ranks", "100", "--", "python", "x.py"], "submit.ranks: 100 is outside [1, 64]"),
+    (["ps", "--limit", "99999999999999999999"], "ps.limit: 99999999999999999999 is outside"),
+    (["submit", "--mem", "0", "--", "python", "x.py"], "--mem: 0 is not a size > 0"),
+    (["submit", "--mem", "9" * 400, "--", "python", "x.py"], "is more memory than any machine has"),
+    (["submit", "--weight", "nan", "--", "python", "x.py"], "--weight: nan is not > 0"),
+    (["submit", "--gpu", "-1", "--", "python", "x.py"], "--gpu: -1 is not an integer >= 0"),
+    (["top", "--interval", "nan"], "--interval: nan is not > 0"),
+    (["logs", "j1", "--tail", "-5"], "--tail: -5 is not an integer >= 0"),
+    (["decisions", "--limit", "-1"], "--limit: -1 is not a positive integer"),
+]
+
+
+def test_careless_arguments_get_one_line_that_names_the_problem(node_factory, tmp_path):
+    """Values the wire format refuses used to reach the user as a ProtocolError traceback, and numbers argparse
+    let through as a traceback from deep inside (time.sleep, int(inf)); each is now one line, exit 1 or 2."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    for args, needle in CARELESS:
+        out = gmux(node.rt, *args, timeout=30)
+        assert out.returncode in (1, 2) and "Traceback" not in out.stderr, (args, out.stderr)
+        assert needle in out.stderr and "\x1b" not in out.stderr, (args, out.stderr)
+    for spec, needle in (("1x0", "at least 1MiB"), ("2x", "is not a size"), ("9" * 400 + "GiB", "more memory")):
+        out = subprocess.run([PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", str(tmp_path / "bad"), "--virtual-gpus",
+                              spec], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr

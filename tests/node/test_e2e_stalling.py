@@ -137,3 +137,21 @@ def test_a_job_without_boundaries_is_time_sliced_by_stop_and_continue(node_facto
     check_culprit(node, ids["x"], ["no mini-batch boundary since it started", "memory cannot be freed"])
     procs["x"].kill()
     finish(ref, procs, tmp_path, "ab")
+
+
+def test_a_users_suspend_of_a_job_without_boundaries_is_answered_with_the_stop(node_factory, tmp_path):
+    """`gmux suspend` of a job that has not acknowledged its start (no boundary yet) waited the full 120 s for an
+    acknowledgement and then failed, although gmuxd had SIGSTOPped the job at once: the stop is the answer."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    proc = node.launch(SPIN)
+    job = node.job_of(proc.pid)
+    time.sleep(2.5)                 # past the 1 s deadline of its first resume: a suspend now stops it at once
+    t0 = time.monotonic()
+    reply = node.call("suspend", job=job)
+    assert time.monotonic() - t0 < 10, reply
+    assert reply["kind"] == "stop" and "no mini-batch boundary since it started" in reply["detail"], reply
+    assert open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T"    # stopped
+    node.call("resume", job=job)
+    node.wait_for(lambda: open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] in "RS", 10,
+                  "the job continued after gmux resume")
+    proc.kill()
