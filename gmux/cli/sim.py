@@ -11,7 +11,7 @@ import sys
 import time
 from datetime import datetime
 
-from gmux.cli.argtypes import fraction, nonneg, positive_int
+from gmux.cli.argtypes import fraction, nonneg, nonneg_int, positive_int
 from gmux.util.text import printable
 
 
@@ -58,6 +58,30 @@ def _duration(text: str):
 
 
 
+def _path(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return text
+
+
+def _unwritable(json_path: str | None, plots: str | None) -> str | None:
+    """Why the results could not be written where asked, found before a run that may take minutes: the
+    directories they go into are made now."""
+    for flag, path, directory in (("--json", json_path, False), ("--plots", plots, True)):
+        if path is None:
+            continue
+        if os.path.exists(path) and os.path.isdir(path) != directory:
+            return f"{flag} {path}: " + ("not a directory" if directory else "a directory (give a file name)")
+        where = path if directory else os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(where, exist_ok=True)
+        except OSError as e:
+            return f"{flag} {path}: cannot make {where} ({e.strerror or e})"
+        if not os.access(where, os.W_OK | os.X_OK):
+            return f"{flag} {path}: cannot write into {where}"
+    return None
+
+
 def _columns(text: str) -> dict:
     from gmux.cluster.sim.trace import COLUMNS
     out = {}
@@ -82,9 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("inputs")
     g.add_argument("--traces", default=_default_traces(), metavar="DIR",
                    help="directory holding philly.csv, philly_vc.csv, gavel_throughputs.json (default: %(default)s)")
-    g.add_argument("--trace", metavar="CSV", help="job trace (default: DIR/philly.csv)")
-    g.add_argument("--vcs", metavar="CSV", help="VC layout, vc,node num (default: DIR/philly_vc.csv)")
-    g.add_argument("--throughputs", metavar="JSON", help="Gavel throughput table (default: DIR/gavel_throughputs.json)")
+    g.add_argument("--trace", type=_path, metavar="CSV", help="job trace (default: DIR/philly.csv)")
+    g.add_argument("--vcs", type=_path, metavar="CSV", help="VC layout, vc,node num (default: DIR/philly_vc.csv)")
+    g.add_argument("--throughputs", type=_path, metavar="JSON",
+                   help="Gavel throughput table (default: DIR/gavel_throughputs.json)")
     g.add_argument("--columns", type=_columns, metavar="MEANING=COLUMN[,...]",
                    help="the trace's columns where their names are not ones gmux-sim knows; meanings: submit, "
                         "duration, gpus, vc, start, end (duration may come from start and end)")
@@ -117,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--start", type=_duration, metavar="T", help="only jobs submitted at or after T")
     g.add_argument("--end", type=_duration, metavar="T", help="only jobs submitted before T")
     g.add_argument("--sample", type=fraction, metavar="F", help="keep a seeded fraction F of the jobs")
-    g.add_argument("--seed", type=int, default=0, help="seed for job types and sampling (default: %(default)s)")
+    g.add_argument("--seed", type=nonneg_int, default=0, help="seed for job types and sampling (default: %(default)s)")
     g = p.add_argument_group("costs (seconds; see gmux/cluster/sim/costs.py for where each default comes from)")
     g.add_argument("--suspend-s", type=nonneg, default=None,
                    help="flat copy-out time of every suspend (default: per job type, from the cost model)")
@@ -128,8 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quantum-s", type=nonneg, default=d.quantum_s, help="time slice (default: %(default)s)")
     g.add_argument("--measure-s", type=nonneg, default=d.measure_s, help="pack measurement window (default: %(default)s)")
     g = p.add_argument_group("output")
-    g.add_argument("--json", metavar="PATH", help="write results as JSON")
-    g.add_argument("--plots", metavar="DIR", help="write jct_cdf.png and utilisation.png into DIR")
+    g.add_argument("--json", type=_path, metavar="PATH", help="write results as JSON")
+    g.add_argument("--plots", type=_path, metavar="DIR", help="write jct_cdf.png and utilisation.png into DIR")
     g.add_argument("--workers", type=positive_int, default=1, help="worker processes (default: %(default)s)")
     g.add_argument("--quiet", action="store_true", help="no table, only errors")
     return p
@@ -173,10 +198,16 @@ def main(argv=None) -> int:
     trace = args.trace or os.path.join(args.traces, "philly.csv")
     vcs = None if args.machines else (args.vcs or os.path.join(args.traces, "philly_vc.csv"))
     tput = args.throughputs or os.path.join(args.traces, "gavel_throughputs.json")
-    for label, path in (("trace", trace), ("VC layout", vcs), ("throughput table", tput)):
+    for label, path, hint in (("trace", trace, "--traces DIR or --trace FILE"),
+                              ("VC layout", vcs, "--traces DIR, --vcs FILE or --machines N"),
+                              ("throughput table", tput, "--traces DIR or --throughputs FILE")):
         if path is not None and not os.path.isfile(path):
-            parser.error(f"{label} {path}: no such file (use --traces DIR or --{label.split()[0]} ...)"
-                         if label != "throughput table" else f"{label} {path}: no such file (use --throughputs)")
+            what = "a directory" if os.path.isdir(path) else "not a regular file" if os.path.exists(path) else \
+                "no such file"
+            parser.error(printable(f"{label} {path}: {what} (use {hint})"))
+    unwritable = _unwritable(args.json, args.plots)
+    if unwritable:
+        parser.error(printable(unwritable))
     try:
         costs = Costs(suspend_s=args.suspend_s, resume_s=args.resume_s, migrate_s=args.migrate_s,
                       quantum_s=args.quantum_s, measure_s=args.measure_s, copy_gbps=args.copy_gbps)

@@ -46,6 +46,34 @@ def test_unusable_trace_files_are_refused(tmp_path, content, problem):
         load_trace(str(tmp_path / "t.csv"))
 
 
+def test_times_no_date_can_show_and_files_that_cannot_be_read_are_refused_by_name(tmp_path):
+    (tmp_path / "t.csv").write_text("timestamp,duration,num_gpus,cluster\n1e300,10,1,a\n-1e18,10,1,a\n5,10,1,a\n")
+    with pytest.raises(TraceError) as e:
+        load_trace(str(tmp_path / "t.csv"))
+    assert "line 2: timestamp '1e300' is not a time between the years 1 and 9999" in str(e.value)
+    assert "line 3: timestamp '-1e18'" in str(e.value)
+    for read in (load_trace, load_vcs, Throughputs):
+        with pytest.raises(TraceError, match="/proc/self/mem: cannot be read"):
+            read("/proc/self/mem")
+
+
+def test_utilisation_series_stays_small_and_adds_up_however_long_the_jobs(tmp_path):
+    """A job of 1e11 s made the engine keep an entry per hour (gigabytes, minutes); now it keeps one per
+    change of the busy count, and the plotted series is coarsened to at most 10,000 buckets."""
+    from gmux.cluster.policies import make_policy
+    from gmux.cluster.sim.engine import Engine, make_machines
+    from gmux.cluster.sim.metrics import utilisation_series
+    from gmux.cluster.sim.trace import TraceJob
+    _files(tmp_path)
+    tput = Throughputs(str(tmp_path / "gavel_throughputs.json"))
+    jobs = [TraceJob(0, 2, 0.0, 1e11, 1, "a", "A"), TraceJob(1, 3, 50.0, 7200.0, 2, "a", "B")]
+    r = Engine(make_machines(1, 8), jobs, make_policy("fifo"), tput).run()
+    assert len(r.busy_steps) <= 4 and r.end == 1e11
+    hours, busy = utilisation_series([r])
+    assert len(hours) <= 10_000 and hours[1] - hours[0] > 1
+    assert busy.sum() * (hours[1] - hours[0]) * 3600 * 8 == pytest.approx(r.busy_gpu_s, rel=1e-9)
+
+
 def test_vc_and_throughput_files_are_validated(tmp_path):
     (tmp_path / "v.csv").write_text("vc,node num\nx,zero\n")
     with pytest.raises(TraceError, match="line 2"):
@@ -98,6 +126,11 @@ def test_cli_runs_and_writes_json_and_plots(tmp_path, capsys):
                                          (["--sample", "0"], "not in (0, 1]"),
                                          (["--end", "tomorrow"], "neither an offset"),
                                          (["--trace", "/nonexistent/x.csv"], "no such file"),
+                                         (["--trace", ""], "--trace: an empty path"),
+                                         (["--trace", "."], "trace .: a directory"),
+                                         (["--json", "."], "--json .: a directory (give a file name)"),
+                                         (["--json", "/proc/nope/r.json"], "cannot make /proc/nope"),
+                                         (["--seed", "-1"], "--seed: -1 is not an integer >= 0"),
                                          (["--machines", "-3"], "not a positive integer"),
                                          (["--params", "{nope"], "--params is not JSON"),
                                          (["--params", '{"gmux": 3}'], "must map policy names"),

@@ -38,8 +38,8 @@ class RunResult:
     busy_gpu_s: float = 0.0
     start: float = 0.0               # first submission
     end: float = 0.0                 # last completion (timers left over after it do not count)
-    util_bucket_s: float = 3600.0
-    util: dict = field(default_factory=dict)          # bucket index -> busy GPU-seconds in that bucket
+    # (time, busy GPUs from then on), at each change: as many entries as events, however long the jobs run
+    busy_steps: list = field(default_factory=list)
     decisions: int = 0
     decide_s: float = 0.0
 
@@ -53,7 +53,7 @@ def make_machines(n_machines: int, gpus_per_machine: int = 8, gpu_mem_gib: float
 class Engine:
     def __init__(self, machines: list[MachineView], jobs: list[TraceJob], policy, tput: Throughputs,
                  costs: Costs | None = None, cluster_name: str = "cluster", check: bool = False,
-                 util_bucket_s: float = 3600.0, on_event=None, timer_fn=None):
+                 on_event=None, timer_fn=None):
         self.snap = Snapshot(machines)
         self.costs = costs or Costs()
         self.cluster = SimCluster(self.snap, tput, self.costs)
@@ -77,8 +77,7 @@ class Engine:
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
-        self.result = RunResult(policy=policy.name, cluster=cluster_name, num_gpus=self.snap.total_gpus,
-                                util_bucket_s=util_bucket_s)
+        self.result = RunResult(policy=policy.name, cluster=cluster_name, num_gpus=self.snap.total_gpus)
         self._same = 0
         self.completed: set = set()
 
@@ -102,16 +101,10 @@ class Engine:
             return
         self._same = 0
         busy = self.snap.total_gpus - self.snap.total_idle
-        if busy:
-            r = self.result
-            r.busy_gpu_s += busy * (t - self.now)
-            b = r.util_bucket_s
-            a = self.now
-            while a < t:
-                k = int(a // b)
-                edge = min(t, (k + 1) * b)
-                r.util[k] = r.util.get(k, 0.0) + busy * (edge - a)
-                a = edge
+        r = self.result
+        r.busy_gpu_s += busy * (t - self.now)
+        if (r.busy_steps[-1][1] if r.busy_steps else 0) != busy:
+            r.busy_steps.append((self.now, busy))
         self.now = t
         self.snap.now = t
 

@@ -102,18 +102,25 @@ def jct_ratio(results: list[RunResult], baseline: list[RunResult]) -> dict:
             "max": float(r.max()), "over_2": int((r > 2).sum())}
 
 
-def utilisation_series(results: list[RunResult]) -> tuple[np.ndarray, np.ndarray]:
-    """(hours since the first submission, fraction of all clusters' GPUs busy) per bucket."""
-    if not results:
+def utilisation_series(results: list[RunResult], max_points: int = 10_000) -> tuple[np.ndarray, np.ndarray]:
+    """(hours since the first submission, fraction of all clusters' GPUs busy) per bucket: an hour, or as many
+    whole hours as keep the series within `max_points` (a trace that spans centuries still plots)."""
+    end = max((r.end for r in results), default=0.0)
+    if end <= 0:
         return np.zeros(0), np.zeros(0)
-    b = results[0].util_bucket_s
-    gpus = sum(r.num_gpus for r in results)
-    last = max((max(r.util) if r.util else 0) for r in results)
-    busy = np.zeros(last + 1)
+    b = 3600.0 * max(1, math.ceil(end / 3600.0 / max_points))
+    edges = np.arange(math.ceil(end / b) + 1) * b
+    busy = np.zeros(len(edges) - 1)
     for r in results:
-        for k, v in r.util.items():
-            busy[k] += v
-    return np.arange(last + 1) * b / 3600.0, busy / (gpus * b)
+        if r.busy_steps:
+            t, level = (np.array(x, dtype=float) for x in zip(*r.busy_steps))
+            # busy GPU-seconds up to each change point, then up to each bucket edge
+            done = np.concatenate(([0.0], np.cumsum(level[:-1] * np.diff(t))))
+            x = np.minimum(edges, r.end)      # nothing runs after the last completion
+            i = np.searchsorted(t, x, side="right") - 1
+            at_edges = np.where(i >= 0, done[i.clip(0)] + level[i.clip(0)] * (x - t[i.clip(0)]), 0.0)
+            busy += np.diff(at_edges)
+    return edges[:-1] / 3600.0, busy / (sum(r.num_gpus for r in results) * b)
 
 
 def render_table(summaries: dict[str, dict], ratios: dict[str, dict] | None = None, title: str = "") -> str:

@@ -66,6 +66,8 @@ COLUMNS = {
     "end": ("end_time",),
 }
 ONE_VC = "all"      # the VC of every job of a trace without a VC column
+# the times a datetime can show (a trace's origin is one)
+EARLIEST, LATEST = (datetime(*ymd, tzinfo=timezone.utc).timestamp() for ymd in ((1, 1, 2), (9999, 12, 31)))
 
 
 class _Times:
@@ -93,8 +95,8 @@ class _Times:
         elif numeric != self.numeric:
             raise ValueError(f"{what} {text!r} is {'seconds' if numeric else 'a date'}, the trace's first row "
                              f"{'seconds' if self.numeric else 'a date'}")
-        if not math.isfinite(value):
-            raise ValueError(f"{what} {text!r} is not a finite time")
+        if not EARLIEST <= value <= LATEST:
+            raise ValueError(f"{what} {text!r} is not a time between the years 1 and 9999")
         return value
 
 
@@ -189,10 +191,8 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                     skipped["no GPU" if g == 0 else "never ran"] += 1
                     continue
                 rows.append((line, ts, dur, g, vc))
-    except UnicodeDecodeError as e:
-        raise TraceError(f"{path}: not a text CSV file ({e})") from None
-    except csv.Error as e:
-        raise TraceError(f"{path}: malformed CSV ({e})") from None
+    except (UnicodeDecodeError, csv.Error, OSError) as e:
+        raise _unreadable(path, e) from None
     if bad and bad_rows == "refuse":
         shown = "; ".join(f"line {ln}: {msg}" for ln, msg in bad[:max_report])
         more = f" (and {len(bad) - max_report} more)" if len(bad) > max_report else ""
@@ -207,10 +207,25 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
     return Trace(jobs=jobs, origin=origin, path=path, bad_rows=bad, skipped={k: n for k, n in skipped.items() if n})
 
 
+def _unreadable(path: str, e: Exception) -> TraceError:
+    if isinstance(e, UnicodeDecodeError):
+        return TraceError(f"{path}: not a text file ({e})")
+    if isinstance(e, csv.Error):
+        return TraceError(f"{path}: malformed CSV ({e})")
+    return TraceError(f"{path}: cannot be read ({e.strerror or e})")
+
+
 def load_vcs(path: str) -> dict[str, int]:
     """Read philly_vc.csv (vc,node num) -> {vc: machines}."""
     if not os.path.isfile(path):
         raise TraceError(f"{path}: no such VC layout file")
+    try:
+        return _read_vcs(path)
+    except (UnicodeDecodeError, csv.Error, OSError) as e:
+        raise _unreadable(path, e) from None
+
+
+def _read_vcs(path: str) -> dict[str, int]:
     out: dict[str, int] = {}
     with open(path, newline="") as f:
         reader = csv.reader(f)
@@ -254,8 +269,10 @@ class Throughputs:
         try:
             with open(path) as f:
                 data = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except json.JSONDecodeError as e:
             raise TraceError(f"{path}: not valid JSON ({e})") from None
+        except (UnicodeDecodeError, OSError) as e:
+            raise _unreadable(path, e) from None
         if not isinstance(data, dict) or gpu_type not in data:
             raise TraceError(f"{path}: no GPU type {gpu_type!r} (has {', '.join(sorted(data)) if isinstance(data, dict) else 'nothing'})")
         table = data[gpu_type]
