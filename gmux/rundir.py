@@ -52,6 +52,9 @@ def default_runtime_dir() -> str:
         return private
 
 
+SOCKET_PATH_MAX = 107    # bytes of a Unix socket's path (sun_path, less its terminating zero)
+
+
 class RuntimeDirError(PermissionError):
     """A runtime directory gmuxd will not use; the message says why and what to do."""
 
@@ -124,6 +127,15 @@ class RuntimeDir:
         With `group` (a system daemon, run by root): the top directory is mode 0750 and of that group, and
         users/ (0711) is made for the users' own directories."""
         mode = 0o700 if group is None else 0o750
+        try:
+            path = self.socket.encode()    # as ZeroMQ takes it: UTF-8
+        except UnicodeError:
+            raise RuntimeDirError(f"runtime directory {self.root!r}: its name is not UTF-8, which ZeroMQ needs for the socket's path; "
+                                  f"choose another with --runtime-dir or GMUX_RUNTIME_DIR") from None
+        if len(path) > SOCKET_PATH_MAX:
+            raise RuntimeDirError(f"runtime directory {self.root}: its socket's path would be {len(path)} bytes, over "
+                                  f"the {SOCKET_PATH_MAX} a Unix socket allows; choose a shorter one with "
+                                  f"--runtime-dir or GMUX_RUNTIME_DIR")
         parent = os.path.dirname(os.path.abspath(self.root))
         os.makedirs(parent, mode=0o700 if group is None else 0o755, exist_ok=True)
         if group is not None:

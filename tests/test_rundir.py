@@ -87,3 +87,13 @@ def test_file_of_another_user_is_refused(tmp_path):
     os.chown(planted, 65534, 65534)
     with pytest.raises(RuntimeDirError, match="owned by uid 65534"):
         rd.create()
+
+
+@pytest.mark.parametrize("name,needle", [("y" * 120, "over the 107 a Unix socket allows"),
+                                         (os.fsdecode(b"\xff\xfe"), "not UTF-8")])
+def test_a_directory_whose_socket_zeromq_cannot_bind_is_refused_before_anything_is_made(tmp_path, name, needle):
+    """It used to be made (with the database and the admin token) and then fail in ZeroMQ with a traceback."""
+    rd = RuntimeDir(str(tmp_path / "parent" / name))
+    with pytest.raises(RuntimeDirError, match=needle):
+        rd.create()
+    assert not (tmp_path / "parent").exists()

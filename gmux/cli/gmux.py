@@ -94,6 +94,10 @@ def main(argv=None) -> int:
     except (GmuxError, ProtocolError) as e:    # ProtocolError: a value the wire format refuses, before sending
         print(f"gmux: {printable(e)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("gmux: interrupted (a command already sent to gmuxd is carried out; `gmux ps` shows where it stands)",
+              file=sys.stderr)
+        return 130
 
 
 def run(a) -> int:
@@ -116,6 +120,8 @@ def run(a) -> int:
         return 0
     if a.cmd == "top":
         return top(c, a)
+    if a.cmd in ("suspend", "resume", "kill", "migrate"):
+        c.call("ping")    # a gmuxd that is gone is found in seconds, not after the wait a job's boundary may take
     if a.cmd in ("suspend", "resume", "kill"):
         data = c.call(a.cmd, timeout=130, job=a.job)
         _print(data, a.json, _outcome(a.cmd, data))

@@ -102,3 +102,15 @@ def test_careless_arguments_get_one_line_that_names_the_problem(node_factory, tm
         out = subprocess.run([PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", str(tmp_path / "bad"), "--virtual-gpus",
                               spec], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_command_to_a_killed_gmuxd_fails_in_seconds(node_factory):
+    """suspend, resume, kill and migrate wait up to 130 s for a job's boundary; against a gmuxd killed with -9
+    (its socket file left behind) they waited all of it, where ps gave up after 5 s."""
+    import time
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    node.kill_daemon()
+    t0 = time.monotonic()
+    out = gmux(node.rt, "suspend", "j1", timeout=60)
+    assert out.returncode == 1 and "is not answering" in out.stderr, out.stderr
+    assert time.monotonic() - t0 < 30
