@@ -37,3 +37,11 @@ def _size(text: str) -> int:
 
 size = checked(_size, "a size", lambda v: v >= 0, "a size")       # a size of memory ('16GiB'), in parse_size's words
 positive_size = checked(_size, "a size", lambda v: v > 0, "a size > 0")
+
+
+def tcp_endpoint(text: str) -> str:
+    """tcp://HOST:PORT, the only kind of address cluster mode uses (PORT 0 or *: any free one, where it listens)."""
+    host, colon, number = text[len("tcp://"):].rpartition(":") if text.startswith("tcp://") else ("", "", "")
+    if not (colon and host and (number == "*" or number.isdigit() and int(number) <= 65535)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not tcp://HOST:PORT (e.g. tcp://10.0.0.5:7700)")
+    return text

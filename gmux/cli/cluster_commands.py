@@ -11,7 +11,7 @@ import sys
 
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
-from gmux.cli.argtypes import positive_size
+from gmux.cli.argtypes import positive_size, tcp_endpoint
 from gmux.cli.submit_env import submit_env
 from gmux.util.text import printable
 
@@ -38,7 +38,7 @@ def main(argv: list) -> int:
              "resume": "release a held cluster job: it runs again in its turn"}
     for name in ("submit", "ps", "kill", "suspend", "resume"):
         s = sub.add_parser(name, help=helps[name])
-        s.add_argument("--cluster", default=os.environ.get("GMUX_CLUSTER"), required=not os.environ.get("GMUX_CLUSTER"),
+        s.add_argument("--cluster", type=tcp_endpoint, default=os.environ.get("GMUX_CLUSTER"), required=not os.environ.get("GMUX_CLUSTER"),
                        help="gmux-scheduler's tcp://HOST:PORT")
         s.add_argument("--keys", default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"))
         s.add_argument("--as", dest="who", default=os.environ.get("GMUX_KEY_NAME") or getpass.getuser(),
@@ -66,13 +66,11 @@ def main(argv: list) -> int:
 
 def run(a) -> int:
     if a.cmd == "keys":
-        made = []
-        if a.scheduler:
-            made.append(keys.create(a.dir, "scheduler", None, a.force))
-        made += [keys.create(a.dir, "daemon", n, a.force) for n in a.daemon]
-        made += [keys.create(a.dir, "client", n, a.force) for n in a.client]
-        if not made:
+        pairs = ([("scheduler", None)] if a.scheduler else []) + [("daemon", n) for n in a.daemon] + \
+            [("client", n) for n in a.client]
+        if not pairs:
             raise ValueError("say which pairs to create: --scheduler, --daemon NAME, --client NAME")
+        made = keys.create_all(a.dir, pairs, a.force)
         for pub, sec in made:
             print(f"{pub}\n{sec}  (secret: give it only to its owner)")
         return 0

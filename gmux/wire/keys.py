@@ -49,6 +49,20 @@ def _write(path: str, text: str, mode: int) -> None:
     write_atomic(path, text.encode() + b"\n", mode)
 
 
+def create_all(keydir: str, pairs: list[tuple[str, str | None]], overwrite: bool = False) -> list[tuple[str, str]]:
+    """Makes a key pair for each (role, name), or, if any name is bad, repeated or (without `overwrite`) taken,
+    refuses them all before making any."""
+    stems = [stem(role, name) for role, name in pairs]
+    twice = sorted({s for s in stems if stems.count(s) > 1})
+    if twice:
+        raise ValueError(f"key {', '.join(twice)} asked for twice")
+    if not overwrite:
+        for base in (os.path.join(keydir, s) for s in stems):
+            if os.path.exists(base + ".pub") or os.path.exists(base + ".secret"):
+                raise FileExistsError(f"{base}.pub already exists; delete it (revokes that key) or pass --force")
+    return [create(keydir, role, name, overwrite) for role, name in pairs]
+
+
 def create(keydir: str, role: str, name: str | None = None, overwrite: bool = False) -> tuple[str, str]:
     """Makes a key pair; returns (public file, secret file). Refuses to replace an existing pair silently."""
     os.makedirs(keydir, mode=0o700, exist_ok=True)

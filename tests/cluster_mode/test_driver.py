@@ -158,3 +158,45 @@ def test_a_policy_that_needs_durations_is_refused_before_anything_is_created(tmp
             cli.main(["--keys", keydir, "--state", str(state), "--policy", name])
         assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
         assert not state.exists()
+
+
+def test_one_scheduler_per_state_directory_and_bad_addresses_are_refused_by_name(tmp_path, capsys):
+    """Two schedulers on one --state each took the other's machines for silent; a bad or taken address ended in
+    a ZeroMQ traceback."""
+    import pytest
+    from gmux.cli import scheduler as cli
+    from gmux.cli.gmux import main as gmux_main
+    from gmux.cluster.scheduler.service import Options, Scheduler
+    from gmux.wire import keys
+    keydir = str(tmp_path / "keys")
+    keys.create(keydir, "scheduler")
+    first = Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*"))
+    try:
+        with pytest.raises(OSError, match="another gmux-scheduler is running on"):
+            Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*"))
+        taken = first.endpoint
+        assert cli.main(["--keys", keydir, "--state", str(tmp_path / "other"), "--listen", taken]) == 1
+        assert f"cannot listen on {taken}" in capsys.readouterr().err
+    finally:
+        first.close()
+    Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*")).close()   # free once closed
+    for argv in (["--keys", keydir, "--state", str(tmp_path / "x"), "--listen", "bogus"],):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        assert "'bogus' is not tcp://HOST:PORT" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gmux_main(["ps", "--cluster", "", "--keys", keydir])
+    assert "'' is not tcp://HOST:PORT" in capsys.readouterr().err
+
+
+def test_keys_refused_for_one_bad_or_repeated_name_makes_none(tmp_path, capsys):
+    from gmux.cli.gmux import main as gmux_main
+    keydir = tmp_path / "k"
+    assert gmux_main(["keys", "--dir", str(keydir), "--daemon", "good", "--daemon", "\x1b[31mbad"]) == 1
+    assert gmux_main(["keys", "--dir", str(keydir), "--client", "a", "--client", "a"]) == 1
+    err = capsys.readouterr().err
+    assert "key name '\\x1b[31mbad'" in err and "client.a asked for twice" in err
+    assert not keydir.exists() or not os.listdir(keydir)
+    assert gmux_main(["keys", "--dir", str(keydir), "--client", "a"]) == 0
+    assert gmux_main(["keys", "--dir", str(keydir), "--client", "b", "--client", "a"]) == 1
+    assert sorted(os.listdir(keydir)) == ["client.a.pub", "client.a.secret"]

@@ -13,6 +13,7 @@ move to another machine goes through stages of its own: moves.py.
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import queue
@@ -55,12 +56,25 @@ class Options:
     admins: tuple = ()                     # client key names that may act on every user's jobs
 
 
+def _lock(statedir: str) -> int:
+    """One scheduler per state directory: two would each take the other's jobs for lost and start them again."""
+    fd = os.open(os.path.join(statedir, "scheduler.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OSError(f"another gmux-scheduler is running on {statedir}; stop it first, or give this one its own "
+                      f"--state") from None
+    return fd
+
+
 class Scheduler:
     def __init__(self, statedir: str, keydir: str, options: Optional[Options] = None):
         self.opt = options or Options()
         self.driver = Driver(make_policy(self.opt.policy))      # a refused policy leaves no state directory behind
         self.statedir = statedir
         os.makedirs(statedir, mode=0o700, exist_ok=True)
+        self._lock = _lock(statedir)
         self.keydir = keydir
         self.state = State(os.path.join(statedir, "scheduler.db"))
         self.jobs = self.state.load_jobs()
@@ -79,7 +93,10 @@ class Scheduler:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.XFER_MAX_CHUNK + protocol.MAX_FRAME)
         configure(self.sock)
-        self.sock.bind(self.opt.listen)
+        try:
+            self.sock.bind(self.opt.listen)
+        except zmq.ZMQError as e:
+            raise OSError(f"cannot listen on {self.opt.listen}: {e}") from None
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         # Periodic checkpoints arrive sealed beside Curve (gmux.wire.sealed): decrypting every machine's in one
         # process is what a cluster's scheduler would otherwise spend its core on.
@@ -141,6 +158,7 @@ class Scheduler:
         self.receiver.close()
         self.state.close()
         self.ctx.term()
+        os.close(self._lock)
 
     def _peer(self, frame) -> Optional[tuple]:
         """(role, name) from the peer's key (its ZAP User-Id), never from what it says; None for no known key."""
