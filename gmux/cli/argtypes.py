@@ -45,3 +45,10 @@ def tcp_endpoint(text: str) -> str:
     if not (colon and host and (number == "*" or number.isdigit() and int(number) <= 65535)):
         raise argparse.ArgumentTypeError(f"{text!r} is not tcp://HOST:PORT (e.g. tcp://10.0.0.5:7700)")
     return text
+
+
+def path(text: str) -> str:
+    """A file or directory named on the command line: an empty one is a mistake, never "the default"."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path")
+    return text

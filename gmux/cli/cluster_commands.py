@@ -12,7 +12,7 @@ import sys
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
 from gmux.cli.argtypes import positive_size, tcp_endpoint
-from gmux.cli.submit_env import submit_env
+from gmux.cli.submit_env import submit_cwd, submit_env
 from gmux.util.text import printable
 
 
@@ -81,7 +81,7 @@ def run(a) -> int:
             if not argv:
                 raise ClusterError("give the command after --, e.g. gmux submit --cluster ADDR -- python train.py")
             env = submit_env()
-            data = c.call("c_submit", argv=argv, cwd=os.getcwd(), env=env, name=a.name, mem=a.mem,
+            data = c.call("c_submit", argv=argv, cwd=submit_cwd(), env=env, name=a.name, mem=a.mem,
                           weight=a.weight, ckpt_every=a.ckpt_every, ranks=a.ranks)
             print(json.dumps(data) if a.json else f"submitted {data['cjob']} to {a.cluster}")
         elif a.cmd == "kill":

@@ -10,8 +10,8 @@ import time
 from gmux.protocol import ProtocolError
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.rundir import default_runtime_dir
-from gmux.cli.argtypes import nonneg_int, positive, positive_int, positive_size
-from gmux.cli.submit_env import submit_env
+from gmux.cli.argtypes import nonneg_int, path, positive, positive_int, positive_size
+from gmux.cli.submit_env import submit_cwd, submit_env
 from gmux.util.text import printable
 
 
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     if cluster_commands.wants(argv):
         return cluster_commands.main(argv)
     p = argparse.ArgumentParser(prog="gmux", description="Look at and steer the jobs of gmuxd.")
-    p.add_argument("--runtime-dir", default=default_runtime_dir())
+    p.add_argument("--runtime-dir", type=path, default=default_runtime_dir())
     p.add_argument("--json", action="store_true", help="machine-readable output")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("ps", help="jobs and GPUs")
@@ -143,12 +143,14 @@ def run(a) -> int:
         if not argv:
             raise GmuxError("give the command after --, e.g. gmux submit -- python train.py")
         env = submit_env()
-        if a.gpus < 1 or (a.ranks is not None and a.ranks < 1):
-            raise GmuxError((f"--gpus {a.gpus}" if a.gpus < 1 else f"--ranks {a.ranks}") + ": must be at least 1")
+        try:
+            cwd = submit_cwd()
+        except ValueError as e:
+            raise GmuxError(str(e)) from None
         fields = {"ranks": a.ranks} if a.ranks is not None else {}
         if not a.hook:
             fields["hook"] = False
-        data = c.call("submit", argv=argv, cwd=os.getcwd(), env=env, name=a.name, weight=a.weight, mem=a.mem,
+        data = c.call("submit", argv=argv, cwd=cwd, env=env, name=a.name, weight=a.weight, mem=a.mem,
                       gpu=a.gpu, gpus=a.gpus, **fields)
         where = "waiting for a GPU" if data["gpu"] is None else f"on GPU {data['gpu']}"
         if "gang" in data:

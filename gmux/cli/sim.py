@@ -11,7 +11,7 @@ import sys
 import time
 from datetime import datetime
 
-from gmux.cli.argtypes import fraction, nonneg, nonneg_int, positive_int
+from gmux.cli.argtypes import fraction, nonneg, nonneg_int, path, positive_int
 from gmux.util.text import printable
 
 
@@ -58,12 +58,6 @@ def _duration(text: str):
 
 
 
-def _path(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty path")
-    return text
-
-
 def _unwritable(json_path: str | None, plots: str | None) -> str | None:
     """Why the results could not be written where asked, found before a run that may take minutes: the
     directories they go into are made now."""
@@ -106,9 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("inputs")
     g.add_argument("--traces", default=_default_traces(), metavar="DIR",
                    help="directory holding philly.csv, philly_vc.csv, gavel_throughputs.json (default: %(default)s)")
-    g.add_argument("--trace", type=_path, metavar="CSV", help="job trace (default: DIR/philly.csv)")
-    g.add_argument("--vcs", type=_path, metavar="CSV", help="VC layout, vc,node num (default: DIR/philly_vc.csv)")
-    g.add_argument("--throughputs", type=_path, metavar="JSON",
+    g.add_argument("--trace", type=path, metavar="CSV", help="job trace (default: DIR/philly.csv)")
+    g.add_argument("--vcs", type=path, metavar="CSV", help="VC layout, vc,node num (default: DIR/philly_vc.csv)")
+    g.add_argument("--throughputs", type=path, metavar="JSON",
                    help="Gavel throughput table (default: DIR/gavel_throughputs.json)")
     g.add_argument("--columns", type=_columns, metavar="MEANING=COLUMN[,...]",
                    help="the trace's columns where their names are not ones gmux-sim knows; meanings: submit, "
@@ -153,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quantum-s", type=nonneg, default=d.quantum_s, help="time slice (default: %(default)s)")
     g.add_argument("--measure-s", type=nonneg, default=d.measure_s, help="pack measurement window (default: %(default)s)")
     g = p.add_argument_group("output")
-    g.add_argument("--json", type=_path, metavar="PATH", help="write results as JSON")
-    g.add_argument("--plots", type=_path, metavar="DIR", help="write jct_cdf.png and utilisation.png into DIR")
+    g.add_argument("--json", type=path, metavar="PATH", help="write results as JSON")
+    g.add_argument("--plots", type=path, metavar="DIR", help="write jct_cdf.png and utilisation.png into DIR")
     g.add_argument("--workers", type=positive_int, default=1, help="worker processes (default: %(default)s)")
     g.add_argument("--quiet", action="store_true", help="no table, only errors")
     return p
@@ -198,13 +192,13 @@ def main(argv=None) -> int:
     trace = args.trace or os.path.join(args.traces, "philly.csv")
     vcs = None if args.machines else (args.vcs or os.path.join(args.traces, "philly_vc.csv"))
     tput = args.throughputs or os.path.join(args.traces, "gavel_throughputs.json")
-    for label, path, hint in (("trace", trace, "--traces DIR or --trace FILE"),
+    for label, file, hint in (("trace", trace, "--traces DIR or --trace FILE"),
                               ("VC layout", vcs, "--traces DIR, --vcs FILE or --machines N"),
                               ("throughput table", tput, "--traces DIR or --throughputs FILE")):
-        if path is not None and not os.path.isfile(path):
-            what = "a directory" if os.path.isdir(path) else "not a regular file" if os.path.exists(path) else \
+        if file is not None and not os.path.isfile(file):
+            what = "a directory" if os.path.isdir(file) else "not a regular file" if os.path.exists(file) else \
                 "no such file"
-            parser.error(printable(f"{label} {path}: {what} (use {hint})"))
+            parser.error(printable(f"{label} {file}: {what} (use {hint})"))
     unwritable = _unwritable(args.json, args.plots)
     if unwritable:
         parser.error(printable(unwritable))

@@ -1,4 +1,5 @@
-"""The environment a submitted job takes from the shell that submits it (gmux submit, locally or to a cluster).
+"""The environment and directory a submitted job takes from the shell that submits it (gmux submit, locally or to
+a cluster).
 
 The job runs later, elsewhere, as a child of gmuxd: it gets what a training script needs to behave as it would in
 this shell (paths, locale, thread and torch settings, gmux's own job knobs), never the names of this shell's
@@ -18,3 +19,12 @@ def submit_env(environ: Optional[Mapping[str, str]] = None) -> dict:
     environ = os.environ if environ is None else environ
     return {k: v for k, v in environ.items()
             if (k in PASSED or k.startswith(PASSED_PREFIXES)) and k not in WITHHELD}
+
+
+def submit_cwd() -> str:
+    """The directory the job starts in: the shell's, which must still exist."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise ValueError("this shell's directory no longer exists; cd to the job's directory and submit again") \
+            from None

@@ -53,7 +53,8 @@ def _check(name: str, accepted: dict, params: dict) -> None:
     constructor fails on it with a message about types."""
     for key, value in params.items():
         if key not in accepted:
-            raise ValueError(f"{name}: unknown parameter {key!r}; it takes {', '.join(sorted(accepted))}")
+            raise ValueError(f"{name}: unknown parameter {key!r}; " +
+                             (f"it takes {', '.join(sorted(accepted))}" if accepted else "it takes none"))
         default = accepted[key]
         if isinstance(default, bool):
             ok, kind = isinstance(value, bool), "true or false"

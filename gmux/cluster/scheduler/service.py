@@ -13,7 +13,6 @@ move to another machine goes through stages of its own: moves.py.
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import queue
@@ -32,7 +31,7 @@ from gmux.cluster.policies import Event, EventKind, make_policy
 from gmux.cluster.scheduler.client_handlers import ClientHandlers
 from gmux.cluster.scheduler.driver import Driver, Intent
 from gmux.cluster.scheduler.moves import Moves
-from gmux.cluster.scheduler.state import CJob, Machine, State
+from gmux.cluster.scheduler.state import CJob, Machine, State, lock_state_dir
 from gmux.cluster.scheduler.unheard import RESENT, Unheard
 from gmux.wire.server import DEFERRED, Server, configure
 from gmux.wire.receiver import Receiver
@@ -56,25 +55,13 @@ class Options:
     admins: tuple = ()                     # client key names that may act on every user's jobs
 
 
-def _lock(statedir: str) -> int:
-    """One scheduler per state directory: two would each take the other's jobs for lost and start them again."""
-    fd = os.open(os.path.join(statedir, "scheduler.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise OSError(f"another gmux-scheduler is running on {statedir}; stop it first, or give this one its own "
-                      f"--state") from None
-    return fd
-
-
 class Scheduler:
     def __init__(self, statedir: str, keydir: str, options: Optional[Options] = None):
         self.opt = options or Options()
         self.driver = Driver(make_policy(self.opt.policy))      # a refused policy leaves no state directory behind
         self.statedir = statedir
         os.makedirs(statedir, mode=0o700, exist_ok=True)
-        self._lock = _lock(statedir)
+        self._lock = lock_state_dir(statedir)
         self.keydir = keydir
         self.state = State(os.path.join(statedir, "scheduler.db"))
         self.jobs = self.state.load_jobs()

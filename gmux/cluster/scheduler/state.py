@@ -14,7 +14,9 @@ Cluster job states:
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
@@ -155,3 +157,15 @@ class State:
 def _with_cjob(d: dict) -> dict:
     """A scheduler decision concerns one cluster job (or none): shown as `cjob`."""
     return {**d, "cjob": d["jobs"][0] if d["jobs"] else None}
+
+
+def lock_state_dir(statedir: str) -> int:
+    """One scheduler per state directory: two would each take the other's jobs for lost and start them again."""
+    fd = os.open(os.path.join(statedir, "scheduler.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OSError(f"another gmux-scheduler is running on {statedir}; stop it first, or give this one its own "
+                      f"--state") from None
+    return fd
