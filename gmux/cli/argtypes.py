@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from gmux.util.sizes import parse_size
 
@@ -20,8 +21,8 @@ def checked(convert, noun: str, ok, wanted: str):
 
 
 fraction = checked(float, "a number", lambda v: 0.0 < v <= 1.0, "in (0, 1]")
-nonneg = checked(float, "a number", lambda v: v >= 0, ">= 0")
-positive = checked(float, "a number", lambda v: v > 0, "> 0")
+nonneg = checked(float, "a number", lambda v: 0 <= v < math.inf, "a finite number >= 0")
+positive = checked(float, "a number", lambda v: 0 < v < math.inf, "a finite number > 0")
 nonneg_int = checked(int, "an integer", lambda v: v >= 0, "an integer >= 0")
 positive_int = checked(int, "an integer", lambda v: v >= 1, "a positive integer")
 port = checked(int, "a port number", lambda v: 1 <= v <= 65535, "a port in 1..65535")

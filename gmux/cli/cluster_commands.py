@@ -11,7 +11,7 @@ import sys
 
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
-from gmux.cli.argtypes import positive_size, tcp_endpoint
+from gmux.cli.argtypes import nonneg, positive, positive_int, positive_size, tcp_endpoint
 from gmux.cli.submit_env import submit_cwd, submit_env
 from gmux.util.text import printable
 
@@ -46,9 +46,9 @@ def main(argv: list) -> int:
         if name == "submit":
             s.add_argument("--name")
             s.add_argument("--mem", type=positive_size)
-            s.add_argument("--weight", type=float, default=1.0)
-            s.add_argument("--ckpt-every", type=float, help="periodic checkpoint interval, seconds")
-            s.add_argument("--ranks", type=int, default=1,
+            s.add_argument("--weight", type=positive, default=1.0)
+            s.add_argument("--ckpt-every", type=nonneg, help="periodic checkpoint interval, seconds")
+            s.add_argument("--ranks", type=positive_int, default=1,
                            help="a gang of N processes, one per GPU of one machine (torch.distributed: RANK, "
                                 "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are set for each)")
             s.add_argument("argv", nargs=argparse.REMAINDER)

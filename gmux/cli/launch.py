@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from gmux.cli.argtypes import positive_size
+from gmux.cli.argtypes import positive, positive_size
 from gmux.job import torchrun
 from gmux.job.launch import LaunchOptions, run
 from gmux.rundir import default_runtime_dir
@@ -16,18 +16,15 @@ from gmux.rundir import default_runtime_dir
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--" not in argv:
-        print("usage: gmux-launch [--mem SIZE] [--weight W] [--gpus N | --gang NAME --rank R --world N] "
-              "-- python train.py ARGS", file=sys.stderr)
-        return 2
-    split = argv.index("--")
-    p = argparse.ArgumentParser(prog="gmux-launch", description="Run an unmodified training script as a gmux job.")
+    split = argv.index("--") if "--" in argv else len(argv)    # gmux-launch's options, then the command
+    p = argparse.ArgumentParser(prog="gmux-launch", description="Run an unmodified training script as a gmux job.",
+                                usage="gmux-launch [options] -- python train.py ARGS")
     p.add_argument("--mem", type=positive_size, help="GPU memory the job needs (e.g. 6GiB), and its limit: an "
                                                   "allocation past it fails with an out-of-memory error; default: "
                                                   "measured, no limit")
     p.add_argument("--mem-soft", action="store_true", help="--mem declares the job's size for admission only: "
                                                            "no limit (also GMUX_MEM_SOFT=1)")
-    p.add_argument("--weight", type=float, default=1.0, help="share of GPU time relative to other jobs")
+    p.add_argument("--weight", type=positive, default=1.0, help="share of GPU time relative to other jobs")
     p.add_argument("--gpus", type=int, default=1, help="GPUs this one process uses; more than one are given to it "
                                                        "exclusively, when that many are free (default 1)")
     p.add_argument("--gpu", type=int, help="run on this GPU (default: gmuxd places the job)")

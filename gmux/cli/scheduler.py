@@ -9,7 +9,7 @@ import sys
 from gmux.wire import keys
 from gmux.cluster.policies import POLICIES
 from gmux.cluster.scheduler.service import Options, Scheduler
-from gmux.cli.argtypes import tcp_endpoint
+from gmux.cli.argtypes import nonneg, positive, tcp_endpoint
 from gmux.util.text import log_to_stderr
 
 
@@ -22,9 +22,9 @@ def main(argv=None) -> int:
     p.add_argument("--policy", default="gmux", choices=sorted(n for n, c in POLICIES.items() if not c.uses_oracle),
                    help="the scheduling policy (default gmux); sjf, srtf and gmux-law need every job's duration in "
                         "advance and run only in gmux-sim")
-    p.add_argument("--tick", type=float, default=1.0, help="seconds between policy decisions (default 1)")
-    p.add_argument("--lost-after", type=float, default=5.0, help="a machine silent this long is lost (default 5 s)")
-    p.add_argument("--ckpt-every", type=float, default=30.0,
+    p.add_argument("--tick", type=positive, default=1.0, help="seconds between policy decisions (default 1)")
+    p.add_argument("--lost-after", type=positive, default=5.0, help="a machine silent this long is lost (default 5 s)")
+    p.add_argument("--ckpt-every", type=nonneg, default=30.0,
                    help="default periodic checkpoint interval of a job, seconds (0: never)")
     p.add_argument("--admin", action="append", default=[], metavar="NAME",
                    help="a client key name that may kill or move every user's jobs (repeatable); any other client "

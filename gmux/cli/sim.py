@@ -11,7 +11,7 @@ import sys
 import time
 from datetime import datetime
 
-from gmux.cli.argtypes import fraction, nonneg, nonneg_int, path, positive_int
+from gmux.cli.argtypes import fraction, nonneg, nonneg_int, path, positive, positive_int
 from gmux.util.text import printable
 
 
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("cluster")
     g.add_argument("--machines", type=positive_int, metavar="N",
                    help="one cluster of N machines for all jobs, instead of Philly's per-VC clusters")
-    g.add_argument("--vc-scale", type=float, default=1.0, metavar="X",
+    g.add_argument("--vc-scale", type=positive, default=1.0, metavar="X",
                    help="multiply every VC's machine count by X, at least 1 machine (stress runs; default: 1)")
     g.add_argument("--gpus-per-machine", type=positive_int, default=8, metavar="G", help="(default: %(default)s)")
     g.add_argument("--gpu-type", default="v100", choices=("v100", "p100", "k80"), help="(default: %(default)s)")
@@ -170,8 +170,6 @@ def main(argv=None) -> int:
         parser.error(f"unknown policy {', '.join(bad) or '(none given)'}; choose from {', '.join(POLICIES)}")
     if len(set(policies)) != len(policies):
         parser.error("a policy is listed twice")
-    if not args.vc_scale > 0:
-        parser.error(f"--vc-scale must be positive, not {args.vc_scale}")
     if not 0.0 <= args.elastic_fraction <= 1.0:
         parser.error(f"--elastic-fraction must be in [0, 1], not {args.elastic_fraction}")
     try:

@@ -20,7 +20,10 @@ class Metrics:
         self._last = 0.0
         self.registry = CollectorRegistry()
         self.registry.register(self)
-        self.server, self.thread = start_http_server(port, addr=addr, registry=self.registry)
+        try:
+            self.server, self.thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as e:
+            raise OSError(f"--metrics-port {port}: cannot serve metrics on {addr}:{port}: {e.strerror}") from None
 
     def close(self) -> None:
         self.server.shutdown()

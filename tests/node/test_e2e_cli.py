@@ -82,9 +82,9 @@ CARELESS = [  # (arguments, what the one-line refusal says)
     (["ps", "--limit", "99999999999999999999"], "ps.limit: 99999999999999999999 is outside"),
     (["submit", "--mem", "0", "--", "python", "x.py"], "--mem: 0 is not a size > 0"),
     (["submit", "--mem", "9" * 400, "--", "python", "x.py"], "is more memory than any machine has"),
-    (["submit", "--weight", "nan", "--", "python", "x.py"], "--weight: nan is not > 0"),
+    (["submit", "--weight", "nan", "--", "python", "x.py"], "--weight: nan is not a finite number > 0"),
     (["submit", "--gpu", "-1", "--", "python", "x.py"], "--gpu: -1 is not an integer >= 0"),
-    (["top", "--interval", "nan"], "--interval: nan is not > 0"),
+    (["top", "--interval", "nan"], "--interval: nan is not a finite number > 0"),
     (["logs", "j1", "--tail", "-5"], "--tail: -5 is not an integer >= 0"),
     (["decisions", "--limit", "-1"], "--limit: -1 is not a positive integer"),
 ]

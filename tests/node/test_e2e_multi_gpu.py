@@ -124,6 +124,6 @@ def test_bad_multi_gpu_and_gang_requests_are_refused_by_name(node_factory, tmp_p
     node.job_of(first.pid)
     assert "gang g has 2 ranks" in launch_refused(node.rt, "--gang", "g", "--rank", "1", "--world", "3")
     out = gmux(node.rt, "submit", "--gpus", "0", "--", "python", TRAIN, "x.json", "10")
-    assert out.returncode == 1 and "--gpus 0: must be at least 1" in out.stderr
+    assert out.returncode == 2 and "--gpus: 0 is not a positive integer" in out.stderr
     out = gmux(node.rt, "submit", "--ranks", "3", "--", "python", TRAIN, "x.json", "10")
     assert out.returncode == 1 and "gang" in out.stderr and "each rank needs a GPU of its own" in out.stderr
