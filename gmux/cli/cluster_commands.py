@@ -19,7 +19,9 @@ from gmux.util.text import printable
 def wants(argv: list) -> bool:
     """Whether a `gmux` command line is for this module (only options before `--` count)."""
     head = argv[:argv.index("--")] if "--" in argv else argv
-    return "keys" in head[:2] or "--cluster" in head or any(a.startswith("--cluster=") for a in head)
+    command = next((a for i, a in enumerate(head) if not a.startswith("-") and head[i - 1:i] != ["--runtime-dir"]),
+                   None)    # the first word that is not an option or --runtime-dir's value
+    return command == "keys" or "--cluster" in head or any(a.startswith("--cluster=") for a in head)
 
 
 def main(argv: list) -> int:
