@@ -130,8 +130,8 @@ class RuntimeDir:
         try:
             path = self.socket.encode()    # as ZeroMQ takes it: UTF-8
         except UnicodeError:
-            raise RuntimeDirError(f"runtime directory {self.root!r}: its name is not UTF-8, which ZeroMQ needs for the socket's path; "
-                                  f"choose another with --runtime-dir or GMUX_RUNTIME_DIR") from None
+            raise RuntimeDirError(f"runtime directory {self.root!r}: its name is not UTF-8, which ZeroMQ needs for "
+                                  f"the socket's path; choose another with --runtime-dir or GMUX_RUNTIME_DIR") from None
         if len(path) > SOCKET_PATH_MAX:
             raise RuntimeDirError(f"runtime directory {self.root}: its socket's path would be {len(path)} bytes, over "
                                   f"the {SOCKET_PATH_MAX} a Unix socket allows; choose a shorter one with "

@@ -28,16 +28,15 @@ positive_int = checked(int, "an integer", lambda v: v >= 1, "a positive integer"
 port = checked(int, "a port number", lambda v: 1 <= v <= 65535, "a port in 1..65535")
 
 
-
-def _size(text: str) -> int:
+def size(text: str) -> int:
+    """A size of memory ('16GiB'), refused in parse_size's words."""
     try:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-size = checked(_size, "a size", lambda v: v >= 0, "a size")       # a size of memory ('16GiB'), in parse_size's words
-positive_size = checked(_size, "a size", lambda v: v > 0, "a size > 0")
+positive_size = checked(size, "a size", lambda v: v > 0, "a size > 0")
 
 
 def tcp_endpoint(text: str) -> str:

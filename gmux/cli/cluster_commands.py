@@ -40,8 +40,8 @@ def main(argv: list) -> int:
              "resume": "release a held cluster job: it runs again in its turn"}
     for name in ("submit", "ps", "kill", "suspend", "resume"):
         s = sub.add_parser(name, help=helps[name])
-        s.add_argument("--cluster", type=tcp_endpoint, default=os.environ.get("GMUX_CLUSTER"), required=not os.environ.get("GMUX_CLUSTER"),
-                       help="gmux-scheduler's tcp://HOST:PORT")
+        s.add_argument("--cluster", type=tcp_endpoint, default=os.environ.get("GMUX_CLUSTER"),
+                       required=not os.environ.get("GMUX_CLUSTER"), help="gmux-scheduler's tcp://HOST:PORT")
         s.add_argument("--keys", default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"))
         s.add_argument("--as", dest="who", default=os.environ.get("GMUX_KEY_NAME") or getpass.getuser(),
                        help="your client key's name (client.NAME in --keys)")

@@ -77,9 +77,11 @@ def main(argv=None) -> int:
     s.add_argument("--weight", type=positive, default=1.0)
     s.add_argument("--name")
     s.add_argument("--gpu", type=nonneg_int, help="run on this GPU (default: gmuxd places the job)")
-    s.add_argument("--gpus", type=positive_int, default=1, help="GPUs the process uses, given to it exclusively (default 1)")
-    s.add_argument("--ranks", type=positive_int, help="start N ranks of a torch.distributed job, each on a GPU of its own, "
-                                             "with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set")
+    s.add_argument("--gpus", type=positive_int, default=1,
+                   help="GPUs the process uses, given to it exclusively (default 1)")
+    s.add_argument("--ranks", type=positive_int,
+                   help="start N ranks of a torch.distributed job, each on a GPU of its own, with RANK, WORLD_SIZE, "
+                        "LOCAL_RANK, MASTER_ADDR, MASTER_PORT set")
     s.add_argument("--no-hook", dest="hook", action="store_false",
                    help="the script calls gmux.job.attach() itself (explicit mode: it can be moved between GPUs)")
     s.add_argument("argv", nargs=argparse.REMAINDER)

@@ -41,11 +41,12 @@ def main(argv=None) -> int:
                    help="seconds a kept pack runs together before it is measured again: each job alone for two "
                         "turns, then together (default 1800)")
     p.add_argument("--metrics-port", type=port, help="serve Prometheus metrics on this port (127.0.0.1)")
-    p.add_argument("--scheduler", type=tcp_endpoint, help="cluster mode: gmux-scheduler's tcp://HOST:PORT (needs --keys and --name)")
+    p.add_argument("--scheduler", type=tcp_endpoint,
+                   help="cluster mode: gmux-scheduler's tcp://HOST:PORT (needs --keys and --name)")
     p.add_argument("--keys", help="cluster mode: the cluster's key directory (gmux keys)")
     p.add_argument("--name", help="cluster mode: this machine's name (its key is daemon.NAME)")
-    p.add_argument("--listen", type=tcp_endpoint, default="tcp://127.0.0.1:0", help="cluster mode: where checkpoints from other "
-                                                                 "machines arrive (default: a free loopback port)")
+    p.add_argument("--listen", type=tcp_endpoint, default="tcp://127.0.0.1:0",
+                   help="cluster mode: where checkpoints from other machines arrive (default: a free loopback port)")
     p.add_argument("--warm-starts", type=nonneg_int, default=1, metavar="N",
                    help="cluster mode: interpreters kept with torch imported for the next starts here (a move's "
                         "target, a restart), each taking a start's first seconds off; 0: none (default 1)")

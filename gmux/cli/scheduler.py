@@ -16,7 +16,8 @@ from gmux.util.text import log_to_stderr
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gmux-scheduler", description="Schedule training jobs across machines "
                                 "running gmuxd, with the same policies as gmux-sim.")
-    p.add_argument("--listen", type=tcp_endpoint, default="tcp://127.0.0.1:7700", help="TCP endpoint (CurveZMQ) for daemons and clients")
+    p.add_argument("--listen", type=tcp_endpoint, default="tcp://127.0.0.1:7700",
+                   help="TCP endpoint (CurveZMQ) for daemons and clients")
     p.add_argument("--keys", required=True, help="the cluster's key directory (gmux keys --dir DIR --scheduler)")
     p.add_argument("--state", required=True, help="directory for the SQLite state and received checkpoints")
     p.add_argument("--policy", default="gmux", choices=sorted(n for n, c in POLICIES.items() if not c.uses_oracle),

@@ -61,18 +61,18 @@ def _duration(text: str):
 def _unwritable(json_path: str | None, plots: str | None) -> str | None:
     """Why the results could not be written where asked, found before a run that may take minutes: the
     directories they go into are made now."""
-    for flag, path, directory in (("--json", json_path, False), ("--plots", plots, True)):
-        if path is None:
+    for flag, target, directory in (("--json", json_path, False), ("--plots", plots, True)):
+        if target is None:
             continue
-        if os.path.exists(path) and os.path.isdir(path) != directory:
-            return f"{flag} {path}: " + ("not a directory" if directory else "a directory (give a file name)")
-        where = path if directory else os.path.dirname(os.path.abspath(path))
+        if os.path.exists(target) and os.path.isdir(target) != directory:
+            return f"{flag} {target}: " + ("not a directory" if directory else "a directory (give a file name)")
+        where = target if directory else os.path.dirname(os.path.abspath(target))
         try:
             os.makedirs(where, exist_ok=True)
         except OSError as e:
-            return f"{flag} {path}: cannot make {where} ({e.strerror or e})"
+            return f"{flag} {target}: cannot make {where} ({e.strerror or e})"
         if not os.access(where, os.W_OK | os.X_OK):
-            return f"{flag} {path}: cannot write into {where}"
+            return f"{flag} {target}: cannot write into {where}"
     return None
 
 

@@ -57,10 +57,14 @@ def create_all(keydir: str, pairs: list[tuple[str, str | None]], overwrite: bool
     if twice:
         raise ValueError(f"key {', '.join(twice)} asked for twice")
     if not overwrite:
-        for base in (os.path.join(keydir, s) for s in stems):
-            if os.path.exists(base + ".pub") or os.path.exists(base + ".secret"):
-                raise FileExistsError(f"{base}.pub already exists; delete it (revokes that key) or pass --force")
+        for s in stems:
+            _refuse_taken(os.path.join(keydir, s))
     return [create(keydir, role, name, overwrite) for role, name in pairs]
+
+
+def _refuse_taken(base: str) -> None:
+    if os.path.exists(base + ".pub") or os.path.exists(base + ".secret"):
+        raise FileExistsError(f"{base}.pub already exists; delete it (revokes that key) or pass --force")
 
 
 def create(keydir: str, role: str, name: str | None = None, overwrite: bool = False) -> tuple[str, str]:
@@ -69,8 +73,8 @@ def create(keydir: str, role: str, name: str | None = None, overwrite: bool = Fa
     os.chmod(keydir, 0o700)
     base = os.path.join(keydir, stem(role, name))
     pub, sec = base + ".pub", base + ".secret"
-    if not overwrite and (os.path.exists(pub) or os.path.exists(sec)):
-        raise FileExistsError(f"{pub} already exists; delete it (revokes that key) or pass --force")
+    if not overwrite:
+        _refuse_taken(base)
     public, secret = zmq.curve_keypair()
     _write(sec, secret.decode(), 0o600)
     _write(pub, public.decode(), 0o644)
