@@ -321,9 +321,11 @@ class Daemon:
         job.ended = time.time()
         self.commands.ended(job, f"{state}: {detail}")
         self.admission.dequeue(job.id)
-        if job.spilled:    # a job that ended while spilled leaves its host copy behind; nothing will read it
+        # Its host copy (spilled) and its move's checkpoint (to a new process, or a spill by exit): nothing will
+        # read them now.
+        for path in (self.rundir.spill_file(job.id, job.uid), self.rundir.checkpoint_file(job.id, job.uid)):
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.rundir.spill_file(job.id, job.uid))
+                os.unlink(path)
         self.store.save(job)
         where = ("it held no GPU" if job.gpu is None and not job.exclusive_gpus else
                  f"GPUs {','.join(map(str, job.exclusive_gpus))} are free" if len(job.exclusive_gpus) > 1 else
@@ -356,6 +358,7 @@ class Daemon:
                     ended = self.sup.ended(job)
                     if ended is not None:
                         self.finish(job, *ended)
+            self.sup.reap_others({j.pid for j in self.jobs.values() if not j.final and j.pid})
             self.commands.expire(now)
             for slicer in self.slicers.values():
                 self.stops.check_frozen(slicer)

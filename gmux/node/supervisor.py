@@ -78,6 +78,13 @@ class Supervisor:
         return ("lost", None, f"process {job.pid} ended without an exit record: killed by a signal "
                               f"(SIGKILL, the OOM killer) or crashed hard")
 
+    def reap_others(self, live: set) -> None:
+        """Reaps the processes no live job stands for: a job that said it was ending (bye) is finished before its
+        process exits, so ended() is never asked about it, and it would stay a zombie."""
+        for pid, p in list(self.children.items()):
+            if pid not in live and p.poll() is not None:
+                del self.children[pid]
+
     def _exit_record(self, job: Job) -> Optional[dict]:
         # a system daemon believes a record only if it is the job owner's own file in their directory
         return read_exit(self.rundir, job.id, job.uid) if self.system else read_exit(self.rundir, job.id)

@@ -1,5 +1,6 @@
 """The gmux CLI against a real gmuxd: listings with --json, suspend/resume/kill/logs, helpful errors, metrics."""
 import json
+import os
 import socket
 import subprocess
 import urllib.request
@@ -71,6 +72,16 @@ def test_cli_controls_a_submitted_job_and_metrics(node_factory, tmp_path):
     assert top.returncode == 0 and json.loads(top.stdout.splitlines()[-1])["jobs"][0]["id"] == job
     dec = json.loads(gmux(node.rt, "--json", "decisions").stdout)["decisions"]
     assert any(d["kind"] == "end" and d["jobs"] == [job] for d in dec)
+
+
+def test_a_job_that_ends_by_itself_is_reaped(node_factory, tmp_path):
+    """A submitted job that finishes says so before it exits; gmuxd, its parent, must still reap it (no zombie)."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    sub = gmux(node.rt, "--json", "submit", "--", PY, f"{TRAIN}", str(tmp_path / "o.json"), "20", "--attach")
+    job = json.loads(sub.stdout)["job"]
+    node.wait_for(lambda: node.job(job)["state"] == "exited", 60, "job finished")
+    pid = node.job(job)["pid"]
+    node.wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 20, f"process {pid} reaped, not left a zombie")
 
 
 CARELESS = [  # (arguments, what the one-line refusal says)

@@ -6,6 +6,7 @@ The job checkpoints at its next boundary and ends its run; its launcher re-execu
 shell that started it still waits), re-registers with the same id and token, and restores on the new GPU.
 """
 import json
+import os
 import subprocess
 
 from node_harness import PY, ROOT, TRAIN, env, result, start_py
@@ -43,6 +44,9 @@ def test_migrate_between_gpus_is_bit_identical(node_factory, tmp_path):
     assert moved["sha256"] == solo["sha256"], (moved, solo, step_after)
     kinds = [d["kind"] for d in node.call("decisions")["decisions"]]
     assert kinds.count("migrate") == 2
+    # the move's checkpoint file went with the job
+    left = [f for _, _, files in os.walk(os.path.join(node.rt, "checkpoints")) for f in files]
+    assert left == [], left
 
 
 def test_migrate_refusals(node_factory, tmp_path):
