@@ -188,7 +188,8 @@ class JobHandlers:
         if kind in ("suspend", "resume") and slicer is not None:
             slicer.acked(job.id, kind, now, ok, in_place=bool(result.get("in_place")))
             if ok:
-                job.suspend_seconds += latency
+                if kind == "suspend" or job.started:   # (a first resume waits for the job's start-up)
+                    job.suspend_seconds += latency
                 if kind == "suspend":
                     job.suspends += 1
                     job.host_bytes = int(result.get("bytes") or 0)
