@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from gmux.job import control, runner
+from gmux.job import api, control, runner
 from gmux.job.agent import Agent
 from gmux.job.runner import script_of
 from gmux.rundir import RuntimeDir, my_starttime, write_exit
@@ -107,6 +107,9 @@ def run(opt: LaunchOptions) -> int:
     if agent.migrating is not None:
         # The migrate was acknowledged: the state is in the checkpoint, and this process becomes the job's next.
         _reexec(agent, opt, agent.migrating.get("path"))
+    ended = api.current()
+    if ended is not None:
+        agent.report(ended.report())    # its last step and figures (reports go out only every few seconds)
     write_exit(rundir, job_id, status, reason)
     agent.bye(status, reason)
     agent.close()

@@ -82,6 +82,7 @@ def test_a_job_that_ends_by_itself_is_reaped(node_factory, tmp_path):
     node.wait_for(lambda: node.job(job)["state"] == "exited", 60, "job finished")
     pid = node.job(job)["pid"]
     node.wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 20, f"process {pid} reaped, not left a zombie")
+    assert node.job(job)["step"] == 20     # its last step, not the one of its last report
 
 
 CARELESS = [  # (arguments, what the one-line refusal says)
