@@ -130,7 +130,9 @@ def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
     if path:
         cmd += ["--restore", path]
     sys.stdout.flush()
-    sys.stderr.flush()
+    # (a line in the job's log between its two processes)
+    print(f"gmux-launch: job {agent.job} continues in a new process" + (f", from {path}" if path else ""),
+          file=sys.stderr, flush=True)
     os.execv(sys.executable, cmd + ["--", *opt.argv])
 
 

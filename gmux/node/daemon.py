@@ -317,15 +317,20 @@ class Daemon:
         if job.kill_requested and state in ("killed", "lost"):
             state, detail = "killed", "killed by gmux kill"
         self.leave_gpu(job, time.monotonic())
+        # A checkpoint still here was not restored from (a new process restores it, then deletes it): a move
+        # or spill by exit that did not complete, whose file holds the job's work. Kept, unless it was killed.
+        ckpt = self.rundir.checkpoint_file(job.id, job.uid)
+        if job.kill_requested:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(ckpt)
+        elif os.path.exists(ckpt) and ckpt not in detail:
+            detail += f"; its state at its last move is kept in {ckpt}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.rundir.spill_file(job.id, job.uid))   # its host copy, spilled: nothing will read it
         job.state, job.exit_status, job.detail, job.host_bytes = state, status, detail, 0
         job.ended = time.time()
         self.commands.ended(job, f"{state}: {detail}")
         self.admission.dequeue(job.id)
-        # Its host copy (spilled) and its move's checkpoint (to a new process, or a spill by exit): nothing will
-        # read them now.
-        for path in (self.rundir.spill_file(job.id, job.uid), self.rundir.checkpoint_file(job.id, job.uid)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
         self.store.save(job)
         where = ("it held no GPU" if job.gpu is None and not job.exclusive_gpus else
                  f"GPUs {','.join(map(str, job.exclusive_gpus))} are free" if len(job.exclusive_gpus) > 1 else

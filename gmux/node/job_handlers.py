@@ -9,6 +9,7 @@ waiting for them. Each handler takes a gmux.wire.server.Request and returns the 
 """
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import os
@@ -60,6 +61,7 @@ class JobHandlers:
         if system and msg["pid"] != who.pid:
             raise Refused(f"register: pid {msg['pid']} is not the registering process (pid {who.pid}); a process "
                           f"registers itself as a job (gmux-launch does)")
+        came_from = None
         if msg.get("job"):
             job = node.jobs.get(msg["job"])
             if (job is None or not msg.get("token") or not hmac.compare_digest(job.token, msg["token"])
@@ -71,6 +73,7 @@ class JobHandlers:
             # still be on the way (another connection): the migration is complete either way, and is counted
             # here (its result, arriving later, finds no command in flight and is ignored).
             job.migrations += node.commands.forget(job.id).count("migrate")
+            came_from = job.gpu if job.registered else None    # (a submitted job's process registers first)
             node.leave_gpu(job, now)
             node.commands.wake(job.id, "migrate", True, 0.0)
             job.outbox.clear()
@@ -97,6 +100,12 @@ class JobHandlers:
         job.identity = req.identity
         job.registered = True
         job.state, job.started, job.detail = "waiting", False, ""
+        if came_from is not None:
+            how = (f"migrated from GPU {came_from} to GPU {job.gpu}" if came_from != job.gpu else
+                   f"back on GPU {job.gpu} from disk")
+            job.detail = f"{how} in a new process (pid {job.pid}), from its checkpoint"
+            node.decide(job.gpu, "arrived", [job.id], {"from": came_from, "to": job.gpu, "path": "new process",
+                                                       "pid": job.pid}, f"{job.id} {job.detail}")
         job._step_offset = None   # a new process counts boundaries from 0
         job.boundaries, job.stopped_by_gmux = 0, False
         job.host_bytes = 0        # a new process holds no suspended state
@@ -194,6 +203,11 @@ class JobHandlers:
                     job.suspends += 1
                     job.host_bytes = int(result.get("bytes") or 0)
                 else:
+                    if not job.started and job.migrations:
+                        # A new process acknowledges its start only once it has restored its checkpoint
+                        # (gmux.job.launch): the file's work is done.
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(node.rundir.checkpoint_file(job.id, job.uid))
                     job.started, job.host_bytes = True, 0
                     job.start_window()
             if moving:

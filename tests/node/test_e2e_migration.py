@@ -31,6 +31,9 @@ def test_migrate_between_gpus_is_bit_identical(node_factory, tmp_path):
     assert json.loads(out.stdout)["kind"] == "migrate" and json.loads(out.stdout)["path"] == "new process"
     node.wait_for(lambda: node.job(job)["gpu"] == 1 and node.job(job)["state"] == "running", 60, "running on GPU 1")
     step_after = node.job(job)["step"]
+    # restored: the new process has no more use for its checkpoint
+    ckpts = lambda: [f for _, _, files in os.walk(os.path.join(node.rt, "checkpoints")) for f in files]
+    node.wait_for(lambda: ckpts() == [], 20, "checkpoint deleted once restored")
     # And back again, to show the checkpoint of a restored job restores too.
     node.call("migrate", job=job, gpu=0, new_process=True)
     assert p.wait(120) == 0
@@ -43,10 +46,9 @@ def test_migrate_between_gpus_is_bit_identical(node_factory, tmp_path):
     assert moved["restored_at"] >= step_after > 500     # continued from the checkpoint, not from scratch
     assert moved["sha256"] == solo["sha256"], (moved, solo, step_after)
     kinds = [d["kind"] for d in node.call("decisions")["decisions"]]
-    assert kinds.count("migrate") == 2
-    # the move's checkpoint file went with the job
-    left = [f for _, _, files in os.walk(os.path.join(node.rt, "checkpoints")) for f in files]
-    assert left == [], left
+    assert kinds.count("migrate") == 2 and kinds.count("arrived") == 2
+    assert ckpts() == []
+    assert (tmp_path / "launch0.log").read_text().count(f"job {job} continues in a new process") == 2
 
 
 def test_migrate_refusals(node_factory, tmp_path):
@@ -58,3 +60,38 @@ def test_migrate_refusals(node_factory, tmp_path):
         out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "migrate", job, "--gpu", str(gpu)],
                              env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert out.returncode == 1 and needle in out.stderr, out.stderr
+
+
+def _stuck_after_move(node, tmp_path):
+    """A job moved by a new process that never gets as far as restoring (it hangs first): its checkpoint is
+    the only copy of its work."""
+    script = tmp_path / "hangs_on_restore.py"
+    script.write_text("import os, runpy, sys, time\n"
+                      "if os.environ.get('GMUX_RESTORE'):\n    time.sleep(600)\n"
+                      f"sys.argv = [{str(TRAIN)!r}, {str(tmp_path / 'o.json')!r}, '100000', '--attach', "
+                      "'--sleep', '0.003']\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
+    p = node.launch(str(script), opts=["--no-hook"])
+    job = node.job_of(p.pid)
+    node.wait_for(lambda: node.job(job)["step"] > 50, 60, "job training")
+    node.call("migrate", job=job, gpu=1, new_process=True)
+    node.wait_for(lambda: any(d["kind"] == "arrived" for d in node.call("decisions")["decisions"]), 60,
+                  "the new process registered")
+    ckpt = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(node.rt, "checkpoints")) for f in files]
+    assert len(ckpt) == 1 and ckpt[0].endswith(f"{job}.ckpt"), ckpt
+    return p, job, ckpt[0]
+
+
+def test_a_move_that_never_restores_keeps_its_checkpoint_and_says_where(node_factory, tmp_path):
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    p, job, ckpt = _stuck_after_move(node, tmp_path)
+    os.kill(p.pid, 9)
+    node.wait_for(lambda: node.job(job)["state"] == "lost", 30, "job lost")
+    assert os.path.exists(ckpt) and ckpt in node.job(job)["detail"], node.job(job)["detail"]
+
+
+def test_a_killed_job_leaves_no_checkpoint(node_factory, tmp_path):
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    p, job, ckpt = _stuck_after_move(node, tmp_path)
+    node.call("kill", job=job)
+    node.wait_for(lambda: node.job(job)["state"] == "killed", 30, "job killed")
+    assert not os.path.exists(ckpt)
