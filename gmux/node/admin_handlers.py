@@ -195,7 +195,8 @@ class AdminHandlers:
             unmovable = (job.last_report or {}).get("unmovable")
             if not job.migratable and isinstance(unmovable, str) and unmovable:
                 raise Refused(f"migrate: {job.id} trains with a framework whose resume would not be exact here: "
-                              f"{unmovable}; it is not moved (it is still suspended and time-sliced on its GPU)")
+                              f"{unmovable}; it is not moved, and stays on GPU {job.gpu}, where gmux suspends and "
+                              f"resumes it like any other job")
             if not job.migratable:
                 raise Refused(f"migrate: {job.id} runs an unmodified script (transparent mode), whose data "
                               f"position cannot be restored in a new process; run it with gmux-launch --no-hook "

@@ -68,10 +68,13 @@ class Stopping:
                    (", and its gang's other ranks would wait for it in their next collective" if job.gang else ""))
         else:
             target = slicer.switch_to if slicer.switch_to is not None else slicer.current
-            need = sum(slicer.entries[j].mem or 0 for j in target if j != job.id)
-            why = (f"{', '.join(sorted(target)) or 'the next jobs'} ({format_size(need)}) would not fit beside "
-                   f"the {format_size(numbers['mem'])} it keeps (GPU of {format_size(slicer.mem_total)}; a job "
-                   f"of unknown size fits nowhere beside it)")
+            arriving = sorted(j for j in target if j != job.id)
+            unknown = [j for j in [job.id, *arriving] if slicer.entries[j].mem is None]
+            need = sum(slicer.entries[j].mem or 0 for j in arriving)
+            why = (f"the memory of {', '.join(unknown)} is not known yet, and a job of unknown size shares its GPU "
+                   f"with no other" if unknown else
+                   f"{', '.join(arriving) or 'the next jobs'} ({format_size(need)}) would not fit beside the "
+                   f"{format_size(numbers['mem'])} it keeps (GPU of {format_size(slicer.mem_total)})")
         text = (f"GPU {slicer.gpu}: {job.id} {self._why(slicer, job, now)}: not stopped, because {why}; "
                 f"its {slicer.busy_with(job.id)} waits for its next boundary")
         self.node.decide(slicer.gpu, "late", [job.id], numbers, text)

@@ -153,3 +153,14 @@ def test_a_users_suspend_of_a_job_without_boundaries_is_answered_with_the_stop(n
     assert node.job(job)["stops"] >= 1
     node.call("resume", job=job)
     proc.kill()
+
+
+def test_a_job_that_cannot_be_stopped_is_told_why_in_its_terms(node_factory, tmp_path):
+    """Without declared or measured sizes nothing may share the GPU with a job that never yields: the decision
+    says so, not that some number of bytes would not fit."""
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", QUANTUM)
+    x = node.job_of(node.launch(SPIN).pid)    # (it never acknowledges its start: that needs a boundary)
+    a = node.job_of(node.launch(TRAIN, str(tmp_path / "a.json"), STEPS, "--sleep", SLEEP).pid)
+    late = node.wait_for(lambda: [d for d in node.call("decisions")["decisions"] if d["kind"] == "late"], 60,
+                         "a 'late' decision")
+    assert late[0]["jobs"] == [x] and f"the memory of {x}, {a} is not known yet" in late[0]["text"], late
