@@ -17,9 +17,9 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from gmux.job import api, control, runner
+from gmux.job import control, runner
 from gmux.job.agent import Agent
-from gmux.job.runner import script_of
+from gmux.util.job_command import script_of
 from gmux.rundir import RuntimeDir, my_starttime, write_exit
 
 
@@ -42,7 +42,11 @@ class LaunchOptions:
 
 
 def run(opt: LaunchOptions) -> int:
-    kind, target, script_argv = script_of(opt.argv)
+    try:
+        kind, target, script_argv = script_of(opt.argv)
+    except ValueError as e:
+        print(f"gmux-launch: {e}", file=sys.stderr)
+        return 2
     rundir = RuntimeDir(opt.runtime_dir)
     # before registering: a registered job must be ready to run when it is given the GPU
     runner.warm_up(target if kind == "path" else None)
@@ -107,7 +111,8 @@ def run(opt: LaunchOptions) -> int:
     if agent.migrating is not None:
         # The migrate was acknowledged: the state is in the checkpoint, and this process becomes the job's next.
         _reexec(agent, opt, agent.migrating.get("path"))
-    ended = api.current()
+    from gmux.job.api import current   # (torch is imported by now)
+    ended = current()
     if ended is not None:
         agent.report(ended.report())    # its last step and figures (reports go out only every few seconds)
     write_exit(rundir, job_id, status, reason)

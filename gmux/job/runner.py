@@ -21,26 +21,6 @@ import traceback
 from typing import Callable, Optional
 
 
-def script_of(argv: list) -> tuple[str, str, list]:
-    """('path'|'module', target, sys.argv for it) from `python [-u] train.py args`, `python -m mod args`
-    or `train.py args`."""
-    args = list(argv)
-    if args and os.path.basename(args[0]).startswith("python"):
-        args = args[1:]
-        while args and args[0].startswith("-") and args[0] != "-m":
-            if args[0] in ("-c",):
-                raise SystemExit("gmux-launch runs a script or a module (-m), not python -c")
-            args = args[1:]   # interpreter flags (-u, -O, ...) do not change what runs
-        if args and args[0] == "-m":
-            if len(args) < 2:
-                raise SystemExit("gmux-launch: python -m needs a module name")
-            return "module", args[1], args[1:]
-    if not args or not args[0].endswith(".py") and not os.path.isfile(args[0]):
-        raise SystemExit(f"gmux-launch runs Python training scripts in its own process; got {argv!r}. "
-                         f"Write: gmux-launch -- python train.py ARGS")
-    return "path", args[0], args
-
-
 def warm_up(script: Optional[str] = None) -> None:
     """Imports what running a script as a job needs (torch and the runtime: seconds on a busy machine). A
     launcher calls it before it registers: once registered, a job may be given the GPU at once, and a GPU
@@ -74,8 +54,8 @@ def prepare(controller=None, *, hook: bool = True, pool_bytes: int = 0, native: 
 
 
 def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], None]] = None) -> tuple[int, str]:
-    """Runs the script (`kind` 'path' or 'module', as script_of says) as `__main__` with sys.argv = `argv`,
-    after `setup()`; returns (exit status, reason). A failure in `setup` ends the job like a failing script."""
+    """Runs the script (`kind` 'path' or 'module', as gmux.util.job_command.script_of says) as `__main__`
+    with sys.argv = `argv`, after `setup()`; returns (exit status, reason). A failure in `setup` ends the job like a failing script."""
     status, reason = 0, "finished"
     saved_argv = sys.argv
     try:
