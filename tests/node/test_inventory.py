@@ -3,7 +3,7 @@ import pytest
 
 from gmux.node.inventory import discover, parse_virtual_gpus
 from gmux.util.sizes import format_size, parse_size
-from gmux.job.launch import script_of
+from gmux.util.job_command import script_of
 
 
 def test_sizes():
@@ -42,7 +42,7 @@ def test_script_of():
     assert script_of(["python3", "-u", "train.py"]) == ("path", "train.py", ["train.py"])
     assert script_of(["python", "-m", "pkg.train", "x"]) == ("module", "pkg.train", ["pkg.train", "x"])
     assert script_of(["train.py", "a"]) == ("path", "train.py", ["train.py", "a"])
-    with pytest.raises(SystemExit, match="python -c"):
+    with pytest.raises(ValueError, match="python -c"):
         script_of(["python", "-c", "print(1)"])
-    with pytest.raises(SystemExit, match="gmux-launch -- python train.py"):
+    with pytest.raises(ValueError, match="Write: -- python train.py ARGS"):
         script_of(["bash", "run.sh"])
