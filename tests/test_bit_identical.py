@@ -63,3 +63,29 @@ def test_unmodified_script_under_the_transparent_hook(options, tier, tmp):
     out = run_py("-m", "gmux.job.run", *options, "--cycle-every", "2", script, f"{tmp}/hooked.pt")
     assert f"25 suspends, {tier} tier" in out.stderr, out.stderr
     assert_identical(torch.load(f"{tmp}/plain.pt"), torch.load(f"{tmp}/hooked.pt"))
+
+
+def test_a_move_keeps_the_loaders_generator_and_numpy_and_random_streams(tmp):
+    """The epoch's batches fetched again after a move draw from numpy and `random` too (a dataset adding noise),
+    and leave the loader's own generator where the first process had it: two moves, mid-epoch, in epochs 0
+    and 1, each in a new process."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+    run_py(script, f"{tmp}/solo.pt")
+    run_py(script, f"{tmp}/x.pt", "--migrate-at", "5", "--checkpoint", f"{tmp}/a.ckpt")
+    run_py(script, f"{tmp}/x.pt", "--restore", f"{tmp}/a.ckpt", "--migrate-at", "17", "--checkpoint", f"{tmp}/b.ckpt")
+    run_py(script, f"{tmp}/moved.pt", "--restore", f"{tmp}/b.ckpt")
+    assert not os.path.exists(f"{tmp}/x.pt")     # each move's first process ended at its move
+    assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
+
+
+def test_a_script_that_marks_its_own_boundaries_is_moved_at_one_of_them(tmp):
+    """Gradient accumulation under job.data: a restored process knows that fetches are not boundaries, so a
+    move asked for at once lands after an optimizer step, not between two accumulated micro-batches."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+    run_py(script, f"{tmp}/solo.pt", "--accum", "2")
+    run_py(script, f"{tmp}/x.pt", "--accum", "2", "--migrate-at", "3", "--checkpoint", f"{tmp}/a.ckpt")
+    run_py(script, f"{tmp}/x.pt", "--accum", "2", "--restore", f"{tmp}/a.ckpt", "--move-again",
+           "--checkpoint", f"{tmp}/b.ckpt")
+    run_py(script, f"{tmp}/moved.pt", "--accum", "2", "--restore", f"{tmp}/b.ckpt")
+    assert not os.path.exists(f"{tmp}/x.pt")
+    assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")

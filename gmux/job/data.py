@@ -7,15 +7,18 @@ mid-epoch rebuilds the iterator from it and replays the batches already consumed
 again, in the same order and with the same seeds, so any randomness inside them repeats too), then puts the
 random streams back to where the checkpoint left them.
 
-Limits, stated where users look: with num_workers=0 a dataset must not draw from the global random stream
-inside __getitem__, and with persistent_workers=True worker random state carries across epochs; in both cases
-a mid-epoch restore in a new process can differ (suspend/resume in one process is always exact).
+Limits, stated where users look: with persistent_workers=True a loader rebuilt in a new process draws its
+workers' seeds where the first process drew only the epoch's shuffle, and worker random state carries across
+epochs, so a restore in a new process can differ; so can one where the script draws from a torch.Generator of
+its own outside the loader (gmux does not see it). Suspend/resume in one process is always exact.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional
 
+import numpy as np
 import torch
 
 
@@ -25,15 +28,19 @@ class DataPosition:
     index: int = 0                                  # batches of this epoch consumed
     epoch_rng: Optional[torch.Tensor] = None        # torch's CPU random state when the epoch's iterator started
     epoch_generator: Optional[torch.Tensor] = None  # the loader's own generator state, if it has one
+    # The script marks its boundaries itself (job.boundary(): gradient accumulation), so fetches are not
+    # boundaries: kept in the checkpoint, or a new process would take its first fetches, mid-cycle, for them.
+    marked_by_script: bool = False
     replay: bool = False                            # set by a restore: the next data() call fast-forwards
 
     def to_dict(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index,
-                "epoch_rng": self.epoch_rng, "epoch_generator": self.epoch_generator}
+        return {"epoch": self.epoch, "index": self.index, "epoch_rng": self.epoch_rng,
+                "epoch_generator": self.epoch_generator, "marked_by_script": self.marked_by_script}
 
     @classmethod
     def from_dict(cls, d: dict) -> "DataPosition":
-        return cls(int(d["epoch"]), int(d["index"]), d["epoch_rng"], d["epoch_generator"], replay=d["index"] > 0)
+        return cls(int(d["epoch"]), int(d["index"]), d["epoch_rng"], d["epoch_generator"],
+                   bool(d["marked_by_script"]), replay=d["index"] > 0)
 
 
 def epochs(position: DataPosition, count: int) -> Iterator[int]:
@@ -50,8 +57,10 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[],
     # A restored job resumes just after the boundary its checkpoint was taken at: do not mark that one twice.
     skip_mark = position.replay
     if position.replay:
-        now_rng = torch.get_rng_state()
-        now_gen = generator.get_state() if generator is not None else None
+        # The process-wide streams are as the checkpoint left them (it holds them): the replay's draws are put
+        # back. The loader's own generator is not in the checkpoint: the replay leaves it where the epoch's
+        # start left it in the first process, which is where it was at the checkpoint.
+        now_rng, now_np, now_py = torch.get_rng_state(), np.random.get_state(), random.getstate()
         torch.set_rng_state(position.epoch_rng)
         if generator is not None and position.epoch_generator is not None:
             generator.set_state(position.epoch_generator)
@@ -59,8 +68,8 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[],
         for _ in range(position.index):
             next(it)
         torch.set_rng_state(now_rng)
-        if now_gen is not None:
-            generator.set_state(now_gen)
+        np.random.set_state(now_np)
+        random.setstate(now_py)
         position.replay = False
     else:
         position.index = 0

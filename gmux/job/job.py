@@ -55,7 +55,6 @@ class Job:
         self._discover = discover
         self._last = time.perf_counter()
         self._next_report = self._last + REPORT_EVERY_S
-        self._marked_elsewhere = False
         self._in_place = False          # suspended in place: held at a boundary, its memory where it was
         self.unchanged = holdings.Unchanged(tracked.modules)   # what a move's checkpoint may leave out
         # Whether a checkpoint may leave out the gradients' values (see `checkpoint`); GMUX_GRADS=overwritten
@@ -93,7 +92,7 @@ class Job:
     # -- boundaries ----------------------------------------------------------------------------------------
     def boundary(self) -> None:
         """Marks the end of a mini-batch. With nothing pending: a timestamp and a non-blocking poll."""
-        self._marked_elsewhere = True
+        self.position.marked_by_script = True
         self._boundary()
 
     def _boundary(self) -> None:
@@ -110,7 +109,7 @@ class Job:
 
     def _boundary_from_iterator(self) -> None:
         # An explicit boundary() or the optimizer hook knows better (gradient accumulation); defer to it.
-        if not self._marked_elsewhere:
+        if not self.position.marked_by_script:
             self._boundary()
 
     def epochs(self, count: int) -> Iterator[int]:

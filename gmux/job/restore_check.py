@@ -297,6 +297,8 @@ class Fit:
         self.keys(pos, self.job.position.to_dict(), "'position'")
         self.counter(pos["epoch"], "position 'epoch'")
         self.counter(pos["index"], "position 'index'")
+        if not isinstance(pos["marked_by_script"], bool):
+            self.fail(f"position 'marked_by_script': {describe(pos['marked_by_script'])}, the job has a bool")
         rng_shape = tuple(self.live["rng"]["torch"].shape)
         if pos["epoch_rng"] is None:
             if pos["index"] > 0:

@@ -1,0 +1,71 @@
+"""A loop whose data is random three ways: a loader shuffled by a torch.Generator of its own, and a dataset
+(no loader workers) that adds numpy and `random` noise in __getitem__. Moved into a new process mid-epoch,
+it must end with the weights of an uninterrupted run (tests/test_bit_identical.py).
+
+usage: seeded_data.py OUT [--accum N] [--migrate-at STEP --checkpoint PATH] [--restore PATH [--move-again]]
+
+--accum N: an optimizer step every N batches, the script marking its boundaries (job.boundary()) after each;
+--move-again: restored, it is asked to move again at once (at its next boundary, which must be its own).
+"""
+import argparse
+import random
+import sys
+
+import numpy as np
+import torch
+
+import gmux.job
+
+
+class Noisy(torch.utils.data.Dataset):
+    def __init__(self):
+        self.x = torch.randn(96, 8)
+        self.y = self.x.sum(1, keepdim=True)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        noise = float(np.random.normal()) * 0.01 + random.random() * 0.01
+        return self.x[i] + noise, self.y[i]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--migrate-at", type=int)
+    p.add_argument("--checkpoint")
+    p.add_argument("--restore")
+    p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--move-again", action="store_true")
+    a = p.parse_args()
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(Noisy(), batch_size=8, shuffle=True,
+                                         generator=torch.Generator().manual_seed(7))
+    job = gmux.job.attach(model, optimizer, state={"step": 0})
+    if a.restore:
+        job.restore(a.restore)
+        if a.move_again:
+            job.controller.send("migrate", path=a.checkpoint)
+    for _ in job.epochs(4):
+        for i, (x, y) in enumerate(job.data(loader)):
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            if (i + 1) % a.accum:
+                continue
+            optimizer.step()
+            optimizer.zero_grad()
+            job.state["step"] += 1
+            if job.state["step"] == a.migrate_at:
+                job.controller.send("migrate", path=a.checkpoint)
+            if a.accum > 1 or job.state["step"] == a.migrate_at:
+                job.boundary()
+    torch.save(model.state_dict(), a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
