@@ -13,6 +13,7 @@ from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
 from gmux.cli.argtypes import nonneg, positive, positive_int, positive_size, tcp_endpoint
 from gmux.cli.submit_env import submit_cwd, submit_env
+from gmux.util.job_command import script_of
 from gmux.util.text import printable
 
 
@@ -49,7 +50,9 @@ def main(argv: list) -> int:
             s.add_argument("--name")
             s.add_argument("--mem", type=positive_size)
             s.add_argument("--weight", type=positive, default=1.0)
-            s.add_argument("--ckpt-every", type=nonneg, help="periodic checkpoint interval, seconds")
+            s.add_argument("--ckpt-every", type=nonneg,
+                           help="periodic checkpoint interval, seconds (0: never; default: gmux-scheduler's "
+                                "--ckpt-every)")
             s.add_argument("--ranks", type=positive_int, default=1,
                            help="a gang of N processes, one per GPU of one machine (torch.distributed: RANK, "
                                 "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are set for each)")
@@ -82,9 +85,15 @@ def run(a) -> int:
             argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
             if not argv:
                 raise ClusterError("give the command after --, e.g. gmux submit --cluster ADDR -- python train.py")
-            env = submit_env()
-            data = c.call("c_submit", argv=argv, cwd=submit_cwd(), env=env, name=a.name, mem=a.mem,
-                          weight=a.weight, ckpt_every=a.ckpt_every, ranks=a.ranks)
+            try:
+                cwd = submit_cwd()
+                script_of(argv, cwd)
+            except ValueError as e:
+                raise ClusterError(f"submit: {e}") from None
+            # Left out, the scheduler's own default applies; 0 is never (None on the wire).
+            ckpt = {} if a.ckpt_every is None else {"ckpt_every": a.ckpt_every or None}
+            data = c.call("c_submit", argv=argv, cwd=cwd, env=submit_env(), name=a.name, mem=a.mem,
+                          weight=a.weight, ranks=a.ranks, **ckpt)
             print(json.dumps(data) if a.json else f"submitted {data['cjob']} to {a.cluster}")
         elif a.cmd == "kill":
             data = c.call("c_kill", cjob=a.job)

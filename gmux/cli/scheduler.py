@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import sqlite3
 import sys
 
 from gmux.wire import keys
@@ -39,6 +41,11 @@ def main(argv=None) -> int:
                                                admins=tuple(a.admin)))
     except (keys.KeyError_, OSError, ValueError) as e:
         print(f"gmux-scheduler: {e}", file=sys.stderr)
+        return 1
+    except sqlite3.DatabaseError as e:
+        db = os.path.join(a.state, "scheduler.db")
+        print(f"gmux-scheduler: {db} is damaged or not a gmux-scheduler database ({e}). "
+              f"Move it aside to start an empty cluster (the jobs it records are then forgotten)", file=sys.stderr)
         return 1
 
     def stop(signum, frame):

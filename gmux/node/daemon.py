@@ -318,9 +318,10 @@ class Daemon:
             state, detail = "killed", "killed by gmux kill"
         self.leave_gpu(job, time.monotonic())
         # A checkpoint still here was not restored from (a new process restores it, then deletes it): a move
-        # or spill by exit that did not complete, whose file holds the job's work. Kept, unless it was killed.
+        # or spill by exit that did not complete, whose file holds the job's work. Kept, unless the job was
+        # killed or finished its work anyway (a move taken at its last boundary).
         ckpt = self.rundir.checkpoint_file(job.id, job.uid)
-        if job.kill_requested:
+        if job.kill_requested or state == "exited":
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(ckpt)
         elif os.path.exists(ckpt) and ckpt not in detail:

@@ -187,6 +187,18 @@ def test_one_scheduler_per_state_directory_and_bad_addresses_are_refused_by_name
     with pytest.raises(SystemExit):
         gmux_main(["ps", "--cluster", "", "--keys", keydir])
     assert "'' is not tcp://HOST:PORT" in capsys.readouterr().err
+    # A damaged state database: named, left as it is (it was a traceback)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "scheduler.db").write_bytes(b"\x00garbage" * 500)
+    assert cli.main(["--keys", keydir, "--state", str(tmp_path / "bad"), "--listen", "tcp://127.0.0.1:*"]) == 1
+    assert "scheduler.db is damaged or not a gmux-scheduler database" in capsys.readouterr().err
+    assert (tmp_path / "bad" / "scheduler.db").read_bytes() == b"\x00garbage" * 500
+    # A command that is not a Python script is refused before it reaches a scheduler (it started on a machine,
+    # failed in its log, and stayed "starting")
+    keys.create(keydir, "client", "tester")
+    assert gmux_main(["submit", "--cluster", "tcp://127.0.0.1:9", "--keys", keydir, "--as", "tester", "--",
+                      "sleep", "100"]) == 1
+    assert "submit: a job is a Python training script" in capsys.readouterr().err
 
 
 def test_keys_refused_for_one_bad_or_repeated_name_makes_none(tmp_path, capsys):

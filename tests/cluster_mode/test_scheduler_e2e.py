@@ -1,10 +1,12 @@
 """gmux-scheduler with three real gmuxd daemons on loopback: jobs placed by a policy run to completion
 bit-identical to solo runs; strangers and wrong keys are refused; malformed daemon messages cost nothing;
 a scheduler killed mid-run and restarted loses no job."""
+import contextlib
 import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import time
 
@@ -37,6 +39,10 @@ def test_gandiva_places_on_three_daemons_bit_identical_and_refuses_strangers(clu
                         *PACE, "--attach"], env=env(), capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert r.returncode == 0, r.stderr
     ids["33"] = json.loads(r.stdout)["cjob"]
+    # no --ckpt-every: the scheduler's own default applies (the CLI used to send "never")
+    with contextlib.closing(sqlite3.connect(tmp_path / "sched" / "scheduler.db")) as db:
+        (every,) = db.execute("SELECT ckpt_every FROM jobs WHERE cjob=?", (ids["33"],)).fetchone()
+    assert every == 30.0, every
 
     # --- refusals, while the jobs run ---
     ctx = zmq.Context.instance()
