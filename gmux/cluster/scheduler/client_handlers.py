@@ -78,6 +78,7 @@ class ClientHandlers:
             job.set("killed", f"killed by {name} before it started")
             job.finished = time.time()
         else:
+            self.s.moves.give_up_for_kill(job)
             self.s._action(job.machine, "kill", job.cjob)
         self.s.state.save(job)
         return {"cjob": job.cjob}

@@ -111,6 +111,17 @@ class Moves:
         job.set("running", why)
         self._set(job)
 
+    def give_up_for_kill(self, job: CJob) -> None:
+        """A kill during a move ends the job where it runs: until its checkpoints are on the target ("sent") that is
+        the source, so the target's new processes are killed and the job is back on its source, which the kill
+        then reaches (sent only to the target, it ended nothing there and the move never completed)."""
+        if job.state != "migrating" or not job.source or job.move.get("stage") == "sent":
+            return
+        self.s._action(job.machine, "kill", job.cjob)
+        _back_to_source(job)
+        job.set("running", "killing it: its move was given up")
+        self._set(job)
+
     def machine_lost(self, job: CJob, name: str) -> bool:
         """Machine `name` is lost: a move of `job` from it goes on if its checkpoint is on the target, else the job
         is lost with its source (it is on `name` again, for the caller to restart elsewhere); a move to it leaves

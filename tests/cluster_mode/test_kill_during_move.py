@@ -1,0 +1,32 @@
+"""A kill that arrives while the job moves between machines ends it: sent only to the move's target, it
+cancelled the target's start while the source trained on, and the job stayed 'migrating' for good."""
+import glob
+
+from cluster_harness import PY, ROOT, TRAIN, wait_for
+
+
+def _running(marker: str) -> list:
+    found = []
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(path, "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(path.split("/")[2])
+        except OSError:
+            pass
+    return found
+
+
+def test_a_kill_during_a_move_ends_the_job_on_both_machines(cluster_factory, tmp_path):
+    c = cluster_factory(policy="gandiva", machines=("m1", "m2"))
+    c.wait_machines(2)
+    out = str(tmp_path / "long.json")
+    cjob = c.call("c_submit", argv=[PY, TRAIN, out, "1000000", "--attach", "--sleep", "0.01"], cwd=ROOT,
+                  env={"OMP_NUM_THREADS": "1"})["cjob"]
+    job = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 20 and j)(c.job(cjob)), 60,
+                   "job running")
+    dst = next(m for m in ("m1", "m2") if m != job["machine"])
+    c.call("c_migrate", cjob=cjob, machine=dst, gpu=1)
+    c.call("c_kill", cjob=cjob)
+    wait_for(lambda: c.job(cjob)["state"] == "killed", 60, lambda: f"killed: {c.job(cjob)}")
+    wait_for(lambda: not _running(out), 30, lambda: f"its processes gone: {_running(out)}")
