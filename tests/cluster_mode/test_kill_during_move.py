@@ -30,3 +30,16 @@ def test_a_kill_during_a_move_ends_the_job_on_both_machines(cluster_factory, tmp
     c.call("c_kill", cjob=cjob)
     wait_for(lambda: c.job(cjob)["state"] == "killed", 60, lambda: f"killed: {c.job(cjob)}")
     wait_for(lambda: not _running(out), 30, lambda: f"its processes gone: {_running(out)}")
+
+
+def test_a_kill_while_the_job_starts_is_not_undone_by_a_retried_start(cluster_factory, tmp_path):
+    """Killed before its machine reported it, a job stayed 'starting', and its start was sent again 30 s later."""
+    c = cluster_factory(policy="gandiva", machines=("m1",))
+    c.wait_machines(1)
+    out = str(tmp_path / "long.json")
+    cjob = c.call("c_submit", argv=[PY, TRAIN, out, "1000000", "--attach", "--sleep", "0.01"], cwd=ROOT,
+                  env={"OMP_NUM_THREADS": "1"})["cjob"]
+    wait_for(lambda: c.job(cjob)["state"] == "starting", 30, "job starting")
+    c.call("c_kill", cjob=cjob)
+    wait_for(lambda: c.job(cjob)["state"] == "killed", 20, lambda: f"killed: {c.job(cjob)}")
+    wait_for(lambda: not _running(out), 30, lambda: f"its processes gone: {_running(out)}")

@@ -80,6 +80,11 @@ class ClientHandlers:
         else:
             self.s.moves.give_up_for_kill(job)
             self.s._action(job.machine, "kill", job.cjob)
+            if job.state == "starting" and job.local is None:
+                # Not seen on its machine yet: the kill cancels its start there (killing what it spawned), and
+                # nothing will report on it, so it ends here, or a stalled start would be sent again.
+                job.set("killed", f"killed by {name} while it started on {job.machine}")
+                job.finished = time.time()
         self.s.state.save(job)
         return {"cjob": job.cjob}
 
