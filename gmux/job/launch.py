@@ -12,6 +12,7 @@ same job id and token, and when started again runs the script with GMUX_RESTORE 
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 from dataclasses import dataclass
@@ -124,6 +125,11 @@ def run(opt: LaunchOptions) -> int:
 def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
     """Becomes a fresh interpreter (same pid) that re-registers and restores from the checkpoint."""
     agent.close()   # linger lets the migrate result leave first
+    # Its children (a persistent_workers loader's workers) would outlive the exec: the pid they watch stays alive.
+    for child in multiprocessing.active_children():
+        child.terminate()
+    for child in multiprocessing.active_children():
+        child.join(5)
     # The token travels in the environment, not on the command line that `ps` shows to everyone.
     os.environ["GMUX_JOB_TOKEN"] = agent.token
     cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", opt.runtime_dir, "--job", agent.job,
