@@ -100,8 +100,8 @@ def run(a) -> int:
             print(json.dumps(data) if a.json else f"killing {a.job}")
         elif a.cmd in ("suspend", "resume"):
             data = c.call("c_" + a.cmd, cjob=a.job)
-            said = {"suspend": f"{a.job} held until `gmux resume --cluster {a.job}` (if it runs, it suspends at its "
-                               f"next boundary)",
+            said = {"suspend": f"{a.job} held until `gmux resume --cluster {a.cluster} {a.job}` (if it runs, it "
+                               f"suspends at its next boundary)",
                     "resume": f"{a.job} released: it runs again in its turn"}
             print(json.dumps(data) if a.json else said[a.cmd])
         else:

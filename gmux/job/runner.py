@@ -55,7 +55,8 @@ def prepare(controller=None, *, hook: bool = True, pool_bytes: int = 0, native: 
 
 def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], None]] = None) -> tuple[int, str]:
     """Runs the script (`kind` 'path' or 'module', as gmux.util.job_command.script_of says) as `__main__`
-    with sys.argv = `argv`, after `setup()`; returns (exit status, reason). A failure in `setup` ends the job like a failing script."""
+    with sys.argv = `argv`, after `setup()`; returns (exit status, reason). A failure in `setup` ends the job
+    like a failing script."""
     status, reason = 0, "finished"
     saved_argv = sys.argv
     try:

@@ -135,8 +135,9 @@ def test_a_slow_start_is_not_counted_as_suspend_time(node_factory, tmp_path):
     """SUSPENDS (s) is what suspends and resumes cost; the wait for a job's first boundary is its start-up."""
     node = node_factory("--virtual-gpus", "1x1GiB")
     slow = tmp_path / "slow_start.py"
-    slow.write_text(f"import runpy, sys, time\ntime.sleep(3)\nsys.argv = [{str(TRAIN)!r}, {str(tmp_path / 'o.json')!r}, "
-                    f"'1000000', '--attach', '--sleep', '0.01']\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
+    slow.write_text(f"import runpy, sys, time\ntime.sleep(3)\n"
+                    f"sys.argv = [{str(TRAIN)!r}, {str(tmp_path / 'o.json')!r}, '1000000', '--attach', '--sleep', "
+                    f"'0.01']\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
     job = json.loads(gmux(node.rt, "--json", "submit", "--", PY, str(slow)).stdout)["job"]
     node.wait_for(lambda: node.job(job)["step"] > 0, 60, "job training")
     info = node.job(job)

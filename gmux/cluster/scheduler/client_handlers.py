@@ -96,7 +96,7 @@ class ClientHandlers:
                                          f"runs there")
         if job.state != "held":
             running, where = job.state == "running", f" on {job.machine}" if job.machine else ""
-            job.set("held", f"held by {name}{where}; `gmux resume --cluster {job.cjob}` lets it run")
+            job.set("held", f"held by {name}{where}; `gmux resume --cluster ADDRESS {job.cjob}` lets it run")
             if running:
                 self.s._action(job.machine, "suspend", job.cjob)
             self.s.state.save(job)
