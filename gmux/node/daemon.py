@@ -286,6 +286,9 @@ class Daemon:
             if job.registered:   # else it joins the slicer when its process registers
                 self.seat(job, now)
             return {"job": job.id, "gpu": gpu, "moved": "before starting", "path": "before starting"}
+        if busy == "resume" and not job.started:
+            raise Busy(f"migrate: {job.id} is starting: it has not reached its first boundary (a script run with "
+                       f"--no-hook reaches one only once it calls gmux.job.attach() and trains); try again then")
         if busy:
             raise Busy(f"migrate: {job.id} is busy with a {busy}; try again in a moment")
         if self.moves.applies(job, gpu, new_process):

@@ -95,3 +95,15 @@ def test_a_killed_job_leaves_no_checkpoint(node_factory, tmp_path):
     node.call("kill", job=job)
     node.wait_for(lambda: node.job(job)["state"] == "killed", 30, "job killed")
     assert not os.path.exists(ckpt)
+
+
+def test_a_move_of_a_job_still_starting_says_so(node_factory, tmp_path):
+    """A --no-hook script that has not attached has no boundary yet: the refusal says that, not only 'busy'."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    script = tmp_path / "never_attaches.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    job = node.job_of(node.launch(str(script), opts=["--no-hook"]).pid)
+    node.wait_for(lambda: node.job(job)["gpu"] == 0, 30, "job placed")
+    out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "migrate", job, "--gpu", "1",
+                          "--new-process"], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "has not reached its first boundary" in out.stderr, out.stderr
