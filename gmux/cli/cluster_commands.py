@@ -13,7 +13,6 @@ from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
 from gmux.cli.argtypes import nonneg, positive, positive_int, positive_size, tcp_endpoint
 from gmux.cli.submit_env import submit_cwd, submit_env
-from gmux.util.job_command import script_of
 from gmux.util.text import printable
 
 
@@ -86,8 +85,7 @@ def run(a) -> int:
             if not argv:
                 raise ClusterError("give the command after --, e.g. gmux submit --cluster ADDR -- python train.py")
             try:
-                cwd = submit_cwd()
-                script_of(argv, cwd)
+                cwd = submit_cwd(argv)
             except ValueError as e:
                 raise ClusterError(f"submit: {e}") from None
             # Left out, the scheduler's own default applies; 0 is never (None on the wire).

@@ -12,7 +12,6 @@ from gmux.wire.daemon_client import Client, GmuxError
 from gmux.rundir import default_runtime_dir
 from gmux.cli.argtypes import nonneg_int, path, positive, positive_int, positive_size
 from gmux.cli.submit_env import submit_cwd, submit_env
-from gmux.util.job_command import script_of
 from gmux.util.text import printable
 
 
@@ -147,8 +146,7 @@ def run(a) -> int:
             raise GmuxError("give the command after --, e.g. gmux submit -- python train.py")
         env = submit_env()
         try:
-            cwd = submit_cwd()
-            script_of(argv, cwd)
+            cwd = submit_cwd(argv)
         except ValueError as e:
             raise GmuxError(f"submit: {e}") from None
         fields = {"ranks": a.ranks} if a.ranks is not None else {}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
+from gmux.util.job_command import script_of
+
 PASSED = ("PATH", "PYTHONPATH", "HOME", "USER", "LANG")
 PASSED_PREFIXES = ("OMP_", "MKL_", "TORCH_", "GMUX_")
 WITHHELD = ("GMUX_RUNTIME_DIR", "GMUX_JOB_TOKEN", "GMUX_KEYS", "GMUX_CLUSTER", "GMUX_KEY_NAME")
@@ -21,10 +23,13 @@ def submit_env(environ: Optional[Mapping[str, str]] = None) -> dict:
             if (k in PASSED or k.startswith(PASSED_PREFIXES)) and k not in WITHHELD}
 
 
-def submit_cwd() -> str:
-    """The directory the job starts in: the shell's, which must still exist."""
+def submit_cwd(argv: list) -> str:
+    """The directory the job starts in: the shell's, which must still exist; ValueError, naming the problem,
+    also for a command a job cannot run (gmux.util.job_command), refused here rather than in the job's log."""
     try:
-        return os.getcwd()
+        cwd = os.getcwd()
     except FileNotFoundError:
         raise ValueError("this shell's directory no longer exists; cd to the job's directory and submit again") \
             from None
+    script_of(argv, cwd)
+    return cwd
