@@ -1,6 +1,6 @@
 """The gmuxd side of cluster mode: reports this machine to gmux-scheduler and carries out its actions.
 
-Runs beside the daemon (a thread of `gmuxd --scheduler ADDR`, or `python -m gmux.node.cluster_link`), and
+Runs beside the daemon (a thread of `gmuxd --scheduler ADDR`, or `python -m gmux.cli.cluster_link`), and
 talks to its gmuxd only through the admin socket, like the CLI: the daemon's single-threaded loop is never
 entered from another thread. Toward the cluster it holds:
   - a DEALER to the scheduler (CurveZMQ client with this machine's daemon key; routing id = its name), on which
@@ -21,12 +21,10 @@ leaves through gmux.node.cluster_stream.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
 import queue
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,13 +37,13 @@ from gmux.wire import keys, sealed
 from gmux.wire.receiver import Receiver
 from gmux.wire.transfer import ask_holds, rank_xfers
 from gmux.wire.daemon_client import Client, GmuxError
+from gmux.wire.handshake_watch import HandshakeWatch
 from gmux.wire.server import Server, configure
 from gmux.node.cluster_records import busy_data, gang_record, ranks_by_job, running_before_boundary, taken_at
 from gmux.node.cluster_starts import Starts
 from gmux.node.cluster_stream import send_files, staged, stream_ranks
 from gmux.node.warm_pool import WarmPool
 from gmux.rundir import RuntimeDir, RuntimeDirError
-from gmux.util.text import log_to_stderr
 from gmux.util.wakeup import Wakeup
 
 log = logging.getLogger("gmux.cluster_link")
@@ -91,6 +89,7 @@ class ClusterLink:
         self.up.setsockopt(zmq.LINGER, 0)
         self.up.setsockopt(zmq.SNDHWM, 100)
         self.up.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        self.handshake = HandshakeWatch(self.up, scheduler, "scheduler", f"daemon.{name}", "scheduler")
         self.up.connect(scheduler)
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="cluster-link")
         self.outbox: "queue.SimpleQueue" = queue.SimpleQueue()   # (event, cjob, detail, data) from workers
@@ -133,6 +132,7 @@ class ClusterLink:
         poller.register(self.inbox, zmq.POLLIN)
         poller.register(self.bulk, zmq.POLLIN)
         poller.register(self.wakeup.fileno(), zmq.POLLIN)
+        poller.register(self.handshake.socket, zmq.POLLIN)
         try:
             while not self.stopping and not (until and until()):
                 look_s = STARTING_LOOK_S if self.starts.watched() else IDLE_POLL_MS / 1000
@@ -142,6 +142,9 @@ class ClusterLink:
                         continue
                     if sock is self.bulk:
                         sealed.serve_bulk(self.bulk, self.receiver.handle_sealed)
+                        continue
+                    if sock is self.handshake.socket:
+                        self.handshake.handle()
                         continue
                     for _ in range(200):
                         try:
@@ -157,6 +160,7 @@ class ClusterLink:
                     self._last_report = self._last_look = now
                     self._report(now)
                     self.receiver.expire()
+                    self.handshake.check(now)
                 elif self.starts.starting and now - self._last_look >= look_s:
                     self._last_look = now
                     self._report(now, full=False)
@@ -174,6 +178,7 @@ class ClusterLink:
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.warm.close()
+        self.handshake.close()
         self.up.close(0)
         self.inbox.close(0)
         self.bulk.close(0)
@@ -463,7 +468,6 @@ class ClusterLink:
                     **({"running_s": running} if running is not None else {}))
 
 
-
 def _each(fn, items: list) -> list:
     """fn(item) for every item at the same time; their results in order."""
     if len(items) == 1:
@@ -476,25 +480,3 @@ def start_thread(link: ClusterLink) -> threading.Thread:
     t = threading.Thread(target=link.serve, name="cluster-link", daemon=True)
     t.start()
     return t
-
-
-def main(argv=None) -> int:
-    """python -m gmux.node.cluster_link: the link as its own process beside an already running gmuxd."""
-    p = argparse.ArgumentParser(prog="gmux-cluster-link")
-    p.add_argument("--runtime-dir", required=True)
-    p.add_argument("--name", required=True, help="this machine's name: its key is daemon.NAME in --keys")
-    p.add_argument("--scheduler", required=True, help="tcp://HOST:PORT of gmux-scheduler")
-    p.add_argument("--keys", required=True, help="the cluster's key directory")
-    p.add_argument("--listen", default="tcp://127.0.0.1:0", help="where checkpoints arrive from other machines")
-    a = p.parse_args(argv)
-    log_to_stderr("cluster-link")
-    try:
-        link = ClusterLink(a.runtime_dir, a.name, a.scheduler, a.keys, a.listen)
-    except RuntimeDirError as e:
-        p.error(str(e))
-    link.serve()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -61,7 +61,7 @@ def test_a_link_beside_a_system_daemon_is_refused(tmp_path):
     (tmp_path / "run" / "users").mkdir(parents=True)
     with pytest.raises(RuntimeDirError, match="system daemon's: cluster mode is not supported"):
         ClusterLink(str(tmp_path / "run"), "m1", "tcp://127.0.0.1:1", str(tmp_path / "keys"))
-    r = subprocess.run([sys.executable, "-m", "gmux.node.cluster_link", "--runtime-dir", str(tmp_path / "run"),
+    r = subprocess.run([sys.executable, "-m", "gmux.cli.cluster_link", "--runtime-dir", str(tmp_path / "run"),
                         "--name", "m1", "--scheduler", "tcp://127.0.0.1:1", "--keys", str(tmp_path / "keys")],
                        env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "cluster mode is not supported" in r.stderr and "Traceback" not in r.stderr
