@@ -216,6 +216,7 @@ class ClusterLink:
         if not full:
             self.starts.look(ps["jobs"], self.world)
             return
+        self.starts.unregistered(ps["jobs"])
         records = []
         for cjob, by_rank in ranks_by_job(ps["jobs"], self.starts.spawned).items():
             world = self.world.setdefault(cjob, max(by_rank) + 1)

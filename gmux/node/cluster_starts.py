@@ -21,6 +21,7 @@ from gmux import protocol
 from gmux.rundir import RuntimeDir
 from gmux.node.cluster_records import gang_record, ranks_by_job
 from gmux.node.warm_pool import WarmPool
+from gmux.util.text import printable, tail
 from gmux.util.rendezvous import free_port, rendezvous_env
 
 log = logging.getLogger("gmux.cluster_link")
@@ -38,6 +39,8 @@ class Starts:
         self.restoring: dict[str, list] = {}   # cjob -> received checkpoints its new processes restore from
         self.unwanted: set = set()             # those dropped while still arriving: deleted once they complete
         self.cancelled: set[str] = set()       # starts killed before gmuxd knew their processes
+        self.exits: dict[int, int] = {}        # pid -> exit status, of a starting job's process that has ended
+        self.logs: dict[int, tuple] = {}       # pid -> (its log, the log's size when it started)
 
     def begin(self, cjob: str, paths: list) -> None:
         """A start from the checkpoints at `paths` (none: a fresh one); its processes come from `spawn`."""
@@ -71,21 +74,25 @@ class Starts:
                 cmd += ["--gang", cjob, "--rank", str(rank), "--world", str(world)]
             rank_env = {**env, **rendezvous_env(world, port, rank)} if world > 1 else env
             log_path = os.path.join(self.rundir.logs(), f"{name}.cluster.log")
+            log_from = os.path.getsize(log_path) if os.path.exists(log_path) else 0
             warm, why = (None, "no pool") if self.warm is None else \
                 self.warm.take(cmd[3:] + ["--", *a["argv"]], rank_env, a["cwd"] or None, log_path)
             how.append("warm" if warm else f"cold: {why}")
             if warm is not None:
                 procs.append(warm)
+                self.logs[warm.pid] = (log_path, log_from)
                 continue
             try:
                 with open(log_path, "ab") as out:
                     procs.append(subprocess.Popen(cmd + ["--", *a["argv"]], cwd=a["cwd"] or None, env=rank_env,
                                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                   start_new_session=True))
+                self.logs[procs[-1].pid] = (log_path, log_from)
             except OSError as e:
                 for p in procs:          # a gang without one of its ranks would wait for it for ever
                     p.kill()
                     p.wait()
+                    self.logs.pop(p.pid, None)
                 self._over(cjob)
                 self.event("start_failed", cjob, f"could not start rank {rank}: {e}")
                 return
@@ -111,8 +118,42 @@ class Starts:
 
     def reap(self) -> None:
         for pid, p in list(self.children.items()):
-            if p.poll() is not None:
-                del self.children[pid]   # reaped: gmuxd reads how it ended from the exit record
+            status = p.poll()
+            if status is not None:
+                del self.children[pid]   # reaped: gmuxd reads how it ended from the exit record...
+                if any(pid in self.spawned.get(cjob, ()) for cjob in self.starting):
+                    self.exits[pid] = status     # ...unless it never registered (`unregistered`)
+
+    def unregistered(self, jobs: list) -> None:
+        """Every job gmuxd has a record of, live and ended (`jobs`, read after `reap`): a start one of whose
+        processes ended without gmuxd ever hearing of it failed before it registered (gmux-launch refused: a
+        --mem no GPU here has, an unreadable checkpoint...). Without this the scheduler would wait for a job that
+        will never show and send its start again and again. The other ranks, waiting for it, are stopped."""
+        if not self.exits:
+            return
+        known = {j.get("pid") for j in jobs}
+        for cjob in list(self.starting):
+            pids = self.spawned.get(cjob) or []
+            gone = [(rank, pid) for rank, pid in enumerate(pids) if pid in self.exits and pid not in known]
+            if not gone:
+                continue
+            rank, pid = gone[0]
+            said = [ln for ln in self._said(pid).splitlines() if ln.strip()]
+            self.cancel(cjob)
+            self.event("start_failed", cjob, (f"rank {rank}: " if len(pids) > 1 else "")
+                       + f"gmux-launch exited with status {self.exits[pid]} before gmuxd heard of it"
+                       + (f": {printable(said[-1].strip(), limit=300)}" if said else ""))
+        live = {pid for cjob in self.starting for pid in self.spawned.get(cjob) or []}
+        self.exits = {pid: s for pid, s in self.exits.items() if pid in live}
+
+    def _said(self, pid: int) -> str:
+        """What a process of this start wrote to its log (appended to by every start of that name)."""
+        path, since = self.logs.get(pid, ("", 0))
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return ""
+        return tail(path, min(4096, max(0, size - since)))
 
     def watched(self) -> bool:
         """Whether a start that restores is at a step the link should look for often: its processes are getting
@@ -159,6 +200,8 @@ class Starts:
         """The start is over (started, failed or cancelled): its received checkpoints go."""
         self.starting.pop(cjob, None)
         self.ready.discard(cjob)
+        for pid in self.spawned.get(cjob) or []:
+            self.logs.pop(pid, None)
         if self.warm is not None and not self.starting:
             self.warm.fill()           # the next warm interpreters import torch now, not beside a start
         for path in self.restoring.pop(cjob, []):

@@ -155,3 +155,34 @@ def test_a_job_killed_while_held_is_learned_with_the_service_it_had_when_held(sc
     sched.tick(time.time())
     assert sched.jobs["c1"].state == "killed"
     assert len(learned) == 1 and 0.2 <= learned[0] < 0.9, learned     # ~0.3 s, not ~1.8 s
+
+
+def test_a_start_that_keeps_failing_is_held_with_the_reason_and_tries_again_when_released(sched):
+    """A start that fails the same way every time (a --mem no GPU has) is not sent again for ever: after three
+    failures in a row the job is held, saying why and how to try again; a start that gets going clears the count."""
+    def failed(detail):
+        frame = protocol.encode("node_event", table=C, name="m1", cjob="c2", event="start_failed", detail=detail)
+        sched._daemon_node_event("m1", b"m1", protocol.decode(frame, C), None)
+
+    sched.jobs["c2"] = CJob("c2", ["python", "train.py"], "/", owner="alice")
+    for attempt in range(1, 4):
+        sched.tick(time.time())
+        assert sched.wire[-1] == ("m1", "start", "c2") and len(sched.wire) == attempt
+        failed(f"refused {attempt}")
+    job = sched.jobs["c2"]
+    assert job.state == "held" and job.machine is None and job.start_failures == 3
+    assert "failed 3 times in a row, the last on m1: refused 3" in job.detail
+    assert "gmux resume --cluster ADDRESS c2" in job.detail
+    sched.tick(time.time())
+    assert len(sched.wire) == 3                                   # held: not started again
+    assert sched.state.load_jobs()["c2"].start_failures == 3      # and so after a scheduler restart
+    assert client(sched, "alice", "c_resume", cjob="c2")["state"] == "pending"
+    assert job.start_failures == 0
+    sched.tick(time.time())
+    assert sched.wire[-1] == ("m1", "start", "c2")
+    failed("refused again")
+    assert job.state == "pending" and job.start_failures == 1     # three more tries after a release
+    sched.tick(time.time())
+    frame = protocol.encode("node_event", table=C, name="m1", cjob="c2", event="started", detail="")
+    sched._daemon_node_event("m1", b"m1", protocol.decode(frame, C), None)
+    assert job.state == "running" and job.start_failures == 0

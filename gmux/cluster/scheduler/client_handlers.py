@@ -112,6 +112,7 @@ class ClientHandlers:
             raise protocol.ProtocolError(f"c_resume: {job.cjob} is not held by its user (it is {job.state}); "
                                          f"the policy decides when it runs")
         placed = job.machine is not None
+        job.start_failures = 0
         job.set("suspended" if placed else "pending", f"released by {name}: runs in its turn")
         self.s.events.append(Event(EventKind.TICK) if placed else Event(EventKind.ARRIVAL, job_id=job.cjob))
         self.s.state.save(job)

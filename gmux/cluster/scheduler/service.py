@@ -31,7 +31,7 @@ from gmux.cluster.policies import Event, EventKind, make_policy
 from gmux.cluster.scheduler.client_handlers import ClientHandlers
 from gmux.cluster.scheduler.driver import Driver, Intent
 from gmux.cluster.scheduler.moves import Moves
-from gmux.cluster.scheduler.state import CJob, Machine, State, lock_state_dir
+from gmux.cluster.scheduler.state import START_TRIES, CJob, Machine, State, lock_state_dir
 from gmux.cluster.scheduler.unheard import RESENT, Unheard
 from gmux.wire.server import DEFERRED, Server, configure
 from gmux.wire.receiver import Receiver
@@ -225,6 +225,7 @@ class Scheduler:
                       {"step": job.step, "status": status})
             self.events.append(Event(EventKind.COMPLETION, job_id=job.cjob))
         elif job.state == "starting" and r["state"] in ("running", "suspended") and r["step"] > 0:
+            job.start_failures = 0
             job.set("running")
             job.first_run = job.first_run or now
             self.state.save(job)      # a state change is written at once, measurements at the tick
@@ -243,6 +244,7 @@ class Scheduler:
             if job.state == "migrating" and job.source:
                 self.moves.arrived(job, name, d)
             job.move = {}          # (a move whose source was lost after it sent: nothing is left to release)
+            job.start_failures = 0
             job.set("running")
             job.first_run = job.first_run or time.time()
         elif ev == "start_failed" and job.machine == name:
@@ -250,8 +252,14 @@ class Scheduler:
                 self.moves.target_failed(job, f"migration target {name} failed: {detail}")
             else:
                 job.machine, job.gpu, job.rank_gpus = None, None, []
-                job.set("pending", f"start on {name} failed: {detail}")
-            self._log("start_failed", job.cjob, f"{job.cjob}: start on {name} failed: {detail}")
+                job.start_failures += 1
+                if job.start_failures < START_TRIES:
+                    job.set("pending", f"start on {name} failed: {detail}")
+                else:
+                    job.set("held", f"held: its start failed {job.start_failures} times in a row, the last on {name}: "
+                                    f"{detail}; `gmux resume --cluster ADDRESS {job.cjob}` tries again")
+            self._log("start_failed", job.cjob, f"{job.cjob}: start on {name} failed: {detail}"
+                      + ("; held" if job.state == "held" else ""))
         elif ev == "checkpointed":
             xfers = d.get("xfers")
             ok = (xfers is not None and len(xfers) == job.gpus      # names, typed by the protocol (EVENT_DATA)

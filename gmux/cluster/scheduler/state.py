@@ -7,7 +7,8 @@ Cluster job states:
   running    its gmuxd runs it (time-sliced or packed there as that gmuxd decides)
   suspended  held by the scheduler (policy Suspend); its state is in host RAM on `machine`
   held       held by its user (`gmux suspend --cluster`): suspended on `machine` (none: it waits unplaced) until
-             `gmux resume --cluster`; the policy sees neither it nor its GPUs, which stay kept for it
+             `gmux resume --cluster`; the policy sees neither it nor its GPUs, which stay kept for it. A job whose
+             start failed START_TRIES times in a row is held too, unplaced, as Slurm holds a job whose launch failed
   migrating  being moved from `source` to `machine`: checkpoint on the way; the source releases it only
              after `machine` has restored it
   done / failed / killed   final
@@ -24,6 +25,7 @@ from typing import Optional
 from gmux.util.db import DecisionLog, open_db, transaction
 
 LIVE = ("pending", "starting", "running", "suspended", "held", "migrating")
+START_TRIES = 3       # a start that fails this often in a row fails again (a --mem no GPU has, a broken checkpoint)
 FINAL = ("done", "failed", "killed")
 
 
@@ -58,6 +60,7 @@ class CJob:
     ckpt_paths: list = field(default_factory=list)  # newest complete periodic checkpoint: a file per rank, one step
     ckpt_step: Optional[int] = None
     restarts: int = 0
+    start_failures: int = 0            # starts that failed since it last ran (or since its user released it)
     migrations: int = 0
     since: float = field(default_factory=time.time)   # when it entered its state
     kill_requested: bool = False
@@ -79,6 +82,7 @@ class CJob:
 
 _JSON = ("argv", "env", "rank_gpus", "source_gpus", "ranks", "ckpt_paths", "move")
 _COLS = [f.name for f in fields(CJob)]
+_NUMBERS = [f for f in fields(CJob) if isinstance(f.default, (int, float)) and not isinstance(f.default, bool)]
 
 
 @dataclass
@@ -133,6 +137,9 @@ class State:
             for k in _JSON:
                 d[k] = json.loads(d[k]) if d[k] is not None else {} if k in ("env", "move") else []
             d["kill_requested"] = bool(d["kill_requested"])
+            for f in _NUMBERS:
+                if d[f.name] is None:
+                    d[f.name] = f.default       # a column an older gmux-scheduler's database did not have
             out[d["cjob"]] = CJob(**d)
         return out
 

@@ -1,0 +1,66 @@
+"""A start that fails before gmux-launch registers with gmuxd (a --mem no GPU of the machine has, a checkpoint it
+cannot read) is told to the scheduler at once, with what gmux-launch said, instead of being waited for and sent
+again every 30 s for ever; a gang's other ranks, waiting for the one that failed, are stopped; a job whose start
+fails three times in a row is held, saying why."""
+import os
+import subprocess
+import sys
+
+from cluster_harness import PY, ROOT, wait_for
+
+from gmux.node.cluster_starts import Starts
+from gmux.rundir import RuntimeDir
+
+
+def _proc(rundir, name, code):
+    os.makedirs(rundir.logs(), exist_ok=True)
+    with open(os.path.join(rundir.logs(), f"{name}.cluster.log"), "ab") as out:
+        return subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT)
+
+
+def test_a_rank_that_never_registered_fails_the_start_and_stops_its_peers(tmp_path):
+    rundir = RuntimeDir(str(tmp_path))
+    events = []
+    starts = Starts(rundir, lambda ev, cjob, detail="", **data: events.append((ev, cjob, detail)))
+    # An earlier start of the same name left a line in the log: it is not this start's reason.
+    os.makedirs(rundir.logs())
+    with open(os.path.join(rundir.logs(), "c4.1.cluster.log"), "w") as f:
+        f.write("an old start's last words\n")
+    starts.begin("c4", [])
+    waiting = _proc(rundir, "c4.0", "import time; time.sleep(60)")
+    refused = _proc(rundir, "c4.1", "import sys; print('gmux-launch: gmuxd refused register: \\x1b[2Jno GPU 7');"
+                                    "sys.exit(4)")
+    for p in (waiting, refused):
+        starts.children[p.pid] = p
+    starts.spawned["c4"] = [waiting.pid, refused.pid]
+    starts.logs = {waiting.pid: (os.path.join(rundir.logs(), "c4.0.cluster.log"), 0),
+                   refused.pid: (os.path.join(rundir.logs(), "c4.1.cluster.log"), len("an old start's last words\n"))}
+    refused.wait()
+    starts.reap()
+    starts.unregistered([{"name": "c4.1", "pid": refused.pid, "state": "failed"}])
+    assert events == [] and "c4" in starts.starting          # gmuxd heard of it: its record says how it ended
+    starts.unregistered([{"name": "c4.0", "pid": waiting.pid, "state": "running"}])
+    assert events == [("start_failed", "c4", "rank 1: gmux-launch exited with status 4 before gmuxd heard of it: "
+                       "gmux-launch: gmuxd refused register: \\x1b[2Jno GPU 7")]
+    assert waiting.wait(10) != 0                              # the rank waiting for its peer is stopped
+    assert "c4" not in starts.starting and not starts.exits
+    starts.reap()
+    starts.unregistered([])
+    assert len(events) == 1                                   # said once
+
+
+def test_a_start_gmuxd_refuses_is_held_after_three_tries_with_the_reason(cluster_factory, tmp_path):
+    c = cluster_factory(policy="gandiva", machines=("m1",))
+    c.wait_machines(1)
+    script = tmp_path / "train.py"
+    script.write_text("print('never runs')\n")
+    cjob = c.call("c_submit", argv=[PY, str(script)], cwd=ROOT, env={}, mem=900 << 30)["cjob"]
+    job = wait_for(lambda: (lambda j: j["state"] == "held" and j)(c.job(cjob)), 60,
+                   f"{cjob} held after its failed starts")
+    assert "its start failed 3 times in a row, the last on m1" in job["detail"], job
+    assert "the job needs 900.0GiB, GPU 0 has 2.0GiB" in job["detail"], job
+    texts = [d["text"] for d in c.ps()["decisions"]]
+    assert sum(f"{cjob}: start on m1 failed: gmux-launch exited with status" in t for t in texts) == 3, texts
+    assert not any("start sent again" in t for t in texts), texts
+    log = (tmp_path / "rt-m1" / "logs" / f"{cjob}.cluster.log").read_text()
+    assert log.count("refused register") == 3, log
