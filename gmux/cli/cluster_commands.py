@@ -1,4 +1,5 @@
-"""The cluster half of the `gmux` CLI: `gmux keys`, and `submit`/`ps`/`kill`/`suspend`/`resume` with --cluster ADDR.
+"""The cluster half of the `gmux` CLI: `gmux keys`, and `submit`/`ps`/`kill`/`suspend`/`resume`/`migrate` with
+--cluster ADDR.
 
 gmux/cli/gmux.py hands these command lines here (so the per-machine CLI stays as it is)."""
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
-from gmux.cli.argtypes import nonneg, positive, positive_int, positive_size, tcp_endpoint
+from gmux.cli.argtypes import nonneg, nonneg_int, positive, positive_int, positive_size, tcp_endpoint
 from gmux.cli.submit_env import submit_cwd, submit_env
 from gmux.util.text import printable
 
@@ -37,8 +38,10 @@ def main(argv: list) -> int:
     helps = {"submit": "submit a job to the cluster: gmux submit --cluster ADDR [opts] -- python train.py",
              "ps": "the cluster's jobs and machines", "kill": "kill a cluster job",
              "suspend": "hold a cluster job: suspended where it runs, and kept so until `gmux resume --cluster`",
-             "resume": "release a held cluster job: it runs again in its turn"}
-    for name in ("submit", "ps", "kill", "suspend", "resume"):
+             "resume": "release a held cluster job: it runs again in its turn",
+             "migrate": "move a running cluster job to a GPU of a machine (e.g. to drain one): by checkpoint "
+                        "between machines, at its next boundary within one"}
+    for name in ("submit", "ps", "kill", "suspend", "resume", "migrate"):
         s = sub.add_parser(name, help=helps[name])
         s.add_argument("--cluster", type=tcp_endpoint, default=os.environ.get("GMUX_CLUSTER"),
                        required=not os.environ.get("GMUX_CLUSTER"), help="gmux-scheduler's tcp://HOST:PORT")
@@ -56,8 +59,12 @@ def main(argv: list) -> int:
                            help="a gang of N processes, one per GPU of one machine (torch.distributed: RANK, "
                                 "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are set for each)")
             s.add_argument("argv", nargs=argparse.REMAINDER)
-        elif name in ("kill", "suspend", "resume"):
+        elif name in ("kill", "suspend", "resume", "migrate"):
             s.add_argument("job", help="the cluster job (cN, as gmux ps --cluster lists it)")
+            if name == "migrate":
+                s.add_argument("--machine", required=True, help="where it goes (a machine gmux ps --cluster lists)")
+                s.add_argument("--gpu", type=nonneg_int, required=True,
+                               help="its GPU there (a gang's rank r goes to GPU + r)")
         else:
             s.add_argument("--live", action="store_true")
     a = p.parse_args(argv)
@@ -96,6 +103,10 @@ def run(a) -> int:
         elif a.cmd == "kill":
             data = c.call("c_kill", cjob=a.job)
             print(json.dumps(data) if a.json else f"killing {a.job}")
+        elif a.cmd == "migrate":
+            data = c.call("c_migrate", cjob=a.job, machine=a.machine, gpu=a.gpu)
+            print(json.dumps(data) if a.json else f"moving {a.job} from {data['from']} to {a.machine} GPU {a.gpu} "
+                                                  f"(gmux ps --cluster shows it migrating, then running there)")
         elif a.cmd in ("suspend", "resume"):
             data = c.call("c_" + a.cmd, cjob=a.job)
             said = {"suspend": f"{a.job} held until `gmux resume --cluster {a.cluster} {a.job}` (if it runs, it "

@@ -77,7 +77,10 @@ def test_gang_migrated_then_its_machine_lost_bit_identical_checkpoints_cleaned(c
                      "the gang running")
     src = first["machine"]
     dst = next(m for m in ("m1", "m2", "m3") if m != src)
-    assert c.call("c_migrate", cjob=cjob, machine=dst, gpu=0) == {"cjob": cjob, "from": src, "to": dst}
+    r = _cli(c, "migrate", cjob, "--machine", dst, "--gpu", "5")               # a gang's ranks go to GPUs 5, 6
+    assert r.returncode == 1 and f"no GPUs 5, 6 on an up machine '{dst}'" in r.stderr, r.stderr
+    r = _cli(c, "migrate", cjob, "--machine", dst, "--gpu", "0")
+    assert r.returncode == 0 and f"moving {cjob} from {src} to {dst} GPU 0" in r.stdout, (r.stdout, r.stderr)
     after = wait_for(lambda: (lambda j: j["migrations"] == 1 and j["state"] == "running" and j)(c.job(cjob)), 90,
                      "migration done")
     assert after["machine"] == dst and after["rank_gpus"] == [0, 1]
