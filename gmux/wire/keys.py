@@ -56,10 +56,28 @@ def create_all(keydir: str, pairs: list[tuple[str, str | None]], overwrite: bool
     twice = sorted({s for s in stems if stems.count(s) > 1})
     if twice:
         raise ValueError(f"key {', '.join(twice)} asked for twice")
+    _key_dir(keydir)
     if not overwrite:
         for s in stems:
             _refuse_taken(os.path.join(keydir, s))
-    return [create(keydir, role, name, overwrite) for role, name in pairs]
+    try:
+        return [create(keydir, role, name, overwrite) for role, name in pairs]
+    except OSError as e:
+        raise KeyError_(f"cannot write keys in {keydir}: {e.strerror or e}") from None
+
+
+def _key_dir(keydir: str) -> None:
+    """Makes the key directory (mode 0700), or takes an existing one that only its owner can write: whoever can
+    add a .pub file there is authorised. An existing directory's mode is not changed (it may be shared)."""
+    try:
+        if not os.path.isdir(keydir):
+            os.makedirs(keydir, mode=0o700)
+            os.chmod(keydir, 0o700)       # (makedirs' mode is reduced by the umask)
+    except OSError as e:
+        raise KeyError_(f"cannot make the key directory {keydir}: {e.strerror or e}") from None
+    if os.stat(keydir).st_mode & 0o022:
+        raise KeyError_(f"{keydir} is writable by others, who could add keys of their own and be let in: give the "
+                        f"keys a directory of their own (gmux keys makes it, mode 0700) or chmod go-w it")
 
 
 def _refuse_taken(base: str) -> None:
@@ -69,8 +87,7 @@ def _refuse_taken(base: str) -> None:
 
 def create(keydir: str, role: str, name: str | None = None, overwrite: bool = False) -> tuple[str, str]:
     """Makes a key pair; returns (public file, secret file). Refuses to replace an existing pair silently."""
-    os.makedirs(keydir, mode=0o700, exist_ok=True)
-    os.chmod(keydir, 0o700)
+    _key_dir(keydir)
     base = os.path.join(keydir, stem(role, name))
     pub, sec = base + ".pub", base + ".secret"
     if not overwrite:

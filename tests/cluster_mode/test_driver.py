@@ -212,3 +212,23 @@ def test_keys_refused_for_one_bad_or_repeated_name_makes_none(tmp_path, capsys):
     assert gmux_main(["keys", "--dir", str(keydir), "--client", "a"]) == 0
     assert gmux_main(["keys", "--dir", str(keydir), "--client", "b", "--client", "a"]) == 1
     assert sorted(os.listdir(keydir)) == ["client.a.pub", "client.a.secret"]
+
+
+def test_keys_in_a_directory_others_can_write_or_that_cannot_be_made_are_refused_and_nothing_changes(tmp_path,
+                                                                                                   capsys):
+    """Whoever can add a .pub file to the key directory is let in: one that others can write is refused, and its
+    mode is left as it was (it was chmodded to 0700: `--dir /tmp` took /tmp from everyone)."""
+    from gmux.cli.gmux import main as gmux_main
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    assert gmux_main(["keys", "--dir", str(shared), "--client", "a"]) == 1
+    assert f"{shared} is writable by others" in capsys.readouterr().err
+    assert os.stat(shared).st_mode & 0o7777 == 0o1777 and os.listdir(shared) == []
+    (tmp_path / "file").write_text("")
+    assert gmux_main(["keys", "--dir", str(tmp_path / "file" / "k"), "--client", "a"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot make the key directory {tmp_path / 'file' / 'k'}: Not a directory" in err, err
+    own = tmp_path / "own"
+    assert gmux_main(["keys", "--dir", str(own), "--client", "a"]) == 0
+    assert os.stat(own).st_mode & 0o777 == 0o700
