@@ -174,9 +174,26 @@ def test_one_scheduler_per_state_directory_and_bad_addresses_are_refused_by_name
     try:
         with pytest.raises(OSError, match="another gmux-scheduler is running on"):
             Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*"))
+        assert sorted(os.listdir(tmp_path / "state")) == ["checkpoints", "scheduler.db", "scheduler.db-shm",
+                                                           "scheduler.db-wal", "scheduler.lock"]  # the first's, kept
         taken = first.endpoint
-        assert cli.main(["--keys", keydir, "--state", str(tmp_path / "other"), "--listen", taken]) == 1
+        # Each refusal leaves the state directory as it was: not made (nor its parents), or with nothing added.
+        assert cli.main(["--keys", keydir, "--state", str(tmp_path / "new" / "state"), "--listen", taken]) == 1
         assert f"cannot listen on {taken}" in capsys.readouterr().err
+        assert not (tmp_path / "new").exists()
+        (tmp_path / "mine").mkdir()
+        (tmp_path / "mine" / "notes.txt").write_text("the operator's")
+        assert cli.main(["--keys", keydir, "--state", str(tmp_path / "mine"), "--listen", taken]) == 1
+        assert cli.main(["--keys", str(tmp_path / "nokeys"), "--state", str(tmp_path / "mine")]) == 1
+        assert "no key file" in capsys.readouterr().err
+        assert os.listdir(tmp_path / "mine") == ["notes.txt"]
+        # A database that lost its contents (0 bytes: a crash, a full disk) is not taken for a new, empty cluster.
+        (tmp_path / "mine" / "scheduler.db").write_bytes(b"")
+        assert cli.main(["--keys", keydir, "--state", str(tmp_path / "mine"), "--listen", "tcp://127.0.0.1:*"]) == 1
+        assert "scheduler.db is damaged or not a gmux-scheduler database (it is empty (0 bytes))" in \
+            capsys.readouterr().err
+        assert sorted(os.listdir(tmp_path / "mine")) == ["notes.txt", "scheduler.db"]
+        assert (tmp_path / "mine" / "scheduler.db").read_bytes() == b""
     finally:
         first.close()
     Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*")).close()   # free once closed

@@ -13,9 +13,9 @@ move to another machine goes through stages of its own: moves.py.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import queue
 import re
 import threading
 import time
@@ -31,11 +31,12 @@ from gmux.cluster.policies import Event, EventKind, make_policy
 from gmux.cluster.scheduler.client_handlers import ClientHandlers
 from gmux.cluster.scheduler.driver import Driver, Intent
 from gmux.cluster.scheduler.moves import Moves
-from gmux.cluster.scheduler.state import START_TRIES, CJob, Machine, State, lock_state_dir
+from gmux.cluster.scheduler.pushes import Pushes
+from gmux.cluster.scheduler.state import (START_TRIES, CJob, Machine, State, lock_state_dir,
+                                          state_dir_kept_as_it_was)
 from gmux.cluster.scheduler.unheard import RESENT, Unheard
 from gmux.wire.server import DEFERRED, Server, configure
 from gmux.wire.receiver import Receiver
-from gmux.wire.transfer import rank_xfers, send_file
 
 log = logging.getLogger("gmux.scheduler")
 STALL_S = 1.0     # a loop iteration this long (it polls every 0.05 s) means the scheduler itself was held
@@ -60,10 +61,16 @@ class Scheduler:
         self.opt = options or Options()
         self.driver = Driver(make_policy(self.opt.policy))      # a refused policy leaves no state directory behind
         self.statedir = statedir
-        os.makedirs(statedir, mode=0o700, exist_ok=True)
-        self._lock = lock_state_dir(statedir)
         self.keydir = keydir
+        self._closers = contextlib.ExitStack()      # what close() closes, last opened first
+        with state_dir_kept_as_it_was(statedir, on_refusal=self._closers.close):
+            self._open()
+
+    def _open(self) -> None:
+        statedir, keydir, closers = self.statedir, self.keydir, self._closers
+        closers.callback(os.close, lock_state_dir(statedir))
         self.state = State(os.path.join(statedir, "scheduler.db"))
+        closers.callback(self.state.close)
         self.jobs = self.state.load_jobs()
         self.machines = self.state.load_machines()
         now = time.time()
@@ -71,10 +78,13 @@ class Scheduler:
             m.last_seen = max(m.last_seen, now)   # a restarted scheduler gives every machine a fresh grace period
         self._listened_at = now
         self.receiver = Receiver(os.path.join(statedir, "checkpoints"))
+        closers.callback(self.receiver.close)
         self._sweep_checkpoints()
         self._skipped: dict[str, str] = {}   # cjob -> the last reason an intent for it was skipped (logged once)
         self.ctx = zmq.Context()
+        closers.callback(self.ctx.destroy, 0)     # (closes its sockets)
         self.guard = keys.Guard(self.ctx, keydir, ("daemon", "client"))
+        closers.callback(self.guard.stop)
         self.sock = keys.server_socket(self.ctx, zmq.ROUTER, keydir, "scheduler")
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)    # a link that reconnects takes its name back at once
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -97,9 +107,8 @@ class Scheduler:
                                          for role, table in handlers.items()},
                              name="gmux-scheduler", table=C, refusals=(protocol.ProtocolError,),
                              authenticate=self._peer, attachments=True, reply_to_none=False)
-        self.done: "queue.SimpleQueue" = queue.SimpleQueue()     # outcomes of worker threads
         self.timers: list = []
-        self.pushing: set = set()       # jobs whose checkpoint is on its way to a daemon
+        self.pushes = Pushes(self)
         self.moves = Moves(self)
         self.unheard = Unheard(self._action)
         self.events: deque = deque()
@@ -121,7 +130,7 @@ class Scheduler:
             self.close()
 
     def _between_polls(self) -> None:
-        self._drain_workers()
+        self.pushes.drain()
         self._answer_flushed()
         now = time.time()
         self._credit_own_stall(now)
@@ -139,13 +148,7 @@ class Scheduler:
 
     def close(self) -> None:
         self.state.save_many(self.jobs.values())
-        self.sock.close(0)
-        self.bulk.close(0)
-        self.guard.stop()
-        self.receiver.close()
-        self.state.close()
-        self.ctx.term()
-        os.close(self._lock)
+        self._closers.close()
 
     def _peer(self, frame) -> Optional[tuple]:
         """(role, name) from the peer's key (its ZAP User-Id), never from what it says; None for no known key."""
@@ -208,6 +211,13 @@ class Scheduler:
                 setattr(job, k, r[k])
         if r["state"] in protocol.FINAL_STATES:
             if job.state == "migrating":
+                return
+            if r.get("exit_status") == protocol.LEASE_LOST_STATUS and protocol.LEASE_LOST_REASON in r["detail"] \
+                    and not job.kill_requested:
+                # It stopped itself, its gmuxd silent for as long as this scheduler takes a machine to be lost
+                # (gmuxd came back before the machine was counted lost): nothing failed.
+                self._restart_elsewhere(job, f"it stopped on {job.machine}, {protocol.LEASE_LOST_REASON}")
+                self._log("lost", job.cjob, f"{job.cjob}: {job.detail}")
                 return
             status = r.get("exit_status")
             if r["state"] == "exited" and status == 0:
@@ -358,7 +368,7 @@ class Scheduler:
         the link was reconnecting) is sent again; the link ignores a start of a job it already runs."""
         for job in self.jobs.values():
             if (job.state == "starting" and job.local is None and now - job.since > START_RETRY_S
-                    and job.cjob not in self.pushing):
+                    and job.cjob not in self.pushes.pushing):
                 job.since = now
                 if job.ckpt_paths:
                     job.machine, job.gpu, job.rank_gpus = None, None, []  # pushed, never seen there: place again
@@ -392,26 +402,30 @@ class Scheduler:
                     if job.final or self.moves.machine_lost(job, m.name):
                         continue
                     if job.machine == m.name:
-                        job.attained += job.gpu_seconds
-                        job.gpu_seconds, job.machine, job.gpu, job.source, job.local = 0.0, None, None, None, None
-                        job.rank_gpus, job.ranks = [], []
-                        job.restarts += 1
-                        held = job.state == "held"       # (its user's hold outlives the machine)
-                        job.set("held" if held else "pending", f"machine {m.name} lost; restarts from "
-                                + (f"its checkpoint at step {job.ckpt_step}" if job.ckpt_paths
-                                   else "the beginning (no checkpoint yet)") + (" once released" if held else ""))
+                        self._restart_elsewhere(job, f"machine {m.name} lost")
                         moved.append(job.cjob)
-                        if not held:
-                            self.events.append(Event(EventKind.ARRIVAL, job_id=job.cjob))
                 self._log("lost", None, f"machine {m.name} silent for {now - m.last_seen:.1f} s: lost; "
                                         f"{len(moved)} job(s) to restart elsewhere: {', '.join(moved)}",
                           {"jobs": moved})
+
+    def _restart_elsewhere(self, job: CJob, why: str) -> None:
+        """The job's processes are gone with the machine it ran on: it restarts from its newest checkpoint."""
+        job.attained += job.gpu_seconds
+        job.gpu_seconds, job.machine, job.gpu, job.source, job.local = 0.0, None, None, None, None
+        job.rank_gpus, job.ranks = [], []
+        job.restarts += 1
+        held = job.state == "held"       # (its user's hold outlives the machine)
+        job.set("held" if held else "pending", f"{why}; restarts from "
+                + (f"its checkpoint at step {job.ckpt_step}" if job.ckpt_paths else "the beginning (no checkpoint yet)")
+                + (" once released" if held else ""))
+        if not held:
+            self.events.append(Event(EventKind.ARRIVAL, job_id=job.cjob))
 
     def _start_args(self, job: CJob, restore: Optional[list] = None) -> dict:
         """What a link needs to start the job's ranks: rank r on gpus[r], restoring received checkpoint
         restore[r] (None: from the beginning)."""
         return {"argv": job.argv, "cwd": job.cwd, "env": job.env, "gpus": job.rank_gpus or [job.gpu], "mem": job.mem,
-                "weight": job.weight, "restore": restore, "ckpt_every": job.ckpt_every}
+                "weight": job.weight, "restore": restore, "ckpt_every": job.ckpt_every, "lease_s": self.opt.lost_after}
 
     def _carry_out(self, it: Intent) -> None:
         job = self.jobs[it.cjob]
@@ -427,7 +441,7 @@ class Scheduler:
             job.machine, job.gpu, job.rank_gpus = it.machine, it.gpu, list(it.gpus)
             if job.ckpt_paths and all(os.path.exists(p) for p in job.ckpt_paths):
                 job.set("starting", f"sending its checkpoint (step {job.ckpt_step}) to {it.machine}")
-                self._push(job, m)
+                self.pushes.start(job, m)
             else:
                 job.set("starting", f"started on {it.machine} GPU {it.gpu}")
                 self._action(it.machine, "start", job.cjob, **self._start_args(job))
@@ -447,44 +461,6 @@ class Scheduler:
             self._log("move", job.cjob, f"move {job.cjob} to GPU {it.gpu} of {job.machine}")
         elif it.what == "migrate":
             self.moves.start(job, it.machine, list(it.gpus), it.why)
-
-    def _push(self, job: CJob, m: Machine) -> None:
-        base = f"{job.cjob}-r{job.restarts}-{int(time.time() * 1000) % 10**9}"
-        paths, endpoint, name = list(job.ckpt_paths), m.transfer, m.name
-        xfers = rank_xfers(base, len(paths))
-
-        def work():
-            try:
-                server_key = keys.load_public(self.keydir, "daemon", name)
-                total = {"bytes": 0, "seconds": 0.0}
-                for path, xfer in zip(paths, xfers):
-                    r = send_file(path, endpoint, server_key, self.keydir, "scheduler", None, xfer, context=self.ctx)
-                    total["bytes"] += r["bytes"]
-                    total["seconds"] += r["seconds"]
-                self.done.put(("pushed", job.cjob, name, xfers, total, None))
-            except Exception as e:
-                self.done.put(("pushed", job.cjob, name, xfers, None, str(e)))
-        self.pushing.add(job.cjob)
-        threading.Thread(target=work, daemon=True, name=f"push-{job.cjob}").start()
-
-    def _drain_workers(self) -> None:
-        while True:
-            try:
-                kind, cjob, name, xfers, figures, error = self.done.get_nowait()
-            except queue.Empty:
-                return
-            self.pushing.discard(cjob)
-            job = self.jobs[cjob]
-            if job.machine != name or job.state != "starting":
-                continue
-            if error:
-                job.machine, job.gpu, job.rank_gpus = None, None, []
-                job.set("pending", f"checkpoint push to {name} failed: {error}")
-                self._log("push_failed", cjob, job.detail)
-                continue
-            self._action(name, "start", cjob, **self._start_args(job, restore=xfers))
-            self._log("restart", cjob, f"{cjob}: checkpoint at step {job.ckpt_step} sent to {name} "
-                                       f"({figures['bytes']} B in {figures['seconds']:.3f} s); restoring there")
 
 
 def _by_key(handler):

@@ -15,12 +15,15 @@ Cluster job states:
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import shutil
+import sqlite3
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Optional
+from typing import Callable, Iterator, Optional
 
 from gmux.util.db import DecisionLog, open_db, transaction
 
@@ -97,6 +100,10 @@ class Machine:
 
 class State:
     def __init__(self, path: str):
+        if os.path.exists(path) and os.path.getsize(path) == 0:
+            # (what a crash or a full disk leaves of a file never synced): opened, it would be a new cluster
+            # that has forgotten every job
+            raise sqlite3.DatabaseError("it is empty (0 bytes)")
         self.db = open_db(path)
         # Untyped columns (SQLite keeps each value's type): the dataclass above is the schema.
         self.db.execute(f"CREATE TABLE IF NOT EXISTS jobs (cjob TEXT PRIMARY KEY, seq INTEGER, {', '.join(_COLS[1:])})")
@@ -164,6 +171,29 @@ class State:
 def _with_cjob(d: dict) -> dict:
     """A scheduler decision concerns one cluster job (or none): shown as `cjob`."""
     return {**d, "cjob": d["jobs"][0] if d["jobs"] else None}
+
+
+@contextlib.contextmanager
+def state_dir_kept_as_it_was(statedir: str, on_refusal: Callable[[], object]) -> Iterator[None]:
+    """Makes the state directory (0700) for the block that opens it. If the block raises (keys refused, the
+    address taken, the database damaged, another scheduler on it), `on_refusal` closes what it opened and what
+    it added to the directory is removed, the directory too if it was made here: a refusal changes nothing."""
+    made = None                   # the outermost directory made here
+    path = os.path.abspath(statedir)
+    while not os.path.exists(path):
+        made, path = path, os.path.dirname(path)
+    os.makedirs(statedir, mode=0o700, exist_ok=True)
+    before = set(os.listdir(statedir))
+    try:
+        yield
+    except BaseException:
+        on_refusal()
+        for path in ([made] if made else [os.path.join(statedir, e) for e in set(os.listdir(statedir)) - before]):
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+        raise
 
 
 def lock_state_dir(statedir: str) -> int:
