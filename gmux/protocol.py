@@ -502,6 +502,10 @@ def error_reply(id: Any, error: str, busy: bool = False) -> bytes:
 XFER_MAX_CHUNK = 4 << 20        # a checkpoint chunk (the raw second frame of an xfer_chunk)
 MAX_RANKS = 64                  # processes of one gang (one per GPU of one machine)
 XFER_MAX_SIZE = 1 << 40         # a checkpoint larger than 1 TiB is not one gmux wrote
+# The exit of a cluster job that stopped itself because its gmuxd stopped answering (a start's `lease_s`): the scheduler
+# starts it again from its checkpoint rather than counting it failed.
+LEASE_LOST_STATUS = 75
+LEASE_LOST_REASON = "its gmuxd stopped answering"
 CLUSTER_ACTIONS = ("start", "suspend", "resume", "kill", "move", "migrate_out", "release")
 # ready: a move's new processes are up and wait for their checkpoints (the source may suspend the job now)
 CLUSTER_EVENTS = ("started", "ready", "start_failed", "suspended", "resumed", "moved", "migrate_sent", "migrate_failed",
@@ -591,7 +595,10 @@ _START = {"argv": (_argv, True), "cwd": (_exec_str, True), "env": (_env, False),
           "gpus": (_gpu_list, True),
           "restore": (_optional(_names(MAX_RANKS)), False), "mem": (_optional(_nonneg_int), False),
           "weight": (_optional(_pos_float), False), "ckpt_every": (_optional(_pos_float), False),
-          "restore_wait": (_optional(_pos_float), False)}
+          "restore_wait": (_optional(_pos_float), False),
+          # the job stops itself once its gmuxd has not answered it for this long (LEASE_LOST_STATUS): by then the
+          # scheduler counts the machine lost and starts the job elsewhere, and two copies must not both train
+          "lease_s": (_optional(_pos_float), False)}
 
 
 def _start(v):

@@ -54,10 +54,17 @@ class Agent:
         self.boundaries = 0
         self._next_sample = 0.0
         self.on_first_boundary = None   # a launcher's check, run once at the first boundary
+        # A cluster job's lease: once gmuxd has answered nothing for lease_s, on_lease_lost(seconds) is called at
+        # a boundary (or while waiting), since the scheduler then starts the job elsewhere.
+        self.lease_s: Optional[float] = None
+        self.on_lease_lost = None
+        self._unanswered_since: Optional[float] = None   # the first message sent since gmuxd last said anything
 
     # --- request/reply (registration): blocks, queueing any command that arrives meanwhile ---
     def request(self, mtype: str, timeout: float = 5.0, **fields: Any) -> Any:
-        return self.requests.call(mtype, timeout, **fields)
+        out = self.requests.call(mtype, timeout, **fields)
+        self._unanswered_since = None
+        return out
 
     def register(self, **fields: Any) -> dict:
         if self.job and self.token:
@@ -77,6 +84,7 @@ class Agent:
             check()
         if not self._commands and self.sock.poll(0):
             self._drain()
+        self._check_lease(at)
         if self._commands:
             # A command goes first: its sender waits for the result, and encoding and sending a sample first
             # cost ~0.2 ms (up to 5 ms on a busy machine). The sample waits for the next boundary (gmuxd drops
@@ -102,6 +110,7 @@ class Agent:
                 return None
             if self.sock.poll(left * 1000):
                 self._drain()
+            self._check_lease(time.monotonic())
         return self._commands.popleft()
 
     def report(self, report: dict) -> None:
@@ -134,6 +143,8 @@ class Agent:
         try:
             self.requests.send(mtype, job=self.job, token=self.token, **fields)
             self._last_sent = time.monotonic()
+            if self._unanswered_since is None:
+                self._unanswered_since = self._last_sent
         except zmq.Again:
             pass  # daemon unreachable and queue full: the next report supersedes this one
 
@@ -146,7 +157,19 @@ class Agent:
     def _bad(self, e: protocol.ProtocolError) -> None:
         self.errors.append(f"bad message from gmuxd: {e}")
 
+    def _check_lease(self, now: float) -> None:
+        def over() -> bool:
+            since = self._unanswered_since
+            return since is not None and now - since > self.lease_s
+        if not (self.lease_s and self.on_lease_lost is not None and over()):
+            return
+        if self.sock.poll(0):
+            self._drain()       # an answer may be waiting, unread (the process was stopped, or busy with commands)
+        if over():
+            self.on_lease_lost(now - self._unanswered_since)
+
     def _dispatch(self, msg: protocol.Message) -> None:
+        self._unanswered_since = None     # gmuxd answers every message (one-way ones with an empty reply)
         if msg.type == "command":
             self._commands.append(Command(msg["kind"], dict(msg["args"]), id=msg["cmd"]))
         elif msg.type == "reply":   # to a one-way message nobody waits for

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
+from gmux import protocol
 from gmux.job import control, runner
 from gmux.job.agent import Agent
 from gmux.util.job_command import script_of
@@ -61,6 +62,10 @@ def run(opt: LaunchOptions) -> int:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2
     job_id = reg["job"]
+    lease = _seconds(os.environ.get("GMUX_LEASE_S"))
+    if lease:
+        agent.lease_s = lease
+        agent.on_lease_lost = lambda waited: _lease_lost(agent, rundir, waited)
     # The limit is what gmuxd admitted the job with: its --mem, or a submitted job's (gmux submit --mem).
     mem_limit = reg.get("mem", opt.mem)
     if opt.mem_soft:
@@ -145,6 +150,25 @@ def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
     print(f"gmux-launch: job {agent.job} continues in a new process" + (f", from {path}" if path else ""),
           file=sys.stderr, flush=True)
     os.execv(sys.executable, cmd + ["--", *opt.argv])
+
+
+def _seconds(text: Optional[str]) -> Optional[float]:
+    try:
+        value = float(text) if text else None
+    except ValueError:
+        return None
+    return value if value is not None and value > 0 else None
+
+
+def _lease_lost(agent: Agent, rundir: RuntimeDir, waited: float) -> None:
+    """A cluster job whose gmuxd has not answered for its lease: the scheduler counts the machine lost by now and
+    starts the job elsewhere from its checkpoint. This copy stops where it is (no atexit handler of the script's
+    runs: it must not write results over the new copy's), saying why in its exit record."""
+    msg = (f"{protocol.LEASE_LOST_REASON} for {waited:.1f} s: job {agent.job} stopped here, as the cluster "
+           f"scheduler starts it again elsewhere from its last checkpoint (two copies must not both train)")
+    print(f"gmux-launch: {msg}", file=sys.stderr, flush=True)
+    write_exit(rundir, agent.job, protocol.LEASE_LOST_STATUS, msg)
+    os._exit(protocol.LEASE_LOST_STATUS)
 
 
 def _check_restored(agent: Agent, rundir: RuntimeDir, path: str) -> None:

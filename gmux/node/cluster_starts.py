@@ -57,9 +57,10 @@ class Starts:
         port = free_port() if world > 1 else None   # a new rendezvous at every start: the old may be held
         env = {**os.environ, **a.get("env", {})}
         env.pop("GMUX_JOB_TOKEN", None)
-        env.pop("GMUX_RESTORE_WAIT", None)
-        if a.get("restore_wait"):
-            env["GMUX_RESTORE_WAIT"] = repr(float(a["restore_wait"]))
+        for var, arg in (("GMUX_RESTORE_WAIT", "restore_wait"), ("GMUX_LEASE_S", "lease_s")):
+            env.pop(var, None)
+            if a.get(arg):
+                env[var] = repr(float(a[arg]))
         os.makedirs(self.rundir.logs(), exist_ok=True)
         procs, how = [], []
         for rank, gpu in enumerate(a["gpus"]):

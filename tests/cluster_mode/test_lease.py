@@ -1,0 +1,130 @@
+"""A cluster job whose gmuxd dies while the machine lives on stops itself once gmuxd has not answered it for the
+scheduler's --lost-after (its lease), at its next boundary: the scheduler by then counts the machine lost and
+starts the job elsewhere from its checkpoint, and two copies must not both train (both would write the same
+files). The copy elsewhere ends bit-identical; gmuxd, restarted, finds the stopped copy's exit record and the
+scheduler takes it for what it is, not a failure. A job whose gmuxd answers runs on, however long it waits."""
+import json
+import os
+import signal
+import time
+
+import zmq
+
+from cluster_harness import Solo, wait_for
+from gmux import protocol
+from gmux.job.agent import Agent
+from gmux.wire.daemon_client import Client
+from test_user_hold import report, sched  # noqa: F401 (a fixture: a scheduler without daemons)
+
+STEPS = "3000"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_job_whose_gmuxd_died_stops_itself_and_runs_on_elsewhere(cluster_factory, tmp_path):
+    c = cluster_factory(policy="gandiva", machines=("m1", "m2"), sched_args=("--lost-after", "3"))
+    args = (STEPS, "--batch", "37", "--sleep", "0.004")
+    ref = Solo(tmp_path, "ref", *args)
+    c.wait_machines(2)
+    out = tmp_path / "out.json"
+    cjob = c.submit(str(out), *args, ckpt_every=1.0)
+    first = wait_for(lambda: (lambda j: j["state"] == "running" and (j["ckpt_step"] or 0) > 100 and j)(c.job(cjob)),
+                     90, "the job running, with a checkpoint")
+    src = first["machine"]
+    pid = next(j["pid"] for j in Client(str(tmp_path / f"rt-{src}")).call("ps")["jobs"] if j["name"] == cjob)
+    c.daemons[src].send_signal(signal.SIGKILL)            # gmuxd alone: its job's process lives on
+    c.daemons[src].wait()
+    killed_at = time.monotonic()
+    wait_for(lambda: not _alive(pid), 30, "the orphaned copy stopped itself")
+    stopped_after = time.monotonic() - killed_at
+    assert 3.0 <= stopped_after < 10.0, stopped_after
+    log = (tmp_path / f"rt-{src}" / "logs" / f"{cjob}.cluster.log").read_text()
+    assert f"{protocol.LEASE_LOST_REASON} for 3." in log and f"job " in log, log[-2000:]
+    again = wait_for(lambda: (lambda j: j["restarts"] == 1 and j["state"] in ("running", "done") and j)(c.job(cjob)),
+                     60, "restarted on the other machine")
+    assert again["machine"] != src
+    c.start_daemon(src)                                   # gmuxd back: it finds the stopped copy's exit record
+    c.wait_machines(2)
+    jobs = c.wait_done([cjob], 240)
+    assert jobs[cjob]["restarts"] == 1
+    local = wait_for(lambda: [j for j in Client(str(tmp_path / f"rt-{src}")).call("ps", all=True)["jobs"]
+                              if j["name"] == cjob], 30, "the restarted gmuxd's record of the stopped copy")
+    assert local[0]["exit_status"] == protocol.LEASE_LOST_STATUS, local
+    res = json.loads(out.read_text())
+    assert res["sha256"] == ref["sha256"] and res["steps"] == int(STEPS)
+
+
+def _fake_gmuxd(tmp_path):
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    endpoint = f"ipc://{tmp_path}/fake.sock"
+    router.bind(endpoint)
+    return router, endpoint
+
+
+def _answer(router, n=100):
+    """Replies to what the agent sent, as gmuxd does (every message gets one)."""
+    for _ in range(n):
+        if not router.poll(0):
+            return
+        ident, frame = router.recv_multipart()
+        msg = protocol.decode(frame)
+        router.send_multipart([ident, protocol.encode("reply", msg.id, ok=True)])
+
+
+def test_the_lease_counts_only_silence_not_a_slow_boundary_or_unread_answers(tmp_path):
+    router, endpoint = _fake_gmuxd(tmp_path)
+    agent = Agent(endpoint, "j1", "t" * 32)
+    lost = []
+    agent.lease_s, agent.on_lease_lost = 0.5, lost.append
+    try:
+        agent.state = "running"
+        assert agent.poll() is None                      # a heartbeat goes out
+        time.sleep(0.1)
+        _answer(router)
+        time.sleep(1.0)                                  # a step longer than the lease, answers unread meanwhile
+        assert agent.poll() is None and lost == []
+        time.sleep(0.3)
+        agent.poll()
+        time.sleep(0.9)                                  # gmuxd silent for longer than the lease
+        agent.poll()
+        assert len(lost) == 1 and lost[0] > 0.5
+        # While suspended (waiting for a command) it is counted too.
+        lost.clear()
+        agent.wait(timeout=1.5)
+        assert lost and lost[0] > 0.5
+        # Without a lease (local jobs) nothing is ever counted.
+        lost.clear()
+        agent.lease_s = None
+        time.sleep(0.6)
+        agent.poll()
+        assert lost == []
+    finally:
+        agent.close()
+        router.close(0)
+
+
+def test_a_copy_that_stopped_for_its_lease_is_restarted_not_failed(sched):
+    """gmuxd came back before the scheduler counted the machine lost, and reports the copy that stopped itself:
+    the job restarts from its checkpoint; a job that merely exits 75 on its own still fails."""
+    def ended(status, detail):
+        sched._daemon_node_report("m1", b"m1", {"name": "m1", "gpus": sched.machines["m1"].gpus,
+                                                "transfer": "tcp://127.0.0.1:1",
+                                                "jobs": [{"cjob": "c1", "local": "j1", "state": "failed", "step": 10,
+                                                          "gpu": 0, "exit_status": status, "detail": detail}]}, None)
+    job = sched.jobs["c1"]
+    ended(protocol.LEASE_LOST_STATUS, f"exit status 75: {protocol.LEASE_LOST_REASON} for 3.0 s: ...")
+    assert job.state == "pending" and job.restarts == 1 and job.machine is None, job
+    assert f"it stopped on m1, {protocol.LEASE_LOST_REASON}; restarts from the beginning" in job.detail
+    sched.tick(time.time())
+    assert sched.wire[-1] == ("m1", "start", "c1")
+    report(sched, "running")
+    ended(75, "exit status 75; see `gmux logs`")
+    assert job.state == "failed" and job.exit_status == 75
