@@ -18,7 +18,8 @@ LOCAL_NAME = re.compile(r"^(c\d+)(?:\.(\d+))?$")    # CJOB (a one-GPU job) or CJ
 def ranks_by_job(jobs: list, spawned: dict) -> dict:
     """cjob -> {rank: gmuxd record}. One record per rank: the process the link started last for it (an older
     incarnation, e.g. the released copy of a job that has since come back, must not speak for it; `spawned`
-    is cjob -> the pids of its ranks); after a restart of the link, the newest local job of that name."""
+    is cjob -> the pids of its ranks); after a restart of the link, the live local job of that name (an ended
+    one must not hide a copy that runs on), else the newest."""
     latest: dict[tuple, dict] = {}
     for j in jobs:
         m = LOCAL_NAME.match(j.get("name") or "")
@@ -29,7 +30,7 @@ def ranks_by_job(jobs: list, spawned: dict) -> dict:
         if pids is not None:
             if key[1] < len(pids) and j.get("pid") == pids[key[1]]:
                 latest[key] = j
-        elif key not in latest or local_number(j["id"]) > local_number(latest[key]["id"]):
+        elif key not in latest or _rank(j) > _rank(latest[key]):
             latest[key] = j
     by_job: dict[str, dict] = {}
     for (cjob, rank), j in latest.items():
@@ -67,6 +68,10 @@ def gang_record(cjob: str, world: int, by_rank: dict) -> dict:
         rec["ranks"] = [{"rank": r, "local": j["id"], "gpu": j.get("gpu"), "state": j["state"],
                          "step": int(j.get("step") or 0)} for r, j in sorted(by_rank.items())]
     return rec
+
+
+def _rank(j: dict) -> tuple:
+    return j["state"] not in protocol.FINAL_STATES, local_number(j["id"])
 
 
 def local_number(job_id: str) -> int:
