@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import queue
+import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -85,7 +86,8 @@ class ClusterLink:
         # No fsync: a move's source holds the job until the target restored, the scheduler its own checkpoints.
         self.receiver = Receiver(os.path.join(self.rundir.root, "cluster-in"), durable=False, bulk_port=bulk_port)
         self.up = keys.client_socket(self.ctx, zmq.DEALER, keydir, "daemon", name, keys.load_public(keydir, "scheduler"))
-        self.up.setsockopt(zmq.IDENTITY, name.encode())
+        # (NAME/BOOT: the scheduler tells this gmuxd from another given the same name, or a restarted one)
+        self.up.setsockopt(zmq.IDENTITY, f"{name}/{secrets.token_hex(4)}".encode())
         self.up.setsockopt(zmq.LINGER, 0)
         self.up.setsockopt(zmq.SNDHWM, 100)
         self.up.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
@@ -113,6 +115,7 @@ class ClusterLink:
         self.bad_actions = 0
         self._last_report = self._last_look = 0.0
         self._jobs: dict[str, dict] = {}       # cjob -> its latest local record
+        self._refusals: set = set()
 
     # --- plumbing ---
     def admin(self, mtype: str, timeout: float = 130.0, **fields):
@@ -271,7 +274,8 @@ class ClusterLink:
             return
         try:
             if msg.type == "reply":
-                if not msg.get("ok"):
+                if not msg.get("ok") and msg.get("error") not in self._refusals:
+                    self._refusals.add(msg.get("error"))      # (each report is refused alike: said once)
                     log.warning("scheduler refused: %s", msg.get("error"))
                 return
             if msg.type != "node_action":

@@ -42,6 +42,7 @@ log = logging.getLogger("gmux.scheduler")
 STALL_S = 1.0     # a loop iteration this long (it polls every 0.05 s) means the scheduler itself was held
 C = protocol.CLUSTER_MESSAGES
 START_RETRY_S = 30.0
+TAKEOVER_S = 1.5  # silence (three of its reports) after which another gmuxd may speak for a machine
 # A periodic checkpoint's file, as a link names it: MACHINE-CJOB-kSEQ.RANK.ckpt (the machine's name may hold '-').
 _PERIODIC = re.compile(r"-(c\d+)-k\d+\.\d+\.ckpt$")
 
@@ -81,6 +82,7 @@ class Scheduler:
         closers.callback(self.receiver.close)
         self._sweep_checkpoints()
         self._skipped: dict[str, str] = {}   # cjob -> the last reason an intent for it was skipped (logged once)
+        self._refused_idents: set = set()    # second gmuxds claiming a machine's name (logged once each)
         self.ctx = zmq.Context()
         closers.callback(self.ctx.destroy, 0)     # (closes its sockets)
         self.guard = keys.Guard(self.ctx, keydir, ("daemon", "client"))
@@ -156,8 +158,9 @@ class Scheduler:
         return self.guard.who(user) if user else None
 
     def _action(self, machine: str, action: str, cjob: str, **args) -> bool:
-        ok = self.server.send(machine.encode(), protocol.encode("node_action", 0, table=C, action=action,
-                                                                cjob=cjob, args=args))
+        m = self.machines.get(machine)
+        ok = self.server.send((m.ident if m and m.ident else machine).encode(),
+                              protocol.encode("node_action", 0, table=C, action=action, cjob=cjob, args=args))
         if not ok:
             log.warning("could not reach %s for %s %s", machine, action, cjob)
         if action in RESENT:
@@ -170,17 +173,16 @@ class Scheduler:
 
     # --- from daemons ---
     def _daemon_node_report(self, name, ident, msg, data):
-        if ident != name.encode():
-            raise protocol.ProtocolError("a link's routing id must be its key's name")
         if msg["name"] != name:
             raise protocol.ProtocolError(f"report names machine {msg['name']!r} but comes with the key of {name!r}")
         now = time.time()
         m = self.machines.get(name)
         if m is None:
-            m = self.machines[name] = Machine(name, msg["gpus"], msg["transfer"], joined=now)
+            m = self.machines[name] = Machine(name, msg["gpus"], msg["transfer"], joined=now, ident=ident.decode())
             self._log("join", None, f"machine {name} joined with {len(msg['gpus'])} GPU(s)")
             self.events.append(Event(EventKind.TICK))
-        elif m.state == "lost":
+        self._speaks_for(m, ident, now)
+        if m.state == "lost":
             m.state = "up"
             self._log("join", None, f"machine {name} is back")
         m.gpus, m.transfer, m.last_seen = msg["gpus"], msg["transfer"], now
@@ -240,7 +242,30 @@ class Scheduler:
             job.first_run = job.first_run or now
             self.state.save(job)      # a state change is written at once, measurements at the tick
 
+    def _speaks_for(self, m: Machine, ident: bytes, now: float) -> None:
+        """One gmuxd per machine name: a link's routing id is NAME/BOOT, new at each start of gmuxd. Another one
+        takes the machine over once the one it had has been silent a few reports long (gmuxd restarted); while
+        that one still reports, the newcomer (a second gmuxd given the same --name and key) is refused, or the
+        two would answer for each other's jobs."""
+        who = ident.decode(errors="replace")
+        if who != m.name and not who.startswith(m.name + "/"):
+            raise protocol.ProtocolError("a link's routing id must be its key's name (NAME/BOOT)")
+        if who == m.ident:
+            return
+        if m.ident and m.state == "up" and now - m.last_seen < TAKEOVER_S:
+            if who not in self._refused_idents:
+                self._refused_idents.add(who)
+                self._log("refused", None, f"a second gmuxd claims machine {m.name} while the first reports: its "
+                                           f"messages are refused (give each machine its own --name and key)")
+            raise protocol.ProtocolError(f"machine {m.name} is another gmuxd's, which reports: give this one its "
+                                         f"own --name and daemon key")
+        if m.ident:
+            self._log("join", None, f"machine {m.name}: a new gmuxd speaks for it")
+        m.ident = who
+
     def _daemon_node_event(self, name, ident, msg, data):
+        if name not in self.machines or self.machines[name].ident != ident.decode(errors="replace"):
+            raise protocol.ProtocolError(f"machine {name} is another gmuxd's: this one's events are not taken")
         job = self.jobs.get(msg["cjob"])
         if job is None:
             raise protocol.ProtocolError(f"node_event: no cluster job {msg['cjob']!r}")

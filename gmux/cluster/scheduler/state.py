@@ -96,6 +96,7 @@ class Machine:
     last_seen: float = 0.0
     state: str = "up"           # up / lost
     joined: float = field(default_factory=time.time)
+    ident: str = ""             # routing id of the gmuxd that speaks for it (NAME/BOOT: one per process)
 
 
 class State:
