@@ -186,3 +186,21 @@ def test_a_start_that_keeps_failing_is_held_with_the_reason_and_tries_again_when
     frame = protocol.encode("node_event", table=C, name="m1", cjob="c2", event="started", detail="")
     sched._daemon_node_event("m1", b"m1", protocol.decode(frame, C), None)
     assert job.state == "running" and job.start_failures == 0
+
+
+def test_a_pending_job_says_why_it_waits(sched):
+    """`gmux ps --cluster` showed a pending job with no reason at all."""
+    for cjob, gpus in (("c2", 1), ("c3", 2), ("c4", 3)):
+        sched.jobs[cjob] = CJob(cjob, ["python", "train.py"], "/", gpus=gpus, owner="bob")
+    sched.jobs["c5"] = CJob("c5", ["python", "train.py"], "/", owner="bob", detail="start on m1 failed: no GPU")
+    details = lambda: {j["cjob"]: j["detail"] for j in client(sched, "alice", "c_ps")["jobs"]}
+    d = details()          # m1 has 2 GPUs; c1 runs on GPU 0
+    assert d["c2"].startswith("queued: 1 GPU(s) free on one machine")
+    assert d["c3"] == "waiting for 2 GPU(s) on one machine: at most 1 free now"
+    assert d["c4"] == "needs 3 GPUs on one machine; the widest machine up has 2"
+    assert d["c5"] == "start on m1 failed: no GPU"          # a reason of its own is kept
+    assert sched.jobs["c2"].detail == ""                    # shown, not stored
+    sched.machines["m1"].state = "lost"
+    assert details()["c3"] == "no machine is up (1 lost)"
+    sched.machines.clear()
+    assert details()["c2"] == "no machine is up (none has joined)"

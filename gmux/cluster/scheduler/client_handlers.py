@@ -20,6 +20,7 @@ import time
 from gmux import protocol
 from gmux.cluster.policies import Event, EventKind
 from gmux.cluster.scheduler.state import CJob
+from gmux.cluster.scheduler.waiting import waiting_reasons
 
 
 class ClientHandlers:
@@ -58,6 +59,10 @@ class ClientHandlers:
                                             "rate_now", "rate_solo", "attained", "gpu_seconds", "restarts",
                                             "migrations", "ckpt_step", "detail", "exit_status")}
                 for j in self.s.jobs.values() if msg.get("all", True) or not j.final]
+        why = waiting_reasons(self.s.jobs, self.s.machines)
+        for j in jobs:
+            if not j["detail"] and j["cjob"] in why:
+                j["detail"] = why[j["cjob"]]
         ms = [{"name": m.name, "state": m.state, "gpus": len(m.gpus), "seen_s_ago": time.time() - m.last_seen}
               for m in self.s.machines.values()]
         dm = sorted(self.s.decision_ms)

@@ -264,7 +264,7 @@ class Scheduler:
         m.ident = who
 
     def _daemon_node_event(self, name, ident, msg, data):
-        if name not in self.machines or self.machines[name].ident != ident.decode(errors="replace"):
+        if name in self.machines and self.machines[name].ident not in ("", ident.decode(errors="replace")):
             raise protocol.ProtocolError(f"machine {name} is another gmuxd's: this one's events are not taken")
         job = self.jobs.get(msg["cjob"])
         if job is None:
