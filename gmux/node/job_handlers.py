@@ -96,6 +96,7 @@ class JobHandlers:
         # (a system daemon takes the start time from the kernel, as it took the pid)
         job.pid, job.starttime = msg["pid"], proc_starttime(msg["pid"]) if system else msg.get("starttime")
         job.migratable = bool(msg.get("migratable", False))
+        job.hook = not job.migratable      # gmux-launch registers movable exactly when it runs with --no-hook
         job.agrees = bool(msg.get("agrees", False))
         job.identity = req.identity
         job.registered = True

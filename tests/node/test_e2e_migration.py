@@ -24,6 +24,7 @@ def test_migrate_between_gpus_is_bit_identical(node_factory, tmp_path):
     job = node.job_of(p.pid)
     node.wait_for(lambda: node.job(job)["step"] > 500, 60, "job training")
     assert node.job(job)["gpu"] == 0
+    assert node.job(job)["hook"] is False          # (ps --json said true for every launched job)
     out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "--json", "migrate", job, "--gpu", "1",
                           "--new-process"],
                          env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
