@@ -78,6 +78,55 @@ def test_a_move_keeps_the_loaders_generator_and_numpy_and_random_streams(tmp):
     assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
 
 
+def test_a_scripts_own_random_generators_attached_continue_in_a_new_process(tmp):
+    """A dataset drawing its noise from generators it holds (NumPy Generator and RandomState, random.Random,
+    torch.Generator), attached with the model: moved twice, it ends as the run never moved. Not attached, the
+    new process builds them afresh from their seeds and the run drifts: what makes this test able to fail."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+    for how in ([], ["--unattached"]):
+        args = ["--own-generators", *how]
+        run_py(script, f"{tmp}/solo.pt", *args)
+        run_py(script, f"{tmp}/x.pt", *args, "--migrate-at", "5", "--checkpoint", f"{tmp}/a.ckpt")
+        run_py(script, f"{tmp}/x.pt", *args, "--restore", f"{tmp}/a.ckpt", "--migrate-at", "17",
+               "--checkpoint", f"{tmp}/b.ckpt")
+        run_py(script, f"{tmp}/moved.pt", *args, "--restore", f"{tmp}/b.ckpt")
+        solo, moved = torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt")
+        if how:
+            assert not torch.equal(solo["weight"], moved["weight"]), "unattached generators came back anyway"
+        else:
+            assert_identical(solo, moved, "model")
+
+
+def test_a_checkpoint_of_other_generators_is_refused_before_anything_changes():
+    """A checkpoint whose generators are not the job's (fewer, another kind, a state that is not one) is refused
+    naming the generator, and the job's own generators are left as they were."""
+    import io
+    import random
+    import numpy as np
+    import gmux.job
+    from gmux.job.state import StateMismatch
+    from gmux.job.checkpoint import CheckpointError
+    model = torch.nn.Linear(2, 1)
+    writer = gmux.job.attach(model, np.random.default_rng(5), random.Random(6))
+    buf = io.BytesIO()
+    writer.checkpoint(buf)
+    for gens, problem in (([np.random.default_rng(5)], "holds 2 random generators but this job attached 1"),
+                          ([np.random.default_rng(5), torch.Generator()], "generator 1: python, the job attached "
+                                                                           "a torch generator")):
+        job = gmux.job.attach(torch.nn.Linear(2, 1), *gens)
+        before = [g.bit_generator.state if isinstance(g, np.random.Generator) else g.get_state() for g in gens]
+        with pytest.raises(StateMismatch, match=problem):
+            job.restore(io.BytesIO(buf.getvalue()))
+        after = [g.bit_generator.state if isinstance(g, np.random.Generator) else g.get_state() for g in gens]
+        assert str(before) == str(after)
+    # A NumPy state that is not one (PCG64's words in a checkpoint made for an MT19937 generator).
+    job = gmux.job.attach(torch.nn.Linear(2, 1), np.random.Generator(np.random.MT19937(5)), random.Random(6))
+    with pytest.raises(CheckpointError, match="generator 0: not a state of its numpy generator"):
+        job.restore(io.BytesIO(buf.getvalue()))
+    with pytest.raises(TypeError, match="random.SystemRandom draws from the operating system"):
+        gmux.job.attach(model, random.SystemRandom())
+
+
 def test_a_script_that_marks_its_own_boundaries_is_moved_at_one_of_them(tmp):
     """Gradient accumulation under job.data: a restored process knows that fetches are not boundaries, so a
     move asked for at once lands after an optimizer step, not between two accumulated micro-batches."""

@@ -22,7 +22,8 @@ _current: Optional[Job] = None
 
 def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None,
            controller: Optional[Controller] = None, pool=None, device=None, restore: Optional[str] = None) -> Job:
-    """Makes this process a gmux job tracking `objects` (modules, optimizers, LR schedulers, GradScalers),
+    """Makes this process a gmux job tracking `objects` (modules, optimizers, LR schedulers, GradScalers, and the
+    script's own random generators: torch.Generator, NumPy Generator or RandomState, random.Random),
     the tensors in `extras` and the picklable values in `state` (kept by reference: the job's `state` is
     that dict). Returns the job, also available as `gmux.job.current()`. `pool`: a virtual GPU's memory
     (gmux.job.memory.device_memory, or a DevicePool), for a job on the CPU.

@@ -9,17 +9,20 @@ random streams back to where the checkpoint left them.
 
 Limits, stated where users look: with persistent_workers=True a loader rebuilt in a new process draws its
 workers' seeds where the first process drew only the epoch's shuffle, and worker random state carries across
-epochs, so a restore in a new process can differ; so can one where the script draws from a torch.Generator of
-its own outside the loader (gmux does not see it). Suspend/resume in one process is always exact.
+epochs, so a restore in a new process can differ; so can one where the script draws from a generator of its own
+that it did not attach (gmux does not see it; attached, gmux.job.generators keeps it). Suspend/resume in one
+process is always exact.
 """
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
+
+from . import generators as gens
 
 
 @dataclass
@@ -51,8 +54,10 @@ def epochs(position: DataPosition, count: int) -> Iterator[int]:
         position.replay = False
 
 
-def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[], None]) -> Iterator[Any]:
-    """Iterates one epoch of `loader`; calls `before_fetch` before every fetch after the first."""
+def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[], None],
+            own: Sequence = ()) -> Iterator[Any]:
+    """Iterates one epoch of `loader`; calls `before_fetch` before every fetch after the first. `own`: the
+    script's attached generators, which the replay draws from too."""
     generator = getattr(loader, "generator", None)
     # A restored job resumes just after the boundary its checkpoint was taken at: do not mark that one twice.
     skip_mark = position.replay
@@ -61,6 +66,7 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[],
         # back. The loader's own generator is not in the checkpoint: the replay leaves it where the epoch's
         # start left it in the first process, which is where it was at the checkpoint.
         now_rng, now_np, now_py = torch.get_rng_state(), np.random.get_state(), random.getstate()
+        now_own = [gens.capture(g) for g in own]
         torch.set_rng_state(position.epoch_rng)
         if generator is not None and position.epoch_generator is not None:
             generator.set_state(position.epoch_generator)
@@ -70,6 +76,8 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[],
         torch.set_rng_state(now_rng)
         np.random.set_state(now_np)
         random.setstate(now_py)
+        for g, state in zip(own, now_own):
+            gens.apply(g, state)
         position.replay = False
     else:
         position.index = 0

@@ -119,7 +119,7 @@ class Job:
     def data(self, loader: Iterable) -> Iterator[Any]:
         """One epoch of `loader`, with its position tracked; marks a boundary before each fetch unless the
         script marks them itself."""
-        return batches(self.position, loader, self._boundary_from_iterator)
+        return batches(self.position, loader, self._boundary_from_iterator, self.tracked.generators)
 
     def _report(self, now: float) -> None:
         self._next_report = now + REPORT_EVERY_S

@@ -23,11 +23,13 @@ from typing import Optional
 import numpy as np
 import torch
 
+from . import generators as gens
 from .checkpoint import DTYPES, CheckpointError, Row, TensorRef
 from .state import StateMismatch
 
 SECTIONS = ("modules", "grads", "optimizers", "schedulers", "scalers", "extras", "state", "rng", "position",
-            "steps")
+            "steps", "generators")
+OPTIONAL = ("generators",)      # (absent from checkpoints written before it existed: none)
 PARAM, SCALAR = "like the parameter", "a scalar"
 
 
@@ -124,7 +126,7 @@ class Fit:
             if key not in SECTIONS:
                 self.fail(f"corrupt: unexpected section {str(key)[:40]!r}")
         for key in SECTIONS:
-            if key not in skel:
+            if key not in skel and key not in OPTIONAL:
                 self.fail(f"corrupt: no '{key}' section")
         for key in ("modules", "grads", "optimizers", "schedulers", "scalers"):
             if not isinstance(skel[key], list):
@@ -147,6 +149,7 @@ class Fit:
         if not isinstance(skel["state"], dict):
             self.fail(f"'state': {describe(skel['state'])}, the job has a dict")
         self.rng(skel["rng"])
+        self.generators(skel.get("generators", []))
         self.position(skel["position"])
         self.counter(skel["steps"], "'steps'")
         return self.vouched
@@ -291,6 +294,25 @@ class Fit:
                 self.fail(f"rng 'cuda'[{k}]: {row.dtype} {row.shape}, the job has uint8 (16,)")
             self.vouched += row.nbytes
 
+    def generators(self, saved) -> None:
+        """The script's own generators: as many, of the same kinds; a state with tensors (torch's, NumPy's
+        legacy one) is shaped like the job's here and tried in `values`, the others are tried now."""
+        live, objs = self.live["generators"], self.job.tracked.generators
+        if not isinstance(saved, list):
+            self.fail(f"'generators': {describe(saved)}, the job has a list")
+        if len(saved) != len(live):
+            self.fail(f"the checkpoint holds {len(saved)} random generators but this job attached {len(live)}",
+                      StateMismatch)
+        for i, (s, lv, g) in enumerate(zip(saved, live, objs)):
+            if not (isinstance(s, dict) and set(s) == {"kind", "state"}) or s["kind"] != lv["kind"]:
+                what = s.get("kind") if isinstance(s, dict) else describe(s)
+                self.fail(f"generator {i}: {str(what)[:40]}, the job attached a {lv['kind']} generator",
+                          StateMismatch)
+            if lv["kind"] in ("torch", "numpy_legacy"):
+                self.alike(s["state"], lv["state"], f"generator {i}")
+            elif gens.problem(s, g):
+                self.fail(f"generator {i}: {gens.problem(s, g)}")
+
     def position(self, pos) -> None:
         if not isinstance(pos, dict):
             self.fail(f"'position': {describe(pos)}, the job has a dict")
@@ -326,6 +348,9 @@ class Fit:
             np.random.RandomState().set_state((kind, keys.numpy().astype(np.uint32), *rest))
         except (TypeError, ValueError, OverflowError) as e:
             self.fail(f"rng 'numpy': {e}")
+        for i, (s, g) in enumerate(zip(snap.get("generators", []), self.job.tracked.generators)):
+            if gens.problem(s, g):
+                self.fail(f"generator {i}: {gens.problem(s, g)}")
         cuda = snap["rng"]["cuda"]
         if cuda and torch.cuda.is_available():
             for k, s in enumerate(cuda[: torch.cuda.device_count()]):

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import generators as gens
 from .checkpoint import CheckpointError
 
 
@@ -38,8 +39,12 @@ class TrackedState:
     scalers: list = field(default_factory=list)
     extras: dict = field(default_factory=dict)
     state: dict = field(default_factory=dict)
+    generators: list = field(default_factory=list)    # the script's own random generators (generators.py)
 
     def add(self, obj) -> None:
+        if isinstance(obj, random.SystemRandom):
+            raise TypeError("a random.SystemRandom draws from the operating system: it has no state to keep; "
+                            "attach a seeded random.Random instead")
         if isinstance(obj, nn.Module):
             target = self.modules
         elif isinstance(obj, torch.optim.Optimizer):
@@ -48,9 +53,12 @@ class TrackedState:
             target = self.scalers
         elif _is_scheduler(obj):
             target = self.schedulers
+        elif gens.is_generator(obj):
+            target = self.generators
         else:
-            raise TypeError(f"gmux cannot track a {type(obj).__name__}: attach modules, optimizers, LR schedulers "
-                            f"and GradScalers; pass tensors as extras= and other values as state=")
+            raise TypeError(f"gmux cannot track a {type(obj).__name__}: attach modules, optimizers, LR schedulers, "
+                            f"GradScalers and random generators (torch, NumPy, random.Random); pass tensors as "
+                            f"extras= and other values as state=")
         if not any(o is obj for o in target):
             target.append(obj)
 
@@ -107,6 +115,7 @@ class TrackedState:
             "extras": dict(self.extras),
             "state": dict(self.state),
             "rng": capture_rng(),
+            "generators": [gens.capture(g) for g in self.generators],
         }
 
     def apply(self, snap: dict) -> None:
@@ -135,6 +144,8 @@ class TrackedState:
         self.state.clear()
         self.state.update(snap["state"])
         restore_rng(snap["rng"])
+        for g, saved in zip(self.generators, snap.get("generators", [])):
+            gens.apply(g, saved)
 
 
 # -- random streams ---------------------------------------------------------------------------------------

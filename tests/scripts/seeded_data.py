@@ -2,10 +2,13 @@
 (no loader workers) that adds numpy and `random` noise in __getitem__. Moved into a new process mid-epoch,
 it must end with the weights of an uninterrupted run (tests/test_bit_identical.py).
 
-usage: seeded_data.py OUT [--accum N] [--migrate-at STEP --checkpoint PATH] [--restore PATH [--move-again]]
+usage: seeded_data.py OUT [--accum N] [--own-generators [--unattached]] [--migrate-at STEP --checkpoint PATH]
+                        [--restore PATH [--move-again]]
 
 --accum N: an optimizer step every N batches, the script marking its boundaries (job.boundary()) after each;
---move-again: restored, it is asked to move again at once (at its next boundary, which must be its own).
+--move-again: restored, it is asked to move again at once (at its next boundary, which must be its own);
+--own-generators: the noise comes from generators the script holds (a NumPy Generator and RandomState, a
+random.Random, a torch.Generator), attached with the model; --unattached: not attached (a move then changes it).
 """
 import argparse
 import random
@@ -18,14 +21,20 @@ import gmux.job
 
 
 class Noisy(torch.utils.data.Dataset):
-    def __init__(self):
+    def __init__(self, own: bool):
         self.x = torch.randn(96, 8)
         self.y = self.x.sum(1, keepdim=True)
+        self.gens = [np.random.default_rng(1), np.random.RandomState(2), random.Random(3),
+                     torch.Generator().manual_seed(4)] if own else []
 
     def __len__(self):
         return len(self.x)
 
     def __getitem__(self, i):
+        if self.gens:
+            new, legacy, py, tg = self.gens
+            noise = float(new.normal()) * 0.01 + float(legacy.normal()) * 0.01 + py.random() * 0.01
+            return self.x[i] + noise + torch.rand(8, generator=tg) * 0.01, self.y[i]
         noise = float(np.random.normal()) * 0.01 + random.random() * 0.01
         return self.x[i] + noise, self.y[i]
 
@@ -38,15 +47,18 @@ def main() -> int:
     p.add_argument("--restore")
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--move-again", action="store_true")
+    p.add_argument("--own-generators", action="store_true")
+    p.add_argument("--unattached", action="store_true")
     a = p.parse_args()
     torch.manual_seed(0)
     np.random.seed(0)
     random.seed(0)
     model = torch.nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = torch.utils.data.DataLoader(Noisy(), batch_size=8, shuffle=True,
+    data = Noisy(a.own_generators)
+    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True,
                                          generator=torch.Generator().manual_seed(7))
-    job = gmux.job.attach(model, optimizer, state={"step": 0})
+    job = gmux.job.attach(model, optimizer, *([] if a.unattached else data.gens), state={"step": 0})
     if a.restore:
         job.restore(a.restore)
         if a.move_again:

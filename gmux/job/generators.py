@@ -1,0 +1,103 @@
+"""A script's own random generators, attached beside its model (`attach(model, opt, gen)`): a torch.Generator,
+a NumPy Generator or RandomState, a Python random.Random. The process-wide streams are always captured
+(state.py's capture_rng); these are objects the script holds, which a new process would otherwise build afresh
+from their seed, so that a moved job drew different augmentations or samples from then on than one never moved.
+
+Each is captured as {"kind", "state"} in values the checkpoint format stores (a NumPy Generator's state as JSON
+text: its PCG64 words exceed 64 bits), checked against the live generator without touching it, and put back
+in place, so the script's references stay the ones it uses."""
+from __future__ import annotations
+
+import json
+import random
+from typing import Optional
+
+import numpy as np
+import torch
+
+KINDS = {"torch": torch.Generator, "numpy": np.random.Generator, "numpy_legacy": np.random.RandomState,
+         "python": random.Random}
+
+
+def is_generator(obj) -> bool:
+    return isinstance(obj, tuple(KINDS.values()))
+
+
+def kind_of(g) -> str:
+    # (random.Random before subclasses of it; numpy's and torch's are not related to it)
+    return next(k for k, cls in KINDS.items() if isinstance(g, cls))
+
+
+def capture(g) -> dict:
+    kind = kind_of(g)
+    if kind == "torch":
+        state = g.get_state()
+    elif kind == "numpy":
+        state = json.dumps(g.bit_generator.state, default=_plain)
+    elif kind == "numpy_legacy":
+        name, keys, *rest = g.get_state()
+        state = (name, torch.from_numpy(keys.astype(np.int64)), *rest)
+    else:
+        state = g.getstate()
+    return {"kind": kind, "state": state}
+
+
+def problem(saved, g) -> Optional[str]:
+    """Why `saved` cannot be put into the live generator `g` (tried on a scratch one of its kind), or None."""
+    if not (isinstance(saved, dict) and set(saved) == {"kind", "state"}):
+        return "not a {kind, state} record"
+    kind = kind_of(g)
+    if saved["kind"] != kind:
+        return f"a {saved['kind']} generator, the job attached a {kind} one"
+    try:
+        _put(_scratch(g), kind, saved["state"], g)
+    except Exception as e:      # whatever a crafted state makes the generator's own setter raise (deep JSON too)
+        return f"not a state of its {kind} generator ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    return None
+
+
+def apply(g, saved: dict) -> None:
+    """Only for a record `problem` has passed."""
+    _put(g, saved["kind"], saved["state"], g)
+
+
+def _put(target, kind: str, state, like) -> None:
+    if kind == "torch":
+        target.set_state(state)
+    elif kind == "numpy":
+        if not isinstance(state, str):
+            raise TypeError(f"{type(state).__name__}, not JSON text")
+        target.bit_generator.state = _arrays(json.loads(state), like.bit_generator.state)
+    elif kind == "numpy_legacy":
+        name, keys, *rest = state
+        keys = keys.numpy()
+        if keys.size and (keys.min() < 0 or keys.max() >= 1 << 32):
+            raise ValueError("key words outside 0..2**32-1")
+        target.set_state((name, keys.astype(np.uint32), *rest))
+    else:
+        target.setstate(state)
+
+
+def _scratch(g):
+    if isinstance(g, torch.Generator):
+        return torch.Generator(device=g.device)
+    if isinstance(g, np.random.Generator):
+        return np.random.Generator(type(g.bit_generator)())
+    return type(g)()
+
+
+def _plain(v):
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.integer):
+        return int(v)
+    raise TypeError(f"{type(v).__name__} in a generator state")
+
+
+def _arrays(saved, live):
+    """The JSON state with arrays again where the live state has them (MT19937's key, SFC64's words...)."""
+    if isinstance(live, np.ndarray):
+        return np.asarray(saved, dtype=live.dtype)
+    if isinstance(live, dict) and isinstance(saved, dict):
+        return {k: _arrays(v, live.get(k)) for k, v in saved.items()}
+    return saved
