@@ -244,3 +244,27 @@ def test_gmux_launch_modules_import_no_torch():
     code = "import sys, gmux.cli.launch; print([m for m in ('torch', 'numpy') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_move_of_a_job_whose_optimizer_gained_groups_is_refused_and_it_runs_on(tmp):
+    """Progressive unfreezing (optimizer.add_param_group after attach): a move's new process would rebuild the
+    optimizer without the group and die restoring, after the move had been answered done. The move is refused
+    instead, naming why, nothing is written, and the job trains on; a plain checkpoint is still written."""
+    torch.manual_seed(0)
+    backbone, head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    model = torch.nn.Sequential(backbone, head)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+    job = gj.attach(model, opt)
+    opt.add_param_group({"params": list(backbone.parameters()), "lr": 0.01})
+    move = job.controller.send("migrate", path=f"{tmp}/moved.ckpt")
+    job.boundary()
+    reply = job.controller.result(move, timeout=5)
+    assert not reply["ok"] and "optimizer 0's parameter groups changed since attach (sizes [2] then, [2, 2] now)" \
+        in reply["error"], reply
+    assert not os.path.exists(f"{tmp}/moved.ckpt")
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    job.boundary()
+    ckpt = job.controller.send("checkpoint", path=f"{tmp}/periodic.ckpt")
+    job.boundary()
+    assert job.controller.result(ckpt, timeout=5)["ok"] and os.path.exists(f"{tmp}/periodic.ckpt")

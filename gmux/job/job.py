@@ -63,6 +63,7 @@ class Job:
         # How the job's boundaries come (reported; `gmux ps` shows it): "explicit" for a script that attached
         # itself; transparent mode (hook.py) says "none yet", then "optimizer hook" or "module hook".
         self.control = "explicit"
+        self._groups_at_attach = self._group_sizes()
         me = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: (job := me()) is not None and job._forked())
 
@@ -199,9 +200,26 @@ class Job:
 
     def _write_checkpoint(self, command: Command) -> None:
         """checkpoint, or migrate: checkpoint and leave (only once the state is safely written)."""
-        if self._answer(command, lambda: self.checkpoint(_target(command), command.args.get("holds") or b"")) \
-                and command.kind == "migrate":
+        def write() -> dict:
+            if command.kind == "migrate":
+                self._check_rebuildable()
+            return self.checkpoint(_target(command), command.args.get("holds") or b"")
+        if self._answer(command, write) and command.kind == "migrate":
             raise JobExit(0)
+
+    def _group_sizes(self) -> list:
+        return [[len(g["params"]) for g in o.param_groups] for o in self.tracked.optimizers]
+
+    def _check_rebuildable(self) -> None:
+        """A move's new process runs the script from its start and attaches what it builds there: an optimizer
+        given parameter groups since (add_param_group: progressive unfreezing) is rebuilt without them and
+        cannot take this state. Refused here, while the job can still run on where it is."""
+        for i, (then, now) in enumerate(zip(self._groups_at_attach, self._group_sizes())):
+            if then != now:
+                raise RuntimeError(f"optimizer {i}'s parameter groups changed since attach (sizes {then} then, {now} "
+                                   f"now): a new process rebuilds the optimizer as the script builds it and could "
+                                   f"not take this state, so the job stays where it is (suspend and resume still "
+                                   f"work)")
 
     def _answer(self, command: Command, action: Callable[[], dict]) -> bool:
         try:
