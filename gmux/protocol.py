@@ -596,8 +596,8 @@ _START = {"argv": (_argv, True), "cwd": (_exec_str, True), "env": (_env, False),
           "restore": (_optional(_names(MAX_RANKS)), False), "mem": (_optional(_nonneg_int), False),
           "weight": (_optional(_pos_float), False), "ckpt_every": (_optional(_pos_float), False),
           "restore_wait": (_optional(_pos_float), False),
-          # the job stops itself once its gmuxd has not answered it for this long (LEASE_LOST_STATUS): by then the
-          # scheduler counts the machine lost and starts the job elsewhere, and two copies must not both train
+          # the job stops itself once its gmuxd has not answered it for this long (LEASE_LOST_STATUS): about when
+          # the scheduler counts the machine lost and starts the job elsewhere, and two copies must not both train
           "lease_s": (_optional(_pos_float), False)}
 
 

@@ -75,9 +75,22 @@ def _key_dir(keydir: str) -> None:
             os.chmod(keydir, 0o700)       # (makedirs' mode is reduced by the umask)
     except OSError as e:
         raise KeyError_(f"cannot make the key directory {keydir}: {e.strerror or e}") from None
-    if os.stat(keydir).st_mode & 0o022:
-        raise KeyError_(f"{keydir} is writable by others, who could add keys of their own and be let in: give the "
-                        f"keys a directory of their own (gmux keys makes it, mode 0700) or chmod go-w it")
+    check_key_dir(keydir)
+
+
+def check_key_dir(keydir: str) -> None:
+    """A key directory that someone else could write to is refused: they could add a key of their own."""
+    try:
+        st = os.stat(keydir)
+    except FileNotFoundError:
+        raise KeyError_(f"no key directory {keydir}; create it with `gmux keys --dir {keydir} ...`") from None
+    except OSError as e:
+        raise KeyError_(f"key directory {keydir}: {e.strerror or e}") from None
+    why = f"mode {oct(st.st_mode & 0o777)}" if st.st_mode & 0o022 else \
+        f"owned by uid {st.st_uid}" if st.st_uid not in (os.getuid(), 0) else None
+    if why:
+        raise KeyError_(f"{keydir} can be written by others ({why}), who could add keys of their own and be let "
+                        f"in: give the keys a directory of their own (gmux keys makes it, mode 0700) or chmod go-w it")
 
 
 def _refuse_taken(base: str) -> None:
@@ -151,6 +164,7 @@ class Guard:
     takes effect at the next handshake. `who(key)` names an admitted peer for the service's own checks."""
 
     def __init__(self, context: zmq.Context, keydir: str, roles: tuple):
+        check_key_dir(keydir)
         self.keydir = keydir
         self.roles = roles
         self._lock = threading.Lock()

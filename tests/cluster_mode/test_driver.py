@@ -185,7 +185,7 @@ def test_one_scheduler_per_state_directory_and_bad_addresses_are_refused_by_name
         (tmp_path / "mine" / "notes.txt").write_text("the operator's")
         assert cli.main(["--keys", keydir, "--state", str(tmp_path / "mine"), "--listen", taken]) == 1
         assert cli.main(["--keys", str(tmp_path / "nokeys"), "--state", str(tmp_path / "mine")]) == 1
-        assert "no key file" in capsys.readouterr().err
+        assert "no key directory" in capsys.readouterr().err
         assert os.listdir(tmp_path / "mine") == ["notes.txt"]
         # A database that lost its contents (0 bytes: a crash, a full disk) is not taken for a new, empty cluster.
         (tmp_path / "mine" / "scheduler.db").write_bytes(b"")
@@ -240,12 +240,18 @@ def test_keys_in_a_directory_others_can_write_or_that_cannot_be_made_are_refused
     shared.mkdir()
     shared.chmod(0o1777)
     assert gmux_main(["keys", "--dir", str(shared), "--client", "a"]) == 1
-    assert f"{shared} is writable by others" in capsys.readouterr().err
+    assert f"{shared} can be written by others (mode 0o777)" in capsys.readouterr().err
     assert os.stat(shared).st_mode & 0o7777 == 0o1777 and os.listdir(shared) == []
     (tmp_path / "file").write_text("")
     assert gmux_main(["keys", "--dir", str(tmp_path / "file" / "k"), "--client", "a"]) == 1
     err = capsys.readouterr().err
     assert f"cannot make the key directory {tmp_path / 'file' / 'k'}: Not a directory" in err, err
     own = tmp_path / "own"
-    assert gmux_main(["keys", "--dir", str(own), "--client", "a"]) == 0
+    assert gmux_main(["keys", "--dir", str(own), "--client", "a", "--scheduler"]) == 0
     assert os.stat(own).st_mode & 0o777 == 0o700
+    # gmux-scheduler refuses such a directory as its --keys too (it trusts every .pub file there).
+    from gmux.cli import scheduler as cli
+    own.chmod(0o777)
+    assert cli.main(["--keys", str(own), "--state", str(tmp_path / "st"), "--listen", "tcp://127.0.0.1:*"]) == 1
+    assert f"{own} can be written by others (mode 0o777)" in capsys.readouterr().err
+    assert not (tmp_path / "st").exists()

@@ -1,5 +1,5 @@
-"""A cluster job whose gmuxd dies while the machine lives on stops itself once gmuxd has not answered it for the
-scheduler's --lost-after (its lease), at its next boundary: the scheduler by then counts the machine lost and
+"""A cluster job whose gmuxd dies while the machine lives on stops itself once gmuxd has not answered it for its
+lease (0.8 x the scheduler's --lost-after), at its next boundary: the scheduler by then counts the machine lost and
 starts the job elsewhere from its checkpoint, and two copies must not both train (both would write the same
 files). The copy elsewhere ends bit-identical; gmuxd, restarted, finds the stopped copy's exit record and the
 scheduler takes it for what it is, not a failure. A job whose gmuxd answers runs on, however long it waits."""
@@ -44,9 +44,9 @@ def test_a_job_whose_gmuxd_died_stops_itself_and_runs_on_elsewhere(cluster_facto
     killed_at = time.monotonic()
     wait_for(lambda: not _alive(pid), 30, "the orphaned copy stopped itself")
     stopped_after = time.monotonic() - killed_at
-    assert 3.0 <= stopped_after < 10.0, stopped_after
+    assert 2.4 <= stopped_after < 10.0, stopped_after        # its lease: 0.8 x --lost-after
     log = (tmp_path / f"rt-{src}" / "logs" / f"{cjob}.cluster.log").read_text()
-    assert f"{protocol.LEASE_LOST_REASON} for 3." in log and f"job " in log, log[-2000:]
+    assert f"{protocol.LEASE_LOST_REASON} for 2." in log, log[-2000:]
     again = wait_for(lambda: (lambda j: j["restarts"] == 1 and j["state"] in ("running", "done") and j)(c.job(cjob)),
                      60, "restarted on the other machine")
     assert again["machine"] != src
@@ -114,10 +114,10 @@ def test_the_lease_counts_only_silence_not_a_slow_boundary_or_unread_answers(tmp
 def test_a_copy_that_stopped_for_its_lease_is_restarted_not_failed(sched):
     """gmuxd came back before the scheduler counted the machine lost, and reports the copy that stopped itself:
     the job restarts from its checkpoint; a job that merely exits 75 on its own still fails."""
-    def ended(status, detail):
+    def ended(status, detail, local="j1", state="failed"):
         sched._daemon_node_report("m1", b"m1", {"name": "m1", "gpus": sched.machines["m1"].gpus,
                                                 "transfer": "tcp://127.0.0.1:1",
-                                                "jobs": [{"cjob": "c1", "local": "j1", "state": "failed", "step": 10,
+                                                "jobs": [{"cjob": "c1", "local": local, "state": state, "step": 10,
                                                           "gpu": 0, "exit_status": status, "detail": detail}]}, None)
     job = sched.jobs["c1"]
     ended(protocol.LEASE_LOST_STATUS, f"exit status 75: {protocol.LEASE_LOST_REASON} for 3.0 s: ...")
@@ -125,6 +125,28 @@ def test_a_copy_that_stopped_for_its_lease_is_restarted_not_failed(sched):
     assert f"it stopped on m1, {protocol.LEASE_LOST_REASON}; restarts from the beginning" in job.detail
     sched.tick(time.time())
     assert sched.wire[-1] == ("m1", "start", "c1")
-    report(sched, "running")
-    ended(75, "exit status 75; see `gmux logs`")
+    ended(None, "", local="j2", state="running")              # its new copy
+    ended(75, "exit status 75; see `gmux logs`", local="j2")
     assert job.state == "failed" and job.exit_status == 75
+
+
+def test_the_stopped_copys_record_does_not_undo_the_next_start_on_its_machine(sched):
+    """The machine shows the copy that stopped until it starts the next one: placed there again, the job's start
+    must not be undone by that record at every report (it was: restarts climbed and the job never started)."""
+    job = sched.jobs["c1"]
+    stopped = {"cjob": "c1", "local": "j1", "state": "failed", "step": 10, "gpu": 0,
+               "exit_status": protocol.LEASE_LOST_STATUS, "detail": f"exit status 75: {protocol.LEASE_LOST_REASON}"}
+    def report_jobs(*records):
+        sched._daemon_node_report("m1", b"m1", {"name": "m1", "gpus": sched.machines["m1"].gpus,
+                                                "transfer": "tcp://127.0.0.1:1", "jobs": list(records)}, None)
+    report_jobs(stopped)
+    assert job.state == "pending" and job.restarts == 1
+    for _ in range(3):
+        sched.tick(time.time())
+        report_jobs(stopped)
+        assert job.state == "starting" and job.restarts == 1 and job.machine == "m1", job
+    # The new copy's own record (another local id, or the same id on another machine) speaks again.
+    report_jobs({**stopped, "local": "j2", "state": "running", "exit_status": None, "detail": ""})
+    assert job.state == "running"
+    report_jobs({**stopped, "local": "j2", "state": "exited", "exit_status": 0, "detail": "finished"})
+    assert job.state == "done"

@@ -32,8 +32,8 @@ from gmux.cluster.scheduler.client_handlers import ClientHandlers
 from gmux.cluster.scheduler.driver import Driver, Intent
 from gmux.cluster.scheduler.moves import Moves
 from gmux.cluster.scheduler.pushes import Pushes
-from gmux.cluster.scheduler.state import (START_TRIES, CJob, Machine, State, lock_state_dir,
-                                          state_dir_kept_as_it_was)
+from gmux.cluster.scheduler.speakers import REFUSAL, REFUSE, TAKE_OVER, routing_name, speaker
+from gmux.cluster.scheduler.state import START_TRIES, CJob, Machine, State, claimed_state_dir
 from gmux.cluster.scheduler.unheard import RESENT, Unheard
 from gmux.wire.server import DEFERRED, Server, configure
 from gmux.wire.receiver import Receiver
@@ -42,7 +42,7 @@ log = logging.getLogger("gmux.scheduler")
 STALL_S = 1.0     # a loop iteration this long (it polls every 0.05 s) means the scheduler itself was held
 C = protocol.CLUSTER_MESSAGES
 START_RETRY_S = 30.0
-TAKEOVER_S = 1.5  # silence (three of its reports) after which another gmuxd may speak for a machine
+LEASE_SHARE = 0.8
 # A periodic checkpoint's file, as a link names it: MACHINE-CJOB-kSEQ.RANK.ckpt (the machine's name may hold '-').
 _PERIODIC = re.compile(r"-(c\d+)-k\d+\.\d+\.ckpt$")
 
@@ -64,12 +64,27 @@ class Scheduler:
         self.statedir = statedir
         self.keydir = keydir
         self._closers = contextlib.ExitStack()      # what close() closes, last opened first
-        with state_dir_kept_as_it_was(statedir, on_refusal=self._closers.close):
+        with claimed_state_dir(statedir, on_refusal=self._closers.close) as self._lock:
             self._open()
 
     def _open(self) -> None:
+        """The keys and the address first, then the state (a refusal of either changes nothing there)."""
         statedir, keydir, closers = self.statedir, self.keydir, self._closers
-        closers.callback(os.close, lock_state_dir(statedir))
+        self.ctx = zmq.Context()
+        closers.callback(self.ctx.term)
+        self.guard = keys.Guard(self.ctx, keydir, ("daemon", "client"))
+        closers.callback(self.guard.stop)
+        self.sock = keys.server_socket(self.ctx, zmq.ROUTER, keydir, "scheduler")
+        closers.callback(self.sock.close, 0)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)    # a link that reconnects takes its name back at once
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.XFER_MAX_CHUNK + protocol.MAX_FRAME)
+        configure(self.sock)
+        try:
+            self.sock.bind(self.opt.listen)
+        except zmq.ZMQError as e:
+            raise OSError(f"cannot listen on {self.opt.listen}: {e}") from None
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.state = State(os.path.join(statedir, "scheduler.db"))
         closers.callback(self.state.close)
         self.jobs = self.state.load_jobs()
@@ -83,23 +98,10 @@ class Scheduler:
         self._sweep_checkpoints()
         self._skipped: dict[str, str] = {}   # cjob -> the last reason an intent for it was skipped (logged once)
         self._refused_idents: set = set()    # second gmuxds claiming a machine's name (logged once each)
-        self.ctx = zmq.Context()
-        closers.callback(self.ctx.destroy, 0)     # (closes its sockets)
-        self.guard = keys.Guard(self.ctx, keydir, ("daemon", "client"))
-        closers.callback(self.guard.stop)
-        self.sock = keys.server_socket(self.ctx, zmq.ROUTER, keydir, "scheduler")
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)    # a link that reconnects takes its name back at once
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.XFER_MAX_CHUNK + protocol.MAX_FRAME)
-        configure(self.sock)
-        try:
-            self.sock.bind(self.opt.listen)
-        except zmq.ZMQError as e:
-            raise OSError(f"cannot listen on {self.opt.listen}: {e}") from None
-        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         # Periodic checkpoints arrive sealed beside Curve (gmux.wire.sealed): decrypting every machine's in one
         # process is what a cluster's scheduler would otherwise spend its core on.
         self.bulk, self.receiver.bulk_port = sealed.bulk_socket(self.ctx, self.endpoint)
+        closers.callback(self.bulk.close, 0)
         # What each key may send: a daemon's link reports and pushes checkpoints, a client asks.
         handlers = {"daemon": {"node_report": self._daemon_node_report, "node_event": self._daemon_node_event,
                                "xfer_begin": self._daemon_xfer_begin, "xfer_chunk": self._daemon_xfer_chunk,
@@ -151,6 +153,7 @@ class Scheduler:
     def close(self) -> None:
         self.state.save_many(self.jobs.values())
         self._closers.close()
+        os.close(self._lock)
 
     def _peer(self, frame) -> Optional[tuple]:
         """(role, name) from the peer's key (its ZAP User-Id), never from what it says; None for no known key."""
@@ -173,15 +176,17 @@ class Scheduler:
 
     # --- from daemons ---
     def _daemon_node_report(self, name, ident, msg, data):
-        if msg["name"] != name:
-            raise protocol.ProtocolError(f"report names machine {msg['name']!r} but comes with the key of {name!r}")
+        who = routing_name(ident, name)
+        if msg["name"] != name or who is None:
+            raise protocol.ProtocolError(f"report names machine {msg['name']!r} but comes with the key of {name!r}"
+                                         if who else "a link's routing id must be its key's name (NAME/BOOT)")
         now = time.time()
         m = self.machines.get(name)
         if m is None:
-            m = self.machines[name] = Machine(name, msg["gpus"], msg["transfer"], joined=now, ident=ident.decode())
+            m = self.machines[name] = Machine(name, msg["gpus"], msg["transfer"], joined=now, ident=who)
             self._log("join", None, f"machine {name} joined with {len(msg['gpus'])} GPU(s)")
             self.events.append(Event(EventKind.TICK))
-        self._speaks_for(m, ident, now)
+        self._speaks_for(m, who, now)
         if m.state == "lost":
             m.state = "up"
             self._log("join", None, f"machine {name} is back")
@@ -204,6 +209,8 @@ class Scheduler:
         return None
 
     def _observe(self, job: CJob, r: dict, now: float) -> None:
+        if r["state"] in protocol.FINAL_STATES and f"{job.machine}/{r['local']}" == job.ended_local:
+            return        # the copy it restarted from, whose record its machine shows until it starts the next
         job.local = r["local"]
         job.ranks = r.get("ranks") or []
         job.step = max(job.step, r["step"]) if job.state != "pending" else job.step
@@ -242,29 +249,21 @@ class Scheduler:
             job.first_run = job.first_run or now
             self.state.save(job)      # a state change is written at once, measurements at the tick
 
-    def _speaks_for(self, m: Machine, ident: bytes, now: float) -> None:
-        """One gmuxd per machine name: a link's routing id is NAME/BOOT, new at each start of gmuxd. Another one
-        takes the machine over once the one it had has been silent a few reports long (gmuxd restarted); while
-        that one still reports, the newcomer (a second gmuxd given the same --name and key) is refused, or the
-        two would answer for each other's jobs."""
-        who = ident.decode(errors="replace")
-        if who != m.name and not who.startswith(m.name + "/"):
-            raise protocol.ProtocolError("a link's routing id must be its key's name (NAME/BOOT)")
-        if who == m.ident:
-            return
-        if m.ident and m.state == "up" and now - m.last_seen < TAKEOVER_S:
+    def _speaks_for(self, m: Machine, who: str, now: float) -> None:
+        """gmux.cluster.scheduler.speakers: the gmuxd that speaks for `m`, or a refusal of this one."""
+        verdict = speaker(m, who, now, self.opt.lost_after)
+        if verdict == REFUSE:
             if who not in self._refused_idents:
                 self._refused_idents.add(who)
                 self._log("refused", None, f"a second gmuxd claims machine {m.name} while the first reports: its "
-                                           f"messages are refused (give each machine its own --name and key)")
-            raise protocol.ProtocolError(f"machine {m.name} is another gmuxd's, which reports: give this one its "
-                                         f"own --name and daemon key")
-        if m.ident:
+                                           f"messages are refused until the first has been silent")
+            raise protocol.ProtocolError(REFUSAL.format(name=m.name, silence=self.opt.lost_after))
+        if verdict == TAKE_OVER:
             self._log("join", None, f"machine {m.name}: a new gmuxd speaks for it")
         m.ident = who
 
     def _daemon_node_event(self, name, ident, msg, data):
-        if name in self.machines and self.machines[name].ident not in ("", ident.decode(errors="replace")):
+        if name in self.machines and self.machines[name].ident not in ("", routing_name(ident, name)):
             raise protocol.ProtocolError(f"machine {name} is another gmuxd's: this one's events are not taken")
         job = self.jobs.get(msg["cjob"])
         if job is None:
@@ -436,6 +435,7 @@ class Scheduler:
     def _restart_elsewhere(self, job: CJob, why: str) -> None:
         """The job's processes are gone with the machine it ran on: it restarts from its newest checkpoint."""
         job.attained += job.gpu_seconds
+        job.ended_local = f"{job.machine}/{job.local}"   # (local ids are each gmuxd's own)
         job.gpu_seconds, job.machine, job.gpu, job.source, job.local = 0.0, None, None, None, None
         job.rank_gpus, job.ranks = [], []
         job.restarts += 1
@@ -450,7 +450,9 @@ class Scheduler:
         """What a link needs to start the job's ranks: rank r on gpus[r], restoring received checkpoint
         restore[r] (None: from the beginning)."""
         return {"argv": job.argv, "cwd": job.cwd, "env": job.env, "gpus": job.rank_gpus or [job.gpu], "mem": job.mem,
-                "weight": job.weight, "restore": restore, "ckpt_every": job.ckpt_every, "lease_s": self.opt.lost_after}
+                "weight": job.weight, "restore": restore, "ckpt_every": job.ckpt_every,
+                # (shorter than the time to count its machine lost, which starts it elsewhere: one copy at a time)
+                "lease_s": LEASE_SHARE * self.opt.lost_after}
 
     def _carry_out(self, it: Intent) -> None:
         job = self.jobs[it.cjob]

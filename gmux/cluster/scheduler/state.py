@@ -53,6 +53,7 @@ class CJob:
     source_gpus: list = field(default_factory=list)  # and its GPUs there, by rank (where a failed move leaves it)
     move: dict = field(default_factory=dict)        # the move under way, if any (gmux.cluster.scheduler.moves)
     local: Optional[str] = None        # the job id on `machine`'s gmuxd
+    ended_local: Optional[str] = None  # MACHINE/LOCAL of the copy it last restarted from (its record may linger)
     step: int = 0
     attained: float = 0.0              # GPU-seconds on machines it has left
     gpu_seconds: float = 0.0           # GPU-seconds on `machine` (from its reports)
@@ -175,10 +176,11 @@ def _with_cjob(d: dict) -> dict:
 
 
 @contextlib.contextmanager
-def state_dir_kept_as_it_was(statedir: str, on_refusal: Callable[[], object]) -> Iterator[None]:
-    """Makes the state directory (0700) for the block that opens it. If the block raises (keys refused, the
-    address taken, the database damaged, another scheduler on it), `on_refusal` closes what it opened and what
-    it added to the directory is removed, the directory too if it was made here: a refusal changes nothing."""
+def claimed_state_dir(statedir: str, on_refusal: Callable[[], object]) -> Iterator[int]:
+    """Makes the state directory (0700) and takes its lock (yielded: the caller closes it once done) for the block
+    that opens the scheduler. If the block raises (keys refused, the address taken, the database damaged),
+    `on_refusal` closes what it opened, and what it added to the directory is removed (the lock still held), the
+    directory too if it was made here: a refusal changes nothing. Another scheduler on it is refused first."""
     made = None                   # the outermost directory made here
     path = os.path.abspath(statedir)
     while not os.path.exists(path):
@@ -186,7 +188,13 @@ def state_dir_kept_as_it_was(statedir: str, on_refusal: Callable[[], object]) ->
     os.makedirs(statedir, mode=0o700, exist_ok=True)
     before = set(os.listdir(statedir))
     try:
-        yield
+        lock = lock_state_dir(statedir)
+    except BaseException:
+        if made:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+    try:
+        yield lock
     except BaseException:
         on_refusal()
         for path in ([made] if made else [os.path.join(statedir, e) for e in set(os.listdir(statedir)) - before]):
@@ -194,6 +202,7 @@ def state_dir_kept_as_it_was(statedir: str, on_refusal: Callable[[], object]) ->
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 os.unlink(path)
+        os.close(lock)
         raise
 
 
