@@ -55,8 +55,8 @@ class HandshakeWatch:
 
     def why(self, kind: int, value: Optional[int]) -> str:
         if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            return (f"the {self.peer} at {self.endpoint} refused this party's key ({self.our_key}.pub, status {value}): "
-                    f"is that file in the {self.peer}'s key directory? (tried again every {RETRY_S:.0f} s)")
+            return (f"the {self.peer} at {self.endpoint} refused this party's key ({self.our_key}.pub, status "
+                    f"{value}): is that file in the {self.peer}'s key directory? (tried again every {RETRY_S:.0f} s)")
         return (f"the CurveZMQ handshake with the {self.peer} at {self.endpoint} failed: does the "
                 f"{self.their_key}.pub here match the {self.peer}'s own key?")
 
@@ -70,8 +70,9 @@ class HandshakeWatch:
             self.sock.connect(self.endpoint)
         if not self.joined and not self.said and now - self.since >= SILENCE_S:
             refused = f" (connection refused or unreachable, {self.retries} tries)" if self.retries else ""
-            self._say("silent", f"no answer from the {self.peer} at {self.endpoint} after {SILENCE_S:.0f} s{refused}: is "
-                                f"it running and reachable from here, and does its key match {self.their_key}.pub?")
+            self._say("silent", f"no answer from the {self.peer} at {self.endpoint} after {SILENCE_S:.0f} s"
+                                f"{refused}: is it running and reachable from here, and does its key match "
+                                f"{self.their_key}.pub?")
 
     def _say(self, key, text: str) -> None:
         if key not in self.said:

@@ -42,7 +42,8 @@ log = logging.getLogger("gmux.scheduler")
 STALL_S = 1.0     # a loop iteration this long (it polls every 0.05 s) means the scheduler itself was held
 C = protocol.CLUSTER_MESSAGES
 START_RETRY_S = 30.0
-LEASE_SHARE = 0.8
+LEASE_SHARE = 0.8       # of --lost-after: a job's lease (its copy stops before the machine is counted lost)
+TAKEOVER_SHARE = 0.5    # of --lost-after: a new gmuxd's wait for the old one's silence (a restart, before a loss)
 # A periodic checkpoint's file, as a link names it: MACHINE-CJOB-kSEQ.RANK.ckpt (the machine's name may hold '-').
 _PERIODIC = re.compile(r"-(c\d+)-k\d+\.\d+\.ckpt$")
 
@@ -251,13 +252,13 @@ class Scheduler:
 
     def _speaks_for(self, m: Machine, who: str, now: float) -> None:
         """gmux.cluster.scheduler.speakers: the gmuxd that speaks for `m`, or a refusal of this one."""
-        verdict = speaker(m, who, now, self.opt.lost_after)
+        verdict = speaker(m, who, now, TAKEOVER_SHARE * self.opt.lost_after)
         if verdict == REFUSE:
             if who not in self._refused_idents:
                 self._refused_idents.add(who)
                 self._log("refused", None, f"a second gmuxd claims machine {m.name} while the first reports: its "
                                            f"messages are refused until the first has been silent")
-            raise protocol.ProtocolError(REFUSAL.format(name=m.name, silence=self.opt.lost_after))
+            raise protocol.ProtocolError(REFUSAL.format(name=m.name, silence=TAKEOVER_SHARE * self.opt.lost_after))
         if verdict == TAKE_OVER:
             self._log("join", None, f"machine {m.name}: a new gmuxd speaks for it")
         m.ident = who

@@ -1,8 +1,9 @@
 """One gmuxd speaks for a machine: a link's routing id is NAME/BOOT, new at each start of gmuxd, so the scheduler
 tells a restarted gmuxd, and a second one given the same --name and key by mistake, from the one it has. A new
-one takes the machine over once the one it had has been silent as long as it takes to count a machine lost (a
-restart); while that one still reports, the newcomer is refused, or the two would answer for each other's jobs
-and the scheduler's view of the machine would flip between them at every reconnect."""
+one takes the machine over once the one it had has been silent for `silence_s` (a restart: shorter than the time
+to count a machine lost, whose jobs would then start elsewhere); while that one still reports, the newcomer is
+refused, or the two would answer for each other's jobs and the scheduler's view of the machine would flip between
+them at every reconnect."""
 from __future__ import annotations
 
 from typing import Optional
@@ -27,5 +28,5 @@ def speaker(m: Machine, who: str, now: float, silence_s: float) -> str:
 
 
 REFUSAL = ("machine {name} is spoken for by another gmuxd, which still reports: if that is this machine's previous "
-           "gmuxd, this one takes over once it has been silent for {silence:.0f} s; if not, give this one its own "
+           "gmuxd, this one takes over once it has been silent for {silence:g} s; if not, give this one its own "
            "--name and daemon key")
