@@ -3,7 +3,7 @@ our key, a handshake that fails because we hold the wrong key for it, or no answ
 whose key the scheduler does not know retries for ever and the scheduler's table simply never shows it.
 
 A monitor socket on the client (libzmq's handshake events) is read from the owner's poll loop; each cause is
-logged once, and again only after a handshake has succeeded and failed anew. libzmq never reconnects after its
+logged once, and again only after a handshake has succeeded and been lost or failed anew. libzmq never reconnects after its
 key was refused, so that case connects again every RETRY_S from here: adding the key lets it in, no restart."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ RETRY_S = 5.0         # after a refusal of our key
 
 class HandshakeWatch:
     EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-              | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_CONNECT_RETRIED)
+              | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED)
 
     def __init__(self, sock: zmq.Socket, endpoint: str, peer: str, our_key: str, their_key: str):
         self.sock = sock
@@ -47,6 +47,10 @@ class HandshakeWatch:
             return
         if kind == zmq.EVENT_CONNECT_RETRIED:
             self.retries += 1
+            return
+        if kind == zmq.EVENT_DISCONNECTED:
+            if self.joined:            # (a peer gone later, a restarted scheduler: said again if it stays away)
+                self.joined, self.since = False, time.monotonic()
             return
         self.joined = False
         if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:

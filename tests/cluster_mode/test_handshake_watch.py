@@ -31,6 +31,7 @@ def world(tmp_path):
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         s.bind(endpoint)
         made.append((s, guard))
+        server.socket = s
         return endpoint
 
     def client(endpoint, server_key_from=client_keys):
@@ -131,3 +132,18 @@ def test_a_machine_whose_key_the_scheduler_lacks_says_so_and_joins_once_it_is_ad
     finally:
         d.kill()
         d.wait()
+
+
+def test_a_peer_that_goes_away_later_is_said_again_once_it_stays_away(world, caplog, monkeypatch):
+    server_keys, client_keys, server, client = world
+    monkeypatch.setattr(handshake_watch, "SILENCE_S", 1.0)
+    caplog.set_level(logging.INFO, logger="gmux.handshake")
+    shutil.copy(os.path.join(client_keys, "daemon.m1.pub"), server_keys)
+    endpoint = server()
+    w = client(endpoint)
+    _watch(w, 0.5)
+    assert w.joined and caplog.records == []
+    server.socket.close(0)                          # the scheduler goes away
+    _watch(w, 2.0)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith(f"no answer from the scheduler at {endpoint} after 1 s"), said
