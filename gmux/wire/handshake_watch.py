@@ -3,8 +3,9 @@ our key, a handshake that fails because we hold the wrong key for it, or no answ
 whose key the scheduler does not know retries for ever and the scheduler's table simply never shows it.
 
 A monitor socket on the client (libzmq's handshake events) is read from the owner's poll loop; each cause is
-logged once, and again only after a handshake has succeeded and been lost or failed anew. libzmq never reconnects after its
-key was refused, so that case connects again every RETRY_S from here: adding the key lets it in, no restart."""
+logged once, and again only after a handshake has succeeded and been lost or failed anew. libzmq never
+reconnects after its key was refused, so that case connects again every RETRY_S from here: adding the key lets
+it in, no restart."""
 from __future__ import annotations
 
 import logging
