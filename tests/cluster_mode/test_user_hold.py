@@ -186,6 +186,8 @@ def test_a_start_that_keeps_failing_is_held_with_the_reason_and_tries_again_when
     frame = protocol.encode("node_event", table=C, name="m1", cjob="c2", event="started", detail="")
     sched._daemon_node_event("m1", b"m1", protocol.decode(frame, C), None)
     assert job.state == "running" and job.start_failures == 0
+    failed("an earlier start's failure, heard late")                 # (it runs: not a failure of this start)
+    assert job.state == "running" and job.machine == "m1" and job.start_failures == 0
 
 
 def test_a_pending_job_says_why_it_waits(sched):

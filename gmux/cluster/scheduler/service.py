@@ -282,7 +282,7 @@ class Scheduler:
             job.start_failures = 0
             job.set("running")
             job.first_run = job.first_run or time.time()
-        elif ev == "start_failed" and job.machine == name:
+        elif ev == "start_failed" and job.machine == name and job.state in ("starting", "migrating"):
             if job.state == "migrating" and job.source:
                 self.moves.target_failed(job, f"migration target {name} failed: {detail}")
             else:
