@@ -24,8 +24,22 @@ def is_generator(obj) -> bool:
 
 
 def kind_of(g) -> str:
-    # (random.Random before subclasses of it; numpy's and torch's are not related to it)
     return next(k for k, cls in KINDS.items() if isinstance(g, cls))
+
+
+def legacy_words(state: tuple) -> tuple:
+    """A NumPy RandomState's state (MT19937) as the checkpoint stores it: its key words as an int64 tensor."""
+    name, keys, *rest = state
+    return (name, torch.from_numpy(keys.astype(np.int64)), *rest)
+
+
+def legacy_state(saved: tuple) -> tuple:
+    """`legacy_words` back to what RandomState.set_state takes; ValueError for words that are not uint32."""
+    name, keys, *rest = saved
+    keys = keys.numpy()
+    if keys.size and (keys.min() < 0 or keys.max() >= 1 << 32):
+        raise ValueError("key words outside 0..2**32-1")
+    return (name, keys.astype(np.uint32), *rest)
 
 
 def capture(g) -> dict:
@@ -35,8 +49,7 @@ def capture(g) -> dict:
     elif kind == "numpy":
         state = json.dumps(g.bit_generator.state, default=_plain)
     elif kind == "numpy_legacy":
-        name, keys, *rest = g.get_state()
-        state = (name, torch.from_numpy(keys.astype(np.int64)), *rest)
+        state = legacy_words(g.get_state())
     else:
         state = g.getstate()
     return {"kind": kind, "state": state}
@@ -69,11 +82,7 @@ def _put(target, kind: str, state, like) -> None:
             raise TypeError(f"{type(state).__name__}, not JSON text")
         target.bit_generator.state = _arrays(json.loads(state), like.bit_generator.state)
     elif kind == "numpy_legacy":
-        name, keys, *rest = state
-        keys = keys.numpy()
-        if keys.size and (keys.min() < 0 or keys.max() >= 1 << 32):
-            raise ValueError("key words outside 0..2**32-1")
-        target.set_state((name, keys.astype(np.uint32), *rest))
+        target.set_state(legacy_state(state))
     else:
         target.setstate(state)
 

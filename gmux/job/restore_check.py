@@ -310,8 +310,8 @@ class Fit:
                           StateMismatch)
             if lv["kind"] in ("torch", "numpy_legacy"):
                 self.alike(s["state"], lv["state"], f"generator {i}")
-            elif gens.problem(s, g):
-                self.fail(f"generator {i}: {gens.problem(s, g)}")
+            elif problem := gens.problem(s, g):
+                self.fail(f"generator {i}: {problem}")
 
     def position(self, pos) -> None:
         if not isinstance(pos, dict):
@@ -341,16 +341,13 @@ class Fit:
         gen = snap["position"]["epoch_generator"]
         if gen is not None and gen.numel() != 16:
             self.generator(gen, "position 'epoch_generator'")
-        kind, keys, *rest = snap["rng"]["numpy"]
-        if keys.numel() and (int(keys.min()) < 0 or int(keys.max()) >= 1 << 32):
-            self.fail("rng 'numpy': key words outside 0..2**32-1")
         try:
-            np.random.RandomState().set_state((kind, keys.numpy().astype(np.uint32), *rest))
+            np.random.RandomState().set_state(gens.legacy_state(snap["rng"]["numpy"]))
         except (TypeError, ValueError, OverflowError) as e:
             self.fail(f"rng 'numpy': {e}")
         for i, (s, g) in enumerate(zip(snap.get("generators", []), self.job.tracked.generators)):
-            if gens.problem(s, g):
-                self.fail(f"generator {i}: {gens.problem(s, g)}")
+            if problem := gens.problem(s, g):
+                self.fail(f"generator {i}: {problem}")
         cuda = snap["rng"]["cuda"]
         if cuda and torch.cuda.is_available():
             for k, s in enumerate(cuda[: torch.cuda.device_count()]):

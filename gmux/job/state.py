@@ -150,10 +150,9 @@ class TrackedState:
 
 # -- random streams ---------------------------------------------------------------------------------------
 def capture_rng() -> dict:
-    np_state = np.random.get_state()
     rng = {
         "python": random.getstate(),
-        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+        "numpy": gens.legacy_words(np.random.get_state()),
         "torch": torch.get_rng_state(),
         "cuda": [],
     }
@@ -164,8 +163,7 @@ def capture_rng() -> dict:
 
 def restore_rng(rng: dict) -> None:
     random.setstate(rng["python"])
-    kind, keys, *rest = rng["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    np.random.set_state(gens.legacy_state(rng["numpy"]))
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] and torch.cuda.is_available():
         states = list(rng["cuda"])[: torch.cuda.device_count()]

@@ -3,7 +3,7 @@
 Runs beside the daemon (a thread of `gmuxd --scheduler ADDR`, or `python -m gmux.cli.cluster_link`), and
 talks to its gmuxd only through the admin socket, like the CLI: the daemon's single-threaded loop is never
 entered from another thread. Toward the cluster it holds:
-  - a DEALER to the scheduler (CurveZMQ client with this machine's daemon key; routing id = its name), on which
+  - a DEALER to the scheduler (CurveZMQ client with this machine's daemon key; routing id NAME/BOOT), on which
     it sends a full report every REPORT_S and events, and receives node_actions;
   - a ROUTER (CurveZMQ server, same key) where checkpoints arrive from other daemons and from the scheduler;
   - a plain ROUTER beside it (the bulk socket) where a transfer's chunks arrive sealed with the key its sender

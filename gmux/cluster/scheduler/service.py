@@ -224,8 +224,8 @@ class Scheduler:
                 return
             if r.get("exit_status") == protocol.LEASE_LOST_STATUS and protocol.LEASE_LOST_REASON in r["detail"] \
                     and not job.kill_requested:
-                # It stopped itself, its gmuxd silent for as long as this scheduler takes a machine to be lost
-                # (gmuxd came back before the machine was counted lost): nothing failed.
+                # It stopped itself, its gmuxd silent for its lease (gmuxd came back before the machine was
+                # counted lost): nothing failed.
                 self._restart_elsewhere(job, f"it stopped on {job.machine}, {protocol.LEASE_LOST_REASON}")
                 self._log("lost", job.cjob, f"{job.cjob}: {job.detail}")
                 return
