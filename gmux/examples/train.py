@@ -36,6 +36,8 @@ def parse(argv=None):
     p.add_argument("--migrate-at", type=int, default=None)
     p.add_argument("--checkpoint", default=None, help="checkpoint path for --migrate-at")
     p.add_argument("--restore", default=None)
+    p.add_argument("--compile", metavar="BACKEND", default=None,
+                   help="torch.compile the model with this backend (inductor, aot_eager, eager)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu, a virtual GPU)")
     p.add_argument("--pool-mib", type=int, default=64, help="virtual GPU memory pool on the CPU (MiB; 0: none)")
     p.add_argument("--out", default=None, help="write final parameters, optimizer state and losses here")
@@ -79,6 +81,8 @@ def main(argv=None) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     model, dataset, loss_fn = build(args.model, args.seed)
     model.to(device)
+    if args.compile:
+        model = torch.compile(model, backend=args.compile)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.7)
     loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch, shuffle=True, num_workers=args.workers,

@@ -33,6 +33,7 @@ grad enabled adds one token and one autograd pre-hook on its output's graph.
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections import Counter
 from typing import Callable, Optional
@@ -78,6 +79,10 @@ class LoopWatch:
                          register_optimizer_step_post_hook(self._step_post)]
         self._scouts = [register_module_forward_pre_hook(self._scout_pre),
                         register_module_forward_hook(self._scout_post)]
+        # While they are there, each call of a torch.compile()d model warns that global hooks fire once more for
+        # its wrapper: these are gmux's, and the wrapper's call is the outermost one they count.
+        warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
+                                category=UserWarning)
 
     def close(self) -> None:
         for h in self._handles + self._scouts:

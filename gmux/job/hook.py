@@ -12,7 +12,6 @@ alive in the process (one garbage-collector scan).
 from __future__ import annotations
 
 import gc
-import warnings
 from typing import Optional
 
 from torch import nn
@@ -31,11 +30,12 @@ def _discover(job: Job, roots) -> None:
     key = (frozenset(known), frozenset(roots.keys()))
     if getattr(job, "_discovered", None) == key:
         return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # isinstance() on deprecated lazy module proxies warns
-        objects = gc.get_objects()
-        modules = [o for o in objects if isinstance(o, nn.Module)]
-        others = [o for o in objects if _is_scheduler(o) or _is_scaler(o)]
+    # By type(), not isinstance(): isinstance() reads an object's __class__, which a weakref.proxy forwards (it
+    # raises for a dead one and answers for a live one: torch.compile leaves both) and which a deprecated lazy
+    # module proxy warns on. A proxy is not the object.
+    objects = gc.get_objects()
+    modules = [o for o in objects if issubclass(type(o), nn.Module)]
+    others = [o for o in objects if _is_scheduler(o) or _is_scaler(o)]
     children = {id(c) for m in modules for c in m.children()}
     params_in_opt = {id(p) for opt in job.tracked.optimizers for g in opt.param_groups for p in g["params"]}
     for m in modules:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import sys
-import warnings
 
 import torch
 
@@ -19,7 +18,7 @@ def _locals() -> dict[int, str]:
     for frame in sys._current_frames().values():
         while frame is not None:
             for k, v in frame.f_locals.items():
-                if isinstance(v, torch.Tensor):
+                if issubclass(type(v), torch.Tensor):
                     names.setdefault(id(v), f"local '{k}' in {frame.f_code.co_name}()")
             frame = frame.f_back
     return names
@@ -48,9 +47,9 @@ def residue(job) -> dict:
     on_device = job.tier.on_device   # what counts as the job's device memory is the tier's to say
     tracked = {id(t) for t in job.tracked.tensors()}
     held: dict[int, tuple[str, int]] = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # isinstance() on deprecated lazy module proxies warns
-        candidates = [o for o in gc.get_objects() if isinstance(o, torch.Tensor)]
+    # By type(), as hook.py finds modules: isinstance() reads __class__ through a weakref.proxy (torch.compile
+    # leaves dead ones about, which raise) and through deprecated lazy proxies (which warn).
+    candidates = [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]
     local_names = _locals()
     for obj in candidates:
         if id(obj) in tracked or not on_device(obj):

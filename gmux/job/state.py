@@ -23,12 +23,13 @@ class StateMismatch(CheckpointError):
 _SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
 
+# By type (here and in hook.py): a weakref.proxy passes isinstance() while alive and raises once dead.
 def _is_scheduler(obj) -> bool:
-    return isinstance(obj, _SCHEDULERS)
+    return issubclass(type(obj), _SCHEDULERS)
 
 
 def _is_scaler(obj) -> bool:
-    return isinstance(obj, torch.amp.GradScaler)
+    return issubclass(type(obj), torch.amp.GradScaler)
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""An ordinary training script that knows nothing of gmux (used to test the transparent hook)."""
+"""An ordinary training script that knows nothing of gmux (used to test the transparent hook).
+
+usage: plain_train.py OUT [BACKEND]: with BACKEND, the model is torch.compile()d with that backend."""
 import sys
 
 import torch
@@ -9,6 +11,8 @@ torch.use_deterministic_algorithms(True)
 torch.set_num_threads(1)
 model = nn.Sequential(nn.Linear(20, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 5))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+if len(sys.argv) > 2:
+    model = torch.compile(model, backend=sys.argv[2])
 sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50)
 data = torch.randn(256, 20)
 target = data[:, :5].argmax(1)
