@@ -5,7 +5,8 @@ On a GPU: routes every torch allocation (and CuPy's, when installed) through gmu
 model, suspends it and shows with cudaMemGetInfo that >= 99% of the job's device memory other than the CUDA
 context (and library handles) was released, resumes it with unchanged data pointers and bit-identical
 tensors, checks that torch.cuda.memory_stats() kept working and that every segment (backward's too) is a
-gmux allocation, and reports suspend/resume GB/s against pinned cudaMemcpy measured with CuPy.
+gmux allocation, and reports suspend/resume GB/s against pinned cudaMemcpy measured with CuPy. Then a CUDA graph
+captured beside gmux's pool and a use_mem_pool block keep their own allocations (other_pools).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 from gmux.job.memory import native as na  # noqa: E402
+from gmux.job.memory import torch_cuda  # noqa: E402
 from gmux.job.memory.allocator_tier import AllocatorTier  # noqa: E402
 
 failures: list[str] = []
@@ -36,7 +38,7 @@ def cpu_side() -> None:
     print("== CPU-side checks")
     check(na.available(), "gmux._native is built and imports")
     snap = [{"address": 4096, "blocks": [{"size": 512, "state": "active_allocated"}, {"size": 512, "state": "inactive"}]}]
-    check(na.live_ranges_from_snapshot(snap, lambda a: True) == [(4096, 512)], "live ranges from a snapshot")
+    check(torch_cuda.live_ranges_from_snapshot(snap, lambda a: True) == [(4096, 512)], "live ranges from a snapshot")
     try:
         na.Allocator.cuda(0).close()
         check(torch.cuda.is_available(), "CUDA backend opens only where a GPU is")
@@ -80,7 +82,7 @@ def gpu_side() -> None:
         torch._C._cuda_clearCublasWorkspaces()
     torch.cuda.empty_cache()
     check(torch.cuda.memory_reserved() == 0, "nothing left in torch's default pool before routing starts")
-    routing = na.route_torch_cuda(0)
+    routing = torch_cuda.route_torch_cuda(0)
     try:
         import cupy
         cupy.cuda.set_allocator(na.cupy_allocator(routing.allocator).malloc)
@@ -148,11 +150,57 @@ def gpu_side() -> None:
         print(f"  {k}: {v:.3f}" if isinstance(v, float) else f"  {k}: {v}")
 
 
+def other_pools() -> None:
+    """Pools begun after gmux's (a CUDA graph's capture, use_mem_pool) keep their allocations (torch_cuda.py).
+    Had gmux's pool taken a capture's intermediate tensors, it would give them back when the capture ends and
+    hand them out again: the eager tensors made after it would be overwritten by every replay."""
+    print("== CUDA graphs and other pools beside gmux's")
+    routing = torch_cuda.torch_routing(0)
+
+    def in_gmux(t: torch.Tensor) -> bool:
+        return any(a["address"] <= t.data_ptr() < a["address"] + a["size"] for a in routing.allocator.allocations())
+
+    n = 2048
+    x, w = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda") / n ** 0.5
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            torch.relu(x @ w) @ w          # warm-up outside the capture (cuBLAS workspaces)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = torch.relu(x @ w) @ w          # relu(x @ w) is an intermediate, freed inside the capture
+    check(not in_gmux(y), "a capture's tensors come from the graph's own pool, not gmux's")
+    eager = [torch.full((n, n), float(i), device="cuda") for i in range(8)]
+    check(all(in_gmux(t) for t in eager), "eager tensors after the capture are gmux's again")
+    x.copy_(torch.randn(n, n, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(all(bool((t == i).all()) for i, t in enumerate(eager)), "eager tensors made after a capture survive its replay")
+    check(torch.allclose(y, torch.relu(x @ w) @ w, rtol=1e-3, atol=1e-3), "the replay computes what eager code does")
+    tier = AllocatorTier("cuda:0")
+    tier.suspend([x, w] + eager)
+    tier.resume()
+    x.copy_(torch.randn(n, n, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(torch.allclose(y, torch.relu(x @ w) @ w, rtol=1e-3, atol=1e-3) and
+          all(bool((t == i).all()) for i, t in enumerate(eager)), "a graph replays correctly after a suspend and resume")
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        mine = torch.ones(1 << 20, device="cuda")
+    after = torch.ones(1 << 20, device="cuda")
+    check(not in_gmux(mine) and in_gmux(after), "use_mem_pool's allocations go to its pool, and gmux's resume after it")
+    del graph, y, mine
+
+
 def main() -> int:
     cpu_side()
     if torch.cuda.is_available():
         try:
             gpu_side()
+            other_pools()
         except Exception as e:  # noqa: BLE001 - what was checked before it is still reported and written
             traceback.print_exc()
             failures.append(f"the GPU checks stopped: {e!r}")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gmux.job.memory import native as na
+from gmux.job.memory import torch_cuda
 
 pytestmark = pytest.mark.skipif(not na.available(), reason="gmux._native is not built")
 
@@ -115,14 +116,14 @@ def test_live_ranges_from_snapshot_keeps_only_active_blocks():
             {"size": (1 << 20) - 512, "state": "active_pending_free"}]},
         {"address": 0x2000_0000, "total_size": 2 << 20, "blocks": [{"size": 2 << 20, "state": "active_allocated"}]},
     ]
-    ranges = na.live_ranges_from_snapshot(snapshot, lambda addr: addr == 0x1000_0000)
+    ranges = torch_cuda.live_ranges_from_snapshot(snapshot, lambda addr: addr == 0x1000_0000)
     assert ranges == [(0x1000_0000, 512), (0x1000_0000 + 512 + (1 << 20), (1 << 20) - 512)]
 
 
 def test_cuda_routing_refuses_expandable_segments(monkeypatch):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     with pytest.raises(RuntimeError, match="expandable_segments"):
-        na.TorchCudaRouting(None, 0)
+        torch_cuda.TorchCudaRouting(None, 0)
 
 
 def test_cuda_allocator_without_a_driver_says_so():

@@ -40,10 +40,11 @@ def device_memory(pool_bytes: int = 0, native: bool = True, limit: int | None = 
 
     from . import native as core
     from .limit import enforce
+    from .torch_cuda import route_torch_cuda
 
     if torch.cuda.is_available():
         if native and core.available():
-            core.route_torch_cuda(torch.cuda.current_device())
+            route_torch_cuda(torch.cuda.current_device())
         enforce(limit, job=job, name=name, cuda=True)   # after routing: the routed allocator enforces it
         return None
     enforce(limit, job=job, name=name, cuda=False)     # before any pool: its regions count too
@@ -64,6 +65,7 @@ def choose_tier(device: "torch.device | str", pool=None) -> "Tier":
     from . import native
     from .allocator_tier import AllocatorTier
     from .state_tier import StateTier
+    from .torch_cuda import torch_routing
 
     device = torch.device(device)
     if native.available():
@@ -71,6 +73,6 @@ def choose_tier(device: "torch.device | str", pool=None) -> "Tier":
             return AllocatorTier(device, pool)
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
-            if native.torch_routing(index) is not None:
+            if torch_routing(index) is not None:
                 return AllocatorTier(device)
     return StateTier(device, None if isinstance(pool, native.Pool) else pool)

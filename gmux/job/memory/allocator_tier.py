@@ -5,7 +5,7 @@ pointer alone: the job's memory is native (gmux._native) address ranges, and sus
 out and releases the physical memory under them; resume maps memory at the same addresses and copies back.
   * virtual GPU (CPU): the tracked tensors' storages are placed in native memory over the pool on first use
     (and any new storage, such as fresh gradients, on later suspends); live = those storages.
-  * CUDA: all of the job's torch allocations already go through gmux (native.route_torch_cuda); live =
+  * CUDA: all of the job's torch allocations already go through gmux (torch_cuda.route_torch_cuda); live =
     the caching allocator's active blocks, so tensors the runtime never heard of survive too.
 The suspended bytes live in the native core's own host store, so this tier cannot spill them to a file.
 """
@@ -19,6 +19,7 @@ from typing import Iterable, Optional
 import torch
 
 from . import native
+from .torch_cuda import torch_routing
 from .tier import Tier
 
 
@@ -32,10 +33,10 @@ class AllocatorTier(Tier):
         self.routing = None
         if self.device.type == "cuda":
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            self.routing = native.torch_routing(index)
+            self.routing = torch_routing(index)
             if self.routing is None:
                 raise RuntimeError(f"the allocator tier needs {self.device}'s allocations routed through gmux "
-                                   "(gmux.job.memory.native.route_torch_cuda) before the job allocates")
+                                   "(gmux.job.memory.torch_cuda.route_torch_cuda) before the job allocates")
             self.allocator = self.routing.allocator
         elif self.device.type == "cpu":
             if allocator is None and pool is None:

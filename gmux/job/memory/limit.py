@@ -8,7 +8,7 @@ of any other job is touched. The mechanisms, chosen here:
     counts every byte the job's tensors hold from the moment its runtime starts; the pools that may hold a
     job's state (python_pool.DevicePool, the native Pool through native.place) claim their bytes from the
     same count (`claim`/`release`), so a storage moved into a pool is counted once, wherever it lives.
-  * GPU, allocations routed through gmux (native.route_torch_cuda): the native allocator refuses past the
+  * GPU, allocations routed through gmux (torch_cuda.route_torch_cuda): the native allocator refuses past the
     limit (gmux_set_limit); torch's caching allocator then frees its cache, retries, and raises its
     OutOfMemoryError; an out-of-memory observer adds gmux's words to the job's log. Not routed (--no-native,
     torch < 2.8): torch's own per-process memory fraction, set to the limit.
@@ -224,9 +224,9 @@ def enforce(limit: Optional[int], *, job: Optional[str] = None, name: Optional[s
 def _enforce_cuda(limit: int, what: str, soft: bool) -> Enforced:
     import torch
 
-    from . import native
+    from .torch_cuda import torch_routing
     device = torch.cuda.current_device()
-    routing = native.torch_routing(device)
+    routing = torch_routing(device)
     if routing is not None:
         routing.allocator.set_limit(0 if soft else limit)
         if not soft:

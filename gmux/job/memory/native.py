@@ -1,22 +1,7 @@
 """The Python face of the native core (gmux._native): the virtual GPU's page pool, a job's allocator,
-torch tensors placed in native memory, allocator-tier suspend/resume, and the torch/CuPy CUDA hookups.
+torch tensors placed in native memory, allocator-tier suspend/resume, and the CuPy CUDA hookup.
 
-How a PyTorch CUDA job's allocations reach gmux (`route_torch_cuda`), and why this way:
-  * `torch.cuda.memory.change_current_allocator` would route every allocation, but it must run before CUDA
-    is initialised and it *replaces* the caching allocator: every tensor becomes a driver call, and
-    `torch.cuda.memory_stats()` / `memory_allocated()` stop working (the runtime's reports need them).
-  * `torch.cuda.MemPool(CUDAPluggableAllocator)` keeps the caching allocator on top (stats keep working,
-    segments are cached, gmux sees segment-sized calls), but `torch.cuda.use_mem_pool` routes only the
-    *current thread*, and backward runs on autograd's device threads: their gradients would bypass gmux.
-  * So: the MemPool, entered with `torch._C._cuda_beginAllocateToPool(device, pool.id)`, whose filter
-    accepts every stream from every thread (torch >= 2.8; use_mem_pool uses the current-thread variant). Forward,
-    backward and optimizer all land in gmux memory, and the caching allocator still keeps the stats.
-    Costs: `expandable_segments` cannot serve a pool (refused here with a clear error), and while the pool
-    is entered the caching allocator defers freeing blocks that were used on a second stream
-    (record_stream), as it does during graph capture: cross-stream jobs hold that memory a little longer.
-  * Suspend copies only the caching allocator's *active* blocks (from `torch.cuda.memory_snapshot()`), not
-    the free space cached inside segments; every segment keeps its address, so every tensor, known to the
-    runtime or not, is valid after resume.
+How a PyTorch CUDA job's allocations reach gmux, and why that way: torch_cuda.py.
 On a virtual GPU (CPU) there is no allocator to hook: `place()` moves the job's tensor storages into
 native memory in place (`Tensor.set_`, identity kept), and the same suspend path applies to them.
 Mechanism only, like the C under it: whether a job uses any of this is decided in gmux/job/memory/__init__.py.
@@ -402,81 +387,6 @@ def storage_ranges(tensors: Iterable) -> list[tuple[int, int]]:
         if s.nbytes():
             seen[s.data_ptr()] = max(seen.get(s.data_ptr(), 0), s.nbytes())
     return sorted(seen.items())
-
-
-# -- torch on CUDA -------------------------------------------------------------------------------------------
-def live_ranges_from_snapshot(snapshot: list[dict], owns) -> list[tuple[int, int]]:
-    """Active blocks of the caching allocator's segments that `owns(segment_address)`: the bytes a job
-    really uses, without the free space cached inside its segments."""
-    ranges = []
-    for seg in snapshot:
-        if not owns(seg["address"]):
-            continue
-        at = seg["address"]
-        for block in seg.get("blocks", []):
-            addr = block.get("address", at)
-            if block["state"] in ("active_allocated", "active_pending_free"):
-                ranges.append((addr, block["size"]))
-            at = addr + block["size"]
-    return ranges
-
-
-class TorchCudaRouting:
-    """All of one device's torch allocations, on every thread, through `allocator` (see the module notes)."""
-
-    def __init__(self, allocator: Allocator, device: int = 0):
-        import torch
-
-        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
-        if "expandable_segments:true" in conf.replace(" ", "").lower():
-            raise RuntimeError("gmux cannot route a job that uses expandable_segments (the caching allocator "
-                               "does not serve memory pools from them); unset it in PYTORCH_CUDA_ALLOC_CONF")
-        # Before torch 2.8 the binding named _cuda_beginAllocateToPool was the *current-thread* one (2.8 renamed
-        # it _cuda_beginAllocateCurrentThreadToPool and gave the old name the every-stream filter). Without
-        # the new name, the old one would silently miss backward's threads: refuse instead.
-        if not (hasattr(torch._C, "_cuda_beginAllocateToPool") and
-                hasattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool")):
-            raise RuntimeError(f"torch {torch.__version__} cannot route every thread's allocations to a pool "
-                               "(needs torch >= 2.8); the job uses the state tier instead")
-        self.allocator, self.device = allocator, device
-        allocator.install(device)
-        self._pluggable = torch.cuda.memory.CUDAPluggableAllocator(native_path(), "gmux_alloc", "gmux_free")
-        self.pool = torch.cuda.MemPool(self._pluggable.allocator())
-        torch._C._cuda_beginAllocateToPool(device, self.pool.id)
-        self.active = True
-
-    def live_ranges(self) -> list[tuple[int, int]]:
-        """torch's active blocks inside its segments, plus every other allocation of this allocator whole
-        (CuPy arrays, for instance, which have no cached free space)."""
-        import torch
-
-        mine = {a["address"]: a["size"] for a in self.allocator.allocations()}
-        snapshot = [seg for seg in torch.cuda.memory_snapshot() if seg["address"] in mine]
-        torch_segments = {seg["address"] for seg in snapshot}
-        others = [(addr, size) for addr, size in mine.items() if addr not in torch_segments]
-        return live_ranges_from_snapshot(snapshot, lambda address: True) + others
-
-    def stop(self) -> None:
-        import torch
-
-        if self.active:
-            torch._C._cuda_endAllocateToPool(self.device, self.pool.id)
-            self.active = False
-
-
-_routings: dict[int, TorchCudaRouting] = {}
-
-
-def route_torch_cuda(device: int = 0, allocator: Optional[Allocator] = None) -> TorchCudaRouting:
-    """Starts routing `device`'s torch allocations through gmux (once per device; later calls return it)."""
-    if device not in _routings:
-        _routings[device] = TorchCudaRouting(allocator or Allocator.cuda(device), device)
-    return _routings[device]
-
-
-def torch_routing(device: int) -> Optional[TorchCudaRouting]:
-    r = _routings.get(device)
-    return r if r is not None and r.active else None
 
 
 # -- CuPy ----------------------------------------------------------------------------------------------------

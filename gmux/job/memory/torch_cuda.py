@@ -1,0 +1,175 @@
+"""A PyTorch CUDA job's allocations routed through gmux's native allocator (`route_torch_cuda`), and why this way:
+  * `torch.cuda.memory.change_current_allocator` would route every allocation, but it must run before CUDA
+    is initialised and it *replaces* the caching allocator: every tensor becomes a driver call, and
+    `torch.cuda.memory_stats()` / `memory_allocated()` stop working (the runtime's reports need them).
+  * `torch.cuda.MemPool(CUDAPluggableAllocator)` keeps the caching allocator on top (stats keep working,
+    segments are cached, gmux sees segment-sized calls), but `torch.cuda.use_mem_pool` routes only the
+    *current thread*, and backward runs on autograd's device threads: their gradients would bypass gmux.
+  * So: the MemPool, entered with `torch._C._cuda_beginAllocateToPool(device, pool.id)`, whose filter
+    accepts every stream from every thread (torch >= 2.8; use_mem_pool uses the current-thread variant). Forward,
+    backward and optimizer all land in gmux memory, and the caching allocator still keeps the stats.
+    Costs: `expandable_segments` cannot serve a pool (refused here with a clear error), and while the pool
+    is entered the caching allocator defers freeing blocks that were used on a second stream
+    (record_stream), as it does during graph capture: cross-stream jobs hold that memory a little longer.
+  * Pools begun after gmux's go ahead of it. The caching allocator gives an allocation to the *first* pool, in
+    the order they were begun, whose filter takes its stream, so while gmux's came first no later pool was
+    reached: a CUDA graph's capture (`torch.cuda.graph`: torch.compile's "reduce-overhead" cudagraph trees,
+    `make_graphed_callables`) took its intermediate tensors from gmux's pool, which gave them back when the
+    capture ended and handed them out again to eager tensors that every replay then overwrote; and
+    `use_mem_pool` (FSDP2's and symmetric memory's NCCL pools, a script's own) and inductor's warm-up in its
+    graph pool lost their allocations to gmux's. So each time another pool is begun on a routed device,
+    gmux's entry is taken out of the list and begun again at its end (`_yield_to_later_pools`). What those
+    pools hold is theirs, as the script asked: a suspend does not copy it out, and it stays on the device.
+  * Suspend copies only the caching allocator's *active* blocks (from `torch.cuda.memory_snapshot()`), not
+    the free space cached inside segments; every segment keeps its address, so every tensor, known to the
+    runtime or not, is valid after resume.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Optional
+
+from .native import Allocator, native_path
+
+
+def live_ranges_from_snapshot(snapshot: list[dict], owns) -> list[tuple[int, int]]:
+    """Active blocks of the caching allocator's segments that `owns(segment_address)`: the bytes a job
+    really uses, without the free space cached inside its segments."""
+    ranges = []
+    for seg in snapshot:
+        if not owns(seg["address"]):
+            continue
+        at = seg["address"]
+        for block in seg.get("blocks", []):
+            addr = block.get("address", at)
+            if block["state"] in ("active_allocated", "active_pending_free"):
+                ranges.append((addr, block["size"]))
+            at = addr + block["size"]
+    return ranges
+
+
+class TorchCudaRouting:
+    """All of one device's torch allocations, on every thread, through `allocator` (see the module notes)."""
+
+    def __init__(self, allocator: Allocator, device: int = 0):
+        import torch
+
+        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
+        if "expandable_segments:true" in conf.replace(" ", "").lower():
+            raise RuntimeError("gmux cannot route a job that uses expandable_segments (the caching allocator "
+                               "does not serve memory pools from them); unset it in PYTORCH_CUDA_ALLOC_CONF")
+        # Before torch 2.8 the binding named _cuda_beginAllocateToPool was the *current-thread* one (2.8 renamed
+        # it _cuda_beginAllocateCurrentThreadToPool and gave the old name the every-stream filter). Without
+        # the new name, the old one would silently miss backward's threads: refuse instead.
+        if not (hasattr(torch._C, "_cuda_beginAllocateToPool") and
+                hasattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool")):
+            raise RuntimeError(f"torch {torch.__version__} cannot route every thread's allocations to a pool "
+                               "(needs torch >= 2.8); the job uses the state tier instead")
+        self.allocator, self.device = allocator, device
+        allocator.install(device)
+        self._pluggable = torch.cuda.memory.CUDAPluggableAllocator(native_path(), "gmux_alloc", "gmux_free")
+        self.pool = torch.cuda.MemPool(self._pluggable.allocator())
+        _yield_to_later_pools()
+        _begin(device, self.pool.id)
+        self.active = True
+
+    def go_last(self) -> None:
+        """Behind every other pool being allocated to on the device: out of the list, begun again at its end."""
+        import torch
+
+        if self.active:
+            torch._C._cuda_endAllocateToPool(self.device, self.pool.id)
+            _begin(self.device, self.pool.id)
+
+    def live_ranges(self) -> list[tuple[int, int]]:
+        """torch's active blocks inside its segments, plus every other allocation of this allocator whole
+        (CuPy arrays, for instance, which have no cached free space)."""
+        import torch
+
+        mine = {a["address"]: a["size"] for a in self.allocator.allocations()}
+        snapshot = [seg for seg in torch.cuda.memory_snapshot() if seg["address"] in mine]
+        torch_segments = {seg["address"] for seg in snapshot}
+        others = [(addr, size) for addr, size in mine.items() if addr not in torch_segments]
+        return live_ranges_from_snapshot(snapshot, lambda address: True) + others
+
+    def stop(self) -> None:
+        import torch
+
+        if self.active:
+            torch._C._cuda_endAllocateToPool(self.device, self.pool.id)
+            self.active = False
+
+
+_routings: dict[int, TorchCudaRouting] = {}
+
+
+def route_torch_cuda(device: int = 0, allocator: Optional[Allocator] = None) -> TorchCudaRouting:
+    """Starts routing `device`'s torch allocations through gmux (once per device; later calls return it)."""
+    if device not in _routings:
+        _routings[device] = TorchCudaRouting(allocator or Allocator.cuda(device), device)
+    return _routings[device]
+
+
+def torch_routing(device: int) -> Optional[TorchCudaRouting]:
+    r = _routings.get(device)
+    return r if r is not None and r.active else None
+
+
+# -- pools begun after gmux's go ahead of it (module notes) -----------------------------------------------------
+_lock = threading.Lock()
+_begin_every_stream = None     # torch's own binding, unwrapped: gmux's pool is begun through it
+
+
+def _begin(device: int, pool_id) -> None:
+    _begin_every_stream(device, pool_id)
+
+
+def _yield_to_later_pools() -> None:
+    """Wraps the ways torch begins allocating to a pool, once per process: inductor calls the bindings on
+    torch._C, use_mem_pool the names torch.cuda.memory imported from it, and a graph's capture begins its pool
+    inside CUDAGraph.capture_begin (C++), on the current device."""
+    global _begin_every_stream
+    import torch
+    import torch.cuda.memory as cuda_memory
+    from torch.cuda import graphs
+
+    with _lock:
+        if _begin_every_stream is not None:
+            return
+        _begin_every_stream = torch._C._cuda_beginAllocateToPool
+
+    def wrap(begin):
+        def begin_then_yield(device, pool_id, *args, **kwargs):
+            out = begin(device, pool_id, *args, **kwargs)
+            routing = torch_routing(_index(device))
+            if routing is not None and tuple(pool_id) != tuple(routing.pool.id):
+                routing.go_last()
+            return out
+        begin_then_yield.__wrapped__ = begin
+        return begin_then_yield
+
+    for name in ("_cuda_beginAllocateCurrentThreadToPool", "_cuda_beginAllocateToPool"):
+        wrapped = wrap(getattr(torch._C, name))
+        setattr(torch._C, name, wrapped)
+        if hasattr(cuda_memory, name):
+            setattr(cuda_memory, name, wrapped)
+
+    capture_begin = graphs.CUDAGraph.capture_begin
+
+    def capture_begin_then_yield(self, *args, **kwargs):
+        out = capture_begin(self, *args, **kwargs)
+        routing = torch_routing(torch.cuda.current_device())
+        if routing is not None:
+            routing.go_last()
+        return out
+    capture_begin_then_yield.__wrapped__ = capture_begin
+    graphs.CUDAGraph.capture_begin = capture_begin_then_yield
+
+
+def _index(device) -> int:
+    import torch
+    if isinstance(device, int):
+        return device
+    index = torch.device(device).index
+    return torch.cuda.current_device() if index is None else index

@@ -1,0 +1,78 @@
+"""gmux's every-stream pool goes behind each pool begun after it (gmux/job/memory/torch_cuda.py).
+
+Only the ordering is checked here, against a model of the caching allocator's list of pools being allocated to
+(an allocation goes to the first whose filter takes its stream), through torch's own use_mem_pool and the
+bindings inductor calls. That real CUDA graphs and pools keep their allocations is checked on a GPU by
+benchmarks/gpu/validate_gpu.py (other_pools)."""
+import types
+
+import pytest
+import torch
+import torch.cuda.memory as cuda_memory
+from torch.cuda import graphs
+
+from gmux.job.memory import torch_cuda
+
+GMUX = (7, 0)
+
+
+class ModelAllocator:
+    """The caching allocator's pools being allocated to, in the order they were begun."""
+
+    def __init__(self):
+        self.underway: list = []          # [(pool id, takes every stream)]
+
+    def begin(self, every_stream):
+        def begin(device, pool_id):
+            assert all(p != tuple(pool_id) for p, _ in self.underway), "already recording to this pool"
+            self.underway.append((tuple(pool_id), every_stream))
+        return begin
+
+    def end(self, device, pool_id):
+        self.underway.remove(next(e for e in self.underway if e[0] == tuple(pool_id)))
+
+    def first(self) -> tuple:
+        return self.underway[0][0]
+
+
+@pytest.fixture
+def model(monkeypatch):
+    m = ModelAllocator()
+    for where in (torch._C, cuda_memory):
+        monkeypatch.setattr(where, "_cuda_beginAllocateToPool", m.begin(True), raising=False)
+        monkeypatch.setattr(where, "_cuda_beginAllocateCurrentThreadToPool", m.begin(False), raising=False)
+        monkeypatch.setattr(where, "_cuda_endAllocateToPool", m.end, raising=False)
+        monkeypatch.setattr(where, "_cuda_releasePool", lambda device, pool_id: None, raising=False)
+    monkeypatch.setattr(graphs.CUDAGraph, "capture_begin",
+                        lambda self, pool=None, **kw: m.begin(False)(0, pool or (9, 9)))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch_cuda, "_begin_every_stream", None)     # installed afresh over the model
+    torch_cuda._yield_to_later_pools()
+    routing = types.SimpleNamespace(pool=types.SimpleNamespace(id=GMUX), active=True, device=0)
+    routing.go_last = types.MethodType(torch_cuda.TorchCudaRouting.go_last, routing)
+    monkeypatch.setitem(torch_cuda._routings, 0, routing)
+    torch_cuda._begin(0, GMUX)
+    return m
+
+
+def test_a_pool_begun_after_gmuxs_is_reached_first(model):
+    pool = types.SimpleNamespace(id=(3, 1))
+    with torch.cuda.use_mem_pool(pool, device=0):
+        assert model.first() == (3, 1)
+        assert [p for p, _ in model.underway] == [(3, 1), GMUX]
+    assert model.underway == [(GMUX, True)]          # gmux's pool still takes everything after it
+
+
+def test_a_capture_and_inductors_warm_up_are_reached_first(model):
+    graphs.CUDAGraph.capture_begin(object(), pool=(5, 5))
+    assert model.first() == (5, 5)
+    torch._C._cuda_beginAllocateCurrentThreadToPool(0, (6, 6))      # as cudagraph_trees' warm-up calls it
+    assert [p for p, _ in model.underway] == [(5, 5), (6, 6), GMUX]
+    torch._C._cuda_endAllocateToPool(0, (5, 5))
+    torch._C._cuda_endAllocateToPool(0, (6, 6))
+    assert model.underway == [(GMUX, True)]
+
+
+def test_a_pool_on_a_device_gmux_does_not_route_changes_nothing(model):
+    torch._C._cuda_beginAllocateToPool(1, (4, 4))     # no routing on device 1
+    assert [p for p, _ in model.underway] == [GMUX, (4, 4)]
