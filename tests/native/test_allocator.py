@@ -122,8 +122,24 @@ def test_live_ranges_from_snapshot_keeps_only_active_blocks():
 
 def test_cuda_routing_refuses_expandable_segments(monkeypatch):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    with pytest.raises(RuntimeError, match="expandable_segments"):
+    with pytest.raises(torch_cuda.CannotRoute, match="expandable_segments"):
         torch_cuda.TorchCudaRouting(None, 0)
+    with pytest.raises(torch_cuda.CannotRoute, match="expandable_segments"):
+        torch_cuda.route_torch_cuda(0)      # before an allocator is made for the device
+    assert 0 not in torch_cuda._routings
+
+
+def test_a_job_whose_memory_cannot_be_routed_runs_on_torchs_allocator(monkeypatch, capsys):
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is common in training recipes: such a job runs, on
+    torch's own allocator (the state tier), and is told why, where before it failed to start."""
+    from gmux.job import memory
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128,expandable_segments:True")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert memory.device_memory(0, native=True, limit=None) is None
+    err = capsys.readouterr().err
+    assert "not routed through gmux: expandable_segments is set" in err and "state tier" in err
+    assert 0 not in torch_cuda._routings
 
 
 def test_cuda_allocator_without_a_driver_says_so():

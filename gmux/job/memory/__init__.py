@@ -4,7 +4,8 @@
     state_tier.py      the state tier: tracked tensors to a reused host buffer and back, in place (any device)
     allocator_tier.py  the allocator tier: the live bytes of native address ranges out and back, pointers kept
     native.py          the binding to the C core (gmux._native): the native Pool, a job's Allocator, tensors
-                       placed in native memory, torch CUDA routing
+                       placed in native memory
+    torch_cuda.py      torch's CUDA allocations routed through a job's native Allocator
     python_pool.py     DevicePool, a virtual GPU's memory in pure Python: the fallback where gmux._native is
                        not built (or a job is run with --no-native)
     spill.py           a suspended job's host copy to a file and back, checked
@@ -18,6 +19,7 @@ import its way to a registered job without paying for torch first.
 """
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,7 +33,8 @@ def device_memory(pool_bytes: int = 0, native: bool = True, limit: int | None = 
     """Sets up a job's device memory before its script allocates any (a runner calls this first).
 
     On a GPU: with `native` allowed and gmux._native built, routes every torch CUDA allocation of the job
-    through gmux (so its state gets the allocator tier); returns None. On the CPU: a virtual GPU of `pool_bytes`,
+    through gmux (so its state gets the allocator tier; where routing cannot work, the job is told why on
+    stderr and keeps torch's allocator, the state tier); returns None. On the CPU: a virtual GPU of `pool_bytes`,
     the native Pool where it can be (allocator tier), else the Python DevicePool (state tier); None for no pool
     (pool_bytes 0: tensors stay on the heap, state tier). With `limit` (bytes; the job's --mem), an allocation
     past it fails with torch.OutOfMemoryError naming the job (`job`, `name`) and the limit (limit.py; a soft
@@ -40,11 +43,15 @@ def device_memory(pool_bytes: int = 0, native: bool = True, limit: int | None = 
 
     from . import native as core
     from .limit import enforce
-    from .torch_cuda import route_torch_cuda
+    from .torch_cuda import CannotRoute, route_torch_cuda
 
     if torch.cuda.is_available():
         if native and core.available():
-            route_torch_cuda(torch.cuda.current_device())
+            try:
+                route_torch_cuda(torch.cuda.current_device())
+            except CannotRoute as e:
+                print(f"gmux: this job's memory is not routed through gmux: {e}. It runs on torch's own "
+                      f"allocator, and a suspend moves the tensors gmux tracks (the state tier).", file=sys.stderr)
         enforce(limit, job=job, name=name, cuda=True)   # after routing: the routed allocator enforces it
         return None
     enforce(limit, job=job, name=name, cuda=False)     # before any pool: its regions count too

@@ -33,6 +33,10 @@ from typing import Optional
 from .native import Allocator, native_path
 
 
+class CannotRoute(RuntimeError):
+    """This job's allocations cannot be routed through gmux; it runs on torch's own allocator (state tier)."""
+
+
 def live_ranges_from_snapshot(snapshot: list[dict], owns) -> list[tuple[int, int]]:
     """Active blocks of the caching allocator's segments that `owns(segment_address)`: the bytes a job
     really uses, without the free space cached inside its segments."""
@@ -55,17 +59,7 @@ class TorchCudaRouting:
     def __init__(self, allocator: Allocator, device: int = 0):
         import torch
 
-        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
-        if "expandable_segments:true" in conf.replace(" ", "").lower():
-            raise RuntimeError("gmux cannot route a job that uses expandable_segments (the caching allocator "
-                               "does not serve memory pools from them); unset it in PYTORCH_CUDA_ALLOC_CONF")
-        # Before torch 2.8 the binding named _cuda_beginAllocateToPool was the *current-thread* one (2.8 renamed
-        # it _cuda_beginAllocateCurrentThreadToPool and gave the old name the every-stream filter). Without
-        # the new name, the old one would silently miss backward's threads: refuse instead.
-        if not (hasattr(torch._C, "_cuda_beginAllocateToPool") and
-                hasattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool")):
-            raise RuntimeError(f"torch {torch.__version__} cannot route every thread's allocations to a pool "
-                               "(needs torch >= 2.8); the job uses the state tier instead")
+        check_routable()
         self.allocator, self.device = allocator, device
         allocator.install(device)
         self._pluggable = torch.cuda.memory.CUDAPluggableAllocator(native_path(), "gmux_alloc", "gmux_free")
@@ -104,9 +98,28 @@ class TorchCudaRouting:
 _routings: dict[int, TorchCudaRouting] = {}
 
 
+def check_routable() -> None:
+    """Raises CannotRoute, saying why, where this process's torch allocations cannot be routed."""
+    import torch
+
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
+    if "expandable_segments:true" in conf.replace(" ", "").lower():
+        raise CannotRoute("expandable_segments is set (PYTORCH_CUDA_ALLOC_CONF), and the caching allocator does "
+                          "not serve memory pools from them")
+    # Before torch 2.8 the binding named _cuda_beginAllocateToPool was the *current-thread* one (2.8 renamed it
+    # _cuda_beginAllocateCurrentThreadToPool and gave the old name the every-stream filter). Without the new
+    # name, the old one would silently miss backward's threads.
+    if not (hasattr(torch._C, "_cuda_beginAllocateToPool") and
+            hasattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool")):
+        raise CannotRoute(f"torch {torch.__version__} cannot route every thread's allocations to a pool (needs "
+                          f"torch >= 2.8)")
+
+
 def route_torch_cuda(device: int = 0, allocator: Optional[Allocator] = None) -> TorchCudaRouting:
-    """Starts routing `device`'s torch allocations through gmux (once per device; later calls return it)."""
+    """Starts routing `device`'s torch allocations through gmux (once per device; later calls return it).
+    Raises CannotRoute before anything is set up where that cannot work."""
     if device not in _routings:
+        check_routable()
         _routings[device] = TorchCudaRouting(allocator or Allocator.cuda(device), device)
     return _routings[device]
 
