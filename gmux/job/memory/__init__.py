@@ -43,13 +43,13 @@ def device_memory(pool_bytes: int = 0, native: bool = True, limit: int | None = 
 
     from . import native as core
     from .limit import enforce
-    from .torch_cuda import CannotRoute, route_torch_cuda
+    from .torch_cuda import route_torch_cuda
 
     if torch.cuda.is_available():
         if native and core.available():
             try:
                 route_torch_cuda(torch.cuda.current_device())
-            except CannotRoute as e:
+            except RuntimeError as e:   # CannotRoute, or the native CUDA allocator failing to start
                 print(f"gmux: this job's memory is not routed through gmux: {e}. It runs on torch's own "
                       f"allocator, and a suspend moves the tensors gmux tracks (the state tier).", file=sys.stderr)
         enforce(limit, job=job, name=name, cuda=True)   # after routing: the routed allocator enforces it
