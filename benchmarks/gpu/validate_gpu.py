@@ -153,27 +153,28 @@ def gpu_side() -> None:
 def other_pools() -> None:
     """Pools begun after gmux's (a CUDA graph's capture, use_mem_pool) keep their allocations (torch_cuda.py).
     Had gmux's pool taken a capture's intermediate tensors, it would give them back when the capture ends and
-    hand them out again: the eager tensors made after it would be overwritten by every replay."""
+    hand them out again: eager tensors made after it on the capture's stream (a free block is reused on its own
+    stream) would be overwritten by every replay."""
     print("== CUDA graphs and other pools beside gmux's")
     routing = torch_cuda.torch_routing(0)
-
-    def in_gmux(t: torch.Tensor) -> bool:
-        return any(a["address"] <= t.data_ptr() < a["address"] + a["size"] for a in routing.allocator.allocations())
-
+    results["latest_pool_wins"] = routing.latest_pool_wins
+    print(f"  this torch gives an allocation to the {'last' if routing.latest_pool_wins else 'first'} pool begun")
     n = 2048
     x, w = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda") / n ** 0.5
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
-            torch.relu(x @ w) @ w          # warm-up outside the capture (cuBLAS workspaces)
+            torch.relu(x @ w) @ w          # warm-up on the capture's stream (cuBLAS workspaces)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=side):
         y = torch.relu(x @ w) @ w          # relu(x @ w) is an intermediate, freed inside the capture
-    check(not in_gmux(y), "a capture's tensors come from the graph's own pool, not gmux's")
-    eager = [torch.full((n, n), float(i), device="cuda") for i in range(8)]
-    check(all(in_gmux(t) for t in eager), "eager tensors after the capture are gmux's again")
+    check(not routing.owns(y.data_ptr()), "a capture's tensors come from the graph's own pool, not gmux's")
+    with torch.cuda.stream(side):
+        eager = [torch.full((n, n), float(i), device="cuda") for i in range(8)]
+    torch.cuda.synchronize()
+    check(all(routing.owns(t.data_ptr()) for t in eager), "eager tensors after the capture are gmux's again")
     x.copy_(torch.randn(n, n, device="cuda"))
     graph.replay()
     torch.cuda.synchronize()
@@ -191,7 +192,8 @@ def other_pools() -> None:
     with torch.cuda.use_mem_pool(pool):
         mine = torch.ones(1 << 20, device="cuda")
     after = torch.ones(1 << 20, device="cuda")
-    check(not in_gmux(mine) and in_gmux(after), "use_mem_pool's allocations go to its pool, and gmux's resume after it")
+    check(not routing.owns(mine.data_ptr()) and routing.owns(after.data_ptr()),
+          "use_mem_pool's allocations go to its pool, and gmux's resume after it")
     del graph, y, mine
 
 

@@ -1,8 +1,9 @@
-"""gmux's every-stream pool goes behind each pool begun after it (gmux/job/memory/torch_cuda.py).
+"""Where torch gives an allocation to the first pool begun whose filter takes its stream (torch 2.8 and 2.9),
+gmux's every-stream pool goes behind each pool begun after it (gmux/job/memory/torch_cuda.py).
 
-Only the ordering is checked here, against a model of the caching allocator's list of pools being allocated to
-(an allocation goes to the first whose filter takes its stream), through torch's own use_mem_pool and the
-bindings inductor calls. That real CUDA graphs and pools keep their allocations is checked on a GPU by
+Only the ordering is checked here, against a model of that allocator's list of pools being allocated to, through
+torch's own use_mem_pool and the bindings inductor calls. Which order a torch has is measured when the routing
+starts, and that real CUDA graphs and pools keep their allocations is checked, on a GPU, by
 benchmarks/gpu/validate_gpu.py (other_pools)."""
 import types
 
@@ -17,7 +18,8 @@ GMUX = (7, 0)
 
 
 class ModelAllocator:
-    """The caching allocator's pools being allocated to, in the order they were begun."""
+    """The caching allocator's pools being allocated to, in the order they were begun; the first that takes a
+    stream gets its allocations."""
 
     def __init__(self):
         self.underway: list = []          # [(pool id, takes every stream)]
@@ -43,15 +45,17 @@ def model(monkeypatch):
         monkeypatch.setattr(where, "_cuda_beginAllocateCurrentThreadToPool", m.begin(False), raising=False)
         monkeypatch.setattr(where, "_cuda_endAllocateToPool", m.end, raising=False)
         monkeypatch.setattr(where, "_cuda_releasePool", lambda device, pool_id: None, raising=False)
+        monkeypatch.setattr(where, "_cuda_beginAllocateCurrentStreamToPool", m.begin(False), raising=False)
     monkeypatch.setattr(graphs.CUDAGraph, "capture_begin",
                         lambda self, pool=None, **kw: m.begin(False)(0, pool or (9, 9)))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch_cuda, "_begin_every_stream", None)     # installed afresh over the model
     torch_cuda._yield_to_later_pools()
-    routing = types.SimpleNamespace(pool=types.SimpleNamespace(id=GMUX), active=True, device=0)
+    routing = types.SimpleNamespace(pool=types.SimpleNamespace(id=GMUX), active=True, device=0,
+                                    latest_pool_wins=False)
     routing.go_last = types.MethodType(torch_cuda.TorchCudaRouting.go_last, routing)
     monkeypatch.setitem(torch_cuda._routings, 0, routing)
-    torch_cuda._begin(0, GMUX)
+    torch_cuda._begin_every_stream(0, GMUX)
     return m
 
 

@@ -11,15 +11,17 @@
     Costs: `expandable_segments` cannot serve a pool (refused here with a clear error), and while the pool
     is entered the caching allocator defers freeing blocks that were used on a second stream
     (record_stream), as it does during graph capture: cross-stream jobs hold that memory a little longer.
-  * Pools begun after gmux's go ahead of it. The caching allocator gives an allocation to the *first* pool, in
-    the order they were begun, whose filter takes its stream, so while gmux's came first no later pool was
-    reached: a CUDA graph's capture (`torch.cuda.graph`: torch.compile's "reduce-overhead" cudagraph trees,
-    `make_graphed_callables`) took its intermediate tensors from gmux's pool, which gave them back when the
-    capture ended and handed them out again to eager tensors that every replay then overwrote; and
-    `use_mem_pool` (FSDP2's and symmetric memory's NCCL pools, a script's own) and inductor's warm-up in its
-    graph pool lost their allocations to gmux's. So each time another pool is begun on a routed device,
-    gmux's entry is taken out of the list and begun again at its end (`_yield_to_later_pools`). What those
-    pools hold is theirs, as the script asked: a suspend does not copy it out, and it stays on the device.
+  * Pools begun after gmux's must go ahead of it: a CUDA graph's capture (`torch.cuda.graph`: torch.compile's
+    "reduce-overhead" cudagraph trees, `make_graphed_callables`), `use_mem_pool` (FSDP2's and symmetric memory's
+    NCCL pools, a script's own), inductor's warm-up in its graph pool. Had gmux's pool taken a capture's
+    intermediate tensors, it would give them back when the capture ends and hand them out again to eager tensors
+    that every replay then overwrites. torch from 2.10 or so gives an allocation to the pool begun *last* whose
+    filter takes its stream, which is right as it is; torch 2.8 and 2.9 to the *first*, gmux's. Which one this
+    torch does is measured when the routing starts (one byte under a throwaway `use_mem_pool`); where the first
+    wins, each time another pool is begun on a routed device gmux's entry is taken out and begun again, behind it
+    (`_yield_to_later_pools`). A library that imported torch's bindings by name before the routing started
+    keeps the unwrapped ones. What other pools hold is theirs, as the script asked: a suspend does not copy it
+    out, and it stays on the device.
   * Suspend copies only the caching allocator's *active* blocks (from `torch.cuda.memory_snapshot()`), not
     the free space cached inside segments; every segment keeps its address, so every tensor, known to the
     runtime or not, is valid after resume.
@@ -27,6 +29,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Optional
 
@@ -64,17 +67,36 @@ class TorchCudaRouting:
         allocator.install(device)
         self._pluggable = torch.cuda.memory.CUDAPluggableAllocator(native_path(), "gmux_alloc", "gmux_free")
         self.pool = torch.cuda.MemPool(self._pluggable.allocator())
-        _yield_to_later_pools()
-        _begin(device, self.pool.id)
+        torch._C._cuda_beginAllocateToPool(device, self.pool.id)
         self.active = True
+        self.latest_pool_wins = self._latest_pool_wins()
+        if not self.latest_pool_wins:
+            _yield_to_later_pools()
 
-    def go_last(self) -> None:
-        """Behind every other pool being allocated to on the device: out of the list, begun again at its end."""
+    def owns(self, address: int) -> bool:
+        return any(a["address"] <= address < a["address"] + a["size"] for a in self.allocator.allocations())
+
+    def _latest_pool_wins(self) -> bool:
+        """Whether this torch gives an allocation to the pool begun last (see the module notes)."""
         import torch
 
-        if self.active:
-            torch._C._cuda_endAllocateToPool(self.device, self.pool.id)
-            _begin(self.device, self.pool.id)
+        probe = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(probe, device=self.device):
+            one = torch.empty(1, dtype=torch.uint8, device=f"cuda:{self.device}")
+        latest = not self.owns(one.data_ptr())
+        del one, probe
+        return latest
+
+    def go_last(self) -> None:
+        """Behind every other pool being allocated to on the device: out of the list, begun again at its end (the
+        begin's reference to the pool released, so its count does not grow)."""
+        import torch
+
+        with _lock:
+            if self.active:
+                torch._C._cuda_endAllocateToPool(self.device, self.pool.id)
+                _begin_every_stream(self.device, self.pool.id)
+                torch._C._cuda_releasePool(self.device, self.pool.id)
 
     def live_ranges(self) -> list[tuple[int, int]]:
         """torch's active blocks inside its segments, plus every other allocation of this allocator whole
@@ -129,19 +151,15 @@ def torch_routing(device: int) -> Optional[TorchCudaRouting]:
     return r if r is not None and r.active else None
 
 
-# -- pools begun after gmux's go ahead of it (module notes) -----------------------------------------------------
-_lock = threading.Lock()
-_begin_every_stream = None     # torch's own binding, unwrapped: gmux's pool is begun through it
-
-
-def _begin(device: int, pool_id) -> None:
-    _begin_every_stream(device, pool_id)
+# -- where the first pool begun wins, gmux's goes behind each later one (module notes) ------------------------------
+_lock = threading.RLock()
+_begin_every_stream = None     # torch's own binding, unwrapped
 
 
 def _yield_to_later_pools() -> None:
     """Wraps the ways torch begins allocating to a pool, once per process: inductor calls the bindings on
     torch._C, use_mem_pool the names torch.cuda.memory imported from it, and a graph's capture begins its pool
-    inside CUDAGraph.capture_begin (C++), on the current device."""
+    inside CUDAGraph's methods (C++), on the current device: at its start, and again at each conditional node."""
     global _begin_every_stream
     import torch
     import torch.cuda.memory as cuda_memory
@@ -152,32 +170,46 @@ def _yield_to_later_pools() -> None:
             return
         _begin_every_stream = torch._C._cuda_beginAllocateToPool
 
+    def behind(device) -> None:
+        routing = torch_routing(device)
+        if routing is None:
+            return
+        try:
+            routing.go_last()
+        except RuntimeError as e:
+            print(f"gmux: could not put this job's memory pool behind the one just begun ({e}); allocations "
+                  f"meant for it may come from gmux's pool", file=sys.stderr)
+
     def wrap(begin):
         def begin_then_yield(device, pool_id, *args, **kwargs):
             out = begin(device, pool_id, *args, **kwargs)
             routing = torch_routing(_index(device))
             if routing is not None and tuple(pool_id) != tuple(routing.pool.id):
-                routing.go_last()
+                behind(_index(device))
             return out
         begin_then_yield.__wrapped__ = begin
         return begin_then_yield
 
-    for name in ("_cuda_beginAllocateCurrentThreadToPool", "_cuda_beginAllocateToPool"):
-        wrapped = wrap(getattr(torch._C, name))
-        setattr(torch._C, name, wrapped)
-        if hasattr(cuda_memory, name):
-            setattr(cuda_memory, name, wrapped)
+    for name in ("_cuda_beginAllocateCurrentThreadToPool", "_cuda_beginAllocateToPool",
+                 "_cuda_beginAllocateCurrentStreamToPool"):
+        if hasattr(torch._C, name):
+            wrapped = wrap(getattr(torch._C, name))
+            setattr(torch._C, name, wrapped)
+            if hasattr(cuda_memory, name):
+                setattr(cuda_memory, name, wrapped)
 
-    capture_begin = graphs.CUDAGraph.capture_begin
+    def then_yield(method):
+        def method_then_yield(self, *args, **kwargs):
+            out = method(self, *args, **kwargs)
+            behind(torch.cuda.current_device())
+            return out
+        method_then_yield.__wrapped__ = method
+        return method_then_yield
 
-    def capture_begin_then_yield(self, *args, **kwargs):
-        out = capture_begin(self, *args, **kwargs)
-        routing = torch_routing(torch.cuda.current_device())
-        if routing is not None:
-            routing.go_last()
-        return out
-    capture_begin_then_yield.__wrapped__ = capture_begin
-    graphs.CUDAGraph.capture_begin = capture_begin_then_yield
+    for name in ("capture_begin", "begin_capture_to_if_node", "begin_capture_to_while_loop_node",
+                 "end_capture_to_conditional_node"):
+        if hasattr(graphs.CUDAGraph, name):
+            setattr(graphs.CUDAGraph, name, then_yield(getattr(graphs.CUDAGraph, name)))
 
 
 def _index(device) -> int:
