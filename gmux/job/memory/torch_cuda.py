@@ -17,11 +17,14 @@
     intermediate tensors, it would give them back when the capture ends and hand them out again to eager tensors
     that every replay then overwrites. torch from 2.10 or so gives an allocation to the pool begun *last* whose
     filter takes its stream, which is right as it is; torch 2.8 and 2.9 to the *first*, gmux's. Which one this
-    torch does is measured when the routing starts (one byte under a throwaway `use_mem_pool`); where the first
-    wins, each time another pool is begun on a routed device gmux's entry is taken out and begun again, behind it
-    (`_yield_to_later_pools`). A library that imported torch's bindings by name before the routing started
-    keeps the unwrapped ones. What other pools hold is theirs, as the script asked: a suspend does not copy it
-    out, and it stays on the device.
+    torch does is measured when the routing starts (`latest_pool_wins`: one byte under a throwaway `use_mem_pool`
+    beside a throwaway every-stream pool); where the first wins, each time another pool is begun on a routed
+    device gmux's entry is taken out and begun again, behind it (`_yield_to_later_pools`). A library that
+    imported torch's bindings by name before the routing started keeps the unwrapped ones. What other pools
+    hold is theirs, as the script asked: a suspend does not copy it out, and it stays on the device.
+  * Not handled: a `torch.cuda.MemPool` object the script destroys while the routing is on. Its destructor
+    empties the pool and syncs its events, which the caching allocator refuses while any pool is being
+    allocated to (an internal assertion, raised in a destructor: the process aborts). gmux's pool always is.
   * Suspend copies only the caching allocator's *active* blocks (from `torch.cuda.memory_snapshot()`), not
     the free space cached inside segments; every segment keeps its address, so every tensor, known to the
     runtime or not, is valid after resume.
@@ -67,25 +70,16 @@ class TorchCudaRouting:
         allocator.install(device)
         self._pluggable = torch.cuda.memory.CUDAPluggableAllocator(native_path(), "gmux_alloc", "gmux_free")
         self.pool = torch.cuda.MemPool(self._pluggable.allocator())
+        # Measured before gmux's pool is begun: a MemPool destroyed while any pool is being allocated to trips
+        # the caching allocator's assertion that no capture is under way (its destructor syncs the pool's events).
+        self.latest_pool_wins = latest_pool_wins(device)
         torch._C._cuda_beginAllocateToPool(device, self.pool.id)
         self.active = True
-        self.latest_pool_wins = self._latest_pool_wins()
         if not self.latest_pool_wins:
             _yield_to_later_pools()
 
     def owns(self, address: int) -> bool:
         return any(a["address"] <= address < a["address"] + a["size"] for a in self.allocator.allocations())
-
-    def _latest_pool_wins(self) -> bool:
-        """Whether this torch gives an allocation to the pool begun last (see the module notes)."""
-        import torch
-
-        probe = torch.cuda.MemPool()
-        with torch.cuda.use_mem_pool(probe, device=self.device):
-            one = torch.empty(1, dtype=torch.uint8, device=f"cuda:{self.device}")
-        latest = not self.owns(one.data_ptr())
-        del one, probe
-        return latest
 
     def go_last(self) -> None:
         """Behind every other pool being allocated to on the device: out of the list, begun again at its end (the
@@ -118,6 +112,29 @@ class TorchCudaRouting:
 
 
 _routings: dict[int, TorchCudaRouting] = {}
+
+
+def latest_pool_wins(device: int) -> bool:
+    """Whether this torch gives an allocation to the pool begun last, of those whose filters take its stream (see
+    the module notes): one byte is allocated under `use_mem_pool(second)` while `first` takes every stream, and
+    the segment it lands in says whose it is. Both pools are gone again before this returns."""
+    import torch
+
+    first, second = torch.cuda.MemPool(), torch.cuda.MemPool()
+    torch._C._cuda_beginAllocateToPool(device, first.id)
+    try:
+        with torch.cuda.use_mem_pool(second, device=device):
+            one = torch.empty(1, dtype=torch.uint8, device=f"cuda:{device}")
+    finally:
+        torch._C._cuda_endAllocateToPool(device, first.id)
+        torch._C._cuda_releasePool(device, first.id)     # its count back to the MemPool's own reference
+    at = one.data_ptr()
+    pool = next((seg.get("segment_pool_id") for seg in torch.cuda.memory_snapshot()
+                 if seg["address"] <= at < seg["address"] + seg["total_size"]), None)
+    del one
+    if pool is None:        # (a torch whose snapshot does not name pools: LIFO came with 2.10)
+        return tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 10)
+    return tuple(pool) == tuple(second.id)
 
 
 def check_routable() -> None:
