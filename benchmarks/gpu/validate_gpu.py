@@ -10,6 +10,7 @@ captured beside gmux's pool and a use_mem_pool block keep their own allocations 
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
@@ -189,6 +190,9 @@ def other_pools() -> None:
     check(torch.allclose(y, torch.relu(x @ w) @ w, rtol=1e-3, atol=1e-3) and
           all(bool((t == i).all()) for i, t in enumerate(eager)), "a graph replays correctly after a suspend and resume")
     pool = torch.cuda.MemPool()
+    # Kept for good: destroyed while gmux's pool is being allocated to, torch's allocator would assert in its
+    # destructor and abort the process (torch_cuda.py, "Not handled").
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pool))
     with torch.cuda.use_mem_pool(pool):
         mine = torch.ones(1 << 20, device="cuda")
     after = torch.ones(1 << 20, device="cuda")

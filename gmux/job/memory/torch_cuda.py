@@ -31,6 +31,7 @@
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import threading
@@ -70,6 +71,12 @@ class TorchCudaRouting:
         allocator.install(device)
         self._pluggable = torch.cuda.memory.CUDAPluggableAllocator(native_path(), "gmux_alloc", "gmux_free")
         self.pool = torch.cuda.MemPool(self._pluggable.allocator())
+        # Never destroyed, not even when the interpreter exits: a MemPool's destructor empties its pool, which
+        # the caching allocator refuses while the pool is being allocated to (and torch 2.8's asserts it holds
+        # the only reference), both from a destructor, where an error aborts the process after the script
+        # finished. The process's end gives the memory back.
+        for keep in (self._pluggable, self.pool):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(keep))
         # Measured before gmux's pool is begun: a MemPool destroyed while any pool is being allocated to trips
         # the caching allocator's assertion that no capture is under way (its destructor syncs the pool's events).
         self.latest_pool_wins = latest_pool_wins(device)
