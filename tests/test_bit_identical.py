@@ -2,6 +2,7 @@
 import json
 import os
 import random
+import re
 
 import pytest
 import torch
@@ -81,6 +82,28 @@ def test_a_torch_compiled_script_under_the_transparent_hook(backend, options, ti
     plain, hooked = torch.load(f"{tmp}/plain.pt"), torch.load(f"{tmp}/hooked.pt")
     assert next(iter(plain["model"])).startswith("_orig_mod.")      # the compiled wrapper's state
     assert_identical(plain, hooked)
+
+
+@pytest.mark.parametrize("mode", ["accumulator-hooks", "optimizer-in-backward", "gradient-penalty"])
+def test_loops_with_hooks_inside_backward_under_the_transparent_hook(mode, tmp):
+    """Suspended at every boundary, in both tiers: hooks on the gradient accumulators keep firing (placing a
+    parameter in native memory once gave it a new accumulator: DDP's all-reduce would have stopped), optimizers
+    stepped inside the backward get their boundary after it, not in it, and a gradient penalty's
+    torch.autograd.grad is not taken for the iteration's backward (both once suspended mid-iteration and broke the
+    graph still waiting)."""
+    from gmux.job.memory import native as allocator
+    script = "tests/scripts/hook_patterns.py"
+    run_py(script, mode, f"{tmp}/plain.pt")
+    plain = torch.load(f"{tmp}/plain.pt")
+    tiers = [([], "state")] + ([(["--pool", "64MiB"], "allocator")] if allocator.available() else [])
+    for options, tier in tiers:
+        out = run_py("-m", "gmux.job.run", *options, "--cycle-every", "1", script, mode, f"{tmp}/{tier}.pt")
+        assert re.search(rf"gmux: \d+ boundaries \(optimizer hook\), (\d+) suspends, {tier} tier", out.stderr), out.stderr
+        assert int(re.search(r"(\d+) suspends", out.stderr).group(1)) >= 9
+        hooked = torch.load(f"{tmp}/{tier}.pt")
+        assert hooked["fired"] == plain["fired"] == {"accumulator-hooks": 30 * 4, "optimizer-in-backward": 30 * 6,
+                                                     "gradient-penalty": 0}[mode]
+        assert_identical(plain, hooked)
 
 
 def test_a_torch_compiled_model_attached_moves_to_a_new_process(tmp):

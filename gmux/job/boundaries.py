@@ -12,13 +12,17 @@ must not be re-pointed under it), no gradient is waiting to be applied, and no o
   n times per generator step) the order of steps is learned until the optimizer that stepped first after the
   last new one steps again: that is one round, and a boundary is marked once a round's worth of steps has
   happened since the previous boundary, so one per iteration of the loop, not one per model. An optimizer
-  that stops stepping ends its round after twice its usual count of steps by the others.
+  that stops stepping ends its round after twice its usual count of steps by the others. Optimizers stepped
+  inside a backward (from gradient hooks, one per parameter) mark no boundary there: the backward is still
+  running, so the boundary is the loop's next outermost module call.
 - **Outermost module calls** (`source` "module hook"), in loops that never call an optimizer's `step` (updates
   written by hand: `p.data.add_(-lr * p.grad)`): at the start of a call of a module that no other module call
   encloses, once a backward has finished since the previous boundary, the gradients it left were used since
   (set to None, replaced, or changed in place, as `zero_grad()` and `p.grad.zero_()` do), and no graph built
   since the previous boundary still waits for its backward. Several models per iteration (a hand-written GAN)
   get one boundary per iteration: the second model's call comes while the first model's graph still waits.
+  A backward that leaves no gradient on a model that trains (`torch.autograd.grad`, a gradient penalty's) is
+  not the iteration's.
   Once any optimizer steps, only its steps are boundaries (one per iteration, not two).
 
 Loops that get no boundary (the job is then time-sliced without its cooperation): no optimizer `step` and no
@@ -75,6 +79,7 @@ class LoopWatch:
         self._starter: Optional[int] = None
         self._since: Counter = Counter()
         self._outer_calls = 0
+        self._after_backward = False    # an optimizer stepped inside a backward since the previous boundary
         self._handles = [register_optimizer_step_pre_hook(self._step_pre),
                          register_optimizer_step_post_hook(self._step_post)]
         self._scouts = [register_module_forward_pre_hook(self._scout_pre),
@@ -100,6 +105,11 @@ class LoopWatch:
         if self._in_step:
             return                       # an optimizer stepped by another one's step
         complete = self._count_step(id(optimizer))
+        if torch._C._current_graph_task_id() != -1:
+            # Stepped inside a backward (optimizers run from gradient hooks, one per parameter): the rest of the
+            # backward still runs, so the boundary is the loop's next outermost module call.
+            self._after_backward = True
+            return
         waiting = self._graph_waiting()
         self._graphs.clear()             # a graph older than this step is not this iteration's
         if complete and not waiting:
@@ -165,6 +175,10 @@ class LoopWatch:
             self._leave(output)
 
     def _enter(self) -> None:
+        if self._after_backward and not self._in_step and not self._graph_waiting():
+            self._after_backward = False
+            self._boundary(OPTIMIZER)
+            return
         if self._in_step or self._optimizers or not self._backward_done:
             return
         if self._grads_used() and not self._graph_waiting():
@@ -197,16 +211,20 @@ class LoopWatch:
 
     def _backward_end(self) -> None:
         self._callback_queued = False
-        self._backward_done = True
-        self._grads = []
+        grads, trains = [], False
         for key, module in list(self.roots.items()):
             p = self._sentinels.get(key)
             if p is None or p.grad is None:
                 p = next((q for q in module.parameters() if q.grad is not None), None)
                 if p is None:
+                    trains = trains or any(q.requires_grad for q in module.parameters())
                     continue
                 self._sentinels[key] = p
-            self._grads.append((p, id(p.grad), p.grad._version))
+            grads.append((p, id(p.grad), p.grad._version))
+        if trains and not grads:
+            return     # it left no gradient on a model that trains (torch.autograd.grad: a penalty's, mid-iteration)
+        self._backward_done = True
+        self._grads = grads
 
     def _grads_used(self) -> bool:
         """Whether the gradients the last backward left were set to None, replaced or changed in place since

@@ -365,7 +365,12 @@ def place(allocator: Allocator, tensors: Iterable, tags: Optional[Iterable[str]]
                 torch.empty(0, dtype=torch.uint8).set_(fresh).copy_(
                     torch.empty(0, dtype=torch.uint8).set_(storage))
                 for t in views:
-                    t.set_(fresh, t.storage_offset(), t.size(), t.stride())
+                    if t.is_leaf and t.requires_grad:
+                        # `.data =`, not set_(): set_() gives a trained leaf a new gradient accumulator, and the
+                        # hooks on the old one (DDP's all-reduce, a script's own) would never fire again.
+                        t.data = torch.empty(0, dtype=t.dtype).set_(fresh, t.storage_offset(), t.size(), t.stride())
+                    else:
+                        t.set_(fresh, t.storage_offset(), t.size(), t.stride())
         placed += total
     return {"bytes": placed, "storages": len(groups)}
 

@@ -1,0 +1,72 @@
+"""Training loops as people write them that once lost exactness under the transparent hook:
+
+usage: hook_patterns.py MODE OUT, MODE one of
+  accumulator-hooks    hooks on each parameter's gradient accumulator (as DDP's all-reduce and Horovod hook in)
+  optimizer-in-backward  one optimizer per parameter, stepped from its post-accumulate-grad hook (PyTorch's recipe)
+  gradient-penalty     WGAN-GP: torch.autograd.grad with create_graph=True before the critic's backward
+Writes OUT: torch.save of every model's and optimizer's state, and how many times the hooks ran.
+"""
+import sys
+
+import torch
+from torch import nn
+
+mode, out = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+torch.use_deterministic_algorithms(True)
+torch.set_num_threads(1)
+X, Y = torch.randn(30, 8, 8), torch.randn(30, 8, 1)
+fired = []
+if mode == "accumulator-hooks":
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    accumulators = []
+    for p in model.parameters():
+        acc = p.view_as(p).grad_fn.next_functions[0][0]
+
+        def scale(*_, p=p):
+            fired.append(1)
+            p.grad.mul_(0.5)
+        acc.register_hook(scale)
+        accumulators.append(acc)
+    for i in range(30):
+        opt.zero_grad()
+        ((model(X[i]) - Y[i]) ** 2).mean().backward()
+        opt.step()
+    state = {"model": model.state_dict(), "opt": opt.state_dict()}
+elif mode == "optimizer-in-backward":
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+    opts = {p: torch.optim.Adam([p], foreach=False) for p in model.parameters()}
+
+    def step(p):
+        fired.append(1)
+        opts[p].step()
+        opts[p].zero_grad()
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(step)
+    for i in range(30):
+        ((model(X[i]) - Y[i]) ** 2).mean().backward()
+    state = {"model": model.state_dict(), "opts": [o.state_dict() for o in opts.values()]}
+elif mode == "gradient-penalty":
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+    D = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    oG = torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0.5, 0.9))
+    oD = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0.5, 0.9))
+    real = torch.randn(40, 16, 8) + 2
+    for it in range(10):
+        for k in range(3):
+            r, f = real[it * 3 + k], G(torch.randn(16, 4)).detach()
+            a = torch.rand(16, 1)
+            xh = (a * r + (1 - a) * f).requires_grad_(True)
+            g = torch.autograd.grad(D(xh).sum(), xh, create_graph=True)[0]
+            loss = D(f).mean() - D(r).mean() + 10 * ((g.norm(2, dim=1) - 1) ** 2).mean()
+            oD.zero_grad()
+            loss.backward()
+            oD.step()
+        oG.zero_grad()
+        (-D(G(torch.randn(16, 4))).mean()).backward()
+        oG.step()
+    state = {"G": G.state_dict(), "D": D.state_dict(), "oG": oG.state_dict(), "oD": oD.state_dict()}
+else:
+    sys.exit(f"unknown mode {mode!r}")
+torch.save({**state, "fired": len(fired)}, out)
