@@ -92,6 +92,11 @@ class TrackedState:
         for i, opt in enumerate(self.optimizers):
             names = {id(p): f"optimizer{i}.param{j}" for j, p in
                      enumerate(p for g in opt.param_groups for p in g["params"])} if named else {}
+            # Parameters outside every module too (a learned temperature, a flat buffer the model's parameters
+            # are views of): their memory is the job's, and the views must move with them.
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    visit(named and names.get(id(p), "param"), p)
             for p, st in opt.state.items():
                 if p.grad is not None:
                     visit(named and f"{names.get(id(p), 'param')}.grad", p.grad)

@@ -4,6 +4,8 @@ usage: hook_patterns.py MODE OUT, MODE one of
   accumulator-hooks    hooks on each parameter's gradient accumulator (as DDP's all-reduce and Horovod hook in)
   optimizer-in-backward  one optimizer per parameter, stepped from its post-accumulate-grad hook (PyTorch's recipe)
   gradient-penalty     WGAN-GP: torch.autograd.grad with create_graph=True before the critic's backward
+  flat-buffer          the model's parameters and gradients views of one flat parameter outside any module, the
+                       only one its optimizer steps (apex's and Megatron's contiguous buffers)
 Writes OUT: torch.save of every model's and optimizer's state, and how many times the hooks ran.
 """
 import sys
@@ -67,6 +69,22 @@ elif mode == "gradient-penalty":
         (-D(G(torch.randn(16, 4))).mean()).backward()
         oG.step()
     state = {"G": G.state_dict(), "D": D.state_dict(), "oG": oG.state_dict(), "oD": oD.state_dict()}
+elif mode == "flat-buffer":
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    params = list(model.parameters())
+    flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in params]))
+    flat.grad = torch.zeros_like(flat)
+    at = 0
+    for p in params:
+        p.data = flat.data[at:at + p.numel()].view_as(p)
+        p.grad = flat.grad[at:at + p.numel()].view_as(p)
+        at += p.numel()
+    opt = torch.optim.SGD([flat], lr=0.05, momentum=0.9)
+    for i in range(30):
+        opt.zero_grad(set_to_none=False)
+        ((model(X[i]) - Y[i]) ** 2).mean().backward()
+        opt.step()
+    state = {"model": model.state_dict(), "opt": opt.state_dict()}
 else:
     sys.exit(f"unknown mode {mode!r}")
 torch.save({**state, "fired": len(fired)}, out)
