@@ -56,6 +56,9 @@ uint64_t gmux_allocator_granularity(const gmux_allocator *a) { return a ? a->bac
 void gmux__entry_destroy(gmux_allocator *a, gmux_entry *e) {
     gmux_backend *b = a->backend;
     if (enter(b) == GMUX_OK) {
+        /* As cudaFree does: kernels queued on any stream may still use the memory (torch hands a cached segment
+         * back without a sync), and unmapping it under them faults the whole context. */
+        if (b->sync_device(b) != GMUX_OK) __atomic_fetch_add(&a->errors, 1, __ATOMIC_RELAXED);
         for (uint64_t u = 0; u < e->nunits; u++)
             if (!e->down[u] && b->unmap_unit(b, e, u) != GMUX_OK) __atomic_fetch_add(&a->errors, 1, __ATOMIC_RELAXED);
         if (b->unreserve(b, e->addr, e->span) != GMUX_OK) __atomic_fetch_add(&a->errors, 1, __ATOMIC_RELAXED);

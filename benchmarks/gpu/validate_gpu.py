@@ -199,6 +199,23 @@ def other_pools() -> None:
     check(not routing.owns(mine.data_ptr()) and routing.owns(after.data_ptr()),
           "use_mem_pool's allocations go to its pool, and gmux's resume after it")
     del graph, y, mine
+    # Blocks freed after use on a second stream (record_stream): torch defers them while any pool is being
+    # allocated to; the job's boundaries drain them (AllocatorTier.tidy). Without it each round adds a segment.
+    side2, before = torch.cuda.Stream(), routing.allocator.stats()["committed"]
+    for _ in range(40):
+        t = torch.zeros(32 << 20, dtype=torch.uint8, device="cuda")
+        side2.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side2):
+            t.add_(1)
+        t.record_stream(side2)
+        del t
+        AllocatorTier("cuda").tidy()       # ("cuda" without an index: the tier finds device 0)
+    torch.cuda.synchronize()
+    AllocatorTier("cuda").tidy()
+    grown = routing.allocator.stats()["committed"] - before
+    results["record_stream_growth_bytes"] = grown
+    check(grown <= 96 << 20, f"blocks freed after use on a second stream are recycled: gmux holds {grown >> 20} MiB "
+                             f"more after 40 rounds of 32 MiB (1280 MiB if none were)")
 
 
 def main() -> int:

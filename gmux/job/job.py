@@ -29,6 +29,7 @@ from . import checkpoint as ckpt, holdings
 from .control import Command, Controller, LocalController
 from .data import DataPosition, batches, epochs
 from .memory import choose_tier
+from .memory.tier import exact_device
 from .memory.limit import adopt, host_memory
 from .profile import Profile
 from .restore_check import Fit
@@ -48,7 +49,7 @@ class Job:
                  discover: Optional[Callable[["Job"], None]] = None):
         self.tracked = tracked
         self.controller: Controller = controller if controller is not None else LocalController()
-        self.device = torch.device(device) if device is not None else _device_of(tracked)
+        self.device = exact_device(device) if device is not None else _device_of(tracked)
         self.tier = choose_tier(self.device, pool)   # its memory tier (gmux/job/memory/tier.py)
         self.position = DataPosition()
         self.profile = Profile(self.device)
@@ -78,7 +79,7 @@ class Job:
         """Tells the runtime which device the job's state lives on (transparent mode learns it late)."""
         if self.suspended:
             raise RuntimeError("cannot change the device of a suspended job")
-        self.device = torch.device(device)
+        self.device = exact_device(device)
         self.tier = choose_tier(self.device, self.tier.pool)
         self.profile.device = self.device
 
@@ -105,6 +106,7 @@ class Job:
             self._carry_out(command)
             now = time.perf_counter()
         elif now >= self._next_report:
+            self.tier.tidy()
             self._report(now)
         self._last = now
 

@@ -67,19 +67,16 @@ def choose_tier(device: "torch.device | str", pool=None) -> "Tier":
     """The tier for a job's state on `device` with `pool` (from device_memory, or given by the script): the
     allocator tier where it applies (gmux._native built, and a native Pool on a virtual GPU or torch's CUDA
     allocations routed through gmux), the state tier otherwise (over a Python DevicePool, if given one)."""
-    import torch
-
     from . import native
     from .allocator_tier import AllocatorTier
     from .state_tier import StateTier
+    from .tier import exact_device
     from .torch_cuda import torch_routing
 
-    device = torch.device(device)
+    device = exact_device(device)
     if native.available():
         if device.type == "cpu" and isinstance(pool, native.Pool):
             return AllocatorTier(device, pool)
-        if device.type == "cuda":
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            if torch_routing(index) is not None:
-                return AllocatorTier(device)
+        if device.type == "cuda" and torch_routing(device.index) is not None:
+            return AllocatorTier(device)
     return StateTier(device, None if isinstance(pool, native.Pool) else pool)

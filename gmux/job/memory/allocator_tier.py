@@ -20,7 +20,7 @@ import torch
 
 from . import native
 from .torch_cuda import torch_routing
-from .tier import Tier
+from .tier import Tier, exact_device
 
 
 class AllocatorTier(Tier):
@@ -28,12 +28,11 @@ class AllocatorTier(Tier):
 
     def __init__(self, device: torch.device | str, pool: Optional[native.Pool] = None,
                  allocator: Optional[native.Allocator] = None):
-        self.device = torch.device(device)
+        self.device = exact_device(device)
         self.pool = pool
         self.routing = None
         if self.device.type == "cuda":
-            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            self.routing = torch_routing(index)
+            self.routing = torch_routing(self.device.index)
             if self.routing is None:
                 raise RuntimeError(f"the allocator tier needs {self.device}'s allocations routed through gmux "
                                    "(gmux.job.memory.torch_cuda.route_torch_cuda) before the job allocates")
@@ -83,6 +82,10 @@ class AllocatorTier(Tier):
         return {"tier": "allocator", "bytes": figures["bytes"], "mapped_bytes": figures["mapped_bytes"],
                 "alloc_s": figures["map_s"], "stage_s": figures["stage_s"], "copy_s": figures["copy_s"],
                 "total_s": time.perf_counter() - t0}
+
+    def tidy(self) -> None:
+        if self.routing is not None:
+            self.routing.drain()
 
     def memory(self) -> dict:
         """The tracker's figures for the profiling report: live now, peak, live at this boundary, by tag."""

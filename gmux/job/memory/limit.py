@@ -9,9 +9,10 @@ of any other job is touched. The mechanisms, chosen here:
     job's state (python_pool.DevicePool, the native Pool through native.place) claim their bytes from the
     same count (`claim`/`release`), so a storage moved into a pool is counted once, wherever it lives.
   * GPU, allocations routed through gmux (torch_cuda.route_torch_cuda): the native allocator refuses past the
-    limit (gmux_set_limit); torch's caching allocator then frees its cache, retries, and raises its
-    OutOfMemoryError; an out-of-memory observer adds gmux's words to the job's log. Not routed (--no-native,
-    torch < 2.8): torch's own per-process memory fraction, set to the limit.
+    limit (gmux_set_limit), counting the segments the job's pool holds, cached or in use (torch frees no
+    cached segment of a pool on its way to the error, as it would of its default one); torch's caching allocator
+    raises its OutOfMemoryError, and an out-of-memory observer adds gmux's words to the job's log. Not routed
+    (GMUX_NATIVE=0, torch < 2.8, expandable_segments): torch's own per-process memory fraction, set to the limit.
 `GMUX_MEM_SOFT=1` (gmux-launch --mem-soft) keeps the old meaning, a declaration for admission only: the job's
 memory is still counted and reported, never refused.
 """
@@ -246,13 +247,15 @@ def _observe_oom(what: str, allocator) -> None:
 
     seen = {"refused": 0}
 
-    def observer(device, alloc, device_allocated, device_free):
+    # torch passes (device, bytes asked, the device's total or its allowed maximum, the device's free bytes).
+    def observer(device, alloc, device_total, device_free):
+        held = ""
         if allocator is not None:
-            refused = allocator.stats()["refused"]
-            if refused == seen["refused"]:
+            stats = allocator.stats()
+            if stats["refused"] == seen["refused"]:
                 return   # no refusal of gmux's since the last error: the GPU itself is full, not the job's limit
-            seen["refused"] = refused
-        print(f"{what}: tried to allocate {format_size(alloc)} with {format_size(device_allocated)} "
-              f"allocated. {HOW}", file=sys.stderr, flush=True)
+            seen["refused"] = stats["refused"]
+            held = f" with {format_size(stats['committed'])} of it held"
+        print(f"{what}: tried to allocate {format_size(alloc)}{held}. {HOW}", file=sys.stderr, flush=True)
     if hasattr(torch._C, "_cuda_attach_out_of_memory_observer"):
         torch._C._cuda_attach_out_of_memory_observer(observer)

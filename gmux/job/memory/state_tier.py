@@ -48,7 +48,7 @@ from .copier import Copier
 from .limit import host_memory
 from .python_pool import DevicePool
 from .spill import SpillFile
-from .tier import Tier
+from .tier import Tier, exact_device
 
 COPY_CHUNK = 64 << 20  # bytes per CUDA copy on the side stream, so release can overlap the next chunk
 ALIGN = 64
@@ -115,7 +115,7 @@ class StateTier(Tier):
     name = "state"
 
     def __init__(self, device: torch.device | str, pool: DevicePool | None = None):
-        self.device = torch.device(device)
+        self.device = exact_device(device)
         self.pool = pool
         self._host: torch.Tensor | None = None
         self._plan: Optional[_Plan] = None
@@ -219,7 +219,9 @@ class StateTier(Tier):
             self._host_copy(self._host.data_ptr() + plan.at, _addresses(plan.storages), plan.sizes)
             return
         stream = self._stream
-        stream.wait_stream(torch.cuda.current_stream(self.device))
+        # The whole device, not the current stream alone: a side stream or a collective's may still be writing
+        # these tensors, and their memory is freed right after the copy.
+        torch.cuda.synchronize(self.device)
         with torch.cuda.stream(stream):
             for storage, offset, nbytes in zip(plan.storages, plan.offsets, plan.nbytes):
                 self._chunks(self._host[offset:offset + nbytes], _bytes_of(storage, self.device), nbytes)
@@ -295,6 +297,7 @@ class StateTier(Tier):
                               ([block.data_ptr(), *dsts], [base, *srcs], [plan.small_end, *nbytes])))
             return
         stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))   # the fresh blocks were allocated on it
         with torch.cuda.stream(stream):
             for storage, offset, nbytes in zip(fresh, plan.offsets, plan.nbytes):
                 self._chunks(_bytes_of(storage, self.device), self._host[offset:offset + nbytes], nbytes)

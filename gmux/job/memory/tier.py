@@ -13,6 +13,15 @@ from typing import Optional
 import torch
 
 
+def exact_device(device: torch.device | str) -> torch.device:
+    """The device with its index: torch.device("cuda") is not equal to its tensors' torch.device("cuda:0"), so a
+    tier given the first would find none of the job's tensors on it."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class Tier(ABC):
     name: str                      # "state" or "allocator": what summaries and benchmarks call it
     device: torch.device           # where the job's state lives
@@ -37,6 +46,10 @@ class Tier(ABC):
     def spill(self, path: str) -> dict:
         """While suspended: moves the host copy to a file at `path` (spill.py), freeing its host memory; resume
         reads it back. A tier that cannot raises, saying what to do instead."""
+
+    def tidy(self) -> None:
+        """Called at a boundary about once a second, between mini-batches: upkeep the tier's memory needs (none
+        by default)."""
 
     def memory(self) -> dict:
         """Figures for the job's report beyond what the profiler measures (the native tracker's, for one):

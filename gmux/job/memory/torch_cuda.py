@@ -99,6 +99,24 @@ class TorchCudaRouting:
                 _begin_every_stream(self.device, self.pool.id)
                 torch._C._cuda_releasePool(self.device, self.pool.id)
 
+    def drain(self) -> None:
+        """Lets torch recycle what the job freed after using it on a second stream (record_stream: collectives,
+        side streams). torch up to 2.12 takes any pool being allocated to for a CUDA graph's capture and defers
+        that until none is, and gmux's always is: a leak, growing every mini-batch. So, between mini-batches (no
+        capture under way), gmux's pool leaves the list for one allocation, which processes the deferred frees,
+        and is begun again (the allocation's 2 MiB segment is torch's own, kept cached)."""
+        import torch
+
+        begin = torch._C._cuda_beginAllocateToPool
+        with _lock:
+            if self.active and not torch.cuda.is_current_stream_capturing():
+                torch._C._cuda_endAllocateToPool(self.device, self.pool.id)
+                try:
+                    torch.empty(1, dtype=torch.uint8, device=f"cuda:{self.device}")
+                finally:
+                    getattr(begin, "__wrapped__", begin)(self.device, self.pool.id)
+                    torch._C._cuda_releasePool(self.device, self.pool.id)
+
     def live_ranges(self) -> list[tuple[int, int]]:
         """torch's active blocks inside its segments, plus every other allocation of this allocator whole
         (CuPy arrays, for instance, which have no cached free space)."""
