@@ -11,11 +11,13 @@ from gmux.job.boundaries import MODULE, OPTIMIZER, SCOUT_BOUNDARIES, LoopWatch
 class Recorder:
     def __init__(self):
         self.marks = []
+        self.inside_backward = 0     # boundaries marked while a backward ran on this thread
         self.watch = LoopWatch(self.mark, lambda o: None, lambda m: None)
 
     def mark(self, source):
         # what a suspend at this boundary would meet: a step in progress, a graph waiting for its backward
         self.marks.append((source, self.watch._in_step, self.watch._graph_waiting()))
+        self.inside_backward += torch._C._current_graph_task_id() != -1
 
     def sources(self):
         return {s for s, _, _ in self.marks}
@@ -137,3 +139,80 @@ def test_the_global_module_hooks_go_once_the_loop_is_known(rec):
             p.grad = None
     assert hook not in module_hooks._global_forward_pre_hooks.values()
     assert len(rec.marks) == SCOUT_BOUNDARIES + 4          # the model's own hook carries on
+
+
+def _steps_in_backward(model, lr=0.05):
+    """One optimizer per parameter, stepped from its post-accumulate-grad hook (PyTorch's recipe)."""
+    opts = {p: torch.optim.SGD([p], lr=lr) for p in model.parameters()}
+
+    def step(p):
+        opts[p].step()
+        opts[p].zero_grad()
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(step)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_optimizers_stepped_inside_the_backward_get_their_boundary_after_it(rec, checkpointed):
+    """Their steps come while the backward still runs; the boundary waits for the next iteration's call. With
+    activation checkpointing the recomputed forward inside the backward is not a call of the loop (it once
+    took a boundary there and, stopped early by torch, left the hook's depth up: no boundary ever again)."""
+    from torch.utils.checkpoint import checkpoint
+    blocks = nn.ModuleList([nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(3)])
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = blocks
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = checkpoint(b, x, use_reentrant=False) if checkpointed else b(x)
+            return x
+    model = Net()
+    _steps_in_backward(model)
+    for _ in range(10):
+        model(torch.randn(5, 4)).pow(2).mean().backward()
+    assert len(rec.marks) == 9 and rec.sources() == {OPTIMIZER} and rec.inside_backward == 0, rec.marks
+
+
+def test_a_gradient_penalty_is_not_the_iterations_backward(rec):
+    """WGAN-GP: torch.autograd.grad of the critic, with create_graph, before any optimizer has stepped. Taken for
+    the iteration's backward, it let a boundary fall at the next critic call, while the penalty's graph waited."""
+    critic = nn.Sequential(nn.Linear(4, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1))
+    opt = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    for _ in range(4):
+        real, fake = torch.randn(6, 4), torch.randn(6, 4)
+        mixed = (0.5 * real + 0.5 * fake).requires_grad_(True)
+        g = torch.autograd.grad(critic(mixed).sum(), mixed, create_graph=True)[0]
+        loss = critic(fake).mean() - critic(real).mean() + ((g.norm(2, dim=1) - 1) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert len(rec.marks) == 4 and rec.sources() == {OPTIMIZER}, rec.marks
+
+
+@pytest.mark.parametrize("where", ["after", "in hooks"])
+def test_hand_updates_from_torch_autograd_grad_get_a_boundary_per_iteration(rec, where):
+    """Functional or meta-learning style: the gradients come from torch.autograd.grad (no .grad is set) or are
+    applied and cleared in the backward's own hooks; the update by hand is what says the backward was the
+    iteration's."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    params = list(model.parameters())
+    if where == "in hooks":
+        def apply(p):
+            with torch.no_grad():
+                p -= 0.1 * p.grad
+            p.grad = None
+        for p in params:
+            p.register_post_accumulate_grad_hook(apply)
+    for _ in range(10):
+        loss = model(torch.randn(5, 3)).pow(2).mean()
+        if where == "in hooks":
+            loss.backward()
+        else:
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p -= 0.1 * g
+    assert len(rec.marks) == 9 and rec.sources() == {MODULE} and rec.inside_backward == 0, rec.marks

@@ -80,10 +80,13 @@ class LoopWatch:
         self._since: Counter = Counter()
         self._outer_calls = 0
         self._after_backward = False    # an optimizer stepped inside a backward since the previous boundary
+        self._versions_at_start: list = []   # (parameter, version) when the current backward began
+        self._unapplied: list = []      # the same, for a backward that left no gradient, until they move
         self._handles = [register_optimizer_step_pre_hook(self._step_pre),
                          register_optimizer_step_post_hook(self._step_post)]
+        # (always_call: a call that raises still leaves, or the depth would stay up and no boundary come again)
         self._scouts = [register_module_forward_pre_hook(self._scout_pre),
-                        register_module_forward_hook(self._scout_post)]
+                        register_module_forward_hook(self._scout_post, always_call=True)]
         # While they are there, each call of a torch.compile()d model warns that global hooks fire once more for
         # its wrapper: these are gmux's, and the wrapper's call is the outermost one they count.
         warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks",
@@ -105,7 +108,7 @@ class LoopWatch:
         if self._in_step:
             return                       # an optimizer stepped by another one's step
         complete = self._count_step(id(optimizer))
-        if torch._C._current_graph_task_id() != -1:
+        if _in_backward():
             # Stepped inside a backward (optimizers run from gradient hooks, one per parameter): the rest of the
             # backward still runs, so the boundary is the loop's next outermost module call.
             self._after_backward = True
@@ -140,6 +143,8 @@ class LoopWatch:
 
     # -- outermost module calls ---------------------------------------------------------------------------
     def _scout_pre(self, module, args) -> None:
+        if _in_backward():
+            return              # a forward recomputed inside a backward (activation checkpointing): not the loop's
         self._depth += 1
         if self._depth == 1:
             if id(module) not in self.roots:
@@ -149,6 +154,8 @@ class LoopWatch:
             self._enter()
 
     def _scout_post(self, module, args, output) -> None:
+        if _in_backward():
+            return
         self._depth -= 1
         if self._depth == 0:
             self._leave(output)
@@ -162,14 +169,18 @@ class LoopWatch:
         self._scouts = []
         for module in list(self.roots.values()):
             self._handles += [module.register_forward_pre_hook(self._root_pre),
-                              module.register_forward_hook(self._root_post)]
+                              module.register_forward_hook(self._root_post, always_call=True)]
 
     def _root_pre(self, module, args) -> None:
+        if _in_backward():
+            return
         self._depth += 1
         if self._depth == 1:
             self._enter()
 
     def _root_post(self, module, args, output) -> None:
+        if _in_backward():
+            return
         self._depth -= 1
         if self._depth == 0:
             self._leave(output)
@@ -179,6 +190,8 @@ class LoopWatch:
             self._after_backward = False
             self._boundary(OPTIMIZER)
             return
+        if self._unapplied and any(p._version != v for p, v in self._unapplied):
+            self._unapplied, self._backward_done = [], True
         if self._in_step or self._optimizers or not self._backward_done:
             return
         if self._grads_used() and not self._graph_waiting():
@@ -206,8 +219,18 @@ class LoopWatch:
             # Once per backward, and only where updates are written by hand: its end is where the gradients are final.
             if not self._optimizers and not self._callback_queued:
                 self._callback_queued = True
+                self._versions_at_start = self._versions()
                 torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
         return prehook
+
+    def _versions(self) -> list:
+        """(parameter, version) of a trained parameter of each outermost module: an update by hand moves it."""
+        out = []
+        for module in list(self.roots.values()):
+            p = next((q for q in module.parameters() if q.requires_grad), None)
+            if p is not None:
+                out.append((p, p._version))
+        return out
 
     def _backward_end(self) -> None:
         self._callback_queued = False
@@ -222,7 +245,12 @@ class LoopWatch:
                 self._sentinels[key] = p
             grads.append((p, id(p.grad), p.grad._version))
         if trains and not grads:
-            return     # it left no gradient on a model that trains (torch.autograd.grad: a penalty's, mid-iteration)
+            # No gradient left on a model that trains: torch.autograd.grad. The iteration's backward only if the
+            # parameters are updated by hand with what it returned (in its hooks or after it), which moves their
+            # versions; a gradient penalty's, mid-iteration, does not.
+            self._unapplied = self._versions_at_start
+            return
+        self._unapplied = []
         self._backward_done = True
         self._grads = grads
 
@@ -238,11 +266,18 @@ class LoopWatch:
 
     def _boundary(self, source: str) -> None:
         self.boundaries += 1
+        self._after_backward = False
         self._graphs.clear()
         self._grads = []
         self._backward_done = False
         self._since = Counter()
         self.mark(source)
+
+
+def _in_backward() -> bool:
+    """Whether this thread is running a backward (hooks, a checkpointed block's recomputed forward). Code that
+    torch.compile traces is a forward; asking there would break its graph (and change the compiled numbers)."""
+    return not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1
 
 
 def _grad_fns(output) -> list:

@@ -104,7 +104,11 @@ class TorchCudaRouting:
         side streams). torch up to 2.12 takes any pool being allocated to for a CUDA graph's capture and defers
         that until none is, and gmux's always is: a leak, growing every mini-batch. So, between mini-batches (no
         capture under way), gmux's pool leaves the list for one allocation, which processes the deferred frees,
-        and is begun again (the allocation's 2 MiB segment is torch's own, kept cached)."""
+        and is begun again (the allocation's 2 MiB segment is torch's own, kept cached). Begun again, it is the
+        last begun: where the last begun is served first, a pool a script keeps open across mini-batches (an
+        NCCL `use_mem_pool` around the whole loop) loses its allocations to gmux's from then on. Also, while
+        out, another thread's allocation goes to torch's default pool. Neither is handled.
+        torch.cuda.empty_cache() frees nothing while gmux's pool is begun (torch skips it during captures)."""
         import torch
 
         begin = torch._C._cuda_beginAllocateToPool
