@@ -131,6 +131,22 @@ def test_a_move_keeps_the_loaders_generator_and_numpy_and_random_streams(tmp):
     assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
 
 
+@pytest.mark.parametrize("sampler", ["weighted", "subset"])
+def test_a_move_keeps_a_samplers_own_generator(sampler, tmp):
+    """The epoch's order drawn by a sampler's own torch.Generator (WeightedRandomSampler, SubsetRandomSampler):
+    moved mid-epoch in epochs 0 and 1, it ends as the run never moved, the generator attached or not (the
+    replay once left it where the new process had it: the epoch's order changed)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+    for how in ([], ["--attach-sampler"]):
+        args = ["--sampler", sampler, *how]
+        run_py(script, f"{tmp}/solo.pt", *args)
+        run_py(script, f"{tmp}/x.pt", *args, "--migrate-at", "5", "--checkpoint", f"{tmp}/a.ckpt")
+        run_py(script, f"{tmp}/x.pt", *args, "--restore", f"{tmp}/a.ckpt", "--migrate-at", "17",
+               "--checkpoint", f"{tmp}/b.ckpt")
+        run_py(script, f"{tmp}/moved.pt", *args, "--restore", f"{tmp}/b.ckpt")
+        assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), f"model {how}")
+
+
 def test_a_scripts_own_random_generators_attached_continue_in_a_new_process(tmp):
     """A dataset drawing its noise from generators it holds (NumPy Generator and RandomState, random.Random,
     torch.Generator), attached with the model: moved twice, it ends as the run never moved. Not attached, the

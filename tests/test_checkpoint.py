@@ -241,3 +241,38 @@ def test_a_stream_of_unknown_length_restores_and_bounds_what_the_job_cannot_vouc
                                                  r"data the job does not hold \(at most 268435456 from a stream\)"):
         other.restore(_Pipe(forge.with_table(data, rows)))
     assert_identical(before, [t.clone() for t in other.tracked.tensors()])
+
+
+@pytest.mark.parametrize("make", [lambda ps: torch.optim.Adafactor(ps, lr=0.01), lambda ps: torch.optim.LBFGS(ps)],
+                         ids=["Adafactor", "LBFGS"])
+def test_optimizers_with_state_unlike_their_parameters_restore_into_a_fresh_job(make, tmp):
+    """Adafactor's factored statistics are shaped (rows, 1) and (1, cols), LBFGS keeps lists of past directions:
+    a new process's optimizer, which has no state yet, once refused both. Restored, the next steps are the
+    uninterrupted run's."""
+    def build():
+        torch.manual_seed(0)
+        model = nn.Linear(8, 4)
+        opt = make(model.parameters())
+        return model, opt, gj.attach(model, opt)
+
+    x = torch.randn(16, 8)
+
+    def step(model, opt):
+        def closure():
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            return loss
+        opt.step(closure)
+
+    model, opt, job = build()
+    for _ in range(3):
+        step(model, opt)
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    step(model, opt)
+    moved_model, moved_opt, moved = build()
+    moved.restore(path)
+    step(moved_model, moved_opt)
+    assert_identical(model.state_dict(), moved_model.state_dict(), "model")
+    assert_identical(opt.state_dict(), moved_opt.state_dict(), "optimizer")

@@ -30,7 +30,9 @@ class DataPosition:
     epoch: int = 0
     index: int = 0                                  # batches of this epoch consumed
     epoch_rng: Optional[torch.Tensor] = None        # torch's CPU random state when the epoch's iterator started
-    epoch_generator: Optional[torch.Tensor] = None  # the loader's own generator state, if it has one
+    # The states at the epoch's start of the generators the loader draws from (its own, its sampler's): one
+    # tensor, or a list where there are several; None where there are none.
+    epoch_generator: Any = None
     # The script marks its boundaries itself (job.boundary(): gradient accumulation), so fetches are not
     # boundaries: kept in the checkpoint, or a new process would take its first fetches, mid-cycle, for them.
     marked_by_script: bool = False
@@ -46,6 +48,24 @@ class DataPosition:
                    bool(d["marked_by_script"]), replay=d["index"] > 0)
 
 
+def loader_generators(loader) -> list:
+    """The torch.Generators an epoch of `loader` draws from, each once: the loader's own (its shuffle, its workers'
+    seeds) and its sampler's (a RandomSampler, SubsetRandomSampler or WeightedRandomSampler given one)."""
+    found: list = []
+    sampler = getattr(loader, "sampler", None)
+    inner = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+    for owner in (loader, sampler, inner):
+        g = getattr(owner, "generator", None)
+        if isinstance(g, torch.Generator) and all(g is not f for f in found):
+            found.append(g)
+    return found
+
+
+def generator_states(saved) -> list:
+    """DataPosition.epoch_generator as a list of states."""
+    return saved if isinstance(saved, list) else [] if saved is None else [saved]
+
+
 def epochs(position: DataPosition, count: int) -> Iterator[int]:
     while position.epoch < count:
         yield position.epoch
@@ -58,18 +78,19 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[],
             own: Sequence = ()) -> Iterator[Any]:
     """Iterates one epoch of `loader`; calls `before_fetch` before every fetch after the first. `own`: the
     script's attached generators, which the replay draws from too."""
-    generator = getattr(loader, "generator", None)
+    generators = loader_generators(loader)
     # A restored job resumes just after the boundary its checkpoint was taken at: do not mark that one twice.
     skip_mark = position.replay
     if position.replay:
         # The process-wide streams are as the checkpoint left them (it holds them): the replay's draws are put
-        # back. The loader's own generator is not in the checkpoint: the replay leaves it where the epoch's
-        # start left it in the first process, which is where it was at the checkpoint.
+        # back. The loader's generators (its own, its sampler's) start the replay where the epoch's start left
+        # them in the first process, and the replay leaves them where they were at the checkpoint (an attached
+        # one is put back with the others).
         now_rng, now_np, now_py = torch.get_rng_state(), np.random.get_state(), random.getstate()
         now_own = [gens.capture(g) for g in own]
         torch.set_rng_state(position.epoch_rng)
-        if generator is not None and position.epoch_generator is not None:
-            generator.set_state(position.epoch_generator)
+        for g, state in zip(generators, generator_states(position.epoch_generator)):
+            g.set_state(state)
         it = iter(loader)
         for _ in range(position.index):
             next(it)
@@ -82,7 +103,8 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[],
     else:
         position.index = 0
         position.epoch_rng = torch.get_rng_state()
-        position.epoch_generator = generator.get_state() if generator is not None else None
+        states = [g.get_state() for g in generators]
+        position.epoch_generator = None if not states else states[0] if len(states) == 1 else states
         it = iter(loader)
     while True:
         if position.index and not skip_mark:

@@ -25,6 +25,7 @@ import torch
 
 from . import generators as gens
 from .checkpoint import DTYPES, CheckpointError, Row, TensorRef
+from .data import generator_states
 from .state import StateMismatch
 
 SECTIONS = ("modules", "grads", "optimizers", "schedulers", "scalers", "extras", "state", "rng", "position",
@@ -238,7 +239,9 @@ class Fit:
             if not isinstance(k, str):
                 self.fail(f"{where}: key {str(k)[:40]!r} is not a name")
             what = expected[k] if expected is not None else None
-            if isinstance(v, TensorRef):
+            if what is None:
+                self.any_state(v, f"{where} '{k}'")
+            elif isinstance(v, TensorRef):
                 row = self.table[v.index]
                 if what == SCALAR or (what is None and row.shape == ()):
                     if row.shape != () or not torch.empty(0, dtype=DTYPES[row.dtype]).is_floating_point():
@@ -248,6 +251,15 @@ class Fit:
                     self.tensor(v, _dtype(p), tuple(p.shape), f"{where} '{k}'")
             elif type(v) not in (int, float) or what == PARAM:
                 self.fail(f"{where} '{k}': {describe(v)}, the job has {'a tensor' if what == PARAM else 'a number'}")
+
+    def any_state(self, v, where: str) -> None:
+        """An optimizer not known here keeps what it likes: tensors of any shape (Adafactor's factored row and
+        column statistics, LBFGS's flat history), numbers, None and lists of those (LBFGS's past directions)."""
+        for item in (v if isinstance(v, list) else [v]):
+            if isinstance(item, TensorRef):
+                self.vouched += self.row(item, where).nbytes
+            elif item is not None and type(item) not in (int, float, bool):
+                self.fail(f"{where}: {describe(item)}, which is none of a tensor, a number or a list of them")
 
     def scaler(self, i: int, sd: dict) -> None:
         if "scale" in sd and not (math.isfinite(sd["scale"]) and sd["scale"] > 0):
@@ -328,8 +340,8 @@ class Fit:
                           f"epoch and replaying them needs it")
         else:
             self.tensor(pos["epoch_rng"], "uint8", rng_shape, "position 'epoch_rng'")
-        if pos["epoch_generator"] is not None:
-            row = self.row(pos["epoch_generator"], "position 'epoch_generator'")
+        for state in generator_states(pos["epoch_generator"]):
+            row = self.row(state, "position 'epoch_generator'")
             if row.dtype != "uint8" or row.shape not in (rng_shape, (16,)):
                 self.fail(f"position 'epoch_generator': {row.dtype} {row.shape}, the job has a generator state")
             self.vouched += row.nbytes
@@ -338,9 +350,9 @@ class Fit:
     def values(self, snap: dict) -> None:
         self.generator(snap["rng"]["torch"], "rng 'torch'")
         self.generator(snap["position"]["epoch_rng"], "position 'epoch_rng'")
-        gen = snap["position"]["epoch_generator"]
-        if gen is not None and gen.numel() != 16:
-            self.generator(gen, "position 'epoch_generator'")
+        for state in generator_states(snap["position"]["epoch_generator"]):
+            if state.numel() != 16:
+                self.generator(state, "position 'epoch_generator'")
         try:
             np.random.RandomState().set_state(gens.legacy_state(snap["rng"]["numpy"]))
         except (TypeError, ValueError, OverflowError) as e:
@@ -365,7 +377,7 @@ class Fit:
 def fresh_state(opt: torch.optim.Optimizer, group: dict) -> Optional[dict]:
     """The per-parameter state a built-in optimizer creates at its first step, key by key (PARAM: shaped and
     typed like the parameter; SCALAR: a floating-point scalar); None for an optimizer not known here, whose
-    state is only checked to be tensors shaped like the parameter, scalars or numbers."""
+    state is only checked to be tensors, numbers and lists of them (`Fit.any_state`)."""
     t = type(opt)
     if t in (torch.optim.Adam, torch.optim.AdamW):
         keys = {"step": SCALAR, "exp_avg": PARAM, "exp_avg_sq": PARAM}

@@ -2,13 +2,15 @@
 (no loader workers) that adds numpy and `random` noise in __getitem__. Moved into a new process mid-epoch,
 it must end with the weights of an uninterrupted run (tests/test_bit_identical.py).
 
-usage: seeded_data.py OUT [--accum N] [--own-generators [--unattached]] [--migrate-at STEP --checkpoint PATH]
-                        [--restore PATH [--move-again]]
+usage: seeded_data.py OUT [--accum N] [--own-generators [--unattached]] [--sampler KIND [--attach-sampler]]
+                        [--migrate-at STEP --checkpoint PATH] [--restore PATH [--move-again]]
 
 --accum N: an optimizer step every N batches, the script marking its boundaries (job.boundary()) after each;
 --move-again: restored, it is asked to move again at once (at its next boundary, which must be its own);
 --own-generators: the noise comes from generators the script holds (a NumPy Generator and RandomState, a
-random.Random, a torch.Generator), attached with the model; --unattached: not attached (a move then changes it).
+random.Random, a torch.Generator), attached with the model; --unattached: not attached (a move then changes it);
+--sampler weighted|subset: the epoch's order comes from a WeightedRandomSampler's or SubsetRandomSampler's own
+generator, not the loader's (--attach-sampler: that generator attached with the model too).
 """
 import argparse
 import random
@@ -49,6 +51,8 @@ def main() -> int:
     p.add_argument("--move-again", action="store_true")
     p.add_argument("--own-generators", action="store_true")
     p.add_argument("--unattached", action="store_true")
+    p.add_argument("--sampler", choices=["weighted", "subset"])
+    p.add_argument("--attach-sampler", action="store_true")
     a = p.parse_args()
     torch.manual_seed(0)
     np.random.seed(0)
@@ -56,9 +60,16 @@ def main() -> int:
     model = torch.nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data = Noisy(a.own_generators)
-    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True,
-                                         generator=torch.Generator().manual_seed(7))
-    job = gmux.job.attach(model, optimizer, *([] if a.unattached else data.gens), state={"step": 0})
+    if a.sampler:
+        g = torch.Generator().manual_seed(3)
+        sampler = (torch.utils.data.WeightedRandomSampler(torch.rand(len(data)), len(data), generator=g)
+                   if a.sampler == "weighted" else torch.utils.data.SubsetRandomSampler(range(88), generator=g))
+        loader = torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler)
+    else:
+        loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True,
+                                             generator=torch.Generator().manual_seed(7))
+    attached = ([] if a.unattached else data.gens) + ([loader.sampler.generator] if a.attach_sampler else [])
+    job = gmux.job.attach(model, optimizer, *attached, state={"step": 0})
     if a.restore:
         job.restore(a.restore)
         if a.move_again:
