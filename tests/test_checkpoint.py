@@ -276,3 +276,20 @@ def test_optimizers_with_state_unlike_their_parameters_restore_into_a_fresh_job(
     step(moved_model, moved_opt)
     assert_identical(model.state_dict(), moved_model.state_dict(), "model")
     assert_identical(opt.state_dict(), moved_opt.state_dict(), "optimizer")
+
+
+def test_a_sparse_gradient_is_refused_by_name_and_nothing_written(tmp):
+    """torch's own error was 'reshape is not implemented for sparse tensors', and a move was refused without
+    saying why."""
+    emb = nn.Embedding(10, 4, sparse=True)
+    opt = torch.optim.SparseAdam(emb.parameters())
+    job = gj.attach(emb, opt)
+    emb(torch.tensor([1, 2])).sum().backward()
+    opt.step()
+    path = os.path.join(tmp, "job.ckpt")
+    with pytest.raises(ckpt.CheckpointError, match="sparse_coo tensor of shape \\(10, 4\\).*zero_grad"):
+        job.checkpoint(path)
+    assert not os.path.exists(path) and os.listdir(tmp) == []
+    opt.zero_grad()
+    job.checkpoint(path)
+    assert os.path.getsize(path) > 0

@@ -100,6 +100,10 @@ def _split(obj, tensors: list, zeros: list):
         zeros.append(len(tensors))
         obj = obj.tensor
     if isinstance(obj, torch.Tensor):
+        if obj.layout != torch.strided:
+            raise CheckpointError(f"the job holds a {obj.layout} tensor of shape {tuple(obj.shape)} (an "
+                                  f"Embedding(sparse=True)'s gradient?): checkpoints hold dense tensors only; clear "
+                                  f"sparse gradients (optimizer.zero_grad()) before the boundary where the job may move")
         tensors.append(obj)
         return TensorRef(len(tensors) - 1)
     if isinstance(obj, dict):
