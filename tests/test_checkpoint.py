@@ -293,3 +293,16 @@ def test_a_sparse_gradient_is_refused_by_name_and_nothing_written(tmp):
     opt.zero_grad()
     job.checkpoint(path)
     assert os.path.getsize(path) > 0
+
+
+def test_numpy_numbers_in_state_are_kept_as_numbers():
+    """state["best"] = np.mean(losses) is what scripts write; the checkpoint refused the NumPy scalar."""
+    import numpy as np
+    job, _ = _job()
+    job.state.update(best=np.mean([1.0, 2.5]), count=np.int64(7), flag=np.bool_(True))
+    buf = io.BytesIO()
+    job.checkpoint(buf)
+    job.state.clear()
+    job.restore(io.BytesIO(buf.getvalue()))
+    assert job.state["best"] == 1.75 and job.state["count"] == 7 and job.state["flag"] is True
+    assert type(job.state["best"]) is float and type(job.state["count"]) is int

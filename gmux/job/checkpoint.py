@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable, NamedTuple, Optional
 
 import msgpack
+import numpy as np
 import torch
 
 from gmux.util.atomic import atomic_open
@@ -96,6 +97,8 @@ class Row(NamedTuple):
 
 # -- writing ------------------------------------------------------------------------------------------------
 def _split(obj, tensors: list, zeros: list):
+    if isinstance(obj, np.generic) and obj.dtype.kind in "biufc":
+        return obj.item()          # state["best"] = np.mean(...): a NumPy number kept as the Python number it is
     if isinstance(obj, Zeros):
         zeros.append(len(tensors))
         obj = obj.tensor
