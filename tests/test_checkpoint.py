@@ -306,3 +306,28 @@ def test_numpy_numbers_in_state_are_kept_as_numbers():
     job.restore(io.BytesIO(buf.getvalue()))
     assert job.state["best"] == 1.75 and job.state["count"] == 7 and job.state["flag"] is True
     assert type(job.state["best"]) is float and type(job.state["count"]) is int
+
+
+def test_a_parameter_in_no_attached_module_is_refused_unless_in_extras(tmp):
+    """A learned temperature outside every module: its optimizer state is in the checkpoint, its value was not,
+    so a new process went on from its initial value. Now the checkpoint says so; in extras= it moves exactly."""
+    for attach_it in (False, True):
+        torch.manual_seed(0)
+        model, scale = nn.Linear(4, 2), nn.Parameter(torch.ones(()))
+        opt = torch.optim.Adam([*model.parameters(), scale], lr=0.1)
+        job = gj.attach(model, opt, extras={"scale": scale} if attach_it else {})
+        (model(torch.randn(8, 4)) * scale).sum().backward()
+        opt.step()
+        path = os.path.join(tmp, f"{attach_it}.ckpt")
+        if not attach_it:
+            with pytest.raises(gj.StateMismatch, match=r"optimizer 0's parameter 2 \(shape \(\)\) is in no attached"):
+                job.checkpoint(path)
+            assert not os.path.exists(path)
+            continue
+        job.checkpoint(path)
+        torch.manual_seed(1)
+        model2, scale2 = nn.Linear(4, 2), nn.Parameter(torch.ones(()))
+        opt2 = torch.optim.Adam([*model2.parameters(), scale2], lr=0.1)
+        gj.attach(model2, opt2, extras={"scale": scale2}).restore(path)
+        assert torch.equal(scale2, scale) and scale2.item() != 1.0
+        assert_identical(model.state_dict(), model2.state_dict(), "model")

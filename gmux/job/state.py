@@ -109,6 +109,7 @@ class TrackedState:
     # -- capture and apply (checkpoint) -------------------------------------------------------------------
     def capture(self) -> dict:
         """The job as nested plain values and tensors, referring to live tensors (nothing is copied here)."""
+        self._check_parameters_held()
         grads = []
         for m in self.modules:
             grads.append({n: p.grad for n, p in m.named_parameters() if p.grad is not None})
@@ -123,6 +124,23 @@ class TrackedState:
             "rng": capture_rng(),
             "generators": [gens.capture(g) for g in self.generators],
         }
+
+    def _check_parameters_held(self) -> None:
+        """Every parameter an optimizer steps must be in a checkpoint: in an attached module or in extras=. One
+        that is in neither (a loose learned temperature) would come back in a new process at its initial value,
+        its optimizer state restored around it, and the run would silently go another way."""
+        held = {id(p) for m in self.modules for p in m.parameters()}
+        for v in self.extras.values():
+            if isinstance(v, nn.Module):
+                held.update(id(p) for p in v.parameters())
+            else:
+                held.add(id(v))
+        for i, opt in enumerate(self.optimizers):
+            for j, p in enumerate(p for g in opt.param_groups for p in g["params"]):
+                if id(p) not in held:
+                    raise StateMismatch(f"optimizer {i}'s parameter {j} (shape {tuple(p.shape)}) is in no attached "
+                                        f"module: attach the module that holds it, or pass it in extras=, or a "
+                                        f"restore would give it back at its initial value")
 
     def apply(self, snap: dict) -> None:
         """Puts a captured job back in place (same tensor objects). Only for a snapshot that
