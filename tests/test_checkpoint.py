@@ -287,7 +287,7 @@ def test_a_sparse_gradient_is_refused_by_name_and_nothing_written(tmp):
     emb(torch.tensor([1, 2])).sum().backward()
     opt.step()
     path = os.path.join(tmp, "job.ckpt")
-    with pytest.raises(ckpt.CheckpointError, match="sparse_coo tensor of shape \\(10, 4\\).*zero_grad"):
+    with pytest.raises(ckpt.CheckpointError, match="sparse_coo tensor.*zero_grad"):
         job.checkpoint(path)
     assert not os.path.exists(path) and os.listdir(tmp) == []
     opt.zero_grad()
@@ -306,6 +306,44 @@ def test_numpy_numbers_in_state_are_kept_as_numbers():
     job.restore(io.BytesIO(buf.getvalue()))
     assert job.state["best"] == 1.75 and job.state["count"] == 7 and job.state["flag"] is True
     assert type(job.state["best"]) is float and type(job.state["count"]) is int
+    job.state["lr"] = np.float32(0.1)      # computes unlike a Python float: refused, as before, by name
+    with pytest.raises(ckpt.CheckpointError, match="float32"):
+        job.checkpoint(io.BytesIO())
+
+
+def test_a_flat_parameter_the_models_parameters_are_views_of_is_held_through_them(tmp):
+    """apex/Megatron-style contiguous buffers: the optimizer steps one flat parameter; the model's parameters are
+    views of it, so the model's state holds its values (and is restored into them)."""
+    def build():
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        params = list(model.parameters())
+        flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in params]))
+        at = 0
+        for p in params:
+            p.data = flat.data[at:at + p.numel()].view_as(p)
+            at += p.numel()
+        opt = torch.optim.SGD([flat], lr=0.1, momentum=0.9)
+        return model, flat, opt, gj.attach(model, opt)
+
+    def step(model, flat, opt):
+        opt.zero_grad()
+        model(torch.randn(6, 4)).pow(2).mean().backward()
+        flat.grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        opt.step()
+
+    torch.manual_seed(0)
+    model, flat, opt, job = build()
+    step(model, flat, opt)
+    path = os.path.join(tmp, "flat.ckpt")
+    job.checkpoint(path)
+    torch.manual_seed(5)
+    model2, flat2, opt2, job2 = build()
+    job2.restore(path)
+    torch.manual_seed(9)
+    step(model, flat, opt)
+    torch.manual_seed(9)
+    step(model2, flat2, opt2)
+    assert torch.equal(flat, flat2)
 
 
 def test_a_parameter_in_no_attached_module_is_refused_unless_in_extras(tmp):

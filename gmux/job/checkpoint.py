@@ -97,16 +97,20 @@ class Row(NamedTuple):
 
 # -- writing ------------------------------------------------------------------------------------------------
 def _split(obj, tensors: list, zeros: list):
-    if isinstance(obj, np.generic) and obj.dtype.kind in "biufc":
-        return obj.item()          # state["best"] = np.mean(...): a NumPy number kept as the Python number it is
+    if isinstance(obj, (np.float64, np.int64, np.bool_)):   # state["best"] = np.mean(...): computes as .item()
+        return obj.item()
+    if isinstance(obj, np.generic):
+        raise CheckpointError(f"the job's state holds a NumPy {obj.dtype} value ({str(obj)[:40]}), which a Python "
+                              f"number would not compute like: store it as a 0-d tensor, or as float() or int()")
     if isinstance(obj, Zeros):
         zeros.append(len(tensors))
         obj = obj.tensor
     if isinstance(obj, torch.Tensor):
-        if obj.layout != torch.strided:
-            raise CheckpointError(f"the job holds a {obj.layout} tensor of shape {tuple(obj.shape)} (an "
-                                  f"Embedding(sparse=True)'s gradient?): checkpoints hold dense tensors only; clear "
-                                  f"sparse gradients (optimizer.zero_grad()) before the boundary where the job may move")
+        if obj.is_nested or obj.layout != torch.strided:
+            kind = "nested" if obj.is_nested else obj.layout
+            raise CheckpointError(f"the job holds a {kind} tensor (an Embedding(sparse=True)'s gradient?): checkpoints "
+                                  f"hold dense tensors only; clear sparse gradients (optimizer.zero_grad()) before "
+                                  f"the boundary where the job may move")
         tensors.append(obj)
         return TensorRef(len(tensors) - 1)
     if isinstance(obj, dict):

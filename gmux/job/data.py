@@ -16,6 +16,7 @@ process is always exact.
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
@@ -89,7 +90,11 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[],
         now_rng, now_np, now_py = torch.get_rng_state(), np.random.get_state(), random.getstate()
         now_own = [gens.capture(g) for g in own]
         torch.set_rng_state(position.epoch_rng)
-        for g, state in zip(generators, generator_states(position.epoch_generator)):
+        states = generator_states(position.epoch_generator)
+        if len(states) != len(generators):
+            print(f"gmux: the checkpoint kept {len(states)} data generator states and this loader draws from "
+                  f"{len(generators)}: the epoch's order after the move may differ", file=sys.stderr)
+        for g, state in zip(generators, states):
             g.set_state(state)
         it = iter(loader)
         for _ in range(position.index):

@@ -227,12 +227,12 @@ class Fit:
         p, group = param_group
         if not isinstance(saved, dict):
             self.fail(f"{where}: {describe(saved)}, the job has a dict")
-        if live:                            # the job's optimizer has state for it: exactly that structure
+        expected = fresh_state(opt, group)  # a fresh optimizer: what it would create
+        if live and expected is not None:   # the job's optimizer has state for it: exactly that structure
             self.keys(saved, live, where)
             for k, v in live.items():
                 self.alike(saved[k], v, f"{where} '{k}'")
             return
-        expected = fresh_state(opt, group)  # a fresh optimizer: what it would create
         if expected is not None:
             self.keys(saved, expected, where)
         for k, v in saved.items():
@@ -240,7 +240,7 @@ class Fit:
                 self.fail(f"{where}: key {str(k)[:40]!r} is not a name")
             what = expected[k] if expected is not None else None
             if what is None:
-                self.any_state(v, f"{where} '{k}'")
+                self.any_state(v, f"{where} '{k}'", opt)
             elif isinstance(v, TensorRef):
                 row = self.table[v.index]
                 if what == SCALAR or (what is None and row.shape == ()):
@@ -252,12 +252,15 @@ class Fit:
             elif type(v) not in (int, float) or what == PARAM:
                 self.fail(f"{where} '{k}': {describe(v)}, the job has {'a tensor' if what == PARAM else 'a number'}")
 
-    def any_state(self, v, where: str) -> None:
+    def any_state(self, v, where: str, opt) -> None:
         """An optimizer not known here keeps what it likes: tensors of any shape (Adafactor's factored row and
-        column statistics, LBFGS's flat history), numbers, None and lists of those (LBFGS's past directions)."""
+        column statistics, LBFGS's flat history), numbers, None and lists of those (LBFGS's past directions),
+        also where the job's optimizer already has state (LBFGS's changes shape from step to step). Each
+        tensor vouches for no more bytes than all the optimizer's parameters hold, so a forged row stays bounded."""
+        cap = sum(p.numel() * p.element_size() for g in opt.param_groups for p in g["params"])
         for item in (v if isinstance(v, list) else [v]):
             if isinstance(item, TensorRef):
-                self.vouched += self.row(item, where).nbytes
+                self.vouched += min(self.row(item, where).nbytes, cap)
             elif item is not None and type(item) not in (int, float, bool):
                 self.fail(f"{where}: {describe(item)}, which is none of a tensor, a number or a list of them")
 

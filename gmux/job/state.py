@@ -129,15 +129,15 @@ class TrackedState:
         """Every parameter an optimizer steps must be in a checkpoint: in an attached module or in extras=. One
         that is in neither (a loose learned temperature) would come back in a new process at its initial value,
         its optimizer state restored around it, and the run would silently go another way."""
-        held = {id(p) for m in self.modules for p in m.parameters()}
+        # By memory, not identity: a flat parameter the model's parameters are views of is held through them
+        # (load_state_dict copies into the views), as is a tensor in extras= over a parameter's memory.
+        tensors = [t for m in self.modules for t in (*m.parameters(), *m.buffers())]
         for v in self.extras.values():
-            if isinstance(v, nn.Module):
-                held.update(id(p) for p in v.parameters())
-            else:
-                held.add(id(v))
+            tensors += [*v.parameters(), *v.buffers()] if isinstance(v, nn.Module) else [v]
+        held = {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
         for i, opt in enumerate(self.optimizers):
             for j, p in enumerate(p for g in opt.param_groups for p in g["params"]):
-                if id(p) not in held:
+                if p.numel() and p.untyped_storage().data_ptr() not in held:
                     raise StateMismatch(f"optimizer {i}'s parameter {j} (shape {tuple(p.shape)}) is in no attached "
                                         f"module: attach the module that holds it, or pass it in extras=, or a "
                                         f"restore would give it back at its initial value")
