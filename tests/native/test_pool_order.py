@@ -49,13 +49,13 @@ def model(monkeypatch):
     monkeypatch.setattr(graphs.CUDAGraph, "capture_begin",
                         lambda self, pool=None, **kw: m.begin(False)(0, pool or (9, 9)))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch_cuda, "_begin_every_stream", None)     # installed afresh over the model
-    torch_cuda._yield_to_later_pools()
-    routing = types.SimpleNamespace(pool=types.SimpleNamespace(id=GMUX), active=True, device=0,
-                                    latest_pool_wins=False)
-    routing.go_last = types.MethodType(torch_cuda.TorchCudaRouting.go_last, routing)
+    monkeypatch.setattr(torch_cuda, "_wrapped", False)     # installed afresh over the model
+    routing = object.__new__(torch_cuda.TorchCudaRouting)     # its pool ordering, without a CUDA allocator
+    routing.pool, routing.active, routing.device, routing.latest_pool_wins = (
+        types.SimpleNamespace(id=GMUX), True, 0, False)
     monkeypatch.setitem(torch_cuda._routings, 0, routing)
-    torch_cuda._begin_every_stream(0, GMUX)
+    torch._C._cuda_beginAllocateToPool(0, GMUX)              # as the routing begins it, then wraps
+    torch_cuda._yield_to_later_pools()
     return m
 
 

@@ -35,7 +35,7 @@ import ctypes
 import os
 import sys
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 from .native import Allocator, native_path
 
@@ -86,17 +86,27 @@ class TorchCudaRouting:
             _yield_to_later_pools()
 
     def owns(self, address: int) -> bool:
-        return any(a["address"] <= address < a["address"] + a["size"] for a in self.allocator.allocations())
+        return self.allocator.lookup(address) is not None
 
     def go_last(self) -> None:
-        """Behind every other pool being allocated to on the device: out of the list, begun again at its end (the
-        begin's reference to the pool released, so its count does not grow)."""
+        """Behind every other pool being allocated to on the device."""
+        self._begin_again()
+
+    def _begin_again(self, meanwhile: Optional[Callable[[], object]] = None) -> None:
+        """Out of the allocator's list of pools being allocated to (`meanwhile` runs then), and begun again at its
+        end through torch's own binding; the begin's reference to the pool is released, so its count stays."""
         import torch
 
         with _lock:
-            if self.active:
-                torch._C._cuda_endAllocateToPool(self.device, self.pool.id)
-                _begin_every_stream(self.device, self.pool.id)
+            if not self.active:
+                return
+            torch._C._cuda_endAllocateToPool(self.device, self.pool.id)
+            try:
+                if meanwhile is not None:
+                    meanwhile()
+            finally:
+                begin = torch._C._cuda_beginAllocateToPool
+                getattr(begin, "__wrapped__", begin)(self.device, self.pool.id)
                 torch._C._cuda_releasePool(self.device, self.pool.id)
 
     def drain(self) -> None:
@@ -111,15 +121,8 @@ class TorchCudaRouting:
         torch.cuda.empty_cache() frees nothing while gmux's pool is begun (torch skips it during captures)."""
         import torch
 
-        begin = torch._C._cuda_beginAllocateToPool
-        with _lock:
-            if self.active and not torch.cuda.is_current_stream_capturing():
-                torch._C._cuda_endAllocateToPool(self.device, self.pool.id)
-                try:
-                    torch.empty(1, dtype=torch.uint8, device=f"cuda:{self.device}")
-                finally:
-                    getattr(begin, "__wrapped__", begin)(self.device, self.pool.id)
-                    torch._C._cuda_releasePool(self.device, self.pool.id)
+        if not torch.cuda.is_current_stream_capturing():
+            self._begin_again(lambda: torch.empty(1, dtype=torch.uint8, device=f"cuda:{self.device}"))
 
     def live_ranges(self) -> list[tuple[int, int]]:
         """torch's active blocks inside its segments, plus every other allocation of this allocator whole
@@ -199,22 +202,22 @@ def torch_routing(device: int) -> Optional[TorchCudaRouting]:
 
 # -- where the first pool begun wins, gmux's goes behind each later one (module notes) ------------------------------
 _lock = threading.RLock()
-_begin_every_stream = None     # torch's own binding, unwrapped
+_wrapped = False
 
 
 def _yield_to_later_pools() -> None:
     """Wraps the ways torch begins allocating to a pool, once per process: inductor calls the bindings on
     torch._C, use_mem_pool the names torch.cuda.memory imported from it, and a graph's capture begins its pool
     inside CUDAGraph's methods (C++), on the current device: at its start, and again at each conditional node."""
-    global _begin_every_stream
+    global _wrapped
     import torch
     import torch.cuda.memory as cuda_memory
     from torch.cuda import graphs
 
     with _lock:
-        if _begin_every_stream is not None:
+        if _wrapped:
             return
-        _begin_every_stream = torch._C._cuda_beginAllocateToPool
+        _wrapped = True
 
     def behind(device) -> None:
         routing = torch_routing(device)
