@@ -557,7 +557,17 @@ _JOB_RECORD = {
     "rate_solo": (_opt_float, False), "mem_peak": (_optional(_nonneg_int), False),
     "gpu_seconds": (_float, False), "exit_status": (_optional(_int), False), "detail": (_str, False),
     "held": (_bool, False), "ranks": (_records(_RANK_RECORD, MAX_RANKS), False),
+    # suspended by its link, cut off from the scheduler for its lease (gmux.node.cluster_fence), not by anyone
+    "fenced": (_bool, False),
 }
+# The scheduler's answer to each node_report: the lease of the machine's jobs. A link unanswered for that long
+# suspends its cluster jobs, as the scheduler is about to count the machine lost and start them elsewhere.
+REPORT_ANSWER = {"lease_s": (_pos_float, True)}
+
+
+def report_lease(data: Any) -> Optional[float]:
+    """The lease a scheduler's answer to a node_report gives, or None when it carries no valid one."""
+    return None if not isinstance(data, dict) or _fields(data, REPORT_ANSWER) else float(data["lease_s"])
 
 
 def _gpu_list(v):

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 from gmux.cli.argtypes import nonneg, nonneg_int, port, positive, positive_int, size, tcp_endpoint
 from gmux.node.access import SystemMode
@@ -99,14 +100,14 @@ def main(argv=None) -> int:
     logging.info("serving %s with %d GPU(s): %s", daemon.rundir.endpoint, len(gpus),
                  ", ".join(f"{g.index}:{g.name} {g.mem_total >> 20}MiB" for g in gpus))
     if a.scheduler:   # the cluster link: its own thread and sockets, talks to this daemon as an admin client
-        from gmux.node.cluster_link import ClusterLink, start_thread
+        from gmux.node.cluster_link import ClusterLink
         try:
             link = ClusterLink(a.runtime_dir, a.name, a.scheduler, a.keys, a.listen, a.warm_starts)
         except Exception as e:
             daemon.close()
             print(f"gmuxd: cluster link: {e}", file=sys.stderr)
             return 1
-        start_thread(link)
+        threading.Thread(target=link.serve, name="cluster-link", daemon=True).start()
         logging.info("cluster link to %s as %s; checkpoints arrive at %s", a.scheduler, a.name,
                      link.transfer_endpoint)
     daemon.serve()

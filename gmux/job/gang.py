@@ -15,7 +15,12 @@ allocator and outside gmux's allocator tier) stays allocated while the job is su
 does not give that memory back (gloo's buffers are host memory). A gang moved to other machines cannot take
 its communicators along: the new processes restore from the checkpoint and build a new process group.
 
-The cost is one all_reduce of one int per boundary (tens of µs with gloo on one machine).
+A cluster job's lease (gmux.job.launch: each rank stops itself once its gmuxd has not answered for that long) is
+agreed the same way, but by any rank rather than all: a rank that stopped alone, at its own boundary, left its
+peers waiting in the next collective until its timeout (gloo's and NCCL's default: 30 minutes). The ranks share
+one gmuxd, so once one has lost it, all stop at the same boundary.
+
+The cost is one all_reduce of three ints per boundary (tens of µs with gloo on one machine).
 
 A transparent-mode rank (a torchrun worker under gmux-launch) is wrapped before its script has made the default
 process group, so its own group is made at its first boundary after `init_process_group` (`lazy`): every rank
@@ -41,10 +46,18 @@ class GangController:
         self.held: list[Command] = []
         self.boundaries = 0
         self.agreed_at: list[tuple[str, int]] = []     # (kind, boundary) of every command carried out as a gang
+        self._lost: list[float] = []                   # this rank's lease lost at this boundary: seconds silent
 
     def poll(self) -> Optional[Command]:
         self.boundaries += 1
-        c = self.inner.poll()      # every boundary, even while holding one: the agent counts boundaries
+        lease_lost = getattr(self.inner, "on_lease_lost", None)
+        if lease_lost is not None and self.group is not None:
+            self.inner.on_lease_lost = self._lost.append     # (acted on by the whole gang below)
+        try:
+            c = self.inner.poll()  # every boundary, even while holding one: the agent counts boundaries
+        finally:
+            if lease_lost is not None:
+                self.inner.on_lease_lost = lease_lost
         if c is not None:
             if c.kind not in _AGREE:
                 return c           # e.g. a stray resume: the runtime answers it as it would alone
@@ -54,8 +67,12 @@ class GangController:
                 return None      # no process group yet: nothing to agree through
             self.group = dist.new_group(backend="gloo")
         mine = _AGREE.get(self.held[0].kind, 0) if self.held else 0
-        flags = torch.tensor([mine, -mine], dtype=torch.int64)
+        silent_ms = int(max(self._lost) * 1000) + 1 if self._lost else 0
+        self._lost.clear()
+        flags = torch.tensor([mine, -mine, -silent_ms], dtype=torch.int64)
         dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.group)
+        if int(flags[2]) < 0 and lease_lost is not None:
+            lease_lost(-int(flags[2]) / 1000)   # some rank's lease is lost: every rank stops here
         # min(x) == max(x) == mine: every rank holds a command of the same kind
         if mine and int(flags[0]) == mine and -int(flags[1]) == mine:
             cmd = self.held.pop(0)

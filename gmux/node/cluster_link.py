@@ -40,6 +40,7 @@ from gmux.wire.transfer import ask_holds, rank_xfers
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.wire.handshake_watch import HandshakeWatch
 from gmux.wire.server import Server, configure
+from gmux.node.cluster_fence import Fence
 from gmux.node.cluster_records import busy_data, gang_record, ranks_by_job, running_before_boundary, taken_at
 from gmux.node.cluster_starts import Starts
 from gmux.node.cluster_stream import send_files, staged, stream_ranks
@@ -114,6 +115,7 @@ class ClusterLink:
         self.stopping = False
         self.bad_actions = 0
         self._last_report = self._last_look = 0.0
+        self.fence = Fence(time.monotonic())
         self._jobs: dict[str, dict] = {}       # cjob -> its latest local record
         self._refusals: set = set()
 
@@ -162,6 +164,8 @@ class ClusterLink:
                 if now - self._last_report >= REPORT_S:
                     self._last_report = self._last_look = now
                     self._report(now)
+                    for cjob in self.fence.due(now, self._jobs):
+                        self._fence_job(cjob, list(self.locals[cjob]))
                     self.receiver.expire()
                     self.handshake.check(now)
                 elif self.starts.starting and now - self._last_look >= look_s:
@@ -225,6 +229,10 @@ class ClusterLink:
             world = self.world.setdefault(cjob, max(by_rank) + 1)
             rec = gang_record(cjob, world, by_rank)
             self.locals[cjob] = [j["id"] for _, j in sorted(by_rank.items())]
+            if rec["state"] in protocol.FINAL_STATES:
+                self.fence.acted_on(cjob)
+            elif cjob in self.fence.fenced:
+                rec["fenced"] = True
             records.append(rec)
             self._jobs[cjob] = rec
             if rec.pop("_broken") and cjob not in self.broken:
@@ -241,12 +249,20 @@ class ClusterLink:
     def _maybe_checkpoint(self, cjob: str, rec: dict, now: float) -> None:
         every = self.ckpt_every.get(cjob)
         if (not every or cjob in self.busy or rec["state"] not in ("running", "suspended") or rec["step"] == 0
-                or now - self.last_ckpt.get(cjob, 0.0) < every):
+                or now - self.last_ckpt.get(cjob, 0.0) < every or self.fence.cut_off(now)):
             return
         self.last_ckpt[cjob] = now
         self.ckpt_seq += 1
         self._work(cjob, self._checkpoint_to_scheduler, cjob, list(self.locals[cjob]),
                    f"{self.name}-{cjob}-k{self.ckpt_seq}")
+
+    def _fence_job(self, cjob: str, ranks: list) -> None:
+        def run():      # (on a thread of its own: the pool's may all be blocked sending checkpoints)
+            error = self._all_ranks(cjob, "suspend", ranks)
+            self.fence.done(cjob, error is None)
+            if error:
+                log.warning("could not suspend %s while cut off from the scheduler: %s", cjob, error)
+        threading.Thread(target=run, name="cluster-fence", daemon=True).start()
 
     def _work(self, cjob: str, fn, *args) -> None:
         self.busy.add(cjob)
@@ -274,6 +290,8 @@ class ClusterLink:
             return
         try:
             if msg.type == "reply":
+                if msg.get("ok"):
+                    self.fence.heard(msg.get("data"), time.monotonic())
                 if not msg.get("ok") and msg.get("error") not in self._refusals:
                     self._refusals.add(msg.get("error"))      # (each report is refused alike: said once)
                     log.warning("scheduler refused: %s", msg.get("error"))
@@ -285,6 +303,7 @@ class ClusterLink:
             log.warning("bad message from the scheduler: %s", e)
             return
         action, cjob, args = msg["action"], msg["cjob"], msg["args"]
+        self.fence.acted_on(cjob)
         if action == "start":
             if not self._live(cjob):
                 self._start(cjob, args)
@@ -353,16 +372,16 @@ class ClusterLink:
         return self.gang_locks.setdefault(cjob, threading.Lock())
 
     def _ranks(self, cjob: str, mtype: str, event: Optional[str], ranks: list) -> None:
-        """The same admin request for every rank, all at once (a gang's ranks suspend only together)."""
-        with self._gang_lock(cjob) if mtype == "suspend" else contextlib.nullcontext():
-            errors = [e for e in _each(lambda local: self._admin_error(mtype, local), ranks) if e]
-        if errors:
-            self._event("action_failed", cjob, f"{mtype}: {errors[0]}", **busy_data(errors[0]))
+        error = self._all_ranks(cjob, mtype, ranks)
+        if error:
+            self._event("action_failed", cjob, f"{mtype}: {error}", **busy_data(error))
         elif event:
             self._event(event, cjob)
 
-    def _admin_error(self, mtype: str, local: str) -> Optional[GmuxError]:
-        return self._admin_reply(mtype, local)[0]
+    def _all_ranks(self, cjob: str, mtype: str, ranks: list) -> Optional[GmuxError]:
+        """One admin request to every rank at once (a gang's ranks suspend only together): the first refusal."""
+        with self._gang_lock(cjob) if mtype == "suspend" else contextlib.nullcontext():
+            return next((e for e in _each(lambda local: self._admin_reply(mtype, local)[0], ranks) if e), None)
 
     def _admin_reply(self, mtype: str, local: str, **fields) -> tuple[Optional[GmuxError], Optional[dict]]:
         """(gmuxd's refusal, or None; its reply, or None)."""
@@ -464,7 +483,7 @@ class ClusterLink:
                 step, t_ckpt = taken_at(steps, ranks), r["checkpoint_s"]
         except Exception as e:
             for local in ranks:
-                self._admin_error("resume", local)         # the move failed: the job runs on here
+                self._admin_reply("resume", local)         # the move failed: the job runs on here
             self._event("migrate_failed", cjob, f"{type(e).__name__}: {e}")
             return
         self._event("migrate_sent", cjob, xfers=xfers, bytes=r["bytes"], sealed_bytes=r["sealed_bytes"],
@@ -479,9 +498,3 @@ def _each(fn, items: list) -> list:
         return [fn(items[0])]
     with ThreadPoolExecutor(len(items), thread_name_prefix="rank") as ex:
         return list(ex.map(fn, items))
-
-
-def start_thread(link: ClusterLink) -> threading.Thread:
-    t = threading.Thread(target=link.serve, name="cluster-link", daemon=True)
-    t.start()
-    return t

@@ -16,6 +16,7 @@ import pytest
 from gmux_testkit import PY, ROOT, TRAIN, env, kill_jobs_under, start_py, wait_for  # noqa: F401
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from proxy_util import Proxy  # noqa: E402
 
 
 
@@ -52,7 +53,9 @@ class Solo(Mapping):
 
 class Cluster:
     def __init__(self, tmp_path, machines=("m1", "m2", "m3"), policy="gandiva", gpus="2x2GiB", sched_args=(),
-                 daemon_args=(), warm=False):
+                 daemon_args=(), warm=False, proxied=False):
+        """proxied: each machine's link reaches the scheduler through its own Proxy (self.proxies), which a test
+        can sever (a network partition)."""
         from gmux.wire import keys
         self.tmp = tmp_path
         self.keys = str(tmp_path / "keys")
@@ -70,8 +73,9 @@ class Cluster:
         self.daemons: dict[str, subprocess.Popen] = {}
         self.sched = None
         self.start_scheduler()
+        self.proxies = {m: Proxy(self.port) for m in machines} if proxied else {}
         for m in machines:
-            self.start_daemon(m)
+            self.start_daemon(m, f"tcp://127.0.0.1:{self.proxies[m].port}" if proxied else None)
 
     def start_scheduler(self) -> None:
         log = open(self.tmp / "scheduler.log", "ab")
@@ -80,11 +84,12 @@ class Cluster:
                                        *self.sched_args], env=env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         wait_for(lambda: self._ps_ok(), 20, "gmux-scheduler did not come up")
 
-    def start_daemon(self, m: str) -> None:
+    def start_daemon(self, m: str, scheduler: str | None = None) -> None:
+        """`scheduler`: the endpoint its link reaches the scheduler at (a proxy a test can cut), if not its own."""
         log = open(self.tmp / f"gmuxd-{m}.log", "ab")
         self.daemons[m] = subprocess.Popen(
             [PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", str(self.tmp / f"rt-{m}"), "--virtual-gpus", self.gpus,
-             "--quantum", "2", "--scheduler", self.endpoint, "--keys", self.keys, "--name", m, *self.daemon_args],
+             "--quantum", "2", "--scheduler", scheduler or self.endpoint, "--keys", self.keys, "--name", m, *self.daemon_args],
             env=env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
     def wait_machines(self, n: int, timeout: float = 30) -> None:
@@ -140,6 +145,8 @@ class Cluster:
         kill_jobs_under(rt)
 
     def close(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.close()
         for p in list(self.daemons.values()) + [self.sched]:
             if p is not None and p.poll() is None:
                 p.send_signal(signal.SIGKILL)

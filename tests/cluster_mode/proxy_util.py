@@ -27,6 +27,8 @@ class Proxy:
         self.lsock.listen(8)
         self.port = self.lsock.getsockname()[1]
         self._stop = False
+        self.severed = False
+        self._live: list = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -35,7 +37,11 @@ class Proxy:
                 c, _ = self.lsock.accept()
             except OSError:
                 return
+            if self.severed:        # a partition: the connection goes nowhere
+                c.close()
+                continue
             s = socket.create_connection(("127.0.0.1", self.target))
+            self._live += [c, s]
             threading.Thread(target=self._pump, args=(c, s, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(s, c, False), daemon=True).start()
 
@@ -65,6 +71,19 @@ class Proxy:
             except OSError:
                 pass
             s.close()
+
+    def sever(self):
+        """A network partition: every connection through the proxy is cut, and new ones are closed at once."""
+        self.severed = True
+        for s in self._live:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._live = []
+
+    def heal(self):
+        self.severed = False
 
     def close(self):
         self._stop = True

@@ -207,7 +207,7 @@ class Scheduler:
             again = self.unheard.check(job, r, now)
             if again:
                 self._log("resend", job.cjob, f"{job.cjob}: {name} shows it did not hear '{again}': sent again")
-        return None
+        return {"lease_s": LEASE_SHARE * self.opt.lost_after}   # (unanswered for as long, a link suspends its jobs)
 
     def _observe(self, job: CJob, r: dict, now: float) -> None:
         if r["state"] in protocol.FINAL_STATES and f"{job.machine}/{r['local']}" == job.ended_local:

@@ -9,7 +9,8 @@ one it was moved to, the action is sent again, once the grace that an action on 
 once after a send that failed). A move is sent again once at most: one the machine heard and refused (the GPU
 could not take the job), or one still not made a grace after it was sent again (the machine moved the job
 itself, say, to make room for a gang), is given up, the GPU the machine reports taken as the job's, and the
-policy decides anew; fighting the machine would move the job back and forth.
+policy decides anew; fighting the machine would move the job back and forth. A job its machine suspended while
+cut off from the scheduler (reported "fenced") is resumed at once: it waits for nobody but the scheduler.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Callable, Optional
 from gmux import protocol
 
 GRACE_S = 10.0          # a suspend waits for its job's next boundary; a kill for the process to end
+FENCED_S = 2.0          # a resume of a job its link suspended, cut off (gmux.node.cluster_fence), is sent at once
 RESENT = ("suspend", "resume", "kill", "move")
 
 
@@ -62,7 +64,9 @@ class Unheard:
         if self._seen.get(job.cjob, (None,))[0] != lacking:
             self._seen[job.cjob] = (lacking, now)
         lasting = now - self._seen[job.cjob][1] >= GRACE_S and now - self._sent.get(job.cjob, 0.0) >= GRACE_S
-        if job.cjob not in self._failed and not lasting:
+        # (suspended by its link, cut off from the scheduler for its lease: no action of anyone's on its way)
+        fenced = report.get("fenced") and lacking == "resume" and now - self._sent.get(job.cjob, 0.0) >= FENCED_S
+        if job.cjob not in self._failed and not lasting and not fenced:
             return None
         if lacking == "move" and job.cjob in self._moved_again:
             self._given_up.add(job.cjob)
