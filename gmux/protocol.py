@@ -560,14 +560,17 @@ _JOB_RECORD = {
     # suspended by its link, cut off from the scheduler for its lease (gmux.node.cluster_fence), not by anyone
     "fenced": (_bool, False),
 }
-# The scheduler's answer to each node_report: the lease of the machine's jobs. A link unanswered for that long
-# suspends its cluster jobs, as the scheduler is about to count the machine lost and start them elsewhere.
-REPORT_ANSWER = {"lease_s": (_pos_float, True)}
+# The scheduler's answer to each node_report: the machine's fence time. A link unanswered for that long suspends
+# its cluster jobs, as the scheduler is about to count the machine lost and start them elsewhere.
+REPORT_ANSWER = {"fence_s": (_pos_float, True)}
 
 
-def report_lease(data: Any) -> Optional[float]:
-    """The lease a scheduler's answer to a node_report gives, or None when it carries no valid one."""
-    return None if not isinstance(data, dict) or _fields(data, REPORT_ANSWER) else float(data["lease_s"])
+def report_fence(data: Any) -> Optional[float]:
+    """The fence time a scheduler's answer to a node_report gives, or None when it carries no valid one (fields
+    a later scheduler may add are left alone)."""
+    if not isinstance(data, dict) or _fields({"fence_s": data.get("fence_s")}, REPORT_ANSWER):
+        return None
+    return float(data["fence_s"])
 
 
 def _gpu_list(v):

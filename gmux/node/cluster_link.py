@@ -115,7 +115,7 @@ class ClusterLink:
         self.stopping = False
         self.bad_actions = 0
         self._last_report = self._last_look = 0.0
-        self.fence = Fence(time.monotonic())
+        self.fence = Fence(time.monotonic(), os.path.join(self.rundir.root, "cluster-fence"))
         self._jobs: dict[str, dict] = {}       # cjob -> its latest local record
         self._refusals: set = set()
 
@@ -230,7 +230,7 @@ class ClusterLink:
             rec = gang_record(cjob, world, by_rank)
             self.locals[cjob] = [j["id"] for _, j in sorted(by_rank.items())]
             if rec["state"] in protocol.FINAL_STATES:
-                self.fence.acted_on(cjob)
+                self.fence.forget(cjob)
             elif cjob in self.fence.fenced:
                 rec["fenced"] = True
             records.append(rec)
@@ -258,10 +258,7 @@ class ClusterLink:
 
     def _fence_job(self, cjob: str, ranks: list) -> None:
         def run():      # (on a thread of its own: the pool's may all be blocked sending checkpoints)
-            error = self._all_ranks(cjob, "suspend", ranks)
-            self.fence.done(cjob, error is None)
-            if error:
-                log.warning("could not suspend %s while cut off from the scheduler: %s", cjob, error)
+            self.fence.done(cjob, self._all_ranks(cjob, "suspend", ranks))
         threading.Thread(target=run, name="cluster-fence", daemon=True).start()
 
     def _work(self, cjob: str, fn, *args) -> None:
@@ -303,7 +300,10 @@ class ClusterLink:
             log.warning("bad message from the scheduler: %s", e)
             return
         action, cjob, args = msg["action"], msg["cjob"], msg["args"]
-        self.fence.acted_on(cjob)
+        if self.fence.refuses(action, time.monotonic()):
+            log.warning("cut off from the scheduler: its %s of %s, sent before, is not carried out", action, cjob)
+            return
+        self.fence.acted_on(cjob, action)
         if action == "start":
             if not self._live(cjob):
                 self._start(cjob, args)

@@ -29,6 +29,7 @@ class Proxy:
         self._stop = False
         self.severed = False
         self._live: list = []
+        self._lock = threading.Lock()        # (the accepting thread and sever() share the open connections)
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -37,11 +38,12 @@ class Proxy:
                 c, _ = self.lsock.accept()
             except OSError:
                 return
-            if self.severed:        # a partition: the connection goes nowhere
-                c.close()
-                continue
-            s = socket.create_connection(("127.0.0.1", self.target))
-            self._live += [c, s]
+            with self._lock:
+                if self.severed:        # a partition: the connection goes nowhere
+                    c.close()
+                    continue
+                s = socket.create_connection(("127.0.0.1", self.target))
+                self._live += [c, s]
             threading.Thread(target=self._pump, args=(c, s, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(s, c, False), daemon=True).start()
 
@@ -74,13 +76,14 @@ class Proxy:
 
     def sever(self):
         """A network partition: every connection through the proxy is cut, and new ones are closed at once."""
-        self.severed = True
-        for s in self._live:
+        with self._lock:
+            self.severed = True
+            live, self._live = self._live, []
+        for s in live:
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self._live = []
 
     def heal(self):
         self.severed = False

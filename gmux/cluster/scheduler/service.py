@@ -44,6 +44,7 @@ C = protocol.CLUSTER_MESSAGES
 START_RETRY_S = 30.0
 LEASE_SHARE = 0.8       # of --lost-after: a job's lease (its copy stops before the machine is counted lost)
 TAKEOVER_SHARE = 0.5    # of --lost-after: a new gmuxd's wait for the old one's silence (a restart, before a loss)
+FENCE_SHARE = 0.6       # of --lost-after: a link unanswered this long suspends its jobs (gmux.node.cluster_fence)
 # A periodic checkpoint's file, as a link names it: MACHINE-CJOB-kSEQ.RANK.ckpt (the machine's name may hold '-').
 _PERIODIC = re.compile(r"-(c\d+)-k\d+\.\d+\.ckpt$")
 
@@ -196,9 +197,8 @@ class Scheduler:
         for r in msg["jobs"]:
             job = self.jobs.get(r["cjob"])
             if job is None or (job.machine != name and job.source != name):
-                if job is not None and not job.final and r["state"] not in protocol.FINAL_STATES:
-                    # A copy on a machine the job has left (it came back after being declared lost): stop it.
-                    self._action(name, "kill", r["cjob"])
+                if job is not None and r["state"] not in protocol.FINAL_STATES:   # a copy on a machine the job
+                    self._action(name, "kill", r["cjob"])      # left (back after being counted lost): stopped
                 continue
             if job.machine != name or job.final:
                 continue          # the migration source's view (the target's reports are the truth), or news
@@ -207,7 +207,7 @@ class Scheduler:
             again = self.unheard.check(job, r, now)
             if again:
                 self._log("resend", job.cjob, f"{job.cjob}: {name} shows it did not hear '{again}': sent again")
-        return {"lease_s": LEASE_SHARE * self.opt.lost_after}   # (unanswered for as long, a link suspends its jobs)
+        return {"fence_s": FENCE_SHARE * self.opt.lost_after}
 
     def _observe(self, job: CJob, r: dict, now: float) -> None:
         if r["state"] in protocol.FINAL_STATES and f"{job.machine}/{r['local']}" == job.ended_local:

@@ -10,7 +10,8 @@ once after a send that failed). A move is sent again once at most: one the machi
 could not take the job), or one still not made a grace after it was sent again (the machine moved the job
 itself, say, to make room for a gang), is given up, the GPU the machine reports taken as the job's, and the
 policy decides anew; fighting the machine would move the job back and forth. A job its machine suspended while
-cut off from the scheduler (reported "fenced") is resumed at once: it waits for nobody but the scheduler.
+cut off from the scheduler (reported "fenced") is resumed at once, starting or running: it waits for nobody but
+the scheduler.
 """
 from __future__ import annotations
 
@@ -64,8 +65,11 @@ class Unheard:
         if self._seen.get(job.cjob, (None,))[0] != lacking:
             self._seen[job.cjob] = (lacking, now)
         lasting = now - self._seen[job.cjob][1] >= GRACE_S and now - self._sent.get(job.cjob, 0.0) >= GRACE_S
-        # (suspended by its link, cut off from the scheduler for its lease: no action of anyone's on its way)
-        fenced = report.get("fenced") and lacking == "resume" and now - self._sent.get(job.cjob, 0.0) >= FENCED_S
+        # Suspended by its link, cut off from the scheduler: no action of anyone's is on its way. Sent at the
+        # second report that shows it, which the link hears after the answer to the first: until it hears one, a
+        # resume may be a stale one and is not carried out (gmux.node.cluster_fence).
+        fenced = (report.get("fenced") and lacking == "resume" and self._seen[job.cjob][1] < now
+                  and now - self._sent.get(job.cjob, 0.0) >= FENCED_S)
         if job.cjob not in self._failed and not lasting and not fenced:
             return None
         if lacking == "move" and job.cjob in self._moved_again:
@@ -89,6 +93,8 @@ def _lacking(job, report: dict) -> Optional[str]:
     held = bool(report.get("held"))
     if job.kill_requested:
         return "kill"
+    if held and report.get("fenced") and job.state in ("running", "starting", "migrating"):
+        return "resume"         # (a start or a move's target fenced before its first step: it would never take one)
     if job.state in ("suspended", "held") and job.machine is not None and not held:
         return "suspend"
     if job.state == "running" and held:
