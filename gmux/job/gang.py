@@ -51,7 +51,7 @@ class GangController:
     def poll(self) -> Optional[Command]:
         self.boundaries += 1
         lease_lost = getattr(self.inner, "on_lease_lost", None)
-        if lease_lost is not None and self.group is not None:
+        if lease_lost is not None and (self.group is not None or (dist.is_available() and dist.is_initialized())):
             self.inner.on_lease_lost = self._lost.append     # (acted on by the whole gang below)
         try:
             c = self.inner.poll()  # every boundary, even while holding one: the agent counts boundaries
