@@ -18,7 +18,8 @@ must not be re-pointed under it), no gradient is waiting to be applied, and no o
 - **Outermost module calls** (`source` "module hook"), in loops that never call an optimizer's `step` (updates
   written by hand: `p.data.add_(-lr * p.grad)`): at the start of a call of a module that no other module call
   encloses, once a backward has finished since the previous boundary, the gradients it left were used since
-  (set to None, replaced, or changed in place, as `zero_grad()` and `p.grad.zero_()` do), and no graph built
+  (set to None, replaced, or changed in place, as `zero_grad()` and `p.grad.zero_()` do) or the parameters were
+  updated since (the gradients cleared only after the next forward, as PyTorch's tutorial does), and no graph built
   since the previous boundary still waits for its backward. Several models per iteration (a hand-written GAN)
   get one boundary per iteration: the second model's call comes while the first model's graph still waits.
   A backward that leaves no gradient on a model that trains (`torch.autograd.grad`, a gradient penalty's) is
@@ -26,7 +27,9 @@ must not be re-pointed under it), no gradient is waiting to be applied, and no o
   Once any optimizer steps, only its steps are boundaries (one per iteration, not two).
 
 Loops that get no boundary (the job is then time-sliced without its cooperation): no optimizer `step` and no
-`nn.Module` call (pure tensor code); gradients cleared only through `p.grad.data.zero_()` (`.data` hides the
+`nn.Module` call (pure tensor code); a functional loop whose parameters live outside the model and are replaced,
+not updated in place (`torch.func.grad` over `functional_call`, `params = {k: p - lr * g ...}`); gradients
+cleared only through `p.grad.data.zero_()` and parameters updated only through `p.data` (`.data` hides the
 change from the version counter gmux reads); a graph with grad enabled that is kept alive and never
 backpropagated; a single call that never returns (one endless mini-batch).
 
@@ -67,6 +70,8 @@ class LoopWatch:
         self.mark, self.on_optimizer, self.on_root = mark, on_optimizer, on_root
         self.boundaries = 0
         self.roots: "weakref.WeakValueDictionary[int, torch.nn.Module]" = weakref.WeakValueDictionary()
+        self._scripted = False          # a root is a TorchScript module: the global hooks stay
+        self.roots_added = 0            # models ever called as the loop's outermost (a dead one's id comes again)
         self._depth = 0                 # module calls in progress (all while scouting, then outermost ones)
         self._in_step = 0               # optimizer steps in progress
         self._graphs: list = []         # weakrefs to _Graph of calls since the previous boundary / step
@@ -82,6 +87,7 @@ class LoopWatch:
         self._after_backward = False    # an optimizer stepped inside a backward since the previous boundary
         self._versions_at_start: list = []   # (parameter, version) when the current backward began
         self._unapplied: list = []      # the same, for a backward that left no gradient, until they move
+        self._versions_at_end: list = []     # the same, when the last backward that left gradients ended
         self._handles = [register_optimizer_step_pre_hook(self._step_pre),
                          register_optimizer_step_post_hook(self._step_post)]
         # (always_call: a call that raises still leaves, or the depth would stay up and no boundary come again)
@@ -149,6 +155,7 @@ class LoopWatch:
         if self._depth == 1:
             if id(module) not in self.roots:
                 self.roots[id(module)] = module
+                self.roots_added += 1
                 self.on_root(module)
             self._outer_calls += 1
             self._enter()
@@ -159,11 +166,15 @@ class LoopWatch:
         self._depth -= 1
         if self._depth == 0:
             self._leave(output)
-            if self.boundaries >= SCOUT_BOUNDARIES or self._outer_calls >= SCOUT_CALLS:
+            if (self.boundaries >= SCOUT_BOUNDARIES or self._outer_calls >= SCOUT_CALLS) and not self._scripted:
                 self._end_scouting()
 
     def _end_scouting(self) -> None:
-        """Nothing is in progress: swaps the global module hooks for hooks on the outermost modules only."""
+        """Nothing is in progress: swaps the global module hooks for hooks on the outermost modules only. A
+        TorchScript module (torch.jit.script or trace) takes no hooks of its own: the global ones stay."""
+        if any(issubclass(type(m), torch.jit.ScriptModule) for m in self.roots.values()):
+            self._scripted = True
+            return
         for h in self._scouts:
             h.remove()
         self._scouts = []
@@ -235,6 +246,8 @@ class LoopWatch:
     def _backward_end(self) -> None:
         self._callback_queued = False
         grads, trains = [], False
+        for key in self._sentinels.keys() - self.roots.keys():
+            del self._sentinels[key]            # (a model the script has dropped: its parameter must not live on)
         for key, module in list(self.roots.items()):
             p = self._sentinels.get(key)
             if p is None or p.grad is None:
@@ -253,13 +266,17 @@ class LoopWatch:
         self._unapplied = []
         self._backward_done = True
         self._grads = grads
+        self._versions_at_end = self._versions()
 
     def _grads_used(self) -> bool:
         """Whether the gradients the last backward left were set to None, replaced or changed in place since
-        (an update that then clears them). With none to look at (no parameters), the backward is enough."""
+        (an update that then clears them), or the parameters were updated since (by hand, the gradients cleared
+        only after the next forward: PyTorch's own tutorial loop). With none to look at (no parameters), the
+        backward is enough."""
         if not self._grads:
             return True
-        return any(p.grad is None or id(p.grad) != g or p.grad._version != v for p, g, v in self._grads)
+        return (any(p.grad is None or id(p.grad) != g or p.grad._version != v for p, g, v in self._grads)
+                or any(p._version != v for p, v in self._versions_at_end))
 
     def _graph_waiting(self) -> bool:
         return any(g is not None and not g.ran for g in (r() for r in self._graphs))
@@ -268,7 +285,7 @@ class LoopWatch:
         self.boundaries += 1
         self._after_backward = False
         self._graphs.clear()
-        self._grads = []
+        self._grads, self._versions_at_end = [], []
         self._backward_done = False
         self._since = Counter()
         self.mark(source)

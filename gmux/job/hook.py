@@ -25,11 +25,12 @@ from .state import TrackedState, _is_scaler, _is_scheduler
 _installed: Optional[Job] = None
 
 
-def _discover(job: Job, roots) -> None:
-    known = {id(o) for o in job.tracked.optimizers}
-    key = (frozenset(known), frozenset(roots.keys()))
-    if getattr(job, "_discovered", None) == key:
+def _discover(job: Job, watch: LoopWatch) -> None:
+    # Nothing new since the last discovery: no optimizer stepped for the first time, no new model called.
+    if getattr(job, "_discovered", None) == (job.tracked.added, watch.roots_added):
         return
+    known = {id(o) for o in job.tracked.optimizers}
+    roots = watch.roots
     # By type(), not isinstance(): isinstance() reads an object's __class__, which a weakref.proxy forwards (it
     # raises for a dead one and answers for a live one: torch.compile leaves both) and which a deprecated lazy
     # module proxy warns on. A proxy is not the object.
@@ -51,7 +52,7 @@ def _discover(job: Job, roots) -> None:
             job.tracked.add(obj)
         elif _is_scaler(obj):
             job.tracked.add(obj)
-    job._discovered = key
+    job._discovered = (job.tracked.added, watch.roots_added)
 
 
 def install_hook(controller: Optional[Controller] = None, pool=None) -> Job:
@@ -61,8 +62,8 @@ def install_hook(controller: Optional[Controller] = None, pool=None) -> Job:
     if _installed is not None:
         return _installed
     watch: Optional[LoopWatch] = None
-    job = Job(TrackedState(), controller=controller, pool=pool, device="cpu",
-              discover=lambda j: _discover(j, watch.roots))
+    job = Job(TrackedState(weak=True), controller=controller, pool=pool, device="cpu",
+              discover=lambda j: _discover(j, watch))
     job.control = "none yet"
 
     def found_optimizer(optimizer) -> None:

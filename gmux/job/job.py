@@ -392,10 +392,21 @@ def _device_of(tracked: TrackedState) -> torch.device:
     return torch.device("cpu")
 
 
+def _parts(t: torch.Tensor) -> tuple:
+    """A sparse tensor (an Embedding(sparse=True)'s gradient, a graph's CSR adjacency) has no storage of its own:
+    its indices and values do."""
+    if t.layout == torch.sparse_coo:
+        return t._indices(), t._values()
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return t.crow_indices(), t.col_indices(), t.values()
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return t.ccol_indices(), t.row_indices(), t.values()
+    return (t,)
+
+
 def _storage_bytes(tensors: list[torch.Tensor]) -> int:
     seen, total = set(), 0
-    # A sparse tensor (an Embedding(sparse=True)'s gradient) has no storage of its own: its indices and values do.
-    for t in (part for t in tensors for part in ((t._indices(), t._values()) if t.is_sparse else (t,))):
+    for t in (part for t in tensors for part in _parts(t)):
         s = t.untyped_storage()
         if s.data_ptr() not in seen:
             seen.add(s.data_ptr())

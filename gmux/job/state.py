@@ -7,6 +7,7 @@ format serialises and `apply` puts back, once gmux.job.restore_check has found t
 from __future__ import annotations
 
 import random
+import weakref
 from dataclasses import dataclass, field
 import numpy as np
 import torch
@@ -32,6 +33,33 @@ def _is_scaler(obj) -> bool:
     return issubclass(type(obj), torch.amp.GradScaler)
 
 
+class _WeakMembers:
+    """The modules (or optimizers, ...) a script owns, found rather than attached: one the script has dropped
+    leaves the job (a k-fold loop's earlier models, an optimizer made again each epoch), rather than being kept
+    alive by gmux and moved at every suspend."""
+
+    def __init__(self):
+        self._refs: list = []
+
+    def append(self, obj) -> None:
+        self._refs.append(weakref.ref(obj))
+
+    def _live(self) -> list:
+        live = [r() for r in self._refs]
+        if None in live:
+            self._refs = [r for r, o in zip(self._refs, live) if o is not None]
+        return [o for o in live if o is not None]
+
+    def __iter__(self):
+        return iter(self._live())
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    def __getitem__(self, i):
+        return self._live()[i]
+
+
 @dataclass
 class TrackedState:
     modules: list = field(default_factory=list)
@@ -41,6 +69,12 @@ class TrackedState:
     extras: dict = field(default_factory=dict)
     state: dict = field(default_factory=dict)
     generators: list = field(default_factory=list)    # the script's own random generators (generators.py)
+    weak: bool = False      # transparent mode: found objects stay only as long as the script keeps them
+    added: int = 0          # objects added so far (a discovery is over once nothing was added since)
+
+    def __post_init__(self):
+        if self.weak:
+            self.modules, self.optimizers, self.schedulers, self.scalers = (_WeakMembers() for _ in range(4))
 
     def add(self, obj) -> None:
         if isinstance(obj, random.SystemRandom):
@@ -62,6 +96,7 @@ class TrackedState:
                             f"extras= and other values as state=")
         if not any(o is obj for o in target):
             target.append(obj)
+            self.added += 1
 
     # -- tensors the swap engine moves -----------------------------------------------------------------
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:

@@ -6,6 +6,11 @@ usage: hook_patterns.py MODE OUT, MODE one of
   gradient-penalty     WGAN-GP: torch.autograd.grad with create_graph=True before the critic's backward
   flat-buffer          the model's parameters and gradients views of one flat parameter outside any module, the
                        only one its optimizer steps (apex's and Megatron's contiguous buffers)
+  torchscript          a torch.jit.script model (it takes no module hooks of its own)
+  sparse-csr           a graph network whose adjacency is a sparse CSR buffer
+  inference-buffer     a buffer computed under torch.inference_mode() before training
+  tutorial-by-hand     PyTorch's tutorial loop: updated by hand, gradients cleared between forward and backward
+  k-fold               a new model and optimizer per fold, the earlier ones dropped (writes how many live on)
 Writes OUT: torch.save of every model's and optimizer's state, and how many times the hooks ran.
 """
 import sys
@@ -19,6 +24,15 @@ torch.use_deterministic_algorithms(True)
 torch.set_num_threads(1)
 X, Y = torch.randn(30, 8, 8), torch.randn(30, 8, 1)
 fired = []
+
+
+def fit(model, opt, steps=30):
+    for i in range(steps):
+        opt.zero_grad()
+        ((model(X[i]) - Y[i]) ** 2).mean().backward()
+        opt.step()
+
+
 if mode == "accumulator-hooks":
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -31,10 +45,7 @@ if mode == "accumulator-hooks":
             p.grad.mul_(0.5)
         acc.register_hook(scale)
         accumulators.append(acc)
-    for i in range(30):
-        opt.zero_grad()
-        ((model(X[i]) - Y[i]) ** 2).mean().backward()
-        opt.step()
+    fit(model, opt)
     state = {"model": model.state_dict(), "opt": opt.state_dict()}
 elif mode == "optimizer-in-backward":
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
@@ -85,6 +96,62 @@ elif mode == "flat-buffer":
         ((model(X[i]) - Y[i]) ** 2).mean().backward()
         opt.step()
     state = {"model": model.state_dict(), "opt": opt.state_dict()}
+elif mode == "torchscript":
+    model = torch.jit.script(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    fit(model, opt)
+    state = {"model": model.state_dict(), "opt": opt.state_dict()}
+elif mode == "sparse-csr":
+    class Graph(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("adjacency", (torch.rand(8, 8) < 0.3).float().to_sparse_csr())
+            self.lin = nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.lin(self.adjacency @ x)
+    model = Graph()
+    opt = torch.optim.Adam(model.lin.parameters(), lr=1e-2)
+    fit(model, opt)
+    state = {"lin": model.lin.state_dict(), "adjacency": model.adjacency.to_dense(), "opt": opt.state_dict()}
+elif mode == "inference-buffer":
+    class Centred(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("centre", torch.zeros(8))
+            self.lin = nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.lin(x - self.centre)
+    model = Centred()
+    with torch.inference_mode():
+        model.centre = X.reshape(-1, 8).mean(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    fit(model, opt)
+    state = {"model": model.state_dict(), "opt": opt.state_dict()}
+elif mode == "tutorial-by-hand":
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    for i in range(30):
+        loss = ((model(X[i]) - Y[i]) ** 2).sum()
+        model.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 1e-3 * p.grad
+    state = {"model": model.state_dict()}
+elif mode == "k-fold":
+    import gc
+    import weakref
+    dropped = []
+    for fold in range(3):
+        model = nn.Sequential(nn.Linear(8, 256), nn.ReLU(), nn.Linear(256, 1))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        fit(model, opt, 10)
+        if fold < 2:
+            dropped += [weakref.ref(model), weakref.ref(opt)]
+            del model, opt
+            gc.collect()
+    state = {"model": model.state_dict(), "opt": opt.state_dict(), "alive": sum(r() is not None for r in dropped)}
 else:
     sys.exit(f"unknown mode {mode!r}")
 torch.save({**state, "fired": len(fired)}, out)

@@ -54,7 +54,7 @@ class AllocatorTier(Tier):
         if self.suspended:
             raise RuntimeError("suspend: the job is already suspended")
         t0 = time.perf_counter()
-        tensors = [t for t in tensors if t.device == self.device and not t.is_sparse]
+        tensors = [t for t in tensors if t.device == self.device and t.layout == torch.strided]
         placed = {"bytes": 0, "storages": 0}
         if self.routing is None:
             placed = native.place(self.allocator, tensors, tags)

@@ -8,6 +8,8 @@ Mechanism only, like the C under it: whether a job uses any of this is decided i
 """
 from __future__ import annotations
 
+import contextlib
+
 import os
 import threading
 import weakref
@@ -331,7 +333,7 @@ def place(allocator: Allocator, tensors: Iterable, tags: Optional[Iterable[str]]
         raise RuntimeError("place: the allocator is suspended")
     groups: dict[int, tuple] = {}
     for t, tag in zip(tensors, tags):
-        if t.device.type != "cpu" or t.is_sparse:
+        if t.device.type != "cpu" or t.layout != torch.strided:
             raise ValueError(f"place: only dense CPU tensors go to a virtual GPU's memory, got {t.device} {t.layout}")
         storage = t.untyped_storage()
         if storage.nbytes() == 0 or allocator.lookup(storage.data_ptr()) is not None:
@@ -370,7 +372,9 @@ def place(allocator: Allocator, tensors: Iterable, tags: Optional[Iterable[str]]
                         # hooks on the old one (DDP's all-reduce, a script's own) would never fire again.
                         t.data = torch.empty(0, dtype=t.dtype).set_(fresh, t.storage_offset(), t.size(), t.stride())
                     else:
-                        t.set_(fresh, t.storage_offset(), t.size(), t.stride())
+                        # (a buffer made under inference_mode is changed in place only under it)
+                        with torch.inference_mode() if t.is_inference() else contextlib.nullcontext():
+                            t.set_(fresh, t.storage_offset(), t.size(), t.stride())
         placed += total
     return {"bytes": placed, "storages": len(groups)}
 
