@@ -19,9 +19,11 @@ must not be re-pointed under it), no gradient is waiting to be applied, and no o
   written by hand: `p.data.add_(-lr * p.grad)`): at the start of a call of a module that no other module call
   encloses, once a backward has finished since the previous boundary, the gradients it left were used since
   (set to None, replaced, or changed in place, as `zero_grad()` and `p.grad.zero_()` do) or the parameters were
-  updated since (the gradients cleared only after the next forward, as PyTorch's tutorial does), and no graph built
-  since the previous boundary still waits for its backward. Several models per iteration (a hand-written GAN)
-  get one boundary per iteration: the second model's call comes while the first model's graph still waits.
+  updated between module calls since (the gradients cleared only after the next forward, as PyTorch's tutorial
+  does; a change inside a call, an Embedding's max_norm, is not an update), and no graph built since the
+  previous boundary still waits for its backward. Several models per iteration (a hand-written GAN) get at most
+  one boundary per model updated: where the second model's call comes while the first model's graph still
+  waits, one per iteration.
   A backward that leaves no gradient on a model that trains (`torch.autograd.grad`, a gradient penalty's) is
   not the iteration's.
   Once any optimizer steps, only its steps are boundaries (one per iteration, not two).
@@ -78,8 +80,10 @@ class LoopWatch:
         self._backward_done = False     # a backward finished since the previous boundary
         self._callback_queued = False
         self._grads: list = []          # (param, id(grad), grad._version) as the last backward left them
-        self._sentinels: dict = {}      # root id -> a parameter whose gradient tells whether grads were used
-        self._optimizers: set = set()
+        self._sentinels: dict = {}      # root id -> (the root, weakly; a parameter whose gradient tells whether
+                                        # grads were used)
+        self._optimizers: set = set()   # ids of the optimizers that stepped ...
+        self._alive: "weakref.WeakValueDictionary[int, torch.optim.Optimizer]" = weakref.WeakValueDictionary()
         self._round: Optional[Counter] = None   # steps per optimizer in one iteration; None while learning
         self._starter: Optional[int] = None
         self._since: Counter = Counter()
@@ -88,6 +92,7 @@ class LoopWatch:
         self._versions_at_start: list = []   # (parameter, version) when the current backward began
         self._unapplied: list = []      # the same, for a backward that left no gradient, until they move
         self._versions_at_end: list = []     # the same, when the last backward that left gradients ended
+        self._versions_at_enter: list = []   # their versions when the outermost call in progress began
         self._handles = [register_optimizer_step_pre_hook(self._step_pre),
                          register_optimizer_step_post_hook(self._step_post)]
         # (always_call: a call that raises still leaves, or the depth would stay up and no boundary come again)
@@ -106,8 +111,23 @@ class LoopWatch:
     # -- optimizer steps --------------------------------------------------------------------------------
     def _step_pre(self, optimizer, args, kwargs) -> None:
         self._in_step += 1
-        if id(optimizer) not in self._optimizers:
+        if self._alive.get(id(optimizer)) is not optimizer:
+            self._forget_dropped()
+            self._alive[id(optimizer)] = optimizer
             self.on_optimizer(optimizer)
+
+    def _forget_dropped(self) -> None:
+        """... while alive: one the script dropped (made again each epoch) leaves the round, and its id, which a
+        new one may get, is free again."""
+        for key in self._optimizers - set(self._alive.keys()):
+            self._optimizers.discard(key)
+            self._since.pop(key, None)
+            if self._round is not None:
+                self._round.pop(key, None)
+            if self._starter == key:
+                self._starter = None
+        if not self._round:
+            self._round = None
 
     def _step_post(self, optimizer, args, kwargs) -> None:
         self._in_step -= 1
@@ -155,7 +175,8 @@ class LoopWatch:
         if self._depth == 1:
             if id(module) not in self.roots:
                 self.roots[id(module)] = module
-                self.roots_added += 1
+                if next(module.parameters(), None) is not None or next(module.buffers(), None) is not None:
+                    self.roots_added += 1       # (one that holds nothing, a loss made each call, is not news)
                 self.on_root(module)
             self._outer_calls += 1
             self._enter()
@@ -207,8 +228,16 @@ class LoopWatch:
             return
         if self._grads_used() and not self._graph_waiting():
             self._boundary(MODULE)
+        elif self._versions_at_end:
+            self._versions_at_enter = [p._version for p, _ in self._versions_at_end]
 
     def _leave(self, output) -> None:
+        if self._versions_at_enter:
+            # A parameter changed in place inside the call (an Embedding with max_norm renormalises its weight in
+            # its forward) was not updated: only changes between calls are.
+            self._versions_at_end = [(p, p._version if at == v else v)
+                                     for (p, v), at in zip(self._versions_at_end, self._versions_at_enter)]
+            self._versions_at_enter = []
         if torch.is_grad_enabled():
             self._watch(output)
 
@@ -238,7 +267,7 @@ class LoopWatch:
         """(parameter, version) of a trained parameter of each outermost module: an update by hand moves it."""
         out = []
         for module in list(self.roots.values()):
-            p = next((q for q in module.parameters() if q.requires_grad), None)
+            p = next((q for q in module.parameters() if q.requires_grad and not q.is_inference()), None)
             if p is not None:
                 out.append((p, p._version))
         return out
@@ -249,13 +278,13 @@ class LoopWatch:
         for key in self._sentinels.keys() - self.roots.keys():
             del self._sentinels[key]            # (a model the script has dropped: its parameter must not live on)
         for key, module in list(self.roots.items()):
-            p = self._sentinels.get(key)
-            if p is None or p.grad is None:
+            owner, p = self._sentinels.get(key, (None, None))
+            if owner is None or owner() is not module or p.grad is None:   # (another model may get a dead one's id)
                 p = next((q for q in module.parameters() if q.grad is not None), None)
                 if p is None:
                     trains = trains or any(q.requires_grad for q in module.parameters())
                     continue
-                self._sentinels[key] = p
+                self._sentinels[key] = (weakref.ref(module), p)
             grads.append((p, id(p.grad), p.grad._version))
         if trains and not grads:
             # No gradient left on a model that trains: torch.autograd.grad. The iteration's backward only if the
@@ -285,7 +314,7 @@ class LoopWatch:
         self.boundaries += 1
         self._after_backward = False
         self._graphs.clear()
-        self._grads, self._versions_at_end = [], []
+        self._grads, self._versions_at_end, self._versions_at_enter = [], [], []
         self._backward_done = False
         self._since = Counter()
         self.mark(source)

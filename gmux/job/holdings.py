@@ -139,7 +139,8 @@ class Unchanged:
 
     def mark(self) -> None:
         self._marks = [(weakref.ref(t), t._version) for m in self.modules
-                       for t in list(m.parameters()) + list(m.buffers())]
+                       for t in list(m.parameters()) + list(m.buffers())
+                       if not t.is_inference()]     # (made under inference_mode: no version counter)
 
     def keys(self) -> set:
         return {_key(t) for t, v in ((ref(), v) for ref, v in self._marks) if t is not None and t._version == v}

@@ -38,8 +38,8 @@ class _WeakMembers:
     leaves the job (a k-fold loop's earlier models, an optimizer made again each epoch), rather than being kept
     alive by gmux and moved at every suspend."""
 
-    def __init__(self):
-        self._refs: list = []
+    def __init__(self, given=()):
+        self._refs: list = [weakref.ref(o) for o in given]
 
     def append(self, obj) -> None:
         self._refs.append(weakref.ref(obj))
@@ -74,7 +74,8 @@ class TrackedState:
 
     def __post_init__(self):
         if self.weak:
-            self.modules, self.optimizers, self.schedulers, self.scalers = (_WeakMembers() for _ in range(4))
+            self.modules, self.optimizers, self.schedulers, self.scalers = (
+                _WeakMembers(given) for given in (self.modules, self.optimizers, self.schedulers, self.scalers))
 
     def add(self, obj) -> None:
         if isinstance(obj, random.SystemRandom):

@@ -11,6 +11,10 @@ usage: hook_patterns.py MODE OUT, MODE one of
   inference-buffer     a buffer computed under torch.inference_mode() before training
   tutorial-by-hand     PyTorch's tutorial loop: updated by hand, gradients cleared between forward and backward
   k-fold               a new model and optimizer per fold, the earlier ones dropped (writes how many live on)
+  optimizer-per-epoch  an optimizer with momentum made again each epoch (writes the epochs gmux did not track it)
+  accumulate-max-norm  updated by hand after 4 accumulated micro-batches, each after a no_grad call of the model
+                       for its targets, the model an Embedding with max_norm (renormalised in its forward)
+  inference-teacher    distillation from a teacher built under torch.inference_mode, first called after a step
 Writes OUT: torch.save of every model's and optimizer's state, and how many times the hooks ran.
 """
 import sys
@@ -152,6 +156,42 @@ elif mode == "k-fold":
             del model, opt
             gc.collect()
     state = {"model": model.state_dict(), "opt": opt.state_dict(), "alive": sum(r() is not None for r in dropped)}
+elif mode == "optimizer-per-epoch":
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    untracked = []
+    for epoch in range(10):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        fit(model, opt, 3)
+        job = sys.modules.get("gmux.job.api") and sys.modules["gmux.job.api"].current()
+        if job is not None and not any(o is opt for o in job.tracked.optimizers):
+            untracked.append(epoch)
+    state = {"model": model.state_dict(), "untracked": untracked}
+elif mode == "accumulate-max-norm":
+    model = nn.Sequential(nn.Embedding(50, 8, max_norm=1.0), nn.Flatten(), nn.Linear(32, 4))
+    tokens = torch.randint(0, 50, (40, 6, 4))
+    for step in range(10):
+        for micro in range(4):
+            with torch.no_grad():
+                target = model(tokens[step * 4 + micro]).softmax(-1)
+            logits = model(tokens[step * 4 + micro])
+            (-(target * logits.log_softmax(-1)).sum() / 4).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+        model.zero_grad()
+    state = {"model": model.state_dict()}
+elif mode == "inference-teacher":
+    with torch.inference_mode():
+        teacher = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for i in range(30):
+        with torch.inference_mode():
+            target = teacher(X[i]) if i else Y[i]
+        opt.zero_grad()
+        ((model(X[i]) - target.clone()) ** 2).mean().backward()
+        opt.step()
+    state = {"model": model.state_dict(), "teacher": {k: v.clone() for k, v in teacher.state_dict().items()}}
 else:
     sys.exit(f"unknown mode {mode!r}")
 torch.save({**state, "fired": len(fired)}, out)

@@ -8,7 +8,6 @@ Mechanism only, like the C under it: whether a job uses any of this is decided i
 """
 from __future__ import annotations
 
-import contextlib
 
 import os
 import threading
@@ -367,14 +366,16 @@ def place(allocator: Allocator, tensors: Iterable, tags: Optional[Iterable[str]]
                 torch.empty(0, dtype=torch.uint8).set_(fresh).copy_(
                     torch.empty(0, dtype=torch.uint8).set_(storage))
                 for t in views:
-                    if t.is_leaf and t.requires_grad:
+                    if t.is_inference():
+                        # (made under inference_mode: changed in place only under it, no accumulator to keep)
+                        with torch.inference_mode():
+                            t.set_(fresh, t.storage_offset(), t.size(), t.stride())
+                    elif t.is_leaf and t.requires_grad:
                         # `.data =`, not set_(): set_() gives a trained leaf a new gradient accumulator, and the
                         # hooks on the old one (DDP's all-reduce, a script's own) would never fire again.
                         t.data = torch.empty(0, dtype=t.dtype).set_(fresh, t.storage_offset(), t.size(), t.stride())
                     else:
-                        # (a buffer made under inference_mode is changed in place only under it)
-                        with torch.inference_mode() if t.is_inference() else contextlib.nullcontext():
-                            t.set_(fresh, t.storage_offset(), t.size(), t.stride())
+                        t.set_(fresh, t.storage_offset(), t.size(), t.stride())
         placed += total
     return {"bytes": placed, "storages": len(groups)}
 

@@ -58,6 +58,21 @@ _storage_of = torch.Tensor.untyped_storage
 _set_data = torch.Tensor.data.__set__
 
 
+def _repoint(ts: list, srcs) -> None:
+    """`t.data = src` for each, in C. A tensor made under torch.inference_mode (a teacher loaded that way) is
+    re-pointed with set_() under inference_mode instead: `.data =` would leave it unusable there, and it has no
+    gradient accumulator to keep."""
+    if not any(map(torch.Tensor.is_inference, ts)):
+        _each(_set_data, ts, srcs)
+        return
+    for t, src in zip(ts, srcs):
+        if t.is_inference():
+            with torch.inference_mode():
+                t.set_(src)
+        else:
+            _set_data(t, src)
+
+
 def _each(fn, *columns) -> None:
     """fn over the columns, for its effect, looped in C."""
     deque(map(fn, *columns), maxlen=0)
@@ -185,7 +200,7 @@ class StateTier(Tier):
             empty = self._empty
             for dt in set(dtypes).difference(empty):
                 empty[dt] = torch.empty(0, dtype=dt, device=self.device)
-            _each(_set_data, ts, map(empty.__getitem__, dtypes))
+            _repoint(ts, map(empty.__getitem__, dtypes))
             # The plan must not keep a re-pointed storage alive: that memory is what the suspend gives back.
             plan.storages = [s if ip else None for s, ip in zip(plan.storages, plan.in_place)]
 
@@ -253,7 +268,7 @@ class StateTier(Tier):
             # new() of the empty tensor it holds: same dtype and device, without parsing them again per tensor
             empty, ts, owner = self._empty, plan.tensors, plan.owner
             for i, dtype, (offset, size, stride) in zip(plan.moved(), plan.dtypes, plan.layouts):
-                ts[i].data = empty[dtype].new().set_(fresh[owner[i]], offset, size, stride)
+                _repoint([ts[i]], [empty[dtype].new().set_(fresh[owner[i]], offset, size, stride)])
         self._plan = None
         self._host_views.clear()
         self.suspended = False
