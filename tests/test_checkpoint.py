@@ -369,3 +369,32 @@ def test_a_parameter_in_no_attached_module_is_refused_unless_in_extras(tmp):
         gj.attach(model2, opt2, extras={"scale": scale2}).restore(path)
         assert torch.equal(scale2, scale) and scale2.item() != 1.0
         assert_identical(model.state_dict(), model2.state_dict(), "model")
+
+
+def test_a_restore_refills_the_containers_the_script_holds():
+    """`losses = []; attach(state={"losses": losses})` and the script appends to `losses`: after a restore it must
+    go on from the restored list (it went on from its empty one, and its outputs lost the moved-from run's part)."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    saved_by = gj.attach(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         state={"losses": [0.5, 0.25], "metrics": {"best": 0.25, "seen": [1, 2]}, "step": 2,
+                                "note": ("a", 1)})
+    sink = io.BytesIO()
+    saved_by.checkpoint(sink)
+    losses, seen = [], []
+    metrics = {"best": 9.0, "seen": seen}
+    model = nn.Linear(4, 2)
+    job = gj.attach(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                    state={"losses": losses, "metrics": metrics, "step": 0, "note": ()})
+    job.restore(io.BytesIO(sink.getvalue()))
+    assert losses == [0.5, 0.25] and job.state["losses"] is losses
+    assert metrics == {"best": 0.25, "seen": [1, 2]} and job.state["metrics"] is metrics and metrics["seen"] is seen
+    assert job.state["step"] == 2 and job.state["note"] == ("a", 1)
+
+
+def test_a_numpy_array_in_state_is_refused_by_name():
+    import numpy as np
+    job, _ = _job()
+    job.state["curve"] = np.arange(3.0)
+    with pytest.raises(ckpt.CheckpointError, match=r"NumPy float64 array \(\[0\. 1\. 2\.\]\): store it as a tensor"):
+        job.checkpoint(io.BytesIO())

@@ -99,9 +99,9 @@ class Row(NamedTuple):
 def _split(obj, tensors: list, zeros: list):
     if isinstance(obj, (np.float64, np.int64, np.bool_)):   # state["best"] = np.mean(...): computes as .item()
         return obj.item()
-    if isinstance(obj, np.generic):
-        raise CheckpointError(f"the job's state holds a NumPy {obj.dtype} value ({str(obj)[:40]}), which a Python "
-                              f"number would not compute like: store it as a 0-d tensor, or as float() or int()")
+    if isinstance(obj, (np.generic, np.ndarray)):   # (a Python number or list would not compute like it)
+        raise CheckpointError(f"the job's state holds a NumPy {obj.dtype} {'array' if obj.ndim else 'value'} "
+                              f"({str(obj)[:40]}): store it as a tensor (torch.from_numpy), float(), int() or a list")
     if isinstance(obj, Zeros):
         zeros.append(len(tensors))
         obj = obj.tensor

@@ -201,11 +201,27 @@ class TrackedState:
                 s.load_state_dict(sd)
             for name, t in self.extras.items():
                 t.copy_(snap["extras"][name])
+        restored = {k: _refill(self.state.get(k), v) for k, v in snap["state"].items()}
         self.state.clear()
-        self.state.update(snap["state"])
+        self.state.update(restored)
         restore_rng(snap["rng"])
         for g, saved in zip(self.generators, snap.get("generators", [])):
             gens.apply(g, saved)
+
+
+def _refill(live, saved):
+    """The restored value, put into the list or dict the script holds (inside them too), so that a script that
+    kept one (`losses = []; attach(state={"losses": losses})`) goes on with the restored values, not the ones it
+    had at its start. Anything else (numbers, strings, tuples, tensors) comes back as the restored object."""
+    if type(live) is list and type(saved) is list:
+        live[:] = [_refill(a, b) for a, b in zip(live, saved)] + saved[len(live):]
+    elif type(live) is dict and type(saved) is dict:
+        values = {k: _refill(live.get(k), v) for k, v in saved.items()}
+        live.clear()
+        live.update(values)
+    else:
+        return saved
+    return live
 
 
 # -- random streams ---------------------------------------------------------------------------------------
