@@ -98,7 +98,8 @@ class Fence:
                 self.fenced.add(cjob)
                 self._refused.discard(cjob)
                 return
-            said, _ = cjob in self._refused, self._refused.add(cjob)
+            said = cjob in self._refused
+            self._refused.add(cjob)
         if not said:
             log.warning("could not suspend %s while cut off from the scheduler (tried again every half second): %s",
                         cjob, error)

@@ -289,7 +289,7 @@ class ClusterLink:
             if msg.type == "reply":
                 if msg.get("ok"):
                     self.fence.heard(msg.get("data"), time.monotonic())
-                if not msg.get("ok") and msg.get("error") not in self._refusals:
+                elif msg.get("error") not in self._refusals:
                     self._refusals.add(msg.get("error"))      # (each report is refused alike: said once)
                     log.warning("scheduler refused: %s", msg.get("error"))
                 return

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 from gmux import protocol
 
 GRACE_S = 10.0          # a suspend waits for its job's next boundary; a kill for the process to end
-FENCED_S = 2.0          # a resume of a job its link suspended, cut off (gmux.node.cluster_fence), is sent at once
+FENCED_S = 2.0          # a fenced job's resume (gmux.node.cluster_fence), on its way, is not sent again sooner
 RESENT = ("suspend", "resume", "kill", "move")
 
 

@@ -8,7 +8,6 @@ Mechanism only, like the C under it: whether a job uses any of this is decided i
 """
 from __future__ import annotations
 
-
 import os
 import threading
 import weakref
