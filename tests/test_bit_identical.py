@@ -144,6 +144,37 @@ def test_a_move_keeps_the_loaders_generator_and_numpy_and_random_streams(tmp):
     assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
 
 
+def test_a_move_replays_what_the_script_drew_at_its_epochs_start(tmp):
+    """A script that draws an order of its own list of batches (random.sample) and the epoch's loss weight from
+    numpy and torch at each epoch's start, before job.data: moved mid-epoch in epochs 0 and 1, the new process
+    draws the same order and weight again (the streams are put back to the epoch's start when job.epochs
+    re-enters it, and to the checkpoint's once the batches are replayed)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+    run_py(script, f"{tmp}/solo.pt", "--epoch-draws")
+    run_py(script, f"{tmp}/x.pt", "--epoch-draws", "--migrate-at", "5", "--checkpoint", f"{tmp}/a.ckpt")
+    run_py(script, f"{tmp}/x.pt", "--epoch-draws", "--restore", f"{tmp}/a.ckpt", "--migrate-at", "17",
+           "--checkpoint", f"{tmp}/b.ckpt")
+    run_py(script, f"{tmp}/moved.pt", "--epoch-draws", "--restore", f"{tmp}/b.ckpt")
+    assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
+
+
+def test_a_move_with_workers_started_in_an_earlier_epoch_is_refused_and_the_job_runs_on(tmp):
+    """persistent_workers=True: workers started in epoch 0 carry their random state into epoch 1, which a new
+    process cannot give them, so a move asked for in epoch 1 is refused (said on the job's stderr) and the job
+    ends where it is, as if never asked; one asked for in epoch 0, where they start, moves exactly."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+    args = ["--workers", "2", "--persistent"]
+    run_py(script, f"{tmp}/solo.pt", *args)
+    stayed = run_py(script, f"{tmp}/stayed.pt", *args, "--migrate-at", "17", "--checkpoint", f"{tmp}/a.ckpt")
+    assert "gmux: move refused, the job runs on here: its loader's persistent_workers were started" in stayed.stderr
+    assert not os.path.exists(f"{tmp}/a.ckpt")
+    assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/stayed.pt"), "model")
+    run_py(script, f"{tmp}/x.pt", *args, "--migrate-at", "5", "--checkpoint", f"{tmp}/b.ckpt")
+    run_py(script, f"{tmp}/moved.pt", *args, "--restore", f"{tmp}/b.ckpt")
+    assert not os.path.exists(f"{tmp}/x.pt")
+    assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
+
+
 @pytest.mark.parametrize("sampler", ["weighted", "subset"])
 def test_a_move_keeps_a_samplers_own_generator(sampler, tmp):
     """The epoch's order drawn by a sampler's own torch.Generator (WeightedRandomSampler, SubsetRandomSampler):

@@ -398,3 +398,44 @@ def test_a_numpy_array_in_state_is_refused_by_name():
     job.state["curve"] = np.arange(3.0)
     with pytest.raises(ckpt.CheckpointError, match=r"NumPy float64 array \(\[0\. 1\. 2\.\]\): store it as a tensor"):
         job.checkpoint(io.BytesIO())
+
+
+class _Counting(nn.Module):
+    """A layer keeping statistics of its own in buffers registered with persistent=False (not in state_dict())."""
+    def __init__(self, stats=4):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.register_buffer("seen", torch.zeros((), dtype=torch.long), persistent=False)
+        if stats:
+            self.register_buffer("mean", torch.zeros(stats), persistent=False)
+        self.register_buffer("unset", None, persistent=False)
+
+    def forward(self, x):
+        self.seen += x.shape[0]
+        self.mean.mul_(0.9).add_(0.1 * x.detach().mean(0))
+        return self.linear(x)
+
+
+def test_buffers_outside_state_dict_come_back():
+    """Before: a new process restored the weights and left `seen` and `mean` at zero, so its outputs drifted."""
+    torch.manual_seed(0)
+    model = nn.Sequential(_Counting(), nn.ReLU(), _Counting())
+    job = gj.attach(model)
+    for _ in range(3):
+        model(torch.randn(5, 4))
+    sink = io.BytesIO()
+    job.checkpoint(sink)
+    other_model = nn.Sequential(_Counting(), nn.ReLU(), _Counting())
+    gj.attach(other_model).restore(io.BytesIO(sink.getvalue()))
+    for name in ("0.seen", "0.mean", "2.seen", "2.mean"):
+        assert torch.equal(model.get_buffer(name), other_model.get_buffer(name)), name
+    assert int(other_model[0].seen) == 15 and other_model[0].unset is None
+    # One the job does not have, or of another shape, is refused naming it, and nothing changes.
+    for wrong, problem in ((nn.Sequential(_Counting(), nn.ReLU(), _Counting(None)), r"module 0 buffers not in "
+                            r"state_dict: \['0.mean', '0.seen', '2.mean', '2.seen'\], the job has \['0.mean', "),
+                           (nn.Sequential(_Counting(), nn.ReLU(), _Counting(2)),
+                            r"module 0 buffer '2.mean': shape \(4,\), the job has \(2,\)")):
+        before = [t.clone() for t in wrong.buffers()]
+        with pytest.raises(ckpt.CheckpointError, match=problem):
+            gj.attach(wrong).restore(io.BytesIO(sink.getvalue()))
+        assert all(torch.equal(a, b) for a, b in zip(before, wrong.buffers()))

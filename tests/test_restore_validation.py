@@ -122,6 +122,28 @@ def test_a_bad_rng_state_is_refused_before_the_weights_change(tmp):
     refused(tmp, forge.written(snap), r"rng 'numpy'")
 
 
+def test_bad_epoch_start_streams_are_refused_before_anything_changes(tmp):
+    """The streams job.epochs kept at the epoch's start are checked as the checkpoint's own are; a checkpoint
+    written before they existed (no key) still restores."""
+    job = small_job()
+    job.position.epoch_streams = job.tracked.streams()
+    snap = job.snapshot()
+    snap["position"]["epoch_streams"]["rng"]["torch"] = torch.zeros(5056, dtype=torch.uint8)
+    refused(tmp, forge.written(snap), r"position 'epoch_streams' rng 'torch': .*Invalid mt19937 state")
+    snap["position"]["epoch_streams"] = {"rng": snap["rng"]}
+    refused(tmp, forge.written(snap), r"position 'epoch_streams': a dict, the job has a dict of rng and generators")
+    snap["position"]["epoch_streams"] = {"rng": {**snap["rng"], "python": (3, (1,), None)}, "generators": []}
+    refused(tmp, forge.written(snap), r"position 'epoch_streams' rng 'python'")
+    snap = small_job().snapshot()
+    del snap["position"]["epoch_streams"]
+    path = os.path.join(tmp, "old.ckpt")
+    with open(path, "wb") as f:
+        f.write(forge.written(snap))
+    other = small_job(seed=1)
+    other.restore(path)
+    assert other.position.epoch_streams is None and other.position.index == 2
+
+
 def test_a_non_numeric_step_count_or_position_is_refused_before_anything_changes(tmp):
     """Before: int('many') failed after the weights, optimizer and RNG had been restored."""
     snap = small_job().snapshot()

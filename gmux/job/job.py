@@ -18,6 +18,7 @@ import io
 import os
 import stat
 import struct
+import sys
 import time
 import weakref
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
@@ -27,7 +28,7 @@ import torch
 from gmux.util.splice import PipeWriter
 from . import checkpoint as ckpt, holdings
 from .control import Command, Controller, LocalController
-from .data import DataPosition, batches, epochs
+from .data import DataPosition, Epoch, batches, epochs
 from .memory import choose_tier
 from .memory.tier import exact_device
 from .memory.limit import adopt, host_memory
@@ -117,12 +118,18 @@ class Job:
 
     def epochs(self, count: int) -> Iterator[int]:
         """`for epoch in job.epochs(n)`: continues from the restored epoch."""
-        return epochs(self.position, count)
+        return epochs(self.position, count, self.tracked)
 
     def data(self, loader: Iterable) -> Iterator[Any]:
         """One epoch of `loader`, with its position tracked; marks a boundary before each fetch unless the
         script marks them itself."""
-        return batches(self.position, loader, self._boundary_from_iterator, self.tracked.generators)
+        return Epoch(self.position, batches(self.position, loader, self._boundary_from_iterator, self.tracked))
+
+    def enumerate(self, loader: Iterable) -> Iterator[tuple[int, Any]]:
+        """`for i, batch in job.enumerate(loader)`: job.data with each batch's index in its epoch, which goes on
+        from where a restore put the epoch (enumerate() would count from 0 again)."""
+        for batch in self.data(loader):
+            yield self.position.index - 1, batch
 
     def _report(self, now: float) -> None:
         self._next_report = now + REPORT_EVERY_S
@@ -216,6 +223,8 @@ class Job:
         """A move's new process runs the script from its start and attaches what it builds there: an optimizer
         given parameter groups since (add_param_group: progressive unfreezing) is rebuilt without them and
         cannot take this state. Refused here, while the job can still run on where it is."""
+        if self.position.unmovable:
+            raise RuntimeError(self.position.unmovable)
         for i, (then, now) in enumerate(zip(self._groups_at_attach, self._group_sizes())):
             if then != now:
                 raise RuntimeError(f"optimizer {i}'s parameter groups changed since attach (sizes {then} then, {now} "
@@ -228,6 +237,9 @@ class Job:
             figures = action()
         except Exception as e:  # the job keeps its last good state; the driver hears why
             self.controller.reply(command, {"ok": False, "error": f"{command.kind} failed: {e}"})
+            if command.kind in ("checkpoint", "migrate"):     # (the script's own log says why it was not moved)
+                print(f"gmux: {'move' if command.kind == 'migrate' else 'checkpoint'} refused, the job runs on "
+                      f"here: {e}", file=sys.stderr)
             return False
         self.controller.reply(command, {"ok": True, **figures})
         return True

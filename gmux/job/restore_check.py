@@ -28,9 +28,9 @@ from .checkpoint import DTYPES, CheckpointError, Row, TensorRef
 from .data import generator_states
 from .state import StateMismatch
 
-SECTIONS = ("modules", "grads", "optimizers", "schedulers", "scalers", "extras", "state", "rng", "position",
-            "steps", "generators")
-OPTIONAL = ("generators",)      # (absent from checkpoints written before it existed: none)
+SECTIONS = ("modules", "buffers", "grads", "optimizers", "schedulers", "scalers", "extras", "state", "rng",
+            "position", "steps", "generators")
+OPTIONAL = ("generators", "buffers")      # (absent from checkpoints written before they existed)
 PARAM, SCALAR = "like the parameter", "a scalar"
 
 
@@ -139,6 +139,8 @@ class Fit:
         if len(skel["grads"]) != len(skel["modules"]):
             self.fail(f"'grads': {len(skel['grads'])} items, the job has {len(skel['modules'])}")
         self.modules(skel["modules"], skel["grads"])
+        if "buffers" in skel:
+            self.buffers(skel["buffers"])
         for i, (sd, opt) in enumerate(zip(skel["optimizers"], self.job.tracked.optimizers)):
             self.optimizer(i, sd, opt, self.live["optimizers"][i])
         for kind, name in (("schedulers", "scheduler"), ("scalers", "scaler")):
@@ -270,6 +272,19 @@ class Fit:
         if "_growth_tracker" in sd:
             self.counter(sd["_growth_tracker"], f"scaler {i} '_growth_tracker'")
 
+    def buffers(self, buffers) -> None:
+        """The modules' persistent=False buffers: the job's names, dtypes and shapes."""
+        if not isinstance(buffers, list) or len(buffers) != len(self.live["buffers"]):
+            self.fail(f"'buffers': {describe(buffers)}, the job has a list of {len(self.live['buffers'])}")
+        for i, (saved, live) in enumerate(zip(buffers, self.live["buffers"])):
+            if not isinstance(saved, dict):
+                self.fail(f"module {i} buffers: {describe(saved)}, the job has a dict")
+            if set(saved) != set(live):
+                self.fail(f"module {i} buffers not in state_dict: {sorted(map(str, saved))[:8]}, the job has "
+                          f"{sorted(live)[:8]}", StateMismatch)
+            for name, t in live.items():
+                self.tensor(saved[name], _dtype(t), tuple(t.shape), f"module {i} buffer '{name}'")
+
     def extras(self, extras) -> None:
         if not isinstance(extras, dict):
             self.fail(f"'extras': {describe(extras)}, the job has a dict")
@@ -281,57 +296,60 @@ class Fit:
                 self.fail(f"extra tensor '{name}' is not in the checkpoint", StateMismatch)
             self.tensor(extras[name], _dtype(t), tuple(t.shape), f"extra tensor '{name}'")
 
-    def rng(self, rng) -> None:
+    def rng(self, rng, where: str = "rng") -> None:
         live = self.live["rng"]
         if not isinstance(rng, dict):
-            self.fail(f"'rng': {describe(rng)}, the job has a dict")
-        self.keys(rng, live, "'rng'")
+            self.fail(f"'{where}': {describe(rng)}, the job has a dict")
+        self.keys(rng, live, f"'{where}'")
         py = rng["python"]
         if not (type(py) is tuple and len(py) == 3 and type(py[1]) is tuple
                 and all(type(x) is int for x in py[1]) and type(py[0]) is int and type(py[2]) in (type(None), float)):
-            self.fail("rng 'python': not a Python random state (version, 625 integers, gauss)")
+            self.fail(f"{where} 'python': not a Python random state (version, 625 integers, gauss)")
         try:
             random.Random().setstate(py)    # a scratch generator: the job's own is untouched
         except (TypeError, ValueError, OverflowError) as e:
-            self.fail(f"rng 'python': {e}")
+            self.fail(f"{where} 'python': {e}")
         np_state = rng["numpy"]
         if not (type(np_state) is tuple and len(np_state) == 5 and np_state[0] == "MT19937"
                 and type(np_state[2]) is int and type(np_state[3]) is int and type(np_state[4]) in (int, float)):
-            self.fail("rng 'numpy': not a NumPy MT19937 state")
-        self.alike(np_state[1], live["numpy"][1], "rng 'numpy' keys")
-        self.alike(rng["torch"], live["torch"], "rng 'torch'")
+            self.fail(f"{where} 'numpy': not a NumPy MT19937 state")
+        self.alike(np_state[1], live["numpy"][1], f"{where} 'numpy' keys")
+        self.alike(rng["torch"], live["torch"], f"{where} 'torch'")
         cuda = rng["cuda"]
         if not isinstance(cuda, list) or len(cuda) > 1024:
-            self.fail(f"rng 'cuda': {describe(cuda)}, the job has a list of device states")
+            self.fail(f"{where} 'cuda': {describe(cuda)}, the job has a list of device states")
         for k, s in enumerate(cuda):
-            row = self.row(s, f"rng 'cuda'[{k}]")
+            row = self.row(s, f"{where} 'cuda'[{k}]")
             if row.dtype != "uint8" or row.shape not in ((16,), (8,)):
-                self.fail(f"rng 'cuda'[{k}]: {row.dtype} {row.shape}, the job has uint8 (16,)")
+                self.fail(f"{where} 'cuda'[{k}]: {row.dtype} {row.shape}, the job has uint8 (16,)")
             self.vouched += row.nbytes
 
-    def generators(self, saved) -> None:
+    def generators(self, saved, where: str = "") -> None:
         """The script's own generators: as many, of the same kinds; a state with tensors (torch's, NumPy's
         legacy one) is shaped like the job's here and tried in `values`, the others are tried now."""
         live, objs = self.live["generators"], self.job.tracked.generators
         if not isinstance(saved, list):
-            self.fail(f"'generators': {describe(saved)}, the job has a list")
+            self.fail(f"'{where}generators': {describe(saved)}, the job has a list")
         if len(saved) != len(live):
             self.fail(f"the checkpoint holds {len(saved)} random generators but this job attached {len(live)}",
                       StateMismatch)
         for i, (s, lv, g) in enumerate(zip(saved, live, objs)):
             if not (isinstance(s, dict) and set(s) == {"kind", "state"}) or s["kind"] != lv["kind"]:
                 what = s.get("kind") if isinstance(s, dict) else describe(s)
-                self.fail(f"generator {i}: {str(what)[:40]}, the job attached a {lv['kind']} generator",
+                self.fail(f"{where}generator {i}: {str(what)[:40]}, the job attached a {lv['kind']} generator",
                           StateMismatch)
             if lv["kind"] in ("torch", "numpy_legacy"):
-                self.alike(s["state"], lv["state"], f"generator {i}")
+                self.alike(s["state"], lv["state"], f"{where}generator {i}")
             elif problem := gens.problem(s, g):
-                self.fail(f"generator {i}: {problem}")
+                self.fail(f"{where}generator {i}: {problem}")
 
     def position(self, pos) -> None:
         if not isinstance(pos, dict):
             self.fail(f"'position': {describe(pos)}, the job has a dict")
-        self.keys(pos, self.job.position.to_dict(), "'position'")
+        live = self.job.position.to_dict()
+        if "epoch_streams" not in pos:      # (written before it existed)
+            live.pop("epoch_streams")
+        self.keys(pos, live, "'position'")
         self.counter(pos["epoch"], "position 'epoch'")
         self.counter(pos["index"], "position 'index'")
         if not isinstance(pos["marked_by_script"], bool):
@@ -348,25 +366,36 @@ class Fit:
             if row.dtype != "uint8" or row.shape not in (rng_shape, (16,)):
                 self.fail(f"position 'epoch_generator': {row.dtype} {row.shape}, the job has a generator state")
             self.vouched += row.nbytes
+        streams = pos.get("epoch_streams")
+        if streams is not None:
+            if not (isinstance(streams, dict) and set(streams) == {"rng", "generators"}):
+                self.fail(f"position 'epoch_streams': {describe(streams)}, the job has a dict of rng and generators")
+            self.rng(streams["rng"], "position 'epoch_streams' rng")
+            self.generators(streams["generators"], "position 'epoch_streams' ")
 
     # -- pass 2: the data, still before anything is applied -------------------------------------------------
     def values(self, snap: dict) -> None:
-        self.generator(snap["rng"]["torch"], "rng 'torch'")
+        self.streams(snap["rng"], snap.get("generators", []), "")
         self.generator(snap["position"]["epoch_rng"], "position 'epoch_rng'")
         for state in generator_states(snap["position"]["epoch_generator"]):
             if state.numel() != 16:
                 self.generator(state, "position 'epoch_generator'")
+        if (streams := snap["position"].get("epoch_streams")) is not None:
+            self.streams(streams["rng"], streams["generators"], "position 'epoch_streams' ")
+
+    def streams(self, rng: dict, generators: list, where: str) -> None:
+        self.generator(rng["torch"], f"{where}rng 'torch'")
         try:
-            np.random.RandomState().set_state(gens.legacy_state(snap["rng"]["numpy"]))
+            np.random.RandomState().set_state(gens.legacy_state(rng["numpy"]))
         except (TypeError, ValueError, OverflowError) as e:
-            self.fail(f"rng 'numpy': {e}")
-        for i, (s, g) in enumerate(zip(snap.get("generators", []), self.job.tracked.generators)):
+            self.fail(f"{where}rng 'numpy': {e}")
+        for i, (s, g) in enumerate(zip(generators, self.job.tracked.generators)):
             if problem := gens.problem(s, g):
-                self.fail(f"generator {i}: {problem}")
-        cuda = snap["rng"]["cuda"]
+                self.fail(f"{where}generator {i}: {problem}")
+        cuda = rng["cuda"]
         if cuda and torch.cuda.is_available():
             for k, s in enumerate(cuda[: torch.cuda.device_count()]):
-                self.generator(s, f"rng 'cuda'[{k}]", device=f"cuda:{k}")
+                self.generator(s, f"{where}rng 'cuda'[{k}]", device=f"cuda:{k}")
 
     def generator(self, state: Optional[torch.Tensor], where: str, device: str = "cpu") -> None:
         if state is None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 import weakref
 from dataclasses import dataclass, field
+from typing import Iterator
+
 import numpy as np
 import torch
 from torch import nn
@@ -151,15 +153,25 @@ class TrackedState:
             grads.append({n: p.grad for n, p in m.named_parameters() if p.grad is not None})
         return {
             "modules": [m.state_dict(keep_vars=True) for m in self.modules],
+            "buffers": [dict(transient_buffers(m)) for m in self.modules],
             "grads": grads,
             "optimizers": [{**o.state_dict(), "__gmux_type__": type(o).__name__} for o in self.optimizers],
             "schedulers": [s.state_dict() for s in self.schedulers],
             "scalers": [s.state_dict() for s in self.scalers],
             "extras": dict(self.extras),
             "state": dict(self.state),
-            "rng": capture_rng(),
-            "generators": [gens.capture(g) for g in self.generators],
+            **self.streams(),
         }
+
+    def streams(self) -> dict:
+        """The process's random streams and the script's own generators, as a checkpoint holds them."""
+        return {"rng": capture_rng(), "generators": [gens.capture(g) for g in self.generators]}
+
+    def set_streams(self, saved: dict) -> None:
+        """Only for states restore_check.Fit has passed."""
+        restore_rng(saved["rng"])
+        for g, state in zip(self.generators, saved.get("generators", [])):
+            gens.apply(g, state)
 
     def _check_parameters_held(self) -> None:
         """Every parameter an optimizer steps must be in a checkpoint: in an attached module or in extras=. One
@@ -199,14 +211,27 @@ class TrackedState:
                 s.load_state_dict(sd)
             for s, sd in zip(self.scalers, snap["scalers"]):
                 s.load_state_dict(sd)
+            for m, saved in zip(self.modules, snap.get("buffers", [])):
+                live = dict(transient_buffers(m))
+                for name, t in saved.items():
+                    live[name].copy_(t)
             for name, t in self.extras.items():
                 t.copy_(snap["extras"][name])
         restored = {k: _refill(self.state.get(k), v) for k, v in snap["state"].items()}
         self.state.clear()
         self.state.update(restored)
-        restore_rng(snap["rng"])
-        for g, saved in zip(self.generators, snap.get("generators", [])):
-            gens.apply(g, saved)
+        self.set_streams(snap)
+
+
+def transient_buffers(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The buffers registered with persistent=False, by their dotted names: not in state_dict(), yet a model may
+    change them in training (running statistics of its own, a step counter), and a new process would start them
+    from their initial values."""
+    for prefix, sub in module.named_modules():
+        for name in sub._non_persistent_buffers_set:
+            t = sub._buffers.get(name)
+            if t is not None:
+                yield f"{prefix}.{name}" if prefix else name, t
 
 
 def _refill(live, saved):

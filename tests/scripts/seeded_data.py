@@ -10,7 +10,10 @@ usage: seeded_data.py OUT [--accum N] [--own-generators [--unattached]] [--sampl
 --own-generators: the noise comes from generators the script holds (a NumPy Generator and RandomState, a
 random.Random, a torch.Generator), attached with the model; --unattached: not attached (a move then changes it);
 --sampler weighted|subset: the epoch's order comes from a WeightedRandomSampler's or SubsetRandomSampler's own
-generator, not the loader's (--attach-sampler: that generator attached with the model too).
+generator, not the loader's (--attach-sampler: that generator attached with the model too);
+--workers N: the loader's workers (--persistent: persistent_workers=True);
+--epoch-draws: no loader: at each epoch's start the script draws an order of its list of batches (random.sample)
+and the epoch's loss weight from numpy and torch, before job.data walks the list in that order.
 """
 import argparse
 import random
@@ -53,6 +56,9 @@ def main() -> int:
     p.add_argument("--unattached", action="store_true")
     p.add_argument("--sampler", choices=["weighted", "subset"])
     p.add_argument("--attach-sampler", action="store_true")
+    p.add_argument("--epoch-draws", action="store_true")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--persistent", action="store_true")
     a = p.parse_args()
     torch.manual_seed(0)
     np.random.seed(0)
@@ -66,7 +72,8 @@ def main() -> int:
                    if a.sampler == "weighted" else torch.utils.data.SubsetRandomSampler(range(88), generator=g))
         loader = torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler)
     else:
-        loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True,
+        loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, num_workers=a.workers,
+                                             persistent_workers=a.persistent,
                                              generator=torch.Generator().manual_seed(7))
     attached = ([] if a.unattached else data.gens) + ([loader.sampler.generator] if a.attach_sampler else [])
     job = gmux.job.attach(model, optimizer, *attached, state={"step": 0})
@@ -74,9 +81,14 @@ def main() -> int:
         job.restore(a.restore)
         if a.move_again:
             job.controller.send("migrate", path=a.checkpoint)
+    listed = [(data.x[k:k + 8], data.y[k:k + 8]) for k in range(0, len(data), 8)]
     for _ in job.epochs(4):
-        for i, (x, y) in enumerate(job.data(loader)):
-            torch.nn.functional.mse_loss(model(x), y).backward()
+        weight = 1.0
+        if a.epoch_draws:
+            order = random.sample(listed, len(listed))
+            weight = float(np.random.uniform(0.5, 1.5)) * float(torch.rand(()) + 0.5)
+        for i, (x, y) in job.enumerate(order if a.epoch_draws else loader):
+            (weight * torch.nn.functional.mse_loss(model(x), y)).backward()
             if (i + 1) % a.accum:
                 continue
             optimizer.step()
