@@ -87,6 +87,16 @@ def test_truncated_file_is_refused(tmp):
         _refused(path, "truncated|not a gmux checkpoint")
 
 
+def test_a_damaged_length_field_is_named_with_what_it_claims(tmp):
+    """Before: a flipped high byte in frame 0's length read "truncated inside frame 0", as a cut file does."""
+    path = _written(tmp)
+    data = bytearray(open(path, "rb").read())
+    length_at = len(ckpt.MAGIC) + 2 + 1          # after the magic, the version and frame 0's kind
+    data[length_at + 2] ^= 0x01                  # +65,536 bytes claimed
+    open(path, "wb").write(bytes(data))
+    _refused(path, r"truncated or damaged: frame 0 says \d+ bytes follow, and only \d+ remain")
+
+
 def test_wrong_version_is_refused(tmp):
     path = _written(tmp)
     data = bytearray(open(path, "rb").read())

@@ -248,14 +248,20 @@ class _Frames:
     def payload(self, length: int) -> memoryview:
         data = self.read(length)
         if len(data) < length:
-            raise CheckpointError(self.origin, f"truncated inside frame {self.index}")
+            raise self._short(length, len(data))
         self._crc = crc32(data, self._crc)
         return memoryview(data)
 
     def payload_into(self, view: memoryview) -> None:
-        if self.read.into(view) < len(view):
-            raise CheckpointError(self.origin, f"truncated inside frame {self.index}")
+        got = self.read.into(view)
+        if got < len(view):
+            raise self._short(len(view), got)
         self._crc = crc32(view, self._crc)
+
+    def _short(self, length: int, got: int) -> CheckpointError:
+        # (a damaged length field reads the same as a cut file: both are named)
+        return CheckpointError(self.origin, f"truncated or damaged: frame {self.index} says {length} bytes follow, "
+                                            f"and only {got} remain")
 
     def close(self) -> int:
         """Checks the frame just read against its trailer; returns the checksum (END's frames_crc32 chains
