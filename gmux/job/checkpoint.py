@@ -62,9 +62,8 @@ MAX_FREE = 256 << 20  # tensors the job cannot vouch for (in state=), read from 
 MAX_RANK = 64
 
 DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
-    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-    torch.float8_e4m3fn, torch.float8_e5m2)}
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex128, torch.int64,
+    torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2)}
 
 
 class CheckpointError(ValueError):
@@ -83,8 +82,7 @@ class TensorRef:
 
 @dataclass(frozen=True)
 class Zeros:
-    """Wraps a tensor in a snapshot to be written: its dtype and shape are recorded, its values are not; it
-    reads back as zeros."""
+    """A tensor in a snapshot to be written whose dtype and shape are recorded, not its values: it reads as zeros."""
     tensor: torch.Tensor
 
 
@@ -248,20 +246,16 @@ class _Frames:
     def payload(self, length: int) -> memoryview:
         data = self.read(length)
         if len(data) < length:
-            raise self._short(length, len(data))
+            raise CheckpointError(self.origin, f"truncated or damaged: frame {self.index} says {length} bytes "
+                                               f"follow, and only {len(data)} remain")
         self._crc = crc32(data, self._crc)
         return memoryview(data)
 
     def payload_into(self, view: memoryview) -> None:
-        got = self.read.into(view)
-        if got < len(view):
-            raise self._short(len(view), got)
+        if (got := self.read.into(view)) < len(view):
+            raise CheckpointError(self.origin, f"truncated or damaged: frame {self.index} says {len(view)} bytes "
+                                               f"follow, and only {got} remain")
         self._crc = crc32(view, self._crc)
-
-    def _short(self, length: int, got: int) -> CheckpointError:
-        # (a damaged length field reads the same as a cut file: both are named)
-        return CheckpointError(self.origin, f"truncated or damaged: frame {self.index} says {length} bytes follow, "
-                                            f"and only {got} remain")
 
     def close(self) -> int:
         """Checks the frame just read against its trailer; returns the checksum (END's frames_crc32 chains
