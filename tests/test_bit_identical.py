@@ -175,6 +175,26 @@ def test_a_move_with_workers_started_in_an_earlier_epoch_is_refused_and_the_job_
     assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
 
 
+@pytest.mark.parametrize("mode, steps", [("validate", (5, 10)), ("eval-inside", (3, 7)), ("zip", (2, 5)),
+                                         ("tqdm", (3, 7)), ("epoch-end", (5, 8)), ("steps", (3, 13))])
+def test_loops_beyond_one_loader_per_epoch_move_exactly(mode, steps, tmp):
+    """Validation through job.data after training or inside it, two loaders zipped, a loader inside a progress
+    bar, a boundary closing the epoch after its scheduler step, a loop by steps without job.epochs: each moved at
+    two steps, once each, ends as the run never moved. Before: validation's position replaced the training
+    loader's (the move trained the rest of the epoch again), zip crashed with StopIteration or drifted, the
+    bar hid the loader's generator, the epoch's tail ran twice, the numpy sampler drew another order."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "data_loops.py")
+    run_py(script, f"{tmp}/solo.pt", "--mode", mode)
+    solo = torch.load(f"{tmp}/solo.pt")
+    for at in steps:
+        run_py(script, f"{tmp}/x.pt", "--mode", mode, "--migrate-at", str(at), "--checkpoint", f"{tmp}/{at}.ckpt")
+        assert not os.path.exists(f"{tmp}/x.pt") and os.path.exists(f"{tmp}/{at}.ckpt"), f"no move at step {at}"
+        run_py(script, f"{tmp}/moved.pt", "--mode", mode, "--restore", f"{tmp}/{at}.ckpt")
+        moved = torch.load(f"{tmp}/moved.pt")
+        assert_identical(solo["model"], moved["model"], f"model, moved at step {at}")
+        assert solo["val"] == moved["val"] and solo["lr"] == moved["lr"], at
+
+
 @pytest.mark.parametrize("sampler", ["weighted", "subset"])
 def test_a_move_keeps_a_samplers_own_generator(sampler, tmp):
     """The epoch's order drawn by a sampler's own torch.Generator (WeightedRandomSampler, SubsetRandomSampler):

@@ -134,8 +134,25 @@ def test_bad_epoch_start_streams_are_refused_before_anything_changes(tmp):
     refused(tmp, forge.written(snap), r"position 'epoch_streams': a dict, the job has a dict of rng and generators")
     snap["position"]["epoch_streams"] = {"rng": {**snap["rng"], "python": (3, (1,), None)}, "generators": []}
     refused(tmp, forge.written(snap), r"position 'epoch_streams' rng 'python'")
+    # The streams at the loader's start and the loaders read beside it are checked alike.
+    job = small_job()
+    job.position.data_streams = job.tracked.streams()
+    snap = job.snapshot()
+    snap["position"]["data_streams"]["rng"]["numpy"] = ("MT19937", torch.full((624,), -1, dtype=torch.int64), 0, 0, 0.0)
+    refused(tmp, forge.written(snap), r"position 'data_streams' rng 'numpy'")
+    snap = job.snapshot()
+    snap["position"]["beside"] = [{"index": 1, "streams": snap["rng"]}]
+    refused(tmp, forge.written(snap), r"position 'beside'\[0\]: a dict, the job has a dict of index, streams")
+    snap["position"]["beside"] = [{"index": -1, "streams": {"rng": snap["rng"], "generators": []}, "generators": []}]
+    refused(tmp, forge.written(snap), r"position 'beside'\[0\] 'index': -1, which is negative")
+    snap["position"]["beside"] = [{"index": 1, "streams": {"rng": snap["rng"], "generators": []},
+                                   "generators": [torch.zeros(3, dtype=torch.uint8)]}]
+    refused(tmp, forge.written(snap), r"position 'beside'\[0\] 'generators': uint8 \(3,\), the job has a generator")
+    snap["position"]["beside"] = [{}] * 65
+    refused(tmp, forge.written(snap), r"position 'beside': a list")
     snap = small_job().snapshot()
-    del snap["position"]["epoch_streams"]
+    for key in ("epoch_streams", "data_streams", "beside"):
+        del snap["position"][key]
     path = os.path.join(tmp, "old.ckpt")
     with open(path, "wb") as f:
         f.write(forge.written(snap))

@@ -1,8 +1,9 @@
 """The data position: which epoch a job is in and how many batches of it it has consumed.
 
 A job restored in a new process must see exactly the batches it would have seen. The shuffle of an epoch
-and the seeds of its loader workers are drawn from torch's random stream (or the loader's generator) when the
-epoch's iterator starts, so the position keeps that stream's state as it was at the epoch's start. Restoring
+and the seeds of its loader workers are drawn from the random streams (torch's, or numpy's for a sampler of the
+script's own, or the loader's generator) when the epoch's iterator starts, so the position keeps them as they
+were at the loader's start. Restoring
 mid-epoch rebuilds the iterator from it and replays the batches already consumed (the workers load them
 again, in the same order and with the same seeds, so any randomness inside them repeats too), then puts the
 random streams back to where the checkpoint left them.
@@ -11,6 +12,9 @@ What the script itself draws when an epoch begins (a list of batches it shuffles
 strength) comes before its job.data call, so the position also keeps every random stream as it was when
 job.epochs entered the epoch: a restore puts them back there when job.epochs re-enters it, the script draws
 the same again, and the replay ends with the streams where the checkpoint left them.
+
+One loader per epoch marks the boundaries (batches()); others read while it is, or after it, are read beside it
+(validation, zip), and a boundary after it closes the epoch (DataPosition.to_dict).
 
 Limits, stated where users look: a loader whose persistent_workers were started in an earlier epoch carries
 their seed and random state from then, which a new process cannot give new workers, so a move is refused in
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import gc
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
@@ -40,20 +44,61 @@ class DataPosition:
     marked_by_script: bool = False
     # Every random stream (TrackedState.streams) when job.epochs entered the epoch; None outside job.epochs.
     epoch_streams: Optional[dict] = None
+    # Every random stream when the epoch's loader started: a sampler drawing from numpy or `random` replays
+    # alike (None in older files: only epoch_rng).
+    data_streams: Optional[dict] = None
+    # Other loaders being read beside the epoch's at the checkpoint (zip(job.data(a), job.data(b))), in the order
+    # the script made them: Reading.to_dict()s, each replayed by the data() call of the same rank.
+    beside: list = field(default_factory=list)
     replay: bool = False                            # set by a restore: the next data() call fast-forwards
     # While a restored epoch is re-entered: the streams as the checkpoint left them, put back after the replay.
     at_checkpoint: Optional[dict] = None
     unmovable: Optional[str] = None     # why this epoch cannot continue exactly in a new process (a move refuses)
+    # The loader whose reading marks the boundaries this epoch; whether that reading is under way; whether it
+    # has reached its end (a boundary then ends the epoch); the other readings under way.
+    loader: Any = None
+    reading: bool = False
+    ended: bool = False
+    others: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
+        if self.ended and not self.reading:
+            # A boundary after the epoch's loader was read to its end (job.boundary() closing the epoch): a new
+            # process starts the next epoch, not this one's tail again.
+            # Its loader's generators go on from where this epoch left them: the next epoch's shuffle.
+            states = [g.get_state() for g in loader_generators(self.loader)]
+            return {"epoch": self.epoch + 1, "index": 0, "epoch_rng": None, "epoch_generator": _one_or_list(states),
+                    "marked_by_script": self.marked_by_script, "epoch_streams": None, "data_streams": None,
+                    "beside": []}
         return {"epoch": self.epoch, "index": self.index, "epoch_rng": self.epoch_rng,
                 "epoch_generator": self.epoch_generator, "marked_by_script": self.marked_by_script,
-                "epoch_streams": self.epoch_streams}
+                "epoch_streams": self.epoch_streams, "data_streams": self.data_streams,
+                "beside": [r.to_dict() for r in self.others]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "DataPosition":
         return cls(int(d["epoch"]), int(d["index"]), d["epoch_rng"], d["epoch_generator"],
-                   bool(d["marked_by_script"]), d.get("epoch_streams"), replay=d["index"] > 0)
+                   bool(d["marked_by_script"]), d.get("epoch_streams"), d.get("data_streams"),
+                   list(d.get("beside") or []), replay=d["index"] > 0)
+
+    def ended_at_checkpoint(self) -> bool:
+        """Restored from a checkpoint taken once its epoch's loader was done: `epoch_generator` holds that
+        loader's generators as they were then, for the next epoch's loader to go on from."""
+        return self.index == 0 and self.epoch_rng is None and self.epoch_generator is not None
+
+    def start_epoch(self) -> None:
+        self.index, self.replay, self.loader, self.reading, self.ended = 0, False, None, False, False
+        self.beside, self.others = [], []
+
+
+class Reading:
+    """A loader read beside the epoch's own (no boundaries of its own): where it started and how far it got."""
+
+    def __init__(self, streams: dict, generators: list):
+        self.index, self.streams, self.generators = 0, streams, generators
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "streams": self.streams, "generators": self.generators}
 
 
 def loader_generators(loader) -> list:
@@ -67,6 +112,10 @@ def loader_generators(loader) -> list:
         if isinstance(g, torch.Generator) and all(g is not f for f in found):
             found.append(g)
     return found
+
+
+def _one_or_list(states: list):
+    return None if not states else states[0] if len(states) == 1 else states
 
 
 def generator_states(saved) -> list:
@@ -94,23 +143,40 @@ def epochs(position: DataPosition, count: int, tracked) -> Iterator[int]:
             position.epoch_streams = tracked.streams()
         yield position.epoch
         position.epoch += 1
-        position.index = 0
-        position.replay = False
+        position.start_epoch()
+
+
+def unwrapped(loader):
+    """The loader inside a progress bar (tqdm's `.iterable`), whose generators and identity are the epoch's."""
+    inner = getattr(loader, "iterable", None)
+    return inner if inner is not None and type(loader).__name__ == "tqdm" else loader
 
 
 def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[], None], tracked) -> Iterator[Any]:
-    """Iterates one epoch of `loader`; calls `before_fetch` before every fetch after the first. `tracked`: the
-    job's TrackedState (its random streams, which the replay draws from)."""
-    generators = loader_generators(loader)
-    position.unmovable = reused_workers(loader)
-    # A restored job resumes just after the boundary its checkpoint was taken at: do not mark that one twice.
-    skip_mark = position.replay
+    """One epoch of `loader`, made ready now (a restored epoch fast-forwarded) and read lazily; calls
+    `before_fetch` before every fetch after the first. `tracked`: the job's TrackedState (its random streams,
+    which the replay draws from).
+
+    The epoch's loader is the first one read in the epoch (read again once done, as a loop by steps does); a
+    loader read while it is (zip(job.data(a), job.data(b)), an evaluation inside the loop) or another one after
+    it (validation) is read beside it: no boundaries, so no checkpoint falls inside it, and one under way at a
+    checkpoint is fast-forwarded by the new process's data() call of the same rank."""
+    inner = unwrapped(loader)
+    # (another loader after the epoch's, only inside job.epochs: a loop of its own over epochs makes each anew)
+    after = position.epoch_streams is not None and position.loader is not None and position.loader is not inner
+    if position.reading or after:
+        return _beside(position, loader, tracked)
+    position.loader, position.reading, position.ended = inner, True, False
+    generators = loader_generators(inner)
+    position.unmovable = reused_workers(inner)
     if position.replay:
         # The streams are as the checkpoint left them (it holds them), or job.epochs kept them so while the
         # script drew its epoch's start again: the replay's draws are put back. The loader's generators (its
-        # own, its sampler's) start the replay where the epoch's start left them in the first process, and the
-        # replay leaves them where they were at the checkpoint (an attached one is put back with the others).
+        # own, its sampler's) start the replay where the epoch's start left them in the first process, and
+        # the replay leaves them where they were at the checkpoint (an attached one is put back too).
         at_checkpoint = position.at_checkpoint or tracked.streams()
+        if position.data_streams is not None:
+            tracked.set_streams(position.data_streams)
         torch.set_rng_state(position.epoch_rng)
         states = generator_states(position.epoch_generator)
         if len(states) != len(generators):
@@ -118,27 +184,79 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[],
                   f"{len(generators)}: the epoch's order after the move may differ", file=sys.stderr)
         for g, state in zip(generators, states):
             g.set_state(state)
-        it = iter(loader)
-        for _ in range(position.index):
-            next(it)
+        it = _replayed(loader, position.index)
         tracked.set_streams(at_checkpoint)
         position.replay, position.at_checkpoint = False, None
+        # A restored job resumes just after the boundary its checkpoint was taken at: not marked twice.
+        return _read(position, it, before_fetch, skip_mark=True)
+    if position.ended_at_checkpoint():
+        for g, state in zip(generators, generator_states(position.epoch_generator)):
+            g.set_state(state)
+    position.index = 0
+    position.data_streams = tracked.streams()
+    position.epoch_rng = position.data_streams["rng"]["torch"]
+    position.epoch_generator = _one_or_list([g.get_state() for g in generators])
+    return _read(position, iter(loader), before_fetch, skip_mark=False)
+
+
+def _read(position: DataPosition, it: Iterator, before_fetch: Callable[[], None], skip_mark: bool) -> Iterator:
+    try:
+        while True:
+            if position.index and not skip_mark:
+                before_fetch()
+            skip_mark = False
+            try:
+                batch = next(it)
+            except StopIteration:
+                position.ended = True
+                return
+            position.index += 1
+            yield batch
+    finally:
+        position.reading = False
+
+
+def _beside(position: DataPosition, loader: Iterable, tracked) -> Iterator[Any]:
+    generators = loader_generators(unwrapped(loader))
+    saved = position.beside.pop(0) if position.beside else None
+    if saved is not None:
+        now = tracked.streams()
+        tracked.set_streams(saved["streams"])
+        for g, state in zip(generators, saved["generators"]):
+            g.set_state(state)
+        reading = Reading(saved["streams"], saved["generators"])
+        reading.index = saved["index"]
+        it = _replayed(loader, reading.index)
+        tracked.set_streams(now)
     else:
-        position.index = 0
-        position.epoch_rng = torch.get_rng_state()
-        states = [g.get_state() for g in generators]
-        position.epoch_generator = None if not states else states[0] if len(states) == 1 else states
+        reading = Reading(tracked.streams(), [g.get_state() for g in generators])
         it = iter(loader)
-    while True:
-        if position.index and not skip_mark:
-            before_fetch()
-        skip_mark = False
+    position.others.append(reading)
+    return _read_beside(position, reading, it)
+
+
+def _read_beside(position: DataPosition, reading: Reading, it: Iterator) -> Iterator:
+    try:
+        for batch in it:
+            reading.index += 1
+            yield batch
+    finally:
+        if reading in position.others:
+            position.others.remove(reading)
+
+
+def _replayed(loader: Iterable, count: int) -> Iterator[Any]:
+    """`loader`'s iterator with `count` batches fetched and dropped; one with fewer batches than that is read to
+    its end (said on stderr: the data changed since the checkpoint)."""
+    it = iter(loader)
+    for k in range(count):
         try:
-            batch = next(it)
+            next(it)
         except StopIteration:
-            return
-        position.index += 1
-        yield batch
+            print(f"gmux: the checkpoint is {count} batches into this loader and it has {k}: the data changed "
+                  f"since, and its epoch ends here", file=sys.stderr)
+            break
+    return it
 
 
 class Epoch:
@@ -146,9 +264,8 @@ class Epoch:
     index starts at 0 again in the middle of the epoch (any `i % n` or `i < k` the script computes from it then
     differs from the run it continues)."""
 
-    def __init__(self, position: DataPosition, batches: Iterator[Any]):
-        self._batches = batches
-        self._restored_at = position.index if position.replay else 0
+    def __init__(self, batches: Iterator[Any], restored_at: int):
+        self._batches, self._restored_at = batches, restored_at
 
     def __iter__(self) -> "Epoch":
         return self

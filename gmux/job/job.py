@@ -94,8 +94,11 @@ class Job:
 
     # -- boundaries ----------------------------------------------------------------------------------------
     def boundary(self) -> None:
-        """Marks the end of a mini-batch. With nothing pending: a timestamp and a non-blocking poll."""
-        self.position.marked_by_script = True
+        """Marks the end of a mini-batch. With nothing pending: a timestamp and a non-blocking poll. Called inside
+        a job.data loop, the script marks its boundaries from then on (job.data's fetches are not: gradient
+        accumulation); after the loop, it closes the epoch (a move then continues with the next one)."""
+        if self.position.reading:
+            self.position.marked_by_script = True
         self._boundary()
 
     def _boundary(self) -> None:
@@ -123,7 +126,8 @@ class Job:
     def data(self, loader: Iterable) -> Iterator[Any]:
         """One epoch of `loader`, with its position tracked; marks a boundary before each fetch unless the
         script marks them itself."""
-        return Epoch(self.position, batches(self.position, loader, self._boundary_from_iterator, self.tracked))
+        restored_at = self.position.index if self.position.replay else 0
+        return Epoch(batches(self.position, loader, self._boundary_from_iterator, self.tracked), restored_at)
 
     def enumerate(self, loader: Iterable) -> Iterator[tuple[int, Any]]:
         """`for i, batch in job.enumerate(loader)`: job.data with each batch's index in its epoch, which goes on

@@ -347,8 +347,9 @@ class Fit:
         if not isinstance(pos, dict):
             self.fail(f"'position': {describe(pos)}, the job has a dict")
         live = self.job.position.to_dict()
-        if "epoch_streams" not in pos:      # (written before it existed)
-            live.pop("epoch_streams")
+        for key in ("epoch_streams", "data_streams", "beside"):
+            if key not in pos:      # (written before it existed)
+                live.pop(key)
         self.keys(pos, live, "'position'")
         self.counter(pos["epoch"], "position 'epoch'")
         self.counter(pos["index"], "position 'index'")
@@ -362,16 +363,35 @@ class Fit:
         else:
             self.tensor(pos["epoch_rng"], "uint8", rng_shape, "position 'epoch_rng'")
         for state in generator_states(pos["epoch_generator"]):
-            row = self.row(state, "position 'epoch_generator'")
-            if row.dtype != "uint8" or row.shape not in (rng_shape, (16,)):
-                self.fail(f"position 'epoch_generator': {row.dtype} {row.shape}, the job has a generator state")
-            self.vouched += row.nbytes
-        streams = pos.get("epoch_streams")
-        if streams is not None:
-            if not (isinstance(streams, dict) and set(streams) == {"rng", "generators"}):
-                self.fail(f"position 'epoch_streams': {describe(streams)}, the job has a dict of rng and generators")
-            self.rng(streams["rng"], "position 'epoch_streams' rng")
-            self.generators(streams["generators"], "position 'epoch_streams' ")
+            self.generator_row(state, "position 'epoch_generator'", rng_shape)
+        for key in ("epoch_streams", "data_streams"):
+            if pos.get(key) is not None:
+                self.streams_layout(pos[key], f"position '{key}'")
+        beside = pos.get("beside", [])
+        if not isinstance(beside, list) or len(beside) > 64:
+            self.fail(f"position 'beside': {describe(beside)}, the job has a list of loaders read beside its own")
+        for i, reading in enumerate(beside):
+            where = f"position 'beside'[{i}]"
+            if not (isinstance(reading, dict) and set(reading) == {"index", "streams", "generators"}):
+                self.fail(f"{where}: {describe(reading)}, the job has a dict of index, streams and generators")
+            self.counter(reading["index"], f"{where} 'index'")
+            self.streams_layout(reading["streams"], f"{where} 'streams'")
+            if not isinstance(reading["generators"], list) or len(reading["generators"]) > 16:
+                self.fail(f"{where} 'generators': {describe(reading['generators'])}, the job has a list of states")
+            for state in reading["generators"]:
+                self.generator_row(state, f"{where} 'generators'", rng_shape)
+
+    def streams_layout(self, streams, where: str) -> None:
+        if not (isinstance(streams, dict) and set(streams) == {"rng", "generators"}):
+            self.fail(f"{where}: {describe(streams)}, the job has a dict of rng and generators")
+        self.rng(streams["rng"], f"{where} rng")
+        self.generators(streams["generators"], f"{where} ")
+
+    def generator_row(self, state, where: str, rng_shape: tuple) -> None:
+        row = self.row(state, where)
+        if row.dtype != "uint8" or row.shape not in (rng_shape, (16,)):
+            self.fail(f"{where}: {row.dtype} {row.shape}, the job has a generator state")
+        self.vouched += row.nbytes
 
     # -- pass 2: the data, still before anything is applied -------------------------------------------------
     def values(self, snap: dict) -> None:
@@ -380,8 +400,15 @@ class Fit:
         for state in generator_states(snap["position"]["epoch_generator"]):
             if state.numel() != 16:
                 self.generator(state, "position 'epoch_generator'")
-        if (streams := snap["position"].get("epoch_streams")) is not None:
-            self.streams(streams["rng"], streams["generators"], "position 'epoch_streams' ")
+        pos = snap["position"]
+        for key in ("epoch_streams", "data_streams"):
+            if pos.get(key) is not None:
+                self.streams(pos[key]["rng"], pos[key]["generators"], f"position '{key}' ")
+        for i, reading in enumerate(pos.get("beside", [])):
+            self.streams(reading["streams"]["rng"], reading["streams"]["generators"], f"position 'beside'[{i}] ")
+            for state in reading["generators"]:
+                if state.numel() != 16:
+                    self.generator(state, f"position 'beside'[{i}] 'generators'")
 
     def streams(self, rng: dict, generators: list, where: str) -> None:
         self.generator(rng["torch"], f"{where}rng 'torch'")

@@ -1,0 +1,119 @@
+"""Data loops as scripts write them beyond one loader per epoch. Moved into a new process, each must end with the
+weights of an uninterrupted run (tests/test_bit_identical.py).
+
+usage: data_loops.py OUT --mode MODE [--migrate-at STEP --checkpoint PATH] [--restore PATH]
+
+modes:
+  validate     each epoch's validation through job.data too, after training (dropout on); the move is asked for
+               during the validation after STEP;
+  eval-inside  an evaluation through job.data every 3 steps, inside the training loop;
+  zip          zip(job.data(a), job.data(b)), each loader with its own generator;
+  tqdm         job.data(tqdm(loader)), the loader with its own generator (the bar hides it);
+  epoch-end    StepLR stepped after each epoch's loop, then job.boundary(): the move is asked for there;
+  steps        no job.epochs: job.data made again whenever it ends, a sampler shuffling with numpy, a step budget.
+"""
+import argparse
+import sys
+
+import numpy as np
+import torch
+from torch import nn
+
+import gmux.job
+
+
+class NumpyShuffled(torch.utils.data.Sampler):
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return iter(np.random.permutation(self.n).tolist())
+
+
+def loader(seed: int, n: int = 40, shuffle: bool = True, **kw):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+    if "sampler" in kw or not shuffle:
+        return torch.utils.data.DataLoader(data, batch_size=8, **kw)
+    return torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(seed))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--mode", required=True,
+                   choices=["validate", "eval-inside", "zip", "tqdm", "epoch-end", "steps"])
+    p.add_argument("--migrate-at", type=int)
+    p.add_argument("--checkpoint")
+    p.add_argument("--restore")
+    a = p.parse_args()
+    torch.manual_seed(0)
+    np.random.seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.2), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    # (a validation loader shuffled by a generator of its own would need it attached: gmux sees its state only
+    # while it is read)
+    train, other = loader(1), loader(2, 24, shuffle=a.mode == "zip")
+    job = gmux.job.attach(model, opt, sched, state={"step": 0, "val": [], "asked": False})
+    if a.restore:
+        job.restore(a.restore)
+
+    def ask(where: str):
+        asked_here = {"validate": "validate", "epoch-end": "epoch-end"}.get(a.mode, "step")
+        if where == asked_here and a.migrate_at is not None and job.state["step"] >= a.migrate_at \
+                and not job.state["asked"]:
+            job.state["asked"] = True
+            job.controller.send("migrate", path=a.checkpoint)
+
+    def step(x, y):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        job.state["step"] += 1
+        ask("step")
+
+    def evaluate():
+        with torch.no_grad():       # dropout stays on: evaluation draws from torch's stream too
+            losses = []
+            for x, y in job.data(other):
+                losses.append(float(nn.functional.mse_loss(model(x), y)))
+                ask(a.mode)
+            job.state["val"].append(sum(losses))
+
+    if a.mode == "steps":
+        train = loader(1, sampler=NumpyShuffled(40))
+        while job.state["step"] < 17:
+            for x, y in job.data(train):
+                step(x, y)
+                if job.state["step"] == 17:
+                    break
+    for _ in job.epochs(0 if a.mode == "steps" else 3):
+        if a.mode == "zip":
+            for (x, y), (x2, y2) in zip(job.data(train), job.data(other)):
+                step(torch.cat([x, x2]), torch.cat([y, y2]))
+        elif a.mode == "tqdm":
+            from tqdm import tqdm
+            for x, y in job.data(tqdm(train, disable=True)):
+                step(x, y)
+        else:
+            for x, y in job.data(train):
+                step(x, y)
+                if a.mode == "eval-inside" and job.state["step"] % 3 == 0:
+                    evaluate()
+        if a.mode == "validate":
+            evaluate()
+        if a.mode == "epoch-end":
+            sched.step()
+            ask("epoch-end")
+            job.boundary()
+    torch.save({"model": model.state_dict(), "val": job.state["val"], "lr": sched.get_last_lr()}, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
