@@ -83,12 +83,22 @@ class SeedableRandomSampler(torch.utils.data.RandomSampler):
 
 def _hf(**changes):
     args = dict(world_size=1, ignore_data_skip=False, dataloader_num_workers=0)
-    trainer = dict(is_deepspeed_enabled=False, is_fsdp_enabled=False, train_dataset=TensorDataset(torch.zeros(8)))
+    trainer = dict(is_deepspeed_enabled=False, is_fsdp_enabled=False, train_dataset=TensorDataset(torch.zeros(8)),
+                   data_collator=None)
     sampler = changes.pop("sampler", None)
     for k, v in changes.items():
         (args if k in args else trainer)[k] = v
     loader = SimpleNamespace(batch_sampler=SimpleNamespace(sampler=sampler or SeedableRandomSampler(range(8))))
     return huggingface.why_not_movable(SimpleNamespace(args=SimpleNamespace(**args), **trainer), loader)
+
+
+class DataCollatorForLanguageModeling:      # (transformers' class, as far as the check reads it)
+    def __init__(self, mlm: bool):
+        self.mlm = mlm
+
+
+class DataCollatorForWholeWordMask(DataCollatorForLanguageModeling):
+    pass
 
 
 class Stream(IterableDataset):
@@ -103,9 +113,12 @@ def test_huggingface_moves_only_where_its_resume_is_exact():
                            ({"world_size": 2}, "2 processes"), ({"ignore_data_skip": True}, "ignore_data_skip"),
                            ({"train_dataset": Stream()}, "IterableDataset"),
                            ({"dataloader_num_workers": 2}, "worker processes"),
-                           ({"sampler": torch.utils.data.RandomSampler(range(8))}, "RandomSampler")):
+                           ({"sampler": torch.utils.data.RandomSampler(range(8))}, "RandomSampler"),
+                           ({"data_collator": DataCollatorForLanguageModeling(mlm=True)}, "draws masks"),
+                           ({"data_collator": DataCollatorForWholeWordMask(mlm=True)}, "DataCollatorForWholeWordMask")):
         why = _hf(**changes)
         assert why and words in why, (changes, why)
+    assert _hf(data_collator=DataCollatorForLanguageModeling(mlm=False)) is None     # causal LM: no masks
 
 
 # -- Lightning: which setups move ----------------------------------------------------------------------------
@@ -117,9 +130,9 @@ class DDPStrategy:
     pass
 
 
-def _lt(strategy=SingleDeviceStrategy, loaders=None, hooks=(), reload=0):
+def _lt(strategy=SingleDeviceStrategy, loaders=None, hooks=(), reload=0, callbacks=()):
     loaders = loaders if loaders is not None else [DataLoader(TensorDataset(torch.zeros(8)), shuffle=True)]
-    trainer = SimpleNamespace(strategy=strategy(), reload_dataloaders_every_n_epochs=reload,
+    trainer = SimpleNamespace(strategy=strategy(), reload_dataloaders_every_n_epochs=reload, callbacks=list(callbacks),
                               fit_loop=SimpleNamespace(_combined_loader=SimpleNamespace(flattened=loaders)))
     return lightning.why_not_movable(trainer, list(hooks))
 
@@ -134,6 +147,31 @@ def test_lightning_moves_only_where_its_resume_is_exact():
                           ({"loaders": [DataLoader(data, num_workers=1, persistent_workers=True)]}, "persistent")):
         why = _lt(**kwargs)
         assert why and words in why, (kwargs, why)
+
+
+Callback = type("Callback", (), {"on_save_checkpoint": lambda self, *a: None, "on_load_checkpoint": lambda self, *a: None,
+                                 "on_train_epoch_start": lambda self, *a: None,
+                                 "__module__": "lightning.pytorch.callbacks.callback"})
+
+
+def test_lightning_callbacks_with_state_of_their_own_or_epoch_start_changes_are_refused_a_move():
+    """Before: Lightning's EMAWeightAveraging and ModelPruning moved and the new process crashed (KeyError
+    'state_dict'; the pruned weights did not fit a fresh model), StochasticWeightAveraging's param groups were
+    refused only by the new process, and a GradientAccumulationScheduler's step was lost mid-epoch."""
+    lightning_own = {"__module__": "lightning.pytorch.callbacks.x"}
+    progress = type("TQDMProgressBar", (Callback,), {**lightning_own, "on_train_epoch_start": lambda s, *a: None})
+    checkpoint = type("ModelCheckpoint", (Callback,), {**lightning_own, "state_dict": lambda s: {}})
+    assert _lt(callbacks=[progress(), checkpoint()]) is None
+    ema = type("EMAWeightAveraging", (Callback,), {**lightning_own, "on_save_checkpoint": lambda s, *a: None})
+    users = type("Counter", (checkpoint,), {"__module__": "train", "on_load_checkpoint": lambda s, *a: None})
+    swa = type("StochasticWeightAveraging", (Callback,), lightning_own)
+    finetune = type("Unfreeze", (type("BaseFinetuning", (Callback,), lightning_own),), {"__module__": "train"})
+    for cb, words in ((ema, "EMAWeightAveraging callback keeps state of its own in on_save_checkpoint"),
+                      (users, "Counter callback keeps state of its own in on_load_checkpoint"),
+                      (swa, "StochasticWeightAveraging callback changes the training at an epoch's start"),
+                      (finetune, "Unfreeze callback changes the training")):
+        why = _lt(callbacks=[progress(), cb()])
+        assert why and words in why, (cb, why)
 
 
 def test_lightning_state_must_be_plain_data():

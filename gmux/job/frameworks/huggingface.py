@@ -2,8 +2,9 @@
 
 Boundary: the end of each optimizer step (`TrainerCallback.on_step_end`: the scheduler has stepped, gradients
 are cleared, `global_step` counts the step; gradient accumulation is never mid-cycle there), except a step after
-which the Trainer logs, evaluates, saves or stops: a process restored after it would skip that work, as the
-Trainer's own resume does.
+which the Trainer evaluates, saves or stops: a process restored after it would skip that work, as the Trainer's
+own resume does. A step after which it only logs gets its boundary once the log is written (`on_log`, the
+step's last act): recipes logging every step (`logging_steps=1`) would otherwise get none.
 
 State: the model, the optimizer (the torch optimizer inside accelerate's wrapper), the LR scheduler and the AMP
 scaler, as tensors the runtime moves; the random states; and `TrainerState` (global step, epoch, the stateful
@@ -20,7 +21,9 @@ A move would change results, and is refused (`why_not_movable`), with DeepSpeed 
 checkpoint the state themselves), several processes, an IterableDataset (its stream cannot be rewound to a
 position), a shuffling sampler that is not accelerate's seeded one (`use_seedable_sampler=False`, a custom
 sampler: the epoch's order would differ), data-loader workers (their seeds come from the random state when
-the epoch's iterator starts, which a restored process does not reproduce) and `ignore_data_skip=True`.
+the epoch's iterator starts, which a restored process does not reproduce), a data collator that draws masks as
+it collates (masked or permutation language modelling: the Trainer collates the resumed step's batches before it
+loads the random states) and `ignore_data_skip=True`.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from gmux.job import frameworks
 
 FRAMEWORK = "huggingface"
 _EXACT_SAMPLERS = ("SequentialSampler", "SeedableRandomSampler")
+_MASKING = ("DataCollatorForWholeWordMask", "DataCollatorForPermutationLanguageModeling")
 _LOADERS = ("_load_from_checkpoint", "_load_optimizer_and_scheduler", "_load_scaler", "_load_rng_state")
 
 
@@ -108,6 +112,11 @@ def why_not_movable(trainer, train_dataloader) -> Optional[str]:
     if args.dataloader_num_workers:
         return ("its data loader has worker processes, seeded from the random state when each epoch starts, "
                 "which a resumed run does not reproduce")
+    collator = type(getattr(trainer, "data_collator", None))
+    masking = [c.__name__ for c in collator.__mro__ if c.__name__ in _MASKING]
+    if masking or (collator.__name__ == "DataCollatorForLanguageModeling" and getattr(trainer.data_collator, "mlm", 0)):
+        return (f"its data collator ({collator.__name__}) draws masks from the random state as it collates, and a "
+                f"resumed run collates its first batches before it has the random state back")
     sampler = getattr(getattr(train_dataloader, "batch_sampler", None), "sampler", None) \
         or getattr(train_dataloader, "sampler", None)
     name = type(sampler).__name__
@@ -125,6 +134,7 @@ def _callback_class(TrainerCallback):
             self.trainer, self.job = trainer, job
             self.restore_from: Optional[str] = None
             self._rng = None
+            self._after_log = False
 
         def on_train_begin(self, args, state, control, **kwargs):
             trainer = self.trainer
@@ -148,11 +158,22 @@ def _callback_class(TrainerCallback):
                 restore_rng(self._rng)
                 self._rng = None
 
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._after_log = False
+
         def on_step_end(self, args, state, control, **kwargs):
-            if (control.should_log or control.should_evaluate or control.should_save
-                    or control.should_training_stop or control.should_epoch_stop):
+            if (control.should_evaluate or control.should_save or control.should_training_stop
+                    or control.should_epoch_stop):
                 return     # the Trainer acts after this callback; a process restored here would not
+            if control.should_log:
+                self._after_log = True      # the log is the step's last act: the boundary follows it
+                return
             self.job.boundary()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if self._after_log:
+                self._after_log = False
+                self.job.boundary()
 
         def refresh(self) -> None:
             """TrainerState, with the stateful callbacks' states as they are now (as the Trainer saves it)."""

@@ -22,8 +22,11 @@ A move would change results, and is refused (`why_not_movable`), with a strategy
 (DDP, FSDP, DeepSpeed: several processes, sharded state), an IterableDataset or a loader that is not a torch
 DataLoader (no position to return to), persistent workers (their random state carries across epochs),
 `reload_dataloaders_every_n_epochs` (the loader is made anew under random states a resumed run does not have),
-a LightningModule that overrides `on_save_checkpoint`/`on_load_checkpoint` (state of its own that gmux does not
-see), and state that is not plain data (numbers, strings, tensors, lists, dicts).
+a LightningModule or a callback (Lightning's own ModelPruning and EMAWeightAveraging among them) that overrides
+`on_save_checkpoint`/`on_load_checkpoint` (state of its own that gmux does not see), a callback that changes the
+training at an epoch's start (StochasticWeightAveraging, GradientAccumulationScheduler, a BaseFinetuning: Lightning's
+resume in the middle of an epoch skips `on_train_epoch_start`), and state that is not plain data (numbers,
+strings, tensors, lists, dicts).
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from gmux.job import frameworks
 
 FRAMEWORK = "lightning"
 _active = None      # the GmuxCallback of the fit in progress (one at a time in a process)
+_EPOCH_START_CHANGERS = ("StochasticWeightAveraging", "GradientAccumulationScheduler", "BaseFinetuning")
 
 
 def patch(module) -> None:
@@ -107,6 +111,14 @@ def why_not_movable(trainer, module_hooks) -> Optional[str]:
         return "reload_dataloaders_every_n_epochs: its loader is made anew under random states a resumed run lacks"
     if module_hooks:
         return f"its LightningModule overrides {' and '.join(module_hooks)}: state of its own that gmux does not see"
+    for cb in getattr(trainer, "callbacks", []):
+        name = type(cb).__name__
+        if any(c.__name__ in _EPOCH_START_CHANGERS for c in type(cb).__mro__):
+            return (f"its {name} callback changes the training at an epoch's start, which a resume in the middle "
+                    f"of an epoch skips")
+        hooks = [h for h in ("on_save_checkpoint", "on_load_checkpoint") if _callback_overrides(cb, h)]
+        if hooks:
+            return f"its {name} callback keeps state of its own in {' and '.join(hooks)}, which gmux does not see"
     loader = trainer.fit_loop._combined_loader
     for dl in (loader.flattened if loader is not None else []):
         if not isinstance(dl, torch.utils.data.DataLoader):
@@ -226,6 +238,14 @@ def _callback_class(Callback, call, version: str):
             self.job.tracked.state["data"] = {**(self.epoch_start or {}), "index": self.index}
 
     return GmuxCallback
+
+
+def _callback_overrides(callback, hook: str) -> bool:
+    """Whether a callback's class, Lightning's own included, defines `hook` (the base Callback's does not count)."""
+    for cls in type(callback).__mro__:
+        if hook in cls.__dict__:
+            return not (cls.__name__ == "Callback" and cls.__module__.startswith(("lightning.", "pytorch_lightning.")))
+    return False
 
 
 def _overrides(pl_module, hook: str) -> bool:

@@ -1,0 +1,62 @@
+"""Where a real Hugging Face Trainer gets its boundaries (gmux/job/frameworks/huggingface.py), driven in this
+process with a job that records them: a step the Trainer logs after still gets one, once the log is written."""
+import importlib.util
+import tempfile
+
+import pytest
+import torch
+from torch import nn
+
+from gmux.job import frameworks
+from gmux.job.job import Job
+from gmux.job.state import TrackedState
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="transformers not installed (pip install -e .[test])")
+
+
+class Regressor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+
+    def forward(self, x, labels=None):
+        pred = self.net(x).squeeze(-1)
+        return {"loss": nn.functional.mse_loss(pred, labels), "logits": pred}
+
+
+def _boundaries(monkeypatch, **arguments) -> tuple[list, list]:
+    """Trains 8 steps; returns the global steps at which the job got a boundary, and those the Trainer logged."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from gmux.job.frameworks import huggingface
+    monkeypatch.setattr(frameworks, "_runs", 0)
+    job = Job(TrackedState(), device="cpu")
+    x = torch.randn(64, 4)
+    data = [{"x": x[i], "labels": x[i].sum()} for i in range(64)]
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf-out-"), per_device_train_batch_size=8,
+                             max_steps=8, report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
+                             **arguments)
+    trainer = Trainer(model=Regressor(), args=args, train_dataset=data, eval_dataset=data[:16],
+                      data_collator=lambda items: {k: torch.stack([torch.as_tensor(it[k]) for it in items])
+                                                   for k in items[0]})
+    marks = []
+    monkeypatch.setattr(job, "boundary", lambda: marks.append(trainer.state.global_step))
+    frameworks.started()
+    trainer.add_callback(huggingface._callback_class(TrainerCallback)(trainer, job))
+    trainer.train()
+    logged = [entry["step"] for entry in trainer.state.log_history if "loss" in entry]
+    return marks, logged
+
+
+def test_a_trainer_logging_every_step_gets_a_boundary_after_each_log(monkeypatch):
+    """Before: logging_steps=1 (common in fine-tuning recipes) gave no boundary at all, so the job could be
+    neither suspended at a step nor moved."""
+    marks, logged = _boundaries(monkeypatch, logging_steps=1)
+    assert logged == list(range(1, 9))
+    assert marks == list(range(1, 8))        # the last step ends training: none after it
+
+
+def test_steps_that_evaluate_still_get_none(monkeypatch):
+    marks, logged = _boundaries(monkeypatch, logging_steps=3, eval_strategy="steps", eval_steps=2,
+                                per_device_eval_batch_size=8)
+    assert logged == [3, 6] and marks == [1, 3, 5, 7]
