@@ -1,5 +1,6 @@
 """The in-job runtime in one process: identity, memory given back, commands and their failures."""
 import io
+import itertools
 import os
 import threading
 import weakref
@@ -277,7 +278,7 @@ def test_a_move_of_a_job_whose_optimizer_gained_groups_is_refused_and_it_runs_on
 
 def test_a_restored_epoch_is_counted_on_by_job_enumerate_and_enumerate_is_warned_of(capfd):
     """enumerate(job.data(...)) starts at 0 again mid-epoch after a restore (not fixable: the builtin counts);
-    job.enumerate goes on from the restored index, and the builtin's use is named on stderr once."""
+    job.enumerate goes on from the restored index, and the builtin's use (or itertools.islice's) is named on stderr."""
     data = [torch.full((2, 2), float(k)) for k in range(6)]
     job = gj.attach(nn.Linear(2, 1))
     sink = io.BytesIO()
@@ -299,3 +300,8 @@ def test_a_restored_epoch_is_counted_on_by_job_enumerate_and_enumerate_is_warned
         else:
             assert seen == [(0, 4), (1, 5)]
             assert err.count("restored 4 batches in, and enumerate(job.data(...)) counts from 0 again") == 1
+    other = gj.attach(nn.Linear(2, 1))
+    other.restore(io.BytesIO(sink.getvalue()))
+    for _ in other.epochs(1):
+        assert len(list(itertools.islice(other.data(data), 1))) == 1
+    assert "islice(job.data(...)) counts from 0 again" in capfd.readouterr().err

@@ -24,6 +24,7 @@ such an epoch (reused_workers); a generator the script draws from of its own and
 from __future__ import annotations
 
 import gc
+import itertools
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -260,9 +261,9 @@ def _replayed(loader: Iterable, count: int) -> Iterator[Any]:
 
 
 class Epoch:
-    """job.data's iterator: the batches, and a warning where a restored epoch is counted by enumerate(), whose
-    index starts at 0 again in the middle of the epoch (any `i % n` or `i < k` the script computes from it then
-    differs from the run it continues)."""
+    """job.data's iterator: the batches, and a warning where a restored epoch is counted by enumerate() or cut by
+    itertools.islice(), whose counts start at 0 again in the middle of the epoch (any `i % n` or `i < k` the
+    script computes from them, or the batches islice lets through, then differ from the run it continues)."""
 
     def __init__(self, batches: Iterator[Any], restored_at: int):
         self._batches, self._restored_at = batches, restored_at
@@ -273,9 +274,13 @@ class Epoch:
     def __next__(self) -> Any:
         if self._restored_at:
             # Once per restore: finding the referrers walks every object the collector tracks.
-            if any(type(r) is enumerate for r in gc.get_referrers(self)):
-                print(f"gmux: this epoch was restored {self._restored_at} batches in, and enumerate(job.data(...)) "
-                      f"counts from 0 again: use `for i, batch in job.enumerate(loader)` (or job.position.index) "
-                      f"where the index matters", file=sys.stderr)
+            counting = next((type(r).__name__ for r in gc.get_referrers(self) if type(r) in _COUNTERS), None)
+            if counting:
+                print(f"gmux: this epoch was restored {self._restored_at} batches in, and {counting}(job.data(...)) "
+                      f"counts from 0 again: use `for i, batch in job.enumerate(loader)`, or job.position.index, "
+                      f"where the count matters", file=sys.stderr)
             self._restored_at = 0
         return next(self._batches)
+
+
+_COUNTERS = (enumerate, itertools.islice)
