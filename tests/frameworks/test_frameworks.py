@@ -149,7 +149,8 @@ def test_lightning_moves_only_where_its_resume_is_exact():
         assert why and words in why, (kwargs, why)
 
 
-Callback = type("Callback", (), {"on_save_checkpoint": lambda self, *a: None, "on_load_checkpoint": lambda self, *a: None,
+Callback = type("Callback", (), {"on_save_checkpoint": lambda self, *a: None,
+                                 "on_load_checkpoint": lambda self, *a: None,
                                  "on_train_epoch_start": lambda self, *a: None,
                                  "__module__": "lightning.pytorch.callbacks.callback"})
 
