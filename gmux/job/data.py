@@ -102,17 +102,33 @@ class Reading:
         return {"index": self.index, "streams": self.streams, "generators": self.generators}
 
 
-def loader_generators(loader) -> list:
+def loader_generators(loader, depth: int = 3) -> list:
     """The torch.Generators an epoch of `loader` draws from, each once: the loader's own (its shuffle, its workers'
-    seeds) and its sampler's (a RandomSampler, SubsetRandomSampler or WeightedRandomSampler given one)."""
+    seeds) and its sampler's (a RandomSampler, SubsetRandomSampler or WeightedRandomSampler given one), found
+    through what wraps it too (a progress bar, map(), a generator expression: `wrapped`), and through the
+    iterator a wrapper made of it already (its `_index_sampler`)."""
     found: list = []
-    sampler = getattr(loader, "sampler", None)
-    inner = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
-    for owner in (loader, sampler, inner):
+    batch_sampler = getattr(loader, "batch_sampler", None) or getattr(loader, "_index_sampler", None)
+    for owner in (loader, getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
         g = getattr(owner, "generator", None)
         if isinstance(g, torch.Generator) and all(g is not f for f in found):
             found.append(g)
+    for inner in (wrapped(loader) if depth else []):
+        found += [g for g in loader_generators(inner, depth - 1) if all(g is not f for f in found)]
     return found
+
+
+def wrapped(obj) -> list:
+    """What a wrapper of a loader reads from: a progress bar's iterable, map()'s iterators, the source of a
+    generator expression (its iterator, made when the expression was)."""
+    if type(obj).__name__ == "tqdm":
+        return [obj.iterable]
+    if type(obj) is map:
+        return list(obj.__reduce__()[1][1:])
+    frame = getattr(obj, "gi_frame", None)
+    if frame is not None and ".0" in frame.f_locals:
+        return [frame.f_locals[".0"]]
+    return []
 
 
 def _one_or_list(states: list):
@@ -148,9 +164,8 @@ def epochs(position: DataPosition, count: int, tracked) -> Iterator[int]:
 
 
 def unwrapped(loader):
-    """The loader inside a progress bar (tqdm's `.iterable`), whose generators and identity are the epoch's."""
-    inner = getattr(loader, "iterable", None)
-    return inner if inner is not None and type(loader).__name__ == "tqdm" else loader
+    """The loader inside a progress bar (tqdm's `.iterable`), whose identity is the epoch loader's."""
+    return loader.iterable if type(loader).__name__ == "tqdm" else loader
 
 
 def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[], None], tracked) -> Iterator[Any]:

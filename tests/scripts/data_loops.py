@@ -9,6 +9,7 @@ modes:
   eval-inside  an evaluation through job.data every 3 steps, inside the training loop;
   zip          zip(job.data(a), job.data(b)), each loader with its own generator;
   tqdm         job.data(tqdm(loader)), the loader with its own generator (the bar hides it);
+  map          job.data(map(to_device, loader)), the same (map has made the loader's iterator already);
   epoch-end    StepLR stepped after each epoch's loop, then job.boundary(): the move is asked for there;
   steps        no job.epochs: job.data made again whenever it ends, a sampler shuffling with numpy, a step budget.
 """
@@ -46,7 +47,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--mode", required=True,
-                   choices=["validate", "eval-inside", "zip", "tqdm", "epoch-end", "steps"])
+                   choices=["validate", "eval-inside", "zip", "tqdm", "map", "epoch-end", "steps"])
     p.add_argument("--migrate-at", type=int)
     p.add_argument("--checkpoint")
     p.add_argument("--restore")
@@ -99,6 +100,9 @@ def main() -> int:
         elif a.mode == "tqdm":
             from tqdm import tqdm
             for x, y in job.data(tqdm(train, disable=True)):
+                step(x, y)
+        elif a.mode == "map":
+            for x, y in job.data(map(lambda batch: [t.to("cpu") for t in batch], train)):
                 step(x, y)
         else:
             for x, y in job.data(train):
