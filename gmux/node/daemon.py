@@ -288,7 +288,8 @@ class Daemon:
             return {"job": job.id, "gpu": gpu, "moved": "before starting", "path": "before starting"}
         if busy == "resume" and not job.started:
             raise Busy(f"migrate: {job.id} is starting: it has not reached its first boundary (a script run with "
-                       f"--no-hook reaches one only once it calls gmux.job.attach() and trains); try again then")
+                       f"--no-hook reaches one only once it calls gmux.job.attach() and trains; a Hugging Face Trainer "
+                       f"at a step after which it neither evaluates, saves nor stops); try again then")
         if busy:
             raise Busy(f"migrate: {job.id} is busy with a {busy}; try again in a moment")
         if self.moves.applies(job, gpu, new_process):
