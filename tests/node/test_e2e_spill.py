@@ -11,11 +11,12 @@ from node_harness import PY, ROOT, TRAIN, env, result, start_py
 
 def test_spill_to_disk_and_back(node_factory, tmp_path):
     # Paced (3 ms of "input" per step, no effect on the numbers) so that the jobs are sliced, and so spilled,
-    # however fast this machine is.
-    pace = ["--sleep", "0.003"]
-    refs = [start_py(TRAIN, str(tmp_path / f"solo{b}.json"), "1200", "--batch", b, *pace) for b in ("32", "33")]
+    # however fast this machine is; 3,000 steps (9 s of pacing each), so that neither finishes while the other
+    # starts again from its spill (at 1,200, a loaded machine took 5 s to start one, and the other ended first).
+    pace, steps = ["--sleep", "0.003"], "3000"
+    refs = [start_py(TRAIN, str(tmp_path / f"solo{b}.json"), steps, "--batch", b, *pace) for b in ("32", "33")]
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--no-pack", "--host-budget", "1KiB")
-    procs = [node.launch(TRAIN, str(tmp_path / f"job{b}.json"), "1200", "--batch", b, *pace, "--attach",
+    procs = [node.launch(TRAIN, str(tmp_path / f"job{b}.json"), steps, "--batch", b, *pace, "--attach",
                          opts=["--no-hook", "--mem", "600MiB"]) for b in ("32", "33")]
     ids = [node.job_of(p.pid) for p in procs]
     for p in procs:
