@@ -175,15 +175,16 @@ def test_a_move_with_workers_started_in_an_earlier_epoch_is_refused_and_the_job_
     assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
 
 
-@pytest.mark.parametrize("mode, steps", [("validate", (5, 10)), ("eval-inside", (3, 7)), ("zip", (2, 5)),
-                                         ("tqdm", (3, 7)), ("map", (3, 7)), ("epoch-end", (5, 8)),
-                                         ("steps", (3, 13))])
+@pytest.mark.parametrize("mode, steps", [("validate", (5, 10)), ("made-early", (3, 7)), ("eval-inside", (3, 7)),
+                                         ("zip", (2, 5)), ("zip-global", (2, 4)), ("tqdm", (3, 7)), ("map", (3, 7)),
+                                         ("epoch-end", (5, 8)), ("steps", (3, 13))])
 def test_loops_beyond_one_loader_per_epoch_move_exactly(mode, steps, tmp):
-    """Validation through job.data after training or inside it, two loaders zipped, a loader inside a progress
-    bar or map(), a boundary closing the epoch after its scheduler step, a loop by steps without job.epochs: each moved at
-    two steps, once each, ends as the run never moved. Before: validation's position replaced the training
-    loader's (the move trained the rest of the epoch again), zip crashed with StopIteration or drifted, the
-    bar and map() hid the loader's generator, the epoch's tail ran twice, the numpy sampler drew another order."""
+    """Validation through job.data after training or inside it (or made before the loop), two loaders zipped, a
+    loader inside a progress bar or map(), a boundary after the epoch's scheduler step, a loop by steps without
+    job.epochs: each moved at two steps, once each, ends as the run never moved. Before: validation's position
+    replaced the training loader's (the move trained the rest of the epoch again), zip crashed with StopIteration
+    or drifted, the bar and map() hid the loader's generator, the epoch's tail ran twice, the numpy sampler drew
+    another order."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "data_loops.py")
     run_py(script, f"{tmp}/solo.pt", "--mode", mode)
     solo = torch.load(f"{tmp}/solo.pt")

@@ -148,6 +148,9 @@ def test_bad_epoch_start_streams_are_refused_before_anything_changes(tmp):
     snap["position"]["beside"] = [{"index": 1, "streams": {"rng": snap["rng"], "generators": []},
                                    "generators": [torch.zeros(3, dtype=torch.uint8)]}]
     refused(tmp, forge.written(snap), r"position 'beside'\[0\] 'generators': uint8 \(3,\), the job has a generator")
+    snap["position"]["beside"] = [{"index": 1, "streams": {"rng": snap["rng"], "generators": []},
+                                   "generators": [torch.zeros(16, dtype=torch.uint8)]}]
+    refused(tmp, forge.written(snap), r"position 'beside'\[0\] 'generators': uint8 \(16,\), the job has a")
     snap["position"]["beside"] = [{}] * 65
     refused(tmp, forge.written(snap), r"position 'beside': a list")
     snap = small_job().snapshot()

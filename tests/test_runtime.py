@@ -305,3 +305,26 @@ def test_a_restored_epoch_is_counted_on_by_job_enumerate_and_enumerate_is_warned
     for _ in other.epochs(1):
         assert len(list(itertools.islice(other.data(data), 1))) == 1
     assert "islice(job.data(...)) counts from 0 again" in capfd.readouterr().err
+
+
+def test_a_loader_read_after_the_epochs_own_has_boundaries_but_a_move_waits_for_the_next_epoch(tmp):
+    """Validation through job.data: its fetches are boundaries (a suspend there is fine), but a checkpoint there
+    could not be resumed (a new process would train the epoch's rest again), so a move asked for during it is
+    carried out at the training loader's next boundary; job.enumerate over it counts its own batches."""
+    from gmux.job.job import JobExit
+    train, val = [torch.full((2, 2), float(k)) for k in range(4)], [torch.zeros(2, 2) for _ in range(3)]
+    job = gj.attach(nn.Linear(2, 1))
+    seen, at_move = [], None
+    try:
+        for epoch in job.epochs(2):
+            for x in job.data(train):
+                seen.append(("train", epoch, job.position.index))
+            for i, x in job.enumerate(val):
+                seen.append(("val", epoch, i))
+                if epoch == 0 and i == 0:
+                    job.controller.send("migrate", path=os.path.join(tmp, "m.ckpt"))
+    except JobExit:
+        at_move = (job.position.epoch, job.position.index)
+    assert [s for s in seen if s[0] == "val"] == [("val", 0, 0), ("val", 0, 1), ("val", 0, 2)]
+    assert at_move == (1, 1) and os.path.exists(os.path.join(tmp, "m.ckpt"))   # before epoch 1's second fetch
+    assert job.profile.steps == 4 + 3 + 1    # before each fetch after the first (the last finds the end)

@@ -14,7 +14,8 @@ job.epochs entered the epoch: a restore puts them back there when job.epochs re-
 the same again, and the replay ends with the streams where the checkpoint left them.
 
 One loader per epoch marks the boundaries (batches()); others read while it is, or after it, are read beside it
-(validation, zip), and a boundary after it closes the epoch (DataPosition.to_dict).
+(validation, zip). A checkpoint is taken only while the epoch's loader is being read: a new process resumes
+inside it; a move asked for later in the epoch waits for the next one's (Job.boundary).
 
 Limits, stated where users look: a loader whose persistent_workers were started in an earlier epoch carries
 their seed and random state from then, which a new process cannot give new workers, so a move is refused in
@@ -55,22 +56,14 @@ class DataPosition:
     # While a restored epoch is re-entered: the streams as the checkpoint left them, put back after the replay.
     at_checkpoint: Optional[dict] = None
     unmovable: Optional[str] = None     # why this epoch cannot continue exactly in a new process (a move refuses)
-    # The loader whose reading marks the boundaries this epoch; whether that reading is under way; whether it
-    # has reached its end (a boundary then ends the epoch); the other readings under way.
+    # The loader that marks the boundaries this epoch, its reading under way (None: none is), the readings of
+    # other loaders under way, and how many of those were started after the epoch's loader had ended.
     loader: Any = None
-    reading: bool = False
-    ended: bool = False
+    current: Optional["Reading"] = None
     others: list = field(default_factory=list)
+    aside: int = 0
 
     def to_dict(self) -> dict:
-        if self.ended and not self.reading:
-            # A boundary after the epoch's loader was read to its end (job.boundary() closing the epoch): a new
-            # process starts the next epoch, not this one's tail again.
-            # Its loader's generators go on from where this epoch left them: the next epoch's shuffle.
-            states = [g.get_state() for g in loader_generators(self.loader)]
-            return {"epoch": self.epoch + 1, "index": 0, "epoch_rng": None, "epoch_generator": _one_or_list(states),
-                    "marked_by_script": self.marked_by_script, "epoch_streams": None, "data_streams": None,
-                    "beside": []}
         return {"epoch": self.epoch, "index": self.index, "epoch_rng": self.epoch_rng,
                 "epoch_generator": self.epoch_generator, "marked_by_script": self.marked_by_script,
                 "epoch_streams": self.epoch_streams, "data_streams": self.data_streams,
@@ -82,21 +75,17 @@ class DataPosition:
                    bool(d["marked_by_script"]), d.get("epoch_streams"), d.get("data_streams"),
                    list(d.get("beside") or []), replay=d["index"] > 0)
 
-    def ended_at_checkpoint(self) -> bool:
-        """Restored from a checkpoint taken once its epoch's loader was done: `epoch_generator` holds that
-        loader's generators as they were then, for the next epoch's loader to go on from."""
-        return self.index == 0 and self.epoch_rng is None and self.epoch_generator is not None
-
     def start_epoch(self) -> None:
-        self.index, self.replay, self.loader, self.reading, self.ended = 0, False, None, False, False
-        self.beside, self.others = [], []
+        self.index, self.replay, self.loader, self.current = 0, False, None, None
+        self.beside, self.others, self.aside = [], [], 0
 
 
 class Reading:
-    """A loader read beside the epoch's own (no boundaries of its own): where it started and how far it got."""
+    """One job.data call's loader as it is read: how many batches it has given and, for a loader read beside the
+    epoch's own, the random streams and its generators' states when it started."""
 
-    def __init__(self, streams: dict, generators: list):
-        self.index, self.streams, self.generators = 0, streams, generators
+    def __init__(self):
+        self.index, self.streams, self.generators, self.restored_at = 0, None, [], 0
 
     def to_dict(self) -> dict:
         return {"index": self.index, "streams": self.streams, "generators": self.generators}
@@ -168,23 +157,29 @@ def unwrapped(loader):
     return loader.iterable if type(loader).__name__ == "tqdm" else loader
 
 
-def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[], None], tracked) -> Iterator[Any]:
-    """One epoch of `loader`, made ready now (a restored epoch fast-forwarded) and read lazily; calls
-    `before_fetch` before every fetch after the first. `tracked`: the job's TrackedState (its random streams,
-    which the replay draws from).
+def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bool], None], tracked,
+            reading: Reading) -> Iterator[Any]:
+    """One epoch of `loader`, its role decided when it is first read; calls `before_fetch(movable)` before every
+    fetch after the first. `tracked`: the job's TrackedState (its random streams, which a replay draws from);
+    `reading`: where this call stands, for job.enumerate.
 
-    The epoch's loader is the first one read in the epoch (read again once done, as a loop by steps does); a
+    The epoch's loader is the first one read in the epoch (read again, as a loop by steps does, it stays so); a
     loader read while it is (zip(job.data(a), job.data(b)), an evaluation inside the loop) or another one after
-    it (validation) is read beside it: no boundaries, so no checkpoint falls inside it, and one under way at a
-    checkpoint is fast-forwarded by the new process's data() call of the same rank."""
+    it (validation) is read beside it: no checkpoint falls inside it (one asked for there waits for the epoch
+    loader's next boundary), and one under way at a checkpoint is fast-forwarded by the new process's data()
+    call of the same rank."""
     inner = unwrapped(loader)
     # (another loader after the epoch's, only inside job.epochs: a loop of its own over epochs makes each anew)
     after = position.epoch_streams is not None and position.loader is not None and position.loader is not inner
-    if position.reading or after:
-        return _beside(position, loader, tracked)
-    position.loader, position.reading, position.ended = inner, True, False
+    if (position.current is not None and position.loader is not inner) or after:
+        yield from _beside(position, loader, before_fetch, tracked, reading, aside=position.current is None)
+        return
+    # The epoch's loader: first read, or made again while an earlier pass over it is left unfinished (a loop by
+    # steps that broke out of it), which this one replaces.
+    position.loader, position.current = inner, reading
     generators = loader_generators(inner)
     position.unmovable = reused_workers(inner)
+    skip_mark = position.replay
     if position.replay:
         # The streams are as the checkpoint left them (it holds them), or job.epochs kept them so while the
         # script drew its epoch's start again: the replay's draws are put back. The loader's generators (its
@@ -203,36 +198,35 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[],
         it = _replayed(loader, position.index)
         tracked.set_streams(at_checkpoint)
         position.replay, position.at_checkpoint = False, None
-        # A restored job resumes just after the boundary its checkpoint was taken at: not marked twice.
-        return _read(position, it, before_fetch, skip_mark=True)
-    if position.ended_at_checkpoint():
-        for g, state in zip(generators, generator_states(position.epoch_generator)):
-            g.set_state(state)
-    position.index = 0
-    position.data_streams = tracked.streams()
-    position.epoch_rng = position.data_streams["rng"]["torch"]
-    position.epoch_generator = _one_or_list([g.get_state() for g in generators])
-    return _read(position, iter(loader), before_fetch, skip_mark=False)
-
-
-def _read(position: DataPosition, it: Iterator, before_fetch: Callable[[], None], skip_mark: bool) -> Iterator:
+        reading.index = reading.restored_at = position.index
+    else:
+        position.index = 0
+        position.data_streams = tracked.streams()
+        position.epoch_rng = position.data_streams["rng"]["torch"]
+        position.epoch_generator = _one_or_list([g.get_state() for g in generators])
+        it = iter(loader)
     try:
         while True:
+            # (a restored job resumes just after the boundary its checkpoint was taken at: not marked twice)
             if position.index and not skip_mark:
-                before_fetch()
+                before_fetch(True)
             skip_mark = False
             try:
                 batch = next(it)
             except StopIteration:
-                position.ended = True
                 return
             position.index += 1
+            reading.index = position.index
             yield batch
     finally:
-        position.reading = False
+        if position.current is reading:
+            position.current = None
 
 
-def _beside(position: DataPosition, loader: Iterable, tracked) -> Iterator[Any]:
+def _beside(position: DataPosition, loader: Iterable, before_fetch: Callable[[bool], None], tracked,
+            reading: Reading, aside: bool) -> Iterator[Any]:
+    """`aside`: started after the epoch's loader ended (validation): its fetches are boundaries, but no place for a
+    move (a suspend is fine). One read while the epoch's loader is has the boundaries of that one."""
     generators = loader_generators(unwrapped(loader))
     saved = position.beside.pop(0) if position.beside else None
     if saved is not None:
@@ -240,25 +234,28 @@ def _beside(position: DataPosition, loader: Iterable, tracked) -> Iterator[Any]:
         tracked.set_streams(saved["streams"])
         for g, state in zip(generators, saved["generators"]):
             g.set_state(state)
-        reading = Reading(saved["streams"], saved["generators"])
-        reading.index = saved["index"]
+        reading.streams, reading.generators, reading.index = saved["streams"], saved["generators"], saved["index"]
         it = _replayed(loader, reading.index)
         tracked.set_streams(now)
     else:
-        reading = Reading(tracked.streams(), [g.get_state() for g in generators])
+        reading.streams, reading.generators = tracked.streams(), [g.get_state() for g in generators]
         it = iter(loader)
     position.others.append(reading)
-    return _read_beside(position, reading, it)
-
-
-def _read_beside(position: DataPosition, reading: Reading, it: Iterator) -> Iterator:
+    position.aside += aside
     try:
-        for batch in it:
+        while True:
+            if aside and reading.index:
+                before_fetch(False)
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
             reading.index += 1
             yield batch
     finally:
         if reading in position.others:
             position.others.remove(reading)
+            position.aside -= aside
 
 
 def _replayed(loader: Iterable, count: int) -> Iterator[Any]:
@@ -280,22 +277,23 @@ class Epoch:
     itertools.islice(), whose counts start at 0 again in the middle of the epoch (any `i % n` or `i < k` the
     script computes from them, or the batches islice lets through, then differ from the run it continues)."""
 
-    def __init__(self, batches: Iterator[Any], restored_at: int):
-        self._batches, self._restored_at = batches, restored_at
+    def __init__(self, batches: Iterator[Any], reading: Reading):
+        self._batches, self.reading, self._first = batches, reading, True
 
     def __iter__(self) -> "Epoch":
         return self
 
     def __next__(self) -> Any:
-        if self._restored_at:
+        batch = next(self._batches)
+        if self._first and self.reading.restored_at:
             # Once per restore: finding the referrers walks every object the collector tracks.
             counting = next((type(r).__name__ for r in gc.get_referrers(self) if type(r) in _COUNTERS), None)
             if counting:
-                print(f"gmux: this epoch was restored {self._restored_at} batches in, and {counting}(job.data(...)) "
-                      f"counts from 0 again: use `for i, batch in job.enumerate(loader)`, or job.position.index, "
-                      f"where the count matters", file=sys.stderr)
-            self._restored_at = 0
-        return next(self._batches)
+                print(f"gmux: this epoch was restored {self.reading.restored_at} batches in, and {counting}"
+                      f"(job.data(...)) counts from 0 again: use `for i, batch in job.enumerate(loader)`, or "
+                      f"job.position.index, where the count matters", file=sys.stderr)
+        self._first = False
+        return batch
 
 
 _COUNTERS = (enumerate, itertools.islice)

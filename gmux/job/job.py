@@ -28,7 +28,7 @@ import torch
 from gmux.util.splice import PipeWriter
 from . import checkpoint as ckpt, holdings
 from .control import Command, Controller, LocalController
-from .data import DataPosition, Epoch, batches, epochs
+from .data import DataPosition, Epoch, Reading, batches, epochs
 from .memory import choose_tier
 from .memory.tier import exact_device
 from .memory.limit import adopt, host_memory
@@ -58,6 +58,7 @@ class Job:
         self._last = time.perf_counter()
         self._next_report = self._last + REPORT_EVERY_S
         self._in_place = False          # suspended in place: held at a boundary, its memory where it was
+        self._held = None               # a move asked for at a boundary no new process could resume from
         self.unchanged = holdings.Unchanged(tracked.modules)   # what a move's checkpoint may leave out
         # Whether a checkpoint may leave out the gradients' values (see `checkpoint`); GMUX_GRADS=overwritten
         # says so for a script that cannot set it (gmux-launch, gmux submit --env).
@@ -96,16 +97,23 @@ class Job:
     def boundary(self) -> None:
         """Marks the end of a mini-batch. With nothing pending: a timestamp and a non-blocking poll. Called inside
         a job.data loop, the script marks its boundaries from then on (job.data's fetches are not: gradient
-        accumulation); after the loop, it closes the epoch (a move then continues with the next one)."""
-        if self.position.reading:
-            self.position.marked_by_script = True
-        self._boundary()
+        accumulation). Once the epoch's loader has ended (after the loop, in a validation through job.data), a
+        move asked for waits for that loader's next boundary: a new process could not resume there (it would run
+        again what came between the loop and here)."""
+        position = self.position
+        if position.current is not None:
+            position.marked_by_script = True
+        self._boundary(movable=position.loader is None or (position.current is not None and not position.aside))
 
-    def _boundary(self) -> None:
+    def _boundary(self, movable: bool = True) -> None:
         now = time.perf_counter()
         self.profile.batch_s.append(now - self._last)
         self.profile.steps += 1
         command = self.controller.poll()
+        if not movable and command is not None and command.kind in ("checkpoint", "migrate"):
+            self._held, command = command, None
+        elif movable and command is None and self._held is not None:
+            command, self._held = self._held, None
         if command is not None:
             self._carry_out(command)
             now = time.perf_counter()
@@ -114,10 +122,10 @@ class Job:
             self._report(now)
         self._last = now
 
-    def _boundary_from_iterator(self) -> None:
+    def _boundary_from_iterator(self, movable: bool) -> None:
         # An explicit boundary() or the optimizer hook knows better (gradient accumulation); defer to it.
         if not self.position.marked_by_script:
-            self._boundary()
+            self._boundary(movable)
 
     def epochs(self, count: int) -> Iterator[int]:
         """`for epoch in job.epochs(n)`: continues from the restored epoch."""
@@ -126,14 +134,15 @@ class Job:
     def data(self, loader: Iterable) -> Iterator[Any]:
         """One epoch of `loader`, with its position tracked; marks a boundary before each fetch unless the
         script marks them itself."""
-        restored_at = self.position.index if self.position.replay else 0
-        return Epoch(batches(self.position, loader, self._boundary_from_iterator, self.tracked), restored_at)
+        reading = Reading()
+        return Epoch(batches(self.position, loader, self._boundary_from_iterator, self.tracked, reading), reading)
 
     def enumerate(self, loader: Iterable) -> Iterator[tuple[int, Any]]:
         """`for i, batch in job.enumerate(loader)`: job.data with each batch's index in its epoch, which goes on
         from where a restore put the epoch (enumerate() would count from 0 again)."""
-        for batch in self.data(loader):
-            yield self.position.index - 1, batch
+        epoch = self.data(loader)
+        for batch in epoch:
+            yield epoch.reading.index - 1, batch
 
     def _report(self, now: float) -> None:
         self._next_report = now + REPORT_EVERY_S

@@ -388,8 +388,9 @@ class Fit:
         self.generators(streams["generators"], f"{where} ")
 
     def generator_row(self, state, where: str, rng_shape: tuple) -> None:
+        """A loader's generator state: a CPU generator's (a DataLoader's and its samplers' are)."""
         row = self.row(state, where)
-        if row.dtype != "uint8" or row.shape not in (rng_shape, (16,)):
+        if row.dtype != "uint8" or row.shape != rng_shape:
             self.fail(f"{where}: {row.dtype} {row.shape}, the job has a generator state")
         self.vouched += row.nbytes
 
@@ -398,8 +399,7 @@ class Fit:
         self.streams(snap["rng"], snap.get("generators", []), "")
         self.generator(snap["position"]["epoch_rng"], "position 'epoch_rng'")
         for state in generator_states(snap["position"]["epoch_generator"]):
-            if state.numel() != 16:
-                self.generator(state, "position 'epoch_generator'")
+            self.generator(state, "position 'epoch_generator'")
         pos = snap["position"]
         for key in ("epoch_streams", "data_streams"):
             if pos.get(key) is not None:
@@ -407,8 +407,7 @@ class Fit:
         for i, reading in enumerate(pos.get("beside", [])):
             self.streams(reading["streams"]["rng"], reading["streams"]["generators"], f"position 'beside'[{i}] ")
             for state in reading["generators"]:
-                if state.numel() != 16:
-                    self.generator(state, f"position 'beside'[{i}] 'generators'")
+                self.generator(state, f"position 'beside'[{i}] 'generators'")
 
     def streams(self, rng: dict, generators: list, where: str) -> None:
         self.generator(rng["torch"], f"{where}rng 'torch'")

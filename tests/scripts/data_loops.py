@@ -4,13 +4,16 @@ weights of an uninterrupted run (tests/test_bit_identical.py).
 usage: data_loops.py OUT --mode MODE [--migrate-at STEP --checkpoint PATH] [--restore PATH]
 
 modes:
-  validate     each epoch's validation through job.data too, after training (dropout on); the move is asked for
-               during the validation after STEP;
+  validate     each epoch's validation through job.data too, after training (dropout on), then job.boundary();
+               the move is asked for during the validation after STEP (it waits for the next epoch's boundary);
+  made-early   the validation's job.data made before the training loop, read after it;
   eval-inside  an evaluation through job.data every 3 steps, inside the training loop;
   zip          zip(job.data(a), job.data(b)), each loader with its own generator;
+  zip-global   the same, both loaders shuffled from torch's stream;
   tqdm         job.data(tqdm(loader)), the loader with its own generator (the bar hides it);
   map          job.data(map(to_device, loader)), the same (map has made the loader's iterator already);
-  epoch-end    StepLR stepped after each epoch's loop, then job.boundary(): the move is asked for there;
+  epoch-end    StepLR stepped after each epoch's loop, then job.boundary(): the move is asked for there (it waits
+               for the next epoch's first boundary);
   steps        no job.epochs: job.data made again whenever it ends, a sampler shuffling with numpy, a step budget.
 """
 import argparse
@@ -47,7 +50,8 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("out")
     p.add_argument("--mode", required=True,
-                   choices=["validate", "eval-inside", "zip", "tqdm", "map", "epoch-end", "steps"])
+                   choices=["validate", "made-early", "eval-inside", "zip", "zip-global", "tqdm", "map", "epoch-end",
+                            "steps"])
     p.add_argument("--migrate-at", type=int)
     p.add_argument("--checkpoint")
     p.add_argument("--restore")
@@ -60,6 +64,10 @@ def main() -> int:
     # (a validation loader shuffled by a generator of its own would need it attached: gmux sees its state only
     # while it is read)
     train, other = loader(1), loader(2, 24, shuffle=a.mode == "zip")
+    if a.mode == "zip-global":
+        data = train.dataset
+        train = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+        other = torch.utils.data.DataLoader(torch.utils.data.Subset(data, range(24)), batch_size=8, shuffle=True)
     job = gmux.job.attach(model, opt, sched, state={"step": 0, "val": [], "asked": False})
     if a.restore:
         job.restore(a.restore)
@@ -78,10 +86,10 @@ def main() -> int:
         job.state["step"] += 1
         ask("step")
 
-    def evaluate():
+    def evaluate(batches=None):
         with torch.no_grad():       # dropout stays on: evaluation draws from torch's stream too
             losses = []
-            for x, y in job.data(other):
+            for x, y in batches if batches is not None else job.data(other):
                 losses.append(float(nn.functional.mse_loss(model(x), y)))
                 ask(a.mode)
             job.state["val"].append(sum(losses))
@@ -94,7 +102,8 @@ def main() -> int:
                 if job.state["step"] == 17:
                     break
     for _ in job.epochs(0 if a.mode == "steps" else 3):
-        if a.mode == "zip":
+        early = job.data(other) if a.mode == "made-early" else None
+        if a.mode in ("zip", "zip-global"):
             for (x, y), (x2, y2) in zip(job.data(train), job.data(other)):
                 step(torch.cat([x, x2]), torch.cat([y, y2]))
         elif a.mode == "tqdm":
@@ -111,6 +120,9 @@ def main() -> int:
                     evaluate()
         if a.mode == "validate":
             evaluate()
+            job.boundary()
+        if a.mode == "made-early":
+            evaluate(early)
         if a.mode == "epoch-end":
             sched.step()
             ask("epoch-end")
