@@ -156,12 +156,17 @@ def test_bad_epoch_start_streams_are_refused_before_anything_changes(tmp):
     snap = small_job().snapshot()
     for key in ("epoch_streams", "data_streams", "beside"):
         del snap["position"][key]
+    snap["position"]["epoch_rng"] = torch.Generator().manual_seed(5).get_state()   # (not the checkpoint's own)
     path = os.path.join(tmp, "old.ckpt")
     with open(path, "wb") as f:
         f.write(forge.written(snap))
     other = small_job(seed=1)
     other.restore(path)
     assert other.position.epoch_streams is None and other.position.index == 2
+    # Its replay draws the epoch's order from its torch state, then leaves the streams as the checkpoint had them.
+    restored = torch.get_rng_state()
+    batches = iter(other.data(torch.utils.data.DataLoader(list(range(8)), batch_size=2, shuffle=True)))
+    assert len(next(batches)) == 2 and torch.equal(torch.get_rng_state(), restored)
 
 
 def test_a_non_numeric_step_count_or_position_is_refused_before_anything_changes(tmp):

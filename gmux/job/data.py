@@ -185,18 +185,14 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
         # script drew its epoch's start again: the replay's draws are put back. The loader's generators (its
         # own, its sampler's) start the replay where the epoch's start left them in the first process, and
         # the replay leaves them where they were at the checkpoint (an attached one is put back too).
-        at_checkpoint = position.at_checkpoint or tracked.streams()
-        if position.data_streams is not None:
-            tracked.set_streams(position.data_streams)
-        torch.set_rng_state(position.epoch_rng)
+        back = position.at_checkpoint or tracked.streams()
         states = generator_states(position.epoch_generator)
         if len(states) != len(generators):
             print(f"gmux: the checkpoint kept {len(states)} data generator states and this loader draws from "
                   f"{len(generators)}: the epoch's order after the move may differ", file=sys.stderr)
-        for g, state in zip(generators, states):
-            g.set_state(state)
-        it = _replayed(loader, position.index)
-        tracked.set_streams(at_checkpoint)
+        if position.data_streams is None:       # (a file from before they were kept: torch's stream only)
+            torch.set_rng_state(position.epoch_rng)
+        it = _fast_forward(loader, position.index, tracked, position.data_streams, zip(generators, states), back)
         position.replay, position.at_checkpoint = False, None
         reading.index = reading.restored_at = position.index
     else:
@@ -230,13 +226,9 @@ def _beside(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
     generators = loader_generators(unwrapped(loader))
     saved = position.beside.pop(0) if position.beside else None
     if saved is not None:
-        now = tracked.streams()
-        tracked.set_streams(saved["streams"])
-        for g, state in zip(generators, saved["generators"]):
-            g.set_state(state)
         reading.streams, reading.generators, reading.index = saved["streams"], saved["generators"], saved["index"]
-        it = _replayed(loader, reading.index)
-        tracked.set_streams(now)
+        it = _fast_forward(loader, reading.index, tracked, saved["streams"], zip(generators, saved["generators"]),
+                           back=tracked.streams())
     else:
         reading.streams, reading.generators = tracked.streams(), [g.get_state() for g in generators]
         it = iter(loader)
@@ -256,6 +248,18 @@ def _beside(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
         if reading in position.others:
             position.others.remove(reading)
             position.aside -= aside
+
+
+def _fast_forward(loader: Iterable, count: int, tracked, streams: Optional[dict], generators, back: dict) -> Iterator:
+    """`loader`'s iterator `count` batches on, fetched as they were first: under `streams` (None: as they are)
+    and with its generators at the (generator, state) pairs given; the streams are `back` afterwards."""
+    if streams is not None:
+        tracked.set_streams(streams)
+    for g, state in generators:
+        g.set_state(state)
+    it = _replayed(loader, count)
+    tracked.set_streams(back)
+    return it
 
 
 def _replayed(loader: Iterable, count: int) -> Iterator[Any]:
