@@ -1,5 +1,6 @@
-"""A Lightning script as people write them: a LightningModule with dropout, a shuffled DataLoader, Adam with a
-per-step LR schedule, gradient accumulation, then Trainer.fit().
+"""A Lightning script as people write them: a LightningModule with dropout, a shuffled DataLoader whose collate
+function adds noise from torch's global random stream (an augmentation), Adam with a per-step LR schedule,
+gradient accumulation, then Trainer.fit().
 
 usage: lightning_train.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE]
 Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
@@ -31,7 +32,8 @@ torch.set_num_threads(1)
 def collate(items):
     if a.sleep:
         time.sleep(a.sleep)
-    return default_collate(items)
+    x, y = default_collate(items)
+    return x + 0.05 * torch.randn_like(x), y
 
 
 class Regressor(pl.LightningModule):

@@ -16,7 +16,8 @@ from that state (its checkpoint connector is handed the saved dict instead of re
 weights, optimizers and schedulers is left to gmux, which restores and checks them at `on_train_start`); the
 training data's iterator is made again under the random states of the epoch's start and advanced past the
 batches already trained on (the loader loads them again, in the same order); the random states are the
-checkpoint's from the next batch on.
+checkpoint's from the fetch of the next batch on (a collate function or dataset drawing noise or crops from them
+draws what it would have drawn unmoved).
 
 A move would change results, and is refused (`why_not_movable`), with a strategy other than a single device
 (DDP, FSDP, DeepSpeed: several processes, sharded state), an IterableDataset or a loader that is not a torch
@@ -89,17 +90,26 @@ def patch(module) -> None:
 
 def _watch_epochs(CombinedLoader) -> None:
     """Each time the fit's training data is iterated (an epoch starts), its random states are noted; in a
-    restored process, the first time, the iterator is made under the saved ones and advanced to the position."""
-    original = CombinedLoader.__iter__
+    restored process, the first time, the iterator is made under the saved ones and advanced to the position,
+    and the checkpoint's random states are put back just before the first batch after it is fetched: a collate
+    function or dataset drawing from them (noise, crops) draws as the moved process would have."""
+    original_iter, original_next = CombinedLoader.__iter__, CombinedLoader.__next__
 
-    @functools.wraps(original)
+    @functools.wraps(original_iter)
     def __iter__(self):
         cb = _active
         if cb is None or cb.trainer.fit_loop._combined_loader is not self:
-            return original(self)
-        return cb.iterate(self, original)
+            return original_iter(self)
+        return cb.iterate(self, original_iter)
 
-    CombinedLoader.__iter__ = __iter__
+    @functools.wraps(original_next)
+    def __next__(self):
+        cb = _active
+        if cb is not None and cb.pending_rng is not None and cb.trainer.fit_loop._combined_loader is self:
+            cb.put_back_rng()
+        return original_next(self)
+
+    CombinedLoader.__iter__, CombinedLoader.__next__ = __iter__, __next__
 
 
 def why_not_movable(trainer, module_hooks) -> Optional[str]:
@@ -154,7 +164,7 @@ def _callback_class(Callback, call, version: str):
             self.position: Optional[dict] = None    # where a restored process resumes its epoch
             self.epoch_start: Optional[dict] = None
             self.index = 0                            # batches of the epoch trained on at the last boundary
-            self._rng = None
+            self.pending_rng = None    # the checkpoint's random states, until the first batch after it is fetched
 
         # -- restoring -----------------------------------------------------------------------------------
         def resume(self, path: str, saved: dict) -> None:
@@ -196,14 +206,19 @@ def _callback_class(Callback, call, version: str):
             if self.restore_from is not None:
                 self.job.restore(self.restore_from)
                 self.job.restored_from = self.restore_from   # gmux-launch checks that the move was restored
-                self._rng = capture_rng()      # in place from the next batch on (the loader was advanced since)
+                # put back again when the first batch is fetched: hooks run after this one (the module's own
+                # on_train_start) may draw, as they did once in the first process, long before the checkpoint
+                self.pending_rng = capture_rng()
                 self.restore_from = None
 
+        def put_back_rng(self) -> None:
+            from gmux.job.state import restore_rng
+            restore_rng(self.pending_rng)
+            self.pending_rng = None
+
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            if self._rng is not None:
-                from gmux.job.state import restore_rng
-                restore_rng(self._rng)
-                self._rng = None
+            if self.pending_rng is not None:    # a loader fetched ahead, before on_train_start: the step at least
+                self.put_back_rng()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             done = batch_idx + 1
