@@ -82,19 +82,21 @@ class SeedableRandomSampler(torch.utils.data.RandomSampler):
 
 
 def _hf(**changes):
-    args = dict(world_size=1, ignore_data_skip=False, dataloader_num_workers=0)
+    args = dict(world_size=1, ignore_data_skip=False, dataloader_num_workers=0, dataloader_persistent_workers=False)
     trainer = dict(is_deepspeed_enabled=False, is_fsdp_enabled=False, train_dataset=TensorDataset(torch.zeros(8)),
                    data_collator=None)
     sampler = changes.pop("sampler", None)
+    changes_loader = {k: changes.pop(k) for k in ("dataset", "collate_fn", "batch_size") if k in changes}
     for k, v in changes.items():
         (args if k in args else trainer)[k] = v
-    loader = SimpleNamespace(batch_sampler=SimpleNamespace(sampler=sampler or SeedableRandomSampler(range(8))))
+    loader = SimpleNamespace(batch_sampler=SimpleNamespace(sampler=sampler or SeedableRandomSampler(range(8))),
+                             **{k: changes_loader[k] for k in changes_loader})
     return huggingface.why_not_movable(SimpleNamespace(args=SimpleNamespace(**args), **trainer), loader)
 
 
 class DataCollatorForLanguageModeling:      # (transformers' class, as far as the check reads it)
-    def __init__(self, mlm: bool):
-        self.mlm = mlm
+    def __init__(self, mlm: bool, seed=None):
+        self.mlm, self.seed = mlm, seed
 
 
 class DataCollatorForWholeWordMask(DataCollatorForLanguageModeling):
@@ -114,11 +116,45 @@ def test_huggingface_moves_only_where_its_resume_is_exact():
                            ({"train_dataset": Stream()}, "IterableDataset"),
                            ({"dataloader_num_workers": 2}, "worker processes"),
                            ({"sampler": torch.utils.data.RandomSampler(range(8))}, "RandomSampler"),
-                           ({"data_collator": DataCollatorForLanguageModeling(mlm=True)}, "draws masks"),
-                           ({"data_collator": DataCollatorForWholeWordMask(mlm=True)}, "DataCollatorForWholeWordMask")):
+                           ({"data_collator": DataCollatorForLanguageModeling(mlm=True, seed=3)}, "seed="),
+                           ({"data_collator": DataCollatorForWholeWordMask(mlm=True, seed=3)},
+                            "DataCollatorForWholeWordMask")):
         why = _hf(**changes)
         assert why and words in why, (changes, why)
+    # masks drawn from the job's random states move exactly (tests/node/test_e2e_frameworks.py moves such a job)
+    assert _hf(data_collator=DataCollatorForLanguageModeling(mlm=True)) is None
+    assert _hf(data_collator=DataCollatorForWholeWordMask(mlm=True)) is None
     assert _hf(data_collator=DataCollatorForLanguageModeling(mlm=False)) is None     # causal LM: no masks
+
+
+class Noisy(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.full((2,), float(i)) + torch.rand(2)      # a random transform, from torch's stream
+
+
+def test_huggingface_tries_a_batch_to_learn_whether_its_data_draws_random_numbers():
+    """Loader workers move exactly when nothing they run draws; a dataset drawing as it is indexed does not even
+    without workers. A batch is tried once, and the random states are as they were after it."""
+    from gmux.job.state import capture_rng
+    plain, noisy = TensorDataset(torch.arange(8.0)), Noisy()
+    collate = torch.utils.data.default_collate
+    noise = lambda items: [t + torch.randn(t.shape) for t in collate(items)]     # noqa: E731
+    torch.manual_seed(3)
+    before = capture_rng()["torch"]
+    assert _hf(dataloader_num_workers=2, dataset=plain, collate_fn=collate, batch_size=4) is None
+    why = _hf(dataloader_num_workers=2, dataloader_persistent_workers=True, dataset=plain, collate_fn=collate)
+    assert why and why.startswith("dataloader_persistent_workers=True"), why
+    why = _hf(dataloader_num_workers=2, dataset=plain, collate_fn=noise, batch_size=4)
+    assert why and "worker processes draw random numbers as its collator collates" in why, why
+    why = _hf(dataloader_num_workers=2, dataset=noisy, collate_fn=collate, batch_size=4)
+    assert why and "as its dataset is indexed" in why, why
+    why = _hf(dataset=noisy, collate_fn=collate, batch_size=4)
+    assert why and "its dataset draws random numbers as it is indexed" in why, why
+    assert _hf(dataset=plain, collate_fn=noise, batch_size=4) is None     # collated in the job's process: exact
+    assert torch.equal(capture_rng()["torch"], before)
 
 
 # -- Lightning: which setups move ----------------------------------------------------------------------------
@@ -213,3 +249,17 @@ def test_the_report_says_whether_the_job_can_move(monkeypatch):
     assert job.report()["movable"] is False and "before" in job.report()["unmovable"]
     frameworks.attach(job, "huggingface", [model], "an IterableDataset", lambda: None)
     assert job.report()["unmovable"] == "an IterableDataset"
+
+
+def test_random_states_kept_by_a_framework_are_checked_before_use():
+    """A Trainer's own random states (the batch fetched ahead, the epoch's start) sit in the checkpoint's free-form
+    state; a damaged or crafted one is refused naming the field, not applied half-way."""
+    from gmux.job.checkpoint import CheckpointError
+    from gmux.job.restore_check import random_states
+    from gmux.job.state import capture_rng
+    good = capture_rng()
+    assert random_states(good, "ckpt", "state 'fetch_rng'") is good
+    for bad in (None, [1, 2], {**good, "torch": good["torch"][:100]}, {**good, "python": (3, (1, 2), None)},
+                {**good, "numpy": "MT19937"}, {**good, "cuda": [torch.zeros(16)]}, {k: good[k] for k in ("torch",)}):
+        with pytest.raises(CheckpointError, match="state 'fetch_rng': not the random states"):
+            random_states(bad, "ckpt", "state 'fetch_rng'")

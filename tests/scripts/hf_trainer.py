@@ -1,12 +1,15 @@
 """A Hugging Face Trainer script as people write them: a small regression model with dropout, a map-style
-dataset, TrainingArguments with gradient accumulation, a linear warm-up schedule and AdamW, then train().
+dataset, a collator that adds noise from torch's global random stream (as masking collators draw their masks),
+TrainingArguments with gradient accumulation, a linear warm-up schedule and AdamW, then train().
 
-usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--unseeded]
+usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--unseeded] [--workers N]
+                       [--no-noise]
 Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
 training at (more than 0 when gmux restored it after a move). --sleep stands for waiting on input in the
 collator each micro-batch; it changes no number. --wait-for holds training back until FILE exists (a test's
 starting gun; no number changes). --unseeded shuffles with torch's RandomSampler instead of
-accelerate's seeded one (the epoch's order then comes from the global random state).
+accelerate's seeded one (the epoch's order then comes from the global random state). --workers loads the data
+in N worker processes; --no-noise leaves the collator's noise out.
 """
 import argparse
 import hashlib
@@ -26,6 +29,8 @@ p.add_argument("--samples", type=int, default=256)
 p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--wait-for", default=None, help="train only once this file exists")
 p.add_argument("--unseeded", action="store_true")
+p.add_argument("--workers", type=int, default=0)
+p.add_argument("--no-noise", action="store_true")
 a = p.parse_args()
 torch.set_num_threads(1)
 
@@ -57,7 +62,10 @@ class Points(torch.utils.data.Dataset):
 def collate(items):
     if a.sleep:
         time.sleep(a.sleep)
-    return {k: torch.stack([it[k] for it in items]) for k in items[0]}
+    batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
+    if not a.no_noise:
+        batch["x"] = batch["x"] + 0.05 * torch.randn_like(batch["x"])
+    return batch
 
 
 class FirstStep(TrainerCallback):
@@ -72,7 +80,7 @@ args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf-out-"), per_devi
                          gradient_accumulation_steps=2, num_train_epochs=a.epochs, learning_rate=3e-3,
                          lr_scheduler_type="linear", warmup_steps=5, weight_decay=0.01, logging_strategy="no",
                          save_strategy="no", report_to="none", seed=0, use_cpu=True, disable_tqdm=True,
-                         dataloader_num_workers=0, accelerator_config={"use_seedable_sampler": not a.unseeded})
+                         dataloader_num_workers=a.workers, accelerator_config={"use_seedable_sampler": not a.unseeded})
 set_seed(0)
 first = FirstStep()
 trainer = Trainer(model=Regressor(), args=args, train_dataset=Points(a.samples), data_collator=collate,

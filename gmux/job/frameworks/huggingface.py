@@ -15,15 +15,21 @@ pointing at a directory holding only that `trainer_state.json`, so the Trainer c
 batches to skip itself (accelerate's `skip_first_batches`; its seeded sampler gives each epoch the same order
 in any process); its loading of weights, optimizer, scheduler and scaler is replaced by gmux's restore of the
 checkpoint at `on_train_begin` (checked against the live objects before anything is applied), and its loading
-of the random states by the states the checkpoint holds, at the point the Trainer loads them.
+of the random states by the states the checkpoint holds. accelerate fetches one batch ahead, so at a boundary the
+next step's first batch was already collated, under the random states of before the step; the checkpoint keeps
+those too (`fetch_rng`), and a restored process collates that batch under them and the one after it under the
+checkpoint's, as the unmoved process did (a collator drawing masks or noise draws the same).
 
 A move would change results, and is refused (`why_not_movable`), with DeepSpeed or FSDP (they shard and
 checkpoint the state themselves), several processes, an IterableDataset (its stream cannot be rewound to a
 position), a shuffling sampler that is not accelerate's seeded one (`use_seedable_sampler=False`, a custom
-sampler: the epoch's order would differ), data-loader workers (their seeds come from the random state when
-the epoch's iterator starts, which a restored process does not reproduce), a data collator that draws masks as
-it collates (masked or permutation language modelling: the Trainer collates the resumed step's batches before it
-loads the random states) and `ignore_data_skip=True`.
+sampler: the epoch's order would differ), data-loader workers whose dataset or collator draws random numbers
+(their seeds come from the random state when the epoch's iterator starts, and a restored process's workers
+load other batches first; whether they draw is tried once on a first batch in this process, the random states
+put back after) or that persist (`dataloader_persistent_workers`: measured, a later epoch's order is not a new
+loader's), with no workers a dataset that draws as it is indexed (the batch fetched ahead is indexed
+again in a restored process, under other states), a masking data collator with a generator of its own (`seed=`:
+its state is not the job's) and `ignore_data_skip=True`.
 """
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ from gmux.job import frameworks
 
 FRAMEWORK = "huggingface"
 _EXACT_SAMPLERS = ("SequentialSampler", "SeedableRandomSampler")
-_MASKING = ("DataCollatorForWholeWordMask", "DataCollatorForPermutationLanguageModeling")
+_MASKING = ("DataCollatorForLanguageModeling", "DataCollatorForPermutationLanguageModeling")
 _LOADERS = ("_load_from_checkpoint", "_load_optimizer_and_scheduler", "_load_scaler", "_load_rng_state")
 
 
@@ -67,8 +73,12 @@ def patch(module) -> None:
                     print(f"gmux: resuming from {path} (where this job was moved from), not from "
                           f"{resume_from_checkpoint!r}", file=sys.stderr)
                 scratch = tempfile.mkdtemp(prefix="gmux-hf-")
+                saved = frameworks.saved_state(path, FRAMEWORK)
+                if saved.get("fetch_rng") is not None:
+                    from gmux.job.restore_check import random_states
+                    callback.fetch_rng = random_states(saved["fetch_rng"], path, "state 'fetch_rng'")
                 with open(os.path.join(scratch, "trainer_state.json"), "w") as f:
-                    f.write(frameworks.saved_state(path, FRAMEWORK)["trainer_state"])
+                    f.write(saved["trainer_state"])
                 callback.restore_from = path
                 _take_over_loading(self, callback)
                 resume_from_checkpoint = scratch
@@ -109,14 +119,24 @@ def why_not_movable(trainer, train_dataloader) -> Optional[str]:
     import torch.utils.data
     if isinstance(trainer.train_dataset, torch.utils.data.IterableDataset):
         return "its dataset is an IterableDataset, whose stream cannot be rewound to a position"
-    if args.dataloader_num_workers:
-        return ("its data loader has worker processes, seeded from the random state when each epoch starts, "
-                "which a resumed run does not reproduce")
+    if args.dataloader_num_workers and args.dataloader_persistent_workers:
+        return ("dataloader_persistent_workers=True: an epoch after the first is drawn in an order that a new "
+                "process's loader does not give for that epoch")
+    loader = getattr(train_dataloader, "base_dataloader", train_dataloader)
+    draws = _draws(getattr(loader, "dataset", None), getattr(loader, "collate_fn", None),
+                   getattr(loader, "batch_size", None) or 1)
+    if args.dataloader_num_workers and (draws is None or any(draws)):
+        what = ("draw random numbers as its dataset is indexed" if draws[0] else
+                "draw random numbers as its collator collates") if draws else \
+            "may draw random numbers (a batch of its data could not be tried in the job's process)"
+        return f"its data loader's worker processes {what}, under seeds a resumed run's workers do not have"
+    if draws and draws[0]:
+        return ("its dataset draws random numbers as it is indexed (a random transform), and a resumed run "
+                "indexes the batch fetched ahead again under other random states")
     collator = type(getattr(trainer, "data_collator", None))
-    masking = [c.__name__ for c in collator.__mro__ if c.__name__ in _MASKING]
-    if masking or (collator.__name__ == "DataCollatorForLanguageModeling" and getattr(trainer.data_collator, "mlm", 0)):
-        return (f"its data collator ({collator.__name__}) draws masks from the random state as it collates, and a "
-                f"resumed run collates its first batches before it has the random state back")
+    if any(c.__name__ in _MASKING for c in collator.__mro__) and getattr(trainer.data_collator, "seed", None) is not None:
+        return (f"its data collator ({collator.__name__}) draws masks from a generator of its own (seed=), whose "
+                f"state a resumed run does not have")
     sampler = getattr(getattr(train_dataloader, "batch_sampler", None), "sampler", None) \
         or getattr(train_dataloader, "sampler", None)
     name = type(sampler).__name__
@@ -124,6 +144,30 @@ def why_not_movable(trainer, train_dataloader) -> Optional[str]:
         return (f"its training data is drawn by a {name}, whose order a resumed run does not reproduce "
                 f"(accelerate's seeded sampler does: accelerator_config use_seedable_sampler=True, the default)")
     return None
+
+
+def _draws(dataset, collate, size: int) -> Optional[tuple[bool, bool]]:
+    """Whether indexing the dataset, and collating a batch of it, draws from the random states: tried once on its
+    first items, the states put back after. None if it cannot be tried here."""
+    from gmux.job.state import capture_rng, restore_rng
+    if dataset is None or collate is None:
+        return None
+    before = capture_rng()
+    try:
+        items = [dataset[i] for i in range(min(size, len(dataset)))]
+        indexed = not _same(before, capture_rng())
+        collate(items)
+        return indexed, not _same(before, capture_rng())
+    except Exception:
+        return None
+    finally:
+        restore_rng(before)
+
+
+def _same(a: dict, b: dict) -> bool:
+    import torch
+    return a["python"] == b["python"] and torch.equal(a["torch"], b["torch"]) and all(
+        (x == y).all() if hasattr(x, "all") else x == y for x, y in zip(a["numpy"], b["numpy"]))
 
 
 def _callback_class(TrainerCallback):
@@ -134,6 +178,8 @@ def _callback_class(TrainerCallback):
             self.trainer, self.job = trainer, job
             self.restore_from: Optional[str] = None
             self._rng = None
+            self.fetch_rng = None       # a restored process: the states the first batch it fetches was collated under
+            self.collation: Optional[_Collation] = None
             self._after_log = False
 
         def on_train_begin(self, args, state, control, **kwargs):
@@ -145,6 +191,9 @@ def _callback_class(TrainerCallback):
             frameworks.attach(self.job, FRAMEWORK,
                               [trainer.model, optimizer, scheduler, getattr(trainer.accelerator, "scaler", None)],
                               why_not_movable(trainer, kwargs.get("train_dataloader")), self.refresh)
+            loader = getattr(kwargs.get("train_dataloader"), "base_dataloader", kwargs.get("train_dataloader"))
+            if loader is not None and not loader.num_workers and not isinstance(loader.collate_fn, _Collation):
+                self.collation = loader.collate_fn = _Collation(loader.collate_fn, self)
             if self.restore_from is not None:
                 from gmux.job.state import capture_rng
                 self.job.restore(self.restore_from)
@@ -185,8 +234,39 @@ def _callback_class(TrainerCallback):
                 callbacks.setdefault(cb.__class__.__name__, []).append(cb.state())
             trainer.state.stateful_callbacks = {k: v[0] if len(v) == 1 else v for k, v in callbacks.items()}
             self.job.tracked.state["trainer_state"] = json.dumps(dataclasses.asdict(trainer.state), sort_keys=True)
+            gradient = trainer.accelerator.gradient_state
+            ahead = self.collation is not None and gradient.in_dataloader and not gradient.end_of_dataloader
+            self.job.tracked.state["fetch_rng"] = self.collation.before if ahead else None
 
     return GmuxCallback
+
+
+class _Collation:
+    """The training loader's collate function, noting the random states each batch is collated under; in a
+    restored process it collates the first batch under the states that batch had unmoved and the second under the
+    checkpoint's (until then the Trainer's own loading of them is held back: it comes after both)."""
+
+    def __init__(self, collate, callback):
+        self.collate, self.callback = collate, callback
+        self.before = None
+        self._second = False
+
+    def __call__(self, items):
+        from gmux.job.state import capture_rng, restore_rng
+        cb = self.callback
+        if cb.fetch_rng is not None:
+            restore_rng(cb.fetch_rng)
+            cb.fetch_rng, self._second = None, True
+        elif self._second:
+            self._second = False
+            cb.put_back_rng()
+        self.before = capture_rng()
+        return self.collate(items)
+
+    def __getattr__(self, name):       # what the Trainer or a script reads of its collator
+        if name.startswith("__") or name == "collate":
+            raise AttributeError(name)
+        return getattr(self.collate, name)
 
 
 def _is_scheduler(obj) -> bool:

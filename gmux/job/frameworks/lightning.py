@@ -168,6 +168,8 @@ def _callback_class(Callback, call, version: str):
 
         # -- restoring -----------------------------------------------------------------------------------
         def resume(self, path: str, saved: dict) -> None:
+            from gmux.job.restore_check import random_states
+            random_states(saved["data"].get("rng"), path, "state 'data' 'rng'")
             self.restore_from, self.position = path, saved["data"]
             connector = self.trainer._checkpoint_connector
             loaded = dict(saved["lightning"])
