@@ -180,9 +180,12 @@ def test_lightning_moves_only_where_its_resume_is_exact():
                           ({"hooks": ["on_save_checkpoint"]}, "on_save_checkpoint"),
                           ({"loaders": [DataLoader(Stream())]}, "IterableDataset"),
                           ({"loaders": [[1, 2, 3]]}, "not a torch DataLoader"),
-                          ({"loaders": [DataLoader(data, num_workers=1, persistent_workers=True)]}, "persistent")):
+                          ({"loaders": [DataLoader(Noisy(), num_workers=1, persistent_workers=True)]},
+                           "persistent_workers=True, and its dataset or collate function draws")):
         why = _lt(**kwargs)
         assert why and words in why, (kwargs, why)
+    # persistent workers that draw nothing move (tests/node/test_e2e_loader_workers.py moves such a job)
+    assert _lt(loaders=[DataLoader(data, num_workers=1, persistent_workers=True)]) is None
 
 
 Callback = type("Callback", (), {"on_save_checkpoint": lambda self, *a: None,

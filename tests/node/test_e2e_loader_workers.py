@@ -1,6 +1,7 @@
-"""End to end: a Hugging Face Trainer loading its data in worker processes moves to a new process and ends
-bit-identical to its solo run when nothing its workers run draws random numbers; when its collator draws (noise
-added in the workers), the move is refused with the reason and the job finishes where it is.
+"""End to end: a Trainer loading its data in worker processes moves to a new process and ends bit-identical to its
+solo run when nothing its workers run draws random numbers (Hugging Face with workers; Lightning with persistent
+workers, moved in an epoch after the one they started in); when its collate function draws (noise added in the
+workers), the move is refused with the reason and the job finishes where it is.
 """
 import importlib.util
 import os
@@ -10,42 +11,52 @@ import pytest
 from gmux.wire.daemon_client import GmuxError
 from node_harness import ROOT, Node, result, start_py
 
-HF = os.path.join(ROOT, "tests", "scripts", "hf_trainer.py")
-ARGS = ["--epochs", "4", "--samples", "256", "--workers", "2", "--sleep", "0.1"]
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                                reason="transformers not installed (pip install -e .[test])")
+SCRIPTS = os.path.join(ROOT, "tests", "scripts")
+# 4 epochs of 32 batches of 8, two per optimizer step: 64 steps; each batch waits 100 ms in a worker
+CASES = {
+    "huggingface": ("transformers", os.path.join(SCRIPTS, "hf_trainer.py"), ["--workers", "2"], 0,
+                    "worker processes draw random numbers as its collator collates"),
+    # moved once it is past its first epoch (15 boundaries: none at an epoch's last batch)
+    "lightning": ("lightning", os.path.join(SCRIPTS, "lightning_train.py"), ["--workers", "2", "--persistent"], 20,
+                  "persistent_workers=True, and its dataset or collate function draws"),
+}
+ARGS = ["--epochs", "4", "--samples", "256", "--sleep", "0.1"]
 
 
-def _movable(node: Node, job: str) -> dict:
-    def framework():
+def _at_step(node: Node, job: str, step: int) -> dict:
+    def there():
         info = node.job(job)
-        return info if (info.get("report") or {}).get("control") == "framework" and info["step"] > 0 else None
-    return node.wait_for(framework, 120, "the Trainer under gmux") or node.job(job)
+        return info if (info.get("report") or {}).get("control") == "framework" and info["step"] > step else None
+    return node.wait_for(there, 120, f"the Trainer under gmux past step {step}")
 
 
-def test_loader_workers_that_draw_nothing_move_exactly_and_drawing_ones_are_refused(tmp_path):
-    solo = start_py(HF, str(tmp_path / "solo.json"), *ARGS, "--no-noise", log=str(tmp_path / "solo.log"))
+@pytest.mark.parametrize("name", list(CASES))
+def test_loader_workers_that_draw_nothing_move_exactly_and_drawing_ones_are_refused(tmp_path, name):
+    module, script, workers, step, refusal = CASES[name]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} not installed (pip install -e .[test])")
+    solo = start_py(script, str(tmp_path / "solo.json"), *ARGS, *workers, "--no-noise", log=str(tmp_path / "solo.log"))
     node = Node(tmp_path, "--virtual-gpus", "2x1GiB")
     try:
-        quiet = node.launch(HF, str(tmp_path / "quiet.json"), *ARGS, "--no-noise", opts=["--gpu", "0"],
+        quiet = node.launch(script, str(tmp_path / "quiet.json"), *ARGS, *workers, "--no-noise", opts=["--gpu", "0"],
                             log_name="quiet.log")
         job = node.job_of(quiet.pid, 60)
-        info = _movable(node, job)
+        info = _at_step(node, job, step)
         assert info["report"]["movable"] and info["state"] == "running", info["report"]
         node.call("migrate", job=job, gpu=1, new_process=True)
         assert quiet.wait(300) == 0, (tmp_path / "quiet.log").read_text()[-3000:]
         assert solo.wait(300) == 0, (tmp_path / "solo.log").read_text()[-3000:]
         moved, alone = result(tmp_path / "quiet.json"), result(tmp_path / "solo.json")
-        assert moved["first_step"] > 0 and node.job(job)["migrations"] == 1, (moved, node.job(job))
+        assert moved["first_step"] > step and node.job(job)["migrations"] == 1, (moved, node.job(job))
         assert moved["global_step"] == alone["global_step"] == 64
         assert moved["sha256"] == alone["sha256"], (moved, alone)
 
-        noisy = node.launch(HF, str(tmp_path / "noisy.json"), *ARGS, opts=["--gpu", "0"], log_name="noisy.log")
+        noisy = node.launch(script, str(tmp_path / "noisy.json"), *ARGS, *workers, opts=["--gpu", "0"],
+                            log_name="noisy.log")
         job = node.job_of(noisy.pid, 60)
-        info = _movable(node, job)
-        why = info["report"]["unmovable"] or ""    # (a report carries its first 64 characters)
-        assert why.startswith("its data loader's worker processes draw random"), info["report"]
-        with pytest.raises(GmuxError, match="worker processes draw random numbers as its collator collates"):
+        info = _at_step(node, job, 0)
+        assert not info["report"]["movable"] and info["report"]["unmovable"], info["report"]
+        with pytest.raises(GmuxError, match=refusal):
             node.call("migrate", job=job, gpu=1, new_process=True)
         assert noisy.wait(300) == 0, (tmp_path / "noisy.log").read_text()[-3000:]
         assert result(tmp_path / "noisy.json")["first_step"] == 0 and node.job(job)["migrations"] == 0

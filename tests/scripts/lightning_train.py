@@ -2,11 +2,13 @@
 function adds noise from torch's global random stream (an augmentation), Adam with a per-step LR schedule,
 gradient accumulation, then Trainer.fit().
 
-usage: lightning_train.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE]
+usage: lightning_train.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--workers N] [--persistent]
+                           [--no-noise]
 Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
 training at (more than 0 when gmux restored it after a move). --sleep stands for waiting on input in the
 collate function each batch; it changes no number. --wait-for holds training back until FILE exists (a
-test's starting gun; no number changes).
+test's starting gun; no number changes). --workers loads the data in N worker processes (--persistent: kept
+across epochs); --no-noise leaves the collate function's noise out.
 """
 import argparse
 import hashlib
@@ -25,6 +27,9 @@ p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--samples", type=int, default=256)
 p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--wait-for", default=None, help="train only once this file exists")
+p.add_argument("--workers", type=int, default=0)
+p.add_argument("--persistent", action="store_true")
+p.add_argument("--no-noise", action="store_true")
 a = p.parse_args()
 torch.set_num_threads(1)
 
@@ -33,7 +38,7 @@ def collate(items):
     if a.sleep:
         time.sleep(a.sleep)
     x, y = default_collate(items)
-    return x + 0.05 * torch.randn_like(x), y
+    return (x, y) if a.no_noise else (x + 0.05 * torch.randn_like(x), y)
 
 
 class Regressor(pl.LightningModule):
@@ -54,7 +59,8 @@ class Regressor(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def train_dataloader(self):
-        return DataLoader(self.data, batch_size=8, shuffle=True, collate_fn=collate)
+        return DataLoader(self.data, batch_size=8, shuffle=True, collate_fn=collate, num_workers=a.workers,
+                          persistent_workers=a.persistent)
 
 
 class FirstStep(pl.Callback):

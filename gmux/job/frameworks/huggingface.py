@@ -123,7 +123,7 @@ def why_not_movable(trainer, train_dataloader) -> Optional[str]:
         return ("dataloader_persistent_workers=True: an epoch after the first is drawn in an order that a new "
                 "process's loader does not give for that epoch")
     loader = getattr(train_dataloader, "base_dataloader", train_dataloader)
-    draws = _draws(getattr(loader, "dataset", None), getattr(loader, "collate_fn", None),
+    draws = frameworks.draws(getattr(loader, "dataset", None), getattr(loader, "collate_fn", None),
                    getattr(loader, "batch_size", None) or 1)
     if args.dataloader_num_workers and (draws is None or any(draws)):
         what = ("draw random numbers as its dataset is indexed" if draws[0] else
@@ -144,30 +144,6 @@ def why_not_movable(trainer, train_dataloader) -> Optional[str]:
         return (f"its training data is drawn by a {name}, whose order a resumed run does not reproduce "
                 f"(accelerate's seeded sampler does: accelerator_config use_seedable_sampler=True, the default)")
     return None
-
-
-def _draws(dataset, collate, size: int) -> Optional[tuple[bool, bool]]:
-    """Whether indexing the dataset, and collating a batch of it, draws from the random states: tried once on its
-    first items, the states put back after. None if it cannot be tried here."""
-    from gmux.job.state import capture_rng, restore_rng
-    if dataset is None or collate is None:
-        return None
-    before = capture_rng()
-    try:
-        items = [dataset[i] for i in range(min(size, len(dataset)))]
-        indexed = not _same(before, capture_rng())
-        collate(items)
-        return indexed, not _same(before, capture_rng())
-    except Exception:
-        return None
-    finally:
-        restore_rng(before)
-
-
-def _same(a: dict, b: dict) -> bool:
-    import torch
-    return a["python"] == b["python"] and torch.equal(a["torch"], b["torch"]) and all(
-        (x == y).all() if hasattr(x, "all") else x == y for x, y in zip(a["numpy"], b["numpy"]))
 
 
 def _callback_class(TrainerCallback):

@@ -21,7 +21,10 @@ draws what it would have drawn unmoved).
 
 A move would change results, and is refused (`why_not_movable`), with a strategy other than a single device
 (DDP, FSDP, DeepSpeed: several processes, sharded state), an IterableDataset or a loader that is not a torch
-DataLoader (no position to return to), persistent workers (their random state carries across epochs),
+DataLoader (no position to return to), persistent workers whose dataset or collate function draws random numbers
+(their random state carries across epochs; whether they draw is tried once on a first batch in the job's process,
+the random states put back after; workers that draw nothing move, their base seed in a new process drawn from a
+generator of their own, as the unmoved run's workers drew theirs only when its first epoch began),
 `reload_dataloaders_every_n_epochs` (the loader is made anew under random states a resumed run does not have),
 a LightningModule or a callback (Lightning's own ModelPruning and EMAWeightAveraging among them) that overrides
 `on_save_checkpoint`/`on_load_checkpoint` (state of its own that gmux does not see), a callback that changes the
@@ -135,8 +138,12 @@ def why_not_movable(trainer, module_hooks) -> Optional[str]:
             return f"its training data is a {type(dl).__name__}, not a torch DataLoader: no position to return to"
         if isinstance(dl.dataset, torch.utils.data.IterableDataset):
             return "its dataset is an IterableDataset, whose stream cannot be rewound to a position"
-        if dl.persistent_workers:
-            return "persistent_workers=True: its workers' random state carries across epochs"
+        if dl.persistent_workers and dl.num_workers:
+            drew = frameworks.draws(dl.dataset, dl.collate_fn, dl.batch_size or 1)
+            if drew is None or any(drew):
+                what = "its dataset or collate function " + ("could not be tried" if drew is None else "draws")
+                return (f"persistent_workers=True, and {what}: its workers' random states carry across epochs, "
+                        f"and a resumed run's workers start anew")
     return None
 
 
@@ -164,6 +171,7 @@ def _callback_class(Callback, call, version: str):
             self.position: Optional[dict] = None    # where a restored process resumes its epoch
             self.epoch_start: Optional[dict] = None
             self.index = 0                            # batches of the epoch trained on at the last boundary
+            self.workers_from: Optional[int] = None   # the epoch the run's first process began (its workers too)
             self.pending_rng = None    # the checkpoint's random states, until the first batch after it is fetched
 
         # -- restoring -----------------------------------------------------------------------------------
@@ -185,6 +193,8 @@ def _callback_class(Callback, call, version: str):
             from gmux.job.state import capture_rng, restore_rng
             generators = _generators(loader)
             if self.position is None:
+                if self.workers_from is None:
+                    self.workers_from = self.trainer.current_epoch
                 self.epoch_start = {"rng": capture_rng(), "generators": [g.get_state() for g in generators]}
                 return original(loader)
             position, self.position = self.position, None
@@ -192,7 +202,11 @@ def _callback_class(Callback, call, version: str):
             for g, state in zip(generators, position["generators"]):
                 g.set_state(state)
             self.epoch_start = {"rng": position["rng"], "generators": position["generators"]}
-            it = original(loader)
+            # persistent workers started in an earlier epoch drew their base seed then, not at this epoch's start:
+            # the new process's workers draw theirs from a generator of their own (they draw nothing: checked)
+            self.workers_from = position.get("workers_from", self.trainer.current_epoch)
+            later = self.trainer.current_epoch > self.workers_from
+            it = _seeded_apart(loader, original) if later else original(loader)
             for _ in range(position["index"]):
                 next(it)
             self.index = position["index"]
@@ -252,7 +266,8 @@ def _callback_class(Callback, call, version: str):
                 if state:
                     saved[trainer.datamodule.__class__.__qualname__] = state
             self.job.tracked.state["lightning"] = plain(saved, "lightning state")
-            self.job.tracked.state["data"] = {**(self.epoch_start or {}), "index": self.index}
+            self.job.tracked.state["data"] = {**(self.epoch_start or {}), "index": self.index,
+                                              "workers_from": self.workers_from}
 
     return GmuxCallback
 
@@ -271,6 +286,21 @@ def _overrides(pl_module, hook: str) -> bool:
         if hook in cls.__dict__:
             return not cls.__module__.startswith(("lightning.", "pytorch_lightning."))
     return False
+
+
+def _seeded_apart(loader, original):
+    """`original(loader)` with each persistent-worker DataLoader's base seed drawn from a scratch generator (its
+    sampler keeps its own generator, or the global stream)."""
+    import torch
+    swapped = [(dl, dl.generator) for dl in loader.flattened
+               if getattr(dl, "persistent_workers", False) and getattr(dl, "num_workers", 0)]
+    try:
+        for dl, _ in swapped:
+            dl.generator = torch.Generator()
+        return original(loader)
+    finally:
+        for dl, generator in swapped:
+            dl.generator = generator
 
 
 def _generators(loader) -> list:
