@@ -101,31 +101,6 @@ def attach(job, framework: str, objects: list, why_not_movable: Optional[str], r
         os.environ[WARM_ENV] = module   # for the process that continues this one after a move
 
 
-def draws(dataset, collate, size: int) -> Optional[tuple[bool, bool]]:
-    """Whether indexing the dataset, and collating a batch of it, draws from the random states: tried once on its
-    first items, the states put back after. None if it cannot be tried here."""
-    from gmux.job.state import capture_rng, restore_rng
-    if dataset is None or collate is None:
-        return None
-    before = capture_rng()
-    try:
-        items = [dataset[i] for i in range(min(size, len(dataset)))]
-        indexed = not same(before, capture_rng())
-        collate(items)
-        return indexed, not same(before, capture_rng())
-    except Exception:
-        return None
-    finally:
-        restore_rng(before)
-
-
-def same(a: dict, b: dict) -> bool:
-    """Whether two captures of the random states (gmux.job.state.capture_rng) are the same, CUDA's aside."""
-    import torch
-    return a["python"] == b["python"] and torch.equal(a["torch"], b["torch"]) and all(
-        (x == y).all() if hasattr(x, "all") else x == y for x, y in zip(a["numpy"], b["numpy"]))
-
-
 # what a script's source says about the Trainer it will import: `from transformers import Trainer`,
 # `import lightning.pytorch as pl`, `import lightning as L`, `import pytorch_lightning`
 # (every pattern of an entry must match; an import of several names may span lines)

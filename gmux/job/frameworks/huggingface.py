@@ -43,6 +43,7 @@ import tempfile
 from typing import Optional
 
 from gmux.job import frameworks
+from gmux.job.data_draws import draws
 
 FRAMEWORK = "huggingface"
 _EXACT_SAMPLERS = ("SequentialSampler", "SeedableRandomSampler")
@@ -123,14 +124,14 @@ def why_not_movable(trainer, train_dataloader) -> Optional[str]:
         return ("dataloader_persistent_workers=True: an epoch after the first is drawn in an order that a new "
                 "process's loader does not give for that epoch")
     loader = getattr(train_dataloader, "base_dataloader", train_dataloader)
-    draws = frameworks.draws(getattr(loader, "dataset", None), getattr(loader, "collate_fn", None),
-                   getattr(loader, "batch_size", None) or 1)
-    if args.dataloader_num_workers and (draws is None or any(draws)):
-        what = ("draw random numbers as its dataset is indexed" if draws[0] else
-                "draw random numbers as its collator collates") if draws else \
+    drew = draws(getattr(loader, "dataset", None), getattr(loader, "collate_fn", None),
+                  getattr(loader, "batch_size", None) or 1)
+    if args.dataloader_num_workers and (drew is None or any(drew)):
+        what = ("draw random numbers as its dataset is indexed" if drew[0] else
+                "draw random numbers as its collator collates") if drew else \
             "may draw random numbers (a batch of its data could not be tried in the job's process)"
         return f"its data loader's worker processes {what}, under seeds a resumed run's workers do not have"
-    if draws and draws[0]:
+    if drew and drew[0]:
         return ("its dataset draws random numbers as it is indexed (a random transform), and a resumed run "
                 "indexes the batch fetched ahead again under other random states")
     collator = type(getattr(trainer, "data_collator", None))

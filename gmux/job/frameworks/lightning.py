@@ -41,6 +41,7 @@ import sys
 from typing import Optional
 
 from gmux.job import frameworks
+from gmux.job.data_draws import draws
 
 FRAMEWORK = "lightning"
 _active = None      # the GmuxCallback of the fit in progress (one at a time in a process)
@@ -139,7 +140,7 @@ def why_not_movable(trainer, module_hooks) -> Optional[str]:
         if isinstance(dl.dataset, torch.utils.data.IterableDataset):
             return "its dataset is an IterableDataset, whose stream cannot be rewound to a position"
         if dl.persistent_workers and dl.num_workers:
-            drew = frameworks.draws(dl.dataset, dl.collate_fn, dl.batch_size or 1)
+            drew = draws(dl.dataset, dl.collate_fn, dl.batch_size or 1)
             if drew is None or any(drew):
                 what = "its dataset or collate function " + ("could not be tried" if drew is None else "draws")
                 return (f"persistent_workers=True, and {what}: its workers' random states carry across epochs, "
