@@ -158,20 +158,37 @@ def test_a_move_replays_what_the_script_drew_at_its_epochs_start(tmp):
     assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
 
 
-def test_a_move_with_workers_started_in_an_earlier_epoch_is_refused_and_the_job_runs_on(tmp):
-    """persistent_workers=True: workers started in epoch 0 carry their random state into epoch 1, which a new
-    process cannot give them, so a move asked for in epoch 1 is refused (said on the job's stderr) and the job
-    ends where it is, as if never asked; one asked for in epoch 0, where they start, moves exactly."""
+def test_a_move_with_drawing_workers_started_in_an_earlier_epoch_is_refused_and_the_job_runs_on(tmp):
+    """persistent_workers=True over a dataset drawing noise: workers started in epoch 0 carry their random state
+    into epoch 1, which a new process cannot give them, so a move asked for in epoch 1 is refused (said on the
+    job's stderr) and the job ends where it is, as if never asked; one asked for in epoch 0, where they start,
+    moves exactly."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
     args = ["--workers", "2", "--persistent"]
     run_py(script, f"{tmp}/solo.pt", *args)
     stayed = run_py(script, f"{tmp}/stayed.pt", *args, "--migrate-at", "17", "--checkpoint", f"{tmp}/a.ckpt")
-    assert "gmux: move refused, the job runs on here: its loader's persistent_workers were started" in stayed.stderr
+    assert ("gmux: move refused, the job runs on here: its loader's persistent_workers were started in an earlier "
+            "epoch and its dataset or collate function draws random numbers") in stayed.stderr
     assert not os.path.exists(f"{tmp}/a.ckpt")
     assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/stayed.pt"), "model")
     run_py(script, f"{tmp}/x.pt", *args, "--migrate-at", "5", "--checkpoint", f"{tmp}/b.ckpt")
     run_py(script, f"{tmp}/moved.pt", *args, "--restore", f"{tmp}/b.ckpt")
     assert not os.path.exists(f"{tmp}/x.pt")
+    assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
+
+
+def test_persistent_workers_that_draw_nothing_move_in_any_epoch(tmp):
+    """Persistent workers over a dataset that draws nothing: moved in epoch 1 and again in epoch 2, each new
+    process's workers drawing their seed apart (the first process drew none after epoch 0: drawn from the loader's
+    generator, it shifted the epoch's shuffle), the run ends as if never moved."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+    args = ["--workers", "2", "--persistent", "--quiet-data"]
+    run_py(script, f"{tmp}/solo.pt", *args)
+    run_py(script, f"{tmp}/x.pt", *args, "--migrate-at", "17", "--checkpoint", f"{tmp}/a.ckpt")
+    run_py(script, f"{tmp}/x.pt", *args, "--restore", f"{tmp}/a.ckpt", "--migrate-at", "29", "--checkpoint",
+           f"{tmp}/b.ckpt")
+    run_py(script, f"{tmp}/moved.pt", *args, "--restore", f"{tmp}/b.ckpt")
+    assert not os.path.exists(f"{tmp}/x.pt")     # each move's first process ended at its move
     assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
 
 

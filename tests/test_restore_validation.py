@@ -180,6 +180,9 @@ def test_a_non_numeric_step_count_or_position_is_refused_before_anything_changes
     snap = small_job().snapshot()
     snap["position"]["epoch_rng"] = None      # mid-epoch (index 2) needs the epoch's random state to replay
     refused(tmp, forge.written(snap), r"position 'epoch_rng'")
+    snap = small_job().snapshot()
+    snap["position"]["reused_workers"] = "yes"
+    refused(tmp, forge.written(snap), r"position 'reused_workers': a str, the job has a bool")
 
 
 def test_a_shared_reference_bomb_is_refused_while_decoding(tmp):

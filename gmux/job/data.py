@@ -18,8 +18,10 @@ One loader per epoch marks the boundaries (batches()); others read while it is, 
 inside it; a move asked for later in the epoch waits for the next one's (Job.boundary).
 
 Limits, stated where users look: a loader whose persistent_workers were started in an earlier epoch carries
-their seed and random state from then, which a new process cannot give new workers, so a move is refused in
-such an epoch (reused_workers); a generator the script draws from of its own and did not attach is not seen
+their seed and random state from then, which a new process cannot give new workers: a move is refused in such an
+epoch if its dataset or collate function draws random numbers (reused_workers; tried once on a first batch),
+and where they draw nothing the new process's workers draw their seed from a generator of their own, as the
+first process drew none that epoch; a generator the script draws from of its own and did not attach is not seen
 (attached, gmux.job.generators keeps it). Suspend/resume in one process is always exact.
 """
 from __future__ import annotations
@@ -27,10 +29,13 @@ from __future__ import annotations
 import gc
 import itertools
 import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
+
+from .data_draws import draws
 
 
 @dataclass
@@ -55,6 +60,8 @@ class DataPosition:
     replay: bool = False                            # set by a restore: the next data() call fast-forwards
     # While a restored epoch is re-entered: the streams as the checkpoint left them, put back after the replay.
     at_checkpoint: Optional[dict] = None
+    # The epoch's loader kept persistent workers started in an earlier epoch (no seed drawn for them this epoch)
+    reused_workers: bool = False
     unmovable: Optional[str] = None     # why this epoch cannot continue exactly in a new process (a move refuses)
     # The loader that marks the boundaries this epoch, its reading under way (None: none is), the readings of
     # other loaders under way, and how many of those were started after the epoch's loader had ended.
@@ -67,13 +74,14 @@ class DataPosition:
         return {"epoch": self.epoch, "index": self.index, "epoch_rng": self.epoch_rng,
                 "epoch_generator": self.epoch_generator, "marked_by_script": self.marked_by_script,
                 "epoch_streams": self.epoch_streams, "data_streams": self.data_streams,
-                "beside": [r.to_dict() for r in self.others]}
+                "beside": [r.to_dict() for r in self.others], "reused_workers": self.reused_workers}
 
     @classmethod
     def from_dict(cls, d: dict) -> "DataPosition":
         return cls(int(d["epoch"]), int(d["index"]), d["epoch_rng"], d["epoch_generator"],
                    bool(d["marked_by_script"]), d.get("epoch_streams"), d.get("data_streams"),
-                   list(d.get("beside") or []), replay=d["index"] > 0)
+                   list(d.get("beside") or []), replay=d["index"] > 0,
+                   reused_workers=bool(d.get("reused_workers", False)))
 
     def start_epoch(self) -> None:
         self.index, self.replay, self.loader, self.current = 0, False, None, None
@@ -129,14 +137,24 @@ def generator_states(saved) -> list:
     return saved if isinstance(saved, list) else [] if saved is None else [saved]
 
 
-def reused_workers(loader) -> Optional[str]:
-    """Why an epoch of `loader` cannot be replayed in a new process: its workers were started in an earlier epoch
-    (persistent_workers=True), their seed drawn then and their random state carried on since, which a new
-    process, starting them now, cannot give them (an epoch in which they were started replays exactly)."""
-    if getattr(loader, "persistent_workers", False) and getattr(loader, "_iterator", None) is not None:
-        return ("its loader's persistent_workers were started in an earlier epoch, and a new process could not "
-                "give them the random state they have now (a move is exact in the epoch they start in)")
-    return None
+def reused_workers(loader) -> tuple[bool, Optional[str]]:
+    """Whether an epoch of `loader` reuses workers started in an earlier epoch (persistent_workers=True: their
+    seed drawn then), and why it cannot then be replayed in a new process: what they run draws random numbers,
+    with a random state carried on since that new workers cannot be given (tried once per loader)."""
+    if not (getattr(loader, "persistent_workers", False) and getattr(loader, "_iterator", None) is not None):
+        return False, None
+    if loader not in _DRAWS:
+        _DRAWS[loader] = draws(loader.dataset, loader.collate_fn, loader.batch_size or 1)
+    drew = _DRAWS[loader]
+    if drew is not None and not any(drew):
+        return True, None
+    what = "could not be tried" if drew is None else "draws random numbers"
+    return True, (f"its loader's persistent_workers were started in an earlier epoch and its dataset or collate "
+                  f"function {what}: a new process could not give new workers the random state they have now "
+                  f"(a move is exact in the epoch they start in)")
+
+
+_DRAWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # loader -> draws() of its data
 
 
 def epochs(position: DataPosition, count: int, tracked) -> Iterator[int]:
@@ -178,7 +196,6 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
     # steps that broke out of it), which this one replaces.
     position.loader, position.current = inner, reading
     generators = loader_generators(inner)
-    position.unmovable = reused_workers(inner)
     skip_mark = position.replay
     if position.replay:
         # The streams are as the checkpoint left them (it holds them), or job.epochs kept them so while the
@@ -192,11 +209,15 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
                   f"{len(generators)}: the epoch's order after the move may differ", file=sys.stderr)
         if position.data_streams is None:       # (a file from before they were kept: torch's stream only)
             torch.set_rng_state(position.epoch_rng)
-        it = _fast_forward(loader, position.index, tracked, position.data_streams, zip(generators, states), back)
+        # workers the first process had started an epoch before: their seed was not drawn at this epoch's start
+        apart = inner if position.reused_workers else None
+        it = _fast_forward(loader, position.index, tracked, position.data_streams, zip(generators, states), back,
+                           seeded_apart=apart)
         position.replay, position.at_checkpoint = False, None
         reading.index = reading.restored_at = position.index
     else:
         position.index = 0
+        position.reused_workers, position.unmovable = reused_workers(inner)
         position.data_streams = tracked.streams()
         position.epoch_rng = position.data_streams["rng"]["torch"]
         position.epoch_generator = _one_or_list([g.get_state() for g in generators])
@@ -250,22 +271,31 @@ def _beside(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
             position.aside -= aside
 
 
-def _fast_forward(loader: Iterable, count: int, tracked, streams: Optional[dict], generators, back: dict) -> Iterator:
+def _fast_forward(loader: Iterable, count: int, tracked, streams: Optional[dict], generators, back: dict,
+                  seeded_apart=None) -> Iterator:
     """`loader`'s iterator `count` batches on, fetched as they were first: under `streams` (None: as they are)
-    and with its generators at the (generator, state) pairs given; the streams are `back` afterwards."""
+    and with its generators at the (generator, state) pairs given; the streams are `back` afterwards.
+    `seeded_apart`: a DataLoader whose workers draw their base seed from a scratch generator."""
     if streams is not None:
         tracked.set_streams(streams)
     for g, state in generators:
         g.set_state(state)
-    it = _replayed(loader, count)
+    it = _replayed(loader, count, seeded_apart)
     tracked.set_streams(back)
     return it
 
 
-def _replayed(loader: Iterable, count: int) -> Iterator[Any]:
+def _replayed(loader: Iterable, count: int, seeded_apart=None) -> Iterator[Any]:
     """`loader`'s iterator with `count` batches fetched and dropped; one with fewer batches than that is read to
     its end (said on stderr: the data changed since the checkpoint)."""
-    it = iter(loader)
+    if seeded_apart is None:
+        it = iter(loader)
+    else:       # (its sampler keeps its own generator, or the global stream)
+        own, seeded_apart.generator = seeded_apart.generator, torch.Generator()
+        try:
+            it = iter(loader)
+        finally:
+            seeded_apart.generator = own
     for k in range(count):
         try:
             next(it)

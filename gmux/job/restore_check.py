@@ -347,14 +347,15 @@ class Fit:
         if not isinstance(pos, dict):
             self.fail(f"'position': {describe(pos)}, the job has a dict")
         live = self.job.position.to_dict()
-        for key in ("epoch_streams", "data_streams", "beside"):
+        for key in ("epoch_streams", "data_streams", "beside", "reused_workers"):
             if key not in pos:      # (written before it existed)
                 live.pop(key)
         self.keys(pos, live, "'position'")
         self.counter(pos["epoch"], "position 'epoch'")
         self.counter(pos["index"], "position 'index'")
-        if not isinstance(pos["marked_by_script"], bool):
-            self.fail(f"position 'marked_by_script': {describe(pos['marked_by_script'])}, the job has a bool")
+        for key in ("marked_by_script", "reused_workers"):
+            if not isinstance(pos.get(key, False), bool):
+                self.fail(f"position '{key}': {describe(pos[key])}, the job has a bool")
         rng_shape = tuple(self.live["rng"]["torch"].shape)
         if pos["epoch_rng"] is None:
             if pos["index"] > 0:

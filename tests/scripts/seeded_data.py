@@ -11,7 +11,7 @@ usage: seeded_data.py OUT [--accum N] [--own-generators [--unattached]] [--sampl
 random.Random, a torch.Generator), attached with the model; --unattached: not attached (a move then changes it);
 --sampler weighted|subset: the epoch's order comes from a WeightedRandomSampler's or SubsetRandomSampler's own
 generator, not the loader's (--attach-sampler: that generator attached with the model too);
---workers N: the loader's workers (--persistent: persistent_workers=True);
+--workers N: the loader's workers (--persistent: persistent_workers=True); --quiet-data: the dataset adds no noise;
 --epoch-draws: no loader: at each epoch's start the script draws an order of its list of batches (random.sample)
 and the epoch's loss weight from numpy and torch, before job.data walks the list in that order.
 """
@@ -26,7 +26,8 @@ import gmux.job
 
 
 class Noisy(torch.utils.data.Dataset):
-    def __init__(self, own: bool):
+    def __init__(self, own: bool, quiet: bool = False):
+        self.quiet = quiet
         self.x = torch.randn(96, 8)
         self.y = self.x.sum(1, keepdim=True)
         self.gens = [np.random.default_rng(1), np.random.RandomState(2), random.Random(3),
@@ -36,6 +37,8 @@ class Noisy(torch.utils.data.Dataset):
         return len(self.x)
 
     def __getitem__(self, i):
+        if self.quiet:
+            return self.x[i], self.y[i]
         if self.gens:
             new, legacy, py, tg = self.gens
             noise = float(new.normal()) * 0.01 + float(legacy.normal()) * 0.01 + py.random() * 0.01
@@ -59,13 +62,14 @@ def main() -> int:
     p.add_argument("--epoch-draws", action="store_true")
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--persistent", action="store_true")
+    p.add_argument("--quiet-data", action="store_true")
     a = p.parse_args()
     torch.manual_seed(0)
     np.random.seed(0)
     random.seed(0)
     model = torch.nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = Noisy(a.own_generators)
+    data = Noisy(a.own_generators, a.quiet_data)
     if a.sampler:
         g = torch.Generator().manual_seed(3)
         sampler = (torch.utils.data.WeightedRandomSampler(torch.rand(len(data)), len(data), generator=g)
