@@ -25,9 +25,9 @@ checkpoint the state themselves), several processes, an IterableDataset (its str
 position), a shuffling sampler that is not accelerate's seeded one (`use_seedable_sampler=False`, a custom
 sampler: the epoch's order would differ), data-loader workers whose dataset or collator draws random numbers
 (their seeds come from the random state when the epoch's iterator starts, and a restored process's workers
-load other batches first; whether they draw is tried once on a first batch in this process, the random states
-put back after) or that persist (`dataloader_persistent_workers`: measured, a later epoch's order is not a new
-loader's), with no workers a dataset that draws as it is indexed (the batch fetched ahead is indexed
+load other batches first; whether they draw is tried once on a first batch, in a child process forked as
+workers are: gmux.job.data_draws) or that persist (`dataloader_persistent_workers`: measured, a later epoch's
+order is not a new loader's), with no workers a dataset that draws as it is indexed (the batch fetched ahead is indexed
 again in a restored process, under other states), a masking data collator with a generator of its own (`seed=`:
 its state is not the job's) and `ignore_data_skip=True`.
 """
@@ -129,7 +129,7 @@ def why_not_movable(trainer, train_dataloader) -> Optional[str]:
     if args.dataloader_num_workers and (drew is None or any(drew)):
         what = ("draw random numbers as its dataset is indexed" if drew[0] else
                 "draw random numbers as its collator collates") if drew else \
-            "may draw random numbers (a batch of its data could not be tried in the job's process)"
+            "may draw random numbers (a batch of its data could not be tried)"
         return f"its data loader's worker processes {what}, under seeds a resumed run's workers do not have"
     if drew and drew[0]:
         return ("its dataset draws random numbers as it is indexed (a random transform), and a resumed run "

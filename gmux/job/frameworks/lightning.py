@@ -22,8 +22,8 @@ draws what it would have drawn unmoved).
 A move would change results, and is refused (`why_not_movable`), with a strategy other than a single device
 (DDP, FSDP, DeepSpeed: several processes, sharded state), an IterableDataset or a loader that is not a torch
 DataLoader (no position to return to), persistent workers whose dataset or collate function draws random numbers
-(their random state carries across epochs; whether they draw is tried once on a first batch in the job's process,
-the random states put back after; workers that draw nothing move, their base seed in a new process drawn from a
+(their random state carries across epochs; whether they draw is tried once on a first batch, in a forked child:
+gmux.job.data_draws; workers that draw nothing move, their base seed in a new process drawn from a
 generator of their own, as the unmoved run's workers drew theirs only when its first epoch began),
 `reload_dataloaders_every_n_epochs` (the loader is made anew under random states a resumed run does not have),
 a LightningModule or a callback (Lightning's own ModelPruning and EMAWeightAveraging among them) that overrides

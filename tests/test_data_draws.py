@@ -1,0 +1,59 @@
+"""gmux.job.data_draws: whether a loader's data draws random numbers, tried in a forked child so that nothing the
+trial does reaches the job's process."""
+import os
+import random
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset, default_collate
+
+from gmux.job import data_draws
+from gmux.job.state import capture_rng
+
+
+class Lazy(torch.utils.data.Dataset):
+    """Opens its "file" on first use, as HDF5 and LMDB datasets do (such a handle must not cross a fork)."""
+
+    def __init__(self, draw=None):
+        self.handle, self.draw = None, draw
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        if self.handle is None:
+            self.handle = os.getpid()
+        if self.draw == "numpy":
+            return torch.tensor(float(np.random.rand()))
+        if self.draw == "random":
+            return torch.tensor(random.random())
+        if self.draw == "hang":
+            time.sleep(30)
+        return torch.tensor(float(i))
+
+
+def test_each_stream_a_dataset_or_collate_function_draws_from_is_seen():
+    collate = default_collate
+    assert data_draws.draws(TensorDataset(torch.arange(8.0)), collate, 4) == (False, False)
+    assert data_draws.draws(Lazy("numpy"), collate, 4) == (True, True)
+    assert data_draws.draws(Lazy("random"), collate, 4) == (True, True)
+    noisy = lambda items: default_collate(items) + torch.randn(len(items))     # noqa: E731
+    assert data_draws.draws(Lazy(), noisy, 4) == (False, True)
+
+
+def test_the_trial_leaves_the_jobs_process_as_it_was():
+    data = Lazy("numpy")
+    before = capture_rng()
+    assert data_draws.draws(data, default_collate, 4) == (True, True)
+    assert data.handle is None                     # opened in the child only
+    assert data_draws.same(before, capture_rng())  # and the child's draws are its own
+
+
+def test_a_trial_that_fails_or_hangs_says_it_cannot_tell(monkeypatch):
+    assert data_draws.draws(Lazy(), lambda items: 1 / 0, 4) is None
+    assert data_draws.draws(None, default_collate, 4) is None
+    monkeypatch.setattr(data_draws, "TRIAL_S", 0.5)
+    t = time.monotonic()
+    assert data_draws.draws(Lazy("hang"), default_collate, 4) is None
+    assert time.monotonic() - t < 10               # the child was killed, not waited for
