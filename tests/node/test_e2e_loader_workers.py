@@ -1,7 +1,7 @@
 """End to end: a Trainer loading its data in worker processes moves to a new process and ends bit-identical to its
 solo run when nothing its workers run draws random numbers (Hugging Face with workers; Lightning with persistent
-workers, moved in an epoch after the one they started in); when its collate function draws (noise added in the
-workers), the move is refused with the reason and the job finishes where it is.
+workers, moved in an epoch after the one they started in); when its dataset or collate function draws (noise
+added in the workers), the move is refused with the reason and the job finishes where it is.
 """
 import importlib.util
 import os
@@ -15,7 +15,7 @@ SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 # 4 epochs of 32 batches of 8, two per optimizer step: 64 steps; each batch waits 100 ms in a worker
 CASES = {
     "huggingface": ("transformers", os.path.join(SCRIPTS, "hf_trainer.py"), ["--workers", "2"], 0,
-                    "worker processes draw random numbers as its collator collates"),
+                    "worker processes draw random numbers as its dataset is indexed"),
     # moved once it is past its first epoch (15 boundaries: none at an epoch's last batch)
     "lightning": ("lightning", os.path.join(SCRIPTS, "lightning_train.py"), ["--workers", "2", "--persistent"], 20,
                   "persistent_workers=True, and its dataset or collate function draws"),

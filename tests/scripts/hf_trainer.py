@@ -1,5 +1,6 @@
 """A Hugging Face Trainer script as people write them: a small regression model with dropout, a map-style
-dataset, a collator that adds noise from torch's global random stream (as masking collators draw their masks),
+dataset with a random transform and a collator that both add noise from torch's global random stream (as
+image transforms draw crops and masking collators their masks),
 TrainingArguments with gradient accumulation, a linear warm-up schedule and AdamW, then train().
 
 usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--unseeded] [--workers N]
@@ -9,7 +10,7 @@ training at (more than 0 when gmux restored it after a move). --sleep stands for
 collator each micro-batch; it changes no number. --wait-for holds training back until FILE exists (a test's
 starting gun; no number changes). --unseeded shuffles with torch's RandomSampler instead of
 accelerate's seeded one (the epoch's order then comes from the global random state). --workers loads the data
-in N worker processes; --no-noise leaves the collator's noise out.
+in N worker processes; --no-noise leaves the noise out.
 """
 import argparse
 import hashlib
@@ -56,7 +57,8 @@ class Points(torch.utils.data.Dataset):
         return len(self.x)
 
     def __getitem__(self, i):
-        return {"x": self.x[i], "labels": self.y[i]}
+        x = self.x[i] if a.no_noise else self.x[i] + 0.02 * torch.randn(16)
+        return {"x": x, "labels": self.y[i]}
 
 
 def collate(items):

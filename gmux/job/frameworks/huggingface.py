@@ -16,9 +16,11 @@ batches to skip itself (accelerate's `skip_first_batches`; its seeded sampler gi
 in any process); its loading of weights, optimizer, scheduler and scaler is replaced by gmux's restore of the
 checkpoint at `on_train_begin` (checked against the live objects before anything is applied), and its loading
 of the random states by the states the checkpoint holds. accelerate fetches one batch ahead, so at a boundary the
-next step's first batch was already collated, under the random states of before the step; the checkpoint keeps
-those too (`fetch_rng`), and a restored process collates that batch under them and the one after it under the
-checkpoint's, as the unmoved process did (a collator drawing masks or noise draws the same).
+next step's first batch was already fetched (indexed and collated), under the random states of before the step;
+the checkpoint keeps those too (`fetch_rng`), and a restored process fetches that batch under them and the one
+after it under the checkpoint's, as the unmoved process did: a random transform of the dataset, a collator
+drawing masks or noise, draw the same (`_Fetches`: where each fetch begins is seen through the dataset's
+`__getitems__`, or through the collate function where the dataset is evaluated on too).
 
 A move would change results, and is refused (`why_not_movable`), with DeepSpeed or FSDP (they shard and
 checkpoint the state themselves), several processes, an IterableDataset (its stream cannot be rewound to a
@@ -27,8 +29,8 @@ sampler: the epoch's order would differ), data-loader workers whose dataset or c
 (their seeds come from the random state when the epoch's iterator starts, and a restored process's workers
 load other batches first; whether they draw is tried once on a first batch, in a child process forked as
 workers are: gmux.job.data_draws) or that persist (`dataloader_persistent_workers`: measured, a later epoch's
-order is not a new loader's), with no workers a dataset that draws as it is indexed (the batch fetched ahead is indexed
-again in a restored process, under other states), a masking data collator with a generator of its own (`seed=`:
+order is not a new loader's), with no workers a dataset that draws as it is indexed and is evaluated on too (the
+batch fetched ahead would be indexed again under other states), a masking data collator with a generator of its own (`seed=`:
 its state is not the job's) and `ignore_data_skip=True`.
 """
 from __future__ import annotations
@@ -86,6 +88,8 @@ def patch(module) -> None:
             return original(self, resume_from_checkpoint, *args, **kwargs)
         finally:
             frameworks.finished(job)
+            if callback.fetches is not None:
+                callback.fetches.remove()
             self.remove_callback(callback)
             for name in _LOADERS:
                 self.__dict__.pop(name, None)
@@ -106,8 +110,9 @@ def _take_over_loading(trainer, callback) -> None:
     trainer._load_rng_state = lambda checkpoint: callback.put_back_rng()
 
 
-def why_not_movable(trainer, train_dataloader) -> Optional[str]:
-    """Why continuing this Trainer in a new process could change its results; None if it cannot."""
+def why_not_movable(trainer, train_dataloader, fetches_seen: bool = False) -> Optional[str]:
+    """Why continuing this Trainer in a new process could change its results; None if it cannot.
+    `fetches_seen`: gmux sees where each training batch's fetch begins (its dataset's `__getitems__`)."""
     args = trainer.args
     if getattr(trainer, "is_deepspeed_enabled", False):
         return "DeepSpeed shards and checkpoints the training state itself"
@@ -131,9 +136,9 @@ def why_not_movable(trainer, train_dataloader) -> Optional[str]:
                 "draw random numbers as its collator collates") if drew else \
             "may draw random numbers (a batch of its data could not be tried)"
         return f"its data loader's worker processes {what}, under seeds a resumed run's workers do not have"
-    if drew and drew[0]:
+    if drew and drew[0] and not fetches_seen:
         return ("its dataset draws random numbers as it is indexed (a random transform), and a resumed run "
-                "indexes the batch fetched ahead again under other random states")
+                "would index the batch fetched ahead again under other random states")
     collator = type(getattr(trainer, "data_collator", None))
     if any(c.__name__ in _MASKING for c in collator.__mro__) and getattr(trainer.data_collator, "seed", None) is not None:
         return (f"its data collator ({collator.__name__}) draws masks from a generator of its own (seed=), whose "
@@ -155,8 +160,8 @@ def _callback_class(TrainerCallback):
             self.trainer, self.job = trainer, job
             self.restore_from: Optional[str] = None
             self._rng = None
-            self.fetch_rng = None       # a restored process: the states the first batch it fetches was collated under
-            self.collation: Optional[_Collation] = None
+            self.fetch_rng = None       # a restored process: the states the first batch it fetches was fetched under
+            self.fetches: Optional[_Fetches] = None
             self._after_log = False
 
         def on_train_begin(self, args, state, control, **kwargs):
@@ -165,12 +170,14 @@ def _callback_class(TrainerCallback):
             scheduler = getattr(trainer.lr_scheduler, "scheduler", trainer.lr_scheduler)
             if not _is_scheduler(scheduler):
                 scheduler = None
+            loader = getattr(kwargs.get("train_dataloader"), "base_dataloader", kwargs.get("train_dataloader"))
+            if loader is not None and not loader.num_workers and self.fetches is None:
+                self.fetches = _Fetches(self, loader, _eval_datasets(trainer))
             frameworks.attach(self.job, FRAMEWORK,
                               [trainer.model, optimizer, scheduler, getattr(trainer.accelerator, "scaler", None)],
-                              why_not_movable(trainer, kwargs.get("train_dataloader")), self.refresh)
-            loader = getattr(kwargs.get("train_dataloader"), "base_dataloader", kwargs.get("train_dataloader"))
-            if loader is not None and not loader.num_workers and not isinstance(loader.collate_fn, _Collation):
-                self.collation = loader.collate_fn = _Collation(loader.collate_fn, self)
+                              why_not_movable(trainer, kwargs.get("train_dataloader"),
+                                              self.fetches is not None and self.fetches.dataset is not None),
+                              self.refresh)
             if self.restore_from is not None:
                 from gmux.job.state import capture_rng
                 self.job.restore(self.restore_from)
@@ -212,23 +219,41 @@ def _callback_class(TrainerCallback):
             trainer.state.stateful_callbacks = {k: v[0] if len(v) == 1 else v for k, v in callbacks.items()}
             self.job.tracked.state["trainer_state"] = json.dumps(dataclasses.asdict(trainer.state), sort_keys=True)
             gradient = trainer.accelerator.gradient_state
-            ahead = self.collation is not None and gradient.in_dataloader and not gradient.end_of_dataloader
-            self.job.tracked.state["fetch_rng"] = self.collation.before if ahead else None
+            ahead = self.fetches is not None and gradient.in_dataloader and not gradient.end_of_dataloader
+            self.job.tracked.state["fetch_rng"] = self.fetches.before if ahead else None
 
     return GmuxCallback
 
 
-class _Collation:
-    """The training loader's collate function, noting the random states each batch is collated under; in a
-    restored process it collates the first batch under the states that batch had unmoved and the second under the
-    checkpoint's (until then the Trainer's own loading of them is held back: it comes after both)."""
+class _Fetches:
+    """Where each batch of the training loader is fetched: noted at the start of its dataset's `__getitems__`
+    (torch's fetcher calls it before it indexes; an attribute of the dataset while the Trainer trains), or at its
+    collate function where the dataset takes no attribute or is evaluated on too. Each fetch notes the random
+    states it starts under; in a restored process the first fetch starts under the states that batch had unmoved
+    and the second under the checkpoint's (the Trainer's own loading of them comes after both: held back)."""
 
-    def __init__(self, collate, callback):
-        self.collate, self.callback = collate, callback
-        self.before = None
-        self._second = False
+    def __init__(self, callback, loader, eval_datasets: list):
+        self.callback, self.before, self._second = callback, None, False
+        self.dataset = loader.dataset if all(loader.dataset is not d for d in eval_datasets) else None
+        if self.dataset is not None:
+            own, dataset = getattr(self.dataset, "__getitems__", None), self.dataset
 
-    def __call__(self, items):
+            def getitems(indices):
+                self.note()
+                return own(indices) if own is not None else [dataset[i] for i in indices]
+            try:
+                dataset.__getitems__ = getitems
+            except (AttributeError, TypeError):
+                self.dataset = None
+        if self.dataset is None:
+            collate = loader.collate_fn
+
+            def collated(items):
+                self.note()
+                return collate(items)
+            loader.collate_fn = collated
+
+    def note(self) -> None:
         from gmux.job.state import capture_rng, restore_rng
         cb = self.callback
         if cb.fetch_rng is not None:
@@ -238,12 +263,16 @@ class _Collation:
             self._second = False
             cb.put_back_rng()
         self.before = capture_rng()
-        return self.collate(items)
 
-    def __getattr__(self, name):       # what the Trainer or a script reads of its collator
-        if name.startswith("__") or name == "collate":
-            raise AttributeError(name)
-        return getattr(self.collate, name)
+    def remove(self) -> None:
+        """The dataset as the script gave it (the loader is the Trainer's, and ends with the training)."""
+        if self.dataset is not None:
+            self.dataset.__dict__.pop("__getitems__", None)
+
+
+def _eval_datasets(trainer) -> list:
+    found = getattr(trainer, "eval_dataset", None)
+    return list(found.values()) if isinstance(found, dict) else [found]
 
 
 def _is_scheduler(obj) -> bool:
