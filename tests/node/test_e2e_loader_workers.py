@@ -1,7 +1,8 @@
 """End to end: a Trainer loading its data in worker processes moves to a new process and ends bit-identical to its
 solo run when nothing its workers run draws random numbers (Hugging Face with workers; Lightning with persistent
-workers, moved in an epoch after the one they started in); when its dataset or collate function draws (noise
-added in the workers), the move is refused with the reason and the job finishes where it is.
+workers, moved in an epoch after the one they started in, its module freezing a layer at that epoch's start);
+when its dataset or collate function draws (noise added in the workers), the move is refused with the reason and
+the job finishes where it is.
 """
 import importlib.util
 import os
@@ -17,7 +18,9 @@ CASES = {
     "huggingface": ("transformers", os.path.join(SCRIPTS, "hf_trainer.py"), ["--workers", "2"], 0,
                     "worker processes draw random numbers as its dataset is indexed"),
     # moved once it is past its first epoch (15 boundaries: none at an epoch's last batch)
-    "lightning": ("lightning", os.path.join(SCRIPTS, "lightning_train.py"), ["--workers", "2", "--persistent"], 20,
+    # (and its module freezes a layer from epoch 1 on, in on_train_epoch_start, which Lightning's resume skips)
+    "lightning": ("lightning", os.path.join(SCRIPTS, "lightning_train.py"),
+                  ["--workers", "2", "--persistent", "--freeze-from-epoch", "1"], 20,
                   "persistent_workers=True, and its dataset or collate function draws"),
 }
 ARGS = ["--epochs", "4", "--samples", "256", "--sleep", "0.1"]

@@ -3,12 +3,13 @@ function adds noise from torch's global random stream (an augmentation), Adam wi
 gradient accumulation, then Trainer.fit().
 
 usage: lightning_train.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--workers N] [--persistent]
-                           [--no-noise]
+                           [--no-noise] [--freeze-from-epoch N]
 Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
 training at (more than 0 when gmux restored it after a move). --sleep stands for waiting on input in the
 collate function each batch; it changes no number. --wait-for holds training back until FILE exists (a
 test's starting gun; no number changes). --workers loads the data in N worker processes (--persistent: kept
-across epochs); --no-noise leaves the collate function's noise out.
+across epochs); --no-noise leaves the collate function's noise out; --freeze-from-epoch N: the LightningModule's
+on_train_epoch_start freezes its first layer from epoch N on (a fine-tuning schedule).
 """
 import argparse
 import hashlib
@@ -30,6 +31,7 @@ p.add_argument("--wait-for", default=None, help="train only once this file exist
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--persistent", action="store_true")
 p.add_argument("--no-noise", action="store_true")
+p.add_argument("--freeze-from-epoch", type=int, default=None)
 a = p.parse_args()
 torch.set_num_threads(1)
 
@@ -52,6 +54,11 @@ class Regressor(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         return nn.functional.mse_loss(self.net(x), y)
+
+    def on_train_epoch_start(self):
+        if a.freeze_from_epoch is not None:
+            for p in self.net[0].parameters():
+                p.requires_grad_(self.current_epoch < a.freeze_from_epoch)
 
     def configure_optimizers(self):
         opt = torch.optim.Adam(self.parameters(), lr=3e-3)

@@ -13,7 +13,8 @@ the batches of the epoch trained on.
 
 Restore, in the process started after a move: `fit()` runs Lightning's own restore of its loops and callbacks
 from that state (its checkpoint connector is handed the saved dict instead of reading a file; its loading of
-weights, optimizers and schedulers is left to gmux, which restores and checks them at `on_train_start`); the
+weights, optimizers and schedulers is left to gmux, which restores and checks them at `on_train_start`, after
+running again the script's own `on_train_epoch_start` hooks, which Lightning's resume mid-epoch skips); the
 training data's iterator is made again under the random states of the epoch's start and advanced past the
 batches already trained on (the loader loads them again, in the same order); the random states are the
 checkpoint's from the fetch of the next batch on (a collate function or dataset drawing noise or crops from them
@@ -218,6 +219,8 @@ def _callback_class(Callback, call, version: str):
             hooks = [h for h in ("on_save_checkpoint", "on_load_checkpoint") if _overrides(pl_module, h)]
             schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
             scaler = getattr(trainer.precision_plugin, "scaler", None)
+            if self.restore_from is not None:
+                self.epoch_start_again(trainer, pl_module)
             frameworks.attach(self.job, FRAMEWORK, [pl_module, *trainer.strategy.optimizers, *schedulers, scaler],
                               why_not_movable(trainer, hooks), self.refresh)
             if self.restore_from is not None:
@@ -227,6 +230,16 @@ def _callback_class(Callback, call, version: str):
                 # on_train_start) may draw, as they did once in the first process, long before the checkpoint
                 self.pending_rng = capture_rng()
                 self.restore_from = None
+
+        def epoch_start_again(self, trainer, pl_module) -> None:
+            """Lightning's resume in the middle of an epoch skips on_train_epoch_start: what the script's own
+            module and callbacks do there (freeze a layer from an epoch on) is done again, before the checkpoint's
+            state is restored over what it set (its random draws too)."""
+            if _overrides(pl_module, "on_train_epoch_start"):
+                call._call_lightning_module_hook(trainer, "on_train_epoch_start")
+            for cb in trainer.callbacks:
+                if cb is not self and _overrides(cb, "on_train_epoch_start"):
+                    cb.on_train_epoch_start(trainer, pl_module)
 
         def put_back_rng(self) -> None:
             from gmux.job.state import restore_rng
@@ -281,9 +294,9 @@ def _callback_overrides(callback, hook: str) -> bool:
     return False
 
 
-def _overrides(pl_module, hook: str) -> bool:
-    """Whether the user's LightningModule class defines `hook` itself (Lightning's own classes do not count)."""
-    for cls in type(pl_module).__mro__:
+def _overrides(obj, hook: str) -> bool:
+    """Whether the class of the user's LightningModule or callback defines `hook` (Lightning's own do not count)."""
+    for cls in type(obj).__mro__:
         if hook in cls.__dict__:
             return not cls.__module__.startswith(("lightning.", "pytorch_lightning."))
     return False
