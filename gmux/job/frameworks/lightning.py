@@ -29,8 +29,9 @@ generator of their own, as the unmoved run's workers drew theirs only when its f
 `reload_dataloaders_every_n_epochs` (the loader is made anew under random states a resumed run does not have),
 a LightningModule or a callback (Lightning's own ModelPruning and EMAWeightAveraging among them) that overrides
 `on_save_checkpoint`/`on_load_checkpoint` (state of its own that gmux does not see), a callback that changes the
-training at an epoch's start (StochasticWeightAveraging, GradientAccumulationScheduler, a BaseFinetuning: Lightning's
-resume in the middle of an epoch skips `on_train_epoch_start`), and state that is not plain data (numbers,
+training at an epoch's start with state of its own (StochasticWeightAveraging, a BaseFinetuning: Lightning's
+resume in the middle of an epoch skips `on_train_epoch_start`, and gmux does it again only for the script's own
+hooks and a GradientAccumulationScheduler's), and state that is not plain data (numbers,
 strings, tensors, lists, dicts).
 """
 from __future__ import annotations
@@ -46,7 +47,9 @@ from gmux.job.data_draws import draws
 
 FRAMEWORK = "lightning"
 _active = None      # the GmuxCallback of the fit in progress (one at a time in a process)
-_EPOCH_START_CHANGERS = ("StochasticWeightAveraging", "GradientAccumulationScheduler", "BaseFinetuning")
+_EPOCH_START_CHANGERS = ("StochasticWeightAveraging", "BaseFinetuning")
+# Lightning's own callbacks whose on_train_epoch_start only sets the trainer from the epoch: done again on a restore
+_EPOCH_START_PURE = ("GradientAccumulationScheduler",)
 
 
 def patch(module) -> None:
@@ -238,7 +241,8 @@ def _callback_class(Callback, call, version: str):
             if _overrides(pl_module, "on_train_epoch_start"):
                 call._call_lightning_module_hook(trainer, "on_train_epoch_start")
             for cb in trainer.callbacks:
-                if cb is not self and _overrides(cb, "on_train_epoch_start"):
+                pure = any(c.__name__ in _EPOCH_START_PURE for c in type(cb).__mro__)
+                if cb is not self and (pure or _overrides(cb, "on_train_epoch_start")):
                     cb.on_train_epoch_start(trainer, pl_module)
 
         def put_back_rng(self) -> None:
