@@ -28,6 +28,9 @@ class Lazy(torch.utils.data.Dataset):
             return torch.tensor(float(np.random.rand()))
         if self.draw == "random":
             return torch.tensor(random.random())
+        if self.draw == "own":
+            self.rng = getattr(self, "rng", None) or np.random.default_rng(1)
+            return torch.tensor(float(self.rng.random()))
         if self.draw == "hang":
             time.sleep(30)
         return torch.tensor(float(i))
@@ -35,17 +38,24 @@ class Lazy(torch.utils.data.Dataset):
 
 def test_each_stream_a_dataset_or_collate_function_draws_from_is_seen():
     collate = default_collate
-    assert data_draws.draws(TensorDataset(torch.arange(8.0)), collate, 4) == (False, False)
-    assert data_draws.draws(Lazy("numpy"), collate, 4) == (True, True)
-    assert data_draws.draws(Lazy("random"), collate, 4) == (True, True)
+    assert data_draws.draws(TensorDataset(torch.arange(8.0)), collate, 4) == (False, False, False)
+    assert data_draws.draws(Lazy("numpy"), collate, 4) == (True, True, False)
+    assert data_draws.draws(Lazy("random"), collate, 4) == (True, True, False)
     noisy = lambda items: default_collate(items) + torch.randn(len(items))     # noqa: E731
-    assert data_draws.draws(Lazy(), noisy, 4) == (False, True)
+    assert data_draws.draws(Lazy(), noisy, 4) == (False, True, False)
+    # a generator of its own, made at first use (a masking collator's seed=) or held (a dataset's default_rng):
+    # the same random states give another result
+    own = torch.Generator().manual_seed(5)
+    masked = lambda items: default_collate(items) * torch.rand(len(items), generator=own)     # noqa: E731
+    assert data_draws.draws(Lazy(), masked, 4) == (False, False, True)
+    assert data_draws.draws(Lazy("own"), collate, 4) == (False, False, True)
+    assert not data_draws.draws(Lazy(), collate, 4).any()
 
 
 def test_the_trial_leaves_the_jobs_process_as_it_was():
     data = Lazy("numpy")
     before = capture_rng()
-    assert data_draws.draws(data, default_collate, 4) == (True, True)
+    assert data_draws.draws(data, default_collate, 4) == (True, True, False)
     assert data.handle is None                     # opened in the child only
     assert data_draws.same(before, capture_rng())  # and the child's draws are its own
 

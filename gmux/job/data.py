@@ -146,7 +146,7 @@ def reused_workers(loader) -> tuple[bool, Optional[str]]:
     if loader not in _DRAWS:
         _DRAWS[loader] = draws(loader.dataset, loader.collate_fn, loader.batch_size or 1)
     drew = _DRAWS[loader]
-    if drew is not None and not any(drew):
+    if drew is not None and not drew.any():
         return True, None
     what = "could not be tried" if drew is None else "draws random numbers"
     return True, (f"its loader's persistent_workers were started in an earlier epoch and its dataset or collate "

@@ -1,28 +1,41 @@
-"""Does a loader's dataset or collate function draw random numbers? Tried once on a first batch, in a child the
-job's process forks, as the loader's workers are.
+"""Does a loader's dataset or collate function draw random numbers, and from where? Tried once on a first batch,
+in a child the job's process forks, as the loader's workers are.
 
 Where a loader's workers carry their random states across epochs (persistent workers) or a restored process
-fetches a batch again under other states, only data that draws nothing moves exactly; this is how gmux tells.
-The child indexes the dataset's first items and collates them, as the loader's first batch would, and says what
-changed in its random states: whatever the dataset opens or caches as it is indexed (a file handle that must
-not cross a fork, a counter) stays in the child, and the job's process and its random states are untouched.
+fetches a batch again, only data that draws nothing, or draws only from the random states gmux keeps (torch's,
+NumPy's, Python's), moves exactly; this is how gmux tells. The child indexes the dataset's first items and
+collates them, as the loader's first batch would, and sees what changed in the random states; then it indexes and
+collates them again from the same states: a different result means a generator of the data's own (a collator's
+`seed=`, a `np.random.default_rng()` in the dataset), whose state gmux does not have. Whatever the dataset opens
+or caches as it is indexed (a file handle that must not cross a fork) stays in the child, and the job's process
+and its random states are untouched. Items drawn from only now and then can pass unseen.
 """
 from __future__ import annotations
 
 import os
 import select
-from typing import Optional
+from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 
-from .state import capture_rng
+from .state import capture_rng, restore_rng
 
 TRIAL_S = 60.0       # a child that has not answered by then (a lock held across the fork) is killed: unknown
 
 
-def draws(dataset, collate, size: int) -> Optional[tuple[bool, bool]]:
-    """Whether indexing the dataset, and collating a batch of it, draws from the random states: (as indexed,
-    as indexed or collated), or None if it cannot be told (the trial failed, or no fork here)."""
+class Draws(NamedTuple):
+    indexed: bool       # indexing the dataset draws from the random states gmux keeps
+    collated: bool      # collating the batch does
+    own: bool           # a result differs from the same states: a generator of the data's own
+
+    def any(self) -> bool:
+        return self.indexed or self.collated or self.own
+
+
+def draws(dataset, collate, size: int) -> Optional[Draws]:
+    """What indexing the dataset's first `size` items and collating them draws from, or None if it cannot be
+    told (the trial failed, or no fork here)."""
     if dataset is None or collate is None or not hasattr(os, "fork"):
         return None
     read, write = os.pipe()
@@ -36,13 +49,13 @@ def draws(dataset, collate, size: int) -> Optional[tuple[bool, bool]]:
     os.close(write)
     try:
         ready, _, _ = select.select([read], [], [], TRIAL_S)
-        answer = os.read(read, 2) if ready else b""
+        answer = os.read(read, 3) if ready else b""
     finally:
         os.close(read)
         if not answer:
             _kill(pid)
         os.waitpid(pid, 0)
-    return (answer[:1] == b"1", answer[1:] == b"1") if len(answer) == 2 else None
+    return Draws(*(c == ord("1") for c in answer)) if len(answer) == 3 else None
 
 
 def _tried(dataset, collate, size: int) -> bytes:
@@ -50,10 +63,30 @@ def _tried(dataset, collate, size: int) -> bytes:
         before = capture_rng()
         items = [dataset[i] for i in range(min(size, len(dataset)))]
         indexed = not same(before, capture_rng())
-        collate(items)
-        return b"%d%d" % (indexed, not same(before, capture_rng()))
+        batch = collate(items)
+        collated = not same(before, capture_rng())
+        restore_rng(before)
+        again = [dataset[i] for i in range(min(size, len(dataset)))]
+        own = not (_equal(items, again) and _equal(batch, collate(again)))
+        return b"%d%d%d" % (indexed, collated, own)
     except BaseException:
         return b"?"
+
+
+def _equal(a, b) -> bool:
+    """Whether two items or batches hold the same values (tensors and arrays compared whole, bit for bit)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and \
+            a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.array_equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if hasattr(a, "keys") and hasattr(b, "keys"):       # BatchEncoding and other mappings
+        return _equal(dict(a), dict(b))
+    return bool(a == b)
 
 
 def _kill(pid: int) -> None:

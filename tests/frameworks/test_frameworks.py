@@ -82,15 +82,19 @@ class SeedableRandomSampler(torch.utils.data.RandomSampler):
 
 
 def _hf(**changes):
-    args = dict(world_size=1, ignore_data_skip=False, dataloader_num_workers=0, dataloader_persistent_workers=False)
+    """why_not_movable of a Trainer as far as it reads one, its training loader a real DataLoader (`num_workers`,
+    `persistent_workers`, `dataset`, `collate_fn`, `sampler` go to it; `loader` replaces it)."""
+    args = dict(world_size=1, ignore_data_skip=False, train_batch_size=4)
     trainer = dict(is_deepspeed_enabled=False, is_fsdp_enabled=False, train_dataset=TensorDataset(torch.zeros(8)),
                    data_collator=None)
-    sampler, seen = changes.pop("sampler", None), changes.pop("fetches_seen", False)
-    changes_loader = {k: changes.pop(k) for k in ("dataset", "collate_fn", "batch_size") if k in changes}
+    seen = changes.pop("fetches_seen", False)
+    made = {k: changes.pop(k) for k in ("num_workers", "persistent_workers", "dataset", "collate_fn", "sampler")
+            if k in changes}
+    made.setdefault("sampler", SeedableRandomSampler(range(8)))
+    loader = changes.pop("loader", None) or DataLoader(made.pop("dataset", TensorDataset(torch.zeros(8))),
+                                                       batch_size=4, **made)
     for k, v in changes.items():
         (args if k in args else trainer)[k] = v
-    loader = SimpleNamespace(batch_sampler=SimpleNamespace(sampler=sampler or SeedableRandomSampler(range(8))),
-                             **{k: changes_loader[k] for k in changes_loader})
     return huggingface.why_not_movable(SimpleNamespace(args=SimpleNamespace(**args), **trainer), loader, seen)
 
 
@@ -111,10 +115,12 @@ class Stream(IterableDataset):
 def test_huggingface_moves_only_where_its_resume_is_exact():
     assert _hf() is None
     assert _hf(sampler=torch.utils.data.SequentialSampler(range(8))) is None
+    assert _hf(num_workers=2) is None           # its workers draw nothing
     for changes, words in (({"is_deepspeed_enabled": True}, "DeepSpeed"), ({"is_fsdp_enabled": True}, "FSDP"),
                            ({"world_size": 2}, "2 processes"), ({"ignore_data_skip": True}, "ignore_data_skip"),
                            ({"train_dataset": Stream()}, "IterableDataset"),
-                           ({"dataloader_num_workers": 2}, "worker processes"),
+                           ({"num_workers": 2, "collate_fn": lambda items: 1 / 0}, "worker processes may draw"),
+                           ({"loader": [[1, 2]]}, "a list, not a torch DataLoader"),
                            ({"sampler": torch.utils.data.RandomSampler(range(8))}, "RandomSampler"),
                            ({"data_collator": DataCollatorForLanguageModeling(mlm=True, seed=3)}, "seed="),
                            ({"data_collator": DataCollatorForWholeWordMask(mlm=True, seed=3)},
@@ -144,18 +150,22 @@ def test_huggingface_tries_a_batch_to_learn_whether_its_data_draws_random_number
     noise = lambda items: [t + torch.randn(t.shape) for t in collate(items)]     # noqa: E731
     torch.manual_seed(3)
     before = capture_rng()["torch"]
-    assert _hf(dataloader_num_workers=2, dataset=plain, collate_fn=collate, batch_size=4) is None
-    why = _hf(dataloader_num_workers=2, dataloader_persistent_workers=True, dataset=plain, collate_fn=collate)
+    assert _hf(num_workers=2, dataset=plain, collate_fn=collate) is None
+    why = _hf(num_workers=2, persistent_workers=True, dataset=plain, collate_fn=collate)
     assert why and why.startswith("dataloader_persistent_workers=True"), why
-    why = _hf(dataloader_num_workers=2, dataset=plain, collate_fn=noise, batch_size=4)
+    why = _hf(num_workers=2, dataset=plain, collate_fn=noise)
     assert why and "worker processes draw random numbers as its collator collates" in why, why
-    why = _hf(dataloader_num_workers=2, dataset=noisy, collate_fn=collate, batch_size=4)
+    why = _hf(num_workers=2, dataset=noisy, collate_fn=collate)
     assert why and "as its dataset is indexed" in why, why
-    why = _hf(dataset=noisy, collate_fn=collate, batch_size=4)
+    why = _hf(dataset=noisy, collate_fn=collate)
     assert why and "its dataset draws random numbers as it is indexed" in why, why
     # unless gmux sees where each fetch begins (its hook on the dataset's __getitems__): then a move is exact
-    assert _hf(dataset=noisy, collate_fn=collate, batch_size=4, fetches_seen=True) is None
-    assert _hf(dataset=plain, collate_fn=noise, batch_size=4) is None     # collated in the job's process: exact
+    assert _hf(dataset=noisy, collate_fn=collate, fetches_seen=True) is None
+    assert _hf(dataset=plain, collate_fn=noise) is None     # collated in the job's process: exact
+    # a generator of the data's own (a masking collator's seed=, behind a wrapper): its state is not the job's
+    own = torch.Generator().manual_seed(5)
+    why = _hf(dataset=plain, collate_fn=lambda items: collate(items)[0] + torch.rand(4, generator=own))
+    assert why and "a random generator of its own" in why, why
     assert torch.equal(capture_rng()["torch"], before)
 
 
@@ -188,6 +198,11 @@ def test_lightning_moves_only_where_its_resume_is_exact():
         assert why and words in why, (kwargs, why)
     # persistent workers that draw nothing move (tests/node/test_e2e_loader_workers.py moves such a job)
     assert _lt(loaders=[DataLoader(data, num_workers=1, persistent_workers=True)]) is None
+    # no workers, a generator of the data's own: the new process's starts again from its seed
+    own = torch.Generator().manual_seed(5)
+    masked = lambda items: torch.utils.data.default_collate(items)[0] * torch.rand(1, generator=own)   # noqa: E731
+    why = _lt(loaders=[DataLoader(TensorDataset(torch.ones(8)), collate_fn=masked)])
+    assert why and "draws from a random generator of its own" in why, why
 
 
 Callback = type("Callback", (), {"on_save_checkpoint": lambda self, *a: None,

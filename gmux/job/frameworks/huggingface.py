@@ -2,8 +2,8 @@
 
 Boundary: the end of each optimizer step (`TrainerCallback.on_step_end`: the scheduler has stepped, gradients
 are cleared, `global_step` counts the step; gradient accumulation is never mid-cycle there), except a step after
-which the Trainer evaluates, saves or stops: a process restored after it would skip that work, as the Trainer's
-own resume does. A step after which it only logs gets its boundary once the log is written (`on_log`, the
+which the Trainer evaluates, saves or stops, and an epoch's last step where it evaluates or saves by epoch: a
+process restored after it would skip that work, as the Trainer's own resume does. A step after which it only logs gets its boundary once the log is written (`on_log`, the
 step's last act): recipes logging every step (`logging_steps=1`) would otherwise get none.
 
 State: the model, the optimizer (the torch optimizer inside accelerate's wrapper), the LR scheduler and the AMP
@@ -24,14 +24,15 @@ drawing masks or noise, draw the same (`_Fetches`: where each fetch begins is se
 
 A move would change results, and is refused (`why_not_movable`), with DeepSpeed or FSDP (they shard and
 checkpoint the state themselves), several processes, an IterableDataset (its stream cannot be rewound to a
-position), a shuffling sampler that is not accelerate's seeded one (`use_seedable_sampler=False`, a custom
+position), a training loader that is not a torch DataLoader (accelerate cannot skip in it), a shuffling sampler that is not accelerate's seeded one (`use_seedable_sampler=False`, a custom
 sampler: the epoch's order would differ), data-loader workers whose dataset or collator draws random numbers
 (their seeds come from the random state when the epoch's iterator starts, and a restored process's workers
 load other batches first; whether they draw is tried once on a first batch, in a child process forked as
 workers are: gmux.job.data_draws) or that persist (`dataloader_persistent_workers`: measured, a later epoch's
-order is not a new loader's), with no workers a dataset that draws as it is indexed and is evaluated on too (the
-batch fetched ahead would be indexed again under other states), a masking data collator with a generator of its own (`seed=`:
-its state is not the job's) and `ignore_data_skip=True`.
+order is not a new loader's), a dataset or collator drawing from a generator of its own (a masking collator's
+`seed=`, found by name or because the trial's batch comes out otherwise from the same random states: its state is
+not the job's), with no workers a dataset that draws as it is indexed and is evaluated on too (the batch fetched
+ahead would be indexed again under other states), and `ignore_data_skip=True`.
 """
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ import shutil
 import sys
 import tempfile
 from typing import Optional
+
+import torch.utils.data
 
 from gmux.job import frameworks
 from gmux.job.data_draws import draws
@@ -122,21 +125,26 @@ def why_not_movable(trainer, train_dataloader, fetches_seen: bool = False) -> Op
         return f"it trains in {args.world_size} processes"
     if args.ignore_data_skip:
         return "ignore_data_skip=True: a resumed run would not skip the batches already trained on"
-    import torch.utils.data
     if isinstance(trainer.train_dataset, torch.utils.data.IterableDataset):
         return "its dataset is an IterableDataset, whose stream cannot be rewound to a position"
-    if args.dataloader_num_workers and args.dataloader_persistent_workers:
+    loader = getattr(train_dataloader, "base_dataloader", train_dataloader)
+    if not isinstance(loader, torch.utils.data.DataLoader):
+        return (f"its training data is a {type(loader).__name__}, not a torch DataLoader: accelerate cannot skip "
+                f"to a position in it")
+    if loader.num_workers and loader.persistent_workers:
         return ("dataloader_persistent_workers=True: an epoch after the first is drawn in an order that a new "
                 "process's loader does not give for that epoch")
-    loader = getattr(train_dataloader, "base_dataloader", train_dataloader)
-    drew = draws(getattr(loader, "dataset", None), getattr(loader, "collate_fn", None),
-                  getattr(loader, "batch_size", None) or 1)
-    if args.dataloader_num_workers and (drew is None or any(drew)):
-        what = ("draw random numbers as its dataset is indexed" if drew[0] else
-                "draw random numbers as its collator collates") if drew else \
+    drew = draws(loader.dataset, loader.collate_fn, getattr(args, "train_batch_size", None) or 1)
+    if loader.num_workers and (drew is None or drew.any()):
+        what = ("draw random numbers as its dataset is indexed" if drew.indexed else
+                "draw random numbers as its collator collates" if drew.collated else
+                "draw from a random generator of their data's own") if drew else \
             "may draw random numbers (a batch of its data could not be tried)"
         return f"its data loader's worker processes {what}, under seeds a resumed run's workers do not have"
-    if drew and drew[0] and not fetches_seen:
+    if drew and drew.own:
+        return ("its dataset or data collator draws from a random generator of its own (a collator's seed=), "
+                "whose state a resumed run does not have")
+    if drew and drew.indexed and not fetches_seen:
         return ("its dataset draws random numbers as it is indexed (a random transform), and a resumed run "
                 "would index the batch fetched ahead again under other random states")
     collator = type(getattr(trainer, "data_collator", None))
@@ -171,7 +179,10 @@ def _callback_class(TrainerCallback):
             if not _is_scheduler(scheduler):
                 scheduler = None
             loader = getattr(kwargs.get("train_dataloader"), "base_dataloader", kwargs.get("train_dataloader"))
-            if loader is not None and not loader.num_workers and self.fetches is None:
+            if isinstance(loader, torch.utils.data.DataLoader) and not loader.num_workers \
+                    and getattr(self.fetches, "loader", None) is not loader:
+                if self.fetches is not None:     # a loader made again (auto_find_batch_size retries smaller)
+                    self.fetches.remove()
                 self.fetches = _Fetches(self, loader, _eval_datasets(trainer))
             frameworks.attach(self.job, FRAMEWORK,
                               [trainer.model, optimizer, scheduler, getattr(trainer.accelerator, "scaler", None)],
@@ -195,9 +206,11 @@ def _callback_class(TrainerCallback):
             self._after_log = False
 
         def on_step_end(self, args, state, control, **kwargs):
+            epoch_ends = state.epoch is not None and float(state.epoch).is_integer() and any(
+                getattr(s, "value", s) == "epoch" for s in (args.eval_strategy, args.save_strategy))
             if (control.should_evaluate or control.should_save or control.should_training_stop
-                    or control.should_epoch_stop):
-                return     # the Trainer acts after this callback; a process restored here would not
+                    or control.should_epoch_stop or epoch_ends):
+                return     # the Trainer acts after this callback (or at the epoch's end); a restored process would not
             if control.should_log:
                 self._after_log = True      # the log is the step's last act: the boundary follows it
                 return
@@ -233,7 +246,7 @@ class _Fetches:
     and the second under the checkpoint's (the Trainer's own loading of them comes after both: held back)."""
 
     def __init__(self, callback, loader, eval_datasets: list):
-        self.callback, self.before, self._second = callback, None, False
+        self.callback, self.loader, self.before, self._second = callback, loader, None, False
         self.dataset = loader.dataset if all(loader.dataset is not d for d in eval_datasets) else None
         if self.dataset is not None:
             own, dataset = getattr(self.dataset, "__getitems__", None), self.dataset
@@ -259,7 +272,7 @@ class _Fetches:
         if cb.fetch_rng is not None:
             restore_rng(cb.fetch_rng)
             cb.fetch_rng, self._second = None, True
-        elif self._second:
+        elif self._second or cb._rng is not None:   # its second fetch, or a first with none fetched ahead
             self._second = False
             cb.put_back_rng()
         self.before = capture_rng()

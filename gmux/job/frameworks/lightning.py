@@ -25,7 +25,8 @@ A move would change results, and is refused (`why_not_movable`), with a strategy
 DataLoader (no position to return to), persistent workers whose dataset or collate function draws random numbers
 (their random state carries across epochs; whether they draw is tried once on a first batch, in a forked child:
 gmux.job.data_draws; workers that draw nothing move, their base seed in a new process drawn from a
-generator of their own, as the unmoved run's workers drew theirs only when its first epoch began),
+generator of their own, as the unmoved run's workers drew theirs only when its first epoch began), with no
+workers a dataset or collate function drawing from a generator of its own (the new process's starts again),
 `reload_dataloaders_every_n_epochs` (the loader is made anew under random states a resumed run does not have),
 a LightningModule or a callback (Lightning's own ModelPruning and EMAWeightAveraging among them) that overrides
 `on_save_checkpoint`/`on_load_checkpoint` (state of its own that gmux does not see), a callback that changes the
@@ -145,10 +146,15 @@ def why_not_movable(trainer, module_hooks) -> Optional[str]:
             return "its dataset is an IterableDataset, whose stream cannot be rewound to a position"
         if dl.persistent_workers and dl.num_workers:
             drew = draws(dl.dataset, dl.collate_fn, dl.batch_size or 1)
-            if drew is None or any(drew):
+            if drew is None or drew.any():
                 what = "its dataset or collate function " + ("could not be tried" if drew is None else "draws")
                 return (f"persistent_workers=True, and {what}: its workers' random states carry across epochs, "
                         f"and a resumed run's workers start anew")
+        elif not dl.num_workers:
+            drew = draws(dl.dataset, dl.collate_fn, dl.batch_size or 1)
+            if drew is not None and drew.own:
+                return ("its dataset or collate function draws from a random generator of its own, whose state "
+                        "a resumed run does not have")
     return None
 
 
