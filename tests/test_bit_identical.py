@@ -177,12 +177,30 @@ def test_a_move_with_drawing_workers_started_in_an_earlier_epoch_is_refused_and_
     assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
 
 
-def test_persistent_workers_that_draw_nothing_move_in_any_epoch(tmp):
+def test_persistent_workers_behind_a_map_made_before_job_data_are_refused_a_move_after_their_first_epoch(tmp):
+    """map() over a persistent loader, made before job.data: a new process makes the loader's iterator anew when
+    the script makes the map, drawing its workers' seed before the epoch's shuffle, which the first process did
+    only in its first epoch. A move in epoch 1 is refused (on stderr) and the job runs on; one in epoch 0 moves."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+    args = ["--workers", "2", "--persistent", "--quiet-data", "--map"]
+    run_py(script, f"{tmp}/solo.pt", *args)
+    stayed = run_py(script, f"{tmp}/stayed.pt", *args, "--migrate-at", "17", "--checkpoint", f"{tmp}/a.ckpt")
+    assert "persistent workers are read through map() or a generator expression" in stayed.stderr, stayed.stderr
+    assert not os.path.exists(f"{tmp}/a.ckpt")
+    assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/stayed.pt"), "model")
+    run_py(script, f"{tmp}/x.pt", *args, "--migrate-at", "5", "--checkpoint", f"{tmp}/b.ckpt")
+    run_py(script, f"{tmp}/moved.pt", *args, "--restore", f"{tmp}/b.ckpt")
+    assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
+
+
+@pytest.mark.parametrize("bar", [[], ["--tqdm"]])
+def test_persistent_workers_that_draw_nothing_move_in_any_epoch(tmp, bar):
     """Persistent workers over a dataset that draws nothing: moved in epoch 1 and again in epoch 2, each new
     process's workers drawing their seed apart (the first process drew none after epoch 0: drawn from the loader's
-    generator, it shifted the epoch's shuffle), the run ends as if never moved."""
+    generator, it shifted the epoch's shuffle), the run ends as if never moved; read through a progress bar too,
+    which makes the loader's iterator only at its first fetch."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
-    args = ["--workers", "2", "--persistent", "--quiet-data"]
+    args = ["--workers", "2", "--persistent", "--quiet-data", *bar]
     run_py(script, f"{tmp}/solo.pt", *args)
     run_py(script, f"{tmp}/x.pt", *args, "--migrate-at", "17", "--checkpoint", f"{tmp}/a.ckpt")
     run_py(script, f"{tmp}/x.pt", *args, "--restore", f"{tmp}/a.ckpt", "--migrate-at", "29", "--checkpoint",

@@ -157,6 +157,25 @@ def reused_workers(loader) -> tuple[bool, Optional[str]]:
 _DRAWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # loader -> draws() of its data
 
 
+def hidden_workers(loader, epoch: int, depth: int = 3) -> Optional[str]:
+    """Why an epoch read through map() or a generator expression over a loader's iterator with persistent workers,
+    kept from an earlier epoch, cannot be replayed: the script makes that iterator before job.data sees it, and in
+    a new process it is made anew, drawing the workers' seed from the loader's generator before the epoch's
+    shuffle (the first process drew none after its first epoch)."""
+    for inner in (wrapped(loader) if depth else []):
+        if getattr(inner, "_persistent_workers", False):
+            if _SEEN.setdefault(inner, epoch) < epoch:
+                return ("its loader's persistent workers are read through map() or a generator expression made "
+                        "before job.data, whose iterator a new process makes anew: its epoch's order would "
+                        "differ (map over job.data(loader) instead)")
+        elif (why := hidden_workers(inner, epoch, depth - 1)) is not None:
+            return why
+    return None
+
+
+_SEEN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()    # a loader's iterator -> the epoch first read
+
+
 def epochs(position: DataPosition, count: int, tracked) -> Iterator[int]:
     """`tracked`: the job's TrackedState, whose random streams an epoch's start keeps."""
     while position.epoch < count:
@@ -218,6 +237,7 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
     else:
         position.index = 0
         position.reused_workers, position.unmovable = reused_workers(inner)
+        position.unmovable = position.unmovable or hidden_workers(loader, position.epoch)
         position.data_streams = tracked.streams()
         position.epoch_rng = position.data_streams["rng"]["torch"]
         position.epoch_generator = _one_or_list([g.get_state() for g in generators])
@@ -288,21 +308,23 @@ def _fast_forward(loader: Iterable, count: int, tracked, streams: Optional[dict]
 def _replayed(loader: Iterable, count: int, seeded_apart=None) -> Iterator[Any]:
     """`loader`'s iterator with `count` batches fetched and dropped; one with fewer batches than that is read to
     its end (said on stderr: the data changed since the checkpoint)."""
-    if seeded_apart is None:
+    # (held through the replay: a progress bar makes the loader's iterator at its first fetch; the sampler keeps
+    # its own generator, or the global stream, and only the workers' seed is drawn from the loader's)
+    own = None if seeded_apart is None else seeded_apart.generator
+    if seeded_apart is not None:
+        seeded_apart.generator = torch.Generator()
+    try:
         it = iter(loader)
-    else:       # (its sampler keeps its own generator, or the global stream)
-        own, seeded_apart.generator = seeded_apart.generator, torch.Generator()
-        try:
-            it = iter(loader)
-        finally:
+        for k in range(count):
+            try:
+                next(it)
+            except StopIteration:
+                print(f"gmux: the checkpoint is {count} batches into this loader and it has {k}: the data changed "
+                      f"since, and its epoch ends here", file=sys.stderr)
+                break
+    finally:
+        if seeded_apart is not None:
             seeded_apart.generator = own
-    for k in range(count):
-        try:
-            next(it)
-        except StopIteration:
-            print(f"gmux: the checkpoint is {count} batches into this loader and it has {k}: the data changed "
-                  f"since, and its epoch ends here", file=sys.stderr)
-            break
     return it
 
 

@@ -12,6 +12,7 @@ random.Random, a torch.Generator), attached with the model; --unattached: not at
 --sampler weighted|subset: the epoch's order comes from a WeightedRandomSampler's or SubsetRandomSampler's own
 generator, not the loader's (--attach-sampler: that generator attached with the model too);
 --workers N: the loader's workers (--persistent: persistent_workers=True); --quiet-data: the dataset adds no noise;
+--tqdm: the loader read through a progress bar (tqdm, disabled); --map: through map(), made before job.data;
 --epoch-draws: no loader: at each epoch's start the script draws an order of its list of batches (random.sample)
 and the epoch's loss weight from numpy and torch, before job.data walks the list in that order.
 """
@@ -63,6 +64,8 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--quiet-data", action="store_true")
+    p.add_argument("--tqdm", action="store_true")
+    p.add_argument("--map", action="store_true")
     a = p.parse_args()
     torch.manual_seed(0)
     np.random.seed(0)
@@ -91,7 +94,13 @@ def main() -> int:
         if a.epoch_draws:
             order = random.sample(listed, len(listed))
             weight = float(np.random.uniform(0.5, 1.5)) * float(torch.rand(()) + 0.5)
-        for i, (x, y) in job.enumerate(order if a.epoch_draws else loader):
+        source = order if a.epoch_draws else loader
+        if a.tqdm:
+            from tqdm import tqdm
+            source = tqdm(source, disable=True)
+        if a.map:
+            source = map(lambda batch: batch, source)
+        for i, (x, y) in job.enumerate(source):
             (weight * torch.nn.functional.mse_loss(model(x), y)).backward()
             if (i + 1) % a.accum:
                 continue
