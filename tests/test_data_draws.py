@@ -67,3 +67,30 @@ def test_a_trial_that_fails_or_hangs_says_it_cannot_tell(monkeypatch):
     t = time.monotonic()
     assert data_draws.draws(Lazy("hang"), default_collate, 4) is None
     assert time.monotonic() - t < 10               # the child was killed, not waited for
+
+
+def test_data_that_only_looks_unequal_to_itself_is_not_taken_for_a_generator_of_its_own():
+    """NaN in the data, items without __eq__, a batch held in an object: the repeat comes out the same."""
+    class Holder:
+        def __init__(self, x):
+            self.x = x
+
+    class Odd(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"x": torch.tensor([float("nan"), i]), "n": np.array([np.nan]), "f": float("nan"),
+                    "h": Holder(torch.ones(2))}
+
+    odd = lambda items: Holder([item["x"] for item in items])     # noqa: E731
+    assert data_draws.draws(Odd(), odd, 4) == (False, False, False)
+
+
+def test_a_script_ignoring_sigchld_still_gets_an_answer():
+    import signal
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        assert data_draws.draws(TensorDataset(torch.arange(8.0)), default_collate, 4) is not None
+    finally:
+        signal.signal(signal.SIGCHLD, old)

@@ -272,6 +272,12 @@ def _beside(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
                            back=tracked.streams())
     else:
         reading.streams, reading.generators = tracked.streams(), [g.get_state() for g in generators]
+        inner = unwrapped(loader)
+        if getattr(inner, "persistent_workers", False) and getattr(inner, "_iterator", None) is not None:
+            position.unmovable = position.unmovable or (
+                "a loader read beside the epoch's has persistent_workers started in an earlier epoch, whose seed "
+                "a new process could not give new ones")
+        position.unmovable = position.unmovable or hidden_workers(loader, position.epoch)
         it = iter(loader)
     position.others.append(reading)
     position.aside += aside

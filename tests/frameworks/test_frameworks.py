@@ -285,3 +285,21 @@ def test_random_states_kept_by_a_framework_are_checked_before_use():
                 {**good, "numpy": "MT19937"}, {**good, "cuda": [torch.zeros(16)]}, {k: good[k] for k in ("torch",)}):
         with pytest.raises(CheckpointError, match="state 'fetch_rng': not the random states"):
             random_states(bad, "ckpt", "state 'fetch_rng'")
+
+
+def test_a_restored_lightning_run_does_again_the_epoch_start_that_its_resume_skips():
+    """The script's own callbacks' on_train_epoch_start (a freeze schedule) and a GradientAccumulationScheduler's
+    run again in a restored process; not one with a state of its own, which Lightning has restored already as the
+    hook had left it (run again, an epoch counter counted the epoch twice: 4/4 tensors differed)."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.trainer import call
+    ran = []
+    stateless = type("Freeze", (pl.Callback,), {"on_train_epoch_start": lambda s, t, m: ran.append("freeze")})
+    counting = type("Counter", (pl.Callback,), {"on_train_epoch_start": lambda s, t, m: ran.append("counter"),
+                                                "state_dict": lambda s: {"n": 1}})
+    accumulation = pl.callbacks.GradientAccumulationScheduler({0: 1, 1: 2})
+    trainer = SimpleNamespace(current_epoch=1, accumulate_grad_batches=1,
+                              callbacks=[stateless(), counting(), accumulation])
+    gmux_callback = lightning._callback_class(pl.Callback, call, "2")(trainer, None)
+    gmux_callback.epoch_start_again(trainer, torch.nn.Linear(1, 1))
+    assert ran == ["freeze"] and trainer.accumulate_grad_batches == 2

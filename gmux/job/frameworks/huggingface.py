@@ -134,7 +134,8 @@ def why_not_movable(trainer, train_dataloader, fetches_seen: bool = False) -> Op
     if loader.num_workers and loader.persistent_workers:
         return ("dataloader_persistent_workers=True: an epoch after the first is drawn in an order that a new "
                 "process's loader does not give for that epoch")
-    drew = draws(loader.dataset, loader.collate_fn, getattr(args, "train_batch_size", None) or 1)
+    collate = getattr(loader.collate_fn, "gmux_collate", loader.collate_fn)     # (not gmux's own fetch hook)
+    drew = draws(loader.dataset, collate, getattr(args, "train_batch_size", None) or 1)
     if loader.num_workers and (drew is None or drew.any()):
         what = ("draw random numbers as its dataset is indexed" if drew.indexed else
                 "draw random numbers as its collator collates" if drew.collated else
@@ -171,6 +172,11 @@ def _callback_class(TrainerCallback):
             self.fetch_rng = None       # a restored process: the states the first batch it fetches was fetched under
             self.fetches: Optional[_Fetches] = None
             self._after_log = False
+            # a callback of the script's own acting at an epoch's end (an evaluation of its own): no boundary at
+            # the epoch's last step, which a restored process would resume after that act
+            self._acts_at_epoch_end = any(
+                "on_epoch_end" in c.__dict__ and not c.__module__.startswith("transformers.")
+                for cb in trainer.callback_handler.callbacks for c in type(cb).__mro__)
 
         def on_train_begin(self, args, state, control, **kwargs):
             trainer = self.trainer
@@ -206,8 +212,9 @@ def _callback_class(TrainerCallback):
             self._after_log = False
 
         def on_step_end(self, args, state, control, **kwargs):
-            epoch_ends = state.epoch is not None and float(state.epoch).is_integer() and any(
+            epoch_ends = state.epoch is not None and float(state.epoch).is_integer() and (any(
                 getattr(s, "value", s) == "epoch" for s in (args.eval_strategy, args.save_strategy))
+                or self._acts_at_epoch_end)
             if (control.should_evaluate or control.should_save or control.should_training_stop
                     or control.should_epoch_stop or epoch_ends):
                 return     # the Trainer acts after this callback (or at the epoch's end); a restored process would not
@@ -264,6 +271,7 @@ class _Fetches:
             def collated(items):
                 self.note()
                 return collate(items)
+            collated.gmux_collate = collate
             loader.collate_fn = collated
 
     def note(self) -> None:

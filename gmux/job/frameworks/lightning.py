@@ -242,13 +242,15 @@ def _callback_class(Callback, call, version: str):
 
         def epoch_start_again(self, trainer, pl_module) -> None:
             """Lightning's resume in the middle of an epoch skips on_train_epoch_start: what the script's own
-            module and callbacks do there (freeze a layer from an epoch on) is done again, before the checkpoint's
-            state is restored over what it set (its random draws too)."""
+            module and callbacks without a state of their own do there (freeze a layer from an epoch on) is done
+            again, before the checkpoint's state is restored over what it set (its random draws too)."""
             if _overrides(pl_module, "on_train_epoch_start"):
                 call._call_lightning_module_hook(trainer, "on_train_epoch_start")
             for cb in trainer.callbacks:
                 pure = any(c.__name__ in _EPOCH_START_PURE for c in type(cb).__mro__)
-                if cb is not self and (pure or _overrides(cb, "on_train_epoch_start")):
+                # (one with a state of its own has it back from Lightning already, as the hook had left it)
+                own_state = _overrides(cb, "state_dict")
+                if cb is not self and (pure or (_overrides(cb, "on_train_epoch_start") and not own_state)):
                     cb.on_train_epoch_start(trainer, pl_module)
 
         def put_back_rng(self) -> None:
