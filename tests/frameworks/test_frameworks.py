@@ -303,3 +303,32 @@ def test_a_restored_lightning_run_does_again_the_epoch_start_that_its_resume_ski
     gmux_callback = lightning._callback_class(pl.Callback, call, "2")(trainer, None)
     gmux_callback.epoch_start_again(trainer, torch.nn.Linear(1, 1))
     assert ran == ["freeze"] and trainer.accumulate_grad_batches == 2
+
+
+def test_an_epoch_order_drawn_from_torchs_stream_is_drawn_alike_in_a_restored_process():
+    """group_by_length's LengthGroupedSampler draws each epoch's order from torch's stream when the epoch's first
+    batch is fetched; a restored process draws it under the states the first process noted (moved without them,
+    the weights differed), then goes on under its own. Unwrapped, such a sampler is refused."""
+    from gmux.job.data_draws import same
+    from gmux.job.state import capture_rng
+
+    class LengthGroupedSampler(torch.utils.data.Sampler):       # (as transformers' draws, generator None)
+        generator = None
+
+        def __iter__(self):
+            return iter(torch.randperm(8).tolist())
+
+        def __len__(self):
+            return 8
+
+    callback = SimpleNamespace(order_rng=None)
+    torch.manual_seed(1)
+    first = huggingface._EpochOrder(LengthGroupedSampler(), callback)
+    order, noted = list(first), first.before
+    torch.manual_seed(99)                    # the restored process, its states the checkpoint's
+    callback.order_rng, states = noted, capture_rng()
+    again = huggingface._EpochOrder(LengthGroupedSampler(), callback)
+    assert list(again) == order and same(capture_rng(), states) and again.before is noted
+    assert callback.order_rng is None and len(again) == 8
+    assert "LengthGroupedSampler" in _hf(sampler=LengthGroupedSampler())
+    assert _hf(sampler=again) is None

@@ -24,8 +24,10 @@ drawing masks or noise, draw the same (`_Fetches`: where each fetch begins is se
 
 A move would change results, and is refused (`why_not_movable`), with DeepSpeed or FSDP (they shard and
 checkpoint the state themselves), several processes, an IterableDataset (its stream cannot be rewound to a
-position), a training loader that is not a torch DataLoader (accelerate cannot skip in it), a shuffling sampler that is not accelerate's seeded one (`use_seedable_sampler=False`, a custom
-sampler: the epoch's order would differ), data-loader workers whose dataset or collator draws random numbers
+position), a training loader that is not a torch DataLoader (accelerate cannot skip in it), a shuffling sampler
+other than accelerate's seeded one (`use_seedable_sampler=False`, a custom sampler: the epoch's order would
+differ; `group_by_length`'s, drawing from torch's stream, moves: `_EpochOrder` keeps the states its epoch's order
+was drawn under), data-loader workers whose dataset or collator draws random numbers
 (their seeds come from the random state when the epoch's iterator starts, and a restored process's workers
 load other batches first; whether they draw is tried once on a first batch, in a child process forked as
 workers are: gmux.job.data_draws) or that persist (`dataloader_persistent_workers`: measured, a later epoch's
@@ -51,7 +53,9 @@ from gmux.job import frameworks
 from gmux.job.data_draws import draws
 
 FRAMEWORK = "huggingface"
-_EXACT_SAMPLERS = ("SequentialSampler", "SeedableRandomSampler")
+_EXACT_SAMPLERS = ("SequentialSampler", "SeedableRandomSampler", "_EpochOrder")
+# samplers that draw an epoch's order from torch's stream when their iteration starts (no generator of their own)
+_FROM_STREAM = ("LengthGroupedSampler",)
 _MASKING = ("DataCollatorForLanguageModeling", "DataCollatorForPermutationLanguageModeling")
 _LOADERS = ("_load_from_checkpoint", "_load_optimizer_and_scheduler", "_load_scaler", "_load_rng_state")
 
@@ -80,9 +84,10 @@ def patch(module) -> None:
                           f"{resume_from_checkpoint!r}", file=sys.stderr)
                 scratch = tempfile.mkdtemp(prefix="gmux-hf-")
                 saved = frameworks.saved_state(path, FRAMEWORK)
-                if saved.get("fetch_rng") is not None:
-                    from gmux.job.restore_check import random_states
-                    callback.fetch_rng = random_states(saved["fetch_rng"], path, "state 'fetch_rng'")
+                from gmux.job.restore_check import random_states
+                for name in ("fetch_rng", "order_rng"):
+                    if saved.get(name) is not None:
+                        setattr(callback, name, random_states(saved[name], path, f"state '{name}'"))
                 with open(os.path.join(scratch, "trainer_state.json"), "w") as f:
                     f.write(saved["trainer_state"])
                 callback.restore_from = path
@@ -171,6 +176,8 @@ def _callback_class(TrainerCallback):
             self._rng = None
             self.fetch_rng = None       # a restored process: the states the first batch it fetches was fetched under
             self.fetches: Optional[_Fetches] = None
+            self.order: Optional[_EpochOrder] = None
+            self.order_rng = None       # a restored process: the states its epoch's order was drawn under
             self._after_log = False
             # a callback of the script's own acting at an epoch's end (an evaluation of its own): no boundary at
             # the epoch's last step, which a restored process would resume after that act
@@ -190,6 +197,11 @@ def _callback_class(TrainerCallback):
                 if self.fetches is not None:     # a loader made again (auto_find_batch_size retries smaller)
                     self.fetches.remove()
                 self.fetches = _Fetches(self, loader, _eval_datasets(trainer))
+            batch_sampler = getattr(loader, "batch_sampler", None)
+            drawn = getattr(batch_sampler, "sampler", None)
+            if (type(drawn).__name__ in _FROM_STREAM and getattr(drawn, "generator", 1) is None
+                    and hasattr(kwargs.get("train_dataloader"), "base_dataloader")):
+                batch_sampler.sampler = self.order = _EpochOrder(drawn, self)
             frameworks.attach(self.job, FRAMEWORK,
                               [trainer.model, optimizer, scheduler, getattr(trainer.accelerator, "scaler", None)],
                               why_not_movable(trainer, kwargs.get("train_dataloader"),
@@ -239,8 +251,9 @@ def _callback_class(TrainerCallback):
             trainer.state.stateful_callbacks = {k: v[0] if len(v) == 1 else v for k, v in callbacks.items()}
             self.job.tracked.state["trainer_state"] = json.dumps(dataclasses.asdict(trainer.state), sort_keys=True)
             gradient = trainer.accelerator.gradient_state
-            ahead = self.fetches is not None and gradient.in_dataloader and not gradient.end_of_dataloader
-            self.job.tracked.state["fetch_rng"] = self.fetches.before if ahead else None
+            mid_epoch = gradient.in_dataloader and not gradient.end_of_dataloader
+            self.job.tracked.state["fetch_rng"] = self.fetches.before if self.fetches and mid_epoch else None
+            self.job.tracked.state["order_rng"] = self.order.before if self.order and mid_epoch else None
 
     return GmuxCallback
 
@@ -289,6 +302,36 @@ class _Fetches:
         """The dataset as the script gave it (the loader is the Trainer's, and ends with the training)."""
         if self.dataset is not None:
             self.dataset.__dict__.pop("__getitems__", None)
+
+
+class _EpochOrder:
+    """The training sampler of an order drawn from torch's stream at each epoch (`group_by_length`'s): notes the
+    random states its iteration starts under; a restored process draws its epoch's order under those noted in
+    the first process, then goes on under the states it had."""
+
+    def __init__(self, sampler, callback):
+        self.sampler, self.callback, self.before = sampler, callback, None
+
+    def __iter__(self):
+        from gmux.job.state import capture_rng, restore_rng
+        cb = self.callback
+        if cb.order_rng is None:
+            self.before = capture_rng()
+            return iter(self.sampler)
+        found = capture_rng()
+        restore_rng(cb.order_rng)
+        self.before, cb.order_rng = cb.order_rng, None
+        order = list(self.sampler)          # (drawn now, under those states)
+        restore_rng(found)
+        return iter(order)
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def __getattr__(self, name):            # set_epoch, lengths, ...
+        if name.startswith("__") or name == "sampler":
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
 
 
 def _eval_datasets(trainer) -> list:
