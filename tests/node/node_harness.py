@@ -72,7 +72,8 @@ class Node:
         self.procs.append(p)
         return p
 
-    def job_of(self, pid: int, timeout: float = 20) -> str:
+    def job_of(self, pid: int, timeout: float = 60) -> str:
+        # (60 s: with Trainer jobs importing their frameworks beside it on 2 cores, a plain job once took over 20)
         found = []
         self.wait_for(lambda: found.extend(j["id"] for j in self.ps()["jobs"] if j["pid"] == pid) or found,
                       timeout, f"no job registered by pid {pid}")
