@@ -26,6 +26,7 @@ first process drew none that epoch; a generator the script draws from of its own
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import sys
@@ -314,12 +315,8 @@ def _fast_forward(loader: Iterable, count: int, tracked, streams: Optional[dict]
 def _replayed(loader: Iterable, count: int, seeded_apart=None) -> Iterator[Any]:
     """`loader`'s iterator with `count` batches fetched and dropped; one with fewer batches than that is read to
     its end (said on stderr: the data changed since the checkpoint)."""
-    # (held through the replay: a progress bar makes the loader's iterator at its first fetch; the sampler keeps
-    # its own generator, or the global stream, and only the workers' seed is drawn from the loader's)
-    own = None if seeded_apart is None else seeded_apart.generator
-    if seeded_apart is not None:
-        seeded_apart.generator = torch.Generator()
-    try:
+    # (held through the replay: a progress bar makes the loader's iterator at its first fetch)
+    with workers_seeded_apart([] if seeded_apart is None else [seeded_apart]):
         it = iter(loader)
         for k in range(count):
             try:
@@ -328,10 +325,22 @@ def _replayed(loader: Iterable, count: int, seeded_apart=None) -> Iterator[Any]:
                 print(f"gmux: the checkpoint is {count} batches into this loader and it has {k}: the data changed "
                       f"since, and its epoch ends here", file=sys.stderr)
                 break
-    finally:
-        if seeded_apart is not None:
-            seeded_apart.generator = own
     return it
+
+
+@contextlib.contextmanager
+def workers_seeded_apart(loaders: Iterable):
+    """While it lasts, each of these DataLoaders draws its workers' base seed from a scratch generator (its sampler
+    keeps its own generator, or the global stream): workers a restored process starts where the first process
+    had kept persistent ones, which drew no seed then."""
+    swapped = [(dl, dl.generator) for dl in loaders]
+    try:
+        for dl, _ in swapped:
+            dl.generator = torch.Generator()
+        yield
+    finally:
+        for dl, generator in swapped:
+            dl.generator = generator
 
 
 class Epoch:

@@ -315,18 +315,11 @@ def _overrides(obj, hook: str) -> bool:
 
 
 def _seeded_apart(loader, original):
-    """`original(loader)` with each persistent-worker DataLoader's base seed drawn from a scratch generator (its
-    sampler keeps its own generator, or the global stream)."""
-    import torch
-    swapped = [(dl, dl.generator) for dl in loader.flattened
-               if getattr(dl, "persistent_workers", False) and getattr(dl, "num_workers", 0)]
-    try:
-        for dl, _ in swapped:
-            dl.generator = torch.Generator()
+    """`original(loader)` with each persistent-worker DataLoader's base seed drawn from a scratch generator."""
+    from gmux.job.data import workers_seeded_apart
+    with workers_seeded_apart(dl for dl in loader.flattened
+                              if getattr(dl, "persistent_workers", False) and getattr(dl, "num_workers", 0)):
         return original(loader)
-    finally:
-        for dl, generator in swapped:
-            dl.generator = generator
 
 
 def _generators(loader) -> list:
