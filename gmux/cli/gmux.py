@@ -170,7 +170,10 @@ def run(a) -> int:
         _print(c.call("shutdown", kill_jobs=a.kill_jobs), a.json, "gmuxd is stopping")
         return 0
     if a.cmd == "ping":
-        _print(c.call("ping"), a.json, "gmuxd is running")
+        data = c.call("ping")
+        errors = data.get("internal_errors") or 0
+        _print(data, a.json, "gmuxd is running" + (f"; it met {errors} internal error(s) and went on (its log "
+                                                   f"names each)" if errors else ""))
         return 0
     return 2
 

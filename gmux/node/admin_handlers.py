@@ -61,7 +61,7 @@ class AdminHandlers:
     # --- the handlers ---
     def ping(self, req: Request):
         return {"version": protocol.VERSION, "pid": os.getpid(), "uptime": time.time() - self.node.started,
-                "gpus": len(self.node.gpus)}
+                "gpus": len(self.node.gpus), "internal_errors": self.node.internal_errors}
 
     def ps(self, req: Request):
         """Every job to an admin (and in a per-user daemon); to another user of a system daemon, their own

@@ -42,6 +42,7 @@ from gmux.node.stopping import Stopping
 from gmux.node.store import Store
 from gmux.node.supervisor import Supervisor
 from gmux.rundir import RuntimeDir, alive, proc_starttime
+from gmux.util.faults import Faults
 from gmux.wire.server import Busy, Caller, Refused, Request, Server, configure
 
 log = logging.getLogger("gmux.daemon")
@@ -106,6 +107,7 @@ class Daemon:
         self.started = time.time()
         self.stopping = False
         self._last_reap = self._last_flush = 0.0
+        self.faults = Faults(log)
         sock = configure(zmq.Context.instance().socket(zmq.ROUTER))
         sock.setsockopt(zmq.MAXMSGSIZE, 16 * protocol.MAX_FRAME)  # beyond this, not even an error reply
         if os.path.exists(rundir.socket):
@@ -134,7 +136,8 @@ class Daemon:
 
     @property
     def internal_errors(self) -> int:
-        return self.server.internal_errors
+        """Bugs met and survived: a handler's (answered with an error) and the tick's (gmux.util.faults)."""
+        return self.server.internal_errors + self.faults.count
 
     # --- lifecycle ---
     def _claim_pid_file(self) -> None:
@@ -365,35 +368,45 @@ class Daemon:
             self._last_reap = now
             for job in list(self.jobs.values()):
                 if not job.final and job.pid:
-                    ended = self.sup.ended(job)
-                    if ended is not None:
-                        self.finish(job, *ended)
-            self.sup.reap_others({j.pid for j in self.jobs.values() if not j.final and j.pid})
-            self.commands.expire(now)
-            for slicer in self.slicers.values():
-                self.stops.check_frozen(slicer)
-            self._forget_ended()
-        self.admission.run(now)
-        self.moves.poll(now)
+                    with self.faults.guard(f"reaping job {job.id}"):
+                        ended = self.sup.ended(job)
+                        if ended is not None:
+                            self.finish(job, *ended)
+            with self.faults.guard("reaping"):
+                self.sup.reap_others({j.pid for j in self.jobs.values() if not j.final and j.pid})
+                self.commands.expire(now)
+                for slicer in self.slicers.values():
+                    self.stops.check_frozen(slicer)
+                self._forget_ended()
+        with self.faults.guard("admission"):
+            self.admission.run(now)
+        with self.faults.guard("moves"):
+            self.moves.poll(now)
         for gpu, slicer in self.slicers.items():
-            # A pack is tried only on solo rates measured over at least two residencies (one can be disturbed,
-            # and a disturbed solo rate reads low, which makes any pack look like a gain).
-            rates = {j: Rates(self.jobs[j].rate_solo if self.jobs[j].solo_windows >= 2 else None,
-                              self.jobs[j].rate_now, self.jobs[j].window_span(), self.jobs[j].solo_seen)
-                     for j in slicer.entries}
-            for d in self.packers[gpu].step(slicer, rates, now):
-                self.decide(gpu, d.kind, d.jobs, d.numbers, d.text)
-                if d.kind == "recheck":
-                    for j in d.jobs:
-                        self.jobs[j].forget_solo()
-            self.moves.expire(slicer, now)
-            self.switch(slicer, now)
-            self._spill(slicer)
-        self.admission.park_held(now)
-        self._states()
-        self._flush()
+            with self.faults.guard(f"GPU {gpu}"):
+                self._tick_gpu(gpu, slicer, now)
+        with self.faults.guard("the job table"):
+            self.admission.park_held(now)
+            self._states()
+            self._flush()
         if self.metrics:
-            self.metrics.update()
+            with self.faults.guard("metrics"):
+                self.metrics.update()
+
+    def _tick_gpu(self, gpu: int, slicer: Slicer, now: float) -> None:
+        # A pack is tried only on solo rates measured over at least two residencies (one can be disturbed,
+        # and a disturbed solo rate reads low, which makes any pack look like a gain).
+        rates = {j: Rates(self.jobs[j].rate_solo if self.jobs[j].solo_windows >= 2 else None,
+                          self.jobs[j].rate_now, self.jobs[j].window_span(), self.jobs[j].solo_seen)
+                 for j in slicer.entries}
+        for d in self.packers[gpu].step(slicer, rates, now):
+            self.decide(gpu, d.kind, d.jobs, d.numbers, d.text)
+            if d.kind == "recheck":
+                for j in d.jobs:
+                    self.jobs[j].forget_solo()
+        self.moves.expire(slicer, now)
+        self.switch(slicer, now)
+        self._spill(slicer)
 
     def _spill(self, slicer: Slicer) -> None:
         """Carries out the spill policy's decision for this GPU's jobs (see gmux.node.spill)."""

@@ -16,7 +16,7 @@ from gmux.protocol import JOB_STATES
 class Metrics:
     def __init__(self, daemon, port: int, addr: str = "127.0.0.1"):
         self.daemon = daemon
-        self.snapshot: dict = {"jobs": [], "gpus": [], "messages": 0, "host_held": 0}
+        self.snapshot: dict = {"jobs": [], "gpus": [], "messages": 0, "internal_errors": 0, "host_held": 0}
         self._last = 0.0
         self.registry = CollectorRegistry()
         self.registry.register(self)
@@ -39,7 +39,7 @@ class Metrics:
                 for j in d.jobs.values() if not j.final]
         gpus = [(g.index, g.mem_total, len(d.slicers[g.index].entries), len(d.slicers[g.index].resident),
                  d.slicers[g.index].switches) for g in d.gpus.values()]
-        self.snapshot = {"jobs": jobs, "gpus": gpus, "messages": d.messages,
+        self.snapshot = {"jobs": jobs, "gpus": gpus, "messages": d.messages, "internal_errors": d.internal_errors,
                          "host_held": sum(j[9] for j in jobs)}   # one reference swap: atomic for the reader
 
     def collect(self):
@@ -82,3 +82,6 @@ class Metrics:
         msgs = CounterMetricFamily("gmux_messages", "messages received")
         msgs.add_metric([], s["messages"])
         yield msgs
+        errors = CounterMetricFamily("gmux_internal_errors", "bugs gmuxd met and went on from (its log has each)")
+        errors.add_metric([], s["internal_errors"])
+        yield errors

@@ -205,3 +205,32 @@ def test_fuzz_over_the_socket_does_not_wedge(tmp_path):
         s.close()
         stop.set()
         t.join(10)
+
+
+def test_a_bug_in_one_gpus_tick_leaves_the_others_and_the_daemon_running(daemon, caplog):
+    a = register(daemon, b"job-a", gpu=0, mem=GiB)
+    b = register(daemon, b"job-b", gpu=1, mem=GiB)
+
+    def broken(*args):
+        raise RuntimeError("a packing bug")
+
+    packer_step = daemon.packers[0].step
+    daemon.packers[0].step = broken
+    daemon.sent.clear()
+    with caplog.at_level("ERROR", logger="gmux.daemon"):
+        for _ in range(50):
+            daemon.tick()
+    started = {i for i, m in daemon.sent if m["type"] == "command" and m["kind"] == "resume"}
+    assert started == {b"job-b"}     # GPU 1 went on; GPU 0's part failed before it started its job
+    assert daemon.internal_errors == 50
+    # One traceback, not one per tick, and it names the part that failed.
+    logged = [r for r in caplog.records if "internal error" in r.getMessage()]
+    assert len(logged) == 1 and "GPU 0" in logged[0].getMessage() and "a packing bug" in logged[0].exc_text
+    assert ask(daemon, "ping")["data"]["internal_errors"] == 50
+    assert daemon.jobs[b["job"]].state == "resuming" and ask(daemon, "ps", admin=daemon.admin)["ok"]
+    # Once the part works again, its GPU catches up.
+    daemon.packers[0].step = packer_step
+    daemon.sent.clear()
+    daemon.tick()
+    assert {i for i, m in daemon.sent if m["type"] == "command" and m["kind"] == "resume"} == {b"job-a"}
+    assert daemon.jobs[a["job"]].state == "resuming"

@@ -57,7 +57,7 @@ def test_cli_controls_a_submitted_job_and_metrics(node_factory, tmp_path):
     scrape = lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     metrics = node.wait_for(lambda: (lambda m: running in m and m)(scrape()), 20, "the job's metrics")
     assert "gmux_job_suspends_total" in metrics and "gmux_gpu_memory_bytes" in metrics
-    assert "gmux_host_held_bytes" in metrics
+    assert "gmux_host_held_bytes" in metrics and "gmux_internal_errors_total 0.0" in metrics
     logs = gmux(node.rt, "logs", job)
     assert logs.returncode == 0
     said = gmux(node.rt, "suspend", job).stdout
