@@ -46,10 +46,6 @@ class Stopping:
             job.stops += 1
             job.stopped_by_gmux = True
             node.store.save(job)
-        sent = slicer.entries[job.id].sent_at
-        if job._late_told == sent:
-            return    # the same missed deadline, a later turn: counted, not logged again
-        job._late_told = sent
         numbers = self._numbers(slicer, job, now)
         others = [j for j in slicer.entries if j != job.id and not slicer.entries[j].held]
         text = (f"GPU {slicer.gpu}: {job.id} " + self._why(slicer, job, now) +
@@ -58,7 +54,11 @@ class Stopping:
                  ": stopped (SIGSTOP), and continued (SIGCONT) at each of its turns until it reaches a boundary") +
                 f"; it keeps {format_size(numbers['mem'])} on the GPU"
                 + (f", beside which {', '.join(others)} run" if others else ""))
-        node.decide(slicer.gpu, "stop", [job.id], {**numbers, "outside": outside}, text)
+        sent = slicer.entries[job.id].sent_at
+        if job._late_told != sent:    # the same missed deadline at a later turn is counted, not logged again
+            job._late_told = sent
+            node.decide(slicer.gpu, "stop", [job.id], {**numbers, "outside": outside}, text)
+        # but whoever asked since (a second `gmux suspend` after a resume) hears it too
         self._settle(slicer, job, True, text, numbers)
 
     def _late(self, slicer: Slicer, job: Job, now: float) -> None:

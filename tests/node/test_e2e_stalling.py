@@ -152,6 +152,11 @@ def test_a_users_suspend_of_a_job_without_boundaries_is_answered_with_the_stop(n
     assert reply["kind"] == "stop" and "no mini-batch boundary since it started" in reply["detail"], reply
     assert node.job(job)["stops"] >= 1
     node.call("resume", job=job)
+    # Asked again after the resume, for the same missed deadline: answered too (it waited 120 s, then failed).
+    t0 = time.monotonic()
+    reply = node.call("suspend", job=job)
+    assert time.monotonic() - t0 < 10 and reply["kind"] == "stop", reply
+    node.call("resume", job=job)
     proc.kill()
 
 
