@@ -66,17 +66,23 @@ def test_unmodified_script_under_the_transparent_hook(options, tier, tmp):
     assert_identical(torch.load(f"{tmp}/plain.pt"), torch.load(f"{tmp}/hooked.pt"))
 
 
-@pytest.mark.parametrize("backend,options,tier", [("inductor", [], "state"), ("eager", ["--pool", "64MiB"], "allocator")])
-def test_a_torch_compiled_script_under_the_transparent_hook(backend, options, tier, tmp):
+@pytest.mark.parametrize("backend,options,tier,step", [("inductor", [], "state", []),
+                                                       ("eager", ["--pool", "64MiB"], "allocator", []),
+                                                       ("inductor", [], "state", ["--compile-step"]),
+                                                       ("eager", [], "state", ["--compile-step"]),
+                                                       ("eager", ["--pool", "64MiB"], "allocator", ["--compile-step"])])
+def test_a_torch_compiled_script_under_the_transparent_hook(backend, options, tier, step, tmp):
     """torch.compile leaves weakref proxies about, some dead: the hook's search for the script's modules once
     crashed the script at its first command. The compiled model is found, suspended and resumed exactly
-    (inductor, as scripts compile; the dynamo-only backend is the same wrapper, compiled in no time)."""
+    (inductor, as scripts compile; the dynamo-only backend is the same wrapper, compiled in no time). An optimizer
+    step compiled too runs gmux's step hooks inside its compiled frame: traced there, a suspend crashed the
+    script (eager: a segfault) or failed every time (inductor); they run as plain Python (a graph break)."""
     from gmux.job.memory import native as allocator
     if tier == "allocator" and not allocator.available():
         pytest.skip("gmux._native is not built")
     script = "tests/scripts/plain_train.py"
-    run_py(script, f"{tmp}/plain.pt", backend)
-    out = run_py("-m", "gmux.job.run", *options, "--cycle-every", "2", script, f"{tmp}/hooked.pt", backend)
+    run_py(script, f"{tmp}/plain.pt", backend, *step)
+    out = run_py("-m", "gmux.job.run", *options, "--cycle-every", "2", script, f"{tmp}/hooked.pt", backend, *step)
     assert f"25 suspends, {tier} tier" in out.stderr, out.stderr
     assert "global hooks" not in out.stderr          # torch's warning about gmux's own hooks is not the user's
     plain, hooked = torch.load(f"{tmp}/plain.pt"), torch.load(f"{tmp}/hooked.pt")

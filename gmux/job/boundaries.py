@@ -93,8 +93,8 @@ class LoopWatch:
         self._unapplied: list = []      # the same, for a backward that left no gradient, until they move
         self._versions_at_end: list = []     # the same, when the last backward that left gradients ended
         self._versions_at_enter: list = []   # their versions when the outermost call in progress began
-        self._handles = [register_optimizer_step_pre_hook(self._step_pre),
-                         register_optimizer_step_post_hook(self._step_post)]
+        self._handles = [register_optimizer_step_pre_hook(_eager(self._step_pre)),
+                         register_optimizer_step_post_hook(_eager(self._step_post))]
         # (always_call: a call that raises still leaves, or the depth would stay up and no boundary come again)
         self._scouts = [register_module_forward_pre_hook(self._scout_pre),
                         register_module_forward_hook(self._scout_post, always_call=True)]
@@ -318,6 +318,17 @@ class LoopWatch:
         self._backward_done = False
         self._since = Counter()
         self.mark(source)
+
+
+def _eager(hook):
+    """`hook` as torch.compile sees it: a call it leaves to run as plain Python (a graph break). An optimizer
+    step compiled whole (`torch.compile(opt.step)`, PyTorch's recipe) runs these hooks inside its frame; traced,
+    a boundary's suspend would become part of the compiled step. Uncompiled, the test costs a function call."""
+    outside = torch.compiler.disable(hook, recursive=True)
+
+    def seen(*args):
+        return outside(*args) if torch.compiler.is_compiling() else hook(*args)
+    return seen
 
 
 def _in_backward() -> bool:
