@@ -36,11 +36,13 @@ examples:
                                              another cluster's trace (Helios' and Acme's columns are known)
   gmux-sim --trace jobs.csv --machines 32 --columns submit=queued_at,gpus=n_gpu,duration=secs
                                              a trace whose columns have other names, on one 32-machine cluster
+  gmux-sim --trace pai_task_table.csv --machines 32 --columns submit=start_time,gpus=plan_gpu
+                                             Alibaba PAI's tasks: plan_gpu is read as percent of a GPU (--gpu-unit)
 
 times (--start/--end) are offsets from the first submission with a unit (90s, 36h, 7d) or wall-clock
 timestamps ("2017-10-01 00:00:00"). Job types come from gavel_throughputs.json, drawn with --seed.
-A trace's times are dates and times (ISO 8601) or seconds; rows of jobs that used no GPU or never ran are left
-out and counted.
+A trace's times are dates and times (ISO 8601; without a zone taken as UTC) or seconds; rows of jobs that used no
+GPU, never ran or have not ended are left out and counted. Jobs asking for part of a GPU get a whole one.
 """
 
 
@@ -107,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--columns", type=_columns, metavar="MEANING=COLUMN[,...]",
                    help="the trace's columns where their names are not ones gmux-sim knows; meanings: submit, "
                         "duration, gpus, vc, start, end (duration may come from start and end)")
+    g.add_argument("--gpu-unit", choices=("auto", "gpus", "percent", "milli"), default="auto",
+                   help="what the trace's GPU column counts: whole GPUs, percent of a GPU (100 = one GPU) or "
+                        "thousandths; a job gets the whole GPUs it asks for, rounded up. auto: percent for a "
+                        "column named plan_gpu (Alibaba PAI), thousandths for gpu_milli, else whole GPUs "
+                        "(default: %(default)s)")
     g.add_argument("--bad-rows", choices=("refuse", "skip"), default="refuse",
                    help="what to do with malformed trace rows (reported with line numbers; default: %(default)s)")
     g = p.add_argument_group("cluster")
@@ -208,7 +215,7 @@ def main(argv=None) -> int:
     cfg = SimConfig(trace=trace, vcs=vcs, throughputs=tput, machines=args.machines,
                     gpus_per_machine=args.gpus_per_machine, gpu_type=args.gpu_type, suspect=args.suspect_pairs,
                     seed=args.seed, start=args.start, end=args.end, sample=args.sample, bad_rows=args.bad_rows,
-                    columns=args.columns, unknown_vc=args.unknown_vc, vc_scale=args.vc_scale,
+                    columns=args.columns, gpu_unit=args.gpu_unit, unknown_vc=args.unknown_vc, vc_scale=args.vc_scale,
                     elastic_fraction=args.elastic_fraction, costs=costs,
                     workers=args.workers)
     t0 = time.perf_counter()

@@ -7,7 +7,7 @@ import pytest
 
 from sim_harness import write_table
 from gmux.cli.sim import main
-from gmux.cluster.sim.trace import TraceError, load_trace
+from gmux.cluster.sim.trace import TraceError, load_trace, load_vcs
 
 # Helios' cluster_log.csv columns (SenseTime, SC'21), with a CPU-only job, a job cancelled before it ran and a
 # job that ran.
@@ -43,7 +43,7 @@ def test_seconds_and_durations_from_start_and_end(tmp_path):
                                     "1600000100,1600000100,1600007300,8\n")
     with pytest.raises(TraceError) as e:
         load_trace(str(tmp_path / "t.csv"))
-    assert "line 3: end_time is before start_time" in str(e.value)
+    assert "line 3: end_time '1600000030' is before start_time '1600000060'" in str(e.value)
     assert "line 4: timestamp '2020-09-13 12:30:00' is a date, the trace's first row seconds" in str(e.value)
     tr = load_trace(str(tmp_path / "t.csv"), bad_rows="skip")
     assert [(j.submit, j.duration, j.num_gpus, j.vc) for j in tr.jobs] == [(0.0, 100.0, 4, "all"),
@@ -93,3 +93,102 @@ def test_gmux_sim_refuses_a_malformed_columns_option(tmp_path, capsys, spec, nee
     with pytest.raises(SystemExit) as e:
         main(["--trace", str(tmp_path / "t.csv"), *tput, "--columns", spec])
     assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def _load(tmp_path, text, **kw):
+    (tmp_path / "t.csv").write_text(text)
+    return load_trace(str(tmp_path / "t.csv"), **kw)
+
+
+def test_parts_of_a_gpu_get_whole_gpus_and_the_notes_say_how_many(tmp_path):
+    """openb's gpu_milli (250: a quarter of each GPU) was ignored without a word, and PAI's plan_gpu (a percent:
+    800 is eight GPUs) named as the GPU column gave 800 GPUs."""
+    tr = _load(tmp_path, "name,num_gpu,gpu_milli,creation_time,scheduled_time,deletion_time\n"
+                         "a,1,250,10,12,112\nb,2,1000,20,20,80\nc,0,0,30,31,40\nd,1,500,40,41,\n",
+               columns={"submit": "creation_time", "start": "scheduled_time", "end": "deletion_time"})
+    assert [(j.num_gpus, j.duration) for j in tr.jobs] == [(1, 100.0), (2, 60.0)]
+    assert tr.notes == ["1 job(s) ask for part of a GPU (gpu_milli < 1000); each runs on whole GPUs here (the "
+                        "simulator places whole GPUs)"]
+    assert tr.skipped == {"no GPU": 1, "unfinished": 1}
+    with pytest.raises(TraceError, match="line 2: gpu_milli 'x' is not a number in"):
+        _load(tmp_path, "submit_time,duration,num_gpu,gpu_milli\n0,10,1,x\n")
+    pai = "job_name,start_time,end_time,plan_gpu\na,0,10,50.0\nb,5,15,800.0\nc,6,16,\n"
+    tr = _load(tmp_path, pai, columns={"submit": "start_time", "gpus": "plan_gpu"})
+    assert [j.num_gpus for j in tr.jobs] == [1, 8] and tr.skipped == {"no GPU": 1}
+    assert tr.notes == ["GPU column plan_gpu read as percent of a GPU (--gpu-unit); 1 job(s) asking for part of a "
+                        "GPU rounded up to whole GPUs"]
+    tr = _load(tmp_path, pai.replace("plan_gpu", "gpu_req"), columns={"submit": "start_time", "gpus": "gpu_req"},
+               gpu_unit="milli")
+    assert [j.num_gpus for j in tr.jobs] == [1, 1] and "thousandths" in tr.notes[0]
+    tr = _load(tmp_path, pai, columns={"submit": "start_time", "gpus": "plan_gpu"}, gpu_unit="gpus")
+    assert [j.num_gpus for j in tr.jobs] == [50, 800] and tr.notes == []      # the caller's word overrides the name
+
+
+def test_gmux_sim_reads_a_gpu_column_in_percent_when_told(tmp_path, capsys):
+    tput = _tables(tmp_path)
+    (tmp_path / "t.csv").write_text("submit_time,duration,gpu_num\n0,10,50\n5,10,300\n")
+    assert main(["--trace", str(tmp_path / "t.csv"), "--machines", "1", *tput, "--policy", "fifo",
+                 "--gpu-unit", "percent", "--json", str(tmp_path / "r.json")]) == 0
+    assert "GPU column gpu_num read as percent of a GPU (--gpu-unit); 1 job(s)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["summary"]["fifo"]["jobs"] == 2
+    with pytest.raises(SystemExit):
+        main(["--trace", str(tmp_path / "t.csv"), "--machines", "1", *tput, "--gpu-unit", "halves"])
+
+
+def test_rows_of_no_finished_gpu_job_are_counted_and_malformed_ones_stay_bad(tmp_path):
+    """An empty GPU field (a CPU task) and a job started but not ended were bad rows needing --bad-rows skip; an
+    empty duration is end - start, and an end before its start is bad even beside a duration."""
+    head = "submit_time,start_time,end_time,duration,gpu_num\n"
+    tr = _load(tmp_path, head + "2020-01-01 00:00:00,2020-01-01 00:00:00,2020-01-01 00:01:40,,2\n"
+                                "2020-01-01 00:00:10,2020-01-01 00:00:10,2020-01-01 00:00:20,10,\n"
+                                "2020-01-01 00:00:20,2020-01-01 00:00:30,,,1\n"
+                                "2020-01-01 00:00:25,2020-01-01 00:00:30,,5,1\n"
+                                "2020-01-01 00:00:30,,2020-01-01 00:00:40,,1\n")
+    assert [(j.duration, j.num_gpus) for j in tr.jobs] == [(100.0, 2)]
+    assert tr.skipped == {"no GPU": 1, "unfinished": 2, "never ran": 1} and not tr.bad_rows
+    with pytest.raises(TraceError) as e:
+        _load(tmp_path, head + "2020-01-01 00:00:00,2020-01-01 00:00:10,2019-01-01 00:00:00,30,1\n"
+                               "2020-01-01 00:00:00,2020-01-01 00:00:10,2020-01-01 00:00:20,10,NaN\n")
+    assert "line 2: end_time '2019-01-01 00:00:00' is before start_time" in str(e.value)
+    assert "line 3: gpu_num 'NaN' is not a whole number" in str(e.value)
+    with pytest.raises(TraceError, match="line 2: empty duration"):
+        _load(tmp_path, "submit_time,duration,gpu_num\n0,,1\n")
+
+
+def test_byte_order_marks_header_case_and_integral_node_counts(tmp_path):
+    (tmp_path / "t.csv").write_text("\ufeffSubmit_Time,Duration,GPU_Num,VC\n2020-01-01 00:00:00,60,1,vcA\n",
+                                    encoding="utf-8")
+    assert [(j.duration, j.vc) for j in load_trace(str(tmp_path / "t.csv")).jobs] == [(60.0, "vcA")]
+    (tmp_path / "v.csv").write_text("\ufeffVC,node num\nvcA,2.0\n", encoding="utf-8")
+    assert load_vcs(str(tmp_path / "v.csv")) == {"vcA": 2}
+    for count, needle in (("2.5", "not a positive integer"), ("100000000000", "more than 100,000 machines")):
+        (tmp_path / "v.csv").write_text(f"vc,node num\nvcA,{count}\n")
+        with pytest.raises(TraceError, match=f"line 2: node count .*{needle}"):
+            load_vcs(str(tmp_path / "v.csv"))
+
+
+def test_times_without_a_zone_are_stated_and_a_mix_refused(tmp_path):
+    head = "timestamp,duration,num_gpus\n"
+    assert _load(tmp_path, head + "2020-01-01 00:00:00,10,1\n").notes == \
+        ["the trace's times are dates without a zone, taken as UTC"]
+    assert _load(tmp_path, head + "2020-01-01T00:00:00+08:00,10,1\n").notes == []
+    with pytest.raises(TraceError) as e:
+        _load(tmp_path, head + "2020-01-01 00:00:00,10,1\n2020-01-01T00:00:00+08:00,10,1\n"
+                               "1600000000000,10,1\n2020-01-01 00:00:00,1e12,1\n")
+    msg = str(e.value)
+    assert "line 3: timestamp '2020-01-01T00:00:00+08:00' has a zone offset, the trace's first date has none" in msg
+    assert "line 5: duration 1e+12 s is more than 100 years" in msg
+    with pytest.raises(TraceError, match="line 2: .*1600000000000.*milliseconds since the epoch"):
+        _load(tmp_path, head + "1600000000000,10,1\n")
+
+
+def test_a_job_wider_than_its_vc_names_the_way_out_and_is_not_counted_as_run(tmp_path, capsys):
+    tput = _tables(tmp_path)
+    (tmp_path / "t.csv").write_text("submit_time,duration,gpu_num,vc\n0,10,1,vcX\n1,10,1,vcNEW\n2,10,64,vcNEW\n")
+    args = ["--trace", str(tmp_path / "t.csv"), "--vcs", str(tmp_path / "vcs.csv"), *tput, "--policy", "fifo"]
+    assert main(args) == 2
+    assert "line 4: needs 64 GPUs, VC vcNEW has 8. Skip them with --bad-rows skip" in capsys.readouterr().err
+    assert main(args + ["--bad-rows", "skip"]) == 0
+    out = capsys.readouterr().out
+    assert "1 job(s) of VC(s) absent from the layout (vcNEW) each run" in out
+    assert "skipped 1 job(s) larger than their cluster" in out

@@ -8,7 +8,7 @@ Layouts:
 - a single cluster of `machines` machines that runs every job (`machines=N`).
 `vc_scale` shrinks or grows every VC (a stress test: Philly's VCs run at ~10% average utilisation).
 A job that needs more GPUs than its cluster has can never run; such jobs are reported and skipped or refused
-with the bad rows (`bad_rows`).
+with the bad rows (`bad_rows`), and are not counted among the jobs a note says run.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from datetime import datetime
 from gmux.cluster.policies import make_policy
 from gmux.cluster.sim.cluster import Costs
 from gmux.cluster.sim.engine import Engine, RunResult, make_machines
-from gmux.cluster.sim.trace import ONE_VC, Throughputs, TraceError, assign_types, load_trace, load_vcs, select
+from gmux.cluster.sim.trace import (MAX_MACHINES, ONE_VC, Throughputs, TraceError, assign_types, load_trace, load_vcs,
+                                    select)
 
 
 @dataclass
@@ -39,6 +40,7 @@ class SimConfig:
     sample: float | None = None
     bad_rows: str = "refuse"
     columns: dict | None = None          # the trace's column names where they are not ones it knows (trace.py)
+    gpu_unit: str = "auto"               # what the trace's GPU column counts (trace.GPU_UNITS)
     unknown_vc: str = "smallest"
     vc_scale: float = 1.0                # multiply every VC's machine count (stress runs); at least 1 machine
     elastic_fraction: float = 0.0
@@ -60,7 +62,7 @@ def prepare(cfg: SimConfig) -> Prepared:
     if cfg.gpus_per_machine < 1:
         raise ValueError("gpus_per_machine must be at least 1")
     tput = Throughputs(cfg.throughputs, cfg.gpu_type, cfg.suspect)
-    trace = load_trace(cfg.trace, bad_rows=cfg.bad_rows, columns=cfg.columns)
+    trace = load_trace(cfg.trace, bad_rows=cfg.bad_rows, columns=cfg.columns, gpu_unit=cfg.gpu_unit)
     assign_types(trace, tput, seed=cfg.seed, elastic_fraction=cfg.elastic_fraction)
     start, end = (((t - trace.origin).total_seconds() if isinstance(t, datetime) else t) for t in (cfg.start, cfg.end))
     if start is not None and end is not None and end <= start:
@@ -68,22 +70,23 @@ def prepare(cfg: SimConfig) -> Prepared:
     jobs = select(trace, start, end, cfg.sample, cfg.seed)
     if not jobs:
         raise TraceError(f"{cfg.trace}: no jobs in the selected window/sample")
-    notes = []
+    notes = list(trace.notes)
     if trace.skipped:
-        notes.append("rows of no GPU job left out: " + ", ".join(f"{n} {why}" for why, n in trace.skipped.items()))
+        notes.append("rows of no finished GPU job left out: " + ", ".join(f"{n} {why}" for why, n in trace.skipped.items()))
     if trace.bad_rows:
         notes.append(f"skipped {len(trace.bad_rows)} bad row(s): " +
                      "; ".join(f"line {ln}: {msg}" for ln, msg in trace.bad_rows[:10]))
     if len(tput.suspect_pairs):
         notes.append(f"{len(tput.suspect_pairs)} suspect {cfg.gpu_type} pair entries (packed == solo): {cfg.suspect}")
     skipped: list[tuple[int, str]] = []
+    too_big: list[tuple[int, str]] = []
     clusters: dict = {}
     if cfg.machines is not None:
-        if cfg.machines < 1:
-            raise ValueError("machines must be at least 1")
+        if not 1 <= cfg.machines <= MAX_MACHINES:
+            raise ValueError(f"machines must be in 1..{MAX_MACHINES:,}, not {cfg.machines}")
         cap = cfg.machines * cfg.gpus_per_machine
         ok = [j for j in jobs if j.num_gpus <= cap]
-        skipped += [(j.line, f"needs {j.num_gpus} GPUs, cluster has {cap}") for j in jobs if j.num_gpus > cap]
+        too_big += [(j.line, f"needs {j.num_gpus} GPUs, cluster has {cap}") for j in jobs if j.num_gpus > cap]
         clusters["cluster"] = (cfg.machines, ok)
     else:
         if cfg.vcs is None:
@@ -93,6 +96,8 @@ def prepare(cfg: SimConfig) -> Prepared:
             raise ValueError(f"vc_scale must be positive, not {cfg.vc_scale}")
         if cfg.vc_scale != 1.0:
             sizes = {v: max(1, round(n * cfg.vc_scale)) for v, n in sizes.items()}
+            if max(sizes.values()) > MAX_MACHINES:
+                raise ValueError(f"vc_scale {cfg.vc_scale} makes a VC of more than {MAX_MACHINES:,} machines")
             notes.append(f"VC sizes scaled by {cfg.vc_scale}: {sum(sizes.values())} machines in all")
         smallest = min(sizes.values())
         by_vc: dict = {}
@@ -114,20 +119,23 @@ def prepare(cfg: SimConfig) -> Prepared:
                 for v in unknown:
                     skipped += [(j.line, f"VC {v} not in {cfg.vcs}") for j in by_vc.pop(v)]
                 notes.append(f"skipped {count} job(s) of VC(s) absent from the layout: {', '.join(unknown)}")
-            else:
-                notes.append(f"{count} job(s) of VC(s) absent from the layout ({', '.join(unknown)}) each run on "
-                             f"a cluster of {smallest} machines (the smallest listed VC)")
         for v, js in sorted(by_vc.items()):
             n = sizes.get(v, smallest)
             cap = n * cfg.gpus_per_machine
-            skipped += [(j.line, f"needs {j.num_gpus} GPUs, VC {v} has {cap}") for j in js if j.num_gpus > cap]
+            too_big += [(j.line, f"needs {j.num_gpus} GPUs, VC {v} has {cap}") for j in js if j.num_gpus > cap]
             clusters[v] = (n, [j for j in js if j.num_gpus <= cap])
-    too_big = [s for s in skipped if "needs" in s[1]]
+        if unknown and cfg.unknown_vc == "smallest":
+            run = sum(len(clusters[v][1]) for v in unknown)
+            notes.append(f"{run} job(s) of VC(s) absent from the layout ({', '.join(unknown)}) each run on "
+                         f"a cluster of {smallest} machines (the smallest listed VC)")
     if too_big:
         if cfg.bad_rows == "refuse":
             raise TraceError(f"{cfg.trace}: {len(too_big)} job(s) can never fit their cluster: " +
-                             "; ".join(f"line {ln}: {msg}" for ln, msg in too_big[:10]))
+                             "; ".join(f"line {ln}: {msg}" for ln, msg in too_big[:10]) +
+                             ". Skip them with --bad-rows skip (bad_rows='skip'), or give larger clusters "
+                             "(--vcs, --vc-scale, --machines).")
         notes.append(f"skipped {len(too_big)} job(s) larger than their cluster")
+        skipped += too_big
     return Prepared(clusters=clusters, tput=tput, notes=notes, skipped=skipped)
 
 

@@ -51,12 +51,14 @@ class Trace:
     origin: datetime            # wall-clock time of submit == 0
     path: str
     bad_rows: list[tuple[int, str]] = field(default_factory=list)
-    skipped: dict[str, int] = field(default_factory=dict)   # rows that are no GPU job: why -> how many
+    skipped: dict[str, int] = field(default_factory=dict)   # rows that are no finished GPU job: why -> how many
+    notes: list[str] = field(default_factory=list)           # the choices the loader made about the data
 
 
 # What each column means, under the names published GPU-cluster traces give it: Philly's as the Pollux artifact
 # converted it (this loader's first format), Helios' and Acme's (SenseTime and Shanghai AI Lab: submit_time,
-# gpu_num, vc, start_time, end_time, duration), and common spellings. `columns=` names others.
+# gpu_num, vc, start_time, end_time, duration), and common spellings. `columns=` names others. Header names are
+# matched whatever their case.
 COLUMNS = {
     "submit": ("timestamp", "submit_time", "submitted_time", "submission_time"),
     "duration": ("duration", "run_time", "runtime"),
@@ -68,14 +70,28 @@ COLUMNS = {
 ONE_VC = "all"      # the VC of every job of a trace without a VC column
 # the times a datetime can show (a trace's origin is one)
 EARLIEST, LATEST = (datetime(*ymd, tzinfo=timezone.utc).timestamp() for ymd in ((1, 1, 2), (9999, 12, 31)))
+# A longer run is a corrupt field: one such job would hold its GPUs for the whole simulated span.
+MAX_DURATION = 100 * 365.25 * 86400
+# More machines than any cluster has: a VC this large is a corrupt field, and building it would exhaust memory.
+MAX_MACHINES = 100_000
+# How many units of a GPU column make one GPU. The simulator places whole GPUs, so a job asking for part of one
+# gets a whole one (rounded up).
+GPU_UNITS = {"gpus": 1, "percent": 100, "milli": 1000}
+# GPU columns whose published meaning is a part of a GPU: Alibaba PAI 2020's plan_gpu (percent: 50 is half a
+# GPU, 800 eight) and Alibaba's 2023 openb pod list's gpu_milli (thousandths), read so under gpu_unit="auto".
+UNIT_OF_COLUMN = {"plan_gpu": "percent", "gpu_milli": "milli"}
+# openb gives a pod's GPUs as num_gpu (whole) and gpu_milli (the share of each it asks for).
+SHARE_COLUMN = "gpu_milli"
 
 
 class _Times:
     """A trace's time values: all dates and times (ISO 8601, as YYYY-MM-DD HH:MM:SS) or all seconds (a Unix
-    time, or since any origin), whichever its first row has; a row of the other kind is a bad row."""
+    time, or since any origin), whichever its first time has; dates all with a zone offset or all without. A
+    value of the other kind is a bad row: reading a mix would shift jobs by the offset, silently."""
 
     def __init__(self):
         self.numeric: bool | None = None
+        self.zoned: bool | None = None
 
     def parse(self, what: str, text: str) -> float:
         """Seconds since the Unix epoch (dates and times without a zone are taken as UTC)."""
@@ -88,7 +104,13 @@ class _Times:
             except ValueError:
                 raise ValueError(f"{what} {text!r} is neither a date and time (YYYY-MM-DD HH:MM:SS) nor "
                                  f"seconds") from None
-            when = when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when
+            zoned = when.tzinfo is not None
+            if self.zoned is None:
+                self.zoned = zoned
+            elif zoned != self.zoned:
+                raise ValueError(f"{what} {text!r} {'has a' if zoned else 'has no'} zone offset, the trace's "
+                                 f"first date {'has one' if self.zoned else 'has none'}")
+            when = when if zoned else when.replace(tzinfo=timezone.utc)
             value, numeric = when.timestamp(), False
         if self.numeric is None:
             self.numeric = numeric
@@ -96,7 +118,9 @@ class _Times:
             raise ValueError(f"{what} {text!r} is {'seconds' if numeric else 'a date'}, the trace's first row "
                              f"{'seconds' if self.numeric else 'a date'}")
         if not EARLIEST <= value <= LATEST:
-            raise ValueError(f"{what} {text!r} is not a time between the years 1 and 9999")
+            hint = " (milliseconds since the epoch? times in seconds are expected: divide by 1000)" \
+                if numeric and LATEST < value <= 1000 * LATEST else ""
+            raise ValueError(f"{what} {text!r} is not a time between the years 1 and 9999{hint}")
         return value
 
 
@@ -106,17 +130,18 @@ def _resolve(path: str, header: list[str], columns: dict[str, str] | None) -> di
     if unknown:
         raise ValueError(f"unknown column meaning(s) {', '.join(sorted(unknown))}: give some of "
                          f"{', '.join(COLUMNS)}")
+    lower = [h.lower() for h in header]
     found: dict[str, int] = {}
     for meaning, names in COLUMNS.items():
         if columns and meaning in columns:
-            if columns[meaning] not in header:
+            if columns[meaning].strip().lower() not in lower:
                 raise TraceError(f"{path}: no column {columns[meaning]!r} (given for {meaning}; the header has "
                                  f"{', '.join(header)})")
-            found[meaning] = header.index(columns[meaning])
+            found[meaning] = lower.index(columns[meaning].strip().lower())
             continue
-        name = next((n for n in names if n in header), None)
+        name = next((n for n in names if n in lower), None)
         if name is not None:
-            found[meaning] = header.index(name)
+            found[meaning] = lower.index(name)
     missing = [m for m in ("submit", "gpus") if m not in found]
     if "duration" not in found and not {"start", "end"} <= set(found):
         missing.append("duration")
@@ -135,29 +160,65 @@ def _number(text: str) -> float:
         return math.nan
 
 
+def _run_time(row: list[str], col: dict[str, int], times: _Times) -> tuple[float, str | None]:
+    """Seconds the row's job ran, from its duration or else from end - start; or 0 and why the row is no finished
+    job (it never started, or has not ended)."""
+    text = row[col["duration"]].strip() if "duration" in col else ""
+    start, end = (row[col[k]].strip() if k in col else "" for k in ("start", "end"))
+    if start and not end and "end" in col:
+        return 0.0, "unfinished"        # still running when the trace was taken: a duration is only its age
+    span = None
+    if start and end:
+        span = times.parse("end_time", end) - times.parse("start_time", start)
+        if span < 0:
+            raise ValueError(f"end_time {end!r} is before start_time {start!r}")
+    if text:
+        dur = _number(text)
+        if not math.isfinite(dur) or dur < 0:
+            raise ValueError(f"duration {text!r} is not a number of seconds >= 0")
+    elif span is not None:
+        dur = span
+    elif "start" in col and "end" in col:
+        return 0.0, "never ran"
+    else:
+        raise ValueError("empty duration")
+    if dur > MAX_DURATION:
+        raise ValueError(f"duration {dur:.3g} s is more than 100 years")
+    return dur, None
+
+
 def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
-               columns: dict[str, str] | None = None) -> Trace:
+               columns: dict[str, str] | None = None, gpu_unit: str = "auto") -> Trace:
     """Read a job trace CSV: Philly's (timestamp,duration,num_gpus,gpu_time,cluster), Helios' or Acme's
     (submit_time, gpu_num, vc, duration or start_time and end_time), or any whose columns `columns` names
-    (meaning -> column: submit, duration, gpus, vc, start, end). Rows of jobs that used no GPU, or never ran
-    (duration 0), are not bad: they are counted in `skipped`."""
+    (meaning -> column: submit, duration, gpus, vc, start, end). `gpu_unit` says what the GPU column counts
+    (GPU_UNITS; "auto": UNIT_OF_COLUMN by its name, else whole GPUs). Rows that are no finished GPU job (no or
+    an empty GPU count, never started, not ended, duration 0) are not bad: they are counted in `skipped`. Each
+    choice made about the data is stated in the trace's `notes`."""
     if bad_rows not in ("refuse", "skip"):
         raise ValueError(f"bad_rows must be 'refuse' or 'skip', not {bad_rows!r}")
+    if gpu_unit != "auto" and gpu_unit not in GPU_UNITS:
+        raise ValueError(f"gpu_unit must be auto or one of {', '.join(GPU_UNITS)}, not {gpu_unit!r}")
     if not os.path.isfile(path):
         raise TraceError(f"{path}: no such trace file")
     rows: list[tuple[int, float, float, int, str]] = []
     bad: list[tuple[int, str]] = []
-    skipped = {"no GPU": 0, "never ran": 0}
+    skipped = {"no GPU": 0, "never ran": 0, "unfinished": 0}
+    rounded = shared = 0
     times = _Times()
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
             header = next(reader, None)
             if header is None:
                 raise TraceError(f"{path}: empty file")
             header = [h.strip() for h in header]
+            lower = [h.lower() for h in header]
             col = _resolve(path, header, columns)
-            gpu_time = header.index("gpu_time") if "gpu_time" in header else None
+            gpu_name = lower[col["gpus"]]
+            unit = GPU_UNITS[UNIT_OF_COLUMN.get(gpu_name, "gpus") if gpu_unit == "auto" else gpu_unit]
+            gpu_time = lower.index("gpu_time") if "gpu_time" in lower else None
+            share = lower.index(SHARE_COLUMN) if SHARE_COLUMN in lower and gpu_name != SHARE_COLUMN else None
             for line, row in enumerate(reader, start=2):
                 if not row:
                     continue
@@ -165,31 +226,32 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                     if len(row) != len(header):
                         raise ValueError(f"{len(row)} fields, header has {len(header)}")
                     ts = times.parse("timestamp", row[col["submit"]])
-                    if "duration" in col:
-                        text = row[col["duration"]].strip()
-                        dur = _number(text)
-                    else:
-                        dur = times.parse("end_time", row[col["end"]]) - times.parse("start_time", row[col["start"]])
-                    if not math.isfinite(dur) or dur < 0:
-                        raise ValueError(f"duration {row[col['duration']]!r} is not a number of seconds >= 0"
-                                         if "duration" in col else "end_time is before start_time")
-                    g = _number(row[col["gpus"]])
-                    if not math.isfinite(g) or g != int(g) or g < 0:
-                        raise ValueError(f"num_gpus {row[col['gpus']]!r} is not a whole number >= 0")
-                    g = int(g)
+                    dur, unfit = _run_time(row, col, times)
+                    text = row[col["gpus"]].strip()
+                    need = _number(text) / unit if text else 0.0     # empty: a task that asked for no GPU
+                    if not math.isfinite(need) or need < 0 or (unit == 1 and need != int(need)):
+                        raise ValueError(f"{header[col['gpus']]} {text!r} is not a " +
+                                         ("whole number >= 0" if unit == 1 else "number >= 0"))
+                    g = math.ceil(need)
                     if gpu_time is not None:
                         gt = _number(row[gpu_time])
                         if not math.isfinite(gt) or abs(gt - dur * g) > 1e-6 * max(1.0, gt):
                             raise ValueError(f"gpu_time {row[gpu_time]!r} != duration x num_gpus")
+                    part = _number(row[share]) if share is not None and g else 1000.0
+                    if not 0 < part <= 1000:
+                        raise ValueError(f"{header[share]} {row[share]!r} is not a number in (0, 1000]")
                     vc = row[col["vc"]].strip() if "vc" in col else ONE_VC
                     if not vc:
                         raise ValueError("empty cluster")
                 except ValueError as e:
                     bad.append((line, str(e)))
                     continue
-                if g == 0 or dur == 0:
-                    skipped["no GPU" if g == 0 else "never ran"] += 1
+                why = "no GPU" if g == 0 else unfit or ("never ran" if dur == 0 else None)
+                if why:
+                    skipped[why] += 1
                     continue
+                rounded += g != need
+                shared += part < 1000
                 rows.append((line, ts, dur, g, vc))
     except (UnicodeDecodeError, csv.Error, OSError) as e:
         raise _unreadable(path, e) from None
@@ -200,11 +262,21 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
     if not rows:
         left_out = ", ".join(f"{n} {why}" for why, n in skipped.items() if n)
         raise TraceError(f"{path}: no usable job rows" + (f" ({left_out})" if left_out else ""))
+    notes = []
+    if unit != 1:
+        notes.append(f"GPU column {header[col['gpus']]} read as {'percent' if unit == 100 else 'thousandths'} of "
+                     f"a GPU (--gpu-unit); {rounded} job(s) asking for part of a GPU rounded up to whole GPUs")
+    if share is not None:
+        notes.append(f"{shared} job(s) ask for part of a GPU ({header[share]} < 1000); each runs on whole GPUs "
+                     f"here (the simulator places whole GPUs)")
+    if times.zoned is False:
+        notes.append("the trace's times are dates without a zone, taken as UTC")
     first = min(r[1] for r in rows)
     origin = datetime.fromtimestamp(first, timezone.utc).replace(tzinfo=None)
     jobs = [TraceJob(job_id=i, line=ln, submit=ts - first, duration=d, num_gpus=g, vc=vc)
             for i, (ln, ts, d, g, vc) in enumerate(rows)]
-    return Trace(jobs=jobs, origin=origin, path=path, bad_rows=bad, skipped={k: n for k, n in skipped.items() if n})
+    return Trace(jobs=jobs, origin=origin, path=path, bad_rows=bad,
+                 skipped={k: n for k, n in skipped.items() if n}, notes=notes)
 
 
 def _unreadable(path: str, e: Exception) -> TraceError:
@@ -227,23 +299,23 @@ def load_vcs(path: str) -> dict[str, int]:
 
 def _read_vcs(path: str) -> dict[str, int]:
     out: dict[str, int] = {}
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header = [h.strip() for h in next(reader, [])]
-        if len(header) < 2 or header[0] != "vc":
+        if len(header) < 2 or header[0].lower() != "vc":
             raise TraceError(f"{path}: expected header 'vc,node num', got {','.join(header)!r}")
         for line, row in enumerate(reader, start=2):
             if not row:
                 continue
-            try:
-                n = int(row[1])
-                if n < 1:
-                    raise ValueError
-            except (ValueError, IndexError):
-                raise TraceError(f"{path}: line {line}: node count {row[1:2]} is not a positive integer") from None
+            n = _number(row[1]) if len(row) > 1 else math.nan
+            if not (math.isfinite(n) and n == int(n) and n >= 1):
+                raise TraceError(f"{path}: line {line}: node count {row[1:2]} is not a positive integer")
+            if n > MAX_MACHINES:
+                raise TraceError(f"{path}: line {line}: node count {row[1]!r} is more than {MAX_MACHINES:,} "
+                                 f"machines")
             if row[0].strip() in out:
                 raise TraceError(f"{path}: line {line}: VC {row[0]!r} listed twice")
-            out[row[0].strip()] = n
+            out[row[0].strip()] = int(n)
     if not out:
         raise TraceError(f"{path}: no VCs")
     return out
