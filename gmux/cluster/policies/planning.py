@@ -59,7 +59,7 @@ class Plan:
             best = max(best, self.idle_count(m))
         return best
 
-    def _machines_with_idle(self, k: int):
+    def machines_with_idle(self, k: int):
         """Machines with exactly k idle GPUs in this plan's view."""
         for m in self.snap.idle_by_count[k]:
             if m not in self._idle_delta:
@@ -74,7 +74,7 @@ class Plan:
         `prefer(m)` -> bool picks among machines first (Gandiva's affinity); machines in `exclude` are skipped."""
         fallback = None
         for k in range(n, self.snap.max_gpus_per_machine + 1):
-            for m in self._machines_with_idle(k):
+            for m in self.machines_with_idle(k):
                 if m in exclude:
                     continue
                 if prefer is None or prefer(m):
@@ -99,7 +99,7 @@ class Plan:
         else:
             need_whole, rest = divmod(n, per)
             whole = []
-            for m in self._machines_with_idle(per):
+            for m in self.machines_with_idle(per):
                 if len(whole) == need_whole:
                     break
                 whole.append(m)
