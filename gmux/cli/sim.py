@@ -217,16 +217,12 @@ def main(argv=None) -> int:
                     seed=args.seed, start=args.start, end=args.end, sample=args.sample, bad_rows=args.bad_rows,
                     columns=args.columns, gpu_unit=args.gpu_unit, unknown_vc=args.unknown_vc, vc_scale=args.vc_scale,
                     elastic_fraction=args.elastic_fraction, costs=costs,
-                    workers=args.workers)
+                    workers=args.workers,
+                    only=tuple(dict.fromkeys(c.strip() for c in args.clusters.split(",") if c.strip()))
+                    if args.clusters else None)
     t0 = time.perf_counter()
     try:
         prep = prepare(cfg)
-        if args.clusters:
-            keep = [c.strip() for c in args.clusters.split(",") if c.strip()]
-            unknown = [c for c in keep if c not in prep.clusters]
-            if unknown:
-                raise ValueError(f"no cluster {', '.join(unknown)}; the trace has {', '.join(sorted(prep.clusters))}")
-            prep.clusters = {c: prep.clusters[c] for c in keep}
         out = simulate(cfg, policies, prep, params=params)
     except (TraceError, ValueError, TypeError, SimulationError) as e:
         print(f"gmux-sim: error: {printable(e)}", file=sys.stderr)

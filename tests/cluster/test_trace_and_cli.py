@@ -184,14 +184,18 @@ def test_cli_shows_what_a_crafted_trace_holds_without_letting_it_drive_the_termi
 def test_cli_runs_chosen_clusters_with_policy_parameters(tmp_path, capsys):
     """A subset of the VCs gives each the result it has in a full run (they run apart); parameters reach the
     policy, and a wrong name or parameter is an error, not a silent default."""
-    _files(tmp_path, GOOD + "2017-10-01 00:00:00,30,1,30,vcB\n", vcs="vc,node num\nvcA,1\nvcB,1\n")
+    _files(tmp_path, GOOD + "2017-10-01 00:00:00,30,1,30,vcB\n2017-10-01 00:00:00,30,1,30,vcZ\n",
+           vcs="vc,node num\nvcA,1\nvcB,1\n")
     def jobs(*extra):
         assert main(["--traces", str(tmp_path), "--policy", "gmux", "--json", str(tmp_path / "r.json")]
                     + list(extra)) == 0
         return json.loads((tmp_path / "r.json").read_text())
     full = jobs()
     only_b = jobs("--clusters", "vcB", "--params", '{"gmux": {"sweep_quantile": 0, "min_run_s": 60}}')
-    assert full["summary"]["gmux"]["jobs"] == 3 and only_b["summary"]["gmux"]["jobs"] == 1
+    assert full["summary"]["gmux"]["jobs"] == 4 and only_b["summary"]["gmux"]["jobs"] == 1
+    # The notes speak of what ran: vcZ (absent from the layout) ran in the full run only.
+    assert any("vcZ" in n for n in full["notes"]) and not any("vcZ" in n for n in only_b["notes"])
+    assert "only VC(s) vcB: 1 of 4 jobs" in only_b["notes"]
     assert only_b["summary"]["gmux"]["avg_jct_s"] == pytest.approx(30.0)
     assert main(["--traces", str(tmp_path), "--policy", "gmux", "--clusters", "vcC"]) == 2
     assert "no cluster vcC" in capsys.readouterr().err

@@ -46,6 +46,7 @@ class SimConfig:
     elastic_fraction: float = 0.0
     costs: Costs = field(default_factory=Costs)
     workers: int = 1
+    only: tuple | None = None             # simulate only these clusters (VCs; "cluster" under machines=N)
 
 
 @dataclass
@@ -54,6 +55,12 @@ class Prepared:
     tput: Throughputs
     notes: list[str]
     skipped: list[tuple[int, str]]        # (line, why) of jobs not simulated
+
+
+def _check_only(only: tuple, have: dict) -> None:
+    unknown = [c for c in only if c not in have]
+    if unknown:
+        raise ValueError(f"no cluster {', '.join(unknown)}; the trace has {', '.join(sorted(have))}")
 
 
 def prepare(cfg: SimConfig) -> Prepared:
@@ -88,6 +95,8 @@ def prepare(cfg: SimConfig) -> Prepared:
         ok = [j for j in jobs if j.num_gpus <= cap]
         too_big += [(j.line, f"needs {j.num_gpus} GPUs, cluster has {cap}") for j in jobs if j.num_gpus > cap]
         clusters["cluster"] = (cfg.machines, ok)
+        if cfg.only:
+            _check_only(cfg.only, clusters)
     else:
         if cfg.vcs is None:
             raise ValueError("the philly layout needs a VC file (or give machines=N for one cluster)")
@@ -103,6 +112,11 @@ def prepare(cfg: SimConfig) -> Prepared:
         by_vc: dict = {}
         for j in jobs:
             by_vc.setdefault(j.vc, []).append(j)
+        if cfg.only:
+            # before anything is said about the VCs: the notes speak of what is simulated
+            _check_only(cfg.only, by_vc)
+            by_vc = {v: by_vc[v] for v in cfg.only}
+            notes.append(f"only VC(s) {', '.join(cfg.only)}: {sum(map(len, by_vc.values()))} of {len(jobs)} jobs")
         unknown = sorted(v for v in by_vc if v not in sizes)
         if len(unknown) == len(by_vc) and cfg.unknown_vc != "skip":
             # Another cluster's trace against Philly's layout: every job would run on a made-up cluster.
