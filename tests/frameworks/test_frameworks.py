@@ -178,11 +178,12 @@ class DDPStrategy:
     pass
 
 
-def _lt(strategy=SingleDeviceStrategy, loaders=None, hooks=(), reload=0, callbacks=()):
+def _lt(strategy=SingleDeviceStrategy, loaders=None, hooks=(), reload=0, callbacks=(), carried=False):
+    """why_not_movable (or, `carried`, carried_draws: why not after the persistent workers' first epoch)."""
     loaders = loaders if loaders is not None else [DataLoader(TensorDataset(torch.zeros(8)), shuffle=True)]
     trainer = SimpleNamespace(strategy=strategy(), reload_dataloaders_every_n_epochs=reload, callbacks=list(callbacks),
                               fit_loop=SimpleNamespace(_combined_loader=SimpleNamespace(flattened=loaders)))
-    return lightning.why_not_movable(trainer, list(hooks))
+    return lightning.carried_draws(trainer) if carried else lightning.why_not_movable(trainer, list(hooks))
 
 
 def test_lightning_moves_only_where_its_resume_is_exact():
@@ -191,13 +192,17 @@ def test_lightning_moves_only_where_its_resume_is_exact():
     for kwargs, words in (({"strategy": DDPStrategy}, "DDPStrategy"), ({"reload": 1}, "reload_dataloaders"),
                           ({"hooks": ["on_save_checkpoint"]}, "on_save_checkpoint"),
                           ({"loaders": [DataLoader(Stream())]}, "IterableDataset"),
-                          ({"loaders": [[1, 2, 3]]}, "not a torch DataLoader"),
-                          ({"loaders": [DataLoader(Noisy(), num_workers=1, persistent_workers=True)]},
-                           "persistent_workers=True, and its dataset or collate function draws")):
+                          ({"loaders": [[1, 2, 3]]}, "not a torch DataLoader")):
         why = _lt(**kwargs)
         assert why and words in why, (kwargs, why)
-    # persistent workers that draw nothing move (tests/node/test_e2e_loader_workers.py moves such a job)
-    assert _lt(loaders=[DataLoader(data, num_workers=1, persistent_workers=True)]) is None
+    # persistent workers that draw nothing move (tests/node/test_e2e_loader_workers.py moves such a job); ones
+    # that draw move in the epoch they start in, and the reason they do not after it is ready
+    quiet = [DataLoader(data, num_workers=1, persistent_workers=True)]
+    assert _lt(loaders=quiet) is None and _lt(loaders=quiet, carried=True) is None
+    noisy = [DataLoader(Noisy(), num_workers=1, persistent_workers=True)]
+    assert _lt(loaders=noisy) is None
+    why = _lt(loaders=noisy, carried=True)
+    assert why and "persistent_workers=True, and its dataset or collate function draws" in why, why
     # no workers, a generator of the data's own: the new process's starts again from its seed
     own = torch.Generator().manual_seed(5)
     masked = lambda items: torch.utils.data.default_collate(items)[0] * torch.rand(1, generator=own)   # noqa: E731

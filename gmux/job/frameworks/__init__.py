@@ -128,9 +128,15 @@ def started() -> None:
 
 def finished(job) -> None:
     """The Trainer has returned: the script goes on without the framework's boundaries, and cannot move."""
-    if getattr(job, "framework_figures", None):
-        _say(job, {**job.framework_figures, "movable": False,
-                   "unmovable": "its Trainer has finished training; the script goes on without boundaries"})
+    no_longer_movable(job, "its Trainer has finished training; the script goes on without boundaries")
+
+
+def no_longer_movable(job, why: str) -> None:
+    """From now on a move would not be exact: reported (gmuxd moves it no more), and refused by the job itself
+    should a move be asked before gmuxd has read the report."""
+    job.position.unmovable = why
+    if getattr(job, "framework_figures", None) and job.framework_figures.get("movable"):
+        _say(job, {**job.framework_figures, "movable": False, "unmovable": why})
 
 
 def warm_up(script: Optional[str] = None) -> None:

@@ -22,8 +22,9 @@ draws what it would have drawn unmoved).
 
 A move would change results, and is refused (`why_not_movable`), with a strategy other than a single device
 (DDP, FSDP, DeepSpeed: several processes, sharded state), an IterableDataset or a loader that is not a torch
-DataLoader (no position to return to), persistent workers whose dataset or collate function draws random numbers
-(their random state carries across epochs; whether they draw is tried once on a first batch, in a forked child:
+DataLoader (no position to return to), persistent workers whose dataset or collate function draws random numbers,
+once they have served an epoch (`carried_draws`: their random state carries into the next; a move in the epoch
+they start in is exact; whether they draw is tried once on a first batch, in a forked child:
 gmux.job.data_draws; workers that draw nothing move, their base seed in a new process drawn from a
 generator of their own, as the unmoved run's workers drew theirs only when its first epoch began), with no
 workers a dataset or collate function drawing from a generator of its own (the new process's starts again),
@@ -144,17 +145,27 @@ def why_not_movable(trainer, module_hooks) -> Optional[str]:
             return f"its training data is a {type(dl).__name__}, not a torch DataLoader: no position to return to"
         if isinstance(dl.dataset, torch.utils.data.IterableDataset):
             return "its dataset is an IterableDataset, whose stream cannot be rewound to a position"
-        if dl.persistent_workers and dl.num_workers:
-            drew = draws(dl.dataset, dl.collate_fn, dl.batch_size or 1)
-            if drew is None or drew.any():
-                what = "its dataset or collate function " + ("could not be tried" if drew is None else "draws")
-                return (f"persistent_workers=True, and {what}: its workers' random states carry across epochs, "
-                        f"and a resumed run's workers start anew")
-        elif not dl.num_workers:
+        if not dl.num_workers:
             drew = draws(dl.dataset, dl.collate_fn, dl.batch_size or 1)
             if drew is not None and drew.own:
                 return ("its dataset or collate function draws from a random generator of its own, whose state "
                         "a resumed run does not have")
+    return None
+
+
+def carried_draws(trainer) -> Optional[str]:
+    """Why a move is refused once the training loader's persistent workers have served an epoch: their dataset
+    or collate function draws random numbers (or could not be tried), so their random states carry into the next
+    epoch, which a new process's workers would start from their seed. In the epoch they start in, a move is exact
+    (the new process's workers start from the same seed and load the same batches again)."""
+    loader = trainer.fit_loop._combined_loader
+    for dl in (loader.flattened if loader is not None else []):
+        if getattr(dl, "persistent_workers", False) and getattr(dl, "num_workers", 0):
+            drew = draws(dl.dataset, dl.collate_fn, dl.batch_size or 1)
+            if drew is None or drew.any():
+                what = "its dataset or collate function " + ("could not be tried" if drew is None else "draws")
+                return (f"persistent_workers=True, and {what}: its workers' random states carry across epochs, and "
+                        f"a resumed run's workers would start anew (a move is exact only in the epoch they start in)")
     return None
 
 
@@ -183,6 +194,7 @@ def _callback_class(Callback, call, version: str):
             self.epoch_start: Optional[dict] = None
             self.index = 0                            # batches of the epoch trained on at the last boundary
             self.workers_from: Optional[int] = None   # the epoch the run's first process began (its workers too)
+            self.carried: Optional[str] = None        # why no move once the workers served an epoch (carried_draws)
             self.pending_rng = None    # the checkpoint's random states, until the first batch after it is fetched
 
         # -- restoring -----------------------------------------------------------------------------------
@@ -206,6 +218,8 @@ def _callback_class(Callback, call, version: str):
             if self.position is None:
                 if self.workers_from is None:
                     self.workers_from = self.trainer.current_epoch
+                if self.carried and self.later_epoch():
+                    frameworks.no_longer_movable(self.job, self.carried)
                 self.epoch_start = {"rng": capture_rng(), "generators": [g.get_state() for g in generators]}
                 return original(loader)
             position, self.position = self.position, None
@@ -216,12 +230,16 @@ def _callback_class(Callback, call, version: str):
             # persistent workers started in an earlier epoch drew their base seed then, not at this epoch's start:
             # the new process's workers draw theirs from a generator of their own (they draw nothing: checked)
             self.workers_from = position.get("workers_from", self.trainer.current_epoch)
-            later = self.trainer.current_epoch > self.workers_from
+            later = self.later_epoch()
             it = _seeded_apart(loader, original) if later else original(loader)
             for _ in range(position["index"]):
                 next(it)
             self.index = position["index"]
             return it
+
+        def later_epoch(self) -> bool:
+            """Whether the run's persistent workers (if any) were started in an earlier epoch."""
+            return self.trainer.current_epoch > self.workers_from
 
         def on_train_start(self, trainer, pl_module):
             from gmux.job.state import capture_rng
@@ -230,8 +248,10 @@ def _callback_class(Callback, call, version: str):
             scaler = getattr(trainer.precision_plugin, "scaler", None)
             if self.restore_from is not None:
                 self.epoch_start_again(trainer, pl_module)
+            why = why_not_movable(trainer, hooks)
+            self.carried = carried_draws(trainer) if why is None else None
             frameworks.attach(self.job, FRAMEWORK, [pl_module, *trainer.strategy.optimizers, *schedulers, scaler],
-                              why_not_movable(trainer, hooks), self.refresh)
+                              why, self.refresh)
             if self.restore_from is not None:
                 self.job.restore(self.restore_from)
                 self.job.restored_from = self.restore_from   # gmux-launch checks that the move was restored
