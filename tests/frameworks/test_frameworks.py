@@ -310,30 +310,35 @@ def test_a_restored_lightning_run_does_again_the_epoch_start_that_its_resume_ski
     assert ran == ["freeze"] and trainer.accumulate_grad_batches == 2
 
 
-def test_an_epoch_order_drawn_from_torchs_stream_is_drawn_alike_in_a_restored_process():
-    """group_by_length's LengthGroupedSampler draws each epoch's order from torch's stream when the epoch's first
-    batch is fetched; a restored process draws it under the states the first process noted (moved without them,
-    the weights differed), then goes on under its own. Unwrapped, such a sampler is refused."""
+class LengthGroupedSampler(torch.utils.data.Sampler):       # (as transformers' draws, generator None)
+    generator = None
+
+    def __iter__(self):
+        return iter(torch.randperm(8).tolist())
+
+    def __len__(self):
+        return 8
+
+
+@pytest.mark.parametrize("make", [LengthGroupedSampler, lambda: torch.utils.data.RandomSampler(range(8))],
+                         ids=["group_by_length", "use_seedable_sampler=False"])
+def test_an_epoch_order_drawn_from_torchs_stream_is_drawn_alike_in_a_restored_process(make):
+    """group_by_length's LengthGroupedSampler, and torch's RandomSampler without a generator (the Trainer's under
+    use_seedable_sampler=False), draw each epoch's order from torch's stream when the epoch's first batch is
+    fetched; a restored process draws it under the states the first process noted (moved without them, the
+    weights differed), then goes on under its own. Unwrapped, such a sampler is refused."""
     from gmux.job.data_draws import same
     from gmux.job.state import capture_rng
 
-    class LengthGroupedSampler(torch.utils.data.Sampler):       # (as transformers' draws, generator None)
-        generator = None
-
-        def __iter__(self):
-            return iter(torch.randperm(8).tolist())
-
-        def __len__(self):
-            return 8
-
+    assert type(make()).__name__ in huggingface._FROM_STREAM and make().generator is None
     callback = SimpleNamespace(order_rng=None)
     torch.manual_seed(1)
-    first = huggingface._EpochOrder(LengthGroupedSampler(), callback)
+    first = huggingface._EpochOrder(make(), callback)
     order, noted = list(first), first.before
     torch.manual_seed(99)                    # the restored process, its states the checkpoint's
     callback.order_rng, states = noted, capture_rng()
-    again = huggingface._EpochOrder(LengthGroupedSampler(), callback)
+    again = huggingface._EpochOrder(make(), callback)
     assert list(again) == order and same(capture_rng(), states) and again.before is noted
     assert callback.order_rng is None and len(again) == 8
-    assert "LengthGroupedSampler" in _hf(sampler=LengthGroupedSampler())
+    assert type(make()).__name__ in _hf(sampler=make())
     assert _hf(sampler=again) is None

@@ -46,7 +46,7 @@ def scenario(tmp_path_factory):
     out = {"tmp": tmp, "node": node, "solo": solo, "ids": {}, "procs": {}, "others": {}}
     try:
         # The framework jobs train only once their GPUs' other jobs train too: alone, one once finished before
-        # the others had started, on a loaded machine (and the unseeded one, alone on its GPU, before the loop
+        # the others had started, on a loaded machine (and the inexact one, alone on its GPU, before the loop
         # below had begun).
         go = tmp / "go"
         for n, (_, script) in FRAMEWORKS.items():
@@ -55,9 +55,9 @@ def scenario(tmp_path_factory):
                                           log_name=f"{n}.log")
         # (12 epochs: alone on its GPU it must still be training when the loop below, busy with the other jobs'
         # moves, first sees it under its Trainer; at 6 it once finished before, on a loaded machine)
-        out["procs"]["unseeded"] = node.launch(FRAMEWORKS["hf"][1], str(tmp / "unseeded.json"), "--epochs", "12",
-                                               "--unseeded", "--sleep", "0.05", "--wait-for", str(go),
-                                               opts=["--gpu", "4", "--mem", "300MiB"], log_name="unseeded.log")
+        out["procs"]["inexact"] = node.launch(FRAMEWORKS["hf"][1], str(tmp / "inexact.json"), "--epochs", "12",
+                                               "--ignore-data-skip", "--sleep", "0.05", "--wait-for", str(go),
+                                               opts=["--gpu", "4", "--mem", "300MiB"], log_name="inexact.log")
         out["ids"] = {n: node.job_of(p.pid, 60) for n, p in out["procs"].items()}
         # The two other jobs on each shared GPU join once the framework job is there (its imports take seconds):
         # the slicer gives no back pay, and fairness is simplest to read from a common start.
@@ -95,13 +95,13 @@ def _run(node: Node, out: dict) -> None:
             # its row in gmux ps once it runs under its Trainer, movable
             if (jobs[ids[n]].get("report") or {}).get("control") == "framework" and jobs[ids[n]]["migratable"]:
                 out.setdefault("rows", {}).setdefault(n, _render([jobs[ids[n]]]))
-        unseeded = jobs[ids["unseeded"]]
-        if "refused" not in out and (unseeded.get("report") or {}).get("control") == "framework":
+        inexact = jobs[ids["inexact"]]
+        if "refused" not in out and (inexact.get("report") or {}).get("control") == "framework":
             # (it waits 50 ms per batch, so that it is still training when a blocking migrate below returns)
-            assert unseeded["state"] == "running", unseeded
+            assert inexact["state"] == "running", inexact
             with pytest.raises(GmuxError) as refused:
-                node.call("migrate", job=unseeded["id"], gpu=0, new_process=True)   # (in its process: moves)
-            out["refused"], out["unseeded_table"] = str(refused.value), _render([unseeded])
+                node.call("migrate", job=inexact["id"], gpu=0, new_process=True)   # (in its process: moves)
+            out["refused"], out["inexact_table"] = str(refused.value), _render([inexact])
         for n in list(target):
             info = jobs[ids[n]]
             assert info["state"] not in ("exited", "failed"), \
@@ -118,7 +118,7 @@ def _run(node: Node, out: dict) -> None:
     out["accounted"] = {}
     for n, ((t0, before), (t1, after)) in window.items():
         out["accounted"][n] = (t1 - t0, sum(after[i] - before[i] for i in sliced[n]) / (t1 - t0))
-    for n in ("hf", "lightning", "unseeded"):
+    for n in ("hf", "lightning", "inexact"):
         assert out["procs"][n].wait(300) == 0, (out["tmp"] / f"{n}.log").read_text()[-3000:]
     for p in out["solo"].values():
         assert p.wait(300) == 0
@@ -156,9 +156,9 @@ def test_framework_job_is_sliced_spilled_moved_and_bit_identical(scenario, name)
 
 
 def test_a_trainer_whose_resume_is_not_exact_is_refused_a_move(scenario):
-    job = scenario["ids"]["unseeded"]
+    job = scenario["ids"]["inexact"]
     info = scenario["jobs"][job]
-    assert "not moved" in scenario["refused"] and "RandomSampler" in scenario["refused"], scenario["refused"]
-    row = [ln for ln in scenario["unseeded_table"].splitlines() if job in ln][0]
+    assert "not moved" in scenario["refused"] and "ignore_data_skip" in scenario["refused"], scenario["refused"]
+    row = [ln for ln in scenario["inexact_table"].splitlines() if job in ln][0]
     assert "framework: suspend, free mem" in row and "move" not in row, row
     assert info["state"] == "exited" and info["gpu"] == 4 and info["migrations"] == 0 and not info["migratable"]

@@ -3,13 +3,14 @@ dataset with a random transform and a collator that both add noise from torch's 
 image transforms draw crops and masking collators their masks),
 TrainingArguments with gradient accumulation, a linear warm-up schedule and AdamW, then train().
 
-usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--unseeded] [--workers N]
+usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--ignore-data-skip]
+                       [--workers N]
                        [--no-noise]
 Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
 training at (more than 0 when gmux restored it after a move). --sleep stands for waiting on input in the
 collator each micro-batch; it changes no number. --wait-for holds training back until FILE exists (a test's
-starting gun; no number changes). --unseeded shuffles with torch's RandomSampler instead of
-accelerate's seeded one (the epoch's order then comes from the global random state). --workers loads the data
+starting gun; no number changes). --ignore-data-skip sets the Trainer's
+ignore_data_skip (a resumed run would not skip what was trained on: a setup gmux refuses to move). --workers loads the data
 in N worker processes; --no-noise leaves the noise out.
 """
 import argparse
@@ -29,7 +30,7 @@ p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--samples", type=int, default=256)
 p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--wait-for", default=None, help="train only once this file exists")
-p.add_argument("--unseeded", action="store_true")
+p.add_argument("--ignore-data-skip", action="store_true")
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--no-noise", action="store_true")
 a = p.parse_args()
@@ -82,7 +83,7 @@ args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf-out-"), per_devi
                          gradient_accumulation_steps=2, num_train_epochs=a.epochs, learning_rate=3e-3,
                          lr_scheduler_type="linear", warmup_steps=5, weight_decay=0.01, logging_strategy="no",
                          save_strategy="no", report_to="none", seed=0, use_cpu=True, disable_tqdm=True,
-                         dataloader_num_workers=a.workers, accelerator_config={"use_seedable_sampler": not a.unseeded})
+                         dataloader_num_workers=a.workers, ignore_data_skip=a.ignore_data_skip)
 set_seed(0)
 first = FirstStep()
 trainer = Trainer(model=Regressor(), args=args, train_dataset=Points(a.samples), data_collator=collate,

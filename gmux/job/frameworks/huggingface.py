@@ -25,9 +25,9 @@ drawing masks or noise, draw the same (`_Fetches`: where each fetch begins is se
 A move would change results, and is refused (`why_not_movable`), with DeepSpeed or FSDP (they shard and
 checkpoint the state themselves), several processes, an IterableDataset (its stream cannot be rewound to a
 position), a training loader that is not a torch DataLoader (accelerate cannot skip in it), a shuffling sampler
-other than accelerate's seeded one (`use_seedable_sampler=False`, a custom sampler: the epoch's order would
-differ; `group_by_length`'s, drawing from torch's stream, moves: `_EpochOrder` keeps the states its epoch's order
-was drawn under), data-loader workers whose dataset or collator draws random numbers
+other than accelerate's seeded one and those drawing from torch's stream (a custom sampler: the epoch's order
+would differ; `group_by_length`'s and, under `use_seedable_sampler=False`, torch's RandomSampler move: `_EpochOrder`
+keeps the states its epoch's order was drawn under), data-loader workers whose dataset or collator draws random numbers
 (their seeds come from the random state when the epoch's iterator starts, and a restored process's workers
 load other batches first; whether they draw is tried once on a first batch, in a child process forked as
 workers are: gmux.job.data_draws) or that persist (`dataloader_persistent_workers`: measured, a later epoch's
@@ -55,7 +55,7 @@ from gmux.job.data_draws import draws
 FRAMEWORK = "huggingface"
 _EXACT_SAMPLERS = ("SequentialSampler", "SeedableRandomSampler", "_EpochOrder")
 # samplers that draw an epoch's order from torch's stream when their iteration starts (no generator of their own)
-_FROM_STREAM = ("LengthGroupedSampler",)
+_FROM_STREAM = ("LengthGroupedSampler", "RandomSampler")
 _MASKING = ("DataCollatorForLanguageModeling", "DataCollatorForPermutationLanguageModeling")
 _LOADERS = ("_load_from_checkpoint", "_load_optimizer_and_scheduler", "_load_scaler", "_load_rng_state")
 
