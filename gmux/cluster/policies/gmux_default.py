@@ -444,12 +444,12 @@ class GmuxPolicy(PriorityPolicy):
         pair is measured to pay (or was never measured and fits, to be measured now)."""
         if not self._running or plan.total_idle >= snap.total_gpus:
             return
-        hosts = []                       # worst running jobs that run alone on their GPUs, worst first
+        hosts: dict = {}                 # GPU count -> worst running jobs that run alone on their GPUs, worst first
         for i in range(len(self._running) - 1, max(-1, len(self._running) - 1 - self.host_scan), -1):
             h = snap.jobs.get(self._running[i][1])
-            if h is None or h.packed_with is not None or not h.gpus or h.job_id in plan.moved:
+            if h is None or h.packed_with is not None or not h.gpus or h.job_id in plan.moved or h.elastic:
                 continue
-            hosts.append(h)
+            hosts.setdefault(len(h.gpus), []).append(h)
         if not hosts:
             return
         tried = 0
@@ -462,8 +462,10 @@ class GmuxPolicy(PriorityPolicy):
             if self._still_waiting(job, snap.now):
                 continue                # waiting for GPUs to free, by choice: not a job that found none
             tried += 1
-            for h in hosts:
-                if h.job_id in plan.moved or len(h.gpus) != job.num_gpus or job.elastic or h.elastic:
+            if job.elastic:
+                continue
+            for h in hosts.get(job.num_gpus, ()):
+                if h.job_id in plan.moved:
                     continue
                 if frozenset((job.job_type, h.job_type)) in self.losing_pairs or not snap.pair_fits(job, h):
                     continue
