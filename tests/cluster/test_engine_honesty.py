@@ -176,6 +176,8 @@ def _never_spread_beside_room(eng, name=""):
     i.e. there are not enough machines whose GPUs are all idle or its own to hold it."""
     snap = eng.snap
     per = snap.max_gpus_per_machine
+    # the index consolidation reads (a job it misses would stay spread)
+    assert snap.spread == {j for j, v in snap.jobs.items() if len(snap.machines_of(v.gpus)) > -(-len(v.gpus) // per)}
     for jid in snap.running:
         v = snap.jobs[jid]
         n = len(v.gpus)

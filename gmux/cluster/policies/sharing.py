@@ -140,19 +140,20 @@ def consolidate(snap, plan: Plan, limit: int = 4) -> int:
 
     Jobs of any size: a job larger than a machine goes to whole machines plus a best-fit remainder. Jobs that
     share their GPUs (time-sliced or packed) are left alone: deshare() moves them."""
-    per = snap.max_gpus_per_machine
     moved = 0
+    spread = snap.spread
+    if not spread:
+        return 0
     for jid in snap.running:
         if moved >= limit:
             break
+        if jid not in spread or jid in plan.moved:
+            continue
         job = snap.jobs[jid]
         n = len(job.gpus)
-        if n < 2 or jid in plan.moved or job.packed_with is not None:
+        if job.packed_with is not None or any(plan.units(g) != 1 for g in job.gpus):
             continue
         ms = snap.machines_of(job.gpus)
-        need = -(-n // per)
-        if len(ms) <= need or any(plan.units(g) != 1 for g in job.gpus):
-            continue
         trial = plan.copy()
         trial._vacate(job)           # its own GPUs count as room
         own = set(ms)

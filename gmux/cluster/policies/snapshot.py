@@ -43,6 +43,7 @@ class Snapshot:
         self.running: OrderedDict = OrderedDict()
         self.pair_rates: dict[tuple[str, str], PairRate] = {}
         self.packed: set = set()   # jobs running packed with a partner (both members)
+        self.spread: set = set()   # jobs on more machines than their size needs (what consolidation looks at)
         # Type pairs known not to fit together in one GPU's memory (or not to be packable at all).
         self.no_fit: set[tuple[str, str]] = set()
 
@@ -117,6 +118,8 @@ class Snapshot:
                 i = lst.index((partner.job_id,))
                 lst[i] = (partner.job_id, job.job_id)
         job.gpus = tuple(gpus)
+        if len(gpus) >= 2 and len(self.machines_of(gpus)) > -(-len(gpus) // self.max_gpus_per_machine):
+            self.spread.add(job.job_id)
         if partner is not None:
             job.packed_with = partner.job_id
             partner.packed_with = job.job_id
@@ -148,6 +151,7 @@ class Snapshot:
             self.packed.discard(jid)
             job.packed_with = None
         job.gpus = ()
+        self.spread.discard(jid)
 
     def split_pack(self, job: JobView) -> None:
         """Turn `job`'s pack into two time-sliced units on the same GPUs."""
