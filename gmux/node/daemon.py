@@ -368,15 +368,18 @@ class Daemon:
             self._last_reap = now
             for job in list(self.jobs.values()):
                 if not job.final and job.pid:
-                    with self.faults.guard(f"reaping job {job.id}"):
+                    with self.faults.guard("reaping a job", job.id):
                         ended = self.sup.ended(job)
                         if ended is not None:
                             self.finish(job, *ended)
-            with self.faults.guard("reaping"):
+            with self.faults.guard("reaping other processes"):
                 self.sup.reap_others({j.pid for j in self.jobs.values() if not j.final and j.pid})
+            with self.faults.guard("expiring commands"):
                 self.commands.expire(now)
-                for slicer in self.slicers.values():
+            for gpu, slicer in self.slicers.items():
+                with self.faults.guard(f"GPU {gpu}: jobs stopped from outside"):
                     self.stops.check_frozen(slicer)
+            with self.faults.guard("forgetting ended jobs"):
                 self._forget_ended()
         with self.faults.guard("admission"):
             self.admission.run(now)
@@ -385,9 +388,11 @@ class Daemon:
         for gpu, slicer in self.slicers.items():
             with self.faults.guard(f"GPU {gpu}"):
                 self._tick_gpu(gpu, slicer, now)
-        with self.faults.guard("the job table"):
+        with self.faults.guard("parking held jobs"):
             self.admission.park_held(now)
+        with self.faults.guard("the jobs' states"):
             self._states()
+        with self.faults.guard("saving the job table"):
             self._flush()
         if self.metrics:
             with self.faults.guard("metrics"):

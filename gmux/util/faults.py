@@ -22,20 +22,22 @@ class Faults:
         self._seen: dict[str, list] = {}    # part -> [failures not yet logged, when last logged]
 
     @contextlib.contextmanager
-    def guard(self, part: str):
+    def guard(self, part: str, detail: str = ""):
+        """`part` names what failed (and is what the log is rate-limited by); `detail` (a job's id) is logged."""
         try:
             yield
         except Exception:
             self.count += 1
             now = time.monotonic()
             seen = self._seen.get(part)
+            what = f"{part} ({detail})" if detail else part
             if seen is None:
                 self._seen[part] = [0, now]
                 self.log.exception("internal error in %s (the other parts go on; logged again at most every "
-                                   "%.0f s while it recurs)", part, self.every_s)
+                                   "%.0f s while it recurs)", what, self.every_s)
             elif now - seen[1] >= self.every_s:
                 self.log.exception("internal error in %s again (%d more times since it was last logged)",
-                                   part, seen[0] + 1)
+                                   what, seen[0] + 1)
                 seen[:] = [0, now]
             else:
                 seen[0] += 1

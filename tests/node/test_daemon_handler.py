@@ -228,9 +228,11 @@ def test_a_bug_in_one_gpus_tick_leaves_the_others_and_the_daemon_running(daemon,
     assert len(logged) == 1 and "GPU 0" in logged[0].getMessage() and "a packing bug" in logged[0].exc_text
     assert ask(daemon, "ping")["data"]["internal_errors"] == 50
     assert daemon.jobs[b["job"]].state == "resuming" and ask(daemon, "ps", admin=daemon.admin)["ok"]
-    # Once the part works again, its GPU catches up.
+    # Once the part works again, its GPU catches up; a bug in parking held jobs does not keep the jobs' states
+    # from being shown (they once shared a guard).
     daemon.packers[0].step = packer_step
+    daemon.admission.park_held = broken
     daemon.sent.clear()
     daemon.tick()
     assert {i for i, m in daemon.sent if m["type"] == "command" and m["kind"] == "resume"} == {b"job-a"}
-    assert daemon.jobs[a["job"]].state == "resuming"
+    assert daemon.jobs[a["job"]].state == "resuming" and daemon.internal_errors == 51

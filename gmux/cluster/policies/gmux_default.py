@@ -447,7 +447,7 @@ class GmuxPolicy(PriorityPolicy):
         hosts: dict = {}                 # GPU count -> worst running jobs that run alone on their GPUs, worst first
         for i in range(len(self._running) - 1, max(-1, len(self._running) - 1 - self.host_scan), -1):
             h = snap.jobs.get(self._running[i][1])
-            if h is None or h.packed_with is not None or not h.gpus or h.job_id in plan.moved or h.elastic:
+            if h is None or h.packed_with is not None or not h.gpus or h.job_id in plan.moved:
                 continue
             hosts.setdefault(len(h.gpus), []).append(h)
         if not hosts:
@@ -465,7 +465,7 @@ class GmuxPolicy(PriorityPolicy):
             if job.elastic:
                 continue
             for h in hosts.get(job.num_gpus, ()):
-                if h.job_id in plan.moved:
+                if h.job_id in plan.moved or h.elastic:
                     continue
                 if frozenset((job.job_type, h.job_type)) in self.losing_pairs or not snap.pair_fits(job, h):
                     continue
