@@ -139,8 +139,7 @@ def why_not_movable(trainer, module_hooks) -> Optional[str]:
         hooks = [h for h in ("on_save_checkpoint", "on_load_checkpoint") if _callback_overrides(cb, h)]
         if hooks:
             return f"its {name} callback keeps state of its own in {' and '.join(hooks)}, which gmux does not see"
-    loader = trainer.fit_loop._combined_loader
-    for dl in (loader.flattened if loader is not None else []):
+    for dl in _training_loaders(trainer):
         if not isinstance(dl, torch.utils.data.DataLoader):
             return f"its training data is a {type(dl).__name__}, not a torch DataLoader: no position to return to"
         if isinstance(dl.dataset, torch.utils.data.IterableDataset):
@@ -153,13 +152,17 @@ def why_not_movable(trainer, module_hooks) -> Optional[str]:
     return None
 
 
+def _training_loaders(trainer) -> list:
+    loader = trainer.fit_loop._combined_loader
+    return loader.flattened if loader is not None else []
+
+
 def carried_draws(trainer) -> Optional[str]:
     """Why a move is refused once the training loader's persistent workers have served an epoch: their dataset
     or collate function draws random numbers (or could not be tried), so their random states carry into the next
     epoch, which a new process's workers would start from their seed. In the epoch they start in, a move is exact
     (the new process's workers start from the same seed and load the same batches again)."""
-    loader = trainer.fit_loop._combined_loader
-    for dl in (loader.flattened if loader is not None else []):
+    for dl in _training_loaders(trainer):
         if getattr(dl, "persistent_workers", False) and getattr(dl, "num_workers", 0):
             drew = draws(dl.dataset, dl.collate_fn, dl.batch_size or 1)
             if drew is None or drew.any():
