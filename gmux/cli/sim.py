@@ -36,8 +36,9 @@ examples:
                                              another cluster's trace (Helios' and Acme's columns are known)
   gmux-sim --trace jobs.csv --machines 32 --columns submit=queued_at,gpus=n_gpu,duration=secs
                                              a trace whose columns have other names, on one 32-machine cluster
-  gmux-sim --trace pai_task_table.csv --machines 32 --columns submit=start_time,gpus=plan_gpu
-                                             Alibaba PAI's tasks: plan_gpu is read as percent of a GPU (--gpu-unit)
+  gmux-sim --trace pai_task_table.csv --machines 32
+                                             Alibaba PAI's tasks (header line put first): each arrives at its
+                                             start_time with inst_num instances of plan_gpu, percent of a GPU
 
 times (--start/--end) are offsets from the first submission with a unit (90s, 36h, 7d) or wall-clock
 timestamps ("2017-10-01 00:00:00"). Job types come from gavel_throughputs.json, drawn with --seed.
@@ -108,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Gavel throughput table (default: DIR/gavel_throughputs.json)")
     g.add_argument("--columns", type=_columns, metavar="MEANING=COLUMN[,...]",
                    help="the trace's columns where their names are not ones gmux-sim knows; meanings: submit, "
-                        "duration, gpus, vc, start, end (duration may come from start and end)")
+                        "duration, gpus, vc, start, end, instances (duration may come from start and end; gpus is per "
+                        "instance; without submit a job arrives at its start)")
     g.add_argument("--gpu-unit", choices=("auto", "gpus", "percent", "milli"), default="auto",
                    help="what the trace's GPU column counts: whole GPUs, percent of a GPU (100 = one GPU) or "
                         "thousandths; a job gets the whole GPUs it asks for, rounded up. auto: percent for a "

@@ -44,7 +44,7 @@ def test_seconds_and_durations_from_start_and_end(tmp_path):
     with pytest.raises(TraceError) as e:
         load_trace(str(tmp_path / "t.csv"))
     assert "line 3: end_time '1600000030' is before start_time '1600000060'" in str(e.value)
-    assert "line 4: timestamp '2020-09-13 12:30:00' is a date, the trace's first row seconds" in str(e.value)
+    assert "line 4: submit_time '2020-09-13 12:30:00' is a date, the trace's first row seconds" in str(e.value)
     tr = load_trace(str(tmp_path / "t.csv"), bad_rows="skip")
     assert [(j.submit, j.duration, j.num_gpus, j.vc) for j in tr.jobs] == [(0.0, 100.0, 4, "all"),
                                                                            (100.0, 7200.0, 8, "all")]
@@ -115,13 +115,50 @@ def test_parts_of_a_gpu_get_whole_gpus_and_the_notes_say_how_many(tmp_path):
     pai = "job_name,start_time,end_time,plan_gpu\na,0,10,50.0\nb,5,15,800.0\nc,6,16,\n"
     tr = _load(tmp_path, pai, columns={"submit": "start_time", "gpus": "plan_gpu"})
     assert [j.num_gpus for j in tr.jobs] == [1, 8] and tr.skipped == {"no GPU": 1}
-    assert tr.notes == ["GPU column plan_gpu read as percent of a GPU (--gpu-unit); 1 job(s) asking for part of a "
-                        "GPU rounded up to whole GPUs"]
+    assert tr.notes[0] == ("GPU column plan_gpu read as percent of a GPU (--gpu-unit); 1 job(s) asking for part "
+                           "of a GPU rounded up to whole GPUs")
     tr = _load(tmp_path, pai.replace("plan_gpu", "gpu_req"), columns={"submit": "start_time", "gpus": "gpu_req"},
                gpu_unit="milli")
     assert [j.num_gpus for j in tr.jobs] == [1, 1] and "thousandths" in tr.notes[0]
     tr = _load(tmp_path, pai, columns={"submit": "start_time", "gpus": "plan_gpu"}, gpu_unit="gpus")
-    assert [j.num_gpus for j in tr.jobs] == [50, 800] and tr.notes == []      # the caller's word overrides the name
+    assert [j.num_gpus for j in tr.jobs] == [50, 800]       # the caller's word overrides the name
+    assert not any("percent" in n for n in tr.notes)
+
+
+# Alibaba PAI 2020's pai_task_table, with its header line put first: a task's GPUs are inst_num instances of
+# plan_gpu (percent) each, and its launch (start_time) is all it says of its arrival.
+PAI = ("job_name,task_name,inst_num,status,start_time,end_time,plan_cpu,plan_mem,plan_gpu,gpu_type\n"
+       "j1,worker,8.0,Terminated,1739162.0,1739200.0,600.0,29.3,100.0,V100\n"
+       "j2,ps,2.0,Terminated,1739170.0,1739300.0,600.0,29.3,,MISC\n"
+       "j3,worker,4.0,Failed,1739180.0,1740180.0,400.0,10.0,50.0,T4\n"
+       "j4,tensorflow,1.0,Running,1739190.0,,600.0,29.3,100.0,P100\n"
+       "j5,worker,0.0,Terminated,1739195.0,1739200.0,600.0,29.3,100.0,P100\n")
+
+
+def test_an_alibaba_pai_task_table_counts_every_instance_and_arrives_at_launch(tmp_path):
+    """inst_num was ignored: a task of 8 instances of one GPU each ran as a 1-GPU job; without a column of
+    submission times the table was refused."""
+    tr = _load(tmp_path, PAI)
+    assert [(j.submit, j.duration, j.num_gpus) for j in tr.jobs] == [(0.0, 38.0, 8), (18.0, 1000.0, 4)]
+    assert tr.skipped == {"no GPU": 2, "unfinished": 1} and not tr.bad_rows
+    assert tr.notes == ["GPU column plan_gpu read as percent of a GPU (--gpu-unit); 1 job(s) asking for part of a "
+                        "GPU rounded up to whole GPUs",
+                        "each job's GPUs are its plan_gpu per instance times its inst_num instances",
+                        "no submission time column: each job arrives at its start_time (the wait it had in the "
+                        "traced cluster is not replayed)"]
+    with pytest.raises(TraceError, match="line 2: inst_num '2.5' is not a whole number of instances"):
+        _load(tmp_path, PAI.replace("8.0,Terminated", "2.5,Terminated"))
+    # errors name the file's own columns, not the loader's words for them
+    with pytest.raises(TraceError, match="line 2: end_time '1.0' is before start_time '1739162.0'"):
+        _load(tmp_path, PAI.replace("1739200.0,600", "1.0,600", 1))
+
+
+def test_a_trace_without_its_header_line_says_so(tmp_path):
+    with pytest.raises(TraceError, match="first line looks like data: .*needs one put first"):
+        _load(tmp_path, PAI.split("\n", 1)[1])
+    with pytest.raises(TraceError) as e:
+        _load(tmp_path, "queued_at,secs,n_gpu\n0,50,2\n")
+    assert "looks like data" not in str(e.value)
 
 
 def test_gmux_sim_reads_a_gpu_column_in_percent_when_told(tmp_path, capsys):

@@ -57,15 +57,16 @@ class Trace:
 
 # What each column means, under the names published GPU-cluster traces give it: Philly's as the Pollux artifact
 # converted it (this loader's first format), Helios' and Acme's (SenseTime and Shanghai AI Lab: submit_time,
-# gpu_num, vc, start_time, end_time, duration), and common spellings. `columns=` names others. Header names are
-# matched whatever their case.
+# gpu_num, vc, start_time, end_time, duration), Alibaba PAI's task table (inst_num instances, each asking for
+# plan_gpu), and common spellings. `columns=` names others. Header names are matched whatever their case.
 COLUMNS = {
     "submit": ("timestamp", "submit_time", "submitted_time", "submission_time"),
     "duration": ("duration", "run_time", "runtime"),
-    "gpus": ("num_gpus", "gpu_num", "gpus", "num_gpu", "gpu_count"),
+    "gpus": ("num_gpus", "gpu_num", "gpus", "num_gpu", "gpu_count", "plan_gpu"),
     "vc": ("cluster", "vc", "virtual_cluster"),
     "start": ("start_time",),
     "end": ("end_time",),
+    "instances": ("inst_num", "num_instances", "instance_num"),
 }
 ONE_VC = "all"      # the VC of every job of a trace without a VC column
 # the times a datetime can show (a trace's origin is one)
@@ -142,13 +143,18 @@ def _resolve(path: str, header: list[str], columns: dict[str, str] | None) -> di
         name = next((n for n in names if n in lower), None)
         if name is not None:
             found[meaning] = lower.index(name)
+    if "submit" not in found and "start" in found:
+        found["submit"] = found["start"]        # PAI's task table: a task's launch is all it tells of its arrival
     missing = [m for m in ("submit", "gpus") if m not in found]
     if "duration" not in found and not {"start", "end"} <= set(found):
         missing.append("duration")
     if missing:
+        headless = not found and any(math.isfinite(_number(h)) for h in header)
         raise TraceError(f"{path}: header lacks column(s) for {', '.join(missing)} (has {', '.join(header)}); "
                          f"names understood: " + "; ".join(f"{m}: {', '.join(COLUMNS[m])}" for m in missing) +
-                         " (gmux-sim --columns MEANING=NAME names another)")
+                         " (gmux-sim --columns MEANING=NAME names another)" +
+                         ("; its first line looks like data: a trace published without a header line (Alibaba's "
+                          "give theirs in a separate .header file) needs one put first" if headless else ""))
     return found
 
 
@@ -160,28 +166,29 @@ def _number(text: str) -> float:
         return math.nan
 
 
-def _run_time(row: list[str], col: dict[str, int], times: _Times) -> tuple[float, str | None]:
+def _run_time(row: list[str], col: dict[str, int], name: dict[str, str],
+              times: _Times) -> tuple[float, str | None]:
     """Seconds the row's job ran, from its duration or else from end - start; or 0 and why the row is no finished
-    job (it never started, or has not ended)."""
+    job (it never started, or has not ended). `name`: the header's name of each column, for messages."""
     text = row[col["duration"]].strip() if "duration" in col else ""
     start, end = (row[col[k]].strip() if k in col else "" for k in ("start", "end"))
     if start and not end and "end" in col:
         return 0.0, "unfinished"        # still running when the trace was taken: a duration is only its age
     span = None
     if start and end:
-        span = times.parse("end_time", end) - times.parse("start_time", start)
+        span = times.parse(name["end"], end) - times.parse(name["start"], start)
         if span < 0:
-            raise ValueError(f"end_time {end!r} is before start_time {start!r}")
+            raise ValueError(f"{name['end']} {end!r} is before {name['start']} {start!r}")
     if text:
         dur = _number(text)
         if not math.isfinite(dur) or dur < 0:
-            raise ValueError(f"duration {text!r} is not a number of seconds >= 0")
+            raise ValueError(f"{name['duration']} {text!r} is not a number of seconds >= 0")
     elif span is not None:
         dur = span
     elif "start" in col and "end" in col:
         return 0.0, "never ran"
     else:
-        raise ValueError("empty duration")
+        raise ValueError(f"empty {name['duration']}")
     if dur > MAX_DURATION:
         raise ValueError(f"duration {dur:.3g} s is more than 100 years")
     return dur, None
@@ -190,9 +197,10 @@ def _run_time(row: list[str], col: dict[str, int], times: _Times) -> tuple[float
 def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                columns: dict[str, str] | None = None, gpu_unit: str = "auto") -> Trace:
     """Read a job trace CSV: Philly's (timestamp,duration,num_gpus,gpu_time,cluster), Helios' or Acme's
-    (submit_time, gpu_num, vc, duration or start_time and end_time), or any whose columns `columns` names
-    (meaning -> column: submit, duration, gpus, vc, start, end). `gpu_unit` says what the GPU column counts
-    (GPU_UNITS; "auto": UNIT_OF_COLUMN by its name, else whole GPUs). Rows that are no finished GPU job (no or
+    (submit_time, gpu_num, vc, duration or start_time and end_time), Alibaba PAI's task table (start_time, end_time,
+    plan_gpu per instance, inst_num; its launch is a job's arrival), or any whose columns `columns` names
+    (meaning -> column: submit, duration, gpus, vc, start, end, instances). `gpu_unit` says what the GPU column
+    counts (GPU_UNITS; "auto": UNIT_OF_COLUMN by its name, else whole GPUs). Rows that are no finished GPU job (no or
     an empty GPU count, never started, not ended, duration 0) are not bad: they are counted in `skipped`. Each
     choice made about the data is stated in the trace's `notes`."""
     if bad_rows not in ("refuse", "skip"):
@@ -215,6 +223,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
             header = [h.strip() for h in header]
             lower = [h.lower() for h in header]
             col = _resolve(path, header, columns)
+            name = {m: header[i] for m, i in col.items()}
             gpu_name = lower[col["gpus"]]
             unit = GPU_UNITS[UNIT_OF_COLUMN.get(gpu_name, "gpus") if gpu_unit == "auto" else gpu_unit]
             gpu_time = lower.index("gpu_time") if "gpu_time" in lower else None
@@ -225,14 +234,15 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                 try:
                     if len(row) != len(header):
                         raise ValueError(f"{len(row)} fields, header has {len(header)}")
-                    ts = times.parse("timestamp", row[col["submit"]])
-                    dur, unfit = _run_time(row, col, times)
+                    ts = times.parse(name["submit"], row[col["submit"]])
+                    dur, unfit = _run_time(row, col, name, times)
                     text = row[col["gpus"]].strip()
                     need = _number(text) / unit if text else 0.0     # empty: a task that asked for no GPU
                     if not math.isfinite(need) or need < 0 or (unit == 1 and need != int(need)):
-                        raise ValueError(f"{header[col['gpus']]} {text!r} is not a " +
+                        raise ValueError(f"{name['gpus']} {text!r} is not a " +
                                          ("whole number >= 0" if unit == 1 else "number >= 0"))
                     g = math.ceil(need)
+                    g *= _instances(row, col, name) if g else 1
                     if gpu_time is not None:
                         gt = _number(row[gpu_time])
                         if not math.isfinite(gt) or abs(gt - dur * g) > 1e-6 * max(1.0, gt):
@@ -250,7 +260,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                 if why:
                     skipped[why] += 1
                     continue
-                rounded += g != need
+                rounded += math.ceil(need) != need
                 shared += part < 1000
                 rows.append((line, ts, dur, g, vc))
     except (UnicodeDecodeError, csv.Error, OSError) as e:
@@ -269,6 +279,12 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
     if share is not None:
         notes.append(f"{shared} job(s) ask for part of a GPU ({header[share]} < 1000); each runs on whole GPUs "
                      f"here (the simulator places whole GPUs)")
+    if "instances" in col:
+        notes.append(f"each job's GPUs are its {name['gpus']} per instance times its {name['instances']} "
+                     f"instances")
+    if col["submit"] == col.get("start"):
+        notes.append(f"no submission time column: each job arrives at its {name['start']} (the wait it had in "
+                     f"the traced cluster is not replayed)")
     if times.zoned is False:
         notes.append("the trace's times are dates without a zone, taken as UTC")
     first = min(r[1] for r in rows)
@@ -277,6 +293,18 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
             for i, (ln, ts, d, g, vc) in enumerate(rows)]
     return Trace(jobs=jobs, origin=origin, path=path, bad_rows=bad,
                  skipped={k: n for k, n in skipped.items() if n}, notes=notes)
+
+
+def _instances(row: list[str], col: dict[str, int], name: dict[str, str]) -> int:
+    """How many instances of the row's task ran, each asking for the GPU column's count (1 without the column)."""
+    if "instances" not in col:
+        return 1
+    text = row[col["instances"]].strip()
+    n = _number(text)
+    if not (math.isfinite(n) and n == int(n) and 0 <= n <= MAX_MACHINES):
+        raise ValueError(f"{name['instances']} {text!r} is not a whole number of instances from 0 to "
+                         f"{MAX_MACHINES:,}")
+    return int(n)
 
 
 def _unreadable(path: str, e: Exception) -> TraceError:
