@@ -192,6 +192,14 @@ def test_rows_of_no_finished_gpu_job_are_counted_and_malformed_ones_stay_bad(tmp
         _load(tmp_path, "submit_time,duration,gpu_num\n0,,1\n")
 
 
+def test_a_duration_that_disagrees_with_start_and_end_is_stated(tmp_path):
+    tr = _load(tmp_path, "submit_time,start_time,end_time,duration,gpu_num\n"
+                         "0,0,100,100.4,1\n0,0,1000,1009,1\n0,0,100,150,1\n0,0,100,30,2\n")
+    assert [j.duration for j in tr.jobs] == [100.4, 1009.0, 150.0, 30.0]
+    assert tr.notes == ["2 job(s) have a duration that differs from end_time - start_time by more than a second "
+                        "or 1%; their duration is used"]
+
+
 def test_byte_order_marks_header_case_and_integral_node_counts(tmp_path):
     (tmp_path / "t.csv").write_text("\ufeffSubmit_Time,Duration,GPU_Num,VC\n2020-01-01 00:00:00,60,1,vcA\n",
                                     encoding="utf-8")

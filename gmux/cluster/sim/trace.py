@@ -167,13 +167,14 @@ def _number(text: str) -> float:
 
 
 def _run_time(row: list[str], col: dict[str, int], name: dict[str, str],
-              times: _Times) -> tuple[float, str | None]:
+              times: _Times) -> tuple[float, str | None, bool]:
     """Seconds the row's job ran, from its duration or else from end - start; or 0 and why the row is no finished
-    job (it never started, or has not ended). `name`: the header's name of each column, for messages."""
+    job (it never started, or has not ended); and whether a duration given beside start and end disagrees with
+    them by more than a second or 1%. `name`: the header's name of each column, for messages."""
     text = row[col["duration"]].strip() if "duration" in col else ""
     start, end = (row[col[k]].strip() if k in col else "" for k in ("start", "end"))
     if start and not end and "end" in col:
-        return 0.0, "unfinished"        # still running when the trace was taken: a duration is only its age
+        return 0.0, "unfinished", False        # still running when the trace was taken: a duration is only its age
     span = None
     if start and end:
         span = times.parse(name["end"], end) - times.parse(name["start"], start)
@@ -186,12 +187,12 @@ def _run_time(row: list[str], col: dict[str, int], name: dict[str, str],
     elif span is not None:
         dur = span
     elif "start" in col and "end" in col:
-        return 0.0, "never ran"
+        return 0.0, "never ran", False
     else:
         raise ValueError(f"empty {name['duration']}")
     if dur > MAX_DURATION:
         raise ValueError(f"duration {dur:.3g} s is more than 100 years")
-    return dur, None
+    return dur, None, bool(text) and span is not None and abs(dur - span) > max(1.0, 0.01 * span)
 
 
 def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
@@ -212,7 +213,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
     rows: list[tuple[int, float, float, int, str]] = []
     bad: list[tuple[int, str]] = []
     skipped = {"no GPU": 0, "never ran": 0, "unfinished": 0}
-    rounded = shared = 0
+    rounded = shared = disagree = 0
     times = _Times()
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
@@ -235,7 +236,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                     if len(row) != len(header):
                         raise ValueError(f"{len(row)} fields, header has {len(header)}")
                     ts = times.parse(name["submit"], row[col["submit"]])
-                    dur, unfit = _run_time(row, col, name, times)
+                    dur, unfit, disagrees = _run_time(row, col, name, times)
                     text = row[col["gpus"]].strip()
                     need = _number(text) / unit if text else 0.0     # empty: a task that asked for no GPU
                     if not math.isfinite(need) or need < 0 or (unit == 1 and need != int(need)):
@@ -261,6 +262,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                     skipped[why] += 1
                     continue
                 rounded += math.ceil(need) != need
+                disagree += disagrees
                 shared += part < 1000
                 rows.append((line, ts, dur, g, vc))
     except (UnicodeDecodeError, csv.Error, OSError) as e:
@@ -279,6 +281,9 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
     if share is not None:
         notes.append(f"{shared} job(s) ask for part of a GPU ({header[share]} < 1000); each runs on whole GPUs "
                      f"here (the simulator places whole GPUs)")
+    if disagree:
+        notes.append(f"{disagree} job(s) have a {name['duration']} that differs from {name['end']} - "
+                     f"{name['start']} by more than a second or 1%; their {name['duration']} is used")
     if "instances" in col:
         notes.append(f"each job's GPUs are its {name['gpus']} per instance times its {name['instances']} "
                      f"instances")
