@@ -107,6 +107,11 @@ class Node:
         for p in left:
             p.wait(60)
         kill_jobs_under(self.tmp)    # those of a gmuxd that a test killed, which ps above could not list
+        # gmuxd goes on from a bug in a part of its tick (gmux.util.faults) and only logs it: seen here, it fails
+        log = self.tmp / "gmuxd.log"
+        errors = [line for line in log.read_text(errors="replace").splitlines()
+                  if "internal error" in line] if log.exists() else []
+        assert not errors, "gmuxd met internal errors:\n" + "\n".join(errors[:5])
 
     def log(self) -> str:
         return (self.tmp / "gmuxd.log").read_text()
@@ -158,6 +163,11 @@ def daemon_factory(tmp_path):
             d.close()
     stand_in.kill()
     stand_in.wait()
+    # A bug in a part of the tick is counted and gone on from (gmux.util.faults): unseen unless looked for.
+    # A test that breaks a part on purpose sets d.expected_internal_errors.
+    for d in made:
+        assert d.internal_errors == getattr(d, "expected_internal_errors", 0), \
+            f"the daemon met {d.internal_errors} internal error(s); its log has each"
 
 
 def no_driver():

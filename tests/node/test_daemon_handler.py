@@ -236,3 +236,4 @@ def test_a_bug_in_one_gpus_tick_leaves_the_others_and_the_daemon_running(daemon,
     daemon.tick()
     assert {i for i, m in daemon.sent if m["type"] == "command" and m["kind"] == "resume"} == {b"job-a"}
     assert daemon.jobs[a["job"]].state == "resuming" and daemon.internal_errors == 51
+    daemon.expected_internal_errors = 51
