@@ -1,6 +1,7 @@
 """A suspend and resume through the state tier keeps the autograd graph's nodes: hooks on a parameter's gradient
 accumulator (DDP's gradient-ready hooks, register_post_accumulate_grad_hook, a hook on the node itself) still
 fire after it, so DistributedDataParallel keeps all-reducing and the ranks keep equal weights."""
+import contextlib
 import hashlib
 import json
 import os
@@ -111,22 +112,49 @@ def _torchrun(tmp: str, name: str, steps: int, cycle_every: int | None, port: in
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(port), *run, os.path.join(ROOT, "tests", "scripts", "ddp_train.py"), out, str(steps)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    # Output goes to files: a hung rank outlives torchrun (each rank is started in a session of its own, out of
+    # reach of torchrun's process group) and would hold a pipe open, so reading it would hang too.
+    logs = os.path.join(tmp, name + ".out"), os.path.join(tmp, name + ".err")
+    with open(logs[0], "w") as so, open(logs[1], "w") as se:
+        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=so, stderr=se, start_new_session=True)
     try:
-        stdout, stderr = proc.communicate(timeout=180)
+        proc.wait(timeout=180)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)       # the ranks too
-        stdout, stderr = proc.communicate()
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
         written = all(os.path.exists(out.format(rank=rank)) for rank in range(2))
         raise AssertionError(("hung at gloo's teardown after its work was written" if written else
-                              "timed out before its work was written") + "\n" + stderr[-3000:]) from None
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+                              "timed out before its work was written") + "\n" + _tail(logs[1])) from None
+    assert proc.returncode == 0, _tail(logs[0]) + _tail(logs[1])
     digests = []
     for rank in range(2):
         with open(out.format(rank=rank)) as f:
             digests.append(json.load(f)["sha256"])
     return digests
+
+
+def _tail(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()[-3000:]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, found by parent links in /proc (sessions and process groups do not hold them)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
 
 
 def _torchrun_or_again(tmp: str, name: str, steps: int, cycle_every: int | None, port: int) -> list[str]:
