@@ -199,6 +199,12 @@ def test_cli_runs_chosen_clusters_with_policy_parameters(tmp_path, capsys):
     assert only_b["summary"]["gmux"]["avg_jct_s"] == pytest.approx(30.0)
     assert main(["--traces", str(tmp_path), "--policy", "gmux", "--clusters", "vcC"]) == 2
     assert "no cluster vcC" in capsys.readouterr().err
+    # vcZ alone, absent from the layout: run on the smallest VC by default, never a silent run of no jobs
+    assert jobs("--clusters", "vcZ")["summary"]["gmux"]["jobs"] == 1
+    assert main(["--traces", str(tmp_path), "--policy", "gmux", "--clusters", "vcZ", "--unknown-vc", "skip"]) == 2
+    assert "no job is left to simulate (VC vcZ not in" in capsys.readouterr().err
+    assert main(["--traces", str(tmp_path), "--policy", "gmux", "--gpus-per-machine", "65"]) == 2
+    assert "gpus_per_machine must be in 1..64, not 65" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:       # refused before the trace is read
         main(["--traces", str(tmp_path), "--policy", "gmux", "--params", '{"gmux": {"nope": 1}}'])
     assert e.value.code == 2 and "nope" in capsys.readouterr().err

@@ -21,8 +21,8 @@ from datetime import datetime
 from gmux.cluster.policies import make_policy
 from gmux.cluster.sim.cluster import Costs
 from gmux.cluster.sim.engine import Engine, RunResult, make_machines
-from gmux.cluster.sim.trace import (MAX_MACHINES, ONE_VC, Throughputs, TraceError, assign_types, load_trace, load_vcs,
-                                    select)
+from gmux.cluster.sim.trace import (MAX_GPUS_PER_MACHINE, MAX_MACHINES, ONE_VC, Throughputs, TraceError, assign_types,
+                                    load_trace, load_vcs, select)
 
 
 @dataclass
@@ -66,8 +66,8 @@ def _check_only(only: tuple, have: dict) -> None:
 def prepare(cfg: SimConfig) -> Prepared:
     if cfg.unknown_vc not in ("smallest", "skip", "refuse"):
         raise ValueError(f"unknown_vc must be smallest, skip or refuse, not {cfg.unknown_vc!r}")
-    if cfg.gpus_per_machine < 1:
-        raise ValueError("gpus_per_machine must be at least 1")
+    if not 1 <= cfg.gpus_per_machine <= MAX_GPUS_PER_MACHINE:
+        raise ValueError(f"gpus_per_machine must be in 1..{MAX_GPUS_PER_MACHINE}, not {cfg.gpus_per_machine}")
     tput = Throughputs(cfg.throughputs, cfg.gpu_type, cfg.suspect)
     trace = load_trace(cfg.trace, bad_rows=cfg.bad_rows, columns=cfg.columns, gpu_unit=cfg.gpu_unit)
     assign_types(trace, tput, seed=cfg.seed, elastic_fraction=cfg.elastic_fraction)
@@ -112,19 +112,21 @@ def prepare(cfg: SimConfig) -> Prepared:
         by_vc: dict = {}
         for j in jobs:
             by_vc.setdefault(j.vc, []).append(j)
-        if cfg.only:
-            # before anything is said about the VCs: the notes speak of what is simulated
-            _check_only(cfg.only, by_vc)
-            by_vc = {v: by_vc[v] for v in cfg.only}
-            notes.append(f"only VC(s) {', '.join(cfg.only)}: {sum(map(len, by_vc.values()))} of {len(jobs)} jobs")
-        unknown = sorted(v for v in by_vc if v not in sizes)
-        if len(unknown) == len(by_vc) and cfg.unknown_vc != "skip":
+        # Judged on the whole trace: choosing one absent VC is not another cluster's trace.
+        if by_vc and all(v not in sizes for v in by_vc) and cfg.unknown_vc != "skip":
+            unknown = sorted(by_vc)
             # Another cluster's trace against Philly's layout: every job would run on a made-up cluster.
             which = ("has no VC column" if unknown == [ONE_VC] else
                      f"has none of its VC(s) ({', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''}) in "
                      f"the layout {cfg.vcs}")
             raise TraceError(f"{cfg.trace} {which}: give its own layout (--vcs) or one cluster for every job "
                              f"(--machines N)")
+        if cfg.only:
+            # before anything is said about the VCs: the notes speak of what is simulated
+            _check_only(cfg.only, by_vc)
+            by_vc = {v: by_vc[v] for v in cfg.only}
+            notes.append(f"only VC(s) {', '.join(cfg.only)}: {sum(map(len, by_vc.values()))} of {len(jobs)} jobs")
+        unknown = sorted(v for v in by_vc if v not in sizes)
         if unknown:
             count = sum(len(by_vc[v]) for v in unknown)
             if cfg.unknown_vc == "refuse":
@@ -150,6 +152,10 @@ def prepare(cfg: SimConfig) -> Prepared:
                              "(--vcs, --vc-scale, --machines).")
         notes.append(f"skipped {len(too_big)} job(s) larger than their cluster")
         skipped += too_big
+    if not any(js for _, js in clusters.values()):
+        # A run of no jobs would print an empty table and exit 0, as if all had gone well.
+        why = "; ".join(dict.fromkeys(msg for _, msg in skipped[:10])) or "the trace has no jobs"
+        raise TraceError(f"{cfg.trace}: no job is left to simulate ({why})")
     return Prepared(clusters=clusters, tput=tput, notes=notes, skipped=skipped)
 
 
