@@ -64,6 +64,15 @@ def test_columns_named_by_the_caller_and_unknown_ones_refused(tmp_path):
     assert [(j.duration, j.num_gpus) for j in tr.jobs] == [(50.0, 2)]
     with pytest.raises(TraceError, match="no column 'nope'"):
         load_trace(str(tmp_path / "t.csv"), columns={"submit": "nope", "duration": "secs", "gpus": "n_gpu"})
+    with pytest.raises(TraceError, match="column 'secs' cannot be both duration and gpus"):
+        load_trace(str(tmp_path / "t.csv"), columns={"submit": "queued_at", "duration": "secs", "gpus": "secs"})
+
+
+def test_a_gpu_count_beyond_any_cluster_is_a_bad_row(tmp_path):
+    trace = _load(tmp_path, "submit_time,duration,num_gpus\n0,10,1e308\n1,10,6400001\n2,10,6400000\n",
+                  bad_rows="skip")
+    assert [ln for ln, _ in trace.bad_rows] == [2, 3] and [j.num_gpus for j in trace.jobs] == [6_400_000]
+    assert "makes 6,400,001 GPUs, more than the largest cluster gmux-sim builds (6,400,000)" in trace.bad_rows[1][1]
 
 
 def test_gmux_sim_runs_another_clusters_trace(tmp_path, capsys):
@@ -225,6 +234,11 @@ def test_times_without_a_zone_are_stated_and_a_mix_refused(tmp_path):
     assert "line 5: duration 1e+12 s is more than 100 years" in msg
     with pytest.raises(TraceError, match="line 2: .*1600000000000.*milliseconds since the epoch"):
         _load(tmp_path, head + "1600000000000,10,1\n")
+    # A rejected first row fixes neither the kind of time nor the zone: the rows after it are read as they are.
+    trace = _load(tmp_path, head + "0001-01-01T00:00:00+08:00,10,1\n1600000000000,10,1\n2020-01-01 00:00:00,10,1\n",
+                  bad_rows="skip")
+    assert [ln for ln, _ in trace.bad_rows] == [2, 3] and len(trace.jobs) == 1
+    assert "the trace's times are dates without a zone, taken as UTC" in trace.notes
 
 
 def test_a_job_wider_than_its_vc_names_the_way_out_and_is_not_counted_as_run(tmp_path, capsys):

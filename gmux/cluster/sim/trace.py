@@ -75,6 +75,8 @@ EARLIEST, LATEST = (datetime(*ymd, tzinfo=timezone.utc).timestamp() for ymd in (
 MAX_DURATION = 100 * 365.25 * 86400
 # More machines than any cluster has: a VC this large is a corrupt field, and building it would exhaust memory.
 MAX_MACHINES = 100_000
+MAX_GPUS_PER_MACHINE = 64      # beyond any machine built; a larger count is a typo, not a cluster
+MAX_JOB_GPUS = MAX_MACHINES * MAX_GPUS_PER_MACHINE
 # How many units of a GPU column make one GPU. The simulator places whole GPUs, so a job asking for part of one
 # gets a whole one (rounded up).
 GPU_UNITS = {"gpus": 1, "percent": 100, "milli": 1000}
@@ -95,8 +97,10 @@ class _Times:
         self.zoned: bool | None = None
 
     def parse(self, what: str, text: str) -> float:
-        """Seconds since the Unix epoch (dates and times without a zone are taken as UTC)."""
+        """Seconds since the Unix epoch (dates and times without a zone are taken as UTC). The trace's kind
+        and zone are fixed by its first accepted value: a bad row decides nothing."""
         text = text.strip()
+        zoned = None
         try:
             value, numeric = float(text), True
         except ValueError:
@@ -106,22 +110,21 @@ class _Times:
                 raise ValueError(f"{what} {text!r} is neither a date and time (YYYY-MM-DD HH:MM:SS) nor "
                                  f"seconds") from None
             zoned = when.tzinfo is not None
-            if self.zoned is None:
-                self.zoned = zoned
-            elif zoned != self.zoned:
+            if self.zoned is not None and zoned != self.zoned:
                 raise ValueError(f"{what} {text!r} {'has a' if zoned else 'has no'} zone offset, the trace's "
                                  f"first date {'has one' if self.zoned else 'has none'}")
             when = when if zoned else when.replace(tzinfo=timezone.utc)
             value, numeric = when.timestamp(), False
-        if self.numeric is None:
-            self.numeric = numeric
-        elif numeric != self.numeric:
+        if self.numeric is not None and numeric != self.numeric:
             raise ValueError(f"{what} {text!r} is {'seconds' if numeric else 'a date'}, the trace's first row "
                              f"{'seconds' if self.numeric else 'a date'}")
         if not EARLIEST <= value <= LATEST:
             hint = " (milliseconds since the epoch? times in seconds are expected: divide by 1000)" \
                 if numeric and LATEST < value <= 1000 * LATEST else ""
             raise ValueError(f"{what} {text!r} is not a time between the years 1 and 9999{hint}")
+        self.numeric = numeric
+        if zoned is not None:
+            self.zoned = zoned
         return value
 
 
@@ -143,6 +146,13 @@ def _resolve(path: str, header: list[str], columns: dict[str, str] | None) -> di
         name = next((n for n in names if n in lower), None)
         if name is not None:
             found[meaning] = lower.index(name)
+    by_index: dict[int, list[str]] = {}
+    for meaning, i in found.items():
+        by_index.setdefault(i, []).append(meaning)
+    for i, meanings in by_index.items():
+        if len(meanings) > 1 and set(meanings) != {"submit", "start"}:    # arrival at launch is a reading
+            raise TraceError(f"{path}: column {header[i]!r} cannot be both {' and '.join(meanings)}: "
+                             f"give each meaning its own column (--columns MEANING=NAME)")
     if "submit" not in found and "start" in found:
         found["submit"] = found["start"]        # PAI's task table: a task's launch is all it tells of its arrival
     missing = [m for m in ("submit", "gpus") if m not in found]
@@ -244,6 +254,9 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                                          ("whole number >= 0" if unit == 1 else "number >= 0"))
                     g = math.ceil(need)
                     g *= _instances(row, col, name) if g else 1
+                    if g > MAX_JOB_GPUS:
+                        raise ValueError(f"{name['gpus']} {text!r} makes {g:,} GPUs, more than the largest "
+                                         f"cluster gmux-sim builds ({MAX_JOB_GPUS:,})")
                     if gpu_time is not None:
                         gt = _number(row[gpu_time])
                         if not math.isfinite(gt) or abs(gt - dur * g) > 1e-6 * max(1.0, gt):
