@@ -276,6 +276,35 @@ def test_a_move_of_a_job_whose_optimizer_gained_groups_is_refused_and_it_runs_on
     assert job.controller.result(ckpt, timeout=5)["ok"] and os.path.exists(f"{tmp}/periodic.ckpt")
 
 
+def test_a_move_of_a_transparent_mode_job_is_refused_by_the_job_itself(tmp):
+    """gmuxd refuses to move a job the hook found; a driver of its own sending migrate reaches the job, which
+    refuses too rather than write a checkpoint no new process could restore and exit."""
+    import subprocess
+    import sys
+    script = f"""
+import torch
+from gmux.job.control import LocalController
+from gmux.job.hook import install_hook
+controller = LocalController()
+install_hook(controller)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+move = None
+for step in range(4):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    if step == 1:
+        move = controller.send("migrate", path={f"{tmp}/moved.ckpt"!r})
+print("REPLY", controller.result(move, timeout=5))
+print("TRAINED ON", step)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "'ok': False" in out.stdout and "transparent-mode job" in out.stdout and "TRAINED ON 3" in out.stdout
+    assert not os.path.exists(f"{tmp}/moved.ckpt")
+
+
 def test_a_restored_epoch_is_counted_on_by_job_enumerate_and_enumerate_is_warned_of(capfd):
     """enumerate(job.data(...)) starts at 0 again mid-epoch after a restore (not fixable: the builtin counts);
     job.enumerate goes on from the restored index, and the builtin's use (or itertools.islice's) is named on stderr."""

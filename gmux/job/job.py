@@ -238,6 +238,10 @@ class Job:
         cannot take this state. Refused here, while the job can still run on where it is."""
         if self.position.unmovable:
             raise RuntimeError(self.position.unmovable)
+        if self.tracked.weak:       # (gmuxd refuses first; a driver of its own reaches here)
+            raise RuntimeError("a transparent-mode job (its state found by the optimizer hook) is not restored by "
+                               "a new process, which would start the script from its beginning: attach() it to "
+                               "make it movable (suspend and resume still work)")
         for i, (then, now) in enumerate(zip(self._groups_at_attach, self._group_sizes())):
             if then != now:
                 raise RuntimeError(f"optimizer {i}'s parameter groups changed since attach (sizes {then} then, {now} "
