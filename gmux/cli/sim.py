@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from gmux.cluster.policies import POLICIES, make_policy
+    from gmux.cluster.policies import POLICIES, PolicyError, make_policy
     from gmux.cluster.sim.cluster import Costs
     from gmux.cluster.sim.engine import SimulationError
     from gmux.cluster.sim.metrics import render_table, write_json
@@ -228,6 +228,10 @@ def main(argv=None) -> int:
         out = simulate(cfg, policies, prep, params=params)
     except (TraceError, ValueError, TypeError, SimulationError) as e:
         print(f"gmux-sim: error: {printable(e)}", file=sys.stderr)
+        return 2
+    except PolicyError as e:
+        print(f"gmux-sim: error: a policy made a decision the cluster refused (its --params, or a bug in it): "
+              f"{printable(e)}", file=sys.stderr)
         return 2
     payload = report(cfg, prep, out, baseline="fifo")
     payload["seconds"] = time.perf_counter() - t0

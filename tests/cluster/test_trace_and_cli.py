@@ -145,7 +145,24 @@ def test_cli_runs_and_writes_json_and_plots(tmp_path, capsys):
                                          (["--policy", "gmux-law", "--params", '{"gmux-law": {"censored": true}}'],
                                           "gmux-law: parameter 'censored' does not apply"),
                                          (["--policy", "tiresias", "--params", '{"tiresias": {"thresholds": 7}}'],
-                                          "'thresholds' must be a list, got 7")])
+                                          "'thresholds' must be a list, got 7"),
+                                         # values that overflowed, hung or crashed mid-run (fuzzed)
+                                         (["--policy", "tiresias", "--params", '{"tiresias": {"thresholds": [Infinity]}}'],
+                                          "finite positive numbers in increasing order, got [inf]"),
+                                         (["--policy", "tiresias", "--params", '{"tiresias": {"thresholds": [NaN]}}'],
+                                          "finite positive numbers in increasing order, got [nan]"),
+                                         (["--policy", "tiresias", "--params", '{"tiresias": {"thresholds": ["x"]}}'],
+                                          "thresholds must be numbers of GPU-seconds"),
+                                         (["--policy", "gmux", "--params", '{"gmux": {"factor": 1e300}}'],
+                                          "beyond any job: lower factor or levels"),
+                                         (["--policy", "gmux", "--params", '{"gmux": {"levels": 100000}}'],
+                                          "levels from 1 to 64"),
+                                         (["--policy", "gmux", "--params", '{"gmux": {"size_window": 100000000000000000000000}}'],
+                                          "window must hold from 30 to 10,000,000 samples"),
+                                         (["--policy", "gmux-law", "--params", '{"gmux-law": {"grid_per_octave": 1000000000}}'],
+                                          "grid_per_octave whole numbers from 1 to 64"),
+                                         (["--policy", "gmux", "--params", '{"gmux": {"host_scan": -1}}'],
+                                          "host_scan >= 0")])
 def test_cli_rejects_bad_arguments_with_a_clear_message(tmp_path, capsys, args, needle):
     _files(tmp_path)
     with pytest.raises(SystemExit) as e:

@@ -51,6 +51,8 @@ from collections import deque
 GRID0 = 60.0          # GPU-seconds: the first grid point (a minute on one GPU)
 GRID_POINTS = 28      # up to 60 x 2^27 GPU-s, far beyond any job
 MIN_SAMPLES = 30      # fewer completions than this: not a distribution yet
+MAX_WINDOW = 10_000_000   # samples per class: beyond it the law is memory, not recency
+MAX_PER_OCTAVE = 64   # finer than 1% steps in size says nothing a job's own noise does not swamp
 TAIL_SAMPLES = 8      # fewer samples above the attained service than this: extrapolate (20 ranked the
                       # small VCs' first weeks by extrapolation alone: 126 h against 107 h there)
 QUANTILES = 32
@@ -204,10 +206,10 @@ class ServiceModel:
     system has had (None once it is gone)."""
 
     def __init__(self, window: int = WINDOW, per_octave: int = 1, attained=None):
-        if window < MIN_SAMPLES:
-            raise ValueError(f"window must hold at least {MIN_SAMPLES} samples, got {window}")
-        if per_octave < 1:
-            raise ValueError(f"per_octave must be at least 1, got {per_octave}")
+        if not MIN_SAMPLES <= window <= MAX_WINDOW:
+            raise ValueError(f"window must hold from {MIN_SAMPLES} to {MAX_WINDOW:,} samples, got {window}")
+        if not 1 <= per_octave <= MAX_PER_OCTAVE:
+            raise ValueError(f"per_octave must be from 1 to {MAX_PER_OCTAVE}, got {per_octave}")
         self.window = window
         self.per_octave = per_octave
         self.attained = attained

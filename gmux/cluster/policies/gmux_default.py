@@ -182,11 +182,13 @@ from __future__ import annotations
 import math
 
 from .api import Event, EventKind, Suspend
-from .gittins import GRID0, WINDOW, ServiceModel
+from .gittins import GRID0, MAX_PER_OCTAVE, WINDOW, ServiceModel
 from .planning import Plan
 from .priority import PriorityPolicy, is_wakeup
 from .sharing import consolidate, defragment_for, deshare
 from .sweeps import Sweeps
+
+MAX_LEVELS = 64          # more queues than GPU-time doublings from a second to a century: a typo
 
 
 class GmuxPolicy(PriorityPolicy):
@@ -200,12 +202,18 @@ class GmuxPolicy(PriorityPolicy):
                  sweep_gap_s: float = 1800.0, sweep_quantile: float = 0.3, idle_aware: bool = True,
                  grid_per_octave: int = 1, censored: bool = True, preempt_delay: float = 1.0):
         super().__init__()
-        if base_gpu_s <= 0 or factor <= 1 or levels < 1 or defrag_moves < 0 or pack_margin < 0 or min_run_s < 0 \
-                or buckets_per_octave < 1 or not isinstance(grid_per_octave, int) or grid_per_octave < 1 \
+        if base_gpu_s <= 0 or factor <= 1 or not 1 <= levels <= MAX_LEVELS or defrag_moves < 0 or pack_margin < 0 \
+                or min_run_s < 0 or not 1 <= buckets_per_octave <= MAX_PER_OCTAVE or max_pack_tries < 0 \
+                or host_scan < 0 or not isinstance(grid_per_octave, int) or not 1 <= grid_per_octave <= MAX_PER_OCTAVE \
                 or not preempt_delay >= 0:
-            raise ValueError("need base_gpu_s > 0, factor > 1, levels >= 1, defrag_moves >= 0, pack_margin >= 0, "
-                             "min_run_s >= 0, buckets_per_octave >= 1, grid_per_octave a whole number >= 1, "
-                             "preempt_delay >= 0")
+            raise ValueError(f"need base_gpu_s > 0, factor > 1, levels from 1 to {MAX_LEVELS}, defrag_moves >= 0, "
+                             f"pack_margin >= 0, min_run_s >= 0, buckets_per_octave and grid_per_octave whole numbers "
+                             f"from 1 to {MAX_PER_OCTAVE}, max_pack_tries >= 0, host_scan >= 0, preempt_delay >= 0")
+        # Levels whose bounds are beyond any float would never be reached: a typo, not a choice.
+        top = math.log10(base_gpu_s) + (levels - 2) * math.log10(factor)
+        if levels > 1 and top > 300:
+            raise ValueError(f"base_gpu_s x factor^(levels - 2) is about 1e{top:.0f} GPU-seconds, beyond any job: "
+                             f"lower factor or levels")
         self.thresholds = tuple(base_gpu_s * factor ** i for i in range(levels - 1))
         self.learn = learn
         self.buckets_per_octave = buckets_per_octave

@@ -20,8 +20,11 @@ allocation whenever the waiting jobs it examines can be placed.
 from __future__ import annotations
 
 import bisect
+import math
 
 from .priority import PriorityPolicy
+
+MAX_THRESHOLDS = 64     # queues; more is a typo (each costs a pass over the waiting jobs)
 
 
 class TiresiasPolicy(PriorityPolicy):
@@ -30,9 +33,13 @@ class TiresiasPolicy(PriorityPolicy):
 
     def __init__(self, thresholds=(3250.0, 7200.0)):
         super().__init__()
-        th = tuple(float(t) for t in thresholds)
-        if any(t <= 0 for t in th) or list(th) != sorted(th):
-            raise ValueError(f"thresholds must be positive and increasing, got {thresholds!r}")
+        try:
+            th = tuple(float(t) for t in thresholds)
+        except (TypeError, ValueError):
+            raise ValueError(f"thresholds must be numbers of GPU-seconds, got {thresholds!r}") from None
+        if not all(0 < t < math.inf for t in th) or list(th) != sorted(th) or len(th) > MAX_THRESHOLDS:
+            raise ValueError(f"thresholds must be at most {MAX_THRESHOLDS} finite positive numbers in increasing "
+                             f"order, got {thresholds!r}"[:300])
         self.thresholds = th
 
     def describe(self) -> dict:
