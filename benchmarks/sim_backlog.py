@@ -27,7 +27,7 @@ from rich.table import Table  # noqa: E402
 from gmux.cluster.policies import make_policy  # noqa: E402
 from gmux.cluster.sim.engine import Engine, make_machines  # noqa: E402
 from gmux.cluster.sim.synthetic import job_stream  # noqa: E402
-from gmux.cluster.sim.trace import Throughputs  # noqa: E402
+from gmux.cluster.sim.throughputs import Throughputs  # noqa: E402
 
 MACHINES, PER = 16, 8
 POLICIES = ("fifo", "tiresias", "gmux")

@@ -35,7 +35,8 @@ from gmux.cluster.sim.engine import Engine, make_machines  # noqa: E402
 from gmux.cluster.sim.metrics import summarize, write_json  # noqa: E402
 from gmux.cluster.sim.plots import plot_load_curve  # noqa: E402
 from gmux.cluster.sim.run import SimConfig, prepare, simulate  # noqa: E402
-from gmux.cluster.sim.trace import Throughputs, TraceJob  # noqa: E402
+from gmux.cluster.sim.throughputs import Throughputs  # noqa: E402
+from gmux.cluster.sim.trace import TraceJob  # noqa: E402
 
 # HeliosArtifact (SC'21), per-VC Philly on these VC sizes (from ../shared/traces/README.md).
 PUBLISHED = {"fifo": 86072, "sjf": 34272, "srtf": 30683}

@@ -32,7 +32,7 @@ from gmux.cluster.policies import make_policy  # noqa: E402
 from gmux.cluster.sim.engine import Engine, make_machines  # noqa: E402
 from gmux.cluster.sim.metrics import summarize, write_json  # noqa: E402
 from gmux.cluster.sim.synthetic import SHAPES, job_stream  # noqa: E402
-from gmux.cluster.sim.trace import Throughputs  # noqa: E402
+from gmux.cluster.sim.throughputs import Throughputs  # noqa: E402
 
 POLICIES = ("fifo-bf", "srtf", "tiresias", "gmux")
 LOADS = (0.7, 0.95, 1.1)

@@ -7,7 +7,8 @@ import pytest
 from gmux.cluster.policies import make_policy
 from gmux.cluster.sim.cluster import Costs
 from gmux.cluster.sim.engine import Engine, make_machines
-from gmux.cluster.sim.trace import Throughputs, TraceJob
+from gmux.cluster.sim.throughputs import Throughputs
+from gmux.cluster.sim.trace import TraceJob
 
 TRACES = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "traces"))
 

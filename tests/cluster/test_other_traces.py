@@ -239,6 +239,19 @@ def test_times_without_a_zone_are_stated_and_a_mix_refused(tmp_path):
                   bad_rows="skip")
     assert [ln for ln, _ in trace.bad_rows] == [2, 3] and len(trace.jobs) == 1
     assert "the trace's times are dates without a zone, taken as UTC" in trace.notes
+    # ... nor one whose times are well formed and a later field is not
+    trace = _load(tmp_path, head + "2017-10-01 00:00:00,10,x\n100,10,1\n200,10,2\n", bad_rows="skip")
+    assert [ln for ln, _ in trace.bad_rows] == [2] and [j.num_gpus for j in trace.jobs] == [1, 2]
+    assert trace.jobs[1].submit == 100.0
+
+
+def test_line_numbers_are_the_files_lines_and_an_all_bad_trace_says_so(tmp_path):
+    head = "\n\ntimestamp,duration,num_gpus,note\n"      # blank lines before the header are not the header
+    text = head + '0,10,1,"two\nlines"\n5,10,1,x\n9,ten,1,x\n'
+    with pytest.raises(TraceError, match=r"1 bad row\(s\): line 7: duration 'ten'"):
+        _load(tmp_path, text)
+    with pytest.raises(TraceError, match=r"no usable job rows \(1 no GPU, 2 bad \(skipped\)\)"):
+        _load(tmp_path, head + "0,ten,1,x\n1,10,0,x\n2,10,-1,x\n", bad_rows="skip")
 
 
 def test_a_job_wider_than_its_vc_names_the_way_out_and_is_not_counted_as_run(tmp_path, capsys):

@@ -9,7 +9,7 @@ from gmux.cluster.policies import make_policy
 from gmux.cluster.sim.engine import Engine, make_machines
 from gmux.cluster.sim.metrics import summarize
 from gmux.cluster.sim.synthetic import SHAPES, job_stream
-from gmux.cluster.sim.trace import Throughputs
+from gmux.cluster.sim.throughputs import Throughputs
 
 TABLE = os.path.join(TRACES, "gavel_throughputs.json")
 pytestmark = pytest.mark.skipif(not os.path.isfile(TABLE), reason=f"{TABLE} not found: the job types need it")

@@ -6,7 +6,8 @@ import pytest
 
 from sim_harness import TRACES, write_table
 from gmux.cli.sim import main
-from gmux.cluster.sim.trace import Throughputs, TraceError, assign_types, load_trace, load_vcs, select
+from gmux.cluster.sim.throughputs import Throughputs, assign_types
+from gmux.cluster.sim.trace import TraceError, load_trace, load_vcs, select
 
 HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 GOOD = "2017-10-01 00:00:00,10,1,10,vcA\n2017-10-01 00:01:00,20,2,40,vcA\n"

@@ -17,7 +17,7 @@ A stall is time on the GPUs with no progress: it counts as busy GPU time and as 
 queueing. First placement has no stall: every policy pays the same process start.
 
 Speeds. Alone on its requested GPUs a job runs at rate 1. Packed, it runs at the measured packed/solo ratio of
-its pair (sim_trace.Throughputs). A multi-GPU job spread over more machines than it needs runs at the measured
+its pair (throughputs.Throughputs). A multi-GPU job spread over more machines than it needs runs at the measured
 unconsolidated/consolidated ratio of its type. An elastic job on m != n GPUs runs at m/n below its request and
 1 + (m-n)/n x `elastic_efficiency` above it. A gang job runs at the pace of its most time-sliced GPU.
 """
@@ -27,7 +27,7 @@ from gmux.cluster.policies.api import (Grow, JobState, JobView, Migrate, Pack, P
                            Suspend, Unpack)
 from gmux.cluster.policies.snapshot import Snapshot
 from gmux.cluster.sim.costs import Costs
-from gmux.cluster.sim.trace import Throughputs
+from gmux.cluster.sim.throughputs import Throughputs
 
 __all__ = ["Costs", "SimCluster", "SimJob"]
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from gmux.cluster.policies.api import Event, EventKind, JobState, JobView, MachineView, Pack, PolicyError, SetTimer
 from gmux.cluster.policies.snapshot import Snapshot
 from gmux.cluster.sim.cluster import Costs, SimCluster, SimJob
-from gmux.cluster.sim.trace import Throughputs, TraceJob
+from gmux.cluster.sim.throughputs import Throughputs
+from gmux.cluster.sim.trace import TraceJob
 
 _DONE, _MEASURE, _TIMER = 0, 1, 2
 

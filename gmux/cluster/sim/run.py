@@ -21,8 +21,8 @@ from datetime import datetime
 from gmux.cluster.policies import make_policy
 from gmux.cluster.sim.cluster import Costs
 from gmux.cluster.sim.engine import Engine, RunResult, make_machines
-from gmux.cluster.sim.trace import (MAX_GPUS_PER_MACHINE, MAX_MACHINES, ONE_VC, Throughputs, TraceError, assign_types,
-                                    load_trace, load_vcs, select)
+from gmux.cluster.sim.throughputs import Throughputs, assign_types
+from gmux.cluster.sim.trace import MAX_GPUS_PER_MACHINE, MAX_MACHINES, ONE_VC, TraceError, load_trace, load_vcs, select
 
 
 @dataclass
@@ -83,6 +83,9 @@ def prepare(cfg: SimConfig) -> Prepared:
     if trace.bad_rows:
         notes.append(f"skipped {len(trace.bad_rows)} bad row(s): " +
                      "; ".join(f"line {ln}: {msg}" for ln, msg in trace.bad_rows[:10]))
+    if tput.cannot_run:
+        notes.append(f"{len(tput.cannot_run)} job type(s) with no {cfg.gpu_type} throughput (solo rate 0: they do not "
+                     f"run on it) are no choice: {', '.join(tput.cannot_run)}")
     if len(tput.suspect_pairs):
         notes.append(f"{len(tput.suspect_pairs)} suspect {cfg.gpu_type} pair entries (packed == solo): {cfg.suspect}")
     skipped: list[tuple[int, str]] = []

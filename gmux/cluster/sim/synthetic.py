@@ -21,7 +21,8 @@ import math
 import random
 from datetime import datetime, timezone
 
-from gmux.cluster.sim.trace import Throughputs, Trace, TraceJob, assign_types
+from gmux.cluster.sim.throughputs import Throughputs, assign_types
+from gmux.cluster.sim.trace import Trace, TraceJob
 
 DAY = 86400.0
 MODES = {1: (0.5, 6.0), 2: (4.0, 20.0), 4: (12.0, 48.0), 8: (24.0, 72.0)}     # hours

@@ -1,32 +1,18 @@
-"""Loading and validating the inputs of a simulation: the job trace, the cluster layout, the throughput table.
+"""Loading and validating the inputs of a simulation: the job trace and the cluster layout (throughputs.py: the
+throughput table).
 
 Every input here is untrusted: a bad row is reported with its line number and either skipped or the whole load
 refused (`bad_rows="skip"|"refuse"`); a bad file raises TraceError naming the file and the problem.
-
-Job types. philly.csv has no model names, so each job gets a job type from gavel_throughputs.json: a seeded
-random choice (numpy's PCG64 seeded with `seed`, one draw per row in file order) among the types measured at the
-job's scale factor (1, 2, 4 or 8 GPUs; jobs with other counts use the largest measured scale below theirs).
-The same seed and file always give the same assignment, whatever window or sample is then selected.
-
-Suspect V100 pairs. About 80 V100 pairs report a packed throughput exactly equal to the solo one (packing would
-be free), mostly with ResNet-18. We treat an exact equality as a measurement artefact: by default
-(`suspect="p100"`) the pair's slowdown ratios are taken from the same pair measured on P100, the closest GPU
-in the table; `suspect="drop"` marks the pair unmeasured-and-unpackable; `suspect="keep"` believes them.
 """
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import numpy as np
-
-from gmux.cluster.policies.api import PairRate
-
-SCALES = (1, 2, 4, 8)
 
 
 class TraceError(Exception):
@@ -95,10 +81,19 @@ class _Times:
     def __init__(self):
         self.numeric: bool | None = None
         self.zoned: bool | None = None
+        self._before_row = (None, None)
+
+    def row(self) -> None:
+        """A row begins: what its values fix stands only if it is accepted (`reject`)."""
+        self._before_row = (self.numeric, self.zoned)
+
+    def reject(self) -> None:
+        """The row is bad: a bad row decides nothing, even with its times well formed."""
+        self.numeric, self.zoned = self._before_row
 
     def parse(self, what: str, text: str) -> float:
         """Seconds since the Unix epoch (dates and times without a zone are taken as UTC). The trace's kind
-        and zone are fixed by its first accepted value: a bad row decides nothing."""
+        and zone are fixed by its first accepted row."""
         text = text.strip()
         zoned = None
         try:
@@ -228,7 +223,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
-            header = next(reader, None)
+            header = next((r for r in reader if r), None)      # blank lines before the header are no header
             if header is None:
                 raise TraceError(f"{path}: empty file")
             header = [h.strip() for h in header]
@@ -239,9 +234,12 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
             unit = GPU_UNITS[UNIT_OF_COLUMN.get(gpu_name, "gpus") if gpu_unit == "auto" else gpu_unit]
             gpu_time = lower.index("gpu_time") if "gpu_time" in lower else None
             share = lower.index(SHARE_COLUMN) if SHARE_COLUMN in lower and gpu_name != SHARE_COLUMN else None
-            for line, row in enumerate(reader, start=2):
+            line_end = reader.line_num
+            for row in reader:
+                line, line_end = line_end + 1, reader.line_num     # a quoted field may span lines
                 if not row:
                     continue
+                times.row()
                 try:
                     if len(row) != len(header):
                         raise ValueError(f"{len(row)} fields, header has {len(header)}")
@@ -268,6 +266,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                     if not vc:
                         raise ValueError("empty cluster")
                 except ValueError as e:
+                    times.reject()
                     bad.append((line, str(e)))
                     continue
                 why = "no GPU" if g == 0 else unfit or ("never ran" if dur == 0 else None)
@@ -279,13 +278,14 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                 shared += part < 1000
                 rows.append((line, ts, dur, g, vc))
     except (UnicodeDecodeError, csv.Error, OSError) as e:
-        raise _unreadable(path, e) from None
+        raise unreadable(path, e) from None
     if bad and bad_rows == "refuse":
         shown = "; ".join(f"line {ln}: {msg}" for ln, msg in bad[:max_report])
         more = f" (and {len(bad) - max_report} more)" if len(bad) > max_report else ""
         raise TraceError(f"{path}: {len(bad)} bad row(s): {shown}{more}. Skip them with --bad-rows skip (bad_rows='skip').")
     if not rows:
         left_out = ", ".join(f"{n} {why}" for why, n in skipped.items() if n)
+        left_out += f"{', ' if left_out else ''}{len(bad)} bad (skipped)" if bad else ""
         raise TraceError(f"{path}: no usable job rows" + (f" ({left_out})" if left_out else ""))
     notes = []
     if unit != 1:
@@ -325,7 +325,7 @@ def _instances(row: list[str], col: dict[str, int], name: dict[str, str]) -> int
     return int(n)
 
 
-def _unreadable(path: str, e: Exception) -> TraceError:
+def unreadable(path: str, e: Exception) -> TraceError:
     if isinstance(e, UnicodeDecodeError):
         return TraceError(f"{path}: not a text file ({e})")
     if isinstance(e, csv.Error):
@@ -340,7 +340,7 @@ def load_vcs(path: str) -> dict[str, int]:
     try:
         return _read_vcs(path)
     except (UnicodeDecodeError, csv.Error, OSError) as e:
-        raise _unreadable(path, e) from None
+        raise unreadable(path, e) from None
 
 
 def _read_vcs(path: str) -> dict[str, int]:
@@ -350,7 +350,9 @@ def _read_vcs(path: str) -> dict[str, int]:
         header = [h.strip() for h in next(reader, [])]
         if len(header) < 2 or header[0].lower() != "vc":
             raise TraceError(f"{path}: expected header 'vc,node num', got {','.join(header)!r}")
-        for line, row in enumerate(reader, start=2):
+        line_end = reader.line_num
+        for row in reader:
+            line, line_end = line_end + 1, reader.line_num
             if not row:
                 continue
             n = _number(row[1]) if len(row) > 1 else math.nan
@@ -365,108 +367,6 @@ def _read_vcs(path: str) -> dict[str, int]:
     if not out:
         raise TraceError(f"{path}: no VCs")
     return out
-
-
-def _type_key(name: str) -> tuple[str, int]:
-    # Keys look like "('ResNet-18 (batch size 16)', 1)"; parse without eval (untrusted file).
-    inner = name.strip()
-    if not (inner.startswith("('") and inner.endswith(")") and "', " in inner):
-        raise ValueError(f"unrecognised job type key {name!r}")
-    model, _, scale = inner[2:-1].rpartition("', ")
-    return model, int(scale)
-
-
-class Throughputs:
-    """gavel_throughputs.json for one GPU type: solo rates, pair rates (relative to solo), consolidation ratios."""
-
-    def __init__(self, path: str, gpu_type: str = "v100", suspect: str = "p100"):
-        if suspect not in ("p100", "drop", "keep"):
-            raise ValueError(f"suspect must be 'p100', 'drop' or 'keep', not {suspect!r}")
-        if not os.path.isfile(path):
-            raise TraceError(f"{path}: no such throughput file")
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{path}: not valid JSON ({e})") from None
-        except (UnicodeDecodeError, OSError) as e:
-            raise _unreadable(path, e) from None
-        if not isinstance(data, dict) or gpu_type not in data:
-            raise TraceError(f"{path}: no GPU type {gpu_type!r} (has {', '.join(sorted(data)) if isinstance(data, dict) else 'nothing'})")
-        table = data[gpu_type]
-        self.gpu_type = gpu_type
-        self.solo: dict[str, float] = {}
-        self.by_scale: dict[int, list[str]] = {s: [] for s in SCALES}
-        try:
-            for key, val in table.items():
-                model, scale = _type_key(key)
-                solo = float(val["null"])
-                if not solo > 0:
-                    raise ValueError(f"{key}: solo throughput {solo} is not positive")
-                self.solo[key] = solo
-                if scale in self.by_scale:
-                    self.by_scale[scale].append(key)
-        except (ValueError, KeyError, TypeError) as e:
-            raise TraceError(f"{path}: {gpu_type}: {e}") from None
-        for s, keys in self.by_scale.items():
-            if not keys:
-                raise TraceError(f"{path}: {gpu_type}: no job type at scale factor {s}")
-            keys.sort()
-        ref = data.get("p100", {})
-        self.pairs: dict[tuple[str, str], PairRate] = {}
-        self.no_fit: set[tuple[str, str]] = set()
-        self.suspect_pairs: list[tuple[str, str]] = []
-        for a, val in table.items():
-            for b, pair in val.items():
-                if b == "null":
-                    continue
-                if b not in self.solo or not (isinstance(pair, list) and len(pair) == 2):
-                    raise TraceError(f"{path}: {gpu_type}: {a} -> {b}: expected a known type and [rate, rate]")
-                ta, tb = float(pair[0]), float(pair[1])
-                if ta == 0 and tb == 0:
-                    self.no_fit.add((a, b))
-                    continue
-                ra, rb = ta / self.solo[a], tb / self.solo[b]
-                if ta == self.solo[a] or tb == self.solo[b]:
-                    self.suspect_pairs.append((a, b))
-                    if suspect == "drop":
-                        continue
-                    if suspect == "p100":
-                        alt = ref.get(a, {}).get(b)
-                        if isinstance(alt, list) and len(alt) == 2 and alt != [0, 0]:
-                            ra, rb = float(alt[0]) / float(ref[a]["null"]), float(alt[1]) / float(ref[b]["null"])
-                        else:
-                            continue
-                self.pairs[(a, b)] = PairRate(min(ra, 1.0), min(rb, 1.0))
-        self.unconsolidated: dict[str, float] = {}
-        uncons = data.get(gpu_type + "_unconsolidated", {})
-        for key, val in uncons.items():
-            if key in self.solo and isinstance(val, dict) and "null" in val:
-                # Above 1.0 is measurement noise: spreading a job never makes it faster.
-                self.unconsolidated[key] = min(1.0, float(val["null"]) / self.solo[key])
-
-    def pair(self, a: str, b: str) -> PairRate | None:
-        return self.pairs.get((a, b))
-
-    def fits(self, a: str, b: str) -> bool:
-        return (a, b) not in self.no_fit and (b, a) not in self.no_fit
-
-    @staticmethod
-    def scale_of(num_gpus: int) -> int:
-        return max(s for s in SCALES if s <= num_gpus)
-
-
-def assign_types(trace: Trace, tput: Throughputs, seed: int = 0, elastic_fraction: float = 0.0) -> None:
-    """Give each job a type (and, for a seeded fraction of single-machine jobs, elasticity), in file order."""
-    if not 0.0 <= elastic_fraction <= 1.0:
-        raise ValueError(f"elastic_fraction must be in [0, 1], not {elastic_fraction}")
-    rng = np.random.Generator(np.random.PCG64(seed))
-    picks = rng.random(len(trace.jobs))
-    elastic = rng.random(len(trace.jobs))
-    for j, u, e in zip(trace.jobs, picks, elastic):
-        keys = tput.by_scale[tput.scale_of(j.num_gpus)]
-        j.job_type = keys[int(u * len(keys))]
-        j.elastic = bool(e < elastic_fraction)
 
 
 def select(trace: Trace, start: float | None = None, end: float | None = None,
