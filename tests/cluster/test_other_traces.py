@@ -250,6 +250,8 @@ def test_line_numbers_are_the_files_lines_and_an_all_bad_trace_says_so(tmp_path)
     text = head + '0,10,1,"two\nlines"\n5,10,1,x\n9,ten,1,x\n'
     with pytest.raises(TraceError, match=r"1 bad row\(s\): line 7: duration 'ten'"):
         _load(tmp_path, text)
+    with pytest.raises(TraceError, match=r"malformed CSV by line 7 \(unexpected end of data\)"):
+        _load(tmp_path, text.replace("9,ten", '9,"ten'), bad_rows="skip")   # a quote left open swallowed the rest
     with pytest.raises(TraceError, match=r"no usable job rows \(1 no GPU, 2 bad \(skipped\)\)"):
         _load(tmp_path, head + "0,ten,1,x\n1,10,0,x\n2,10,-1,x\n", bad_rows="skip")
 

@@ -220,9 +220,10 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
     skipped = {"no GPU": 0, "never ran": 0, "unfinished": 0}
     rounded = shared = disagree = 0
     times = _Times()
+    reader = None
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f)
+            reader = csv.reader(f, strict=True)     # a quote left open would swallow the rest of the file
             header = next((r for r in reader if r), None)      # blank lines before the header are no header
             if header is None:
                 raise TraceError(f"{path}: empty file")
@@ -278,7 +279,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                 shared += part < 1000
                 rows.append((line, ts, dur, g, vc))
     except (UnicodeDecodeError, csv.Error, OSError) as e:
-        raise unreadable(path, e) from None
+        raise unreadable(path, e, reader.line_num if reader and isinstance(e, csv.Error) else None) from None
     if bad and bad_rows == "refuse":
         shown = "; ".join(f"line {ln}: {msg}" for ln, msg in bad[:max_report])
         more = f" (and {len(bad) - max_report} more)" if len(bad) > max_report else ""
@@ -325,11 +326,11 @@ def _instances(row: list[str], col: dict[str, int], name: dict[str, str]) -> int
     return int(n)
 
 
-def unreadable(path: str, e: Exception) -> TraceError:
+def unreadable(path: str, e: Exception, line: int | None = None) -> TraceError:
     if isinstance(e, UnicodeDecodeError):
         return TraceError(f"{path}: not a text file ({e})")
     if isinstance(e, csv.Error):
-        return TraceError(f"{path}: malformed CSV ({e})")
+        return TraceError(f"{path}: malformed CSV{f' by line {line}' if line else ''} ({e})")
     return TraceError(f"{path}: cannot be read ({e.strerror or e})")
 
 
@@ -346,7 +347,7 @@ def load_vcs(path: str) -> dict[str, int]:
 def _read_vcs(path: str) -> dict[str, int]:
     out: dict[str, int] = {}
     with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
+        reader = csv.reader(f, strict=True)
         header = [h.strip() for h in next(reader, [])]
         if len(header) < 2 or header[0].lower() != "vc":
             raise TraceError(f"{path}: expected header 'vc,node num', got {','.join(header)!r}")
