@@ -121,6 +121,9 @@ def test_parts_of_a_gpu_get_whole_gpus_and_the_notes_say_how_many(tmp_path):
     assert tr.skipped == {"no GPU": 1, "unfinished": 1}
     with pytest.raises(TraceError, match="line 2: gpu_milli 'x' is not a number in"):
         _load(tmp_path, "submit_time,duration,num_gpu,gpu_milli\n0,10,1,x\n")
+    # a gpu_time column counts the GPU time asked for, not the whole GPUs it is rounded up to
+    tr = _load(tmp_path, "timestamp,duration,plan_gpu,inst_num,gpu_time\n0,10,50,3,15\n")
+    assert [j.num_gpus for j in tr.jobs] == [3]
     pai = "job_name,start_time,end_time,plan_gpu\na,0,10,50.0\nb,5,15,800.0\nc,6,16,\n"
     tr = _load(tmp_path, pai, columns={"submit": "start_time", "gpus": "plan_gpu"})
     assert [j.num_gpus for j in tr.jobs] == [1, 8] and tr.skipped == {"no GPU": 1}

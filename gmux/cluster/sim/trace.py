@@ -251,14 +251,14 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                     if not math.isfinite(need) or need < 0 or (unit == 1 and need != int(need)):
                         raise ValueError(f"{name['gpus']} {text!r} is not a " +
                                          ("whole number >= 0" if unit == 1 else "number >= 0"))
-                    g = math.ceil(need)
-                    g *= _instances(row, col, name) if g else 1
+                    instances = _instances(row, col, name) if need else 1
+                    g = math.ceil(need) * instances
                     if g > MAX_JOB_GPUS:
                         raise ValueError(f"{name['gpus']} {text!r} makes {g:,} GPUs, more than the largest "
                                          f"cluster gmux-sim builds ({MAX_JOB_GPUS:,})")
                     if gpu_time is not None:
                         gt = _number(row[gpu_time])
-                        if not math.isfinite(gt) or abs(gt - dur * g) > 1e-6 * max(1.0, gt):
+                        if not math.isfinite(gt) or abs(gt - dur * need * instances) > 1e-6 * max(1.0, gt):
                             raise ValueError(f"gpu_time {row[gpu_time]!r} != duration x num_gpus")
                     part = _number(row[share]) if share is not None and g else 1000.0
                     if not 0 < part <= 1000:
