@@ -150,6 +150,19 @@ def test_a_move_keeps_the_loaders_generator_and_numpy_and_random_streams(tmp):
     assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
 
 
+def test_a_stream_without_a_length_batched_by_its_loader_moves_exactly(tmp):
+    """An IterableDataset under DataLoader(batch_size=8), drawing each sample as it goes: job.data raised
+    TypeError (its batch sampler has no length, and was asked for its truth); moved mid-epoch in epochs 0 and 1,
+    the stream is replayed to where it was."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+    run_py(script, f"{tmp}/solo.pt", "--stream")
+    run_py(script, f"{tmp}/x.pt", "--stream", "--migrate-at", "5", "--checkpoint", f"{tmp}/a.ckpt")
+    run_py(script, f"{tmp}/x.pt", "--stream", "--restore", f"{tmp}/a.ckpt", "--migrate-at", "17",
+           "--checkpoint", f"{tmp}/b.ckpt")
+    run_py(script, f"{tmp}/moved.pt", "--stream", "--restore", f"{tmp}/b.ckpt")
+    assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
+
+
 def test_a_move_replays_what_the_script_drew_at_its_epochs_start(tmp):
     """A script that draws an order of its own list of batches (random.sample) and the epoch's loss weight from
     numpy and torch at each epoch's start, before job.data: moved mid-epoch in epochs 0 and 1, the new process

@@ -106,7 +106,10 @@ def loader_generators(loader, depth: int = 3) -> list:
     through what wraps it too (a progress bar, map(), a generator expression: `wrapped`), and through the
     iterator a wrapper made of it already (its `_index_sampler`)."""
     found: list = []
-    batch_sampler = getattr(loader, "batch_sampler", None) or getattr(loader, "_index_sampler", None)
+    # (not `or`: a sampler without a length, an IterableDataset's, raises on truthiness)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    if batch_sampler is None:
+        batch_sampler = getattr(loader, "_index_sampler", None)
     for owner in (loader, getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
         g = getattr(owner, "generator", None)
         if isinstance(g, torch.Generator) and all(g is not f for f in found):

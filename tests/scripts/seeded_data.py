@@ -14,7 +14,9 @@ generator, not the loader's (--attach-sampler: that generator attached with the 
 --workers N: the loader's workers (--persistent: persistent_workers=True); --quiet-data: the dataset adds no noise;
 --tqdm: the loader read through a progress bar (tqdm, disabled); --map: through map(), made before job.data;
 --epoch-draws: no loader: at each epoch's start the script draws an order of its list of batches (random.sample)
-and the epoch's loss weight from numpy and torch, before job.data walks the list in that order.
+and the epoch's loss weight from numpy and torch, before job.data walks the list in that order;
+--stream: the loader batches an IterableDataset that draws each sample from torch and `random` as it goes (its
+samplers have no length).
 """
 import argparse
 import random
@@ -48,6 +50,13 @@ class Noisy(torch.utils.data.Dataset):
         return self.x[i] + noise, self.y[i]
 
 
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        for _ in range(96):
+            x = torch.randn(8)
+            yield x + random.random() * 0.01, x.sum(0, keepdim=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -66,6 +75,7 @@ def main() -> int:
     p.add_argument("--quiet-data", action="store_true")
     p.add_argument("--tqdm", action="store_true")
     p.add_argument("--map", action="store_true")
+    p.add_argument("--stream", action="store_true")
     a = p.parse_args()
     torch.manual_seed(0)
     np.random.seed(0)
@@ -73,7 +83,9 @@ def main() -> int:
     model = torch.nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data = Noisy(a.own_generators, a.quiet_data)
-    if a.sampler:
+    if a.stream:
+        loader = torch.utils.data.DataLoader(Stream(), batch_size=8)
+    elif a.sampler:
         g = torch.Generator().manual_seed(3)
         sampler = (torch.utils.data.WeightedRandomSampler(torch.rand(len(data)), len(data), generator=g)
                    if a.sampler == "weighted" else torch.utils.data.SubsetRandomSampler(range(88), generator=g))
