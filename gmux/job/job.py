@@ -253,7 +253,7 @@ class Job:
         try:
             figures = action()
         except Exception as e:  # the job keeps its last good state; the driver hears why
-            self.controller.reply(command, {"ok": False, "error": f"{command.kind} failed: {e}"})
+            self.controller.reply(command, {"ok": False, "error": str(e)})    # (each hearer says what failed)
             if command.kind in ("checkpoint", "migrate"):     # (the script's own log says why it was not moved)
                 print(f"gmux: {'move' if command.kind == 'migrate' else 'checkpoint'} refused, the job runs on "
                       f"here: {e}", file=sys.stderr)

@@ -147,7 +147,8 @@ def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
         cmd += ["--restore", path]
     sys.stdout.flush()
     # (a line in the job's log between its two processes)
-    print(f"gmux-launch: job {agent.job} continues in a new process" + (f", from {path}" if path else ""),
+    print(f"gmux-launch: job {agent.job} continues in a new process (a fresh interpreter, pid {os.getpid()} "
+          f"kept)" + (f", from {path}" if path else ""),
           file=sys.stderr, flush=True)
     os.execv(sys.executable, cmd + ["--", *opt.argv])
 

@@ -103,8 +103,10 @@ class JobHandlers:
         job.state, job.started, job.detail = "waiting", False, ""
         if came_from is not None:
             how = (f"migrated from GPU {came_from} to GPU {job.gpu}" if came_from != job.gpu else
-                   f"back on GPU {job.gpu} from disk")
-            job.detail = f"{how} in a new process (pid {job.pid}), from its checkpoint"
+                   f"back from disk for GPU {job.gpu}")
+            # (gmux-launch re-executes itself: a fresh interpreter, often under the same pid)
+            job.detail = f"{how} in a new process (a fresh interpreter, pid {job.pid}), from its checkpoint" + \
+                ("; it runs at its turn" if came_from == job.gpu else "")
             node.decide(job.gpu, "arrived", [job.id], {"from": came_from, "to": job.gpu, "path": "new process",
                                                        "pid": job.pid}, f"{job.id} {job.detail}")
         job._step_offset = None   # a new process counts boundaries from 0

@@ -144,7 +144,7 @@ def test_the_target_is_checked_again_once_the_job_has_suspended(daemon_factory):
 
 def test_a_failed_suspend_leaves_the_job_running_where_it_was(daemon_factory):
     d, a, stop = asked_to_move(daemon_factory)
-    ack(d, b"a", a, stop, ok=False, error="suspend failed: no host memory", state="running")
+    ack(d, b"a", a, stop, ok=False, error="no host memory", state="running")
     (reply,) = replies(d)
     assert not reply["ok"] and "no host memory" in reply["error"] and "runs on GPU 0 as before" in reply["error"]
     assert seats(d, a["job"]) == [(0, True, None)] and not d.slicers[1].entries
