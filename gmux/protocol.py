@@ -296,7 +296,8 @@ _opt_count = _optional(_nonneg_int)
 RESULT = {"ok": (_bool, True), "error": (_optional(_str), False), "bytes": (_opt_count, False),
           "seconds": (_optional(_float), False),
           "step": (_opt_count, False),    # a checkpoint's: the step it holds
-          "in_place": (_optional(_bool), False)}   # a suspend's or resume's: nothing was copied (in place)
+          "in_place": (_optional(_bool), False),   # a suspend's or resume's: nothing was copied (in place)
+          "warning": (_optional(_str), False)}    # a checkpoint's: what a new process will do otherwise
 # A job's periodic report: what gmuxd reads to schedule it, and any other measurement.
 REPORT = {"step": (_opt_count, False), "mem_boundary": (_opt_count, False), "mem_peak": (_opt_count, False),
           "batch_s": (_optional(_float), False), "rate": (_optional(_float), False),

@@ -336,6 +336,27 @@ def test_a_restored_epoch_is_counted_on_by_job_enumerate_and_enumerate_is_warned
     assert "islice(job.data(...)) counts from 0 again" in capfd.readouterr().err
 
 
+def test_a_move_of_an_epoch_counted_by_enumerate_is_answered_with_a_warning(tmp):
+    """The restore's warning reached only the job's log, after gmux migrate had said 'migrated'; the move's answer
+    carries it (gmuxd passes it on, gmux migrate prints it). job.enumerate's epoch moves without one."""
+    from gmux.job.job import JobExit
+    data = [torch.full((2, 2), float(k)) for k in range(6)]
+    for counting in ("enumerate", "job.enumerate"):
+        job = gj.attach(nn.Linear(2, 1))
+        with pytest.raises(JobExit):
+            for _ in job.epochs(1):
+                for i, x in (enumerate(job.data(data)) if counting == "enumerate" else job.enumerate(data)):
+                    if i == 2:
+                        move = job.controller.send("migrate", path=f"{tmp}/{counting}.ckpt")
+        reply = job.controller.result(move, timeout=5)
+        assert reply["ok"] and os.path.exists(f"{tmp}/{counting}.ckpt")
+        if counting == "enumerate":
+            assert reply["warning"].startswith("the script counts this epoch's batches with enumerate(job.data(...)), "
+                                               "which counts from 0 again in the new process (3 batches in)")
+        else:
+            assert "warning" not in reply
+
+
 def test_a_loader_read_after_the_epochs_own_has_boundaries_but_a_move_waits_for_the_next_epoch(tmp):
     """Validation through job.data: its fetches are boundaries (a suspend there is fine), but a checkpoint there
     could not be resumed (a new process would train the epoch's rest again), so a move asked for during it is

@@ -132,6 +132,9 @@ def run(a) -> int:
         fields = {"new_process": True} if a.new_process else {}
         data = c.call("migrate", timeout=130, job=a.job, gpu=a.gpu, **fields)
         _print(data, a.json, f"migrated {a.job} to GPU {a.gpu}" + (f" ({data['path']})" if data.get("path") else ""))
+        if not a.json:
+            for job, warning in (data.get("warnings") or {}).items():
+                print(printable(f"gmux: warning: {job}: {warning}"), file=sys.stderr)
         return 0
     if a.cmd == "logs":
         data = c.call("logs", job=a.job, tail=a.tail)

@@ -353,6 +353,7 @@ class Epoch:
 
     def __init__(self, batches: Iterator[Any], reading: Reading):
         self._batches, self.reading, self._first = batches, reading, True
+        reading.epoch = weakref.ref(self)
 
     def __iter__(self) -> "Epoch":
         return self
@@ -360,8 +361,7 @@ class Epoch:
     def __next__(self) -> Any:
         batch = next(self._batches)
         if self._first and self.reading.restored_at:
-            # Once per restore: finding the referrers walks every object the collector tracks.
-            counting = next((type(r).__name__ for r in gc.get_referrers(self) if type(r) in _COUNTERS), None)
+            counting = counted_by(self)
             if counting:
                 print(f"gmux: this epoch was restored {self.reading.restored_at} batches in, and {counting}"
                       f"(job.data(...)) counts from 0 again: use `for i, batch in job.enumerate(loader)`, or "
@@ -371,3 +371,22 @@ class Epoch:
 
 
 _COUNTERS = (enumerate, itertools.islice)
+
+
+def counted_by(epoch: Optional[Epoch]) -> Optional[str]:
+    """The name of what counts `epoch`'s batches from 0 (enumerate, islice), or None. Once per restore or move:
+    finding the referrers walks every object the collector tracks."""
+    if epoch is None:
+        return None
+    return next((type(r).__name__ for r in gc.get_referrers(epoch) if type(r) in _COUNTERS), None)
+
+
+def count_restarts(reading: Optional[Reading]) -> Optional[str]:
+    """Why a new process would count the epoch under way differently (`reading`: the epoch's loader's), or None."""
+    ref = getattr(reading, "epoch", None)
+    counting = counted_by(ref() if ref is not None else None)
+    if counting is None or reading is None or not reading.index:
+        return None
+    return (f"the script counts this epoch's batches with {counting}(job.data(...)), which counts from 0 again in "
+            f"the new process ({reading.index} batches in): any i % n or i < k it computes from that count differs "
+            f"from the run it continues; job.enumerate(loader) counts on")

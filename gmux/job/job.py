@@ -28,7 +28,7 @@ import torch
 from gmux.util.splice import PipeWriter
 from . import checkpoint as ckpt, holdings
 from .control import Command, Controller, LocalController
-from .data import DataPosition, Epoch, Reading, batches, epochs
+from .data import DataPosition, Epoch, Reading, batches, count_restarts, epochs
 from .memory import choose_tier
 from .memory.tier import exact_device
 from .memory.limit import adopt, host_memory
@@ -225,7 +225,9 @@ class Job:
         def write() -> dict:
             if command.kind == "migrate":
                 self._check_rebuildable()
-            return self.checkpoint(_target(command), command.args.get("holds") or b"")
+            figures = self.checkpoint(_target(command), command.args.get("holds") or b"")
+            warning = count_restarts(self.position.current)
+            return {**figures, "warning": warning} if warning else figures
         if self._answer(command, write) and command.kind == "migrate":
             raise JobExit(0)
 

@@ -35,6 +35,7 @@ class Waiter:
     done: bool = False
     data: dict = field(default_factory=dict)   # what the reply says besides the latencies (e.g. a move's path)
     steps: dict = field(default_factory=dict)   # the step each job reported with its acknowledgement
+    warnings: dict = field(default_factory=dict)   # what a job said its move will change
 
 
 class Commands:
@@ -88,7 +89,8 @@ class Commands:
         return DEFERRED
 
     def wake(self, job_id: str, kind: str, ok: bool, latency: float, error=None,
-             boundary_wait: Optional[float] = None, step: Optional[int] = None) -> None:
+             boundary_wait: Optional[float] = None, step: Optional[int] = None,
+             warning: Optional[str] = None) -> None:
         """The job acknowledged `kind` (or failed it): the requests waiting for it hear, once all theirs have."""
         waiting = self.waiters.get(job_id, [])
         for w in [w for w in waiting if w.kind == kind]:
@@ -102,6 +104,8 @@ class Commands:
             w.left.discard(job_id)
             if step is not None:
                 w.steps[job_id] = step
+            if warning:
+                w.warnings[job_id] = warning
             if not w.left:
                 w.done = True
                 data = {**w.data, "job": w.job, "kind": kind, "latency_s": time.monotonic() - w.t0,
@@ -112,6 +116,8 @@ class Commands:
                     data["step"] = min(w.steps.values())
                 if len(w.jobs) > 1:
                     data["jobs"] = list(w.jobs)
+                if w.warnings:
+                    data["warnings"] = w.warnings
                 self.server.reply(w.identity, w.msg_id, data)
 
     def settle(self, job_id: str, kind: str, stopped: bool, text: str, numbers: dict) -> None:

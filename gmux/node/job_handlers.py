@@ -190,7 +190,8 @@ class JobHandlers:
         waited = max(0.0, taken - sent) if taken is not None and taken <= now else None
         # The requester hears first; the bookkeeping below cannot change the outcome, and this loop is
         # single-threaded, so nothing can observe the order.
-        node.commands.wake(job.id, kind, ok, latency, result.get("error"), waited, result.get("step"))
+        node.commands.wake(job.id, kind, ok, latency, result.get("error"), waited, result.get("step"),
+                           result.get("warning"))
         slicer = node.slicers.get(job.gpu)
         # the suspend of a move in the job's own process (gmux.node.moves), not one of the slicer's switches
         moving = kind == "suspend" and slicer is not None and slicer.busy_with(job.id) == "move"

@@ -51,6 +51,11 @@ def test_a_gangs_request_is_answered_once_every_rank_has_acknowledged():
     c.wake("r1", "suspend", True, 0.2, boundary_wait=0.05)
     (_, reply), = server.sent
     assert reply["id"] == 5 and reply["data"]["jobs"] == ["r0", "r1"] and reply["data"]["boundary_wait_s"] == 0.05
+    assert "warnings" not in reply["data"]
+    c.defer(["r0", "r1"], "migrate", request(6), named="r0")
+    c.wake("r0", "migrate", True, 0.1, warning="counts from 0 again")    # what each rank said it will change
+    c.wake("r1", "migrate", True, 0.1)
+    assert server.sent[-1][1]["data"]["warnings"] == {"r0": "counts from 0 again"}
 
 
 def test_a_failure_an_end_or_silence_answers_with_an_error():
