@@ -154,11 +154,21 @@ class Daemon:
             f.write(f"{os.getpid()} {proc_starttime(os.getpid())}")
 
     def _recover(self) -> None:
-        """Re-attaches to the jobs of a previous daemon: alive ones go back on their GPU, ended ones are closed."""
+        """Re-attaches to the jobs of a previous daemon: alive ones go back on their GPU, those that ended since
+        are closed, and the newest that ended before are in the table again (gmux ps, gmux logs)."""
         now = time.monotonic()
         self.store.prune(time.time() - self.opt.retain_ended)
-        for job in self.store.load(only_live=True):
+        logged = _logged_ids(self.rundir.logs())
+        self.store.ids_from(max(logged, default=0) + 1)     # a new job never appends to another's log
+        jobs = self.store.load()
+        if logged and not jobs:
+            log.warning("the job table is empty but %s holds the logs of jobs up to j%d: the table of the gmuxd "
+                        "before this one was lost, and jobs it started may still run, unsupervised",
+                        self.rundir.logs(), max(logged))
+        for job in jobs:
             self.jobs[job.id] = job
+            if job.final:
+                continue
             ended = self.sup.ended(job) if job.pid else ("lost", None, "never started")
             if ended is not None:
                 self.finish(job, *ended)
@@ -188,6 +198,7 @@ class Daemon:
                 self.slicers[gpu].hold(job.id)
             self.decide(gpu, "reattach", [job.id], {"state": job.state, "pid": job.pid},
                         f"re-attached {job.id} (pid {job.pid}, {job.state}) after a daemon restart")
+        self._forget_ended()
 
     def stop(self) -> None:
         """The loop ends after this batch of messages (jobs keep running unless killed first)."""
@@ -455,3 +466,12 @@ class Daemon:
             self._last_flush = now
             self.sync_accounting(now)
             self.store.save_many(j for j in self.jobs.values() if not j.final)
+
+
+def _logged_ids(logs: str) -> list[int]:
+    """The numbers of the jobs with a log in `logs`."""
+    try:
+        names = os.listdir(logs)
+    except OSError:
+        return []
+    return [int(n[1:-4]) for n in names if n.startswith("j") and n.endswith(".log") and n[1:-4].isdigit()]

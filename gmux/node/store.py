@@ -34,14 +34,23 @@ log = logging.getLogger("gmux.store")
 class Store:
     def __init__(self, path: str):
         self.path = path
-        self.db = open_db(path)
-        self.db.executescript(SCHEMA)
+        try:
+            self.db = open_db(path)
+            self.db.executescript(SCHEMA)
+            row = self.db.execute("SELECT value FROM meta WHERE key='next_job'").fetchone()
+        except sqlite3.DatabaseError as e:
+            raise RuntimeError(f"{path}: gmuxd's job table cannot be read ({e}). Jobs the gmuxd before this one "
+                               f"started may still run, unsupervised; their logs are in logs/ beside it. To start "
+                               f"with an empty table, move {path} (with its -wal and -shm files) aside") from None
         self.log = DecisionLog(self.db)
         self.failing: Optional[str] = None       # what the last failed write said, until writes work again
         self._unsaved: dict[str, Job] = {}        # jobs whose last state is not in the database yet
         self._undecided: list[tuple] = []         # decisions not in the database yet
-        row = self.db.execute("SELECT value FROM meta WHERE key='next_job'").fetchone()
         self._next = int(row[0]) if row else 1    # the next job id, also while the database refuses writes
+
+    def ids_from(self, n: int) -> None:
+        """No job id below `n` is given (ids a table lost are still on files: logs, checkpoints)."""
+        self._next = max(self._next, n)
 
     def next_job_id(self) -> str:
         """Job ids are never reused, also across restarts, so logs and checkpoints never collide."""
