@@ -13,7 +13,7 @@ import sys
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
 from gmux.cli.argtypes import nonneg, nonneg_int, positive, positive_int, positive_size, tcp_endpoint
-from gmux.cli.submit_env import submit_cwd, submit_env
+from gmux.cli.submit_env import check_text, submit_cwd, submit_env
 from gmux.util.text import printable
 
 
@@ -92,7 +92,8 @@ def run(a) -> int:
             if not argv:
                 raise ClusterError("give the command after --, e.g. gmux submit --cluster ADDR -- python train.py")
             try:
-                cwd = submit_cwd(argv)
+                cwd = submit_cwd(argv, here=False)     # (the job starts on another machine)
+                check_text(argv, submit_env(), cwd)
             except ValueError as e:
                 raise ClusterError(f"submit: {e}") from None
             # Left out, the scheduler's own default applies; 0 is never (None on the wire).

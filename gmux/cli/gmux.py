@@ -11,7 +11,7 @@ from gmux.protocol import ProtocolError
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.rundir import default_runtime_dir
 from gmux.cli.argtypes import nonneg_int, path, positive, positive_int, positive_size
-from gmux.cli.submit_env import submit_cwd, submit_env
+from gmux.cli.submit_env import check_text, submit_cwd, submit_env
 from gmux.util.text import printable
 
 
@@ -150,6 +150,7 @@ def run(a) -> int:
         env = submit_env()
         try:
             cwd = submit_cwd(argv)
+            check_text(argv, env, cwd)
         except ValueError as e:
             raise GmuxError(f"submit: {e}") from None
         fields = {"ranks": a.ranks} if a.ranks is not None else {}

@@ -21,7 +21,7 @@ from typing import Optional
 from gmux import protocol
 from gmux.job import control, runner
 from gmux.job.agent import Agent
-from gmux.util.job_command import script_of
+from gmux.util.job_command import missing_script, script_of
 from gmux.rundir import RuntimeDir, my_starttime, write_exit
 
 
@@ -46,6 +46,9 @@ class LaunchOptions:
 def run(opt: LaunchOptions) -> int:
     try:
         kind, target, script_argv = script_of(opt.argv)
+        problem = missing_script(opt.argv, os.getcwd() if os.path.exists(os.curdir) else os.curdir)
+        if problem:
+            raise ValueError(problem)
     except ValueError as e:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2

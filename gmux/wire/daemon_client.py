@@ -40,7 +40,8 @@ def closed_message(root: str) -> str:
         st = os.stat(root)
     except OSError:
         st = None
-    if st is not None and st.st_uid != 0:
+    # A directory only its owner can enter is a per-user gmuxd's (root's too); a system one lets its group in.
+    if st is not None and (st.st_uid != 0 or not st.st_mode & 0o070):
         try:
             owner = pwd.getpwuid(st.st_uid).pw_name
         except KeyError:
@@ -51,9 +52,15 @@ def closed_message(root: str) -> str:
         group = grp.getgrgid(st.st_gid).gr_name
     except (AttributeError, KeyError):
         group = None
+    # (never advise joining root's or another privileged group: that gives far more than gmux)
+    how = (f" (usermod -aG {group} USER, then log in again)" if group and st is not None and st.st_gid != 0
+           and group not in PRIVILEGED_GROUPS else "")
     return (f"cannot reach gmuxd in {root}: permission denied. A system gmuxd serves the members of "
-            f"{group or 'its socket group'}; ask its admin to add you (usermod -aG {group or 'GROUP'} USER, then log "
-            f"in again), or run a gmuxd of your own (GMUX_RUNTIME_DIR elsewhere)")
+            f"{group or 'its socket group'}; ask its admin to add you{how}, or run a gmuxd of your own "
+            f"(GMUX_RUNTIME_DIR elsewhere)")
+
+
+PRIVILEGED_GROUPS = ("root", "wheel", "sudo", "admin", "adm", "docker", "disk", "shadow", "staff")
 
 
 class Client:

@@ -489,3 +489,30 @@ def test_owners_survive_a_restart(sysd_factory, users):
     r = call(again, users, "b", "kill", admin="", job=reg["job"])
     assert not r["ok"] and f"belongs to {users.name('a')}" in r["error"]
     assert call(again, users, "a", "heartbeat", job=reg["job"], token=reg["token"], state="running")["ok"]
+
+
+def test_a_user_kept_out_is_told_whose_gmuxd_it_is_and_never_to_join_a_privileged_group(tmp_path):
+    """root's own gmuxd (a directory only root enters) was called a system gmuxd, and the advice was to join
+    group root (usermod -aG root USER)."""
+    import grp
+
+    from gmux.wire.daemon_client import closed_message
+    if os.geteuid() != 0:
+        pytest.skip("giving root a directory needs root")
+    own = tmp_path / "own"
+    own.mkdir(mode=0o700)
+    os.chown(own, 0, 0)
+    text = closed_message(str(own))
+    assert "it is root's own gmuxd, which serves only them" in text and "usermod" not in text
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o750)
+    os.chmod(shared, 0o750)
+    os.chown(shared, 0, 0)
+    text = closed_message(str(shared))
+    assert "A system gmuxd serves the members of root" in text and "usermod" not in text
+    plain = next((g for g in grp.getgrall() if g.gr_gid != 0 and g.gr_name not in ("wheel", "sudo", "admin", "adm",
+                                                                                     "docker", "disk", "shadow",
+                                                                                     "staff")), None)
+    if plain is not None:
+        os.chown(shared, 0, plain.gr_gid)
+        assert f"usermod -aG {plain.gr_name} USER" in closed_message(str(shared))
