@@ -276,7 +276,11 @@ class AdminHandlers:
         job.uid, job.gid = who.uid, who.gid    # its owner: the one who may act on it, and whom it runs as
         job.gpus_wanted, job.gang, job.pinned = msg.get("gpus", 1), gang, msg.get("gpu")
         job.hook = msg.get("hook", True)
-        node.admission.admit(job, "submit")
+        try:
+            node.admission.admit(job, "submit")
+        except Refused:
+            node.store.unused(job.id)
+            raise
         node.add_job(job)
         if job.gpu is None:
             node.admission.enqueue(job)

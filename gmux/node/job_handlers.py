@@ -91,7 +91,11 @@ class JobHandlers:
                       list(msg["argv"]), msg.get("cwd", ""), weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"))
             job.uid, job.gid = (who.uid, who.gid) if who is not None else (os.getuid(), os.getgid())
             job.gpus_wanted, job.gang, job.pinned = msg.get("gpus", 1), msg.get("gang"), msg.get("gpu")
-            node.admission.admit(job, "register")
+            try:
+                node.admission.admit(job, "register")
+            except Refused:
+                node.store.unused(job.id)
+                raise
             node.add_job(job)
         # (a system daemon takes the start time from the kernel, as it took the pid)
         job.pid, job.starttime = msg["pid"], proc_starttime(msg["pid"]) if system else msg.get("starttime")

@@ -59,6 +59,15 @@ class Store:
         self._write(self._save_counter)
         return f"j{n}"
 
+    def unused(self, job_id: str) -> None:
+        """The newest id given went to no job (its submit or registration was refused): the next job takes it,
+        as if the refusal had never been."""
+        n = int(job_id[1:])
+        if self._next == n + 1:
+            self._next = n
+            self._write(lambda: self.db.execute("UPDATE meta SET value=? WHERE key='next_job' AND value=?",
+                                                (str(n), str(n + 1))))
+
     def _save_counter(self) -> None:
         with transaction(self.db):
             row = self.db.execute("SELECT value FROM meta WHERE key='next_job'").fetchone()

@@ -57,3 +57,16 @@ def test_an_unreadable_job_table_is_refused_naming_the_file_and_the_way_out(tmp_
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert f"{RuntimeDir(root).db}: gmuxd's job table cannot be read (file is not a database)" in out.stderr
     assert "move" in out.stderr and "aside" in out.stderr
+
+
+def test_a_refused_job_uses_up_no_id(daemon_factory, tmp_path):
+    """--gpus 3 on two GPUs, --mem beyond any GPU, --gpu 9: each refusal advanced the id counter (j2-j4 skipped)."""
+    root = str(tmp_path / "rt")
+    d = daemon_factory(root=root)
+    assert register(d, b"a")["job"] == "j1"
+    for fields in ({"gpus": 3}, {"mem": 1 << 50}, {"gpu": 9}):
+        reply = ask(d, "register", b"r", pid=d.stand_in_pid, argv=["python", "t.py"], **fields)
+        assert not reply["ok"], fields
+    assert register(d, b"b")["job"] == "j2"
+    d._flush(force=True)
+    assert register(daemon_factory(root=root), b"c")["job"] == "j3"     # and the table agrees after a restart
