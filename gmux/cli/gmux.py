@@ -69,7 +69,8 @@ def main(argv=None) -> int:
                    help="checkpoint and restore in a new process even between virtual GPUs (as on real GPUs)")
     s = sub.add_parser("logs", help="output of a submitted job")
     s.add_argument("job")
-    s.add_argument("--tail", type=nonneg_int, default=0, help="only the last N lines (0: all)")
+    s.add_argument("--tail", type=nonneg_int, default=0,
+                   help="only the last N lines (0: all a reply holds, the log's last 512 KiB)")
     s.add_argument("--raw", action="store_true", help="the output as the job wrote it, escape sequences included "
                                                       "(default: control characters are shown escaped)")
     s = sub.add_parser("submit", help="have gmuxd start and supervise a job: gmux submit [opts] -- python train.py")

@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from gmux.cli.argtypes import nonneg, nonneg_int, port, positive, positive_int, size, tcp_endpoint
+from gmux.cli.argtypes import checked, nonneg, nonneg_int, port, positive, positive_int, size, tcp_endpoint
 from gmux.node.access import SystemMode
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import discover
@@ -53,6 +53,10 @@ def main(argv=None) -> int:
                         "target, a restart), each taking a start's first seconds off; 0: none (default 1)")
     p.add_argument("--keep-ended", type=positive_int, default=1000,
                    help="ended jobs kept in the job table, newest first (default 1000; older ones stay in SQLite)")
+    p.add_argument("--log-limit", type=checked(size, "a size", lambda v: v >= 1 << 20, "a size >= 1MiB"),
+                   default="256MiB", metavar="SIZE",
+                   help="bytes a submitted job's log may hold: past it, the newest half is kept behind a line saying "
+                        "how much was dropped (default 256MiB)")
     p.add_argument("--retain-ended", type=positive, default=30.0, metavar="DAYS",
                    help="days an ended job stays in SQLite (default 30)")
     p.add_argument("--rebind-gpus", action="store_true",
@@ -88,7 +92,8 @@ def main(argv=None) -> int:
         daemon = Daemon(RuntimeDir(a.runtime_dir), gpus, rebind=driver, options=
                         Options(quantum=a.quantum, host_budget=a.host_budget, pack=a.pack, margin=a.pack_margin,
                                 window=a.pack_window, recheck=a.pack_recheck, metrics_port=a.metrics_port,
-                                keep_ended=a.keep_ended, retain_ended=a.retain_ended * 86400, system=system))
+                                keep_ended=a.keep_ended, retain_ended=a.retain_ended * 86400, system=system,
+                                log_limit=a.log_limit))
     except (RuntimeError, PermissionError, OSError) as e:
         print(f"gmuxd: {e}", file=sys.stderr)
         return 1

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import zmq
 
 from gmux import protocol
-from gmux.node import spill
+from gmux.node import log_limit, spill
 from gmux.node.access import Access, SystemMode
 from gmux.node.admin_handlers import AdminHandlers
 from gmux.node.admission import Admission
@@ -49,6 +49,7 @@ log = logging.getLogger("gmux.daemon")
 
 TICK_S = 0.02           # how often policies run when no message arrives
 REAP_EVERY_S = 0.2      # how often ended processes are looked for
+LOGS_EVERY_S = 2.0      # how often submitted jobs' logs are held to --log-limit
 FLUSH_EVERY_S = 2.0     # how often measurements are written to SQLite
 
 # What a job is doing while a command to it awaits acknowledgement ("confirm": a re-attached job's state is
@@ -73,6 +74,7 @@ class Options:
     keep_ended: int = 1000            # ended jobs kept in the job table (the newest); older ones only in SQLite
     retain_ended: float = 30 * 86400  # seconds an ended job's row stays in SQLite
     system: Optional[SystemMode] = None  # gmuxd --system: one socket for a group, users told apart by the kernel
+    log_limit: int = log_limit.DEFAULT_LIMIT   # bytes of a submitted job's log (gmux.node.log_limit)
 
 
 class Daemon:
@@ -106,7 +108,7 @@ class Daemon:
         self.decisions: deque = deque(maxlen=200)
         self.started = time.time()
         self.stopping = False
-        self._last_reap = self._last_flush = 0.0
+        self._last_reap = self._last_flush = self._last_logs = 0.0
         self.faults = Faults(log)
         sock = configure(zmq.Context.instance().socket(zmq.ROUTER))
         sock.setsockopt(zmq.MAXMSGSIZE, 16 * protocol.MAX_FRAME)  # beyond this, not even an error reply
@@ -317,6 +319,19 @@ class Daemon:
         data = {"gpu": gpu, "from": job.gpu, "path": "new process"}
         return self.commands.defer(job.id, "migrate", req, data=data) if req is not None else None
 
+    def _bound_logs(self) -> None:
+        """Each running submitted job's log held to --log-limit (gmux.node.log_limit)."""
+        for job in self.jobs.values():
+            if job.managed and not job.final:
+                with self.faults.guard("bounding a job's log", job.id):
+                    self._bound_log(job)
+
+    def _bound_log(self, job: Job) -> None:
+        dropped = log_limit.trim(self.rundir.log_file(job.id), self.opt.log_limit)
+        if dropped:
+            log.info("%s: %d bytes of its output dropped (its log is kept under %d bytes)", job.id, dropped,
+                     self.opt.log_limit)
+
     def _forget_ended(self) -> None:
         """The job table keeps the newest `keep_ended` ended jobs; older ones live on only in SQLite, so that a
         long-running daemon's table (and every `gmux ps`) does not grow with its history."""
@@ -346,6 +361,9 @@ class Daemon:
             detail += f"; its state at its last move is kept in {ckpt}"
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.rundir.spill_file(job.id, job.uid))   # its host copy, spilled: nothing will read it
+        if job.managed:
+            with self.faults.guard("bounding a job's log", job.id):    # (what it wrote since the last look)
+                self._bound_log(job)
         job.state, job.exit_status, job.detail, job.host_bytes = state, status, detail, 0
         job.ended = time.time()
         self.commands.ended(job, f"{state}: {detail}")
@@ -383,6 +401,9 @@ class Daemon:
                         ended = self.sup.ended(job)
                         if ended is not None:
                             self.finish(job, *ended)
+            if now - self._last_logs >= LOGS_EVERY_S:
+                self._last_logs = now
+                self._bound_logs()
             with self.faults.guard("reaping other processes"):
                 self.sup.reap_others({j.pid for j in self.jobs.values() if not j.final and j.pid})
             with self.faults.guard("expiring commands"):

@@ -1,0 +1,39 @@
+"""A submitted job's log is bounded: one that floods its output (a print in a tight loop) would otherwise fill the
+machine's disk for every user. Past the limit, the log keeps its newest half behind a line saying how much was
+dropped; the job writes on, undisturbed.
+
+The job writes straight to the file (O_APPEND, no pipe through gmuxd, so a slow or restarting gmuxd never
+blocks a job's print), so the file is trimmed in place: its tail read, the file emptied, the tail written back.
+Whatever the job writes in between those steps is dropped with the head; the line counts it as dropped.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+DEFAULT_LIMIT = 256 << 20     # bytes; far beyond any training log, well below a disk
+
+
+def trim(path: str, limit: int) -> Optional[int]:
+    """Keeps the newest `limit` // 2 bytes of the log at `path` once it is over `limit`: the bytes dropped, or
+    None (under the limit, or gone)."""
+    keep = limit // 2
+    try:
+        # (appending, as the job does: a line it writes while the tail goes back lands beside it, never under it)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size <= limit:
+            return None
+        f.seek(size - keep)
+        tail = f.read(keep)
+        cut = tail.find(b"\n") + 1          # from the first whole line
+        tail = tail[cut:] if 0 < cut < len(tail) else tail
+        now = f.seek(0, os.SEEK_END)        # what the job wrote since the size was taken is dropped too
+        f.truncate(0)
+        dropped = now - len(tail)
+        f.write(f"[gmuxd: {dropped:,} bytes of this job's output dropped: its log is kept under "
+                f"{limit:,} bytes (gmuxd --log-limit)]\n".encode() + tail)
+    return dropped
