@@ -56,6 +56,14 @@ def _name(v):
     return None
 
 
+def _job_name(v):
+    # A name that reads as another job's id (j3) would be taken for it in every listing and command.
+    p = _name(v)
+    if p is None and v[0] == "j" and v[1:].isdigit():
+        return f"{v!r} looks like a job id (gmux names jobs j1, j2, ...); choose another name"
+    return p
+
+
 def _int(v, lo=-(1 << 62), hi=(1 << 62)):
     if isinstance(v, bool) or not isinstance(v, int):
         return f"expected an integer, got {type(v).__name__}"
@@ -318,7 +326,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "pid": (_nonneg_int, True),
         "argv": (_str_list, True),
         "cwd": (_exec_str, False),
-        "name": (_optional(_name), False),
+        "name": (_optional(_job_name), False),
         "weight": (_pos_float, False),
         "mem": (_optional(_nonneg_int), False),     # declared working set, bytes; None: measure it
         "gpus": (lambda v: _int(v, 1, 64), False),
@@ -372,7 +380,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "argv": (_argv, True),
         "cwd": (_exec_str, True),
         "env": (_env, False),
-        "name": (_optional(_name), False),
+        "name": (_optional(_job_name), False),
         "weight": (_pos_float, False),
         "mem": (_optional(_nonneg_int), False),
         "gpus": (lambda v: _int(v, 1, 64), False),

@@ -362,6 +362,7 @@ class Daemon:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.rundir.spill_file(job.id, job.uid))   # its host copy, spilled: nothing will read it
         if job.managed:
+            self.sup.end_leftovers(job)
             with self.faults.guard("bounding a job's log", job.id):    # (what it wrote since the last look)
                 self._bound_log(job)
         job.state, job.exit_status, job.detail, job.host_bytes = state, status, detail, 0

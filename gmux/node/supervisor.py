@@ -40,6 +40,7 @@ class Supervisor:
         self.system = system     # gmuxd --system: jobs run as their owners
         # Popen objects are kept so that poll() reaps exactly our children and reads their status.
         self.children: dict[int, subprocess.Popen] = {}
+        self.leaving: set[int] = set()     # submitted jobs that said bye: their group is ended once they exit
 
     def spawn(self, job: Job) -> int:
         cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root, "--job", job.id,
@@ -84,6 +85,9 @@ class Supervisor:
         for pid, p in list(self.children.items()):
             if pid not in live and p.poll() is not None:
                 del self.children[pid]
+                if pid in self.leaving:
+                    self.leaving.discard(pid)
+                    _end_group(pid)
 
     def _exit_record(self, job: Job) -> Optional[dict]:
         # a system daemon believes a record only if it is the job owner's own file in their directory
@@ -122,13 +126,27 @@ class Supervisor:
                 and (not self.system or _real_uid(job.pid) == job.uid))
 
     def kill(self, job: Job, sig: int = signal.SIGKILL) -> bool:
-        if not self._identified(job):
-            return False
-        try:
-            os.kill(job.pid, sig)
-            return True
-        except ProcessLookupError:
-            return False
+        """The job and what it started (its loader's workers, a child it forked): killed alone, they would run
+        on, unseen, holding memory."""
+        return self._signal_tree(job, sig)
+
+    def end_leftovers(self, job: Job) -> None:
+        """What is left of a submitted job's process group once its process has ended (a child it forked and
+        left running) is asked to end: the job is over. (The group keeps the job's pid as its id while any member
+        lives, and a live group's id is never given to a new process.) A gmux-launch job's group is its shell's
+        and is left alone. A process that said it was ending (bye) may still be writing its last files: its
+        group is asked once it has exited (reap_others)."""
+        if not job.managed or job.pid <= 1:
+            return
+        if job.pid in self.children and self.children[job.pid].poll() is None:
+            self.leaving.add(job.pid)
+            return
+        _end_group(job.pid)
+
+
+def _end_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
 
 
 def describe(rc: int, record: Optional[dict]) -> tuple[str, Optional[int], str]:

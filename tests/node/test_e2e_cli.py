@@ -96,6 +96,7 @@ CARELESS = [  # (arguments, what the one-line refusal says)
     (["submit", "--mem", "9" * 400, "--", "python", "x.py"], "is more memory than any machine has"),
     (["submit", "--weight", "nan", "--", "python", "x.py"], "--weight: nan is not a finite number > 0"),
     (["submit", "--gpu", "-1", "--", "python", "x.py"], "--gpu: -1 is not an integer >= 0"),
+    (["submit", "--", "python", "missing.py"], "submit: no script 'missing.py' in"),
     (["submit", "--", "true"], "submit: a job is a Python training script"),
     (["submit", "--", "python", "-c", "print(1)"], "submit: a job runs a script or a module (-m), not python -c"),
     (["submit", "--", "python", "-m"], "submit: python -m needs a module name"),
@@ -109,8 +110,10 @@ def test_careless_arguments_get_one_line_that_names_the_problem(node_factory, tm
     """Values the wire format refuses used to reach the user as a ProtocolError traceback, and numbers argparse
     let through as a traceback from deep inside (time.sleep, int(inf)); each is now one line, exit 1 or 2."""
     node = node_factory("--virtual-gpus", "1x1GiB")
+    script = tmp_path / "x.py"      # there, so that each refusal is for the argument it names
+    script.write_text("pass\n")
     for args, needle in CARELESS:
-        out = gmux(node.rt, *args, timeout=30)
+        out = gmux(node.rt, *[str(script) if a == "x.py" else a for a in args], timeout=30)
         assert out.returncode in (1, 2) and "Traceback" not in out.stderr, (args, out.stderr)
         assert needle in out.stderr and "\x1b" not in out.stderr, (args, out.stderr)
     for spec, needle in (("1x0", "at least 1MiB"), ("2x", "is not a size"), ("9" * 400 + "GiB", "more memory")):
