@@ -83,6 +83,16 @@ class RuntimeDir:
     def pid_file(self) -> str:
         return os.path.join(self.root, "gmuxd.pid")
 
+    def daemon_process(self) -> Optional[tuple[int, int]]:
+        """(pid, start time) of the gmuxd the pid file names (serving, or ended without removing it); None if
+        there is none to read."""
+        try:
+            with open(self.pid_file) as f:
+                pid, st = (int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            return None
+        return pid, st
+
     def logs(self) -> str:
         return os.path.join(self.root, "logs")
 

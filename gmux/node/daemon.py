@@ -143,14 +143,10 @@ class Daemon:
 
     # --- lifecycle ---
     def _claim_pid_file(self) -> None:
-        try:
-            with open(self.rundir.pid_file) as f:
-                pid, st = (int(x) for x in f.read().split())
-            if pid != os.getpid() and alive(pid, st):
-                raise RuntimeError(f"gmuxd is already running in {self.rundir.root} (pid {pid}); "
-                                   f"stop it first or use another --runtime-dir")
-        except (FileNotFoundError, ValueError):
-            pass
+        running = self.rundir.daemon_process()
+        if running is not None and running[0] != os.getpid() and alive(*running):
+            raise RuntimeError(f"gmuxd is already running in {self.rundir.root} (pid {running[0]}); "
+                               f"stop it first or use another --runtime-dir")
         fd = os.open(self.rundir.pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(f"{os.getpid()} {proc_starttime(os.getpid())}")

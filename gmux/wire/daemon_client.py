@@ -10,7 +10,7 @@ from typing import Any, Optional
 import zmq
 
 from gmux import protocol
-from gmux.rundir import RuntimeDir, default_runtime_dir
+from gmux.rundir import RuntimeDir, alive, default_runtime_dir
 from gmux.wire.request import Requester
 
 
@@ -86,8 +86,20 @@ class Client:
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(self.rundir.endpoint)
+        self.daemon = self.rundir.daemon_process()     # the gmuxd that will answer (None: not ours to read)
+        self.ran = self.daemon is not None and alive(*self.daemon)
         self.requests = Requester(self.sock, "gmuxd", GmuxError,
-                                  lambda waited: unavailable_message(self.rundir.endpoint, waited), busy=GmuxBusy)
+                                  lambda waited: unavailable_message(self.rundir.endpoint, waited), busy=GmuxBusy,
+                                  gone=self._daemon_gone)
+
+    def _daemon_gone(self) -> Optional[str]:
+        """A gmuxd that ended while a request waited never answers it (a restarted one does not know it)."""
+        if self.daemon is None or alive(*self.daemon):
+            return None
+        if not self.ran:        # (killed before: its socket file is all that is left)
+            return unavailable_message(self.rundir.endpoint, running=False)
+        return (f"gmuxd (pid {self.daemon[0]}) ended before it answered; its jobs run on and a restarted gmuxd "
+                f"re-attaches them: start it again (gmuxd --runtime-dir {self.rundir.root}) and check with gmux ps")
 
     def call(self, mtype: str, timeout: Optional[float] = None, **fields: Any) -> Any:
         if mtype in protocol.ADMIN_TYPES:

@@ -16,16 +16,21 @@ import zmq
 from gmux import protocol
 
 
+GONE_EVERY_S = 1.0    # how often a long wait asks whether the peer is still there
+
+
 class Requester:
     def __init__(self, sock: zmq.Socket, peer: str, error: type, silence: Callable[[float], str],
                  table: Optional[dict] = None, on_message: Optional[Callable[[protocol.Message], None]] = None,
                  on_bad: Optional[Callable[[protocol.ProtocolError], None]] = None, unanswered: type = None,
-                 refused: Callable[[str, str], str] = lambda mtype, error: error, busy: type = None):
+                 refused: Callable[[str, str], str] = lambda mtype, error: error, busy: type = None,
+                 gone: Optional[Callable[[], Optional[str]]] = None):
         self.sock, self.peer, self.error, self.silence = sock, peer, error, silence
         self.busy = busy or error      # raised for a refusal the reply marks `busy` (only for now)
         self.table, self.on_message, self.on_bad = table, on_message, on_bad
         self.unanswered = unanswered or error
         self.refused = refused
+        self.gone = gone       # why the peer can no longer answer (it ended), asked while a reply is awaited
         self.ids = itertools.count(1)
 
     def send(self, mtype: str, **fields: Any) -> int:
@@ -47,8 +52,13 @@ class Requester:
             raise self.unanswered(self.silence(timeout)) from None
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self.sock.poll(left * 1000):
+            if left <= 0:
                 raise self.unanswered(self.silence(timeout))
+            if not self.sock.poll(min(left, GONE_EVERY_S) * 1000):
+                why = self.gone() if self.gone is not None else None
+                if why:
+                    raise self.unanswered(why)
+                continue
             msg = self.receive()
             if msg is not None and msg.type == "reply" and msg.id == mid:
                 break

@@ -70,3 +70,34 @@ def test_a_refused_job_uses_up_no_id(daemon_factory, tmp_path):
     assert register(d, b"b")["job"] == "j2"
     d._flush(force=True)
     assert register(daemon_factory(root=root), b"c")["job"] == "j3"     # and the table agrees after a restart
+
+
+def test_a_request_whose_gmuxd_dies_before_answering_fails_in_seconds(tmp_path):
+    """gmux suspend to a gmuxd killed (-9) while the job's boundary was awaited waited its whole 130 s."""
+    import threading
+    import time
+
+    import pytest
+    import zmq
+
+    from gmux.rundir import proc_starttime
+    from gmux.wire.daemon_client import Client, GmuxError
+    rt = RuntimeDir(str(tmp_path / "rt"))
+    os.makedirs(rt.root, mode=0o700)
+    silent = zmq.Context.instance().socket(zmq.ROUTER)     # takes the request, never answers
+    silent.bind(rt.endpoint)
+    stand_in = subprocess.Popen(["sleep", "600"])           # the gmuxd the pid file names
+    try:
+        with open(rt.pid_file, "w") as f:
+            f.write(f"{stand_in.pid} {proc_starttime(stand_in.pid)}")
+        client = Client(rt.root, timeout=5)
+        threading.Timer(0.5, stand_in.kill).start()
+        t0 = time.monotonic()
+        with pytest.raises(GmuxError, match=rf"gmuxd \(pid {stand_in.pid}\) ended before it answered"):
+            client.call("suspend", timeout=130, job="j1")
+        assert time.monotonic() - t0 < 10
+        client.close()
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+        silent.close(0)
