@@ -40,7 +40,7 @@ class Supervisor:
         self.system = system     # gmuxd --system: jobs run as their owners
         # Popen objects are kept so that poll() reaps exactly our children and reads their status.
         self.children: dict[int, subprocess.Popen] = {}
-        self.leaving: set[int] = set()     # submitted jobs that said bye: their group is ended once they exit
+        self.leaving: dict[int, Optional[int]] = {}   # ended submitted jobs (pid -> start time): groups to end
 
     def spawn(self, job: Job) -> int:
         cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root, "--job", job.id,
@@ -85,9 +85,7 @@ class Supervisor:
         for pid, p in list(self.children.items()):
             if pid not in live and p.poll() is not None:
                 del self.children[pid]
-                if pid in self.leaving:
-                    self.leaving.discard(pid)
-                    _end_group(pid)
+        self._end_groups_left()
 
     def _exit_record(self, job: Job) -> Optional[dict]:
         # a system daemon believes a record only if it is the job owner's own file in their directory
@@ -136,17 +134,20 @@ class Supervisor:
         lives, and a live group's id is never given to a new process.) A gmux-launch job's group is its shell's
         and is left alone. A process that said it was ending (bye) may still be writing its last files: its
         group is asked once it has exited (reap_others)."""
-        if not job.managed or job.pid <= 1:
-            return
-        if job.pid in self.children and self.children[job.pid].poll() is None:
-            self.leaving.add(job.pid)
-            return
-        _end_group(job.pid)
+        if job.managed and job.pid > 1:
+            self.leaving[job.pid] = job.starttime
+            self._end_groups_left()
 
-
-def _end_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGTERM)
+    def _end_groups_left(self) -> None:
+        """The group of each ended job whose process has exited (a child of ours, or one re-attached after a
+        restart) is sent SIGTERM."""
+        for pid, starttime in list(self.leaving.items()):
+            p = self.children.get(pid)
+            if p.poll() is None if p is not None else alive(pid, starttime):
+                continue
+            del self.leaving[pid]
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
 
 
 def describe(rc: int, record: Optional[dict]) -> tuple[str, Optional[int], str]:

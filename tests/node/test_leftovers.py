@@ -1,4 +1,6 @@
 """What a submitted job started ends with it: a child it forked and left, or one running when it is killed."""
+import time
+
 FORKER = """import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 open(sys.argv[1], "w").write(str(child.pid))
@@ -31,3 +33,40 @@ def test_a_child_a_job_left_running_ends_with_it_and_with_a_kill(node_factory, t
         node.wait_for(lambda: node.job(job)["state"] in ("exited", "killed", "failed"), 60, "the job to end")
         node.wait_for(lambda: not _alive(child), 10, f"the child a {how} job left to end")
         assert node.job(job)["state"] == ("exited" if how == "exits" else "killed")
+
+
+def test_a_job_that_said_bye_keeps_its_group_until_its_process_has_exited(tmp_path):
+    """Finished on its bye, a job may still write its last files: its group is ended only once its process is
+    gone, also for one a restarted gmuxd re-attached (not its child)."""
+    import subprocess
+    import sys
+
+    from gmux.node.jobs import Job
+    from gmux.node.supervisor import Supervisor
+    from gmux.rundir import RuntimeDir, proc_starttime
+    leader = subprocess.Popen([sys.executable, "-c", FORKER, str(tmp_path / "child"), "600"],
+                              start_new_session=True)
+    try:
+        for _ in range(600):
+            if (tmp_path / "child").exists() and (tmp_path / "child").read_text():
+                break
+            time.sleep(0.05)
+        child = int((tmp_path / "child").read_text())
+        job = Job("j1", "t", "", ["python", "forker.py"], pid=leader.pid, starttime=proc_starttime(leader.pid),
+                  managed=True)
+        sup = Supervisor(RuntimeDir(str(tmp_path / "rt")))
+        sup.end_leftovers(job)
+        sup.reap_others(set())
+        time.sleep(0.3)
+        assert leader.poll() is None and _alive(child)     # still finishing: nothing is signalled
+        leader.kill()
+        leader.wait()
+        sup.reap_others(set())
+        for _ in range(200):
+            if not _alive(child):
+                break
+            time.sleep(0.05)
+        assert not _alive(child)
+    finally:
+        leader.kill()
+        leader.wait()
