@@ -33,8 +33,8 @@ def submit_cwd(argv: list, here: bool = True) -> str:
     except FileNotFoundError:
         raise ValueError("this shell's directory no longer exists; cd to the job's directory and submit again") \
             from None
-    script_of(argv, cwd)
-    problem = missing_script(argv, cwd) if here else None
+    kind, target, _ = script_of(argv, cwd)
+    problem = missing_script(kind, target, cwd) if here else None
     if problem:
         raise ValueError(problem)
     return cwd

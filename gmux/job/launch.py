@@ -46,7 +46,7 @@ class LaunchOptions:
 def run(opt: LaunchOptions) -> int:
     try:
         kind, target, script_argv = script_of(opt.argv)
-        problem = missing_script(opt.argv, os.getcwd() if os.path.exists(os.curdir) else os.curdir)
+        problem = missing_script(kind, target, os.curdir)
         if problem:
             raise ValueError(problem)
     except ValueError as e:

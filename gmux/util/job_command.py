@@ -27,10 +27,9 @@ def script_of(argv: list, cwd: Optional[str] = None) -> tuple[str, str, list]:
     return "path", args[0], args
 
 
-def missing_script(argv: list, cwd: str) -> Optional[str]:
-    """Why `argv` cannot start in `cwd` on this machine (its script is not there), or None. A module is found
-    only as the job starts (finding it here could run its packages' code in this process)."""
-    kind, target, _ = script_of(argv, cwd)
+def missing_script(kind: str, target: str, cwd: str) -> Optional[str]:
+    """Why what script_of found cannot start in `cwd` on this machine (its script is not there), or None. A
+    module is found only as the job starts (finding it here could run its packages' code in this process)."""
     path = os.path.join(cwd, target)
     if kind == "path" and not os.path.isfile(path):
         return f"no script {target!r} in {cwd}" if not os.path.exists(path) else f"{target!r} is not a file"
