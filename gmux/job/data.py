@@ -95,6 +95,7 @@ class Reading:
 
     def __init__(self):
         self.index, self.streams, self.generators, self.restored_at = 0, None, [], 0
+        self.epoch: Optional[Callable[[], Optional["Epoch"]]] = None    # its Epoch (a weak reference), once made
 
     def to_dict(self) -> dict:
         return {"index": self.index, "streams": self.streams, "generators": self.generators}
@@ -383,9 +384,10 @@ def counted_by(epoch: Optional[Epoch]) -> Optional[str]:
 
 def count_restarts(reading: Optional[Reading]) -> Optional[str]:
     """Why a new process would count the epoch under way differently (`reading`: the epoch's loader's), or None."""
-    ref = getattr(reading, "epoch", None)
-    counting = counted_by(ref() if ref is not None else None)
-    if counting is None or reading is None or not reading.index:
+    if reading is None or not reading.index or reading.epoch is None:
+        return None
+    counting = counted_by(reading.epoch())
+    if counting is None:
         return None
     return (f"the script counts this epoch's batches with {counting}(job.data(...)), which counts from 0 again in "
             f"the new process ({reading.index} batches in): any i % n or i < k it computes from that count differs "
