@@ -16,6 +16,20 @@ def _final(path):
     return torch.load(path, weights_only=False)
 
 
+SEEDED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+
+
+def _seeded_moved_twice(tmp, *args):
+    """scripts/seeded_data.py with `args`, run alone and moved into a new process at steps 5 and 17 (epochs 0
+    and 1): the final weights of each, (solo, moved)."""
+    run_py(SEEDED, f"{tmp}/solo.pt", *args)
+    run_py(SEEDED, f"{tmp}/x.pt", *args, "--migrate-at", "5", "--checkpoint", f"{tmp}/a.ckpt")
+    run_py(SEEDED, f"{tmp}/x.pt", *args, "--restore", f"{tmp}/a.ckpt", "--migrate-at", "17",
+           "--checkpoint", f"{tmp}/b.ckpt")
+    run_py(SEEDED, f"{tmp}/moved.pt", *args, "--restore", f"{tmp}/b.ckpt")
+    return torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt")
+
+
 @pytest.mark.parametrize("model,steps", [("cnn", 60), ("transformer", 40)])
 def test_suspends_and_restores_in_new_processes_are_lossless(model, steps, tmp):
     common = [*TRAIN, "--model", model, "--steps", str(steps)]
@@ -141,26 +155,16 @@ def test_a_move_keeps_the_loaders_generator_and_numpy_and_random_streams(tmp):
     """The epoch's batches fetched again after a move draw from numpy and `random` too (a dataset adding noise),
     and leave the loader's own generator where the first process had it: two moves, mid-epoch, in epochs 0
     and 1, each in a new process."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
-    run_py(script, f"{tmp}/solo.pt")
-    run_py(script, f"{tmp}/x.pt", "--migrate-at", "5", "--checkpoint", f"{tmp}/a.ckpt")
-    run_py(script, f"{tmp}/x.pt", "--restore", f"{tmp}/a.ckpt", "--migrate-at", "17", "--checkpoint", f"{tmp}/b.ckpt")
-    run_py(script, f"{tmp}/moved.pt", "--restore", f"{tmp}/b.ckpt")
+    solo, moved = _seeded_moved_twice(tmp)
     assert not os.path.exists(f"{tmp}/x.pt")     # each move's first process ended at its move
-    assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
+    assert_identical(solo, moved, "model")
 
 
 def test_a_stream_without_a_length_batched_by_its_loader_moves_exactly(tmp):
     """An IterableDataset under DataLoader(batch_size=8), drawing each sample as it goes: job.data raised
     TypeError (its batch sampler has no length, and was asked for its truth); moved mid-epoch in epochs 0 and 1,
     the stream is replayed to where it was."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
-    run_py(script, f"{tmp}/solo.pt", "--stream")
-    run_py(script, f"{tmp}/x.pt", "--stream", "--migrate-at", "5", "--checkpoint", f"{tmp}/a.ckpt")
-    run_py(script, f"{tmp}/x.pt", "--stream", "--restore", f"{tmp}/a.ckpt", "--migrate-at", "17",
-           "--checkpoint", f"{tmp}/b.ckpt")
-    run_py(script, f"{tmp}/moved.pt", "--stream", "--restore", f"{tmp}/b.ckpt")
-    assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
+    assert_identical(*_seeded_moved_twice(tmp, "--stream"), "model")
 
 
 def test_a_move_replays_what_the_script_drew_at_its_epochs_start(tmp):
@@ -168,13 +172,7 @@ def test_a_move_replays_what_the_script_drew_at_its_epochs_start(tmp):
     numpy and torch at each epoch's start, before job.data: moved mid-epoch in epochs 0 and 1, the new process
     draws the same order and weight again (the streams are put back to the epoch's start when job.epochs
     re-enters it, and to the checkpoint's once the batches are replayed)."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
-    run_py(script, f"{tmp}/solo.pt", "--epoch-draws")
-    run_py(script, f"{tmp}/x.pt", "--epoch-draws", "--migrate-at", "5", "--checkpoint", f"{tmp}/a.ckpt")
-    run_py(script, f"{tmp}/x.pt", "--epoch-draws", "--restore", f"{tmp}/a.ckpt", "--migrate-at", "17",
-           "--checkpoint", f"{tmp}/b.ckpt")
-    run_py(script, f"{tmp}/moved.pt", "--epoch-draws", "--restore", f"{tmp}/b.ckpt")
-    assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "model")
+    assert_identical(*_seeded_moved_twice(tmp, "--epoch-draws"), "model")
 
 
 def test_a_move_with_drawing_workers_started_in_an_earlier_epoch_is_refused_and_the_job_runs_on(tmp):
@@ -182,7 +180,7 @@ def test_a_move_with_drawing_workers_started_in_an_earlier_epoch_is_refused_and_
     into epoch 1, which a new process cannot give them, so a move asked for in epoch 1 is refused (said on the
     job's stderr) and the job ends where it is, as if never asked; one asked for in epoch 0, where they start,
     moves exactly."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+    script = SEEDED
     args = ["--workers", "2", "--persistent"]
     run_py(script, f"{tmp}/solo.pt", *args)
     stayed = run_py(script, f"{tmp}/stayed.pt", *args, "--migrate-at", "17", "--checkpoint", f"{tmp}/a.ckpt")
@@ -200,7 +198,7 @@ def test_persistent_workers_behind_a_map_made_before_job_data_are_refused_a_move
     """map() over a persistent loader, made before job.data: a new process makes the loader's iterator anew when
     the script makes the map, drawing its workers' seed before the epoch's shuffle, which the first process did
     only in its first epoch. A move in epoch 1 is refused (on stderr) and the job runs on; one in epoch 0 moves."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+    script = SEEDED
     args = ["--workers", "2", "--persistent", "--quiet-data", "--map"]
     run_py(script, f"{tmp}/solo.pt", *args)
     stayed = run_py(script, f"{tmp}/stayed.pt", *args, "--migrate-at", "17", "--checkpoint", f"{tmp}/a.ckpt")
@@ -218,7 +216,7 @@ def test_persistent_workers_that_draw_nothing_move_in_any_epoch(tmp, bar):
     process's workers drawing their seed apart (the first process drew none after epoch 0: drawn from the loader's
     generator, it shifted the epoch's shuffle), the run ends as if never moved; read through a progress bar too,
     which makes the loader's iterator only at its first fetch."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+    script = SEEDED
     args = ["--workers", "2", "--persistent", "--quiet-data", *bar]
     run_py(script, f"{tmp}/solo.pt", *args)
     run_py(script, f"{tmp}/x.pt", *args, "--migrate-at", "17", "--checkpoint", f"{tmp}/a.ckpt")
@@ -256,30 +254,16 @@ def test_a_move_keeps_a_samplers_own_generator(sampler, tmp):
     """The epoch's order drawn by a sampler's own torch.Generator (WeightedRandomSampler, SubsetRandomSampler):
     moved mid-epoch in epochs 0 and 1, it ends as the run never moved, the generator attached or not (the
     replay once left it where the new process had it: the epoch's order changed)."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
     for how in ([], ["--attach-sampler"]):
-        args = ["--sampler", sampler, *how]
-        run_py(script, f"{tmp}/solo.pt", *args)
-        run_py(script, f"{tmp}/x.pt", *args, "--migrate-at", "5", "--checkpoint", f"{tmp}/a.ckpt")
-        run_py(script, f"{tmp}/x.pt", *args, "--restore", f"{tmp}/a.ckpt", "--migrate-at", "17",
-               "--checkpoint", f"{tmp}/b.ckpt")
-        run_py(script, f"{tmp}/moved.pt", *args, "--restore", f"{tmp}/b.ckpt")
-        assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), f"model {how}")
+        assert_identical(*_seeded_moved_twice(tmp, "--sampler", sampler, *how), f"model {how}")
 
 
 def test_a_scripts_own_random_generators_attached_continue_in_a_new_process(tmp):
     """A dataset drawing its noise from generators it holds (NumPy Generator and RandomState, random.Random,
     torch.Generator), attached with the model: moved twice, it ends as the run never moved. Not attached, the
     new process builds them afresh from their seeds and the run drifts: what makes this test able to fail."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
     for how in ([], ["--unattached"]):
-        args = ["--own-generators", *how]
-        run_py(script, f"{tmp}/solo.pt", *args)
-        run_py(script, f"{tmp}/x.pt", *args, "--migrate-at", "5", "--checkpoint", f"{tmp}/a.ckpt")
-        run_py(script, f"{tmp}/x.pt", *args, "--restore", f"{tmp}/a.ckpt", "--migrate-at", "17",
-               "--checkpoint", f"{tmp}/b.ckpt")
-        run_py(script, f"{tmp}/moved.pt", *args, "--restore", f"{tmp}/b.ckpt")
-        solo, moved = torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt")
+        solo, moved = _seeded_moved_twice(tmp, "--own-generators", *how)
         if how:
             assert not torch.equal(solo["weight"], moved["weight"]), "unattached generators came back anyway"
         else:
@@ -319,7 +303,7 @@ def test_a_checkpoint_of_other_generators_is_refused_before_anything_changes():
 def test_a_script_that_marks_its_own_boundaries_is_moved_at_one_of_them(tmp):
     """Gradient accumulation under job.data: a restored process knows that fetches are not boundaries, so a
     move asked for at once lands after an optimizer step, not between two accumulated micro-batches."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "seeded_data.py")
+    script = SEEDED
     run_py(script, f"{tmp}/solo.pt", "--accum", "2")
     run_py(script, f"{tmp}/x.pt", "--accum", "2", "--migrate-at", "3", "--checkpoint", f"{tmp}/a.ckpt")
     run_py(script, f"{tmp}/x.pt", "--accum", "2", "--restore", f"{tmp}/a.ckpt", "--move-again",
