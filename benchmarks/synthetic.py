@@ -1,13 +1,14 @@
 """gmux on job streams unlike Philly's (gmux/cluster/sim/synthetic.py): does what was tuned on Philly hold?
 
-Five shapes (heavy-tailed one-GPU trials, exponential, two typical lengths per GPU count, wide jobs, sweeps),
-each at offered loads 0.7, 0.95 and 1.1 of the cluster, three seeds each, 4,000 jobs; 64 GPUs (8 machines of 8),
-256 for the wide shape. Policies: FIFO with backfilling, the SRTF oracle, Tiresias and gmux (Gandiva is left out:
+Six shapes (heavy-tailed one-GPU trials, exponential, two typical lengths per GPU count, wide jobs, sweeps, and
+30 users' interleaved sweeps), each at offered loads 0.7, 0.95 and 1.1 of the cluster, three seeds each, 4,000
+jobs; 64 GPUs (8 machines of 8), 256 for the wide shape. Policies: FIFO with backfilling, the SRTF oracle, Tiresias and gmux (Gandiva is left out:
 its time slices make it ten times slower to simulate, and it is not what gmux must beat here). Prints, per shape
 and load, average JCT (mean over seeds), gmux over SRTF and over Tiresias (worst seed), suspends per job, and the
 utilisation gap: the best baseline's work utilisation (the jobs' work over the capacity up to the last completion,
 as in simulate.py) over gmux's, worst seed, and the same gap for the SRTF oracle against FIFO-bf and Tiresias;
-writes benchmarks/results/synthetic.json. The last line is
+writes benchmarks/results/synthetic.json. On the shape whose jobs name their users, gmux also runs with the users
+hidden, and the ratio of average JCTs per seed says what sweeps by user are worth. The last line is
 
     synthetic: gmux_vs_tiresias_worst=<r> gmux_vs_srtf_worst=<r> suspends_vs_tiresias_worst=<r>
                best_util_vs_gmux_worst=<r> best_util_vs_srtf_worst=<r> seconds=<n>   (one line)
@@ -19,6 +20,7 @@ Run: .venv/bin/python benchmarks/synthetic.py [--workers 2] [--jobs 4000] [--see
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -37,6 +39,7 @@ from gmux.cluster.sim.throughputs import Throughputs  # noqa: E402
 POLICIES = ("fifo-bf", "srtf", "tiresias", "gmux")
 LOADS = (0.7, 0.95, 1.1)
 GPUS = {"wide": 256}           # the others: 64
+HIDDEN = "gmux, users hidden"
 
 
 def _run(task) -> tuple:
@@ -45,10 +48,14 @@ def _run(task) -> tuple:
     gpus = GPUS.get(shape, 64)
     stream = job_stream(shape, load, gpus, jobs, tput, seed)
     out = {}
-    for p in POLICIES:
-        res = Engine(make_machines(gpus // 8, 8), stream, make_policy(p), tput, cluster_name=shape).run()
+    runs = [(p, p, stream) for p in POLICIES]
+    if any(j.user for j in stream):
+        # the same jobs with their users hidden: what knowing who submitted each job is worth to gmux
+        runs.append((HIDDEN, "gmux", [dataclasses.replace(j, user="") for j in stream]))
+    for key, p, jobs in runs:
+        res = Engine(make_machines(gpus // 8, 8), jobs, make_policy(p), tput, cluster_name=shape).run()
         s = summarize([res])
-        out[p] = {k: s[k] for k in ("avg_jct_s", "p99_jct_s", "suspends_per_job", "makespan_s", "work_utilisation")}
+        out[key] = {k: s[k] for k in ("avg_jct_s", "p99_jct_s", "suspends_per_job", "makespan_s", "work_utilisation")}
     return shape, load, seed, out
 
 
@@ -102,6 +109,13 @@ def main() -> int:
               f" {row['gmux_vs_srtf_worst']:6.2f} {row['gmux_vs_tiresias_worst']:6.2f} "
               f"{sus['gmux']:9.3f} {sus['tiresias']:9.3f} {row['best_util_vs_gmux_worst']:8.3f} "
               f"{row['best_util_vs_srtf_worst']:8.3f}")
+    users = [r for r in rows if HIDDEN in r["runs"][0]]
+    for r in users:
+        per_seed = [run["gmux"]["avg_jct_s"] / run[HIDDEN]["avg_jct_s"] for run in r["runs"]]
+        r["gmux_vs_users_hidden"] = per_seed
+        print(f"  {r['shape']} at {r['load']:.2f}: gmux knowing each job's user / with users hidden, average JCT per "
+              f"seed: " + ", ".join(f"{x:.3f}" for x in per_seed) +
+              f" (hidden: {sum(run[HIDDEN]['avg_jct_s'] for run in r['runs']) / len(r['runs']) / 3600:.2f} h)")
     worst = {k: max(r[k] for r in rows) for k in ("gmux_vs_tiresias_worst", "gmux_vs_srtf_worst",
                                                    "suspends_vs_tiresias_worst", "best_util_vs_gmux_worst",
                                                    "best_util_vs_srtf_worst")}

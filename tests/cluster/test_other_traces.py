@@ -27,10 +27,11 @@ def _tables(tmp_path):
 def test_a_helios_trace_loads_its_gpu_jobs_and_counts_the_rest(tmp_path):
     (tmp_path / "t.csv").write_text(HELIOS)
     tr = load_trace(str(tmp_path / "t.csv"))
-    assert [(j.line, j.submit, j.duration, j.num_gpus, j.vc) for j in tr.jobs] == \
-        [(4, 0.0, 3600.0, 2, "vcX"), (5, 60.0, 30.0, 1, "vcY")]
+    assert [(j.line, j.submit, j.duration, j.num_gpus, j.vc, j.user) for j in tr.jobs] == \
+        [(4, 0.0, 3600.0, 2, "vcX", "u2"), (5, 60.0, 30.0, 1, "vcY", "u3")]
     assert tr.skipped == {"no GPU": 1, "never ran": 1} and tr.bad_rows == []
     assert str(tr.origin) == "2020-04-01 00:01:00"
+    assert "2 user(s) in user: a job's sweep is among its own user's jobs" in tr.notes
 
 
 def test_seconds_and_durations_from_start_and_end(tmp_path):

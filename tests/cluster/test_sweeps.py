@@ -88,3 +88,34 @@ def test_a_job_seen_again_stays_in_the_sweep_it_joined():
     sweeps.join(view(3, 1805))          # within the gap of b, the sweep's latest submission
     sweeps.observe(1, 5 * H)
     assert sweeps.bound(3) == sweeps.bound(2) == 2.5 * H
+
+
+def test_two_users_jobs_are_never_siblings_however_close_they_arrive():
+    """gmux-scheduler knows who submitted each job (and a trace may say): a chain is one user's arrivals of one GPU
+    count, so another user's job submitted in between neither joins nor breaks it. Without owners (Philly) every
+    job is of one anonymous owner, as before."""
+    sweeps = Sweeps(gap_s=1800.0, quantile=0.5)
+    sweeps.share = 0.5
+    alice = [JobView(job_id=i, num_gpus=4, job_type="A", submit_time=600.0 * i, owner="alice") for i in (0, 2, 4)]
+    bob = [JobView(job_id=i, num_gpus=4, job_type="A", submit_time=600.0 * i, owner="bob") for i in (1, 3)]
+    for v in sorted(alice + bob, key=lambda v: v.submit_time):
+        sweeps.join(v)
+    assert sweeps.observe(0, 10 * H) == [2, 4]           # alice's siblings move; bob's jobs do not
+    assert sweeps.bound(4) == 5 * H and sweeps.bound(1) == sweeps.bound(3) == 0.0
+    anonymous = Sweeps(gap_s=1800.0, quantile=0.5)
+    anonymous.share = 0.5
+    for v in sorted(alice + bob, key=lambda v: v.submit_time):
+        anonymous.join(view(v.job_id, v.submit_time))
+    anonymous.observe(0, 10 * H)
+    assert anonymous.bound(1) == anonymous.bound(4) == 5 * H
+
+
+def test_a_sweep_emptied_while_latest_is_forgotten_once_a_new_one_takes_its_chain():
+    """Bookkeeping stays bounded by the jobs in the system, however many users and sweeps pass through."""
+    sweeps = Sweeps(gap_s=60.0, quantile=0.3)
+    for i in range(1000):
+        v = JobView(job_id=i, num_gpus=1 + i % 4, job_type="A", submit_time=3600.0 * i, owner=f"user{i % 7}")
+        sweeps.join(v)
+        sweeps.observe(i, 100.0)
+        sweeps.complete(i, 100.0)
+    assert len(sweeps._members) == len(sweeps._top) == len(sweeps._latest) <= 28

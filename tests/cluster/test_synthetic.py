@@ -1,5 +1,6 @@
 """Synthetic job streams (gmux/cluster/sim/synthetic.py): seeded, loaded as asked, refused when malformed; and gmux
 on the shape that once broke it, wide jobs of two typical lengths under overload, against Tiresias."""
+import dataclasses
 import os
 
 import pytest
@@ -50,3 +51,18 @@ def test_wide_jobs_of_two_typical_lengths_under_overload_do_not_sink_gmux_below_
     jct = {p: summarize([Engine(make_machines(4, 8), jobs, make_policy(p), tput).run()])["avg_jct_s"]
            for p in ("tiresias", "gmux")}
     assert jct["gmux"] <= 1.12 * jct["tiresias"]
+
+
+def test_a_teams_stream_names_its_users_and_gmux_chains_sweeps_per_user(tput):
+    """The trace's user reaches the policy (TraceJob.user -> JobView.owner): gmux's sweeps are chained per user
+    and GPU count, not per GPU count alone; with the users hidden there is one chain per GPU count."""
+    jobs = job_stream("teams", 1.1, 32, 400, tput, seed=3)
+    assert {j.user for j in jobs} <= {f"user{i}" for i in range(30)} and len({j.user for j in jobs}) > 10
+    seen = {}
+    for hidden in (False, True):
+        pol = make_policy("gmux")
+        stream = [dataclasses.replace(j, user="") for j in jobs] if hidden else jobs
+        Engine(make_machines(4, 8), stream, pol, tput).run()
+        seen[hidden] = set(pol.sweeps._last)
+    assert {owner for owner, _ in seen[False]} == {j.user for j in jobs}
+    assert seen[True] == {(None, g) for g in {j.num_gpus for j in jobs}}

@@ -60,6 +60,7 @@ class JobView:
     remaining_hint: float | None = None  # solo seconds left as of `updated_at`; oracles only (None when unknown)
     duration_hint: float | None = None   # solo seconds in total; oracles only
     mem_gib: float | None = None         # peak GPU memory, when measured
+    owner: str | None = None             # who submitted it, when known (a job's siblings are its owner's)
 
     def attained_at(self, now: float) -> float:
         return self.attained + self.service_rate * max(0.0, now - self.updated_at)

@@ -94,7 +94,7 @@ class Driver:
                         service_rate=float(job.gpus) if state is JobState.RUNNING else 0.0, updated_at=now,
                         first_run=job.first_run, last_start=job.since if state is JobState.RUNNING else None,
                         last_stop=job.since if state is JobState.SUSPENDED else None,
-                        mem_gib=(job.mem_peak or job.mem or 0) / (1 << 30) or None)
+                        mem_gib=(job.mem_peak or job.mem or 0) / (1 << 30) or None, owner=job.owner)
             snap.add_job(v)
             if state is not JobState.PENDING:
                 snap.set_state(v, state)

@@ -208,7 +208,7 @@ class Engine:
                        min_gpus=max(1, tj.num_gpus // 2) if el else tj.num_gpus,
                        max_gpus=min(self.per, 2 * tj.num_gpus) if el else tj.num_gpus,
                        remaining_hint=tj.duration if oracle else None,
-                       duration_hint=tj.duration if oracle else None)
+                       duration_hint=tj.duration if oracle else None, owner=tj.user or None)
         uncons = self.tput.unconsolidated.get(tj.job_type, 1.0)
         self.cluster.sim[tj.job_id] = SimJob(view, tj.duration, self.per, uncons)
         self.snap.add_job(view)

@@ -11,8 +11,10 @@ stands for a kind of cluster a real trace may come from:
 - `wide`: 8-64 GPUs per job, lognormal durations (median 4 h, sigma 1.5): a cluster of large distributed jobs.
 - `sweeps`: heavy-tailed bases, each arrival a burst of 1-16 jobs of one size whose durations are within ~20%
   of each other (hyperparameter sweeps, seeds).
+- `teams`: the sweeps of 30 users, each member submitted some minutes after the previous one (exponential gaps,
+  mean 10 min), so that different users' sweeps of one size interleave; every job names its user.
 Arrivals are Poisson at the rate that loads the cluster to `load` (offered GPU-seconds per GPU-second, from the
-shape's own mean); jobs of a burst are submitted 30 s apart. Job types come from the throughput table as for a
+shape's own mean); jobs of a burst are submitted 30 s apart (`teams`: its own gaps). Job types come from the throughput table as for a
 trace (`assign_types`), so packing has the same measurements to go on.
 """
 from __future__ import annotations
@@ -62,7 +64,20 @@ def _sweeps(rng):
     return [(g, base * rng.lognormvariate(0, 0.2)) for _ in range(rng.choice((1, 1, 1, 2, 4, 8, 16)))]
 
 
-SHAPES = {"heavy": _heavy, "exp": _exp, "modal": _modal, "wide": _wide, "sweeps": _sweeps}
+def _teams(rng):
+    return _sweeps(rng), f"user{rng.randrange(USERS)}", lambda: rng.expovariate(1 / 600)
+
+
+def _anonymous(draw):
+    """A shape whose bursts are nobody's, submitted 30 s apart."""
+    return lambda rng: (draw(rng), "", lambda: 30.0)
+
+
+USERS = 30
+# Each shape draws one arrival event: its jobs as (GPUs, solo duration), their user ("": unknown) and the gap
+# before each member's submission.
+SHAPES = {"heavy": _anonymous(_heavy), "exp": _anonymous(_exp), "modal": _anonymous(_modal),
+          "wide": _anonymous(_wide), "sweeps": _anonymous(_sweeps), "teams": _teams}
 
 
 def job_stream(shape: str, load: float, gpus: int, jobs: int, tput: Throughputs, seed: int = 0) -> list[TraceJob]:
@@ -73,18 +88,21 @@ def job_stream(shape: str, load: float, gpus: int, jobs: int, tput: Throughputs,
         raise ValueError("need load > 0, gpus >= 1 and jobs >= 1")
     draw = SHAPES[shape]
     est = random.Random(seed + 1_000_003)                 # the shape's mean work, from its own draws
-    mean = sum(sum(g * d for g, d in draw(est)) for _ in range(20_000)) / 20_000
+    mean = sum(sum(g * d for g, d in draw(est)[0]) for _ in range(20_000)) / 20_000
     rng = random.Random(seed)
     rate = load * gpus / mean
     out: list[TraceJob] = []
     t = 0.0
     while len(out) < jobs:
         t += rng.expovariate(rate)
-        for k, (g, d) in enumerate(draw(rng)):
+        burst, user, gap = draw(rng)
+        after = 0.0
+        for k, (g, d) in enumerate(burst):
             if len(out) == jobs:
                 break
-            out.append(TraceJob(job_id=len(out), line=len(out) + 2, submit=t + 30.0 * k, duration=max(1.0, d),
-                                num_gpus=g, vc=shape))
+            after += gap() if k else 0.0
+            out.append(TraceJob(job_id=len(out), line=len(out) + 2, submit=t + after, duration=max(1.0, d),
+                                num_gpus=g, vc=shape, user=user))
     assign_types(Trace(jobs=out, origin=datetime(2020, 1, 1, tzinfo=timezone.utc), path=f"synthetic:{shape}"),
                  tput, seed=seed)
     return out

@@ -29,6 +29,7 @@ class TraceJob:
     vc: str
     job_type: str = ""
     elastic: bool = False
+    user: str = ""              # who submitted it, where the trace says ("": not known)
 
 
 @dataclass
@@ -43,7 +44,7 @@ class Trace:
 
 # What each column means, under the names published GPU-cluster traces give it: Philly's as the Pollux artifact
 # converted it (this loader's first format), Helios' and Acme's (SenseTime and Shanghai AI Lab: submit_time,
-# gpu_num, vc, start_time, end_time, duration), Alibaba PAI's task table (inst_num instances, each asking for
+# gpu_num, vc, user, start_time, end_time, duration), Alibaba PAI's task table (inst_num instances, each asking for
 # plan_gpu), and common spellings. `columns=` names others. Header names are matched whatever their case.
 COLUMNS = {
     "submit": ("timestamp", "submit_time", "submitted_time", "submission_time"),
@@ -53,6 +54,7 @@ COLUMNS = {
     "start": ("start_time",),
     "end": ("end_time",),
     "instances": ("inst_num", "num_instances", "instance_num"),
+    "user": ("user", "user_id", "user_name", "username"),
 }
 ONE_VC = "all"      # the VC of every job of a trace without a VC column
 # the times a datetime can show (a trace's origin is one)
@@ -205,7 +207,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
     """Read a job trace CSV: Philly's (timestamp,duration,num_gpus,gpu_time,cluster), Helios' or Acme's
     (submit_time, gpu_num, vc, duration or start_time and end_time), Alibaba PAI's task table (start_time, end_time,
     plan_gpu per instance, inst_num; its launch is a job's arrival), or any whose columns `columns` names
-    (meaning -> column: submit, duration, gpus, vc, start, end, instances). `gpu_unit` says what the GPU column
+    (meaning -> column: submit, duration, gpus, vc, start, end, instances, user). `gpu_unit` says what the GPU column
     counts (GPU_UNITS; "auto": UNIT_OF_COLUMN by its name, else whole GPUs). Rows that are no finished GPU job (no or
     an empty GPU count, never started, not ended, duration 0) are not bad: they are counted in `skipped`. Each
     choice made about the data is stated in the trace's `notes`."""
@@ -215,7 +217,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
         raise ValueError(f"gpu_unit must be auto or one of {', '.join(GPU_UNITS)}, not {gpu_unit!r}")
     if not os.path.isfile(path):
         raise TraceError(f"{path}: no such trace file")
-    rows: list[tuple[int, float, float, int, str]] = []
+    rows: list[tuple[int, float, float, int, str, str]] = []
     bad: list[tuple[int, str]] = []
     skipped = {"no GPU": 0, "never ran": 0, "unfinished": 0}
     rounded = shared = disagree = 0
@@ -264,6 +266,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                     if not 0 < part <= 1000:
                         raise ValueError(f"{header[share]} {row[share]!r} is not a number in (0, 1000]")
                     vc = row[col["vc"]].strip() if "vc" in col else ONE_VC
+                    user = row[col["user"]].strip() if "user" in col else ""
                     if not vc:
                         raise ValueError("empty cluster")
                 except ValueError as e:
@@ -277,7 +280,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                 rounded += math.ceil(need) != need
                 disagree += disagrees
                 shared += part < 1000
-                rows.append((line, ts, dur, g, vc))
+                rows.append((line, ts, dur, g, vc, user))
     except (UnicodeDecodeError, csv.Error, OSError) as e:
         raise unreadable(path, e, reader.line_num if reader and isinstance(e, csv.Error) else None) from None
     if bad and bad_rows == "refuse":
@@ -304,12 +307,15 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
     if col["submit"] == col.get("start"):
         notes.append(f"no submission time column: each job arrives at its {name['start']} (the wait it had in "
                      f"the traced cluster is not replayed)")
+    if "user" in col:
+        users = len({r[5] for r in rows if r[5]})
+        notes.append(f"{users} user(s) in {name['user']}: a job's sweep is among its own user's jobs")
     if times.zoned is False:
         notes.append("the trace's times are dates without a zone, taken as UTC")
     first = min(r[1] for r in rows)
     origin = datetime.fromtimestamp(first, timezone.utc).replace(tzinfo=None)
-    jobs = [TraceJob(job_id=i, line=ln, submit=ts - first, duration=d, num_gpus=g, vc=vc)
-            for i, (ln, ts, d, g, vc) in enumerate(rows)]
+    jobs = [TraceJob(job_id=i, line=ln, submit=ts - first, duration=d, num_gpus=g, vc=vc, user=user)
+            for i, (ln, ts, d, g, vc, user) in enumerate(rows)]
     return Trace(jobs=jobs, origin=origin, path=path, bad_rows=bad,
                  skipped={k: n for k, n in skipped.items() if n}, notes=notes)
 
