@@ -61,7 +61,9 @@ class Slicer:
     def add(self, job: str, weight: float, mem: Optional[int], now: float, resident: bool = False,
             used: float = 0.0, confirm: bool = False, stoppable: bool = True) -> None:
         """A job joins the GPU. With confirm (re-attached after a daemon restart, state only believed), the
-        slicer sends nothing on this GPU until `observed` hears the job's actual state."""
+        slicer sends nothing on this GPU until `observed` hears the job's actual state, or until its deadline:
+        a job that waits for a command says so every second (gmux.job.agent), so a silent one is computing,
+        maybe with no boundary ever, and would otherwise hold the GPU for ever."""
         live = [e.vtime(now) for e in self.entries.values()]
         e = Entry(job, weight, mem, self._order, used=used, stoppable=stoppable)
         self._order += 1
@@ -70,7 +72,7 @@ class Slicer:
             e.credit = max(0.0, min(live) * weight - used)
         self.entries[job] = e
         if confirm:
-            self.pending[job] = "confirm"
+            self.mark_busy(job, "confirm", now)
         if resident:
             self.resident.add(job)
             e.resident_since = now
@@ -311,7 +313,7 @@ class Slicer:
         """What a job says it is doing (after a daemon restart the slicer's belief may be stale)."""
         e = self.entries.get(job)
         if self.pending.get(job) == "confirm":
-            del self.pending[job]   # a re-attached job has told us its state: the slicer may act again
+            self.clear_busy(job)    # a re-attached job has told us its state: the slicer may act again
         if e is None or job in self.pending:
             return
         if state == "running" and job not in self.resident:
@@ -335,6 +337,8 @@ class Slicer:
     def tick(self, now: float) -> list[tuple[str, str]]:
         """Commands to carry out now: [(kind, job)]."""
         out, self._later = self._later, []
+        for j in self.overdue_busy("confirm", now):
+            self.observed(j, "running", now)   # silent (see `add`): it holds its memory, and is sliced by stops
         out += self._deadlines(now)
         if self._waiting() or now < self.backoff_until:
             return out  # a switch (or a single command) is in flight: wait for every acknowledgement

@@ -139,6 +139,26 @@ def test_a_job_without_boundaries_is_time_sliced_by_stop_and_continue(node_facto
     finish(ref, procs, tmp_path, "ab")
 
 
+def test_a_job_without_boundaries_is_sliced_again_after_gmuxd_restarts(node_factory, tmp_path):
+    """A restarted gmuxd waited for each re-attached job to say what it was doing before it sliced their GPU
+    again, and a job with no boundary never says anything: continued, it ran on unsliced beside the job that was
+    running, and the third waited for ever."""
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", QUANTUM, "--no-pack")
+    ref, procs, ids = start(node, tmp_path, [SPIN])
+    node.wait_for(lambda: trained(node, ids) and node.job(ids["x"])["stops"] >= 2, 40, lambda: node.ps())
+    node.kill_daemon(signal.SIGKILL)
+    node.start()
+    before = {n: node.job(i) for n, i in ids.items()}
+
+    def sliced():
+        now = {n: node.job(i) for n, i in ids.items()}
+        return (now["x"]["stops"] >= before["x"]["stops"] + 3 and
+                all(now[n]["step"] >= before[n]["step"] + 50 for n in "ab"))
+    node.wait_for(sliced, 60, lambda: node.ps())
+    procs["x"].kill()
+    finish(ref, procs, tmp_path, "ab")
+
+
 def test_a_users_suspend_of_a_job_without_boundaries_is_answered_with_the_stop(node_factory, tmp_path):
     """`gmux suspend` of a job that has not acknowledged its start (no boundary yet) waited the full 120 s for an
     acknowledgement and then failed, although gmuxd had SIGSTOPped the job at once: the stop is the answer."""

@@ -100,6 +100,24 @@ def test_a_stopped_job_keeps_its_memory_and_others_run_only_if_they_fit_beside_i
     assert s.tick(5.2) == [("resume", "b")]
 
 
+def test_a_re_attached_job_that_never_reaches_a_boundary_is_sliced_again():
+    """After a daemon restart the slicer waited for each re-attached job to say what it was doing, and a job
+    with no boundary never says anything: the GPU was never sliced again, c and a ran on and b waited for ever."""
+    s = Slicer(0, 10 * GiB, quantum=0.5, pacing=PACE)
+    for j, resident in (("a", True), ("b", False), ("c", True)):
+        s.add(j, 1, 3 * GiB, 0.0, resident=resident, confirm=True)
+    s.observed("a", "running", 0.0)
+    s.observed("b", "suspended", 0.0)
+    play = Play(s, {"a": 0.05, "b": 0.05, "c": None})
+    play.computing = {"a", "c"}
+    play.run(30.0)
+    kinds = [k for _, k, j in play.log if j == "c"]
+    assert kinds.count("stop") >= 10 and kinds.count("cont") >= 10, play.log[:20]
+    used = play.used()
+    for j in "abc":
+        assert used[j] / play.now == pytest.approx(1 / 3, abs=0.05), used
+
+
 def test_a_continued_job_that_reaches_its_boundary_within_its_turn_resumes_at_once():
     s = slicer(quantum=1.0, mem=(3 * GiB, 3 * GiB))
     play = Play(s, {"a": 2.5, "b": 0.05})         # a's first mini-batch outlasts its turn and its deadline
