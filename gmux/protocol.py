@@ -370,7 +370,9 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     # process (between virtual GPUs); the path a real GPU's move takes
     "migrate": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "gpu": (_gpu_index, True),
                 "new_process": (_bool, False)},
-    "logs": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "tail": (_nonneg_int, False)},
+    # raw: the log's bytes as written (gmux logs --raw), not text in which a byte that is not UTF-8 reads as U+FFFD
+    "logs": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "tail": (_nonneg_int, False),
+             "raw": (_bool, False)},
     # write the job's state to a checkpoint file at its next boundary, the job going on (cluster mode: periodic
     # checkpoints, and the first half of a move to another machine)
     "checkpoint": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True),

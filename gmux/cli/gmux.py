@@ -71,8 +71,8 @@ def main(argv=None) -> int:
     s.add_argument("job")
     s.add_argument("--tail", type=nonneg_int, default=0,
                    help="only the last N lines (0: all a reply holds, the log's last 512 KiB)")
-    s.add_argument("--raw", action="store_true", help="the output as the job wrote it, escape sequences included "
-                                                      "(default: control characters are shown escaped)")
+    s.add_argument("--raw", action="store_true", help="the output's bytes as the job wrote them, escape sequences "
+                                                      "included (default: control characters are shown escaped)")
     s = sub.add_parser("submit", help="have gmuxd start and supervise a job: gmux submit [opts] -- python train.py")
     s.add_argument("--mem", type=positive_size)
     s.add_argument("--weight", type=positive, default=1.0)
@@ -138,10 +138,10 @@ def run(a) -> int:
                 print(printable(f"gmux: warning: {job}: {warning}"), file=sys.stderr)
         return 0
     if a.cmd == "logs":
-        data = c.call("logs", job=a.job, tail=a.tail)
         if a.raw and not a.json:
-            sys.stdout.write(data["text"])
+            sys.stdout.buffer.write(c.call("logs", job=a.job, tail=a.tail, raw=True)["bytes"])
         else:
+            data = c.call("logs", job=a.job, tail=a.tail)
             _print(data, a.json, data["text"].rstrip("\n"), keep="\n\t")
         return 0
     if a.cmd == "submit":

@@ -19,7 +19,7 @@ from gmux.node.access import user_name
 from gmux.node.jobs import Job, gang_members, unit_of
 from gmux.rundir import proc_starttime
 from gmux.util.rendezvous import free_port, rendezvous_env
-from gmux.util.text import tail
+from gmux.util.text import tail, tail_bytes
 from gmux.wire.server import Busy, Caller, Refused, Request
 
 if TYPE_CHECKING:
@@ -228,8 +228,10 @@ class AdminHandlers:
             raise Refused(f"logs: {job.id} was started with gmux-launch; its output goes to the terminal that "
                           f"started it (gmux submit captures logs)")
         # Cut by bytes (a reply must fit a message, whatever characters the job printed), from the file's end.
-        text = tail(self.node.rundir.log_file(job.id), protocol.MAX_FRAME // 2, req.msg.get("tail") or 0)
-        return {"job": job.id, "text": text}
+        cut = (self.node.rundir.log_file(job.id), protocol.MAX_FRAME // 2, req.msg.get("tail") or 0)
+        if req.msg.get("raw"):
+            return {"job": job.id, "bytes": tail_bytes(*cut)}
+        return {"job": job.id, "text": tail(*cut)}
 
     def submit(self, req: Request):
         node, msg = self.node, req.msg

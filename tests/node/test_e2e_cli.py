@@ -8,9 +8,9 @@ import urllib.request
 from node_harness import PY, ROOT, TRAIN, env
 
 
-def gmux(rt, *args, timeout=60):
+def gmux(rt, *args, timeout=60, text=True):
     return subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", rt, *args], env=env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=text, timeout=timeout)
 
 
 def free_port():
@@ -83,6 +83,27 @@ def test_a_job_that_ends_by_itself_is_reaped(node_factory, tmp_path):
     pid = node.job(job)["pid"]
     node.wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 20, f"process {pid} reaped, not left a zombie")
     assert node.job(job)["step"] == 20     # its last step, not the one of its last report
+
+
+def test_raw_logs_are_the_bytes_the_job_wrote_and_plain_logs_stay_safe_for_a_terminal(node_factory, tmp_path):
+    """`gmux logs --raw` showed every byte that is not UTF-8 as U+FFFD: gmuxd sent the log decoded as text. Raw, it
+    is the log's bytes as written; without --raw its control characters are still shown escaped."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    written = b"latin-1 \xe9t\xe9 \x1b[31mred\x1b[0m\rover\n\xff\xfe end\n"
+    script = tmp_path / "bytes_job.py"
+    script.write_text(f"import sys\nsys.stdout.buffer.write({written!r})\n")
+    job = json.loads(gmux(node.rt, "--json", "submit", "--", PY, str(script)).stdout)["job"]
+    node.wait_for(lambda: node.job(job)["state"] == "exited", 60, "job finished")
+    with open(os.path.join(node.rt, "logs", f"{job}.log"), "rb") as f:
+        log = f.read()
+    assert written in log
+    raw = gmux(node.rt, "logs", "--raw", job, text=False)
+    assert raw.returncode == 0 and raw.stdout == log, raw
+    last = gmux(node.rt, "logs", "--raw", "--tail", "1", job, text=False)
+    assert last.returncode == 0 and last.stdout == log.splitlines(keepends=True)[-1], last
+    shown = gmux(node.rt, "logs", job)
+    assert shown.returncode == 0 and "\x1b" not in shown.stdout, shown
+    assert "\\x1b[31mred\\x1b[0m\\x0dover" in shown.stdout and "\ufffd\ufffd end" in shown.stdout, shown.stdout
 
 
 CARELESS = [  # (arguments, what the one-line refusal says)
