@@ -72,7 +72,8 @@ class Stopping:
             unknown = [j for j in [job.id, *arriving] if slicer.entries[j].mem is None]
             need = sum(slicer.entries[j].mem or 0 for j in arriving)
             why = (f"the memory of {', '.join(unknown)} is not known yet, and a job of unknown size shares its GPU "
-                   f"with no other" if unknown else
+                   f"with no other (a job declares it with --mem; one with no boundary never reports it)"
+                   if unknown else
                    f"{', '.join(arriving) or 'the next jobs'} ({format_size(need)}) would not fit beside the "
                    f"{format_size(numbers['mem'])} it keeps (GPU of {format_size(slicer.mem_total)})")
         text = (f"GPU {slicer.gpu}: {job.id} {self._why(slicer, job, now)}: not stopped, because {why}; "

@@ -189,3 +189,4 @@ def test_a_job_that_cannot_be_stopped_is_told_why_in_its_terms(node_factory, tmp
     late = node.wait_for(lambda: [d for d in node.call("decisions")["decisions"] if d["kind"] == "late"], 60,
                          "a 'late' decision")
     assert late[0]["jobs"] == [x] and f"the memory of {x}, {a} is not known yet" in late[0]["text"], late
+    assert "declares it with --mem" in late[0]["text"], late
