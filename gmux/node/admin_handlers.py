@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Optional
 from gmux import protocol
 from gmux.node.access import user_name
 from gmux.node.jobs import Job, gang_members, unit_of
+from gmux.node.supervisor import CannotStart
 from gmux.rundir import proc_starttime
 from gmux.util.rendezvous import free_port, rendezvous_env
 from gmux.util.text import tail, tail_bytes
@@ -243,25 +244,34 @@ class AdminHandlers:
         env = dict(msg.get("env") or {})
         if node.access.system is not None:
             node.user_dir(who)    # before any job exists: a refusal here leaves nothing behind
-        if ranks is not None:
-            gang = msg.get("name") or f"gang{node.store.next_job_id()}"
-            if gang_members(node.jobs, gang):
-                raise Refused(f"submit: a gang named {gang} is running; choose another --name")
-            port = free_port()
-            jobs = [self._new_submitted(msg, who, {**env, **rendezvous_env(ranks, port, r)}, f"{gang}-{r}",
-                                        gang={"id": gang, "rank": r, "size": ranks}) for r in range(ranks)]
-        else:
-            jobs = [self._new_submitted(msg, who, env, msg.get("name") or "")]
-        for job in jobs:
-            try:
+        ids_from, jobs = node.store.mark(), []
+        try:
+            if ranks is not None:
+                gang = msg.get("name") or f"gang{node.store.next_job_id()}"
+                if gang_members(node.jobs, gang):
+                    raise Refused(f"submit: a gang named {gang} is running; choose another --name")
+                port = free_port()
+                jobs = [self._new_submitted(msg, who, {**env, **rendezvous_env(ranks, port, r)}, f"{gang}-{r}",
+                                            gang={"id": gang, "rank": r, "size": ranks}) for r in range(ranks)]
+            else:
+                jobs = [self._new_submitted(msg, who, env, msg.get("name") or "")]
+            for job in jobs:
                 job.pid = node.sup.spawn(job)
-            except OSError as e:
-                for other in jobs:
-                    node.sup.kill(other)
-                    node.finish(other, "failed", None, f"could not start: {e}")
-                raise Refused(f"submit: could not start {msg['argv'][0]!r}: {e}")
-            job.starttime = proc_starttime(job.pid)
-            if job.gpu is not None:
+                job.starttime = proc_starttime(job.pid)
+        except Exception as e:
+            # A refused submit leaves everything as it was: no job of it listed or running, its ids given back.
+            for job in jobs:
+                if job.pid:
+                    node.sup.kill(job)
+            node.store.unused(ids_from)
+            if isinstance(e, CannotStart):
+                raise Refused(f"submit: {e}") from None
+            raise
+        for job in jobs:     # (each enters the job table only once every process of the submit has started)
+            node.add_job(job)
+            if job.gpu is None:
+                node.admission.enqueue(job)
+            else:
                 job.detail = "starting"
             node.store.save(job)
         first = jobs[0]
@@ -278,14 +288,7 @@ class AdminHandlers:
         job.uid, job.gid = who.uid, who.gid    # its owner: the one who may act on it, and whom it runs as
         job.gpus_wanted, job.gang, job.pinned = msg.get("gpus", 1), gang, msg.get("gpu")
         job.hook = msg.get("hook", True)
-        try:
-            node.admission.admit(job, "submit")
-        except Refused:
-            node.store.unused(job.id)
-            raise
-        node.add_job(job)
-        if job.gpu is None:
-            node.admission.enqueue(job)
+        node.admission.admit(job, "submit")
         return job
 
     def decisions(self, req: Request):

@@ -59,14 +59,18 @@ class Store:
         self._write(self._save_counter)
         return f"j{n}"
 
+    def mark(self) -> str:
+        """The id the next job takes (unused() gives it back with every id given after it)."""
+        return f"j{self._next}"
+
     def unused(self, job_id: str) -> None:
-        """The newest id given went to no job (its submit or registration was refused): the next job takes it,
-        as if the refusal had never been."""
-        n = int(job_id[1:])
-        if self._next == n + 1:
+        """This id and every one given after it went to no job (a submit or registration refused): the next job
+        takes it, as if the refusal had never been."""
+        n, given = int(job_id[1:]), self._next
+        if given > n:
             self._next = n
             self._write(lambda: self.db.execute("UPDATE meta SET value=? WHERE key='next_job' AND value=?",
-                                                (str(n), str(n + 1))))
+                                                (str(n), str(given))))
 
     def _save_counter(self) -> None:
         with transaction(self.db):

@@ -34,6 +34,10 @@ _ROOTS_OWN = ("HOME", "USER", "LOGNAME", "MAIL", "SHELL", "NOTIFY_SOCKET", "CRED
               "GMUX_KEYS", "GMUX_CLUSTER", "GMUX_KEY_NAME")
 
 
+class CannotStart(Exception):
+    """A submitted job's process could not be started; the message says why."""
+
+
 class Supervisor:
     def __init__(self, rundir: RuntimeDir, system: bool = False):
         self.rundir = rundir
@@ -56,9 +60,17 @@ class Supervisor:
             # setgroups, setgid, setuid in the child, before exec: nothing of the job ever runs as root. (The
             # kernel checks the user's own right to enter cwd at every relative path the job opens.)
             as_user = {"user": job.uid, "group": job.gid, "extra_groups": user_groups(job.uid, job.gid)}
-        with os.fdopen(self.rundir.open_private(self.rundir.log_file(job.id), append=True), "ab") as log:
-            p = subprocess.Popen(cmd, cwd=job.cwd or None, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True, **as_user)
+        path = self.rundir.log_file(job.id)
+        try:
+            fd = self.rundir.open_private(path, append=True)
+        except OSError as e:    # a read-only or full filesystem: gmuxd's, not the job's failure
+            raise CannotStart(f"cannot write {path}: {e.strerror}") from None
+        with os.fdopen(fd, "ab") as log:
+            try:
+                p = subprocess.Popen(cmd, cwd=job.cwd or None, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True, **as_user)
+            except OSError as e:
+                raise CannotStart(f"could not start {job.argv[0]!r}: {e}") from None
         self.children[p.pid] = p
         return p.pid
 

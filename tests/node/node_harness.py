@@ -17,7 +17,7 @@ from gmux.node.inventory import Gpu
 from gmux.rundir import RuntimeDir
 
 # Re-exported to the tests of this folder.
-from gmux_testkit import PY, ROOT, TRAIN, env, kill_jobs_under, start_py, wait_for  # noqa: F401
+from gmux_testkit import PY, ROOT, TRAIN, env, jobs_under, kill_jobs_under, start_py, wait_for  # noqa: F401
 
 
 GiB = 1 << 30

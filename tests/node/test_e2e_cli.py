@@ -5,7 +5,8 @@ import socket
 import subprocess
 import urllib.request
 
-from node_harness import PY, ROOT, TRAIN, env
+from gmux.rundir import RuntimeDir
+from node_harness import PY, ROOT, TRAIN, env, jobs_under
 
 
 def gmux(rt, *args, timeout=60, text=True):
@@ -166,3 +167,33 @@ def test_a_slow_start_is_not_counted_as_suspend_time(node_factory, tmp_path):
     node.wait_for(lambda: node.job(job)["step"] > 0, 60, "job training")
     info = node.job(job)
     assert info["suspends"] == 0 and info["suspend_seconds"] < 1, info
+
+
+def test_a_submit_the_filesystem_refuses_leaves_nothing_behind(node_factory, tmp_path):
+    """With gmuxd's runtime directory gone read-only, a submit could not open the job's log, then could not remove
+    the job's (absent) spill file either: an internal error, and a job listed as waiting for ever. Here the job
+    directories are replaced by files, which refuses the same writes to any user (root writes through modes)."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    script = tmp_path / "x.py"
+    script.write_text("pass\n")
+    rt = RuntimeDir(node.rt)
+    for d in (rt.logs(), rt.checkpoints()):
+        os.rename(d, d + ".away")
+        open(d, "w").close()
+    out = gmux(node.rt, "submit", "--", "python", str(script))
+    assert out.returncode == 1 and f"submit: cannot write {rt.log_file('j1')}: Not a directory" in out.stderr, \
+        out.stderr
+    assert node.ps()["jobs"] == []
+    # A gang whose second rank's log cannot be written: its first rank, started already, is ended with it.
+    for d in (rt.logs(), rt.checkpoints()):
+        os.unlink(d)
+        os.rename(d + ".away", d)
+    os.mkdir(rt.log_file("j2"))
+    out = gmux(node.rt, "submit", "--ranks", "2", "--name", "g", "--", "python", str(script))
+    assert out.returncode == 1 and f"cannot write {rt.log_file('j2')}: Is a directory" in out.stderr, out.stderr
+    assert node.ps()["jobs"] == []
+    node.wait_for(lambda: not jobs_under(node.rt), 60, lambda: f"rank 0 left running: {jobs_under(node.rt)}")
+    os.rmdir(rt.log_file("j2"))
+    job = json.loads(gmux(node.rt, "--json", "submit", "--", "python", str(script)).stdout)["job"]
+    assert job == "j1"      # the refused submits' ids were given back
+    node.wait_for(lambda: node.job(job)["state"] == "exited", 60, "the job submitted once writes work again")
