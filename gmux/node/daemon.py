@@ -348,14 +348,15 @@ class Daemon:
         self.leave_gpu(job, time.monotonic())
         # A checkpoint still here was not restored from (a new process restores it, then deletes it): a move
         # or spill by exit that did not complete, whose file holds the job's work. Kept, unless the job was
-        # killed or finished its work anyway (a move taken at its last boundary).
+        # killed or finished its work anyway (a move taken at its last boundary). A file that cannot be removed
+        # (a read-only filesystem) stays: the job has ended all the same.
         ckpt = self.rundir.checkpoint_file(job.id, job.uid)
         if job.kill_requested or state == "exited":
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 os.unlink(ckpt)
         elif os.path.exists(ckpt) and ckpt not in detail:
             detail += f"; its state at its last move is kept in {ckpt}"
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             os.unlink(self.rundir.spill_file(job.id, job.uid))   # its host copy, spilled: nothing will read it
         if job.managed:
             self.sup.end_leftovers(job)

@@ -3,6 +3,8 @@
 Before: with gmuxd's runtime directory on a full filesystem, gmuxd exited about 8 s later ("database or disk is
 full", then "cannot rollback - no transaction is active"). SQLite's max_page_count makes the database full here
 exactly as a full disk does (SQLITE_FULL), without needing a small filesystem."""
+import os
+
 from gmux.node.jobs import Job
 from gmux.node.store import Store
 from node_harness import ask, register
@@ -54,3 +56,16 @@ def test_gmuxd_keeps_serving_while_its_database_is_full(daemon):
     daemon.tick()
     assert ask(daemon, "ps", admin=daemon.admin)["data"]["daemon"]["store"] is None
     assert {j.id for j in daemon.store.load()} == {a["job"], b["job"]}
+
+
+def test_a_job_ends_although_its_files_cannot_be_removed(daemon):
+    """On a filesystem gone read-only, removing an ended job's spill file failed (for another reason than its
+    absence): the job was never finished, its share never freed. Here its directory is replaced by a file, which
+    refuses the removal to any user."""
+    a = register(daemon, b"job-a")
+    ckpts = daemon.rundir.checkpoints()
+    os.rename(ckpts, ckpts + ".away")
+    open(ckpts, "w").close()
+    assert ask(daemon, "bye", b"job-a", job=a["job"], token=a["token"], status=0)["ok"]
+    assert daemon.jobs[a["job"]].state == "exited"
+    assert daemon.slicers[0].entries == {}
