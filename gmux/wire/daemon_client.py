@@ -24,7 +24,13 @@ class GmuxBusy(GmuxError):
 
 
 def unavailable_message(endpoint: str, timeout: Optional[float] = None, running: bool = True) -> str:
+    """For a gmuxd that is not running, or did not answer in `timeout` s. One whose process runs (its pid file
+    says) is busy, or stopped: never to be started again."""
     rundir = os.path.dirname(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
+    daemon = RuntimeDir(rundir).daemon_process() if rundir and running else None
+    if daemon is not None and alive(*daemon):
+        return (f"gmuxd (pid {daemon[0]}) is running but did not answer at {endpoint} in {timeout:g} s: it is busy "
+                f"(or stopped); try again in a moment")
     hint = f"gmuxd --runtime-dir {rundir}" if rundir else "gmuxd"
     what = f"is not answering at {endpoint} (waited {timeout:g} s)" if running else f"is not running at {endpoint}"
     return (f"gmuxd {what}. Start it with `{hint} &` (add --virtual-gpus 2x16GiB on a machine without GPUs), "

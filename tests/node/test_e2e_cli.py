@@ -1,6 +1,7 @@
 """The gmux CLI against a real gmuxd: listings with --json, suspend/resume/kill/logs, helpful errors, metrics."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import urllib.request
@@ -197,3 +198,21 @@ def test_a_submit_the_filesystem_refuses_leaves_nothing_behind(node_factory, tmp
     job = json.loads(gmux(node.rt, "--json", "submit", "--", "python", str(script)).stdout)["job"]
     assert job == "j1"      # the refused submits' ids were given back
     node.wait_for(lambda: node.job(job)["state"] == "exited", 60, "the job submitted once writes work again")
+
+
+def test_a_busy_gmuxd_is_never_said_to_be_down(node_factory):
+    """Under about 70 clients at once, one `gmux ps` was told to start gmuxd, which ran, busy. A stopped gmuxd
+    answers nothing, as a busy one: a request that waited for it in vain says that it runs, never to start it."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    node.daemon.send_signal(signal.SIGSTOP)
+    try:
+        ps = gmux(node.rt, "ps", timeout=120)
+        launch = subprocess.run([PY, "-m", "gmux.cli.launch", "--runtime-dir", node.rt, "--", "python", TRAIN, "x",
+                                 "1"], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        node.daemon.send_signal(signal.SIGCONT)
+    for out in (ps, launch):
+        assert out.returncode in (1, 2), out.stderr
+        assert f"gmuxd (pid {node.daemon.pid}) is running but did not answer" in out.stderr, out.stderr
+        assert "Start it" not in out.stderr, out.stderr
+    assert node.ps()["jobs"] == []      # (and it answers once continued)
