@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import zmq
 
@@ -34,7 +34,8 @@ class DaemonUnavailable(ConnectionError):
 
 class Agent:
     def __init__(self, endpoint: str, job: Optional[str] = None, token: Optional[str] = None,
-                 context: Optional[zmq.Context] = None):
+                 context: Optional[zmq.Context] = None, gone: Optional[Callable[[], Optional[str]]] = None):
+        """gone: why gmuxd can no longer answer a request (gmux.wire.request.Requester), asked while one waits."""
         self.endpoint = endpoint
         self.job = job
         self.token = token
@@ -44,7 +45,7 @@ class Agent:
         self.sock.connect(endpoint)
         self.requests = Requester(self.sock, "gmuxd", RuntimeError, lambda waited: unavailable_message(endpoint, waited),
                                   on_message=self._dispatch, on_bad=self._bad, unanswered=DaemonUnavailable,
-                                  refused=lambda mtype, error: f"gmuxd refused {mtype}: {error}")
+                                  refused=lambda mtype, error: f"gmuxd refused {mtype}: {error}", gone=gone)
         self._commands: deque[Command] = deque()
         self.state = "waiting"           # running / suspended / waiting (not started yet)
         self.in_place = False            # suspended in place: waiting at a boundary, its memory where it was
@@ -66,10 +67,10 @@ class Agent:
         self._unanswered_since = None
         return out
 
-    def register(self, **fields: Any) -> dict:
+    def register(self, timeout: float = 5.0, **fields: Any) -> dict:
         if self.job and self.token:
             fields.update(job=self.job, token=self.token)
-        data = self.request("register", **fields)
+        data = self.request("register", timeout, **fields)
         self.job, self.token = data["job"], data["token"]
         return data
 

@@ -15,14 +15,17 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Optional
 
 from gmux import protocol
 from gmux.job import control, runner
-from gmux.job.agent import Agent
+from gmux.job.agent import Agent, DaemonUnavailable
 from gmux.util.job_command import missing_script, script_of
-from gmux.rundir import RuntimeDir, my_starttime, write_exit
+from gmux.rundir import RuntimeDir, alive, my_starttime, write_exit
+
+REGISTER_WAIT_S = 3600.0    # a job gmuxd accepted asks a gmuxd that runs again after this long without an answer
 
 
 @dataclass
@@ -55,12 +58,11 @@ def run(opt: LaunchOptions) -> int:
     rundir = RuntimeDir(opt.runtime_dir)
     # before registering: a registered job must be ready to run when it is given the GPU
     runner.warm_up(target if kind == "path" else None)
-    agent = Agent(rundir.endpoint, opt.job, opt.token)
     try:
-        reg = agent.register(pid=os.getpid(), starttime=my_starttime(), argv=list(opt.argv), cwd=os.getcwd(),
-                             name=opt.name, weight=opt.weight, mem=opt.mem, gpus=opt.gpus,
-                             gpu=None if opt.job else opt.gpu, migratable=not opt.hook,
-                             gang=None if opt.job else opt.gang, agrees=bool(opt.gang and opt.hook))
+        agent, reg = _register(rundir, opt, pid=os.getpid(), starttime=my_starttime(), argv=list(opt.argv),
+                               cwd=os.getcwd(), name=opt.name, weight=opt.weight, mem=opt.mem, gpus=opt.gpus,
+                               gpu=None if opt.job else opt.gpu, migratable=not opt.hook,
+                               gang=None if opt.job else opt.gang, agrees=bool(opt.gang and opt.hook))
     except Exception as e:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2
@@ -128,6 +130,34 @@ def run(opt: LaunchOptions) -> int:
     agent.bye(status, reason)
     agent.close()
     return status
+
+
+def _register(rundir: RuntimeDir, opt: LaunchOptions, **fields) -> tuple[Agent, dict]:
+    """Registers this process. A job gmuxd accepted (opt.job: one it started, or this job back from a move) does not
+    give up while its gmuxd is away: a restarted gmuxd takes it up, where the job, given up, would be reported
+    lost, its script never run. Its request waits for a gmuxd that runs, however busy; once the one it went to has
+    ended, it goes again on a new socket (the old one's, if still queued, dropped: gmuxd never hears it twice). A
+    cluster job (a lease) gives up at once: its scheduler starts it elsewhere."""
+    waits = opt.job is not None and not os.environ.get("GMUX_LEASE_S")
+    told = False
+    while True:
+        daemon = rundir.daemon_process()
+        agent = Agent(rundir.endpoint, opt.job, opt.token, gone=_ended(daemon) if waits else None)
+        try:
+            return agent, agent.register(timeout=REGISTER_WAIT_S if waits else 5.0, **fields)
+        except DaemonUnavailable as e:
+            agent.sock.close(0)
+            if not waits:
+                raise
+            if not told:
+                print(f"gmux-launch: {e}; job {opt.job} waits for a gmuxd to take it up", file=sys.stderr, flush=True)
+                told = True
+            time.sleep(1.0)
+
+
+def _ended(daemon: Optional[tuple[int, int]]):
+    """Why the gmuxd the pid file named cannot answer: it has ended (None while it runs, or is not known)."""
+    return lambda: None if daemon is None or alive(*daemon) else f"gmuxd (pid {daemon[0]}) has ended"
 
 
 def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:

@@ -73,7 +73,8 @@ class JobHandlers:
             # still be on the way (another connection): the migration is complete either way, and is counted
             # here (its result, arriving later, finds no command in flight and is ignored).
             job.migrations += node.commands.forget(job.id).count("migrate")
-            came_from = job.gpu if job.registered else None    # (a submitted job's process registers first)
+            # (a submitted job's process registers first, also when a restarted gmuxd re-attached it before it did)
+            came_from = job.gpu if job.registered and job.started else None
             node.leave_gpu(job, now)
             node.commands.wake(job.id, "migrate", True, 0.0)
             job.outbox.clear()

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import time
 
+from gmux.rundir import RuntimeDir
 from node_harness import PY, ROOT, TRAIN, env, result, start_py
 
 FINAL = ("exited", "failed", "killed", "lost")
@@ -76,3 +77,21 @@ def test_gmuxd_killed_and_restarted_reattaches(node_factory, tmp_path):
     for j, b in zip(ids, ("32", "33")):
         assert node.job(j)["state"] == "exited"
         assert result(tmp_path / f"job{b}.json")["sha256"] == result(tmp_path / f"solo{b}.json")["sha256"]
+
+
+def test_a_job_submitted_as_gmuxd_dies_runs_once_gmuxd_is_back(node_factory, tmp_path):
+    """A job submitted just before gmuxd was killed was said to be "lost ... SIGKILL" by the restarted gmuxd, its
+    script never run: its process, finding no gmuxd to register with, had given up."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    script, ran = tmp_path / "once.py", tmp_path / "ran"
+    script.write_text("import sys\nwith open(sys.argv[1], 'a') as f:\n    f.write('ran\\n')\n")
+    job = node.call("submit", argv=["python", str(script), str(ran)], cwd=str(tmp_path), env={})["job"]
+    node.kill_daemon(signal.SIGKILL)
+    log = RuntimeDir(node.rt).log_file(job)
+    node.wait_for(lambda: "gmux-launch: gmuxd" in open(log).read(), 120, "the job's process finds no gmuxd")
+    node.start()
+    node.wait_for(lambda: node.job(job)["state"] in FINAL, 120, "the job ends after the restart")
+    assert node.job(job)["state"] == "exited", node.job(job)
+    assert ran.read_text() == "ran\n"
+    # (its first registration, after the restart, is no new process back from a move)
+    assert not [d for d in node.call("decisions")["decisions"] if d["kind"] == "arrived"]
