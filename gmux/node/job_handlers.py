@@ -214,8 +214,9 @@ class JobHandlers:
                 else:
                     if not job.started and job.migrations:
                         # A new process acknowledges its start only once it has restored its checkpoint
-                        # (gmux.job.launch): the file's work is done.
-                        with contextlib.suppress(FileNotFoundError):
+                        # (gmux.job.launch): the file's work is done. (One that cannot be removed, on a read-only
+                        # filesystem, must not fail the job's start.)
+                        with contextlib.suppress(OSError):
                             os.unlink(node.rundir.checkpoint_file(job.id, job.uid))
                     job.started, job.host_bytes = True, 0
                     job.start_window()
