@@ -31,6 +31,13 @@ def unavailable_message(endpoint: str, timeout: Optional[float] = None, running:
     if daemon is not None and alive(*daemon):
         return (f"gmuxd (pid {daemon[0]}) is running but did not answer at {endpoint} in {timeout:g} s: it is busy "
                 f"(or stopped); try again in a moment")
+    pid_file = RuntimeDir(rundir).pid_file if rundir else None
+    if running and pid_file and os.path.exists(pid_file) and not os.access(pid_file, os.R_OK):
+        # A system gmuxd's pid file is root's alone (docs/security.md): whether it runs cannot be told from here,
+        # and starting one is not this user's to do.
+        return (f"gmuxd did not answer at {endpoint} in {timeout:g} s. It is the machine's system gmuxd (its pid "
+                f"file is not yours to read): busy, stopped or ended; try again in a moment, and if it stays silent "
+                f"ask the machine's administrator")
     hint = f"gmuxd --runtime-dir {rundir}" if rundir else "gmuxd"
     what = f"is not answering at {endpoint} (waited {timeout:g} s)" if running else f"is not running at {endpoint}"
     return (f"gmuxd {what}. Start it with `{hint} &` (add --virtual-gpus 2x16GiB on a machine without GPUs), "

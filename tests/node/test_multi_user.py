@@ -516,3 +516,18 @@ def test_a_user_kept_out_is_told_whose_gmuxd_it_is_and_never_to_join_a_privilege
     if plain is not None:
         os.chown(shared, 0, plain.gr_gid)
         assert f"usermod -aG {plain.gr_name} USER" in closed_message(str(shared))
+
+
+def test_a_silent_system_gmuxd_is_never_said_to_be_startable_by_its_users(users, system):
+    """A user cannot read a system gmuxd's pid file, so one that did not answer (stopped here; busy alike) was said
+    to be not answering, with advice to start it (`gmuxd --runtime-dir ... &`): the administrator's to do."""
+    pid, _ = RuntimeDir(system).daemon_process()
+    short = ("import sys\nfrom gmux.wire.daemon_client import Client, GmuxError\ntry:\n"
+             "    Client(sys.argv[1], timeout=3).call('ps')\nexcept GmuxError as e:\n    print(e)\n")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        out = users.run("a", [users.py, "-c", short, system])
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert "the machine's system gmuxd" in out.stdout and "Start it" not in out.stdout, out.stdout + out.stderr
+    assert ask(users, system, "a", [("ping", {})])[0]["ok"]      # continued, it answers again
