@@ -28,6 +28,7 @@ VERSION = 1
 MAX_FRAME = 1 << 20
 MAX_STR = 4096          # any single string field
 MAX_LIST = 1024         # argv, env entries, ...
+HEARTBEAT_S = 1.0       # a job waiting for a command says so this often (gmuxd takes a silent one as computing)
 
 
 class ProtocolError(ValueError):

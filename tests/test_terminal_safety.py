@@ -36,7 +36,7 @@ def test_log_tail_is_cut_by_bytes_on_a_character_boundary(tmp_path):
     """A job that printed 400k non-ASCII characters made `gmux logs --tail 5` fail: logs were cut by characters,
     and a reply of characters of 3 bytes each outgrew a message."""
     from gmux import protocol
-    from gmux.util.text import tail
+    from gmux.util.text import tail, tail_bytes
     log = tmp_path / "j1.log"
     log.write_text("€" * 400_000 + "\nsecond to last\nlast\n")
     text = tail(str(log), protocol.MAX_FRAME // 2)
@@ -50,6 +50,7 @@ def test_log_tail_is_cut_by_bytes_on_a_character_boundary(tmp_path):
         f.write("é\n".encode() * 10)
     assert tail(str(big), 7) == "\né\né\n"
     assert tail(str(big), 8) == "\né\né\n"      # the cut fell inside an é: its second byte is dropped
+    assert tail_bytes(str(big), 8) == "é\n".encode()[1:] + "é\né\n".encode()   # raw: every byte, as written
 
 
 def test_daemon_logs_escape_what_a_job_chose_and_keep_tracebacks(tmp_path):

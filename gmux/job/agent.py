@@ -24,7 +24,6 @@ from gmux.job.control import Command
 from gmux.wire.daemon_client import unavailable_message
 from gmux.wire.request import Requester
 
-HEARTBEAT_S = 1.0
 SAMPLE_S = 0.2     # how often a running job tells gmuxd how many boundaries it has passed
 
 
@@ -104,9 +103,9 @@ class Agent:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._commands:
             now = time.monotonic()
-            if now - self._last_sent >= HEARTBEAT_S:
+            if now - self._last_sent >= protocol.HEARTBEAT_S:
                 self._send("heartbeat", state=self.state)
-            left = HEARTBEAT_S if deadline is None else min(HEARTBEAT_S, deadline - now)
+            left = protocol.HEARTBEAT_S if deadline is None else min(protocol.HEARTBEAT_S, deadline - now)
             if left <= 0:
                 return None
             if self.sock.poll(left * 1000):

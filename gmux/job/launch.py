@@ -25,7 +25,7 @@ from gmux.job.agent import Agent, DaemonUnavailable
 from gmux.util.job_command import missing_script, script_of
 from gmux.rundir import RuntimeDir, alive, my_starttime, write_exit
 
-REGISTER_WAIT_S = 3600.0    # a job gmuxd accepted asks a gmuxd that runs again after this long without an answer
+REGISTER_WAIT_S = 3600.0    # how long a job gmuxd accepted waits for a gmuxd to take it up before it gives up
 
 
 @dataclass
@@ -134,21 +134,27 @@ def run(opt: LaunchOptions) -> int:
 
 def _register(rundir: RuntimeDir, opt: LaunchOptions, **fields) -> tuple[Agent, dict]:
     """Registers this process. A job gmuxd accepted (opt.job: one it started, or this job back from a move) does not
-    give up while its gmuxd is away: a restarted gmuxd takes it up, where the job, given up, would be reported
-    lost, its script never run. Its request waits for a gmuxd that runs, however busy; once the one it went to has
-    ended, it goes again on a new socket (the old one's, if still queued, dropped: gmuxd never hears it twice). A
+    give up while its gmuxd is away, for up to REGISTER_WAIT_S: a restarted gmuxd takes it up, where the job, given
+    up, would be reported lost, its script never run. Its request waits for a gmuxd that runs, however busy; once
+    the one it went to has ended, it goes again on a new socket (should the old one's still reach a gmuxd, a
+    second register of the same job changes nothing). Past the wait it ends with an exit record that says why. A
     cluster job (a lease) gives up at once: its scheduler starts it elsewhere."""
     waits = opt.job is not None and not os.environ.get("GMUX_LEASE_S")
+    give_up = time.monotonic() + REGISTER_WAIT_S
     told = False
     while True:
         daemon = rundir.daemon_process()
         agent = Agent(rundir.endpoint, opt.job, opt.token, gone=_ended(daemon) if waits else None)
         try:
-            return agent, agent.register(timeout=REGISTER_WAIT_S if waits else 5.0, **fields)
+            return agent, agent.register(timeout=max(1.0, give_up - time.monotonic()) if waits else 5.0, **fields)
         except DaemonUnavailable as e:
             agent.sock.close(0)
             if not waits:
                 raise
+            if time.monotonic() >= give_up:
+                reason = f"no gmuxd took it up in {REGISTER_WAIT_S:g} s ({e}); its script never ran"
+                write_exit(rundir, opt.job, 2, reason)
+                raise DaemonUnavailable(reason) from None
             if not told:
                 print(f"gmux-launch: {e}; job {opt.job} waits for a gmuxd to take it up", file=sys.stderr, flush=True)
                 told = True

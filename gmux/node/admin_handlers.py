@@ -259,11 +259,21 @@ class AdminHandlers:
                 job.pid = node.sup.spawn(job)
                 job.starttime = proc_starttime(job.pid)
         except Exception as e:
-            # A refused submit leaves everything as it was: no job of it listed or running, its ids given back.
+            # A refused submit leaves everything as it was: no job of it listed or running, no log of it, its ids
+            # given back; unless a log could not be removed (a read-only filesystem): no other job may append to it.
+            kept = False
             for job in jobs:
-                if job.pid:
-                    node.sup.kill(job)
-            node.store.unused(ids_from)
+                if not job.pid:
+                    continue      # (a process that could not start wrote nothing)
+                node.sup.kill(job)
+                try:
+                    os.unlink(node.rundir.log_file(job.id))
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    kept = True
+            if not kept:
+                node.store.unused(ids_from)
             if isinstance(e, CannotStart):
                 raise Refused(f"submit: {e}") from None
             raise

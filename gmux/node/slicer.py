@@ -59,11 +59,11 @@ class Slicer:
 
     # --- membership ---
     def add(self, job: str, weight: float, mem: Optional[int], now: float, resident: bool = False,
-            used: float = 0.0, confirm: bool = False, stoppable: bool = True) -> None:
+            used: float = 0.0, confirm: bool = False, stoppable: bool = True, silent_from: Optional[float] = None):
         """A job joins the GPU. With confirm (re-attached after a daemon restart, state only believed), the
-        slicer sends nothing on this GPU until `observed` hears the job's actual state, or until its deadline:
-        a job that waits for a command says so every second (gmux.job.agent), so a silent one is computing,
-        maybe with no boundary ever, and would otherwise hold the GPU for ever."""
+        slicer sends nothing on this GPU until `observed` hears the job's actual state, or, given `silent_from`,
+        until its deadline after that: a job that waits for a command says so every protocol.HEARTBEAT_S, so a
+        silent one is computing, maybe with no boundary ever, and would otherwise hold the GPU for ever."""
         live = [e.vtime(now) for e in self.entries.values()]
         e = Entry(job, weight, mem, self._order, used=used, stoppable=stoppable)
         self._order += 1
@@ -72,7 +72,7 @@ class Slicer:
             e.credit = max(0.0, min(live) * weight - used)
         self.entries[job] = e
         if confirm:
-            self.mark_busy(job, "confirm", now)
+            self.mark_busy(job, "confirm", silent_from)
         if resident:
             self.resident.add(job)
             e.resident_since = now

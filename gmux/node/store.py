@@ -53,7 +53,8 @@ class Store:
         self._next = max(self._next, n)
 
     def next_job_id(self) -> str:
-        """Job ids are never reused, also across restarts, so logs and checkpoints never collide."""
+        """Job ids are never reused once anything of their job exists, also across restarts, so logs and
+        checkpoints never collide (a refused submit's, of which nothing is left, are given back: `unused`)."""
         n = self._next
         self._next += 1
         self._write(self._save_counter)

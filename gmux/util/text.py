@@ -27,26 +27,23 @@ def printable(text, keep: str = "", limit: Optional[int] = None) -> str:
 
 def tail_bytes(path: str, max_bytes: int, lines: int = 0) -> bytes:
     """The end of a log file as written: at most `max_bytes` of it (read from the end, so a log of gigabytes
-    costs no more than its tail), cut on a character boundary, and of that the last `lines` lines if asked.
-    Missing: b''."""
+    costs no more than its tail), and of that the last `lines` lines if asked. Missing: b''."""
     try:
         with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - max_bytes))
+            f.seek(max(0, f.seek(0, 2) - max_bytes))
             data = f.read(max_bytes)
     except FileNotFoundError:
         return b""
-    if len(data) < size:
-        skip = 0
-        while skip < min(3, len(data)) and data[skip] & 0xC0 == 0x80:   # UTF-8 continuation bytes
-            skip += 1
-        data = data[skip:]
     return b"".join(data.splitlines(keepends=True)[-lines:]) if lines else data
 
 
 def tail(path: str, max_bytes: int, lines: int = 0) -> str:
-    """`tail_bytes` as text: a byte that is not UTF-8 reads as U+FFFD."""
-    return tail_bytes(path, max_bytes, lines).decode(errors="replace")
+    """`tail_bytes` as text, cut on a character boundary: a byte that is not UTF-8 reads as U+FFFD."""
+    data = tail_bytes(path, max_bytes, lines)
+    skip = 0
+    while skip < min(3, len(data)) and data[skip] & 0xC0 == 0x80:   # a character cut in two by max_bytes
+        skip += 1
+    return data[skip:].decode(errors="replace")
 
 
 class _PrintableMessages(logging.Formatter):

@@ -194,6 +194,7 @@ def test_a_submit_the_filesystem_refuses_leaves_nothing_behind(node_factory, tmp
     assert out.returncode == 1 and f"cannot write {rt.log_file('j2')}: Is a directory" in out.stderr, out.stderr
     assert node.ps()["jobs"] == []
     node.wait_for(lambda: not jobs_under(node.rt), 60, lambda: f"rank 0 left running: {jobs_under(node.rt)}")
+    assert not os.path.exists(rt.log_file("j1"))     # rank 0's log, which the next j1 would have appended to
     os.rmdir(rt.log_file("j2"))
     job = json.loads(gmux(node.rt, "--json", "submit", "--", "python", str(script)).stdout)["job"]
     assert job == "j1"      # the refused submits' ids were given back

@@ -95,3 +95,21 @@ def test_a_job_submitted_as_gmuxd_dies_runs_once_gmuxd_is_back(node_factory, tmp
     assert ran.read_text() == "ran\n"
     # (its first registration, after the restart, is no new process back from a move)
     assert not [d for d in node.call("decisions")["decisions"] if d["kind"] == "arrived"]
+
+
+def test_a_job_no_gmuxd_takes_up_gives_up_with_its_reason(tmp_path, monkeypatch):
+    """A job gmuxd accepted waits for a gmuxd to take it up (a restarted one), but not for ever: past the wait its
+    process ends, and its exit record says why, so that a gmuxd started later reports it failed, not lost."""
+    import pytest
+
+    from gmux.job import launch
+    from gmux.job.agent import DaemonUnavailable
+    from gmux.rundir import read_exit
+    monkeypatch.setattr(launch, "REGISTER_WAIT_S", 2.0)
+    rundir = RuntimeDir(str(tmp_path / "rt"))
+    rundir.create()
+    opt = launch.LaunchOptions(argv=["train.py"], runtime_dir=rundir.root, job="j7", token="t")
+    with pytest.raises(DaemonUnavailable, match="no gmuxd took it up in 2 s"):
+        launch._register(rundir, opt, pid=os.getpid(), argv=["train.py"], cwd=str(tmp_path))
+    record = read_exit(rundir, "j7")
+    assert record["status"] == 2 and "its script never ran" in record["reason"], record

@@ -12,8 +12,8 @@ It is told no durations. What it relies on, and why each part should carry over 
   Philly's: until 30 jobs of a class finished it uses the pooled one, and with none it is plain LAS
   (`learn=False` gives plain LAS over geometric thresholds, the ablation). Only the last `size_window`
   completions count, so the distribution follows a job mix that drifts.
-- **Evidence from a job's sweep** (sweeps.py): jobs of one GPU count submitted in a chain of arrivals less than
-  `sweep_gap_s` apart tend to run alike (hyperparameter sweeps), so a waiting job whose sibling has already
+- **Evidence from a job's sweep** (sweeps.py): one owner's jobs of one GPU count submitted in a chain of arrivals
+  less than `sweep_gap_s` apart tend to run alike (hyperparameter sweeps), so a waiting job whose sibling has already
   received service S is ranked as if it needed at least share x S. The share is not assumed but learned from
   the cluster's own completions (the `sweep_quantile` of finished jobs' service over the most their siblings
   had received): near 1 where bursts are real sweeps, near 0 where same-size arrivals are unrelated jobs.
