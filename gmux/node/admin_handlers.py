@@ -199,9 +199,16 @@ class AdminHandlers:
                               f"{unmovable}; it is not moved, and stays on GPU {job.gpu}, where gmux suspends and "
                               f"resumes it like any other job")
             if not job.migratable:
-                raise Refused(f"migrate: {job.id} runs an unmodified script (transparent mode), whose data "
-                              f"position cannot be restored in a new process; run it with gmux-launch --no-hook "
-                              f"and gmux.job.attach() (which restores a moved job's state) to make it movable" +
+                # (a script that attaches itself under the hook still runs as it was started: unmovable)
+                attached = (job.last_report or {}).get("control") == "explicit"
+                raise Refused(f"migrate: {job.id} " + (
+                              "calls gmux.job.attach(), but was started with the transparent hook, which does not "
+                              "restore a moved job's state; start it with --no-hook (gmux submit --no-hook, "
+                              "gmux-launch --no-hook) to make it movable" if attached else
+                              "runs an unmodified script (transparent mode), whose data position cannot be "
+                              "restored in a new process; make it call gmux.job.attach() (which restores a moved "
+                              "job's state) and start it with --no-hook (gmux submit --no-hook, gmux-launch "
+                              "--no-hook) to make it movable") +
                               (" (a move in its own process restores nothing: leave out --new-process)"
                                if node.moves.applies(job, gpu) else
                                f" (nor can it move in its own process: {node.moves.refusal(job, gpu)})"))

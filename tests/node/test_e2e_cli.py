@@ -217,3 +217,17 @@ def test_a_busy_gmuxd_is_never_said_to_be_down(node_factory):
         assert f"gmuxd (pid {node.daemon.pid}) is running but did not answer" in out.stderr, out.stderr
         assert "Start it" not in out.stderr, out.stderr
     assert node.ps()["jobs"] == []      # (and it answers once continued)
+
+
+def test_a_script_that_attaches_itself_under_the_hook_is_told_to_start_without_it(node_factory, tmp_path):
+    """A script calling gmux.job.attach(), submitted with the hook (the default), shows CONTROL explicit, but it
+    runs as it was started and cannot move in a new process; it was told to make it call attach(), which it did."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    job = json.loads(gmux(node.rt, "--json", "submit", "--", PY, TRAIN, str(tmp_path / "o.json"), "1000000",
+                          "--attach", "--sleep", "0.01").stdout)["job"]
+    node.wait_for(lambda: node.job(job)["step"] > 0 and node.job(job)["report"].get("control") == "explicit", 60,
+                  lambda: node.job(job))
+    out = gmux(node.rt, "migrate", job, "--gpu", "1", "--new-process")
+    assert out.returncode == 1 and "calls gmux.job.attach(), but was started with the transparent hook" in \
+        out.stderr and "gmux submit --no-hook" in out.stderr, out.stderr
+    node.call("kill", job=job)

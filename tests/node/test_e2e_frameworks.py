@@ -151,6 +151,7 @@ def test_framework_job_is_sliced_spilled_moved_and_bit_identical(scenario, name)
     assert moved["first_step"] > 0, moved          # its last process continued from a checkpoint
     assert moved["global_step"] == solo["global_step"] == 96
     assert moved["sha256"] == solo["sha256"], (moved, solo)
+    assert moved.get("totals") == solo.get("totals"), (moved, solo)    # HF's train_loss and total_flos
     row = [ln for ln in scenario["rows"][name].splitlines() if job in ln][0]
     assert "framework: suspend, free mem, move" in row, row
 

@@ -6,8 +6,8 @@ TrainingArguments with gradient accumulation, a linear warm-up schedule and Adam
 usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--ignore-data-skip]
                        [--workers N]
                        [--no-noise]
-Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
-training at (more than 0 when gmux restored it after a move). --sleep stands for waiting on input in the
+Writes OUT as JSON: the sha256 of the final weights, the global step, the step this process started
+training at (more than 0 when gmux restored it after a move), and the run's train_loss and total_flos. --sleep stands for waiting on input in the
 collator each micro-batch; it changes no number. --wait-for holds training back until FILE exists (a test's
 starting gun; no number changes). --ignore-data-skip sets the Trainer's
 ignore_data_skip (a resumed run would not skip what was trained on: a setup gmux refuses to move). --workers loads the data
@@ -90,10 +90,10 @@ trainer = Trainer(model=Regressor(), args=args, train_dataset=Points(a.samples),
                   callbacks=[first])
 while a.wait_for and not os.path.exists(a.wait_for):
     time.sleep(0.05)
-trainer.train()
+run = trainer.train()
 digest = hashlib.sha256()
 for name, t in sorted(trainer.model.state_dict().items()):
     digest.update(name.encode() + t.detach().contiguous().numpy().tobytes())
 with open(a.out, "w") as f:
     json.dump({"sha256": digest.hexdigest(), "global_step": trainer.state.global_step, "first_step": first.first,
-               "pid": os.getpid()}, f)
+               "pid": os.getpid(), "totals": [run.training_loss, trainer.state.total_flos]}, f)

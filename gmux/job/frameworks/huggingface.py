@@ -7,8 +7,11 @@ process restored after it would skip that work, as the Trainer's own resume does
 step's last act): recipes logging every step (`logging_steps=1`) would otherwise get none.
 
 State: the model, the optimizer (the torch optimizer inside accelerate's wrapper), the LR scheduler and the AMP
-scaler, as tensors the runtime moves; the random states; and `TrainerState` (global step, epoch, the stateful
-callbacks' states) as JSON in the job's state.
+scaler, as tensors the runtime moves; the random states; `TrainerState` (global step, epoch, the stateful
+callbacks' states) as JSON in the job's state; and the running totals of the `train()` call (`_RUN_TOTALS`: the
+loss summed since the last log and over the call, the FLOPs not yet added to `total_flos`, where the call began),
+so that a moved run logs the same losses, train_loss and total_flos as an unmoved one (the Trainer's own resume
+restarts them; a Trainer that keeps them in locals, as older transformers did, restarts them here too).
 
 Restore, in the process started after a move: `train()` is run with the Trainer's own `resume_from_checkpoint`
 pointing at a directory holding only that `trainer_state.json`, so the Trainer computes the epoch and the
@@ -41,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import shutil
 import sys
@@ -58,6 +62,10 @@ _EXACT_SAMPLERS = ("SequentialSampler", "SeedableRandomSampler", "_EpochOrder")
 _FROM_STREAM = ("LengthGroupedSampler", "RandomSampler")
 _MASKING = ("DataCollatorForLanguageModeling", "DataCollatorForPermutationLanguageModeling")
 _LOADERS = ("_load_from_checkpoint", "_load_optimizer_and_scheduler", "_load_scaler", "_load_rng_state")
+# The Trainer's running totals of a train() call (set before on_train_begin, where a restored process puts the
+# moved ones back), and whether each counts steps (a whole number) or sums (a number)
+_RUN_TOTALS = {"_tr_loss": float, "_total_loss_scalar": float, "current_flos": float,
+               "_globalstep_last_logged": int, "_initial_global_step": int, "_initial_num_input_tokens_seen": int}
 
 
 def patch(module) -> None:
@@ -90,6 +98,7 @@ def patch(module) -> None:
                         setattr(callback, name, random_states(saved[name], path, f"state '{name}'"))
                 with open(os.path.join(scratch, "trainer_state.json"), "w") as f:
                     f.write(saved["trainer_state"])
+                callback.totals = _run_totals(saved.get("run_totals"), path)
                 callback.restore_from = path
                 _take_over_loading(self, callback)
                 resume_from_checkpoint = scratch
@@ -173,6 +182,7 @@ def _callback_class(TrainerCallback):
         def __init__(self, trainer, job):
             self.trainer, self.job = trainer, job
             self.restore_from: Optional[str] = None
+            self.totals: dict = {}      # a restored process: the moved run's totals (_RUN_TOTALS)
             self._rng = None
             self.fetch_rng = None       # a restored process: the states the first batch it fetches was fetched under
             self.fetches: Optional[_Fetches] = None
@@ -213,6 +223,11 @@ def _callback_class(TrainerCallback):
                 self.job.restored_from = self.restore_from   # gmux-launch checks that the move was restored
                 self._rng = capture_rng()     # the Trainer sets these once it has skipped to the position
                 self.restore_from = None
+                for name, value in self.totals.items():
+                    if name == "_tr_loss" and hasattr(trainer, name):
+                        trainer._tr_loss.fill_(value)          # (a tensor on the device, summed there)
+                    elif hasattr(trainer, name):
+                        setattr(trainer, name, value)
 
         def put_back_rng(self) -> None:
             if self._rng is not None:
@@ -250,6 +265,9 @@ def _callback_class(TrainerCallback):
                 callbacks.setdefault(cb.__class__.__name__, []).append(cb.state())
             trainer.state.stateful_callbacks = {k: v[0] if len(v) == 1 else v for k, v in callbacks.items()}
             self.job.tracked.state["trainer_state"] = json.dumps(dataclasses.asdict(trainer.state), sort_keys=True)
+            self.job.tracked.state["run_totals"] = json.dumps(
+                {name: float(getattr(trainer, name)) if kind is float else getattr(trainer, name)
+                 for name, kind in _RUN_TOTALS.items() if hasattr(trainer, name)})
             gradient = trainer.accelerator.gradient_state
             mid_epoch = gradient.in_dataloader and not gradient.end_of_dataloader
             self.job.tracked.state["fetch_rng"] = self.fetches.before if self.fetches and mid_epoch else None
@@ -332,6 +350,26 @@ class _EpochOrder:
         if name.startswith("__") or name == "sampler":
             raise AttributeError(name)
         return getattr(self.sampler, name)
+
+
+def _run_totals(text, path: str) -> dict:
+    """The running totals a checkpoint holds (none in one written before gmux kept them), checked before use."""
+    if text is None:
+        return {}
+    from gmux.job.checkpoint import CheckpointError
+    try:
+        totals = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        totals = None
+    if not isinstance(totals, dict):
+        raise CheckpointError(path, "state 'run_totals' is not a JSON object")
+    for name, value in totals.items():
+        kind = _RUN_TOTALS.get(name)
+        if kind is None or isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                (kind is int and not isinstance(value, int)) or not math.isfinite(value):
+            raise CheckpointError(path, f"state 'run_totals': {str(name)[:40]!r} = {str(value)[:40]!r} is not "
+                                        f"one of the Trainer's totals")
+    return {name: kind(totals[name]) for name, kind in _RUN_TOTALS.items() if name in totals}
 
 
 def _eval_datasets(trainer) -> list:
