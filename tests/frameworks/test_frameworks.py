@@ -342,3 +342,17 @@ def test_an_epoch_order_drawn_from_torchs_stream_is_drawn_alike_in_a_restored_pr
     assert callback.order_rng is None and len(again) == 8
     assert type(make()).__name__ in _hf(sampler=make())
     assert _hf(sampler=again) is None
+
+
+def test_a_checkpoints_trainer_totals_are_checked_before_use():
+    """The running totals a moved Hugging Face run carries are read from a checkpoint file: anything but the
+    Trainer's own numbers is refused, naming the field."""
+    from gmux.job.checkpoint import CheckpointError
+    from gmux.job.frameworks.huggingface import _run_totals
+    assert _run_totals(None, "c.ckpt") == {}
+    good = '{"_tr_loss": 0.25, "_globalstep_last_logged": 40, "current_flos": 1e9}'
+    assert _run_totals(good, "c.ckpt") == {"_tr_loss": 0.25, "_globalstep_last_logged": 40, "current_flos": 1e9}
+    for bad in ("[1, 2]", "{", '{"_tr_loss": NaN}', '{"_globalstep_last_logged": 4.5}', '{"__class__": 1}',
+                '{"_tr_loss": "0.1"}', '{"_initial_global_step": true}', "17"):
+        with pytest.raises(CheckpointError, match="c.ckpt.*run_totals"):
+            _run_totals(bad, "c.ckpt")
