@@ -29,3 +29,13 @@ def test_control_column_names_the_mode_and_what_it_allows():
 def test_a_job_that_has_not_reported_shows_a_dash():
     line = [ln for ln in _row(report=None).splitlines() if "j1" in ln][0]
     assert " - " in line
+
+
+def test_a_long_what_happened_is_cut_at_a_word_with_an_ellipsis():
+    """It was cut at 60 characters, mid-word and silently ("(a fresh inter")."""
+    detail = ("moved to GPU 1 in a new process (a fresh interpreter restored from its checkpoint, "
+              "which took 2.1 s) after its turn ended on GPU 0")
+    text = _row(detail=detail)
+    assert "(a fresh interpreter restored from its checkpoint, which took 2.1…" in text
+    assert "s) after" not in text
+    assert "killed by gmux kill" in _row(detail="killed by gmux kill") and "…" not in _row(detail="short")

@@ -15,6 +15,18 @@ def _cells(*values) -> list:
     return [Text(printable(v)) for v in values]
 
 
+DETAIL_CHARS = 100     # WHAT HAPPENED, before it is cut
+
+
+def _detail(text) -> str:
+    """WHAT HAPPENED, cut at a word with an ellipsis where it is long (`gmux ps --json` has all of it)."""
+    text = text or ""
+    if len(text) <= DETAIL_CHARS:
+        return text
+    cut = text[:DETAIL_CHARS].rsplit(" ", 1)[0]
+    return cut.rstrip(",;:") + "…"
+
+
 def _rate(v) -> str:
     return f"{v:.1f}" if isinstance(v, (int, float)) else "-"
 
@@ -67,7 +79,7 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
                   str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
                   _mem(j),
                   f"{j.get('gpu_seconds', 0):.1f}", f"{j.get('suspends', 0)} ({j.get('suspend_seconds', 0):.2f})",
-                  format_size(j.get("host_bytes") or 0), (j.get("detail") or "")[:60],
+                  format_size(j.get("host_bytes") or 0), _detail(j.get("detail")),
                   *([j.get("user") or "?"] if system else [])))
     return t
 
