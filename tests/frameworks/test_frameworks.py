@@ -356,3 +356,18 @@ def test_a_checkpoints_trainer_totals_are_checked_before_use():
                 '{"_tr_loss": "0.1"}', '{"_initial_global_step": true}', "17"):
         with pytest.raises(CheckpointError, match="c.ckpt.*run_totals"):
             _run_totals(bad, "c.ckpt")
+
+
+def test_a_checkpoints_logger_versions_are_checked_before_use():
+    """A moved Lightning run's loggers take the versions its checkpoint names, which name directories: nothing
+    that leads out of the logger's own is taken."""
+    from types import SimpleNamespace
+
+    from gmux.job.checkpoint import CheckpointError
+    from gmux.job.frameworks.lightning import _continue_logs
+    logger = SimpleNamespace(_version=None, save=lambda: None)
+    _continue_logs(SimpleNamespace(loggers=[logger]), [3], "c.ckpt")
+    assert logger._version == 3
+    for bad in (["../elsewhere"], ["a/b"], [".."], [""], [-1], [True], [1.5], "3", [None] * 65):
+        with pytest.raises(CheckpointError, match="c.ckpt.*logs"):
+            _continue_logs(SimpleNamespace(loggers=[SimpleNamespace(_version=None)]), bad, "c.ckpt")

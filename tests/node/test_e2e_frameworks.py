@@ -40,8 +40,8 @@ pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"{', '.join(MISSING)} not
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("frameworks")
-    solo = {n: start_py(script, str(tmp / f"solo_{n}.json"), *ARGS, log=str(tmp / f"solo_{n}.log"))
-            for n, (_, script) in FRAMEWORKS.items()}
+    solo = {n: start_py(script, str(tmp / f"solo_{n}.json"), *ARGS, *_logs(n, tmp / "solo_logs"),
+                        log=str(tmp / f"solo_{n}.log")) for n, (_, script) in FRAMEWORKS.items()}
     node = Node(tmp, "--virtual-gpus", "5x1GiB", "--quantum", QUANTUM, "--no-pack", "--host-budget", BUDGET)
     out = {"tmp": tmp, "node": node, "solo": solo, "ids": {}, "procs": {}, "others": {}}
     try:
@@ -51,8 +51,8 @@ def scenario(tmp_path_factory):
         go = tmp / "go"
         for n, (_, script) in FRAMEWORKS.items():
             opts = ["--gpu", str(SHARED[n]), "--mem", "300MiB"]
-            out["procs"][n] = node.launch(script, str(tmp / f"{n}.json"), *ARGS, "--wait-for", str(go), opts=opts,
-                                          log_name=f"{n}.log")
+            out["procs"][n] = node.launch(script, str(tmp / f"{n}.json"), *ARGS, *_logs(n, tmp / "logs"),
+                                          "--wait-for", str(go), opts=opts, log_name=f"{n}.log")
         # (12 epochs: alone on its GPU it must still be training when the loop below, busy with the other jobs'
         # moves, first sees it under its Trainer; at 6 it once finished before, on a loaded machine)
         out["procs"]["inexact"] = node.launch(FRAMEWORKS["hf"][1], str(tmp / "inexact.json"), "--epochs", "12",
@@ -75,6 +75,12 @@ def scenario(tmp_path_factory):
             if p.poll() is None:
                 p.kill()
     return out
+
+
+def _logs(name: str, where) -> list:
+    """Lightning's run keeps a CSVLogger and its best checkpoints: a moved run must leave what an unmoved one
+    does (one version directory, every row, the same best checkpoint)."""
+    return ["--logs", str(where)] if name == "lightning" else []
 
 
 def _run(node: Node, out: dict) -> None:
@@ -152,6 +158,12 @@ def test_framework_job_is_sliced_spilled_moved_and_bit_identical(scenario, name)
     assert moved["global_step"] == solo["global_step"] == 96
     assert moved["sha256"] == solo["sha256"], (moved, solo)
     assert moved.get("totals") == solo.get("totals"), (moved, solo)    # HF's train_loss and total_flos
+    if name == "lightning":
+        # one version directory, the same best checkpoints; every row but one logged at the very step a process
+        # left at (Lightning logs a step's metrics after its batch-end hooks, where the boundary is)
+        (rows,), (solo_rows,) = moved["logs"].pop("rows"), solo["logs"].pop("rows")
+        assert moved["logs"] == solo["logs"] and solo_rows - info["migrations"] - 1 <= rows <= solo_rows, \
+            (moved, solo, rows, solo_rows)
     row = [ln for ln in scenario["rows"][name].splitlines() if job in ln][0]
     assert "framework: suspend, free mem, move" in row, row
 

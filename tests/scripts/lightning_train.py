@@ -3,13 +3,16 @@ function adds noise from torch's global random stream (an augmentation), Adam wi
 gradient accumulation, then Trainer.fit().
 
 usage: lightning_train.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--workers N] [--persistent]
-                           [--no-noise] [--freeze-from-epoch N]
+                           [--no-noise] [--freeze-from-epoch N] [--logs DIR]
 Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
 training at (more than 0 when gmux restored it after a move). --sleep stands for waiting on input in the
 collate function each batch; it changes no number. --wait-for holds training back until FILE exists (a
 test's starting gun; no number changes). --workers loads the data in N worker processes (--persistent: kept
 across epochs); --no-noise leaves the collate function's noise out; --freeze-from-epoch N: the LightningModule's
-on_train_epoch_start freezes its first layer from epoch N on (a fine-tuning schedule).
+on_train_epoch_start freezes its first layer from epoch N on (a fine-tuning schedule). --logs DIR logs the
+training loss with a CSVLogger under DIR and keeps the 2 best and the last checkpoints by it (ModelCheckpoint,
+every 10 steps, in the logger's directory); OUT then also says what DIR holds: the version directories, the rows
+of each metrics.csv, the best checkpoint and the top 2.
 """
 import argparse
 import hashlib
@@ -32,6 +35,7 @@ p.add_argument("--workers", type=int, default=0)
 p.add_argument("--persistent", action="store_true")
 p.add_argument("--no-noise", action="store_true")
 p.add_argument("--freeze-from-epoch", type=int, default=None)
+p.add_argument("--logs", default=None)
 a = p.parse_args()
 torch.set_num_threads(1)
 
@@ -53,7 +57,10 @@ class Regressor(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        return nn.functional.mse_loss(self.net(x), y)
+        loss = nn.functional.mse_loss(self.net(x), y)
+        if a.logs:
+            self.log("train_loss", loss)
+        return loss
 
     def on_train_epoch_start(self):
         if a.freeze_from_epoch is not None:
@@ -81,9 +88,11 @@ class FirstStep(pl.Callback):
 pl.seed_everything(0, verbose=False)
 model = Regressor(a.samples)
 first = FirstStep()
-trainer = pl.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=1, accumulate_grad_batches=2, logger=False,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                     callbacks=[first])
+kept = pl.callbacks.ModelCheckpoint(monitor="train_loss", save_top_k=2, save_last=True, every_n_train_steps=10)
+trainer = pl.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=1, accumulate_grad_batches=2,
+                     logger=pl.loggers.CSVLogger(a.logs) if a.logs else False, log_every_n_steps=5,
+                     enable_checkpointing=bool(a.logs), enable_progress_bar=False, enable_model_summary=False,
+                     callbacks=[first] + ([kept] if a.logs else []))
 while a.wait_for and not os.path.exists(a.wait_for):
     time.sleep(0.05)
 trainer.fit(model)
@@ -91,5 +100,13 @@ digest = hashlib.sha256()
 for name, t in sorted(model.state_dict().items()):
     digest.update(name.encode() + t.detach().contiguous().numpy().tobytes())
 with open(a.out, "w") as f:
+    logs = None
+    if a.logs:
+        root = os.path.join(a.logs, "lightning_logs")
+        versions = sorted(os.listdir(root))
+        logs = {"versions": versions, "best": os.path.basename(kept.best_model_path),
+                "top": sorted(os.path.basename(k) for k in kept.best_k_models),
+                "rows": [len(open(f).read().splitlines()) if os.path.isfile(f) else 0
+                         for f in (os.path.join(root, v, "metrics.csv") for v in versions)]}
     json.dump({"sha256": digest.hexdigest(), "global_step": trainer.global_step, "first_step": first.first,
-               "pid": os.getpid()}, f)
+               "pid": os.getpid(), "logs": logs}, f)

@@ -9,7 +9,7 @@ State: the LightningModule, the strategy's optimizers, the LR schedulers and the
 tensors the runtime moves; the random states; and in the job's state what Lightning saves besides them (its
 loops' progress, the callbacks' and the datamodule's state dicts, the precision plugin's state) plus the data
 position: the random states and the loader's generators as they were when the epoch's iterator was made, and
-the batches of the epoch trained on.
+the batches of the epoch trained on; and each logger's version, its rows flushed to disk first.
 
 Restore, in the process started after a move: `fit()` runs Lightning's own restore of its loops and callbacks
 from that state (its checkpoint connector is handed the saved dict instead of reading a file; its loading of
@@ -18,7 +18,10 @@ running again the script's own `on_train_epoch_start` hooks, which Lightning's r
 training data's iterator is made again under the random states of the epoch's start and advanced past the
 batches already trained on (the loader loads them again, in the same order); the random states are the
 checkpoint's from the fetch of the next batch on (a collate function or dataset drawing noise or crops from them
-draws what it would have drawn unmoved).
+draws what it would have drawn unmoved). Its loggers take the versions they had (`_continue_logs`): a new
+process's would take the next one, splitting `lightning_logs/version_N`, and ModelCheckpoint, whose default
+directory is the first logger's, would find another and drop its top-k (its best_model_path, a worse one); a
+CSVLogger goes on with its metrics.csv, which Lightning's writer deletes when it finds one (its own resume too).
 
 A move would change results, and is refused (`why_not_movable`), with a strategy other than a single device
 (DDP, FSDP, DeepSpeed: several processes, sharded state), an IterableDataset or a loader that is not a torch
@@ -38,9 +41,11 @@ strings, tensors, lists, dicts).
 """
 from __future__ import annotations
 
+import csv
 import functools
 import importlib
 import inspect
+import os
 import sys
 from typing import Optional
 
@@ -214,6 +219,7 @@ def _callback_class(Callback, call, version: str):
             connector.resume_start = resume_start
             connector.restore_model = lambda: None                       # gmux's restore, at on_train_start
             connector.restore_optimizers_and_schedulers = lambda: None
+            _continue_logs(self.trainer, saved.get("logs"), path)
 
         def iterate(self, loader, original):
             from gmux.job.state import capture_rng, restore_rng
@@ -315,10 +321,54 @@ def _callback_class(Callback, call, version: str):
                 if state:
                     saved[trainer.datamodule.__class__.__qualname__] = state
             self.job.tracked.state["lightning"] = plain(saved, "lightning state")
+            self.job.tracked.state["logs"] = _logger_versions(trainer)
             self.job.tracked.state["data"] = {**(self.epoch_start or {}), "index": self.index,
                                               "workers_from": self.workers_from}
 
     return GmuxCallback
+
+
+def _logger_versions(trainer) -> list:
+    """Each logger's version (None for a logger without Lightning's versions), its rows flushed to disk: a moved
+    run's next process writes on from there."""
+    out = []
+    for logger in trainer.loggers:
+        logger.save()
+        v = getattr(logger, "_version", None)
+        out.append(v if _is_version(v) else None)
+    return out
+
+
+def _is_version(v) -> bool:
+    # (a version names a directory under the logger's: nothing that leads out of it)
+    return (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or \
+        (isinstance(v, str) and 0 < len(v) <= 255 and v not in (".", "..") and not set(v) & {"/", "\\", "\0"})
+
+
+def _continue_logs(trainer, versions, path: str) -> None:
+    """In a restored process, before fit: each logger whose version is still to be chosen takes the one it had,
+    and a CSVLogger's writer keeps the metrics.csv it finds, and its header."""
+    if versions is None:
+        return      # (a checkpoint written before gmux kept them)
+    if not isinstance(versions, list) or len(versions) > 64 or not all(v is None or _is_version(v) for v in versions):
+        from gmux.job.checkpoint import CheckpointError
+        raise CheckpointError(path, "state 'logs' is not a list of logger versions")
+    for logger, v in zip(trainer.loggers, versions):
+        if v is not None and getattr(logger, "_version", 0) is None:
+            logger._version = v
+        if type(logger).__name__ != "CSVLogger" or getattr(logger, "_experiment", 0) is not None:
+            continue
+        metrics = os.path.join(logger.log_dir, "metrics.csv")
+        if not os.path.isfile(metrics):
+            continue
+        aside = metrics + ".gmux-kept"
+        os.replace(metrics, aside)
+        try:
+            writer = logger.experiment
+        finally:
+            os.replace(aside, metrics)
+        with open(metrics, newline="") as f:
+            writer.metrics_keys = next(csv.reader(f), [])
 
 
 def _callback_overrides(callback, hook: str) -> bool:
