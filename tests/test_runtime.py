@@ -161,6 +161,8 @@ def test_attach_rejects_what_it_cannot_track():
         gj.attach("model")
     with pytest.raises(TypeError, match="extras\\['x'\\] is a int"):
         gj.attach(extras={"x": 3})
+    with pytest.raises(TypeError, match="is a AveragedModel, not a tensor: pass a module.* as it is"):
+        gj.attach(extras={"ema": torch.optim.swa_utils.AveragedModel(nn.Linear(2, 2))})
 
 
 def test_report_has_rates_and_memory():

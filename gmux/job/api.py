@@ -37,7 +37,9 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
         tracked.add(obj)
     for name, t in (extras or {}).items():
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"extras['{name}'] is a {type(t).__name__}, not a tensor; put it in state=")
+            raise TypeError(f"extras['{name}'] is a {type(t).__name__}, not a tensor: pass a module, optimizer, "
+                            f"scheduler or scaler to attach() as it is (attach(model, ema_model, ...)), and other "
+                            f"values in state=")
     tracked.extras = dict(extras or {})
     if state is not None:
         tracked.state = state
