@@ -52,7 +52,7 @@ class Stopping:
                 (": it was found stopped by someone else (SIGSTOP, a debugger), and gets no turns until it is "
                  "continued (SIGCONT)" if outside else
                  ": stopped (SIGSTOP), and continued (SIGCONT) at each of its turns until it reaches a boundary") +
-                f"; it keeps {format_size(numbers['mem'])} on the GPU"
+                f"; it keeps {_kept(slicer, job)} on the GPU"
                 + (f", beside which {', '.join(others)} run" if others else ""))
         sent = slicer.entries[job.id].sent_at
         if job._late_told != sent:    # the same missed deadline at a later turn is counted, not logged again
@@ -117,17 +117,17 @@ class Stopping:
         e = slicer.entries[job.id]
         note = ""
         waited = slicer.waited(job.id, now)
-        kept = format_size(e.mem or 0)
+        kept = _kept(slicer, job)
         never = job.boundaries == 0
         if e.frozen:
             note = f"stopped from outside gmux, keeps {kept}; runs again on SIGCONT"
         elif e.stopped:
             # (no command waiting: a resume it answered while being stopped; it stays stopped until its turn)
-            note = (f"stopped: no boundary ever, its {kept} can't be freed" if never else
+            note = (f"stopped: no boundary ever, keeps {kept}, which can't be freed" if never else
                     f"stopped, keeps {kept}" if waited is None else
                     f"stopped (no boundary in {waited:.1f} s), keeps {kept}")
         elif e.overdue and waited is not None:
-            note = (f"no boundary ever: sliced by SIGSTOP/SIGCONT, {kept} kept" if never else
+            note = (f"no boundary ever: sliced by SIGSTOP/SIGCONT, keeps {kept}" if never else
                     f"no boundary in {waited:.1f} s: sliced by SIGSTOP/SIGCONT")
         if note:
             control = job.last_report.get("control")
@@ -150,3 +150,10 @@ class Stopping:
             if job.stopped_by_gmux and not job.final:
                 self.node.sup.cont(job)
                 job.stopped_by_gmux = False
+
+
+def _kept(slicer: Slicer, job: Job) -> str:
+    """What a stopped job keeps on its GPU, in words: a job alone on its GPU may be stopped before its size is
+    known (it was shown keeping 0B)."""
+    mem = slicer.entries[job.id].mem
+    return format_size(mem) if mem is not None else "its memory (size not known)"

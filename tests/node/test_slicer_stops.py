@@ -299,3 +299,20 @@ def test_a_stopped_job_whose_resume_was_answered_is_shown_without_crashing_gmuxd
     job.boundaries = 3
     Stopping(None).note(pair, job, 5.2)
     assert job.detail == "stopped, keeps 1.0MiB"
+
+
+def test_a_stopped_job_of_unknown_size_is_not_said_to_keep_nothing():
+    """A job alone on its GPU that misses a user's suspend is stopped before its size is known (a Trainer that
+    evaluates after every step has no boundary); gmux ps said it kept 0B."""
+    from gmux.node.jobs import Job
+    from gmux.node.stopping import Stopping
+    alone = Slicer(1, 2 << 30, 2.0)
+    alone.add("a", 1.0, None, 0.0)
+    assert alone.tick(0.0) == [("resume", "a")]
+    alone.acked("a", "resume", 0.1)
+    alone.hold("a")
+    sent = [c for t in (0.2, 0.5, 2.0) for c in alone.tick(t)]
+    assert sent == [("suspend", "a"), ("stop", "a")], sent
+    job = Job("a", "t", "a", ["x"])
+    Stopping(None).note(alone, job, 5.2)
+    assert "keeps its memory (size not known)" in job.detail and "0B" not in job.detail, job.detail
