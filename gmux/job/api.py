@@ -43,12 +43,10 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     tracked.extras = dict(extras or {})
     if state is not None:
         tracked.state = state
-    hooked = getattr(_current, "loop_watch", None)
-    if hooked is not None:
-        # Attached under the transparent hook: the script marks its own boundaries from here. The hook's job,
-        # left watching, went on reporting and taking commands beside this one (two step counts, two CONTROLs).
-        hooked.close()
-        _current.loop_watch = None
+    if _current is not None:
+        # Attached under the transparent hook: the hook's job, left watching, went on reporting and taking
+        # commands beside this one (two step counts, two CONTROLs).
+        _current.stop_watching_loop()
     _current = Job(tracked, controller=controller if controller is not None else control.default(), pool=pool,
                    device=device)
     restore = restore or os.environ.get("GMUX_RESTORE")

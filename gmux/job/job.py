@@ -66,9 +66,16 @@ class Job:
         # How the job's boundaries come (reported; `gmux ps` shows it): "explicit" for a script that attached
         # itself; transparent mode (hook.py) says "none yet", then "optimizer hook" or "module hook".
         self.control = "explicit"
+        self.loop_watch = None          # the transparent hook's watch of the training loop (hook.py), while it marks
         self._groups_at_attach = self._group_sizes()
         me = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: (job := me()) is not None and job._forked())
+
+    def stop_watching_loop(self) -> None:
+        """The script (attach()) or its framework marks the boundaries from here: the hook's watch ends."""
+        if self.loop_watch is not None:
+            self.loop_watch.close()
+            self.loop_watch = None
 
     def _forked(self) -> None:
         """In a child forked from the job (a Hogwild worker, a DataLoader worker that calls a module), its

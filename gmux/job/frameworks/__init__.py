@@ -77,10 +77,7 @@ def saved_state(path: str, framework: str) -> dict:
 def attach(job, framework: str, objects: list, why_not_movable: Optional[str], refresh: Callable[[], None]) -> None:
     """Makes the framework's objects the job's state and its steps the job's boundaries."""
     from gmux.job.state import TrackedState
-    watch = getattr(job, "loop_watch", None)
-    if watch is not None:
-        watch.close()           # the framework's step end is the boundary from now on
-        job.loop_watch = None
+    job.stop_watching_loop()           # the framework's step end is the boundary from now on
     tracked = TrackedState()
     for obj in objects:
         if obj is not None:
