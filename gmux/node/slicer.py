@@ -59,7 +59,8 @@ class Slicer:
 
     # --- membership ---
     def add(self, job: str, weight: float, mem: Optional[int], now: float, resident: bool = False,
-            used: float = 0.0, confirm: bool = False, stoppable: bool = True, silent_from: Optional[float] = None):
+            used: float = 0.0, confirm: bool = False, stoppable: bool = True,
+            silent_from: Optional[float] = None) -> None:
         """A job joins the GPU. With confirm (re-attached after a daemon restart, state only believed), the
         slicer sends nothing on this GPU until `observed` hears the job's actual state, or, given `silent_from`,
         until its deadline after that: a job that waits for a command says so every protocol.HEARTBEAT_S, so a

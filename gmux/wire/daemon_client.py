@@ -27,12 +27,12 @@ def unavailable_message(endpoint: str, timeout: Optional[float] = None, running:
     """For a gmuxd that is not running, or did not answer in `timeout` s. One whose process runs (its pid file
     says) is busy, or stopped: never to be started again."""
     rundir = os.path.dirname(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
-    daemon = RuntimeDir(rundir).daemon_process() if rundir and running else None
+    asked = RuntimeDir(rundir) if rundir and running else None      # (a gmuxd that did not answer)
+    daemon = asked.daemon_process() if asked else None
     if daemon is not None and alive(*daemon):
         return (f"gmuxd (pid {daemon[0]}) is running but did not answer at {endpoint} in {timeout:g} s: it is busy "
                 f"(or stopped); try again in a moment")
-    pid_file = RuntimeDir(rundir).pid_file if rundir else None
-    if running and pid_file and os.path.exists(pid_file) and not os.access(pid_file, os.R_OK):
+    if asked and os.path.exists(asked.pid_file) and not os.access(asked.pid_file, os.R_OK):
         # A system gmuxd's pid file is root's alone (docs/security.md): whether it runs cannot be told from here,
         # and starting one is not this user's to do.
         return (f"gmuxd did not answer at {endpoint} in {timeout:g} s. It is the machine's system gmuxd (its pid "
