@@ -2,12 +2,12 @@
 
 Six shapes (heavy-tailed one-GPU trials, exponential, two typical lengths per GPU count, wide jobs, sweeps, and
 30 users' interleaved sweeps), each at offered loads 0.7, 0.95 and 1.1 of the cluster, three seeds each, 4,000
-jobs; 64 GPUs (8 machines of 8), 256 for the wide shape. Policies: FIFO with backfilling, the SRTF oracle, Tiresias and gmux (Gandiva is left out:
-its time slices make it ten times slower to simulate, and it is not what gmux must beat here). Prints, per shape
-and load, average JCT (mean over seeds), gmux over SRTF and over Tiresias (worst seed), suspends per job, and the
-utilisation gap: the best baseline's work utilisation (the jobs' work over the capacity up to the last completion,
-as in simulate.py) over gmux's, worst seed, and the same gap for the SRTF oracle against FIFO-bf and Tiresias;
-writes benchmarks/results/synthetic.json. On the shape whose jobs name their users, gmux also runs with the users
+jobs; 64 GPUs (8 machines of 8), 256 for the wide shape. Policies: FIFO with backfilling, the SRTF oracle,
+Tiresias and gmux (Gandiva is left out: its time slices make it ten times slower to simulate, and it is not what
+gmux must beat here). Prints, per shape and load, average JCT (mean over seeds), gmux over SRTF and over Tiresias
+(worst seed), suspends per job, and the utilisation gap: the best baseline's work utilisation (the jobs' work
+over the capacity up to the last completion, as in simulate.py) over gmux's, worst seed, and the same gap for the
+SRTF oracle against FIFO-bf and Tiresias; writes benchmarks/results/synthetic.json. On the shape whose jobs name their users, gmux also runs with the users
 hidden, and the ratio of average JCTs per seed says what sweeps by user are worth. The last line is
 
     synthetic: gmux_vs_tiresias_worst=<r> gmux_vs_srtf_worst=<r> suspends_vs_tiresias_worst=<r>

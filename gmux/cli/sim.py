@@ -109,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Gavel throughput table (default: DIR/gavel_throughputs.json)")
     g.add_argument("--columns", type=_columns, metavar="MEANING=COLUMN[,...]",
                    help="the trace's columns where their names are not ones gmux-sim knows; meanings: submit, "
-                        "duration, gpus, vc, start, end, instances, user (duration may come from start and end; gpus is "
-                        "per instance; without submit a job arrives at its start; with user a job's sweep is among "
-                        "its own user's jobs)")
+                        "duration, gpus, vc, start, end, instances, user (duration may come from start and end; "
+                        "gpus is per instance; without submit a job arrives at its start; with user a job's sweep "
+                        "is among its own user's jobs)")
     g.add_argument("--gpu-unit", choices=("auto", "gpus", "percent", "milli"), default="auto",
                    help="what the trace's GPU column counts: whole GPUs, percent of a GPU (100 = one GPU) or "
                         "thousandths; a job gets the whole GPUs it asks for, rounded up. auto: percent for a "

@@ -119,8 +119,9 @@ def test_a_re_attached_job_that_never_reaches_a_boundary_is_sliced_again():
 
 
 def test_a_re_attached_job_that_never_started_is_waited_for_without_a_deadline():
-    """A job not on the GPU when gmuxd restarted (never given it) may still be registering, and says nothing until it has:
-    taken as computing after a second, it was sent a suspend it could not answer (and could be stopped)."""
+    """A job not on the GPU when gmuxd restarted (never given it) may still be registering, and says nothing
+    until it has: taken as computing after a second, it was sent a suspend it could not answer (and could be
+    stopped)."""
     s = Slicer(0, 10 * GiB, quantum=0.5, pacing=PACE)
     s.add("a", 1, 3 * GiB, 0.0, confirm=True)
     s.add("b", 1, 3 * GiB, 0.0, resident=True, confirm=True, silent_from=2.0)

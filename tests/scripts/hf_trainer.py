@@ -7,9 +7,9 @@ usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE
                        [--workers N]
                        [--no-noise]
 Writes OUT as JSON: the sha256 of the final weights, the global step, the step this process started
-training at (more than 0 when gmux restored it after a move), and the run's train_loss and total_flos. --sleep stands for waiting on input in the
-collator each micro-batch; it changes no number. --wait-for holds training back until FILE exists (a test's
-starting gun; no number changes). --ignore-data-skip sets the Trainer's
+training at (more than 0 when gmux restored it after a move), and the run's train_loss and total_flos. --sleep
+stands for waiting on input in the collator each micro-batch; it changes no number. --wait-for holds training
+back until FILE exists (a test's starting gun; no number changes). --ignore-data-skip sets the Trainer's
 ignore_data_skip (a resumed run would not skip what was trained on: a setup gmux refuses to move). --workers loads the data
 in N worker processes; --no-noise leaves the noise out.
 """

@@ -14,8 +14,8 @@ stands for a kind of cluster a real trace may come from:
 - `teams`: the sweeps of 30 users, each member submitted some minutes after the previous one (exponential gaps,
   mean 10 min), so that different users' sweeps of one size interleave; every job names its user.
 Arrivals are Poisson at the rate that loads the cluster to `load` (offered GPU-seconds per GPU-second, from the
-shape's own mean); jobs of a burst are submitted 30 s apart (`teams`: its own gaps). Job types come from the throughput table as for a
-trace (`assign_types`), so packing has the same measurements to go on.
+shape's own mean); jobs of a burst are submitted 30 s apart (`teams`: its own gaps). Job types come from the
+throughput table as for a trace (`assign_types`), so packing has the same measurements to go on.
 """
 from __future__ import annotations
 
