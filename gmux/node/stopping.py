@@ -41,11 +41,15 @@ class Stopping:
             outside = True
         else:
             outside = False
-            if not node.sup.stop(job):
-                return   # its process is gone: the reaper ends it
-            job.stops += 1
+            # Recorded before the signal: a gmuxd killed between the two would leave the job stopped with a table
+            # saying nobody stopped it, and its successor would take it for frozen from outside and never run it.
             job.stopped_by_gmux = True
             node.store.save(job)
+            if not node.sup.stop(job):
+                job.stopped_by_gmux = False   # its process is gone: the reaper ends it
+                node.store.save(job)
+                return
+            job.stops += 1
         numbers = self._numbers(slicer, job, now)
         others = [j for j in slicer.entries if j != job.id and not slicer.entries[j].held]
         text = (f"GPU {slicer.gpu}: {job.id} " + self._why(slicer, job, now) +

@@ -317,3 +317,37 @@ def test_a_stopped_job_of_unknown_size_is_not_said_to_keep_nothing():
     job = Job("a", "t", "a", ["x"])
     Stopping(None).note(alone, job, 5.2)
     assert "keeps its memory (size not known)" in job.detail and "0B" not in job.detail, job.detail
+
+
+class _Node:
+    """What Stopping needs of gmuxd: a supervisor whose signals see what the table held at that moment."""
+
+    def __init__(self, alive=True):
+        self.saved, self.at_signal, self.alive = {}, [], alive
+        self.store = type("Store", (), {"save": lambda _, job: self.saved.__setitem__(job.id, job.stopped_by_gmux)})()
+        self.sup = type("Sup", (), {"stopped_outside": lambda _, job: False, "stop": self._stop})()
+        self.commands = type("Commands", (), {"settle": lambda *_: None})()
+        self.decided = []
+
+    def _stop(self, job):
+        self.at_signal.append(self.saved.get(job.id))
+        return self.alive
+
+    def decide(self, *args):
+        self.decided.append(args)
+
+
+@pytest.mark.parametrize("alive", [True, False])
+def test_the_table_says_gmuxd_stopped_a_job_before_the_signal_is_sent(alive):
+    """gmuxd saved 'stopped by gmuxd' only after the SIGSTOP: killed between the two, it left the job stopped
+    with a table saying nobody stopped it, and its successor took it for frozen from outside and never ran it."""
+    from gmux.node.jobs import Job
+    from gmux.node.stopping import Stopping
+    s = slicer(mem=(1 * GiB,))
+    assert s.tick(0.0) == [("resume", "a")]
+    node = _Node(alive)
+    job = Job("a", "t", "a", ["x"])
+    Stopping(node).carry_out(s, "stop", job, 5.0)
+    assert node.at_signal == [True]
+    assert node.saved["a"] is alive and job.stopped_by_gmux is alive and job.stops == int(alive)
+    assert bool(node.decided) is alive
