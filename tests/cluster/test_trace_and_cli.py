@@ -39,6 +39,18 @@ def test_bad_rows_can_be_skipped(tmp_path):
     assert tr.jobs[1].submit == 60.0 and tr.jobs[1].num_gpus == 2
 
 
+def test_numbers_in_other_scripts_or_with_underscores_are_bad_rows(tmp_path):
+    """float() reads '٣' as 3 and '1_0' as 10: such a row was not written by a cluster's logger."""
+    (tmp_path / "t.csv").write_text("timestamp,duration,num_gpus,cluster\n5,10,1,a\n\u0665,10,1,a\n6,1_0,1,a\n"
+                                    "7,10,\uff12,a\n8,1e1,+1,a\n", encoding="utf-8")
+    tr = load_trace(str(tmp_path / "t.csv"), bad_rows="skip")
+    assert [ln for ln, _ in tr.bad_rows] == [3, 4, 5]
+    assert [(j.submit, j.duration, j.num_gpus) for j in tr.jobs] == [(0.0, 10.0, 1), (3.0, 10.0, 1)]
+    with pytest.raises(TraceError) as e:
+        load_vcs(str(_files(tmp_path, vcs="vc,node num\nvcA,\u0661\n") / "philly_vc.csv"))
+    assert "is not a positive integer" in str(e.value)
+
+
 @pytest.mark.parametrize("content,problem", [("", "empty"), ("a,b\n1,2\n", "lacks column"),
                                               (HEADER, "no usable job rows")])
 def test_unusable_trace_files_are_refused(tmp_path, content, problem):

@@ -197,10 +197,10 @@ def test_one_scheduler_per_state_directory_and_bad_addresses_are_refused_by_name
     finally:
         first.close()
     Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*")).close()   # free once closed
-    for argv in (["--keys", keydir, "--state", str(tmp_path / "x"), "--listen", "bogus"],):
+    for bad in ("bogus", "tcp://127.0.0.1:\u0667\u0667\u0660\u0660"):    # (Arabic-Indic digits: int() reads them)
         with pytest.raises(SystemExit):
-            cli.main(argv)
-        assert "'bogus' is not tcp://HOST:PORT" in capsys.readouterr().err
+            cli.main(["--keys", keydir, "--state", str(tmp_path / "x"), "--listen", bad])
+        assert f"{bad!r} is not tcp://HOST:PORT" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         gmux_main(["ps", "--cluster", "", "--keys", keydir])
     assert "'' is not tcp://HOST:PORT" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -98,9 +99,10 @@ class _Times:
         and zone are fixed by its first accepted row."""
         text = text.strip()
         zoned = None
-        try:
-            value, numeric = float(text), True
-        except ValueError:
+        numeric = _DECIMAL.fullmatch(text) is not None
+        if numeric:
+            value = float(text)
+        else:
             try:
                 when = datetime.fromisoformat(text)
             except ValueError:
@@ -111,7 +113,7 @@ class _Times:
                 raise ValueError(f"{what} {text!r} {'has a' if zoned else 'has no'} zone offset, the trace's "
                                  f"first date {'has one' if self.zoned else 'has none'}")
             when = when if zoned else when.replace(tzinfo=timezone.utc)
-            value, numeric = when.timestamp(), False
+            value = when.timestamp()
         if self.numeric is not None and numeric != self.numeric:
             raise ValueError(f"{what} {text!r} is {'seconds' if numeric else 'a date'}, the trace's first row "
                              f"{'seconds' if self.numeric else 'a date'}")
@@ -165,12 +167,15 @@ def _resolve(path: str, header: list[str], columns: dict[str, str] | None) -> di
     return found
 
 
+# Python's float() also reads digits of other scripts ('٣' is 3) and underscores ('1_0' is 10): a trace that
+# spells a number so was not written by a cluster's logger, and reading it would hide that.
+_DECIMAL = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*|\s*[+-]?(inf|infinity|nan)\s*",
+                      re.ASCII | re.IGNORECASE)
+
+
 def _number(text: str) -> float:
-    """A numeric field; NaN for one that is not a number, which the caller reports in its own words."""
-    try:
-        return float(text)
-    except ValueError:
-        return math.nan
+    """A numeric field, in ASCII; NaN for one that is not a number, which the caller reports in its own words."""
+    return float(text) if _DECIMAL.fullmatch(text) else math.nan
 
 
 def _run_time(row: list[str], col: dict[str, int], name: dict[str, str],
