@@ -51,6 +51,19 @@ def test_numbers_in_other_scripts_or_with_underscores_are_bad_rows(tmp_path):
     assert "is not a positive integer" in str(e.value)
 
 
+def test_a_run_shorter_than_a_millisecond_is_a_bad_row_and_rounding_shows_no_negative_zero(tmp_path, capsys):
+    """Ten thousand years into a trace the simulated clock cannot tell a 1e-9 s job from none: it ended as it
+    arrived, its JCT 0, and every ratio to it NaN; rounding errors in the rest showed "slowed -0.00"."""
+    _files(tmp_path, "0001-01-02 00:00:00,10,1,10,vcA\n9999-12-30 23:59:59,1e-9,1,1e-9,vcA\n"
+                     "9999-12-30 23:59:59,0.5,2,1,vcA\n")
+    tr = load_trace(str(tmp_path / "philly.csv"), bad_rows="skip")
+    assert [(ln, why) for ln, why in tr.bad_rows] == \
+        [(3, "duration 1e-09 s is under a millisecond, finer than any cluster times a job")]
+    assert main(["--traces", str(tmp_path), "--bad-rows", "skip", "--policy", "fifo,srtf,gmux"]) == 0
+    out = capsys.readouterr().out
+    assert "-0.00" not in out and "nan" not in out, out
+
+
 @pytest.mark.parametrize("content,problem", [("", "empty"), ("a,b\n1,2\n", "lacks column"),
                                               (HEADER, "no usable job rows")])
 def test_unusable_trace_files_are_refused(tmp_path, content, problem):

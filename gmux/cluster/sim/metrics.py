@@ -150,7 +150,7 @@ def render_table(summaries: dict[str, dict], ratios: dict[str, dict] | None = No
             elif key == "makespan_s":
                 row.append(f"{v / 86400:.1f}")
             elif key.endswith("_s"):
-                row.append(f"{v / 3600:.2f}")
+                row.append(f"{round(v / 3600, 2) + 0.0:.2f}")    # (+ 0.0: a rounding error shows no "-0.00")
             else:
                 row.append(f"{v:,}")
         rr = (ratios or {}).get(pol)

@@ -62,6 +62,9 @@ ONE_VC = "all"      # the VC of every job of a trace without a VC column
 EARLIEST, LATEST = (datetime(*ymd, tzinfo=timezone.utc).timestamp() for ymd in ((1, 1, 2), (9999, 12, 31)))
 # A longer run is a corrupt field: one such job would hold its GPUs for the whole simulated span.
 MAX_DURATION = 100 * 365.25 * 86400
+# A shorter run is a corrupt field too, and a simulated clock thousands of years from the trace's origin cannot
+# tell it from none (its job would end as it arrives, with a JCT of 0).
+MIN_DURATION = 1e-3
 # More machines than any cluster has: a VC this large is a corrupt field, and building it would exhaust memory.
 MAX_MACHINES = 100_000
 MAX_GPUS_PER_MACHINE = 64      # beyond any machine built; a larger count is a typo, not a cluster
@@ -204,6 +207,8 @@ def _run_time(row: list[str], col: dict[str, int], name: dict[str, str],
         raise ValueError(f"empty {name['duration']}")
     if dur > MAX_DURATION:
         raise ValueError(f"duration {dur:.3g} s is more than 100 years")
+    if 0 < dur < MIN_DURATION:
+        raise ValueError(f"duration {dur:.3g} s is under a millisecond, finer than any cluster times a job")
     return dur, None, bool(text) and span is not None and abs(dur - span) > max(1.0, 0.01 * span)
 
 
