@@ -342,6 +342,10 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         # a gang rank whose runtime agrees with its peers on the boundary to act at (gmux.job.gang.GangController),
         # though the script itself attached nothing (transparent mode: a torchrun worker under gmux-launch)
         "agrees": (_bool, False),
+        # a job that gmuxd's table lost (the reply "unknown"), registering again with its job and token to be
+        # adopted: its state, and the GPU it was last resumed on (None: never started)
+        "adopt": (_JOB_STATE, False),
+        "on_gpu": (_optional(_gpu_index), False),
     },
     # --- a job about itself ---
     "report": {**_AUTH, "report": (_figures(REPORT), True), "state": (_JOB_STATE, False),
@@ -396,7 +400,10 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     "shutdown": {"admin": (lambda v: _str(v, 128), True), "kill_jobs": (_bool, False)},
     # --- daemon -> client ---
     # busy: refused only for now (the job is in the middle of something that ends by itself): ask again later
-    "reply": {"ok": (_bool, True), "error": (_str, False), "busy": (_bool, False), "data": (lambda v: None, False)},
+    # unknown: the job a message names is not in gmuxd's table (a gmuxd whose table was lost): it may register
+    # again to be adopted
+    "reply": {"ok": (_bool, True), "error": (_str, False), "busy": (_bool, False), "unknown": (_bool, False),
+              "data": (lambda v: None, False)},
     "command": {"cmd": (_nonneg_int, True), "kind": (_one_of(*COMMAND_KINDS), True),
                 "args": (_By("kind", COMMAND_ARGS), True)},
 }
@@ -489,20 +496,23 @@ def encode(mtype: str, id: int = 0, table: Optional[dict] = None, **fields: Any)
     return msgpack.packb(obj)
 
 
-def reply(id: int, ok: bool = True, error: Optional[str] = None, data: Any = None, busy: bool = False) -> bytes:
+def reply(id: int, ok: bool = True, error: Optional[str] = None, data: Any = None, busy: bool = False,
+          unknown: bool = False) -> bytes:
     obj: dict = {"v": VERSION, "type": "reply", "id": id, "ok": ok}
     if error is not None:
         obj["error"] = error
     if busy:
         obj["busy"] = True
+    if unknown:
+        obj["unknown"] = True
     if data is not None:
         obj["data"] = data
     return msgpack.packb(obj)
 
 
-def error_reply(id: Any, error: str, busy: bool = False) -> bytes:
+def error_reply(id: Any, error: str, busy: bool = False, unknown: bool = False) -> bytes:
     return reply(id if isinstance(id, int) and not isinstance(id, bool) and 0 <= id < (1 << 63) else 0,
-                 ok=False, error=error, busy=busy)
+                 ok=False, error=error, busy=busy, unknown=unknown)
 
 
 # ======================================================================================================

@@ -13,6 +13,7 @@ delivered when it comes back; beyond that they are dropped, and the next report 
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from typing import Any, Callable, Optional
@@ -59,6 +60,12 @@ class Agent:
         self.lease_s: Optional[float] = None
         self.on_lease_lost = None
         self._unanswered_since: Optional[float] = None   # the first message sent since gmuxd last said anything
+        # What this job registered with, the GPU it was last resumed on, and whether gmuxd said it does not know
+        # the job (a restarted gmuxd whose table was lost): the job registers again to be adopted (adoption.py).
+        self._registration: dict = {}
+        self.gpu: Optional[int] = None
+        self._unknown = False
+        self._not_adopted: Optional[str] = None
 
     # --- request/reply (registration): blocks, queueing any command that arrives meanwhile ---
     def request(self, mtype: str, timeout: float = 5.0, **fields: Any) -> Any:
@@ -67,11 +74,28 @@ class Agent:
         return out
 
     def register(self, timeout: float = 5.0, **fields: Any) -> dict:
+        self._registration = {k: v for k, v in fields.items() if k not in ("job", "token")}
         if self.job and self.token:
             fields.update(job=self.job, token=self.token)
         data = self.request("register", timeout, **fields)
         self.job, self.token = data["job"], data["token"]
         return data
+
+    def _adopt(self) -> None:
+        """gmuxd does not know this job: register again, as what it is and where it runs, to be taken back. A
+        cluster job is not (its scheduler starts it elsewhere once its lease ends); a refusal is final."""
+        self._unknown = False
+        if self.lease_s or not self._registration or self._not_adopted is not None:
+            return
+        try:
+            self.request("register", 5.0, **self._registration, job=self.job, token=self.token, adopt=self.state,
+                         on_gpu=self.gpu)
+        except DaemonUnavailable:
+            return      # asked again at the next "unknown"
+        except RuntimeError as e:
+            self._not_adopted = str(e)
+            print(f"gmux: gmuxd no longer knows job {self.job} and did not take it back ({e}); it runs on, "
+                  f"unsupervised", file=sys.stderr, flush=True)
 
     # --- the Controller protocol ---
     def poll(self) -> Optional[Command]:
@@ -84,6 +108,8 @@ class Agent:
             check()
         if not self._commands and self.sock.poll(0):
             self._drain()
+        if self._unknown:
+            self._adopt()
         self._check_lease(at)
         if self._commands:
             # A command goes first: its sender waits for the result, and encoding and sending a sample first
@@ -110,6 +136,8 @@ class Agent:
                 return None
             if self.sock.poll(left * 1000):
                 self._drain()
+            if self._unknown:
+                self._adopt()
             self._check_lease(time.monotonic())
         return self._commands.popleft()
 
@@ -171,8 +199,11 @@ class Agent:
     def _dispatch(self, msg: protocol.Message) -> None:
         self._unanswered_since = None     # gmuxd answers every message (one-way ones with an empty reply)
         if msg.type == "command":
+            if msg["kind"] == "resume":
+                self.gpu = msg["args"].get("gpu", self.gpu)
             self._commands.append(Command(msg["kind"], dict(msg["args"]), id=msg["cmd"]))
         elif msg.type == "reply":   # to a one-way message nobody waits for
+            self._unknown = self._unknown or bool(msg.get("unknown"))
             if not msg.get("ok") and len(self.errors) < 100:
                 self.errors.append(str(msg.get("error")))
 

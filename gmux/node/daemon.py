@@ -161,8 +161,8 @@ class Daemon:
         jobs = self.store.load()
         if logged and not jobs:
             log.warning("the job table is empty but %s holds the logs of jobs up to j%d: the table of the gmuxd "
-                        "before this one was lost, and jobs it started may still run, unsupervised",
-                        self.rundir.logs(), max(logged))
+                        "before this one was lost; jobs it started that still run are adopted at their next message "
+                        "(gmux/node/adoption.py)", self.rundir.logs(), max(logged))
         for job in jobs:
             self.jobs[job.id] = job
             if job.final:

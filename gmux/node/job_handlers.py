@@ -18,10 +18,11 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from gmux.node.access import user_name
+from gmux.node.adoption import adopt
 from gmux.node.jobs import Job, gang_members
 from gmux.rundir import proc_starttime
 from gmux.util.sizes import format_size
-from gmux.wire.server import Refused, Request
+from gmux.wire.server import Refused, Request, UnknownJob
 
 if TYPE_CHECKING:
     from gmux.node.daemon import Daemon
@@ -43,7 +44,10 @@ class JobHandlers:
         """The job the message is from, proven by its token."""
         msg = req.msg
         job = self.node.jobs.get(msg["job"])
-        if job is None or not hmac.compare_digest(job.token, msg["token"]) or not self._owners(req, job):
+        if job is None:
+            raise UnknownJob(f"{msg.type}: unknown job {msg['job']!r} (a job can only act on itself; gmuxd's table "
+                             f"may have been lost, and the job may register again to be adopted)")
+        if not hmac.compare_digest(job.token, msg["token"]) or not self._owners(req, job):
             raise Refused(f"{msg.type}: unknown job {msg['job']!r} or wrong token (a job can only act on itself)")
         self.node.commands.heard_from(job, req.identity)
         return job
@@ -62,6 +66,16 @@ class JobHandlers:
             raise Refused(f"register: pid {msg['pid']} is not the registering process (pid {who.pid}); a process "
                           f"registers itself as a job (gmux-launch does)")
         came_from = None
+        if msg.get("job") and msg.get("adopt"):
+            job = node.jobs.get(msg["job"])
+            if job is None:
+                job = adopt(node, req)
+                log.info("adopted %s on GPU %s (pid %d)", job.id, job.gpu, job.pid)
+            elif not (msg.get("token") and hmac.compare_digest(job.token, msg["token"]) and self._owners(req, job)
+                      and job.pid == msg["pid"] and not job.final):
+                raise Refused(f"register: job {job.id} is another process's")
+            # (known: adopted already, at an earlier "unknown" reply that crossed the adoption)
+            return self._registered(job)
         if msg.get("job"):
             job = node.jobs.get(msg["job"])
             if (job is None or not msg.get("token") or not hmac.compare_digest(job.token, msg["token"])
@@ -127,8 +141,11 @@ class JobHandlers:
                  format_size(job.working_set()))
         # mem: the declared memory the job was admitted with, which its runtime enforces as its limit (a
         # submitted job's process learns it, and its name, here: gmux submit --mem is not on its command line)
+        return self._registered(job)
+
+    def _registered(self, job: Job) -> dict:
         return {"job": job.id, "token": job.token, "gpu": job.gpu, "mem": job.mem, "name": job.name,
-                "env": node.env(job) if job.gpu is not None else {}}
+                "env": self.node.env(job) if job.gpu is not None else {}}
 
     def report(self, req: Request):
         job, msg = self._job(req), req.msg

@@ -69,6 +69,11 @@ class Busy(Refused):
     read the text."""
 
 
+class UnknownJob(Refused):
+    """The job a message names is not in the table (a gmuxd whose table was lost): the reply says so
+    (`unknown`), so the job can register again to be adopted."""
+
+
 @dataclass(frozen=True)
 class Request:
     """One validated message and where it came from, as a handler gets it."""
@@ -189,7 +194,7 @@ class Server:
         try:
             data = handler(request)
         except self.refusals as e:
-            self._refuse(identity, msg.id, str(e), isinstance(e, Busy))
+            self._refuse(identity, msg.id, str(e), isinstance(e, Busy), isinstance(e, UnknownJob))
             return
         except Exception as e:
             self.internal_errors += 1
@@ -200,9 +205,9 @@ class Server:
             return
         self.reply(identity, msg.id, data)
 
-    def _refuse(self, identity: bytes, msg_id, text: str, busy: bool = False) -> None:
+    def _refuse(self, identity: bytes, msg_id, text: str, busy: bool = False, unknown: bool = False) -> None:
         self.refused += 1
-        self.refuse(identity, msg_id, text, busy)
+        self.refuse(identity, msg_id, text, busy, unknown)
 
     # --- sending (also for deferred answers, and for messages the owner starts itself) ---
     def reply(self, identity: bytes, msg_id: int, data: Any = None) -> bool:
@@ -213,8 +218,8 @@ class Server:
                                                  f"limit of a message; ask for less (e.g. a smaller --limit or --tail)")
         return self.send(identity, frame)
 
-    def refuse(self, identity: bytes, msg_id, text: str, busy: bool = False) -> bool:
-        return self.send(identity, protocol.error_reply(msg_id, text[:MAX_ERROR], busy))
+    def refuse(self, identity: bytes, msg_id, text: str, busy: bool = False, unknown: bool = False) -> bool:
+        return self.send(identity, protocol.error_reply(msg_id, text[:MAX_ERROR], busy, unknown))
 
     def send(self, identity: bytes, frame: bytes) -> bool:
         """False when the frame could not be queued: the peer is gone (EHOSTUNREACH) or not reading (EAGAIN)."""

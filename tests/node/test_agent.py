@@ -67,3 +67,50 @@ def test_a_job_suspended_in_place_says_it_runs_while_it_waits(tmp_path):
     finally:
         agent.close()
         router.close()
+
+
+def test_a_job_gmuxd_no_longer_knows_registers_again_where_it_runs_and_takes_a_refusal_once(tmp_path, capfd):
+    """A gmuxd restarted over a lost table answers the job's messages "unknown": the job registers again with
+    what it registered with, its state and the GPU it was last resumed on (gmux/node/adoption.py)."""
+    import threading
+    router, agent = _pair(tmp_path)
+    agent.job = agent.token = None
+    seen = []
+
+    def answer(reply):       # gmuxd's answer to the one request the agent waits on
+        identity, frame = router.recv_multipart()
+        seen.append(protocol.decode(frame))
+        router.send_multipart([identity, protocol.reply(seen[-1].id, **reply)])
+
+    def serving(reply):
+        server = threading.Thread(target=answer, args=(reply,))
+        server.start()
+        return server
+    try:
+        server = serving({"ok": True, "data": {"job": "j1", "token": "0" * 32, "gpu": None}})
+        agent.register(pid=1234, argv=["python", "t.py"], mem=5, name="n")
+        server.join(10)
+        agent.state = "running"
+        agent.report({"step": 0})
+        assert router.poll(5000)
+        identity, _ = router.recv_multipart()
+        router.send_multipart([identity, protocol.encode("command", 0, cmd=1, kind="resume", args={"gpu": 1})])
+        assert agent.sock.poll(5000)
+        assert agent.poll().kind == "resume"
+        for _ in range(2):      # two "unknown" replies: one adoption, refused, and no second try
+            router.send_multipart([identity, protocol.error_reply(0, "heartbeat: unknown job 'j1'", unknown=True)])
+        server = serving({"ok": False, "error": "register: j1 ... cannot be taken back"})
+        assert agent.sock.poll(5000)
+        agent.poll()
+        server.join(10)
+        again = seen[1]
+        assert again.type == "register" and (again["job"], again["token"]) == ("j1", "0" * 32)
+        assert (again["adopt"], again["on_gpu"], again["argv"], again["mem"], again["name"]) == \
+            ("running", 1, ["python", "t.py"], 5, "n")
+        agent.poll()
+        assert "did not take it back" in capfd.readouterr().err
+        while router.poll(300):
+            assert protocol.decode(router.recv_multipart()[1]).type != "register"
+    finally:
+        agent.close()
+        router.close()

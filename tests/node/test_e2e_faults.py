@@ -50,16 +50,35 @@ def test_sigkill_of_jobs_at_any_moment(node_factory, tmp_path):
     assert "lost" in out.stdout and "SIGKILL" in out.stdout
 
 
-def test_gmuxd_killed_and_restarted_reattaches(node_factory, tmp_path):
-    # Paced (3 ms of "input" per step, no effect on the numbers) so that the jobs are still there to be
-    # sliced after the restart however fast this machine is.
+BATCHES = ("32", "33")
+
+
+def _two_sliced_jobs(node_factory, tmp_path):
+    """Two jobs time-sliced on one GPU, their references started beside them. Paced (3 ms of "input" per step,
+    no effect on the numbers) so that the jobs are still there to be sliced after a restart however fast this
+    machine is."""
     pace = ["--sleep", "0.003"]
-    refs = [start_py(TRAIN, str(tmp_path / f"solo{b}.json"), "4000", "--batch", b, *pace) for b in ("32", "33")]
+    refs = [start_py(TRAIN, str(tmp_path / f"solo{b}.json"), "4000", "--batch", b, *pace) for b in BATCHES]
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--no-pack")
     procs = [node.launch(f"{TRAIN}", str(tmp_path / f"job{b}.json"), "4000", "--batch", b, *pace, "--attach",
-                         opts=["--no-hook", "--mem", "600MiB"]) for b in ("32", "33")]
+                         opts=["--no-hook", "--mem", "600MiB"]) for b in BATCHES]
     ids = [node.job_of(p.pid) for p in procs]
     node.wait_for(lambda: all(node.job(j)["suspends"] >= 1 for j in ids), 60, "both jobs sliced at least once")
+    return node, refs, procs, ids
+
+
+def _end_bit_identical(node, refs, procs, ids, tmp_path):
+    for p in procs:                    # two sliced jobs and their two references share this busy machine
+        assert p.wait(400) == 0
+    for r in refs:
+        assert r.wait(120) == 0
+    for j, b in zip(ids, BATCHES):
+        assert node.job(j)["state"] == "exited"
+        assert result(tmp_path / f"job{b}.json")["sha256"] == result(tmp_path / f"solo{b}.json")["sha256"]
+
+
+def test_gmuxd_killed_and_restarted_reattaches(node_factory, tmp_path):
+    node, refs, procs, ids = _two_sliced_jobs(node_factory, tmp_path)
     node.kill_daemon(signal.SIGKILL)
     time.sleep(1.5)                    # the running job keeps training; the suspended one waits
     assert all(p.poll() is None for p in procs)
@@ -70,13 +89,7 @@ def test_gmuxd_killed_and_restarted_reattaches(node_factory, tmp_path):
     before = {j: node.job(j)["suspends"] for j in ids}
     node.wait_for(lambda: all(node.job(j)["suspends"] > before[j] for j in ids), 60,
                   "slicing goes on after the restart")
-    for p in procs:                    # two sliced jobs and their two references share this busy machine
-        assert p.wait(400) == 0
-    for r in refs:
-        assert r.wait(120) == 0
-    for j, b in zip(ids, ("32", "33")):
-        assert node.job(j)["state"] == "exited"
-        assert result(tmp_path / f"job{b}.json")["sha256"] == result(tmp_path / f"solo{b}.json")["sha256"]
+    _end_bit_identical(node, refs, procs, ids, tmp_path)
 
 
 def test_a_job_submitted_as_gmuxd_dies_runs_once_gmuxd_is_back(node_factory, tmp_path):
@@ -113,3 +126,29 @@ def test_a_job_no_gmuxd_takes_up_gives_up_with_its_reason(tmp_path, monkeypatch)
         launch._register(rundir, opt, pid=os.getpid(), argv=["train.py"], cwd=str(tmp_path))
     record = read_exit(rundir, "j7")
     assert record["status"] == 2 and "its script never ran" in record["reason"], record
+
+
+def test_jobs_whose_table_was_lost_are_adopted_by_the_next_gmuxd(node_factory, tmp_path):
+    """gmuxd killed and its table lost (the database deleted): its jobs ran on unsupervised, their share of the
+    GPU no longer counted and no command reaching them. Each is now told gmuxd does not know it, registers again
+    and is taken back where it runs: sliced again, and ending bit-identical."""
+    node, refs, procs, ids = _two_sliced_jobs(node_factory, tmp_path)
+    node.kill_daemon(signal.SIGKILL)
+    db = RuntimeDir(node.rt).db
+    for path in (db, db + "-wal", db + "-shm"):
+        if os.path.exists(path):
+            os.unlink(path)
+    node.start()
+    node.wait_for(lambda: {j["id"] for j in node.ps()["jobs"]} == set(ids), 30, "both jobs adopted")
+    adopted = [d for d in node.call("decisions")["decisions"] if d["kind"] == "adopted"]
+    assert sorted(d["jobs"][0] for d in adopted) == sorted(ids), adopted
+    assert all(node.job(j)["state"] not in FINAL for j in ids)
+    node.wait_for(lambda: all(node.job(j)["suspends"] >= 2 for j in ids), 60, "slicing goes on after the adoption")
+    _end_bit_identical(node, refs, procs, ids, tmp_path)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        new = node.call("register", pid=sleeper.pid, argv=["sleep", "60"])["job"]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert int(new[1:]) > max(int(j[1:]) for j in ids)          # a new job never takes an adopted one's id

@@ -101,3 +101,58 @@ def test_a_request_whose_gmuxd_dies_before_answering_fails_in_seconds(tmp_path):
         stand_in.kill()
         stand_in.wait()
         silent.close(0)
+
+
+def _lost(daemon_factory, tmp_path):
+    """A gmuxd that knows nothing of j7, a job its predecessor started (its table lost)."""
+    return daemon_factory(sizes=(1 << 30, 1 << 30), root=str(tmp_path / "rt"))
+
+
+def test_a_message_of_a_job_gmuxd_does_not_know_says_so_and_a_wrong_token_does_not(daemon_factory, tmp_path):
+    d = _lost(daemon_factory, tmp_path)
+    r = ask(d, "heartbeat", b"x", job="j7", token="t" * 32, state="running")
+    assert not r["ok"] and r.get("unknown") is True and "unknown job 'j7'" in r["error"], r
+    reg = register(d, b"a")
+    r = ask(d, "heartbeat", b"x", job=reg["job"], token="t" * 32, state="running")
+    assert not r["ok"] and "unknown" not in r and "wrong token" in r["error"], r    # someone else's id: no adoption
+
+
+def test_a_running_job_is_adopted_on_the_gpu_it_runs_on_and_new_ids_pass_it(daemon_factory, tmp_path):
+    d = _lost(daemon_factory, tmp_path)
+    data = register(d, b"x", job="j7", token="t" * 32, adopt="running", on_gpu=1, mem=100 << 20, name="mine")
+    assert (data["job"], data["token"], data["gpu"], data["name"]) == ("j7", "t" * 32, 1, "mine")
+    job = d.jobs["j7"]
+    assert (job.state, job.started, job.pid) == ("running", True, d.stand_in_pid)
+    assert "j7" in d.slicers[1].entries and "j7" in d.slicers[1].resident
+    assert [dd["kind"] for dd in d.decisions][-1] == "adopted"
+    assert register(d, b"y", job="j7", token="t" * 32, adopt="running", on_gpu=1)["job"] == "j7"   # once only
+    assert len(d.slicers[1].entries) == 1
+    assert register(d, b"z")["job"] == "j8"
+    r = ask(d, "heartbeat", b"x", job="j7", token="t" * 32, state="running")
+    assert r["ok"], r
+
+
+def test_a_job_that_had_not_started_is_adopted_into_the_queue_as_it_was(daemon_factory, tmp_path):
+    d = _lost(daemon_factory, tmp_path)
+    register(d, b"x", job="j7", token="t" * 32, adopt="waiting", mem=100 << 20)
+    job = d.jobs["j7"]
+    assert (job.started, job.state, job.gpu) == (False, "waiting", 0)
+    assert "j7" in d.slicers[0].entries and "j7" not in d.slicers[0].resident    # its start is its turn
+
+
+def test_what_cannot_be_adopted_is_refused_with_the_reason_and_nothing_changes(daemon_factory, tmp_path):
+    d = _lost(daemon_factory, tmp_path)
+    for fields, why in (({"job": "x7"}, "is not a job id this gmuxd gives"),
+                        ({"job": "j0"}, "is not a job id this gmuxd gives"),
+                        ({"job": "j7", "token": None}, "is not a job id this gmuxd gives"),
+                        ({"gpus": 2}, "a job of several GPUs or a gang rank cannot be taken back"),
+                        ({"gang": {"id": "g", "rank": 0, "size": 2}}, "cannot be taken back"),
+                        ({"on_gpu": 5}, "runs on GPU 5, which this gmuxd does not have (it has 0, 1)")):
+        msg = {"job": "j7", "token": "t" * 32, "adopt": "running", "on_gpu": 0, **fields}
+        r = ask(d, "register", b"x", pid=d.stand_in_pid, argv=["python", "t.py"], **msg)
+        assert not r["ok"] and why in r["error"], (fields, r)
+        assert not d.jobs and all(not s.entries for s in d.slicers.values())
+    assert register(d, b"z")["job"] == "j1"          # a refused claim moves no id
+    r = ask(d, "register", b"x", pid=d.stand_in_pid, argv=["python", "t.py"], job="j1", token="u" * 32,
+            adopt="running", on_gpu=0)
+    assert not r["ok"] and "is another process's" in r["error"], r     # a known job is not taken over

@@ -1,0 +1,77 @@
+"""Adopting a job that gmuxd's table lost: a gmuxd restarted over an emptied or deleted table meets jobs that its
+predecessor started and that still run. Each is told, at its next message, that gmuxd does not know it (the reply's
+`unknown`), and registers again with its id and token, its state and the GPU it was last resumed on. gmuxd takes
+it back there, as it re-attaches a job its table kept (daemon.py): its share of the GPU counted again, nothing
+sent to it until it says what it does, and sliced like any other job from then on.
+
+What cannot be taken back is refused with the reason, and the job runs on as it did: a job of several GPUs or a
+gang rank (which GPUs are its own, and its peers, are not known), a job of another GPU layout than this gmuxd's,
+and an id that is no job id (whatever claims one must be what gmuxd gives, so that new jobs never collide).
+A lost table holds no token to check a claim against: in a system gmuxd a claim becomes its claimer's own job,
+under the uid the kernel gives for it, so all another user can do is take an id first from the job that lost it,
+which then runs on unsupervised, as it did before adoption existed.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import TYPE_CHECKING
+
+from gmux import protocol
+from gmux.node.jobs import Job
+from gmux.rundir import proc_starttime
+from gmux.wire.server import Refused, Request
+
+if TYPE_CHECKING:
+    from gmux.node.daemon import Daemon
+
+JOB_ID = re.compile(r"j[1-9][0-9]{0,8}", re.ASCII)
+
+
+def adopt(node: "Daemon", req: Request) -> Job:
+    """The job of a registration with `adopt`, taken into the table and seated where it is; Refused if not."""
+    msg, who, now = req.msg, req.caller, time.monotonic()
+    system = node.access.system is not None
+    job_id, state, gpu = msg["job"], msg["adopt"], msg.get("on_gpu")
+    if not JOB_ID.fullmatch(job_id) or not msg.get("token"):
+        raise Refused(f"register: {job_id!r} is not a job id this gmuxd gives, with its token: nothing to adopt")
+    if msg.get("gang") or msg.get("gpus", 1) > 1:
+        raise Refused(f"register: {job_id} is not in this gmuxd's table (it was lost), and a job of several GPUs "
+                      f"or a gang rank cannot be taken back: it runs on unsupervised; end it and submit it again")
+    started = state != "waiting" and gpu is not None
+    if started and gpu not in node.slicers:
+        raise Refused(f"register: {job_id} runs on GPU {gpu}, which this gmuxd does not have "
+                      f"(it has {', '.join(map(str, sorted(node.slicers)))})")
+    if system:
+        node.user_dir(who)
+    job = Job(job_id, msg["token"], msg.get("name") or "", list(msg["argv"]), msg.get("cwd", ""),
+              weight=float(msg.get("weight", 1.0)), mem=msg.get("mem"))
+    job.uid, job.gid = (who.uid, who.gid) if who is not None else (os.getuid(), os.getgid())
+    job.pinned = msg.get("gpu")
+    job.pid, job.starttime = msg["pid"], proc_starttime(msg["pid"]) if system else msg.get("starttime")
+    job.migratable = bool(msg.get("migratable", False))
+    job.hook = not job.migratable
+    job.identity, job.registered = req.identity, True
+    job.start_window()
+    if not started:
+        job.state, job.started = "waiting", False
+        node.admission.admit(job, "register")
+    node.store.ids_from(int(job_id[1:]) + 1)     # (after the last refusal: a refused claim moves nothing)
+    node.add_job(job)
+    if not started:
+        if job.gpu is None:
+            node.admission.enqueue(job)
+        else:
+            node.seat(job, now)
+    else:
+        job.gpu, job.started = gpu, True
+        job.state = "running" if state == "running" else "suspended"
+        resident = state == "running"
+        node.slicers[gpu].add(job.id, job.weight, job.working_set(), now, resident=resident, confirm=True,
+                              silent_from=now + 2 * protocol.HEARTBEAT_S if resident else None)
+    node.store.save(job)
+    node.decide(job.gpu, "adopted", [job.id], {"state": state, "pid": job.pid},
+                f"adopted {job.id} (pid {job.pid}, {state}" + (f" on GPU {gpu}" if started else "") +
+                "): a job this gmuxd's table had lost, started by the gmuxd before it")
+    return job
