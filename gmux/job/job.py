@@ -67,6 +67,9 @@ class Job:
         # itself; transparent mode (hook.py) says "none yet", then "optimizer hook" or "module hook".
         self.control = "explicit"
         self.loop_watch = None          # the transparent hook's watch of the training loop (hook.py), while it marks
+        # What a framework does when its process leaves at this boundary (a move, a spill), once the checkpoint
+        # is safe: what it would have done after the boundary and must not lose (Lightning: the step's log row)
+        self.on_leave: Optional[Callable[[], None]] = None
         self._groups_at_attach = self._group_sizes()
         me = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: (job := me()) is not None and job._forked())
@@ -236,6 +239,11 @@ class Job:
             warning = count_restarts(self.position.current)
             return {**figures, "warning": warning} if warning else figures
         if self._answer(command, write) and command.kind == "migrate":
+            if self.on_leave is not None:
+                try:
+                    self.on_leave()
+                except Exception as e:     # (the checkpoint is written and the move answered: leave regardless)
+                    print(f"gmux: leaving this process, {e!r}", file=sys.stderr, flush=True)
             raise JobExit(0)
 
     def _group_sizes(self) -> list:

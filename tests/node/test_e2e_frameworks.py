@@ -159,11 +159,11 @@ def test_framework_job_is_sliced_spilled_moved_and_bit_identical(scenario, name)
     assert moved["sha256"] == solo["sha256"], (moved, solo)
     assert moved.get("totals") == solo.get("totals"), (moved, solo)    # HF's train_loss and total_flos
     if name == "lightning":
-        # one version directory, the same best checkpoints; every row but one logged at the very step a process
-        # left at (Lightning logs a step's metrics after its batch-end hooks, where the boundary is)
-        (rows,), (solo_rows,) = moved["logs"].pop("rows"), solo["logs"].pop("rows")
-        assert moved["logs"] == solo["logs"] and solo_rows - info["migrations"] - 1 <= rows <= solo_rows, \
-            (moved, solo, rows, solo_rows)
+        # one version directory, the same best checkpoints, every row the same: also the one logged at the very
+        # step a process left at (Lightning logs a step's metrics after its batch-end hooks, where the boundary
+        # is; it was lost)
+        assert moved["logs"] == solo["logs"], (moved, solo)
+        assert len(solo["logs"]["rows"][0]) > 10, solo
     row = [ln for ln in scenario["rows"][name].splitlines() if job in ln][0]
     assert "framework: suspend, free mem, move" in row, row
 

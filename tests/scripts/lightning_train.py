@@ -10,9 +10,9 @@ collate function each batch; it changes no number. --wait-for holds training bac
 test's starting gun; no number changes). --workers loads the data in N worker processes (--persistent: kept
 across epochs); --no-noise leaves the collate function's noise out; --freeze-from-epoch N: the LightningModule's
 on_train_epoch_start freezes its first layer from epoch N on (a fine-tuning schedule). --logs DIR logs the
-training loss with a CSVLogger under DIR and keeps the 2 best and the last checkpoints by it (ModelCheckpoint,
-every 10 steps, in the logger's directory); OUT then also says what DIR holds: the version directories, the rows
-of each metrics.csv, the best checkpoint and the top 2.
+training loss at every step (so a move leaves at a logged step) with a CSVLogger under DIR and keeps the 2 best
+and the last checkpoints by it (ModelCheckpoint, every 10 steps, in the logger's directory); OUT then also says
+what DIR holds: the version directories, the rows of each metrics.csv, the best checkpoint and the top 2.
 """
 import argparse
 import hashlib
@@ -90,7 +90,7 @@ model = Regressor(a.samples)
 first = FirstStep()
 kept = pl.callbacks.ModelCheckpoint(monitor="train_loss", save_top_k=2, save_last=True, every_n_train_steps=10)
 trainer = pl.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=1, accumulate_grad_batches=2,
-                     logger=pl.loggers.CSVLogger(a.logs) if a.logs else False, log_every_n_steps=5,
+                     logger=pl.loggers.CSVLogger(a.logs) if a.logs else False, log_every_n_steps=1,
                      enable_checkpointing=bool(a.logs), enable_progress_bar=False, enable_model_summary=False,
                      callbacks=[first] + ([kept] if a.logs else []))
 while a.wait_for and not os.path.exists(a.wait_for):
@@ -106,7 +106,7 @@ with open(a.out, "w") as f:
         versions = sorted(os.listdir(root))
         logs = {"versions": versions, "best": os.path.basename(kept.best_model_path),
                 "top": sorted(os.path.basename(k) for k in kept.best_k_models),
-                "rows": [len(open(f).read().splitlines()) if os.path.isfile(f) else 0
+                "rows": [open(f).read().splitlines() if os.path.isfile(f) else []
                          for f in (os.path.join(root, v, "metrics.csv") for v in versions)]}
     json.dump({"sha256": digest.hexdigest(), "global_step": trainer.global_step, "first_step": first.first,
                "pid": os.getpid(), "logs": logs}, f)

@@ -74,8 +74,10 @@ def saved_state(path: str, framework: str) -> dict:
     return state
 
 
-def attach(job, framework: str, objects: list, why_not_movable: Optional[str], refresh: Callable[[], None]) -> None:
-    """Makes the framework's objects the job's state and its steps the job's boundaries."""
+def attach(job, framework: str, objects: list, why_not_movable: Optional[str], refresh: Callable[[], None],
+           leaving: Optional[Callable[[], None]] = None) -> None:
+    """Makes the framework's objects the job's state and its steps the job's boundaries; `leaving` is called
+    when the process leaves at a boundary (Job.on_leave)."""
     from gmux.job.state import TrackedState
     job.stop_watching_loop()           # the framework's step end is the boundary from now on
     tracked = TrackedState()
@@ -89,6 +91,7 @@ def attach(job, framework: str, objects: list, why_not_movable: Optional[str], r
         job.move_to(first.device)
     job.control = "framework"
     job._discover = lambda _job: refresh()   # before every command: the framework's counters into the state
+    job.on_leave = leaving
     if why_not_movable is None and _runs > 1:
         why_not_movable = ("its script trained with a Trainer before in this process; a new process would train "
                            "that one again first")

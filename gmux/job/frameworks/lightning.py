@@ -260,7 +260,7 @@ def _callback_class(Callback, call, version: str):
             why = why_not_movable(trainer, hooks)
             self.carried = carried_draws(trainer) if why is None else None
             frameworks.attach(self.job, FRAMEWORK, [pl_module, *trainer.strategy.optimizers, *schedulers, scaler],
-                              why, self.refresh)
+                              why, self.refresh, self.leaving)
             if self.restore_from is not None:
                 self.job.restore(self.restore_from)
                 self.job.restored_from = self.restore_from   # gmux-launch checks that the move was restored
@@ -304,6 +304,14 @@ def _callback_class(Callback, call, version: str):
                 return
             self.index = done
             self.job.boundary()
+
+        def leaving(self) -> None:
+            """The process leaves at this boundary (a move, a spill by exit). Lightning logs a step's metrics
+            only after its batch-end hooks, where the boundary is: they are logged now, as it would (the same
+            row, the same step), and flushed, so that the next process goes on after them."""
+            self.trainer._logger_connector.update_train_step_metrics()
+            for logger in self.trainer.loggers:
+                logger.save()
 
         def refresh(self) -> None:
             trainer = self.trainer
