@@ -57,7 +57,5 @@ timeout "$(left 210)" $py benchmarks/gpu/runtime_cuda.py || failed "runtime_cuda
 
 echo "== a training process moved between GPUs by the CUDA driver (gmuxd --rebind-gpus)"
 timeout "$(left 110)" $py benchmarks/gpu/rebind_cuda.py --mib 1024 || failed "rebind_cuda.py"
-echo "== a job with no boundary and no --mem, measured through NVML and sliced"
-timeout "$(left 100)" $py benchmarks/gpu/unsized_gpu.py || failed "unsized_gpu.py"
 echo "validate: done in ${SECONDS} s, status $status"
 exit $status

@@ -408,7 +408,9 @@ class Daemon:
                 self.sup.reap_others({j.pid for j in self.jobs.values() if not j.final and j.pid})
             with self.faults.guard("expiring commands"):
                 self.commands.expire(now)
-            self.stops.check(now)
+            for gpu, slicer in self.slicers.items():
+                with self.faults.guard(f"GPU {gpu}: jobs stopped from outside"):
+                    self.stops.check_frozen(slicer)
             with self.faults.guard("forgetting ended jobs"):
                 self._forget_ended()
         with self.faults.guard("admission"):

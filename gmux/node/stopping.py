@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gmux.node.gpu_memory import measure_unsized
 from gmux.node.jobs import Job
 from gmux.node.slicer import Slicer
 from gmux.util.sizes import format_size
@@ -20,13 +19,9 @@ if TYPE_CHECKING:
     from gmux.node.daemon import Daemon
 
 
-MEASURE_EVERY_S = 2.0    # NVML is asked this often while a job of unknown size is overdue (gpu_memory.py)
-
-
 class Stopping:
     def __init__(self, node: "Daemon"):
         self.node = node
-        self._measured = 0.0
 
     def carry_out(self, slicer: Slicer, kind: str, job: Job, now: float) -> None:
         if kind == "stop":
@@ -81,8 +76,7 @@ class Stopping:
             unknown = [j for j in [job.id, *arriving] if slicer.entries[j].mem is None]
             need = sum(slicer.entries[j].mem or 0 for j in arriving)
             why = (f"the memory of {', '.join(unknown)} is not known yet, and a job of unknown size shares its GPU "
-                   f"with no other (a job declares it with --mem; one with no boundary never reports it, and only a "
-                   f"real GPU's can be read from NVML)"
+                   f"with no other (a job declares it with --mem; one with no boundary never reports it)"
                    if unknown else
                    f"{', '.join(arriving) or 'the next jobs'} ({format_size(need)}) would not fit beside the "
                    f"{format_size(numbers['mem'])} it keeps (GPU of {format_size(slicer.mem_total)})")
@@ -148,17 +142,6 @@ class Stopping:
             job._note = ""
 
     # --- the daemon's lifecycle ---
-    def check(self, now: float) -> None:
-        """Jobs stopped from outside that run again, and the size of overdue jobs that never said theirs."""
-        node = self.node
-        for gpu, slicer in node.slicers.items():
-            with node.faults.guard(f"GPU {gpu}: jobs stopped from outside"):
-                self.check_frozen(slicer)
-        if now - self._measured >= MEASURE_EVERY_S:
-            self._measured = now
-            with node.faults.guard("measuring jobs of unknown size"):
-                measure_unsized(node)
-
     def check_frozen(self, slicer: Slicer) -> None:
         """A job stopped by someone else that runs again is given back to the slicer."""
         for j in slicer.stopped():

@@ -120,7 +120,7 @@ class Supervisor:
             if os.getpgid(job.pid) == job.pid:
                 os.killpg(job.pid, sig)
             else:
-                for pid in [job.pid, *descendants(job.pid)]:
+                for pid in [job.pid, *_descendants(job.pid)]:
                     if self.system and _real_uid(pid) != job.uid:
                         continue    # e.g. a setuid program the job ran: its user could not stop it either
                     with contextlib.suppress(ProcessLookupError):
@@ -195,7 +195,7 @@ def _state(pid: int) -> str:
     return rest[0].decode() if rest else ""
 
 
-def descendants(pid: int) -> list[int]:
+def _descendants(pid: int) -> list[int]:
     """The process's children, theirs, and so on (from /proc/PID/task/TID/children)."""
     found, todo = [], [pid]
     while todo:
