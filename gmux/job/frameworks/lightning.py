@@ -204,6 +204,7 @@ def _callback_class(Callback, call, version: str):
             self.workers_from: Optional[int] = None   # the epoch the run's first process began (its workers too)
             self.carried: Optional[str] = None        # why no move once the workers served an epoch (carried_draws)
             self.pending_rng = None    # the checkpoint's random states, until the first batch after it is fetched
+            self.step_row: Optional[dict] = None    # this step's log row, as at the last command (leaving)
 
         # -- restoring -----------------------------------------------------------------------------------
         def resume(self, path: str, saved: dict) -> None:
@@ -307,14 +308,28 @@ def _callback_class(Callback, call, version: str):
 
         def leaving(self) -> None:
             """The process leaves at this boundary (a move, a spill by exit). Lightning logs a step's metrics
-            only after its batch-end hooks, where the boundary is: they are logged now, as it would (the same
-            row, the same step), and flushed, so that the next process goes on after them."""
-            self.trainer._logger_connector.update_train_step_metrics()
+            only after its batch-end hooks, where the boundary is: the row taken at the boundary (`refresh`) is
+            logged now, at the step Lightning would give it, and flushed, so that the next process goes on after
+            it."""
+            if self.step_row:
+                self.trainer._logger_connector.log_metrics(dict(self.step_row))
             for logger in self.trainer.loggers:
                 logger.save()
 
+        def _step_row(self) -> Optional[dict]:
+            """The metrics Lightning will log for this step after the batch-end hooks (None: none this step), as
+            plain numbers: taken before a suspend, whose tensors a spill's exit may no longer reach."""
+            trainer = self.trainer
+            connector = trainer._logger_connector
+            if trainer.fit_loop._should_accumulate() and trainer.lightning_module.automatic_optimization:
+                return None
+            if not (connector.should_update_logs or trainer.fast_dev_run):
+                return None
+            return {k: v.item() if hasattr(v, "item") else v for k, v in connector.metrics["log"].items()}
+
         def refresh(self) -> None:
             trainer = self.trainer
+            self.step_row = self._step_row()
             saved = {
                 "epoch": trainer.current_epoch, "global_step": trainer.global_step,
                 "pytorch-lightning_version": self.version,
