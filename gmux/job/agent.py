@@ -13,6 +13,7 @@ delivered when it comes back; beyond that they are dropped, and the next report 
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import deque
@@ -79,6 +80,8 @@ class Agent:
             fields.update(job=self.job, token=self.token)
         data = self.request("register", timeout, **fields)
         self.job, self.token = data["job"], data["token"]
+        # (what gmuxd admitted it with: a submitted job's --mem, name and weight are not on its command line)
+        self._registration.update({k: data[k] for k in ("mem", "name", "weight") if data.get(k)})
         return data
 
     def _adopt(self) -> None:
@@ -86,6 +89,12 @@ class Agent:
         cluster job is not (its scheduler starts it elsewhere once its lease ends); a refusal is final."""
         self._unknown = False
         if self.lease_s or not self._registration or self._not_adopted is not None:
+            return
+        alone = _not_alone(self._registration)
+        if alone:
+            self._not_adopted = alone
+            print(f"gmux: gmuxd no longer knows job {self.job}, and {alone}: it runs on, unsupervised",
+                  file=sys.stderr, flush=True)
             return
         try:
             self.request("register", 5.0, **self._registration, job=self.job, token=self.token, adopt=self.state,
@@ -206,6 +215,18 @@ class Agent:
             self._unknown = self._unknown or bool(msg.get("unknown"))
             if not msg.get("ok") and len(self.errors) < 100:
                 self.errors.append(str(msg.get("error")))
+
+
+def _not_alone(registration: dict) -> Optional[str]:
+    """Why a job cannot be taken back on its own (None: it can): a gang rank or a job of several GPUs, whose
+    peers and GPUs gmuxd would not know. A submitted one says so only in its environment."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if registration.get("gang") or (world.isascii() and world.isdigit() and int(world) > 1):
+        return "a gang rank cannot be taken back"
+    if registration.get("gpus", 1) > 1 or any("," in os.environ.get(v, "")
+                                                for v in ("CUDA_VISIBLE_DEVICES", "GMUX_VIRTUAL_GPU")):
+        return "a job of several GPUs cannot be taken back"
+    return None
 
 
 def _plain(d: dict) -> dict:

@@ -10,6 +10,9 @@ and an id that is no job id (whatever claims one must be what gmuxd gives, so th
 A lost table holds no token to check a claim against: in a system gmuxd a claim becomes its claimer's own job,
 under the uid the kernel gives for it, so all another user can do is take an id first from the job that lost it,
 which then runs on unsupervised, as it did before adoption existed.
+What the lost table alone knew is not taken back: a user's hold (`gmux suspend`: an adopted job is scheduled
+again), the host memory a suspended job holds (counted from its next suspend), and in a system gmuxd whether
+the job was submitted (its `gmux logs`).
 """
 from __future__ import annotations
 
@@ -53,7 +56,14 @@ def adopt(node: "Daemon", req: Request) -> Job:
     job.migratable = bool(msg.get("migratable", False))
     job.hook = not job.migratable
     job.identity, job.registered = req.identity, True
+    # Submitted (its output in gmuxd's log file, and its process group ended with it), where it can be told: a
+    # process gmuxd started as this job has its token in the environment it began with. Not in a system gmuxd,
+    # whose logs are not the claimer's to read on a claim.
+    job.managed = not system and os.path.exists(node.rundir.log_file(job_id)) and _began_as(job.pid, job.token)
     job.start_window()
+    refusal = node.admission.move_refusal(job, gpu) if started else None
+    if refusal:        # (a GPU held for another's gang, say: not taken over by a claim)
+        raise Refused(f"register: {job_id} cannot be taken back on GPU {gpu}: {refusal}")
     if not started:
         job.state, job.started = "waiting", False
         node.admission.admit(job, "register")
@@ -75,3 +85,11 @@ def adopt(node: "Daemon", req: Request) -> Job:
                 f"adopted {job.id} (pid {job.pid}, {state}" + (f" on GPU {gpu}" if started else "") +
                 "): a job this gmuxd's table had lost, started by the gmuxd before it")
     return job
+
+
+def _began_as(pid: int, token: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"GMUX_JOB_TOKEN={token}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False

@@ -145,7 +145,7 @@ class JobHandlers:
 
     def _registered(self, job: Job) -> dict:
         return {"job": job.id, "token": job.token, "gpu": job.gpu, "mem": job.mem, "name": job.name,
-                "env": self.node.env(job) if job.gpu is not None else {}}
+                "weight": job.weight, "env": self.node.env(job) if job.gpu is not None else {}}
 
     def report(self, req: Request):
         job, msg = self._job(req), req.msg

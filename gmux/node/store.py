@@ -49,8 +49,11 @@ class Store:
         self._next = int(row[0]) if row else 1    # the next job id, also while the database refuses writes
 
     def ids_from(self, n: int) -> None:
-        """No job id below `n` is given (ids a table lost are still on files: logs, checkpoints)."""
-        self._next = max(self._next, n)
+        """No job id below `n` is given (ids a table lost are still on files: logs, checkpoints), also by a
+        gmuxd started after this one (written at once, as next_job_id writes)."""
+        if n > self._next:
+            self._next = n
+            self._write(self._save_counter)
 
     def next_job_id(self) -> str:
         """Job ids are never reused once anything of their job exists, also across restarts, so logs and

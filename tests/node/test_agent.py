@@ -114,3 +114,25 @@ def test_a_job_gmuxd_no_longer_knows_registers_again_where_it_runs_and_takes_a_r
     finally:
         agent.close()
         router.close()
+
+
+def test_a_gang_rank_or_a_job_of_several_gpus_is_not_offered_for_adoption(tmp_path, capfd, monkeypatch):
+    """A submitted rank registers with nothing but its id (gmuxd knew the rest): its environment says what it is."""
+    for var, value, why in (("WORLD_SIZE", "2", "a gang rank"), ("GMUX_VIRTUAL_GPU", "0,1", "several GPUs")):
+        router, agent = _pair(tmp_path)
+        monkeypatch.setenv(var, value)
+        try:
+            agent._registration = {"pid": 1234, "argv": ["python", "t.py"]}
+            agent.state = "running"
+            agent.report({"step": 0})
+            identity, _ = router.recv_multipart()
+            router.send_multipart([identity, protocol.error_reply(0, "report: unknown job 'j1'", unknown=True)])
+            assert agent.sock.poll(5000)
+            agent.poll()
+            assert why in capfd.readouterr().err
+            while router.poll(300):
+                assert protocol.decode(router.recv_multipart()[1]).type != "register"
+        finally:
+            monkeypatch.delenv(var)
+            agent.close()
+            router.close()

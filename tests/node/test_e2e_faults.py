@@ -128,17 +128,22 @@ def test_a_job_no_gmuxd_takes_up_gives_up_with_its_reason(tmp_path, monkeypatch)
     assert record["status"] == 2 and "its script never ran" in record["reason"], record
 
 
-def test_jobs_whose_table_was_lost_are_adopted_by_the_next_gmuxd(node_factory, tmp_path):
-    """gmuxd killed and its table lost (the database deleted): its jobs ran on unsupervised, their share of the
-    GPU no longer counted and no command reaching them. Each is now told gmuxd does not know it, registers again
-    and is taken back where it runs: sliced again, and ending bit-identical."""
-    node, refs, procs, ids = _two_sliced_jobs(node_factory, tmp_path)
+def _restart_over_a_lost_table(node) -> None:
+    """gmuxd killed, its job table deleted, and started again."""
     node.kill_daemon(signal.SIGKILL)
     db = RuntimeDir(node.rt).db
     for path in (db, db + "-wal", db + "-shm"):
         if os.path.exists(path):
             os.unlink(path)
     node.start()
+
+
+def test_jobs_whose_table_was_lost_are_adopted_by_the_next_gmuxd(node_factory, tmp_path):
+    """gmuxd killed and its table lost (the database deleted): its jobs ran on unsupervised, their share of the
+    GPU no longer counted and no command reaching them. Each is now told gmuxd does not know it, registers again
+    and is taken back where it runs: sliced again, and ending bit-identical."""
+    node, refs, procs, ids = _two_sliced_jobs(node_factory, tmp_path)
+    _restart_over_a_lost_table(node)
     node.wait_for(lambda: {j["id"] for j in node.ps()["jobs"]} == set(ids), 30, "both jobs adopted")
     adopted = [d for d in node.call("decisions")["decisions"] if d["kind"] == "adopted"]
     assert sorted(d["jobs"][0] for d in adopted) == sorted(ids), adopted
@@ -152,3 +157,17 @@ def test_jobs_whose_table_was_lost_are_adopted_by_the_next_gmuxd(node_factory, t
         sleeper.kill()
         sleeper.wait()
     assert int(new[1:]) > max(int(j[1:]) for j in ids)          # a new job never takes an adopted one's id
+
+
+def test_a_submitted_job_whose_table_was_lost_is_adopted_with_its_log(node_factory, tmp_path):
+    """A submitted job's output goes to gmuxd's log of it: taken back, it is again one gmux logs shows, and its end
+    is seen."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    sub = node.call("submit", argv=[PY, f"{TRAIN}", str(tmp_path / "sub.json"), "3000", "--sleep", "0.003",
+                                    "--attach"], cwd=ROOT, env={"PYTHONPATH": ROOT}, mem=300 << 20)
+    node.wait_for(lambda: node.job(sub["job"])["step"] > 10, 60, "the submitted job trains")
+    _restart_over_a_lost_table(node)
+    node.wait_for(lambda: [j for j in node.ps()["jobs"] if j["id"] == sub["job"]], 30, "the job adopted")
+    node.call("logs", job=sub["job"])        # (refused for a job gmux-launch started: it has no log here)
+    node.wait_for(lambda: node.job(sub["job"])["state"] in FINAL, 300, "the job ends")
+    assert node.job(sub["job"])["state"] == "exited", node.job(sub["job"])

@@ -156,3 +156,19 @@ def test_what_cannot_be_adopted_is_refused_with_the_reason_and_nothing_changes(d
     r = ask(d, "register", b"x", pid=d.stand_in_pid, argv=["python", "t.py"], job="j1", token="u" * 32,
             adopt="running", on_gpu=0)
     assert not r["ok"] and "is another process's" in r["error"], r     # a known job is not taken over
+
+
+def test_a_claim_cannot_take_a_gpu_held_for_a_gang_and_an_adopted_id_holds_across_restarts(daemon_factory, tmp_path):
+    """Adoption skipped admission: a claim (any user's, in a system gmuxd) could sit on GPUs held for another's
+    multi-GPU job. And the id it moved the counter past was written only at the next flush."""
+    d = _lost(daemon_factory, tmp_path)
+    wide = register(d, b"w", gpus=2)["job"]
+    d.tick()
+    assert sorted(d.jobs[wide].exclusive_gpus) == [0, 1]
+    r = ask(d, "register", b"x", pid=d.stand_in_pid, argv=["python", "t.py"], job="j7", token="t" * 32,
+            adopt="running", on_gpu=0)
+    assert not r["ok"] and "held (or being freed) for a multi-GPU job or gang" in r["error"], r
+    assert "j7" not in d.jobs and d.store.mark() == "j2"
+    register(d, b"y", job="j9", token="t" * 32, adopt="suspended", on_gpu=None)      # (not started: queued)
+    again = daemon_factory(sizes=(1 << 30, 1 << 30), root=str(tmp_path / "rt"))     # no flush in between
+    assert again.store.mark() == "j10"
