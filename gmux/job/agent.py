@@ -75,7 +75,7 @@ class Agent:
         return out
 
     def register(self, timeout: float = 5.0, **fields: Any) -> dict:
-        self._registration = {k: v for k, v in fields.items() if k not in ("job", "token")}
+        self._registration = {k: v for k, v in fields.items() if k not in ("job", "token", "adopt", "on_gpu")}
         if self.job and self.token:
             fields.update(job=self.job, token=self.token)
         data = self.request("register", timeout, **fields)

@@ -140,6 +140,8 @@ def _register(rundir: RuntimeDir, opt: LaunchOptions, **fields) -> tuple[Agent, 
     second register of the same job changes nothing). Past the wait it ends with an exit record that says why. A
     cluster job (a lease) gives up at once: its scheduler starts it elsewhere."""
     waits = opt.job is not None and not os.environ.get("GMUX_LEASE_S")
+    if waits:
+        fields["adopt"] = "waiting"    # a gmuxd whose table lost the job takes it back, to start (gmux/node/adoption.py)
     give_up = time.monotonic() + REGISTER_WAIT_S
     told = False
     while True:

@@ -2,7 +2,9 @@
 predecessor started and that still run. Each is told, at its next message, that gmuxd does not know it (the reply's
 `unknown`), and registers again with its id and token, its state and the GPU it was last resumed on. gmuxd takes
 it back there, as it re-attaches a job its table kept (daemon.py): its share of the GPU counted again, nothing
-sent to it until it says what it does, and sliced like any other job from then on.
+sent to it until it says what it does, and sliced like any other job from then on. A job that had not started
+(one gmuxd started, or a new process back from a move, registering with its id) is taken back to start: it
+waits for its turn, and a moved one restores from its checkpoint.
 
 What cannot be taken back is refused with the reason, and the job runs on as it did: a job of several GPUs or a
 gang rank (which GPUs are its own, and its peers, are not known), a job of another GPU layout than this gmuxd's,

@@ -66,15 +66,17 @@ class JobHandlers:
             raise Refused(f"register: pid {msg['pid']} is not the registering process (pid {who.pid}); a process "
                           f"registers itself as a job (gmux-launch does)")
         came_from = None
-        if msg.get("job") and msg.get("adopt"):
-            job = node.jobs.get(msg["job"])
-            if job is None:
-                job = adopt(node, req)
-                log.info("adopted %s on GPU %s (pid %d)", job.id, job.gpu, job.pid)
-            elif not (msg.get("token") and hmac.compare_digest(job.token, msg["token"]) and self._owners(req, job)
-                      and job.pid == msg["pid"] and not job.final):
+        if msg.get("job") and msg.get("adopt") and msg["job"] not in node.jobs:
+            job = adopt(node, req)
+            log.info("adopted %s on GPU %s (pid %d)", job.id, job.gpu, job.pid)
+            return self._registered(job)
+        if msg.get("job") and msg.get("adopt") in ("running", "suspended"):
+            # adopted already, at an earlier "unknown" reply that crossed the adoption (a job that says it is
+            # waiting, a new process back from a move or one gmuxd started, registers as usual below)
+            job = node.jobs[msg["job"]]
+            if not (msg.get("token") and hmac.compare_digest(job.token, msg["token"]) and self._owners(req, job)
+                    and job.pid == msg["pid"] and not job.final):
                 raise Refused(f"register: job {job.id} is another process's")
-            # (known: adopted already, at an earlier "unknown" reply that crossed the adoption)
             return self._registered(job)
         if msg.get("job"):
             job = node.jobs.get(msg["job"])

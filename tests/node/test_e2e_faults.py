@@ -171,3 +171,21 @@ def test_a_submitted_job_whose_table_was_lost_is_adopted_with_its_log(node_facto
     node.call("logs", job=sub["job"])        # (refused for a job gmux-launch started: it has no log here)
     node.wait_for(lambda: node.job(sub["job"])["state"] in FINAL, 300, "the job ends")
     assert node.job(sub["job"])["state"] == "exited", node.job(sub["job"])
+
+
+def test_a_job_moving_to_a_new_process_as_the_table_is_lost_is_taken_back_and_restores(node_factory, tmp_path):
+    """A moved job's new process registered by its id alone and was refused by a gmuxd that had lost its table:
+    it ended with its work in a checkpoint nobody would read. Now it is taken back, to start, and restores."""
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), "3000", "--sleep", "0.003")
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    p = node.launch(f"{TRAIN}", str(tmp_path / "moved.json"), "3000", "--sleep", "0.003", "--attach",
+                    opts=["--no-hook"])
+    job = node.job_of(p.pid)
+    node.wait_for(lambda: node.job(job)["step"] > 50, 60, "job training")
+    node.call("migrate", job=job, gpu=1, new_process=True)      # answered once its checkpoint is written
+    _restart_over_a_lost_table(node)
+    node.wait_for(lambda: [j for j in node.ps()["jobs"] if j["id"] == job], 60, "the job taken back")
+    assert p.wait(300) == 0 and ref.wait(120) == 0
+    assert node.job(job)["state"] == "exited"
+    moved, solo = result(tmp_path / "moved.json"), result(tmp_path / "solo.json")
+    assert moved["sha256"] == solo["sha256"] and moved["restored_at"] > 0, (moved, solo)   # (from the checkpoint)
