@@ -90,7 +90,7 @@ class Agent:
         self._unknown = False
         if self.lease_s or not self._registration or self._not_adopted is not None:
             return
-        alone = _not_alone(self._registration)
+        alone = not_alone(self._registration)
         if alone:
             self._not_adopted = alone
             print(f"gmux: gmuxd no longer knows job {self.job}, and {alone}: it runs on, unsupervised",
@@ -217,7 +217,7 @@ class Agent:
                 self.errors.append(str(msg.get("error")))
 
 
-def _not_alone(registration: dict) -> Optional[str]:
+def not_alone(registration: dict) -> Optional[str]:
     """Why a job cannot be taken back on its own (None: it can): a gang rank or a job of several GPUs, whose
     peers and GPUs gmuxd would not know. A submitted one says so only in its environment."""
     world = os.environ.get("WORLD_SIZE", "1")

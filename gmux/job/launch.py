@@ -21,7 +21,7 @@ from typing import Optional
 
 from gmux import protocol
 from gmux.job import control, runner
-from gmux.job.agent import Agent, DaemonUnavailable
+from gmux.job.agent import Agent, DaemonUnavailable, not_alone
 from gmux.util.job_command import missing_script, script_of
 from gmux.rundir import RuntimeDir, alive, my_starttime, write_exit
 
@@ -140,7 +140,7 @@ def _register(rundir: RuntimeDir, opt: LaunchOptions, **fields) -> tuple[Agent, 
     second register of the same job changes nothing). Past the wait it ends with an exit record that says why. A
     cluster job (a lease) gives up at once: its scheduler starts it elsewhere."""
     waits = opt.job is not None and not os.environ.get("GMUX_LEASE_S")
-    if waits:
+    if waits and not_alone(fields) is None:
         fields["adopt"] = "waiting"    # a gmuxd whose table lost the job takes it back, to start (gmux/node/adoption.py)
     give_up = time.monotonic() + REGISTER_WAIT_S
     told = False

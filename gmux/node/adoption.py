@@ -41,6 +41,8 @@ def adopt(node: "Daemon", req: Request) -> Job:
     job_id, state, gpu = msg["job"], msg["adopt"], msg.get("on_gpu")
     if not JOB_ID.fullmatch(job_id) or not msg.get("token"):
         raise Refused(f"register: {job_id!r} is not a job id this gmuxd gives, with its token: nothing to adopt")
+    if node.store.holds(job_id):       # (an ended job gmuxd no longer keeps in memory: its record stays its own)
+        raise Refused(f"register: {job_id} is a job this gmuxd has a record of: nothing to adopt")
     if msg.get("gang") or msg.get("gpus", 1) > 1:
         raise Refused(f"register: {job_id} is not in this gmuxd's table (it was lost), and a job of several GPUs "
                       f"or a gang rank cannot be taken back: it runs on unsupervised; end it and submit it again")

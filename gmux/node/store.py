@@ -123,6 +123,10 @@ class Store:
         else:
             self._unsaved = jobs
 
+    def holds(self, job_id: str) -> bool:
+        """Whether the table has a row for the job (one that ended long ago is kept here, not in memory)."""
+        return self.db.execute("SELECT 1 FROM jobs WHERE id=?", (job_id,)).fetchone() is not None
+
     def load(self, only_live: bool = False) -> list[Job]:
         cols = list(IDENTITY) + ["stats"]
         q = f"SELECT {','.join(cols)} FROM jobs"

@@ -47,8 +47,9 @@ class Supervisor:
         self.leaving: dict[int, Optional[int]] = {}   # ended submitted jobs (pid -> start time): groups to end
 
     def spawn(self, job: Job) -> int:
+        # (--gpus: its process says what it is when a gmuxd that lost its table is asked to take it back)
         cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root, "--job", job.id,
-               *([] if job.hook else ["--no-hook"]), "--", *job.argv]
+               "--gpus", str(job.gpus_wanted), *([] if job.hook else ["--no-hook"]), "--", *job.argv]
         # The token travels in the environment, not on the command line that `ps` shows to everyone.
         env = {**os.environ, **job.env, "GMUX_RUNTIME_DIR": self.rundir.root, "GMUX_JOB_TOKEN": job.token}
         as_user = {}

@@ -172,3 +172,28 @@ def test_a_claim_cannot_take_a_gpu_held_for_a_gang_and_an_adopted_id_holds_acros
     register(d, b"y", job="j9", token="t" * 32, adopt="suspended", on_gpu=None)      # (not started: queued)
     again = daemon_factory(sizes=(1 << 30, 1 << 30), root=str(tmp_path / "rt"))     # no flush in between
     assert again.store.mark() == "j10"
+
+
+def test_an_ended_job_gmuxd_no_longer_keeps_in_memory_cannot_be_claimed(daemon_factory, tmp_path):
+    """Its row stays in SQLite for --retain-ended days: a claim of its id would have overwritten it (another user's
+    record, in a system gmuxd)."""
+    d = daemon_factory(root=str(tmp_path / "rt"), keep_ended=1)
+    regs = [register(d, f"j{k}".encode()) for k in range(3)]
+    for reg in regs:
+        _end(d, reg)
+    d._flush(force=True)
+    d.tick()
+    old = regs[0]["job"]
+    assert old not in d.jobs and d.store.holds(old)
+    r = ask(d, "register", b"x", pid=d.stand_in_pid, argv=["python", "t.py"], job=old, token="t" * 32,
+            adopt="running", on_gpu=0)
+    assert not r["ok"] and "has a record of" in r["error"], r
+    assert not d.store.holds("j99") and old not in d.jobs
+
+
+def test_a_process_gmuxd_started_for_several_gpus_or_as_a_rank_is_not_offered(monkeypatch):
+    from gmux.job.agent import not_alone
+    assert not_alone({"gpus": 1}) is None
+    assert "several GPUs" in not_alone({"gpus": 2})
+    monkeypatch.setenv("WORLD_SIZE", "4")      # (a rank gmux submit --ranks started: its rendezvous environment)
+    assert "gang rank" in not_alone({"gpus": 1})
