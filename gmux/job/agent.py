@@ -103,6 +103,9 @@ class Agent:
             return      # asked again at the next "unknown"
         except RuntimeError as e:
             self._not_adopted = str(e)
+            if self.state == "waiting":     # never started: nothing would ever start it
+                raise DaemonUnavailable(f"gmuxd no longer knows job {self.job} and did not take it back ({e}); "
+                                        f"it never started") from None
             print(f"gmux: gmuxd no longer knows job {self.job} and did not take it back ({e}); it runs on, "
                   f"unsupervised", file=sys.stderr, flush=True)
 

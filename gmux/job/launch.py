@@ -78,16 +78,16 @@ def run(opt: LaunchOptions) -> int:
     os.environ.update(reg["env"])
     os.environ.update({"GMUX_JOB_ID": job_id, "GMUX_RUNTIME_DIR": rundir.root})
     # Admitted; now wait for our turn on the GPU (immediately, when it is free).
-    start = agent.wait()
-    while start.kind != "resume":
-        if start.kind == "exit":
-            agent.reply(start, {"ok": True, "started": False})
-            write_exit(rundir, job_id, 0, "told to exit before starting")
-            agent.bye(0, "told to exit before starting")
-            return 0
-        # Not started: there is no state to suspend, checkpoint or move (gmuxd moves a waiting job itself).
-        agent.reply(start, {"ok": False, "error": f"{start.kind}: the job has not started"})
-        start = agent.wait()
+    try:
+        start = _wait_for_start(agent)
+    except DaemonUnavailable as e:      # (a gmuxd that lost its table and would not take the job back)
+        print(f"gmux-launch: {e}", file=sys.stderr)
+        write_exit(rundir, job_id, 2, str(e))
+        return 2
+    if start is None:
+        write_exit(rundir, job_id, 0, "told to exit before starting")
+        agent.bye(0, "told to exit before starting")
+        return 0
     os.environ.update(start.args.get("env") or {})
     if opt.torchrun and len(os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")) == 1 \
             and os.environ.get("CUDA_VISIBLE_DEVICES"):
@@ -130,6 +130,19 @@ def run(opt: LaunchOptions) -> int:
     agent.bye(status, reason)
     agent.close()
     return status
+
+
+def _wait_for_start(agent: Agent):
+    """The command that starts the job (None: it was told to exit first). Until then it has no state to suspend,
+    checkpoint or move (gmuxd moves a waiting job itself)."""
+    while True:
+        start = agent.wait()
+        if start.kind == "resume":
+            return start
+        if start.kind == "exit":
+            agent.reply(start, {"ok": True, "started": False})
+            return None
+        agent.reply(start, {"ok": False, "error": f"{start.kind}: the job has not started"})
 
 
 def _register(rundir: RuntimeDir, opt: LaunchOptions, **fields) -> tuple[Agent, dict]:

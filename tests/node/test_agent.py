@@ -136,3 +136,30 @@ def test_a_gang_rank_or_a_job_of_several_gpus_is_not_offered_for_adoption(tmp_pa
             monkeypatch.delenv(var)
             agent.close()
             router.close()
+
+
+def test_a_job_that_never_started_and_is_not_taken_back_ends_instead_of_waiting_for_ever(tmp_path):
+    import threading
+
+    import pytest
+
+    from gmux.job.agent import DaemonUnavailable
+    router, agent = _pair(tmp_path)
+    try:
+        agent._registration = {"pid": 1234, "argv": ["python", "t.py"]}
+        agent.report({"step": 0})        # (still "waiting": its start has not come)
+        identity, _ = router.recv_multipart()
+        router.send_multipart([identity, protocol.error_reply(0, "report: unknown job 'j1'", unknown=True)])
+
+        def refuse():
+            ident, frame = router.recv_multipart()
+            router.send_multipart([ident, protocol.reply(protocol.decode(frame).id, ok=False,
+                                                         error="register: j1 cannot be taken back")])
+        server = threading.Thread(target=refuse)
+        server.start()
+        with pytest.raises(DaemonUnavailable, match="it never started"):
+            agent.wait(timeout=10)
+        server.join(10)
+    finally:
+        agent.close()
+        router.close()
