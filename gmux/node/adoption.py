@@ -23,7 +23,6 @@ import re
 import time
 from typing import TYPE_CHECKING
 
-from gmux import protocol
 from gmux.node.jobs import Job
 from gmux.rundir import proc_starttime
 from gmux.wire.server import Refused, Request
@@ -81,9 +80,7 @@ def adopt(node: "Daemon", req: Request) -> Job:
     else:
         job.gpu, job.started = gpu, True
         job.state = "running" if state == "running" else "suspended"
-        resident = state == "running"
-        node.slicers[gpu].add(job.id, job.weight, job.working_set(), now, resident=resident, confirm=True,
-                              silent_from=now + 2 * protocol.HEARTBEAT_S if resident else None)
+        node.slicers[gpu].add(job.id, job.weight, job.working_set(), now, resident=state == "running", confirm=True)
     node.store.save(job)
     node.decide(job.gpu, "adopted", [job.id], {"state": state, "pid": job.pid},
                 f"adopted {job.id} (pid {job.pid}, {state}" + (f" on GPU {gpu}" if started else "") +

@@ -190,10 +190,8 @@ class Daemon:
             gpu = job.gpu if job.gpu in self.slicers else 0
             job.gpu = gpu
             resident = job.state in ("running", "suspending", "resuming")
-            # Only a job given the GPU can be computing, silent; another may still be registering: no deadline.
             self.slicers[gpu].add(job.id, job.weight, job.working_set(), now, resident=resident,
-                                  used=job.gpu_seconds, confirm=True, stoppable=not job.exclusive,
-                                  silent_from=now + 2 * protocol.HEARTBEAT_S if resident else None)
+                                  used=job.gpu_seconds, confirm=True, stoppable=not job.exclusive)
             if job.held:
                 self.slicers[gpu].hold(job.id)
             self.decide(gpu, "reattach", [job.id], {"state": job.state, "pid": job.pid},

@@ -33,6 +33,7 @@ import math
 import statistics
 from typing import Optional
 
+from gmux import protocol
 from gmux.node.pacing import Pacing
 from gmux.node.slicer_entry import Entry
 
@@ -59,12 +60,11 @@ class Slicer:
 
     # --- membership ---
     def add(self, job: str, weight: float, mem: Optional[int], now: float, resident: bool = False,
-            used: float = 0.0, confirm: bool = False, stoppable: bool = True,
-            silent_from: Optional[float] = None) -> None:
-        """A job joins the GPU. With confirm (re-attached after a daemon restart, state only believed), the
-        slicer sends nothing on this GPU until `observed` hears the job's actual state, or, given `silent_from`,
-        until its deadline after that: a job that waits for a command says so every protocol.HEARTBEAT_S, so a
-        silent one is computing, maybe with no boundary ever, and would otherwise hold the GPU for ever."""
+            used: float = 0.0, confirm: bool = False, stoppable: bool = True) -> None:
+        """A job joins the GPU. With confirm (re-attached or adopted: state only believed), the slicer sends nothing
+        here until `observed` hears the job's state, or, if resident, until its deadline after two heartbeats: a job
+        waiting for a command says so every protocol.HEARTBEAT_S, so a silent one is computing, maybe never reaching a
+        boundary (one not on the GPU may still be registering: no deadline)."""
         live = [e.vtime(now) for e in self.entries.values()]
         e = Entry(job, weight, mem, self._order, used=used, stoppable=stoppable)
         self._order += 1
@@ -73,7 +73,7 @@ class Slicer:
             e.credit = max(0.0, min(live) * weight - used)
         self.entries[job] = e
         if confirm:
-            self.mark_busy(job, "confirm", silent_from)
+            self.mark_busy(job, "confirm", now + 2 * protocol.HEARTBEAT_S if resident else None)
         if resident:
             self.resident.add(job)
             e.resident_since = now

@@ -105,7 +105,7 @@ def test_a_re_attached_job_that_never_reaches_a_boundary_is_sliced_again():
     with no boundary never says anything: the GPU was never sliced again, c and a ran on and b waited for ever."""
     s = Slicer(0, 10 * GiB, quantum=0.5, pacing=PACE)
     for j, resident in (("a", True), ("b", False), ("c", True)):
-        s.add(j, 1, 3 * GiB, 0.0, resident=resident, confirm=True, silent_from=2.0)
+        s.add(j, 1, 3 * GiB, 0.0, resident=resident, confirm=True)
     s.observed("a", "running", 0.0)
     s.observed("b", "suspended", 0.0)
     play = Play(s, {"a": 0.05, "b": 0.05, "c": None})
@@ -124,7 +124,7 @@ def test_a_re_attached_job_that_never_started_is_waited_for_without_a_deadline()
     stopped)."""
     s = Slicer(0, 10 * GiB, quantum=0.5, pacing=PACE)
     s.add("a", 1, 3 * GiB, 0.0, confirm=True)
-    s.add("b", 1, 3 * GiB, 0.0, resident=True, confirm=True, silent_from=2.0)
+    s.add("b", 1, 3 * GiB, 0.0, resident=True, confirm=True)
     s.observed("b", "running", 0.5)
     assert [s.tick(t) for t in (1.0, 5.0, 60.0)] == [[], [], []] and s.pending == {"a": "confirm"}
     s.observed("a", "waiting", 61.0)                 # registered at last
