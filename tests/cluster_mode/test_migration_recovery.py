@@ -3,6 +3,7 @@ restored); a machine killed mid-run has its job restarted elsewhere from its las
 import json
 import os
 import signal
+import time
 
 from cluster_harness import Solo, wait_for
 from gmux.wire import sealed
@@ -96,14 +97,29 @@ def _running(c, tmp_path, args, past_step):
 
 def test_target_lost_mid_move_the_job_runs_on_at_its_source(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva")
-    ref, out, cjob, first, dst = _running(c, tmp_path, ("6000", "--batch", "36", "--sleep", "0.003"), 200)
+    # (a small frozen table: the target offers what it holds, a file written just before it reports ready)
+    ref, out, cjob, first, dst = _running(c, tmp_path, ("6000", "--batch", "36", "--sleep", "0.003",
+                                                        "--frozen-mib", "0.25"), 200)
     src = first["machine"]
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
     # The checkpoint is on the target, whose new process restores it: the target dies before the job has
     # passed a boundary there (its process, stopped once it waits for the checkpoint, cannot pass one first).
-    target = wait_for(lambda: _target(tmp_path, dst, cjob, lambda j: (j.get("report") or {}).get("awaiting_restore")),
-                      60, "the target's process waiting for the checkpoint", every=0.01)
+    # A round trip to gmuxd for its report may take longer than the source needs to send and the target to
+    # restore. So the process is stopped as soon as its offer is in the inbox, then let on in short runs, each
+    # followed by a look at gmuxd's record, until that record says it waits.
+    target = wait_for(lambda: _target(tmp_path, dst, cjob, lambda j: True), 60, "the target's new process")
+    inbox = tmp_path / f"rt-{dst}" / "cluster-in"
+    wait_for(lambda: [f for f in os.listdir(inbox) if f.startswith(f"{cjob}-") and f.endswith(".holds")], 60,
+             "the target's process offering what it holds", every=0.001)
     os.kill(target["pid"], signal.SIGSTOP)
+    waiting = lambda: _target(tmp_path, dst, cjob, lambda j: (j.get("report") or {}).get("awaiting_restore"))
+    for _ in range(1000):
+        if waiting():
+            break
+        os.kill(target["pid"], signal.SIGCONT)
+        time.sleep(0.001)
+        os.kill(target["pid"], signal.SIGSTOP)
+    assert waiting(), "the target's process never said it waits for the checkpoint"
     wait_for(lambda: any(d["kind"] == "migrate_sent" for d in c.ps()["decisions"]), 30, "checkpoint sent",
              every=0.05)
     c.kill_machine(dst)
