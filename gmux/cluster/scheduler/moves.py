@@ -38,6 +38,9 @@ class Moves:
 
     def __init__(self, scheduler: "Scheduler"):
         self.s = scheduler
+        # cjob -> the source of its move, restored on its target before the source's "migrate_sent" came (two
+        # links, two paths): that late event still has the transfer's figures to log.
+        self.sent_after_arrival: dict = {}
         for job in scheduler.jobs.values():
             if job.move.get("stage") == "warming" and job.state == "migrating":
                 job.move["since"] = -WARM_WAIT_S     # (its "ready" may have been lost: expire() sends it)
@@ -52,6 +55,7 @@ class Moves:
         """Moves `job` to `machine`, rank r to gpus[r]: its new processes are started there first."""
         s = self.s
         target = s.machines[machine]
+        self.sent_after_arrival.pop(job.cjob, None)
         job.source, job.source_gpus = job.machine, list(job.rank_gpus or [job.gpu])
         job.machine, job.gpu, job.rank_gpus = machine, gpus[0], list(gpus)
         job.attained += job.gpu_seconds
@@ -67,6 +71,8 @@ class Moves:
     def arrived(self, job: CJob, name: str, d: dict) -> None:
         """The target `name` has restored the job (its link's "started"): the source releases it."""
         self.s._action(job.source, "release", job.cjob)
+        if job.move.get("stage") != "sent":
+            self.sent_after_arrival[job.cjob] = job.source
         self.s._log("migrated", job.cjob, f"{job.cjob} restored on {name} at step {d.get('step')}; "
                                           f"{job.source} releases it", d)
         job.migrations += 1
@@ -78,9 +84,11 @@ class Moves:
         s = self.s
         if ev == "ready" and job.machine == name and job.state == "migrating" and job.move.get("stage") == "warming":
             self._suspend_source(job, f"its new processes on {name} are ready")
+        elif ev == "migrate_sent" and self.sent_after_arrival.get(job.cjob) == name:
+            del self.sent_after_arrival[job.cjob]
+            self._log_sent(job, name, d)
         elif ev == "migrate_sent" and job.source == name and job.state == "migrating":
-            s._log("migrate_sent", job.cjob, f"{job.cjob}: checkpoint ({d.get('bytes')} B) sent {name} -> "
-                                             f"{job.machine} in {d.get('seconds', 0):.3f} s", d)
+            self._log_sent(job, name, d)
             if job.move.get("stage") == "target_failed":
                 s._action(name, "resume", job.cjob)
                 _back_to_source(job)
@@ -96,6 +104,10 @@ class Moves:
             job.set("running", f"migration to {target} failed, kept on {name}: {detail}")
             self._set(job)
             s._log("migrate_failed", job.cjob, f"{job.cjob}: migration from {name} to {target} failed: {detail}")
+
+    def _log_sent(self, job: CJob, source: str, d: dict) -> None:
+        self.s._log("migrate_sent", job.cjob, f"{job.cjob}: checkpoint ({d.get('bytes')} B) sent {source} -> "
+                                              f"{job.machine} in {d.get('seconds', 0):.3f} s", d)
 
     def target_failed(self, job: CJob, why: str) -> None:
         """The move's new processes are gone: the job stays on its source (see target_failed in the module's
