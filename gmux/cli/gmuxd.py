@@ -13,6 +13,7 @@ from gmux.cli.argtypes import checked, nonneg, nonneg_int, port, positive, posit
 from gmux.node.access import SystemMode
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import discover
+from gmux.node.pacing import Pacing
 from gmux.util.text import log_to_stderr, printable
 from gmux.rundir import SYSTEM_RUNTIME_DIR, RuntimeDir, private_runtime_dir
 
@@ -33,6 +34,10 @@ def main(argv=None) -> int:
     p.add_argument("--virtual-gpus", help="e.g. 2x16GiB: virtual GPUs (jobs compute on the CPU); automatic "
                                           "when NVML finds no GPU")
     p.add_argument("--quantum", type=positive, default=60.0, help="time-slice quantum in seconds (default 60)")
+    p.add_argument("--deadline-floor", type=positive, default=Pacing.floor, metavar="SECONDS",
+                   help="the least time a job told to suspend or resume has to reach a mini-batch boundary before "
+                        "it is stopped (SIGSTOP) instead; a job's own deadline is 3 of its mini-batches where "
+                        f"longer (default {Pacing.floor:g}; more on a machine so loaded that jobs miss it)")
     p.add_argument("--host-budget", type=size, default="8GiB",
                    help="host RAM for suspended jobs' state; beyond it state spills to disk (default 8GiB)")
     p.add_argument("--no-pack", dest="pack", action="store_false", help="never pack jobs; only time-slice")
@@ -93,7 +98,7 @@ def main(argv=None) -> int:
                         Options(quantum=a.quantum, host_budget=a.host_budget, pack=a.pack, margin=a.pack_margin,
                                 window=a.pack_window, recheck=a.pack_recheck, metrics_port=a.metrics_port,
                                 keep_ended=a.keep_ended, retain_ended=a.retain_ended * 86400, system=system,
-                                log_limit=a.log_limit))
+                                log_limit=a.log_limit, pacing=Pacing(floor=a.deadline_floor)))
     except (RuntimeError, PermissionError, OSError) as e:
         print(f"gmuxd: {e}", file=sys.stderr)
         return 1

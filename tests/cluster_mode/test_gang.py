@@ -24,7 +24,11 @@ def test_gloo_gang_suspends_and_resumes_at_one_step_bit_identical(tmp_path):
     ref = _ranks(tmp_path, "plain", extra=("--plain",))
     assert [p.wait(120) for p in ref] == [0, 0]
     rt = str(tmp_path / "rt")
-    d = subprocess.Popen([PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", rt, "--virtual-gpus", "2x2GiB"], env=env(),
+    # The ranks are two jobs to gmuxd: rank 0, told first, reaches its boundary only once rank 1 is told too.
+    # Past its deadline gmuxd would stop it (SIGSTOP), which is not what this test is about; on a loaded machine
+    # the 1 s default can pass before rank 1's request is through.
+    d = subprocess.Popen([PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", rt, "--virtual-gpus", "2x2GiB",
+                          "--deadline-floor", "30"], env=env(),
                          cwd=ROOT, stdout=open(tmp_path / "gmuxd.log", "ab"), stderr=subprocess.STDOUT)
     procs = []
     try:

@@ -87,7 +87,7 @@ def test_the_lease_counts_only_silence_not_a_slow_boundary_or_unread_answers(tmp
     try:
         agent.state = "running"
         assert agent.poll() is None                      # a heartbeat goes out
-        time.sleep(0.1)
+        assert router.poll(10000)                        # (an ipc connect is asynchronous: it may come late)
         _answer(router)
         time.sleep(1.0)                                  # a step longer than the lease, answers unread meanwhile
         assert agent.poll() is None and lost == []

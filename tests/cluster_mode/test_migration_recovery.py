@@ -70,17 +70,13 @@ def _target(tmp_path, machine, cjob, test):
     return next((j for j in jobs if j["name"] == cjob and j.get("pid") and test(j)), None)
 
 
-def _restoring(tmp_path, machine, cjob):
-    """The job's new process on `machine` once it has its checkpoint open (arriving, or arrived) and reads it."""
-    inbox = str(tmp_path / f"rt-{machine}" / "cluster-in")
-
-    def reading(j):
-        try:
-            fds = [os.readlink(f"/proc/{j['pid']}/fd/{fd}") for fd in os.listdir(f"/proc/{j['pid']}/fd")]
-        except OSError:              # (an fd closed between listing and reading it)
-            return False
-        return any(f.startswith(inbox) for f in fds)
-    return _target(tmp_path, machine, cjob, reading)
+def _reading(pid: int, inbox: str) -> bool:
+    """Whether process `pid` has a file of `inbox` open (its checkpoint, arriving or arrived)."""
+    try:
+        fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:              # (an fd closed between listing and reading it)
+        return False
+    return any(f.startswith(inbox) for f in fds)
 
 
 def _running(c, tmp_path, args, past_step):
@@ -142,8 +138,11 @@ def test_target_process_killed_mid_restore_the_job_runs_on_at_its_source(cluster
     src = first["machine"]
     inbox = tmp_path / f"rt-{dst}" / "cluster-in"
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
-    target = wait_for(lambda: _restoring(tmp_path, dst, cjob), 60, "the target's process reading the checkpoint",
-                      every=0.005)
+    # Its pid from gmuxd once (the process is there seconds before the bytes are); then only /proc is looked at,
+    # since a round trip to a gmuxd busy receiving them may take longer than the reading does.
+    target = wait_for(lambda: _target(tmp_path, dst, cjob, lambda j: True), 60, "the target's new process")
+    wait_for(lambda: _reading(target["pid"], str(inbox)), 60, "the target's process reading the checkpoint",
+             every=0.001)
     os.kill(target["pid"], signal.SIGKILL)
     back = wait_for(lambda: (lambda j: j["state"] == "running" and j["machine"] == src and j)(c.job(cjob)), 60,
                     "the job back on its source")

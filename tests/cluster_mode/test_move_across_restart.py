@@ -2,6 +2,8 @@
 carries the move on from SQLite (it sends at once, since the target's "ready" may have gone with the old process),
 and the job ends bit-identical, moved once, never restarted."""
 import json
+import os
+import re
 import signal
 
 from cluster_harness import Solo, wait_for
@@ -22,13 +24,18 @@ def test_a_move_under_way_survives_a_scheduler_restart(cluster_factory, tmp_path
     dst = "m2" if src == "m1" else "m1"
     target_log = tmp_path / f"gmuxd-{dst}.log"
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=1)
-    # The target's new process is spawned (cold: it imports torch for seconds before it is ready): kill now.
-    wait_for(lambda: f"started {cjob} (pids" in target_log.read_text(), 30, "the target's process spawned")
+    # The target's new process is spawned (cold: it imports torch for seconds before it is ready): held there
+    # (SIGSTOP) while the scheduler is killed and started again, so that it cannot be ready before.
+    spawned = wait_for(lambda: re.search(rf"started {cjob} \(pids \[(\d+)", target_log.read_text()), 30,
+                       "the target's process spawned")
+    target = int(spawned.group(1))
+    os.kill(target, signal.SIGSTOP)
     c.sched.send_signal(signal.SIGKILL)
     c.sched.wait()
     # (had the target been ready before the kill, the move would have gone on without the restart's help)
     assert "migrate_out" not in [d["kind"] for d in _decisions(tmp_path) if d["cjob"] == cjob]
     c.start_scheduler()
+    os.kill(target, signal.SIGCONT)
     moved = wait_for(lambda: (lambda j: j["migrations"] == 1 and j["state"] == "running" and j)(c.job(cjob)), 90,
                      lambda: f"the move carried on: {c.job(cjob)}")
     assert moved["machine"] == dst

@@ -88,9 +88,9 @@ def checkpoints(tmp_path):
 
 def test_a_job_killed_mid_move_leaves_both_gpus_clean(node_factory, tmp_path):
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "600")
-    # Each step waits 2 s: a move asked for waits that long for the job's boundary (within its deadline: three
-    # of its mini-batches).
-    p = node.launch(TRAIN, str(tmp_path / "o.json"), "100000", "--sleep", "2", "--attach", opts=["--no-hook"])
+    # Each step waits 4 s: a move asked for waits that long for the job's boundary (within its deadline: three
+    # of its mini-batches), long enough for the test to see it waiting on a loaded machine.
+    p = node.launch(TRAIN, str(tmp_path / "o.json"), "100000", "--sleep", "4", "--attach", opts=["--no-hook"])
     job = node.job_of(p.pid, 60)
     node.wait_for(lambda: node.job(job)["step"] >= 2, 120, "job training")
     outcome = {}
