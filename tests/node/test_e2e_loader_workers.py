@@ -55,10 +55,13 @@ def test_loader_workers_that_draw_nothing_move_exactly_and_drawing_ones_are_refu
         assert moved["global_step"] == alone["global_step"] == 64
         assert moved["sha256"] == alone["sha256"], (moved, alone)
 
+        # (slower batches where the move must land in the first epoch: ~3.6 s after step 3 instead of ~1.2 s,
+        # room for a loaded machine; the pause draws nothing and changes no number)
+        paced = ["--sleep", "0.3"] if first_epoch_moves else []
         if first_epoch_moves:
-            solo = start_py(script, str(tmp_path / "solo_noisy.json"), *ARGS, *workers,
+            solo = start_py(script, str(tmp_path / "solo_noisy.json"), *ARGS, *workers, *paced,
                             log=str(tmp_path / "solo_noisy.log"))
-        noisy = node.launch(script, str(tmp_path / "noisy.json"), *ARGS, *workers, opts=["--gpu", "0"],
+        noisy = node.launch(script, str(tmp_path / "noisy.json"), *ARGS, *workers, *paced, opts=["--gpu", "0"],
                             log_name="noisy.log")
         job = node.job_of(noisy.pid, 60)
         moves = 0
