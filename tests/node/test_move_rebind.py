@@ -26,12 +26,10 @@ class StandIn:
     (a restore: "restore" with GPU pairs, "restore-back" without; "unlock-once": the first unlock only);
     `broken`: a failed call leaves the process FAILED; `raises`: what a failing call raises (else DriverError)."""
 
-    def __init__(self, *fail, state=RUNNING, broken=False, raises=None, slow=0.0):
+    def __init__(self, *fail, state=RUNNING, broken=False, raises=None):
         self.fail, self.calls, self._state, self.broken, self.raises = set(fail), [], state, broken, raises
-        self.slow = slow    # seconds each call takes
 
     def _call(self, name, *args, then=None):
-        time.sleep(self.slow)
         self.calls.append((name, *args))
         if name in self.fail or (name == "unlock" and "unlock-once" in self.fail):
             self.fail.discard("unlock-once")
@@ -358,7 +356,13 @@ def test_a_job_whose_cuda_state_is_unknown_is_held_not_resumed(daemon_factory):
 
 
 def test_gmuxd_closing_waits_for_the_driver_and_records_where_the_job_went(daemon_factory, tmp_path):
-    driver = StandIn(slow=0.1)
+    release = threading.Event()
+
+    class Slow(StandIn):
+        def checkpoint(self, pid):
+            release.wait(10)
+            super().checkpoint(pid)
+    driver = Slow()
     d = daemon_factory((GiB, GiB), root=str(tmp_path / "rt"), virtual=False, rebind=driver)
     a = started(d, b"a", mem=256 * MiB)
     d.sent.clear()
@@ -366,6 +370,7 @@ def test_gmuxd_closing_waits_for_the_driver_and_records_where_the_job_went(daemo
     (stop,) = commands(d, b"a")
     ack(d, b"a", a, stop, state="suspended")
     assert not d.moves.rebinding[a["job"]][0].done()
+    threading.Timer(0.3, release.set).start()       # the driver is still at work as gmuxd closes
     d.close()       # as at SIGTERM: the rebind is not cut off, and where it left the job is written down
     assert driver.names() == ["state", "lock", "checkpoint", "restore", "unlock"]
     again = daemon_factory((GiB, GiB), root=str(tmp_path / "rt"), virtual=False, rebind=StandIn())
