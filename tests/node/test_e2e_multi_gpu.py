@@ -33,7 +33,8 @@ def launch_refused(rt, *opts, script=("x.json", "10")):
 
 def test_multi_gpu_job_gets_whole_gpus_by_moving_a_job_bit_identical(node_factory, tmp_path):
     ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, *PACE)
-    node = node_factory("--virtual-gpus", "3x1GiB", "--quantum", "1")
+    # (a 10 s deadline: a move that missed the 1 s default on a loaded machine would be given up and tried again)
+    node = node_factory("--virtual-gpus", "3x1GiB", "--quantum", "1", "--deadline-floor", "10")
     # Slower (6 ms a step) and started together: on a loaded machine a single-GPU job paced like the others once
     # finished before the 2-GPU job had registered.
     started = {name: node.launch(TRAIN, str(tmp_path / f"{name}.json"), STEPS, "--sleep", "0.006", "--attach",

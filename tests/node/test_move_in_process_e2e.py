@@ -33,7 +33,8 @@ def gpu_table(node):
 def test_jobs_swap_gpus_in_their_own_processes_bit_identically(node_factory, tmp_path):
     refs = {m: start_py(TRAIN, str(tmp_path / f"solo-{m}.json"), STEPS, *PACE)
             for m in ("explicit", "transparent")}
-    node = node_factory("--virtual-gpus", "1GiB,1GiB,64MiB", "--quantum", "600")
+    # (a 10 s deadline: a move that missed the 1 s default on a loaded machine would be given up)
+    node = node_factory("--virtual-gpus", "1GiB,1GiB,64MiB", "--quantum", "600", "--deadline-floor", "10")
     pe = node.launch(TRAIN, str(tmp_path / "explicit.json"), STEPS, *PACE, "--attach",
                      opts=["--no-hook", "--mem", "128MiB"])
     je = node.job_of(pe.pid, 60)
