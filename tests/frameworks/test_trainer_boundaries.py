@@ -34,8 +34,8 @@ def _boundaries(monkeypatch, callbacks=(), **arguments) -> tuple[list, list]:
     x = torch.randn(64, 4)
     data = [{"x": x[i], "labels": x[i].sum()} for i in range(64)]
     args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf-out-"), per_device_train_batch_size=8,
-                             report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
-                             **{"max_steps": 8, **arguments})
+                             report_to="none", use_cpu=True, disable_tqdm=True,
+                             **{"max_steps": 8, "save_strategy": "no", **arguments})
     trainer = Trainer(model=Regressor(), args=args, train_dataset=data, eval_dataset=data[:16],
                       data_collator=lambda items: {k: torch.stack([torch.as_tensor(it[k]) for it in items])
                                                    for k in items[0]}, callbacks=list(callbacks))
@@ -56,10 +56,28 @@ def test_a_trainer_logging_every_step_gets_a_boundary_after_each_log(monkeypatch
     assert marks == list(range(1, 8))        # the last step ends training: none after it
 
 
-def test_steps_that_evaluate_still_get_none(monkeypatch):
-    marks, logged = _boundaries(monkeypatch, logging_steps=3, eval_strategy="steps", eval_steps=2,
-                                per_device_eval_batch_size=8)
-    assert logged == [3, 6] and marks == [1, 3, 5, 7]
+def test_steps_that_evaluate_get_theirs_once_the_evaluation_is_over(monkeypatch):
+    """Before: a step followed by an evaluation got no boundary, so a recipe evaluating every step
+    (eval_steps=1) could be neither suspended at a step nor moved."""
+    evaluated = []
+    seen = type("Seen", (__import__("transformers").TrainerCallback,),
+                {"on_evaluate": lambda self, args, state, control, **k: evaluated.append(state.global_step)})
+    marks, logged = _boundaries(monkeypatch, callbacks=[seen()], logging_steps=3, eval_strategy="steps",
+                                eval_steps=2, per_device_eval_batch_size=8)
+    assert logged == [3, 6] and evaluated == [2, 4, 6, 8] and marks == list(range(1, 8))
+    marks, _ = _boundaries(monkeypatch, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=8)
+    assert marks == list(range(1, 8))
+
+
+def test_where_the_trainer_acts_after_the_evaluation_there_is_none(monkeypatch):
+    """A metric that picks the best model is compared after the evaluation's callbacks (and a save may follow):
+    a process restored there would skip that."""
+    marks, _ = _boundaries(monkeypatch, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8,
+                           metric_for_best_model="loss")
+    assert marks == [1, 3, 5, 7]
+    marks, _ = _boundaries(monkeypatch, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8,
+                           save_strategy="steps", save_steps=4)
+    assert marks == [1, 2, 3, 5, 6, 7]
 
 
 def test_an_epochs_last_step_gets_none_where_the_trainer_or_a_callback_acts_at_its_end(monkeypatch):

@@ -5,13 +5,14 @@ TrainingArguments with gradient accumulation, a linear warm-up schedule and Adam
 
 usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--ignore-data-skip]
                        [--workers N]
-                       [--no-noise]
+                       [--no-noise] [--eval-steps N]
 Writes OUT as JSON: the sha256 of the final weights, the global step, the step this process started
 training at (more than 0 when gmux restored it after a move), and the run's train_loss and total_flos. --sleep
 stands for waiting on input in the collator each micro-batch; it changes no number. --wait-for holds training
 back until FILE exists (a test's starting gun; no number changes). --ignore-data-skip sets the Trainer's
 ignore_data_skip (a resumed run would not skip what was trained on: a setup gmux refuses to move). --workers loads the data
-in N worker processes; --no-noise leaves the noise out.
+in N worker processes; --no-noise leaves the noise out. --eval-steps evaluates every N steps on 32 points of
+their own, drawn with the same noise (OUT's "evals": each evaluation's step and loss).
 """
 import argparse
 import hashlib
@@ -33,6 +34,7 @@ p.add_argument("--wait-for", default=None, help="train only once this file exist
 p.add_argument("--ignore-data-skip", action="store_true")
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--no-noise", action="store_true")
+p.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps on 32 points of their own")
 a = p.parse_args()
 torch.set_num_threads(1)
 
@@ -83,11 +85,13 @@ args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf-out-"), per_devi
                          gradient_accumulation_steps=2, num_train_epochs=a.epochs, learning_rate=3e-3,
                          lr_scheduler_type="linear", warmup_steps=5, weight_decay=0.01, logging_strategy="no",
                          save_strategy="no", report_to="none", seed=0, use_cpu=True, disable_tqdm=True,
-                         dataloader_num_workers=a.workers, ignore_data_skip=a.ignore_data_skip)
+                         dataloader_num_workers=a.workers, ignore_data_skip=a.ignore_data_skip,
+                         **({"eval_strategy": "steps", "eval_steps": a.eval_steps, "per_device_eval_batch_size": 8}
+                            if a.eval_steps else {}))
 set_seed(0)
 first = FirstStep()
 trainer = Trainer(model=Regressor(), args=args, train_dataset=Points(a.samples), data_collator=collate,
-                  callbacks=[first])
+                  eval_dataset=Points(32) if a.eval_steps else None, callbacks=[first])
 while a.wait_for and not os.path.exists(a.wait_for):
     time.sleep(0.05)
 run = trainer.train()
@@ -96,4 +100,5 @@ for name, t in sorted(trainer.model.state_dict().items()):
     digest.update(name.encode() + t.detach().contiguous().numpy().tobytes())
 with open(a.out, "w") as f:
     json.dump({"sha256": digest.hexdigest(), "global_step": trainer.state.global_step, "first_step": first.first,
-               "pid": os.getpid(), "totals": [run.training_loss, trainer.state.total_flos]}, f)
+               "pid": os.getpid(), "totals": [run.training_loss, trainer.state.total_flos],
+               "evals": [(e["step"], e["eval_loss"]) for e in trainer.state.log_history if "eval_loss" in e]}, f)

@@ -2,9 +2,11 @@
 
 Boundary: the end of each optimizer step (`TrainerCallback.on_step_end`: the scheduler has stepped, gradients
 are cleared, `global_step` counts the step; gradient accumulation is never mid-cycle there), except a step after
-which the Trainer evaluates, saves or stops, and an epoch's last step where it evaluates or saves by epoch: a
-process restored after it would skip that work, as the Trainer's own resume does. A step after which it only logs gets its boundary once the log is written (`on_log`, the
-step's last act): recipes logging every step (`logging_steps=1`) would otherwise get none.
+which the Trainer saves or stops, and an epoch's last step where it evaluates or saves by epoch: a process
+restored after it would skip that work, as the Trainer's own resume does. A step after which it only logs gets
+its boundary once the log is written (`on_log`, the step's last act), one after which it evaluates once the
+evaluation is over (`on_evaluate`), unless a metric picks the best model (the Trainer compares after that
+callback): recipes logging or evaluating every step would otherwise get none.
 
 State: the model, the optimizer (the torch optimizer inside accelerate's wrapper), the LR scheduler and the AMP
 scaler, as tensors the runtime moves; the random states; `TrainerState` (global step, epoch, the stateful
@@ -188,7 +190,7 @@ def _callback_class(TrainerCallback):
             self.fetches: Optional[_Fetches] = None
             self.order: Optional[_EpochOrder] = None
             self.order_rng = None       # a restored process: the states its epoch's order was drawn under
-            self._after_log = False
+            self._after_log = self._after_eval = False
             # a callback of the script's own acting at an epoch's end (an evaluation of its own): no boundary at
             # the epoch's last step, which a restored process would resume after that act
             self._acts_at_epoch_end = any(
@@ -236,24 +238,36 @@ def _callback_class(TrainerCallback):
                 self._rng = None
 
         def on_step_begin(self, args, state, control, **kwargs):
-            self._after_log = False
+            self._after_log = self._after_eval = False
 
         def on_step_end(self, args, state, control, **kwargs):
             epoch_ends = state.epoch is not None and float(state.epoch).is_integer() and (any(
                 getattr(s, "value", s) == "epoch" for s in (args.eval_strategy, args.save_strategy))
                 or self._acts_at_epoch_end)
-            if (control.should_evaluate or control.should_save or control.should_training_stop
-                    or control.should_epoch_stop or epoch_ends):
+            if control.should_save or control.should_training_stop or control.should_epoch_stop or epoch_ends:
                 return     # the Trainer acts after this callback (or at the epoch's end); a restored process would not
-            if control.should_log:
+            if control.should_evaluate:
+                self._after_eval = True     # the evaluation may be the step's last act: see on_evaluate
+            elif control.should_log:
                 self._after_log = True      # the log is the step's last act: the boundary follows it
-                return
-            self.job.boundary()
+            else:
+                self.job.boundary()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if self._after_log:
                 self._after_log = False
                 self.job.boundary()
+
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            """After a step's evaluation (logged by now) the Trainer does nothing more to its state unless a
+            metric picks the best model (it compares, and may step ReduceLROnPlateau, after this callback), a
+            search reports the trial, or it saves: otherwise the boundary follows. A recipe evaluating every few
+            steps, or every step, would otherwise get none at those steps, or none at all."""
+            if self._after_eval:
+                self._after_eval = False
+                if not (args.metric_for_best_model is not None or control.should_save
+                        or control.should_training_stop or getattr(self.trainer, "hp_search_backend", None)):
+                    self.job.boundary()
 
         def refresh(self) -> None:
             """TrainerState, with the stateful callbacks' states as they are now (as the Trainer saves it)."""

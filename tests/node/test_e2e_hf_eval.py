@@ -1,0 +1,52 @@
+"""End to end: a Hugging Face Trainer that evaluates after every step (eval_steps=1, its evaluation data drawing
+noise from torch's random stream as its training data does) gets a boundary once each evaluation is over: under
+gmux-launch it is suspended, resumed and moved to a new process there, and ends bit-identical to its solo run,
+with the same losses at every evaluation."""
+import importlib.util
+import os
+
+import pytest
+
+from node_harness import ROOT, Node, result, start_py
+
+HF = os.path.join(ROOT, "tests", "scripts", "hf_trainer.py")
+# 2 epochs of 8 steps (16 points each, in micro-batches of 8), each step then evaluated on 32 points; every
+# micro-batch, evaluated or trained on, waits 50 ms in the collator (no number changes)
+ARGS = ["--epochs", "2", "--samples", "128", "--eval-steps", "1", "--sleep", "0.05"]
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="transformers not installed (pip install -e .[test])")
+
+
+def _past(node, job, step):
+    def there():
+        info = node.job(job)
+        return info if (info.get("report") or {}).get("control") == "framework" and info["step"] > step else None
+    return node.wait_for(there, 120, f"the Trainer under gmux past step {step}")
+
+
+def test_a_trainer_evaluating_every_step_is_suspended_and_moved_after_an_evaluation_bit_identical(tmp_path):
+    solo = start_py(HF, str(tmp_path / "solo.json"), *ARGS, log=str(tmp_path / "solo.log"))
+    node = Node(tmp_path, "--virtual-gpus", "2x1GiB", "--deadline-floor", "20")
+    try:
+        p = node.launch(HF, str(tmp_path / "moved.json"), *ARGS, opts=["--gpu", "0"], log_name="moved.log")
+        job = node.job_of(p.pid, 60)
+        info = _past(node, job, 2)
+        assert info["report"]["movable"], info["report"]
+        node.call("suspend", job=job)
+        held = node.job(job)
+        assert held["state"] == "held" and held["step"] < 16, held       # (before: no boundary, so a stop)
+        node.call("resume", job=job)
+        _past(node, job, held["step"])
+        node.call("migrate", job=job, gpu=1, new_process=True)
+        assert p.wait(300) == 0, (tmp_path / "moved.log").read_text()[-3000:]
+        assert solo.wait(300) == 0, (tmp_path / "solo.log").read_text()[-3000:]
+        info = node.job(job)
+        assert info["migrations"] == 1 and info["suspends"] >= 1 and info["gpu"] == 1, info
+    finally:
+        node.close()
+        if solo.poll() is None:
+            solo.kill()
+    moved, alone = result(tmp_path / "moved.json"), result(tmp_path / "solo.json")
+    assert moved["first_step"] > held["step"] and moved["global_step"] == alone["global_step"] == 16, (moved, alone)
+    assert len(alone["evals"]) == 16 and moved["evals"] == alone["evals"], (moved, alone)
+    assert moved["sha256"] == alone["sha256"] and moved["totals"] == alone["totals"], (moved, alone)
