@@ -33,7 +33,8 @@ def _boundaries(monkeypatch, callbacks=(), **arguments) -> tuple[list, list]:
     job = Job(TrackedState(), device="cpu")
     x = torch.randn(64, 4)
     data = [{"x": x[i], "labels": x[i].sum()} for i in range(64)]
-    args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf-out-"), per_device_train_batch_size=8,
+    out = tempfile.TemporaryDirectory(prefix="hf-out-")        # (checkpoints, where it saves)
+    args = TrainingArguments(output_dir=out.name, per_device_train_batch_size=8,
                              report_to="none", use_cpu=True, disable_tqdm=True,
                              **{"max_steps": 8, "save_strategy": "no", **arguments})
     trainer = Trainer(model=Regressor(), args=args, train_dataset=data, eval_dataset=data[:16],
@@ -43,7 +44,8 @@ def _boundaries(monkeypatch, callbacks=(), **arguments) -> tuple[list, list]:
     monkeypatch.setattr(job, "boundary", lambda: marks.append(trainer.state.global_step))
     frameworks.started()
     trainer.add_callback(huggingface._callback_class(TrainerCallback)(trainer, job))
-    trainer.train()
+    with out:
+        trainer.train()
     logged = [entry["step"] for entry in trainer.state.log_history if "loss" in entry]
     return marks, logged
 
@@ -69,15 +71,26 @@ def test_steps_that_evaluate_get_theirs_once_the_evaluation_is_over(monkeypatch)
     assert marks == list(range(1, 8))
 
 
-def test_where_the_trainer_acts_after_the_evaluation_there_is_none(monkeypatch):
-    """A metric that picks the best model is compared after the evaluation's callbacks (and a save may follow):
-    a process restored there would skip that."""
+def test_a_step_the_trainer_saves_after_gets_its_boundary_once_the_checkpoint_is_written(monkeypatch):
+    saved = []
+    seen = type("Seen", (__import__("transformers").TrainerCallback,),
+                {"on_save": lambda self, args, state, control, **k: saved.append(state.global_step)})
+    marks, _ = _boundaries(monkeypatch, callbacks=[seen()], save_strategy="steps", save_steps=1)
+    assert saved == list(range(1, 9)) and marks == list(range(1, 8))
+    marks, _ = _boundaries(monkeypatch, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8,
+                           save_strategy="steps", save_steps=4)
+    assert marks == list(range(1, 8))
+
+
+def test_a_metric_that_picks_the_best_model_is_compared_before_the_boundary(monkeypatch):
+    """The Trainer compares it after the evaluation's callbacks (and may save then): a process restored at the
+    evaluation would skip that. Saved at the step, the boundary follows the save."""
     marks, _ = _boundaries(monkeypatch, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8,
                            metric_for_best_model="loss")
     assert marks == [1, 3, 5, 7]
     marks, _ = _boundaries(monkeypatch, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8,
-                           save_strategy="steps", save_steps=4)
-    assert marks == [1, 2, 3, 5, 6, 7]
+                           metric_for_best_model="loss", save_strategy="steps", save_steps=2)
+    assert marks == list(range(1, 8))
 
 
 def test_an_epochs_last_step_gets_none_where_the_trainer_or_a_callback_acts_at_its_end(monkeypatch):

@@ -1,7 +1,8 @@
 """End to end: a Hugging Face Trainer that evaluates after every step (eval_steps=1, its evaluation data drawing
-noise from torch's random stream as its training data does) gets a boundary once each evaluation is over: under
-gmux-launch it is suspended, resumed and moved to a new process there, and ends bit-identical to its solo run,
-with the same losses at every evaluation."""
+noise from torch's random stream as its training data does), and one that also saves its own checkpoint at every
+step, get a boundary once that work is over: under gmux-launch each is suspended, resumed and moved to a new
+process there, and ends bit-identical to its solo run, with the same losses at every evaluation and the same
+checkpoints of its own."""
 import importlib.util
 import os
 
@@ -24,11 +25,13 @@ def _past(node, job, step):
     return node.wait_for(there, 120, f"the Trainer under gmux past step {step}")
 
 
-def test_a_trainer_evaluating_every_step_is_suspended_and_moved_after_an_evaluation_bit_identical(tmp_path):
-    solo = start_py(HF, str(tmp_path / "solo.json"), *ARGS, log=str(tmp_path / "solo.log"))
+@pytest.mark.parametrize("saves", [False, True], ids=["evaluating", "evaluating-and-saving"])
+def test_a_trainer_at_work_after_every_step_is_suspended_and_moved_after_it_bit_identical(tmp_path, saves):
+    args = ARGS + (["--save-steps", "1"] if saves else [])
+    solo = start_py(HF, str(tmp_path / "solo.json"), *args, log=str(tmp_path / "solo.log"))
     node = Node(tmp_path, "--virtual-gpus", "2x1GiB", "--deadline-floor", "20")
     try:
-        p = node.launch(HF, str(tmp_path / "moved.json"), *ARGS, opts=["--gpu", "0"], log_name="moved.log")
+        p = node.launch(HF, str(tmp_path / "moved.json"), *args, opts=["--gpu", "0"], log_name="moved.log")
         job = node.job_of(p.pid, 60)
         info = _past(node, job, 2)
         assert info["report"]["movable"], info["report"]
@@ -50,3 +53,6 @@ def test_a_trainer_evaluating_every_step_is_suspended_and_moved_after_an_evaluat
     assert moved["first_step"] > held["step"] and moved["global_step"] == alone["global_step"] == 16, (moved, alone)
     assert len(alone["evals"]) == 16 and moved["evals"] == alone["evals"], (moved, alone)
     assert moved["sha256"] == alone["sha256"] and moved["totals"] == alone["totals"], (moved, alone)
+    if saves:
+        kept = lambda name: sorted(os.listdir(tmp_path / f"{name}.json-checkpoints"))
+        assert kept("moved") == kept("solo") == [f"checkpoint-{n}" for n in sorted(range(1, 17), key=str)]

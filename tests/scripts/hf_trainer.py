@@ -5,20 +5,20 @@ TrainingArguments with gradient accumulation, a linear warm-up schedule and Adam
 
 usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--ignore-data-skip]
                        [--workers N]
-                       [--no-noise] [--eval-steps N]
+                       [--no-noise] [--eval-steps N] [--save-steps N]
 Writes OUT as JSON: the sha256 of the final weights, the global step, the step this process started
 training at (more than 0 when gmux restored it after a move), and the run's train_loss and total_flos. --sleep
 stands for waiting on input in the collator each micro-batch; it changes no number. --wait-for holds training
 back until FILE exists (a test's starting gun; no number changes). --ignore-data-skip sets the Trainer's
 ignore_data_skip (a resumed run would not skip what was trained on: a setup gmux refuses to move). --workers loads the data
 in N worker processes; --no-noise leaves the noise out. --eval-steps evaluates every N steps on 32 points of
-their own, drawn with the same noise (OUT's "evals": each evaluation's step and loss).
+their own, drawn with the same noise (OUT's "evals": each evaluation's step and loss); --save-steps saves a
+checkpoint every N steps in OUT-checkpoints/ (the Trainer's output directory; its own, not gmux's).
 """
 import argparse
 import hashlib
 import json
 import os
-import tempfile
 import time
 
 import torch
@@ -35,6 +35,7 @@ p.add_argument("--ignore-data-skip", action="store_true")
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--no-noise", action="store_true")
 p.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps on 32 points of their own")
+p.add_argument("--save-steps", type=int, default=0, help="save the Trainer's own checkpoint every N steps")
 a = p.parse_args()
 torch.set_num_threads(1)
 
@@ -81,10 +82,11 @@ class FirstStep(TrainerCallback):
             self.first = state.global_step
 
 
-args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf-out-"), per_device_train_batch_size=8,
+args = TrainingArguments(output_dir=a.out + "-checkpoints", per_device_train_batch_size=8,
                          gradient_accumulation_steps=2, num_train_epochs=a.epochs, learning_rate=3e-3,
                          lr_scheduler_type="linear", warmup_steps=5, weight_decay=0.01, logging_strategy="no",
-                         save_strategy="no", report_to="none", seed=0, use_cpu=True, disable_tqdm=True,
+                         save_strategy="steps" if a.save_steps else "no", save_steps=a.save_steps or 500,
+                         report_to="none", seed=0, use_cpu=True, disable_tqdm=True,
                          dataloader_num_workers=a.workers, ignore_data_skip=a.ignore_data_skip,
                          **({"eval_strategy": "steps", "eval_steps": a.eval_steps, "per_device_eval_batch_size": 8}
                             if a.eval_steps else {}))

@@ -1,12 +1,12 @@
 """Hugging Face `transformers.Trainer` (which trains through `accelerate`) as an explicit-mode gmux job.
 
 Boundary: the end of each optimizer step (`TrainerCallback.on_step_end`: the scheduler has stepped, gradients
-are cleared, `global_step` counts the step; gradient accumulation is never mid-cycle there), except a step after
-which the Trainer saves or stops, and an epoch's last step where it evaluates or saves by epoch: a process
-restored after it would skip that work, as the Trainer's own resume does. A step after which it only logs gets
-its boundary once the log is written (`on_log`, the step's last act), one after which it evaluates once the
-evaluation is over (`on_evaluate`), unless a metric picks the best model (the Trainer compares after that
-callback): recipes logging or evaluating every step would otherwise get none.
+are cleared, `global_step` counts the step; gradient accumulation is never mid-cycle there). A step after which
+the Trainer logs, evaluates or saves gets it once that work is over, as the step's last act: the log written
+(`on_log`), the evaluation over (`on_evaluate`, unless a metric picks the best model: the Trainer compares after
+that callback, and may then save) or the checkpoint saved (`on_save`). None at a step after which it stops, nor
+at an epoch's last step where it evaluates or saves by epoch: a process restored there would skip that work, as
+the Trainer's own resume does. Recipes logging, evaluating or saving every step would otherwise get none.
 
 State: the model, the optimizer (the torch optimizer inside accelerate's wrapper), the LR scheduler and the AMP
 scaler, as tensors the runtime moves; the random states; `TrainerState` (global step, epoch, the stateful
@@ -190,7 +190,7 @@ def _callback_class(TrainerCallback):
             self.fetches: Optional[_Fetches] = None
             self.order: Optional[_EpochOrder] = None
             self.order_rng = None       # a restored process: the states its epoch's order was drawn under
-            self._after_log = self._after_eval = False
+            self._after_log = self._after_eval = self._after_save = False
             # a callback of the script's own acting at an epoch's end (an evaluation of its own): no boundary at
             # the epoch's last step, which a restored process would resume after that act
             self._acts_at_epoch_end = any(
@@ -238,15 +238,17 @@ def _callback_class(TrainerCallback):
                 self._rng = None
 
         def on_step_begin(self, args, state, control, **kwargs):
-            self._after_log = self._after_eval = False
+            self._after_log = self._after_eval = self._after_save = False
 
         def on_step_end(self, args, state, control, **kwargs):
             epoch_ends = state.epoch is not None and float(state.epoch).is_integer() and (any(
                 getattr(s, "value", s) == "epoch" for s in (args.eval_strategy, args.save_strategy))
                 or self._acts_at_epoch_end)
-            if control.should_save or control.should_training_stop or control.should_epoch_stop or epoch_ends:
-                return     # the Trainer acts after this callback (or at the epoch's end); a restored process would not
-            if control.should_evaluate:
+            if control.should_training_stop or control.should_epoch_stop or epoch_ends:
+                return     # the Trainer acts at the epoch's end, or ends; a restored process would not
+            if control.should_save:
+                self._after_save = True     # the save is the step's last act (after any evaluation)
+            elif control.should_evaluate:
                 self._after_eval = True     # the evaluation may be the step's last act: see on_evaluate
             elif control.should_log:
                 self._after_log = True      # the log is the step's last act: the boundary follows it
@@ -267,6 +269,12 @@ def _callback_class(TrainerCallback):
                 self._after_eval = False
                 if not (args.metric_for_best_model is not None or control.should_save
                         or control.should_training_stop or getattr(self.trainer, "hp_search_backend", None)):
+                    self.job.boundary()
+
+        def on_save(self, args, state, control, **kwargs):
+            if self._after_save:
+                self._after_save = False
+                if not control.should_training_stop:
                     self.job.boundary()
 
         def refresh(self) -> None:
