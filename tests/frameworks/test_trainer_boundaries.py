@@ -25,8 +25,10 @@ class Regressor(nn.Module):
         return {"loss": nn.functional.mse_loss(pred, labels), "logits": pred}
 
 
-def _boundaries(monkeypatch, callbacks=(), **arguments) -> tuple[list, list]:
-    """Trains 8 steps; returns the global steps at which the job got a boundary, and those the Trainer logged."""
+def _boundaries(monkeypatch, callbacks=(), events=None, evaluated_on=None, **arguments) -> tuple[list, list]:
+    """Trains 8 steps; returns the global steps at which the job got a boundary, and those the Trainer logged.
+    `events`: a list each boundary is also noted in, as ("boundary", step); `evaluated_on`: the eval dataset, from
+    the 64 points (default: the first 16)."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
     from gmux.job.frameworks import huggingface
     monkeypatch.setattr(frameworks, "_runs", 0)
@@ -37,13 +39,18 @@ def _boundaries(monkeypatch, callbacks=(), **arguments) -> tuple[list, list]:
     args = TrainingArguments(output_dir=out.name, per_device_train_batch_size=8,
                              report_to="none", use_cpu=True, disable_tqdm=True,
                              **{"max_steps": 8, "save_strategy": "no", **arguments})
-    trainer = Trainer(model=Regressor(), args=args, train_dataset=data, eval_dataset=data[:16],
+    evaluated_on = evaluated_on or (lambda points: points[:16])
+    trainer = Trainer(model=Regressor(), args=args, train_dataset=data, eval_dataset=evaluated_on(data),
                       data_collator=lambda items: {k: torch.stack([torch.as_tensor(it[k]) for it in items])
                                                    for k in items[0]}, callbacks=list(callbacks))
     marks = []
-    monkeypatch.setattr(job, "boundary", lambda: marks.append(trainer.state.global_step))
+    events = [] if events is None else events
+    monkeypatch.setattr(job, "boundary", lambda: marks.append(trainer.state.global_step) or
+                        events.append(("boundary", trainer.state.global_step)))
     frameworks.started()
-    trainer.add_callback(huggingface._callback_class(TrainerCallback)(trainer, job))
+    callback = huggingface._callback_class(TrainerCallback)(trainer, job)
+    trainer.add_callback(callback)
+    callback.after_step_work = huggingface._after_step_work(trainer, callback)     # (as the patched train() does)
     with out:
         trainer.train()
     logged = [entry["step"] for entry in trainer.state.log_history if "loss" in entry]
@@ -82,15 +89,37 @@ def test_a_step_the_trainer_saves_after_gets_its_boundary_once_the_checkpoint_is
     assert marks == list(range(1, 8))
 
 
-def test_a_metric_that_picks_the_best_model_is_compared_before_the_boundary(monkeypatch):
-    """The Trainer compares it after the evaluation's callbacks (and may save then): a process restored at the
-    evaluation would skip that. Saved at the step, the boundary follows the save."""
-    marks, _ = _boundaries(monkeypatch, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8,
-                           metric_for_best_model="loss")
-    assert marks == [1, 3, 5, 7]
-    marks, _ = _boundaries(monkeypatch, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=8,
-                           metric_for_best_model="loss", save_strategy="steps", save_steps=2)
+def test_the_boundary_follows_every_evaluation_of_the_step_and_the_best_metrics_comparison(monkeypatch):
+    """Before (a boundary at the first on_evaluate): with a dict of eval datasets, the others were evaluated
+    after it (a restored process would skip them, and each eval loader's seed draw); a best metric was compared
+    after it. Now the boundary follows the Trainer's whole work after the step."""
+    from transformers import TrainerCallback
+    events = []
+    seen = type("Seen", (TrainerCallback,), {
+        "on_evaluate": lambda self, args, state, control, **k: events.append(("evaluate", state.global_step)),
+        "on_save": lambda self, args, state, control, **k: events.append(("save", state.global_step))})
+    marks, _ = _boundaries(monkeypatch, callbacks=[seen()], events=events, eval_strategy="steps", eval_steps=2,
+                           per_device_eval_batch_size=8, evaluated_on=lambda p: {"a": p[:16], "b": p[16:24]},
+                           metric_for_best_model="a_loss", save_strategy="best")
     assert marks == list(range(1, 8))
+    for step in (2, 4, 6):
+        at = [kind for kind, s in events if s == step]
+        assert at[:2] == ["evaluate", "evaluate"] and at[-1] == "boundary", events
+
+
+def test_no_boundary_where_a_callback_stops_the_training_in_its_log(monkeypatch):
+    """A loss threshold acting on the log (set after the step's end): the training ends there, and a process
+    restored at that step would train on."""
+    from transformers import TrainerCallback
+    stop = type("StopAt4", (TrainerCallback,), {"on_log": lambda self, args, state, control, **k: setattr(
+        control, "should_training_stop", state.global_step >= 4) or control})
+    marks, logged = _boundaries(monkeypatch, callbacks=[stop()], logging_steps=1)
+    assert logged == [1, 2, 3, 4] and marks == [1, 2, 3]
+
+
+def test_an_epochs_last_step_gets_none_where_the_trainer_logs_by_epoch(monkeypatch):
+    marks, _ = _boundaries(monkeypatch, logging_strategy="epoch", num_train_epochs=2, max_steps=-1)
+    assert marks == [1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15], marks
 
 
 def test_an_epochs_last_step_gets_none_where_the_trainer_or_a_callback_acts_at_its_end(monkeypatch):

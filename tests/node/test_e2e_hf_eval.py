@@ -1,6 +1,6 @@
-"""End to end: a Hugging Face Trainer that evaluates after every step (eval_steps=1, its evaluation data drawing
-noise from torch's random stream as its training data does), and one that also saves its own checkpoint at every
-step, get a boundary once that work is over: under gmux-launch each is suspended, resumed and moved to a new
+"""End to end: a Hugging Face Trainer that evaluates after every step (eval_steps=1, and at its start, on two
+eval datasets drawing noise from torch's random stream as its training data does), and one that also saves its
+own checkpoint at every step, get a boundary once that work is over: under gmux-launch each is suspended, resumed and moved to a new
 process there, and ends bit-identical to its solo run, with the same losses at every evaluation and the same
 checkpoints of its own."""
 import importlib.util
@@ -11,8 +11,8 @@ import pytest
 from node_harness import ROOT, Node, result, start_py
 
 HF = os.path.join(ROOT, "tests", "scripts", "hf_trainer.py")
-# 2 epochs of 8 steps (16 points each, in micro-batches of 8), each step then evaluated on 32 points; every
-# micro-batch, evaluated or trained on, waits 50 ms in the collator (no number changes)
+# 2 epochs of 8 steps (16 points each, in micro-batches of 8), each step then evaluated on 32 and 16 points;
+# every micro-batch, evaluated or trained on, waits 50 ms in the collator (no number changes)
 ARGS = ["--epochs", "2", "--samples", "128", "--eval-steps", "1", "--sleep", "0.05"]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                 reason="transformers not installed (pip install -e .[test])")
@@ -51,7 +51,9 @@ def test_a_trainer_at_work_after_every_step_is_suspended_and_moved_after_it_bit_
             solo.kill()
     moved, alone = result(tmp_path / "moved.json"), result(tmp_path / "solo.json")
     assert moved["first_step"] > held["step"] and moved["global_step"] == alone["global_step"] == 16, (moved, alone)
-    assert len(alone["evals"]) == 16 and moved["evals"] == alone["evals"], (moved, alone)
+    # both datasets at the start (not again in the restored process) and after each of the 16 steps
+    assert [step for step, *_ in alone["evals"]] == [n for n in range(17) for _ in "ab"], alone
+    assert moved["evals"] == alone["evals"], (moved, alone)
     assert moved["sha256"] == alone["sha256"] and moved["totals"] == alone["totals"], (moved, alone)
     if saves:
         kept = lambda name: sorted(os.listdir(tmp_path / f"{name}.json-checkpoints"))

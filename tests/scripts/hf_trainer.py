@@ -11,8 +11,9 @@ training at (more than 0 when gmux restored it after a move), and the run's trai
 stands for waiting on input in the collator each micro-batch; it changes no number. --wait-for holds training
 back until FILE exists (a test's starting gun; no number changes). --ignore-data-skip sets the Trainer's
 ignore_data_skip (a resumed run would not skip what was trained on: a setup gmux refuses to move). --workers loads the data
-in N worker processes; --no-noise leaves the noise out. --eval-steps evaluates every N steps on 32 points of
-their own, drawn with the same noise (OUT's "evals": each evaluation's step and loss); --save-steps saves a
+in N worker processes; --no-noise leaves the noise out. --eval-steps evaluates at the start and every N steps
+on two sets of points of their own, drawn with the same noise (OUT's "evals": each evaluation's step and loss,
+in the order logged); --save-steps saves a
 checkpoint every N steps in OUT-checkpoints/ (the Trainer's output directory; its own, not gmux's).
 """
 import argparse
@@ -34,7 +35,7 @@ p.add_argument("--wait-for", default=None, help="train only once this file exist
 p.add_argument("--ignore-data-skip", action="store_true")
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--no-noise", action="store_true")
-p.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps on 32 points of their own")
+p.add_argument("--eval-steps", type=int, default=0, help="evaluate at the start and every N steps")
 p.add_argument("--save-steps", type=int, default=0, help="save the Trainer's own checkpoint every N steps")
 a = p.parse_args()
 torch.set_num_threads(1)
@@ -88,12 +89,12 @@ args = TrainingArguments(output_dir=a.out + "-checkpoints", per_device_train_bat
                          save_strategy="steps" if a.save_steps else "no", save_steps=a.save_steps or 500,
                          report_to="none", seed=0, use_cpu=True, disable_tqdm=True,
                          dataloader_num_workers=a.workers, ignore_data_skip=a.ignore_data_skip,
-                         **({"eval_strategy": "steps", "eval_steps": a.eval_steps, "per_device_eval_batch_size": 8}
-                            if a.eval_steps else {}))
+                         **({"eval_strategy": "steps", "eval_steps": a.eval_steps, "per_device_eval_batch_size": 8,
+                             "eval_on_start": True} if a.eval_steps else {}))
 set_seed(0)
 first = FirstStep()
 trainer = Trainer(model=Regressor(), args=args, train_dataset=Points(a.samples), data_collator=collate,
-                  eval_dataset=Points(32) if a.eval_steps else None, callbacks=[first])
+                  eval_dataset={"near": Points(32), "far": Points(16)} if a.eval_steps else None, callbacks=[first])
 while a.wait_for and not os.path.exists(a.wait_for):
     time.sleep(0.05)
 run = trainer.train()
@@ -103,4 +104,5 @@ for name, t in sorted(trainer.model.state_dict().items()):
 with open(a.out, "w") as f:
     json.dump({"sha256": digest.hexdigest(), "global_step": trainer.state.global_step, "first_step": first.first,
                "pid": os.getpid(), "totals": [run.training_loss, trainer.state.total_flos],
-               "evals": [(e["step"], e["eval_loss"]) for e in trainer.state.log_history if "eval_loss" in e]}, f)
+               "evals": [(e["step"], k, v) for e in trainer.state.log_history for k, v in sorted(e.items())
+                         if k.startswith("eval_") and k.endswith("_loss")]}, f)

@@ -1,12 +1,12 @@
 """Hugging Face `transformers.Trainer` (which trains through `accelerate`) as an explicit-mode gmux job.
 
 Boundary: the end of each optimizer step (`TrainerCallback.on_step_end`: the scheduler has stepped, gradients
-are cleared, `global_step` counts the step; gradient accumulation is never mid-cycle there). A step after which
-the Trainer logs, evaluates or saves gets it once that work is over, as the step's last act: the log written
-(`on_log`), the evaluation over (`on_evaluate`, unless a metric picks the best model: the Trainer compares after
-that callback, and may then save) or the checkpoint saved (`on_save`). None at a step after which it stops, nor
-at an epoch's last step where it evaluates or saves by epoch: a process restored there would skip that work, as
-the Trainer's own resume does. Recipes logging, evaluating or saving every step would otherwise get none.
+are cleared, `global_step` counts the step; gradient accumulation is never mid-cycle there), once the Trainer's
+work after the step is over (`_after_step_work`: its log, its evaluations and their comparison of a best metric,
+its save), so that recipes logging, evaluating or saving every step get one at every step. None at a step after
+which the training or the epoch stops, nor at an epoch's last step where the Trainer logs, evaluates or saves by
+epoch, or where a callback of the script's own acts: a process restored there would skip that work, as the
+Trainer's own resume does. A restored process does not evaluate at its start (`eval_on_start`) again.
 
 State: the model, the optimizer (the torch optimizer inside accelerate's wrapper), the LR scheduler and the AMP
 scaler, as tensors the runtime moves; the random states; `TrainerState` (global step, epoch, the stateful
@@ -64,6 +64,7 @@ _EXACT_SAMPLERS = ("SequentialSampler", "SeedableRandomSampler", "_EpochOrder")
 _FROM_STREAM = ("LengthGroupedSampler", "RandomSampler")
 _MASKING = ("DataCollatorForLanguageModeling", "DataCollatorForPermutationLanguageModeling")
 _LOADERS = ("_load_from_checkpoint", "_load_optimizer_and_scheduler", "_load_scaler", "_load_rng_state")
+_STEP_WORK = "_maybe_log_save_evaluate"
 # The Trainer's running totals of a train() call (set before on_train_begin, where a restored process puts the
 # moved ones back), and whether each counts steps (a whole number) or sums (a number)
 _RUN_TOTALS = {"_tr_loss": float, "_total_loss_scalar": float, "current_flos": float,
@@ -84,9 +85,10 @@ def patch(module) -> None:
             return original(self, resume_from_checkpoint, *args, **kwargs)
         callback = Callback(self, job)
         self.add_callback(callback)
+        callback.after_step_work = _after_step_work(self, callback)
         frameworks.started()
         path = frameworks.take_restore()
-        scratch = None
+        scratch, evaluates_at_start = None, False
         try:
             if path is not None:
                 if resume_from_checkpoint:   # a checkpoint of its own, older than the one the job was moved with
@@ -104,19 +106,48 @@ def patch(module) -> None:
                 callback.restore_from = path
                 _take_over_loading(self, callback)
                 resume_from_checkpoint = scratch
+                # (the first process evaluated at its start, in the log history it was moved with)
+                evaluates_at_start = bool(getattr(self.args, "eval_on_start", False))
+                if evaluates_at_start:
+                    self.args.eval_on_start = False
             return original(self, resume_from_checkpoint, *args, **kwargs)
         finally:
+            if evaluates_at_start:
+                self.args.eval_on_start = True
             frameworks.finished(job)
             if callback.fetches is not None:
                 callback.fetches.remove()
             self.remove_callback(callback)
-            for name in _LOADERS:
+            for name in (*_LOADERS, _STEP_WORK):
                 self.__dict__.pop(name, None)
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
 
     Trainer.train = train
     Trainer._gmux_patched = True
+
+
+def _after_step_work(trainer, callback) -> bool:
+    """The Trainer's work after a step (its log; its evaluations, of every eval dataset, with the best-metric
+    comparison, a plateau scheduler's step and a trial's report; its save) is one method in every version, after
+    which only its stop check runs before the next batch: the step's boundary follows it. The batches evaluation
+    fetches, through the training dataset too (a Subset of it), are not the training loader's (`_Fetches`).
+    False where a Trainer has no such method (then a step it logs, evaluates or saves after gets no boundary)."""
+    work = getattr(trainer, _STEP_WORK, None)
+    if not callable(work):
+        return False
+
+    @functools.wraps(work)
+    def then_boundary(*args, **kwargs):
+        callback.in_step_work = True
+        try:
+            done = work(*args, **kwargs)
+        finally:
+            callback.in_step_work = False
+        callback.step_work_done()
+        return done
+    setattr(trainer, _STEP_WORK, then_boundary)
+    return True
 
 
 def _take_over_loading(trainer, callback) -> None:
@@ -190,7 +221,9 @@ def _callback_class(TrainerCallback):
             self.fetches: Optional[_Fetches] = None
             self.order: Optional[_EpochOrder] = None
             self.order_rng = None       # a restored process: the states its epoch's order was drawn under
-            self._after_log = self._after_eval = self._after_save = False
+            self._step_ended = False
+            self.after_step_work = False    # the Trainer's work after a step is wrapped (`_after_step_work`)
+            self.in_step_work = False
             # a callback of the script's own acting at an epoch's end (an evaluation of its own): no boundary at
             # the epoch's last step, which a restored process would resume after that act
             self._acts_at_epoch_end = any(
@@ -238,43 +271,27 @@ def _callback_class(TrainerCallback):
                 self._rng = None
 
         def on_step_begin(self, args, state, control, **kwargs):
-            self._after_log = self._after_eval = self._after_save = False
+            self._step_ended = False
 
         def on_step_end(self, args, state, control, **kwargs):
             epoch_ends = state.epoch is not None and float(state.epoch).is_integer() and (any(
-                getattr(s, "value", s) == "epoch" for s in (args.eval_strategy, args.save_strategy))
+                getattr(s, "value", s) == "epoch"
+                for s in (args.eval_strategy, args.save_strategy, args.logging_strategy))
                 or self._acts_at_epoch_end)
             if control.should_training_stop or control.should_epoch_stop or epoch_ends:
                 return     # the Trainer acts at the epoch's end, or ends; a restored process would not
-            if control.should_save:
-                self._after_save = True     # the save is the step's last act (after any evaluation)
-            elif control.should_evaluate:
-                self._after_eval = True     # the evaluation may be the step's last act: see on_evaluate
-            elif control.should_log:
-                self._after_log = True      # the log is the step's last act: the boundary follows it
-            else:
+            if self.after_step_work:
+                self._step_ended = True     # the boundary follows the step's log, evaluations and save
+            elif not (control.should_log or control.should_evaluate or control.should_save):
                 self.job.boundary()
 
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if self._after_log:
-                self._after_log = False
-                self.job.boundary()
-
-        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-            """After a step's evaluation (logged by now) the Trainer does nothing more to its state unless a
-            metric picks the best model (it compares, and may step ReduceLROnPlateau, after this callback), a
-            search reports the trial, or it saves: otherwise the boundary follows. A recipe evaluating every few
-            steps, or every step, would otherwise get none at those steps, or none at all."""
-            if self._after_eval:
-                self._after_eval = False
-                if not (args.metric_for_best_model is not None or control.should_save
-                        or control.should_training_stop or getattr(self.trainer, "hp_search_backend", None)):
-                    self.job.boundary()
-
-        def on_save(self, args, state, control, **kwargs):
-            if self._after_save:
-                self._after_save = False
-                if not control.should_training_stop:
+        def step_work_done(self) -> None:
+            """The Trainer's work after a step is over (`_after_step_work`): the boundary, unless a callback
+            stopped the epoch or the training meanwhile (a loss threshold, early stopping)."""
+            control = self.trainer.control
+            if self._step_ended:
+                self._step_ended = False
+                if not (control.should_training_stop or control.should_epoch_stop):
                     self.job.boundary()
 
         def refresh(self) -> None:
@@ -330,6 +347,8 @@ class _Fetches:
     def note(self) -> None:
         from gmux.job.state import capture_rng, restore_rng
         cb = self.callback
+        if cb.in_step_work:
+            return          # an evaluation's batch (a Subset of the training dataset), not the training loader's
         if cb.fetch_rng is not None:
             restore_rng(cb.fetch_rng)
             cb.fetch_rng, self._second = None, True
