@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +25,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def spawned(tmp_path, machine: str, cjob: str, timeout: float = 60) -> int:
+    """The pid of the job's new process on `machine`, from gmuxd's log as it spawns it: seconds before the process
+    registers (gmuxd's record of it has no pid until then, and then it may be ready within milliseconds)."""
+    log = tmp_path / f"gmuxd-{machine}.log"
+    found = wait_for(lambda: re.search(rf"started {cjob} \(pids \[(\d+)\]", log.read_text()), timeout,
+                     f"the job's new process spawned on {machine}")
+    return int(found.group(1))
 
 
 class Solo(Mapping):

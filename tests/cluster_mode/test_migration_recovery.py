@@ -2,11 +2,10 @@
 restored); a machine killed mid-run has its job restarted elsewhere from its last periodic checkpoint."""
 import json
 import os
-import re
 import signal
 import time
 
-from cluster_harness import Solo, wait_for
+from cluster_harness import Solo, spawned, wait_for
 from gmux.wire import sealed
 
 STEPS = "4000"
@@ -71,15 +70,6 @@ def _target(tmp_path, machine, cjob, test):
     return next((j for j in jobs if j["name"] == cjob and j.get("pid") and test(j)), None)
 
 
-def _spawned(tmp_path, machine, cjob) -> int:
-    """The pid of the job's new process on `machine`, from gmuxd's log as it spawns it: seconds before the process
-    registers (gmuxd's record of it has no pid until then, and then it is ready within milliseconds)."""
-    log = tmp_path / f"gmuxd-{machine}.log"
-    found = wait_for(lambda: re.search(rf"started {cjob} \(pids \[(\d+)\]", log.read_text()), 60,
-                     f"the job's new process spawned on {machine}")
-    return int(found.group(1))
-
-
 def _reading(pid: int, inbox: str) -> bool:
     """Whether process `pid` has a file of `inbox` open (its checkpoint, arriving or arrived)."""
     try:
@@ -113,7 +103,7 @@ def test_target_lost_mid_move_the_job_runs_on_at_its_source(cluster_factory, tmp
     # A round trip to gmuxd for its report may take longer than the source needs to send and the target to
     # restore. So the process is stopped as soon as its offer is in the inbox, then let on in short runs, each
     # followed by a look at gmuxd's record, until that record says it waits.
-    pid = _spawned(tmp_path, dst, cjob)
+    pid = spawned(tmp_path, dst, cjob)
     inbox = tmp_path / f"rt-{dst}" / "cluster-in"
     wait_for(lambda: [f for f in os.listdir(inbox) if f.startswith(f"{cjob}-") and f.endswith(".holds")], 60,
              "the target's process offering what it holds", every=0.001)
@@ -150,7 +140,7 @@ def test_target_process_killed_mid_restore_the_job_runs_on_at_its_source(cluster
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
     # Its pid from gmuxd's log (the process is there seconds before the bytes are); then only /proc is looked at,
     # since a round trip to a gmuxd busy receiving them may take longer than the reading does.
-    pid = _spawned(tmp_path, dst, cjob)
+    pid = spawned(tmp_path, dst, cjob)
     wait_for(lambda: _reading(pid, str(inbox)), 60, "the target's process reading the checkpoint", every=0.001)
     os.kill(pid, signal.SIGKILL)
     back = wait_for(lambda: (lambda j: j["state"] == "running" and j["machine"] == src and j)(c.job(cjob)), 60,

@@ -4,10 +4,9 @@ and the job ends bit-identical, moved once, never restarted. The scheduler's sid
 recovered from SQLite, and a move's events from its two machines in either order."""
 import json
 import os
-import re
 import signal
 
-from cluster_harness import Solo, wait_for
+from cluster_harness import Solo, spawned, wait_for
 
 STEPS = "6000"
 
@@ -23,13 +22,10 @@ def test_a_move_under_way_survives_a_scheduler_restart(cluster_factory, tmp_path
                      "job running")
     src = first["machine"]
     dst = "m2" if src == "m1" else "m1"
-    target_log = tmp_path / f"gmuxd-{dst}.log"
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=1)
     # The target's new process is spawned (cold: it imports torch for seconds before it is ready): held there
     # (SIGSTOP) while the scheduler is killed and started again, so that it cannot be ready before.
-    spawned = wait_for(lambda: re.search(rf"started {cjob} \(pids \[(\d+)", target_log.read_text()), 30,
-                       "the target's process spawned")
-    target = int(spawned.group(1))
+    target = spawned(tmp_path, dst, cjob, 30)
     os.kill(target, signal.SIGSTOP)
     c.sched.send_signal(signal.SIGKILL)
     c.sched.wait()
