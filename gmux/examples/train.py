@@ -92,7 +92,8 @@ def main(argv=None) -> int:
     job = gmux.job.attach(model, optimizer, scheduler, state=state, pool=pool)
     restored = job.restore(args.restore) if args.restore else None
     stop, cycles, pending = threading.Event(), [], {}
-    resumer = threading.Thread(target=_resumer, args=(job, pending, stop, tempfile.mkdtemp(), cycles), daemon=True)
+    scratch = tempfile.TemporaryDirectory(prefix="gmux-train-", ignore_cleanup_errors=True)
+    resumer = threading.Thread(target=_resumer, args=(job, pending, stop, scratch.name, cycles), daemon=True)
     resumer.start()
     micro = job.state["step"] * args.accum
     epochs = args.steps * args.accum // len(loader) + 2
@@ -126,6 +127,7 @@ def main(argv=None) -> int:
         pass
     finally:
         stop.set()
+        scratch.cleanup()          # (the job writes its checkpoints at boundaries, so none is being written now)
         if args.report:  # also when the job leaves by migrating
             with open(args.report, "w") as f:
                 json.dump({"cycles": cycles, "restore": restored, "steps": job.state["step"],
