@@ -25,16 +25,18 @@ class Regressor(nn.Module):
         return {"loss": nn.functional.mse_loss(pred, labels), "logits": pred}
 
 
-def _boundaries(monkeypatch, callbacks=(), events=None, evaluated_on=None, **arguments) -> tuple[list, list]:
+def _boundaries(monkeypatch, callbacks=(), events=None, evaluated_on=None, points=list, at_boundary=None,
+                **arguments) -> tuple[list, list]:
     """Trains 8 steps; returns the global steps at which the job got a boundary, and those the Trainer logged.
     `events`: a list each boundary is also noted in, as ("boundary", step); `evaluated_on`: the eval dataset, from
-    the 64 points (default: the first 16)."""
+    the training dataset (default: its first 16 points); `points`: makes the training dataset from a list of 64
+    points; `at_boundary`: called with gmux's callback at each boundary."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
     from gmux.job.frameworks import huggingface
     monkeypatch.setattr(frameworks, "_runs", 0)
     job = Job(TrackedState(), device="cpu")
     x = torch.randn(64, 4)
-    data = [{"x": x[i], "labels": x[i].sum()} for i in range(64)]
+    data = points([{"x": x[i], "labels": x[i].sum()} for i in range(64)])
     out = tempfile.TemporaryDirectory(prefix="hf-out-")        # (checkpoints, where it saves)
     args = TrainingArguments(output_dir=out.name, per_device_train_batch_size=8,
                              report_to="none", use_cpu=True, disable_tqdm=True,
@@ -46,7 +48,8 @@ def _boundaries(monkeypatch, callbacks=(), events=None, evaluated_on=None, **arg
     marks = []
     events = [] if events is None else events
     monkeypatch.setattr(job, "boundary", lambda: marks.append(trainer.state.global_step) or
-                        events.append(("boundary", trainer.state.global_step)))
+                        events.append(("boundary", trainer.state.global_step)) or
+                        (at_boundary and at_boundary(callback)))
     frameworks.started()
     callback = huggingface._callback_class(TrainerCallback)(trainer, job)
     trainer.add_callback(callback)
@@ -136,3 +139,34 @@ def test_an_epochs_last_step_gets_none_where_the_trainer_or_a_callback_acts_at_i
     assert marks == inside, marks
     marks, _ = _boundaries(monkeypatch, num_train_epochs=2, max_steps=-1)
     assert marks == inside[:7] + [8] + inside[7:], marks          # nothing acts there: a boundary
+
+
+def test_evaluating_on_a_subset_of_the_training_dataset_leaves_the_training_fetchs_random_states_alone(monkeypatch):
+    """The training dataset draws noise from torch's stream; evaluation reads a Subset of it, whose fetches pass
+    through the same dataset. The random states a checkpoint keeps for the next training batch (`fetch_rng`) must
+    be those that batch was fetched under, not an evaluation batch's: a restored process would draw other noise.
+    Before: the evaluation's fetch overwrote them at every step that evaluated."""
+    from torch.utils.data import Subset
+    evaluating, training_fetch_states = [False], []
+
+    class Noisy(list):
+        def __getitem__(self, i):
+            if not evaluating[0]:
+                training_fetch_states.append(torch.get_rng_state())
+            item = super().__getitem__(i)
+            return {"x": item["x"] + 0.01 * torch.randn(4), "labels": item["labels"]}
+
+    class Evaluated(Subset):
+        def __getitems__(self, indices):
+            evaluating[0] = True
+            try:
+                return super().__getitems__(indices)
+            finally:
+                evaluating[0] = False
+
+    kept = []
+    marks, _ = _boundaries(monkeypatch, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=8,
+                           points=Noisy, evaluated_on=lambda data: Evaluated(data, range(16)),
+                           at_boundary=lambda callback: kept.append(callback.fetches.before["torch"]))
+    assert marks == list(range(1, 8)) and len(kept) == 7
+    assert all(any(torch.equal(state, seen) for seen in training_fetch_states) for state in kept)
