@@ -9,7 +9,7 @@ import os
 import re
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 
 from gmux.cli.argtypes import fraction, nonneg, nonneg_int, path, positive, positive_int
 from gmux.util.text import printable
@@ -33,7 +33,8 @@ examples:
   gmux-sim --vc-scale 0.25 --policy gmux --clusters 2869ce,103959 --params '{"gmux": {"sweep_quantile": 0}}'
                                              two VCs at a quarter of their size, gmux without sweep evidence
   gmux-sim --trace cluster_log.csv --vcs my_vcs.csv
-                                             another cluster's trace (Helios' and Acme's columns are known)
+                                             another cluster's trace (Helios', Acme's and openb's columns are
+                                             known)
   gmux-sim --trace jobs.csv --machines 32 --columns submit=queued_at,gpus=n_gpu,duration=secs
                                              a trace whose columns have other names, on one 32-machine cluster
   gmux-sim --trace pai_task_table.csv --machines 32
@@ -51,12 +52,13 @@ def _duration(text: str):
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text)
     if m:
         return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    for fmt in ("%Y-%m-%d %H:%M:%S", "%Y-%m-%d"):
-        try:
-            return datetime.strptime(text.strip(), fmt)
-        except ValueError:
-            pass
-    raise argparse.ArgumentTypeError(f"{text!r} is neither an offset like 36h or 7d nor a date like 2017-10-01")
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an offset like 36h or 7d nor a date like 2017-10-01 "
+                                         f"or 2017-10-01T06:00:00Z") from None
+    # (a trace's times are UTC where they carry no zone: gmux.cluster.sim.trace)
+    return when.astimezone(timezone.utc).replace(tzinfo=None) if when.tzinfo else when
 
 
 
@@ -72,6 +74,8 @@ def _unwritable(json_path: str | None, plots: str | None) -> str | None:
         where = target if directory else os.path.dirname(os.path.abspath(target))
         try:
             os.makedirs(where, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            return f"{flag} {target}: a part of {where} is a file, not a directory"
         except OSError as e:
             return f"{flag} {target}: cannot make {where} ({e.strerror or e})"
         if not os.access(where, os.W_OK | os.X_OK):
@@ -122,13 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("cluster")
     g.add_argument("--machines", type=positive_int, metavar="N",
                    help="one cluster of N machines for all jobs, instead of Philly's per-VC clusters")
-    g.add_argument("--vc-scale", type=positive, default=1.0, metavar="X",
+    g.add_argument("--vc-scale", type=positive, metavar="X",
                    help="multiply every VC's machine count by X, at least 1 machine (stress runs; default: 1)")
     g.add_argument("--gpus-per-machine", type=positive_int, default=8, metavar="G", help="(default: %(default)s)")
     g.add_argument("--gpu-type", default="v100", choices=("v100", "p100", "k80"), help="(default: %(default)s)")
-    g.add_argument("--unknown-vc", choices=("smallest", "skip", "refuse"), default="smallest",
+    g.add_argument("--unknown-vc", choices=("smallest", "skip", "refuse"),
                    help="jobs of VCs missing from the layout: run on a cluster the size of the smallest VC, "
-                        "skip, or refuse (default: %(default)s)")
+                        "skip, or refuse (default: smallest)")
     g.add_argument("--suspect-pairs", choices=("p100", "drop", "keep"), default="p100",
                    help="throughput pairs whose packed rate equals the solo rate: take the P100 ratio, drop the "
                         "pair (never packed), or keep (default: %(default)s)")
@@ -164,7 +168,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+ERROR_LIMIT = 2000     # characters of one error line: a trace's names can be any length
+
+
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("gmux-sim: interrupted (nothing written)", file=sys.stderr)
+        return 130
+    except BrokenPipeError:     # (`gmux-sim | head`): the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _main(argv) -> int:
     from gmux.cluster.policies import POLICIES, PolicyError, make_policy
     from gmux.cluster.sim.cluster import Costs
     from gmux.cluster.sim.engine import SimulationError
@@ -174,71 +192,89 @@ def main(argv=None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+
+    def fail(message: str):
+        parser.error(printable(message, limit=ERROR_LIMIT))
+
     policies = [x.strip() for x in args.policy.split(",") if x.strip()]
     bad = [x for x in policies if x not in POLICIES]
     if bad or not policies:
-        parser.error(f"unknown policy {', '.join(bad) or '(none given)'}; choose from {', '.join(POLICIES)}")
+        fail(f"unknown policy {', '.join(bad) or '(none given)'}; choose from {', '.join(POLICIES)}")
     if len(set(policies)) != len(policies):
-        parser.error("a policy is listed twice")
+        fail("a policy is listed twice")
     if not 0.0 <= args.elastic_fraction <= 1.0:
-        parser.error(f"--elastic-fraction must be in [0, 1], not {args.elastic_fraction}")
+        fail(f"--elastic-fraction must be in [0, 1], not {args.elastic_fraction}")
+    if args.machines:
+        # each would be silently ignored: one cluster of N machines runs every job
+        given = [flag for flag, value in (("--vcs", args.vcs), ("--vc-scale", args.vc_scale),
+                                          ("--unknown-vc", args.unknown_vc), ("--clusters", args.clusters))
+                 if value is not None]
+        if given:
+            fail(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply with --machines (one "
+                 f"cluster of {args.machines} machines runs every job of the trace)")
+    clusters = None
+    if args.clusters is not None:
+        clusters = tuple(dict.fromkeys(c.strip() for c in args.clusters.split(",") if c.strip()))
+        if not clusters:
+            fail(f"--clusters {args.clusters!r} names no cluster")
     try:
         params = json.loads(args.params)
     except json.JSONDecodeError as e:
-        parser.error(f"--params is not JSON: {e}")
+        fail(f"--params is not JSON: {e}")
     if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
-        parser.error('--params must map policy names to parameter objects, e.g. {"gmux": {"min_run_s": 300}}')
+        fail('--params must map policy names to parameter objects, e.g. {"gmux": {"min_run_s": 300}}')
     stray = [name for name in params if name not in policies]
     if stray:
-        parser.error(f"--params names {', '.join(map(repr, stray))}, not among the policies run "
-                     f"({', '.join(policies)})")
+        fail(f"--params names {', '.join(map(repr, stray))}, not among the policies run ({', '.join(policies)})")
     for name in policies:
         try:
             make_policy(name, **params.get(name, {}))     # before the trace is read: it may take minutes
         except (ValueError, TypeError) as e:
-            parser.error(str(e))
+            fail(str(e))
     trace = args.trace or os.path.join(args.traces, "philly.csv")
     vcs = None if args.machines else (args.vcs or os.path.join(args.traces, "philly_vc.csv"))
     tput = args.throughputs or os.path.join(args.traces, "gavel_throughputs.json")
-    for label, file, hint in (("trace", trace, "--traces DIR or --trace FILE"),
-                              ("VC layout", vcs, "--traces DIR, --vcs FILE or --machines N"),
-                              ("throughput table", tput, "--traces DIR or --throughputs FILE")):
+    inputs = (("trace", trace, "--traces DIR or --trace FILE"),
+              ("VC layout", vcs, "--traces DIR, --vcs FILE or --machines N"),
+              ("throughput table", tput, "--traces DIR or --throughputs FILE"))
+    for label, file, hint in inputs:
         if file is not None and not os.path.isfile(file):
             what = "a directory" if os.path.isdir(file) else "not a regular file" if os.path.exists(file) else \
                 "no such file"
-            parser.error(printable(f"{label} {file}: {what} (use {hint})"))
+            fail(f"{label} {file}: {what} (use {hint})")
+    for label, file, _ in inputs:
+        if args.json and file is not None and os.path.exists(args.json) and os.path.samefile(args.json, file):
+            fail(f"--json {args.json} is the {label} read: the results would overwrite it")
     unwritable = _unwritable(args.json, args.plots)
     if unwritable:
-        parser.error(printable(unwritable))
+        fail(unwritable)
     try:
         costs = Costs(suspend_s=args.suspend_s, resume_s=args.resume_s, migrate_s=args.migrate_s,
                       quantum_s=args.quantum_s, measure_s=args.measure_s, copy_gbps=args.copy_gbps)
     except ValueError as e:
-        parser.error(str(e))
+        fail(str(e))
     cfg = SimConfig(trace=trace, vcs=vcs, throughputs=tput, machines=args.machines,
                     gpus_per_machine=args.gpus_per_machine, gpu_type=args.gpu_type, suspect=args.suspect_pairs,
                     seed=args.seed, start=args.start, end=args.end, sample=args.sample, bad_rows=args.bad_rows,
-                    columns=args.columns, gpu_unit=args.gpu_unit, unknown_vc=args.unknown_vc, vc_scale=args.vc_scale,
-                    elastic_fraction=args.elastic_fraction, costs=costs,
-                    workers=args.workers,
-                    only=tuple(dict.fromkeys(c.strip() for c in args.clusters.split(",") if c.strip()))
-                    if args.clusters else None)
+                    columns=args.columns, gpu_unit=args.gpu_unit, unknown_vc=args.unknown_vc or "smallest",
+                    vc_scale=args.vc_scale or 1.0, elastic_fraction=args.elastic_fraction, costs=costs,
+                    workers=args.workers, only=clusters)
     t0 = time.perf_counter()
     try:
         prep = prepare(cfg)
         out = simulate(cfg, policies, prep, params=params)
     except (TraceError, ValueError, TypeError, SimulationError) as e:
-        print(f"gmux-sim: error: {printable(e)}", file=sys.stderr)
+        print(f"gmux-sim: error: {printable(e, limit=ERROR_LIMIT)}", file=sys.stderr)
         return 2
     except PolicyError as e:
         print(f"gmux-sim: error: a policy made a decision the cluster refused (its --params, or a bug in it): "
-              f"{printable(e)}", file=sys.stderr)
+              f"{printable(e, limit=ERROR_LIMIT)}", file=sys.stderr)
         return 2
     payload = report(cfg, prep, out, baseline="fifo")
     payload["seconds"] = time.perf_counter() - t0
+    for note in prep.notes:     # (under --quiet too: rows left out are not left out without a word)
+        print(f"note: {printable(note, limit=ERROR_LIMIT)}", file=sys.stderr if args.quiet else sys.stdout)
     if not args.quiet:
-        for note in prep.notes:
-            print(f"note: {printable(note)}")
         for line in costs.summary_lines():
             print(line)
         ratios = payload.get("jct_ratio_to_fifo", {})

@@ -120,6 +120,10 @@ def test_parts_of_a_gpu_get_whole_gpus_and_the_notes_say_how_many(tmp_path):
     assert tr.notes == ["1 job(s) ask for part of a GPU (gpu_milli < 1000); each runs on whole GPUs here (the "
                         "simulator places whole GPUs)"]
     assert tr.skipped == {"no GPU": 1, "unfinished": 1}
+    # openb's own column names are known: the same list loads without naming them
+    tr = _load(tmp_path, "name,num_gpu,gpu_milli,creation_time,scheduled_time,deletion_time\n"
+                         "a,1,250,10,12,112\nb,2,1000,20,20,80\nc,0,0,30,31,40\nd,1,500,40,41,\n")
+    assert [(j.submit, j.num_gpus, j.duration) for j in tr.jobs] == [(0.0, 1, 100.0), (10.0, 2, 60.0)]
     with pytest.raises(TraceError, match="line 2: gpu_milli 'x' is not a number in"):
         _load(tmp_path, "submit_time,duration,num_gpu,gpu_milli\n0,10,1,x\n")
     # a gpu_time column counts the GPU time asked for, not the whole GPUs it is rounded up to
@@ -145,7 +149,8 @@ PAI = ("job_name,task_name,inst_num,status,start_time,end_time,plan_cpu,plan_mem
        "j2,ps,2.0,Terminated,1739170.0,1739300.0,600.0,29.3,,MISC\n"
        "j3,worker,4.0,Failed,1739180.0,1740180.0,400.0,10.0,50.0,T4\n"
        "j4,tensorflow,1.0,Running,1739190.0,,600.0,29.3,100.0,P100\n"
-       "j5,worker,0.0,Terminated,1739195.0,1739200.0,600.0,29.3,100.0,P100\n")
+       "j5,worker,0.0,Terminated,1739195.0,1739200.0,600.0,29.3,100.0,P100\n"
+       "j6,worker,1.0,Waiting,,,600.0,29.3,100.0,T4\n")
 
 
 def test_an_alibaba_pai_task_table_counts_every_instance_and_arrives_at_launch(tmp_path):
@@ -153,7 +158,7 @@ def test_an_alibaba_pai_task_table_counts_every_instance_and_arrives_at_launch(t
     submission times the table was refused."""
     tr = _load(tmp_path, PAI)
     assert [(j.submit, j.duration, j.num_gpus) for j in tr.jobs] == [(0.0, 38.0, 8), (18.0, 1000.0, 4)]
-    assert tr.skipped == {"no GPU": 2, "unfinished": 1} and not tr.bad_rows
+    assert tr.skipped == {"no GPU": 2, "unfinished": 1, "never ran": 1} and not tr.bad_rows
     assert tr.notes == ["GPU column plan_gpu read as percent of a GPU (--gpu-unit); 1 job(s) asking for part of a "
                         "GPU rounded up to whole GPUs",
                         "each job's GPUs are its plan_gpu per instance times its inst_num instances",

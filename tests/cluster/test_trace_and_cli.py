@@ -182,13 +182,25 @@ def test_cli_runs_and_writes_json_and_plots(tmp_path, capsys):
                                          (["--policy", "gmux", "--params", '{"gmux": {"factor": 1e300}}'],
                                           "beyond any job: lower factor or levels"),
                                          (["--policy", "gmux", "--params", '{"gmux": {"levels": 100000}}'],
-                                          "levels from 1 to 64"),
+                                          "gmux: levels = 100000 (wanted: a whole number from 1 to 64)"),
                                          (["--policy", "gmux", "--params", '{"gmux": {"size_window": 100000000000000000000000}}'],
-                                          "window must hold from 30 to 10,000,000 samples"),
+                                          "size_window = 100000000000000000000000 (wanted: a whole number from 30 to "
+                                          "10,000,000)"),
                                          (["--policy", "gmux-law", "--params", '{"gmux-law": {"grid_per_octave": 1000000000}}'],
-                                          "grid_per_octave whole numbers from 1 to 64"),
+                                          "gmux-law: grid_per_octave = 1000000000 (wanted: a whole number from 1 to 64)"),
                                          (["--policy", "gmux", "--params", '{"gmux": {"host_scan": -1}}'],
-                                          "host_scan >= 0")])
+                                          "host_scan = -1 (wanted: >= 0)"),
+                                         (["--policy", "gmux", "--params", '{"gmux": {"min_run_s": -1, "sweep_quantile": 2}}'],
+                                          "gmux: min_run_s = -1 (wanted: >= 0); sweep_quantile = 2 (wanted: from 0 to 1)"),
+                                         (["--policy", "gandiva", "--params", '{"gandiva": {"max_units": 0}}'],
+                                          "gandiva: max_units = 0 (wanted: >= 1)"),
+                                         # escape codes in a policy's name are shown escaped
+                                         (["--policy", "\x1b[31mX"], "unknown policy \\x1b[31mX;"),
+                                         (["--clusters", ","], "--clusters ',' names no cluster"),
+                                         (["--machines", "4", "--vc-scale", "0.5"],
+                                          "--vc-scale does not apply with --machines"),
+                                         (["--machines", "4", "--vcs", "x.csv", "--unknown-vc", "refuse", "--clusters", "a"],
+                                          "--vcs and --unknown-vc and --clusters do not apply with --machines")])
 def test_cli_rejects_bad_arguments_with_a_clear_message(tmp_path, capsys, args, needle):
     _files(tmp_path)
     with pytest.raises(SystemExit) as e:
@@ -277,3 +289,63 @@ def test_real_philly_slice_runs_under_every_policy(capsys):
     # Three days of the real trace (a few thousand jobs) under every policy, end to end through the CLI.
     assert main(["--policy", "fifo,sjf,srtf,tiresias,gandiva,gmux", "--start", "40d", "--end", "43d",
                  "--quiet"]) == 0
+
+
+def test_cli_refuses_to_write_its_results_over_an_input_and_states_a_window_as_given(tmp_path, capsys):
+    _files(tmp_path)
+    before = (tmp_path / "philly.csv").read_text()
+    for target in ("philly.csv", "philly_vc.csv", "gavel_throughputs.json"):
+        with pytest.raises(SystemExit) as e:
+            main(["--traces", str(tmp_path), "--policy", "fifo", "--json", str(tmp_path / target)])
+        assert e.value.code == 2 and "would overwrite it" in capsys.readouterr().err
+    assert (tmp_path / "philly.csv").read_text() == before
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit):
+        main(["--traces", str(tmp_path), "--policy", "fifo", "--json", str(tmp_path / "afile" / "x.json")])
+    assert "is a file, not a directory" in capsys.readouterr().err
+    assert main(["--traces", str(tmp_path), "--policy", "fifo", "--start", "2017-10-09", "--end", "2017-10-08"]) == 2
+    assert "its end (2017-10-08 00:00:00) is not after its start (2017-10-09 00:00:00)" in capsys.readouterr().err
+    # ISO 8601 as trace files write it, a zone taken to UTC
+    assert main(["--traces", str(tmp_path), "--policy", "fifo", "--start", "2017-10-01T02:00:30+02:00",
+                 "--quiet", "--json", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["clusters"]["vcA"]["jobs"] == 1
+
+
+def test_under_quiet_the_rows_left_out_are_still_said(tmp_path, capsys):
+    _files(tmp_path, GOOD + BAD)
+    assert main(["--traces", str(tmp_path), "--policy", "fifo", "--bad-rows", "skip", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and "note: skipped 5 bad row(s): line 4:" in err
+
+
+def test_a_header_naming_a_used_column_twice_and_a_file_not_in_utf8_are_refused_by_line(tmp_path):
+    (tmp_path / "t.csv").write_text("timestamp,duration,num_gpus,timestamp,cluster\n5,10,1,6,a\n")
+    with pytest.raises(TraceError, match="column\\(s\\) 'timestamp' more than once"):
+        load_trace(str(tmp_path / "t.csv"))
+    (tmp_path / "t.csv").write_bytes(b"timestamp,duration,num_gpus,cluster\n" + b"5,10,1,a\n" * 3000 +
+                                     b"6,10,1,caf\xe9\n")
+    with pytest.raises(TraceError, match="not a text file in UTF-8 at line 3002 \\(byte 0xe9"):
+        load_trace(str(tmp_path / "t.csv"))
+
+
+def test_gmux_sim_ends_quietly_when_interrupted_or_its_reader_goes(tmp_path):
+    """Ctrl-C printed a traceback per worker; `gmux-sim | head -1` ended with BrokenPipeError's."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    _files(tmp_path, "".join(f"2017-10-01 00:{m:02d}:00,{3600 * (1 + m % 7)},1,{3600 * (1 + m % 7)},vcA\n"
+                             for m in range(60)))
+    command = [sys.executable, "-m", "gmux.cli.sim", "--traces", str(tmp_path), "--policy", "fifo,gmux"]
+    piped = subprocess.run(f"{' '.join(command)} | head -1", shell=True, capture_output=True, text=True,
+                           timeout=120)
+    assert piped.stdout.count("\n") == 1 and "Traceback" not in piped.stderr and "Error" not in piped.stderr
+    # a run long enough to be interrupted: a large trace, two workers
+    _files(tmp_path, "".join(f"2017-10-01 00:00:{s % 60:02d},{600 + s},1,{600 + s},vcA\n" for s in range(30000)))
+    run = subprocess.Popen(command + ["--workers", "2", "--policy", "gmux,tiresias"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(3)
+    assert run.poll() is None, run.communicate()
+    os.killpg(run.pid, signal.SIGINT)          # as a terminal's Ctrl-C reaches the whole group
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 130 and err.strip() == "gmux-sim: interrupted (nothing written)", err

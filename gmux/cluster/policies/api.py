@@ -197,3 +197,11 @@ class PairRate:
     def gain(self) -> float:
         """Combined progress of the pair per unit time; > 1 means packing beats time-slicing them."""
         return self.rate_a + self.rate_b
+
+
+def require(policy: str, **checks: tuple) -> None:
+    """Refuses a policy's parameters (they come from users: gmux-sim --params) naming each one out of bounds and
+    its value. checks: parameter -> (its value, whether it is acceptable, what is wanted)."""
+    bad = [f"{name} = {value!r} (wanted: {wanted})" for name, (value, ok, wanted) in checks.items() if not ok]
+    if bad:
+        raise ValueError(f"{policy}: " + "; ".join(bad))

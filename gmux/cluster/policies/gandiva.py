@@ -32,7 +32,7 @@ Where it departs:
 """
 from __future__ import annotations
 
-from .api import Event, EventKind, Policy
+from .api import Event, EventKind, Policy, require
 from .planning import Plan
 from .sharing import (consolidate, defragment_for, deshare, grow_elastic, place_consolidated, share_targets,
                       shrink_elastic, waiting_in_order)
@@ -44,8 +44,8 @@ class GandivaPolicy(Policy):
 
     def __init__(self, max_units: int = 4, pack_margin: float = 0.1, pack: bool = True, migrate: bool = True,
                  grow_shrink: bool = True, defrag_moves: int = 4):
-        if max_units < 1 or pack_margin < 0 or defrag_moves < 0:
-            raise ValueError("max_units >= 1, pack_margin >= 0 and defrag_moves >= 0 are required")
+        require(self.name, max_units=(max_units, max_units >= 1, ">= 1"),
+                pack_margin=(pack_margin, pack_margin >= 0, ">= 0"), defrag_moves=(defrag_moves, defrag_moves >= 0, ">= 0"))
         self.max_units = max_units
         self.pack_margin = pack_margin
         self.pack = pack

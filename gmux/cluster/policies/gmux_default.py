@@ -181,8 +181,8 @@ from __future__ import annotations
 
 import math
 
-from .api import Event, EventKind, Suspend
-from .gittins import GRID0, MAX_PER_OCTAVE, WINDOW, ServiceModel
+from .api import Event, EventKind, Suspend, require
+from .gittins import GRID0, MAX_PER_OCTAVE, MAX_WINDOW, MIN_SAMPLES, WINDOW, ServiceModel
 from .planning import Plan
 from .priority import PriorityPolicy, is_wakeup
 from .sharing import consolidate, defragment_for, deshare
@@ -202,13 +202,23 @@ class GmuxPolicy(PriorityPolicy):
                  sweep_gap_s: float = 1800.0, sweep_quantile: float = 0.3, idle_aware: bool = True,
                  grid_per_octave: int = 1, censored: bool = True, preempt_delay: float = 1.0):
         super().__init__()
-        if base_gpu_s <= 0 or factor <= 1 or not 1 <= levels <= MAX_LEVELS or defrag_moves < 0 or pack_margin < 0 \
-                or min_run_s < 0 or not 1 <= buckets_per_octave <= MAX_PER_OCTAVE or max_pack_tries < 0 \
-                or host_scan < 0 or not isinstance(grid_per_octave, int) or not 1 <= grid_per_octave <= MAX_PER_OCTAVE \
-                or not preempt_delay >= 0:
-            raise ValueError(f"need base_gpu_s > 0, factor > 1, levels from 1 to {MAX_LEVELS}, defrag_moves >= 0, "
-                             f"pack_margin >= 0, min_run_s >= 0, buckets_per_octave and grid_per_octave whole numbers "
-                             f"from 1 to {MAX_PER_OCTAVE}, max_pack_tries >= 0, host_scan >= 0, preempt_delay >= 0")
+        def whole(v, low, high):
+            return isinstance(v, int) and low <= v <= high
+        require(self.name, base_gpu_s=(base_gpu_s, base_gpu_s > 0, "> 0"), factor=(factor, factor > 1, "> 1"),
+                levels=(levels, whole(levels, 1, MAX_LEVELS), f"a whole number from 1 to {MAX_LEVELS}"),
+                defrag_moves=(defrag_moves, defrag_moves >= 0, ">= 0"),
+                pack_margin=(pack_margin, pack_margin >= 0, ">= 0"), min_run_s=(min_run_s, min_run_s >= 0, ">= 0"),
+                buckets_per_octave=(buckets_per_octave, whole(buckets_per_octave, 1, MAX_PER_OCTAVE),
+                                    f"a whole number from 1 to {MAX_PER_OCTAVE}"),
+                grid_per_octave=(grid_per_octave, whole(grid_per_octave, 1, MAX_PER_OCTAVE),
+                                 f"a whole number from 1 to {MAX_PER_OCTAVE}"),
+                max_pack_tries=(max_pack_tries, max_pack_tries >= 0, ">= 0"),
+                host_scan=(host_scan, host_scan >= 0, ">= 0"),
+                preempt_delay=(preempt_delay, preempt_delay >= 0, ">= 0"),
+                size_window=(size_window, whole(size_window, MIN_SAMPLES, MAX_WINDOW),
+                             f"a whole number from {MIN_SAMPLES} to {MAX_WINDOW:,}"),
+                sweep_gap_s=(sweep_gap_s, sweep_gap_s >= 0, ">= 0"),
+                sweep_quantile=(sweep_quantile, 0 <= sweep_quantile <= 1, "from 0 to 1"))
         # Levels whose bounds are beyond any float would never be reached: a typo, not a choice.
         top = math.log10(base_gpu_s) + (levels - 2) * math.log10(factor)
         if levels > 1 and top > 300:

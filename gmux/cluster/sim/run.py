@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -60,7 +61,14 @@ class Prepared:
 def _check_only(only: tuple, have: dict) -> None:
     unknown = [c for c in only if c not in have]
     if unknown:
-        raise ValueError(f"no cluster {', '.join(unknown)}; the trace has {', '.join(sorted(have))}")
+        names = sorted(have)
+        listed = ", ".join(names[:20]) + (f" (and {len(names) - 20} more)" if len(names) > 20 else "")
+        raise ValueError(f"no cluster {', '.join(unknown)}; the trace has {listed}")
+
+
+def _when(t) -> str:
+    """A --start or --end as the user gave it."""
+    return t.isoformat(sep=" ") if isinstance(t, datetime) else f"{t:g} s after the first submission"
 
 
 def prepare(cfg: SimConfig) -> Prepared:
@@ -73,7 +81,8 @@ def prepare(cfg: SimConfig) -> Prepared:
     assign_types(trace, tput, seed=cfg.seed, elastic_fraction=cfg.elastic_fraction)
     start, end = (((t - trace.origin).total_seconds() if isinstance(t, datetime) else t) for t in (cfg.start, cfg.end))
     if start is not None and end is not None and end <= start:
-        raise ValueError(f"the time window is empty: end ({end:.0f} s) is not after start ({start:.0f} s)")
+        raise ValueError(f"the time window is empty: its end ({_when(cfg.end)}) is not after its start "
+                         f"({_when(cfg.start)})")
     jobs = select(trace, start, end, cfg.sample, cfg.seed)
     if not jobs:
         raise TraceError(f"{cfg.trace}: no jobs in the selected window/sample")
@@ -165,6 +174,10 @@ def prepare(cfg: SimConfig) -> Prepared:
 _WORK: dict = {}
 
 
+def _ignore_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _run_one(task) -> RunResult:
     policy_name, cluster, params = task
     prep: Prepared = _WORK["prep"]
@@ -192,7 +205,9 @@ def simulate(cfg: SimConfig, policies: list[str], prep: Prepared | None = None,
     _WORK["prep"], _WORK["cfg"] = prep, cfg
     out: dict[str, list[RunResult]] = {p: [] for p in policies}
     if cfg.workers > 1 and len(tasks) > 1 and "fork" in mp.get_all_start_methods():
-        with mp.get_context("fork").Pool(min(cfg.workers, os.cpu_count() or 1, len(tasks))) as pool:
+        # (Ctrl-C is the parent's to report once; leaving the block terminates the workers)
+        with mp.get_context("fork").Pool(min(cfg.workers, os.cpu_count() or 1, len(tasks)), _ignore_interrupts) \
+                as pool:
             for res in pool.imap_unordered(_run_one, tasks):
                 out[res.policy].append(res)
     else:

@@ -46,14 +46,15 @@ class Trace:
 # What each column means, under the names published GPU-cluster traces give it: Philly's as the Pollux artifact
 # converted it (this loader's first format), Helios' and Acme's (SenseTime and Shanghai AI Lab: submit_time,
 # gpu_num, vc, user, start_time, end_time, duration), Alibaba PAI's task table (inst_num instances, each asking for
-# plan_gpu), and common spellings. `columns=` names others. Header names are matched whatever their case.
+# plan_gpu), Alibaba's openb pod list (creation_time, scheduled_time, deletion_time, num_gpu), and common
+# spellings. `columns=` names others. Header names are matched whatever their case.
 COLUMNS = {
-    "submit": ("timestamp", "submit_time", "submitted_time", "submission_time"),
+    "submit": ("timestamp", "submit_time", "submitted_time", "submission_time", "creation_time"),
     "duration": ("duration", "run_time", "runtime"),
     "gpus": ("num_gpus", "gpu_num", "gpus", "num_gpu", "gpu_count", "plan_gpu"),
     "vc": ("cluster", "vc", "virtual_cluster"),
-    "start": ("start_time",),
-    "end": ("end_time",),
+    "start": ("start_time", "scheduled_time"),
+    "end": ("end_time", "deletion_time"),
     "instances": ("inst_num", "num_instances", "instance_num"),
     "user": ("user", "user_id", "user_name", "username"),
 }
@@ -148,6 +149,10 @@ def _resolve(path: str, header: list[str], columns: dict[str, str] | None) -> di
         name = next((n for n in names if n in lower), None)
         if name is not None:
             found[meaning] = lower.index(name)
+    twice = sorted({header[i] for i in found.values() if lower.count(lower[i]) > 1})
+    if twice:
+        raise TraceError(f"{path}: the header has column(s) {', '.join(map(repr, twice))} more than once: which "
+                         f"one holds the values cannot be told")
     by_index: dict[int, list[str]] = {}
     for meaning, i in found.items():
         by_index.setdefault(i, []).append(meaning)
@@ -256,6 +261,9 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                 try:
                     if len(row) != len(header):
                         raise ValueError(f"{len(row)} fields, header has {len(header)}")
+                    if col["submit"] == col.get("start") and not row[col["start"]].strip():
+                        skipped["never ran"] += 1       # a task still waiting (PAI's), which has no arrival here
+                        continue
                     ts = times.parse(name["submit"], row[col["submit"]])
                     dur, unfit, disagrees = _run_time(row, col, name, times)
                     text = row[col["gpus"]].strip()
@@ -292,7 +300,9 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                 shared += part < 1000
                 rows.append((line, ts, dur, g, vc, user))
     except (UnicodeDecodeError, csv.Error, OSError) as e:
-        raise unreadable(path, e, reader.line_num if reader and isinstance(e, csv.Error) else None) from None
+        line = reader.line_num if reader and isinstance(e, csv.Error) else \
+            _first_undecodable(path) if isinstance(e, UnicodeDecodeError) else None
+        raise unreadable(path, e, line) from None
     if bad and bad_rows == "refuse":
         shown = "; ".join(f"line {ln}: {msg}" for ln, msg in bad[:max_report])
         more = f" (and {len(bad) - max_report} more)" if len(bad) > max_report else ""
@@ -342,9 +352,26 @@ def _instances(row: list[str], col: dict[str, int], name: dict[str, str]) -> int
     return int(n)
 
 
+def _first_undecodable(path: str) -> int | None:
+    """The line of a file's first byte that is not UTF-8 (the decoder reads ahead by blocks, so its own error
+    has only an offset in a block)."""
+    try:
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    return number
+    except OSError:
+        pass
+    return None
+
+
 def unreadable(path: str, e: Exception, line: int | None = None) -> TraceError:
     if isinstance(e, UnicodeDecodeError):
-        return TraceError(f"{path}: not a text file ({e})")
+        where = f" at line {line}" if line else ""
+        return TraceError(f"{path}: not a text file in UTF-8{where} (byte {e.object[e.start]:#04x}: "
+                          f"{e.reason}); save it as UTF-8")
     if isinstance(e, csv.Error):
         return TraceError(f"{path}: malformed CSV{f' by line {line}' if line else ''} ({e})")
     return TraceError(f"{path}: cannot be read ({e.strerror or e})")
