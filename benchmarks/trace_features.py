@@ -1,0 +1,141 @@
+"""What a trace tells about a job's length before it has run (issue 13: is the gap to SRTF information?).
+
+For each class of jobs a policy tells apart without durations (one VC, one GPU count; at least 100 jobs), the share
+of the variance of log(duration) that each feature known at arrival explains (R^2 of the class split by the
+feature: 1 - within-group variance / total), beside what the same split explains by chance (the feature shuffled,
+mean of 20 draws: more groups explain more by chance). Features:
+
+  hour      hour of submission, in six 4-hour groups
+  weekday   day of the week
+  gap       time since the class's previous submission (log10 seconds, whole groups)
+  position  the job's place in its sweep (submissions of its class less than 30 minutes apart; log2 groups)
+  sibling   the previous member of its sweep's log(duration) (a linear fit's R^2): known only once that member has
+            ended, so an upper bound on what sweep evidence can give; over the jobs that have such a member
+
+The summary row weighs each class by its job-hours (where a scheduler's gains and losses are). Writes
+benchmarks/results/trace_features.json; the last line is
+`trace_features: best_at_arrival_excess_r2=<r> sibling_r2=<r> seconds=<n>`, where the first is the best feature's
+job-hour-weighted R^2 above chance.
+
+Run: .venv/bin/python benchmarks/trace_features.py [--trace ../shared/traces/philly.csv] [--min-jobs 100]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from datetime import timedelta
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from gmux.cluster.sim.trace import load_trace  # noqa: E402
+
+SWEEP_GAP_S = 1800.0
+AT_ARRIVAL = ("hour", "weekday", "gap", "position")
+SHUFFLES = 20
+
+
+def explained(y: np.ndarray, groups: np.ndarray) -> float:
+    """The share of y's variance between the groups."""
+    total = y.var()
+    if total == 0:
+        return 0.0
+    _, index = np.unique(groups, return_inverse=True)
+    means = np.bincount(index, weights=y) / np.bincount(index)
+    return float(1 - ((y - means[index]) ** 2).mean() / total)
+
+
+def features(submits: np.ndarray, origin) -> dict:
+    """Each feature known at arrival, as group labels, for one class's jobs in submission order."""
+    when = [origin + timedelta(seconds=float(s)) for s in submits]
+    gaps = np.diff(submits, prepend=-math.inf)
+    position = np.zeros(len(submits), dtype=int)
+    for i in range(1, len(submits)):
+        position[i] = position[i - 1] + 1 if gaps[i] <= SWEEP_GAP_S else 0
+    return {"hour": np.array([w.hour // 4 for w in when]), "weekday": np.array([w.weekday() for w in when]),
+            "gap": np.clip(np.floor(np.log10(np.maximum(gaps, 1.0))), 0, 7).astype(int),
+            "position": np.minimum(np.floor(np.log2(position + 1)), 5).astype(int)}
+
+
+def classes(trace_path: str, min_jobs: int, seed: int = 0) -> list[dict]:
+    trace = load_trace(trace_path, bad_rows="skip")
+    by_class: dict = {}
+    for j in sorted(trace.jobs, key=lambda j: j.submit):
+        by_class.setdefault((j.vc, j.num_gpus), []).append(j)
+    rng = np.random.default_rng(seed)
+    out = []
+    for (vc, gpus), jobs in sorted(by_class.items()):
+        if len(jobs) < min_jobs:
+            continue
+        submits = np.array([j.submit for j in jobs])
+        y = np.log(np.array([j.duration for j in jobs]))
+        row = {"vc": vc, "gpus": gpus, "jobs": len(jobs), "job_hours": sum(j.duration * gpus for j in jobs) / 3600,
+               "sd_log": float(y.std())}
+        for name, groups in features(submits, trace.origin).items():
+            row[name] = explained(y, groups)
+            row[name + "_chance"] = float(np.mean([explained(y, rng.permutation(groups)) for _ in range(SHUFFLES)]))
+        follows = np.diff(submits) <= SWEEP_GAP_S
+        row["with_sibling"] = float(follows.mean())
+        row["sibling"] = float(np.corrcoef(y[:-1][follows], y[1:][follows])[0, 1] ** 2) \
+            if follows.sum() >= 10 and y[1:][follows].std() > 0 and y[:-1][follows].std() > 0 else None
+        out.append(row)
+    return out
+
+
+def weighted(rows: list[dict], key) -> float:
+    pairs = [(r["job_hours"], key(r)) for r in rows if key(r) is not None]
+    return sum(w * v for w, v in pairs) / sum(w for w, _ in pairs)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trace", default=os.path.join(ROOT, "..", "shared", "traces", "philly.csv"))
+    p.add_argument("--min-jobs", type=int, default=100)
+    p.add_argument("--out", default=os.path.join(HERE, "results", "trace_features.json"))
+    a = p.parse_args(argv)
+    if not os.path.isfile(a.trace):
+        print(f"trace_features: skipped: no trace at {a.trace} (../shared/traces beside the project)")
+        return 0
+    t0 = time.perf_counter()
+    rows = classes(a.trace, a.min_jobs)
+    t = Table(title=f"R^2 of log(duration) within each class (chance in brackets), {os.path.basename(a.trace)}",
+              title_justify="left")
+    for col in ("VC", "GPUs", "jobs", "job-h", "sd log", *AT_ARRIVAL, "sibling (after it ends)", "has one"):
+        t.add_column(col, justify="left" if col == "VC" else "right")
+
+    def cell(r, name):
+        return f"{r[name]:.2f} ({r[name + '_chance']:.2f})"
+    for r in rows:
+        t.add_row(r["vc"], str(r["gpus"]), str(r["jobs"]), f"{r['job_hours']:,.0f}", f"{r['sd_log']:.2f}",
+                  *(cell(r, n) for n in AT_ARRIVAL), "-" if r["sibling"] is None else f"{r['sibling']:.2f}",
+                  f"{r['with_sibling']:.2f}")
+    summary = {n: weighted(rows, lambda r, n=n: r[n]) for n in AT_ARRIVAL}
+    summary.update({n + "_chance": weighted(rows, lambda r, n=n: r[n + "_chance"]) for n in AT_ARRIVAL})
+    summary["sibling"] = weighted(rows, lambda r: r["sibling"])
+    summary["with_sibling"] = weighted(rows, lambda r: r["with_sibling"])
+    t.add_row("by job-hours", "", str(sum(r["jobs"] for r in rows)), f"{sum(r['job_hours'] for r in rows):,.0f}",
+              "", *(f"{summary[n]:.2f} ({summary[n + '_chance']:.2f})" for n in AT_ARRIVAL),
+              f"{summary['sibling']:.2f}", f"{summary['with_sibling']:.2f}")
+    Console(width=200).print(t)
+    best = max(summary[n] - summary[n + "_chance"] for n in AT_ARRIVAL)
+    seconds = time.perf_counter() - t0
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump({"trace": a.trace, "classes": rows, "summary": summary, "seconds": seconds}, f, indent=1)
+    print(f"trace_features: best_at_arrival_excess_r2={best:.3f} sibling_r2={summary['sibling']:.3f} "
+          f"seconds={seconds:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
