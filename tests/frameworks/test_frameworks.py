@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from gmux.job import frameworks
-from gmux.job.frameworks import huggingface, lightning
+from gmux.job.frameworks import huggingface, lightning, lightning_state
 
 FRAMEWORK_ROOTS = ("transformers", "accelerate", "lightning", "pytorch_lightning")
 
@@ -364,10 +364,41 @@ def test_a_checkpoints_logger_versions_are_checked_before_use():
     from types import SimpleNamespace
 
     from gmux.job.checkpoint import CheckpointError
-    from gmux.job.frameworks.lightning import _continue_logs
+    from gmux.job.frameworks.lightning_state import continue_logs
     logger = SimpleNamespace(_version=None, save=lambda: None)
-    _continue_logs(SimpleNamespace(loggers=[logger]), [3], "c.ckpt")
+    continue_logs(SimpleNamespace(loggers=[logger]), [3], "c.ckpt")
     assert logger._version == 3
     for bad in (["../elsewhere"], ["a/b"], [".."], [""], [-1], [True], [1.5], "3", [None] * 65):
         with pytest.raises(CheckpointError, match="c.ckpt.*logs"):
-            _continue_logs(SimpleNamespace(loggers=[SimpleNamespace(_version=None)]), bad, "c.ckpt")
+            continue_logs(SimpleNamespace(loggers=[SimpleNamespace(_version=None)]), bad, "c.ckpt")
+
+
+def test_a_model_checkpoints_last_save_is_carried_and_a_crafted_one_refused(tmp_path):
+    """ModelCheckpoint keeps its last save outside its state_dict; a new process without it wrote last.ckpt again
+    when training ended (end to end: tests/node/test_e2e_loader_workers.py). Only Lightning's own class (or a
+    subclass) is read, and what a checkpoint file says is checked before it is set."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from gmux.job.checkpoint import CheckpointError
+
+    def callbacks():
+        own = type("ModelCheckpoint", (pl.Callback,), {"_last_checkpoint_saved": "x"})()   # the script's
+        mine = type("Kept", (pl.callbacks.ModelCheckpoint,), {})(dirpath=str(tmp_path), monitor="step")
+        return SimpleNamespace(callbacks=[own, pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path)), mine])
+    first = callbacks()
+    first.callbacks[1]._last_checkpoint_saved, first.callbacks[1]._last_global_step_saved = "/c/last.ckpt", 16
+    first.callbacks[2]._defer_save_until_validation = True
+    saved = lightning_state.unsaved_state(first)
+    assert len(saved) == 2 and saved[first.callbacks[1].state_key]["_last_global_step_saved"] == 16
+    restored = callbacks()
+    lightning_state.put_back_unsaved(restored, saved, "p")
+    assert (restored.callbacks[1]._last_checkpoint_saved, restored.callbacks[1]._last_global_step_saved) == \
+        ("/c/last.ckpt", 16) and restored.callbacks[2]._defer_save_until_validation is True
+    key, other = first.callbacks[1].state_key, first.callbacks[2].state_key
+    for crafted in ([], {key: {"_last_global_step_saved": "16"}}, {key: {"_last_global_step_saved": True}},
+                    {key: {"__class__": "x"}}, {key: {"_last_checkpoint_saved": "x" * 5000}}, {key: 3},
+                    {key: {"_last_global_step_saved": 16}, other: {"_last_global_step_saved": 1.5}}):
+        fresh = callbacks()
+        with pytest.raises(CheckpointError, match="unsaved"):
+            lightning_state.put_back_unsaved(fresh, crafted, "p")
+        assert fresh.callbacks[1]._last_global_step_saved == 0        # refused: nothing set
+    lightning_state.put_back_unsaved(fresh, None, "p")                     # a checkpoint from before gmux kept it

@@ -39,11 +39,14 @@ def test_loader_workers_that_draw_nothing_move_exactly_and_drawing_ones_are_refu
     module, script, workers, step, refusal, first_epoch_moves = CASES[name]
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} not installed (pip install -e .[test])")
-    solo = start_py(script, str(tmp_path / "solo.json"), *ARGS, *workers, "--no-noise", log=str(tmp_path / "solo.log"))
+    # (Lightning's also logs, and keeps checkpoints: a checkpoint callback's last.ckpt must be the solo run's)
+    logs = (lambda name: ["--logs", str(tmp_path / name)]) if module == "lightning" else (lambda name: [])
+    solo = start_py(script, str(tmp_path / "solo.json"), *ARGS, *workers, "--no-noise", *logs("solo_logs"),
+                    log=str(tmp_path / "solo.log"))
     node = Node(tmp_path, "--virtual-gpus", "2x1GiB")
     try:
-        quiet = node.launch(script, str(tmp_path / "quiet.json"), *ARGS, *workers, "--no-noise", opts=["--gpu", "0"],
-                            log_name="quiet.log")
+        quiet = node.launch(script, str(tmp_path / "quiet.json"), *ARGS, *workers, "--no-noise", *logs("logs"),
+                            opts=["--gpu", "0"], log_name="quiet.log")
         job = node.job_of(quiet.pid, 60)
         info = _at_step(node, job, step)
         assert info["report"]["movable"], info["report"]      # (running, or resuming from a turn: moved at once)
@@ -54,6 +57,9 @@ def test_loader_workers_that_draw_nothing_move_exactly_and_drawing_ones_are_refu
         assert moved["first_step"] > step and node.job(job)["migrations"] == 1, (moved, node.job(job))
         assert moved["global_step"] == alone["global_step"] == 64
         assert moved["sha256"] == alone["sha256"], (moved, alone)
+        # (before: its second ModelCheckpoint, which had kept its checkpoint and last.ckpt in the first epoch, wrote
+        # last.ckpt again at step 64 in the new process)
+        assert moved["logs"] == alone["logs"], (moved["logs"], alone["logs"])
 
         # (slower batches where the move must land in the first epoch: ~3.6 s after step 3 instead of ~1.2 s,
         # room for a loaded machine; the pause draws nothing and changes no number)

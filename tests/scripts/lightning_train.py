@@ -12,7 +12,8 @@ across epochs); --no-noise leaves the collate function's noise out; --freeze-fro
 on_train_epoch_start freezes its first layer from epoch N on (a fine-tuning schedule). --logs DIR logs the
 training loss at every step (so a move leaves at a logged step) with a CSVLogger under DIR and keeps the 2 best
 and the last checkpoints by it (ModelCheckpoint, every 10 steps, in the logger's directory); OUT then also says
-what DIR holds: the version directories, the rows of each metrics.csv, the best checkpoint and the top 2.
+what DIR holds: the version directories, the rows of each metrics.csv, the best checkpoint and the top 2, and the
+last checkpoint's name and step, of these and of a second ModelCheckpoint (DIR/earliest) that keeps its first.
 """
 import argparse
 import hashlib
@@ -89,10 +90,14 @@ pl.seed_everything(0, verbose=False)
 model = Regressor(a.samples)
 first = FirstStep()
 kept = pl.callbacks.ModelCheckpoint(monitor="train_loss", save_top_k=2, save_last=True, every_n_train_steps=10)
+# at each epoch's end, keeps its first (the smallest step) and a last.ckpt beside it, which it writes only with a
+# kept checkpoint or, if it has written none in the process, when training ends
+earliest = pl.callbacks.ModelCheckpoint(dirpath=os.path.join(a.logs or ".", "earliest"), monitor="step", mode="min",
+                                        save_top_k=1, save_last=True)
 trainer = pl.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=1, accumulate_grad_batches=2,
                      logger=pl.loggers.CSVLogger(a.logs) if a.logs else False, log_every_n_steps=1,
                      enable_checkpointing=bool(a.logs), enable_progress_bar=False, enable_model_summary=False,
-                     callbacks=[first] + ([kept] if a.logs else []))
+                     callbacks=[first] + ([kept, earliest] if a.logs else []))
 while a.wait_for and not os.path.exists(a.wait_for):
     time.sleep(0.05)
 trainer.fit(model)
@@ -105,6 +110,8 @@ with open(a.out, "w") as f:
         root = os.path.join(a.logs, "lightning_logs")
         versions = sorted(os.listdir(root))
         logs = {"versions": versions, "best": os.path.basename(kept.best_model_path),
+                "last": [[os.path.basename(k.last_model_path), torch.load(k.last_model_path, weights_only=False)["global_step"]]
+                         for k in (kept, earliest)],
                 "top": sorted(os.path.basename(k) for k in kept.best_k_models),
                 "rows": [open(f).read().splitlines() if os.path.isfile(f) else []
                          for f in (os.path.join(root, v, "metrics.csv") for v in versions)]}

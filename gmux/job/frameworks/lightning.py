@@ -9,7 +9,10 @@ State: the LightningModule, the strategy's optimizers, the LR schedulers and the
 tensors the runtime moves; the random states; and in the job's state what Lightning saves besides them (its
 loops' progress, the callbacks' and the datamodule's state dicts, the precision plugin's state) plus the data
 position: the random states and the loader's generators as they were when the epoch's iterator was made, and
-the batches of the epoch trained on; and each logger's version, its rows flushed to disk first.
+the batches of the epoch trained on; each logger's version, its rows flushed to disk first; and what Lightning's
+own callbacks keep outside their state dicts and act on later (ModelCheckpoint's last save, without which a new
+process writes last.ckpt again when training ends: gmux.job.frameworks.lightning_state). A callback of the
+script's own keeps only what its state_dict holds, as with Lightning's own resume.
 
 Restore, in the process started after a move: `fit()` runs Lightning's own restore of its loops and callbacks
 from that state (its checkpoint connector is handed the saved dict instead of reading a file; its loading of
@@ -18,7 +21,7 @@ running again the script's own `on_train_epoch_start` hooks, which Lightning's r
 training data's iterator is made again under the random states of the epoch's start and advanced past the
 batches already trained on (the loader loads them again, in the same order); the random states are the
 checkpoint's from the fetch of the next batch on (a collate function or dataset drawing noise or crops from them
-draws what it would have drawn unmoved). Its loggers take the versions they had (`_continue_logs`): a new
+draws what it would have drawn unmoved). Its loggers take the versions they had (`continue_logs`): a new
 process's would take the next one, splitting `lightning_logs/version_N`, and ModelCheckpoint, whose default
 directory is the first logger's, would find another and drop its top-k (its best_model_path, a worse one); a
 CSVLogger goes on with its metrics.csv, which Lightning's writer deletes when it finds one (its own resume too).
@@ -41,16 +44,17 @@ strings, tensors, lists, dicts).
 """
 from __future__ import annotations
 
-import csv
 import functools
 import importlib
 import inspect
 import os
 import sys
+import warnings
 from typing import Optional
 
 from gmux.job import frameworks
 from gmux.job.data_draws import draws
+from gmux.job.frameworks.lightning_state import continue_logs, logger_versions, put_back_unsaved, unsaved_state
 
 FRAMEWORK = "lightning"
 _active = None      # the GmuxCallback of the fit in progress (one at a time in a process)
@@ -80,12 +84,18 @@ def patch(module) -> None:
         callback = Callback(self, job)
         frameworks.started()
         path = frameworks.take_restore()
-        if path is not None:
-            own = signature.bind(self, *args, **kwargs).arguments.get("ckpt_path")
-            if own:   # a checkpoint of its own, older than the one the job was moved with: not read
-                print(f"gmux: resuming from {path} (where this job was moved from), not from {own!r}",
-                      file=sys.stderr)
-            callback.resume(path, frameworks.saved_state(path, FRAMEWORK))
+        with warnings.catch_warnings():
+            if path is not None:
+                _continuation_is_expected()
+                own = signature.bind(self, *args, **kwargs).arguments.get("ckpt_path")
+                if own:   # a checkpoint of its own, older than the one the job was moved with: not read
+                    print(f"gmux: resuming from {path} (where this job was moved from), not from {own!r}",
+                          file=sys.stderr)
+                callback.resume(path, frameworks.saved_state(path, FRAMEWORK))
+            return _fit(self, callback, job, original, args, kwargs)
+
+    def _fit(self, callback, job, original, args, kwargs):
+        global _active
         self.callbacks.append(callback)
         _active = callback
         try:
@@ -101,6 +111,19 @@ def patch(module) -> None:
     Trainer.fit = fit
     _watch_epochs(combined.CombinedLoader)
     Trainer._gmux_patched = True
+
+
+# What Lightning warns of in a process that goes on with a run, which gmux's restore makes right: the run's own log
+# and checkpoint directories are there (its CSV rows are kept: `continue_logs`), and the data position is gmux's.
+_CONTINUATION_WARNINGS = ("Experiment logs directory .* exists and is not empty",
+                          "Checkpoint directory .* exists and is not empty",
+                          "You're resuming from a checkpoint that ended before the epoch ended and your dataloader "
+                          "is not resumable")
+
+
+def _continuation_is_expected() -> None:
+    for message in _CONTINUATION_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
 
 
 def _watch_epochs(CombinedLoader) -> None:
@@ -205,12 +228,14 @@ def _callback_class(Callback, call, version: str):
             self.carried: Optional[str] = None        # why no move once the workers served an epoch (carried_draws)
             self.pending_rng = None    # the checkpoint's random states, until the first batch after it is fetched
             self.step_row: Optional[dict] = None    # this step's log row, as at the last command (leaving)
+            self.unsaved: Optional[dict] = None     # a restored process's callbacks' state beyond their state_dict
 
         # -- restoring -----------------------------------------------------------------------------------
         def resume(self, path: str, saved: dict) -> None:
             from gmux.job.restore_check import random_states
             random_states(saved["data"].get("rng"), path, "state 'data' 'rng'")
             self.restore_from, self.position = path, saved["data"]
+            self.unsaved = saved.get("unsaved")     # put back once Lightning has restored the callbacks
             connector = self.trainer._checkpoint_connector
             loaded = dict(saved["lightning"])
 
@@ -220,7 +245,7 @@ def _callback_class(Callback, call, version: str):
             connector.resume_start = resume_start
             connector.restore_model = lambda: None                       # gmux's restore, at on_train_start
             connector.restore_optimizers_and_schedulers = lambda: None
-            _continue_logs(self.trainer, saved.get("logs"), path)
+            continue_logs(self.trainer, saved.get("logs"), path)
 
         def iterate(self, loader, original):
             from gmux.job.state import capture_rng, restore_rng
@@ -263,6 +288,7 @@ def _callback_class(Callback, call, version: str):
             frameworks.attach(self.job, FRAMEWORK, [pl_module, *trainer.strategy.optimizers, *schedulers, scaler],
                               why, self.refresh, self.leaving)
             if self.restore_from is not None:
+                put_back_unsaved(trainer, self.unsaved, self.restore_from)
                 self.job.restore(self.restore_from)
                 self.job.restored_from = self.restore_from   # gmux-launch checks that the move was restored
                 # put back again when the first batch is fetched: hooks run after this one (the module's own
@@ -344,54 +370,12 @@ def _callback_class(Callback, call, version: str):
                 if state:
                     saved[trainer.datamodule.__class__.__qualname__] = state
             self.job.tracked.state["lightning"] = plain(saved, "lightning state")
-            self.job.tracked.state["logs"] = _logger_versions(trainer)
+            self.job.tracked.state["unsaved"] = unsaved_state(trainer)
+            self.job.tracked.state["logs"] = logger_versions(trainer)
             self.job.tracked.state["data"] = {**(self.epoch_start or {}), "index": self.index,
                                               "workers_from": self.workers_from}
 
     return GmuxCallback
-
-
-def _logger_versions(trainer) -> list:
-    """Each logger's version (None for a logger without Lightning's versions), its rows flushed to disk: a moved
-    run's next process writes on from there."""
-    out = []
-    for logger in trainer.loggers:
-        logger.save()
-        v = getattr(logger, "_version", None)
-        out.append(v if _is_version(v) else None)
-    return out
-
-
-def _is_version(v) -> bool:
-    # (a version names a directory under the logger's: nothing that leads out of it)
-    return (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or \
-        (isinstance(v, str) and 0 < len(v) <= 255 and v not in (".", "..") and not set(v) & {"/", "\\", "\0"})
-
-
-def _continue_logs(trainer, versions, path: str) -> None:
-    """In a restored process, before fit: each logger whose version is still to be chosen takes the one it had,
-    and a CSVLogger's writer keeps the metrics.csv it finds, and its header."""
-    if versions is None:
-        return      # (a checkpoint written before gmux kept them)
-    if not isinstance(versions, list) or len(versions) > 64 or not all(v is None or _is_version(v) for v in versions):
-        from gmux.job.checkpoint import CheckpointError
-        raise CheckpointError(path, "state 'logs' is not a list of logger versions")
-    for logger, v in zip(trainer.loggers, versions):
-        if v is not None and getattr(logger, "_version", 0) is None:
-            logger._version = v
-        if type(logger).__name__ != "CSVLogger" or getattr(logger, "_experiment", 0) is not None:
-            continue
-        metrics = os.path.join(logger.log_dir, "metrics.csv")
-        if not os.path.isfile(metrics):
-            continue
-        aside = metrics + ".gmux-kept"
-        os.replace(metrics, aside)
-        try:
-            writer = logger.experiment
-        finally:
-            os.replace(aside, metrics)
-        with open(metrics, newline="") as f:
-            writer.metrics_keys = next(csv.reader(f), [])
 
 
 def _callback_overrides(callback, hook: str) -> bool:

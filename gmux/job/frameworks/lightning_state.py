@@ -1,0 +1,97 @@
+"""What gmux keeps of a Lightning run beyond what Lightning's own checkpoint holds, and puts back in the process it
+continues in (gmux.job.frameworks.lightning): each logger's version and a CSVLogger's rows, and the state of
+Lightning's own callbacks that their state dicts leave out. Read from a checkpoint file, each is checked before use.
+"""
+from __future__ import annotations
+
+import csv
+import os
+
+# State of Lightning's own callbacks that their state_dict leaves out, which a new process would start without:
+# ModelCheckpoint's last save (without it, on_train_end writes last.ckpt again at the run's last step; a
+# save_last="link" links nothing) and a save deferred until validation gives its monitored metric.
+UNSAVED = {"ModelCheckpoint": {"_last_global_step_saved": int, "_last_checkpoint_saved": str,
+                                "_defer_save_until_validation": bool}}
+
+
+def _unsaved_kinds(callback) -> dict:
+    """The attributes of `UNSAVED` a callback of Lightning's own has, with their types ({}: none)."""
+    for cls in type(callback).__mro__:
+        if cls.__name__ in UNSAVED and cls.__module__.startswith(("lightning.", "pytorch_lightning.")):
+            return {n: kind for n, kind in UNSAVED[cls.__name__].items() if hasattr(callback, n)}
+    return {}
+
+
+def unsaved_state(trainer) -> dict:
+    """{callback's state_key: {attribute: value}} of the `UNSAVED` state of the fit's callbacks."""
+    out = {}
+    for cb in trainer.callbacks:
+        kinds = _unsaved_kinds(cb)
+        if kinds:
+            out[cb.state_key] = {n: getattr(cb, n) for n in kinds}
+    return out
+
+
+def put_back_unsaved(trainer, saved, path: str) -> None:
+    """A restored process's callbacks take the `UNSAVED` state they had (checked: it comes from a file)."""
+    if saved is None:
+        return      # (a checkpoint written before gmux kept it)
+    from gmux.job.checkpoint import CheckpointError
+    if not isinstance(saved, dict):
+        raise CheckpointError(path, "state 'unsaved' is not a mapping of callbacks")
+    taken = []
+    for cb in trainer.callbacks:
+        kinds, values = _unsaved_kinds(cb), saved.get(getattr(cb, "state_key", None))
+        if not kinds or values is None:
+            continue
+        if not isinstance(values, dict) or not all(
+                n in kinds and type(v) is kinds[n] and (kinds[n] is not str or len(v) <= 4096)
+                for n, v in values.items()):
+            raise CheckpointError(path, f"state 'unsaved' of callback {cb.state_key!r} is not what gmux keeps")
+        taken.append((cb, values))
+    for cb, values in taken:        # (all checked first: a refusal sets nothing)
+        for n, v in values.items():
+            setattr(cb, n, v)
+
+
+def logger_versions(trainer) -> list:
+    """Each logger's version (None for a logger without Lightning's versions), its rows flushed to disk: a moved
+    run's next process writes on from there."""
+    out = []
+    for logger in trainer.loggers:
+        logger.save()
+        v = getattr(logger, "_version", None)
+        out.append(v if _is_version(v) else None)
+    return out
+
+
+def _is_version(v) -> bool:
+    # (a version names a directory under the logger's: nothing that leads out of it)
+    return (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or \
+        (isinstance(v, str) and 0 < len(v) <= 255 and v not in (".", "..") and not set(v) & {"/", "\\", "\0"})
+
+
+def continue_logs(trainer, versions, path: str) -> None:
+    """In a restored process, before fit: each logger whose version is still to be chosen takes the one it had,
+    and a CSVLogger's writer keeps the metrics.csv it finds, and its header."""
+    if versions is None:
+        return      # (a checkpoint written before gmux kept them)
+    if not isinstance(versions, list) or len(versions) > 64 or not all(v is None or _is_version(v) for v in versions):
+        from gmux.job.checkpoint import CheckpointError
+        raise CheckpointError(path, "state 'logs' is not a list of logger versions")
+    for logger, v in zip(trainer.loggers, versions):
+        if v is not None and getattr(logger, "_version", 0) is None:
+            logger._version = v
+        if type(logger).__name__ != "CSVLogger" or getattr(logger, "_experiment", 0) is not None:
+            continue
+        metrics = os.path.join(logger.log_dir, "metrics.csv")
+        if not os.path.isfile(metrics):
+            continue
+        aside = metrics + ".gmux-kept"
+        os.replace(metrics, aside)
+        try:
+            writer = logger.experiment
+        finally:
+            os.replace(aside, metrics)
+        with open(metrics, newline="") as f:
+            writer.metrics_keys = next(csv.reader(f), [])
