@@ -24,6 +24,12 @@ def test_control_column_names_the_mode_and_what_it_allows():
     # a Trainer's job (gmux/job/frameworks): movable where the framework's resume is exact
     assert "framework: suspend, free mem, move" in _row(report={"control": "framework"}, migratable=True)
     assert "move" not in _row(report={"control": "framework", "unmovable": "IterableDataset"})
+    # an unmodified script moves to another GPU in its own process (gmux migrate without --new-process); before,
+    # CONTROL and "migratable": false said it could not move at all
+    hooked = _row(report={"control": "optimizer hook"}, moves_in_process=True)
+    assert "optimizer hook: suspend, free mem, move GPU" in hooked
+    assert "move" not in _row(report={"control": "none yet"}, moves_in_process=True)
+    assert "move GPU" not in _row(report={"control": "explicit"}, migratable=True, moves_in_process=True)
 
 
 def test_a_job_that_has_not_reported_shows_a_dash():

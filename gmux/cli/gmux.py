@@ -14,6 +14,8 @@ from gmux.cli.argtypes import nonneg_int, path, positive, positive_int, positive
 from gmux.cli.submit_env import check_text, submit_cwd, submit_env
 from gmux.util.text import printable
 
+JOB_HELP = "the job: its id (j3, as gmux ps lists it) or the name of one live job (gmux submit --name)"
+
 
 def _print(data, as_json: bool, text=None, keep: str = "\n") -> None:
     """Text for people goes through `printable`: it quotes jobs' names and reasons, which a job chose."""
@@ -60,15 +62,15 @@ def main(argv=None) -> int:
                            ("kill", "kill a job (SIGKILL); its share of the GPU is freed")):
         helptext += " (a gang rank: every rank of its gang)"
         s = sub.add_parser(name, help=helptext)
-        s.add_argument("job")
+        s.add_argument("job", help=JOB_HELP)
     s = sub.add_parser("migrate", help="move a job to another GPU at its next boundary (between virtual GPUs in "
                                        "its own process; between real GPUs by checkpoint and a new process)")
-    s.add_argument("job")
+    s.add_argument("job", help=JOB_HELP)
     s.add_argument("--gpu", type=nonneg_int, required=True)
     s.add_argument("--new-process", action="store_true",
                    help="checkpoint and restore in a new process even between virtual GPUs (as on real GPUs)")
     s = sub.add_parser("logs", help="output of a submitted job")
-    s.add_argument("job")
+    s.add_argument("job", help=JOB_HELP)
     s.add_argument("--tail", type=nonneg_int, default=0,
                    help="only the last N lines (0: all a reply holds, the log's last 512 KiB)")
     s.add_argument("--raw", action="store_true", help="the output's bytes as the job wrote them, escape sequences "

@@ -45,6 +45,8 @@ def _control(j: dict) -> str:
     allows = _ALLOWS.get(mode, "")
     if mode in ("explicit", "framework") and j.get("migratable") and not j.get("gang"):
         allows += ", move"
+    elif j.get("moves_in_process") and not j.get("gang") and allows != _ALLOWS["none yet"]:
+        allows += ", move GPU"         # in its own process: not into a new one (gmux migrate --new-process)
     return f"{mode}: {allows}" if allows else mode
 
 

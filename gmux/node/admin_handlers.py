@@ -53,11 +53,23 @@ class AdminHandlers:
         """The job the request names, live or ended, if the caller may act on it (checked before anything)."""
         msg = req.msg
         who = self._who(req)
-        job = self.node.jobs.get(msg["job"])
+        job = self.node.jobs.get(msg["job"]) or self._named(msg, who)
         if job is None:
-            raise Refused(f"{msg.type}: no job {msg['job']!r}; `gmux ps` lists the jobs")
+            raise Refused(f"{msg.type}: no job {msg['job']!r} (an id, or the name of a live job); `gmux ps` lists "
+                          f"the jobs")
         self.node.access.check(msg, who, [job] + ([] if job.final else unit_of(self.node.jobs, job)))
         return job
+
+    def _named(self, msg, who: Caller) -> Optional[Job]:
+        """The one live job of the caller's (any, to an admin) that has the name given for a job id; refused if
+        several have it. Ended jobs are named by id only: a name comes back with each run of a script."""
+        admin = self.node.access.is_admin(who)
+        named = sorted((j for j in self.node.jobs.values()
+                        if not j.final and j.name == msg["job"] and (admin or j.uid == who.uid)), key=lambda j: j.id)
+        if len(named) > 1:
+            raise Refused(f"{msg.type}: {len(named)} live jobs are named {msg['job']!r} "
+                          f"({', '.join(j.id for j in named)}): give one of their ids")
+        return named[0] if named else None
 
     # --- the handlers ---
     def ping(self, req: Request):
@@ -82,6 +94,10 @@ class AdminHandlers:
             j["user"] = user_name(j["uid"])
             entry = node.slicers[j["gpu"]].entries.get(j["id"]) if j["gpu"] in node.slicers else None
             j["vtime"] = entry.vtime(now) if entry else None
+            # (`migrate` without --new-process: to any other GPU here, in its own process, restoring nothing)
+            job = node.jobs[j["id"]]
+            j["moves_in_process"] = (not job.final and not job.exclusive and not job.gang and len(node.gpus) > 1
+                                     and node.admission.in_process(job))
         gpus = []
         owner = {g: j.id for j in node.jobs.values() if not j.final for g in j.exclusive_gpus}
         for g in node.gpus.values():

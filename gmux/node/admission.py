@@ -173,7 +173,7 @@ class Admission:
             why_not = ("it is moving now" if j.target_gpu is not None else
                        f"pinned to GPU {j.pinned} with --gpu" if j.pinned is not None else
                        "an unmodified script (transparent mode) cannot be restored in a new process"
-                       if j.started and not j.migratable and not self._in_process(j) else
+                       if j.started and not j.migratable and not self.in_process(j) else
                        f"busy with a {self.slicers[j.gpu].busy_with(j.id)}"
                        if j.gpu is not None and self.slicers[j.gpu].busy_with(j.id) else "")
             moved = (j.mem_boundary or j.working_set() or 0) if j.started else 0
@@ -183,7 +183,7 @@ class Admission:
         return [placement.GpuView(i, g.mem_total, occupants[i], owner.get(i), self.reserved.get(i))
                 for i, g in sorted(self.gpus.items())]
 
-    def _in_process(self, job: Job) -> bool:
+    def in_process(self, job: Job) -> bool:
         """Whether the job would move in its own process wherever it goes, so that it needs no restore in a new
         process (gmux.node.moves)."""
         return job.gpu is not None and all(self.node.moves_in_process(job, g) for g in self.gpus if g != job.gpu)

@@ -237,3 +237,15 @@ def test_a_bug_in_one_gpus_tick_leaves_the_others_and_the_daemon_running(daemon,
     assert {i for i, m in daemon.sent if m["type"] == "command" and m["kind"] == "resume"} == {b"job-a"}
     assert daemon.jobs[a["job"]].state == "resuming" and daemon.internal_errors == 51
     daemon.expected_internal_errors = 51
+
+
+def test_a_live_job_is_named_by_its_name_where_one_has_it(daemon):
+    """`gmux suspend s1` for a job submitted with --name s1 said "no job 's1'" (found by an outside-user review)."""
+    register(daemon, name="alone")
+    register(daemon, b"job-b", name="twice")
+    register(daemon, b"job-c", name="twice")
+    assert "no GPU 7" in ask(daemon, "migrate", admin=daemon.admin, job="alone", gpu=7)["error"]   # found: j1
+    r = ask(daemon, "migrate", admin=daemon.admin, job="twice", gpu=7)["error"]
+    assert "2 live jobs are named 'twice' (j2, j3): give one of their ids" in r, r
+    r = ask(daemon, "migrate", admin=daemon.admin, job="nobody", gpu=7)["error"]
+    assert "no job 'nobody' (an id, or the name of a live job)" in r, r

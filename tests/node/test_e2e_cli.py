@@ -47,8 +47,8 @@ def test_cli_controls_a_submitted_job_and_metrics(node_factory, tmp_path):
     assert j["name"] == "demo1" and j["weight"] == 2 and j["managed"] and "token" not in j
     table = gmux(node.rt, "ps").stdout
     assert job in table and "running" in table
-    # suspend waits for the job's acknowledgement and says how long it took
-    out = gmux(node.rt, "--json", "suspend", job)
+    # suspend waits for the job's acknowledgement and says how long it took (the job named by its name)
+    out = gmux(node.rt, "--json", "suspend", "demo1")
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     # the job stamps the boundary at which it took the command: the wait for it is part of the job's latency
@@ -233,4 +233,8 @@ def test_a_script_that_attaches_itself_under_the_hook_is_told_to_start_without_i
     out = gmux(node.rt, "migrate", job, "--gpu", "1", "--new-process")
     assert out.returncode == 1 and "calls gmux.job.attach(), but was started with the transparent hook" in \
         out.stderr and "gmux submit --no-hook" in out.stderr, out.stderr
+    # but it moves to the other GPU in its own process, which gmux ps says (it said nothing of a move)
+    info = node.job(job)
+    assert info["moves_in_process"] and not info["migratable"], info
+    assert "explicit: suspend, free mem, move GPU" in gmux(node.rt, "ps").stdout
     node.call("kill", job=job)
