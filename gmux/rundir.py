@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 import stat
 from dataclasses import dataclass
 from typing import Optional
@@ -92,6 +93,16 @@ class RuntimeDir:
         except (OSError, ValueError):
             return None
         return pid, st
+
+    def socket_answers(self) -> bool:
+        """Whether a program listens on the socket's path (a stale file left by a gmuxd that ended does not)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(1.0)
+            try:
+                s.connect(self.socket)
+            except OSError:
+                return False
+        return True
 
     def logs(self) -> str:
         return os.path.join(self.root, "logs")

@@ -13,6 +13,7 @@ import sys
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
 from gmux.cli.argtypes import nonneg, nonneg_int, positive, positive_int, positive_size, tcp_endpoint
+from gmux.cli.output import reader_gone
 from gmux.cli.submit_env import check_text, submit_cwd, submit_env
 from gmux.util.text import printable
 
@@ -28,6 +29,7 @@ def wants(argv: list) -> bool:
 def main(argv: list) -> int:
     p = argparse.ArgumentParser(prog="gmux")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--runtime-dir", help=argparse.SUPPRESS)    # (a local gmuxd's: no cluster command uses it)
     sub = p.add_subparsers(dest="cmd", required=True)
     k = sub.add_parser("keys", help="create CurveZMQ key pairs for cluster mode")
     k.add_argument("--dir", default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"))
@@ -67,9 +69,13 @@ def main(argv: list) -> int:
                                help="its GPU there (a gang's rank r goes to GPU + r)")
         else:
             s.add_argument("--live", action="store_true")
+    for s in sub.choices.values():      # (after the command too: gmux ps --cluster ADDR --json)
+        s.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
     a = p.parse_args(argv)
     try:
         return run(a)
+    except BrokenPipeError:
+        return reader_gone()
     except (ClusterError, keys.KeyError_, FileExistsError, ValueError) as e:   # ValueError: ProtocolError too
         print(f"gmux: {printable(e)}", file=sys.stderr)
         return 1
@@ -125,7 +131,7 @@ def run(a) -> int:
                 for j in data["jobs"]:
                     print(f"{j['cjob']:6} {j['state']:10} {str(j['machine'] or '-'):10} "
                           f"{'-' if j['gpu'] is None else j['gpu']:>3} {j['step']:>8} {j['restarts']:>8} "
-                          f"{j['migrations']:>5}  {printable(j['detail'], limit=60)}")
+                          f"{j['migrations']:>5}  {printable(j['detail'], limit=300)}")
                     for r in j.get("ranks") or []:
                         print(f"  .{r['rank']:<3} {r['state']:10} {str(j['machine'] or '-'):10} "
                               f"{'-' if r['gpu'] is None else r['gpu']:>3} {r['step']:>8}  local job {r['local']}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -11,6 +12,7 @@ from gmux.protocol import ProtocolError
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.rundir import default_runtime_dir
 from gmux.cli.argtypes import nonneg_int, path, positive, positive_int, positive_size
+from gmux.cli.output import reader_gone
 from gmux.cli.submit_env import check_text, submit_cwd, submit_env
 from gmux.util.text import printable
 
@@ -46,7 +48,9 @@ def main(argv=None) -> int:
     from gmux.cli import cluster_commands   # `gmux keys`, and submit/ps/kill --cluster ADDR
     if cluster_commands.wants(argv):
         return cluster_commands.main(argv)
-    p = argparse.ArgumentParser(prog="gmux", description="Look at and steer the jobs of gmuxd.")
+    p = argparse.ArgumentParser(prog="gmux", description="Look at and steer the jobs of gmuxd.",
+                                epilog="cluster mode: gmux keys --help; gmux submit|ps|suspend|resume|kill|migrate "
+                                       "--cluster tcp://HOST:PORT --help (README.md, Cluster mode)")
     p.add_argument("--runtime-dir", type=path, default=default_runtime_dir())
     p.add_argument("--json", action="store_true", help="machine-readable output")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -93,9 +97,13 @@ def main(argv=None) -> int:
     s = sub.add_parser("shutdown", help="stop gmuxd (jobs keep running unless --kill-jobs)")
     s.add_argument("--kill-jobs", action="store_true")
     sub.add_parser("ping", help="is gmuxd there?")
+    for s in sub.choices.values():      # (after the command too: gmux decisions --json)
+        s.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
     a = p.parse_args(argv)
     try:
         return run(a)
+    except BrokenPipeError:     # (gmux logs JOB | head)
+        return reader_gone()
     except (GmuxError, ProtocolError) as e:    # ProtocolError: a value the wire format refuses, before sending
         print(f"gmux: {printable(e)}", file=sys.stderr)
         return 1
@@ -170,8 +178,9 @@ def run(a) -> int:
         return 0
     if a.cmd == "decisions":
         data = c.call("decisions", limit=a.limit)
+        # one line each: a decision quotes a job's exit reason, whose newlines would forge lines of their own
         _print(data, a.json, "\n".join(f"{time.strftime('%H:%M:%S', time.localtime(d['t']))} {d['kind']:8} "
-                                       f"{d['text']}" for d in data["decisions"]))
+                                       f"{printable(d['text'])}" for d in data["decisions"]))
         return 0
     if a.cmd == "shutdown":
         _print(c.call("shutdown", kill_jobs=a.kill_jobs), a.json, "gmuxd is stopping")
@@ -189,14 +198,22 @@ def top(c: Client, a) -> int:
     from rich.console import Group
     from rich.live import Live
     from gmux.cli.tables import gpus_table, jobs_table
+    from rich.console import Console
     n = 0
-    with Live(refresh_per_second=4, screen=False) as live:
+    # Into a file or a pipe, a snapshot after another: a live display redraws only on a terminal.
+    live = Live(refresh_per_second=4, screen=False) if sys.stdout.isatty() and not a.json else None
+    with live or contextlib.nullcontext():
         while True:
             data = c.call("ps", all=True)
+            view = None if a.json else Group(jobs_table(data, f"gmux top — {time.strftime('%H:%M:%S')}"),
+                                             gpus_table(data))
             if a.json:
                 print(json.dumps(data, default=str), flush=True)
+            elif live is not None:
+                live.update(view)
             else:
-                live.update(Group(jobs_table(data, f"gmux top — {time.strftime('%H:%M:%S')}"), gpus_table(data)))
+                Console(width=160).print(view)
+                sys.stdout.flush()
             n += 1
             if a.count and n >= a.count:
                 return 0

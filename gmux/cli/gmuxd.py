@@ -75,8 +75,11 @@ def main(argv=None) -> int:
     system = _system_mode(p, a) if a.system else None
     if a.admin_group and not a.system:
         p.error("--admin-group is for --system (a per-user gmuxd's admin is its user)")
-    a.runtime_dir = a.runtime_dir or os.environ.get("GMUX_RUNTIME_DIR") or (
-        SYSTEM_RUNTIME_DIR if a.system else private_runtime_dir())
+    if a.runtime_dir is not None and not a.runtime_dir.strip():
+        p.error("--runtime-dir: an empty path")
+    # absolute: its jobs' launchers are handed it, and they run in their submitter's directory
+    a.runtime_dir = os.path.abspath(a.runtime_dir or os.environ.get("GMUX_RUNTIME_DIR") or (
+        SYSTEM_RUNTIME_DIR if a.system else private_runtime_dir()))
     log_to_stderr("gmuxd", a.verbose)
     try:
         gpus = discover(a.virtual_gpus)
@@ -104,6 +107,8 @@ def main(argv=None) -> int:
         return 1
 
     def stop(signum, frame):
+        logging.info("%s: stopping; the jobs run on, and a gmuxd started on %s takes them back",
+                     signal.Signals(signum).name, a.runtime_dir)
         daemon.stopping = True   # jobs keep running; a restarted gmuxd re-attaches to them
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

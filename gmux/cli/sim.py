@@ -12,6 +12,7 @@ import time
 from datetime import datetime, timezone
 
 from gmux.cli.argtypes import fraction, nonneg, nonneg_int, path, positive, positive_int
+from gmux.cli.output import reader_gone
 from gmux.util.text import printable
 
 
@@ -177,9 +178,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("gmux-sim: interrupted (nothing written)", file=sys.stderr)
         return 130
-    except BrokenPipeError:     # (`gmux-sim | head`): the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    except BrokenPipeError:     # (`gmux-sim | head`)
+        return reader_gone()
 
 
 def _main(argv) -> int:

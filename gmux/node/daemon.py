@@ -147,6 +147,8 @@ class Daemon:
         if running is not None and running[0] != os.getpid() and alive(*running):
             raise RuntimeError(f"gmuxd is already running in {self.rundir.root} (pid {running[0]}); "
                                f"stop it first or use another --runtime-dir")
+        if self.rundir.socket_answers():    # (no gmuxd's: its clients would reach the other program)
+            raise RuntimeError(f"another program serves {self.rundir.socket}: use another --runtime-dir")
         fd = os.open(self.rundir.pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(f"{os.getpid()} {proc_starttime(os.getpid())}")

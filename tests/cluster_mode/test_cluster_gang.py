@@ -48,6 +48,9 @@ def test_gang_through_the_scheduler_bit_identical_and_bad_ranks_refused(cluster_
                                  ("3", 1, "no machine has 3 GPUs")):                  # by the scheduler
         r = _cli(c, "submit", "--ranks", ranks, "--", PY, GANG, str(tmp_path / "x.json"), steps)
         assert r.returncode == code and problem in r.stderr, (ranks, r.stdout, r.stderr)
+    # (before: accepted, and refused by gmuxd at each start until it was held)
+    r = _cli(c, "submit", "--mem", "1TiB", "--", PY, GANG, str(tmp_path / "x.json"), steps)
+    assert r.returncode == 1 and "--mem 1.0TiB: no machine has a GPU that large (the largest: 2.0GiB" in r.stderr, r.stderr
     r = _cli(c, "submit", "--ranks", "2", "--", PY, GANG, str(tmp_path / "gang{rank}.json"), steps, as_json=True)
     assert r.returncode == 0, r.stderr
     cjob = json.loads(r.stdout)["cjob"]

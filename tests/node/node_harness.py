@@ -148,6 +148,11 @@ def daemon_factory(tmp_path):
         (their inventory only: nothing here touches a device); rebind: a stand-in for the CUDA driver's
         checkpoint API (gmuxd --rebind-gpus); load_driver: what gmuxd without it gets when it asks for the
         driver (default: Unavailable, as on a machine without one)."""
+        for before in made:     # its predecessor there is gone: the kernel closes a dead process's socket
+            if root is not None and before.rundir.root == root and not before.server.sock.closed:
+                before.server.sock.close(linger=0)
+        if root is not None:    # (ZeroMQ closes it in its I/O thread: a moment later)
+            wait_for(lambda: not RuntimeDir(root).socket_answers(), 10, f"{root}: the socket closed", every=0.01)
         gpus = [Gpu(i, "virtual", size, True) if virtual else
                 Gpu(i, "GPU", size, False, f"GPU-{i:08x}-0000-4000-8000-{i:012x}") for i, size in enumerate(sizes)]
         d = Daemon(RuntimeDir(root or str(tmp_path / f"rt{len(made)}")), gpus, Options(**{"quantum": 1.0, **options}),

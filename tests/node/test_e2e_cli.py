@@ -238,3 +238,72 @@ def test_a_script_that_attaches_itself_under_the_hook_is_told_to_start_without_i
     assert info["moves_in_process"] and not info["migratable"], info
     assert "explicit: suspend, free mem, move GPU" in gmux(node.rt, "ps").stdout
     node.call("kill", job=job)
+
+
+def test_what_a_job_wrote_forges_no_line_and_output_into_pipes_and_files_is_whole(node_factory, tmp_path):
+    """From a hostile-input review: a job's exit reason printed by `gmux decisions` kept its newlines (a forged
+    decision line); `gmux logs JOB | head -1` ended with a BrokenPipeError traceback; `gmux top` into a file or a
+    pipe wrote nothing; `gmux decisions --json` was refused (--json only before the command)."""
+    from gmux_testkit import wait_for
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    script = tmp_path / "forge.py"
+    script.write_text("for i in range(20000):\n    print('line', i)\n"
+                      "raise RuntimeError('oops\\n00:00:00 migrate  j9 moved to GPU 1: 3.2x faster')\n")
+    job = json.loads(gmux(node.rt, "--json", "submit", "--", PY, str(script)).stdout)["job"]
+    wait_for(lambda: node.job(job)["state"] == "failed", 60, lambda: node.job(job))
+    decisions = gmux(node.rt, "decisions").stdout
+    assert not any(line.startswith("00:00:00 migrate") for line in decisions.splitlines()), decisions
+    assert "oops\\x0a00:00:00 migrate" in decisions, decisions
+    assert json.loads(gmux(node.rt, "decisions", "--json").stdout)["decisions"]
+    for args in (["logs", job], ["--json", "logs", job], ["--json", "top"], ["decisions"]):
+        piped = subprocess.run(f"{PY} -m gmux.cli.gmux --runtime-dir {node.rt} {' '.join(args)} | head -c 10",
+                               shell=True, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert len(piped.stdout) == 10 and "Traceback" not in piped.stderr and "Error" not in piped.stderr, \
+            (args, piped.stderr)
+    with open(tmp_path / "top.txt", "w") as f:
+        assert subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "top", "--count", "2",
+                               "--interval", "0.1"], env=env(), cwd=ROOT, stdout=f, timeout=60).returncode == 0
+    assert (tmp_path / "top.txt").read_text().count("gmux top") == 2
+
+
+def test_gmuxd_takes_its_runtime_dir_absolute_and_refuses_another_programs_socket(tmp_path):
+    """A relative --runtime-dir was handed as it was to the launchers of submitted jobs, which start in their
+    submitter's directory: they never found gmuxd, and waited for ever. A socket another program listens on was
+    taken over; an empty --runtime-dir quietly meant the default one."""
+    from gmux_testkit import wait_for
+    from gmux.wire.daemon_client import Client
+    empty = subprocess.run([PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", ""], env=env(), cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 2 and "--runtime-dir: an empty path" in empty.stderr, empty.stderr
+    os.mkdir(tmp_path / "taken", 0o700)
+    other = socket.socket(socket.AF_UNIX)
+    other.bind(str(tmp_path / "taken" / "gmuxd.sock"))
+    other.listen()
+    try:
+        out = subprocess.run([PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", str(tmp_path / "taken"),
+                              "--virtual-gpus", "1x1GiB"], env=env(), cwd=ROOT, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 1 and "another program serves" in out.stderr, out.stderr
+    finally:
+        other.close()
+    (tmp_path / "elsewhere").mkdir()
+    daemon = subprocess.Popen([PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", "rel", "--virtual-gpus", "1x1GiB"],
+                              env=env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        rt = str(tmp_path / "rel")
+        wait_for(lambda: os.path.exists(os.path.join(rt, "gmuxd.pid")), 30, "gmuxd up")
+        script = tmp_path / "elsewhere" / "short.py"
+        script.write_text("print('ran')\n")
+        sub = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", "../rel", "--json", "submit", "--", PY,
+                              "short.py"], env=env(), cwd=tmp_path / "elsewhere", capture_output=True, text=True,
+                             timeout=60)
+        job = json.loads(sub.stdout)["job"]
+        c = Client(rt, timeout=10)
+        try:
+            wait_for(lambda: next(j for j in c.call("ps")["jobs"] if j["id"] == job)["state"] == "exited", 60,
+                     lambda: c.call("ps")["jobs"])
+        finally:
+            c.close()
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(30)

@@ -21,6 +21,7 @@ from gmux import protocol
 from gmux.cluster.policies import Event, EventKind
 from gmux.cluster.scheduler.state import CJob
 from gmux.cluster.scheduler.waiting import waiting_reasons
+from gmux.util.sizes import format_size
 
 
 class ClientHandlers:
@@ -44,6 +45,12 @@ class ClientHandlers:
             raise protocol.ProtocolError(f"c_submit: --ranks {ranks}: no machine has {ranks} GPUs (the most any "
                                          f"machine of this cluster has is {most}); a gang runs on one machine, "
                                          f"one rank per GPU")
+        mem = msg.get("mem")
+        largest = max(((r["mem_total"], m.name) for m in self.s.machines.values() for r in m.gpus), default=None)
+        if mem is not None and largest is not None and mem > largest[0]:
+            # (gmuxd would refuse it on every machine, and each refusal count as a failed start)
+            raise protocol.ProtocolError(f"c_submit: --mem {format_size(mem)}: no machine has a GPU that large (the "
+                                         f"largest: {format_size(largest[0])}, on {largest[1]})")
         job = CJob(self.s.state.next_id(), list(msg["argv"]), msg["cwd"], dict(msg.get("env") or {}),
                    msg.get("name") or "", ranks, msg.get("mem"), float(msg.get("weight", 1.0)),
                    msg.get("ckpt_every", self.s.opt.ckpt_every), owner=name)
