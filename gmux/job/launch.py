@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -71,6 +72,7 @@ def run(opt: LaunchOptions) -> int:
     if lease:
         agent.lease_s = lease
         agent.on_lease_lost = lambda waited: _lease_lost(agent, rundir, waited)
+        threading.Thread(target=_watch_daemon, args=(agent, rundir, lease), name="gmux-lease", daemon=True).start()
     # The limit is what gmuxd admitted the job with: its --mem, or a submitted job's (gmux submit --mem).
     mem_limit = reg.get("mem", opt.mem)
     if opt.mem_soft:
@@ -224,6 +226,29 @@ def _lease_lost(agent: Agent, rundir: RuntimeDir, waited: float) -> None:
     print(f"gmux-launch: {msg}", file=sys.stderr, flush=True)
     write_exit(rundir, agent.job, protocol.LEASE_LOST_STATUS, msg)
     os._exit(protocol.LEASE_LOST_STATUS)
+
+
+def _watch_daemon(agent: Agent, rundir: RuntimeDir, lease: float) -> None:
+    """The lease of a cluster job that sends gmuxd nothing: one that reaches no boundary (an unmodified script
+    whose steps gmux does not see, or one long piece of work) is never told that gmuxd stopped answering, and
+    trained on beside the copy its scheduler started elsewhere. A thread watches gmuxd's process instead, and stops
+    the job as the lease does once no gmuxd has run on the runtime dir for `lease` seconds (one restarted in time
+    takes the job back). A pid file it may not read tells nothing: then it watches no more."""
+    gone_since = None
+    while True:
+        time.sleep(lease / 5)
+        try:
+            with open(rundir.pid_file) as f:
+                pid, start = (int(x) for x in f.read().split())
+            running = alive(pid, start)
+        except PermissionError:
+            return
+        except (OSError, ValueError):     # none (stopped, or between two gmuxd), or half written
+            running = False
+        now = time.monotonic()
+        gone_since = None if running else (gone_since or now)
+        if gone_since is not None and now - gone_since > lease:
+            _lease_lost(agent, rundir, now - gone_since)
 
 
 def _check_restored(agent: Agent, rundir: RuntimeDir, path: str) -> None:

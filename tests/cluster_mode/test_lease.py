@@ -10,7 +10,7 @@ import time
 
 import zmq
 
-from cluster_harness import Solo, wait_for
+from cluster_harness import PY, ROOT, Solo, wait_for
 from gmux import protocol
 from gmux.job.agent import Agent
 from gmux.wire.daemon_client import Client
@@ -59,6 +59,30 @@ def test_a_job_whose_gmuxd_died_stops_itself_and_runs_on_elsewhere(cluster_facto
     assert local[0]["exit_status"] == protocol.LEASE_LOST_STATUS, local
     res = json.loads(out.read_text())
     assert res["sha256"] == ref["sha256"] and res["steps"] == int(STEPS)
+
+
+def test_a_job_that_reaches_no_boundary_stops_too_when_its_gmuxd_dies(cluster_factory, tmp_path):
+    """Found by an outside-user review: a script whose steps gmux does not see sent gmuxd nothing, so it never
+    learnt that its gmuxd had died, and trained on beside the copy the scheduler had started elsewhere (both
+    writing the same file). Its launcher now watches gmuxd's process for it."""
+    c = cluster_factory(policy="gandiva", machines=("m1", "m2"), sched_args=("--lost-after", "3"))
+    script = tmp_path / "no_boundary.py"
+    script.write_text("import time\nfor _ in range(6000):\n    time.sleep(0.05)\n")
+    c.wait_machines(2)
+    cjob = c.call("c_submit", argv=[PY, str(script)], cwd=ROOT, env={"OMP_NUM_THREADS": "1"})["cjob"]
+    src = wait_for(lambda: (lambda j: j["state"] in ("starting", "running") and j["machine"])(c.job(cjob)), 60,
+                   "the job placed")
+    pid = wait_for(lambda: next((j["pid"] for j in Client(str(tmp_path / f"rt-{src}")).call("ps")["jobs"]
+                                 if j["name"] == cjob and j["pid"]), None), 60, "its process")
+    time.sleep(1.0)
+    assert _alive(pid)
+    c.daemons[src].send_signal(signal.SIGKILL)
+    c.daemons[src].wait()
+    killed_at = time.monotonic()
+    wait_for(lambda: not _alive(pid), 30, "the orphaned copy stopped itself")
+    assert 2.4 <= time.monotonic() - killed_at < 10.0        # its lease: 0.8 x --lost-after
+    log = (tmp_path / f"rt-{src}" / "logs" / f"{cjob}.cluster.log").read_text()
+    assert protocol.LEASE_LOST_REASON in log, log[-2000:]
 
 
 def _fake_gmuxd(tmp_path):
