@@ -32,6 +32,8 @@ def _finish(started):
     ("shared_and_sparse.py", ["shared"], 3, "optimizer hook", 60),     # torch crashed resizing shared memory
     ("shared_and_sparse.py", ["hogwild"], 3, "none yet", 0),            # the forked child trains: not the job
     ("shared_and_sparse.py", ["sparse"], 3, "optimizer hook", 59),      # a report with sparse gradients raised
+    # a script that attaches itself: it was not cycled at all ("0 boundaries (none yet), 0 suspends")
+    ("seeded_data.py", [], 4, "explicit", 48),
 ])
 def test_loop_suspended_at_its_boundaries_ends_bit_identical(script, args, every, control, expected, tmp):
     path = f"tests/scripts/{script}"

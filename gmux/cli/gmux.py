@@ -79,7 +79,8 @@ def main(argv=None) -> int:
                    help="only the last N lines (0: all a reply holds, the log's last 512 KiB)")
     s.add_argument("--raw", action="store_true", help="the output's bytes as the job wrote them, escape sequences "
                                                       "included (default: control characters are shown escaped)")
-    s = sub.add_parser("submit", help="have gmuxd start and supervise a job: gmux submit [opts] -- python train.py")
+    s = sub.add_parser("submit", help="have gmuxd start and supervise a job: gmux submit [opts] -- python train.py",
+                       epilog="to a cluster: gmux submit --cluster tcp://HOST:PORT --keys DIR --help")
     s.add_argument("--mem", type=positive_size)
     s.add_argument("--weight", type=positive, default=1.0)
     s.add_argument("--name")
@@ -92,7 +93,8 @@ def main(argv=None) -> int:
     s.add_argument("--no-hook", dest="hook", action="store_false",
                    help="the script calls gmux.job.attach() itself (explicit mode: it can be moved between GPUs)")
     s.add_argument("argv", nargs=argparse.REMAINDER)
-    s = sub.add_parser("decisions", help="time-slicing, packing and migration decisions, with their numbers")
+    s = sub.add_parser("decisions", help="packing, spill, stop, migration and end decisions, with their numbers "
+                                         "(time-slice switches are counted in gmux ps, SWITCHES)")
     s.add_argument("--limit", type=positive_int, default=50)
     s = sub.add_parser("shutdown", help="stop gmuxd (jobs keep running unless --kill-jobs)")
     s.add_argument("--kill-jobs", action="store_true")

@@ -24,7 +24,7 @@ from typing import Optional
 
 from gmux.util.sizes import parse_size
 
-from . import runner
+from . import control, runner
 from .control import Command
 
 
@@ -76,9 +76,13 @@ def main(argv=None) -> int:
     except ValueError as e:
         p.error(f"--pool/--mem: {e}")
     controller = CycleController(a.cycle_every, a.hold) if a.cycle_every else None
-    job = runner.prepare(controller, pool_bytes=pool_bytes, native=not a.no_native, mem_limit=mem_limit)
+    # a script that attaches itself (gmux.job.attach) is cycled too, as gmux-launch drives it
+    control.set_default(controller)
+    hooked = runner.prepare(controller, pool_bytes=pool_bytes, native=not a.no_native, mem_limit=mem_limit)
 
     def summary():
+        from .api import current
+        job = current() or hooked          # (the script's own job, where it attached one)
         s, r = job.profile.last_suspend, job.profile.last_resume
         print(f"gmux: {job.profile.steps} boundaries ({job.control}), {job.profile.suspends} suspends, {job.tier.name} tier "
               f"({job.profile.bytes_moved / 2**20:.1f} MiB moved; last suspend {s.get('total_s', 0) * 1e3:.2f} ms, "

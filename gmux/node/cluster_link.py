@@ -267,8 +267,8 @@ class ClusterLink:
         def run():
             try:
                 fn(*args)
-            except Exception as e:
-                log.exception("%s failed", fn.__name__)
+            except Exception as e:      # (a refusal, e.g. of a job that ended meanwhile, is said without a traceback)
+                (log.warning if isinstance(e, GmuxError) else log.exception)("%s failed: %s", fn.__name__, e)
                 self._event("action_failed", cjob, f"{fn.__name__}: {e}")
             finally:
                 self.busy.discard(cjob)
@@ -420,7 +420,7 @@ class ClusterLink:
         errors = [e for e in _each(lambda local: staged(self._snapshot_path(local), lambda: ask_one(local)), ranks)
                   if e]
         if errors:
-            raise GmuxError(f"checkpoint: {errors[0]}")
+            raise GmuxError(str(errors[0]) if str(errors[0]).startswith("checkpoint") else f"checkpoint: {errors[0]}")
         paths = [self.rundir.checkpoint_file(local + ".periodic") for local in ranks]
         for local, path in zip(ranks, paths):
             os.replace(self._snapshot_path(local), path)

@@ -50,8 +50,16 @@ def test_a_rank_that_never_registered_fails_the_start_and_stops_its_peers(tmp_pa
 
 
 def test_a_start_gmuxd_refuses_is_held_after_three_tries_with_the_reason(cluster_factory, tmp_path):
-    c = cluster_factory(policy="gandiva", machines=("m1",))
-    c.wait_machines(1)
+    """m2, which had a GPU the job fits, is lost: the job is accepted (m2 may come back), and m1 refuses it. (A --mem
+    no machine the scheduler knows could hold is refused at submit: tests/cluster_mode/test_cluster_gang.py.)"""
+    from gmux.wire import keys
+    c = cluster_factory(policy="gandiva", machines=("m1",), sched_args=("--lost-after", "2"))
+    keys.create(c.keys, "daemon", "m2")
+    c.gpus = "1x900GiB"
+    c.start_daemon("m2")
+    c.wait_machines(2)
+    c.daemons["m2"].kill()
+    wait_for(lambda: any(m["name"] == "m2" and m["state"] == "lost" for m in c.ps()["machines"]), 30, "m2 lost")
     script = tmp_path / "train.py"
     script.write_text("print('never runs')\n")
     cjob = c.call("c_submit", argv=[PY, str(script)], cwd=ROOT, env={}, mem=900 << 30)["cjob"]
