@@ -370,7 +370,8 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     "suspend": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "to_boundary": (_bool, False),
                 "in_place": (_bool, False)},
     "resume": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
-    "kill": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
+    # reason: what the job's record says ("killed by gmux kill" without one; a cluster link names its own)
+    "kill": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "reason": (lambda v: _str(v, 300), False)},
     # new_process: checkpoint and continue in a new process even where the move could be made in the job's own
     # process (between virtual GPUs); the path a real GPU's move takes
     "migrate": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "gpu": (_gpu_index, True),

@@ -41,7 +41,7 @@ from gmux.wire.daemon_client import Client, GmuxError
 from gmux.wire.handshake_watch import HandshakeWatch
 from gmux.wire.server import Server, configure
 from gmux.node.cluster_fence import Fence
-from gmux.node.cluster_records import busy_data, gang_record, ranks_by_job, running_before_boundary, taken_at
+from gmux.node.cluster_records import busy_data, gang_record, kill_reason, ranks_by_job, running_before_boundary, taken_at
 from gmux.node.cluster_starts import Starts
 from gmux.node.cluster_stream import send_files, staged, stream_ranks
 from gmux.node.warm_pool import WarmPool
@@ -372,16 +372,16 @@ class ClusterLink:
         return self.gang_locks.setdefault(cjob, threading.Lock())
 
     def _ranks(self, cjob: str, mtype: str, event: Optional[str], ranks: list) -> None:
-        error = self._all_ranks(cjob, mtype, ranks)
+        error = self._all_ranks(cjob, mtype, ranks, **kill_reason(mtype, event))
         if error:
             self._event("action_failed", cjob, f"{mtype}: {error}", **busy_data(error))
         elif event:
             self._event(event, cjob)
 
-    def _all_ranks(self, cjob: str, mtype: str, ranks: list) -> Optional[GmuxError]:
+    def _all_ranks(self, cjob: str, mtype: str, ranks: list, **fields) -> Optional[GmuxError]:
         """One admin request to every rank at once (a gang's ranks suspend only together): the first refusal."""
         with self._gang_lock(cjob) if mtype == "suspend" else contextlib.nullcontext():
-            return next((e for e in _each(lambda local: self._admin_reply(mtype, local)[0], ranks) if e), None)
+            return next((e for e in _each(lambda local: self._admin_reply(mtype, local, **fields)[0], ranks) if e), None)
 
     def _admin_reply(self, mtype: str, local: str, **fields) -> tuple[Optional[GmuxError], Optional[dict]]:
         """(gmuxd's refusal, or None; its reply, or None)."""

@@ -109,3 +109,12 @@ def busy_data(error: GmuxError) -> dict:
     """An action_failed event's data for gmuxd's refusal: whether it was only for now (a move or suspend under
     way), which the scheduler must not take for a refusal of the action itself."""
     return {"busy": True} if isinstance(error, GmuxBusy) else {}
+
+
+def kill_reason(mtype: str, event: Optional[str]) -> dict:
+    """What this machine's `gmux ps` says of a cluster job's copy its link kills (not "killed by gmux kill")."""
+    if mtype != "kill":
+        return {}
+    return {"reason": "released: the cluster scheduler runs the job elsewhere now" if event == "released" else
+            "killed through the cluster (gmux kill --cluster, a copy the scheduler no longer runs, or a gang "
+            "whose other rank ended)"}

@@ -13,7 +13,7 @@ from typing import Optional
 # Persisted columns (everything else is measurement, persisted as a JSON blob).
 IDENTITY = ("id", "token", "name", "argv", "cwd", "pid", "starttime", "gpu", "weight", "mem", "state",
             "managed", "created", "detail", "exit_status")
-TRANSIENT = ("identity", "outbox", "kill_requested", "_window", "_solo_now", "_solo_hist", "_step_offset",
+TRANSIENT = ("identity", "outbox", "kill_requested", "kill_reason", "_window", "_solo_now", "_solo_hist", "_step_offset",
              "last_report", "registered", "_late_told", "_note")
 
 
@@ -72,6 +72,7 @@ class Job:
     identity: Optional[bytes] = None   # ROUTER routing id of its agent, learned from its messages
     outbox: list = field(default_factory=list)    # commands waiting for the agent's routing id
     kill_requested: bool = False
+    kill_reason: str = ""              # what its record says once killed, where the killer gave a reason
     registered: bool = False           # its process has registered (a submitted job's has not, at first)
     solo_windows: int = 0              # residencies the solo rate is measured over
     solo_seen: int = 0                 # solo residencies measured, ever (the packer waits for a fresh one)

@@ -43,6 +43,9 @@ def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path
                           if j["name"] == cjob]
     # The release is sent once the target reports the job past a boundary; the source acts on its next tick.
     wait_for(lambda: src_states() == ["killed"], 30, "the source released its copy")
+    # (its record said "killed by gmux kill", though nobody had run gmux kill: an outside-user review)
+    (left,) = [j for j in Client(str(tmp_path / f"rt-{src}")).call("ps", all=True)["jobs"] if j["name"] == cjob]
+    assert left["detail"] == "released: the cluster scheduler runs the job elsewhere now", left
     # The checkpoint the target received is deleted once the job restored from it has passed a boundary.
     received = lambda m: [f for f in os.listdir(tmp_path / f"rt-{m}" / "cluster-in") if f.endswith(".ckpt")]
     wait_for(lambda: received(dst) == [], 30, "the received checkpoint deleted")
