@@ -158,7 +158,11 @@ class RuntimeDir:
                                   f"the {SOCKET_PATH_MAX} a Unix socket allows; choose a shorter one with "
                                   f"--runtime-dir or GMUX_RUNTIME_DIR")
         parent = os.path.dirname(os.path.abspath(self.root))
-        os.makedirs(parent, mode=0o700 if group is None else 0o755, exist_ok=True)
+        try:
+            os.makedirs(parent, mode=0o700 if group is None else 0o755, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise RuntimeDirError(f"runtime directory {self.root}: a part of {parent} is a file, not a directory; "
+                                  f"choose another with --runtime-dir or GMUX_RUNTIME_DIR") from None
         if group is not None:
             self._check_parent(parent)
         try:

@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from gmux.cli.argtypes import positive, positive_size
+from gmux.cli.argtypes import nonneg_int, positive, positive_int, positive_size
 from gmux.job import torchrun
 from gmux.job.launch import LaunchOptions, run
 from gmux.rundir import default_runtime_dir
@@ -25,13 +25,13 @@ def main(argv=None) -> int:
     p.add_argument("--mem-soft", action="store_true", help="--mem declares the job's size for admission only: "
                                                            "no limit (also GMUX_MEM_SOFT=1)")
     p.add_argument("--weight", type=positive, default=1.0, help="share of GPU time relative to other jobs")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs this one process uses; more than one are given to it "
+    p.add_argument("--gpus", type=positive_int, default=1, help="GPUs this one process uses; more than one are given to it "
                                                        "exclusively, when that many are free (default 1)")
-    p.add_argument("--gpu", type=int, help="run on this GPU (default: gmuxd places the job)")
+    p.add_argument("--gpu", type=nonneg_int, help="run on this GPU (default: gmuxd places the job)")
     p.add_argument("--gang", help="this process is one rank of the torch.distributed job NAME: gmuxd gives each "
                                   "rank a GPU of its own and suspends, resumes and kills the ranks together")
-    p.add_argument("--rank", type=int, help="with --gang: this process's rank, 0..WORLD-1")
-    p.add_argument("--world", type=int, help="with --gang: the number of ranks")
+    p.add_argument("--rank", type=nonneg_int, help="with --gang: this process's rank, 0..WORLD-1")
+    p.add_argument("--world", type=positive_int, help="with --gang: the number of ranks")
     p.add_argument("--name")
     p.add_argument("--no-hook", dest="hook", action="store_false",
                    help="the script calls gmux.job.attach() itself; do not install the optimizer hook")

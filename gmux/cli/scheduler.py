@@ -34,6 +34,9 @@ def main(argv=None) -> int:
                         "acts only on the jobs it submitted")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
+    for flag, where in (("--keys", a.keys), ("--state", a.state)):
+        if os.path.exists(where) and not os.path.isdir(where):
+            p.error(f"{flag} {where}: a file, not a directory")
     log_to_stderr("gmux-scheduler", a.verbose)
     try:
         s = Scheduler(a.state, a.keys, Options(listen=a.listen, policy=a.policy, tick=a.tick,

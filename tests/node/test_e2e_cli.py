@@ -275,6 +275,14 @@ def test_gmuxd_takes_its_runtime_dir_absolute_and_refuses_another_programs_socke
     empty = subprocess.run([PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", ""], env=env(), cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
     assert empty.returncode == 2 and "--runtime-dir: an empty path" in empty.stderr, empty.stderr
+    (tmp_path / "afile").write_text("")
+    for command, code, needle in (
+            (["gmux.cli.gmuxd", "--runtime-dir", str(tmp_path / "afile" / "sub")], 1, "is a file, not a directory"),
+            (["gmux.cli.launch", "--gpu", "-1", "--", "python", "x.py"], 2, "--gpu: -1 is not an integer >= 0"),
+            (["gmux.cli.scheduler", "--keys", str(tmp_path / "afile"), "--state", str(tmp_path / "s")], 2,
+             "a file, not a directory")):       # (each said a raw "[Errno ...]" or named a wire field)
+        out = subprocess.run([PY, "-m", *command], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == code and needle in out.stderr and "Errno" not in out.stderr, (command, out.stderr)
     os.mkdir(tmp_path / "taken", 0o700)
     other = socket.socket(socket.AF_UNIX)
     other.bind(str(tmp_path / "taken" / "gmuxd.sock"))
