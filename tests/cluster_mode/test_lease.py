@@ -174,3 +174,14 @@ def test_the_stopped_copys_record_does_not_undo_the_next_start_on_its_machine(sc
     assert job.state == "running"
     report_jobs({**stopped, "local": "j2", "state": "exited", "exit_status": 0, "detail": "finished"})
     assert job.state == "done"
+
+
+def test_a_restart_says_it_restores_once_its_checkpoint_has_arrived(sched):
+    """It said "sending its checkpoint to m1" for the whole start there (13 s in an outside user's run, while the
+    process was up and restoring)."""
+    job = sched.jobs["c1"]
+    job.ckpt_step, job.state, job.machine = 372, "starting", "m1"
+    sched.pushes.done.put(("c1", "m1", ["x0"], {"bytes": 10, "seconds": 0.1}, None))
+    sched.pushes.drain()
+    assert sched.wire[-1] == ("m1", "start", "c1")
+    assert (job.state, job.detail) == ("starting", "restoring its checkpoint (step 372) on m1"), job

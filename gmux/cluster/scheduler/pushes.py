@@ -59,5 +59,7 @@ class Pushes:
                 s._log("push_failed", cjob, job.detail)
                 continue
             s._action(name, "start", cjob, **s._start_args(job, restore=xfers))
+            # (said until its first boundary there: starting a process and restoring take seconds)
+            job.set("starting", f"restoring its checkpoint (step {job.ckpt_step}) on {name}")
             s._log("restart", cjob, f"{cjob}: checkpoint at step {job.ckpt_step} sent to {name} "
                                     f"({figures['bytes']} B in {figures['seconds']:.3f} s); restoring there")
