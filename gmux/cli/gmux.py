@@ -197,10 +197,9 @@ def run(a) -> int:
 
 
 def top(c: Client, a) -> int:
-    from rich.console import Group
+    from rich.console import Console, Group
     from rich.live import Live
     from gmux.cli.tables import gpus_table, jobs_table
-    from rich.console import Console
     n = 0
     # Into a file or a pipe, a snapshot after another: a live display redraws only on a terminal.
     live = Live(refresh_per_second=4, screen=False) if sys.stdout.isatty() and not a.json else None
