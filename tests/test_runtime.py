@@ -234,7 +234,9 @@ def test_the_runner_turns_every_ending_into_a_status_and_a_reason(tmp):
 
     cases = {"pass": (0, "finished"), "import sys; sys.exit(0)": (0, "finished"),
              "import sys; sys.exit(4)": (4, "exit status 4"), "import sys; sys.exit('bad input')": (1, "exit status 1"),
-             "raise ValueError('boom')": (1, "ValueError: boom")}
+             "raise ValueError('boom')": (1, "ValueError: boom"),
+             # Ctrl-C: recorded as "failed: KeyboardInterrupt: " with status 1 before
+             "raise KeyboardInterrupt": (130, "interrupted (SIGINT)")}
     argv = list(sys.argv)
     for i, (body, expected) in enumerate(cases.items()):
         path = f"{tmp}/s{i}.py"

@@ -74,6 +74,9 @@ def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], 
         reason = "finished" if status == 0 else f"exit status {status}"
         if code is not None and not isinstance(code, int):
             print(code, file=sys.stderr)
+    except KeyboardInterrupt:   # (Ctrl-C, or SIGINT sent to it: the script's traceback, as Python shows it)
+        traceback.print_exc()
+        status, reason = 130, "interrupted (SIGINT)"
     except BaseException as e:
         traceback.print_exc()
         from .memory.limit import explain   # torch's CUDA OOM error does not say it was the job's limit
