@@ -66,6 +66,8 @@ class AdminHandlers:
         admin = self.node.access.is_admin(who)
         named = sorted((j for j in self.node.jobs.values()
                         if not j.final and j.name == msg["job"] and (admin or j.uid == who.uid)), key=lambda j: j.id)
+        if len(named) > 1 and named[0].gang and len({j.gang["id"] if j.gang else None for j in named}) == 1:
+            return named[0]     # the ranks of one gang (torchrun's share its name): acting on one acts on all
         if len(named) > 1:
             raise Refused(f"{msg.type}: {len(named)} live jobs are named {msg['job']!r} "
                           f"({', '.join(j.id for j in named)}): give one of their ids")
@@ -173,9 +175,10 @@ class AdminHandlers:
                 m.state = "waiting"
         for gpu in {m.gpu for m in unit if m.gpu is not None}:
             node.switch(node.slicers[gpu], time.monotonic())
+        parked = sorted({g for m in unit for g in m.parked_gpus})     # (every rank's, not the named one's)
         where = (f"runs in its turn on GPU {job.gpu}" if job.gpu is not None else
-                 f"waits for GPUs {','.join(map(str, job.parked_gpus))}, which it gave back while suspended"
-                 if job.parked_gpus else "waits for a GPU")
+                 f"takes back GPUs {','.join(map(str, parked))} (given back while suspended) once they are free"
+                 if parked else "waits for a GPU")
         return {"job": job.id, "state": f"runnable: {where}", "jobs": [m.id for m in unit]}
 
     def kill(self, req: Request):

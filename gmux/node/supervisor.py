@@ -48,8 +48,11 @@ class Supervisor:
 
     def spawn(self, job: Job) -> int:
         # (--gpus: its process says what it is when a gmuxd that lost its table is asked to take it back)
+        # (a hooked rank of a submitted gang agrees with its peers on the boundary to act at, as torchrun's do)
+        rank = ["--gang", job.gang["id"], "--rank", str(job.gang["rank"]), "--world", str(job.gang["size"])] \
+            if job.gang and job.hook else []
         cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root, "--job", job.id,
-               "--gpus", str(job.gpus_wanted), *([] if job.hook else ["--no-hook"]), "--", *job.argv]
+               "--gpus", str(job.gpus_wanted), *([] if job.hook else ["--no-hook"]), *rank, "--", *job.argv]
         # The token travels in the environment, not on the command line that `ps` shows to everyone.
         env = {**os.environ, **job.env, "GMUX_RUNTIME_DIR": self.rundir.root, "GMUX_JOB_TOKEN": job.token}
         as_user = {}

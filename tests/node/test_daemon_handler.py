@@ -247,5 +247,9 @@ def test_a_live_job_is_named_by_its_name_where_one_has_it(daemon):
     assert "no GPU 7" in ask(daemon, "migrate", admin=daemon.admin, job="alone", gpu=7)["error"]   # found: j1
     r = ask(daemon, "migrate", admin=daemon.admin, job="twice", gpu=7)["error"]
     assert "2 live jobs are named 'twice' (j2, j3): give one of their ids" in r, r
+    # the ranks of one gang may share a name (gmux-launch --name N -- torchrun ...): the name is the gang's
+    for rank, identity in enumerate((b"job-d", b"job-e")):
+        register(daemon, identity, name="ranks", gang={"id": "g", "rank": rank, "size": 2})
+    assert "no GPU 7" in ask(daemon, "migrate", admin=daemon.admin, job="ranks", gpu=7)["error"]
     r = ask(daemon, "migrate", admin=daemon.admin, job="nobody", gpu=7)["error"]
     assert "no job 'nobody' (an id, or the name of a live job)" in r, r

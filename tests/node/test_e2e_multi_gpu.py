@@ -101,7 +101,7 @@ def test_gang_submitted_with_ranks_suspends_and_resumes_as_one_bit_identical(nod
         out = gmux(node.rt, "resume", ranks[1 - cycle])
         assert out.returncode == 0, out.stderr
         if cycle == 0:
-            assert "which it gave back while suspended" in out.stdout, out.stdout
+            assert "takes back GPUs 0,1 (given back while suspended)" in out.stdout, out.stdout
             assert guest.wait(120) == 0 and result(tmp_path / "guest.json")["steps"] == 400
         node.wait_for(lambda: all(node.job(j)["step"] > s for j, s in zip(ranks, steps_held)), 60, "ranks resumed")
     node.wait_for(lambda: all(node.job(j)["state"] == "exited" for j in ranks), 180, "the gang finished")

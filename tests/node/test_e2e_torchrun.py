@@ -76,3 +76,28 @@ def test_torchrun_gang_is_killed_as_one(node_factory, tmp_path):
     launcher.wait(60)                       # torchrun and both workers are gone
     node.wait_for(lambda: all(node.job(j)["state"] in ("exited", "killed") for j in ranks), 30, "both ranks ended")
     assert not os.path.exists(tmp_path / "k0.json") and not os.path.exists(tmp_path / "k1.json")
+
+
+def test_an_unmodified_ddp_script_submitted_with_ranks_suspends_as_one_bit_identical(node_factory, tmp_path):
+    """`gmux submit --ranks 2 -- python ddp.py` (no --no-hook): each rank ran hooked without agreeing with its
+    peer, so gmux suspend was refused ("ranks in transparent mode ... cannot agree on a boundary"), while gmux ps
+    said they could be suspended (an outside-user review). Now they agree, as torchrun's ranks do."""
+    steps = "700"
+    plain = subprocess.Popen([PY, "-m", "torch.distributed.run", *RANKS, DDP, str(tmp_path / "plain{rank}.json"),
+                              steps], env=env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
+    sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--name", "sg", "--", "python", DDP,
+               str(tmp_path / "gang{rank}.json"), steps, *PACE)
+    assert sub.returncode == 0, sub.stderr
+    ranks = json.loads(sub.stdout)["jobs"]
+    node.wait_for(lambda: all(node.job(j)["state"] == "running" and node.job(j)["step"] > 30 for j in ranks), 90,
+                  "both ranks training")
+    out = gmux(node.rt, "--json", "suspend", ranks[1], timeout=130)
+    assert out.returncode == 0, out.stderr
+    held = [node.job(j)["step"] for j in ranks]
+    assert {node.job(j)["state"] for j in ranks} == {"held"} and held[0] == held[1]
+    assert gmux(node.rt, "resume", ranks[0]).returncode == 0
+    node.wait_for(lambda: all(node.job(j)["state"] == "exited" for j in ranks), 120, "the gang finished")
+    assert plain.wait(120) == 0
+    digests = {result(tmp_path / f"{kind}{r}.json")["sha256"] for kind in ("plain", "gang") for r in range(2)}
+    assert len(digests) == 1
