@@ -43,8 +43,6 @@ def main(argv=None) -> int:
     a = p.parse_args(argv[:split])
     if not argv[split + 1:]:
         p.error("give the command after --, e.g. gmux-launch -- python train.py")
-    if a.gpus < 1:
-        p.error(f"--gpus {a.gpus}: a job uses at least one GPU")
     torchrun_args = torchrun.torchrun_options(argv[split + 1:])
     if torchrun_args is not None:
         return _torchrun(p, a, torchrun_args)

@@ -59,7 +59,8 @@ def test_loader_workers_that_draw_nothing_move_exactly_and_drawing_ones_are_refu
         assert moved["sha256"] == alone["sha256"], (moved, alone)
         # (before: its second ModelCheckpoint, which had kept its checkpoint and last.ckpt in the first epoch, wrote
         # last.ckpt again at step 64 in the new process)
-        assert moved["logs"] == alone["logs"], (moved["logs"], alone["logs"])
+        if module == "lightning":
+            assert moved["logs"] == alone["logs"], (moved["logs"], alone["logs"])
 
         # (slower batches where the move must land in the first epoch: ~3.6 s after step 3 instead of ~1.2 s,
         # room for a loaded machine; the pause draws nothing and changes no number)

@@ -227,7 +227,9 @@ def test_a_suspended_gang_gives_its_gpus_back_and_resumes_on_them(daemon_factory
     other = register(d, b"o", migratable=True)      # lands on a GPU the gang gave back (not started: movable)
     assert other["gpu"] == 0
     r = ask(d, "resume", admin=d.admin, job=ids[1])
-    assert r["ok"] and "waits for GPUs 1" in r["data"]["state"] and d.admission.queue == ids
+    # (every rank's GPUs: it named only the asked rank's, "waits for GPUs 1")
+    assert r["ok"] and "takes back GPUs 0,1 (given back while suspended)" in r["data"]["state"], r
+    assert d.admission.queue == ids
     assert "waiting for GPU 0 back" in d.jobs[ids[0]].detail
     tick(d, 2)        # the newcomer is moved off GPU 0, then each rank gets its own GPU back
     (defrag,) = [x for x in d.decisions if x["kind"] == "defrag"]
