@@ -25,8 +25,9 @@ def main(argv=None) -> int:
     p.add_argument("--mem-soft", action="store_true", help="--mem declares the job's size for admission only: "
                                                            "no limit (also GMUX_MEM_SOFT=1)")
     p.add_argument("--weight", type=positive, default=1.0, help="share of GPU time relative to other jobs")
-    p.add_argument("--gpus", type=positive_int, default=1, help="GPUs this one process uses; more than one are given to it "
-                                                       "exclusively, when that many are free (default 1)")
+    p.add_argument("--gpus", type=positive_int, default=1,
+                   help="GPUs this one process uses; more than one are given to it exclusively, when that many are "
+                        "free (default 1)")
     p.add_argument("--gpu", type=nonneg_int, help="run on this GPU (default: gmuxd places the job)")
     p.add_argument("--gang", help="this process is one rank of the torch.distributed job NAME: gmuxd gives each "
                                   "rank a GPU of its own and suspends, resumes and kills the ranks together")

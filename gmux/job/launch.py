@@ -237,16 +237,11 @@ def _watch_daemon(agent: Agent, rundir: RuntimeDir, lease: float) -> None:
     gone_since = None
     while True:
         time.sleep(lease / 5)
-        try:
-            with open(rundir.pid_file) as f:
-                pid, start = (int(x) for x in f.read().split())
-            running = alive(pid, start)
-        except PermissionError:
+        daemon = rundir.daemon_process()    # (None: none, stopped or between two gmuxd, or half written)
+        if daemon is None and os.path.exists(rundir.pid_file) and not os.access(rundir.pid_file, os.R_OK):
             return
-        except (OSError, ValueError):     # none (stopped, or between two gmuxd), or half written
-            running = False
         now = time.monotonic()
-        gone_since = None if running else (gone_since or now)
+        gone_since = None if daemon is not None and alive(*daemon) else (gone_since or now)
         if gone_since is not None and now - gone_since > lease:
             _lease_lost(agent, rundir, now - gone_since)
 

@@ -45,7 +45,8 @@ class GandivaPolicy(Policy):
     def __init__(self, max_units: int = 4, pack_margin: float = 0.1, pack: bool = True, migrate: bool = True,
                  grow_shrink: bool = True, defrag_moves: int = 4):
         require(self.name, max_units=(max_units, max_units >= 1, ">= 1"),
-                pack_margin=(pack_margin, pack_margin >= 0, ">= 0"), defrag_moves=(defrag_moves, defrag_moves >= 0, ">= 0"))
+                pack_margin=(pack_margin, pack_margin >= 0, ">= 0"),
+                defrag_moves=(defrag_moves, defrag_moves >= 0, ">= 0"))
         self.max_units = max_units
         self.pack_margin = pack_margin
         self.pack = pack

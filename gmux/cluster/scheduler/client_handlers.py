@@ -52,7 +52,7 @@ class ClientHandlers:
             raise protocol.ProtocolError(f"c_submit: --mem {format_size(mem)}: no machine has a GPU that large (the "
                                          f"largest: {format_size(largest[0])}, on {largest[1]})")
         job = CJob(self.s.state.next_id(), list(msg["argv"]), msg["cwd"], dict(msg.get("env") or {}),
-                   msg.get("name") or "", ranks, msg.get("mem"), float(msg.get("weight", 1.0)),
+                   msg.get("name") or "", ranks, mem, float(msg.get("weight", 1.0)),
                    msg.get("ckpt_every", self.s.opt.ckpt_every), owner=name)
         self.s.jobs[job.cjob] = job
         self.s.state.save(job)

@@ -92,21 +92,17 @@ def patch(module) -> None:
                     print(f"gmux: resuming from {path} (where this job was moved from), not from {own!r}",
                           file=sys.stderr)
                 callback.resume(path, frameworks.saved_state(path, FRAMEWORK))
-            return _fit(self, callback, job, original, args, kwargs)
-
-    def _fit(self, callback, job, original, args, kwargs):
-        global _active
-        self.callbacks.append(callback)
-        _active = callback
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            _active = None
-            frameworks.finished(job)
-            if callback in self.callbacks:
-                self.callbacks.remove(callback)
-            for name in ("resume_start", "restore_model", "restore_optimizers_and_schedulers"):
-                self._checkpoint_connector.__dict__.pop(name, None)
+            self.callbacks.append(callback)
+            _active = callback
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                _active = None
+                frameworks.finished(job)
+                if callback in self.callbacks:
+                    self.callbacks.remove(callback)
+                for name in ("resume_start", "restore_model", "restore_optimizers_and_schedulers"):
+                    self._checkpoint_connector.__dict__.pop(name, None)
 
     Trainer.fit = fit
     _watch_epochs(combined.CombinedLoader)
