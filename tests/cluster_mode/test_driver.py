@@ -2,6 +2,8 @@
 intent (pure: no processes)."""
 import os
 
+import pytest
+
 from gmux.cluster.policies import (Event, EventKind, Grow, JobState, Migrate, Pack, Place, Resume, SetTimer,
                                    Suspend, Unpack, make_policy)
 from gmux.cluster.scheduler.driver import Driver
@@ -91,6 +93,37 @@ def test_real_policies_place_pending_jobs():
         jobs, machines = _cluster()
         intents, _ = Driver(make_policy(name)).decide(jobs, machines, Event(EventKind.ARRIVAL, job_id="c3"), 1.0)
         assert any(i.what == "start" and i.cjob == "c3" for i in intents), (name, intents)
+
+
+def _two_sizes(busy_big: bool):
+    """Machine `small` (two 8-GiB GPUs, joined first: a best fit picks it) and `big` (two 32-GiB GPUs)."""
+    machines = {"small": Machine("small", GPUS, "tcp://127.0.0.1:1", joined=1.0),
+                "big": Machine("big", [{"index": i, "mem_total": 32 << 30} for i in (0, 1)], "tcp://127.0.0.1:2",
+                               joined=2.0)}
+    jobs = {"runs": CJob("runs", ["python", "t.py"], "/", state="running", machine="small", gpu=0, mem=1 << 30),
+            "wide": CJob("wide", ["python", "w.py"], "/", mem=12 << 30, gpus=2),
+            "one": CJob("one", ["python", "w.py"], "/", mem=12 << 30)}
+    if busy_big:
+        jobs["hog"] = CJob("hog", ["python", "h.py"], "/", state="running", machine="big", gpu=0, rank_gpus=[0, 1],
+                           gpus=2, mem=20 << 30)
+    return jobs, machines
+
+
+@pytest.mark.parametrize("name", ["fifo", "fifo-bf", "tiresias", "gandiva", "gmux"])
+def test_no_policy_puts_a_job_on_gpus_smaller_than_its_memory(name):
+    # It would fail there at every try and be held (an outside user's heterogeneous cluster: the 8-GiB machine
+    # was the best fit by GPU count for a job of 12 GiB).
+    for busy_big in (False, True):
+        jobs, machines = _two_sizes(busy_big)
+        driver = Driver(make_policy(name))
+        intents = []
+        for t, jid in enumerate(("one", "wide")):
+            got, _ = driver.decide(jobs, machines, Event(EventKind.ARRIVAL, job_id=jid), float(t + 1))
+            intents += got
+        placed = {(i.cjob, i.machine) for i in intents if i.what in ("start", "resume", "migrate", "move")}
+        assert all(m == "big" for jid, m in placed if jid in ("one", "wide")), (name, busy_big, intents)
+        if not busy_big:
+            assert {jid for jid, _ in placed} & {"one", "wide"}, (name, intents)     # the big machine is used
 
 
 def test_a_skipped_intent_is_logged_once_until_its_reason_changes(tmp_path):

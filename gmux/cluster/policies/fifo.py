@@ -26,7 +26,7 @@ class FifoPolicy(Policy):
         plan = Plan(snap)
         for jid in snap.pending:
             job = snap.jobs[jid]
-            gpus = plan.find_gpus(job.num_gpus)
+            gpus = plan.find_gpus(job.num_gpus, mem_gib=job.mem_gib)
             if gpus is None:
                 break
             plan.place(job, gpus)

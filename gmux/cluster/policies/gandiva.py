@@ -100,13 +100,13 @@ class GandivaPolicy(Policy):
                 continue
             gpus = place_consolidated(snap, plan, job)
             if gpus is None and self.migrate and n <= snap.max_gpus_per_machine:
-                gpus = defragment_for(snap, plan, n, self.defrag_moves)
+                gpus = defragment_for(snap, plan, n, self.defrag_moves, mem_gib=job.mem_gib)
             if gpus is None and self.grow_shrink and not shrunk:
                 shrunk = True
                 if shrink_elastic(snap, plan, n - plan.total_idle if plan.total_idle < n else n):
                     gpus = place_consolidated(snap, plan, job)
             if gpus is None and self.migrate:
-                gpus = plan.find_gpus(n, spread=True)      # relaxed locality; consolidate() undoes it
+                gpus = plan.find_gpus(n, spread=True, mem_gib=job.mem_gib)   # relaxed locality; consolidate() undoes it
             if gpus is not None:
                 if job.elastic and self.grow_shrink and pos == len(queue) - 1:
                     gpus = self._grown(snap, plan, job, gpus)

@@ -412,9 +412,9 @@ class GmuxPolicy(PriorityPolicy):
             self._keys, self._rkeys = {}, {}        # _sync rebuilds both indexes with the new keys
 
     def _find(self, snap, plan: Plan, job):
-        gpus = plan.find_gpus(job.num_gpus)
+        gpus = plan.find_gpus(job.num_gpus, mem_gib=job.mem_gib)
         if gpus is None and job.num_gpus <= snap.max_gpus_per_machine and self.defrag_moves:
-            gpus = defragment_for(snap, plan, job.num_gpus, self.defrag_moves)
+            gpus = defragment_for(snap, plan, job.num_gpus, self.defrag_moves, mem_gib=job.mem_gib)
         return gpus
 
     # ---- decisions -----------------------------------------------------------------------------------------

@@ -68,10 +68,14 @@ class Plan:
             if self.idle_count(m) == k:
                 yield m
 
-    def best_fit_machine(self, n: int, prefer=None, exclude=()) -> int | None:
+    def best_fit_machine(self, n: int, prefer=None, exclude=(), mem_gib: float | None = None) -> int | None:
         """The machine with the fewest idle GPUs that still has n (keeps big holes for big jobs).
 
-        `prefer(m)` -> bool picks among machines first (Gandiva's affinity); machines in `exclude` are skipped."""
+        `prefer(m)` -> bool picks among machines first (Gandiva's affinity); machines in `exclude`, and those whose
+        GPUs hold less than `mem_gib`, are skipped."""
+        short = self.snap.machines_short_of(mem_gib)
+        if short:
+            exclude = short.union(exclude)
         fallback = None
         for k in range(n, self.snap.max_gpus_per_machine + 1):
             for m in self.machines_with_idle(k):
@@ -83,17 +87,20 @@ class Plan:
                     fallback = m
         return fallback
 
-    def find_gpus(self, n: int, prefer=None, spread: bool = False) -> tuple | None:
+    def find_gpus(self, n: int, prefer=None, spread: bool = False, mem_gib: float | None = None) -> tuple | None:
         """Idle GPUs for an n-GPU gang job, consolidated on as few machines as possible; None if there are none.
 
         Up to a machine's size a job goes on one machine; larger jobs take whole idle machines plus a best-fit
         remainder. With `spread`, a job that cannot be consolidated takes idle GPUs wherever they are (slower:
-        the simulator charges the measured unconsolidated rate), most-idle machines first."""
+        the simulator charges the measured unconsolidated rate), most-idle machines first. Never on a machine
+        whose GPUs hold less than `mem_gib` (a job's measured or requested memory per GPU, when known): it would
+        fail there at every try."""
         per = self.snap.max_gpus_per_machine
         if per == 0:
             return None              # no machine up (or none with GPUs): nowhere to place anything
+        short = self.snap.machines_short_of(mem_gib)
         if n <= per:
-            m = self.best_fit_machine(n, prefer)
+            m = self.best_fit_machine(n, prefer, exclude=short)
             if m is not None:
                 return tuple(self.idle_on(m)[:n])
         else:
@@ -102,16 +109,18 @@ class Plan:
             for m in self.machines_with_idle(per):
                 if len(whole) == need_whole:
                     break
-                whole.append(m)
+                if m not in short:
+                    whole.append(m)
             if len(whole) == need_whole:
                 gpus = [g for m in whole for g in self.idle_on(m)]
                 if rest == 0:
                     return tuple(gpus)
-                m = self.best_fit_machine(rest, exclude=set(whole))
+                m = self.best_fit_machine(rest, exclude=short.union(whole))
                 if m is not None:
                     return tuple(gpus + self.idle_on(m)[:rest])
         if spread and self.total_idle >= n:
-            order = sorted(range(len(self.snap.machines)), key=lambda m: -self.idle_count(m))
+            order = sorted((m for m in range(len(self.snap.machines)) if m not in short),
+                           key=lambda m: -self.idle_count(m))
             gpus = []
             for m in order:
                 if self.idle_count(m) == 0:

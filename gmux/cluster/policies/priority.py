@@ -181,7 +181,7 @@ class PriorityPolicy(Policy):
 
     def _find(self, snap, plan: Plan, job):
         """GPUs for a waiting job in this plan, or None. Subclasses may defragment."""
-        return plan.find_gpus(job.num_gpus)
+        return plan.find_gpus(job.num_gpus, mem_gib=job.mem_gib)
 
     def _preempt(self, snap, plan: Plan) -> None:
         """Best waiting jobs displace worst running ones (strictly worse key), while that makes room.

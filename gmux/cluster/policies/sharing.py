@@ -27,9 +27,9 @@ def place_consolidated(snap, plan: Plan, job, spread: bool = False):
         a = machine_affinity(snap, m)
         return a == n
 
-    gpus = plan.find_gpus(n, prefer=prefer)
+    gpus = plan.find_gpus(n, prefer=prefer, mem_gib=job.mem_gib)
     if gpus is None and spread:
-        gpus = plan.find_gpus(n, spread=True)
+        gpus = plan.find_gpus(n, spread=True, mem_gib=job.mem_gib)
     return gpus
 
 
@@ -43,12 +43,15 @@ def share_targets(snap, plan: Plan, job, max_units: int):
     if snap.max_gpus_per_machine == 0:
         return []
     need = -(-n // snap.max_gpus_per_machine)
+    short = snap.machines_short_of(job.mem_gib)
     out = []
     for jid in snap.running:
         if jid in plan.moved:
             continue
         other = snap.jobs[jid]
         if len(other.gpus) != n or len(snap.machines_of(other.gpus)) > need:
+            continue
+        if short and not short.isdisjoint(snap.machines_of(other.gpus)):
             continue
         depth = max(plan.units(g) for g in other.gpus)
         if depth >= max_units:
@@ -92,21 +95,24 @@ def deshare(snap, plan: Plan, limit: int | None = None, packed_only: bool = Fals
     return moved
 
 
-def defragment_for(snap, plan: Plan, n: int, max_moves: int = 4) -> tuple | None:
+def defragment_for(snap, plan: Plan, n: int, max_moves: int = 4, mem_gib: float | None = None) -> tuple | None:
     """Make n idle GPUs on one machine by migrating small jobs off it to idle GPUs elsewhere.
 
     Tries machines with the most idle GPUs first and takes the first whose clearing works out in a trial plan;
     moves only jobs that run alone, live entirely on that machine and are smaller than n, at most `max_moves`
-    of them (each a move to another machine: seconds of held GPUs and of stall, see sim/costs.py). Returns the
-    GPUs made idle, or None (plan untouched)."""
+    of them (each a move to another machine: seconds of held GPUs and of stall, see sim/costs.py), and not on
+    a machine whose GPUs hold less than `mem_gib`. Returns the GPUs made idle, or None (plan untouched)."""
     per = snap.max_gpus_per_machine
     if n > per or plan.total_idle < n:
         return None
     units = snap.gpu_units
+    short = snap.machines_short_of(mem_gib)
     # machines short of n by 1..max_moves idle GPUs, most idle first (from the plan's idle index: a scan of every
     # machine here was most of a decision's time on a large cluster)
     order = (m for k in range(n - 1, max(n - max_moves, 0) - 1, -1) for m in sorted(plan.machines_with_idle(k)))
     for m in order:
+        if m in short:
+            continue
         movable = {}
         for g in snap.machines[m].gpu_ids:
             if plan.units(g) != 1 or len(units[g]) != 1 or len(units[g][0]) != 1:
@@ -123,7 +129,7 @@ def defragment_for(snap, plan: Plan, n: int, max_moves: int = 4) -> tuple | None
         for j in sorted(movable.values(), key=lambda j: (len(j.gpus), j.submit_time)):
             if freed >= need:
                 break
-            dest = trial.best_fit_machine(len(j.gpus), exclude={m})
+            dest = trial.best_fit_machine(len(j.gpus), exclude={m}, mem_gib=j.mem_gib)
             if dest is None:
                 break
             trial.migrate(j, tuple(trial.idle_on(dest)[: len(j.gpus)]))
@@ -157,7 +163,7 @@ def consolidate(snap, plan: Plan, limit: int = 4) -> int:
         trial = plan.copy()
         trial._vacate(job)           # its own GPUs count as room
         own = set(ms)
-        target = trial.find_gpus(n, prefer=lambda m: m in own)
+        target = trial.find_gpus(n, prefer=lambda m: m in own, mem_gib=job.mem_gib)
         if target is None or len(snap.machines_of(target)) >= len(ms):
             continue
         plan.migrate(job, target)

@@ -46,6 +46,16 @@ class Snapshot:
         self.spread: set = set()   # jobs on more machines than their size needs (what consolidation looks at)
         # Type pairs known not to fit together in one GPU's memory (or not to be packable at all).
         self.no_fit: set[tuple[str, str]] = set()
+        self._short_of: dict[float, frozenset] = {}
+
+    def machines_short_of(self, mem_gib: float | None) -> frozenset:
+        """Machines whose smallest GPU holds less than `mem_gib` (none when a job's memory is not known)."""
+        if mem_gib is None:
+            return frozenset()
+        short = self._short_of.get(mem_gib)
+        if short is None:
+            short = self._short_of[mem_gib] = frozenset(m.machine_id for m in self.machines if m.gpu_mem_gib < mem_gib)
+        return short
 
     # ---- reading helpers for policies ---------------------------------------------------------------------
     def idle_gpus(self, machine_id: int) -> list[int]:
@@ -67,10 +77,13 @@ class Snapshot:
         return None
 
     def pair_fits(self, a: JobView, b: JobView) -> bool:
-        """Whether two jobs may share one GPU's memory: by measured peaks when both are known, else by type."""
-        if a.mem_gib is not None and b.mem_gib is not None and a.gpus + b.gpus:
+        """Whether two jobs may share one GPU's memory: by measured peaks when both are known, else by type (and
+        never when the one known is already more than the GPU holds)."""
+        known = [j.mem_gib for j in (a, b) if j.mem_gib is not None]
+        if known and a.gpus + b.gpus:
             mem = min(self.machines[self.gpu_machine[g]].gpu_mem_gib for g in a.gpus + b.gpus)
-            return a.mem_gib + b.mem_gib <= mem
+            if sum(known) > mem or len(known) == 2:
+                return sum(known) <= mem
         return (a.job_type, b.job_type) not in self.no_fit and (b.job_type, a.job_type) not in self.no_fit
 
     def units_on(self, gpus) -> int:
