@@ -309,6 +309,32 @@ print("TRAINED ON", step)
     assert not os.path.exists(f"{tmp}/moved.ckpt")
 
 
+def test_a_hooked_jobs_first_report_counts_its_models_buffers():
+    """The memory a hooked job reports at its boundary is what a suspend moves: its model's buffers too, before
+    any command made the hook look for the model (it showed the optimizer's tensors only until then)."""
+    import subprocess
+    import sys
+    script = """
+import torch
+from gmux.job.control import LocalController
+from gmux.job.hook import install_hook
+job = install_hook(LocalController())
+model = torch.nn.Linear(256, 256)
+model.register_buffer("table", torch.zeros(1 << 20))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    model(torch.randn(2, 256)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+print("REPORTED", job.report()["mem_boundary"])
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    reported = int(out.stdout.split("REPORTED")[1])
+    weights = (256 * 256 + 256) * 4
+    assert reported >= (1 << 22) + weights, (reported, weights)     # the 4-MiB buffer and the weights
+
+
 def test_a_restored_epoch_is_counted_on_by_job_enumerate_and_enumerate_is_warned_of(capfd):
     """enumerate(job.data(...)) starts at 0 again mid-epoch after a restore (not fixable: the builtin counts);
     job.enumerate goes on from the restored index, and the builtin's use (or itertools.islice's) is named on stderr."""

@@ -160,9 +160,12 @@ class JobHandlers:
         if isinstance(r.get("step"), int):
             job.step = r["step"]
             job.count(msg.get("boundaries"), r["step"])
-        for key in ("mem_boundary", "mem_peak"):
-            if isinstance(r.get(key), int):
-                setattr(job, key, r[key])
+        if isinstance(r.get("mem_boundary"), int):
+            job.mem_boundary = r["mem_boundary"]
+        if isinstance(r.get("mem_peak"), int):
+            # A report's peak is since the report before: a phase that needs more (an evaluation with larger
+            # batches) comes again, so what the slicer and packer admit by must not shrink between its runs.
+            job.mem_peak = max(job.mem_peak or 0, r["mem_peak"])
         self._observe_state(job, msg.get("state"), msg.get("boundaries"))
         slicer = self.node.slicers.get(job.gpu)
         if slicer is not None and job.id in slicer.resident and not slicer.busy_with(job.id):

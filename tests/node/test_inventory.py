@@ -23,6 +23,8 @@ def test_virtual_gpus():
     assert parse_virtual_gpus("8GiB,1x16GiB") == [8 << 30, 16 << 30]
     with pytest.raises(ValueError):
         parse_virtual_gpus("0x16GiB")
+    with pytest.raises(ValueError, match=r"memory too, e.g. 2x16GiB"):     # a count alone is not 2 bytes
+        parse_virtual_gpus("2")
     gpus = discover("2x1GiB")
     assert [(g.index, g.virtual, g.mem_total) for g in gpus] == [(0, True, 1 << 30), (1, True, 1 << 30)]
     assert gpus[1].env() == {"CUDA_VISIBLE_DEVICES": "", "GMUX_VIRTUAL_GPU": "1", "GMUX_GPU_MEM": str(1 << 30)}

@@ -142,6 +142,20 @@ def test_the_target_is_checked_again_once_the_job_has_suspended(daemon_factory):
     assert "given up" in [x for x in d.decisions if x["kind"] == "migrate"][-1]["text"]
 
 
+def test_a_jobs_peak_is_the_largest_reported_not_the_last(daemon_factory):
+    # Each report's peak is since the report before: the larger phase (an evaluation) comes again, so a smaller
+    # report must not shrink what the slicer admits beside the job.
+    d = daemon_factory((GiB,))
+    a = started(d, b"a")
+    for peak in (300 * MiB, 40 * MiB):
+        d.server.receive(b"a", [protocol.encode("report", 8, job=a["job"], token=a["token"],
+                                                report={"mem_peak": peak, "mem_boundary": 30 * MiB},
+                                                state="running")])
+    job = d.jobs[a["job"]]
+    assert job.mem_peak == 300 * MiB and job.mem_boundary == 30 * MiB and job.working_set() == 300 * MiB
+    assert d.slicers[0].entries[a["job"]].mem == 300 * MiB
+
+
 def test_a_failed_suspend_leaves_the_job_running_where_it_was(daemon_factory):
     d, a, stop = asked_to_move(daemon_factory)
     ack(d, b"a", a, stop, ok=False, error="no host memory", state="running")
