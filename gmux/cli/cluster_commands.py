@@ -12,7 +12,8 @@ import sys
 
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
-from gmux.cli.argtypes import nonneg, nonneg_int, positive, positive_int, positive_size, tcp_endpoint
+from gmux.cli.argtypes import nonneg, nonneg_int, positive_int, tcp_endpoint
+from gmux.cli.job_options import add_job_options
 from gmux.cli.output import reader_gone
 from gmux.cli.submit_env import check_text, submit_cwd, submit_env
 from gmux.util.text import printable
@@ -47,13 +48,12 @@ def main(argv: list) -> int:
         s = sub.add_parser(name, help=helps[name])
         s.add_argument("--cluster", type=tcp_endpoint, default=os.environ.get("GMUX_CLUSTER"),
                        required=not os.environ.get("GMUX_CLUSTER"), help="gmux-scheduler's tcp://HOST:PORT")
-        s.add_argument("--keys", default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"))
+        s.add_argument("--keys", default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"),
+                       help="the directory holding your client key (gmux keys --help; or GMUX_KEYS)")
         s.add_argument("--as", dest="who", default=os.environ.get("GMUX_KEY_NAME") or getpass.getuser(),
                        help="your client key's name (client.NAME in --keys)")
         if name == "submit":
-            s.add_argument("--name")
-            s.add_argument("--mem", type=positive_size)
-            s.add_argument("--weight", type=positive, default=1.0)
+            add_job_options(s)
             s.add_argument("--ckpt-every", type=nonneg,
                            help="periodic checkpoint interval, seconds (0: never; default: gmux-scheduler's "
                                 "--ckpt-every)")
@@ -68,7 +68,7 @@ def main(argv: list) -> int:
                 s.add_argument("--gpu", type=nonneg_int, required=True,
                                help="its GPU there (a gang's rank r goes to GPU + r)")
         else:
-            s.add_argument("--live", action="store_true")
+            s.add_argument("--live", action="store_true", help="hide ended jobs")
     for s in sub.choices.values():      # (after the command too: gmux ps --cluster ADDR --json)
         s.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
     a = p.parse_args(argv)

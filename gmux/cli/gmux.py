@@ -11,7 +11,8 @@ import time
 from gmux.protocol import ProtocolError
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.rundir import default_runtime_dir
-from gmux.cli.argtypes import nonneg_int, path, positive, positive_int, positive_size
+from gmux.cli.argtypes import nonneg_int, path, positive, positive_int
+from gmux.cli.job_options import add_job_options
 from gmux.cli.output import reader_gone
 from gmux.cli.submit_env import check_text, submit_cwd, submit_env
 from gmux.util.text import printable
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
     s = sub.add_parser("migrate", help="move a job to another GPU at its next boundary (between virtual GPUs in "
                                        "its own process; between real GPUs by checkpoint and a new process)")
     s.add_argument("job", help=JOB_HELP)
-    s.add_argument("--gpu", type=nonneg_int, required=True)
+    s.add_argument("--gpu", type=nonneg_int, required=True, help="the GPU it goes to (gmux ps lists them)")
     s.add_argument("--new-process", action="store_true",
                    help="checkpoint and restore in a new process even between virtual GPUs (as on real GPUs)")
     s = sub.add_parser("logs", help="output of a submitted job")
@@ -81,9 +82,7 @@ def main(argv=None) -> int:
                                                       "included (default: control characters are shown escaped)")
     s = sub.add_parser("submit", help="have gmuxd start and supervise a job: gmux submit [opts] -- python train.py",
                        epilog="to a cluster: gmux submit --cluster tcp://HOST:PORT --keys DIR --help")
-    s.add_argument("--mem", type=positive_size)
-    s.add_argument("--weight", type=positive, default=1.0)
-    s.add_argument("--name")
+    add_job_options(s)
     s.add_argument("--gpu", type=nonneg_int, help="run on this GPU (default: gmuxd places the job)")
     s.add_argument("--gpus", type=positive_int, default=1,
                    help="GPUs the process uses, given to it exclusively (default 1)")
@@ -95,9 +94,9 @@ def main(argv=None) -> int:
     s.add_argument("argv", nargs=argparse.REMAINDER)
     s = sub.add_parser("decisions", help="packing, spill, stop, migration and end decisions, with their numbers "
                                          "(time-slice switches are counted in gmux ps, SWITCHES)")
-    s.add_argument("--limit", type=positive_int, default=50)
+    s.add_argument("--limit", type=positive_int, default=50, help="the last N decisions (default 50)")
     s = sub.add_parser("shutdown", help="stop gmuxd (jobs keep running unless --kill-jobs)")
-    s.add_argument("--kill-jobs", action="store_true")
+    s.add_argument("--kill-jobs", action="store_true", help="kill every job too")
     sub.add_parser("ping", help="is gmuxd there?")
     for s in sub.choices.values():      # (after the command too: gmux decisions --json)
         s.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")

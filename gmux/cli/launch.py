@@ -8,7 +8,8 @@ import argparse
 import os
 import sys
 
-from gmux.cli.argtypes import nonneg_int, positive, positive_int, positive_size
+from gmux.cli.argtypes import nonneg_int, positive_int
+from gmux.cli.job_options import add_job_options
 from gmux.job import torchrun
 from gmux.job.launch import LaunchOptions, run
 from gmux.rundir import default_runtime_dir
@@ -19,12 +20,9 @@ def main(argv=None) -> int:
     split = argv.index("--") if "--" in argv else len(argv)    # gmux-launch's options, then the command
     p = argparse.ArgumentParser(prog="gmux-launch", description="Run an unmodified training script as a gmux job.",
                                 usage="gmux-launch [options] -- python train.py ARGS")
-    p.add_argument("--mem", type=positive_size, help="GPU memory the job needs (e.g. 6GiB), and its limit: an "
-                                                  "allocation past it fails with an out-of-memory error; default: "
-                                                  "measured, no limit")
+    add_job_options(p)
     p.add_argument("--mem-soft", action="store_true", help="--mem declares the job's size for admission only: "
                                                            "no limit (also GMUX_MEM_SOFT=1)")
-    p.add_argument("--weight", type=positive, default=1.0, help="share of GPU time relative to other jobs")
     p.add_argument("--gpus", type=positive_int, default=1,
                    help="GPUs this one process uses; more than one are given to it exclusively, when that many are "
                         "free (default 1)")
@@ -33,7 +31,6 @@ def main(argv=None) -> int:
                                   "rank a GPU of its own and suspends, resumes and kills the ranks together")
     p.add_argument("--rank", type=nonneg_int, help="with --gang: this process's rank, 0..WORLD-1")
     p.add_argument("--world", type=positive_int, help="with --gang: the number of ranks")
-    p.add_argument("--name")
     p.add_argument("--no-hook", dest="hook", action="store_false",
                    help="the script calls gmux.job.attach() itself; do not install the optimizer hook")
     p.add_argument("--runtime-dir", default=default_runtime_dir())

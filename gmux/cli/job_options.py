@@ -1,0 +1,15 @@
+"""The options every way of starting a job shares (gmux-launch, gmux submit, gmux submit --cluster), said once."""
+from __future__ import annotations
+
+import argparse
+
+from gmux.cli.argtypes import positive, positive_size
+
+
+def add_job_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", help="a name for the job, shown by gmux ps")
+    p.add_argument("--mem", type=positive_size, help="GPU memory the job needs (e.g. 6GiB), and its limit: an "
+                                                     "allocation past it fails with an out-of-memory error; default: "
+                                                     "measured, no limit")
+    p.add_argument("--weight", type=positive, default=1.0,
+                   help="share of GPU time relative to other jobs (default 1)")
