@@ -205,6 +205,8 @@ def top(c: Client, a) -> int:
     with live or contextlib.nullcontext():
         while True:
             data = c.call("ps", all=True)
+            # What runs now first: a monitor's reader looks for live jobs, and ended ones pile up above them.
+            data["jobs"] = sorted(data["jobs"], key=lambda j: j.get("ended") is not None)
             view = None if a.json else Group(jobs_table(data, f"gmux top — {time.strftime('%H:%M:%S')}"),
                                              gpus_table(data))
             if a.json:

@@ -264,6 +264,12 @@ def test_what_a_job_wrote_forges_no_line_and_output_into_pipes_and_files_is_whol
         assert subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "top", "--count", "2",
                                "--interval", "0.1"], env=env(), cwd=ROOT, stdout=f, timeout=60).returncode == 0
     assert (tmp_path / "top.txt").read_text().count("gmux top") == 2
+    # A live job is listed above the ended one that came before it.
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(120)\n")
+    live = json.loads(gmux(node.rt, "--json", "submit", "--", PY, str(tmp_path / "sleeper.py")).stdout)["job"]
+    shown = gmux(node.rt, "top", "--count", "1").stdout
+    assert live != job and 0 <= shown.find(f"│ {live} ") < shown.find(f"│ {job} "), shown
+    node.call("kill", job=live)
 
 
 def test_gmuxd_takes_its_runtime_dir_absolute_and_refuses_another_programs_socket(tmp_path):
