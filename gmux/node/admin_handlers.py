@@ -185,9 +185,9 @@ class AdminHandlers:
         node, job = self.node, self._target(req)
         unit = unit_of(node.jobs, job)
         for m in unit:
-            m.kill_requested, m.kill_reason = True, req.msg.get("reason") or ""
+            m.kill_requested, m.kill_reason = True, req.msg.get("reason") or "killed by gmux kill"
             if not node.sup.kill(m):
-                node.finish(m, "killed", None, m.kill_reason or "killed by gmux kill")
+                node.finish(m, "killed", None, m.kill_reason)
         return {"job": job.id, "signal": "SIGKILL", "jobs": [m.id for m in unit]}
 
     def migrate(self, req: Request):

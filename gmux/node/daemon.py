@@ -346,7 +346,7 @@ class Daemon:
             return
         self.moves.refused.pop(job.id, None)
         if job.kill_requested and state in ("killed", "lost"):
-            state, detail = "killed", job.kill_reason or "killed by gmux kill"
+            state, detail = "killed", job.kill_reason
         self.leave_gpu(job, time.monotonic())
         # A checkpoint still here was not restored from (a new process restores it, then deletes it): a move
         # or spill by exit that did not complete, whose file holds the job's work. Kept, unless the job was

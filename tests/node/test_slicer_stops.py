@@ -351,3 +351,15 @@ def test_the_table_says_gmuxd_stopped_a_job_before_the_signal_is_sent(alive):
     assert node.at_signal == [True]
     assert node.saved["a"] is alive and job.stopped_by_gmux is alive and job.stops == int(alive)
     assert bool(node.decided) is alive
+
+
+def test_a_job_alone_that_reaches_no_boundary_shows_as_computing_once_overdue():
+    """gmux ps showed such a job `resuming` for its whole run: its start is acknowledged at its first boundary,
+    and only a job once stopped and continued counted as computing in its turn."""
+    s = Slicer(0, 10 * GiB, quantum=0.5, pacing=PACE)
+    s.add("a", 1, None, 0.0)
+    assert s.tick(0.0) == [("resume", "a")]
+    assert not s.continued("a")                      # within its deadline: still starting
+    assert s.tick(PACE.floor + 0.1) == [] and s.continued("a") and s.busy_with("a") == "resume"
+    s.acked("a", "resume", 9.0)                      # a boundary at last
+    assert not s.continued("a")
