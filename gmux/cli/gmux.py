@@ -37,6 +37,8 @@ def _outcome(cmd: str, data: dict) -> str:
         return text
     if cmd == "suspend" and data.get("kind") == "stop":    # no boundary by its deadline: SIGSTOPped instead
         return f"{jobs}: {data.get('detail') or 'stopped'}"
+    if data.get("kind") == "late":     # no boundary by its deadline, and not stopped: it computes on
+        return f"{jobs}: {cmd} at its next boundary, not yet: {data.get('detail')}"
     if cmd == "suspend":
         return f"{jobs}: {data['state']} (it was not running: it stays suspended until `gmux resume`)"
     if cmd == "resume":
@@ -143,7 +145,8 @@ def run(a) -> int:
     if a.cmd == "migrate":
         fields = {"new_process": True} if a.new_process else {}
         data = c.call("migrate", timeout=130, job=a.job, gpu=a.gpu, **fields)
-        _print(data, a.json, f"migrated {a.job} to GPU {a.gpu}" + (f" ({data['path']})" if data.get("path") else ""))
+        _print(data, a.json, _outcome("migrate", data) if data.get("kind") == "late" else
+               f"migrated {a.job} to GPU {a.gpu}" + (f" ({data['path']})" if data.get("path") else ""))
         if not a.json:
             for job, warning in (data.get("warnings") or {}).items():
                 print(printable(f"gmux: warning: {job}: {warning}"), file=sys.stderr)

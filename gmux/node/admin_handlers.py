@@ -160,6 +160,9 @@ class AdminHandlers:
         # job sees it at its next boundary, and each boundary missed costs the requester a whole mini-batch.
         for gpu in {m.gpu for m in unit if m.gpu is not None}:
             node.switch(node.slicers[gpu], time.monotonic())
+        for m in unit:
+            if m.id in busy:
+                node.stops.answer_late(node.slicers[m.gpu], m, time.monotonic())
         return reply
 
     def resume(self, req: Request):

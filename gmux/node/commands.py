@@ -122,7 +122,9 @@ class Commands:
 
     def settle(self, job_id: str, kind: str, stopped: bool, text: str, numbers: dict) -> None:
         """The job missed the deadline of `kind`: the requests waiting for it hear now what gmuxd did, stopped
-        (a reply: the job computes no more, its command waits for its next boundary) or not (an error)."""
+        (the job computes no more) or not (kind "late": it computes on). Either way the command stays in effect
+        and is carried out at the job's next boundary, so neither is a refusal (which would say nothing was
+        done, while a hold or a move still happens)."""
         for w in self.waiters.pop(job_id, []):
             if w.done:
                 continue
@@ -135,7 +137,8 @@ class Commands:
                                                          "detail": text, "latency_s": time.monotonic() - w.t0,
                                                          **numbers})
             else:
-                self.server.refuse(w.identity, w.msg_id, text)
+                self.server.reply(w.identity, w.msg_id, {"job": w.job, "kind": "late", "detail": text,
+                                                         "latency_s": time.monotonic() - w.t0, **numbers})
 
     def ended(self, job: Job, why: str) -> None:
         """The job has ended: nothing more goes to it, and every request waiting on it hears why."""

@@ -242,10 +242,10 @@ class Slicer:
         return sorted(j for j, e in self.entries.items() if e.stopped or e.frozen)
 
     def continued(self, job: str) -> bool:
-        """Overdue, and computing in its turn (its command waits at its next boundary): a job that has reached
-        no boundary since it started too, whose start is acknowledged only at its first."""
+        """Overdue and computing (its command waits at its next boundary): in its turn, or past it but not
+        stopped (`late`); so is a job with no boundary yet (its start is acknowledged at its first)."""
         e = self.entries.get(job)
-        return e is not None and e.overdue and not (e.stopped or e.frozen) and self._in_turn(job)
+        return e is not None and e.overdue and not (e.stopped or e.frozen) and (self._in_turn(job) or e.late_told)
 
     def waited(self, job: str, now: float) -> Optional[float]:
         """How long the job's pending suspend or resume has waited for it."""

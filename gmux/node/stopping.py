@@ -67,6 +67,19 @@ class Stopping:
 
     def _late(self, slicer: Slicer, job: Job, now: float) -> None:
         numbers = self._numbers(slicer, job, now)
+        text = self._late_text(slicer, job, now, numbers)
+        self.node.decide(slicer.gpu, "late", [job.id], numbers, text)
+        self._settle(slicer, job, False, text, numbers)
+
+    def answer_late(self, slicer: Slicer, job: Job, now: float) -> None:
+        """A request made after the job was found late (not stopped, computing on) hears so at once: the slicer
+        says "late" once per missed deadline, and the request would wait for a boundary that may never come."""
+        e = slicer.entries.get(job.id)
+        if e is not None and e.overdue and e.late_told and not (e.stopped or e.frozen):
+            numbers = self._numbers(slicer, job, now)
+            self._settle(slicer, job, False, self._late_text(slicer, job, now, numbers), numbers)
+
+    def _late_text(self, slicer: Slicer, job: Job, now: float, numbers: dict) -> str:
         if job.exclusive:
             why = ("it holds GPUs of its own, so stopping it would free nothing for others" +
                    (", and its gang's other ranks would wait for it in their next collective" if job.gang else ""))
@@ -80,10 +93,8 @@ class Stopping:
                    if unknown else
                    f"{', '.join(arriving) or 'the next jobs'} ({format_size(need)}) would not fit beside the "
                    f"{format_size(numbers['mem'])} it keeps (GPU of {format_size(slicer.mem_total)})")
-        text = (f"GPU {slicer.gpu}: {job.id} {self._why(slicer, job, now)}: not stopped, because {why}; "
+        return (f"GPU {slicer.gpu}: {job.id} {self._why(slicer, job, now)}: not stopped, because {why}; "
                 f"its {slicer.busy_with(job.id)} waits for its next boundary")
-        self.node.decide(slicer.gpu, "late", [job.id], numbers, text)
-        self._settle(slicer, job, False, text, numbers)
 
     def _settle(self, slicer: Slicer, job: Job, stopped: bool, text: str, numbers: dict) -> None:
         """Who waits on the missed command hears what was done; so does a user's suspend of a held job, which
@@ -130,9 +141,12 @@ class Stopping:
             note = (f"stopped: no boundary ever, keeps {kept}, which can't be freed" if never else
                     f"stopped, keeps {kept}" if waited is None else
                     f"stopped (no boundary in {waited:.1f} s), keeps {kept}")
+        elif e.overdue and waited is not None and e.late_told:
+            note = (f"no boundary ever: not stopped (gmux decisions says why), computes on, keeps {kept}" if never
+                    else f"no boundary in {waited:.1f} s: not stopped (gmux decisions says why), computes on")
         elif e.overdue and waited is not None:
-            note = (f"no boundary ever: sliced by SIGSTOP/SIGCONT, keeps {kept}" if never else
-                    f"no boundary in {waited:.1f} s: sliced by SIGSTOP/SIGCONT")
+            note = (f"no boundary ever: computes in its turns, stopped (SIGSTOP) between them, keeps {kept}"
+                    if never else f"no boundary in {waited:.1f} s: sliced by SIGSTOP/SIGCONT")
         if note:
             control = job.last_report.get("control")
             job.detail = job._note = note + (f" (control: {control})" if control and never else "")

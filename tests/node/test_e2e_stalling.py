@@ -190,3 +190,11 @@ def test_a_job_that_cannot_be_stopped_is_told_why_in_its_terms(node_factory, tmp
                          "a 'late' decision")
     assert late[0]["jobs"] == [x] and f"the memory of {x}, {a} is not known yet" in late[0]["text"], late
     assert "declares it with --mem" in late[0]["text"], late
+    # What gmux ps and a user's suspend say of it are what was done (an outside user's review: it showed
+    # `resuming` and "sliced by SIGSTOP/SIGCONT" while it ran on, and a suspend was refused yet held it).
+    shown = node.wait_for(lambda: (lambda j: j["state"] == "running" and j)(node.job(x)), 20, "shown running")
+    assert "not stopped" in shown["detail"] and "SIGSTOP" not in shown["detail"] and shown["stops"] == 0, shown
+    t0 = time.monotonic()
+    reply = node.call("suspend", job=x)
+    assert time.monotonic() - t0 < 10 and reply["kind"] == "late" and "not stopped, because" in reply["detail"], reply
+    assert node.job(x)["held"]
