@@ -69,6 +69,23 @@ def soft():
     del big
 
 
+def unlimited():
+    """No --mem on a virtual GPU: nothing is refused, and the peak reported is the tensors', not the process's
+    resident size (which counts torch's own import: 100 MiB and more)."""
+    e = ml.enforce(None, cuda=False)
+    big = torch.ones(200 * MiB, dtype=torch.uint8)
+    f = e.figures()
+    assert f["mem_enforced"] == "measured" and not f["mem_limit"] and not f["mem_limit_soft"], f
+    assert 200 * MiB <= f["mem_in_use"] < 201 * MiB and 200 * MiB <= f["mem_peak"] < 201 * MiB, f
+    del big
+    e.figures()                                       # (a report's peak is since the report before)
+    small = torch.ones(MiB, dtype=torch.uint8)
+    f = e.figures()
+    assert MiB <= f["mem_peak"] < 2 * MiB and f["mem_refused"] == 0, f
+    assert ml.enforce(None, cuda=True) is None        # on a GPU torch's own statistics measure it
+    del small
+
+
 def pools():
     """A virtual GPU's pools count with the tensors: a DevicePool region and the native Pool's placed storages
     are claimed from the same count and given back when they die; past the limit a region is refused with
@@ -162,5 +179,5 @@ def lstm():
 if __name__ == "__main__":
     check = sys.argv[1]
     {"refuse": refuse, "host_scope": host_scope, "soft": soft, "pools": pools, "threads": threads,
-     "restore": restore, "lstm": lstm}[check]()
+     "restore": restore, "lstm": lstm, "unlimited": unlimited}[check]()
     print(f"ok {check}")

@@ -196,17 +196,20 @@ def enforced() -> Optional[Enforced]:
 
 def enforce(limit: Optional[int], *, job: Optional[str] = None, name: Optional[str] = None,
             soft: Optional[bool] = None, cuda: Optional[bool] = None) -> Optional[Enforced]:
-    """Sets the job's limit before its script allocates anything. `limit` None or 0: no limit (nothing is
-    installed). `soft` (default: GMUX_MEM_SOFT): count and report, never refuse. Returns what was set up; a
-    mechanism that cannot work here is reported on stderr and the job runs without a limit."""
+    """Sets the job's limit before its script allocates anything. `limit` None or 0: no limit; on a virtual
+    GPU its memory is still counted, so that its reported peak is its tensors' (the process's resident size,
+    the only other measure, counts every import and library: ten times as much for a small model), and on a GPU
+    torch's own statistics measure it. `soft` (default: GMUX_MEM_SOFT): count and report, never refuse. Returns
+    what was set up; a mechanism that cannot work here is reported on stderr and the job runs without a
+    limit."""
     global _enforced, _cpu
-    if not limit:
-        return None
-    soft = soft_from_env() if soft is None else soft
-    what = describe(limit, job, name)
     if cuda is None:
         import torch
         cuda = torch.cuda.is_available()
+    if not limit:
+        return None if cuda else _measure_cpu()
+    soft = soft_from_env() if soft is None else soft
+    what = describe(limit, job, name)
     try:
         if cuda:
             _enforced = _enforce_cuda(limit, what, soft)
@@ -219,6 +222,19 @@ def enforce(limit: Optional[int], *, job: Optional[str] = None, name: Optional[s
     except RuntimeError as e:
         print(f"gmux: the memory limit of {format_size(limit)} is not enforced: {e}", file=sys.stderr)
         _enforced = Enforced(limit, True, "not enforced")
+    return _enforced
+
+
+def _measure_cpu() -> Optional[Enforced]:
+    global _enforced, _cpu
+    try:
+        with _cpu_lock:
+            if _cpu is None:
+                _cpu = _load_cpu()
+        _cpu.install(0, "gmux: this job")
+    except RuntimeError:
+        return None     # nothing was asked for: the profiler's estimate stands
+    _enforced = Enforced(None, False, "measured", cpu=_cpu)
     return _enforced
 
 
