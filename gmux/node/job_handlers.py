@@ -227,6 +227,12 @@ class JobHandlers:
             job.detail = f"{kind} failed: {result.get('error')}"
         if kind in ("suspend", "resume") and slicer is not None:
             slicer.acked(job.id, kind, now, ok, in_place=bool(result.get("in_place")))
+            if kind == "resume" and not ok and job.started:
+                # (its spill file damaged, say): asked again at every tick it would fail alike, each time reading
+                # the whole file. Held, it waits for `gmux resume`, once what failed is put right.
+                job.held = True
+                slicer.hold(job.id)
+                job.detail += "; held: gmux resume tries again"
             if ok:
                 if kind == "suspend" or job.started:   # (a first resume waits for the job's start-up)
                     job.suspend_seconds += latency
@@ -258,6 +264,10 @@ class JobHandlers:
                 node.leave_gpu(job, now)
                 job.state, job.migrations, job.host_bytes = "migrating", job.migrations + 1, 0
                 node.store.save(job)
+            elif job.target_gpu == job.gpu:
+                # A spill by checkpoint and exit that failed (a full disk): the job stays suspended here, in host
+                # memory; asked again, it would write the same bytes to fail again.
+                job.spill_refused, job.target_gpu = True, None
         return None
 
     def bye(self, req: Request):

@@ -1,0 +1,46 @@
+"""A spill that fails is not asked for again: a job whose state cannot go to disk (a full disk, a tier that
+cannot spill) stays suspended in host memory, in an in-process gmuxd whose sends are recorded. Found by an
+outside operator's review: an explicit job's spill by checkpoint failing on a full disk was asked for again at
+every tick (660 warnings and 48 decisions in 25 s, each writing tens of MB before failing)."""
+from test_move_in_process import MiB, ack, commands, started, tick
+from node_harness import GiB, ask
+
+
+def test_a_spill_by_checkpoint_that_fails_is_not_asked_for_again(daemon_factory):
+    d = daemon_factory((GiB,), host_budget=MiB)
+    a = started(d, b"a", migratable=True)
+    ask(d, "suspend", admin=d.admin, job=a["job"])
+    (stop,) = commands(d, b"a")
+    ack(d, b"a", a, stop, state="suspended", bytes=64 * MiB)        # held in host memory, past the budget
+    tick(d)
+    (spill,) = commands(d, b"a")
+    assert spill["kind"] == "migrate" and spill["args"]["spill"], spill
+    ack(d, b"a", a, spill, ok=False, error="[Errno 28] No space left on device", state="suspended")
+    job = d.jobs[a["job"]]
+    assert job.spill_refused and job.target_gpu is None and job.gpu == 0, job
+    for _ in range(5):
+        tick(d)
+        assert not commands(d, b"a"), d.sent
+    assert "No space left on device" in job.detail
+
+
+def test_a_resume_that_fails_holds_the_job_until_gmux_resume(daemon_factory):
+    # An outside operator flipped a byte of a spill file: the checksum refused it (rightly), and gmuxd sent the
+    # resume again about 800 times in 10 s, each reading the whole file, the job shown 'resuming' throughout.
+    d = daemon_factory((GiB,))
+    a = started(d, b"a")
+    ask(d, "suspend", admin=d.admin, job=a["job"])
+    (stop,) = commands(d, b"a")
+    ack(d, b"a", a, stop, state="suspended", bytes=64 * MiB)
+    ask(d, "resume", admin=d.admin, job=a["job"])
+    (go,) = commands(d, b"a")
+    assert go["kind"] == "resume"
+    ack(d, b"a", a, go, ok=False, error="spill file j1.spill: checksum mismatch", state="suspended")
+    job = d.jobs[a["job"]]
+    for _ in range(5):
+        tick(d)
+        assert not commands(d, b"a"), d.sent
+    assert job.held and job.state == "held", job.state
+    assert job.detail == "resume failed: spill file j1.spill: checksum mismatch; held: gmux resume tries again"
+    ask(d, "resume", admin=d.admin, job=a["job"])          # the file put right: asked, it tries again, once
+    assert [c["kind"] for c in commands(d, b"a")] == ["resume"]
