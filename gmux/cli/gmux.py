@@ -9,7 +9,7 @@ import sys
 import time
 
 from gmux.protocol import ProtocolError
-from gmux.wire.daemon_client import Client, GmuxError
+from gmux.wire.daemon_client import Client, GmuxError, GmuxUnanswered
 from gmux.rundir import default_runtime_dir
 from gmux.cli.argtypes import nonneg_int, path, positive, positive_int
 from gmux.cli.job_options import add_job_options
@@ -171,8 +171,13 @@ def run(a) -> int:
         fields = {"ranks": a.ranks} if a.ranks is not None else {}
         if not a.hook:
             fields["hook"] = False
-        data = c.call("submit", argv=argv, cwd=cwd, env=env, name=a.name, weight=a.weight, mem=a.mem,
-                      gpu=a.gpu, gpus=a.gpus, **fields)
+        try:
+            # (a busy gmuxd starting many jobs at once takes seconds for each)
+            data = c.call("submit", timeout=60, argv=argv, cwd=cwd, env=env, name=a.name, weight=a.weight,
+                          mem=a.mem, gpu=a.gpu, gpus=a.gpus, **fields)
+        except GmuxUnanswered as e:
+            raise GmuxError(f"{e}. It may have started the job all the same: look for it in gmux ps before "
+                            f"submitting again") from None
         where = "waiting for a GPU" if data["gpu"] is None else f"on GPU {data['gpu']}"
         if "gang" in data:
             _print(data, a.json, f"submitted gang {data['gang']}: ranks {', '.join(data['jobs'])} (pids "

@@ -283,7 +283,14 @@ class AdminHandlers:
                 jobs = [self._new_submitted(msg, who, {**env, **rendezvous_env(ranks, port, r)}, f"{gang}-{r}",
                                             gang={"id": gang, "rank": r, "size": ranks}) for r in range(ranks)]
             else:
-                jobs = [self._new_submitted(msg, who, env, msg.get("name") or "")]
+                name = msg.get("name") or ""
+                same = sorted(j.id for j in node.jobs.values() if name and not j.final and j.name == name
+                              and j.uid == who.uid)
+                if same:
+                    # A name picks a job out (gmux suspend NAME); a submit sent again after a timeout would also
+                    # run the script twice.
+                    raise Refused(f"submit: your job {same[0]} named {name!r} is running; choose another --name")
+                jobs = [self._new_submitted(msg, who, env, name)]
             for job in jobs:
                 job.pid = node.sup.spawn(job)
                 job.starttime = proc_starttime(job.pid)

@@ -23,6 +23,10 @@ class GmuxBusy(GmuxError):
     move); the same request may succeed in a moment."""
 
 
+class GmuxUnanswered(GmuxError):
+    """gmuxd did not answer: the request may have been carried out or not."""
+
+
 def unavailable_message(endpoint: str, timeout: Optional[float] = None, running: bool = True) -> str:
     """For a gmuxd that is not running, or did not answer in `timeout` s. One whose process runs (its pid file
     says) is busy, or stopped: never to be started again."""
@@ -103,7 +107,7 @@ class Client:
         self.ran = self.daemon is not None and alive(*self.daemon)
         self.requests = Requester(self.sock, "gmuxd", GmuxError,
                                   lambda waited: unavailable_message(self.rundir.endpoint, waited), busy=GmuxBusy,
-                                  gone=self._daemon_gone)
+                                  gone=self._daemon_gone, unanswered=GmuxUnanswered)
 
     def _daemon_gone(self) -> Optional[str]:
         """A gmuxd that ended while a request waited never answers it (a restarted one does not know it)."""

@@ -197,3 +197,29 @@ def test_a_process_gmuxd_started_for_several_gpus_or_as_a_rank_is_not_offered(mo
     assert "several GPUs" in not_alone({"gpus": 2})
     monkeypatch.setenv("WORLD_SIZE", "4")      # (a rank gmux submit --ranks started: its rendezvous environment)
     assert "gang rank" in not_alone({"gpus": 1})
+
+
+def test_a_request_gmuxd_does_not_answer_is_told_apart_from_a_refusal(tmp_path):
+    """gmux submit says that a submit gmuxd took but did not answer in time may have started the job (an outside
+    operator's 32 submits at once: 6 said 'try again', and all 32 ran): the client raises its own kind of error."""
+    import pytest
+    import zmq
+
+    from gmux.rundir import proc_starttime
+    from gmux.wire.daemon_client import Client, GmuxUnanswered
+    rt = RuntimeDir(str(tmp_path / "rt"))
+    os.makedirs(rt.root, mode=0o700)
+    silent = zmq.Context.instance().socket(zmq.ROUTER)     # takes the request, never answers
+    silent.bind(rt.endpoint)
+    stand_in = subprocess.Popen(["sleep", "600"])           # a busy gmuxd, alive
+    try:
+        with open(rt.pid_file, "w") as f:
+            f.write(f"{stand_in.pid} {proc_starttime(stand_in.pid)}")
+        client = Client(rt.root)
+        with pytest.raises(GmuxUnanswered, match="is running but did not answer"):
+            client.call("ping", timeout=0.3)
+        client.close()
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+        silent.close(0)
