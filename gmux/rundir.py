@@ -12,6 +12,7 @@ directory only that user (and root) can enter, made by gmuxd.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -93,6 +94,24 @@ class RuntimeDir:
         except (OSError, ValueError):
             return None
         return pid, st
+
+    def socket_id(self) -> Optional[tuple[int, int]]:
+        """The socket file's (device, inode): which bind made it; None while there is none."""
+        try:
+            st = os.stat(self.socket)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def release(self, socket_id: Optional[tuple[int, int]]) -> None:
+        """A gmuxd that ends removes its socket and pid file, but only while they are still its own: its
+        directory removed under it, another gmuxd may have made both again, and serves through them."""
+        if socket_id is not None and self.socket_id() == socket_id:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket)
+        if (self.daemon_process() or (None,))[0] == os.getpid():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.pid_file)
 
     def socket_answers(self) -> bool:
         """Whether a program listens on the socket's path (a stale file left by a gmuxd that ended does not)."""

@@ -115,6 +115,7 @@ class Daemon:
         if os.path.exists(rundir.socket):
             os.unlink(rundir.socket)   # stale: the pid file proved no daemon owns it
         sock.bind(rundir.endpoint)
+        self.socket_id = rundir.socket_id()
         if system is not None:   # the group's members connect (the directory lets only them reach it)
             os.chown(rundir.socket, -1, system.socket_group)
             os.chmod(rundir.socket, 0o660)
@@ -211,11 +212,7 @@ class Daemon:
         if self.metrics:
             self.metrics.close()
         self.server.sock.close(0)
-        for path in (self.rundir.socket, self.rundir.pid_file):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        self.rundir.release(self.socket_id)
         self.store.close()
 
     def serve(self, until=None) -> None:
@@ -485,6 +482,11 @@ class Daemon:
         now = time.monotonic()
         if force or now - self._last_flush >= FLUSH_EVERY_S:
             self._last_flush = now
+            if self.socket_id is not None and self.rundir.socket_id() != self.socket_id:
+                self.socket_id = None    # (said once; and at its end it leaves the path to whoever has it now)
+                log.error("%s is no longer this gmuxd's socket (its runtime directory removed?): no gmux command "
+                          "reaches it, its jobs still do. Stop it (kill -TERM %d): its jobs run on, and a gmuxd "
+                          "serving %s adopts them", self.rundir.socket, os.getpid(), self.rundir.root)
             self.sync_accounting(now)
             self.store.save_many(j for j in self.jobs.values() if not j.final)
 

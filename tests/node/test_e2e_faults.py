@@ -189,3 +189,27 @@ def test_a_job_moving_to_a_new_process_as_the_table_is_lost_is_taken_back_and_re
     assert node.job(job)["state"] == "exited"
     moved, solo = result(tmp_path / "moved.json"), result(tmp_path / "solo.json")
     assert moved["sha256"] == solo["sha256"] and moved["restored_at"] > 0, (moved, solo)   # (from the checkpoint)
+
+
+def test_a_gmuxd_whose_directory_was_removed_leaves_the_next_ones_files_and_its_jobs_are_adopted(node_factory,
+                                                                                                 tmp_path):
+    """An outside operator removed a running gmuxd's runtime dir: gmux said no gmuxd ran, and, as advised, a second
+    was started there. Stopping the first then removed the second's socket and pid file (the second ran on,
+    unreachable, and gmux again invited a third onto the same table). The first now says its socket is gone,
+    ends without touching the second's files, and its job is adopted by the second."""
+    import shutil
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    proc = node.launch(TRAIN, str(tmp_path / "a.json"), "100000", "--sleep", "0.01", "--attach")
+    job = node.job_of(proc.pid)
+    node.wait_for(lambda: node.job(job)["step"] > 5, 60, "the job trains")
+    first = node.daemon
+    shutil.rmtree(node.rt)
+    node.start()                                      # the second gmuxd, on the directory made again
+    second = RuntimeDir(node.rt).daemon_process()
+    node.wait_for(lambda: "is no longer this gmuxd's socket" in node.log(), 30, "the first says its socket is gone")
+    first.send_signal(signal.SIGTERM)
+    first.wait(30)
+    assert RuntimeDir(node.rt).daemon_process() == second and os.path.exists(RuntimeDir(node.rt).socket)
+    assert node._ping()
+    node.wait_for(lambda: [j for j in node.ps()["jobs"] if j["id"] == job and j["state"] not in FINAL], 60,
+                  "the first one's job adopted by the second")
