@@ -113,6 +113,20 @@ class RuntimeDir:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.pid_file)
 
+    @staticmethod
+    def discard(path: str, partials_only: bool = False) -> None:
+        """Removes the file at `path` and the partial copies of it that a writer killed mid-write left beside it
+        (gmux.util.atomic: .NAME.*.tmp, tens of MB for a checkpoint). What cannot be removed (a read-only
+        filesystem) stays."""
+        directory, name = os.path.split(path)
+        try:
+            partials = [f for f in os.listdir(directory) if f.startswith(f".{name}.") and f.endswith(".tmp")]
+        except OSError:
+            partials = []
+        for f in partials + ([] if partials_only else [name]):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, f))
+
     def socket_answers(self) -> bool:
         """Whether a program listens on the socket's path (a stale file left by a gmuxd that ended does not)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

@@ -350,13 +350,11 @@ class Daemon:
         # killed or finished its work anyway (a move taken at its last boundary). A file that cannot be removed
         # (a read-only filesystem) stays: the job has ended all the same.
         ckpt = self.rundir.checkpoint_file(job.id, job.uid)
-        if job.kill_requested or state == "exited":
-            with contextlib.suppress(OSError):
-                os.unlink(ckpt)
-        elif os.path.exists(ckpt) and ckpt not in detail:
+        kept = not (job.kill_requested or state == "exited")
+        self.rundir.discard(ckpt, partials_only=kept)
+        if kept and os.path.exists(ckpt) and ckpt not in detail:
             detail += f"; its state at its last move is kept in {ckpt}"
-        with contextlib.suppress(OSError):
-            os.unlink(self.rundir.spill_file(job.id, job.uid))   # its host copy, spilled: nothing will read it
+        self.rundir.discard(self.rundir.spill_file(job.id, job.uid))   # its host copy, spilled: nothing reads it
         if job.managed:
             self.sup.end_leftovers(job)
             with self.faults.guard("bounding a job's log", job.id):    # (what it wrote since the last look)

@@ -44,3 +44,22 @@ def test_a_resume_that_fails_holds_the_job_until_gmux_resume(daemon_factory):
     assert job.detail == "resume failed: spill file j1.spill: checksum mismatch; held: gmux resume tries again"
     ask(d, "resume", admin=d.admin, job=a["job"])          # the file put right: asked, it tries again, once
     assert [c["kind"] for c in commands(d, b"a")] == ["resume"]
+
+
+def test_an_ended_jobs_partial_checkpoints_are_removed_and_its_kept_checkpoint_and_others_stay(daemon_factory):
+    # A job killed while writing its spill checkpoint left its temporary file (48 MB, 69 MB) for good.
+    import os
+    d = daemon_factory((GiB,))
+    a = started(d, b"a")
+    job = d.jobs[a["job"]]
+    ckpt, spill = d.rundir.checkpoint_file(job.id), d.rundir.spill_file(job.id)
+    folder = os.path.dirname(ckpt)
+    partial = [os.path.join(folder, f".{os.path.basename(p)}.x1y2.tmp") for p in (ckpt, spill)]
+    other = os.path.join(folder, f".{os.path.basename(d.rundir.checkpoint_file(job.id + '0'))}.x1y2.tmp")
+    for p in [ckpt, *partial, other]:
+        with open(p, "w") as f:
+            f.write("x")
+    d.finish(job, "failed", 1, "exit status 1")
+    assert not any(os.path.exists(p) for p in partial)
+    assert os.path.exists(ckpt) and f"kept in {ckpt}" in job.detail      # a failed job's last state stays
+    assert os.path.exists(other)                                          # j10's is not j1's
