@@ -241,3 +241,28 @@ def test_unknown_sections_and_extras_are_refused(tmp):
     snap = small_job().snapshot()
     snap["surprise"] = 1
     refused(tmp, forge.written(snap), r"unexpected section 'surprise'")
+
+
+def test_zeros_claimed_beyond_the_tensors_they_are_gradients_of_are_refused_before_allocating(tmp):
+    """An outside review: a 226-byte file whose table listed 2 GiB of zeros made the reader allocate them (the
+    frameworks' restore reads with no live job to check against); 4 TiB raised a bare RuntimeError."""
+    import msgpack
+    from gmux.job import checkpoint as ckpt
+    data = forge.written({"w": torch.ones(4), "g": ckpt.Zeros(torch.zeros(4))})
+    frames = forge.split(data)
+    head = msgpack.unpackb(frames[0][1])
+    assert len(head["zeros"]) == 1
+    path = os.path.join(tmp, "zeros.ckpt")
+    for size in (2 << 30, 4 << 40):
+        head["tensors"][head["zeros"][0]] = ["uint8", [size], size]
+        frames[0][1] = msgpack.packb(head)
+        with open(path, "wb") as f:
+            f.write(forge.join(frames))
+        with pytest.raises(ckpt.CheckpointError, match=rf"lists {size} bytes of zeros, more than the 16 bytes"):
+            ckpt.load(path)
+    head["tensors"][head["zeros"][0]] = ["float32", [4], 16]      # as written: read back
+    frames[0][1] = msgpack.packb(head)
+    with open(path, "wb") as f:
+        f.write(forge.join(frames))
+    back = ckpt.load(path)
+    assert torch.equal(back["w"], torch.ones(4)) and torch.equal(back["g"], torch.zeros(4))

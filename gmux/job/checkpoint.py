@@ -26,10 +26,10 @@ as [row, digest]; no DATA carries them, and the reader takes each from its own t
 refuses the stream. Only a move's new process can read such a stream; files never hold one.
 
 A reader checks the metadata first and allocates nothing until it has: the tensor table and the skeleton are
-read and decoded with bounded memory and time, every tensor is referred to exactly once, the caller's
-`check` (Job.restore: gmux.job.restore_check) compares them with the live job, and the table's claimed sizes
-are compared with the bytes the file still holds. Only then are buffers allocated and the data read; the
-whole stream is validated before `read` returns, and nothing is applied to a job until it has.
+read and decoded with bounded memory and time, every tensor is referred to exactly once, the caller's `check`
+(Job.restore: gmux.job.restore_check) compares them with the live job, and the table's claimed sizes are
+compared with the bytes the file still holds. Only then are buffers allocated and the data read; the whole
+stream is validated before `read` returns, and nothing is applied to a job until it has.
 """
 from __future__ import annotations
 
@@ -307,7 +307,7 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None, into: Opt
             raise CheckpointError(origin, f"refused: the state holds {e}, which gmux never writes") from None
         _each_referred_once(skeleton, len(table), origin)
         vouched = check(skeleton, table) if check is not None else None
-        _fits(table, zeros | set(held), reader.left, vouched, origin)
+        _fits(table, zeros, held, reader.left, vouched, origin)
         buffers = _read_data(frames, table, zeros, held, origin, into or {})
         if reader(1):       # (a stream still arriving ends only once complete: gmux.wire.arriving)
             raise CheckpointError(origin, "corrupt: bytes after the END frame")
@@ -320,15 +320,18 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None, into: Opt
     return _join(skeleton, tensors, origin)
 
 
-def _fits(table: list, uncarried: set, left: Optional[int], vouched: Optional[int], origin: str) -> None:
-    """The table claims no more data than the file holds; from a stream of unknown length, no more than the
-    live job vouched for plus MAX_FREE (counting rows not carried, zeros and held, too: they take memory all
-    the same). Checked before any buffer is allocated."""
+def _fits(table: list, zeros: set, held: dict, left: Optional[int], vouched: Optional[int], origin: str) -> None:
+    """Before any buffer is allocated: no more data than the file holds, no more zeros (gradients) than the rest
+    (what they are gradients of); from a stream of unknown length, what the job vouched for + MAX_FREE at most."""
     need = sum(row.nbytes for row in table)
-    carried = need - sum(table[i].nbytes for i in uncarried)
+    zero = sum(table[i].nbytes for i in zeros)
+    carried = need - zero - sum(table[i].nbytes for i in held)
     if left is not None and carried > left:
         raise CheckpointError(origin, f"corrupt: the tensor table claims {carried} bytes of tensor data, "
                                       f"but the file holds only {left} more bytes")
+    if zero > need - zero:
+        raise CheckpointError(origin, f"corrupt: the tensor table lists {zero} bytes of zeros, more than the "
+                                      f"{need - zero} bytes of the tensors they are the gradients of")
     if left is None and need - (vouched or 0) > MAX_FREE:
         raise CheckpointError(origin, f"refused: the tensor table claims {need - (vouched or 0)} bytes of tensor "
                                       f"data the job does not hold (at most {MAX_FREE} from a stream)")
@@ -337,7 +340,8 @@ def _fits(table: list, uncarried: set, left: Optional[int], vouched: Optional[in
 def _read_data(frames: _Frames, table: list, zeros: set, held: dict, origin: str, into: dict) -> list:
     # A held row's bytes are taken from its holder before anything is written (a holder may be another row's
     # `into`, which the data then overwrites); a row read into its own holder needs nothing.
-    own = {i: into.get(i) is not None and _same_memory(into[i], holder) for i, holder in held.items()}
+    own = {i: into.get(i) is not None and into[i].device == holder.device and into[i].data_ptr() == holder.data_ptr()
+           and into[i].is_contiguous() and holder.is_contiguous() for i, holder in held.items()}
     taken = {i: holder.detach().reshape(-1).view(torch.uint8).cpu().clone()
              for i, holder in held.items() if not own[i]}
     buffers = [torch.zeros(row.nbytes, dtype=torch.uint8) if i in zeros else
@@ -350,10 +354,6 @@ def _read_data(frames: _Frames, table: list, zeros: set, held: dict, origin: str
     carried = [memoryview(b.numpy()) for i, b in enumerate(buffers) if i not in zeros and i not in held]
     _fill(frames, carried, origin)
     return buffers
-
-
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.device == b.device and a.data_ptr() == b.data_ptr() and a.is_contiguous() and b.is_contiguous()
 
 
 def _fill(frames: _Frames, buffers: list, origin: str) -> None:
