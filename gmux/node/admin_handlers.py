@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Optional
 
 from gmux import protocol
 from gmux.node.access import user_name
+from gmux.node.inventory import gpu_list
 from gmux.node.jobs import Job, gang_members, unit_of
 from gmux.node.supervisor import CannotStart
 from gmux.rundir import proc_starttime
@@ -197,7 +198,7 @@ class AdminHandlers:
         node, job = self.node, self._target(req)
         gpu = req.msg["gpu"]
         if gpu not in node.gpus:
-            raise Refused(f"migrate: no GPU {gpu}; this machine has {', '.join(map(str, sorted(node.gpus)))}")
+            raise Refused(f"migrate: no GPU {gpu}; this machine has {gpu_list(node.gpus)}")
         if job.gang:
             raise Refused(f"migrate: {job.id} is rank {job.gang['rank']} of gang {job.gang['id']}: moving a rank "
                           f"means rebuilding the ranks' process group on the new GPU, which gmuxd does not do; "

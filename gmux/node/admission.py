@@ -21,7 +21,7 @@ from dataclasses import asdict
 from typing import Optional, Protocol
 
 from gmux.node import placement
-from gmux.node.inventory import Gpu
+from gmux.node.inventory import Gpu, gpu_list
 from gmux.node.jobs import Job, gang_members
 from gmux.node.slicer import Slicer
 from gmux.node.store import Store
@@ -99,7 +99,7 @@ class Admission:
         or leaves job.gpu None: the job waits in the queue (multi-GPU jobs and gang ranks always start there)."""
         need = job.working_set() or 0
         pinned, n = job.pinned, len(self.gpus)
-        here = ", ".join(map(str, sorted(self.gpus)))
+        here = gpu_list(self.gpus)
         if pinned is not None and pinned not in self.gpus:
             raise Refused(f"{what}: no GPU {pinned}; this machine has {here}")
         if job.gpus_wanted > n:

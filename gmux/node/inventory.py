@@ -34,6 +34,12 @@ def parse_virtual_gpus(spec: str) -> list[int]:
     return sizes
 
 
+def gpu_list(indexes) -> str:
+    """'GPU 0 only', 'GPUs 0, 1': a machine's GPUs in a message (a bare '0' read as a count of none)."""
+    ids = sorted(indexes)
+    return f"GPU {ids[0]} only" if len(ids) == 1 else "GPUs " + ", ".join(map(str, ids)) if ids else "no GPU"
+
+
 @dataclass
 class Gpu:
     index: int

@@ -1,7 +1,7 @@
 """GPU inventory and the launcher's reading of a command line: pure functions, refusals that say what to write."""
 import pytest
 
-from gmux.node.inventory import discover, parse_virtual_gpus
+from gmux.node.inventory import discover, gpu_list, parse_virtual_gpus
 from gmux.util.sizes import format_size, parse_size
 from gmux.util.job_command import script_of
 
@@ -25,6 +25,8 @@ def test_virtual_gpus():
         parse_virtual_gpus("0x16GiB")
     with pytest.raises(ValueError, match=r"memory too, e.g. 2x16GiB"):     # a count alone is not 2 bytes
         parse_virtual_gpus("2")
+    # A machine's GPUs in a refusal: "this machine has 0" read as no GPU at all
+    assert (gpu_list([0]), gpu_list([1, 0])) == ("GPU 0 only", "GPUs 0, 1")
     gpus = discover("2x1GiB")
     assert [(g.index, g.virtual, g.mem_total) for g in gpus] == [(0, True, 1 << 30), (1, True, 1 << 30)]
     assert gpus[1].env() == {"CUDA_VISIBLE_DEVICES": "", "GMUX_VIRTUAL_GPU": "1", "GMUX_GPU_MEM": str(1 << 30)}
