@@ -81,7 +81,8 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
                   str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
                   _mem(j),
                   f"{j.get('gpu_seconds', 0):.1f}", f"{j.get('suspends', 0)} ({j.get('suspend_seconds', 0):.2f})",
-                  format_size(j.get("host_bytes") or 0), _detail(j.get("detail")),
+                  format_size(j.get("host_bytes") or 0) + (f" ({format_size(j['disk_bytes'])} on disk)"
+                                                           if j.get("disk_bytes") else ""), _detail(j.get("detail")),
                   *([j.get("user") or "?"] if system else [])))
     return t
 

@@ -359,7 +359,7 @@ class Daemon:
             self.sup.end_leftovers(job)
             with self.faults.guard("bounding a job's log", job.id):    # (what it wrote since the last look)
                 self._bound_log(job)
-        job.state, job.exit_status, job.detail, job.host_bytes = state, status, detail, 0
+        job.state, job.exit_status, job.detail, job.host_bytes, job.disk_bytes = state, status, detail, 0, 0
         job.ended = time.time()
         self.commands.ended(job, f"{state}: {detail}")
         self.admission.dequeue(job.id)

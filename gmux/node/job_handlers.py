@@ -246,7 +246,7 @@ class JobHandlers:
                         # filesystem, must not fail the job's start.)
                         with contextlib.suppress(OSError):
                             os.unlink(node.rundir.checkpoint_file(job.id, job.uid))
-                    job.started, job.host_bytes = True, 0
+                    job.started, job.host_bytes, job.disk_bytes = True, 0, 0
                     job.start_window()
             if moving:
                 node.moves.suspended(job, ok, result.get("error"), latency)
@@ -254,7 +254,7 @@ class JobHandlers:
             if slicer is not None:
                 slicer.clear_busy(job.id)
             if ok:
-                job.host_bytes = 0
+                job.host_bytes, job.disk_bytes = 0, int(result.get("bytes") or 0) or job.disk_bytes
             else:
                 job.spill_refused = True    # e.g. the allocator tier: asking again would fail again
         elif kind == "migrate":

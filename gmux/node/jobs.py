@@ -14,7 +14,7 @@ from typing import Optional
 IDENTITY = ("id", "token", "name", "argv", "cwd", "pid", "starttime", "gpu", "weight", "mem", "state",
             "managed", "created", "detail", "exit_status")
 TRANSIENT = ("identity", "outbox", "kill_requested", "kill_reason", "_window", "_solo_now", "_solo_hist", "_step_offset",
-             "last_report", "registered", "_late_told", "_note")
+             "registered", "_late_told", "_note")
 
 
 @dataclass
@@ -61,6 +61,7 @@ class Job:
     stops: int = 0                     # times gmuxd stopped it (SIGSTOP) for missing a suspend's deadline
     stopped_by_gmux: bool = False      # SIGSTOPped by gmuxd now (a restarted gmuxd continues it)
     last_report: dict = field(default_factory=dict)
+    disk_bytes: int = 0                # its suspended state spilled to disk now (host RAM budget), bytes
     # --- transient (not persisted) ---
     held: bool = False                 # suspended by the user: not scheduled until resumed
     target_gpu: Optional[int] = None   # migration destination
@@ -161,7 +162,7 @@ class Job:
     def public(self) -> dict:
         """What `gmux ps --json` shows: everything but the token, transient routing state and the environment
         (its names only), bounded so that hundreds of jobs fit one reply whatever their argv or reports hold."""
-        d = {k: v for k, v in asdict(self).items() if k not in TRANSIENT and k not in ("token", "env")}
+        d = {k: v for k, v in asdict(self).items() if k not in TRANSIENT and k not in ("token", "env", "last_report")}
         d["argv"] = [a[:128] for a in self.argv[:16]] + (["..."] if len(self.argv) > 16 else [])
         d["cwd"], d["detail"] = self.cwd[:256], self.detail[:300]
         d["env"] = len(self.env)

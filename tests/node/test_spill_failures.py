@@ -63,3 +63,36 @@ def test_an_ended_jobs_partial_checkpoints_are_removed_and_its_kept_checkpoint_a
     assert not any(os.path.exists(p) for p in partial)
     assert os.path.exists(ckpt) and f"kept in {ckpt}" in job.detail      # a failed job's last state stays
     assert os.path.exists(other)                                          # j10's is not j1's
+
+
+def test_a_spilled_jobs_state_on_disk_is_shown_and_its_last_report_outlives_a_restart(daemon_factory):
+    """An outside user's review: a spilled job showed HOST 0B and nothing else; after a gmuxd restart every job's
+    CONTROL was '-' (its last report was not kept)."""
+    from rich.console import Console
+
+    from gmux import protocol
+    from gmux.cli.tables import jobs_table
+    d = daemon_factory((GiB,), host_budget=MiB)
+    a = started(d, b"a")
+    d.server.receive(b"a", [protocol.encode("report", 8, job=a["job"], token=a["token"],
+                                            report={"control": "optimizer hook", "step": 3}, state="running")])
+    ask(d, "suspend", admin=d.admin, job=a["job"])
+    (stop,) = commands(d, b"a")
+    ack(d, b"a", a, stop, state="suspended", bytes=64 * MiB)
+    tick(d)
+    (spill,) = commands(d, b"a")
+    assert spill["kind"] == "spill"
+    ack(d, b"a", a, spill, state="suspended", bytes=64 * MiB, path=spill["args"]["path"])
+    job = d.jobs[a["job"]]
+    assert (job.host_bytes, job.disk_bytes) == (0, 64 * MiB)
+    shown = Console(width=250, record=True)
+    shown.print(jobs_table({"jobs": [job.public()]}))
+    assert "0B (64.0MiB on disk)" in shown.export_text()
+    d._flush(force=True)
+    again = daemon_factory((GiB,), root=d.rundir.root, host_budget=MiB)
+    assert again.jobs[a["job"]].last_report.get("control") == "optimizer hook"
+    assert again.jobs[a["job"]].disk_bytes == 64 * MiB
+    ask(d, "resume", admin=d.admin, job=a["job"])
+    (go,) = commands(d, b"a")
+    ack(d, b"a", a, go, state="running")
+    assert (job.host_bytes, job.disk_bytes) == (0, 0)
