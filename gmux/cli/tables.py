@@ -38,8 +38,11 @@ _ALLOWS = {"explicit": "suspend, free mem", "optimizer hook": "suspend, free mem
 
 
 def _control(j: dict) -> str:
-    """CONTROL: how the job's boundaries come, and what that allows; '-' until the job has reported."""
+    """CONTROL: how the job's boundaries come, and what that allows; until the job has reported (at a boundary),
+    'none yet' for a hooked job that runs (one with no boundary never reports), else '-'."""
     mode = (j.get("report") or {}).get("control")
+    if not isinstance(mode, str) and j.get("hook") and j.get("state") == "running":
+        mode = "none yet"
     if not isinstance(mode, str):
         return "-"
     allows = _ALLOWS.get(mode, "")

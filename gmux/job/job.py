@@ -159,8 +159,10 @@ class Job:
         self.controller.report(self.report())
 
     def report(self) -> dict:
-        if self._discover is not None and not self.suspended:
-            self._discover(self)    # a hooked job's model and its buffers count before the first command finds them
+        if self._discover is not None and not self.suspended and self.control != "framework":
+            # A hooked job's model and its buffers count before the first command finds them. (A framework's
+            # own discovery reads its Trainer's counters, for commands only: after training they are gone.)
+            self._discover(self)
         tracked = 0 if self.suspended else _storage_bytes(self.tracked.tensors())
         report = self.profile.report(tracked)
         report.update(self.tier.memory())   # the allocator tier's tracker: live at boundary, peak, by tag

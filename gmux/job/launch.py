@@ -120,10 +120,6 @@ def run(opt: LaunchOptions) -> int:
         runner.prepare(controller, hook=opt.hook, native=native, mem_limit=mem_limit, job=job_id,
                        name=opt.name or reg.get("name") or None)
         agent.state = "running"
-        from gmux.job.api import current
-        hooked = current()
-        if hooked is not None:
-            agent.report(hooked.report())   # how gmux controls it, shown before its first boundary (it may have none)
     status, reason = runner.run_script(kind, target, script_argv, setup)
     if agent.migrating is not None:
         # The migrate was acknowledged: the state is in the checkpoint, and this process becomes the job's next.

@@ -126,6 +126,16 @@ def test_no_policy_puts_a_job_on_gpus_smaller_than_its_memory(name):
             assert {jid for jid, _ in placed} & {"one", "wide"}, (name, intents)     # the big machine is used
 
 
+@pytest.mark.parametrize("name", ["fifo-bf", "tiresias", "gandiva", "gmux"])
+def test_a_job_no_machine_up_can_hold_does_not_keep_a_smaller_one_waiting(name):
+    # (the policies remembered a failed search by GPU count alone: one job of 12 GiB kept every 1-GPU job waiting)
+    machines = {"small": Machine("small", GPUS, "tcp://127.0.0.1:1", joined=1.0)}
+    jobs = {"huge": CJob("huge", ["python", "h.py"], "/", mem=12 << 30, submitted=1.0),
+            "tiny": CJob("tiny", ["python", "t.py"], "/", mem=1 << 30, submitted=2.0)}
+    intents, _ = Driver(make_policy(name)).decide(jobs, machines, Event(EventKind.ARRIVAL, job_id="tiny"), 3.0)
+    assert [(i.what, i.cjob, i.machine) for i in intents] == [("start", "tiny", "small")], intents
+
+
 def test_a_skipped_intent_is_logged_once_until_its_reason_changes(tmp_path):
     from gmux.wire import keys
     from gmux.cluster.scheduler.service import Options, Scheduler

@@ -96,7 +96,8 @@ class GandivaPolicy(Policy):
         queue = list(waiting_in_order(snap))
         for pos, job in enumerate(queue):
             n = job.num_gpus
-            if n in failed_sizes or job.job_id in plan.moved:
+            size = (n, snap.machines_short_of(job.mem_gib))    # (a job too large for some machines fails alone)
+            if size in failed_sizes or job.job_id in plan.moved:
                 continue
             gpus = place_consolidated(snap, plan, job)
             if gpus is None and self.migrate and n <= snap.max_gpus_per_machine:
@@ -113,7 +114,7 @@ class GandivaPolicy(Policy):
                 plan.place(job, gpus)
                 continue
             if not self._share(snap, plan, job):
-                failed_sizes.add(n)
+                failed_sizes.add(size)
                 if len(failed_sizes) >= 10:
                     break
 

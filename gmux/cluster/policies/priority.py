@@ -287,24 +287,24 @@ class PriorityPolicy(Policy):
         min_need = min(self._demand)
         per = snap.max_gpus_per_machine
         fit = per if self.defragments else plan.max_idle_on_a_machine()
-        no_room: set = set()     # sizes found not to fit since the plan last changed
+        no_room: set = set()     # (size, machines too small for it) found not to fit since the plan last changed
         for key, jid in self._waiting:
             if budget < min_need or (fit < min_need and min_need <= per):
                 break
             if jid in plan.moved:
                 continue
             job = snap.jobs[jid]
-            n = job.num_gpus
-            if n > budget or (n <= per and n > fit) or n in no_room:
+            n, short = job.num_gpus, snap.machines_short_of(job.mem_gib)
+            if n > budget or (n <= per and n > fit) or (n, short) in no_room:
                 continue
             gpus = self._find(snap, plan, job)
             if gpus is None:
-                # _find depends on the plan and n only, and a failed search leaves the plan as it was: until
-                # something is placed, no other job of n GPUs fits either. Where every size that waits is known
-                # not to fit, the rest of a deep backlog need not be looked at (it was, per job: minutes a
-                # decision where thousands wait).
-                no_room.add(n)
-                if all(k in no_room or k > budget for k in self._demand):
+                # _find depends on the plan, n and the machines too small for the job only, and a failed search
+                # leaves the plan as it was: until something is placed, no other such job fits either. Where every
+                # size that waits is known not to fit on any machine, the rest of a deep backlog need not be looked
+                # at (it was, per job: minutes a decision where thousands wait).
+                no_room.add((n, short))
+                if all((k, frozenset()) in no_room or k > budget for k in self._demand):
                     break
                 continue
             no_room = set()
