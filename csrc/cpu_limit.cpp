@@ -175,10 +175,11 @@ void gmux_cpu_limit_stats(uint64_t out[4], int reset_peak) {
 
 /* Bytes a pool hands the job outside torch's CPU allocator (a virtual GPU's page pool), counted like its
  * tensors: -1 (nothing counted) when they would take the job past its limit. check 0: counted whatever the
- * limit (storages moving into the pool, whose old memory is released just after: not growth). */
+ * limit and never a new peak (storages moving into the pool, whose old memory is released just after: not
+ * growth; a peak of both copies, kept by gmuxd as the job's largest, would make it look twice its size). */
 int gmux_cpu_limit_claim(uint64_t n, int check) {
   if (!check) {
-    raise_peak(g_in_use.fetch_add(n, std::memory_order_relaxed) + n);
+    g_in_use.fetch_add(n, std::memory_order_relaxed);   // no new peak: the job needs no more than before
     return 0;
   }
   uint64_t before = 0;

@@ -21,7 +21,7 @@ import stat
 from dataclasses import dataclass
 from typing import Optional
 
-from gmux.util.atomic import write_atomic
+from gmux.util.atomic import partials, write_atomic
 
 SYSTEM_RUNTIME_DIR = "/run/gmux"   # the system daemon's (gmuxd --system; contrib/systemd/gmuxd.service)
 MAX_EXIT_RECORD = 64 << 10         # an exit record is a status and a reason; more is not one
@@ -106,26 +106,21 @@ class RuntimeDir:
     def release(self, socket_id: Optional[tuple[int, int]]) -> None:
         """A gmuxd that ends removes its socket and pid file, but only while they are still its own: its
         directory removed under it, another gmuxd may have made both again, and serves through them."""
+        if (self.daemon_process() or (None,))[0] != os.getpid():
+            return      # (another's socket may even have this one's inode number, the file system reusing it)
         if socket_id is not None and self.socket_id() == socket_id:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket)
-        if (self.daemon_process() or (None,))[0] == os.getpid():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.pid_file)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.pid_file)
 
     @staticmethod
     def discard(path: str, partials_only: bool = False) -> None:
         """Removes the file at `path` and the partial copies of it that a writer killed mid-write left beside it
-        (gmux.util.atomic: .NAME.*.tmp, tens of MB for a checkpoint). What cannot be removed (a read-only
-        filesystem) stays."""
-        directory, name = os.path.split(path)
-        try:
-            partials = [f for f in os.listdir(directory) if f.startswith(f".{name}.") and f.endswith(".tmp")]
-        except OSError:
-            partials = []
-        for f in partials + ([] if partials_only else [name]):
+        (tens of MB for a checkpoint). What cannot be removed (a read-only filesystem) stays."""
+        for f in partials(path) + ([] if partials_only else [path]):
             with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, f))
+                os.unlink(f)
 
     def socket_answers(self) -> bool:
         """Whether a program listens on the socket's path (a stale file left by a gmuxd that ended does not)."""

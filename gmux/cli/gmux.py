@@ -37,8 +37,8 @@ def _outcome(cmd: str, data: dict) -> str:
         return text
     if cmd == "suspend" and data.get("kind") == "stop":    # no boundary by its deadline: SIGSTOPped instead
         return f"{jobs}: {data.get('detail') or 'stopped'}"
-    if data.get("kind") == "late":     # no boundary by its deadline, and not stopped: it computes on
-        return f"{jobs}: {cmd} at its next boundary, not yet: {data.get('detail')}"
+    if cmd == "suspend" and data.get("kind") == "late":     # no boundary by its deadline, and not stopped
+        return f"{jobs}: held, suspended at its next boundary, not yet: {data.get('detail')}"
     if cmd == "suspend":
         return f"{jobs}: {data['state']} (it was not running: it stays suspended until `gmux resume`)"
     if cmd == "resume":
@@ -139,14 +139,13 @@ def run(a) -> int:
     if a.cmd in ("suspend", "resume", "kill", "migrate"):
         c.call("ping")    # a gmuxd that is gone is found in seconds, not after the wait a job's boundary may take
     if a.cmd in ("suspend", "resume", "kill"):
-        data = c.call(a.cmd, timeout=130, job=a.job)
+        data = c.call(a.cmd, timeout=130, late_ok=True, job=a.job)
         _print(data, a.json, _outcome(a.cmd, data))
         return 0
     if a.cmd == "migrate":
         fields = {"new_process": True} if a.new_process else {}
         data = c.call("migrate", timeout=130, job=a.job, gpu=a.gpu, **fields)
-        _print(data, a.json, _outcome("migrate", data) if data.get("kind") == "late" else
-               f"migrated {a.job} to GPU {a.gpu}" + (f" ({data['path']})" if data.get("path") else ""))
+        _print(data, a.json, f"migrated {a.job} to GPU {a.gpu}" + (f" ({data['path']})" if data.get("path") else ""))
         if not a.json:
             for job, warning in (data.get("warnings") or {}).items():
                 print(printable(f"gmux: warning: {job}: {warning}"), file=sys.stderr)
@@ -176,6 +175,8 @@ def run(a) -> int:
             data = c.call("submit", timeout=60, argv=argv, cwd=cwd, env=env, name=a.name, weight=a.weight,
                           mem=a.mem, gpu=a.gpu, gpus=a.gpus, **fields)
         except GmuxUnanswered as e:
+            if not c.ran:       # (no gmuxd ran: nothing was started)
+                raise
             raise GmuxError(f"{e}. It may have started the job all the same: look for it in gmux ps before "
                             f"submitting again") from None
         where = "waiting for a GPU" if data["gpu"] is None else f"on GPU {data['gpu']}"

@@ -285,12 +285,13 @@ class AdminHandlers:
                                             gang={"id": gang, "rank": r, "size": ranks}) for r in range(ranks)]
             else:
                 name = msg.get("name") or ""
-                same = sorted(j.id for j in node.jobs.values() if name and not j.final and j.name == name
+                same = sorted((j.id, j.state) for j in node.jobs.values() if name and not j.final and j.name == name
                               and j.uid == who.uid)
                 if same:
                     # A name picks a job out (gmux suspend NAME); a submit sent again after a timeout would also
                     # run the script twice.
-                    raise Refused(f"submit: your job {same[0]} named {name!r} is running; choose another --name")
+                    raise Refused(f"submit: your job {same[0][0]} named {name!r} has not ended ({same[0][1]}); "
+                                  f"choose another --name")
                 jobs = [self._new_submitted(msg, who, env, name)]
             for job in jobs:
                 job.pid = node.sup.spawn(job)

@@ -121,10 +121,10 @@ class Commands:
                 self.server.reply(w.identity, w.msg_id, data)
 
     def settle(self, job_id: str, kind: str, stopped: bool, text: str, numbers: dict) -> None:
-        """The job missed the deadline of `kind`: the requests waiting for it hear now what gmuxd did, stopped
-        (the job computes no more) or not (kind "late": it computes on). Either way the command stays in effect
-        and is carried out at the job's next boundary, so neither is a refusal (which would say nothing was
-        done, while a hold or a move still happens)."""
+        """The job missed the deadline of `kind`: the requests waiting for it (a suspend's) hear now what gmuxd
+        did, stopped (the job computes no more) or not (kind "late": it computes on). Either way the hold stays
+        and the suspend is carried out at the job's next boundary, so neither is a refusal (which would say
+        nothing was done); a client that needs it done treats "late" as not yet (daemon_client.Client.call)."""
         for w in self.waiters.pop(job_id, []):
             if w.done:
                 continue

@@ -465,7 +465,7 @@ class Daemon:
                 job = self.jobs[job_id]
                 self.stops.note(slicer, job, time.monotonic())
                 busy = slicer.busy_with(job_id)
-                if busy and slicer.continued(job_id):
+                if busy and slicer.continued(job_id, starting=not job.started):
                     job.state = "running"    # overdue, continued for its turn: its command waits at its boundary
                 elif busy:
                     job.state = _BUSY_STATE.get(busy, job.state)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Optional
 
 from gmux.node.access import user_name
 from gmux.node.adoption import adopt
-from gmux.node.jobs import Job, gang_members
+from gmux.node.jobs import Job, gang_members, unit_of
 from gmux.rundir import proc_starttime
 from gmux.util.sizes import format_size
 from gmux.wire.server import Refused, Request, UnknownJob
@@ -229,9 +229,12 @@ class JobHandlers:
             slicer.acked(job.id, kind, now, ok, in_place=bool(result.get("in_place")))
             if kind == "resume" and not ok and job.started:
                 # (its spill file damaged, say): asked again at every tick it would fail alike, each time reading
-                # the whole file. Held, it waits for `gmux resume`, once what failed is put right.
-                job.held = True
-                slicer.hold(job.id)
+                # the whole file. Held, with a gang's other ranks, it waits for `gmux resume` (or the cluster
+                # scheduler's next resume), once what failed is put right.
+                for m in unit_of(node.jobs, job):
+                    m.held = True
+                    if m.gpu is not None:
+                        node.slicers[m.gpu].hold(m.id)
                 job.detail += "; held: gmux resume tries again"
             if ok:
                 if kind == "suspend" or job.started:   # (a first resume waits for the job's start-up)
@@ -262,7 +265,7 @@ class JobHandlers:
                 slicer.clear_busy(job.id)
             if ok:
                 node.leave_gpu(job, now)
-                job.state, job.migrations, job.host_bytes = "migrating", job.migrations + 1, 0
+                job.state, job.migrations, job.host_bytes, job.disk_bytes = "migrating", job.migrations + 1, 0, 0
                 node.store.save(job)
             elif job.target_gpu == job.gpu:
                 # A spill by checkpoint and exit that failed (a full disk): the job stays suspended here, in host

@@ -241,11 +241,12 @@ class Slicer:
         """Jobs that keep their memory on the GPU without computing (stopped by gmuxd or by someone else)."""
         return sorted(j for j, e in self.entries.items() if e.stopped or e.frozen)
 
-    def continued(self, job: str) -> bool:
-        """Overdue and computing (its command waits at its next boundary): in its turn, or past it but not
-        stopped (`late`); so is a job with no boundary yet (its start is acknowledged at its first)."""
+    def continued(self, job: str, starting: bool = False) -> bool:
+        """Overdue and computing, in its turn or past it not stopped: resident, or `starting` (a start is
+        acknowledged at the job's first boundary, and it computes before)."""
         e = self.entries.get(job)
-        return e is not None and e.overdue and not (e.stopped or e.frozen) and (self._in_turn(job) or e.late_told)
+        return (e is not None and e.overdue and not (e.stopped or e.frozen) and (job in self.resident or starting)
+                and (self._in_turn(job) or e.late_told))
 
     def waited(self, job: str, now: float) -> Optional[float]:
         """How long the job's pending suspend or resume has waited for it."""
@@ -454,9 +455,8 @@ class Slicer:
                    (len(slots) > 1 and self.since is not None and now - self.since >= self.turn(self.current)))
         if not expired:
             return []
-        # A slot can run only if it fits beside the jobs that keep their memory without computing. A job kept
-        # in place for a move keeps it only while no one needs it: it is asked to suspend for real (taken once
-        # its move's checkpoint is written).
+        # A slot runs only if it fits beside the jobs that keep their memory without computing. A job kept in
+        # place for a move keeps it only while no one needs it: asked to suspend for real (once it is written).
         kept = self._kept()
         if any((kept - s) and not self.fits(s | kept) for s in slots):
             out = []

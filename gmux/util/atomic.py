@@ -12,13 +12,27 @@ import tempfile
 from typing import IO, Iterator
 
 
+def _partial_prefix(path: str) -> str:
+    return f".{os.path.basename(path)}."
+
+
+def partials(path: str) -> list[str]:
+    """The temporary files that writers of `path` killed mid-write left beside it."""
+    directory, prefix = os.path.dirname(os.path.abspath(path)), _partial_prefix(path)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return [os.path.join(directory, n) for n in names if n.startswith(prefix) and n.endswith(".tmp")]
+
+
 @contextlib.contextmanager
 def atomic_open(path: str, mode: int = 0o600, text: bool = False, durable: bool = True) -> Iterator[IO]:
     """Yields a file to write; on a clean exit it replaces `path`. `mode` is the new file's permission bits.
     durable=False skips the fsyncs, for files that need not survive a machine crash (a spill file dies with
     its process anyway) but must never be seen half-written."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=_partial_prefix(path), suffix=".tmp", dir=directory)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "w" if text else "wb", buffering=-1 if text else 0) as f:

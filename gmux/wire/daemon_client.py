@@ -118,10 +118,16 @@ class Client:
         return (f"gmuxd (pid {self.daemon[0]}) ended before it answered; its jobs run on and a restarted gmuxd "
                 f"re-attaches them: start it again (gmuxd --runtime-dir {self.rundir.root}) and check with gmux ps")
 
-    def call(self, mtype: str, timeout: Optional[float] = None, **fields: Any) -> Any:
+    def call(self, mtype: str, timeout: Optional[float] = None, late_ok: bool = False, **fields: Any) -> Any:
+        """The reply to `mtype`. A reply that the job was found late (past its deadline and not stopped: it
+        computes on, and the command waits for its next boundary) is raised as an error, as a refusal would be,
+        unless the caller takes it (`late_ok`): what was asked is not done yet (the cluster link retries)."""
         if mtype in protocol.ADMIN_TYPES:
             fields["admin"] = self.admin
-        return self.requests.call(mtype, self.timeout if timeout is None else timeout, **fields)
+        reply = self.requests.call(mtype, self.timeout if timeout is None else timeout, **fields)
+        if not late_ok and isinstance(reply, dict) and reply.get("kind") == "late":
+            raise GmuxError(reply.get("detail") or f"{mtype}: the job has not reached a boundary yet")
+        return reply
 
     def close(self) -> None:
         self.sock.close(0)

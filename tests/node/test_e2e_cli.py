@@ -44,7 +44,7 @@ def test_cli_controls_a_submitted_job_and_metrics(node_factory, tmp_path):
     node.wait_for(lambda: node.job(job)["state"] == "running" and node.job(job)["step"] > 0, 60, "job running")
     # The same name again while it runs is refused (a submit repeated after a timeout would run the script twice)
     again = gmux(node.rt, "submit", "--name", "demo1", "--", PY, f"{TRAIN}", str(tmp_path / "o2.json"), "5")
-    assert again.returncode == 1 and f"your job {job} named 'demo1' is running" in again.stderr, again.stderr
+    assert again.returncode == 1 and f"your job {job} named 'demo1' has not ended (running)" in again.stderr, again.stderr
     ps = json.loads(gmux(node.rt, "--json", "ps").stdout)
     (j,) = ps["jobs"]
     assert j["name"] == "demo1" and j["weight"] == 2 and j["managed"] and "token" not in j

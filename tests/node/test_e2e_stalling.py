@@ -11,6 +11,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from node_harness import TRAIN, result, start_py
 
 STEPS = "2000"
@@ -194,7 +196,13 @@ def test_a_job_that_cannot_be_stopped_is_told_why_in_its_terms(node_factory, tmp
     # `resuming` and "sliced by SIGSTOP/SIGCONT" while it ran on, and a suspend was refused yet held it).
     shown = node.wait_for(lambda: (lambda j: j["state"] == "running" and j)(node.job(x)), 20, "shown running")
     assert "not stopped" in shown["detail"] and "SIGSTOP" not in shown["detail"] and shown["stops"] == 0, shown
+    from gmux.wire.daemon_client import Client, GmuxError
+    c = Client(node.rt)
     t0 = time.monotonic()
-    reply = node.call("suspend", job=x)
+    reply = c.call("suspend", timeout=30, late_ok=True, job=x)
     assert time.monotonic() - t0 < 10 and reply["kind"] == "late" and "not stopped, because" in reply["detail"], reply
     assert node.job(x)["held"]
+    # A client that needs the suspend done (the cluster link: a fence, a move) hears "not yet", as before
+    with pytest.raises(GmuxError, match="not stopped, because"):
+        c.call("suspend", timeout=30, job=x)
+    c.close()

@@ -109,9 +109,11 @@ def pools():
         p = na.Pool.create(64 * MiB)
         a = na.Allocator.host(p)
         t = torch.ones(4 * MiB)                          # 16 MiB on the heap
+        e.figures()                                      # (a report's peak is since the report before)
         na.place(a, [t])                                 # moved into the pool: counted once, not twice
         f = e.figures()
         assert 16 * MiB <= f["mem_in_use"] < 17 * MiB and float(t.sum()) == 4 * MiB, f
+        assert f["mem_peak"] < 17 * MiB, f               # nor, while it moves, at a peak of both copies
         del t
         assert e.figures()["mem_in_use"] < MiB
 
