@@ -202,7 +202,7 @@ def enforce(limit: Optional[int], *, job: Optional[str] = None, name: Optional[s
     torch's own statistics measure it. `soft` (default: GMUX_MEM_SOFT): count and report, never refuse. Returns
     what was set up; a mechanism that cannot work here is reported on stderr and the job runs without a
     limit."""
-    global _enforced, _cpu
+    global _enforced
     if cuda is None:
         import torch
         cuda = torch.cuda.is_available()
@@ -214,27 +214,30 @@ def enforce(limit: Optional[int], *, job: Optional[str] = None, name: Optional[s
         if cuda:
             _enforced = _enforce_cuda(limit, what, soft)
         else:
-            with _cpu_lock:
-                if _cpu is None:
-                    _cpu = _load_cpu()
-            _cpu.install(0 if soft else limit, what)
-            _enforced = Enforced(limit, soft, "counted" if soft else "enforced", cpu=_cpu)
+            _enforced = Enforced(limit, soft, "counted" if soft else "enforced",
+                                 cpu=_install_cpu(0 if soft else limit, what))
     except RuntimeError as e:
         print(f"gmux: the memory limit of {format_size(limit)} is not enforced: {e}", file=sys.stderr)
         _enforced = Enforced(limit, True, "not enforced")
     return _enforced
 
 
+def _install_cpu(limit: int, what: str) -> CpuLimit:
+    """The process's counting CPU allocator, installed (once) with `limit` (0: none); RuntimeError if it cannot."""
+    global _cpu
+    with _cpu_lock:
+        if _cpu is None:
+            _cpu = _load_cpu()
+    _cpu.install(limit, what)
+    return _cpu
+
+
 def _measure_cpu() -> Optional[Enforced]:
-    global _enforced, _cpu
+    global _enforced
     try:
-        with _cpu_lock:
-            if _cpu is None:
-                _cpu = _load_cpu()
-        _cpu.install(0, "gmux: this job")
+        _enforced = Enforced(None, False, "measured", cpu=_install_cpu(0, "gmux: this job"))
     except RuntimeError:
         return None     # nothing was asked for: the profiler's estimate stands
-    _enforced = Enforced(None, False, "measured", cpu=_cpu)
     return _enforced
 
 
