@@ -100,7 +100,7 @@ class Plan:
             return None              # no machine up (or none with GPUs): nowhere to place anything
         short = self.snap.machines_short_of(mem_gib)
         if n <= per:
-            m = self.best_fit_machine(n, prefer, exclude=short)
+            m = self.best_fit_machine(n, prefer, mem_gib=mem_gib)
             if m is not None:
                 return tuple(self.idle_on(m)[:n])
         else:
@@ -115,7 +115,7 @@ class Plan:
                 gpus = [g for m in whole for g in self.idle_on(m)]
                 if rest == 0:
                     return tuple(gpus)
-                m = self.best_fit_machine(rest, exclude=short.union(whole))
+                m = self.best_fit_machine(rest, exclude=set(whole), mem_gib=mem_gib)
                 if m is not None:
                     return tuple(gpus + self.idle_on(m)[:rest])
         if spread and self.total_idle >= n:

@@ -82,8 +82,10 @@ class Snapshot:
         known = [j.mem_gib for j in (a, b) if j.mem_gib is not None]
         if known and a.gpus + b.gpus:
             mem = min(self.machines[self.gpu_machine[g]].gpu_mem_gib for g in a.gpus + b.gpus)
-            if sum(known) > mem or len(known) == 2:
-                return sum(known) <= mem
+            if sum(known) > mem:
+                return False
+            if len(known) == 2:
+                return True
         return (a.job_type, b.job_type) not in self.no_fit and (b.job_type, a.job_type) not in self.no_fit
 
     def units_on(self, gpus) -> int:
