@@ -65,6 +65,12 @@ def _mem(j: dict) -> str:
     return f"{format_size(use)}/{format_size(j.get('mem_peak'))}/{format_size(limit)}{mark}"
 
 
+def _host(j: dict) -> str:
+    """HOST: the job's suspended state in host memory, and what of it was spilled to disk."""
+    disk = j.get("disk_bytes")
+    return format_size(j.get("host_bytes") or 0) + (f" ({format_size(disk)} on disk)" if disk else "")
+
+
 def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
     t = Table(title=title, title_justify="left")
     for col in ("JOB", "NAME", "GPU", "STATE", "CONTROL", "STEP", "RATE now/solo", "MEM use/peak/limit", "GPU-s",
@@ -84,8 +90,7 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
                   str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
                   _mem(j),
                   f"{j.get('gpu_seconds', 0):.1f}", f"{j.get('suspends', 0)} ({j.get('suspend_seconds', 0):.2f})",
-                  format_size(j.get("host_bytes") or 0) + (f" ({format_size(j['disk_bytes'])} on disk)"
-                                                           if j.get("disk_bytes") else ""), _detail(j.get("detail")),
+                  _host(j), _detail(j.get("detail")),
                   *([j.get("user") or "?"] if system else [])))
     return t
 
