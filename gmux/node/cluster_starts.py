@@ -57,6 +57,7 @@ class Starts:
         port = free_port() if world > 1 else None   # a new rendezvous at every start: the old may be held
         env = {**os.environ, **a.get("env", {})}
         env.pop("GMUX_JOB_TOKEN", None)
+        env.pop("GMUX_JOB_ID", None)    # gmux-launch sets the job's own; another's would mark it as that job's
         for var, arg in (("GMUX_RESTORE_WAIT", "restore_wait"), ("GMUX_LEASE_S", "lease_s")):
             env.pop(var, None)
             if a.get(arg):

@@ -9,7 +9,9 @@ killed outright (SIGKILL, the OOM killer).
 It also takes a GPU's compute away from a job that does not stop in time (SIGSTOP, later SIGCONT): the job's
 process group when it leads one of its own (a submitted job, or one started in its own session: its
 DataLoader workers stop with it), else the process and its descendants, so that a shell or a driver script
-that shares the job's group is never stopped with it.
+that shares the job's group is never stopped with it; and, either way, the job's processes that left its group
+(a server it started in a session of its own, a daemon it double-forked), found by the marks they began with in
+their environment. Killing a job and ending what it left signal the same processes.
 
 Under a system daemon (root), a submitted job runs as the user who submitted it (their uid, gid and groups, set
 in the child before it executes anything), and a process is signalled only while it is still that user's.
@@ -44,7 +46,7 @@ class Supervisor:
         self.system = system     # gmuxd --system: jobs run as their owners
         # Popen objects are kept so that poll() reaps exactly our children and reads their status.
         self.children: dict[int, subprocess.Popen] = {}
-        self.leaving: dict[int, Optional[int]] = {}   # ended submitted jobs (pid -> start time): groups to end
+        self.leaving: dict[int, Job] = {}   # ended submitted jobs by pid: what is left of them to end
 
     def spawn(self, job: Job) -> int:
         # (--gpus: its process says what it is when a gmuxd that lost its table is asked to take it back)
@@ -64,6 +66,7 @@ class Supervisor:
             # setgroups, setgid, setuid in the child, before exec: nothing of the job ever runs as root. (The
             # kernel checks the user's own right to enter cwd at every relative path the job opens.)
             as_user = {"user": job.uid, "group": job.gid, "extra_groups": user_groups(job.uid, job.gid)}
+        env.pop("GMUX_JOB_ID", None)    # another job's (a gmuxd or submit inside a job) would mark this one as its
         path = self.rundir.log_file(job.id)
         try:
             fd = self.rundir.open_private(path, append=True)
@@ -121,17 +124,30 @@ class Supervisor:
         if not self._identified(job):
             return False
         try:
-            if os.getpgid(job.pid) == job.pid:
+            leads = os.getpgid(job.pid) == job.pid
+            if leads:
                 os.killpg(job.pid, sig)
-            else:
-                for pid in [job.pid, *_descendants(job.pid)]:
-                    if self.system and _real_uid(pid) != job.uid:
-                        continue    # e.g. a setuid program the job ran: its user could not stop it either
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, sig)
+            for pid in ([] if leads else [job.pid]) + self._outside_group(job, _descendants(job.pid)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
             return True
         except ProcessLookupError:
             return False
+
+    def _outside_group(self, job: Job, candidates: list) -> list:
+        """The job's processes that a signal to its group misses: descendants in a group or session of their own
+        (a server it started with setsid, a shell's job control), and processes that began with the job's marks in
+        their environment, which an orphan keeps when its parent is gone (a daemon the job double-forked; any
+        process once the job's own has exited). Under a system daemon, only those still the job's user's (a
+        setuid program the job ran: its user could not signal it either)."""
+        marks = {f"GMUX_JOB_TOKEN={job.token}".encode()} if job.token else set()
+        found = []
+        for pid in set(candidates) | set(_marked(marks, job.id, self.rundir.root, job.uid if self.system else os.getuid())):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if pid != job.pid and os.getpgid(pid) != job.pid and \
+                        (not self.system or _real_uid(pid) == job.uid):
+                    found.append(pid)
+        return sorted(found)
 
     def _identified(self, job: Job) -> bool:
         # Only a process identified by pid *and* start time: never a reused pid, never on a bare pid's word;
@@ -151,19 +167,22 @@ class Supervisor:
         and is left alone. A process that said it was ending (bye) may still be writing its last files: its
         group is asked once it has exited (reap_others)."""
         if job.managed and job.pid > 1:
-            self.leaving[job.pid] = job.starttime
+            self.leaving[job.pid] = job
             self._end_groups_left()
 
     def _end_groups_left(self) -> None:
-        """The group of each ended job whose process has exited (a child of ours, or one re-attached after a
-        restart) is sent SIGTERM."""
-        for pid, starttime in list(self.leaving.items()):
+        """What is left of each ended job whose process has exited (a child of ours, or one re-attached after a
+        restart), its group and the processes that escaped it, is sent SIGTERM."""
+        for pid, job in list(self.leaving.items()):
             p = self.children.get(pid)
-            if p.poll() is None if p is not None else alive(pid, starttime):
+            if p.poll() is None if p is not None else alive(pid, job.starttime):
                 continue
             del self.leaving[pid]
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGTERM)
+            for other in self._outside_group(job, []):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(other, signal.SIGTERM)
 
 
 def describe(rc: int, record: Optional[dict]) -> tuple[str, Optional[int], str]:
@@ -218,4 +237,26 @@ def _descendants(pid: int) -> list[int]:
                 if kid not in found:
                     found.append(kid)
                     todo.append(kid)
+    return found
+
+
+def _marked(marks: set, job_id: str, root: str, uid: int) -> list[int]:
+    """The processes whose environment began with one of `marks`, or with both the job's id and its gmuxd's
+    runtime dir (what gmux-launch leaves to every program the job executes). /proc/PID/environ is the block a
+    process started with, which its own later changes do not touch; only the owner (or root) may read it. Only
+    `uid`'s processes: another user's that carry the marks are not the job's."""
+    id_mark, dir_mark = f"GMUX_JOB_ID={job_id}".encode(), f"GMUX_RUNTIME_DIR={root}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if env & marks or (id_mark in env and dir_mark in env):
+            found.append(int(name))
     return found

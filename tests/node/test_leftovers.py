@@ -1,5 +1,8 @@
-"""What a submitted job started ends with it: a child it forked and left, or one running when it is killed."""
+"""What a submitted job started ends with it: a child it forked and left, or one running when it is killed, also
+one that left the job's process group."""
 import time
+
+import pytest
 
 FORKER = """import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -33,6 +36,125 @@ def test_a_child_a_job_left_running_ends_with_it_and_with_a_kill(node_factory, t
         node.wait_for(lambda: node.job(job)["state"] in ("exited", "killed", "failed"), 60, "the job to end")
         node.wait_for(lambda: not _alive(child), 10, f"the child a {how} job left to end")
         assert node.job(job)["state"] == ("exited" if how == "exits" else "killed")
+
+
+# A server started in a session of its own (still the job's child), and a daemon that forked twice and started a
+# session (an orphan: no longer anyone's descendant); a signal to the job's process group reaches neither.
+ESCAPER = """import os, subprocess, sys, time
+server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.write(w, str(os.getpid()).encode())
+        time.sleep(600)
+    os._exit(0)
+os.close(w)
+daemon = int(os.read(r, 32))
+open(sys.argv[1] + ".part", "w").write(f"{server.pid} {daemon}")
+os.rename(sys.argv[1] + ".part", sys.argv[1])
+print("pids", server.pid, daemon, flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def _pgid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[2])
+
+
+@pytest.mark.parametrize("how", ["killed", "exits"])
+def test_what_left_the_jobs_process_group_ends_with_it(node_factory, tmp_path, how):
+    """A job's setsid child and double-forked daemon ran on after `gmux kill` and after the job's end: only the
+    job's process group was signalled."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    script = tmp_path / "escaper.py"
+    script.write_text(ESCAPER)
+    pidfile = tmp_path / "pids"
+    job = node.call("submit", argv=["python", str(script), str(pidfile), "0.5" if how == "exits" else "600"],
+                    cwd=str(tmp_path), env={}, name=how)["job"]
+    node.wait_for(lambda: pidfile.exists(), 60, "the job's escaped processes to start")
+    escaped = [int(p) for p in pidfile.read_text().split()]
+    try:
+        assert all(_pgid(p) != node.job(job)["pid"] for p in escaped)    # they did leave its group
+        if how == "killed":
+            node.call("kill", job=job)
+        node.wait_for(lambda: node.job(job)["state"] in ("exited", "killed", "failed"), 60, "the job to end")
+        for p in escaped:
+            node.wait_for(lambda: not _alive(p), 10, f"escaped process {p} to end with its {how} job")
+    finally:
+        _kill_all(escaped)
+
+
+def test_what_left_the_jobs_process_group_is_stopped_and_continued_with_it(tmp_path):
+    """A job stopped for not yielding its GPU in time (SIGSTOP) computed on in its escaped processes; and a job of
+    another runtime dir, or with another token, is not taken for it."""
+    import os
+    import subprocess
+    import sys
+
+    from gmux.node.jobs import Job
+    from gmux.node.supervisor import Supervisor
+    from gmux.rundir import RuntimeDir, proc_starttime
+    rt = RuntimeDir(str(tmp_path / "rt"))
+    procs, escaped = [], []
+    try:
+        # the job; another job of its gmuxd; a job of the same id under another gmuxd
+        for n, marks in enumerate(({"GMUX_JOB_TOKEN": "mine"}, {"GMUX_JOB_TOKEN": "other", "GMUX_JOB_ID": "j2"},
+                                   {"GMUX_JOB_ID": "j1", "GMUX_RUNTIME_DIR": "/elsewhere"})):
+            env = {**os.environ, "GMUX_RUNTIME_DIR": rt.root, **marks}
+            pidfile = tmp_path / f"pids{n}"
+            procs.append(subprocess.Popen([sys.executable, "-c", ESCAPER, str(pidfile), "600"], env=env,
+                                          start_new_session=True))
+            for _ in range(600):
+                if pidfile.exists():
+                    break
+                time.sleep(0.05)
+            escaped.append([int(p) for p in pidfile.read_text().split()])
+        leader = procs[0]
+        job = Job("j1", "mine", "", ["python", "escaper.py"], pid=leader.pid,
+                  starttime=proc_starttime(leader.pid), managed=True)
+        sup = Supervisor(rt)
+        assert sup.stop(job)
+        for p in [leader.pid, *escaped[0]]:
+            _wait(lambda: _state(p) == "T", f"process {p} of the job to be stopped")
+        time.sleep(0.2)
+        assert not any(_state(p) == "T" for p in [procs[1].pid, procs[2].pid, *escaped[1], *escaped[2]]), \
+            "another job's process was stopped"
+        assert sup.cont(job)
+        for p in [leader.pid, *escaped[0]]:
+            _wait(lambda: _state(p) not in ("T", ""), f"process {p} of the job to go on")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        _kill_all([p for group in escaped for p in group])
+
+
+def _wait(cond, what: str) -> None:
+    for _ in range(200):
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _kill_all(pids: list) -> None:
+    import os
+    import signal
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return ""
 
 
 def test_a_job_that_said_bye_keeps_its_group_until_its_process_has_exited(tmp_path):

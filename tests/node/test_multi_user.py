@@ -318,8 +318,9 @@ def test_users_act_only_on_their_own_jobs_and_jobs_are_never_admins(users, syste
     assert got["cli"][0] == 1 and "belongs to" in got["cli"][1], got["cli"]
     assert got["shutdown"][0] == 1 and "only an admin" in got["shutdown"][1], got["shutdown"]
 
-    wait_for(lambda: (lambda j: j["gpu"] == free and j["state"] == "running" and j["migrations"] == 1)(
-        ps(users, rt, "a")[a_job]), 60, lambda: f"A's job running on GPU {free}: {ps(users, rt, 'a')[a_job]}")
+    # (started: restored and at a boundary again; a restore overdue on a loaded machine shows running before)
+    wait_for(lambda: (lambda j: j["gpu"] == free and j["state"] == "running" and j["migrations"] == 1
+                      and j["started"])(ps(users, rt, "a")[a_job]), 60, lambda: f"A's job running on GPU {free}: {ps(users, rt, 'a')[a_job]}")
     # ... and back, in its own process this time (the pid it has had all along, A's job still)
     pid = ps(users, rt, "a")[a_job]["pid"]
     (back,) = ask(users, rt, "a", [("migrate", {"job": a_job, "gpu": jobs[a_job]["gpu"]})])
