@@ -72,6 +72,9 @@ def _unwritable(json_path: str | None, plots: str | None) -> str | None:
             continue
         if os.path.exists(target) and os.path.isdir(target) != directory:
             return f"{flag} {target}: " + ("not a directory" if directory else "a directory (give a file name)")
+        if not directory and os.path.exists(target) and not os.path.isfile(target):
+            # (an atomic write would put a file in place of the device or pipe, and a reader would get nothing)
+            return f"{flag} {target}: not a regular file (a device, pipe or socket); give a file name"
         where = target if directory else os.path.dirname(os.path.abspath(target))
         try:
             os.makedirs(where, exist_ok=True)
@@ -122,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "thousandths; a job gets the whole GPUs it asks for, rounded up. auto: percent for a "
                         "column named plan_gpu (Alibaba PAI), thousandths for gpu_milli, else whole GPUs "
                         "(default: %(default)s)")
+    g.add_argument("--time-unit", choices=("s", "ms", "us"), default="s",
+                   help="what the trace's numeric times and durations count: seconds, milliseconds or "
+                        "microseconds (Google's traces); dates are read as dates (default: %(default)s)")
     g.add_argument("--bad-rows", choices=("refuse", "skip"), default="refuse",
                    help="what to do with malformed trace rows (reported with line numbers; default: %(default)s)")
     g = p.add_argument_group("cluster")
@@ -221,6 +227,8 @@ def _main(argv) -> int:
         params = json.loads(args.params)
     except json.JSONDecodeError as e:
         fail(f"--params is not JSON: {e}")
+    except RecursionError:
+        fail("--params is not JSON gmux-sim reads: nested too deeply")
     if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
         fail('--params must map policy names to parameter objects, e.g. {"gmux": {"min_run_s": 300}}')
     stray = [name for name in params if name not in policies]
@@ -256,7 +264,8 @@ def _main(argv) -> int:
     cfg = SimConfig(trace=trace, vcs=vcs, throughputs=tput, machines=args.machines,
                     gpus_per_machine=args.gpus_per_machine, gpu_type=args.gpu_type, suspect=args.suspect_pairs,
                     seed=args.seed, start=args.start, end=args.end, sample=args.sample, bad_rows=args.bad_rows,
-                    columns=args.columns, gpu_unit=args.gpu_unit, unknown_vc=args.unknown_vc or "smallest",
+                    columns=args.columns, gpu_unit=args.gpu_unit, time_unit=args.time_unit,
+                    unknown_vc=args.unknown_vc or "smallest",
                     vc_scale=args.vc_scale or 1.0, elastic_fraction=args.elastic_fraction, costs=costs,
                     workers=args.workers, only=clusters)
     t0 = time.perf_counter()
@@ -282,7 +291,7 @@ def _main(argv) -> int:
                            f"{sum(len(j) for _, j in prep.clusters.values())} jobs"), end="")
         print(f"simulated in {payload['seconds']:.1f} s")
     if args.json:
-        write_json(args.json, payload)
+        write_json(os.path.realpath(args.json), payload)     # (through a link: the file it names is replaced)
     if args.plots:
         from gmux.cluster.sim.plots import plot_jct_cdf, plot_utilisation
         plot_jct_cdf(out, os.path.join(args.plots, "jct_cdf.png"))

@@ -241,7 +241,7 @@ def test_times_without_a_zone_are_stated_and_a_mix_refused(tmp_path):
     msg = str(e.value)
     assert "line 3: timestamp '2020-01-01T00:00:00+08:00' has a zone offset, the trace's first date has none" in msg
     assert "line 5: duration 1e+12 s is more than 100 years" in msg
-    with pytest.raises(TraceError, match="line 2: .*1600000000000.*milliseconds since the epoch"):
+    with pytest.raises(TraceError, match="line 2: .*1600000000000.*milliseconds or microseconds since the epoch"):
         _load(tmp_path, head + "1600000000000,10,1\n")
     # A rejected first row fixes neither the kind of time nor the zone: the rows after it are read as they are.
     trace = _load(tmp_path, head + "0001-01-01T00:00:00+08:00,10,1\n1600000000000,10,1\n2020-01-01 00:00:00,10,1\n",
@@ -275,3 +275,62 @@ def test_a_job_wider_than_its_vc_names_the_way_out_and_is_not_counted_as_run(tmp
     out = capsys.readouterr().out
     assert "1 job(s) of VC(s) absent from the layout (vcNEW) each run" in out
     assert "skipped 1 job(s) larger than their cluster" in out
+
+
+def test_times_in_milliseconds_or_microseconds_are_read_when_told_and_suspected_when_not(tmp_path):
+    """Google's traces count microseconds: read as seconds, their jobs ran for years, with no word said."""
+    us = "time,gpus,duration_us\n600000000,1,600000000\n660000000,1,1200000000\n720000000,2,300000000\n"
+    cols = {"submit": "time", "duration": "duration_us"}
+    tr = _load(tmp_path, us, columns=cols, time_unit="us")
+    assert [(j.submit, j.duration, j.num_gpus) for j in tr.jobs] == [(0.0, 600.0, 1), (60.0, 1200.0, 1),
+                                                                     (120.0, 300.0, 2)]
+    assert "numeric times and durations read as microseconds (--time-unit)" in tr.notes
+    as_seconds = _load(tmp_path, us, columns=cols)
+    assert any("half the jobs run longer than" in n and "--time-unit" in n for n in as_seconds.notes)
+    with pytest.raises(TraceError, match=r"more than 100 years \(are the trace's times not seconds\? --time-unit"):
+        _load(tmp_path, us.replace("1200000000", "12000000000"), columns=cols)
+    ms = "submit_time,num_gpus,duration\n1600000000000,1,3600000\n"
+    with pytest.raises(TraceError, match="milliseconds or microseconds since the epoch\\? say so with --time-unit"):
+        _load(tmp_path, ms)
+    assert [(j.duration, str(_load(tmp_path, ms, time_unit="ms").origin))
+            for j in _load(tmp_path, ms, time_unit="ms").jobs] == [(3600.0, "2020-09-13 12:26:40")]
+    with pytest.raises(ValueError, match="time_unit must be one of s, ms, us"):
+        _load(tmp_path, ms, time_unit="min")
+
+
+def test_a_trace_spanning_millennia_runs_its_short_jobs(tmp_path, capsys):
+    """Thousands of years from its origin the simulated clock rounds to ~1e-4 s: a 1.3 s job failed the run on an
+    internal check ("completed with 0.000012 s of work left") naming neither file nor line."""
+    tput = _tables(tmp_path)
+    (tmp_path / "t.csv").write_text("submit_time,gpus,duration\n-62135000000,1,3600\n253402000000,1,1.3\n"
+                                    "253402000000,1,1.3\n253402000001,1,0.003\n")
+    assert main(["--trace", str(tmp_path / "t.csv"), "--machines", "1", *tput, "--policy", "fifo,srtf,gmux",
+                 "--quiet", "--json", str(tmp_path / "r.json")]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "r.json").read_text())["summary"]["fifo"]["jobs"] == 4
+
+
+@pytest.mark.parametrize("header,meaning", [("timestamp,job_id,submit_time,gpus,duration", "submit"),
+                                            ("submit_time,num_gpus,gpu_num,duration", "gpus"),
+                                            ("submit_time,cluster,vc,gpus,duration", "vc")])
+def test_two_columns_that_could_mean_the_same_are_refused_until_told_which(tmp_path, header, meaning):
+    """The first name known won, silently: a Helios log with a cluster column was read by it."""
+    row = ",".join({"timestamp": "2020-04-01 01:00:00", "submit_time": "2020-04-01 00:00:00", "job_id": "j1",
+                    "gpus": "1", "num_gpus": "1", "gpu_num": "2", "duration": "3600", "cluster": "Venus",
+                    "vc": "vcX"}[h] for h in header.split(","))
+    with pytest.raises(TraceError, match=f"could each be the {meaning}: say which with --columns {meaning}=NAME"):
+        _load(tmp_path, f"{header}\n{row}\n")
+    chosen = {"submit": "submit_time", "gpus": "gpu_num", "vc": "vc"}[meaning]
+    job, = _load(tmp_path, f"{header}\n{row}\n", columns={meaning: chosen}).jobs
+    assert (str(_load(tmp_path, f"{header}\n{row}\n", columns={meaning: chosen}).origin), job.num_gpus,
+            job.vc) == ("2020-04-01 00:00:00", 2 if meaning == "gpus" else 1, "vcX" if meaning == "vc" else "all")
+
+
+def test_a_gpu_milli_column_alone_is_the_gpu_column_in_thousandths(tmp_path):
+    job, = _load(tmp_path, "creation_time,deletion_time,scheduled_time,gpu_milli\n0,3600,60,500\n").jobs
+    assert (job.submit, job.duration, job.num_gpus) == (0.0, 3540.0, 1)
+
+
+def test_a_gpu_time_that_disagrees_says_what_it_should_be_in_the_traces_units(tmp_path):
+    with pytest.raises(TraceError, match=r"gpu_time '360000' is not the job's duration x GPUs \(3600 in the "):
+        _load(tmp_path, "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-01 00:00:00,3600,100,360000,a\n",
+              gpu_unit="percent")

@@ -1,6 +1,7 @@
 """Trace loading and validation, the throughput table, the real Philly files, and the gmux-sim CLI."""
 import json
 import os
+import stat
 
 import pytest
 
@@ -107,6 +108,9 @@ def test_vc_and_throughput_files_are_validated(tmp_path):
     (tmp_path / "t.json").write_text("{not json")
     with pytest.raises(TraceError, match="not valid JSON"):
         Throughputs(str(tmp_path / "t.json"))
+    (tmp_path / "t.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(TraceError, match="nested too deeply"):
+        Throughputs(str(tmp_path / "t.json"))
     (tmp_path / "t.json").write_text(json.dumps({"k80": {}}))
     with pytest.raises(TraceError, match="no GPU type 'v100'"):
         Throughputs(str(tmp_path / "t.json"))
@@ -194,6 +198,8 @@ def test_cli_runs_and_writes_json_and_plots(tmp_path, capsys):
                                           "gmux: min_run_s = -1 (wanted: >= 0); sweep_quantile = 2 (wanted: from 0 to 1)"),
                                          (["--policy", "gandiva", "--params", '{"gandiva": {"max_units": 0}}'],
                                           "gandiva: max_units = 0 (wanted: >= 1)"),
+                                         (["--policy", "gmux", "--params", "[" * 100000 + "]" * 100000],
+                                          "--params is not JSON gmux-sim reads: nested too deeply"),
                                          # escape codes in a policy's name are shown escaped
                                          (["--policy", "\x1b[31mX"], "unknown policy \\x1b[31mX;"),
                                          (["--clusters", ","], "--clusters ',' names no cluster"),
@@ -299,6 +305,18 @@ def test_cli_refuses_to_write_its_results_over_an_input_and_states_a_window_as_g
             main(["--traces", str(tmp_path), "--policy", "fifo", "--json", str(tmp_path / target)])
         assert e.value.code == 2 and "would overwrite it" in capsys.readouterr().err
     assert (tmp_path / "philly.csv").read_text() == before
+    # A pipe (or a device) is left as it is, not replaced by a file its reader never sees; a link keeps pointing
+    # at the results.
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(SystemExit) as e:
+        main(["--traces", str(tmp_path), "--policy", "fifo", "--json", str(tmp_path / "fifo")])
+    assert e.value.code == 2 and "not a regular file (a device, pipe or socket)" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
+    (tmp_path / "results.json").write_text("old")
+    os.symlink("results.json", tmp_path / "link.json")
+    assert main(["--traces", str(tmp_path), "--policy", "fifo", "--quiet", "--json", str(tmp_path / "link.json")]) == 0
+    assert os.readlink(tmp_path / "link.json") == "results.json"
+    assert json.loads((tmp_path / "results.json").read_text())["summary"]["fifo"]["jobs"] >= 1
     (tmp_path / "afile").write_text("")
     with pytest.raises(SystemExit):
         main(["--traces", str(tmp_path), "--policy", "fifo", "--json", str(tmp_path / "afile" / "x.json")])

@@ -42,6 +42,7 @@ class SimConfig:
     bad_rows: str = "refuse"
     columns: dict | None = None          # the trace's column names where they are not ones it knows (trace.py)
     gpu_unit: str = "auto"               # what the trace's GPU column counts (trace.GPU_UNITS)
+    time_unit: str = "s"                 # what its numeric times and durations count (trace.TIME_UNITS)
     unknown_vc: str = "smallest"
     vc_scale: float = 1.0                # multiply every VC's machine count (stress runs); at least 1 machine
     elastic_fraction: float = 0.0
@@ -77,7 +78,8 @@ def prepare(cfg: SimConfig) -> Prepared:
     if not 1 <= cfg.gpus_per_machine <= MAX_GPUS_PER_MACHINE:
         raise ValueError(f"gpus_per_machine must be in 1..{MAX_GPUS_PER_MACHINE}, not {cfg.gpus_per_machine}")
     tput = Throughputs(cfg.throughputs, cfg.gpu_type, cfg.suspect)
-    trace = load_trace(cfg.trace, bad_rows=cfg.bad_rows, columns=cfg.columns, gpu_unit=cfg.gpu_unit)
+    trace = load_trace(cfg.trace, bad_rows=cfg.bad_rows, columns=cfg.columns, gpu_unit=cfg.gpu_unit,
+                       time_unit=cfg.time_unit)
     assign_types(trace, tput, seed=cfg.seed, elastic_fraction=cfg.elastic_fraction)
     start, end = (((t - trace.origin).total_seconds() if isinstance(t, datetime) else t) for t in (cfg.start, cfg.end))
     if start is not None and end is not None and end <= start:

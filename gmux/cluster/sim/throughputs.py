@@ -84,6 +84,8 @@ class Throughputs:
                 data = json.load(f)
         except json.JSONDecodeError as e:
             raise TraceError(f"{path}: not valid JSON ({e})") from None
+        except RecursionError:
+            raise TraceError(f"{path}: not JSON gmux-sim reads (nested too deeply)") from None
         except (UnicodeDecodeError, OSError) as e:
             raise unreadable(path, e) from None
         if not isinstance(data, dict) or gpu_type not in data:

@@ -78,6 +78,11 @@ GPU_UNITS = {"gpus": 1, "percent": 100, "milli": 1000}
 UNIT_OF_COLUMN = {"plan_gpu": "percent", "gpu_milli": "milli"}
 # openb gives a pod's GPUs as num_gpu (whole) and gpu_milli (the share of each it asks for).
 SHARE_COLUMN = "gpu_milli"
+# Seconds per unit of a trace's numeric times and durations (dates are dates whatever the unit): Google's
+# traces count microseconds, many loggers milliseconds.
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+# Half a trace's jobs running longer than this says its times are not in seconds (a note, not a refusal).
+LONG_MEDIAN = 30 * 86400
 
 
 class _Times:
@@ -85,7 +90,8 @@ class _Times:
     time, or since any origin), whichever its first time has; dates all with a zone offset or all without. A
     value of the other kind is a bad row: reading a mix would shift jobs by the offset, silently."""
 
-    def __init__(self):
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale      # seconds per numeric unit (TIME_UNITS)
         self.numeric: bool | None = None
         self.zoned: bool | None = None
         self._before_row = (None, None)
@@ -105,7 +111,7 @@ class _Times:
         zoned = None
         numeric = _DECIMAL.fullmatch(text) is not None
         if numeric:
-            value = float(text)
+            value = float(text) * self.scale
         else:
             try:
                 when = datetime.fromisoformat(text)
@@ -122,8 +128,8 @@ class _Times:
             raise ValueError(f"{what} {text!r} is {'seconds' if numeric else 'a date'}, the trace's first row "
                              f"{'seconds' if self.numeric else 'a date'}")
         if not EARLIEST <= value <= LATEST:
-            hint = " (milliseconds since the epoch? times in seconds are expected: divide by 1000)" \
-                if numeric and LATEST < value <= 1000 * LATEST else ""
+            hint = " (milliseconds or microseconds since the epoch? say so with --time-unit ms or us)" \
+                if numeric and self.scale == 1.0 and LATEST < value <= 1e6 * LATEST else ""
             raise ValueError(f"{what} {text!r} is not a time between the years 1 and 9999{hint}")
         self.numeric = numeric
         if zoned is not None:
@@ -146,9 +152,14 @@ def _resolve(path: str, header: list[str], columns: dict[str, str] | None) -> di
                                  f"{', '.join(header)})")
             found[meaning] = lower.index(columns[meaning].strip().lower())
             continue
-        name = next((n for n in names if n in lower), None)
-        if name is not None:
-            found[meaning] = lower.index(name)
+        present = [n for n in names if n in lower]
+        if len(present) > 1:
+            raise TraceError(f"{path}: columns {' and '.join(repr(header[lower.index(n)]) for n in present)} could "
+                             f"each be the {meaning}: say which with --columns {meaning}=NAME")
+        if present:
+            found[meaning] = lower.index(present[0])
+    if "gpus" not in found and SHARE_COLUMN in lower:
+        found["gpus"] = lower.index(SHARE_COLUMN)       # thousandths of one GPU (openb's GPU-sharing pods)
     twice = sorted({header[i] for i in found.values() if lower.count(lower[i]) > 1})
     if twice:
         raise TraceError(f"{path}: the header has column(s) {', '.join(map(repr, twice))} more than once: which "
@@ -201,9 +212,9 @@ def _run_time(row: list[str], col: dict[str, int], name: dict[str, str],
         if span < 0:
             raise ValueError(f"{name['end']} {end!r} is before {name['start']} {start!r}")
     if text:
-        dur = _number(text)
+        dur = _number(text) * times.scale
         if not math.isfinite(dur) or dur < 0:
-            raise ValueError(f"{name['duration']} {text!r} is not a number of seconds >= 0")
+            raise ValueError(f"{name['duration']} {text!r} is not a number >= 0")
     elif span is not None:
         dur = span
     elif "start" in col and "end" in col:
@@ -211,32 +222,36 @@ def _run_time(row: list[str], col: dict[str, int], name: dict[str, str],
     else:
         raise ValueError(f"empty {name['duration']}")
     if dur > MAX_DURATION:
-        raise ValueError(f"duration {dur:.3g} s is more than 100 years")
+        raise ValueError(f"duration {dur:.3g} s is more than 100 years" +
+                         (" (are the trace's times not seconds? --time-unit ms or us)" if times.scale == 1.0 else ""))
     if 0 < dur < MIN_DURATION:
         raise ValueError(f"duration {dur:.3g} s is under a millisecond, finer than any cluster times a job")
     return dur, None, bool(text) and span is not None and abs(dur - span) > max(1.0, 0.01 * span)
 
 
 def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
-               columns: dict[str, str] | None = None, gpu_unit: str = "auto") -> Trace:
+               columns: dict[str, str] | None = None, gpu_unit: str = "auto", time_unit: str = "s") -> Trace:
     """Read a job trace CSV: Philly's (timestamp,duration,num_gpus,gpu_time,cluster), Helios' or Acme's
     (submit_time, gpu_num, vc, duration or start_time and end_time), Alibaba PAI's task table (start_time, end_time,
     plan_gpu per instance, inst_num; its launch is a job's arrival), or any whose columns `columns` names
     (meaning -> column: submit, duration, gpus, vc, start, end, instances, user). `gpu_unit` says what the GPU column
-    counts (GPU_UNITS; "auto": UNIT_OF_COLUMN by its name, else whole GPUs). Rows that are no finished GPU job (no or
+    counts (GPU_UNITS; "auto": UNIT_OF_COLUMN by its name, else whole GPUs), `time_unit` what its numeric times and
+    durations count (TIME_UNITS). Rows that are no finished GPU job (no or
     an empty GPU count, never started, not ended, duration 0) are not bad: they are counted in `skipped`. Each
     choice made about the data is stated in the trace's `notes`."""
     if bad_rows not in ("refuse", "skip"):
         raise ValueError(f"bad_rows must be 'refuse' or 'skip', not {bad_rows!r}")
     if gpu_unit != "auto" and gpu_unit not in GPU_UNITS:
         raise ValueError(f"gpu_unit must be auto or one of {', '.join(GPU_UNITS)}, not {gpu_unit!r}")
+    if time_unit not in TIME_UNITS:
+        raise ValueError(f"time_unit must be one of {', '.join(TIME_UNITS)}, not {time_unit!r}")
     if not os.path.isfile(path):
         raise TraceError(f"{path}: no such trace file")
     rows: list[tuple[int, float, float, int, str, str]] = []
     bad: list[tuple[int, str]] = []
     skipped = {"no GPU": 0, "never ran": 0, "unfinished": 0}
     rounded = shared = disagree = 0
-    times = _Times()
+    times = _Times(TIME_UNITS[time_unit])
     reader = None
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
@@ -278,8 +293,10 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                                          f"cluster gmux-sim builds ({MAX_JOB_GPUS:,})")
                     if gpu_time is not None:
                         gt = _number(row[gpu_time])
-                        if not math.isfinite(gt) or abs(gt - dur * need * instances) > 1e-6 * max(1.0, gt):
-                            raise ValueError(f"gpu_time {row[gpu_time]!r} != duration x num_gpus")
+                        want = dur * need * instances / times.scale     # (in the trace's own units)
+                        if not math.isfinite(gt) or abs(gt - want) > 1e-6 * max(1.0, gt):
+                            raise ValueError(f"gpu_time {row[gpu_time]!r} is not the job's duration x GPUs "
+                                             f"({want:.6g} in the trace's units, at --gpu-unit and --time-unit)")
                     part = _number(row[share]) if share is not None and g else 1000.0
                     if not 0 < part <= 1000:
                         raise ValueError(f"{header[share]} {row[share]!r} is not a number in (0, 1000]")
@@ -312,6 +329,13 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
         left_out += f"{', ' if left_out else ''}{len(bad)} bad (skipped)" if bad else ""
         raise TraceError(f"{path}: no usable job rows" + (f" ({left_out})" if left_out else ""))
     notes = []
+    if time_unit != "s":
+        notes.append(f"numeric times and durations read as {'milliseconds' if time_unit == 'ms' else 'microseconds'}"
+                     f" (--time-unit)")
+    median = float(np.median([r[2] for r in rows]))
+    if median > LONG_MEDIAN:
+        notes.append(f"half the jobs run longer than {median / 86400:,.0f} days: if the trace's times are not in "
+                     f"{'seconds' if time_unit == 's' else 'the unit given'}, say which with --time-unit")
     if unit != 1:
         notes.append(f"GPU column {header[col['gpus']]} read as {'percent' if unit == 100 else 'thousandths'} of "
                      f"a GPU (--gpu-unit); {rounded} job(s) asking for part of a GPU rounded up to whole GPUs")
