@@ -287,8 +287,9 @@ def _main(argv) -> int:
         for line in costs.summary_lines():
             print(line)
         ratios = payload.get("jct_ratio_to_fifo", {})
+        n = sum(len(j) for _, j in prep.clusters.values())
         print(render_table(payload["summary"], ratios, title=f"gmux-sim: {printable(os.path.basename(trace))}, "
-                           f"{sum(len(j) for _, j in prep.clusters.values())} jobs"), end="")
+                           f"{n} job{'s' if n != 1 else ''}"), end="")
         print(f"simulated in {payload['seconds']:.1f} s")
     if args.json:
         write_json(os.path.realpath(args.json), payload)     # (through a link: the file it names is replaced)

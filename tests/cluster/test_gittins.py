@@ -50,6 +50,11 @@ def test_the_distribution_follows_the_recent_completions():
             make_policy("gmux", grid_per_octave=bad)
     with pytest.raises(ValueError, match="'grid_per_octave' must be a whole number, got 1.5"):
         make_policy("gmux", grid_per_octave=1.5)
+    # a whole number as JSON may write it (4.0, 1e9) is one
+    assert make_policy("gmux", levels=4.0, size_window=1e3).describe() == make_policy("gmux", levels=4,
+                                                                                     size_window=1000).describe()
+    with pytest.raises(ValueError, match="tiresias: thresholds must be .* in increasing order, got \\[3250, 3250\\]"):
+        make_policy("tiresias", thresholds=[3250, 3250])
 
 
 def test_without_enough_samples_it_is_las_and_classes_fall_back_to_the_pool():

@@ -224,9 +224,11 @@ def test_byte_order_marks_header_case_and_integral_node_counts(tmp_path):
     assert [(j.duration, j.vc) for j in load_trace(str(tmp_path / "t.csv")).jobs] == [(60.0, "vcA")]
     (tmp_path / "v.csv").write_text("\ufeffVC,node num\nvcA,2.0\n", encoding="utf-8")
     assert load_vcs(str(tmp_path / "v.csv")) == {"vcA": 2}
-    for count, needle in (("2.5", "not a positive integer"), ("100000000000", "more than 100,000 machines")):
-        (tmp_path / "v.csv").write_text(f"vc,node num\nvcA,{count}\n")
-        with pytest.raises(TraceError, match=f"line 2: node count .*{needle}"):
+    for row, needle in (("vcA,2.5", "node count '2.5' is not a positive integer"),
+                        ("vcA,100000000000", "node count .*more than 100,000 machines"),
+                        ("vcA", "node count missing"), (" ,3", "no VC name")):
+        (tmp_path / "v.csv").write_text(f"vc,node num\n{row}\n")
+        with pytest.raises(TraceError, match=f"line 2: {needle}"):
             load_vcs(str(tmp_path / "v.csv"))
 
 

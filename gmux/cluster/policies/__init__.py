@@ -26,8 +26,7 @@ def make_policy(name: str, **params) -> Policy:
         cls = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}") from None
-    _check(name, _parameters(cls), params)
-    return cls(**params)
+    return cls(**_check(name, _parameters(cls), params))
 
 
 def _parameters(cls) -> dict:
@@ -48,9 +47,10 @@ def _parameters(cls) -> dict:
     return out
 
 
-def _check(name: str, accepted: dict, params: dict) -> None:
+def _check(name: str, accepted: dict, params: dict) -> dict:
     """Parameters come from users (gmux-sim --params, JSON): a wrong name or kind is named here, before the
-    constructor fails on it with a message about types."""
+    constructor fails on it with a message about types. A whole number may be written as one (4.0, 1e9)."""
+    params = dict(params)
     for key, value in params.items():
         if key not in accepted:
             raise ValueError(f"{name}: unknown parameter {key!r}; " +
@@ -59,6 +59,8 @@ def _check(name: str, accepted: dict, params: dict) -> None:
         if isinstance(default, bool):
             ok, kind = isinstance(value, bool), "true or false"
         elif isinstance(default, int):
+            if isinstance(value, float) and value.is_integer():
+                value = params[key] = int(value)
             ok, kind = isinstance(value, int) and not isinstance(value, bool), "a whole number"
         elif isinstance(default, float):
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -69,6 +71,7 @@ def _check(name: str, accepted: dict, params: dict) -> None:
             continue
         if not ok:
             raise ValueError(f"{name}: parameter {key!r} must be {kind}, got {value!r}")
+    return params
 
 
 __all__ = ["POLICIES", "make_policy", "Snapshot", "Policy", "PolicyError", "Event", "EventKind", "JobState",

@@ -36,10 +36,11 @@ class TiresiasPolicy(PriorityPolicy):
         try:
             th = tuple(float(t) for t in thresholds)
         except (TypeError, ValueError):
-            raise ValueError(f"thresholds must be numbers of GPU-seconds, got {thresholds!r}") from None
-        if not all(0 < t < math.inf for t in th) or list(th) != sorted(th) or len(th) > MAX_THRESHOLDS:
-            raise ValueError(f"thresholds must be at most {MAX_THRESHOLDS} finite positive numbers in increasing "
-                             f"order, got {thresholds!r}"[:300])
+            raise ValueError(f"tiresias: thresholds must be numbers of GPU-seconds, got {thresholds!r}") from None
+        if not all(0 < t < math.inf for t in th) or any(a >= b for a, b in zip(th, th[1:])) or \
+                len(th) > MAX_THRESHOLDS:
+            raise ValueError(f"tiresias: thresholds must be at most {MAX_THRESHOLDS} finite positive numbers in "
+                             f"increasing order, got {thresholds!r}"[:300])
         self.thresholds = th
 
     def describe(self) -> dict:

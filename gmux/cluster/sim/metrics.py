@@ -147,8 +147,8 @@ def render_table(summaries: dict[str, dict], ratios: dict[str, dict] | None = No
             v = s[key]
             if key in ("utilisation", "work_utilisation"):
                 row.append(f"{100 * v:.1f}")
-            elif key == "makespan_s":
-                row.append(f"{v / 86400:.1f}")
+            elif key == "makespan_s":       # (a short trace's in days to two figures, not 0.0)
+                row.append(f"{v / 86400:.1f}" if v >= 86400 else f"{v / 86400:.2g}")
             elif key.endswith("_s"):
                 row.append(f"{round(v / 3600, 2) + 0.0:.2f}")    # (+ 0.0: a rounding error shows no "-0.00")
             else:

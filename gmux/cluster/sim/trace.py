@@ -425,7 +425,10 @@ def _read_vcs(path: str) -> dict[str, int]:
                 continue
             n = _number(row[1]) if len(row) > 1 else math.nan
             if not (math.isfinite(n) and n == int(n) and n >= 1):
-                raise TraceError(f"{path}: line {line}: node count {row[1:2]} is not a positive integer")
+                raise TraceError(f"{path}: line {line}: node count " +
+                                 (f"{row[1]!r} is not a positive integer" if len(row) > 1 else "missing"))
+            if not row[0].strip():
+                raise TraceError(f"{path}: line {line}: no VC name")
             if n > MAX_MACHINES:
                 raise TraceError(f"{path}: line {line}: node count {row[1]!r} is more than {MAX_MACHINES:,} "
                                  f"machines")
