@@ -24,6 +24,7 @@ import pwd
 import signal
 import subprocess
 import sys
+import time
 from typing import Optional
 
 from gmux.node.access import user_groups
@@ -34,6 +35,10 @@ from gmux.rundir import RuntimeDir, alive, read_exit
 # rest, e.g. an admin's CUDA or NCCL settings in the unit, reaches every job).
 _ROOTS_OWN = ("HOME", "USER", "LOGNAME", "MAIL", "SHELL", "NOTIFY_SOCKET", "CREDENTIALS_DIRECTORY",
               "GMUX_KEYS", "GMUX_CLUSTER", "GMUX_KEY_NAME")
+
+
+# How long what a job left running has to end after SIGTERM before it is killed (as `docker stop` gives).
+LEFTOVER_GRACE_S = 10.0
 
 
 class CannotStart(Exception):
@@ -47,6 +52,7 @@ class Supervisor:
         # Popen objects are kept so that poll() reaps exactly our children and reads their status.
         self.children: dict[int, subprocess.Popen] = {}
         self.leaving: dict[int, Job] = {}   # ended submitted jobs by pid: what is left of them to end
+        self.ending: dict[int, tuple[Job, float]] = {}   # ... asked to end: killed at the time given (monotonic)
 
     def spawn(self, job: Job) -> int:
         # (--gpus: its process says what it is when a gmuxd that lost its table is asked to take it back)
@@ -172,17 +178,30 @@ class Supervisor:
 
     def _end_groups_left(self) -> None:
         """What is left of each ended job whose process has exited (a child of ours, or one re-attached after a
-        restart), its group and the processes that escaped it, is sent SIGTERM."""
+        restart), its group and the processes that escaped it, is sent SIGTERM, and SIGCONT so that one gmuxd
+        had stopped with the job gets it; what is still there LEFTOVER_GRACE_S later is killed (one that ignores
+        SIGTERM would run on unseen, outside time-slicing, writing into a log no longer trimmed)."""
+        now = time.monotonic()
         for pid, job in list(self.leaving.items()):
             p = self.children.get(pid)
             if p.poll() is None if p is not None else alive(pid, job.starttime):
                 continue
             del self.leaving[pid]
+            self._signal_leftovers(job, (signal.SIGTERM, signal.SIGCONT))
+            self.ending[pid] = (job, now + LEFTOVER_GRACE_S)
+        for pid, (job, deadline) in list(self.ending.items()):
+            if now >= deadline:
+                del self.ending[pid]
+                self._signal_leftovers(job, (signal.SIGKILL,))
+
+    def _signal_leftovers(self, job: Job, sigs: tuple) -> None:
+        others = self._outside_group(job, [])
+        for sig in sigs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGTERM)
-            for other in self._outside_group(job, []):
+                os.killpg(job.pid, sig)
+            for other in others:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(other, signal.SIGTERM)
+                    os.kill(other, sig)
 
 
 def describe(rc: int, record: Optional[dict]) -> tuple[str, Optional[int], str]:

@@ -192,3 +192,59 @@ def test_a_job_that_said_bye_keeps_its_group_until_its_process_has_exited(tmp_pa
     finally:
         leader.kill()
         leader.wait()
+
+
+STUBBORN = """import os, signal, sys, time
+if os.fork() == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open(sys.argv[1] + ".part", "w").write(str(os.getpid()))
+    os.rename(sys.argv[1] + ".part", sys.argv[1])
+    while True:
+        time.sleep(0.05)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("how", ["ignores SIGTERM", "was stopped with the job"])
+def test_a_leftover_that_will_not_end_is_killed_after_a_grace(tmp_path, monkeypatch, how):
+    """A child that ignored SIGTERM ran on after its job, unseen, writing into a log no longer trimmed; one that
+    gmuxd had stopped with the job kept its SIGTERM pending, stopped for good, holding its memory."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from gmux.node import supervisor
+    from gmux.node.jobs import Job
+    from gmux.node.supervisor import Supervisor
+    from gmux.rundir import RuntimeDir, proc_starttime
+    pidfile = tmp_path / "child"
+    code = STUBBORN if how == "ignores SIGTERM" else FORKER
+    leader = subprocess.Popen([sys.executable, "-c", code, str(pidfile), "600"], start_new_session=True)
+    child = None
+    try:
+        _wait(lambda: pidfile.exists() and pidfile.read_text(), "the child to start")
+        child = int(pidfile.read_text())
+        job = Job("j1", "t", "", ["python", "x.py"], pid=leader.pid, starttime=proc_starttime(leader.pid),
+                  managed=True)
+        sup = Supervisor(RuntimeDir(str(tmp_path / "rt")))
+        if how == "was stopped with the job":
+            assert sup.stop(job)
+            _wait(lambda: _state(child) == "T", "the child to be stopped with its job")
+        monkeypatch.setattr(supervisor, "LEFTOVER_GRACE_S", 0.5 if how == "ignores SIGTERM" else 600.0, raising=False)
+        leader.kill()
+        leader.wait()
+        sup.end_leftovers(job)
+        sup.reap_others(set())
+        if how == "ignores SIGTERM":
+            time.sleep(0.3)
+            assert _alive(child)            # asked, and given its grace
+            time.sleep(0.4)
+            sup.reap_others(set())
+        _wait(lambda: not _alive(child), f"the child that {how} to end")
+    finally:
+        leader.kill()
+        leader.wait()
+        if child:
+            _kill_all([child])
