@@ -235,6 +235,10 @@ def test_the_runner_turns_every_ending_into_a_status_and_a_reason(tmp):
     cases = {"pass": (0, "finished"), "import sys; sys.exit(0)": (0, "finished"),
              "import sys; sys.exit(4)": (4, "exit status 4"), "import sys; sys.exit('bad input')": (1, "exit status 1"),
              "raise ValueError('boom')": (1, "ValueError: boom"),
+             # the statuses the system sees (gmux said "exit status 300", "True", and a 2**70 broke the bye)
+             "import sys; sys.exit(256)": (0, "finished"), "import sys; sys.exit(300)": (44, "exit status 44"),
+             "import sys; sys.exit(-9)": (247, "exit status 247"), "import sys; sys.exit(True)": (1, "exit status 1"),
+             "import sys; sys.exit(2 ** 70)": (255, "exit status 255"),
              # Ctrl-C: recorded as "failed: KeyboardInterrupt: " with status 1 before
              "raise KeyboardInterrupt": (130, "interrupted (SIGINT)")}
     argv = list(sys.argv)

@@ -70,7 +70,7 @@ def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], 
             runpy.run_path(target, run_name="__main__")
     except SystemExit as e:   # includes gmux.job.JobExit (exit or migrate at a boundary)
         code = e.code
-        status = code if isinstance(code, int) else (0 if code is None else 1)
+        status = exit_status(code)
         reason = "finished" if status == 0 else f"exit status {status}"
         if code is not None and not isinstance(code, int):
             print(code, file=sys.stderr)
@@ -84,3 +84,13 @@ def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], 
     finally:
         sys.argv = saved_argv
     return status, reason
+
+
+def exit_status(code) -> int:
+    """The status the system sees for sys.exit(code), as Python gives it: an int modulo 256 (300 is 44, -9 is
+    247, True is 1), 255 for one beyond a C long, 0 for None and 1 for anything else (which is printed)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return int(code) & 0xFF if -2 ** 63 <= code < 2 ** 63 else 255
+    return 1
