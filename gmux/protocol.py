@@ -283,7 +283,7 @@ def _gang(v):
     return None
 
 
-JOB_STATES = ("waiting", "running", "suspending", "suspended", "resuming", "migrating", "held",
+JOB_STATES = ("waiting", "running", "suspending", "suspended", "resuming", "stopped", "migrating", "held",
               "exited", "failed", "killed", "lost")
 FINAL_STATES = ("exited", "failed", "killed", "lost")
 COMMAND_KINDS = ("suspend", "resume", "checkpoint", "migrate", "spill", "exit")

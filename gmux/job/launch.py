@@ -24,7 +24,7 @@ from gmux import protocol
 from gmux.job import control, runner
 from gmux.job.agent import Agent, DaemonUnavailable, not_alone
 from gmux.job.log_output import keep_going_on_full_disk
-from gmux.util.job_command import missing_script, script_of
+from gmux.util.job_command import interpreter_options, missing_script, script_of
 from gmux.rundir import RuntimeDir, alive, my_starttime, write_exit
 
 REGISTER_WAIT_S = 3600.0    # how long a job gmuxd accepted waits for a gmuxd to take it up before it gives up
@@ -195,7 +195,8 @@ def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
         child.join(5)
     # The token travels in the environment, not on the command line that `ps` shows to everyone.
     os.environ["GMUX_JOB_TOKEN"] = agent.token
-    cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", opt.runtime_dir, "--job", agent.job,
+    cmd = [sys.executable, *interpreter_options(opt.argv), "-m", "gmux.cli.launch", "--runtime-dir", opt.runtime_dir,
+           "--job", agent.job,
            "--weight", repr(opt.weight), "--gpus", str(opt.gpus)]
     if opt.mem is not None:
         cmd += ["--mem", str(opt.mem)]

@@ -192,7 +192,7 @@ class Daemon:
                 continue
             gpu = job.gpu if job.gpu in self.slicers else 0
             job.gpu = gpu
-            resident = job.state in ("running", "suspending", "resuming")
+            resident = job.state in ("running", "suspending", "resuming", "stopped")
             self.slicers[gpu].add(job.id, job.weight, job.working_set(), now, resident=resident,
                                   used=job.gpu_seconds, confirm=True, stoppable=not job.exclusive)
             if job.held:
@@ -461,11 +461,14 @@ class Daemon:
     def _states(self) -> None:
         """Each job's state as users see it, from where its GPU's slicer stands."""
         for slicer in self.slicers.values():
+            stopped = set(slicer.stopped())
             for job_id in slicer.entries:
                 job = self.jobs[job_id]
                 self.stops.note(slicer, job, time.monotonic())
                 busy = slicer.busy_with(job_id)
-                if busy and slicer.continued(job_id, starting=not job.started):
+                if job_id in stopped:
+                    job.state = "stopped"    # by gmuxd out of its turn, or by someone else: its note says which
+                elif busy and slicer.continued(job_id, starting=not job.started):
                     job.state = "running"    # overdue, continued for its turn: its command waits at its boundary
                 elif busy:
                     job.state = _BUSY_STATE.get(busy, job.state)

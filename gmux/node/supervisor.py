@@ -30,6 +30,7 @@ from typing import Optional
 from gmux.node.access import user_groups
 from gmux.node.jobs import Job
 from gmux.rundir import RuntimeDir, alive, read_exit
+from gmux.util.job_command import interpreter_options
 
 # What a system daemon's own environment says about root, which a job started as its user must not inherit (the
 # rest, e.g. an admin's CUDA or NCCL settings in the unit, reaches every job).
@@ -59,7 +60,9 @@ class Supervisor:
         # (a hooked rank of a submitted gang agrees with its peers on the boundary to act at, as torchrun's do)
         rank = ["--gang", job.gang["id"], "--rank", str(job.gang["rank"]), "--world", str(job.gang["size"])] \
             if job.gang and job.hook else []
-        cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root, "--job", job.id,
+        # (python -u / -W ignore ...: the options of the job's own command line are its process's)
+        cmd = [sys.executable, *interpreter_options(job.argv), "-m", "gmux.cli.launch", "--runtime-dir",
+               self.rundir.root, "--job", job.id,
                "--gpus", str(job.gpus_wanted), *([] if job.hook else ["--no-hook"]), *rank, "--", *job.argv]
         # The token travels in the environment, not on the command line that `ps` shows to everyone.
         env = {**os.environ, **job.env, "GMUX_RUNTIME_DIR": self.rundir.root, "GMUX_JOB_TOKEN": job.token}

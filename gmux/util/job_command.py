@@ -6,21 +6,50 @@ import os
 from typing import Optional
 
 
+# The interpreter options a job's process takes as they are given (the others, such as -S or -E, would change how
+# gmux itself is found, and are dropped); -W and -X take the next argument as their value.
+KEPT_OPTIONS = ("-u", "-O", "-OO", "-B", "-b", "-bb", "-W", "-X")
+_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
+
+
+def _options_and_rest(argv: list) -> tuple[list, list]:
+    """(interpreter options, the rest) of `python [options] ...`; ([], argv) for a command not run by python."""
+    if not argv or not os.path.basename(argv[0]).startswith("python"):
+        return [], list(argv)
+    options, args = [], list(argv[1:])
+    while args and args[0].startswith("-") and args[0] != "-m":
+        if args[0] in ("-c", "-"):
+            raise ValueError("a job runs a script or a module (-m), not python -c or a script read from stdin")
+        n = 2 if args[0] in _WITH_VALUE else 1
+        if len(args) < n:
+            raise ValueError(f"python {args[0]} needs a value")
+        options += args[:n]
+        args = args[n:]
+    return options, args
+
+
+def interpreter_options(argv: list) -> list:
+    """The options of `python [options] train.py` that the job's own interpreter is started with (KEPT_OPTIONS:
+    -u, -O, -W ignore, -X faulthandler, ...): it runs the script in gmux's process, not a python of its own."""
+    options, _ = _options_and_rest(argv)
+    kept, i = [], 0
+    while i < len(options):
+        n = 2 if options[i] in _WITH_VALUE else 1
+        if options[i] in KEPT_OPTIONS or options[i][:2] in ("-W", "-X"):    # (also -Wignore, -Xdev)
+            kept += options[i:i + n]
+        i += n
+    return kept
+
+
 def script_of(argv: list, cwd: Optional[str] = None) -> tuple[str, str, list]:
     """('path'|'module', target, sys.argv for it) from `python [-u] train.py args`, `python -m mod args`
     or `train.py args`; ValueError, naming the problem, for anything else (a job is a Python script run in
     gmux's own process). `cwd`: where a relative script path is looked for (this process's, by default)."""
-    args = list(argv)
-    if args and os.path.basename(args[0]).startswith("python"):
-        args = args[1:]
-        while args and args[0].startswith("-") and args[0] != "-m":
-            if args[0] in ("-c",):
-                raise ValueError("a job runs a script or a module (-m), not python -c")
-            args = args[1:]   # interpreter flags (-u, -O, ...) do not change what runs
-        if args and args[0] == "-m":
-            if len(args) < 2:
-                raise ValueError("python -m needs a module name")
-            return "module", args[1], args[1:]
+    _, args = _options_and_rest(argv)
+    if args and args[0] == "-m":
+        if len(args) < 2:
+            raise ValueError("python -m needs a module name")
+        return "module", args[1], args[1:]
     if not args or not args[0].endswith(".py") and not os.path.isfile(os.path.join(cwd or ".", args[0])):
         raise ValueError(f"a job is a Python training script, run in gmux's own process; got {argv!r}. "
                          f"Write: -- python train.py ARGS")
@@ -33,4 +62,24 @@ def missing_script(kind: str, target: str, cwd: str) -> Optional[str]:
     path = os.path.join(cwd, target)
     if kind == "path" and not os.path.isfile(path):
         return f"no script {target!r} in {cwd}" if not os.path.exists(path) else f"{target!r} is not a file"
+    if kind == "path" and not target.endswith(".py"):
+        return _not_python(path, target)
     return None
+
+
+def _not_python(path: str, target: str) -> Optional[str]:
+    """Why a script without .py is not Python (a program, a shell script), or None: run as Python it would fail
+    in the job's log with a SyntaxError."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError as e:
+        return f"cannot read {target!r}: {e.strerror}"
+    first = head.split(b"\n", 1)[0]
+    if b"\0" in head:
+        runs = "a program, not a Python script"
+    elif first.startswith(b"#!") and b"python" not in first:
+        runs = f"a script for {first[2:].strip().decode(errors='replace')!r}, not Python"
+    else:
+        return None
+    return f"{target!r} is {runs}: a job is a Python script run in gmux's own process. Write: -- python train.py ARGS"

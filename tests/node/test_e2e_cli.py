@@ -10,8 +10,8 @@ from gmux.rundir import RuntimeDir
 from node_harness import PY, ROOT, TRAIN, env, jobs_under
 
 
-def gmux(rt, *args, timeout=60, text=True):
-    return subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", rt, *args], env=env(), cwd=ROOT,
+def gmux(rt, *args, timeout=60, text=True, cwd=ROOT):
+    return subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", rt, *args], env=env(), cwd=cwd,
                           capture_output=True, text=text, timeout=timeout)
 
 
@@ -91,6 +91,27 @@ def test_a_job_that_ends_by_itself_is_reaped(node_factory, tmp_path):
     pid = node.job(job)["pid"]
     node.wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 20, f"process {pid} reaped, not left a zombie")
     assert node.job(job)["step"] == 20     # its last step, not the one of its last report
+
+
+def test_the_interpreter_options_of_a_submitted_command_are_its_processs_and_a_shell_script_is_refused(
+        node_factory, tmp_path):
+    """`python -W ignore train.py` was refused and `python -u` dropped; `-- ./run.sh` was accepted and failed in the
+    job's log with a SyntaxError."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    (tmp_path / "show.py").write_text("import json, sys, warnings\nwarnings.warn('loud')\n"
+                                      "json.dump({'w': sys.warnoptions, 'x': sorted(sys._xoptions)}, "
+                                      "open(sys.argv[1], 'w'))\n")
+    sub = gmux(node.rt, "--json", "submit", "--", PY, "-u", "-W", "ignore", "-X", "faulthandler",
+               str(tmp_path / "show.py"), str(tmp_path / "o.json"), cwd=str(tmp_path))
+    assert sub.returncode == 0, sub.stderr
+    job = json.loads(sub.stdout)["job"]
+    node.wait_for(lambda: node.job(job)["state"] in ("exited", "failed"), 60, "the job to end")
+    assert json.loads((tmp_path / "o.json").read_text()) == {"w": ["ignore"], "x": ["faulthandler"]}
+    assert "loud" not in gmux(node.rt, "logs", job).stdout
+    (tmp_path / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    os.chmod(tmp_path / "run.sh", 0o755)
+    sub = gmux(node.rt, "submit", "--", "./run.sh", cwd=str(tmp_path))
+    assert sub.returncode != 0 and "'./run.sh' is a script for '/bin/sh', not Python" in sub.stderr, sub.stderr
 
 
 def test_raw_logs_are_the_bytes_the_job_wrote_and_plain_logs_stay_safe_for_a_terminal(node_factory, tmp_path):

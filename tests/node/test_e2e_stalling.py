@@ -119,6 +119,7 @@ def test_a_sigstopped_job_does_not_stall_its_gpu(node_factory, tmp_path):
     assert 0.9 <= accounted <= 1.1, accounted
     x = node.job(ids["x"])
     assert x["detail"].startswith("stopped from outside gmux"), x["detail"]
+    assert x["state"] == "stopped", x      # (it was shown "resuming", a command it could not answer)
     check_culprit(node, ids["x"], ["did not reach a boundary", "stopped by someone else", "300"])
     os.kill(procs["x"].pid, signal.SIGCONT)                    # given back: it finishes, nothing lost
     finish(ref, procs, tmp_path, "abx")
@@ -173,6 +174,8 @@ def test_a_users_suspend_of_a_job_without_boundaries_is_answered_with_the_stop(n
     assert time.monotonic() - t0 < 10, reply
     assert reply["kind"] == "stop" and "no mini-batch boundary since it started" in reply["detail"], reply
     assert node.job(job)["stops"] >= 1
+    shown = node.job(job)
+    assert shown["state"] == "stopped" and shown["held"], shown     # (it was shown "resuming (held)")
     node.call("resume", job=job)
     # Asked again after the resume, for the same missed deadline: answered too (it waited 120 s, then failed).
     t0 = time.monotonic()

@@ -50,3 +50,35 @@ def test_script_of():
         script_of(["python", "-c", "print(1)"])
     with pytest.raises(ValueError, match="Write: -- python train.py ARGS"):
         script_of(["bash", "run.sh"])
+
+
+def test_interpreter_options_take_their_values_and_reach_the_jobs_process():
+    """`python -W ignore train.py` was refused ("ignore" taken for the script) and -u was dropped."""
+    from gmux.util.job_command import interpreter_options
+    argv = ["python", "-u", "-W", "ignore", "-X", "faulthandler", "-S", "-Xdev", "train.py", "-W", "x"]
+    assert script_of(argv) == ("path", "train.py", ["train.py", "-W", "x"])
+    assert interpreter_options(argv) == ["-u", "-W", "ignore", "-X", "faulthandler", "-Xdev"]    # (-S: dropped)
+    assert interpreter_options(["train.py", "-u"]) == [] and interpreter_options(["python", "-m", "m", "-u"]) == []
+    for argv, needle in ((["python", "-W"], "python -W needs a value"), (["python", "-"], "read from stdin")):
+        with pytest.raises(ValueError, match=needle):
+            script_of(argv)
+
+
+def test_a_command_that_is_not_python_is_refused_before_it_starts(tmp_path):
+    """`-- ./t.sh`, `-- /bin/bash -c ...` and `-- /usr/bin/env python x.py` were accepted and failed in the job's
+    log with "SyntaxError: source code string cannot contain null bytes"."""
+    import os
+
+    from gmux.util.job_command import missing_script
+    (tmp_path / "t.sh").write_text("#!/bin/bash\necho hi\n")
+    (tmp_path / "train").write_text("#!/usr/bin/env python3\nprint(1)\n")
+    (tmp_path / "plain").write_text("print(1)\n")
+    for argv, needle in ((["./t.sh"], "a script for '/bin/bash', not Python"),
+                         (["/bin/bash", "-c", "echo"], "a program, not a Python script"),
+                         (["/usr/bin/env", "python", "x.py"], "a program, not a Python script")):
+        kind, target, _ = script_of(argv, str(tmp_path))
+        assert needle in missing_script(kind, target, str(tmp_path)) and "Write: -- python train.py" in \
+            missing_script(kind, target, str(tmp_path))
+    for ok in ("train", "plain"):
+        assert missing_script(*script_of([f"./{ok}"], str(tmp_path))[:2], str(tmp_path)) is None
+    assert os.path.exists(tmp_path / "t.sh")
