@@ -1,28 +1,88 @@
-"""A job's output into gmuxd's log survives a full disk: training goes on, and the log says what was lost.
+"""A job's output into gmuxd's log: it survives a full disk and keeps to the log's limit, and the log says what
+was lost.
 
 A submitted job writes its stdout and stderr into its log in gmuxd's runtime directory. When that filesystem
 fills (another job's checkpoint, a spill, anyone's files), Python raises "No space left on device" at the job's
 next print and the job dies, its traceback lost with the rest. Hours of training should not end for a log line:
 the job's streams are rebuilt over a file whose writes that find no room are counted and dropped, and the first
 write that fits again is preceded by a line saying how much was lost.
+
+gmuxd trims a log past its --log-limit (GMUX_LOG_LIMIT) every few seconds, which a print in a tight loop outran by
+GBs, and never one someone deleted. So the job trims too, under the same lock (gmux.node.log_limit): a write that
+would take the log past twice the limit first empties it down to the newest output the job keeps in memory (the
+last lines of a log, a traceback, are the ones read).
 """
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import os
 import sys
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+TAIL = 1 << 20      # bytes of its newest output a job keeps to write back when it trims its log
 
 
-class _RoomOrCount(io.RawIOBase):
-    """The raw file under a job's stream: os.write, but a write the disk has no room for is counted, not raised."""
+class _Log:
+    """One log file as the job's streams share it (stdout and stderr both write into it): the newest output, and
+    what was lost."""
 
-    def __init__(self, fd: int):
-        super().__init__()
-        self._fd = fd
+    def __init__(self, fd: int, limit: int):
+        self.fd = fd
+        self.cap = 2 * limit    # bytes the file may hold (0: no bound)
+        self.keep = min(TAIL, limit // 2)
+        self.tail = bytearray()
         self.lost = 0
+        self.why = ""
+
+    def write(self, data: bytes) -> None:
+        if self.cap and os.fstat(self.fd).st_size + len(data) + 200 > self.cap:   # (200: the lines said here)
+            self._trim()
+        try:
+            if self.lost:
+                self._say_lost()
+            os.write(self.fd, data)    # (a regular file takes the whole write or fails)
+        except OSError as e:
+            if e.errno not in _FULL:
+                raise
+            self.lost, self.why = self.lost + len(data), "the log's disk was full"
+            return
+        self.tail += data
+        if len(self.tail) > 2 * self.keep:
+            del self.tail[:len(self.tail) - self.keep]
+
+    def _trim(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)     # (gmuxd's trim reads the tail and writes it back under it)
+        try:
+            size = os.fstat(self.fd).st_size
+            if size + 200 <= self.cap:
+                return                          # gmuxd trimmed it meanwhile
+            tail = bytes(self.tail[-self.keep:])
+            cut = tail.find(b"\n") + 1          # from the first whole line
+            tail = tail[cut:] if 0 < cut < len(tail) else tail
+            os.ftruncate(self.fd, 0)
+            os.write(self.fd, f"[gmux: {max(0, size - len(tail)):,} bytes of this job's output dropped: its log "
+                              f"is kept under {self.cap:,} bytes, twice gmuxd --log-limit, between gmuxd's "
+                              f"trims]\n".encode() + tail)
+        except OSError as e:
+            if e.errno not in _FULL:
+                raise
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _say_lost(self) -> None:
+        os.write(self.fd, f"\n[gmux: {self.lost:,} bytes of this job's output were lost here: {self.why}]\n"
+                 .encode())
+        self.lost = 0
+
+
+class _Stream(io.RawIOBase):
+    """The raw file under one of a job's streams, writing through its _Log; never raises for a full disk."""
+
+    def __init__(self, fd: int, log: _Log):
+        super().__init__()
+        self._fd, self._log = fd, log
 
     def fileno(self) -> int:
         return self._fd
@@ -35,41 +95,40 @@ class _RoomOrCount(io.RawIOBase):
 
     def write(self, data) -> int:
         data = bytes(data)
-        try:
-            if self.lost:
-                self._say_lost()
-            os.write(self._fd, data)    # (a regular file takes the whole write or fails)
-        except OSError as e:
-            if e.errno not in _FULL:
-                raise
-            self.lost += len(data)
+        self._log.write(data[-(self._log.cap // 2):] if self._log.cap else data)   # (a write past the cap: its end)
         return len(data)
 
-    def _say_lost(self) -> None:
-        note = f"\n[gmux: {self.lost:,} bytes of this job's output were lost here: the log's disk was full]\n"
-        os.write(self._fd, note.encode())
-        self.lost = 0
 
-
-def _is_log(fd: int, logs_dir: str) -> bool:
+def _log_file(fd: int, logs_dir: str):
+    """(device, inode) of the file `fd` writes, where it is a log in `logs_dir`; else None."""
     try:
-        return os.path.dirname(os.readlink(f"/proc/self/fd/{fd}")) == os.path.realpath(logs_dir)
+        if os.path.dirname(os.readlink(f"/proc/self/fd/{fd}")) != os.path.realpath(logs_dir):
+            return None
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
     except OSError:
-        return False
+        return None
 
 
 def keep_going_on_full_disk(logs_dir: str) -> None:
-    """Rebuilds sys.stdout and sys.stderr, where they write into a log in `logs_dir`, over _RoomOrCount. (A job
-    started from a shell keeps its own streams: where they go is its user's.)"""
+    """Rebuilds sys.stdout and sys.stderr, where they write into a log in `logs_dir`, over _Stream, held to twice
+    GMUX_LOG_LIMIT bytes where gmuxd set it. (A job started from a shell keeps its own streams: where they go is
+    its user's.)"""
+    try:
+        limit = max(0, int(os.environ.get("GMUX_LOG_LIMIT", "0")))
+    except ValueError:
+        limit = 0
+    logs: dict = {}
     for name, fd in (("stdout", 1), ("stderr", 2)):
-        stream = getattr(sys, name)
-        if stream is None or not _is_log(fd, logs_dir):
+        stream, file = getattr(sys, name), _log_file(fd, logs_dir)
+        if stream is None or file is None:
             continue
         try:
             stream.flush()
         except OSError:
             pass
-        rebuilt = io.TextIOWrapper(io.BufferedWriter(_RoomOrCount(fd)), encoding=stream.encoding,
+        log = logs.setdefault(file, _Log(fd, limit))
+        rebuilt = io.TextIOWrapper(io.BufferedWriter(_Stream(fd, log)), encoding=stream.encoding,
                                    errors=stream.errors, line_buffering=stream.line_buffering,
                                    write_through=name == "stderr")
         setattr(sys, name, rebuilt)

@@ -99,7 +99,7 @@ class Daemon:
                 os.unlink(rundir.admin_token_file)
         self.access = Access(self.admin, rundir.admin_token_file, system)
         self.store = Store(rundir.db)
-        self.sup = Supervisor(rundir, system is not None)
+        self.sup = Supervisor(rundir, system is not None, self.opt.log_limit)
         self.jobs: dict[str, Job] = {}
         self.slicers = {g.index: Slicer(g.index, g.mem_total, self.opt.quantum, self.opt.pacing) for g in gpus}
         self.packers = {g.index: Packer(self.opt.margin, self.opt.window, self.opt.retry_after, self.opt.pack,

@@ -8,6 +8,7 @@ Whatever the job writes in between those steps is dropped with the head; the lin
 """
 from __future__ import annotations
 
+import fcntl
 import os
 from typing import Optional
 
@@ -24,6 +25,10 @@ def trim(path: str, limit: int) -> Optional[int]:
     except OSError:
         return None
     with os.fdopen(fd, "r+b") as f:
+        try:    # the job trims too, under this lock (gmux.job.log_output); one holding it is left for next time
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return None
         size = f.seek(0, os.SEEK_END)
         if size <= limit:
             return None

@@ -47,9 +47,10 @@ class CannotStart(Exception):
 
 
 class Supervisor:
-    def __init__(self, rundir: RuntimeDir, system: bool = False):
+    def __init__(self, rundir: RuntimeDir, system: bool = False, log_limit: int = 0):
         self.rundir = rundir
         self.system = system     # gmuxd --system: jobs run as their owners
+        self.log_limit = log_limit   # a submitted job's log's bytes (gmuxd --log-limit), held by the job too
         # Popen objects are kept so that poll() reaps exactly our children and reads their status.
         self.children: dict[int, subprocess.Popen] = {}
         self.leaving: dict[int, Job] = {}   # ended submitted jobs by pid: what is left of them to end
@@ -76,6 +77,7 @@ class Supervisor:
             # kernel checks the user's own right to enter cwd at every relative path the job opens.)
             as_user = {"user": job.uid, "group": job.gid, "extra_groups": user_groups(job.uid, job.gid)}
         env.pop("GMUX_JOB_ID", None)    # another job's (a gmuxd or submit inside a job) would mark this one as its
+        env["GMUX_LOG_LIMIT"] = str(self.log_limit)     # (gmux.job.log_output: held between gmuxd's trims)
         path = self.rundir.log_file(job.id)
         try:
             fd = self.rundir.open_private(path, append=True)

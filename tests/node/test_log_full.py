@@ -13,10 +13,11 @@ from node_harness import Node
 CHILD = r"""
 import os, sys
 from gmux.job.log_output import keep_going_on_full_disk
-keep_going_on_full_disk("/dev")            # fd 1 and 2 are /dev/full: "a log in /dev"
+keep_going_on_full_disk("/dev")            # fd 1 and 2 are /dev/full: "a log in /dev", both streams' one
 print("x" * 100_000)
-sys.stderr.write("e" * 1000 + "\n")
 sys.stdout.flush()
+sys.stderr.write("e" * 1000 + "\n")
+sys.stderr.flush()
 os.dup2(os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND), 1)    # room again
 print("after", flush=True)
 """
@@ -27,7 +28,7 @@ def test_output_the_disk_has_no_room_for_is_counted_and_said_once_there_is(tmp_p
     with open("/dev/full", "wb") as full:
         p = subprocess.run([sys.executable, "-c", CHILD, str(out)], stdout=full, stderr=full, timeout=60)
     assert p.returncode == 0
-    assert out.read_text() == ("\n[gmux: 100,001 bytes of this job's output were lost here: the log's disk was "
+    assert out.read_text() == ("\n[gmux: 101,002 bytes of this job's output were lost here: the log's disk was "
                                "full]\nafter\n")
 
 

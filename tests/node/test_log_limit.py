@@ -1,4 +1,5 @@
 """A job that floods its output cannot fill the disk: its log is held under gmuxd --log-limit, newest half kept."""
+import json
 import os
 
 from gmux.node.log_limit import trim
@@ -48,3 +49,30 @@ def test_a_flooding_job_is_held_under_the_limit_and_runs_on(node_factory, tmp_pa
     assert text.rstrip().endswith(b"DONE") and b"bytes of this job's output dropped" in text and len(text) < 1 << 20
     seen = int(text.split(b"round 2 log bytes ")[1].split()[0])
     assert seen < 2 << 20      # trimmed while it ran: untrimmed, it would have held 12 MiB
+
+
+UNLINKED = """import json, os, sys
+os.unlink(os.readlink("/proc/self/fd/1"))     # as a careless `rm` of the logs would
+for _ in range(4096):
+    print("y" * 1023)
+sys.stdout.write("z" * (3 << 20) + "\\n")     # one write larger than the bound: its newest part is kept
+print("LAST LINE", flush=True)
+text = open("/proc/self/fd/1", "rb").read()
+json.dump({"size": os.fstat(1).st_size, "last": text.endswith(b"zz\\nLAST LINE\\n"),
+           "said": b"bytes of this job's output dropped: its log is kept under 2,097,152 bytes" in text},
+          open(sys.argv[1], "w"))
+"""
+
+
+def test_a_log_nobody_can_trim_is_still_held_by_the_job(node_factory, tmp_path):
+    """gmuxd trims a log every few seconds and not at all once it is deleted: a deleted log grew to 4.7 GB in 6 s,
+    unseen. The job holds its own output under twice the limit, keeping its newest lines."""
+    node = node_factory("--virtual-gpus", "1x1GiB", "--log-limit", "1MiB")
+    script = tmp_path / "unlinked.py"
+    script.write_text(UNLINKED)
+    job = node.call("submit", argv=["python", str(script), str(tmp_path / "seen")], cwd=str(tmp_path), env={},
+                    name="rm")["job"]
+    node.wait_for(lambda: node.job(job)["state"] in ("exited", "failed"), 120, "the job to end")
+    assert node.job(job)["state"] == "exited", node.job(job)     # 7 MiB printed, at most 2 MiB kept: it ran on
+    seen = json.loads((tmp_path / "seen").read_text())
+    assert seen["size"] <= 2 << 20 and seen["last"] and seen["said"], seen
