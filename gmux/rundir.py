@@ -18,6 +18,7 @@ import os
 import secrets
 import socket
 import stat
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -94,6 +95,19 @@ class RuntimeDir:
         except (OSError, ValueError):
             return None
         return pid, st
+
+    def beat(self) -> None:
+        """A serving gmuxd's sign of life: its pid file's time, which a job may read where it may not read the
+        file (a system daemon's) and which a gmuxd alive but not serving (stopped, hung) no longer moves."""
+        with contextlib.suppress(OSError):
+            os.utime(self.pid_file)
+
+    def daemon_silence(self) -> Optional[float]:
+        """Seconds since the gmuxd of this directory last beat; None without a pid file."""
+        try:
+            return max(0.0, time.time() - os.stat(self.pid_file).st_mtime)
+        except OSError:
+            return None
 
     def socket_id(self) -> Optional[tuple[int, int]]:
         """The socket file's (device, inode): which bind made it; None while there is none."""

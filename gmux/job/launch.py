@@ -236,15 +236,18 @@ def _watch_daemon(agent: Agent, rundir: RuntimeDir, lease: float) -> None:
     whose steps gmux does not see, or one long piece of work) is never told that gmuxd stopped answering, and
     trained on beside the copy its scheduler started elsewhere. A thread watches gmuxd's process instead, and stops
     the job as the lease does once no gmuxd has run on the runtime dir for `lease` seconds (one restarted in time
-    takes the job back). A pid file it may not read tells nothing: then it watches no more."""
+    takes the job back), or once the gmuxd there has not beaten for as long (alive, but stopped or hung: it sends
+    its scheduler nothing either). A pid file it may not read (a system daemon's) says only when gmuxd last beat."""
     gone_since = None
     while True:
         time.sleep(lease / 5)
         daemon = rundir.daemon_process()    # (None: none, stopped or between two gmuxd, or half written)
-        if daemon is None and os.path.exists(rundir.pid_file) and not os.access(rundir.pid_file, os.R_OK):
-            return
+        unreadable = daemon is None and os.path.exists(rundir.pid_file) and not os.access(rundir.pid_file, os.R_OK)
         now = time.monotonic()
-        gone_since = None if daemon is not None and alive(*daemon) else (gone_since or now)
+        gone_since = None if unreadable or daemon is not None and alive(*daemon) else (gone_since or now)
+        silence = rundir.daemon_silence()
+        if silence is not None and silence > lease:
+            _lease_lost(agent, rundir, silence)
         if gone_since is not None and now - gone_since > lease:
             _lease_lost(agent, rundir, now - gone_since)
 

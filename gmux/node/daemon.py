@@ -390,6 +390,7 @@ class Daemon:
         now = time.monotonic()
         if now - self._last_reap >= REAP_EVERY_S:
             self._last_reap = now
+            self.rundir.beat()      # (a cluster job's lease watch stops it when gmuxd stops serving)
             for job in list(self.jobs.values()):
                 if not job.final and job.pid:
                     with self.faults.guard("reaping a job", job.id):

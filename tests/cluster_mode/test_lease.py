@@ -8,6 +8,7 @@ import os
 import signal
 import time
 
+import pytest
 import zmq
 
 from cluster_harness import PY, ROOT, Solo, wait_for
@@ -61,10 +62,12 @@ def test_a_job_whose_gmuxd_died_stops_itself_and_runs_on_elsewhere(cluster_facto
     assert res["sha256"] == ref["sha256"] and res["steps"] == int(STEPS)
 
 
-def test_a_job_that_reaches_no_boundary_stops_too_when_its_gmuxd_dies(cluster_factory, tmp_path):
+@pytest.mark.parametrize("how", ["dies", "hangs"])
+def test_a_job_that_reaches_no_boundary_stops_too_when_its_gmuxd_dies(cluster_factory, tmp_path, how):
     """Found by an outside-user review: a script whose steps gmux does not see sent gmuxd nothing, so it never
     learnt that its gmuxd had died, and trained on beside the copy the scheduler had started elsewhere (both
-    writing the same file). Its launcher now watches gmuxd's process for it."""
+    writing the same file). Its launcher now watches gmuxd's process for it, and its beat: a gmuxd alive but
+    stopped (SIGSTOP) or hung let the copy train on beside the new one for as long as it hung."""
     c = cluster_factory(policy="gandiva", machines=("m1", "m2"), sched_args=("--lost-after", "3"))
     script = tmp_path / "no_boundary.py"
     script.write_text("import time\nfor _ in range(6000):\n    time.sleep(0.05)\n")
@@ -76,11 +79,16 @@ def test_a_job_that_reaches_no_boundary_stops_too_when_its_gmuxd_dies(cluster_fa
                                  if j["name"] == cjob and j["pid"]), None), 60, "its process")
     time.sleep(1.0)
     assert _alive(pid)
-    c.daemons[src].send_signal(signal.SIGKILL)
-    c.daemons[src].wait()
+    c.daemons[src].send_signal(signal.SIGKILL if how == "dies" else signal.SIGSTOP)
+    if how == "dies":
+        c.daemons[src].wait()
     killed_at = time.monotonic()
-    wait_for(lambda: not _alive(pid), 30, "the orphaned copy stopped itself")
-    assert 2.4 <= time.monotonic() - killed_at < 10.0        # its lease: 0.8 x --lost-after
+    try:
+        wait_for(lambda: not _alive(pid), 30, "the orphaned copy stopped itself")
+        assert 2.4 <= time.monotonic() - killed_at < 10.0        # its lease: 0.8 x --lost-after
+    finally:
+        if how == "hangs":
+            c.daemons[src].send_signal(signal.SIGCONT)
     log = (tmp_path / f"rt-{src}" / "logs" / f"{cjob}.cluster.log").read_text()
     assert protocol.LEASE_LOST_REASON in log, log[-2000:]
 
