@@ -111,9 +111,7 @@ class ClusterLink:
         # One gang-wide request at a time per job: ranks that got a checkpoint and a suspend in different orders
         # would each hold a different command first and never agree.
         self.gang_locks: dict[str, threading.Lock] = {}
-        self.ckpt_seq = 0
-        self.stopping = False
-        self.bad_actions = 0
+        self.ckpt_seq, self.bad_actions, self.stopping = 0, 0, False
         self._last_report = self._last_look = 0.0
         self.fence = Fence(time.monotonic(), os.path.join(self.rundir.root, "cluster-fence"))
         self._jobs: dict[str, dict] = {}       # cjob -> its latest local record
@@ -302,6 +300,8 @@ class ClusterLink:
         action, cjob, args = msg["action"], msg["cjob"], msg["args"]
         if self.fence.refuses(action, time.monotonic()):
             log.warning("cut off from the scheduler: its %s of %s, sent before, is not carried out", action, cjob)
+            if action == "migrate_out":     # (a move waits for its send's outcome: without one, for good)
+                self._event("migrate_failed", cjob, f"{self.name} was cut off from the scheduler as it arrived")
             return
         self.fence.acted_on(cjob, action)
         if action == "start":

@@ -58,3 +58,19 @@ def test_an_event_a_worker_queues_goes_up_at_once(link_and_scheduler):
     time.sleep(0.5)                     # the loop is asleep in its (minute-long) idle poll
     threading.Thread(target=link._event, args=("action_failed", "c7", "checkpoint: disk full")).start()
     assert events(sched, 10.0) == [("action_failed", "c7", "checkpoint: disk full")]
+
+
+def test_a_migration_refused_by_a_machine_cut_off_is_answered_as_failed(link_and_scheduler):
+    """A scheduler restarted during a move sent its migrate_out while the link still counted itself cut off: the
+    link refused it and said nothing, the move waited at "sending" for good, and the job stayed "migrating"."""
+    link, sched = link_and_scheduler
+    link._event("action_failed", "c0", "hello")          # (the scheduler learns the link's address from it)
+    deadline = time.monotonic() + 10
+    while not sched.poll(100):
+        assert time.monotonic() < deadline
+    ident, _ = sched.recv_multipart()
+    link.fence.fence_s, link.fence.heard_at = 1.0, time.monotonic() - 60     # unanswered for a minute
+    sched.send_multipart([ident, protocol.encode(
+        "node_action", table=C, action="migrate_out", cjob="c7",
+        args={"target": "m2", "endpoint": "tcp://127.0.0.1:1", "xfer": "m1-c7-0"})])
+    assert events(sched, 10.0) == [("migrate_failed", "c7", "m1 was cut off from the scheduler as it arrived")]
