@@ -173,6 +173,14 @@ class RuntimeDir:
     def log_file(self, job: str) -> str:
         return os.path.join(self.logs(), f"{job}.log")
 
+    def logged_job_numbers(self) -> list[int]:
+        """The numbers of the jobs (j<N>) with a log here."""
+        try:
+            names = os.listdir(self.logs())
+        except OSError:
+            return []
+        return [int(n[1:-4]) for n in names if n.startswith("j") and n.endswith(".log") and n[1:-4].isdigit()]
+
     def checkpoint_file(self, job: str, uid: Optional[int] = None) -> str:
         return os.path.join(self._jobs_dir(self.checkpoints(), uid), f"{job}.ckpt")
 

@@ -159,7 +159,7 @@ class Daemon:
         are closed, and the newest that ended before are in the table again (gmux ps, gmux logs)."""
         now = time.monotonic()
         self.store.prune(time.time() - self.opt.retain_ended)
-        logged = _logged_ids(self.rundir.logs())
+        logged = self.rundir.logged_job_numbers()
         self.store.ids_from(max(logged, default=0) + 1)     # a new job never appends to another's log
         jobs = self.store.load()
         if logged and not jobs:
@@ -492,11 +492,3 @@ class Daemon:
             self.sync_accounting(now)
             self.store.save_many(j for j in self.jobs.values() if not j.final)
 
-
-def _logged_ids(logs: str) -> list[int]:
-    """The numbers of the jobs with a log in `logs`."""
-    try:
-        names = os.listdir(logs)
-    except OSError:
-        return []
-    return [int(n[1:-4]) for n in names if n.startswith("j") and n.endswith(".log") and n[1:-4].isdigit()]
