@@ -127,9 +127,13 @@ def run(a) -> int:
             else:
                 print(f"policy {data['policy']}; machines: " + ", ".join(
                     f"{m['name']}({m['state']}, {m['gpus']} GPU)" for m in data["machines"]))
-                print(f"{'JOB':6} {'STATE':10} {'MACHINE':10} {'GPU':>3} {'STEP':>8} {'RESTARTS':>8} {'MOVES':>5}  DETAIL")
+                if data.get("store"):
+                    print(f"the scheduler is serving from memory: {printable(data['store'])}")
+                print(f"{'JOB':6} {'NAME':16} {'STATE':10} {'MACHINE':10} {'GPU':>3} {'STEP':>8} {'RESTARTS':>8} "
+                      f"{'MOVES':>5}  DETAIL")
                 for j in data["jobs"]:
-                    print(f"{j['cjob']:6} {j['state']:10} {str(j['machine'] or '-'):10} "
+                    print(f"{j['cjob']:6} {printable(j.get('name') or '-', limit=16):16} {j['state']:10} "
+                          f"{str(j['machine'] or '-'):10} "
                           f"{'-' if j['gpu'] is None else j['gpu']:>3} {j['step']:>8} {j['restarts']:>8} "
                           f"{j['migrations']:>5}  {printable(j['detail'], limit=300)}")
                     for r in j.get("ranks") or []:

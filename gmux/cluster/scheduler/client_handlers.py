@@ -75,7 +75,7 @@ class ClientHandlers:
         dm = sorted(self.s.decision_ms)
         return {"jobs": jobs, "machines": ms, "policy": self.s.driver.policy.name,
                 "decisions": list(self.s.recent)[-30:], "bad_messages": self.s.bad_messages,
-                "internal_errors": self.s.internal_errors,
+                "internal_errors": self.s.internal_errors, "store": self.s.state.failing,
                 "checkpoints_in": {"completed": self.s.receiver.completed, "sealed_bytes": self.s.receiver.sealed_bytes,
                                    "dropped_sealed": self.s.receiver.dropped_sealed},
                 "decision_ms": {"n": len(dm), "p50": dm[len(dm) // 2] if dm else None,

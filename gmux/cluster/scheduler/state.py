@@ -1,6 +1,10 @@
 """gmux-scheduler's cluster state in SQLite (WAL): machines, jobs, decisions. The one source of truth across
 scheduler restarts; the daemons' reports refresh the measured parts of it every half second.
 
+A write that fails (a full disk, an I/O error) never stops the scheduler answering: it serves from memory (every
+daemon unanswered would suspend the cluster's jobs), keeps what was not written and writes it at the next flush,
+`failing` says what is wrong (shown by `gmux ps --cluster`), and job ids stay unique from a counter in memory.
+
 Cluster job states:
   pending    no machine; the policy places it (after a loss, from its last checkpoint if it has one)
   starting   a start was sent to `machine` (or its checkpoint is on the way there); not yet seen running
@@ -18,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import shutil
 import sqlite3
@@ -26,6 +31,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, Iterator, Optional
 
 from gmux.util.db import DecisionLog, open_db, transaction
+
+log = logging.getLogger("gmux-scheduler")
 
 LIVE = ("pending", "starting", "running", "suspended", "held", "migrating")
 START_TRIES = 3       # a start that fails this often in a row fails again (a --mem no GPU has, a broken checkpoint)
@@ -116,16 +123,41 @@ class State:
         self.db.execute("CREATE TABLE IF NOT EXISTS machines (name TEXT PRIMARY KEY, data TEXT)")
         self.db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
         self.log = DecisionLog(self.db)
+        self.path = path
+        self.failing: Optional[str] = None       # what the last failed write said, until writes work again
+        self._unsaved: dict[str, CJob] = {}
+        self._unsaved_machines: dict[str, Machine] = {}
+        self._undecided: list[tuple] = []
+        row = self.db.execute("SELECT v FROM meta WHERE k='seq'").fetchone()
+        self._seq = int(row[0]) if row else 0    # the last job id given, also while the database refuses writes
+
+    def _write(self, fn) -> bool:
+        try:
+            fn()
+        except sqlite3.Error as e:
+            if self.failing is None:
+                log.error("cannot write %s: %s; serving from memory and retrying at every flush", self.path, e)
+            self.failing = f"cannot write {self.path}: {e}"
+            return False
+        return True
 
     # --- jobs ---
     def next_id(self) -> str:
+        self._seq += 1
+        self._write(self._save_seq)
+        return f"c{self._seq}"
+
+    def _save_seq(self) -> None:
         with transaction(self.db):
             row = self.db.execute("SELECT v FROM meta WHERE k='seq'").fetchone()
-            n = int(row[0]) + 1 if row else 1
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('seq', ?)", (str(n),))
-        return f"c{n}"
+            self._seq = max(self._seq, int(row[0]) if row else 0)
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('seq', ?)", (str(self._seq),))
 
     def save(self, job: CJob) -> None:
+        if not self._write(lambda: self._save(job)):
+            self._unsaved[job.cjob] = job
+
+    def _save(self, job: CJob) -> None:
         d = asdict(job)
         for k in _JSON:
             d[k] = json.dumps(d[k])
@@ -135,9 +167,25 @@ class State:
                         [int(job.cjob[1:]) if job.cjob[1:].isdigit() else 0] + [d[c] for c in _COLS])
 
     def save_many(self, jobs) -> None:
-        with transaction(self.db):
-            for j in jobs:
-                self.save(j)
+        """A flush: these jobs, and whatever earlier writes could not store, in one transaction."""
+        jobs = {**self._unsaved, **{j.cjob: j for j in jobs}}
+
+        def write():
+            with transaction(self.db):
+                for j in jobs.values():
+                    self._save(j)
+                for m in self._unsaved_machines.values():
+                    self._save_machine(m)
+                for d in self._undecided:
+                    self.log.record(*d)
+            self._save_seq()
+        if self._write(write):
+            if self.failing is not None:
+                log.warning("%s takes writes again: %d jobs, %d machines and %d decisions written", self.path,
+                            len(jobs), len(self._unsaved_machines), len(self._undecided))
+            self.failing, self._unsaved, self._unsaved_machines, self._undecided = None, {}, {}, []
+        else:
+            self._unsaved = jobs
 
     def load_jobs(self) -> dict[str, CJob]:
         out = {}
@@ -154,6 +202,10 @@ class State:
 
     # --- machines ---
     def save_machine(self, m: Machine) -> None:
+        if not self._write(lambda: self._save_machine(m)):
+            self._unsaved_machines[m.name] = m
+
+    def _save_machine(self, m: Machine) -> None:
         self.db.execute("INSERT OR REPLACE INTO machines VALUES (?, ?)", (m.name, json.dumps(asdict(m))))
 
     def load_machines(self) -> dict[str, Machine]:
@@ -161,7 +213,12 @@ class State:
 
     # --- decisions ---
     def decide(self, kind: str, cjob: Optional[str], text: str, numbers: Optional[dict] = None) -> dict:
-        return _with_cjob(self.log.record(kind, text, [cjob] if cjob else [], numbers))
+        args = (kind, text, [cjob] if cjob else [], numbers, None, time.time())
+        out = []
+        if not self._write(lambda: out.append(self.log.record(*args))):
+            self._undecided.append(args)
+            return _with_cjob(self.log.entry(*args))
+        return _with_cjob(out[0])
 
     def decisions(self, limit: int = 100) -> list[dict]:
         return [_with_cjob(d) for d in self.log.recent(limit)]
