@@ -23,6 +23,7 @@ from typing import Optional
 from gmux import protocol
 from gmux.job import control, runner
 from gmux.job.agent import Agent, DaemonUnavailable, not_alone
+from gmux.job.foreground import fork_if_in_foreground
 from gmux.job.log_output import keep_going_on_full_disk
 from gmux.util.job_command import interpreter_options, missing_script, script_of
 from gmux.rundir import RuntimeDir, alive, my_starttime, write_exit
@@ -57,6 +58,8 @@ def run(opt: LaunchOptions) -> int:
     except ValueError as e:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2
+    if opt.job is None and not opt.torchrun:
+        fork_if_in_foreground()     # (an interactive shell would see gmuxd's stops as its job stopped)
     rundir = RuntimeDir(opt.runtime_dir)
     keep_going_on_full_disk(rundir.logs())
     # before registering: a registered job must be ready to run when it is given the GPU

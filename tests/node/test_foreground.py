@@ -1,0 +1,62 @@
+"""gmux-launch in the foreground of a terminal: an interactive shell never sees the job stopped by gmuxd.
+
+Before: gmuxd's SIGSTOP of a job out of its turn stopped gmux-launch itself, the shell's child. bash printed
+"[1]+ Stopped", took the terminal back and made the job a background one (Ctrl-C no longer reached it); when the
+shell exited, the job was killed by SIGHUP, and gmux said "lost ... (SIGKILL, the OOM killer)"."""
+import os
+import pty
+import signal
+import threading
+import time
+
+from gmux_testkit import PY, ROOT, env
+
+SPIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spin_job.py")
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
+def test_a_job_stopped_by_gmuxd_is_never_seen_stopped_by_the_shell_that_waits_for_it(node_factory):
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    pid, master = pty.fork()     # the child: a session of its own, in its terminal's foreground, as a shell's job
+    if pid == 0:
+        os.chdir(ROOT)
+        os.execve(PY, [PY, "-m", "gmux.cli.launch", "--runtime-dir", node.rt, "--name", "fg", "--", "python", SPIN],
+                  env())
+    stop = threading.Event()
+
+    def drain():            # (the terminal's output, read as a terminal would)
+        while not stop.is_set():
+            try:
+                if not os.read(master, 65536):
+                    return
+            except OSError:
+                return
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        job = node.wait_for(lambda: next((j for j in node.ps()["jobs"] if j["name"] == "fg"), None), 60,
+                            "the job registered")
+        time.sleep(2.5)             # past the deadline of its first resume: a suspend stops it at once
+        reply = node.call("suspend", job=job["id"])
+        assert reply["kind"] == "stop", reply
+        node.wait_for(lambda: _state(job["pid"]) == "T", 10, "the job stopped")
+        time.sleep(0.5)
+        assert os.waitpid(pid, os.WNOHANG | os.WUNTRACED) == (0, 0), "the shell's child was seen stopped"
+        node.call("resume", job=job["id"])
+        node.call("kill", job=job["id"])
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status    # it ends as the job did
+    finally:
+        stop.set()
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(master)
