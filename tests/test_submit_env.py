@@ -40,3 +40,16 @@ def test_determinism_settings_pass_and_a_submit_that_cannot_start_is_refused(tmp
         with pytest.raises(ValueError, match=needle) as e:
             check_text(argv, env, cwd)
         assert "\\xff" in str(e.value)
+
+
+def test_gmux_launch_names_the_directory_a_script_is_missing_from(tmp_path):
+    """A cluster job whose script its machine lacks was held saying "no script 'x.py' in ." (the machine's
+    directory, unnamed)."""
+    import os
+    import subprocess
+    import sys
+    from gmux_testkit import env
+    p = subprocess.run([sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", str(tmp_path / "rt"), "--",
+                        "python", "x.py"], cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and f"gmux-launch: no script 'x.py' in {tmp_path}" in p.stderr, p.stderr
+    assert not os.path.exists(tmp_path / "rt")      # (refused before anything was made)

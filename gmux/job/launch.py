@@ -52,9 +52,12 @@ class LaunchOptions:
 def run(opt: LaunchOptions) -> int:
     try:
         kind, target, script_argv = script_of(opt.argv)
-        problem = missing_script(kind, target, os.curdir)
+        problem = missing_script(kind, target, os.getcwd())
         if problem:
             raise ValueError(problem)
+    except FileNotFoundError:
+        print("gmux-launch: this directory no longer exists", file=sys.stderr)
+        return 2
     except ValueError as e:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2
