@@ -582,6 +582,8 @@ _JOB_RECORD = {
     "held": (_bool, False), "ranks": (_records(_RANK_RECORD, MAX_RANKS), False),
     # suspended by its link, cut off from the scheduler for its lease (gmux.node.cluster_fence), not by anyone
     "fenced": (_bool, False),
+    # computing, started afresh, and no boundary seen (a script whose steps gmux does not see): it runs, at step 0
+    "boundless": (_bool, False),
 }
 # The scheduler's answer to each node_report: the machine's fence time. A link unanswered for that long suspends
 # its cluster jobs, as the scheduler is about to count the machine lost and start them elsewhere.

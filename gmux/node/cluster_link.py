@@ -225,7 +225,7 @@ class ClusterLink:
         records = []
         for cjob, by_rank in ranks_by_job(ps["jobs"], self.starts.spawned).items():
             world = self.world.setdefault(cjob, max(by_rank) + 1)
-            rec = gang_record(cjob, world, by_rank)
+            rec = gang_record(cjob, world, by_rank, bool(self.starts.restoring.get(cjob)))
             self.locals[cjob] = [j["id"] for _, j in sorted(by_rank.items())]
             if rec["state"] in protocol.FINAL_STATES:
                 self.fence.forget(cjob)

@@ -38,10 +38,11 @@ def ranks_by_job(jobs: list, spawned: dict) -> dict:
     return by_job
 
 
-def gang_record(cjob: str, world: int, by_rank: dict) -> dict:
+def gang_record(cjob: str, world: int, by_rank: dict, restoring: bool = False) -> dict:
     """The one record the scheduler sees for a job of `world` ranks (rank -> its gmuxd record): it runs while
     any rank runs; it has ended well when every rank has; it has failed when one rank has (then `_broken` says
-    whether other ranks live on and must be stopped). Its step is the slowest rank's."""
+    whether other ranks live on and must be stopped). Its step is the slowest rank's. `boundless`: every rank
+    computes without having reached a boundary, in a start from nothing (one `restoring` has not restored yet)."""
     present = [by_rank[r] for r in sorted(by_rank)]
     r0 = by_rank.get(0, present[0])
     bad = [(r, j) for r, j in sorted(by_rank.items()) if j["state"] in protocol.FINAL_STATES
@@ -63,7 +64,9 @@ def gang_record(cjob: str, world: int, by_rank: dict) -> dict:
            "gpu_seconds": sum(float(j.get("gpu_seconds") or 0.0) for j in present),
            "exit_status": head.get("exit_status") if state in protocol.FINAL_STATES else None,
            "detail": (f"rank {bad[0][0]}: " if bad and world > 1 else "") + str(head.get("detail") or "")[:500],
-           "held": any(bool(j.get("held", False)) for j in present), "_broken": bool(bad and live)}
+           "held": any(bool(j.get("held", False)) for j in present), "_broken": bool(bad and live),
+           "boundless": bool(live) and len(present) == world and not restoring and not bad
+           and all(j["state"] == "running" and not j.get("started") for j in live)}
     if world > 1:
         rec["ranks"] = [{"rank": r, "local": j["id"], "gpu": j.get("gpu"), "state": j["state"],
                          "step": int(j.get("step") or 0)} for r, j in sorted(by_rank.items())]

@@ -182,7 +182,7 @@ class Starts:
                 and all((j.get("report") or {}).get("awaiting_restore") for j in by_rank.values())):
             self.ready.add(cjob)       # every rank waits for its checkpoint: a move's source may suspend
             self.event("ready", cjob)
-        if rec["state"] in ("running", "suspended") and rec["step"] > 0:
+        if rec["state"] in ("running", "suspended") and (rec["step"] > 0 or rec.get("boundless")):
             self._over(cjob)
             self.event("started", cjob, step=rec["step"], local=rec["local"])
         elif rec["state"] in protocol.FINAL_STATES:

@@ -22,3 +22,40 @@ def test_after_a_link_restart_the_live_record_speaks_for_the_job():
     # The link that started them knows their pids: the last start speaks, live or not.
     by_job = ranks_by_job(jobs, {"c1": [90]})
     assert by_job["c1"][0]["id"] == "j9"
+
+
+def test_a_job_computing_with_no_boundary_seen_is_said_to_run_boundless_unless_it_restores():
+    """A cluster job whose steps gmux does not see stayed "starting" for its whole life (and could be neither
+    suspended nor moved), ending "done" at step 0: step 0 was all the scheduler could go by."""
+    def one(state, started, step=0):
+        return {0: {**rec("j1", "c1", state, 10, step=step), "started": started}}
+    assert gang_record("c1", 1, one("running", False))["boundless"]
+    assert not gang_record("c1", 1, one("running", False), restoring=True)["boundless"]    # still restoring
+    assert not gang_record("c1", 1, one("running", True, 5))["boundless"]                   # its steps are seen
+    assert not gang_record("c1", 1, one("waiting", False))["boundless"]
+    assert not gang_record("c1", 2, one("running", False))["boundless"]                     # a rank missing
+    assert not gang_record("c1", 1, one("failed", False))["boundless"]
+
+
+def test_the_scheduler_counts_a_boundless_job_running(tmp_path):
+    import time
+
+    from gmux.cluster.scheduler.service import Options, Scheduler
+    from gmux.cluster.scheduler.state import CJob, Machine
+    from gmux.wire import keys
+    keydir = str(tmp_path / "keys")
+    keys.create(keydir, "scheduler")
+    s = Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*"))
+    try:
+        s.machines = {"m1": Machine("m1", [{"index": 0, "mem_total": 1 << 30}], "tcp://127.0.0.1:1",
+                                    last_seen=time.time())}
+        s.jobs = {"c1": CJob("c1", ["python", "t.py"], "/", state="starting", machine="m1", gpu=0, rank_gpus=[0],
+                             owner="tester")}
+        for boundless, expected in ((False, "starting"), (True, "running")):
+            s._daemon_node_report("m1", b"m1", {"name": "m1", "gpus": [{"index": 0, "mem_total": 1 << 30}],
+                                                "transfer": "tcp://127.0.0.1:1",
+                                                "jobs": [{"cjob": "c1", "local": "j1", "state": "running", "step": 0,
+                                                          "gpu": 0, "boundless": boundless}]}, None)
+            assert s.jobs["c1"].state == expected
+    finally:
+        s.close()

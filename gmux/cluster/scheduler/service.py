@@ -244,7 +244,8 @@ class Scheduler:
             self._log("end", job.cjob, f"{job.cjob} {state} on {job.machine} at step {job.step}: {job.detail}",
                       {"step": job.step, "status": status})
             self.events.append(Event(EventKind.COMPLETION, job_id=job.cjob))
-        elif job.state == "starting" and r["state"] in ("running", "suspended", "stopped") and r["step"] > 0:
+        elif job.state == "starting" and r["state"] in ("running", "suspended", "stopped") and \
+                (r["step"] > 0 or r.get("boundless")):
             job.start_failures = 0
             job.set("running")
             job.first_run = job.first_run or now
