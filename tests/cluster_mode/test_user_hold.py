@@ -209,3 +209,14 @@ def test_a_pending_job_says_why_it_waits(sched):
     assert details()["c3"] == "no machine is up (1 lost)"
     sched.machines.clear()
     assert details()["c2"] == "no machine is up (none has joined)"
+
+
+def test_a_second_live_job_of_one_user_under_one_name_is_refused(sched):
+    """Duplicate --names were accepted silently: a submit retried after a timeout ran the script twice."""
+    sub = dict(argv=["python", "train.py"], cwd="/", name="sweep-1")
+    first = client(sched, "alice", "c_submit", **sub)["cjob"]
+    with pytest.raises(protocol.ProtocolError, match=f"your job {first} is named 'sweep-1' and runs on"):
+        client(sched, "alice", "c_submit", **sub)
+    assert client(sched, "bob", "c_submit", **sub)["cjob"] != first      # another user's name is theirs
+    sched.jobs[first].state = "done"
+    assert client(sched, "alice", "c_submit", **sub)["cjob"] not in (first,)

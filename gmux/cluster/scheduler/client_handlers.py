@@ -51,6 +51,11 @@ class ClientHandlers:
             # (gmuxd would refuse it on every machine, and each refusal count as a failed start)
             raise protocol.ProtocolError(f"c_submit: --mem {format_size(mem)}: no machine has a GPU that large (the "
                                          f"largest: {format_size(largest[0])}, on {largest[1]})")
+        same = next((j.cjob for j in self.s.jobs.values() if msg.get("name") and j.name == msg["name"]
+                     and j.owner == name and not j.final), None)
+        if same:    # (following a submit's "try again" must not run the script twice)
+            raise protocol.ProtocolError(f"c_submit: your job {same} is named {msg['name']!r} and runs on: give "
+                                         f"this one another --name, or end that one first")
         job = CJob(self.s.state.next_id(), list(msg["argv"]), msg["cwd"], dict(msg.get("env") or {}),
                    msg.get("name") or "", ranks, mem, float(msg.get("weight", 1.0)),
                    msg.get("ckpt_every", self.s.opt.ckpt_every), owner=name)
