@@ -104,10 +104,12 @@ def test_a_pending_job_held_is_not_placed_until_released(sched):
 
 def test_a_hold_outlives_its_machine(sched):
     client(sched, "alice", "c_suspend", cjob="c1")
+    sched.jobs["c1"].step = 2373
     sched.machines["m1"].last_seen -= 3600
     sched.tick(time.time())
     job = sched.jobs["c1"]
     assert job.state == "held" and job.machine is None and job.restarts == 1, job
+    assert job.step == 0        # (no checkpoint: from the beginning; it showed the dead machine's last step)
     assert "once released" in job.detail
     client(sched, "alice", "c_resume", cjob="c1")
     assert job.state == "pending"

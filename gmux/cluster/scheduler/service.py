@@ -247,7 +247,7 @@ class Scheduler:
         elif job.state == "starting" and r["state"] in ("running", "suspended", "stopped") and \
                 (r["step"] > 0 or r.get("boundless")):
             job.start_failures = 0
-            job.set("running")
+            job.set("running", "")      # (what it was starting with, "restoring its checkpoint", is over)
             job.first_run = job.first_run or now
             self.state.save(job)      # a state change is written at once, measurements at the tick
 
@@ -440,6 +440,7 @@ class Scheduler:
         job.ended_local = f"{job.machine}/{job.local}"   # (local ids are each gmuxd's own)
         job.gpu_seconds, job.machine, job.gpu, job.source, job.local = 0.0, None, None, None, None
         job.rank_gpus, job.ranks = [], []
+        job.step = job.ckpt_step or 0 if job.ckpt_paths else 0   # (what the dead machine last said is lost)
         job.restarts += 1
         held = job.state == "held"       # (its user's hold outlives the machine)
         job.set("held" if held else "pending", f"{why}; restarts from "
