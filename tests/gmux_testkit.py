@@ -85,6 +85,26 @@ def assert_identical(a, b, where="state"):
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
+def proc_state(pid: int) -> str:
+    """The process's state letter (T: stopped, Z: a zombie); '' once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
+def fill_db(db) -> None:
+    """The SQLite database full, as on a full disk (SQLITE_FULL at its next new page), without a small
+    filesystem."""
+    pages = db.execute("PRAGMA page_count").fetchone()[0]
+    db.execute(f"PRAGMA max_page_count={pages}")
+
+
+# argv of a job whose row needs new pages of a database (gmux_testkit.fill_db)
+BIG_ARGV = ["python", "train.py"] + ["--x=" + "y" * 1000] * 40
+
+
 def wait_for(pred, timeout: float, what, every: float = 0.2):
     """Polls `pred` until it returns something true (returned), or fails the test naming `what` (a text, or
     a function giving one: the state at the time of failure)."""

@@ -16,7 +16,7 @@ import time
 from typing import Iterable, Optional
 
 from gmux.node.jobs import IDENTITY, Job
-from gmux.util.db import DecisionLog, open_db, transaction
+from gmux.util.db import DecisionLog, FallibleWrites, open_db, transaction
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -43,7 +43,7 @@ class Store:
                                f"started may still run, unsupervised; their logs are in logs/ beside it. To start "
                                f"with an empty table, move {path} (with its -wal and -shm files) aside") from None
         self.log = DecisionLog(self.db)
-        self.failing: Optional[str] = None       # what the last failed write said, until writes work again
+        self.writes = FallibleWrites(path, log)   # (its `failing`: what is wrong, until writes work again)
         self._unsaved: dict[str, Job] = {}        # jobs whose last state is not in the database yet
         self._undecided: list[tuple] = []         # decisions not in the database yet
         self._next = int(row[0]) if row else 1    # the next job id, also while the database refuses writes
@@ -53,14 +53,14 @@ class Store:
         gmuxd started after this one (written at once, as next_job_id writes)."""
         if n > self._next:
             self._next = n
-            self._write(self._save_counter)
+            self.writes.attempt(self._save_counter)
 
     def next_job_id(self) -> str:
         """Job ids are never reused once anything of their job exists, also across restarts, so logs and
         checkpoints never collide (a refused submit's, of which nothing is left, are given back: `unused`)."""
         n = self._next
         self._next += 1
-        self._write(self._save_counter)
+        self.writes.attempt(self._save_counter)
         return f"j{n}"
 
     def mark(self) -> str:
@@ -73,7 +73,7 @@ class Store:
         n, given = int(job_id[1:]), self._next
         if given > n:
             self._next = n
-            self._write(lambda: self.db.execute("UPDATE meta SET value=? WHERE key='next_job' AND value=?",
+            self.writes.attempt(lambda: self.db.execute("UPDATE meta SET value=? WHERE key='next_job' AND value=?",
                                                 (str(n), str(given))))
 
     def _save_counter(self) -> None:
@@ -82,18 +82,8 @@ class Store:
             self._next = max(self._next, int(row[0]) if row else 1)
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('next_job', ?)", (str(self._next),))
 
-    def _write(self, fn) -> bool:
-        try:
-            fn()
-        except sqlite3.Error as e:
-            if self.failing is None:
-                log.error("cannot write %s: %s; serving from memory and retrying at every flush", self.path, e)
-            self.failing = f"cannot write {self.path}: {e}"
-            return False
-        return True
-
     def save(self, job: Job) -> None:
-        if not self._write(lambda: self._save(job)):
+        if not self.writes.attempt(lambda: self._save(job)):
             self._unsaved[job.id] = job
 
     def _save(self, job: Job) -> None:
@@ -115,11 +105,11 @@ class Store:
                 for d in self._undecided:
                     self.log.record(*d)
             self._save_counter()
-        if self._write(write):
-            if self.failing is not None:
+        if self.writes.attempt(write):
+            if self.writes.failing is not None:
                 log.warning("%s takes writes again: %d jobs and %d decisions written", self.path, len(jobs),
                             len(self._undecided))
-            self.failing, self._unsaved, self._undecided = None, {}, []
+            self.writes.failing, self._unsaved, self._undecided = None, {}, []
         else:
             self._unsaved = jobs
 
@@ -154,13 +144,17 @@ class Store:
     def decide(self, gpu: Optional[int], kind: str, jobs: list, numbers: dict, text: str) -> dict:
         args = (kind, text, jobs, numbers, gpu, time.time())
         out = []
-        if not self._write(lambda: out.append(self.log.record(*args))):
+        if not self.writes.attempt(lambda: out.append(self.log.record(*args))):
             self._undecided.append(args)
             return self.log.entry(*args)
         return out[0]
 
     def decisions(self, limit: int = 100) -> list[dict]:
         return self.log.recent(limit)
+
+    @property
+    def failing(self) -> Optional[str]:
+        return self.writes.failing
 
     def close(self) -> None:
         self.db.close()

@@ -153,7 +153,8 @@ class Supervisor:
         setuid program the job ran: its user could not signal it either)."""
         marks = {f"GMUX_JOB_TOKEN={job.token}".encode()} if job.token else set()
         found = []
-        for pid in set(candidates) | set(_marked(marks, job.id, self.rundir.root, job.uid if self.system else os.getuid())):
+        uid = job.uid if self.system else os.getuid()
+        for pid in set(candidates) | set(_marked(marks, job.id, self.rundir.root, uid)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 if pid != job.pid and os.getpgid(pid) != job.pid and \
                         (not self.system or _real_uid(pid) == job.uid):

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 import time
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 
 def open_db(path: str) -> sqlite3.Connection:
@@ -22,6 +23,25 @@ def open_db(path: str) -> sqlite3.Connection:
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     return db
+
+
+class FallibleWrites:
+    """Writes that may fail (a full disk, an I/O error) without taking their server down: each is tried, and
+    `failing` says what the last failed one said, until the server's next flush succeeds and clears it."""
+
+    def __init__(self, path: str, log: logging.Logger):
+        self.path, self._log = path, log
+        self.failing: Optional[str] = None
+
+    def attempt(self, fn: Callable[[], object]) -> bool:
+        try:
+            fn()
+        except sqlite3.Error as e:
+            if self.failing is None:
+                self._log.error("cannot write %s: %s; serving from memory and retrying at every flush", self.path, e)
+            self.failing = f"cannot write {self.path}: {e}"
+            return False
+        return True
 
 
 @contextlib.contextmanager

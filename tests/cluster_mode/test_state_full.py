@@ -7,20 +7,14 @@ import time
 
 from gmux.cluster.scheduler.client_handlers import ClientHandlers
 from gmux.cluster.scheduler.state import CJob, Machine, State
+from gmux_testkit import BIG_ARGV as BIG, fill_db
 from test_unheard import event, report, sched  # noqa: F401 (sched: a scheduler without daemons)
-
-BIG = ["python", "train.py"] + ["--x=" + "y" * 1000] * 40     # a row that needs new pages of the database
-
-
-def _fill(db):
-    pages = db.execute("PRAGMA page_count").fetchone()[0]
-    db.execute(f"PRAGMA max_page_count={pages}")
 
 
 def test_a_full_state_database_is_survived_and_caught_up(tmp_path):
     path = str(tmp_path / "state.db")
     st = State(path)
-    _fill(st.db)
+    fill_db(st.db)
     ids = [st.next_id() for _ in range(3)]
     jobs = [CJob(i, BIG, "/") for i in ids]
     for j in jobs:
@@ -42,7 +36,7 @@ def test_a_full_state_database_is_survived_and_caught_up(tmp_path):
 
 
 def test_the_scheduler_answers_reports_and_says_so_while_its_state_is_full(sched):
-    _fill(sched.state.db)
+    fill_db(sched.state.db)
     sched.jobs["c1"].argv = BIG
     errors = sched.internal_errors
     report(sched)

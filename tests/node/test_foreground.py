@@ -9,17 +9,9 @@ import signal
 import threading
 import time
 
-from gmux_testkit import PY, ROOT, env
+from gmux_testkit import PY, ROOT, env, proc_state
 
 SPIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spin_job.py")
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return ""
 
 
 def test_a_job_stopped_by_gmuxd_is_never_seen_stopped_by_the_shell_that_waits_for_it(node_factory):
@@ -45,7 +37,7 @@ def test_a_job_stopped_by_gmuxd_is_never_seen_stopped_by_the_shell_that_waits_fo
         time.sleep(2.5)             # past the deadline of its first resume: a suspend stops it at once
         reply = node.call("suspend", job=job["id"])
         assert reply["kind"] == "stop", reply
-        node.wait_for(lambda: _state(job["pid"]) == "T", 10, "the job stopped")
+        node.wait_for(lambda: proc_state(job["pid"]) == "T", 10, "the job stopped")
         time.sleep(0.5)
         assert os.waitpid(pid, os.WNOHANG | os.WUNTRACED) == (0, 0), "the shell's child was seen stopped"
         node.call("resume", job=job["id"])

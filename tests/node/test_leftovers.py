@@ -4,6 +4,8 @@ import time
 
 import pytest
 
+from gmux_testkit import proc_state
+
 FORKER = """import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 open(sys.argv[1], "w").write(str(child.pid))
@@ -117,13 +119,13 @@ def test_what_left_the_jobs_process_group_is_stopped_and_continued_with_it(tmp_p
         sup = Supervisor(rt)
         assert sup.stop(job)
         for p in [leader.pid, *escaped[0]]:
-            _wait(lambda: _state(p) == "T", f"process {p} of the job to be stopped")
+            _wait(lambda: proc_state(p) == "T", f"process {p} of the job to be stopped")
         time.sleep(0.2)
-        assert not any(_state(p) == "T" for p in [procs[1].pid, procs[2].pid, *escaped[1], *escaped[2]]), \
+        assert not any(proc_state(p) == "T" for p in [procs[1].pid, procs[2].pid, *escaped[1], *escaped[2]]), \
             "another job's process was stopped"
         assert sup.cont(job)
         for p in [leader.pid, *escaped[0]]:
-            _wait(lambda: _state(p) not in ("T", ""), f"process {p} of the job to go on")
+            _wait(lambda: proc_state(p) not in ("T", ""), f"process {p} of the job to go on")
     finally:
         for p in procs:
             p.kill()
@@ -147,14 +149,6 @@ def _kill_all(pids: list) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return ""
 
 
 def test_a_job_that_said_bye_keeps_its_group_until_its_process_has_exited(tmp_path):
@@ -231,7 +225,7 @@ def test_a_leftover_that_will_not_end_is_killed_after_a_grace(tmp_path, monkeypa
         sup = Supervisor(RuntimeDir(str(tmp_path / "rt")))
         if how == "was stopped with the job":
             assert sup.stop(job)
-            _wait(lambda: _state(child) == "T", "the child to be stopped with its job")
+            _wait(lambda: proc_state(child) == "T", "the child to be stopped with its job")
         monkeypatch.setattr(supervisor, "LEFTOVER_GRACE_S", 0.5 if how == "ignores SIGTERM" else 600.0, raising=False)
         leader.kill()
         leader.wait()

@@ -7,20 +7,14 @@ import os
 
 from gmux.node.jobs import Job
 from gmux.node.store import Store
+from gmux_testkit import BIG_ARGV, fill_db
 from node_harness import ask, register
-
-BIG_ARGV = ["python", "train.py"] + ["--x=" + "y" * 1000] * 40     # a row that needs new pages of the database
-
-
-def _fill(db):
-    pages = db.execute("PRAGMA page_count").fetchone()[0]
-    db.execute(f"PRAGMA max_page_count={pages}")
 
 
 def test_a_full_database_is_survived_and_caught_up(tmp_path):
     path = str(tmp_path / "g.db")
     store = Store(path)
-    _fill(store.db)
+    fill_db(store.db)
     ids = [store.next_job_id() for _ in range(3)]
     jobs = [Job(i, "t", "", ["python", "x" * 20000]) for i in ids]
     for j in jobs:
@@ -41,7 +35,7 @@ def test_a_full_database_is_survived_and_caught_up(tmp_path):
 
 
 def test_gmuxd_keeps_serving_while_its_database_is_full(daemon):
-    _fill(daemon.store.db)
+    fill_db(daemon.store.db)
     a = register(daemon, b"job-a", BIG_ARGV)
     b = register(daemon, b"job-b", BIG_ARGV)
     assert a["job"] != b["job"]

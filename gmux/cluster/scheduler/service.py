@@ -439,8 +439,8 @@ class Scheduler:
         job.attained += job.gpu_seconds
         job.ended_local = f"{job.machine}/{job.local}"   # (local ids are each gmuxd's own)
         job.gpu_seconds, job.machine, job.gpu, job.source, job.local = 0.0, None, None, None, None
-        job.rank_gpus, job.ranks = [], []
-        job.step = job.ckpt_step or 0 if job.ckpt_paths else 0   # (what the dead machine last said is lost)
+        # (its step is its checkpoint's again: what the lost machine last said is lost with it)
+        job.rank_gpus, job.ranks, job.step = [], [], job.ckpt_step or 0 if job.ckpt_paths else 0
         job.restarts += 1
         held = job.state == "held"       # (its user's hold outlives the machine)
         job.set("held" if held else "pending", f"{why}; restarts from "
@@ -475,7 +475,7 @@ class Scheduler:
             else:
                 job.set("starting", f"started on {it.machine} GPU {it.gpu}")
                 self._action(it.machine, "start", job.cjob, **self._start_args(job))
-            self._log("place", job.cjob, f"{job.cjob} -> {it.machine} GPU {_gpus(it.gpus)} ({it.why})")
+            self._log("place", job.cjob, f"{job.cjob} -> {it.machine} GPU {','.join(map(str, it.gpus))} ({it.why})")
         elif it.what == "suspend":
             job.set("suspended")
             self._action(job.machine, "suspend", job.cjob)
@@ -496,7 +496,3 @@ class Scheduler:
 def _by_key(handler):
     """A handler of the form (machine or client name, routing id, message, attached frame), as a server handler."""
     return lambda req: handler(req.peer[1], req.identity, req.msg, req.attachment)
-
-
-def _gpus(gpus) -> str:
-    return ",".join(map(str, gpus))

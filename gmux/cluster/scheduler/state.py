@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, Iterator, Optional
 
-from gmux.util.db import DecisionLog, open_db, transaction
+from gmux.util.db import DecisionLog, FallibleWrites, open_db, transaction
 
 log = logging.getLogger("gmux-scheduler")
 
@@ -124,27 +124,17 @@ class State:
         self.db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
         self.log = DecisionLog(self.db)
         self.path = path
-        self.failing: Optional[str] = None       # what the last failed write said, until writes work again
+        self.writes = FallibleWrites(path, log)   # (its `failing`: what is wrong, until writes work again)
         self._unsaved: dict[str, CJob] = {}
         self._unsaved_machines: dict[str, Machine] = {}
         self._undecided: list[tuple] = []
         row = self.db.execute("SELECT v FROM meta WHERE k='seq'").fetchone()
         self._seq = int(row[0]) if row else 0    # the last job id given, also while the database refuses writes
 
-    def _write(self, fn) -> bool:
-        try:
-            fn()
-        except sqlite3.Error as e:
-            if self.failing is None:
-                log.error("cannot write %s: %s; serving from memory and retrying at every flush", self.path, e)
-            self.failing = f"cannot write {self.path}: {e}"
-            return False
-        return True
-
     # --- jobs ---
     def next_id(self) -> str:
         self._seq += 1
-        self._write(self._save_seq)
+        self.writes.attempt(self._save_seq)
         return f"c{self._seq}"
 
     def _save_seq(self) -> None:
@@ -154,7 +144,7 @@ class State:
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('seq', ?)", (str(self._seq),))
 
     def save(self, job: CJob) -> None:
-        if not self._write(lambda: self._save(job)):
+        if not self.writes.attempt(lambda: self._save(job)):
             self._unsaved[job.cjob] = job
 
     def _save(self, job: CJob) -> None:
@@ -179,11 +169,11 @@ class State:
                 for d in self._undecided:
                     self.log.record(*d)
             self._save_seq()
-        if self._write(write):
-            if self.failing is not None:
+        if self.writes.attempt(write):
+            if self.writes.failing is not None:
                 log.warning("%s takes writes again: %d jobs, %d machines and %d decisions written", self.path,
                             len(jobs), len(self._unsaved_machines), len(self._undecided))
-            self.failing, self._unsaved, self._unsaved_machines, self._undecided = None, {}, {}, []
+            self.writes.failing, self._unsaved, self._unsaved_machines, self._undecided = None, {}, {}, []
         else:
             self._unsaved = jobs
 
@@ -202,7 +192,7 @@ class State:
 
     # --- machines ---
     def save_machine(self, m: Machine) -> None:
-        if not self._write(lambda: self._save_machine(m)):
+        if not self.writes.attempt(lambda: self._save_machine(m)):
             self._unsaved_machines[m.name] = m
 
     def _save_machine(self, m: Machine) -> None:
@@ -215,13 +205,17 @@ class State:
     def decide(self, kind: str, cjob: Optional[str], text: str, numbers: Optional[dict] = None) -> dict:
         args = (kind, text, [cjob] if cjob else [], numbers, None, time.time())
         out = []
-        if not self._write(lambda: out.append(self.log.record(*args))):
+        if not self.writes.attempt(lambda: out.append(self.log.record(*args))):
             self._undecided.append(args)
             return _with_cjob(self.log.entry(*args))
         return _with_cjob(out[0])
 
     def decisions(self, limit: int = 100) -> list[dict]:
         return [_with_cjob(d) for d in self.log.recent(limit)]
+
+    @property
+    def failing(self) -> Optional[str]:
+        return self.writes.failing
 
     def close(self) -> None:
         self.db.close()
