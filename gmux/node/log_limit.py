@@ -25,11 +25,12 @@ def trim(path: str, limit: int) -> Optional[int]:
     except OSError:
         return None
     with os.fdopen(fd, "r+b") as f:
-        try:    # the job trims too, under this lock (gmux.job.log_output); one holding it is left for next time
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return None
         size = f.seek(0, os.SEEK_END)
+        try:    # the job trims too, under this lock (gmux.job.log_output): one trimming is left to finish, but
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)     # one holding the lock for ever outgrows it
+        except OSError:
+            if size <= 4 * limit:
+                return None
         if size <= limit:
             return None
         f.seek(size - keep)

@@ -20,6 +20,16 @@ def test_a_log_over_its_limit_keeps_its_newest_whole_lines_and_says_how_much_wen
     assert rest.endswith(lines[-1]) and rest.split(b"\n")[0] + b"\n" in lines      # whole lines, the newest
     assert len(rest) <= 50_000 and dropped + len(rest) == size
     assert trim(str(tmp_path / "gone.log"), 10) is None
+    # A log its job holds locked (trimming it) is left for the next look, unless it has outgrown any trim
+    import fcntl
+    with open(path, "ab") as job:
+        fcntl.flock(job.fileno(), fcntl.LOCK_EX)
+        job.write(b"x\n" * 100_000)
+        job.flush()
+        assert trim(path, 100_000) is None                          # 250,000 bytes: the job's to finish
+        job.write(b"x\n" * 100_000)
+        job.flush()
+        assert trim(path, 100_000) > 0 and os.path.getsize(path) <= 50_200    # 450,000: trimmed all the same
 
 
 # Writes 4 MiB at a time, three times, each time waiting (at most a minute) for its log, its stdout, to be trimmed
