@@ -28,21 +28,21 @@ class _Log:
     """One log file as the job's streams share it (stdout and stderr both write into it): the newest output, and
     what was lost."""
 
-    def __init__(self, fd: int, limit: int):
-        self.fd = fd
+    def __init__(self, limit: int):
         self.cap = 2 * limit    # bytes the file may hold (0: no bound)
         self.keep = min(TAIL, limit // 2)
         self.tail = bytearray()
         self.lost = 0
         self.why = ""
 
-    def write(self, data: bytes) -> None:
-        if self.cap and os.fstat(self.fd).st_size + len(data) + 200 > self.cap:   # (200: the lines said here)
-            self._trim()
+    def write(self, fd: int, data: bytes) -> None:
+        """Through the stream's own descriptor `fd` (the script may have closed the other)."""
+        if self.cap and os.fstat(fd).st_size + len(data) + 200 > self.cap:   # (200: the lines said here)
+            self._trim(fd)
         try:
             if self.lost:
-                self._say_lost()
-            os.write(self.fd, data)    # (a regular file takes the whole write or fails)
+                self._say_lost(fd)
+            os.write(fd, data)    # (a regular file takes the whole write or fails)
         except OSError as e:
             if e.errno not in _FULL:
                 raise
@@ -52,27 +52,27 @@ class _Log:
         if len(self.tail) > 2 * self.keep:
             del self.tail[:len(self.tail) - self.keep]
 
-    def _trim(self) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_EX)     # (gmuxd's trim reads the tail and writes it back under it)
+    def _trim(self, fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX)     # (gmuxd's trim reads the tail and writes it back under it)
         try:
-            size = os.fstat(self.fd).st_size
+            size = os.fstat(fd).st_size
             if size + 200 <= self.cap:
                 return                          # gmuxd trimmed it meanwhile
             tail = bytes(self.tail[-self.keep:])
             cut = tail.find(b"\n") + 1          # from the first whole line
             tail = tail[cut:] if 0 < cut < len(tail) else tail
-            os.ftruncate(self.fd, 0)
-            os.write(self.fd, f"[gmux: {max(0, size - len(tail)):,} bytes of this job's output dropped: its log "
+            os.ftruncate(fd, 0)
+            os.write(fd, f"[gmux: {max(0, size - len(tail)):,} bytes of this job's output dropped: its log "
                               f"is kept under {self.cap:,} bytes, twice gmuxd --log-limit, between gmuxd's "
                               f"trims]\n".encode() + tail)
         except OSError as e:
             if e.errno not in _FULL:
                 raise
         finally:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
-    def _say_lost(self) -> None:
-        os.write(self.fd, f"\n[gmux: {self.lost:,} bytes of this job's output were lost here: {self.why}]\n"
+    def _say_lost(self, fd: int) -> None:
+        os.write(fd, f"\n[gmux: {self.lost:,} bytes of this job's output were lost here: {self.why}]\n"
                  .encode())
         self.lost = 0
 
@@ -95,7 +95,7 @@ class _Stream(io.RawIOBase):
 
     def write(self, data) -> int:
         data = bytes(data)
-        self._log.write(data[-(self._log.cap // 2):] if self._log.cap else data)   # (a write past the cap: its end)
+        self._log.write(self._fd, data[-(self._log.cap // 2):] if self._log.cap else data)   # (a write past the cap: its end)
         return len(data)
 
 
@@ -127,7 +127,7 @@ def keep_going_on_full_disk(logs_dir: str) -> None:
             stream.flush()
         except OSError:
             pass
-        log = logs.setdefault(file, _Log(fd, limit))
+        log = logs.setdefault(file, _Log(limit))
         rebuilt = io.TextIOWrapper(io.BufferedWriter(_Stream(fd, log)), encoding=stream.encoding,
                                    errors=stream.errors, line_buffering=stream.line_buffering,
                                    write_through=name == "stderr")
