@@ -128,8 +128,10 @@ def keep_going_on_full_disk(logs_dir: str) -> None:
         except OSError:
             pass
         log = logs.setdefault(file, _Log(limit))
-        rebuilt = io.TextIOWrapper(io.BufferedWriter(_Stream(fd, log)), encoding=stream.encoding,
+        # (unbuffered as it was, under python -u or PYTHONUNBUFFERED: its bytes go straight to the raw file)
+        raw, unbuffered = _Stream(fd, log), isinstance(getattr(stream, "buffer", None), io.RawIOBase)
+        rebuilt = io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding=stream.encoding,
                                    errors=stream.errors, line_buffering=stream.line_buffering,
-                                   write_through=name == "stderr")
+                                   write_through=unbuffered or stream.write_through)
         setattr(sys, name, rebuilt)
         setattr(sys, f"__{name}__", rebuilt)

@@ -93,3 +93,20 @@ def test_a_submitted_job_trains_through_a_full_log_disk(tmp_path):
         if node is not None:
             node.close()
         subprocess.run(["umount", "-l", str(rt)], capture_output=True)
+
+
+def test_output_unbuffered_by_python_u_stays_unbuffered(tmp_path):
+    """`gmux submit -- python -u train.py` wrote nothing to its log until 8 KiB had gathered (lost with the job
+    when it was killed): the rebuilt stream was buffered whatever the job asked."""
+    code = ("import os, sys\nfrom gmux.job.log_output import keep_going_on_full_disk\n"
+            f"keep_going_on_full_disk({str(tmp_path)!r})\n"
+            "print('first line')\nprint(open(sys.argv[1]).read() == 'first line\\n', file=sys.stderr)\n")
+    out = tmp_path / "j1.log"
+    for flags, env_u, expected in (([], {"PYTHONUNBUFFERED": ""}, "False"), (["-u"], {}, "True"),
+                                   ([], {"PYTHONUNBUFFERED": "1"}, "True")):
+        environ = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        environ.update({k: v for k, v in env_u.items() if v})
+        with open(out, "wb") as f:
+            p = subprocess.run([sys.executable, *flags, "-c", code, str(out)], stdout=f, stderr=subprocess.PIPE,
+                               env=environ, timeout=60, text=True)
+        assert p.returncode == 0 and p.stderr.strip() == expected, (flags, env_u, p.stderr)
