@@ -9,8 +9,11 @@ not its parent's, and the shell's child ends as the job does, with its status or
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _in_foreground() -> bool:
@@ -33,6 +36,7 @@ def fork_if_in_foreground() -> None:
         return
     child = os.fork()
     if child == 0:
+        _end_with_parent()
         return
     # What the terminal sends the group reaches the job itself; what is sent to this process alone is passed on.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -52,6 +56,18 @@ def fork_if_in_foreground() -> None:
         os.kill(os.getpid(), sig)               # ended as the job was: the shell says "Killed", not a status
         os._exit(128 + sig)
     os._exit(os.WEXITSTATUS(status))
+
+
+def _end_with_parent() -> None:
+    """The job is sent SIGTERM if the process the shell waits for is killed outright (kill -9), which could not
+    pass it on: it would train on, orphaned, printing onto the terminal."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:       # (gone already, before the call)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _pass_on(child: int, sig: int) -> None:

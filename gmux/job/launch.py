@@ -86,7 +86,8 @@ def run(opt: LaunchOptions) -> int:
     if opt.mem_soft:
         os.environ["GMUX_MEM_SOFT"] = "1"   # kept across a migration's re-exec, like the rest of the environment
     os.environ.update(reg["env"])
-    os.environ.update({"GMUX_JOB_ID": job_id, "GMUX_RUNTIME_DIR": rundir.root})
+    # (the directory as one spelling of it: gmuxd finds the job's processes by it, gmux.node.supervisor)
+    os.environ.update({"GMUX_JOB_ID": job_id, "GMUX_RUNTIME_DIR": os.path.realpath(rundir.root)})
     # Admitted; now wait for our turn on the GPU (immediately, when it is free).
     try:
         start = _wait_for_start(agent)

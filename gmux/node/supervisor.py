@@ -106,8 +106,8 @@ class Supervisor:
         record = self._exit_record(job)
         if record is not None:
             return describe(record.get("status", 1), record)
-        return ("lost", None, f"process {job.pid} ended without an exit record: killed by a signal "
-                              f"(SIGKILL, the OOM killer) or crashed hard")
+        return ("lost", None, f"process {job.pid} ended without an exit record: killed by a signal from outside "
+                              f"gmux (kill, the OOM killer) or crashed hard")
 
     def reap_others(self, live: set) -> None:
         """Reaps the processes no live job stands for: a job that said it was ending (bye) is finished before its
@@ -270,7 +270,8 @@ def _marked(marks: set, job_id: str, root: str, uid: int) -> list[int]:
     runtime dir (what gmux-launch leaves to every program the job executes). /proc/PID/environ is the block a
     process started with, which its own later changes do not touch; only the owner (or root) may read it. Only
     `uid`'s processes: another user's that carry the marks are not the job's."""
-    id_mark, dir_mark = f"GMUX_JOB_ID={job_id}".encode(), f"GMUX_RUNTIME_DIR={root}".encode()
+    id_mark = f"GMUX_JOB_ID={job_id}".encode()
+    dir_marks = {f"GMUX_RUNTIME_DIR={r}".encode() for r in (root, os.path.realpath(root))}   # (rtB/, a symlink)
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -282,6 +283,6 @@ def _marked(marks: set, job_id: str, root: str, uid: int) -> list[int]:
                 env = set(f.read().split(b"\0"))
         except OSError:
             continue
-        if env & marks or (id_mark in env and dir_mark in env):
+        if env & marks or (id_mark in env and env & dir_marks):
             found.append(int(name))
     return found
