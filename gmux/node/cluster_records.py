@@ -66,7 +66,8 @@ def gang_record(cjob: str, world: int, by_rank: dict, restoring: bool = False) -
            "detail": (f"rank {bad[0][0]}: " if bad and world > 1 else "") + str(head.get("detail") or "")[:500],
            "held": any(bool(j.get("held", False)) for j in present), "_broken": bool(bad and live),
            "boundless": bool(live) and len(present) == world and not restoring and not bad
-           and all(j["state"] == "running" and not j.get("started") for j in live)}
+           and all(j["state"] == "running" and not j.get("started")
+                   and not (j.get("report") or {}).get("awaiting_restore") for j in live)}
     if world > 1:
         rec["ranks"] = [{"rank": r, "local": j["id"], "gpu": j.get("gpu"), "state": j["state"],
                          "step": int(j.get("step") or 0)} for r, j in sorted(by_rank.items())]

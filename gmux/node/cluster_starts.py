@@ -171,7 +171,8 @@ class Starts:
         until a full report says how it ended."""
         for cjob, by_rank in ranks_by_job(live, self.spawned).items():
             if cjob in self.starting and world.get(cjob):
-                self.observe(cjob, gang_record(cjob, world[cjob], by_rank), by_rank, world[cjob])
+                self.observe(cjob, gang_record(cjob, world[cjob], by_rank, bool(self.restoring.get(cjob))), by_rank,
+                             world[cjob])
 
     def observe(self, cjob: str, rec: dict, by_rank: dict, world: int) -> None:
         """What gmuxd says of a job (`rec`, the link's record of it; `by_rank`, gmuxd's record of each rank):
@@ -182,7 +183,9 @@ class Starts:
                 and all((j.get("report") or {}).get("awaiting_restore") for j in by_rank.values())):
             self.ready.add(cjob)       # every rank waits for its checkpoint: a move's source may suspend
             self.event("ready", cjob)
-        if rec["state"] in ("running", "suspended") and (rec["step"] > 0 or rec.get("boundless")):
+        # (boundless: only a start from nothing; one restoring is started once it has restored, at a step)
+        if rec["state"] in ("running", "suspended") and (rec["step"] > 0 or rec.get("boundless")
+                                                         and not self.restoring.get(cjob)):
             self._over(cjob)
             self.event("started", cjob, step=rec["step"], local=rec["local"])
         elif rec["state"] in protocol.FINAL_STATES:

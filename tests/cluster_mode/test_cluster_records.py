@@ -59,3 +59,23 @@ def test_the_scheduler_counts_a_boundless_job_running(tmp_path):
             assert s.jobs["c1"].state == expected
     finally:
         s.close()
+
+
+def test_a_start_that_restores_is_not_started_before_it_has_restored(tmp_path):
+    """A move's target waiting for its checkpoint computes nothing yet shows running, not started: taken for a
+    boundless job, it was reported started at step 0, the source was released and the job's work lost."""
+    from gmux.node.cluster_starts import Starts
+    from gmux.rundir import RuntimeDir
+    said = []
+    starts = Starts(RuntimeDir(str(tmp_path / "rt")), lambda ev, cjob, detail="", **d: said.append((ev, cjob, d)),
+                    None)
+    waiting = {**rec("j1", "c1", "running", 10, step=0), "started": False, "report": {"awaiting_restore": True}}
+    for restoring, report in ((["x"], {"awaiting_restore": True}), (["x"], {}), ([], {"awaiting_restore": True})):
+        starts.begin("c1", restoring)
+        by_rank = {0: {**waiting, "report": report}}
+        starts.observe("c1", gang_record("c1", 1, by_rank, bool(restoring)), by_rank, 1)
+        assert [e for e in said if e[0] == "started"] == [], (restoring, report)
+    starts.begin("c1", [])                     # a start from nothing, computing with no boundary: it runs
+    by_rank = {0: {**waiting, "report": {}}}
+    starts.observe("c1", gang_record("c1", 1, by_rank), by_rank, 1)
+    assert [e[0] for e in said if e[0] == "started"] == ["started"]

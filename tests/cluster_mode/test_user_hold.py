@@ -222,3 +222,15 @@ def test_a_second_live_job_of_one_user_under_one_name_is_refused(sched):
     assert client(sched, "bob", "c_submit", **sub)["cjob"] != first      # another user's name is theirs
     sched.jobs[first].state = "done"
     assert client(sched, "alice", "c_submit", **sub)["cjob"] not in (first,)
+
+
+def test_a_move_target_that_says_it_started_at_step_0_does_not_release_the_source(sched):
+    """A target reporting "started" at step 0 for a job at step 700 has restored none of it: the source was
+    released and the job's work lost (a target waiting for its checkpoint taken for one that runs)."""
+    from test_unheard import event
+    job = sched.jobs["c1"]
+    job.state, job.source, job.step, job.move = "migrating", "m0", 700, {"stage": "sending"}
+    event(sched, "started", "", step=0, local="j2")
+    assert job.state == "migrating" and job.source == "m0" and not [w for w in sched.wire if w[1] == "release"]
+    event(sched, "started", "", step=700, local="j2")
+    assert job.state == "running" and [w[:2] for w in sched.wire if w[1] == "release"] == [("m0", "release")]

@@ -245,7 +245,7 @@ class Scheduler:
                       {"step": job.step, "status": status})
             self.events.append(Event(EventKind.COMPLETION, job_id=job.cjob))
         elif job.state == "starting" and r["state"] in ("running", "suspended", "stopped") and \
-                (r["step"] > 0 or r.get("boundless")):
+                (r["step"] > 0 or r.get("boundless") and not job.ckpt_paths):    # (a restore shows its step)
             job.start_failures = 0
             job.set("running", "")      # (what it was starting with, "restoring its checkpoint", is over)
             job.first_run = job.first_run or now
@@ -277,6 +277,8 @@ class Scheduler:
         if ev in Moves.EVENTS:
             self.moves.event(job, name, ev, d, detail)
         elif ev == "started" and job.machine == name and job.state in ("starting", "migrating"):
+            if job.state == "migrating" and job.source and not d.get("step") and job.step:    # (restored nothing)
+                return self._log("action_failed", job.cjob, f"{job.cjob}: {name} started it at step 0: kept on source")
             if job.state == "migrating" and job.source:
                 self.moves.arrived(job, name, d)
             job.move = {}          # (a move whose source was lost after it sent: nothing is left to release)
