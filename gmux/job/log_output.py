@@ -20,6 +20,8 @@ import io
 import os
 import sys
 
+from gmux.util.dropped_line import HEAD, said
+
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 TAIL = 1 << 20      # bytes of its newest output a job keeps to write back when it trims its log
 
@@ -37,8 +39,10 @@ class _Log:
 
     def write(self, fd: int, data: bytes) -> None:
         """Through the stream's own descriptor `fd` (the script may have closed the other)."""
-        if self.cap and os.fstat(fd).st_size + len(data) + 200 > self.cap:   # (200: the lines said here)
-            self._trim(fd)
+        cut = max(0, len(data) - self.cap // 2) if self.cap else 0     # one write the log cannot hold: its end
+        data = data[cut:]
+        if cut or self.cap and os.fstat(fd).st_size + len(data) + 200 > self.cap:   # (200: the lines said here)
+            self._trim(fd, len(data), cut)
         try:
             if self.lost:
                 self._say_lost(fd)
@@ -52,19 +56,22 @@ class _Log:
         if len(self.tail) > 2 * self.keep:
             del self.tail[:len(self.tail) - self.keep]
 
-    def _trim(self, fd: int) -> None:
+    def _trim(self, fd: int, coming: int, cut: int = 0) -> None:
+        """Empties the log down to the newest output kept here, behind the line counting all it lost (and `cut`
+        bytes of the write of `coming` bytes about to be made, which it cannot hold)."""
         fcntl.flock(fd, fcntl.LOCK_EX)     # (gmuxd's trim reads the tail and writes it back under it)
         try:
             size = os.fstat(fd).st_size
-            if size + 200 <= self.cap:
+            if size + coming + 200 <= self.cap and not cut:
                 return                          # gmuxd trimmed it meanwhile
             tail = bytes(self.tail[-self.keep:])
-            cut = tail.find(b"\n") + 1          # from the first whole line
-            tail = tail[cut:] if 0 < cut < len(tail) else tail
+            start = tail.find(b"\n") + 1        # from the first whole line
+            tail = tail[start:] if 0 < start < len(tail) else tail
+            before, line = said(_head(fd))      # (an earlier trim's count: the new line adds to it)
             os.ftruncate(fd, 0)
-            os.write(fd, f"[gmux: {max(0, size - len(tail)):,} bytes of this job's output dropped: its log "
-                              f"is kept under {self.cap:,} bytes, twice gmuxd --log-limit, between gmuxd's "
-                              f"trims]\n".encode() + tail)
+            lost = max(0, before + size - line - len(tail)) + cut
+            os.write(fd, f"[gmux: {lost:,} bytes of this job's output dropped: its log is kept under "
+                         f"{self.cap:,} bytes, twice gmuxd --log-limit, between gmuxd's trims]\n".encode() + tail)
         except OSError as e:
             if e.errno not in _FULL:
                 raise
@@ -75,6 +82,21 @@ class _Log:
         os.write(fd, f"\n[gmux: {self.lost:,} bytes of this job's output were lost here: {self.why}]\n"
                  .encode())
         self.lost = 0
+
+
+def _head(fd: int) -> bytes:
+    """The log's first bytes, read through a descriptor of its own (the job's is for writing only); b"" where the
+    job may not read its log (a system gmuxd's)."""
+    try:
+        r = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.pread(r, HEAD, 0)
+    except OSError:
+        return b""
+    finally:
+        os.close(r)
 
 
 class _Stream(io.RawIOBase):
@@ -95,7 +117,7 @@ class _Stream(io.RawIOBase):
 
     def write(self, data) -> int:
         data = bytes(data)
-        self._log.write(self._fd, data[-(self._log.cap // 2):] if self._log.cap else data)   # (a write past the cap: its end)
+        self._log.write(self._fd, data)
         return len(data)
 
 

@@ -12,12 +12,14 @@ import fcntl
 import os
 from typing import Optional
 
+from gmux.util.dropped_line import HEAD, said
+
 DEFAULT_LIMIT = 256 << 20     # bytes; far beyond any training log, well below a disk
 
 
 def trim(path: str, limit: int) -> Optional[int]:
-    """Keeps the newest `limit` // 2 bytes of the log at `path` once it is over `limit`: the bytes dropped, or
-    None (under the limit, or gone)."""
+    """Keeps the newest `limit` // 2 bytes of the log at `path` once it is over `limit`: the bytes dropped now
+    (the log's line counts all it lost), or None (under the limit, or gone)."""
     keep = limit // 2
     try:
         # (appending, as the job does: a line it writes while the tail goes back lands beside it, never under it)
@@ -33,6 +35,8 @@ def trim(path: str, limit: int) -> Optional[int]:
                 return None
         if size <= limit:
             return None
+        f.seek(0)
+        before, line = said(f.read(HEAD))       # (an earlier trim's count: the new line adds to it)
         f.seek(size - keep)
         tail = f.read(keep)
         cut = tail.find(b"\n") + 1          # from the first whole line
@@ -40,6 +44,6 @@ def trim(path: str, limit: int) -> Optional[int]:
         now = f.seek(0, os.SEEK_END)        # what the job wrote since the size was taken is dropped too
         f.truncate(0)
         dropped = now - len(tail)
-        f.write(f"[gmuxd: {dropped:,} bytes of this job's output dropped: its log is kept under "
+        f.write(f"[gmuxd: {before + dropped - line:,} bytes of this job's output dropped: its log is kept under "
                 f"{limit:,} bytes (gmuxd --log-limit)]\n".encode() + tail)
     return dropped

@@ -20,6 +20,12 @@ def test_a_log_over_its_limit_keeps_its_newest_whole_lines_and_says_how_much_wen
     assert rest.endswith(lines[-1]) and rest.split(b"\n")[0] + b"\n" in lines      # whole lines, the newest
     assert len(rest) <= 50_000 and dropped + len(rest) == size
     assert trim(str(tmp_path / "gone.log"), 10) is None
+    # A second trim counts the first's loss too: each line counted only its own, 2,000x less than was lost
+    with open(path, "ab") as f:
+        f.write(b"".join(lines))
+    again = trim(path, 100_000)
+    head2 = open(path, "rb").read().partition(b"\n")[0]
+    assert head2.startswith(f"[gmuxd: {dropped + again - len(head) - 1:,} bytes".encode()), head2
     # A log its job holds locked (trimming it) is left for the next look, unless it has outgrown any trim
     import fcntl
     with open(path, "ab") as job:
@@ -61,15 +67,18 @@ def test_a_flooding_job_is_held_under_the_limit_and_runs_on(node_factory, tmp_pa
     assert seen < 2 << 20      # trimmed while it ran: untrimmed, it would have held 12 MiB
 
 
-UNLINKED = """import json, os, sys
+UNLINKED = """import json, os, re, sys
 os.unlink(os.readlink("/proc/self/fd/1"))     # as a careless `rm` of the logs would
 for _ in range(4096):
     print("y" * 1023)
 sys.stdout.write("z" * (3 << 20) + "\\n")     # one write larger than the bound: its newest part is kept
 print("LAST LINE", flush=True)
 text = open("/proc/self/fd/1", "rb").read()
+head, _, rest = text.partition(b"\\n")
+lost = sum(int(n.replace(b",", b"")) for n in re.findall(rb"\\[gmux: ([0-9,]+) bytes of this job's output", text))
 json.dump({"size": os.fstat(1).st_size, "last": text.endswith(b"zz\\nLAST LINE\\n"),
-           "said": b"bytes of this job's output dropped: its log is kept under 2,097,152 bytes" in text},
+           "said": b"bytes of this job's output dropped: its log is kept under 2,097,152 bytes" in head,
+           "counted": lost, "output": len(re.sub(rb"\\n?\\[gmux: [^\\n]*\\]\\n", b"", text))},
           open(sys.argv[1], "w"))
 """
 
@@ -86,3 +95,5 @@ def test_a_log_nobody_can_trim_is_still_held_by_the_job(node_factory, tmp_path):
     assert node.job(job)["state"] == "exited", node.job(job)     # 7 MiB printed, at most 2 MiB kept: it ran on
     seen = json.loads((tmp_path / "seen").read_text())
     assert seen["size"] <= 2 << 20 and seen["last"] and seen["said"], seen
+    written = 4096 * 1024 + (3 << 20) + 1 + len("LAST LINE\n")
+    assert seen["counted"] + seen["output"] == written, seen     # every byte kept or counted as lost
