@@ -49,3 +49,12 @@ def test_the_scheduler_answers_reports_and_says_so_while_its_state_is_full(sched
     sched.tick(time.monotonic())
     sched.state.save_many([])
     assert ClientHandlers(sched).ps("tester", b"x", {"all": True}, None)["store"] is None
+
+
+def test_an_id_a_daemon_runs_that_the_state_lost_is_never_given_again(sched):
+    """Killed while its state could not be written, a restarted scheduler gave a new job the id of one a daemon
+    still ran (c20): the old process was reported as the new job, which never ran."""
+    report_jobs = [{"cjob": "c20", "local": "j7", "state": "suspended", "step": 5, "gpu": 0, "held": True}]
+    sched._daemon_node_report("m1", b"m1", {"name": "m1", "gpus": [{"index": 0, "mem_total": 1 << 30}],
+                                            "transfer": "tcp://127.0.0.1:1", "jobs": report_jobs}, None)
+    assert sched.state.next_id() == "c21"

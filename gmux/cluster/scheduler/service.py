@@ -5,11 +5,10 @@ Daemons' cluster links connect with daemon keys and report their whole state eve
 from what it says. Every frame is decoded against protocol.CLUSTER_MESSAGES before use; a bad one gets an error
 reply, is counted, and the loop goes on.
 
-The loop: receive; every `tick` seconds (and at once after an arrival or a completion) rebuild the snapshot,
-ask the policy, send the daemons their actions; mark machines silent for `lost_after` seconds lost and put their
-jobs back to pending, to restart elsewhere from their last periodic checkpoint. Checkpoint pushes to a daemon
-run on worker threads (a 1 GiB file must not stall the loop); their outcome comes back through a queue. A job's
-move to another machine goes through stages of its own: moves.py.
+The loop: receive; every `tick` seconds (at once after an arrival or a completion) rebuild the snapshot, ask the
+policy, send the daemons their actions; mark machines silent for `lost_after` seconds lost and put their jobs back
+to pending, to restart elsewhere from their last periodic checkpoint. Checkpoint pushes to a daemon run on worker
+threads (a 1 GiB file must not stall the loop), their outcome back through a queue. Moves have stages: moves.py.
 """
 from __future__ import annotations
 
@@ -199,6 +198,7 @@ class Scheduler:
             if job is None or (job.machine != name and job.source != name):
                 if job is not None and r["state"] not in protocol.FINAL_STATES:   # a copy on a machine the job
                     self._action(name, "kill", r["cjob"])      # left (back after being counted lost): stopped
+                self.state.ids_past(r["cjob"])     # (a job its state lost, on a disk full at a crash: never reused)
                 continue
             if job.machine != name or job.final:
                 continue          # the migration source's view (the target's reports are the truth), or news

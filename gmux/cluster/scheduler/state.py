@@ -137,6 +137,14 @@ class State:
         self.writes.attempt(self._save_seq)
         return f"c{self._seq}"
 
+    def ids_past(self, cjob: str) -> None:
+        """No id up to `cjob`'s is given (a job a daemon runs that this state does not know: written before a
+        crash on a full disk)."""
+        n = int(cjob[1:]) if cjob[:1] == "c" and cjob[1:].isdigit() else 0
+        if n > self._seq:
+            self._seq = n
+            self.writes.attempt(self._save_seq)
+
     def _save_seq(self) -> None:
         with transaction(self.db):
             row = self.db.execute("SELECT v FROM meta WHERE k='seq'").fetchone()
