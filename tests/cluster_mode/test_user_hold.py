@@ -234,3 +234,10 @@ def test_a_move_target_that_says_it_started_at_step_0_does_not_release_the_sourc
     assert job.state == "migrating" and job.source == "m0" and not [w for w in sched.wire if w[1] == "release"]
     event(sched, "started", "", step=700, local="j2")
     assert job.state == "running" and [w[:2] for w in sched.wire if w[1] == "release"] == [("m0", "release")]
+
+
+def test_a_move_to_where_the_job_already_is_is_refused_at_once(sched):
+    """The CLI said "moving c12 from m3 to m3 GPU 1"; only the scheduler's log showed the refusal."""
+    with pytest.raises(protocol.ProtocolError, match="c1 is already on m1 GPU 0"):
+        client(sched, "alice", "c_migrate", cjob="c1", machine="m1", gpu=0)
+    assert sched.wire == []

@@ -155,6 +155,8 @@ class ClientHandlers:
                                          f"{', '.join(map(str, gpus))} on an up machine {msg['machine']!r}"
                                          + (f" (rank r of {job.cjob}'s {job.gpus} goes to GPU {msg['gpu']}+r)"
                                             if job.gpus > 1 else ""))
+        if m.name == job.machine and gpus == (job.rank_gpus or [job.gpu]):
+            raise protocol.ProtocolError(f"c_migrate: {job.cjob} is already on {m.name} GPU {msg['gpu']}")
         if m.name == job.machine:
             if job.gpus > 1:
                 raise protocol.ProtocolError(f"c_migrate: {job.cjob} is a gang: it moves between machines only")
