@@ -15,13 +15,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
 
 from gmux import protocol
-from gmux.job import control, runner
+from gmux.job import control, lease_watch, runner
 from gmux.job.agent import Agent, DaemonUnavailable, not_alone
 from gmux.job.foreground import fork_if_in_foreground
 from gmux.job.log_output import keep_going_on_full_disk
@@ -80,7 +79,7 @@ def run(opt: LaunchOptions) -> int:
     if lease:
         agent.lease_s = lease
         agent.on_lease_lost = lambda waited: _lease_lost(agent, rundir, waited)
-        threading.Thread(target=_watch_daemon, args=(agent, rundir, lease), name="gmux-lease", daemon=True).start()
+        lease_watch.start(job_id, rundir, lease)     # (one that sends gmuxd nothing hears nothing of it)
     # The limit is what gmuxd admitted the job with: its --mem, or a submitted job's (gmux submit --mem).
     mem_limit = reg.get("mem", opt.mem)
     if opt.mem_soft:
@@ -231,32 +230,10 @@ def _lease_lost(agent: Agent, rundir: RuntimeDir, waited: float) -> None:
     """A cluster job whose gmuxd has not answered for its lease: the scheduler counts the machine lost by now and
     starts the job elsewhere from its checkpoint. This copy stops where it is (no atexit handler of the script's
     runs: it must not write results over the new copy's), saying why in its exit record."""
-    msg = (f"{protocol.LEASE_LOST_REASON} for {waited:.1f} s: job {agent.job} stopped here, as the cluster "
-           f"scheduler starts it again elsewhere from its last checkpoint (two copies must not both train)")
+    msg = lease_watch.lease_lost_reason(agent.job, waited)
     print(f"gmux-launch: {msg}", file=sys.stderr, flush=True)
     write_exit(rundir, agent.job, protocol.LEASE_LOST_STATUS, msg)
     os._exit(protocol.LEASE_LOST_STATUS)
-
-
-def _watch_daemon(agent: Agent, rundir: RuntimeDir, lease: float) -> None:
-    """The lease of a cluster job that sends gmuxd nothing: one that reaches no boundary (an unmodified script
-    whose steps gmux does not see, or one long piece of work) is never told that gmuxd stopped answering, and
-    trained on beside the copy its scheduler started elsewhere. A thread watches gmuxd's process instead, and stops
-    the job as the lease does once no gmuxd has run on the runtime dir for `lease` seconds (one restarted in time
-    takes the job back), or once the gmuxd there has not beaten for as long (alive, but stopped or hung: it sends
-    its scheduler nothing either). A pid file it may not read (a system daemon's) says only when gmuxd last beat."""
-    gone_since = None
-    while True:
-        time.sleep(lease / 5)
-        daemon = rundir.daemon_process()    # (None: none, stopped or between two gmuxd, or half written)
-        unreadable = daemon is None and os.path.exists(rundir.pid_file) and not os.access(rundir.pid_file, os.R_OK)
-        now = time.monotonic()
-        gone_since = None if unreadable or daemon is not None and alive(*daemon) else (gone_since or now)
-        silence = rundir.daemon_silence()
-        if silence is not None and silence > lease:
-            _lease_lost(agent, rundir, silence)
-        if gone_since is not None and now - gone_since > lease:
-            _lease_lost(agent, rundir, now - gone_since)
 
 
 def _check_restored(agent: Agent, rundir: RuntimeDir, path: str) -> None:

@@ -62,7 +62,7 @@ def test_a_job_whose_gmuxd_died_stops_itself_and_runs_on_elsewhere(cluster_facto
     assert res["sha256"] == ref["sha256"] and res["steps"] == int(STEPS)
 
 
-@pytest.mark.parametrize("how", ["dies", "hangs"])
+@pytest.mark.parametrize("how", ["dies", "hangs", "hangs, the job holding the GIL"])
 def test_a_job_that_reaches_no_boundary_stops_too_when_its_gmuxd_dies(cluster_factory, tmp_path, how):
     """Found by an outside-user review: a script whose steps gmux does not see sent gmuxd nothing, so it never
     learnt that its gmuxd had died, and trained on beside the copy the scheduler had started elsewhere (both
@@ -70,7 +70,10 @@ def test_a_job_that_reaches_no_boundary_stops_too_when_its_gmuxd_dies(cluster_fa
     stopped (SIGSTOP) or hung let the copy train on beside the new one for as long as it hung."""
     c = cluster_factory(policy="gandiva", machines=("m1", "m2"), sched_args=("--lost-after", "3"))
     script = tmp_path / "no_boundary.py"
-    script.write_text("import time\nfor _ in range(6000):\n    time.sleep(0.05)\n")
+    script.write_text("import time\nfor _ in range(6000):\n    time.sleep(0.05)\n" if "GIL" not in how else
+                      # (a thread of the job's gets the GIL only every 100 s: as under one long C call)
+                      "import sys, time\nsys.setswitchinterval(100)\nt = time.time()\n"
+                      "while time.time() - t < 300:\n    pass\n")
     c.wait_machines(2)
     cjob = c.call("c_submit", argv=[PY, str(script)], cwd=ROOT, env={"OMP_NUM_THREADS": "1"})["cjob"]
     src = wait_for(lambda: (lambda j: j["state"] in ("starting", "running") and j["machine"])(c.job(cjob)), 60,
@@ -79,7 +82,7 @@ def test_a_job_that_reaches_no_boundary_stops_too_when_its_gmuxd_dies(cluster_fa
                                  if j["name"] == cjob and j["pid"]), None), 60, "its process")
     time.sleep(1.0)
     assert _alive(pid)
-    c.daemons[src].send_signal(signal.SIGKILL if how == "dies" else signal.SIGSTOP)
+    c.daemons[src].send_signal(signal.SIGKILL if how == "dies" else signal.SIGSTOP)     # (hangs: alive, silent)
     if how == "dies":
         c.daemons[src].wait()
     killed_at = time.monotonic()
@@ -87,7 +90,7 @@ def test_a_job_that_reaches_no_boundary_stops_too_when_its_gmuxd_dies(cluster_fa
         wait_for(lambda: not _alive(pid), 30, "the orphaned copy stopped itself")
         assert 2.4 <= time.monotonic() - killed_at < 10.0        # its lease: 0.8 x --lost-after
     finally:
-        if how == "hangs":
+        if how != "dies":
             c.daemons[src].send_signal(signal.SIGCONT)
     log = (tmp_path / f"rt-{src}" / "logs" / f"{cjob}.cluster.log").read_text()
     assert protocol.LEASE_LOST_REASON in log, log[-2000:]
