@@ -374,6 +374,16 @@ def write_exit(rundir: RuntimeDir, job_id: str, status: int, reason: str = "") -
 
 
 # --- process identity ---
+def started_environ(pid: int) -> frozenset:
+    """The NAME=VALUE entries (bytes) of the environment the process started with (/proc/PID/environ: its later
+    changes do not touch it); empty if gone or not ours to read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return frozenset(f.read().split(b"\0"))
+    except OSError:
+        return frozenset()
+
+
 def proc_starttime(pid: int) -> Optional[int]:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None if gone.
 

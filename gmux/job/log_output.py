@@ -20,7 +20,7 @@ import io
 import os
 import sys
 
-from gmux.util.dropped_line import HEAD, said
+from gmux.util.dropped_line import HEAD, from_whole_line, said
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 TAIL = 1 << 20      # bytes of its newest output a job keeps to write back when it trims its log
@@ -64,9 +64,7 @@ class _Log:
             size = os.fstat(fd).st_size
             if size + coming + 200 <= self.cap and not cut:
                 return                          # gmuxd trimmed it meanwhile
-            tail = bytes(self.tail[-self.keep:])
-            start = tail.find(b"\n") + 1        # from the first whole line
-            tail = tail[start:] if 0 < start < len(tail) else tail
+            tail = from_whole_line(bytes(self.tail[-self.keep:]))
             before, line = said(_head(fd))      # (an earlier trim's count: the new line adds to it)
             os.ftruncate(fd, 0)
             lost = max(0, before + size - line - len(tail)) + cut

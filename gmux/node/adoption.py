@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gmux.node.jobs import Job
-from gmux.rundir import proc_starttime
+from gmux.rundir import proc_starttime, started_environ
 from gmux.wire.server import Refused, Request
 
 if TYPE_CHECKING:
@@ -89,8 +89,4 @@ def adopt(node: "Daemon", req: Request) -> Job:
 
 
 def _began_as(pid: int, token: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f"GMUX_JOB_TOKEN={token}".encode() in f.read().split(b"\0")
-    except OSError:
-        return False
+    return f"GMUX_JOB_TOKEN={token}".encode() in started_environ(pid)

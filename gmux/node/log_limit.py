@@ -12,7 +12,7 @@ import fcntl
 import os
 from typing import Optional
 
-from gmux.util.dropped_line import HEAD, said
+from gmux.util.dropped_line import HEAD, from_whole_line, said
 
 DEFAULT_LIMIT = 256 << 20     # bytes; far beyond any training log, well below a disk
 
@@ -38,9 +38,7 @@ def trim(path: str, limit: int) -> Optional[int]:
         f.seek(0)
         before, line = said(f.read(HEAD))       # (an earlier trim's count: the new line adds to it)
         f.seek(size - keep)
-        tail = f.read(keep)
-        cut = tail.find(b"\n") + 1          # from the first whole line
-        tail = tail[cut:] if 0 < cut < len(tail) else tail
+        tail = from_whole_line(f.read(keep))
         now = f.seek(0, os.SEEK_END)        # what the job wrote since the size was taken is dropped too
         f.truncate(0)
         dropped = now - len(tail)

@@ -29,7 +29,7 @@ from typing import Optional
 
 from gmux.node.access import user_groups
 from gmux.node.jobs import Job
-from gmux.rundir import RuntimeDir, alive, read_exit
+from gmux.rundir import RuntimeDir, alive, read_exit, started_environ
 from gmux.util.job_command import interpreter_options
 
 # What a system daemon's own environment says about root, which a job started as its user must not inherit (the
@@ -267,9 +267,8 @@ def _descendants(pid: int) -> list[int]:
 
 def _marked(marks: set, job_id: str, root: str, uid: int) -> list[int]:
     """The processes whose environment began with one of `marks`, or with both the job's id and its gmuxd's
-    runtime dir (what gmux-launch leaves to every program the job executes). /proc/PID/environ is the block a
-    process started with, which its own later changes do not touch; only the owner (or root) may read it. Only
-    `uid`'s processes: another user's that carry the marks are not the job's."""
+    runtime dir (what gmux-launch leaves to every program the job executes). Only `uid`'s processes: another
+    user's that carry the marks are not the job's."""
     id_mark = f"GMUX_JOB_ID={job_id}".encode()
     dir_marks = {f"GMUX_RUNTIME_DIR={r}".encode() for r in (root, os.path.realpath(root))}   # (rtB/, a symlink)
     found = []
@@ -279,10 +278,9 @@ def _marked(marks: set, job_id: str, root: str, uid: int) -> list[int]:
         try:
             if os.stat(f"/proc/{name}").st_uid != uid:
                 continue
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = set(f.read().split(b"\0"))
         except OSError:
             continue
+        env = started_environ(int(name))
         if env & marks or (id_mark in env and env & dir_marks):
             found.append(int(name))
     return found
