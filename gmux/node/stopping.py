@@ -51,13 +51,7 @@ class Stopping:
                 return
             job.stops += 1
         numbers = self._numbers(slicer, job, now)
-        others = [j for j in slicer.entries if j != job.id and not slicer.entries[j].held]
-        text = (f"GPU {slicer.gpu}: {job.id} " + self._why(slicer, job, now) +
-                (": it was found stopped by someone else (SIGSTOP, a debugger), and gets no turns until it is "
-                 "continued (SIGCONT)" if outside else
-                 ": stopped (SIGSTOP), and continued (SIGCONT) at each of its turns until it reaches a boundary") +
-                f"; it keeps {_kept(slicer, job)} on the GPU"
-                + (f", beside which {', '.join(others)} run" if others else ""))
+        text = self._stop_text(slicer, job, now, outside)
         sent = slicer.entries[job.id].sent_at
         if job._late_told != sent:    # the same missed deadline at a later turn is counted, not logged again
             job._late_told = sent
@@ -72,12 +66,27 @@ class Stopping:
         self._settle(slicer, job, False, text, numbers)
 
     def answer_late(self, slicer: Slicer, job: Job, now: float) -> None:
-        """A request made after the job was found late (not stopped, computing on) hears so at once: the slicer
-        says "late" once per missed deadline, and the request would wait for a boundary that may never come."""
+        """A request made after the job missed its deadline hears at once what was done then: stopped (by gmuxd
+        between its turns, or by someone else), or found late and computing on. The slicer says either once per
+        missed deadline, and the request would wait for a boundary that may never come. (A hold for a move waits
+        for the boundary itself: its job is continued to reach it.)"""
         e = slicer.entries.get(job.id)
-        if e is not None and e.overdue and e.late_told and not (e.stopped or e.frozen):
-            numbers = self._numbers(slicer, job, now)
+        if e is None or not e.overdue:
+            return
+        numbers = self._numbers(slicer, job, now)
+        if (e.stopped or e.frozen) and not e.to_boundary:
+            self._settle(slicer, job, True, self._stop_text(slicer, job, now, e.frozen), numbers)
+        elif e.late_told and not (e.stopped or e.frozen):
             self._settle(slicer, job, False, self._late_text(slicer, job, now, numbers), numbers)
+
+    def _stop_text(self, slicer: Slicer, job: Job, now: float, outside: bool) -> str:
+        others = [j for j in slicer.entries if j != job.id and not slicer.entries[j].held]
+        return (f"GPU {slicer.gpu}: {job.id} " + self._why(slicer, job, now) +
+                (": it was found stopped by someone else (SIGSTOP, a debugger), and gets no turns until it is "
+                 "continued (SIGCONT)" if outside else
+                 ": stopped (SIGSTOP), and continued (SIGCONT) at each of its turns until it reaches a boundary") +
+                f"; it keeps {_kept(slicer, job)} on the GPU"
+                + (f", beside which {', '.join(others)} run" if others else ""))
 
     def _late_text(self, slicer: Slicer, job: Job, now: float, numbers: dict) -> str:
         if job.exclusive:

@@ -210,3 +210,27 @@ def test_a_job_that_cannot_be_stopped_is_told_why_in_its_terms(node_factory, tmp
     with pytest.raises(GmuxError, match="not stopped, because"):
         c.call("suspend", timeout=30, job=x)
     c.close()
+
+
+def test_a_users_suspend_of_a_job_stopped_between_its_turns_is_answered_at_once(node_factory, tmp_path):
+    """A job with no boundary that gmuxd had already SIGSTOPped between its turns: a user's `gmux suspend` waited
+    120 s for the job to acknowledge a command it never can, and then failed; it is answered with the stop."""
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", QUANTUM, "--no-pack")
+    a = node.launch(TRAIN, str(tmp_path / "a.json"), STEPS, "--sleep", SLEEP, opts=["--mem", "300MiB"])
+    x = node.launch(SPIN, opts=["--mem", "300MiB"])
+    ids = {"a": node.job_of(a.pid), "x": node.job_of(x.pid)}
+    node.wait_for(lambda: node.job(ids["x"])["stops"] >= 2 and ids["x"] in node.ps()["gpus"][0]["stopped"], 40,
+                  lambda: node.ps())
+    from gmux.wire.daemon_client import Client
+    c = Client(node.rt)
+    t0 = time.monotonic()
+    reply = c.call("suspend", timeout=30, late_ok=True, job=ids["x"])
+    assert time.monotonic() - t0 < 10, reply
+    assert reply["kind"] == "stop" and "no mini-batch boundary since it started" in reply["detail"], reply
+    node.wait_for(lambda: (lambda j: j["state"] == "stopped" and j["held"])(node.job(ids["x"])), 10,
+                  lambda: f"the job shown stopped and held: {node.job(ids['x'])}")
+    steps = node.job(ids["a"])["step"]      # the other job has the GPU to itself
+    node.wait_for(lambda: node.job(ids["a"])["step"] >= steps + 100, 30, lambda: node.ps())
+    c.close()
+    x.kill()
+    a.kill()
