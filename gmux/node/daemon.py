@@ -49,7 +49,6 @@ log = logging.getLogger("gmux.daemon")
 
 TICK_S = 0.02           # how often policies run when no message arrives
 REAP_EVERY_S = 0.2      # how often ended processes are looked for
-LOGS_EVERY_S = 2.0      # how often submitted jobs' logs are held to --log-limit
 FLUSH_EVERY_S = 2.0     # how often measurements are written to SQLite
 
 # What a job is doing while a command to it awaits acknowledgement ("confirm": a re-attached job's state is
@@ -100,6 +99,7 @@ class Daemon:
         self.access = Access(self.admin, rundir.admin_token_file, system)
         self.store = Store(rundir.db)
         self.sup = Supervisor(rundir, system is not None, self.opt.log_limit)
+        self.log_bounds = log_limit.Bounds(self.opt.log_limit)
         self.jobs: dict[str, Job] = {}
         self.slicers = {g.index: Slicer(g.index, g.mem_total, self.opt.quantum, self.opt.pacing) for g in gpus}
         self.packers = {g.index: Packer(self.opt.margin, self.opt.window, self.opt.retry_after, self.opt.pack,
@@ -108,7 +108,7 @@ class Daemon:
         self.decisions: deque = deque(maxlen=200)
         self.started = time.time()
         self.stopping = False
-        self._last_reap = self._last_flush = self._last_logs = 0.0
+        self._last_reap = self._last_flush = 0.0
         self.faults = Faults(log)
         sock = configure(zmq.Context.instance().socket(zmq.ROUTER))
         sock.setsockopt(zmq.MAXMSGSIZE, 16 * protocol.MAX_FRAME)  # beyond this, not even an error reply
@@ -314,15 +314,16 @@ class Daemon:
         data = {"gpu": gpu, "from": job.gpu, "path": "new process"}
         return self.commands.defer(job.id, "migrate", req, data=data) if req is not None else None
 
-    def _bound_logs(self) -> None:
+    def _bound_logs(self, now: float) -> None:
         """Each running submitted job's log held to --log-limit (gmux.node.log_limit)."""
+        due = self.log_bounds.round_due(now)
         for job in self.jobs.values():
             if job.managed and not job.final:
                 with self.faults.guard("bounding a job's log", job.id):
-                    self._bound_log(job)
+                    self._bound_log(job, due)
 
-    def _bound_log(self, job: Job) -> None:
-        dropped = log_limit.trim(self.rundir.log_file(job.id), self.opt.log_limit)
+    def _bound_log(self, job: Job, due: bool) -> None:
+        dropped = self.log_bounds.hold(job.id, self.rundir.log_file(job.id), due)
         if dropped:
             log.info("%s: %d bytes of its output dropped (its log is kept under %d bytes)", job.id, dropped,
                      self.opt.log_limit)
@@ -358,7 +359,7 @@ class Daemon:
         if job.managed:
             self.sup.end_leftovers(job)
             with self.faults.guard("bounding a job's log", job.id):    # (what it wrote since the last look)
-                self._bound_log(job)
+                self._bound_log(job, True)
         job.state, job.exit_status, job.detail, job.host_bytes, job.disk_bytes = state, status, detail, 0, 0
         job.ended = time.time()
         self.commands.ended(job, f"{state}: {detail}")
@@ -397,9 +398,6 @@ class Daemon:
                         ended = self.sup.ended(job)
                         if ended is not None:
                             self.finish(job, *ended)
-            if now - self._last_logs >= LOGS_EVERY_S:
-                self._last_logs = now
-                self._bound_logs()
             with self.faults.guard("reaping other processes"):
                 self.sup.reap_others({j.pid for j in self.jobs.values() if not j.final and j.pid})
             with self.faults.guard("expiring commands"):
@@ -409,6 +407,7 @@ class Daemon:
                     self.stops.check_frozen(slicer)
             with self.faults.guard("forgetting ended jobs"):
                 self._forget_ended()
+        self._bound_logs(now)
         with self.faults.guard("admission"):
             self.admission.run(now)
         with self.faults.guard("moves"):

@@ -15,6 +15,44 @@ from typing import Optional
 from gmux.util.dropped_line import HEAD, from_whole_line, said
 
 DEFAULT_LIMIT = 256 << 20     # bytes; far beyond any training log, well below a disk
+EVERY_S = 2.0                 # how often every log is looked at and trimmed once past its limit
+
+
+class Bounds:
+    """gmuxd's hold on its submitted jobs' logs. Each is trimmed once past the limit every EVERY_S seconds, and
+    at the next tick once past twice it, which only output around the job's own bound (gmux.job.log_output)
+    reaches: `os.write(1, ...)` in a loop wrote GBs between two rounds. What the ticks trim is said with the
+    next round's figure, so gmuxd's own log gets a line per job per round at most."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.last_round = 0.0
+        self.unsaid: dict[str, int] = {}
+
+    def round_due(self, now: float) -> bool:
+        if now - self.last_round < EVERY_S:
+            return False
+        self.last_round = now
+        return True
+
+    def hold(self, job: str, path: str, due: bool) -> int:
+        """Trims the log of `job` at `path` if due, or past twice the limit: the bytes to say were dropped now
+        (a due round's, with what the ticks before it trimmed), else 0."""
+        if not due and size(path) <= 2 * self.limit:
+            return 0
+        dropped = (trim(path, self.limit) or 0) + self.unsaid.pop(job, 0)
+        if not due and dropped:
+            self.unsaid[job] = dropped
+            return 0
+        return dropped
+
+
+def size(path: str) -> int:
+    """The log's size now (0 if gone)."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def trim(path: str, limit: int) -> Optional[int]:

@@ -97,3 +97,42 @@ def test_a_log_nobody_can_trim_is_still_held_by_the_job(node_factory, tmp_path):
     assert seen["size"] <= 2 << 20 and seen["last"] and seen["said"], seen
     written = 4096 * 1024 + (3 << 20) + 1 + len("LAST LINE\n")
     assert seen["counted"] + seen["output"] == written, seen     # every byte kept or counted as lost
+
+
+def test_a_log_past_twice_its_limit_is_trimmed_at_the_next_tick(daemon, monkeypatch):
+    """`os.write(1, ...)` in a loop goes around the job's own bound (it holds sys.stdout's writes): it wrote 4 GB
+    at --log-limit 1MiB between two of gmuxd's trims, seconds apart."""
+    from gmux.node import log_limit
+    from node_harness import register
+    monkeypatch.setattr(log_limit, "EVERY_S", 3600.0)     # the next round of trims is far away
+    job = daemon.jobs[register(daemon)["job"]]
+    job.managed = True
+    daemon.opt.log_limit = daemon.log_bounds.limit = 1 << 20
+    path = daemon.rundir.log_file(job.id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "ab") as f:
+        f.write(b"x" * 1023 + b"\n")
+    daemon.tick()
+    with open(path, "ab") as f:
+        f.write((b"y" * 1023 + b"\n") * 1536)          # 1.5 MiB: past the limit, left for the round of trims
+    daemon.tick()
+    assert os.path.getsize(path) == 1537 << 10
+    with open(path, "ab") as f:
+        f.write((b"z" * 1023 + b"\n") * 1024)          # 2.5 MiB: past twice the limit, as no bounded job gets
+    daemon.tick()
+    text = open(path, "rb").read()
+    assert len(text) < 600 << 10 and b"bytes of this job's output dropped" in text and text.endswith(b"z\n")
+
+
+def test_what_the_ticks_trim_is_said_once_with_the_next_round(tmp_path):
+    """A flood trimmed at every tick gave gmuxd's own log a line per tick (15 a second)."""
+    from gmux.node.log_limit import Bounds
+    bounds, path = Bounds(1 << 20), str(tmp_path / "j1.log")
+    dropped = 0
+    for _ in range(3):
+        with open(path, "ab") as f:
+            f.write((b"w" * 1023 + b"\n") * 2560)
+        size = os.path.getsize(path)
+        assert bounds.hold("j1", path, due=False) == 0
+        dropped += size - os.path.getsize(path) + len(open(path, "rb").readline())
+    assert bounds.hold("j1", path, due=True) == dropped and bounds.hold("j1", path, due=True) == 0
