@@ -21,10 +21,13 @@ from gmux import protocol
 from gmux.rundir import RuntimeDir
 from gmux.node.cluster_records import gang_record, ranks_by_job
 from gmux.node.warm_pool import WarmPool
+from gmux.util.sizes import format_size
 from gmux.util.text import printable, tail
 from gmux.util.rendezvous import free_port, rendezvous_env
 
 log = logging.getLogger("gmux.cluster_link")
+
+FULL_BELOW = 1 << 20     # bytes free on a log's filesystem under which a silent failed start is put down to it
 
 
 class Starts:
@@ -141,10 +144,11 @@ class Starts:
                 continue
             rank, pid = gone[0]
             said = [ln for ln in self._said(pid).splitlines() if ln.strip()]
+            silent = "" if said else _no_room(self.logs.get(pid, ("", 0))[0])
             self.cancel(cjob)
             self.event("start_failed", cjob, (f"rank {rank}: " if len(pids) > 1 else "")
                        + f"gmux-launch exited with status {self.exits[pid]} before gmuxd heard of it"
-                       + (f": {printable(said[-1].strip(), limit=300)}" if said else ""))
+                       + (f": {printable(said[-1].strip(), limit=300)}" if said else silent))
         live = {pid for cjob in self.starting for pid in self.spawned.get(cjob) or []}
         self.exits = {pid: s for pid, s in self.exits.items() if pid in live}
 
@@ -214,3 +218,16 @@ class Starts:
                 os.unlink(path)
             except FileNotFoundError:
                 self.unwanted.add(path)     # a move whose new process failed while its checkpoint streamed
+
+
+def _no_room(log_path: str) -> str:
+    """Why a start that failed said nothing, where its log's filesystem is full (a full disk fails gmux-launch
+    before it registers, and the same full disk swallows its last words)."""
+    where = os.path.dirname(log_path)
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    return (f"; nothing reached its log: the filesystem of {where} has {format_size(free)} free"
+            if free < FULL_BELOW else "")

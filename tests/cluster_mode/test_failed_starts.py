@@ -74,3 +74,39 @@ def test_a_start_that_fails_is_held_after_three_tries_and_a_job_no_machine_up_fi
     assert sum(f"{cjob}: start on m1 failed: could not start rank 0" in t for t in texts) == 3, texts
     assert not any("start sent again" in t for t in texts), texts
     assert c.job(big)["state"] == "pending" and not any(f"{big}: start on m1" in t for t in texts), texts
+
+
+def test_a_start_that_failed_silently_on_a_full_disk_says_the_disk_is_full(tmp_path):
+    """A full disk fails gmux-launch before it registers and swallows what it says: the scheduler heard only
+    "exited with status 1 before gmuxd heard of it"."""
+    import pytest
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(rt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs a small filesystem of its own: mounting a tmpfs is not permitted here (not root)")
+    try:
+        rundir = RuntimeDir(str(rt))
+        os.makedirs(rundir.logs())
+        fd = os.open(rt / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            os.close(fd)
+        events = []
+        starts = Starts(rundir, lambda ev, cjob, detail="", **data: events.append((ev, cjob, detail)))
+        starts.begin("c5", [])
+        p = _proc(rundir, "c5.0", "import sys; print('gmux-launch: no room for its checkpoint'); sys.exit(1)")
+        starts.children[p.pid] = p
+        starts.spawned["c5"] = [p.pid]
+        starts.logs = {p.pid: (os.path.join(rundir.logs(), "c5.0.cluster.log"), 0)}
+        p.wait()
+        starts.reap()
+        starts.unregistered([])
+        ((ev, cjob, detail),) = events
+        assert detail.startswith("gmux-launch exited with status 1 before gmuxd heard of it; nothing reached its "
+                                 f"log: the filesystem of {rundir.logs()} has "), detail
+        assert detail.endswith("0B free"), detail
+    finally:
+        subprocess.run(["umount", "-l", str(rt)])
