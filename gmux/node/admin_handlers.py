@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Optional
 
 from gmux import protocol
 from gmux.node.access import user_name
+from gmux.node.deleted_log import read_deleted
 from gmux.node.inventory import gpu_list
 from gmux.node.jobs import Job, gang_members, unit_of
 from gmux.node.supervisor import CannotStart
 from gmux.rundir import proc_starttime
 from gmux.util.rendezvous import free_port, rendezvous_env
-from gmux.util.text import tail, tail_bytes
+from gmux.util.text import tail_bytes, text_of
 from gmux.wire.server import Busy, Caller, Refused, Request
 
 if TYPE_CHECKING:
@@ -259,10 +260,17 @@ class AdminHandlers:
             raise Refused(f"logs: {job.id} was started with gmux-launch; its output goes to the terminal that "
                           f"started it (gmux submit captures logs)")
         # Cut by bytes (a reply must fit a message, whatever characters the job printed), from the file's end.
-        cut = (self.node.rundir.log_file(job.id), protocol.MAX_FRAME // 2, req.msg.get("tail") or 0)
+        path = self.node.rundir.log_file(job.id)
+        cut = (protocol.MAX_FRAME // 2, req.msg.get("tail") or 0)
+        note, data = "", tail_bytes(path, *cut)
+        if not data and not os.path.exists(path):
+            held = None if job.final or not job.pid else read_deleted(job.pid, path, *cut)
+            note = (f"[gmuxd: {path} was deleted while {job.id} ran; shown from the file it still writes to, which "
+                    f"goes when it ends]\n" if held is not None else f"[gmuxd: {path} was deleted]\n")
+            data = held or b""
         if req.msg.get("raw"):
-            return {"job": job.id, "bytes": tail_bytes(*cut)}
-        return {"job": job.id, "text": tail(*cut)}
+            return {"job": job.id, "bytes": data}
+        return {"job": job.id, "text": note + text_of(data)}
 
     def submit(self, req: Request):
         node, msg = self.node, req.msg

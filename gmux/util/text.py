@@ -38,8 +38,12 @@ def tail_bytes(path: str, max_bytes: int, lines: int = 0) -> bytes:
 
 
 def tail(path: str, max_bytes: int, lines: int = 0) -> str:
-    """`tail_bytes` as text, cut on a character boundary: a byte that is not UTF-8 reads as U+FFFD."""
-    data = tail_bytes(path, max_bytes, lines)
+    """`tail_bytes` as text (`text_of`)."""
+    return text_of(tail_bytes(path, max_bytes, lines))
+
+
+def text_of(data: bytes) -> str:
+    """The end of a log as text, cut on a character boundary: a byte that is not UTF-8 reads as U+FFFD."""
     skip = 0
     while skip < min(3, len(data)) and data[skip] & 0xC0 == 0x80:   # a character cut in two by max_bytes
         skip += 1
