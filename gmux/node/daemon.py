@@ -404,7 +404,7 @@ class Daemon:
                 self.commands.expire(now)
             for gpu, slicer in self.slicers.items():
                 with self.faults.guard(f"GPU {gpu}: jobs stopped from outside"):
-                    self.stops.check_frozen(slicer)
+                    self.stops.check_frozen(slicer, now)
             with self.faults.guard("forgetting ended jobs"):
                 self._forget_ended()
         self._bound_logs(now)

@@ -165,11 +165,24 @@ class Stopping:
             job._note = ""
 
     # --- the daemon's lifecycle ---
-    def check_frozen(self, slicer: Slicer) -> None:
-        """A job stopped by someone else that runs again is given back to the slicer."""
+    def check_frozen(self, slicer: Slicer, now: float) -> None:
+        """A job stopped by someone else that runs again is given back to the slicer; one stopped in its turn
+        (SIGSTOP, Ctrl-Z, a debugger) gives its turn up at once: the others on its GPU waited for the turn's end
+        and its suspend's deadline, and `gmux ps` showed it running all that time."""
+        node = self.node
         for j in slicer.stopped():
-            if slicer.entries[j].frozen and not self.node.sup.stopped_outside(self.node.jobs[j]):
+            if slicer.entries[j].frozen and not node.sup.stopped_outside(node.jobs[j]):
                 slicer.thawed(j)
+        for j in sorted(j for j in slicer.resident if slicer.computing(j)):
+            job = node.jobs[j]
+            if not job.stopped_by_gmux and node.sup.stopped_outside(job):
+                slicer.frozen(j, now)
+                others = [o for o in slicer.entries if o != j and not slicer.entries[o].held]
+                node.decide(slicer.gpu, "stop", [j], {**self._numbers(slicer, job, now), "outside": True},
+                            f"GPU {slicer.gpu}: {j} was found stopped by someone else (SIGSTOP, a debugger) while "
+                            f"it computed: it gets no turns until it is continued (SIGCONT), and keeps "
+                            f"{_kept(slicer, job)} on the GPU" + (f", beside which {', '.join(others)} run"
+                                                                  if others else ""))
 
     def continue_all(self) -> None:
         """At shutdown: a job left stopped would never run again. Continued, it waits at its next boundary."""

@@ -120,7 +120,9 @@ def test_a_sigstopped_job_does_not_stall_its_gpu(node_factory, tmp_path):
     x = node.job(ids["x"])
     assert x["detail"].startswith("stopped from outside gmux"), x["detail"]
     assert x["state"] == "stopped", x      # (it was shown "resuming", a command it could not answer)
-    check_culprit(node, ids["x"], ["did not reach a boundary", "stopped by someone else", "300"])
+    decisions = node.call("decisions", limit=200)["decisions"]     # (found at once, in its turn)
+    assert any(d["kind"] == "stop" and d["jobs"] == [ids["x"]] and "stopped by someone else" in d["text"] and
+               "300" in d["text"] and d["numbers"]["outside"] for d in decisions), decisions
     os.kill(procs["x"].pid, signal.SIGCONT)                    # given back: it finishes, nothing lost
     finish(ref, procs, tmp_path, "abx")
     assert node.job(ids["x"])["suspends"] >= 1
@@ -234,3 +236,26 @@ def test_a_users_suspend_of_a_job_stopped_between_its_turns_is_answered_at_once(
     c.close()
     x.kill()
     a.kill()
+
+
+def test_a_job_stopped_from_outside_in_its_turn_gives_the_turn_up_at_once(node_factory, tmp_path):
+    """A job SIGSTOPped (Ctrl-Z, a debugger) while it computed kept its turn to its end, up to the quantum (here
+    10 minutes), and its suspend's deadline after, while the job beside it waited and `gmux ps` said running."""
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "600", "--no-pack")
+    procs = {n: node.launch(TRAIN, str(tmp_path / f"{n}.json"), STEPS, "--sleep", SLEEP, opts=["--mem", "300MiB"])
+             for n in ("a", "b")}
+    ids = {n: node.job_of(p.pid) for n, p in procs.items()}
+    turn = node.wait_for(lambda: [n for n in "ab" if (lambda j: j["state"] == "running" and j["step"] >= 5)(
+        node.job(ids[n]))], 60, lambda: node.ps())[0]
+    other = "b" if turn == "a" else "a"
+    os.kill(procs[turn].pid, signal.SIGSTOP)
+    steps = node.job(ids[other])["step"]
+    node.wait_for(lambda: node.job(ids[other])["step"] >= steps + 50, 60, lambda: node.ps())
+    stopped = node.job(ids[turn])
+    assert stopped["state"] == "stopped" and stopped["detail"].startswith("stopped from outside gmux"), stopped
+    decisions = node.call("decisions", limit=50)["decisions"]
+    assert any(d["kind"] == "stop" and d["jobs"] == [ids[turn]] and "while it computed" in d["text"]
+               for d in decisions), decisions
+    os.kill(procs[turn].pid, signal.SIGCONT)
+    for p in procs.values():
+        p.kill()
