@@ -105,6 +105,11 @@ def test_optimizer_state_of_the_wrong_dtype_or_keys_is_refused(tmp):
     snap = small_job().snapshot()
     snap["optimizers"][0]["param_groups"][0]["lr"] = "fast"
     refused(tmp, forge.written(snap), r"optimizer 0 param group 0 'lr': a str, the job has a float")
+    # What torch refuses when the optimizer is made (a hostile tester's NaN and -1 trained on)
+    for key, bad in (("lr", float("nan")), ("lr", -1.0), ("eps", float("nan"))):
+        snap["optimizers"][0]["param_groups"][0] = {**small_job().snapshot()["optimizers"][0]["param_groups"][0],
+                                                    key: bad}
+        refused(tmp, forge.written(snap), rf"optimizer 0 param group 0 '{key}': {bad}, which no optimizer takes")
 
 
 def test_a_bad_rng_state_is_refused_before_the_weights_change(tmp):
@@ -120,6 +125,11 @@ def test_a_bad_rng_state_is_refused_before_the_weights_change(tmp):
     snap = small_job().snapshot()
     snap["rng"]["numpy"] = ("MT19937", torch.full((624,), -1, dtype=torch.int64), 0, 0, 0.0)
     refused(tmp, forge.written(snap), r"rng 'numpy'")
+    # NumPy takes any position into its key: 1,000,000 made the job's next draw crash it (SIGSEGV)
+    keys = small_job().snapshot()["rng"]["numpy"][1]
+    for pos in (625, 1_000_000, -1):
+        snap["rng"]["numpy"] = ("MT19937", keys, pos, 0, 0.0)
+        refused(tmp, forge.written(snap), rf"rng 'numpy': position {pos} is not in 0..624")
 
 
 def test_bad_epoch_start_streams_are_refused_before_anything_changes(tmp):

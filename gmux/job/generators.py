@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+MT_WORDS = 624
 KINDS = {"torch": torch.Generator, "numpy": np.random.Generator, "numpy_legacy": np.random.RandomState,
          "python": random.Random}
 
@@ -34,12 +35,38 @@ def legacy_words(state: tuple) -> tuple:
 
 
 def legacy_state(saved: tuple) -> tuple:
-    """`legacy_words` back to what RandomState.set_state takes; ValueError for words that are not uint32."""
-    name, keys, *rest = saved
+    """`legacy_words` back to what RandomState.set_state takes; ValueError for words that are not uint32, or a
+    position that is not in the key (`mt19937_bounds`)."""
+    name, keys, pos, *rest = saved
     keys = keys.numpy()
     if keys.size and (keys.min() < 0 or keys.max() >= 1 << 32):
         raise ValueError("key words outside 0..2**32-1")
-    return (name, keys.astype(np.uint32), *rest)
+    mt19937_bounds(keys, pos)
+    return (name, keys.astype(np.uint32), pos, *rest)
+
+
+def mt19937_bounds(keys, pos) -> None:
+    """NumPy takes any position into an MT19937 key and reads that far past its 624 words at the next draw: a
+    checkpoint saying 1000000 crashed the job that restored it (SIGSEGV), a negative one read before the key."""
+    if len(keys) != MT_WORDS:
+        raise ValueError(f"{len(keys)} key words, not {MT_WORDS}")
+    mt19937_position(pos)
+
+
+def mt19937_position(pos) -> None:
+    if type(pos) is not int or not 0 <= pos <= MT_WORDS:
+        raise ValueError(f"position {pos!r} is not in 0..{MT_WORDS}")
+
+
+def _bit_generator_bounds(state) -> None:
+    """The positions NumPy's bit generators take unchecked, checked (`mt19937_bounds`; Philox's buffer)."""
+    if not isinstance(state, dict):
+        raise TypeError(f"{type(state).__name__}, not a bit generator's state")
+    if state.get("bit_generator") == "MT19937" and isinstance(state.get("state"), dict):
+        mt19937_bounds(state["state"].get("key", ()), state["state"].get("pos"))
+    if state.get("bit_generator") == "Philox" and not (type(state.get("buffer_pos")) is int
+                                                       and 0 <= state["buffer_pos"] <= 4):
+        raise ValueError(f"buffer position {state.get('buffer_pos')!r} is not in 0..4")
 
 
 def capture(g) -> dict:
@@ -80,7 +107,9 @@ def _put(target, kind: str, state, like) -> None:
     elif kind == "numpy":
         if not isinstance(state, str):
             raise TypeError(f"{type(state).__name__}, not JSON text")
-        target.bit_generator.state = _arrays(json.loads(state), like.bit_generator.state)
+        state = _arrays(json.loads(state), like.bit_generator.state)
+        _bit_generator_bounds(state)
+        target.bit_generator.state = state
     elif kind == "numpy_legacy":
         target.set_state(legacy_state(state))
     else:

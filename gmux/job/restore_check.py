@@ -210,6 +210,10 @@ class Fit:
         for j, (g, lg) in enumerate(zip(groups, live["param_groups"])):
             self.alike({k: v for k, v in g.items() if k != "params"},
                        {k: v for k, v in lg.items() if k != "params"}, f"{where} param group {j}")
+            # What torch refuses when an optimizer is made, it takes unchecked from a state dict, and trains on.
+            for k, v in g.items():
+                if type(v) is float and (math.isnan(v) or (k == "lr" and v < 0)) and v != lg.get(k):
+                    self.fail(f"{where} param group {j} {k!r}: {v}, which no optimizer takes")
         # torch maps the saved parameter numbers to the job's parameters by position, group by group.
         saved_ids = [p for g in groups for p in g["params"]]
         if len(set(saved_ids)) != len(saved_ids):
@@ -314,6 +318,10 @@ class Fit:
                 and type(np_state[2]) is int and type(np_state[3]) is int and type(np_state[4]) in (int, float)):
             self.fail(f"{where} 'numpy': not a NumPy MT19937 state")
         self.alike(np_state[1], live["numpy"][1], f"{where} 'numpy' keys")
+        try:
+            gens.mt19937_position(np_state[2])     # (the keys' length: `alike`)
+        except ValueError as e:
+            self.fail(f"{where} 'numpy': {e}")
         self.alike(rng["torch"], live["torch"], f"{where} 'torch'")
         cuda = rng["cuda"]
         if not isinstance(cuda, list) or len(cuda) > 1024:
