@@ -471,7 +471,12 @@ def decode(frame: bytes, table: Optional[dict] = None) -> Message:
         obj = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     except Exception as e:  # msgpack raises several unrelated types (ExtraData, FormatError, ValueError, ...)
         raise ProtocolError(f"not a msgpack message: {type(e).__name__}: {str(e)[:100]}") from None
-    return validate(obj, table)
+    try:
+        return validate(obj, table)
+    except ProtocolError:
+        raise
+    except Exception as e:     # a check that failed on a value it did not foresee: a refusal still, never a crash
+        raise ProtocolError(f"message not understood: {type(e).__name__}: {str(e)[:100]}") from None
 
 
 def peek_action(frame: bytes) -> tuple:
@@ -549,7 +554,8 @@ def _tcp_endpoint(v):
         return p
     if not v.startswith("tcp://") or ":" not in v[6:]:
         return f"{v[:60]!r} is not a tcp://HOST:PORT endpoint"
-    return _int(int(v.rsplit(":", 1)[1]), 1, 65535) if v.rsplit(":", 1)[1].isdigit() else "port is not a number"
+    port = v.rsplit(":", 1)[1]
+    return _int(int(port), 1, 65535) if port.isascii() and port.isdigit() else "port is not a number"
 
 
 def _records(spec: dict, max_items: int = MAX_LIST):

@@ -179,7 +179,8 @@ class RuntimeDir:
             names = os.listdir(self.logs())
         except OSError:
             return []
-        return [int(n[1:-4]) for n in names if n.startswith("j") and n.endswith(".log") and n[1:-4].isdigit()]
+        return [int(n[1:-4]) for n in names if n.startswith("j") and n.endswith(".log") and n[1:-4].isascii()
+                and n[1:-4].isdigit()]
 
     def checkpoint_file(self, job: str, uid: Optional[int] = None) -> str:
         return os.path.join(self._jobs_dir(self.checkpoints(), uid), f"{job}.ckpt")
@@ -306,7 +307,8 @@ class RuntimeDir:
         with os.scandir(self.users()) as entries:
             for e in entries:
                 est = e.stat(follow_symlinks=False)
-                if not (stat.S_ISDIR(est.st_mode) and e.name.isdigit() and est.st_uid == int(e.name)):
+                uid = int(e.name) if e.name.isascii() and e.name.isdigit() else None
+                if not (stat.S_ISDIR(est.st_mode) and est.st_uid == uid):
                     raise RuntimeDirError(f"{e.path} is not a user's directory made by gmuxd (users/UID, owned by "
                                           f"UID); remove it, or choose another directory with --runtime-dir")
 

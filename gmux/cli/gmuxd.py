@@ -141,7 +141,8 @@ def _system_mode(p: argparse.ArgumentParser, a: argparse.Namespace) -> SystemMod
         if name is None:
             continue
         try:
-            groups[flag] = grp.getgrnam(name).gr_gid if not name.isdigit() else grp.getgrgid(int(name)).gr_gid
+            number = name.isascii() and name.isdigit()
+            groups[flag] = grp.getgrgid(int(name)).gr_gid if number else grp.getgrnam(name).gr_gid
         except KeyError:
             p.error(f"{flag} {name}: no such group (create it, e.g. `groupadd {name}`, and add its users)")
     return SystemMode(groups["--socket-group"], groups.get("--admin-group"))

@@ -86,6 +86,22 @@ def test_decode_structured_garbage(mtype, fields):
         pass
 
 
+cluster_field_names = st.sampled_from(sorted({f for spec in protocol.CLUSTER_MESSAGES.values() for f in spec}
+                                             | {"v", "type", "id"}))
+endpoints = st.builds(lambda host, port: f"tcp://{host}:{port}", st.text(max_size=5), st.text(max_size=5))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.sampled_from(sorted(protocol.CLUSTER_MESSAGES)),
+       st.dictionaries(cluster_field_names, values | endpoints, max_size=6))
+def test_decode_structured_garbage_of_the_cluster(mtype, fields):
+    obj = {"v": protocol.VERSION, "type": mtype, "id": 1, **fields}
+    try:
+        decode(msgpack.packb(obj), protocol.CLUSTER_MESSAGES)
+    except ProtocolError:
+        pass
+
+
 # --- typed nested payloads: a command's args by its kind, a cluster action's by the action, figures bounded ---
 @pytest.mark.parametrize("mtype,fields,needle", [
     ("command", {"cmd": 1, "kind": "spill", "args": {}}, "command.args: missing field 'path'"),
@@ -119,6 +135,8 @@ START = {"argv": ["python", "t.py"], "cwd": "/", "gpus": [0, 1], "restore": ["m-
     ("move", {}, "missing field 'gpu'"),
     ("migrate_out", {"target": "m2", "endpoint": "http://x", "xfer": "x"}, "tcp://"),
     ("kill", {"gpu": 1}, "unknown field 'gpu'"),
+    # '²' is a digit to str.isdigit but not to int(): the scheduler died of the ValueError
+    ("migrate_out", {"target": "m2", "endpoint": "tcp://h:\u00b2", "xfer": "x"}, "port is not a number"),
 ])
 def test_cluster_actions_are_typed(action, args, needle):
     raw = msgpack.packb({"v": protocol.VERSION, "type": "node_action", "id": 1, "action": action, "cjob": "c1",

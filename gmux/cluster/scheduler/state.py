@@ -140,7 +140,7 @@ class State:
     def ids_past(self, cjob: str) -> None:
         """No id up to `cjob`'s is given (a job a daemon runs that this state does not know: written before a
         crash on a full disk)."""
-        n = int(cjob[1:]) if cjob[:1] == "c" and cjob[1:].isdigit() else 0
+        n = _number(cjob)
         if n > self._seq:
             self._seq = n
             self.writes.attempt(self._save_seq)
@@ -162,7 +162,7 @@ class State:
         d["kill_requested"] = int(d["kill_requested"])
         cols = ", ".join(_COLS)
         self.db.execute(f"INSERT OR REPLACE INTO jobs (seq, {cols}) VALUES (?, {', '.join('?' * len(_COLS))})",
-                        [int(job.cjob[1:]) if job.cjob[1:].isdigit() else 0] + [d[c] for c in _COLS])
+                        [_number(job.cjob)] + [d[c] for c in _COLS])
 
     def save_many(self, jobs) -> None:
         """A flush: these jobs, and whatever earlier writes could not store, in one transaction."""
@@ -275,3 +275,8 @@ def lock_state_dir(statedir: str) -> int:
         raise OSError(f"another gmux-scheduler is running on {statedir}; stop it first, or give this one its own "
                       f"--state") from None
     return fd
+
+
+def _number(cjob: str) -> int:
+    """The number of a cluster job id c<N>, else 0 (digits in ASCII: '²' is a digit to str.isdigit, not to int)."""
+    return int(cjob[1:]) if cjob[:1] == "c" and cjob[1:].isascii() and cjob[1:].isdigit() else 0
