@@ -89,6 +89,17 @@ def _pos_float(v):
     return None
 
 
+WEIGHTS = (1e-3, 1e3)    # a job's share of GPU time, relative: a weight of 5e-324 made every share infinite
+
+
+def _weight(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return f"expected a number, got {type(v).__name__}"
+    if not (math.isfinite(v) and WEIGHTS[0] <= v <= WEIGHTS[1]):
+        return f"{v} is not a weight in [{WEIGHTS[0]:g}, {WEIGHTS[1]:g}]"
+    return None
+
+
 def _float(v):
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return f"expected a number, got {type(v).__name__}"
@@ -328,7 +339,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "argv": (_str_list, True),
         "cwd": (_exec_str, False),
         "name": (_optional(_job_name), False),
-        "weight": (_pos_float, False),
+        "weight": (_weight, False),
         "mem": (_optional(_nonneg_int), False),     # declared working set, bytes; None: measure it
         "gpus": (lambda v: _int(v, 1, 64), False),
         "job": (_optional(_name), False),           # with token: a re-registration
@@ -389,7 +400,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "cwd": (_exec_str, True),
         "env": (_env, False),
         "name": (_optional(_job_name), False),
-        "weight": (_pos_float, False),
+        "weight": (_weight, False),
         "mem": (_optional(_nonneg_int), False),
         "gpus": (lambda v: _int(v, 1, 64), False),
         "gpu": (_optional(_gpu_index), False),
@@ -638,7 +649,7 @@ _START = {"argv": (_argv, True), "cwd": (_exec_str, True), "env": (_env, False),
           # rank r runs on gpus[r] (distinct GPUs of this machine) and restores received checkpoint restore[r]
           "gpus": (_gpu_list, True),
           "restore": (_optional(_names(MAX_RANKS)), False), "mem": (_optional(_nonneg_int), False),
-          "weight": (_optional(_pos_float), False), "ckpt_every": (_optional(_pos_float), False),
+          "weight": (_optional(_weight), False), "ckpt_every": (_optional(_pos_float), False),
           "restore_wait": (_optional(_pos_float), False),
           # the job stops itself once its gmuxd has not answered it for this long (LEASE_LOST_STATUS): about when
           # the scheduler counts the machine lost and starts the job elsewhere, and two copies must not both train
@@ -686,7 +697,7 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     # --- clients (gmux submit/ps --cluster) -> scheduler ---
     "c_submit": {"argv": (_argv, True), "cwd": (_exec_str, True), "env": (_env, False), "name": (_optional(_name), False),
                  "ranks": (_ranks, False), "mem": (_optional(_nonneg_int), False),
-                 "weight": (_pos_float, False), "ckpt_every": (_optional(_pos_float), False)},
+                 "weight": (_weight, False), "ckpt_every": (_optional(_pos_float), False)},
     "c_ps": {"all": (_bool, False)},
     "c_kill": {"cjob": (_name, True)},
     # a user's hold on a job (suspended, and kept so), and the hold's end

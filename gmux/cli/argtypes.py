@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from gmux.protocol import WEIGHTS
 from gmux.util.sizes import parse_size
 
 
@@ -26,6 +27,8 @@ positive = checked(float, "a number", lambda v: 0 < v < math.inf, "a finite numb
 nonneg_int = checked(int, "an integer", lambda v: v >= 0, "an integer >= 0")
 positive_int = checked(int, "an integer", lambda v: v >= 1, "a positive integer")
 port = checked(int, "a port number", lambda v: 1 <= v <= 65535, "a port in 1..65535")
+weight = checked(float, "a number", lambda v: WEIGHTS[0] <= v <= WEIGHTS[1], f"a weight in [{WEIGHTS[0]:g}, "
+                                                                               f"{WEIGHTS[1]:g}]")
 
 
 def size(text: str) -> int:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from gmux.cli.argtypes import positive, positive_size
+from gmux.cli.argtypes import positive_size, weight
+from gmux.protocol import WEIGHTS
 
 
 def add_job_options(p: argparse.ArgumentParser) -> None:
@@ -11,5 +12,5 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mem", type=positive_size, help="GPU memory the job needs (e.g. 6GiB), and its limit: an "
                                                      "allocation past it fails with an out-of-memory error; default: "
                                                      "measured, no limit")
-    p.add_argument("--weight", type=positive, default=1.0,
-                   help="share of GPU time relative to other jobs (default 1)")
+    p.add_argument("--weight", type=weight, default=1.0,
+                   help=f"share of GPU time relative to other jobs, {WEIGHTS[0]:g} to {WEIGHTS[1]:g} (default 1)")

@@ -40,6 +40,10 @@ def test_round_trip_every_client_type():
     (frame(type="register", pid=True, argv=["x"]), "expected an integer, got bool"),
     (frame(type="register", pid=1, argv=["x"], weight=float("nan")), "register.weight"),
     (frame(type="register", pid=1, argv=["x"], weight=-1), "register.weight"),
+    # a weight of 5e-324 made every share on its GPU infinite (vtime inf), so weights no longer counted
+    (frame(type="submit", admin="a", argv=["python", "t.py"], cwd="/", weight=5e-324),
+     "submit.weight: 5e-324 is not a weight in [0.001, 1000]"),
+    (frame(type="submit", admin="a", argv=["python", "t.py"], cwd="/", weight=1e6), "is not a weight"),
     (frame(type="migrate", admin="a", job="../etc", gpu=0), "not a valid name"),
     # a name reading as another job's id: `gmux kill j3` found no job 'j3' while ps showed one named so
     (frame(type="register", pid=1, argv=["x"], name="j3"), "'j3' looks like a job id"),
