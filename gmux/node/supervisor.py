@@ -19,6 +19,7 @@ in the child before it executes anything), and a process is signalled only while
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pwd
 import signal
@@ -82,13 +83,18 @@ class Supervisor:
         try:
             fd = self.rundir.open_private(path, append=True)
         except OSError as e:    # a read-only or full filesystem: gmuxd's, not the job's failure
-            raise CannotStart(f"cannot write {path}: {e.strerror}") from None
+            raise CannotStart(f"cannot write {path}: " + ("it is a symbolic link, which gmuxd writes no log through"
+                                                          if e.errno == errno.ELOOP else e.strerror)) from None
         with os.fdopen(fd, "ab") as log:
             try:
                 p = subprocess.Popen(cmd, cwd=job.cwd or None, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True, **as_user)
             except OSError as e:
-                raise CannotStart(f"could not start {job.argv[0]!r}: {e}") from None
+                if os.fstat(log.fileno()).st_size == 0:
+                    os.unlink(path)      # a refusal leaves nothing: the next job given this id starts a log anew
+                what = (f"gmux-launch with gmuxd's interpreter {sys.executable}" if e.filename == sys.executable
+                        else repr(job.argv[0]))
+                raise CannotStart(f"could not start {what}: {e}") from None
         self.children[p.pid] = p
         return p.pid
 

@@ -72,6 +72,21 @@ def test_a_refused_job_uses_up_no_id(daemon_factory, tmp_path):
     assert register(daemon_factory(root=root), b"c")["job"] == "j3"     # and the table agrees after a restart
 
 
+def test_a_submit_that_cannot_start_leaves_no_log_behind(daemon, tmp_path):
+    """A refused submit (a cwd that does not exist) left an empty log, which the next job given its id appended
+    to, and which a gmuxd whose table was lost took for a job's."""
+    import os
+    r = ask(daemon, "submit", admin=daemon.admin, argv=["python", "t.py"], cwd=str(tmp_path / "gone"))
+    assert not r["ok"] and "could not start 'python': [Errno 2] No such file or directory" in r["error"], r
+    assert os.listdir(daemon.rundir.logs()) == []
+    target = tmp_path / "theirs"
+    target.write_text("untouched\n")
+    os.symlink(target, daemon.rundir.log_file("j1"))     # planted where the next job's log goes
+    r = ask(daemon, "submit", admin=daemon.admin, argv=["python", "t.py"], cwd=str(tmp_path))
+    assert not r["ok"] and r["error"].endswith("j1.log: it is a symbolic link, which gmuxd writes no log through"), r
+    assert target.read_text() == "untouched\n"
+
+
 def test_a_request_whose_gmuxd_dies_before_answering_fails_in_seconds(tmp_path):
     """gmux suspend to a gmuxd killed (-9) while the job's boundary was awaited waited its whole 130 s."""
     import threading
