@@ -18,9 +18,10 @@ def parse_virtual_gpus(spec: str) -> list[int]:
     """'2x16GiB' -> [16 GiB, 16 GiB]; '8GiB,16GiB' -> two of different sizes."""
     sizes: list[int] = []
     for part in spec.split(","):
-        if part.strip().isdigit():
-            raise ValueError(f"{spec!r}: say each virtual GPU's memory too, e.g. {part.strip()}x16GiB for "
-                             f"{part.strip()} GPUs of 16 GiB")
+        alone = re.fullmatch(r"\s*(\d+)\s*x?\s*", part)      # a count alone (2, 2x) is not 2 bytes
+        if alone:
+            raise ValueError(f"{spec!r}: say each virtual GPU's memory too, e.g. {alone.group(1)}x16GiB for "
+                             f"{alone.group(1)} GPUs of 16 GiB")
         m = re.fullmatch(r"\s*(?:(\d+)\s*x\s*)?(.+)", part)
         if not m:
             raise ValueError(f"{spec!r}: write virtual GPUs as COUNTxSIZE, e.g. 2x16GiB")

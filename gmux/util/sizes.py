@@ -11,11 +11,16 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
 def parse_size(text: str) -> int:
     """'16GiB' -> 17179869184. Binary units for K/M/G/T and KiB/..., decimal for KB/MB/GB/TB."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
+    if not m:
         raise ValueError(f"{text!r} is not a size; write e.g. 512MiB, 16GiB or 2000000000")
+    if m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{text!r}: {m.group(2)!r} is not a unit of size; write B, KiB, MiB, GiB or TiB (or KB, "
+                         f"MB, GB, TB: powers of 1000)")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if not value < 1 << 64:    # also refuses inf, which int() would raise OverflowError on
         raise ValueError(f"{text!r} is more memory than any machine has")
+    if value != int(value) and _UNITS[m.group(2).lower()] == 1:     # (1.1GiB is taken, to the byte below)
+        raise ValueError(f"{text!r} is not a whole number of bytes")
     return int(value)
 
 

@@ -77,8 +77,12 @@ def test_times_no_date_can_show_and_files_that_cannot_be_read_are_refused_by_nam
     (tmp_path / "t.csv").write_text("timestamp,duration,num_gpus,cluster\n1e300,10,1,a\n-1e18,10,1,a\n5,10,1,a\n")
     with pytest.raises(TraceError) as e:
         load_trace(str(tmp_path / "t.csv"))
-    assert "line 2: timestamp '1e300' is not a time between the years 1 and 9999" in str(e.value)
+    assert "line 2: timestamp '1e300' is not a time from 0001-01-02 to 9999-12-31 00:00 UTC" in str(e.value)
     assert "line 3: timestamp '-1e18'" in str(e.value)
+    # the bounds said are the ones kept ("9999-12-31 23:59:59 is not a time between the years 1 and 9999")
+    (tmp_path / "d.csv").write_text("timestamp,duration,num_gpus,cluster\n9999-12-31 23:59:59,10,1,a\n")
+    with pytest.raises(TraceError, match="'9999-12-31 23:59:59' is not a time from 0001-01-02 to 9999-12-31 00:00"):
+        load_trace(str(tmp_path / "d.csv"))
     for read in (load_trace, load_vcs, Throughputs):
         with pytest.raises(TraceError, match="/proc/self/mem: cannot be read"):
             read("/proc/self/mem")

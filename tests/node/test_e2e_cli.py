@@ -167,7 +167,7 @@ def test_careless_arguments_get_one_line_that_names_the_problem(node_factory, tm
         out = gmux(node.rt, *[str(script) if a == "x.py" else a for a in args], timeout=30)
         assert out.returncode in (1, 2) and "Traceback" not in out.stderr, (args, out.stderr)
         assert needle in out.stderr and "\x1b" not in out.stderr, (args, out.stderr)
-    for spec, needle in (("1x0", "at least 1MiB"), ("2x", "is not a size"), ("9" * 400 + "GiB", "more memory")):
+    for spec, needle in (("1x0", "at least 1MiB"), ("2x", "say each virtual GPU's memory too, e.g. 2x16GiB"), ("9" * 400 + "GiB", "more memory")):
         out = subprocess.run([PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", str(tmp_path / "bad"), "--virtual-gpus",
                               spec], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr

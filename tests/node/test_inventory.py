@@ -12,9 +12,15 @@ def test_sizes():
     assert parse_size("1.5G") == 3 << 29
     assert parse_size("2GB") == 2 * 1000 ** 3
     assert parse_size("123") == 123
-    for bad in ("", "GiB", "12 parsecs", "-1GiB"):
+    for bad in ("", "GiB", "-1GiB"):
         with pytest.raises(ValueError, match="write e.g."):
             parse_size(bad)
+    # (a hostile tester's: "99999999999EiB is not a size" when the unit was the problem; 1.5B taken as 1 byte)
+    with pytest.raises(ValueError, match="'parsecs' is not a unit of size; write B, KiB"):
+        parse_size("12 parsecs")
+    with pytest.raises(ValueError, match="'1.5B' is not a whole number of bytes"):
+        parse_size("1.5B")
+    assert parse_size("1.1KiB") == 1126
     assert format_size(3 << 29) == "1.5GiB" and format_size(None) == "-"
 
 

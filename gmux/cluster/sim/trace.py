@@ -130,7 +130,8 @@ class _Times:
         if not EARLIEST <= value <= LATEST:
             hint = " (milliseconds or microseconds since the epoch? say so with --time-unit ms or us)" \
                 if numeric and self.scale == 1.0 and LATEST < value <= 1e6 * LATEST else ""
-            raise ValueError(f"{what} {text!r} is not a time between the years 1 and 9999{hint}")
+            raise ValueError(f"{what} {text!r} is not a time from 0001-01-02 to 9999-12-31 00:00 UTC, the times "
+                             f"a date can show with a day to spare for zones{hint}")
         self.numeric = numeric
         if zoned is not None:
             self.zoned = zoned
