@@ -412,3 +412,28 @@ def test_a_loader_read_after_the_epochs_own_has_boundaries_but_a_move_waits_for_
     assert [s for s in seen if s[0] == "val"] == [("val", 0, 0), ("val", 0, 1), ("val", 0, 2)]
     assert at_move == (1, 1) and os.path.exists(os.path.join(tmp, "m.ckpt"))   # before epoch 1's second fetch
     assert job.profile.steps == 4 + 3 + 1    # before each fetch after the first (the last finds the end)
+
+
+def test_a_checkpoint_on_a_full_disk_says_which_file(tmp_path):
+    """The refusal said "[Errno 28] No space left on device", and not where."""
+    import subprocess
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("needs a small filesystem of its own: mounting a tmpfs is not permitted here (not root)")
+    try:
+        fd = os.open(full / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            os.close(fd)
+        job, model, opt, step = _setup()
+        step()
+        path = str(full / "c.ckpt")
+        command = job.controller.send("checkpoint", path=path)
+        step()
+        error = job.controller.result(command, timeout=10)["error"]
+        assert error == f"{path}: No space left on device", error
+    finally:
+        subprocess.run(["umount", "-l", str(full)])

@@ -274,10 +274,14 @@ class Job:
         try:
             figures = action()
         except Exception as e:  # the job keeps its last good state; the driver hears why
-            self.controller.reply(command, {"ok": False, "error": str(e)})    # (each hearer says what failed)
+            path = command.args.get("path")
+            # (a write that failed on a full disk says "No space left on device", and not where)
+            error = f"{path}: {e.strerror}" if isinstance(e, OSError) and not e.filename and path and e.strerror \
+                else str(e)
+            self.controller.reply(command, {"ok": False, "error": error})    # (each hearer says what failed)
             if command.kind in ("checkpoint", "migrate"):     # (the script's own log says why it was not moved)
                 print(f"gmux: {'move' if command.kind == 'migrate' else 'checkpoint'} refused, the job runs on "
-                      f"here: {e}", file=sys.stderr)
+                      f"here: {error}", file=sys.stderr)
             return False
         self.controller.reply(command, {"ok": True, **figures})
         return True
