@@ -166,16 +166,17 @@ class Stopping:
 
     # --- the daemon's lifecycle ---
     def check_frozen(self, slicer: Slicer, now: float) -> None:
-        """A job stopped by someone else that runs again is given back to the slicer; one stopped in its turn
-        (SIGSTOP, Ctrl-Z, a debugger) gives its turn up at once: the others on its GPU waited for the turn's end
-        and its suspend's deadline, and `gmux ps` showed it running all that time."""
+        """A job stopped by someone else that runs again is given back to the slicer; one stopped by a signal in
+        its turn (SIGSTOP, Ctrl-Z) gives its turn up at once: the others on its GPU waited for the turn's end and
+        its suspend's deadline, and `gmux ps` showed it running all that time. (One held by a debugger is found
+        at that deadline, as before: a sampling profiler holds a job for moments, and would cost it its turns.)"""
         node = self.node
         for j in slicer.stopped():
             if slicer.entries[j].frozen and not node.sup.stopped_outside(node.jobs[j]):
                 slicer.thawed(j)
         for j in sorted(j for j in slicer.resident if slicer.computing(j)):
             job = node.jobs[j]
-            if not job.stopped_by_gmux and node.sup.stopped_outside(job):
+            if not job.stopped_by_gmux and node.sup.stopped_outside(job, signal_only=True):
                 slicer.frozen(j, now)
                 others = [o for o in slicer.entries if o != j and not slicer.entries[o].held]
                 node.decide(slicer.gpu, "stop", [j], {**self._numbers(slicer, job, now), "outside": True},

@@ -133,9 +133,11 @@ class Supervisor:
     def cont(self, job: Job) -> bool:
         return self._signal_tree(job, signal.SIGCONT)
 
-    def stopped_outside(self, job: Job) -> bool:
-        """Whether the job's process is stopped (by a signal or a debugger) although gmuxd did not stop it."""
-        return self._identified(job) and _state(job.pid) in ("T", "t")
+    def stopped_outside(self, job: Job, signal_only: bool = False) -> bool:
+        """Whether the job's process is stopped (by a signal or a debugger) although gmuxd did not stop it.
+        `signal_only`: stopped by a signal (SIGSTOP, Ctrl-Z), not held for a moment by a tracer (py-spy pauses
+        a job it samples, a hundred times a second)."""
+        return self._identified(job) and _state(job.pid) in (("T",) if signal_only else ("T", "t"))
 
     def _signal_tree(self, job: Job, sig: int) -> bool:
         if not self._identified(job):

@@ -259,3 +259,32 @@ def test_a_job_stopped_from_outside_in_its_turn_gives_the_turn_up_at_once(node_f
     os.kill(procs[turn].pid, signal.SIGCONT)
     for p in procs.values():
         p.kill()
+
+
+def test_a_job_held_for_a_moment_by_a_tracer_keeps_its_turn(node_factory, tmp_path):
+    """A sampling profiler (py-spy) or a debugger's attach holds a job for moments (state 't'): taken for a stop
+    from outside, it would lose its turn each time. Only a signal's stop (state 'T') gives the turn up at once."""
+    import shutil
+    import subprocess
+    if shutil.which("gdb") is None:
+        pytest.skip("needs gdb to hold a job as a tracer does")
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "600", "--no-pack")
+    procs = {n: node.launch(TRAIN, str(tmp_path / f"{n}.json"), STEPS, "--sleep", SLEEP, opts=["--mem", "300MiB"])
+             for n in ("a", "b")}
+    ids = {n: node.job_of(p.pid) for n, p in procs.items()}
+    turn = node.wait_for(lambda: [n for n in "ab" if (lambda j: j["state"] == "running" and j["step"] >= 5)(
+        node.job(ids[n]))], 60, lambda: node.ps())[0]
+    gdb = subprocess.Popen(["gdb", "-p", str(procs[turn].pid), "-batch", "-ex", "shell sleep 2"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def traced():
+        with open(f"/proc/{procs[turn].pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"t"
+    held = node.wait_for(lambda: traced() or gdb.poll() is not None, 60, "gdb to attach")
+    assert held and traced(), "gdb did not hold the job"
+    gdb.wait(60)
+    steps = node.job(ids[turn])["step"]
+    node.wait_for(lambda: node.job(ids[turn])["step"] >= steps + 20, 60, lambda: node.ps())
+    assert node.job(ids[turn])["state"] == "running" and node.job(ids[turn])["stops"] == 0, node.job(ids[turn])
+    assert not any(d["kind"] == "stop" for d in node.call("decisions", limit=50)["decisions"])
+    for p in procs.values():
+        p.kill()
