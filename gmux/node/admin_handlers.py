@@ -209,6 +209,12 @@ class AdminHandlers:
                           f"(it asked for {job.gpus_wanted}); gmux migrate moves single-GPU jobs")
         if job.gpu is None:
             raise Refused(f"migrate: {job.id} waits for a GPU and has none to move from")
+        if job.target_gpu is not None:
+            # (its old process has checkpointed and left the GPU: a second move sent it a command it never took,
+            # and held a GPU that no longer knew the job, which then ran no job again)
+            where = (f"on its way to GPU {job.target_gpu} in a new process" if job.target_gpu != job.gpu else
+                     "being restored from disk by a new process")
+            raise Busy(f"migrate: {job.id} is {where}; move it once it has arrived (gmux ps shows it running)")
         if gpu == job.gpu:
             raise Refused(f"migrate: {job.id} is already on GPU {gpu}")
         why = node.admission.move_refusal(job, gpu)

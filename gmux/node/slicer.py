@@ -24,8 +24,7 @@ the jobs' GPU times add up to the wall time, less the instants between one job's
 
 The slicer returns commands for the daemon to carry out: ("suspend"/"resume", job) to send, ("stop"/"cont",
 job) to signal, ("late", job) once when an overdue job cannot be stopped (it may not be, or the jobs arriving do
-not fit beside it) and is waited for. It is told of acknowledgements through `acked`. Time is passed in, so
-tests drive it with a fake clock.
+not fit beside it) and is waited for. It hears acknowledgements (`acked`); time is passed in (a test's clock).
 """
 from __future__ import annotations
 
@@ -124,9 +123,8 @@ class Slicer:
 
     def hold(self, job: str, to_boundary: bool = False, in_place: bool = False) -> None:
         if job in self.entries:
-            self.entries[job].held = True
-            self.entries[job].to_boundary = to_boundary
-            self.entries[job].in_place = in_place
+            e = self.entries[job]
+            e.held, e.to_boundary, e.in_place = True, to_boundary, in_place
 
     def release(self, job: str) -> None:
         if job in self.entries:
@@ -146,12 +144,14 @@ class Slicer:
 
     # --- commands the daemon sends on its own (migrate, spill) ---
     def mark_busy(self, job: str, kind: str, now: Optional[float] = None) -> None:
-        """A command of the daemon's own (not the slicer's) is in flight for `job`. The slicer waits for it as for
-        one of its own switches: a migrating (or moving) job's memory is in use until it has left, and a spilling
-        job must not be resumed while it writes its state out. With `now`, the command has the job's deadline
-        (`overdue_busy`)."""
+        """A command of the daemon's own (not the slicer's) is in flight for `job`, one of this GPU's (else
+        ValueError: a job that had left made every later tick fail). The slicer waits for it as for its own
+        switches: a migrating (or moving) job's memory is in use until it has left, and a spilling job must not
+        be resumed while it writes its state out. With `now`, the command has the job's deadline."""
+        if job not in self.entries:
+            raise ValueError(f"GPU {self.gpu}: {job} is not on this GPU")
         self.pending[job] = kind
-        if now is not None and job in self.entries:
+        if now is not None:
             self.entries[job].sent_at = now
 
     def clear_busy(self, job: str) -> None:
