@@ -200,7 +200,7 @@ def test_real_gpus_and_new_process_take_the_checkpoint_path(daemon_factory):
         assert cmd["kind"] == "migrate" and cmd["args"]["path"].endswith(f"{a['job']}.ckpt")
         assert d.slicers[0].busy_with(a["job"]) == "migrate"
         again = ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1, **fields)    # refused only for now
-        assert not again["ok"] and again["busy"] is True and "busy with a migrate" in again["error"], again
+        assert not again["ok"] and again["busy"] is True and "is on its way to GPU 1 in a new process" in again["error"], again
         ack(d, b"a", a, cmd)
         (reply,) = replies(d)
         assert reply["ok"] and reply["data"]["path"] == "new process", reply
