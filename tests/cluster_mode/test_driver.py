@@ -147,9 +147,9 @@ def test_a_skipped_intent_is_logged_once_until_its_reason_changes(tmp_path):
         s.jobs["c1"] = CJob("c1", ["python", "t.py"], "/", state="starting", machine="a", gpu=0)
         skips = lambda: [d for d in s.recent if d["kind"] == "skip"]
         for _ in range(5):          # a policy proposing the same thing every tick
-            s._carry_out(Intent("none", "c1", why="gang c1 cannot share GPU 0"))
+            s.intents.carry_out(Intent("none", "c1", why="gang c1 cannot share GPU 0"))
         assert len(skips()) == 1
-        s._carry_out(Intent("none", "c1", why="waiting for 2 free GPUs"))
+        s.intents.carry_out(Intent("none", "c1", why="waiting for 2 free GPUs"))
         assert [d["text"] for d in skips()] == ["c1: gang c1 cannot share GPU 0", "c1: waiting for 2 free GPUs"]
     finally:
         s.close()

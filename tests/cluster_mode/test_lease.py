@@ -196,3 +196,27 @@ def test_a_restart_says_it_restores_once_its_checkpoint_has_arrived(sched):
     sched.pushes.drain()
     assert sched.wire[-1] == ("m1", "start", "c1")
     assert (job.state, job.detail) == ("starting", "restoring its checkpoint (step 372) on m1"), job
+
+
+def test_a_job_with_no_boundary_is_not_moved_between_machines(sched):
+    """Its copy on the target started the script afresh while the one on the source computed on, for the 120 s
+    the move waited for a checkpoint that could never be written (an outside cluster operator's, 3 of 3). A
+    user's migrate is refused, saying why; a policy's is skipped, said once."""
+    from gmux.cluster.scheduler.driver import Intent
+    from gmux.cluster.scheduler.state import Machine
+    from test_user_hold import client
+    sched.machines["m2"] = Machine("m2", sched.machines["m1"].gpus, "tcp://127.0.0.1:2", last_seen=time.time())
+    sched._daemon_node_report("m1", b"m1", {"name": "m1", "gpus": sched.machines["m1"].gpus,
+                                            "transfer": "tcp://127.0.0.1:1",
+                                            "jobs": [{"cjob": "c1", "local": "j1", "state": "running", "step": 0,
+                                                      "gpu": 0, "boundless": True}]}, None)
+    with pytest.raises(protocol.ProtocolError, match="c1 has reached no boundary since it started"):
+        client(sched, "alice", "c_migrate", cjob="c1", machine="m2", gpu=0)
+    for _ in range(2):
+        sched.intents.carry_out(Intent("migrate", "c1", "m2", 0, "defragment", (0,)))
+    job = sched.jobs["c1"]
+    assert job.state == "running" and job.machine == "m1" and sched.wire == [], (job, sched.wire)
+    said = [d["text"] for d in sched.state.decisions(50) if d["kind"] == "skip"]
+    assert said == ["c1: defragment; not moved: it has reached no boundary, so it cannot be checkpointed"], said
+    report(sched)     # (no boundless in the record: it has reached one) moves again
+    assert client(sched, "alice", "c_migrate", cjob="c1", machine="m2", gpu=0)["to"] == "m2"

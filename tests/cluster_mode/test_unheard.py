@@ -57,7 +57,7 @@ def event(s, name, detail, **data):
 
 def test_a_suspend_sent_while_the_link_was_away_is_sent_when_it_reports_again(sched):
     sched.reachable = False
-    sched._carry_out(Intent("suspend", "c1", why="its turn is over"))
+    sched.intents.carry_out(Intent("suspend", "c1", why="its turn is over"))
     assert sched.jobs["c1"].state == "suspended" and sched.wire == []
     sched.reachable = True
     report(sched, "running", held=False)          # back: it still runs the job the scheduler counts suspended
@@ -73,7 +73,7 @@ def test_a_suspend_sent_while_the_link_was_away_is_sent_when_it_reports_again(sc
 
 def test_a_resume_lost_on_the_way_is_sent_again_after_the_grace(sched):
     sched.jobs["c1"].state = "suspended"
-    sched._carry_out(Intent("resume", "c1", machine="m1", gpu=0, gpus=(0,)))
+    sched.intents.carry_out(Intent("resume", "c1", machine="m1", gpu=0, gpus=(0,)))
     assert sched.wire == [("m1", "resume", {"gpu": 0})]
     report(sched, "suspended", held=True)         # not heard yet: within the grace, nothing is sent
     assert len(sched.wire) == 1
@@ -108,7 +108,7 @@ def test_a_kill_is_repeated_until_the_job_has_ended_and_then_forgotten(sched):
 
 
 def test_a_move_lost_on_the_way_is_sent_again_once_then_the_machine_is_believed(sched):
-    sched._carry_out(Intent("move", "c1", machine="m1", gpu=1, gpus=(1,)))
+    sched.intents.carry_out(Intent("move", "c1", machine="m1", gpu=1, gpus=(1,)))
     assert sched.wire == [("m1", "move", {"gpu": 1})] and sched.jobs["c1"].gpu == 1
     report(sched, gpu=0)                          # under way (it waits for a boundary): within the grace
     time.sleep(GRACE * 1.5)
@@ -126,14 +126,14 @@ def test_a_move_lost_on_the_way_is_sent_again_once_then_the_machine_is_believed(
 
 
 def test_a_move_the_machine_refused_is_not_sent_again(sched):
-    sched._carry_out(Intent("move", "c1", machine="m1", gpu=1, gpus=(1,)))
+    sched.intents.carry_out(Intent("move", "c1", machine="m1", gpu=1, gpus=(1,)))
     event(sched, "action_failed", "move: migrate: GPU 1 cannot take j1: 900 MiB of 1 GiB in use", action="move")
     report(sched, gpu=0)                          # refused: the scheduler takes the machine's word at once
     assert sched.jobs["c1"].gpu == 0 and sched.jobs["c1"].rank_gpus == [0]
     time.sleep(GRACE * 1.5)
     report(sched, gpu=0)
     assert sched.wire == [("m1", "move", {"gpu": 1})]
-    sched._carry_out(Intent("move", "c1", machine="m1", gpu=1, gpus=(1,)))   # the policy's new move is its own
+    sched.intents.carry_out(Intent("move", "c1", machine="m1", gpu=1, gpus=(1,)))   # the policy's new move is its own
     report(sched, gpu=0)
     time.sleep(GRACE * 1.5)
     report(sched, gpu=0)

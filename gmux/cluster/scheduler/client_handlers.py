@@ -149,6 +149,11 @@ class ClientHandlers:
             raise protocol.ProtocolError(f"c_migrate: {msg['cjob']!r} is not a running job (it is "
                                          f"{job.state if job else 'unknown'})")
         self._own(name, job, "c_migrate")
+        if job.boundless:
+            # (a copy elsewhere would start from the beginning while this one computed on, for minutes)
+            raise protocol.ProtocolError(f"c_migrate: {job.cjob} has reached no boundary since it started (its "
+                                         f"script has not called gmux.job.attach() and trained a step), so it "
+                                         f"cannot be checkpointed and moved; try again once it has")
         gpus = [msg["gpu"] + r for r in range(job.gpus)]
         if m is None or m.state != "up" or not set(gpus) <= {g["index"] for g in m.gpus}:
             raise protocol.ProtocolError(f"c_migrate: no GPU{'s' if job.gpus > 1 else ''} "

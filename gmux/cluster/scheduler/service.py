@@ -28,7 +28,8 @@ from gmux import protocol
 from gmux.wire import keys, sealed
 from gmux.cluster.policies import Event, EventKind, make_policy
 from gmux.cluster.scheduler.client_handlers import ClientHandlers
-from gmux.cluster.scheduler.driver import Driver, Intent
+from gmux.cluster.scheduler.driver import Driver
+from gmux.cluster.scheduler.intents import Intents
 from gmux.cluster.scheduler.moves import Moves
 from gmux.cluster.scheduler.pushes import Pushes
 from gmux.cluster.scheduler.speakers import REFUSAL, REFUSE, TAKE_OVER, routing_name, speaker
@@ -97,7 +98,7 @@ class Scheduler:
         self.receiver = Receiver(os.path.join(statedir, "checkpoints"))
         closers.callback(self.receiver.close)
         self._sweep_checkpoints()
-        self._skipped: dict[str, str] = {}   # cjob -> the last reason an intent for it was skipped (logged once)
+        self.intents = Intents(self)
         self._refused_idents: set = set()    # second gmuxds claiming a machine's name (logged once each)
         # Periodic checkpoints arrive sealed beside Curve (gmux.wire.sealed): decrypting every machine's in one
         # process is what a cluster's scheduler would otherwise spend its core on.
@@ -215,6 +216,7 @@ class Scheduler:
         job.local = r["local"]
         job.ranks = r.get("ranks") or []
         job.step = max(job.step, r["step"]) if job.state != "pending" else job.step
+        job.boundless = bool(r.get("boundless"))
         job.gpu_seconds = float(r.get("gpu_seconds") or 0.0)
         for k in ("rate_now", "rate_solo", "mem_peak"):
             if r.get(k) is not None:
@@ -387,7 +389,7 @@ class Scheduler:
                 continue
             self.timers += timers
             for it in intents:
-                self._carry_out(it)
+                self.intents.carry_out(it)
             self.decision_ms.append((time.perf_counter() - t0) * 1000)
         self.state.save_many(j for j in self.jobs.values() if not j.final or j.finished and now - j.finished < 5)
 
@@ -458,41 +460,6 @@ class Scheduler:
                 "weight": job.weight, "restore": restore, "ckpt_every": job.ckpt_every,
                 # (shorter than the time to count its machine lost, which starts it elsewhere: one copy at a time)
                 "lease_s": LEASE_SHARE * self.opt.lost_after}
-
-    def _carry_out(self, it: Intent) -> None:
-        job = self.jobs[it.cjob]
-        if job.state in ("starting", "migrating") or it.what == "none":
-            # A policy may propose the same thing on every tick until the world changes: say it once.
-            if it.why and self._skipped.get(job.cjob) != it.why:
-                self._skipped[job.cjob] = it.why
-                self._log("skip", job.cjob, f"{job.cjob}: {it.why}")
-            return
-        self._skipped.pop(job.cjob, None)
-        m = self.machines.get(it.machine) if it.machine else None
-        if it.what == "start":
-            job.machine, job.gpu, job.rank_gpus = it.machine, it.gpu, list(it.gpus)
-            if job.ckpt_paths and all(os.path.exists(p) for p in job.ckpt_paths):
-                job.set("starting", f"sending its checkpoint (step {job.ckpt_step}) to {it.machine}")
-                self.pushes.start(job, m)
-            else:
-                job.set("starting", f"started on {it.machine} GPU {it.gpu}")
-                self._action(it.machine, "start", job.cjob, **self._start_args(job))
-            self._log("place", job.cjob, f"{job.cjob} -> {it.machine} GPU {','.join(map(str, it.gpus))} ({it.why})")
-        elif it.what == "suspend":
-            job.set("suspended")
-            self._action(job.machine, "suspend", job.cjob)
-            self._log("suspend", job.cjob, f"suspend {job.cjob} on {job.machine} ({it.why})")
-        elif it.what == "resume":
-            job.set("running")
-            job.gpu, job.rank_gpus = it.gpu, list(it.gpus)
-            self._action(job.machine, "resume", job.cjob, gpu=it.gpu)
-            self._log("resume", job.cjob, f"resume {job.cjob} on {job.machine} GPU {it.gpu}")
-        elif it.what == "move":
-            job.gpu, job.rank_gpus = it.gpu, list(it.gpus)
-            self._action(job.machine, "move", job.cjob, gpu=it.gpu)
-            self._log("move", job.cjob, f"move {job.cjob} to GPU {it.gpu} of {job.machine}")
-        elif it.what == "migrate":
-            self.moves.start(job, it.machine, list(it.gpus), it.why)
 
 
 def _by_key(handler):

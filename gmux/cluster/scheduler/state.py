@@ -62,6 +62,7 @@ class CJob:
     local: Optional[str] = None        # the job id on `machine`'s gmuxd
     ended_local: Optional[str] = None  # MACHINE/LOCAL of the copy it last restarted from (its record may linger)
     step: int = 0
+    boundless: bool = False            # computing with no boundary yet (its machine's word): not checkpointable
     attained: float = 0.0              # GPU-seconds on machines it has left
     gpu_seconds: float = 0.0           # GPU-seconds on `machine` (from its reports)
     rate_now: Optional[float] = None
