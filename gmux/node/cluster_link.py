@@ -64,8 +64,7 @@ class ClusterLink:
                  warm_starts: int = 1):
         self.rundir = RuntimeDir(runtime_dir)
         if self.rundir.system:
-            # (as gmuxd --system --scheduler is: the link would start users' jobs and read their checkpoints
-            # as root; docs/security.md)
+            # (the link would start users' jobs and read their checkpoints as root; docs/security.md)
             raise RuntimeDirError(f"{runtime_dir} is a system daemon's: cluster mode is not supported there yet; "
                                   f"run a per-user gmuxd in cluster mode")
         self.name = name
@@ -76,8 +75,7 @@ class ClusterLink:
         self.inbox = configure(keys.server_socket(self.ctx, zmq.ROUTER, keydir, "daemon", name))
         self.inbox.setsockopt(zmq.MAXMSGSIZE, protocol.XFER_MAX_CHUNK + protocol.MAX_FRAME)
         self.inbox.bind(listen)
-        # Checkpoints arriving from other machines and the scheduler: the shared loop's handling, polled here
-        # beside the link's own DEALER.
+        # Checkpoints arriving from other machines and the scheduler: the shared loop's, polled beside our DEALER.
         xfers = ("xfer_begin", "xfer_chunk", "xfer_end", "xfer_holds")
         self.transfers = Server(self.inbox, {t: self._xfer for t in xfers},
                                 name="cluster link", table=C, refusals=(protocol.ProtocolError,), attachments=True,
@@ -322,10 +320,12 @@ class ClusterLink:
         elif action == "kill":
             self._work(cjob, self._ranks, cjob, "kill", None, ranks)
         elif action == "release":
-            # The job lives on elsewhere: this copy no longer speaks for it (should the job come back here,
-            # its old record must not pass for the new one's end).
+            # The job lives on elsewhere (or restarts, here too): this copy no longer speaks for it, its record
+            # is not the next one's, and a start of it here is taken, not ignored for this copy.
             self.starts.spawned[cjob] = []
             self._jobs.pop(cjob, None)
+            if cjob in self.starts.starting:
+                self.starts.cancel(cjob)
             self._work(cjob, self._ranks, cjob, "kill", "released", ranks)
         elif action == "move":
             if len(ranks) > 1:

@@ -144,7 +144,9 @@ class Moves:
             if job.move.get("stage") == "sent":
                 job.source = None
             else:
-                self.s._action(job.machine, "kill", job.cjob)
+                # (released, not killed: the job restarts from its checkpoint, perhaps on that machine, and the
+                # end of this copy there was taken for the new one's, which the machine had ignored for it)
+                self.s._action(job.machine, "release", job.cjob)
                 job.machine = name
                 self._set(job)
         elif job.machine == name and job.source:
