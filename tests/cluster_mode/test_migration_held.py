@@ -15,7 +15,7 @@ def test_moves_leave_out_what_the_target_holds_and_stay_bit_identical(cluster_fa
     c = cluster_factory(policy="gandiva")
     args = (STEPS, "--batch", "16", "--hidden", "64", "--frozen-mib", str(FROZEN_MIB))
     ref = Solo(tmp_path, "ref", *args)        # (unpaced: the pause between mini-batches changes no number)
-    args += ("--sleep", "0.003")
+    args += ("--sleep", "0.005")     # (long enough for two moves, each waiting for its target's start-up)
     c.wait_machines(3)
     out = tmp_path / "moved.json"
     cjob = c.call("c_submit", argv=[PY, TRAIN, str(out), *args, "--attach"], cwd=ROOT,

@@ -185,7 +185,8 @@ def test_a_stream_is_exact_and_resumes_after_a_cut_from_what_it_kept(keydir, tmp
         feeder.join()
         assert proxy.cuts == 1 and r["reconnects"] + r["rewinds"] >= 1
         assert open(r["path"], "rb").read() == payload and r["bytes"] == len(payload)
-        assert r["resent"] <= WINDOW * CHUNK
+        # (each reconnection resends at most the window; on a loaded machine a slow answer is one more)
+        assert r["resent"] <= max(1, r["reconnects"] + r["rewinds"]) * WINDOW * CHUNK, r
         proxy.close()
     finally:
         stop.set()
