@@ -241,3 +241,13 @@ def test_a_move_to_where_the_job_already_is_is_refused_at_once(sched):
     with pytest.raises(protocol.ProtocolError, match="c1 is already on m1 GPU 0"):
         client(sched, "alice", "c_migrate", cjob="c1", machine="m1", gpu=0)
     assert sched.wire == []
+
+
+def test_a_job_is_named_by_its_name_too_for_its_owner(sched):
+    """`gmux kill --cluster NAME` said "no live job" while the job named so ran (as gmuxd takes a name)."""
+    sched.jobs["c1"].name = "sweep-3"
+    with pytest.raises(protocol.ProtocolError, match="no live job 'sweep-3'"):
+        client(sched, "bob", "c_suspend", cjob="sweep-3")          # another user's job of that name
+    assert client(sched, "alice", "c_suspend", cjob="sweep-3") == {"cjob": "c1", "state": "held"}
+    assert client(sched, "alice", "c_resume", cjob="sweep-3")["cjob"] == "c1"
+    assert client(sched, "alice", "c_kill", cjob="sweep-3")["cjob"] == "c1"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Optional
 
 from gmux import protocol
 from gmux.cluster.policies import Event, EventKind
@@ -88,7 +89,7 @@ class ClientHandlers:
                                 "mean": statistics.fmean(dm) if dm else None}}
 
     def kill(self, name, ident, msg, data):
-        job = self._live(msg["cjob"], "c_kill")
+        job = self._live(msg["cjob"], "c_kill", name)
         self._own(name, job, "c_kill")
         job.kill_requested = True
         if job.machine is None:
@@ -106,7 +107,7 @@ class ClientHandlers:
         return {"cjob": job.cjob}
 
     def hold(self, name, ident, msg, data):
-        job = self._live(msg["cjob"], "c_suspend")
+        job = self._live(msg["cjob"], "c_suspend", name)
         self._own(name, job, "c_suspend")
         if job.state in ("starting", "migrating"):
             raise protocol.ProtocolError(f"c_suspend: {job.cjob} is {job.state} (to {job.machine}); hold it once it "
@@ -121,7 +122,7 @@ class ClientHandlers:
         return {"cjob": job.cjob, "state": job.state}
 
     def release(self, name, ident, msg, data):
-        job = self._live(msg["cjob"], "c_resume")
+        job = self._live(msg["cjob"], "c_resume", name)
         self._own(name, job, "c_resume")
         if job.kill_requested:
             raise protocol.ProtocolError(f"c_resume: {job.cjob} is being killed")
@@ -136,14 +137,20 @@ class ClientHandlers:
         self.s._log("release", job.cjob, f"{job.cjob} released by {name}")
         return {"cjob": job.cjob, "state": job.state}
 
-    def _live(self, cjob: str, what: str) -> CJob:
-        job = self.s.jobs.get(cjob)
+    def _find(self, cjob: str, who: str) -> Optional[CJob]:
+        """The job of that id, or the caller's live job of that --name (one at most: submit refuses a second)."""
+        return self.s.jobs.get(cjob) or next((j for j in self.s.jobs.values()
+                                              if j.name == cjob and not j.final and j.owner == who), None)
+
+    def _live(self, cjob: str, what: str, who: str) -> CJob:
+        job = self._find(cjob, who)
         if job is None or job.final:
-            raise protocol.ProtocolError(f"{what}: no live job {cjob!r}")
+            raise protocol.ProtocolError(f"{what}: no live job {cjob!r} (an id, or the --name of a live job of "
+                                         f"yours); gmux ps --cluster lists them")
         return job
 
     def migrate(self, name, ident, msg, data):
-        job = self.s.jobs.get(msg["cjob"])
+        job = self._find(msg["cjob"], name)
         m = self.s.machines.get(msg["machine"])
         if job is None or job.state != "running":
             raise protocol.ProtocolError(f"c_migrate: {msg['cjob']!r} is not a running job (it is "
