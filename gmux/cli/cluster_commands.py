@@ -109,10 +109,10 @@ def run(a) -> int:
             print(json.dumps(data) if a.json else f"submitted {data['cjob']} to {a.cluster}")
         elif a.cmd == "kill":
             data = c.call("c_kill", cjob=a.job)
-            print(json.dumps(data) if a.json else f"killing {a.job}")
+            print(json.dumps(data) if a.json else f"killing {data['cjob']}")
         elif a.cmd == "migrate":
             data = c.call("c_migrate", cjob=a.job, machine=a.machine, gpu=a.gpu)
-            print(json.dumps(data) if a.json else f"moving {a.job} from {data['from']} to {a.machine} GPU {a.gpu} "
+            print(json.dumps(data) if a.json else f"moving {data['cjob']} from {data['from']} to {a.machine} GPU {a.gpu} "
                                                   f"(gmux ps --cluster shows it migrating, then running there)")
         elif a.cmd in ("suspend", "resume"):
             data = c.call("c_" + a.cmd, cjob=a.job)
