@@ -145,7 +145,10 @@ def run(a) -> int:
     if a.cmd == "migrate":
         fields = {"new_process": True} if a.new_process else {}
         data = c.call("migrate", timeout=130, job=a.job, gpu=a.gpu, **fields)
-        _print(data, a.json, f"migrated {a.job} to GPU {a.gpu}" + (f" ({data['path']})" if data.get("path") else ""))
+        # (a new process's move is answered once the checkpoint is written: the job is on its way, not there)
+        _print(data, a.json, f"moving {a.job} to GPU {a.gpu}: checkpointed; a new process restores it there (gmux "
+                             f"ps shows it running there once it has)" if data.get("path") == "new process" else
+               f"migrated {a.job} to GPU {a.gpu}" + (f" ({data['path']})" if data.get("path") else ""))
         if not a.json:
             for job, warning in (data.get("warnings") or {}).items():
                 print(printable(f"gmux: warning: {job}: {warning}"), file=sys.stderr)
