@@ -251,3 +251,14 @@ def test_a_job_is_named_by_its_name_too_for_its_owner(sched):
     assert client(sched, "alice", "c_suspend", cjob="sweep-3") == {"cjob": "c1", "state": "held"}
     assert client(sched, "alice", "c_resume", cjob="sweep-3")["cjob"] == "c1"
     assert client(sched, "alice", "c_kill", cjob="sweep-3")["cjob"] == "c1"
+
+
+def test_a_moving_job_shows_the_step_its_source_trains_at(sched):
+    """While its target started, ps showed the step of the move's start (113) as the source trained on (278)."""
+    sched.machines["m2"] = Machine("m2", sched.machines["m1"].gpus, "tcp://127.0.0.1:2", last_seen=time.time())
+    job = sched.jobs["c1"]
+    job.state, job.source, job.machine, job.step = "migrating", "m1", "m2", 3
+    report(sched)                                   # the source: running at step 10
+    assert job.step == 10 and job.machine == "m2" and job.state == "migrating"
+    report(sched, state="exited")                   # its end there is not the job's (the target's word is)
+    assert job.step == 10 and job.state == "migrating"

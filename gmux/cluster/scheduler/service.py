@@ -202,8 +202,12 @@ class Scheduler:
                 self.state.ids_past(r["cjob"])     # (a job its state lost, on a disk full at a crash: never reused)
                 continue
             if job.machine != name or job.final:
-                continue          # the migration source's view (the target's reports are the truth), or news
-                                  # about a job already ended
+                # the migration source's view (the target's reports are the truth; its step, though, is the
+                # source's until the target restores: ps showed 113 while the source trained to 278), or news
+                # about a job already ended
+                if not job.final and job.source == name and r["state"] not in protocol.FINAL_STATES:
+                    job.step = max(job.step, r["step"])
+                continue
             self._observe(job, r, now)
             again = self.unheard.check(job, r, now)
             if again:
