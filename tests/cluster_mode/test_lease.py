@@ -196,6 +196,10 @@ def test_a_restart_says_it_restores_once_its_checkpoint_has_arrived(sched):
     sched.pushes.drain()
     assert sched.wire[-1] == ("m1", "start", "c1")
     assert (job.state, job.detail) == ("starting", "restoring its checkpoint (step 372) on m1"), job
+    # ... and no more once it has started there (an outside operator saw it still at step 974)
+    sched._daemon_node_event("m1", b"m1", {"name": "m1", "cjob": "c1", "event": "started", "data": {"step": 372}},
+                             None)
+    assert (job.state, job.detail) == ("running", ""), job
 
 
 def test_a_job_with_no_boundary_is_not_moved_between_machines(sched):

@@ -289,7 +289,7 @@ class Scheduler:
                 self.moves.arrived(job, name, d)
             job.move = {}          # (a move whose source was lost after it sent: nothing is left to release)
             job.start_failures = 0
-            job.set("running")
+            job.set("running", "")    # (what it was starting with, "restoring its checkpoint", is over)
             job.first_run = job.first_run or time.time()
         elif ev == "start_failed" and job.machine == name and job.state in ("starting", "migrating"):
             if job.state == "migrating" and job.source:
