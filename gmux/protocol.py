@@ -378,8 +378,9 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     # to_boundary: the caller needs the job at its boundary (a cross-machine move): at its deadline it is
     # stopped only if another job needs the GPU's compute, and continued once none does; in_place: its suspend
     # copies nothing out, its memory stays where it is until it resumes (the move checkpoints it from there)
+    # deadline_s: stopped (SIGSTOP) if not suspended by then, when sooner than its own deadline (a cluster fence's)
     "suspend": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "to_boundary": (_bool, False),
-                "in_place": (_bool, False)},
+                "in_place": (_bool, False), "deadline_s": (_pos_float, False)},
     "resume": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
     # reason: what the job's record says ("killed by gmux kill" without one; a cluster link names its own)
     "kill": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "reason": (lambda v: _str(v, 300), False)},

@@ -151,7 +151,8 @@ class AdminHandlers:
                     node.admission.dequeue(m.id)
                 continue
             slicer = node.slicers[m.gpu]
-            slicer.hold(m.id, to_boundary=bool(req.msg.get("to_boundary")), in_place=bool(req.msg.get("in_place")))
+            slicer.hold(m.id, to_boundary=bool(req.msg.get("to_boundary")), in_place=bool(req.msg.get("in_place")),
+                        stop_by=req.msg.get("deadline_s"))
             if (m.id in slicer.resident and not slicer.is_kept(m.id)) or slicer.busy_with(m.id) == "resume":
                 busy.append(m.id)
         # Waiting before the switch below: it may already settle the request (a job that has not acknowledged

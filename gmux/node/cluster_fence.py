@@ -29,6 +29,10 @@ from gmux import protocol
 
 log = logging.getLogger("gmux.cluster_link")
 STARTING = ("start", "resume", "move", "migrate_out")    # actions that would set a job training
+# Of the fence time: a fenced job not suspended by then is stopped (SIGSTOP), however long its mini-batches (its
+# own deadline, three of them, let a job of 8-s steps train on beside its copy elsewhere). With the fence at 0.6 of
+# --lost-after that is 0.2: half of what is left before the scheduler counts the machine lost.
+STOP_SHARE = 1 / 3
 RELEASING = ("start", "resume", "kill", "release")       # after these the job is the scheduler's again
 
 
@@ -66,6 +70,10 @@ class Fence:
         if self._cut_since is None:
             self._cut_since = self.heard_at
         return True
+
+    def stop_within(self) -> dict:
+        """What a fence's suspend says of its deadline (gmuxd's suspend deadline_s)."""
+        return {"deadline_s": self.fence_s * STOP_SHARE} if self.fence_s else {}
 
     def refuses(self, action: str, now: float) -> bool:
         """Whether an action that arrives now must not be carried out: cut off, it would set a copy training."""

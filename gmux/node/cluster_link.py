@@ -254,7 +254,7 @@ class ClusterLink:
 
     def _fence_job(self, cjob: str, ranks: list) -> None:
         def run():      # (on a thread of its own: the pool's may all be blocked sending checkpoints)
-            self.fence.done(cjob, self._all_ranks(cjob, "suspend", ranks))
+            self.fence.done(cjob, self._all_ranks(cjob, "suspend", ranks, **self.fence.stop_within()))
         threading.Thread(target=run, name="cluster-fence", daemon=True).start()
 
     def _work(self, cjob: str, fn, *args) -> None:

@@ -121,14 +121,14 @@ class Slicer:
             e.batch_s = statistics.median(e.batches)
         e.mark = (used, boundaries)
 
-    def hold(self, job: str, to_boundary: bool = False, in_place: bool = False) -> None:
+    def hold(self, job: str, to_boundary: bool = False, in_place: bool = False, stop_by: Optional[float] = None):
         if job in self.entries:
             e = self.entries[job]
-            e.held, e.to_boundary, e.in_place = True, to_boundary, in_place
+            e.held, e.to_boundary, e.in_place, e.stop_by = True, to_boundary, in_place, stop_by
 
     def release(self, job: str) -> None:
         if job in self.entries:
-            self.entries[job].held = self.entries[job].to_boundary = self.entries[job].in_place = False
+            vars(self.entries[job]).update(held=False, to_boundary=False, in_place=False, stop_by=None)
 
     def suspend_args(self, job: str) -> dict:
         """What the job's suspend command says besides its kind: in place, for a move (see `hold`)."""
@@ -254,7 +254,7 @@ class Slicer:
         return None if e is None or e.sent_at is None else now - e.sent_at
 
     def deadline(self, job: str) -> float:
-        return self.pacing.deadline(self.entries[job].batch_s)
+        return min(self.pacing.deadline(self.entries[job].batch_s), self.entries[job].stop_by or math.inf)
 
     def turn(self, slot) -> float:
         """A slot's turn: the quantum, stretched for a job whose mini-batch is long (gmux.node.pacing)."""

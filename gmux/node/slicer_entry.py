@@ -20,6 +20,7 @@ class Entry:
     held: bool = False          # suspended by the user: not scheduled
     to_boundary: bool = False   # held for a move that needs it at its boundary: stopped only while others need it
     in_place: bool = False      # held for a move that checkpoints it from live memory: its suspend copies nothing
+    stop_by: Optional[float] = None   # held with a deadline of the holder's, when shorter than its own (a fence's)
     kept: bool = False          # suspended in place: keeps its memory, computes nothing, until resumed
     resident_since: Optional[float] = None   # counting GPU time since (None: not holding the GPU's compute)
     batch_s: Optional[float] = None  # its median mini-batch time: sets its deadline and its turn

@@ -35,7 +35,11 @@ def test_the_fence_suspends_only_once_unanswered_and_only_what_still_trains(tmp_
     for bad in (None, {}, {"fence_s": -1}, {"fence_s": "2"}, {"fence_s": True}, {"fence_s": 1e300}, [2.0]):
         f.heard(bad, 50.0)
         assert f.fence_s is None and f.heard_at == 0.0, bad   # a malformed answer does not count as heard
+    assert f.stop_within() == {}                               # (gmuxd's own deadline, then)
     f.heard({"fence_s": 2.0, "later": "a field a later scheduler adds"}, 10.0)
+    # Its suspend stops a job not suspended within a third of the fence time, whatever its mini-batch: 8-s steps
+    # had a deadline of 24 s, and trained on beside the copy the scheduler started elsewhere.
+    assert f.stop_within() == {"deadline_s": pytest.approx(2.0 / 3)}
     assert f.due(12.0, jobs) == [] and not f.cut_off(12.0) and not f.refuses("resume", 12.0)
     # Past it: what trains, or what gmuxd's slicer may resume, is suspended; not twice at once.
     assert f.due(12.1, jobs) == ["run", "sliced"] and f.fenced == set()

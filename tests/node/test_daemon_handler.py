@@ -253,3 +253,18 @@ def test_a_live_job_is_named_by_its_name_where_one_has_it(daemon):
     assert "no GPU 7" in ask(daemon, "migrate", admin=daemon.admin, job="ranks", gpu=7)["error"]
     r = ask(daemon, "migrate", admin=daemon.admin, job="nobody", gpu=7)["error"]
     assert "no job 'nobody' (an id, or the name of a live job)" in r, r
+
+
+def test_a_suspend_may_bring_the_jobs_deadline_forward(daemon):
+    """A cluster fence's suspend (deadline_s): a job not suspended by then is stopped, however long its own
+    mini-batches make its deadline; released, the job's own counts again."""
+    a = register(daemon, mem=GiB)
+    daemon.tick()
+    ask(daemon, "suspend", admin=daemon.admin, job=a["job"], deadline_s=0.5)
+    slicer = daemon.slicers[0]
+    assert slicer.entries[a["job"]].stop_by == 0.5 and slicer.deadline(a["job"]) == 0.5
+    assert ask(daemon, "resume", admin=daemon.admin, job=a["job"])["ok"]
+    assert slicer.entries[a["job"]].stop_by is None and slicer.deadline(a["job"]) > 0.5
+    with pytest.raises(protocol.ProtocolError, match="suspend.deadline_s"):
+        protocol.decode(msgpack.packb({"v": protocol.VERSION, "type": "suspend", "id": 1, "admin": "a", "job": "j1",
+                                       "deadline_s": -1}))

@@ -365,3 +365,19 @@ def test_a_job_alone_that_reaches_no_boundary_shows_as_computing_once_overdue():
     assert not s.continued("a")
     s.acked("a", "resume", 9.0)                      # a boundary at last
     assert not s.continued("a", starting=True)
+
+
+def test_a_hold_with_a_deadline_of_its_own_stops_a_job_of_long_mini_batches_by_then():
+    """A cluster fence's suspend: the job's own deadline (three of its 8-s mini-batches) let it train on for 24 s
+    beside the copy the scheduler started elsewhere; stopped by the fence's deadline, it does not."""
+    s = slicer(mem=(3 * GiB,))
+    play = Play(s, {"a": 8.0})
+    play.run(20.0)                                   # three boundaries: its mini-batch time is measured
+    assert s.entries["a"].batch_s == pytest.approx(8.0, abs=0.05) and s.deadline("a") >= 24
+    s.hold("a", stop_by=1.0)
+    held_at = play.now
+    play.run(held_at + 3.0)
+    stops = [t for t, kind, j in play.log if kind == "stop" and j == "a"]
+    assert stops and held_at + 1.0 <= stops[0] <= held_at + 1.1, play.log[-5:]
+    s.release("a")
+    assert s.deadline("a") >= 24 and s.entries["a"].stop_by is None
