@@ -101,6 +101,26 @@ def fill_db(db) -> None:
     db.execute(f"PRAGMA max_page_count={pages}")
 
 
+@contextlib.contextmanager
+def full_filesystem(path, size: str = "1m"):
+    """A small tmpfs mounted at `path` (a directory) and filled to its last byte, unmounted after; the test is
+    skipped where mounting is not permitted (not root)."""
+    import pytest
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+                      capture_output=True).returncode:
+        pytest.skip("needs a small filesystem of its own: mounting a tmpfs is not permitted here (not root)")
+    try:
+        fd = os.open(os.path.join(path, "filler"), os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            os.close(fd)
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)])
+
+
 # argv of a job whose row needs new pages of a database (gmux_testkit.fill_db)
 BIG_ARGV = ["python", "train.py"] + ["--x=" + "y" * 1000] * 40
 

@@ -416,18 +416,10 @@ def test_a_loader_read_after_the_epochs_own_has_boundaries_but_a_move_waits_for_
 
 def test_a_checkpoint_on_a_full_disk_says_which_file(tmp_path):
     """The refusal said "[Errno 28] No space left on device", and not where."""
-    import subprocess
+    from gmux_testkit import full_filesystem
     full = tmp_path / "full"
     full.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], capture_output=True).returncode:
-        pytest.skip("needs a small filesystem of its own: mounting a tmpfs is not permitted here (not root)")
-    try:
-        fd = os.open(full / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while True:
-                os.write(fd, b"\0" * 4096)
-        except OSError:
-            os.close(fd)
+    with full_filesystem(full, "64k"):
         job, model, opt, step = _setup()
         step()
         path = str(full / "c.ckpt")
@@ -435,5 +427,3 @@ def test_a_checkpoint_on_a_full_disk_says_which_file(tmp_path):
         step()
         error = job.controller.result(command, timeout=10)["error"]
         assert error == f"{path}: No space left on device", error
-    finally:
-        subprocess.run(["umount", "-l", str(full)])

@@ -79,21 +79,12 @@ def test_a_start_that_fails_is_held_after_three_tries_and_a_job_no_machine_up_fi
 def test_a_start_that_failed_silently_on_a_full_disk_says_the_disk_is_full(tmp_path):
     """A full disk fails gmux-launch before it registers and swallows what it says: the scheduler heard only
     "exited with status 1 before gmuxd heard of it"."""
-    import pytest
+    from gmux_testkit import full_filesystem
     rt = tmp_path / "rt"
     rt.mkdir(mode=0o700)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(rt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("needs a small filesystem of its own: mounting a tmpfs is not permitted here (not root)")
-    try:
-        rundir = RuntimeDir(str(rt))
-        os.makedirs(rundir.logs())
-        fd = os.open(rt / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while True:
-                os.write(fd, b"\0" * 4096)
-        except OSError:
-            os.close(fd)
+    rundir = RuntimeDir(str(rt))
+    with full_filesystem(rt):
+        os.makedirs(rundir.logs(), exist_ok=True)
         events = []
         starts = Starts(rundir, lambda ev, cjob, detail="", **data: events.append((ev, cjob, detail)))
         starts.begin("c5", [])
@@ -108,5 +99,3 @@ def test_a_start_that_failed_silently_on_a_full_disk_says_the_disk_is_full(tmp_p
         assert detail.startswith("gmux-launch exited with status 1 before gmuxd heard of it; nothing reached its "
                                  f"log: the filesystem of {rundir.logs()} has "), detail
         assert detail.endswith("0B free"), detail
-    finally:
-        subprocess.run(["umount", "-l", str(rt)])

@@ -238,15 +238,21 @@ def test_a_users_suspend_of_a_job_stopped_between_its_turns_is_answered_at_once(
     a.kill()
 
 
-def test_a_job_stopped_from_outside_in_its_turn_gives_the_turn_up_at_once(node_factory, tmp_path):
-    """A job SIGSTOPped (Ctrl-Z, a debugger) while it computed kept its turn to its end, up to the quantum (here
-    10 minutes), and its suspend's deadline after, while the job beside it waited and `gmux ps` said running."""
+def two_in_long_turns(node_factory, tmp_path):
+    """Two training jobs on one GPU with 10-minute turns: (node, processes, ids, the one whose turn it is)."""
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "600", "--no-pack")
     procs = {n: node.launch(TRAIN, str(tmp_path / f"{n}.json"), STEPS, "--sleep", SLEEP, opts=["--mem", "300MiB"])
              for n in ("a", "b")}
     ids = {n: node.job_of(p.pid) for n, p in procs.items()}
     turn = node.wait_for(lambda: [n for n in "ab" if (lambda j: j["state"] == "running" and j["step"] >= 5)(
         node.job(ids[n]))], 60, lambda: node.ps())[0]
+    return node, procs, ids, turn
+
+
+def test_a_job_stopped_from_outside_in_its_turn_gives_the_turn_up_at_once(node_factory, tmp_path):
+    """A job SIGSTOPped (Ctrl-Z, a debugger) while it computed kept its turn to its end, up to the quantum (here
+    10 minutes), and its suspend's deadline after, while the job beside it waited and `gmux ps` said running."""
+    node, procs, ids, turn = two_in_long_turns(node_factory, tmp_path)
     other = "b" if turn == "a" else "a"
     os.kill(procs[turn].pid, signal.SIGSTOP)
     steps = node.job(ids[other])["step"]
@@ -268,19 +274,12 @@ def test_a_job_held_for_a_moment_by_a_tracer_keeps_its_turn(node_factory, tmp_pa
     import subprocess
     if shutil.which("gdb") is None:
         pytest.skip("needs gdb to hold a job as a tracer does")
-    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "600", "--no-pack")
-    procs = {n: node.launch(TRAIN, str(tmp_path / f"{n}.json"), STEPS, "--sleep", SLEEP, opts=["--mem", "300MiB"])
-             for n in ("a", "b")}
-    ids = {n: node.job_of(p.pid) for n, p in procs.items()}
-    turn = node.wait_for(lambda: [n for n in "ab" if (lambda j: j["state"] == "running" and j["step"] >= 5)(
-        node.job(ids[n]))], 60, lambda: node.ps())[0]
+    node, procs, ids, turn = two_in_long_turns(node_factory, tmp_path)
     gdb = subprocess.Popen(["gdb", "-p", str(procs[turn].pid), "-batch", "-ex", "shell sleep 2"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    def traced():
-        with open(f"/proc/{procs[turn].pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"t"
-    held = node.wait_for(lambda: traced() or gdb.poll() is not None, 60, "gdb to attach")
-    assert held and traced(), "gdb did not hold the job"
+    from gmux_testkit import proc_state
+    node.wait_for(lambda: proc_state(procs[turn].pid) == "t" or gdb.poll() is not None, 60, "gdb to attach")
+    assert proc_state(procs[turn].pid) == "t", "gdb did not hold the job"
     gdb.wait(60)
     steps = node.job(ids[turn])["step"]
     node.wait_for(lambda: node.job(ids[turn])["step"] >= steps + 20, 60, lambda: node.ps())
