@@ -180,7 +180,7 @@ class Stopping:
                 slicer.frozen(j, now)
                 others = [o for o in slicer.entries if o != j and not slicer.entries[o].held]
                 node.decide(slicer.gpu, "stop", [j], {**self._numbers(slicer, job, now), "outside": True},
-                            f"GPU {slicer.gpu}: {j} was found stopped by someone else (SIGSTOP, a debugger) while "
+                            f"GPU {slicer.gpu}: {j} was found stopped by someone else (SIGSTOP, Ctrl-Z) while "
                             f"it computed: it gets no turns until it is continued (SIGCONT), and keeps "
                             f"{_kept(slicer, job)} on the GPU" + (f", beside which {', '.join(others)} run"
                                                                   if others else ""))
