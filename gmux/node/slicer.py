@@ -230,12 +230,12 @@ class Slicer:
             e.stopped, e.frozen = False, True
             self.resident.add(job)
 
-    def thawed(self, job: str) -> None:
-        """A frozen job runs again (continued by whoever stopped it): once overdue, it is stopped by gmuxd
-        when not in its turn, and its command is acknowledged at its next boundary as usual."""
+    def thawed(self, job: str, now: float) -> None:
+        """A frozen job runs again (continued by whoever stopped it), its GPU time counted again (it ran on free);
+        once overdue it is stopped when not in its turn, and its command is taken at its next boundary."""
         e = self.entries.get(job)
         if e is not None and e.frozen:
-            e.frozen = False
+            e.frozen, e.resident_since = False, now if job in self.resident and not e.kept else None
 
     def stopped(self) -> list[str]:
         """Jobs that keep their memory on the GPU without computing (stopped by gmuxd or by someone else)."""

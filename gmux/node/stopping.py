@@ -173,7 +173,7 @@ class Stopping:
         node = self.node
         for j in slicer.stopped():
             if slicer.entries[j].frozen and not node.sup.stopped_outside(node.jobs[j]):
-                slicer.thawed(j)
+                slicer.thawed(j, now)
         for j in sorted(j for j in slicer.resident if slicer.computing(j)):
             job = node.jobs[j]
             if not job.stopped_by_gmux and node.sup.stopped_outside(job, signal_only=True):

@@ -199,7 +199,7 @@ def test_a_job_stopped_by_someone_else_keeps_its_memory_and_gets_no_turns_until_
     used = play.used()
     assert used["b"] == pytest.approx(used["c"], rel=0.15) and used["a"] <= 1.51   # until its deadline
     play.stopped.discard("a")                     # continued by its owner: it takes its suspend, runs again
-    s.thawed("a")
+    s.thawed("a", play.now)
     play.run(20.0)
     assert "a" not in s.stopped() and play.used()["a"] > used["a"] + 2
 
@@ -214,7 +214,7 @@ def test_the_time_a_job_is_stopped_never_counts_in_its_mini_batch_time():
     s.frozen("a", play.now)
     play.run(play.now + 3.0)
     play.stopped.discard("a")                      # ... for seconds, then continued
-    s.thawed("a")
+    s.thawed("a", play.now)
     play.run(play.now + 10.0)
     assert play.count["a"] >= 6
     assert s.entries["a"].batch_s == pytest.approx(0.6, abs=0.05)
@@ -381,3 +381,19 @@ def test_a_hold_with_a_deadline_of_its_own_stops_a_job_of_long_mini_batches_by_t
     assert stops and held_at + 1.0 <= stops[0] <= held_at + 1.1, play.log[-5:]
     s.release("a")
     assert s.deadline("a") >= 24 and s.entries["a"].stop_by is None
+
+
+def test_a_job_continued_from_outside_counts_its_gpu_time_again():
+    """Stopped in its turn by someone else and continued, a job ran on with its GPU time stopped (an outside
+    tester's: 7.9 GPU-s after 54 s alone on the GPU), and stride scheduling counted it as never running."""
+    s = slicer(mem=(3 * GiB,))
+    play = Play(s, {"a": 0.05})
+    play.run(2.0)
+    play.stopped.add("a")
+    s.frozen("a", play.now)
+    play.run(4.0)
+    before = s.used("a", play.now)
+    play.stopped.discard("a")
+    s.thawed("a", play.now)
+    play.run(10.0)
+    assert s.used("a", play.now) == pytest.approx(before + 6.0, abs=0.1)
