@@ -200,10 +200,20 @@ def test_real_gpus_and_new_process_take_the_checkpoint_path(daemon_factory):
         assert cmd["kind"] == "migrate" and cmd["args"]["path"].endswith(f"{a['job']}.ckpt")
         assert d.slicers[0].busy_with(a["job"]) == "migrate"
         again = ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1, **fields)    # refused only for now
-        assert not again["ok"] and again["busy"] is True and "is on its way to GPU 1 in a new process" in again["error"], again
+        assert not again["ok"] and again["busy"] is True, again
+        assert "is on its way to GPU 1 in a new process" in again["error"], again
         ack(d, b"a", a, cmd)
         (reply,) = replies(d)
         assert reply["ok"] and reply["data"]["path"] == "new process", reply
+        # Its old process has checkpointed and left the GPU; its new one has not registered yet. Moved again, it
+        # was sent a command it never took, and the GPU it had left failed at every tick from then on (KeyError,
+        # 48 a second) and ran no job again (an outside tester's, 3 of 3).
+        again = ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1, **fields)
+        assert not again["ok"] and again["busy"] is True, again
+        assert "is on its way to GPU 1 in a new process; move it once it has arrived" in again["error"], again
+        for _ in range(3):
+            tick(d)
+        assert d.internal_errors == 0 and a["job"] not in d.slicers[0].pending
         t = started(d, b"t", mem=256 * MiB)    # transparent mode: a new process cannot restore it
         r = ask(d, "migrate", admin=d.admin, job=t["job"], gpu=1 - d.jobs[t["job"]].gpu, **fields)
         assert not r["ok"] and "transparent mode" in r["error"] and "busy" not in r, r
