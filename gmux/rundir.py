@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from gmux.util.atomic import partials, write_atomic
+from gmux.util.text import digits
 
 SYSTEM_RUNTIME_DIR = "/run/gmux"   # the system daemon's (gmuxd --system; contrib/systemd/gmuxd.service)
 MAX_EXIT_RECORD = 64 << 10         # an exit record is a status and a reason; more is not one
@@ -179,8 +180,7 @@ class RuntimeDir:
             names = os.listdir(self.logs())
         except OSError:
             return []
-        return [int(n[1:-4]) for n in names if n.startswith("j") and n.endswith(".log") and n[1:-4].isascii()
-                and n[1:-4].isdigit()]
+        return [int(n[1:-4]) for n in names if n.startswith("j") and n.endswith(".log") and digits(n[1:-4])]
 
     def checkpoint_file(self, job: str, uid: Optional[int] = None) -> str:
         return os.path.join(self._jobs_dir(self.checkpoints(), uid), f"{job}.ckpt")
@@ -307,7 +307,7 @@ class RuntimeDir:
         with os.scandir(self.users()) as entries:
             for e in entries:
                 est = e.stat(follow_symlinks=False)
-                uid = int(e.name) if e.name.isascii() and e.name.isdigit() else None
+                uid = int(e.name) if digits(e.name) else None
                 if not (stat.S_ISDIR(est.st_mode) and est.st_uid == uid):
                     raise RuntimeDirError(f"{e.path} is not a user's directory made by gmuxd (users/UID, owned by "
                                           f"UID); remove it, or choose another directory with --runtime-dir")

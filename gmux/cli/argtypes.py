@@ -6,6 +6,7 @@ import math
 
 from gmux.protocol import WEIGHTS
 from gmux.util.sizes import parse_size
+from gmux.util.text import digits
 
 
 def checked(convert, noun: str, ok, wanted: str):
@@ -45,7 +46,7 @@ positive_size = checked(size, "a size", lambda v: v > 0, "a size > 0")
 def tcp_endpoint(text: str) -> str:
     """tcp://HOST:PORT, the only kind of address cluster mode uses (PORT 0 or *: any free one, where it listens)."""
     host, colon, number = text[len("tcp://"):].rpartition(":") if text.startswith("tcp://") else ("", "", "")
-    if not (colon and host and (number == "*" or number.isascii() and number.isdigit() and int(number) <= 65535)):
+    if not (colon and host and (number == "*" or digits(number) and int(number) <= 65535)):
         raise argparse.ArgumentTypeError(f"{text!r} is not tcp://HOST:PORT (e.g. tcp://10.0.0.5:7700)")
     return text
 

@@ -14,7 +14,7 @@ from gmux.node.access import SystemMode
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import discover
 from gmux.node.pacing import Pacing
-from gmux.util.text import log_to_stderr, printable
+from gmux.util.text import digits, log_to_stderr, printable
 from gmux.rundir import SYSTEM_RUNTIME_DIR, RuntimeDir, private_runtime_dir
 
 
@@ -141,8 +141,7 @@ def _system_mode(p: argparse.ArgumentParser, a: argparse.Namespace) -> SystemMod
         if name is None:
             continue
         try:
-            number = name.isascii() and name.isdigit()
-            groups[flag] = grp.getgrgid(int(name)).gr_gid if number else grp.getgrnam(name).gr_gid
+            groups[flag] = grp.getgrgid(int(name)).gr_gid if digits(name) else grp.getgrnam(name).gr_gid
         except KeyError:
             p.error(f"{flag} {name}: no such group (create it, e.g. `groupadd {name}`, and add its users)")
     return SystemMode(groups["--socket-group"], groups.get("--admin-group"))

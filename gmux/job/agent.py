@@ -23,6 +23,7 @@ import zmq
 
 from gmux import protocol
 from gmux.job.control import Command
+from gmux.util.text import digits
 from gmux.wire.daemon_client import unavailable_message
 from gmux.wire.request import Requester
 
@@ -224,7 +225,7 @@ def not_alone(registration: dict) -> Optional[str]:
     """Why a job cannot be taken back on its own (None: it can): a gang rank or a job of several GPUs, whose
     peers and GPUs gmuxd would not know. A submitted one says so only in its environment."""
     world = os.environ.get("WORLD_SIZE", "1")
-    if registration.get("gang") or (world.isascii() and world.isdigit() and int(world) > 1):
+    if registration.get("gang") or (digits(world) and int(world) > 1):
         return "a gang rank cannot be taken back"
     if registration.get("gpus", 1) > 1 or any("," in os.environ.get(v, "")
                                                 for v in ("CUDA_VISIBLE_DEVICES", "GMUX_VIRTUAL_GPU")):

@@ -23,6 +23,8 @@ import subprocess
 import sys
 from typing import Optional
 
+from gmux.util.text import digits
+
 _FLAGS_REPLACED = {"-m", "--module", "--no-python", "--no_python"}   # the worker command says how the script runs
 
 
@@ -56,7 +58,7 @@ def worker_command(args: list, launch_opts: list) -> tuple[list, int]:
         raise SystemExit(f"gmux-launch: torchrun --no-python {ns.training_script}: gmux runs Python training "
                          f"scripts; give the script (torchrun runs it with python)")
     nproc = ns.nproc_per_node
-    ranks = int(nproc) if str(nproc).isascii() and str(nproc).isdigit() else 0     # auto / gpu / cpu: torchrun decides
+    ranks = int(nproc) if digits(str(nproc)) else 0     # auto / gpu / cpu: torchrun decides
     worker = [sys.executable, "-m", "gmux.cli.launch", *launch_opts, "--torchrun-worker", "--", *script]
     return [sys.executable, "-m", "torch.distributed.run", *options, "--no-python", *worker], ranks
 

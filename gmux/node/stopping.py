@@ -80,13 +80,11 @@ class Stopping:
             self._settle(slicer, job, False, self._late_text(slicer, job, now, numbers), numbers)
 
     def _stop_text(self, slicer: Slicer, job: Job, now: float, outside: bool) -> str:
-        others = [j for j in slicer.entries if j != job.id and not slicer.entries[j].held]
         return (f"GPU {slicer.gpu}: {job.id} " + self._why(slicer, job, now) +
                 (": it was found stopped by someone else (SIGSTOP, a debugger), and gets no turns until it is "
                  "continued (SIGCONT)" if outside else
                  ": stopped (SIGSTOP), and continued (SIGCONT) at each of its turns until it reaches a boundary") +
-                f"; it keeps {_kept(slicer, job)} on the GPU"
-                + (f", beside which {', '.join(others)} run" if others else ""))
+                _keeps_beside(slicer, job))
 
     def _late_text(self, slicer: Slicer, job: Job, now: float, numbers: dict) -> str:
         if job.exclusive:
@@ -178,12 +176,10 @@ class Stopping:
             job = node.jobs[j]
             if not job.stopped_by_gmux and node.sup.stopped_outside(job, signal_only=True):
                 slicer.frozen(j, now)
-                others = [o for o in slicer.entries if o != j and not slicer.entries[o].held]
                 node.decide(slicer.gpu, "stop", [j], {**self._numbers(slicer, job, now), "outside": True},
                             f"GPU {slicer.gpu}: {j} was found stopped by someone else (SIGSTOP, Ctrl-Z) while "
-                            f"it computed: it gets no turns until it is continued (SIGCONT), and keeps "
-                            f"{_kept(slicer, job)} on the GPU" + (f", beside which {', '.join(others)} run"
-                                                                  if others else ""))
+                            f"it computed: it gets no turns until it is continued (SIGCONT)"
+                            + _keeps_beside(slicer, job))
 
     def continue_all(self) -> None:
         """At shutdown: a job left stopped would never run again. Continued, it waits at its next boundary."""
@@ -198,3 +194,9 @@ def _kept(slicer: Slicer, job: Job) -> str:
     known (it was shown keeping 0B)."""
     mem = slicer.entries[job.id].mem
     return format_size(mem) if mem is not None else "its memory (size not known)"
+
+
+def _keeps_beside(slicer: Slicer, job: Job) -> str:
+    """What a stopped job keeps on its GPU, and beside which jobs."""
+    others = [j for j in slicer.entries if j != job.id and not slicer.entries[j].held]
+    return f"; it keeps {_kept(slicer, job)} on the GPU" + (f", beside which {', '.join(others)} run" if others else "")

@@ -8,6 +8,12 @@ import unicodedata
 from typing import Optional
 
 
+def digits(text: str) -> bool:
+    """Whether `text` is a number int() reads: str.isdigit alone passes '²', which int() refuses (a port written
+    so killed gmux-scheduler)."""
+    return text.isascii() and text.isdigit()
+
+
 def _escape(c: str) -> str:
     n = ord(c)
     return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"

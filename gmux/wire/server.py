@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Optional
 import zmq
 
 from gmux import protocol
+from gmux.util.text import digits
 
 log = logging.getLogger("gmux.server")
 
@@ -54,7 +55,7 @@ def peer_credentials(frame) -> Optional[Caller]:
     except (zmq.ZMQError, AttributeError):   # a bytes frame, or an option this libzmq does not know
         return None
     parts = address.split(":") if isinstance(address, str) else []
-    if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts[1:]):
+    if len(parts) != 4 or not all(digits(p) for p in parts[1:]):
         return None
     return Caller(int(parts[1]), int(parts[2]), int(parts[3]))
 

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, Iterator, Optional
 
 from gmux.util.db import DecisionLog, FallibleWrites, open_db, transaction
+from gmux.util.text import digits
 
 log = logging.getLogger("gmux-scheduler")
 
@@ -279,5 +280,5 @@ def lock_state_dir(statedir: str) -> int:
 
 
 def _number(cjob: str) -> int:
-    """The number of a cluster job id c<N>, else 0 (digits in ASCII: '²' is a digit to str.isdigit, not to int)."""
-    return int(cjob[1:]) if cjob[:1] == "c" and cjob[1:].isascii() and cjob[1:].isdigit() else 0
+    """The number of a cluster job id c<N>, else 0."""
+    return int(cjob[1:]) if cjob[:1] == "c" and digits(cjob[1:]) else 0
