@@ -112,8 +112,9 @@ def run(a) -> int:
             print(json.dumps(data) if a.json else f"killing {data['cjob']}")
         elif a.cmd == "migrate":
             data = c.call("c_migrate", cjob=a.job, machine=a.machine, gpu=a.gpu)
-            print(json.dumps(data) if a.json else f"moving {data['cjob']} from {data['from']} to {a.machine} GPU {a.gpu} "
-                                                  f"(gmux ps --cluster shows it migrating, then running there)")
+            print(json.dumps(data) if a.json else f"moving {data['cjob']} from {data['from']} to {a.machine} GPU "
+                                                  f"{a.gpu} (gmux ps --cluster shows it migrating, then running "
+                                                  f"there)")
         elif a.cmd in ("suspend", "resume"):
             data = c.call("c_" + a.cmd, cjob=a.job)
             said = {"suspend": f"{a.job} held until `gmux resume --cluster {a.cluster} {a.job}` (if it runs, it "

@@ -22,9 +22,10 @@ class Intents:
         s = self.s
         job = s.jobs[it.cjob]
         # (a move of a job with no boundary would start it afresh elsewhere while its copy here computed on)
-        if job.state in ("starting", "migrating") or it.what == "none" or it.what == "migrate" and job.boundless:
-            why = it.why + ("; not moved: it has reached no boundary, so it cannot be checkpointed"
-                            if it.what == "migrate" and job.boundless else "")
+        unmovable = it.what == "migrate" and job.boundless
+        if job.state in ("starting", "migrating") or it.what == "none" or unmovable:
+            why = it.why + ("; not moved: it has reached no boundary, so it cannot be checkpointed" if unmovable
+                            else "")
             if why and self.skipped.get(job.cjob) != why:
                 self.skipped[job.cjob] = why
                 s._log("skip", job.cjob, f"{job.cjob}: {why}")
