@@ -14,8 +14,11 @@ from gmux.node.access import SystemMode
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import discover
 from gmux.node.pacing import Pacing
+from gmux.util.fd_limit import raise_soft_limit
 from gmux.util.text import digits, log_to_stderr, printable
 from gmux.rundir import SYSTEM_RUNTIME_DIR, RuntimeDir, private_runtime_dir
+
+LOW_FILE_LIMIT = 16384    # gmux.node.connection_guard ends connections past half of it
 
 
 def main(argv=None) -> int:
@@ -81,6 +84,11 @@ def main(argv=None) -> int:
     a.runtime_dir = os.path.abspath(a.runtime_dir or os.environ.get("GMUX_RUNTIME_DIR") or (
         SYSTEM_RUNTIME_DIR if a.system else private_runtime_dir()))
     log_to_stderr("gmuxd", a.verbose)
+    files = raise_soft_limit()
+    if files < LOW_FILE_LIMIT:
+        logging.warning("gmuxd may hold only %d open files (its hard limit): a user of its socket who opens "
+                        "connections faster than it ends them could stop it; raise the hard limit (ulimit -Hn, "
+                        "or LimitNOFILE in its systemd unit) to %d or more", files, LOW_FILE_LIMIT)
     try:
         gpus = discover(a.virtual_gpus)
     except ValueError as e:

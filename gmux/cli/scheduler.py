@@ -12,6 +12,7 @@ from gmux.wire import keys
 from gmux.cluster.policies import POLICIES
 from gmux.cluster.scheduler.service import Options, Scheduler
 from gmux.cli.argtypes import nonneg, positive, tcp_endpoint
+from gmux.util.fd_limit import raise_soft_limit
 from gmux.util.text import log_to_stderr
 
 
@@ -38,6 +39,7 @@ def main(argv=None) -> int:
         if os.path.exists(where) and not os.path.isdir(where):
             p.error(f"{flag} {where}: a file, not a directory")
     log_to_stderr("gmux-scheduler", a.verbose)
+    raise_soft_limit()     # a file per machine and client, and per stranger until its handshake fails
     try:
         s = Scheduler(a.state, a.keys, Options(listen=a.listen, policy=a.policy, tick=a.tick,
                                                lost_after=a.lost_after, ckpt_every=a.ckpt_every or None,

@@ -30,6 +30,7 @@ from gmux.node.access import Access, SystemMode
 from gmux.node.admin_handlers import AdminHandlers
 from gmux.node.admission import Admission
 from gmux.node.commands import Commands
+from gmux.node.connection_guard import ConnectionGuard
 from gmux.node.cuda_rebind import CudaDriver, Driver
 from gmux.node.inventory import Gpu, env_for
 from gmux.node.job_handlers import JobHandlers
@@ -43,6 +44,7 @@ from gmux.node.store import Store
 from gmux.node.supervisor import Supervisor
 from gmux.rundir import RuntimeDir, alive, proc_starttime
 from gmux.util.faults import Faults
+from gmux.util.fd_limit import soft_limit
 from gmux.wire.server import Busy, Caller, Refused, Request, Server, configure
 
 log = logging.getLogger("gmux.daemon")
@@ -121,6 +123,7 @@ class Daemon:
             os.chmod(rundir.socket, 0o660)
         else:
             os.chmod(rundir.socket, 0o600)
+        self.connections = ConnectionGuard(rundir.socket, soft_limit(), self.faults)
         handlers = {**JobHandlers(self).table(), **AdminHandlers(self).table()}
         self.server = Server(sock, handlers, name="gmuxd", unknown="{type} is sent by gmuxd, not to it",
                              credentials=system is not None)
@@ -211,12 +214,14 @@ class Daemon:
         self._flush(force=True)
         if self.metrics:
             self.metrics.close()
+        self.connections.stop()
         self.server.sock.close(0)
         self.rundir.release(self.socket_id)
         self.store.close()
 
     def serve(self, until=None) -> None:
         """Runs until shutdown (message or `stopping`), or until `until()` returns true."""
+        self.connections.start()
         try:
             self.server.serve(self.tick, lambda: self.stopping or bool(until and until()), poll_s=TICK_S)
         finally:

@@ -6,6 +6,7 @@ uid), never a file or a field.
 Skipped unless run as root with useradd/groupadd (CI and these machines run the suite as root)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -199,26 +200,42 @@ def users():
         u.close()
 
 
-@pytest.fixture(scope="module")
-def system(users):
-    """A gmuxd --system (as root) on two virtual GPUs, its runtime dir in the users' reach."""
-    rt = os.path.join(users.tmp, "rt")
-    log = open(os.path.join(users.tmp, "gmuxd.log"), "ab")
+@contextlib.contextmanager
+def system_gmuxd(users, name: str, *args: str, **popen):
+    """A gmuxd --system (as root) on virtual GPUs, its runtime dir users.tmp/NAME in the users' reach, its log
+    users.tmp/NAME.log; yields the runtime dir, and stops gmuxd (SIGTERM) at the end."""
+    rt, log_path = os.path.join(users.tmp, name), os.path.join(users.tmp, f"{name}.log")
     # (gmuxd starts jobs with its own interpreter: the one the users can run)
-    d = subprocess.Popen([users.py, "-m", "gmux.cli.gmuxd", "--system", "--runtime-dir", rt, "--socket-group",
-                          users.group, "--admin-group", users.admins, "--virtual-gpus", "4x1GiB"],
-                         env=users.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    with open(log_path, "ab") as log:
+        d = subprocess.Popen([users.py, "-m", "gmux.cli.gmuxd", "--system", "--runtime-dir", rt, "--socket-group",
+                              users.group, *args], env=users.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                             **popen)
     try:
         wait_for(lambda: d.poll() is not None or ask(users, rt, None, [("ping", {})])[0]["ok"], 30,
                  "gmuxd --system did not come up")
-        assert d.poll() is None, open(os.path.join(users.tmp, "gmuxd.log")).read()
-        yield rt
+        assert d.poll() is None, open(log_path).read()
+        yield rt, d
     finally:
         d.send_signal(signal.SIGTERM)
         try:
-            d.wait(10)
+            d.wait(20)
         except subprocess.TimeoutExpired:
             d.kill()
+
+
+@pytest.fixture(scope="module")
+def system(users):
+    with system_gmuxd(users, "rt", "--admin-group", users.admins, "--virtual-gpus", "4x1GiB") as (rt, _):
+        yield rt
+
+
+def submit_until(users, rt: str, who: str, name: str) -> tuple[str, str, str]:
+    """A job of `who`'s, submitted, that trains until its stop file exists: (job, stop file, its output)."""
+    stop, out = os.path.join(users.home(who), f"stop-{name}"), os.path.join(users.home(who), f"{name}.json")
+    sub = users.run(who, [users.py, "-m", "gmux.cli.gmux", "--runtime-dir", rt, "--json", "submit", "--name", name,
+                          "--", "python", put(users, who, f"until-{name}.py", UNTIL), stop, out])
+    assert sub.returncode == 0, sub.stderr
+    return json.loads(sub.stdout)["job"], stop, out
 
 
 def ask(users: Users, rt: str, who, requests: list) -> list:
@@ -254,11 +271,7 @@ def test_users_act_only_on_their_own_jobs_and_jobs_are_never_admins(users, syste
     gmux = [users.py, "-m", "gmux.cli.gmux", "--runtime-dir", rt]
     # B submits a job (gmuxd starts it as B); A launches one of its own from a shell (it registers itself) and
     # submits another that will try to act as an admin (all start at once: each imports torch first).
-    stop, b_out = os.path.join(users.home("b"), "stop"), os.path.join(users.home("b"), "b.json")
-    sub = users.run("b", gmux + ["--json", "submit", "--name", "bees", "--", "python",
-                                 put(users, "b", "until.py", UNTIL), stop, b_out])
-    assert sub.returncode == 0, sub.stderr
-    b_job = json.loads(sub.stdout)["job"]
+    b_job, stop, b_out = submit_until(users, rt, "b", "bees")
     a_launch = users.popen("a", [users.py, "-m", "gmux.cli.launch", "--runtime-dir", rt, "--no-hook", "--", "python",
                                  TRAIN, os.path.join(users.home("a"), "a.json"), "100000", "--sleep", "0.02",
                                  "--attach"], "a.log")

@@ -1,0 +1,161 @@
+"""Keeps gmuxd's open files far below its limit when peers open connections without end.
+
+libzmq accepts every connection to gmuxd's socket, each into a file of gmuxd's, and aborts the process when
+accept() finds no file left (EMFILE: its ipc listener takes that for a bug). A user who may reach the socket (a
+member of the socket group of a system daemon), or a script of theirs that leaks clients, would thus stop the
+multiplexer of every user of the machine. gmuxd cannot refuse a connection before libzmq takes it (and unbinding
+the socket leaves every accepted connection dead but open), so a thread of its own counts gmuxd's files every
+PERIOD_S, and past `high` ends connections until gmuxd holds `low`: those of whoever holds the most, newest
+first, down to the next holder's number and then theirs too. A user under the mark keeps their connections; one
+ended, a ZeroMQ client connects again by itself. `high` is at most half of the limit gmuxd raised its own to
+(gmux.util.fd_limit), and what lies above it is what a flood may open while a pass runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections import defaultdict
+from typing import Optional
+
+from gmux.util.faults import Faults
+from gmux.util.fd_limit import open_files
+
+MOST = 8192          # files: thousands of jobs' connections, and far below the limit a daemon raises itself to
+PERIOD_S = 0.02
+LOG_EVERY_S = 10.0
+
+log = logging.getLogger("gmux.daemon")
+
+
+class ConnectionGuard:
+    def __init__(self, socket_path: str, limit: int, faults: Faults):
+        self.path = socket_path
+        self.high = max(16, min(limit // 2, MOST))
+        self.low = self.high // 2
+        self.faults = faults
+        self.shed = 0                          # connections ended since gmuxd started
+        self._ending: set[int] = set()         # sockets ended, not yet closed by libzmq
+        self._unlogged: dict[int, int] = defaultdict(int)
+        self._logged_at = 0.0
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="connection-guard", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.report()
+
+    def _run(self) -> None:
+        # Ahead of the processes that flood it (a root daemon may): the kernel schedules each thread by its own
+        # nice, and the processes gmuxd starts inherit its main thread's, not this one's.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -10)
+        while not self._stop.wait(PERIOD_S):
+            with self.faults.guard("ending connections"):
+                self.check(time.monotonic())
+
+    def check(self, now: float) -> int:
+        """Ends connections if gmuxd holds more than `high` files; returns how many it ended."""
+        held = open_files()
+        if held <= self.high:
+            return 0
+        by_uid: dict[int, list[tuple[int, int]]] = defaultdict(list)    # uid -> [(socket inode, fd)]
+        ending = set()
+        for fd, inode, uid in self._connections():
+            if inode in self._ending:
+                ending.add(inode)
+            else:
+                by_uid[uid].append((inode, fd))
+        ended = 0
+        for uid, inode, fd in newest_of_the_largest(by_uid, held - len(ending) - self.low):
+            if self._end(fd, inode):
+                ended += 1
+                ending.add(inode)
+                self._unlogged[uid] += 1
+        self._ending = ending
+        self.shed += ended
+        if now - self._logged_at >= LOG_EVERY_S:
+            self.report()
+            self._logged_at = now
+        return ended
+
+    def report(self) -> None:
+        """Logs the connections ended since the last report, by uid (at most every LOG_EVERY_S, and at the end)."""
+        if self._unlogged:
+            who = ", ".join(f"{n} of uid {uid}" for uid, n in sorted(self._unlogged.items(), key=lambda u: -u[1]))
+            log.warning("ended connections to %s (%s): gmuxd held more than %d files, a client that opens "
+                        "connections without closing them", self.path, who, self.high)
+            self._unlogged.clear()
+
+    def _connections(self):
+        """(fd, socket inode, peer uid) of each connection accepted on gmuxd's socket."""
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{name}")
+            except OSError:      # closed since the listing
+                continue
+            if target.startswith("socket:["):
+                fd, inode = int(name), int(target[8:-1])
+                s = self._accepted(fd, inode)
+                if s is not None:
+                    with s:
+                        try:
+                            uid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+                        except OSError:
+                            continue
+                    yield fd, inode, uid
+
+    def _end(self, fd: int, inode: int) -> bool:
+        """Shuts the connection down (libzmq then sees it end and closes its file) if `fd` is still it."""
+        s = self._accepted(fd, inode)
+        if s is None:
+            return False
+        with s:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                return True
+            except OSError:
+                return False
+
+    def _accepted(self, fd: int, inode: int) -> Optional[socket.socket]:
+        """A duplicate of `fd` (the file stays libzmq's to close) if it is still socket `inode` and a connection
+        accepted on gmuxd's socket (named as the socket is, and not listening)."""
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, os.dup(fd))
+        except OSError:
+            return None
+        try:
+            if (os.fstat(s.fileno()).st_ino == inode and s.getsockname() == self.path
+                    and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+                return s
+        except OSError:
+            pass
+        s.close()
+        return None
+
+
+def newest_of_the_largest(by_uid: dict, count: int):
+    """`count` connections, (uid, inode, fd), taken one at a time from whoever holds the most, newest first
+    (the kernel numbers sockets in the order they were made)."""
+    for conns in by_uid.values():
+        conns.sort()
+    heap = [(-len(conns), uid) for uid, conns in by_uid.items()]
+    heapq.heapify(heap)
+    while count > 0 and heap:
+        size, uid = heapq.heappop(heap)
+        inode, fd = by_uid[uid].pop()
+        yield uid, inode, fd
+        count -= 1
+        if size + 1 < 0:
+            heapq.heappush(heap, (size + 1, uid))

@@ -1,0 +1,103 @@
+"""A user of a system gmuxd who opens connections without end (a hostile one, or a script that leaks clients)
+neither stops gmuxd nor cuts off another user: gmuxd raises its limit on open files, and past half of it ends
+the flooder's connections (gmux.node.connection_guard). libzmq aborts gmuxd on the first connection it cannot
+take a file for, so without both the flood below ends every user's gmuxd at its 1024th connection.
+
+Skipped unless run as root with useradd/groupadd (as tests/node/test_multi_user.py)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from gmux.node.connection_guard import newest_of_the_largest
+from node_harness import wait_for
+from test_multi_user import ps, submit_until, system_gmuxd, users  # noqa: F401  (users: throwaway users)
+
+SOFT, HARD = 1024, 8192        # gmuxd's limits as it starts: it may raise its own to 8192, and ends at 4096
+MOST = 10000                   # connections the flooder holds at once if it can: more than gmuxd could take
+
+# Run as user A: holds up to MOST connections to gmuxd's socket for `seconds`, opening them 200 at a time and
+# again as gmuxd ends them; prints how many it held at the end, how many gmuxd ended and were refused.
+FLOOD = """
+import json, resource, socket, sys, time
+path, most, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+held, ended, refused, start = [], 0, 0, time.monotonic()
+while time.monotonic() - start < seconds:
+    for _ in range(200):
+        if len(held) >= most:
+            break
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(path)
+            held.append(s)
+        except OSError:
+            s.close()
+            refused += 1
+    time.sleep(0.05)
+    still = []
+    for s in held:
+        try:
+            if s.recv(4096, socket.MSG_DONTWAIT) == b"":
+                raise ConnectionResetError
+        except BlockingIOError:
+            pass
+        except OSError:
+            s.close()
+            ended += 1
+            continue
+        still.append(s)
+    held = still
+print(json.dumps({"held": len(held), "ended": ended, "refused": refused}))
+"""
+
+
+def test_a_connection_flood_stops_neither_gmuxd_nor_another_users_job(users):
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < MOST + 100:
+        pytest.skip(f"the flooder needs a hard limit of {MOST + 100} open files to outnumber gmuxd's {HARD}")
+    log_path = os.path.join(users.tmp, "rt-flood.log")
+    with system_gmuxd(users, "rt-flood", "--virtual-gpus", "2x1GiB",
+                      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (SOFT, HARD))) as (rt, d):
+        job, stop, out = submit_until(users, rt, "b", "calm")
+        wait_for(lambda: ps(users, rt, "b")[job]["step"] > 0, 120, "B's job did not start training")
+
+        flood = users.popen("a", [users.py, "-c", FLOOD, os.path.join(rt, "gmuxd.sock"), str(MOST), "8"],
+                            "flood.out")
+        wait_for(lambda: flood.poll() is not None or "ended connections" in open(log_path).read(), 60,
+                 "gmuxd ended no connection")
+        during = ps(users, rt, "b")[job]       # B is served while A floods
+        flood.wait(120)
+        assert d.poll() is None, open(log_path).read()[-2000:]
+        seen = json.loads(open(os.path.join(users.tmp, "flood.out")).read().splitlines()[-1])
+        assert seen["ended"] > 0, seen
+
+        after = ps(users, rt, "b")[job]
+        assert during["state"] == after["state"] == "running" and after["step"] > during["step"]
+        open(stop, "w").close()
+        wait_for(lambda: ps(users, rt, "b")[job]["state"] == "exited", 120, "B's job did not end")
+        assert ps(users, rt, "b")[job]["exit_status"] == 0 and json.load(open(out))["uid"] == users.uid["b"][0]
+    text = open(log_path).read()
+    # every connection gmuxd ended was A's (its log counts them by uid, at the latest as it stops)
+    assert f"of uid {users.uid['a'][0]}" in text and f"of uid {users.uid['b'][0]}" not in text, text[-2000:]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.integers(0, 5), st.integers(1, 40), min_size=1), st.integers(0, 250))
+def test_connections_are_ended_from_the_largest_holder_down_newest_first(held, count):
+    by_uid = {uid: [(inode, 1000 + inode) for inode in random.Random(uid).sample(range(10_000), n)]
+              for uid, n in held.items()}
+    newest = {uid: sorted(conns)[::-1] for uid, conns in by_uid.items()}
+    taken = list(newest_of_the_largest(by_uid, count))
+    assert len(taken) == min(count, sum(held.values()))
+    left = {uid: held[uid] - sum(1 for u, _, _ in taken if u == uid) for uid in held}
+    for uid in held:
+        mine = [(inode, fd) for u, inode, fd in taken if u == uid]
+        assert mine == newest[uid][:len(mine)]          # each holder loses its newest connections first
+        if mine:                                        # and only while it holds the most
+            assert left[uid] >= max(left.values()) - 1
