@@ -7,6 +7,7 @@ import pytest
 
 from sim_harness import TRACES, write_table
 from gmux.cli.sim import main
+from gmux.cluster.sim.metrics import render_table
 from gmux.cluster.sim.throughputs import Throughputs, assign_types
 from gmux.cluster.sim.trace import TraceError, load_trace, load_vcs, select
 
@@ -371,3 +372,25 @@ def test_gmux_sim_ends_quietly_when_interrupted_or_its_reader_goes(tmp_path):
     os.killpg(run.pid, signal.SIGINT)          # as a terminal's Ctrl-C reaches the whole group
     out, err = run.communicate(timeout=60)
     assert run.returncode == 130 and err.strip() == "gmux-sim: interrupted (nothing written)", err
+
+
+def test_vcs_of_the_layout_that_run_no_job_are_named_as_left_out_of_utilisation(tmp_path, capsys):
+    # vcB's one job needs more GPUs than vcB has; vcC has none: their 88 GPUs are not vcA's 8
+    rows = "2017-10-01 00:00:00,10,1,10,vcA\n2017-10-01 00:01:00,10,99,990,vcB\n"
+    _files(tmp_path, rows, vcs="vc,node num\nvcA,1\nvcB,1\nvcC,10\n")
+    assert main(["--traces", str(tmp_path), "--policy", "fifo", "--bad-rows", "skip", "--json",
+                 str(tmp_path / "r.json")]) == 0
+    assert "no job runs in VC(s) vcB, vcC: their 88 GPUs are left out of utilisation" in capsys.readouterr().out
+    assert json.load(open(tmp_path / "r.json"))["summary"]["fifo"]["gpus"] == 8
+
+
+def test_the_table_never_cuts_a_figure():
+    big = {"jobs": 3, "avg_jct_s": 3.6e9, "p50_jct_s": 3.6e9, "p99_jct_s": 3.6e10, "avg_queue_s": 3.6e9,
+           "avg_slowed_s": 3.6e9, "p99_first_progress_s": 3.6e10, "makespan_s": 8.64e11, "utilisation": 0.5,
+           "work_utilisation": 1.25, "suspends": 25_887_741_000, "packs": 123_456_789, "unpacks": 98_765_432,
+           "migrations": 1_234_567}
+    text = render_table({"gandiva": big, "fifo": dict(big, suspends=0)}, {"gandiva": {"p99": 12345.67}})
+    for figure in ("1000000.00", "10000000.00", "10000000.0", "125.0", "25,887,741,000", "123,456,789",
+                   "98,765,432", "1,234,567", "12345.67"):
+        assert figure in text
+    assert "…" not in text and all(line.endswith(("┓", "┃", "┩", "│", "┘")) for line in text.split("\n")[:-1])

@@ -11,9 +11,10 @@ Definitions (all times in seconds):
 - Makespan: last completion - first submission over all clusters (timers left after the last completion do not
   count).
 - GPU utilisation: busy GPU-seconds / (GPUs x makespan). A GPU is busy while any job holds it, stalls included.
-- Work utilisation: the jobs' work (solo GPU-seconds: duration x GPUs) / (GPUs x makespan), the share of the
-  clusters' capacity that went into training. Busy time counts a stalled or slowed GPU as used and a GPU shared
-  by two jobs once, so packing that does the same work in fewer GPU-seconds lowers it; this one does not. Every
+- Work utilisation: the jobs' work (solo GPU-seconds: duration x GPUs) / (GPUs x makespan), the clusters'
+  capacity that went into training, counted at solo speed. Busy time counts a stalled or slowed GPU as used and a
+  GPU shared by two jobs once, so packing that does the same work in fewer GPU-seconds lowers it; this one does
+  not, and packing can lift it above 100% (two jobs on one GPU, each at more than half its solo speed). Every
   policy does the same work, so it ranks policies by makespan alone.
 - Suspends include the fluid count of time-slice switches (one per job per round of quanta); suspends per job
   divides them by the number of jobs.
@@ -137,8 +138,7 @@ def render_table(summaries: dict[str, dict], ratios: dict[str, dict] | None = No
             ("makespan d", "makespan_s"), ("util %", "utilisation"), ("work %", "work_utilisation"),
             ("suspends", "suspends"), ("packs", "packs"), ("unpacks", "unpacks"), ("migr.", "migrations"),
             ("p99 JCT/fifo", None)]
-    for name, _ in cols:
-        table.add_column(name, justify="right" if name != "policy" else "left")
+    rows = []
     for pol, s in summaries.items():
         if not s.get("jobs"):
             continue
@@ -155,8 +155,20 @@ def render_table(summaries: dict[str, dict], ratios: dict[str, dict] | None = No
                 row.append(f"{v:,}")
         rr = (ratios or {}).get(pol)
         row.append(f"{rr['p99']:.2f}" if rr else "-")
+        rows.append(row)
+    # Each column as wide as its widest figure and its header, narrowed (its header wrapping) while the table is
+    # wider than 160 characters, the column with the most to spare first, never below a figure or a header word.
+    figures = [max(len(r[i]) for r in rows) for i in range(len(cols))] if rows else [0] * len(cols)
+    widths = [max(f, len(name)) for f, (name, _) in zip(figures, cols)]
+    least = [max([f] + [len(w) for w in name.split()]) for f, (name, _) in zip(figures, cols)]
+    while sum(widths) + 3 * len(cols) + 1 > 160 and widths != least:
+        i = max(range(len(cols)), key=lambda k: widths[k] - least[k])
+        widths[i] -= 1
+    for (name, _), width in zip(cols, widths):
+        table.add_column(name, justify="right" if name != "policy" else "left", width=width)
+    for row in rows:
         table.add_row(*row)
-    console = Console(width=160, record=True, file=io.StringIO())
+    console = Console(width=max(160, sum(widths) + 3 * len(cols) + 1), record=True, file=io.StringIO())
     console.print(table)
     return console.export_text()
 

@@ -166,6 +166,14 @@ def prepare(cfg: SimConfig) -> Prepared:
                              "(--vcs, --vc-scale, --machines).")
         notes.append(f"skipped {len(too_big)} job(s) larger than their cluster")
         skipped += too_big
+    idle = sorted(v for v, (_, js) in clusters.items() if not js)
+    if cfg.machines is None and not cfg.only:
+        idle = sorted(set(idle) | (set(sizes) - set(clusters)))
+    if idle and any(js for _, js in clusters.values()):
+        gpus = sum(sizes.get(v, smallest) if cfg.machines is None else cfg.machines for v in idle)
+        notes.append(f"no job runs in VC(s) {', '.join(idle[:10])}{', ...' if len(idle) > 10 else ''}: their "
+                     f"{gpus * cfg.gpus_per_machine} GPUs are left out of utilisation and makespan, which are those "
+                     f"of the clusters that ran jobs")
     if not any(js for _, js in clusters.values()):
         # A run of no jobs would print an empty table and exit 0, as if all had gone well.
         why = "; ".join(dict.fromkeys(msg for _, msg in skipped[:10])) or "the trace has no jobs"
