@@ -45,7 +45,7 @@ def test_seconds_and_durations_from_start_and_end(tmp_path):
     with pytest.raises(TraceError) as e:
         load_trace(str(tmp_path / "t.csv"))
     assert "line 3: end_time '1600000030' is before start_time '1600000060'" in str(e.value)
-    assert "line 4: submit_time '2020-09-13 12:30:00' is a date, the trace's first row seconds" in str(e.value)
+    assert "line 4: submit_time '2020-09-13 12:30:00' is a date, the trace's first row (line 2) seconds" in str(e.value)
     tr = load_trace(str(tmp_path / "t.csv"), bad_rows="skip")
     assert [(j.submit, j.duration, j.num_gpus, j.vc) for j in tr.jobs] == [(0.0, 100.0, 4, "all"),
                                                                            (100.0, 7200.0, 8, "all")]
@@ -241,7 +241,7 @@ def test_times_without_a_zone_are_stated_and_a_mix_refused(tmp_path):
         _load(tmp_path, head + "2020-01-01 00:00:00,10,1\n2020-01-01T00:00:00+08:00,10,1\n"
                                "1600000000000,10,1\n2020-01-01 00:00:00,1e12,1\n")
     msg = str(e.value)
-    assert "line 3: timestamp '2020-01-01T00:00:00+08:00' has a zone offset, the trace's first date has none" in msg
+    assert "line 3: timestamp '2020-01-01T00:00:00+08:00' has a zone offset, the trace's first date (line 2) has none" in msg
     assert "line 5: duration 1e+12 s is more than 100 years" in msg
     with pytest.raises(TraceError, match="line 2: .*1600000000000.*milliseconds or microseconds since the epoch"):
         _load(tmp_path, head + "1600000000000,10,1\n")
@@ -276,7 +276,7 @@ def test_a_job_wider_than_its_vc_names_the_way_out_and_is_not_counted_as_run(tmp
     assert main(args + ["--bad-rows", "skip"]) == 0
     out = capsys.readouterr().out
     assert "1 job(s) of VC(s) absent from the layout (vcNEW) each run" in out
-    assert "skipped 1 job(s) larger than their cluster" in out
+    assert "skipped 1 job(s) larger than their cluster: line 4: needs 64 GPUs, VC vcNEW has 8" in out
 
 
 def test_times_in_milliseconds_or_microseconds_are_read_when_told_and_suspected_when_not(tmp_path):

@@ -110,6 +110,11 @@ def test_vc_and_throughput_files_are_validated(tmp_path):
     (tmp_path / "v.csv").write_text("vc,node num\nx,zero\n")
     with pytest.raises(TraceError, match="line 2"):
         load_vcs(str(tmp_path / "v.csv"))
+    for content, where in ((b"vc,node num\nvcA,2\nvc\xe9,1\n", "UTF-8 at line 3"),
+                           (b'vc,node num\nvcA,2\n"vcB,1\n', "malformed CSV by line 3")):
+        (tmp_path / "v.csv").write_bytes(content)
+        with pytest.raises(TraceError, match=where):
+            load_vcs(str(tmp_path / "v.csv"))
     (tmp_path / "t.json").write_text("{not json")
     with pytest.raises(TraceError, match="not valid JSON"):
         Throughputs(str(tmp_path / "t.json"))

@@ -164,7 +164,8 @@ def prepare(cfg: SimConfig) -> Prepared:
                              "; ".join(f"line {ln}: {msg}" for ln, msg in too_big[:10]) +
                              ". Skip them with --bad-rows skip (bad_rows='skip'), or give larger clusters "
                              "(--vcs, --vc-scale, --machines).")
-        notes.append(f"skipped {len(too_big)} job(s) larger than their cluster")
+        notes.append(f"skipped {len(too_big)} job(s) larger than their cluster: " +
+                     "; ".join(f"line {ln}: {msg}" for ln, msg in too_big[:10]))
         skipped += too_big
     idle = sorted(v for v, (_, js) in clusters.items() if not js)
     if cfg.machines is None and not cfg.only:

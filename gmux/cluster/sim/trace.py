@@ -94,15 +94,18 @@ class _Times:
         self.scale = scale      # seconds per numeric unit (TIME_UNITS)
         self.numeric: bool | None = None
         self.zoned: bool | None = None
-        self._before_row = (None, None)
+        self.decided_by: int | None = None     # the line whose times fixed the kind and the zone
+        self._line: int | None = None
+        self._before_row = (None, None, None)
 
-    def row(self) -> None:
+    def row(self, line: int) -> None:
         """A row begins: what its values fix stands only if it is accepted (`reject`)."""
-        self._before_row = (self.numeric, self.zoned)
+        self._line = line
+        self._before_row = (self.numeric, self.zoned, self.decided_by)
 
     def reject(self) -> None:
         """The row is bad: a bad row decides nothing, even with its times well formed."""
-        self.numeric, self.zoned = self._before_row
+        self.numeric, self.zoned, self.decided_by = self._before_row
 
     def parse(self, what: str, text: str) -> float:
         """Seconds since the Unix epoch (dates and times without a zone are taken as UTC). The trace's kind
@@ -121,17 +124,19 @@ class _Times:
             zoned = when.tzinfo is not None
             if self.zoned is not None and zoned != self.zoned:
                 raise ValueError(f"{what} {text!r} {'has a' if zoned else 'has no'} zone offset, the trace's "
-                                 f"first date {'has one' if self.zoned else 'has none'}")
+                                 f"first date (line {self.decided_by}) {'has one' if self.zoned else 'has none'}")
             when = when if zoned else when.replace(tzinfo=timezone.utc)
             value = when.timestamp()
         if self.numeric is not None and numeric != self.numeric:
             raise ValueError(f"{what} {text!r} is {'seconds' if numeric else 'a date'}, the trace's first row "
-                             f"{'seconds' if self.numeric else 'a date'}")
+                             f"(line {self.decided_by}) {'seconds' if self.numeric else 'a date'}")
         if not EARLIEST <= value <= LATEST:
             hint = " (milliseconds or microseconds since the epoch? say so with --time-unit ms or us)" \
                 if numeric and self.scale == 1.0 and LATEST < value <= 1e6 * LATEST else ""
             raise ValueError(f"{what} {text!r} is not a time from 0001-01-02 to 9999-12-31 00:00 UTC, the times "
                              f"a date can show with a day to spare for zones{hint}")
+        if self.numeric is None or (zoned is not None and self.zoned is None):
+            self.decided_by = self._line
         self.numeric = numeric
         if zoned is not None:
             self.zoned = zoned
@@ -273,7 +278,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                 line, line_end = line_end + 1, reader.line_num     # a quoted field may span lines
                 if not row:
                     continue
-                times.row()
+                times.row(line)
                 try:
                     if len(row) != len(header):
                         raise ValueError(f"{len(row)} fields, header has {len(header)}")
@@ -406,36 +411,39 @@ def load_vcs(path: str) -> dict[str, int]:
     """Read philly_vc.csv (vc,node num) -> {vc: machines}."""
     if not os.path.isfile(path):
         raise TraceError(f"{path}: no such VC layout file")
+    reader = None
     try:
-        return _read_vcs(path)
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.reader(f, strict=True)
+            return _read_vcs(path, reader)
     except (UnicodeDecodeError, csv.Error, OSError) as e:
-        raise unreadable(path, e) from None
+        line = reader.line_num if reader and isinstance(e, csv.Error) else \
+            _first_undecodable(path) if isinstance(e, UnicodeDecodeError) else None
+        raise unreadable(path, e, line) from None
 
 
-def _read_vcs(path: str) -> dict[str, int]:
+def _read_vcs(path: str, reader) -> dict[str, int]:
     out: dict[str, int] = {}
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f, strict=True)
-        header = [h.strip() for h in next(reader, [])]
-        if len(header) < 2 or header[0].lower() != "vc":
-            raise TraceError(f"{path}: expected header 'vc,node num', got {','.join(header)!r}")
-        line_end = reader.line_num
-        for row in reader:
-            line, line_end = line_end + 1, reader.line_num
-            if not row:
-                continue
-            n = _number(row[1]) if len(row) > 1 else math.nan
-            if not (math.isfinite(n) and n == int(n) and n >= 1):
-                raise TraceError(f"{path}: line {line}: node count " +
-                                 (f"{row[1]!r} is not a positive integer" if len(row) > 1 else "missing"))
-            if not row[0].strip():
-                raise TraceError(f"{path}: line {line}: no VC name")
-            if n > MAX_MACHINES:
-                raise TraceError(f"{path}: line {line}: node count {row[1]!r} is more than {MAX_MACHINES:,} "
-                                 f"machines")
-            if row[0].strip() in out:
-                raise TraceError(f"{path}: line {line}: VC {row[0]!r} listed twice")
-            out[row[0].strip()] = int(n)
+    header = [h.strip() for h in next(reader, [])]
+    if len(header) < 2 or header[0].lower() != "vc":
+        raise TraceError(f"{path}: expected header 'vc,node num', got {','.join(header)!r}")
+    line_end = reader.line_num
+    for row in reader:
+        line, line_end = line_end + 1, reader.line_num
+        if not row:
+            continue
+        n = _number(row[1]) if len(row) > 1 else math.nan
+        if not (math.isfinite(n) and n == int(n) and n >= 1):
+            raise TraceError(f"{path}: line {line}: node count " +
+                             (f"{row[1]!r} is not a positive integer" if len(row) > 1 else "missing"))
+        if not row[0].strip():
+            raise TraceError(f"{path}: line {line}: no VC name")
+        if n > MAX_MACHINES:
+            raise TraceError(f"{path}: line {line}: node count {row[1]!r} is more than {MAX_MACHINES:,} "
+                             f"machines")
+        if row[0].strip() in out:
+            raise TraceError(f"{path}: line {line}: VC {row[0]!r} listed twice")
+        out[row[0].strip()] = int(n)
     if not out:
         raise TraceError(f"{path}: no VCs")
     return out
