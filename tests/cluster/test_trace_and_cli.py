@@ -3,11 +3,13 @@ import json
 import os
 import stat
 
+import numpy as np
 import pytest
 
 from sim_harness import TRACES, write_table
 from gmux.cli.sim import main
 from gmux.cluster.sim.metrics import render_table
+from gmux.cluster.sim.plots import windows
 from gmux.cluster.sim.throughputs import Throughputs, assign_types
 from gmux.cluster.sim.trace import TraceError, load_trace, load_vcs, select
 
@@ -399,3 +401,13 @@ def test_the_table_never_cuts_a_figure():
                    "98,765,432", "1,234,567", "12345.67"):
         assert figure in text
     assert "…" not in text and all(line.endswith(("┓", "┃", "┩", "│", "┘")) for line in text.split("\n")[:-1])
+
+
+def test_utilisation_is_plotted_over_whole_windows_of_the_series_and_says_how_long():
+    hours = np.arange(50.0)                      # hourly buckets: 24 h windows, the last one 2 h
+    util = np.arange(50.0) / 100
+    start, mean, window = windows(hours, util, 24)
+    assert window == 24 and list(start) == [0, 24, 48]
+    assert np.allclose(mean, [util[:24].mean(), util[24:48].mean(), util[48:].mean()])
+    start, mean, window = windows(np.arange(10) * 48.0, util[:10], 24)     # a long trace's 48 h buckets
+    assert window == 48 and len(mean) == 10 and np.allclose(mean, util[:10])

@@ -41,22 +41,27 @@ def plot_jct_cdf(results: dict, path: str, title: str = "") -> str:
     return _save(plt, fig, ax, path)
 
 
+def windows(hours: np.ndarray, util: np.ndarray, smooth_h: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """(start hours, mean utilisation, window hours) over windows of whole buckets of the series (which a long
+    trace widens past an hour) nearest `smooth_h` hours, at least one bucket; the last window may be shorter."""
+    bucket_h = float(hours[1] - hours[0]) if len(hours) > 1 else 1.0
+    k = max(1, round(smooth_h / bucket_h))
+    starts = np.arange(0, len(util), k)
+    return hours[starts], np.add.reduceat(util, starts) / np.diff(np.append(starts, len(util))), k * bucket_h
+
+
 def plot_utilisation(results: dict, path: str, title: str = "", smooth_h: int = 24) -> str:
-    """Busy GPUs over all clusters' GPUs, averaged over `smooth_h`-hour windows so bursts stay visible."""
+    """Busy GPUs over all clusters' GPUs, averaged over windows of about `smooth_h` hours so bursts stay visible."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
+    window_h = float(smooth_h)
     for policy, runs in results.items():
         hours, util = utilisation_series(runs)
-        if not len(util):
-            continue
-        k = max(1, smooth_h)
-        n = len(util) // k * k
-        if n == 0:
-            ax.plot(hours / 24.0, 100 * util, label=policy)
-            continue
-        ax.plot(hours[:n:k] / 24.0, 100 * util[:n].reshape(-1, k).mean(axis=1), label=policy, lw=1)
+        if len(util):
+            hours, util, window_h = windows(hours, util, smooth_h)
+            ax.plot(hours / 24.0, 100 * util, label=policy, lw=1)
     ax.set_xlabel("days since the first submission")
-    ax.set_ylabel(f"GPUs busy (%, {smooth_h} h mean)")
+    ax.set_ylabel(f"GPUs busy (%, {window_h:g} h mean)")
     ax.set_title(title or "GPU utilisation over time")
     ax.grid(True, alpha=0.3)
     return _save(plt, fig, ax, path)
