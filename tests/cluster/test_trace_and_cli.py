@@ -68,8 +68,13 @@ def test_a_run_shorter_than_a_millisecond_is_a_bad_row_and_rounding_shows_no_neg
     assert "-0.00" not in out and "nan" not in out, out
 
 
-@pytest.mark.parametrize("content,problem", [("", "empty"), ("a,b\n1,2\n", "lacks column"),
-                                              (HEADER, "no usable job rows")])
+@pytest.mark.parametrize("content,problem", [
+    ("", "empty"), ("a,b\n1,2\n", "lacks column"), (HEADER, "no usable job rows"),
+    ("submit_time;gpu_num;duration\n0;1;10\n", "separated by semicolons: gmux-sim reads commas"),
+    ("\t".join(["submit_time", "gpu_num", "duration"]) + "\n", "separated by tabs"),
+    # the way out is said before the header's own names, of which a few are shown
+    (",".join(f"c{i}" for i in range(100_000)) + "\n", r"--columns MEANING=NAME names another\)\. It has: c0, "
+     r"c1, .*, c19, \.\.\. \(100000 in all\)$")])
 def test_unusable_trace_files_are_refused(tmp_path, content, problem):
     (tmp_path / "t.csv").write_text(content)
     with pytest.raises(TraceError, match=problem):

@@ -184,11 +184,16 @@ def _resolve(path: str, header: list[str], columns: dict[str, str] | None) -> di
         missing.append("duration")
     if missing:
         headless = not found and any(math.isfinite(_number(h)) for h in header)
-        raise TraceError(f"{path}: header lacks column(s) for {', '.join(missing)} (has {', '.join(header)}); "
-                         f"names understood: " + "; ".join(f"{m}: {', '.join(COLUMNS[m])}" for m in missing) +
+        other = next((name for sep, name in ((";", "semicolons"), ("\t", "tabs")) if len(header) == 1
+                      and sep in header[0]), None)
+        shown = ", ".join(header[:20]) + (f", ... ({len(header)} in all)" if len(header) > 20 else "")
+        raise TraceError(f"{path}: header lacks column(s) for {', '.join(missing)}; names understood: " +
+                         "; ".join(f"{m}: {', '.join(COLUMNS[m])}" for m in missing) +
                          " (gmux-sim --columns MEANING=NAME names another)" +
+                         (f"; its fields are separated by {other}: gmux-sim reads commas" if other else "") +
                          ("; its first line looks like data: a trace published without a header line (Alibaba's "
-                          "give theirs in a separate .header file) needs one put first" if headless else ""))
+                          "give theirs in a separate .header file) needs one put first" if headless else "") +
+                         f". It has: {shown}")
     return found
 
 
