@@ -130,6 +130,8 @@ def main(argv=None) -> int:
             daemon.close()
             print(f"gmuxd: cluster link: {e}", file=sys.stderr)
             return 1
+        # (strangers may connect to both: the guard ends their connections too once there are too many)
+        daemon.connections.ports.update({int(link.transfer_endpoint.rsplit(":", 1)[1]), link.receiver.bulk_port})
         threading.Thread(target=link.serve, name="cluster-link", daemon=True).start()
         logging.info("cluster link to %s as %s; checkpoints arrive at %s", a.scheduler, a.name,
                      link.transfer_endpoint)

@@ -7,7 +7,8 @@ multiplexer of every user of the machine. gmuxd cannot refuse a connection befor
 the socket leaves every accepted connection dead but open), so a thread of its own counts gmuxd's files every
 PERIOD_S, and past `high` ends connections until gmuxd holds `low`: those of whoever holds the most, newest
 first, down to the next holder's number and then theirs too. A user under the mark keeps their connections; one
-ended, a ZeroMQ client connects again by itself. `high` is at most half of the limit gmuxd raised its own to
+ended, a ZeroMQ client connects again by itself. The TCP ports of a cluster link in gmuxd are watched alike
+(anyone on the network may connect there; their peers are told apart by address). `high` is at most half of the limit gmuxd raised its own to
 (gmux.util.fd_limit), and what lies above it is what a flood may open while a pass runs.
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ log = logging.getLogger("gmux.daemon")
 class ConnectionGuard:
     def __init__(self, socket_path: str, limit: int, faults: Faults):
         self.path = socket_path
+        self.ports: set[int] = set()           # TCP ports gmuxd listens on (its cluster link's), also watched
         self.high = max(16, min(limit // 2, MOST))
         self.low = self.high // 2
         self.faults = faults
@@ -70,19 +72,19 @@ class ConnectionGuard:
         held = open_files()
         if held <= self.high:
             return 0
-        by_uid: dict[int, list[tuple[int, int]]] = defaultdict(list)    # uid -> [(socket inode, fd)]
+        by_peer: dict[str, list[tuple[int, int]]] = defaultdict(list)    # peer -> [(socket inode, fd)]
         ending = set()
-        for fd, inode, uid in self._connections():
+        for fd, inode, peer in self._connections():
             if inode in self._ending:
                 ending.add(inode)
             else:
-                by_uid[uid].append((inode, fd))
+                by_peer[peer].append((inode, fd))
         ended = 0
-        for uid, inode, fd in newest_of_the_largest(by_uid, held - len(ending) - self.low):
+        for peer, inode, fd in newest_of_the_largest(by_peer, held - len(ending) - self.low):
             if self._end(fd, inode):
                 ended += 1
                 ending.add(inode)
-                self._unlogged[uid] += 1
+                self._unlogged[peer] += 1
         self._ending = ending
         self.shed += ended
         if now - self._logged_at >= LOG_EVERY_S:
@@ -91,15 +93,15 @@ class ConnectionGuard:
         return ended
 
     def report(self) -> None:
-        """Logs the connections ended since the last report, by uid (at most every LOG_EVERY_S, and at the end)."""
+        """Logs the connections ended since the last report, by peer (at most every LOG_EVERY_S, and at the end)."""
         if self._unlogged:
-            who = ", ".join(f"{n} of uid {uid}" for uid, n in sorted(self._unlogged.items(), key=lambda u: -u[1]))
-            log.warning("ended connections to %s (%s): gmuxd held more than %d files, a client that opens "
-                        "connections without closing them", self.path, who, self.high)
+            who = ", ".join(f"{n} of {peer}" for peer, n in sorted(self._unlogged.items(), key=lambda u: -u[1]))
+            log.warning("ended connections to gmuxd (%s): it held more than %d files, a client that opens "
+                        "connections without closing them", who, self.high)
             self._unlogged.clear()
 
     def _connections(self):
-        """(fd, socket inode, peer uid) of each connection accepted on gmuxd's socket."""
+        """(fd, socket inode, peer) of each connection accepted on gmuxd's socket or a watched port."""
         for name in os.listdir("/proc/self/fd"):
             try:
                 target = os.readlink(f"/proc/self/fd/{name}")
@@ -107,55 +109,56 @@ class ConnectionGuard:
                 continue
             if target.startswith("socket:["):
                 fd, inode = int(name), int(target[8:-1])
-                s = self._accepted(fd, inode)
-                if s is not None:
-                    with s:
-                        try:
-                            uid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
-                        except OSError:
-                            continue
-                    yield fd, inode, uid
+                found = self._accepted(fd, inode)
+                if found is not None:
+                    found[0].close()
+                    yield fd, inode, found[1]
 
     def _end(self, fd: int, inode: int) -> bool:
         """Shuts the connection down (libzmq then sees it end and closes its file) if `fd` is still it."""
-        s = self._accepted(fd, inode)
-        if s is None:
+        found = self._accepted(fd, inode)
+        if found is None:
             return False
-        with s:
+        with found[0] as s:
             try:
                 s.shutdown(socket.SHUT_RDWR)
                 return True
             except OSError:
                 return False
 
-    def _accepted(self, fd: int, inode: int) -> Optional[socket.socket]:
-        """A duplicate of `fd` (the file stays libzmq's to close) if it is still socket `inode` and a connection
-        accepted on gmuxd's socket (named as the socket is, and not listening)."""
+    def _accepted(self, fd: int, inode: int) -> Optional[tuple[socket.socket, str]]:
+        """(a duplicate of `fd`, which the caller closes, and its peer: "uid N" or an address) if `fd` is still
+        socket `inode` and a connection accepted on gmuxd's socket or one of the watched ports; else None. (The
+        file stays libzmq's to close.)"""
         try:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, os.dup(fd))
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, os.dup(fd))    # (named by what it is)
         except OSError:
             return None
         try:
-            if (os.fstat(s.fileno()).st_ino == inode and s.getsockname() == self.path
-                    and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
-                return s
+            if os.fstat(s.fileno()).st_ino == inode and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                local = s.getsockname()
+                if local == self.path:
+                    cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                    return s, f"uid {struct.unpack('3i', cred)[1]}"
+                if isinstance(local, tuple) and local[1] in self.ports:
+                    return s, s.getpeername()[0]
         except OSError:
             pass
         s.close()
         return None
 
 
-def newest_of_the_largest(by_uid: dict, count: int):
-    """`count` connections, (uid, inode, fd), taken one at a time from whoever holds the most, newest first
+def newest_of_the_largest(by_peer: dict, count: int):
+    """`count` connections, (peer, inode, fd), taken one at a time from whoever holds the most, newest first
     (the kernel numbers sockets in the order they were made)."""
-    for conns in by_uid.values():
+    for conns in by_peer.values():
         conns.sort()
-    heap = [(-len(conns), uid) for uid, conns in by_uid.items()]
+    heap = [(-len(conns), peer) for peer, conns in by_peer.items()]
     heapq.heapify(heap)
     while count > 0 and heap:
-        size, uid = heapq.heappop(heap)
-        inode, fd = by_uid[uid].pop()
-        yield uid, inode, fd
+        size, peer = heapq.heappop(heap)
+        inode, fd = by_peer[peer].pop()
+        yield peer, inode, fd
         count -= 1
         if size + 1 < 0:
-            heapq.heappush(heap, (size + 1, uid))
+            heapq.heappush(heap, (size + 1, peer))

@@ -7,14 +7,18 @@ Skipped unless run as root with useradd/groupadd (as tests/node/test_multi_user.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import resource
+import socket
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gmux.node.connection_guard import newest_of_the_largest
+from gmux.node.connection_guard import ConnectionGuard, newest_of_the_largest
+from gmux.util.faults import Faults
+from gmux.util.fd_limit import open_files
 from node_harness import wait_for
 from test_multi_user import ps, submit_until, system_gmuxd, users  # noqa: F401  (users: throwaway users)
 
@@ -101,3 +105,43 @@ def test_connections_are_ended_from_the_largest_holder_down_newest_first(held, c
         assert mine == newest[uid][:len(mine)]          # each holder loses its newest connections first
         if mine:                                        # and only while it holds the most
             assert left[uid] >= max(left.values()) - 1
+
+
+def test_the_guard_ends_only_connections_to_what_it_watches_from_the_largest_holder(tmp_path):
+    """In this process: a TCP listener (a cluster link's port) with 60 connections from 127.0.0.2 and 5 from
+    127.0.0.1, and an unwatched one with 30; the guard's marks set just below what the process then holds."""
+    guard = ConnectionGuard(str(tmp_path / "gmuxd.sock"), 1 << 16, Faults(logging.getLogger("test")))
+    watched, unwatched = (socket.create_server(("127.0.0.1", 0)) for _ in range(2))
+    guard.ports.add(watched.getsockname()[1])
+    conns = {}
+    try:
+        for name, listener, source, n in (("flood", watched, "127.0.0.2", 60), ("calm", watched, "127.0.0.1", 5),
+                                          ("other", unwatched, "127.0.0.2", 30)):
+            conns[name] = []
+            for _ in range(n):
+                c = socket.create_connection(listener.getsockname(), source_address=(source, 0))
+                conns[name].append((c, listener.accept()[0]))
+        guard.high = open_files() - 1
+        guard.low = guard.high - 40
+        ended = guard.check(0.0)
+        assert ended == 41
+
+        def cut(pairs):
+            out = []
+            for client, _ in pairs:
+                client.setblocking(False)
+                try:
+                    out.append(client.recv(1) == b"")
+                except BlockingIOError:
+                    out.append(False)
+            return out
+        flood = cut(conns["flood"])
+        assert sum(flood) == ended and flood == sorted(flood)   # the newest of the largest holder's
+        assert not any(cut(conns["calm"])) and not any(cut(conns["other"]))
+        assert guard.check(0.0) == 0      # those ended, not yet closed, are not counted as held again
+    finally:
+        for pair in (p for pairs in conns.values() for p in pairs):
+            for s in pair:
+                s.close()
+        watched.close()
+        unwatched.close()
