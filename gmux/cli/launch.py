@@ -38,7 +38,16 @@ def main(argv=None) -> int:
     p.add_argument("--torchrun-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--job", help=argparse.SUPPRESS)       # set by gmuxd / by a migration's re-exec
     p.add_argument("--restore", help=argparse.SUPPRESS)
+    # set by a system gmuxd, which starts this process as the job's user: the directory is entered as that user,
+    # never as root (whose chdir would have let them into a directory they may not enter)
+    p.add_argument("--cwd", help=argparse.SUPPRESS)
     a = p.parse_args(argv[:split])
+    if a.cwd is not None:
+        try:
+            os.chdir(a.cwd)
+        except OSError as e:
+            print(f"gmux-launch: cannot enter {a.cwd}: {e.strerror}", file=sys.stderr)
+            return 2
     if not argv[split + 1:]:
         p.error("give the command after --, e.g. gmux-launch -- python train.py")
     torchrun_args = torchrun.torchrun_options(argv[split + 1:])

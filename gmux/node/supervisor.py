@@ -74,9 +74,17 @@ class Supervisor:
             env = {k: v for k, v in os.environ.items() if k not in _ROOTS_OWN}
             env.update({"HOME": pw.pw_dir, "USER": pw.pw_name, "LOGNAME": pw.pw_name, **job.env,
                         "GMUX_RUNTIME_DIR": self.rundir.root, "GMUX_JOB_TOKEN": job.token})
-            # setgroups, setgid, setuid in the child, before exec: nothing of the job ever runs as root. (The
-            # kernel checks the user's own right to enter cwd at every relative path the job opens.)
+            # setgroups, setgid, setuid in the child, before exec: nothing of the job ever runs as root.
             as_user = {"user": job.uid, "group": job.gid, "extra_groups": user_groups(job.uid, job.gid)}
+            if job.cwd:
+                # Popen enters cwd before it drops root: the user's own launcher enters it instead, and the same
+                # test, made as the user now, refuses a directory they may not enter before anything exists
+                # (one message whether it is missing or closed to them: what exists there is not theirs to learn)
+                if subprocess.run(["/bin/sh", "-c", 'cd -- "$1"', "sh", job.cwd], cwd="/", stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **as_user).returncode:
+                    raise CannotStart(f"{pw.pw_name} cannot enter {job.cwd} (it does not exist, or is closed to "
+                                      f"them)")
+                cmd[cmd.index("--"):cmd.index("--")] = ["--cwd", job.cwd]
         env.pop("GMUX_JOB_ID", None)    # another job's (a gmuxd or submit inside a job) would mark this one as its
         env["GMUX_LOG_LIMIT"] = str(self.log_limit)     # (gmux.job.log_output: held between gmuxd's trims)
         path = self.rundir.log_file(job.id)
@@ -87,8 +95,9 @@ class Supervisor:
                                                           if e.errno == errno.ELOOP else e.strerror)) from None
         with os.fdopen(fd, "ab") as log:
             try:
-                p = subprocess.Popen(cmd, cwd=job.cwd or None, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True, **as_user)
+                p = subprocess.Popen(cmd, cwd="/" if self.system else job.cwd or None, env=env,
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, **as_user)
             except OSError as e:
                 if os.fstat(log.fileno()).st_size == 0:
                     os.unlink(path)      # a refusal leaves nothing: the next job given this id starts a log anew

@@ -545,3 +545,26 @@ def test_a_silent_system_gmuxd_is_never_said_to_be_startable_by_its_users(users,
         os.kill(pid, signal.SIGCONT)
     assert "the machine's system gmuxd" in out.stdout and "Start it" not in out.stdout, out.stdout + out.stderr
     assert ask(users, system, "a", [("ping", {})])[0]["ok"]      # continued, it answers again
+
+
+def test_a_job_enters_its_directory_as_its_user_and_never_one_closed_to_them(users, system):
+    """B's home is closed to A (0700); a directory inside it open to all (0755) is still out of A's reach, and a
+    job of A's submitted there is refused, alike whether the directory exists: root's chdir would have let it in."""
+    rt = system
+    inside = os.path.join(users.home("b"), "open-inside")
+    mine = os.path.join(users.home("a"), "mine")
+    for d, who in ((inside, "b"), (mine, "a")):
+        os.makedirs(d, mode=0o755, exist_ok=True)
+        os.chown(d, *users.uid[who][:2])
+    put(users, "b", "open-inside/data.txt", "B's")
+    look = put(users, "a", "mine/look.py", "import os; print(sorted(os.listdir('.')), os.getcwd())")
+    asked = ask(users, rt, "a", [("submit", {"argv": ["python", look], "cwd": d, "name": f"look{i}"})
+                                 for i, d in enumerate((inside, os.path.join(inside, "missing"), mine))])
+    for r, d in zip(asked[:2], (inside, os.path.join(inside, "missing"))):
+        assert not r["ok"] and f"{users.name('a')} cannot enter {d} (it does not exist, or is closed to them)" \
+            in r["error"], r
+    assert asked[2]["ok"], asked[2]        # A's own directory: the job runs there, as A
+    job = asked[2]["data"]["job"]
+    wait_for(lambda: ps(users, rt, "a")[job]["state"] in ("exited", "failed"), 120, "A's job did not end")
+    (r,) = ask(users, rt, "a", [("logs", {"job": job})])
+    assert ps(users, rt, "a")[job]["state"] == "exited" and f"['look.py'] {mine}" in str(r["data"]), r
