@@ -30,7 +30,7 @@ from typing import Optional
 
 from gmux.node.access import user_groups
 from gmux.node.jobs import Job
-from gmux.rundir import RuntimeDir, alive, read_exit, started_environ
+from gmux.rundir import RuntimeDir, alive, proc_starttime, read_exit, started_environ
 from gmux.util.job_command import interpreter_options
 
 # What a system daemon's own environment says about root, which a job started as its user must not inherit (the
@@ -194,7 +194,8 @@ class Supervisor:
         left running) is asked to end: the job is over. (The group keeps the job's pid as its id while any member
         lives, and a live group's id is never given to a new process.) A gmux-launch job's group is its shell's
         and is left alone. A process that said it was ending (bye) may still be writing its last files: its
-        group is asked once it has exited (reap_others)."""
+        group is asked once it has exited (reap_others). Once the group is empty its id may go to a new process,
+        whose group is then left alone."""
         if job.managed and job.pid > 1:
             self.leaving[job.pid] = job
             self._end_groups_left()
@@ -219,9 +220,13 @@ class Supervisor:
 
     def _signal_leftovers(self, job: Job, sigs: tuple) -> None:
         others = self._outside_group(job, [])
+        # A new process that holds the job's pid means the job's group emptied and its id was given anew: the
+        # group of that id is someone else's (a user's `setsid` landed there 10 s after a job ended, and was killed).
+        ours = proc_starttime(job.pid) in (None, job.starttime)
         for sig in sigs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(job.pid, sig)
+                if ours:
+                    os.killpg(job.pid, sig)
             for other in others:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(other, sig)

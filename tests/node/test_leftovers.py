@@ -242,3 +242,41 @@ def test_a_leftover_that_will_not_end_is_killed_after_a_grace(tmp_path, monkeypa
         leader.wait()
         if child:
             _kill_all([child])
+
+
+def test_a_new_process_given_an_ended_jobs_pid_is_never_signalled_for_it(tmp_path, monkeypatch):
+    """The job's group emptied when it ended and its id went to a new process (a user's `setsid sleep`, made to
+    land there): gmuxd, as root, killed that process's group 10 s after the job ended."""
+    import os
+    import subprocess
+
+    from gmux.node import supervisor
+    from gmux.node.jobs import Job
+    from gmux.node.supervisor import Supervisor
+    from gmux.rundir import RuntimeDir, proc_starttime
+    if not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        pytest.skip("needs root's /proc/sys/kernel/ns_last_pid to give a new process an ended job's pid")
+    ended = subprocess.Popen(["sleep", "0.2"], start_new_session=True)
+    job = Job("j1", "t", "", ["sleep"], pid=ended.pid, starttime=proc_starttime(ended.pid), managed=True)
+    ended.wait()
+    sup = Supervisor(RuntimeDir(str(tmp_path / "rt")))
+    new = None
+    for _ in range(50):         # (another process may take the pid first: try again)
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(job.pid - 1))
+        new = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        if new.pid == job.pid:
+            break
+        new.kill()
+        new.wait()
+    if new.pid != job.pid:
+        pytest.skip(f"no new process got pid {job.pid} in 50 tries")
+    try:
+        monkeypatch.setattr(supervisor, "LEFTOVER_GRACE_S", 0.0, raising=False)
+        sup.end_leftovers(job)          # SIGTERM and SIGCONT to what is left, and at once (no grace) SIGKILL
+        sup.reap_others(set())
+        time.sleep(0.3)
+        assert new.poll() is None and os.getpgid(new.pid) == job.pid
+    finally:
+        new.kill()
+        new.wait()
