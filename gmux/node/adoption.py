@@ -8,7 +8,10 @@ waits for its turn, and a moved one restores from its checkpoint.
 
 What cannot be taken back is refused with the reason, and the job runs on as it did: a job of several GPUs or a
 gang rank (which GPUs are its own, and its peers, are not known), a job of another GPU layout than this gmuxd's,
-and an id that is no job id (whatever claims one must be what gmuxd gives, so that new jobs never collide).
+and an id that is no job id (whatever claims one must be what gmuxd gives, so that new jobs never collide). An
+id is believed only from a table gmuxd started without (new, or lost), or below the next id its table gives:
+otherwise any user could move the counter new ids are taken from (a claim of j999999999 made every later id
+longer than what gmuxd then took back).
 A lost table holds no token to check a claim against: in a system gmuxd a claim becomes its claimer's own job,
 under the uid the kernel gives for it, so all another user can do is take an id first from the job that lost it,
 which then runs on unsupervised, as it did before adoption existed.
@@ -30,7 +33,8 @@ from gmux.wire.server import Refused, Request
 if TYPE_CHECKING:
     from gmux.node.daemon import Daemon
 
-JOB_ID = re.compile(r"j[1-9][0-9]{0,8}", re.ASCII)
+JOB_ID = re.compile(r"j[1-9][0-9]{0,17}", re.ASCII)
+MOST_IDS = 10 ** 12     # ids a lost table may have given: a claim past it is not believed (it would move every new id)
 
 
 def adopt(node: "Daemon", req: Request) -> Job:
@@ -40,6 +44,10 @@ def adopt(node: "Daemon", req: Request) -> Job:
     job_id, state, gpu = msg["job"], msg["adopt"], msg.get("on_gpu")
     if not JOB_ID.fullmatch(job_id) or not msg.get("token"):
         raise Refused(f"register: {job_id!r} is not a job id this gmuxd gives, with its token: nothing to adopt")
+    if not node.store.gave(job_id) and (not node.store.new or int(job_id[1:]) >= MOST_IDS):
+        raise Refused(f"register: {job_id} is an id this gmuxd never gave (its table was not lost, and its next id "
+                      f"is {node.store.mark()})" if not node.store.new else
+                      f"register: {job_id} is past any id a gmuxd gives: nothing to adopt")
     if node.store.holds(job_id):       # (an ended job gmuxd no longer keeps in memory: its record stays its own)
         raise Refused(f"register: {job_id} is a job this gmuxd has a record of: nothing to adopt")
     if msg.get("gang") or msg.get("gpus", 1) > 1:

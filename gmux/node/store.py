@@ -47,6 +47,7 @@ class Store:
         self._unsaved: dict[str, Job] = {}        # jobs whose last state is not in the database yet
         self._undecided: list[tuple] = []         # decisions not in the database yet
         self._next = int(row[0]) if row else 1    # the next job id, also while the database refuses writes
+        self.new = row is None      # no table before this start (none yet, or it was lost): ids are not known
 
     def ids_from(self, n: int) -> None:
         """No job id below `n` is given (ids a table lost are still on files: logs, checkpoints), also by a
@@ -62,6 +63,10 @@ class Store:
         self._next += 1
         self.writes.attempt(self._save_counter)
         return f"j{n}"
+
+    def gave(self, job_id: str) -> bool:
+        """Whether this table gave the id (to a job it may since have forgotten)."""
+        return int(job_id[1:]) < self._next
 
     def mark(self) -> str:
         """The id the next job takes (unused() gives it back with every id given after it)."""

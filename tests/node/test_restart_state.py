@@ -238,3 +238,21 @@ def test_a_request_gmuxd_does_not_answer_is_told_apart_from_a_refusal(tmp_path):
         stand_in.kill()
         stand_in.wait()
         silent.close(0)
+
+
+def test_a_claim_of_an_id_the_table_never_gave_moves_no_id(daemon_factory, tmp_path):
+    """Any user of a system gmuxd could claim j999999999: every later id was 10 digits, past what adoption took
+    back. Ids are believed only where gmuxd started without a table, and below a bound even there."""
+    d = daemon_factory(root=str(tmp_path / "rt"))
+    first = register(d, b"a")["job"]
+    again = daemon_factory(root=str(tmp_path / "rt"))          # its table kept: it knows which ids it gave
+    for claim in ("j999999999", "j2"):
+        r = ask(again, "register", b"x", pid=again.stand_in_pid, argv=["python", "t.py"], job=claim, token="t" * 32,
+                adopt="running", on_gpu=0)
+        assert not r["ok"] and f"{claim} is an id this gmuxd never gave (its table was not lost, and its next id " \
+                                "is j2)" in r["error"], r
+    assert first == "j1" and again.store.mark() == "j2" and register(again, b"b")["job"] == "j2"
+    lost = _lost(daemon_factory, tmp_path / "other")
+    r = ask(lost, "register", b"x", pid=lost.stand_in_pid, argv=["python", "t.py"], job="j1000000000000",
+            token="t" * 32, adopt="running", on_gpu=0)
+    assert not r["ok"] and "is past any id a gmuxd gives" in r["error"] and lost.store.mark() == "j1", r
