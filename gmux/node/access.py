@@ -77,6 +77,17 @@ def user_groups(uid: int, gid: int) -> list[int]:
         return [gid]
 
 
+@_cached
+def member_of(uid: int, group: int) -> bool:
+    """Whether the user database has the user in the group now: a process keeps the groups it started with (a
+    user removed from a group keeps it in every process they had), and its gid may be any group it ever held."""
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return group in os.getgrouplist(pw.pw_name, pw.pw_gid)
+
+
 class Access:
     def __init__(self, admin_token: Optional[str], token_file: str, system: Optional[SystemMode] = None):
         self.token, self.token_file, self.system = admin_token, token_file, system
@@ -90,13 +101,22 @@ class Access:
                 raise Refused(f"{msg.type}: wrong admin token (read it from {self.token_file})")
             return req.caller or Caller(os.getuid(), os.getgid(), 0)
         assert req.caller is not None   # Server(credentials=True) refuses a request without one
+        self.served(msg, req.caller)
         return req.caller
+
+    def served(self, msg: protocol.Message, who: Caller) -> None:
+        """Refuses a system daemon's user who is no longer a member of its socket group (the socket let them in
+        with the groups a process of theirs started with): what they may do ends within LOOKUP_TTL_S."""
+        if self.system is not None and who.uid != 0 and not member_of(who.uid, self.system.socket_group):
+            raise Refused(f"{msg.type}: {user_name(who.uid)} is not a member of group "
+                          f"{group_name(self.system.socket_group)}, whose members this gmuxd serves (a process "
+                          f"started while they were keeps the group, not the right)")
 
     def is_admin(self, who: Caller) -> bool:
         if self.system is None or who.uid == 0:
             return True
         admins = self.system.admin_group
-        return admins is not None and admins in user_groups(who.uid, who.gid)
+        return admins is not None and member_of(who.uid, admins)
 
     def admins(self) -> str:
         """Who the admins are, in words (for refusals)."""

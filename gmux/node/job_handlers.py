@@ -67,6 +67,7 @@ class JobHandlers:
                           f"registers itself as a job (gmux-launch does)")
         came_from = None
         if msg.get("job") and msg.get("adopt") and msg["job"] not in node.jobs:
+            node.access.served(msg, who)
             job = adopt(node, req)
             log.info("adopted %s on GPU %s (pid %d)", job.id, job.gpu, job.pid)
             return self._registered(job)
@@ -97,6 +98,7 @@ class JobHandlers:
             job.gpu = job.target_gpu if job.target_gpu is not None else job.gpu
             job.target_gpu = None
         else:
+            node.access.served(msg, who)        # (a new job: one of a user the daemon still serves)
             gang = msg.get("gang")
             others = [m for m in gang_members(node.jobs, gang["id"]) if m.uid != who.uid] if system and gang else []
             if others:    # ranks of one gang are suspended and killed together: never across users

@@ -568,3 +568,24 @@ def test_a_job_enters_its_directory_as_its_user_and_never_one_closed_to_them(use
     wait_for(lambda: ps(users, rt, "a")[job]["state"] in ("exited", "failed"), 120, "A's job did not end")
     (r,) = ask(users, rt, "a", [("logs", {"job": job})])
     assert ps(users, rt, "a")[job]["state"] == "exited" and f"['look.py'] {mine}" in str(r["data"]), r
+
+
+def test_only_the_user_database_makes_a_member_or_an_admin_not_what_a_process_kept(sysd, users):
+    """A user removed from the socket group kept every right through a process that had started before (its
+    groups are fixed at its start), and a process whose gid was the admin group counted as an admin's."""
+    import grp
+    reg = call(sysd, users, "a", "register", pid=sysd.pid, argv=["python", "t.py"])["data"]
+
+    def as_(who, gid, mtype, **fields):
+        uid = users.uid[who][0]
+        sysd.sent.clear()
+        sysd.server.receive(b"c", [Peer(protocol.encode(mtype, 5, **fields), uid, gid, sysd.pid)])
+        return next(m for i, m in sysd.sent if m["type"] == "reply")
+    socket_gid, admin_gid = grp.getgrnam(users.group).gr_gid, grp.getgrnam(users.admins).gr_gid
+    for mtype, fields in (("ps", {"admin": ""}), ("register", {"pid": sysd.pid, "argv": ["python", "t.py"]})):
+        r = as_("out", socket_gid, mtype, **fields)      # its process kept the group; the database has it out
+        assert not r["ok"] and f"{users.name('out')} is not a member of group {users.group}" in r["error"], r
+    r = as_("b", admin_gid, "kill", admin="", job=reg["job"])
+    assert not r["ok"] and f"belongs to {users.name('a')}" in r["error"], r
+    assert not sysd.jobs[reg["job"]].final and sysd.server.internal_errors == 0
+    assert as_("b", users.uid["b"][1], "ps", admin="")["ok"]      # a member as the database has it
