@@ -154,6 +154,13 @@ class Stopping:
         elif e.overdue and waited is not None:
             note = (f"no boundary ever: computes in its turns, stopped (SIGSTOP) between them, keeps {kept}"
                     if never else f"no boundary in {waited:.1f} s: sliced by SIGSTOP/SIGCONT")
+        elif job.id not in slicer.resident and not job.held:
+            # (its owner may be another user, who cannot read that job's decisions: this is all they are told)
+            on = sorted(j for j, o in slicer.entries.items() if j != job.id and o.overdue and o.late_told
+                        and not (o.stopped or o.frozen))
+            if on:
+                note = (f"waits for its turn: {', '.join(on)} reached no boundary in its own turn and computes on, "
+                        f"not stopped (its memory is not known, or would not leave room)")
         if note:
             control = job.last_report.get("control")
             job.detail = job._note = note + (f" (control: {control})" if control and never else "")

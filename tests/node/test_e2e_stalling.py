@@ -202,6 +202,9 @@ def test_a_job_that_cannot_be_stopped_is_told_why_in_its_terms(node_factory, tmp
     # `resuming` and "sliced by SIGSTOP/SIGCONT" while it ran on, and a suspend was refused yet held it).
     shown = node.wait_for(lambda: (lambda j: j["state"] == "running" and j)(node.job(x)), 20, "shown running")
     assert "not stopped" in shown["detail"] and "SIGSTOP" not in shown["detail"] and shown["stops"] == 0, shown
+    # and the job that waits is told why in its own row (its owner may not read the other's decisions)
+    node.wait_for(lambda: f"waits for its turn: {x} reached no boundary in its own turn and computes on, not stopped"
+                  in node.job(a)["detail"], 20, lambda: node.job(a))
     from gmux.wire.daemon_client import Client, GmuxError
     c = Client(node.rt)
     t0 = time.monotonic()

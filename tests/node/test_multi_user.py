@@ -589,3 +589,11 @@ def test_only_the_user_database_makes_a_member_or_an_admin_not_what_a_process_ke
     assert not r["ok"] and f"belongs to {users.name('a')}" in r["error"], r
     assert not sysd.jobs[reg["job"]].final and sysd.server.internal_errors == 0
     assert as_("b", users.uid["b"][1], "ps", admin="")["ok"]      # a member as the database has it
+
+
+def test_a_process_is_one_job(sysd, users):
+    """One process registered itself a hundred times: a hundred jobs, each given turns on the GPUs."""
+    first = call(sysd, users, "a", "register", pid=sysd.pid, argv=["python", "t.py"])
+    again = call(sysd, users, "a", "register", pid=sysd.pid, argv=["python", "t.py"])
+    assert first["ok"] and not again["ok"] and f"is job {first['data']['job']} already" in again["error"]
+    assert list(sysd.jobs) == [first["data"]["job"]]
