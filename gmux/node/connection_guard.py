@@ -8,8 +8,9 @@ the socket leaves every accepted connection dead but open), so a thread of its o
 PERIOD_S, and past `high` ends connections until gmuxd holds `low`: those of whoever holds the most, newest
 first, down to the next holder's number and then theirs too. A user under the mark keeps their connections; one
 ended, a ZeroMQ client connects again by itself. The TCP ports of a cluster link in gmuxd are watched alike
-(anyone on the network may connect there; their peers are told apart by address). `high` is at most half of the limit gmuxd raised its own to
-(gmux.util.fd_limit), and what lies above it is what a flood may open while a pass runs.
+(anyone on the network may connect there; their peers are told apart by address). `high` is at most a quarter
+of the limit gmuxd raised its own to (gmux.util.fd_limit), and what lies above it is what a flood may open
+while a pass runs, on a machine the flood also loads (benchmarks/connection_flood.py measures both).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Optional
 from gmux.util.faults import Faults
 from gmux.util.fd_limit import open_files
 
-MOST = 8192          # files: thousands of jobs' connections, and far below the limit a daemon raises itself to
+MOST = 4096          # files: a thousand jobs' connections, and far below the limit a daemon raises itself to
 PERIOD_S = 0.02
 LOG_EVERY_S = 10.0
 
@@ -38,7 +39,7 @@ class ConnectionGuard:
     def __init__(self, socket_path: str, limit: int, faults: Faults):
         self.path = socket_path
         self.ports: set[int] = set()           # TCP ports gmuxd listens on (its cluster link's), also watched
-        self.high = max(16, min(limit // 2, MOST))
+        self.high = max(16, min(limit // 4, MOST))
         self.low = self.high // 2
         self.faults = faults
         self.shed = 0                          # connections ended since gmuxd started
@@ -109,9 +110,9 @@ class ConnectionGuard:
                 continue
             if target.startswith("socket:["):
                 fd, inode = int(name), int(target[8:-1])
-                found = self._accepted(fd, inode)
+                found = self._accepted(fd, inode, dup=False)
                 if found is not None:
-                    found[0].close()
+                    found[0].detach()
                     yield fd, inode, found[1]
 
     def _end(self, fd: int, inode: int) -> bool:
@@ -126,12 +127,13 @@ class ConnectionGuard:
             except OSError:
                 return False
 
-    def _accepted(self, fd: int, inode: int) -> Optional[tuple[socket.socket, str]]:
-        """(a duplicate of `fd`, which the caller closes, and its peer: "uid N" or an address) if `fd` is still
-        socket `inode` and a connection accepted on gmuxd's socket or one of the watched ports; else None. (The
-        file stays libzmq's to close.)"""
+    def _accepted(self, fd: int, inode: int, dup: bool = True) -> Optional[tuple[socket.socket, str]]:
+        """(a socket object on `fd`, and its peer: "uid N" or an address) if `fd` is still socket `inode` and a
+        connection accepted on gmuxd's socket or one of the watched ports; else None. The file stays libzmq's:
+        the caller closes a duplicate (what it then shuts down is the very socket checked), or detaches `fd` (a
+        count only: three system calls fewer a file, while a flood goes on)."""
         try:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, os.dup(fd))    # (named by what it is)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, os.dup(fd) if dup else fd)    # (any family)
         except OSError:
             return None
         try:
@@ -144,7 +146,10 @@ class ConnectionGuard:
                     return s, s.getpeername()[0]
         except OSError:
             pass
-        s.close()
+        if dup:
+            s.close()
+        else:
+            s.detach()
         return None
 
 

@@ -22,7 +22,7 @@ from gmux.util.fd_limit import open_files
 from node_harness import wait_for
 from test_multi_user import ps, submit_until, system_gmuxd, users  # noqa: F401  (users: throwaway users)
 
-SOFT, HARD = 1024, 8192        # gmuxd's limits as it starts: it may raise its own to 8192, and ends at 4096
+SOFT, HARD = 1024, 8192        # gmuxd's limits as it starts: it may raise its own to 8192, and ends at 2048
 MOST = 10000                   # connections the flooder holds at once if it can: more than gmuxd could take
 
 # Run as user A: holds up to MOST connections to gmuxd's socket for `seconds`, opening them 200 at a time and
