@@ -71,3 +71,15 @@ def test_daemon_logs_escape_what_a_job_chose_and_keep_tracebacks(tmp_path):
     assert first.endswith("gmuxd WARNING j1: suspend failed: " + printable(forged))
     assert "\\x0a2026-01-01" in first and not any("j2 admitted" in line for line in rest)
     assert rest[1] == "Traceback (most recent call last):" and rest[-1] == "ValueError: boom"
+
+
+def test_cluster_ps_lines_stay_in_columns_whatever_the_names_width():
+    from rich.cells import cell_len
+
+    from gmux.cli.tables import CLUSTER_HEADER, cluster_job_line
+    base = {"cjob": "c1", "state": "running", "machine": "m1", "gpu": 0, "step": 12, "restarts": 0,
+            "migrations": 1, "detail": "ok"}
+    lines = [cluster_job_line({**base, "name": n}) for n in ("ab", "训练任务名字很长的名字", "résumé", "x\x1b[31m", None)]
+    where = [cell_len(line[:line.index("running")]) for line in lines]
+    assert where == [cell_len(CLUSTER_HEADER[:CLUSTER_HEADER.index("STATE")])] * len(lines), lines
+    assert "\x1b" not in "".join(lines)

@@ -126,20 +126,16 @@ def run(a) -> int:
             if a.json:
                 print(json.dumps(data, indent=1, default=str))
             else:
+                from gmux.cli.tables import CLUSTER_HEADER, cluster_job_line, cluster_rank_line
                 print(f"policy {data['policy']}; machines: " + ", ".join(
                     f"{m['name']}({m['state']}, {m['gpus']} GPU)" for m in data["machines"]))
                 if data.get("store"):
                     print(f"the scheduler is serving from memory: {printable(data['store'])}")
-                print(f"{'JOB':6} {'NAME':16} {'STATE':10} {'MACHINE':10} {'GPU':>3} {'STEP':>8} {'RESTARTS':>8} "
-                      f"{'MOVES':>5}  DETAIL")
+                print(CLUSTER_HEADER)
                 for j in data["jobs"]:
-                    print(f"{j['cjob']:6} {printable(j.get('name') or '-', limit=16):16} {j['state']:10} "
-                          f"{str(j['machine'] or '-'):10} "
-                          f"{'-' if j['gpu'] is None else j['gpu']:>3} {j['step']:>8} {j['restarts']:>8} "
-                          f"{j['migrations']:>5}  {printable(j['detail'], limit=300)}")
+                    print(cluster_job_line(j))
                     for r in j.get("ranks") or []:
-                        print(f"  .{r['rank']:<3} {r['state']:10} {str(j['machine'] or '-'):10} "
-                              f"{'-' if r['gpu'] is None else r['gpu']:>3} {r['step']:>8}  local job {r['local']}")
+                        print(cluster_rank_line(j, r))
     finally:
         c.close()
     return 0

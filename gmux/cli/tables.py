@@ -1,9 +1,11 @@
-"""The jobs table shown by `gmux ps`, `gmux top` and the demo, built from a `ps` reply.
+"""The jobs table shown by `gmux ps`, `gmux top` and the demo, built from a `ps` reply; and the lines of
+`gmux ps --cluster`.
 
 Every cell is a rich Text, never markup: a job's name or exit reason containing `[/bold]` is shown as typed,
 and control characters are escaped (gmux.util.text)."""
 from __future__ import annotations
 
+from rich.cells import set_cell_size
 from rich.table import Table
 from rich.text import Text
 
@@ -104,3 +106,20 @@ def gpus_table(ps: dict) -> Table:
                           ",".join(g["jobs"]), ",".join(g["resident"]), " ".join("+".join(p) for p in g["packs"]),
                           g["switches"], g.get("owner") or (f"(freeing for {g['reserved']})" if g.get("reserved") else "")))
     return t
+
+
+CLUSTER_HEADER = (f"{'JOB':6} {'NAME':16} {'STATE':10} {'MACHINE':10} {'GPU':>3} {'STEP':>8} {'RESTARTS':>8} "
+                  f"{'MOVES':>5}  DETAIL")
+
+
+def cluster_job_line(j: dict) -> str:
+    """A job of `gmux ps --cluster`; its name cut and padded by its width on a terminal (a wide character takes
+    two columns), so that the columns after it stay in line."""
+    return (f"{j['cjob']:6} {set_cell_size(printable(j.get('name') or '-', limit=16), 16)} {j['state']:10} "
+            f"{str(j['machine'] or '-'):10} {'-' if j['gpu'] is None else j['gpu']:>3} {j['step']:>8} "
+            f"{j['restarts']:>8} {j['migrations']:>5}  {printable(j['detail'], limit=300)}")
+
+
+def cluster_rank_line(j: dict, r: dict) -> str:
+    return (f"  .{r['rank']:<3} {r['state']:10} {str(j['machine'] or '-'):10} "
+            f"{'-' if r['gpu'] is None else r['gpu']:>3} {r['step']:>8}  local job {r['local']}")
