@@ -9,9 +9,10 @@ waits for its turn, and a moved one restores from its checkpoint.
 What cannot be taken back is refused with the reason, and the job runs on as it did: a job of several GPUs or a
 gang rank (which GPUs are its own, and its peers, are not known), a job of another GPU layout than this gmuxd's,
 and an id that is no job id (whatever claims one must be what gmuxd gives, so that new jobs never collide). An
-id is believed only from a table gmuxd started without (new, or lost), or below the next id its table gives:
-otherwise any user could move the counter new ids are taken from (a claim of j999999999 made every later id
-longer than what gmuxd then took back).
+id is believed only below the next id its table gives, or where gmuxd started without a table (new, or lost; in
+a system gmuxd only from a process that began before this gmuxd did, as its predecessor's jobs did): otherwise
+any user could move the counter new ids are taken from (a claim of j999999999 made every later id longer than
+what gmuxd then took back).
 A lost table holds no token to check a claim against: in a system gmuxd a claim becomes its claimer's own job,
 under the uid the kernel gives for it, so all another user can do is take an id first from the job that lost it,
 which then runs on unsupervised, as it did before adoption existed.
@@ -48,6 +49,11 @@ def adopt(node: "Daemon", req: Request) -> Job:
         raise Refused(f"register: {job_id} is an id this gmuxd never gave (its table was not lost, and its next id "
                       f"is {node.store.mark()})" if not node.store.new else
                       f"register: {job_id} is past any id a gmuxd gives: nothing to adopt")
+    began = proc_starttime(who.pid) if system and who is not None else None
+    if system and not node.store.gave(job_id) and (began is None or began >= proc_starttime(os.getpid())):
+        # (a job its predecessor started began before this gmuxd did; at a boot every table is new)
+        raise Refused(f"register: {job_id} is not in this gmuxd's new table, and process {msg['pid']} began after "
+                      f"this gmuxd did: it is no job of the gmuxd before it, nothing to adopt")
     if node.store.holds(job_id):       # (an ended job gmuxd no longer keeps in memory: its record stays its own)
         raise Refused(f"register: {job_id} is a job this gmuxd has a record of: nothing to adopt")
     if msg.get("gang") or msg.get("gpus", 1) > 1:

@@ -80,8 +80,10 @@ class Supervisor:
                 # Popen enters cwd before it drops root: the user's own launcher enters it instead, and the same
                 # test, made as the user now, refuses a directory they may not enter before anything exists
                 # (one message whether it is missing or closed to them: what exists there is not theirs to learn)
-                if subprocess.run(["/bin/sh", "-c", 'cd -- "$1"', "sh", job.cwd], cwd="/", stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **as_user).returncode:
+                # (the launcher's own chdir, from where it starts: a shell's cd reads '..' and '-' its own way)
+                if subprocess.run([sys.executable, "-I", "-S", "-c", "import os, sys; os.chdir(sys.argv[1])",
+                                   job.cwd], cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, **as_user).returncode:
                     raise CannotStart(f"{pw.pw_name} cannot enter {job.cwd} (it does not exist, or is closed to "
                                       f"them)")
                 cmd[cmd.index("--"):cmd.index("--")] = ["--cwd", job.cwd]

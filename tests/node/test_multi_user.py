@@ -558,13 +558,15 @@ def test_a_job_enters_its_directory_as_its_user_and_never_one_closed_to_them(use
         os.chown(d, *users.uid[who][:2])
     put(users, "b", "open-inside/data.txt", "B's")
     look = put(users, "a", "mine/look.py", "import os; print(sorted(os.listdir('.')), os.getcwd())")
+    # (a shell's cd reads '..' before it enters anything: the check must be the launcher's own chdir)
+    closed = (inside, os.path.join(inside, "missing"), os.path.join(inside, "..", "..", "home-a", "mine"), "-")
     asked = ask(users, rt, "a", [("submit", {"argv": ["python", look], "cwd": d, "name": f"look{i}"})
-                                 for i, d in enumerate((inside, os.path.join(inside, "missing"), mine))])
-    for r, d in zip(asked[:2], (inside, os.path.join(inside, "missing"))):
+                                 for i, d in enumerate((*closed, mine))])
+    for r, d in zip(asked, closed):
         assert not r["ok"] and f"{users.name('a')} cannot enter {d} (it does not exist, or is closed to them)" \
             in r["error"], r
-    assert asked[2]["ok"], asked[2]        # A's own directory: the job runs there, as A
-    job = asked[2]["data"]["job"]
+    assert asked[-1]["ok"], asked[-1]        # A's own directory: the job runs there, as A
+    job = asked[-1]["data"]["job"]
     wait_for(lambda: ps(users, rt, "a")[job]["state"] in ("exited", "failed"), 120, "A's job did not end")
     (r,) = ask(users, rt, "a", [("logs", {"job": job})])
     assert ps(users, rt, "a")[job]["state"] == "exited" and f"['look.py'] {mine}" in str(r["data"]), r
@@ -597,3 +599,12 @@ def test_a_process_is_one_job(sysd, users):
     again = call(sysd, users, "a", "register", pid=sysd.pid, argv=["python", "t.py"])
     assert first["ok"] and not again["ok"] and f"is job {first['data']['job']} already" in again["error"]
     assert list(sysd.jobs) == [first["data"]["job"]]
+
+
+def test_a_new_tables_claim_is_believed_only_from_a_process_older_than_gmuxd(sysd, users):
+    """At every boot a system gmuxd's table is new (/run): any user could claim j999999999 before anything else,
+    and every later id was ten digits. A job its predecessor started began before it did."""
+    r = call(sysd, users, "a", "register", pid=sysd.pid, argv=["python", "t.py"], job="j999999999",
+             token="t" * 32, adopt="running", on_gpu=0)
+    assert not r["ok"] and f"process {sysd.pid} began after this gmuxd did" in r["error"], r
+    assert sysd.store.mark() == "j1" and not sysd.jobs
