@@ -44,7 +44,7 @@ class ConnectionGuard:
         self.faults = faults
         self.shed = 0                          # connections ended since gmuxd started
         self._ending: set[int] = set()         # sockets ended, not yet closed by libzmq
-        self._slowed: list[int] = []           # libzmq's threads, put behind other processes during a flood
+        self._slowed: list = []                # libzmq's threads put behind others during a flood, (tid, nice)
         self._unlogged: dict[int, int] = defaultdict(int)
         self._logged_at = 0.0
         self._stop = threading.Event()
@@ -73,7 +73,9 @@ class ConnectionGuard:
         """Ends connections if gmuxd holds more than `high` files; returns how many it ended."""
         held = open_files()
         if held <= self.low and self._slowed:
-            _nice(self._slowed, 0)
+            for tid, before in self._slowed:
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, tid, before)
             self._slowed = []
         if held <= self.high:
             return 0
@@ -81,8 +83,11 @@ class ConnectionGuard:
             # libzmq's threads take connections as fast as a flood makes them, on a machine the flood loads too:
             # behind every other process while it lasts, they take fewer than this thread ends (root's alone,
             # which may give them their priority back)
-            self._slowed = _threads_named("ZMQbg/")
-            _nice(self._slowed, 19)
+            for tid in _threads_named("ZMQbg/"):
+                with contextlib.suppress(OSError):
+                    before = os.getpriority(os.PRIO_PROCESS, tid)
+                    os.setpriority(os.PRIO_PROCESS, tid, 19)
+                    self._slowed.append((tid, before))
         by_peer: dict[str, list[tuple[int, int]]] = defaultdict(list)    # peer -> [(socket inode, fd)]
         ending = set()
         for fd, inode, peer in self._connections():
@@ -171,12 +176,6 @@ def _threads_named(prefix: str) -> list[int]:
                 if f.read().startswith(prefix):
                     found.append(int(tid))
     return found
-
-
-def _nice(threads: list, value: int) -> None:
-    for tid in threads:
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, tid, value)
 
 
 def newest_of_the_largest(by_peer: dict, count: int):
