@@ -146,7 +146,8 @@ def main() -> int:
     made = sum(s["made"] for s in seen)
     ended = sum(int(part.split()[0]) for line in text.splitlines() if "ended connections" in line
                 for part in line.split("(", 1)[1].split(")", 1)[0].split(", "))
-    phases = {"quiet": summary(quiet) | {"failed": quiet_failed}, "flood": summary(flood_times) | {"failed": flood_failed},
+    phases = {"quiet": summary(quiet) | {"failed": quiet_failed},
+              "flood": summary(flood_times) | {"failed": flood_failed},
               "after": summary(after) | {"failed": after_failed}}
     table = Table(title=f"gmuxd, one client's ping over its open connection; {a.flooders} flooders for "
                         f"{a.seconds:g} s (hard limit {a.hard_limit:,})")

@@ -241,7 +241,8 @@ def test_times_without_a_zone_are_stated_and_a_mix_refused(tmp_path):
         _load(tmp_path, head + "2020-01-01 00:00:00,10,1\n2020-01-01T00:00:00+08:00,10,1\n"
                                "1600000000000,10,1\n2020-01-01 00:00:00,1e12,1\n")
     msg = str(e.value)
-    assert "line 3: timestamp '2020-01-01T00:00:00+08:00' has a zone offset, the trace's first date (line 2) has none" in msg
+    assert ("line 3: timestamp '2020-01-01T00:00:00+08:00' has a zone offset, the trace's first date (line 2) has "
+            "none") in msg
     assert "line 5: duration 1e+12 s is more than 100 years" in msg
     with pytest.raises(TraceError, match="line 2: .*1600000000000.*milliseconds or microseconds since the epoch"):
         _load(tmp_path, head + "1600000000000,10,1\n")
