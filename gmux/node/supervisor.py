@@ -82,7 +82,7 @@ class Supervisor:
                 # (one message whether it is missing or closed to them: what exists there is not theirs to learn)
                 # (the launcher's own chdir, from where it starts: a shell's cd reads '..' and '-' its own way)
                 if subprocess.run([sys.executable, "-I", "-S", "-c", "import os, sys; os.chdir(sys.argv[1])",
-                                   job.cwd], cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   job.cwd], cwd="/", env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, **as_user).returncode:
                     raise CannotStart(f"{pw.pw_name} cannot enter {job.cwd} (it does not exist, or is closed to "
                                       f"them)")
