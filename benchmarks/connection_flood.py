@@ -8,7 +8,7 @@ raises its own to it), and a client that keeps one connection open, as a job's d
 connection quiet, then while FLOODERS processes open connections to gmuxd's socket as fast as they can, holding
 up to 15,000 each (dropping their oldest 5,000 past that, and counting those gmuxd ended). Reports the client's
 ping latency in both phases and their ratio, the connections made and ended, gmuxd's most open files and its
-memory; and whether gmuxd was still there at the end. Before gmux.node.connection_guard, libzmq aborted gmuxd at
+memory; and whether gmuxd was still there at the end. Before gmux.wire.connection_guard, libzmq aborted gmuxd at
 its 1,024th connection. The last line:
     connection_flood: survived=<0|1> ping_p99_ratio=<flood/quiet> connections=<made> ended=<by gmuxd>
 """

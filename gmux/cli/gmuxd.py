@@ -18,7 +18,7 @@ from gmux.util.fd_limit import raise_soft_limit
 from gmux.util.text import digits, log_to_stderr, printable
 from gmux.rundir import SYSTEM_RUNTIME_DIR, RuntimeDir, private_runtime_dir
 
-LOW_FILE_LIMIT = 16384    # gmux.node.connection_guard ends connections past half of it
+LOW_FILE_LIMIT = 16384    # gmux.wire.connection_guard ends connections past a quarter of it
 
 
 def main(argv=None) -> int:

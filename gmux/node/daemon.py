@@ -30,7 +30,7 @@ from gmux.node.access import Access, SystemMode
 from gmux.node.admin_handlers import AdminHandlers
 from gmux.node.admission import Admission
 from gmux.node.commands import Commands
-from gmux.node.connection_guard import ConnectionGuard
+from gmux.wire.connection_guard import ConnectionGuard
 from gmux.node.cuda_rebind import CudaDriver, Driver
 from gmux.node.inventory import Gpu, env_for
 from gmux.node.job_handlers import JobHandlers
@@ -123,7 +123,7 @@ class Daemon:
             os.chmod(rundir.socket, 0o660)
         else:
             os.chmod(rundir.socket, 0o600)
-        self.connections = ConnectionGuard(rundir.socket, soft_limit(), self.faults)
+        self.connections = ConnectionGuard("gmuxd", rundir.socket, soft_limit(), self.faults)
         handlers = {**JobHandlers(self).table(), **AdminHandlers(self).table()}
         self.server = Server(sock, handlers, name="gmuxd", unknown="{type} is sent by gmuxd, not to it",
                              credentials=system is not None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -63,9 +64,9 @@ class Solo(Mapping):
 
 class Cluster:
     def __init__(self, tmp_path, machines=("m1", "m2", "m3"), policy="gandiva", gpus="2x2GiB", sched_args=(),
-                 daemon_args=(), warm=False, proxied=False):
+                 daemon_args=(), warm=False, proxied=False, sched_files=None):
         """proxied: each machine's link reaches the scheduler through its own Proxy (self.proxies), which a test
-        can sever (a network partition)."""
+        can sever (a network partition); sched_files: (soft, hard) limits on the scheduler's open files."""
         from gmux.wire import keys
         self.tmp = tmp_path
         self.keys = str(tmp_path / "keys")
@@ -77,7 +78,7 @@ class Cluster:
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         # gmuxd keeps a warm interpreter per machine by default; the tests whose point is not a move's total
         # leave it out: on 2 cores every idle one's torch import slows the rest of the suite.
-        self.policy, self.gpus, self.sched_args = policy, gpus, list(sched_args)
+        self.policy, self.gpus, self.sched_args, self.sched_files = policy, gpus, list(sched_args), sched_files
         self.daemon_args = (["--warm-starts", "1" if warm else "0"] if "--warm-starts" not in daemon_args else []) \
             + list(daemon_args)
         self.daemons: dict[str, subprocess.Popen] = {}
@@ -91,7 +92,9 @@ class Cluster:
         log = open(self.tmp / "scheduler.log", "ab")
         self.sched = subprocess.Popen([PY, "-m", "gmux.cli.scheduler", "--listen", self.endpoint, "--keys", self.keys,
                                        "--state", str(self.tmp / "sched"), "--policy", self.policy, "--tick", "0.5",
-                                       *self.sched_args], env=env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+                                       *self.sched_args], env=env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                      preexec_fn=self.sched_files and (
+                                          lambda: resource.setrlimit(resource.RLIMIT_NOFILE, self.sched_files)))
         wait_for(lambda: self._ps_ok(), 20, "gmux-scheduler did not come up")
 
     def start_daemon(self, m: str, scheduler: str | None = None) -> None:

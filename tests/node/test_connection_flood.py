@@ -1,6 +1,6 @@
 """A user of a system gmuxd who opens connections without end (a hostile one, or a script that leaks clients)
 neither stops gmuxd nor cuts off another user: gmuxd raises its limit on open files, and past half of it ends
-the flooder's connections (gmux.node.connection_guard). libzmq aborts gmuxd on the first connection it cannot
+the flooder's connections (gmux.wire.connection_guard). libzmq aborts gmuxd on the first connection it cannot
 take a file for, so without both the flood below ends every user's gmuxd at its 1024th connection.
 
 Skipped unless run as root with useradd/groupadd (as tests/node/test_multi_user.py)."""
@@ -16,50 +16,16 @@ import socket
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gmux.node.connection_guard import ConnectionGuard, newest_of_the_largest
+from gmux.wire.connection_guard import ConnectionGuard, newest_of_the_largest
 from gmux.util.faults import Faults
 from gmux.util.fd_limit import open_files
-from node_harness import wait_for
+from node_harness import ROOT, wait_for
 from test_multi_user import ps, submit_until, system_gmuxd, users  # noqa: F401  (users: throwaway users)
 
 SOFT, HARD = 1024, 8192        # gmuxd's limits as it starts: it may raise its own to 8192, and ends at 2048
 MOST = 10000                   # connections the flooder holds at once if it can: more than gmuxd could take
+FLOOD = os.path.join(ROOT, "tests", "scripts", "flood.py")     # (user A holds them, from a file A can read)
 
-# Run as user A: holds up to MOST connections to gmuxd's socket for `seconds`, opening them 200 at a time and
-# again as gmuxd ends them; prints how many it held at the end, how many gmuxd ended and were refused.
-FLOOD = """
-import json, resource, socket, sys, time
-path, most, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-held, ended, refused, start = [], 0, 0, time.monotonic()
-while time.monotonic() - start < seconds:
-    for _ in range(200):
-        if len(held) >= most:
-            break
-        s = socket.socket(socket.AF_UNIX)
-        try:
-            s.connect(path)
-            held.append(s)
-        except OSError:
-            s.close()
-            refused += 1
-    time.sleep(0.05)
-    still = []
-    for s in held:
-        try:
-            if s.recv(4096, socket.MSG_DONTWAIT) == b"":
-                raise ConnectionResetError
-        except BlockingIOError:
-            pass
-        except OSError:
-            s.close()
-            ended += 1
-            continue
-        still.append(s)
-    held = still
-print(json.dumps({"held": len(held), "ended": ended, "refused": refused}))
-"""
 
 
 def test_a_connection_flood_stops_neither_gmuxd_nor_another_users_job(users):
@@ -71,7 +37,7 @@ def test_a_connection_flood_stops_neither_gmuxd_nor_another_users_job(users):
         job, stop, out = submit_until(users, rt, "b", "calm")
         wait_for(lambda: ps(users, rt, "b")[job]["step"] > 0, 120, "B's job did not start training")
 
-        flood = users.popen("a", [users.py, "-c", FLOOD, os.path.join(rt, "gmuxd.sock"), str(MOST), "8"],
+        flood = users.popen("a", [users.py, FLOOD, "unix", os.path.join(rt, "gmuxd.sock"), str(MOST), "8"],
                             "flood.out")
         wait_for(lambda: flood.poll() is not None or "ended connections" in open(log_path).read(), 60,
                  "gmuxd ended no connection")
@@ -122,7 +88,7 @@ def test_connections_are_ended_from_the_largest_holder_down_newest_first(held, c
 def test_the_guard_ends_only_connections_to_what_it_watches_from_the_largest_holder(tmp_path):
     """In this process: a TCP listener (a cluster link's port) with 60 connections from 127.0.0.2 and 5 from
     127.0.0.1, and an unwatched one with 30; the guard's marks set just below what the process then holds."""
-    guard = ConnectionGuard(str(tmp_path / "gmuxd.sock"), 1 << 16, Faults(logging.getLogger("test")))
+    guard = ConnectionGuard("gmuxd", str(tmp_path / "gmuxd.sock"), 1 << 16, Faults(logging.getLogger("test")))
     watched, unwatched = (socket.create_server(("127.0.0.1", 0)) for _ in range(2))
     guard.ports.add(watched.getsockname()[1])
     conns = {}

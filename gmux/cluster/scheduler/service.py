@@ -35,6 +35,9 @@ from gmux.cluster.scheduler.pushes import Pushes
 from gmux.cluster.scheduler.speakers import REFUSAL, REFUSE, TAKE_OVER, routing_name, speaker
 from gmux.cluster.scheduler.state import START_TRIES, CJob, Machine, State, claimed_state_dir
 from gmux.cluster.scheduler.unheard import RESENT, Unheard
+from gmux.util.faults import Faults
+from gmux.util.fd_limit import soft_limit
+from gmux.wire.connection_guard import ConnectionGuard
 from gmux.wire.server import DEFERRED, Server, configure
 from gmux.wire.receiver import Receiver
 
@@ -104,6 +107,10 @@ class Scheduler:
         # process is what a cluster's scheduler would otherwise spend its core on.
         self.bulk, self.receiver.bulk_port = sealed.bulk_socket(self.ctx, self.endpoint)
         closers.callback(self.bulk.close, 0)
+        self.faults = Faults(log)
+        self.connections = ConnectionGuard("gmux-scheduler", None, soft_limit(), self.faults)
+        self.connections.ports.update({int(self.endpoint.rsplit(":", 1)[1]), self.receiver.bulk_port})
+        closers.callback(self.connections.stop)
         # What each key may send: a daemon's link reports and pushes checkpoints, a client asks.
         handlers = {"daemon": {"node_report": self._daemon_node_report, "node_event": self._daemon_node_event,
                                "xfer_begin": self._daemon_xfer_begin, "xfer_chunk": self._daemon_xfer_chunk,
@@ -128,6 +135,7 @@ class Scheduler:
 
     # --- loop ---
     def serve(self, until=None) -> None:
+        self.connections.start()
         try:
             self.server.serve(self._between_polls, lambda: self.stopping or bool(until and until()),
                               poll_s=0.05, batch=500,
@@ -142,7 +150,8 @@ class Scheduler:
         self._credit_own_stall(now)
         if self.events or now - self._last_tick >= self.opt.tick:
             self._last_tick = now
-            self.tick(now)
+            with self.faults.guard("the tick"):     # (out of files, it could not list a directory: it ended)
+                self.tick(now)
 
     @property
     def bad_messages(self) -> int:
@@ -150,7 +159,7 @@ class Scheduler:
 
     @property
     def internal_errors(self) -> int:
-        return self.server.internal_errors
+        return self.server.internal_errors + self.faults.count
 
     def close(self) -> None:
         self.state.save_many(self.jobs.values())

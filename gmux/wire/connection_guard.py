@@ -1,4 +1,5 @@
-"""Keeps gmuxd's open files far below its limit when peers open connections without end.
+"""Keeps a daemon's open files far below its limit when peers open connections without end (gmuxd, and
+gmux-scheduler, whose ports anyone on the network may reach).
 
 libzmq accepts every connection to gmuxd's socket, each into a file of gmuxd's, and aborts the process when
 accept() finds no file left (EMFILE: its ipc listener takes that for a bug). A user who may reach the socket (a
@@ -7,8 +8,9 @@ multiplexer of every user of the machine. gmuxd cannot refuse a connection befor
 the socket leaves every accepted connection dead but open), so a thread of its own counts gmuxd's files every
 PERIOD_S, and past `high` ends connections until gmuxd holds `low`: those of whoever holds the most, newest
 first, down to the next holder's number and then theirs too. A user under the mark keeps their connections; one
-ended, a ZeroMQ client connects again by itself. The TCP ports of a cluster link in gmuxd are watched alike
-(anyone on the network may connect there; their peers are told apart by address). `high` is at most a quarter
+ended, a ZeroMQ client connects again by itself. TCP ports are watched alike, their peers told apart by address:
+a cluster link's in gmuxd, and gmux-scheduler's (a plain ZeroMQ peer on a bulk port, which needs no key, holds
+its connection for ever; at its limit gmux-scheduler could list no directory and ended). `high` is at most a quarter
 of the limit gmuxd raised its own to (gmux.util.fd_limit), and what lies above it is what a flood may open
 while a pass runs, on a machine the flood also loads (benchmarks/connection_flood.py measures both).
 """
@@ -32,13 +34,17 @@ MOST = 4096          # files: a thousand jobs' connections, and far below the li
 PERIOD_S = 0.02
 LOG_EVERY_S = 10.0
 
-log = logging.getLogger("gmux.daemon")
+log = logging.getLogger("gmux.connections")
 
 
 class ConnectionGuard:
-    def __init__(self, socket_path: str, limit: int, faults: Faults):
+    """name: whose connections (for the log); socket_path: the ipc socket watched, if any; ports: the TCP ports
+    watched (a cluster link's, gmux-scheduler's), which may be added to until start()."""
+
+    def __init__(self, name: str, socket_path: Optional[str], limit: int, faults: Faults):
+        self.name = name
         self.path = socket_path
-        self.ports: set[int] = set()           # TCP ports gmuxd listens on (its cluster link's), also watched
+        self.ports: set[int] = set()
         self.high = max(16, min(limit // 4, MOST))
         self.low = self.high // 2
         self.faults = faults
@@ -112,8 +118,8 @@ class ConnectionGuard:
         """Logs the connections ended since the last report, by peer (at most every LOG_EVERY_S, and at the end)."""
         if self._unlogged:
             who = ", ".join(f"{n} of {peer}" for peer, n in sorted(self._unlogged.items(), key=lambda u: -u[1]))
-            log.warning("ended connections to gmuxd (%s): it held more than %d files, a client that opens "
-                        "connections without closing them", who, self.high)
+            log.warning("ended connections to %s (%s): it held more than %d files, a client that opens "
+                        "connections without closing them", self.name, who, self.high)
             self._unlogged.clear()
 
     def _connections(self):
@@ -154,7 +160,7 @@ class ConnectionGuard:
         try:
             if os.fstat(s.fileno()).st_ino == inode and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                 local = s.getsockname()
-                if local == self.path:
+                if self.path is not None and local == self.path:
                     cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
                     return s, f"uid {struct.unpack('3i', cred)[1]}"
                 if isinstance(local, tuple) and local[1] in self.ports:
