@@ -138,3 +138,19 @@ def test_a_move_the_machine_refused_is_not_sent_again(sched):
     time.sleep(GRACE * 1.5)
     report(sched, gpu=0)
     assert [a for _, a, _ in sched.wire] == ["move", "move", "move"]
+
+
+def test_a_move_whose_target_cannot_be_reached_is_given_up_and_the_job_runs_on(sched):
+    """Just after a scheduler restart a target's link may not be connected yet: the move's start was lost, the
+    source sent its checkpoint two minutes later to a machine with nothing to restore it, and the job stayed
+    `migrating` (no training) until a machine was taken down."""
+    sched.machines["m2"] = Machine("m2", [{"index": 0, "mem_total": 1 << 30}], "tcp://127.0.0.1:2",
+                                   last_seen=time.time())
+    job = sched.jobs["c1"]
+    sched.reachable = False
+    sched.moves.start(job, "m2", [0], "a test")
+    assert (job.state, job.machine, job.gpu, job.source, job.move) == ("running", "m1", 0, None, {}), job
+    assert "its move to m2 was given up: m2 could not be reached" in job.detail
+    sched.reachable = True
+    sched.moves.start(job, "m2", [0], "again")
+    assert job.state == "migrating" and ("m2", "start") in [(m, a) for m, a, _ in sched.wire]

@@ -176,5 +176,8 @@ class ClientHandlers:
             self.s._action(job.machine, "move", job.cjob, gpu=msg["gpu"])
         else:
             self.s.moves.start(job, m.name, gpus, f"asked by {name}")
+            if job.state != "migrating":        # given up at once (its target's link is not connected)
+                raise protocol.ProtocolError(f"c_migrate: {job.detail}; it runs on at {job.machine}: try again "
+                                             f"in a moment")
         self.s.state.save(job)
         return {"cjob": job.cjob, "from": job.source or job.machine, "to": m.name}

@@ -63,10 +63,14 @@ class Moves:
         job.set("migrating", f"{job.source} -> {machine}")
         xfer = f"{job.cjob}-m{job.migrations + 1}-{int(time.time() * 1000) % 10**9}"
         self._set(job, stage="warming", since=time.monotonic(), target=machine, endpoint=target.transfer, xfer=xfer)
-        s._action(machine, "start", job.cjob, **s._start_args(job, restore=rank_xfers(xfer, job.gpus)),
-                  restore_wait=MIGRATE_WAIT_S)
+        sent = s._action(machine, "start", job.cjob, **s._start_args(job, restore=rank_xfers(xfer, job.gpus)),
+                         restore_wait=MIGRATE_WAIT_S)
         s._log("migrate", job.cjob, f"migrate {job.cjob} {job.source} -> {machine} GPU {','.join(map(str, gpus))} "
                                     f"({why})")
+        if not sent:
+            # (its link not connected, as just after a scheduler restarts: the start is never sent again, and the
+            # source would send its checkpoint to a machine with nothing to restore it, the job held for good)
+            self.target_failed(job, f"its move to {machine} was given up: {machine} could not be reached")
 
     def arrived(self, job: CJob, name: str, d: dict) -> None:
         """The target `name` has restored the job (its link's "started"): the source releases it."""
