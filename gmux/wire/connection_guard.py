@@ -31,7 +31,7 @@ from gmux.util.faults import Faults
 from gmux.util.fd_limit import open_files
 
 MOST = 4096          # files: a thousand jobs' connections, and far below the limit a daemon raises itself to
-PERIOD_S = 0.02
+PERIOD_S = 0.05     # (a flood of thousands a second opens some hundreds in one: far under the margin)
 LOG_EVERY_S = 10.0
 
 log = logging.getLogger("gmux.connections")
