@@ -45,15 +45,17 @@ def adopt(node: "Daemon", req: Request) -> Job:
     job_id, state, gpu = msg["job"], msg["adopt"], msg.get("on_gpu")
     if not JOB_ID.fullmatch(job_id) or not msg.get("token"):
         raise Refused(f"register: {job_id!r} is not a job id this gmuxd gives, with its token: nothing to adopt")
-    if not node.store.gave(job_id) and (not node.store.new or int(job_id[1:]) >= MOST_IDS):
-        raise Refused(f"register: {job_id} is an id this gmuxd never gave (its table was not lost, and its next id "
-                      f"is {node.store.mark()})" if not node.store.new else
-                      f"register: {job_id} is past any id a gmuxd gives: nothing to adopt")
-    began = proc_starttime(who.pid) if system and who is not None else None
-    if system and not node.store.gave(job_id) and (began is None or began >= proc_starttime(os.getpid())):
-        # (a job its predecessor started began before this gmuxd did; at a boot every table is new)
-        raise Refused(f"register: {job_id} is not in this gmuxd's new table, and process {msg['pid']} began after "
-                      f"this gmuxd did: it is no job of the gmuxd before it, nothing to adopt")
+    if not node.store.gave(job_id):
+        if not node.store.new:
+            raise Refused(f"register: {job_id} is an id this gmuxd never gave (its table was not lost, and its next "
+                          f"id is {node.store.mark()})")
+        if int(job_id[1:]) >= MOST_IDS:
+            raise Refused(f"register: {job_id} is past any id a gmuxd gives: nothing to adopt")
+        began = proc_starttime(who.pid) if system and who is not None else None
+        if system and (began is None or began >= proc_starttime(os.getpid())):
+            # (a job its predecessor started began before this gmuxd did; at a boot every table is new)
+            raise Refused(f"register: {job_id} is not in this gmuxd's new table, and process {msg['pid']} began "
+                          f"after this gmuxd did: it is no job of the gmuxd before it, nothing to adopt")
     if node.store.holds(job_id):       # (an ended job gmuxd no longer keeps in memory: its record stays its own)
         raise Refused(f"register: {job_id} is a job this gmuxd has a record of: nothing to adopt")
     if msg.get("gang") or msg.get("gpus", 1) > 1:

@@ -30,7 +30,6 @@ from gmux.node.access import Access, SystemMode
 from gmux.node.admin_handlers import AdminHandlers
 from gmux.node.admission import Admission
 from gmux.node.commands import Commands
-from gmux.wire.connection_guard import ConnectionGuard
 from gmux.node.cuda_rebind import CudaDriver, Driver
 from gmux.node.inventory import Gpu, env_for
 from gmux.node.job_handlers import JobHandlers
@@ -45,6 +44,7 @@ from gmux.node.supervisor import Supervisor
 from gmux.rundir import RuntimeDir, alive, proc_starttime
 from gmux.util.faults import Faults
 from gmux.util.fd_limit import soft_limit
+from gmux.wire.connection_guard import ConnectionGuard
 from gmux.wire.server import Busy, Caller, Refused, Request, Server, configure
 
 log = logging.getLogger("gmux.daemon")

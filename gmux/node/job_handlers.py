@@ -105,8 +105,9 @@ class JobHandlers:
                 raise Refused(f"register: gang {gang['id']} is {user_name(others[0].uid)}'s; choose another "
                               f"--gang name")
             if system:
+                began = proc_starttime(who.pid)
                 twin = next((j for j in node.jobs.values() if not j.final and j.pid == who.pid
-                             and j.starttime == proc_starttime(who.pid)), None)
+                             and j.starttime == began), None)
                 if twin is not None:    # (each of a hundred claims took a GPU's turn)
                     raise Refused(f"register: process {who.pid} is job {twin.id} already; a process is one job")
                 node.user_dir(who)

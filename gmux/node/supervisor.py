@@ -77,10 +77,10 @@ class Supervisor:
             # setgroups, setgid, setuid in the child, before exec: nothing of the job ever runs as root.
             as_user = {"user": job.uid, "group": job.gid, "extra_groups": user_groups(job.uid, job.gid)}
             if job.cwd:
-                # Popen enters cwd before it drops root: the user's own launcher enters it instead, and the same
-                # test, made as the user now, refuses a directory they may not enter before anything exists
-                # (one message whether it is missing or closed to them: what exists there is not theirs to learn)
-                # (the launcher's own chdir, from where it starts: a shell's cd reads '..' and '-' its own way)
+                # Popen enters cwd before it drops root: the user's own launcher enters it instead (--cwd), and
+                # the launcher's very chdir, made as the user now from where it starts (a shell's cd reads '..' and
+                # '-' its own way), refuses a directory they may not enter before anything exists, with one message
+                # whether it is missing or closed to them: what exists there is not theirs to learn.
                 if subprocess.run([sys.executable, "-I", "-S", "-c", "import os, sys; os.chdir(sys.argv[1])",
                                    job.cwd], cwd="/", env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, **as_user).returncode:

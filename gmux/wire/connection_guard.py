@@ -48,10 +48,9 @@ class ConnectionGuard:
         self.high = max(16, min(limit // 4, MOST))
         self.low = self.high // 2
         self.faults = faults
-        self.shed = 0                          # connections ended since gmuxd started
         self._ending: set[int] = set()         # sockets ended, not yet closed by libzmq
         self._slowed: list = []                # libzmq's threads put behind others during a flood, (tid, nice)
-        self._unlogged: dict[int, int] = defaultdict(int)
+        self._unlogged: dict[str, int] = defaultdict(int)
         self._logged_at = 0.0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -76,7 +75,7 @@ class ConnectionGuard:
                 self.check(time.monotonic())
 
     def check(self, now: float) -> int:
-        """Ends connections if gmuxd holds more than `high` files; returns how many it ended."""
+        """Ends connections if the daemon holds more than `high` files; returns how many it ended."""
         held = open_files()
         if held <= self.low and self._slowed:
             for tid, before in self._slowed:
@@ -108,7 +107,6 @@ class ConnectionGuard:
                 ending.add(inode)
                 self._unlogged[peer] += 1
         self._ending = ending
-        self.shed += ended
         if now - self._logged_at >= LOG_EVERY_S:
             self.report()
             self._logged_at = now
@@ -123,7 +121,7 @@ class ConnectionGuard:
             self._unlogged.clear()
 
     def _connections(self):
-        """(fd, socket inode, peer) of each connection accepted on gmuxd's socket or a watched port."""
+        """(fd, socket inode, peer) of each connection accepted on the watched socket or ports."""
         for name in os.listdir("/proc/self/fd"):
             try:
                 target = os.readlink(f"/proc/self/fd/{name}")

@@ -92,8 +92,7 @@ def prepare(cfg: SimConfig) -> Prepared:
     if trace.skipped:
         notes.append("rows of no finished GPU job left out: " + ", ".join(f"{n} {why}" for why, n in trace.skipped.items()))
     if trace.bad_rows:
-        notes.append(f"skipped {len(trace.bad_rows)} bad row(s): " +
-                     "; ".join(f"line {ln}: {msg}" for ln, msg in trace.bad_rows[:10]))
+        notes.append(f"skipped {len(trace.bad_rows)} bad row(s): " + _by_line(trace.bad_rows))
     if tput.cannot_run:
         notes.append(f"{len(tput.cannot_run)} job type(s) with no {cfg.gpu_type} throughput (solo rate 0: they do not "
                      f"run on it) are no choice: {', '.join(tput.cannot_run)}")
@@ -161,25 +160,31 @@ def prepare(cfg: SimConfig) -> Prepared:
     if too_big:
         if cfg.bad_rows == "refuse":
             raise TraceError(f"{cfg.trace}: {len(too_big)} job(s) can never fit their cluster: " +
-                             "; ".join(f"line {ln}: {msg}" for ln, msg in too_big[:10]) +
+                             _by_line(too_big) +
                              ". Skip them with --bad-rows skip (bad_rows='skip'), or give larger clusters "
                              "(--vcs, --vc-scale, --machines).")
-        notes.append(f"skipped {len(too_big)} job(s) larger than their cluster: " +
-                     "; ".join(f"line {ln}: {msg}" for ln, msg in too_big[:10]))
+        notes.append(f"skipped {len(too_big)} job(s) larger than their cluster: " + _by_line(too_big))
         skipped += too_big
-    idle = sorted(v for v, (_, js) in clusters.items() if not js)
-    if cfg.machines is None and not cfg.only:
-        idle = sorted(set(idle) | (set(sizes) - set(clusters)))
-    if idle and any(js for _, js in clusters.values()):
-        gpus = sum(sizes.get(v, smallest) if cfg.machines is None else cfg.machines for v in idle)
-        notes.append(f"no job runs in VC(s) {', '.join(idle[:10])}{', ...' if len(idle) > 10 else ''}: their "
-                     f"{gpus * cfg.gpus_per_machine} GPUs are left out of utilisation and makespan, which are those "
-                     f"of the clusters that ran jobs")
+    if cfg.machines is None and any(js for _, js in clusters.values()):
+        # (one cluster for all jobs, --machines, runs them all or none: nothing to say)
+        idle = {v: n for v, (n, js) in clusters.items() if not js}
+        if not cfg.only:
+            idle.update((v, n) for v, n in sizes.items() if v not in clusters)
+        if idle:
+            names = sorted(idle)
+            notes.append(f"no job runs in VC(s) {', '.join(names[:10])}{', ...' if len(names) > 10 else ''}: their "
+                         f"{sum(idle.values()) * cfg.gpus_per_machine} GPUs are left out of utilisation and makespan, "
+                         f"which are those of the clusters that ran jobs")
     if not any(js for _, js in clusters.values()):
         # A run of no jobs would print an empty table and exit 0, as if all had gone well.
         why = "; ".join(dict.fromkeys(msg for _, msg in skipped[:10])) or "the trace has no jobs"
         raise TraceError(f"{cfg.trace}: no job is left to simulate ({why})")
     return Prepared(clusters=clusters, tput=tput, notes=notes, skipped=skipped)
+
+
+def _by_line(rows: list) -> str:
+    """The first ten of (line, what) rows, as a note or an error says them."""
+    return "; ".join(f"line {ln}: {msg}" for ln, msg in rows[:10])
 
 
 _WORK: dict = {}
