@@ -24,8 +24,7 @@ the jobs' GPU times add up to the wall time, less the instants between one job's
 
 The slicer returns commands for the daemon to carry out: ("suspend"/"resume", job) to send, ("stop"/"cont",
 job) to signal, ("late", job) once when an overdue job cannot be stopped (it may not be, or the jobs arriving do
-not fit beside it) and is waited for. It hears acknowledgements (`acked`); time is passed in (a test's clock).
-"""
+not fit beside it) and is waited for. It hears acknowledgements (`acked`); time is passed in (a test's clock)."""
 from __future__ import annotations
 
 import math
@@ -223,11 +222,12 @@ class Slicer:
 
     # --- stopped jobs ---
     def frozen(self, job: str, now: float) -> None:
-        """The daemon found the job stopped by someone else: it keeps its memory and gets no turns."""
+        """The daemon found the job stopped by someone else: it keeps its memory and gets no turns. A suspend or
+        resume out with it is overdue now (taken at its next boundary): its GPU's other jobs are not held up."""
         e = self.entries.get(job)
         if e is not None:
             self._stop(e, now)
-            e.stopped, e.frozen = False, True
+            e.stopped, e.frozen, e.overdue = False, True, e.overdue or self.pending.get(job) in ("suspend", "resume")
             self.resident.add(job)
 
     def thawed(self, job: str, now: float) -> None:

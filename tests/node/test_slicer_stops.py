@@ -397,3 +397,23 @@ def test_a_job_continued_from_outside_counts_its_gpu_time_again():
     s.thawed("a", play.now)
     play.run(10.0)
     assert s.used("a", play.now) == pytest.approx(before + 6.0, abs=0.1)
+
+
+def test_a_job_stopped_by_someone_else_while_its_suspend_is_out_does_not_stall_the_others():
+    """Found stopped from outside (SIGSTOP in its turn) after its suspend was sent but before its deadline: its
+    suspend was waited for, and since a frozen job's deadline was never checked, the GPU stood idle for good
+    (CI: the two other jobs made no progress in 16 s)."""
+    s = slicer()
+    play = Play(s, {"a": 0.07, "b": 0.05, "c": 0.05})
+    play.run(0.52)
+    assert s.busy_with("a") == "suspend" and "a" in play.computing
+    play.stopped.add("a")
+    s.frozen("a", play.now)
+    play.run(10.0)
+    used = play.used()
+    assert used["b"] > 4 and used["c"] > 4 and used["a"] < 0.6, used
+    assert "a" in s.resident and s.stopped() == ["a"]
+    play.stopped.discard("a")                     # continued: it takes the suspend waiting at its boundary
+    s.thawed("a", play.now)
+    play.run(20.0)
+    assert play.used()["a"] > used["a"] + 2, play.used()
