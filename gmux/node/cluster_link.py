@@ -99,7 +99,7 @@ class ClusterLink:
         self.wakeup = Wakeup()
         self.warm = WarmPool(self.rundir.root, self.rundir.logs(), warm_starts)
         self.warm.fill()
-        self.starts = Starts(self.rundir, self._event, self.warm)
+        self.starts = Starts(self.rundir, self._event, self.warm, self.receiver.reader_gone)
         self.busy: set[str] = set()            # cjobs with a worker on them (no periodic checkpoint meanwhile)
         self.ckpt_every: dict[str, float] = {}
         self.world: dict[str, int] = {}        # cjob -> its number of ranks

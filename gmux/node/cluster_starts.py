@@ -31,10 +31,12 @@ FULL_BELOW = 1 << 20     # bytes free on a log's filesystem under which a silent
 
 
 class Starts:
-    def __init__(self, rundir: RuntimeDir, event: Callable[..., None], warm: Optional[WarmPool] = None):
+    def __init__(self, rundir: RuntimeDir, event: Callable[..., None], warm: Optional[WarmPool] = None,
+                 reader_gone: Callable[[str], None] = lambda path: None):
         self.rundir = rundir
         self.event = event                      # the link's: (event, cjob, detail="", **data) to the scheduler
         self.warm = warm                        # interpreters with torch imported, for the next start's ranks
+        self.reader_gone = reader_gone          # the receiver's: a checkpoint still arriving has no reader now
         self.children: dict[int, subprocess.Popen] = {}
         self.spawned: dict[str, list] = {}     # cjob -> pid of each rank's process started for it last
         self.starting: dict[str, float] = {}   # cjob -> when started here, until it is seen past a boundary
@@ -218,6 +220,7 @@ class Starts:
                 os.unlink(path)
             except FileNotFoundError:
                 self.unwanted.add(path)     # a move whose new process failed while its checkpoint streamed
+                self.reader_gone(path)      # (its source hears at once, not once it waited out the transfer)
 
 
 def _no_room(log_path: str) -> str:

@@ -81,6 +81,11 @@ class Piped:
         self._stop.set()
         self._queue.put(None)
 
+    def fail(self, error: OSError) -> None:
+        """As `abort`, for a reason that `put` raises from now on (the process to read it has ended)."""
+        self.error = error
+        self.abort()
+
     def join(self, timeout: Optional[float] = None) -> None:
         self._thread.join(timeout)
 

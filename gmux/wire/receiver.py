@@ -11,7 +11,8 @@ host one on their ROUTER sockets and hand it each xfer_* message.
   (`expect_reader`: a move's new process, waiting for it) goes through a FIFO, not a file (gmux.wire.piped).
   Its answers also say how much more it takes now ("room"; an empty chunk asks): a chunk beyond that is refused
   like one out of place, so a process that reads slowly, or not at all, holds up its sender rather than this
-  host's memory.
+  host's memory. One whose process has ended (`reader_gone`, from its host) is refused from then on, so its
+  sender hears it at once rather than waiting for room that will never come.
 - A host that serves many senders in one loop (gmux-scheduler) passes `later` and gets its answers to xfer_end
   from `finished()`: the fsync runs on a thread of the receiver's, since on a disk another tenant saturates one
   takes seconds, and a loop held that long stops hearing every machine's reports. The answer still comes only
@@ -24,6 +25,7 @@ host one on their ROUTER sockets and hand it each xfer_* message.
 """
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import time
@@ -61,6 +63,7 @@ class Receiver:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self.open: dict[str, dict] = {}
         self.readers: set[str] = set()        # transfers a process waits to read as they arrive
+        self.gone: dict[str, float] = {}      # of those, the ones whose process ended (refused) -> since when
         self.draining: dict[str, Piped] = {}  # completed piped transfers whose writer is still writing
         self.completed = 0
         self.rejected_chunks = 0
@@ -73,6 +76,18 @@ class Receiver:
         goes through a FIFO (not on a receiver that must outlive a crash)."""
         if not self.durable:
             self.readers.add(xfer)
+
+    def reader_gone(self, path: str) -> None:
+        """The process that was to read the transfer arriving at `path` has ended (its start is over): the transfer
+        is refused, its sender told at its next message (its begin, a chunk, or a question about room)."""
+        x = os.path.basename(path).removesuffix(".ckpt")
+        if path != self.path(x) or x not in self.readers:
+            return
+        self.readers.discard(x)
+        self.gone[x] = time.time()
+        st = self.open.get(x)
+        if st is not None and st["pipe"] is not None:
+            st["pipe"].fail(OSError(errno.EPIPE, "the process that was to restore it has ended"))
 
     def path(self, xfer: str) -> str:
         return os.path.join(self.dir, f"{xfer}.ckpt")
@@ -95,6 +110,8 @@ class Receiver:
         if x in self.flushing:
             return self._while_flushing(x, msg, later)
         if msg.type == "xfer_begin":
+            if x in self.gone:
+                return False, f"xfer_begin {x}: the process that was to restore it on this machine has ended"
             self._begin(x, msg["size"], msg.get("seal"))
             return True, {**_answer(self.open[x]), **({"bulk": self.bulk_port} if self.open[x]["seal"] else {})}
         if msg.type == "xfer_holds":
@@ -182,6 +199,8 @@ class Receiver:
         if off != st["have"] or off + len(data) > st["size"]:
             self.rejected_chunks += 1         # out of place (after a loss): the sender rewinds
             return
+        if st["pipe"] is not None and st["pipe"].error is not None:
+            raise st["pipe"].error
         if not data:
             return                            # a sender asking for room
         if st["pipe"] is not None:
@@ -281,6 +300,7 @@ class Receiver:
         if now - self._swept < every:
             return 0
         self._swept = now
+        self.gone = {x: t for x, t in self.gone.items() if now - t <= STALE_S}
         gone = [x for x, st in self.open.items() if now - st["seen"] > STALE_S]
         for x in gone:
             self._discard(x)

@@ -99,3 +99,18 @@ def test_a_start_that_failed_silently_on_a_full_disk_says_the_disk_is_full(tmp_p
         assert detail.startswith("gmux-launch exited with status 1 before gmuxd heard of it; nothing reached its "
                                  f"log: the filesystem of {rundir.logs()} has "), detail
         assert detail.endswith("0B free"), detail
+
+
+def test_a_start_that_fails_while_its_checkpoint_streams_has_its_receiver_refuse_the_rest(tmp_path):
+    """The move's source hears at once that nobody will read what it sends (see test_piped_receive)."""
+    rundir = RuntimeDir(str(tmp_path))
+    events, gone = [], []
+    starts = Starts(rundir, lambda ev, cjob, detail="", **data: events.append((ev, cjob, detail)),
+                    reader_gone=gone.append)
+    arrived, arriving = str(tmp_path / "m1-c5-1.0.ckpt"), str(tmp_path / "m1-c5-1.1.ckpt")
+    with open(arrived, "wb") as f:
+        f.write(b"all of it")
+    starts.begin("c5", [arrived, arriving])
+    starts.observe("c5", {"state": "lost", "step": 0, "exit_status": None, "detail": "killed"}, {}, 2)
+    assert events == [("start_failed", "c5", "lost: killed")]
+    assert gone == [arriving] and not os.path.exists(arrived)

@@ -181,3 +181,29 @@ def test_a_checkpoint_that_is_a_fifo_is_refused_without_waiting(tmp_path):
     with pytest.raises(CheckpointError, match="not a regular file"):
         load(path)
     assert time.monotonic() - t0 < 5
+
+
+def test_a_transfer_whose_process_ended_is_refused_at_once_whatever_its_sender_asks_next(tmp_path):
+    """The new process was killed after it opened its FIFO and before the receiver's writer did (a loaded host):
+    the writer, seeing no reader, waits for one for STALE_S; the queue filled, the sender asked for room for as
+    long as it waits through silences (60 s), and the move's job sat suspended on its source all that time."""
+    data = os.urandom(QUEUE_BYTES + 4 * CHUNK)
+    rx = Receiver(str(tmp_path / "in"), durable=False)
+    x, y = "m1-c6.0", "m1-c7.0"
+    for name in (x, y):
+        rx.expect_reader(name)
+    assert _send(rx, x, data, upto=QUEUE_BYTES) == (True, None)       # queued: no reader opened it
+    ok, out = rx.handle(_msg("xfer_chunk", xfer=x, offset=QUEUE_BYTES), b"")
+    assert ok and out["room"] == 0
+    rx.reader_gone(rx.path(x))                      # gmuxd saw its process end (gmux.node.cluster_starts)
+    rx.reader_gone(rx.path(y))                      # this one ended before its sender began
+    ok, out = rx.handle(_msg("xfer_chunk", xfer=x, offset=QUEUE_BYTES), b"")
+    assert not ok and "has ended" in out and x not in rx.open, out
+    ok, out = rx.handle(_msg("xfer_begin", xfer=y, size=len(data)), None)
+    assert not ok and "has ended" in out and y not in rx.open, out
+    assert os.listdir(rx.dir) == []
+    rx.reader_gone(rx.path("m1-c8.0"))              # nobody waited for it: it is a file as before
+    assert _send(rx, "m1-c8.0", data[:CHUNK])[0]
+    rx.expire(now=time.time() + 700, every=0)
+    assert rx.gone == {}
+    rx.close()
