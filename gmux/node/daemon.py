@@ -423,7 +423,7 @@ class Daemon:
         with self.faults.guard("parking held jobs"):
             self.admission.park_held(now)
         with self.faults.guard("the jobs' states"):
-            self._states()
+            self.show_states()
         with self.faults.guard("saving the job table"):
             self._flush()
         if self.metrics:
@@ -463,7 +463,7 @@ class Daemon:
             self.commands.send(job, "spill", {"path": self.rundir.spill_file(job.id, job.uid)})
         self.decide(slicer.gpu, "spill", [job.id], decision.numbers, decision.text)
 
-    def _states(self) -> None:
+    def show_states(self) -> None:
         """Each job's state as users see it, from where its GPU's slicer stands."""
         for slicer in self.slicers.values():
             stopped = set(slicer.stopped())

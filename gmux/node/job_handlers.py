@@ -278,6 +278,7 @@ class JobHandlers:
                 # A spill by checkpoint and exit that failed (a full disk): the job stays suspended here, in host
                 # memory; asked again, it would write the same bytes to fail again.
                 job.spill_refused, job.target_gpu = True, None
+        node.show_states()     # the requester's next question may come before the next tick (a held job: "held")
         return None
 
     def bye(self, req: Request):

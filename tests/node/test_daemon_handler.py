@@ -268,3 +268,20 @@ def test_a_suspend_may_bring_the_jobs_deadline_forward(daemon):
     with pytest.raises(protocol.ProtocolError, match="suspend.deadline_s"):
         protocol.decode(msgpack.packb({"v": protocol.VERSION, "type": "suspend", "id": 1, "admin": "a", "job": "j1",
                                        "deadline_s": -1}))
+
+
+def test_a_job_whose_suspend_was_answered_is_shown_held_before_the_next_tick(daemon):
+    """The requester hears first: its next question (gmux ps) could be answered before the tick that brought the
+    job's state up to date, showing it "suspending" (CI: an e2e test's suspend then ps)."""
+    a = register(daemon, mem=GiB)
+    daemon.sent.clear()
+    daemon.tick()
+    (start,) = [m for i, m in daemon.sent if m["type"] == "command"]
+    _result(daemon, b"job-a", a, start, state="running")
+    daemon.tick()
+    assert daemon.jobs[a["job"]].state == "running"
+    assert ask(daemon, "suspend", admin=daemon.admin, job=a["job"]) is None
+    (stop,) = [m for i, m in daemon.sent if m["type"] == "command"]
+    assert daemon.jobs[a["job"]].state != "held"
+    (reply,) = _result(daemon, b"job-a", a, stop, state="suspended")
+    assert reply["ok"] and daemon.jobs[a["job"]].state == "held"
