@@ -16,8 +16,10 @@ in the directory, never completes the CurveZMQ handshake: no message of it reach
 """
 from __future__ import annotations
 
+import inspect
 import os
 import threading
+import time
 
 import zmq
 import zmq.utils.z85   # not imported by zmq itself: zmq.auth did that, and is imported only where needed
@@ -25,6 +27,8 @@ import zmq.utils.z85   # not imported by zmq itself: zmq.auth did that, and is i
 from gmux.util.atomic import write_atomic
 
 ROLES = ("scheduler", "daemon", "client")
+BULK_DOMAIN = "gmux-bulk"   # the ZAP domain of a bulk socket (gmux.wire.sealed), whose peers need no key
+BULK_PEER_S = 600.0         # how long an address that passed a Curve handshake may connect to a bulk socket
 
 
 class KeyError_(RuntimeError):
@@ -161,7 +165,13 @@ class Guard:
     """A ZAP handler on `context` that admits CurveZMQ peers whose key is in `keydir` with one of `roles`.
 
     Runs pyzmq's authenticator thread; the key directory is re-read when it changes (mtime), so revoking a key
-    takes effect at the next handshake. `who(key)` names an admitted peer for the service's own checks."""
+    takes effect at the next handshake. `who(key)` names an admitted peer for the service's own checks.
+
+    A bulk socket's peers (gmux.wire.sealed, ZAP domain BULK_DOMAIN) have no key: a connection there is taken
+    only from an address that passed a Curve handshake here in the last BULK_PEER_S (a sender connects to it
+    right after its xfer_begin went over Curve). A stranger elsewhere on the network who floods the port is
+    refused at its handshake, before any frame of theirs costs the receiver's loop a decryption; one that
+    shares a sender's address is not, and only has its frames dropped."""
 
     def __init__(self, context: zmq.Context, keydir: str, roles: tuple):
         check_key_dir(keydir)
@@ -170,9 +180,11 @@ class Guard:
         self._lock = threading.Lock()
         self._mtime = None
         self._keys: dict[bytes, tuple[str, str]] = {}
+        self._peers: dict[str, float] = {}      # address -> when it last passed a Curve handshake
+        self._address = ""                      # of the handshake the authenticator thread is checking
         self.refused = 0
-        from zmq.auth.thread import ThreadAuthenticator   # here: it imports asyncio, which a CLI need not pay for
-        self.auth = ThreadAuthenticator(context)
+        self.refused_bulk = 0
+        self.auth = _authenticator(context, self)
         self.auth.start()
         self.auth.configure_curve_callback("*", credentials_provider=self)
 
@@ -187,6 +199,18 @@ class Guard:
         ok = self._reload().get(key, ("", ""))[0] in self.roles
         if not ok:
             self.refused += 1
+        elif self._address:
+            now = time.monotonic()
+            if len(self._peers) > 4096:
+                self._peers = {a: t for a, t in self._peers.items() if now - t < BULK_PEER_S}
+            self._peers[self._address] = now
+        return ok
+
+    def bulk_peer(self, address: str) -> bool:
+        """Whether a plain connection from `address` may reach a bulk socket (see the class)."""
+        ok = time.monotonic() - self._peers.get(address, -BULK_PEER_S * 2) < BULK_PEER_S
+        if not ok:
+            self.refused_bulk += 1
         return ok
 
     def who(self, key: bytes | str) -> tuple[str, str] | None:
@@ -196,6 +220,29 @@ class Guard:
 
     def stop(self) -> None:
         self.auth.stop()
+
+
+def _authenticator(context: zmq.Context, guard: Guard):
+    """pyzmq's authenticator thread, which also tells the guard the address of each Curve handshake and asks it
+    about each bulk socket's (its NULL mechanism, which pyzmq would admit from anyone)."""
+    from zmq.auth.thread import ThreadAuthenticator   # here: it imports asyncio, which a CLI need not pay for
+    asynchronous = inspect.iscoroutinefunction(ThreadAuthenticator.handle_zap_message)
+
+    class Authenticator(ThreadAuthenticator):
+        def handle_zap_message(self, msg):
+            if len(msg) >= 6 and msg[5] == b"NULL" and msg[2] == BULK_DOMAIN.encode():
+                ok = guard.bulk_peer(msg[3].decode("ascii", "replace"))
+                self._send_zap_reply(msg[1], b"200" if ok else b"400",
+                                     b"OK" if ok else b"no Curve handshake from this address")
+                return _nothing() if asynchronous else None
+            guard._address = msg[3].decode("ascii", "replace") if len(msg) >= 6 and msg[5] == b"CURVE" else ""
+            return super().handle_zap_message(msg)
+
+    return Authenticator(context)
+
+
+async def _nothing() -> None:
+    return None
 
 
 def server_socket(context: zmq.Context, kind: int, keydir: str, role: str, name: str | None = None) -> zmq.Socket:

@@ -12,9 +12,10 @@ over a plain ZeroMQ connection to that port (gmux.wire.transfer). What this keep
   too, in the other direction, with the epoch of the chunk they answer as associated data.
 - **No nonce twice under one key:** a nonce is a direction byte and a counter; each xfer_begin brings a new key.
 A replayed chunk opens, but says only what was said: the receiver appends a chunk only where its file ends, and
-a transfer's bytes at an offset never change (a stream resends the chunk it kept). What it does not keep: the
-bulk port takes connections from anyone on the network (Curve refuses unknown keys at the handshake); such a
-peer can only have frames dropped, each costing at most one chunk's decryption, and only while a transfer of
+a transfer's bytes at an offset never change (a stream resends the chunk it kept). What it does not keep: a peer
+of the bulk port needs no key (Curve refuses unknown keys at the handshake); the port takes connections only from
+addresses that passed a Curve handshake with its host lately (gmux.wire.keys.Guard), and a stranger at such an
+address can only have frames dropped, each costing at most one chunk's decryption, and only while a transfer of
 the name it sends is open. Without the `cryptography` package both ends fall back to Curve for everything.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ import msgpack
 import zmq
 
 from gmux import protocol
+from gmux.wire import keys
 
 try:
     from cryptography.exceptions import InvalidTag
@@ -111,6 +113,7 @@ def bulk_socket(ctx: zmq.Context, beside: str) -> tuple:
     transfer's key, and each peer's queue holds a few chunks at most."""
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt_string(zmq.ZAP_DOMAIN, keys.BULK_DOMAIN)   # its context's Guard admits whom (gmux.wire.keys)
     sock.setsockopt(zmq.MAXMSGSIZE, protocol.XFER_MAX_CHUNK + TAG_BYTES)
     sock.setsockopt(zmq.RCVHWM, 64)
     sock.bind(beside.rsplit(":", 1)[0] + ":0")

@@ -35,6 +35,8 @@ def test_sigkill_of_jobs_at_any_moment(node_factory, tmp_path):
     node.wait_for(lambda: state("submitted") == "running", 60, "submitted job running", every=0.05)
     os.kill(sub["pid"], signal.SIGKILL)
     assert survivor.wait(120) == 0
+    # (the survivor may have ended already: gmuxd reaps its child at its next look, not at once)
+    node.wait_for(lambda: state("submitted") in FINAL, 30, "the submitted job reaped")
     ps = {j["id"]: j for j in node.ps()["jobs"]}
     for name in ("slow", "idle"):
         j = ps[ids[name]]
