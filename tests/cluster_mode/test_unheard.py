@@ -154,3 +154,17 @@ def test_a_move_whose_target_cannot_be_reached_is_given_up_and_the_job_runs_on(s
     sched.reachable = True
     sched.moves.start(job, "m2", [0], "again")
     assert job.state == "migrating" and ("m2", "start") in [(m, a) for m, a, _ in sched.wire]
+
+
+def test_a_copy_on_a_machine_the_job_left_is_killed_once_per_grace_not_at_every_report(sched):
+    """Back after it was counted lost, m1 still showed the copy the job left there (until it had ended), in reports
+    some 50 a second while it started a job: each sent a kill, and each kill was logged as failed ('job ended')."""
+    sched.jobs["c1"].machine = "m2"
+    for _ in range(20):
+        report(sched, "waiting")
+    assert sched.wire == [("m1", "kill", {})]
+    time.sleep(GRACE * 1.5)
+    report(sched, "waiting")                      # still shown: its kill may have been lost
+    assert sched.wire == [("m1", "kill", {})] * 2
+    report(sched, "killed")
+    assert len(sched.wire) == 2

@@ -206,8 +206,9 @@ class Scheduler:
         for r in msg["jobs"]:
             job = self.jobs.get(r["cjob"])
             if job is None or (job.machine != name and job.source != name):
-                if job is not None and r["state"] not in protocol.FINAL_STATES:   # a copy on a machine the job
-                    self._action(name, "kill", r["cjob"])      # left (back after being counted lost): stopped
+                if job is not None and r["state"] not in protocol.FINAL_STATES \
+                        and self.unheard.stale(name, r["cjob"], now):   # a copy on a machine the job left
+                    self._action(name, "kill", r["cjob"])      # (back after being counted lost): stopped
                 self.state.ids_past(r["cjob"])     # (a job its state lost, on a disk full at a crash: never reused)
                 continue
             if job.machine != name or job.final:

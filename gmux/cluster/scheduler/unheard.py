@@ -11,7 +11,8 @@ could not take the job), or one still not made a grace after it was sent again (
 itself, say, to make room for a gang), is given up, the GPU the machine reports taken as the job's, and the
 policy decides anew; fighting the machine would move the job back and forth. A job its machine suspended while
 cut off from the scheduler (reported "fenced") is resumed at once, starting or running: it waits for nobody but
-the scheduler.
+the scheduler. A copy that a machine back from being counted lost still shows, of a job that has left it, is
+killed, and killed again each GRACE_S for as long as the machine's reports show it alive.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class Unheard:
         self._seen: dict[str, tuple] = {}     # cjob -> (the action its machine's reports lack, since when)
         self._given_up: set = set()           # cjobs whose last move their machine refused, or not made again
         self._moved_again: set = set()        # cjobs whose last move was sent again
+        self._stale: dict[tuple, float] = {}  # (machine, cjob) -> when a copy the job left there was last killed
 
     def sent(self, cjob: str, ok: bool, now: float) -> None:
         self._sent[cjob] = now
@@ -50,6 +52,17 @@ class Unheard:
         self._failed.discard(cjob)
         self._given_up.discard(cjob)
         self._moved_again.discard(cjob)
+
+    def stale(self, machine: str, cjob: str, now: float) -> bool:
+        """A copy of `cjob` that `machine` still shows alive, though the job has left it (back after it was
+        counted lost): whether to send its kill now. Once, then again only after GRACE_S: a machine's reports
+        (some 50 a second while it starts a job) showed it until it had ended, and each had sent a kill."""
+        if now - self._stale.get((machine, cjob), -GRACE_S) < GRACE_S:
+            return False
+        if len(self._stale) > 1024:
+            self._stale = {k: t for k, t in self._stale.items() if now - t < GRACE_S}
+        self._stale[(machine, cjob)] = now
+        return True
 
     def check(self, job, report: dict, now: float) -> Optional[str]:
         """Sends again what `report` (the job's record from its machine) shows it did not hear: at once if the
