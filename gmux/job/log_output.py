@@ -43,6 +43,10 @@ class _Log:
         data = data[cut:]
         if cut or self.cap and os.fstat(fd).st_size + len(data) + 200 > self.cap:   # (200: the lines said here)
             self._trim(fd, len(data), cut)
+        # Shared with the job's other writers, exclusive to a trim (gmuxd's): one written between the trim's read
+        # of the tail and its emptying of the file was lost, uncounted. (Output written below Python, by C code
+        # or a child's own streams, still can be.)
+        locked = _lock(fd, fcntl.LOCK_SH)
         try:
             if self.lost:
                 self._say_lost(fd)
@@ -52,6 +56,9 @@ class _Log:
                 raise
             self.lost, self.why = self.lost + len(data), "the log's disk was full"
             return
+        finally:
+            if locked:
+                _lock(fd, fcntl.LOCK_UN)
         self.tail += data
         if len(self.tail) > 2 * self.keep:
             del self.tail[:len(self.tail) - self.keep]
@@ -80,6 +87,15 @@ class _Log:
         os.write(fd, f"\n[gmux: {self.lost:,} bytes of this job's output were lost here: {self.why}]\n"
                  .encode())
         self.lost = 0
+
+
+def _lock(fd: int, how: int) -> bool:
+    """flock, where the log's filesystem has it."""
+    try:
+        fcntl.flock(fd, how)
+    except OSError:
+        return False
+    return True
 
 
 def _head(fd: int) -> bytes:

@@ -3,8 +3,9 @@ machine's disk for every user. Past the limit, the log keeps its newest half beh
 dropped; the job writes on, undisturbed.
 
 The job writes straight to the file (O_APPEND, no pipe through gmuxd, so a slow or restarting gmuxd never
-blocks a job's print), so the file is trimmed in place: its tail read, the file emptied, the tail written back.
-Whatever the job writes in between those steps is dropped with the head; the line counts it as dropped.
+blocks a job's print), so the file is trimmed in place: its tail read, the file emptied, the tail written back,
+under an exclusive lock: the job's writes through its streams take the lock shared (gmux.job.log_output), so none
+lands in between. Output written below Python (C code, a child's own streams) may, and is lost uncounted.
 """
 from __future__ import annotations
 

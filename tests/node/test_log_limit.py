@@ -136,3 +136,36 @@ def test_what_the_ticks_trim_is_said_once_with_the_next_round(tmp_path):
         assert bounds.hold("j1", path, due=False) == 0
         dropped += size - os.path.getsize(path) + len(open(path, "rb").readline())
     assert bounds.hold("j1", path, due=True) == dropped and bounds.hold("j1", path, due=True) == 0
+
+
+WRITER = """import os, sys
+from gmux.job.log_output import _Log
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)
+log = _Log(int(sys.argv[2]))
+for k in range(int(sys.argv[3])):
+    log.write(fd, b"%09d\\n" % k)
+"""
+
+
+def test_output_written_while_gmuxd_trims_is_kept_or_counted_never_lost(tmp_path):
+    """gmuxd's trim reads the tail, empties the file and writes the tail back: a line the job wrote between the
+    tail's read and the emptying was lost, a hole in the log that its count of dropped bytes did not include. A
+    job's writes (through its streams) now wait for a trim under way, and gmuxd's trim for a write."""
+    import re
+    import subprocess
+    import sys
+    from node_harness import ROOT
+    path, limit, lines = str(tmp_path / "j1.log"), 20_000, 300_000
+    open(path, "wb").close()
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, path, str(limit), str(lines)], cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": ROOT})
+    trims = 0
+    while writer.poll() is None:
+        trims += bool(trim(path, limit))
+    assert writer.wait() == 0 and trims > 10, trims
+    head, _, rest = open(path, "rb").read().partition(b"\n")
+    dropped = int(re.match(rb"\[gmuxd?: ([\d,]+) bytes", head).group(1).replace(b",", b""))
+    kept = [int(k) for k in rest.split()]
+    first = kept[0]
+    assert kept == list(range(first, lines)), [k for a, k in zip(kept, kept[1:]) if k != a + 1][:5]
+    assert dropped == 10 * first
