@@ -8,9 +8,10 @@ raises its own to it), and a client that keeps one connection open, as a job's d
 connection quiet, then while FLOODERS processes open connections to gmuxd's socket as fast as they can, holding
 up to 15,000 each (dropping their oldest 5,000 past that, and counting those gmuxd ended). Reports the client's
 ping latency in both phases and their ratio, the connections made and ended, gmuxd's most open files and its
-memory; and whether gmuxd was still there at the end. Before gmux.wire.connection_guard, libzmq aborted gmuxd at
-its 1,024th connection. The last line:
+memory at its most and 2 s after the flood; and whether gmuxd was still there at the end. Before
+gmux.wire.connection_guard, libzmq aborted gmuxd at its 1,024th connection. The last line:
     connection_flood: survived=<0|1> ping_p99_ratio=<flood/quiet> connections=<made> ended=<by gmuxd>
+                      rss_after_mib=<gmuxd's memory 2 s after the flood>
 """
 from __future__ import annotations
 
@@ -137,6 +138,7 @@ def main() -> int:
             seen = [json.loads(fl.communicate(timeout=60)[0]) for fl in flooders]
             survived = daemon.poll() is None
             after, after_failed = pings(client, time.monotonic() + 2.0, 0.05) if survived else ([], 0)
+            rss_after = files_and_rss(daemon.pid)[1] if survived else 0
             client.close()
         finally:
             if daemon.poll() is None:
@@ -159,14 +161,16 @@ def main() -> int:
     Console().print(table)
     ratio = phases["flood"].get("p99_ms", float("nan")) / phases["quiet"].get("p99_ms", float("nan"))
     print(f"connections made {made:,}, refused {sum(s['refused'] for s in seen):,}; ended by gmuxd {ended:,} "
-          f"(its log); gmuxd's most open files {most_files:,}, its most memory {most_rss / (1 << 20):.0f} MiB")
+          f"(its log); gmuxd's most open files {most_files:,}, its most memory {most_rss / (1 << 20):.0f} MiB, "
+          f"{rss_after / (1 << 20):.0f} MiB 2 s after the flood")
     out = {"flooders": a.flooders, "seconds": a.seconds, "hard_limit": a.hard_limit, "survived": survived,
            "phases": phases, "ping_p99_ratio": ratio, "connections": made, "ended": ended,
-           "most_files": most_files, "most_rss": most_rss, "flooders_seen": seen}
+           "most_files": most_files, "most_rss": most_rss, "rss_after": rss_after, "flooders_seen": seen}
     os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
     with open(a.json, "w") as f:
         json.dump(out, f, indent=1)
-    print(f"connection_flood: survived={int(survived)} ping_p99_ratio={ratio:.2f} connections={made} ended={ended}")
+    print(f"connection_flood: survived={int(survived)} ping_p99_ratio={ratio:.2f} connections={made} ended={ended} "
+          f"rss_after_mib={rss_after / (1 << 20):.0f}")
     return 0 if survived else 1
 
 

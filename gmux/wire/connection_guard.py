@@ -27,6 +27,7 @@ import time
 from collections import defaultdict
 from typing import Optional
 
+from gmux.util import heap
 from gmux.util.faults import Faults
 from gmux.util.fd_limit import open_files
 
@@ -50,6 +51,7 @@ class ConnectionGuard:
         self.faults = faults
         self._ending: set[int] = set()         # sockets ended, not yet closed by libzmq
         self._slowed: list = []                # libzmq's threads put behind others during a flood, (tid, nice)
+        self._flooded = False                  # held more than `high` since it last held `low`
         self._unlogged: dict[str, int] = defaultdict(int)
         self._logged_at = 0.0
         self._stop = threading.Event()
@@ -82,8 +84,12 @@ class ConnectionGuard:
                 with contextlib.suppress(OSError):
                     os.setpriority(os.PRIO_PROCESS, tid, before)
             self._slowed = []
+        if held <= self.low and self._flooded:
+            self._flooded = False
+            heap.trim()             # what the flood's connections held, kept by the C library's arenas till told
         if held <= self.high:
             return 0
+        self._flooded = True
         if not self._slowed and os.geteuid() == 0:
             # libzmq's threads take connections as fast as a flood makes them, on a machine the flood loads too:
             # behind every other process while it lasts, they take fewer than this thread ends (root's alone,
