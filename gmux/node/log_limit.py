@@ -66,12 +66,13 @@ def trim(path: str, limit: int) -> Optional[int]:
     except OSError:
         return None
     with os.fdopen(fd, "r+b") as f:
-        size = f.seek(0, os.SEEK_END)
         try:    # the job trims too, under this lock (gmux.job.log_output): one trimming is left to finish, but
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)     # one holding the lock for ever outgrows it
         except OSError:
-            if size <= 4 * limit:
+            if f.seek(0, os.SEEK_END) <= 4 * limit:
                 return None
+        # (taken under the lock: a line written before it was taken would be cut out of the middle, below)
+        size = f.seek(0, os.SEEK_END)
         if size <= limit:
             return None
         f.seek(0)
