@@ -15,6 +15,7 @@ Reports each phase's median move time and its ratio to quiet, and the frames the
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -129,7 +130,7 @@ def main() -> int:
                             stdout=subprocess.PIPE, text=True)
     ports = json.loads(host.stdout.readline())
     endpoint, server_key = f"tcp://127.0.0.1:{ports['port']}", keys.load_public(keydir, "daemon", "b")
-    moves = iter(range(10**6))
+    names = (f"c1-m{n}" for n in itertools.count())     # each move a transfer of its own
 
     def phase(source):
         flooder = None
@@ -142,7 +143,7 @@ def main() -> int:
         times = []
         try:
             for _ in range(a.moves):
-                r = send_file(src, endpoint, server_key, keydir, "daemon", "a", f"c1-m{next(moves)}", timeout=10.0)
+                r = send_file(src, endpoint, server_key, keydir, "daemon", "a", next(names), timeout=10.0)
                 times.append(r["seconds"])
                 os.unlink(r["path"])
         finally:
