@@ -18,8 +18,12 @@ def _options_and_rest(argv: list) -> tuple[list, list]:
         return [], list(argv)
     options, args = [], list(argv[1:])
     while args and args[0].startswith("-") and args[0] != "-m":
-        if args[0] in ("-c", "-"):
+        flags = args[0][1:] if not args[0].startswith(("--", "-W", "-X")) else ""   # (python -uc: -u -c)
+        if args[0] == "-" or "c" in flags:
             raise ValueError("a job runs a script or a module (-m), not python -c or a script read from stdin")
+        if "i" in flags:
+            raise ValueError("python -i: a job runs unattended, with no prompt after its script (a prompt would "
+                             "keep the job's GPU memory after gmux counts it ended); leave out -i")
         n = 2 if args[0] in _WITH_VALUE else 1
         if len(args) < n:
             raise ValueError(f"python {args[0]} needs a value")

@@ -151,6 +151,7 @@ CARELESS = [  # (arguments, what the one-line refusal says)
     (["submit", "--", "true"], "submit: a job is a Python training script"),
     (["submit", "--", "python", "-c", "print(1)"], "submit: a job runs a script or a module (-m), not python -c"),
     (["submit", "--", "python", "-m"], "submit: python -m needs a module name"),
+    (["submit", "--", "python", "-i", "x.py"], "submit: python -i: a job runs unattended"),
     (["top", "--interval", "nan"], "--interval: nan is not a finite number > 0"),
     (["logs", "j1", "--tail", "-5"], "--tail: -5 is not an integer >= 0"),
     (["decisions", "--limit", "-1"], "--limit: -1 is not a positive integer"),

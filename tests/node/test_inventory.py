@@ -65,7 +65,11 @@ def test_interpreter_options_take_their_values_and_reach_the_jobs_process():
     assert script_of(argv) == ("path", "train.py", ["train.py", "-W", "x"])
     assert interpreter_options(argv) == ["-u", "-W", "ignore", "-X", "faulthandler", "-Xdev"]    # (-S: dropped)
     assert interpreter_options(["train.py", "-u"]) == [] and interpreter_options(["python", "-m", "m", "-u"]) == []
-    for argv, needle in ((["python", "-W"], "python -W needs a value"), (["python", "-"], "read from stdin")):
+    assert interpreter_options(["python", "-Wignore::UserWarning", "-Xint_max_str_digits=0", "t.py"]) == \
+        ["-Wignore::UserWarning", "-Xint_max_str_digits=0"]     # (an i or a c in their values is no flag)
+    for argv, needle in ((["python", "-W"], "python -W needs a value"), (["python", "-"], "read from stdin"),
+                         (["python", "-uc", "print(1)"], "not python -c"), (["python", "-i", "t.py"], "leave out -i"),
+                         (["python3", "-ui", "t.py"], "python -i: a job runs unattended")):
         with pytest.raises(ValueError, match=needle):
             script_of(argv)
 
