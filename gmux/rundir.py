@@ -27,6 +27,7 @@ from gmux.util.text import digits
 
 SYSTEM_RUNTIME_DIR = "/run/gmux"   # the system daemon's (gmuxd --system; contrib/systemd/gmuxd.service)
 MAX_EXIT_RECORD = 64 << 10         # an exit record is a status and a reason; more is not one
+MAX_LEFT = 1000                    # processes an exit record lists as left running (~25 bytes each)
 
 
 def private_runtime_dir() -> str:
@@ -366,11 +367,13 @@ def read_exit(rundir: RuntimeDir, job_id: str, uid: Optional[int] = None) -> Opt
         os.close(fd)
 
 
-def write_exit(rundir: RuntimeDir, job_id: str, status: int, reason: str = "") -> None:
+def write_exit(rundir: RuntimeDir, job_id: str, status: int, reason: str = "", left=()) -> None:
     """Called by the launcher as the job ends: the record that tells a clean end from a SIGKILL (in a system
-    daemon's tree, in this user's own directory)."""
+    daemon's tree, in this user's own directory), and what the job left running outside its process group
+    ([pid, start time] each, at most MAX_LEFT), for gmuxd to end."""
+    record = {"status": status, "reason": reason, **({"left": list(left)[:MAX_LEFT]} if left else {})}
     try:
-        write_atomic(rundir.exit_file(job_id), json.dumps({"status": status, "reason": reason}).encode())
+        write_atomic(rundir.exit_file(job_id), json.dumps(record).encode())
     except OSError:
         pass  # the runtime dir is gone (daemon cleaned up): nobody to tell
 

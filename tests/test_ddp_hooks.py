@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import gmux.job as gj
 from gmux.job.memory.state_tier import StateTier
+from gmux.util.process_tree import descendants
 from gmux_testkit import assert_identical
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,7 +121,7 @@ def _torchrun(tmp: str, name: str, steps: int, cycle_every: int | None, port: in
     try:
         proc.wait(timeout=180)
     except subprocess.TimeoutExpired:
-        for pid in [proc.pid, *_descendants(proc.pid)]:
+        for pid in [proc.pid, *descendants(proc.pid)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
@@ -138,23 +139,6 @@ def _torchrun(tmp: str, name: str, steps: int, cycle_every: int | None, port: in
 def _tail(path: str) -> str:
     with open(path, errors="replace") as f:
         return f.read()[-3000:]
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid`, found by parent links in /proc (sessions and process groups do not hold them)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
 
 
 def _torchrun_or_again(tmp: str, name: str, steps: int, cycle_every: int | None, port: int) -> list[str]:

@@ -34,9 +34,10 @@ def fork_if_in_foreground() -> None:
     returns at once. The parent never returns: it exits as the child does."""
     if not _in_foreground():
         return
+    parent = os.getpid()
     child = os.fork()
     if child == 0:
-        _end_with_parent()
+        _end_with_parent(parent)
         return
     # What the terminal sends the group reaches the job itself; what is sent to this process alone is passed on.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -58,7 +59,7 @@ def fork_if_in_foreground() -> None:
     os._exit(os.WEXITSTATUS(status))
 
 
-def _end_with_parent() -> None:
+def _end_with_parent(parent: int) -> None:
     """The job is sent SIGTERM if the process the shell waits for is killed outright (kill -9), which could not
     pass it on: it would train on, orphaned, printing onto the terminal."""
     try:
@@ -66,7 +67,7 @@ def _end_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         return
-    if os.getppid() == 1:       # (gone already, before the call)
+    if os.getppid() != parent:  # (gone already, before the call: its child went to init or a subreaper)
         os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -25,7 +25,8 @@ from gmux.job.agent import Agent, DaemonUnavailable, not_alone
 from gmux.job.foreground import fork_if_in_foreground
 from gmux.job.log_output import keep_going_on_full_disk
 from gmux.util.job_command import interpreter_options, missing_script, script_of
-from gmux.rundir import RuntimeDir, alive, my_starttime, write_exit
+from gmux.rundir import RuntimeDir, alive, my_starttime, proc_starttime, write_exit
+from gmux.util.process_tree import descendants, keep_orphans
 
 REGISTER_WAIT_S = 3600.0    # how long a job gmuxd accepted waits for a gmuxd to take it up before it gives up
 
@@ -62,6 +63,7 @@ def run(opt: LaunchOptions) -> int:
         return 2
     if opt.job is None and not opt.torchrun:
         fork_if_in_foreground()     # (an interactive shell would see gmuxd's stops as its job stopped)
+    keep_orphans()      # a daemon the job double-forks stays in its tree: stopped, continued and killed with it
     rundir = RuntimeDir(opt.runtime_dir)
     keep_going_on_full_disk(rundir.logs())
     # before registering: a registered job must be ready to run when it is given the GPU
@@ -136,10 +138,25 @@ def run(opt: LaunchOptions) -> int:
     ended = current()
     if ended is not None:
         agent.report(ended.report())    # its last step and figures (reports go out only every few seconds)
-    write_exit(rundir, job_id, status, reason)
+    write_exit(rundir, job_id, status, reason, left=_left_running())
     agent.bye(status, reason)
     agent.close()
     return status
+
+
+def _left_running() -> list:
+    """What this job leaves running outside its process group (a server in a session of its own, a daemon it
+    double-forked and adopted back, whatever its environment says now), [pid, start time] each: gmuxd ends them
+    with the job, as it ends what is left in the job's group."""
+    group, out = os.getpgrp(), []
+    for pid in descendants(os.getpid()):
+        try:
+            start = proc_starttime(pid) if os.getpgid(pid) != group else None
+        except ProcessLookupError:
+            continue
+        if start is not None:
+            out.append([pid, start])
+    return out
 
 
 def _wait_for_start(agent: Agent):

@@ -10,8 +10,11 @@ It also takes a GPU's compute away from a job that does not stop in time (SIGSTO
 process group when it leads one of its own (a submitted job, or one started in its own session: its
 DataLoader workers stop with it), else the process and its descendants, so that a shell or a driver script
 that shares the job's group is never stopped with it; and, either way, the job's processes that left its group
-(a server it started in a session of its own, a daemon it double-forked), found by the marks they began with in
-their environment. Killing a job and ending what it left signal the same processes.
+(a server it started in a session of its own, a daemon it double-forked): its descendants (gmux-launch keeps the
+orphans of its tree as its own, gmux.util.process_tree), the processes that began with its marks in their
+environment, and, once it has exited, what its exit record says it left. Killing a job and ending what it left
+signal the same processes. A stop someone else sent while gmuxd held the job (Ctrl-Z) is not undone by gmuxd's
+SIGCONT.
 
 Under a system daemon (root), a submitted job runs as the user who submitted it (their uid, gid and groups, set
 in the child before it executes anything), and a process is signalled only while it is still that user's.
@@ -30,8 +33,9 @@ from typing import Optional
 
 from gmux.node.access import user_groups
 from gmux.node.jobs import Job
-from gmux.rundir import RuntimeDir, alive, proc_starttime, read_exit, started_environ
+from gmux.rundir import MAX_LEFT, RuntimeDir, alive, proc_starttime, read_exit, started_environ
 from gmux.util.job_command import interpreter_options
+from gmux.util.process_tree import descendants
 
 # What a system daemon's own environment says about root, which a job started as its user must not inherit (the
 # rest, e.g. an admin's CUDA or NCCL settings in the unit, reaches every job).
@@ -142,7 +146,31 @@ class Supervisor:
         return self._signal_tree(job, signal.SIGSTOP)
 
     def cont(self, job: Job) -> bool:
-        return self._signal_tree(job, signal.SIGCONT)
+        """Continues what gmuxd stopped, except a process that someone else stopped meanwhile (Ctrl-Z, `kill
+        -STOP` while gmuxd held it): their stop waits, pending, and SIGCONT would discard it, undoing theirs. It
+        stays stopped, theirs to continue; the rest of the job's processes (one in a session of its own, which
+        their Ctrl-Z did not reach) go on."""
+        if not self._identified(job):
+            return False
+        members = self._members(job)
+        if not any(_stop_pending(pid) for pid in members):
+            return self._signal_tree(job, signal.SIGCONT)
+        for pid in members:
+            if not _stop_pending(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGCONT)
+        return True
+
+    def _members(self, job: Job) -> list[int]:
+        """Every process a signal to the job reaches (_signal_tree): its group's or its own and its descendants,
+        and those that left its group."""
+        tree = descendants(job.pid)
+        try:
+            leads = os.getpgid(job.pid) == job.pid
+        except ProcessLookupError:
+            return []
+        inside = _group(job.pid) if leads else [job.pid, *tree]
+        return sorted(set(inside) | set(self._outside_group(job, tree)))
 
     def stopped_outside(self, job: Job, signal_only: bool = False) -> bool:
         """Whether the job's process is stopped (by a signal or a debugger) although gmuxd did not stop it.
@@ -157,7 +185,7 @@ class Supervisor:
             leads = os.getpgid(job.pid) == job.pid
             if leads:
                 os.killpg(job.pid, sig)
-            for pid in ([] if leads else [job.pid]) + self._outside_group(job, _descendants(job.pid)):
+            for pid in ([] if leads else [job.pid]) + self._outside_group(job, descendants(job.pid)):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             return True
@@ -221,7 +249,7 @@ class Supervisor:
                 self._signal_leftovers(job, (signal.SIGKILL,))
 
     def _signal_leftovers(self, job: Job, sigs: tuple) -> None:
-        others = self._outside_group(job, [])
+        others = self._outside_group(job, []) + self._left_behind(job)
         # A new process that holds the job's pid means the job's group emptied and its id was given anew: the
         # group of that id is someone else's (a user's `setsid` landed there 10 s after a job ended, and was killed).
         ours = proc_starttime(job.pid) in (None, job.starttime)
@@ -232,6 +260,25 @@ class Supervisor:
             for other in others:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(other, sig)
+
+
+    def _left_behind(self, job: Job) -> list[int]:
+        """What the job's launcher, as it ended, said it left running outside its group (gmux.job.launch: with
+        orphans kept in its tree, a daemon that cleared its environment too), each only while it is still that
+        process (same start time) and the job's user's, never gmuxd itself or a process it started: the record
+        is the job's word."""
+        record = self._exit_record(job) or {}
+        left = record.get("left")
+        uid = job.uid if self.system else os.getuid()
+        found = []
+        for entry in left[:MAX_LEFT] if isinstance(left, list) else ():
+            if not (isinstance(entry, list) and len(entry) == 2 and all(type(x) is int for x in entry)):
+                continue
+            pid, start = entry
+            if pid > 1 and pid != os.getpid() and pid not in self.children and proc_starttime(pid) == start \
+                    and _real_uid(pid) == uid:
+                found.append(pid)
+        return found
 
 
 def describe(rc: int, record: Optional[dict]) -> tuple[str, Optional[int], str]:
@@ -267,25 +314,32 @@ def _state(pid: int) -> str:
     return rest[0].decode() if rest else ""
 
 
-def _descendants(pid: int) -> list[int]:
-    """The process's children, theirs, and so on (from /proc/PID/task/TID/children)."""
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
+# SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU: a stop signal sent to a stopped process waits, pending, until SIGCONT.
+_STOPS = sum(1 << (s - 1) for s in (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU))
+
+
+def _stop_pending(pid: int) -> bool:
+    """Whether a stop signal waits for the process (/proc/PID/status: SigPnd, its own; ShdPnd, its group's)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            return any(line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & _STOPS
+                       for line in f)
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes of the process group (field 5 of /proc/PID/stat)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
             try:
-                with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    kids = [int(x) for x in f.read().split()]
-            except OSError:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    data = f.read()
+                if int(data[data.rfind(b")") + 2:].split()[2]) == pgid:
+                    found.append(int(name))
+            except (OSError, ValueError, IndexError):
                 continue
-            for kid in kids:
-                if kid not in found:
-                    found.append(kid)
-                    todo.append(kid)
     return found
 
 

@@ -290,3 +290,29 @@ def test_a_job_held_for_a_moment_by_a_tracer_keeps_its_turn(node_factory, tmp_pa
     assert not any(d["kind"] == "stop" for d in node.call("decisions", limit=50)["decisions"])
     for p in procs.values():
         p.kill()
+
+
+def test_a_users_stop_of_a_job_gmuxd_had_stopped_is_not_undone_at_its_next_turn(node_factory, tmp_path):
+    """A job with no boundary, stopped by gmuxd between its turns, was stopped by its user too (Ctrl-Z sends
+    SIGTSTP): the stop waited, pending, and gmuxd's SIGCONT at the job's next turn discarded it, so the job ran on
+    as if the user had never stopped it. It stays stopped, shown so, until its user continues it."""
+    from gmux_testkit import proc_state
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", QUANTUM, "--no-pack")
+    a = node.launch(TRAIN, str(tmp_path / "a.json"), STEPS, "--sleep", SLEEP, opts=["--mem", "300MiB"])
+    x = node.launch(SPIN, opts=["--mem", "300MiB"])
+    ids = {"a": node.job_of(a.pid), "x": node.job_of(x.pid)}
+    node.wait_for(lambda: node.job(ids["x"])["stops"] >= 2 and ids["x"] in node.ps()["gpus"][0]["stopped"]
+                  and proc_state(x.pid) == "T", 40, lambda: node.ps())
+    os.kill(x.pid, signal.SIGTSTP)                   # the user's, while gmuxd holds it
+    time.sleep(8 * float(QUANTUM))                    # turns of a, then of x, go by
+    assert proc_state(x.pid) == "T", "the user's stop was undone"
+    shown = node.wait_for(lambda: (lambda j: j if j["detail"].startswith("stopped from outside gmux") else None)(
+        node.job(ids["x"])), 10, lambda: node.job(ids["x"]))
+    assert shown["state"] == "stopped", shown
+    steps = node.job(ids["a"])["step"]               # the other job has the GPU meanwhile
+    node.wait_for(lambda: node.job(ids["a"])["step"] >= steps + 50, 30, lambda: node.ps())
+    stops = node.job(ids["x"])["stops"]
+    os.kill(x.pid, signal.SIGCONT)                   # the user's continue: it is sliced again
+    node.wait_for(lambda: node.job(ids["x"])["stops"] >= stops + 2, 30, lambda: node.job(ids["x"]))
+    x.kill()
+    a.kill()

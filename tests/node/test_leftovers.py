@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from gmux.rundir import started_environ
 from gmux_testkit import proc_state
 
 FORKER = """import subprocess, sys, time
@@ -41,21 +42,32 @@ def test_a_child_a_job_left_running_ends_with_it_and_with_a_kill(node_factory, t
 
 
 # A server started in a session of its own (still the job's child), and a daemon that forked twice and started a
-# session (an orphan: no longer anyone's descendant); a signal to the job's process group reaches neither.
+# session (an orphan: no longer anyone's descendant); a signal to the job's process group reaches neither. With
+# "clear", a second such daemon also starts its program with an empty environment: no mark of the job is left.
 ESCAPER = """import os, subprocess, sys, time
 server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-r, w = os.pipe()
-if os.fork() == 0:
-    os.setsid()
+def daemon(env):
+    r, w = os.pipe()
     if os.fork() == 0:
-        os.write(w, str(os.getpid()).encode())
-        time.sleep(600)
-    os._exit(0)
-os.close(w)
-daemon = int(os.read(r, 32))
-open(sys.argv[1] + ".part", "w").write(f"{server.pid} {daemon}")
+        os.setsid()
+        if os.fork() == 0:
+            os.write(w, str(os.getpid()).encode())
+            if env is None:
+                time.sleep(600)
+            os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)"], env)
+        os._exit(0)
+    os.close(w)
+    pid = int(os.read(r, 32))
+    os.close(r)
+    for _ in range(400):     # (until the forked parent between has exited: the daemon is an orphan)
+        if os.waitpid(-1, os.WNOHANG) != (0, 0):
+            break
+        time.sleep(0.01)
+    return pid
+pids = [server.pid, daemon(None)] + ([daemon({})] if sys.argv[3:] == ["clear"] else [])
+open(sys.argv[1] + ".part", "w").write(" ".join(map(str, pids)))
 os.rename(sys.argv[1] + ".part", sys.argv[1])
-print("pids", server.pid, daemon, flush=True)
+print("pids", *pids, flush=True)
 time.sleep(float(sys.argv[2]))
 """
 
@@ -68,17 +80,19 @@ def _pgid(pid: int) -> int:
 @pytest.mark.parametrize("how", ["killed", "exits"])
 def test_what_left_the_jobs_process_group_ends_with_it(node_factory, tmp_path, how):
     """A job's setsid child and double-forked daemon ran on after `gmux kill` and after the job's end: only the
-    job's process group was signalled."""
+    job's process group was signalled. Later a daemon that also emptied its environment ran on: nothing marked it
+    as the job's, and as an orphan it was no descendant of the job's process either."""
     node = node_factory("--virtual-gpus", "1x1GiB")
     script = tmp_path / "escaper.py"
     script.write_text(ESCAPER)
     pidfile = tmp_path / "pids"
-    job = node.call("submit", argv=["python", str(script), str(pidfile), "0.5" if how == "exits" else "600"],
-                    cwd=str(tmp_path), env={}, name=how)["job"]
+    job = node.call("submit", argv=["python", str(script), str(pidfile), "0.5" if how == "exits" else "600",
+                                    "clear"], cwd=str(tmp_path), env={}, name=how)["job"]
     node.wait_for(lambda: pidfile.exists(), 60, "the job's escaped processes to start")
     escaped = [int(p) for p in pidfile.read_text().split()]
     try:
         assert all(_pgid(p) != node.job(job)["pid"] for p in escaped)    # they did leave its group
+        assert started_environ(escaped[2]) <= {b""}                        # and the last, every mark of it
         if how == "killed":
             node.call("kill", job=job)
         node.wait_for(lambda: node.job(job)["state"] in ("exited", "killed", "failed"), 60, "the job to end")
@@ -280,3 +294,92 @@ def test_a_new_process_given_an_ended_jobs_pid_is_never_signalled_for_it(tmp_pat
     finally:
         new.kill()
         new.wait()
+
+
+@pytest.mark.parametrize("owner", ["the user's gmuxd", "a system gmuxd"])
+def test_what_an_exit_record_says_was_left_is_ended_only_where_it_is_still_the_jobs(tmp_path, monkeypatch, owner):
+    """The record's list of what the job left running is the job's word: gmuxd ends only a listed process that is
+    still the one listed (same start time) and the job's user's; never itself, another user's, or a process that
+    took a listed pid; junk entries are passed over."""
+    import json
+    import os
+    import subprocess
+
+    from gmux.node import supervisor
+    from gmux.node.jobs import Job
+    from gmux.node.supervisor import Supervisor
+    from gmux.rundir import RuntimeDir, proc_starttime
+    system = owner == "a system gmuxd"
+    if system and os.geteuid() != 0:
+        pytest.skip("a system gmuxd's check of the owner needs root")
+    uid = 65534 if system else os.getuid()
+    as_owner = {"user": uid} if system else {}
+    rt = RuntimeDir(str(tmp_path / "rt"))
+    rt.create(group=0 if system else None)
+    left = subprocess.Popen(["sleep", "60"], start_new_session=True, **as_owner)      # the job's: ended
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)                 # the test's own (root's)
+    ended = subprocess.Popen(["sleep", "0.1"], start_new_session=True, **as_owner)
+    job = Job("j1", "t", "", ["sleep"], pid=ended.pid, starttime=proc_starttime(ended.pid), managed=True, uid=uid)
+    ended.wait()
+    record = {"status": 0, "reason": "finished", "left": [
+        [left.pid, proc_starttime(left.pid)], [os.getpid(), proc_starttime(os.getpid())],
+        [other.pid, proc_starttime(other.pid) + 1], "x", [1], [2, 3, 4], {"a": 1}, [True, False], [3.5, 1]]}
+    if system:
+        record["left"].append([other.pid, proc_starttime(other.pid)])     # another user's
+    path = rt.exit_file("j1", uid if system else None)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f)
+    if system:
+        os.chown(path, uid, -1)
+    try:
+        monkeypatch.setattr(supervisor, "LEFTOVER_GRACE_S", 0.0, raising=False)
+        sup = Supervisor(rt, system=system)
+        sup.end_leftovers(job)
+        sup.reap_others(set())
+        _wait(lambda: left.poll() is not None, "the listed process the job left to end")
+        time.sleep(0.2)
+        assert other.poll() is None and _alive(os.getpid())
+    finally:
+        for p in (left, other):
+            p.kill()
+            p.wait()
+
+
+def test_a_continue_leaves_stopped_what_someone_else_stopped_meanwhile(tmp_path):
+    """Ctrl-Z (SIGTSTP to the job's group) while gmuxd held the job stopped: the group stays stopped when gmuxd
+    continues the job, and the job's server in a session of its own, which no Ctrl-Z reached, goes on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from gmux.node.jobs import Job
+    from gmux.node.supervisor import Supervisor
+    from gmux.rundir import RuntimeDir, proc_starttime
+    rt = RuntimeDir(str(tmp_path / "rt"))
+    pidfile = tmp_path / "pids"
+    leader = subprocess.Popen([sys.executable, "-c", ESCAPER, str(pidfile), "600"], start_new_session=True,
+                              env={**os.environ, "GMUX_JOB_TOKEN": "mine"})
+    escaped = []
+    try:
+        _wait(lambda: pidfile.exists(), "the job's processes to start")
+        escaped = [int(p) for p in pidfile.read_text().split()]
+        job = Job("j1", "mine", "", ["python", "escaper.py"], pid=leader.pid,
+                  starttime=proc_starttime(leader.pid), managed=True)
+        sup = Supervisor(rt)
+        assert sup.stop(job)
+        for p in [leader.pid, *escaped]:
+            _wait(lambda: proc_state(p) == "T", f"process {p} of the job to be stopped")
+        os.killpg(leader.pid, signal.SIGTSTP)          # the user's Ctrl-Z, to the job's group
+        assert sup.cont(job)
+        for p in escaped:
+            _wait(lambda: proc_state(p) not in ("T", ""), f"escaped process {p} to go on")
+        time.sleep(0.3)
+        assert proc_state(leader.pid) == "T"
+        os.killpg(leader.pid, signal.SIGCONT)          # the user's fg
+        _wait(lambda: proc_state(leader.pid) not in ("T", ""), "the job to go on once its user continued it")
+    finally:
+        leader.kill()
+        leader.wait()
+        _kill_all(escaped)
