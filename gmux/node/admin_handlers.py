@@ -19,6 +19,7 @@ from gmux.node.access import user_name
 from gmux.node.deleted_log import read_deleted
 from gmux.node.inventory import gpu_list
 from gmux.node.jobs import Job, gang_members, unit_of
+from gmux.node.resume_retry import release
 from gmux.node.supervisor import CannotStart
 from gmux.rundir import proc_starttime
 from gmux.util.rendezvous import free_port, rendezvous_env
@@ -143,6 +144,7 @@ class AdminHandlers:
                           f"which cannot agree on a boundary to stop at; run the ranks with --no-hook and "
                           f"gmux.job.gang.GangController to make the gang suspendable")
         busy = []
+        node.resume_retries.taken_over(unit, resumed=False)
         for m in unit:
             m.held = True
             if m.gpu is None:     # still queued (or parked): nothing runs, and it takes no GPU until resumed
@@ -171,16 +173,8 @@ class AdminHandlers:
     def resume(self, req: Request):
         node, job = self.node, self._target(req)
         unit = unit_of(node.jobs, job)
-        for m in unit:
-            m.held = False
-            if m.gpu is not None:
-                node.slicers[m.gpu].release(m.id)
-            elif m.parked_gpus:
-                node.admission.unpark(m)
-            elif node.admission.queued(m.id):
-                m.state = "waiting"
-        for gpu in {m.gpu for m in unit if m.gpu is not None}:
-            node.switch(node.slicers[gpu], time.monotonic())
+        node.resume_retries.taken_over(unit, resumed=True)
+        release(node, unit, time.monotonic())
         parked = sorted({g for m in unit for g in m.parked_gpus})     # (every rank's, not the named one's)
         where = (f"runs in its turn on GPU {job.gpu}" if job.gpu is not None else
                  f"takes back GPUs {','.join(map(str, parked))} (given back while suspended) once they are free"

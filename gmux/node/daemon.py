@@ -6,7 +6,7 @@ This file is the daemon's lifecycle and its tick; the rest are its parts, each b
   - Admission (admission.py): which GPU a job gets, the queue, whole GPUs for multi-GPU jobs and gangs;
   - per GPU a Slicer and a Packer, and the spill policy: pure decisions, carried out here;
   - Stopping (stopping.py): the slicer's stops of a job that misses its deadline (SIGSTOP/SIGCONT);
-  - Moves (moves.py): moves between GPUs in the job's own process.
+  - Moves (moves.py): moves between GPUs in the job's own process; ResumeRetries (resume_retry.py): failed resumes.
 Between messages the loop ticks: it reaps ended jobs, gives queued jobs their GPUs, lets each GPU's packer and
 time-slicer decide, spills suspended state over the host-RAM budget, and sends the resulting commands. The job
 table and the decisions live in SQLite, so a restarted daemon re-attaches to the jobs that kept running.
@@ -36,6 +36,7 @@ from gmux.node.job_handlers import JobHandlers
 from gmux.node.jobs import Job, gang_members
 from gmux.node.moves import Moves
 from gmux.node.packer import Packer, Rates
+from gmux.node.resume_retry import ResumeRetries
 from gmux.node.slicer import Slicer
 from gmux.node.pacing import Pacing
 from gmux.node.stopping import Stopping
@@ -129,6 +130,7 @@ class Daemon:
                              credentials=system is not None)
         self.commands = Commands(self.server)
         self.stops = Stopping(self)
+        self.resume_retries = ResumeRetries(self)
         self.moves = Moves(self, rebind, load_driver)
         self.metrics = None
         if self.opt.metrics_port is not None:
@@ -325,13 +327,7 @@ class Daemon:
         for job in self.jobs.values():
             if job.managed and not job.final:
                 with self.faults.guard("bounding a job's log", job.id):
-                    self._bound_log(job, due)
-
-    def _bound_log(self, job: Job, due: bool) -> None:
-        dropped = self.log_bounds.hold(job.id, self.rundir.log_file(job.id), due)
-        if dropped:
-            log.info("%s: %d bytes of its output dropped (its log is kept under %d bytes)", job.id, dropped,
-                     self.opt.log_limit)
+                    self.log_bounds.hold(job.id, self.rundir.log_file(job.id), due)
 
     def _forget_ended(self) -> None:
         """The job table keeps the newest `keep_ended` ended jobs; older ones live on only in SQLite, so that a
@@ -364,7 +360,7 @@ class Daemon:
         if job.managed:
             self.sup.end_leftovers(job)
             with self.faults.guard("bounding a job's log", job.id):    # (what it wrote since the last look)
-                self._bound_log(job, True)
+                self.log_bounds.hold(job.id, self.rundir.log_file(job.id), True)
         job.state, job.exit_status, job.detail, job.host_bytes, job.disk_bytes = state, status, detail, 0, 0
         job.ended = time.time()
         self.commands.ended(job, f"{state}: {detail}")
@@ -415,6 +411,8 @@ class Daemon:
         self._bound_logs(now)
         with self.faults.guard("admission"):
             self.admission.run(now)
+        with self.faults.guard("failed resumes"):
+            self.resume_retries.run(now)
         with self.faults.guard("moves"):
             self.moves.poll(now)
         for gpu, slicer in self.slicers.items():

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Optional
 
 from gmux.node.access import user_name
 from gmux.node.adoption import adopt
-from gmux.node.jobs import Job, gang_members, unit_of
+from gmux.node.jobs import Job, gang_members
 from gmux.rundir import proc_starttime
 from gmux.util.sizes import format_size
 from gmux.wire.server import Refused, Request, UnknownJob
@@ -235,14 +235,9 @@ class JobHandlers:
         if kind in ("suspend", "resume") and slicer is not None:
             slicer.acked(job.id, kind, now, ok, in_place=bool(result.get("in_place")))
             if kind == "resume" and not ok and job.started:
-                # (its spill file damaged, say): asked again at every tick it would fail alike, each time reading
-                # the whole file. Held, with a gang's other ranks, it waits for `gmux resume` (or the cluster
-                # scheduler's next resume), once what failed is put right.
-                for m in unit_of(node.jobs, job):
-                    m.held = True
-                    if m.gpu is not None:
-                        node.slicers[m.gpu].hold(m.id)
-                job.detail += "; held: gmux resume tries again"
+                node.resume_retries.failed(job, result.get("error"), now)    # (held, and tried again later)
+            elif kind == "resume":
+                node.resume_retries.succeeded(job)
             if ok:
                 if kind == "suspend" or job.started:   # (a first resume waits for the job's start-up)
                     job.suspend_seconds += latency

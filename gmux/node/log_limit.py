@@ -10,10 +10,13 @@ lands in between. Output written below Python (C code, a child's own streams) ma
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 from typing import Optional
 
 from gmux.util.dropped_line import HEAD, from_whole_line, said
+
+log = logging.getLogger("gmux.daemon")
 
 DEFAULT_LIMIT = 256 << 20     # bytes; far beyond any training log, well below a disk
 EVERY_S = 2.0                 # how often every log is looked at and trimmed once past its limit
@@ -45,6 +48,8 @@ class Bounds:
         if not due and dropped:
             self.unsaid[job] = dropped
             return 0
+        if dropped:
+            log.info("%s: %d bytes of its output dropped (its log is kept under %d bytes)", job, dropped, self.limit)
         return dropped
 
 

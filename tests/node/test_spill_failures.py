@@ -24,10 +24,7 @@ def test_a_spill_by_checkpoint_that_fails_is_not_asked_for_again(daemon_factory)
     assert "No space left on device" in job.detail
 
 
-def test_a_resume_that_fails_holds_the_job_until_gmux_resume(daemon_factory):
-    # An outside operator flipped a byte of a spill file: the checksum refused it (rightly), and gmuxd sent the
-    # resume again about 800 times in 10 s, each reading the whole file, the job shown 'resuming' throughout.
-    d = daemon_factory((GiB,))
+def _suspended_and_resumed(d):
     a = started(d, b"a")
     ask(d, "suspend", admin=d.admin, job=a["job"])
     (stop,) = commands(d, b"a")
@@ -35,15 +32,79 @@ def test_a_resume_that_fails_holds_the_job_until_gmux_resume(daemon_factory):
     ask(d, "resume", admin=d.admin, job=a["job"])
     (go,) = commands(d, b"a")
     assert go["kind"] == "resume"
-    ack(d, b"a", a, go, ok=False, error="spill file j1.spill: checksum mismatch", state="suspended")
+    return a, go
+
+
+def _retried(d, a, wait_s: float):
+    """The resume sent again once `wait_s` has passed, and not before."""
+    import time
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < wait_s - 0.05:
+        tick(d)
+        assert not commands(d, b"a"), d.sent
+        time.sleep(0.01)
+    while time.monotonic() - t0 < wait_s + 2:
+        tick(d)
+        sent = commands(d, b"a")
+        if sent:
+            assert [c["kind"] for c in sent] == ["resume"], sent
+            return sent[0]
+        time.sleep(0.01)
+    raise AssertionError("the failed resume was not tried again")
+
+
+def test_a_resume_that_keeps_failing_holds_the_job_until_gmux_resume(daemon_factory, monkeypatch):
+    # An outside operator flipped a byte of a spill file: the checksum refused it (rightly), and gmuxd sent the
+    # resume again about 800 times in 10 s, each reading the whole file, the job shown 'resuming' throughout.
+    from gmux.node import resume_retry
+    monkeypatch.setattr(resume_retry, "RETRY_S", (0.2, 0.4))
+    d = daemon_factory((GiB,))
+    a, go = _suspended_and_resumed(d)
     job = d.jobs[a["job"]]
-    for _ in range(5):
+    error = "spill file j1.spill: checksum mismatch"
+    for n, wait in enumerate((0.2, 0.4)):
+        ack(d, b"a", a, go, ok=False, error=error, state="suspended")
+        assert job.held and job.detail == f"resume failed: {error}; tried again in {wait:g} s (try {n + 2} of 3)"
+        go = _retried(d, a, wait)
+    ack(d, b"a", a, go, ok=False, error=error, state="suspended")
+    for _ in range(50):
         tick(d)
         assert not commands(d, b"a"), d.sent
     assert job.held and job.state == "held", job.state
-    assert job.detail == "resume failed: spill file j1.spill: checksum mismatch; held: gmux resume tries again"
+    assert job.detail == f"resume failed: {error} (3 tries); held: gmux resume tries again"
     ask(d, "resume", admin=d.admin, job=a["job"])          # the file put right: asked, it tries again, once
     assert [c["kind"] for c in commands(d, b"a")] == ["resume"]
+
+
+def test_a_resume_that_failed_for_a_moment_is_tried_again_and_the_job_runs_on(daemon_factory, monkeypatch):
+    """The GPU's memory taken for a moment by a program outside gmux: the job stayed held, suspended, until
+    someone typed `gmux resume`. Tried again after a wait, it runs; a later failure counts from one again."""
+    from gmux.node import resume_retry
+    monkeypatch.setattr(resume_retry, "RETRY_S", (0.2, 0.4))
+    d = daemon_factory((GiB,))
+    a, go = _suspended_and_resumed(d)
+    job = d.jobs[a["job"]]
+    ack(d, b"a", a, go, ok=False, error="CUDA out of memory", state="suspended")
+    go = _retried(d, a, 0.2)
+    ack(d, b"a", a, go, state="running")
+    tick(d)
+    assert not job.held and job.state == "running", (job.state, job.detail)
+    assert not d.resume_retries._failures and not d.resume_retries._due
+
+
+def test_a_users_suspend_while_a_failed_resume_waits_keeps_the_job_held(daemon_factory, monkeypatch):
+    from gmux.node import resume_retry
+    monkeypatch.setattr(resume_retry, "RETRY_S", (0.2, 0.4))
+    d = daemon_factory((GiB,))
+    a, go = _suspended_and_resumed(d)
+    ack(d, b"a", a, go, ok=False, error="CUDA out of memory", state="suspended")
+    ask(d, "suspend", admin=d.admin, job=a["job"])
+    import time
+    time.sleep(0.3)
+    for _ in range(20):
+        tick(d)
+        assert not commands(d, b"a"), d.sent
+    assert d.jobs[a["job"]].held
 
 
 def test_an_ended_jobs_partial_checkpoints_are_removed_and_its_kept_checkpoint_and_others_stay(daemon_factory):
