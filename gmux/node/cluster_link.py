@@ -84,6 +84,7 @@ class ClusterLink:
         self.bulk, bulk_port = sealed.bulk_socket(self.ctx, self.transfer_endpoint)
         # No fsync: a move's source holds the job until the target restored, the scheduler its own checkpoints.
         self.receiver = Receiver(os.path.join(self.rundir.root, "cluster-in"), durable=False, bulk_port=bulk_port)
+        self.guard.bulk_login = self.receiver.bulk_login
         self.up = keys.client_socket(self.ctx, zmq.DEALER, keydir, "daemon", name, keys.load_public(keydir, "scheduler"))
         # (NAME/BOOT: the scheduler tells this gmuxd from another given the same name, or a restarted one)
         self.up.setsockopt(zmq.IDENTITY, f"{name}/{secrets.token_hex(4)}".encode())
@@ -173,8 +174,7 @@ class ClusterLink:
                         event, cjob, detail, data = self.outbox.get_nowait()
                     except queue.Empty:
                         break
-                    self._send_up("node_event", name=self.name, cjob=cjob, event=event, detail=detail[:2000],
-                                  data=data)
+                    self._send_up("node_event", name=self.name, cjob=cjob, event=event, detail=detail[:2000], data=data)
         finally:
             self.close()
 

@@ -20,6 +20,7 @@ import inspect
 import os
 import threading
 import time
+from typing import Callable
 
 import zmq
 import zmq.utils.z85   # not imported by zmq itself: zmq.auth did that, and is imported only where needed
@@ -169,9 +170,10 @@ class Guard:
 
     A bulk socket's peers (gmux.wire.sealed, ZAP domain BULK_DOMAIN) have no key: a connection there is taken
     only from an address that passed a Curve handshake here in the last BULK_PEER_S (a sender connects to it
-    right after its xfer_begin went over Curve). A stranger elsewhere on the network who floods the port is
-    refused at its handshake, before any frame of theirs costs the receiver's loop a decryption; one that
-    shares a sender's address is not, and only has its frames dropped."""
+    right after its xfer_begin went over Curve), with a PLAIN login the host's receiver accepts
+    (`bulk_login(transfer, password)`: gmux.wire.receiver.Receiver.bulk_login). A stranger who floods the port,
+    elsewhere on the network or on a sender's own host, is refused at its handshake, before any frame of theirs
+    costs the receiver's loop a decode."""
 
     def __init__(self, context: zmq.Context, keydir: str, roles: tuple):
         check_key_dir(keydir)
@@ -184,6 +186,7 @@ class Guard:
         self._address = ""                      # of the handshake the authenticator thread is checking
         self.refused = 0
         self.refused_bulk = 0
+        self.bulk_login: Callable[[str, bytes], bool] = lambda transfer, password: False
         self.auth = _authenticator(context, self)
         self.auth.start()
         self.auth.configure_curve_callback("*", credentials_provider=self)
@@ -206,9 +209,11 @@ class Guard:
             self._peers[self._address] = now
         return ok
 
-    def bulk_peer(self, address: str) -> bool:
-        """Whether a plain connection from `address` may reach a bulk socket (see the class)."""
-        ok = time.monotonic() - self._peers.get(address, -BULK_PEER_S * 2) < BULK_PEER_S
+    def bulk_peer(self, address: str, transfer: bytes, password: bytes) -> bool:
+        """Whether a connection from `address`, logged in as `transfer` with `password`, may reach a bulk socket
+        (see the class)."""
+        ok = time.monotonic() - self._peers.get(address, -BULK_PEER_S * 2) < BULK_PEER_S and \
+            self.bulk_login(transfer.decode("ascii", "replace"), password)
         if not ok:
             self.refused_bulk += 1
         return ok
@@ -224,16 +229,17 @@ class Guard:
 
 def _authenticator(context: zmq.Context, guard: Guard):
     """pyzmq's authenticator thread, which also tells the guard the address of each Curve handshake and asks it
-    about each bulk socket's (its NULL mechanism, which pyzmq would admit from anyone)."""
+    about each bulk socket's (whose PLAIN logins are transfers', not pyzmq's configured passwords)."""
     from zmq.auth.thread import ThreadAuthenticator   # here: it imports asyncio, which a CLI need not pay for
     asynchronous = inspect.iscoroutinefunction(ThreadAuthenticator.handle_zap_message)
 
     class Authenticator(ThreadAuthenticator):
         def handle_zap_message(self, msg):
-            if len(msg) >= 6 and msg[5] == b"NULL" and msg[2] == BULK_DOMAIN.encode():
-                ok = guard.bulk_peer(msg[3].decode("ascii", "replace"))
+            if len(msg) >= 6 and msg[2] == BULK_DOMAIN.encode():
+                ok = len(msg) >= 8 and msg[5] == b"PLAIN" and guard.bulk_peer(msg[3].decode("ascii", "replace"),
+                                                                             msg[6], msg[7])
                 self._send_zap_reply(msg[1], b"200" if ok else b"400",
-                                     b"OK" if ok else b"no Curve handshake from this address")
+                                     b"OK" if ok else b"no open transfer's login from an address known here")
                 return _nothing() if asynchronous else None
             guard._address = msg[3].decode("ascii", "replace") if len(msg) >= 6 and msg[5] == b"CURVE" else ""
             return super().handle_zap_message(msg)

@@ -26,6 +26,7 @@ host one on their ROUTER sockets and hand it each xfer_* message.
 from __future__ import annotations
 
 import errno
+import hmac
 import os
 import queue
 import time
@@ -213,6 +214,14 @@ class Receiver:
             while view:                       # (a short write: the disk filled up, and the next one says so)
                 view = view[os.write(st["fd"], view):]
         st["have"] += len(data)
+
+    def bulk_login(self, x: str, password: bytes) -> bool:
+        """Whether a peer of the host's bulk socket that logs in as transfer `x` with `password` may send: the
+        transfer is open here for sealed chunks and the password is its login (gmux.wire.keys.Guard asks, from
+        its own thread, at each handshake)."""
+        st = self.open.get(x)
+        seal = st["seal"] if st is not None else None
+        return seal is not None and hmac.compare_digest(seal.login, password)
 
     def handle_sealed(self, header: bytes, data: bytes) -> Optional[bytes]:
         """The answer to [header, data] from the host's bulk socket (gmux.wire.sealed), or None: what is not a

@@ -12,14 +12,19 @@ over a plain ZeroMQ connection to that port (gmux.wire.transfer). What this keep
   too, in the other direction, with the epoch of the chunk they answer as associated data.
 - **No nonce twice under one key:** a nonce is a direction byte and a counter; each xfer_begin brings a new key.
 A replayed chunk opens, but says only what was said: the receiver appends a chunk only where its file ends, and
-a transfer's bytes at an offset never change (a stream resends the chunk it kept). What it does not keep: a peer
-of the bulk port needs no key (Curve refuses unknown keys at the handshake); the port takes connections only from
-addresses that passed a Curve handshake with its host lately (gmux.wire.keys.Guard), and a stranger at such an
-address can only have frames dropped, each costing at most one chunk's decryption, and only while a transfer of
-the name it sends is open. Without the `cryptography` package both ends fall back to Curve for everything.
+a transfer's bytes at an offset never change (a stream resends the chunk it kept). A peer of the bulk port has
+no Curve key; its handshake (ZeroMQ's PLAIN) names a transfer open there and a password only the two ends of that
+transfer's Curve connection can make (an HMAC of its key), from an address that passed a Curve handshake with the
+host lately (gmux.wire.keys.Guard). Anyone else, a stranger on a sender's own host included, is refused at the
+handshake, before any frame of theirs reaches the receiver's loop; the password is not secret from someone who
+can read the network between the two hosts, who then reaches the loop and can only have frames dropped, each
+costing at most one chunk's decryption. Without the `cryptography` package both ends fall back to Curve for
+everything.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import struct
 from typing import Optional
@@ -72,6 +77,8 @@ class Seal:
             raise ValueError(f"a transfer key is {KEY_BYTES} bytes")
         self._aead = AESGCM(key)
         self._sent = 0
+        # the password of the transfer's bulk connection (PLAIN: a login, not the key, crosses the network)
+        self.login = hmac.new(key, b"gmux-bulk-login", hashlib.sha256).hexdigest().encode()
 
     def next_nonce(self) -> int:
         """The nonce a header must carry for the next `seal` (the header is sealed's associated data)."""
@@ -108,11 +115,13 @@ def _answer_aad(epoch: int) -> bytes:
 
 
 def bulk_socket(ctx: zmq.Context, beside: str) -> tuple:
-    """(socket, port): the plain ROUTER where a receiving host takes sealed chunks, on the interface of its Curve
-    endpoint `beside`, a port of its own. Anyone may connect here: a frame is believed only once it opens with a
-    transfer's key, and each peer's queue holds a few chunks at most."""
+    """(socket, port): the ROUTER where a receiving host takes sealed chunks, on the interface of its Curve
+    endpoint `beside`, a port of its own. A peer logs in with an open transfer's name and login (PLAIN, checked by
+    its context's Guard); a frame is believed only once it opens with a transfer's key, and each peer's queue
+    holds a few chunks at most."""
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.plain_server = True
     sock.setsockopt_string(zmq.ZAP_DOMAIN, keys.BULK_DOMAIN)   # its context's Guard admits whom (gmux.wire.keys)
     sock.setsockopt(zmq.MAXMSGSIZE, protocol.XFER_MAX_CHUNK + TAG_BYTES)
     sock.setsockopt(zmq.RCVHWM, 64)
@@ -154,6 +163,7 @@ class BulkSender:
         self.sock.setsockopt(zmq.SNDHWM, window * 4)
         self.sock.setsockopt(zmq.SNDTIMEO, max(1, int(timeout * 1000)))
         self.sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_FRAME)
+        self.sock.plain_username, self.sock.plain_password = xfer.encode(), self.seal.login
         self.sock.connect(f"{endpoint.rsplit(':', 1)[0]}:{port}")
 
     def send(self, epoch: int, data: bytes, offset: int) -> bool:

@@ -25,6 +25,7 @@ def _serve(keydir, directory, stop, bulk=False, durable=True):
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     plain, bulk_port = sealed.bulk_socket(ctx, f"tcp://127.0.0.1:{port}")   # as a link or the scheduler makes it
     recv = Receiver(directory, durable=durable, bulk_port=bulk_port if bulk else None)
+    guard.bulk_login = recv.bulk_login
     state = {"port": port, "recv": recv, "guard": guard, "bulk": bulk_port}
 
     def loop():

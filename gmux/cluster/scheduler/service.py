@@ -106,6 +106,7 @@ class Scheduler:
         # Periodic checkpoints arrive sealed beside Curve (gmux.wire.sealed): decrypting every machine's in one
         # process is what a cluster's scheduler would otherwise spend its core on.
         self.bulk, self.receiver.bulk_port = sealed.bulk_socket(self.ctx, self.endpoint)
+        self.guard.bulk_login = self.receiver.bulk_login
         closers.callback(self.bulk.close, 0)
         self.faults = Faults(log)
         self.connections = ConnectionGuard("gmux-scheduler", None, soft_limit(), self.faults)
