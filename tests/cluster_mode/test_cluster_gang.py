@@ -9,16 +9,16 @@ import subprocess
 import time
 
 from gmux.wire.daemon_client import Client
-from cluster_harness import PY, ROOT, env, free_port, start_py, wait_for
+from cluster_harness import PY, ROOT, env, start_py, wait_for
 
 GANG = os.path.join(ROOT, "tests", "scripts", "gang_train.py")
 
 
 def _plain(tmp_path, steps: str) -> list:
     """The reference: the same two ranks, no gmux, never interrupted."""
-    port = str(free_port())
-    ps = [start_py(GANG, str(tmp_path / f"plain{r}.json"), steps, "--rank", str(r), "--world", "2", "--port", port,
-                   "--plain") for r in range(2)]
+    rendezvous = str(tmp_path / "plain.rendezvous")    # (a port picked free was once taken before rank 0 bound it)
+    ps = [start_py(GANG, str(tmp_path / f"plain{r}.json"), steps, "--rank", str(r), "--world", "2", "--file",
+                   rendezvous, "--plain") for r in range(2)]
     assert [p.wait(120) for p in ps] == [0, 0]
     return [json.loads((tmp_path / f"plain{r}.json").read_text()) for r in range(2)]
 

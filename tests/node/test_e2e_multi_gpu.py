@@ -7,7 +7,6 @@ uninterrupted run. Bad requests are refused by name.
 """
 import json
 import os
-import socket
 import subprocess
 
 from node_harness import PY, ROOT, TRAIN, env, result, start_py
@@ -69,12 +68,9 @@ def test_multi_gpu_job_gets_whole_gpus_by_moving_a_job_bit_identical(node_factor
 
 def test_gang_submitted_with_ranks_suspends_and_resumes_as_one_bit_identical(node_factory, tmp_path):
     steps = "2500"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    plain = [start_py(GANG, str(tmp_path / "plain{rank}.json"), steps, "--plain",
-                      env_={**env(), "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                            "MASTER_PORT": str(port)}) for r in range(2)]     # (read at the end)
+    # (a rendezvous through a file: a port picked free can be taken before rank 0 binds it)
+    plain = [start_py(GANG, str(tmp_path / "plain{rank}.json"), steps, "--plain", "--rank", str(r), "--world", "2",
+                      "--file", str(tmp_path / "plain.rendezvous")) for r in range(2)]     # (read at the end)
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
     sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--no-hook", "--name", "g", "--", "python", GANG,
                str(tmp_path / "gang{rank}.json"), steps, *PACE)

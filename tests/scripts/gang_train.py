@@ -1,7 +1,8 @@
 """A data-parallel training job over gloo (explicit mode, GangController), deterministic.
-usage: gang_train.py OUT STEPS [--rank R --world W --port P] [--sleep S] [--fail-at N] [--plain]
+usage: gang_train.py OUT STEPS [--rank R --world W (--port P | --file F)] [--sleep S] [--fail-at N] [--plain]
 Without --rank, the rendezvous comes from the environment as torchrun (and gmux's cluster link) sets it: RANK,
-WORLD_SIZE, MASTER_ADDR, MASTER_PORT. OUT may hold {rank}. --plain: no gmux at all, the reference run."""
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT. OUT may hold {rank}. --plain: no gmux at all, the reference run. --file: a
+rendezvous through a file, which no other process can take as it can a port picked free a moment before."""
 import argparse
 import hashlib
 import json
@@ -17,6 +18,7 @@ p.add_argument("steps", type=int)
 p.add_argument("--rank", type=int)
 p.add_argument("--world", type=int)
 p.add_argument("--port", type=int)
+p.add_argument("--file")
 p.add_argument("--sleep", type=float, default=0.0, help="seconds per step, to pace the job against a test's moves")
 p.add_argument("--fail-at", type=int, help="the last rank raises at this step (a crashed rank)")
 p.add_argument("--plain", action="store_true")
@@ -25,7 +27,8 @@ torch.set_num_threads(1)
 if a.rank is None:
     dist.init_process_group("gloo", init_method="env://")
 else:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.world)
+    dist.init_process_group("gloo", init_method=f"file://{a.file}" if a.file else f"tcp://127.0.0.1:{a.port}",
+                            rank=a.rank, world_size=a.world)
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
