@@ -19,9 +19,14 @@ if TYPE_CHECKING:
     from gmux.node.daemon import Daemon
 
 
+# A job continued from outside again and again is stopped each time, and said so at most this often (seconds).
+RESTOP_TOLD_S = 60.0
+
+
 class Stopping:
     def __init__(self, node: "Daemon"):
         self.node = node
+        self._restopped: dict[str, float] = {}     # job -> when its being continued from outside was last told
 
     def carry_out(self, slicer: Slicer, kind: str, job: Job, now: float) -> None:
         if kind == "stop":
@@ -174,11 +179,23 @@ class Stopping:
         """A job stopped by someone else that runs again is given back to the slicer; one stopped by a signal in
         its turn (SIGSTOP, Ctrl-Z) gives its turn up at once: the others on its GPU waited for the turn's end and
         its suspend's deadline, and `gmux ps` showed it running all that time. (One held by a debugger is found
-        at that deadline, as before: a sampling profiler holds a job for moments, and would cost it its turns.)"""
+        at that deadline, as before: a sampling profiler holds a job for moments, and would cost it its turns.)
+        A job gmuxd stopped out of its turn that someone else continued (SIGCONT from another process of its
+        user, a shell's `fg`) computed beside the job whose turn it was until its own turn came: it is stopped
+        again."""
         node = self.node
         for j in slicer.stopped():
-            if slicer.entries[j].frozen and not node.sup.stopped_outside(node.jobs[j]):
-                slicer.thawed(j, now)
+            job = node.jobs[j]
+            if slicer.entries[j].frozen:
+                if not node.sup.stopped_outside(job):
+                    slicer.thawed(j, now)
+            elif job.stopped_by_gmux and node.sup.running(job) and node.sup.stop(job):
+                if now - self._restopped.get(j, -RESTOP_TOLD_S) >= RESTOP_TOLD_S:
+                    self._restopped = {k: t for k, t in self._restopped.items() if now - t < RESTOP_TOLD_S}
+                    self._restopped[j] = now
+                    node.decide(slicer.gpu, "stop", [j], {**self._numbers(slicer, job, now), "again": True},
+                                f"GPU {slicer.gpu}: {j} was continued by someone else (SIGCONT) while gmuxd held "
+                                f"it out of its turn: stopped again until its turn" + _keeps_beside(slicer, job))
         for j in sorted(j for j in slicer.resident if slicer.computing(j)):
             job = node.jobs[j]
             if not job.stopped_by_gmux and node.sup.stopped_outside(job, signal_only=True):

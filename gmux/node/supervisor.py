@@ -178,6 +178,10 @@ class Supervisor:
         a job it samples, a hundred times a second)."""
         return self._identified(job) and _state(job.pid) in (("T",) if signal_only else ("T", "t"))
 
+    def running(self, job: Job) -> bool:
+        """Whether the job's process runs or sleeps (neither stopped, nor in a wait that a stop must outlast)."""
+        return self._identified(job) and _state(job.pid) in ("R", "S")
+
     def _signal_tree(self, job: Job, sig: int) -> bool:
         if not self._identified(job):
             return False

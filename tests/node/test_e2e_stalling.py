@@ -316,3 +316,22 @@ def test_a_users_stop_of_a_job_gmuxd_had_stopped_is_not_undone_at_its_next_turn(
     node.wait_for(lambda: node.job(ids["x"])["stops"] >= stops + 2, 30, lambda: node.job(ids["x"]))
     x.kill()
     a.kill()
+
+
+def test_a_job_continued_by_someone_else_while_gmuxd_held_it_is_stopped_again(node_factory, tmp_path):
+    """A job with no boundary, stopped by gmuxd out of its turn, continued by another process of its user (a
+    sidecar's SIGCONT, a shell's `fg`): it computed beside the job whose turn it was until its own turn came."""
+    from gmux_testkit import proc_state
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "6", "--no-pack")
+    a = node.launch(TRAIN, str(tmp_path / "a.json"), STEPS, "--sleep", SLEEP, opts=["--mem", "300MiB"])
+    x = node.launch(SPIN, opts=["--mem", "300MiB"])
+    ids = {"a": node.job_of(a.pid), "x": node.job_of(x.pid)}
+    node.wait_for(lambda: node.job(ids["x"])["stops"] >= 1 and ids["x"] in node.ps()["gpus"][0]["stopped"]
+                  and proc_state(x.pid) == "T" and node.job(ids["a"])["state"] == "running", 60, lambda: node.ps())
+    os.kill(x.pid, signal.SIGCONT)                    # from outside, early in a's turn of 6 s
+    node.wait_for(lambda: proc_state(x.pid) == "T", 2, "the job stopped again")
+    decisions = node.call("decisions", limit=50)["decisions"]
+    assert any(d["kind"] == "stop" and d["jobs"] == [ids["x"]] and "continued by someone else" in d["text"]
+               for d in decisions), decisions
+    x.kill()
+    a.kill()
