@@ -265,7 +265,6 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(other, sig)
 
-
     def _left_behind(self, job: Job) -> list[int]:
         """What the job's launcher, as it ended, said it left running outside its group (gmux.job.launch: with
         orphans kept in its tree, a daemon that cleared its environment too), each only while it is still that
