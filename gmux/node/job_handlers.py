@@ -236,7 +236,7 @@ class JobHandlers:
             slicer.acked(job.id, kind, now, ok, in_place=bool(result.get("in_place")))
             if kind == "resume" and not ok and job.started:
                 node.resume_retries.failed(job, result.get("error"), now)    # (held, and tried again later)
-            elif kind == "resume":
+            elif kind == "resume" and ok:
                 node.resume_retries.succeeded(job)
             if ok:
                 if kind == "suspend" or job.started:   # (a first resume waits for the job's start-up)
