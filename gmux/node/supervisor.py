@@ -150,27 +150,7 @@ class Supervisor:
         -STOP` while gmuxd held it): their stop waits, pending, and SIGCONT would discard it, undoing theirs. It
         stays stopped, theirs to continue; the rest of the job's processes (one in a session of its own, which
         their Ctrl-Z did not reach) go on."""
-        if not self._identified(job):
-            return False
-        members = self._members(job)
-        if not any(_stop_pending(pid) for pid in members):
-            return self._signal_tree(job, signal.SIGCONT)
-        for pid in members:
-            if not _stop_pending(pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGCONT)
-        return True
-
-    def _members(self, job: Job) -> list[int]:
-        """Every process a signal to the job reaches (_signal_tree): its group's or its own and its descendants,
-        and those that left its group."""
-        tree = descendants(job.pid)
-        try:
-            leads = os.getpgid(job.pid) == job.pid
-        except ProcessLookupError:
-            return []
-        inside = _group(job.pid) if leads else [job.pid, *tree]
-        return sorted(set(inside) | set(self._outside_group(job, tree)))
+        return self._signal_tree(job, signal.SIGCONT, spare_stopped=True)
 
     def stopped_outside(self, job: Job, signal_only: bool = False) -> bool:
         """Whether the job's process is stopped (by a signal or a debugger) although gmuxd did not stop it.
@@ -182,14 +162,26 @@ class Supervisor:
         """Whether the job's process runs or sleeps (neither stopped, nor in a wait that a stop must outlast)."""
         return self._identified(job) and _state(job.pid) in ("R", "S")
 
-    def _signal_tree(self, job: Job, sig: int) -> bool:
+    def _signal_tree(self, job: Job, sig: int, spare_stopped: bool = False) -> bool:
+        """`sig` to the job's group (or its process and descendants) and to its processes outside the group;
+        `spare_stopped`: each process apart, none that has a stop pending, if any has one."""
         if not self._identified(job):
             return False
         try:
             leads = os.getpgid(job.pid) == job.pid
+            tree = descendants(job.pid)
+            others = self._outside_group(job, tree)
+            if spare_stopped:
+                members = set(_group(job.pid) if leads else [job.pid, *tree]) | set(others)
+                held = {pid for pid in members if _stop_pending(pid)}
+                if held:
+                    for pid in sorted(members - held):
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.kill(pid, sig)
+                    return True
             if leads:
                 os.killpg(job.pid, sig)
-            for pid in ([] if leads else [job.pid]) + self._outside_group(job, descendants(job.pid)):
+            for pid in ([] if leads else [job.pid]) + others:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             return True
