@@ -30,6 +30,13 @@ def test_ps_table_shows_hostile_text_as_typed_and_never_crashes():
     text = buf.getvalue()
     assert "\x1b]0;" not in text and "\x07" not in text and "\u202e" not in text
     assert "[/bogus]" in text and "\\x1b]0;owned" in text
+    # Memory in use of all: NVML's reading on a real GPU ('?' while unreadable), the resident jobs' on a virtual.
+    real = dict(gpu, virtual=False, name="H100", mem_total=80 << 30, mem_used=5 << 30)
+    for g, shown in ((dict(gpu, resident_mem=256 << 20), "256.0MiB of 1.0GiB"), (real, "5.0GiB of 80.0GiB"),
+                     (dict(real, mem_used=None), "? of 80.0GiB")):
+        buf = io.StringIO()
+        Console(file=buf, width=300, color_system=None).print(gpus_table({"gpus": [g]}))
+        assert shown in buf.getvalue()
 
 
 def test_log_tail_is_cut_by_bytes_on_a_character_boundary(tmp_path):

@@ -102,8 +102,8 @@ def paused(c: subprocess.Popen) -> int:
 
 def gpus_listing(gpus: list, pid: int) -> list[str]:
     """The UUIDs of the GPUs on which NVML lists `pid` now."""
-    from gmux.node.inventory import refresh_nvml
-    refresh_nvml(gpus)
+    from gmux.node.inventory import Readings
+    Readings(gpus).refresh(0.0)
     return [g.uuid for g in gpus if any(p["pid"] == pid for p in g.processes)]
 
 

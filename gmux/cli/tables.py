@@ -102,10 +102,17 @@ def gpus_table(ps: dict) -> Table:
     for col in ("GPU", "KIND", "MEMORY", "JOBS", "RESIDENT", "PACKS", "SWITCHES", "HELD BY"):
         t.add_column(col)
     for g in ps["gpus"]:
-        t.add_row(*_cells(g["index"], "virtual" if g["virtual"] else g["name"], format_size(g["mem_total"]),
+        t.add_row(*_cells(g["index"], "virtual" if g["virtual"] else g["name"], _memory(g),
                           ",".join(g["jobs"]), ",".join(g["resident"]), " ".join("+".join(p) for p in g["packs"]),
                           g["switches"], g.get("owner") or (f"(freeing for {g['reserved']})" if g.get("reserved") else "")))
     return t
+
+
+def _memory(g: dict) -> str:
+    """In use of all: on a real GPU what NVML reads now (every program's; '?' while it cannot be read), on a
+    virtual one the working sets of the jobs resident on it, which is all that its budget holds."""
+    used = g.get("resident_mem") if g["virtual"] else g.get("mem_used")
+    return f"{'?' if used is None else format_size(used)} of {format_size(g['mem_total'])}"
 
 
 CLUSTER_HEADER = (f"{'JOB':6} {'NAME':16} {'STATE':10} {'MACHINE':10} {'GPU':>3} {'STEP':>8} {'RESTARTS':>8} "

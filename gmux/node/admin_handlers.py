@@ -103,6 +103,7 @@ class AdminHandlers:
             job = node.jobs[j["id"]]
             j["moves_in_process"] = (not job.final and not job.exclusive and not job.gang and len(node.gpus) > 1
                                      and node.admission.in_process(job))
+        node.readings.refresh(now)
         gpus = []
         owner = {g: j.id for j in node.jobs.values() if not j.final for g in j.exclusive_gpus}
         for g in node.gpus.values():

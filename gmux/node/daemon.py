@@ -31,7 +31,7 @@ from gmux.node.admin_handlers import AdminHandlers
 from gmux.node.admission import Admission
 from gmux.node.commands import Commands
 from gmux.node.cuda_rebind import CudaDriver, Driver
-from gmux.node.inventory import Gpu, env_for
+from gmux.node.inventory import Gpu, Readings, env_for
 from gmux.node.job_handlers import JobHandlers
 from gmux.node.jobs import Job, gang_members
 from gmux.node.moves import Moves
@@ -87,6 +87,7 @@ class Daemon:
         process that a predecessor with it left mid-rebind."""
         self.rundir = rundir
         self.gpus = {g.index: g for g in gpus}
+        self.readings = Readings(gpus)      # real GPUs' memory in use, for ps
         self.opt = options or Options()
         system = self.opt.system
         rundir.create(system.socket_group if system else None)

@@ -96,24 +96,54 @@ def nvml_gpus() -> list[Gpu]:
     return gpus
 
 
-def refresh_nvml(gpus: list[Gpu]) -> None:
-    """Updates memory used and processes of real GPUs (for ps and metrics); virtual ones are left alone."""
-    real = [g for g in gpus if not g.virtual]
-    if not real:
-        return
-    try:
-        import pynvml
-        pynvml.nvmlInit()
+class Readings:
+    """What NVML says of real GPUs now: the memory in use on each (ours and other programs'), for `gmux ps`, and
+    which processes hold them. Read when asked, at most once every `every_s` (a script calling ps in a loop
+    must not hold gmuxd's loop on the driver), with NVML left open between reads (nvmlInit loads the driver's
+    state, which can take a second where no process keeps it loaded). A read that fails leaves the figures
+    unknown (None), never a stale one shown as now. Virtual GPUs are left alone."""
+
+    def __init__(self, gpus: list[Gpu], every_s: float = 1.0):
+        self.gpus = [g for g in gpus if not g.virtual]
+        self.every_s = every_s
+        self.read_at: Optional[float] = None
+        self._open = False
+        self._failing = False
+
+    def refresh(self, now: float) -> None:
+        if not self.gpus or (self.read_at is not None and now - self.read_at < self.every_s):
+            return
+        self.read_at = now
         try:
-            for g in real:
+            import pynvml
+            if not self._open:
+                pynvml.nvmlInit()
+                self._open = True
+            for g in self.gpus:
                 h = pynvml.nvmlDeviceGetHandleByIndex(g.index)
                 g.mem_used = int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
                 g.processes = [{"pid": p.pid, "mem": p.usedGpuMemory}
                                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception as e:
-        log.warning("NVML refresh failed: %s", e)
+        except Exception as e:
+            for g in self.gpus:
+                g.mem_used, g.processes = None, []
+            if not self._failing:      # once, not at every ps while the driver is away
+                log.warning("NVML cannot be read (%s): GPU memory in use is shown as unknown", e)
+            self._failing = True
+            self._close()
+            return
+        if self._failing:
+            log.warning("NVML can be read again")
+        self._failing = False
+
+    def _close(self) -> None:
+        if self._open:
+            self._open = False
+            try:
+                import pynvml
+                pynvml.nvmlShutdown()
+            except Exception:      # (a driver gone away: nothing left to shut)
+                pass
 
 
 def discover(virtual_spec: Optional[str] = None, default_virtual: str = "2x16GiB") -> list[Gpu]:

@@ -1,4 +1,7 @@
 """GPU inventory and the launcher's reading of a command line: pure functions, refusals that say what to write."""
+import logging
+import sys
+
 import pytest
 
 from gmux.node.inventory import discover, gpu_list, parse_virtual_gpus
@@ -92,3 +95,69 @@ def test_a_command_that_is_not_python_is_refused_before_it_starts(tmp_path):
     for ok in ("train", "plain"):
         assert missing_script(*script_of([f"./{ok}"], str(tmp_path))[:2], str(tmp_path)) is None
     assert os.path.exists(tmp_path / "t.sh")
+
+
+class _Nvml:
+    """pynvml's calls that Readings makes, answering from `used` (bytes per GPU index); `broken` makes every
+    call raise as a driver gone away does. (No GPU result is claimed: this is gmuxd's use of the answers.)"""
+
+    def __init__(self):
+        self.used = {0: 5 << 30}
+        self.broken = False
+        self.inits = self.reads = 0
+
+    def _check(self):
+        if self.broken:
+            raise RuntimeError("Driver Not Loaded")
+
+    def nvmlInit(self):
+        self._check()
+        self.inits += 1
+
+    def nvmlShutdown(self):
+        self._check()
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        self._check()
+        return i
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        self.reads += 1
+        return type("Memory", (), {"used": self.used[h]})
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [type("Process", (), {"pid": 4321, "usedGpuMemory": self.used[h]})]
+
+
+def test_ps_memory_in_use_is_read_now_not_at_start(monkeypatch, caplog):
+    # gmux ps showed a real GPU's memory in use as NVML read it when gmuxd started, for ever after.
+    from gmux.node.inventory import Gpu, Readings
+    nvml = _Nvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    real, virtual = Gpu(0, "H100", 80 << 30, False, "GPU-0", mem_used=1 << 30), Gpu(1, "virtual", 1 << 30, True)
+    readings = Readings([real, virtual], every_s=1.0)
+    readings.refresh(100.0)
+    assert real.mem_used == 5 << 30 and real.processes == [{"pid": 4321, "mem": 5 << 30}]
+    assert virtual.mem_used is None and nvml.inits == 1
+    nvml.used[0] = 7 << 30
+    readings.refresh(100.5)             # a ps loop does not hold gmuxd on the driver
+    assert real.mem_used == 5 << 30 and nvml.reads == 1
+    readings.refresh(101.0)
+    assert real.mem_used == 7 << 30 and nvml.inits == 1      # NVML stays open between reads
+    # The driver goes away: unknown, not the last figure shown as now; said once, and again when it is back.
+    nvml.broken = True
+    with caplog.at_level(logging.WARNING, "gmux.inventory"):
+        readings.refresh(102.0)
+        readings.refresh(103.0)
+        assert real.mem_used is None and real.processes == []
+        nvml.broken = False
+        nvml.used[0] = 3 << 30
+        readings.refresh(104.0)
+    assert real.mem_used == 3 << 30 and nvml.inits == 2
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if "cannot be read" in m]) == 1 and "NVML can be read again" in said
+    # Virtual GPUs alone: NVML is never asked.
+    quiet = _Nvml()
+    monkeypatch.setitem(sys.modules, "pynvml", quiet)
+    Readings([Gpu(0, "virtual", 1 << 30, True)]).refresh(0.0)
+    assert quiet.inits == 0
