@@ -189,7 +189,7 @@ class Stopping:
             if slicer.entries[j].frozen:
                 if not node.sup.stopped_outside(job):
                     slicer.thawed(j, now)
-            elif job.stopped_by_gmux and node.sup.running(job) and node.sup.stop(job):
+            elif job.stopped_by_gmux and node.sup.running(job) and node.sup.stop(job, again=True):
                 if now - self._restopped.get(j, -RESTOP_TOLD_S) >= RESTOP_TOLD_S:
                     self._restopped = {k: t for k, t in self._restopped.items() if now - t < RESTOP_TOLD_S}
                     self._restopped[j] = now

@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from gmux.node.access import user_groups
 from gmux.node.jobs import Job
@@ -142,15 +142,20 @@ class Supervisor:
         # a system daemon believes a record only if it is the job owner's own file in their directory
         return read_exit(self.rundir, job.id, job.uid) if self.system else read_exit(self.rundir, job.id)
 
-    def stop(self, job: Job) -> bool:
-        return self._signal_tree(job, signal.SIGSTOP)
+    def stop(self, job: Job, again: bool = False) -> bool:
+        """`again`: a job gmuxd stopped that someone continued in part (a shell's `fg` reaches its terminal's
+        group, not a server in a session of its own): only its processes not stopped now. A stop sent to a
+        stopped process would wait, pending, and cont() would take it for someone else's and never continue
+        that process."""
+        return self._signal_tree(job, signal.SIGSTOP, spare=_stopped if again else None)
 
     def cont(self, job: Job) -> bool:
         """Continues what gmuxd stopped, except a process that someone else stopped meanwhile (Ctrl-Z, `kill
         -STOP` while gmuxd held it): their stop waits, pending, and SIGCONT would discard it, undoing theirs. It
         stays stopped, theirs to continue; the rest of the job's processes (one in a session of its own, which
-        their Ctrl-Z did not reach) go on."""
-        return self._signal_tree(job, signal.SIGCONT, spare_stopped=True)
+        their Ctrl-Z did not reach) go on. A process not yet stopped with a stop pending (in an uninterruptible
+        wait as gmuxd stopped it) is continued: the stop pending is most likely gmuxd's."""
+        return self._signal_tree(job, signal.SIGCONT, spare=_stopped_again)
 
     def stopped_outside(self, job: Job, signal_only: bool = False) -> bool:
         """Whether the job's process is stopped (by a signal or a debugger) although gmuxd did not stop it.
@@ -162,27 +167,29 @@ class Supervisor:
         """Whether the job's process runs or sleeps (neither stopped, nor in a wait that a stop must outlast)."""
         return self._identified(job) and _state(job.pid) in ("R", "S")
 
-    def _signal_tree(self, job: Job, sig: int, spare_stopped: bool = False) -> bool:
+    def _signal_tree(self, job: Job, sig: int, spare: Optional[Callable[[int], bool]] = None) -> bool:
         """`sig` to the job's group (or its process and descendants) and to its processes outside the group;
-        `spare_stopped`: each process apart, none that has a stop pending, if any has one."""
+        `spare`: each process apart, none that it holds to, if it holds to any. A process of another user (a
+        `sudo` child under a user's gmuxd) is passed over, never the end of the rest."""
         if not self._identified(job):
             return False
         try:
             leads = os.getpgid(job.pid) == job.pid
             tree = descendants(job.pid)
             others = self._outside_group(job, tree)
-            if spare_stopped:
+            if spare is not None:
                 members = set(_group(job.pid) if leads else [job.pid, *tree]) | set(others)
-                held = {pid for pid in members if _stop_pending(pid)}
+                held = {pid for pid in members if spare(pid)}
                 if held:
                     for pid in sorted(members - held):
                         with contextlib.suppress(ProcessLookupError, PermissionError):
                             os.kill(pid, sig)
                     return True
             if leads:
-                os.killpg(job.pid, sig)
+                with contextlib.suppress(PermissionError):
+                    os.killpg(job.pid, sig)
             for pid in ([] if leads else [job.pid]) + others:
-                with contextlib.suppress(ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
             return True
         except ProcessLookupError:
@@ -311,6 +318,16 @@ def _state(pid: int) -> str:
 
 # SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU: a stop signal sent to a stopped process waits, pending, until SIGCONT.
 _STOPS = sum(1 << (s - 1) for s in (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU))
+
+
+def _stopped(pid: int) -> bool:
+    return _state(pid) in ("T", "t")
+
+
+def _stopped_again(pid: int) -> bool:
+    """Stopped, with another stop pending: someone stopped it while gmuxd held it, or it was someone's stopped
+    already when gmuxd stopped the job (gmuxd never stops again what it holds stopped: stop(again=True))."""
+    return _state(pid) == "T" and _stop_pending(pid)
 
 
 def _stop_pending(pid: int) -> bool:

@@ -383,3 +383,81 @@ def test_a_continue_leaves_stopped_what_someone_else_stopped_meanwhile(tmp_path)
         leader.kill()
         leader.wait()
         _kill_all(escaped)
+
+
+def test_a_job_continued_in_part_and_stopped_again_is_continued_whole_at_its_turn(tmp_path):
+    """A shell's `fg` continued the job's group while gmuxd held it; gmuxd stopped it again (check_frozen), and
+    its second SIGSTOP, pending on the server in a session of its own that was still stopped, was taken at the
+    job's turn for its user's stop: the server stayed stopped for ever."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from gmux.node.jobs import Job
+    from gmux.node.supervisor import Supervisor
+    from gmux.rundir import RuntimeDir, proc_starttime
+    rt = RuntimeDir(str(tmp_path / "rt"))
+    pidfile = tmp_path / "pids"
+    leader = subprocess.Popen([sys.executable, "-c", ESCAPER, str(pidfile), "600"], start_new_session=True,
+                              env={**os.environ, "GMUX_JOB_TOKEN": "mine"})
+    escaped = []
+    try:
+        _wait(lambda: pidfile.exists(), "the job's processes to start")
+        escaped = [int(p) for p in pidfile.read_text().split()]
+        job = Job("j1", "mine", "", ["python", "escaper.py"], pid=leader.pid,
+                  starttime=proc_starttime(leader.pid), managed=True)
+        sup = Supervisor(rt)
+        assert sup.stop(job)
+        for p in [leader.pid, *escaped]:
+            _wait(lambda: proc_state(p) == "T", f"process {p} of the job to be stopped")
+        os.killpg(leader.pid, signal.SIGCONT)          # the user's fg: their group only
+        _wait(lambda: sup.running(job), "the job's process to go on")
+        assert sup.stop(job, again=True)                # (what check_frozen does)
+        _wait(lambda: proc_state(leader.pid) == "T", "the job's process stopped again")
+        assert sup.cont(job)                            # its turn
+        for p in [leader.pid, *escaped]:
+            _wait(lambda: proc_state(p) not in ("T", ""), f"process {p} of the job to go on at its turn")
+    finally:
+        leader.kill()
+        leader.wait()
+        _kill_all(escaped)
+
+
+def test_a_process_of_another_user_in_the_tree_does_not_end_the_signalling_of_the_rest(tmp_path, monkeypatch):
+    """Under a user's gmuxd, a job's `sudo` child (another uid) raised PermissionError out of the walk: a kill
+    left the job's processes after it alive, a continue left them stopped."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from gmux.node import supervisor
+    from gmux.node.jobs import Job
+    from gmux.rundir import RuntimeDir, proc_starttime
+    kids = "import subprocess, sys, time\n" + "".join(
+        f"c{i} = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n" for i in range(3)) + \
+        "print(c0.pid, c1.pid, c2.pid, flush=True)\ntime.sleep(600)\n"
+    parent = subprocess.Popen([sys.executable, "-c", kids], stdout=subprocess.PIPE, text=True)   # not a group leader
+    children = [int(p) for p in parent.stdout.readline().split()]
+    try:
+        job = Job("j1", "mine", "", ["python", "kids.py"], pid=parent.pid, starttime=proc_starttime(parent.pid),
+                  managed=False)
+        theirs = min(children)          # signalled first: the others come after it
+        real_kill = os.kill
+
+        def kill(pid, sig):
+            if pid == theirs:
+                raise PermissionError(1, "Operation not permitted")
+            real_kill(pid, sig)
+        monkeypatch.setattr(supervisor.os, "kill", kill)
+        sup = supervisor.Supervisor(RuntimeDir(str(tmp_path / "rt")))
+        assert sup.kill(job, signal.SIGKILL)
+        monkeypatch.undo()
+        _wait(lambda: parent.poll() is not None, "the job's process to be killed")
+        for p in set(children) - {theirs}:
+            _wait(lambda: not _alive(p), f"the job's child {p} after the other user's to be killed")
+    finally:
+        parent.kill()
+        parent.wait()
+        _kill_all(children)
