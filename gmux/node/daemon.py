@@ -181,6 +181,7 @@ class Daemon:
                 self.finish(job, *ended)
                 continue
             job.registered = True   # alive: registered, or about to (re-registering is the same)
+            self.resume_retries.restored(job, time.monotonic())
             self.moves.recover(job)
             if job.stopped_by_gmux:
                 # The previous daemon stopped it and cannot continue it: continued, it takes its suspend at

@@ -62,6 +62,8 @@ class Job:
     stopped_by_gmux: bool = False      # SIGSTOPped by gmuxd now (a restarted gmuxd continues it)
     last_report: dict = field(default_factory=dict)
     disk_bytes: int = 0                # its suspended state spilled to disk now (host RAM budget), bytes
+    resume_failures: int = 0           # resumes that failed in a row (gmux.node.resume_retry)
+    retry_at: Optional[float] = None   # when a hold for another try of its resume ends (time.time())
     # --- transient (not persisted) ---
     held: bool = False                 # suspended by the user: not scheduled until resumed
     target_gpu: Optional[int] = None   # migration destination

@@ -89,7 +89,7 @@ def test_a_resume_that_failed_for_a_moment_is_tried_again_and_the_job_runs_on(da
     ack(d, b"a", a, go, state="running")
     tick(d)
     assert not job.held and job.state == "running", (job.state, job.detail)
-    assert not d.resume_retries._failures and not d.resume_retries._due
+    assert job.resume_failures == 0 and job.retry_at is None and not d.resume_retries._due
 
 
 def test_a_users_suspend_while_a_failed_resume_waits_keeps_the_job_held(daemon_factory, monkeypatch):
@@ -105,6 +105,47 @@ def test_a_users_suspend_while_a_failed_resume_waits_keeps_the_job_held(daemon_f
         tick(d)
         assert not commands(d, b"a"), d.sent
     assert d.jobs[a["job"]].held
+
+
+def test_a_users_suspend_while_the_resume_is_on_its_way_is_not_undone_by_a_retry(daemon_factory, monkeypatch):
+    """A review: `gmux suspend` arriving while a resume was in flight found no retry to cancel; the resume then
+    failed, a retry was set, and two seconds later it released the job against its user's suspend."""
+    import time
+    from gmux.node import resume_retry
+    monkeypatch.setattr(resume_retry, "RETRY_S", (0.2, 0.4))
+    d = daemon_factory((GiB,))
+    a, go = _suspended_and_resumed(d)
+    ask(d, "suspend", admin=d.admin, job=a["job"])          # the resume is still on its way
+    ack(d, b"a", a, go, ok=False, error="CUDA out of memory", state="suspended")
+    job = d.jobs[a["job"]]
+    time.sleep(0.3)
+    for _ in range(20):
+        tick(d)
+        assert not commands(d, b"a"), d.sent
+    assert job.held and job.retry_at is None
+    assert job.detail == "resume failed: CUDA out of memory; suspended by its user: gmux resume tries again"
+    ask(d, "resume", admin=d.admin, job=a["job"])
+    assert [c["kind"] for c in commands(d, b"a")] == ["resume"]
+
+
+def test_a_job_held_for_another_try_is_released_by_the_next_gmuxd(daemon_factory, monkeypatch):
+    """A review: the wait before another try lived only in gmuxd's memory, while the hold and a detail saying
+    "tried again in 2 s" were saved: after a restart the job stayed held for ever."""
+    import time
+    from gmux.node import resume_retry
+    monkeypatch.setattr(resume_retry, "RETRY_S", (0.5, 0.5))
+    d = daemon_factory((GiB,))
+    a, go = _suspended_and_resumed(d)
+    ack(d, b"a", a, go, ok=False, error="CUDA out of memory", state="suspended")
+    d._flush(force=True)
+    again = daemon_factory((GiB,), root=d.rundir.root)
+    job = again.jobs[a["job"]]
+    assert job.held and job.resume_failures == 1 and job.retry_at is not None
+    deadline = time.monotonic() + 3
+    while job.held and time.monotonic() < deadline:
+        again.tick()
+        time.sleep(0.02)
+    assert not job.held and job.retry_at is None, job.detail
 
 
 def test_an_ended_jobs_partial_checkpoints_are_removed_and_its_kept_checkpoint_and_others_stay(daemon_factory):
