@@ -359,8 +359,8 @@ class Daemon:
         if kept and os.path.exists(ckpt) and ckpt not in detail:
             detail += f"; its state at its last move is kept in {ckpt}"
         self.rundir.discard(self.rundir.spill_file(job.id, job.uid))   # its host copy, spilled: nothing reads it
+        self.sup.end_leftovers(job)
         if job.managed:
-            self.sup.end_leftovers(job)
             with self.faults.guard("bounding a job's log", job.id):    # (what it wrote since the last look)
                 self.log_bounds.hold(job.id, self.rundir.log_file(job.id), True)
         job.state, job.exit_status, job.detail, job.host_bytes, job.disk_bytes = state, status, detail, 0, 0

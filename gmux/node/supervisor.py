@@ -226,10 +226,11 @@ class Supervisor:
         """What is left of a submitted job's process group once its process has ended (a child it forked and
         left running) is asked to end: the job is over. (The group keeps the job's pid as its id while any member
         lives, and a live group's id is never given to a new process.) A gmux-launch job's group is its shell's
-        and is left alone. A process that said it was ending (bye) may still be writing its last files: its
+        (a pipeline's other commands) and is left alone; what it left outside that group is the job's, ended as
+        a submitted job's is. A process that said it was ending (bye) may still be writing its last files: its
         group is asked once it has exited (reap_others). Once the group is empty its id may go to a new process,
         whose group is then left alone."""
-        if job.managed and job.pid > 1:
+        if job.pid > 1:
             self.leaving[job.pid] = job
             self._end_groups_left()
 
@@ -255,7 +256,7 @@ class Supervisor:
         others = self._outside_group(job, []) + self._left_behind(job)
         # A new process that holds the job's pid means the job's group emptied and its id was given anew: the
         # group of that id is someone else's (a user's `setsid` landed there 10 s after a job ended, and was killed).
-        ours = proc_starttime(job.pid) in (None, job.starttime)
+        ours = job.managed and proc_starttime(job.pid) in (None, job.starttime)
         for sig in sigs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 if ours:

@@ -461,3 +461,36 @@ def test_a_process_of_another_user_in_the_tree_does_not_end_the_signalling_of_th
         parent.kill()
         parent.wait()
         _kill_all(children)
+
+
+def test_what_a_gmux_launch_job_left_outside_its_shells_group_ends_with_it(node_factory, tmp_path):
+    """A review: the launcher of a job run from a terminal listed what the job left running outside its group (a
+    server in a session of its own, a double-forked daemon that cleared its environment), and gmuxd never read
+    the list: they ran on, outside time-slicing, after the job's end. The terminal's group itself (a pipeline's
+    other commands) is the shell's, and is left alone."""
+    import subprocess
+
+    from gmux_testkit import PY, ROOT, env
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    script = tmp_path / "escaper.py"
+    script.write_text(ESCAPER)
+    pidfile = tmp_path / "pids"
+    sibling = subprocess.Popen([PY, "-c", "import time; time.sleep(600)"], process_group=0)
+    escaped = []
+    try:            # the launcher joins the sibling's group, as a pipeline's second command joins the first's
+        launcher = subprocess.Popen([PY, "-m", "gmux.cli.launch", "--runtime-dir", node.rt, "--name", "fg", "--",
+                                     "python", str(script), str(pidfile), "1", "clear"], cwd=ROOT, env=env(),
+                                    process_group=sibling.pid)
+        node.wait_for(lambda: pidfile.exists(), 60, "the job's escaped processes to start")
+        escaped = [int(p) for p in pidfile.read_text().split()]
+        assert launcher.wait(60) == 0
+        node.wait_for(lambda: next(j for j in node.ps()["jobs"] if j["name"] == "fg")["state"] == "exited", 30,
+                      "the job to end")
+        for p in escaped:
+            node.wait_for(lambda: not _alive(p), 15, f"escaped process {p} to end with the job")
+        time.sleep(0.5)
+        assert sibling.poll() is None, "the shell's group was signalled"
+    finally:
+        _kill_all(escaped)
+        sibling.kill()
+        sibling.wait()
