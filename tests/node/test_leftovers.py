@@ -1,5 +1,6 @@
 """What a submitted job started ends with it: a child it forked and left, or one running when it is killed, also
 one that left the job's process group."""
+import contextlib
 import time
 
 import pytest
@@ -346,18 +347,17 @@ def test_what_an_exit_record_says_was_left_is_ended_only_where_it_is_still_the_j
             p.wait()
 
 
-def test_a_continue_leaves_stopped_what_someone_else_stopped_meanwhile(tmp_path):
-    """Ctrl-Z (SIGTSTP to the job's group) while gmuxd held the job stopped: the group stays stopped when gmuxd
-    continues the job, and the job's server in a session of its own, which no Ctrl-Z reached, goes on."""
+@contextlib.contextmanager
+def _stopped_escaper(tmp_path):
+    """A job of ESCAPER's (a group of its own, a server in a session of its own, a double-forked daemon) that a
+    Supervisor has stopped whole: (the supervisor, the job, its process, the escaped processes' pids)."""
     import os
-    import signal
     import subprocess
     import sys
 
     from gmux.node.jobs import Job
     from gmux.node.supervisor import Supervisor
     from gmux.rundir import RuntimeDir, proc_starttime
-    rt = RuntimeDir(str(tmp_path / "rt"))
     pidfile = tmp_path / "pids"
     leader = subprocess.Popen([sys.executable, "-c", ESCAPER, str(pidfile), "600"], start_new_session=True,
                               env={**os.environ, "GMUX_JOB_TOKEN": "mine"})
@@ -367,22 +367,31 @@ def test_a_continue_leaves_stopped_what_someone_else_stopped_meanwhile(tmp_path)
         escaped = [int(p) for p in pidfile.read_text().split()]
         job = Job("j1", "mine", "", ["python", "escaper.py"], pid=leader.pid,
                   starttime=proc_starttime(leader.pid), managed=True)
-        sup = Supervisor(rt)
+        sup = Supervisor(RuntimeDir(str(tmp_path / "rt")))
         assert sup.stop(job)
         for p in [leader.pid, *escaped]:
             _wait(lambda: proc_state(p) == "T", f"process {p} of the job to be stopped")
-        os.killpg(leader.pid, signal.SIGTSTP)          # the user's Ctrl-Z, to the job's group
-        assert sup.cont(job)
-        for p in escaped:
-            _wait(lambda: proc_state(p) not in ("T", ""), f"escaped process {p} to go on")
-        time.sleep(0.3)
-        assert proc_state(leader.pid) == "T"
-        os.killpg(leader.pid, signal.SIGCONT)          # the user's fg
-        _wait(lambda: proc_state(leader.pid) not in ("T", ""), "the job to go on once its user continued it")
+        yield sup, job, leader.pid, escaped
     finally:
         leader.kill()
         leader.wait()
         _kill_all(escaped)
+
+
+def test_a_continue_leaves_stopped_what_someone_else_stopped_meanwhile(tmp_path):
+    """Ctrl-Z (SIGTSTP to the job's group) while gmuxd held the job stopped: the group stays stopped when gmuxd
+    continues the job, and the job's server in a session of its own, which no Ctrl-Z reached, goes on."""
+    import os
+    import signal
+    with _stopped_escaper(tmp_path) as (sup, job, leader, escaped):
+        os.killpg(leader, signal.SIGTSTP)          # the user's Ctrl-Z, to the job's group
+        assert sup.cont(job)
+        for p in escaped:
+            _wait(lambda: proc_state(p) not in ("T", ""), f"escaped process {p} to go on")
+        time.sleep(0.3)
+        assert proc_state(leader) == "T"
+        os.killpg(leader, signal.SIGCONT)          # the user's fg
+        _wait(lambda: proc_state(leader) not in ("T", ""), "the job to go on once its user continued it")
 
 
 def test_a_job_continued_in_part_and_stopped_again_is_continued_whole_at_its_turn(tmp_path):
@@ -391,37 +400,14 @@ def test_a_job_continued_in_part_and_stopped_again_is_continued_whole_at_its_tur
     job's turn for its user's stop: the server stayed stopped for ever."""
     import os
     import signal
-    import subprocess
-    import sys
-
-    from gmux.node.jobs import Job
-    from gmux.node.supervisor import Supervisor
-    from gmux.rundir import RuntimeDir, proc_starttime
-    rt = RuntimeDir(str(tmp_path / "rt"))
-    pidfile = tmp_path / "pids"
-    leader = subprocess.Popen([sys.executable, "-c", ESCAPER, str(pidfile), "600"], start_new_session=True,
-                              env={**os.environ, "GMUX_JOB_TOKEN": "mine"})
-    escaped = []
-    try:
-        _wait(lambda: pidfile.exists(), "the job's processes to start")
-        escaped = [int(p) for p in pidfile.read_text().split()]
-        job = Job("j1", "mine", "", ["python", "escaper.py"], pid=leader.pid,
-                  starttime=proc_starttime(leader.pid), managed=True)
-        sup = Supervisor(rt)
-        assert sup.stop(job)
-        for p in [leader.pid, *escaped]:
-            _wait(lambda: proc_state(p) == "T", f"process {p} of the job to be stopped")
-        os.killpg(leader.pid, signal.SIGCONT)          # the user's fg: their group only
+    with _stopped_escaper(tmp_path) as (sup, job, leader, escaped):
+        os.killpg(leader, signal.SIGCONT)          # the user's fg: their group only
         _wait(lambda: sup.running(job), "the job's process to go on")
-        assert sup.stop(job, again=True)                # (what check_frozen does)
-        _wait(lambda: proc_state(leader.pid) == "T", "the job's process stopped again")
-        assert sup.cont(job)                            # its turn
-        for p in [leader.pid, *escaped]:
+        assert sup.stop(job, again=True)           # (what check_frozen does)
+        _wait(lambda: proc_state(leader) == "T", "the job's process stopped again")
+        assert sup.cont(job)                       # its turn
+        for p in [leader, *escaped]:
             _wait(lambda: proc_state(p) not in ("T", ""), f"process {p} of the job to go on at its turn")
-    finally:
-        leader.kill()
-        leader.wait()
-        _kill_all(escaped)
 
 
 def test_a_process_of_another_user_in_the_tree_does_not_end_the_signalling_of_the_rest(tmp_path, monkeypatch):
