@@ -200,13 +200,14 @@ class Supervisor:
         (a server it started with setsid, a shell's job control), and processes that began with the job's marks in
         their environment, which an orphan keeps when its parent is gone (a daemon the job double-forked; any
         process once the job's own has exited). Under a system daemon, only those still the job's user's (a
-        setuid program the job ran: its user could not signal it either)."""
+        setuid program the job ran: its user could not signal it either). Never gmuxd itself (started, say, from
+        a shell within a job, with its marks)."""
         marks = {f"GMUX_JOB_TOKEN={job.token}".encode()} if job.token else set()
         found = []
         uid = job.uid if self.system else os.getuid()
         for pid in set(candidates) | set(_marked(marks, job.id, self.rundir.root, uid)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                if pid != job.pid and os.getpgid(pid) != job.pid and \
+                if pid not in (job.pid, os.getpid()) and os.getpgid(pid) != job.pid and \
                         (not self.system or _real_uid(pid) == job.uid):
                     found.append(pid)
         return sorted(found)

@@ -480,3 +480,24 @@ def test_what_a_gmux_launch_job_left_outside_its_shells_group_ends_with_it(node_
         _kill_all(escaped)
         sibling.kill()
         sibling.wait()
+
+
+def test_gmuxd_never_signals_itself_when_it_carries_a_jobs_marks(tmp_path):
+    """A gmuxd started from a shell inside a job carries that job's marks (GMUX_JOB_ID, GMUX_RUNTIME_DIR) in its
+    starting environment: killing the job killed gmuxd too."""
+    import os
+    import subprocess
+    import sys
+    rt = str(tmp_path / "rt")
+    daemon = f"""import subprocess, sys
+from gmux.node.jobs import Job
+from gmux.node.supervisor import Supervisor
+from gmux.rundir import RuntimeDir, proc_starttime
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+job = Job("j1", "tok", "", ["python", "t.py"], pid=child.pid, starttime=proc_starttime(child.pid), managed=True)
+assert Supervisor(RuntimeDir({rt!r})).kill(job)
+print("returncode", child.wait(), flush=True)
+"""
+    out = subprocess.run([sys.executable, "-c", daemon], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "GMUX_JOB_ID": "j1", "GMUX_RUNTIME_DIR": rt})
+    assert out.returncode == 0 and "returncode -9" in out.stdout, (out.returncode, out.stdout, out.stderr)
