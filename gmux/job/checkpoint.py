@@ -111,11 +111,31 @@ def _split(obj, tensors: list, zeros: list):
                                   f"the boundary where the job may move")
         tensors.append(obj)
         return TensorRef(len(tensors) - 1)
-    if isinstance(obj, dict):
-        return type(obj)((k, _split(v, tensors, zeros)) for k, v in obj.items())
+    if type(obj) in (dict, collections.OrderedDict, collections.Counter):     # (Counter: MultiStepLR's milestones)
+        return type(obj)({k: _split(v, tensors, zeros) for k, v in obj.items()})
     if type(obj) in (list, tuple):
         return type(obj)(_split(v, tensors, zeros) for v in obj)
     return obj
+
+
+_STORABLE = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.Tensor, Zeros, TensorRef, set,
+             frozenset, np.float64, np.int64, np.bool_)
+
+
+def _unstorable(obj, where: str = "") -> str:
+    """Where in a snapshot the first value lies that no checkpoint holds (e.g. "schedulers[0]['milestones']"),
+    for the refusal to name it: only asked once writing has failed."""
+    if type(obj) in (dict, collections.OrderedDict, collections.Counter):
+        items = obj.items()
+    elif type(obj) in (list, tuple):
+        items = enumerate(obj)
+    else:
+        return "" if isinstance(obj, _STORABLE) else where or "(the whole state)"
+    for k, v in items:
+        found = _unstorable(v, f"{where}[{k!r}]" if where or not isinstance(k, str) else k)
+        if found:
+            return found
+    return ""
 
 
 def host_bytes(t: torch.Tensor) -> memoryview:
@@ -143,8 +163,11 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
     try:
         _load_skeleton(skeleton)
     except _skeleton.SkeletonError as e:
-        raise CheckpointError("(being written)", f"the job's state holds a value gmux cannot store: {e}. "
-                              "Keep state= to numbers, strings, bytes, lists, tuples, dicts and tensors") from None
+        where = _unstorable(snapshot)
+        raise CheckpointError("(being written)", f"the job's state holds a value gmux cannot store"
+                              f"{f' (at {where})' if where else ''}: {e}. A checkpoint holds numbers, strings, "
+                              f"bytes, lists, tuples, dicts, sets and tensors"
+                              + ("; keep state= to those" if where.startswith("state") else "")) from None
     table = [[str(t.dtype).removeprefix("torch."), list(t.shape), t.numel() * t.element_size()] for t in tensors]
     for (dtype, *_), t in zip(table, tensors):
         if dtype not in DTYPES:
@@ -203,7 +226,8 @@ def _make_ref(state) -> TensorRef:
     return TensorRef(state["index"])
 
 
-_ALLOWED = {("collections", "OrderedDict"): collections.OrderedDict, ("builtins", "set"): set,
+_ALLOWED = {("collections", "OrderedDict"): collections.OrderedDict, ("collections", "Counter"): collections.Counter,
+            ("builtins", "set"): set,
             ("builtins", "frozenset"): frozenset, ("builtins", "complex"): complex,
             ("builtins", "bytearray"): bytearray, ("gmux.job.checkpoint", "TensorRef"): _make_ref}
 
@@ -493,8 +517,8 @@ def _each_referred_once(skeleton, count: int, origin: str) -> None:
 def _join(obj, tensors: list, origin: str):
     if isinstance(obj, TensorRef):
         return tensors[obj.index]                     # in range: _each_referred_once
-    if isinstance(obj, dict):
-        return type(obj)((k, _join(v, tensors, origin)) for k, v in obj.items())
+    if isinstance(obj, dict):      # dict, OrderedDict or Counter (the decoder builds no other): from a mapping
+        return type(obj)({k: _join(v, tensors, origin) for k, v in obj.items()})
     if isinstance(obj, (list, tuple)):
         return type(obj)(_join(v, tensors, origin) for v in obj)
     return obj

@@ -14,7 +14,7 @@ opcodes (each opcode takes at least a byte, so a skeleton under MAX_VALUES bytes
 about 1 us an opcode, the worst case (a skeleton of 16 MiB or more) is refused within seconds.
 
 What gmux writes (pickle protocol 5 of dicts, lists, tuples, sets, str, bytes, numbers, None, OrderedDict,
-complex and TensorRef) decodes to the same value as pickle.loads; protocol 2-4 files of the same values too.
+Counter, complex and TensorRef) decodes to the same value as pickle.loads; protocol 2-4 files of the same values too.
 """
 from __future__ import annotations
 
@@ -301,6 +301,9 @@ def _reduce(d: _Decoder):
     elif ctor in (set, frozenset):
         if not (len(args.obj) <= 1 and all(type(a) in (list, tuple) for a in args.obj)):
             raise SkeletonError("a set built from something other than a list")
+    elif ctor is collections.Counter:  # (MultiStepLR's milestones): Counter(a dict), as pickle writes it
+        if not (len(args.obj) == 1 and type(args.obj[0]) is dict):
+            raise SkeletonError("a Counter built from something other than a dict")
     elif ctor is bytearray:            # protocols 3-4 write bytearray(b"..."); never bytearray(n), an allocation
         if not (len(args.obj) == 1 and type(args.obj[0]) is bytes):
             raise SkeletonError("a bytearray built from something other than bytes")
