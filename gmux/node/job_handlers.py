@@ -269,10 +269,12 @@ class JobHandlers:
                 node.leave_gpu(job, now)
                 job.state, job.migrations, job.host_bytes, job.disk_bytes = "migrating", job.migrations + 1, 0, 0
                 node.store.save(job)
-            elif job.target_gpu == job.gpu:
+            else:
                 # A spill by checkpoint and exit that failed (a full disk): the job stays suspended here, in host
-                # memory; asked again, it would write the same bytes to fail again.
-                job.spill_refused, job.target_gpu = True, None
+                # memory; asked again, it would write the same bytes to fail again. A move the job refused (a
+                # state no checkpoint holds: a sparse gradient) leaves it running here, free to be moved later.
+                job.spill_refused = job.spill_refused or job.target_gpu == job.gpu
+                job.target_gpu = None
         node.show_states()     # the requester's next question may come before the next tick (a held job: "held")
         return None
 

@@ -198,3 +198,22 @@ def test_a_spilled_jobs_state_on_disk_is_shown_and_its_last_report_outlives_a_re
     (go,) = commands(d, b"a")
     ack(d, b"a", a, go, state="running")
     assert (job.host_bytes, job.disk_bytes) == (0, 0)
+
+
+def test_a_move_the_job_refused_leaves_it_free_to_be_moved_again(daemon_factory):
+    """An outside tester: a job that refused a move to a new process (a sparse gradient at the boundary) ran on
+    where it was, but gmuxd kept it 'on its way to GPU 1' and refused every later move, in its process too."""
+    d = daemon_factory((GiB, GiB))
+    a = started(d, b"a", migratable=True)
+    job = d.jobs[a["job"]]
+    assert ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1, new_process=True) is None     # (answered later)
+    (move,) = commands(d, b"a")
+    assert move["kind"] == "migrate" and move["args"]["gpu"] == 1, move
+    why = "the job holds a sparse_coo tensor: checkpoints hold dense tensors only"
+    ack(d, b"a", a, move, ok=False, error=why, state="running")
+    assert (job.gpu, job.target_gpu, job.spill_refused) == (0, None, False), job
+    assert why in job.detail
+    tick(d)
+    again = ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1, new_process=True)
+    assert again is None, again               # asked again: sent again, not refused as a move under way
+    assert [c["kind"] for c in commands(d, b"a")] == ["migrate"]
