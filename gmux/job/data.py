@@ -14,8 +14,9 @@ job.epochs entered the epoch: a restore puts them back there when job.epochs re-
 the same again, and the replay ends with the streams where the checkpoint left them.
 
 One loader per epoch marks the boundaries (batches()); others read while it is, or after it, are read beside it
-(validation, zip). A checkpoint is taken only while the epoch's loader is being read: a new process resumes
-inside it; a move asked for later in the epoch waits for the next one's (Job.boundary).
+(validation, zip). A checkpoint is taken only while the epoch's loader is being read and has batches left (where
+it says how many): a new process resumes inside it; a move asked for later in the epoch waits for the next one's
+(Job.boundary).
 
 Limits, stated where users look: a loader whose persistent_workers were started in an earlier epoch carries
 their seed and random state from then, which a new process cannot give new workers: a move is refused in such an
@@ -68,6 +69,7 @@ class DataPosition:
     # other loaders under way, and how many of those were started after the epoch's loader had ended.
     loader: Any = None
     current: Optional["Reading"] = None
+    ends_at: Optional[int] = None       # the epoch loader's length, where it has one: its batches this epoch
     others: list = field(default_factory=list)
     aside: int = 0
 
@@ -84,8 +86,14 @@ class DataPosition:
                    list(d.get("beside") or []), replay=d["index"] > 0,
                    reused_workers=bool(d.get("reused_workers", False)))
 
+    def at_end(self) -> bool:
+        """Whether the epoch's loader has given its last batch (where its length is known). A new process
+        could not resume there: it would replay the whole epoch and run none of the loop's body, so what the
+        script does after the loop with the loop's variables (the epoch's last loss) would find none."""
+        return self.ends_at is not None and self.index >= self.ends_at
+
     def start_epoch(self) -> None:
-        self.index, self.replay, self.loader, self.current = 0, False, None, None
+        self.index, self.replay, self.loader, self.current, self.ends_at = 0, False, None, None, None
         self.beside, self.others, self.aside = [], [], 0
 
 
@@ -194,6 +202,16 @@ def epochs(position: DataPosition, count: int, tracked) -> Iterator[int]:
         position.start_epoch()
 
 
+def length(loader) -> Optional[int]:
+    """How many batches an epoch of `loader` gives, where it says (a DataLoader, a list, a progress bar); None
+    where it cannot (a generator, an IterableDataset's loader without __len__)."""
+    try:
+        n = len(loader)
+    except Exception:       # (TypeError for most; a dataset's own __len__ may raise anything)
+        return None
+    return n if isinstance(n, int) and n >= 0 else None
+
+
 def unwrapped(loader):
     """The loader inside a progress bar (tqdm's `.iterable`), whose identity is the epoch loader's."""
     return loader.iterable if type(loader).__name__ == "tqdm" else loader
@@ -218,7 +236,7 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
         return
     # The epoch's loader: first read, or made again while an earlier pass over it is left unfinished (a loop by
     # steps that broke out of it), which this one replaces.
-    position.loader, position.current = inner, reading
+    position.loader, position.current, position.ends_at = inner, reading, length(loader)
     generators = loader_generators(inner)
     skip_mark = position.replay
     if position.replay:
@@ -251,7 +269,7 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
         while True:
             # (a restored job resumes just after the boundary its checkpoint was taken at: not marked twice)
             if position.index and not skip_mark:
-                before_fetch(True)
+                before_fetch(not position.at_end())
             skip_mark = False
             try:
                 batch = next(it)

@@ -107,13 +107,14 @@ class Job:
     def boundary(self) -> None:
         """Marks the end of a mini-batch. With nothing pending: a timestamp and a non-blocking poll. Called inside
         a job.data loop, the script marks its boundaries from then on (job.data's fetches are not: gradient
-        accumulation). Once the epoch's loader has ended (after the loop, in a validation through job.data), a
-        move asked for waits for that loader's next boundary: a new process could not resume there (it would run
-        again what came between the loop and here)."""
+        accumulation). Once the epoch's loader has ended or given its last batch (after the loop, in a validation
+        through job.data), a move asked for waits for that loader's next boundary: a new process could not resume
+        there (it would run again what came between the loop and here, or find none of the loop's variables)."""
         position = self.position
         if position.current is not None:
             position.marked_by_script = True
-        self._boundary(movable=position.loader is None or (position.current is not None and not position.aside))
+        self._boundary(movable=position.loader is None or (position.current is not None and not position.aside
+                                                             and not position.at_end()))
 
     def _boundary(self, movable: bool = True) -> None:
         now = time.perf_counter()

@@ -14,7 +14,9 @@ modes:
   map          job.data(map(to_device, loader)), the same (map has made the loader's iterator already);
   epoch-end    StepLR stepped after each epoch's loop, then job.boundary(): the move is asked for there (it waits
                for the next epoch's first boundary);
-  steps        no job.epochs: job.data made again whenever it ends, a sampler shuffling with numpy, a step budget.
+  steps        no job.epochs: job.data made again whenever it ends, a sampler shuffling with numpy, a step budget;
+  last-batch   the loop's last loss kept after each epoch's loop (a loop variable the script reads after the loop):
+               a move asked for at an epoch's last batch waits for the next epoch's first boundary.
 """
 import argparse
 import sys
@@ -51,7 +53,7 @@ def main() -> int:
     p.add_argument("out")
     p.add_argument("--mode", required=True,
                    choices=["validate", "made-early", "eval-inside", "zip", "zip-global", "tqdm", "map", "epoch-end",
-                            "steps"])
+                            "steps", "last-batch"])
     p.add_argument("--migrate-at", type=int)
     p.add_argument("--checkpoint")
     p.add_argument("--restore")
@@ -81,10 +83,12 @@ def main() -> int:
 
     def step(x, y):
         opt.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
         opt.step()
         job.state["step"] += 1
         ask("step")
+        return loss
 
     def evaluate(batches=None):
         with torch.no_grad():       # dropout stays on: evaluation draws from torch's stream too
@@ -115,9 +119,11 @@ def main() -> int:
                 step(x, y)
         else:
             for x, y in job.data(train):
-                step(x, y)
+                loss = step(x, y)
                 if a.mode == "eval-inside" and job.state["step"] % 3 == 0:
                     evaluate()
+            if a.mode == "last-batch":
+                job.state["val"].append(float(loss))
         if a.mode == "validate":
             evaluate()
             job.boundary()
