@@ -229,7 +229,8 @@ def test_persistent_workers_that_draw_nothing_move_in_any_epoch(tmp, bar):
 
 @pytest.mark.parametrize("mode, steps", [("validate", (5, 10)), ("made-early", (3, 7)), ("eval-inside", (3, 7)),
                                          ("zip", (2, 5)), ("zip-global", (2, 4)), ("tqdm", (3, 7)), ("map", (3, 7)),
-                                         ("epoch-end", (5, 8)), ("steps", (3, 13)), ("last-batch", (5, 10))])
+                                         ("epoch-end", (5, 8)), ("steps", (3, 13)), ("last-batch", (5, 10)),
+                                         ("stream", (5, 7, 10))])
 def test_loops_beyond_one_loader_per_epoch_move_exactly(mode, steps, tmp):
     """Validation through job.data after training or inside it (or made before the loop), two loaders zipped, a
     loader inside a progress bar or map(), a boundary after the epoch's scheduler step, a loop by steps without

@@ -394,7 +394,8 @@ def test_a_move_of_an_epoch_counted_by_enumerate_is_answered_with_a_warning(tmp)
 def test_a_loader_read_after_the_epochs_own_has_boundaries_but_a_move_waits_for_the_next_epoch(tmp):
     """Validation through job.data: its fetches are boundaries (a suspend there is fine), but a checkpoint there
     could not be resumed (a new process would train the epoch's rest again), so a move asked for during it is
-    carried out at the training loader's next boundary; job.enumerate over it counts its own batches."""
+    carried out once the training loader has fetched its next batch, before the script is given it;
+    job.enumerate over it counts its own batches."""
     from gmux.job.job import JobExit
     train, val = [torch.full((2, 2), float(k)) for k in range(4)], [torch.zeros(2, 2) for _ in range(3)]
     job = gj.attach(nn.Linear(2, 1))
@@ -410,8 +411,9 @@ def test_a_loader_read_after_the_epochs_own_has_boundaries_but_a_move_waits_for_
     except JobExit:
         at_move = (job.position.epoch, job.position.index)
     assert [s for s in seen if s[0] == "val"] == [("val", 0, 0), ("val", 0, 1), ("val", 0, 2)]
-    assert at_move == (1, 1) and os.path.exists(os.path.join(tmp, "m.ckpt"))   # before epoch 1's second fetch
-    assert job.profile.steps == 4 + 3 + 1    # before each fetch after the first (the last finds the end)
+    assert at_move == (1, 1) and os.path.exists(os.path.join(tmp, "m.ckpt"))   # epoch 1's first batch fetched
+    assert job.profile.steps == 4 + 3        # before each fetch after the first (the last finds the end)
+    assert seen[-1] == ("val", 0, 2)         # (and not given to the script)
 
 
 def test_a_checkpoint_on_a_full_disk_says_which_file(tmp_path):

@@ -25,12 +25,11 @@ A move's stream may leave out tensors its reader holds already (gmux.job.holding
 as [row, digest]; no DATA carries them, and the reader takes each from its own tensor with that digest, or
 refuses the stream. Only a move's new process can read such a stream; files never hold one.
 
-A reader checks the metadata first and allocates nothing until it has: the tensor table and the skeleton are
-read and decoded with bounded memory and time, every tensor is referred to exactly once, the caller's `check`
-(Job.restore: gmux.job.restore_check) compares them with the live job, and the table's claimed sizes are
-compared with the bytes the file still holds. Only then are buffers allocated and the data read; the whole
-stream is validated before `read` returns, and nothing is applied to a job until it has.
-"""
+A reader checks the metadata first and allocates nothing until it has: the tensor table and the skeleton are read
+and decoded with bounded memory and time, every tensor is referred to exactly once, the caller's `check`
+(Job.restore: gmux.job.restore_check) compares them with the live job, and the table's claimed sizes are compared
+with the bytes the file still holds. Only then are buffers allocated and the data read; the whole stream is
+validated before `read` returns, and nothing is applied to a job until it has."""
 from __future__ import annotations
 
 import collections
@@ -118,26 +117,6 @@ def _split(obj, tensors: list, zeros: list):
     return obj
 
 
-_STORABLE = (type(None), bool, int, float, complex, str, bytes, bytearray, torch.Tensor, Zeros, TensorRef, set,
-             frozenset, np.float64, np.int64, np.bool_)
-
-
-def _unstorable(obj, where: str = "") -> str:
-    """Where in a snapshot the first value lies that no checkpoint holds (e.g. "schedulers[0]['milestones']"),
-    for the refusal to name it: only asked once writing has failed."""
-    if type(obj) in (dict, collections.OrderedDict, collections.Counter):
-        items = obj.items()
-    elif type(obj) in (list, tuple):
-        items = enumerate(obj)
-    else:
-        return "" if isinstance(obj, _STORABLE) else where or "(the whole state)"
-    for k, v in items:
-        found = _unstorable(v, f"{where}[{k!r}]" if where or not isinstance(k, str) else k)
-        if found:
-            return found
-    return ""
-
-
 def host_bytes(t: torch.Tensor) -> memoryview:
     flat = t.detach().reshape(-1)
     if flat.device.type != "cpu":
@@ -163,11 +142,9 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
     try:
         _load_skeleton(skeleton)
     except _skeleton.SkeletonError as e:
-        where = _unstorable(snapshot)
-        raise CheckpointError("(being written)", f"the job's state holds a value gmux cannot store"
-                              f"{f' (at {where})' if where else ''}: {e}. A checkpoint holds numbers, strings, "
-                              f"bytes, lists, tuples, dicts, sets and tensors"
-                              + ("; keep state= to those" if where.startswith("state") else "")) from None
+        at = _skeleton.unstorable(snapshot, (torch.Tensor, Zeros, TensorRef, np.float64, np.int64, np.bool_))
+        raise CheckpointError("(being written)", f"the job's state holds a value gmux cannot store{at}: {e}. A check"
+                              f"point holds numbers, strings, bytes, lists, tuples, dicts, sets, tensors") from None
     table = [[str(t.dtype).removeprefix("torch."), list(t.shape), t.numel() * t.element_size()] for t in tensors]
     for (dtype, *_), t in zip(table, tensors):
         if dtype not in DTYPES:
@@ -227,8 +204,7 @@ def _make_ref(state) -> TensorRef:
 
 
 _ALLOWED = {("collections", "OrderedDict"): collections.OrderedDict, ("collections", "Counter"): collections.Counter,
-            ("builtins", "set"): set,
-            ("builtins", "frozenset"): frozenset, ("builtins", "complex"): complex,
+            ("builtins", "set"): set, ("builtins", "frozenset"): frozenset, ("builtins", "complex"): complex,
             ("builtins", "bytearray"): bytearray, ("gmux.job.checkpoint", "TensorRef"): _make_ref}
 
 

@@ -64,6 +64,9 @@ class DataPosition:
     at_checkpoint: Optional[dict] = None
     # The epoch's loader kept persistent workers started in an earlier epoch (no seed drawn for them this epoch)
     reused_workers: bool = False
+    # Taken with the epoch loader's last batch counted in `index` fetched, not yet given to the script
+    # (Job._take_held): every random stream just before that fetch, under which a new process fetches it again.
+    fetch_streams: Optional[dict] = None
     unmovable: Optional[str] = None     # why this epoch cannot continue exactly in a new process (a move refuses)
     # The loader that marks the boundaries this epoch, its reading under way (None: none is), the readings of
     # other loaders under way, and how many of those were started after the epoch's loader had ended.
@@ -77,20 +80,27 @@ class DataPosition:
         return {"epoch": self.epoch, "index": self.index, "epoch_rng": self.epoch_rng,
                 "epoch_generator": self.epoch_generator, "marked_by_script": self.marked_by_script,
                 "epoch_streams": self.epoch_streams, "data_streams": self.data_streams,
-                "beside": [r.to_dict() for r in self.others], "reused_workers": self.reused_workers}
+                "beside": [r.to_dict() for r in self.others], "reused_workers": self.reused_workers,
+                "fetch_streams": self.fetch_streams}
 
     @classmethod
     def from_dict(cls, d: dict) -> "DataPosition":
         return cls(int(d["epoch"]), int(d["index"]), d["epoch_rng"], d["epoch_generator"],
                    bool(d["marked_by_script"]), d.get("epoch_streams"), d.get("data_streams"),
                    list(d.get("beside") or []), replay=d["index"] > 0,
-                   reused_workers=bool(d.get("reused_workers", False)))
+                   reused_workers=bool(d.get("reused_workers", False)), fetch_streams=d.get("fetch_streams"))
 
-    def at_end(self) -> bool:
-        """Whether the epoch's loader has given its last batch (where its length is known). A new process
-        could not resume there: it would replay the whole epoch and run none of the loop's body, so what the
-        script does after the loop with the loop's variables (the epoch's last loss) would find none."""
-        return self.ends_at is not None and self.index >= self.ends_at
+    def movable(self) -> bool:
+        """Whether a new process could resume at a boundary now: inside the epoch loader's reading, with a batch
+        still to come. At its last batch (or at any, where the loader has no length to say which is last) a new
+        process would replay the whole epoch and run none of the loop's body, and what the script does after the
+        loop with the loop's variables (the epoch's last loss) would find none: a move waits for the next batch
+        to be fetched (Job._take_held)."""
+        return self.loader is None or (self.current is not None and not self.aside and self.has_next())
+
+    def has_next(self) -> bool:
+        """Whether the epoch's loader says it has a batch left."""
+        return self.ends_at is not None and self.index < self.ends_at
 
     def start_epoch(self) -> None:
         self.index, self.replay, self.loader, self.current, self.ends_at = 0, False, None, None, None
@@ -218,10 +228,14 @@ def unwrapped(loader):
 
 
 def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bool], None], tracked,
-            reading: Reading) -> Iterator[Any]:
+            reading: Reading, move_waits: Callable[[], bool] = lambda: False,
+            take_move: Callable[[], None] = lambda: None) -> Iterator[Any]:
     """One epoch of `loader`, its role decided when it is first read; calls `before_fetch(movable)` before every
-    fetch after the first. `tracked`: the job's TrackedState (its random streams, which a replay draws from);
-    `reading`: where this call stands, for job.enumerate.
+    fetch after the first. Where a move waits for the epoch loader's next batch (`move_waits()`: the last
+    boundary was no place for one), `take_move()` is called once that batch is fetched, before it is given, with
+    the random streams as they were before the fetch in position.fetch_streams. `tracked`: the job's
+    TrackedState (its random streams, which a replay draws from); `reading`: where this call stands, for
+    job.enumerate.
 
     The epoch's loader is the first one read in the epoch (read again, as a loop by steps does, it stays so); a
     loader read while it is (zip(job.data(a), job.data(b)), an evaluation inside the loop) or another one after
@@ -238,7 +252,7 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
     # steps that broke out of it), which this one replaces.
     position.loader, position.current, position.ends_at = inner, reading, length(loader)
     generators = loader_generators(inner)
-    skip_mark = position.replay
+    skip_mark, ahead = position.replay, None
     if position.replay:
         # The streams are as the checkpoint left them (it holds them), or job.epochs kept them so while the
         # script drew its epoch's start again: the replay's draws are put back. The loader's generators (its
@@ -253,9 +267,14 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
             torch.set_rng_state(position.epoch_rng)
         # workers the first process had started an epoch before: their seed was not drawn at this epoch's start
         apart = inner if position.reused_workers else None
-        it = _fast_forward(loader, position.index, tracked, position.data_streams, zip(generators, states), back,
-                           seeded_apart=apart)
-        position.replay, position.at_checkpoint = False, None
+        # Taken just after a fetch (fetch_streams): replayed to the batch before it, and that batch fetched again
+        # as it was first, under the streams it was fetched under, not given twice.
+        ahead = position.fetch_streams
+        if ahead is not None:
+            position.index -= 1
+        it = _fast_forward(loader, position.index, tracked, position.data_streams, zip(generators, states),
+                           back if ahead is None else ahead, seeded_apart=apart)
+        position.replay, position.at_checkpoint, position.fetch_streams = False, None, None
         reading.index = reading.restored_at = position.index
     else:
         position.index = 0
@@ -269,14 +288,25 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
         while True:
             # (a restored job resumes just after the boundary its checkpoint was taken at: not marked twice)
             if position.index and not skip_mark:
-                before_fetch(not position.at_end())
-            skip_mark = False
+                before_fetch(position.has_next())
+            replayed, skip_mark = skip_mark, False
+            waiting = not replayed and move_waits()
+            before = tracked.streams() if waiting else None
             try:
                 batch = next(it)
             except StopIteration:
                 return
             position.index += 1
             reading.index = position.index
+            if ahead is not None:
+                tracked.set_streams(back)       # (as the checkpoint has them: where that fetch left them)
+                ahead = None
+            if waiting:
+                position.fetch_streams = before
+                try:
+                    take_move()
+                finally:
+                    position.fetch_streams = None
             yield batch
     finally:
         if position.current is reading:

@@ -107,14 +107,14 @@ class Job:
     def boundary(self) -> None:
         """Marks the end of a mini-batch. With nothing pending: a timestamp and a non-blocking poll. Called inside
         a job.data loop, the script marks its boundaries from then on (job.data's fetches are not: gradient
-        accumulation). Once the epoch's loader has ended or given its last batch (after the loop, in a validation
-        through job.data), a move asked for waits for that loader's next boundary: a new process could not resume
-        there (it would run again what came between the loop and here, or find none of the loop's variables)."""
+        accumulation). Where a new process could not resume (the epoch's last batch, or any where its loader has no
+        length; after the loop, in a validation through job.data: it would run again what came between the loop
+        and here, or find none of the loop's variables), a move asked for waits for the epoch loader's next
+        fetch (_take_held)."""
         position = self.position
         if position.current is not None:
             position.marked_by_script = True
-        self._boundary(movable=position.loader is None or (position.current is not None and not position.aside
-                                                             and not position.at_end()))
+        self._boundary(movable=position.movable())
 
     def _boundary(self, movable: bool = True) -> None:
         now = time.perf_counter()
@@ -146,7 +146,16 @@ class Job:
         """One epoch of `loader`, with its position tracked; marks a boundary before each fetch unless the
         script marks them itself."""
         reading = Reading()
-        return Epoch(batches(self.position, loader, self._boundary_from_iterator, self.tracked, reading), reading)
+        return Epoch(batches(self.position, loader, self._boundary_from_iterator, self.tracked, reading,
+                             lambda: self._held is not None, self._take_held), reading)
+
+    def _take_held(self) -> None:
+        """The epoch loader's next batch is fetched, not yet given to the script: a move held at a boundary no new
+        process could resume from (the epoch's last batch, any batch of a loader with no length, after the
+        loop) is taken here, where the epoch has a batch left. A new process replays the epoch to the batch
+        before and fetches this one again, under the random streams it was first fetched under."""
+        command, self._held = self._held, None
+        self._carry_out(command)
 
     def enumerate(self, loader: Iterable) -> Iterator[tuple[int, Any]]:
         """`for i, batch in job.enumerate(loader)`: job.data with each batch's index in its epoch, which goes on

@@ -355,7 +355,7 @@ class Fit:
         if not isinstance(pos, dict):
             self.fail(f"'position': {describe(pos)}, the job has a dict")
         live = self.job.position.to_dict()
-        for key in ("epoch_streams", "data_streams", "beside", "reused_workers"):
+        for key in ("epoch_streams", "data_streams", "beside", "reused_workers", "fetch_streams"):
             if key not in pos:      # (written before it existed)
                 live.pop(key)
         self.keys(pos, live, "'position'")
@@ -373,9 +373,11 @@ class Fit:
             self.tensor(pos["epoch_rng"], "uint8", rng_shape, "position 'epoch_rng'")
         for state in generator_states(pos["epoch_generator"]):
             self.generator_row(state, "position 'epoch_generator'", rng_shape)
-        for key in ("epoch_streams", "data_streams"):
+        for key in ("epoch_streams", "data_streams", "fetch_streams"):
             if pos.get(key) is not None:
                 self.streams_layout(pos[key], f"position '{key}'")
+        if pos.get("fetch_streams") is not None and pos["index"] < 1:
+            self.fail("position 'fetch_streams': the checkpoint says it was taken after a fetch, at no batch")
         beside = pos.get("beside", [])
         if not isinstance(beside, list) or len(beside) > 64:
             self.fail(f"position 'beside': {describe(beside)}, the job has a list of loaders read beside its own")
@@ -410,7 +412,7 @@ class Fit:
         for state in generator_states(snap["position"]["epoch_generator"]):
             self.generator(state, "position 'epoch_generator'")
         pos = snap["position"]
-        for key in ("epoch_streams", "data_streams"):
+        for key in ("epoch_streams", "data_streams", "fetch_streams"):
             if pos.get(key) is not None:
                 self.streams(pos[key]["rng"], pos[key]["generators"], f"position '{key}' ")
         for i, reading in enumerate(pos.get("beside", [])):

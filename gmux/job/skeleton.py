@@ -57,6 +57,31 @@ def decode(data: bytes, make_ref: Callable[[object], object], allowed: dict, bud
                             f"{str(e)[:200]})") from None
 
 
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, bytearray, set, frozenset)
+
+
+def unstorable(obj, leaves: tuple) -> str:
+    """Where in a value the first one lies that no skeleton holds, as a refusal says it (" (at
+    schedulers[0]['milestones'])"), `leaves` being the writer's own (its tensors, references): asked once a write
+    failed. '' where none lies anywhere (the value is too deep or too large)."""
+    where = _unstorable(obj, leaves, "")
+    return f" (at {where})" if where else ""
+
+
+def _unstorable(obj, leaves: tuple, where: str) -> str:
+    if type(obj) in (dict, collections.OrderedDict, collections.Counter):
+        items = obj.items()
+    elif type(obj) in (list, tuple):
+        items = enumerate(obj)
+    else:
+        return "" if isinstance(obj, _PLAIN + leaves) else where or "(the whole value)"
+    for k, v in items:
+        found = _unstorable(v, leaves, f"{where}[{k!r}]" if where or not isinstance(k, str) else k)
+        if found:
+            return found
+    return ""
+
+
 class _Decoder:
     def __init__(self, data, make_ref, allowed, budget):
         self.data, self.at = data, 0

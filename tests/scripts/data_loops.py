@@ -16,7 +16,9 @@ modes:
                for the next epoch's first boundary);
   steps        no job.epochs: job.data made again whenever it ends, a sampler shuffling with numpy, a step budget;
   last-batch   the loop's last loss kept after each epoch's loop (a loop variable the script reads after the loop):
-               a move asked for at an epoch's last batch waits for the next epoch's first boundary.
+               a move asked for at an epoch's last batch waits for the next epoch's first fetch;
+  stream       the same over an IterableDataset with no length that draws noise as it is read: no boundary says
+               which batch is last, so every move waits for the next fetch, and is taken before that batch is given.
 """
 import argparse
 import sys
@@ -39,6 +41,16 @@ class NumpyShuffled(torch.utils.data.Sampler):
         return iter(np.random.permutation(self.n).tolist())
 
 
+class Noisy(torch.utils.data.IterableDataset):
+    """Five batches' rows with noise drawn from torch's stream as they are read; no __len__."""
+    def __init__(self, data):
+        self.data = data
+
+    def __iter__(self):
+        for x, y in self.data:
+            yield x + 0.01 * torch.randn(6), y
+
+
 def loader(seed: int, n: int = 40, shuffle: bool = True, **kw):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 6, generator=g)
@@ -53,7 +65,7 @@ def main() -> int:
     p.add_argument("out")
     p.add_argument("--mode", required=True,
                    choices=["validate", "made-early", "eval-inside", "zip", "zip-global", "tqdm", "map", "epoch-end",
-                            "steps", "last-batch"])
+                            "steps", "last-batch", "stream"])
     p.add_argument("--migrate-at", type=int)
     p.add_argument("--checkpoint")
     p.add_argument("--restore")
@@ -66,6 +78,8 @@ def main() -> int:
     # (a validation loader shuffled by a generator of its own would need it attached: gmux sees its state only
     # while it is read)
     train, other = loader(1), loader(2, 24, shuffle=a.mode == "zip")
+    if a.mode == "stream":
+        train = torch.utils.data.DataLoader(Noisy(train.dataset), batch_size=8)
     if a.mode == "zip-global":
         data = train.dataset
         train = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
@@ -122,7 +136,7 @@ def main() -> int:
                 loss = step(x, y)
                 if a.mode == "eval-inside" and job.state["step"] % 3 == 0:
                     evaluate()
-            if a.mode == "last-batch":
+            if a.mode in ("last-batch", "stream"):
                 job.state["val"].append(float(loss))
         if a.mode == "validate":
             evaluate()
