@@ -307,9 +307,10 @@ class Daemon:
                 self.seat(job, now)
             return {"job": job.id, "gpu": gpu, "moved": "before starting", "path": "before starting"}
         if busy == "resume" and not job.started:
-            raise Busy(f"migrate: {job.id} is starting: it has not reached its first boundary (a script run with "
-                       f"--no-hook reaches one only once it calls gmux.job.attach() and trains; a Hugging Face Trainer "
-                       f"at a step after which it neither evaluates, saves nor stops); try again then")
+            raise Busy(f"migrate: {job.id} is starting: it has not reached its first boundary (the end of its first "
+                       f"mini-batch; a script run with --no-hook reaches one only once it calls gmux.job.attach() and "
+                       f"trains; a Hugging Face Trainer at a step after which it neither evaluates, saves nor stops); "
+                       f"try again then")
         if busy:
             raise Busy(f"migrate: {job.id} is busy with a {busy}; try again in a moment")
         if self.moves.applies(job, gpu, new_process):
