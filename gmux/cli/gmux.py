@@ -39,6 +39,8 @@ def _outcome(cmd: str, data: dict) -> str:
         return f"{jobs}: {data.get('detail') or 'stopped'}"
     if cmd == "suspend" and data.get("kind") == "late":     # no boundary by its deadline, and not stopped
         return f"{jobs}: held, suspended at its next boundary, not yet: {data.get('detail')}"
+    if cmd == "suspend" and data.get("detail"):
+        return f"{jobs}: {data['detail']}"
     if cmd == "suspend":
         return f"{jobs}: {data['state']} (it was not running: it stays suspended until `gmux resume`)"
     if cmd == "resume":

@@ -144,10 +144,11 @@ class AdminHandlers:
             raise Refused(f"suspend: gang {job.gang['id']} has ranks in transparent mode ({', '.join(hooked)}), "
                           f"which cannot agree on a boundary to stop at; run the ranks with --no-hook and "
                           f"gmux.job.gang.GangController to make the gang suspendable")
-        busy = []
+        busy, frozen = [], []
         node.resume_retries.taken_over(unit, resumed=False)
         for m in unit:
             m.held = True
+            node.store.save(m)    # (said held, it stays held through a gmuxd that dies a moment later)
             if m.gpu is None:     # still queued (or parked): nothing runs, and it takes no GPU until resumed
                 m.state = "held"
                 if m.parked_gpus:
@@ -156,12 +157,16 @@ class AdminHandlers:
             slicer = node.slicers[m.gpu]
             slicer.hold(m.id, to_boundary=bool(req.msg.get("to_boundary")), in_place=bool(req.msg.get("in_place")),
                         stop_by=req.msg.get("deadline_s"))
-            if (m.id in slicer.resident and not slicer.is_kept(m.id)) or slicer.busy_with(m.id) == "resume":
+            if slicer.entries[m.id].frozen:
+                frozen.append(m.id)   # stopped from outside: nothing to wait for; once continued, it suspends
+            elif (m.id in slicer.resident and not slicer.is_kept(m.id)) or slicer.busy_with(m.id) == "resume":
                 busy.append(m.id)
         # Waiting before the switch below: it may already settle the request (a job that has not acknowledged
         # its start is stopped at once).
         reply = (node.commands.defer(busy, "suspend", req, job.id) if busy else
-                 {"job": job.id, "state": "held", "latency_s": 0.0, "jobs": [m.id for m in unit]})
+                 {"job": job.id, "state": "held", "latency_s": 0.0, "jobs": [m.id for m in unit],
+                  **({"detail": f"{', '.join(frozen)} stopped from outside gmux (SIGSTOP, Ctrl-Z): held, it suspends "
+                                f"at its next boundary once continued (SIGCONT)"} if frozen else {})})
         # The command leaves now, not after the rest of this batch of messages and the tick's other work: the
         # job sees it at its next boundary, and each boundary missed costs the requester a whole mini-batch.
         for gpu in {m.gpu for m in unit if m.gpu is not None}:
@@ -176,6 +181,8 @@ class AdminHandlers:
         unit = unit_of(node.jobs, job)
         node.resume_retries.taken_over(unit, resumed=True)
         release(node, unit, time.monotonic())
+        for m in unit:
+            node.store.save(m)    # (said runnable, it is not held again by a gmuxd that dies a moment later)
         parked = sorted({g for m in unit for g in m.parked_gpus})     # (every rank's, not the named one's)
         where = (f"runs in its turn on GPU {job.gpu}" if job.gpu is not None else
                  f"takes back GPUs {','.join(map(str, parked))} (given back while suspended) once they are free"

@@ -2,6 +2,8 @@
 cannot spill) stays suspended in host memory, in an in-process gmuxd whose sends are recorded. Found by an
 outside operator's review: an explicit job's spill by checkpoint failing on a full disk was asked for again at
 every tick (660 warnings and 48 decisions in 25 s, each writing tens of MB before failing)."""
+import time
+
 from test_move_in_process import MiB, ack, commands, started, tick
 from node_harness import GiB, ask
 
@@ -217,3 +219,47 @@ def test_a_move_the_job_refused_leaves_it_free_to_be_moved_again(daemon_factory)
     again = ask(d, "migrate", admin=d.admin, job=a["job"], gpu=1, new_process=True)
     assert again is None, again               # asked again: sent again, not refused as a move under way
     assert [c["kind"] for c in commands(d, b"a")] == ["migrate"]
+
+
+def test_a_hold_said_is_kept_by_a_gmuxd_that_dies_a_moment_later(daemon_factory):
+    """An outside user: `gmux suspend` answered "suspended", gmuxd was SIGKILLed within a second (before its next
+    flush of the table), and the next gmuxd re-attached the job running, not held."""
+    d = daemon_factory((GiB,))
+    a = started(d, b"a")
+    ask(d, "suspend", admin=d.admin, job=a["job"])
+    (stop,) = commands(d, b"a")
+    ack(d, b"a", a, stop, state="suspended", bytes=MiB)
+    again = daemon_factory((GiB,), root=d.rundir.root)          # (no flush between: as after a SIGKILL)
+    assert again.jobs[a["job"]].held
+
+
+def test_a_suspend_of_a_job_stopped_from_outside_is_answered_at_once(daemon_factory):
+    """An outside user: `gmux suspend` of a job someone had SIGSTOPped waited 120 s for an acknowledgement, failed
+    asking whether the job was stuck inside a mini-batch, and held the job all the same."""
+    import os
+    import signal
+
+    from gmux.rundir import proc_starttime
+    d = daemon_factory((GiB,))
+    a = started(d, b"a", starttime=proc_starttime(d.stand_in_pid))      # (a process gmuxd can identify)
+    os.kill(d.stand_in_pid, signal.SIGSTOP)
+    try:
+        for _ in range(250):
+            tick(d)
+            if d.slicers[0].entries[a["job"]].frozen:
+                break
+            time.sleep(0.02)
+        assert d.slicers[0].entries[a["job"]].frozen
+        reply = ask(d, "suspend", admin=d.admin, job=a["job"])
+        assert reply is not None and reply["ok"], reply            # answered now, not in 120 s
+        assert reply["data"]["state"] == "held" and "stopped from outside gmux" in reply["data"]["detail"], reply
+    finally:
+        os.kill(d.stand_in_pid, signal.SIGCONT)
+    for _ in range(100):                   # continued: it is held, so it is asked to suspend at its boundary
+        tick(d)
+        if [c["kind"] for c in commands(d, b"a")] == ["suspend"]:
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError(f"no suspend once continued: {d.sent}")
+    assert d.jobs[a["job"]].held
