@@ -110,7 +110,7 @@ def _split(obj, tensors: list, zeros: list):
                                   f"the boundary where the job may move")
         tensors.append(obj)
         return TensorRef(len(tensors) - 1)
-    if type(obj) in (dict, collections.OrderedDict, collections.Counter):     # (Counter: MultiStepLR's milestones)
+    if type(obj) in _skeleton.MAPPINGS:        # (any other dict type is refused, by name, once pickled)
         return type(obj)({k: _split(v, tensors, zeros) for k, v in obj.items()})
     if type(obj) in (list, tuple):
         return type(obj)(_split(v, tensors, zeros) for v in obj)

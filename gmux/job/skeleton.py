@@ -57,6 +57,7 @@ def decode(data: bytes, make_ref: Callable[[object], object], allowed: dict, bud
                             f"{str(e)[:200]})") from None
 
 
+MAPPINGS = (dict, collections.OrderedDict, collections.Counter)     # (Counter: MultiStepLR's milestones)
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, bytearray, set, frozenset)
 
 
@@ -69,7 +70,7 @@ def unstorable(obj, leaves: tuple) -> str:
 
 
 def _unstorable(obj, leaves: tuple, where: str) -> str:
-    if type(obj) in (dict, collections.OrderedDict, collections.Counter):
+    if type(obj) in MAPPINGS:
         items = obj.items()
     elif type(obj) in (list, tuple):
         items = enumerate(obj)

@@ -148,7 +148,6 @@ class AdminHandlers:
         node.resume_retries.taken_over(unit, resumed=False)
         for m in unit:
             m.held = True
-            node.store.save(m)    # (said held, it stays held through a gmuxd that dies a moment later)
             if m.gpu is None:     # still queued (or parked): nothing runs, and it takes no GPU until resumed
                 m.state = "held"
                 if m.parked_gpus:
@@ -161,6 +160,7 @@ class AdminHandlers:
                 frozen.append(m.id)   # stopped from outside: nothing to wait for; once continued, it suspends
             elif (m.id in slicer.resident and not slicer.is_kept(m.id)) or slicer.busy_with(m.id) == "resume":
                 busy.append(m.id)
+        node.store.save_many(unit)    # (said held, it stays held through a gmuxd that dies a moment later)
         # Waiting before the switch below: it may already settle the request (a job that has not acknowledged
         # its start is stopped at once).
         reply = (node.commands.defer(busy, "suspend", req, job.id) if busy else
@@ -181,8 +181,7 @@ class AdminHandlers:
         unit = unit_of(node.jobs, job)
         node.resume_retries.taken_over(unit, resumed=True)
         release(node, unit, time.monotonic())
-        for m in unit:
-            node.store.save(m)    # (said runnable, it is not held again by a gmuxd that dies a moment later)
+        node.store.save_many(unit)    # (said runnable, it is not held again by a gmuxd that dies a moment later)
         parked = sorted({g for m in unit for g in m.parked_gpus})     # (every rank's, not the named one's)
         where = (f"runs in its turn on GPU {job.gpu}" if job.gpu is not None else
                  f"takes back GPUs {','.join(map(str, parked))} (given back while suspended) once they are free"
