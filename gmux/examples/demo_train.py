@@ -36,6 +36,9 @@ p.add_argument("--exclusive", action="store_true",
                     "contention alone is too noisy to show interference reliably). The lock is released before "
                     "each boundary, where the job may be suspended: before the optimizer step in transparent mode "
                     "(its hook is the boundary), after it with --attach")
+p.add_argument("--unpaced-when", metavar="PATH",
+               help="from when PATH exists on: stop sleeping (a test that has measured what the pacing was for "
+                    "lets the rest run at full speed; the numbers do not depend on it)")
 p.add_argument("--exclusive-when", metavar="PATH",
                help="from when PATH exists on: stop sleeping and compute as --exclusive (a job whose phase changes, "
                     "so a kept pack stops gaining)")
@@ -70,6 +73,7 @@ if a.attach:
 restored_at = progress["step"]
 device_lock = None
 saturating = False     # --exclusive-when's file has appeared
+unpaced = False        # --unpaced-when's file has appeared
 
 
 def lock_device():
@@ -85,7 +89,9 @@ while progress["step"] < a.steps:
     if a.exclusive_when and not saturating and os.path.exists(a.exclusive_when):
         lock_device()
         saturating = True
-    if a.sleep and not saturating:
+    if a.unpaced_when and not unpaced:
+        unpaced = os.path.exists(a.unpaced_when)
+    if a.sleep and not saturating and not unpaced:
         time.sleep(a.sleep)
     if device_lock:
         fcntl.flock(device_lock, fcntl.LOCK_EX)

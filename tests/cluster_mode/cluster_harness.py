@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import pytest
 
 # Re-exported to the tests of this folder.
-from gmux_testkit import PY, ROOT, TRAIN, env, kill_jobs_under, start_py, wait_for  # noqa: F401
+from gmux_testkit import PY, ROOT, TRAIN, env, kill_jobs_under, paced, start_py, unpace, wait_for  # noqa: F401
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from proxy_util import Proxy  # noqa: E402

@@ -17,7 +17,8 @@ from gmux.node.inventory import Gpu
 from gmux.rundir import RuntimeDir
 
 # Re-exported to the tests of this folder.
-from gmux_testkit import PY, ROOT, TRAIN, env, jobs_under, kill_jobs_under, start_py, wait_for  # noqa: F401
+from gmux_testkit import (PY, ROOT, TRAIN, env, jobs_under, kill_jobs_under, paced, start_py, unpace,  # noqa: F401
+                          wait_for)
 
 
 GiB = 1 << 30

@@ -6,7 +6,7 @@ import subprocess
 import time
 
 from gmux.rundir import RuntimeDir
-from node_harness import PY, ROOT, TRAIN, env, result, start_py
+from node_harness import PY, ROOT, TRAIN, env, paced, result, start_py, unpace
 
 FINAL = ("exited", "failed", "killed", "lost")
 
@@ -58,8 +58,8 @@ BATCHES = ("32", "33")
 def _two_sliced_jobs(node_factory, tmp_path):
     """Two jobs time-sliced on one GPU, their references started beside them. Paced (3 ms of "input" per step,
     no effect on the numbers) so that the jobs are still there to be sliced after a restart however fast this
-    machine is."""
-    pace = ["--sleep", "0.003"]
+    machine is; the pacing stops once the test has seen what it tests."""
+    pace = paced(tmp_path, "0.003")
     refs = [start_py(TRAIN, str(tmp_path / f"solo{b}.json"), "4000", "--batch", b, *pace) for b in BATCHES]
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--no-pack")
     procs = [node.launch(f"{TRAIN}", str(tmp_path / f"job{b}.json"), "4000", "--batch", b, *pace, "--attach",
@@ -70,6 +70,7 @@ def _two_sliced_jobs(node_factory, tmp_path):
 
 
 def _end_bit_identical(node, refs, procs, ids, tmp_path):
+    unpace(tmp_path)
     for p in procs:                    # two sliced jobs and their two references share this busy machine
         assert p.wait(400) == 0
     for r in refs:
@@ -165,12 +166,13 @@ def test_a_submitted_job_whose_table_was_lost_is_adopted_with_its_log(node_facto
     """A submitted job's output goes to gmuxd's log of it: taken back, it is again one gmux logs shows, and its end
     is seen."""
     node = node_factory("--virtual-gpus", "1x1GiB")
-    sub = node.call("submit", argv=[PY, f"{TRAIN}", str(tmp_path / "sub.json"), "3000", "--sleep", "0.003",
+    sub = node.call("submit", argv=[PY, f"{TRAIN}", str(tmp_path / "sub.json"), "3000", *paced(tmp_path, "0.003"),
                                     "--attach"], cwd=ROOT, env={"PYTHONPATH": ROOT}, mem=300 << 20)
     node.wait_for(lambda: node.job(sub["job"])["step"] > 10, 60, "the submitted job trains")
     _restart_over_a_lost_table(node)
     node.wait_for(lambda: [j for j in node.ps()["jobs"] if j["id"] == sub["job"]], 30, "the job adopted")
     node.call("logs", job=sub["job"])        # (refused for a job gmux-launch started: it has no log here)
+    unpace(tmp_path)
     node.wait_for(lambda: node.job(sub["job"])["state"] in FINAL, 300, "the job ends")
     assert node.job(sub["job"])["state"] == "exited", node.job(sub["job"])
 
@@ -178,15 +180,16 @@ def test_a_submitted_job_whose_table_was_lost_is_adopted_with_its_log(node_facto
 def test_a_job_moving_to_a_new_process_as_the_table_is_lost_is_taken_back_and_restores(node_factory, tmp_path):
     """A moved job's new process registered by its id alone and was refused by a gmuxd that had lost its table:
     it ended with its work in a checkpoint nobody would read. Now it is taken back, to start, and restores."""
-    ref = start_py(TRAIN, str(tmp_path / "solo.json"), "3000", "--sleep", "0.003")
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), "3000", *paced(tmp_path, "0.003"))
     node = node_factory("--virtual-gpus", "2x1GiB")
-    p = node.launch(f"{TRAIN}", str(tmp_path / "moved.json"), "3000", "--sleep", "0.003", "--attach",
+    p = node.launch(f"{TRAIN}", str(tmp_path / "moved.json"), "3000", *paced(tmp_path, "0.003"), "--attach",
                     opts=["--no-hook"])
     job = node.job_of(p.pid)
     node.wait_for(lambda: node.job(job)["step"] > 50, 60, "job training")
     node.call("migrate", job=job, gpu=1, new_process=True)      # answered once its checkpoint is written
     _restart_over_a_lost_table(node)
     node.wait_for(lambda: [j for j in node.ps()["jobs"] if j["id"] == job], 60, "the job taken back")
+    unpace(tmp_path)
     assert p.wait(300) == 0 and ref.wait(120) == 0
     assert node.job(job)["state"] == "exited"
     moved, solo = result(tmp_path / "moved.json"), result(tmp_path / "solo.json")

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from node_harness import TRAIN, result, start_py
+from node_harness import TRAIN, paced, result, start_py, unpace
 
 STEPS = "2000"
 SLEEP = "0.005"       # paced mini-batches: progress measures GPU time, not how busy the CPUs are
@@ -23,9 +23,9 @@ SPIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spin_job.py")
 
 
 def start(node, tmp_path, culprit_args):
-    ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, "--sleep", SLEEP)
-    procs = {n: node.launch(TRAIN, str(tmp_path / f"{n}.json"), STEPS, "--sleep", SLEEP, opts=["--mem", "300MiB"])
-             for n in ("a", "b")}
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, *paced(tmp_path, SLEEP))
+    procs = {n: node.launch(TRAIN, str(tmp_path / f"{n}.json"), STEPS, *paced(tmp_path, SLEEP),
+                            opts=["--mem", "300MiB"]) for n in ("a", "b")}
     procs["x"] = node.launch(*culprit_args, opts=["--mem", "300MiB"])
     ids = {n: node.job_of(p.pid) for n, p in procs.items()}
     return ref, procs, ids
@@ -100,6 +100,7 @@ def check_culprit(node, culprit, words):
 
 
 def finish(ref, procs, tmp_path, names):
+    unpace(tmp_path)
     assert ref.wait(120) == 0
     solo = result(tmp_path / "solo.json")["sha256"]
     for n in names:
@@ -109,7 +110,7 @@ def finish(ref, procs, tmp_path, names):
 
 def test_a_sigstopped_job_does_not_stall_its_gpu(node_factory, tmp_path):
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", QUANTUM, "--no-pack")
-    ref, procs, ids = start(node, tmp_path, [TRAIN, str(tmp_path / "x.json"), STEPS, "--sleep", SLEEP])
+    ref, procs, ids = start(node, tmp_path, [TRAIN, str(tmp_path / "x.json"), STEPS, *paced(tmp_path, SLEEP)])
     node.wait_for(lambda: trained(node, ids, "abx") and node.job(ids["x"])["state"] == "running", 40,
                   lambda: node.ps())
     os.kill(procs["x"].pid, signal.SIGSTOP)                    # stopped from outside gmux, on the GPU
