@@ -6,19 +6,22 @@ checkpoint; an unmodified script writes its host copy to a file in its own proce
 """
 import subprocess
 
-from node_harness import PY, ROOT, TRAIN, env, result, start_py
+from node_harness import PY, ROOT, TRAIN, env, paced, result, start_py, unpace
 
 
 def test_spill_to_disk_and_back(node_factory, tmp_path):
     # Paced (3 ms of "input" per step, no effect on the numbers) so that the jobs are sliced, and so spilled,
     # however fast this machine is; 3,000 steps (9 s of pacing each), so that neither finishes while the other
     # starts again from its spill (at 1,200, a loaded machine took 5 s to start one, and the other ended first).
-    pace, steps = ["--sleep", "0.003"], "3000"
+    # Once each has come back from a spill, the rest runs unpaced.
+    pace, steps = paced(tmp_path, "0.003"), "3000"
     refs = [start_py(TRAIN, str(tmp_path / f"solo{b}.json"), steps, "--batch", b, *pace) for b in ("32", "33")]
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--no-pack", "--host-budget", "1KiB")
     procs = [node.launch(TRAIN, str(tmp_path / f"job{b}.json"), steps, "--batch", b, *pace, "--attach",
                          opts=["--no-hook", "--mem", "600MiB"]) for b in ("32", "33")]
     ids = [node.job_of(p.pid) for p in procs]
+    node.wait_for(lambda: all(node.job(i)["migrations"] >= 1 for i in ids), 120, lambda: node.ps())
+    unpace(tmp_path)
     for p in procs:
         assert p.wait(180) == 0
     for r in refs:
@@ -37,7 +40,7 @@ def test_transparent_job_spills_in_its_process_and_is_not_moved(node_factory, tm
     """An unmodified script cannot be restored in a new process: gmuxd refuses to migrate it so (--new-process;
     a move in its own process needs no restore), and spills it in place instead (its host copy to a file, freed,
     read back at resume); it still ends bit-identical."""
-    pace = ["--sleep", "0.003"]
+    pace = paced(tmp_path, "0.003")
     refs = [start_py(TRAIN, str(tmp_path / f"solo{b}.json"), "1500", "--batch", b, *pace) for b in ("32", "33")]
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "0.5", "--no-pack", "--host-budget", "1KiB")
     procs = [node.launch(TRAIN, str(tmp_path / f"job{b}.json"), "1500", "--batch", b, *pace,
@@ -48,6 +51,7 @@ def test_transparent_job_spills_in_its_process_and_is_not_moved(node_factory, tm
                           "--new-process"], env=env(),
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "transparent mode" in out.stderr and "--no-hook" in out.stderr
+    unpace(tmp_path)
     for p in procs:
         assert p.wait(180) == 0
     for r in refs:
