@@ -9,18 +9,21 @@ import subprocess
 import time
 
 from gmux.wire.daemon_client import Client
-from cluster_harness import PY, ROOT, env, start_py, wait_for
+from cluster_harness import PY, ROOT, env, paced, start_py, unpace, wait_for
 
 GANG = os.path.join(ROOT, "tests", "scripts", "gang_train.py")
 
 
-def _plain(tmp_path, steps: str) -> list:
-    """The reference: the same two ranks, no gmux, never interrupted."""
+def _plain(tmp_path, steps: str):
+    """The reference, started: the same two ranks, no gmux, never interrupted. Called, it returns their results."""
     rendezvous = str(tmp_path / "plain.rendezvous")    # (a port picked free was once taken before rank 0 bound it)
     ps = [start_py(GANG, str(tmp_path / f"plain{r}.json"), steps, "--rank", str(r), "--world", "2", "--file",
                    rendezvous, "--plain") for r in range(2)]
-    assert [p.wait(120) for p in ps] == [0, 0]
-    return [json.loads((tmp_path / f"plain{r}.json").read_text()) for r in range(2)]
+
+    def results() -> list:
+        assert [p.wait(180) for p in ps] == [0, 0]
+        return [json.loads((tmp_path / f"plain{r}.json").read_text()) for r in range(2)]
+    return results
 
 
 def _cli(c, *args, as_json=False):
@@ -62,6 +65,7 @@ def test_gang_through_the_scheduler_bit_identical_and_bad_ranks_refused(cluster_
     assert f"{cjob} " in shown and "  .0 " in shown and "  .1 " in shown, shown
     c.wait_done([cjob], 120)
     outs = [json.loads((tmp_path / f"gang{r}.json").read_text()) for r in range(2)]
+    ref = ref()
     assert [o["sha256"] for o in outs] == [x["sha256"] for x in ref] and ref[0]["sha256"] == ref[1]["sha256"]
     assert [o["steps"] for o in outs] == [int(steps)] * 2
     assert _local(tmp_path, job["machine"], cjob) == {f"{cjob}.0": "exited", f"{cjob}.1": "exited"}
@@ -74,7 +78,7 @@ def test_gang_migrated_then_its_machine_lost_bit_identical_checkpoints_cleaned(c
     ref = _plain(tmp_path, steps)
     c.wait_machines(3)
     out = str(tmp_path / "moved{rank}.json")
-    cjob = c.call("c_submit", argv=[PY, GANG, out, steps, "--sleep", "0.004"], cwd=ROOT,
+    cjob = c.call("c_submit", argv=[PY, GANG, out, steps, *paced(tmp_path, "0.004")], cwd=ROOT,
                   env={"OMP_NUM_THREADS": "1"}, ranks=2, ckpt_every=1.0)["cjob"]
     first = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 200 and j)(c.job(cjob)), 90,
                      "the gang running")
@@ -111,11 +115,12 @@ def test_gang_migrated_then_its_machine_lost_bit_identical_checkpoints_cleaned(c
     again = wait_for(lambda: (lambda j: j["restarts"] == 1 and j["state"] in ("running", "done") and j)(c.job(cjob)),
                      90, "restarted elsewhere")
     assert again["machine"] != dst
+    unpace(tmp_path)
     wait_for(lambda: _ckpts(tmp_path / f"rt-{again['machine']}" / "cluster-in") == [], 30,
              "pushed checkpoints deleted after the restore")
     jobs = c.wait_done([cjob], 180)
     outs = [json.loads(open(out.format(rank=r)).read()) for r in range(2)]
-    assert [o["sha256"] for o in outs] == [x["sha256"] for x in ref]
+    assert [o["sha256"] for o in outs] == [x["sha256"] for x in ref()]
     assert outs[0]["restored_at"] == outs[1]["restored_at"] >= at["ckpt_step"] > 0   # one step, not scratch
     assert jobs[cjob]["migrations"] == 1 and jobs[cjob]["restarts"] == 1
     assert [f for f in _ckpts(sched_dir) if f"-{cjob}-" in f] == []       # an ended job keeps none

@@ -1,5 +1,6 @@
 """A data-parallel training job over gloo (explicit mode, GangController), deterministic.
-usage: gang_train.py OUT STEPS [--rank R --world W (--port P | --file F)] [--sleep S] [--fail-at N] [--plain]
+usage: gang_train.py OUT STEPS [--rank R --world W (--port P | --file F)] [--sleep S [--unpaced-when PATH]]
+                     [--fail-at N] [--plain]
 Without --rank, the rendezvous comes from the environment as torchrun (and gmux's cluster link) sets it: RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT. OUT may hold {rank}. --plain: no gmux at all, the reference run. --file: a
 rendezvous through a file, which no other process can take as it can a port picked free a moment before."""
@@ -20,6 +21,7 @@ p.add_argument("--world", type=int)
 p.add_argument("--port", type=int)
 p.add_argument("--file")
 p.add_argument("--sleep", type=float, default=0.0, help="seconds per step, to pace the job against a test's moves")
+p.add_argument("--unpaced-when", metavar="PATH", help="no more --sleep once PATH exists (the numbers are the same)")
 p.add_argument("--fail-at", type=int, help="the last rank raises at this step (a crashed rank)")
 p.add_argument("--plain", action="store_true")
 a = p.parse_args()
@@ -55,7 +57,7 @@ while progress["step"] < a.steps:
     progress["step"] += 1
     if progress["step"] == a.fail_at and rank == world - 1:
         raise RuntimeError(f"rank {rank} fails at step {a.fail_at}, as asked")
-    if a.sleep:
+    if a.sleep and not (a.unpaced_when and os.path.exists(a.unpaced_when)):
         time.sleep(a.sleep)
     if job is not None:
         job.boundary()
