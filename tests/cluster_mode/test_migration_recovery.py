@@ -5,7 +5,7 @@ import os
 import signal
 import time
 
-from cluster_harness import Solo, spawned, wait_for
+from cluster_harness import Solo, paced, spawned, unpace, wait_for
 from gmux.wire import sealed
 
 STEPS = "4000"
@@ -13,7 +13,7 @@ STEPS = "4000"
 
 def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva")
-    args = (STEPS, "--batch", "36", "--sleep", "0.003")
+    args = (STEPS, "--batch", "36", *paced(tmp_path, "0.003"))
     ref = Solo(tmp_path, "ref", *args)
     c.wait_machines(3)
     out = tmp_path / "moved.json"
@@ -58,6 +58,7 @@ def test_migrate_across_machines_then_lose_the_machine(cluster_factory, tmp_path
                      60, "restarted elsewhere")
     assert again["machine"] not in (dst,)
     wait_for(lambda: received(again["machine"]) == [], 30, "the pushed checkpoint deleted after the restore")
+    unpace(tmp_path)
     jobs = c.wait_done([cjob], 180)
     res = json.loads(out.read_text())
     assert res["sha256"] == ref["sha256"] and res["steps"] == int(STEPS)
@@ -97,7 +98,7 @@ def _running(c, tmp_path, args, past_step):
 def test_target_lost_mid_move_the_job_runs_on_at_its_source(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva")
     # (a small frozen table: the target offers what it holds, a file written just before it reports ready)
-    ref, out, cjob, first, dst = _running(c, tmp_path, ("6000", "--batch", "36", "--sleep", "0.003",
+    ref, out, cjob, first, dst = _running(c, tmp_path, ("6000", "--batch", "36", *paced(tmp_path, "0.003"),
                                                         "--frozen-mib", "0.25"), 200)
     src = first["machine"]
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
@@ -125,6 +126,7 @@ def test_target_lost_mid_move_the_job_runs_on_at_its_source(cluster_factory, tmp
     back = wait_for(lambda: (lambda j: j["state"] == "running" and j["machine"] == src and j)(c.job(cjob)), 30,
                     "the job back on its source")
     assert f"migration target {dst} lost" in back["detail"] and back["local"] == first["local"]
+    unpace(tmp_path)
     jobs = c.wait_done([cjob], 120)
     assert jobs[cjob]["migrations"] == 0 and jobs[cjob]["restarts"] == 0
     res = json.loads(out.read_text())
@@ -161,7 +163,7 @@ def test_target_process_killed_mid_restore_the_job_runs_on_at_its_source(cluster
 def test_target_lost_while_it_starts_the_source_never_stopped(cluster_factory, tmp_path):
     """Lost before its new process is ready: the source was never asked to suspend, so nothing is resumed."""
     c = cluster_factory(policy="gandiva")
-    ref, out, cjob, first, dst = _running(c, tmp_path, ("2500", "--batch", "36", "--sleep", "0.003"), 100)
+    ref, out, cjob, first, dst = _running(c, tmp_path, ("2500", "--batch", "36", *paced(tmp_path, "0.003")), 100)
     src = first["machine"]
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
     c.kill_machine(dst)                      # at once: its new process is still starting
@@ -170,6 +172,7 @@ def test_target_lost_while_it_starts_the_source_never_stopped(cluster_factory, t
     assert f"migration target {dst} lost" in back["detail"] and back["local"] == first["local"]
     kinds = [d["kind"] for d in c.ps()["decisions"] if d.get("cjob") == cjob]
     assert "migrate_out" not in kinds and "migrate_sent" not in kinds, kinds
+    unpace(tmp_path)
     jobs = c.wait_done([cjob], 120)
     assert jobs[cjob]["migrations"] == 0 and jobs[cjob]["restarts"] == 0
     res = json.loads(out.read_text())
