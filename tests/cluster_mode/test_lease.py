@@ -11,7 +11,7 @@ import time
 import pytest
 import zmq
 
-from cluster_harness import PY, ROOT, Solo, wait_for
+from cluster_harness import PY, ROOT, Solo, paced, unpace, wait_for
 from gmux import protocol
 from gmux.job.agent import Agent
 from gmux.wire.daemon_client import Client
@@ -31,7 +31,7 @@ def _alive(pid: int) -> bool:
 
 def test_a_job_whose_gmuxd_died_stops_itself_and_runs_on_elsewhere(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva", machines=("m1", "m2"), sched_args=("--lost-after", "3"))
-    args = (STEPS, "--batch", "37", "--sleep", "0.004")
+    args = (STEPS, "--batch", "37", *paced(tmp_path, "0.004"))
     ref = Solo(tmp_path, "ref", *args)
     c.wait_machines(2)
     out = tmp_path / "out.json"
@@ -53,6 +53,7 @@ def test_a_job_whose_gmuxd_died_stops_itself_and_runs_on_elsewhere(cluster_facto
     assert again["machine"] != src
     c.start_daemon(src)                                   # gmuxd back: it finds the stopped copy's exit record
     c.wait_machines(2)
+    unpace(tmp_path)
     jobs = c.wait_done([cjob], 240)
     assert jobs[cjob]["restarts"] == 1
     local = wait_for(lambda: [j for j in Client(str(tmp_path / f"rt-{src}")).call("ps", all=True)["jobs"]

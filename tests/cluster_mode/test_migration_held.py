@@ -4,7 +4,7 @@ leaves it out of the stream (gmux.job.holdings), and the job still ends bit-iden
 a second move, from the process that was restored, leaves it out again."""
 import json
 
-from cluster_harness import PY, ROOT, TRAIN, Solo, wait_for
+from cluster_harness import PY, ROOT, TRAIN, Solo, paced, unpace, wait_for
 from gmux.wire import sealed
 
 STEPS = "6000"   # ~30 s paced: two moves fit even when a loaded machine starts each target in ~10 s
@@ -15,7 +15,7 @@ def test_moves_leave_out_what_the_target_holds_and_stay_bit_identical(cluster_fa
     c = cluster_factory(policy="gandiva")
     args = (STEPS, "--batch", "16", "--hidden", "64", "--frozen-mib", str(FROZEN_MIB))
     ref = Solo(tmp_path, "ref", *args)        # (unpaced: the pause between mini-batches changes no number)
-    args += ("--sleep", "0.005")     # (long enough for two moves, each waiting for its target's start-up)
+    args += tuple(paced(tmp_path, "0.005"))     # (long enough for two moves, each waiting for its target's start-up)
     c.wait_machines(3)
     out = tmp_path / "moved.json"
     cjob = c.call("c_submit", argv=[PY, TRAIN, str(out), *args, "--attach"], cwd=ROOT,
@@ -30,6 +30,7 @@ def test_moves_leave_out_what_the_target_holds_and_stay_bit_identical(cluster_fa
         wait_for(lambda: c.job(cjob)["migrations"] == move, 120, lambda: f"move {move}: {c.job(cjob)} {recent()}")
         sent.append([d["numbers"] for d in c.ps()["decisions"]
                      if d["kind"] == "migrate_sent" and d["text"].startswith(f"{cjob}:")][-1])
+    unpace(tmp_path)
     c.wait_done([cjob], 300)
     res = json.loads(out.read_text())
     assert res["sha256"] == ref["sha256"] and res["steps"] == int(STEPS)

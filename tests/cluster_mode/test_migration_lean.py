@@ -3,14 +3,14 @@ checkpoint sent leaves them out (a third of this SGD-with-momentum job's bytes) 
 bit-identical to an uninterrupted run; beside it, the same job without the setting sends them."""
 import json
 
-from cluster_harness import PY, ROOT, TRAIN, Solo, wait_for
+from cluster_harness import PY, ROOT, TRAIN, Solo, paced, unpace, wait_for
 
 STEPS = "6000"
 
 
 def test_a_move_without_gradients_sends_less_and_stays_bit_identical(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva", warm=True)
-    args = (STEPS, "--batch", "36", "--sleep", "0.003", "--hidden", "256", "--depth", "1")
+    args = (STEPS, "--batch", "36", *paced(tmp_path, "0.003"), "--hidden", "256", "--depth", "1")
     ref = Solo(tmp_path, "ref", *args)
     c.wait_machines(3)
     outs, cjobs = {}, {}
@@ -28,6 +28,7 @@ def test_a_move_without_gradients_sends_less_and_stays_bit_identical(cluster_fac
         wait_for(lambda: c.job(cjob)["migrations"] == 1, 120, lambda: f"{kind} job moved: {c.job(cjob)} {recent()}")
         sent[kind] = next(d["numbers"] for d in c.ps()["decisions"]
                           if d["kind"] == "migrate_sent" and d["text"].startswith(f"{cjob}:"))
+    unpace(tmp_path)
     jobs = c.wait_done(list(cjobs.values()), 300)
     for kind, cjob in cjobs.items():
         res = json.loads(outs[kind].read_text())

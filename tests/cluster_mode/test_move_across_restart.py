@@ -6,14 +6,14 @@ import json
 import os
 import signal
 
-from cluster_harness import Solo, spawned, wait_for
+from cluster_harness import Solo, paced, spawned, unpace, wait_for
 
 STEPS = "6000"
 
 
 def test_a_move_under_way_survives_a_scheduler_restart(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva", machines=("m1", "m2"))
-    args = (STEPS, "--batch", "20", "--sleep", "0.003")
+    args = (STEPS, "--batch", "20", *paced(tmp_path, "0.003"))
     ref = Solo(tmp_path, "ref", *args)
     c.wait_machines(2)
     out = tmp_path / "moved.json"
@@ -38,6 +38,7 @@ def test_a_move_under_way_survives_a_scheduler_restart(cluster_factory, tmp_path
     assert moved["machine"] == dst
     text = " ".join(d["text"] for d in c.ps()["decisions"] if d.get("cjob") == cjob)
     assert "the scheduler restarted while they started" in text and f"restored on {dst}" in text
+    unpace(tmp_path)
     jobs = c.wait_done([cjob], 180)
     assert jobs[cjob]["migrations"] == 1 and jobs[cjob]["restarts"] == 0
     res = json.loads(out.read_text())

@@ -11,7 +11,7 @@ from datetime import datetime
 
 import pytest
 
-from cluster_harness import Solo, wait_for
+from cluster_harness import Solo, paced, unpace, wait_for
 from gmux import protocol
 from gmux.node.cluster_fence import Fence
 from gmux.wire.daemon_client import Client
@@ -19,7 +19,7 @@ from test_unheard import sched  # noqa: F401 (a fixture: a scheduler without dae
 
 C = protocol.CLUSTER_MESSAGES
 STEPS = "3000"
-ARGS = (STEPS, "--batch", "37", "--sleep", "0.004")
+ARGS = (STEPS, "--batch", "37")
 
 
 def _rec(state="running", held=False):
@@ -125,10 +125,10 @@ def test_a_machine_cut_off_stops_training_before_its_job_restarts_elsewhere(clus
     # (lost after 5 s: the fence at 3 s leaves 2 s for it to take effect before the scheduler acts, on a loaded
     # machine too)
     c = cluster_factory(policy="gandiva", machines=("m1", "m2"), sched_args=("--lost-after", "5"), proxied=True)
-    ref = Solo(tmp_path, "ref", *ARGS)
+    ref = Solo(tmp_path, "ref", *ARGS, *paced(tmp_path, "0.004"))
     c.wait_machines(2)
     out = tmp_path / "out.json"
-    cjob = c.submit(str(out), *ARGS, ckpt_every=1.0)
+    cjob = c.submit(str(out), *ARGS, *paced(tmp_path, "0.004"), ckpt_every=1.0)
     src = _running_with_checkpoint(c, cjob)["machine"]
     c.proxies[src].sever()
     cut_at = time.time()
@@ -155,6 +155,7 @@ def test_a_machine_cut_off_stops_training_before_its_job_restarts_elsewhere(clus
     gone = wait_for(lambda: (lambda j: j and j["state"] in protocol.FINAL_STATES and j)(
         _local(tmp_path, src, cjob, every=True)), 30, "the copy on the machine cut off killed")
     assert gone["step"] == step
+    unpace(tmp_path)
     jobs = c.wait_done([cjob], 240)
     assert jobs[cjob]["restarts"] == 1
     res = json.loads(out.read_text())
@@ -163,10 +164,10 @@ def test_a_machine_cut_off_stops_training_before_its_job_restarts_elsewhere(clus
 
 def test_a_scheduler_away_for_longer_than_the_fence_time_costs_its_jobs_a_pause_not_a_restart(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva", machines=("m1",), sched_args=("--lost-after", "3"))
-    ref = Solo(tmp_path, "ref", *ARGS)
+    ref = Solo(tmp_path, "ref", *ARGS, *paced(tmp_path, "0.004"))
     c.wait_machines(1)
     out = tmp_path / "out.json"
-    cjob = c.submit(str(out), *ARGS, ckpt_every=1.0)
+    cjob = c.submit(str(out), *ARGS, *paced(tmp_path, "0.004"), ckpt_every=1.0)
     _running_with_checkpoint(c, cjob)
     c.sched.send_signal(signal.SIGSTOP)
     try:
@@ -180,6 +181,7 @@ def test_a_scheduler_away_for_longer_than_the_fence_time_costs_its_jobs_a_pause_
     wait_for(lambda: (lambda j: j and not j["held"] and j["step"] > step)(_local(tmp_path, "m1", cjob)), 30,
              "the job resumed")
     assert time.monotonic() - back < 8.0                 # at once, not after the grace of a lost action (10 s)
+    unpace(tmp_path)
     jobs = c.wait_done([cjob], 240)
     assert jobs[cjob]["restarts"] == 0
     res = json.loads(out.read_text())

@@ -17,10 +17,9 @@ from gmux import protocol
 from gmux.cluster.scheduler import unheard
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
-from cluster_harness import PY, ROOT, TRAIN, env, Solo, wait_for
+from cluster_harness import PY, ROOT, TRAIN, env, Solo, paced, unpace, wait_for
 
 STEPS = "1500"
-PACE = ("--sleep", "0.01")
 
 
 def _outputs(tmp_path, names):
@@ -32,11 +31,12 @@ def test_gandiva_places_on_three_daemons_bit_identical_and_refuses_strangers(clu
     # The jobs are paced (10 ms a step, 15 s at least) so that on a fast machine they still run when one is
     # held; pacing changes no weight, so the solo references run unpaced.
     refs = {b: Solo(tmp_path, b, STEPS, "--batch", b) for b in ("30", "31", "32", "33")}
+    pace = paced(tmp_path, "0.01")
     c.wait_machines(3)
-    ids = {b: c.submit(str(tmp_path / f"j{b}.json"), STEPS, "--batch", b, *PACE) for b in refs if b != "33"}
+    ids = {b: c.submit(str(tmp_path / f"j{b}.json"), STEPS, "--batch", b, *pace) for b in refs if b != "33"}
     r = subprocess.run([PY, "-m", "gmux.cli.gmux", "--json", "submit", "--cluster", c.endpoint, "--keys", c.keys,
                         "--as", "tester", "--", PY, TRAIN, str(tmp_path / "j33.json"), STEPS, "--batch", "33",
-                        *PACE, "--attach"], env=env(), capture_output=True, text=True, cwd=ROOT, timeout=30)
+                        *pace, "--attach"], env=env(), capture_output=True, text=True, cwd=ROOT, timeout=30)
     assert r.returncode == 0, r.stderr
     ids["33"] = json.loads(r.stdout)["cjob"]
     # no --ckpt-every: the scheduler's own default applies (the CLI used to send "never")
@@ -133,6 +133,7 @@ def test_gandiva_places_on_three_daemons_bit_identical_and_refuses_strangers(clu
     assert job["state"] == "held" and job["step"] == step and "held by tester" in job["detail"], job
     assert "released" in cli("resume", held)
     # --- every job completes, bit-identical to its solo run ---
+    unpace(tmp_path)
     jobs = c.wait_done(list(ids.values()), 180)
     used = {jobs[i]["machine"] for i in ids.values()}
     assert len(used) >= 2, f"the policy spread nothing: {used}"
@@ -151,10 +152,11 @@ def test_gmux_policy_scheduler_killed_and_restarted_loses_nothing(cluster_factor
     # Long enough that all three still run when the scheduler is killed: two start in warm interpreters, the
     # third (two on one machine) cold, seconds later on a busy machine.
     steps = "2500"
-    refs = {b: Solo(tmp_path, b, steps, "--batch", b, "--sleep", "0.006")
+    refs = {b: Solo(tmp_path, b, steps, "--batch", b, *paced(tmp_path, "0.006"))
             for b in ("40", "41", "42")}
     c.wait_machines(3)
-    ids = {b: c.submit(str(tmp_path / f"j{b}.json"), steps, "--batch", b, "--sleep", "0.006") for b in refs}
+    ids = {b: c.submit(str(tmp_path / f"j{b}.json"), steps, "--batch", b, *paced(tmp_path, "0.006"))
+           for b in refs}
     wait_for(lambda: all(j["state"] == "running" and j["step"] > 50 for j in c.ps()["jobs"]), 60, "all running")
     c.sched.send_signal(signal.SIGKILL)
     c.sched.wait()
@@ -168,6 +170,7 @@ def test_gmux_policy_scheduler_killed_and_restarted_loses_nothing(cluster_factor
     assert {j["cjob"] for j in ps["jobs"]} == set(ids.values())
     # Its view comes back from SQLite and the daemons' next reports, without starting anything again.
     wait_for(lambda: all(j["state"] in ("running", "done") for j in c.ps()["jobs"]), 10, "jobs seen running")
+    unpace(tmp_path)
     jobs = c.wait_done(list(ids.values()), 180)
     assert all(jobs[i]["restarts"] == 0 for i in ids.values())      # nothing was restarted: nothing was lost
     for b in refs:

@@ -4,7 +4,7 @@ what is read before a script runs gets a cold process, and says why."""
 import json
 import re
 
-from cluster_harness import PY, ROOT, TRAIN, Solo, wait_for
+from cluster_harness import PY, ROOT, TRAIN, Solo, paced, unpace, wait_for
 
 STEPS = "4000"
 
@@ -16,7 +16,7 @@ def _started(c, m: str, cjob: str) -> list:
 
 def test_a_moved_job_restores_in_a_warm_interpreter_and_an_odd_environment_starts_cold(cluster_factory, tmp_path):
     c = cluster_factory(policy="gandiva", machines=("m1", "m2"), warm=True)
-    args = (STEPS, "--batch", "36", "--sleep", "0.003", "--hidden", "128", "--depth", "1")
+    args = (STEPS, "--batch", "36", *paced(tmp_path, "0.003"), "--hidden", "128", "--depth", "1")
     ref = Solo(tmp_path, "ref", *args)
     c.wait_machines(2)
     out = tmp_path / "moved.json"
@@ -30,6 +30,7 @@ def test_a_moved_job_restores_in_a_warm_interpreter_and_an_odd_environment_start
     odd = tmp_path / "odd.json"
     other = c.call("c_submit", argv=[PY, TRAIN, str(odd), "40", "--attach"], cwd=ROOT,
                    env={"OMP_NUM_THREADS": "2"})["cjob"]
+    unpace(tmp_path)
     c.wait_done([cjob, other], 300)
     res = json.loads(out.read_text())
     assert res["sha256"] == ref["sha256"] and res["steps"] == int(STEPS) and res["restored_at"] > 0
