@@ -9,18 +9,19 @@ import json
 import os
 import subprocess
 
-from node_harness import PY, ROOT, TRAIN, env, result, start_py
+from node_harness import PY, ROOT, TRAIN, env, paced, result, start_py, unpace
 
 STEPS = "4000"
 # Each step waits 3 ms (as if for input), so the job is still running when the `gmux migrate` process, which
 # may take seconds to start on a loaded machine, asks; it changes no number.
-PACE = ["--sleep", "0.003"]
+SLEEP = "0.003"
 
 
 def test_migrate_between_gpus_is_bit_identical(node_factory, tmp_path):
-    ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, *PACE)
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, *paced(tmp_path, SLEEP))
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
-    p = node.launch(f"{TRAIN}", str(tmp_path / "moved.json"), STEPS, *PACE, "--attach", opts=["--no-hook"])
+    p = node.launch(f"{TRAIN}", str(tmp_path / "moved.json"), STEPS, *paced(tmp_path, SLEEP), "--attach",
+                    opts=["--no-hook"])
     job = node.job_of(p.pid)
     node.wait_for(lambda: node.job(job)["step"] > 500, 60, "job training")
     assert node.job(job)["gpu"] == 0
@@ -42,7 +43,8 @@ def test_migrate_between_gpus_is_bit_identical(node_factory, tmp_path):
     ckpts = lambda: [f for _, _, files in os.walk(os.path.join(node.rt, "checkpoints")) for f in files]
     node.wait_for(lambda: ckpts() == [], 20, "checkpoint deleted once restored")
     # And back again, to show the checkpoint of a restored job restores too.
-    node.call("migrate", job=job, gpu=0, new_process=True)
+    node.call("migrate", job=job, gpu=0, new_process=True)      # (answered once its checkpoint is written)
+    unpace(tmp_path)
     assert p.wait(120) == 0
     info = node.job(job)
     assert info["state"] == "exited" and info["gpu"] == 0 and info["migrations"] == 2, info

@@ -9,7 +9,7 @@ import json
 import os
 import subprocess
 
-from node_harness import PY, ROOT, TRAIN, env, result, start_py
+from node_harness import PY, ROOT, TRAIN, env, paced, result, start_py, unpace
 
 STEPS = "3000"
 # Each step waits 3 ms (as if for input), so the jobs are still running when the events under test happen on a
@@ -31,17 +31,17 @@ def launch_refused(rt, *opts, script=("x.json", "10")):
 
 
 def test_multi_gpu_job_gets_whole_gpus_by_moving_a_job_bit_identical(node_factory, tmp_path):
-    ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, *PACE)
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, *paced(tmp_path, "0.003"))
     # (a 10 s deadline: a move that missed the 1 s default on a loaded machine would be given up and tried again)
     node = node_factory("--virtual-gpus", "3x1GiB", "--quantum", "1", "--deadline-floor", "10")
     # Slower (6 ms a step) and started together: on a loaded machine a single-GPU job paced like the others once
     # finished before the 2-GPU job had registered.
-    started = {name: node.launch(TRAIN, str(tmp_path / f"{name}.json"), STEPS, "--sleep", "0.006", "--attach",
+    started = {name: node.launch(TRAIN, str(tmp_path / f"{name}.json"), STEPS, *paced(tmp_path, "0.006"), "--attach",
                                  opts=["--no-hook", "--mem", "256MiB"]) for name in ("a", "b")}
     singles = {node.job_of(p.pid): (p, name) for name, p in started.items()}
     node.wait_for(lambda: all(node.job(j)["step"] > 200 for j in singles), 60, "both single-GPU jobs training")
     assert sorted(node.job(j)["gpu"] for j in singles) == [0, 1]
-    big = node.launch(TRAIN, str(tmp_path / "big.json"), STEPS, *PACE, opts=["--gpus", "2"])
+    big = node.launch(TRAIN, str(tmp_path / "big.json"), STEPS, *paced(tmp_path, "0.003"), opts=["--gpus", "2"])
     jbig = node.job_of(big.pid)
     node.wait_for(lambda: node.job(jbig)["state"] == "running", 90, "the 2-GPU job running")
     held = node.job(jbig)["exclusive_gpus"]
@@ -55,6 +55,7 @@ def test_multi_gpu_job_gets_whole_gpus_by_moving_a_job_bit_identical(node_factor
     defrag = [d for d in node.call("decisions")["decisions"] if d["kind"] == "defrag"]
     assert len(defrag) == 1 and [m["job"] for m in defrag[0]["numbers"]["moves"]] == [moved], defrag
     assert defrag[0]["numbers"]["need"] == 2 and defrag[0]["numbers"]["free"] == [2]
+    unpace(tmp_path)
     assert big.wait(180) == 0 and all(p.wait(180) == 0 for p, _ in singles.values())
     assert ref.wait(120) == 0
     solo = result(tmp_path / "solo.json")
@@ -73,7 +74,7 @@ def test_gang_submitted_with_ranks_suspends_and_resumes_as_one_bit_identical(nod
                       "--file", str(tmp_path / "plain.rendezvous")) for r in range(2)]     # (read at the end)
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
     sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--no-hook", "--name", "g", "--", "python", GANG,
-               str(tmp_path / "gang{rank}.json"), steps, *PACE)
+               str(tmp_path / "gang{rank}.json"), steps, *paced(tmp_path, "0.003"))
     assert sub.returncode == 0, sub.stderr
     ranks = json.loads(sub.stdout)["jobs"]
     node.wait_for(lambda: all(node.job(j)["state"] == "running" and node.job(j)["step"] > 200 for j in ranks), 90,
@@ -100,6 +101,7 @@ def test_gang_submitted_with_ranks_suspends_and_resumes_as_one_bit_identical(nod
             assert "takes back GPUs 0,1 (given back while suspended)" in out.stdout, out.stdout
             assert guest.wait(120) == 0 and result(tmp_path / "guest.json")["steps"] == 400
         node.wait_for(lambda: all(node.job(j)["step"] > s for j, s in zip(ranks, steps_held)), 60, "ranks resumed")
+    unpace(tmp_path)
     node.wait_for(lambda: all(node.job(j)["state"] == "exited" for j in ranks), 180, "the gang finished")
     assert [p.wait(120) for p in plain] == [0, 0]
     outs = [result(tmp_path / f"gang{r}.json") for r in range(2)]
