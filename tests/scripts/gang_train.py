@@ -50,9 +50,13 @@ while progress["step"] < a.steps:
     loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
     opt.zero_grad()
     loss.backward()
-    for q in model.parameters():          # data parallel by hand: the same sum on every rank, every step
-        dist.all_reduce(q.grad)
-        q.grad /= world
+    # data parallel by hand: the same sum on every rank, every step (one all_reduce of every gradient)
+    grads = [q.grad for q in model.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world
+    for g, part in zip(grads, torch.split(flat, [g.numel() for g in grads])):
+        g.copy_(part.view_as(g))
     opt.step()
     progress["step"] += 1
     if progress["step"] == a.fail_at and rank == world - 1:
