@@ -57,6 +57,16 @@ def default_runtime_dir() -> str:
         return private
 
 
+def not_a_directory(path: str) -> Optional[str]:
+    """What stands in the way of `path` being a directory (itself, or the nearest part of it that exists, when
+    that is a file): None when nothing does. A client told only "gmuxd is not running there" would look for a
+    gmuxd, not at the path."""
+    part = os.path.abspath(path)
+    while not os.path.lexists(part) and os.path.dirname(part) != part:
+        part = os.path.dirname(part)
+    return None if os.path.isdir(part) else part
+
+
 SOCKET_PATH_MAX = 107    # bytes of a Unix socket's path (sun_path, less its terminating zero)
 
 

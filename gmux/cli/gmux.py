@@ -5,16 +5,18 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 
-from gmux.protocol import ProtocolError
+from gmux.protocol import MAX_FRAME, ProtocolError
 from gmux.wire.daemon_client import Client, GmuxError, GmuxUnanswered
 from gmux.rundir import default_runtime_dir
-from gmux.cli.argtypes import nonneg_int, path, positive, positive_int
+from gmux.cli.argtypes import nonneg_int, positive, positive_int, runtime_dir
 from gmux.cli.job_options import add_job_options
-from gmux.cli.output import reader_gone
+from gmux.cli.output import Parser, UsageError, failed, reader_gone
 from gmux.cli.submit_env import check_text, submit_cwd, submit_env
+from gmux.util.sizes import format_size
 from gmux.util.text import printable
 
 JOB_HELP = "the job: its id (j3, as gmux ps lists it) or the name of one live job (gmux submit --name)"
@@ -53,10 +55,12 @@ def main(argv=None) -> int:
     from gmux.cli import cluster_commands   # `gmux keys`, and submit/ps/kill --cluster ADDR
     if cluster_commands.wants(argv):
         return cluster_commands.main(argv)
-    p = argparse.ArgumentParser(prog="gmux", description="Look at and steer the jobs of gmuxd.",
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    as_json = "--json" in head     # (before parsing: a command line argparse refuses is answered in JSON too)
+    p = Parser(prog="gmux", description="Look at and steer the jobs of gmuxd.",
                                 epilog="cluster mode: gmux keys --help; gmux submit|ps|suspend|resume|kill|migrate "
                                        "--cluster tcp://HOST:PORT --help (README.md, Cluster mode)")
-    p.add_argument("--runtime-dir", type=path, default=default_runtime_dir())
+    p.add_argument("--runtime-dir", type=runtime_dir, default=default_runtime_dir())
     p.add_argument("--json", action="store_true", help="machine-readable output")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("ps", help="jobs and GPUs")
@@ -81,7 +85,8 @@ def main(argv=None) -> int:
     s = sub.add_parser("logs", help="output of a submitted job")
     s.add_argument("job", help=JOB_HELP)
     s.add_argument("--tail", type=nonneg_int, default=0,
-                   help="only the last N lines (0: all a reply holds, the log's last 512 KiB)")
+                   help="only the last N lines (0: all a reply holds, the log's last 512 KiB; what it leaves out is "
+                        "said, with the log's path)")
     s.add_argument("--raw", action="store_true", help="the output's bytes as the job wrote them, escape sequences "
                                                       "included (default: control characters are shown escaped)")
     s = sub.add_parser("submit", help="have gmuxd start and supervise a job: gmux submit [opts] -- python train.py",
@@ -104,18 +109,45 @@ def main(argv=None) -> int:
     sub.add_parser("ping", help="is gmuxd there?")
     for s in sub.choices.values():      # (after the command too: gmux decisions --json)
         s.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
-    a = p.parse_args(argv)
+    try:
+        a = p.parse_args(argv)
+        if a.cmd == "logs" and a.raw and a.json:
+            sub.choices["logs"].error("--raw writes the log's bytes as the job wrote them, --json a JSON object: "
+                                      "give one of them")
+    except UsageError as e:
+        return e.report(as_json)
     try:
         return run(a)
     except BrokenPipeError:     # (gmux logs JOB | head)
         return reader_gone()
     except (GmuxError, ProtocolError) as e:    # ProtocolError: a value the wire format refuses, before sending
-        print(f"gmux: {printable(e)}", file=sys.stderr)
-        return 1
+        return failed(in_user_words(str(e)), a.json)
     except KeyboardInterrupt:
-        print("gmux: interrupted (a command already sent to gmuxd is carried out; `gmux ps` shows where it stands)",
-              file=sys.stderr)
-        return 130
+        return failed("interrupted (a command already sent to gmuxd is carried out; `gmux ps` shows where it "
+                      "stands)", a.json, 130)
+
+
+# The wire's fields as the command line spells them: a value the wire format refuses names what the user typed.
+_OPTIONS = {"name": "--name", "mem": "--mem", "weight": "--weight", "gpus": "--gpus", "gpu": "--gpu",
+            "ranks": "--ranks", "tail": "--tail", "limit": "--limit", "job": "JOB", "argv": "the command",
+            "cwd": "this directory", "env": "the environment"}
+
+
+def in_user_words(error: str) -> str:
+    """'submit.gpus: 99 is outside [1, 64]' (a ProtocolError's words) as 'submit: --gpus: 99 is ...'."""
+    m = re.fullmatch(r"(\w+)\.(\w+): (.*)", error, re.S)
+    return f"{m[1]}: {_OPTIONS[m[2]]}: {m[3]}" if m and m[2] in _OPTIONS else error
+
+
+def _beyond_machine(c: Client, e: ProtocolError, given: dict) -> Exception:
+    """A number of GPUs (or a GPU) past what the wire format carries: refused in this machine's numbers."""
+    m = re.fullmatch(r"(\w+)\.(gpus|ranks|gpu): .*", str(e), re.S)
+    if not m or given.get(m[2]) is None:
+        return e
+    gpus = [g["index"] for g in c.call("ps", all=False, limit=1)["gpus"]]
+    has = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''}" + (f" ({', '.join(map(str, gpus))})" if gpus else "")
+    return GmuxError(f"{m[1]}: --{m[2]} {given[m[2]]}: this machine has {has}"
+                     + (", and each rank needs one of its own" if m[2] == "ranks" else ""))
 
 
 def run(a) -> int:
@@ -146,7 +178,10 @@ def run(a) -> int:
         return 0
     if a.cmd == "migrate":
         fields = {"new_process": True} if a.new_process else {}
-        data = c.call("migrate", timeout=130, job=a.job, gpu=a.gpu, **fields)
+        try:
+            data = c.call("migrate", timeout=130, job=a.job, gpu=a.gpu, **fields)
+        except ProtocolError as e:
+            raise _beyond_machine(c, e, {"gpu": a.gpu}) from None
         # (a new process's move is answered once the checkpoint is written: the job is on its way, not there)
         _print(data, a.json, f"moving {a.job} to GPU {a.gpu}: checkpointed; a new process restores it there (gmux "
                              f"ps shows it running there once it has)" if data.get("path") == "new process" else
@@ -156,12 +191,7 @@ def run(a) -> int:
                 print(printable(f"gmux: warning: {job}: {warning}"), file=sys.stderr)
         return 0
     if a.cmd == "logs":
-        if a.raw and not a.json:
-            sys.stdout.buffer.write(c.call("logs", job=a.job, tail=a.tail, raw=True)["bytes"])
-        else:
-            data = c.call("logs", job=a.job, tail=a.tail)
-            _print(data, a.json, data["text"].rstrip("\n"), keep="\n\t")
-        return 0
+        return logs(c, a)
     if a.cmd == "submit":
         argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
         if not argv:
@@ -179,6 +209,8 @@ def run(a) -> int:
             # (a busy gmuxd starting many jobs at once takes seconds for each)
             data = c.call("submit", timeout=60, argv=argv, cwd=cwd, env=env, name=a.name, weight=a.weight,
                           mem=a.mem, gpu=a.gpu, gpus=a.gpus, **fields)
+        except ProtocolError as e:
+            raise _beyond_machine(c, e, {"gpus": a.gpus, "ranks": a.ranks, "gpu": a.gpu}) from None
         except GmuxUnanswered as e:
             if not c.ran:       # (no gmuxd ran: nothing was started)
                 raise
@@ -207,6 +239,44 @@ def run(a) -> int:
                                                    f"names each)" if errors else ""))
         return 0
     return 2
+
+
+LOGS_REPLY_BYTES = MAX_FRAME // 2     # what one `logs` reply holds at most, the log's end (as gmuxd cuts it)
+
+
+def logs(c: Client, a) -> int:
+    """The job's log, or its end. What a reply left out is said on standard error (standard output stays the
+    log's), with the file that holds all of it."""
+    data = c.call("logs", job=a.job, tail=a.tail, **({"raw": True} if a.raw else {}))
+    body = data["bytes"] if a.raw else data["text"].encode(errors="surrogatepass")
+    cut = _left_out(c, data["job"], body, a.tail)
+    if a.raw:
+        sys.stdout.buffer.write(body)
+    else:
+        _print({**data, **cut}, a.json, data["text"].rstrip("\n"), keep="\n\t")
+    if cut and not a.json:
+        sys.stdout.flush()
+        print(printable(f"gmux: {cut['cut']}"), file=sys.stderr)
+    return 0
+
+
+def _left_out(c: Client, job: str, body: bytes, tail: int) -> dict:
+    """{'cut': words, 'left_out': bytes or None, 'log': path or None} where a full reply held less than was asked
+    (all the log, or --tail N lines reaching past what a reply holds); {} where it held all. The log's size is
+    read from its file where this user may; else only that the reply was full is known."""
+    if len(body) < LOGS_REPLY_BYTES - 3 or (tail and body.count(b"\n") >= tail):
+        return {}      # (- 3: a character cut in two at the reply's start is dropped whole)
+    path = c.rundir.log_file(job)
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return {"cut": f"only the end of {job}'s log is shown, what one reply holds ({LOGS_REPLY_BYTES >> 10} KiB): "
+                       f"what came before it was left out", "left_out": None, "log": None}
+    if size <= LOGS_REPLY_BYTES:
+        return {}
+    return {"cut": f"only the last {LOGS_REPLY_BYTES >> 10} KiB of {job}'s log are shown, what one reply holds: the "
+                   f"{format_size(size - LOGS_REPLY_BYTES)} before them were left out. All of it: {path}",
+            "left_out": size - LOGS_REPLY_BYTES, "log": path}
 
 
 def top(c: Client, a) -> int:

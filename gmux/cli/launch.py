@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from gmux.cli.argtypes import nonneg_int, positive_int
+from gmux.cli.argtypes import nonneg_int, positive_int, runtime_dir
 from gmux.cli.job_options import add_job_options
 from gmux.job import torchrun
 from gmux.job.launch import LaunchOptions, run
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     p.add_argument("--world", type=positive_int, help="with --gang: the number of ranks")
     p.add_argument("--no-hook", dest="hook", action="store_false",
                    help="the script calls gmux.job.attach() itself; do not install the optimizer hook")
-    p.add_argument("--runtime-dir", default=default_runtime_dir())
+    p.add_argument("--runtime-dir", type=runtime_dir, default=default_runtime_dir())
     # a worker torchrun started (gmux/job/torchrun.py): its rank and world size are torchrun's RANK and WORLD_SIZE
     p.add_argument("--torchrun-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--job", help=argparse.SUPPRESS)       # set by gmuxd / by a migration's re-exec

@@ -1,8 +1,13 @@
-"""What a command-line tool does when the program reading its output goes away (`gmux ps | head -1`)."""
+"""What a command-line tool prints besides its results: its errors (as text, or as JSON under --json) and what it
+does when the program reading its output goes away (`gmux ps | head -1`)."""
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import sys
+
+from gmux.util.text import printable
 
 
 def reader_gone() -> int:
@@ -10,3 +15,42 @@ def reader_gone() -> int:
     /dev/null first, or Python's flush of it at exit would fail again with a traceback."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 1
+
+
+def failed(message: str, as_json: bool, status: int = 1, **more) -> int:
+    """An error, said once: under --json one JSON object on standard output, where a program reading the
+    command's output looks (a text line there would not parse), else a line on standard error."""
+    if as_json:
+        print(json.dumps({"error": message, "status": status, **more}), flush=True)
+    else:
+        print(f"gmux: {printable(message)}", file=sys.stderr)
+    return status
+
+
+class UsageError(Exception):
+    """A command line argparse refused, with the parser of the command it is about."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str):
+        super().__init__(message)
+        self.parser = parser
+
+    def report(self, as_json: bool) -> int:
+        """Says it as argparse does (the command's usage, then the error; status 2), or as JSON."""
+        if not as_json:
+            argparse.ArgumentParser.error(self.parser, str(self))
+        return failed(f"{self.parser.prog}: {self}", True, 2, usage=self.parser.format_usage().strip())
+
+
+class Parser(argparse.ArgumentParser):
+    """Its errors are raised as UsageError for the caller to say (as text or JSON). An option that a command does
+    not take is refused by that command, with its usage: argparse passes it up to the program's parser, whose
+    usage lists the commands but not the command's options."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extra = super().parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return namespace, extra
+
+    def error(self, message: str):
+        raise UsageError(self, message)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ def run(opt: LaunchOptions) -> int:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2
     job_id = reg["job"]
+    interrupted = _quiet_interrupt(agent)
     lease = _seconds(os.environ.get("GMUX_LEASE_S"))
     if lease:
         agent.lease_s = lease
@@ -96,6 +98,11 @@ def run(opt: LaunchOptions) -> int:
         print(f"gmux-launch: {e}", file=sys.stderr)
         write_exit(rundir, job_id, 2, str(e))
         return 2
+    except runner.QuietInterrupt:
+        write_exit(rundir, job_id, 130, interrupted[0])
+        agent.bye(130, interrupted[0])
+        agent.close()
+        return 130
     if start is None:
         write_exit(rundir, job_id, 0, "told to exit before starting")
         agent.bye(0, "told to exit before starting")
@@ -131,6 +138,8 @@ def run(opt: LaunchOptions) -> int:
                        name=opt.name or reg.get("name") or None)
         agent.state = "running"
     status, reason = runner.run_script(kind, target, script_argv, setup)
+    if interrupted and status == 130:
+        reason = interrupted[0]
     if agent.migrating is not None:
         # The migrate was acknowledged: the state is in the checkpoint, and this process becomes the job's next.
         _reexec(agent, opt, agent.migrating.get("path"))
@@ -142,6 +151,36 @@ def run(opt: LaunchOptions) -> int:
     agent.bye(status, reason)
     agent.close()
     return status
+
+
+def _quiet_interrupt(agent: Agent) -> list:
+    """Ctrl-C reaching a job that waits on gmuxd (suspended, or before its first turn) lands in gmux's own wait,
+    where a KeyboardInterrupt's traceback (through ZeroMQ's poll) tells the user nothing: there it is said in one
+    line, with the reason returned in the list for the job's exit record, and raised as a KeyboardInterrupt that
+    prints no traceback (a script's `except KeyboardInterrupt:` still saves its work). Elsewhere in the script's
+    code it is the script's usual KeyboardInterrupt. A SIGINT ignored (a job started in the background) stays
+    ignored."""
+    said: list = []
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return said
+
+    def on_sigint(signum, frame) -> None:
+        if said or not _waiting_in(frame, Agent.wait.__code__):
+            signal.default_int_handler(signum, frame)
+        when = "before its first turn" if agent.state == "waiting" else "while suspended by gmuxd"
+        said.append(f"interrupted (SIGINT) {when}")
+        print(f"gmux-launch: job {agent.job} interrupted {when}: it ends", file=sys.stderr, flush=True)
+        raise runner.QuietInterrupt()
+    signal.signal(signal.SIGINT, on_sigint)
+    return said
+
+
+def _waiting_in(frame, code) -> bool:
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _left_running() -> list:

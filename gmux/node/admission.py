@@ -141,6 +141,10 @@ class Admission:
                 other = next(p for p in peers if p.pinned == job.pinned)
                 raise Refused(f"{what}: rank {g['rank']} of gang {g['id']} is pinned to GPU {job.pinned}, as is "
                               f"rank {other.gang['rank']} ({other.id}): each rank needs a GPU of its own")
+        if job.pinned is None and g["size"] > fitting and what == "submit":
+            # (a submitted gang's name is gmuxd's choice, not yet shown anywhere: the user's words are --ranks)
+            raise Refused(f"{what}: --ranks {g['size']}: this machine has {fitting} GPU"
+                          f"{'s' if fitting != 1 else ''} that can hold a rank, and each rank needs a GPU of its own")
         if job.pinned is None and g["size"] > fitting:
             raise Refused(f"{what}: gang {g['id']} has {g['size']} ranks and this machine {fitting} GPUs that "
                           f"hold one: each rank needs a GPU of its own (ranks of a gang spanning machines are "
@@ -270,7 +274,7 @@ class Admission:
             job.exclusive_gpus = list(mine) if job.exclusive else []
             if job.id in self.queue:
                 self.queue.remove(job.id)
-            job.detail = ""
+            job.detail = "" if job.registered else "starting"     # (its process has not registered yet)
             if job.registered:
                 self.node.seat(job, now)
             self.store.save(job)

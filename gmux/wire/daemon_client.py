@@ -10,7 +10,7 @@ from typing import Any, Optional
 import zmq
 
 from gmux import protocol
-from gmux.rundir import RuntimeDir, alive, default_runtime_dir
+from gmux.rundir import RuntimeDir, alive, default_runtime_dir, not_a_directory
 from gmux.wire.request import Requester
 
 
@@ -88,6 +88,9 @@ class Client:
             os.stat(self.rundir.socket)
         except PermissionError:
             raise GmuxError(closed_message(self.rundir.root)) from None
+        except NotADirectoryError:      # (not "gmuxd is not running": no gmuxd could run there)
+            raise GmuxError(f"{not_a_directory(self.rundir.root)} is a file, not a directory: it cannot be a gmuxd's "
+                            f"runtime directory") from None
         except OSError:
             raise GmuxError(unavailable_message(self.rundir.endpoint, running=False)) from None
         try:

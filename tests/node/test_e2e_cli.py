@@ -136,12 +136,12 @@ def test_raw_logs_are_the_bytes_the_job_wrote_and_plain_logs_stay_safe_for_a_ter
 
 
 CARELESS = [  # (arguments, what the one-line refusal says)
-    (["kill", ""], "kill.job: '' is not a valid name"),
-    (["logs", "\x1b[31mRED"], "logs.job: '\\x1b[31mRED' is not a valid name"),
-    (["suspend", "[/bogus]"], "suspend.job: '[/bogus]' is not a valid name"),
-    (["submit", "--name", "", "--", "python", "x.py"], "submit.name: '' is not a valid name"),
-    (["submit", "--ranks", "100", "--", "python", "x.py"], "submit.ranks: 100 is outside [1, 64]"),
-    (["ps", "--limit", "99999999999999999999"], "ps.limit: 99999999999999999999 is outside"),
+    (["kill", ""], "kill: JOB: '' is not a valid name"),
+    (["logs", "\x1b[31mRED"], "logs: JOB: '\\x1b[31mRED' is not a valid name"),
+    (["suspend", "[/bogus]"], "suspend: JOB: '[/bogus]' is not a valid name"),
+    (["submit", "--name", "", "--", "python", "x.py"], "submit: --name: '' is not a valid name"),
+    (["submit", "--ranks", "100", "--", "python", "x.py"], "submit: --ranks 100: this machine has 1 GPU (0)"),
+    (["ps", "--limit", "99999999999999999999"], "ps: --limit: 99999999999999999999 is outside"),
     (["submit", "--mem", "0", "--", "python", "x.py"], "--mem: 0 is not a size > 0"),
     (["submit", "--mem", "9" * 400, "--", "python", "x.py"], "is more memory than any machine has"),
     (["submit", "--weight", "nan", "--", "python", "x.py"], "--weight: nan is not a weight in [0.001, 1000]"),

@@ -1,0 +1,210 @@
+"""The gmux CLI's edges an outside tester found: Ctrl-C to a suspended gmux-launch, a log cut silently, errors
+under --json, a subcommand's usage, the wire's field names and a gang's made-up id in errors, an empty detail for
+a waiting job, job names in lookalike characters, a file given as the runtime directory."""
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from node_harness import PY, ROOT, TRAIN, env
+
+
+def gmux(rt, *args, timeout=60, environ=None):
+    return subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", rt, *args], env=environ or env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_ctrl_c_to_a_launch_waiting_on_gmuxd_ends_in_one_line(node_factory, tmp_path):
+    """Ctrl-C reaching a job while gmuxd held it (suspended, or before its first turn) printed a traceback through
+    ZeroMQ's poll; it ends in one line, with Ctrl-C's status as a running job's does, and says so in its record."""
+    node = node_factory("--virtual-gpus", "2x1GiB", "--deadline-floor", "20")    # (suspended, never SIGSTOPped)
+    held = node.launch(TRAIN, str(tmp_path / "a.json"), "1000000", "--sleep", "0.01", log_name="held.log")
+    job = node.job_of(held.pid)
+    node.wait_for(lambda: node.job(job)["step"] > 2, 60, "training")
+    node.call("suspend", job=job)
+    node.wait_for(lambda: node.job(job)["state"] == "held", 30, "held")
+    # (needs both GPUs to itself, and the held job keeps one: it waits in the queue, never started)
+    queued = node.launch(TRAIN, str(tmp_path / "b.json"), "10", opts=["--gpus", "2"], log_name="queued.log")
+    waiting = node.job_of(queued.pid)
+    node.wait_for(lambda: node.job(waiting)["state"] == "waiting", 30, "queued")
+    for proc, name, jid, when in ((queued, "queued.log", waiting, "before its first turn"),
+                                  (held, "held.log", job, "while suspended by gmuxd")):
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 130
+        said = (tmp_path / name).read_text()
+        assert "Traceback" not in said and f"gmux-launch: job {jid} interrupted {when}: it ends\n" in said, said
+        node.wait_for(lambda: node.job(jid)["state"] == "failed", 20, "ended")
+        assert node.job(jid)["detail"] == f"interrupted (SIGINT) {when}"
+    # A script that saves its work on Ctrl-C still does when the Ctrl-C comes while it is suspended.
+    script, saved = tmp_path / "saves.py", tmp_path / "saved"
+    script.write_text("import sys, time, torch\n"
+                      "m = torch.nn.Linear(2, 1)\n"
+                      "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "try:\n"
+                      "    while True:\n"
+                      "        time.sleep(0.01)\n"
+                      "        m(torch.ones(1, 2)).sum().backward()\n"
+                      "        opt.step()\n"
+                      "except KeyboardInterrupt:\n"
+                      "    open(sys.argv[1], 'w').write('saved')\n"
+                      "    raise\n")
+    saver = node.launch(str(script), str(saved), log_name="saver.log")
+    jsaver = node.job_of(saver.pid)
+    node.wait_for(lambda: node.job(jsaver)["step"] > 2, 60, "training")
+    node.call("suspend", job=jsaver)
+    os.kill(saver.pid, signal.SIGINT)
+    assert saver.wait(60) == 130
+    said = (tmp_path / "saver.log").read_text()
+    assert saved.read_text() == "saved" and "Traceback" not in said, said
+
+
+def test_logs_says_what_a_reply_left_out(node_factory, tmp_path):
+    """A log past 512 KiB was shown from its last 512 KiB without a word: what was left out is said on stderr
+    (stdout stays the log's), with the file that has all of it; --json carries the same."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    script = tmp_path / "chatty.py"
+    script.write_text("for i in range(20000):\n    print(f'line {i:06d} ' + 'x' * 60)\n")   # 1.4 MB
+    job = json.loads(gmux(node.rt, "--json", "submit", "--", "python", str(script)).stdout)["job"]
+    node.wait_for(lambda: node.job(job)["state"] == "exited", 60, "printed")
+    path = os.path.join(node.rt, "logs", f"{job}.log")
+    size = os.path.getsize(path)
+    out = gmux(node.rt, "logs", job)
+    assert out.returncode == 0 and out.stdout.endswith("line 019999 " + "x" * 60 + "\n")
+    assert "line 000000" not in out.stdout and "left out" not in out.stdout
+    assert f"only the last 512 KiB of {job}'s log are shown" in out.stderr and f"All of it: {path}" in out.stderr
+    shown = json.loads(gmux(node.rt, "--json", "logs", job).stdout)
+    assert shown["left_out"] == size - (512 << 10) and shown["log"] == path
+    assert "left out" in gmux(node.rt, "logs", job, "--tail", "100000").stderr   # more lines than a reply holds
+    assert "left out" in gmux(node.rt, "logs", job, "--raw").stderr
+    assert gmux(node.rt, "logs", job, "--tail", "5").stderr == ""                  # all it asked for
+
+
+BAD_IDS = [["suspend", "nosuch"], ["resume", "nosuch"], ["kill", "nosuch"], ["migrate", "nosuch", "--gpu", "1"],
+           ["logs", "nosuch"], ["kill", ""], ["logs", "\x1b[31mRED"]]
+
+
+def test_every_error_under_json_is_json(node_factory, tmp_path):
+    """`gmux --json kill nosuch` printed its error as text; each error under --json is one JSON object on stdout
+    (status 1; 2 for a command line argparse refuses), whether --json comes before the command or after."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    for args in BAD_IDS:
+        for out in (gmux(node.rt, "--json", *args), gmux(node.rt, *args, "--json")):
+            said = json.loads(out.stdout)
+            assert out.returncode == 1 and said["status"] == 1 and args[0] in said["error"], (args, out)
+            assert out.stderr == "" and "\x1b" not in out.stdout, (args, out)
+    for args, usage in ((["logs", "j1", "--tail", "x"], "gmux logs"), (["logs", "j1", "-f"], "gmux logs"),
+                        (["logs", "j1", "--raw"], "gmux logs"), (["bogus"], "gmux [-h]"),
+                        (["ps", "--limit", "0"], "gmux ps")):
+        out = gmux(node.rt, "--json", *args)
+        said = json.loads(out.stdout)
+        assert out.returncode == 2 and said["status"] == 2 and said["usage"].startswith(f"usage: {usage}"), out
+    out = gmux(str(tmp_path / "nowhere"), "--json", "ps")
+    assert out.returncode == 1 and "gmuxd is not running" in json.loads(out.stdout)["error"]
+
+
+def test_a_commands_bad_options_get_its_own_usage(node_factory):
+    """`gmux logs JOB -f` showed the usage of gmux itself (its commands, not the options of logs)."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    for args, needle in ((["logs", "j1", "-f"], "unrecognized arguments: -f"),
+                         (["logs", "-f"], "required: job"),
+                         (["ps", "--tail", "3"], "unrecognized arguments: --tail 3")):
+        out = gmux(node.rt, *args)
+        command = args[0]
+        assert out.returncode == 2 and out.stderr.startswith(f"usage: gmux {command} "), (args, out.stderr)
+        assert f"gmux {command}: error: " in out.stderr and needle in out.stderr, (args, out.stderr)
+    assert gmux(node.rt, "-x", "ps").stderr.startswith("usage: gmux [-h]")    # gmux's own option: its usage
+
+
+def test_errors_speak_the_users_words(node_factory, tmp_path):
+    """Numbers past the wire's bounds were refused naming its fields (submit.gpus, kill.job), and a submitted
+    gang that does not fit by the id gmuxd would have given it (gangj1, shown nowhere)."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    script = tmp_path / "x.py"
+    script.write_text("pass\n")
+    for args, said in ((["submit", "--gpus", "99", "--", "python", str(script)],
+                        "gmux: submit: --gpus 99: this machine has 2 GPUs (0, 1)\n"),
+                       (["submit", "--ranks", "99", "--", "python", str(script)],
+                        "gmux: submit: --ranks 99: this machine has 2 GPUs (0, 1), and each rank needs one of its "
+                        "own\n"),
+                       (["submit", "--gpu", "9999", "--", "python", str(script)],
+                        "gmux: submit: --gpu 9999: this machine has 2 GPUs (0, 1)\n"),
+                       (["migrate", "j1", "--gpu", "9999"],
+                        "gmux: migrate: --gpu 9999: this machine has 2 GPUs (0, 1)\n"),
+                       (["submit", "--ranks", "3", "--", "python", str(script)],
+                        "gmux: submit: --ranks 3: this machine has 2 GPUs that can hold a rank, and each rank needs "
+                        "a GPU of its own\n"),
+                       (["kill", ""], "gmux: kill: JOB: '' is not a valid name"),
+                       (["ps", "--limit", "99999999999999999999"], "gmux: ps: --limit: 99999999999999999999 is "
+                                                                   "outside")):
+        out = gmux(node.rt, *args)
+        assert out.returncode == 1 and out.stderr.startswith(said), (args, out.stderr)
+    assert [j["id"] for j in node.ps()["jobs"]] == []
+
+
+def test_a_waiting_job_says_what_it_waits_for(node_factory, tmp_path):
+    """A job admitted to a GPU and waiting there for its first turn showed an empty WHAT HAPPENED."""
+    node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "600")
+    first = json.loads(gmux(node.rt, "--json", "submit", "--mem", "700MiB", "--", PY, TRAIN,
+                            str(tmp_path / "a.json"), "1000000", "--sleep", "0.01").stdout)["job"]
+    node.wait_for(lambda: node.job(first)["state"] == "running", 60, "the first job running")
+    second = json.loads(gmux(node.rt, "--json", "submit", "--mem", "700MiB", "--", PY, TRAIN,
+                             str(tmp_path / "b.json"), "10").stdout)["job"]
+    node.wait_for(lambda: node.job(second)["detail"] == "" and node.job(second)["state"] == "waiting", 60,
+                  "the second registered, waiting")
+    table = gmux(node.rt, "ps").stdout
+    assert (f"waiting for memory on GPU 0: it needs 700.0MiB; {first} runs there, holding 700.0MiB of 1.0GiB"
+            in _column(table, second)), table
+
+
+def _column(table: str, job: str) -> str:
+    """The last column of `job`'s row in a rich table, its wrapped lines joined."""
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"│ {job} "))
+    cells = [lines[start].split("│")[-2].strip()]
+    for line in lines[start + 1:]:
+        if not line.startswith("│  "):
+            break
+        cells.append(line.split("│")[-2].strip())
+    return " ".join(c for c in cells if c)
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("ј45", "looks like a job id (gmux names jobs j1, j2, ...): it is written with 'ј' (U+0458 CYRILLIC SMALL "
+            "LETTER JE)"),
+    ("Ｊ99", "looks like a job id (gmux names jobs j1, j2, ...): it is written with 'Ｊ' (U+FF2A FULLWIDTH"),
+    ("j45", "looks like a job id"),
+    ("ﬁne", "reads as 'fine' (written with 'ﬁ' (U+FB01 LATIN SMALL LIGATURE FI))"),
+    ("rеsnet", "mixes Latin and Cyrillic letters"),
+])
+def test_lookalike_job_names_are_refused_naming_the_problem(tmp_path, name, needle):
+    """A name in lookalike characters was taken, then read in gmux ps as another job's id (Cyrillic 'ј45')."""
+    for command in (["gmux.cli.gmux", "--runtime-dir", str(tmp_path), "submit"], ["gmux.cli.launch"]):
+        out = subprocess.run([PY, "-m", *command, "--name", name, "--", "python", "x.py"], env=env(), cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and f"argument --name: {name!r} {needle}" in out.stderr, out.stderr
+
+
+def test_names_in_one_script_are_taken():
+    from gmux.cli.argtypes import job_name
+    for name in ("resnet-50", "b12", "训练", "обучение", "ab.v2", "J-7"):
+        assert job_name(name) == name
+
+
+def test_a_file_as_runtime_dir_is_named_a_file(tmp_path):
+    """`gmux --runtime-dir FILE` said no gmuxd was running there, as if one could."""
+    (tmp_path / "afile").write_text("")
+    for rt in (str(tmp_path / "afile"), str(tmp_path / "afile" / "sub")):
+        said = f"{tmp_path / 'afile'} is a file, not a directory"
+        out = gmux(rt, "ps")
+        assert out.returncode == 2 and said in out.stderr and "not running" not in out.stderr, out.stderr
+        out = subprocess.run([PY, "-m", "gmux.cli.gmux", "ps"], env={**env(), "GMUX_RUNTIME_DIR": rt}, cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and said in out.stderr, out.stderr
+        out = subprocess.run([PY, "-m", "gmux.cli.launch", "--runtime-dir", rt, "--", "python", "x.py"], env=env(),
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and said in out.stderr, out.stderr
+        from gmux.wire.daemon_client import Client, GmuxError
+        with pytest.raises(GmuxError, match="is a file, not a directory"):
+            Client(rt)
