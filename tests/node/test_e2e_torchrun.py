@@ -5,14 +5,14 @@ import json
 import os
 import subprocess
 
-from node_harness import PY, ROOT, env, result
+from node_harness import PY, ROOT, env, paced, result, unpace
 
 DDP = os.path.join(ROOT, "tests", "scripts", "ddp_train.py")
 TORCHRUN = os.path.join(os.path.dirname(PY), "torchrun")
 RANKS = ["--standalone", "--nproc_per_node", "2"]
 # Each step waits 10 ms, so the gang is still training when the test suspends it on a loaded machine; it
 # changes no number.
-PACE = ["--sleep", "0.01"]
+SLEEP = "0.01"
 
 
 def gmux(rt, *args, timeout=60):
@@ -23,7 +23,7 @@ def gmux(rt, *args, timeout=60):
 def _launch(node, name, out, steps):
     log = open(node.tmp / f"{name}.log", "ab")
     p = subprocess.Popen([PY, "-m", "gmux.cli.launch", "--runtime-dir", node.rt, "--name", name, "--", TORCHRUN,
-                          *RANKS, DDP, out, steps, *PACE], env=env(), cwd=ROOT, stdout=log,
+                          *RANKS, DDP, out, steps, *paced(node.tmp, SLEEP)], env=env(), cwd=ROOT, stdout=log,
                          stderr=subprocess.STDOUT, start_new_session=True)
     node.procs.append(p)
     return p
@@ -72,6 +72,7 @@ def test_torchrun_gang_suspends_and_resumes_as_one_bit_identical(node_factory, t
     out = gmux(node.rt, "resume", ranks[1])
     assert out.returncode == 0, out.stderr
     node.wait_for(lambda: all(node.job(j)["step"] > s for j, s in zip(ranks, held)), 60, "the gang resumed")
+    unpace(tmp_path)
     assert launcher.wait(120) == 0
     _plain_done(plain, tmp_path, steps)
     digests = {result(tmp_path / f"{kind}{r}.json")["sha256"] for kind in ("plain", "gang") for r in range(2)}
@@ -99,7 +100,7 @@ def test_an_unmodified_ddp_script_submitted_with_ranks_suspends_as_one_bit_ident
     plain = _plain(tmp_path, steps)
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
     sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--name", "sg", "--", "python", DDP,
-               str(tmp_path / "gang{rank}.json"), steps, *PACE)
+               str(tmp_path / "gang{rank}.json"), steps, *paced(tmp_path, SLEEP))
     assert sub.returncode == 0, sub.stderr
     ranks = json.loads(sub.stdout)["jobs"]
     node.wait_for(lambda: all(node.job(j)["state"] == "running" and node.job(j)["step"] > 30 for j in ranks), 90,
@@ -109,6 +110,7 @@ def test_an_unmodified_ddp_script_submitted_with_ranks_suspends_as_one_bit_ident
     held = [node.job(j)["step"] for j in ranks]
     assert {node.job(j)["state"] for j in ranks} == {"held"} and held[0] == held[1]
     assert gmux(node.rt, "resume", ranks[0]).returncode == 0
+    unpace(tmp_path)
     node.wait_for(lambda: all(node.job(j)["state"] == "exited" for j in ranks), 120, "the gang finished")
     _plain_done(plain, tmp_path, steps)
     digests = {result(tmp_path / f"{kind}{r}.json")["sha256"] for kind in ("plain", "gang") for r in range(2)}

@@ -1,9 +1,10 @@
 """An ordinary DistributedDataParallel training script over gloo, started by torchrun (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT from its environment), knowing nothing of gmux; deterministic.
-usage: ddp_train.py OUT STEPS [--sleep S]   (OUT may hold {rank}; each rank writes the digest of its state)"""
+usage: ddp_train.py OUT STEPS [--sleep S [--unpaced-when PATH]]   (OUT may hold {rank}; each rank writes the digest of its state)"""
 import argparse
 import hashlib
 import json
+import os
 import time
 
 import torch
@@ -14,6 +15,7 @@ p = argparse.ArgumentParser()
 p.add_argument("out")
 p.add_argument("steps", type=int)
 p.add_argument("--sleep", type=float, default=0.0, help="seconds per step, to pace the job against a test's moves")
+p.add_argument("--unpaced-when", metavar="PATH", help="no more --sleep once PATH exists (the numbers are the same)")
 a = p.parse_args()
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
@@ -28,7 +30,7 @@ for step in range(a.steps):
     opt.zero_grad()
     loss.backward()
     opt.step()
-    if a.sleep:
+    if a.sleep and not (a.unpaced_when and os.path.exists(a.unpaced_when)):
         time.sleep(a.sleep)
 h = hashlib.sha256()
 for t in list(model.parameters()) + [opt.state[q]["momentum_buffer"] for q in model.parameters()]:
