@@ -18,15 +18,15 @@ from rich.console import Console
 
 from gmux.cli.tables import jobs_table
 from gmux.wire.daemon_client import GmuxError
-from node_harness import ROOT, TRAIN, Node, result, start_py
+from node_harness import ROOT, TRAIN, Node, paced, result, start_py, unpace
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 FRAMEWORKS = {"hf": ("transformers", os.path.join(SCRIPTS, "hf_trainer.py")),
               "lightning": ("lightning", os.path.join(SCRIPTS, "lightning_train.py"))}
 # 6 epochs of 32 batches of 8, two per optimizer step; each batch waits 60 ms in its collate function (as if for
 # input; no number changes), so that a job trains (about 12 s of GPU time) for longer than the stretches it may
-# run alone while the others start again after a spill.
-ARGS = ["--epochs", "6", "--samples", "256", "--sleep", "0.06"]
+# run alone while the others start again after a spill; once the scenario has shown all it shows, unpaced.
+ARGS = ["--epochs", "6", "--samples", "256"]
 QUANTUM = "0.5"
 # Each framework job is time-sliced with two plain training jobs on a GPU of its own, then moved to another.
 SHARED, TARGET = {"hf": 0, "lightning": 1}, {"hf": 2, "lightning": 3}
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"{', '.join(MISSING)} not
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("frameworks")
-    solo = {n: start_py(script, str(tmp / f"solo_{n}.json"), *ARGS, *_logs(n, tmp / "solo_logs"),
+    solo = {n: start_py(script, str(tmp / f"solo_{n}.json"), *ARGS, *paced(tmp, "0.06"), *_logs(n, tmp / "solo_logs"),
                         log=str(tmp / f"solo_{n}.log")) for n, (_, script) in FRAMEWORKS.items()}
     node = Node(tmp, "--virtual-gpus", "5x1GiB", "--quantum", QUANTUM, "--no-pack", "--host-budget", BUDGET)
     out = {"tmp": tmp, "node": node, "solo": solo, "ids": {}, "procs": {}, "others": {}}
@@ -51,12 +51,13 @@ def scenario(tmp_path_factory):
         go = tmp / "go"
         for n, (_, script) in FRAMEWORKS.items():
             opts = ["--gpu", str(SHARED[n]), "--mem", "300MiB"]
-            out["procs"][n] = node.launch(script, str(tmp / f"{n}.json"), *ARGS, *_logs(n, tmp / "logs"),
+            out["procs"][n] = node.launch(script, str(tmp / f"{n}.json"), *ARGS, *paced(tmp, "0.06"),
+                                          *_logs(n, tmp / "logs"),
                                           "--wait-for", str(go), opts=opts, log_name=f"{n}.log")
         # (12 epochs: alone on its GPU it must still be training when the loop below, busy with the other jobs'
         # moves, first sees it under its Trainer; at 6 it once finished before, on a loaded machine)
         out["procs"]["inexact"] = node.launch(FRAMEWORKS["hf"][1], str(tmp / "inexact.json"), "--epochs", "12",
-                                               "--ignore-data-skip", "--sleep", "0.05", "--wait-for", str(go),
+                                               "--ignore-data-skip", *paced(tmp, "0.05"), "--wait-for", str(go),
                                                opts=["--gpu", "4", "--mem", "300MiB"], log_name="inexact.log")
         out["ids"] = {n: node.job_of(p.pid, 60) for n, p in out["procs"].items()}
         # The two other jobs on each shared GPU join once the framework job is there (its imports take seconds):
@@ -124,15 +125,16 @@ def _run(node: Node, out: dict) -> None:
     out["accounted"] = {}
     for n, ((t0, before), (t1, after)) in window.items():
         out["accounted"][n] = (t1 - t0, sum(after[i] - before[i] for i in sliced[n]) / (t1 - t0))
+    for n in FRAMEWORKS:            # (their part is played: the rest runs unpaced, and they would compete)
+        for job in out["others"][n]:
+            node.call("kill", job=job)
+    unpace(out["tmp"])
     for n in ("hf", "lightning", "inexact"):
         assert out["procs"][n].wait(300) == 0, (out["tmp"] / f"{n}.log").read_text()[-3000:]
     for p in out["solo"].values():
         assert p.wait(300) == 0
     out["jobs"] = {j["id"]: j for j in node.ps()["jobs"]}
     out["decisions"] = node.call("decisions", limit=2000)["decisions"]
-    for n in FRAMEWORKS:
-        for job in out["others"][n]:
-            node.call("kill", job=job)
 
 
 def _render(jobs) -> str:

@@ -3,8 +3,8 @@ dataset with a random transform and a collator that both add noise from torch's 
 image transforms draw crops and masking collators their masks),
 TrainingArguments with gradient accumulation, a linear warm-up schedule and AdamW, then train().
 
-usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--ignore-data-skip]
-                       [--workers N]
+usage: hf_trainer.py OUT [--epochs N] [--samples N] [--sleep S [--unpaced-when PATH]] [--wait-for FILE]
+                       [--ignore-data-skip] [--workers N]
                        [--no-noise] [--eval-steps N] [--save-steps N]
 Writes OUT as JSON: the sha256 of the final weights, the global step, the step this process started
 training at (more than 0 when gmux restored it after a move), and the run's train_loss and total_flos. --sleep
@@ -31,6 +31,7 @@ p.add_argument("out")
 p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--samples", type=int, default=256)
 p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--unpaced-when", metavar="PATH", help="no more --sleep once PATH exists (the numbers are the same)")
 p.add_argument("--wait-for", default=None, help="train only once this file exists")
 p.add_argument("--ignore-data-skip", action="store_true")
 p.add_argument("--workers", type=int, default=0)
@@ -67,7 +68,7 @@ class Points(torch.utils.data.Dataset):
 
 
 def collate(items):
-    if a.sleep:
+    if a.sleep and not (a.unpaced_when and os.path.exists(a.unpaced_when)):
         time.sleep(a.sleep)
     batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
     if not a.no_noise:

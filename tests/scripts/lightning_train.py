@@ -2,8 +2,8 @@
 function adds noise from torch's global random stream (an augmentation), Adam with a per-step LR schedule,
 gradient accumulation, then Trainer.fit().
 
-usage: lightning_train.py OUT [--epochs N] [--samples N] [--sleep S] [--wait-for FILE] [--workers N] [--persistent]
-                           [--no-noise] [--freeze-from-epoch N] [--logs DIR]
+usage: lightning_train.py OUT [--epochs N] [--samples N] [--sleep S [--unpaced-when PATH]] [--wait-for FILE]
+                           [--workers N] [--persistent] [--no-noise] [--freeze-from-epoch N] [--logs DIR]
 Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
 training at (more than 0 when gmux restored it after a move). --sleep stands for waiting on input in the
 collate function each batch; it changes no number. --wait-for holds training back until FILE exists (a
@@ -31,6 +31,7 @@ p.add_argument("out")
 p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--samples", type=int, default=256)
 p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--unpaced-when", metavar="PATH", help="no more --sleep once PATH exists (the numbers are the same)")
 p.add_argument("--wait-for", default=None, help="train only once this file exists")
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--persistent", action="store_true")
@@ -42,7 +43,7 @@ torch.set_num_threads(1)
 
 
 def collate(items):
-    if a.sleep:
+    if a.sleep and not (a.unpaced_when and os.path.exists(a.unpaced_when)):
         time.sleep(a.sleep)
     x, y = default_collate(items)
     return (x, y) if a.no_noise else (x + 0.05 * torch.randn_like(x), y)
