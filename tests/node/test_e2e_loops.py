@@ -9,22 +9,24 @@ import pytest
 import torch
 
 from gmux_testkit import assert_identical
-from node_harness import ROOT, start_py
+from node_harness import ROOT, start_py, unpace
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 
 QUANTUM = "0.5"
-# (script, its arguments after OUT: steps and the seconds each step, or each LBFGS closure call, also waits)
+# (script, its arguments after OUT: steps and the seconds each step, or each LBFGS closure call, also waits until
+# the test has seen its window)
 LOOPS = {"hand": ("poly_regression.py", "400", "0.02"),
          "lbfgs": ("lbfgs_timeseries.py", "10", "0.12"),     # up to 6 closure calls a step: ~0.7 s > the quantum
          "gan": ("gan_pair.py", "300", "0.025")}
 
 
 def test_loops_without_hookable_steps_are_time_sliced_accounted_and_bit_identical(node_factory, tmp_path):
-    solos = {n: start_py(os.path.join(SCRIPTS, s), str(tmp_path / f"solo_{n}.pt"), *a) for n, (s, *a) in LOOPS.items()}
+    loops = {n: (*args, str(tmp_path / "unpaced")) for n, args in LOOPS.items()}
+    solos = {n: start_py(os.path.join(SCRIPTS, s), str(tmp_path / f"solo_{n}.pt"), *a) for n, (s, *a) in loops.items()}
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", QUANTUM, "--no-pack")
     procs = {n: node.launch(os.path.join(SCRIPTS, s), str(tmp_path / f"{n}.pt"), *a, opts=["--mem", "300MiB"],
-                            log_name=f"{n}.log") for n, (s, *a) in LOOPS.items()}
+                            log_name=f"{n}.log") for n, (s, *a) in loops.items()}
     ids = {n: node.job_of(p.pid) for n, p in procs.items()}
     # A window while all three train (each has passed a boundary): every second of the GPU belongs to one of them.
     node.wait_for(lambda: all(node.job(i)["step"] >= 2 for i in ids.values()), 90, lambda: node.ps())
@@ -36,6 +38,7 @@ def test_loops_without_hookable_steps_are_time_sliced_accounted_and_bit_identica
     print(f"GPU-seconds / wall time over {t1 - t0:.1f} s: {accounted:.3f}")
     assert running, after
     assert accounted == pytest.approx(1.0, abs=0.10), (before, after)
+    unpace(tmp_path)
     for n, p in procs.items():
         assert p.wait(240) == 0, (tmp_path / f"{n}.log").read_text()
     for n, p in solos.items():

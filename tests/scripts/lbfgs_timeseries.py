@@ -1,12 +1,13 @@
 """A sine-wave predictor (LSTM) trained with torch.optim.LBFGS and a closure, in the style of PyTorch's
 time-sequence example: LBFGS calls the closure several times per step, and no boundary may fall inside a step.
 Under gmux it counts the boundaries it sees from inside the closure.
-Usage: lbfgs_timeseries.py OUT.pt [STEPS [SLEEP]] (SLEEP: seconds each closure call also waits, standing for a GPU's compute)"""
+Usage: lbfgs_timeseries.py OUT.pt [STEPS [SLEEP [UNPACED_WHEN]]] (SLEEP: seconds each closure call also waits,
+standing for a GPU's compute, until the file UNPACED_WHEN exists)"""
 import sys
-import time
 
 import torch
 from torch import nn
+from pacing import pause  # (tests/scripts, this script's directory)
 
 torch.manual_seed(5)
 torch.set_num_threads(1)
@@ -40,13 +41,14 @@ def boundaries_seen():
 inside = 0
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 SLEEP = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+UNPACED_WHEN = sys.argv[4] if len(sys.argv) > 4 else None
 for step in range(STEPS):
     before = boundaries_seen()
 
     def closure():
         global inside
         inside += boundaries_seen() != before
-        time.sleep(SLEEP)
+        pause(SLEEP, UNPACED_WHEN)
         opt.zero_grad()
         loss = nn.functional.mse_loss(model(inputs), targets)
         loss.backward()

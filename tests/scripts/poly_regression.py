@@ -1,11 +1,12 @@
 """Polynomial regression with hand-written updates (no torch.optim), in the style of PyTorch's regression
-example: the loop the module hook gives boundaries to. Usage: poly_regression.py OUT.pt [STEPS [SLEEP]]
-(SLEEP: seconds each step also waits, standing for a GPU's compute)"""
+example: the loop the module hook gives boundaries to.
+Usage: poly_regression.py OUT.pt [STEPS [SLEEP [UNPACED_WHEN]]]
+(SLEEP: seconds each step also waits, standing for a GPU's compute, until the file UNPACED_WHEN exists)"""
 import sys
-import time
 
 import torch
 from torch import nn
+from pacing import pause  # (tests/scripts, this script's directory)
 
 torch.manual_seed(3)
 torch.set_num_threads(1)
@@ -20,8 +21,9 @@ def features(x):
 fc = nn.Linear(DEGREE, 1)
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 60
 SLEEP = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+UNPACED_WHEN = sys.argv[4] if len(sys.argv) > 4 else None
 for step in range(STEPS):
-    time.sleep(SLEEP)
+    pause(SLEEP, UNPACED_WHEN)
     x = torch.randn(32, 1)
     y = features(x) @ true_w + true_b
     loss = nn.functional.smooth_l1_loss(fc(features(x)), y)
