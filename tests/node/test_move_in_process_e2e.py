@@ -13,12 +13,12 @@ import subprocess
 import threading
 
 from gmux.wire.daemon_client import GmuxError
-from node_harness import PY, ROOT, TRAIN, env, result, start_py
+from node_harness import PY, ROOT, TRAIN, env, paced, result, start_py, unpace
 
 STEPS = "2500"
 # Each step waits 5 ms (as if for input), so that the jobs are still training while the moves are asked for
-# on a loaded machine; it changes no number.
-PACE = ["--sleep", "0.005"]
+# on a loaded machine, and until they have moved; it changes no number.
+SLEEP = "0.005"
 
 
 def gmux(node, *args):
@@ -31,14 +31,15 @@ def gpu_table(node):
 
 
 def test_jobs_swap_gpus_in_their_own_processes_bit_identically(node_factory, tmp_path):
-    refs = {m: start_py(TRAIN, str(tmp_path / f"solo-{m}.json"), STEPS, *PACE)
+    pace = paced(tmp_path, SLEEP)
+    refs = {m: start_py(TRAIN, str(tmp_path / f"solo-{m}.json"), STEPS, *pace)
             for m in ("explicit", "transparent")}
     # (a 10 s deadline: a move that missed the 1 s default on a loaded machine would be given up)
     node = node_factory("--virtual-gpus", "1GiB,1GiB,64MiB", "--quantum", "600", "--deadline-floor", "10")
-    pe = node.launch(TRAIN, str(tmp_path / "explicit.json"), STEPS, *PACE, "--attach",
+    pe = node.launch(TRAIN, str(tmp_path / "explicit.json"), STEPS, *pace, "--attach",
                      opts=["--no-hook", "--mem", "128MiB"])
     je = node.job_of(pe.pid, 60)
-    pt = node.launch(TRAIN, str(tmp_path / "transparent.json"), STEPS, *PACE, opts=["--mem", "128MiB"])
+    pt = node.launch(TRAIN, str(tmp_path / "transparent.json"), STEPS, *pace, opts=["--mem", "128MiB"])
     jt = node.job_of(pt.pid, 60)
     node.wait_for(lambda: all(node.job(j)["step"] > 200 for j in (je, jt)), 120, "both jobs training")
     assert (node.job(je)["gpu"], node.job(jt)["gpu"]) == (0, 1)
@@ -65,6 +66,7 @@ def test_jobs_swap_gpus_in_their_own_processes_bit_identically(node_factory, tmp
                   "both running on their new GPUs")
     assert gpu_table(node) == {0: ([jt], [jt]), 1: ([je], [je]), 2: ([], [])}
 
+    unpace(tmp_path)
     assert pe.wait(300) == 0 and pt.wait(300) == 0
     for m in refs:
         assert refs[m].wait(300) == 0
