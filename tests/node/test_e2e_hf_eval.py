@@ -8,12 +8,12 @@ import os
 
 import pytest
 
-from node_harness import ROOT, Node, result, start_py
+from node_harness import ROOT, Node, paced, result, start_py, unpace
 
 HF = os.path.join(ROOT, "tests", "scripts", "hf_trainer.py")
 # 2 epochs of 8 steps (16 points each, in micro-batches of 8), each step then evaluated on 32 and 16 points;
-# every micro-batch, evaluated or trained on, waits 50 ms in the collator (no number changes)
-ARGS = ["--epochs", "2", "--samples", "128", "--eval-steps", "1", "--sleep", "0.05"]
+# every micro-batch, evaluated or trained on, waits 50 ms in the collator (no number changes) until it has moved
+ARGS = ["--epochs", "2", "--samples", "128", "--eval-steps", "1"]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                 reason="transformers not installed (pip install -e .[test])")
 
@@ -27,7 +27,7 @@ def _past(node, job, step):
 
 @pytest.mark.parametrize("saves", [False, True], ids=["evaluating", "evaluating-and-saving"])
 def test_a_trainer_at_work_after_every_step_is_suspended_and_moved_after_it_bit_identical(tmp_path, saves):
-    args = ARGS + (["--save-steps", "1"] if saves else [])
+    args = ARGS + paced(tmp_path, "0.05") + (["--save-steps", "1"] if saves else [])
     solo = start_py(HF, str(tmp_path / "solo.json"), *args, log=str(tmp_path / "solo.log"))
     node = Node(tmp_path, "--virtual-gpus", "2x1GiB", "--deadline-floor", "20")
     try:
@@ -40,7 +40,8 @@ def test_a_trainer_at_work_after_every_step_is_suspended_and_moved_after_it_bit_
         assert held["state"] == "held" and held["step"] < 16, held       # (before: no boundary, so a stop)
         node.call("resume", job=job)
         _past(node, job, held["step"])
-        node.call("migrate", job=job, gpu=1, new_process=True)
+        node.call("migrate", job=job, gpu=1, new_process=True)      # (answered once its checkpoint is written)
+        unpace(tmp_path)
         assert p.wait(300) == 0, (tmp_path / "moved.log").read_text()[-3000:]
         assert solo.wait(300) == 0, (tmp_path / "solo.log").read_text()[-3000:]
         info = node.job(job)
