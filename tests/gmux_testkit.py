@@ -15,15 +15,15 @@ TRAIN = os.path.join(ROOT, "gmux", "examples", "demo_train.py")
 PY = sys.executable
 
 
-def paced(tmp_path, sleep: str) -> list:
-    """demo_train's pacing, SLEEP seconds of "input" per mini-batch, until unpace(tmp_path): a test that has
-    measured what the pacing was there for (slices, a window, a move mid-run) lets its jobs and their references
-    run the rest at full speed, which changes none of their numbers."""
-    return ["--sleep", sleep, "--unpaced-when", os.path.join(str(tmp_path), "unpaced")]
+def paced(tmp_path, sleep: str, name: str = "unpaced") -> list:
+    """A training script's pacing, SLEEP seconds of "input" per mini-batch, until unpace(tmp_path, name): a test
+    that has seen what the pacing was there for (slices, a window, a move mid-run) lets its jobs and their
+    references run the rest at full speed, which changes none of their numbers."""
+    return ["--sleep", sleep, "--unpaced-when", os.path.join(str(tmp_path), name)]
 
 
-def unpace(tmp_path) -> None:
-    open(os.path.join(str(tmp_path), "unpaced"), "a").close()
+def unpace(tmp_path, name: str = "unpaced") -> None:
+    open(os.path.join(str(tmp_path), name), "a").close()
 
 
 def env() -> dict:

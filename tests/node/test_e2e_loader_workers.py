@@ -11,10 +11,11 @@ import os
 import pytest
 
 from gmux.wire.daemon_client import GmuxError
-from node_harness import ROOT, Node, result, start_py
+from node_harness import ROOT, Node, paced, result, start_py, unpace
 
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
-# 4 epochs of 32 batches of 8, two per optimizer step: 64 steps; each batch waits 100 ms in a worker
+# 4 epochs of 32 batches of 8, two per optimizer step: 64 steps; each batch waits 100 ms in a worker until the
+# test has seen what it tests of a run
 CASES = {
     "huggingface": ("transformers", os.path.join(SCRIPTS, "hf_trainer.py"), ["--workers", "2"], 0,
                     "worker processes draw random numbers as its dataset is indexed", False),
@@ -24,7 +25,7 @@ CASES = {
                   ["--workers", "2", "--persistent", "--freeze-from-epoch", "1"], 20,
                   "persistent_workers=True, and its dataset or collate function draws", True),
 }
-ARGS = ["--epochs", "4", "--samples", "256", "--sleep", "0.1"]
+ARGS = ["--epochs", "4", "--samples", "256"]
 
 
 def _at_step(node: Node, job: str, step: int) -> dict:
@@ -41,16 +42,18 @@ def test_loader_workers_that_draw_nothing_move_exactly_and_drawing_ones_are_refu
         pytest.skip(f"{module} not installed (pip install -e .[test])")
     # (Lightning's also logs, and keeps checkpoints: a checkpoint callback's last.ckpt must be the solo run's)
     logs = (lambda name: ["--logs", str(tmp_path / name)]) if module == "lightning" else (lambda name: [])
-    solo = start_py(script, str(tmp_path / "solo.json"), *ARGS, *workers, "--no-noise", *logs("solo_logs"),
-                    log=str(tmp_path / "solo.log"))
+    quiet_pace = paced(tmp_path, "0.1", "quiet-unpaced")
+    solo = start_py(script, str(tmp_path / "solo.json"), *ARGS, *quiet_pace, *workers, "--no-noise",
+                    *logs("solo_logs"), log=str(tmp_path / "solo.log"))
     node = Node(tmp_path, "--virtual-gpus", "2x1GiB")
     try:
-        quiet = node.launch(script, str(tmp_path / "quiet.json"), *ARGS, *workers, "--no-noise", *logs("logs"),
-                            opts=["--gpu", "0"], log_name="quiet.log")
+        quiet = node.launch(script, str(tmp_path / "quiet.json"), *ARGS, *quiet_pace, *workers, "--no-noise",
+                            *logs("logs"), opts=["--gpu", "0"], log_name="quiet.log")
         job = node.job_of(quiet.pid, 60)
         info = _at_step(node, job, step)
         assert info["report"]["movable"], info["report"]      # (running, or resuming from a turn: moved at once)
-        node.call("migrate", job=job, gpu=1, new_process=True)
+        node.call("migrate", job=job, gpu=1, new_process=True)      # (answered once its checkpoint is written)
+        unpace(tmp_path, "quiet-unpaced")
         assert quiet.wait(300) == 0, (tmp_path / "quiet.log").read_text()[-3000:]
         assert solo.wait(300) == 0, (tmp_path / "solo.log").read_text()[-3000:]
         moved, alone = result(tmp_path / "quiet.json"), result(tmp_path / "solo.json")
@@ -64,11 +67,11 @@ def test_loader_workers_that_draw_nothing_move_exactly_and_drawing_ones_are_refu
 
         # (slower batches where the move must land in the first epoch: ~3.6 s after step 3 instead of ~1.2 s,
         # room for a loaded machine; the pause draws nothing and changes no number)
-        paced = ["--sleep", "0.3"] if first_epoch_moves else []
+        noisy_pace = paced(tmp_path, "0.3" if first_epoch_moves else "0.1", "noisy-unpaced")
         if first_epoch_moves:
-            solo = start_py(script, str(tmp_path / "solo_noisy.json"), *ARGS, *workers, *paced,
+            solo = start_py(script, str(tmp_path / "solo_noisy.json"), *ARGS, *workers, *noisy_pace,
                             log=str(tmp_path / "solo_noisy.log"))
-        noisy = node.launch(script, str(tmp_path / "noisy.json"), *ARGS, *workers, *paced, opts=["--gpu", "0"],
+        noisy = node.launch(script, str(tmp_path / "noisy.json"), *ARGS, *workers, *noisy_pace, opts=["--gpu", "0"],
                             log_name="noisy.log")
         job = node.job_of(noisy.pid, 60)
         moves = 0
@@ -82,6 +85,7 @@ def test_loader_workers_that_draw_nothing_move_exactly_and_drawing_ones_are_refu
         assert not info["report"]["movable"] and refusal[:40] in info["report"]["unmovable"], info["report"]
         with pytest.raises(GmuxError, match=refusal):
             node.call("migrate", job=job, gpu=1 - moves, new_process=True)
+        unpace(tmp_path, "noisy-unpaced")
         assert noisy.wait(300) == 0, (tmp_path / "noisy.log").read_text()[-3000:]
         ran = result(tmp_path / "noisy.json")
         assert (ran["first_step"] > 0) == bool(moves) and node.job(job)["migrations"] == moves, ran
