@@ -21,8 +21,7 @@ def _ranks(tmp_path, tag, prefix=(), extra=()):
 
 
 def test_gloo_gang_suspends_and_resumes_at_one_step_bit_identical(tmp_path):
-    ref = _ranks(tmp_path, "plain", extra=("--plain",))
-    assert [p.wait(120) for p in ref] == [0, 0]
+    ref = _ranks(tmp_path, "plain", extra=("--plain",))        # (beside the gang; waited for at the end)
     rt = str(tmp_path / "rt")
     # The ranks are two jobs to gmuxd: rank 0, told first, reaches its boundary only once rank 1 is told too.
     # Past its deadline gmuxd would stop it (SIGSTOP), which is not what this test is about; on a loaded machine
@@ -64,8 +63,9 @@ def test_gloo_gang_suspends_and_resumes_at_one_step_bit_identical(tmp_path):
             for name in ids:
                 c.call("resume", job=ids[name])
         assert [p.wait(180) for p in procs] == [0, 0]
+        assert [p.wait(120) for p in ref] == [0, 0]
     finally:
-        for p in procs:
+        for p in procs + ref:
             if p.poll() is None:
                 p.kill()
         d.kill()
