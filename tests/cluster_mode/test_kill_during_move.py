@@ -2,7 +2,7 @@
 cancelled the target's start while the source trained on, and the job stayed 'migrating' for good."""
 import glob
 
-from cluster_harness import PY, ROOT, TRAIN, wait_for
+from cluster_harness import PY, ROOT, TRAIN, paced, unpace, wait_for
 
 
 def _running(marker: str) -> list:
@@ -54,7 +54,7 @@ def test_a_job_whose_source_is_lost_during_a_move_restarts_on_the_move_target(cl
     c = cluster_factory(policy="gandiva", machines=("m1", "m2"), sched_args=("--lost-after", "3"))
     c.wait_machines(2)
     out = str(tmp_path / "moved.json")
-    cjob = c.call("c_submit", argv=[PY, TRAIN, out, "600", "--attach", "--sleep", "0.02"], cwd=ROOT,
+    cjob = c.call("c_submit", argv=[PY, TRAIN, out, "600", "--attach", *paced(tmp_path, "0.02")], cwd=ROOT,
                   env={"OMP_NUM_THREADS": "1"}, ckpt_every=1.0)["cjob"]
     job = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 30 and j)(c.job(cjob)), 60,
                    "job running")
@@ -64,6 +64,9 @@ def test_a_job_whose_source_is_lost_during_a_move_restarts_on_the_move_target(cl
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
     c.daemons[src].send_signal(signal.SIGKILL)
     c.daemons[src].wait()
+    wait_for(lambda: (lambda j: j["machine"] == dst and j["state"] == "running" and j["restarts"] >= 1)(c.job(cjob)),
+             120, lambda: f"the job running again on {dst}: {c.job(cjob)}")
+    unpace(tmp_path)        # (not before: the copy on the lost machine, until its lease ends, must not race ahead)
     done = wait_for(lambda: (lambda j: j["state"] in ("done", "failed", "killed") and j)(c.job(cjob)), 180,
                     lambda: f"the job's end: {c.job(cjob)}")
     assert done["state"] == "done" and done["machine"] == dst, done
