@@ -235,16 +235,18 @@ def test_a_busy_gmuxd_is_never_said_to_be_down(node_factory):
     answers nothing, as a busy one: a request that waited for it in vain says that it runs, never to start it."""
     node = node_factory("--virtual-gpus", "1x1GiB")
     node.daemon.send_signal(signal.SIGSTOP)
-    try:
-        ps = gmux(node.rt, "ps", timeout=120)
-        launch = subprocess.run([PY, "-m", "gmux.cli.launch", "--runtime-dir", node.rt, "--", "python", TRAIN, "x",
-                                 "1"], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    try:        # (both at once: each waits out its client's timeout)
+        both = [subprocess.Popen([PY, "-m", *args], env=env(), cwd=ROOT, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+                for args in (["gmux.cli.gmux", "--runtime-dir", node.rt, "ps"],
+                             ["gmux.cli.launch", "--runtime-dir", node.rt, "--", "python", TRAIN, "x", "1"])]
+        said = [(p.communicate(timeout=120)[1], p.returncode) for p in both]
     finally:
         node.daemon.send_signal(signal.SIGCONT)
-    for out in (ps, launch):
-        assert out.returncode in (1, 2), out.stderr
-        assert f"gmuxd (pid {node.daemon.pid}) is running but did not answer" in out.stderr, out.stderr
-        assert "Start it" not in out.stderr, out.stderr
+    for stderr, code in said:
+        assert code in (1, 2), stderr
+        assert f"gmuxd (pid {node.daemon.pid}) is running but did not answer" in stderr, stderr
+        assert "Start it" not in stderr, stderr
     assert node.ps()["jobs"] == []      # (and it answers once continued)
 
 
