@@ -17,6 +17,8 @@ one file, which is the point of having one.
 from __future__ import annotations
 
 import math
+import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -57,12 +59,38 @@ def _name(v):
     return None
 
 
-def _job_name(v):
-    # A name that reads as another job's id (j3) would be taken for it in every listing and command.
-    p = _name(v)
-    if p is None and v[0] == "j" and v[1:].isdigit():
-        return f"{v!r} looks like a job id (gmux names jobs j1, j2, ...); choose another name"
-    return p
+# Scripts with letters drawn alike (a Cyrillic 'ј' and a Latin 'j'): one name must not mix them.
+_LOOKALIKE_SCRIPTS = ("LATIN", "GREEK", "CYRILLIC", "ARMENIAN", "CHEROKEE", "COPTIC")
+
+
+def _char(c: str) -> str:
+    return f"{c!r} (U+{ord(c):04X} {unicodedata.name(c, 'unnamed')})"
+
+
+def job_name_problem(v) -> Optional[str]:
+    """Why `v` may not name a job or a gang, else None: gmuxd's rule, and the command line's (gmux/cli/argtypes.py)
+    in the same words. A name picks a job out wherever its id would (gmux kill NAME), so one that reads as something
+    else is refused: one that reads as a job id (j45, J45; a letter and digits, the letter not ASCII: Cyrillic 'ј45',
+    fullwidth 'Ｊ99'), one Unicode writes another way (NFKC: 'ﬁne' is 'fine'), one mixing scripts drawn alike."""
+    problem = _name(v)
+    if problem:
+        return problem
+    folded = unicodedata.normalize("NFKC", v)
+    unusual = ", ".join(map(_char, [c for c in dict.fromkeys(v) if not c.isascii()][:3]))
+    if re.fullmatch(r"[^\W\d_]\d+", folded) and (folded[0] in "jJ" or not folded[0].isascii()):
+        written = f": it is written with {unusual}" if unusual else ""
+        return f"{v!r} looks like a job id (gmux names jobs j1, j2, ...){written}; choose another name"
+    if folded != v:
+        return f"{v!r} reads as {folded!r} (written with {unusual}); type the name in plain characters"
+    scripts: dict = {}
+    for c in v:
+        script = unicodedata.name(c, "").split(" ")[0]
+        if c.isalpha() and script in _LOOKALIKE_SCRIPTS:
+            scripts.setdefault(script, c)
+    if len(scripts) > 1:
+        return (f"{v!r} mixes {' and '.join(s.title() for s in scripts)} letters "
+                f"({', '.join(map(_char, scripts.values()))}), which look alike; write a name in one of them")
+    return None
 
 
 def _int(v, lo=-(1 << 62), hi=(1 << 62)):
@@ -280,7 +308,7 @@ def _gang(v):
         return f"expected a map {{id, rank, size}}, got {type(v).__name__}"
     if set(v) != {"id", "rank", "size"}:
         return f"expected exactly the fields id, rank, size; got {', '.join(sorted(map(str, v)))[:80]}"
-    problem = _name(v["id"])
+    problem = job_name_problem(v["id"])    # (gmux-launch --gang NAME: a name the user chose)
     if problem:
         return f"id: {problem}"
     problem = _int(v["size"], 1, MAX_GANG)
@@ -338,7 +366,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "pid": (_nonneg_int, True),
         "argv": (_str_list, True),
         "cwd": (_exec_str, False),
-        "name": (_optional(_job_name), False),
+        "name": (_optional(job_name_problem), False),
         "weight": (_weight, False),
         "mem": (_optional(_nonneg_int), False),     # declared working set, bytes; None: measure it
         "gpus": (lambda v: _int(v, 1, 64), False),
@@ -400,7 +428,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "argv": (_argv, True),
         "cwd": (_exec_str, True),
         "env": (_env, False),
-        "name": (_optional(_job_name), False),
+        "name": (_optional(job_name_problem), False),
         "weight": (_weight, False),
         "mem": (_optional(_nonneg_int), False),
         "gpus": (lambda v: _int(v, 1, 64), False),
@@ -696,7 +724,8 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     "node_action": {"action": (_one_of(*CLUSTER_ACTIONS), True), "cjob": (_name, True),
                     "args": (_By("action", ACTION_ARGS), True)},
     # --- clients (gmux submit/ps --cluster) -> scheduler ---
-    "c_submit": {"argv": (_argv, True), "cwd": (_exec_str, True), "env": (_env, False), "name": (_optional(_name), False),
+    "c_submit": {"argv": (_argv, True), "cwd": (_exec_str, True), "env": (_env, False),
+                 "name": (_optional(job_name_problem), False),
                  "ranks": (_ranks, False), "mem": (_optional(_nonneg_int), False),
                  "weight": (_weight, False), "ckpt_every": (_optional(_pos_float), False)},
     "c_ps": {"all": (_bool, False)},

@@ -4,10 +4,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
-import unicodedata
 
-from gmux.protocol import WEIGHTS
+from gmux.protocol import WEIGHTS, job_name_problem
 from gmux.rundir import not_a_directory
 from gmux.util.sizes import parse_size
 from gmux.util.text import digits
@@ -74,34 +72,9 @@ def runtime_dir(text: str) -> str:
     return text
 
 
-# Scripts with letters drawn alike (a Cyrillic 'ј' and a Latin 'j'): one name must not mix them.
-_LOOKALIKE_SCRIPTS = ("LATIN", "GREEK", "CYRILLIC", "ARMENIAN", "CHEROKEE", "COPTIC")
-
-
-def _char(c: str) -> str:
-    return f"{c!r} (U+{ord(c):04X} {unicodedata.name(c, 'unnamed')})"
-
-
 def job_name(text: str) -> str:
-    """--name: a name picks a job out wherever its id would (gmux kill NAME), so a name that reads as something
-    else is refused: one that reads as a job id (j45; a letter and digits, with a 'j' or a letter not ASCII:
-    Cyrillic 'ј45', fullwidth 'Ｊ99'), one Unicode writes another way (NFKC), one that mixes scripts drawn alike."""
-    folded = unicodedata.normalize("NFKC", text)
-    unusual = ", ".join(map(_char, [c for c in dict.fromkeys(text) if not c.isascii()][:3]))
-    if re.fullmatch(r"[^\W\d_]\d+", folded) and (folded[0] in "jJ" or not folded[0].isascii()):
-        raise argparse.ArgumentTypeError(f"{text!r} looks like a job id (gmux names jobs j1, j2, ...)"
-                                         + (f": it is written with {unusual}" if unusual else "")
-                                         + "; choose another name")
-    if folded != text:
-        raise argparse.ArgumentTypeError(f"{text!r} reads as {folded!r} (written with {unusual}); type the name "
-                                         f"in plain characters")
-    scripts: dict = {}
-    for c in text:
-        script = unicodedata.name(c, "").split(" ")[0]
-        if c.isalpha() and script in _LOOKALIKE_SCRIPTS:
-            scripts.setdefault(script, c)
-    if len(scripts) > 1:
-        raise argparse.ArgumentTypeError(f"{text!r} mixes {' and '.join(s.title() for s in scripts)} letters "
-                                         f"({', '.join(map(_char, scripts.values()))}), which look alike; write "
-                                         f"a name in one of them")
+    """--name, --gang: refused at the command line by gmuxd's own rule, in its words (protocol.job_name_problem)."""
+    problem = job_name_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return text

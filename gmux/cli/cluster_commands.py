@@ -8,13 +8,12 @@ import argparse
 import getpass
 import json
 import os
-import sys
 
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
 from gmux.cli.argtypes import nonneg, nonneg_int, positive_int, tcp_endpoint
 from gmux.cli.job_options import add_job_options
-from gmux.cli.output import reader_gone
+from gmux.cli.output import Parser, UsageError, failed, reader_gone
 from gmux.cli.submit_env import check_text, submit_cwd, submit_env
 from gmux.util.text import printable
 
@@ -28,7 +27,9 @@ def wants(argv: list) -> bool:
 
 
 def main(argv: list) -> int:
-    p = argparse.ArgumentParser(prog="gmux")
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    as_json = "--json" in head     # (before parsing: a command line argparse refuses is answered in JSON too)
+    p = Parser(prog="gmux")
     p.add_argument("--json", action="store_true")
     p.add_argument("--runtime-dir", help=argparse.SUPPRESS)    # (a local gmuxd's: no cluster command uses it)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -71,14 +72,16 @@ def main(argv: list) -> int:
             s.add_argument("--live", action="store_true", help="hide ended jobs")
     for s in sub.choices.values():      # (after the command too: gmux ps --cluster ADDR --json)
         s.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
-    a = p.parse_args(argv)
+    try:
+        a = p.parse_args(argv)
+    except UsageError as e:
+        return e.report(as_json)
     try:
         return run(a)
     except BrokenPipeError:
         return reader_gone()
     except (ClusterError, keys.KeyError_, FileExistsError, ValueError) as e:   # ValueError: ProtocolError too
-        print(f"gmux: {printable(e)}", file=sys.stderr)
-        return 1
+        return failed(str(e), a.json)
 
 
 def run(a) -> int:

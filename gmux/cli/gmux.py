@@ -19,7 +19,7 @@ from gmux.cli.submit_env import check_text, submit_cwd, submit_env
 from gmux.util.sizes import format_size
 from gmux.util.text import printable
 
-JOB_HELP = "the job: its id (j3, as gmux ps lists it) or the name of one live job (gmux submit --name)"
+JOB_HELP = "the job: its id (j3, as gmux ps lists it), or the name of one live job or gang (gmux submit --name)"
 
 
 def _print(data, as_json: bool, text=None, keep: str = "\n") -> None:

@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from gmux.cli.argtypes import nonneg_int, positive_int, runtime_dir
+from gmux.cli.argtypes import job_name, nonneg_int, positive_int, runtime_dir
 from gmux.cli.job_options import add_job_options
 from gmux.job import torchrun
 from gmux.job.launch import LaunchOptions, run
@@ -27,8 +27,9 @@ def main(argv=None) -> int:
                    help="GPUs this one process uses; more than one are given to it exclusively, when that many are "
                         "free (default 1)")
     p.add_argument("--gpu", type=nonneg_int, help="run on this GPU (default: gmuxd places the job)")
-    p.add_argument("--gang", help="this process is one rank of the torch.distributed job NAME: gmuxd gives each "
-                                  "rank a GPU of its own and suspends, resumes and kills the ranks together")
+    p.add_argument("--gang", type=job_name, help="this process is one rank of the torch.distributed job NAME: gmuxd "
+                                                 "gives each rank a GPU of its own and suspends, resumes and kills the "
+                                                 "ranks together")
     p.add_argument("--rank", type=nonneg_int, help="with --gang: this process's rank, 0..WORLD-1")
     p.add_argument("--world", type=positive_int, help="with --gang: the number of ranks")
     p.add_argument("--no-hook", dest="hook", action="store_false",

@@ -73,26 +73,6 @@ def _host(j: dict) -> str:
     return format_size(j.get("host_bytes") or 0) + (f" ({format_size(disk)} on disk)" if disk else "")
 
 
-def _waiting(j: dict, gpus: dict) -> str:
-    """WHAT HAPPENED for a job that waits on its GPU for its first turn, where gmuxd said nothing: from the `ps`
-    reply, which jobs hold that GPU now and whether the job's memory fits beside them (a job admitted to a GPU
-    waits there, unlike one in the queue, which gmuxd's own words describe)."""
-    g = gpus.get(j.get("gpu"))
-    if g is None:
-        return "waiting for a GPU"
-    others = [r for r in g.get("resident") or [] if r != j["id"]]
-    if not others:
-        return f"waiting for its first turn on GPU {g['index']}"
-    who = ", ".join(others) + (" run" if len(others) > 1 else " runs")
-    need, used = j.get("working_set"), g.get("resident_mem") or 0
-    if need is None:
-        return f"waiting for GPU {g['index']} to itself (its size is not known: no --mem): {who} there"
-    if used + need > g["mem_total"]:
-        return (f"waiting for memory on GPU {g['index']}: it needs {format_size(need)}; {who} there, holding "
-                f"{format_size(used)} of {format_size(g['mem_total'])}")
-    return f"waiting for its turn on GPU {g['index']}: {who} there"
-
-
 def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
     t = Table(title=title, title_justify="left")
     for col in ("JOB", "NAME", "GPU", "STATE", "CONTROL", "STEP", "RATE now/solo", "MEM use/peak/limit", "GPU-s",
@@ -101,9 +81,7 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
     system = bool((ps.get("daemon") or {}).get("system"))   # a system gmuxd's jobs have owners: show them
     if system:
         t.add_column("USER")
-    gpus = {g["index"]: g for g in ps.get("gpus") or []}
     for j in ps["jobs"]:
-        detail = j.get("detail") or (_waiting(j, gpus) if j.get("state") == "waiting" else "")
         gang = j.get("gang")
         name = (j.get("name") or "") + (f" (gang {gang['id']} {gang['rank']}/{gang['size']})" if gang else "")
         gpu = (",".join(map(str, j["exclusive_gpus"])) + " (own)" if j.get("exclusive_gpus") else
@@ -114,7 +92,7 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
                   str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
                   _mem(j),
                   f"{j.get('gpu_seconds', 0):.1f}", f"{j.get('suspends', 0)} ({j.get('suspend_seconds', 0):.2f})",
-                  _host(j), _detail(detail),
+                  _host(j), _detail(j.get("detail")),
                   *([j.get("user") or "?"] if system else [])))
     return t
 

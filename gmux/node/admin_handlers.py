@@ -21,6 +21,7 @@ from gmux.node.inventory import gpu_list
 from gmux.node.jobs import Job, gang_members, unit_of
 from gmux.node.resume_retry import release
 from gmux.node.supervisor import CannotStart
+from gmux.node.waiting import waiting_detail
 from gmux.rundir import proc_starttime
 from gmux.util.rendezvous import free_port, rendezvous_env
 from gmux.util.text import tail_bytes, text_of
@@ -64,15 +65,17 @@ class AdminHandlers:
         return job
 
     def _named(self, msg, who: Caller) -> Optional[Job]:
-        """The one live job of the caller's (any, to an admin) that has the name given for a job id; refused if
-        several have it. Ended jobs are named by id only: a name comes back with each run of a script."""
+        """The one live job of the caller's (any, to an admin) that has the name given for a job id, or a rank of
+        the gang of that name; refused if several jobs have it. Ended jobs are named by id only: a name comes
+        back with each run of a script."""
         admin = self.node.access.is_admin(who)
-        named = sorted((j for j in self.node.jobs.values()
-                        if not j.final and j.name == msg["job"] and (admin or j.uid == who.uid)), key=lambda j: j.id)
+        key = msg["job"]
+        named = sorted((j for j in self.node.jobs.values() if not j.final and key in (j.name, (j.gang or {}).get("id"))
+                        and (admin or j.uid == who.uid)), key=lambda j: j.id)
         if len(named) > 1 and named[0].gang and len({j.gang["id"] if j.gang else None for j in named}) == 1:
-            return named[0]     # the ranks of one gang (torchrun's share its name): acting on one acts on all
+            return named[0]     # the ranks of one gang: acting on one acts on all
         if len(named) > 1:
-            raise Refused(f"{msg.type}: {len(named)} live jobs are named {msg['job']!r} "
+            raise Refused(f"{msg.type}: {len(named)} live jobs are named {key!r} "
                           f"({', '.join(j.id for j in named)}): give one of their ids")
         return named[0] if named else None
 
@@ -118,6 +121,10 @@ class AdminHandlers:
                          "stopped": s.stopped(), "stops": s.stops,
                          "owner": owner.get(g.index), "reserved": node.admission.reserved_for(g.index),
                          "resident_mem": sum(node.jobs[j].working_set() or 0 for j in s.resident)})
+        by_index = {g["index"]: g for g in gpus}
+        for j in jobs:
+            if j["state"] == "waiting" and not j["detail"]:
+                j["detail"] = waiting_detail(j, by_index.get(j["gpu"]))
         return {"jobs": jobs, "gpus": gpus, "decisions": self._visible(who, node.decisions, 20),
                 "jobs_total": len(live) + len(ended), "jobs_shown": len(jobs),
                 "daemon": {"pid": os.getpid(), "uptime": time.time() - node.started, "messages": node.messages,
@@ -293,7 +300,9 @@ class AdminHandlers:
         ids_from, jobs = node.store.mark(), []
         try:
             if ranks is not None:
-                gang = msg.get("name") or f"gang{node.store.next_job_id()}"
+                # Unnamed: after its first rank, whose id that rank is about to take. An id of its own would
+                # leave a gap in the jobs' numbering (gang gangj12's ranks were j13, j14; no j12 was ever listed)
+                gang = msg.get("name") or f"gang-{ids_from}"
                 if gang_members(node.jobs, gang):
                     raise Refused(f"submit: a gang named {gang} is running; choose another --name")
                 port = free_port()

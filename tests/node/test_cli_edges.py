@@ -1,12 +1,17 @@
 """The gmux CLI's edges an outside tester found: Ctrl-C to a suspended gmux-launch, a log cut silently, errors
 under --json, a subcommand's usage, the wire's field names and a gang's made-up id in errors, an empty detail for
-a waiting job, job names in lookalike characters, a file given as the runtime directory."""
+a waiting job, job names in lookalike characters, a file given as the runtime directory. And what was left of
+them: lookalike names refused by gmuxd itself, an unnamed gang's id taken from the jobs' numbering, a waiting job's
+words worked out by the table alone, the cluster commands' errors under --json and their usage."""
 import json
 import os
 import signal
 import subprocess
 
+import msgpack
 import pytest
+
+from gmux import protocol
 
 from node_harness import PY, ROOT, TRAIN, env
 
@@ -151,22 +156,38 @@ def test_a_waiting_job_says_what_it_waits_for(node_factory, tmp_path):
     node.wait_for(lambda: node.job(first)["state"] == "running", 60, "the first job running")
     second = json.loads(gmux(node.rt, "--json", "submit", "--mem", "700MiB", "--", PY, TRAIN,
                              str(tmp_path / "b.json"), "10").stdout)["job"]
-    node.wait_for(lambda: node.job(second)["detail"] == "" and node.job(second)["state"] == "waiting", 60,
-                  "the second registered, waiting")
+    said = f"waiting for memory on GPU 0: it needs 700.0MiB; {first} runs there, holding 700.0MiB of 1.0GiB"
+    # gmuxd says it, so `gmux ps --json` carries it too (the table alone worked it out)
+    node.wait_for(lambda: (node.job(second)["state"], node.job(second)["detail"]) == ("waiting", said), 60,
+                  lambda: node.job(second))
+    listed = json.loads(gmux(node.rt, "--json", "ps").stdout)["jobs"]
+    assert [j["detail"] for j in listed if j["id"] == second] == [said], listed
     table = gmux(node.rt, "ps").stdout
-    assert (f"waiting for memory on GPU 0: it needs 700.0MiB; {first} runs there, holding 700.0MiB of 1.0GiB"
-            in _column(table, second)), table
+    assert said in _column(table, second), table
 
 
-def _column(table: str, job: str) -> str:
-    """The last column of `job`'s row in a rich table, its wrapped lines joined."""
+def test_what_a_waiting_job_waits_for():
+    from gmux.node.waiting import waiting_detail
+    job = {"id": "j2", "working_set": 300 << 20}
+    gpu = {"index": 1, "resident": ["j1", "j2"], "resident_mem": 700 << 20, "mem_total": 1 << 30}
+    assert waiting_detail(job, None) == "waiting for a GPU"
+    assert waiting_detail(job, {**gpu, "resident": ["j2"]}) == "waiting for its first turn on GPU 1"
+    assert waiting_detail(job, gpu) == "waiting for its turn on GPU 1: j1 runs there"
+    assert waiting_detail(job, {**gpu, "resident": ["j1", "j3"], "resident_mem": 800 << 20}) == \
+        "waiting for memory on GPU 1: it needs 300.0MiB; j1, j3 run there, holding 800.0MiB of 1.0GiB"
+    assert waiting_detail({**job, "working_set": None}, gpu) == \
+        "waiting for GPU 1 to itself (its size is not known: no --mem): j1 runs there"
+
+
+def _column(table: str, job: str, column: int = -2) -> str:
+    """A column of `job`'s row in a rich table (the last, WHAT HAPPENED; 2: NAME), its wrapped lines joined."""
     lines = table.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"│ {job} "))
-    cells = [lines[start].split("│")[-2].strip()]
+    cells = [lines[start].split("│")[column].strip()]
     for line in lines[start + 1:]:
         if not line.startswith("│  "):
             break
-        cells.append(line.split("│")[-2].strip())
+        cells.append(line.split("│")[column].strip())
     return " ".join(c for c in cells if c)
 
 
@@ -208,3 +229,64 @@ def test_a_file_as_runtime_dir_is_named_a_file(tmp_path):
         from gmux.wire.daemon_client import Client, GmuxError
         with pytest.raises(GmuxError, match="is a file, not a directory"):
             Client(rt)
+
+
+def test_an_unnamed_gang_is_named_after_its_first_rank_and_takes_no_id(node_factory, tmp_path):
+    """An unnamed gang took a job id of its own (gangj1: its ranks j2, j3, and no j1 ever listed)."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    sub = json.loads(gmux(node.rt, "--json", "submit", "--ranks", "2", "--no-hook", "--", "python", str(script)).stdout)
+    assert (sub["gang"], sub["jobs"]) == ("gang-j1", ["j1", "j2"]), sub
+    node.wait_for(lambda: all(node.job(j)["state"] == "running" for j in sub["jobs"]), 60, lambda: node.ps()["jobs"])
+    table = gmux(node.rt, "ps").stdout
+    assert [_column(table, j, 2) for j in sub["jobs"]] == ["gang-j1-0 (gang gang-j1 0/2)",
+                                                          "gang-j1-1 (gang gang-j1 1/2)"], table
+    killed = json.loads(gmux(node.rt, "--json", "kill", "gang-j1").stdout)     # by its name: every rank
+    assert killed["jobs"] == ["j1", "j2"], killed
+    (tmp_path / "x.py").write_text("pass\n")
+    after = json.loads(gmux(node.rt, "--json", "submit", "--", "python", str(tmp_path / "x.py")).stdout)
+    assert after["job"] == "j3", after
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"type": "submit", "argv": ["python", "x.py"], "cwd": "/", "name": "ј45"}, "submit.name: 'ј45' looks like a job"),
+    ({"type": "submit", "argv": ["python", "x.py"], "cwd": "/", "name": "J7"}, "submit.name: 'J7' looks like a job"),
+    ({"type": "register", "argv": ["python", "x.py"], "name": "Ｊ99"}, "register.name: 'Ｊ99' looks like"),
+    ({"type": "register", "argv": ["python", "x.py"], "name": "ﬁne"}, "register.name: 'ﬁne' reads as 'fine'"),
+    ({"type": "register", "argv": ["python", "x.py"], "gang": {"id": "rеsnet", "rank": 0, "size": 2}},
+     "register.gang: id: 'rеsnet' mixes Latin and Cyrillic letters"),
+])
+def test_gmuxd_refuses_lookalike_names_from_any_client(daemon, fields, needle):
+    """Only the CLI refused them: a client writing its own frames (ZeroMQ and msgpack) had gmuxd take them."""
+    fields = {**fields, **({"admin": daemon.admin} if fields["type"] == "submit" else {"pid": daemon.stand_in_pid})}
+    frame = msgpack.packb({"v": protocol.VERSION, "id": 5, **fields})   # (as sent: no validation on this side)
+    daemon.sent.clear()
+    daemon.server.receive(b"c", [frame])
+    replies = [m for _, m in daemon.sent if m["type"] == "reply"]
+    assert [r["ok"] for r in replies] == [False] and needle in replies[0]["error"], replies
+    assert daemon.jobs == {}
+
+
+def test_gmux_launch_refuses_a_lookalike_gang_name(tmp_path):
+    out = subprocess.run([PY, "-m", "gmux.cli.launch", "--runtime-dir", str(tmp_path), "--gang", "ј45", "--rank", "0",
+                          "--world", "2", "--", "python", "x.py"], env=env(), cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "argument --gang: 'ј45' looks like a job id" in out.stderr, out.stderr
+
+
+def test_cluster_commands_errors_under_json_are_json_and_bad_options_get_the_commands_usage(tmp_path):
+    """`gmux ps --cluster ADDR --json` said its errors as text, and a command's unknown option showed gmux's usage."""
+    cluster = ["--cluster", "tcp://127.0.0.1:1", "--keys", str(tmp_path / "nokeys")]
+    for args, status, needle in ((["ps", *cluster], 1, "no key file"),
+                                 (["kill", *cluster, "c1"], 1, "no key file"),
+                                 (["keys", "--dir", str(tmp_path)], 1, "say which pairs to create"),
+                                 (["ps", *cluster, "--tail", "3"], 2, "unrecognized arguments: --tail 3"),
+                                 (["kill", *cluster], 2, "required: job")):
+        for out in (gmux(str(tmp_path), "--json", *args), gmux(str(tmp_path), *args, "--json")):
+            said = json.loads(out.stdout)
+            assert out.returncode == status == said["status"] and needle in said["error"] and out.stderr == "", out
+            assert status == 1 or said["usage"].startswith(f"usage: gmux {args[0]} "), said
+        out = gmux(str(tmp_path), *args)
+        assert out.returncode == status and needle in out.stderr and out.stdout == "", out
+        assert status == 1 or out.stderr.startswith(f"usage: gmux {args[0]} "), out.stderr

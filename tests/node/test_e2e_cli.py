@@ -139,7 +139,7 @@ CARELESS = [  # (arguments, what the one-line refusal says)
     (["kill", ""], "kill: JOB: '' is not a valid name"),
     (["logs", "\x1b[31mRED"], "logs: JOB: '\\x1b[31mRED' is not a valid name"),
     (["suspend", "[/bogus]"], "suspend: JOB: '[/bogus]' is not a valid name"),
-    (["submit", "--name", "", "--", "python", "x.py"], "submit: --name: '' is not a valid name"),
+    (["submit", "--name", "", "--", "python", "x.py"], "--name: '' is not a valid name"),
     (["submit", "--ranks", "100", "--", "python", "x.py"], "submit: --ranks 100: this machine has 1 GPU (0)"),
     (["ps", "--limit", "99999999999999999999"], "ps: --limit: 99999999999999999999 is outside"),
     (["submit", "--mem", "0", "--", "python", "x.py"], "--mem: 0 is not a size > 0"),
