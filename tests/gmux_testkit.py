@@ -15,6 +15,11 @@ TRAIN = os.path.join(ROOT, "gmux", "examples", "demo_train.py")
 PY = sys.executable
 
 
+def fuzz_examples(default: int) -> int:
+    """A fuzz test's number of examples: `default` in the suite, GMUX_FUZZ_EXAMPLES for a longer run."""
+    return int(os.environ.get("GMUX_FUZZ_EXAMPLES") or default)
+
+
 def paced(tmp_path, sleep: str, name: str = "unpaced") -> list:
     """A training script's pacing, SLEEP seconds of "input" per mini-batch, until unpace(tmp_path, name): a test
     that has seen what the pacing was there for (slices, a window, a move mid-run) lets its jobs and their

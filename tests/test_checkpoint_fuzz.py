@@ -23,12 +23,12 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 import gmux.job as gj
 from gmux.job.checkpoint import DATA, END, HEAD, SKEL, TensorRef
-from gmux_testkit import assert_identical
+from gmux_testkit import assert_identical, fuzz_examples
 
 import ckpt_forge as forge
 from test_restore_validation import frozen, small_job
 
-EXAMPLES = int(os.environ.get("GMUX_FUZZ_EXAMPLES", "100"))
+EXAMPLES = fuzz_examples(100)
 _ORIGINAL = {}
 
 

@@ -17,6 +17,7 @@ from gmux import protocol
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import Gpu
 from gmux.rundir import RuntimeDir
+from gmux_testkit import fuzz_examples
 from node_harness import GiB, ask, register
 
 
@@ -141,9 +142,9 @@ def messages(draw, tokens, pid):
 def test_fuzz_handler_thousands_of_messages(daemon):
     a = register(daemon, b"job-a")
     tokens = [a["token"], daemon.admin]
-    count = {"n": 0}
+    count, examples = {"n": 0}, fuzz_examples(1500)
 
-    @settings(max_examples=4000, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
     @given(messages(tokens, daemon.stand_in_pid))
     def one(frame):
         daemon.sent.clear()
@@ -157,7 +158,7 @@ def test_fuzz_handler_thousands_of_messages(daemon):
         # message that ends the job answers those too, under their own ids).
         assert len(replies) <= 1
     one()
-    assert count["n"] >= 4000
+    assert count["n"] >= examples
     assert daemon.internal_errors == 0
     r = ask(daemon, "ping")
     assert r["ok"]

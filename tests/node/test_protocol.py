@@ -5,6 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from gmux import protocol
 from gmux.protocol import ProtocolError, decode, encode
+from gmux_testkit import fuzz_examples
 
 
 def frame(**obj):
@@ -65,7 +66,7 @@ def test_encode_refuses_what_decode_would():
         encode("register", 1, pid=-3, argv=["x"])
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=fuzz_examples(1500), deadline=None)
 @given(st.binary(max_size=300))
 def test_decode_never_raises_anything_but_protocol_error_on_bytes(data):
     try:
@@ -80,7 +81,7 @@ values = st.recursive(st.none() | st.booleans() | st.integers(-(1 << 63), (1 << 
 field_names = st.sampled_from(sorted({f for spec in protocol.MESSAGES.values() for f in spec} | {"v", "type", "id"}))
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=fuzz_examples(1000), deadline=None)
 @given(st.sampled_from(sorted(protocol.MESSAGES)), st.dictionaries(field_names, values, max_size=6))
 def test_decode_structured_garbage(mtype, fields):
     obj = {"v": protocol.VERSION, "type": mtype, "id": 1, **fields}
@@ -95,7 +96,7 @@ cluster_field_names = st.sampled_from(sorted({f for spec in protocol.CLUSTER_MES
 endpoints = st.builds(lambda host, port: f"tcp://{host}:{port}", st.text(max_size=5), st.text(max_size=5))
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=fuzz_examples(700), deadline=None)
 @given(st.sampled_from(sorted(protocol.CLUSTER_MESSAGES)),
        st.dictionaries(cluster_field_names, values | endpoints, max_size=6))
 def test_decode_structured_garbage_of_the_cluster(mtype, fields):
