@@ -78,9 +78,9 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
 
 def test_unmodified_scripts_time_sliced_through_the_hook(node_factory, tmp_path):
     """Transparent mode: plain torch scripts, boundaries from the optimizer hook gmux-launch installs."""
-    ref = start_py(TRAIN, str(tmp_path / "solo.json"), "6000")
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), "3000")
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "0.5", "--no-pack")
-    procs = [node.launch(f"{TRAIN}", str(tmp_path / f"t{i}.json"), "6000", *PACE, opts=["--mem", "600MiB"])
+    procs = [node.launch(f"{TRAIN}", str(tmp_path / f"t{i}.json"), "3000", *PACE, opts=["--mem", "600MiB"])
              for i in range(2)]
     ids = [node.job_of(p.pid) for p in procs]
     for p in procs:
