@@ -69,9 +69,11 @@ def _char(c: str) -> str:
 
 def job_name_problem(v) -> Optional[str]:
     """Why `v` may not name a job or a gang, else None: gmuxd's rule, and the command line's (gmux/cli/argtypes.py)
-    in the same words. A name picks a job out wherever its id would (gmux kill NAME), so one that reads as something
-    else is refused: one that reads as a job id (j45, J45; a letter and digits, the letter not ASCII: Cyrillic 'ј45',
-    fullwidth 'Ｊ99'), one Unicode writes another way (NFKC: 'ﬁne' is 'fine'), one mixing scripts drawn alike."""
+    in the same words. A name picks a job out wherever its id would (gmux kill NAME), so one that reads as
+    something else is refused: one that reads as a job id (j45, J45; a letter and digits, the letter not ASCII:
+    Cyrillic 'ј45', fullwidth 'Ｊ99'), one Unicode writes another way (NFKC: 'ﬁne' is 'fine'), one that mixes
+    scripts drawn alike within a word (a run of letters: 'rеsnet' with a Cyrillic 'е'; 'β-vae', a word of each,
+    is a name people give)."""
     problem = _name(v)
     if problem:
         return problem
@@ -82,14 +84,15 @@ def job_name_problem(v) -> Optional[str]:
         return f"{v!r} looks like a job id (gmux names jobs j1, j2, ...){written}; choose another name"
     if folded != v:
         return f"{v!r} reads as {folded!r} (written with {unusual}); type the name in plain characters"
-    scripts: dict = {}
-    for c in v:
-        script = unicodedata.name(c, "").split(" ")[0]
-        if c.isalpha() and script in _LOOKALIKE_SCRIPTS:
-            scripts.setdefault(script, c)
-    if len(scripts) > 1:
-        return (f"{v!r} mixes {' and '.join(s.title() for s in scripts)} letters "
-                f"({', '.join(map(_char, scripts.values()))}), which look alike; write a name in one of them")
+    for word in re.findall(r"[^\W\d_]+", v):
+        scripts: dict = {}
+        for c in word:
+            script = unicodedata.name(c, "").split(" ")[0]
+            if script in _LOOKALIKE_SCRIPTS:
+                scripts.setdefault(script, c)
+        if len(scripts) > 1:
+            return (f"{v!r} mixes {' and '.join(s.title() for s in scripts)} letters in a word "
+                    f"({', '.join(map(_char, scripts.values()))}), which look alike; write each word in one of them")
     return None
 
 

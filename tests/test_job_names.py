@@ -3,6 +3,7 @@ scheduler and the command line, in the same words. A name picks a job out wherev
 so none may read as a job id, as another name under Unicode's compatibility forms (NFKC), or mix scripts whose
 letters look alike."""
 import argparse
+import re
 import unicodedata
 
 import msgpack
@@ -21,16 +22,17 @@ REFUSED = [   # (name, what the refusal says)
     ("J7", "'J7' looks like a job id"),          # read as j7 by a person, though gmuxd's ids are lower case
     ("j٤٥", "looks like a job id"),              # Arabic-Indic digits
     ("ﬁne", "'ﬁne' reads as 'fine' (written with 'ﬁ' (U+FB01 LATIN SMALL LIGATURE FI)); type the name in plain"),
-    ("rеsnet", "'rеsnet' mixes Latin and Cyrillic letters ('r' (U+0072 LATIN SMALL LETTER R), 'е' (U+0435 "
-               "CYRILLIC SMALL LETTER IE)), which look alike; write a name in one of them"),
-    ("αlpha", "mixes Greek and Latin letters"),
+    ("rеsnet", "'rеsnet' mixes Latin and Cyrillic letters in a word ('r' (U+0072 LATIN SMALL LETTER R), 'е' "
+               "(U+0435 CYRILLIC SMALL LETTER IE)), which look alike; write each word in one of them"),
+    ("αlpha", "mixes Greek and Latin letters in a word"),
+    ("μP-sweep", "mixes Greek and Latin letters in a word"),
     ("", "'' is not a valid name"),
     ("my job", "'my job' is not a valid name (letters, digits, '-', '_', '.'; not starting with '.')"),
     (".hidden", "is not a valid name"),
 ]
 # including every name gmux gives itself: a cluster job's local one (c7, c7.0), torchrun's gang, an unnamed gang's
-TAKEN = ["resnet-50", "b12", "训练", "обучение", "ab.v2", "J-7", "j-7", "jx45", "c7", "c7.0", "torchrun-4242",
-         "gang-j12", "gang-j12-0", "x" * 128]
+TAKEN = ["resnet-50", "b12", "训练", "обучение", "ab.v2", "J-7", "j-7", "jx45", "β-vae", "vae_β2", "μ-p", "c7",
+         "c7.0", "torchrun-4242", "gang-j12", "gang-j12-0", "x" * 128]
 
 
 @pytest.mark.parametrize("name, said", REFUSED)
@@ -64,15 +66,16 @@ NAME_CHARS = st.characters(categories=("L", "N", "M"), include_characters="-_.")
 
 @settings(max_examples=2000, deadline=None)
 @given(st.text(NAME_CHARS, min_size=1, max_size=12) | st.from_regex(r"[jJ]\d{1,4}", fullmatch=True))
-def test_a_name_taken_is_written_one_way_reads_as_no_id_and_is_of_one_lookalike_script(name):
+def test_a_name_taken_is_written_one_way_reads_as_no_id_and_each_word_is_of_one_lookalike_script(name):
     problem = job_name_problem(name)
     assert problem is None or problem.startswith(repr(name))
     if problem is None:
         folded = unicodedata.normalize("NFKC", name)
         assert folded == name
         assert not (folded[0] in "jJ" and folded[1:].isdecimal())
-        scripts = {unicodedata.name(c, "").split(" ")[0] for c in name if c.isalpha()}
-        assert len(scripts & {"LATIN", "GREEK", "CYRILLIC"}) <= 1, name
+        for word in re.findall(r"[^\W\d_]+", name):
+            scripts = {unicodedata.name(c, "").split(" ")[0] for c in word}
+            assert len(scripts & {"LATIN", "GREEK", "CYRILLIC"}) <= 1, name
 
 
 @settings(max_examples=500, deadline=None)

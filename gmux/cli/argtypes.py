@@ -66,7 +66,8 @@ def runtime_dir(text: str) -> str:
     path(text)
     part = not_a_directory(text)
     if part is not None:
-        what = "a file" if os.path.isfile(part) else "not a directory"
+        what = ("a file" if os.path.isfile(part) else "a link to nothing" if os.path.islink(part) else
+                "a device or a socket")
         raise argparse.ArgumentTypeError(f"{part} is {what}, not a directory (the runtime directory: --runtime-dir "
                                          f"or GMUX_RUNTIME_DIR)")
     return text

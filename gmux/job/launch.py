@@ -12,6 +12,7 @@ same job id and token, and when started again runs the script with GMUX_RESTORE 
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -66,6 +67,7 @@ def run(opt: LaunchOptions) -> int:
         fork_if_in_foreground()     # (an interactive shell would see gmuxd's stops as its job stopped)
     keep_orphans()      # a daemon the job double-forks stays in its tree: stopped, continued and killed with it
     rundir = RuntimeDir(opt.runtime_dir)
+    held = _quiet_interrupt(rundir)
     keep_going_on_full_disk(rundir.logs())
     # before registering: a registered job must be ready to run when it is given the GPU
     runner.warm_up(target if kind == "path" else None)
@@ -78,7 +80,7 @@ def run(opt: LaunchOptions) -> int:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2
     job_id = reg["job"]
-    interrupted = _quiet_interrupt(agent)
+    held["agent"] = agent
     lease = _seconds(os.environ.get("GMUX_LEASE_S"))
     if lease:
         agent.lease_s = lease
@@ -98,11 +100,6 @@ def run(opt: LaunchOptions) -> int:
         print(f"gmux-launch: {e}", file=sys.stderr)
         write_exit(rundir, job_id, 2, str(e))
         return 2
-    except runner.QuietInterrupt:
-        write_exit(rundir, job_id, 130, interrupted[0])
-        agent.bye(130, interrupted[0])
-        agent.close()
-        return 130
     if start is None:
         write_exit(rundir, job_id, 0, "told to exit before starting")
         agent.bye(0, "told to exit before starting")
@@ -137,9 +134,8 @@ def run(opt: LaunchOptions) -> int:
         runner.prepare(controller, hook=opt.hook, native=native, mem_limit=mem_limit, job=job_id,
                        name=opt.name or reg.get("name") or None)
         agent.state = "running"
+    held["script"] = True
     status, reason = runner.run_script(kind, target, script_argv, setup)
-    if interrupted and status == 130:
-        reason = interrupted[0]
     if agent.migrating is not None:
         # The migrate was acknowledged: the state is in the checkpoint, and this process becomes the job's next.
         _reexec(agent, opt, agent.migrating.get("path"))
@@ -153,26 +149,41 @@ def run(opt: LaunchOptions) -> int:
     return status
 
 
-def _quiet_interrupt(agent: Agent) -> list:
-    """Ctrl-C reaching a job that waits on gmuxd (suspended, or before its first turn) lands in gmux's own wait,
-    where a KeyboardInterrupt's traceback (through ZeroMQ's poll) tells the user nothing: there it is said in one
-    line, with the reason returned in the list for the job's exit record, and raised as a KeyboardInterrupt that
-    prints no traceback (a script's `except KeyboardInterrupt:` still saves its work). Elsewhere in the script's
-    code it is the script's usual KeyboardInterrupt. A SIGINT ignored (a job started in the background) stays
-    ignored."""
-    said: list = []
+def _quiet_interrupt(rundir: RuntimeDir) -> dict:
+    """Ctrl-C before the script runs (as gmux-launch imports torch, registers, waits for its first turn) or while
+    gmuxd holds it suspended ends the job there, in one line, with status 130 and an exit record that says when:
+    a KeyboardInterrupt's traceback through gmux's own wait tells the user nothing, and a suspended script's
+    handler would run with its state off the device (a `torch.save` there wrote garbage over the last good
+    checkpoint, or crashed), so none of the script's code runs. Elsewhere in the script it is the script's own
+    KeyboardInterrupt, as it is in a process forked from this one (the lease watch, a loader's workers). A SIGINT
+    ignored (a job started in the background) stays ignored. Returns what the handler reads: the agent once
+    registered, and whether the script has started."""
+    held = {"agent": None, "script": False}
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return said
+        return held
+    launcher = os.getpid()
 
     def on_sigint(signum, frame) -> None:
-        if said or not _waiting_in(frame, Agent.wait.__code__):
+        agent = held["agent"]
+        if os.getpid() != launcher or held["script"] and not _waiting_in(frame, Agent.wait.__code__):
             signal.default_int_handler(signum, frame)
-        when = "before its first turn" if agent.state == "waiting" else "while suspended by gmuxd"
-        said.append(f"interrupted (SIGINT) {when}")
-        print(f"gmux-launch: job {agent.job} interrupted {when}: it ends", file=sys.stderr, flush=True)
-        raise runner.QuietInterrupt()
+        if agent is None:
+            print("gmux-launch: interrupted before gmuxd took the job: nothing ran", file=sys.stderr, flush=True)
+            os._exit(130)
+        when = "while suspended by gmuxd" if held["script"] else "before its first turn"
+        reason = f"interrupted (SIGINT) {when}"
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()                  # (what the script printed before is kept)
+        print(f"gmux-launch: job {agent.job} interrupted {when}: it ends"
+              + (" (its script's own Ctrl-C handling is not run: its state is off the device)" if held["script"]
+                 else ""), file=sys.stderr, flush=True)
+        write_exit(rundir, agent.job, 130, reason, left=_left_running())
+        with contextlib.suppress(Exception):     # (gmuxd away: its exit record says it all)
+            agent.bye(130, reason)
+            agent.sock.context.destroy(linger=2000)  # (os._exit would drop the bye still queued)
+        os._exit(130)
     signal.signal(signal.SIGINT, on_sigint)
-    return said
+    return held
 
 
 def _waiting_in(frame, code) -> bool:

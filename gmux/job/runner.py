@@ -53,10 +53,6 @@ def prepare(controller=None, *, hook: bool = True, pool_bytes: int = 0, native: 
     return hooked
 
 
-class QuietInterrupt(KeyboardInterrupt):
-    """Ctrl-C already told to the user in one line (it reached the job as it waited on gmuxd): no traceback."""
-
-
 def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], None]] = None) -> tuple[int, str]:
     """Runs the script (`kind` 'path' or 'module', as gmux.util.job_command.script_of says) as `__main__`
     with sys.argv = `argv`, after `setup()`; returns (exit status, reason). A failure in `setup` ends the job
@@ -78,9 +74,8 @@ def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], 
         reason = "finished" if status == 0 else f"exit status {status}"
         if code is not None and not isinstance(code, int):
             print(code, file=sys.stderr)
-    except KeyboardInterrupt as e:   # (Ctrl-C, or SIGINT sent to it: the script's traceback, as Python shows it)
-        if not isinstance(e, QuietInterrupt):
-            traceback.print_exc()
+    except KeyboardInterrupt:   # (Ctrl-C, or SIGINT sent to it: the script's traceback, as Python shows it)
+        traceback.print_exc()
         status, reason = 130, "interrupted (SIGINT)"
     except BaseException as e:
         traceback.print_exc()
