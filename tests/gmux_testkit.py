@@ -52,11 +52,6 @@ def start_py(*args, env_=None, cwd=ROOT, log=None, err=None):
 
 def _start(args: list, environ: dict, cwd: str, stdout: str, stderr: str | None):
     global _server
-    if _server and not _server.alive:
-        # (ended, it would leave every later start of this worker cold, 3 s more each: in two CI runs a worker
-        # started all of test_boundaries cold, 70-100 s more, for a reason not found; a dead server is one)
-        print(f"fork server gone (status {_server.proc.poll()}): starting another", file=sys.stderr)
-        _server = None
     if _server is None:
         try:
             import forkserver
