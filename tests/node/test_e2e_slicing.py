@@ -10,21 +10,23 @@ import pytest
 
 from node_harness import TRAIN, result, start_py
 
-STEPS = "6000"
+STEPS = "10000"
 QUANTUM = 0.25
-# A floor of 0.5 ms a step (3 s of GPU time for 6,000 steps) so that on a fast machine the jobs still run for
+# A floor of 0.3 ms a step (3 s of GPU time for 10,000 steps) so that on a fast machine the jobs still run for
 # the rounds a test judges; pacing changes no weight, so the solo references run unpaced.
-PACE = ("--sleep", "0.0005")
+PACE = ("--sleep", "0.0003")
 
 
 def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
-    # The references run beside, without gmux (shares are of GPU time, which their CPU use does not change).
+    # The references run first, side by side, without gmux.
     refs = {}
-    solos = []
+    procs = []
     for name, batch in (("ab", "32"), ("c", "33")):
         out = tmp_path / f"solo_{name}.json"
-        solos.append(start_py(TRAIN, str(out), STEPS, "--batch", batch))
+        procs.append(start_py(TRAIN, str(out), STEPS, "--batch", batch))
         refs[name] = out
+    for p in procs:
+        assert p.wait(120) == 0
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", str(QUANTUM), "--no-pack")
     jobs = {}
     for name, weight, batch in (("a", "1", "32"), ("b", "1", "32"), ("c", "2", "33")):
@@ -66,7 +68,7 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
     for n, expected in (("a", 0.25), ("b", 0.25), ("c", 0.5)):
         assert shares[n] == pytest.approx(expected, rel=0.10), shares
     assert max_resident_mem <= 1 << 30      # never two 600 MiB jobs on the 1 GiB GPU at once
-    for p in node.procs + solos:
+    for p in node.procs:
         assert p.wait(180) == 0
     ps = node.ps()
     for n, j in jobs.items():
@@ -78,9 +80,9 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
 
 def test_unmodified_scripts_time_sliced_through_the_hook(node_factory, tmp_path):
     """Transparent mode: plain torch scripts, boundaries from the optimizer hook gmux-launch installs."""
-    ref = start_py(TRAIN, str(tmp_path / "solo.json"), "3000")
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), "6000")
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "0.5", "--no-pack")
-    procs = [node.launch(f"{TRAIN}", str(tmp_path / f"t{i}.json"), "3000", *PACE, opts=["--mem", "600MiB"])
+    procs = [node.launch(f"{TRAIN}", str(tmp_path / f"t{i}.json"), "6000", *PACE, opts=["--mem", "600MiB"])
              for i in range(2)]
     ids = [node.job_of(p.pid) for p in procs]
     for p in procs:
