@@ -28,6 +28,7 @@ VERSION = 1
 # The largest frame a daemon accepts. Reports and replies are a few KB; `ps` of hundreds of jobs well under
 # this. Anything bigger is a bug or an attack, refused before it is parsed.
 MAX_FRAME = 1 << 20
+LOGS_REPLY_BYTES = MAX_FRAME // 2    # what one `logs` reply holds at most: the log's end
 MAX_STR = 4096          # any single string field
 MAX_LIST = 1024         # argv, env entries, ...
 HEARTBEAT_S = 1.0       # a job waiting for a command says so this often (gmuxd takes a silent one as computing)

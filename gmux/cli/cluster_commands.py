@@ -13,7 +13,7 @@ from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
 from gmux.cli.argtypes import nonneg, nonneg_int, positive_int, tcp_endpoint
 from gmux.cli.job_options import add_job_options
-from gmux.cli.output import Parser, UsageError, failed, reader_gone
+from gmux.cli.output import Parser, UsageError, failed, json_asked, reader_gone
 from gmux.cli.submit_env import check_text, submit_cwd, submit_env
 from gmux.util.text import printable
 
@@ -27,8 +27,7 @@ def wants(argv: list) -> bool:
 
 
 def main(argv: list) -> int:
-    head = argv[:argv.index("--")] if "--" in argv else argv
-    as_json = "--json" in head     # (before parsing: a command line argparse refuses is answered in JSON too)
+    as_json = json_asked(argv)
     p = Parser(prog="gmux")
     p.add_argument("--json", action="store_true")
     p.add_argument("--runtime-dir", help=argparse.SUPPRESS)    # (a local gmuxd's: no cluster command uses it)

@@ -9,12 +9,12 @@ import re
 import sys
 import time
 
-from gmux.protocol import MAX_FRAME, ProtocolError
+from gmux.protocol import LOGS_REPLY_BYTES, ProtocolError
 from gmux.wire.daemon_client import Client, GmuxError, GmuxUnanswered
 from gmux.rundir import default_runtime_dir
 from gmux.cli.argtypes import nonneg_int, positive, positive_int, runtime_dir
 from gmux.cli.job_options import add_job_options
-from gmux.cli.output import Parser, UsageError, failed, reader_gone
+from gmux.cli.output import Parser, UsageError, failed, json_asked, reader_gone
 from gmux.cli.submit_env import check_text, submit_cwd, submit_env
 from gmux.util.sizes import format_size
 from gmux.util.text import printable
@@ -55,8 +55,7 @@ def main(argv=None) -> int:
     from gmux.cli import cluster_commands   # `gmux keys`, and submit/ps/kill --cluster ADDR
     if cluster_commands.wants(argv):
         return cluster_commands.main(argv)
-    head = argv[:argv.index("--")] if "--" in argv else argv
-    as_json = "--json" in head     # (before parsing: a command line argparse refuses is answered in JSON too)
+    as_json = json_asked(argv)
     p = Parser(prog="gmux", description="Look at and steer the jobs of gmuxd.",
                                 epilog="cluster mode: gmux keys --help; gmux submit|ps|suspend|resume|kill|migrate "
                                        "--cluster tcp://HOST:PORT --help (README.md, Cluster mode)")
@@ -239,9 +238,6 @@ def run(a) -> int:
                                                    f"names each)" if errors else ""))
         return 0
     return 2
-
-
-LOGS_REPLY_BYTES = MAX_FRAME // 2     # what one `logs` reply holds at most, the log's end (as gmuxd cuts it)
 
 
 def logs(c: Client, a) -> int:

@@ -17,6 +17,12 @@ def reader_gone() -> int:
     return 1
 
 
+def json_asked(argv: list) -> bool:
+    """Whether the command line asks for JSON, read before parsing it, so that a command line argparse refuses is
+    answered in JSON too (a submitted command's own --json, after `--`, is not gmux's)."""
+    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
+
+
 def failed(message: str, as_json: bool, status: int = 1, **more) -> int:
     """An error, said once: under --json one JSON object on standard output, where a program reading the
     command's output looks (a text line there would not parse), else a line on standard error."""

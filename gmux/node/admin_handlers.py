@@ -276,7 +276,7 @@ class AdminHandlers:
                           f"started it (gmux submit captures logs)")
         # Cut by bytes (a reply must fit a message, whatever characters the job printed), from the file's end.
         path = self.node.rundir.log_file(job.id)
-        cut = (protocol.MAX_FRAME // 2, req.msg.get("tail") or 0)
+        cut = (protocol.LOGS_REPLY_BYTES, req.msg.get("tail") or 0)
         note, data = "", tail_bytes(path, *cut)
         if not data and not os.path.exists(path):
             held = None if job.final or not job.pid else read_deleted(job.pid, path, *cut)
