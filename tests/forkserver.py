@@ -36,11 +36,16 @@ def _run_child(req: dict) -> None:
     """In the forked child: become `python ARGV` and never return."""
     code = 1
     try:
-        null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 0)
-        os.dup2(os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 1)
-        if req["stderr"]:                               # else the server's: the pytest worker's stderr
-            os.dup2(os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 2)
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 1)
+            if req["stderr"]:                           # else the server's: the pytest worker's stderr
+                os.dup2(os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 2)
+        except OSError as e:                            # said where the worker will see it, with its exit status
+            os.write(2, f"forkserver: {req['argv']}: its output: {e}\n".encode())
+            code = 125
+            raise
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -107,6 +112,10 @@ def serve() -> None:
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
                 req = json.loads(line)
+                if "signal" in req:                      # only to a child not yet reaped: its pid is still its own
+                    if req["pid"] in children:
+                        os.kill(req["pid"], req["signal"])
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     out.close()
@@ -122,34 +131,32 @@ def serve() -> None:
 
 # ---------------------------------------------------------------------------------------------- client side
 class Forked:
-    """The part of subprocess.Popen that the tests use, for a process the server forked."""
+    """The part of subprocess.Popen that the tests use, for a process the server forked. Its exit status is its
+    own, never looked up by pid: the suite starts more processes than pid_max (32768) numbers, so a pid comes
+    back, and a new child given a reused pid once took its predecessor's exit for its own (its test read its
+    output before it was written)."""
 
     def __init__(self, server: "Server", pid: int, args: list):
         self._server, self.pid, self.args = server, pid, args
         self.returncode = None
 
     def poll(self):
-        self.returncode = self._server.exits.get(self.pid)
         return self.returncode
 
     def wait(self, timeout=None):
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._server.cond:
-            while self.pid not in self._server.exits:
+            while self.returncode is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise subprocess.TimeoutExpired(self.args, timeout)
                 if not self._server.alive:
                     raise RuntimeError(f"the fork server died before {self.args} ended")
-                self._server.cond.wait(left if left is None else min(left, 1.0))
-        return self.poll()
+                self._server.cond.wait(1.0 if left is None else min(left, 1.0))
+        return self.returncode
 
     def send_signal(self, sig) -> None:
-        if self.poll() is None:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
+        self._server.signal(self.pid, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -163,8 +170,9 @@ class Server:
         self.proc = subprocess.Popen([python, os.path.abspath(__file__)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=environ, cwd=cwd)
         self.cond = threading.Condition()
-        self.exits: dict[int, int] = {}
-        self.started: dict[int, int] = {}
+        self.asked: dict[int, list] = {}          # request id -> argv, until the server says which pid it got
+        self.started: dict[int, Forked] = {}      # request id -> its process, until spawn() takes it
+        self.running: dict[int, Forked] = {}      # pid -> the process that holds it now
         self.alive = True
         self._next = 0
         ready = json.loads(self.proc.stdout.readline() or b"{}")
@@ -174,17 +182,30 @@ class Server:
         threading.Thread(target=self._listen, daemon=True, name="forkserver").start()
 
     def _listen(self) -> None:
+        # One pipe carries both messages in order: a child's start always comes before its exit.
         for line in self.proc.stdout:
             msg = json.loads(line)
             with self.cond:
                 if "returncode" in msg:
-                    self.exits[msg["pid"]] = msg["returncode"]
+                    self.running.pop(msg["pid"]).returncode = msg["returncode"]
                 else:
-                    self.started[msg["id"]] = msg["pid"]
+                    child = Forked(self, msg["pid"], self.asked.pop(msg["id"]))
+                    self.running[child.pid] = self.started[msg["id"]] = child
                 self.cond.notify_all()
         with self.cond:
             self.alive = False
             self.cond.notify_all()
+
+    def signal(self, pid: int, sig: int) -> None:
+        """Sent by the server, which knows whether the pid is still its child's (a pid is free again once the
+        server has reaped it, before its exit reaches this side)."""
+        with self.cond:
+            if self.alive:
+                self._send({"signal": int(sig), "pid": pid})
+
+    def _send(self, msg: dict) -> None:
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
 
     def fits(self, environ: dict) -> bool:
         return self.alive and _import_time(environ) == self.shared
@@ -193,14 +214,13 @@ class Server:
         with self.cond:
             self._next += 1
             rid = self._next
-            self.proc.stdin.write((json.dumps({"id": rid, "argv": argv, "env": environ, "cwd": cwd,
-                                               "stdout": stdout, "stderr": stderr}) + "\n").encode())
-            self.proc.stdin.flush()
+            self.asked[rid] = argv
+            self._send({"id": rid, "argv": argv, "env": environ, "cwd": cwd, "stdout": stdout, "stderr": stderr})
             while rid not in self.started:
                 if not self.alive:
                     raise RuntimeError("the fork server died")
                 self.cond.wait(1.0)
-            return Forked(self, self.started.pop(rid), argv)
+            return self.started.pop(rid)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,8 @@ def run_py(*args, timeout=180, check=True):
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
+        if not os.path.exists(out):
+            raise AssertionError(f"{args}: its process ended ({code}) before it opened its output")
         with open(out, errors="replace") as f, open(err, errors="replace") as g:
             done = subprocess.CompletedProcess([PY, *args], code, f.read(), g.read())
     if check and code != 0:

@@ -1,0 +1,44 @@
+"""The suite's fork server (tests/forkserver.py) keeps each process's exit its own when the kernel hands a pid out
+again. Before: a run given the pid of an earlier, ended one "ended" at once with that one's status, and its test
+read output not yet written (CI: FileNotFoundError for a reference run's output)."""
+import os
+import sys
+
+import pytest
+
+import forkserver
+from gmux_testkit import ROOT, env
+
+LAST_PID = "/proc/sys/kernel/ns_last_pid"
+
+
+def test_a_reused_pid_does_not_carry_the_exit_of_the_process_that_had_it(tmp_path):
+    if not os.access(LAST_PID, os.W_OK):
+        pytest.skip(f"choosing the next pid needs {LAST_PID} writable (root)")
+    server = forkserver.Server(sys.executable, env(), ROOT)
+    first = server.spawn(["-c", "raise SystemExit(3)"], env(), ROOT, os.devnull, None)
+    assert first.wait(60) == 3
+    out = tmp_path / "out"
+    for _ in range(20):                      # another process may take the pid between the write and the fork
+        with open(LAST_PID, "w") as f:
+            f.write(str(first.pid - 1))
+        second = server.spawn(["-c", "import time, sys; time.sleep(1); print('written')"], env(), ROOT,
+                              str(out), None)
+        if second.pid == first.pid:
+            break
+        second.wait(60)
+    else:
+        pytest.skip("the pid went to another process every time")
+    assert second.poll() is None
+    assert second.wait(60) == 0
+    assert out.read_text() == "written\n"
+    assert first.returncode == 3
+
+
+def test_a_signal_reaches_a_running_child_and_none_once_it_has_ended():
+    server = forkserver.Server(sys.executable, env(), ROOT)
+    child = server.spawn(["-c", "import time; time.sleep(60)"], env(), ROOT, os.devnull, None)
+    child.kill()
+    assert child.wait(60) == -9
+    child.terminate()                        # its pid may be another's by now: the server sends nothing
+    assert child.wait(1) == -9
