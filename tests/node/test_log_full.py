@@ -2,6 +2,8 @@
 
 Before: the job's next print raised "No space left on device", the job died ("failed: exit status 1") and its
 traceback, written to the same full disk, was lost with the reason."""
+import contextlib
+import errno
 import os
 import subprocess
 import sys
@@ -74,25 +76,32 @@ def test_a_submitted_job_trains_through_a_full_log_disk(tmp_path):
                         cwd=str(tmp_path), env={}, name="full")["job"]
         node.wait_for(lambda: (tmp_path / "w.pt.filling").exists(), 120, "the job to print its first steps")
         filler = rt / "filler"
-        with open(filler, "wb") as f:          # every byte left, as another writer would take it
-            try:
+        try:
+            with open(filler, "wb") as f:      # every byte left, as another writer would take it
                 while True:
                     f.write(b"\0" * 65536)
                     f.flush()
-            except OSError:
-                pass
+        except OSError as e:                   # full; in CI once already at the open (ENOSPC): full all the same
+            assert e.errno == errno.ENOSPC, e
         node.wait_for(lambda: node.job(job)["step"] > 100 if node.job(job).get("step") else False, 120,
                       "the job to train on with its log's disk full")
-        os.unlink(filler)
-        node.wait_for(lambda: node.job(job)["state"] in ("exited", "failed", "killed", "lost"), 120, "the job's end")
-        assert node.job(job)["state"] == "exited", node.job(job)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(filler)
+        node.wait_for(lambda: node.job(job)["state"] in ("exited", "failed", "killed", "lost"), 120,
+                      lambda: "the job's end, with what its disk holds:\n" + _listing(rt))
+        assert node.job(job)["state"] == "exited", (node.job(job), _listing(rt))
         log = (rt / "logs" / f"{job}.log").read_text()
-        assert "bytes of this job's output were lost here: the log's disk was full]" in log and "done" in log
+        assert "bytes of this job's output were lost here: the log's disk was full]" in log and "done" in log, \
+            log[-3000:] + _listing(rt)
         assert weights.exists()
     finally:
         if node is not None:
             node.close()
         subprocess.run(["umount", "-l", str(rt)], capture_output=True)
+
+
+def _listing(directory) -> str:
+    return subprocess.run(["du", "-a", str(directory)], capture_output=True, text=True).stdout
 
 
 def test_output_unbuffered_by_python_u_stays_unbuffered(tmp_path):
