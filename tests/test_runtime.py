@@ -250,6 +250,29 @@ def test_the_runner_turns_every_ending_into_a_status_and_a_reason(tmp):
     assert sys.argv == argv     # the script's argv was its own
 
 
+def test_what_a_script_holds_lives_on_after_it_ends_as_under_python(tmp):
+    """However a script ends, its objects are not freed the moment it returns but at the interpreter's end, as
+    python frees a script's __main__. Before: the runner freed them at once, and a DDP model's gloo process group,
+    destroyed while gloo's thread still released its last collective, deadlocked the rank after its work was
+    done (1 run in 25 of tests/test_ddp_hooks.py on a busy machine)."""
+    import gc
+    import weakref
+
+    from gmux.job.runner import run_script
+
+    holder = "class Held:\n    pass\nheld = Held()\nimport builtins\nbuiltins._gmux_test_held.append(held)\n"
+    import builtins
+    for i, end in enumerate(("", "import sys; sys.exit(3)", "raise ValueError('boom')")):
+        path = f"{tmp}/h{i}.py"
+        with open(path, "w") as f:
+            f.write(holder + end + "\n")
+        builtins._gmux_test_held = []
+        run_script("path", path, [path])
+        ref = weakref.ref(builtins._gmux_test_held.pop())
+        del builtins._gmux_test_held
+        gc.collect()
+        assert ref() is not None, f"freed when the script ended ({end or 'returned'})"
+
 def test_gmux_launch_modules_import_no_torch():
     """gmux-launch imports torch at one chosen point (runner.warm_up), not as a side effect of importing its own
     modules: its usage errors and --help answer at once."""

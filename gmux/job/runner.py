@@ -53,6 +53,15 @@ def prepare(controller=None, *, hook: bool = True, pool_bytes: int = 0, native: 
     return hooked
 
 
+# What each script left (its namespace, or the exception it ended with, whose traceback holds its frames), kept
+# until the interpreter ends, as python keeps a script's __main__. Freed the moment the script returned, a torch
+# process group the script still held (its DDP model's) was destroyed while gloo's thread was still freeing the
+# last collective's work: ~ProcessGroupGloo joins that thread holding the GIL, the thread waits for the GIL to
+# release a Python object of that work, and the rank hung for ever after its work was done (1 run in 25 on a
+# busy machine, tests/test_ddp_hooks.py).
+_LEFT_BY_SCRIPTS: list = []
+
+
 def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], None]] = None) -> tuple[int, str]:
     """Runs the script (`kind` 'path' or 'module', as gmux.util.job_command.script_of says) as `__main__`
     with sys.argv = `argv`, after `setup()`; returns (exit status, reason). A failure in `setup` ends the job
@@ -64,20 +73,23 @@ def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], 
             setup()
         sys.argv = list(argv)
         if kind == "module":
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            _LEFT_BY_SCRIPTS.append(runpy.run_module(target, run_name="__main__", alter_sys=True))
         else:
             sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
-            runpy.run_path(target, run_name="__main__")
+            _LEFT_BY_SCRIPTS.append(runpy.run_path(target, run_name="__main__"))
     except SystemExit as e:   # includes gmux.job.JobExit (exit or migrate at a boundary)
+        _LEFT_BY_SCRIPTS.append(e)
         code = e.code
         status = exit_status(code)
         reason = "finished" if status == 0 else f"exit status {status}"
         if code is not None and not isinstance(code, int):
             print(code, file=sys.stderr)
-    except KeyboardInterrupt:   # (Ctrl-C, or SIGINT sent to it: the script's traceback, as Python shows it)
+    except KeyboardInterrupt as e:   # (Ctrl-C, or SIGINT sent to it: the script's traceback, as Python shows it)
+        _LEFT_BY_SCRIPTS.append(e)
         traceback.print_exc()
         status, reason = 130, "interrupted (SIGINT)"
     except BaseException as e:
+        _LEFT_BY_SCRIPTS.append(e)
         traceback.print_exc()
         from .memory.limit import explain   # torch's CUDA OOM error does not say it was the job's limit
         status, reason = 1, (explain(e) or f"{type(e).__name__}: {e}")[:500]
