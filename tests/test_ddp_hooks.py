@@ -145,8 +145,9 @@ def _torchrun_or_again(tmp: str, name: str, steps: int, cycle_every: int | None,
     """torchrun, and once more if it aborted or hung at gloo's teardown after its work was written ("terminate
     called without an active exception", a torch bug: pytorch/pytorch#190489 and #179291; or a rank deadlocked in
     ~ProcessGroupGloo, joining gloo's thread while that thread waits for the GIL to release a Python object of its
-    thread-local state). Seen in the reference run, which gmux never touches, and in the gmux run; a failure that
-    comes back, or any other failure, fails."""
+    thread-local state). Seen in the reference run, which gmux never touches, and in the gmux run, where it came
+    back until gmux's runner stopped freeing the script's objects the moment it returned (gmux.job.runner); a
+    failure that comes back, or any other failure, fails."""
     try:
         return _torchrun(tmp, name, steps, cycle_every, port)
     except AssertionError as e:
