@@ -1,6 +1,7 @@
 """One rank of a gang whose rank LOSER loses its lease at boundary AT (its gmuxd silent): every rank must stop at
 that same boundary, none left waiting in a collective for the one that stopped.
-usage: gang_lease.py OUT RANK WORLD PORT LOSER AT
+usage: gang_lease.py OUT RANK WORLD STORE LOSER AT   (STORE: a file the ranks meet through, never a port another
+process may take between its choice and the first rank's bind)
 Each rank writes OUT.RANK: the boundary where its lease handler ran and the silence it was given, then exits 75
 as gmux-launch's handler does."""
 import json
@@ -12,9 +13,10 @@ import torch.distributed as dist
 
 from gmux.job.gang import GangController
 
-out, rank, world, port, loser, at = sys.argv[1], *map(int, sys.argv[2:])
+out, store = sys.argv[1], sys.argv[4]
+rank, world, loser, at = map(int, (sys.argv[2], sys.argv[3], *sys.argv[5:]))
 torch.set_num_threads(1)
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
 
 
 class Silent:
