@@ -97,6 +97,16 @@ def job_name_problem(v) -> Optional[str]:
     return None
 
 
+def cluster_job_name_problem(v) -> Optional[str]:
+    """job_name_problem's, and a name that reads as a cluster job's id (c7, C7): the scheduler picks a job out by
+    its name wherever by its id, so `--name c7` hid cluster job c7. (On a machine, c7 is the name gmux gives
+    cluster job c7's own job there, and is taken.)"""
+    problem = job_name_problem(v)
+    if problem is None and re.fullmatch(r"[cC]\d+", v):
+        return f"{v!r} looks like a cluster job's id (gmux names them c1, c2, ...); choose another name"
+    return problem
+
+
 def _int(v, lo=-(1 << 62), hi=(1 << 62)):
     if isinstance(v, bool) or not isinstance(v, int):
         return f"expected an integer, got {type(v).__name__}"
@@ -312,7 +322,7 @@ def _gang(v):
         return f"expected a map {{id, rank, size}}, got {type(v).__name__}"
     if set(v) != {"id", "rank", "size"}:
         return f"expected exactly the fields id, rank, size; got {', '.join(sorted(map(str, v)))[:80]}"
-    problem = job_name_problem(v["id"])    # (gmux-launch --gang NAME: a name the user chose)
+    problem = _name(v["id"])   # (a new gang's name the user chose is held to job_name_problem when it registers)
     if problem:
         return f"id: {problem}"
     problem = _int(v["size"], 1, MAX_GANG)
@@ -370,7 +380,9 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "pid": (_nonneg_int, True),
         "argv": (_str_list, True),
         "cwd": (_exec_str, False),
-        "name": (_optional(job_name_problem), False),
+        # a new job's name is held to job_name_problem when it registers; one coming back (a move, an adoption)
+        # keeps the name gmuxd gave it, also one an older gmux's rule allowed
+        "name": (_optional(_name), False),
         "weight": (_weight, False),
         "mem": (_optional(_nonneg_int), False),     # declared working set, bytes; None: measure it
         "gpus": (lambda v: _int(v, 1, 64), False),
@@ -729,7 +741,7 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
                     "args": (_By("action", ACTION_ARGS), True)},
     # --- clients (gmux submit/ps --cluster) -> scheduler ---
     "c_submit": {"argv": (_argv, True), "cwd": (_exec_str, True), "env": (_env, False),
-                 "name": (_optional(job_name_problem), False),
+                 "name": (_optional(cluster_job_name_problem), False),
                  "ranks": (_ranks, False), "mem": (_optional(_nonneg_int), False),
                  "weight": (_weight, False), "ckpt_every": (_optional(_pos_float), False)},
     "c_ps": {"all": (_bool, False)},

@@ -5,7 +5,7 @@ import argparse
 import math
 import os
 
-from gmux.protocol import WEIGHTS, job_name_problem
+from gmux.protocol import WEIGHTS, cluster_job_name_problem, job_name_problem
 from gmux.rundir import not_a_directory
 from gmux.util.sizes import parse_size
 from gmux.util.text import digits
@@ -75,7 +75,16 @@ def runtime_dir(text: str) -> str:
 
 def job_name(text: str) -> str:
     """--name, --gang: refused at the command line by gmuxd's own rule, in its words (protocol.job_name_problem)."""
-    problem = job_name_problem(text)
+    return _named_by(job_name_problem, text)
+
+
+def cluster_job_name(text: str) -> str:
+    """gmux submit --cluster --name: the scheduler's rule (protocol.cluster_job_name_problem)."""
+    return _named_by(cluster_job_name_problem, text)
+
+
+def _named_by(rule, text: str) -> str:
+    problem = rule(text)
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return text

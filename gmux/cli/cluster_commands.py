@@ -53,7 +53,7 @@ def main(argv: list) -> int:
         s.add_argument("--as", dest="who", default=os.environ.get("GMUX_KEY_NAME") or getpass.getuser(),
                        help="your client key's name (client.NAME in --keys)")
         if name == "submit":
-            add_job_options(s)
+            add_job_options(s, cluster=True)
             s.add_argument("--ckpt-every", type=nonneg,
                            help="periodic checkpoint interval, seconds (0: never; default: gmux-scheduler's "
                                 "--ckpt-every)")

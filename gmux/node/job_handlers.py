@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Optional
 from gmux.node.access import user_name
 from gmux.node.adoption import adopt
 from gmux.node.jobs import Job, gang_members
+from gmux import protocol
 from gmux.rundir import proc_starttime
 from gmux.util.sizes import format_size
 from gmux.wire.server import Refused, Request, UnknownJob
@@ -100,6 +101,10 @@ class JobHandlers:
         else:
             node.access.served(msg, who)        # (a new job: one of a user the daemon still serves)
             gang = msg.get("gang")
+            for field, chosen in (("name", msg.get("name")), ("gang: id", gang and gang["id"])):
+                problem = chosen and protocol.job_name_problem(chosen)
+                if problem:
+                    raise Refused(f"register: {field}: {problem}")
             others = [m for m in gang_members(node.jobs, gang["id"]) if m.uid != who.uid] if system and gang else []
             if others:    # ranks of one gang are suspended and killed together: never across users
                 raise Refused(f"register: gang {gang['id']} is {user_name(others[0].uid)}'s; choose another "

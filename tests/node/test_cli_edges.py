@@ -271,10 +271,10 @@ def test_an_unnamed_gang_is_named_after_its_first_rank_and_takes_no_id(node_fact
 @pytest.mark.parametrize("fields, needle", [
     ({"type": "submit", "argv": ["python", "x.py"], "cwd": "/", "name": "ј45"}, "submit.name: 'ј45' looks like a job"),
     ({"type": "submit", "argv": ["python", "x.py"], "cwd": "/", "name": "J7"}, "submit.name: 'J7' looks like a job"),
-    ({"type": "register", "argv": ["python", "x.py"], "name": "Ｊ99"}, "register.name: 'Ｊ99' looks like"),
-    ({"type": "register", "argv": ["python", "x.py"], "name": "ﬁne"}, "register.name: 'ﬁne' reads as 'fine'"),
+    ({"type": "register", "argv": ["python", "x.py"], "name": "Ｊ99"}, "register: name: 'Ｊ99' looks like"),
+    ({"type": "register", "argv": ["python", "x.py"], "name": "ﬁne"}, "register: name: 'ﬁne' reads as 'fine'"),
     ({"type": "register", "argv": ["python", "x.py"], "gang": {"id": "rеsnet", "rank": 0, "size": 2}},
-     "register.gang: id: 'rеsnet' mixes Latin and Cyrillic letters"),
+     "register: gang: id: 'rеsnet' mixes Latin and Cyrillic letters"),
 ])
 def test_gmuxd_refuses_lookalike_names_from_any_client(daemon, fields, needle):
     """Only the CLI refused them: a client writing its own frames (ZeroMQ and msgpack) had gmuxd take them."""

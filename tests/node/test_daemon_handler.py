@@ -256,6 +256,20 @@ def test_a_live_job_is_named_by_its_name_where_one_has_it(daemon):
     assert "no job 'nobody' (an id, or the name of a live job)" in r, r
 
 
+def test_a_new_job_is_held_to_the_name_rule_and_one_coming_back_keeps_its_name(daemon):
+    """A job's process back from a move or a spill, or adopted after a restart, registers again with the name it
+    has; one an older gmux's rule allowed (j45) was refused at the wire, and the job could not come back."""
+    for fields, said in (({"name": "j45"}, "register: name: 'j45' looks like a job id"),
+                         ({"gang": {"id": "ј7", "rank": 0, "size": 2}}, "register: gang: id: 'ј7' looks like a job")):
+        r = ask(daemon, "register", b"new", pid=daemon.stand_in_pid, argv=["python", "t.py"], **fields)
+        assert not r["ok"] and said in r["error"], r
+    assert not daemon.jobs
+    reg = register(daemon, name="old")
+    daemon.jobs[reg["job"]].name = "j45"          # as an older gmuxd took it
+    back = register(daemon, job=reg["job"], token=reg["token"], name="j45")
+    assert back["job"] == reg["job"] and daemon.jobs[reg["job"]].name == "j45"
+
+
 def test_a_suspend_may_bring_the_jobs_deadline_forward(daemon):
     """A cluster fence's suspend (deadline_s): a job not suspended by then is stopped, however long its own
     mini-batches make its deadline; released, the job's own counts again."""
