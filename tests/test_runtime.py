@@ -241,12 +241,15 @@ def test_the_runner_turns_every_ending_into_a_status_and_a_reason(tmp):
              "import sys; sys.exit(2 ** 70)": (255, "exit status 255"),
              # Ctrl-C: recorded as "failed: KeyboardInterrupt: " with status 1 before
              "raise KeyboardInterrupt": (130, "interrupted (SIGINT)")}
-    argv = list(sys.argv)
-    for i, (body, expected) in enumerate(cases.items()):
-        path = f"{tmp}/s{i}.py"
-        with open(path, "w") as f:
-            f.write("import sys\nassert sys.argv[1:] == ['--x', '1']\n" + body + "\n")
-        assert run_script("path", path, [path, "--x", "1"]) == expected, body
+    argv, saved_path = list(sys.argv), list(sys.path)
+    try:
+        for i, (body, expected) in enumerate(cases.items()):
+            path = f"{tmp}/s{i}.py"
+            with open(path, "w") as f:
+                f.write("import sys\nassert sys.argv[1:] == ['--x', '1']\n" + body + "\n")
+            assert run_script("path", path, [path, "--x", "1"]) == expected, body
+    finally:
+        sys.path[:] = saved_path    # (the script's directory, put first as python does, is this test's alone)
     assert sys.argv == argv     # the script's argv was its own
 
 
@@ -255,21 +258,26 @@ def test_what_a_script_holds_lives_on_after_it_ends_as_under_python(tmp):
     python frees a script's __main__. Before: the runner freed them at once, and a DDP model's gloo process group,
     destroyed while gloo's thread still released its last collective, deadlocked the rank after its work was
     done (1 run in 25 of tests/test_ddp_hooks.py on a busy machine)."""
+    import builtins
     import gc
+    import sys
     import weakref
 
     from gmux.job.runner import run_script
 
-    holder = "class Held:\n    pass\nheld = Held()\nimport builtins\nbuiltins._gmux_test_held.append(held)\n"
-    import builtins
+    holder = "import builtins\nclass Held:\n    pass\nheld = Held()\nbuiltins._gmux_test_held.append(held)\n"
+    saved_path = list(sys.path)       # (the runner puts the script's directory first, as python does)
     for i, end in enumerate(("", "import sys; sys.exit(3)", "raise ValueError('boom')")):
-        path = f"{tmp}/h{i}.py"
+        path = f"{tmp}/held_{i}.py"
         with open(path, "w") as f:
             f.write(holder + end + "\n")
         builtins._gmux_test_held = []
-        run_script("path", path, [path])
-        ref = weakref.ref(builtins._gmux_test_held.pop())
-        del builtins._gmux_test_held
+        try:
+            run_script("path", path, [path])
+            ref = weakref.ref(builtins._gmux_test_held.pop())
+        finally:
+            del builtins._gmux_test_held
+            sys.path[:] = saved_path  # (left there, a later test's `import h2`, httpx's, ran a script named h2.py)
         gc.collect()
         assert ref() is not None, f"freed when the script ended ({end or 'returned'})"
 
