@@ -245,7 +245,7 @@ def logs(c: Client, a) -> int:
     log's), with the file that holds all of it."""
     data = c.call("logs", job=a.job, tail=a.tail, **({"raw": True} if a.raw else {}))
     body = data["bytes"] if a.raw else data["text"].encode(errors="surrogatepass")
-    cut = _left_out(c, data["job"], body, a.tail)
+    cut = _left_out(c, data, body, a.tail)
     if a.raw:
         sys.stdout.buffer.write(body)
     else:
@@ -256,23 +256,25 @@ def logs(c: Client, a) -> int:
     return 0
 
 
-def _left_out(c: Client, job: str, body: bytes, tail: int) -> dict:
-    """{'cut': words, 'left_out': bytes or None, 'log': path or None} where a full reply held less than was asked
-    (all the log, or --tail N lines reaching past what a reply holds); {} where it held all. The log's size is
-    read from its file where this user may; else only that the reply was full is known."""
-    if len(body) < LOGS_REPLY_BYTES - 3 or (tail and body.count(b"\n") >= tail):
-        return {}      # (- 3: a character cut in two at the reply's start is dropped whole)
-    path = c.rundir.log_file(job)
-    try:
-        size = os.stat(path).st_size
-    except OSError:
-        return {"cut": f"only the end of {job}'s log is shown, what one reply holds ({LOGS_REPLY_BYTES >> 10} KiB): "
-                       f"what came before it was left out", "left_out": None, "log": None}
-    if size <= LOGS_REPLY_BYTES:
+def _left_out(c: Client, data: dict, body: bytes, tail: int) -> dict:
+    """{'cut': words, 'left_out': bytes or None, 'log': path} where a reply held less than was asked (all the log,
+    or --tail N lines reaching past what a reply holds); {} where it held all. gmuxd counts what it left out; one
+    started before it did is asked by the file's size, where this user may read it."""
+    job, path = data["job"], c.rundir.log_file(data["job"])
+    if tail and body.count(b"\n") >= tail:
+        return {}
+    before = data.get("left_out")
+    if before is None and len(body) >= LOGS_REPLY_BYTES - 3:    # (- 3: a character cut in two is dropped whole)
+        try:
+            before = max(0, os.stat(path).st_size - LOGS_REPLY_BYTES)
+        except OSError:
+            return {"cut": f"only the end of {job}'s log is shown, what one reply holds ({LOGS_REPLY_BYTES >> 10} "
+                           f"KiB): what came before it may have been left out", "left_out": None, "log": path}
+    if not before:
         return {}
     return {"cut": f"only the last {LOGS_REPLY_BYTES >> 10} KiB of {job}'s log are shown, what one reply holds: the "
-                   f"{format_size(size - LOGS_REPLY_BYTES)} before them were left out. All of it: {path}",
-            "left_out": size - LOGS_REPLY_BYTES, "log": path}
+                   f"{format_size(before)} before them were left out. All of it: {path}", "left_out": before,
+            "log": path}
 
 
 def top(c: Client, a) -> int:

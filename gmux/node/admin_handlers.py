@@ -24,7 +24,7 @@ from gmux.node.supervisor import CannotStart
 from gmux.node.waiting import waiting_detail
 from gmux.rundir import proc_starttime
 from gmux.util.rendezvous import free_port, rendezvous_env
-from gmux.util.text import tail_bytes, text_of
+from gmux.util.text import file_end, text_of
 from gmux.wire.server import Busy, Caller, Refused, Request
 
 if TYPE_CHECKING:
@@ -277,15 +277,16 @@ class AdminHandlers:
         # Cut by bytes (a reply must fit a message, whatever characters the job printed), from the file's end.
         path = self.node.rundir.log_file(job.id)
         cut = (protocol.LOGS_REPLY_BYTES, req.msg.get("tail") or 0)
-        note, data = "", tail_bytes(path, *cut)
+        note, (data, before) = "", file_end(path, *cut)
         if not data and not os.path.exists(path):
             held = None if job.final or not job.pid else read_deleted(job.pid, path, *cut)
             note = (f"[gmuxd: {path} was deleted while {job.id} ran; shown from the file it still writes to, which "
                     f"goes when it ends]\n" if held is not None else f"[gmuxd: {path} was deleted]\n")
-            data = held or b""
+            data, before = held or (b"", 0)
+        # left_out: the log's bytes before what one reply holds, counted here (the client may not read the file)
         if req.msg.get("raw"):
-            return {"job": job.id, "bytes": data}
-        return {"job": job.id, "text": note + text_of(data)}
+            return {"job": job.id, "bytes": data, "left_out": before}
+        return {"job": job.id, "text": note + text_of(data), "left_out": before}
 
     def submit(self, req: Request):
         node, msg = self.node, req.msg

@@ -34,13 +34,20 @@ def printable(text, keep: str = "", limit: Optional[int] = None) -> str:
 def tail_bytes(path: str, max_bytes: int, lines: int = 0) -> bytes:
     """The end of a log file as written: at most `max_bytes` of it (read from the end, so a log of gigabytes
     costs no more than its tail), and of that the last `lines` lines if asked. Missing: b''."""
+    return file_end(path, max_bytes, lines)[0]
+
+
+def file_end(path: str, max_bytes: int, lines: int = 0) -> tuple[bytes, int]:
+    """`tail_bytes`, and how many bytes of the file came before the last `max_bytes` (0: none were left out
+    for want of room; the lines before the last `lines` are not counted, they were not asked for)."""
     try:
         with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - max_bytes))
+            before = max(0, f.seek(0, 2) - max_bytes)
+            f.seek(before)
             data = f.read(max_bytes)
     except FileNotFoundError:
-        return b""
-    return b"".join(data.splitlines(keepends=True)[-lines:]) if lines else data
+        return b"", 0
+    return (b"".join(data.splitlines(keepends=True)[-lines:]) if lines else data), before
 
 
 def tail(path: str, max_bytes: int, lines: int = 0) -> str:

@@ -99,6 +99,13 @@ def test_logs_says_what_a_reply_left_out(node_factory, tmp_path):
     assert "left out" in gmux(node.rt, "logs", job, "--tail", "100000").stderr   # more lines than a reply holds
     assert "left out" in gmux(node.rt, "logs", job, "--raw").stderr
     assert gmux(node.rt, "logs", job, "--tail", "5").stderr == ""                  # all it asked for
+    # A log whose bytes are not text, shorter than a reply: as text it is longer (each byte a U+FFFD, 3 bytes), and
+    # the command said that what came before had been left out where it could not read the file. gmuxd counts it.
+    (tmp_path / "binary.py").write_text("import sys\nsys.stdout.buffer.write(b'\\xff' * 300_000)\n")
+    job = json.loads(gmux(node.rt, "--json", "submit", "--", "python", str(tmp_path / "binary.py")).stdout)["job"]
+    node.wait_for(lambda: node.job(job)["state"] == "exited", 60, "written")
+    shown = gmux(node.rt, "--json", "logs", job)
+    assert json.loads(shown.stdout)["left_out"] == 0 and "left out" not in shown.stderr, shown
 
 
 BAD_IDS = [["suspend", "nosuch"], ["resume", "nosuch"], ["kill", "nosuch"], ["migrate", "nosuch", "--gpu", "1"],
