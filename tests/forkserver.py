@@ -201,7 +201,15 @@ class Server:
         server has reaped it, before its exit reaches this side)."""
         with self.cond:
             if self.alive:
-                self._send({"signal": int(sig), "pid": pid})
+                try:
+                    return self._send({"signal": int(sig), "pid": pid})
+                except BrokenPipeError:
+                    pass
+            if self.running.get(pid) is not None:       # (its children live on without it: sent from here)
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
 
     def _send(self, msg: dict) -> None:
         self.proc.stdin.write((json.dumps(msg) + "\n").encode())
