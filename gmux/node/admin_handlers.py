@@ -200,7 +200,8 @@ class AdminHandlers:
         unit = unit_of(node.jobs, job)
         for m in unit:
             m.kill_requested, m.kill_reason = True, req.msg.get("reason") or "killed by gmux kill"
-            if not node.sup.kill(m):
+        for m, killed in zip(unit, node.sup.kill_together(unit)):
+            if not killed:
                 node.finish(m, "killed", None, m.kill_reason)
         return {"job": job.id, "signal": "SIGKILL", "jobs": [m.id for m in unit]}
 

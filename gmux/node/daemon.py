@@ -381,8 +381,8 @@ class Daemon:
                 self.decide(job.gpu, "gang", [p.id for p in peers], {"gang": job.gang["id"], "rank": job.gang["rank"]},
                             f"rank {job.gang['rank']} of gang {job.gang['id']} ({job.id}) {state}: killing its "
                             f"peers {', '.join(p.id for p in peers)}")
-            for p in peers:
-                if not self.sup.kill(p):
+            for p, killed in zip(peers, self.sup.kill_together(peers)):
+                if not killed:
                     self.finish(p, "killed", None, f"rank {job.gang['rank']} of its gang {state}")
 
     def sync_accounting(self, now: float) -> None:

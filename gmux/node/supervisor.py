@@ -223,6 +223,16 @@ class Supervisor:
         on, unseen, holding memory."""
         return self._signal_tree(job, sig)
 
+    def kill_together(self, jobs: list) -> list[bool]:
+        """`kill` for jobs that end as one (a gang's ranks): each one's process is stopped first, all at once, so
+        that none sees another die and ends on its own account. (Each kill scans /proc for what the job started:
+        a rank whose peer's connection reset under it ended "failed" with gloo's error before its own kill came.)"""
+        for job in jobs:
+            if self._identified(job):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(job.pid, signal.SIGSTOP)
+        return [self.kill(job) for job in jobs]
+
     def end_leftovers(self, job: Job) -> None:
         """What is left of a submitted job's process group once its process has ended (a child it forked and
         left running) is asked to end: the job is over. (The group keeps the job's pid as its id while any member

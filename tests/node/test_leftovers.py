@@ -501,3 +501,35 @@ print("returncode", child.wait(), flush=True)
     out = subprocess.run([sys.executable, "-c", daemon], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "GMUX_JOB_ID": "j1", "GMUX_RUNTIME_DIR": rt})
     assert out.returncode == 0 and "returncode -9" in out.stdout, (out.returncode, out.stdout, out.stderr)
+
+
+PEER = "import os, sys\nos.read(int(sys.argv[1]), 1)\nos._exit(1)\n"     # a rank whose peer's end closes under it
+
+
+def test_ranks_killed_together_are_all_killed_none_ends_on_its_own_account(tmp_path):
+    """gmux kill of a gang: a rank saw its peer killed (its connection reset) and ended "failed" with that error
+    before its own kill came, since each kill first scans /proc for what the job started (CI, a torchrun gang)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from gmux.node.jobs import Job
+    from gmux.node.supervisor import Supervisor
+    from gmux.rundir import RuntimeDir, proc_starttime
+    for attempt in range(5):
+        read, write = os.pipe()
+        first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], pass_fds=(write,))
+        peer = subprocess.Popen([sys.executable, "-c", PEER, str(read)], pass_fds=(read,))
+        os.close(read)
+        os.close(write)
+        try:
+            time.sleep(0.5)
+            jobs = [Job(f"j{n}", f"t{n}", "", ["python", "rank.py"], pid=p.pid, starttime=proc_starttime(p.pid))
+                    for n, p in enumerate((first, peer))]
+            assert Supervisor(RuntimeDir(str(tmp_path / "rt"))).kill_together(jobs) == [True, True]
+            assert (first.wait(30), peer.wait(30)) == (-signal.SIGKILL, -signal.SIGKILL), f"attempt {attempt}"
+        finally:
+            for p in (first, peer):
+                p.kill()
+                p.wait()
