@@ -13,6 +13,7 @@ delivered when it comes back; beyond that they are dropped, and the next report 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -57,6 +58,7 @@ class Agent:
         self.boundaries = 0
         self._next_sample = 0.0
         self.on_first_boundary = None   # a launcher's check, run once at the first boundary
+        self.while_waiting = contextlib.nullcontext   # around each wait for gmuxd's word (a launcher's Ctrl-C)
         # A cluster job's lease: once gmuxd has answered nothing for lease_s, on_lease_lost(seconds) is called at
         # a boundary (or while waiting), since the scheduler then starts the job elsewhere.
         self.lease_s: Optional[float] = None
@@ -140,18 +142,19 @@ class Agent:
         if self.state == "running" and not self.in_place:
             self.state = "suspended"
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._commands:
-            now = time.monotonic()
-            if now - self._last_sent >= protocol.HEARTBEAT_S:
-                self._send("heartbeat", state=self.state)
-            left = protocol.HEARTBEAT_S if deadline is None else min(protocol.HEARTBEAT_S, deadline - now)
-            if left <= 0:
-                return None
-            if self.sock.poll(left * 1000):
-                self._drain()
-            if self._unknown:
-                self._adopt()
-            self._check_lease(time.monotonic())
+        with self.while_waiting():
+            while not self._commands:
+                now = time.monotonic()
+                if now - self._last_sent >= protocol.HEARTBEAT_S:
+                    self._send("heartbeat", state=self.state)
+                left = protocol.HEARTBEAT_S if deadline is None else min(protocol.HEARTBEAT_S, deadline - now)
+                if left <= 0:
+                    return None
+                if self.sock.poll(left * 1000):
+                    self._drain()
+                if self._unknown:
+                    self._adopt()
+                self._check_lease(time.monotonic())
         return self._commands.popleft()
 
     def report(self, report: dict) -> None:

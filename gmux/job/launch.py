@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -81,6 +82,7 @@ def run(opt: LaunchOptions) -> int:
         return 2
     job_id = reg["job"]
     held["agent"] = agent
+    agent.while_waiting = held["while_waiting"]
     lease = _seconds(os.environ.get("GMUX_LEASE_S"))
     if lease:
         agent.lease_s = lease
@@ -135,6 +137,8 @@ def run(opt: LaunchOptions) -> int:
                        name=opt.name or reg.get("name") or None)
         agent.state = "running"
     held["script"] = True
+    if held["handler"] is not None and signal.getsignal(signal.SIGINT) is held["handler"]:
+        signal.signal(signal.SIGINT, signal.default_int_handler)   # the script's, as under python (asyncio's own)
     status, reason = runner.run_script(kind, target, script_argv, setup)
     if agent.migrating is not None:
         # The migrate was acknowledged: the state is in the checkpoint, and this process becomes the job's next.
@@ -155,10 +159,12 @@ def _quiet_interrupt(rundir: RuntimeDir) -> dict:
     a KeyboardInterrupt's traceback through gmux's own wait tells the user nothing, and a suspended script's
     handler would run with its state off the device (a `torch.save` there wrote garbage over the last good
     checkpoint, or crashed), so none of the script's code runs. Elsewhere in the script it is the script's own
-    KeyboardInterrupt, as it is in a process forked from this one (the lease watch, a loader's workers). A SIGINT
-    ignored (a job started in the background) stays ignored. Returns what the handler reads: the agent once
-    registered, and whether the script has started."""
-    held = {"agent": None, "script": False}
+    KeyboardInterrupt, as it is in a process forked from this one (the lease watch, a loader's workers): while the
+    script runs, outside gmuxd's holds, SIGINT's handler is the one python gives it (asyncio.run installs its own
+    only over that one). A SIGINT ignored (a job started in the background) stays ignored. Returns what the
+    handler reads (the agent once registered, whether the script has started), the handler, and what installs it
+    around the agent's waits."""
+    held = {"agent": None, "script": False, "handler": None, "while_waiting": contextlib.nullcontext}
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return held
     launcher = os.getpid()
@@ -182,7 +188,20 @@ def _quiet_interrupt(rundir: RuntimeDir) -> dict:
             agent.bye(130, reason)
             agent.sock.context.destroy(linger=2000)  # (os._exit would drop the bye still queued)
         os._exit(130)
+
+    @contextlib.contextmanager
+    def while_waiting():
+        if threading.current_thread() is not threading.main_thread():
+            yield      # (signal handlers are the main thread's to set)
+            return
+        theirs = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler if theirs is None else theirs)
+
     signal.signal(signal.SIGINT, on_sigint)
+    held.update(handler=on_sigint, while_waiting=while_waiting)
     return held
 
 

@@ -80,6 +80,33 @@ def test_ctrl_c_to_a_launch_waiting_on_gmuxd_ends_in_one_line(node_factory, tmp_
             assert "KeyboardInterrupt" in said and not torch.equal(mine["weight"], good["weight"]), (said, mine)
 
 
+ASYNC = """import asyncio, signal
+print("python's handler:", signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)
+async def main():
+    try:
+        print("ready", flush=True)
+        await asyncio.sleep(600)
+    except asyncio.CancelledError:      # asyncio's Ctrl-C cancels the main task: it may end cleanly
+        return "stopped cleanly"
+print(asyncio.run(main()), flush=True)
+"""
+
+
+def test_a_script_under_gmux_launch_has_pythons_ctrl_c_handling_and_asyncios(node_factory, tmp_path):
+    """gmux-launch's own SIGINT handler stayed in place while the script ran, so asyncio.run, which installs its
+    handler only over python's, left Ctrl-C to raise KeyboardInterrupt through the loop: an asyncio script could
+    not end cleanly on Ctrl-C. gmux's handler is now there only while gmuxd holds the job."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    (tmp_path / "aio.py").write_text(ASYNC)
+    proc = node.launch(str(tmp_path / "aio.py"), log_name="aio.log")
+    log = tmp_path / "aio.log"
+    node.wait_for(lambda: "ready" in log.read_text(), 60, lambda: "the script's loop: " + log.read_text())
+    os.kill(proc.pid, signal.SIGINT)
+    assert proc.wait(60) == 0, log.read_text()
+    said = log.read_text()
+    assert "python's handler: True" in said and "stopped cleanly" in said and "Traceback" not in said, said
+
+
 def test_logs_says_what_a_reply_left_out(node_factory, tmp_path):
     """A log past 512 KiB was shown from its last 512 KiB without a word: what was left out is said on stderr
     (stdout stays the log's), with the file that has all of it; --json carries the same."""
