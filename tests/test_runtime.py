@@ -257,7 +257,7 @@ def test_what_a_script_holds_lives_on_after_it_ends_as_under_python(tmp):
     """However a script ends, its objects are not freed the moment it returns but at the interpreter's end, as
     python frees a script's __main__. Before: the runner freed them at once, and a DDP model's gloo process group,
     destroyed while gloo's thread still released its last collective, deadlocked the rank after its work was
-    done (1 run in 25 of tests/test_ddp_hooks.py on a busy machine)."""
+    done (3 runs in 50 of test_ddp_hooks's script on a busy machine)."""
     import builtins
     import gc
     import sys

@@ -57,7 +57,7 @@ def prepare(controller=None, *, hook: bool = True, pool_bytes: int = 0, native: 
 # until the interpreter ends, as python keeps a script's __main__. Freed the moment the script returned, a torch
 # process group the script still held (its DDP model's) was destroyed while gloo's thread was still freeing the
 # last collective's work: ~ProcessGroupGloo joins that thread holding the GIL, the thread waits for the GIL to
-# release a Python object of that work, and the rank hung for ever after its work was done (1 run in 25 on a
+# release a Python object of that work, and the rank hung for ever after its work was done (3 runs in 50 on a
 # busy machine, tests/test_ddp_hooks.py).
 _LEFT_BY_SCRIPTS: list = []
 
