@@ -13,6 +13,8 @@ same job id and token, and when started again runs the script with GMUX_RESTORE 
 from __future__ import annotations
 
 import contextlib
+import gc
+import io
 import multiprocessing
 import os
 import signal
@@ -296,12 +298,25 @@ def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
         cmd += ["--no-hook"]
     if path:
         cmd += ["--restore", path]
-    sys.stdout.flush()
+    _flush_files()
+    sys.stdout.flush()      # (also where the script put something else than a file there)
     # (a line in the job's log between its two processes)
     print(f"gmux-launch: job {agent.job} continues in a new process (a fresh interpreter, pid {os.getpid()} "
           f"kept)" + (f", from {path}" if path else ""),
           file=sys.stderr, flush=True)
     os.execv(sys.executable, cmd + ["--", *opt.argv])
+
+
+def _flush_files() -> None:
+    """What the script wrote into its open files and had not flushed is written before the exec, which drops
+    every buffer: a metrics file it appends to each step lost its last lines at each move (python flushes them as
+    it exits, and the script's objects are kept to the end: runner.py). The files stay open; a file that will not
+    flush (a pipe whose reader left) costs nothing else."""
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase):
+            with contextlib.suppress(Exception):
+                if not obj.closed and obj.writable():
+                    obj.flush()
 
 
 def _seconds(text: Optional[str]) -> Optional[float]:

@@ -116,3 +116,41 @@ def test_a_move_of_a_job_still_starting_says_so(node_factory, tmp_path):
     out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "migrate", job, "--gpu", "1",
                           "--new-process"], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "has not reached its first boundary" in out.stderr, out.stderr
+
+
+METRICS = """import os, sys, time, torch, gmux.job
+metrics = open(sys.argv[1], "a")          # buffered: 8 KiB gather before anything reaches the file
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+progress = {"step": 0}
+job = gmux.job.attach(model, opt, state=progress)
+while progress["step"] < int(sys.argv[2]):
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(progress["step"]))
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
+    progress["step"] += 1
+    metrics.write(f"{progress['step']}\\n")
+    if not os.path.exists(sys.argv[3]):
+        time.sleep(0.003)
+    job.boundary()
+"""
+
+
+def test_what_a_moved_job_wrote_to_its_files_is_all_there(node_factory, tmp_path):
+    """A move re-executes the job's process, which drops every buffer: the lines a script had written to a file
+    it appends to each step, not yet flushed, were lost at each move (python flushes them only as it exits)."""
+    node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
+    (tmp_path / "metrics_train.py").write_text(METRICS)
+    steps = 1500
+    p = node.launch(str(tmp_path / "metrics_train.py"), str(tmp_path / "metrics.txt"), str(steps),
+                    str(tmp_path / "unpaced"), opts=["--no-hook"])
+    job = node.job_of(p.pid)
+    node.wait_for(lambda: node.job(job)["step"] > 100, 60, "job training")
+    node.call("migrate", job=job, gpu=1, new_process=True)
+    node.wait_for(lambda: node.job(job)["gpu"] == 1 and node.job(job)["state"] == "running", 60, "running on GPU 1")
+    unpace(tmp_path)
+    assert p.wait(120) == 0
+    assert node.job(job)["migrations"] == 1
+    assert (tmp_path / "metrics.txt").read_text().split() == [str(i) for i in range(1, steps + 1)]
