@@ -12,9 +12,9 @@ same job id and token, and when started again runs the script with GMUX_RESTORE 
 """
 from __future__ import annotations
 
+import _io
 import contextlib
 import gc
-import io
 import multiprocessing
 import os
 import signal
@@ -313,7 +313,8 @@ def _flush_files() -> None:
     it exits, and the script's objects are kept to the end: runner.py). The files stay open; a file that will not
     flush (a pipe whose reader left) costs nothing else."""
     for obj in gc.get_objects():
-        if isinstance(obj, io.IOBase):
+        # (its type, not isinstance: that reads an object's __class__, and torch's deprecated reduce_op warns on it)
+        if issubclass(type(obj), _io._IOBase):
             with contextlib.suppress(Exception):
                 if not obj.closed and obj.writable():
                     obj.flush()
