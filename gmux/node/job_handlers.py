@@ -17,10 +17,10 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Optional
 
+from gmux import protocol
 from gmux.node.access import user_name
 from gmux.node.adoption import adopt
 from gmux.node.jobs import Job, gang_members
-from gmux import protocol
 from gmux.rundir import proc_starttime
 from gmux.util.sizes import format_size
 from gmux.wire.server import Refused, Request, UnknownJob
