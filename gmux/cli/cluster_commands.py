@@ -27,7 +27,6 @@ def wants(argv: list) -> bool:
 
 
 def main(argv: list) -> int:
-    as_json = json_asked(argv)
     p = Parser(prog="gmux")
     p.add_argument("--json", action="store_true")
     p.add_argument("--runtime-dir", help=argparse.SUPPRESS)    # (a local gmuxd's: no cluster command uses it)
@@ -71,6 +70,7 @@ def main(argv: list) -> int:
             s.add_argument("--live", action="store_true", help="hide ended jobs")
     for s in sub.choices.values():      # (after the command too: gmux ps --cluster ADDR --json)
         s.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    as_json = json_asked(argv, p)
     try:
         a = p.parse_args(argv)
     except UsageError as e:

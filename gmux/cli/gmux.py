@@ -55,7 +55,6 @@ def main(argv=None) -> int:
     from gmux.cli import cluster_commands   # `gmux keys`, and submit/ps/kill --cluster ADDR
     if cluster_commands.wants(argv):
         return cluster_commands.main(argv)
-    as_json = json_asked(argv)
     p = Parser(prog="gmux", description="Look at and steer the jobs of gmuxd.",
                                 epilog="cluster mode: gmux keys --help; gmux submit|ps|suspend|resume|kill|migrate "
                                        "--cluster tcp://HOST:PORT --help (README.md, Cluster mode)")
@@ -108,6 +107,7 @@ def main(argv=None) -> int:
     sub.add_parser("ping", help="is gmuxd there?")
     for s in sub.choices.values():      # (after the command too: gmux decisions --json)
         s.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    as_json = json_asked(argv, p)
     try:
         a = p.parse_args(argv)
         if a.cmd == "logs" and a.raw and a.json:

@@ -17,10 +17,28 @@ def reader_gone() -> int:
     return 1
 
 
-def json_asked(argv: list) -> bool:
-    """Whether the command line asks for JSON, read before parsing it, so that a command line argparse refuses is
-    answered in JSON too (a submitted command's own --json, after `--`, is not gmux's)."""
-    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
+def json_asked(argv: list, parser: argparse.ArgumentParser) -> bool:
+    """Whether the command line asks for JSON, read before argparse parses it, so that a command line argparse
+    refuses is answered in JSON too. Read as argparse reads it: a --json among the words of a submitted command
+    (`gmux submit python x.py --json`, or after `--`) is that command's, not gmux's."""
+    words = iter(argv)
+    for word in words:
+        if word == "--json":
+            return True
+        if word == "--":
+            return False
+        if word.startswith("-"):
+            action = parser._option_string_actions.get(word)
+            if action is not None and action.nargs != 0:
+                next(words, None)       # (its value, which may start with a dash)
+            continue
+        command = next((a.choices[word] for a in parser._actions
+                        if isinstance(a, argparse._SubParsersAction) and word in a.choices), None)
+        if command is not None:
+            parser = command
+        elif any(a.nargs == argparse.REMAINDER for a in parser._actions):
+            return False        # the submitted command starts here
+    return False
 
 
 def failed(message: str, as_json: bool, status: int = 1, **more) -> int:
