@@ -86,7 +86,8 @@ class LoopWatch:
         self._alive: "weakref.WeakValueDictionary[int, torch.optim.Optimizer]" = weakref.WeakValueDictionary()
         self._round: Optional[Counter] = None   # steps per optimizer in one iteration; None while learning
         self._starter: Optional[int] = None
-        self._since: Counter = Counter()
+        self._since: Counter = Counter()      # steps since the previous boundary, per optimizer
+        self._learning: Counter = Counter()   # steps since the starter's first, while the round is learned
         self._outer_calls = 0
         self._after_backward = False    # an optimizer stepped inside a backward since the previous boundary
         self._versions_at_start: list = []   # (parameter, version) when the current backward began
@@ -122,6 +123,7 @@ class LoopWatch:
         for key in self._optimizers - set(self._alive.keys()):
             self._optimizers.discard(key)
             self._since.pop(key, None)
+            self._learning.pop(key, None)
             if self._round is not None:
                 self._round.pop(key, None)
             if self._starter == key:
@@ -151,15 +153,21 @@ class LoopWatch:
         self._since[key] += 1
         if len(self._optimizers) == 1:
             return True
-        if new:                          # learn the round again, starting at the newcomer
-            self._round, self._starter = None, key
-            self._since = Counter({key: 1})
-            return False
+        if new or self._starter is None:
+            # Learn the round again, from this step on. A newcomer's first step ends a round when each optimizer
+            # known before has stepped since the previous boundary: a GAN's first iteration, whose critic steps
+            # came while the generator's graph waited, has its boundary there.
+            self._round, self._starter, self._learning = None, key, Counter({key: 1})
+            return new and all(self._since[k] for k in self._optimizers)
         if self._round is None:
-            if key != self._starter or self._since[key] < 2:
+            self._learning[key] += 1
+            if key != self._starter or self._learning[key] < 2:
                 return False
-            self._since[key] -= 1
-            self._round, self._since = self._since, Counter({key: 1})
+            # The steps from the starter's first to its second are one round, just ended: its boundary is now,
+            # or the iteration that taught it would go uncounted (STEP one short of the loop's iterations).
+            self._learning[key] -= 1
+            self._round = self._learning
+            return True
         if all(self._since[k] >= n for k, n in self._round.items()):
             return True
         if any(n > 2 * self._round.get(k, 0) + 2 for k, n in self._since.items()):
