@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as module_hooks
 
-from gmux.job.boundaries import MODULE, OPTIMIZER, SCOUT_BOUNDARIES, LoopWatch
+from gmux.job.boundaries import LEARN_STEPS, MODULE, OPTIMIZER, SCOUT_BOUNDARIES, LoopWatch
 
 
 class Recorder:
@@ -136,6 +136,25 @@ def test_a_gan_loops_boundaries_count_its_iterations_once_its_round_is_known(rec
     the generator first steps, a critic step with no graph waiting is a boundary of its own."""
     _gan(critic_steps, False, 300)
     assert 300 <= len(rec.marks) <= 300 + critic_steps - 1 and rec.sources() == {OPTIMIZER}, len(rec.marks)
+
+
+def test_an_optimizer_that_stops_stepping_while_the_round_is_learnt_does_not_end_the_boundaries(rec):
+    """A warm-up head's optimizer steps in the first iteration only: the round, learnt from it as the newcomer,
+    never ended, and the loop had no boundary again."""
+    body, head = nn.Linear(3, 3), nn.Linear(3, 1)
+    ob, oh = torch.optim.SGD(body.parameters(), lr=0.01), torch.optim.SGD(head.parameters(), lr=0.01)
+    for i in range(LEARN_STEPS + 100):
+        ob.zero_grad(), oh.zero_grad()
+        head(body(torch.randn(4, 3))).pow(2).mean().backward()
+        ob.step()
+        if i == 0:
+            oh.step()
+    late = len(rec.marks)
+    for _ in range(50):
+        ob.zero_grad()
+        head(body(torch.randn(4, 3))).pow(2).mean().backward()
+        ob.step()
+    assert len(rec.marks) - late == 50, (late, len(rec.marks))
 
 
 def test_the_global_module_hooks_go_once_the_loop_is_known(rec):

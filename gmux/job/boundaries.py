@@ -54,6 +54,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 OPTIMIZER, MODULE = "optimizer hook", "module hook"
 SCOUT_BOUNDARIES = 3        # global module hooks stay until this many boundaries...
 SCOUT_CALLS = 1000          # ...or this many outermost calls without them
+LEARN_STEPS = 256           # steps a learnt round's starter may stay away before another starts it
 MAX_WATCHED = 64            # graphs watched at once (a loop that never backpropagates must not grow a list)
 _TENSORS_PER_OUTPUT = 8     # tensors of one call's output that may carry its graph
 
@@ -153,10 +154,11 @@ class LoopWatch:
         self._since[key] += 1
         if len(self._optimizers) == 1:
             return True
-        if new or self._starter is None:
+        if new or (self._round is None and sum(self._learning.values()) > LEARN_STEPS):
             # Learn the round again, from this step on. A newcomer's first step ends a round when each optimizer
             # known before has stepped since the previous boundary: a GAN's first iteration, whose critic steps
-            # came while the generator's graph waited, has its boundary there.
+            # came while the generator's graph waited, has its boundary there. A starter that never steps again
+            # (an optimizer of a warm-up phase) gives way to the step that finds it gone that long.
             self._round, self._starter, self._learning = None, key, Counter({key: 1})
             return new and all(self._since[k] for k in self._optimizers)
         if self._round is None:
