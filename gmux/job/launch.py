@@ -12,9 +12,7 @@ same job id and token, and when started again runs the script with GMUX_RESTORE 
 """
 from __future__ import annotations
 
-import _io
 import contextlib
-import gc
 import multiprocessing
 import os
 import signal
@@ -29,6 +27,7 @@ from gmux.job import control, lease_watch, runner
 from gmux.job.agent import Agent, DaemonUnavailable, not_alone
 from gmux.job.foreground import fork_if_in_foreground
 from gmux.job.log_output import keep_going_on_full_disk
+from gmux.job.open_files import WAIT_S, flush_open_files, within
 from gmux.util.job_command import interpreter_options, missing_script, script_of
 from gmux.rundir import RuntimeDir, alive, my_starttime, proc_starttime, write_exit
 from gmux.util.process_tree import descendants, keep_orphans
@@ -298,26 +297,12 @@ def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
         cmd += ["--no-hook"]
     if path:
         cmd += ["--restore", path]
-    _flush_files()
-    sys.stdout.flush()      # (also where the script put something else than a file there)
-    # (a line in the job's log between its two processes)
-    print(f"gmux-launch: job {agent.job} continues in a new process (a fresh interpreter, pid {os.getpid()} "
-          f"kept)" + (f", from {path}" if path else ""),
-          file=sys.stderr, flush=True)
+    flush_open_files()
+    # (a line in the job's log between its two processes; a stderr that blocks does not hold the move either)
+    within(WAIT_S, lambda: print(f"gmux-launch: job {agent.job} continues in a new process (a fresh interpreter, "
+                                 f"pid {os.getpid()} kept)" + (f", from {path}" if path else ""),
+                                 file=sys.stderr, flush=True))
     os.execv(sys.executable, cmd + ["--", *opt.argv])
-
-
-def _flush_files() -> None:
-    """What the script wrote into its open files and had not flushed is written before the exec, which drops
-    every buffer: a metrics file it appends to each step lost its last lines at each move (python flushes them as
-    it exits, and the script's objects are kept to the end: runner.py). The files stay open; a file that will not
-    flush (a pipe whose reader left) costs nothing else."""
-    for obj in gc.get_objects():
-        # (its type, not isinstance: that reads an object's __class__, and torch's deprecated reduce_op warns on it)
-        if issubclass(type(obj), _io._IOBase):
-            with contextlib.suppress(Exception):
-                if not obj.closed and obj.writable():
-                    obj.flush()
 
 
 def _seconds(text: Optional[str]) -> Optional[float]:
