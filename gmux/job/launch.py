@@ -297,10 +297,11 @@ def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
         cmd += ["--no-hook"]
     if path:
         cmd += ["--restore", path]
-    flush_open_files()
+    lost = "" if flush_open_files() else (" (what it wrote to a pipe or terminal that was not being read for "
+                                          f"{WAIT_S:g} s is lost)")
     # (a line in the job's log between its two processes; a stderr that blocks does not hold the move either)
     within(WAIT_S, lambda: print(f"gmux-launch: job {agent.job} continues in a new process (a fresh interpreter, "
-                                 f"pid {os.getpid()} kept)" + (f", from {path}" if path else ""),
+                                 f"pid {os.getpid()} kept)" + (f", from {path}" if path else "") + lost,
                                  file=sys.stderr, flush=True))
     os.execv(sys.executable, cmd + ["--", *opt.argv])
 
