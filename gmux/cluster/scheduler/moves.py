@@ -127,6 +127,21 @@ class Moves:
         job.set("running", why)
         self._set(job)
 
+    def target_restarted(self, name: str) -> None:
+        """A new gmuxd speaks for machine `name` (its old one was killed and started again, sooner than the machine
+        is counted lost): the moves to it are given up, as for a lost target. What carried a move on there lived in
+        the old gmuxd's cluster link, in memory: the start it was sent, the processes it spawned, the transfer it
+        expected. The new link re-attaches those processes but never says "ready" or "started" of them, and listens
+        for transfers at a new endpoint: the move waited WARM_WAIT_S for a "ready", then had its source suspend the
+        job and send to the old endpoint until the sender gave up (185 s in all, the last 65 with the job stopped);
+        once sent, it waited for a "started" for good. The new processes there are killed as copies of a job that
+        has left the machine (by the report being read, the new link's first)."""
+        for job in self.s.jobs.values():
+            if job.state == "migrating" and job.machine == name and job.source:
+                self.s._log("migrate_failed", job.cjob, f"{job.cjob}: its move to {name} is given up: {name}'s gmuxd "
+                                                        f"restarted, and the new one knows nothing of it")
+                self.target_failed(job, f"migration target {name} restarted its gmuxd")
+
     def give_up_for_kill(self, job: CJob) -> None:
         """A kill during a move ends the job where it runs: until its checkpoints are on the target ("sent") that is
         the source, so the target's new processes are killed and the job is back on its source, which the kill

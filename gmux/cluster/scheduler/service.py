@@ -279,6 +279,7 @@ class Scheduler:
             raise protocol.ProtocolError(REFUSAL.format(name=m.name, silence=TAKEOVER_SHARE * self.opt.lost_after))
         if verdict == TAKE_OVER:
             self._log("join", None, f"machine {m.name}: a new gmuxd speaks for it")
+            self.moves.target_restarted(m.name)
         m.ident = who
 
     def _daemon_node_event(self, name, ident, msg, data):
