@@ -88,7 +88,8 @@ class Driver:
             where = tuple(global_of.get((job.machine, g)) for g in (job.rank_gpus or [job.gpu]))
             if state is JobState.RUNNING and None in where:
                 continue     # on a machine that is not up: the service turns it pending first
-            rate = (job.rate_now / job.rate_solo) if job.rate_now and job.rate_solo else (1.0 if state is JobState.RUNNING else 0.0)
+            rate = ((job.rate_now / job.rate_solo) if job.rate_now and job.rate_solo
+                    else (1.0 if state is JobState.RUNNING else 0.0))
             v = JobView(job.cjob, job.gpus, job_type(job), job.submitted, state=JobState.PENDING,
                         rate=min(rate, 2.0), attained=job.attained + job.gpu_seconds,
                         service_rate=float(job.gpus) if state is JobState.RUNNING else 0.0, updated_at=now,
