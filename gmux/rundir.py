@@ -30,6 +30,17 @@ MAX_EXIT_RECORD = 64 << 10         # an exit record is a status and a reason; mo
 MAX_LEFT = 1000                    # processes an exit record lists as left running (~25 bytes each)
 
 
+def _stream_pipe(name: str, mode: int, mine: bool) -> bool:
+    """Whether a checkpoints/ entry is the pipe a cluster link streams a move's checkpoint through (it is the
+    job's JOB.snapshot.ckpt while the move sends: gmux.node.cluster_stream), this user's. One is left by a gmuxd
+    killed mid-send, and refused like anything else that is no file it kept the machine's next gmuxd from
+    starting at all: the machine was counted lost, and the job held there for the move stopped itself, to start
+    again elsewhere from its last checkpoint. It is let be, not removed: the check runs before gmuxd knows
+    whether another one still runs here, whose send it may be, and the link removes a pipe left at that path
+    before it asks the job for a checkpoint there (nothing else does)."""
+    return mine and stat.S_ISFIFO(mode) and name.endswith(".snapshot.ckpt")
+
+
 def private_runtime_dir() -> str:
     """This user's own daemon's directory (where `gmuxd` starts one unless told otherwise)."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
@@ -295,6 +306,8 @@ class RuntimeDir:
             with os.scandir(top) as entries:
                 for e in entries:
                     est = e.stat(follow_symlinks=False)
+                    if top == self.checkpoints() and _stream_pipe(e.name, est.st_mode, est.st_uid == me):
+                        continue
                     kind = ("a symlink" if stat.S_ISLNK(est.st_mode) else
                             None if stat.S_ISREG(est.st_mode) or stat.S_ISDIR(est.st_mode) or stat.S_ISSOCK(est.st_mode)
                             else "not a file")

@@ -17,7 +17,7 @@ requests go out together. Slow work (waiting for a job's boundary, streaming a c
 processes) runs on worker threads; only this loop touches its sockets.
 
 Starts, until the job is past its first boundary here, are gmux.node.cluster_starts'; a move's checkpoint
-leaves through gmux.node.cluster_stream.
+leaves through gmux.node.cluster_send.
 """
 from __future__ import annotations
 
@@ -36,14 +36,14 @@ import zmq
 from gmux import protocol
 from gmux.wire import keys, sealed
 from gmux.wire.receiver import Receiver
-from gmux.wire.transfer import ask_holds, rank_xfers
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.wire.handshake_watch import HandshakeWatch
 from gmux.wire.server import Server, configure
 from gmux.node.cluster_fence import Fence
-from gmux.node.cluster_records import busy_data, gang_record, kill_reason, ranks_by_job, running_before_boundary, taken_at
+from gmux.node.cluster_records import busy_data, gang_record, kill_reason, ranks_by_job, taken_at
 from gmux.node.cluster_starts import Starts
-from gmux.node.cluster_stream import send_files, staged, stream_ranks
+from gmux.node.cluster_send import each, migrate_out
+from gmux.node.cluster_stream import send_files, staged
 from gmux.node.warm_pool import WarmPool
 from gmux.rundir import RuntimeDir, RuntimeDirError
 from gmux.util.wakeup import Wakeup
@@ -306,6 +306,9 @@ class ClusterLink:
             if not self._live(cjob):
                 self._start(cjob, args)
             return
+        if action == "abandon":
+            self.starts.abandon(cjob)
+            return
         ranks = self.locals.get(cjob) if cjob in self._jobs else None
         if not ranks and action in ("kill", "release") and cjob in self.starts.starting:
             self.starts.cancel(cjob)      # e.g. started beside a move that then failed
@@ -335,7 +338,7 @@ class ClusterLink:
                 self._work(cjob, self._move, cjob, ranks[0], args["gpu"])
         elif action == "migrate_out":
             self.busy.add(cjob)   # no periodic checkpoint may start now
-            self._work(cjob, self._migrate_out, cjob, ranks, args["target"], args["endpoint"], args["xfer"])
+            self._work(cjob, migrate_out, self, cjob, ranks, args["target"], args["endpoint"], args["xfer"])
 
     def _refuse(self, frames: list, error: protocol.ProtocolError) -> None:
         """An action refused for its arguments still reaches the scheduler as a failure of that job, so the job
@@ -381,7 +384,7 @@ class ClusterLink:
     def _all_ranks(self, cjob: str, mtype: str, ranks: list, **fields) -> Optional[GmuxError]:
         """One admin request to every rank at once (a gang's ranks suspend only together): the first refusal."""
         with self._gang_lock(cjob) if mtype == "suspend" else contextlib.nullcontext():
-            return next((e for e in _each(lambda local: self._admin_reply(mtype, local, **fields)[0], ranks) if e), None)
+            return next((e for e in each(lambda local: self._admin_reply(mtype, local, **fields)[0], ranks) if e), None)
 
     def _admin_reply(self, mtype: str, local: str, **fields) -> tuple[Optional[GmuxError], Optional[dict]]:
         """(gmuxd's refusal, or None; its reply, or None)."""
@@ -417,7 +420,7 @@ class ClusterLink:
         that starts while it is still being sent makes that path its stream's pipe."""
         steps: dict = {}
         ask_one = self._checkpointer(steps)
-        errors = [e for e in _each(lambda local: staged(self._snapshot_path(local), lambda: ask_one(local)), ranks)
+        errors = [e for e in each(lambda local: staged(self._snapshot_path(local), lambda: ask_one(local)), ranks)
                   if e]
         if errors:
             raise GmuxError(str(errors[0]) if str(errors[0]).startswith("checkpoint") else f"checkpoint: {errors[0]}")
@@ -457,44 +460,3 @@ class ClusterLink:
                     os.unlink(path)
         self._event("checkpointed", cjob, xfers=xfers, step=step, bytes=r["bytes"], sealed_bytes=r["sealed_bytes"],
                     seconds=r["seconds"])
-
-    def _migrate_out(self, cjob: str, ranks: list, target: str, endpoint: str, xfer: str) -> None:
-        try:
-            target_key = keys.load_public(self.keydir, "daemon", target)
-            # What the new processes hold already (their frozen tensors), asked while the job still computes.
-            holds = dict(zip(ranks, _each(lambda name: ask_holds(endpoint, target_key, xfer=name, **self._sender()),
-                                          rank_xfers(xfer, len(ranks)))))
-            t0 = time.perf_counter()
-            with self._gang_lock(cjob):
-                # (to_boundary: stopped at its deadline, a job would reach the boundary this move needs only
-                # when resumed; in_place: the checkpoint is written from live memory, and a failed move resumes
-                # the job with nothing to copy back)
-                replies = _each(lambda local: self._admin_reply("suspend", local, to_boundary=True, in_place=True),
-                                ranks)
-                errors = [e for e, _ in replies if e]
-                if errors:                                 # at its next boundary (every rank at one); held there
-                    raise GmuxError(f"suspend: {errors[0]}")
-                t_susp = time.perf_counter() - t0
-                running = running_before_boundary(t_susp, [r for _, r in replies])
-                # streamed from live memory (cluster_stream), all ranks at once
-                steps: dict = {}
-                xfers, r = stream_ranks(ranks, endpoint, target_key, xfer, self._snapshot_path,
-                                        self._checkpointer(steps, holds), self._sender())
-                step, t_ckpt = taken_at(steps, ranks), r["checkpoint_s"]
-        except Exception as e:
-            for local in ranks:
-                self._admin_reply("resume", local)         # the move failed: the job runs on here
-            self._event("migrate_failed", cjob, f"{type(e).__name__}: {e}")
-            return
-        self._event("migrate_sent", cjob, xfers=xfers, bytes=r["bytes"], sealed_bytes=r["sealed_bytes"],
-                    seconds=time.perf_counter() - t0,
-                    suspend_s=t_susp, checkpoint_s=t_ckpt, transfer_s=r["seconds"], step=step,
-                    **({"running_s": running} if running is not None else {}))
-
-
-def _each(fn, items: list) -> list:
-    """fn(item) for every item at the same time; their results in order."""
-    if len(items) == 1:
-        return [fn(items[0])]
-    with ThreadPoolExecutor(len(items), thread_name_prefix="rank") as ex:
-        return list(ex.map(fn, items))

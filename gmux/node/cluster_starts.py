@@ -123,6 +123,14 @@ class Starts:
                 p.kill()
         self._over(cjob)
 
+    def abandon(self, cjob: str) -> None:
+        """The scheduler gives up the move this start is the target of, its source's send lost: killed unless it
+        is over, and said as failed. One that is over has said so (started, or failed), and that event reaches
+        the scheduler before anything said here: a start that restored goes on."""
+        if cjob in self.starting:
+            self.cancel(cjob)
+            self.event("start_failed", cjob, "its move was given up: the checkpoint it waited for will not come")
+
     def reap(self) -> None:
         for pid, p in list(self.children.items()):
             status = p.poll()

@@ -12,6 +12,8 @@ A move's stage:
   sent           its checkpoints are on the target: losing the source no longer matters
   target_failed  the target failed while the source was sending: a resume could land before the source's suspend
                  and leave the job held there, so the send's outcome (migrate_sent / migrate_failed) settles it
+  abandoned      the source's gmuxd restarted while it was sending, and the send's outcome was lost with it: the
+                 target gives up its start unless it has restored, and says which (started / start_failed)
 A move that does not happen leaves the job on its source, on the GPUs it had there, running.
 
 The move lives in its job's record (`CJob.move`: stage, target, endpoint, transfer name, since), written to SQLite
@@ -45,6 +47,8 @@ class Moves:
             if job.move.get("stage") == "warming" and job.state == "migrating":
                 job.move["since"] = -WARM_WAIT_S     # (its "ready" may have been lost: expire() sends it)
                 job.move.pop("why", None)
+            elif job.move.get("stage") == "abandoned" and job.state == "migrating":
+                job.move["told"] = False             # (its target may not have heard: expire() tells it again)
 
     def _set(self, job: CJob, **move) -> None:
         """The move's new stage (or none: move={}), written at once: a restarted scheduler goes on from it."""
@@ -117,6 +121,7 @@ class Moves:
         """The move's new processes are gone: the job stays on its source (see target_failed in the module's
         docstring)."""
         stage = job.move.get("stage")
+        why = job.move.get("why", why) if stage == "abandoned" else why
         if stage == "sending":
             job.detail = why
             self._set(job, **{**job.move, "stage": "target_failed"})
@@ -141,6 +146,38 @@ class Moves:
                 self.s._log("migrate_failed", job.cjob, f"{job.cjob}: its move to {name} is given up: {name}'s gmuxd "
                                                         f"restarted, and the new one knows nothing of it")
                 self.target_failed(job, f"migration target {name} restarted its gmuxd")
+
+    def source_restarted(self, name: str) -> None:
+        """A new gmuxd speaks for machine `name`: of the moves from it, those that were sending lost the send
+        with the old gmuxd's link (it ran on a thread of it), and no outcome would ever come: the job stayed
+        "migrating" for good, held suspended at its source (the new gmuxd re-attaches it held), its new
+        process on the target waiting MIGRATE_WAIT_S for the rest of a checkpoint nobody sends. The target is
+        told to abandon its start: one that restored already (the whole checkpoint had arrived) goes on there,
+        and the source releases its copy; any other is killed, and the job runs on at its source. Where the
+        target had failed already, the job runs on at its source now. A warming move loses nothing (the new
+        link is asked to send), nor does a sent one (the new link releases the job once it is restored)."""
+        for job in self.s.jobs.values():
+            if job.state != "migrating" or job.source != name:
+                continue
+            stage = job.move.get("stage")
+            if stage == "target_failed":
+                self.s._action(name, "resume", job.cjob)
+                _back_to_source(job)
+                job.set("running", f"{job.detail}; {name} restarted its gmuxd while it sent the checkpoint")
+                self._set(job)
+            elif stage == "sending":
+                self.s._log("migrate_failed", job.cjob, f"{job.cjob}: {name}'s gmuxd restarted while it sent the "
+                                                        f"checkpoint to {job.machine}: the move is given up unless "
+                                                        f"{job.machine} has restored it")
+                self._set(job, **{**job.move, "stage": "abandoned", "told": False,
+                                  "why": f"its move to {job.machine} was given up: {name} restarted its gmuxd "
+                                         f"while it sent the checkpoint"})
+                self._abandon(job)
+
+    def _abandon(self, job: CJob) -> None:
+        """Tells the target of an abandoned move (one not connected is told at the next tick)."""
+        if self.s._action(job.machine, "abandon", job.cjob):
+            self._set(job, **{**job.move, "told": True})
 
     def give_up_for_kill(self, job: CJob) -> None:
         """A kill during a move ends the job where it runs: until its checkpoints are on the target ("sent") that is
@@ -175,8 +212,11 @@ class Moves:
 
     def expire(self, now: float) -> None:
         """Moves whose new processes are not ready after WARM_WAIT_S (time.monotonic `now`) go on without waiting
-        for them; a warming move whose job is no longer migrating is forgotten."""
+        for them; a warming move whose job is no longer migrating is forgotten; the target of an abandoned move
+        that could not be told is told again."""
         for job in self.s.jobs.values():
+            if job.move.get("stage") == "abandoned" and job.state == "migrating" and not job.move.get("told"):
+                self._abandon(job)
             if job.move.get("stage") != "warming":
                 continue
             if job.final or job.state != "migrating":

@@ -277,10 +277,11 @@ class Scheduler:
                 self._log("refused", None, f"a second gmuxd claims machine {m.name} while the first reports: its "
                                            f"messages are refused until the first has been silent")
             raise protocol.ProtocolError(REFUSAL.format(name=m.name, silence=TAKEOVER_SHARE * self.opt.lost_after))
+        m.ident = who       # (before the moves below: what they send this machine goes to the new gmuxd)
         if verdict == TAKE_OVER:
             self._log("join", None, f"machine {m.name}: a new gmuxd speaks for it")
             self.moves.target_restarted(m.name)
-        m.ident = who
+            self.moves.source_restarted(m.name)
 
     def _daemon_node_event(self, name, ident, msg, data):
         if name in self.machines and self.machines[name].ident not in ("", routing_name(ident, name)):
