@@ -253,6 +253,30 @@ def test_the_runner_turns_every_ending_into_a_status_and_a_reason(tmp):
     assert sys.argv == argv     # the script's argv was its own
 
 
+@pytest.mark.parametrize("body", ["def f(x):\n    return 1 / x\n\nf(0)\n",
+                                  "try:\n    {}['k']\nexcept KeyError as e:\n    raise ValueError('no k') from e\n",
+                                  "raise KeyboardInterrupt\n"])
+def test_a_failing_scripts_traceback_is_the_one_python_prints(tmp, capfd, body):
+    """A script run by gmux that raised printed gmux's frames (the runner's, runpy's) above its own, and its path
+    as given (`exc.py`), where python prints the script's frames alone, with its absolute path."""
+    import subprocess
+    import sys
+
+    from gmux.job.runner import run_script
+
+    with open(f"{tmp}/failing.py", "w") as f:
+        f.write(body)
+    plain = subprocess.run([sys.executable, "failing.py"], cwd=tmp, capture_output=True, text=True)
+    here, saved_path = os.getcwd(), list(sys.path)
+    os.chdir(tmp)
+    try:
+        run_script("path", "failing.py", ["failing.py"])
+    finally:
+        os.chdir(here)
+        sys.path[:] = saved_path
+    assert capfd.readouterr().err == plain.stderr and f'File "{tmp}/failing.py"' in plain.stderr
+
+
 def test_what_a_script_holds_lives_on_after_it_ends_as_under_python(tmp):
     """However a script ends, its objects are not freed the moment it returns but at the interpreter's end, as
     python frees a script's __main__. Before: the runner freed them at once, and a DDP model's gloo process group,

@@ -75,7 +75,9 @@ def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], 
         if kind == "module":
             _LEFT_BY_SCRIPTS.append(runpy.run_module(target, run_name="__main__", alter_sys=True))
         else:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            # (absolute, as python makes a script's __file__ and the paths its tracebacks show)
+            target = os.path.abspath(target)
+            sys.path.insert(0, os.path.dirname(target))
             _LEFT_BY_SCRIPTS.append(runpy.run_path(target, run_name="__main__"))
     except SystemExit as e:   # includes gmux.job.JobExit (exit or migrate at a boundary)
         _LEFT_BY_SCRIPTS.append(e)
@@ -86,16 +88,29 @@ def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], 
             print(code, file=sys.stderr)
     except KeyboardInterrupt as e:   # (Ctrl-C, or SIGINT sent to it: the script's traceback, as Python shows it)
         _LEFT_BY_SCRIPTS.append(e)
-        traceback.print_exc()
+        print_script_traceback(e)
         status, reason = 130, "interrupted (SIGINT)"
     except BaseException as e:
         _LEFT_BY_SCRIPTS.append(e)
-        traceback.print_exc()
+        print_script_traceback(e)
         from .memory.limit import explain   # torch's CUDA OOM error does not say it was the job's limit
         status, reason = 1, (explain(e) or f"{type(e).__name__}: {e}")[:500]
     finally:
         sys.argv = saved_argv
     return status, reason
+
+
+def print_script_traceback(e: BaseException) -> None:
+    """The traceback python would print for the script: from the script's own frame on, without the runner's
+    and runpy's frames above it (all of them where the failure is the runner's own)."""
+    tb = e.__traceback__
+    while tb is not None and _outside_the_script(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(e), e, tb if tb is not None else e.__traceback__)
+
+
+def _outside_the_script(filename: str) -> bool:
+    return filename in (__file__, runpy.__file__) or filename.startswith("<frozen runpy")
 
 
 def exit_status(code) -> int:
