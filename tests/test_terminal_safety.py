@@ -43,7 +43,7 @@ def test_log_tail_is_cut_by_bytes_on_a_character_boundary(tmp_path):
     """A job that printed 400k non-ASCII characters made `gmux logs --tail 5` fail: logs were cut by characters,
     and a reply of characters of 3 bytes each outgrew a message."""
     from gmux import protocol
-    from gmux.util.text import tail, tail_bytes
+    from gmux.util.text import file_end, tail, tail_bytes
     log = tmp_path / "j1.log"
     log.write_text("€" * 400_000 + "\nsecond to last\nlast\n")
     text = tail(str(log), protocol.MAX_FRAME // 2)
@@ -55,9 +55,14 @@ def test_log_tail_is_cut_by_bytes_on_a_character_boundary(tmp_path):
         f.truncate(64 << 20)
         f.seek(0, 2)
         f.write("é\n".encode() * 10)
-    assert tail(str(big), 7) == "\né\né\n"
-    assert tail(str(big), 8) == "\né\né\n"      # the cut fell inside an é: its second byte is dropped
-    assert tail_bytes(str(big), 8) == "é\n".encode()[1:] + "é\né\n".encode()   # raw: every byte, as written
+    # Cut at a line's start (`gmux logs` of a log over a reply's size began mid-line), raw or as text
+    assert tail(str(big), 7) == tail(str(big), 8) == "é\né\n"
+    assert tail_bytes(str(big), 8) == "é\né\n".encode()
+    assert file_end(str(big), 8) == ("é\né\n".encode(), (64 << 20) + 24)   # the cut line counted as left out
+    long_line = tmp_path / "one_line.log"
+    long_line.write_text("é" * 1000)
+    assert tail(str(long_line), 7) == "ééé"    # no line end: cut inside an é, its second byte is dropped
+    assert tail_bytes(str(long_line), 7) == "é".encode()[1:] + "ééé".encode()   # raw: every byte, as written
 
 
 def test_daemon_logs_escape_what_a_job_chose_and_keep_tracebacks(tmp_path):

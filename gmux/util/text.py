@@ -38,8 +38,10 @@ def tail_bytes(path: str, max_bytes: int, lines: int = 0) -> bytes:
 
 
 def file_end(path: str, max_bytes: int, lines: int = 0) -> tuple[bytes, int]:
-    """`tail_bytes`, and how many bytes of the file came before the last `max_bytes` (0: none were left out
-    for want of room; the lines before the last `lines` are not counted, they were not asked for)."""
+    """`tail_bytes`, and how many bytes of the file came before them (0: none were left out for want of room;
+    the lines before the last `lines` are not counted, they were not asked for). Where the file is longer than
+    `max_bytes`, what is returned starts at a line's start (the cut line is counted as left out), unless the
+    last `max_bytes` hold no line end at all."""
     try:
         with open(path, "rb") as f:
             before = max(0, f.seek(0, 2) - max_bytes)
@@ -47,6 +49,10 @@ def file_end(path: str, max_bytes: int, lines: int = 0) -> tuple[bytes, int]:
             data = f.read(max_bytes)
     except FileNotFoundError:
         return b"", 0
+    if before:
+        start = data.find(b"\n") + 1
+        if 0 < start < len(data):
+            data, before = data[start:], before + start
     return (b"".join(data.splitlines(keepends=True)[-lines:]) if lines else data), before
 
 

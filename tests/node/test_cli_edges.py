@@ -119,10 +119,11 @@ def test_logs_says_what_a_reply_left_out(node_factory, tmp_path):
     size = os.path.getsize(path)
     out = gmux(node.rt, "logs", job)
     assert out.returncode == 0 and out.stdout.endswith("line 019999 " + "x" * 60 + "\n")
+    assert out.stdout.startswith("line ") and len(out.stdout) > (512 << 10) - 73   # from a line's start: it began mid-line
     assert "line 000000" not in out.stdout and "left out" not in out.stdout
     assert f"only the last 512 KiB of {job}'s log are shown" in out.stderr and f"All of it: {path}" in out.stderr
     shown = json.loads(gmux(node.rt, "--json", "logs", job).stdout)
-    assert shown["left_out"] == size - (512 << 10) and shown["log"] == path
+    assert shown["left_out"] == size - len(shown["text"].encode()) and shown["log"] == path
     assert "left out" in gmux(node.rt, "logs", job, "--tail", "100000").stderr   # more lines than a reply holds
     assert "left out" in gmux(node.rt, "logs", job, "--raw").stderr
     assert gmux(node.rt, "logs", job, "--tail", "5").stderr == ""                  # all it asked for
