@@ -150,14 +150,14 @@ class Stopping:
             note = f"stopped from outside gmux, keeps {kept}; runs again on SIGCONT"
         elif e.stopped:
             # (no command waiting: a resume it answered while being stopped; it stays stopped until its turn)
-            note = (f"stopped: no boundary ever, keeps {kept}, which can't be freed" if never else
+            note = (f"stopped: no boundary yet, keeps {kept}, which can't be freed" if never else
                     f"stopped, keeps {kept}" if waited is None else
                     f"stopped (no boundary in {waited:.1f} s), keeps {kept}")
         elif e.overdue and waited is not None and e.late_told:
-            note = (f"no boundary ever: not stopped (gmux decisions says why), computes on, keeps {kept}" if never
+            note = (f"no boundary yet: not stopped (gmux decisions says why), computes on, keeps {kept}" if never
                     else f"no boundary in {waited:.1f} s: not stopped (gmux decisions says why), computes on")
         elif e.overdue and waited is not None:
-            note = (f"no boundary ever: computes in its turns, stopped (SIGSTOP) between them, keeps {kept}"
+            note = (f"no boundary yet: computes in its turns, stopped (SIGSTOP) between them, keeps {kept}"
                     if never else f"no boundary in {waited:.1f} s: sliced by SIGSTOP/SIGCONT")
         elif job.id not in slicer.resident and not job.held:
             # (its owner may be another user, who cannot read that job's decisions: this is all they are told)
