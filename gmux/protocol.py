@@ -590,7 +590,8 @@ XFER_MAX_SIZE = 1 << 40         # a checkpoint larger than 1 TiB is not one gmux
 # starts it again from its checkpoint rather than counting it failed.
 LEASE_LOST_STATUS = 75
 LEASE_LOST_REASON = "its gmuxd stopped answering"
-# abandon: a move's target gives up its start unless it has restored (its source's send was lost with its gmuxd)
+# abandon: a move's target gives up its start unless it has restored (its source's send was lost with its gmuxd);
+# its source, its send (the target failed, or restarted its gmuxd: its endpoint is dead)
 CLUSTER_ACTIONS = ("start", "suspend", "resume", "kill", "move", "migrate_out", "release", "abandon")
 # ready: a move's new processes are up and wait for their checkpoints (the source may suspend the job now)
 CLUSTER_EVENTS = ("started", "ready", "start_failed", "suspended", "resumed", "moved", "migrate_sent", "migrate_failed",

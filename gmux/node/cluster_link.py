@@ -102,6 +102,7 @@ class ClusterLink:
         self.warm.fill()
         self.starts = Starts(self.rundir, self._event, self.warm, self.receiver.reader_gone)
         self.busy: set[str] = set()            # cjobs with a worker on them (no periodic checkpoint meanwhile)
+        self.sending: dict[str, threading.Event] = {}   # cjob -> its move's send under way here: set, given up
         self.ckpt_every: dict[str, float] = {}
         self.world: dict[str, int] = {}        # cjob -> its number of ranks
         self.locals: dict[str, list] = {}      # cjob -> each rank's job id on this gmuxd, latest report
@@ -306,8 +307,10 @@ class ClusterLink:
             if not self._live(cjob):
                 self._start(cjob, args)
             return
-        if action == "abandon":
+        if action == "abandon":           # (a move's target gives up its start; its source, its send)
             self.starts.abandon(cjob)
+            if cjob in self.sending:
+                self.sending[cjob].set()
             return
         ranks = self.locals.get(cjob) if cjob in self._jobs else None
         if not ranks and action in ("kill", "release") and cjob in self.starts.starting:
@@ -338,7 +341,8 @@ class ClusterLink:
                 self._work(cjob, self._move, cjob, ranks[0], args["gpu"])
         elif action == "migrate_out":
             self.busy.add(cjob)   # no periodic checkpoint may start now
-            self._work(cjob, migrate_out, self, cjob, ranks, args["target"], args["endpoint"], args["xfer"])
+            stop = self.sending[cjob] = threading.Event()
+            self._work(cjob, migrate_out, self, cjob, ranks, args["target"], args["endpoint"], args["xfer"], stop)
 
     def _refuse(self, frames: list, error: protocol.ProtocolError) -> None:
         """An action refused for its arguments still reaches the scheduler as a failure of that job, so the job

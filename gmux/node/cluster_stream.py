@@ -69,11 +69,13 @@ def send_files(paths: list, endpoint: str, server_key: bytes, xfer: str, sender:
 
 
 def stream_ranks(ranks: list, endpoint: str, server_key: bytes, xfer: str, path_of: Callable[[str], str],
-                 checkpoint: Callable[[str], Optional[GmuxError]], sender: dict) -> tuple[list, dict]:
+                 checkpoint: Callable[[str], Optional[GmuxError]], sender: dict,
+                 stop: Optional[threading.Event] = None) -> tuple[list, dict]:
     """Every rank's checkpoint (gmuxd job ids `ranks`) streamed to `endpoint` as XFER.RANK, all at once:
     `path_of(rank)` is where gmuxd has the job write it, `checkpoint(rank)` asks for it (gmuxd's refusal or
-    None), `sender` is send_stream's identity (keydir, role, name, context). Returns (the transfer names,
-    figures: bytes, seconds of the slowest, checkpoint_s until the last job had written its own)."""
+    None), `sender` is send_stream's identity (keydir, role, name, context), `stop` gives the sends up once
+    set. Returns (the transfer names, figures: bytes, seconds of the slowest, checkpoint_s until the last job had
+    written its own)."""
     names = rank_xfers(xfer, len(ranks))
     t0 = time.perf_counter()
     written: list = []
@@ -83,7 +85,8 @@ def stream_ranks(ranks: list, endpoint: str, server_key: bytes, xfer: str, path_
             error = patiently(lambda: checkpoint(rank))
             written.append(time.perf_counter() - t0)
             return error
-        send = functools.partial(send_stream, endpoint=endpoint, server_key=server_key, xfer=name, **sender)
+        send = functools.partial(send_stream, endpoint=endpoint, server_key=server_key, xfer=name, stop=stop,
+                                 **sender)
         return stream_out(path_of(rank), ask, send)
 
     with ThreadPoolExecutor(len(ranks), thread_name_prefix="rank-stream") as ex:

@@ -29,6 +29,8 @@ gmux-scheduler). See the xfer_* messages in gmux/protocol.py.
   would wait through silences fails the transfer: the process it feeds has stopped reading.
 - A move's source asks what the process waiting for a transfer already holds (`ask_holds`, xfer_holds) before
   it suspends, and leaves those tensors out.
+- A send given up by its caller (`stop`, an event: a move whose target restarted its gmuxd, whose endpoint is
+  dead) ends within STOP_LOOK_S of any wait for an answer, not after `attempts` silences of `timeout`.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ import itertools
 import os
 import stat
 import struct
+import threading
 import time
 from collections import deque
 from typing import Callable, Optional
@@ -50,6 +53,7 @@ from gmux.wire import keys, sealed
 CHUNK = 1 << 20
 WINDOW = 16          # 16 MiB in flight
 PAUSE_S, PAUSE_MAX_S = 0.002, 0.1     # while a receiver has no room, between asking again
+STOP_LOOK_S = 0.2    # how often a wait for an answer looks whether its send was given up
 
 
 def _room(answer: dict) -> Optional[int]:
@@ -187,9 +191,10 @@ def ask_holds(endpoint: str, server_key: bytes, keydir: str, role: str, name: Op
 def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: Optional[str],
           xfer: str, timeout: float = 10.0, attempts: int = 6, context: Optional[zmq.Context] = None,
           chunk: int = CHUNK, window: int = WINDOW, on_connect: Optional[Callable[[int], None]] = None,
-          before_end: Optional[Callable[[], None]] = None) -> dict:
+          before_end: Optional[Callable[[], None]] = None, stop: Optional[threading.Event] = None) -> dict:
     """The sender of both: `before_end` (if given) runs once all bytes are acknowledged, before the transfer is
-    completed, and may raise to leave it incomplete (a stream whose writer has not vouched for it)."""
+    completed, and may raise to leave it incomplete (a stream whose writer has not vouched for it); `stop`, once
+    set, ends the send with a TransferError."""
     ctx = context or zmq.Context.instance()
     ids = itertools.count(1)
     t0 = time.perf_counter()
@@ -202,6 +207,7 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
     pause, progress, taken = 0.0, time.monotonic(), 0     # (taken: the most the receiver said it holds)
     try:
         for attempt in range(attempts):
+            _given_up(stop, xfer)
             reconnects += 1
             for s in (sock, bulk):
                 if s is not None:
@@ -230,7 +236,7 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
 
             def answer():
                 """The next reply of this connection, or None after `timeout` of silence."""
-                while sock.poll(timeout * 1000):
+                while _heard(sock, timeout, stop, xfer):
                     rep = protocol.decode(sock.recv(), protocol.CLUSTER_MESSAGES)
                     if rep.type != "reply" or rep.id != epoch:
                         continue
@@ -255,6 +261,8 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
                     return bulk.send(epoch, data, offset)
 
                 def chunk_answer():
+                    if not _heard(bulk.sock, timeout, stop, xfer):
+                        return None
                     got = bulk.answer(epoch)
                     if got is not None and "error" in got:
                         raise TransferError(f"receiver at {endpoint} refused {xfer}: {got['error']}")
@@ -273,6 +281,7 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
                                             f"{timeout * attempts:g} s: the process it feeds has stopped reading")
                     pause = min(PAUSE_MAX_S, max(PAUSE_S, 2 * pause))
                     time.sleep(pause)
+                    _given_up(stop, xfer)
                     if not send_chunk(b"", offset):      # asks for room
                         lost = True
                     else:
@@ -336,3 +345,19 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
             if s is not None:
                 s.close(0)
 
+
+def _heard(sock: zmq.Socket, seconds: float, stop: Optional[threading.Event], xfer: str) -> bool:
+    """Whether `sock` has something to read within `seconds`; raises once `stop` is set."""
+    deadline = time.monotonic() + seconds
+    while True:
+        _given_up(stop, xfer)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if sock.poll(min(left, STOP_LOOK_S if stop is not None else left) * 1000):
+            return True
+
+
+def _given_up(stop: Optional[threading.Event], xfer: str) -> None:
+    if stop is not None and stop.is_set():
+        raise TransferError(f"sending {xfer} was given up")

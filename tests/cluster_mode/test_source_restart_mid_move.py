@@ -2,7 +2,9 @@
 than the scheduler counts the machine lost). The new gmuxd re-attaches the job's process, held suspended if the
 move had suspended it, but knows nothing of the move its predecessor's link was carrying. Mid-send, the old
 gmuxd left its stream's pipe behind, which kept the new one from starting at all (the machine was counted lost);
-once it could start, the move waited for the send's outcome for good, the job "migrating", held at its source."""
+once it could start, the move waited for the send's outcome for good, the job "migrating", held at its source.
+And the source's send when its target's gmuxd is restarted instead: given up at once, not once it has waited out
+every silence of the target's dead endpoint."""
 import json
 import os
 import signal
@@ -11,6 +13,8 @@ import time
 from cluster_harness import Solo, paced, spawned, unpace, wait_for
 
 PROMPT_S = 40       # far above a move's own seconds and the take-over's wait for the old gmuxd's silence
+ABORT_S = 20        # a send given up, far below the 60 s of a sender's silences toward a dead endpoint
+BIG = ("400", "--hidden", "3000", "--depth", "1", "--batch", "8")    # a checkpoint of ~110 MB
 
 
 def _restart(c, m: str) -> None:
@@ -44,6 +48,17 @@ def _moving(c, tmp_path, args, past_step):
     dst = next(m for m in ("m1", "m2", "m3") if m != first["machine"])
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
     return ref, out, cjob, first, dst, spawned(tmp_path, dst, cjob)
+
+
+def _sending(c, tmp_path, cjob: str, dst: str, pid: int) -> None:
+    """The move's source sending, stuck: the target's new process is stopped (SIGSTOP) once it reads, so the
+    send cannot end first."""
+    wait_for(lambda: _reading(pid, str(tmp_path / f"rt-{dst}" / "cluster-in")), 60,
+             "the target's process reading the checkpoint", every=0.001)
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: _decided(c, "migrate_out", cjob), 30, "the source sending", every=0.05)
+    time.sleep(1.0)
+    assert not _decided(c, "migrate_sent", cjob)
 
 
 def _finished_where_it_was(c, out, ref, cjob, steps: int) -> None:
@@ -85,15 +100,9 @@ def test_restarted_while_it_sends_the_job_runs_on_where_it_was(cluster_factory, 
     first), the send dies with the old gmuxd's link and its outcome never comes. The move is given up: the
     target's new process is stopped, and the job, held suspended at its source, runs on there."""
     c = cluster_factory(policy="gandiva")
-    args = ("400", "--hidden", "3000", "--depth", "1", "--batch", "8")
-    ref, out, cjob, first, dst, pid = _moving(c, tmp_path, args, 20)
+    ref, out, cjob, first, dst, pid = _moving(c, tmp_path, BIG, 20)
     src = first["machine"]
-    wait_for(lambda: _reading(pid, str(tmp_path / f"rt-{dst}" / "cluster-in")), 60,
-             "the target's process reading the checkpoint", every=0.001)
-    os.kill(pid, signal.SIGSTOP)
-    wait_for(lambda: _decided(c, "migrate_out", cjob), 30, "the source sending", every=0.05)
-    time.sleep(1.0)
-    assert not _decided(c, "migrate_sent", cjob)
+    _sending(c, tmp_path, cjob, dst, pid)
     _restart(c, src)
     os.kill(pid, signal.SIGCONT)
     back = wait_for(lambda: (lambda j: j["state"] == "running" and j)(c.job(cjob)), PROMPT_S,
@@ -102,4 +111,22 @@ def test_restarted_while_it_sends_the_job_runs_on_where_it_was(cluster_factory, 
     assert f"{src} restarted its gmuxd" in back["detail"], back
     wait_for(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", 30,
              "the target's new process stopped")
+    _finished_where_it_was(c, out, ref, cjob, 400)
+
+
+def test_target_restarted_while_it_sends_the_send_is_given_up(cluster_factory, tmp_path):
+    """The move is given up at the take-over of the target's name (test_target_restart_mid_move), but the job
+    ran on only once the source's send failed, and its sender, silent toward the old endpoint, gave up after 6
+    connections of 10 s (60.2 s, the job suspended at its source meanwhile): the source is told to give it up."""
+    c = cluster_factory(policy="gandiva")
+    ref, out, cjob, first, dst, pid = _moving(c, tmp_path, BIG, 20)
+    src = first["machine"]
+    _sending(c, tmp_path, cjob, dst, pid)
+    _restart(c, dst)
+    os.kill(pid, signal.SIGCONT)
+    back = wait_for(lambda: (lambda j: j["state"] == "running" and j)(c.job(cjob)), ABORT_S,
+                    lambda: f"the job running again: {c.job(cjob)}")
+    assert back["machine"] == src and back["local"] == first["local"], back
+    assert f"migration target {dst} restarted its gmuxd" in back["detail"], back
+    assert "was given up" in [d for d in c.ps()["decisions"] if d["kind"] == "migrate_failed"][-1]["text"]
     _finished_where_it_was(c, out, ref, cjob, 400)

@@ -11,7 +11,9 @@ A move's stage:
   sending        the source suspends the job and streams its checkpoints
   sent           its checkpoints are on the target: losing the source no longer matters
   target_failed  the target failed while the source was sending: a resume could land before the source's suspend
-                 and leave the job held there, so the send's outcome (migrate_sent / migrate_failed) settles it
+                 and leave the job held there, so the send's outcome (migrate_sent / migrate_failed) settles it;
+                 the source is told to abandon its send, which would otherwise wait out every silence of the
+                 target's dead endpoint (6 x 10 s) before it failed
   abandoned      the source's gmuxd restarted while it was sending, and the send's outcome was lost with it: the
                  target gives up its start unless it has restored, and says which (started / start_failed)
 A move that does not happen leaves the job on its source, on the GPUs it had there, running.
@@ -105,11 +107,13 @@ class Moves:
             else:
                 self._set(job, **{**job.move, "stage": "sent"})
         elif ev == "migrate_failed" and job.source == name:
-            target = job.machine
-            if job.move.get("stage") != "target_failed":
+            target, target_failed = job.machine, job.move.get("stage") == "target_failed"
+            if not target_failed:
                 s._action(target, "kill", job.cjob)     # the new processes waiting for the checkpoint
             _back_to_source(job)
-            job.set("running", f"migration to {target} failed, kept on {name}: {detail}")
+            # (after a target's failure, the send only gave up: that failure says why, as target_failed keeps it)
+            job.set("running", job.detail if target_failed else f"migration to {target} failed, kept on {name}: "
+                                                                 f"{detail}")
             self._set(job)
             s._log("migrate_failed", job.cjob, f"{job.cjob}: migration from {name} to {target} failed: {detail}")
 
@@ -125,6 +129,7 @@ class Moves:
         if stage == "sending":
             job.detail = why
             self._set(job, **{**job.move, "stage": "target_failed"})
+            self.s._action(job.source, "abandon", job.cjob)
             return
         if stage != "warming":      # (warming: the source never stopped computing)
             self.s._action(job.source, "resume", job.cjob)
