@@ -49,9 +49,18 @@ std::string g_how;                                   // set by Python: how to ra
 thread_local int t_host = 0;
 c10::Allocator* g_inner = nullptr;
 
-std::string mib(uint64_t n) {
+// As gmux.util.sizes.format_size writes a size, so that a refusal's figures read in the unit of its limit.
+std::string human_size(uint64_t n) {
+  static const char* const units[] = {"TiB", "GiB", "MiB", "KiB"};
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1fMiB", static_cast<double>(n) / (1024.0 * 1024.0));
+  for (int i = 0; i < 4; ++i) {
+    const double unit = static_cast<double>(uint64_t{1} << (10 * (4 - i)));
+    if (static_cast<double>(n) >= unit) {
+      std::snprintf(buf, sizeof buf, "%.1f%s", static_cast<double>(n) / unit, units[i]);
+      return buf;
+    }
+  }
+  std::snprintf(buf, sizeof buf, "%lluB", static_cast<unsigned long long>(n));
   return buf;
 }
 
@@ -103,7 +112,7 @@ class LimitedCPUAllocator final : public c10::Allocator {
         what = g_what;
         how = g_how;
       }
-      C10_THROW_ERROR(OutOfMemoryError, what + ": tried to allocate " + mib(n) + " with " + mib(before) +
+      C10_THROW_ERROR(OutOfMemoryError, what + ": tried to allocate " + human_size(n) + " with " + human_size(before) +
                                             " in use" + (how.empty() ? "" : ". " + how));
     }
     void* base = nullptr;

@@ -18,7 +18,7 @@ SCRIPT = os.path.join(ROOT, "tests", "scripts", "state_and_grab.py")
 
 
 @pytest.mark.parametrize("check", ["refuse", "host_scope", "soft", "pools", "threads", "restore", "lstm",
-                                   "unlimited"])
+                                   "unlimited", "small"])
 def test_cpu_limit(check):
     """Each check prints 'ok <check>' once every assertion in it held (see the script for what each asserts)."""
     proc = run_py(CHECKS, check)

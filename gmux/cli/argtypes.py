@@ -45,6 +45,16 @@ def size(text: str) -> int:
 positive_size = checked(size, "a size", lambda v: v > 0, "a size > 0")
 
 
+def job_memory(text: str) -> int:
+    """A job's --mem: a size > 0, where a bare number under a MiB is taken for a missing unit (`--mem 5` was a
+    limit of 5 bytes, every allocation of the job refused); `5B` says bytes were meant."""
+    n = positive_size(text)
+    if n < 1 << 20 and text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text} would be {text} bytes: give a unit, e.g. {text.strip()}GiB "
+                                         f"(or {text.strip()}B if bytes are meant)")
+    return n
+
+
 def tcp_endpoint(text: str) -> str:
     """tcp://HOST:PORT, the only kind of address cluster mode uses (PORT 0 or *: any free one, where it listens)."""
     host, colon, number = text[len("tcp://"):].rpartition(":") if text.startswith("tcp://") else ("", "", "")

@@ -79,7 +79,7 @@ def _torchrun(p: argparse.ArgumentParser, a: argparse.Namespace, args: list) -> 
         p.error("with torchrun, gmux-launch makes the gang itself: no --gang, --rank, --world or --gpu")
     gang = a.name or f"torchrun-{os.getpid()}"
     opts = ["--runtime-dir", a.runtime_dir, "--gang", gang, "--weight", repr(a.weight)]
-    opts += (["--mem", str(a.mem)] if a.mem is not None else []) + (["--name", a.name] if a.name else [])
+    opts += (["--mem", f"{a.mem}B"] if a.mem is not None else []) + (["--name", a.name] if a.name else [])
     opts += ["--mem-soft"] if a.mem_soft else []
     opts += [] if a.hook else ["--no-hook"]
     _, ranks = torchrun.worker_command(args, opts)    # refuses what cannot run as one gang before anything starts

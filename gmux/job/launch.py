@@ -292,7 +292,7 @@ def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
            "--job", agent.job,
            "--weight", repr(opt.weight), "--gpus", str(opt.gpus)]
     if opt.mem is not None:
-        cmd += ["--mem", str(opt.mem)]
+        cmd += ["--mem", f"{opt.mem}B"]
     if not opt.hook:
         cmd += ["--no-hook"]
     if path:

@@ -74,7 +74,7 @@ class Starts:
             cmd = [sys.executable, "-m", "gmux.cli.launch", "--runtime-dir", self.rundir.root, "--no-hook",
                    "--name", name, "--gpu", str(gpu), "--weight", repr(float(a.get("weight") or 1.0))]
             if a.get("mem") is not None:
-                cmd += ["--mem", str(a["mem"])]
+                cmd += ["--mem", f"{a['mem']}B"]
             if paths:
                 cmd += ["--restore", paths[rank]]
             if world > 1:

@@ -47,6 +47,21 @@ def refuse():
     assert f["mem_peak"] == f["mem_in_use"] < MiB, f
 
 
+def small():
+    """A refusal's figures are in the unit of its limit: under a limit of 100 KiB, "tried to allocate 0.0MiB
+    with 0.0MiB in use"."""
+    ml.enforce(100 << 10, job="j8", cuda=False)
+    kept = torch.ones(60 << 10, dtype=torch.uint8)
+    try:
+        torch.empty(50 << 10, dtype=torch.uint8)
+    except torch.OutOfMemoryError as err:
+        text = str(err)
+    else:
+        raise AssertionError("50 KiB past a 100 KiB limit with 60 KiB in use was allowed")
+    assert "memory limit of 100.0KiB: tried to allocate 50.0KiB with 6" in text and "KiB in use" in text, text
+    del kept
+
+
 def host_scope():
     """The runtime's host copies (host_memory) are not the job's device memory."""
     e = ml.enforce(16 * MiB, job="j1", cuda=False)
@@ -181,5 +196,5 @@ def lstm():
 if __name__ == "__main__":
     check = sys.argv[1]
     {"refuse": refuse, "host_scope": host_scope, "soft": soft, "pools": pools, "threads": threads,
-     "restore": restore, "lstm": lstm, "unlimited": unlimited}[check]()
+     "restore": restore, "lstm": lstm, "unlimited": unlimited, "small": small}[check]()
     print(f"ok {check}")
