@@ -390,11 +390,14 @@ def read_exit(rundir: RuntimeDir, job_id: str, uid: Optional[int] = None) -> Opt
         os.close(fd)
 
 
-def write_exit(rundir: RuntimeDir, job_id: str, status: int, reason: str = "", left=()) -> None:
+def write_exit(rundir: RuntimeDir, job_id: str, status: int, reason: str = "", left=(),
+               step: Optional[int] = None) -> None:
     """Called by the launcher as the job ends: the record that tells a clean end from a SIGKILL (in a system
-    daemon's tree, in this user's own directory), and what the job left running outside its process group
-    ([pid, start time] each, at most MAX_LEFT), for gmuxd to end."""
-    record = {"status": status, "reason": reason, **({"left": list(left)[:MAX_LEFT]} if left else {})}
+    daemon's tree, in this user's own directory), what the job left running outside its process group
+    ([pid, start time] each, at most MAX_LEFT), for gmuxd to end, and its last step (a job that ended while no
+    gmuxd was there to hear its last report)."""
+    record = {"status": status, "reason": reason, **({"left": list(left)[:MAX_LEFT]} if left else {}),
+              **({"step": step} if step is not None else {})}
     try:
         write_atomic(rundir.exit_file(job_id), json.dumps(record).encode())
     except OSError:

@@ -148,7 +148,8 @@ def run(opt: LaunchOptions) -> int:
     ended = current()
     if ended is not None:
         agent.report(ended.report())    # its last step and figures (reports go out only every few seconds)
-    write_exit(rundir, job_id, status, reason, left=_left_running())
+    write_exit(rundir, job_id, status, reason, left=_left_running(),
+               step=ended.profile.steps if ended is not None else None)
     agent.bye(status, reason)
     agent.close()
     return status

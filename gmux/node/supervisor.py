@@ -121,11 +121,14 @@ class Supervisor:
             if rc is None:
                 return None
             del self.children[job.pid]
-            return describe(rc, self._exit_record(job))
+            record = self._exit_record(job)
+            _last_step(job, record)
+            return describe(rc, record)
         if alive(job.pid, job.starttime):
             return None
         record = self._exit_record(job)
         if record is not None:
+            _last_step(job, record)
             return describe(record.get("status", 1), record)
         return ("lost", None, f"process {job.pid} ended without an exit record: killed by a signal from outside "
                               f"gmux (kill, the OOM killer) or crashed hard")
@@ -293,6 +296,15 @@ class Supervisor:
                     and _real_uid(pid) == uid:
                 found.append(pid)
         return found
+
+
+def _last_step(job: Job, record: Optional[dict]) -> None:
+    """The job's step as its exit record gives it: a job that ended while gmuxd was away (restarting) sent its
+    last report to nobody, and its STEP stayed at the last one heard. (The record is the user's: a number is
+    all that is taken from it, and only a larger one.)"""
+    step = (record or {}).get("step")
+    if type(step) is int and job.step < step < 1 << 62:
+        job.step = step
 
 
 def describe(rc: int, record: Optional[dict]) -> tuple[str, Optional[int], str]:

@@ -113,6 +113,38 @@ def test_a_job_submitted_as_gmuxd_dies_runs_once_gmuxd_is_back(node_factory, tmp
     assert not [d for d in node.call("decisions")["decisions"] if d["kind"] == "arrived"]
 
 
+def test_a_job_that_ends_while_gmuxd_is_away_shows_its_last_step(node_factory, tmp_path):
+    """A job that finished while gmuxd was down (restarting) kept, once gmuxd was back, the STEP of the last
+    report gmuxd had heard: its exit record now carries its last step."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    script, go = tmp_path / "steps.py", tmp_path / "go"
+    script.write_text("import os, sys, time, torch\n"
+                      "m = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(m.parameters(), lr=0.01)\n"
+                      "for i in range(400):\n"
+                      "    time.sleep(0.01)\n"
+                      "    while i == 200 and not os.path.exists(sys.argv[1]):\n"
+                      "        time.sleep(0.05)\n"
+                      "    m(torch.randn(8, 4)).sum().backward()\n    opt.step()\n    opt.zero_grad()\n")
+    job = node.call("submit", argv=["python", str(script), str(go)], cwd=str(tmp_path), env={})["job"]
+    node.wait_for(lambda: node.job(job)["step"] > 0, 120, "the job training")
+    pid = node.job(job)["pid"]
+    node.kill_daemon(signal.SIGKILL)
+    go.touch()
+    node.wait_for(lambda: os.path.exists(RuntimeDir(node.rt).exit_file(job)), 120, "the job ending while gmuxd is away")
+    node.wait_for(lambda: _gone(pid), 60, "the job's process gone (its last messages with it)")
+    node.start()
+    node.wait_for(lambda: node.job(job)["state"] in FINAL, 60, "the job's end seen by the new gmuxd")
+    assert node.job(job)["state"] == "exited" and node.job(job)["step"] == 400, node.job(job)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def test_a_job_no_gmuxd_takes_up_gives_up_with_its_reason(tmp_path, monkeypatch):
     """A job gmuxd accepted waits for a gmuxd to take it up (a restarted one), but not for ever: past the wait its
     process ends, and its exit record says why, so that a gmuxd started later reports it failed, not lost."""
