@@ -256,8 +256,13 @@ class JobHandlers:
                         # filesystem, must not fail the job's start.)
                         with contextlib.suppress(OSError):
                             os.unlink(node.rundir.checkpoint_file(job.id, job.uid))
+                    first = not job.started
                     job.started, job.host_bytes, job.disk_bytes = True, 0, 0
                     job.start_window()
+                    if first:
+                        # Written now, not with the next flush: a gmuxd killed before it left the next one
+                        # taking the job for one that never ran (a move of it was then mere bookkeeping).
+                        node.store.save(job)
             if moving:
                 node.moves.suspended(job, ok, result.get("error"), latency)
         elif kind == "spill":

@@ -137,6 +137,26 @@ def test_a_job_that_ends_while_gmuxd_is_away_shows_its_last_step(node_factory, t
     assert node.job(job)["state"] == "exited" and node.job(job)["step"] == 400, node.job(job)
 
 
+def test_a_job_started_just_before_gmuxd_dies_is_known_started_by_the_next(node_factory, tmp_path):
+    """That a job had started was written only with the next measurement flush (every 2 s): a gmuxd killed sooner
+    left the next one thinking the job had never run, and `gmux migrate` then moved it as bookkeeping ("before
+    starting") while its process trained on where it was."""
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), "1500", *paced(tmp_path, "0.003"))
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    sub = node.call("submit", argv=[PY, f"{TRAIN}", str(tmp_path / "sub.json"), "1500", *paced(tmp_path, "0.003"),
+                                    "--attach"], cwd=ROOT, env={"PYTHONPATH": ROOT}, mem=300 << 20, hook=False)
+    node.wait_for(lambda: node.job(sub["job"])["state"] == "running", 60, "the job started", every=0.01)
+    node.kill_daemon(signal.SIGKILL)
+    node.start()
+    node.wait_for(lambda: node.job(sub["job"])["step"] > 5, 60, "the job back and training")
+    moved = node.call("migrate", job=sub["job"], gpu=1, new_process=True)
+    assert moved["path"] != "before starting", moved
+    unpace(tmp_path)
+    node.wait_for(lambda: node.job(sub["job"])["state"] in FINAL, 300, "the job ends")
+    assert node.job(sub["job"])["state"] == "exited" and ref.wait(120) == 0
+    assert result(tmp_path / "sub.json")["sha256"] == result(tmp_path / "solo.json")["sha256"]
+
+
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
