@@ -75,9 +75,7 @@ def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], 
         if kind == "module":
             _LEFT_BY_SCRIPTS.append(runpy.run_module(target, run_name="__main__", alter_sys=True))
         else:
-            # (absolute, as python makes a script's __file__ and the paths its tracebacks show)
-            target = os.path.abspath(target)
-            sys.path.insert(0, os.path.dirname(target))
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
             _LEFT_BY_SCRIPTS.append(runpy.run_path(target, run_name="__main__"))
     except SystemExit as e:   # includes gmux.job.JobExit (exit or migrate at a boundary)
         _LEFT_BY_SCRIPTS.append(e)
@@ -88,11 +86,11 @@ def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], 
             print(code, file=sys.stderr)
     except KeyboardInterrupt as e:   # (Ctrl-C, or SIGINT sent to it: the script's traceback, as Python shows it)
         _LEFT_BY_SCRIPTS.append(e)
-        print_script_traceback(e)
+        print_script_traceback(e, target if kind == "path" else None)
         status, reason = 130, "interrupted (SIGINT)"
     except BaseException as e:
         _LEFT_BY_SCRIPTS.append(e)
-        print_script_traceback(e)
+        print_script_traceback(e, target if kind == "path" else None)
         from .memory.limit import explain   # torch's CUDA OOM error does not say it was the job's limit
         status, reason = 1, (explain(e) or f"{type(e).__name__}: {e}")[:500]
     finally:
@@ -100,13 +98,31 @@ def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], 
     return status, reason
 
 
-def print_script_traceback(e: BaseException) -> None:
+def print_script_traceback(e: BaseException, script: Optional[str] = None) -> None:
     """The traceback python would print for the script: from the script's own frame on, without the runner's
-    and runpy's frames above it (all of them where the failure is the runner's own)."""
+    and runpy's frames above it (all of them where the failure is the runner's own), and the `script`'s path
+    absolute, as python shows it (runpy compiles it under the path as typed, which is also the sys.argv[0]
+    and __file__ the script sees)."""
     tb = e.__traceback__
     while tb is not None and _outside_the_script(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
-    traceback.print_exception(type(e), e, tb if tb is not None else e.__traceback__)
+    shown = traceback.TracebackException(type(e), e, tb if tb is not None else e.__traceback__)
+    if script is not None:
+        _absolute(shown, script, os.path.abspath(script), set())
+    print("".join(shown.format()), end="", file=sys.stderr)
+
+
+def _absolute(shown: traceback.TracebackException, typed: str, path: str, seen: set) -> None:
+    """`shown` and the exceptions chained to it, their frames in `typed` named by `path`."""
+    if id(shown) in seen:
+        return
+    seen.add(id(shown))
+    for frame in shown.stack:
+        if frame.filename == typed:
+            frame.filename = path
+    for chained in (shown.__cause__, shown.__context__):
+        if chained is not None:
+            _absolute(chained, typed, path, seen)
 
 
 def _outside_the_script(filename: str) -> bool:
