@@ -172,6 +172,12 @@ class JobHandlers:
         if isinstance(r.get("step"), int):
             job.step = r["step"]
             job.count(msg.get("boundaries"), r["step"])
+        slicer = self.node.slicers.get(job.gpu)
+        if not job.started and job.boundaries > 0 and (slicer is None or slicer.busy_with(job.id) != "resume"):
+            # It has run, whatever the table says: a gmuxd restarted before the start's acknowledgement came (or
+            # was written) re-attached it as never started. (While its first resume awaits that acknowledgement,
+            # the acknowledgement says it, and the wait is its start-up, not a resume's cost.)
+            job.started = True
         if isinstance(r.get("mem_boundary"), int):
             job.mem_boundary = r["mem_boundary"]
         if isinstance(r.get("mem_peak"), int):
@@ -179,7 +185,6 @@ class JobHandlers:
             # batches) comes again, so what the slicer and packer admit by must not shrink between its runs.
             job.mem_peak = max(job.mem_peak or 0, r["mem_peak"])
         self._observe_state(job, msg.get("state"), msg.get("boundaries"))
-        slicer = self.node.slicers.get(job.gpu)
         if slicer is not None and job.id in slicer.resident and not slicer.busy_with(job.id):
             if slicer.entries.get(job.id) and slicer.entries[job.id].mem != job.working_set():
                 for pack in slicer.set_mem(job.id, job.working_set()):

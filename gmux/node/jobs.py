@@ -101,10 +101,6 @@ class Job:
         if boundaries is None:
             return
         self.boundaries = max(self.boundaries, boundaries)
-        if boundaries > 0:
-            # It has run, whatever this gmuxd's table says: one restarted before the first start was written
-            # (or before its acknowledgement came) re-attached it as never started.
-            self.started = True
         if step is not None:
             self._step_offset = step - boundaries
         if self._step_offset is not None:
