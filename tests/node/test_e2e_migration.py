@@ -18,9 +18,11 @@ SLEEP = "0.003"
 
 
 def test_migrate_between_gpus_is_bit_identical(node_factory, tmp_path):
-    ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, *paced(tmp_path, SLEEP))
+    # (paced at 10 ms until its second move is asked: at 3 ms a loaded CI machine took longer than the 3,500 steps
+    # left over the first move and the waits after it, and the job had ended)
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, *paced(tmp_path, "0.01"))
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
-    p = node.launch(f"{TRAIN}", str(tmp_path / "moved.json"), STEPS, *paced(tmp_path, SLEEP), "--attach",
+    p = node.launch(f"{TRAIN}", str(tmp_path / "moved.json"), STEPS, *paced(tmp_path, "0.01"), "--attach",
                     opts=["--no-hook"])
     job = node.job_of(p.pid)
     node.wait_for(lambda: node.job(job)["step"] > 500, 60, "job training")
