@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 from gmux.util.text import printable
@@ -69,6 +70,12 @@ class Parser(argparse.ArgumentParser):
     """Its errors are raised as UsageError for the caller to say (as text or JSON). An option that a command does
     not take is refused by that command, with its usage: argparse passes it up to the program's parser, whose
     usage lists the commands but not the command's options."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A word that starts like a negative number is a value, as Python 3.13's argparse reads it: `--mem -1GiB`
+        # was refused as "expected one argument" instead of by --mem's own check.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extra = super().parse_known_args(args, namespace)

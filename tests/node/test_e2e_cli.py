@@ -144,6 +144,8 @@ CARELESS = [  # (arguments, what the one-line refusal says)
     (["ps", "--limit", "99999999999999999999"], "ps: --limit: 99999999999999999999 is outside"),
     (["submit", "--mem", "0", "--", "python", "x.py"], "--mem: 0 is not a size > 0"),
     (["submit", "--mem", "5", "--", "python", "x.py"], "--mem: 5 would be 5 bytes: give a unit, e.g. 5GiB"),
+    (["submit", "--mem", "-1GiB", "--", "python", "x.py"], "--mem: '-1GiB' is not a size"),   # (was: "expected one
+                                                                                               # argument")
     (["submit", "--mem", "9" * 400, "--", "python", "x.py"], "is more memory than any machine has"),
     (["submit", "--weight", "nan", "--", "python", "x.py"], "--weight: nan is not a weight in [0.001, 1000]"),
     (["submit", "--weight", "5e-324", "--", "python", "x.py"], "--weight: 5e-324 is not a weight in [0.001, 1000]"),
