@@ -27,7 +27,7 @@ import hashlib
 import hmac
 import os
 import struct
-from typing import Optional
+from typing import Callable, Optional
 
 import msgpack
 import zmq
@@ -176,10 +176,12 @@ class BulkSender:
             return False
         return True
 
-    def answer(self, epoch: int) -> Optional[dict]:
+    def answer(self, epoch: int, heard: Optional[Callable[[zmq.Socket, float], bool]] = None) -> Optional[dict]:
         """The receiver's next answer of this epoch ({"have": n} or {"error": text}), or None after `timeout` of
-        silence; what does not open is no answer."""
-        while self.sock.poll(self.timeout * 1000):
+        silence; what does not open is no answer. `heard(sock, seconds)`, if given, waits for something to read
+        in poll's stead (a send that may be given up meanwhile)."""
+        wait = heard or (lambda sock, seconds: sock.poll(seconds * 1000))
+        while wait(self.sock, self.timeout):
             try:
                 rep = protocol.decode(self.sock.recv(), protocol.BULK_MESSAGES)
                 data = rep.get("data")

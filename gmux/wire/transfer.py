@@ -261,9 +261,7 @@ def _send(src, endpoint: str, server_key: bytes, keydir: str, role: str, name: O
                     return bulk.send(epoch, data, offset)
 
                 def chunk_answer():
-                    if not _heard(bulk.sock, timeout, stop, xfer):
-                        return None
-                    got = bulk.answer(epoch)
+                    got = bulk.answer(epoch, lambda s, seconds: _heard(s, seconds, stop, xfer))
                     if got is not None and "error" in got:
                         raise TransferError(f"receiver at {endpoint} refused {xfer}: {got['error']}")
                     return got
