@@ -30,8 +30,7 @@ def flush_open_files(wait: float = WAIT_S) -> bool:
                 if not obj.closed and obj.writable():
                     (on_disk if _on_disk(obj) else others).append(obj)
     for f in on_disk:
-        with contextlib.suppress(Exception):
-            f.flush()
+        _flush_quietly(f)
     # (sys.stdout may be an object of the script's own, found by no type: its flush is waited for the same way)
     return within(wait, lambda: [_flush_quietly(f) for f in others + [sys.stdout]])
 
