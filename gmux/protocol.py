@@ -590,8 +590,8 @@ XFER_MAX_SIZE = 1 << 40         # a checkpoint larger than 1 TiB is not one gmux
 # starts it again from its checkpoint rather than counting it failed.
 LEASE_LOST_STATUS = 75
 LEASE_LOST_REASON = "its gmuxd stopped answering"
-# abandon: a move's target gives up its start unless it has restored (its source's send was lost with its gmuxd);
-# its source, its send (the target failed, or restarted its gmuxd: its endpoint is dead)
+# abandon: a move's target gives up its start unless it has restored (its source's send was lost with its gmuxd):
+# of="start"; its source, its send (the target failed, or restarted its gmuxd: its endpoint is dead): of="send"
 CLUSTER_ACTIONS = ("start", "suspend", "resume", "kill", "move", "migrate_out", "release", "abandon")
 # ready: a move's new processes are up and wait for their checkpoints (the source may suspend the job now)
 CLUSTER_EVENTS = ("started", "ready", "start_failed", "suspended", "resumed", "moved", "migrate_sent", "migrate_failed",
@@ -713,7 +713,8 @@ def _start(v):
 # What each action carries (scheduler -> a machine's cluster link), by action.
 ACTION_ARGS = {
     "start": _start,
-    "suspend": {}, "kill": {}, "release": {}, "abandon": {},
+    "suspend": {}, "kill": {}, "release": {},
+    "abandon": {"of": (_one_of("start", "send"), True)},
     "resume": {"gpu": (_optional(_gpu_index), False)},
     "move": {"gpu": (_gpu_index, True)},
     "migrate_out": {"target": (_name, True), "endpoint": (_tcp_endpoint, True), "xfer": (_name, True)},

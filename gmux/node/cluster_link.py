@@ -307,10 +307,8 @@ class ClusterLink:
             if not self._live(cjob):
                 self._start(cjob, args)
             return
-        if action == "abandon":           # (a move's target gives up its start; its source, its send)
-            self.starts.abandon(cjob)
-            if cjob in self.sending:
-                self.sending[cjob].set()
+        if action == "abandon":
+            self._abandon(cjob, args["of"])
             return
         ranks = self.locals.get(cjob) if cjob in self._jobs else None
         if not ranks and action in ("kill", "release") and cjob in self.starts.starting:
@@ -343,6 +341,32 @@ class ClusterLink:
             self.busy.add(cjob)   # no periodic checkpoint may start now
             stop = self.sending[cjob] = threading.Event()
             self._work(cjob, migrate_out, self, cjob, ranks, args["target"], args["endpoint"], args["xfer"], stop)
+
+    def _abandon(self, cjob: str, of: str) -> None:
+        """A move's target gives up its start (`of` "start"), its source its send ("send"). Each answers with
+        how it ended: a start killed, "start_failed" (one that restored already goes on: "started"); a send
+        stopped, its own outcome. One over before the word came said how it ended then, but a scheduler
+        restarted since may never have heard it, and asks again: it is said again, or the move waited for good."""
+        if of == "send":
+            if cjob in self.sending:
+                self.sending[cjob].set()
+            else:
+                self._work(cjob, self._no_send, cjob, self.locals.get(cjob) if cjob in self._jobs else [])
+        elif cjob in self.starts.starting:
+            self.starts.abandon(cjob)
+        else:
+            rec = self._jobs.get(cjob) or {}
+            if rec.get("state") in ("running", "suspended") and rec.get("step", 0) > 0:
+                self._event("started", cjob, step=rec["step"], local=rec["local"])
+            else:
+                self._event("start_failed", cjob, "its move was given up: the checkpoint it waited for will not come")
+
+    def _no_send(self, cjob: str, ranks: list) -> None:
+        """A send given up that is over: the job runs on here (held, if its checkpoint went: a move that failed
+        after it is taken as one that never happened)."""
+        for local in ranks or []:
+            self._admin_reply("resume", local)
+        self._event("migrate_failed", cjob, f"no send of it is under way on {self.name}: it runs on here")
 
     def _refuse(self, frames: list, error: protocol.ProtocolError) -> None:
         """An action refused for its arguments still reaches the scheduler as a failure of that job, so the job

@@ -74,3 +74,48 @@ def test_a_migration_refused_by_a_machine_cut_off_is_answered_as_failed(link_and
         "node_action", table=C, action="migrate_out", cjob="c7",
         args={"target": "m2", "endpoint": "tcp://127.0.0.1:1", "xfer": "m1-c7-0"})])
     assert events(sched, 10.0) == [("migrate_failed", "c7", "m1 was cut off from the scheduler as it arrived")]
+
+
+def _hello(link, sched) -> bytes:
+    """The link's routing id, learned from an event of its own."""
+    link._event("action_failed", "c0", "hello")
+    deadline = time.monotonic() + 10
+    while not sched.poll(100):
+        assert time.monotonic() < deadline
+    ident, _ = sched.recv_multipart()
+    return ident
+
+
+def _abandon(sched, ident, cjob: str, of: str) -> None:
+    sched.send_multipart([ident, protocol.encode("node_action", table=C, action="abandon", cjob=cjob,
+                                                 args={"of": of})])
+
+
+# A scheduler restarted after it told a move's machine to give its part up, but before it heard the answer, tells
+# it again: the link answered only a start or a send still under way, and the move waited for good, the job
+# "migrating". Now what ended before the word came is said again.
+def test_a_start_given_up_before_the_word_came_is_said_failed_again(link_and_scheduler):
+    link, sched = link_and_scheduler
+    ident = _hello(link, sched)
+    _abandon(sched, ident, "c7", "start")
+    assert events(sched, 10.0) == [("start_failed", "c7",
+                                    "its move was given up: the checkpoint it waited for will not come")]
+
+
+def test_a_start_that_restored_before_the_word_came_is_said_started_again(link_and_scheduler):
+    link, sched = link_and_scheduler
+    ident = _hello(link, sched)
+    link._jobs["c7"] = {"cjob": "c7", "state": "running", "step": 41, "local": "j3"}
+    _abandon(sched, ident, "c7", "start")
+    assert events(sched, 10.0) == [("started", "c7", "")]
+
+
+def test_a_send_over_before_the_word_came_is_said_failed_and_the_job_runs_on(link_and_scheduler):
+    link, sched = link_and_scheduler
+    ident = _hello(link, sched)
+    asked = []
+    link.admin = lambda mtype, **fields: asked.append((mtype, fields.get("job"))) or {}
+    link._jobs["c7"], link.locals["c7"] = {"cjob": "c7", "state": "suspended", "step": 41, "local": "j3"}, ["j3"]
+    _abandon(sched, ident, "c7", "send")
+    assert events(sched, 10.0) == [("migrate_failed", "c7", "no send of it is under way on m1: it runs on here")]
+    assert asked == [("resume", "j3")]

@@ -152,3 +152,26 @@ def test_in_the_usual_order_the_transfer_is_logged_once(tmp_path):
         assert len(_sent(s)) == 1 and s.jobs["c1"].migrations == 1 and s.jobs["c1"].state == "running"
     finally:
         s.close()
+
+
+def test_a_given_up_move_recovered_asks_its_machine_again_and_settles_on_its_answer(tmp_path):
+    """A move given up waits for one machine's answer to an "abandon": a scheduler restarted before it heard it
+    asked nobody again (a failed target's source) or trusted that it had been told (an abandoned move's target),
+    and the job stayed "migrating" for good. Recovered, each is asked again, and the answer settles the move."""
+    import time
+    for stage, asked, answer in (("target_failed", ("m1", "abandon", "c1", {"of": "send"}), ("m1", "migrate_failed")),
+                                 ("abandoned", ("m2", "abandon", "c1", {"of": "start"}), ("m2", "start_failed"))):
+        where = tmp_path / stage
+        s = _migrating(where, stage)
+        try:
+            sent = []
+            s._action = lambda machine, action, cjob, **args: sent.append((machine, action, cjob, args)) or True
+            s.moves.expire(time.monotonic())
+            assert sent == [asked]
+            s.moves.expire(time.monotonic())        # told: not asked again at every tick
+            assert sent == [asked]
+            _event(s, *answer, {})
+            job = s.jobs["c1"]
+            assert job.state == "running" and job.machine == "m1" and job.source is None and job.move == {}
+        finally:
+            s.close()

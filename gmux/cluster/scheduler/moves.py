@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 MIGRATE_WAIT_S = 600.0     # how long a move's new processes wait for their checkpoints before giving up
 WARM_WAIT_S = 120.0        # how long a move's source computes on while its new processes start (then it suspends)
+GIVEN_UP = ("abandoned", "target_failed")    # the stages that wait for one machine's answer to an "abandon"
 
 
 class Moves:
@@ -49,8 +50,8 @@ class Moves:
             if job.move.get("stage") == "warming" and job.state == "migrating":
                 job.move["since"] = -WARM_WAIT_S     # (its "ready" may have been lost: expire() sends it)
                 job.move.pop("why", None)
-            elif job.move.get("stage") == "abandoned" and job.state == "migrating":
-                job.move["told"] = False             # (its target may not have heard: expire() tells it again)
+            elif job.move.get("stage") in GIVEN_UP and job.state == "migrating":
+                job.move["told"] = False             # (its answer may have gone with the old process: asked again)
 
     def _set(self, job: CJob, **move) -> None:
         """The move's new stage (or none: move={}), written at once: a restarted scheduler goes on from it."""
@@ -128,8 +129,8 @@ class Moves:
         why = job.move.get("why", why) if stage == "abandoned" else why
         if stage == "sending":
             job.detail = why
-            self._set(job, **{**job.move, "stage": "target_failed"})
-            self.s._action(job.source, "abandon", job.cjob)
+            self._set(job, **{**job.move, "stage": "target_failed", "told": False})
+            self._tell(job)
             return
         if stage != "warming":      # (warming: the source never stopped computing)
             self.s._action(job.source, "resume", job.cjob)
@@ -177,11 +178,14 @@ class Moves:
                 self._set(job, **{**job.move, "stage": "abandoned", "told": False,
                                   "why": f"its move to {job.machine} was given up: {name} restarted its gmuxd "
                                          f"while it sent the checkpoint"})
-                self._abandon(job)
+                self._tell(job)
 
-    def _abandon(self, job: CJob) -> None:
-        """Tells the target of an abandoned move (one not connected is told at the next tick)."""
-        if self.s._action(job.machine, "abandon", job.cjob):
+    def _tell(self, job: CJob) -> None:
+        """Tells the machine whose answer settles a given-up move (GIVEN_UP) to give its part up: an abandoned
+        move's target its start, a failed target's source its send. One not connected is told at the next tick;
+        so is one whose answer a restarted scheduler may not have heard (the link answers again)."""
+        machine, of = (job.machine, "start") if job.move["stage"] == "abandoned" else (job.source, "send")
+        if self.s._action(machine, "abandon", job.cjob, of=of):
             self._set(job, **{**job.move, "told": True})
 
     def give_up_for_kill(self, job: CJob) -> None:
@@ -217,11 +221,11 @@ class Moves:
 
     def expire(self, now: float) -> None:
         """Moves whose new processes are not ready after WARM_WAIT_S (time.monotonic `now`) go on without waiting
-        for them; a warming move whose job is no longer migrating is forgotten; the target of an abandoned move
-        that could not be told is told again."""
+        for them; a warming move whose job is no longer migrating is forgotten; a given-up move whose machine could
+        not be told is told again."""
         for job in self.s.jobs.values():
-            if job.move.get("stage") == "abandoned" and job.state == "migrating" and not job.move.get("told"):
-                self._abandon(job)
+            if job.move.get("stage") in GIVEN_UP and job.state == "migrating" and not job.move.get("told"):
+                self._tell(job)
             if job.move.get("stage") != "warming":
                 continue
             if job.final or job.state != "migrating":
