@@ -35,7 +35,9 @@ def _outcome(cmd: str, data: dict) -> str:
     if cmd == "suspend" and data.get("kind") == "suspend":
         text = f"suspended {jobs} in {data['latency_s'] * 1e3:.1f} ms"
         if data.get("boundary_wait_s") is not None:
-            text += f" ({data['boundary_wait_s'] * 1e3:.1f} ms of it waiting for the mini-batch to end)"
+            text += f" ({data['boundary_wait_s'] * 1e3:.1f} ms of it waiting for " + (
+                "its first boundary: it was still starting)" if data.get("first_boundary") else
+                "the mini-batch to end)")
         return text
     if cmd == "suspend" and data.get("kind") == "stop":    # no boundary by its deadline: SIGSTOPped instead
         return f"{jobs}: {data.get('detail') or 'stopped'}"

@@ -90,8 +90,9 @@ class Commands:
 
     def wake(self, job_id: str, kind: str, ok: bool, latency: float, error=None,
              boundary_wait: Optional[float] = None, step: Optional[int] = None,
-             warning: Optional[str] = None) -> None:
-        """The job acknowledged `kind` (or failed it): the requests waiting for it hear, once all theirs have."""
+             warning: Optional[str] = None, first_boundary: bool = False) -> None:
+        """The job acknowledged `kind` (or failed it): the requests waiting for it hear, once all theirs have.
+        `first_boundary`: it was taken at the job's first boundary (the wait was its start, not a mini-batch)."""
         waiting = self.waiters.get(job_id, [])
         for w in [w for w in waiting if w.kind == kind]:
             waiting.remove(w)
@@ -112,6 +113,8 @@ class Commands:
                         "job_latency_s": latency}
                 if boundary_wait is not None:   # of job_latency_s, the wait for the job's next boundary
                     data["boundary_wait_s"] = boundary_wait
+                    if first_boundary:
+                        data["first_boundary"] = True
                 if len(w.steps) == len(w.jobs):   # (a checkpoint's: the step it holds)
                     data["step"] = min(w.steps.values())
                 if len(w.jobs) > 1:

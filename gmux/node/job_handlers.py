@@ -217,6 +217,7 @@ class JobHandlers:
     def result(self, req: Request):
         node, msg = self.node, req.msg
         job = self._job(req)
+        starting = job.boundaries == 0      # (a suspend taken now is taken at its first boundary)
         job.count(msg.get("boundaries"))
         self._observe_state(job, None, msg.get("boundaries"))
         answered = node.commands.answered(msg["cmd"], job.id)
@@ -235,7 +236,7 @@ class JobHandlers:
         # The requester hears first; the bookkeeping below cannot change the outcome, and this loop is
         # single-threaded, so nothing can observe the order.
         node.commands.wake(job.id, kind, ok, latency, result.get("error"), waited, result.get("step"),
-                           result.get("warning"))
+                           result.get("warning"), first_boundary=starting)
         slicer = node.slicers.get(job.gpu)
         # the suspend of a move in the job's own process (gmux.node.moves), not one of the slicer's switches
         moving = kind == "suspend" and slicer is not None and slicer.busy_with(job.id) == "move"

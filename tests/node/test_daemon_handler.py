@@ -73,6 +73,30 @@ def test_a_suspend_is_sent_at_once_and_its_latency_split_at_the_jobs_boundary(da
         assert reply["data"].get("boundary_wait_s") == expected
 
 
+def test_a_suspend_taken_at_the_jobs_first_boundary_says_it_was_starting(daemon):
+    """A job suspended before its first mini-batch (importing torch, loading its data) was said to have waited
+    seconds "for the mini-batch to end"."""
+    from gmux.cli.gmux import _outcome
+    a = register(daemon, mem=GiB)
+    daemon.sent.clear()
+    daemon.tick()
+    (start,) = [m for i, m in daemon.sent if m["type"] == "command"]
+    _result(daemon, b"job-a", a, start)
+    said = []
+    for boundaries in (1, 5):
+        ask(daemon, "suspend", admin=daemon.admin, job=a["job"])
+        (stop,) = [m for i, m in daemon.sent if m["type"] == "command"]
+        job_id, kind, sent = daemon.commands.inflight[stop["cmd"]]
+        daemon.commands.inflight[stop["cmd"]] = (job_id, kind, sent - 0.6)    # as if sent 0.6 s ago
+        (reply,) = _result(daemon, b"job-a", a, stop, taken_at=sent - 0.1, state="suspended", boundaries=boundaries)
+        said.append(_outcome("suspend", reply["data"]))
+        ask(daemon, "resume", admin=daemon.admin, job=a["job"])
+        (go,) = [m for i, m in daemon.sent if m["type"] == "command"]
+        _result(daemon, b"job-a", a, go, state="running", boundaries=boundaries)
+    assert "waiting for its first boundary: it was still starting" in said[0]
+    assert "waiting for the mini-batch to end" in said[1] and "first" not in said[1]
+
+
 def test_a_job_can_only_act_on_itself(daemon):
     a = register(daemon, b"job-a")
     b = register(daemon, b"job-b")
