@@ -47,15 +47,17 @@ class _Log:
         # of the tail and its emptying of the file was lost, uncounted. (Output written below Python, by C code
         # or a child's own streams, still can be.)
         locked = _lock(fd, fcntl.LOCK_SH)
+        left = memoryview(data)
         try:
             if self.lost:
                 self._say_lost(fd)
-            os.write(fd, data)    # (a regular file takes the whole write or fails)
+            while left:      # (a filling disk writes part of a write, then says ENOSPC at the next)
+                left = left[os.write(fd, left):]
         except OSError as e:
             if e.errno not in _FULL:
                 raise
-            self.lost, self.why = self.lost + len(data), "the log's disk was full"
-            return
+            self.lost, self.why = self.lost + len(left), "the log's disk was full"
+            data = data[:len(data) - len(left)]
         finally:
             if locked:
                 _lock(fd, fcntl.LOCK_UN)

@@ -35,10 +35,12 @@ def atomic_open(path: str, mode: int = 0o600, text: bool = False, durable: bool 
     fd, tmp = tempfile.mkstemp(prefix=_partial_prefix(path), suffix=".tmp", dir=directory)
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "w" if text else "wb", buffering=-1 if text else 0) as f:
+        # Buffered, binary too: a raw write may write only part of what it is given (a disk that fills up does,
+        # before it says ENOSPC), and a caller that took it as whole renamed a truncated file into place. A
+        # buffered write writes it all or raises.
+        with os.fdopen(fd, "w" if text else "wb") as f:
             yield f
-            if text:
-                f.flush()
+            f.flush()
             if durable:
                 os.fsync(f.fileno())
         os.replace(tmp, path)

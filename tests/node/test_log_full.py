@@ -34,6 +34,31 @@ def test_output_the_disk_has_no_room_for_is_counted_and_said_once_there_is(tmp_p
                                "full]\nafter\n")
 
 
+def test_a_write_the_filling_disk_takes_only_part_of_counts_the_rest_as_lost(tmp_path, monkeypatch):
+    """A disk that fills up mid-write takes part of it and says ENOSPC only at the next: the rest was counted
+    as written, lost with no word."""
+    from gmux.job import log_output
+    real, room = os.write, [1000]
+    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+    def filling(f, data):
+        if f != fd:
+            return real(f, data)
+        if room[0] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = real(f, bytes(data[:room[0]]))
+        room[0] -= n
+        return n
+    monkeypatch.setattr(log_output.os, "write", filling)
+    log = log_output._Log(0)
+    log.write(fd, b"a" * 3000)
+    room[0] = 1 << 30
+    log.write(fd, b"after\n")
+    os.close(fd)
+    assert (tmp_path / "log").read_bytes() == b"a" * 1000 + (
+        b"\n[gmux: 2,000 bytes of this job's output were lost here: the log's disk was full]\nafter\n")
+
+
 def test_a_job_started_from_a_shell_keeps_its_own_streams(tmp_path):
     """Where a job's output goes outside gmuxd's logs is its user's: a print to a full disk fails as it would."""
     with open("/dev/full", "wb") as full:
