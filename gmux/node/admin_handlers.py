@@ -161,6 +161,9 @@ class AdminHandlers:
                     node.admission.dequeue(m.id)
                 continue
             slicer = node.slicers[m.gpu]
+            if m.id not in slicer.entries:    # its process has not registered yet: seated held, it never starts
+                m.state = "held"
+                continue
             slicer.hold(m.id, to_boundary=bool(req.msg.get("to_boundary")), in_place=bool(req.msg.get("in_place")),
                         stop_by=req.msg.get("deadline_s"))
             if slicer.entries[m.id].frozen:

@@ -344,3 +344,21 @@ def test_cluster_commands_errors_under_json_are_json_and_bad_options_get_the_com
         out = gmux(str(tmp_path), *args)
         assert out.returncode == status and needle in out.stderr and out.stdout == "", out
         assert status == 1 or out.stderr.startswith(f"usage: gmux {args[0]} "), out.stderr
+
+
+def test_a_submitted_job_suspended_before_its_process_registers_is_held_and_resumes(node_factory, tmp_path):
+    """`gmux suspend` straight after `gmux submit`, while the job's process still imported torch: gmuxd failed
+    with an internal error (KeyError: the job had a GPU but no place in its slicer yet), and the job was held all
+    the same. It is held now, and said so: it starts no step until resumed, then trains to its end."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    out = tmp_path / "a.json"
+    job = json.loads(gmux(node.rt, "--json", "submit", "--", "python", TRAIN, str(out), "30").stdout)["job"]
+    said = gmux(node.rt, "--json", "suspend", job)
+    assert said.returncode == 0 and "internal error" not in said.stderr, said.stderr
+    assert json.loads(said.stdout)["state"] == "held"
+    time.sleep(10.0)     # (far past its import of torch and its registration)
+    assert node.job(job)["step"] == 0 and node.job(job)["state"] == "held", node.job(job)
+    assert node.call("ping")["internal_errors"] == 0
+    assert gmux(node.rt, "resume", job).returncode == 0
+    node.wait_for(lambda: node.job(job)["state"] == "exited", 120, "trained")
+    assert json.loads(out.read_text())["steps"] == 30
