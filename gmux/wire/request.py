@@ -42,6 +42,9 @@ class Requester:
     def call(self, mtype: str, timeout: float, **fields: Any) -> Any:
         mid = next(self.ids)
         frame = protocol.encode(mtype, mid, table=self.table, **fields)
+        if len(frame) > protocol.MAX_FRAME:     # (the peer would refuse it unread, with no id to answer)
+            raise self.error(f"{mtype}: the request is {len(frame):,} bytes, over the {protocol.MAX_FRAME:,}-byte "
+                             f"limit of one message; send less (fewer or shorter arguments or values)")
         deadline = time.monotonic() + timeout
         # A send waits for a peer at most as long as the reply would (a peer that never completes its handshake,
         # as a refused CurveZMQ key, would otherwise hold it for ever).
@@ -60,7 +63,8 @@ class Requester:
                     raise self.unanswered(why)
                 continue
             msg = self.receive()
-            if msg is not None and msg.type == "reply" and msg.id == mid:
+            # (id 0: the refusal of a message the peer could not read, which has no id it could answer to)
+            if msg is not None and msg.type == "reply" and (msg.id == mid or msg.id == 0 and not msg.get("ok")):
                 break
             if msg is not None and self.on_message is not None:
                 self.on_message(msg)

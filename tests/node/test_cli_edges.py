@@ -362,3 +362,24 @@ def test_a_submitted_job_suspended_before_its_process_registers_is_held_and_resu
     assert gmux(node.rt, "resume", job).returncode == 0
     node.wait_for(lambda: node.job(job)["state"] == "exited", 120, "trained")
     assert json.loads(out.read_text())["steps"] == 30
+
+
+def test_a_request_too_large_or_unreadable_is_refused_at_once(node_factory, tmp_path):
+    """A submit over the 1 MiB limit of a message (each argument under its own limit, all of them over): gmuxd
+    refused it unread, with no id to answer to, the CLI waited out its 60 s and then said gmuxd "may have
+    started the job all the same". Now the CLI says so before it sends; and a refusal of any message gmuxd could
+    not read answers the request that waits (a client speaking another table, here)."""
+    from gmux.wire.daemon_client import Client, GmuxError
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    t0 = time.monotonic()
+    said = gmux(node.rt, "submit", "--", "python", TRAIN, *["x" * 4000] * 300)
+    assert said.returncode != 0 and "over the 1,048,576-byte limit of one message" in said.stderr, said.stderr
+    assert "may have started" not in said.stderr and not node.ps()["jobs"]
+    client = Client(node.rt)
+    client.requests.table = protocol.CLUSTER_MESSAGES
+    try:
+        with pytest.raises(GmuxError, match="node_report"):
+            client.requests.call("node_report", 60.0, name="m1", gpus=[], transfer="tcp://127.0.0.1:1", jobs=[])
+    finally:
+        client.close()
+    assert time.monotonic() - t0 < 50       # (either alone waited 60 s before)
