@@ -23,6 +23,7 @@ from gmux.node.resume_retry import release
 from gmux.node.supervisor import CannotStart
 from gmux.node.waiting import waiting_detail
 from gmux.rundir import proc_starttime
+from gmux.util.job_command import interpreter_options
 from gmux.util.rendezvous import free_port, rendezvous_env
 from gmux.util.text import file_end, text_of
 from gmux.wire.server import Busy, Caller, Refused, Request
@@ -295,6 +296,10 @@ class AdminHandlers:
     def submit(self, req: Request):
         node, msg = self.node, req.msg
         who = self._who(req)
+        try:
+            interpreter_options(msg["argv"])     # (python -c, -i, -W with no value: the CLI refuses them; any client)
+        except ValueError as e:
+            raise Refused(f"submit: {e}") from None
         ranks = msg.get("ranks")
         if ranks is not None and (msg.get("gpus", 1) != 1 or msg.get("gpu") is not None):
             raise Refused("submit: --ranks N starts N single-GPU ranks placed by gmuxd; it takes neither --gpus "

@@ -310,6 +310,10 @@ def test_an_unnamed_gang_is_named_after_its_first_rank_and_takes_no_id(node_fact
     ({"type": "register", "argv": ["python", "x.py"], "name": "ﬁne"}, "register: name: 'ﬁne' reads as 'fine'"),
     ({"type": "register", "argv": ["python", "x.py"], "gang": {"id": "rеsnet", "rank": 0, "size": 2}},
      "register: gang: id: 'rеsnet' mixes Latin and Cyrillic letters"),
+    # (and a command gmuxd could not start: an internal error, from the spawn)
+    ({"type": "submit", "argv": ["python", "-c", "x"], "cwd": "/"}, "submit: a job runs a script or a module (-m), "
+                                                                     "not python -c"),
+    ({"type": "submit", "argv": ["python", "-W"], "cwd": "/"}, "submit: python -W needs a value"),
 ])
 def test_gmuxd_refuses_lookalike_names_from_any_client(daemon, fields, needle):
     """Only the CLI refused them: a client writing its own frames (ZeroMQ and msgpack) had gmuxd take them."""
