@@ -276,3 +276,15 @@ def test_zeros_claimed_beyond_the_tensors_they_are_gradients_of_are_refused_befo
         f.write(forge.join(frames))
     back = ckpt.load(path)
     assert torch.equal(back["w"], torch.ones(4)) and torch.equal(back["g"], torch.zeros(4))
+
+
+@pytest.mark.parametrize("wait", ["abc", "nan", "-1", "inf"])
+def test_a_restore_wait_that_is_no_number_of_seconds_is_refused_naming_the_variable(wait, tmp_path, monkeypatch):
+    """GMUX_RESTORE_WAIT, set by hand: 'abc' raised float()'s bare ValueError, 'nan' waited for ever for a
+    checkpoint that was not coming."""
+    monkeypatch.setenv("GMUX_RESTORE", str(tmp_path / "never.ckpt"))
+    monkeypatch.setenv("GMUX_RESTORE_WAIT", wait)
+    before = gj.current()
+    with pytest.raises(ValueError, match=f"GMUX_RESTORE_WAIT='{wait}': expected the seconds"):
+        gj.attach(nn.Linear(2, 2))
+    assert gj.current() is before

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import os
+import re
 
 from gmux.protocol import WEIGHTS, cluster_job_name_problem, job_name_problem
 from gmux.rundir import not_a_directory
@@ -58,9 +60,20 @@ def job_memory(text: str) -> int:
 def tcp_endpoint(text: str) -> str:
     """tcp://HOST:PORT, the only kind of address cluster mode uses (PORT 0 or *: any free one, where it listens)."""
     host, colon, number = text[len("tcp://"):].rpartition(":") if text.startswith("tcp://") else ("", "", "")
-    if not (colon and host and (number == "*" or digits(number) and int(number) <= 65535)):
+    if not (colon and _host(host) and (number == "*" or digits(number) and int(number) <= 65535)):
         raise argparse.ArgumentTypeError(f"{text!r} is not tcp://HOST:PORT (e.g. tcp://10.0.0.5:7700)")
     return text
+
+
+def _host(text: str) -> bool:
+    """A name, an IPv4 address, * (listening), or an IPv6 address in brackets (tcp://[::1 waited 5 s for nothing)."""
+    if text.startswith("[") and text.endswith("]"):
+        try:
+            ipaddress.IPv6Address(text[1:-1])
+        except ValueError:
+            return False
+        return True
+    return bool(re.fullmatch(r"[A-Za-z0-9_.*-]+", text))
 
 
 def path(text: str) -> str:

@@ -74,8 +74,9 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # A word that starts like a negative number is a value, as Python 3.13's argparse reads it: `--mem -1GiB`
-        # was refused as "expected one argument" instead of by --mem's own check.
-        self._negative_number_matcher = re.compile(r"^-\.?\d")
+        # was refused as "expected one argument" instead of by --mem's own check; so are -inf and -nan, which
+        # float() reads (`--weight -inf`).
+        self._negative_number_matcher = re.compile(r"^-(\.?\d|inf(inity)?$|nan$)", re.IGNORECASE)
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extra = super().parse_known_args(args, namespace)

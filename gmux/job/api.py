@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Optional
 
@@ -43,14 +44,14 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     tracked.extras = dict(extras or {})
     if state is not None:
         tracked.state = state
+    restore = restore or os.environ.get("GMUX_RESTORE")
+    wait = _restore_wait(os.environ.get("GMUX_RESTORE_WAIT"))     # (before anything is attached)
     if _current is not None:
         # Attached under the transparent hook: the hook's job, left watching, went on reporting and taking
         # commands beside this one (two step counts, two CONTROLs).
         _current.stop_watching_loop()
     _current = Job(tracked, controller=controller if controller is not None else control.default(), pool=pool,
                    device=device)
-    restore = restore or os.environ.get("GMUX_RESTORE")
-    wait = float(os.environ.get("GMUX_RESTORE_WAIT") or 0)
     if restore and wait:
         # Started on a machine while its checkpoint is still on the way there: restored as the bytes arrive,
         # applied once all have. gmuxd hears first that this process is ready for them (interpreter, torch and
@@ -72,6 +73,19 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     elif restore:
         _current.restore(restore)
     return _current
+
+
+def _restore_wait(text: Optional[str]) -> float:
+    """GMUX_RESTORE_WAIT (set by a cluster start; by hand, checked): seconds to wait for a checkpoint still
+    arriving, 0 (unset) for one that is there."""
+    try:
+        value = float(text) if text else 0.0
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:    # (nan waited for ever)
+        raise ValueError(f"GMUX_RESTORE_WAIT={text!r}: expected the seconds to wait for a checkpoint still "
+                         f"arriving, a number of at least 0")
+    return value
 
 
 def current() -> Optional[Job]:

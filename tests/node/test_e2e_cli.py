@@ -148,6 +148,7 @@ CARELESS = [  # (arguments, what the one-line refusal says)
                                                                                                # argument")
     (["submit", "--mem", "9" * 400, "--", "python", "x.py"], "is more memory than any machine has"),
     (["submit", "--weight", "nan", "--", "python", "x.py"], "--weight: nan is not a weight in [0.001, 1000]"),
+    (["submit", "--weight", "-inf", "--", "python", "x.py"], "--weight: -inf is not a weight in [0.001, 1000]"),
     (["submit", "--weight", "5e-324", "--", "python", "x.py"], "--weight: 5e-324 is not a weight in [0.001, 1000]"),
     (["submit", "--gpu", "-1", "--", "python", "x.py"], "--gpu: -1 is not an integer >= 0"),
     (["submit", "--", "python", "missing.py"], "submit: no script 'missing.py' in"),
