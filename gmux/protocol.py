@@ -188,8 +188,9 @@ def _env(v):
     if len(v) > MAX_LIST:
         return f"{len(v)} entries exceed {MAX_LIST}"
     for k, val in v.items():
-        if _str(k, 256) or _str(val):
-            return f"entry {str(k)[:40]!r}: keys and values must be strings"
+        problem = _str(k, 256) and f"its name: {_str(k, 256)}" or _str(val) and f"its value: {_str(val)}"
+        if problem:
+            return f"entry {str(k)[:40]!r}: {problem}"
         if not k or "=" in k or "\0" in k or "\0" in val:
             return f"entry {str(k)[:40]!r}: a name without '=' and a value, neither holding a NUL byte"
     return None

@@ -1,4 +1,6 @@
 """The wire: valid messages pass, every kind of bad one is refused with a message naming the problem."""
+import re
+
 import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -180,3 +182,14 @@ def test_submit_refuses_what_exec_cannot_take(fields):
     """A NUL byte in argv, env or cwd made the spawn fail inside gmuxd and left ghost jobs; it is refused at the edge."""
     with pytest.raises(ProtocolError, match="NUL|without '='"):
         decode(frame(type="submit", admin="a", **fields))
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"TORCH_X": "x" * 5000}, "entry 'TORCH_X': its value: string of 5000 characters exceeds 4096"),
+    ({"A": 5}, "entry 'A': its value: expected a string, got int"),
+    ({"N" * 300: "v"}, "its name: string of 300 characters exceeds 256"),
+])
+def test_an_environment_entry_refused_says_what_is_wrong_with_it(env, said):
+    """A 5,000-character value was refused as 'keys and values must be strings'."""
+    with pytest.raises(ProtocolError, match=re.escape(said)):
+        decode(frame(type="submit", admin="a", argv=["python", "t.py"], cwd="/", env=env))
