@@ -300,6 +300,8 @@ class AdminHandlers:
             interpreter_options(msg["argv"])     # (python -c, -i, -W with no value: the CLI refuses them; any client)
         except ValueError as e:
             raise Refused(f"submit: {e}") from None
+        if msg["cwd"] and not os.path.isabs(msg["cwd"]):
+            raise Refused(f"submit: the working directory {msg['cwd']!r} is not an absolute path")
         ranks = msg.get("ranks")
         if ranks is not None and (msg.get("gpus", 1) != 1 or msg.get("gpu") is not None):
             raise Refused("submit: --ranks N starts N single-GPU ranks placed by gmuxd; it takes neither --gpus "

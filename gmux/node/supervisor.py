@@ -107,6 +107,8 @@ class Supervisor:
             except OSError as e:
                 if os.fstat(log.fileno()).st_size == 0:
                     os.unlink(path)      # a refusal leaves nothing: the next job given this id starts a log anew
+                if job.cwd and e.filename == job.cwd:
+                    raise CannotStart(f"cannot run the job in {job.cwd!r}: {e.strerror}") from None
                 what = (f"gmux-launch with gmuxd's interpreter {sys.executable}" if e.filename == sys.executable
                         else repr(job.argv[0]))
                 raise CannotStart(f"could not start {what}: {e}") from None

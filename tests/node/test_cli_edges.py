@@ -314,6 +314,10 @@ def test_an_unnamed_gang_is_named_after_its_first_rank_and_takes_no_id(node_fact
     ({"type": "submit", "argv": ["python", "-c", "x"], "cwd": "/"}, "submit: a job runs a script or a module (-m), "
                                                                      "not python -c"),
     ({"type": "submit", "argv": ["python", "-W"], "cwd": "/"}, "submit: python -W needs a value"),
+    ({"type": "submit", "argv": ["python", "x.py"], "cwd": "relative/dir"},
+     "submit: the working directory 'relative/dir' is not an absolute path"),
+    ({"type": "submit", "argv": ["python", "x.py"], "cwd": "/no/such/dir"},
+     "submit: cannot run the job in '/no/such/dir': No such file or directory"),
 ])
 def test_gmuxd_refuses_lookalike_names_from_any_client(daemon, fields, needle):
     """Only the CLI refused them: a client writing its own frames (ZeroMQ and msgpack) had gmuxd take them."""
