@@ -17,6 +17,7 @@ in the directory, never completes the CurveZMQ handshake: no message of it reach
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import threading
 import time
@@ -26,6 +27,8 @@ import zmq
 import zmq.utils.z85   # not imported by zmq itself: zmq.auth did that, and is imported only where needed
 
 from gmux.util.atomic import write_atomic
+
+log = logging.getLogger("gmux.keys")
 
 ROLES = ("scheduler", "daemon", "client")
 BULK_DOMAIN = "gmux-bulk"   # the ZAP domain of a bulk socket (gmux.wire.sealed), whose peers need no key
@@ -157,8 +160,8 @@ def authorized(keydir: str) -> dict[bytes, tuple[str, str]]:
             continue
         try:
             out[_read_key(os.path.join(keydir, fn))] = (role, name)
-        except KeyError_:
-            continue   # a damaged .pub authorises nobody
+        except KeyError_ as e:     # a damaged .pub authorises nobody, and says so (read again only once changed)
+            log.warning("key directory %s: %s: it authorises nobody", keydir, e)
     return out
 
 

@@ -71,6 +71,17 @@ def keydir(tmp_path):
     return d
 
 
+def test_a_damaged_public_key_authorises_nobody_and_says_so(keydir, caplog):
+    """A malformed .pub in the key directory was skipped without a word: its owner could not tell why their
+    machine was refused."""
+    with open(os.path.join(keydir, "daemon.c.pub"), "w") as f:
+        f.write("not a key\n")
+    with caplog.at_level("WARNING", logger="gmux.keys"):
+        found = keys.authorized(keydir)
+    assert ("daemon", "c") not in found.values() and ("daemon", "a") in found.values()
+    assert "daemon.c.pub does not hold a 40-character z85 CurveZMQ key: it authorises nobody" in caplog.text
+
+
 def test_transfer_exact_and_resumes_after_cut(keydir, tmp_path):
     src = tmp_path / "src.ckpt"
     payload = os.urandom(48 << 20) + b"tail"
