@@ -118,9 +118,7 @@ def _split(obj, tensors: list, zeros: list):
 
 
 def host_bytes(t: torch.Tensor) -> memoryview:
-    flat = t.detach().reshape(-1)
-    if flat.device.type != "cpu":
-        flat = flat.cpu()
+    flat = t.detach().reshape(-1).cpu()     # (a CPU tensor's .cpu() is itself)
     return memoryview(flat.contiguous().view(torch.uint8).numpy()).cast("B")
 
 
@@ -316,8 +314,9 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None, into: Opt
         if isinstance(e, CheckpointError):
             raise
         raise CheckpointError(origin, f"corrupt: {type(e).__name__}: {_short(e)}") from None
-    tensors = [buf.view(DTYPES[row.dtype]).reshape(row.shape) for row, buf in zip(table, buffers)]
-    return _join(skeleton, tensors, origin)
+    # set_, not views of the buffers: a view's base keeps the memory a suspend moves it out of (restored Adam state)
+    return _join(skeleton, [torch.empty(0, dtype=DTYPES[r.dtype]).set_(b.view(DTYPES[r.dtype]).reshape(r.shape))
+                            for r, b in zip(table, buffers)], origin)
 
 
 def _fits(table: list, zeros: set, held: dict, left: Optional[int], vouched: Optional[int], origin: str) -> None:
