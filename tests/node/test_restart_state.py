@@ -77,7 +77,8 @@ def test_a_submit_that_cannot_start_leaves_no_log_behind(daemon, tmp_path):
     to, and which a gmuxd whose table was lost took for a job's."""
     import os
     r = ask(daemon, "submit", admin=daemon.admin, argv=["python", "t.py"], cwd=str(tmp_path / "gone"))
-    assert not r["ok"] and "could not start 'python': [Errno 2] No such file or directory" in r["error"], r
+    assert not r["ok"] and f"cannot run the job in {str(tmp_path / 'gone')!r}: No such file or directory" \
+        in r["error"], r
     assert os.listdir(daemon.rundir.logs()) == []
     target = tmp_path / "theirs"
     target.write_text("untouched\n")
