@@ -394,7 +394,7 @@ class Slicer:
             e.overdue = True
             if self._in_turn(j) or patient:
                 continue   # continued for its turn (or its overdue resume began one): stopped when it is over
-            if e.stoppable and self._fits_beside(target, j):
+            if e.stopped_while_held() or e.stoppable and self._fits_beside(target, j):
                 self._stop(e, now)
                 e.stopped = True
                 self.resident.add(j)   # an overdue resume may have begun copying in: count its memory

@@ -36,3 +36,10 @@ class Entry:
     def vtime(self, now: float) -> float:
         used = self.used + (now - self.resident_since if self.resident_since is not None else 0.0)
         return (used + self.credit) / self.weight
+
+    def stopped_while_held(self) -> bool:
+        """Whether an overdue command is to stop it though stopping frees nothing for others: held (a user's
+        suspend, a cut-off machine's fence), a job computes no more, and one on GPUs of its own (a gang's rank,
+        a multi-GPU job: never stopped to let others run) or held by a fence's deadline trained on while said
+        held (an unmodified gang trained in two places at once, its machine cut off from the scheduler)."""
+        return self.held and not self.to_boundary and (not self.stoppable or self.stop_by is not None)

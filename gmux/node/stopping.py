@@ -4,8 +4,8 @@ The slicer decides (gmux.node.slicer: "stop", "cont", "late"); this part signals
 the Supervisor (pid and start time checked), tells a job stopped by someone else apart (frozen: never
 continued by gmuxd), answers the user's `gmux suspend` at the deadline, logs a decision with the numbers once
 per missed deadline, and writes what `gmux ps` shows in the job's detail. A gang rank, or any job holding GPUs
-of its own, is never stopped: its peers would wait in their next collective, and its GPUs free nothing for
-others; the slicer is told so when the job is seated (`stoppable`).
+of its own, is never stopped to let others run: its GPUs free nothing for them; the slicer is told so when the
+job is seated (`stoppable`). Held, it is (every rank of a gang: gmux.node.slicer_entry, stopped_while_held).
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ class Stopping:
         numbers = self._numbers(slicer, job, now)
         if (e.stopped or e.frozen) and not e.to_boundary:
             self._settle(slicer, job, True, self._stop_text(slicer, job, now, e.frozen), numbers)
-        elif e.late_told and not (e.stopped or e.frozen):
+        elif e.late_told and not (e.stopped or e.frozen or e.stopped_while_held()):   # (that one is stopped next)
             self._settle(slicer, job, False, self._late_text(slicer, job, now, numbers), numbers)
 
     def _stop_text(self, slicer: Slicer, job: Job, now: float, outside: bool) -> str:

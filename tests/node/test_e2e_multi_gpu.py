@@ -128,3 +128,24 @@ def test_bad_multi_gpu_and_gang_requests_are_refused_by_name(node_factory, tmp_p
     # (in the user's words: the gang's id, gmuxd's choice, was shown nowhere)
     assert out.returncode == 1 and "--ranks 3: this machine has" in out.stderr, out.stderr
     assert "gang" not in out.stderr and "each rank needs a GPU of its own" in out.stderr, out.stderr
+
+
+def test_a_held_gang_that_never_reaches_a_boundary_computes_no_more(node_factory, tmp_path):
+    """An unmodified gang (its ranks run with no hook and no GangController: every cluster start is so) never
+    reaches a boundary, and a gang's rank is never stopped for others' turns: a suspend said "held" while both
+    ranks trained on, and on a machine cut off from its scheduler the gang trained in two places at once. Held,
+    every rank is stopped now, and continued when resumed."""
+    def states(ranks):
+        return [open(f"/proc/{node.job(j)['pid']}/stat").read().rsplit(")", 1)[1].split()[0] for j in ranks]
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    spin = os.path.join(ROOT, "tests", "node", "spin_job.py")
+    sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--no-hook", "--name", "g", "--", "python", spin)
+    assert sub.returncode == 0, sub.stderr
+    ranks = json.loads(sub.stdout)["jobs"]
+    node.wait_for(lambda: all(node.job(j)["state"] == "running" for j in ranks), 90, "both ranks running")
+    out = gmux(node.rt, "--json", "suspend", "g", timeout=60)
+    assert out.returncode == 0 and json.loads(out.stdout)["kind"] == "stop", (out.stdout, out.stderr)
+    node.wait_for(lambda: states(ranks) == ["T", "T"], 20, lambda: states(ranks))
+    assert gmux(node.rt, "resume", "g").returncode == 0
+    node.wait_for(lambda: "T" not in states(ranks), 20, lambda: states(ranks))
+    assert gmux(node.rt, "kill", "g").returncode == 0

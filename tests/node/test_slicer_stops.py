@@ -171,6 +171,27 @@ def test_a_job_that_may_not_be_stopped_is_waited_for():
     assert s.tick(3.0) == []
 
 
+def test_a_held_job_that_may_not_be_stopped_to_let_others_run_is_stopped_all_the_same():
+    """A gang's rank (or a job on GPUs of its own) is never stopped for others' turns, which would free nothing;
+    held (a user's suspend, a fence) and never reaching a boundary, it trained on while said held: an unmodified
+    DDP gang on a machine cut off from its scheduler trained in two places at once. And a fence's hold (a deadline
+    of its own) stops even a job whose memory leaves no room beside it for the jobs waiting."""
+    for stoppable, stop_by, mem in ((False, None, 3 * GiB), (True, 0.5, None)):
+        s = slicer(mem=(mem, 3 * GiB), stoppable=stoppable)
+        play = Play(s, {"a": None, "b": 0.05})          # a never reaches a boundary
+        play.run(0.3)
+        s.hold("a", stop_by=stop_by)
+        play.run(3.0)
+        assert "a" in s.stopped() and ("stop", "a") in [(k, j) for _, k, j in play.log], play.log
+        s.release("a")
+        play.run(6.0)
+        assert ("cont", "a") in [(k, j) for _, k, j in play.log], play.log
+    s = slicer(mem=(3 * GiB,), stoppable=False)         # not held: waited for, as before
+    play = Play(s, {"a": None})
+    play.run(3.0)
+    assert "a" not in s.stopped()
+
+
 def test_a_long_mini_batch_stretches_the_turn_instead_of_paying_a_suspend_per_step():
     s = slicer(mem=(3 * GiB, 3 * GiB))
     play = Play(s, {"a": 0.05, "b": 1.0})
