@@ -45,8 +45,10 @@ def gang_record(cjob: str, world: int, by_rank: dict, restoring: bool = False) -
     computes without having reached a boundary, in a start from nothing (one `restoring` has not restored yet)."""
     present = [by_rank[r] for r in sorted(by_rank)]
     r0 = by_rank.get(0, present[0])
-    bad = [(r, j) for r, j in sorted(by_rank.items()) if j["state"] in protocol.FINAL_STATES
-           and not (j["state"] == "exited" and j.get("exit_status") == 0)]
+    # (the rank that failed on its own before one killed as its peer: the other ranks' ends follow from its)
+    bad = sorted(((r, j) for r, j in by_rank.items() if j["state"] in protocol.FINAL_STATES
+                  and not (j["state"] == "exited" and j.get("exit_status") == 0)),
+                 key=lambda rj: (rj[1]["state"] == "killed", rj[0]))
     live = [j for j in present if j["state"] not in protocol.FINAL_STATES]
     head = bad[0][1] if bad else r0
     if bad:

@@ -376,14 +376,15 @@ class Daemon:
                     f"{job.id} {state}: {detail}; {where}")
         if job.gang and state != "exited" and not job.kill_requested:
             # Its peers would wait in their next collective for a rank that is gone: end the gang with it.
-            peers = gang_members(self.jobs, job.gang["id"])
+            peers, why = gang_members(self.jobs, job.gang["id"]), f"rank {job.gang['rank']} of its gang {state}"
             if peers:
                 self.decide(job.gpu, "gang", [p.id for p in peers], {"gang": job.gang["id"], "rank": job.gang["rank"]},
-                            f"rank {job.gang['rank']} of gang {job.gang['id']} ({job.id}) {state}: killing its "
-                            f"peers {', '.join(p.id for p in peers)}")
+                            f"{why} ({job.gang['id']}, {job.id}): killing its peers {', '.join(p.id for p in peers)}")
             for p, killed in zip(peers, self.sup.kill_together(peers)):
-                if not killed:
-                    self.finish(p, "killed", None, f"rank {job.gang['rank']} of its gang {state}")
+                if killed:      # (reaped later: said killed for this, not lost to a signal from outside gmux)
+                    p.kill_requested, p.kill_reason = True, why
+                else:           # (ended already, on its own account: that end is its own, told as it was)
+                    self.finish(p, *(self.sup.ended(p) or ("killed", None, why)))
 
     def sync_accounting(self, now: float) -> None:
         for slicer in self.slicers.values():

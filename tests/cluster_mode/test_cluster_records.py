@@ -79,3 +79,15 @@ def test_a_start_that_restores_is_not_started_before_it_has_restored(tmp_path):
     by_rank = {0: {**waiting, "report": {}}}
     starts.observe("c1", gang_record("c1", 1, by_rank), by_rank, 1)
     assert [e[0] for e in said if e[0] == "started"] == ["started"]
+
+
+def test_a_gang_that_failed_is_told_by_the_rank_that_failed_not_by_the_peer_killed_for_it():
+    """Rank 1 raised; rank 0, killed by gmuxd as its peer, spoke for the gang (the lowest rank ended), and the
+    scheduler showed a signal from outside gmux where the rank's RuntimeError was (an outside tester)."""
+    by_rank = {0: rec("j5", "c1.0", "killed", 50, detail="rank 1 of its gang failed"),
+               1: rec("j6", "c1.1", "failed", 60, exit_status=1, detail="RuntimeError: rank 1 fails at step 100")}
+    r = gang_record("c1", 2, by_rank)
+    assert r["state"] == "failed" and r["exit_status"] == 1, r
+    assert r["detail"] == "rank 1: RuntimeError: rank 1 fails at step 100", r
+    by_rank[1]["state"] = "killed"                   # both killed (a user's kill): the lowest rank, as before
+    assert gang_record("c1", 2, by_rank)["detail"].startswith("rank 0: ")

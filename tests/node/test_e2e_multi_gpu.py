@@ -149,3 +149,21 @@ def test_a_held_gang_that_never_reaches_a_boundary_computes_no_more(node_factory
     assert gmux(node.rt, "resume", "g").returncode == 0
     node.wait_for(lambda: "T" not in states(ranks), 20, lambda: states(ranks))
     assert gmux(node.rt, "kill", "g").returncode == 0
+
+
+def test_a_rank_killed_from_outside_is_told_as_it_ended_and_its_peer_as_killed_for_it(node_factory, tmp_path):
+    """kill -9 of rank 1: rank 0, its connection reset, ended "failed" in the same look, was handled first, and
+    rank 1 was then said "killed: rank 0 of its gang failed"; or, reaped the other way round, rank 0 killed by
+    gmuxd as rank 1's peer was said "lost: killed by a signal from outside gmux" (an outside tester)."""
+    import signal
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--no-hook", "--name", "g", "--", "python", GANG,
+               str(tmp_path / "gang{rank}.json"), "100000", *PACE)
+    assert sub.returncode == 0, sub.stderr
+    ranks = json.loads(sub.stdout)["jobs"]
+    node.wait_for(lambda: all(node.job(j)["step"] > 5 for j in ranks), 90, "both ranks training")
+    os.kill(node.job(ranks[1])["pid"], signal.SIGKILL)
+    node.wait_for(lambda: all(node.job(j)["state"] in ("failed", "killed", "lost") for j in ranks), 60, "ended")
+    r0, r1 = (node.job(j) for j in ranks)
+    assert "of its gang" not in r1["detail"] and "signal 9" in r1["detail"], r1
+    assert r0["state"] != "lost" and "outside gmux" not in r0["detail"], r0
