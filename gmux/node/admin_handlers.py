@@ -219,8 +219,10 @@ class AdminHandlers:
                           f"means rebuilding the ranks' process group on the new GPU, which gmuxd does not do; "
                           f"kill the gang and start it again to place it anew")
         if job.exclusive:
-            raise Refused(f"migrate: {job.id} holds GPUs {','.join(map(str, job.exclusive_gpus))} to itself "
-                          f"(it asked for {job.gpus_wanted}); gmux migrate moves single-GPU jobs")
+            held = (f"holds GPUs {','.join(map(str, job.exclusive_gpus))} to itself" if job.exclusive_gpus else
+                    "holds none now")
+            raise Refused(f"migrate: {job.id} runs on {job.gpus_wanted} GPUs (it {held}); gmux migrate moves "
+                          f"single-GPU jobs")
         if job.gpu is None:
             raise Refused(f"migrate: {job.id} waits for a GPU and has none to move from")
         if job.target_gpu is not None:

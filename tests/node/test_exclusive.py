@@ -28,6 +28,8 @@ def test_multi_gpu_job_waits_then_defrag_frees_whole_gpus_for_it(daemon_factory)
     c = register(d, b"c", gpus=2, mem=GiB)
     assert c["gpu"] is None and c["env"] == {}
     assert "2 GPUs to itself" in d.jobs[c["job"]].detail
+    r = ask(d, "migrate", admin=d.admin, job=c["job"], gpu=1)     # (it said "holds GPUs  to itself")
+    assert not r["ok"] and "runs on 2 GPUs (it holds none now); gmux migrate moves single-GPU jobs" in r["error"]
     tick(d, 2)    # defragment (a has not started: it moves by bookkeeping), then give c its GPUs
     kinds = [x["kind"] for x in d.decisions]
     assert kinds.index("defrag") < kinds.index("exclusive")
