@@ -160,7 +160,9 @@ class ClientHandlers:
             # (a copy elsewhere would start from the beginning while this one computed on, for minutes)
             raise protocol.ProtocolError(f"c_migrate: {job.cjob} has reached no boundary since it started (its "
                                          f"script has not called gmux.job.attach() and trained a step), so it "
-                                         f"cannot be checkpointed and moved; try again once it has")
+                                         f"cannot be checkpointed and moved; a script that never does (an "
+                                         f"unmodified one) is never moved, and a machine lost under it restarts it "
+                                         f"from the beginning")
         gpus = [msg["gpu"] + r for r in range(job.gpus)]
         if m is None or m.state != "up" or not set(gpus) <= {g["index"] for g in m.gpus}:
             raise protocol.ProtocolError(f"c_migrate: no GPU{'s' if job.gpus > 1 else ''} "
