@@ -148,6 +148,14 @@ def test_a_held_gang_that_never_reaches_a_boundary_computes_no_more(node_factory
     node.wait_for(lambda: states(ranks) == ["T", "T"], 20, lambda: states(ranks))
     assert gmux(node.rt, "resume", "g").returncode == 0
     node.wait_for(lambda: "T" not in states(ranks), 20, lambda: states(ranks))
+    # A cut-off machine's fence asks as the cluster link does: a suspend with a deadline, taken only once done
+    from gmux.wire.daemon_client import Client
+    c = Client(node.rt)
+    try:
+        assert c.call("suspend", timeout=30, job=ranks[1], deadline_s=0.5)["kind"] == "stop"
+    finally:
+        c.close()
+    node.wait_for(lambda: states(ranks) == ["T", "T"], 20, lambda: states(ranks))
     assert gmux(node.rt, "kill", "g").returncode == 0
 
 
