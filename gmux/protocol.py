@@ -188,9 +188,9 @@ def _env(v):
     if len(v) > MAX_LIST:
         return f"{len(v)} entries exceed {MAX_LIST}"
     for k, val in v.items():
-        problem = _str(k, 256) and f"its name: {_str(k, 256)}" or _str(val) and f"its value: {_str(val)}"
-        if problem:
-            return f"entry {str(k)[:40]!r}: {problem}"
+        name, value = _str(k, 256), _str(val)
+        if name or value:
+            return f"entry {str(k)[:40]!r}: " + (f"its name: {name}" if name else f"its value: {value}")
         if not k or "=" in k or "\0" in k or "\0" in val:
             return f"entry {str(k)[:40]!r}: a name without '=' and a value, neither holding a NUL byte"
     return None
