@@ -138,6 +138,10 @@ class Agent:
             self._send("heartbeat", state=self.state, boundaries=self.boundaries, t=time.time())
         return None
 
+    def while_held(self):
+        """Around the span a suspend holds the job (gmux.job.job): Ctrl-C there is the launcher's, as in a wait."""
+        return self.while_waiting()
+
     def wait(self, timeout: Optional[float] = None) -> Optional[Command]:
         if self.state == "running" and not self.in_place:
             self.state = "suspended"

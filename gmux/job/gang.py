@@ -29,6 +29,7 @@ own groups. Until then a command that needs agreement is held.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -82,6 +83,9 @@ class GangController:
 
     def wait(self, timeout: Optional[float] = None) -> Optional[Command]:
         return self.inner.wait(timeout)
+
+    def while_held(self):
+        return getattr(self.inner, "while_held", contextlib.nullcontext)()
 
     def report(self, report: dict) -> None:
         self.inner.report(report)

@@ -13,6 +13,7 @@ or is told to suspend for real.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -59,6 +60,7 @@ class Job:
         self._next_report = self._last + REPORT_EVERY_S
         self._in_place = False          # suspended in place: held at a boundary, its memory where it was
         self._held = None               # a move asked for at a boundary no new process could resume from
+        self.under_suspend = False      # see _held_by_driver
         self.unchanged = holdings.Unchanged(tracked.modules)   # what a move's checkpoint may leave out
         # Whether a checkpoint may leave out the gradients' values (see `checkpoint`); GMUX_GRADS=overwritten
         # says so for a script that cannot set it (gmux-launch, gmux submit --env).
@@ -184,9 +186,9 @@ class Job:
         if self._discover is not None:
             self._discover(self)
         if command.kind == "suspend":
-            if not self._answer(command, lambda: self._suspend_as_told(command)):
-                return
-            self._while_suspended()
+            with self._held_by_driver():
+                if self._answer(command, lambda: self._suspend_as_told(command)):
+                    self._while_suspended()
         elif command.kind in ("resume", "spill"):
             self.controller.reply(command, {"ok": False, "error": f"{command.kind}: the job is not suspended"})
         elif command.kind in ("checkpoint", "migrate"):
@@ -194,6 +196,17 @@ class Job:
         elif command.kind == "exit":
             self.controller.reply(command, {"ok": True})
             raise JobExit(0)
+
+    @contextlib.contextmanager
+    def _held_by_driver(self):
+        """Around a suspend, from its first copy to its resume's last: a driver's `while_held` says what a Ctrl-C
+        does there (gmux-launch's ends the job; the script's own handler would see its state off the device)."""
+        self.under_suspend = True
+        try:
+            with getattr(self.controller, "while_held", contextlib.nullcontext)():
+                yield
+        finally:
+            self.under_suspend = False
 
     def _while_suspended(self) -> None:
         while True:

@@ -173,7 +173,8 @@ def _quiet_interrupt(rundir: RuntimeDir) -> dict:
 
     def on_sigint(signum, frame) -> None:
         agent = held["agent"]
-        if os.getpid() != launcher or held["script"] and not _waiting_in(frame, Agent.wait.__code__):
+        if os.getpid() != launcher or held["script"] and not (_waiting_in(frame, Agent.wait.__code__)
+                                                               or _under_suspend()):
             signal.default_int_handler(signum, frame)
         if agent is None:
             print("gmux-launch: interrupted before gmuxd took the job: nothing ran", file=sys.stderr, flush=True)
@@ -205,6 +206,12 @@ def _quiet_interrupt(rundir: RuntimeDir) -> dict:
     signal.signal(signal.SIGINT, on_sigint)
     held.update(handler=on_sigint, while_waiting=while_waiting)
     return held
+
+
+def _under_suspend() -> bool:
+    api = sys.modules.get("gmux.job.api")   # (a handler imports nothing: the script may not have torch yet)
+    job = api.current() if api is not None else None
+    return job is not None and job.under_suspend
 
 
 def _waiting_in(frame, code) -> bool:

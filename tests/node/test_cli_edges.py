@@ -3,6 +3,7 @@ under --json, a subcommand's usage, the wire's field names and a gang's made-up 
 a waiting job, job names in lookalike characters, a file given as the runtime directory. And what was left of
 them: lookalike names refused by gmuxd itself, an unnamed gang's id taken from the jobs' numbering, a waiting job's
 words worked out by the table alone, the cluster commands' errors under --json and their usage."""
+import contextlib
 import json
 import os
 import signal
@@ -78,6 +79,56 @@ def test_ctrl_c_to_a_launch_waiting_on_gmuxd_ends_in_one_line(node_factory, tmp_
             assert all(torch.equal(mine[k], good[k]) for k in good), mine
         else:       # (its own KeyboardInterrupt, traceback and all, as under python)
             assert "KeyboardInterrupt" in said and not torch.equal(mine["weight"], good["weight"]), (said, mine)
+
+
+# Ctrl-C lands exactly as the suspend has copied the state off the device and not yet answered, or as the resume
+# starts: the script's handler would save the emptied tensors over its last good checkpoint.
+MIDST = """import os, signal, sys, time, torch
+from gmux.job.job import Job
+def ctrl_c_within(name, after):
+    real = getattr(Job, name)
+    def patched(self, *a):
+        if not after:
+            os.kill(os.getpid(), signal.SIGINT)
+        out = real(self, *a)
+        if after:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+    setattr(Job, name, patched)
+ctrl_c_within(sys.argv[2], sys.argv[2] == "suspend")
+m = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+try:
+    while True:
+        time.sleep(0.01)
+        m(torch.ones(1, 2)).sum().backward()
+        opt.step()
+except KeyboardInterrupt:
+    torch.save(m.state_dict(), sys.argv[1])
+    raise
+"""
+
+
+@pytest.mark.parametrize("within", ["suspend", "resume"])
+def test_ctrl_c_in_the_midst_of_a_suspend_or_resume_runs_none_of_the_scripts_code(node_factory, tmp_path, within):
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    script = tmp_path / "midst.py"
+    script.write_text(MIDST)
+    saved = tmp_path / "saved.pt"
+    good = {"weight": torch.ones(1, 2), "bias": torch.zeros(1)}
+    torch.save(good, saved)
+    proc = node.launch(str(script), str(saved), within, log_name="midst.log")
+    job = node.job_of(proc.pid)
+    node.wait_for(lambda: node.job(job)["step"] > 2, 60, "training")
+    with contextlib.suppress(Exception):    # (the job may end before it answers)
+        node.call("suspend", job=job)
+        if within == "resume":
+            node.call("resume", job=job)
+    assert proc.wait(60) == 130
+    said = (tmp_path / "midst.log").read_text()
+    assert "Traceback" not in said and "Ctrl-C handling is not run" in said, said
+    mine = torch.load(saved)
+    assert all(torch.equal(mine[k], good[k]) for k in good), mine
 
 
 ASYNC = """import asyncio, signal
