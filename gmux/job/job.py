@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
 import torch
 
 from gmux.util.splice import PipeWriter
-from . import checkpoint as ckpt, holdings
+from . import checkpoint as ckpt, held_signals, holdings
 from .control import Command, Controller, LocalController
 from .data import DataPosition, Epoch, Reading, batches, count_restarts, epochs
 from .memory import choose_tier
@@ -199,11 +199,12 @@ class Job:
 
     @contextlib.contextmanager
     def _held_by_driver(self):
-        """Around a suspend, from its first copy to its resume's last: a driver's `while_held` says what a Ctrl-C
-        does there (gmux-launch's ends the job; the script's own handler would see its state off the device)."""
+        """Around a suspend, from its first copy to its resume's last, where the script's own code must not run
+        (its state is off the device): a driver's `while_held` says what a Ctrl-C does there (gmux-launch's ends
+        the job), and the script's signal handlers wait (gmux.job.held_signals)."""
         self.under_suspend = True
         try:
-            with getattr(self.controller, "while_held", contextlib.nullcontext)():
+            with getattr(self.controller, "while_held", contextlib.nullcontext)(), held_signals.deferred():
                 yield
         finally:
             self.under_suspend = False
