@@ -232,6 +232,23 @@ def test_a_policy_that_never_lets_time_advance_is_reported_as_a_livelock(table):
         eng.run()
 
 
+@pytest.mark.parametrize("name", ["sjf", "srtf"])
+def test_jobs_submitted_at_one_instant_are_all_seen_before_the_first_decision(table, name):
+    """A batch (four long, four short jobs at t=0 on four GPUs): decided arrival by arrival, SJF started the long
+    ones, which came first in the trace, and SRTF started them and suspended them at once."""
+    jobs = [job(i, 0, 1000) for i in range(4)] + [job(i, 0, 10) for i in range(4, 8)]
+    _, res, by = run(name, jobs, table(), machines=1, per=4)
+    assert [finish(by, i) for i in range(4, 8)] == [10] * 4 and [first_run(by, i) for i in range(4)] == [10] * 4
+    assert res.counters["suspends"] == 0
+
+
+def test_any_number_of_jobs_submitted_at_one_instant_is_no_livelock(table):
+    from gmux.cluster.sim.engine import Engine, make_machines
+
+    eng = Engine(make_machines(1, 8), [job(i, 0, 10) for i in range(50)], make_policy("fifo"), table())
+    eng.MAX_SAME_INSTANT = 10
+    assert len(eng.run().jobs) == 50
+
 @pytest.mark.parametrize("name", ["sjf", "srtf", "tiresias", "gmux"])
 def test_priority_policies_follow_a_fresh_snapshot_whose_jobs_changed(name):
     """gmux-scheduler builds a new snapshot per decision; jobs may come and go in between with equal counts."""

@@ -91,10 +91,12 @@ class Engine:
     # woken "now", or two actions undoing each other forever).
     MAX_SAME_INSTANT = 200_000
 
-    def _advance(self, t: float) -> None:
-        """Integrate busy GPUs from the last instant to t (utilisation and its time series)."""
+    def _advance(self, t: float, decisions: bool = True) -> None:
+        """Integrate busy GPUs from the last instant to t (utilisation and its time series). `decisions`: whether
+        what happens at t is the policy's (a timer, an action's completion), which counts toward the livelock
+        limit; the trace's arrivals do not (a valid trace may submit any number of jobs at one instant)."""
         if t <= self.now:
-            self._same += 1
+            self._same += decisions
             if self._same > self.MAX_SAME_INSTANT:
                 raise SimulationError(f"{self.result.cluster}: policy {self.policy.name} made "
                                       f"{self.MAX_SAME_INSTANT} decisions at t={self.now:.3f} s without time "
@@ -183,11 +185,17 @@ class Engine:
                     self._advance(t)
                     self._decide(Event(EventKind.TIMER, key=payload))
             else:
-                tj = jobs[i]
-                i += 1
-                self._advance(tj.submit)
-                self._arrive(tj, oracle)
-                self._decide(Event(EventKind.ARRIVAL, job_id=tj.job_id))
+                # Jobs submitted at one instant (a sweep launched by a script, a batch given at t=0) are all there
+                # before the first decision: decided one by one, SJF served them in trace order and SRTF
+                # suspended the long ones it had just started. Each then has its own arrival event.
+                t, first = jobs[i].submit, i
+                while i < n and jobs[i].submit == t:
+                    i += 1
+                self._advance(t, decisions=False)
+                for tj in jobs[first:i]:
+                    self._arrive(tj, oracle)
+                for tj in jobs[first:i]:
+                    self._decide(Event(EventKind.ARRIVAL, job_id=tj.job_id))
             if self.check:
                 self.check_invariants()
             if self.on_event is not None:
