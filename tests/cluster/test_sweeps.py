@@ -119,3 +119,20 @@ def test_a_sweep_emptied_while_latest_is_forgotten_once_a_new_one_takes_its_chai
         sweeps.observe(i, 100.0)
         sweeps.complete(i, 100.0)
     assert len(sweeps._members) == len(sweeps._top) == len(sweeps._latest) <= 28
+
+
+def test_a_stream_of_short_jobs_chained_to_a_long_one_is_not_queued_behind_it(table):
+    """No owners, one GPU count: a long 8-GPU job, then a stream of 8-GPU jobs of a minute or two, each
+    submitted as the one before ends, are one endless sweep. The sibling bound (share x the long job's service)
+    passed every completion the law had seen, which put the newcomers in its last queue, in arrival order behind
+    the long job; nothing completed while it ran, so nothing corrected the share: FIFO's average JCT. (The pairs
+    do not fit together: packing beside the long job would hide it.)"""
+    from sim_harness import job, run
+    rng = random.Random(0)
+    jobs = [job(0, 0, 20000, gpus=8)] + [job(k, 10 + 111 * (k - 1), rng.uniform(60, 140), gpus=8)
+                                         for k in range(1, 1500)]
+    mean = {}
+    for name in ("fifo", "gmux"):
+        _, res, _ = run(name, jobs, table({}), machines=1, per=8, check=False)
+        mean[name] = sum(r[3] - r[1] for r in res.jobs) / len(res.jobs)
+    assert mean["gmux"] < 0.2 * mean["fifo"], mean
