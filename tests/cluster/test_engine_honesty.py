@@ -149,7 +149,7 @@ def test_the_cross_machine_model_reproduces_the_measured_moves(mib):
     state = c.state_gib("Transformer")
     assert c.migrate("Transformer", True) == pytest.approx(c.cross_start_s + c.cross_s_per_gib * state)
     with pytest.raises(ValueError, match="quantum_s"):
-        Costs(quantum_s=0.1)
+        Costs(quantum_s=0.1).switch_factor("Transformer")
 
 
 def test_a_cross_machine_migration_costs_the_measured_restart(table):
@@ -248,3 +248,16 @@ def test_a_move_to_another_machine_costs_the_job_only_its_stall(table, at):
         assert res.busy_gpu_s == pytest.approx(100 + stall)   # GPU 0 until `at`, GPU 1 from `at` to the end
     else:
         assert r[3] == pytest.approx(100) and r[11] == 0
+
+
+def test_switches_longer_than_a_quantum_are_refused_only_where_a_policy_time_slices(table):
+    """A suspend + resume of a minute against the 60 s quantum: SRTF, which never time-slices, runs; Gandiva,
+    which does, is told at its first time-slice which job type makes no progress."""
+    slow = Costs(suspend_s=30.0, resume_s=30.0, migrate_s=2.0)
+    jobs = [job(0, 0, 100), job(1, 10, 50), job(2, 20, 10)]
+    _, res, _ = run("srtf", jobs, table(), machines=1, per=1, costs=slow)
+    assert len(res.jobs) == 3 and res.counters["suspends"] >= 1
+    over = [job(i, i, 10_000, gpus=8) for i in range(3)]
+    with pytest.raises(ValueError, match=r"time-slicing \('D', 8\): quantum_s \(60 s\) must exceed its suspend "
+                                         r"\+ resume \(60.00 s\)"):
+        run("gandiva", over, table({}), machines=1, per=8, costs=slow)

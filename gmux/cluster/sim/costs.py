@@ -98,11 +98,6 @@ class Costs:
             raise ValueError("copy_gbps must be positive")
         if self.max_units_per_gpu < 1:
             raise ValueError("max_units_per_gpu must be at least 1")
-        worst = max([self.suspend("x") + self.resume("x")] +
-                    [self.suspend(m) + self.resume(m) for m in self.params_m])
-        if self.quantum_s <= worst:
-            raise ValueError(f"quantum_s must exceed a suspend + resume ({worst:.2f} s), or time-slicing makes no "
-                             f"progress")
         self._memo: dict = {}
 
     # ---- per job type ---------------------------------------------------------------------------------------
@@ -140,10 +135,15 @@ class Costs:
         return self.cross_warmup_s + self.cross_warmup_s_per_gib * self.state_gib(job_type)
 
     def switch_factor(self, job_type: str) -> float:
-        """Share of a time-sliced quantum that is progress (one suspend + one resume per quantum)."""
+        """Share of a time-sliced quantum that is progress (one suspend + one resume per quantum). Checked here,
+        where a policy first time-slices: long switches are no error for one that never does (SRTF)."""
         f = self._memo.get(job_type)
         if f is None:
-            f = self._memo[job_type] = 1.0 - (self.suspend(job_type) + self.resume(job_type)) / self.quantum_s
+            switch = self.suspend(job_type) + self.resume(job_type)
+            if self.quantum_s <= switch:
+                raise ValueError(f"time-slicing {job_type}: quantum_s ({self.quantum_s:g} s) must exceed its suspend "
+                                 f"+ resume ({switch:.2f} s), or it makes no progress")
+            f = self._memo[job_type] = 1.0 - switch / self.quantum_s
         return f
 
     # ---- for the run summary --------------------------------------------------------------------------------
