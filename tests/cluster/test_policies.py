@@ -345,3 +345,14 @@ def test_gmux_refuses_a_negative_or_nan_preempt_delay():
     for bad in (-1.0, float("nan")):
         with pytest.raises(ValueError, match="preempt_delay"):
             make_policy("gmux", preempt_delay=bad)
+
+
+@pytest.mark.parametrize("pairs", [None, {}])
+def test_gandiva_serves_a_narrow_job_before_wide_ones_submitted_after_it(table, pairs):
+    """Four 8-GPU jobs time-slice (or pack on) the machine's 8 GPUs; a 1-GPU job comes, then four more 8-GPU jobs.
+    Each wide job joined a share as another ended, so no GPU ever went idle for the narrow one, which waited for
+    all of them (FIFO among waiting jobs, as the policy says)."""
+    jobs = [job(i, i, 10_000, gpus=8) for i in range(4)] + [job(4, 100, 60)] + \
+        [job(i, 100 * (i - 3), 10_000, gpus=8) for i in range(5, 9)]
+    _, _, by = run("gandiva", jobs, table(pairs), machines=1, per=8)
+    assert first_run(by, 4) < min(first_run(by, i) for i in range(5, 9))

@@ -90,7 +90,10 @@ class GandivaPolicy(Policy):
                 and frozenset((job.job_type, partner.job_type)) not in self.losing_pairs)
 
     def _serve(self, snap, plan: Plan) -> None:
-        """Give every waiting job, oldest first, idle GPUs or a share of busy ones."""
+        """Give every waiting job, oldest first, idle GPUs or a share of busy ones. Once one could have neither,
+        no younger job joins a share (it may still take idle GPUs): a share keeps its GPUs from ever going idle,
+        and narrow jobs behind a stream of wide ones sharing every GPU waited for all of them (20 s jobs waited
+        ~400,000 s on a 64-GPU cluster, Gandiva's average JCT 2.3x FIFO's)."""
         failed_sizes: set = set()
         shrunk = False
         queue = list(waiting_in_order(snap))
@@ -113,7 +116,7 @@ class GandivaPolicy(Policy):
                     gpus = self._grown(snap, plan, job, gpus)
                 plan.place(job, gpus)
                 continue
-            if not self._share(snap, plan, job):
+            if failed_sizes or not self._share(snap, plan, job):
                 failed_sizes.add(size)
                 if len(failed_sizes) >= 10:
                     break
