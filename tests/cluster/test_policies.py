@@ -356,3 +356,28 @@ def test_gandiva_serves_a_narrow_job_before_wide_ones_submitted_after_it(table, 
         [job(i, 100 * (i - 3), 10_000, gpus=8) for i in range(5, 9)]
     _, _, by = run("gandiva", jobs, table(pairs), machines=1, per=8)
     assert first_run(by, 4) < min(first_run(by, i) for i in range(5, 9))
+
+
+@pytest.mark.parametrize("name", ["gmux", "gmux-law"])
+def test_a_batch_arriving_as_the_law_changes_leaves_no_stale_entry_behind(table, name):
+    """gmux-law learns each job's size at its arrival: a changed law emptied the keys but not the list beside
+    them, and the second job of a batch, filed already by the first one's decision, was listed twice; once it
+    had run and ended, the next decision looked it up (KeyError in the Philly replay at x0.35). Here the law is
+    taken to change before every decision."""
+    from gmux.cluster.sim.engine import Engine, make_machines
+    from sim_harness import FLAT
+
+    pol = make_policy(name)
+    listed, decide = [], pol.decide
+
+    def as_the_law_changes(snap, event):
+        pol._model_version = None
+        out = decide(snap, event)
+        listed.append((len(pol._waiting), len(pol._keys)))
+        return out
+
+    pol.decide = as_the_law_changes
+    jobs = [job(0, 0, 10_000), job(1, 10, 100), job(2, 10, 200), job(3, 400, 50), job(4, 500, 50)]
+    res = Engine(make_machines(1, 2), jobs, pol, table(), FLAT, check=True).run()
+    assert sorted(r[0] for r in res.jobs) == [0, 1, 2, 3, 4]
+    assert all(w == k for w, k in listed), listed

@@ -414,7 +414,7 @@ class GmuxPolicy(PriorityPolicy):
         version = (self.model.version, self.sweeps.version)
         if version != self._model_version:
             self._model_version = version
-            self._keys, self._rkeys = {}, {}        # _sync rebuilds both indexes with the new keys
+            self._reindex()         # _sync files every job again, with the new keys
 
     def _find(self, snap, plan: Plan, job):
         gpus = plan.find_gpus(job.num_gpus, mem_gib=job.mem_gib)

@@ -132,6 +132,12 @@ class PriorityPolicy(Policy):
                 for jid in snap.running:
                     self._run_add(snap.jobs[jid], snap.now)
 
+    def _reindex(self) -> None:
+        """Empties both indexes, which _sync then builds again from the snapshot (keys read anew). Whole: keys
+        emptied beside their lists, a job of a batch filed again at its arrival stayed listed after it ran."""
+        self._waiting, self._keys, self._demand = [], {}, Counter()
+        self._running, self._rkeys = [], {}
+
     # ---- decisions ------------------------------------------------------------------------------------------
     def decide(self, snap, event: Event) -> list:
         self._sync(snap, event)
