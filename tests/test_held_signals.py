@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import gmux.job as gj
+from gmux.job import held_signals
 from gmux.job.control import LocalController
 
 
@@ -61,16 +62,28 @@ def test_a_scripts_handler_waits_for_the_resume_and_sees_its_state():
     assert seen == [("SIGUSR1", 16, False)]
 
 
-def test_a_job_leaving_while_held_says_the_handler_was_not_run(capfd):
+def test_a_signal_noted_while_held_says_so_and_one_the_job_leaves_with_is_kept_for_its_launcher(capfd):
     def then(ctl, seen):
         os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(0.3)
         ctl.send("exit")
 
-    with pytest.raises(gj.JobExit):
-        _held(then)
+    held_signals.unrun.clear()
+    try:
+        with pytest.raises(gj.JobExit):
+            _held(then)
+        assert held_signals.unrun == [signal.SIGUSR1]
+    finally:
+        held_signals.unrun.clear()
     err = capfd.readouterr().err
-    assert "SIGUSR1 came while the job was held, and it leaves: its script's handler was not run" in err, err
+    assert "gmux: SIGUSR1 came while gmuxd holds the job: its script's handler runs once its state is back" in err
+
+
+def test_signals_carried_into_a_new_process_are_named_and_checked():
+    assert held_signals.carried(held_signals.names([signal.SIGTERM, signal.SIGUSR1])) == \
+        [signal.SIGTERM, signal.SIGUSR1]
+    assert held_signals.carried("SIGKILL,SIGBOGUS,sigterm,__class__,,SIGTERM,SIGTERM") == [signal.SIGTERM]
+    assert held_signals.carried(None) == []
 
 
 def test_signals_without_a_python_handler_are_left_as_they_are():

@@ -2,60 +2,75 @@
 
 From a suspend's first copy to its resume's last the job's tensors are, or may partly be, off the device. A
 handler the script installed (a SIGTERM that saves a checkpoint and exits, as scripts written for SLURM or
-Kubernetes preemption do; a SIGUSR1 that saves and requeues) run there saved the emptied tensors over the script's
-last good checkpoint. So while held, a signal whose handler is a Python function of the script's is noted, not
-run, and raised again once the state is back: the handler then sees what it expects. A job that leaves while held
-(told to exit, moved to a new process) says which handlers it did not run.
+Kubernetes preemption do; a SIGUSR1 that saves and requeues; a Ctrl-C that sets a stop flag) run there saved the
+emptied tensors over the script's last good checkpoint. So while held, a signal whose handler is a Python function
+of the script's is noted (with a line in the job's log: a supervisor waiting for it may escalate), not run, and
+raised again once the state is back: the handler then sees what it expects. A job that moves to a new process
+while one is pending takes it along (gmux.job.launch raises it there once the state is restored: `carried`).
 
-Ctrl-C is not deferred: gmux-launch ends a held job on it (gmux.job.launch), and in a script that drives itself
-it stays Python's KeyboardInterrupt. A signal without a Python handler keeps its default action (SIGTERM ends the
-process at once, and runs nothing of the script's). Handlers are the main thread's: a job whose boundaries come in
-another thread is held there without this.
+Python's own Ctrl-C (KeyboardInterrupt) is not deferred: gmux-launch ends a held job on it, and in a script that
+drives itself it stays Python's. A signal ignored stays ignored, and one without a Python handler keeps its
+default action (SIGTERM ends the process at once, and runs nothing of the script's). Handlers are the main
+thread's: a job whose boundaries come in another thread is held there without this.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
-import sys
 import threading
 
-_NEVER = {signal.SIGINT, signal.SIGKILL, signal.SIGSTOP}
+ENV = "GMUX_HELD_SIGNALS"     # signals carried into a move's new process, by name
+_UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
+unrun: list[int] = []          # noted while held by a span the process left (a move, an exit) without raising them
 
 
 @contextlib.contextmanager
 def deferred():
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    """Defers the script's handlers for the span; yields the signals noted so far (a live list)."""
     pending: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield pending
+        return
 
     def note(signum, _frame) -> None:
         if signum not in pending:
             pending.append(signum)
+            os.write(2, f"gmux: {signal.Signals(signum).name} came while gmuxd holds the job: its script's handler "
+                        f"runs once its state is back on the device\n".encode())  # (raw: a handler may not print)
 
     theirs = {}
-    for sig in signal.valid_signals() - _NEVER:
+    for sig in signal.valid_signals() - _UNCATCHABLE:
         try:
             handler = signal.getsignal(sig)
-            if callable(handler):
+            if callable(handler) and handler is not signal.default_int_handler:
                 signal.signal(sig, note)
                 theirs[sig] = handler
         except (OSError, ValueError):    # (one Python may not handle)
             continue
     left = True
     try:
-        yield
+        yield pending
         left = False
     finally:
         for sig, handler in theirs.items():
             signal.signal(sig, handler)
-        if pending and left:
-            print(f"gmux: {_names(pending)} came while the job was held, and it leaves: its script's handler was "
-                  f"not run (its state was off the device)", file=sys.stderr, flush=True)
-        elif pending:
+        if left:
+            unrun.extend(s for s in pending if s not in unrun)
+        else:
             for sig in pending:
                 signal.raise_signal(sig)      # (its handler runs now, with the state back on the device)
 
 
-def _names(sigs: list[int]) -> str:
-    return ", ".join(signal.Signals(s).name for s in sigs)
+def names(sigs) -> str:
+    return ",".join(signal.Signals(s).name for s in sigs)
+
+
+def carried(text: str | None) -> list[int]:
+    """The signals a move's old process passed on (ENV), each a catchable signal's name; others are dropped."""
+    out = []
+    for name in (text or "").split(","):
+        sig = signal.Signals.__members__.get(name)
+        if sig is not None and sig not in _UNCATCHABLE and sig not in out:
+            out.append(sig)
+    return out

@@ -204,7 +204,7 @@ class Job:
         the job), and the script's signal handlers wait (gmux.job.held_signals)."""
         self.under_suspend = True
         try:
-            with getattr(self.controller, "while_held", contextlib.nullcontext)(), held_signals.deferred():
+            with held_signals.deferred(), getattr(self.controller, "while_held", contextlib.nullcontext)():
                 yield
         finally:
             self.under_suspend = False

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from gmux import protocol
-from gmux.job import control, lease_watch, runner
+from gmux.job import control, held_signals, lease_watch, runner
 from gmux.job.agent import Agent, DaemonUnavailable, not_alone
 from gmux.job.foreground import fork_if_in_foreground
 from gmux.job.log_output import keep_going_on_full_disk
@@ -69,7 +69,8 @@ def run(opt: LaunchOptions) -> int:
         fork_if_in_foreground()     # (an interactive shell would see gmuxd's stops as its job stopped)
     keep_orphans()      # a daemon the job double-forks stays in its tree: stopped, continued and killed with it
     rundir = RuntimeDir(opt.runtime_dir)
-    held = _quiet_interrupt(rundir)
+    held = _quiet_interrupt(rundir, opt)
+    carried = held_signals.carried(os.environ.pop(held_signals.ENV, None))   # (from a move's old process)
     keep_going_on_full_disk(rundir.logs())
     # before registering: a registered job must be ready to run when it is given the GPU
     runner.warm_up(target if kind == "path" else None)
@@ -123,6 +124,7 @@ def run(opt: LaunchOptions) -> int:
         # building the model, restoring a checkpoint: seconds on a busy machine) it trains nothing, and its
         # quantum, which starts with the acknowledgement, would be spent before its first mini-batch.
         agent.reply(start, {"ok": True, "started": True})
+        _raise_carried(carried)
     agent.on_first_boundary = first_boundary
 
     def setup() -> None:
@@ -143,7 +145,10 @@ def run(opt: LaunchOptions) -> int:
     status, reason = runner.run_script(kind, target, script_argv, setup)
     if agent.migrating is not None:
         # The migrate was acknowledged: the state is in the checkpoint, and this process becomes the job's next.
-        _reexec(agent, opt, agent.migrating.get("path"))
+        _reexec(agent, opt, agent.migrating.get("path"), held)
+    if held_signals.unrun:
+        print(f"gmux-launch: {held_signals.names(held_signals.unrun)} came while gmuxd held job {agent.job}, which "
+              f"ends: its script's handler was not run (its state was off the device)", file=sys.stderr, flush=True)
     from gmux.job.api import current   # (torch is imported by now)
     ended = current()
     if ended is not None:
@@ -155,38 +160,47 @@ def run(opt: LaunchOptions) -> int:
     return status
 
 
-def _quiet_interrupt(rundir: RuntimeDir) -> dict:
-    """Ctrl-C before the script runs (as gmux-launch imports torch, registers, waits for its first turn) or while
-    gmuxd holds it suspended ends the job there, in one line, with status 130 and an exit record that says when:
+def _quiet_interrupt(rundir: RuntimeDir, opt: LaunchOptions) -> dict:
+    """Ctrl-C before the script runs (as gmux-launch imports torch, registers, waits for its first turn), while
+    gmuxd holds it suspended, or as it moves to a new process (between the move's checkpoint and the exec) ends
+    the job there, in one line, with status 130 and an exit record that says when:
     a KeyboardInterrupt's traceback through gmux's own wait tells the user nothing, and a suspended script's
     handler would run with its state off the device (a `torch.save` there wrote garbage over the last good
     checkpoint, or crashed), so none of the script's code runs. Elsewhere in the script it is the script's own
     KeyboardInterrupt, as it is in a process forked from this one (the lease watch, a loader's workers): while the
     script runs, outside gmuxd's holds, SIGINT's handler is the one python gives it (asyncio.run installs its own
-    only over that one). A SIGINT ignored (a job started in the background) stays ignored. Returns what the
-    handler reads (the agent once registered, whether the script has started), the handler, and what installs it
-    around the agent's waits."""
-    held = {"agent": None, "script": False, "handler": None, "while_waiting": contextlib.nullcontext}
+    only over that one). A SIGINT ignored (a job started in the background, or by its script) stays ignored, and
+    a script's own SIGINT handler waits for the resume as its other handlers do (gmux.job.held_signals). Returns
+    what the handler reads (the agent once registered, whether the script has started, whether it moves), the
+    handler, and what installs it around the agent's waits."""
+    held = {"agent": None, "script": False, "moving": False, "kept": None, "handler": None,
+            "while_waiting": contextlib.nullcontext}
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return held
     launcher = os.getpid()
 
     def on_sigint(signum, frame) -> None:
         agent = held["agent"]
-        if os.getpid() != launcher or held["script"] and not (_waiting_in(frame, Agent.wait.__code__)
-                                                               or _under_suspend()):
+        if os.getpid() != launcher or held["script"] and not (held["moving"] or _under_suspend()
+                                                               or _waiting_in(frame, Agent.wait.__code__)):
             signal.default_int_handler(signum, frame)
-        if agent is None:
+        job = agent.job if agent is not None else opt.job     # (a move's new process, a job gmuxd started)
+        if job is None:
             print("gmux-launch: interrupted before gmuxd took the job: nothing ran", file=sys.stderr, flush=True)
             os._exit(130)
-        when = "while suspended by gmuxd" if held["script"] else "before its first turn"
-        reason = f"interrupted (SIGINT) {when}"
+        kept = held["kept"] if held["moving"] else None if held["script"] else opt.restore
+        when = "during its move to a new process" if held["moving"] else \
+            "before it registered" if agent is None else \
+            "while suspended by gmuxd" if held["script"] else "before its first turn"
+        reason = f"interrupted (SIGINT) {when}" + (f"; its state is kept in {kept}" if kept else "")
         with contextlib.suppress(Exception):
             sys.stdout.flush()                  # (what the script printed before is kept)
-        print(f"gmux-launch: job {agent.job} interrupted {when}: it ends"
-              + (" (its script's own Ctrl-C handling is not run: its state is off the device)" if held["script"]
-                 else ""), file=sys.stderr, flush=True)
-        write_exit(rundir, agent.job, 130, reason, left=_left_running())
+        print(f"gmux-launch: job {job} interrupted {when}: it ends" + (f" (its state is kept in {kept})" if kept else
+              " (its script's own Ctrl-C handling is not run: its state is off the device)" if held["script"] else
+              ""), file=sys.stderr, flush=True)
+        write_exit(rundir, job, 130, reason, left=_left_running())
+        if agent is None:
+            os._exit(130)
         with contextlib.suppress(Exception):     # (gmuxd away: its exit record says it all)
             agent.bye(130, reason)
             agent.sock.context.destroy(linger=2000)  # (os._exit would drop the bye still queued)
@@ -194,8 +208,9 @@ def _quiet_interrupt(rundir: RuntimeDir) -> dict:
 
     @contextlib.contextmanager
     def while_waiting():
-        if threading.current_thread() is not threading.main_thread():
-            yield      # (signal handlers are the main thread's to set)
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGINT) not in (signal.default_int_handler, on_sigint):
+            yield      # (signal handlers are the main thread's to set; one ignored or the script's is kept)
             return
         theirs = signal.signal(signal.SIGINT, on_sigint)
         try:
@@ -286,8 +301,18 @@ def _ended(daemon: Optional[tuple[int, int]]):
     return lambda: None if daemon is None or alive(*daemon) else f"gmuxd (pid {daemon[0]}) has ended"
 
 
-def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
-    """Becomes a fresh interpreter (same pid) that re-registers and restores from the checkpoint."""
+def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str], held: dict) -> None:
+    """Becomes a fresh interpreter (same pid) that re-registers and restores from the checkpoint. Until the exec,
+    Ctrl-C ends the job in one line (`_quiet_interrupt`), and a signal the script handles is passed on to the new
+    process (held_signals), which raises it once restored: here the state may be off the device."""
+    with held_signals.deferred() as pending:
+        held.update(moving=True, kept=path)
+        if held["handler"] is not None and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, held["handler"])
+        _exec_as_next(agent, opt, path, pending)
+
+
+def _exec_as_next(agent: Agent, opt: LaunchOptions, path: Optional[str], pending: list) -> None:
     agent.close()   # linger lets the migrate result leave first
     # Its children (a persistent_workers loader's workers) would outlive the exec: the pid they watch stays alive.
     for child in multiprocessing.active_children():
@@ -311,7 +336,21 @@ def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str]) -> None:
     within(WAIT_S, lambda: print(f"gmux-launch: job {agent.job} continues in a new process (a fresh interpreter, "
                                  f"pid {os.getpid()} kept)" + (f", from {path}" if path else "") + lost,
                                  file=sys.stderr, flush=True))
+    passed = held_signals.unrun + [s for s in pending if s not in held_signals.unrun]
+    if passed:
+        os.environ[held_signals.ENV] = held_signals.names(passed)
     os.execv(sys.executable, cmd + ["--", *opt.argv])
+
+
+def _raise_carried(carried: list) -> None:
+    """The signals a move's old process was given while the job was held (or moving), raised once the state is
+    restored here, where the script has installed its handlers again."""
+    for sig in carried:
+        if callable(signal.getsignal(sig)):
+            signal.raise_signal(sig)
+        else:
+            print(f"gmux-launch: {signal.Signals(sig).name}, which came before the job moved, is not raised: its "
+                  f"script has no handler for it here", file=sys.stderr, flush=True)
 
 
 def _seconds(text: Optional[str]) -> Optional[float]:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from gmux import protocol
+from gmux.rundir import RuntimeDir
 
 from node_harness import PY, ROOT, TRAIN, env
 
@@ -479,3 +480,24 @@ def test_a_request_too_large_or_unreadable_is_refused_at_once(node_factory, tmp_
     finally:
         client.close()
     assert time.monotonic() - t0 < 50       # (either alone waited 60 s before)
+
+
+def test_ctrl_c_to_a_moved_jobs_new_process_before_it_registers_says_where_its_state_is(node_factory, tmp_path):
+    """A move's new process (or a job gmuxd started) interrupted before it registered said "nothing ran" and
+    wrote no exit record, and the job was recorded lost; its state is in the checkpoint it was to restore."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    node.kill_daemon()          # (the new process waits for a gmuxd to take it up)
+    kept, script = tmp_path / "j9.ckpt", tmp_path / "never.py"
+    script.write_text("raise SystemExit('it ran')\n")
+    proc = subprocess.Popen([PY, "-m", "gmux.cli.launch", "--runtime-dir", node.rt, "--job", "j9", "--restore",
+                             str(kept), "--", "python", str(script)],
+                            env={**env(), "GMUX_JOB_TOKEN": "t" * 32}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    time.sleep(3.0)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=30)[0].decode()
+    assert proc.returncode == 130, out
+    assert out.splitlines()[-1] == f"gmux-launch: job j9 interrupted before it registered: it ends (its state is kept in {kept})"
+    record = json.loads(open(RuntimeDir(node.rt).exit_file("j9")).read())
+    assert record["status"] == 130 and record["reason"] == f"interrupted (SIGINT) before it registered; its state " \
+        f"is kept in {kept}", record
