@@ -350,13 +350,13 @@ class Daemon:
         if job.kill_requested and state in ("killed", "lost"):
             state, detail = "killed", job.kill_reason
         self.leave_gpu(job, time.monotonic())
-        # A checkpoint still here was not restored from (a new process restores it, then deletes it): a move
-        # or spill by exit that did not complete, whose file holds the job's work. Kept, unless the job was
-        # killed or finished its work anyway (a move taken at its last boundary). A file that cannot be removed
-        # (a read-only filesystem) stays: the job has ended all the same.
+        # A checkpoint still here was not restored from (a new process restores it, then deletes it): a move or
+        # spill by exit that did not complete, holding the job's work; kept unless the job was killed or finished
+        # anyway. What a writer cut short left of it or of a snapshot (a checkpoint request) goes.
         ckpt = self.rundir.checkpoint_file(job.id, job.uid)
         kept = not (job.kill_requested or state == "exited")
         self.rundir.discard(ckpt, partials_only=kept)
+        self.rundir.discard(self.rundir.checkpoint_file(job.id + ".snapshot", job.uid), partials_only=True)
         if kept and os.path.exists(ckpt) and ckpt not in detail:
             detail += f"; its state at its last move is kept in {ckpt}"
         self.rundir.discard(self.rundir.spill_file(job.id, job.uid))   # its host copy, spilled: nothing reads it

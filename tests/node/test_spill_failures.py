@@ -157,8 +157,9 @@ def test_an_ended_jobs_partial_checkpoints_are_removed_and_its_kept_checkpoint_a
     a = started(d, b"a")
     job = d.jobs[a["job"]]
     ckpt, spill = d.rundir.checkpoint_file(job.id), d.rundir.spill_file(job.id)
+    snapshot = d.rundir.checkpoint_file(job.id + ".snapshot")      # (a checkpoint request's, killed mid-write)
     folder = os.path.dirname(ckpt)
-    partial = [os.path.join(folder, f".{os.path.basename(p)}.x1y2.tmp") for p in (ckpt, spill)]
+    partial = [os.path.join(folder, f".{os.path.basename(p)}.x1y2.tmp") for p in (ckpt, spill, snapshot)]
     other = os.path.join(folder, f".{os.path.basename(d.rundir.checkpoint_file(job.id + '0'))}.x1y2.tmp")
     for p in [ckpt, *partial, other]:
         with open(p, "w") as f:
