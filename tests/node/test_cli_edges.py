@@ -110,22 +110,17 @@ except KeyboardInterrupt:
 """
 
 
-def _training_beside_a_good_save(node_factory, tmp_path, name, text, *args):
-    """A script `text` launched with the path of a good checkpoint it may save over, once it trains."""
+@pytest.mark.parametrize("within", ["suspend", "resume"])
+def test_ctrl_c_in_the_midst_of_a_suspend_or_resume_runs_none_of_the_scripts_code(node_factory, tmp_path, within):
     node = node_factory("--virtual-gpus", "1x1GiB")
-    script = tmp_path / f"{name}.py"
-    script.write_text(text)
+    script = tmp_path / "midst.py"
+    script.write_text(MIDST)
     saved = tmp_path / "saved.pt"
     good = {"weight": torch.ones(1, 2), "bias": torch.zeros(1)}
     torch.save(good, saved)
-    proc = node.launch(str(script), str(saved), *args, log_name=f"{name}.log")
+    proc = node.launch(str(script), str(saved), within, log_name="midst.log")
     job = node.job_of(proc.pid)
     node.wait_for(lambda: node.job(job)["step"] > 2, 60, "training")
-    return node, proc, job, saved, good
-
-@pytest.mark.parametrize("within", ["suspend", "resume"])
-def test_ctrl_c_in_the_midst_of_a_suspend_or_resume_runs_none_of_the_scripts_code(node_factory, tmp_path, within):
-    node, proc, job, saved, good = _training_beside_a_good_save(node_factory, tmp_path, "midst", MIDST, within)
     with contextlib.suppress(Exception):    # (the job may end before it answers)
         node.call("suspend", job=job)
         if within == "resume":
@@ -135,38 +130,6 @@ def test_ctrl_c_in_the_midst_of_a_suspend_or_resume_runs_none_of_the_scripts_cod
     assert "Traceback" not in said and "Ctrl-C handling is not run" in said, said
     mine = torch.load(saved)
     assert all(torch.equal(mine[k], good[k]) for k in good), mine
-
-
-PREEMPTIBLE = """import signal, sys, time, torch
-m = torch.nn.Linear(2, 1)
-opt = torch.optim.SGD(m.parameters(), lr=0.1)
-def save_and_leave(signum, frame):      # (as scripts written for SLURM or Kubernetes preemption do)
-    torch.save(m.state_dict(), sys.argv[1])
-    print("saved on SIGTERM", flush=True)
-    sys.exit(0)
-signal.signal(signal.SIGTERM, save_and_leave)
-while True:
-    time.sleep(0.01)
-    m(torch.ones(1, 2)).sum().backward()
-    opt.step()
-"""
-
-
-def test_a_scripts_sigterm_handler_waits_for_its_resume(node_factory, tmp_path):
-    """SIGTERM to a suspended job whose script saves on it: its handler ran with the state off the device and saved
-    emptied tensors over the good checkpoint. It runs once the job is resumed, and saves what it trained."""
-    node, proc, job, saved, good = _training_beside_a_good_save(node_factory, tmp_path, "preemptible", PREEMPTIBLE)
-    node.call("suspend", job=job)
-    node.wait_for(lambda: node.job(job)["state"] == "held", 30, "held")
-    os.kill(proc.pid, signal.SIGTERM)
-    time.sleep(1.0)
-    assert proc.poll() is None and node.job(job)["state"] == "held"
-    assert all(torch.equal(torch.load(saved)[k], good[k]) for k in good)
-    node.call("resume", job=job)
-    assert proc.wait(60) == 0
-    assert "saved on SIGTERM" in (tmp_path / "preemptible.log").read_text()
-    mine = torch.load(saved)
-    assert mine["weight"].shape == (1, 2) and not torch.equal(mine["weight"], good["weight"]), mine
 
 
 ASYNC = """import asyncio, signal
