@@ -36,8 +36,9 @@ def deferred():
     def note(signum, _frame) -> None:
         if signum not in pending:
             pending.append(signum)
-            os.write(2, f"gmux: {signal.Signals(signum).name} came while gmuxd holds the job: its script's handler "
-                        f"runs once its state is back on the device\n".encode())  # (raw: a handler may not print)
+            with contextlib.suppress(OSError):      # (raw: a handler may not print; a closed stderr is no error)
+                os.write(2, f"gmux: {signal.Signals(signum).name} came while gmuxd holds the job: its script's "
+                            f"handler runs once its state is back on the device\n".encode())
 
     theirs = {}
     for sig in signal.valid_signals() - _UNCATCHABLE:
