@@ -289,15 +289,14 @@ class GmuxPolicy(PriorityPolicy):
 
     def _effective(self, job, attained: float) -> float:
         """The learned effective remaining size, for a job whose sweep says it needs at least `bound`: the
-        model's answer at the bound, plus the service still missing to reach it. A sibling's word places a job
-        among the sizes the law has seen, never past them: there every job shares the last queue in arrival
-        order, and a stream of short jobs chained to one long one (no owners to tell them apart) queued behind
-        it, whose run no completion could correct (average JCT FIFO's, 2.36 h against Tiresias' 0.06 h)."""
+        model's answer at the bound, plus the service still missing to reach it. Past every size the law has
+        seen, on a sibling's word alone, a job queues just ahead of the jobs that are really there: in their
+        queue, in arrival order, a stream of short jobs chained to one long one (no owners to tell them apart)
+        waited behind it, which no completion could correct (average JCT FIFO's, 2.36 h against Tiresias' 0.06)."""
         bound = self.sweeps.bound(job.job_id)
         if bound > attained:
             e = self.model.effective(job.num_gpus, bound)
-            if e < self.model.beyond:
-                return e + (bound - attained)
+            return e + (bound - attained) if e < self.model.beyond else self.model.beyond / 2
         return self.model.effective(job.num_gpus, attained)
 
     def _observe(self, jid, service: float) -> None:
