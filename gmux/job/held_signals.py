@@ -21,24 +21,33 @@ import signal
 import threading
 
 ENV = "GMUX_HELD_SIGNALS"     # signals carried into a move's new process, by name
+HANDLED = "GMUX_HANDLED_SIGNALS"   # those the old process's script handled: noted in the new one until restored
 _UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
+_UNSAID = {signal.SIGCHLD, signal.SIGWINCH}    # news, not requests (a loader's worker ended, a terminal resized)
 unrun: list[int] = []          # noted while held by a span the process left (a move, an exit) without raising them
+
+
+def _noter(pending: list):
+    def note(signum, _frame) -> None:
+        if signum not in pending:
+            pending.append(signum)
+            if signum in _UNSAID:
+                return
+            with contextlib.suppress(OSError):      # (raw: a handler may not print; a closed stderr is no error)
+                os.write(2, f"gmux: {signal.Signals(signum).name} came while gmuxd holds the job: its script's "
+                            f"handler runs once its state is back on the device\n".encode())
+    return note
 
 
 @contextlib.contextmanager
 def deferred():
-    """Defers the script's handlers for the span; yields the signals noted so far (a live list)."""
+    """Defers the script's handlers for the span; yields the signals noted so far and those deferred (live
+    lists)."""
     pending: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield pending
+        yield pending, []
         return
-
-    def note(signum, _frame) -> None:
-        if signum not in pending:
-            pending.append(signum)
-            with contextlib.suppress(OSError):      # (raw: a handler may not print; a closed stderr is no error)
-                os.write(2, f"gmux: {signal.Signals(signum).name} came while gmuxd holds the job: its script's "
-                            f"handler runs once its state is back on the device\n".encode())
+    note = _noter(pending)
 
     theirs = {}
     for sig in signal.valid_signals() - _UNCATCHABLE:
@@ -51,7 +60,7 @@ def deferred():
             continue
     left = True
     try:
-        yield pending
+        yield pending, list(theirs)
         left = False
     finally:
         for sig, handler in theirs.items():
@@ -75,3 +84,40 @@ def carried(text: str | None) -> list[int]:
         if sig is not None and sig not in _UNCATCHABLE and sig not in out:
             out.append(sig)
     return out
+
+
+class Restoring:
+    """A move's new process, from its start to its first boundary: the script runs from its top (installing its
+    handlers) before its state is restored, so a handler run there saved the untrained model over the user's
+    checkpoint, and a SIGTERM as it waited for its turn killed the job. The signals its old process's script
+    handled are noted here, and what the script installs for them (and for SIGINT, which stays the launcher's:
+    `keep`) is kept aside, as `signal.getsignal` shows it, until `end`."""
+
+    def __init__(self, sigs: list, keep: dict):
+        self.pending: list[int] = []
+        self.installed: dict = {}
+        self.defaults = {**{s: signal.SIG_DFL for s in sigs}, **keep}
+        self._signal, self._getsignal = signal.signal, signal.getsignal
+        for sig in sigs:
+            self._signal(sig, _noter(self.pending))
+        signal.signal, signal.getsignal = self._set, self._get
+
+    def _set(self, sig, handler):
+        if sig not in self.defaults or threading.current_thread() is not threading.main_thread():
+            return self._signal(sig, handler)
+        before = self._get(sig)
+        self.installed[sig] = handler
+        return before
+
+    def _get(self, sig):
+        if sig not in self.defaults:
+            return self._getsignal(sig)
+        return self.installed.get(sig, self.defaults[sig])
+
+    def end(self) -> list[int]:
+        """Installs what the script set, and returns the signals noted meanwhile (to raise, now restored)."""
+        signal.signal, signal.getsignal = self._signal, self._getsignal
+        for sig in self.defaults:
+            self._signal(sig, self.installed.get(sig, signal.default_int_handler if sig == signal.SIGINT
+                                                 else signal.SIG_DFL))
+        return self.pending

@@ -71,6 +71,12 @@ def run(opt: LaunchOptions) -> int:
     rundir = RuntimeDir(opt.runtime_dir)
     held = _quiet_interrupt(rundir, opt)
     carried = held_signals.carried(os.environ.pop(held_signals.ENV, None))   # (from a move's old process)
+    handled = held_signals.carried(os.environ.pop(held_signals.HANDLED, None))
+    restoring = None
+    if opt.restore:     # (until restored, the script's handlers wait, and Ctrl-C stays the launcher's)
+        restoring = held_signals.Restoring(handled, {signal.SIGINT: signal.default_int_handler}
+                                           if held["handler"] is not None else {})
+        held["restoring"] = True
     keep_going_on_full_disk(rundir.logs())
     # before registering: a registered job must be ready to run when it is given the GPU
     runner.warm_up(target if kind == "path" else None)
@@ -124,6 +130,9 @@ def run(opt: LaunchOptions) -> int:
         # building the model, restoring a checkpoint: seconds on a busy machine) it trains nothing, and its
         # quantum, which starts with the acknowledgement, would be spent before its first mini-batch.
         agent.reply(start, {"ok": True, "started": True})
+        if restoring is not None:
+            held["restoring"] = False
+            carried.extend(s for s in restoring.end() if s not in carried)
         _raise_carried(carried)
     agent.on_first_boundary = first_boundary
 
@@ -140,7 +149,7 @@ def run(opt: LaunchOptions) -> int:
                        name=opt.name or reg.get("name") or None)
         agent.state = "running"
     held["script"] = True
-    if held["handler"] is not None and signal.getsignal(signal.SIGINT) is held["handler"]:
+    if held["handler"] is not None and not held["restoring"] and signal.getsignal(signal.SIGINT) is held["handler"]:
         signal.signal(signal.SIGINT, signal.default_int_handler)   # the script's, as under python (asyncio's own)
     status, reason = runner.run_script(kind, target, script_argv, setup)
     if agent.migrating is not None:
@@ -173,7 +182,7 @@ def _quiet_interrupt(rundir: RuntimeDir, opt: LaunchOptions) -> dict:
     a script's own SIGINT handler waits for the resume as its other handlers do (gmux.job.held_signals). Returns
     what the handler reads (the agent once registered, whether the script has started, whether it moves), the
     handler, and what installs it around the agent's waits."""
-    held = {"agent": None, "script": False, "moving": False, "kept": None, "handler": None,
+    held = {"agent": None, "script": False, "moving": False, "kept": None, "restoring": False, "handler": None,
             "while_waiting": contextlib.nullcontext}
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return held
@@ -181,16 +190,18 @@ def _quiet_interrupt(rundir: RuntimeDir, opt: LaunchOptions) -> dict:
 
     def on_sigint(signum, frame) -> None:
         agent = held["agent"]
-        if os.getpid() != launcher or held["script"] and not (held["moving"] or _under_suspend()
-                                                               or _waiting_in(frame, Agent.wait.__code__)):
+        if os.getpid() != launcher or held["script"] and not (held["moving"] or held["restoring"] or
+                                                               _under_suspend() or
+                                                               _waiting_in(frame, Agent.wait.__code__)):
             signal.default_int_handler(signum, frame)
         job = agent.job if agent is not None else opt.job     # (a move's new process, a job gmuxd started)
         if job is None:
             print("gmux-launch: interrupted before gmuxd took the job: nothing ran", file=sys.stderr, flush=True)
             os._exit(130)
-        kept = held["kept"] if held["moving"] else None if held["script"] else opt.restore
+        kept = held["kept"] if held["moving"] else opt.restore if held["restoring"] or not held["script"] else None
         when = "during its move to a new process" if held["moving"] else \
             "before it registered" if agent is None else \
+            "before its state was restored" if held["script"] and held["restoring"] else \
             "while suspended by gmuxd" if held["script"] else "before its first turn"
         reason = f"interrupted (SIGINT) {when}" + (f"; its state is kept in {kept}" if kept else "")
         with contextlib.suppress(Exception):
@@ -305,14 +316,14 @@ def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str], held: dict) -
     """Becomes a fresh interpreter (same pid) that re-registers and restores from the checkpoint. Until the exec,
     Ctrl-C ends the job in one line (`_quiet_interrupt`), and a signal the script handles is passed on to the new
     process (held_signals), which raises it once restored: here the state may be off the device."""
-    with held_signals.deferred() as pending:
+    with held_signals.deferred() as (pending, handled):
         held.update(moving=True, kept=path)
         if held["handler"] is not None and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, held["handler"])
-        _exec_as_next(agent, opt, path, pending)
+        _exec_as_next(agent, opt, path, pending, handled)
 
 
-def _exec_as_next(agent: Agent, opt: LaunchOptions, path: Optional[str], pending: list) -> None:
+def _exec_as_next(agent: Agent, opt: LaunchOptions, path: Optional[str], pending: list, handled: list) -> None:
     agent.close()   # linger lets the migrate result leave first
     # Its children (a persistent_workers loader's workers) would outlive the exec: the pid they watch stays alive.
     for child in multiprocessing.active_children():
@@ -337,20 +348,18 @@ def _exec_as_next(agent: Agent, opt: LaunchOptions, path: Optional[str], pending
                                  f"pid {os.getpid()} kept)" + (f", from {path}" if path else "") + lost,
                                  file=sys.stderr, flush=True))
     passed = held_signals.unrun + [s for s in pending if s not in held_signals.unrun]
-    if passed:
-        os.environ[held_signals.ENV] = held_signals.names(passed)
+    for name, sigs in ((held_signals.ENV, passed), (held_signals.HANDLED, handled)):
+        if sigs:
+            os.environ[name] = held_signals.names(sigs)
     os.execv(sys.executable, cmd + ["--", *opt.argv])
 
 
 def _raise_carried(carried: list) -> None:
-    """The signals a move's old process was given while the job was held (or moving), raised once the state is
-    restored here, where the script has installed its handlers again."""
+    """The signals given to the job while it was held, moved or restored, raised once its state is restored
+    here: to the handlers its script installed again, or with their default action (a SIGTERM ends it)."""
     for sig in carried:
-        if callable(signal.getsignal(sig)):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.raise_signal(sig)
-        else:
-            print(f"gmux-launch: {signal.Signals(sig).name}, which came before the job moved, is not raised: its "
-                  f"script has no handler for it here", file=sys.stderr, flush=True)
 
 
 def _seconds(text: Optional[str]) -> Optional[float]:

@@ -12,21 +12,24 @@ import torch
 SCRIPT = """import signal, sys, time, torch
 import gmux.job
 mode, saved, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-progress = {"step": 0}
-job = gmux.job.attach(model, opt, state=progress)
 def save():
     torch.save({"step": progress["step"], "model": model.state_dict()}, saved)
 def save_and_leave(signum, frame):
     save()
     print("saved on", signal.Signals(signum).name, "at step", progress["step"], flush=True)
     sys.exit(143)
-stop = []
-if mode == "term":
+if mode.startswith("term"):         # (at the top, as preemption-aware scripts do)
     signal.signal(signal.SIGTERM, save_and_leave)
-elif mode == "ignore":
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+progress = {"step": 0}
+if mode.endswith("before-its-restore") and "GMUX_RESTORE" in __import__("os").environ:
+    # (in a move's new process, its state not restored yet)
+    signal.raise_signal(signal.SIGTERM if mode.startswith("term") else signal.SIGINT)
+job = gmux.job.attach(model, opt, state=progress)
+stop = []
+if mode == "ignore":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 elif mode == "flag":
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
@@ -124,4 +127,39 @@ def test_a_ctrl_c_as_the_job_moves_to_a_new_process_ends_it_saying_where_its_sta
         f"ends (its state is kept in " in log, log
     node.wait_for(lambda: node.job(job)["state"] == "failed", 20, "ended")
     assert node.job(job)["detail"].startswith("interrupted (SIGINT) during its move to a new process; its state is "
+                                              "kept in "), node.job(job)
+
+
+@pytest.mark.parametrize("mode", ["term", "term-before-its-restore"])
+def test_a_sigterm_in_a_moved_jobs_new_process_waits_for_its_restore(node_factory, tmp_path, mode):
+    """Moved while held, the job's new process waits for its turn: a SIGTERM there killed it (lost), and one that
+    came as its script ran from the top, before attach() restored it, saved the untrained model."""
+    node, proc, job, saved = _held_job(node_factory, tmp_path, mode)
+    node.call("migrate", job=job, gpu=1, new_process=True)
+    log = tmp_path / "job.log"
+    node.wait_for(lambda: "continues in a new process" in log.read_text() and node.job(job)["state"] == "held", 30,
+                  "the new process waiting")
+    if mode == "term":
+        time.sleep(1.0)         # (registered again)
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(1.0)
+        assert proc.poll() is None and not saved.exists()
+    node.call("resume", job=job)
+    assert proc.wait(60) == 143
+    assert "saved on SIGTERM" in log.read_text()
+    _exactly_trained(saved)
+
+
+def test_a_ctrl_c_in_a_moved_jobs_new_process_before_its_restore_ends_it_saying_where_its_state_is(node_factory,
+                                                                                                  tmp_path):
+    """It was the script's KeyboardInterrupt, its state not restored: a save there writes the untrained model."""
+    node, proc, job, saved = _held_job(node_factory, tmp_path, "ctrl-c-before-its-restore")
+    node.call("migrate", job=job, gpu=1, new_process=True)
+    node.call("resume", job=job)
+    assert proc.wait(60) == 130
+    log = (tmp_path / "job.log").read_text()
+    assert "Traceback" not in log and f"gmux-launch: job {job} interrupted before its state was restored: it ends " \
+        f"(its state is kept in " in log, log
+    node.wait_for(lambda: node.job(job)["state"] == "failed", 20, "ended")
+    assert node.job(job)["detail"].startswith("interrupted (SIGINT) before its state was restored; its state is "
                                               "kept in "), node.job(job)
