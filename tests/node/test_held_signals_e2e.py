@@ -117,19 +117,6 @@ def test_a_ctrl_c_the_script_ignores_or_handles_is_not_the_launchers_while_held(
     assert step == 300 if mode == "ignore" else step < 300
 
 
-def test_a_ctrl_c_as_the_job_moves_to_a_new_process_ends_it_saying_where_its_state_is(node_factory, tmp_path):
-    """It printed a traceback, wrote no exit record, and gmuxd called the job lost."""
-    node, proc, job, saved = _held_job(node_factory, tmp_path, "ctrl-c-as-it-moves")
-    node.call("migrate", job=job, gpu=1, new_process=True)
-    assert proc.wait(60) == 130
-    log = (tmp_path / "job.log").read_text()
-    assert "Traceback" not in log and f"gmux-launch: job {job} interrupted during its move to a new process: it " \
-        f"ends (its state is kept in " in log, log
-    node.wait_for(lambda: node.job(job)["state"] == "failed", 20, "ended")
-    assert node.job(job)["detail"].startswith("interrupted (SIGINT) during its move to a new process; its state is "
-                                              "kept in "), node.job(job)
-
-
 @pytest.mark.parametrize("mode", ["term", "term-before-its-restore"])
 def test_a_sigterm_in_a_moved_jobs_new_process_waits_for_its_restore(node_factory, tmp_path, mode):
     """Moved while held, the job's new process waits for its turn: a SIGTERM there killed it (lost), and one that
@@ -150,16 +137,19 @@ def test_a_sigterm_in_a_moved_jobs_new_process_waits_for_its_restore(node_factor
     _exactly_trained(saved)
 
 
-def test_a_ctrl_c_in_a_moved_jobs_new_process_before_its_restore_ends_it_saying_where_its_state_is(node_factory,
-                                                                                                  tmp_path):
-    """It was the script's KeyboardInterrupt, its state not restored: a save there writes the untrained model."""
-    node, proc, job, saved = _held_job(node_factory, tmp_path, "ctrl-c-before-its-restore")
+@pytest.mark.parametrize("mode, when", [("ctrl-c-as-it-moves", "during its move to a new process"),
+                                        ("ctrl-c-before-its-restore", "before its state was restored")])
+def test_a_ctrl_c_as_the_job_moves_ends_it_saying_where_its_state_is(node_factory, tmp_path, mode, when):
+    """Between the move's checkpoint and its exec it printed a traceback, wrote no exit record, and gmuxd called
+    the job lost; in the new process, before its state was restored, it was the script's KeyboardInterrupt (a
+    save there writes the untrained model)."""
+    node, proc, job, saved = _held_job(node_factory, tmp_path, mode)
     node.call("migrate", job=job, gpu=1, new_process=True)
-    node.call("resume", job=job)
+    if mode.endswith("restore"):
+        node.call("resume", job=job)
     assert proc.wait(60) == 130
     log = (tmp_path / "job.log").read_text()
-    assert "Traceback" not in log and f"gmux-launch: job {job} interrupted before its state was restored: it ends " \
-        f"(its state is kept in " in log, log
+    assert "Traceback" not in log and f"gmux-launch: job {job} interrupted {when}: it ends (its state is kept " \
+        f"in " in log, log
     node.wait_for(lambda: node.job(job)["state"] == "failed", 20, "ended")
-    assert node.job(job)["detail"].startswith("interrupted (SIGINT) before its state was restored; its state is "
-                                              "kept in "), node.job(job)
+    assert node.job(job)["detail"].startswith(f"interrupted (SIGINT) {when}; its state is kept in "), node.job(job)
