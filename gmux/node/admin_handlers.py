@@ -389,9 +389,11 @@ class AdminHandlers:
         node = self.node
         self.node.access.admin_only(req.msg, self._who(req))
         if req.msg.get("kill_jobs"):
-            for job in node.jobs.values():
-                if not job.final:
-                    node.sup.kill(job)
-                    node.finish(job, "killed", None, "killed at daemon shutdown")
+            ending = [job for job in node.jobs.values() if not job.final]
+            for job in ending:      # (all asked first: a gang's ranks ended as their peer was, "rank 0 ... killed")
+                job.kill_requested, job.kill_reason = True, "killed at daemon shutdown"
+            for job in ending:
+                node.sup.kill(job)
+                node.finish(job, "killed", None, job.kill_reason)
         node.stop()
         return {"stopping": True}

@@ -267,3 +267,13 @@ def test_a_parked_job_suspended_again_while_it_waits_leaves_the_queue(daemon_fac
     ask(daemon, "resume", admin=daemon.admin, job=c["job"])
     tick(daemon)
     assert job.exclusive_gpus == [0, 1] and [x["kind"] for x in commands(daemon, b"c")] == ["resume"]
+
+
+def test_a_gang_killed_at_daemon_shutdown_says_so_for_every_rank(daemon):
+    """Ranks were ended one by one, unasked: the first one's end killed its peers "as rank 0 of its gang ..."."""
+    regs = [register(daemon, f"r{i}".encode(), gang={"id": "g", "rank": i, "size": 2}) for i in range(2)]
+    tick(daemon)
+    assert ask(daemon, "shutdown", admin=daemon.admin, kill_jobs=True)["ok"]
+    assert [(daemon.jobs[r["job"]].state, daemon.jobs[r["job"]].detail) for r in regs] == \
+        [("killed", "killed at daemon shutdown")] * 2
+    assert not any(x["kind"] == "gang" for x in daemon.decisions)
