@@ -91,7 +91,7 @@ def test_a_sigterm_to_a_held_job_runs_its_handler_once_its_state_is_back(node_fa
     """Moved to a new process while the SIGTERM waited, the job trained to its end: the signal was dropped."""
     node, proc, job, saved = _held_job(node_factory, tmp_path, "term")
     os.kill(proc.pid, signal.SIGTERM)
-    time.sleep(1.0)
+    time.sleep(0.5)
     assert proc.poll() is None and not saved.exists()
     if moved:
         node.call("migrate", job=job, gpu=1, new_process=True)
@@ -106,15 +106,15 @@ def test_a_sigterm_to_a_held_job_runs_its_handler_once_its_state_is_back(node_fa
 @pytest.mark.parametrize("mode", ["ignore", "flag"])
 def test_a_ctrl_c_the_script_ignores_or_handles_is_not_the_launchers_while_held(node_factory, tmp_path, mode):
     """Held, a Ctrl-C ended the job although its script ignored SIGINT, or stops on it gracefully."""
-    node, proc, job, saved = _held_job(node_factory, tmp_path, mode, steps=300 if mode == "ignore" else 100000)
+    node, proc, job, saved = _held_job(node_factory, tmp_path, mode, steps=120 if mode == "ignore" else 100000)
     os.kill(proc.pid, signal.SIGINT)
-    time.sleep(1.0)
+    time.sleep(0.5)
     assert proc.poll() is None and node.job(job)["state"] == "held"
     node.call("resume", job=job)
     assert proc.wait(60) == 0
     assert "interrupted" not in (tmp_path / "job.log").read_text()
     step = _exactly_trained(saved)
-    assert step == 300 if mode == "ignore" else step < 300
+    assert step == 120 if mode == "ignore" else step < 120
 
 
 @pytest.mark.parametrize("mode", ["term", "term-before-its-restore"])
@@ -127,9 +127,9 @@ def test_a_sigterm_in_a_moved_jobs_new_process_waits_for_its_restore(node_factor
     node.wait_for(lambda: "continues in a new process" in log.read_text() and node.job(job)["state"] == "held", 30,
                   "the new process waiting")
     if mode == "term":
-        time.sleep(1.0)         # (registered again)
+        time.sleep(0.5)         # (registered again)
         os.kill(proc.pid, signal.SIGTERM)
-        time.sleep(1.0)
+        time.sleep(0.5)
         assert proc.poll() is None and not saved.exists()
     node.call("resume", job=job)
     assert proc.wait(60) == 143
