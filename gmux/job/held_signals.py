@@ -90,34 +90,34 @@ class Restoring:
     """A move's new process, from its start to its first boundary: the script runs from its top (installing its
     handlers) before its state is restored, so a handler run there saved the untrained model over the user's
     checkpoint, and a SIGTERM as it waited for its turn killed the job. The signals its old process's script
-    handled are noted here, and what the script installs for them (and for SIGINT, which stays the launcher's:
-    `keep`) is kept aside, as `signal.getsignal` shows it, until `end`."""
+    handled are noted here, and what the script installs for them (and for those in `aside`, whose handler now
+    stays: SIGINT, the launcher's) is kept aside, as `signal.getsignal` shows it, until `end`."""
 
-    def __init__(self, sigs: list, keep: dict):
+    def __init__(self, sigs: list, aside=()):
         self.pending: list[int] = []
         self.installed: dict = {}
-        self.defaults = {**{s: signal.SIG_DFL for s in sigs}, **keep}
+        self.watched = set(sigs) | set(aside)
         self._signal, self._getsignal = signal.signal, signal.getsignal
+        note = _noter(self.pending)
         for sig in sigs:
-            self._signal(sig, _noter(self.pending))
+            self._signal(sig, note)
         signal.signal, signal.getsignal = self._set, self._get
 
     def _set(self, sig, handler):
-        if sig not in self.defaults or threading.current_thread() is not threading.main_thread():
+        if sig not in self.watched or threading.current_thread() is not threading.main_thread():
             return self._signal(sig, handler)
         before = self._get(sig)
         self.installed[sig] = handler
         return before
 
     def _get(self, sig):
-        if sig not in self.defaults:
+        if sig not in self.watched:
             return self._getsignal(sig)
-        return self.installed.get(sig, self.defaults[sig])
+        return self.installed.get(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
     def end(self) -> list[int]:
         """Installs what the script set, and returns the signals noted meanwhile (to raise, now restored)."""
         signal.signal, signal.getsignal = self._signal, self._getsignal
-        for sig in self.defaults:
-            self._signal(sig, self.installed.get(sig, signal.default_int_handler if sig == signal.SIGINT
-                                                 else signal.SIG_DFL))
+        for sig in self.watched:
+            self._signal(sig, self._get(sig))
         return self.pending

@@ -74,8 +74,7 @@ def run(opt: LaunchOptions) -> int:
     handled = held_signals.carried(os.environ.pop(held_signals.HANDLED, None))
     restoring = None
     if opt.restore:     # (until restored, the script's handlers wait, and Ctrl-C stays the launcher's)
-        restoring = held_signals.Restoring(handled, {signal.SIGINT: signal.default_int_handler}
-                                           if held["handler"] is not None else {})
+        restoring = held_signals.Restoring(handled, aside=(signal.SIGINT,) if held["handler"] is not None else ())
         held["restoring"] = True
     keep_going_on_full_disk(rundir.logs())
     # before registering: a registered job must be ready to run when it is given the GPU
