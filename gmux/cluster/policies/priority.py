@@ -173,7 +173,8 @@ class PriorityPolicy(Policy):
             job = snap.jobs[a.job_id]
             if isinstance(a, Suspend):
                 self._run_remove(job.job_id)
-                self._file(job, self.suspended_key(job, now))   # it accrues nothing while it waits
+                if job.job_id not in self._keys:                 # (_backfill may have filed it already)
+                    self._file(job, self.suspended_key(job, now))   # it accrues nothing while it waits
             elif isinstance(a, (Place, Resume, Pack)):
                 if job.job_id in self._keys:
                     self._unfile(job)
@@ -286,9 +287,15 @@ class PriorityPolicy(Policy):
         return True
 
     def _backfill(self, snap, plan: Plan) -> None:
-        """Fill idle GPUs with waiting jobs, best first, skipping those that do not fit."""
+        """Fill idle GPUs with waiting jobs, best first, skipping those that do not fit. The jobs this decision
+        suspends are among them: a victim whose GPUs went to a narrower job may fit the GPUs another victim left
+        (filed only once the decision ended, it left them idle until the next event, hours on a quiet cluster)."""
         budget = plan.total_idle
-        if budget == 0 or not self._demand:
+        if budget == 0:
+            return
+        for jid in plan.stopped - self._keys.keys():
+            self._file(snap.jobs[jid], self.suspended_key(snap.jobs[jid], snap.now))
+        if not self._demand:
             return
         min_need = min(self._demand)
         per = snap.max_gpus_per_machine
@@ -297,7 +304,7 @@ class PriorityPolicy(Policy):
         for key, jid in self._waiting:
             if budget < min_need or (fit < min_need and min_need <= per):
                 break
-            if jid in plan.moved:
+            if jid in plan.moved and jid not in plan.stopped:
                 continue
             job = snap.jobs[jid]
             n, short = job.num_gpus, snap.machines_short_of(job.mem_gib)
