@@ -110,7 +110,8 @@ class _Replay:
 
 def _row(s: dict, srtf: dict) -> dict:
     keep = ("jobs", "avg_jct_s", "p99_jct_s", "avg_queue_s", "avg_slowed_s", "suspends_per_job", "utilisation",
-            "work_utilisation", "makespan_s", "preemptions", "packs", "migrations", "sim_wall_s")
+            "work_utilisation", "idle_while_waiting", "makespan_s", "preemptions", "packs", "migrations",
+            "sim_wall_s")
     out = {k: s[k] for k in keep}
     out["vs_srtf"] = s["avg_jct_s"] / srtf["avg_jct_s"]
     return out
@@ -154,13 +155,13 @@ def main() -> int:
         print(f"\nPhilly x{load:g} ({sum(n for n, _ in prep.clusters.values())} machines, "
               f"{summ['fifo']['jobs']} jobs): {wall:.0f} s wall with {args.workers} worker(s)")
         print(f"  {'policy':9s} {'avg JCT h':>9s} {'p99 h':>8s} {'/SRTF':>6s} {'queue h':>8s} {'slowed h':>8s} "
-              f"{'susp/job':>8s} {'util %':>6s} {'work %':>6s} {'span d':>7s} {'cpu s':>6s}")
+              f"{'susp/job':>8s} {'util %':>6s} {'work %':>6s} {'idle-w %':>8s} {'span d':>7s} {'cpu s':>6s}")
         for p in policies:
             r = curve[load][p]
             print(f"  {p:9s} {r['avg_jct_s'] / 3600:9.2f} {r['p99_jct_s'] / 3600:8.1f} {r['vs_srtf']:6.2f} "
                   f"{r['avg_queue_s'] / 3600:8.2f} {r['avg_slowed_s'] / 3600:8.2f} {r['suspends_per_job']:8.3f} "
-                  f"{100 * r['utilisation']:6.1f} {100 * r['work_utilisation']:6.1f} {r['makespan_s'] / 86400:7.1f} "
-                  f"{r['sim_wall_s']:6.0f}")
+                  f"{100 * r['utilisation']:6.1f} {100 * r['work_utilisation']:6.1f} "
+                  f"{100 * r['idle_while_waiting']:8.1f} {r['makespan_s'] / 86400:7.1f} {r['sim_wall_s']:6.0f}")
     for line in cfg.costs.summary_lines():
         print(line)
 

@@ -83,6 +83,17 @@ def test_work_utilisation_counts_what_packing_gains_and_busy_time_does_not(table
     assert s["work_utilisation"] == pytest.approx(120 / 200)
 
 
+def test_idle_gpus_count_against_a_policy_only_while_a_job_waits(table):
+    # FIFO on 2 GPUs: A (1 GPU, 100 s) runs; B (2 GPUs) waits behind it with the other GPU idle for 100 s; then B
+    # holds both GPUs while C (1 GPU, submitted at 120 s, 100 s) waits, and C runs alone from 150 s with a GPU idle
+    # and nothing waiting. Only B's wait counts: 100 idle GPU-seconds of 2 x 250.
+    jobs = [job(0, 0, 100), job(1, 0, 50, gpus=2), job(2, 120, 100)]
+    _, res, by = run("fifo", jobs, table(), machines=1, per=2)
+    assert [finish(by, i) for i in range(3)] == [100, 150, 250]
+    s = summarize([res])
+    assert s["idle_while_waiting"] == pytest.approx(100 / 500)
+
+
 def test_queueing_counts_only_time_without_a_gpu_and_sharing_shows_as_slowed(table):
     # Gandiva time-slices the second job at once: no queueing, but each runs at half speed (less switches).
     jobs = [job(0, 0, 100, jtype="C"), job(1, 0, 100, jtype="C")]     # C with C does not fit: time-sliced

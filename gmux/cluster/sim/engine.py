@@ -37,6 +37,7 @@ class RunResult:
     jobs: list[tuple] = field(default_factory=list)
     counters: dict = field(default_factory=dict)
     busy_gpu_s: float = 0.0
+    idle_waiting_gpu_s: float = 0.0  # idle GPU-seconds while some job waited (pending or suspended)
     start: float = 0.0               # first submission
     end: float = 0.0                 # last completion (timers left over after it do not count)
     # (time, busy GPUs from then on), at each change: as many entries as events, however long the jobs run
@@ -106,6 +107,8 @@ class Engine:
         busy = self.snap.total_gpus - self.snap.total_idle
         r = self.result
         r.busy_gpu_s += busy * (t - self.now)
+        if self.snap.pending or self.snap.suspended:
+            r.idle_waiting_gpu_s += self.snap.total_idle * (t - self.now)
         if (r.busy_steps[-1][1] if r.busy_steps else 0) != busy:
             r.busy_steps.append((self.now, busy))
         self.now = t

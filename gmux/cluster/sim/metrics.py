@@ -16,6 +16,9 @@ Definitions (all times in seconds):
   GPU shared by two jobs once, so packing that does the same work in fewer GPU-seconds lowers it; this one does
   not, and packing can lift it above 100% (two jobs on one GPU, each at more than half its solo speed). Every
   policy does the same work, so it ranks policies by makespan alone.
+- Idle while jobs wait: GPU-seconds idle while some job was pending or suspended / (GPUs x makespan): the
+  utilisation a policy left unused with work in hand (widths that do not fit the idle GPUs, fragmentation, a gang
+  idled by a narrower job), apart from what the order of the last jobs costs once nothing waits.
 - Suspends include the fluid count of time-slice switches (one per job per round of quanta); suspends per job
   divides them by the number of jobs.
 """
@@ -74,6 +77,7 @@ def summarize(results: list[RunResult]) -> dict:
         "gpus": int(gpus),
         "utilisation": float(busy / (gpus * span)),
         "work_utilisation": useful / (gpus * span),
+        "idle_while_waiting": float(sum(r.idle_waiting_gpu_s for r in results) / (gpus * span)),
         "useful_gpu_s": useful,
         "busy_gpu_s": float(busy),
         "suspends": int(round(float(t["suspends"].sum()))),
