@@ -53,129 +53,16 @@ over base 900-14,400 GPU-s, factor 2-8, min_run_s 300-1,800 s, margin 0-0.2). On
 version then lost badly to the SRTF oracle at x0.25 (1.59x), almost all in three small, overloaded VCs whose
 wide jobs have a typical length; learning the distribution is the answer to that finding, so those VCs
 shaped the design and are not a clean hold-out for it. It has no parameter fitted to them
-(`buckets_per_octave` 1, 2 and 4 gave 106.7, 108.1 and 105.0 h there: flat).
+(`buckets_per_octave` 1, 2 and 4 gave 106.7, 108.1 and 105.0 h there: flat). `sweep_quantile` (0.3) was chosen
+on the tuned VCs; the sweep gap (30 min) and the idea of sweeps come from a sibling analysis of the whole trace, so
+they are not held out. The censored law and the preemption delay were found off Philly, on synthetic shapes.
 
-Re-keying, and what it cost here. A running job's queue is now re-read at every grid point it crosses
-(priority.py; before, only the first crossing of a run was seen, so a long run kept an early, better queue
-and was rarely preempted). That is what the index means, and it made x0.25 worse (9.90 -> 10.36 h; one held-out
-VC, 2869ce, 302 -> 399 h, where 32-GPU jobs, a class too small to learn for most of the trace, are ranked by
-GPU-seconds behind nearly every 8-GPU job). Tried at x0.25 and not kept, each judged on the tuned VCs:
-- ranking by wall-clock rather than GPU-seconds, as SRTF does: held-out 2869ce 399 -> 318 h, but tuned 7f04ca
-  131 -> 141 h and 0e4a51 49.8 -> 50.6 h;
-- a hysteresis of one or two octaves before a running job yields: within 1% on the tuned VCs;
-- a prior from siblings (jobs of the same size submitted within 15-60 min of each other: their durations agree
-  within 2x for 68-86% of Philly's jobs, per size class): a sibling's duration is known only once it ends, by
-  when most of the others have been served; 0-5% on the five worst VCs (measured before the re-keying fix).
-  Told the siblings' durations in advance, as an upper bound, it gained 16%; told each job's own duration, this
-  same machinery matched SRTF (60.6 against 61.7 h on those VCs), so the queues, minimum run and packing are
-  not what is missing: knowing which wide job in a deep backlog is short is.
-
-Sweeps and the recent window (x0.25, seed 0; `gmux-sim --vc-scale 0.25 --bad-rows skip --policy gmux --clusters
-11cb48,6c71a0,0e4a51,7f04ca,ed69ec` for the tuned VCs, the other ten for held out, `--params '{"gmux": {...}}'`
-for the variants). Without either (`sweep_quantile` 0, `size_window` 1e9): tuned 8.62 h, held out 11.25 h
-(10.31 h all, 0.31 suspends per job); the window alone (`sweep_quantile` 0): 8.58 and 11.19 h, 0.19 suspends;
-both: 8.56 and 10.39 h (9.73 h all, p99 161 h against 181, 0.17 suspends), with seeds 1 and 2 alike
-(8.57/10.38, 8.54/10.41). Held out, 2869ce went 383 -> 311 h (8-GPU jobs 393 -> 311 h, 32-GPU 910 -> 784),
-ee9e8c 71.7 -> 64.0 h, 6214e9 2.92 -> 2.74 h; 103959 88.7 h against 86.5 (p99 1,722 against 1,089 h). At x0.35
-5.49 -> 5.34 h (held out 5.15 -> 4.95), at x0.5 4.06 -> 4.04 h (against the code before this change); suspends
-per job fall by half at both. `sweep_quantile` was chosen
-on the tuned VCs: 0.1, 0.2, 0.3, 0.5 gave 8.59, 8.67, 8.56, 8.69 h there (flat within the ~1% that a
-re-evaluation one completion earlier moves them) and 11.05, 10.71, 10.39, 9.95 h held out. Not held out: the
-gap (30 min) and the idea come from the sibling analysis above, made on the whole trace. Measured and not kept:
-- a fixed share (0.5) instead of a learned one: tuned 8.55 h, held out 10.87 h at x0.25, but in a synthetic
-  stream of independent heavy-tailed jobs (tests/cluster/test_gittins.py's overload, where one-GPU arrivals
-  chain into one endless "sweep") mean JCT went 50,164 -> 100,788 s, far behind Tiresias' 68,021 (learned
-  share: 55,023 s); a fixed share of 1.0 gave held out 10.00 h but tuned 8.70, and 0.5 with a gap of 60 min
-  held out 11.33;
-- the other side of the sweep, a completed sibling's service C capping a member's effective size at C minus
-  its service (everyone re-ranked at such a completion): tuned 8.59 h, held out 10.18 h, 9.61 h all, but
-  suspends per job 0.17 -> 0.24 (0e4a51 0.63 -> 1.46), and like a fixed share it assumes siblings alike
-  rather than learning whether they are;
-- a sparse class borrowing the pooled distribution of per-GPU (wall-clock) service scaled by its GPU count,
-  instead of pooled GPU-seconds: tuned 8.61 -> 9.08 h (held out 11.33 -> 11.15), before the window;
-- a check on the oracle side: SRTF ranking by remaining GPU-seconds instead of wall-clock gives 7.78 h against
-  7.75 h; in 2869ce it starves the 32-GPU jobs as gmux does (1,068 h) and still matches SRTF there (208 h
-  against 203) by serving the 8-GPU jobs well (114 h against 278 h). So ranking wide jobs by GPU-seconds is not
-  the loss in 2869ce; not knowing which 8-GPU jobs are short is (gmux: 311 h for them).
-
-Idle GPUs behind a preemption (seed 0, all VCs, `--params '{"gmux": {"idle_aware": false}}'` for before). Found
-in a held-out VC: in 103959 at x0.25 gmux left 4.15 GPU-days per GPU idle while a job waited (none of them a job
-small enough to fit by count), FIFO-bf 1.62, so it is not a clean hold-out for this; the rule has no knob. x0.25
-9.73 -> 9.68 h (tuned 8.56 -> 8.56, held out 10.39 -> 10.30; 103959 88.7 -> 86.4 h, 2869ce 311 -> 310 h); x0.35
-5.34 -> 5.32 (tuned 6.04 -> 6.02, held out 4.95 -> 4.93); x0.5 4.04 -> 4.05 (tuned 4.85 -> 4.85, held out 3.59
--> 3.60). Measured and not kept:
-- refusing such a preemption outright: x0.25 9.48 h (held out 9.98, 103959 81.8 h, idle 3.16 GPU-days per GPU)
-  but the tuned VCs lost at every load (x0.25 8.59, x0.35 6.13, x0.5 4.89 h; 7f04ca at x0.35 75.5 -> 78.4 h with
-  seeds 0, 1 and 2 alike: a short job waited behind a long 8-GPU gang); taking narrow victims first and a wide one
-  only when no narrow one is left changed nothing (103959 89.3 h);
-- a rescue lane for makespan (utilisation here is busy GPU-seconds over the span to the last completion, so it
-  measures makespan): the oldest job waiting past an age runs, one at a time, never preempted. x0.25 makespan
-  147.5 -> 137.2 d (utilisation 35.6 -> 38.2%; 103959 ends at 137 d, busy to its last day) but average JCT 9.73
-  -> 10.15 h (tuned 8.88, held out 10.85), and ages of 3 to 60 days gave the same in 103959 (the lane never
-  empties there); at x0.35 5.34 -> 5.38 h, makespan 114.8 -> 116.8 d (7f04ca's 1,286-h 8-GPU job was not the
-  oldest). Beating the best baseline's 39.4% at x0.25 needs the last job done by about day 133 (packing does the
-  same work in fewer busy GPU-seconds), in a VC whose work alone on its 16 GPUs lasts until day 130.8.
-
-Measured after that and not kept (benchmarks/README.md has the table): backfilled jobs losing the within-queue
-protection (x0.25 9.60 h, but the tuned VCs lose at x0.25 and x0.35); a lane for a job beyond every completion of
-its class (makespan 147.7 -> 143.4 d, average JCT +2%); no suspending a member of one's own sweep (suspends -18 to
--31%, JCT unchanged, but an independent stream chained into one sweep loses up to 22% in the synthetic overload;
-gated on a learned share >= 1/2 the held-out VCs lose); a finished sibling capping a member's effective size
-(held out -2.6%, tuned 7f04ca +6%; only in the within-queue order: -0.4% at x0.25, +0.2-0.7% at x0.35); a size
-grid of factor sqrt(2) (no change). What the x0.25 gap is made of: a wide job of 10-40 h (103959's ~22-h bursts:
-762 h against SRTF's 52 h) is started, served past the short modes and suspended, and from then looks like the
-50-h jobs it waits with.
-
-Measured in the ninth session and not kept (benchmarks/README.md has the table and commands): the sweep bound read
-at its nearest grid point (a sibling ranked where its pilot is; x0.25 held out -1.4%, tuned +1.1-1.4%); a sibling
-model, a finished sibling's service C times a ratio learned from consecutive finished siblings, read as a Gittins
-index (held out -1.7%, tuned +0.1-1.1%, but up to +37% on the synthetic stream of unrelated jobs), gated on
-predicting better than the class median (worse: consecutive completions are alike under the policy's own order),
-on the median sibling (tuned +1.4%) or on a learned sweep share >= 1/2 (loses at x0.35: 5.32 -> 5.38 h); among
-equal effective sizes, the most-served waiting job first (x0.25 -0.5% and -1.6%, noise at x0.35 and x0.5, and it
-assumes a typical length: +7.8% on one seed of the heavy-tailed synthetic stream).
-
-Measured in the nineteenth session (benchmarks/README.md has the table; all VCs, seeds 0 and 1 where two figures):
-learning is not what is missing. Told the law (law_oracle.py: each job's true size joins it at its arrival) this
-policy as it is gives 9.60 h at x0.25 against 9.68, and loses at x0.35 (5.41 against 5.32); reading that law on
-a grid of factor sqrt(2) with four queues per octave (gmux-law as committed) 9.15 h (1.18x SRTF). Given the whole
-trace's law of each VC and class in hindsight, 9.38 h, read finely 9.00 h (1.16x): no variant told the law
-reached 1.15x. Learning variants, none kept:
-- the law estimated by Kaplan-Meier, the jobs still alive counted as needing more than their service so far
-  (completions alone under-represent long jobs where they wait): x0.25 9.68 h, tuned 8.56 -> 8.92, held out
-  10.30 -> 10.10 (7f04ca 132 -> 146 h); over a cohort of the last 200 arrivals instead: 9.67 h, tuned 8.81,
-  and x0.35 5.32 -> 5.37;
-- the grid of factor sqrt(2): x0.25 9.56 and 9.58 h (held out -2%), x0.35 +0.6% (tuned +1.5%), x0.5 flat;
-  with 4 samples above a grid point enough to read the tail there (8 now): x0.25 9.33 and 9.35 h (held out 9.70,
-  -5.7%), but tuned +0.7% at x0.25 and +1.8% at x0.35. The tuned VCs say no; what the finer grid buys told the
-  law (2869ce 314 -> 254 h) it loses learned, where a class's first weeks have too few long completions.
-
-Checked off Philly in the twentieth session (`benchmarks/synthetic.py`: five synthetic shapes, loads 0.7-1.1,
-three seeds). On wide jobs of two typical lengths under overload (`modal` at 1.1) this policy took 1.55x
-Tiresias' average JCT (on four machines its ~72-h 8-GPU jobs took 1,626 h against Tiresias' 646). Two faults
-fed each other: the law learned from completions, which under overload are the short jobs (the long ones wait),
-so new wide jobs looked short; and a job past its law's samples was ranked by attained service, so each newcomer
-passed the ones nearly done, which then never finished and never taught the law. Now the law is censored
-(gittins.py: Kaplan-Meier over a class's recent arrivals, those still in the system counted as needing more than
-they had), a few samples above a job count for what they weigh, and a job past all of them waits in the last
-queue in arrival order (Tiresias' lowest queue). The nineteenth session's Kaplan-Meier trial (above) lost on the
-tuned VCs; with the last queue and its window chosen again for arrivals (800, gittins.py) it costs them nothing.
-Before -> after, same runs: the worst of gmux over Tiresias on every shape, load and seed 1.55 -> 0.99; Philly
-x0.25 9.68 -> 9.57 h (tuned 8.58 -> 8.57, held out 10.29 -> 10.12), x0.35 5.32 -> 5.32 (tuned 6.02 -> 6.05, held
-out 4.93 -> 4.92), x0.5 4.04 -> 4.06; suspends per job over Tiresias' 0.60 -> 0.79 at worst. With the old window
-(200) the tuned VCs lost 1.7-2.3% at x0.25 and x0.35 (9.64 and 5.37 h all). On the synthetic `wide` shape at 1.1
-the new law does worse (27.8 -> 34.1 h, still 0.49x Tiresias).
-
-The preemption delay (twenty-first session), found off Philly: on the synthetic heavy-tailed and sweep streams
-gmux suspended up to 5.9x as often as Tiresias, most of it a long gang suspended for each short newcomer and
-resumed minutes later. With the delay, suspends per job fell by a third to a half on every shape and load at the
-same average JCT (worst over Tiresias 5.88 -> 3.20; heavy at 1.1: 0.319 -> 0.155), and on Philly too (x0.5 0.069
--> 0.051, x0.35 0.151 -> 0.105, x0.25 0.218 -> 0.169). Its price is on Philly at x0.35: 5.32 -> 5.44 h (tuned
-6.05 -> 6.22, held out 4.92 -> 5.01; 7f04ca 75.8 -> 82 h, where a sweep of 8-GPU 4.5-h jobs now starts ten
-minutes later, is overtaken by the law and waits ~400 h); x0.25 9.57 -> 9.56, x0.5 4.06 -> 4.06. Measured and not
-kept: `preempt_delay` 0.25 and 0.5 (x0.35 5.36 and 5.36 h, x0.25 9.65 and 9.68 h; fewer suspends saved), and
-packing a delayed job at once as if it had found no victim (x0.35 7f04ca +7.5% even with a delay of
-milliseconds: the pack takes the place of the preemption).
+What was measured and not kept, with its figures and commands (re-keying at every grid point, ranking by
+wall-clock, hysteresis, priors and caps from siblings, Kaplan-Meier and cohort laws, finer grids, a rescue lane for
+makespan, refusing preemptions that idle a gang, the preemption delay's variants), is logged in
+benchmarks/README.md, "gmux's policy: what was measured". In short: told each job's own size this machinery
+matches SRTF, and told the size law it reaches about 1.18x SRTF at x0.25, so the queues, minimum run and packing
+are not what is missing; knowing which wide job in a deep backlog is short is.
 """
 from __future__ import annotations
 
