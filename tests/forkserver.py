@@ -27,8 +27,14 @@ import time
 _IMPORT_TIME = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "PYTHON", "TORCH", "PYTORCH_", "CUDA", "LD_")
 
 
+# Set in a pytest worker by a library a test imported there, and read by torch only when it is called, never at
+# import: a child, whose environment is the request's, reads it as a process started cold would.
+# (lightning.fabric sets PYTORCH_NVML_BASED_CUDA_CHECK=1 at its import; torch.cuda's availability check reads it.)
+_READ_WHEN_CALLED = ("PYTORCH_NVML_BASED_CUDA_CHECK",)
+
+
 def _import_time(environ: dict) -> dict:
-    return {k: v for k, v in environ.items() if k.startswith(_IMPORT_TIME)}
+    return {k: v for k, v in environ.items() if k.startswith(_IMPORT_TIME) and k not in _READ_WHEN_CALLED}
 
 
 # ---------------------------------------------------------------------------------------------- server side
@@ -94,13 +100,17 @@ def serve() -> None:
     shared = _import_time(dict(os.environ))             # before torch adds its own (TORCHINDUCTOR_CACHE_DIR)
     import torch
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)     # pulls in torch._dynamo
+    # What torch set for itself, as any process's first optimizer sets it (TORCHINDUCTOR_CACHE_DIR, its default):
+    # a pytest worker that has built an optimizer since this server started carries it too, with the value this
+    # server's children already have.
+    own = {k: v for k, v in _import_time(dict(os.environ)).items() if shared.get(k) != v}
     out = os.fdopen(os.dup(1), "w", buffering=1)
     children = set()
 
     def tell(msg: dict) -> None:
         out.write(json.dumps(msg) + "\n")
 
-    tell({"ready": shared})
+    tell({"ready": shared, "own": own})
     pending = b""
     while True:
         readable, _, _ = select.select([0], [], [], 0.05 if children else 1.0)
@@ -177,6 +187,7 @@ class Server:
         self._next = 0
         ready = json.loads(self.proc.stdout.readline() or b"{}")
         self.shared = ready.get("ready")
+        self.own = ready.get("own") or {}         # set by the server's torch itself, to these values
         if self.shared is None:
             raise RuntimeError("the fork server did not start")
         threading.Thread(target=self._listen, daemon=True, name="forkserver").start()
@@ -216,7 +227,11 @@ class Server:
         self.proc.stdin.flush()
 
     def fits(self, environ: dict) -> bool:
-        return self.alive and _import_time(environ) == self.shared
+        """Whether a child forked from the server starts as `python` would in `environ`: every variable read at
+        import matches, but for one the server's torch set itself to the value the request carries (a worker
+        that has built an optimizer since the server started: else every later start of that worker is cold)."""
+        asked = {k: v for k, v in _import_time(environ).items() if self.own.get(k) != v or k in self.shared}
+        return self.alive and asked == self.shared
 
     def spawn(self, argv: list, environ: dict, cwd: str, stdout: str | None, stderr: str | None) -> Forked:
         with self.cond:

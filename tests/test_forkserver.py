@@ -42,3 +42,29 @@ def test_a_signal_reaches_a_running_child_and_none_once_it_has_ended():
     assert child.wait(60) == -9
     child.terminate()                        # its pid may be another's by now: the server sends nothing
     assert child.wait(1) == -9
+
+
+def test_a_worker_that_has_built_an_optimizer_since_its_server_started_still_forks(tmp_path):
+    """torch's first optimizer in a process sets TORCHINDUCTOR_CACHE_DIR (its default) in os.environ, and an
+    import of lightning sets PYTORCH_NVML_BASED_CUDA_CHECK: a worker whose in-process test did either after its
+    server had started asked with a variable more than the server started with. Before: every later reference
+    run of that worker started cold (4.5 s of CPU each), most of the suite's under CI."""
+    import torch
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)      # as an in-process test does
+    worker = dict(env(), PYTORCH_NVML_BASED_CUDA_CHECK="1")            # and as an import of lightning does
+    before = {k: v for k, v in worker.items()                            # the worker as it started
+              if k not in ("TORCHINDUCTOR_CACHE_DIR", "PYTORCH_NVML_BASED_CUDA_CHECK")}
+    server = forkserver.Server(sys.executable, before, ROOT)
+    try:
+        assert server.fits(before)
+        assert server.fits(worker)
+        assert not server.fits(dict(worker, TORCHINDUCTOR_CACHE_DIR=str(tmp_path)))    # a cache of its own: cold
+        assert not server.fits(dict(worker, OMP_NUM_THREADS="2"))
+        out = tmp_path / "out"
+        child = server.spawn(["-c", "import os; print(os.environ['TORCHINDUCTOR_CACHE_DIR'], "
+                                    "os.environ['PYTORCH_NVML_BASED_CUDA_CHECK'])"], worker, ROOT, str(out), None)
+        assert child.wait(60) == 0
+        assert out.read_text() == worker["TORCHINDUCTOR_CACHE_DIR"] + " 1\n"
+    finally:
+        server.proc.stdin.close()             # (the server ends at the end of its requests)
+        server.proc.wait(30)

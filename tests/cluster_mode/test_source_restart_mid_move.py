@@ -14,7 +14,14 @@ from cluster_harness import Solo, paced, spawned, unpace, wait_for
 
 PROMPT_S = 40       # far above a move's own seconds and the take-over's wait for the old gmuxd's silence
 ABORT_S = 20        # a send given up, far below the 60 s of a sender's silences toward a dead endpoint
-BIG = ("400", "--hidden", "3000", "--depth", "1", "--batch", "8")    # a checkpoint of ~110 MB
+STEPS = 160
+
+
+def _big(tmp_path) -> tuple:
+    """A job whose checkpoint is ~110 MB, paced (0.1 s a step: under 10 steps a second, ~40 in the few seconds
+    of a move's set-up, where 400 unpaced steps had ~130) until the test has seen how its move ended, then the
+    rest at full speed."""
+    return (str(STEPS), "--hidden", "3000", "--depth", "1", "--batch", "8", *paced(tmp_path, "0.1"))
 
 
 def _restart(c, m: str) -> None:
@@ -61,11 +68,12 @@ def _sending(c, tmp_path, cjob: str, dst: str, pid: int) -> None:
     assert not _decided(c, "migrate_sent", cjob)
 
 
-def _finished_where_it_was(c, out, ref, cjob, steps: int) -> None:
+def _finished_where_it_was(c, tmp_path, out, ref, cjob) -> None:
+    unpace(tmp_path)
     jobs = c.wait_done([cjob], 240)
     assert jobs[cjob]["migrations"] == 0 and jobs[cjob]["restarts"] == 0
     res = json.loads(out.read_text())
-    assert res["sha256"] == ref["sha256"] and res["steps"] == steps and res["restored_at"] == 0
+    assert res["sha256"] == ref["sha256"] and res["steps"] == STEPS and res["restored_at"] == 0
     assert c.ps()["internal_errors"] == 0
 
 
@@ -100,7 +108,7 @@ def test_restarted_while_it_sends_the_job_runs_on_where_it_was(cluster_factory, 
     first), the send dies with the old gmuxd's link and its outcome never comes. The move is given up: the
     target's new process is stopped, and the job, held suspended at its source, runs on there."""
     c = cluster_factory(policy="gandiva")
-    ref, out, cjob, first, dst, pid = _moving(c, tmp_path, BIG, 20)
+    ref, out, cjob, first, dst, pid = _moving(c, tmp_path, _big(tmp_path), 10)
     src = first["machine"]
     _sending(c, tmp_path, cjob, dst, pid)
     _restart(c, src)
@@ -111,7 +119,7 @@ def test_restarted_while_it_sends_the_job_runs_on_where_it_was(cluster_factory, 
     assert f"{src} restarted its gmuxd" in back["detail"], back
     wait_for(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", 30,
              "the target's new process stopped")
-    _finished_where_it_was(c, out, ref, cjob, 400)
+    _finished_where_it_was(c, tmp_path, out, ref, cjob)
 
 
 def test_target_restarted_while_it_sends_the_send_is_given_up(cluster_factory, tmp_path):
@@ -119,7 +127,7 @@ def test_target_restarted_while_it_sends_the_send_is_given_up(cluster_factory, t
     ran on only once the source's send failed, and its sender, silent toward the old endpoint, gave up after 6
     connections of 10 s (60.2 s, the job suspended at its source meanwhile): the source is told to give it up."""
     c = cluster_factory(policy="gandiva")
-    ref, out, cjob, first, dst, pid = _moving(c, tmp_path, BIG, 20)
+    ref, out, cjob, first, dst, pid = _moving(c, tmp_path, _big(tmp_path), 10)
     src = first["machine"]
     _sending(c, tmp_path, cjob, dst, pid)
     _restart(c, dst)
@@ -129,4 +137,4 @@ def test_target_restarted_while_it_sends_the_send_is_given_up(cluster_factory, t
     assert back["machine"] == src and back["local"] == first["local"], back
     assert f"migration target {dst} restarted its gmuxd" in back["detail"], back
     assert "was given up" in [d for d in c.ps()["decisions"] if d["kind"] == "migrate_failed"][-1]["text"]
-    _finished_where_it_was(c, out, ref, cjob, 400)
+    _finished_where_it_was(c, tmp_path, out, ref, cjob)

@@ -416,7 +416,11 @@ def test_a_submitted_job_suspended_before_its_process_registers_is_held_and_resu
     said = gmux(node.rt, "--json", "suspend", job)
     assert said.returncode == 0 and "internal error" not in said.stderr, said.stderr
     assert json.loads(said.stdout)["state"] == "held"
-    time.sleep(10.0)     # (far past its import of torch and its registration)
+    # (its import of torch: until its process registers, gmuxd says it is "starting"; a job not held would
+    # start its 30 steps straight after, done in well under a second)
+    node.wait_for(lambda: node.job(job)["detail"] != "starting", 60,
+                  lambda: f"its process registered: {node.job(job)}")
+    time.sleep(2.0)
     assert node.job(job)["step"] == 0 and node.job(job)["state"] == "held", node.job(job)
     assert node.call("ping")["internal_errors"] == 0
     assert gmux(node.rt, "resume", job).returncode == 0
