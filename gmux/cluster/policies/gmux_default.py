@@ -331,6 +331,7 @@ class GmuxPolicy(PriorityPolicy):
             # together.
             deshare(snap, plan, packed_only=True)
             consolidate(snap, plan)
+        self._look_again_if_a_victim_fits(snap, plan)
         return self._record(snap, plan.actions) + self._take_wakeups()
 
     def _pays(self, pr) -> bool:

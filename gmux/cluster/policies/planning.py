@@ -18,7 +18,7 @@ class Plan:
         self._unit_delta: dict[int, int] = {}    # GPU -> change in its unit count
         self._idle_delta: dict[int, int] = {}    # machine -> change in its idle-GPU count
         self.moved: set = set()                  # jobs already given an action in this plan
-        self.stopped: set = set()                # jobs this plan suspends (they may still take idle GPUs in it)
+        self.stopped: set = set()                # jobs this plan suspends
         self._left_pack: set = set()             # packed jobs that left their unit to the partner
 
     def copy(self) -> "Plan":
@@ -156,7 +156,6 @@ class Plan:
     def place(self, job, gpus) -> None:
         self._occupy(gpus)
         self.moved.add(job.job_id)
-        self.stopped.discard(job.job_id)
         if job.state is JobState.PENDING:
             self.actions.append(Place(job.job_id, tuple(gpus)))
         else:

@@ -143,7 +143,16 @@ class PriorityPolicy(Policy):
         self._sync(snap, event)
         plan = Plan(snap)
         self._plan(snap, plan, event)
+        self._look_again_if_a_victim_fits(snap, plan)
         return self._record(snap, plan.actions) + self._take_wakeups()
+
+    def _look_again_if_a_victim_fits(self, snap, plan: Plan) -> None:
+        """Where a preemption gave a narrower job part of a gang, a job suspended in the same decision may fit the
+        GPUs left idle: a wake-up at once resumes it there (without one they idled until the next event, hours on
+        a quiet cluster). Not in this decision: a real scheduler resumes a job once its suspend is on record."""
+        if plan.stopped and plan.total_idle and any(
+                plan.find_gpus(snap.jobs[j].num_gpus, mem_gib=snap.jobs[j].mem_gib) for j in plan.stopped):
+            self._wakeup = snap.now if self._wakeup is None else min(self._wakeup, snap.now)
 
     def _take_wakeups(self) -> list:
         """A timer for the earliest moment a job protected by min_run_s becomes preemptible, or a waiting job's
@@ -173,8 +182,7 @@ class PriorityPolicy(Policy):
             job = snap.jobs[a.job_id]
             if isinstance(a, Suspend):
                 self._run_remove(job.job_id)
-                if job.job_id not in self._keys:                 # (_backfill may have filed it already)
-                    self._file(job, self.suspended_key(job, now))   # it accrues nothing while it waits
+                self._file(job, self.suspended_key(job, now))   # it accrues nothing while it waits
             elif isinstance(a, (Place, Resume, Pack)):
                 if job.job_id in self._keys:
                     self._unfile(job)
@@ -287,15 +295,9 @@ class PriorityPolicy(Policy):
         return True
 
     def _backfill(self, snap, plan: Plan) -> None:
-        """Fill idle GPUs with waiting jobs, best first, skipping those that do not fit. The jobs this decision
-        suspends are among them: a victim whose GPUs went to a narrower job may fit the GPUs another victim left
-        (filed only once the decision ended, it left them idle until the next event, hours on a quiet cluster)."""
+        """Fill idle GPUs with waiting jobs, best first, skipping those that do not fit."""
         budget = plan.total_idle
-        if budget == 0:
-            return
-        for jid in plan.stopped - self._keys.keys():
-            self._file(snap.jobs[jid], self.suspended_key(snap.jobs[jid], snap.now))
-        if not self._demand:
+        if budget == 0 or not self._demand:
             return
         min_need = min(self._demand)
         per = snap.max_gpus_per_machine
@@ -304,7 +306,7 @@ class PriorityPolicy(Policy):
         for key, jid in self._waiting:
             if budget < min_need or (fit < min_need and min_need <= per):
                 break
-            if jid in plan.moved and jid not in plan.stopped:
+            if jid in plan.moved:
                 continue
             job = snap.jobs[jid]
             n, short = job.num_gpus, snap.machines_short_of(job.mem_gib)
