@@ -233,10 +233,7 @@ def _idle_gpus_a_waiting_job_fits(eng):
     """A pending or suspended job that fits the GPUs idle now (on one machine, or whole idle machines for a job
     wider than one), or None."""
     snap, per = eng.snap, eng.per
-    idle: dict = {}
-    for g, units in snap.gpu_units.items():
-        if not units:
-            idle[snap.gpu_machine[g]] = idle.get(snap.gpu_machine[g], 0) + 1
+    idle = {m.machine_id: snap.machine_idle[m.machine_id] for m in snap.machines if snap.machine_idle[m.machine_id]}
     most, whole = max(idle.values(), default=0), sum(1 for k in idle.values() if k == per)
     for jid in list(snap.pending) + list(snap.suspended):
         n = snap.jobs[jid].num_gpus

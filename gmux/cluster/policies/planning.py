@@ -18,7 +18,6 @@ class Plan:
         self._unit_delta: dict[int, int] = {}    # GPU -> change in its unit count
         self._idle_delta: dict[int, int] = {}    # machine -> change in its idle-GPU count
         self.moved: set = set()                  # jobs already given an action in this plan
-        self.stopped: set = set()                # jobs this plan suspends
         self._left_pack: set = set()             # packed jobs that left their unit to the partner
 
     def copy(self) -> "Plan":
@@ -28,13 +27,12 @@ class Plan:
         t._unit_delta = dict(self._unit_delta)
         t._idle_delta = dict(self._idle_delta)
         t.moved = set(self.moved)
-        t.stopped = set(self.stopped)
         t._left_pack = set(self._left_pack)
         return t
 
     def adopt(self, trial: "Plan") -> None:
         self.actions, self._unit_delta, self._idle_delta = trial.actions, trial._unit_delta, trial._idle_delta
-        self.moved, self.stopped, self._left_pack = trial.moved, trial.stopped, trial._left_pack
+        self.moved, self._left_pack = trial.moved, trial._left_pack
 
     # ---- tentative view -----------------------------------------------------------------------------------
     def units(self, g: int) -> int:
@@ -164,7 +162,6 @@ class Plan:
     def suspend(self, job) -> None:
         self._vacate(job)
         self.moved.add(job.job_id)
-        self.stopped.add(job.job_id)
         self.actions.append(Suspend(job.job_id))
 
     def migrate(self, job, gpus) -> None:

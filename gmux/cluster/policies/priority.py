@@ -150,9 +150,11 @@ class PriorityPolicy(Policy):
         """Where a preemption gave a narrower job part of a gang, a job suspended in the same decision may fit the
         GPUs left idle: a wake-up at once resumes it there (without one they idled until the next event, hours on
         a quiet cluster). Not in this decision: a real scheduler resumes a job once its suspend is on record."""
-        if plan.stopped and plan.total_idle and any(
-                plan.find_gpus(snap.jobs[j].num_gpus, mem_gib=snap.jobs[j].mem_gib) for j in plan.stopped):
-            self._wakeup = snap.now if self._wakeup is None else min(self._wakeup, snap.now)
+        if not plan.total_idle:
+            return
+        victims = (snap.jobs[a.job_id] for a in plan.actions if isinstance(a, Suspend))
+        if any(plan.find_gpus(v.num_gpus, mem_gib=v.mem_gib) for v in victims):
+            self._wakeup = snap.now          # (any other wake-up asked for is later: this one looks again first)
 
     def _take_wakeups(self) -> list:
         """A timer for the earliest moment a job protected by min_run_s becomes preemptible, or a waiting job's
