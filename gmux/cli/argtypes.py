@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import math
 import os
 import re
@@ -111,3 +112,16 @@ def _named_by(rule, text: str) -> str:
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return text
+
+
+def json_object(text: str, flag: str, reader: str) -> dict:
+    """A JSON object given on the command line (--params), or ValueError naming the flag and what is wrong."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag} is not JSON: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{flag} is not JSON {reader} reads: nested too deeply") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} must be a JSON object ({{...}}), got {type(value).__name__}")
+    return value

@@ -11,7 +11,7 @@ import sys
 from gmux.wire import keys
 from gmux.cluster.policies import POLICIES
 from gmux.cluster.scheduler.service import Options, Scheduler
-from gmux.cli.argtypes import nonneg, positive, tcp_endpoint
+from gmux.cli.argtypes import json_object, nonneg, positive, tcp_endpoint
 from gmux.util.fd_limit import raise_soft_limit
 from gmux.util.text import log_to_stderr
 
@@ -26,6 +26,9 @@ def main(argv=None) -> int:
     p.add_argument("--policy", default="gmux", choices=sorted(n for n, c in POLICIES.items() if not c.uses_oracle),
                    help="the scheduling policy (default gmux); sjf, srtf and gmux-law need every job's duration in "
                         "advance and run only in gmux-sim")
+    p.add_argument("--params", metavar="JSON", default="{}",
+                   help='the policy\'s parameters as a JSON object, e.g. \'{"base_gpu_s": 600}\' for gmux '
+                        '(gmux-sim --params takes the same, per policy); a name the policy does not take is refused')
     p.add_argument("--tick", type=positive, default=1.0, help="seconds between policy decisions (default 1)")
     p.add_argument("--lost-after", type=positive, default=5.0, help="a machine silent this long is lost (default 5 s)")
     p.add_argument("--ckpt-every", type=nonneg, default=30.0,
@@ -38,10 +41,14 @@ def main(argv=None) -> int:
     for flag, where in (("--keys", a.keys), ("--state", a.state)):
         if os.path.exists(where) and not os.path.isdir(where):
             p.error(f"{flag} {where}: a file, not a directory")
+    try:
+        params = json_object(a.params, "--params", "gmux-scheduler")
+    except ValueError as e:
+        p.error(str(e))
     log_to_stderr("gmux-scheduler", a.verbose)
     raise_soft_limit()     # a file per machine and client, and per stranger until its handshake fails
     try:
-        s = Scheduler(a.state, a.keys, Options(listen=a.listen, policy=a.policy, tick=a.tick,
+        s = Scheduler(a.state, a.keys, Options(listen=a.listen, policy=a.policy, params=params, tick=a.tick,
                                                lost_after=a.lost_after, ckpt_every=a.ckpt_every or None,
                                                admins=tuple(a.admin)))
     except (keys.KeyError_, OSError, ValueError) as e:

@@ -4,14 +4,13 @@ Thin wrapper: argument checking here, all work in gmux.cluster.sim.run."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 import time
 from datetime import datetime, timezone
 
-from gmux.cli.argtypes import fraction, nonneg, nonneg_int, path, positive, positive_int
+from gmux.cli.argtypes import fraction, json_object, nonneg, nonneg_int, path, positive, positive_int
 from gmux.cli.output import reader_gone
 from gmux.util.text import printable
 
@@ -224,12 +223,10 @@ def _main(argv) -> int:
         if not clusters:
             fail(f"--clusters {args.clusters!r} names no cluster")
     try:
-        params = json.loads(args.params)
-    except json.JSONDecodeError as e:
-        fail(f"--params is not JSON: {e}")
-    except RecursionError:
-        fail("--params is not JSON gmux-sim reads: nested too deeply")
-    if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
+        params = json_object(args.params, "--params", "gmux-sim")
+    except ValueError as e:
+        fail(str(e))
+    if not all(isinstance(v, dict) for v in params.values()):
         fail('--params must map policy names to parameter objects, e.g. {"gmux": {"min_run_s": 300}}')
     stray = [name for name in params if name not in policies]
     if stray:

@@ -203,6 +203,27 @@ def test_a_policy_that_needs_durations_is_refused_before_anything_is_created(tmp
         assert not state.exists()
 
 
+@pytest.mark.parametrize("args,code,needle", [
+    (["--params", "{nope"], 2, "--params is not JSON: Expecting property name"),
+    (["--params", "[1]"], 2, "--params must be a JSON object ({...}), got list"),
+    (["--params", "[" * 100000 + "]" * 100000], 2, "--params is not JSON gmux-scheduler reads: nested too deeply"),
+    (["--params", '{"nope": 1}'], 1, "gmux: unknown parameter 'nope'; it takes base_gpu_s,"),
+    (["--policy", "tiresias", "--params", '{"thresholds": [5, 1]}'], 1, "finite positive numbers in increasing order"),
+    (["--params", '{"min_run_s": "\\u001b[31m"}'], 1, "'min_run_s' must be a finite number, got '\\x1b[31m'")])
+def test_bad_policy_parameters_are_refused_by_name_before_anything_is_created(tmp_path, capsys, args, code, needle):
+    from gmux.cli import scheduler as cli
+    from gmux.wire import keys
+    keydir, state = str(tmp_path / "keys"), tmp_path / "state"
+    keys.create(keydir, "scheduler")
+    try:
+        rc = cli.main(["--keys", keydir, "--state", str(state), *args])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == code and needle in err, err
+    assert not state.exists()
+
+
 def test_one_scheduler_per_state_directory_and_bad_addresses_are_refused_by_name(tmp_path, capsys):
     """Two schedulers on one --state each took the other's machines for silent; a bad or taken address ended in
     a ZeroMQ traceback."""
@@ -299,3 +320,41 @@ def test_keys_in_a_directory_others_can_write_or_that_cannot_be_made_are_refused
     assert cli.main(["--keys", str(own), "--state", str(tmp_path / "st"), "--listen", "tcp://127.0.0.1:*"]) == 1
     assert f"{own} can be written by others (mode 0o777)" in capsys.readouterr().err
     assert not (tmp_path / "st").exists()
+
+
+def test_a_suspended_gang_gives_its_gpus_back_and_takes_them_back_once_they_are_free():
+    jobs, machines = _cluster()
+    machines["w"] = Machine("w", GPUS + [{"index": 2, "mem_total": 8 << 30}], "tcp://127.0.0.1:4", joined=3.0)
+    jobs["g"] = CJob("g", ["python", "t.py"], "/", gpus=2, state="running", machine="w", gpu=0, rank_gpus=[0, 1])
+    jobs["c5"] = CJob("c5", ["python", "u.py"], "/")
+    p = Scripted([Suspend("g"), Place("c5", (4,))])         # global 4 = w's GPU 0
+    d = Driver(p)
+    intents, _ = d.decide(jobs, machines, Event(EventKind.TICK), now=1.0)
+    assert [i.what for i in intents] == ["suspend", "none"]      # g still runs there until its suspend lands
+    # Suspended, the gang is parked by gmuxd: its GPUs take others (before: refused at every decision, so the
+    # gang stayed suspended and the job it was suspended for never ran).
+    jobs["g"].state = "suspended"
+    p.actions = [Place("c5", (4,))]
+    intents, _ = d.decide(jobs, machines, Event(EventKind.TICK), now=2.0)
+    assert [(i.what, i.machine, i.gpus) for i in intents] == [("start", "w", (0,))]
+    jobs["c5"].state, jobs["c5"].machine, jobs["c5"].gpu, jobs["c5"].rank_gpus = "running", "w", 0, [0]
+    # Running, c5 keeps the gang off GPU 0; nor may anything join the gang's GPUs in the decision it resumes.
+    p.actions = [Resume("g", (4, 5)), Place("c3", (5,))]
+    intents, _ = d.decide(jobs, machines, Event(EventKind.TICK), now=3.0)
+    assert [i.what for i in intents] == ["none", "start"] and "GPU 0 of w holds c5" in intents[0].why
+    # Suspended, c5's process still waits on GPU 0 (pinned there): it is moved off first, to w's free GPU 2.
+    jobs["c5"].state = "suspended"
+    p.actions = [Resume("g", (4, 5)), Place("c3", (6,))]
+    intents, _ = d.decide(jobs, machines, Event(EventKind.TICK), now=4.0)
+    assert [(i.what, i.cjob, i.machine, i.gpus) for i in intents] == [("move", "c5", "w", (2,)),
+                                                                     ("resume", "g", "w", (0, 1)),
+                                                                     ("start", "c3", "w", (2,))]
+    # c5 resumed in the same decision is no longer waiting: the gang does not push it away, and waits.
+    p.actions = [Resume("c5", (4,)), Resume("g", (4, 5))]
+    intents, _ = d.decide(jobs, machines, Event(EventKind.TICK), now=5.0)
+    assert [i.what for i in intents] == ["resume", "none"] and "holds c5" in intents[1].why
+    # With nowhere else on w to go (GPU 2 too small for it), nothing is moved and the gang waits, saying why.
+    jobs["c5"].mem_peak = 12 << 30
+    p.actions = [Resume("g", (4, 5))]
+    intents, _ = d.decide(jobs, machines, Event(EventKind.TICK), now=6.0)
+    assert [i.what for i in intents] == ["none"] and "suspended jobs wait on GPUs 0,1 of w" in intents[0].why

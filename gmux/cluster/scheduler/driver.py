@@ -22,6 +22,9 @@ would be suspended alone and its peers would wait for it in their next collectiv
 gang's GPUs together, an action that would put a gang beside another job (or a job beside a gang) is not
 carried out, nor one that spreads a gang over machines (its ranks meet on loopback) or moves it between GPUs
 of its machine (a gang moves only as a whole, by checkpoint and new processes: cross-machine migration).
+A suspended gang gives its GPUs back (gmuxd parks it): others may start there, and the gang resumes on them
+once they are free again. A suspended single-GPU job stays on its GPU (its process waits there, pinned), so a
+gang going there has it moved to another GPU of the machine first, where it waits as it did.
   SetTimer              kept by the scheduler and fired as a TIMER event
 """
 from __future__ import annotations
@@ -109,10 +112,10 @@ class Driver:
         now = time.time() if now is None else now
         snap = self.snapshot(jobs, machines, now)
         actions = self.policy.decide(snap, event)
-        intents, timers = [], []
-        occupants: dict[tuple, list] = {}      # (machine, gpu) -> live jobs placed there
+        intents, timers, acted = [], [], set()      # acted: jobs this decision starts, resumes or moves
+        occupants: dict[tuple, list] = {}      # (machine, gpu) -> jobs there, save suspended gangs (parked)
         for j in jobs.values():
-            if not j.final and j.machine is not None:
+            if not j.final and j.machine is not None and not (j.state == "suspended" and j.gpus > 1):
                 for g in j.rank_gpus or [j.gpu]:
                     occupants.setdefault((j.machine, g), []).append(j)
         for a in actions:
@@ -137,7 +140,15 @@ class Driver:
                         continue
                 why = f"policy {type(a).__name__}"
                 problem = (f"on {len(gpus)} GPUs, but {job.cjob} has {job.gpus} rank(s), one per GPU"
-                           if len(gpus) != job.gpus else _gang_problem(job, machine, gpus, occupants))
+                           if len(gpus) != job.gpus else _gang_problem(job, machine, gpus, occupants, acted))
+                if problem is None and job.gpus > 1 and (job.machine != machine or job.state == "pending"
+                                                         or gpus == tuple(job.rank_gpus or [job.gpu])):
+                    moves = _out_of_the_way(job, machine, gpus, occupants, acted,
+                                            machines.get(machine))
+                    if moves is None:
+                        problem = (f"suspended jobs wait on GPUs {','.join(map(str, gpus))} of {machine} and no "
+                                   f"other GPU there can take them")
+                    intents.extend(moves or ())
                 if problem:
                     intents.append(Intent("none", job.cjob, why=f"{type(a).__name__}: {problem}"))
                 elif isinstance(a, (Place, Pack)) and job.state == "pending":
@@ -152,6 +163,11 @@ class Driver:
                     intents.append(Intent(kind, job.cjob, machine, gpus[0], why, gpus))
                 else:
                     intents.append(Intent("migrate", job.cjob, machine, gpus[0], why, gpus))
+                if intents[-1].what != "none":       # what else this decision puts there sees it
+                    acted.add(job.cjob)
+                    for g in gpus:
+                        if job not in occupants.setdefault((machine, g), []):
+                            occupants[(machine, g)].append(job)
             elif isinstance(a, Suspend):
                 intents.append(Intent("suspend", job.cjob, job.machine, job.gpu, "policy Suspend"))
             elif isinstance(a, Unpack):
@@ -174,11 +190,42 @@ def _held_gpus(jobs: dict[str, CJob]) -> set:
     return held - busy
 
 
-def _gang_problem(job: CJob, machine: str, gpus: tuple, occupants: dict) -> Optional[str]:
-    """Why `job` may not go on `gpus` of `machine` beside what runs there (see the module's note on gangs)."""
+def _gang_problem(job: CJob, machine: str, gpus: tuple, occupants: dict, acted: set) -> Optional[str]:
+    """Why `job` may not go on `gpus` of `machine` beside what runs there (see the module's note on gangs).
+    A suspended single-GPU job in a gang's way is not a problem: _out_of_the_way moves it."""
     for g in gpus:
-        others = [o for o in occupants.get((machine, g), []) if o.cjob != job.cjob]
+        others = [o for o in occupants.get((machine, g), []) if o.cjob != job.cjob
+                  and not (job.gpus > 1 and _waits(o, acted))]
         if others and (job.gpus > 1 or any(o.gpus > 1 for o in others)):
             return (f"GPU {g} of {machine} holds {others[0].cjob}; a gang shares no GPU (gmuxd slices each GPU "
                     f"on its own)")
     return None
+
+
+def _waits(job: CJob, acted: set) -> bool:
+    """A suspended single-GPU job that stays suspended through this decision."""
+    return job.gpus == 1 and job.state == "suspended" and job.cjob not in acted
+
+
+def _out_of_the_way(gang: CJob, machine: str, gpus: tuple, occupants: dict, acted: set,
+                    m: Optional[Machine]) -> Optional[list]:
+    """Moves of the suspended single-GPU jobs waiting on `gpus` to other GPUs of the machine that no gang uses
+    (gmuxd gives the gang its GPUs only once nobody is left on them), each to the one with the fewest jobs;
+    None, and nothing changed: one of them has nowhere to go. The occupants table follows the moves."""
+    waiting = [o for g in gpus for o in occupants.get((machine, g), []) if o.cjob != gang.cjob]
+    mem = {r["index"]: r["mem_total"] for r in (m.gpus if m is not None else ())}
+    load = {g: len(occupants.get((machine, g), [])) for g in sorted(mem) if g not in gpus
+            and not any(o.gpus > 1 for o in occupants.get((machine, g), []))}
+    plan = []
+    for o in waiting:
+        fits = [g for g in load if mem[g] >= (o.mem_peak or o.mem or 0)]
+        if not fits:
+            return None
+        to = min(fits, key=lambda g: (load[g], g))
+        load[to] += 1
+        plan.append((o, to))
+    for o, to in plan:
+        acted.add(o.cjob)
+        occupants[(machine, o.gpu)].remove(o)
+        occupants.setdefault((machine, to), []).append(o)
+    return [Intent("move", o.cjob, machine, to, f"out of the way of gang {gang.cjob}", (to,)) for o, to in plan]

@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import zmq
@@ -56,6 +56,7 @@ _PERIODIC = re.compile(r"-(c\d+)-k\d+\.\d+\.ckpt$")
 class Options:
     listen: str = "tcp://127.0.0.1:7700"
     policy: str = "gmux"
+    params: dict = field(default_factory=dict)   # the policy's parameters (make_policy's keywords)
     tick: float = 1.0
     lost_after: float = 5.0
     ckpt_every: Optional[float] = 30.0     # default periodic checkpoint interval for jobs (None: never)
@@ -65,7 +66,7 @@ class Options:
 class Scheduler:
     def __init__(self, statedir: str, keydir: str, options: Optional[Options] = None):
         self.opt = options or Options()
-        self.driver = Driver(make_policy(self.opt.policy))      # a refused policy leaves no state directory behind
+        self.driver = Driver(make_policy(self.opt.policy, **self.opt.params))      # a refused policy leaves no state directory behind
         self.statedir = statedir
         self.keydir = keydir
         self._closers = contextlib.ExitStack()      # what close() closes, last opened first
