@@ -195,7 +195,8 @@ class AdminHandlers:
         node.store.save_many(unit)    # (said runnable, it is not held again by a gmuxd that dies a moment later)
         parked = sorted({g for m in unit for g in m.parked_gpus})     # (every rank's, not the named one's)
         where = (f"runs in its turn on GPU {job.gpu}" if job.gpu is not None else
-                 f"takes back GPUs {','.join(map(str, parked))} (given back while suspended) once they are free"
+                 f"takes back GPU{'s' if len(parked) > 1 else ''} {','.join(map(str, parked))} (given back while "
+                 f"suspended) once {'they are' if len(parked) > 1 else 'it is'} free"
                  if parked else "waits for a GPU")
         return {"job": job.id, "state": f"runnable: {where}", "jobs": [m.id for m in unit]}
 

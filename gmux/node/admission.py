@@ -33,6 +33,12 @@ log = logging.getLogger("gmux.daemon")
 DEFRAG_RETRY_S = 2.0    # a defragmentation that has not freed its GPUs is planned again after this long
 
 
+def _pinned(members: list) -> tuple:
+    """The GPUs a waiting unit must have: those its ranks are pinned to, or gave back while suspended."""
+    return tuple(sorted({m.pinned for m in members if m.pinned is not None}
+                        | {g for m in members for g in m.parked_gpus}))
+
+
 def _gpus(gpus: list) -> str:
     return f"GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}"
 
@@ -236,7 +242,8 @@ class Admission:
             job = self.jobs[job_id]
             if job.exclusive:
                 continue
-            gpu = placement.single_gpu(views, job.working_set() or 0, job.pinned, keep_free)
+            pinned = job.pinned if job.pinned is not None else (job.parked_gpus or [None])[0]
+            gpu = placement.single_gpu(views, job.working_set() or 0, pinned, keep_free)
             if gpu is not None:
                 self._grant([job], [gpu], now)
                 views = self._views()
@@ -245,8 +252,7 @@ class Admission:
                 continue       # suspended by the user while waiting: it takes no GPU until resumed
             count = sum(m.gpus_wanted for m in members)
             need = max(m.working_set() or 0 for m in members)
-            pinned = tuple(sorted({m.pinned for m in members if m.pinned is not None}
-                                  | {g for m in members for g in m.parked_gpus}))
+            pinned = _pinned(members)
             got = placement.whole_gpus(views, unit, count, need, pinned)
             if got is not None:
                 self._grant(members, got, now)
@@ -280,14 +286,23 @@ class Admission:
             self.store.save(job)
 
     def park_held(self, now: float) -> None:
-        """A held multi-GPU job or gang rank that has suspended gives its GPUs back (its memory there is free)."""
+        """A held multi-GPU job or gang rank that has suspended gives its GPUs back (its memory there is free),
+        as does a held single-GPU job on a GPU a waiting multi-GPU job or gang must have (pinned there, or
+        parked there itself): it cannot move off it, as it would to let a gang in, while it is pinned or holds
+        it to resume on (e.g. placed by a cluster scheduler, which suspended it for that gang)."""
+        wanted = set()
+        for _, members in self._units() if self.queue else ():
+            if not any(m.held for m in members):
+                wanted.update(_pinned(members))
         for job in self.jobs.values():
-            if job.final or not job.held or not job.exclusive_gpus or job.gpu not in self.slicers:
+            if job.final or not job.held or job.gpu not in self.slicers:
+                continue
+            if not job.exclusive_gpus and (job.exclusive or job.gpu not in wanted):
                 continue
             slicer = self.slicers[job.gpu]
             if job.id not in slicer.entries or job.id in slicer.resident or slicer.busy_with(job.id):
                 continue
-            gpus = sorted(job.exclusive_gpus)
+            gpus = sorted(job.exclusive_gpus) or [job.gpu]
             self.node.leave_gpu(job, now)
             job.parked_gpus, job.exclusive_gpus, job.gpu = gpus, [], None
             job.state, job.detail = "held", f"suspended; gave back {_gpus(gpus)} until `gmux resume`"

@@ -148,6 +148,8 @@ class JobHandlers:
         job.start_window()
         if job.gpu is None:
             node.admission.enqueue(job)
+            if job.gang and any(m.held for m in gang_members(node.jobs, job.gang["id"])):
+                job.held, job.state = True, "held"     # its gang was suspended before it registered: so is it
         else:
             node.seat(job, now)
         node.store.save(job)

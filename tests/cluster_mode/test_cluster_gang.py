@@ -9,7 +9,7 @@ import subprocess
 import time
 
 from gmux.wire.daemon_client import Client
-from cluster_harness import PY, ROOT, env, paced, start_py, unpace, wait_for
+from cluster_harness import PY, ROOT, Solo, env, paced, start_py, unpace, wait_for
 
 GANG = os.path.join(ROOT, "tests", "scripts", "gang_train.py")
 
@@ -139,3 +139,40 @@ def test_a_crashed_rank_fails_the_whole_gang(cluster_factory, tmp_path):
     wait_for(lambda: all(s in ("failed", "killed", "exited", "lost") for s in _local(tmp_path, "m1", cjob).values()),
              30, "every rank ended")
     assert len(_local(tmp_path, "m1", cjob)) == 2
+
+
+def test_a_gang_and_a_newcomer_preempting_each_other_on_one_machine_both_end_bit_identical(cluster_factory,
+                                                                                          tmp_path):
+    # Tiresias with queues at 2 and 20 GPU-seconds, one machine of 2 GPUs. The gang, past the first, is
+    # preempted for the single-GPU newcomer; the newcomer, past the second, for the gang in turn. Before, the
+    # newcomer's start on the suspended gang's GPUs was refused at every decision (the gang stayed suspended
+    # and the newcomer never ran); and a gang resuming where a suspended job waits, pinned, waited for good.
+    c = cluster_factory(policy="tiresias", machines=("m1",), sched_args=("--params", '{"thresholds": [2, 20]}'))
+    steps = "2500"
+    ref = _plain(tmp_path, steps)
+    solo = Solo(tmp_path, "new", "4000", "--batch", "40")
+    c.wait_machines(1)
+    out = str(tmp_path / "gang{rank}.json")
+    gang = c.call("c_submit", argv=[PY, GANG, out, steps, *paced(tmp_path, "0.004")], cwd=ROOT,
+                  env={"OMP_NUM_THREADS": "1"}, ranks=2)["cjob"]
+    wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 100)(c.job(gang)), 90, "the gang running")
+    new = c.submit(str(tmp_path / "new.json"), "4000", "--batch", "40", *paced(tmp_path, "0.008"))
+
+    def said(*starts):
+        texts = [d["text"] for d in c.ps()["decisions"]]
+        at = [next((i for i, t in enumerate(texts) if t.startswith(s)), None) for s in starts]
+        return None not in at and at == sorted(at) and texts
+    wait_for(lambda: said(f"suspend {gang} on m1", f"{new} -> m1 GPU", f"suspend {new} on m1", f"resume {gang} on m1"),
+             120, "each preempted for the other in turn")
+    # The newcomer's process gave its GPU to the gang on gmuxd, and waits to take it back.
+    wait_for(lambda: any(j["name"] == new and "gave back GPU" in j["detail"]
+                         for j in Client(str(tmp_path / "rt-m1")).call("ps", all=True)["jobs"]), 30,
+             "the newcomer parked by gmuxd")
+    assert c.job(gang)["state"] == "running"
+    unpace(tmp_path)
+    jobs = c.wait_done([gang, new], 180)
+    assert json.loads((tmp_path / "new.json").read_text())["sha256"] == solo["sha256"]
+    outs = [json.loads(open(out.format(rank=r)).read()) for r in range(2)]
+    assert [o["sha256"] for o in outs] == [x["sha256"] for x in ref()] and [o["steps"] for o in outs] == [2500] * 2
+    assert all(jobs[j]["restarts"] == 0 and jobs[j]["migrations"] == 0 for j in (gang, new))   # resumed in place
+    assert c.ps()["internal_errors"] == 0

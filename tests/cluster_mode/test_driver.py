@@ -353,8 +353,15 @@ def test_a_suspended_gang_gives_its_gpus_back_and_takes_them_back_once_they_are_
     p.actions = [Resume("c5", (4,)), Resume("g", (4, 5))]
     intents, _ = d.decide(jobs, machines, Event(EventKind.TICK), now=5.0)
     assert [i.what for i in intents] == ["resume", "none"] and "holds c5" in intents[1].why
-    # With nowhere else on w to go (GPU 2 too small for it), nothing is moved and the gang waits, saying why.
+    # With nowhere else on w to go (GPU 2 too small for it), it stays: gmuxd gives its GPU to the gang (parks
+    # it), and it resumes there once the gang lets go, or on another machine, not on another GPU of w.
     jobs["c5"].mem_peak = 12 << 30
     p.actions = [Resume("g", (4, 5))]
     intents, _ = d.decide(jobs, machines, Event(EventKind.TICK), now=6.0)
-    assert [i.what for i in intents] == ["none"] and "suspended jobs wait on GPUs 0,1 of w" in intents[0].why
+    assert [(i.what, i.cjob, i.gpus) for i in intents] == [("resume", "g", (0, 1))]
+    jobs["g"].state = "running"
+    p.actions = [Resume("c5", (6,)), Resume("c5", (4,)), Resume("c5", (0,))]
+    intents, _ = d.decide(jobs, machines, Event(EventKind.TICK), now=7.0)
+    assert [(i.what, i.machine) for i in intents] == [("none", None), ("none", None), ("migrate", "a")]
+    assert "c5 waits on GPU 0 of w, given to gang g: it resumes there once the gang lets go" in intents[0].why
+    assert "GPU 0 of w holds g; a gang shares no GPU" in intents[1].why

@@ -277,3 +277,53 @@ def test_a_gang_killed_at_daemon_shutdown_says_so_for_every_rank(daemon):
     assert [(daemon.jobs[r["job"]].state, daemon.jobs[r["job"]].detail) for r in regs] == \
         [("killed", "killed at daemon shutdown")] * 2
     assert not any(x["kind"] == "gang" for x in daemon.decisions)
+
+
+def test_a_suspended_job_pinned_where_a_gang_must_go_gives_its_gpu_back_until_the_gang_lets_go(daemon_factory):
+    # As a cluster scheduler places them: the job pinned to GPU 0, later suspended for a gang pinned to 0 and 1.
+    d = daemon_factory((16 * GiB,) * 3)
+    c = register(d, b"c", gpu=0, migratable=True)
+    tick(d)
+    ack(d, b"c", c, commands(d, b"c")[0])
+    assert ask(d, "suspend", admin=d.admin, job=c["job"]) is None
+    ack(d, b"c", c, commands(d, b"c")[0], state="suspended")
+    tick(d, 2)
+    job = d.jobs[c["job"]]
+    assert (job.gpu, job.parked_gpus) == (0, [])        # nothing needs its GPU: it stays held there
+    ranks = {k: register(d, k, gang={"id": "g", "rank": r, "size": 2}, gpu=r, migratable=True)
+             for r, k in enumerate((b"r0", b"r1"))}
+    ids = [reg["job"] for reg in ranks.values()]
+    tick(d, 2)        # (before: the gang waited for good, "the pinned GPU 0 cannot be freed")
+    assert (job.gpu, job.parked_gpus, job.state) == (None, [0], "held") and "gave back GPU 0" in job.detail
+    assert [d.jobs[j].exclusive_gpus for j in ids] == [[0], [1]]
+    for k, reg in ranks.items():
+        ack(d, k, reg, commands(d, k)[0])
+    r = ask(d, "resume", admin=d.admin, job=c["job"])
+    assert r["ok"] and "takes back GPU 0 (given back while suspended) once it is free" in r["data"]["state"], r
+    tick(d)
+    assert job.gpu is None and "waiting for GPU 0 back" in job.detail     # the gang keeps it
+    assert ask(d, "suspend", admin=d.admin, job=ids[0]) is None
+    stops = {k: commands(d, k)[-1] for k in ranks}
+    for k, reg in ranks.items():
+        ack(d, k, reg, stops[k], state="suspended")
+    tick(d, 2)        # the gang parks, and the job takes its GPU back and runs there again
+    assert [d.jobs[j].parked_gpus for j in ids] == [[0], [1]]
+    assert (job.gpu, job.parked_gpus) == (0, [])
+    (go,) = [m for m in commands(d, b"c") if m["kind"] == "resume"]
+    assert go["args"]["env"]["GMUX_VIRTUAL_GPU"] == "0"
+
+
+def test_a_rank_registering_after_its_gang_was_suspended_is_held_with_it(daemon_factory):
+    d = daemon_factory((16 * GiB,) * 2)
+    r0 = register(d, b"r0", gang={"id": "g", "rank": 0, "size": 2}, migratable=True)
+    assert ask(d, "suspend", admin=d.admin, job=r0["job"])["data"]["state"] == "held"     # not placed yet
+    r1 = register(d, b"r1", gang={"id": "g", "rank": 1, "size": 2}, migratable=True)
+    ids = [r0["job"], r1["job"]]
+    tick(d, 2)
+    # (before: rank 1 showed "waiting" beside its held peer, and nothing said the gang was held)
+    assert [(d.jobs[j].state, d.jobs[j].held, d.jobs[j].gpu) for j in ids] == [("held", True, None)] * 2
+    assert {j["state"] for j in ask(d, "ps", admin=d.admin)["data"]["jobs"]} == {"held"}
+    r = ask(d, "resume", admin=d.admin, job=r1["job"])
+    assert r["ok"] and r["data"]["jobs"] == ids
+    tick(d)
+    assert [d.jobs[j].exclusive_gpus for j in ids] == [[0], [1]]

@@ -24,7 +24,8 @@ carried out, nor one that spreads a gang over machines (its ranks meet on loopba
 of its machine (a gang moves only as a whole, by checkpoint and new processes: cross-machine migration).
 A suspended gang gives its GPUs back (gmuxd parks it): others may start there, and the gang resumes on them
 once they are free again. A suspended single-GPU job stays on its GPU (its process waits there, pinned), so a
-gang going there has it moved to another GPU of the machine first, where it waits as it did.
+gang going there has it moved to another GPU of the machine first, where it waits as it did; with no other GPU
+that takes it, gmuxd parks it too and it resumes on its own GPU once the gang lets go (or on another machine).
   SetTimer              kept by the scheduler and fired as a TIMER event
 """
 from __future__ import annotations
@@ -141,14 +142,11 @@ class Driver:
                 why = f"policy {type(a).__name__}"
                 problem = (f"on {len(gpus)} GPUs, but {job.cjob} has {job.gpus} rank(s), one per GPU"
                            if len(gpus) != job.gpus else _gang_problem(job, machine, gpus, occupants, acted))
+                if problem is None and job.machine == machine and _waits(job, acted):
+                    problem = _parked_problem(job, gpus, occupants)
                 if problem is None and job.gpus > 1 and (job.machine != machine or job.state == "pending"
                                                          or gpus == tuple(job.rank_gpus or [job.gpu])):
-                    moves = _out_of_the_way(job, machine, gpus, occupants, acted,
-                                            machines.get(machine))
-                    if moves is None:
-                        problem = (f"suspended jobs wait on GPUs {','.join(map(str, gpus))} of {machine} and no "
-                                   f"other GPU there can take them")
-                    intents.extend(moves or ())
+                    intents.extend(_out_of_the_way(job, machine, gpus, occupants, acted, machines.get(machine)))
                 if problem:
                     intents.append(Intent("none", job.cjob, why=f"{type(a).__name__}: {problem}"))
                 elif isinstance(a, (Place, Pack)) and job.state == "pending":
@@ -202,6 +200,16 @@ def _gang_problem(job: CJob, machine: str, gpus: tuple, occupants: dict, acted: 
     return None
 
 
+def _parked_problem(job: CJob, gpus: tuple, occupants: dict) -> Optional[str]:
+    """Why a suspended single-GPU job may not resume on another GPU of its machine: its process waits on a GPU
+    that a gang holds now (gmuxd gave it to the gang), and resumes there only."""
+    gang = next((o for o in occupants.get((job.machine, job.gpu), []) if o.gpus > 1), None)
+    if gang is None or gpus == (job.gpu,):
+        return None
+    return (f"{job.cjob} waits on GPU {job.gpu} of {job.machine}, given to gang {gang.cjob}: it resumes there once "
+            f"the gang lets go, or on another machine")
+
+
 def _waits(job: CJob, acted: set) -> bool:
     """A suspended single-GPU job that stays suspended through this decision."""
     return job.gpus == 1 and job.state == "suspended" and job.cjob not in acted
@@ -210,8 +218,9 @@ def _waits(job: CJob, acted: set) -> bool:
 def _out_of_the_way(gang: CJob, machine: str, gpus: tuple, occupants: dict, acted: set,
                     m: Optional[Machine]) -> Optional[list]:
     """Moves of the suspended single-GPU jobs waiting on `gpus` to other GPUs of the machine that no gang uses
-    (gmuxd gives the gang its GPUs only once nobody is left on them), each to the one with the fewest jobs;
-    None, and nothing changed: one of them has nowhere to go. The occupants table follows the moves."""
+    (gmuxd gives the gang its GPUs only once nobody is left on them), each to the one with the fewest jobs,
+    where it may resume at once. One with nowhere to go gives its GPU to the gang (gmuxd parks it) and resumes
+    on it once the gang lets go. The occupants table follows the moves."""
     waiting = [o for g in gpus for o in occupants.get((machine, g), []) if o.cjob != gang.cjob]
     mem = {r["index"]: r["mem_total"] for r in (m.gpus if m is not None else ())}
     load = {g: len(occupants.get((machine, g), [])) for g in sorted(mem) if g not in gpus
@@ -220,7 +229,7 @@ def _out_of_the_way(gang: CJob, machine: str, gpus: tuple, occupants: dict, acte
     for o in waiting:
         fits = [g for g in load if mem[g] >= (o.mem_peak or o.mem or 0)]
         if not fits:
-            return None
+            continue
         to = min(fits, key=lambda g: (load[g], g))
         load[to] += 1
         plan.append((o, to))
