@@ -6,7 +6,8 @@ This file is the daemon's lifecycle and its tick; the rest are its parts, each b
   - Admission (admission.py): which GPU a job gets, the queue, whole GPUs for multi-GPU jobs and gangs;
   - per GPU a Slicer and a Packer, and the spill policy: pure decisions, carried out here;
   - Stopping (stopping.py): the slicer's stops of a job that misses its deadline (SIGSTOP/SIGCONT);
-  - Moves (moves.py): moves between GPUs in the job's own process; ResumeRetries (resume_retry.py): failed resumes.
+  - Moves (moves.py): moves between GPUs in the job's own process; ResumeRetries (resume_retry.py): failed resumes;
+  - recover (recovery.py): a restarted daemon re-attaches to the jobs of the one before it.
 Between messages the loop ticks: it reaps ended jobs, gives queued jobs their GPUs, lets each GPU's packer and
 time-slicer decide, spills suspended state over the host-RAM budget, and sends the resulting commands. The job
 table and the decisions live in SQLite, so a restarted daemon re-attaches to the jobs that kept running.
@@ -36,6 +37,7 @@ from gmux.node.job_handlers import JobHandlers
 from gmux.node.jobs import Job, gang_members
 from gmux.node.moves import Moves
 from gmux.node.packer import Packer, Rates
+from gmux.node.recovery import recover
 from gmux.node.resume_retry import ResumeRetries
 from gmux.node.slicer import Slicer
 from gmux.node.pacing import Pacing
@@ -137,7 +139,7 @@ class Daemon:
         if self.opt.metrics_port is not None:
             from gmux.node.metrics import Metrics
             self.metrics = Metrics(self, self.opt.metrics_port)
-        self._recover()
+        recover(self)
 
     @property
     def messages(self) -> int:
@@ -159,54 +161,6 @@ class Daemon:
         fd = os.open(self.rundir.pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(f"{os.getpid()} {proc_starttime(os.getpid())}")
-
-    def _recover(self) -> None:
-        """Re-attaches to the jobs of a previous daemon: alive ones go back on their GPU, those that ended since
-        are closed, and the newest that ended before are in the table again (gmux ps, gmux logs)."""
-        now = time.monotonic()
-        self.store.prune(time.time() - self.opt.retain_ended)
-        logged = self.rundir.logged_job_numbers()
-        self.store.ids_from(max(logged, default=0) + 1)     # a new job never appends to another's log
-        jobs = self.store.load()
-        if logged and not jobs:
-            log.warning("the job table is empty but %s holds the logs of jobs up to j%d: the table of the gmuxd "
-                        "before this one was lost; jobs it started that still run are adopted at their next message "
-                        "(gmux/node/adoption.py)", self.rundir.logs(), max(logged))
-        for job in jobs:
-            self.jobs[job.id] = job
-            if job.final:
-                continue
-            ended = self.sup.ended(job) if job.pid else ("lost", None, "never started")
-            if ended is not None:
-                self.finish(job, *ended)
-                continue
-            job.registered = True   # alive: registered, or about to (re-registering is the same)
-            self.resume_retries.restored(job, time.monotonic())
-            self.moves.recover(job)
-            if job.stopped_by_gmux:
-                # The previous daemon stopped it and cannot continue it: continued, it takes its suspend at
-                # its next boundary (or runs on, boundless, until this daemon stops it again in its turn).
-                self.sup.cont(job)
-                job.stopped_by_gmux = False
-            if job.state == "migrating":
-                continue   # its process re-registers after re-executing
-            if job.parked_gpus and job.held:
-                job.gpu = None
-                continue   # suspended, its GPUs given back: it waits for `gmux resume`
-            if job.gpu is None or (job.exclusive and not job.exclusive_gpus):
-                job.gpu = None
-                self.admission.requeue(job)
-                continue
-            gpu = job.gpu if job.gpu in self.slicers else 0
-            job.gpu = gpu
-            resident = job.state in ("running", "suspending", "resuming", "stopped")
-            self.slicers[gpu].add(job.id, job.weight, job.working_set(), now, resident=resident,
-                                  used=job.gpu_seconds, confirm=True, stoppable=not job.exclusive)
-            if job.held:
-                self.slicers[gpu].hold(job.id)
-            self.decide(gpu, "reattach", [job.id], {"state": job.state, "pid": job.pid},
-                        f"re-attached {job.id} (pid {job.pid}, {job.state}) after a daemon restart")
-        self._forget_ended()
 
     def stop(self) -> None:
         """The loop ends after this batch of messages (jobs keep running unless killed first)."""
@@ -332,7 +286,7 @@ class Daemon:
                 with self.faults.guard("bounding a job's log", job.id):
                     self.log_bounds.hold(job.id, self.rundir.log_file(job.id), due)
 
-    def _forget_ended(self) -> None:
+    def forget_ended(self) -> None:
         """The job table keeps the newest `keep_ended` ended jobs; older ones live on only in SQLite, so that a
         long-running daemon's table (and every `gmux ps`) does not grow with its history."""
         ended = [j for j in self.jobs.values() if j.final]
@@ -411,7 +365,7 @@ class Daemon:
                 with self.faults.guard(f"GPU {gpu}: jobs stopped from outside"):
                     self.stops.check_frozen(slicer, now)
             with self.faults.guard("forgetting ended jobs"):
-                self._forget_ended()
+                self.forget_ended()
         self._bound_logs(now)
         with self.faults.guard("admission"):
             self.admission.run(now)
