@@ -180,18 +180,22 @@ class Admission:
                 where.add(j.target_gpu)
             if j.gpu is not None and (j.id in self.slicers[j.gpu].entries or not j.registered):
                 where.add(j.gpu)
-            why_not = ("it is moving now" if j.target_gpu is not None else
-                       f"pinned to GPU {j.pinned} with --gpu" if j.pinned is not None else
-                       "an unmodified script (transparent mode) cannot be restored in a new process"
-                       if j.started and not j.migratable and not self.in_process(j) else
-                       f"busy with a {self.slicers[j.gpu].busy_with(j.id)}"
-                       if j.gpu is not None and self.slicers[j.gpu].busy_with(j.id) else "")
+            why_not = self._unmovable(j)
             moved = (j.mem_boundary or j.working_set() or 0) if j.started else 0
             for g in where:
                 occupants[g].append(placement.Occupant(j.id, j.working_set() or 0, moved, not why_not, why_not,
                                                        j.weight))
         return [placement.GpuView(i, g.mem_total, occupants[i], owner.get(i), self.reserved.get(i))
                 for i, g in sorted(self.gpus.items())]
+
+    def _unmovable(self, j: Job) -> str:
+        """Why the single-GPU job cannot be moved off its GPU to make room now ("": it can)."""
+        return ("it is moving now" if j.target_gpu is not None else
+                f"pinned to GPU {j.pinned} with --gpu" if j.pinned is not None else
+                "an unmodified script (transparent mode) cannot be restored in a new process"
+                if j.started and not j.migratable and not self.in_process(j) else
+                f"busy with a {self.slicers[j.gpu].busy_with(j.id)}"
+                if j.gpu is not None and self.slicers[j.gpu].busy_with(j.id) else "")
 
     def in_process(self, job: Job) -> bool:
         """Whether the job would move in its own process wherever it goes, so that it needs no restore in a new
@@ -247,12 +251,13 @@ class Admission:
             if gpu is not None:
                 self._grant([job], [gpu], now)
                 views = self._views()
+        wanted = {unit: _pinned(members) for unit, members in units if not any(m.held for m in members)}
         for unit, members in units:
-            if any(m.held for m in members):
+            if unit not in wanted:
                 continue       # suspended by the user while waiting: it takes no GPU until resumed
             count = sum(m.gpus_wanted for m in members)
             need = max(m.working_set() or 0 for m in members)
-            pinned = _pinned(members)
+            pinned = wanted[unit]
             got = placement.whole_gpus(views, unit, count, need, pinned)
             if got is not None:
                 self._grant(members, got, now)
@@ -264,7 +269,8 @@ class Admission:
                 self._wait_why.pop(unit, None)
                 views = self._views()
             else:
-                self._defragment(unit, members, count, need, pinned, views, now)
+                keep_clear = tuple(g for u, gpus in wanted.items() if u != unit for g in gpus)
+                self._defragment(unit, members, count, need, pinned, keep_clear, views, now)
 
     def _grant(self, members: list, gpus: list, now: float) -> None:
         """Each job gets its GPU (a multi-GPU job all of them); a registered one joins its GPU's slicer, which
@@ -287,13 +293,11 @@ class Admission:
 
     def park_held(self, now: float) -> None:
         """A held multi-GPU job or gang rank that has suspended gives its GPUs back (its memory there is free),
-        as does a held single-GPU job on a GPU a waiting multi-GPU job or gang must have (pinned there, or
-        parked there itself): it cannot move off it, as it would to let a gang in, while it is pinned or holds
-        it to resume on (e.g. placed by a cluster scheduler, which suspended it for that gang)."""
-        wanted = set()
-        for _, members in self._units() if self.queue else ():
-            if not any(m.held for m in members):
-                wanted.update(_pinned(members))
+        as does a held single-GPU job that cannot move (pinned, say: a cluster scheduler placed it, and
+        suspended it for the gang) from a GPU that a waiting multi-GPU job or gang must have (pinned there, or
+        parked there itself). Either resumes on its GPUs once they are free again."""
+        wanted = {g for _, members in (self._units() if self.queue else ()) if not any(m.held for m in members)
+                  for g in _pinned(members)}
         for job in self.jobs.values():
             if job.final or not job.held or job.gpu not in self.slicers:
                 continue
@@ -302,6 +306,8 @@ class Admission:
             slicer = self.slicers[job.gpu]
             if job.id not in slicer.entries or job.id in slicer.resident or slicer.busy_with(job.id):
                 continue
+            if not job.exclusive_gpus and not self._unmovable(job):
+                continue      # defragmentation moves it instead, and it can resume at once where it goes
             gpus = sorted(job.exclusive_gpus) or [job.gpu]
             self.node.leave_gpu(job, now)
             job.parked_gpus, job.exclusive_gpus, job.gpu = gpus, [], None
@@ -316,8 +322,8 @@ class Admission:
         self.enqueue(job)
         job.detail = f"waiting for {_gpus(job.parked_gpus)} back (its process runs there)"
 
-    def _defragment(self, unit: str, members: list, count: int, need: int, pinned: tuple, views: list,
-                    now: float) -> None:
+    def _defragment(self, unit: str, members: list, count: int, need: int, pinned: tuple, keep_clear: tuple,
+                    views: list, now: float) -> None:
         if self.defrag is not None:
             if self.defrag["unit"] != unit:
                 for m in members:
@@ -337,7 +343,7 @@ class Admission:
         if now < self._plan_at.get(unit, 0.0):
             return
         self._plan_at[unit] = now + DEFRAG_RETRY_S
-        plan, why = placement.plan_defrag(views, unit, count, need, pinned)
+        plan, why = placement.plan_defrag(views, unit, count, need, pinned, keep_clear)
         if plan is None:
             for m in members:
                 m.detail = f"waiting for {count} GPUs to itself: {why}"[:300]

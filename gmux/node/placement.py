@@ -87,9 +87,11 @@ def whole_gpus(gpus: list, unit: str, count: int, need: int, pinned: tuple = ())
     return sorted(chosen) if len(chosen) == count else None
 
 
-def plan_defrag(gpus: list, unit: str, count: int, need: int, pinned: tuple = ()) -> tuple[Optional[Plan], str]:
+def plan_defrag(gpus: list, unit: str, count: int, need: int, pinned: tuple = (),
+                keep_clear: tuple = ()) -> tuple[Optional[Plan], str]:
     """Moves that free `count` whole GPUs (including `pinned`) for `unit`: the fewest bytes moved, then the
-    fewest moves. Returns (plan, "") or (None, why not)."""
+    fewest moves, none onto a GPU in `keep_clear` (one another waiting unit is pinned to). Returns (plan, "")
+    or (None, why not)."""
     by_index = {g.index: g for g in gpus}
     candidates = []
     blocked = []
@@ -114,7 +116,7 @@ def plan_defrag(gpus: list, unit: str, count: int, need: int, pinned: tuple = ()
     best: Optional[tuple] = None
     for combo in itertools.islice(itertools.combinations(others, count - len(pinned)), MAX_COMBINATIONS):
         freed = set(pinned) | set(combo)
-        moves = _moves(by_index, freed)
+        moves = _moves(by_index, freed | set(keep_clear))
         if moves is None:
             continue
         key = (sum(m.bytes for m in moves), len(moves), sorted(freed))

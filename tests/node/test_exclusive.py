@@ -327,3 +327,21 @@ def test_a_rank_registering_after_its_gang_was_suspended_is_held_with_it(daemon_
     assert r["ok"] and r["data"]["jobs"] == ids
     tick(d)
     assert [d.jobs[j].exclusive_gpus for j in ids] == [[0], [1]]
+
+
+def test_a_suspended_job_that_can_move_is_moved_out_of_a_pinned_gangs_way_not_parked(daemon_factory):
+    d = daemon_factory((16 * GiB,) * 3)
+    m = register(d, b"m", migratable=True)
+    tick(d)
+    ack(d, b"m", m, commands(d, b"m")[0])
+    assert ask(d, "suspend", admin=d.admin, job=m["job"]) is None
+    ack(d, b"m", m, commands(d, b"m")[0], state="suspended")
+    job = d.jobs[m["job"]]
+    assert job.gpu == 0
+    for r, k in enumerate((b"r0", b"r1")):
+        register(d, k, gang={"id": "g", "rank": r, "size": 2}, gpu=r, migratable=True)
+    tick(d, 2)
+    # Moved to GPU 2 (held still: it resumes there at once when asked), not parked to wait for the gang; and
+    # not to GPU 1, which rank 1 is pinned to (before: moved there first, and again once rank 1 planned).
+    assert (job.gpu, job.parked_gpus, job.held) == (2, [], True)
+    assert [m["job"] for x in d.decisions if x["kind"] == "defrag" for m in x["numbers"]["moves"]] == [job.id]
