@@ -246,7 +246,7 @@ class Admission:
             job = self.jobs[job_id]
             if job.exclusive:
                 continue
-            pinned = job.pinned if job.pinned is not None else (job.parked_gpus or [None])[0]
+            pinned = (job.parked_gpus or [job.pinned])[0]     # (a job moved since it was pinned parks elsewhere)
             gpu = placement.single_gpu(views, job.working_set() or 0, pinned, keep_free)
             if gpu is not None:
                 self._grant([job], [gpu], now)

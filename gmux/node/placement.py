@@ -116,7 +116,7 @@ def plan_defrag(gpus: list, unit: str, count: int, need: int, pinned: tuple = ()
     best: Optional[tuple] = None
     for combo in itertools.islice(itertools.combinations(others, count - len(pinned)), MAX_COMBINATIONS):
         freed = set(pinned) | set(combo)
-        moves = _moves(by_index, freed | set(keep_clear))
+        moves = _moves(by_index, freed, keep_clear)
         if moves is None:
             continue
         key = (sum(m.bytes for m in moves), len(moves), sorted(freed))
@@ -128,10 +128,11 @@ def plan_defrag(gpus: list, unit: str, count: int, need: int, pinned: tuple = ()
     return best[1], ""
 
 
-def _moves(by_index: dict, freed: set) -> Optional[list]:
+def _moves(by_index: dict, freed: set, keep_clear: tuple = ()) -> Optional[list]:
     """Each job on the freed GPUs goes to the least loaded other GPU that holds its working set; None if one
     has nowhere to go. Biggest jobs are placed first, so a small one does not take the only GPU a big one fits."""
-    targets = [g for i, g in by_index.items() if i not in freed and g.owner is None and g.reserved is None]
+    targets = [g for i, g in by_index.items() if i not in freed and i not in keep_clear and g.owner is None
+               and g.reserved is None]
     load = {g.index: g.load for g in targets}
     moves = []
     leaving = sorted(((o, i) for i in sorted(freed) for o in by_index[i].occupants), key=lambda x: -x[0].mem)

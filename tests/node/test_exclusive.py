@@ -345,3 +345,50 @@ def test_a_suspended_job_that_can_move_is_moved_out_of_a_pinned_gangs_way_not_pa
     # not to GPU 1, which rank 1 is pinned to (before: moved there first, and again once rank 1 planned).
     assert (job.gpu, job.parked_gpus, job.held) == (2, [], True)
     assert [m["job"] for x in d.decisions if x["kind"] == "defrag" for m in x["numbers"]["moves"]] == [job.id]
+
+
+def test_a_parked_job_moved_since_it_was_pinned_takes_back_the_gpu_it_gave(daemon_factory):
+    # Started pinned to GPU 0 (as a cluster scheduler starts it), moved to GPU 2, parked there for a gang
+    # pinned to GPUs 1 and 2 (found in review: resumed, it was seated on GPU 2 beside rank 1, having checked
+    # only that GPU 0, its old pin, had room).
+    d = daemon_factory((16 * GiB,) * 3)
+    c = register(d, b"c", gpu=0, migratable=True)
+    tick(d)
+    ack(d, b"c", c, commands(d, b"c")[0])
+    assert ask(d, "suspend", admin=d.admin, job=c["job"]) is None
+    ack(d, b"c", c, commands(d, b"c")[0], state="suspended")
+    tick(d)
+    r = ask(d, "migrate", admin=d.admin, job=c["job"], gpu=2)
+    assert r is None or r["ok"], r
+    tick(d, 2)
+    job = d.jobs[c["job"]]
+    assert (job.gpu, job.pinned) == (2, 0)
+    ranks = {k: register(d, k, gang={"id": "g", "rank": r, "size": 2}, gpu=r + 1, migratable=True)
+             for r, k in enumerate((b"r0", b"r1"))}
+    ids = [reg["job"] for reg in ranks.values()]
+    tick(d, 2)
+    assert (job.gpu, job.parked_gpus) == (None, [2]) and [d.jobs[j].exclusive_gpus for j in ids] == [[1], [2]]
+    for k, reg in ranks.items():
+        ack(d, k, reg, commands(d, k)[0])
+    assert ask(d, "resume", admin=d.admin, job=c["job"])["ok"]
+    tick(d, 2)
+    assert job.gpu is None and set(d.slicers[2].entries) == {ids[1]}     # it waits for GPU 2, not beside rank 1
+
+
+def test_a_defragmentation_leaves_alone_the_gpu_another_waiting_unit_is_pinned_to(daemon_factory):
+    # Real GPUs: the transparent job t cannot move (a new process could not restore it); it pins GPU 1, which
+    # rank 1 waits for. Rank 0's plan moves x off GPU 0, and neither onto GPU 1 nor t off it.
+    d = daemon_factory((16 * GiB,) * 3, virtual=False)
+    x = register(d, b"x", mem=GiB, migratable=True)
+    t = register(d, b"t", gpu=1, mem=GiB)
+    tick(d)
+    for k, reg in ((b"x", x), (b"t", t)):
+        ack(d, k, reg, commands(d, k)[0])
+    assert (d.jobs[x["job"]].gpu, d.jobs[t["job"]].gpu) == (0, 1)
+    for r, k in enumerate((b"r0", b"r1")):
+        register(d, k, gang={"id": "g", "rank": r, "size": 2}, gpu=r, migratable=True)
+    d.sent.clear()
+    tick(d, 2)
+    moved = [(m["job"], m["dst"]) for z in d.decisions if z["kind"] == "defrag" for m in z["numbers"]["moves"]]
+    assert moved == [(x["job"], 2)], moved
+    assert not [m for m in commands(d, b"t") if m["kind"] == "migrate"]
