@@ -649,6 +649,8 @@ _JOB_RECORD = {
     "fenced": (_bool, False),
     # computing, started afresh, and no boundary seen (a script whose steps gmux does not see): it runs, at step 0
     "boundless": (_bool, False),
+    # suspended, its GPUs given to others (gmuxd parked it): rank 0's, where it resumes once they are free
+    "parked_gpu": (_optional(_gpu_index), False),
 }
 # The scheduler's answer to each node_report: the machine's fence time. A link unanswered for that long suspends
 # its cluster jobs, as the scheduler is about to count the machine lost and start them elsewhere.
@@ -730,7 +732,9 @@ EVENT_DATA = {"step": (_nonneg_int, False), "local": (_name, False), "gpu": (_gp
               # of suspend_s, how long the job still computed before its boundary: where a move's downtime begins
               "running_s": (_float, False),
               # of bytes, how many went sealed beside Curve (gmux.wire.sealed) rather than through it
-              "sealed_bytes": (_nonneg_int, False)}
+              "sealed_bytes": (_nonneg_int, False),
+              # a resume refused: the GPU the job gave back while suspended, the only one it resumes on there
+              "parked_gpu": (_gpu_index, False)}
 
 CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
     # --- a daemon's cluster link -> scheduler: its whole state, every half second (so a restarted scheduler

@@ -424,6 +424,14 @@ class ClusterLink:
 
     def _resume(self, cjob: str, ranks: list, gpu) -> None:
         rec = self._jobs.get(cjob) or {}
+        parked = rec.get("parked_gpu")
+        if len(ranks) == 1 and isinstance(gpu, int) and parked is not None and gpu != parked:
+            # (its process waits on that GPU; a plain resume would run it there, where the scheduler does not
+            # count it)
+            self._event("action_failed", cjob, f"resume: {cjob} gave GPU {parked} to another job while suspended "
+                                               f"and resumes only there (or on another machine)",
+                        action="resume", parked_gpu=parked)
+            return
         try:
             if len(ranks) == 1 and isinstance(gpu, int) and rec.get("gpu") is not None and gpu != rec.get("gpu"):
                 self.admin("migrate", job=ranks[0], gpu=gpu)

@@ -50,6 +50,7 @@ def gang_record(cjob: str, world: int, by_rank: dict, restoring: bool = False) -
                   and not (j["state"] == "exited" and j.get("exit_status") == 0)),
                  key=lambda rj: (rj[1]["state"] == "killed", rj[0]))
     live = [j for j in present if j["state"] not in protocol.FINAL_STATES]
+    parked = (r0.get("parked_gpus") or [None])[0] if live and all(j.get("parked_gpus") for j in live) else None
     head = bad[0][1] if bad else r0
     if bad:
         state = head["state"]
@@ -67,6 +68,7 @@ def gang_record(cjob: str, world: int, by_rank: dict, restoring: bool = False) -
            "exit_status": head.get("exit_status") if state in protocol.FINAL_STATES else None,
            "detail": (f"rank {bad[0][0]}: " if bad and world > 1 else "") + str(head.get("detail") or "")[:500],
            "held": any(bool(j.get("held", False)) for j in present), "_broken": bool(bad and live),
+           "parked_gpu": parked,
            "boundless": bool(live) and len(present) == world and not restoring and not bad
            and all(j["state"] == "running" and not j.get("started")
                    and not (j.get("report") or {}).get("awaiting_restore") for j in live)}

@@ -91,3 +91,14 @@ def test_a_gang_that_failed_is_told_by_the_rank_that_failed_not_by_the_peer_kill
     assert r["detail"] == "rank 1: RuntimeError: rank 1 fails at step 100", r
     by_rank[1]["state"] = "killed"                   # both killed (a user's kill): the lowest rank, as before
     assert gang_record("c1", 2, by_rank)["detail"].startswith("rank 0: ")
+
+
+def test_a_job_whose_gmuxd_gave_its_gpus_to_others_is_said_parked_on_rank_0s():
+    def rank(i, parked, state="held"):
+        return {"id": f"j{i}", "name": f"c1.{i}", "state": state, "gpu": None if parked else i,
+                "parked_gpus": [i + 2] if parked else [], "held": True}
+    assert gang_record("c1", 1, {0: rank(0, True)})["parked_gpu"] == 2
+    assert gang_record("c1", 2, {0: rank(0, True), 1: rank(1, True)})["parked_gpu"] == 2
+    assert gang_record("c1", 2, {0: rank(0, True), 1: rank(1, False)})["parked_gpu"] is None   # one still there
+    assert gang_record("c1", 1, {0: rank(0, False)})["parked_gpu"] is None
+    assert gang_record("c1", 1, {0: rank(0, True, "exited")})["parked_gpu"] is None

@@ -119,3 +119,17 @@ def test_a_send_over_before_the_word_came_is_said_failed_and_the_job_runs_on(lin
     _abandon(sched, ident, "c7", "send")
     assert events(sched, 10.0) == [("migrate_failed", "c7", "no send of it is under way on m1: it runs on here")]
     assert asked == [("resume", "j3")]
+
+
+def test_a_parked_job_asked_to_resume_on_another_gpu_is_refused_and_left_as_it_is(link_and_scheduler):
+    link, sched = link_and_scheduler
+    asked = []
+    link.admin = lambda mtype, **fields: asked.append((mtype, fields.get("job"), fields.get("gpu"))) or {}
+    link._jobs["c7"] = {"cjob": "c7", "state": "held", "step": 41, "local": "j3", "gpu": None, "parked_gpu": 0}
+    link._resume("c7", ["j3"], 1)
+    (got,) = events(sched, 10.0)
+    assert got == ("action_failed", "c7", "resume: c7 gave GPU 0 to another job while suspended and resumes only "
+                                          "there (or on another machine)")
+    assert asked == []                # (before: resumed as it was, to run on GPU 0, counted on GPU 1)
+    link._resume("c7", ["j3"], 0)     # on its own GPU: resumed (it runs once the GPU is free)
+    assert asked == [("resume", "j3", None)]

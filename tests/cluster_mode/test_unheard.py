@@ -168,3 +168,22 @@ def test_a_copy_on_a_machine_the_job_left_is_killed_once_per_grace_not_at_every_
     assert sched.wire == [("m1", "kill", {})] * 2
     report(sched, "killed")
     assert len(sched.wire) == 2
+
+
+def test_a_job_parked_by_its_gmuxd_is_said_so_and_a_resume_onto_another_gpu_there_leaves_it_suspended(sched):
+    j = sched.jobs["c1"]
+    j.state = "suspended"
+    sched._daemon_node_report("m1", b"m1", {"name": "m1", "gpus": [{"index": 0, "mem_total": 1 << 30},
+                                                                   {"index": 1, "mem_total": 1 << 30}],
+                                            "transfer": "tcp://127.0.0.1:1",
+                                            "jobs": [{"cjob": "c1", "local": "j1", "state": "held", "step": 10,
+                                                      "gpu": None, "held": True, "parked_gpu": 0}]}, None)
+    assert j.parked and j.gpu == 0
+    # A resume onto GPU 1 (sent before that report came), refused by the link: counted suspended on GPU 0 again.
+    sched.intents.carry_out(Intent("resume", "c1", "m1", 1, "policy Resume", (1,)))
+    assert (j.state, j.gpu) == ("running", 1)
+    event(sched, "action_failed", "resume: c1 gave GPU 0 to another job while suspended and resumes only there",
+          action="resume", parked_gpu=0)
+    assert (j.state, j.gpu, j.rank_gpus, j.parked) == ("suspended", 0, [0], True)
+    report(sched, "held", held=True, gpu=None)             # no longer parked (its GPU free again, say)
+    assert not j.parked

@@ -23,9 +23,10 @@ gang's GPUs together, an action that would put a gang beside another job (or a j
 carried out, nor one that spreads a gang over machines (its ranks meet on loopback) or moves it between GPUs
 of its machine (a gang moves only as a whole, by checkpoint and new processes: cross-machine migration).
 A suspended gang gives its GPUs back (gmuxd parks it): others may start there, and the gang resumes on them
-once they are free again. A suspended single-GPU job stays on its GPU (its process waits there, pinned), so a
-gang going there has it moved to another GPU of the machine first, where it waits as it did; with no other GPU
-that takes it, gmuxd parks it too and it resumes on its own GPU once the gang lets go (or on another machine).
+once they are free again. A suspended single-GPU job in the way of a gang going to its GPU gives it to the gang
+too (gmuxd parks it, as its process waits there, pinned). A parked job (its machine's reports say so) holds no
+GPU: it resumes on its own GPUs once they are free, or on another machine by migration, never on another GPU of
+its machine (its process waits on its own).
   SetTimer              kept by the scheduler and fired as a TIMER event
 """
 from __future__ import annotations
@@ -114,9 +115,9 @@ class Driver:
         snap = self.snapshot(jobs, machines, now)
         actions = self.policy.decide(snap, event)
         intents, timers, acted = [], [], set()      # acted: jobs this decision starts, resumes or moves
-        occupants: dict[tuple, list] = {}      # (machine, gpu) -> jobs there, save suspended gangs (parked)
+        occupants: dict[tuple, list] = {}      # (machine, gpu) -> jobs there, save those parked or parking
         for j in jobs.values():
-            if not j.final and j.machine is not None and not (j.state == "suspended" and j.gpus > 1):
+            if not j.final and j.machine is not None and not j.parked and not (j.state == "suspended" and j.gpus > 1):
                 for g in j.rank_gpus or [j.gpu]:
                     occupants.setdefault((j.machine, g), []).append(j)
         for a in actions:
@@ -142,11 +143,14 @@ class Driver:
                 why = f"policy {type(a).__name__}"
                 problem = (f"on {len(gpus)} GPUs, but {job.cjob} has {job.gpus} rank(s), one per GPU"
                            if len(gpus) != job.gpus else _gang_problem(job, machine, gpus, occupants, acted))
-                if problem is None and job.machine == machine and _waits(job, acted):
-                    problem = _parked_problem(job, gpus, occupants)
-                if problem is None and job.gpus > 1 and (job.machine != machine or job.state == "pending"
-                                                         or gpus == tuple(job.rank_gpus or [job.gpu])):
-                    intents.extend(_out_of_the_way(job, machine, gpus, occupants, acted, machines.get(machine)))
+                own = tuple(job.rank_gpus or [job.gpu])
+                if problem is None and job.parked and job.machine == machine and gpus != own:
+                    # Its process waits on its own GPU: there it resumes (the next snapshot shows it there), else
+                    # it waits for that GPU or goes to another machine.
+                    problem = _gang_problem(job, machine, own, occupants, acted) and (
+                        f"{job.cjob} gave GPU {job.gpu} of {machine} to another job while suspended: it resumes "
+                        f"there once it is free, or on another machine")
+                    gpus, why = own, why + f" (on GPU {job.gpu}, which it gave back while suspended)"
                 if problem:
                     intents.append(Intent("none", job.cjob, why=f"{type(a).__name__}: {problem}"))
                 elif isinstance(a, (Place, Pack)) and job.state == "pending":
@@ -177,20 +181,21 @@ class Driver:
 
 def _held_gpus(jobs: dict[str, CJob]) -> set:
     """(machine, GPU) pairs kept for jobs their users hold: the policy is not shown them, so it places nothing
-    there until the hold ends (as a suspended job keeps its nodes in Slurm). A GPU that a running job shares with
-    the held one (a pack) stays shown: that job holds it anyway."""
+    there until the hold ends (as a suspended job keeps its nodes in Slurm). A GPU where another job sits stays
+    shown: a pack's partner, or a job started there while the held job was parked (suspended by the policy
+    before its user held it), which holds the GPU anyway and must be able to resume there."""
     held = {(j.machine, g) for j in jobs.values() if j.state == "held" and j.machine is not None
             for g in j.rank_gpus or [j.gpu]}
     if not held:
         return held          # (every decision builds a snapshot: no second walk over the jobs without a hold)
-    busy = {(j.machine, g) for j in jobs.values() if j.state in ("starting", "running", "migrating")
-            for g in j.rank_gpus or [j.gpu]}
+    busy = {(j.machine, g) for j in jobs.values() if j.state in ("starting", "running", "migrating", "suspended")
+            and not j.parked for g in j.rank_gpus or [j.gpu]}
     return held - busy
 
 
 def _gang_problem(job: CJob, machine: str, gpus: tuple, occupants: dict, acted: set) -> Optional[str]:
     """Why `job` may not go on `gpus` of `machine` beside what runs there (see the module's note on gangs).
-    A suspended single-GPU job in a gang's way is not a problem: _out_of_the_way moves it."""
+    A suspended single-GPU job in a gang's way is not a problem: gmuxd parks it."""
     for g in gpus:
         others = [o for o in occupants.get((machine, g), []) if o.cjob != job.cjob
                   and not (job.gpus > 1 and _waits(o, acted))]
@@ -200,41 +205,7 @@ def _gang_problem(job: CJob, machine: str, gpus: tuple, occupants: dict, acted: 
     return None
 
 
-def _parked_problem(job: CJob, gpus: tuple, occupants: dict) -> Optional[str]:
-    """Why a suspended single-GPU job may not resume on another GPU of its machine: its process waits on a GPU
-    that a gang holds now (gmuxd gave it to the gang), and resumes there only."""
-    gang = next((o for o in occupants.get((job.machine, job.gpu), []) if o.gpus > 1), None)
-    if gang is None or gpus == (job.gpu,):
-        return None
-    return (f"{job.cjob} waits on GPU {job.gpu} of {job.machine}, given to gang {gang.cjob}: it resumes there once "
-            f"the gang lets go, or on another machine")
-
-
 def _waits(job: CJob, acted: set) -> bool:
     """A suspended single-GPU job that stays suspended through this decision."""
     return job.gpus == 1 and job.state == "suspended" and job.cjob not in acted
 
-
-def _out_of_the_way(gang: CJob, machine: str, gpus: tuple, occupants: dict, acted: set,
-                    m: Optional[Machine]) -> Optional[list]:
-    """Moves of the suspended single-GPU jobs waiting on `gpus` to other GPUs of the machine that no gang uses
-    (gmuxd gives the gang its GPUs only once nobody is left on them), each to the one with the fewest jobs,
-    where it may resume at once. One with nowhere to go gives its GPU to the gang (gmuxd parks it) and resumes
-    on it once the gang lets go. The occupants table follows the moves."""
-    waiting = [o for g in gpus for o in occupants.get((machine, g), []) if o.cjob != gang.cjob]
-    mem = {r["index"]: r["mem_total"] for r in (m.gpus if m is not None else ())}
-    load = {g: len(occupants.get((machine, g), [])) for g in sorted(mem) if g not in gpus
-            and not any(o.gpus > 1 for o in occupants.get((machine, g), []))}
-    plan = []
-    for o in waiting:
-        fits = [g for g in load if mem[g] >= (o.mem_peak or o.mem or 0)]
-        if not fits:
-            continue
-        to = min(fits, key=lambda g: (load[g], g))
-        load[to] += 1
-        plan.append((o, to))
-    for o, to in plan:
-        acted.add(o.cjob)
-        occupants[(machine, o.gpu)].remove(o)
-        occupants.setdefault((machine, to), []).append(o)
-    return [Intent("move", o.cjob, machine, to, f"out of the way of gang {gang.cjob}", (to,)) for o, to in plan]

@@ -233,6 +233,7 @@ class Scheduler:
         job.ranks = r.get("ranks") or []
         job.step = max(job.step, r["step"]) if job.state != "pending" else job.step
         job.boundless = bool(r.get("boundless"))
+        job.parked = r.get("parked_gpu") is not None
         job.gpu_seconds = float(r.get("gpu_seconds") or 0.0)
         for k in ("rate_now", "rate_solo", "mem_peak"):
             if r.get(k) is not None:
@@ -336,6 +337,10 @@ class Scheduler:
         elif ev == "action_failed":
             if d.get("action") == "move" and not d.get("busy"):     # (busy: a move still under way)
                 self.unheard.refused(job.cjob)
+            if d.get("action") == "resume" and "parked_gpu" in d and job.state == "running":
+                # resumed onto another GPU of a machine where it had given its own to others: it stays suspended
+                job.set("suspended", detail)
+                job.gpu, job.rank_gpus, job.parked = d["parked_gpu"], [d["parked_gpu"]], True
             self._log("action_failed", job.cjob, f"{job.cjob} on {name}: {detail}")
         self.state.save(job)
         return None

@@ -64,6 +64,7 @@ class CJob:
     ended_local: Optional[str] = None  # MACHINE/LOCAL of the copy it last restarted from (its record may linger)
     step: int = 0
     boundless: bool = False            # computing with no boundary yet (its machine's word): not checkpointable
+    parked: bool = False               # suspended, its GPUs given to others: it resumes on them (its machine's word)
     attained: float = 0.0              # GPU-seconds on machines it has left
     gpu_seconds: float = 0.0           # GPU-seconds on `machine` (from its reports)
     rate_now: Optional[float] = None
@@ -96,6 +97,7 @@ class CJob:
 _JSON = ("argv", "env", "rank_gpus", "source_gpus", "ranks", "ckpt_paths", "move")
 _COLS = [f.name for f in fields(CJob)]
 _NUMBERS = [f for f in fields(CJob) if isinstance(f.default, (int, float)) and not isinstance(f.default, bool)]
+_FLAGS = [f.name for f in fields(CJob) if isinstance(f.default, bool)]
 
 
 @dataclass
@@ -161,7 +163,8 @@ class State:
         d = asdict(job)
         for k in _JSON:
             d[k] = json.dumps(d[k])
-        d["kill_requested"] = int(d["kill_requested"])
+        for k in _FLAGS:
+            d[k] = int(d[k])
         cols = ", ".join(_COLS)
         self.db.execute(f"INSERT OR REPLACE INTO jobs (seq, {cols}) VALUES (?, {', '.join('?' * len(_COLS))})",
                         [_number(job.cjob)] + [d[c] for c in _COLS])
@@ -193,7 +196,8 @@ class State:
             d = dict(zip(_COLS, row))
             for k in _JSON:
                 d[k] = json.loads(d[k]) if d[k] is not None else {} if k in ("env", "move") else []
-            d["kill_requested"] = bool(d["kill_requested"])
+            for k in _FLAGS:
+                d[k] = bool(d[k])          # (None: a column an older gmux-scheduler's database did not have)
             for f in _NUMBERS:
                 if d[f.name] is None:
                     d[f.name] = f.default       # a column an older gmux-scheduler's database did not have
