@@ -21,6 +21,16 @@ def tick(d, n=1):
         d.tick()
 
 
+def _suspended(d, key, **kw):
+    """A job registered (with `kw`), started and then suspended by its user: its registration."""
+    reg = register(d, key, migratable=True, **kw)
+    tick(d)
+    ack(d, key, reg, commands(d, key)[0])
+    assert ask(d, "suspend", admin=d.admin, job=reg["job"]) is None
+    ack(d, key, reg, commands(d, key)[0], state="suspended")
+    return reg
+
+
 def test_multi_gpu_job_waits_then_defrag_frees_whole_gpus_for_it(daemon_factory):
     d = daemon_factory((16 * GiB,) * 3)
     a, b = register(d, b"a", mem=GiB), register(d, b"b", mem=GiB)
@@ -282,11 +292,7 @@ def test_a_gang_killed_at_daemon_shutdown_says_so_for_every_rank(daemon):
 def test_a_suspended_job_pinned_where_a_gang_must_go_gives_its_gpu_back_until_the_gang_lets_go(daemon_factory):
     # As a cluster scheduler places them: the job pinned to GPU 0, later suspended for a gang pinned to 0 and 1.
     d = daemon_factory((16 * GiB,) * 3)
-    c = register(d, b"c", gpu=0, migratable=True)
-    tick(d)
-    ack(d, b"c", c, commands(d, b"c")[0])
-    assert ask(d, "suspend", admin=d.admin, job=c["job"]) is None
-    ack(d, b"c", c, commands(d, b"c")[0], state="suspended")
+    c = _suspended(d, b"c", gpu=0)
     tick(d, 2)
     job = d.jobs[c["job"]]
     assert (job.gpu, job.parked_gpus) == (0, [])        # nothing needs its GPU: it stays held there
@@ -331,11 +337,7 @@ def test_a_rank_registering_after_its_gang_was_suspended_is_held_with_it(daemon_
 
 def test_a_suspended_job_that_can_move_is_moved_out_of_a_pinned_gangs_way_not_parked(daemon_factory):
     d = daemon_factory((16 * GiB,) * 3)
-    m = register(d, b"m", migratable=True)
-    tick(d)
-    ack(d, b"m", m, commands(d, b"m")[0])
-    assert ask(d, "suspend", admin=d.admin, job=m["job"]) is None
-    ack(d, b"m", m, commands(d, b"m")[0], state="suspended")
+    m = _suspended(d, b"m")
     job = d.jobs[m["job"]]
     assert job.gpu == 0
     for r, k in enumerate((b"r0", b"r1")):
@@ -352,11 +354,7 @@ def test_a_parked_job_moved_since_it_was_pinned_takes_back_the_gpu_it_gave(daemo
     # pinned to GPUs 1 and 2 (found in review: resumed, it was seated on GPU 2 beside rank 1, having checked
     # only that GPU 0, its old pin, had room).
     d = daemon_factory((16 * GiB,) * 3)
-    c = register(d, b"c", gpu=0, migratable=True)
-    tick(d)
-    ack(d, b"c", c, commands(d, b"c")[0])
-    assert ask(d, "suspend", admin=d.admin, job=c["job"]) is None
-    ack(d, b"c", c, commands(d, b"c")[0], state="suspended")
+    c = _suspended(d, b"c", gpu=0)
     tick(d)
     r = ask(d, "migrate", admin=d.admin, job=c["job"], gpu=2)
     assert r is None or r["ok"], r
