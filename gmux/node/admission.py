@@ -62,6 +62,9 @@ class Node(Protocol):
     def moves_in_process(self, job: Job, gpu: int) -> bool:
         """Whether a move of the job to `gpu` is made in its own process (gmux.node.moves)."""
 
+    def switch(self, slicer: Slicer, now: float) -> None:
+        """Carries out what the GPU's slicer decides now (its suspends, resumes, stops and continues)."""
+
 
 class Admission:
     def __init__(self, gpus: dict[int, Gpu], jobs: dict[str, Job], slicers: dict[int, Slicer], store: Store,
@@ -203,15 +206,17 @@ class Admission:
         return job.gpu is not None and all(self.node.moves_in_process(job, g) for g in self.gpus if g != job.gpu)
 
     def _units(self) -> list[tuple[str, list]]:
-        """Waiting multi-GPU jobs and gangs, in arrival order: (name, jobs). A gang's unpinned ranks are one
-        unit once all its ranks are known here; a rank pinned with --gpu (a cluster scheduler placed it, and its
-        gang may span machines) is placed alone, on its GPU."""
+        """Waiting multi-GPU jobs and gangs, in arrival order: (name, jobs). A gang's waiting ranks are one unit
+        once all its ranks are known here, placed all at once (a rank placed alone would wait in its first
+        collective, holding its GPU, and two gangs pinned to the same GPUs, each given one, would wait for each
+        other for good); until then a rank pinned with --gpu (a cluster scheduler placed it; its gang may span
+        machines) is placed alone, on its GPU, and the others wait."""
         units, seen = [], set()
         for job_id in self.queue:
             job = self.jobs[job_id]
             if not job.exclusive:
                 continue
-            if job.gang is None or job.pinned is not None:
+            if job.gang is None:
                 units.append((job.id, [job]))
                 continue
             name = "gang " + job.gang["id"]
@@ -219,13 +224,15 @@ class Admission:
                 continue
             seen.add(name)
             ranks = gang_members(self.jobs, job.gang["id"])
+            waiting = [r for r in ranks if r.id in self.queue]
             if len(ranks) < job.gang["size"]:
+                units.extend((r.id, [r]) for r in waiting if r.pinned is not None)
                 for r in ranks:
-                    if r.gpu is None:
+                    if r.gpu is None and r.pinned is None:
                         r.detail = (f"waiting for gang {job.gang['id']}'s other ranks "
                                     f"({len(ranks)} of {job.gang['size']} registered)")
                 continue
-            units.append((name, [r for r in ranks if r.id in self.queue and r.pinned is None]))
+            units.append((name, waiting))
         return units
 
     def run(self, now: float) -> None:
@@ -275,11 +282,13 @@ class Admission:
     def _grant(self, members: list, gpus: list, now: float) -> None:
         """Each job gets its GPU (a multi-GPU job all of them); a registered one joins its GPU's slicer, which
         starts it; a submitted one whose process has not registered yet joins it when it does."""
-        parked = {g for m in members for g in m.parked_gpus}
-        rest = [g for g in sorted(gpus) if g not in parked]
+        taken = {g for m in members for g in m.parked_gpus or ([m.pinned] if m.pinned is not None else [])}
+        rest = [g for g in sorted(gpus) if g not in taken]
         for job in members:
             if job.parked_gpus:    # back on the GPUs its process was started on
                 mine, job.parked_gpus = list(job.parked_gpus), []
+            elif job.pinned is not None:
+                mine = [job.pinned]
             else:
                 mine, rest = rest[:job.gpus_wanted], rest[job.gpus_wanted:]
             job.gpu = mine[0]
@@ -298,8 +307,11 @@ class Admission:
         parked there itself). Either resumes on its GPUs once they are free again."""
         wanted = {g for _, members in (self._units() if self.queue else ()) if not any(m.held for m in members)
                   for g in _pinned(members)}
+        waited_for = wanted | {g for j in self.queue for g in _pinned([self.jobs[j]]) if not self.jobs[j].held}
         for job in self.jobs.values():
             if job.final or not job.held or job.gpu not in self.slicers:
+                continue
+            if self._continue_to_boundary(job, waited_for if job.exclusive else wanted, now):
                 continue
             if not job.exclusive_gpus and (job.exclusive or job.gpu not in wanted):
                 continue
@@ -316,6 +328,22 @@ class Admission:
             self.node.decide(gpus[0], "park", [job.id], {"gpus": gpus},
                          f"{job.id} is suspended by the user: {_gpus(gpus)} free for other jobs until it is "
                          f"resumed (it resumes there)")
+
+    def _continue_to_boundary(self, job: Job, wanted: set, now: float) -> bool:
+        """A held job stopped before its boundary (past its suspend's deadline: it keeps its memory there) on a
+        GPU that a waiting job must have is continued to its boundary (with its gang's other ranks, which meet
+        it there), where it suspends and then parks. Whether it was."""
+        if not ({job.gpu, *job.exclusive_gpus} & wanted):
+            return False
+        unit = gang_members(self.jobs, job.gang["id"]) if job.gang else [job]
+        stopped = [m for m in unit if m.gpu in self.slicers and m.id in self.slicers[m.gpu].entries
+                   and self.slicers[m.gpu].entries[m.id].stopped and not self.slicers[m.gpu].entries[m.id].frozen
+                   and not self.slicers[m.gpu].entries[m.id].to_boundary]
+        for m in stopped:
+            e = self.slicers[m.gpu].entries[m.id]
+            self.slicers[m.gpu].hold(m.id, to_boundary=True, in_place=e.in_place, stop_by=e.stop_by)
+            self.node.switch(self.slicers[m.gpu], now)
+        return bool(stopped)
 
     def unpark(self, job: Job) -> None:
         """A parked job the user resumes waits for its own GPUs."""

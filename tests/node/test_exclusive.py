@@ -374,19 +374,61 @@ def test_a_parked_job_moved_since_it_was_pinned_takes_back_the_gpu_it_gave(daemo
 
 
 def test_a_defragmentation_leaves_alone_the_gpu_another_waiting_unit_is_pinned_to(daemon_factory):
-    # Real GPUs: the transparent job t cannot move (a new process could not restore it); it pins GPU 1, which
-    # rank 1 waits for. Rank 0's plan moves x off GPU 0, and neither onto GPU 1 nor t off it.
-    d = daemon_factory((16 * GiB,) * 3, virtual=False)
+    # Real GPUs: the transparent job t cannot move (a new process could not restore it); it keeps gang h, pinned
+    # to GPU 2, waiting. Gang g's plan moves x off GPU 0 to GPU 3, not onto GPU 2, the least loaded.
+    d = daemon_factory((16 * GiB,) * 4, virtual=False)
     x = register(d, b"x", mem=GiB, migratable=True)
-    t = register(d, b"t", gpu=1, mem=GiB)
+    others = {k: register(d, k, gpu=gpu, mem=GiB) for k, gpu in ((b"t", 2), (b"y", 3), (b"z", 3))}
     tick(d)
-    for k, reg in ((b"x", x), (b"t", t)):
-        ack(d, k, reg, commands(d, k)[0])
-    assert (d.jobs[x["job"]].gpu, d.jobs[t["job"]].gpu) == (0, 1)
-    for r, k in enumerate((b"r0", b"r1")):
+    for k, reg in ((b"x", x), *others.items()):
+        for cmd in commands(d, k)[:1]:        # (y and z take turns on GPU 3: one starts first)
+            ack(d, k, reg, cmd)
+    assert d.jobs[x["job"]].gpu == 0
+    register(d, b"h0", gang={"id": "h", "rank": 0, "size": 1}, gpu=2, migratable=True)
+    for r, k in enumerate((b"g0", b"g1")):
         register(d, k, gang={"id": "g", "rank": r, "size": 2}, gpu=r, migratable=True)
     d.sent.clear()
     tick(d, 2)
     moved = [(m["job"], m["dst"]) for z in d.decisions if z["kind"] == "defrag" for m in z["numbers"]["moves"]]
-    assert moved == [(x["job"], 2)], moved
+    assert moved == [(x["job"], 3)], moved
     assert not [m for m in commands(d, b"t") if m["kind"] == "migrate"]
+
+
+def test_a_gangs_ranks_pinned_by_a_scheduler_are_placed_all_at_once(daemon_factory):
+    # Ranks pinned to GPUs 0 and 1, GPU 0 held by a job that cannot move: rank 1 does not take GPU 1 alone to
+    # wait there in its first collective (before: it did), and both start once GPU 0 is free.
+    d = daemon_factory((16 * GiB,) * 2, virtual=False)
+    t = register(d, b"t", gpu=0, mem=GiB)
+    tick(d)
+    ack(d, b"t", t, commands(d, b"t")[0])
+    ids = [register(d, k, gang={"id": "g", "rank": r, "size": 2}, gpu=r, migratable=True)["job"]
+           for r, k in enumerate((b"g0", b"g1"))]
+    tick(d, 2)
+    assert [d.jobs[j].exclusive_gpus for j in ids] == [[], []]
+    assert "the pinned GPU 0 cannot be freed" in d.jobs[ids[1]].detail
+    d.finish(d.jobs[t["job"]], "exited", 0, "")
+    tick(d)
+    assert [d.jobs[j].exclusive_gpus for j in ids] == [[0], [1]]
+
+def test_a_suspended_job_stopped_before_its_boundary_is_continued_to_it_where_a_gang_waits(daemon_factory):
+    # (found in review) The job, pinned to GPU 0, misses its suspend's deadline: gmuxd stops it (SIGSTOP),
+    # held, its memory still on GPU 0. A gang pinned to GPUs 0 and 1 then waits for GPU 0: the job is continued
+    # to its boundary, suspends there and parks (before: it stayed stopped on GPU 0 and the gang waited for good).
+    d = daemon_factory((16 * GiB,) * 3)
+    reg = register(d, b"c", migratable=True, gpu=0)
+    tick(d)
+    ack(d, b"c", reg, commands(d, b"c")[0])
+    job = d.jobs[reg["job"]]
+    assert ask(d, "suspend", admin=d.admin, job=reg["job"]) is None      # (answered at its boundary)
+    (stop,) = commands(d, b"c")
+    d.slicers[0].entries[job.id].sent_at -= 60        # past its deadline
+    tick(d)
+    assert d.slicers[0].entries[job.id].stopped and job.gpu == 0
+    ids = [register(d, k, gang={"id": "g", "rank": r, "size": 2}, gpu=r, migratable=True)["job"]
+           for r, k in enumerate((b"r0", b"r1"))]
+    tick(d, 2)
+    assert not d.slicers[0].entries[job.id].stopped                   # continued, to reach its boundary
+    ack(d, b"c", reg, stop, state="suspended")                        # it suspends there
+    tick(d, 2)
+    assert (job.gpu, job.parked_gpus) == (None, [0])
+    assert [d.jobs[j].exclusive_gpus for j in ids] == [[0], [1]]
