@@ -117,7 +117,7 @@ class Driver:
         intents, timers, acted = [], [], set()      # acted: jobs this decision starts, resumes or moves
         occupants: dict[tuple, list] = {}      # (machine, gpu) -> jobs there, save those parked or parking
         for j in jobs.values():
-            if not j.final and j.machine is not None and not j.parked and not (j.state == "suspended" and j.gpus > 1):
+            if not j.final and j.machine is not None and not _parked(j) and not (j.state == "suspended" and j.gpus > 1):
                 for g in j.rank_gpus or [j.gpu]:
                     occupants.setdefault((j.machine, g), []).append(j)
         for a in actions:
@@ -181,15 +181,15 @@ class Driver:
 
 def _held_gpus(jobs: dict[str, CJob]) -> set:
     """(machine, GPU) pairs kept for jobs their users hold: the policy is not shown them, so it places nothing
-    there until the hold ends (as a suspended job keeps its nodes in Slurm). A GPU where another job sits stays
+    there until the hold ends (as a suspended job keeps its nodes in Slurm). A GPU where another job is stays
     shown: a pack's partner, or a job started there while the held job was parked (suspended by the policy
-    before its user held it), which holds the GPU anyway and must be able to resume there."""
+    before its user held it), or parked there itself, which must be able to resume there."""
     held = {(j.machine, g) for j in jobs.values() if j.state == "held" and j.machine is not None
             for g in j.rank_gpus or [j.gpu]}
     if not held:
         return held          # (every decision builds a snapshot: no second walk over the jobs without a hold)
     busy = {(j.machine, g) for j in jobs.values() if j.state in ("starting", "running", "migrating", "suspended")
-            and not j.parked for g in j.rank_gpus or [j.gpu]}
+            for g in j.rank_gpus or [j.gpu]}
     return held - busy
 
 
@@ -206,6 +206,13 @@ def _gang_problem(job: CJob, machine: str, gpus: tuple, occupants: dict, acted: 
 
 
 def _waits(job: CJob, acted: set) -> bool:
-    """A suspended single-GPU job that stays suspended through this decision."""
-    return job.gpus == 1 and job.state == "suspended" and job.cjob not in acted
+    """A suspended single-GPU job that stays suspended through this decision and reaches boundaries (one with
+    none never suspends, so gmuxd would never park it for a gang)."""
+    return job.gpus == 1 and job.state == "suspended" and not job.boundless and job.cjob not in acted
+
+
+def _parked(job: CJob) -> bool:
+    """Suspended and given back its GPUs (a parked job resumed holds none until gmuxd seats it again, but is
+    counted where it goes: nothing else may go there meanwhile)."""
+    return job.parked and job.state in ("suspended", "held")
 

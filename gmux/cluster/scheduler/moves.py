@@ -66,10 +66,12 @@ class Moves:
         job.source, job.source_gpus = job.machine, list(job.rank_gpus or [job.gpu])
         job.machine, job.gpu, job.rank_gpus = machine, gpus[0], list(gpus)
         job.attained += job.gpu_seconds
-        job.gpu_seconds = 0.0
+        job.gpu_seconds, job.parked = 0.0, False
+        was = job.state            # (a suspended job whose move fails stays suspended where it was)
         job.set("migrating", f"{job.source} -> {machine}")
         xfer = f"{job.cjob}-m{job.migrations + 1}-{int(time.time() * 1000) % 10**9}"
-        self._set(job, stage="warming", since=time.monotonic(), target=machine, endpoint=target.transfer, xfer=xfer)
+        self._set(job, stage="warming", since=time.monotonic(), target=machine, endpoint=target.transfer, xfer=xfer,
+                  was=was)
         sent = s._action(machine, "start", job.cjob, **s._start_args(job, restore=rank_xfers(xfer, job.gpus)),
                          restore_wait=MIGRATE_WAIT_S)
         s._log("migrate", job.cjob, f"migrate {job.cjob} {job.source} -> {machine} GPU {','.join(map(str, gpus))} "
@@ -101,21 +103,16 @@ class Moves:
         elif ev == "migrate_sent" and job.source == name and job.state == "migrating":
             self._log_sent(job, name, d)
             if job.move.get("stage") == "target_failed":
-                s._action(name, "resume", job.cjob)
-                _back_to_source(job)
-                job.set("running")
-                self._set(job)
+                self._back(job, job.detail, resume=True)
             else:
                 self._set(job, **{**job.move, "stage": "sent"})
         elif ev == "migrate_failed" and job.source == name:
             target, target_failed = job.machine, job.move.get("stage") == "target_failed"
             if not target_failed:
                 s._action(target, "kill", job.cjob)     # the new processes waiting for the checkpoint
-            _back_to_source(job)
             # (after a target's failure, the send only gave up: that failure says why, as target_failed keeps it)
-            job.set("running", job.detail if target_failed else f"migration to {target} failed, kept on {name}: "
-                                                                 f"{detail}")
-            self._set(job)
+            self._back(job, job.detail if target_failed else f"migration to {target} failed, kept on {name}: {detail}",
+                       resume=False)        # (the source's link resumed it, unless it was suspended before)
             s._log("migrate_failed", job.cjob, f"{job.cjob}: migration from {name} to {target} failed: {detail}")
 
     def _log_sent(self, job: CJob, source: str, d: dict) -> None:
@@ -132,10 +129,16 @@ class Moves:
             self._set(job, **{**job.move, "stage": "target_failed", "told": False})
             self._tell(job)
             return
-        if stage != "warming":      # (warming: the source never stopped computing)
+        self._back(job, why, resume=stage != "warming")     # (warming: the source never stopped computing)
+
+    def _back(self, job: CJob, why: str, resume: bool) -> None:
+        """The move did not happen: the job is on its source again, running, or suspended if it was before (a
+        policy's resume elsewhere that failed: its GPUs there may be another's now), and none is sent."""
+        suspended = job.move.get("was") == "suspended"
+        if resume and not suspended:
             self.s._action(job.source, "resume", job.cjob)
         _back_to_source(job)
-        job.set("running", why)
+        job.set("suspended" if suspended else "running", why)
         self._set(job)
 
     def target_restarted(self, name: str) -> None:
@@ -167,10 +170,7 @@ class Moves:
                 continue
             stage = job.move.get("stage")
             if stage == "target_failed":
-                self.s._action(name, "resume", job.cjob)
-                _back_to_source(job)
-                job.set("running", f"{job.detail}; {name} restarted its gmuxd while it sent the checkpoint")
-                self._set(job)
+                self._back(job, f"{job.detail}; {name} restarted its gmuxd while it sent the checkpoint", resume=True)
             elif stage == "sending":
                 self.s._log("migrate_failed", job.cjob, f"{job.cjob}: {name}'s gmuxd restarted while it sent the "
                                                         f"checkpoint to {job.machine}: the move is given up unless "

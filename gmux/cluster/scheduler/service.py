@@ -337,9 +337,10 @@ class Scheduler:
         elif ev == "action_failed":
             if d.get("action") == "move" and not d.get("busy"):     # (busy: a move still under way)
                 self.unheard.refused(job.cjob)
-            if d.get("action") == "resume" and "parked_gpu" in d and job.state == "running":
+            if d.get("action") == "resume" and "parked_gpu" in d and job.state in ("running", "held"):
                 # resumed onto another GPU of a machine where it had given its own to others: it stays suspended
-                job.set("suspended", detail)
+                # there (held, if its user held it since)
+                job.set("suspended" if job.state == "running" else job.state, detail)
                 job.gpu, job.rank_gpus, job.parked = d["parked_gpu"], [d["parked_gpu"]], True
             self._log("action_failed", job.cjob, f"{job.cjob} on {name}: {detail}")
         self.state.save(job)
@@ -465,7 +466,7 @@ class Scheduler:
         """The job's processes are gone with the machine it ran on: it restarts from its newest checkpoint."""
         job.attained += job.gpu_seconds
         job.ended_local = f"{job.machine}/{job.local}"   # (local ids are each gmuxd's own)
-        job.gpu_seconds, job.machine, job.gpu, job.source, job.local = 0.0, None, None, None, None
+        job.gpu_seconds, job.machine, job.gpu, job.source, job.local, job.parked = 0.0, None, None, None, None, False
         # (its step is its checkpoint's again: what the lost machine last said is lost with it)
         job.rank_gpus, job.ranks, job.step = [], [], job.ckpt_step or 0 if job.ckpt_paths else 0
         job.restarts += 1
