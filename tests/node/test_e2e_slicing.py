@@ -8,14 +8,15 @@ import time
 
 import pytest
 
-from node_harness import TRAIN, result, start_py
+from node_harness import TRAIN, paced, result, start_py, unpace
 
 STEPS = "6000"
 QUANTUM = 0.25
-# A floor of 0.5 ms a step (3 s of GPU time for 6,000 steps) so that on a fast machine the jobs still run for
-# the rounds a test judges; pacing changes no weight, so the solo references run unpaced. (Here, on 2 shared
-# cores, 6,000 steps give 8 rounds or more, where 3 suffice.)
-PACE = ("--sleep", "0.0005")
+# Paced at 2 ms a step (12 s of GPU time each for 6,000 steps) until the test has seen the rounds it judges, then
+# at full speed: a step count alone gave no round at all on a loaded machine, where each start took seconds.
+# Pacing changes no number, so the solo references run unpaced.
+PACE_S = "0.002"
+ROUNDS = 4
 # The transparent-mode test's jobs: 6,000 steps at 0.3 ms.
 HOOK_PACE = ("--sleep", "0.0003")
 
@@ -33,17 +34,18 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", str(QUANTUM), "--no-pack")
     jobs = {}
     for name, weight, batch in (("a", "1", "32"), ("b", "1", "32"), ("c", "2", "33")):
-        p = node.launch(f"{TRAIN}", str(tmp_path / f"{name}.json"), STEPS, "--batch", batch, *PACE, "--attach",
+        p = node.launch(f"{TRAIN}", str(tmp_path / f"{name}.json"), STEPS, "--batch", batch,
+                        *paced(tmp_path, PACE_S), "--attach",
                         opts=["--no-hook", "--mem", "600MiB", "--weight", weight])
         jobs[name] = node.job_of(p.pid)
-    # Sample GPU time until the first job ends. Shares are judged over whole rounds: from the start of one turn
+    # Sample GPU time until enough rounds are seen (or the first job ends). Shares are judged over whole rounds: from the start of one turn
     # of the weight-2 job to the start of a later one (a window cut mid-round is off by up to a quantum).
     # The window must hold at least 3 rounds, enough for ±10% when a quantum overshoots by a mini-batch.
     starts = []
     max_resident_mem = 0
     was_running = True
     deadline = time.monotonic() + 150
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and len(starts) <= ROUNDS:
         ps = node.ps()
         by = {j["id"]: j for j in ps["jobs"]}
         max_resident_mem = max(max_resident_mem, ps["gpus"][0]["resident_mem"])
@@ -62,7 +64,8 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
             starts.append({n: by[j]["gpu_seconds"] for n, j in jobs.items()})
         was_running = running
         time.sleep(0.03)
-    assert len(starts) >= 4, f"only {len(starts) - 1} rounds observed\n" + node.log()
+    unpace(tmp_path)
+    assert len(starts) > ROUNDS, f"only {len(starts) - 1} rounds observed\n" + node.log()
     first, last = starts[0], starts[-1]
     used = {n: last[n] - first[n] for n in jobs}
     total = sum(used.values())
