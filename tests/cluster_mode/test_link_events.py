@@ -133,3 +133,17 @@ def test_a_parked_job_asked_to_resume_on_another_gpu_is_refused_and_left_as_it_i
     assert asked == []                # (before: resumed as it was, to run on GPU 0, counted on GPU 1)
     link._resume("c7", ["j3"], 0)     # on its own GPU: resumed (it runs once the GPU is free)
     assert asked == [("resume", "j3", None)]
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_a_failed_send_resumes_the_job_only_if_it_was_not_suspended_before(tmp_path, held):
+    from types import SimpleNamespace
+    from gmux.node.cluster_send import migrate_out
+    said = []
+    link = SimpleNamespace(keydir=str(tmp_path / "no-keys"), _jobs={"c7": {"held": held}}, sending={},
+                           _admin_reply=lambda mtype, local, **f: said.append((mtype, local)) or (None, {}),
+                           _event=lambda ev, cjob, detail, **d: said.append((ev, cjob)))
+    migrate_out(link, "c7", ["j3", "j4"], "m2", "tcp://127.0.0.1:1", "x", threading.Event())   # (no key for m2)
+    # The move failed before it began: a running job runs on; one the policy had suspended stays suspended
+    # (before: resumed here, beside what the scheduler had since put on its GPUs).
+    assert said == ([] if held else [("resume", "j3"), ("resume", "j4")]) + [("migrate_failed", "c7")]
