@@ -332,16 +332,16 @@ class Admission:
     def _continue_to_boundary(self, job: Job, wanted: set, now: float) -> bool:
         """A held job stopped before its boundary (past its suspend's deadline: it keeps its memory there) on a
         GPU that a waiting job must have is continued to its boundary (with its gang's other ranks, which meet
-        it there), where it suspends and then parks. Whether it was."""
+        it there), where it suspends and then parks. Whether it was. Not one stopped by a deadline it was given
+        (a machine cut off from its scheduler: it must not train beside the copy started elsewhere)."""
         if not ({job.gpu, *job.exclusive_gpus} & wanted):
             return False
         unit = gang_members(self.jobs, job.gang["id"]) if job.gang else [job]
-        stopped = [m for m in unit if m.gpu in self.slicers and m.id in self.slicers[m.gpu].entries
-                   and self.slicers[m.gpu].entries[m.id].stopped and not self.slicers[m.gpu].entries[m.id].frozen
-                   and not self.slicers[m.gpu].entries[m.id].to_boundary]
-        for m in stopped:
-            e = self.slicers[m.gpu].entries[m.id]
-            self.slicers[m.gpu].hold(m.id, to_boundary=True, in_place=e.in_place, stop_by=e.stop_by)
+        entries = [(m, self.slicers[m.gpu].entries.get(m.id)) for m in unit if m.gpu in self.slicers]
+        stopped = [(m, e) for m, e in entries if e is not None and e.stopped and not e.frozen and not e.to_boundary
+                   and e.stop_by is None]
+        for m, e in stopped:
+            self.slicers[m.gpu].hold(m.id, to_boundary=True, in_place=e.in_place)
             self.node.switch(self.slicers[m.gpu], now)
         return bool(stopped)
 

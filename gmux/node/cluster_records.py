@@ -69,8 +69,9 @@ def gang_record(cjob: str, world: int, by_rank: dict, restoring: bool = False) -
            "detail": (f"rank {bad[0][0]}: " if bad and world > 1 else "") + str(head.get("detail") or "")[:500],
            "held": any(bool(j.get("held", False)) for j in present), "_broken": bool(bad and live),
            "parked_gpu": parked,
+           # (stopped or suspending too: a job gmuxd holds that never reached a boundary never suspends)
            "boundless": bool(live) and len(present) == world and not restoring and not bad
-           and all(j["state"] == "running" and not j.get("started")
+           and all(j["state"] in ("running", "stopped", "suspending") and not j.get("started")
                    and not (j.get("report") or {}).get("awaiting_restore") for j in live)}
     if world > 1:
         rec["ranks"] = [{"rank": r, "local": j["id"], "gpu": j.get("gpu"), "state": j["state"],

@@ -6,6 +6,7 @@ import time
 from gmux.cluster.policies import Event, EventKind, Pack, Place
 from gmux.cluster.scheduler.driver import Driver, Intent
 from gmux.cluster.scheduler.state import CJob, Machine
+from gmux.node.cluster_records import gang_record
 from test_driver import Scripted
 from test_unheard import GRACE, sched  # noqa: F401 (the fixture)
 
@@ -17,15 +18,20 @@ def _report(s, name, recs):
                                                 "jobs": recs}, None)
 
 
-def test_a_parked_gang_whose_move_fails_stays_suspended_where_it_was(sched):
-    s = sched
+def _parked_gang(s) -> CJob:
+    """Gang g on m1's GPUs 0 and 1, suspended by the policy and parked by gmuxd; m1 and m2 have two GPUs."""
     s.machines["m1"].gpus = G2
     s.machines["m2"] = Machine("m2", G2, "tcp://127.0.0.1:2", last_seen=time.time())
-    # Gang g, suspended by the policy, parked by gmuxd; c1 started on GPU 0 since. The policy resumes g on m2,
-    # a migration, whose target fails as it warms.
     s.jobs["g"] = CJob("g", ["python", "t.py"], "/", gpus=2, state="suspended", machine="m1", gpu=0,
                        rank_gpus=[0, 1], local="j5", parked=True, step=50)
-    g = s.jobs["g"]
+    return s.jobs["g"]
+
+
+def test_a_parked_gang_whose_move_fails_stays_suspended_where_it_was(sched):
+    s = sched
+    # c1 started on GPU 0 since g was parked. The policy resumes g on m2, a migration, whose target fails as
+    # it warms.
+    g = _parked_gang(s)
     s.intents.carry_out(Intent("migrate", "g", "m2", 0, "policy Resume", (0, 1)))
     assert g.state == "migrating" and not g.parked
     s._daemon_node_event("m2", b"m2", {"name": "m2", "cjob": "g", "event": "start_failed",
@@ -76,3 +82,36 @@ def test_a_gang_does_not_go_where_a_suspended_job_that_reaches_no_boundary_waits
     jobs["c5"].boundless = False
     intents, _ = Driver(p).decide(jobs, machines, Event(EventKind.TICK), now=2.0)
     assert [(i.what, i.gpus) for i in intents] == [("start", (0, 1))]
+
+
+def test_a_suspended_job_that_never_reached_a_boundary_stays_boundless_in_its_reports(sched):
+    # (found in review) c5 never reached a boundary; the policy suspended it and gmuxd stopped it (SIGSTOP) at
+    # its deadline, held. Its machine's record of it, as the link builds it, says so: the scheduler still counts
+    # it boundless and sends no gang onto its GPU (gmuxd can never park it there). Before, the record said it was
+    # no longer boundless once it stopped running.
+    s = sched
+    s.machines["m1"].gpus = G2
+    s.jobs = {"c5": CJob("c5", ["python", "u.py"], "/", state="suspended", machine="m1", gpu=0, rank_gpus=[0],
+                         local="j1", boundless=True),
+              "g": CJob("g", ["python", "t.py"], "/", gpus=2)}
+    rec = gang_record("c5", 1, {0: {"id": "j1", "state": "stopped", "started": False, "gpu": 0, "held": True,
+                                    "step": 0}})
+    rec.pop("_broken")
+    _report(s, "m1", [rec])
+    intents, _ = Driver(Scripted([Place("g", (0, 1))])).decide(s.jobs, s.machines, Event(EventKind.TICK), now=1.0)
+    assert [i.what for i in intents] == ["none"], intents
+
+
+def test_the_source_of_a_suspended_jobs_move_is_told_not_to_resume_it_if_the_move_fails(sched):
+    s = sched
+    _parked_gang(s)
+    s.jobs["c1"].state = "running"
+    for cjob in ("g", "c1"):
+        s.intents.carry_out(Intent("migrate", cjob, "m2", 0, "policy Resume", (0, 1) if cjob == "g" else (0,)))
+        s._daemon_node_event("m2", b"m2", {"name": "m2", "cjob": cjob, "event": "ready", "detail": "", "data": {}},
+                             None)
+    sent = {args["xfer"].split("-")[0]: args["resume"] for _, action, args in s.wire if action == "migrate_out"}
+    assert sent == {"g": False, "c1": True}
+    s.moves.target_failed(s.jobs["g"], "m2 failed")         # while the source sends: the send is given up
+    (abandon,) = [args for _, action, args in s.wire if action == "abandon"]
+    assert abandon == {"of": "send", "resume": False}

@@ -410,20 +410,28 @@ def test_a_gangs_ranks_pinned_by_a_scheduler_are_placed_all_at_once(daemon_facto
     tick(d)
     assert [d.jobs[j].exclusive_gpus for j in ids] == [[0], [1]]
 
-def test_a_suspended_job_stopped_before_its_boundary_is_continued_to_it_where_a_gang_waits(daemon_factory):
-    # (found in review) The job, pinned to GPU 0, misses its suspend's deadline: gmuxd stops it (SIGSTOP),
-    # held, its memory still on GPU 0. A gang pinned to GPUs 0 and 1 then waits for GPU 0: the job is continued
-    # to its boundary, suspends there and parks (before: it stayed stopped on GPU 0 and the gang waited for good).
-    d = daemon_factory((16 * GiB,) * 3)
+
+def _stopped_before_its_boundary(d, **suspend):
+    """A job pinned to GPU 0, suspended by its user (with `suspend`'s fields), past the suspend's deadline before
+    its boundary: stopped by gmuxd (SIGSTOP), held, its memory still there. (its registration, its job, the
+    suspend command it has not answered)"""
     reg = register(d, b"c", migratable=True, gpu=0)
     tick(d)
     ack(d, b"c", reg, commands(d, b"c")[0])
     job = d.jobs[reg["job"]]
-    assert ask(d, "suspend", admin=d.admin, job=reg["job"]) is None      # (answered at its boundary)
+    assert ask(d, "suspend", admin=d.admin, job=reg["job"], **suspend) is None      # (answered at its boundary)
     (stop,) = commands(d, b"c")
     d.slicers[0].entries[job.id].sent_at -= 60        # past its deadline
     tick(d)
     assert d.slicers[0].entries[job.id].stopped and job.gpu == 0
+    return reg, job, stop
+
+
+def test_a_suspended_job_stopped_before_its_boundary_is_continued_to_it_where_a_gang_waits(daemon_factory):
+    # (found in review) A gang pinned to GPUs 0 and 1 waits for GPU 0: the job is continued to its boundary,
+    # suspends there and parks (before: it stayed stopped on GPU 0 and the gang waited for good).
+    d = daemon_factory((16 * GiB,) * 3)
+    reg, job, stop = _stopped_before_its_boundary(d)
     ids = [register(d, k, gang={"id": "g", "rank": r, "size": 2}, gpu=r, migratable=True)["job"]
            for r, k in enumerate((b"r0", b"r1"))]
     tick(d, 2)
@@ -432,3 +440,16 @@ def test_a_suspended_job_stopped_before_its_boundary_is_continued_to_it_where_a_
     tick(d, 2)
     assert (job.gpu, job.parked_gpus) == (None, [0])
     assert [d.jobs[j].exclusive_gpus for j in ids] == [[0], [1]]
+
+
+def test_a_job_stopped_at_a_fences_deadline_is_not_continued_for_a_waiting_gang(daemon_factory):
+    # (found in review) A machine cut off from its scheduler suspends its cluster jobs with a deadline
+    # (cluster_fence: deadline_s); one that misses it is stopped, so that it does not train beside the copy the
+    # scheduler starts elsewhere. A gang waiting for its GPU must not continue it, without a deadline, to its
+    # boundary.
+    d = daemon_factory((16 * GiB,) * 3)
+    reg, job, _ = _stopped_before_its_boundary(d, deadline_s=1.0)
+    for r, k in enumerate((b"r0", b"r1")):
+        register(d, k, gang={"id": "g", "rank": r, "size": 2}, gpu=r, migratable=True)
+    tick(d, 20)
+    assert d.slicers[0].entries[job.id].stopped, job.detail           # not continued: it stays stopped
