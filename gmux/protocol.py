@@ -717,10 +717,12 @@ def _start(v):
 ACTION_ARGS = {
     "start": _start,
     "suspend": {}, "kill": {}, "release": {},
-    "abandon": {"of": (_one_of("start", "send"), True)},
+    # resume: whether the source runs the job on if its send ends without a move (false: it was suspended before)
+    "abandon": {"of": (_one_of("start", "send"), True), "resume": (_bool, False)},
     "resume": {"gpu": (_optional(_gpu_index), False)},
     "move": {"gpu": (_gpu_index, True)},
-    "migrate_out": {"target": (_name, True), "endpoint": (_tcp_endpoint, True), "xfer": (_name, True)},
+    "migrate_out": {"target": (_name, True), "endpoint": (_tcp_endpoint, True), "xfer": (_name, True),
+                    "resume": (_bool, False)},
 }
 # What an event reports, whichever event it is.
 EVENT_DATA = {"step": (_nonneg_int, False), "local": (_name, False), "gpu": (_gpu_index, False),

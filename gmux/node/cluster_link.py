@@ -308,7 +308,7 @@ class ClusterLink:
                 self._start(cjob, args)
             return
         if action == "abandon":
-            self._abandon(cjob, args["of"])
+            self._abandon(cjob, args["of"], args.get("resume", True))
             return
         ranks = self.locals.get(cjob) if cjob in self._jobs else None
         if not ranks and action in ("kill", "release") and cjob in self.starts.starting:
@@ -340,9 +340,10 @@ class ClusterLink:
         elif action == "migrate_out":
             self.busy.add(cjob)   # no periodic checkpoint may start now
             stop = self.sending[cjob] = threading.Event()
-            self._work(cjob, migrate_out, self, cjob, ranks, args["target"], args["endpoint"], args["xfer"], stop)
+            self._work(cjob, migrate_out, self, cjob, ranks, args["target"], args["endpoint"], args["xfer"], stop,
+                       args.get("resume", True))
 
-    def _abandon(self, cjob: str, of: str) -> None:
+    def _abandon(self, cjob: str, of: str, resume: bool = True) -> None:
         """A move's target gives up its start (`of` "start"), its source its send ("send"). Each answers with
         how it ended: a start killed, "start_failed" (one that restored already goes on: "started"); a send
         stopped, its own outcome. One over before the word came said how it ended then, but a scheduler
@@ -351,7 +352,7 @@ class ClusterLink:
             if cjob in self.sending:
                 self.sending[cjob].set()
             else:
-                self._work(cjob, self._no_send, cjob, self.locals.get(cjob) if cjob in self._jobs else [])
+                self._work(cjob, self._no_send, cjob, self.locals.get(cjob) if cjob in self._jobs else [], resume)
         elif cjob in self.starts.starting:
             self.starts.abandon(cjob)
         else:
@@ -361,12 +362,13 @@ class ClusterLink:
             else:
                 self._event("start_failed", cjob, "its move was given up: the checkpoint it waited for will not come")
 
-    def _no_send(self, cjob: str, ranks: list) -> None:
+    def _no_send(self, cjob: str, ranks: list, resume: bool = True) -> None:
         """A send given up that is over: the job runs on here (held, if its checkpoint went: a move that failed
-        after it is taken as one that never happened)."""
-        for local in ranks or []:
+        after it is taken as one that never happened), or stays suspended if it was before the move."""
+        for local in ranks if resume else []:
             self._admin_reply("resume", local)
-        self._event("migrate_failed", cjob, f"no send of it is under way on {self.name}: it runs on here")
+        self._event("migrate_failed", cjob, f"no send of it is under way on {self.name}: it "
+                                            + ("runs on here" if resume else "stays suspended here"))
 
     def _refuse(self, frames: list, error: protocol.ProtocolError) -> None:
         """An action refused for its arguments still reaches the scheduler as a failure of that job, so the job

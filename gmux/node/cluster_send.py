@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 
 def migrate_out(link: "ClusterLink", cjob: str, ranks: list, target: str, endpoint: str, xfer: str,
-                stop: threading.Event) -> None:
-    held = bool((link._jobs.get(cjob) or {}).get("held"))   # (suspended before: a failed move leaves it so)
+                stop: threading.Event, resume: bool = True) -> None:
+    """resume: whether a failed move leaves the job running here (false: the scheduler had suspended it)."""
     try:
         target_key = keys.load_public(link.keydir, "daemon", target)
         # What the new processes hold already (their frozen tensors), asked while the job still computes.
@@ -48,7 +48,7 @@ def migrate_out(link: "ClusterLink", cjob: str, ranks: list, target: str, endpoi
                                     link._checkpointer(steps, holds), link._sender(), stop)
             step, t_ckpt = taken_at(steps, ranks), r["checkpoint_s"]
     except Exception as e:
-        for local in ranks if not held else ():
+        for local in ranks if resume else ():
             link._admin_reply("resume", local)         # the move failed: the job runs on here
         link._event("migrate_failed", cjob, f"{type(e).__name__}: {e}")
         return

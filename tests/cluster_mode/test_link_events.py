@@ -86,9 +86,9 @@ def _hello(link, sched) -> bytes:
     return ident
 
 
-def _abandon(sched, ident, cjob: str, of: str) -> None:
+def _abandon(sched, ident, cjob: str, of: str, **more) -> None:
     sched.send_multipart([ident, protocol.encode("node_action", table=C, action="abandon", cjob=cjob,
-                                                 args={"of": of})])
+                                                 args={"of": of, **more})])
 
 
 # A scheduler restarted after it told a move's machine to give its part up, but before it heard the answer, tells
@@ -110,15 +110,20 @@ def test_a_start_that_restored_before_the_word_came_is_said_started_again(link_a
     assert events(sched, 10.0) == [("started", "c7", "")]
 
 
-def test_a_send_over_before_the_word_came_is_said_failed_and_the_job_runs_on(link_and_scheduler):
+@pytest.mark.parametrize("more,after,resumed", [({}, "runs on here", True),
+                                                ({"resume": False}, "stays suspended here", False)])
+def test_a_send_over_before_the_word_came_is_said_failed_and_the_job_runs_on(link_and_scheduler, more, after,
+                                                                            resumed):
+    # (resume false: the scheduler had suspended the job before its move; before, it was resumed here all the
+    # same, beside what the scheduler had since put on its GPUs)
     link, sched = link_and_scheduler
     ident = _hello(link, sched)
     asked = []
     link.admin = lambda mtype, **fields: asked.append((mtype, fields.get("job"))) or {}
     link._jobs["c7"], link.locals["c7"] = {"cjob": "c7", "state": "suspended", "step": 41, "local": "j3"}, ["j3"]
-    _abandon(sched, ident, "c7", "send")
-    assert events(sched, 10.0) == [("migrate_failed", "c7", "no send of it is under way on m1: it runs on here")]
-    assert asked == [("resume", "j3")]
+    _abandon(sched, ident, "c7", "send", **more)
+    assert events(sched, 10.0) == [("migrate_failed", "c7", f"no send of it is under way on m1: it {after}")]
+    assert asked == ([("resume", "j3")] if resumed else [])
 
 
 def test_a_parked_job_asked_to_resume_on_another_gpu_is_refused_and_left_as_it_is(link_and_scheduler):
@@ -135,15 +140,15 @@ def test_a_parked_job_asked_to_resume_on_another_gpu_is_refused_and_left_as_it_i
     assert asked == [("resume", "j3", None)]
 
 
-@pytest.mark.parametrize("held", [False, True])
-def test_a_failed_send_resumes_the_job_only_if_it_was_not_suspended_before(tmp_path, held):
+@pytest.mark.parametrize("resume", [True, False])
+def test_a_failed_send_resumes_the_job_only_if_it_was_not_suspended_before(tmp_path, resume):
     from types import SimpleNamespace
     from gmux.node.cluster_send import migrate_out
     said = []
-    link = SimpleNamespace(keydir=str(tmp_path / "no-keys"), _jobs={"c7": {"held": held}}, sending={},
+    link = SimpleNamespace(keydir=str(tmp_path / "no-keys"), _jobs={}, sending={},
                            _admin_reply=lambda mtype, local, **f: said.append((mtype, local)) or (None, {}),
                            _event=lambda ev, cjob, detail, **d: said.append((ev, cjob)))
-    migrate_out(link, "c7", ["j3", "j4"], "m2", "tcp://127.0.0.1:1", "x", threading.Event())   # (no key for m2)
+    migrate_out(link, "c7", ["j3", "j4"], "m2", "tcp://127.0.0.1:1", "x", threading.Event(), resume)  # (no key)
     # The move failed before it began: a running job runs on; one the policy had suspended stays suspended
     # (before: resumed here, beside what the scheduler had since put on its GPUs).
-    assert said == ([] if held else [("resume", "j3"), ("resume", "j4")]) + [("migrate_failed", "c7")]
+    assert said == ([("resume", "j3"), ("resume", "j4")] if resume else []) + [("migrate_failed", "c7")]

@@ -159,7 +159,9 @@ def test_a_given_up_move_recovered_asks_its_machine_again_and_settles_on_its_ans
     asked nobody again (a failed target's source) or trusted that it had been told (an abandoned move's target),
     and the job stayed "migrating" for good. Recovered, each is asked again, and the answer settles the move."""
     import time
-    for stage, asked, answer in (("target_failed", ("m1", "abandon", "c1", {"of": "send"}), ("m1", "migrate_failed")),
+    # (a move recorded before moves said whether the job ran: taken as running, its source resumes it)
+    for stage, asked, answer in (("target_failed", ("m1", "abandon", "c1", {"of": "send", "resume": True}),
+                                  ("m1", "migrate_failed")),
                                  ("abandoned", ("m2", "abandon", "c1", {"of": "start"}), ("m2", "start_failed"))):
         where = tmp_path / stage
         s = _migrating(where, stage)

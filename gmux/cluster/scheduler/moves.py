@@ -134,7 +134,7 @@ class Moves:
     def _back(self, job: CJob, why: str, resume: bool) -> None:
         """The move did not happen: the job is on its source again, running, or suspended if it was before (a
         policy's resume elsewhere that failed: its GPUs there may be another's now), and none is sent."""
-        suspended = job.move.get("was") == "suspended"
+        suspended = not _runs_on(job)
         if resume and not suspended:
             self.s._action(job.source, "resume", job.cjob)
         _back_to_source(job)
@@ -185,7 +185,7 @@ class Moves:
         move's target its start, a failed target's source its send. One not connected is told at the next tick;
         so is one whose answer a restarted scheduler may not have heard (the link answers again)."""
         machine, of = (job.machine, "start") if job.move["stage"] == "abandoned" else (job.source, "send")
-        if self.s._action(machine, "abandon", job.cjob, of=of):
+        if self.s._action(machine, "abandon", job.cjob, of=of, **({"resume": _runs_on(job)} if of == "send" else {})):
             self._set(job, **{**job.move, "told": True})
 
     def give_up_for_kill(self, job: CJob) -> None:
@@ -241,13 +241,19 @@ class Moves:
         source not connected (its link not yet back after a restart of this scheduler) is asked again at the next
         tick: the move stays warming, never "sending" with nothing sent."""
         move = job.move
-        if not self.s._action(job.source, "migrate_out", job.cjob,
+        if not self.s._action(job.source, "migrate_out", job.cjob, resume=_runs_on(job),
                               **{k: move[k] for k in ("target", "endpoint", "xfer")}):
             if move["since"] >= 0:
                 self._set(job, **{**move, "since": -WARM_WAIT_S, "why": why})
             return
         self._set(job, **{**{k: v for k, v in move.items() if k != "why"}, "stage": "sending"})
         self.s._log("migrate_out", job.cjob, f"{job.cjob}: {why}; {job.source} suspends it and sends its checkpoint")
+
+
+def _runs_on(job: CJob) -> bool:
+    """Whether the job runs on at its source if its move fails: not where it was suspended before the move (its
+    GPUs there may be another's now)."""
+    return job.move.get("was") != "suspended"
 
 
 def _back_to_source(job: CJob) -> None:
