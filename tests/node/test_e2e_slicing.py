@@ -38,9 +38,10 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
                         *paced(tmp_path, PACE_S), "--attach",
                         opts=["--no-hook", "--mem", "600MiB", "--weight", weight])
         jobs[name] = node.job_of(p.pid)
-    # Sample GPU time until enough rounds are seen (or the first job ends). Shares are judged over whole rounds: from the start of one turn
-    # of the weight-2 job to the start of a later one (a window cut mid-round is off by up to a quantum).
-    # The window must hold at least 3 rounds, enough for ±10% when a quantum overshoots by a mini-batch.
+    # Sample GPU time until enough rounds are seen (or the first job ends). Shares are judged over whole rounds:
+    # from the start of one turn of the weight-2 job to the start of a later one (a window cut mid-round is off
+    # by up to a quantum). The window must hold at least 3 rounds, enough for ±10% when a quantum overshoots by a
+    # mini-batch.
     starts = []
     max_resident_mem = 0
     was_running = True

@@ -66,7 +66,8 @@ class Options:
 class Scheduler:
     def __init__(self, statedir: str, keydir: str, options: Optional[Options] = None):
         self.opt = options or Options()
-        self.driver = Driver(make_policy(self.opt.policy, **self.opt.params))      # a refused policy leaves no state directory behind
+        # (a refused policy, or a parameter it does not take, leaves no state directory behind)
+        self.driver = Driver(make_policy(self.opt.policy, **self.opt.params))
         self.statedir = statedir
         self.keydir = keydir
         self._closers = contextlib.ExitStack()      # what close() closes, last opened first
