@@ -33,10 +33,20 @@ log = logging.getLogger("gmux.daemon")
 DEFRAG_RETRY_S = 2.0    # a defragmentation that has not freed its GPUs is planned again after this long
 
 
+def _own_gpus(job: Job) -> list:
+    """The GPUs a waiting job must have: those it gave back while suspended (its process waits there), else the
+    one it is pinned to (none: any)."""
+    return list(job.parked_gpus) or ([job.pinned] if job.pinned is not None else [])
+
+
 def _pinned(members: list) -> tuple:
-    """The GPUs a waiting unit must have: those its ranks are pinned to, or gave back while suspended."""
-    return tuple(sorted({m.pinned for m in members if m.pinned is not None}
-                        | {g for m in members for g in m.parked_gpus}))
+    """The GPUs a waiting unit must have."""
+    return tuple(sorted({g for m in members for g in _own_gpus(m)}))
+
+
+def _needed(units: list) -> dict:
+    """unit -> the GPUs it must have, for the waiting units not held by their users (those take no GPU)."""
+    return {unit: _pinned(members) for unit, members in units if not any(m.held for m in members)}
 
 
 def _gpus(gpus: list) -> str:
@@ -253,12 +263,11 @@ class Admission:
             job = self.jobs[job_id]
             if job.exclusive:
                 continue
-            pinned = (job.parked_gpus or [job.pinned])[0]     # (a job moved since it was pinned parks elsewhere)
-            gpu = placement.single_gpu(views, job.working_set() or 0, pinned, keep_free)
+            gpu = placement.single_gpu(views, job.working_set() or 0, (_own_gpus(job) or [None])[0], keep_free)
             if gpu is not None:
                 self._grant([job], [gpu], now)
                 views = self._views()
-        wanted = {unit: _pinned(members) for unit, members in units if not any(m.held for m in members)}
+        wanted = _needed(units)
         for unit, members in units:
             if unit not in wanted:
                 continue       # suspended by the user while waiting: it takes no GPU until resumed
@@ -282,13 +291,12 @@ class Admission:
     def _grant(self, members: list, gpus: list, now: float) -> None:
         """Each job gets its GPU (a multi-GPU job all of them); a registered one joins its GPU's slicer, which
         starts it; a submitted one whose process has not registered yet joins it when it does."""
-        taken = {g for m in members for g in m.parked_gpus or ([m.pinned] if m.pinned is not None else [])}
+        taken = {g for m in members for g in _own_gpus(m)}
         rest = [g for g in sorted(gpus) if g not in taken]
         for job in members:
-            if job.parked_gpus:    # back on the GPUs its process was started on
-                mine, job.parked_gpus = list(job.parked_gpus), []
-            elif job.pinned is not None:
-                mine = [job.pinned]
+            own = _own_gpus(job)
+            if own:                # back on the GPUs its process was started on, or on its pinned one
+                mine, job.parked_gpus = own, []
             else:
                 mine, rest = rest[:job.gpus_wanted], rest[job.gpus_wanted:]
             job.gpu = mine[0]
@@ -305,8 +313,7 @@ class Admission:
         as does a held single-GPU job that cannot move (pinned, say: a cluster scheduler placed it, and
         suspended it for the gang) from a GPU that a waiting multi-GPU job or gang must have (pinned there, or
         parked there itself). Either resumes on its GPUs once they are free again."""
-        wanted = {g for _, members in (self._units() if self.queue else ()) if not any(m.held for m in members)
-                  for g in _pinned(members)}
+        wanted = {g for gpus in _needed(self._units() if self.queue else []).values() for g in gpus}
         waited_for = wanted | {g for j in self.queue for g in _pinned([self.jobs[j]]) if not self.jobs[j].held}
         for job in self.jobs.values():
             if job.final or not job.held or job.gpu not in self.slicers:

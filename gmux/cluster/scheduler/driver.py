@@ -117,7 +117,7 @@ class Driver:
         intents, timers, acted = [], [], set()      # acted: jobs this decision starts, resumes or moves
         occupants: dict[tuple, list] = {}      # (machine, gpu) -> jobs there, save those parked or parking
         for j in jobs.values():
-            if not j.final and j.machine is not None and not _parked(j) and not (j.state == "suspended" and j.gpus > 1):
+            if not j.final and j.machine is not None and not _off_its_gpus(j):
                 for g in j.rank_gpus or [j.gpu]:
                     occupants.setdefault((j.machine, g), []).append(j)
         for a in actions:
@@ -211,8 +211,9 @@ def _waits(job: CJob, acted: set) -> bool:
     return job.gpus == 1 and job.state == "suspended" and not job.boundless and job.cjob not in acted
 
 
-def _parked(job: CJob) -> bool:
-    """Suspended and given back its GPUs (a parked job resumed holds none until gmuxd seats it again, but is
-    counted where it goes: nothing else may go there meanwhile)."""
-    return job.parked and job.state in ("suspended", "held")
+def _off_its_gpus(job: CJob) -> bool:
+    """Suspended and given back its GPUs, or about to be: parked (a parked job resumed holds none until gmuxd
+    seats it again, but is counted where it goes: nothing else may go there meanwhile), or a suspended gang
+    (gmuxd parks it once it has suspended)."""
+    return job.parked and job.state in ("suspended", "held") or job.state == "suspended" and job.gpus > 1
 

@@ -132,8 +132,9 @@ class Moves:
         self._back(job, why, resume=stage != "warming")     # (warming: the source never stopped computing)
 
     def _back(self, job: CJob, why: str, resume: bool) -> None:
-        """The move did not happen: the job is on its source again, running, or suspended if it was before (a
-        policy's resume elsewhere that failed: its GPUs there may be another's now), and none is sent."""
+        """The move did not happen: the job is on its source again, running (`resume`: resumed there), or
+        suspended if it was before, and not resumed (a policy's resume elsewhere that failed: its GPUs there may
+        be another's now)."""
         suspended = not _runs_on(job)
         if resume and not suspended:
             self.s._action(job.source, "resume", job.cjob)
