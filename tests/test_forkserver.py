@@ -18,8 +18,8 @@ def test_a_reused_pid_does_not_carry_the_exit_of_the_process_that_had_it(tmp_pat
     server = forkserver.Server(sys.executable, env(), ROOT)
     first = server.spawn(["-c", "raise SystemExit(3)"], env(), ROOT, os.devnull, None)
     assert first.wait(60) == 3
-    out = tmp_path / "out"
-    for _ in range(20):                      # another process may take the pid between the write and the fork
+    for attempt in range(20):                # another process may take the pid between the write and the fork
+        out = tmp_path / f"out{attempt}"     # a try that missed the pid writes its own file, not this one's
         with open(LAST_PID, "w") as f:
             f.write(str(first.pid - 1))
         second = server.spawn(["-c", "import time, sys; time.sleep(1); print('written')"], env(), ROOT,
