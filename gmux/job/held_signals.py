@@ -10,7 +10,8 @@ while one is pending takes it along (gmux.job.launch raises it there once the st
 
 Python's own Ctrl-C (KeyboardInterrupt) is not deferred: gmux-launch ends a held job on it, and in a script that
 drives itself it stays Python's. A signal ignored stays ignored, and one without a Python handler keeps its
-default action (SIGTERM ends the process at once, and runs nothing of the script's). Handlers are the main
+default action (SIGTERM ends the process at once, and runs nothing of the script's; gmux-launch leaves a record
+that says so). Handlers are the main
 thread's: a job whose boundaries come in another thread is held there without this.
 """
 from __future__ import annotations

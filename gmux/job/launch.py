@@ -33,6 +33,7 @@ from gmux.rundir import RuntimeDir, alive, my_starttime, proc_starttime, write_e
 from gmux.util.process_tree import descendants, keep_orphans
 
 REGISTER_WAIT_S = 3600.0    # how long a job gmuxd accepted waits for a gmuxd to take it up before it gives up
+_ENDING = (signal.SIGTERM, signal.SIGHUP)   # their default action ends a process at once, with nothing said
 
 
 @dataclass
@@ -178,14 +179,38 @@ def _quiet_interrupt(rundir: RuntimeDir, opt: LaunchOptions) -> dict:
     KeyboardInterrupt, as it is in a process forked from this one (the lease watch, a loader's workers): while the
     script runs, outside gmuxd's holds, SIGINT's handler is the one python gives it (asyncio.run installs its own
     only over that one). A SIGINT ignored (a job started in the background, or by its script) stays ignored, and
-    a script's own SIGINT handler waits for the resume as its other handlers do (gmux.job.held_signals). Returns
-    what the handler reads (the agent once registered, whether the script has started, whether it moves), the
-    handler, and what installs it around the agent's waits."""
+    a script's own SIGINT handler waits for the resume as its other handlers do (gmux.job.held_signals).
+    A SIGTERM or SIGHUP the script has no handler for still ends a held job at once, by that signal, as its
+    default action does (torchrun, told Ctrl-C, sends its workers SIGTERM), but with an exit record that says so:
+    without one gmuxd could only call the job lost to an unknown signal. While the script runs the default action
+    stays the kernel's (a handler of Python's would wait for the main thread's next bytecode: in a long native
+    call, until whoever sent it gives up and sends SIGKILL). Returns what the handlers read (the agent once
+    registered, whether the script has started, whether it moves), the SIGINT handler, and what installs the
+    handlers around the agent's waits."""
     held = {"agent": None, "script": False, "moving": False, "kept": None, "restoring": False, "handler": None,
             "while_waiting": contextlib.nullcontext}
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return held
+    interruptible = signal.getsignal(signal.SIGINT) is signal.default_int_handler   # (not one ignored)
     launcher = os.getpid()
+
+    def when() -> tuple[str, Optional[str]]:
+        kept = held["kept"] if held["moving"] else opt.restore if held["restoring"] or not held["script"] else None
+        return ("during its move to a new process" if held["moving"] else
+                "before it registered" if held["agent"] is None else
+                "before its state was restored" if held["script"] and held["restoring"] else
+                "while suspended by gmuxd" if held["script"] else "before its first turn"), kept
+
+    def end_here(job: str, status: int, reason: str, said: str) -> None:
+        """Says why the job ends, in its log and its exit record, and to gmuxd."""
+        agent = held["agent"]
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()                  # (what the script printed before is kept)
+        print(said, file=sys.stderr, flush=True)
+        write_exit(rundir, job, status, reason, left=_left_running())
+        if agent is None:
+            return
+        with contextlib.suppress(Exception):     # (gmuxd away: its exit record says it all)
+            agent.bye(status, reason)
+            agent.sock.context.destroy(linger=2000)  # (an exit now would drop the bye still queued)
 
     def on_sigint(signum, frame) -> None:
         agent = held["agent"]
@@ -197,39 +222,46 @@ def _quiet_interrupt(rundir: RuntimeDir, opt: LaunchOptions) -> dict:
         if job is None:
             print("gmux-launch: interrupted before gmuxd took the job: nothing ran", file=sys.stderr, flush=True)
             os._exit(130)
-        kept = held["kept"] if held["moving"] else opt.restore if held["restoring"] or not held["script"] else None
-        when = "during its move to a new process" if held["moving"] else \
-            "before it registered" if agent is None else \
-            "before its state was restored" if held["script"] and held["restoring"] else \
-            "while suspended by gmuxd" if held["script"] else "before its first turn"
-        reason = f"interrupted (SIGINT) {when}" + (f"; its state is kept in {kept}" if kept else "")
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()                  # (what the script printed before is kept)
-        print(f"gmux-launch: job {job} interrupted {when}: it ends" + (f" (its state is kept in {kept})" if kept else
-              " (its script's own Ctrl-C handling is not run: its state is off the device)" if held["script"] else
-              ""), file=sys.stderr, flush=True)
-        write_exit(rundir, job, 130, reason, left=_left_running())
-        if agent is None:
-            os._exit(130)
-        with contextlib.suppress(Exception):     # (gmuxd away: its exit record says it all)
-            agent.bye(130, reason)
-            agent.sock.context.destroy(linger=2000)  # (os._exit would drop the bye still queued)
+        at, kept = when()
+        end_here(job, 130, f"interrupted (SIGINT) {at}" + (f"; its state is kept in {kept}" if kept else ""),
+                 f"gmux-launch: job {job} interrupted {at}: it ends" + (
+                     f" (its state is kept in {kept})" if kept else
+                     " (its script's own Ctrl-C handling is not run: its state is off the device)" if held["script"]
+                     else ""))
         os._exit(130)
+
+    def on_ending(signum, _frame) -> None:
+        agent = held["agent"]
+        job = agent.job if agent is not None else opt.job
+        if os.getpid() == launcher and job is not None:
+            name = signal.Signals(signum).name
+            at, kept = when()
+            end_here(job, 128 + signum, f"ended by {name} {at}, which the script has no handler for" +
+                     (f"; its state is kept in {kept}" if kept else ""),
+                     f"gmux-launch: job {job} got {name} {at}: it ends, as the signal's default action does" +
+                     (f" (its state is kept in {kept})" if kept else ""))
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)            # (ended by the signal, as its sender expects: torchrun reads it)
 
     @contextlib.contextmanager
     def while_waiting():
-        if threading.current_thread() is not threading.main_thread() or \
-                signal.getsignal(signal.SIGINT) not in (signal.default_int_handler, on_sigint):
-            yield      # (signal handlers are the main thread's to set; one ignored or the script's is kept)
+        if threading.current_thread() is not threading.main_thread():
+            yield      # (signal handlers are the main thread's to set)
             return
-        theirs = signal.signal(signal.SIGINT, on_sigint)
+        ours = {sig: on_ending for sig in _ENDING if signal.getsignal(sig) in (signal.SIG_DFL, on_ending)}
+        if interruptible and signal.getsignal(signal.SIGINT) in (signal.default_int_handler, on_sigint):
+            ours[signal.SIGINT] = on_sigint      # (one ignored or the script's is kept)
+        theirs = {sig: signal.signal(sig, handler) for sig, handler in ours.items()}
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, signal.default_int_handler if theirs is None else theirs)
+            for sig, handler in theirs.items():
+                signal.signal(sig, handler if handler is not None else
+                              signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
-    signal.signal(signal.SIGINT, on_sigint)
-    held.update(handler=on_sigint, while_waiting=while_waiting)
+    if interruptible:
+        signal.signal(signal.SIGINT, on_sigint)
+    held.update(handler=on_sigint if interruptible else None, while_waiting=while_waiting)
     return held
 
 
@@ -315,10 +347,8 @@ def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str], held: dict) -
     """Becomes a fresh interpreter (same pid) that re-registers and restores from the checkpoint. Until the exec,
     Ctrl-C ends the job in one line (`_quiet_interrupt`), and a signal the script handles is passed on to the new
     process (held_signals), which raises it once restored: here the state may be off the device."""
-    with held_signals.deferred() as (pending, handled):
+    with held_signals.deferred() as (pending, handled), held["while_waiting"]():
         held.update(moving=True, kept=path)
-        if held["handler"] is not None and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, held["handler"])
         _exec_as_next(agent, opt, path, pending, handled)
 
 

@@ -82,6 +82,38 @@ def test_ctrl_c_to_a_launch_waiting_on_gmuxd_ends_in_one_line(node_factory, tmp_
             assert "KeyboardInterrupt" in said and not torch.equal(mine["weight"], good["weight"]), (said, mine)
 
 
+def test_sigterm_to_a_held_launch_without_a_handler_ends_it_by_the_signal_with_a_record(node_factory, tmp_path):
+    """torchrun, told Ctrl-C, sends its workers SIGTERM: a worker gmuxd held, whose script has no handler for it,
+    died at once by the signal's default action and gmuxd called it "lost ... killed by a signal from outside
+    gmux". It still dies by the signal (what its sender reads), now with a record that names it and when."""
+    node = node_factory("--virtual-gpus", "2x1GiB", "--deadline-floor", "20")    # (suspended, never SIGSTOPped)
+    held = node.launch(TRAIN, str(tmp_path / "a.json"), "1000000", "--sleep", "0.01", log_name="held.log")
+    job = node.job_of(held.pid)
+    node.wait_for(lambda: node.job(job)["step"] > 2, 60, "training")
+    node.call("suspend", job=job)
+    node.wait_for(lambda: node.job(job)["state"] == "held", 30, "held")
+    queued = node.launch(TRAIN, str(tmp_path / "b.json"), "10", opts=["--gpus", "2"], log_name="queued.log")
+    waiting = node.job_of(queued.pid)
+    node.wait_for(lambda: node.job(waiting)["state"] == "waiting", 30, "queued")
+    time.sleep(1.0)         # (its launcher waits for its turn)
+    for proc, name, jid, sig, when in ((queued, "queued.log", waiting, signal.SIGHUP, "before its first turn"),
+                                       (held, "held.log", job, signal.SIGTERM, "while suspended by gmuxd")):
+        os.kill(proc.pid, sig)
+        assert proc.wait(60) == -sig
+        said = (tmp_path / name).read_text()
+        assert f"gmux-launch: job {jid} got {sig.name} {when}: it ends" in said, said
+        node.wait_for(lambda: node.job(jid)["state"] == "failed", 20, "ended")
+        assert node.job(jid)["detail"] == f"ended by {sig.name} {when}, which the script has no handler for"
+        assert node.job(jid)["exit_status"] == 128 + sig
+    # Running, the signal's default action is the kernel's, at once (a handler would wait for a long native call)
+    running = node.launch(TRAIN, str(tmp_path / "c.json"), "1000000", "--sleep", "0.01", log_name="running.log")
+    jrun = node.job_of(running.pid)
+    node.wait_for(lambda: node.job(jrun)["step"] > 2, 60, "training")
+    os.kill(running.pid, signal.SIGTERM)
+    assert running.wait(60) == -signal.SIGTERM
+    assert "got SIGTERM" not in (tmp_path / "running.log").read_text()
+
+
 # Ctrl-C lands exactly as the suspend has copied the state off the device and not yet answered, or as the resume
 # starts: the script's handler would save the emptied tensors over its last good checkpoint.
 MIDST = """import os, signal, sys, time, torch

@@ -3,6 +3,7 @@ unmodified DDP (gloo) script as one gang: both ranks registered, hooked and plac
 resumed as one (the ranks agree on the boundary), ending bit-identical to a plain torchrun run; killed as one."""
 import json
 import os
+import signal
 import subprocess
 
 from node_harness import PY, ROOT, env, paced, result, unpace
@@ -115,3 +116,24 @@ def test_an_unmodified_ddp_script_submitted_with_ranks_suspends_as_one_bit_ident
     _plain_done(plain, tmp_path, steps)
     digests = {result(tmp_path / f"{kind}{r}.json")["sha256"] for kind in ("plain", "gang") for r in range(2)}
     assert len(digests) == 1
+
+
+def test_a_held_torchrun_gang_told_to_end_ends_each_rank_with_a_record(node_factory, tmp_path):
+    """Ctrl-C, `kill` or a batch system's preemption reaches gmux-launch and torchrun, and torchrun passes a
+    signal on to its workers (the one it got, or SIGTERM if a second came): held ranks, whose script has no
+    handler for SIGTERM, were recorded "lost ... killed by a signal from outside gmux". Each says what ended it,
+    and when."""
+    node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
+    term = "ended by SIGTERM while suspended by gmuxd, which the script has no handler for"
+    for name, sig, said in (("tt", signal.SIGTERM, (term,)),
+                            ("ti", signal.SIGINT, (term, "interrupted (SIGINT) while suspended by gmuxd"))):
+        launcher = _launch(node, name, str(tmp_path / f"{name}{{rank}}.json"), "100000")
+        node.wait_for(lambda: _training(node, name, 5), 90, "both torchrun ranks training under gmuxd")
+        ranks = [j["id"] for j in _ranks(node, name)]
+        assert gmux(node.rt, "suspend", ranks[0], timeout=130).returncode == 0
+        os.killpg(launcher.pid, sig)
+        assert launcher.wait(60) != 0
+        node.wait_for(lambda: all(node.job(j)["state"] in ("failed", "killed") for j in ranks), 30, "ranks ended")
+        ended = [node.job(j) for j in ranks]    # (one gmuxd ends first, as its peer failed, may say that instead)
+        assert any(j["detail"] in said for j in ended), ended
+        assert all(any(s in j["detail"] for s in said) or "of its gang failed" in j["detail"] for j in ended), ended
