@@ -80,15 +80,24 @@ class Receiver:
 
     def reader_gone(self, path: str) -> None:
         """The process that was to read the transfer arriving at `path` has ended (its start is over): the transfer
-        is refused, its sender told at its next message (its begin, a chunk, or a question about room)."""
+        is refused, its sender told at its next message (its begin, a chunk, or a question about room), and what
+        arrived of it is deleted now: a sender that hears of the failed move elsewhere sends nothing more, and its
+        partial file or FIFO would wait STALE_S for `expire`."""
         x = os.path.basename(path).removesuffix(".ckpt")
         if path != self.path(x) or x not in self.readers:
             return
         self.readers.discard(x)
         self.gone[x] = time.time()
         st = self.open.get(x)
-        if st is not None and st["pipe"] is not None:
-            st["pipe"].fail(OSError(errno.EPIPE, "the process that was to restore it has ended"))
+        if st is None:
+            return
+        st["error"] = OSError(errno.EPIPE, "the process that was to restore it has ended")
+        if st["pipe"] is not None:
+            st["pipe"].fail(st["error"])
+        else:
+            os.close(st["fd"])
+            st["fd"] = None
+        self._unlink_part(x)     # (the open record stays, small, for a sealed chunk's sealed answer)
 
     def path(self, xfer: str) -> str:
         return os.path.join(self.dir, f"{xfer}.ckpt")
@@ -110,9 +119,11 @@ class Receiver:
         x = msg["xfer"]
         if x in self.flushing:
             return self._while_flushing(x, msg, later)
+        if x in self.gone and msg.type != "xfer_holds":
+            if x in self.open:
+                self._discard(x)
+            return False, f"{msg.type} {x}: the process that was to restore it on this machine has ended"
         if msg.type == "xfer_begin":
-            if x in self.gone:
-                return False, f"xfer_begin {x}: the process that was to restore it on this machine has ended"
             self._begin(x, msg["size"], msg.get("seal"))
             return True, {**_answer(self.open[x]), **({"bulk": self.bulk_port} if self.open[x]["seal"] else {})}
         if msg.type == "xfer_holds":
@@ -200,6 +211,8 @@ class Receiver:
         if off != st["have"] or off + len(data) > st["size"]:
             self.rejected_chunks += 1         # out of place (after a loss): the sender rewinds
             return
+        if st.get("error") is not None:
+            raise st["error"]
         if st["pipe"] is not None and st["pipe"].error is not None:
             raise st["pipe"].error
         if not data:
@@ -335,7 +348,7 @@ class Receiver:
         st = self.open.pop(x)
         if st["pipe"] is not None:
             st["pipe"].abort()
-        else:
+        elif st["fd"] is not None:
             os.close(st["fd"])
         self._unlink_part(x)
 
@@ -359,7 +372,7 @@ class Receiver:
         for st in self.open.values():
             if st["pipe"] is not None:
                 st["pipe"].abort()
-            else:
+            elif st["fd"] is not None:
                 os.close(st["fd"])
         for fl in self.flushing.values():
             os.close(fl["fd"])

@@ -183,6 +183,32 @@ def test_a_checkpoint_that_is_a_fifo_is_refused_without_waiting(tmp_path):
     assert time.monotonic() - t0 < 5
 
 
+def test_what_arrived_for_a_process_that_ended_is_deleted_at_once_though_its_sender_sends_no_more(tmp_path):
+    """A move's new process killed as it read (CI): the move failed, its source heard so from the scheduler and
+    sent nothing more, and what had arrived (a FIFO, or a partial file where the transfer began before its reader
+    was announced) waited STALE_S (10 min) for expire. It goes as the process is found ended; a sealed chunk
+    still gets a sealed refusal."""
+    data = os.urandom(4 * CHUNK)
+    rx = Receiver(str(tmp_path / "in"), durable=False)
+    piped, filed = "m1-c6.0", "m1-c7.0"
+    rx.expect_reader(piped)
+    for x in (piped, filed):
+        assert _send(rx, x, data, upto=2 * CHUNK) == (True, None)
+    rx.expect_reader(filed)                         # (announced after its first bytes: it stays a file)
+    assert rx.open[piped]["pipe"] is not None and rx.open[filed]["pipe"] is None
+    assert sorted(os.listdir(rx.dir)) == ["m1-c6.0.part", "m1-c7.0.part"]
+    for x in (piped, filed):
+        rx.reader_gone(rx.path(x))
+    assert os.listdir(rx.dir) == []
+    with pytest.raises(OSError, match="has ended"):     # (what a sealed chunk's answer is made from)
+        rx._append(rx.open[filed], 2 * CHUNK, data[:CHUNK])
+    for x in (piped, filed):
+        ok, out = rx.handle(_msg("xfer_chunk", xfer=x, offset=2 * CHUNK), data[:CHUNK])
+        assert not ok and "has ended" in out and x not in rx.open, out
+    assert os.listdir(rx.dir) == []
+    rx.close()
+
+
 def test_a_transfer_whose_process_ended_is_refused_at_once_whatever_its_sender_asks_next(tmp_path):
     """The new process was killed after it opened its FIFO and before the receiver's writer did (a loaded host):
     the writer, seeing no reader, waits for one for STALE_S; the queue filled, the sender asked for room for as
