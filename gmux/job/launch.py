@@ -17,23 +17,21 @@ import multiprocessing
 import os
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
 
 from gmux import protocol
-from gmux.job import control, held_signals, lease_watch, runner
+from gmux.job import control, held_signals, launch_signals, lease_watch, runner
 from gmux.job.agent import Agent, DaemonUnavailable, not_alone
 from gmux.job.foreground import fork_if_in_foreground
 from gmux.job.log_output import keep_going_on_full_disk
 from gmux.job.open_files import WAIT_S, flush_open_files, within
 from gmux.util.job_command import interpreter_options, missing_script, script_of
-from gmux.rundir import RuntimeDir, alive, my_starttime, proc_starttime, write_exit
-from gmux.util.process_tree import descendants, keep_orphans
+from gmux.rundir import RuntimeDir, alive, my_starttime, write_exit
+from gmux.util.process_tree import keep_orphans
 
 REGISTER_WAIT_S = 3600.0    # how long a job gmuxd accepted waits for a gmuxd to take it up before it gives up
-_ENDING = (signal.SIGTERM, signal.SIGHUP)   # their default action ends a process at once, with nothing said
 
 
 @dataclass
@@ -70,7 +68,7 @@ def run(opt: LaunchOptions) -> int:
         fork_if_in_foreground()     # (an interactive shell would see gmuxd's stops as its job stopped)
     keep_orphans()      # a daemon the job double-forks stays in its tree: stopped, continued and killed with it
     rundir = RuntimeDir(opt.runtime_dir)
-    held = _quiet_interrupt(rundir, opt)
+    held = launch_signals.held_ends(rundir, opt.job, opt.restore)
     carried = held_signals.carried(os.environ.pop(held_signals.ENV, None))   # (from a move's old process)
     handled = held_signals.carried(os.environ.pop(held_signals.HANDLED, None))
     restoring = None
@@ -81,10 +79,11 @@ def run(opt: LaunchOptions) -> int:
     # before registering: a registered job must be ready to run when it is given the GPU
     runner.warm_up(target if kind == "path" else None)
     try:
-        agent, reg = _register(rundir, opt, pid=os.getpid(), starttime=my_starttime(), argv=list(opt.argv),
-                               cwd=os.getcwd(), name=opt.name, weight=opt.weight, mem=opt.mem, gpus=opt.gpus,
-                               gpu=None if opt.job else opt.gpu, migratable=not opt.hook,
-                               gang=None if opt.job else opt.gang, agrees=bool(opt.gang and opt.hook))
+        with held["while_waiting"]():       # (a move's new process may wait an hour for a gmuxd)
+            agent, reg = _register(rundir, opt, pid=os.getpid(), starttime=my_starttime(), argv=list(opt.argv),
+                                   cwd=os.getcwd(), name=opt.name, weight=opt.weight, mem=opt.mem, gpus=opt.gpus,
+                                   gpu=None if opt.job else opt.gpu, migratable=not opt.hook,
+                                   gang=None if opt.job else opt.gang, agrees=bool(opt.gang and opt.hook))
     except Exception as e:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2
@@ -162,136 +161,11 @@ def run(opt: LaunchOptions) -> int:
     ended = current()
     if ended is not None:
         agent.report(ended.report())    # its last step and figures (reports go out only every few seconds)
-    write_exit(rundir, job_id, status, reason, left=_left_running(),
+    write_exit(rundir, job_id, status, reason, left=launch_signals.left_running(),
                step=ended.profile.steps if ended is not None else None)
     agent.bye(status, reason)
     agent.close()
     return status
-
-
-def _quiet_interrupt(rundir: RuntimeDir, opt: LaunchOptions) -> dict:
-    """Ctrl-C before the script runs (as gmux-launch imports torch, registers, waits for its first turn), while
-    gmuxd holds it suspended, or as it moves to a new process (between the move's checkpoint and the exec) ends
-    the job there, in one line, with status 130 and an exit record that says when:
-    a KeyboardInterrupt's traceback through gmux's own wait tells the user nothing, and a suspended script's
-    handler would run with its state off the device (a `torch.save` there wrote garbage over the last good
-    checkpoint, or crashed), so none of the script's code runs. Elsewhere in the script it is the script's own
-    KeyboardInterrupt, as it is in a process forked from this one (the lease watch, a loader's workers): while the
-    script runs, outside gmuxd's holds, SIGINT's handler is the one python gives it (asyncio.run installs its own
-    only over that one). A SIGINT ignored (a job started in the background, or by its script) stays ignored, and
-    a script's own SIGINT handler waits for the resume as its other handlers do (gmux.job.held_signals).
-    A SIGTERM or SIGHUP the script has no handler for still ends a held job at once, by that signal, as its
-    default action does (torchrun, told Ctrl-C, sends its workers SIGTERM), but with an exit record that says so:
-    without one gmuxd could only call the job lost to an unknown signal. While the script runs the default action
-    stays the kernel's (a handler of Python's would wait for the main thread's next bytecode: in a long native
-    call, until whoever sent it gives up and sends SIGKILL). Returns what the handlers read (the agent once
-    registered, whether the script has started, whether it moves), the SIGINT handler, and what installs the
-    handlers around the agent's waits."""
-    held = {"agent": None, "script": False, "moving": False, "kept": None, "restoring": False, "handler": None,
-            "while_waiting": contextlib.nullcontext}
-    interruptible = signal.getsignal(signal.SIGINT) is signal.default_int_handler   # (not one ignored)
-    launcher = os.getpid()
-
-    def when() -> tuple[str, Optional[str]]:
-        kept = held["kept"] if held["moving"] else opt.restore if held["restoring"] or not held["script"] else None
-        return ("during its move to a new process" if held["moving"] else
-                "before it registered" if held["agent"] is None else
-                "before its state was restored" if held["script"] and held["restoring"] else
-                "while suspended by gmuxd" if held["script"] else "before its first turn"), kept
-
-    def end_here(job: str, status: int, reason: str, said: str) -> None:
-        """Says why the job ends, in its log and its exit record, and to gmuxd."""
-        agent = held["agent"]
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()                  # (what the script printed before is kept)
-        print(said, file=sys.stderr, flush=True)
-        write_exit(rundir, job, status, reason, left=_left_running())
-        if agent is None:
-            return
-        with contextlib.suppress(Exception):     # (gmuxd away: its exit record says it all)
-            agent.bye(status, reason)
-            agent.sock.context.destroy(linger=2000)  # (an exit now would drop the bye still queued)
-
-    def on_sigint(signum, frame) -> None:
-        agent = held["agent"]
-        if os.getpid() != launcher or held["script"] and not (held["moving"] or held["restoring"] or
-                                                               _under_suspend() or
-                                                               _waiting_in(frame, Agent.wait.__code__)):
-            signal.default_int_handler(signum, frame)
-        job = agent.job if agent is not None else opt.job     # (a move's new process, a job gmuxd started)
-        if job is None:
-            print("gmux-launch: interrupted before gmuxd took the job: nothing ran", file=sys.stderr, flush=True)
-            os._exit(130)
-        at, kept = when()
-        end_here(job, 130, f"interrupted (SIGINT) {at}" + (f"; its state is kept in {kept}" if kept else ""),
-                 f"gmux-launch: job {job} interrupted {at}: it ends" + (
-                     f" (its state is kept in {kept})" if kept else
-                     " (its script's own Ctrl-C handling is not run: its state is off the device)" if held["script"]
-                     else ""))
-        os._exit(130)
-
-    def on_ending(signum, _frame) -> None:
-        agent = held["agent"]
-        job = agent.job if agent is not None else opt.job
-        if os.getpid() == launcher and job is not None:
-            name = signal.Signals(signum).name
-            at, kept = when()
-            end_here(job, 128 + signum, f"ended by {name} {at}, which the script has no handler for" +
-                     (f"; its state is kept in {kept}" if kept else ""),
-                     f"gmux-launch: job {job} got {name} {at}: it ends, as the signal's default action does" +
-                     (f" (its state is kept in {kept})" if kept else ""))
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)            # (ended by the signal, as its sender expects: torchrun reads it)
-
-    @contextlib.contextmanager
-    def while_waiting():
-        if threading.current_thread() is not threading.main_thread():
-            yield      # (signal handlers are the main thread's to set)
-            return
-        ours = {sig: on_ending for sig in _ENDING if signal.getsignal(sig) in (signal.SIG_DFL, on_ending)}
-        if interruptible and signal.getsignal(signal.SIGINT) in (signal.default_int_handler, on_sigint):
-            ours[signal.SIGINT] = on_sigint      # (one ignored or the script's is kept)
-        theirs = {sig: signal.signal(sig, handler) for sig, handler in ours.items()}
-        try:
-            yield
-        finally:
-            for sig, handler in theirs.items():
-                signal.signal(sig, handler if handler is not None else
-                              signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-
-    if interruptible:
-        signal.signal(signal.SIGINT, on_sigint)
-    held.update(handler=on_sigint if interruptible else None, while_waiting=while_waiting)
-    return held
-
-
-def _under_suspend() -> bool:
-    api = sys.modules.get("gmux.job.api")   # (a handler imports nothing: the script may not have torch yet)
-    job = api.current() if api is not None else None
-    return job is not None and job.under_suspend
-
-
-def _waiting_in(frame, code) -> bool:
-    while frame is not None:
-        if frame.f_code is code:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _left_running() -> list:
-    """What this job leaves running outside its process group (a server in a session of its own, a daemon it
-    double-forked and adopted back, whatever its environment says now), [pid, start time] each: gmuxd ends them
-    with the job, as it ends what is left in the job's group."""
-    group, out = os.getpgrp(), []
-    for pid in descendants(os.getpid()):
-        try:
-            start = proc_starttime(pid) if os.getpgid(pid) != group else None
-        except ProcessLookupError:
-            continue
-        if start is not None:
-            out.append([pid, start])
-    return out
 
 
 def _wait_for_start(agent: Agent):
@@ -345,10 +219,10 @@ def _ended(daemon: Optional[tuple[int, int]]):
 
 def _reexec(agent: Agent, opt: LaunchOptions, path: Optional[str], held: dict) -> None:
     """Becomes a fresh interpreter (same pid) that re-registers and restores from the checkpoint. Until the exec,
-    Ctrl-C ends the job in one line (`_quiet_interrupt`), and a signal the script handles is passed on to the new
+    Ctrl-C ends the job in one line (gmux.job.launch_signals), and a signal the script handles is passed on to the new
     process (held_signals), which raises it once restored: here the state may be off the device."""
+    held.update(moving=True, kept=path)
     with held_signals.deferred() as (pending, handled), held["while_waiting"]():
-        held.update(moving=True, kept=path)
         _exec_as_next(agent, opt, path, pending, handled)
 
 

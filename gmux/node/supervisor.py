@@ -310,6 +310,8 @@ def _last_step(job: Job, record: Optional[dict]) -> None:
 
 
 def describe(rc: int, record: Optional[dict]) -> tuple[str, Optional[int], str]:
+    if rc < 0 and (record or {}).get("status") == 128 - rc:
+        rc = 128 - rc       # gmux-launch said why the signal ended it (gmux.job.launch_signals), as a shell counts it
     if rc < 0:
         name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
         return ("killed", rc, f"killed by signal {-rc} ({name})")
