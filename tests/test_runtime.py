@@ -339,6 +339,53 @@ def test_a_move_of_a_job_whose_optimizer_gained_groups_is_refused_and_it_runs_on
     assert job.controller.result(ckpt, timeout=5)["ok"] and os.path.exists(f"{tmp}/periodic.ckpt")
 
 
+def test_a_move_of_a_job_that_trains_with_an_optimizer_built_after_attach_is_refused(tmp):
+    """A later stage's new optimizer (fine-tuning with Adam after SGD): a move's new process ran the script from
+    its start, never reached the stage again, and trained on with SGD; the run ended "finished" with other
+    weights (an outside review). The move is refused, naming why, once such an optimizer has stepped."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, sgd)
+    model(torch.randn(2, 4)).sum().backward()
+    sgd.step()
+    job.boundary()
+    assert job.not_rebuilt is None
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    adam.step()
+    move = job.controller.send("migrate", path=f"{tmp}/moved.ckpt")
+    job.boundary()
+    reply = job.controller.result(move, timeout=5)
+    assert not reply["ok"] and reply["error"].startswith("an optimizer attach() was not given (Adam, built after "
+                                                         "it"), reply
+    assert not os.path.exists(f"{tmp}/moved.ckpt")
+
+
+def test_attach_again_in_the_same_job_counts_its_steps_on_restores_nothing_and_refuses_a_move(tmp, monkeypatch):
+    """attach() again for a later stage made a new job: its STEP went back to 0 mid-run, and a move's new process
+    restored the later stage's checkpoint into the first stage's objects and failed (StateMismatch)."""
+    from gmux.job.control import LocalController
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    ctl = LocalController()
+    first = gj.attach(model, torch.optim.SGD(model.parameters(), lr=0.1), controller=ctl)
+    for _ in range(3):
+        first.boundary()
+    monkeypatch.setenv("GMUX_RESTORE", f"{tmp}/none.ckpt")    # (a moved process's first attach restored from it)
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    job = gj.attach(model, adam, controller=ctl)
+    assert job.profile.steps == 3
+    move = ctl.send("migrate", path=f"{tmp}/moved.ckpt")
+    job.boundary()
+    reply = ctl.result(move, timeout=5)
+    assert not reply["ok"] and reply["error"].startswith("attach() was called again in this process"), reply
+    assert job.profile.steps == 4 and not os.path.exists(f"{tmp}/moved.ckpt")
+    monkeypatch.delenv("GMUX_RESTORE")
+    other = gj.attach(model, adam, controller=LocalController())     # (another controller: another job)
+    assert other.profile.steps == 0 and other.not_rebuilt is None
+
+
 def test_a_move_of_a_transparent_mode_job_is_refused_by_the_job_itself(tmp):
     """gmuxd refuses to move a job the hook found; a driver of its own sending migrate reaches the job, which
     refuses too rather than write a checkpoint no new process could restore and exit."""
@@ -484,3 +531,21 @@ def test_a_checkpoint_on_a_full_disk_says_which_file(tmp_path):
         step()
         error = job.controller.result(command, timeout=10)["error"]
         assert error == f"{path}: No space left on device", error
+
+
+def test_an_optimizer_a_tracked_one_wraps_stepping_inside_it_leaves_the_job_movable(tmp):
+    """A wrapper attached (SAM, ZeroRedundancyOptimizer) steps the optimizer it holds: that one is the job's."""
+    class Wrapper(torch.optim.Optimizer):
+        def __init__(self, params, base):
+            self.base_optimizer = base
+            super().__init__(params, {})
+
+        def step(self, closure=None):
+            self.base_optimizer.step()
+
+    model = torch.nn.Linear(4, 1)
+    wrapper = Wrapper(model.parameters(), torch.optim.SGD(model.parameters(), lr=0.1))
+    job = gj.attach(model, wrapper)
+    model(torch.randn(2, 4)).sum().backward()
+    wrapper.step()
+    assert job.not_rebuilt is None

@@ -73,6 +73,7 @@ class Job:
         # is safe: what it would have done after the boundary and must not lose (Lightning: the step's log row)
         self.on_leave: Optional[Callable[[], None]] = None
         self._groups_at_attach = self._group_sizes()
+        self.not_rebuilt: Optional[str] = None     # why a new process would not rebuild this state (api.attach)
         me = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: (job := me()) is not None and job._forked())
 
@@ -281,8 +282,8 @@ class Job:
         """A move's new process runs the script from its start and attaches what it builds there: an optimizer
         given parameter groups since (add_param_group: progressive unfreezing) is rebuilt without them and
         cannot take this state. Refused here, while the job can still run on where it is."""
-        if self.position.unmovable:
-            raise RuntimeError(self.position.unmovable)
+        if self.position.unmovable or self.not_rebuilt:
+            raise RuntimeError(self.position.unmovable or self.not_rebuilt)
         if self.tracked.weak:       # (gmuxd refuses first; a driver of its own reaches here)
             raise RuntimeError("a transparent-mode job (its state found by the optimizer hook) is not restored by "
                                "a new process, which would start the script from its beginning: attach() it to "
