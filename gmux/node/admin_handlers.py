@@ -67,8 +67,8 @@ class AdminHandlers:
 
     def _named(self, msg, who: Caller) -> Optional[Job]:
         """The one live job of the caller's (any, to an admin) that has the name given for a job id, or a rank of
-        the gang of that name; refused if several jobs have it. Ended jobs are named by id only: a name comes
-        back with each run of a script."""
+        the gang of that name; refused if several jobs have it. Ended jobs are named by id only (a name comes back
+        with each run of a script), but for their logs: the newest run of that name's."""
         admin = self.node.access.is_admin(who)
         key = msg["job"]
         named = sorted((j for j in self.node.jobs.values() if not j.final and key in (j.name, (j.gang or {}).get("id"))
@@ -78,7 +78,11 @@ class AdminHandlers:
         if len(named) > 1:
             raise Refused(f"{msg.type}: {len(named)} live jobs are named {key!r} "
                           f"({', '.join(j.id for j in named)}): give one of their ids")
-        return named[0] if named else None
+        if named or msg.type != "logs":
+            return named[0] if named else None
+        ended = [j for j in self.node.jobs.values() if j.final and key in (j.name, (j.gang or {}).get("id"))
+                 and (admin or j.uid == who.uid)]      # (logs of a run that ended: its newest of that name)
+        return max(ended, key=lambda j: j.created) if ended else None
 
     # --- the handlers ---
     def ping(self, req: Request):

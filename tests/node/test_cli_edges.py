@@ -220,6 +220,22 @@ def test_logs_says_what_a_reply_left_out(node_factory, tmp_path):
     assert json.loads(shown.stdout)["left_out"] == 0 and "left out" not in shown.stderr, shown
 
 
+def test_logs_of_a_name_whose_runs_have_ended_are_its_newest_runs(node_factory, tmp_path):
+    """`gmux logs NAME` said "no job" once the run of that name had ended (an outside review): a name names live
+    jobs only, since it comes back with each run, but its logs are wanted most once it has ended. Acting on an
+    ended run still takes its id."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    (tmp_path / "say.py").write_text("import sys\nprint('run', sys.argv[1])\n")
+    for run in ("1", "2"):
+        job = json.loads(gmux(node.rt, "--json", "submit", "--name", "hello", "--", "python",
+                              str(tmp_path / "say.py"), run).stdout)["job"]
+        node.wait_for(lambda: node.job(job)["state"] == "exited", 60, "said")
+    out = gmux(node.rt, "logs", "hello")
+    assert out.returncode == 0 and out.stdout == "run 2\n", out
+    out = gmux(node.rt, "kill", "hello")
+    assert out.returncode == 1 and "no job 'hello'" in out.stderr, out
+
+
 BAD_IDS = [["suspend", "nosuch"], ["resume", "nosuch"], ["kill", "nosuch"], ["migrate", "nosuch", "--gpu", "1"],
            ["logs", "nosuch"], ["kill", ""], ["logs", "\x1b[31mRED"]]
 
