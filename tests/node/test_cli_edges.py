@@ -25,11 +25,9 @@ def gmux(rt, *args, timeout=60, environ=None):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_ctrl_c_to_a_launch_waiting_on_gmuxd_ends_in_one_line(node_factory, tmp_path):
-    """Ctrl-C reaching a job while gmuxd held it (suspended, or before its first turn) printed a traceback through
-    ZeroMQ's poll; it ends in one line, with Ctrl-C's status as a running job's does, and says so in its record.
-    A suspended script's own Ctrl-C handler is not run: its state is off the device, and a save there would write
-    garbage over its last good checkpoint (a review found torch.save crash or write unreadable tensors)."""
+def _held_and_queued(node_factory, tmp_path):
+    """A gmuxd with a launched job it holds suspended and one waiting for its first turn (their processes and
+    ids)."""
     node = node_factory("--virtual-gpus", "2x1GiB", "--deadline-floor", "20")    # (suspended, never SIGSTOPped)
     held = node.launch(TRAIN, str(tmp_path / "a.json"), "1000000", "--sleep", "0.01", log_name="held.log")
     job = node.job_of(held.pid)
@@ -41,6 +39,15 @@ def test_ctrl_c_to_a_launch_waiting_on_gmuxd_ends_in_one_line(node_factory, tmp_
     waiting = node.job_of(queued.pid)
     node.wait_for(lambda: node.job(waiting)["state"] == "waiting", 30, "queued")
     time.sleep(1.0)         # (its launcher has read gmuxd's reply to its registration: it waits for its turn)
+    return node, held, job, queued, waiting
+
+
+def test_ctrl_c_to_a_launch_waiting_on_gmuxd_ends_in_one_line(node_factory, tmp_path):
+    """Ctrl-C reaching a job while gmuxd held it (suspended, or before its first turn) printed a traceback through
+    ZeroMQ's poll; it ends in one line, with Ctrl-C's status as a running job's does, and says so in its record.
+    A suspended script's own Ctrl-C handler is not run: its state is off the device, and a save there would write
+    garbage over its last good checkpoint (a review found torch.save crash or write unreadable tensors)."""
+    node, held, job, queued, waiting = _held_and_queued(node_factory, tmp_path)
     for proc, name, jid, when in ((queued, "queued.log", waiting, "before its first turn"),
                                   (held, "held.log", job, "while suspended by gmuxd")):
         os.kill(proc.pid, signal.SIGINT)
@@ -86,16 +93,7 @@ def test_sigterm_to_a_held_launch_without_a_handler_ends_it_by_the_signal_with_a
     """torchrun, told Ctrl-C, sends its workers SIGTERM: a worker gmuxd held, whose script has no handler for it,
     died at once by the signal's default action and gmuxd called it "lost ... killed by a signal from outside
     gmux". It still dies by the signal (what its sender reads), now with a record that names it and when."""
-    node = node_factory("--virtual-gpus", "2x1GiB", "--deadline-floor", "20")    # (suspended, never SIGSTOPped)
-    held = node.launch(TRAIN, str(tmp_path / "a.json"), "1000000", "--sleep", "0.01", log_name="held.log")
-    job = node.job_of(held.pid)
-    node.wait_for(lambda: node.job(job)["step"] > 2, 60, "training")
-    node.call("suspend", job=job)
-    node.wait_for(lambda: node.job(job)["state"] == "held", 30, "held")
-    queued = node.launch(TRAIN, str(tmp_path / "b.json"), "10", opts=["--gpus", "2"], log_name="queued.log")
-    waiting = node.job_of(queued.pid)
-    node.wait_for(lambda: node.job(waiting)["state"] == "waiting", 30, "queued")
-    time.sleep(1.0)         # (its launcher waits for its turn)
+    node, held, job, queued, waiting = _held_and_queued(node_factory, tmp_path)
     for proc, name, jid, sig, when in ((queued, "queued.log", waiting, signal.SIGHUP, "before its first turn"),
                                        (held, "held.log", job, signal.SIGTERM, "while suspended by gmuxd")):
         os.kill(proc.pid, sig)
