@@ -1,4 +1,5 @@
 """The in-job runtime in one process: identity, memory given back, commands and their failures."""
+import gc
 import io
 import itertools
 import os
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 import gmux.job as gj
+from gmux.job import strays
 from gmux_testkit import assert_identical
 
 
@@ -357,9 +359,30 @@ def test_a_move_of_a_job_that_trains_with_an_optimizer_built_after_attach_is_ref
     move = job.controller.send("migrate", path=f"{tmp}/moved.ckpt")
     job.boundary()
     reply = job.controller.result(move, timeout=5)
-    assert not reply["ok"] and reply["error"].startswith("an optimizer attach() was not given (Adam, built after "
-                                                         "it"), reply
+    assert not reply["ok"] and reply["error"].startswith("an optimizer attach() was not given (Adam) steps the "
+                                                         "job's parameters"), reply
     assert not os.path.exists(f"{tmp}/moved.ckpt")
+
+
+def test_a_throwaway_optimizer_over_what_the_job_does_not_train_leaves_it_movable(tmp):
+    """A linear probe built and trained at each evaluation (its own head, its own Adam) is rebuilt by a new
+    process as it was: it made the job unmovable for good (a review)."""
+    model = torch.nn.Linear(4, 4)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, sgd)
+
+    def probe():
+        head = torch.nn.Linear(4, 1)
+        adam = torch.optim.Adam(head.parameters())
+        head(model(torch.randn(2, 4)).detach()).sum().backward()
+        adam.step()
+        return adam
+    kept = probe()
+    assert len(job.strays) == 1 and strays.problem(job) is None      # (its parameters are not the job's)
+    del kept
+    gc.collect()
+    assert len(job.strays) == 0
+    job._check_rebuildable()
 
 
 def test_attach_again_in_the_same_job_counts_its_steps_on_restores_nothing_and_refuses_a_move(tmp, monkeypatch):
@@ -536,16 +559,19 @@ def test_a_checkpoint_on_a_full_disk_says_which_file(tmp_path):
 def test_an_optimizer_a_tracked_one_wraps_stepping_inside_it_leaves_the_job_movable(tmp):
     """A wrapper attached (SAM, ZeroRedundancyOptimizer) steps the optimizer it holds: that one is the job's."""
     class Wrapper(torch.optim.Optimizer):
-        def __init__(self, params, base):
-            self.base_optimizer = base
+        def __init__(self, params, inner):
+            self.inner = inner                # (held in a list, or in a wrapper of its own)
             super().__init__(params, {})
 
         def step(self, closure=None):
-            self.base_optimizer.step()
+            for opt in self.inner:
+                opt.step()
 
     model = torch.nn.Linear(4, 1)
-    wrapper = Wrapper(model.parameters(), torch.optim.SGD(model.parameters(), lr=0.1))
+    nested = Wrapper(model.parameters(), [torch.optim.SGD(model.parameters(), lr=0.1)])
+    wrapper = Wrapper(model.parameters(), [nested])
     job = gj.attach(model, wrapper)
     model(torch.randn(2, 4)).sum().backward()
     wrapper.step()
-    assert job.not_rebuilt is None
+    assert len(job.strays) == 0
+    job._check_rebuildable()

@@ -9,18 +9,16 @@ import os
 from typing import Optional
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gmux.wire.arriving import Arriving
 from gmux.wire.transfer import TransferError
-from . import control, holdings
+from . import control, holdings, strays
 from .checkpoint import CheckpointError
 from .control import Controller
 from .job import Job
 from .state import TrackedState
 
 _current: Optional[Job] = None
-_watching = False
 
 
 def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None,
@@ -54,7 +52,7 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
         # commands beside this one (two step counts, two CONTROLs).
         previous.stop_watching_loop()
     _current = Job(tracked, controller=controller, pool=pool, device=device)
-    _watch_optimizers()
+    strays.watch(current)
     if previous is not None and not previous.tracked.weak and controller is not None and \
             controller is previous.controller:
         # The same job attached again (a later stage's new optimizer): its steps count on. A new process runs the
@@ -62,9 +60,10 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
         # longer moves to one (a restore there would meet other objects, or, the new ones left out, train on
         # with the first stage's).
         _current.profile = previous.profile
-        _current.not_rebuilt = ("attach() was called again in this process (a later stage's objects?): a new "
-                                "process runs the script from its start and restores at its first attach(), "
-                                "into other objects, so the job stays where it is (suspend and resume still work)")
+        previous.not_rebuilt = _current.not_rebuilt = (
+            "attach() was called again in this process: a new process runs the script from its start and restores "
+            "at its first attach(), into other objects, so the job stays where it is (suspend and resume still "
+            "work)")      # (the old one too: the script's loop may still take its boundaries)
         restore = None
     if restore and wait:
         # Started on a machine while its checkpoint is still on the way there: restored as the bytes arrive,
@@ -100,27 +99,6 @@ def _restore_wait(text: Optional[str]) -> float:
         raise ValueError(f"GMUX_RESTORE_WAIT={text!r}: expected the seconds to wait for a checkpoint still "
                          f"arriving, a number of at least 0")
     return value
-
-
-def _watch_optimizers() -> None:
-    """Once per process: an optimizer the attached job does not track, stepping, makes the job unmovable to a new
-    process (one built after attach(), for a later stage: the new process runs the script from its start, never
-    builds it again, and would train on silently with the one attached)."""
-    global _watching
-    if _watching:
-        return
-    _watching = True
-
-    def stepped(opt, _args, _kwargs) -> None:
-        job = _current
-        if job is None or job.control != "explicit" or job.not_rebuilt or \
-                any(o is opt or any(v is opt for v in vars(o).values()) for o in job.tracked.optimizers):
-            return          # (one a tracked optimizer wraps, as ZeroRedundancyOptimizer and SAM do, steps inside it)
-        job.not_rebuilt = (f"an optimizer attach() was not given ({type(opt).__name__}, built after it: a later "
-                           f"stage's?) has stepped: a new process runs the script from its start and would train "
-                           f"on with the optimizer it attached, so the job stays where it is (suspend and resume "
-                           f"still work); attach everything it trains from the start")
-    register_optimizer_step_post_hook(stepped)
 
 
 def current() -> Optional[Job]:

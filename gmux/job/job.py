@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
 import torch
 
 from gmux.util.splice import PipeWriter
-from . import checkpoint as ckpt, held_signals, holdings
+from . import checkpoint as ckpt, held_signals, holdings, strays
 from .control import Command, Controller, LocalController
 from .data import DataPosition, Epoch, Reading, batches, count_restarts, epochs
 from .memory import choose_tier
@@ -74,6 +74,7 @@ class Job:
         self.on_leave: Optional[Callable[[], None]] = None
         self._groups_at_attach = self._group_sizes()
         self.not_rebuilt: Optional[str] = None     # why a new process would not rebuild this state (api.attach)
+        self.strays: weakref.WeakSet = weakref.WeakSet()   # optimizers that stepped outside its state (strays.py)
         me = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: (job := me()) is not None and job._forked())
 
@@ -282,8 +283,9 @@ class Job:
         """A move's new process runs the script from its start and attaches what it builds there: an optimizer
         given parameter groups since (add_param_group: progressive unfreezing) is rebuilt without them and
         cannot take this state. Refused here, while the job can still run on where it is."""
-        if self.position.unmovable or self.not_rebuilt:
-            raise RuntimeError(self.position.unmovable or self.not_rebuilt)
+        problem = self.position.unmovable or self.not_rebuilt or strays.problem(self)
+        if problem:
+            raise RuntimeError(problem)
         if self.tracked.weak:       # (gmuxd refuses first; a driver of its own reaches here)
             raise RuntimeError("a transparent-mode job (its state found by the optimizer hook) is not restored by "
                                "a new process, which would start the script from its beginning: attach() it to "
