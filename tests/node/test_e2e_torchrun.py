@@ -119,21 +119,19 @@ def test_an_unmodified_ddp_script_submitted_with_ranks_suspends_as_one_bit_ident
 
 
 def test_a_held_torchrun_gang_told_to_end_ends_each_rank_with_a_record(node_factory, tmp_path):
-    """Ctrl-C, `kill` or a batch system's preemption reaches gmux-launch and torchrun, and torchrun passes a
-    signal on to its workers (the one it got, or SIGTERM if a second came): held ranks, whose script has no
-    handler for SIGTERM, were recorded "lost ... killed by a signal from outside gmux". Each says what ended it,
-    and when."""
+    """`kill`, a batch system's preemption or Ctrl-C reaches gmux-launch and torchrun, and torchrun passes a signal
+    on to its workers (SIGTERM, or the SIGINT it got: that one was recorded already): held ranks, whose script has
+    no handler for SIGTERM, were recorded "lost ... killed by a signal from outside gmux". Each says what ended
+    it, and when."""
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
-    term = "ended by SIGTERM while suspended by gmuxd, which the script has no handler for"
-    for name, sig, said in (("tt", signal.SIGTERM, (term,)),
-                            ("ti", signal.SIGINT, (term, "interrupted (SIGINT) while suspended by gmuxd"))):
-        launcher = _launch(node, name, str(tmp_path / f"{name}{{rank}}.json"), "100000")
-        node.wait_for(lambda: _training(node, name, 5), 90, "both torchrun ranks training under gmuxd")
-        ranks = [j["id"] for j in _ranks(node, name)]
-        assert gmux(node.rt, "suspend", ranks[0], timeout=130).returncode == 0
-        os.killpg(launcher.pid, sig)
-        assert launcher.wait(60) != 0
-        node.wait_for(lambda: all(node.job(j)["state"] in ("failed", "killed") for j in ranks), 30, "ranks ended")
-        ended = [node.job(j) for j in ranks]    # (one gmuxd ends first, as its peer failed, may say that instead)
-        assert any(j["detail"] in said for j in ended), ended
-        assert all(any(s in j["detail"] for s in said) or "of its gang failed" in j["detail"] for j in ended), ended
+    said = "ended by SIGTERM while suspended by gmuxd, which the script has no handler for"
+    launcher = _launch(node, "tt", str(tmp_path / "tt{rank}.json"), "100000")
+    node.wait_for(lambda: _training(node, "tt", 5), 90, "both torchrun ranks training under gmuxd")
+    ranks = [j["id"] for j in _ranks(node, "tt")]
+    assert gmux(node.rt, "suspend", ranks[0], timeout=130).returncode == 0
+    os.killpg(launcher.pid, signal.SIGTERM)
+    assert launcher.wait(60) != 0
+    node.wait_for(lambda: all(node.job(j)["state"] in ("failed", "killed") for j in ranks), 30, "ranks ended")
+    ended = [node.job(j) for j in ranks]    # (one gmuxd ends first, as its peer failed, may say that instead)
+    assert any(j["detail"] == said for j in ended), ended
+    assert all(said in j["detail"] or "of its gang failed" in j["detail"] for j in ended), ended
