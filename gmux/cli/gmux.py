@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     s.add_argument("--new-process", action="store_true",
                    help="checkpoint and restore in a new process even between virtual GPUs (as on real GPUs)")
     s = sub.add_parser("logs", help="output of a submitted job")
-    s.add_argument("job", help=JOB_HELP)
+    s.add_argument("job", help=JOB_HELP + "; a name whose runs have ended: its newest submitted run")
     s.add_argument("--tail", type=nonneg_int, default=0,
                    help="only the last N lines (0: all a reply holds, the log's last 512 KiB; what it leaves out is "
                         "said, with the log's path)")

@@ -60,8 +60,9 @@ class AdminHandlers:
         who = self._who(req)
         job = self.node.jobs.get(msg["job"]) or self._named(msg, who)
         if job is None:
-            raise Refused(f"{msg.type}: no job {msg['job']!r} (an id, or the name of a live job); `gmux ps` lists "
-                          f"the jobs")
+            raise Refused(f"{msg.type}: no job {msg['job']!r} (an id, or the name of a live job" +
+                          ("; for logs, of a submitted one that ended" if msg.type == "logs" else "") +
+                          "); `gmux ps` lists the jobs")
         self.node.access.check(msg, who, [job] + ([] if job.final else unit_of(self.node.jobs, job)))
         return job
 
@@ -80,8 +81,8 @@ class AdminHandlers:
                           f"({', '.join(j.id for j in named)}): give one of their ids")
         if named or msg.type != "logs":
             return named[0] if named else None
-        ended = [j for j in self.node.jobs.values() if j.final and key in (j.name, (j.gang or {}).get("id"))
-                 and (admin or j.uid == who.uid)]      # (logs of a run that ended: its newest of that name)
+        ended = [j for j in self.node.jobs.values() if j.final and j.managed and key in (j.name, (j.gang or {}).get(
+            "id")) and (admin or j.uid == who.uid)]   # (logs of a run that ended: its newest submitted one's)
         return max(ended, key=lambda j: j.created) if ended else None
 
     # --- the handlers ---

@@ -230,6 +230,12 @@ def test_logs_of_a_name_whose_runs_have_ended_are_its_newest_runs(node_factory, 
         node.wait_for(lambda: node.job(job)["state"] == "exited", 60, "said")
     out = gmux(node.rt, "logs", "hello")
     assert out.returncode == 0 and out.stdout == "run 2\n", out
+    launched = node.launch(str(tmp_path / "say.py"), "3", opts=["--name", "hello"], log_name="launched.log")
+    assert launched.wait(60) == 0           # (newer, but gmux-launch's output went to its terminal: no log)
+    node.wait_for(lambda: all(j["state"] == "exited" for j in node.ps()["jobs"] if j.get("name") == "hello"), 30,
+                  "the launched run ended")
+    out = gmux(node.rt, "logs", "hello")
+    assert out.returncode == 0 and out.stdout == "run 2\n", out
     out = gmux(node.rt, "kill", "hello")
     assert out.returncode == 1 and "no job 'hello'" in out.stderr, out
 
