@@ -181,6 +181,7 @@ class Job:
         report = self.profile.report(tracked)
         report.update(self.tier.memory())   # the allocator tier's tracker: live at boundary, peak, by tag
         report["control"] = self.control
+        report.update(strays.movability(self))
         return report
 
     # -- commands ------------------------------------------------------------------------------------------

@@ -44,6 +44,15 @@ def problem(job) -> Optional[str]:
     return None
 
 
+def movability(job) -> dict:
+    """What an explicit job's reports say of moving it to a new process (gmuxd refuses such a move up front, and
+    plans none: gmux.node.job_handlers); {} for other jobs, whose reports say it otherwise."""
+    if job.control != "explicit":
+        return {}
+    why = job.not_rebuilt or (problem(job) if job.strays else None)
+    return {"movable": why is None, "unmovable": why}
+
+
 def _owned(job) -> set:
     """The ids of the job's optimizers and of every optimizer they hold (cached until its state changes)."""
     cached = getattr(job, "_owned", None)

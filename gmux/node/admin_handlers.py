@@ -247,9 +247,10 @@ class AdminHandlers:
             # A new process must restore the job: only a job that attached itself can be.
             unmovable = (job.last_report or {}).get("unmovable")
             if not job.migratable and isinstance(unmovable, str) and unmovable:
-                raise Refused(f"migrate: {job.id} trains with a framework whose resume would not be exact here: "
-                              f"{unmovable}; it is not moved, and stays on GPU {job.gpu}, where gmux suspends and "
-                              f"resumes it like any other job")
+                what = ("trains with a framework whose resume would not be exact here" if
+                        (job.last_report or {}).get("control") == "framework" else "would not continue exactly")
+                raise Refused(f"migrate: {job.id} {what} in a new process: {unmovable}; it is not moved, and stays "
+                              f"on GPU {job.gpu}, where gmux suspends and resumes it like any other job")
             if not job.migratable:
                 # (a script that attaches itself under the hook still runs as it was started: unmovable)
                 attached = (job.last_report or {}).get("control") == "explicit"

@@ -205,8 +205,7 @@ class Admission:
         """Why the single-GPU job cannot be moved off its GPU to make room now ("": it can)."""
         return ("it is moving now" if j.target_gpu is not None else
                 f"pinned to GPU {j.pinned} with --gpu" if j.pinned is not None else
-                "an unmodified script (transparent mode) cannot be restored in a new process"
-                if j.started and not j.migratable and not self.in_process(j) else
+                _not_restorable(j) if j.started and not j.migratable and not self.in_process(j) else
                 f"busy with a {self.slicers[j.gpu].busy_with(j.id)}"
                 if j.gpu is not None and self.slicers[j.gpu].busy_with(j.id) else "")
 
@@ -407,3 +406,10 @@ class Admission:
                 self.node.migrate(self.jobs[mv.job], mv.dst)
             except Refused as e:   # busy this instant: the plan is made again if the GPUs do not come free
                 log.info("defrag: %s", e)
+
+
+def _not_restorable(j: Job) -> str:
+    """Why a new process could not restore the job: what its reports say, else its transparent mode."""
+    why = (j.last_report or {}).get("unmovable")
+    return (f"it would not continue exactly in a new process: {why}" if isinstance(why, str) and why else
+            "an unmodified script (transparent mode) cannot be restored in a new process")

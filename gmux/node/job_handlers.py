@@ -171,6 +171,10 @@ class JobHandlers:
             # A framework job (gmux/job/frameworks) knows whether it can continue exactly in a new process only
             # once its Trainer has started; until then it registered as transparent (not movable).
             job.migratable = r["movable"]
+        elif r.get("control") == "explicit" and isinstance(r.get("movable"), bool):
+            # One that attached itself may stop being movable (an optimizer it trains with that attach() was not
+            # given: gmux.job.strays), and be again; one started under the hook never is.
+            job.migratable = r["movable"] and not job.hook
         if isinstance(r.get("step"), int):
             job.step = r["step"]
             job.count(msg.get("boundaries"), r["step"])

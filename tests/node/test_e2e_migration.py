@@ -156,3 +156,45 @@ def test_what_a_moved_job_wrote_to_its_files_is_all_there(node_factory, tmp_path
     assert p.wait(120) == 0
     assert node.job(job)["migrations"] == 1
     assert (tmp_path / "metrics.txt").read_text().split() == [str(i) for i in range(1, steps + 1)]
+
+
+STAGES = """import sys, time, torch, gmux.job
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+job = gmux.job.attach(model, sgd)
+opt = sgd
+for i in range(int(sys.argv[1])):
+    time.sleep(0.01)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    if i == 20:
+        opt = torch.optim.Adam(model.parameters())      # stage 2, never given to attach()
+    job.boundary()
+"""
+
+
+def test_a_job_whose_later_stage_optimizer_a_new_process_would_not_build_is_refused_up_front(node_factory,
+                                                                                          tmp_path):
+    """gmuxd learns it from the job's reports (gmux.job.strays): `gmux migrate --new-process` is refused at once,
+    naming why, gmux ps no longer offers the move, and a move in the job's own process still goes."""
+    (tmp_path / "stages.py").write_text(STAGES)
+    node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
+    p = node.launch(str(tmp_path / "stages.py"), "100000", opts=["--no-hook"])
+    job = node.job_of(p.pid)
+    node.wait_for(lambda: (node.job(job).get("report") or {}).get("movable") is False, 60, "stage 2 reported")
+
+    def migrate(*extra):
+        return subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "migrate", job, "--gpu", "1",
+                               *extra], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = migrate("--new-process")
+    assert out.returncode == 1 and f"migrate: {job} would not continue exactly in a new process: an optimizer " \
+                                   f"attach() was not given (Adam) steps the job's parameters" in out.stderr, out
+    assert node.job(job)["migratable"] is False and node.job(job)["gpu"] == 0
+    ps = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "ps"], env=env(), cwd=ROOT,
+                        capture_output=True, text=True, timeout=60).stdout
+    assert "explicit: suspend, free mem, move GPU" in ps, ps
+    out = migrate()
+    assert out.returncode == 0, out
+    node.wait_for(lambda: node.job(job)["gpu"] == 1 and node.job(job)["state"] == "running", 60, "moved in process")
