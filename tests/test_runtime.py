@@ -326,7 +326,9 @@ def test_a_move_of_a_job_whose_optimizer_gained_groups_is_refused_and_it_runs_on
     model = torch.nn.Sequential(backbone, head)
     opt = torch.optim.SGD(head.parameters(), lr=0.1)
     job = gj.attach(model, opt)
+    assert job.report()["movable"]
     opt.add_param_group({"params": list(backbone.parameters()), "lr": 0.01})
+    assert not job.report()["movable"]      # said up front, so that gmuxd neither accepts nor plans such a move
     move = job.controller.send("migrate", path=f"{tmp}/moved.ckpt")
     job.boundary()
     reply = job.controller.result(move, timeout=5)
@@ -383,6 +385,40 @@ def test_a_throwaway_optimizer_over_what_the_job_does_not_train_leaves_it_movabl
     gc.collect()
     assert len(job.strays) == 0
     job._check_rebuildable()
+
+
+class _Drawing(torch.utils.data.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.rand(2)
+
+
+def test_an_epoch_a_new_process_could_not_put_back_is_reported_unmovable_while_it_lasts(tmp):
+    """Persistent loader workers that draw random numbers, started in epoch 0, carry their state into epoch 1,
+    which a new process cannot give new ones: asked to move then, the job refused, while its reports had said it
+    was movable, so gmuxd accepted and planned such moves. The reports now say why, for that epoch only."""
+    torch.manual_seed(0)
+    model = nn.Linear(2, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, sgd)
+    loader = torch.utils.data.DataLoader(_Drawing(), batch_size=2, num_workers=1, persistent_workers=True)
+    said = []
+    for epoch in job.epochs(2):
+        for x in job.data(loader):
+            model(x).sum().backward()
+            sgd.step()
+            sgd.zero_grad()
+            report = job.report()
+            said.append((epoch, report["movable"], report["unmovable"]))
+    assert said[:3] == [(0, True, None)] * 3, said
+    assert [(e, m) for e, m, _ in said[3:]] == [(1, False)] * 3, said
+    assert said[3][2].startswith("its loader's persistent_workers were started in an earlier epoch and its dataset "
+                                 "or collate function draws random numbers"), said
+    move = job.controller.send("migrate", path=f"{tmp}/moved.ckpt")
+    job.boundary()
+    assert not job.controller.result(move, timeout=5)["ok"] and not os.path.exists(f"{tmp}/moved.ckpt")
 
 
 def test_attach_again_in_the_same_job_counts_its_steps_on_restores_nothing_and_refuses_a_move(tmp, monkeypatch):

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
 import torch
 
 from gmux.util.splice import PipeWriter
-from . import checkpoint as ckpt, held_signals, holdings, strays
+from . import checkpoint as ckpt, held_signals, holdings, movability
 from .control import Command, Controller, LocalController
 from .data import DataPosition, Epoch, Reading, batches, count_restarts, epochs
 from .memory import choose_tier
@@ -72,7 +72,7 @@ class Job:
         # What a framework does when its process leaves at this boundary (a move, a spill), once the checkpoint
         # is safe: what it would have done after the boundary and must not lose (Lightning: the step's log row)
         self.on_leave: Optional[Callable[[], None]] = None
-        self._groups_at_attach = self._group_sizes()
+        self.groups_at_attach = movability.group_sizes(self)
         self.not_rebuilt: Optional[str] = None     # why a new process would not rebuild this state (api.attach)
         self.strays: weakref.WeakSet = weakref.WeakSet()   # optimizers that stepped outside its state (strays.py)
         me = weakref.ref(self)
@@ -181,7 +181,7 @@ class Job:
         report = self.profile.report(tracked)
         report.update(self.tier.memory())   # the allocator tier's tracker: live at boundary, peak, by tag
         report["control"] = self.control
-        report.update(strays.movability(self))
+        report.update(movability.report(self))
         return report
 
     # -- commands ------------------------------------------------------------------------------------------
@@ -277,26 +277,11 @@ class Job:
                     print(f"gmux: leaving this process, {e!r}", file=sys.stderr, flush=True)
             raise JobExit(0)
 
-    def _group_sizes(self) -> list:
-        return [[len(g["params"]) for g in o.param_groups] for o in self.tracked.optimizers]
-
     def _check_rebuildable(self) -> None:
-        """A move's new process runs the script from its start and attaches what it builds there: an optimizer
-        given parameter groups since (add_param_group: progressive unfreezing) is rebuilt without them and
-        cannot take this state. Refused here, while the job can still run on where it is."""
-        problem = self.position.unmovable or self.not_rebuilt or strays.problem(self)
+        """Refused here, while the job can still run on where it is (gmux.job.movability says why)."""
+        problem = movability.problem(self)
         if problem:
             raise RuntimeError(problem)
-        if self.tracked.weak:       # (gmuxd refuses first; a driver of its own reaches here)
-            raise RuntimeError("a transparent-mode job (its state found by the optimizer hook) is not restored by "
-                               "a new process, which would start the script from its beginning: attach() it to "
-                               "make it movable (suspend and resume still work)")
-        for i, (then, now) in enumerate(zip(self._groups_at_attach, self._group_sizes())):
-            if then != now:
-                raise RuntimeError(f"optimizer {i}'s parameter groups changed since attach (sizes {then} then, {now} "
-                                   f"now): a new process rebuilds the optimizer as the script builds it and could "
-                                   f"not take this state, so the job stays where it is (suspend and resume still "
-                                   f"work)")
 
     def _answer(self, command: Command, action: Callable[[], dict]) -> bool:
         try:

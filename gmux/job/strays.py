@@ -2,7 +2,7 @@
 
 A move's new process runs the script from its start and restores at its attach(): an optimizer built after that
 (a later stage's Adam after SGD) is never built there again, and the job would train on silently with the one it
-attached. Such a move is refused (Job._check_rebuildable) while an optimizer that stepped outside the job's state
+attached. Such a move is refused (gmux.job.movability) while an optimizer that stepped outside the job's state
 is alive and holds the job's parameters. One an attached optimizer wraps (SAM's base optimizer,
 ZeroRedundancyOptimizer's local one, at any depth) is the job's; a throwaway one over parameters the job does not
 train (a linear probe built at each evaluation) is rebuilt by the new process as it was.
@@ -42,15 +42,6 @@ def problem(job) -> Optional[str]:
                     f"it, so the job stays where it is (suspend and resume still work); give every optimizer to "
                     f"attach()")
     return None
-
-
-def movability(job) -> dict:
-    """What an explicit job's reports say of moving it to a new process (gmuxd refuses such a move up front, and
-    plans none: gmux.node.job_handlers); {} for other jobs, whose reports say it otherwise."""
-    if job.control != "explicit":
-        return {}
-    why = job.not_rebuilt or (problem(job) if job.strays else None)
-    return {"movable": why is None, "unmovable": why}
 
 
 def _owned(job) -> set:

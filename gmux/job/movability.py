@@ -1,0 +1,46 @@
+"""Whether a new process would continue an attached job exactly: the one answer that a move asks (refused in
+the job, Job._check_rebuildable) and that its reports give (gmuxd then refuses such a move up front and plans none:
+gmux.node.job_handlers).
+
+A move's new process runs the script from its start and restores at attach(). It could not continue exactly where
+the epoch's loader cannot be put back (gmux.job.data: workers that drew their seeds in an earlier epoch), where the
+script attached again, where an optimizer attach() was not given trains the job's parameters (gmux.job.strays),
+where the job's state was found by the optimizer hook rather than given, or where an optimizer was given parameter
+groups since attach (add_param_group: progressive unfreezing), which the new process would rebuild without them.
+Each of these can change while the job runs (a new epoch, an optimizer freed), so every report asks again.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from . import strays
+
+
+def problem(job) -> Optional[str]:
+    """Why a new process could not continue `job` exactly now (None: it could)."""
+    why = job.position.unmovable or job.not_rebuilt or (strays.problem(job) if job.strays else None)
+    if why:
+        return why
+    if job.tracked.weak:
+        return ("a transparent-mode job (its state found by the optimizer hook) is not restored by a new process, "
+                "which would start the script from its beginning: attach() it to make it movable (suspend and "
+                "resume still work)")
+    for i, (then, now) in enumerate(zip(job.groups_at_attach, group_sizes(job))):
+        if then != now:
+            return (f"optimizer {i}'s parameter groups changed since attach (sizes {then} then, {now} now): a new "
+                    f"process rebuilds the optimizer as the script builds it and could not take this state, so the "
+                    f"job stays where it is (suspend and resume still work)")
+    return None
+
+
+def group_sizes(job) -> list:
+    return [[len(g["params"]) for g in o.param_groups] for o in job.tracked.optimizers]
+
+
+def report(job) -> dict:
+    """What an explicit job's reports say of moving it; {} for other jobs, whose reports say it otherwise (a
+    framework's by its Trainer's setup, a hooked job's by gmux-launch's registration)."""
+    if job.control != "explicit":
+        return {}
+    why = problem(job)
+    return {"movable": why is None, "unmovable": why}
