@@ -270,6 +270,7 @@ class Daemon:
         if self.moves.applies(job, gpu, new_process):
             return self.moves.start(job, gpu, req)
         job.target_gpu = gpu
+        job.detail = f"moving to GPU {gpu} in a new process: a checkpoint at its next boundary, then a restore"
         slicer.mark_busy(job.id, "migrate")     # holds the slicer: its memory is in use until it has left
         self.commands.send(job, "migrate", {"path": self.rundir.checkpoint_file(job.id, job.uid), "gpu": gpu})
         self.decide(job.gpu, "migrate", [job.id], {"from": job.gpu, "to": gpu, "path": "new process"},

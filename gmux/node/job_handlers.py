@@ -290,6 +290,8 @@ class JobHandlers:
             if ok:
                 node.leave_gpu(job, now)
                 job.state, job.migrations, job.host_bytes, job.disk_bytes = "migrating", job.migrations + 1, 0, 0
+                if job.target_gpu is not None and job.target_gpu != job.gpu:
+                    job.detail = f"moving to GPU {job.target_gpu} in a new process: checkpointed, being restored"
                 node.store.save(job)
             else:
                 # A spill by checkpoint and exit that failed (a full disk): the job stays suspended here, in host

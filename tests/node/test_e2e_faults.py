@@ -151,6 +151,9 @@ def test_a_job_started_just_before_gmuxd_dies_is_known_started_by_the_next(node_
     node.wait_for(lambda: node.job(sub["job"])["step"] > 5, 60, "the job back and training")
     moved = node.call("migrate", job=sub["job"], gpu=1, new_process=True)
     assert moved["path"] != "before starting", moved
+    info = node.job(sub["job"])     # (until its new process registers, gmux ps says where it is going)
+    assert info["state"] != "migrating" or \
+        info["detail"] == "moving to GPU 1 in a new process: checkpointed, being restored", info
     unpace(tmp_path)
     node.wait_for(lambda: node.job(sub["job"])["state"] in FINAL, 300, "the job ends")
     assert node.job(sub["job"])["state"] == "exited" and ref.wait(120) == 0
