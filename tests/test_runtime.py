@@ -421,6 +421,30 @@ def test_an_epoch_a_new_process_could_not_put_back_is_reported_unmovable_while_i
     assert not job.controller.result(move, timeout=5)["ok"] and not os.path.exists(f"{tmp}/moved.ckpt")
 
 
+@pytest.mark.parametrize("built", ["before attach", "after attach"])
+def test_a_job_whose_lr_scheduler_was_not_attached_is_unmovable(tmp, built):
+    """A StepLR the script did not give attach(): a new process built it anew, at step 0, and trained on with other
+    learning rates from its next decay on, ending "finished" with other weights. Such a job now says it is
+    unmovable and refuses a move; given to attach(), the same scheduler leaves it movable."""
+    model = nn.Linear(4, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    early = [torch.optim.lr_scheduler.StepLR(sgd, 2)] if built == "before attach" else []
+    job = gj.attach(model, sgd)
+    sched = early[0] if early else torch.optim.lr_scheduler.StepLR(sgd, 2)
+    model(torch.randn(2, 4)).sum().backward()
+    sgd.step()
+    sched.step()
+    report = job.report()
+    assert not report["movable"] and report["unmovable"].startswith(
+        "an LR scheduler attach() was not given drives optimizer 0 (SGD)"), report
+    move = job.controller.send("migrate", path=f"{tmp}/moved.ckpt")
+    job.boundary()
+    assert not job.controller.result(move, timeout=5)["ok"] and not os.path.exists(f"{tmp}/moved.ckpt")
+    other = nn.Linear(4, 1)
+    adam = torch.optim.Adam(other.parameters())
+    assert gj.attach(other, adam, torch.optim.lr_scheduler.OneCycleLR(adam, 0.5, total_steps=9)).report()["movable"]
+
+
 def test_attach_again_in_the_same_job_counts_its_steps_on_restores_nothing_and_refuses_a_move(tmp, monkeypatch):
     """attach() again for a later stage made a new job: its STEP went back to 0 mid-run, and a move's new process
     restored the later stage's checkpoint into the first stage's objects and failed (StateMismatch)."""

@@ -5,8 +5,9 @@ gmux.node.job_handlers).
 A move's new process runs the script from its start and restores at attach(). It could not continue exactly where
 the epoch's loader cannot be put back (gmux.job.data: workers that drew their seeds in an earlier epoch), where the
 script attached again, where an optimizer attach() was not given trains the job's parameters (gmux.job.strays),
-where the job's state was found by the optimizer hook rather than given, or where an optimizer was given parameter
-groups since attach (add_param_group: progressive unfreezing), which the new process would rebuild without them.
+where the job's state was found by the optimizer hook rather than given, where an optimizer was given parameter
+groups since attach (add_param_group: progressive unfreezing), which the new process would rebuild without them, or
+where an LR scheduler attach() was not given drives an optimizer (the new process's would count from 0).
 Each of these can change while the job runs (a new epoch, an optimizer freed), so every report asks again.
 """
 from __future__ import annotations
@@ -30,6 +31,23 @@ def problem(job) -> Optional[str]:
             return (f"optimizer {i}'s parameter groups changed since attach (sizes {then} then, {now} now): a new "
                     f"process rebuilds the optimizer as the script builds it and could not take this state, so the "
                     f"job stays where it is (suspend and resume still work)")
+    return _unattached_scheduler(job)
+
+
+def _unattached_scheduler(job) -> Optional[str]:
+    # Every LR scheduler but ReduceLROnPlateau marks the groups it drives with their "initial_lr" as it is built.
+    # (An attached one may drive the optimizer through a wrapper: accelerate's, under a Trainer.)
+    driven: set = set()
+    for s in job.tracked.schedulers:
+        opt, depth = getattr(s, "optimizer", None), 0
+        while opt is not None and depth < 4:
+            driven.add(id(opt))
+            opt, depth = getattr(opt, "optimizer", None), depth + 1
+    for i, opt in enumerate(job.tracked.optimizers):
+        if id(opt) not in driven and any("initial_lr" in g for g in opt.param_groups):
+            return (f"an LR scheduler attach() was not given drives optimizer {i} ({type(opt).__name__}): a new "
+                    f"process builds it anew, counting from its first step, and would train on with other learning "
+                    f"rates, so the job stays where it is (suspend and resume still work); give it to attach()")
     return None
 
 
