@@ -271,9 +271,12 @@ class AdminHandlers:
         """The job writes its state to checkpoints/JOB.snapshot.ckpt at its next boundary (or at once from its
         host copy if suspended) and goes on; the reply waits for that (cluster mode reads the file)."""
         node, job = self.node, self._target(req)
+        unmovable = (job.last_report or {}).get("unmovable")
         if not job.migratable or not job.started:
-            raise Refused(f"checkpoint: {job.id} " + ("has not started" if job.migratable else
-                          "runs in transparent mode (run it with gmux-launch --no-hook and attach())"))
+            raise Refused(f"checkpoint: {job.id} " + (
+                "has not started" if job.migratable else
+                f"would not be restored exactly from one now: {unmovable}" if isinstance(unmovable, str) and unmovable
+                else "runs in transparent mode (run it with gmux-launch --no-hook and attach())"))
         slicer = node.slicers.get(job.gpu)
         busy = slicer.busy_with(job.id) if slicer is not None else None
         if busy:

@@ -179,6 +179,9 @@ def test_a_job_whose_later_stage_optimizer_a_new_process_would_not_build_is_refu
                                                                                           tmp_path):
     """gmuxd learns it from the job's reports (gmux.job.strays): `gmux migrate --new-process` is refused at once,
     naming why, gmux ps no longer offers the move, and a move in the job's own process still goes."""
+    import pytest
+
+    from gmux.wire.daemon_client import GmuxError
     (tmp_path / "stages.py").write_text(STAGES)
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
     p = node.launch(str(tmp_path / "stages.py"), "100000", opts=["--no-hook"])
@@ -192,6 +195,10 @@ def test_a_job_whose_later_stage_optimizer_a_new_process_would_not_build_is_refu
     assert out.returncode == 1 and f"migrate: {job} would not continue exactly in a new process: an optimizer " \
                                    f"attach() was not given (Adam) steps the job's parameters" in out.stderr, out
     assert node.job(job)["migratable"] is False and node.job(job)["gpu"] == 0
+    with pytest.raises(GmuxError) as refused:      # (the scheduler's periodic checkpoint: "transparent mode", it said)
+        node.call("checkpoint", job=job)
+    assert f"checkpoint: {job} would not be restored exactly from one now: an optimizer attach() was not given" \
+        in str(refused.value), refused.value
     ps = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "ps"], env=env(), cwd=ROOT,
                         capture_output=True, text=True, timeout=60).stdout
     assert "explicit: suspend, free mem, move GPU" in ps, ps
