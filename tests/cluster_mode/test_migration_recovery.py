@@ -137,9 +137,11 @@ def test_target_process_killed_mid_restore_the_job_runs_on_at_its_source(cluster
     """The target's new process restores as the checkpoint arrives (gmux.wire.arriving); killed while it reads,
     the move fails and the job continues where it was, bit-identical, and nothing it received is left behind."""
     c = cluster_factory(policy="gandiva")
-    # a checkpoint of ~110 MB
-    ref, out, cjob, first, dst = _running(c, tmp_path, ("400", "--hidden", "3000", "--depth", "1", "--batch", "8"),
-                                          20)
+    # A checkpoint of ~110 MB. Its steps cost ~50 ms of CPU each: paced (0.3 s a step, 30 s at least for the 100,
+    # more than the 400 unpaced steps this test once ran took, where a move fails in ~10) until the job is back on
+    # its source, then the rest at full speed, in the job and its reference.
+    ref, out, cjob, first, dst = _running(c, tmp_path, ("100", "--hidden", "3000", "--depth", "1", "--batch", "8",
+                                                        *paced(tmp_path, "0.3")), 5)
     src = first["machine"]
     inbox = tmp_path / f"rt-{dst}" / "cluster-in"
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
@@ -151,10 +153,11 @@ def test_target_process_killed_mid_restore_the_job_runs_on_at_its_source(cluster
     back = wait_for(lambda: (lambda j: j["state"] == "running" and j["machine"] == src and j)(c.job(cjob)), 60,
                     "the job back on its source")
     assert back["local"] == first["local"] and dst in back["detail"], back
+    unpace(tmp_path)
     jobs = c.wait_done([cjob], 180)
     assert jobs[cjob]["migrations"] == 0 and jobs[cjob]["restarts"] == 0
     res = json.loads(out.read_text())
-    assert res["sha256"] == ref["sha256"] and res["restored_at"] == 0     # never restarted: ran on where it was
+    assert res["sha256"] == ref["sha256"] and res["steps"] == 100 and res["restored_at"] == 0   # ran on where it was
     wait_for(lambda: not [f for f in os.listdir(inbox) if f"{cjob}-m1-" in f], 60,
              "what the target received deleted")
     assert c.ps()["internal_errors"] == 0
