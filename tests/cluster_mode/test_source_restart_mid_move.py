@@ -14,14 +14,14 @@ from cluster_harness import Solo, paced, spawned, unpace, wait_for
 
 PROMPT_S = 40       # far above a move's own seconds and the take-over's wait for the old gmuxd's silence
 ABORT_S = 20        # a send given up, far below the 60 s of a sender's silences toward a dead endpoint
-STEPS = 160
+STEPS = 100
 
 
 def _big(tmp_path) -> tuple:
-    """A job whose checkpoint is ~110 MB, paced (0.1 s a step: under 10 steps a second, ~40 in the few seconds
-    of a move's set-up, where 400 unpaced steps had ~130) until the test has seen how its move ended, then the
-    rest at full speed."""
-    return (str(STEPS), "--hidden", "3000", "--depth", "1", "--batch", "8", *paced(tmp_path, "0.1"))
+    """A job whose checkpoint is ~110 MB, paced (0.3 s a step: ~3 steps a second, ~15 in the few seconds of a
+    move's set-up, 30 s at least for all 100, where 400 unpaced steps had ~130) until the test has seen how its
+    move ended, then the rest at full speed: each step costs ~50 ms of CPU, in the job and its reference."""
+    return (str(STEPS), "--hidden", "3000", "--depth", "1", "--batch", "8", *paced(tmp_path, "0.3"))
 
 
 def _restart(c, m: str) -> None:
@@ -108,7 +108,7 @@ def test_restarted_while_it_sends_the_job_runs_on_where_it_was(cluster_factory, 
     first), the send dies with the old gmuxd's link and its outcome never comes. The move is given up: the
     target's new process is stopped, and the job, held suspended at its source, runs on there."""
     c = cluster_factory(policy="gandiva")
-    ref, out, cjob, first, dst, pid = _moving(c, tmp_path, _big(tmp_path), 10)
+    ref, out, cjob, first, dst, pid = _moving(c, tmp_path, _big(tmp_path), 3)
     src = first["machine"]
     _sending(c, tmp_path, cjob, dst, pid)
     _restart(c, src)
@@ -127,7 +127,7 @@ def test_target_restarted_while_it_sends_the_send_is_given_up(cluster_factory, t
     ran on only once the source's send failed, and its sender, silent toward the old endpoint, gave up after 6
     connections of 10 s (60.2 s, the job suspended at its source meanwhile): the source is told to give it up."""
     c = cluster_factory(policy="gandiva")
-    ref, out, cjob, first, dst, pid = _moving(c, tmp_path, _big(tmp_path), 10)
+    ref, out, cjob, first, dst, pid = _moving(c, tmp_path, _big(tmp_path), 3)
     src = first["machine"]
     _sending(c, tmp_path, cjob, dst, pid)
     _restart(c, dst)
