@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import sys
 import time
 
 import torch
@@ -24,6 +25,7 @@ p.add_argument("--hidden", type=int, default=64)
 p.add_argument("--batch", type=int, default=32)
 p.add_argument("--sleep", type=float, default=0.0)
 p.add_argument("--threads", type=int, default=1)
+p.add_argument("--lr", type=float, default=0.01, help="SGD's learning rate (wide models need a smaller one)")
 p.add_argument("--depth", type=int, default=0, help="extra hidden layers (more compute per mini-batch)")
 p.add_argument("--frozen-mib", type=float, default=0.0,
                help="a frozen embedding table of this size (requires_grad False, the same in every process "
@@ -62,7 +64,7 @@ if a.frozen_mib:
     table.weight.requires_grad_(False)
     model = torch.nn.ModuleDict({"table": table, "body": model})
 trained = [q for q in model.parameters() if q.requires_grad]
-opt = torch.optim.SGD(trained, lr=0.01, momentum=0.9)
+opt = torch.optim.SGD(trained, lr=a.lr, momentum=0.9)
 if boundary_log:
     boundary_log.write(f"{time.time():.6f} {os.getpid()} built\n")
 progress = {"step": 0}
@@ -109,6 +111,9 @@ while progress["step"] < a.steps:
     opt.step()
     if device_lock and job is not None:
         fcntl.flock(device_lock, fcntl.LOCK_UN)   # attached: the boundary is job.boundary(), below
+    if not torch.isfinite(loss):
+        # (every diverged run hashes the same NaNs: a test comparing hashes would compare nothing)
+        sys.exit(f"demo_train: the loss is {loss.item()} at step {progress['step']}: give a smaller --lr")
     progress["step"] += 1
     if boundary_log:
         boundary_log.write(f"{time.time():.6f} {os.getpid()} {progress['step']}\n")

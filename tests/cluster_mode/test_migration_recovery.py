@@ -141,7 +141,7 @@ def test_target_process_killed_mid_restore_the_job_runs_on_at_its_source(cluster
     # more than the 400 unpaced steps this test once ran took, where a move fails in ~10) until the job is back on
     # its source, then the rest at full speed, in the job and its reference.
     ref, out, cjob, first, dst = _running(c, tmp_path, ("100", "--hidden", "3000", "--depth", "1", "--batch", "8",
-                                                        *paced(tmp_path, "0.3")), 5)
+                                                        "--lr", "0.0003", *paced(tmp_path, "0.3")), 5)
     src = first["machine"]
     inbox = tmp_path / f"rt-{dst}" / "cluster-in"
     c.call("c_migrate", cjob=cjob, machine=dst, gpu=0)
