@@ -232,8 +232,11 @@ def test_a_move_target_that_says_it_started_at_step_0_does_not_release_the_sourc
     job.state, job.source, job.step, job.move = "migrating", "m0", 700, {"stage": "sending"}
     event(sched, "started", "", step=0, local="j2")
     assert job.state == "migrating" and job.source == "m0" and not [w for w in sched.wire if w[1] == "release"]
-    event(sched, "started", "", step=700, local="j2")
+    event(sched, "started", "", step=1, local="j2")
     assert job.state == "running" and [w[:2] for w in sched.wire if w[1] == "release"] == [("m0", "release")]
+    # (the step a target's first boundary counts is not the step it restored to: the log said "at step 1")
+    assert [d["text"] for d in sched.recent if d["kind"] == "migrated"] == ["c1 restored on m1, training there; m0 "
+                                                                            "releases it"], list(sched.recent)
 
 
 def test_a_move_to_where_the_job_already_is_is_refused_at_once(sched):

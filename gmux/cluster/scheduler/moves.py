@@ -86,8 +86,9 @@ class Moves:
         self.s._action(job.source, "release", job.cjob)
         if job.move.get("stage") != "sent":
             self.sent_after_arrival[job.cjob] = job.source
-        self.s._log("migrated", job.cjob, f"{job.cjob} restored on {name} at step {d.get('step')}; "
-                                          f"{job.source} releases it", d)
+        # (no step here: the target's first boundaries are counted before its report says where it restored to)
+        self.s._log("migrated", job.cjob, f"{job.cjob} restored on {name}, training there; {job.source} releases it",
+                    d)
         job.migrations += 1
         job.source = None
         self._set(job)
