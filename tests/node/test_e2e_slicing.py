@@ -10,27 +10,29 @@ import pytest
 
 from node_harness import TRAIN, paced, result, start_py, unpace
 
-STEPS = "6000"
+STEPS = "3000"
 QUANTUM = 0.25
-# Paced at 2 ms a step (12 s of GPU time each for 6,000 steps) until the test has seen the rounds it judges, then
+# Paced at 4 ms a step (12 s of GPU time each for 3,000 steps) until the test has seen the rounds it judges, then
 # at full speed: a step count alone gave no round at all on a loaded machine, where each start took seconds.
+# (At 2 ms and 6,000 steps as long a margin cost twice the steps, each a few tenths of a ms of CPU, in the jobs
+# and in their references; a mini-batch that a quantum overshoots by is still under 2% of it.)
 # Pacing changes no number, so the solo references run unpaced.
-PACE_S = "0.002"
+PACE_S = "0.004"
 ROUNDS = 8   # (4 left a share 10.1% off once in CI: a quantum overshot by a mini-batch weighs more)
-# The transparent-mode test's jobs: 6,000 steps at 0.3 ms.
-HOOK_PACE = ("--sleep", "0.0003")
+# The transparent-mode test's jobs: 2,000 steps, paced at 5 ms (10 s each: the first still runs once the second
+# has started, however slowly) until each has been suspended twice.
+HOOK_STEPS, HOOK_PACE_S = "2000", "0.005"
 
 
 def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
-    # The references run first, side by side, without gmux.
+    # The references run without gmux, side by side, while the jobs under gmux start (forked warm, they are done
+    # long before the jobs' imports, and so before any round is judged); read at the end.
     refs = {}
     procs = []
     for name, batch in (("ab", "32"), ("c", "33")):
         out = tmp_path / f"solo_{name}.json"
         procs.append(start_py(TRAIN, str(out), STEPS, "--batch", batch))
         refs[name] = out
-    for p in procs:
-        assert p.wait(120) == 0
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", str(QUANTUM), "--no-pack")
     jobs = {}
     for name, weight, batch in (("a", "1", "32"), ("b", "1", "32"), ("c", "2", "33")):
@@ -77,6 +79,8 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
     assert max_resident_mem <= 1 << 30      # never two 600 MiB jobs on the 1 GiB GPU at once
     for p in node.procs:
         assert p.wait(180) == 0
+    for p in procs:
+        assert p.wait(120) == 0
     ps = node.ps()
     for n, j in jobs.items():
         info = next(x for x in ps["jobs"] if x["id"] == j)
@@ -87,11 +91,13 @@ def test_weighted_time_slicing_shares_and_bit_identity(node_factory, tmp_path):
 
 def test_unmodified_scripts_time_sliced_through_the_hook(node_factory, tmp_path):
     """Transparent mode: plain torch scripts, boundaries from the optimizer hook gmux-launch installs."""
-    ref = start_py(TRAIN, str(tmp_path / "solo.json"), "6000")
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), HOOK_STEPS)
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "0.5", "--no-pack")
-    procs = [node.launch(f"{TRAIN}", str(tmp_path / f"t{i}.json"), "6000", *HOOK_PACE, opts=["--mem", "600MiB"])
-             for i in range(2)]
+    procs = [node.launch(f"{TRAIN}", str(tmp_path / f"t{i}.json"), HOOK_STEPS, *paced(tmp_path, HOOK_PACE_S),
+                         opts=["--mem", "600MiB"]) for i in range(2)]
     ids = [node.job_of(p.pid) for p in procs]
+    node.wait_for(lambda: all(node.job(j)["suspends"] >= 2 for j in ids), 120, lambda: node.ps())
+    unpace(tmp_path)
     for p in procs:
         assert p.wait(120) == 0
     assert ref.wait(120) == 0
