@@ -38,6 +38,10 @@ p.add_argument("--exclusive", action="store_true",
                     "contention alone is too noisy to show interference reliably). The lock is released before "
                     "each boundary, where the job may be suspended: before the optimizer step in transparent mode "
                     "(its hook is the boundary), after it with --attach")
+p.add_argument("--device-time", type=float, default=0.0, metavar="S",
+               help="with --exclusive (or once --exclusive-when's file exists): hold the virtual GPU's lock S "
+                    "seconds more each mini-batch, as a kernel keeps the device busy while the CPU waits (a "
+                    "saturating job that leaves the CPU to the others)")
 p.add_argument("--unpaced-when", metavar="PATH",
                help="from when PATH exists on: stop sleeping (a test that has measured what the pacing was for "
                     "lets the rest run at full speed; the numbers do not depend on it)")
@@ -106,6 +110,8 @@ while progress["step"] < a.steps:
     loss = torch.nn.functional.mse_loss((model["body"] if table is not None else model)(x), y)
     opt.zero_grad()
     loss.backward()
+    if device_lock and a.device_time:
+        time.sleep(a.device_time)
     if device_lock and job is None:
         fcntl.flock(device_lock, fcntl.LOCK_UN)   # transparent mode: the step's hook is the boundary
     opt.step()

@@ -1,23 +1,28 @@
 """End to end: packing with introspection keeps a pair that gains and unpacks a pair that interferes.
 
-On virtual GPUs jobs compute on the CPU. Two jobs that saturate their device (here: compute only while
-holding their virtual GPU's lock, as kernels filling every SM do) run at about half speed each when packed:
-the sum of packed/solo rates is ~1, no gain. Two jobs that mostly wait for input (sleep) run at nearly full
-speed together (sum ~2). Plain core contention would show interference too, but on a shared 2-core machine
-whose other load varies it is too noisy for a test that must pass or fail for the right reason.
+On virtual GPUs jobs compute on the CPU. Two jobs that saturate their device (here: busy only while holding
+their virtual GPU's lock, 10 ms a mini-batch, as kernels filling every SM keep it; the CPU waits meanwhile, as a
+real job's does, so that the pair does not also take a core of a shared machine for the whole test) run at
+about half speed each when packed: the sum of packed/solo rates is ~1, no gain. Two jobs that mostly wait for
+input (sleep) run at nearly full speed together (sum ~2). Plain core contention would show interference too, but
+on a shared 2-core machine whose other load varies it is too noisy for a test that must pass or fail for the
+right reason.
 """
 import time
 
 from node_harness import TRAIN
+
+# (a small model busy 10 ms on its device each mini-batch: before, a large one computed ~11 ms of CPU a step)
+SATURATING = ["--device-time", "0.01"]
 
 
 def test_gaining_pair_kept_interfering_pair_unpacked(node_factory, tmp_path):
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1", "--pack-window", "3", "--pack-margin", "0.5")
     kinds = {}
     # Launch order alternates so that placement (least loaded GPU) puts each kind on its own GPU.
-    for i, (kind, extra) in enumerate((("compute", ["--exclusive", "--hidden", "512", "--depth", "2", "--batch", "256"]),
+    for i, (kind, extra) in enumerate((("compute", ["--exclusive", *SATURATING]),
                                        ("waiting", ["--sleep", "0.01"]),
-                                       ("compute", ["--exclusive", "--hidden", "512", "--depth", "2", "--batch", "256"]),
+                                       ("compute", ["--exclusive", *SATURATING]),
                                        ("waiting", ["--sleep", "0.01"]))):
         p = node.launch(f"{TRAIN}", str(tmp_path / f"{i}.json"), "10000000", *extra, "--attach",
                         opts=["--no-hook", "--mem", "300MiB"])
@@ -58,8 +63,8 @@ def test_a_kept_pack_is_measured_again_and_unpacked_once_it_stops_gaining(node_f
                         "--pack-recheck", "4")
     saturate = tmp_path / "saturate"   # once it exists, both jobs compute holding the device: packing stops paying
     ids = sorted(node.job_of(node.launch(f"{TRAIN}", str(tmp_path / f"{i}.json"), "10000000", "--sleep", "0.05",
-                                         "--exclusive-when", str(saturate), "--hidden", "512", "--depth", "2",
-                                         "--batch", "256", "--attach", opts=["--no-hook", "--mem", "300MiB"]).pid)
+                                         "--exclusive-when", str(saturate), *SATURATING, "--attach",
+                                         opts=["--no-hook", "--mem", "300MiB"]).pid)
                  for i in range(2))
 
     def decided(kind, after=0):
