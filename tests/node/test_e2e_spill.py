@@ -10,11 +10,12 @@ from node_harness import PY, ROOT, TRAIN, env, paced, result, start_py, unpace
 
 
 def test_spill_to_disk_and_back(node_factory, tmp_path):
-    # Paced (3 ms of "input" per step, no effect on the numbers) so that the jobs are sliced, and so spilled,
-    # however fast this machine is; 3,000 steps (9 s of pacing each), so that neither finishes while the other
-    # starts again from its spill (at 1,200, a loaded machine took 5 s to start one, and the other ended first).
-    # Once each has come back from a spill, the rest runs unpaced.
-    pace, steps = paced(tmp_path, "0.003"), "3000"
+    # Paced (9 ms of "input" per step, no effect on the numbers) so that the jobs are sliced, and so spilled,
+    # however fast this machine is; 1,000 steps (9 s of pacing each), so that neither finishes while the other
+    # starts again from its spill (at 1,200 steps of 3 ms, a loaded machine took 5 s to start one, and the other
+    # ended first). Once each has come back from a spill, the rest runs unpaced, short enough to end in a turn or
+    # two: each further turn is a spill, a new process (at 3,000 steps of 3 ms, two more of them after the unpace).
+    pace, steps = paced(tmp_path, "0.009"), "1000"
     refs = [start_py(TRAIN, str(tmp_path / f"solo{b}.json"), steps, "--batch", b, *pace) for b in ("32", "33")]
     node = node_factory("--virtual-gpus", "1x1GiB", "--quantum", "1", "--no-pack", "--host-budget", "1KiB")
     procs = [node.launch(TRAIN, str(tmp_path / f"job{b}.json"), steps, "--batch", b, *pace, "--attach",
