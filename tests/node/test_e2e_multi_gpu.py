@@ -11,7 +11,6 @@ import subprocess
 
 from node_harness import PY, ROOT, TRAIN, env, paced, result, start_py, unpace
 
-STEPS = "3000"
 # Each step waits 3 ms (as if for input), so the jobs are still running when the events under test happen on a
 # loaded machine; it changes no number.
 PACE = ["--sleep", "0.003"]
@@ -31,17 +30,19 @@ def launch_refused(rt, *opts, script=("x.json", "10")):
 
 
 def test_multi_gpu_job_gets_whole_gpus_by_moving_a_job_bit_identical(node_factory, tmp_path):
-    ref = start_py(TRAIN, str(tmp_path / "solo.json"), STEPS, *paced(tmp_path, "0.003"))
+    # (1,500 steps paced at 6 and 12 ms: as long paced as 3,000 at 3 and 6 ms were, for half the steps of CPU)
+    steps = "1500"
+    ref = start_py(TRAIN, str(tmp_path / "solo.json"), steps, *paced(tmp_path, "0.006"))
     # (a 10 s deadline: a move that missed the 1 s default on a loaded machine would be given up and tried again)
     node = node_factory("--virtual-gpus", "3x1GiB", "--quantum", "1", "--deadline-floor", "10")
-    # Slower (6 ms a step) and started together: on a loaded machine a single-GPU job paced like the others once
+    # Slower (12 ms a step) and started together: on a loaded machine a single-GPU job paced like the others once
     # finished before the 2-GPU job had registered.
-    started = {name: node.launch(TRAIN, str(tmp_path / f"{name}.json"), STEPS, *paced(tmp_path, "0.006"), "--attach",
+    started = {name: node.launch(TRAIN, str(tmp_path / f"{name}.json"), steps, *paced(tmp_path, "0.012"), "--attach",
                                  opts=["--no-hook", "--mem", "256MiB"]) for name in ("a", "b")}
     singles = {node.job_of(p.pid): (p, name) for name, p in started.items()}
-    node.wait_for(lambda: all(node.job(j)["step"] > 200 for j in singles), 60, "both single-GPU jobs training")
+    node.wait_for(lambda: all(node.job(j)["step"] > 100 for j in singles), 60, "both single-GPU jobs training")
     assert sorted(node.job(j)["gpu"] for j in singles) == [0, 1]
-    big = node.launch(TRAIN, str(tmp_path / "big.json"), STEPS, *paced(tmp_path, "0.003"), opts=["--gpus", "2"])
+    big = node.launch(TRAIN, str(tmp_path / "big.json"), steps, *paced(tmp_path, "0.006"), opts=["--gpus", "2"])
     jbig = node.job_of(big.pid)
     node.wait_for(lambda: node.job(jbig)["state"] == "running", 90, "the 2-GPU job running")
     held = node.job(jbig)["exclusive_gpus"]
@@ -63,21 +64,23 @@ def test_multi_gpu_job_gets_whole_gpus_by_moving_a_job_bit_identical(node_factor
     assert out["big"]["devices"] == {"CUDA_VISIBLE_DEVICES": "", "GMUX_VIRTUAL_GPU": ",".join(map(str, held))}
     for name, r in out.items():
         assert r["steps"] == solo["steps"] and r["sha256"] == solo["sha256"], (name, r, solo)
-    # Moved mid-run (past step 200) between virtual GPUs in its own process: nothing restored from a checkpoint.
+    # Moved mid-run (past step 100) between virtual GPUs in its own process: nothing restored from a checkpoint.
     assert out[singles[moved][1]]["restored_at"] == 0 and out[singles[moved][1]]["pid"] == singles[moved][0].pid
 
 
 def test_gang_submitted_with_ranks_suspends_and_resumes_as_one_bit_identical(node_factory, tmp_path):
-    steps = "2500"
+    # (1,250 steps paced at 10 ms, past step 100 before the first suspend: as long running as 2,500 at 3 ms past
+    # step 200 were, a step's all-reduce taking ~4 ms more, for half the steps in the ranks and the plain ones)
+    steps = "1250"
     # (a rendezvous through a file: a port picked free can be taken before rank 0 binds it)
     plain = [start_py(GANG, str(tmp_path / "plain{rank}.json"), steps, "--plain", "--rank", str(r), "--world", "2",
                       "--file", str(tmp_path / "plain.rendezvous")) for r in range(2)]     # (read at the end)
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
     sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--no-hook", "--name", "g", "--", "python", GANG,
-               str(tmp_path / "gang{rank}.json"), steps, *paced(tmp_path, "0.003"))
+               str(tmp_path / "gang{rank}.json"), steps, *paced(tmp_path, "0.01"))
     assert sub.returncode == 0, sub.stderr
     ranks = json.loads(sub.stdout)["jobs"]
-    node.wait_for(lambda: all(node.job(j)["state"] == "running" and node.job(j)["step"] > 200 for j in ranks), 90,
+    node.wait_for(lambda: all(node.job(j)["state"] == "running" and node.job(j)["step"] > 100 for j in ranks), 90,
                   "both ranks training")
     assert sorted(node.job(j)["gpu"] for j in ranks) == [0, 1]
     table = gmux(node.rt, "ps")
