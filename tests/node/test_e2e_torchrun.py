@@ -11,9 +11,11 @@ from node_harness import PY, ROOT, env, paced, result, unpace
 DDP = os.path.join(ROOT, "tests", "scripts", "ddp_train.py")
 TORCHRUN = os.path.join(os.path.dirname(PY), "torchrun")
 RANKS = ["--standalone", "--nproc_per_node", "2"]
-# Each step waits 10 ms, so the gang is still training when the test suspends it on a loaded machine; it
-# changes no number.
-SLEEP = "0.01"
+# Each step waits 20 ms, so the gang is still training when the test suspends it on a loaded machine; it
+# changes no number. (The bit-identical runs: 350 steps, past step 15 when suspended, as long paced as 700 at
+# 10 ms past step 30 were, for half the steps, each an all-reduce, in the ranks and in the plain ones.)
+SLEEP = "0.02"
+STEPS, STARTED = "350", 15
 
 
 def gmux(rt, *args, timeout=60):
@@ -55,11 +57,11 @@ def _training(node, name, past):
 
 
 def test_torchrun_gang_suspends_and_resumes_as_one_bit_identical(node_factory, tmp_path):
-    steps = "700"
+    steps = STEPS
     plain = _plain(tmp_path, steps)
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
     launcher = _launch(node, "tr", str(tmp_path / "gang{rank}.json"), steps)
-    node.wait_for(lambda: _training(node, "tr", 30), 90, "both torchrun ranks training under gmuxd")
+    node.wait_for(lambda: _training(node, "tr", STARTED), 90, "both torchrun ranks training under gmuxd")
     ranks = [j["id"] for j in _ranks(node, "tr")]
     assert sorted(node.job(j)["gpu"] for j in ranks) == [0, 1]
     table = gmux(node.rt, "ps").stdout
@@ -97,15 +99,15 @@ def test_an_unmodified_ddp_script_submitted_with_ranks_suspends_as_one_bit_ident
     """`gmux submit --ranks 2 -- python ddp.py` (no --no-hook): each rank ran hooked without agreeing with its
     peer, so gmux suspend was refused ("ranks in transparent mode ... cannot agree on a boundary"), while gmux ps
     said they could be suspended (an outside-user review). Now they agree, as torchrun's ranks do."""
-    steps = "700"
+    steps = STEPS
     plain = _plain(tmp_path, steps)
     node = node_factory("--virtual-gpus", "2x1GiB", "--quantum", "1")
     sub = gmux(node.rt, "--json", "submit", "--ranks", "2", "--name", "sg", "--", "python", DDP,
                str(tmp_path / "gang{rank}.json"), steps, *paced(tmp_path, SLEEP))
     assert sub.returncode == 0, sub.stderr
     ranks = json.loads(sub.stdout)["jobs"]
-    node.wait_for(lambda: all(node.job(j)["state"] == "running" and node.job(j)["step"] > 30 for j in ranks), 90,
-                  "both ranks training")
+    node.wait_for(lambda: all(node.job(j)["state"] == "running" and node.job(j)["step"] > STARTED for j in ranks),
+                  90, "both ranks training")
     out = gmux(node.rt, "--json", "suspend", ranks[1], timeout=130)
     assert out.returncode == 0, out.stderr
     held = [node.job(j)["step"] for j in ranks]
