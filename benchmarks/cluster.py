@@ -199,7 +199,7 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
         # GMUX_GRADS=overwritten: the checkpoint leaves the gradients out (demo_train zeroes them every step)
         log = tmp / "boundaries.log"
         cjob = c.call("c_submit", argv=[PY, TRAIN, str(tmp / "out.json"), "1000000", "--hidden", str(h), "--depth",
-                                        "1", "--batch", "8", "--lr", str(min(0.01, 1 / h)), "--attach", "--boundary-log", str(log), *frozen],
+                                        "1", "--batch", "8", "--lr", str(min(0.001, 1 / h)), "--attach", "--boundary-log", str(log), *frozen],
                       cwd=R, env={"OMP_NUM_THREADS": "1", "GMUX_GRADS": grads,
                                   **({} if holdings else {"GMUX_HOLDINGS": "off"})})["cjob"]
         totals, sent, cpus = [], [], []
