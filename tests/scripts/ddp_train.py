@@ -34,6 +34,9 @@ for step in range(a.steps):
         time.sleep(a.sleep)
 h = hashlib.sha256()
 for t in list(model.parameters()) + [opt.state[q]["momentum_buffer"] for q in model.parameters()]:
+    if not torch.isfinite(t).all():
+        # (every diverged run hashes the same NaNs: a test comparing hashes would compare nothing)
+        raise SystemExit(f"ddp_train: rank {rank} ended with weights that are not finite")
     h.update(t.detach().numpy().tobytes())
 with open(a.out.format(rank=rank), "w") as f:
     json.dump({"sha256": h.hexdigest(), "steps": a.steps, "rank": rank}, f)

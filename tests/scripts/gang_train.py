@@ -67,6 +67,9 @@ while progress["step"] < a.steps:
         job.boundary()
 h = hashlib.sha256()
 for t in list(model.parameters()) + [opt.state[q]["momentum_buffer"] for q in model.parameters()]:
+    if not torch.isfinite(t).all():
+        # (every diverged run hashes the same NaNs: a test comparing hashes would compare nothing)
+        raise SystemExit(f"gang_train: rank {rank} ended with weights that are not finite")
     h.update(t.detach().numpy().tobytes())
 with open(a.out.format(rank=rank), "w") as f:
     json.dump({"sha256": h.hexdigest(), "steps": progress["step"], "rank": rank, "restored_at": restored_at,
