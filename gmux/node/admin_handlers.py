@@ -69,13 +69,13 @@ class AdminHandlers:
     def _named(self, msg, who: Caller) -> Optional[Job]:
         """The one live job of the caller's (any, to an admin) that has the name given for a job id, or a rank of
         the gang of that name; refused if several jobs have it. Ended jobs are named by id only (a name comes back
-        with each run of a script), but for their logs: the newest run of that name's."""
+        with each run of a script), but for their logs: the newest run of that name's (a gang's: its rank 0)."""
         admin = self.node.access.is_admin(who)
         key = msg["job"]
         named = sorted((j for j in self.node.jobs.values() if not j.final and key in (j.name, (j.gang or {}).get("id"))
                         and (admin or j.uid == who.uid)), key=lambda j: j.id)
         if len(named) > 1 and named[0].gang and len({j.gang["id"] if j.gang else None for j in named}) == 1:
-            return named[0]     # the ranks of one gang: acting on one acts on all
+            return min(named, key=lambda j: j.gang["rank"])    # the ranks of one gang: acting on one acts on all
         if len(named) > 1:
             raise Refused(f"{msg.type}: {len(named)} live jobs are named {key!r} "
                           f"({', '.join(j.id for j in named)}): give one of their ids")
@@ -83,7 +83,11 @@ class AdminHandlers:
             return named[0] if named else None
         ended = [j for j in self.node.jobs.values() if j.final and j.managed and key in (j.name, (j.gang or {}).get(
             "id")) and (admin or j.uid == who.uid)]   # (logs of a run that ended: its newest submitted one's)
-        return max(ended, key=lambda j: j.created) if ended else None
+        newest = max(ended, key=lambda j: j.created) if ended else None
+        if newest is not None and newest.gang:      # (of a gang's, its newest run's first rank)
+            return max((j for j in ended if j.gang and j.gang["id"] == newest.gang["id"] and j.gang["rank"] == 0),
+                       key=lambda j: j.created, default=newest)
+        return newest
 
     # --- the handlers ---
     def ping(self, req: Request):

@@ -324,3 +324,21 @@ def test_a_job_whose_suspend_was_answered_is_shown_held_before_the_next_tick(dae
     assert daemon.jobs[a["job"]].state != "held"
     (reply,) = _result(daemon, b"job-a", a, stop, state="suspended")
     assert reply["ok"] and daemon.jobs[a["job"]].state == "held"
+
+
+def test_logs_of_a_gang_by_its_name_are_its_first_ranks_live_or_ended(daemon):
+    """`gmux logs NAME` of a gang showed the rank whose id sorted first as text (j10 before j9) while it ran, and
+    the newest-created rank once it had ended: rank 1's log as often as rank 0's."""
+    for n in range(8):
+        register(daemon, b"job-%d" % n)
+    ranks = [register(daemon, b"rank-%d" % rank, name="ranks", gang={"id": "g", "rank": rank, "size": 2})["job"]
+             for rank in (0, 1)]
+    assert ranks == ["j9", "j10"]
+    for rank, job_id in enumerate(ranks):
+        daemon.jobs[job_id].managed = True
+        with open(daemon.rundir.log_file(job_id), "w") as f:
+            f.write(f"rank {rank} says\n")
+    assert ask(daemon, "logs", admin=daemon.admin, job="ranks")["data"]["text"] == "rank 0 says\n"
+    for job_id in ranks:
+        daemon.jobs[job_id].state = "exited"
+    assert ask(daemon, "logs", admin=daemon.admin, job="ranks")["data"]["text"] == "rank 0 says\n"
