@@ -249,8 +249,8 @@ class AdminHandlers:
         new_process = bool(req.msg.get("new_process"))
         if job.started and not node.moves.applies(job, gpu, new_process):
             # A new process must restore the job: only a job that attached itself can be.
-            unmovable = (job.last_report or {}).get("unmovable")
-            if not job.migratable and isinstance(unmovable, str) and unmovable:
+            unmovable = job.unmovable()
+            if not job.migratable and unmovable:
                 what = ("trains with a framework whose resume would not be exact here" if
                         (job.last_report or {}).get("control") == "framework" else "would not continue exactly")
                 raise Refused(f"migrate: {job.id} {what} in a new process: {unmovable}; it is not moved, and stays "
@@ -275,12 +275,11 @@ class AdminHandlers:
         """The job writes its state to checkpoints/JOB.snapshot.ckpt at its next boundary (or at once from its
         host copy if suspended) and goes on; the reply waits for that (cluster mode reads the file)."""
         node, job = self.node, self._target(req)
-        unmovable = (job.last_report or {}).get("unmovable")
         if not job.migratable or not job.started:
             raise Refused(f"checkpoint: {job.id} " + (
                 "has not started" if job.migratable else
-                f"would not be restored exactly from one now: {unmovable}" if isinstance(unmovable, str) and unmovable
-                else "runs in transparent mode (run it with gmux-launch --no-hook and attach())"))
+                f"would not be restored exactly from one now: {job.unmovable()}" if job.unmovable() else
+                "runs in transparent mode (run it with gmux-launch --no-hook and attach())"))
         slicer = node.slicers.get(job.gpu)
         busy = slicer.busy_with(job.id) if slicer is not None else None
         if busy:

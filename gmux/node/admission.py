@@ -410,6 +410,6 @@ class Admission:
 
 def _not_restorable(j: Job) -> str:
     """Why a new process could not restore the job: what its reports say, else its transparent mode."""
-    why = (j.last_report or {}).get("unmovable")
-    return (f"it would not continue exactly in a new process: {why}" if isinstance(why, str) and why else
+    why = j.unmovable()
+    return (f"it would not continue exactly in a new process: {why}" if why else
             "an unmodified script (transparent mode) cannot be restored in a new process")

@@ -106,6 +106,11 @@ class Job:
         if self._step_offset is not None:
             self.step = max(self.step, boundaries + self._step_offset)
 
+    def unmovable(self) -> Optional[str]:
+        """Why its reports say a new process would not continue it exactly (None: they say nothing of it)."""
+        why = (self.last_report or {}).get("unmovable")
+        return why if isinstance(why, str) and why else None
+
     def working_set(self) -> Optional[int]:
         """Memory this job needs on its GPU: the declared size, or the measured peak when larger or undeclared."""
         sizes = [s for s in (self.mem, self.mem_peak) if s is not None]
