@@ -421,6 +421,15 @@ def test_an_epoch_a_new_process_could_not_put_back_is_reported_unmovable_while_i
     assert not job.controller.result(move, timeout=5)["ok"] and not os.path.exists(f"{tmp}/moved.ckpt")
 
 
+def _says_unmovable_and_refuses(job, tmp, why):
+    """Its reports say why (gmuxd then plans no move), and a move asked for all the same is refused in the job."""
+    report = job.report()
+    assert not report["movable"] and report["unmovable"].startswith(why), report
+    move = job.controller.send("migrate", path=f"{tmp}/moved.ckpt")
+    job.boundary()
+    assert not job.controller.result(move, timeout=5)["ok"] and not os.path.exists(f"{tmp}/moved.ckpt")
+
+
 @pytest.mark.parametrize("built", ["before attach", "after attach"])
 def test_a_job_whose_lr_scheduler_was_not_attached_is_unmovable(tmp, built):
     """A StepLR the script did not give attach(): a new process built it anew, at step 0, and trained on with other
@@ -434,15 +443,56 @@ def test_a_job_whose_lr_scheduler_was_not_attached_is_unmovable(tmp, built):
     model(torch.randn(2, 4)).sum().backward()
     sgd.step()
     sched.step()
-    report = job.report()
-    assert not report["movable"] and report["unmovable"].startswith(
-        "an LR scheduler attach() was not given drives optimizer 0 (SGD)"), report
-    move = job.controller.send("migrate", path=f"{tmp}/moved.ckpt")
-    job.boundary()
-    assert not job.controller.result(move, timeout=5)["ok"] and not os.path.exists(f"{tmp}/moved.ckpt")
+    _says_unmovable_and_refuses(job, tmp, "an LR scheduler attach() was not given (StepLR) drives optimizer 0 (SGD)")
     other = nn.Linear(4, 1)
     adam = torch.optim.Adam(other.parameters())
     assert gj.attach(other, adam, torch.optim.lr_scheduler.OneCycleLR(adam, 0.5, total_steps=9)).report()["movable"]
+
+
+def _one_step(model, opt):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_a_job_whose_plateau_scheduler_was_not_attached_is_unmovable_once_it_steps(tmp):
+    """ReduceLROnPlateau marks no parameter group, so a job driven by one attach() was not given said it was
+    movable: a new process built it anew, with no best metric and no patience used, and trained on with other
+    learning rates from its next plateau. Built and not yet stepped, it is what the new process builds (movable);
+    once it steps, the job is unmovable and refuses a move; freed, the job is movable again."""
+    model = nn.Linear(4, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, sgd)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(sgd, patience=0)
+    _one_step(model, sgd)
+    assert job.report()["movable"], job.report()
+    plateau.step(1.0)
+    _says_unmovable_and_refuses(job, tmp, "an LR scheduler attach() was not given (ReduceLROnPlateau) drives "
+                                          "optimizer 0 (SGD)")
+    del plateau
+    gc.collect()
+    assert job.report()["movable"], job.report()
+
+
+def test_a_second_scheduler_beside_an_attached_one_is_seen_and_attached_parts_are_not(tmp):
+    """An unattached scheduler on an optimizer an attached one drives hid behind it ("initial_lr" is there
+    either way). The parts of an attached SequentialLR step too, and are the job's."""
+    model = nn.Linear(4, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    warm = torch.optim.lr_scheduler.LinearLR(sgd, start_factor=0.5, total_iters=2)
+    decay = torch.optim.lr_scheduler.StepLR(sgd, 2)
+    chain = torch.optim.lr_scheduler.SequentialLR(sgd, [warm, decay], milestones=[2])
+    job = gj.attach(model, sgd, chain)
+    for _ in range(4):
+        _one_step(model, sgd)
+        chain.step()
+    assert job.report()["movable"], job.report()
+    extra = torch.optim.lr_scheduler.ExponentialLR(sgd, 0.9)
+    assert job.report()["movable"], "a scheduler only built is what the new process builds"
+    _one_step(model, sgd)
+    extra.step()
+    _says_unmovable_and_refuses(job, tmp, "an LR scheduler attach() was not given (ExponentialLR) drives optimizer 0 "
+                                          "(SGD)")
 
 
 def test_attach_again_in_the_same_job_counts_its_steps_on_restores_nothing_and_refuses_a_move(tmp, monkeypatch):

@@ -12,7 +12,7 @@ import torch
 
 from gmux.wire.arriving import Arriving
 from gmux.wire.transfer import TransferError
-from . import control, holdings, strays
+from . import control, holdings, stray_schedulers, strays
 from .checkpoint import CheckpointError
 from .control import Controller
 from .job import Job
@@ -53,6 +53,7 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
         previous.stop_watching_loop()
     _current = Job(tracked, controller=controller, pool=pool, device=device)
     strays.watch(current)
+    stray_schedulers.watch()
     if previous is not None and not previous.tracked.weak and controller is not None and \
             controller is previous.controller:
         # The same job attached again (a later stage's new optimizer): its steps count on. A new process runs the

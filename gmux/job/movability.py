@@ -7,14 +7,15 @@ the epoch's loader cannot be put back (gmux.job.data: workers that drew their se
 script attached again, where an optimizer attach() was not given trains the job's parameters (gmux.job.strays),
 where the job's state was found by the optimizer hook rather than given, where an optimizer was given parameter
 groups since attach (add_param_group: progressive unfreezing), which the new process would rebuild without them, or
-where an LR scheduler attach() was not given drives an optimizer (the new process's would count from 0).
+where an LR scheduler attach() was not given drives an optimizer (the new process's would count from 0:
+gmux.job.stray_schedulers).
 Each of these can change while the job runs (a new epoch, an optimizer freed), so every report asks again.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from . import strays
+from . import stray_schedulers, strays
 
 
 def problem(job) -> Optional[str]:
@@ -31,12 +32,13 @@ def problem(job) -> Optional[str]:
             return (f"optimizer {i}'s parameter groups changed since attach (sizes {then} then, {now} now): a new "
                     f"process rebuilds the optimizer as the script builds it and could not take this state, so the "
                     f"job stays where it is (suspend and resume still work)")
-    return _unattached_scheduler(job)
+    return stray_schedulers.problem(job) or _unmarked_groups(job)
 
 
-def _unattached_scheduler(job) -> Optional[str]:
-    # Every LR scheduler but ReduceLROnPlateau marks the groups it drives with their "initial_lr" as it is built.
-    # (An attached one may drive the optimizer through a wrapper: accelerate's, under a Trainer.)
+def _unmarked_groups(job) -> Optional[str]:
+    # Every LR scheduler but ReduceLROnPlateau marks the groups it drives with their "initial_lr" as it is built:
+    # this sees one whose step() stray_schedulers did not (a subclass's own). (An attached one may drive the
+    # optimizer through a wrapper: accelerate's, under a Trainer.)
     driven: set = set()
     for s in job.tracked.schedulers:
         opt, depth = getattr(s, "optimizer", None), 0

@@ -1,0 +1,79 @@
+"""LR schedulers that step an attached job's optimizer and that attach() was not given (explicit mode).
+
+A move's new process runs the script from its start and restores at its attach(): a scheduler it was not given
+is built there anew, at its first step, and the job would train on with other learning rates (a StepLR decays
+again from 0; a ReduceLROnPlateau forgets its best metric and its patience). Most schedulers mark the groups they
+drive with "initial_lr" as they are built, which movability reads; ReduceLROnPlateau marks nothing, and a second
+scheduler on an optimizer an attached one drives hides behind the first. So every scheduler's step() is watched:
+one that stepped since it was built (the step its constructor takes does not count: the new process takes it too),
+is alive, is neither attached nor held by an attached one (SequentialLR's and ChainedScheduler's parts), and
+drives one of the job's optimizers keeps the job where it is.
+
+A subclass that overrides step() without calling torch's is not seen here; "initial_lr" still is.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Callable, Optional
+
+from torch.optim import lr_scheduler
+
+from . import strays
+
+_stepped: weakref.WeakSet = weakref.WeakSet()
+_installed = False
+
+
+def watch() -> None:
+    """Once per process: wraps the step() of every scheduler class torch defines one in."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    for cls in vars(lr_scheduler).values():
+        if (isinstance(cls, type) and issubclass(cls, (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau))
+                and "step" in vars(cls)):
+            cls.step = _noting(vars(cls)["step"])
+
+
+def _noting(step: Callable) -> Callable:
+    @functools.wraps(step)
+    def noted(self, *args, **kwargs):
+        # A constructor's own step runs with the count at 0 (LRScheduler._initial_step); ReduceLROnPlateau has no
+        # count and takes no step when built.
+        if getattr(self, "_step_count", 1) != 0:
+            _stepped.add(self)
+        return step(self, *args, **kwargs)
+    return noted
+
+
+def problem(job) -> Optional[str]:
+    """Why a new process would drive the job's optimizers with a scheduler other than this one (None: it would not)."""
+    if not _stepped:
+        return None
+    attached: set = set()
+    for s in job.tracked.schedulers:
+        _parts(s, attached, 0)
+    ours = strays._owned(job)
+    for s in list(_stepped):
+        if id(s) in attached:
+            continue
+        opt, depth = getattr(s, "optimizer", None), 0
+        while opt is not None and depth < 4:
+            if id(opt) in ours:
+                index = next((i for i, o in enumerate(job.tracked.optimizers) if o is opt), None)
+                which = f"optimizer {index} ({type(opt).__name__})" if index is not None else \
+                    f"an optimizer of the job ({type(opt).__name__})"
+                return (f"an LR scheduler attach() was not given ({type(s).__name__}) drives {which}: a new process "
+                        f"builds it anew, at its first step, and would train on with other learning rates, so the "
+                        f"job stays where it is (suspend and resume still work); give it to attach()")
+            opt, depth = getattr(opt, "optimizer", None), depth + 1
+    return None
+
+
+def _parts(s, ids: set, depth: int) -> None:
+    ids.add(id(s))
+    if depth < 4:
+        for part in getattr(s, "_schedulers", ()) or ():
+            _parts(part, ids, depth + 1)
