@@ -1,5 +1,6 @@
 """Helpers shared by the runtime tests (a plain module: each test folder has its own conftest)."""
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -177,3 +178,28 @@ def kill_jobs_under(directory) -> None:
     for pid, _ in jobs_under(directory):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+class OwnCosine:
+    """An LR scheduler that is not torch's, as timm's are: it marks the groups it drives with "initial_lr" and
+    keeps its state in its attributes, which state_dict() gives and load_state_dict() takes."""
+
+    def __init__(self, optimizer, t_initial=6, warmup=(2, 0.01)):
+        self.optimizer, self.t_initial, self.warmup, self.epoch = optimizer, t_initial, list(warmup), 0
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self.base_values = [group["initial_lr"] for group in optimizer.param_groups]
+
+    def step(self, epoch=None):
+        self.epoch = self.epoch + 1 if epoch is None else epoch
+        for group, base in zip(self.optimizer.param_groups, self.base_values):
+            steps, start = self.warmup
+            t = self.epoch % self.t_initial
+            group["lr"] = start + (base - start) * self.epoch / steps if self.epoch < steps else \
+                base * 0.5 * (1 + math.cos(math.pi * t / self.t_initial))
+
+    def state_dict(self):
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    def load_state_dict(self, state):
+        self.__dict__.update(state)

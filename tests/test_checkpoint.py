@@ -11,7 +11,7 @@ from torch import nn
 
 import gmux.job as gj
 from gmux.job import checkpoint as ckpt
-from gmux_testkit import assert_identical
+from gmux_testkit import OwnCosine, assert_identical
 
 
 def _job(width=16, optimizer=torch.optim.Adam):
@@ -452,6 +452,7 @@ def test_buffers_outside_state_dict_come_back():
 
 
 SCHEDULERS = {
+    "own (timm-style)": OwnCosine,
     "MultiStepLR": lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [3, 6, 6]),     # milestones: a Counter
     "StepLR": lambda o: torch.optim.lr_scheduler.StepLR(o, 3),
     "OneCycleLR": lambda o: torch.optim.lr_scheduler.OneCycleLR(o, 0.5, total_steps=40),

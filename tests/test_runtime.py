@@ -12,7 +12,7 @@ from torch import nn
 
 import gmux.job as gj
 from gmux.job import strays
-from gmux_testkit import assert_identical
+from gmux_testkit import OwnCosine, assert_identical
 
 
 def _setup(pool_mib=16, **kw):
@@ -493,6 +493,21 @@ def test_a_second_scheduler_beside_an_attached_one_is_seen_and_attached_parts_ar
     extra.step()
     _says_unmovable_and_refuses(job, tmp, "an LR scheduler attach() was not given (ExponentialLR) drives optimizer 0 "
                                           "(SGD)")
+
+
+def test_a_scheduler_that_is_not_torchs_is_attached_by_its_state_dict_and_seen_unattached(tmp):
+    """timm's schedulers (and a script's own) are not torch's LRScheduler: attach() refused them, while a job they
+    drove said "give it to attach()". Now attach() keeps any object with state_dict() and load_state_dict()."""
+    model = nn.Linear(4, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, sgd)
+    own = OwnCosine(sgd)
+    _one_step(model, sgd)
+    own.step()
+    _says_unmovable_and_refuses(job, tmp, "an LR scheduler attach() was not given drives optimizer 0 (SGD)")
+    attached = gj.attach(model, sgd, own)
+    attached.not_rebuilt = None         # (attached again in one process; a script attaches once)
+    assert attached.tracked.schedulers == [own] and attached.report()["movable"], attached.report()
 
 
 def test_attach_again_in_the_same_job_counts_its_steps_on_restores_nothing_and_refuses_a_move(tmp, monkeypatch):

@@ -23,8 +23,9 @@ _current: Optional[Job] = None
 
 def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None,
            controller: Optional[Controller] = None, pool=None, device=None, restore: Optional[str] = None) -> Job:
-    """Makes this process a gmux job tracking `objects` (modules, optimizers, LR schedulers, GradScalers, and the
-    script's own random generators: torch.Generator, NumPy Generator or RandomState, random.Random),
+    """Makes this process a gmux job tracking `objects` (modules, optimizers, LR schedulers: torch's, or any object
+    with state_dict() and load_state_dict() such as timm's, GradScalers, and the script's own random generators:
+    torch.Generator, NumPy Generator or RandomState, random.Random),
     the tensors in `extras` and the picklable values in `state` (kept by reference: the job's `state` is
     that dict). Returns the job, also available as `gmux.job.current()`. `pool`: a virtual GPU's memory
     (gmux.job.memory.device_memory, or a DevicePool), for a job on the CPU.

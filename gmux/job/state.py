@@ -31,6 +31,12 @@ def _is_scheduler(obj) -> bool:
     return issubclass(type(obj), _SCHEDULERS)
 
 
+def _keeps_its_own_state(obj) -> bool:
+    """An object of another kind that saves and loads its state as torch's schedulers do (timm's schedulers, one
+    of the script's own): kept with the schedulers, by its state_dict()."""
+    return callable(getattr(type(obj), "state_dict", None)) and callable(getattr(type(obj), "load_state_dict", None))
+
+
 def _is_scaler(obj) -> bool:
     return issubclass(type(obj), torch.amp.GradScaler)
 
@@ -93,10 +99,13 @@ class TrackedState:
             target = self.schedulers
         elif gens.is_generator(obj):
             target = self.generators
+        elif _keeps_its_own_state(obj):
+            target = self.schedulers
         else:
-            raise TypeError(f"gmux cannot track a {type(obj).__name__}: attach modules, optimizers, LR schedulers, "
-                            f"GradScalers and random generators (torch, NumPy, random.Random); pass tensors as "
-                            f"extras= and other values as state=")
+            raise TypeError(f"gmux cannot track a {type(obj).__name__}: attach modules, optimizers, LR schedulers "
+                            f"(torch's, or any object with state_dict() and load_state_dict()), GradScalers and "
+                            f"random generators (torch, NumPy, random.Random); pass tensors as extras= and other "
+                            f"values as state=")
         if not any(o is obj for o in target):
             target.append(obj)
             self.added += 1
