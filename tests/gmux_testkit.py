@@ -198,6 +198,9 @@ class OwnCosine:
             group["lr"] = start + (base - start) * self.epoch / steps if self.epoch < steps else \
                 base * 0.5 * (1 + math.cos(math.pi * t / self.t_initial))
 
+    def get_last_lr(self):          # (what a Hugging Face Trainer logs)
+        return [group["lr"] for group in self.optimizer.param_groups]
+
     def state_dict(self):
         return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
 

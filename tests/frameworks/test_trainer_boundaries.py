@@ -26,11 +26,12 @@ class Regressor(nn.Module):
 
 
 def _boundaries(monkeypatch, callbacks=(), events=None, evaluated_on=None, points=list, at_boundary=None,
-                **arguments) -> tuple[list, list]:
+                scheduler=None, **arguments) -> tuple[list, list]:
     """Trains 8 steps; returns the global steps at which the job got a boundary, and those the Trainer logged.
     `events`: a list each boundary is also noted in, as ("boundary", step); `evaluated_on`: the eval dataset, from
     the training dataset (default: its first 16 points); `points`: makes the training dataset from a list of 64
-    points; `at_boundary`: called with gmux's callback at each boundary."""
+    points; `at_boundary`: called with gmux's callback at each boundary; `scheduler`: builds the LR scheduler
+    given to the Trainer (optimizers=) from its AdamW."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
     from gmux.job.frameworks import huggingface
     monkeypatch.setattr(frameworks, "_runs", 0)
@@ -42,7 +43,12 @@ def _boundaries(monkeypatch, callbacks=(), events=None, evaluated_on=None, point
                              report_to="none", use_cpu=True, disable_tqdm=True,
                              **{"max_steps": 8, "save_strategy": "no", **arguments})
     evaluated_on = evaluated_on or (lambda points: points[:16])
-    trainer = Trainer(model=Regressor(), args=args, train_dataset=data, eval_dataset=evaluated_on(data),
+    model = Regressor()
+    given = {}
+    if scheduler is not None:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        given["optimizers"] = (opt, scheduler(opt))
+    trainer = Trainer(model=model, args=args, **given, train_dataset=data, eval_dataset=evaluated_on(data),
                       data_collator=lambda items: {k: torch.stack([torch.as_tensor(it[k]) for it in items])
                                                    for k in items[0]}, callbacks=list(callbacks))
     marks = []
@@ -170,3 +176,13 @@ def test_evaluating_on_a_subset_of_the_training_dataset_leaves_the_training_fetc
                            at_boundary=lambda callback: kept.append(callback.fetches.before["torch"]))
     assert marks == list(range(1, 8)) and len(kept) == 7
     assert all(any(torch.equal(state, seen) for seen in training_fetch_states) for state in kept)
+
+
+def test_a_scheduler_given_to_the_trainer_that_is_not_torchs_is_the_jobs(monkeypatch):
+    """A scheduler not torch's given to the Trainer (optimizers=) was left out of the job's state, which a move then
+    lost, while the job said it was movable."""
+    from gmux_testkit import OwnCosine
+    held = []
+    _boundaries(monkeypatch, scheduler=OwnCosine, logging_steps=1,
+                at_boundary=lambda callback: held.append([type(s).__name__ for s in callback.job.tracked.schedulers]))
+    assert held and all(names == ["OwnCosine"] for names in held), held

@@ -419,5 +419,6 @@ def _eval_datasets(trainer) -> list:
 
 
 def _is_scheduler(obj) -> bool:
-    from gmux.job.state import _is_scheduler as known
-    return obj is not None and known(obj)
+    """torch's, or one given to the Trainer (optimizers=) that saves its state as torch's do (timm's)."""
+    from gmux.job.state import _is_scheduler as known, _keeps_its_own_state
+    return obj is not None and (known(obj) or _keeps_its_own_state(obj))
