@@ -39,6 +39,7 @@ from gmux.wire.receiver import Receiver
 from gmux.wire.daemon_client import Client, GmuxError
 from gmux.wire.handshake_watch import HandshakeWatch
 from gmux.wire.server import Server, configure
+from gmux.node.checkpoint_clock import CheckpointClock
 from gmux.node.cluster_fence import Fence
 from gmux.node.cluster_records import busy_data, gang_record, kill_reason, ranks_by_job, taken_at
 from gmux.node.cluster_starts import Starts
@@ -103,15 +104,14 @@ class ClusterLink:
         self.starts = Starts(self.rundir, self._event, self.warm, self.receiver.reader_gone)
         self.busy: set[str] = set()            # cjobs with a worker on them (no periodic checkpoint meanwhile)
         self.sending: dict[str, threading.Event] = {}   # cjob -> its move's send under way here: set, given up
-        self.ckpt_every: dict[str, float] = {}
         self.world: dict[str, int] = {}        # cjob -> its number of ranks
         self.locals: dict[str, list] = {}      # cjob -> each rank's job id on this gmuxd, latest report
         self.broken: set[str] = set()          # gangs with a rank ended badly, whose other ranks were killed
-        self.last_ckpt: dict[str, float] = {}
+        self.clock = CheckpointClock()         # periodic checkpoints to the scheduler
         # One gang-wide request at a time per job: ranks that got a checkpoint and a suspend in different orders
         # would each hold a different command first and never agree.
         self.gang_locks: dict[str, threading.Lock] = {}
-        self.ckpt_seq, self.bad_actions, self.stopping = 0, 0, False
+        self.bad_actions, self.stopping = 0, False
         self._last_report = self._last_look = 0.0
         self.fence = Fence(time.monotonic(), os.path.join(self.rundir.root, "cluster-fence"))
         self._jobs: dict[str, dict] = {}       # cjob -> its latest local record
@@ -238,20 +238,17 @@ class ClusterLink:
                 self._work(cjob, self._ranks, cjob, "kill", None, live)
             self.starts.observe(cjob, rec, by_rank, world)
             if full:
-                self._maybe_checkpoint(cjob, rec, now)
+                self._maybe_checkpoint(cjob, rec, list(by_rank.values()), now)
         if full:
             gpus = [{"index": g["index"], "mem_total": int(g["mem_total"])} for g in ps["gpus"]]
             self._send_up("node_report", name=self.name, gpus=gpus, transfer=self.transfer_endpoint, jobs=records)
 
-    def _maybe_checkpoint(self, cjob: str, rec: dict, now: float) -> None:
-        every = self.ckpt_every.get(cjob)
-        if (not every or cjob in self.busy or rec["state"] not in ("running", "suspended") or rec["step"] == 0
-                or now - self.last_ckpt.get(cjob, 0.0) < every or self.fence.cut_off(now)):
+    def _maybe_checkpoint(self, cjob: str, rec: dict, ranks: list, now: float) -> None:
+        if cjob in self.busy or self.fence.cut_off(now):
             return
-        self.last_ckpt[cjob] = now
-        self.ckpt_seq += 1
-        self._work(cjob, self._checkpoint_to_scheduler, cjob, list(self.locals[cjob]),
-                   f"{self.name}-{cjob}-k{self.ckpt_seq}")
+        seq = self.clock.due(cjob, rec, ranks, now)
+        if seq is not None:
+            self._work(cjob, self._checkpoint_to_scheduler, cjob, list(self.locals[cjob]), f"{self.name}-{cjob}-k{seq}")
 
     def _fence_job(self, cjob: str, ranks: list) -> None:
         def run():      # (on a thread of its own: the pool's may all be blocked sending checkpoints)
@@ -396,9 +393,7 @@ class ClusterLink:
         self.world[cjob] = len(a["gpus"])
         self.broken.discard(cjob)
         self._jobs.pop(cjob, None)
-        if a.get("ckpt_every"):
-            self.ckpt_every[cjob] = float(a["ckpt_every"])
-            self.last_ckpt[cjob] = time.monotonic()
+        self.clock.started(cjob, a.get("ckpt_every"), time.monotonic())
         self._work(cjob, self.starts.spawn, cjob, a, paths)
 
     def _gang_lock(self, cjob: str) -> threading.Lock:
