@@ -4,6 +4,7 @@ gradient accumulation, then Trainer.fit().
 
 usage: lightning_train.py OUT [--epochs N] [--samples N] [--sleep S [--unpaced-when PATH]] [--wait-for FILE]
                            [--workers N] [--persistent] [--no-noise] [--freeze-from-epoch N] [--logs DIR]
+                           [--own-scheduler]
 Writes OUT as JSON: the sha256 of the final weights, the global step, and the step this process started
 training at (more than 0 when gmux restored it after a move). --sleep stands for waiting on input in the
 collate function each batch; it changes no number. --wait-for holds training back until FILE exists (a
@@ -14,6 +15,8 @@ training loss at every step (so a move leaves at a logged step) with a CSVLogger
 and the last checkpoints by it (ModelCheckpoint, every 10 steps, in the logger's directory); OUT then also says
 what DIR holds: the version directories, the rows of each metrics.csv, the best checkpoint and the top 2, and the
 last checkpoint's name and step, of these and of a second ModelCheckpoint (DIR/earliest) that keeps its first.
+--own-scheduler: the per-step schedule is a scheduler of the script's own, not torch's, as timm's are (the
+LightningModule steps it in lr_scheduler_step, as Lightning asks of such a scheduler).
 """
 import argparse
 import hashlib
@@ -38,6 +41,7 @@ p.add_argument("--persistent", action="store_true")
 p.add_argument("--no-noise", action="store_true")
 p.add_argument("--freeze-from-epoch", type=int, default=None)
 p.add_argument("--logs", default=None)
+p.add_argument("--own-scheduler", action="store_true")
 a = p.parse_args()
 torch.set_num_threads(1)
 
@@ -47,6 +51,25 @@ def collate(items):
         time.sleep(a.sleep)
     x, y = default_collate(items)
     return (x, y) if a.no_noise else (x + 0.05 * torch.randn_like(x), y)
+
+
+class StepDecay:
+    """timm's schedulers are like this: not torch's, their state in their attributes."""
+
+    def __init__(self, optimizer, every=7, gamma=0.8):
+        self.optimizer, self.every, self.gamma, self.updates = optimizer, every, gamma, 0
+        self.base = [group["lr"] for group in optimizer.param_groups]
+
+    def step_update(self, num_updates):
+        self.updates = num_updates
+        for group, base in zip(self.optimizer.param_groups, self.base):
+            group["lr"] = base * self.gamma ** (num_updates // self.every)
+
+    def state_dict(self):
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    def load_state_dict(self, state):
+        self.__dict__.update(state)
 
 
 class Regressor(pl.LightningModule):
@@ -71,8 +94,14 @@ class Regressor(pl.LightningModule):
 
     def configure_optimizers(self):
         opt = torch.optim.Adam(self.parameters(), lr=3e-3)
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.8)
+        sched = StepDecay(opt) if a.own_scheduler else torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.8)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def lr_scheduler_step(self, scheduler, metric):
+        if isinstance(scheduler, StepDecay):
+            scheduler.step_update(scheduler.updates + 1)
+        else:
+            super().lr_scheduler_step(scheduler, metric)
 
     def train_dataloader(self):
         return DataLoader(self.data, batch_size=8, shuffle=True, collate_fn=collate, num_workers=a.workers,
