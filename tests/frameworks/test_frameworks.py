@@ -278,6 +278,24 @@ def test_the_report_says_whether_the_job_can_move(monkeypatch):
     assert job.report()["unmovable"] == "an IterableDataset"
 
 
+def test_a_trainers_object_gmux_cannot_keep_leaves_the_job_unmovable_not_failed(monkeypatch):
+    """A Trainer's scheduler gmux could not take as state failed the run at its first boundary (TypeError)."""
+    from gmux.job.job import Job
+    from gmux.job.state import TrackedState
+
+    class Warmup:           # (steps the LR, keeps no state a checkpoint could take)
+        optimizer = None
+    monkeypatch.setattr(frameworks, "_runs", 0)
+    job = Job(TrackedState(), device="cpu")
+    model = torch.nn.Linear(2, 2)
+    frameworks.started()
+    frameworks.attach(job, "lightning", [model, torch.optim.SGD(model.parameters(), lr=0.1), Warmup()], None,
+                      lambda: None)
+    report = job.report()
+    assert report["movable"] is False and report["unmovable"].startswith("gmux cannot keep its Warmup"), report
+    assert len(job.tracked.tensors()) == 2      # the rest is the job's state: suspend and resume work
+
+
 def test_random_states_kept_by_a_framework_are_checked_before_use():
     """A Trainer's own random states (the batch fetched ahead, the epoch's start) sit in the checkpoint's free-form
     state; a damaged or crafted one is refused naming the field, not applied half-way."""

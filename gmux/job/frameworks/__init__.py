@@ -82,8 +82,14 @@ def attach(job, framework: str, objects: list, why_not_movable: Optional[str], r
     job.stop_watching_loop()           # the framework's step end is the boundary from now on
     tracked = TrackedState()
     for obj in objects:
-        if obj is not None:
+        if obj is None:
+            continue
+        try:
             tracked.add(obj)
+        except TypeError:       # (a run of the script's own is never failed for what gmux cannot keep)
+            why_not_movable = why_not_movable or (
+                f"gmux cannot keep its {type(obj).__name__} (not a module, optimizer, GradScaler, nor an LR scheduler "
+                f"with state_dict() and load_state_dict()): a new process would start it anew")
     tracked.state = {"framework": framework}
     job.tracked = tracked
     first = next((p for m in tracked.modules for p in m.parameters()), None)

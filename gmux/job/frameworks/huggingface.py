@@ -233,9 +233,8 @@ def _callback_class(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             trainer = self.trainer
             optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)     # accelerate's wrapper
+            # (one gmux cannot keep leaves the job unmovable: gmux.job.frameworks.attach)
             scheduler = getattr(trainer.lr_scheduler, "scheduler", trainer.lr_scheduler)
-            if not _is_scheduler(scheduler):
-                scheduler = None
             loader = getattr(kwargs.get("train_dataloader"), "base_dataloader", kwargs.get("train_dataloader"))
             if isinstance(loader, torch.utils.data.DataLoader) and not loader.num_workers \
                     and getattr(self.fetches, "loader", None) is not loader:
@@ -417,8 +416,3 @@ def _eval_datasets(trainer) -> list:
     found = getattr(trainer, "eval_dataset", None)
     return list(found.values()) if isinstance(found, dict) else [found]
 
-
-def _is_scheduler(obj) -> bool:
-    """torch's, or one given to the Trainer (optimizers=) that saves its state as torch's do (timm's)."""
-    from gmux.job.state import _is_scheduler as known, _keeps_its_own_state
-    return obj is not None and (known(obj) or _keeps_its_own_state(obj))
