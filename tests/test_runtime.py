@@ -495,6 +495,25 @@ def test_a_second_scheduler_beside_an_attached_one_is_seen_and_attached_parts_ar
                                           "(SGD)")
 
 
+def test_accelerates_wrapped_optimizer_and_scheduler_attached_leave_the_job_movable(tmp):
+    """accelerate's AcceleratedScheduler (its scheduler inside) could not be attached; attached now, its wrapped
+    StepLR, stepping the torch optimizer inside the AcceleratedOptimizer, is the job's own, not a stray."""
+    accelerate = pytest.importorskip("accelerate")
+    model = nn.Linear(4, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    acc = accelerate.Accelerator(cpu=True)
+    model, opt, sched = acc.prepare(model, sgd, torch.optim.lr_scheduler.StepLR(sgd, 2))
+    job = gj.attach(model, opt, sched)
+    for _ in range(3):
+        _one_step(model, opt)
+        sched.step()
+    assert job.report()["movable"], job.report()
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(sgd)
+    plateau.step(1.0)
+    _says_unmovable_and_refuses(job, tmp, "an LR scheduler attach() was not given (ReduceLROnPlateau) drives an "
+                                          "optimizer of the job (SGD)")
+
+
 def test_a_scheduler_that_is_not_torchs_is_attached_by_its_state_dict_and_seen_unattached(tmp):
     """timm's schedulers (and a script's own) are not torch's LRScheduler: attach() refused them, while a job they
     drove said "give it to attach()". Now attach() keeps any object with state_dict() and load_state_dict()."""

@@ -37,16 +37,11 @@ def problem(job) -> Optional[str]:
 
 def _unmarked_groups(job) -> Optional[str]:
     # Every LR scheduler but ReduceLROnPlateau marks the groups it drives with their "initial_lr" as it is built:
-    # this sees one whose step() stray_schedulers did not (a subclass's own). (An attached one may drive the
-    # optimizer through a wrapper: accelerate's, under a Trainer.)
-    driven: set = set()
-    for s in job.tracked.schedulers:
-        opt, depth = getattr(s, "optimizer", None), 0
-        while opt is not None and depth < 4:
-            driven.add(id(opt))
-            opt, depth = getattr(opt, "optimizer", None), depth + 1
+    # this sees one whose step() stray_schedulers did not (a subclass's own, timm's).
+    driven = {id(opt) for s in stray_schedulers.attached(job).values() for opt in stray_schedulers.driven_by(s)}
     for i, opt in enumerate(job.tracked.optimizers):
-        if id(opt) not in driven and any("initial_lr" in g for g in opt.param_groups):
+        if driven.isdisjoint(map(id, (opt, *stray_schedulers.driven_by(opt)))) and \
+                any("initial_lr" in g for g in opt.param_groups):
             return (f"an LR scheduler attach() was not given drives optimizer {i} ({type(opt).__name__}): a new "
                     f"process builds it anew, counting from its first step, and would train on with other learning "
                     f"rates, so the job stays where it is (suspend and resume still work); give it to attach()")

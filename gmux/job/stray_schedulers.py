@@ -6,8 +6,8 @@ again from 0; a ReduceLROnPlateau forgets its best metric and its patience). Mos
 drive with "initial_lr" as they are built, which movability reads; ReduceLROnPlateau marks nothing, and a second
 scheduler on an optimizer an attached one drives hides behind the first. So every scheduler's step() is watched:
 one that stepped since it was built (the step its constructor takes does not count: the new process takes it too),
-is alive, is neither attached nor held by an attached one (SequentialLR's and ChainedScheduler's parts), and
-drives one of the job's optimizers keeps the job where it is.
+is alive, is neither attached nor held by an attached one (SequentialLR's and ChainedScheduler's parts, the one
+accelerate's wrapper drives), and drives one of the job's optimizers keeps the job where it is.
 
 A subclass that overrides step() without calling torch's is not seen here; "initial_lr" still is.
 """
@@ -52,15 +52,12 @@ def problem(job) -> Optional[str]:
     """Why a new process would drive the job's optimizers with a scheduler other than this one (None: it would not)."""
     if not _stepped:
         return None
-    attached: set = set()
-    for s in job.tracked.schedulers:
-        _parts(s, attached, 0)
+    mine = attached(job)
     ours = strays._owned(job)
     for s in list(_stepped):
-        if id(s) in attached:
+        if id(s) in mine:
             continue
-        opt, depth = getattr(s, "optimizer", None), 0
-        while opt is not None and depth < 4:
+        for opt in driven_by(s):
             if id(opt) in ours:
                 index = next((i for i, o in enumerate(job.tracked.optimizers) if o is opt), None)
                 which = f"optimizer {index} ({type(opt).__name__})" if index is not None else \
@@ -68,12 +65,30 @@ def problem(job) -> Optional[str]:
                 return (f"an LR scheduler attach() was not given ({type(s).__name__}) drives {which}: a new process "
                         f"builds it anew, at its first step, and would train on with other learning rates, so the "
                         f"job stays where it is (suspend and resume still work); give it to attach()")
-            opt, depth = getattr(opt, "optimizer", None), depth + 1
     return None
 
 
-def _parts(s, ids: set, depth: int) -> None:
-    ids.add(id(s))
-    if depth < 4:
-        for part in getattr(s, "_schedulers", ()) or ():
-            _parts(part, ids, depth + 1)
+def attached(job) -> dict:
+    """The job's schedulers and those they hold, by id: SequentialLR's and ChainedScheduler's parts, the one a
+    wrapper drives (accelerate's AcceleratedScheduler)."""
+    found: dict = {}
+
+    def walk(s, depth: int) -> None:
+        found[id(s)] = s
+        if depth < 4:
+            for part in [*(getattr(s, "_schedulers", None) or ()), getattr(s, "scheduler", None)]:
+                if part is not None:
+                    walk(part, depth + 1)
+    for s in job.tracked.schedulers:
+        walk(s, 0)
+    return found
+
+
+def driven_by(obj) -> list:
+    """The optimizer a scheduler drives (or an optimizer wraps) and those it wraps in turn: accelerate's
+    AcceleratedOptimizer holds the torch one."""
+    chain, opt = [], getattr(obj, "optimizer", None)
+    while opt is not None and len(chain) < 4:
+        chain.append(opt)
+        opt = getattr(opt, "optimizer", None)
+    return chain
