@@ -1,6 +1,7 @@
 """Where a real Hugging Face Trainer gets its boundaries (gmux/job/frameworks/huggingface.py), driven in this
 process with a job that records them: a step the Trainer logs after still gets one, once the log is written."""
 import importlib.util
+import os
 import tempfile
 
 import pytest
@@ -186,3 +187,52 @@ def test_a_scheduler_given_to_the_trainer_that_is_not_torchs_is_the_jobs(monkeyp
     _boundaries(monkeypatch, scheduler=OwnCosine, logging_steps=1,
                 at_boundary=lambda callback: held.append([type(s).__name__ for s in callback.job.tracked.schedulers]))
     assert held and all(names == ["OwnCosine"] for names in held), held
+
+
+def test_a_moved_run_keeps_its_stateful_callbacks_state_early_stopping_stops_where_unmoved(monkeypatch, tmp_path):
+    """EarlyStoppingCallback's patience counter is in TrainerState's stateful callbacks, which the Trainer's resume
+    puts back only under restore_callback_states_from_checkpoint (False by default). Before: a run moved while
+    the counter was above 0 counted its patience from 0 again, and trained on past the step the unmoved run
+    stopped at (a silent divergence). Now the moved process's callback continues the count, and stops where the
+    unmoved one does, with the same weights."""
+    import transformers.trainer
+    from transformers import EarlyStoppingCallback, Trainer, TrainingArguments
+    from gmux.job.frameworks import huggingface
+    monkeypatch.setattr(Trainer, "train", Trainer.train)
+    monkeypatch.setattr(Trainer, "_gmux_patched", False, raising=False)
+    huggingface.patch(transformers.trainer)
+    ckpt = str(tmp_path / "moved.ckpt")
+
+    def run(restore=None):
+        monkeypatch.setattr(frameworks, "_runs", 0)
+        job = Job(TrackedState(), device="cpu")
+        monkeypatch.setattr(frameworks, "_job", job)
+        monkeypatch.setattr(frameworks, "_restore", restore)
+        torch.manual_seed(0)
+        x = torch.randn(64, 4)
+        data = [{"x": x[i], "labels": x[i].sum()} for i in range(64)]
+        stopper = EarlyStoppingCallback(early_stopping_patience=3)
+        args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, report_to="none",
+                                 use_cpu=True, disable_tqdm=True, max_steps=40, learning_rate=0.3, seed=0,
+                                 eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=16,
+                                 metric_for_best_model="eval_loss", save_strategy="no")
+        trainer = Trainer(model=Regressor(), args=args, train_dataset=data, eval_dataset=data[:16],
+                          data_collator=lambda items: {k: torch.stack([torch.as_tensor(it[k]) for it in items])
+                                                       for k in items[0]}, callbacks=[stopper])
+        counted = []
+
+        def boundary():
+            counted.append(stopper.early_stopping_patience_counter)
+            if restore is None and stopper.early_stopping_patience_counter == 2 and not os.path.exists(ckpt):
+                job._discover(job)          # (as before any command)
+                job.checkpoint(ckpt)        # what a move carries; the run goes on as if unmoved
+        monkeypatch.setattr(job, "boundary", boundary)
+        trainer.train()
+        return trainer.state.global_step, [p.detach().clone() for p in trainer.model.parameters()], counted
+
+    step, weights, counted = run()
+    assert os.path.exists(ckpt) and step < 40, (step, counted)        # it stopped early, and was moved before
+    moved_step, moved_weights, moved_counted = run(restore=ckpt)
+    # (before: its count started again, [1, 2], and it stopped 2 steps later)
+    assert moved_step == step, (step, counted, moved_step, moved_counted)
+    assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))

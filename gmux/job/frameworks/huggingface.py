@@ -103,6 +103,7 @@ def patch(module) -> None:
                 with open(os.path.join(scratch, "trainer_state.json"), "w") as f:
                     f.write(saved["trainer_state"])
                 callback.totals = _run_totals(saved.get("run_totals"), path)
+                _put_back_callback_states(self, saved["trainer_state"], callback)
                 callback.restore_from = path
                 _take_over_loading(self, callback)
                 resume_from_checkpoint = scratch
@@ -148,6 +149,23 @@ def _after_step_work(trainer, callback) -> bool:
         return done
     setattr(trainer, _STEP_WORK, then_boundary)
     return True
+
+
+def _put_back_callback_states(trainer, trainer_state: str, gmux_callback) -> None:
+    """The stateful callbacks' states (`ExportableState`: EarlyStoppingCallback's patience counter) as the moved
+    run left them, into the script's own callback objects, as the Trainer's resume would build them (a new one
+    from the state's args, with its attributes set) had the script asked it to
+    (`restore_callback_states_from_checkpoint`, False by default: a moved run's early stopping counted its
+    patience from 0 again, and stopped later than an unmoved one)."""
+    stored = json.loads(trainer_state).get("stateful_callbacks") or {}
+    for name, states in stored.items():
+        mine = [cb for cb in trainer.callback_handler.callbacks
+                if type(cb).__name__ == name and cb is not gmux_callback]
+        for cb, state in zip(mine, states if isinstance(states, list) else [states]):
+            built = type(cb)(**state.get("args", {}))
+            for attribute, value in state.get("attributes", {}).items():
+                setattr(built, attribute, value)
+            cb.__dict__.update(built.__dict__)        # (the script's object: one it holds sees the state too)
 
 
 def _take_over_loading(trainer, callback) -> None:
