@@ -225,6 +225,7 @@ def _callback_class(Callback, call, version: str):
             self.pending_rng = None    # the checkpoint's random states, until the first batch after it is fetched
             self.step_row: Optional[dict] = None    # this step's log row, as at the last command (leaving)
             self.unsaved: Optional[dict] = None     # a restored process's callbacks' state beyond their state_dict
+            self.restored = False       # restored, its first batch still to come
 
         # -- restoring -----------------------------------------------------------------------------------
         def resume(self, path: str, saved: dict) -> None:
@@ -291,6 +292,7 @@ def _callback_class(Callback, call, version: str):
                 # on_train_start) may draw, as they did once in the first process, long before the checkpoint
                 self.pending_rng = capture_rng()
                 self.restore_from = None
+                self.restored = True
 
         def epoch_start_again(self, trainer, pl_module) -> None:
             """Lightning's resume in the middle of an epoch skips on_train_epoch_start: what the script's own
@@ -313,6 +315,13 @@ def _callback_class(Callback, call, version: str):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if self.pending_rng is not None:    # a loader fetched ahead, before on_train_start: the step at least
                 self.put_back_rng()
+            if self.restored:
+                # Lightning's restore leaves its fit loop "restarting" until the epoch ends, and skips the
+                # ReduceLROnPlateau step at that end (a metric it assumes lost): this epoch validates here, as it
+                # did unmoved, whose plateau scheduler steps on it (before: a moved run's did not, and trained on
+                # with its LR unreduced). Its setup, which the flag is for, is over by the first batch.
+                self.restored = False
+                trainer.fit_loop._restarting = False       # (the fit loop's own; its inner loops' stay as set)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             done = batch_idx + 1
