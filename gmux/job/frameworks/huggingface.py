@@ -103,7 +103,7 @@ def patch(module) -> None:
                 with open(os.path.join(scratch, "trainer_state.json"), "w") as f:
                     f.write(saved["trainer_state"])
                 callback.totals = _run_totals(saved.get("run_totals"), path)
-                _put_back_callback_states(self, saved["trainer_state"], callback)
+                _put_back_callback_states(self, saved["trainer_state"], callback, path)
                 callback.restore_from = path
                 _take_over_loading(self, callback)
                 resume_from_checkpoint = scratch
@@ -151,21 +151,29 @@ def _after_step_work(trainer, callback) -> bool:
     return True
 
 
-def _put_back_callback_states(trainer, trainer_state: str, gmux_callback) -> None:
+def _put_back_callback_states(trainer, trainer_state: str, gmux_callback, path: str) -> None:
     """The stateful callbacks' states (`ExportableState`: EarlyStoppingCallback's patience counter) as the moved
-    run left them, into the script's own callback objects, as the Trainer's resume would build them (a new one
-    from the state's args, with its attributes set) had the script asked it to
-    (`restore_callback_states_from_checkpoint`, False by default: a moved run's early stopping counted its
-    patience from 0 again, and stopped later than an unmoved one)."""
-    stored = json.loads(trainer_state).get("stateful_callbacks") or {}
+    run left them, into the script's own callback objects. The Trainer's resume puts them back only when the script
+    asks (`restore_callback_states_from_checkpoint`, False by default): a moved run's early stopping counted its
+    patience from 0 again, and stopped later than an unmoved one. The script built its callbacks with the same
+    arguments again; their attributes are what changed."""
+    from gmux.job.checkpoint import CheckpointError
+    try:
+        stored = json.loads(trainer_state).get("stateful_callbacks") or {}
+    except (ValueError, AttributeError):
+        raise CheckpointError(path, "its Trainer state is not a JSON object") from None
+    if not isinstance(stored, dict):
+        raise CheckpointError(path, "its Trainer state's stateful_callbacks is not a JSON object")
     for name, states in stored.items():
         mine = [cb for cb in trainer.callback_handler.callbacks
                 if type(cb).__name__ == name and cb is not gmux_callback]
         for cb, state in zip(mine, states if isinstance(states, list) else [states]):
-            built = type(cb)(**state.get("args", {}))
-            for attribute, value in state.get("attributes", {}).items():
-                setattr(built, attribute, value)
-            cb.__dict__.update(built.__dict__)        # (the script's object: one it holds sees the state too)
+            attributes = state.get("attributes") if isinstance(state, dict) else None
+            if not isinstance(attributes, dict):
+                raise CheckpointError(path, f"its Trainer state holds no attributes for its {name[:40]!r}")
+            for attribute, value in attributes.items():
+                if isinstance(attribute, str) and hasattr(cb, attribute):
+                    setattr(cb, attribute, value)
 
 
 def _take_over_loading(trainer, callback) -> None:
