@@ -498,3 +498,70 @@ def test_every_kind_of_lr_scheduler_is_checkpointed_and_restored_exactly(name, t
     assert_identical(model.state_dict(), moved_model.state_dict(), "model")
     assert_identical(opt.state_dict(), moved_opt.state_dict(), "optimizer")
     assert repr(sched.state_dict()) == repr(moved_sched.state_dict())
+
+
+class _Sam(torch.optim.Optimizer):
+    """SAM as published (davda54/sam): its base optimizer's state (momentum, Adam's moments) is in the base's
+    own `state`, which the state_dict() it keeps from torch leaves out; the two share their parameter groups."""
+    def __init__(self, params, base, relink, **kwargs):
+        super().__init__(params, dict(rho=0.05, **kwargs))
+        self.base_optimizer = base(self.param_groups, **kwargs)
+        self.param_groups = self.base_optimizer.param_groups
+        self.relink = relink
+
+    @torch.no_grad()
+    def first_step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["old_p"] = p.data.clone()
+                p.add_(p.grad * group["rho"])
+        self.zero_grad()
+
+    @torch.no_grad()
+    def second_step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.data = self.state[p]["old_p"]
+        self.base_optimizer.step()
+        self.zero_grad()
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        if self.relink:
+            self.base_optimizer.param_groups = self.param_groups
+
+
+@pytest.mark.parametrize("base,relink", [(torch.optim.SGD, True), (torch.optim.Adam, False)])
+def test_an_optimizer_a_wrapper_holds_is_checkpointed_and_shares_its_groups_again(base, relink, tmp):
+    """SAM attached: a move restored SAM's own state and left its base optimizer's momentum (or moments) at zero,
+    while the job said it was movable; the run ended with other weights. The base's state is kept with SAM's now,
+    and after a restore the two share their parameter groups again, which the scheduler driving SAM sets."""
+    x = torch.randn(16, 4)
+    kw = {"lr": 0.05, "momentum": 0.9} if base is torch.optim.SGD else {"lr": 0.01}
+
+    def build():
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        opt = _Sam(model.parameters(), base, relink, **kw)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 3, 0.5)
+        return model, opt, sched, gj.attach(model, opt, sched)
+
+    def steps(model, opt, sched, n):
+        for _ in range(n):
+            model(x).pow(2).mean().backward()
+            opt.first_step()
+            model(x).pow(2).mean().backward()
+            opt.second_step()
+            sched.step()
+
+    model, opt, sched, job = build()
+    steps(model, opt, sched, 5)
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    steps(model, opt, sched, 5)
+    moved_model, moved_opt, moved_sched, moved = build()
+    moved.restore(path)
+    assert moved_opt.base_optimizer.param_groups is moved_opt.param_groups
+    steps(moved_model, moved_opt, moved_sched, 5)
+    assert_identical(model.state_dict(), moved_model.state_dict(), "model")
+    assert_identical(opt.base_optimizer.state_dict(), moved_opt.base_optimizer.state_dict(), "base optimizer")

@@ -26,7 +26,7 @@ import torch
 from . import generators as gens
 from .checkpoint import DTYPES, CheckpointError, Row, TensorRef
 from .data import generator_states
-from .state import StateMismatch
+from .state import WRAPPED, StateMismatch, wrapped
 
 SECTIONS = ("modules", "buffers", "grads", "optimizers", "schedulers", "scalers", "extras", "state", "rng",
             "position", "steps", "generators")
@@ -228,6 +228,11 @@ class Fit:
                 self.fail(f"{where} 'state': state for {str(pid)[:40]!r}, which is none of its parameters")
             n = position[pid]
             self.param_state(f"{where} state for param {n}", st, params[n], live["state"].get(n), opt)
+        inner, mine = sd.get(WRAPPED, []), live.get(WRAPPED, [])     # (SAM's base: state.wrapped)
+        if not isinstance(inner, list) or len(inner) != len(mine):
+            self.fail(f"{where} '{WRAPPED}': {describe(inner)}, the job has a list of {len(mine)}")
+        for j, (saved, held, live_sd) in enumerate(zip(inner, wrapped(opt), mine)):
+            self.optimizer(f"{i}'s wrapped {j}", saved, held, live_sd)
 
     def param_state(self, where: str, saved, param_group, live: Optional[dict], opt) -> None:
         p, group = param_group

@@ -136,7 +136,7 @@ class TrackedState:
                     visit(named and f"{prefix}.{n}.grad", p.grad)
             for n, b in m.named_buffers(remove_duplicate=True):
                 visit(named and f"{prefix}.{n}", b)
-        for i, opt in enumerate(self.optimizers):
+        for i, opt in enumerate(o for top in self.optimizers for o in (top, *wrapped(top))):
             names = {id(p): f"optimizer{i}.param{j}" for j, p in
                      enumerate(p for g in opt.param_groups for p in g["params"])} if named else {}
             # Parameters outside every module too (a learned temperature, a flat buffer the model's parameters
@@ -164,7 +164,7 @@ class TrackedState:
             "modules": [m.state_dict(keep_vars=True) for m in self.modules],
             "buffers": [dict(transient_buffers(m)) for m in self.modules],
             "grads": grads,
-            "optimizers": [{**o.state_dict(), "__gmux_type__": type(o).__name__} for o in self.optimizers],
+            "optimizers": [optimizer_state(o) for o in self.optimizers],
             "schedulers": [s.state_dict() for s in self.schedulers],
             "scalers": [s.state_dict() for s in self.scalers],
             "extras": dict(self.extras),
@@ -214,8 +214,7 @@ class TrackedState:
                     else:      # (a restored snapshot's tensors are buffers of its own: taken, not copied)
                         p.grad = g.to(device=p.device, dtype=p.dtype)
             for opt, sd in zip(self.optimizers, snap["optimizers"]):
-                sd = {k: v for k, v in sd.items() if k != "__gmux_type__"}
-                opt.load_state_dict(sd)
+                load_optimizer(opt, sd)
             for s, sd in zip(self.schedulers, snap["schedulers"]):
                 s.load_state_dict(sd)
             for s, sd in zip(self.scalers, snap["scalers"]):
@@ -230,6 +229,51 @@ class TrackedState:
         self.state.clear()
         self.state.update(restored)
         self.set_streams(snap)
+
+
+# -- optimizers that wrap another ------------------------------------------------------------------------
+WRAPPED = "__gmux_wrapped__"
+
+
+def wrapped(opt) -> list:
+    """The optimizers `opt` holds whose state its state_dict() leaves out: one that keeps torch's state_dict()
+    packs only its own `state`, and SAM's base optimizer (its momentum, its Adam moments) is in another. One that
+    defines its own state_dict() (timm's Lookahead, accelerate's) is trusted to hold what it wraps."""
+    if type(opt).state_dict is not torch.optim.Optimizer.state_dict:
+        return []
+    found: list = []
+    for value in vars(opt).values():
+        for inner in (value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(inner, torch.optim.Optimizer) and inner is not opt and inner.state is not opt.state \
+                    and not any(inner is f for f in found):
+                found.append(inner)
+    return found
+
+
+def optimizer_state(opt) -> dict:
+    sd = {**opt.state_dict(), "__gmux_type__": type(opt).__name__}
+    inner = wrapped(opt)
+    if inner:
+        sd[WRAPPED] = [optimizer_state(o) for o in inner]
+    return sd
+
+
+def load_optimizer(opt, sd: dict) -> None:
+    """Loads `opt` and the optimizers it wraps, which keep sharing the parameter groups they shared (SAM's base
+    steps with the groups its scheduler sets: each load_state_dict() makes new ones)."""
+    inner = wrapped(opt)
+    groups = {id(o): o.param_groups for o in (opt, *inner)}
+    opt.load_state_dict({k: v for k, v in sd.items() if k not in ("__gmux_type__", WRAPPED)})
+    if not inner:
+        return
+    for o, saved in zip(inner, sd[WRAPPED]):
+        load_optimizer(o, saved)
+    for o in (opt, *inner):
+        before, loaded = groups[id(o)], o.param_groups
+        if loaded is not before:
+            for g, new in zip(before, loaded):
+                g.update(new)
+            o.param_groups = before
 
 
 def transient_buffers(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
