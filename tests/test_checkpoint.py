@@ -565,3 +565,38 @@ def test_an_optimizer_a_wrapper_holds_is_checkpointed_and_shares_its_groups_agai
     steps(moved_model, moved_opt, moved_sched, 5)
     assert_identical(model.state_dict(), moved_model.state_dict(), "model")
     assert_identical(opt.base_optimizer.state_dict(), moved_opt.base_optimizer.state_dict(), "base optimizer")
+
+
+def test_parameters_unfrozen_since_the_model_was_built_stay_unfrozen_after_a_restore(tmp):
+    """Fine-tuning that unfreezes its backbone once (`if epoch == 1: requires_grad_(True)`): a move in a later epoch
+    restored the weights into a new process's model built frozen, which never unfroze it again and trained on
+    without the backbone, ending "finished" with other weights. Which parameters require gradients is restored."""
+    x = torch.randn(16, 4)
+
+    def build():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        model[0].requires_grad_(False)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        return model, opt, gj.attach(model, opt)
+
+    def steps(model, opt, n):
+        for _ in range(n):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+
+    model, opt, job = build()
+    steps(model, opt, 2)
+    model[0].requires_grad_(True)
+    model[2].bias.requires_grad_(False)
+    steps(model, opt, 2)
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    steps(model, opt, 3)
+    moved_model, moved_opt, moved = build()
+    moved.restore(path)
+    steps(moved_model, moved_opt, 3)
+    assert [p.requires_grad for p in moved_model.parameters()] == [True, True, True, False]
+    assert_identical(model.state_dict(), moved_model.state_dict(), "model")
+    assert_identical(opt.state_dict(), moved_opt.state_dict(), "optimizer")

@@ -29,8 +29,8 @@ from .data import generator_states
 from .state import WRAPPED, StateMismatch, wrapped
 
 SECTIONS = ("modules", "buffers", "grads", "optimizers", "schedulers", "scalers", "extras", "state", "rng",
-            "position", "steps", "generators")
-OPTIONAL = ("generators", "buffers")      # (absent from checkpoints written before they existed)
+            "position", "steps", "generators", "frozen")
+OPTIONAL = ("generators", "buffers", "frozen")      # (absent from checkpoints written before they existed)
 PARAM, SCALAR = "like the parameter", "a scalar"
 
 
@@ -141,6 +141,8 @@ class Fit:
         self.modules(skel["modules"], skel["grads"])
         if "buffers" in skel:
             self.buffers(skel["buffers"])
+        if "frozen" in skel:
+            self.frozen(skel["frozen"])
         for i, (sd, opt) in enumerate(zip(skel["optimizers"], self.job.tracked.optimizers)):
             self.optimizer(i, sd, opt, self.live["optimizers"][i])
         for kind, name in (("schedulers", "scheduler"), ("scalers", "scaler")):
@@ -293,6 +295,16 @@ class Fit:
                           f"{sorted(live)[:8]}", StateMismatch)
             for name, t in live.items():
                 self.tensor(saved[name], _dtype(t), tuple(t.shape), f"module {i} buffer '{name}'")
+
+    def frozen(self, frozen) -> None:
+        """The names of the parameters that did not require gradients, each one of the module's."""
+        if not isinstance(frozen, list) or len(frozen) != len(self.live["frozen"]):
+            self.fail(f"'frozen': {describe(frozen)}, the job has a list of {len(self.live['frozen'])}")
+        for i, (names, module) in enumerate(zip(frozen, self.job.tracked.modules)):
+            known = dict(module.named_parameters())
+            if not isinstance(names, list) or not all(isinstance(n, str) and n in known for n in names):
+                self.fail(f"module {i} frozen parameters: {str(names)[:80]}, not a list of its parameters' names",
+                          StateMismatch)
 
     def extras(self, extras) -> None:
         if not isinstance(extras, dict):

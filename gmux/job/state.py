@@ -163,6 +163,8 @@ class TrackedState:
         return {
             "modules": [m.state_dict(keep_vars=True) for m in self.modules],
             "buffers": [dict(transient_buffers(m)) for m in self.modules],
+            # (frozen or unfrozen by the script since it built them: an `if epoch == 5` unfreezing is not run again)
+            "frozen": [[n for n, p in m.named_parameters() if not p.requires_grad] for m in self.modules],
             "grads": grads,
             "optimizers": [optimizer_state(o) for o in self.optimizers],
             "schedulers": [s.state_dict() for s in self.schedulers],
@@ -219,6 +221,9 @@ class TrackedState:
                 s.load_state_dict(sd)
             for s, sd in zip(self.scalers, snap["scalers"]):
                 s.load_state_dict(sd)
+            for m, frozen in zip(self.modules, snap.get("frozen", [])):
+                for name, p in m.named_parameters():
+                    p.requires_grad_(name not in frozen)
             for m, saved in zip(self.modules, snap.get("buffers", [])):
                 live = dict(transient_buffers(m))
                 for name, t in saved.items():
