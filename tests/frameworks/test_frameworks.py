@@ -376,6 +376,22 @@ def test_a_checkpoints_trainer_totals_are_checked_before_use():
             _run_totals(bad, "c.ckpt")
 
 
+def test_a_checkpoints_epoch_sums_are_checked_before_use():
+    """A moved Lightning run's epoch metric sums come from a checkpoint file: only numbers gmux keeps are taken,
+    and a refusal names the key before anything is set."""
+    from gmux.job.checkpoint import CheckpointError
+    from gmux.job.frameworks.lightning_epoch_sums import carry_epoch_sums
+    carry_epoch_sums(None, None, "c.ckpt")          # (a checkpoint from before gmux kept them)
+    carry_epoch_sums(None, {}, "c.ckpt")
+    for bad in ([1], {"k": 1.0}, {"k": {"value": "0.5", "dtype": "float32"}}, {"k": {"value": 0.5, "dtype": "int64"}},
+                {"k": {"value": 0.5, "dtype": "float32", "batches": -1}}, {"k": {"value": 1, "dtype": "float32"}},
+                {"k": {"value": 0.5, "dtype": "float32", "batches": True}}, {7: {"value": 0.5, "dtype": "float32"}},
+                {"k": {"value": 0.5, "dtype": "float32", "__class__": 1}},
+                {"x" * 600: {"value": 0.5, "dtype": "float32"}}):
+        with pytest.raises(CheckpointError, match="c.ckpt.*epoch_sums"):
+            carry_epoch_sums(None, bad, "c.ckpt")
+
+
 def test_a_checkpoints_logger_versions_are_checked_before_use():
     """A moved Lightning run's loggers take the versions its checkpoint names, which name directories: nothing
     that leads out of the logger's own is taken."""

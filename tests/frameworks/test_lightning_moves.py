@@ -16,11 +16,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
                                 reason="lightning not installed (pip install -e .[test])")
 
 
-def test_a_moved_fit_steps_its_plateau_scheduler_at_the_end_of_the_epoch_it_was_moved_in(monkeypatch, tmp_path):
-    """Lightning's restore leaves its fit loop "restarting" until the restored epoch ends, and skips a
-    ReduceLROnPlateau's step there (it assumes the monitored metric lost), though that epoch validates in the
-    restored process as it did unmoved. Before: a run moved mid-epoch missed one LR reduction and trained on with
-    another LR, while it said it was movable."""
+def _patched(monkeypatch, tmp_path) -> str:
+    """Trainer.fit patched as gmux-launch patches it, undone after the test; the path for the checkpoint."""
     import lightning.pytorch as pl
     import lightning.pytorch.trainer.trainer as trainer_module
     from lightning.pytorch.utilities.combined_loader import CombinedLoader
@@ -29,13 +26,54 @@ def test_a_moved_fit_steps_its_plateau_scheduler_at_the_end_of_the_epoch_it_was_
         monkeypatch.setattr(owner, name, getattr(owner, name))
     monkeypatch.setattr(pl.Trainer, "_gmux_patched", False, raising=False)
     lightning.patch(trainer_module)
-    ckpt = str(tmp_path / "moved.ckpt")
+    return str(tmp_path / "moved.ckpt")
 
-    class Module(pl.LightningModule):
+
+def _linear():
+    """A LightningModule of one linear layer, to train on x -> sum(x)."""
+    import lightning.pytorch as pl
+
+    class Linear(pl.LightningModule):
         def __init__(self):
             super().__init__()
             self.net = nn.Linear(4, 1)
+    return Linear
 
+
+def _fit(monkeypatch, module, ckpt: str, restore=None, at: int = 17, **trainer_args):
+    """Fits `module` for 4 epochs of 7 boundaries (64 points, batches of 8); unrestored, a checkpoint is taken at
+    boundary `at` (epoch 2's 3rd batch: what a move carries) and the fit goes on as if unmoved. Returns the
+    trainer."""
+    import lightning.pytorch as pl
+    monkeypatch.setattr(frameworks, "_runs", 0)
+    job = Job(TrackedState(), device="cpu")
+    monkeypatch.setattr(frameworks, "_job", job)
+    monkeypatch.setattr(frameworks, "_restore", restore)
+    pl.seed_everything(0, verbose=False)
+    x = torch.randn(64, 4)
+    data = TensorDataset(x, x.sum(1, keepdim=True))
+    boundaries = []
+
+    def boundary():
+        boundaries.append(trainer.current_epoch)
+        if restore is None and len(boundaries) == at:
+            job._discover(job)          # (as before any command)
+            job.checkpoint(ckpt)
+    monkeypatch.setattr(job, "boundary", boundary)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=4, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, **trainer_args)
+    trainer.fit(module, DataLoader(data, batch_size=8, shuffle=True), DataLoader(data, batch_size=32))
+    return trainer
+
+
+def test_a_moved_fit_steps_its_plateau_scheduler_at_the_end_of_the_epoch_it_was_moved_in(monkeypatch, tmp_path):
+    """Lightning's restore leaves its fit loop "restarting" until the restored epoch ends, and skips a
+    ReduceLROnPlateau's step there (it assumes the monitored metric lost), though that epoch validates in the
+    restored process as it did unmoved. Before: a run moved mid-epoch missed one LR reduction and trained on with
+    another LR, while it said it was movable."""
+    ckpt = _patched(monkeypatch, tmp_path)
+
+    class Module(_linear()):
         def training_step(self, batch, i):
             return nn.functional.mse_loss(self.net(batch[0]), batch[1])
 
@@ -50,29 +88,56 @@ def test_a_moved_fit_steps_its_plateau_scheduler_at_the_end_of_the_epoch_it_was_
             return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
 
     def run(restore=None):
-        monkeypatch.setattr(frameworks, "_runs", 0)
-        job = Job(TrackedState(), device="cpu")
-        monkeypatch.setattr(frameworks, "_job", job)
-        monkeypatch.setattr(frameworks, "_restore", restore)
-        pl.seed_everything(0, verbose=False)
-        x = torch.randn(64, 4)
-        data = TensorDataset(x, x.sum(1, keepdim=True))
-        boundaries = []
-
-        def boundary():
-            boundaries.append(trainer.current_epoch)
-            if restore is None and len(boundaries) == 17:    # epoch 2 (7 boundaries an epoch), its 3rd batch
-                job._discover(job)          # (as before any command)
-                job.checkpoint(ckpt)        # what a move carries; the fit goes on as if unmoved
-        monkeypatch.setattr(job, "boundary", boundary)
         module = Module()
-        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=4, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False)
-        trainer.fit(module, DataLoader(data, batch_size=8, shuffle=True), DataLoader(data, batch_size=32))
+        trainer = _fit(monkeypatch, module, ckpt, restore)
         return trainer.optimizers[0].param_groups[0]["lr"], [p.detach().clone() for p in module.parameters()]
 
     lr, weights = run()
     assert os.path.exists(ckpt) and lr == 0.1 * 0.5 ** 3
     moved_lr, moved_weights = run(restore=ckpt)
     assert moved_lr == lr, (lr, moved_lr)          # (before: 0.1 * 0.5 ** 2)
+    assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))
+
+
+def test_a_moved_fits_epoch_metrics_count_the_batches_before_the_move(monkeypatch, tmp_path):
+    """self.log(..., on_epoch=True) sums over the epoch in Lightning's result collection, which its checkpoint
+    leaves out: a run moved mid-epoch logged train_loss_epoch over the batches after the move only, and a
+    ReduceLROnPlateau monitoring it stepped on another value (a silent divergence). Means, sums and maxima now
+    go on from what the epoch had summed, bit for bit."""
+    ckpt = _patched(monkeypatch, tmp_path)
+
+    class Module(_linear()):
+        seen: list
+
+        def training_step(self, batch, i):
+            loss = nn.functional.mse_loss(self.net(batch[0]), batch[1])
+            self.log("train_loss", loss, on_step=True, on_epoch=True)
+            self.log("worst", loss, on_step=False, on_epoch=True, reduce_fx="max")
+            self.log("total", loss, on_step=False, on_epoch=True, reduce_fx="sum")
+            return loss
+
+        def on_validation_epoch_start(self):       # (after the training epoch's metrics were computed)
+            if "train_loss_epoch" in self.trainer.callback_metrics:
+                self.seen.append({k: self.trainer.callback_metrics[k].item()
+                                  for k in ("train_loss_epoch", "worst", "total")})
+
+        def validation_step(self, batch, i):
+            pass
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.05)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=0.05)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "train_loss_epoch"}}
+
+    def run(restore=None):
+        module = Module()
+        module.seen = []
+        _fit(monkeypatch, module, ckpt, restore, check_val_every_n_epoch=1)
+        return module.seen, [p.detach().clone() for p in module.parameters()]
+
+    seen, weights = run()
+    assert os.path.exists(ckpt) and len(seen) == 3, seen      # (epochs 1-3: after epoch 0 the next starts)
+    moved_seen, moved_weights = run(restore=ckpt)
+    # (the moved process validates from epoch 2 on: its first is the epoch it was moved in)
+    assert moved_seen == seen[-1:], (seen, moved_seen)
     assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))

@@ -54,6 +54,7 @@ from typing import Optional
 
 from gmux.job import frameworks
 from gmux.job.data_draws import draws
+from gmux.job.frameworks.lightning_epoch_sums import carry_epoch_sums, epoch_sums
 from gmux.job.frameworks.lightning_state import continue_logs, logger_versions, put_back_unsaved, unsaved_state
 
 FRAMEWORK = "lightning"
@@ -225,6 +226,7 @@ def _callback_class(Callback, call, version: str):
             self.pending_rng = None    # the checkpoint's random states, until the first batch after it is fetched
             self.step_row: Optional[dict] = None    # this step's log row, as at the last command (leaving)
             self.unsaved: Optional[dict] = None     # a restored process's callbacks' state beyond their state_dict
+            self.sums: Optional[dict] = None        # ... and its epoch metrics' sums so far (lightning_epoch_sums)
             self.restored = False       # restored, its first batch still to come
 
         # -- restoring -----------------------------------------------------------------------------------
@@ -233,6 +235,7 @@ def _callback_class(Callback, call, version: str):
             random_states(saved["data"].get("rng"), path, "state 'data' 'rng'")
             self.restore_from, self.position = path, saved["data"]
             self.unsaved = saved.get("unsaved")     # put back once Lightning has restored the callbacks
+            self.sums = saved.get("epoch_sums")
             connector = self.trainer._checkpoint_connector
             loaded = dict(saved["lightning"])
 
@@ -286,6 +289,7 @@ def _callback_class(Callback, call, version: str):
                               why, self.refresh, self.leaving)
             if self.restore_from is not None:
                 put_back_unsaved(trainer, self.unsaved, self.restore_from)
+                carry_epoch_sums(trainer, self.sums, self.restore_from)
                 self.job.restore(self.restore_from)
                 self.job.restored_from = self.restore_from   # gmux-launch checks that the move was restored
                 # put back again when the first batch is fetched: hooks run after this one (the module's own
@@ -376,6 +380,7 @@ def _callback_class(Callback, call, version: str):
                     saved[trainer.datamodule.__class__.__qualname__] = state
             self.job.tracked.state["lightning"] = plain(saved, "lightning state")
             self.job.tracked.state["unsaved"] = unsaved_state(trainer)
+            self.job.tracked.state["epoch_sums"] = epoch_sums(trainer)
             self.job.tracked.state["logs"] = logger_versions(trainer)
             self.job.tracked.state["data"] = {**(self.epoch_start or {}), "index": self.index,
                                               "workers_from": self.workers_from}
