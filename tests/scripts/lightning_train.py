@@ -11,10 +11,11 @@ collate function each batch; it changes no number. --wait-for holds training bac
 test's starting gun; no number changes). --workers loads the data in N worker processes (--persistent: kept
 across epochs); --no-noise leaves the collate function's noise out; --freeze-from-epoch N: the LightningModule's
 on_train_epoch_start freezes its first layer from epoch N on (a fine-tuning schedule). --logs DIR logs the
-training loss at every step (so a move leaves at a logged step) with a CSVLogger under DIR and keeps the 2 best
-and the last checkpoints by it (ModelCheckpoint, every 10 steps, in the logger's directory); OUT then also says
-what DIR holds: the version directories, the rows of each metrics.csv, the best checkpoint and the top 2, and the
-last checkpoint's name and step, of these and of a second ModelCheckpoint (DIR/earliest) that keeps its first.
+training loss at every step (so a move leaves at a logged step) and its mean over each epoch with a CSVLogger
+under DIR and keeps the 2 best and the last checkpoints by it (ModelCheckpoint, every 10 steps, in the logger's
+directory); OUT then also says what DIR holds: the version directories, the rows of each metrics.csv, the best
+checkpoint and the top 2, and the last checkpoint's name and step, of these and of a second ModelCheckpoint
+(DIR/earliest) that keeps its first.
 --own-scheduler: the per-step schedule is a scheduler of the script's own, not torch's, as timm's are (the
 LightningModule steps it in lr_scheduler_step, as Lightning asks of such a scheduler).
 """
@@ -85,6 +86,7 @@ class Regressor(pl.LightningModule):
         loss = nn.functional.mse_loss(self.net(x), y)
         if a.logs:
             self.log("train_loss", loss)
+            self.log("epoch_loss", loss, on_step=False, on_epoch=True)      # (a mean over the epoch's batches)
         return loss
 
     def on_train_epoch_start(self):
