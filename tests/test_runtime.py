@@ -529,6 +529,49 @@ def test_a_scheduler_that_is_not_torchs_is_attached_by_its_state_dict_and_seen_u
     assert attached.tracked.schedulers == [own] and attached.report()["movable"], attached.report()
 
 
+def test_a_sparse_gradient_at_the_boundary_is_said_up_front(tmp):
+    """An Embedding(sparse=True) with zero_grad() at the loop's top holds a sparse gradient at every boundary, which
+    a checkpoint cannot hold: every move failed while the reports said movable."""
+    emb = nn.Embedding(10, 3, sparse=True)
+    sparse = torch.optim.SparseAdam(emb.parameters())
+    job = gj.attach(emb, sparse)
+    sparse.zero_grad()
+    emb(torch.tensor([1, 2])).sum().backward()
+    sparse.step()
+    _says_unmovable_and_refuses(job, tmp, "module 0's 'weight' has a sparse gradient at this boundary")
+    sparse.zero_grad(set_to_none=True)
+    assert job.report()["movable"], job.report()
+
+
+def test_an_optimizer_wrapper_kept_by_its_state_dict_owns_its_base():
+    """An optimizer wrapper that is not a torch optimizer (a Lookahead), attached by its state_dict(), had its base
+    counted as an optimizer attach() was not given, and the job was refused every move."""
+
+    class Lookahead:        # (holds its base; its state_dict() holds the base's)
+        def __init__(self, base):
+            self.optimizer, self.k = base, 0
+
+        def step(self):
+            self.optimizer.step()
+            self.k += 1
+
+        def zero_grad(self):
+            self.optimizer.zero_grad()
+
+        def state_dict(self):
+            return {"base": self.optimizer.state_dict(), "k": self.k}
+
+        def load_state_dict(self, state):
+            self.optimizer.load_state_dict(state["base"])
+            self.k = state["k"]
+    model = nn.Linear(4, 1)
+    ahead = Lookahead(torch.optim.Adam(model.parameters()))
+    job = gj.attach(model, ahead)
+    job.not_rebuilt = None          # (attached again in one process; a script attaches once)
+    _one_step(model, ahead)
+    assert job.report()["movable"], job.report()
+
+
 def test_attach_again_in_the_same_job_counts_its_steps_on_restores_nothing_and_refuses_a_move(tmp, monkeypatch):
     """attach() again for a later stage made a new job: its STEP went back to 0 mid-run, and a move's new process
     restored the later stage's checkpoint into the first stage's objects and failed (StateMismatch)."""

@@ -8,12 +8,14 @@ script attached again, where an optimizer attach() was not given trains the job'
 where the job's state was found by the optimizer hook rather than given, where an optimizer was given parameter
 groups since attach (add_param_group: progressive unfreezing), which the new process would rebuild without them, or
 where an LR scheduler attach() was not given drives an optimizer (the new process's would count from 0:
-gmux.job.stray_schedulers).
+gmux.job.stray_schedulers), or where a gradient is sparse at the boundary (a checkpoint holds dense tensors only).
 Each of these can change while the job runs (a new epoch, an optimizer freed), so every report asks again.
 """
 from __future__ import annotations
 
 from typing import Optional
+
+import torch
 
 from . import stray_schedulers, strays
 
@@ -32,7 +34,18 @@ def problem(job) -> Optional[str]:
             return (f"optimizer {i}'s parameter groups changed since attach (sizes {then} then, {now} now): a new "
                     f"process rebuilds the optimizer as the script builds it and could not take this state, so the "
                     f"job stays where it is (suspend and resume still work)")
-    return stray_schedulers.problem(job) or _unmarked_groups(job)
+    return stray_schedulers.problem(job) or _unmarked_groups(job) or _sparse_gradient(job)
+
+
+def _sparse_gradient(job) -> Optional[str]:
+    # A checkpoint holds dense tensors only (gmux.job.checkpoint): its reports said movable, and every move failed.
+    for i, m in enumerate(job.tracked.modules):
+        for name, p in m.named_parameters():
+            if p.grad is not None and p.grad.layout != torch.strided:
+                return (f"module {i}'s '{name}' has a sparse gradient at this boundary (an Embedding(sparse=True)'s), "
+                        f"which a checkpoint does not hold: clear it (optimizer.zero_grad()) before the boundary to "
+                        f"make the job movable (suspend and resume still work)")
+    return None
 
 
 def _unmarked_groups(job) -> Optional[str]:

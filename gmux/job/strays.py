@@ -4,7 +4,8 @@ A move's new process runs the script from its start and restores at its attach()
 (a later stage's Adam after SGD) is never built there again, and the job would train on silently with the one it
 attached. Such a move is refused (gmux.job.movability) while an optimizer that stepped outside the job's state
 is alive and holds the job's parameters. One an attached optimizer wraps (SAM's base optimizer,
-ZeroRedundancyOptimizer's local one, at any depth) is the job's; a throwaway one over parameters the job does not
+ZeroRedundancyOptimizer's local one, at any depth), or an object attached by its state_dict() (a Lookahead), is
+the job's; a throwaway one over parameters the job does not
 train (a linear probe built at each evaluation) is rebuilt by the new process as it was.
 """
 from __future__ import annotations
@@ -51,6 +52,9 @@ def _owned(job) -> set:
         ids: set = set()
         for opt in job.tracked.optimizers:
             _walk(opt, ids, 0)
+        for kept in job.tracked.schedulers:     # (and what an object kept by its state_dict wraps: a Lookahead)
+            for value in getattr(kept, "__dict__", {}).values():
+                _walk(value, ids, 1)
         cached = job._owned = (job.tracked, ids)
     return cached[1]
 
