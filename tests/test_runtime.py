@@ -572,6 +572,49 @@ def test_an_optimizer_wrapper_kept_by_its_state_dict_owns_its_base():
     assert job.report()["movable"], job.report()
 
 
+def test_an_ema_copy_attach_was_not_given_keeps_the_job_where_it_is_and_a_frozen_teacher_does_not(tmp):
+    """An EMA copy of the model updated by hand after each step and not given to attach(): a new process built it
+    anew from the model and trained on with another EMA, while the job said it was movable. A teacher only read
+    (and a compiled wrapper of the model, which holds the model's own tensors) leaves it movable; once the EMA is
+    attached, it is the job's state."""
+    import copy
+    from gmux.job import movability
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    teacher = nn.Linear(4, 1).eval()
+    wrapper = nn.ModuleDict({"model": model})        # (holds the model's tensors only)
+    ema = copy.deepcopy(model).requires_grad_(False)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train(job, steps, update_ema):
+        for _ in range(steps):
+            x = torch.randn(2, 4)
+            with torch.no_grad():
+                teacher(x)
+            wrapper["model"](x).sum().backward()
+            sgd.step()
+            sgd.zero_grad()
+            if update_ema:
+                with torch.no_grad():
+                    for e, p in zip(ema.parameters(), model.parameters()):
+                        e.lerp_(p, 0.1)
+            job.boundary()
+    job = gj.attach(model, sgd)
+    train(job, 2, update_ema=False)
+    assert movability.problem(job, fresh=True) is None
+    train(job, 2, update_ema=True)
+    move = job.controller.send("migrate", path=f"{tmp}/moved.ckpt")
+    job.boundary()
+    assert not job.controller.result(move, timeout=5)["ok"] and not os.path.exists(f"{tmp}/moved.ckpt")
+    # (reports look at most once a minute; the move's look is theirs from then on)
+    assert job.report()["unmovable"].startswith("a Sequential attach() was not given is changed in place as the "
+                                                "job trains (an EMA copy of the model?)"), job.report()
+    attached = gj.attach(model, sgd, ema)
+    attached.not_rebuilt = None     # (attached again in one process; a script attaches once)
+    train(attached, 2, update_ema=True)
+    assert movability.problem(attached, fresh=True) is None
+
+
 def test_attach_again_in_the_same_job_counts_its_steps_on_restores_nothing_and_refuses_a_move(tmp, monkeypatch):
     """attach() again for a later stage made a new job: its STEP went back to 0 mid-run, and a move's new process
     restored the later stage's checkpoint into the first stage's objects and failed (StateMismatch)."""

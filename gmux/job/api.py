@@ -12,7 +12,7 @@ import torch
 
 from gmux.wire.arriving import Arriving
 from gmux.wire.transfer import TransferError
-from . import control, holdings, stray_schedulers, strays
+from . import control, holdings, stray_modules, stray_schedulers, strays
 from .checkpoint import CheckpointError
 from .control import Controller
 from .job import Job
@@ -87,6 +87,7 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
             offer.withdraw(offered)
     elif restore:
         _current.restore(restore)
+    stray_modules.problem(_current)     # the first look: what the modules attach() was not given hold now
     return _current
 
 

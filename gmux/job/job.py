@@ -279,7 +279,7 @@ class Job:
 
     def _check_rebuildable(self) -> None:
         """Refused here, while the job can still run on where it is (gmux.job.movability says why)."""
-        problem = movability.problem(self)
+        problem = movability.problem(self, fresh=True)
         if problem:
             raise RuntimeError(problem)
 

@@ -8,7 +8,8 @@ script attached again, where an optimizer attach() was not given trains the job'
 where the job's state was found by the optimizer hook rather than given, where an optimizer was given parameter
 groups since attach (add_param_group: progressive unfreezing), which the new process would rebuild without them, or
 where an LR scheduler attach() was not given drives an optimizer (the new process's would count from 0:
-gmux.job.stray_schedulers), or where a gradient is sparse at the boundary (a checkpoint holds dense tensors only).
+gmux.job.stray_schedulers), where a gradient is sparse at the boundary (a checkpoint holds dense tensors only), or
+where a module attach() was not given is changed in place (an EMA copy: gmux.job.stray_modules).
 Each of these can change while the job runs (a new epoch, an optimizer freed), so every report asks again.
 """
 from __future__ import annotations
@@ -17,11 +18,12 @@ from typing import Optional
 
 import torch
 
-from . import stray_schedulers, strays
+from . import stray_modules, stray_schedulers, strays
 
 
-def problem(job) -> Optional[str]:
-    """Why a new process could not continue `job` exactly now (None: it could)."""
+def problem(job, fresh: bool = False) -> Optional[str]:
+    """Why a new process could not continue `job` exactly now (None: it could). `fresh`: a move asks, and looks
+    for modules changed outside the job's state now rather than by the last minute's look (stray_modules)."""
     why = job.position.unmovable or job.not_rebuilt or (strays.problem(job) if job.strays else None)
     if why:
         return why
@@ -34,7 +36,8 @@ def problem(job) -> Optional[str]:
             return (f"optimizer {i}'s parameter groups changed since attach (sizes {then} then, {now} now): a new "
                     f"process rebuilds the optimizer as the script builds it and could not take this state, so the "
                     f"job stays where it is (suspend and resume still work)")
-    return stray_schedulers.problem(job) or _unmarked_groups(job) or _sparse_gradient(job)
+    return (stray_schedulers.problem(job) or _unmarked_groups(job) or _sparse_gradient(job)
+            or stray_modules.problem(job, fresh))
 
 
 def _sparse_gradient(job) -> Optional[str]:
