@@ -572,13 +572,14 @@ def test_an_optimizer_wrapper_kept_by_its_state_dict_owns_its_base():
     assert job.report()["movable"], job.report()
 
 
-def test_an_ema_copy_attach_was_not_given_keeps_the_job_where_it_is_and_a_frozen_teacher_does_not(tmp):
+def test_an_ema_copy_attach_was_not_given_keeps_the_job_where_it_is_and_a_frozen_teacher_does_not(tmp, monkeypatch):
     """An EMA copy of the model updated by hand after each step and not given to attach(): a new process built it
     anew from the model and trained on with another EMA, while the job said it was movable. A teacher only read
     (and a compiled wrapper of the model, which holds the model's own tensors) leaves it movable; once the EMA is
     attached, it is the job's state."""
     import copy
-    from gmux.job import movability
+    from gmux.job import movability, stray_modules
+    monkeypatch.setattr(stray_modules, "_last_scan", [])     # (a script's process: its first attach takes a look)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     teacher = nn.Linear(4, 1).eval()
@@ -613,6 +614,26 @@ def test_an_ema_copy_attach_was_not_given_keeps_the_job_where_it_is_and_a_frozen
     attached.not_rebuilt = None     # (attached again in one process; a script attaches once)
     train(attached, 2, update_ema=True)
     assert movability.problem(attached, fresh=True) is None
+
+
+def test_an_ema_copy_built_after_attach_is_seen_by_the_next_full_look(monkeypatch):
+    """A move looks again only at the modules a full look has seen (nothing added to its downtime); one built after
+    attach() is seen by the next full look, which the reports take once a minute (here at every report)."""
+    import copy
+    from gmux.job import stray_modules
+    monkeypatch.setattr(stray_modules, "_last_scan", [])
+    model = nn.Linear(4, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, sgd)
+    ema = copy.deepcopy(model).requires_grad_(False)
+    monkeypatch.setattr(stray_modules, "REPORT_SCAN_S", 0.0)
+    assert job.report()["movable"]          # (first seen)
+    _one_step(model, sgd)
+    with torch.no_grad():
+        ema.weight.lerp_(model.weight, 0.5)
+    report = job.report()
+    assert not report["movable"] and report["unmovable"].startswith("a Linear attach() was not given is changed in "
+                                                                    "place"), report
 
 
 def test_attach_again_in_the_same_job_counts_its_steps_on_restores_nothing_and_refuses_a_move(tmp, monkeypatch):

@@ -9,9 +9,10 @@ version counters (every in-place change moves one) when first seen; one whose su
 where it is. A frozen teacher, loaded once and then only read, is not one; a copy the script refreshes from the
 model before each use is, though a new process would refresh it alike: attaching it costs only checkpoint bytes.
 
-A scan walks every object of the process (tens of milliseconds in a training script, more in a larger heap): the
-process looks at most once a minute for reports, and at its first attach(), so that a module changed only after it
-is seen; a move looks every time.
+A full look walks every object of the process (tens of milliseconds in a training script, more in a larger heap):
+the process takes one at its first attach(), so that a module changed only after it is seen, and then at most once
+a minute, for the reports or a move. A move in between looks again at the modules already seen (their counters
+only: nothing added to its downtime); one built since the last full look is seen at the next.
 """
 from __future__ import annotations
 
@@ -30,27 +31,28 @@ _last_scan: list = []       # when this process last looked (monotonic), once it
 
 def problem(job, fresh: bool = False) -> Optional[str]:
     """Why a module attach() was not given would come back otherwise in a new process (None: none seen). `fresh`:
-    look now (a move); else this job's last answer, looking again once the process's last look is REPORT_SCAN_S
-    old (or it never looked)."""
+    a move asks, and the modules seen are looked at again now; else this job's last answer, unless a full look is
+    due (the process's last is REPORT_SCAN_S old, or it never took one)."""
     now = time.monotonic()
-    if fresh or not _last_scan or now - _last_scan[0] >= REPORT_SCAN_S:
-        job.__dict__["_stray_module"] = _scan(job)
+    attached = {id(m) for top in job.tracked.modules for m in top.modules()}
+    if not _last_scan or now - _last_scan[0] >= REPORT_SCAN_S:
+        candidates = [o for o in gc.get_objects() if issubclass(type(o), nn.Module) and id(o) not in attached]
+        inside = {id(c) for m in candidates for c in m.children()}
+        job.__dict__["_stray_module"] = _look(job, [m for m in candidates if id(m) not in inside], attached, True)
         _last_scan[:] = [now]
+    elif fresh:
+        seen = [m for m in (ref() for ref, _ in list(_versions.values())) if m is not None and id(m) not in attached]
+        job.__dict__["_stray_module"] = _look(job, seen, attached, False)
     return job.__dict__.get("_stray_module")
 
 
-def _scan(job) -> Optional[str]:
-    attached = {id(m) for top in job.tracked.modules for m in top.modules()}
+def _look(job, modules: list, attached: set, full: bool) -> Optional[str]:
     for key in attached & set(_versions):
         del _versions[key]          # (seen again outside a job's state, it is looked at anew)
     held = {t.untyped_storage().data_ptr() for t in job.tracked.tensors()}
-    candidates = [o for o in gc.get_objects() if issubclass(type(o), nn.Module) and id(o) not in attached]
-    inside = {id(c) for m in candidates for c in m.children()}
     alive = set()
     why = None
-    for m in candidates:
-        if id(m) in inside:
-            continue
+    for m in modules:
         tensors = [t for t in (*m.parameters(), *m.buffers()) if t.untyped_storage().data_ptr() not in held]
         if not tensors:
             continue
@@ -67,6 +69,7 @@ def _scan(job) -> Optional[str]:
             why = (f"a {type(m).__name__} attach() was not given is changed in place as the job trains (an EMA copy "
                    f"of the model?): a new process builds it anew and would train on without what it holds, so the "
                    f"job stays where it is (suspend and resume still work); give it to attach()")
-    for key in set(_versions) - alive:
-        del _versions[key]
+    if full:
+        for key in set(_versions) - alive:
+            del _versions[key]
     return why
