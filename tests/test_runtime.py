@@ -636,6 +636,47 @@ def test_an_ema_copy_built_after_attach_is_seen_by_the_next_full_look(monkeypatc
                                                                     "place"), report
 
 
+def test_a_momentum_encoder_updated_through_data_keeps_the_job_where_it_is(tmp, monkeypatch):
+    """DINO's and MoCo's momentum encoders update through .data (in place on it, or assigned to it), which moves no
+    version counter: the job said movable, and a move's new process trained on with an encoder built anew."""
+    import copy
+    from gmux.job import movability, stray_modules
+    for update in ("data_in_place", "data_assigned"):
+        monkeypatch.setattr(stray_modules, "_last_scan", [])     # (a script's process: its first attach looks)
+        torch.manual_seed(0)
+        model = nn.Linear(4, 4)
+        encoder = copy.deepcopy(model).requires_grad_(False)
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+        job = gj.attach(model, sgd)
+        job.not_rebuilt = None      # (attached again in one process; a script attaches once)
+        assert movability.problem(job, fresh=True) is None
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+            sgd.step()
+            sgd.zero_grad()
+            for e, p in zip(encoder.parameters(), model.parameters()):
+                if update == "data_in_place":
+                    e.data.mul_(0.9).add_(p.detach().data, alpha=0.1)
+                else:
+                    e.data = e.data * 0.9 + p.data * 0.1
+            job.boundary()
+        assert "changed in place" in (movability.problem(job, fresh=True) or ""), update
+
+
+def test_an_uninitialized_lazy_module_attach_was_not_given_does_not_fail_attach(monkeypatch):
+    """attach() looks at every module of the process: an unattached LazyLinear not yet run (its parameters refuse
+    untyped_storage() with a ValueError) made attach() itself fail in the script."""
+    from gmux.job import movability, stray_modules
+    monkeypatch.setattr(stray_modules, "_last_scan", [])
+    head = nn.LazyLinear(3)
+    sparse = nn.Module()
+    sparse.register_buffer("s", torch.eye(3).to_sparse())
+    model = nn.Linear(4, 4)
+    job = gj.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert movability.problem(job, fresh=True) is None
+    del head, sparse
+
+
 def test_attach_again_in_the_same_job_counts_its_steps_on_restores_nothing_and_refuses_a_move(tmp, monkeypatch):
     """attach() again for a later stage made a new job: its STEP went back to 0 mid-run, and a move's new process
     restored the later stage's checkpoint into the first stage's objects and failed (StateMismatch)."""

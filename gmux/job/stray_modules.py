@@ -4,15 +4,16 @@ updated by hand after each step, a teacher training its batch-norm statistics.
 A move's new process builds such a module as the script builds it and never sees what the old process did to it,
 so the run would go on with another EMA. The garbage collector finds the candidates: a module that is alive, is no
 part of an attached module, holds tensors none of which is one of the job's (a DDP or compiled wrapper of the
-model holds only the model's), and is not inside another candidate. Each is remembered with the sum of its tensors'
-version counters (every in-place change moves one) when first seen; one whose sum has moved since keeps the job
-where it is. A frozen teacher, loaded once and then only read, is not one; a copy the script refreshes from the
-model before each use is, though a new process would refresh it alike: attaching it costs only checkpoint bytes.
+model holds only the model's), and is not inside another candidate. Each is remembered when first seen by the sum
+of its tensors' version counters (every in-place change moves one) and a few bytes of each (a change through .data
+moves no counter: a momentum encoder's); one whose look has changed since keeps the job where it is. A frozen
+teacher, loaded once and then only read, is not one; a copy the script refreshes from the model before each use
+is, though a new process would refresh it alike: attaching it costs only checkpoint bytes.
 
 A full look walks every object of the process (tens of milliseconds in a training script, more in a larger heap):
 the process takes one at its first attach(), so that a module changed only after it is seen, and then at most once
-a minute, for the reports or a move. A move in between looks again at the modules already seen (their counters
-only: nothing added to its downtime); one built since the last full look is seen at the next.
+a minute, for the reports or a move. A move in between looks again at the modules already seen only (a fraction of
+a millisecond for a teacher on the CPU); one built since the last full look is seen at the next.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import time
 import weakref
 from typing import Optional
 
+import torch
 from torch import nn
 
 REPORT_SCAN_S = 60.0
@@ -37,7 +39,12 @@ def problem(job, fresh: bool = False) -> Optional[str]:
     attached = {id(m) for top in job.tracked.modules for m in top.modules()}
     if not _last_scan or now - _last_scan[0] >= REPORT_SCAN_S:
         candidates = [o for o in gc.get_objects() if issubclass(type(o), nn.Module) and id(o) not in attached]
-        inside = {id(c) for m in candidates for c in m.children()}
+        inside: set = set()
+        for m in candidates:
+            try:
+                inside.update(id(c) for c in m.children())
+            except Exception:           # (one half built: its __init__ failed before Module's)
+                pass
         job.__dict__["_stray_module"] = _look(job, [m for m in candidates if id(m) not in inside], attached, True)
         _last_scan[:] = [now]
     elif fresh:
@@ -49,16 +56,15 @@ def problem(job, fresh: bool = False) -> Optional[str]:
 def _look(job, modules: list, attached: set, full: bool) -> Optional[str]:
     for key in attached & set(_versions):
         del _versions[key]          # (seen again outside a job's state, it is looked at anew)
-    held = {t.untyped_storage().data_ptr() for t in job.tracked.tensors()}
+    held = {_pointer(t) for t in job.tracked.tensors()}
     alive = set()
     why = None
     for m in modules:
-        tensors = [t for t in (*m.parameters(), *m.buffers()) if t.untyped_storage().data_ptr() not in held]
-        if not tensors:
-            continue
         try:
-            version = sum(t._version for t in tensors)
-        except RuntimeError:        # (an inference tensor keeps no version: read-only, not state)
+            version = _state(m, held)
+        except Exception:           # (a module whose parameters() fails: nothing gmux may raise into the script)
+            continue
+        if version is None:
             continue
         key = id(m)
         alive.add(key)
@@ -73,3 +79,36 @@ def _look(job, modules: list, attached: set, full: bool) -> Optional[str]:
         for key in set(_versions) - alive:
             del _versions[key]
     return why
+
+
+def _pointer(t: torch.Tensor) -> Optional[int]:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, ValueError, NotImplementedError):    # (a lazy module's uninitialized parameter, a sparse one)
+        return None
+
+
+def _state(m: nn.Module, held: set):
+    """What `m`'s tensors that are not the job's hold, to compare with a later look: the sum of their version
+    counters (every in-place change moves one) and a few of their bytes (an in-place change through .data, or a
+    .data assignment, moves none: a DINO or MoCo momentum encoder's update). None: nothing to look at (no such
+    tensor; an uninitialized lazy parameter, a sparse or meta one, an inference tensor: nothing a move loses)."""
+    version, samples = 0, {}
+    for t in (*m.parameters(), *m.buffers()):
+        try:
+            if t.layout != torch.strided or t.is_meta:
+                continue
+            storage = t.untyped_storage()
+            if storage.data_ptr() in held or storage.nbytes() == 0:
+                continue
+            version += t._version
+        except (RuntimeError, ValueError, NotImplementedError):
+            continue
+        raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
+        samples.setdefault(t.device, []).append(raw[::max(1, raw.numel() // _SAMPLE)][:_SAMPLE])
+    if not samples:
+        return None
+    return version, tuple(bytes(torch.cat(s).cpu().numpy()) for s in samples.values())
+
+
+_SAMPLE = 64    # bytes of each tensor compared (spread over its storage): an EMA moves all of its elements
