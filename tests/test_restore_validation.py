@@ -112,6 +112,23 @@ def test_optimizer_state_of_the_wrong_dtype_or_keys_is_refused(tmp):
         refused(tmp, forge.written(snap), rf"optimizer 0 param group 0 '{key}': {bad}, which no optimizer takes")
 
 
+def test_a_bad_frozen_section_is_refused_before_anything_changes(tmp):
+    """Which parameters require gradients comes from the file: names the model does not have, or an integer
+    parameter left out (a restore would have made it require gradients, which torch refuses half-way), are refused
+    first."""
+    snap = small_job().snapshot()
+    snap["frozen"] = [["0.weight", "9.bias"]]
+    refused(tmp, forge.written(snap), r"module 0 frozen parameters: \['0.weight', '9.bias'\], not a list")
+    snap["frozen"] = [["0.weight"], []]
+    refused(tmp, forge.written(snap), r"'frozen': a list, the job has a list of 1")
+    live = small_job(seed=1, steps=2)
+    live.tracked.modules[0].register_parameter("count", nn.Parameter(torch.zeros(2, dtype=torch.int64),
+                                                                     requires_grad=False))
+    snap = live.snapshot()
+    snap["frozen"] = [[]]
+    refused(tmp, forge.written(snap), r"holding each that cannot require gradients", live=live)
+
+
 def test_a_bad_rng_state_is_refused_before_the_weights_change(tmp):
     """Before: refused by torch.set_rng_state only after load_state_dict had overwritten the weights."""
     snap = small_job().snapshot()

@@ -297,14 +297,15 @@ class Fit:
                 self.tensor(saved[name], _dtype(t), tuple(t.shape), f"module {i} buffer '{name}'")
 
     def frozen(self, frozen) -> None:
-        """The names of the parameters that did not require gradients, each one of the module's."""
+        """The names of the module's parameters that did not require gradients (each integer one among them)."""
         if not isinstance(frozen, list) or len(frozen) != len(self.live["frozen"]):
             self.fail(f"'frozen': {describe(frozen)}, the job has a list of {len(self.live['frozen'])}")
         for i, (names, module) in enumerate(zip(frozen, self.job.tracked.modules)):
             known = dict(module.named_parameters())
-            if not isinstance(names, list) or not all(isinstance(n, str) and n in known for n in names):
-                self.fail(f"module {i} frozen parameters: {str(names)[:80]}, not a list of its parameters' names",
-                          StateMismatch)
+            if not isinstance(names, list) or not all(isinstance(n, str) and n in known for n in names) or any(
+                    n not in names and not (p.is_floating_point() or p.is_complex()) for n, p in known.items()):
+                self.fail(f"module {i} frozen parameters: {str(names)[:80]}, not a list of its parameters' names "
+                          f"holding each that cannot require gradients", StateMismatch)
 
     def extras(self, extras) -> None:
         if not isinstance(extras, dict):
