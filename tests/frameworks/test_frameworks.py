@@ -376,6 +376,41 @@ def test_a_checkpoints_trainer_totals_are_checked_before_use():
             _run_totals(bad, "c.ckpt")
 
 
+def test_a_checkpoints_callback_states_are_checked_before_any_is_put_back():
+    """A moved Hugging Face run's callbacks take the attributes its checkpoint's Trainer state holds: only plain
+    data each callback has, of its kind (not a method, not a string for a count), all checked before any is set."""
+    import json
+    from gmux.job.checkpoint import CheckpointError
+
+    class EarlyStoppingCallback:
+        def __init__(self):
+            self.early_stopping_patience_counter, self.best = 0, None
+
+        def on_evaluate(self):
+            return "evaluated"
+
+    class Other:
+        def __init__(self):
+            self.seen = []
+    stopper, other = EarlyStoppingCallback(), Other()
+    trainer = SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[stopper, other]))
+
+    def put_back(**stored):
+        huggingface._put_back_callback_states(trainer, json.dumps({"stateful_callbacks": stored}), None, "c.ckpt")
+    put_back(EarlyStoppingCallback={"args": {}, "attributes": {"early_stopping_patience_counter": 2, "best": 0.5}})
+    assert (stopper.early_stopping_patience_counter, stopper.best) == (2, 0.5)
+    for bad in ({"on_evaluate": 1}, {"early_stopping_patience_counter": "3"}, {"__class__": None},
+                {"early_stopping_patience_counter": True}, {"nowhere": 1}):
+        with pytest.raises(CheckpointError, match="c.ckpt.*EarlyStoppingCallback"):
+            put_back(EarlyStoppingCallback=[{"attributes": {"best": 0.25, **bad}}])
+        assert stopper.best == 0.5 and stopper.on_evaluate() == "evaluated"
+    with pytest.raises(CheckpointError, match="c.ckpt.*'Other'"):      # (a later one refused: nothing was set)
+        put_back(EarlyStoppingCallback={"attributes": {"best": 0.1}}, Other={"attributes": {"seen": 7}})
+    assert stopper.best == 0.5 and other.seen == []
+    with pytest.raises(CheckpointError, match="c.ckpt.*not a JSON object"):
+        huggingface._put_back_callback_states(trainer, "[1]", None, "c.ckpt")
+
+
 def test_a_checkpoints_epoch_sums_are_checked_before_use():
     """A moved Lightning run's epoch metric sums come from a checkpoint file: only numbers gmux keeps are taken,
     and a refusal names the key before anything is set."""

@@ -164,16 +164,37 @@ def _put_back_callback_states(trainer, trainer_state: str, gmux_callback, path: 
         raise CheckpointError(path, "its Trainer state is not a JSON object") from None
     if not isinstance(stored, dict):
         raise CheckpointError(path, "its Trainer state's stateful_callbacks is not a JSON object")
+    taken = []
     for name, states in stored.items():
         mine = [cb for cb in trainer.callback_handler.callbacks
                 if type(cb).__name__ == name and cb is not gmux_callback]
         for cb, state in zip(mine, states if isinstance(states, list) else [states]):
             attributes = state.get("attributes") if isinstance(state, dict) else None
-            if not isinstance(attributes, dict):
-                raise CheckpointError(path, f"its Trainer state holds no attributes for its {name[:40]!r}")
-            for attribute, value in attributes.items():
-                if isinstance(attribute, str) and hasattr(cb, attribute):
-                    setattr(cb, attribute, value)
+            if not isinstance(attributes, dict) or not all(
+                    isinstance(a, str) and _plain_like(getattr(cb, a, _MISSING), v) for a, v in attributes.items()):
+                raise CheckpointError(path, f"its Trainer state's attributes for its {name[:40]!r} are not what "
+                                            f"the callback holds")
+            taken.append((cb, attributes))
+    for cb, attributes in taken:        # (all checked first: a refusal sets nothing)
+        for attribute, value in attributes.items():
+            setattr(cb, attribute, value)
+
+
+_MISSING = object()
+
+
+def _plain_like(now, value) -> bool:
+    """Whether a callback's attribute may take `value` (JSON) from a checkpoint: one it has, holding plain data (not
+    a method), and `value` of its kind (a number for a number; either None)."""
+    if now is None:
+        return True
+    return _kind(now) is not None and (value is None or _kind(now) == _kind(value))
+
+
+def _kind(v):
+    # (bool before the numbers: True is an int)
+    return bool if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else \
+        type(v) if isinstance(v, (str, list, dict)) else None
 
 
 def _take_over_loading(trainer, callback) -> None:

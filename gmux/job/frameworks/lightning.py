@@ -54,7 +54,7 @@ from typing import Optional
 
 from gmux.job import frameworks
 from gmux.job.data_draws import draws
-from gmux.job.frameworks.lightning_epoch_sums import carry_epoch_sums, epoch_sums
+from gmux.job.frameworks.lightning_epoch_sums import carry_epoch_sums, check_epoch_sums, epoch_sums
 from gmux.job.frameworks.lightning_state import continue_logs, logger_versions, put_back_unsaved, unsaved_state
 
 FRAMEWORK = "lightning"
@@ -236,6 +236,7 @@ def _callback_class(Callback, call, version: str):
             self.restore_from, self.position = path, saved["data"]
             self.unsaved = saved.get("unsaved")     # put back once Lightning has restored the callbacks
             self.sums = saved.get("epoch_sums")
+            check_epoch_sums(self.sums, path)       # (put back at on_train_start: refused before anything is)
             connector = self.trainer._checkpoint_connector
             loaded = dict(saved["lightning"])
 

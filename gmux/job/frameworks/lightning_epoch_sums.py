@@ -38,9 +38,7 @@ def epoch_sums(trainer) -> dict:
 
 def carry_epoch_sums(trainer, saved: Optional[dict], path: str) -> None:
     """In a restored process, at the start of its fit: each kept sum seeds its key's first update this epoch."""
-    if saved is None:
-        return      # (a checkpoint written before gmux kept them)
-    _check(saved, path)
+    check_epoch_sums(saved, path)
     if not saved:
         return
     results, epoch, pending = trainer.fit_loop.epoch_loop._results, trainer.current_epoch, dict(saved)
@@ -59,8 +57,11 @@ def carry_epoch_sums(trainer, saved: Optional[dict], path: str) -> None:
     results.update_metrics = seeded
 
 
-def _check(saved, path: str) -> None:
+def check_epoch_sums(saved, path: str) -> None:
+    """Refuses kept sums that are not what gmux keeps (they come from a file); None: a checkpoint from before."""
     from gmux.job.checkpoint import CheckpointError
+    if saved is None:
+        return
     if not isinstance(saved, dict) or len(saved) > MAX_KEYS:
         raise CheckpointError(path, "state 'epoch_sums' is not a mapping of logged keys")
     for key, entry in saved.items():
