@@ -627,6 +627,7 @@ def test_an_ema_copy_built_after_attach_is_seen_by_the_next_full_look(monkeypatc
     job = gj.attach(model, sgd)
     ema = copy.deepcopy(model).requires_grad_(False)
     monkeypatch.setattr(stray_modules, "REPORT_SCAN_S", 0.0)
+    monkeypatch.setattr(stray_modules, "SCAN_SHARE", 0)
     assert job.report()["movable"]          # (first seen)
     _one_step(model, sgd)
     with torch.no_grad():

@@ -12,7 +12,7 @@ is, though a new process would refresh it alike: attaching it costs only checkpo
 
 A full look walks every object of the process (tens of milliseconds in a training script, more in a larger heap):
 the process takes one at its first attach(), so that a module changed only after it is seen, and then at most once
-a minute, for the reports or a move. A move in between looks again at the modules already seen only (a fraction of
+a minute (less often where one takes longer than 0.3 s), for the reports or a move. A move in between looks again at the modules already seen only (a fraction of
 a millisecond for a teacher on the CPU); one built since the last full look is seen at the next.
 """
 from __future__ import annotations
@@ -26,9 +26,10 @@ import torch
 from torch import nn
 
 REPORT_SCAN_S = 60.0
+SCAN_SHARE = 200        # a full look that took t seconds is taken again no sooner than 200 t later (at most 0.5%)
 
 _versions: dict = {}        # id of a module seen outside a job's state -> (weak reference, version sum then)
-_last_scan: list = []       # when this process last looked (monotonic), once it has
+_last_scan: list = []       # when this process last took a full look (monotonic), and how long it took
 
 
 def problem(job, fresh: bool = False) -> Optional[str]:
@@ -37,7 +38,7 @@ def problem(job, fresh: bool = False) -> Optional[str]:
     due (the process's last is REPORT_SCAN_S old, or it never took one)."""
     now = time.monotonic()
     attached = {id(m) for top in job.tracked.modules for m in top.modules()}
-    if not _last_scan or now - _last_scan[0] >= REPORT_SCAN_S:
+    if not _last_scan or now - _last_scan[0] >= max(REPORT_SCAN_S, SCAN_SHARE * _last_scan[1]):
         candidates = [o for o in gc.get_objects() if issubclass(type(o), nn.Module) and id(o) not in attached]
         inside: set = set()
         for m in candidates:
@@ -46,7 +47,7 @@ def problem(job, fresh: bool = False) -> Optional[str]:
             except Exception:           # (one half built: its __init__ failed before Module's)
                 pass
         job.__dict__["_stray_module"] = _look(job, [m for m in candidates if id(m) not in inside], attached, True)
-        _last_scan[:] = [now]
+        _last_scan[:] = [now, time.monotonic() - now]
     elif fresh:
         seen = [m for m in (ref() for ref, _ in list(_versions.values())) if m is not None and id(m) not in attached]
         job.__dict__["_stray_module"] = _look(job, seen, attached, False)
