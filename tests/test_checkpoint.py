@@ -466,6 +466,21 @@ SCHEDULERS = {
 }
 
 
+def _run_and_restored(build, steps, n, tmp, check=lambda *objects: True):
+    """A run of 2n steps checkpointed after n, and a fresh build restored from that checkpoint (`check`ed) that
+    runs the last n: both runs' (model, optimizer, scheduler), to compare."""
+    model, opt, sched, job = build()
+    steps(model, opt, sched, n)
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    steps(model, opt, sched, n)
+    moved_model, moved_opt, moved_sched, moved = build()
+    moved.restore(path)
+    assert check(moved_model, moved_opt, moved_sched)
+    steps(moved_model, moved_opt, moved_sched, n)
+    return (model, opt, sched), (moved_model, moved_opt, moved_sched)
+
+
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
 def test_every_kind_of_lr_scheduler_is_checkpointed_and_restored_exactly(name, tmp):
     """An outside tester's MultiStepLR job could not be checkpointed (its milestones are a Counter), and the
@@ -487,14 +502,7 @@ def test_every_kind_of_lr_scheduler_is_checkpointed_and_restored_exactly(name, t
             opt.step()
             sched.step(*([1.0] if name == "ReduceLROnPlateau" else []))     # (a plateau: the LR falls)
 
-    model, opt, sched, job = build()
-    steps(model, opt, sched, 7)
-    path = os.path.join(tmp, "job.ckpt")
-    job.checkpoint(path)
-    steps(model, opt, sched, 7)
-    moved_model, moved_opt, moved_sched, moved = build()
-    moved.restore(path)
-    steps(moved_model, moved_opt, moved_sched, 7)
+    (model, opt, sched), (moved_model, moved_opt, moved_sched) = _run_and_restored(build, steps, 7, tmp)
     assert_identical(model.state_dict(), moved_model.state_dict(), "model")
     assert_identical(opt.state_dict(), moved_opt.state_dict(), "optimizer")
     assert repr(sched.state_dict()) == repr(moved_sched.state_dict())
@@ -554,15 +562,8 @@ def test_an_optimizer_a_wrapper_holds_is_checkpointed_and_shares_its_groups_agai
             opt.second_step()
             sched.step()
 
-    model, opt, sched, job = build()
-    steps(model, opt, sched, 5)
-    path = os.path.join(tmp, "job.ckpt")
-    job.checkpoint(path)
-    steps(model, opt, sched, 5)
-    moved_model, moved_opt, moved_sched, moved = build()
-    moved.restore(path)
-    assert moved_opt.base_optimizer.param_groups is moved_opt.param_groups
-    steps(moved_model, moved_opt, moved_sched, 5)
+    (model, opt, sched), (moved_model, moved_opt, moved_sched) = _run_and_restored(
+        build, steps, 5, tmp, check=lambda model, opt, sched: opt.base_optimizer.param_groups is opt.param_groups)
     assert_identical(model.state_dict(), moved_model.state_dict(), "model")
     assert_identical(opt.base_optimizer.state_dict(), moved_opt.base_optimizer.state_dict(), "base optimizer")
 
