@@ -12,8 +12,9 @@ is, though a new process would refresh it alike: attaching it costs only checkpo
 
 A full look walks every object of the process (tens of milliseconds in a training script, more in a larger heap):
 the process takes one at its first attach(), so that a module changed only after it is seen, and then at most once
-a minute (less often where one takes longer than 0.3 s), for the reports or a move. A move in between looks again at the modules already seen only (a fraction of
-a millisecond for a teacher on the CPU); one built since the last full look is seen at the next.
+a minute (less often where one takes longer than 0.3 s), for the reports or a move. A move in between looks again
+at the modules already seen only (a fraction of a millisecond for a teacher on the CPU); one built since the last
+full look is seen at the next.
 """
 from __future__ import annotations
 
@@ -37,8 +38,11 @@ def problem(job, fresh: bool = False) -> Optional[str]:
     a move asks, and the modules seen are looked at again now; else this job's last answer, unless a full look is
     due (the process's last is REPORT_SCAN_S old, or it never took one)."""
     now = time.monotonic()
+    full = not _last_scan or now - _last_scan[0] >= max(REPORT_SCAN_S, SCAN_SHARE * _last_scan[1])
+    if not (full or fresh):
+        return job.__dict__.get("_stray_module")       # (a report between looks: nothing walked)
     attached = {id(m) for top in job.tracked.modules for m in top.modules()}
-    if not _last_scan or now - _last_scan[0] >= max(REPORT_SCAN_S, SCAN_SHARE * _last_scan[1]):
+    if full:
         candidates = [o for o in gc.get_objects() if issubclass(type(o), nn.Module) and id(o) not in attached]
         inside: set = set()
         for m in candidates:
@@ -48,7 +52,7 @@ def problem(job, fresh: bool = False) -> Optional[str]:
                 pass
         job.__dict__["_stray_module"] = _look(job, [m for m in candidates if id(m) not in inside], attached, True)
         _last_scan[:] = [now, time.monotonic() - now]
-    elif fresh:
+    else:
         seen = [m for m in (ref() for ref, _ in list(_versions.values())) if m is not None and id(m) not in attached]
         job.__dict__["_stray_module"] = _look(job, seen, attached, False)
     return job.__dict__.get("_stray_module")
