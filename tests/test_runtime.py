@@ -4,6 +4,7 @@ import io
 import itertools
 import os
 import threading
+import warnings
 import weakref
 
 import pytest
@@ -472,6 +473,21 @@ def test_a_job_whose_plateau_scheduler_was_not_attached_is_unmovable_once_it_ste
     del plateau
     gc.collect()
     assert job.report()["movable"], job.report()
+
+
+def test_torchs_scheduler_warnings_name_the_scripts_line_and_not_gmuxs():
+    """gmux watched step() through a wrapper of its own, and torch's warnings raised in step() one frame up
+    (stacklevel=2) named gmux/job/stray_schedulers.py instead of the script's line that called step()."""
+    model = nn.Linear(4, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    gj.attach(model, sgd)
+    sched = torch.optim.lr_scheduler.StepLR(sgd, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sched.step()                    # (before any optimizer.step(): torch warns)
+    assert [w.filename for w in caught if "optimizer.step()" in str(w.message)] == [__file__], \
+        [(w.filename, str(w.message)) for w in caught]
+    assert torch.optim.lr_scheduler.StepLR.step is torch.optim.lr_scheduler.LRScheduler.step
 
 
 def test_a_second_scheduler_beside_an_attached_one_is_seen_and_attached_parts_are_not(tmp):

@@ -4,16 +4,15 @@ A move's new process runs the script from its start and restores at its attach()
 is built there anew, at its first step, and the job would train on with other learning rates (a StepLR decays
 again from 0; a ReduceLROnPlateau forgets its best metric and its patience). Most schedulers mark the groups they
 drive with "initial_lr" as they are built, which movability reads; ReduceLROnPlateau marks nothing, and a second
-scheduler on an optimizer an attached one drives hides behind the first. So every scheduler's step() is watched:
-one that stepped since it was built (the step its constructor takes does not count: the new process takes it too),
-is alive, is neither attached nor held by an attached one (SequentialLR's and ChainedScheduler's parts, the one
+scheduler on an optimizer an attached one drives hides behind the first. So every scheduler's step() is watched
+(as it is looked up, which nearly always is to call it): one that stepped since it was built (the step its
+constructor takes does not count: the new process takes it too), is alive, is neither attached nor held by an attached one (SequentialLR's and ChainedScheduler's parts, the one
 accelerate's wrapper drives), and drives one of the job's optimizers keeps the job where it is.
 
-A subclass that overrides step() without calling torch's is not seen here; "initial_lr" still is.
+A subclass that overrides step() without calling torch's through super() is not seen here; "initial_lr" still is.
 """
 from __future__ import annotations
 
-import functools
 import weakref
 from typing import Callable, Optional
 
@@ -26,7 +25,7 @@ _installed = False
 
 
 def watch() -> None:
-    """Once per process: wraps the step() of every scheduler class torch defines one in."""
+    """Once per process: watches the step() of every scheduler class torch defines one in."""
     global _installed
     if _installed:
         return
@@ -34,18 +33,26 @@ def watch() -> None:
     for cls in vars(lr_scheduler).values():
         if (isinstance(cls, type) and issubclass(cls, (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau))
                 and "step" in vars(cls)):
-            cls.step = _noting(vars(cls)["step"])
+            cls.step = _Noting(vars(cls)["step"])
 
 
-def _noting(step: Callable) -> Callable:
-    @functools.wraps(step)
-    def noted(self, *args, **kwargs):
+class _Noting:
+    """A scheduler's step, noting the scheduler as the method is looked up and handing back torch's own bound
+    method: no frame of gmux's stands between the caller and step(), whose warnings (stacklevel=2: "step() before
+    optimizer.step()") name the caller's line. Looked up on the class, it is torch's function itself."""
+    __slots__ = ("step",)
+
+    def __init__(self, step: Callable):
+        self.step = step
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self.step
         # A constructor's own step runs with the count at 0 (LRScheduler._initial_step); ReduceLROnPlateau has no
         # count and takes no step when built.
-        if getattr(self, "_step_count", 1) != 0:
-            _stepped.add(self)
-        return step(self, *args, **kwargs)
-    return noted
+        if getattr(obj, "_step_count", 1) != 0:
+            _stepped.add(obj)
+        return self.step.__get__(obj, owner)
 
 
 def problem(job) -> Optional[str]:
