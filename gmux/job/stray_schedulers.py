@@ -1,13 +1,14 @@
 """LR schedulers that step an attached job's optimizer and that attach() was not given (explicit mode).
 
-A move's new process runs the script from its start and restores at its attach(): a scheduler it was not given
-is built there anew, at its first step, and the job would train on with other learning rates (a StepLR decays
-again from 0; a ReduceLROnPlateau forgets its best metric and its patience). Most schedulers mark the groups they
-drive with "initial_lr" as they are built, which movability reads; ReduceLROnPlateau marks nothing, and a second
-scheduler on an optimizer an attached one drives hides behind the first. So every scheduler's step() is watched
-(as it is looked up, which nearly always is to call it): one that stepped since it was built (the step its
-constructor takes does not count: the new process takes it too), is alive, is neither attached nor held by an attached one (SequentialLR's and ChainedScheduler's parts, the one
-accelerate's wrapper drives), and drives one of the job's optimizers keeps the job where it is.
+A move's new process runs the script from its start and restores at its attach(): a scheduler it was not given is
+built there anew, at its first step, and the job would train on with other learning rates (a StepLR decays again
+from 0; a ReduceLROnPlateau forgets its best metric and its patience). Most schedulers mark the groups they drive
+with "initial_lr" as they are built, which movability reads; ReduceLROnPlateau marks nothing, and a second scheduler
+on an optimizer an attached one drives hides behind the first. So every scheduler's step() is watched (as it is
+looked up, which nearly always is to call it): one that stepped since it was built (the step its constructor takes
+does not count: the new process takes it too), is alive, is neither attached nor held by an attached one
+(SequentialLR's and ChainedScheduler's parts, the one accelerate's wrapper drives), and drives one of the job's
+optimizers keeps the job where it is.
 
 A subclass that overrides step() without calling torch's through super() is not seen here; "initial_lr" still is.
 """
