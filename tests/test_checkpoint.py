@@ -601,3 +601,70 @@ def test_parameters_unfrozen_since_the_model_was_built_stay_unfrozen_after_a_res
     assert [p.requires_grad for p in moved_model.parameters()] == [True, True, True, False]
     assert_identical(model.state_dict(), moved_model.state_dict(), "model")
     assert_identical(opt.state_dict(), moved_opt.state_dict(), "optimizer")
+
+
+def _scored(classes=3):
+    """A classifier holding torchmetrics Metrics of each kind of state: tensors summed (MeanMetric), a list of
+    tensors (CatMetric), and a MetricCollection whose compute groups share their states."""
+    tm = pytest.importorskip("torchmetrics")
+
+    class Scored(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(4, 3)
+            self.loss_mean = tm.MeanMetric()
+            self.seen = tm.CatMetric()
+            self.scores = tm.MetricCollection([tm.classification.MulticlassPrecision(classes),
+                                               tm.classification.MulticlassRecall(classes)])
+    return Scored()
+
+
+def test_torchmetrics_counts_inside_the_model_are_checkpointed_and_restored_exactly(tmp):
+    """A Metric's counts are attributes its state_dict() leaves out: a run restored mid-epoch computed its
+    epoch's accuracy (and mean loss) over the batches after the restore only, and whatever monitored them (a
+    ReduceLROnPlateau, early stopping) decided otherwise than the run unmoved."""
+    x, y = torch.randn(16, 4), torch.arange(16) % 3
+
+    def build():
+        torch.manual_seed(0)
+        model = _scored()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        return model, opt, None, gj.attach(model, opt)
+
+    def steps(model, opt, sched, n):
+        for _ in range(n):
+            opt.zero_grad()
+            logits = model.net(x)
+            loss = nn.functional.cross_entropy(logits, y)
+            loss.backward()
+            opt.step()
+            model.loss_mean.update(loss.detach())
+            model.seen.update(logits.argmax(1))
+            model.scores.update(logits.detach(), y)
+
+    (model, _, _), (moved_model, _, _) = _run_and_restored(build, steps, 4, tmp)
+    computed = {"loss_mean": model.loss_mean.compute(), "seen": model.seen.compute(), **model.scores.compute()}
+    moved = {"loss_mean": moved_model.loss_mean.compute(), "seen": moved_model.seen.compute(),
+             **moved_model.scores.compute()}
+    assert computed["seen"].shape == (8 * 16,)
+    assert_identical(computed, moved, "metrics")
+    assert moved_model.loss_mean.update_count == model.loss_mean.update_count == 8
+
+
+def test_a_checkpoint_whose_metrics_do_not_fit_is_refused_by_name_and_nothing_changes(tmp):
+    model = _scored()
+    model.loss_mean.update(torch.tensor(2.0))
+    job = gj.attach(model)
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    other = _scored(classes=4)
+    other.loss_mean.update(torch.tensor(5.0))
+    with pytest.raises(ckpt.CheckpointError, match=r"module 0 metric 'scores.MulticlassPrecision' state 'tp': "
+                                                    r"shape \(3,\), the job has \(4,\)"):
+        gj.attach(other).restore(path)
+    assert other.loss_mean.compute().item() == 5.0 and other.loss_mean.update_count == 1
+    fewer = _scored()
+    del fewer.seen
+    with pytest.raises(gj.StateMismatch, match=r"module 0 metrics: .*'seen'\], the job has \['loss_mean', "
+                                               r"'scores.MulticlassPrecision', 'scores.MulticlassRecall'\]"):
+        gj.attach(fewer).restore(path)

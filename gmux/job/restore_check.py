@@ -1,13 +1,13 @@
 """Does a checkpoint fit this job? Decided against the live job before the job changes, in two passes.
 
 `Fit.layout(skeleton, table)` runs once the metadata is decoded, before any buffer is allocated for the data
-(gmux.job.checkpoint.read calls it): every section has the type, keys and length the job has; every tensor
-has the dtype and shape of the live tensor it will be copied into (its device is that tensor's: the file
-holds host bytes); optimizer state per parameter has the keys, shapes and dtypes the optimizer uses, and its
-parameter groups the job's count, sizes and value types; LR scheduler and AMP scaler states are shaped like
-the job's; the step count and the data position are non-negative integers; the Python random state is tried
-on a scratch generator. It returns the bytes of tensor data it vouched for (the rest, tensors inside state=,
-are bounded by the file's length).
+(gmux.job.checkpoint.read calls it): every section has the type, keys and length the job has; every tensor has
+the dtype and shape of the live tensor it will be copied into (its device is that tensor's: the file holds host
+bytes); optimizer state per parameter has the keys, shapes and dtypes the optimizer uses, and its parameter
+groups the job's count, sizes and value types; LR scheduler and AMP scaler states (and torchmetrics') are shaped
+like the job's; the step count and the data position are non-negative integers; the Python random state is tried
+on a scratch generator. It returns the bytes of tensor data it vouched for (the rest, tensors inside state=, are
+bounded by the file's length).
 
 `Fit.values(snap)` runs once the data is read and checksummed, still before anything is applied: the torch,
 CUDA and NumPy random states (and the data position's) are tried on scratch generators, so that applying them
@@ -23,14 +23,14 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import generators as gens
+from . import generators as gens, metric_states
 from .checkpoint import DTYPES, CheckpointError, Row, TensorRef
 from .data import generator_states
 from .state import WRAPPED, StateMismatch, wrapped
 
 SECTIONS = ("modules", "buffers", "grads", "optimizers", "schedulers", "scalers", "extras", "state", "rng",
-            "position", "steps", "generators", "frozen")
-OPTIONAL = ("generators", "buffers", "frozen")      # (absent from checkpoints written before they existed)
+            "position", "steps", "generators", "frozen", "metrics")
+OPTIONAL = ("generators", "buffers", "frozen", "metrics")      # (absent from checkpoints written before they existed)
 PARAM, SCALAR = "like the parameter", "a scalar"
 
 
@@ -139,10 +139,10 @@ class Fit:
         if len(skel["grads"]) != len(skel["modules"]):
             self.fail(f"'grads': {len(skel['grads'])} items, the job has {len(skel['modules'])}")
         self.modules(skel["modules"], skel["grads"])
-        if "buffers" in skel:
-            self.buffers(skel["buffers"])
-        if "frozen" in skel:
-            self.frozen(skel["frozen"])
+        for key, check in (("buffers", self.buffers), ("frozen", self.frozen), ("metrics", lambda saved: (
+                metric_states.check(self, saved, self.job.tracked.modules, StateMismatch)))):
+            if key in skel:
+                check(skel[key])
         for i, (sd, opt) in enumerate(zip(skel["optimizers"], self.job.tracked.optimizers)):
             self.optimizer(i, sd, opt, self.live["optimizers"][i])
         for kind, name in (("schedulers", "scheduler"), ("scalers", "scaler")):

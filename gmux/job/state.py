@@ -1,7 +1,7 @@
 """What a job is: the objects a training script attached, the tensors they own, and the random streams.
 
-`TrackedState` enumerates every tensor the runtime moves on suspend (parameters, their gradients, buffers,
-optimizer state, extras) and captures the whole job as one nested structure (`capture`) that the checkpoint
+`TrackedState` enumerates every tensor the runtime moves on suspend (parameters, their gradients, buffers, the
+counts of torchmetrics Metrics in the modules, optimizer state, extras) and captures the whole job as one nested structure (`capture`) that the checkpoint
 format serialises and `apply` puts back, once gmux.job.restore_check has found that it fits.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from . import generators as gens
+from . import metric_states
 from .checkpoint import CheckpointError
 
 
@@ -136,6 +137,8 @@ class TrackedState:
                     visit(named and f"{prefix}.{n}.grad", p.grad)
             for n, b in m.named_buffers(remove_duplicate=True):
                 visit(named and f"{prefix}.{n}", b)
+            for n, t in metric_states.tensors(m):
+                visit(named and f"{prefix}.{n}", t)
         for i, opt in enumerate(o for top in self.optimizers for o in (top, *wrapped(top))):
             names = {id(p): f"optimizer{i}.param{j}" for j, p in
                      enumerate(p for g in opt.param_groups for p in g["params"])} if named else {}
@@ -163,6 +166,7 @@ class TrackedState:
         return {
             "modules": [m.state_dict(keep_vars=True) for m in self.modules],
             "buffers": [dict(transient_buffers(m)) for m in self.modules],
+            "metrics": [metric_states.capture(m) for m in self.modules],
             # (frozen or unfrozen by the script since it built them: an `if epoch == 5` unfreezing is not run again)
             "frozen": [[n for n, p in m.named_parameters() if not p.requires_grad] for m in self.modules],
             "grads": grads,
@@ -228,6 +232,8 @@ class TrackedState:
                 live = dict(transient_buffers(m))
                 for name, t in saved.items():
                     live[name].copy_(t)
+            for m, saved in zip(self.modules, snap.get("metrics", [])):
+                metric_states.apply(m, saved)
             for name, t in self.extras.items():
                 t.copy_(snap["extras"][name])
         restored = {k: _refill(self.state.get(k), v) for k, v in snap["state"].items()}

@@ -141,3 +141,48 @@ def test_a_moved_fits_epoch_metrics_count_the_batches_before_the_move(monkeypatc
     # (the moved process validates from epoch 2 on: its first is the epoch it was moved in)
     assert moved_seen == seen[-1:], (seen, moved_seen)
     assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))
+
+
+def test_a_moved_fits_torchmetrics_count_the_batches_before_the_move(monkeypatch, tmp_path):
+    """A torchmetrics Metric logged by object (the pattern Lightning's documentation teaches) keeps its counts in
+    attributes its state_dict() leaves out: a run moved mid-epoch computed the epoch's error over the batches after
+    the move only, and the ReduceLROnPlateau monitoring it stepped on another value."""
+    tm = pytest.importorskip("torchmetrics")
+    ckpt = _patched(monkeypatch, tmp_path)
+
+    class Module(_linear()):
+        seen: list
+
+        def __init__(self):
+            super().__init__()
+            self.train_mae = tm.MeanAbsoluteError()
+
+        def training_step(self, batch, i):
+            pred = self.net(batch[0])
+            self.train_mae(pred, batch[1])
+            self.log("train_mae", self.train_mae, on_step=False, on_epoch=True)
+            return nn.functional.mse_loss(pred, batch[1])
+
+        def on_validation_epoch_start(self):
+            if "train_mae" in self.trainer.callback_metrics:
+                self.seen.append(self.trainer.callback_metrics["train_mae"].item())
+
+        def validation_step(self, batch, i):
+            pass
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.05)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=0.05)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "train_mae"}}
+
+    def run(restore=None):
+        module = Module()
+        module.seen = []
+        _fit(monkeypatch, module, ckpt, restore, check_val_every_n_epoch=1)
+        return module.seen, [p.detach().clone() for p in module.parameters()]
+
+    seen, weights = run()
+    assert os.path.exists(ckpt) and len(seen) == 3, seen
+    moved_seen, moved_weights = run(restore=ckpt)
+    assert moved_seen == seen[-1:], (seen, moved_seen)
+    assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))

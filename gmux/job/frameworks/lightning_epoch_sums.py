@@ -5,8 +5,8 @@ the extreme, for max and min) in the training loop's result collection, which Li
 run moved mid-epoch logged `train_loss_epoch` over the batches after the move only, and a ModelCheckpoint,
 EarlyStopping or ReduceLROnPlateau that monitors it decided otherwise than unmoved. gmux keeps each sum as a
 number; in the new process, the first time the same key is logged, its sum starts from the kept one, so each later
-addition is the one the unmoved run made, bit for bit. A key not logged again before the epoch ends is given up,
-and a torchmetrics Metric logged by object keeps its state in the object, which gmux does not see.
+addition is the one the unmoved run made, bit for bit. A key not logged again before the epoch ends is given up.
+A torchmetrics Metric logged by object keeps its counts in the object, which gmux.job.metric_states carries.
 """
 from __future__ import annotations
 

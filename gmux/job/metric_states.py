@@ -1,0 +1,107 @@
+"""What the torchmetrics Metrics inside a job's modules have counted so far, which their state_dict() leaves out.
+
+A Metric keeps its counts (`add_state`: a tensor summed over the batches, or a list of tensors joined at compute())
+as attributes of its own, which state_dict() holds only when made persistent, and by default they are not. An
+epoch's accuracy logged at its end (Lightning's `self.log("train_acc", self.train_acc, on_epoch=True)`), computed
+in the process a move continued the run in, counted only the batches after the move, and a ReduceLROnPlateau,
+EarlyStopping or ModelCheckpoint monitoring it decided otherwise than unmoved. So gmux keeps each Metric's states
+and its count of updates with its module, moves them with the job's other tensors at a suspend, and puts them back
+in place: into the tensors and lists the Metric holds, which a MetricCollection's compute groups share.
+
+A Metric is known by its class, without importing torchmetrics (a job that does not use it does not pay for it).
+One outside every attached module (built beside the model rather than in it) is not seen.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import nn
+
+MAX_ITEMS = 1 << 20                 # items in one list state (a checkpoint is read from a file)
+_is_metric_class: dict = {}
+
+
+def is_metric(module: nn.Module) -> bool:
+    cls = type(module)
+    known = _is_metric_class.get(cls)
+    if known is None:
+        known = _is_metric_class[cls] = any(c.__name__ == "Metric" and c.__module__.startswith("torchmetrics.")
+                                            for c in cls.__mro__)
+    return known
+
+
+def metrics(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """The Metrics in `module` (itself included), by their dotted names."""
+    for name, sub in module.named_modules():
+        if is_metric(sub) and isinstance(getattr(sub, "_defaults", None), dict):
+            yield name, sub
+
+
+def tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor the module's Metrics count in, by a readable name (for the swap engine: they are the job's)."""
+    for prefix, m in metrics(module):
+        for name in m._defaults:
+            value = getattr(m, name, None)
+            where = f"{prefix}.{name}" if prefix else name
+            if isinstance(value, torch.Tensor):
+                yield where, value
+            elif isinstance(value, list):
+                yield from ((f"{where}[{i}]", t) for i, t in enumerate(value) if isinstance(t, torch.Tensor))
+
+
+def capture(module: nn.Module) -> dict:
+    """{name: {"states": {state: tensor or list of tensors}, "count": updates}}, referring to the live tensors."""
+    return {prefix: {"states": {name: getattr(m, name) for name in m._defaults}, "count": int(m._update_count)}
+            for prefix, m in metrics(module)}
+
+
+def check(fit, saved, modules: list, mismatch: type) -> None:
+    """Refuses (gmux.job.restore_check.Fit's way) what apply() could not put back whole: each module's Metrics by
+    name, each state of the live one's kind, a tensor of its dtype and shape, a list of tensors of any length."""
+    if not isinstance(saved, list) or len(saved) != len(modules):
+        fit.fail(f"'metrics': a {type(saved).__name__}, the job has a list of {len(modules)}")
+    for i, (entries, module) in enumerate(zip(saved, modules)):
+        _check_module(fit, entries, module, f"module {i}", mismatch)
+
+
+def _check_module(fit, saved, module: nn.Module, where: str, mismatch: type) -> None:
+    fail = fit.fail
+    live = dict(metrics(module))
+    if not isinstance(saved, dict):
+        fail(f"{where} metrics: a {type(saved).__name__}, the job has a dict")
+    if set(saved) != set(live):
+        fail(f"{where} metrics: {sorted(map(str, saved))[:8]}, the job has {sorted(live)[:8]}", mismatch)
+    for prefix, m in live.items():
+        entry, at = saved[prefix], f"{where} metric '{prefix}'"
+        if not (isinstance(entry, dict) and set(entry) == {"states", "count"} and isinstance(entry["states"], dict)
+                and type(entry["count"]) is int and entry["count"] >= 0):
+            fail(f"{at}: not a Metric's states and a count of its updates")
+        if set(entry["states"]) != set(m._defaults):
+            fail(f"{at} states: {sorted(map(str, entry['states']))[:8]}, the job has {sorted(m._defaults)[:8]}",
+                 mismatch)
+        for name in m._defaults:
+            now, value = getattr(m, name), entry["states"][name]
+            if isinstance(now, torch.Tensor):
+                fit.tensor(value, str(now.dtype).removeprefix("torch."), tuple(now.shape), f"{at} state '{name}'")
+            elif not (isinstance(now, list) and isinstance(value, list) and len(value) <= MAX_ITEMS):
+                fail(f"{at} state '{name}': a {type(value).__name__}, the job has a {type(now).__name__}")
+            else:
+                for i, t in enumerate(value):
+                    fit.row(t, f"{at} state '{name}'[{i}]")
+
+
+def apply(module: nn.Module, saved: dict) -> None:
+    """Only for what check() passed: nothing here can fail half-way."""
+    live = dict(metrics(module))
+    for prefix, entry in saved.items():
+        m = live[prefix]
+        for name, value in entry["states"].items():
+            now = getattr(m, name)
+            if isinstance(now, torch.Tensor):
+                now.copy_(value)
+            else:
+                now[:] = [t.to(m.device) for t in value]
+        m._update_count = entry["count"]
+        m._computed = None           # (a result cached from before the restore)
+        m._forward_cache = None
