@@ -1,8 +1,9 @@
 """What a job is: the objects a training script attached, the tensors they own, and the random streams.
 
 `TrackedState` enumerates every tensor the runtime moves on suspend (parameters, their gradients, buffers, the
-counts of torchmetrics Metrics in the modules, optimizer state, extras) and captures the whole job as one nested structure (`capture`) that the checkpoint
-format serialises and `apply` puts back, once gmux.job.restore_check has found that it fits.
+counts of torchmetrics Metrics in the modules, optimizer state, extras) and captures the whole job as one nested
+structure (`capture`) that the checkpoint format serialises and `apply` puts back, once gmux.job.restore_check has
+found that it fits.
 """
 from __future__ import annotations
 
