@@ -680,6 +680,42 @@ def test_a_momentum_encoder_updated_through_data_keeps_the_job_where_it_is(tmp, 
         assert "changed in place" in (movability.problem(job, fresh=True) or ""), update
 
 
+def test_a_metric_counting_outside_the_attached_modules_keeps_the_job_where_it_is(monkeypatch):
+    """A torchmetrics Metric beside the model, counting an epoch (its states are no parameters or buffers, so no
+    module look saw it): a new process built it anew and computed the epoch over the batches after the move only.
+    One reset at every step counts alike at every boundary and leaves the job movable; attached, it is the job's."""
+    tm = pytest.importorskip("torchmetrics")
+    from gmux.job import movability, stray_modules
+    monkeypatch.setattr(stray_modules, "_last_scan", [])     # (a script's process: its first attach takes a look)
+    model = nn.Linear(4, 3)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    per_step, per_epoch = tm.MeanMetric(), tm.classification.MulticlassAccuracy(3)
+    job = gj.attach(model, sgd)
+
+    def train(job, steps, epoch_metric):
+        """What a move at each boundary would be told."""
+        told = []
+        for _ in range(steps):
+            logits = model(torch.randn(2, 4))
+            logits.sum().backward()
+            sgd.step()
+            sgd.zero_grad()
+            per_step.update(logits.sum().detach())
+            if epoch_metric:
+                per_epoch.update(logits.detach(), torch.tensor([0, 2]))
+            job.boundary()
+            told.append(movability.problem(job, fresh=True))
+            per_step.reset()
+        return told
+    assert train(job, 3, epoch_metric=False) == [None] * 3
+    told = train(job, 3, epoch_metric=True)
+    assert told[0] is None and all(why.startswith("a torchmetrics MulticlassAccuracy attach() was not given counts as "
+                                                  "the job trains") for why in told[1:]), told
+    attached = gj.attach(model, sgd, per_epoch)
+    attached.not_rebuilt = None     # (attached again in one process; a script attaches once)
+    assert train(attached, 2, epoch_metric=True) == [None] * 2
+
+
 def test_an_uninitialized_lazy_module_attach_was_not_given_does_not_fail_attach(monkeypatch):
     """attach() looks at every module of the process: an unattached LazyLinear not yet run (its parameters refuse
     untyped_storage() with a ValueError) made attach() itself fail in the script."""

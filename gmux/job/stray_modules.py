@@ -1,5 +1,6 @@
 """Modules an attached job changes in place that attach() was not given (explicit mode): an EMA copy of the model
-updated by hand after each step, a teacher training its batch-norm statistics.
+updated by hand after each step, a teacher training its batch-norm statistics, a torchmetrics Metric beside the
+model counting an epoch.
 
 A move's new process builds such a module as the script builds it and never sees what the old process did to it,
 so the run would go on with another EMA. The garbage collector finds the candidates: a module that is alive, is no
@@ -26,10 +27,12 @@ from typing import Optional
 import torch
 from torch import nn
 
+from . import metric_states
+
 REPORT_SCAN_S = 60.0
 SCAN_SHARE = 200        # a full look that took t seconds is taken again no sooner than 200 t later (at most 0.5%)
 
-_versions: dict = {}        # id of a module seen outside a job's state -> (weak reference, version sum then)
+_versions: dict = {}    # id of a module seen outside a job's state -> (weak ref, its look then, Metric counts now)
 _last_scan: list = []       # when this process last took a full look (monotonic), and how long it took
 
 
@@ -53,7 +56,7 @@ def problem(job, fresh: bool = False) -> Optional[str]:
         job.__dict__["_stray_module"] = _look(job, [m for m in candidates if id(m) not in inside], attached, True)
         _last_scan[:] = [now, time.monotonic() - now]
     else:
-        seen = [m for m in (ref() for ref, _ in list(_versions.values())) if m is not None and id(m) not in attached]
+        seen = [m for m in (ref() for ref, *_ in list(_versions.values())) if m is not None and id(m) not in attached]
         job.__dict__["_stray_module"] = _look(job, seen, attached, False)
     return job.__dict__.get("_stray_module")
 
@@ -73,10 +76,16 @@ def _look(job, modules: list, attached: set, full: bool) -> Optional[str]:
             continue
         key = id(m)
         alive.add(key)
-        ref, first = _versions.get(key, (None, None))
+        ref, first, counts = _versions.get(key, (None, None, None))
         if ref is None or ref() is not m:            # (an id the collector gave to a new object)
-            _versions[key] = (weakref.ref(m), version)
-        elif version != first and why is None:
+            _versions[key] = (weakref.ref(m), version[:2], version[2])
+            continue
+        _versions[key] = (ref, first, version[2])
+        if why is None and any(n > before and n > 1 for n, before in zip(version[2], counts)):
+            why = (f"a torchmetrics {type(m).__name__} attach() was not given counts as the job trains: a new process "
+                   f"builds it anew and would compute it over the batches after the move only, so the job stays "
+                   f"where it is (suspend and resume still work); give it to attach(), which keeps its counts")
+        elif why is None and version[:2] != first:
             why = (f"a {type(m).__name__} attach() was not given is changed in place as the job trains (an EMA copy "
                    f"of the model?): a new process builds it anew and would train on without what it holds, so the "
                    f"job stays where it is (suspend and resume still work); give it to attach()")
@@ -95,9 +104,12 @@ def _pointer(t: torch.Tensor) -> Optional[int]:
 
 def _state(m: nn.Module, held: set):
     """What `m`'s tensors that are not the job's hold, to compare with a later look: the sum of their version
-    counters (every in-place change moves one) and a few of their bytes (an in-place change through .data, or a
-    .data assignment, moves none: a DINO or MoCo momentum encoder's update). None: nothing to look at (no such
-    tensor; an uninitialized lazy parameter, a sparse or meta one, an inference tensor: nothing a move loses)."""
+    counters (every in-place change moves one), a few of their bytes (an in-place change through .data, or a
+    .data assignment, moves none: a DINO or MoCo momentum encoder's update), and its torchmetrics Metrics' counts
+    of updates (their states are no parameters or buffers): one whose count grew past 1 since the last look counts
+    over more than a step; one reset at every step counts alike at every boundary.
+    None: nothing to look at (no such tensor; an uninitialized lazy parameter, a sparse or meta one, an inference
+    tensor: nothing a move loses)."""
     version, samples = 0, {}
     for t in (*m.parameters(), *m.buffers()):
         try:
@@ -111,9 +123,10 @@ def _state(m: nn.Module, held: set):
             continue
         raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
         samples.setdefault(t.device, []).append(raw[::max(1, raw.numel() // _SAMPLE)][:_SAMPLE])
-    if not samples:
+    counts = tuple(metric._update_count for _, metric in metric_states.metrics(m))
+    if not (samples or counts):
         return None
-    return version, tuple(bytes(torch.cat(s).cpu().numpy()) for s in samples.values())
+    return version, tuple(bytes(torch.cat(s).cpu().numpy()) for s in samples.values()), counts
 
 
 _SAMPLE = 64    # bytes of each tensor compared (spread over its storage): an EMA moves all of its elements
