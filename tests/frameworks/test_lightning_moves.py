@@ -186,3 +186,48 @@ def test_a_moved_fits_torchmetrics_count_the_batches_before_the_move(monkeypatch
     moved_seen, moved_weights = run(restore=ckpt)
     assert moved_seen == seen[-1:], (seen, moved_seen)
     assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))
+
+
+def test_a_moved_fits_own_callbacks_keep_what_they_counted(monkeypatch, tmp_path):
+    """A callback of the script's own with no state_dict(), counting batches in an attribute (here: it cuts the
+    learning rate once it has seen 20), was built anew by the moved process, which never cut it: the run trained on
+    with another LR while it said it was movable. Its plain attributes are carried now, put back after the new
+    process's on_train_start (which resets the count here) and the epoch start it does again."""
+    import lightning.pytorch as pl
+    ckpt = _patched(monkeypatch, tmp_path)
+
+    class CutAfter(pl.Callback):
+        def __init__(self):
+            self.seen, self.cut_at, self.epoch_batches = 0, None, 0
+
+        def on_train_start(self, trainer, pl_module):
+            self.seen = 0
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            self.epoch_batches = 0
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.seen += 1
+            self.epoch_batches += 1
+            if self.seen == 20:
+                self.cut_at = trainer.global_step
+                for group in trainer.optimizers[0].param_groups:
+                    group["lr"] *= 0.1
+
+    class Module(_linear()):
+        def training_step(self, batch, i):
+            return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def run(restore=None):
+        module, cut = Module(), CutAfter()
+        trainer = _fit(monkeypatch, module, ckpt, restore, callbacks=[cut])
+        return cut, trainer.optimizers[0].param_groups[0]["lr"], [p.detach().clone() for p in module.parameters()]
+
+    cut, lr, weights = run()
+    assert os.path.exists(ckpt) and (cut.seen, cut.cut_at, cut.epoch_batches) == (32, 20, 8) and lr == 0.1 * 0.1
+    moved_cut, moved_lr, moved_weights = run(restore=ckpt)
+    assert (moved_cut.seen, moved_cut.cut_at, moved_cut.epoch_batches, moved_lr) == (32, 20, 8, lr), vars(moved_cut)
+    assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))

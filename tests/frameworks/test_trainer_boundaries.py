@@ -236,3 +236,69 @@ def test_a_moved_run_keeps_its_stateful_callbacks_state_early_stopping_stops_whe
     # (before: its count started again, [1, 2], and it stopped 2 steps later)
     assert moved_step == step, (step, counted, moved_step, moved_counted)
     assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))
+
+
+def test_a_moved_run_keeps_what_the_scripts_own_callbacks_counted(monkeypatch, tmp_path):
+    """A callback of the script's own counting in an attribute (here: it ends the training after 12 steps it saw,
+    reset at the run's start) was built anew by the moved process and counted from 0 again: the moved run trained
+    6 steps past where the unmoved one stopped. Its plain attributes are carried now, put back after the new
+    process's on_train_begin and on_epoch_begin, and a crafted value is refused before the run starts."""
+    import transformers.trainer
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from gmux.job.checkpoint import CheckpointError
+    from gmux.job.frameworks import huggingface
+    monkeypatch.setattr(Trainer, "train", Trainer.train)
+    monkeypatch.setattr(Trainer, "_gmux_patched", False, raising=False)
+    huggingface.patch(transformers.trainer)
+    ckpt = str(tmp_path / "moved.ckpt")
+
+    class StopAfter(TrainerCallback):
+        def __init__(self, steps):
+            self.steps, self.seen, self.history = steps, 0, None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.seen, self.history = 0, []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.seen += 1
+            self.history.append(state.global_step)
+            control.should_training_stop = self.seen >= self.steps
+
+    def run(restore=None):
+        monkeypatch.setattr(frameworks, "_runs", 0)
+        job = Job(TrackedState(), device="cpu")
+        monkeypatch.setattr(frameworks, "_job", job)
+        monkeypatch.setattr(frameworks, "_restore", restore)
+        torch.manual_seed(0)
+        x = torch.randn(64, 4)
+        data = [{"x": x[i], "labels": x[i].sum()} for i in range(64)]
+        stop = StopAfter(12)
+        args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, report_to="none",
+                                 use_cpu=True, disable_tqdm=True, max_steps=40, learning_rate=0.1, seed=0,
+                                 save_strategy="no")
+        trainer = Trainer(model=Regressor(), args=args, train_dataset=data,
+                          data_collator=lambda items: {k: torch.stack([torch.as_tensor(it[k]) for it in items])
+                                                       for k in items[0]}, callbacks=[stop])
+
+        def boundary():
+            if restore is None and trainer.state.global_step == 6 and not os.path.exists(ckpt):
+                job._discover(job)          # (as before any command)
+                job.checkpoint(ckpt)        # what a move carries; the run goes on as if unmoved
+        monkeypatch.setattr(job, "boundary", boundary)
+        trainer.train()
+        return trainer.state.global_step, [p.detach().clone() for p in trainer.model.parameters()], stop
+
+    step, weights, stop = run()
+    assert step == 12 and os.path.exists(ckpt)
+    moved_step, moved_weights, moved_stop = run(restore=ckpt)
+    assert (moved_step, moved_stop.seen, moved_stop.history) == (12, 12, stop.history), (moved_step, moved_stop.seen)
+    assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))
+
+    carried = frameworks.saved_state(ckpt, huggingface.FRAMEWORK)["callback_attributes"]
+    assert list(carried) == ["0:test_a_moved_run_keeps_what_the_scripts_own_callbacks_counted.<locals>.StopAfter"]
+    for bad, named in (({"seen": "6"}, "'seen' is '6'"), ({"seen": [object]}, r"'seen' is \"\[<class 'object'>\]\""),
+                       ({"steps": "12"}, "'steps' is '12'")):
+        with pytest.raises(CheckpointError, match=r"c.ckpt: state 'callback_attributes' of the script's callback "
+                                                  r"StopAfter: " + named):
+            huggingface.callback_attributes.check({key: StopAfter(12) for key in carried},
+                                                  {key: {**v, **bad} for key, v in carried.items()}, "c.ckpt")

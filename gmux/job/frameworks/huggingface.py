@@ -56,6 +56,7 @@ from typing import Optional
 import torch.utils.data
 
 from gmux.job import frameworks
+from gmux.job.frameworks import callback_attributes
 from gmux.job.data_draws import draws
 
 FRAMEWORK = "huggingface"
@@ -104,6 +105,8 @@ def patch(module) -> None:
                     f.write(saved["trainer_state"])
                 callback.totals = _run_totals(saved.get("run_totals"), path)
                 _put_back_callback_states(self, saved["trainer_state"], callback, path)
+                callback.attributes = callback_attributes.check(_own_callbacks(self), saved.get("callback_attributes"),
+                                                                path)
                 callback.restore_from = path
                 _take_over_loading(self, callback)
                 resume_from_checkpoint = scratch
@@ -243,7 +246,8 @@ def why_not_movable(trainer, train_dataloader, fetches_seen: bool = False) -> Op
         return ("its dataset draws random numbers as it is indexed (a random transform), and a resumed run "
                 "would index the batch fetched ahead again under other random states")
     collator = type(getattr(trainer, "data_collator", None))
-    if any(c.__name__ in _MASKING for c in collator.__mro__) and getattr(trainer.data_collator, "seed", None) is not None:
+    if any(c.__name__ in _MASKING for c in collator.__mro__) and \
+            getattr(trainer.data_collator, "seed", None) is not None:
         return (f"its data collator ({collator.__name__}) draws masks from a generator of its own (seed=), whose "
                 f"state a resumed run does not have")
     sampler = getattr(getattr(train_dataloader, "batch_sampler", None), "sampler", None) \
@@ -268,6 +272,7 @@ def _callback_class(TrainerCallback):
             self.fetches: Optional[_Fetches] = None
             self.order: Optional[_EpochOrder] = None
             self.order_rng = None       # a restored process: the states its epoch's order was drawn under
+            self.attributes: Optional[dict] = None     # ... and its own callbacks' (callback_attributes)
             self._step_ended = False
             self.after_step_work = False    # the Trainer's work after a step is wrapped (`_after_step_work`)
             self.in_step_work = False
@@ -316,6 +321,11 @@ def _callback_class(TrainerCallback):
                 restore_rng(self._rng)
                 self._rng = None
 
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            # (after what the script's callbacks set up at the run's and the epoch's start, again in this process)
+            callback_attributes.put_back(_own_callbacks(self.trainer), self.attributes)
+            self.attributes = None
+
         def on_step_begin(self, args, state, control, **kwargs):
             self._step_ended = False
 
@@ -350,6 +360,7 @@ def _callback_class(TrainerCallback):
                 callbacks.setdefault(cb.__class__.__name__, []).append(cb.state())
             trainer.state.stateful_callbacks = {k: v[0] if len(v) == 1 else v for k, v in callbacks.items()}
             self.job.tracked.state["trainer_state"] = json.dumps(dataclasses.asdict(trainer.state), sort_keys=True)
+            self.job.tracked.state["callback_attributes"] = callback_attributes.capture(_own_callbacks(trainer))
             self.job.tracked.state["run_totals"] = json.dumps(
                 {name: float(getattr(trainer, name)) if kind is float else getattr(trainer, name)
                  for name, kind in _RUN_TOTALS.items() if hasattr(trainer, name)})
@@ -457,6 +468,12 @@ def _run_totals(text, path: str) -> dict:
             raise CheckpointError(path, f"state 'run_totals': {str(name)[:40]!r} = {str(value)[:40]!r} is not "
                                         f"one of the Trainer's totals")
     return {name: kind(totals[name]) for name, kind in _RUN_TOTALS.items() if name in totals}
+
+
+def _own_callbacks(trainer) -> dict:
+    """The script's own callbacks whose attributes gmux carries: not an ExportableState, whose state() the Trainer
+    saves (_put_back_callback_states)."""
+    return callback_attributes.own(trainer.callback_handler.callbacks, lambda cb: callable(getattr(cb, "state", None)))
 
 
 def _eval_datasets(trainer) -> list:

@@ -53,6 +53,7 @@ import warnings
 from typing import Optional
 
 from gmux.job import frameworks
+from gmux.job.frameworks import callback_attributes
 from gmux.job.data_draws import draws
 from gmux.job.frameworks.lightning_epoch_sums import carry_epoch_sums, check_epoch_sums, epoch_sums
 from gmux.job.frameworks.lightning_state import continue_logs, logger_versions, put_back_unsaved, unsaved_state
@@ -227,6 +228,7 @@ def _callback_class(Callback, call, version: str):
             self.step_row: Optional[dict] = None    # this step's log row, as at the last command (leaving)
             self.unsaved: Optional[dict] = None     # a restored process's callbacks' state beyond their state_dict
             self.sums: Optional[dict] = None        # ... and its epoch metrics' sums so far (lightning_epoch_sums)
+            self.attributes: Optional[dict] = None  # ... and its own callbacks' attributes (callback_attributes)
             self.restored = False       # restored, its first batch still to come
 
         # -- restoring -----------------------------------------------------------------------------------
@@ -237,6 +239,8 @@ def _callback_class(Callback, call, version: str):
             self.unsaved = saved.get("unsaved")     # put back once Lightning has restored the callbacks
             self.sums = saved.get("epoch_sums")
             check_epoch_sums(self.sums, path)       # (put back at on_train_start: refused before anything is)
+            self.attributes = callback_attributes.check(_own_callbacks(self.trainer), saved.get("callback_attributes"),
+                                                        path)
             connector = self.trainer._checkpoint_connector
             loaded = dict(saved["lightning"])
 
@@ -290,6 +294,8 @@ def _callback_class(Callback, call, version: str):
                               why, self.refresh, self.leaving)
             if self.restore_from is not None:
                 put_back_unsaved(trainer, self.unsaved, self.restore_from)
+                # (after what the callbacks' on_train_start and, done again, on_train_epoch_start set up)
+                callback_attributes.put_back(_own_callbacks(trainer), self.attributes)
                 carry_epoch_sums(trainer, self.sums, self.restore_from)
                 self.job.restore(self.restore_from)
                 self.job.restored_from = self.restore_from   # gmux-launch checks that the move was restored
@@ -381,6 +387,7 @@ def _callback_class(Callback, call, version: str):
                     saved[trainer.datamodule.__class__.__qualname__] = state
             self.job.tracked.state["lightning"] = plain(saved, "lightning state")
             self.job.tracked.state["unsaved"] = unsaved_state(trainer)
+            self.job.tracked.state["callback_attributes"] = callback_attributes.capture(_own_callbacks(trainer))
             self.job.tracked.state["epoch_sums"] = epoch_sums(trainer)
             self.job.tracked.state["logs"] = logger_versions(trainer)
             self.job.tracked.state["data"] = {**(self.epoch_start or {}), "index": self.index,
@@ -395,6 +402,12 @@ def _callback_overrides(callback, hook: str) -> bool:
         if hook in cls.__dict__:
             return not (cls.__name__ == "Callback" and cls.__module__.startswith(("lightning.", "pytorch_lightning.")))
     return False
+
+
+def _own_callbacks(trainer) -> dict:
+    """The script's own callbacks whose attributes gmux carries: not one with a state_dict(), which Lightning's
+    restore puts back."""
+    return callback_attributes.own(trainer.callbacks, lambda cb: _overrides(cb, "state_dict"))
 
 
 def _overrides(obj, hook: str) -> bool:
