@@ -302,3 +302,28 @@ def test_a_moved_run_keeps_what_the_scripts_own_callbacks_counted(monkeypatch, t
                                                   r"StopAfter: " + named):
             huggingface.callback_attributes.check({key: StopAfter(12) for key in carried},
                                                   {key: {**v, **bad} for key, v in carried.items()}, "c.ckpt")
+
+
+def test_callback_attributes_are_checked_against_what_the_new_callback_holds():
+    """A tuple the script turned into a list, a tensor it replaced by a number, an attribute made in a hook: what the
+    moved process held there, taken. A method, a special name, or another kind of plain value: refused, nothing set."""
+    from gmux.job.checkpoint import CheckpointError
+    from gmux.job.frameworks import callback_attributes
+
+    class Own:
+        def __init__(self):
+            self.seen, self.order, self.best, self.name = 0, (), torch.tensor(1.0), "own"
+
+        def act(self):
+            return "acted"
+    cb = Own()
+    callbacks = callback_attributes.own([cb], lambda cb: False)
+    saved = {key: {"seen": 3, "order": [1, 2], "best": 0.5, "made_later": {"k": [1.5]}} for key in callbacks}
+    callback_attributes.put_back(callbacks, callback_attributes.check(callbacks, saved, "c.ckpt"))
+    assert (cb.seen, cb.order, cb.best, cb.made_later) == (3, [1, 2], 0.5, {"k": [1.5]})
+    for bad in ({"act": 1}, {"__class__": None}, {"name": 3}, {"seen": True}, {"name": "x" * 5000}, {"order": [[[[[[1]]]]]]}):
+        with pytest.raises(CheckpointError, match="c.ckpt: state 'callback_attributes' of the script's callback Own"):
+            callback_attributes.check(callbacks, {key: {"seen": 9, **bad} for key in callbacks}, "c.ckpt")
+    with pytest.raises(CheckpointError, match=r"c.ckpt: state 'callback_attributes': \['0:x'\], the script's own"):
+        callback_attributes.check(callbacks, {"0:x": {}}, "c.ckpt")
+    assert cb.seen == 3 and cb.act() == "acted"

@@ -9,7 +9,7 @@ than unmoved. gmux keeps the attributes of each such callback that hold plain da
 strings, and lists, tuples and dicts of them) and puts them back once the framework's hooks that set a callback
 up for the run have run again in the new process. An attribute holding anything else (a tensor, a file, the
 trainer) is rebuilt by the callback as it is built now. Read from a checkpoint file, each value is checked first:
-plain, within bounds, and of the kind the new callback holds under its name (or one it does not have yet).
+plain, within bounds, and of the kind the new callback holds under its name (if it holds plain data there).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def check(callbacks: dict, saved, path: str) -> Optional[dict]:
             raise CheckpointError(path, f"state 'callback_attributes' {where}: a {type(values).__name__}, not a dict")
         for name, value in values.items():
             if not (isinstance(name, str) and _plain(value, [MAX_ITEMS], 0)
-                    and _same_kind(vars(cb).get(name, _NEW), value)):
+                    and _may_take(cb, name, value)):
                 raise CheckpointError(path, f"state 'callback_attributes' {where}: {str(name)[:40]!r} is "
                                             f"{str(value)[:40]!r}, not plain data of the kind the callback holds")
     return saved
@@ -86,10 +86,17 @@ def _plain(value, budget: list, depth: int) -> bool:
     return False
 
 
-def _same_kind(now, value) -> bool:
-    """A value an attribute of the new callback may take: one it does not have yet or holds None in, or of its kind
-    (a number for a number, bool apart)."""
-    if now is _NEW or now is None or value is None:
+def _may_take(cb, name: str, value) -> bool:
+    """Whether the new callback's attribute may take `value`: one it does not have yet (not a method or a special
+    name), one holding None or what is not plain data (the moved process held `value` there), or one of its kind (a
+    number for a number, bool apart; a list or tuple for either)."""
+    now = vars(cb).get(name, _NEW)
+    if now is _NEW:
+        return not name.startswith("__") and not callable(getattr(type(cb), name, None))
+    if now is None or value is None or not _plain(now, [MAX_ITEMS], 0):
         return True
-    kind = (lambda v: bool if type(v) is bool else "number" if type(v) in (int, float) else type(v))
-    return _plain(now, [MAX_ITEMS], 0) and kind(now) == kind(value)
+    return _kind(now) == _kind(value)
+
+
+def _kind(v):
+    return bool if type(v) is bool else "number" if type(v) in (int, float) else list if type(v) is tuple else type(v)
