@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-MAX_ITEMS = 4096        # values in one callback's attributes, nested ones counted
-MAX_TEXT = 4096         # characters in one string
-MAX_DEPTH = 4
+from gmux.job import plain_values
+
 FRAMEWORKS = ("transformers.", "lightning.", "pytorch_lightning.", "gmux.")
 
 
@@ -29,14 +28,7 @@ def own(callbacks: list, keeps_its_own: Callable) -> dict:
 
 def capture(callbacks: dict) -> dict:
     """{callback: {attribute: value}} of the attributes that hold plain data."""
-    out = {}
-    for key, cb in callbacks.items():
-        kept, budget = {}, [MAX_ITEMS]
-        for name, value in vars(cb).items():
-            if isinstance(name, str) and _plain(value, budget, 0):
-                kept[name] = value
-        out[key] = kept
-    return out
+    return {key: plain_values.attributes(cb) for key, cb in callbacks.items()}
 
 
 def check(callbacks: dict, saved, path: str) -> Optional[dict]:
@@ -50,14 +42,10 @@ def check(callbacks: dict, saved, path: str) -> Optional[dict]:
         raise CheckpointError(path, f"state 'callback_attributes': {found}, the script's own callbacks are "
                                     f"{sorted(callbacks)[:6]}")
     for key, values in saved.items():
-        cb, where = callbacks[key], f"of the script's callback {type(callbacks[key]).__name__}"
-        if not isinstance(values, dict):
-            raise CheckpointError(path, f"state 'callback_attributes' {where}: a {type(values).__name__}, not a dict")
-        for name, value in values.items():
-            if not (isinstance(name, str) and _plain(value, [MAX_ITEMS], 0)
-                    and _may_take(cb, name, value)):
-                raise CheckpointError(path, f"state 'callback_attributes' {where}: {str(name)[:40]!r} is "
-                                            f"{str(value)[:40]!r}, not plain data of the kind the callback holds")
+        why = plain_values.fits(callbacks[key], values)
+        if why is not None:
+            raise CheckpointError(path, f"state 'callback_attributes' of the script's callback "
+                                        f"{type(callbacks[key]).__name__}: {why}")
     return saved
 
 
@@ -66,37 +54,3 @@ def put_back(callbacks: dict, checked: Optional[dict]) -> None:
     for key, values in (checked or {}).items():
         for name, value in values.items():
             setattr(callbacks[key], name, value)
-
-
-_NEW = object()
-
-
-def _plain(value, budget: list, depth: int) -> bool:
-    budget[0] -= 1
-    if budget[0] < 0 or depth > MAX_DEPTH:
-        return False
-    if value is None or type(value) in (bool, int, float):
-        return True
-    if type(value) is str:
-        return len(value) <= MAX_TEXT
-    if type(value) in (list, tuple):
-        return all(_plain(v, budget, depth + 1) for v in value)
-    if type(value) is dict:
-        return all(type(k) in (str, int) and _plain(v, budget, depth + 1) for k, v in value.items())
-    return False
-
-
-def _may_take(cb, name: str, value) -> bool:
-    """Whether the new callback's attribute may take `value`: one it does not have yet (not a method or a special
-    name), one holding None or what is not plain data (the moved process held `value` there), or one of its kind (a
-    number for a number, bool apart; a list or tuple for either)."""
-    now = vars(cb).get(name, _NEW)
-    if now is _NEW:
-        return not name.startswith("__") and not callable(getattr(type(cb), name, None))
-    if now is None or value is None or not _plain(now, [MAX_ITEMS], 0):
-        return True
-    return _kind(now) == _kind(value)
-
-
-def _kind(v):
-    return bool if type(v) is bool else "number" if type(v) in (int, float) else list if type(v) is tuple else type(v)

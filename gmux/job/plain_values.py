@@ -1,0 +1,69 @@
+"""Plain data among an object's attributes (a Trainer callback's, a module's), which a move carries to the process
+it continues the job in: None, booleans, numbers, strings, and lists, tuples and dicts of them, within bounds; and,
+where asked, tensors inside such a container (a LightningModule's list of its steps' losses). Read back from a
+checkpoint file, each value is checked against what the new process's object holds under its name first.
+"""
+from __future__ import annotations
+
+import torch
+
+MAX_ITEMS = 4096        # values in one object's attributes, nested ones counted
+MAX_TEXT = 4096         # characters in one string
+MAX_DEPTH = 4
+
+
+def attributes(obj, skip=frozenset(), tensors: bool = False) -> dict:
+    """{name: value} of `obj`'s attributes (those not in `skip`) that hold plain data."""
+    kept, budget = {}, [MAX_ITEMS]
+    for name, value in vars(obj).items():
+        if isinstance(name, str) and name not in skip and _plain(value, budget, 0, tensors):
+            kept[name] = value
+    return kept
+
+
+def fits(obj, values, tensors: bool = False) -> str | None:
+    """Why `values` (from a file) may not be set on `obj` (None: all of them may): each plain, within bounds, and
+    of the kind `obj` holds under its name (`may_take`)."""
+    if not isinstance(values, dict):
+        return f"a {type(values).__name__}, not a dict"
+    budget = [MAX_ITEMS]
+    for name, value in values.items():
+        if not (isinstance(name, str) and _plain(value, budget, 0, tensors) and may_take(obj, name, value)):
+            return f"{str(name)[:40]!r} is {str(value)[:40]!r}, not plain data of the kind the object holds"
+    return None
+
+
+def may_take(obj, name: str, value) -> bool:
+    """Whether the new object's attribute may take `value`: one it does not have yet (not a method or a special
+    name), one holding None or what is not plain data (the moved process held `value` there), or one of its kind (a
+    number for a number, bool apart; a list or tuple for either)."""
+    now = vars(obj).get(name, _NEW)
+    if now is _NEW:
+        return not name.startswith("__") and not callable(getattr(type(obj), name, None))
+    if now is None or value is None or not _plain(now, [MAX_ITEMS], 0, True):
+        return True
+    return _kind(now) == _kind(value)
+
+
+_NEW = object()
+
+
+def _kind(v):
+    return bool if type(v) is bool else "number" if type(v) in (int, float) else list if type(v) is tuple else type(v)
+
+
+def _plain(value, budget: list, depth: int, tensors: bool) -> bool:
+    budget[0] -= 1
+    if budget[0] < 0 or depth > MAX_DEPTH:
+        return False
+    if value is None or type(value) in (bool, int, float):
+        return True
+    if type(value) is str:
+        return len(value) <= MAX_TEXT
+    if tensors and depth > 0 and type(value) is torch.Tensor:
+        return value.layout == torch.strided and not value.is_meta
+    if type(value) in (list, tuple):
+        return all(_plain(v, budget, depth + 1, tensors) for v in value)
+    if type(value) is dict:
+        return all(type(k) in (str, int) and _plain(v, budget, depth + 1, tensors) for k, v in value.items())
+    return False
