@@ -11,6 +11,8 @@ from torch import nn
 
 import gmux.job as gj
 from gmux.job import checkpoint as ckpt
+from gmux.job import module_attributes as gmux_module_attributes
+from gmux.job import restore_check as gmux_restore_check
 from gmux_testkit import OwnCosine, assert_identical
 
 
@@ -668,3 +670,69 @@ def test_a_checkpoint_whose_metrics_do_not_fit_is_refused_by_name_and_nothing_ch
     with pytest.raises(gj.StateMismatch, match=r"module 0 metrics: .*'seen'\], the job has \['loss_mean', "
                                                r"'scores.MulticlassPrecision', 'scores.MulticlassRecall'\]"):
         gj.attach(fewer).restore(path)
+
+
+class _Annealed(nn.Module):
+    """A module of the script's own keeping Python values: a count of its forward calls that anneals its
+    temperature, and the losses it was told of (tensors in a list), none in its state_dict()."""
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.calls, self.losses, self.seen = 0, [], {"last": None}
+
+    def forward(self, x):
+        self.calls += 1
+        self.seen["last"] = self.calls
+        return self.linear(x) / (1.0 + 0.1 * self.calls)
+
+
+def test_the_plain_attributes_of_the_scripts_modules_are_checkpointed_and_restored_exactly(tmp):
+    """A new process built the module with its count at 0 and an empty list: it annealed from the start again
+    and averaged the losses since the restore only, while the job said it was movable."""
+    x = torch.randn(16, 4)
+
+    def build():
+        torch.manual_seed(0)
+        model = nn.Sequential(_Annealed(), nn.ReLU())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        return model, opt, None, gj.attach(model, opt)
+
+    def steps(model, opt, sched, n):
+        for _ in range(n):
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            model[0].losses.append(loss.detach())
+
+    losses_held = []
+    (model, _, _), (moved_model, _, _) = _run_and_restored(
+        build, steps, 4, tmp, check=lambda model, opt, sched: losses_held.append(model[0].losses) or True)
+    assert_identical(model.state_dict(), moved_model.state_dict(), "model")
+    assert (moved_model[0].calls, moved_model[0].seen) == (8, {"last": 8})
+    assert_identical(torch.stack(model[0].losses), torch.stack(moved_model[0].losses), "losses")
+    assert losses_held[0] is moved_model[0].losses         # (filled in place: the script may hold the list)
+
+
+def test_a_checkpoint_whose_module_attributes_do_not_fit_is_refused_and_nothing_changes(tmp):
+    model = nn.Sequential(_Annealed())
+    model(torch.randn(2, 4))
+    job = gj.attach(model)
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    saved = ckpt.load(path)
+    for bad, problem in (({"calls": "1"}, r"module 0 attributes of '0': 'calls' is '1', not plain data"),
+                         ({"forward": 1}, r"'forward' is '1'"), ({"__class__": None}, r"'__class__' is 'None'"),
+                         ({"losses": [object]}, r"'losses' is")):
+        forged = os.path.join(tmp, "forged.ckpt")
+        ckpt.save({**saved, "attributes": [{"0": {**saved["attributes"][0]["0"], **bad}}]}, forged) \
+            if bad != {"losses": [object]} else None
+        other = nn.Sequential(_Annealed())
+        if bad == {"losses": [object]}:     # (not storable: forged in the skeleton the check reads)
+            fit = gmux_restore_check.Fit(gj.attach(other), "forged")
+            with pytest.raises(gj.CheckpointError, match=problem):
+                gmux_module_attributes.check(fit, [{"0": {"losses": [object]}}], [other])
+            continue
+        with pytest.raises(gj.CheckpointError, match=problem):
+            gj.attach(other).restore(forged)
+        assert other[0].calls == 0 and other[0].seen == {"last": None} and other[0].losses == []

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .checkpoint import TensorRef
+
 MAX_ITEMS = 4096        # values in one object's attributes, nested ones counted
 MAX_TEXT = 4096         # characters in one string
 MAX_DEPTH = 4
@@ -62,6 +64,8 @@ def _plain(value, budget: list, depth: int, tensors: bool) -> bool:
         return len(value) <= MAX_TEXT
     if tensors and depth > 0 and type(value) is torch.Tensor:
         return value.layout == torch.strided and not value.is_meta
+    if tensors and depth > 0 and type(value) is TensorRef:       # (a checkpoint's, before its data is read)
+        return True
     if type(value) in (list, tuple):
         return all(_plain(v, budget, depth + 1, tensors) for v in value)
     if type(value) is dict:

@@ -1,13 +1,13 @@
 """Does a checkpoint fit this job? Decided against the live job before the job changes, in two passes.
 
 `Fit.layout(skeleton, table)` runs once the metadata is decoded, before any buffer is allocated for the data
-(gmux.job.checkpoint.read calls it): every section has the type, keys and length the job has; every tensor has
-the dtype and shape of the live tensor it will be copied into (its device is that tensor's: the file holds host
-bytes); optimizer state per parameter has the keys, shapes and dtypes the optimizer uses, and its parameter
-groups the job's count, sizes and value types; LR scheduler and AMP scaler states (and torchmetrics') are shaped
-like the job's; the step count and the data position are non-negative integers; the Python random state is tried
-on a scratch generator. It returns the bytes of tensor data it vouched for (the rest, tensors inside state=, are
-bounded by the file's length).
+(gmux.job.checkpoint.read calls it): every section has the type, keys and length the job has; every tensor has the
+dtype and shape of the live tensor it will be copied into (its device is that tensor's: the file holds host bytes);
+optimizer state per parameter has the keys, shapes and dtypes the optimizer uses, and its parameter groups the job's
+count, sizes and value types; LR scheduler and AMP scaler states (and torchmetrics', and the plain attributes of the
+script's modules) are shaped like the job's; the step count and the data position are non-negative integers; the
+Python random state is tried on a scratch generator. It returns the bytes of tensor data it vouched for (the rest,
+tensors inside state=, are bounded by the file's length).
 
 `Fit.values(snap)` runs once the data is read and checksummed, still before anything is applied: the torch,
 CUDA and NumPy random states (and the data position's) are tried on scratch generators, so that applying them
@@ -23,15 +23,16 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import generators as gens, metric_states
+from . import generators as gens, metric_states, module_attributes
+from .optimizer_states import PARAM, SCALAR, fresh_state
 from .checkpoint import DTYPES, CheckpointError, Row, TensorRef
 from .data import generator_states
 from .state import WRAPPED, StateMismatch, wrapped
 
 SECTIONS = ("modules", "buffers", "grads", "optimizers", "schedulers", "scalers", "extras", "state", "rng",
-            "position", "steps", "generators", "frozen", "metrics")
-OPTIONAL = ("generators", "buffers", "frozen", "metrics")      # (absent from checkpoints written before they existed)
-PARAM, SCALAR = "like the parameter", "a scalar"
+            "position", "steps", "generators", "frozen", "metrics", "attributes")
+# (absent from checkpoints written before they existed)
+OPTIONAL = ("generators", "buffers", "frozen", "metrics", "attributes")
 
 
 def describe(v) -> str:
@@ -139,8 +140,10 @@ class Fit:
         if len(skel["grads"]) != len(skel["modules"]):
             self.fail(f"'grads': {len(skel['grads'])} items, the job has {len(skel['modules'])}")
         self.modules(skel["modules"], skel["grads"])
-        for key, check in (("buffers", self.buffers), ("frozen", self.frozen), ("metrics", lambda saved: (
-                metric_states.check(self, saved, self.job.tracked.modules, StateMismatch)))):
+        modules = self.job.tracked.modules
+        for key, check in (("buffers", self.buffers), ("frozen", self.frozen),
+                           ("metrics", lambda saved: metric_states.check(self, saved, modules, StateMismatch)),
+                           ("attributes", lambda saved: module_attributes.check(self, saved, modules))):
             if key in skel:
                 check(skel[key])
         for i, (sd, opt) in enumerate(zip(skel["optimizers"], self.job.tracked.optimizers)):
@@ -474,27 +477,3 @@ def random_states(rng, origin: str, where: str) -> dict:
     except (KeyError, IndexError, AttributeError, TypeError, ValueError, RuntimeError, OverflowError) as e:
         raise CheckpointError(origin, f"{where}: not the random states of a job ({str(e).splitlines()[0]})")
     return rng
-
-
-def fresh_state(opt: torch.optim.Optimizer, group: dict) -> Optional[dict]:
-    """The per-parameter state a built-in optimizer creates at its first step, key by key (PARAM: shaped and
-    typed like the parameter; SCALAR: a floating-point scalar); None for an optimizer not known here, whose
-    state is only checked to be tensors, numbers and lists of them (`Fit.any_state`)."""
-    t = type(opt)
-    if t in (torch.optim.Adam, torch.optim.AdamW):
-        keys = {"step": SCALAR, "exp_avg": PARAM, "exp_avg_sq": PARAM}
-        if group.get("amsgrad"):
-            keys["max_exp_avg_sq"] = PARAM
-        return keys
-    if t is torch.optim.SGD:
-        return {"momentum_buffer": PARAM} if group.get("momentum") else {}
-    if t is torch.optim.RMSprop:
-        keys = {"step": SCALAR, "square_avg": PARAM}
-        if group.get("momentum"):
-            keys["momentum_buffer"] = PARAM
-        if group.get("centered"):
-            keys["grad_avg"] = PARAM
-        return keys
-    if t is torch.optim.Adagrad:
-        return {"step": SCALAR, "sum": PARAM}
-    return None

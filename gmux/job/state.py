@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from . import generators as gens
-from . import metric_states
+from . import metric_states, module_attributes
 from .checkpoint import CheckpointError
 
 
@@ -168,6 +168,7 @@ class TrackedState:
             "modules": [m.state_dict(keep_vars=True) for m in self.modules],
             "buffers": [dict(transient_buffers(m)) for m in self.modules],
             "metrics": [metric_states.capture(m) for m in self.modules],
+            "attributes": [module_attributes.capture(m) for m in self.modules],
             # (frozen or unfrozen by the script since it built them: an `if epoch == 5` unfreezing is not run again)
             "frozen": [[n for n, p in m.named_parameters() if not p.requires_grad] for m in self.modules],
             "grads": grads,
@@ -235,6 +236,8 @@ class TrackedState:
                     live[name].copy_(t)
             for m, saved in zip(self.modules, snap.get("metrics", [])):
                 metric_states.apply(m, saved)
+            for m, saved in zip(self.modules, snap.get("attributes", [])):
+                module_attributes.apply(m, saved)
             for name, t in self.extras.items():
                 t.copy_(snap["extras"][name])
         restored = {k: _refill(self.state.get(k), v) for k, v in snap["state"].items()}

@@ -1,0 +1,103 @@
+"""What a job's modules keep in plain attributes rather than in parameters or buffers, which state_dict() leaves out:
+a LightningModule's list of its steps' losses averaged at the epoch's end (Lightning's own documented pattern), a
+count of forward calls an annealed temperature is read from. A move's new process built them as the script builds
+them (an empty list, a count of 0), and went on otherwise than unmoved: the epoch's average over the steps after
+the move only, and whatever monitored it. gmux keeps such attributes (gmux.job.plain_values: plain data, tensors
+inside lists, tuples and dicts) with the module, and puts them back into the containers the module holds.
+
+Only the classes of the script's own are looked at (torch's layers, and the libraries' below, keep their
+configuration there, which the new process builds alike), and of them only what their library base classes do not
+set for themselves (a LightningModule's trainer, its current hook).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from . import metric_states, plain_values
+
+LIBRARIES = ("torch.", "torchvision.", "torchaudio.", "torchmetrics.", "transformers.", "lightning.",
+             "pytorch_lightning.", "lightning_fabric.", "timm.", "accelerate.", "peft.", "diffusers.", "gmux.")
+_library_keys: dict = {}        # class -> the attribute names its library bases set (None: a library's own class)
+
+
+def _own(module: nn.Module):
+    """The attribute names the module's library bases set, or None for a class of a library's own."""
+    cls = type(module)
+    if cls not in _library_keys:
+        if cls.__module__.startswith(LIBRARIES) or metric_states.is_metric(module):   # (metric_states': their own)
+            _library_keys[cls] = None
+        else:
+            keys = set(vars(nn.Module()))
+            for base in cls.__mro__[1:]:
+                if base.__module__.startswith(LIBRARIES) and base is not nn.Module and issubclass(base, nn.Module):
+                    try:
+                        keys |= set(vars(base()))     # (a base that needs arguments: its keys are not known)
+                    except Exception:
+                        pass
+            _library_keys[cls] = frozenset(keys)
+    return _library_keys[cls]
+
+
+def _modules(module: nn.Module) -> Iterator[tuple[str, nn.Module, frozenset]]:
+    for name, m in module.named_modules():
+        keys = _own(m)
+        if keys is not None:
+            yield name, m, keys
+
+
+def capture(module: nn.Module) -> dict:
+    """{submodule's dotted name: {attribute: value}}, the modules with any such attribute only."""
+    out = {}
+    for name, m, keys in _modules(module):
+        kept = plain_values.attributes(m, keys, tensors=True)
+        if kept:
+            out[name] = kept
+    return out
+
+
+def check(fit, saved, modules: list) -> None:
+    """Refuses (gmux.job.restore_check.Fit's way) what apply() could not put back whole."""
+    if not isinstance(saved, list) or len(saved) != len(modules):
+        fit.fail(f"'attributes': a {type(saved).__name__}, the job has a list of {len(modules)}")
+    for i, (entries, module) in enumerate(zip(saved, modules)):
+        live = {name: m for name, m, _ in _modules(module)}
+        if not isinstance(entries, dict):
+            fit.fail(f"module {i} attributes: a {type(entries).__name__}, the job has a dict")
+        for name, values in entries.items():
+            if name not in live:
+                fit.fail(f"module {i} attributes: {str(name)[:60]!r} is no module of the script's own in the job")
+            why = plain_values.fits(live[name], values, tensors=True)
+            if why is not None:
+                fit.fail(f"module {i} attributes of {str(name)[:60] or 'the module'!r}: {why}")
+
+
+def apply(module: nn.Module, saved: dict) -> None:
+    """Only for what check() passed. Tensors go to the module's device; a list or dict the module holds is filled
+    in place (the script may hold it too)."""
+    live = dict(module.named_modules())
+    device = next((t.device for t in (*module.parameters(), *module.buffers())), None)
+    for name, values in saved.items():
+        m = live[name]
+        for attribute, value in values.items():
+            value = _to(value, device)
+            now = vars(m).get(attribute)
+            if type(now) is list and type(value) is list:
+                now[:] = value
+            elif type(now) is dict and type(value) is dict:
+                now.clear()
+                now.update(value)
+            else:
+                setattr(m, attribute, value)
+
+
+def _to(value, device):
+    if isinstance(value, torch.Tensor):
+        return value if device is None else value.to(device)
+    if type(value) in (list, tuple):
+        return type(value)(_to(v, device) for v in value)
+    if type(value) is dict:
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
