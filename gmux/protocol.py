@@ -424,8 +424,9 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     # stopped only if another job needs the GPU's compute, and continued once none does; in_place: its suspend
     # copies nothing out, its memory stays where it is until it resumes (the move checkpoints it from there)
     # deadline_s: stopped (SIGSTOP) if not suspended by then, when sooner than its own deadline (a cluster fence's)
+    # for_move: refused, nothing held, unless every rank of the job would be restored exactly in a new process
     "suspend": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "to_boundary": (_bool, False),
-                "in_place": (_bool, False), "deadline_s": (_pos_float, False)},
+                "in_place": (_bool, False), "deadline_s": (_pos_float, False), "for_move": (_bool, False)},
     "resume": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True)},
     # reason: what the job's record says ("killed by gmux kill" without one; a cluster link names its own)
     "kill": {"admin": (lambda v: _str(v, 128), True), "job": (_name, True), "reason": (lambda v: _str(v, 300), False)},

@@ -34,6 +34,20 @@ if TYPE_CHECKING:
 
 PS_LIMIT = 100     # jobs a `ps` lists unless asked for another number: the live ones first, then the newest ended
 
+
+def _unrestorable(job: Job, unit: list) -> Optional[str]:
+    """Why a checkpoint taken now would not continue the job, every rank of a gang (`unit`), exactly in a new
+    process: the first rank's reason, naming it (None: it would)."""
+    for m in unit:
+        if m.migratable and m.started:
+            continue
+        who = f"gang {job.gang['id']}'s rank {m.gang['rank']} ({m.id})" if job.gang else m.id
+        return f"{who} " + ("has not started" if m.migratable else
+                            f"would not be restored exactly from one now: {m.unmovable()}" if m.unmovable() else
+                            "runs in transparent mode (run it with gmux-launch --no-hook and attach())")
+    return None
+
+
 class AdminHandlers:
     def __init__(self, node: "Daemon"):
         self.node = node
@@ -155,12 +169,19 @@ class AdminHandlers:
     def suspend(self, req: Request):
         node, job = self.node, self._target(req)
         unit = unit_of(node.jobs, job)   # a gang's ranks suspend together (at one boundary: gmux.job.gang)
-        hooked = [m.id for m in unit if job.gang and m.registered and not m.migratable and not m.agrees]
+        # (`hook`, not `migratable`: a rank that attached itself and is unmovable for now, say an LR scheduler
+        # attach() was not given, still agrees through its GangController; taken for transparent, its gang was
+        # refused every suspend, a preemption's and a move's)
+        hooked = [m.id for m in unit if job.gang and m.registered and m.hook and not m.migratable and not m.agrees]
         if hooked:
             # Each rank would stop at its own optimizer step while its peers wait in the next collective.
             raise Refused(f"suspend: gang {job.gang['id']} has ranks in transparent mode ({', '.join(hooked)}), "
                           f"which cannot agree on a boundary to stop at; run the ranks with --no-hook and "
                           f"gmux.job.gang.GangController to make the gang suspendable")
+        why = _unrestorable(job, unit) if req.msg.get("for_move") else None
+        if why:
+            # (held first, the job stopped computing for a move that its checkpoint's refusal then undid)
+            raise Refused(f"suspend: {job.id} is not moved: {why}; it runs on as it was")
         busy, frozen = [], []
         node.resume_retries.taken_over(unit, resumed=False)
         for m in unit:
@@ -275,11 +296,12 @@ class AdminHandlers:
         """The job writes its state to checkpoints/JOB.snapshot.ckpt at its next boundary (or at once from its
         host copy if suspended) and goes on; the reply waits for that (cluster mode reads the file)."""
         node, job = self.node, self._target(req)
-        if not job.migratable or not job.started:
-            raise Refused(f"checkpoint: {job.id} " + (
-                "has not started" if job.migratable else
-                f"would not be restored exactly from one now: {job.unmovable()}" if job.unmovable() else
-                "runs in transparent mode (run it with gmux-launch --no-hook and attach())"))
+        # Every rank of a gang is judged before any is asked: a gang's ranks carry a checkpoint out only once all
+        # hold one (gmux.job.gang), and the peers of a rank refused here kept theirs for good, so that no later
+        # suspend of the gang (a kind they did not hold first) was ever agreed on.
+        why = _unrestorable(job, unit_of(node.jobs, job))
+        if why:
+            raise Refused(f"checkpoint: {why}")
         slicer = node.slicers.get(job.gpu)
         busy = slicer.busy_with(job.id) if slicer is not None else None
         if busy:

@@ -34,10 +34,11 @@ def migrate_out(link: "ClusterLink", cjob: str, ranks: list, target: str, endpoi
             # (to_boundary: stopped at its deadline, a job would reach the boundary this move needs only
             # when resumed; in_place: the checkpoint is written from live memory, and a failed move resumes
             # the job with nothing to copy back)
-            replies = each(lambda local: link._admin_reply("suspend", local, to_boundary=True, in_place=True), ranks)
-            errors = [e for e, _ in replies if e]
+            replies = each(lambda local: link._admin_reply("suspend", local, to_boundary=True, in_place=True,
+                                                           for_move=True), ranks)
+            errors = [str(e) for e, _ in replies if e]
             if errors:                                 # at its next boundary (every rank at one); held there
-                raise GmuxError(f"suspend: {errors[0]}")
+                raise GmuxError(errors[0] if errors[0].startswith("suspend") else f"suspend: {errors[0]}")
             t_susp = time.perf_counter() - t0
             running = running_before_boundary(t_susp, [r for _, r in replies])
             if stop.is_set():

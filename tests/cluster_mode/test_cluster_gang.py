@@ -181,3 +181,51 @@ def test_a_gang_and_a_newcomer_preempting_each_other_on_one_machine_both_end_bit
     assert [o["sha256"] for o in outs] == [x["sha256"] for x in ref()] and [o["steps"] for o in outs] == [800] * 2
     assert all(jobs[j]["restarts"] == 0 and jobs[j]["migrations"] == 0 for j in (gang, new))   # resumed in place
     assert c.ps()["internal_errors"] == 0
+
+
+def test_a_gang_with_one_unmovable_rank_is_not_moved_and_runs_on_as_it_was(cluster_factory, tmp_path):
+    """Rank 1 alone steps an LR scheduler attach() was not given (unmovable); rank 0 is movable. Before, the
+    periodic checkpoint went to rank 0 and was refused for rank 1: rank 0 held it for good (a gang carries one out
+    only once every rank holds it), the link's checkpoint waited 120 s for it, and no suspend of the gang was ever
+    agreed on after; and gmuxd took the attached, unmovable rank for a transparent one and refused every suspend
+    of the gang, a user's or a move's. Now the checkpoint and the move are refused for every rank before any is
+    asked, naming rank 1 and why, the gang runs on in the same processes, and a hold suspends and resumes it."""
+    steps = "700"
+    c = cluster_factory(policy="gandiva", machines=("m1", "m2"))
+    ref = _plain(tmp_path, steps)     # (the stray scheduler keeps its learning rate: the numbers are the same)
+    c.wait_machines(2)
+    out = str(tmp_path / "g{rank}.json")
+    cjob = c.call("c_submit", argv=[PY, GANG, out, steps, "--stray-lr-rank", "1", *paced(tmp_path, "0.03")],
+                  cwd=ROOT, env={"OMP_NUM_THREADS": "1"}, ranks=2, ckpt_every=1.0)["cjob"]
+    src = wait_for(lambda: (lambda j: j["state"] == "running" and j["step"] > 20 and j)(c.job(cjob)), 90,
+                   "the gang running")["machine"]
+    dst = next(m for m in ("m1", "m2") if m != src)
+    why = "would not be restored exactly from one now: an LR scheduler attach() was not given (StepLR) drives"
+    said = wait_for(lambda: next((d["text"] for d in c.ps()["decisions"] if why in d["text"]), None), 30,
+                    "the periodic checkpoint refused")
+    assert f"checkpoint: gang {cjob}'s rank 1 (" in said, said
+    ranks = {j["name"]: j for j in Client(str(tmp_path / f"rt-{src}")).call("ps")["jobs"]}
+    pids = {name: j["pid"] for name, j in ranks.items()}
+    assert ranks[f"{cjob}.0"]["migratable"] and not ranks[f"{cjob}.1"]["migratable"]
+
+    r = _cli(c, "migrate", cjob, "--machine", dst, "--gpu", "0")
+    assert r.returncode == 0, r.stderr
+    job = wait_for(lambda: (lambda j: j["state"] == "running" and "failed" in (j["detail"] or "") and j)(c.job(cjob)),
+                   60, "the move refused")
+    assert job["machine"] == src and f"is not moved: gang {cjob}'s rank 1 (" in job["detail"] and why in job["detail"]
+    live = {j["name"]: j for j in Client(str(tmp_path / f"rt-{src}")).call("ps")["jobs"]}
+    assert {n: (j["pid"], j["state"]) for n, j in live.items()} == {n: (p, "running") for n, p in pids.items()}
+    wait_for(lambda: set(_local(tmp_path, dst, cjob).values()) == {"killed"}, 30, "the target's new ranks gone")
+
+    c.call("c_suspend", cjob=cjob)
+    wait_for(lambda: _local(tmp_path, src, cjob) == {f"{cjob}.0": "held", f"{cjob}.1": "held"}, 30,
+             "the held gang suspended (its GPUs given back)")
+    c.call("c_resume", cjob=cjob)
+    unpace(tmp_path)
+    jobs = c.wait_done([cjob], 120)
+    outs = [json.loads(open(out.format(rank=r)).read()) for r in range(2)]
+    assert [o["sha256"] for o in outs] == [x["sha256"] for x in ref()]
+    assert [(o["steps"], o["restored_at"], o["suspends"], o["pid"]) for o in outs] == \
+        [(int(steps), 0, 1, pids[f"{cjob}.{r}"]) for r in range(2)]      # suspended by the hold only
+    assert jobs[cjob]["migrations"] == 0 and jobs[cjob]["restarts"] == 0
+    assert c.ps()["internal_errors"] == 0

@@ -1,9 +1,11 @@
 """A data-parallel training job over gloo (explicit mode, GangController), deterministic.
 usage: gang_train.py OUT STEPS [--rank R --world W (--port P | --file F)] [--sleep S [--unpaced-when PATH]]
-                     [--fail-at N] [--plain]
+                     [--fail-at N] [--stray-lr-rank R] [--plain]
 Without --rank, the rendezvous comes from the environment as torchrun (and gmux's cluster link) sets it: RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT. OUT may hold {rank}. --plain: no gmux at all, the reference run. --file: a
-rendezvous through a file, which no other process can take as it can a port picked free a moment before."""
+rendezvous through a file, which no other process can take as it can a port picked free a moment before.
+--stray-lr-rank: that rank alone steps an LR scheduler attach() is not given (its learning rate never changes: the
+numbers are the same), which makes that rank, and only it, unmovable (gmux.job.stray_schedulers)."""
 import argparse
 import hashlib
 import json
@@ -23,6 +25,7 @@ p.add_argument("--file")
 p.add_argument("--sleep", type=float, default=0.0, help="seconds per step, to pace the job against a test's moves")
 p.add_argument("--unpaced-when", metavar="PATH", help="no more --sleep once PATH exists (the numbers are the same)")
 p.add_argument("--fail-at", type=int, help="the last rank raises at this step (a crashed rank)")
+p.add_argument("--stray-lr-rank", type=int)
 p.add_argument("--plain", action="store_true")
 a = p.parse_args()
 torch.set_num_threads(1)
@@ -44,6 +47,7 @@ if not a.plain:
     gang = GangController(control.default())
     job = gmux.job.attach(model, opt, state=progress, controller=gang)
 restored_at = progress["step"]
+stray = torch.optim.lr_scheduler.StepLR(opt, step_size=1 << 30) if a.stray_lr_rank == rank else None
 while progress["step"] < a.steps:
     g = torch.Generator().manual_seed(progress["step"] * world + rank)
     x = torch.randn(8, 16, generator=g)
@@ -58,6 +62,8 @@ while progress["step"] < a.steps:
     for g, part in zip(grads, torch.split(flat, [g.numel() for g in grads])):
         g.copy_(part.view_as(g))
     opt.step()
+    if stray is not None:
+        stray.step()
     progress["step"] += 1
     if progress["step"] == a.fail_at and rank == world - 1:
         raise RuntimeError(f"rank {rank} fails at step {a.fail_at}, as asked")
