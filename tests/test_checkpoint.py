@@ -736,3 +736,64 @@ def test_a_checkpoint_whose_module_attributes_do_not_fit_is_refused_and_nothing_
         with pytest.raises(gj.CheckpointError, match=problem):
             gj.attach(other).restore(forged)
         assert other[0].calls == 0 and other[0].seen == {"last": None} and other[0].losses == []
+
+
+def test_a_metric_made_persistent_restores_its_list_states_into_a_fresh_job(tmp):
+    """metric.persistent(True) puts a CatMetric's list of the epoch's batches in state_dict() too: a new process's
+    list is empty, and the restore was refused ("'seen.value': 4 items, the job has 0"), the move with it."""
+    tm = pytest.importorskip("torchmetrics")
+
+    def build():
+        model = nn.Module()
+        model.seen, model.mean = tm.CatMetric(), tm.MeanMetric()
+        model.seen.persistent(True)
+        model.mean.persistent(True)
+        return model, gj.attach(model)
+
+    model, job = build()
+    for i in range(4):
+        model.seen.update(torch.full((2,), float(i)))
+        model.mean.update(torch.tensor(float(i)))
+    sink = io.BytesIO()
+    job.checkpoint(sink)
+    model.seen.update(torch.ones(2))
+    model.mean.update(torch.tensor(9.0))
+    for fresh in (False, True):
+        moved, moved_job = build()
+        moved_job.restore(sink.getvalue(), fresh=fresh)
+        moved.seen.update(torch.ones(2))
+        moved.mean.update(torch.tensor(9.0))
+        assert_identical([model.seen.compute(), model.mean.compute()], [moved.seen.compute(), moved.mean.compute()],
+                         "metrics")
+        assert moved.mean.update_count == model.mean.update_count
+
+
+def test_a_crafted_metrics_section_is_refused_naming_its_field_and_nothing_changes(tmp):
+    tm = pytest.importorskip("torchmetrics")
+
+    def build():
+        model = nn.Module()
+        model.seen, model.mean = tm.CatMetric(), tm.MeanMetric()
+        return model
+
+    model = build()
+    model.seen.update(torch.ones(3))
+    model.mean.update(torch.tensor(2.0))
+    job = gj.attach(model)
+    crafts = {"a list of 1048577 items, more than the 1048576 a list state may hold":
+              lambda e: e["seen"]["states"].__setitem__("value", [0] * ((1 << 20) + 1)),
+              "-1, which is negative": lambda e: e["mean"].__setitem__("count", -1),
+              "a float, the job has an int": lambda e: e["mean"].__setitem__("count", 2.0)}
+    for problem, craft in crafts.items():
+        snap = job.snapshot()
+        snap["metrics"] = [{k: {"states": dict(e["states"]), "count": e["count"]}
+                            for k, e in snap["metrics"][0].items()}]
+        craft(snap["metrics"][0])
+        path = os.path.join(tmp, "crafted.ckpt")
+        ckpt.save(snap, path)
+        other = build()
+        other.mean.update(torch.tensor(5.0))
+        with pytest.raises(ckpt.CheckpointError, match=r"module 0 metric '(seen' state 'value|mean' 'count)': "
+                                                        + problem.replace("(", r"\(").replace(")", r"\)")):
+            gj.attach(other).restore(path)
+        assert other.mean.compute().item() == 5.0 and other.mean.update_count == 1 and other.seen.value == []

@@ -74,9 +74,9 @@ def _check_module(fit, saved, module: nn.Module, where: str, mismatch: type) -> 
         fail(f"{where} metrics: {sorted(map(str, saved))[:8]}, the job has {sorted(live)[:8]}", mismatch)
     for prefix, m in live.items():
         entry, at = saved[prefix], f"{where} metric '{prefix}'"
-        if not (isinstance(entry, dict) and set(entry) == {"states", "count"} and isinstance(entry["states"], dict)
-                and type(entry["count"]) is int and entry["count"] >= 0):
+        if not (isinstance(entry, dict) and set(entry) == {"states", "count"} and isinstance(entry["states"], dict)):
             fail(f"{at}: not a Metric's states and a count of its updates")
+        fit.counter(entry["count"], f"{at} 'count'")
         if set(entry["states"]) != set(m._defaults):
             fail(f"{at} states: {sorted(map(str, entry['states']))[:8]}, the job has {sorted(m._defaults)[:8]}",
                  mismatch)
@@ -84,11 +84,35 @@ def _check_module(fit, saved, module: nn.Module, where: str, mismatch: type) -> 
             now, value = getattr(m, name), entry["states"][name]
             if isinstance(now, torch.Tensor):
                 fit.tensor(value, str(now.dtype).removeprefix("torch."), tuple(now.shape), f"{at} state '{name}'")
-            elif not (isinstance(now, list) and isinstance(value, list) and len(value) <= MAX_ITEMS):
+            elif not (isinstance(now, list) and isinstance(value, list)):
                 fail(f"{at} state '{name}': a {type(value).__name__}, the job has a {type(now).__name__}")
             else:
-                for i, t in enumerate(value):
-                    fit.row(t, f"{at} state '{name}'[{i}]")
+                rows(fit, value, f"{at} state '{name}'")
+
+
+def rows(fit, value, where: str) -> None:
+    """A list state as a checkpoint holds it: tensors, any number of them (an epoch's batches) up to MAX_ITEMS."""
+    if not isinstance(value, list):
+        fit.fail(f"{where}: a {type(value).__name__}, the job has a list")
+    if len(value) > MAX_ITEMS:
+        fit.fail(f"{where}: a list of {len(value)} items, more than the {MAX_ITEMS} a list state may hold")
+    for i, t in enumerate(value):
+        fit.row(t, f"{where}[{i}]")
+
+
+def alike(fit, module: nn.Module, key: str, saved, live, where: str) -> None:
+    """A value in `module`'s state_dict() that is no tensor: a persistent list state's rows, else Fit.alike."""
+    if key in persistent_lists(module):
+        rows(fit, saved, where)
+    else:
+        fit.alike(saved, live, where)
+
+
+def persistent_lists(module: nn.Module) -> set:
+    """The state_dict() keys of list states made persistent (metric.persistent(True)): as long as the epoch's
+    batches so far, which a new process's empty list is not, so they are checked as rows(), not like the job's."""
+    return {f"{prefix}.{name}" if prefix else name for prefix, m in metrics(module) for name in m._defaults
+            if getattr(m, "_persistent", {}).get(name) and isinstance(getattr(m, name, None), list)}
 
 
 def apply(module: nn.Module, saved: dict) -> None:

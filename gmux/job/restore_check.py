@@ -173,7 +173,7 @@ class Fit:
                           f"(module {i})", StateMismatch)
             for name, t in live.items():
                 if not isinstance(t, torch.Tensor):
-                    self.alike(sd[name], t, f"module {i} '{name}'")
+                    metric_states.alike(self, module, name, sd[name], t, f"module {i} '{name}'")
                     continue
                 row = self.row(sd[name], f"parameter or buffer '{name}'")
                 if row.shape != tuple(t.shape) or row.dtype != _dtype(t):
