@@ -716,6 +716,58 @@ def test_a_metric_counting_outside_the_attached_modules_keeps_the_job_where_it_i
     assert train(attached, 2, epoch_metric=True) == [None] * 2
 
 
+def test_an_epoch_metric_outside_the_attached_modules_is_seen_across_its_reset(monkeypatch):
+    """Looks are a minute or more apart: an epoch's Metric looked at late in one epoch and again early in the next
+    (reset at the epoch's end) has fewer updates than at the last look, or only the new epoch's first, and the move
+    went ahead, its new process computing that epoch without them. A validation Metric, reset before or after its
+    loop and only read there, and one reset at every step, leave the job movable throughout."""
+    tm = pytest.importorskip("torchmetrics")
+    from gmux.job import movability, stray_modules
+    monkeypatch.setattr(stray_modules, "_last_scan", [])
+    model = nn.Linear(4, 3)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    epoch_acc, val_acc, per_step = (tm.classification.MulticlassAccuracy(3), tm.classification.MulticlassAccuracy(3),
+                                    tm.MeanMetric())
+    job = gj.attach(model, sgd)
+    x, y = torch.randn(2, 4), torch.tensor([0, 2])
+
+    def step(counted=True):
+        logits = model(x)
+        logits.sum().backward()
+        sgd.step()
+        sgd.zero_grad()
+        per_step.update(logits.sum().detach())
+        if counted:
+            epoch_acc.update(logits.detach(), y)
+        job.boundary()
+        per_step.reset()
+
+    def epoch_end():
+        if epoch_acc.update_count:
+            epoch_acc.compute()
+        epoch_acc.reset()
+        val_acc.reset()
+        for _ in range(5):
+            val_acc.update(model(x).detach(), y)
+        val_acc.compute()
+
+    told = []
+    for steps_before_look in (6, 3, 1, 0):         # where in each epoch a look falls
+        for i in range(8):
+            if i == steps_before_look:
+                told.append(movability.problem(job, fresh=True))
+            step()
+        epoch_end()
+    assert all((why or "").startswith("a torchmetrics MulticlassAccuracy attach() was not given counts")
+               for why in told[:3]), told
+    assert len(told) == 4 and told[3] is None, told    # (at an epoch's start it holds nothing a move loses)
+    for _ in range(3):                             # (an epoch's metric not updated any more)
+        for _ in range(8):
+            step(counted=False)
+            assert movability.problem(job, fresh=True) is None
+        epoch_end()
+
+
 def test_an_uninitialized_lazy_module_attach_was_not_given_does_not_fail_attach(monkeypatch):
     """attach() looks at every module of the process: an unattached LazyLinear not yet run (its parameters refuse
     untyped_storage() with a ValueError) made attach() itself fail in the script."""

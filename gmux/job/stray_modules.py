@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import time
 import weakref
+from itertools import zip_longest
 from typing import Optional
 
 import torch
@@ -32,7 +33,8 @@ from . import metric_states
 REPORT_SCAN_S = 60.0
 SCAN_SHARE = 200        # a full look that took t seconds is taken again no sooner than 200 t later (at most 0.5%)
 
-_versions: dict = {}    # id of a module seen outside a job's state -> (weak ref, its look then, Metric counts now)
+# id of a module seen outside a job's state -> (weak ref, its look then, Metric counts now, which summed over looks)
+_versions: dict = {}
 _last_scan: list = []       # when this process last took a full look (monotonic), and how long it took
 
 
@@ -76,12 +78,13 @@ def _look(job, modules: list, attached: set, full: bool) -> Optional[str]:
             continue
         key = id(m)
         alive.add(key)
-        ref, first, counts = _versions.get(key, (None, None, None))
+        ref, first, counts, sums = _versions.get(key, (None, None, None, ()))
         if ref is None or ref() is not m:            # (an id the collector gave to a new object)
-            _versions[key] = (weakref.ref(m), version[:2], version[2])
+            _versions[key] = (weakref.ref(m), version[:2], version[2], ())
             continue
-        _versions[key] = (ref, first, version[2])
-        if why is None and any(n > before and n > 1 for n, before in zip(version[2], counts)):
+        counting = _counting(version[2], counts, sums)
+        _versions[key] = (ref, first, version[2], tuple(map(any, zip_longest(counting, sums))))
+        if why is None and any(counting):
             why = (f"a torchmetrics {type(m).__name__} attach() was not given counts as the job trains: a new process "
                    f"builds it anew and would compute it over the batches after the move only, so the job stays "
                    f"where it is (suspend and resume still work); give it to attach(), which keeps its counts")
@@ -95,6 +98,15 @@ def _look(job, modules: list, attached: set, full: bool) -> Optional[str]:
     return why
 
 
+def _counting(counts: tuple, before: tuple, sums: tuple) -> list:
+    """Which Metrics hold counts a new process would not have: changed since the last look, more than one update
+    on either side of it (one reset at every step holds at most the step's), or one since a reset of a Metric seen
+    summing before. Looks are a minute or more apart: an epoch's Metric reset at its end and counting again has
+    fewer updates than at the last look (not more), or only the epoch's first."""
+    return [n > 0 and n != was and (n > 1 or was > 1 or bool(summed))
+            for n, was, summed in zip(counts, before, (*sums, *[False] * len(counts)))]
+
+
 def _pointer(t: torch.Tensor) -> Optional[int]:
     try:
         return t.untyped_storage().data_ptr()
@@ -106,8 +118,7 @@ def _state(m: nn.Module, held: set):
     """What `m`'s tensors that are not the job's hold, to compare with a later look: the sum of their version
     counters (every in-place change moves one), a few of their bytes (an in-place change through .data, or a
     .data assignment, moves none: a DINO or MoCo momentum encoder's update), and its torchmetrics Metrics' counts
-    of updates (their states are no parameters or buffers): one whose count grew past 1 since the last look counts
-    over more than a step; one reset at every step counts alike at every boundary.
+    of updates (their states are no parameters or buffers), which _counting compares with the last look's.
     None: nothing to look at (no such tensor; an uninitialized lazy parameter, a sparse or meta one, an inference
     tensor: nothing a move loses)."""
     version, samples = 0, {}
