@@ -797,3 +797,32 @@ def test_a_crafted_metrics_section_is_refused_naming_its_field_and_nothing_chang
                                                         + problem.replace("(", r"\(").replace(")", r"\)")):
             gj.attach(other).restore(path)
         assert other.mean.compute().item() == 5.0 and other.mean.update_count == 1 and other.seen.value == []
+
+
+def test_a_min_max_metrics_extremes_so_far_are_restored(tmp):
+    """MinMaxMetric keeps the best and worst of its computes as plain tensor attributes (no add_state state): a
+    run restored after some epochs reported a best and worst over the epochs after the restore only."""
+    tm = pytest.importorskip("torchmetrics")
+    torch.manual_seed(0)
+    batches = [(torch.randn(8, 3).softmax(1), torch.randint(0, 3, (8,))) for _ in range(6)]
+
+    def build():
+        model = nn.Module()
+        model.acc = tm.wrappers.MinMaxMetric(tm.classification.MulticlassAccuracy(3))
+        return model, gj.attach(model)
+
+    def epochs(model, which):
+        for x, y in (batches[i] for i in which):
+            model.acc.update(x, y)
+            result = model.acc.compute()
+            model.acc.reset()
+        return result
+
+    model, job = build()
+    epochs(model, range(3))
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    expected = epochs(model, range(3, 6))
+    moved, moved_job = build()
+    moved_job.restore(path)
+    assert_identical(expected, epochs(moved, range(3, 6)), "MinMaxMetric")

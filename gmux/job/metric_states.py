@@ -38,10 +38,17 @@ def metrics(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield name, sub
 
 
+def held(m: nn.Module) -> list:
+    """What a Metric counts in, by name: its add_state states, and the tensors it keeps as attributes of its own
+    (MinMaxMetric's extremes over the epochs' computes: a new process's would start from infinity again)."""
+    return [*m._defaults, *(k for k, v in vars(m).items()
+                            if isinstance(v, torch.Tensor) and not k.startswith("_") and k not in m._defaults)]
+
+
 def tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor the module's Metrics count in, by a readable name (for the swap engine: they are the job's)."""
     for prefix, m in metrics(module):
-        for name in m._defaults:
+        for name in held(m):
             value = getattr(m, name, None)
             where = f"{prefix}.{name}" if prefix else name
             if isinstance(value, torch.Tensor):
@@ -52,7 +59,7 @@ def tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 def capture(module: nn.Module) -> dict:
     """{name: {"states": {state: tensor or list of tensors}, "count": updates}}, referring to the live tensors."""
-    return {prefix: {"states": {name: getattr(m, name) for name in m._defaults}, "count": int(m._update_count)}
+    return {prefix: {"states": {name: getattr(m, name) for name in held(m)}, "count": int(m._update_count)}
             for prefix, m in metrics(module)}
 
 
@@ -77,12 +84,15 @@ def _check_module(fit, saved, module: nn.Module, where: str, mismatch: type) -> 
         if not (isinstance(entry, dict) and set(entry) == {"states", "count"} and isinstance(entry["states"], dict)):
             fail(f"{at}: not a Metric's states and a count of its updates")
         fit.counter(entry["count"], f"{at} 'count'")
-        if set(entry["states"]) != set(m._defaults):
-            fail(f"{at} states: {sorted(map(str, entry['states']))[:8]}, the job has {sorted(m._defaults)[:8]}",
-                 mismatch)
-        for name in m._defaults:
+        names = held(m)
+        if set(entry["states"]) != set(names):
+            fail(f"{at} states: {sorted(map(str, entry['states']))[:8]}, the job has {sorted(names)[:8]}", mismatch)
+        for name in names:
             now, value = getattr(m, name), entry["states"][name]
-            if isinstance(now, torch.Tensor):
+            if name not in m._defaults:       # (assigned, not copied into: one compute() may change its dtype)
+                if fit.row(value, f"{at} '{name}'").shape != tuple(now.shape):
+                    fail(f"{at} '{name}': shape {fit.row(value, at).shape}, the job has {tuple(now.shape)}")
+            elif isinstance(now, torch.Tensor):
                 fit.tensor(value, str(now.dtype).removeprefix("torch."), tuple(now.shape), f"{at} state '{name}'")
             elif not (isinstance(now, list) and isinstance(value, list)):
                 fail(f"{at} state '{name}': a {type(value).__name__}, the job has a {type(now).__name__}")
@@ -122,7 +132,9 @@ def apply(module: nn.Module, saved: dict) -> None:
         m = live[prefix]
         for name, value in entry["states"].items():
             now = getattr(m, name)
-            if isinstance(now, torch.Tensor):
+            if name not in m._defaults:
+                setattr(m, name, value.to(now.device))
+            elif isinstance(now, torch.Tensor):
                 now.copy_(value)
             else:
                 now[:] = [t.to(m.device) for t in value]
