@@ -768,6 +768,23 @@ def test_an_epoch_metric_outside_the_attached_modules_is_seen_across_its_reset(m
         epoch_end()
 
 
+def test_a_metric_tracker_that_made_metrics_keeps_the_job_where_it_is(tmp):
+    """A MetricTracker makes a copy of its metric at each increment(): a move's new process had made fewer by the
+    move, its restore was refused there and the move lost. Said up front now; before its first increment() it is
+    what the new process builds."""
+    tm = pytest.importorskip("torchmetrics")
+    model = nn.Linear(4, 1)
+    model.tracker = tm.wrappers.MetricTracker(tm.MeanMetric(), maximize=False)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, sgd)
+    _one_step(model, sgd)
+    assert job.report()["movable"], job.report()
+    model.tracker.increment()
+    model.tracker.update(torch.tensor(1.0))
+    _says_unmovable_and_refuses(job, tmp, "module 0's torchmetrics MetricTracker 'tracker' holds 1 copies of its "
+                                          "metric made by increment()")
+
+
 def test_an_uninitialized_lazy_module_attach_was_not_given_does_not_fail_attach(monkeypatch):
     """attach() looks at every module of the process: an unattached LazyLinear not yet run (its parameters refuse
     untyped_storage() with a ValueError) made attach() itself fail in the script."""

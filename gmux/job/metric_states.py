@@ -13,7 +13,7 @@ One outside every attached module (built beside the model rather than in it) is 
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -55,6 +55,20 @@ def tensors(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                 yield where, value
             elif isinstance(value, list):
                 yield from ((f"{where}[{i}]", t) for i, t in enumerate(value) if isinstance(t, torch.Tensor))
+
+
+def problem(job) -> Optional[str]:
+    """Why a new process would not take the counts of the job's Metrics (None: it would): a MetricTracker holds a
+    copy of its metric for each increment() so far, which the new process makes as the script's loop goes on from
+    the move, not before it (the restore found other Metrics and was refused there, the move lost)."""
+    for i, top in enumerate(job.tracked.modules):
+        for name, m in top.named_modules():
+            if type(m).__name__ == "MetricTracker" and type(m).__module__.startswith("torchmetrics.") and \
+                    len(m) > 1:
+                return (f"module {i}'s torchmetrics MetricTracker '{name}' holds {len(m) - 1} copies of its metric "
+                        f"made by increment() as the job trained, which a new process would not have made by the "
+                        f"move, so the job stays where it is (suspend and resume still work)")
+    return None
 
 
 def capture(module: nn.Module) -> dict:
