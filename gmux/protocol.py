@@ -650,6 +650,8 @@ _JOB_RECORD = {
     "fenced": (_bool, False),
     # computing, started afresh, and no boundary seen (a script whose steps gmux does not see): it runs, at step 0
     "boundless": (_bool, False),
+    # why a new process would not continue it (a rank of it) exactly now, in its reports' words: not moved
+    "unmovable": (lambda v: _str(v, 1024), False),
     # suspended, its GPUs given to others (gmuxd parked it): rank 0's, where it resumes once they are free
     "parked_gpu": (_optional(_gpu_index), False),
 }

@@ -73,6 +73,12 @@ def gang_record(cjob: str, world: int, by_rank: dict, restoring: bool = False) -
            "boundless": bool(live) and len(present) == world and not restoring and not bad
            and all(j["state"] in ("running", "stopped", "suspending") and not j.get("started")
                    and not (j.get("report") or {}).get("awaiting_restore") for j in live)}
+    unmovable = [(r, j["report"]["unmovable"]) for r, j in sorted(by_rank.items()) if j in live
+                 and isinstance(j.get("report"), dict) and isinstance(j["report"].get("unmovable"), str)
+                 and j["report"]["unmovable"]]
+    if unmovable:       # (a new process would not continue it exactly: the scheduler moves it nowhere)
+        rank, why = unmovable[0]
+        rec["unmovable"] = (f"rank {rank}: " if world > 1 else "") + why[:500]
     if world > 1:
         rec["ranks"] = [{"rank": r, "local": j["id"], "gpu": j.get("gpu"), "state": j["state"],
                          "step": int(j.get("step") or 0)} for r, j in sorted(by_rank.items())]

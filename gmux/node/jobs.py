@@ -173,8 +173,9 @@ class Job:
         d["argv"] = [a[:128] for a in self.argv[:16]] + (["..."] if len(self.argv) > 16 else [])
         d["cwd"], d["detail"] = self.cwd[:256], self.detail[:300]
         d["env"] = len(self.env)
-        figures = ((k[:32], v[:64] if isinstance(v, str) else v) for k, v in self.last_report.items()
-                   if not isinstance(v, dict))
+        # (why it is unmovable in full: `gmux ps` and the cluster scheduler's refusals quote it)
+        figures = ((k[:32], v[:512 if k == "unmovable" else 64] if isinstance(v, str) else v)
+                   for k, v in self.last_report.items() if not isinstance(v, dict))
         d["report"] = dict(itertools.islice(figures, 32))
         d["working_set"] = self.working_set()
         return d

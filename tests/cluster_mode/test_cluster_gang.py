@@ -5,10 +5,13 @@ and the source's ranks are gone; its machine lost, it restarts from its last com
 Received checkpoints are deleted once restored from; the scheduler keeps only the newest set."""
 import json
 import os
+import re
 import subprocess
 import time
 
-from gmux.wire.daemon_client import Client
+import pytest
+
+from gmux.wire.daemon_client import Client, GmuxError
 from cluster_harness import PY, ROOT, Solo, env, paced, start_py, unpace, wait_for
 
 GANG = os.path.join(ROOT, "tests", "scripts", "gang_train.py")
@@ -188,8 +191,10 @@ def test_a_gang_with_one_unmovable_rank_is_not_moved_and_runs_on_as_it_was(clust
     periodic checkpoint went to rank 0 and was refused for rank 1: rank 0 held it for good (a gang carries one out
     only once every rank holds it), the link's checkpoint waited 120 s for it, and no suspend of the gang was ever
     agreed on after; and gmuxd took the attached, unmovable rank for a transparent one and refused every suspend
-    of the gang, a user's or a move's. Now the checkpoint and the move are refused for every rank before any is
-    asked, naming rank 1 and why, the gang runs on in the same processes, and a hold suspends and resumes it."""
+    of the gang, a user's or a move's. Now the checkpoint is refused for every rank before any is asked, the
+    scheduler refuses the move up front (the gang's record says why), a move's suspend that reaches gmuxd anyway
+    is refused there, each naming rank 1 and why; the gang runs on in the same processes, and a hold suspends and
+    resumes it."""
     steps = "700"
     c = cluster_factory(policy="gandiva", machines=("m1", "m2"))
     ref = _plain(tmp_path, steps)     # (the stray scheduler keeps its learning rate: the numbers are the same)
@@ -208,14 +213,20 @@ def test_a_gang_with_one_unmovable_rank_is_not_moved_and_runs_on_as_it_was(clust
     pids = {name: j["pid"] for name, j in ranks.items()}
     assert ranks[f"{cjob}.0"]["migratable"] and not ranks[f"{cjob}.1"]["migratable"]
 
-    r = _cli(c, "migrate", cjob, "--machine", dst, "--gpu", "0")
-    assert r.returncode == 0, r.stderr
-    job = wait_for(lambda: (lambda j: j["state"] == "running" and "failed" in (j["detail"] or "") and j)(c.job(cjob)),
-                   60, "the move refused")
-    assert job["machine"] == src and f"is not moved: gang {cjob}'s rank 1 (" in job["detail"] and why in job["detail"]
-    live = {j["name"]: j for j in Client(str(tmp_path / f"rt-{src}")).call("ps")["jobs"]}
+    # The scheduler heard it from the gang's record: the move is refused up front, no process started for it.
+    r = wait_for(lambda: (lambda r: r.returncode != 0 and r)(_cli(c, "migrate", cjob, "--machine", dst, "--gpu", "0")),
+                 30, "the move refused by the scheduler")
+    assert f"{cjob} would not continue exactly in a new process: rank 1: an LR scheduler attach() was not given" \
+        in r.stderr, r.stderr
+    # A move's suspend that reaches the machine anyway (the rank turned unmovable since its last record) is
+    # refused there, naming the rank, with nothing held.
+    source = Client(str(tmp_path / f"rt-{src}"))
+    with pytest.raises(GmuxError, match=re.escape(f"suspend: {ranks[f'{cjob}.0']['id']} is not moved: gang {cjob}'s "
+                                                  f"rank 1 (") + ".*" + re.escape(why)):
+        source.call("suspend", job=ranks[f"{cjob}.0"]["id"], to_boundary=True, in_place=True, for_move=True)
+    live = {j["name"]: j for j in source.call("ps")["jobs"]}
     assert {n: (j["pid"], j["state"]) for n, j in live.items()} == {n: (p, "running") for n, p in pids.items()}
-    wait_for(lambda: set(_local(tmp_path, dst, cjob).values()) == {"killed"}, 30, "the target's new ranks gone")
+    assert _local(tmp_path, dst, cjob) == {}
 
     c.call("c_suspend", cjob=cjob)
     wait_for(lambda: _local(tmp_path, src, cjob) == {f"{cjob}.0": "held", f"{cjob}.1": "held"}, 30,

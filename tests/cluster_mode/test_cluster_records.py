@@ -102,3 +102,16 @@ def test_a_job_whose_gmuxd_gave_its_gpus_to_others_is_said_parked_on_rank_0s():
     assert gang_record("c1", 2, {0: rank(0, True), 1: rank(1, False)})["parked_gpu"] is None   # one still there
     assert gang_record("c1", 1, {0: rank(0, False)})["parked_gpu"] is None
     assert gang_record("c1", 1, {0: rank(0, True, "exited")})["parked_gpu"] is None
+
+
+def test_a_job_a_rank_of_which_is_unmovable_says_why_for_the_scheduler():
+    """The scheduler did not know: it accepted a move of such a job and started its processes on the target, whose
+    restore the source then refused. The record now says which rank, and why, in the rank's own report's words."""
+    def rank(i, unmovable=None, state="running"):
+        return {**rec(f"j{i}", f"c1.{i}", state, 10 + i), "report": {"movable": unmovable is None,
+                                                                    "unmovable": unmovable}}
+    assert "unmovable" not in gang_record("c1", 2, {0: rank(0), 1: rank(1)})
+    assert gang_record("c1", 2, {0: rank(0), 1: rank(1, "an optimizer attach() was not given")})["unmovable"] == \
+        "rank 1: an optimizer attach() was not given"
+    assert gang_record("c1", 1, {0: rank(0, "x" * 2000)})["unmovable"] == "x" * 500
+    assert "unmovable" not in gang_record("c1", 2, {0: rank(0), 1: rank(1, "gone", state="exited")})

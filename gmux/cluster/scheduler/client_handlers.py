@@ -163,6 +163,9 @@ class ClientHandlers:
                                          f"cannot be checkpointed and moved; a script that never does (an "
                                          f"unmodified one) is never moved, and a machine lost under it restarts it "
                                          f"from the beginning")
+        if job.unmovable and (m is None or m.name != job.machine):
+            raise protocol.ProtocolError(f"c_migrate: {job.cjob} would not continue exactly in a new process: "
+                                         f"{job.unmovable}; it runs on at {job.machine}")
         gpus = [msg["gpu"] + r for r in range(job.gpus)]
         if m is None or m.state != "up" or not set(gpus) <= {g["index"] for g in m.gpus}:
             raise protocol.ProtocolError(f"c_migrate: no GPU{'s' if job.gpus > 1 else ''} "

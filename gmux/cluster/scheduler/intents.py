@@ -22,10 +22,11 @@ class Intents:
         s = self.s
         job = s.jobs[it.cjob]
         # (a move of a job with no boundary would start it afresh elsewhere while its copy here computed on)
-        unmovable = it.what == "migrate" and job.boundless
+        unmovable = it.what == "migrate" and (job.boundless or job.unmovable)
         if job.state in ("starting", "migrating") or it.what == "none" or unmovable:
-            why = it.why + ("; not moved: it has reached no boundary, so it cannot be checkpointed" if unmovable
-                            else "")
+            why = it.why + ("" if not unmovable else
+                            "; not moved: it has reached no boundary, so it cannot be checkpointed" if job.boundless
+                            else f"; not moved: a new process would not continue it exactly ({job.unmovable})")
             if why and self.skipped.get(job.cjob) != why:
                 self.skipped[job.cjob] = why
                 s._log("skip", job.cjob, f"{job.cjob}: {why}")

@@ -234,6 +234,7 @@ class Scheduler:
         job.ranks = r.get("ranks") or []
         job.step = max(job.step, r["step"]) if job.state != "pending" else job.step
         job.boundless = bool(r.get("boundless"))
+        job.unmovable = r.get("unmovable")
         job.parked = r.get("parked_gpu") is not None
         job.gpu_seconds = float(r.get("gpu_seconds") or 0.0)
         for k in ("rate_now", "rate_solo", "mem_peak"):

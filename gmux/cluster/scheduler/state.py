@@ -64,6 +64,7 @@ class CJob:
     ended_local: Optional[str] = None  # MACHINE/LOCAL of the copy it last restarted from (its record may linger)
     step: int = 0
     boundless: bool = False            # computing with no boundary yet (its machine's word): not checkpointable
+    unmovable: Optional[str] = None    # why a new process would not continue it exactly now (its machine's word)
     parked: bool = False               # suspended, its GPUs given to others: it resumes on them (its machine's word)
     attained: float = 0.0              # GPU-seconds on machines it has left
     gpu_seconds: float = 0.0           # GPU-seconds on `machine` (from its reports)
