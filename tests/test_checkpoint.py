@@ -826,3 +826,24 @@ def test_a_min_max_metrics_extremes_so_far_are_restored(tmp):
     moved, moved_job = build()
     moved_job.restore(path)
     assert_identical(expected, epochs(moved, range(3, 6)), "MinMaxMetric")
+
+
+def test_a_large_attribute_built_once_leaves_the_others_carried(tmp):
+    """Plain attributes are bounded each on its own: a vocabulary built in __init__ (over the bound, left to the
+    new process, which builds it alike) no longer used up the bound of the count after it, which was then lost."""
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 2)
+            self.vocabulary = [f"word{i}" for i in range(10_000)]
+            self.calls = 0
+
+    model = Counting()
+    model.calls = 7
+    job = gj.attach(model)
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    assert ckpt.load(path)["attributes"] == [{"": {"calls": 7}}]
+    other = Counting()
+    gj.attach(other).restore(path)
+    assert other.calls == 7 and len(other.vocabulary) == 10_000

@@ -9,18 +9,17 @@ import torch
 
 from .checkpoint import TensorRef
 
-MAX_ITEMS = 4096        # values in one object's attributes, nested ones counted
+MAX_ITEMS = 4096        # values in one attribute, nested ones counted
 MAX_TEXT = 4096         # characters in one string
 MAX_DEPTH = 4
 
 
 def attributes(obj, skip=frozenset(), tensors: bool = False) -> dict:
     """{name: value} of `obj`'s attributes (those not in `skip`) that hold plain data."""
-    kept, budget = {}, [MAX_ITEMS]
-    for name, value in vars(obj).items():
-        if isinstance(name, str) and name not in skip and _plain(value, budget, 0, tensors):
-            kept[name] = value
-    return kept
+    # (each attribute within its own bound: a vocabulary of 50,000 words built in __init__ is left alone, and
+    # does not use up what a count after it may take)
+    return {name: value for name, value in vars(obj).items()
+            if isinstance(name, str) and name not in skip and _plain(value, [MAX_ITEMS], 0, tensors)}
 
 
 def fits(obj, values, tensors: bool = False) -> str | None:
@@ -28,9 +27,8 @@ def fits(obj, values, tensors: bool = False) -> str | None:
     of the kind `obj` holds under its name (`may_take`)."""
     if not isinstance(values, dict):
         return f"a {type(values).__name__}, not a dict"
-    budget = [MAX_ITEMS]
     for name, value in values.items():
-        if not (isinstance(name, str) and _plain(value, budget, 0, tensors) and may_take(obj, name, value)):
+        if not (isinstance(name, str) and _plain(value, [MAX_ITEMS], 0, tensors) and may_take(obj, name, value)):
             return f"{str(name)[:40]!r} is {str(value)[:40]!r}, not plain data of the kind the object holds"
     return None
 
