@@ -716,8 +716,8 @@ def test_the_plain_attributes_of_the_scripts_modules_are_checkpointed_and_restor
 
 def test_a_checkpoint_whose_module_attributes_do_not_fit_is_refused_and_nothing_changes(tmp):
     model = nn.Sequential(_Annealed())
-    model(torch.randn(2, 4))
     job = gj.attach(model)
+    model(torch.randn(2, 4))
     path = os.path.join(tmp, "job.ckpt")
     job.checkpoint(path)
     saved = ckpt.load(path)
@@ -839,11 +839,40 @@ def test_a_large_attribute_built_once_leaves_the_others_carried(tmp):
             self.calls = 0
 
     model = Counting()
-    model.calls = 7
     job = gj.attach(model)
+    model.calls = 7
     path = os.path.join(tmp, "job.ckpt")
     job.checkpoint(path)
     assert ckpt.load(path)["attributes"] == [{"": {"calls": 7}}]
     other = Counting()
     gj.attach(other).restore(path)
     assert other.calls == 7 and len(other.vocabulary) == 10_000
+
+
+def test_module_attributes_are_carried_only_where_they_changed_and_only_with_all_that_changed(tmp, monkeypatch):
+    """What the script set from its own process (a device name from LOCAL_RANK) is left to the new process; a
+    count that sizes a cache made again beside it is not carried without the cache (a grown cache's length with the
+    new process's short cache would index past it): the module keeps what the new process builds."""
+    class Rotary(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+            self.device_name = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+            self.cached_len, self.cache = 4, torch.zeros(4)
+
+        def forward(self, x, length):
+            if length > self.cached_len:
+                self.cached_len, self.cache = length, torch.arange(float(length))
+            return self.linear(x) + self.cache[:4]
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    model = Rotary()
+    job = gj.attach(model)
+    model(torch.randn(2, 4), 9)
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    assert ckpt.load(path)["attributes"] == [{}]
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    other = Rotary()
+    gj.attach(other).restore(path)
+    assert (other.device_name, other.cached_len, other.cache.shape) == ("cuda:1", 4, (4,))

@@ -2,8 +2,9 @@
 a LightningModule's list of its steps' losses averaged at the epoch's end (Lightning's own documented pattern), a
 count of forward calls an annealed temperature is read from. A move's new process built them as the script builds
 them (an empty list, a count of 0), and went on otherwise than unmoved: the epoch's average over the steps after
-the move only, and whatever monitored it. gmux keeps such attributes (gmux.job.plain_values: plain data, tensors
-inside lists, tuples and dicts) with the module, and puts them back into the containers the module holds.
+the move only, and whatever monitored it. gmux keeps such attributes that changed since attach (gmux.job.plain_values:
+plain data, tensors inside lists, tuples and dicts; a module carried whole or not at all) with the module, and puts
+them back into the containers the module holds.
 
 Only the classes of the script's own are looked at (torch's layers, and the libraries' below, keep their
 configuration there, which the new process builds alike), and of them only what their library base classes do not
@@ -48,11 +49,17 @@ def _modules(module: nn.Module) -> Iterator[tuple[str, nn.Module, frozenset]]:
             yield name, m, keys
 
 
+def remember(module: nn.Module) -> None:
+    """At attach: what each of the module's own submodules holds, which capture() carries the changes of."""
+    for _, m, _ in _modules(module):
+        plain_values.remember(m)
+
+
 def capture(module: nn.Module) -> dict:
-    """{submodule's dotted name: {attribute: value}}, the modules with any such attribute only."""
+    """{submodule's dotted name: {attribute: value}} of what changed since attach, the modules with any only."""
     out = {}
     for name, m, keys in _modules(module):
-        kept = plain_values.attributes(m, keys, tensors=True)
+        kept = plain_values.changed(m, keys, tensors=True)
         if kept:
             out[name] = kept
     return out

@@ -1,9 +1,20 @@
-"""Plain data among an object's attributes (a Trainer callback's, a module's), which a move carries to the process
-it continues the job in: None, booleans, numbers, strings, and lists, tuples and dicts of them, within bounds; and,
-where asked, tensors inside such a container (a LightningModule's list of its steps' losses). Read back from a
-checkpoint file, each value is checked against what the new process's object holds under its name first.
+"""Plain data among an object's attributes (a Trainer callback's, a module's) that changed since the object was
+attached, which a move carries to the process it continues the job in: None, booleans, numbers, strings, and lists,
+tuples and dicts of them, within bounds; and, where asked, tensors inside such a container (a LightningModule's list
+of its steps' losses). Read back from a checkpoint file, each value is checked against what the new process's object
+holds under its name first.
+
+Only what changed since `remember` (at attach, or as a Trainer starts) is carried: an attribute the script set from
+its own process (a device name from LOCAL_RANK, a path) stays what the new process sets. And an object is carried
+whole or not at all: one whose other attributes changed too (a tensor or an object made again or changed in place:
+a cache grown with the count that sized it, a writer made behind an "initialized" flag) keeps what the new process
+builds, as before gmux carried any, rather than a count without its cache or a flag without its writer.
 """
 from __future__ import annotations
+
+import functools
+import types
+import weakref
 
 import torch
 
@@ -14,12 +25,36 @@ MAX_TEXT = 4096         # characters in one string
 MAX_DEPTH = 4
 
 
-def attributes(obj, skip=frozenset(), tensors: bool = False) -> dict:
-    """{name: value} of `obj`'s attributes (those not in `skip`) that hold plain data."""
-    # (each attribute within its own bound: a vocabulary of 50,000 words built in __init__ is left alone, and
-    # does not use up what a count after it may take)
-    return {name: value for name, value in vars(obj).items()
-            if isinstance(name, str) and name not in skip and _plain(value, [MAX_ITEMS], 0, tensors)}
+def remember(obj) -> None:
+    """What `obj`'s attributes hold now, the first time it is seen (an object that takes no weak reference: never
+    carried)."""
+    try:
+        if obj not in _seen:
+            _seen[obj] = {name: _look(value) for name, value in vars(obj).items()}
+    except TypeError:
+        pass
+
+
+def changed(obj, skip=frozenset(), tensors: bool = False) -> dict:
+    """{name: value} of `obj`'s attributes (those not in `skip`) that hold plain data and changed since `remember`;
+    {} for an object not remembered, or one another attribute of which changed (not plain, or over the bounds)."""
+    try:
+        then = _seen.get(obj)
+    except TypeError:
+        return {}
+    if then is None:
+        return {}
+    out = {}
+    for name, value in vars(obj).items():
+        if not isinstance(name, str) or name in skip or isinstance(value, _WIRING) or \
+                then.get(name, _NEW) == _look(value):
+            continue
+        # (each attribute within its own bound: a vocabulary of 50,000 words built in __init__ does not use up
+        # what a count after it may take)
+        if not _plain(value, [MAX_ITEMS], 0, tensors):
+            return {}
+        out[name] = value
+    return out
 
 
 def fits(obj, values, tensors: bool = False) -> str | None:
@@ -46,6 +81,26 @@ def may_take(obj, name: str, value) -> bool:
 
 
 _NEW = object()
+# Functions an object was given, not state it keeps (Lightning sets each callback's log to the module's)
+_WIRING = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
+_seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # object -> {attribute: _look(value)} then
+
+
+def _look(value, budget: list | None = None):
+    """What to compare a later look with: plain values as they are, a tensor by its identity and version counter
+    (changed in place or made again), anything else by identity; a container item by item, within bounds."""
+    budget = [MAX_ITEMS] if budget is None else budget
+    budget[0] -= 1
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value), value._version if not value.is_inference() else 0)
+    if value is None or type(value) in (bool, int, str):
+        return value
+    if type(value) is float:
+        return ("float", repr(value))       # (nan == nan)
+    if type(value) in (list, tuple, dict) and budget[0] >= 0:
+        items = value.items() if type(value) is dict else enumerate(value)
+        return (type(value).__name__, id(value), tuple((k, _look(v, budget)) for k, v in items))
+    return ("object", id(value), len(value) if type(value) in (list, tuple, dict) else None)
 
 
 def _kind(v):

@@ -111,6 +111,8 @@ class TrackedState:
         if not any(o is obj for o in target):
             target.append(obj)
             self.added += 1
+            if target is self.modules and not self.weak:
+                module_attributes.remember(obj)     # (what its attributes hold now: a move carries what changes)
 
     # -- tensors the swap engine moves -----------------------------------------------------------------
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:

@@ -328,3 +328,28 @@ def test_callback_attributes_are_checked_against_what_the_new_callback_holds():
     with pytest.raises(CheckpointError, match=r"c.ckpt: state 'callback_attributes': \['0:x'\], the script's own"):
         callback_attributes.check(callbacks, {"0:x": {}}, "c.ckpt")
     assert cb.seen == 3 and cb.act() == "acted"
+
+
+def test_a_callback_that_made_an_object_behind_a_flag_is_not_carried_without_it():
+    """A callback that makes its writer at its first step behind an "initialized" flag: carried alone, the flag told
+    the new process's callback that its writer (None there) was made. It is carried whole or not at all."""
+    from gmux.job.frameworks import callback_attributes
+
+    class Writes:
+        def __init__(self):
+            self.initialized, self.writer, self.lines = False, None, 0
+
+        def step(self):
+            if not self.initialized:
+                self.writer, self.initialized = object(), True
+            self.lines += 1
+
+    class Counts:
+        def __init__(self):
+            self.count = 0
+    writes, counts = Writes(), Counts()
+    callbacks = callback_attributes.own([writes, counts], lambda cb: False)
+    callback_attributes.remember(callbacks)
+    writes.step()
+    counts.count += 2
+    assert list(callback_attributes.capture(callbacks).values()) == [{}, {"count": 2}]

@@ -76,12 +76,15 @@ def collate(items):
     return batch
 
 
-class FirstStep(TrainerCallback):
-    first = None
+# The first global step this process trained: a global, not the callback's own attribute, which a move
+# carries to the new process as an unmoved run would have it.
+FIRST: list = []
 
+
+class FirstStep(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
-        if self.first is None:
-            self.first = state.global_step
+        if not FIRST:
+            FIRST.append(state.global_step)
 
 
 args = TrainingArguments(output_dir=a.out + "-checkpoints", per_device_train_batch_size=8,
@@ -103,7 +106,8 @@ digest = hashlib.sha256()
 for name, t in sorted(trainer.model.state_dict().items()):
     digest.update(name.encode() + t.detach().contiguous().numpy().tobytes())
 with open(a.out, "w") as f:
-    json.dump({"sha256": digest.hexdigest(), "global_step": trainer.state.global_step, "first_step": first.first,
-               "pid": os.getpid(), "totals": [run.training_loss, trainer.state.total_flos],
+    json.dump({"sha256": digest.hexdigest(), "global_step": trainer.state.global_step,
+               "first_step": (FIRST or [None])[0], "pid": os.getpid(),
+               "totals": [run.training_loss, trainer.state.total_flos],
                "evals": [(e["step"], k, v) for e in trainer.state.log_history for k, v in sorted(e.items())
                          if k.startswith("eval_") and k.endswith("_loss")]}, f)

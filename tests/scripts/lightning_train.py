@@ -110,12 +110,15 @@ class Regressor(pl.LightningModule):
                           persistent_workers=a.persistent)
 
 
-class FirstStep(pl.Callback):
-    first = None
+# The first global step this process trained: a global, not the callback's own attribute, which a move
+# carries to the new process as an unmoved run would have it.
+FIRST: list = []
 
+
+class FirstStep(pl.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if self.first is None:
-            self.first = trainer.global_step
+        if not FIRST:
+            FIRST.append(trainer.global_step)
 
 
 pl.seed_everything(0, verbose=False)
@@ -147,5 +150,5 @@ with open(a.out, "w") as f:
                 "top": sorted(os.path.basename(k) for k in kept.best_k_models),
                 "rows": [open(f).read().splitlines() if os.path.isfile(f) else []
                          for f in (os.path.join(root, v, "metrics.csv") for v in versions)]}
-    json.dump({"sha256": digest.hexdigest(), "global_step": trainer.global_step, "first_step": first.first,
+    json.dump({"sha256": digest.hexdigest(), "global_step": trainer.global_step, "first_step": (FIRST or [None])[0],
                "pid": os.getpid(), "logs": logs}, f)

@@ -26,9 +26,16 @@ def own(callbacks: list, keeps_its_own: Callable) -> dict:
     return {f"{i}:{type(cb).__qualname__}": cb for i, cb in enumerate(mine)}
 
 
+def remember(callbacks: dict) -> None:
+    """As the Trainer starts: what each callback holds, which capture() carries the changes of."""
+    for cb in callbacks.values():
+        plain_values.remember(cb)
+
+
 def capture(callbacks: dict) -> dict:
-    """{callback: {attribute: value}} of the attributes that hold plain data."""
-    return {key: plain_values.attributes(cb) for key, cb in callbacks.items()}
+    """{callback: {attribute: value}} of the attributes that hold plain data and changed since the Trainer started
+    (gmux.job.plain_values: a callback carried whole or not at all)."""
+    return {key: plain_values.changed(cb) for key, cb in callbacks.items()}
 
 
 def check(callbacks: dict, saved, path: str) -> Optional[dict]:

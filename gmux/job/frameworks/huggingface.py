@@ -85,6 +85,7 @@ def patch(module) -> None:
         if job is None:
             return original(self, resume_from_checkpoint, *args, **kwargs)
         callback = Callback(self, job)
+        callback_attributes.remember(_own_callbacks(self))     # (before any hook: a move carries what they change)
         self.add_callback(callback)
         callback.after_step_work = _after_step_work(self, callback)
         frameworks.started()

@@ -84,6 +84,7 @@ def patch(module) -> None:
         if job is None or _active is not None:
             return original(self, *args, **kwargs)
         callback = Callback(self, job)
+        callback_attributes.remember(_own_callbacks(self))     # (before any hook: a move carries what they change)
         frameworks.started()
         path = frameworks.take_restore()
         with warnings.catch_warnings():
