@@ -876,3 +876,19 @@ def test_module_attributes_are_carried_only_where_they_changed_and_only_with_all
     other = Rotary()
     gj.attach(other).restore(path)
     assert (other.device_name, other.cached_len, other.cache.shape) == ("cuda:1", 4, (4,))
+
+
+def test_looking_at_a_subclass_of_a_library_module_draws_no_random_numbers():
+    """Which attributes a library base sets is learnt by building it once per class: nn.Transformer() drew its 44M
+    initial weights from the generator, at the first checkpoint of each process, so a move's new process drew
+    what the unmoved run did not and went on another way."""
+    class Translator(nn.Transformer):
+        def __init__(self):
+            super().__init__(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=8)
+            self.calls = 3
+
+    model = Translator()
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    assert gmux_module_attributes.capture(model) == {"": {"calls": 3}}    # (its base's d_model, nhead: not ours)
+    assert torch.equal(torch.get_rng_state(), before)

@@ -12,6 +12,7 @@ set for themselves (a LightningModule's trainer, its current hook).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Iterator
 
 import torch
@@ -34,12 +35,26 @@ def _own(module: nn.Module):
             keys = set(vars(nn.Module()))
             for base in cls.__mro__[1:]:
                 if base.__module__.startswith(LIBRARIES) and base is not nn.Module and issubclass(base, nn.Module):
-                    try:
-                        keys |= set(vars(base()))     # (a base that needs arguments: its keys are not known)
-                    except Exception:
-                        pass
+                    keys |= _built_keys(base)
             _library_keys[cls] = frozenset(keys)
     return _library_keys[cls]
+
+
+def _built_keys(base) -> set:
+    """The attribute names a library base class's constructor sets (none known: one that needs arguments). Built
+    on the meta device, the random streams put back after: nn.Transformer() is 44M parameters drawn from the
+    generator, and a move's new process, building it again at its first checkpoint, drew what the unmoved run
+    (its classes looked at already) did not, and went on another way."""
+    from .state import capture_rng, restore_rng
+    rng = capture_rng()
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return set(vars(base()))
+    except Exception:
+        return set()
+    finally:
+        restore_rng(rng)
 
 
 def _modules(module: nn.Module) -> Iterator[tuple[str, nn.Module, frozenset]]:
