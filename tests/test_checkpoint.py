@@ -892,3 +892,23 @@ def test_looking_at_a_subclass_of_a_library_module_draws_no_random_numbers():
     before = torch.get_rng_state()
     assert gmux_module_attributes.capture(model) == {"": {"calls": 3}}    # (its base's d_model, nhead: not ours)
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_an_attribute_holding_tensors_a_checkpoint_cannot_hold_is_left_to_the_new_process(tmp):
+    """A list of uint16 token ids or of nested tensors among a module's attributes failed every checkpoint of the
+    job (tensors of dtype torch.uint16 are not supported), which had checkpointed before attributes were kept."""
+    class Tokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 2)
+            self.ids, self.ragged, self.calls = [], [], 0
+
+    model = Tokens()
+    model.ids.append(torch.zeros(4, dtype=torch.uint16))
+    model.ragged.append(torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]))
+    model.calls = 5
+    path = os.path.join(tmp, "job.ckpt")
+    gj.attach(model).checkpoint(path)
+    other = Tokens()
+    gj.attach(other).restore(path)
+    assert other.calls == 5 and other.ids == [] and other.ragged == []

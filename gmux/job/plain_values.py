@@ -18,7 +18,7 @@ import weakref
 
 import torch
 
-from .checkpoint import TensorRef
+from .checkpoint import DTYPES, TensorRef
 
 MAX_ITEMS = 4096        # values in one attribute, nested ones counted
 MAX_TEXT = 4096         # characters in one string
@@ -116,7 +116,9 @@ def _plain(value, budget: list, depth: int, tensors: bool) -> bool:
     if type(value) is str:
         return len(value) <= MAX_TEXT
     if tensors and depth > 0 and type(value) is torch.Tensor:
-        return value.layout == torch.strided and not value.is_meta
+        # (one a checkpoint cannot hold, a uint16 or a nested tensor, failed every checkpoint of the job)
+        return value.layout == torch.strided and not (value.is_meta or value.is_nested) and \
+            str(value.dtype).removeprefix("torch.") in DTYPES
     if tensors and depth > 0 and type(value) is TensorRef:       # (a checkpoint's, before its data is read)
         return True
     if type(value) in (list, tuple):
