@@ -912,3 +912,29 @@ def test_an_attribute_holding_tensors_a_checkpoint_cannot_hold_is_left_to_the_ne
     other = Tokens()
     gj.attach(other).restore(path)
     assert other.calls == 5 and other.ids == [] and other.ragged == []
+
+
+def test_an_attribute_holding_a_buffer_of_the_module_still_holds_it_after_a_restore(tmp):
+    """`self.stats = [self.running]`: the list was filled with a copy of the buffer read from the checkpoint, and
+    the module went on reading a value that the buffer's updates no longer reached."""
+    class Running(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 2)
+            self.register_buffer("running", torch.zeros(2))
+            self.stats, self.calls = [self.running], 0
+
+        def forward(self, x):
+            self.calls += 1
+            self.running.add_(x.detach().mean(0))
+            return self.linear(x) * self.stats[0]
+
+    x = torch.randn(4, 2)
+    model = Running()
+    model(x)
+    path = os.path.join(tmp, "job.ckpt")
+    gj.attach(model).checkpoint(path)
+    other = Running()
+    gj.attach(other).restore(path)
+    assert other.stats[0] is other.running and other.calls == 1
+    assert_identical(model(x), other(x), "output")

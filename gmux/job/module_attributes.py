@@ -72,12 +72,24 @@ def remember(module: nn.Module) -> None:
 
 def capture(module: nn.Module) -> dict:
     """{submodule's dotted name: {attribute: value}} of what changed since attach, the modules with any only."""
+    # An attribute holding a parameter or buffer (or a view of one: `self.masks = [self.mask]`) is the module's
+    # structure, which the new process builds alike and state_dict() refills; a copy put there instead no longer
+    # saw the buffer's updates.
+    held = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers()) if t.numel()}
     out = {}
     for name, m, keys in _modules(module):
-        kept = plain_values.changed(m, keys, tensors=True)
+        kept = {k: v for k, v in plain_values.changed(m, keys, tensors=True).items() if not _holds(v, held)}
         if kept:
             out[name] = kept
     return out
+
+
+def _holds(value, held: set) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.numel() > 0 and value.untyped_storage().data_ptr() in held
+    if type(value) in (list, tuple):
+        return any(_holds(v, held) for v in value)
+    return type(value) is dict and any(_holds(v, held) for v in value.values())
 
 
 def check(fit, saved, modules: list) -> None:
