@@ -938,3 +938,41 @@ def test_an_attribute_holding_a_buffer_of_the_module_still_holds_it_after_a_rest
     gj.attach(other).restore(path)
     assert other.stats[0] is other.running and other.calls == 1
     assert_identical(model(x), other(x), "output")
+
+
+class _Collecting(nn.Module):
+    """Keeps its steps' predictions on the host for a NumPy metric at the epoch's end, and a count."""
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(2, 2)
+        self.preds, self.calls = [], 0
+
+
+def test_tensors_the_script_kept_on_the_host_stay_there_after_a_restore():
+    """`self.preds.append(p.cpu())`: a restore moved them to the module's device, and the epoch's end mixed them
+    with the host ones appended after it (torch.cat across devices, .numpy() of a CUDA tensor raised)."""
+    model = _Collecting()
+    model.preds.append(torch.ones(2))
+    model.calls = 1
+    saved = gmux_module_attributes.capture(model)
+    with torch.device("meta"):          # (a module on another device than the host)
+        other = _Collecting()
+    gmux_module_attributes.apply(other, saved)
+    assert other.preds[0].device.type == "cpu" and other.calls == 1
+
+
+def test_a_crafted_list_of_host_attributes_is_refused_and_nothing_changes(tmp):
+    model = _Collecting()
+    model.preds.append(torch.ones(2))
+    model.calls = 1
+    path = os.path.join(tmp, "job.ckpt")
+    gj.attach(model).checkpoint(path)
+    saved = ckpt.load(path)
+    for host, problem in ((["nope"], r"\['nope'\]"), ("preds", r"'preds'"), ([3], r"\[3\]")):
+        forged = os.path.join(tmp, "forged.ckpt")
+        ckpt.save({**saved, "attributes": [{"": {**saved["attributes"][0][""], "__gmux_host__": host}}]}, forged)
+        other = _Collecting()
+        with pytest.raises(gj.CheckpointError, match=r"module 0 attributes of 'the module': '__gmux_host__' is "
+                                                     + problem + ", not names of its attributes"):
+            gj.attach(other).restore(forged)
+        assert other.preds == [] and other.calls == 0

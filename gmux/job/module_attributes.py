@@ -79,9 +79,22 @@ def capture(module: nn.Module) -> dict:
     out = {}
     for name, m, keys in _modules(module):
         kept = {k: v for k, v in plain_values.changed(m, keys, tensors=True).items() if not _holds(v, held)}
+        # (which of them the script keeps on the host, `preds.cpu()` for a NumPy metric at the epoch's end: a
+        # restore that put them on the module's GPU mixed devices with the ones appended after it)
+        host = [k for k, v in kept.items() if _on_host(v)]
         if kept:
-            out[name] = kept
+            out[name] = {**kept, HOST: host} if host else kept
     return out
+
+
+HOST = "__gmux_host__"
+
+
+def _on_host(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.device.type == "cpu"
+    values = value.values() if type(value) is dict else value if type(value) in (list, tuple) else ()
+    return any(_on_host(v) for v in values)
 
 
 def _holds(value, held: set) -> bool:
@@ -103,20 +116,27 @@ def check(fit, saved, modules: list) -> None:
         for name, values in entries.items():
             if name not in live:
                 fit.fail(f"module {i} attributes: {str(name)[:60]!r} is no module of the script's own in the job")
-            why = plain_values.fits(live[name], values, tensors=True)
+            host = values.get(HOST, []) if isinstance(values, dict) else []
+            why = plain_values.fits(live[name], {k: v for k, v in values.items() if k != HOST}
+                                    if isinstance(values, dict) else values, tensors=True)
+            if why is None and not (type(host) is list and all(type(k) is str and k in values for k in host)):
+                why = f"{HOST!r} is {host!r:.40}, not names of its attributes"
             if why is not None:
                 fit.fail(f"module {i} attributes of {str(name)[:60] or 'the module'!r}: {why}")
 
 
 def apply(module: nn.Module, saved: dict) -> None:
-    """Only for what check() passed. Tensors go to the module's device; a list or dict the module holds is filled
-    in place (the script may hold it too)."""
+    """Only for what check() passed. Tensors go to the module's device (those the script kept on the host stay
+    there); a list or dict the module holds is filled in place (the script may hold it too)."""
     live = dict(module.named_modules())
     device = next((t.device for t in (*module.parameters(), *module.buffers())), None)
     for name, values in saved.items():
         m = live[name]
+        host = values.get(HOST, ())
         for attribute, value in values.items():
-            value = _to(value, device)
+            if attribute == HOST:
+                continue
+            value = _to(value, None if attribute in host else device)
             now = vars(m).get(attribute)
             if type(now) is list and type(value) is list:
                 now[:] = value
