@@ -75,13 +75,19 @@ def capture(module: nn.Module) -> dict:
     # An attribute holding a parameter or buffer (or a view of one: `self.masks = [self.mask]`) is the module's
     # structure, which the new process builds alike and state_dict() refills; a copy put there instead no longer
     # saw the buffer's updates.
-    held = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers()) if t.numel()}
+    held = None         # (looked up once an attribute holds a tensor: most hold none, and 2000 blocks' are slow)
     out = {}
     for name, m, keys in _modules(module):
-        kept = {k: v for k, v in plain_values.changed(m, keys, tensors=True).items() if not _holds(v, held)}
+        kept = plain_values.changed(m, keys, tensors=True)
+        tensors = {k: found for k, v in kept.items() if (found := _tensors(v))}
+        if tensors:
+            held = held if held is not None else \
+                {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers()) if t.numel()}
+            kept = {k: v for k, v in kept.items() if not any(t.numel() and t.untyped_storage().data_ptr() in held
+                                                             for t in tensors.get(k, ()))}
         # (which of them the script keeps on the host, `preds.cpu()` for a NumPy metric at the epoch's end: a
         # restore that put them on the module's GPU mixed devices with the ones appended after it)
-        host = [k for k, v in kept.items() if _on_host(v)]
+        host = [k for k in kept if any(t.device.type == "cpu" for t in tensors.get(k, ()))]
         if kept:
             out[name] = {**kept, HOST: host} if host else kept
     return out
@@ -90,19 +96,19 @@ def capture(module: nn.Module) -> dict:
 HOST = "__gmux_host__"
 
 
-def _on_host(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.device.type == "cpu"
-    values = value.values() if type(value) is dict else value if type(value) in (list, tuple) else ()
-    return any(_on_host(v) for v in values)
+def _tensors(value, out=None) -> list:
+    """The tensors in a plain value (plain_values: exactly torch.Tensor, in lists, tuples and dicts)."""
+    out = [] if out is None else out
+    if type(value) is torch.Tensor:
+        out.append(value)
+    elif type(value) in (list, tuple, dict):
+        for v in value.values() if type(value) is dict else value:
+            if type(v) not in _SCALARS:
+                _tensors(v, out)
+    return out
 
 
-def _holds(value, held: set) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.numel() > 0 and value.untyped_storage().data_ptr() in held
-    if type(value) in (list, tuple):
-        return any(_holds(v, held) for v in value)
-    return type(value) is dict and any(_holds(v, held) for v in value.values())
+_SCALARS = (type(None), bool, int, float, str)
 
 
 def check(fit, saved, modules: list) -> None:
