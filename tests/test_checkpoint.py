@@ -983,3 +983,16 @@ def test_a_crafted_list_of_host_attributes_is_refused_and_nothing_changes(tmp):
                                                      + problem + ", not names of its attributes"):
             gj.attach(other).restore(forged)
         assert other.preds == [] and other.calls == 0
+
+
+def test_an_epoch_of_many_steps_outputs_is_carried(tmp):
+    """The bound on an attribute's items was 4,096: a LightningModule's list of (loss, accuracy) over a longer
+    epoch was silently left out, and the moved run's epoch average counted the steps after the move only."""
+    model = _Collecting()
+    job = gj.attach(model)
+    model.preds.extend((torch.tensor(float(i)), torch.tensor(i % 3)) for i in range(10_000))
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    other = _Collecting()
+    gj.attach(other).restore(path)
+    assert len(other.preds) == 10_000 and other.preds[-1][0].item() == 9999.0

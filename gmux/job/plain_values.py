@@ -20,7 +20,8 @@ import torch
 
 from .checkpoint import DTYPES, TensorRef
 
-MAX_ITEMS = 4096        # values in one attribute, nested ones counted
+# values in one attribute, nested ones counted: an epoch of 100,000 steps appending (loss, accuracy) to a list
+MAX_ITEMS = 1 << 18
 MAX_TEXT = 4096         # characters in one string
 MAX_DEPTH = 4
 
@@ -71,7 +72,7 @@ def fits(obj, values, tensors: bool = False) -> str | None:
 def may_take(obj, name: str, value) -> bool:
     """Whether the new object's attribute may take `value`: one it does not have yet (not a method or a special
     name), one holding None or what is not plain data (the moved process held `value` there), or one of its kind (a
-    number for a number, bool apart; a list or tuple for either)."""
+    number, a bool among them, for a number; a list or tuple for either)."""
     now = vars(obj).get(name, _NEW)
     if now is _NEW:
         return not name.startswith("__") and not callable(getattr(type(obj), name, None))
@@ -104,7 +105,8 @@ def _look(value, budget: list | None = None):
 
 
 def _kind(v):
-    return bool if type(v) is bool else "number" if type(v) in (int, float) else list if type(v) is tuple else type(v)
+    # (a flag that becomes a count, `warm = False` then `warm = 3`: both numbers)
+    return "number" if type(v) in (bool, int, float) else list if type(v) is tuple else type(v)
 
 
 def _plain(value, budget: list, depth: int, tensors: bool) -> bool:

@@ -321,7 +321,7 @@ def test_callback_attributes_are_checked_against_what_the_new_callback_holds():
     saved = {key: {"seen": 3, "order": [1, 2], "best": 0.5, "made_later": {"k": [1.5]}} for key in callbacks}
     callback_attributes.put_back(callbacks, callback_attributes.check(callbacks, saved, "c.ckpt"))
     assert (cb.seen, cb.order, cb.best, cb.made_later) == (3, [1, 2], 0.5, {"k": [1.5]})
-    for bad in ({"act": 1}, {"__class__": None}, {"name": 3}, {"seen": True}, {"name": "x" * 5000},
+    for bad in ({"act": 1}, {"__class__": None}, {"name": 3}, {"seen": "3"}, {"name": "x" * 5000},
                 {"order": [[[[[[1]]]]]]}):
         with pytest.raises(CheckpointError, match="c.ckpt: state 'callback_attributes' of the script's callback Own"):
             callback_attributes.check(callbacks, {key: {"seen": 9, **bad} for key in callbacks}, "c.ckpt")
