@@ -99,6 +99,30 @@ def test_a_moved_fit_steps_its_plateau_scheduler_at_the_end_of_the_epoch_it_was_
     assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))
 
 
+def _plateau(module, monitor: str) -> dict:
+    """configure_optimizers: SGD whose LR halves once `monitor` stops falling by 0.05."""
+    opt = torch.optim.SGD(module.parameters(), lr=0.05)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=0.05)
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": monitor}}
+
+
+def _moved_alike(monkeypatch, ckpt: str, Module) -> None:
+    """Fits `Module` unmoved (checkpointed in epoch 2) and again restored from that checkpoint: the weights are the
+    unmoved run's, and so is what the module noted in `seen` at each validation (the list is carried; the moved
+    process's first validation finds no training epoch in callback_metrics, which Lightning's resume leaves out)."""
+    def run(restore=None):
+        module = Module()
+        module.seen = []
+        _fit(monkeypatch, module, ckpt, restore, check_val_every_n_epoch=1)
+        return module.seen, [p.detach().clone() for p in module.parameters()]
+
+    seen, weights = run()
+    assert os.path.exists(ckpt) and len(seen) == 3, seen      # (epochs 1-3: after epoch 0 the next starts)
+    moved_seen, moved_weights = run(restore=ckpt)
+    assert moved_seen == seen[:1] + seen[-1:], (seen, moved_seen)
+    assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))
+
+
 def test_a_moved_fits_epoch_metrics_count_the_batches_before_the_move(monkeypatch, tmp_path):
     """self.log(..., on_epoch=True) sums over the epoch in Lightning's result collection, which its checkpoint
     leaves out: a run moved mid-epoch logged train_loss_epoch over the batches after the move only, and a
@@ -125,23 +149,9 @@ def test_a_moved_fits_epoch_metrics_count_the_batches_before_the_move(monkeypatc
             pass
 
         def configure_optimizers(self):
-            opt = torch.optim.SGD(self.parameters(), lr=0.05)
-            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=0.05)
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "train_loss_epoch"}}
+            return _plateau(self, "train_loss_epoch")
 
-    def run(restore=None):
-        module = Module()
-        module.seen = []
-        _fit(monkeypatch, module, ckpt, restore, check_val_every_n_epoch=1)
-        return module.seen, [p.detach().clone() for p in module.parameters()]
-
-    seen, weights = run()
-    assert os.path.exists(ckpt) and len(seen) == 3, seen      # (epochs 1-3: after epoch 0 the next starts)
-    moved_seen, moved_weights = run(restore=ckpt)
-    # (`seen`, a list the module keeps, is carried with the epochs before the move; the moved process's first
-    # validation finds no training epoch in callback_metrics, which Lightning's resume leaves out)
-    assert moved_seen == seen[:1] + seen[-1:], (seen, moved_seen)
-    assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))
+    _moved_alike(monkeypatch, ckpt, Module)
 
 
 def test_a_moved_fits_torchmetrics_count_the_batches_before_the_move(monkeypatch, tmp_path):
@@ -172,21 +182,9 @@ def test_a_moved_fits_torchmetrics_count_the_batches_before_the_move(monkeypatch
             pass
 
         def configure_optimizers(self):
-            opt = torch.optim.SGD(self.parameters(), lr=0.05)
-            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=0.05)
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "train_mae"}}
+            return _plateau(self, "train_mae")
 
-    def run(restore=None):
-        module = Module()
-        module.seen = []
-        _fit(monkeypatch, module, ckpt, restore, check_val_every_n_epoch=1)
-        return module.seen, [p.detach().clone() for p in module.parameters()]
-
-    seen, weights = run()
-    assert os.path.exists(ckpt) and len(seen) == 3, seen
-    moved_seen, moved_weights = run(restore=ckpt)
-    assert moved_seen == seen[:1] + seen[-1:], (seen, moved_seen)      # (as above)
-    assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))
+    _moved_alike(monkeypatch, ckpt, Module)
 
 
 def test_a_moved_fits_own_callbacks_keep_what_they_counted(monkeypatch, tmp_path):
@@ -259,9 +257,7 @@ def test_a_moved_fits_step_outputs_kept_for_the_epochs_end_count_the_steps_befor
             self.training_step_outputs.clear()
 
         def configure_optimizers(self):
-            opt = torch.optim.SGD(self.parameters(), lr=0.05)
-            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=0.05)
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "epoch_average"}}
+            return _plateau(self, "epoch_average")
 
     def run(restore=None):
         module = Module()

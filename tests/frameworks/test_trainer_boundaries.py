@@ -189,45 +189,62 @@ def test_a_scheduler_given_to_the_trainer_that_is_not_torchs_is_the_jobs(monkeyp
     assert held and all(names == ["OwnCosine"] for names in held), held
 
 
+def _patched_train(monkeypatch, tmp_path) -> str:
+    """Trainer.train patched as gmux-launch patches it, undone after the test; the path for the checkpoint."""
+    import transformers.trainer
+    from transformers import Trainer
+    from gmux.job.frameworks import huggingface
+    monkeypatch.setattr(Trainer, "train", Trainer.train)
+    monkeypatch.setattr(Trainer, "_gmux_patched", False, raising=False)
+    huggingface.patch(transformers.trainer)
+    return str(tmp_path / "moved.ckpt")
+
+
+def _moved_or_not(monkeypatch, tmp_path, ckpt: str, restore, callback, at_boundary, **arguments):
+    """Trains a Regressor (40 steps at most) with `callback`; unrestored, a checkpoint is taken at the first
+    boundary `at_boundary(trainer)` is true at (what a move carries), and the run goes on as if unmoved. Returns
+    the trainer."""
+    from transformers import Trainer, TrainingArguments
+    monkeypatch.setattr(frameworks, "_runs", 0)
+    job = Job(TrackedState(), device="cpu")
+    monkeypatch.setattr(frameworks, "_job", job)
+    monkeypatch.setattr(frameworks, "_restore", restore)
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    data = [{"x": x[i], "labels": x[i].sum()} for i in range(64)]
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, report_to="none",
+                             use_cpu=True, disable_tqdm=True, max_steps=40, seed=0, save_strategy="no", **arguments)
+    trainer = Trainer(model=Regressor(), args=args, train_dataset=data, eval_dataset=data[:16],
+                      data_collator=lambda items: {k: torch.stack([torch.as_tensor(it[k]) for it in items])
+                                                   for k in items[0]}, callbacks=[callback])
+
+    def boundary():
+        if restore is None and at_boundary(trainer) and not os.path.exists(ckpt):
+            job._discover(job)          # (as before any command)
+            job.checkpoint(ckpt)
+    monkeypatch.setattr(job, "boundary", boundary)
+    trainer.train()
+    return trainer
+
+
 def test_a_moved_run_keeps_its_stateful_callbacks_state_early_stopping_stops_where_unmoved(monkeypatch, tmp_path):
     """EarlyStoppingCallback's patience counter is in TrainerState's stateful callbacks, which the Trainer's resume
     puts back only under restore_callback_states_from_checkpoint (False by default). Before: a run moved while
     the counter was above 0 counted its patience from 0 again, and trained on past the step the unmoved run
     stopped at (a silent divergence). Now the moved process's callback continues the count, and stops where the
     unmoved one does, with the same weights."""
-    import transformers.trainer
-    from transformers import EarlyStoppingCallback, Trainer, TrainingArguments
-    from gmux.job.frameworks import huggingface
-    monkeypatch.setattr(Trainer, "train", Trainer.train)
-    monkeypatch.setattr(Trainer, "_gmux_patched", False, raising=False)
-    huggingface.patch(transformers.trainer)
-    ckpt = str(tmp_path / "moved.ckpt")
+    from transformers import EarlyStoppingCallback
+    ckpt = _patched_train(monkeypatch, tmp_path)
 
     def run(restore=None):
-        monkeypatch.setattr(frameworks, "_runs", 0)
-        job = Job(TrackedState(), device="cpu")
-        monkeypatch.setattr(frameworks, "_job", job)
-        monkeypatch.setattr(frameworks, "_restore", restore)
-        torch.manual_seed(0)
-        x = torch.randn(64, 4)
-        data = [{"x": x[i], "labels": x[i].sum()} for i in range(64)]
-        stopper = EarlyStoppingCallback(early_stopping_patience=3)
-        args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, report_to="none",
-                                 use_cpu=True, disable_tqdm=True, max_steps=40, learning_rate=0.3, seed=0,
-                                 eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=16,
-                                 metric_for_best_model="eval_loss", save_strategy="no")
-        trainer = Trainer(model=Regressor(), args=args, train_dataset=data, eval_dataset=data[:16],
-                          data_collator=lambda items: {k: torch.stack([torch.as_tensor(it[k]) for it in items])
-                                                       for k in items[0]}, callbacks=[stopper])
-        counted = []
+        stopper, counted = EarlyStoppingCallback(early_stopping_patience=3), []
 
-        def boundary():
+        def at_boundary(trainer):
             counted.append(stopper.early_stopping_patience_counter)
-            if restore is None and stopper.early_stopping_patience_counter == 2 and not os.path.exists(ckpt):
-                job._discover(job)          # (as before any command)
-                job.checkpoint(ckpt)        # what a move carries; the run goes on as if unmoved
-        monkeypatch.setattr(job, "boundary", boundary)
-        trainer.train()
+            return stopper.early_stopping_patience_counter == 2
+        trainer = _moved_or_not(monkeypatch, tmp_path, ckpt, restore, stopper, at_boundary, learning_rate=0.3,
+                                eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=16,
+                                metric_for_best_model="eval_loss")
         return trainer.state.global_step, [p.detach().clone() for p in trainer.model.parameters()], counted
 
     step, weights, counted = run()
@@ -243,14 +260,10 @@ def test_a_moved_run_keeps_what_the_scripts_own_callbacks_counted(monkeypatch, t
     reset at the run's start) was built anew by the moved process and counted from 0 again: the moved run trained
     6 steps past where the unmoved one stopped. Its plain attributes are carried now, put back after the new
     process's on_train_begin and on_epoch_begin, and a crafted value is refused before the run starts."""
-    import transformers.trainer
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import TrainerCallback
     from gmux.job.checkpoint import CheckpointError
     from gmux.job.frameworks import huggingface
-    monkeypatch.setattr(Trainer, "train", Trainer.train)
-    monkeypatch.setattr(Trainer, "_gmux_patched", False, raising=False)
-    huggingface.patch(transformers.trainer)
-    ckpt = str(tmp_path / "moved.ckpt")
+    ckpt = _patched_train(monkeypatch, tmp_path)
 
     class StopAfter(TrainerCallback):
         def __init__(self, steps):
@@ -265,27 +278,9 @@ def test_a_moved_run_keeps_what_the_scripts_own_callbacks_counted(monkeypatch, t
             control.should_training_stop = self.seen >= self.steps
 
     def run(restore=None):
-        monkeypatch.setattr(frameworks, "_runs", 0)
-        job = Job(TrackedState(), device="cpu")
-        monkeypatch.setattr(frameworks, "_job", job)
-        monkeypatch.setattr(frameworks, "_restore", restore)
-        torch.manual_seed(0)
-        x = torch.randn(64, 4)
-        data = [{"x": x[i], "labels": x[i].sum()} for i in range(64)]
         stop = StopAfter(12)
-        args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, report_to="none",
-                                 use_cpu=True, disable_tqdm=True, max_steps=40, learning_rate=0.1, seed=0,
-                                 save_strategy="no")
-        trainer = Trainer(model=Regressor(), args=args, train_dataset=data,
-                          data_collator=lambda items: {k: torch.stack([torch.as_tensor(it[k]) for it in items])
-                                                       for k in items[0]}, callbacks=[stop])
-
-        def boundary():
-            if restore is None and trainer.state.global_step == 6 and not os.path.exists(ckpt):
-                job._discover(job)          # (as before any command)
-                job.checkpoint(ckpt)        # what a move carries; the run goes on as if unmoved
-        monkeypatch.setattr(job, "boundary", boundary)
-        trainer.train()
+        trainer = _moved_or_not(monkeypatch, tmp_path, ckpt, restore, stop, lambda t: t.state.global_step == 6,
+                                learning_rate=0.1)
         return trainer.state.global_step, [p.detach().clone() for p in trainer.model.parameters()], stop
 
     step, weights, stop = run()
