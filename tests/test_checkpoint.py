@@ -996,3 +996,17 @@ def test_an_epoch_of_many_steps_outputs_is_carried(tmp):
     other = _Collecting()
     gj.attach(other).restore(path)
     assert len(other.preds) == 10_000 and other.preds[-1][0].item() == 9999.0
+
+
+def test_restored_attribute_tensors_go_to_their_own_submodules_device():
+    """A model split over devices: every restored tensor went to the device of the whole model's first parameter."""
+    class Split(nn.Module):
+        def __init__(self):
+            super().__init__()
+            with torch.device("meta"):      # (another device than the host's)
+                self.first = _Collecting()
+            self.second = _Collecting()
+
+    other = Split()
+    gmux_module_attributes.apply(other, {"second": {"preds": [torch.ones(2)]}})     # (a GPU's, in a checkpoint)
+    assert other.second.preds[0].device.type == "cpu"

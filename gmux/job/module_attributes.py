@@ -132,12 +132,13 @@ def check(fit, saved, modules: list) -> None:
 
 
 def apply(module: nn.Module, saved: dict) -> None:
-    """Only for what check() passed. Tensors go to the module's device (those the script kept on the host stay
+    """Only for what check() passed. Tensors go to the submodule's device (those the script kept on the host stay
     there); a list or dict the module holds is filled in place (the script may hold it too)."""
     live = dict(module.named_modules())
-    device = next((t.device for t in (*module.parameters(), *module.buffers())), None)
+    default = _device(module)
     for name, values in saved.items():
         m = live[name]
+        device = _device(m) or default      # (the submodule's own: a model split over GPUs)
         host = values.get(HOST, ())
         for attribute, value in values.items():
             if attribute == HOST:
@@ -151,6 +152,10 @@ def apply(module: nn.Module, saved: dict) -> None:
                 now.update(value)
             else:
                 setattr(m, attribute, value)
+
+
+def _device(m: nn.Module):
+    return next((t.device for t in (*m.parameters(), *m.buffers())), None)
 
 
 def _to(value, device):
