@@ -1010,3 +1010,34 @@ def test_restored_attribute_tensors_go_to_their_own_submodules_device():
     other = Split()
     gmux_module_attributes.apply(other, {"second": {"preds": [torch.ones(2)]}})     # (a GPU's, in a checkpoint)
     assert other.second.preds[0].device.type == "cpu"
+
+
+def test_a_module_of_the_scripts_own_that_torch_parametrized_is_still_its_own(tmp):
+    """torch.nn.utils.parametrize swaps the module's class for one of torch's making over the script's class: its
+    attributes were taken for a library's and silently left out."""
+    from torch.nn.utils import parametrize
+
+    class Unit(nn.Module):
+        def forward(self, w):
+            return w / w.norm()
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(3))
+            self.calls = 0
+
+    def build():
+        model = Scaled()
+        parametrize.register_parametrization(model, "weight", Unit())
+        return model
+
+    model = build()
+    assert type(model).__module__.startswith("torch.")
+    job = gj.attach(model)
+    model.calls = 3
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    other = build()
+    gj.attach(other).restore(path)
+    assert other.calls == 3

@@ -29,12 +29,14 @@ def _own(module: nn.Module):
     """The attribute names the module's library bases set, or None for a class of a library's own."""
     cls = type(module)
     if cls not in _library_keys:
-        if cls.__module__.startswith(LIBRARIES) or metric_states.is_metric(module):   # (metric_states': their own)
-            _library_keys[cls] = None
+        # (a class torch makes over the script's own, parametrize's or FSDP2's, is the script's too)
+        modules = [c for c in cls.__mro__ if issubclass(c, nn.Module) and c is not nn.Module]
+        if all(c.__module__.startswith(LIBRARIES) for c in modules) or metric_states.is_metric(module):
+            _library_keys[cls] = None       # (metric_states' are carried by their declared states)
         else:
             keys = set(vars(nn.Module()))
-            for base in cls.__mro__[1:]:
-                if base.__module__.startswith(LIBRARIES) and base is not nn.Module and issubclass(base, nn.Module):
+            for base in modules[1:]:
+                if base.__module__.startswith(LIBRARIES):
                     keys |= _built_keys(base)
             _library_keys[cls] = frozenset(keys)
     return _library_keys[cls]
