@@ -13,6 +13,7 @@ One outside every attached module (built beside the model rather than in it) is 
 """
 from __future__ import annotations
 
+import sys
 from typing import Iterator, Optional
 
 import torch
@@ -33,6 +34,8 @@ def is_metric(module: nn.Module) -> bool:
 
 def metrics(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """The Metrics in `module` (itself included), by their dotted names."""
+    if "torchmetrics" not in sys.modules:
+        return      # (none can exist: every suspend and report of a job that does not use it walks no modules)
     for name, sub in module.named_modules():
         if is_metric(sub) and isinstance(getattr(sub, "_defaults", None), dict):
             yield name, sub
@@ -61,6 +64,8 @@ def problem(job) -> Optional[str]:
     """Why a new process would not take the counts of the job's Metrics (None: it would): a MetricTracker holds a
     copy of its metric for each increment() so far, which the new process makes as the script's loop goes on from
     the move, not before it (the restore found other Metrics and was refused there, the move lost)."""
+    if "torchmetrics" not in sys.modules:
+        return None
     for i, top in enumerate(job.tracked.modules):
         for name, m in top.named_modules():
             if type(m).__name__ == "MetricTracker" and type(m).__module__.startswith("torchmetrics.") and \
@@ -104,8 +109,9 @@ def _check_module(fit, saved, module: nn.Module, where: str, mismatch: type) -> 
         for name in names:
             now, value = getattr(m, name), entry["states"][name]
             if name not in m._defaults:       # (assigned, not copied into: one compute() may change its dtype)
-                if fit.row(value, f"{at} '{name}'").shape != tuple(now.shape):
-                    fail(f"{at} '{name}': shape {fit.row(value, at).shape}, the job has {tuple(now.shape)}")
+                shape = fit.row(value, f"{at} '{name}'").shape
+                if shape != tuple(now.shape):
+                    fail(f"{at} '{name}': shape {shape}, the job has {tuple(now.shape)}")
             elif isinstance(now, torch.Tensor):
                 fit.tensor(value, str(now.dtype).removeprefix("torch."), tuple(now.shape), f"{at} state '{name}'")
             elif not (isinstance(now, list) and isinstance(value, list)):
