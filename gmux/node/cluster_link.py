@@ -108,8 +108,8 @@ class ClusterLink:
         self.locals: dict[str, list] = {}      # cjob -> each rank's job id on this gmuxd, latest report
         self.broken: set[str] = set()          # gangs with a rank ended badly, whose other ranks were killed
         self.clock = CheckpointClock()         # periodic checkpoints to the scheduler
-        # One gang-wide request at a time per job: ranks that got a checkpoint and a suspend in different orders
-        # would each hold a different command first and never agree.
+        # One gang-wide request at a time per job: a move makes the ranks' snapshot paths its streams' pipes, and
+        # a periodic checkpoint's files must be renamed away from them first (_checkpoint).
         self.gang_locks: dict[str, threading.Lock] = {}
         self.bad_actions, self.stopping = 0, False
         self._last_report = self._last_look = 0.0
