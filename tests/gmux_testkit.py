@@ -86,6 +86,21 @@ def run_py(*args, timeout=180, check=True):
     return done
 
 
+def run_ranks(script: str, world: int, tmp_path, args_of, timeout: float = 60) -> tuple[list, str]:
+    """The ranks of a gang, `python SCRIPT *args_of(rank)` each, run to their end: (exit codes, None for one still
+    running at `timeout`, then killed; every rank's output, for an assertion's message)."""
+    ranks = [start_py(script, *args_of(r), log=str(tmp_path / f"r{r}")) for r in range(world)]
+    try:
+        codes = [p.wait(timeout=timeout) for p in ranks]
+    except subprocess.TimeoutExpired:
+        codes = [p.poll() for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+    return codes, "\n".join(f"rank {r}:\n" + (tmp_path / f"r{r}").read_text() for r in range(world))
+
+
 def assert_identical(a, b, where="state"):
     """Bit-for-bit equality of nested tensors, numbers and containers, naming the first difference."""
     if isinstance(a, torch.Tensor):

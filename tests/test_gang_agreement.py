@@ -3,26 +3,16 @@ refused a peer's checkpoint, or its requester gave up): held first-come first-se
 before every later one on its rank, and the gang was never suspended or checkpointed again."""
 import json
 import os
-import subprocess
 
-from gmux_testkit import ROOT, start_py
+from gmux_testkit import ROOT, run_ranks
 
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "gang_agree.py")
 
 
 def _run(tmp_path, world: int, boundaries: int, schedule: dict) -> list:
     out, store = str(tmp_path / "acted"), str(tmp_path / "store")
-    ranks = [start_py(SCRIPT, out, str(r), str(world), store, str(boundaries), json.dumps(schedule),
-                      log=str(tmp_path / f"r{r}")) for r in range(world)]
-    try:
-        codes = [p.wait(timeout=60) for p in ranks]
-    except subprocess.TimeoutExpired:
-        codes = [p.poll() for p in ranks]
-    finally:
-        for p in ranks:
-            if p.poll() is None:
-                p.kill()
-    logs = "\n".join(f"rank {r}:\n" + (tmp_path / f"r{r}").read_text() for r in range(world))
+    codes, logs = run_ranks(SCRIPT, world, tmp_path,
+                            lambda r: (out, str(r), str(world), store, str(boundaries), json.dumps(schedule)))
     assert codes == [0] * world, logs
     return [json.loads(open(f"{out}.{r}").read()) for r in range(world)]
 
