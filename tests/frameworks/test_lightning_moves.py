@@ -272,3 +272,44 @@ def test_a_moved_fits_step_outputs_kept_for_the_epochs_end_count_the_steps_befor
     # (`seen`, a list the module keeps, is carried too: the epochs before the move are in it)
     assert (moved_seen, moved_lr) == (seen, lr), (seen, moved_seen, lr, moved_lr)
     assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))
+
+
+def test_a_moved_fit_takes_the_step_interval_plateau_step_due_after_its_boundary(monkeypatch, tmp_path):
+    """A ReduceLROnPlateau stepping by "step" is stepped by Lightning after the batch-end hooks, where gmux's
+    boundary is (on_advance_end, after any validation). A process restored there resumes with the next batch:
+    before, a run moved at a batch the scheduler stepped after skipped that step (its LR ended 0.1 * 0.5 ** 14,
+    not ** 15) and trained on apart while it said it was movable. The step and the metric it takes are carried."""
+    from gmux.job.checkpoint import CheckpointError
+    from gmux.job.frameworks import lightning_state
+    ckpt = _patched(monkeypatch, tmp_path)
+
+    class Module(_linear()):
+        def training_step(self, batch, i):
+            loss = nn.functional.mse_loss(self.net(batch[0]), batch[1])
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            # (no step improves on the first by 10: the LR halves at every 2nd batch of an epoch)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=10.0,
+                                                                 threshold_mode="abs")
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "train_loss",
+                                                       "interval": "step", "frequency": 2}}
+
+    def run(restore=None):
+        module = Module()
+        trainer = _fit(monkeypatch, module, ckpt, restore, at=18, limit_val_batches=0)     # (epoch 2's 4th batch)
+        return trainer, [p.detach().clone() for p in module.parameters()]
+
+    trainer, weights = run()
+    assert os.path.exists(ckpt) and trainer.optimizers[0].param_groups[0]["lr"] == 0.1 * 0.5 ** 15
+    moved, moved_weights = run(restore=ckpt)
+    assert moved.optimizers[0].param_groups[0]["lr"] == 0.1 * 0.5 ** 15
+    assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))
+
+    due = frameworks.saved_state(ckpt, "lightning")["plateaus_due"]
+    assert len(due) == 1 and due[0][0] == 0
+    for bad in ([[1, due[0][1]]], [[0, "0.5"]], [[0, torch.zeros(2)]], {"0": 1}):
+        with pytest.raises(CheckpointError, match="c.ckpt: state 'plateaus_due' is not"):
+            lightning_state.checked_plateaus(moved, bad, "c.ckpt")

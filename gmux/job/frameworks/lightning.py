@@ -11,7 +11,8 @@ loops' progress, the callbacks' and the datamodule's state dicts, the precision 
 position: the random states and the loader's generators as they were when the epoch's iterator was made, and
 the batches of the epoch trained on; each logger's version, its rows flushed to disk first; and what Lightning's
 own callbacks keep outside their state dicts and act on later (ModelCheckpoint's last save, without which a new
-process writes last.ckpt again when training ends: gmux.job.frameworks.lightning_state). A callback of the
+process writes last.ckpt again when training ends: gmux.job.frameworks.lightning_state), and the step a
+ReduceLROnPlateau stepping by "step" takes after the boundary, with its metric (a restored process takes it). A callback of the
 script's own keeps only what its state_dict holds, as with Lightning's own resume.
 
 Restore, in the process started after a move: `fit()` runs Lightning's own restore of its loops and callbacks
@@ -56,7 +57,8 @@ from gmux.job import frameworks
 from gmux.job.frameworks import callback_attributes
 from gmux.job.data_draws import draws
 from gmux.job.frameworks.lightning_epoch_sums import carry_epoch_sums, check_epoch_sums, epoch_sums
-from gmux.job.frameworks.lightning_state import continue_logs, logger_versions, put_back_unsaved, unsaved_state
+from gmux.job.frameworks.lightning_state import (checked_plateaus, continue_logs, logger_versions, plateaus_due,
+                                                 put_back_unsaved, step_plateaus, unsaved_state)
 
 FRAMEWORK = "lightning"
 _active = None      # the GmuxCallback of the fit in progress (one at a time in a process)
@@ -230,6 +232,7 @@ def _callback_class(Callback, call, version: str):
             self.unsaved: Optional[dict] = None     # a restored process's callbacks' state beyond their state_dict
             self.sums: Optional[dict] = None        # ... and its epoch metrics' sums so far (lightning_epoch_sums)
             self.attributes: Optional[dict] = None  # ... and its own callbacks' attributes (callback_attributes)
+            self.plateaus: Optional[list] = None    # ... and the plateau steps due after its boundary (plateaus_due)
             self.restored = False       # restored, its first batch still to come
 
         # -- restoring -----------------------------------------------------------------------------------
@@ -239,6 +242,7 @@ def _callback_class(Callback, call, version: str):
             self.restore_from, self.position = path, saved["data"]
             self.unsaved = saved.get("unsaved")     # put back once Lightning has restored the callbacks
             self.sums = saved.get("epoch_sums")
+            self.plateaus = saved.get("plateaus_due")
             check_epoch_sums(self.sums, path)       # (put back at on_train_start: refused before anything is)
             self.attributes = callback_attributes.check(_own_callbacks(self.trainer), saved.get("callback_attributes"),
                                                         path)
@@ -294,12 +298,14 @@ def _callback_class(Callback, call, version: str):
             frameworks.attach(self.job, FRAMEWORK, [pl_module, *trainer.strategy.optimizers, *schedulers, scaler],
                               why, self.refresh, self.leaving)
             if self.restore_from is not None:
+                due = checked_plateaus(trainer, self.plateaus, self.restore_from)   # (before anything is restored)
                 put_back_unsaved(trainer, self.unsaved, self.restore_from)
                 # (after what the callbacks' on_train_start and, done again, on_train_epoch_start set up)
                 callback_attributes.put_back(_own_callbacks(trainer), self.attributes)
                 carry_epoch_sums(trainer, self.sums, self.restore_from)
                 self.job.restore(self.restore_from)
                 self.job.restored_from = self.restore_from   # gmux-launch checks that the move was restored
+                step_plateaus(trainer, due)     # (due after the boundary: after the schedulers' restore)
                 # put back again when the first batch is fetched: hooks run after this one (the module's own
                 # on_train_start) may draw, as they did once in the first process, long before the checkpoint
                 self.pending_rng = capture_rng()
@@ -390,6 +396,7 @@ def _callback_class(Callback, call, version: str):
             self.job.tracked.state["unsaved"] = unsaved_state(trainer)
             self.job.tracked.state["callback_attributes"] = callback_attributes.capture(_own_callbacks(trainer))
             self.job.tracked.state["epoch_sums"] = epoch_sums(trainer)
+            self.job.tracked.state["plateaus_due"] = plateaus_due(trainer, self.index)
             self.job.tracked.state["logs"] = logger_versions(trainer)
             self.job.tracked.state["data"] = {**(self.epoch_start or {}), "index": self.index,
                                               "workers_from": self.workers_from}

@@ -1,6 +1,7 @@
 """What gmux keeps of a Lightning run beyond what Lightning's own checkpoint holds, and puts back in the process it
-continues in (gmux.job.frameworks.lightning): each logger's version and a CSVLogger's rows, and the state of
-Lightning's own callbacks that their state dicts leave out. Read from a checkpoint file, each is checked before use.
+continues in (gmux.job.frameworks.lightning): each logger's version and a CSVLogger's rows, the state of
+Lightning's own callbacks that their state dicts leave out, and the steps of step-interval plateau schedulers due
+after the boundary. Read from a checkpoint file, each is checked before use.
 """
 from __future__ import annotations
 
@@ -95,3 +96,47 @@ def continue_logs(trainer, versions, path: str) -> None:
             os.replace(aside, metrics)
         with open(metrics, newline="") as f:
             writer.metrics_keys = next(csv.reader(f), [])
+
+
+def plateaus_due(trainer, done: int) -> list:
+    """At a boundary (a training batch's end, the `done`-th of its epoch): [[index of its config, the metric]] for
+    each ReduceLROnPlateau stepping by "step" that Lightning steps after the batch-end hooks (in on_advance_end,
+    once validation could have logged), on the metric it monitors as it is now. A process restored there resumes
+    with the next batch and would never take that step: a moved run's LR stayed unreduced, and it trained on
+    apart."""
+    if not trainer.lightning_module.automatic_optimization:
+        return []       # (Lightning steps none itself then)
+    due = [(i, c) for i, c in enumerate(trainer.lr_scheduler_configs)
+           if c.reduce_on_plateau and c.interval == "step" and done % c.frequency == 0]
+    if not due:
+        return []
+    metrics = trainer.callback_metrics
+    # (a metric not there yet: Lightning's step raises or skips, in the process that goes on; nothing is carried)
+    return [[i, metrics[c.monitor].detach().cpu().clone()] for i, c in due if metrics.get(c.monitor) is not None]
+
+
+def checked_plateaus(trainer, due, path: str) -> list:
+    """The plateau steps a checkpoint says were due after its boundary (`plateaus_due`), checked against this fit's
+    schedulers before anything is restored: [(scheduler, metric)]."""
+    if due is None:
+        return []       # (a checkpoint written before gmux kept them)
+    import torch
+    configs = trainer.lr_scheduler_configs
+    if not isinstance(due, list) or not all(
+            isinstance(d, list) and len(d) == 2 and type(d[0]) is int and 0 <= d[0] < len(configs)
+            and configs[d[0]].reduce_on_plateau and configs[d[0]].interval == "step"
+            and isinstance(d[1], torch.Tensor) and d[1].numel() == 1 for d in due):
+        from gmux.job.checkpoint import CheckpointError
+        raise CheckpointError(path, "state 'plateaus_due' is not a list of this fit's step-interval plateau "
+                                    "schedulers and their metrics")
+    return [(configs[i].scheduler, metric) for i, metric in due]
+
+
+def step_plateaus(trainer, due: list) -> None:
+    """In a restored process, once its schedulers are restored: the plateau steps the moved run had still to take at
+    its boundary, on the metric it had, as Lightning would have taken them (through the module's hook)."""
+    progress = trainer.fit_loop.epoch_loop.scheduler_progress
+    for scheduler, metric in due:
+        progress.increment_ready()
+        trainer.lightning_module.lr_scheduler_step(scheduler, metric)
+        progress.increment_completed()
