@@ -12,6 +12,7 @@ builds, as before gmux carried any, rather than a count without its cache or a f
 """
 from __future__ import annotations
 
+import collections
 import functools
 import types
 import weakref
@@ -58,6 +59,40 @@ def changed(obj, skip=frozenset(), tensors: bool = False) -> dict:
     return out
 
 
+def unkept_numbers(obj) -> str | None:
+    """What `obj` holds that changed since `remember` and is numbers a move does not carry: an attribute holding a
+    tensor, a NumPy value, a set or a deque (or a list, tuple or dict with one inside), as "'name' (a float64)";
+    None if there is none. `changed` leaves such an object out whole, and the new process's object would start
+    from its constructor's values (a best loss that became a NumPy float took its patience counter with it)."""
+    try:
+        then = _seen.get(obj)
+    except TypeError:
+        return None
+    if then is None:
+        return None
+    for name, value in vars(obj).items():
+        if isinstance(name, str) and not isinstance(value, _WIRING) and then.get(name, _NEW) != _look(value):
+            found = _numbers_in(value, [MAX_ITEMS], 0)
+            if found is not None:
+                return f"{name!r} (a {found})"
+    return None
+
+
+def _numbers_in(value, budget: list, depth: int):
+    """The type name of the first tensor, NumPy value, set or deque in `value` (looked into within bounds)."""
+    budget[0] -= 1
+    kind = type(value)
+    if isinstance(value, _HELD) or kind.__module__ == "numpy":
+        return kind.__name__
+    if budget[0] < 0 or depth > MAX_DEPTH or kind not in (list, tuple, dict):
+        return None
+    for v in (value.values() if kind is dict else value):
+        found = _numbers_in(v, budget, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
 def fits(obj, values, tensors: bool = False) -> str | None:
     """Why `values` (from a file) may not be set on `obj` (None: all of them may): each plain, within bounds, and
     of the kind `obj` holds under its name (`may_take`)."""
@@ -82,6 +117,8 @@ def may_take(obj, name: str, value) -> bool:
 
 
 _NEW = object()
+# containers of numbers a move does not carry (their NumPy kin are known by their module: numpy is not imported here)
+_HELD = (torch.Tensor, set, frozenset, collections.deque)
 # Functions an object was given, not state it keeps (Lightning sets each callback's log to the module's)
 _WIRING = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
 _seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # object -> {attribute: _look(value)} then
@@ -98,6 +135,8 @@ def _look(value, budget: list | None = None):
         return value
     if type(value) is float:
         return ("float", repr(value))       # (nan == nan)
+    if type(value) in (set, frozenset, collections.deque):
+        return ("object", id(value), len(value))      # (grown or emptied in place: changed)
     if type(value) in (list, tuple, dict) and budget[0] >= 0:
         items = value.items() if type(value) is dict else enumerate(value)
         return (type(value).__name__, id(value), tuple((k, _look(v, budget)) for k, v in items))

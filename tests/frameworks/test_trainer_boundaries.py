@@ -348,3 +348,70 @@ def test_a_callback_that_made_an_object_behind_a_flag_is_not_carried_without_it(
     writes.step()
     counts.count += 2
     assert list(callback_attributes.capture(callbacks).values()) == [{}, {"count": 2}]
+
+
+@pytest.mark.parametrize("kind, named", [(lambda v: __import__("numpy").float64(v), "float64"),
+                                         (torch.tensor, "Tensor"), (float, None)])
+def test_a_callback_counting_in_numbers_gmux_does_not_carry_keeps_the_job_where_it_is(monkeypatch, tmp_path,
+                                                                                       kind, named):
+    """A callback of the script's own keeping its best loss as a NumPy float (np.mean of its logs) or a tensor, and
+    the count of its logs beside it (it ends the training at 12): gmux carries plain data only, and left such a
+    callback out whole. Before, the job said it was movable, and a moved run's callback counted from 0 again: it
+    trained to step 18 where the unmoved one stopped at 12. Now a move is refused, naming the attribute; with a
+    plain float it moves, exactly."""
+    from transformers import TrainerCallback
+    from gmux.job import movability
+    ckpt = _patched_train(monkeypatch, tmp_path)
+
+    class StopAfterLogs(TrainerCallback):
+        def __init__(self):
+            self.best, self.seen = float("inf"), 0
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if "loss" in logs:
+                self.best, self.seen = min(self.best, kind(logs["loss"])), self.seen + 1
+                control.should_training_stop = self.seen >= 12
+
+    def run(restore=None):
+        problems = []
+
+        def at_boundary(trainer):
+            if trainer.state.global_step == 6:
+                frameworks._job._discover(frameworks._job)      # (as before any command)
+                problems.append(movability.problem(frameworks._job, fresh=True))
+                return True
+        trainer = _moved_or_not(monkeypatch, tmp_path, ckpt, restore, StopAfterLogs(), at_boundary,
+                                learning_rate=0.1, logging_steps=1)
+        return trainer.state.global_step, problems, [p.detach().clone() for p in trainer.model.parameters()]
+
+    step, problems, weights = run()
+    assert step == 12 and len(problems) == 1
+    if named is not None:
+        assert problems[0].startswith(f"its callback StopAfterLogs's attribute 'best' (a {named}) changed"), problems
+        return
+    assert problems == [None]
+    moved_step, _, moved_weights = run(restore=ckpt)
+    assert moved_step == step and all(torch.equal(a, b) for a, b in zip(weights, moved_weights))
+
+
+def test_numbers_a_move_does_not_carry_are_named_and_objects_a_callback_makes_again_are_not():
+    """A set or deque grown in place (the same object: seen by its length), a NumPy value inside a list: named. A
+    writer made at the first step, a method, and plain data: not (the new process's callback makes its writer)."""
+    import collections
+    import numpy as np
+    from gmux.job import plain_values
+
+    class Own:
+        def __init__(self):
+            self.steps, self.recent, self.history, self.writer, self.count = set(), collections.deque(), [], None, 0
+    for change, named in ((lambda cb: cb.steps.add(3), "'steps' (a set)"),
+                          (lambda cb: cb.recent.append(0.5), "'recent' (a deque)"),
+                          (lambda cb: cb.history.append(np.float32(0.5)), "'history' (a float32)"),
+                          (lambda cb: setattr(cb, "writer", object()), None),
+                          (lambda cb: setattr(cb, "act", cb.__init__), None),
+                          (lambda cb: cb.history.append(0.5) or setattr(cb, "count", 2), None)):
+        cb = Own()
+        plain_values.remember(cb)
+        assert plain_values.unkept_numbers(cb) is None
+        change(cb)
+        assert plain_values.unkept_numbers(cb) == named

@@ -7,8 +7,9 @@ puts back, unless the callback keeps a state of its own (Lightning's state_dict(
 which its framework restores. A moved run's callback started from its constructor's values, and acted otherwise
 than unmoved. gmux keeps the attributes of each such callback that hold plain data (None, booleans, numbers,
 strings, and lists, tuples and dicts of them) and puts them back once the framework's hooks that set a callback
-up for the run have run again in the new process. An attribute holding anything else (a tensor, a file, the
-trainer) is rebuilt by the callback as it is built now. Read from a checkpoint file, each value is checked first:
+up for the run have run again in the new process. An attribute holding another object (a file, the trainer) is
+rebuilt by the callback as it is built now; one holding numbers gmux does not carry (a tensor, a NumPy value, a
+set, a deque) that changed keeps the job where it is (`not_carried`): the callback's counts would start again. Read from a checkpoint file, each value is checked first:
 plain, within bounds, and of the kind the new callback holds under its name (if it holds plain data there).
 """
 from __future__ import annotations
@@ -36,6 +37,19 @@ def capture(callbacks: dict) -> dict:
     """{callback: {attribute: value}} of the attributes that hold plain data and changed since the Trainer started
     (gmux.job.plain_values: a callback carried whole or not at all)."""
     return {key: plain_values.changed(cb) for key, cb in callbacks.items()}
+
+
+def not_carried(callbacks: dict) -> Optional[str]:
+    """Why a move would lose what a callback counted (None: it would not): one holds numbers that changed in a
+    value gmux does not carry (a NumPy float, a tensor, a set), and is left out whole (`capture`). Other objects
+    that changed (a writer, a file) are made again by the new process's callback, as before gmux carried any."""
+    for key, cb in callbacks.items():
+        found = plain_values.unkept_numbers(cb)
+        if found is not None:
+            return (f"its callback {type(cb).__name__}'s attribute {found} changed as it trained, and gmux carries "
+                    f"only plain data (numbers, strings, lists, dicts): a new process would start the callback anew "
+                    f"(hold a float, a list: float(x), list(s))")
+    return None
 
 
 def check(callbacks: dict, saved, path: str) -> Optional[dict]:

@@ -361,7 +361,11 @@ def _callback_class(TrainerCallback):
                 callbacks.setdefault(cb.__class__.__name__, []).append(cb.state())
             trainer.state.stateful_callbacks = {k: v[0] if len(v) == 1 else v for k, v in callbacks.items()}
             self.job.tracked.state["trainer_state"] = json.dumps(dataclasses.asdict(trainer.state), sort_keys=True)
-            self.job.tracked.state["callback_attributes"] = callback_attributes.capture(_own_callbacks(trainer))
+            own = _own_callbacks(trainer)
+            self.job.tracked.state["callback_attributes"] = callback_attributes.capture(own)
+            uncarried = callback_attributes.not_carried(own)
+            if uncarried is not None:     # (a move asked now is refused with it)
+                frameworks.no_longer_movable(self.job, uncarried)
             self.job.tracked.state["run_totals"] = json.dumps(
                 {name: float(getattr(trainer, name)) if kind is float else getattr(trainer, name)
                  for name, kind in _RUN_TOTALS.items() if hasattr(trainer, name)})

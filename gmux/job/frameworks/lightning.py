@@ -394,7 +394,11 @@ def _callback_class(Callback, call, version: str):
                     saved[trainer.datamodule.__class__.__qualname__] = state
             self.job.tracked.state["lightning"] = plain(saved, "lightning state")
             self.job.tracked.state["unsaved"] = unsaved_state(trainer)
-            self.job.tracked.state["callback_attributes"] = callback_attributes.capture(_own_callbacks(trainer))
+            own = _own_callbacks(trainer)
+            self.job.tracked.state["callback_attributes"] = callback_attributes.capture(own)
+            uncarried = callback_attributes.not_carried(own)
+            if uncarried is not None:     # (a move asked now is refused with it)
+                frameworks.no_longer_movable(self.job, uncarried)
             self.job.tracked.state["epoch_sums"] = epoch_sums(trainer)
             self.job.tracked.state["plateaus_due"] = plateaus_due(trainer, self.index)
             self.job.tracked.state["logs"] = logger_versions(trainer)
