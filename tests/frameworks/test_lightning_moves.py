@@ -313,3 +313,34 @@ def test_a_moved_fit_takes_the_step_interval_plateau_step_due_after_its_boundary
     for bad in ([[1, due[0][1]]], [[0, "0.5"]], [[0, torch.zeros(2)]], {"0": 1}):
         with pytest.raises(CheckpointError, match="c.ckpt: state 'plateaus_due' is not"):
             lightning_state.checked_plateaus(moved, bad, "c.ckpt")
+
+
+def test_a_moved_fit_ran_the_modules_batch_end_hook_of_the_batch_it_was_moved_at(monkeypatch, tmp_path):
+    """The module's on_train_batch_end runs after every callback's, gmux's among them: with the boundary at gmux's
+    hook, a process moved there left before it, and the restored one resumed with the next batch. Before: an EMA
+    of the weights kept in a buffer and updated in that hook (a common recipe) missed the update of the move's
+    batch, and ended other than unmoved, while the job said it was movable. The boundary now follows it."""
+    ckpt = _patched(monkeypatch, tmp_path)
+
+    class Module(_linear()):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("ema", torch.zeros(4))
+            self.register_buffer("updates", torch.zeros((), dtype=torch.long))
+
+        def training_step(self, batch, i):
+            return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def on_train_batch_end(self, outputs, batch, i):
+            self.ema.mul_(0.5).add_(self.net.weight.detach()[0], alpha=0.5)
+            self.updates += 1
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module, moved = Module(), Module()
+    _fit(monkeypatch, module, ckpt)
+    _fit(monkeypatch, moved, ckpt, restore=ckpt)
+    assert os.path.exists(ckpt) and int(module.updates) == 32
+    assert int(moved.updates) == 32          # (before: 31)
+    assert all(torch.equal(a, b) for a, b in zip(module.buffers(), moved.buffers()))

@@ -108,6 +108,7 @@ def patch(module) -> None:
                     self.callbacks.remove(callback)
                 for name in ("resume_start", "restore_model", "restore_optimizers_and_schedulers"):
                     self._checkpoint_connector.__dict__.pop(name, None)
+                self._logger_connector.__dict__.pop("on_batch_end", None)
 
     Trainer.fit = fit
     _watch_epochs(combined.CombinedLoader)
@@ -234,6 +235,7 @@ def _callback_class(Callback, call, version: str):
             self.attributes: Optional[dict] = None  # ... and its own callbacks' attributes (callback_attributes)
             self.plateaus: Optional[list] = None    # ... and the plateau steps due after its boundary (plateaus_due)
             self.restored = False       # restored, its first batch still to come
+            self.due = False            # a boundary once the batch's last end hook has run (`after_batch_hooks`)
 
         # -- restoring -----------------------------------------------------------------------------------
         def resume(self, path: str, saved: dict) -> None:
@@ -353,7 +355,34 @@ def _callback_class(Callback, call, version: str):
             if validating:
                 return
             self.index = done
-            self.job.boundary()
+            if self.after_batch_hooks(trainer):
+                self.due = True
+            else:
+                self.job.boundary()
+
+        def after_batch_hooks(self, trainer) -> bool:
+            """The boundary comes once the batch's end hooks have all run: the module's on_train_batch_end runs
+            after every callback's, and so do the callbacks Lightning orders after gmux's (ModelCheckpoint). A
+            process restored at the boundary resumes with the next batch: before, at a move's batch, the module's
+            hook (an EMA update, a count) ran in neither process. The logger connector's batch end follows them
+            in the training loop (and in evaluation's, where no boundary is due). False where it has none (then
+            the boundary is taken at gmux's hook)."""
+            connector = trainer._logger_connector
+            if "on_batch_end" in connector.__dict__:
+                return True
+            original = getattr(connector, "on_batch_end", None)
+            if not callable(original):
+                return False
+
+            @functools.wraps(original)
+            def on_batch_end(*args, **kwargs):
+                done = original(*args, **kwargs)
+                if self.due:
+                    self.due = False
+                    self.job.boundary()
+                return done
+            connector.on_batch_end = on_batch_end
+            return True
 
         def leaving(self) -> None:
             """The process leaves at this boundary (a move, a spill by exit). Lightning logs a step's metrics
