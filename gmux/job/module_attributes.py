@@ -98,6 +98,20 @@ def capture(module: nn.Module) -> dict:
 HOST = "__gmux_host__"
 
 
+def not_carried(module: nn.Module):
+    """Why a move would lose what one of the module's own submodules counted (None: it would not): an attribute
+    that changed into (or in) numbers gmux does not carry, a NumPy value, a set or a deque, which leaves the
+    submodule out whole (`capture`): a best loss kept as np.float64 took the count beside it. A tensor held in an
+    attribute is left to the new process, as a cache its forward makes again (an attention map) is."""
+    for name, m, keys in _modules(module):
+        found = plain_values.unkept_numbers(m, keys, tensors=False)
+        if found is not None:
+            return (f"its module {name or type(m).__name__}'s attribute {found} changed as it trained, and gmux "
+                    f"carries only plain data and tensors (numbers, strings, lists, dicts): a new process would "
+                    f"start the module's attributes anew (hold a float, a list: float(x), list(s))")
+    return None
+
+
 def _tensors(value, out=None) -> list:
     """The tensors in a plain value (plain_values: exactly torch.Tensor, in lists, tuples and dicts)."""
     out = [] if out is None else out

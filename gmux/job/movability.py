@@ -9,8 +9,9 @@ where the job's state was found by the optimizer hook rather than given, where a
 groups since attach (add_param_group: progressive unfreezing), which the new process would rebuild without them, or
 where an LR scheduler attach() was not given drives an optimizer (the new process's would count from 0:
 gmux.job.stray_schedulers), where a gradient is sparse at the boundary (a checkpoint holds dense tensors only),
-where a module attach() was not given is changed in place (an EMA copy: gmux.job.stray_modules), or where a
-torchmetrics MetricTracker has made metrics as it trained (gmux.job.metric_states).
+where a module attach() was not given is changed in place (an EMA copy: gmux.job.stray_modules), where a
+torchmetrics MetricTracker has made metrics as it trained (gmux.job.metric_states), or where a module's own
+attribute changed into numbers a checkpoint does not carry (a NumPy float: gmux.job.module_attributes).
 Each of these can change while the job runs (a new epoch, an optimizer freed), so every report asks again.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from . import metric_states, stray_modules, stray_schedulers, strays
+from . import metric_states, module_attributes, stray_modules, stray_schedulers, strays
 
 
 def problem(job, fresh: bool = False) -> Optional[str]:
@@ -38,7 +39,13 @@ def problem(job, fresh: bool = False) -> Optional[str]:
                     f"process rebuilds the optimizer as the script builds it and could not take this state, so the "
                     f"job stays where it is (suspend and resume still work)")
     return (stray_schedulers.problem(job) or _unmarked_groups(job) or _sparse_gradient(job)
-            or metric_states.problem(job) or stray_modules.problem(job, fresh))
+            or metric_states.problem(job) or stray_modules.problem(job, fresh)
+            or (_unkept_attributes(job) if fresh else None))
+
+
+def _unkept_attributes(job) -> Optional[str]:
+    # (a move asks only: a walk of every submodule's attributes, as a checkpoint's capture of them takes)
+    return next(filter(None, map(module_attributes.not_carried, job.tracked.modules)), None)
 
 
 def _sparse_gradient(job) -> Optional[str]:

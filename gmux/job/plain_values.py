@@ -59,11 +59,12 @@ def changed(obj, skip=frozenset(), tensors: bool = False) -> dict:
     return out
 
 
-def unkept_numbers(obj) -> str | None:
-    """What `obj` holds that changed since `remember` and is numbers a move does not carry: an attribute holding a
-    tensor, a NumPy value, a set or a deque (or a list, tuple or dict with one inside), as "'name' (a float64)";
-    None if there is none. `changed` leaves such an object out whole, and the new process's object would start
-    from its constructor's values (a best loss that became a NumPy float took its patience counter with it)."""
+def unkept_numbers(obj, skip=frozenset(), tensors: bool = True) -> str | None:
+    """What `obj` holds that changed since `remember` and is numbers a move does not carry: an attribute (not in
+    `skip`) holding a tensor (where `tensors`), a NumPy value, a set or a deque (or a list, tuple or dict with one
+    inside), as "'name' (a float64)"; None if there is none. `changed` leaves such an object out whole, and the new
+    process's object would start from its constructor's values (a best loss that became a NumPy float took its
+    patience counter with it)."""
     try:
         then = _seen.get(obj)
     except TypeError:
@@ -71,23 +72,27 @@ def unkept_numbers(obj) -> str | None:
     if then is None:
         return None
     for name, value in vars(obj).items():
-        if isinstance(name, str) and not isinstance(value, _WIRING) and then.get(name, _NEW) != _look(value):
-            found = _numbers_in(value, [MAX_ITEMS], 0)
+        if isinstance(name, str) and name not in skip and not isinstance(value, _WIRING) and \
+                then.get(name, _NEW) != _look(value):
+            found = _numbers_in(value, [MAX_ITEMS], 0, tensors)
             if found is not None:
                 return f"{name!r} (a {found})"
     return None
 
 
-def _numbers_in(value, budget: list, depth: int):
-    """The type name of the first tensor, NumPy value, set or deque in `value` (looked into within bounds)."""
+def _numbers_in(value, budget: list, depth: int, tensors: bool):
+    """The type name of the first tensor (where `tensors`: those inside a list are a module's, carried), NumPy
+    value, set or deque in `value` (looked into within bounds)."""
     budget[0] -= 1
     kind = type(value)
+    if isinstance(value, torch.Tensor):
+        return kind.__name__ if tensors else None
     if isinstance(value, _HELD) or kind.__module__ == "numpy":
         return kind.__name__
     if budget[0] < 0 or depth > MAX_DEPTH or kind not in (list, tuple, dict):
         return None
     for v in (value.values() if kind is dict else value):
-        found = _numbers_in(v, budget, depth + 1)
+        found = _numbers_in(v, budget, depth + 1, tensors)
         if found is not None:
             return found
     return None
@@ -118,7 +123,7 @@ def may_take(obj, name: str, value) -> bool:
 
 _NEW = object()
 # containers of numbers a move does not carry (their NumPy kin are known by their module: numpy is not imported here)
-_HELD = (torch.Tensor, set, frozenset, collections.deque)
+_HELD = (set, frozenset, collections.deque)
 # Functions an object was given, not state it keeps (Lightning sets each callback's log to the module's)
 _WIRING = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
 _seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # object -> {attribute: _look(value)} then

@@ -315,6 +315,48 @@ def test_a_moved_fit_takes_the_step_interval_plateau_step_due_after_its_boundary
             lightning_state.checked_plateaus(moved, bad, "c.ckpt")
 
 
+@pytest.mark.parametrize("kind, named", [(lambda v: __import__("numpy").float64(v), "'best' (a float64)"),
+                                         (lambda v: {v}, "'best' (a set)"), (float, None)])
+def test_a_module_counting_in_numbers_gmux_does_not_carry_is_refused_a_move(monkeypatch, tmp_path, kind, named):
+    """A LightningModule keeping its best loss as a NumPy float (or in a set) beside a count of its batches (it cuts
+    the LR at the 20th): gmux carries a module's plain attributes and tensors, and left this module's out whole.
+    Before, the job said it was movable, and a moved run's module counted from 0 again, cut the LR 17 batches late
+    and ended with other weights. Now a move is refused, naming the attribute; with a float it moves, exactly."""
+    from gmux.job import movability
+    ckpt = _patched(monkeypatch, tmp_path)
+
+    class Module(_linear()):
+        def __init__(self):
+            super().__init__()
+            self.best, self.count, self.problems = kind(1e9), 0, []
+
+        def training_step(self, batch, i):
+            return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def on_train_batch_end(self, outputs, batch, i):
+            self.best, self.count = kind(float(outputs["loss"])), self.count + 1
+            if self.count == 20:
+                for group in self.trainer.optimizers[0].param_groups:
+                    group["lr"] *= 0.1
+            if self.trainer.global_step == 17:      # (the checkpoint's boundary, after the refresh before it)
+                self.problems.append(movability.problem(frameworks._job, fresh=True))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module = Module()
+    _fit(monkeypatch, module, ckpt)
+    assert os.path.exists(ckpt) and len(module.problems) == 1
+    if named is not None:
+        assert module.problems[0].startswith(f"its module Module's attribute {named} changed"), module.problems
+        return
+    assert module.problems == [None]
+    moved = Module()
+    _fit(monkeypatch, moved, ckpt, restore=ckpt)
+    assert (moved.count, moved.best) == (module.count, module.best), (moved.count, module.count, moved.best, module.best)
+    assert all(torch.equal(a, b) for a, b in zip(module.parameters(), moved.parameters()))
+
+
 def test_a_moved_fit_ran_the_modules_batch_end_hook_of_the_batch_it_was_moved_at(monkeypatch, tmp_path):
     """The module's on_train_batch_end runs after every callback's, gmux's among them: with the boundary at gmux's
     hook, a process moved there left before it, and the restored one resumed with the next batch. Before: an EMA
