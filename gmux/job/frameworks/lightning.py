@@ -1,6 +1,7 @@
 """Lightning `Trainer` (`lightning.pytorch` or `pytorch_lightning`) as an explicit-mode gmux job.
 
-Boundary: the end of a training batch (`Callback.on_train_batch_end`: the optimizer and any step-interval
+Boundary: the end of a training batch, once its end hooks have all run (`Callback.on_train_batch_end` finds it
+due, the logger connector's batch end after the module's hook takes it: the optimizer and any step-interval
 scheduler have stepped), except mid-way through a gradient-accumulation cycle, at an epoch's last batch, and
 before a validation run: there Lightning's own resume does work a restored process would not (its epoch end,
 its validation), or gradients are pending.
