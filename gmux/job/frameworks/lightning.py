@@ -13,7 +13,8 @@ position: the random states and the loader's generators as they were when the ep
 the batches of the epoch trained on; each logger's version, its rows flushed to disk first; and what Lightning's
 own callbacks keep outside their state dicts and act on later (ModelCheckpoint's last save, without which a new
 process writes last.ckpt again when training ends: gmux.job.frameworks.lightning_state), and the step a
-ReduceLROnPlateau stepping by "step" takes after the boundary, with its metric (a restored process takes it). A callback of the
+ReduceLROnPlateau stepping by "step" takes after the boundary, with its metric (a restored process takes it), and
+the trainer's callback_metrics (the last value of each metric, which schedulers and callbacks read between logs). A callback of the
 script's own keeps only what its state_dict holds, as with Lightning's own resume.
 
 Restore, in the process started after a move: `fit()` runs Lightning's own restore of its loops and callbacks
@@ -58,8 +59,10 @@ from gmux.job import frameworks
 from gmux.job.frameworks import callback_attributes
 from gmux.job.data_draws import draws
 from gmux.job.frameworks.lightning_epoch_sums import carry_epoch_sums, check_epoch_sums, epoch_sums
-from gmux.job.frameworks.lightning_state import (checked_plateaus, continue_logs, logger_versions, plateaus_due,
-                                                 put_back_unsaved, step_plateaus, unsaved_state)
+from gmux.job.frameworks.lightning_state import (callback_metrics, checked_callback_metrics, checked_plateaus,
+                                                 continue_logs, logger_versions, plateaus_due,
+                                                 put_back_callback_metrics, put_back_unsaved, step_plateaus,
+                                                 unsaved_state)
 
 FRAMEWORK = "lightning"
 _active = None      # the GmuxCallback of the fit in progress (one at a time in a process)
@@ -235,6 +238,7 @@ def _callback_class(Callback, call, version: str):
             self.sums: Optional[dict] = None        # ... and its epoch metrics' sums so far (lightning_epoch_sums)
             self.attributes: Optional[dict] = None  # ... and its own callbacks' attributes (callback_attributes)
             self.plateaus: Optional[list] = None    # ... and the plateau steps due after its boundary (plateaus_due)
+            self.metrics: dict = {}                 # ... and the trainer's callback_metrics
             self.restored = False       # restored, its first batch still to come
             self.due = False            # a boundary once the batch's last end hook has run (`after_batch_hooks`)
 
@@ -246,6 +250,7 @@ def _callback_class(Callback, call, version: str):
             self.unsaved = saved.get("unsaved")     # put back once Lightning has restored the callbacks
             self.sums = saved.get("epoch_sums")
             self.plateaus = saved.get("plateaus_due")
+            self.metrics = checked_callback_metrics(saved.get("callback_metrics"), path)
             check_epoch_sums(self.sums, path)       # (put back at on_train_start: refused before anything is)
             self.attributes = callback_attributes.check(_own_callbacks(self.trainer), saved.get("callback_attributes"),
                                                         path)
@@ -308,6 +313,7 @@ def _callback_class(Callback, call, version: str):
                 carry_epoch_sums(trainer, self.sums, self.restore_from)
                 self.job.restore(self.restore_from)
                 self.job.restored_from = self.restore_from   # gmux-launch checks that the move was restored
+                put_back_callback_metrics(trainer, self.metrics)
                 step_plateaus(trainer, due)     # (due after the boundary: after the schedulers' restore)
                 # put back again when the first batch is fetched: hooks run after this one (the module's own
                 # on_train_start) may draw, as they did once in the first process, long before the checkpoint
@@ -431,6 +437,7 @@ def _callback_class(Callback, call, version: str):
                 frameworks.no_longer_movable(self.job, uncarried)
             self.job.tracked.state["epoch_sums"] = epoch_sums(trainer)
             self.job.tracked.state["plateaus_due"] = plateaus_due(trainer, self.index)
+            self.job.tracked.state["callback_metrics"] = callback_metrics(trainer)
             self.job.tracked.state["logs"] = logger_versions(trainer)
             self.job.tracked.state["data"] = {**(self.epoch_start or {}), "index": self.index,
                                               "workers_from": self.workers_from}

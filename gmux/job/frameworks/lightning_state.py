@@ -140,3 +140,35 @@ def step_plateaus(trainer, due: list) -> None:
         progress.increment_ready()
         trainer.lightning_module.lr_scheduler_step(scheduler, metric)
         progress.increment_completed()
+
+
+def callback_metrics(trainer) -> dict:
+    """The metrics callbacks and schedulers read (`trainer.callback_metrics`: the last logged value of each, a
+    validation's among them), which Lightning's checkpoint leaves out: a restored process found none until each was
+    logged again. A ReduceLROnPlateau stepping by "step" on val_loss raised that it is missing (strict), or
+    skipped its steps and trained on apart; a ModelCheckpoint or a script's hook read nothing where unmoved read the
+    last validation's."""
+    import torch
+    return {k: v.detach().cpu().clone() for k, v in trainer.callback_metrics.items()
+            if isinstance(k, str) and isinstance(v, torch.Tensor) and v.numel() == 1}
+
+
+def checked_callback_metrics(saved, path: str) -> dict:
+    """A checkpoint's `callback_metrics`, checked before anything is restored ({}: one written before gmux kept
+    them)."""
+    if saved is None:
+        return {}
+    import torch
+    if not isinstance(saved, dict) or len(saved) > 4096 or not all(
+            isinstance(k, str) and len(k) <= 4096 and isinstance(v, torch.Tensor) and v.numel() == 1
+            for k, v in saved.items()):
+        from gmux.job.checkpoint import CheckpointError
+        raise CheckpointError(path, "state 'callback_metrics' is not a mapping of metric names to single values")
+    return saved
+
+
+def put_back_callback_metrics(trainer, metrics: dict) -> None:
+    """Into a restored process's logger connector (after Lightning's reset of them at the fit's start), where the
+    metrics each new log updates are; on the module's device, as logged values are."""
+    device = trainer.lightning_module.device
+    trainer._logger_connector._callback_metrics.update({k: v.to(device) for k, v in metrics.items()})
