@@ -340,6 +340,7 @@ def _callback_class(Callback, call, version: str):
             self.pending_rng = None
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.due = False    # (one the last batch's end never took: its hooks raised, or none ran after them)
             if self.pending_rng is not None:    # a loader fetched ahead, before on_train_start: the step at least
                 self.put_back_rng()
             if self.restored:
