@@ -354,7 +354,8 @@ def test_a_module_counting_in_numbers_gmux_does_not_carry_is_refused_a_move(monk
     assert module.problems == [None]
     moved = Module()
     _fit(monkeypatch, moved, ckpt, restore=ckpt)
-    assert (moved.count, moved.best) == (module.count, module.best), (moved.count, module.count, moved.best, module.best)
+    assert (moved.count, moved.best) == (module.count, module.best), \
+        (moved.count, module.count, moved.best, module.best)
     assert all(torch.equal(a, b) for a, b in zip(module.parameters(), moved.parameters()))
 
 

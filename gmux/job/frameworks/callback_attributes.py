@@ -9,8 +9,9 @@ than unmoved. gmux keeps the attributes of each such callback that hold plain da
 strings, and lists, tuples and dicts of them) and puts them back once the framework's hooks that set a callback
 up for the run have run again in the new process. An attribute holding another object (a file, the trainer) is
 rebuilt by the callback as it is built now; one holding numbers gmux does not carry (a tensor, a NumPy value, a
-set, a deque) that changed keeps the job where it is (`not_carried`): the callback's counts would start again. Read from a checkpoint file, each value is checked first:
-plain, within bounds, and of the kind the new callback holds under its name (if it holds plain data there).
+set, a deque) that changed keeps the job where it is (`not_carried`): the callback's counts would start again.
+Read from a checkpoint file, each value is checked first: plain, within bounds, and of the kind the new callback
+holds under its name (if it holds plain data there).
 """
 from __future__ import annotations
 

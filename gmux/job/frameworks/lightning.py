@@ -14,8 +14,8 @@ the batches of the epoch trained on; each logger's version, its rows flushed to 
 own callbacks keep outside their state dicts and act on later (ModelCheckpoint's last save, without which a new
 process writes last.ckpt again when training ends: gmux.job.frameworks.lightning_state), and the step a
 ReduceLROnPlateau stepping by "step" takes after the boundary, with its metric (a restored process takes it), and
-the trainer's callback_metrics (the last value of each metric, which schedulers and callbacks read between logs). A callback of the
-script's own keeps only what its state_dict holds, as with Lightning's own resume.
+the trainer's callback_metrics (the last value of each metric, which schedulers and callbacks read between logs).
+A callback of the script's own keeps only what its state_dict holds, as with Lightning's own resume.
 
 Restore, in the process started after a move: `fit()` runs Lightning's own restore of its loops and callbacks
 from that state (its checkpoint connector is handed the saved dict instead of reading a file; its loading of
