@@ -12,7 +12,7 @@ import torch
 
 from gmux.wire.arriving import Arriving
 from gmux.wire.transfer import TransferError
-from . import control, holdings, stray_modules, stray_schedulers, strays
+from . import control, holdings, stray_modules, stray_scalers, stray_schedulers, strays
 from .checkpoint import CheckpointError
 from .control import Controller
 from .job import Job
@@ -55,6 +55,7 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     _current = Job(tracked, controller=controller, pool=pool, device=device)
     strays.watch(current)
     stray_schedulers.watch()
+    stray_scalers.watch()
     if previous is not None and not previous.tracked.weak and controller is not None and \
             controller is previous.controller:
         # The same job attached again (a later stage's new optimizer): its steps count on. A new process runs the

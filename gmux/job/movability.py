@@ -8,10 +8,11 @@ script attached again, where an optimizer attach() was not given trains the job'
 where the job's state was found by the optimizer hook rather than given, where an optimizer was given parameter
 groups since attach (add_param_group: progressive unfreezing), which the new process would rebuild without them, or
 where an LR scheduler attach() was not given drives an optimizer (the new process's would count from 0:
-gmux.job.stray_schedulers), where a gradient is sparse at the boundary (a checkpoint holds dense tensors only),
-where a module attach() was not given is changed in place (an EMA copy: gmux.job.stray_modules), where a
-torchmetrics MetricTracker has made metrics as it trained (gmux.job.metric_states), or where a module's own
-attribute changed into numbers a checkpoint does not carry (a NumPy float: gmux.job.module_attributes).
+gmux.job.stray_schedulers), or an AMP GradScaler does (its scale would start again: gmux.job.stray_scalers), where a
+gradient is sparse at the boundary (a checkpoint holds dense tensors only), where a module attach() was not given
+is changed in place (an EMA copy: gmux.job.stray_modules), where a torchmetrics MetricTracker has made metrics as
+it trained (gmux.job.metric_states), or where a module's own attribute changed into numbers a checkpoint does not
+carry (a NumPy float: gmux.job.module_attributes).
 Each of these can change while the job runs (a new epoch, an optimizer freed), so every report asks again.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from . import metric_states, module_attributes, stray_modules, stray_schedulers, strays
+from . import metric_states, module_attributes, stray_modules, stray_scalers, stray_schedulers, strays
 
 
 def problem(job, fresh: bool = False) -> Optional[str]:
@@ -38,8 +39,8 @@ def problem(job, fresh: bool = False) -> Optional[str]:
             return (f"optimizer {i}'s parameter groups changed since attach (sizes {then} then, {now} now): a new "
                     f"process rebuilds the optimizer as the script builds it and could not take this state, so the "
                     f"job stays where it is (suspend and resume still work)")
-    return (stray_schedulers.problem(job) or _unmarked_groups(job) or _sparse_gradient(job)
-            or metric_states.problem(job) or stray_modules.problem(job, fresh)
+    return (stray_schedulers.problem(job) or stray_scalers.problem(job) or _unmarked_groups(job)
+            or _sparse_gradient(job) or metric_states.problem(job) or stray_modules.problem(job, fresh)
             or (_unkept_attributes(job) if fresh else None))
 
 
