@@ -26,8 +26,8 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     """Makes this process a gmux job tracking `objects` (modules, optimizers, LR schedulers: torch's, or any object
     with state_dict() and load_state_dict() such as timm's, GradScalers, and the script's own random generators:
     torch.Generator, NumPy Generator or RandomState, random.Random),
-    the tensors in `extras` and the picklable values in `state` (kept by reference: the job's `state` is
-    that dict). Returns the job, also available as `gmux.job.current()`. `pool`: a virtual GPU's memory
+    the tensors in `extras` and the picklable values in `state` (both dicts kept by reference: the job's `state` is
+    that dict, and a tensor the script puts anew under a name of `extras` is the one a checkpoint holds). Returns the job, also available as `gmux.job.current()`. `pool`: a virtual GPU's memory
     (gmux.job.memory.device_memory, or a DevicePool), for a job on the CPU.
 
     Under gmux-launch the controller is gmuxd's agent and, after a migration, the job's state is restored
@@ -42,7 +42,7 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
             raise TypeError(f"extras['{name}'] is a {type(t).__name__}, not a tensor: pass a module, optimizer, "
                             f"scheduler or scaler to attach() as it is (attach(model, ema_model, ...)), and other "
                             f"values in state=")
-    tracked.extras = dict(extras or {})
+    tracked.set_extras(extras if extras is not None else {})
     if state is not None:
         tracked.state = state
     restore = restore or os.environ.get("GMUX_RESTORE")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -78,6 +78,7 @@ class TrackedState:
     scalers: list = field(default_factory=list)
     extras: dict = field(default_factory=dict)
     state: dict = field(default_factory=dict)
+    extras_layout: Optional[dict] = None    # (set_extras) each extra tensor's name -> (dtype, shape) at attach
     generators: list = field(default_factory=list)    # the script's own random generators (generators.py)
     weak: bool = False      # transparent mode: found objects stay only as long as the script keeps them
     added: int = 0          # objects added so far (a discovery is over once nothing was added since)
@@ -113,6 +114,32 @@ class TrackedState:
             self.added += 1
             if target is self.modules and not self.weak:
                 module_attributes.remember(obj)     # (what its attributes hold now: a move carries what changes)
+
+    def set_extras(self, extras: dict) -> None:
+        """extras= as the script holds it, by reference (as state= is): an EMA kept as a dict of tensors and updated
+        as `ema[k] = d * ema[k] + (1 - d) * p` puts new tensors in it at every step, and a copy of the dict taken at
+        attach checkpointed the first ones: a moved run went on from the EMA as it was at attach."""
+        self.extras = extras
+        self.extras_layout = {k: (v.dtype, tuple(v.shape)) for k, v in extras.items()}
+
+    def live_extras(self) -> dict:
+        """The extra tensors the script's dict holds now. A new process's attach() is given the dict as the script
+        builds it and restores into its tensors, so one changed since in its names, dtypes or shapes is refused here,
+        before a checkpoint that no restore could take is written."""
+        extras = dict(self.extras)
+        if self.extras_layout is None:
+            return extras
+        for name in {*extras, *self.extras_layout}:
+            t, then = extras.get(name), self.extras_layout.get(name)
+            now = (t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else None
+            if now != then:
+                was = f"{then[0]} {list(then[1])}" if then else "not there"
+                is_ = "gone" if name not in extras else f"{now[0]} {list(now[1])}" if now else f"a {type(t).__name__}"
+                raise StateMismatch(
+                    f"extras['{name}'] was {was} at attach and is {is_} now: a new process's attach() is given the "
+                    f"dict as the script builds it and could not restore this (suspend and resume still work); keep "
+                    f"the names, dtypes and shapes extras= had at attach")
+        return extras
 
     # -- tensors the swap engine moves -----------------------------------------------------------------
     def named_tensors(self) -> list[tuple[str, torch.Tensor]]:
@@ -177,7 +204,7 @@ class TrackedState:
             "optimizers": [optimizer_state(o) for o in self.optimizers],
             "schedulers": [s.state_dict() for s in self.schedulers],
             "scalers": [s.state_dict() for s in self.scalers],
-            "extras": dict(self.extras),
+            "extras": self.live_extras(),
             "state": dict(self.state),
             **self.streams(),
         }
