@@ -878,6 +878,29 @@ def test_module_attributes_are_carried_only_where_they_changed_and_only_with_all
     assert (other.device_name, other.cached_len, other.cache.shape) == ("cuda:1", 4, (4,))
 
 
+def test_an_object_made_again_at_its_predecessors_address_is_seen_made_again():
+    """An id is reused once its object is freed: a cache made again at the address of the one it replaced was taken
+    for unchanged, and the length that sized it was carried without it (a new process's short cache indexed with
+    the grown length)."""
+    class Table:
+        pass
+
+    class Cached(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(2, 2)
+            self.length, self.cache = 4, Table()
+
+    model = Cached()
+    gmux_module_attributes.remember(model)
+    then = id(model.cache)
+    model.cache = None
+    model.cache, model.length = Table(), 9      # (freed first: CPython gives the new one the old one's memory)
+    if id(model.cache) != then:
+        pytest.skip("the new Table did not take its predecessor's address")
+    assert gmux_module_attributes.capture(model) == {}
+
+
 def test_looking_at_a_subclass_of_a_library_module_draws_no_random_numbers():
     """Which attributes a library base sets is learnt by building it once per class: nn.Transformer() drew its 44M
     initial weights from the generator, at the first checkpoint of each process, so a move's new process drew

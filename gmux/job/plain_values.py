@@ -135,7 +135,7 @@ def _look(value, budget: list | None = None):
     budget = [MAX_ITEMS] if budget is None else budget
     budget[0] -= 1
     if isinstance(value, torch.Tensor):
-        return ("tensor", id(value), value._version if not value.is_inference() else 0)
+        return ("tensor", _Same(value), value._version if not value.is_inference() else 0)
     if value is None or type(value) in (bool, int, str):
         return value
     if type(value) is float:
@@ -145,7 +145,31 @@ def _look(value, budget: list | None = None):
     if type(value) in (list, tuple, dict) and budget[0] >= 0:
         items = value.items() if type(value) is dict else enumerate(value)
         return (type(value).__name__, id(value), tuple((k, _look(v, budget)) for k, v in items))
-    return ("object", id(value), len(value) if type(value) in (list, tuple, dict) else None)
+    return ("object", _Same(value), len(value) if type(value) in (list, tuple, dict) else None)
+
+
+class _Same:
+    """An object's identity, which outlives it: an id alone is reused once its object is freed, and a cache made
+    again at its predecessor's address was taken for unchanged (the length that sized it was carried without it),
+    as was a tensor made anew there (`self.stat = 0.9 * self.stat + ...`). Held weakly: a look keeps nothing
+    alive."""
+    __slots__ = ("ref", "key")
+
+    def __init__(self, value):
+        self.key = id(value)
+        try:
+            self.ref = weakref.ref(value)
+        except TypeError:       # (a list, a dict: compared item by item besides)
+            self.ref = None
+
+    def __eq__(self, other) -> bool:
+        if type(other) is not _Same or self.key != other.key:
+            return False
+        if self.ref is None or other.ref is None:
+            return self.ref is other.ref
+        return self.ref() is not None and self.ref() is other.ref()
+
+    __hash__ = None
 
 
 def _kind(v):
