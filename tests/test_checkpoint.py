@@ -851,19 +851,24 @@ def test_a_large_attribute_built_once_leaves_the_others_carried(tmp):
 
 def test_module_attributes_are_carried_only_where_they_changed_and_only_with_all_that_changed(tmp, monkeypatch):
     """What the script set from its own process (a device name from LOCAL_RANK) is left to the new process; a
-    count that sizes a cache made again beside it is not carried without the cache (a grown cache's length with the
-    new process's short cache would index past it): the module keeps what the new process builds."""
+    count that sizes a cache made again beside it (an object of its own, not plain data) is not carried without the
+    cache (a grown cache's length with the new process's short cache would index past it): the module keeps what
+    the new process builds. (A cache that is a tensor is carried with its count: test_a_tensor_attribute_...)"""
+    class Table:
+        def __init__(self, length):
+            self.values = torch.arange(float(length))
+
     class Rotary(nn.Module):
         def __init__(self):
             super().__init__()
             self.linear = nn.Linear(4, 4)
             self.device_name = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
-            self.cached_len, self.cache = 4, torch.zeros(4)
+            self.cached_len, self.cache = 4, Table(4)
 
         def forward(self, x, length):
             if length > self.cached_len:
-                self.cached_len, self.cache = length, torch.arange(float(length))
-            return self.linear(x) + self.cache[:4]
+                self.cached_len, self.cache = length, Table(length)
+            return self.linear(x) + self.cache.values[:4]
 
     monkeypatch.setenv("LOCAL_RANK", "0")
     model = Rotary()
@@ -875,7 +880,7 @@ def test_module_attributes_are_carried_only_where_they_changed_and_only_with_all
     monkeypatch.setenv("LOCAL_RANK", "1")
     other = Rotary()
     gj.attach(other).restore(path)
-    assert (other.device_name, other.cached_len, other.cache.shape) == ("cuda:1", 4, (4,))
+    assert (other.device_name, other.cached_len, other.cache.values.shape) == ("cuda:1", 4, (4,))
 
 
 def test_an_object_made_again_at_its_predecessors_address_is_seen_made_again():
@@ -899,6 +904,40 @@ def test_an_object_made_again_at_its_predecessors_address_is_seen_made_again():
     if id(model.cache) != then:
         pytest.skip("the new Table did not take its predecessor's address")
     assert gmux_module_attributes.capture(model) == {}
+
+
+def test_a_tensor_attribute_made_anew_is_carried_with_the_rest_and_one_in_a_graph_is_not(tmp):
+    """A running statistic the forward makes anew as a tensor (`self.scale = 0.9 * self.scale + ...`) was left to
+    the new process, which started it again: it is carried, with the count beside it, to the module's device, or
+    its host. An activation kept for a hook (in the step's graph, made again by the next forward) leaves the module
+    to the new process, as before."""
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+            self.scale, self.calls, self.last = torch.tensor(1.0), 0, None
+
+        def forward(self, x, keep=False):
+            self.scale = 0.9 * self.scale + 0.1 * x.detach().abs().mean()
+            self.calls += 1
+            out = self.linear(x / self.scale)
+            self.last = out if keep else None
+            return out
+
+    model = Scaled()
+    job = gj.attach(model)
+    x = torch.randn(2, 4)
+    model(x)
+    model(x)
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    other = Scaled()
+    gj.attach(other).restore(path)
+    assert other.calls == 2 and other.scale.item() == model.scale.item() != 1.0
+    assert_identical(other(x), model(x))
+    model(x, keep=True)
+    job.checkpoint(path)
+    assert ckpt.load(path)["attributes"] == [{}]
 
 
 def test_looking_at_a_subclass_of_a_library_module_draws_no_random_numbers():

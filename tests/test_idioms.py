@@ -66,3 +66,14 @@ def test_extras_changed_in_layout_since_attach_are_refused_a_checkpoint_naming_t
     with pytest.raises(StateMismatch, match=r"extras\['count'\] was torch.float32 \[\] at attach and is gone now"):
         job.checkpoint(f"{tmp}/a.ckpt")
     assert not os.path.exists(f"{tmp}/a.ckpt")
+
+
+@pytest.mark.parametrize("idiom", ["float-stat", "tensor-stat"])
+def test_a_running_statistic_the_forward_keeps_in_an_attribute_moves_exactly(idiom, tmp):
+    """The model divides its input by a running mean kept in a plain attribute. As a tensor made anew at each call
+    it was left to the new process, which started it again, and the moved run's weights ended up 0.10 from the
+    solo run's."""
+    solo, _ = _solo_and_moved(tmp, idiom)
+    moved = torch.load(f"{tmp}/moved.pt")
+    assert solo["stat"] != 1.0
+    assert_identical(solo, moved, idiom)

@@ -1,7 +1,7 @@
 """Plain data among an object's attributes (a Trainer callback's, a module's) that changed since the object was
 attached, which a move carries to the process it continues the job in: None, booleans, numbers, strings, and lists,
-tuples and dicts of them, within bounds; and, where asked, tensors inside such a container (a LightningModule's list
-of its steps' losses). Read back from a checkpoint file, each value is checked against what the new process's object
+tuples and dicts of them, within bounds; and, where asked, tensors, alone (a running statistic) or inside such a
+container (a LightningModule's list of its steps' losses). Read back from a checkpoint file, each value is checked against what the new process's object
 holds under its name first.
 
 Only what changed since `remember` (at attach, or as a Trainer starts) is carried: an attribute the script set from
@@ -174,7 +174,9 @@ class _Same:
 
 def _kind(v):
     # (a flag that becomes a count, `warm = False` then `warm = 3`: both numbers)
-    return "number" if type(v) in (bool, int, float) else list if type(v) is tuple else type(v)
+    # (a tensor read back from a file is a TensorRef until its data is read)
+    return "number" if type(v) in (bool, int, float) else list if type(v) is tuple else \
+        torch.Tensor if type(v) is TensorRef else type(v)
 
 
 def _plain(value, budget: list, depth: int, tensors: bool) -> bool:
@@ -185,11 +187,15 @@ def _plain(value, budget: list, depth: int, tensors: bool) -> bool:
         return True
     if type(value) is str:
         return len(value) <= MAX_TEXT
-    if tensors and depth > 0 and type(value) is torch.Tensor:
-        # (one a checkpoint cannot hold, a uint16 or a nested tensor, failed every checkpoint of the job)
-        return value.layout == torch.strided and not (value.is_meta or value.is_nested) and \
-            str(value.dtype).removeprefix("torch.") in DTYPES
-    if tensors and depth > 0 and type(value) is TensorRef:       # (a checkpoint's, before its data is read)
+    if tensors and type(value) is torch.Tensor:
+        # An attribute that is a tensor itself is state as much as one in a list: a running statistic the forward
+        # makes anew (`self.stat = 0.9 * self.stat + 0.1 * x.abs().mean()`), left to the new process, started
+        # again there, and a moved run's weights ended up 0.10 from an unmoved one's. One in a graph (an
+        # activation kept for a hook) is its step's, made again by the next forward: the module is left to the new
+        # process, as before. (One a checkpoint cannot hold, a uint16 or a nested tensor, failed every checkpoint.)
+        return not (depth == 0 and value.requires_grad) and value.layout == torch.strided and \
+            not (value.is_meta or value.is_nested) and str(value.dtype).removeprefix("torch.") in DTYPES
+    if tensors and type(value) is TensorRef:       # (a checkpoint's, before its data is read)
         return True
     if type(value) in (list, tuple):
         return all(_plain(v, budget, depth + 1, tensors) for v in value)

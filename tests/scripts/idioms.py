@@ -8,7 +8,16 @@ IDIOM:
       skipped, and grows every 3 steps; attached, or not;
   ema-rebound: an EMA of the weights kept as a dict of tensors passed in extras=, its entries made anew each step
       (ema[k] = d * ema[k] + (1 - d) * p), not updated in place;
-  ema-inplace: the same, updated in place (lerp_).
+  ema-inplace: the same, updated in place (lerp_);
+  float-stat, tensor-stat: the model's forward keeps a running statistic of its input in a plain attribute (a Python
+      float; a tensor made anew at each call) and divides by it;
+  fused-adam, tensor-lr: Adam(fused=True); Adam with its learning rate a tensor;
+  swa: an AveragedModel and SWALR after a cosine schedule, all attached, swapped at step 18;
+  plateau, onecycle, sequential, chained, lambda: ReduceLROnPlateau stepped by the epoch's mean loss (epochs of
+      4 steps), OneCycleLR, SequentialLR(LinearLR, ExponentialLR), ChainedScheduler(ExponentialLR, CyclicLR),
+      LambdaLR with a closure over a warmup length: each attached;
+  bf16-clip: autocast to bfloat16 on the CPU, gradients clipped by norm;
+  accum: 3 batches per step, counted by job.enumerate's index, the script marking its own boundaries.
 """
 import argparse
 import sys
@@ -16,6 +25,21 @@ import sys
 import torch
 
 import gmux.job
+
+
+class Net(torch.nn.Module):
+    """A model whose forward divides its input by a running mean of its magnitude, kept in a plain attribute."""
+
+    def __init__(self, as_tensor: bool):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        self.stat = torch.tensor(1.0) if as_tensor else 1.0
+
+    def forward(self, x):
+        if self.training:
+            m = x.detach().abs().mean()
+            self.stat = 0.9 * self.stat + 0.1 * (m if isinstance(self.stat, torch.Tensor) else float(m))
+        return self.body(x / self.stat)
 
 
 def main() -> int:
@@ -28,9 +52,33 @@ def main() -> int:
     a = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-    x = torch.randn(96, 8)
+    if a.idiom.endswith("-stat"):
+        model = Net(a.idiom == "tensor-stat")
+    else:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    if a.idiom in ("fused-adam", "tensor-lr"):
+        opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01) if a.idiom == "tensor-lr" else 0.01,
+                               fused=a.idiom == "fused-adam")
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    sched = swa = swa_sched = None
+    S = torch.optim.lr_scheduler
+    if a.idiom == "swa":
+        sched = S.CosineAnnealingLR(opt, T_max=18)
+        swa = torch.optim.swa_utils.AveragedModel(model)
+        swa_sched = torch.optim.swa_utils.SWALR(opt, swa_lr=0.01, anneal_epochs=4)
+    elif a.idiom == "plateau":
+        sched = S.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=0.5)
+    elif a.idiom == "onecycle":
+        sched = S.OneCycleLR(opt, max_lr=0.05, total_steps=40)
+    elif a.idiom == "sequential":
+        sched = S.SequentialLR(opt, [S.LinearLR(opt, 0.1, total_iters=5), S.ExponentialLR(opt, 0.95)], [5])
+    elif a.idiom == "chained":
+        sched = S.ChainedScheduler([S.ExponentialLR(opt, 0.97), S.CyclicLR(opt, 0.005, 0.03, step_size_up=4)])
+    elif a.idiom == "lambda":
+        warmup = 6
+        sched = S.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warmup))
+    x = torch.randn(32 if a.idiom == "plateau" else 96, 8)     # (plateau: epochs of 4 steps)
     y = x.sum(1, keepdim=True)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, shuffle=True,
                                          generator=torch.Generator().manual_seed(1))
@@ -43,12 +91,30 @@ def main() -> int:
     elif a.idiom.startswith("ema"):
         ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
         extras = ema
-    job = gmux.job.attach(*objects, extras=extras, state={"step": 0, "skipped": 0})
+    objects += [o for o in (sched, swa, swa_sched) if o is not None]
+    job = gmux.job.attach(*objects, extras=extras, state={"step": 0, "skipped": 0, "losses": []})
     if a.restore:
         job.restore(a.restore)
-    for _ in job.epochs(3):
-        for xb, yb in job.data(loader):
-            loss = torch.nn.functional.mse_loss(model(xb), yb)
+    accum = 3 if a.idiom == "accum" else 1
+    for _ in job.epochs(9 if a.idiom == "plateau" else 3):
+        for i, (xb, yb) in job.enumerate(loader):
+            if a.idiom == "bf16-clip":
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = torch.nn.functional.mse_loss(model(xb).float(), yb)
+            else:
+                loss = torch.nn.functional.mse_loss(model(xb), yb)
+            job.state["losses"].append(loss.item())
+            if accum > 1:
+                (loss / accum).backward()
+                if (i + 1) % accum:
+                    continue
+                opt.step()
+                opt.zero_grad()
+                job.state["step"] += 1
+                if job.state["step"] == a.migrate_at:
+                    job.controller.send("migrate", path=a.checkpoint)
+                job.boundary()
+                continue
             if scaler is not None:
                 before = scaler.get_scale()
                 scaler.scale(loss).backward()
@@ -57,8 +123,15 @@ def main() -> int:
                 job.state["skipped"] += scaler.get_scale() < before
             else:
                 loss.backward()
+                if a.idiom == "bf16-clip":
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
                 opt.step()
             opt.zero_grad()
+            if swa is not None and job.state["step"] >= 18:
+                swa.update_parameters(model)
+                swa_sched.step()
+            elif sched is not None and a.idiom != "plateau":
+                sched.step()
             if ema is not None:
                 with torch.no_grad():
                     for k, v in model.state_dict().items():
@@ -69,7 +142,15 @@ def main() -> int:
             job.state["step"] += 1
             if job.state["step"] == a.migrate_at:
                 job.controller.send("migrate", path=a.checkpoint)
+        if a.idiom == "plateau":
+            sched.step(sum(job.state["losses"][-len(loader):]) / len(loader))
     out["model"] = model.state_dict()
+    out["losses"] = job.state["losses"]
+    if swa is not None:
+        out["swa"] = swa.state_dict()
+    if a.idiom.endswith("-stat"):
+        out["stat"] = model.stat
+    out["lr"] = [g["lr"] for g in opt.param_groups]
     if ema is not None:
         out["ema"] = dict(ema)
     if scaler is not None:
