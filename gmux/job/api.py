@@ -27,8 +27,9 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     with state_dict() and load_state_dict() such as timm's, GradScalers, and the script's own random generators:
     torch.Generator, NumPy Generator or RandomState, random.Random),
     the tensors in `extras` and the picklable values in `state` (both dicts kept by reference: the job's `state` is
-    that dict, and a tensor the script puts anew under a name of `extras` is the one a checkpoint holds). Returns the job, also available as `gmux.job.current()`. `pool`: a virtual GPU's memory
-    (gmux.job.memory.device_memory, or a DevicePool), for a job on the CPU.
+    that dict, and a tensor the script puts anew under a name of `extras` is the one a checkpoint holds). Returns
+    the job, also available as `gmux.job.current()`. `pool`: a virtual GPU's memory (gmux.job.memory.device_memory,
+    or a DevicePool), for a job on the CPU.
 
     Under gmux-launch the controller is gmuxd's agent and, after a migration, the job's state is restored
     here from the checkpoint gmuxd names in GMUX_RESTORE (or from `restore=`), so the script continues

@@ -1,8 +1,8 @@
 """Plain data among an object's attributes (a Trainer callback's, a module's) that changed since the object was
 attached, which a move carries to the process it continues the job in: None, booleans, numbers, strings, and lists,
 tuples and dicts of them, within bounds; and, where asked, tensors, alone (a running statistic) or inside such a
-container (a LightningModule's list of its steps' losses). Read back from a checkpoint file, each value is checked against what the new process's object
-holds under its name first.
+container (a LightningModule's list of its steps' losses). Read back from a checkpoint file, each value is checked
+against what the new process's object holds under its name first.
 
 Only what changed since `remember` (at attach, or as a Trainer starts) is carried: an attribute the script set from
 its own process (a device name from LOCAL_RANK, a path) stays what the new process sets. And an object is carried
