@@ -326,7 +326,7 @@ class Job:
         return figures
 
     def snapshot(self) -> dict:
-        snap = self.tracked.capture()
+        snap = self.tracked.capture(self.suspended)
         snap["position"] = self.position.to_dict()
         snap["steps"] = self.profile.steps
         return snap

@@ -122,16 +122,19 @@ class TrackedState:
         self.extras = extras
         self.extras_layout = {k: (v.dtype, tuple(v.shape)) for k, v in extras.items()}
 
-    def live_extras(self) -> dict:
+    def live_extras(self, layout: bool = True) -> dict:
         """The extra tensors the script's dict holds now. A new process's attach() is given the dict as the script
         builds it and restores into its tensors, so one changed since in its names, dtypes or shapes is refused here,
-        before a checkpoint that no restore could take is written."""
+        before a checkpoint that no restore could take is written. `layout` False: names only (a suspended job's
+        tensors may be emptied in place, their values in host copies; the script cannot have run since)."""
         extras = dict(self.extras)
         if self.extras_layout is None:
             return extras
         for name in {*extras, *self.extras_layout}:
             t, then = extras.get(name), self.extras_layout.get(name)
             now = (t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else None
+            if not layout and now is not None and then is not None:
+                continue
             if now != then:
                 was = f"{then[0]} {list(then[1])}" if then else "not there"
                 is_ = "gone" if name not in extras else f"{now[0]} {list(now[1])}" if now else f"a {type(t).__name__}"
@@ -187,7 +190,7 @@ class TrackedState:
         return out
 
     # -- capture and apply (checkpoint) -------------------------------------------------------------------
-    def capture(self) -> dict:
+    def capture(self, suspended: bool = False) -> dict:
         """The job as nested plain values and tensors, referring to live tensors (nothing is copied here)."""
         self._check_parameters_held()
         grads = []
@@ -204,7 +207,7 @@ class TrackedState:
             "optimizers": [optimizer_state(o) for o in self.optimizers],
             "schedulers": [s.state_dict() for s in self.schedulers],
             "scalers": [s.state_dict() for s in self.scalers],
-            "extras": self.live_extras(),
+            "extras": self.live_extras(layout=not suspended),
             "state": dict(self.state),
             **self.streams(),
         }
