@@ -77,3 +77,16 @@ def test_a_running_statistic_the_forward_keeps_in_an_attribute_moves_exactly(idi
     moved = torch.load(f"{tmp}/moved.pt")
     assert solo["stat"] != 1.0
     assert_identical(solo, moved, idiom)
+
+
+@pytest.mark.parametrize("idiom,what", [("ema-stray", "a dict of 4 tensors by the names of the job's module"),
+                                        ("ema-list-stray", "a list of 4 tensors shaped like the job's module's")])
+def test_an_ema_kept_as_tensors_not_given_to_attach_keeps_the_job_where_it_is(idiom, what, tmp):
+    """An EMA of the weights kept as a dict by the model's names, or as a list like its parameters, and not given to
+    attach(): a new process built it anew from the model and the moved run's EMA ended up 0.008 from the solo
+    run's, its reports saying movable. The move is refused, naming it, and the job ends where it is, as if never
+    asked (the same EMA passed in extras= moves: the test above)."""
+    solo, first = _solo_and_moved(tmp, idiom)
+    assert f"gmux: move refused, the job runs on here: {what}" in first.stderr, first.stderr
+    assert not os.path.exists(f"{tmp}/a.ckpt")
+    assert_identical(solo, torch.load(f"{tmp}/first.pt"), idiom)

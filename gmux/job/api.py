@@ -12,7 +12,7 @@ import torch
 
 from gmux.wire.arriving import Arriving
 from gmux.wire.transfer import TransferError
-from . import control, holdings, stray_modules, stray_scalers, stray_schedulers, strays
+from . import control, holdings, stray_modules, stray_scalers, stray_schedulers, stray_tensors, strays
 from .checkpoint import CheckpointError
 from .control import Controller
 from .job import Job
@@ -90,6 +90,7 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     elif restore:
         _current.restore(restore)
     stray_modules.problem(_current)     # the first look: what the modules attach() was not given hold now
+    stray_tensors.problem(_current, fresh=True)     # and the tensors shadowing the job's modules
     return _current
 
 

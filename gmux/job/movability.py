@@ -10,9 +10,9 @@ groups since attach (add_param_group: progressive unfreezing), which the new pro
 where an LR scheduler attach() was not given drives an optimizer (the new process's would count from 0:
 gmux.job.stray_schedulers), or an AMP GradScaler does (its scale would start again: gmux.job.stray_scalers), where a
 gradient is sparse at the boundary (a checkpoint holds dense tensors only), where a module attach() was not given
-is changed in place (an EMA copy: gmux.job.stray_modules), where a torchmetrics MetricTracker has made metrics as
-it trained (gmux.job.metric_states), or where a module's own attribute changed into numbers a checkpoint does not
-carry (a NumPy float: gmux.job.module_attributes).
+is changed in place (an EMA copy: gmux.job.stray_modules; one kept as a dict of tensors: gmux.job.stray_tensors),
+where a torchmetrics MetricTracker has made metrics as it trained (gmux.job.metric_states), or where a module's
+own attribute changed into numbers a checkpoint does not carry (a NumPy float: gmux.job.module_attributes).
 Each of these can change while the job runs (a new epoch, an optimizer freed), so every report asks again.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from . import metric_states, module_attributes, stray_modules, stray_scalers, stray_schedulers, strays
+from . import metric_states, module_attributes, stray_modules, stray_scalers, stray_schedulers, stray_tensors, strays
 
 
 def problem(job, fresh: bool = False) -> Optional[str]:
@@ -41,7 +41,7 @@ def problem(job, fresh: bool = False) -> Optional[str]:
                     f"job stays where it is (suspend and resume still work)")
     return (stray_schedulers.problem(job) or stray_scalers.problem(job) or _unmarked_groups(job)
             or _sparse_gradient(job) or metric_states.problem(job) or stray_modules.problem(job, fresh)
-            or (_unkept_attributes(job) if fresh else None))
+            or stray_tensors.problem(job, fresh) or (_unkept_attributes(job) if fresh else None))
 
 
 def _unkept_attributes(job) -> Optional[str]:

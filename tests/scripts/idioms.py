@@ -9,6 +9,8 @@ IDIOM:
   ema-rebound: an EMA of the weights kept as a dict of tensors passed in extras=, its entries made anew each step
       (ema[k] = d * ema[k] + (1 - d) * p), not updated in place;
   ema-inplace: the same, updated in place (lerp_);
+  ema-stray, ema-list-stray, best-state: the in-place EMA dict not given to attach(); an EMA kept as a list of
+      tensors, not given; the best epoch's weights kept as a copy of the model's state_dict() (early stopping's);
   float-stat, tensor-stat: the model's forward keeps a running statistic of its input in a plain attribute (a Python
       float; a tensor made anew at each call) and divides by it;
   fused-adam, tensor-lr: Adam(fused=True); Adam with its learning rate a tensor;
@@ -90,7 +92,9 @@ def main() -> int:
             objects.append(scaler)
     elif a.idiom.startswith("ema"):
         ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        extras = ema
+        extras = None if a.idiom.endswith("stray") else ema
+    best = {"loss": float("inf"), "weights": None}
+    ema_list = [p.detach().clone() for p in model.parameters()]
     objects += [o for o in (sched, swa, swa_sched) if o is not None]
     job = gmux.job.attach(*objects, extras=extras, state={"step": 0, "skipped": 0, "losses": []})
     if a.restore:
@@ -135,15 +139,24 @@ def main() -> int:
             if ema is not None:
                 with torch.no_grad():
                     for k, v in model.state_dict().items():
+                        if a.idiom == "ema-list-stray":
+                            continue
                         if a.idiom == "ema-rebound":
                             ema[k] = 0.9 * ema[k] + 0.1 * v
                         else:
                             ema[k].lerp_(v, 0.1)
+                    if a.idiom == "ema-list-stray":
+                        torch._foreach_lerp_(ema_list, list(model.parameters()), 0.1)
             job.state["step"] += 1
             if job.state["step"] == a.migrate_at:
                 job.controller.send("migrate", path=a.checkpoint)
+        if a.idiom == "best-state" and sum(job.state["losses"][-12:]) < best["loss"]:
+            best["loss"] = sum(job.state["losses"][-12:])
+            best["weights"] = {k: v.clone() for k, v in model.state_dict().items()}
         if a.idiom == "plateau":
             sched.step(sum(job.state["losses"][-len(loader):]) / len(loader))
+    if best["weights"] is not None:
+        model.load_state_dict(best["weights"])      # (early stopping's end: the best epoch's weights)
     out["model"] = model.state_dict()
     out["losses"] = job.state["losses"]
     if swa is not None:
@@ -153,6 +166,7 @@ def main() -> int:
     out["lr"] = [g["lr"] for g in opt.param_groups]
     if ema is not None:
         out["ema"] = dict(ema)
+        out["ema_list"] = ema_list
     if scaler is not None:
         out["scale"] = scaler.get_scale()
         out["skipped"] = job.state["skipped"]
