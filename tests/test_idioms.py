@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import gmux.job as gj
+from gmux.job import movability
 from gmux.job.state import StateMismatch
 from gmux_testkit import assert_identical, run_py
 
@@ -90,3 +91,44 @@ def test_an_ema_kept_as_tensors_not_given_to_attach_keeps_the_job_where_it_is(id
     assert f"gmux: move refused, the job runs on here: {what}" in first.stderr, first.stderr
     assert not os.path.exists(f"{tmp}/a.ckpt")
     assert_identical(solo, torch.load(f"{tmp}/first.pt"), idiom)
+
+
+def test_the_reports_say_why_a_job_with_a_scaler_or_an_ema_dict_not_attached_is_not_movable():
+    """What gmuxd reads to refuse a move up front (the reports' movable and unmovable), in one process: movable until
+    an unattached EMA dict changes between two looks (a move's; the reports' last look is what they say), and until
+    an unattached GradScaler steps the job's optimizer."""
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, opt)
+    assert job.report()["movable"] is True
+
+    def step(scaler=None):
+        loss = model(torch.randn(4, 3)).pow(2).mean()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        opt.zero_grad()
+
+    ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    assert movability.problem(job, fresh=True) is None        # (a move's look: one seen first is no change)
+    step()
+    assert movability.problem(job, fresh=True) is None
+    for k, v in model.state_dict().items():
+        ema[k].lerp_(v, 0.5)
+    assert "a dict of 2 tensors by the names of the job's module" in movability.problem(job, fresh=True)
+    assert "a dict of 2 tensors" in job.report()["unmovable"]
+    del ema
+    assert movability.problem(job, fresh=True) is None
+
+    scaler = torch.amp.GradScaler("cpu")
+    step(scaler)
+    report = job.report()
+    assert report["movable"] is False
+    assert report["unmovable"].startswith("an AMP GradScaler attach() was not given steps an optimizer of the job "
+                                          "(SGD): a new process builds it anew at its initial scale (now 65536)")
+    job.tracked.add(scaler)
+    assert job.report()["movable"] is True
