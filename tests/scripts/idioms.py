@@ -14,12 +14,14 @@ IDIOM:
   float-stat, tensor-stat: the model's forward keeps a running statistic of its input in a plain attribute (a Python
       float; a tensor made anew at each call) and divides by it;
   fused-adam, tensor-lr: Adam(fused=True); Adam with its learning rate a tensor;
-  swa: an AveragedModel and SWALR after a cosine schedule, all attached, swapped at step 18;
+  swa: an AveragedModel and SWALR after a cosine schedule, all attached, swapped at step 18 (swa-stray: the
+      AveragedModel not attached);
   plateau, onecycle, sequential, chained, lambda: ReduceLROnPlateau stepped by the epoch's mean loss (epochs of
       4 steps), OneCycleLR, SequentialLR(LinearLR, ExponentialLR), ChainedScheduler(ExponentialLR, CyclicLR),
       LambdaLR with a closure over a warmup length: each attached;
   bf16-clip: autocast to bfloat16 on the CPU, gradients clipped by norm;
-  accum: 3 batches per step, counted by job.enumerate's index, the script marking its own boundaries.
+  accum: 3 batches per step, counted by job.enumerate's index, the script marking its own boundaries;
+  accum-fetch: the same, the boundaries job.data's fetches (--migrate-at counts batches: a move mid-accumulation).
 """
 import argparse
 import sys
@@ -65,7 +67,7 @@ def main() -> int:
         opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     sched = swa = swa_sched = None
     S = torch.optim.lr_scheduler
-    if a.idiom == "swa":
+    if a.idiom.startswith("swa"):
         sched = S.CosineAnnealingLR(opt, T_max=18)
         swa = torch.optim.swa_utils.AveragedModel(model)
         swa_sched = torch.optim.swa_utils.SWALR(opt, swa_lr=0.01, anneal_epochs=4)
@@ -95,11 +97,11 @@ def main() -> int:
         extras = None if a.idiom.endswith("stray") else ema
     best = {"loss": float("inf"), "weights": None}
     ema_list = [p.detach().clone() for p in model.parameters()]
-    objects += [o for o in (sched, swa, swa_sched) if o is not None]
+    objects += [o for o in (sched, None if a.idiom == "swa-stray" else swa, swa_sched) if o is not None]
     job = gmux.job.attach(*objects, extras=extras, state={"step": 0, "skipped": 0, "losses": []})
     if a.restore:
         job.restore(a.restore)
-    accum = 3 if a.idiom == "accum" else 1
+    accum = 3 if a.idiom.startswith("accum") else 1
     for _ in job.epochs(9 if a.idiom == "plateau" else 3):
         for i, (xb, yb) in job.enumerate(loader):
             if a.idiom == "bf16-clip":
@@ -110,14 +112,17 @@ def main() -> int:
             job.state["losses"].append(loss.item())
             if accum > 1:
                 (loss / accum).backward()
+                if a.idiom == "accum-fetch" and len(job.state["losses"]) == a.migrate_at:
+                    job.controller.send("migrate", path=a.checkpoint)
                 if (i + 1) % accum:
                     continue
                 opt.step()
                 opt.zero_grad()
                 job.state["step"] += 1
-                if job.state["step"] == a.migrate_at:
-                    job.controller.send("migrate", path=a.checkpoint)
-                job.boundary()
+                if a.idiom == "accum":
+                    if job.state["step"] == a.migrate_at:
+                        job.controller.send("migrate", path=a.checkpoint)
+                    job.boundary()
                 continue
             if scaler is not None:
                 before = scaler.get_scale()
