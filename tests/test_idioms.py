@@ -132,3 +132,20 @@ def test_the_reports_say_why_a_job_with_a_scaler_or_an_ema_dict_not_attached_is_
                                           "(SGD): a new process builds it anew at its initial scale (now 65536)")
     job.tracked.add(scaler)
     assert job.report()["movable"] is True
+
+
+def test_an_ema_dict_kept_in_state_is_the_jobs_and_leaves_it_movable(tmp):
+    """state= is carried by a checkpoint, tensors in its dicts too: an EMA dict kept there was taken for one
+    attach() was not given, and its job refused moves it would have made exactly."""
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    job = gj.attach(model, opt, state={"ema": ema})
+    assert movability.problem(job, fresh=True) is None
+    for t in ema.values():
+        t.add_(1)
+    assert movability.problem(job, fresh=True) is None
+    job.checkpoint(f"{tmp}/a.ckpt")
+    again = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    gj.attach(model, opt, state={"ema": again}).restore(f"{tmp}/a.ckpt")
+    assert_identical(again, ema, "ema")

@@ -57,7 +57,8 @@ def _look(job) -> Optional[str]:
             shapes[len(params)] = params
     if not names:
         return None
-    held = {_pointer(t) for t in job.tracked.tensors()}
+    # (what state= holds is carried too: an EMA dict kept there is the job's)
+    held = {_pointer(t) for t in (*job.tracked.tensors(), *_inside(job.tracked.state))}
     found, why = {}, None
     most = len(names)
     for o in gc.get_objects():
@@ -121,6 +122,15 @@ def _same(then, now) -> bool:
     refs, versions, samples = then
     return len(refs) == len(now[0]) and all(r() is not None and r() is s() for r, s in zip(refs, now[0])) and \
         versions == now[1] and samples == now[2]
+
+
+def _inside(value, depth: int = 0) -> list:
+    """The tensors in state=, in its lists, tuples and dicts (as deep as a checkpoint keeps them)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 8 or not isinstance(value, (list, tuple, dict)):
+        return []
+    return [t for v in (value.values() if isinstance(value, dict) else value) for t in _inside(v, depth + 1)]
 
 
 def _pointer(t: torch.Tensor) -> Optional[int]:
