@@ -102,7 +102,7 @@ def not_carried(module: nn.Module):
     """Why a move would lose what one of the module's own submodules counted (None: it would not): an attribute
     that changed into (or in) numbers gmux does not carry, a NumPy value, a set or a deque, which leaves the
     submodule out whole (`capture`): a best loss kept as np.float64 took the count beside it. A tensor held in an
-    attribute is left to the new process, as a cache its forward makes again (an attention map) is."""
+    attribute is carried (plain_values), or, one in the step's graph, made again by the new process's forward."""
     for name, m, keys in _modules(module):
         found = plain_values.unkept_numbers(m, keys, tensors=False)
         if found is not None:
