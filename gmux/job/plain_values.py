@@ -112,11 +112,12 @@ def fits(obj, values, tensors: bool = False) -> str | None:
 def may_take(obj, name: str, value) -> bool:
     """Whether the new object's attribute may take `value`: one it does not have yet (not a method or a special
     name), one holding None or what is not plain data (the moved process held `value` there), or one of its kind (a
-    number, a bool among them, for a number; a list or tuple for either)."""
+    number, a bool among them, for a number; a list or tuple for either). A tensor the new object starts with may
+    become anything plain: the moved process made it a number (`self.best = loss.item()`) or a new tensor."""
     now = vars(obj).get(name, _NEW)
     if now is _NEW:
         return not name.startswith("__") and not callable(getattr(type(obj), name, None))
-    if now is None or value is None or not _plain(now, [MAX_ITEMS], 0, True):
+    if now is None or value is None or type(now) is torch.Tensor or not _plain(now, [MAX_ITEMS], 0, True):
         return True
     return _kind(now) == _kind(value)
 
