@@ -53,7 +53,8 @@ def test_atomic_write_leaves_no_partial_file(tmp):
     good = open(path, "rb").read()
     job, _ = _job()
     job.tracked.state["bad"] = object()  # not storable: the write must fail before replacing the file
-    with pytest.raises(gj.CheckpointError, match=r"cannot store \(at state\['bad'\]\): a value of type builtins.object"):
+    with pytest.raises(gj.CheckpointError,
+                       match=r"cannot store \(at state\['bad'\]\): a value of type builtins.object"):
         job.checkpoint(path)
     assert open(path, "rb").read() == good
     assert os.listdir(tmp) == ["job.ckpt"]

@@ -40,6 +40,24 @@ def _linear():
     return Linear
 
 
+def _on_val_loss_plateau(**scheduling):
+    """A module whose LR halves on a ReduceLROnPlateau monitoring its val_loss: no validation improves on the first
+    by 10, so every step of the scheduler after it reduces. `scheduling`: more of Lightning's lr_scheduler dict."""
+    class Module(_linear()):
+        def training_step(self, batch, i):
+            return nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def validation_step(self, batch, i):
+            self.log("val_loss", nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=10.0,
+                                                                 threshold_mode="abs")
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss", **scheduling}}
+    return Module
+
+
 def _fit(monkeypatch, module, ckpt: str, restore=None, at: int = 17, **trainer_args):
     """Fits `module` for 4 epochs of 7 boundaries (64 points, batches of 8); unrestored, a checkpoint is taken at
     boundary `at` (epoch 2's 3rd batch: what a move carries) and the fit goes on as if unmoved. Returns the
@@ -73,19 +91,7 @@ def test_a_moved_fit_steps_its_plateau_scheduler_at_the_end_of_the_epoch_it_was_
     another LR, while it said it was movable."""
     ckpt = _patched(monkeypatch, tmp_path)
 
-    class Module(_linear()):
-        def training_step(self, batch, i):
-            return nn.functional.mse_loss(self.net(batch[0]), batch[1])
-
-        def validation_step(self, batch, i):
-            self.log("val_loss", nn.functional.mse_loss(self.net(batch[0]), batch[1]))
-
-        def configure_optimizers(self):
-            opt = torch.optim.SGD(self.parameters(), lr=0.1)
-            # (no epoch improves on the first by 10: the LR halves at the end of every epoch after it)
-            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=10.0,
-                                                                 threshold_mode="abs")
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
+    Module = _on_val_loss_plateau()
 
     def run(restore=None):
         module = Module()
@@ -398,19 +404,7 @@ def test_a_moved_fit_finds_the_metrics_logged_before_the_move_in_callback_metric
     while it said it was movable. The metrics are carried and put back."""
     ckpt = _patched(monkeypatch, tmp_path)
 
-    class Module(_linear()):
-        def training_step(self, batch, i):
-            return nn.functional.mse_loss(self.net(batch[0]), batch[1])
-
-        def validation_step(self, batch, i):
-            self.log("val_loss", nn.functional.mse_loss(self.net(batch[0]), batch[1]))
-
-        def configure_optimizers(self):
-            opt = torch.optim.SGD(self.parameters(), lr=0.1)
-            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0, threshold=10.0,
-                                                                 threshold_mode="abs")
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss",
-                                                       "interval": "step", "strict": False}}
+    Module = _on_val_loss_plateau(interval="step", strict=False)
 
     def run(restore=None):
         module = Module()
