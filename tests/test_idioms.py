@@ -149,3 +149,22 @@ def test_an_ema_dict_kept_in_state_is_the_jobs_and_leaves_it_movable(tmp):
     again = {k: v.detach().clone() for k, v in model.state_dict().items()}
     gj.attach(model, opt, state={"ema": again}).restore(f"{tmp}/a.ckpt")
     assert_identical(again, ema, "ema")
+
+
+def test_a_dict_of_per_parameter_metrics_for_a_log_leaves_the_job_movable():
+    """A grad norm by each parameter's name, made anew at each step for a log while the last one is alive: its
+    tensors are not shaped like the weights, so it is no EMA, and a new process makes it anew from the model. It
+    was taken for an EMA dict not given to attach() whenever a look found it at an address an earlier look had
+    seen (the two dicts alive in turn take two addresses: every other step), and the move was refused."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, opt)
+    norms = None
+    for i in range(8):
+        model(torch.randn(8, 3)).pow(2).mean().backward()
+        norms = {n: p.grad.norm() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        if i % 2 == 0:
+            assert movability.problem(job, fresh=True) is None, (i, norms)
+    assert job.report()["movable"] is True

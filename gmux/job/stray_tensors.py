@@ -5,10 +5,11 @@ its parameters, updated as the job trains.
 A move's new process builds such a container as the script builds it (from the model at its start) and went on
 with another EMA (a run moved at step 7 of 36 ended with one up to 0.008 from an unmoved run's), while its reports
 said movable. What the script holds beyond its attached objects gmux does not carry unasked (extras= takes such a
-dict), but it sees one: a dict whose keys are names of an attached module's parameters and buffers, or a list or
-tuple as long as a module's parameters and shaped like them, holding tensors none of which is the job's, whose
-tensors changed between two looks (made anew, or changed in place: version counters and a few bytes) keeps the job
-where it is, naming why. (gmux.job.stray_modules sees an EMA kept as a module.)
+dict), but it sees one: a dict whose keys are names of an attached module's parameters and buffers, its tensors
+shaped like them, or a list or tuple as long as a module's parameters and shaped like them, holding tensors none of
+which is the job's, whose tensors changed between two looks (made anew, or changed in place: version counters and a
+few bytes) keeps the job where it is, naming why. (gmux.job.stray_modules sees an EMA kept as a module.) A dict of
+per-parameter metrics for a log (a grad norm by each name) is not one: a new process makes it anew from the model.
 
 A look walks every object of the process (tens of milliseconds; 0.1 s among 300,000): at attach, at each move,
 and for the reports at most once a minute (less often where one takes longer than 0.3 s). A dict takes no weak
@@ -48,10 +49,11 @@ def problem(job, fresh: bool = False) -> Optional[str]:
 
 
 def _look(job) -> Optional[str]:
-    names: set = set()
+    names: dict = {}        # name of a module's parameter or buffer -> the shapes it has (modules may share names)
     shapes: dict = {}       # count of a module's parameters -> their shapes, in order
     for m in job.tracked.modules:
-        names.update(n for n, _ in (*m.named_parameters(), *m.named_buffers()))
+        for n, t in (*m.named_parameters(), *m.named_buffers()):
+            names.setdefault(n, set()).add(tuple(t.shape))
         params = [tuple(p.shape) for p in m.parameters()]
         if params:
             shapes[len(params)] = params
@@ -71,6 +73,10 @@ def _look(job) -> Optional[str]:
             # (a module's own table of its parameters is gmux.job.stray_modules' to look at, by the module: an
             # evaluation copy made each epoch, its table at the address of the last one's, is not a change)
             if any(type(t) is nn.Parameter for t in tensors):
+                continue
+            # (an EMA is shaped like the weights it follows: a dict of per-parameter metrics made for a log, a grad
+            # norm by each name, is made anew from the model and holds nothing a new process lacks)
+            if not all(isinstance(t, torch.Tensor) and tuple(t.shape) in names[k] for k, t in o.items()):
                 continue
         elif kind in (list, tuple):
             if len(o) not in shapes:
