@@ -168,3 +168,44 @@ def test_a_dict_of_per_parameter_metrics_for_a_log_leaves_the_job_movable():
         if i % 2 == 0:
             assert movability.problem(job, fresh=True) is None, (i, norms)
     assert job.report()["movable"] is True
+
+
+class _Warmup(nn.Module):
+    """Scales its output by a warmup its own count of calls sets, and keeps its last output (for a hook, a plot)."""
+
+    def __init__(self, detach: bool):
+        super().__init__()
+        self.lin = nn.Linear(3, 1)
+        self.detach = detach
+        self.calls = 0
+        self.last = None
+
+    def forward(self, x):
+        self.calls += 1
+        out = self.lin(x) * min(1.0, self.calls / 10)
+        self.last = out.detach() if self.detach else out
+        return out
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_a_count_beside_an_activation_kept_in_the_graph_is_carried_or_keeps_the_job_where_it_is(detach, tmp):
+    """The module's last output, kept in the step's graph, leaves the module out of a checkpoint whole, its count of
+    calls too: a new process started the warmup again while the reports said movable. The move is refused, naming
+    the attribute; kept detached, the output is carried and so is the count."""
+    torch.manual_seed(0)
+    model = _Warmup(detach)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, opt)
+    for _ in range(5):
+        model(torch.randn(8, 3)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    why = movability.problem(job, fresh=True)
+    if not detach:
+        assert why.startswith("its module _Warmup's attribute 'last' holds a tensor of the step's graph"), why
+        return
+    assert why is None
+    job.checkpoint(f"{tmp}/a.ckpt")
+    again = _Warmup(detach)
+    gj.attach(again, torch.optim.SGD(again.parameters(), lr=0.1)).restore(f"{tmp}/a.ckpt")
+    assert again.calls == 5 and torch.equal(again.last, model.last)

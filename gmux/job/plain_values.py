@@ -80,6 +80,26 @@ def unkept_numbers(obj, skip=frozenset(), tensors: bool = True) -> str | None:
     return None
 
 
+def graph_beside(obj, skip=frozenset()) -> str | None:
+    """An attribute of `obj` (not in `skip`) holding a tensor in the step's graph (an activation kept for a hook or a
+    plot), as "'name'", where another attribute changed since `remember` too; else None. `changed` leaves the object
+    out whole for the graph's tensor, and the other (a count of calls the forward reads) would start again."""
+    try:
+        then = _seen.get(obj)
+    except TypeError:
+        return None
+    graph, other = None, False
+    for name, value in (() if then is None else vars(obj).items()):
+        if not isinstance(name, str) or name in skip or isinstance(value, _WIRING) or \
+                then.get(name, _NEW) == _look(value):
+            continue
+        if type(value) is torch.Tensor and value.requires_grad:
+            graph = graph or repr(name)
+        else:
+            other = True
+    return graph if other else None
+
+
 def _numbers_in(value, budget: list, depth: int, tensors: bool):
     """The type name of the first tensor (where `tensors`: those inside a list are a module's, carried), NumPy
     value, set or deque in `value` (looked into within bounds)."""
