@@ -209,3 +209,14 @@ def test_a_count_beside_an_activation_kept_in_the_graph_is_carried_or_keeps_the_
     again = _Warmup(detach)
     gj.attach(again, torch.optim.SGD(again.parameters(), lr=0.1)).restore(f"{tmp}/a.ckpt")
     assert again.calls == 5 and torch.equal(again.last, model.last)
+
+
+def test_a_list_of_nested_tensors_as_long_as_the_models_parameters_is_passed_over():
+    """A batch of ragged sequences kept as nested tensors, in a list as long as the model's parameters: the look
+    for an EMA kept as a list read their shapes, which nested tensors have none of, and attach() raised (and every
+    report would have)."""
+    model = nn.Linear(3, 1)
+    batch = [torch.nested.nested_tensor([torch.randn(2), torch.randn(3)]) for _ in range(2)]
+    job = gj.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert movability.problem(job, fresh=True) is None and job.report()["movable"] is True
+    assert len(batch) == 2

@@ -53,8 +53,8 @@ def _look(job) -> Optional[str]:
     shapes: dict = {}       # count of a module's parameters -> their shapes, in order
     for m in job.tracked.modules:
         for n, t in (*m.named_parameters(), *m.named_buffers()):
-            names.setdefault(n, set()).add(tuple(t.shape))
-        params = [tuple(p.shape) for p in m.parameters()]
+            names.setdefault(n, set()).add(_shape(t))
+        params = [_shape(p) for p in m.parameters()]
         if params:
             shapes[len(params)] = params
     if not names:
@@ -76,7 +76,7 @@ def _look(job) -> Optional[str]:
                 continue
             # (an EMA is shaped like the weights it follows: a dict of per-parameter metrics made for a log, a grad
             # norm by each name, is made anew from the model and holds nothing a new process lacks)
-            if not all(isinstance(t, torch.Tensor) and tuple(t.shape) in names[k] for k, t in o.items()):
+            if not all(isinstance(t, torch.Tensor) and _shape(t) in names[k] for k, t in o.items()):
                 continue
         elif kind in (list, tuple):
             if len(o) not in shapes:
@@ -85,7 +85,8 @@ def _look(job) -> Optional[str]:
         else:
             continue
         if not all(isinstance(t, torch.Tensor) for t in tensors) or \
-                (kind in (list, tuple) and [tuple(t.shape) for t in tensors] != shapes[len(o)]):
+                (kind in (list, tuple) and [_shape(t) for t in tensors] != shapes[len(o)]) or \
+                None in map(_shape, tensors):
             continue
         look = _state(tensors, held)
         if look is None:
@@ -128,6 +129,16 @@ def _same(then, now) -> bool:
     refs, versions, samples = then
     return len(refs) == len(now[0]) and all(r() is not None and r() is s() for r, s in zip(refs, now[0])) and \
         versions == now[1] and samples == now[2]
+
+
+def _shape(t: torch.Tensor) -> Optional[tuple]:
+    """A tensor's shape; None for one that has none to read (a nested tensor, a lazy module's uninitialized
+    parameter), which raised out of attach() and the reports for a script holding a list of nested tensors as
+    long as its model's parameters (a batch's)."""
+    try:
+        return tuple(t.shape)
+    except (RuntimeError, ValueError, NotImplementedError, TypeError):
+        return None
 
 
 def _inside(value, depth: int = 0) -> list:
