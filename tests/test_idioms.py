@@ -220,3 +220,19 @@ def test_a_list_of_nested_tensors_as_long_as_the_models_parameters_is_passed_ove
     job = gj.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert movability.problem(job, fresh=True) is None and job.report()["movable"] is True
     assert len(batch) == 2
+
+
+def test_an_ema_dict_made_before_torch_compile_wrapped_the_model_keeps_the_job_where_it_is():
+    """The EMA keyed by the model's own names, the compiled model's keyed with "_orig_mod.": the dict was not
+    seen, and the job said movable while a new process would build the EMA anew."""
+    raw = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    ema = {k: v.detach().clone() for k, v in raw.state_dict().items()}
+    model = torch.compile(raw, backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, opt)
+    model(torch.randn(8, 3)).pow(2).mean().backward()
+    opt.step()
+    with torch.no_grad():
+        for k, v in raw.state_dict().items():
+            ema[k].lerp_(v, 0.1)
+    assert "a dict of 4 tensors by the names of the job's module" in movability.problem(job, fresh=True)

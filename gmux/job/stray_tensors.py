@@ -2,14 +2,15 @@
 dict by the model's names (`ema = {k: v.clone() for k, v in model.state_dict().items()}`) or as a list shaped like
 its parameters, updated as the job trains.
 
-A move's new process builds such a container as the script builds it (from the model at its start) and went on
-with another EMA (a run moved at step 7 of 36 ended with one up to 0.008 from an unmoved run's), while its reports
-said movable. What the script holds beyond its attached objects gmux does not carry unasked (extras= takes such a
-dict), but it sees one: a dict whose keys are names of an attached module's parameters and buffers, its tensors
-shaped like them, or a list or tuple as long as a module's parameters and shaped like them, holding tensors none of
-which is the job's, whose tensors changed between two looks (made anew, or changed in place: version counters and a
-few bytes) keeps the job where it is, naming why. (gmux.job.stray_modules sees an EMA kept as a module.) A dict of
-per-parameter metrics for a log (a grad norm by each name) is not one: a new process makes it anew from the model.
+A move's new process builds such a container as the script builds it (from the model at its start) and went on with
+another EMA (a run moved at step 7 of 36 ended with one up to 0.008 from an unmoved run's), while its reports said
+movable. What the script holds beyond its attached objects gmux does not carry unasked (extras= takes such a dict),
+but it sees one: a dict whose keys are names of an attached module's parameters and buffers (or of the module
+torch.compile or DDP wraps), its tensors shaped like them, or a list or tuple as long as a module's parameters and
+shaped like them, holding tensors none of which is the job's, whose tensors changed between two looks (made anew, or
+changed in place: version counters and a few bytes) keeps the job where it is, naming why. (gmux.job.stray_modules
+sees an EMA kept as a module.) A dict of per-parameter metrics for a log (a grad norm by each name) is not one: a
+new process makes it anew from the model.
 
 A look walks every object of the process (tens of milliseconds; 0.1 s among 300,000): at attach, at each move,
 and for the reports at most once a minute (less often where one takes longer than 0.3 s). A dict takes no weak
@@ -52,8 +53,12 @@ def _look(job) -> Optional[str]:
     names: dict = {}        # name of a module's parameter or buffer -> the shapes it has (modules may share names)
     shapes: dict = {}       # count of a module's parameters -> their shapes, in order
     for m in job.tracked.modules:
-        for n, t in (*m.named_parameters(), *m.named_buffers()):
-            names.setdefault(n, set()).add(_shape(t))
+        # (and by the names of the module a wrapper holds: an EMA made from the model before torch.compile or DDP
+        # wrapped it is keyed without their "_orig_mod." or "module.", and was not seen, its job said movable)
+        for inner in {id(w): w for w in (m, getattr(m, "_orig_mod", None), getattr(m, "module", None))
+                      if isinstance(w, nn.Module)}.values():
+            for n, t in (*inner.named_parameters(), *inner.named_buffers()):
+                names.setdefault(n, set()).add(_shape(t))
         params = [_shape(p) for p in m.parameters()]
         if params:
             shapes[len(params)] = params
