@@ -236,3 +236,19 @@ def test_an_ema_dict_made_before_torch_compile_wrapped_the_model_keeps_the_job_w
         for k, v in raw.state_dict().items():
             ema[k].lerp_(v, 0.1)
     assert "a dict of 4 tensors by the names of the job's module" in movability.problem(job, fresh=True)
+
+
+def test_a_list_of_weak_proxies_whose_objects_are_gone_is_passed_over():
+    """isinstance() asks a weak proxy for its referent's class: with the referent gone, the look for an EMA kept as
+    a list raised ReferenceError out of attach() and every report, for a list as long as the model's parameters."""
+    import weakref
+
+    class Node:
+        pass
+    a, b = Node(), Node()
+    peers = [weakref.proxy(a), weakref.proxy(b)]
+    del a, b
+    model = nn.Linear(3, 1)
+    job = gj.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert movability.problem(job, fresh=True) is None and job.report()["movable"] is True
+    assert len(peers) == 2

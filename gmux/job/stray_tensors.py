@@ -81,7 +81,7 @@ def _look(job) -> Optional[str]:
                 continue
             # (an EMA is shaped like the weights it follows: a dict of per-parameter metrics made for a log, a grad
             # norm by each name, is made anew from the model and holds nothing a new process lacks)
-            if not all(isinstance(t, torch.Tensor) and _shape(t) in names[k] for k, t in o.items()):
+            if not all(_tensor(t) and _shape(t) in names[k] for k, t in o.items()):
                 continue
         elif kind in (list, tuple):
             if len(o) not in shapes:
@@ -89,7 +89,7 @@ def _look(job) -> Optional[str]:
             tensors = list(o)
         else:
             continue
-        if not all(isinstance(t, torch.Tensor) for t in tensors) or \
+        if not all(map(_tensor, tensors)) or \
                 (kind in (list, tuple) and [_shape(t) for t in tensors] != shapes[len(o)]) or \
                 None in map(_shape, tensors):
             continue
@@ -134,6 +134,12 @@ def _same(then, now) -> bool:
     refs, versions, samples = then
     return len(refs) == len(now[0]) and all(r() is not None and r() is s() for r, s in zip(refs, now[0])) and \
         versions == now[1] and samples == now[2]
+
+
+def _tensor(o) -> bool:
+    # (by its type: isinstance() asks a weak proxy its referent's class, and one whose referent is gone raised out
+    # of attach() and the reports, in a list of them as long as the model's parameters)
+    return issubclass(type(o), torch.Tensor)
 
 
 def _shape(t: torch.Tensor) -> Optional[tuple]:
