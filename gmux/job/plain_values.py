@@ -162,7 +162,10 @@ def _look(value, budget: list | None = None):
     if type(value) is float:
         return ("float", repr(value))       # (nan == nan)
     if type(value) in (set, frozenset, collections.deque):
-        return ("object", id(value), len(value))      # (grown or emptied in place: changed)
+        # (grown, emptied or changed in place: changed. By its items too: a window of the last losses, a deque
+        # made full at its maxlen, keeps its length as it changes, and was taken for unchanged and left behind)
+        items = tuple(_look(v, budget) for v in value) if budget[0] >= 0 else None
+        return ("object", id(value), len(value), items)
     if type(value) in (list, tuple, dict) and budget[0] >= 0:
         items = value.items() if type(value) is dict else enumerate(value)
         return (type(value).__name__, id(value), tuple((k, _look(v, budget)) for k, v in items))

@@ -415,3 +415,21 @@ def test_numbers_a_move_does_not_carry_are_named_and_objects_a_callback_makes_ag
         assert plain_values.unkept_numbers(cb) is None
         change(cb)
         assert plain_values.unkept_numbers(cb) == named
+
+
+def test_a_deque_or_set_changed_in_place_at_its_length_is_named():
+    """A window of the last values made full at its maxlen keeps its length as it changes (so does a set an item is
+    swapped in): seen by its length alone, it was taken for unchanged, neither carried nor named, and a module's
+    forward that reads it went on from its first values in a new process while the job said movable."""
+    import collections
+    from gmux.job import plain_values
+
+    class Own:
+        def __init__(self):
+            self.window, self.ids = collections.deque([1.0] * 4, maxlen=4), {1, 2}
+    for change, named in ((lambda cb: cb.window.append(0.5), "'window' (a deque)"),
+                          (lambda cb: cb.ids.discard(1) or cb.ids.add(3), "'ids' (a set)")):
+        cb = Own()
+        plain_values.remember(cb)
+        change(cb)
+        assert plain_values.unkept_numbers(cb) == named
