@@ -169,7 +169,16 @@ def _look(value, budget: list | None = None):
     if type(value) in (list, tuple, dict) and budget[0] >= 0:
         items = value.items() if type(value) is dict else enumerate(value)
         return (type(value).__name__, id(value), tuple((k, _look(v, budget)) for k, v in items))
+    if type(value).__name__ == "ndarray" and type(value).__module__ == "numpy":
+        # (counted into in place, `self.seen[y] += 1`, it is the same object: by its bytes, a sample of a large one.
+        # By identity alone it was taken for unchanged, neither carried nor named, its job said movable)
+        # (.flat's slice copies only the sample, of a transposed array too)
+        return ("array", _Same(value), value.dtype.str, value.shape,
+                (value if value.nbytes <= _ARRAY_BYTES else value.flat[::max(1, value.size // 4096)]).tobytes())
     return ("object", _Same(value), len(value) if type(value) in (list, tuple, dict) else None)
+
+
+_ARRAY_BYTES = 1 << 16      # an array's bytes compared whole up to this; a larger one's by 4096 of its items
 
 
 class _Same:

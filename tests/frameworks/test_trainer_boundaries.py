@@ -433,3 +433,21 @@ def test_a_deque_or_set_changed_in_place_at_its_length_is_named():
         plain_values.remember(cb)
         change(cb)
         assert plain_values.unkept_numbers(cb) == named
+
+
+def test_a_numpy_array_counted_into_in_place_is_named():
+    """`self.seen[y] += 1` keeps the same array: seen by identity alone, it was taken for unchanged, neither carried
+    nor named, and a module whose loss weights it set was reported movable. A large one is looked at by a sample."""
+    import numpy as np
+    from gmux.job import plain_values
+
+    class Own:
+        def __init__(self):
+            self.seen, self.big = np.ones(3), np.zeros(1 << 20)
+    for change, named in ((lambda cb: cb.seen.__setitem__(1, 5.0), "'seen' (a ndarray)"),
+                          (lambda cb: cb.big.__iadd__(1.0), "'big' (a ndarray)")):
+        cb = Own()
+        plain_values.remember(cb)
+        assert plain_values.unkept_numbers(cb) is None
+        change(cb)
+        assert plain_values.unkept_numbers(cb) == named
