@@ -252,3 +252,17 @@ def test_a_list_of_weak_proxies_whose_objects_are_gone_is_passed_over():
     job = gj.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert movability.problem(job, fresh=True) is None and job.report()["movable"] is True
     assert len(peers) == 2
+
+
+def test_an_activation_kept_in_the_graph_beside_an_object_made_again_leaves_the_job_movable():
+    """Only plain data a checkpoint would have carried is lost with the module: an object the module makes at its
+    first call (a helper, a writer) is made again by the new process's forward, as before."""
+    model = _Warmup(detach=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.calls = 10        # (before attach: the warmup is over, the count no longer changes what it computes)
+    job = gj.attach(model, opt)
+    model.__dict__["_helper"] = object()
+    model(torch.randn(8, 3)).pow(2).mean().backward()
+    model.calls = 10
+    opt.step()
+    assert movability.problem(job, fresh=True) is None

@@ -82,8 +82,9 @@ def unkept_numbers(obj, skip=frozenset(), tensors: bool = True) -> str | None:
 
 def graph_beside(obj, skip=frozenset()) -> str | None:
     """An attribute of `obj` (not in `skip`) holding a tensor in the step's graph (an activation kept for a hook or a
-    plot), as "'name'", where another attribute changed since `remember` too; else None. `changed` leaves the object
-    out whole for the graph's tensor, and the other (a count of calls the forward reads) would start again."""
+    plot), as "'name'", where another attribute holding plain data changed since `remember` too; else None.
+    `changed` leaves the object out whole for the graph's tensor, and the other (a count of calls the forward
+    reads) would start again."""
     try:
         then = _seen.get(obj)
     except TypeError:
@@ -95,8 +96,8 @@ def graph_beside(obj, skip=frozenset()) -> str | None:
             continue
         if type(value) is torch.Tensor and value.requires_grad:
             graph = graph or repr(name)
-        else:
-            other = True
+        else:       # (one `changed` would carry: another object is made again by the new process, as before)
+            other = other or _plain(value, [MAX_ITEMS], 0, True)
     return graph if other else None
 
 
