@@ -266,3 +266,22 @@ def test_an_activation_kept_in_the_graph_beside_an_object_made_again_leaves_the_
     model.calls = 10
     opt.step()
     assert movability.problem(job, fresh=True) is None
+
+
+def test_a_module_holding_a_weak_proxy_whose_object_is_gone_attaches():
+    """isinstance() asks a weak proxy for its referent's class: the look at a module's own attributes at attach
+    raised ReferenceError for one whose referent was gone."""
+    import weakref
+
+    class Owner:
+        pass
+
+    class Held(nn.Linear):
+        def __init__(self, owner):
+            super().__init__(3, 1)
+            self.owner = weakref.proxy(owner)
+    owner = Owner()
+    model = Held(owner)
+    del owner
+    job = gj.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert movability.problem(job, fresh=True) is None and job.report()["movable"] is True

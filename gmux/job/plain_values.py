@@ -48,7 +48,7 @@ def changed(obj, skip=frozenset(), tensors: bool = False) -> dict:
         return {}
     out = {}
     for name, value in vars(obj).items():
-        if not isinstance(name, str) or name in skip or isinstance(value, _WIRING) or \
+        if not isinstance(name, str) or name in skip or issubclass(type(value), _WIRING) or \
                 then.get(name, _NEW) == _look(value):
             continue
         # (each attribute within its own bound: a vocabulary of 50,000 words built in __init__ does not use up
@@ -72,7 +72,7 @@ def unkept_numbers(obj, skip=frozenset(), tensors: bool = True) -> str | None:
     if then is None:
         return None
     for name, value in vars(obj).items():
-        if isinstance(name, str) and name not in skip and not isinstance(value, _WIRING) and \
+        if isinstance(name, str) and name not in skip and not issubclass(type(value), _WIRING) and \
                 then.get(name, _NEW) != _look(value):
             found = _numbers_in(value, [MAX_ITEMS], 0, tensors)
             if found is not None:
@@ -91,7 +91,7 @@ def graph_beside(obj, skip=frozenset()) -> str | None:
         return None
     graph, other = None, False
     for name, value in (() if then is None else vars(obj).items()):
-        if not isinstance(name, str) or name in skip or isinstance(value, _WIRING) or \
+        if not isinstance(name, str) or name in skip or issubclass(type(value), _WIRING) or \
                 then.get(name, _NEW) == _look(value):
             continue
         if type(value) is torch.Tensor and value.requires_grad:
@@ -106,9 +106,9 @@ def _numbers_in(value, budget: list, depth: int, tensors: bool):
     value, set or deque in `value` (looked into within bounds)."""
     budget[0] -= 1
     kind = type(value)
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         return kind.__name__ if tensors else None
-    if isinstance(value, _HELD) or kind.__module__ == "numpy":
+    if issubclass(type(value), _HELD) or kind.__module__ == "numpy":
         return kind.__name__
     if budget[0] < 0 or depth > MAX_DEPTH or kind not in (list, tuple, dict):
         return None
@@ -144,6 +144,8 @@ def may_take(obj, name: str, value) -> bool:
 
 
 _NEW = object()
+# (an attribute's value is known by its type throughout: isinstance() asks a weak proxy its referent's class, and a
+# module holding one whose referent is gone raised ReferenceError out of attach())
 # containers of numbers a move does not carry (their NumPy kin are known by their module: numpy is not imported here)
 _HELD = (set, frozenset, collections.deque)
 # Functions an object was given, not state it keeps (Lightning sets each callback's log to the module's)
@@ -156,7 +158,7 @@ def _look(value, budget: list | None = None):
     (changed in place or made again), anything else by identity; a container item by item, within bounds."""
     budget = [MAX_ITEMS] if budget is None else budget
     budget[0] -= 1
-    if isinstance(value, torch.Tensor):
+    if issubclass(type(value), torch.Tensor):
         return ("tensor", _Same(value), value._version if not value.is_inference() else 0)
     if value is None or type(value) in (bool, int, str):
         return value
