@@ -285,3 +285,23 @@ def test_a_module_holding_a_weak_proxy_whose_object_is_gone_attaches():
     del owner
     job = gj.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert movability.problem(job, fresh=True) is None and job.report()["movable"] is True
+
+
+def test_a_look_that_fails_on_what_the_script_holds_keeps_the_job_where_it_is_and_training(monkeypatch):
+    """The movability looks walk the script's objects; one that raised went up through the report at a boundary
+    into the training loop. Now the job trains on, said unmovable with the error."""
+    from gmux.job import stray_tensors
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, opt)
+    assert job.report()["movable"] is True
+
+    def broken(job, fresh=False):
+        raise ReferenceError("weakly-referenced object no longer exists")
+    monkeypatch.setattr(stray_tensors, "problem", broken)
+    report = job.report()
+    assert report["movable"] is False
+    assert report["unmovable"].startswith("gmux could not judge") and "ReferenceError: weakly" in report["unmovable"]
+    assert "ReferenceError" in movability.problem(job, fresh=True)
+    monkeypatch.undo()
+    assert job.report()["movable"] is True

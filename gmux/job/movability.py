@@ -27,6 +27,17 @@ from . import metric_states, module_attributes, stray_modules, stray_scalers, st
 def problem(job, fresh: bool = False) -> Optional[str]:
     """Why a new process could not continue `job` exactly now (None: it could). `fresh`: a move asks, and looks
     for modules changed outside the job's state now rather than by the last minute's look (stray_modules)."""
+    try:
+        return _problem(job, fresh)
+    except Exception as e:
+        # The looks walk whatever the script holds (its modules' attributes, every object of the process): one
+        # that fails on an object nobody foresaw must not end the training it was asked about, from a report at a
+        # boundary. Unjudged, the job is not moved.
+        return (f"gmux could not judge whether a new process would continue the job exactly ({type(e).__name__}: "
+                f"{str(e)[:200]}), so it stays where it is (suspend and resume still work)")
+
+
+def _problem(job, fresh: bool) -> Optional[str]:
     why = job.position.unmovable or job.not_rebuilt or (strays.problem(job) if job.strays else None)
     if why:
         return why
