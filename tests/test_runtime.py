@@ -84,12 +84,15 @@ def test_residue_names_what_the_runtime_was_not_told_about():
     gone = type("Gone", (), {})()
     dead_proxy = weakref.proxy(gone)    # torch.compile leaves such about; isinstance() on one raises
     del gone
+    # ... and FakeTensors, whose memory cannot be read (the scan raised on one): a compiled function's first call
+    fake = torch.compile(lambda x: x * 2, backend="eager")
+    fake(torch.ones(3))
     job.suspend()
     names = [name for name, _ in job.residue()["tensors"]]
     assert any("kept_by_user" in n for n in names), names
     assert job.tier.pool.in_use > 0
     job.resume()
-    del kept_by_user, dead_proxy
+    del kept_by_user, dead_proxy, fake
 
 
 def test_heap_backed_device_without_pool():

@@ -52,12 +52,18 @@ def residue(job) -> dict:
     candidates = [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]
     local_names = _locals()
     for obj in candidates:
-        if id(obj) in tracked or not on_device(obj):
+        try:
+            if id(obj) in tracked or not on_device(obj):
+                continue
+            storage = obj.untyped_storage()
+            ptr, size = storage.data_ptr(), storage.nbytes()
+        except (RuntimeError, NotImplementedError):
+            # (no memory of its own to read: torch.compile's FakeTensors, a nested or functional tensor; the scan
+            # raised on one left in the process)
             continue
-        storage = obj.untyped_storage()
-        if storage.nbytes() == 0 or storage.data_ptr() in held:
+        if size == 0 or ptr in held:
             continue
-        held[storage.data_ptr()] = (f"{_name(obj, candidates, local_names)}: {tuple(obj.shape)} {obj.dtype}", storage.nbytes())
+        held[ptr] = (f"{_name(obj, candidates, local_names)}: {tuple(obj.shape)} {obj.dtype}", size)
     out = {"tensors": sorted(held.values(), key=lambda x: -x[1]),
            "tensor_bytes": sum(n for _, n in held.values())}
     if pool is not None:
