@@ -305,3 +305,13 @@ def test_a_look_that_fails_on_what_the_script_holds_keeps_the_job_where_it_is_an
     assert "ReferenceError" in movability.problem(job, fresh=True)
     monkeypatch.undo()
     assert job.report()["movable"] is True
+
+
+def test_a_lazy_module_not_made_yet_is_refused_by_attach_naming_what_to_do():
+    """attach() before a LazyLinear's first forward raised torch's "uninitialized parameter" from gmux's internals."""
+    model = nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"LazyLinear '0' has parameters not made yet .* run one forward"):
+        gj.attach(model, opt)
+    model(torch.randn(2, 3))
+    assert gj.attach(model, opt).report()["movable"] is True

@@ -9,6 +9,7 @@ import os
 from typing import Optional
 
 import torch
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from gmux.wire.arriving import Arriving
 from gmux.wire.transfer import TransferError
@@ -43,6 +44,7 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
             raise TypeError(f"extras['{name}'] is a {type(t).__name__}, not a tensor: pass a module, optimizer, "
                             f"scheduler or scaler to attach() as it is (attach(model, ema_model, ...)), and other "
                             f"values in state=")
+    _made(tracked.modules)
     tracked.set_extras(extras if extras is not None else {})
     if state is not None:
         tracked.state = state
@@ -92,6 +94,17 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     stray_modules.problem(_current)     # the first look: what the modules attach() was not given hold now
     stray_tensors.problem(_current, fresh=True)     # and the tensors shadowing the job's modules
     return _current
+
+
+def _made(modules) -> None:
+    """Refuses modules whose parameters are not made yet (a lazy module's, made at its first forward): the job's
+    state has no shape to hold, suspend or restore until then, and torch's own error named none of it."""
+    for m in modules:
+        for name, sub in m.named_modules():
+            if isinstance(sub, LazyModuleMixin) and sub.has_uninitialized_params():
+                raise ValueError(f"attach(): {type(sub).__name__} {name or type(m).__name__!r} has parameters not "
+                                 f"made yet (a lazy module makes them at its first forward): run one forward, on a "
+                                 f"batch of the data or a dummy one, before attach()")
 
 
 def _restore_wait(text: Optional[str]) -> float:
