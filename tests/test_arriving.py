@@ -65,9 +65,9 @@ def test_restores_as_the_bytes_arrive_and_applies_only_once_complete(tmp_path):
     src = _job(0)
     data = _checkpoint_bytes(tmp_path, src)
     path = str(tmp_path / "m1-c1-k1.0.ckpt")
+    dst = _job(1)       # (before the transfer starts: see _refused_and_unchanged)
     rx = Receiver(path, data, start_after=0.1)
     rx.start()
-    dst = _job(1)
     reads = []
 
     class Counted(Arriving):
@@ -96,10 +96,14 @@ def test_a_complete_transfer_is_read_like_a_file(tmp_path):
     assert_identical(_values(src), _values(dst))
 
 
-def _refused_and_unchanged(path, wait, match):
-    """A restore from `path` as it arrives fails with `match`, and the job it was for is as it was."""
+def _refused_and_unchanged(path, wait, match, rx=None):
+    """A restore from `path` as it arrives fails with `match`, and the job it was for is as it was. `rx`: a receiver
+    started only once that job is made (attach() looks at the process's objects: in a long-lived test worker that
+    took longer than a transfer given up after 0.2 s, whose partial file was gone before the restore looked)."""
     dst = _job(1)
     before = _values(dst)
+    if rx is not None:
+        rx.start()
     with pytest.raises(TransferError, match=match):
         with Arriving(path, wait=wait) as arriving:
             dst.restore(arriving)
@@ -110,8 +114,7 @@ def test_a_transfer_given_up_half_way_changes_nothing(tmp_path):
     data = _checkpoint_bytes(tmp_path, _job(0))
     path = str(tmp_path / "cut.ckpt")
     rx = Receiver(path, data, gone_at=len(data) // 2)
-    rx.start()
-    _refused_and_unchanged(path, 10, "given up after")
+    _refused_and_unchanged(path, 10, "given up after", rx)
     rx.join()
 
 
