@@ -81,21 +81,15 @@ def capture(module: nn.Module) -> dict:
     out = {}
     for name, m, keys in _modules(module):
         kept = plain_values.changed(m, keys, tensors=True)
-        tensors = {k: found for k, v in kept.items() if (found := _tensors(v))}
+        tensors = {k: found for k, v in kept.items() if (found := plain_values.tensors_in(v))}
         if tensors:
             held = held if held is not None else \
                 {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers()) if t.numel()}
             kept = {k: v for k, v in kept.items() if not any(t.numel() and t.untyped_storage().data_ptr() in held
                                                              for t in tensors.get(k, ()))}
-        # (which of them the script keeps on the host, `preds.cpu()` for a NumPy metric at the epoch's end: a
-        # restore that put them on the module's GPU mixed devices with the ones appended after it)
-        host = [k for k in kept if any(t.device.type == "cpu" for t in tensors.get(k, ()))]
         if kept:
-            out[name] = {**kept, HOST: host} if host else kept
+            out[name] = plain_values.with_places(kept)
     return out
-
-
-HOST = "__gmux_host__"
 
 
 def not_carried(module: nn.Module):
@@ -118,21 +112,6 @@ def not_carried(module: nn.Module):
     return None
 
 
-def _tensors(value, out=None) -> list:
-    """The tensors in a plain value (plain_values: exactly torch.Tensor, in lists, tuples and dicts)."""
-    out = [] if out is None else out
-    if type(value) is torch.Tensor:
-        out.append(value)
-    elif type(value) in (list, tuple, dict):
-        for v in value.values() if type(value) is dict else value:
-            if type(v) not in _SCALARS:
-                _tensors(v, out)
-    return out
-
-
-_SCALARS = (type(None), bool, int, float, str)
-
-
 def check(fit, saved, modules: list) -> None:
     """Refuses (gmux.job.restore_check.Fit's way) what apply() could not put back whole."""
     if not isinstance(saved, list) or len(saved) != len(modules):
@@ -144,11 +123,7 @@ def check(fit, saved, modules: list) -> None:
         for name, values in entries.items():
             if name not in live:
                 fit.fail(f"module {i} attributes: {str(name)[:60]!r} is no module of the script's own in the job")
-            host = values.get(HOST, []) if isinstance(values, dict) else []
-            why = plain_values.fits(live[name], {k: v for k, v in values.items() if k != HOST}
-                                    if isinstance(values, dict) else values, tensors=True)
-            if why is None and not (type(host) is list and all(type(k) is str and k in values for k in host)):
-                why = f"{HOST!r} is {host!r:.40}, not names of its attributes"
+            why = plain_values.fits_placed(live[name], values)
             if why is not None:
                 fit.fail(f"module {i} attributes of {str(name)[:60] or 'the module'!r}: {why}")
 
@@ -161,11 +136,7 @@ def apply(module: nn.Module, saved: dict) -> None:
     for name, values in saved.items():
         m = live[name]
         device = _device(m) or default      # (the submodule's own: a model split over GPUs)
-        host = values.get(HOST, ())
-        for attribute, value in values.items():
-            if attribute == HOST:
-                continue
-            value = _to(value, None if attribute in host else device)
+        for attribute, value in plain_values.placed(values, device).items():
             now = vars(m).get(attribute)
             if type(now) is list and type(value) is list:
                 now[:] = value
@@ -178,13 +149,3 @@ def apply(module: nn.Module, saved: dict) -> None:
 
 def _device(m: nn.Module):
     return next((t.device for t in (*m.parameters(), *m.buffers())), None)
-
-
-def _to(value, device):
-    if isinstance(value, torch.Tensor):
-        return value if device is None else value.to(device)
-    if type(value) in (list, tuple):
-        return type(value)(_to(v, device) for v in value)
-    if type(value) is dict:
-        return {k: _to(v, device) for k, v in value.items()}
-    return value

@@ -80,11 +80,11 @@ def unkept_numbers(obj, skip=frozenset(), tensors: bool = True) -> str | None:
     return None
 
 
-def graph_beside(obj, skip=frozenset()) -> str | None:
+def graph_beside(obj, skip=frozenset(), alone: bool = False) -> str | None:
     """An attribute of `obj` (not in `skip`) holding a tensor in the step's graph (an activation kept for a hook or a
-    plot), as "'name'", where another attribute holding plain data changed since `remember` too; else None.
-    `changed` leaves the object out whole for the graph's tensor, and the other (a count of calls the forward
-    reads) would start again."""
+    plot), as "'name'", where another attribute holding plain data changed since `remember` too (or, `alone`,
+    whether or not); else None. `changed` leaves the object out whole for the graph's tensor, and the other (a count
+    of calls the forward reads) would start again."""
     try:
         then = _seen.get(obj)
     except TypeError:
@@ -98,7 +98,60 @@ def graph_beside(obj, skip=frozenset()) -> str | None:
             graph = graph or repr(name)
         else:       # (one `changed` would carry: another object is made again by the new process, as before)
             other = other or _plain(value, [MAX_ITEMS], 0, True)
-    return graph if other else None
+    return graph if other or alone else None
+
+
+HOST = "__gmux_host__"     # beside the attributes carried: those whose tensors the script kept on the host
+
+
+def with_places(kept: dict) -> dict:
+    """`changed`'s attributes, with the names of those holding a tensor on the host under HOST: a restore puts the
+    others' on the object's device, and these stay where the script kept them (`preds.cpu()` for a NumPy metric at
+    the epoch's end: put on the GPU, they mixed devices with the ones appended after the restore)."""
+    host = [k for k, v in kept.items() if any(t.device.type == "cpu" for t in tensors_in(v))]
+    return {**kept, HOST: host} if host else kept
+
+
+def fits_placed(obj, values, tensors: bool = True) -> str | None:
+    """`fits` for what `with_places` made (from a file): the values, and HOST naming only attributes among them."""
+    if not isinstance(values, dict):
+        return f"a {type(values).__name__}, not a dict"
+    host = values.get(HOST, [])
+    why = fits(obj, {k: v for k, v in values.items() if k != HOST}, tensors)
+    if why is None and not (type(host) is list and all(type(k) is str and k in values for k in host)):
+        why = f"{HOST!r} is {host!r:.40}, not names of its attributes"
+    return why
+
+
+def placed(values: dict, device) -> dict:
+    """What `fits_placed` passed, without HOST, the tensors on `device` (None: where they are) but the host's."""
+    host = values.get(HOST, ())
+    return {k: _to(v, None if k in host else device) for k, v in values.items() if k != HOST}
+
+
+def tensors_in(value, out=None) -> list:
+    """The tensors in a plain value (exactly torch.Tensor, in lists, tuples and dicts)."""
+    out = [] if out is None else out
+    if type(value) is torch.Tensor:
+        out.append(value)
+    elif type(value) in (list, tuple, dict):
+        for v in value.values() if type(value) is dict else value:
+            if type(v) not in _SCALARS:
+                tensors_in(v, out)
+    return out
+
+
+_SCALARS = (type(None), bool, int, float, str)
+
+
+def _to(value, device):
+    if isinstance(value, torch.Tensor):
+        return value if device is None else value.to(device)
+    if type(value) in (list, tuple):
+        return type(value)(_to(v, device) for v in value)
+    if type(value) is dict:
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
 
 
 def _numbers_in(value, budget: list, depth: int, tensors: bool):
@@ -134,12 +187,15 @@ def may_take(obj, name: str, value) -> bool:
     """Whether the new object's attribute may take `value`: one it does not have yet (not a method or a special
     name), one holding None or what is not plain data (the moved process held `value` there), or one of its kind (a
     number, a bool among them, for a number; a list or tuple for either). A tensor the new object starts with may
-    become anything plain: the moved process made it a number (`self.best = loss.item()`) or a new tensor."""
+    become anything plain: the moved process made it a number (`self.best = loss.item()`) or a new tensor; and a
+    number may become a tensor of one value (`self.best = min(self.best, metrics["val_loss"])` from inf)."""
     now = vars(obj).get(name, _NEW)
     if now is _NEW:
         return not name.startswith("__") and not callable(getattr(type(obj), name, None))
     if now is None or value is None or type(now) is torch.Tensor or not _plain(now, [MAX_ITEMS], 0, True):
         return True
+    if _kind(now) == "number" and type(value) in (torch.Tensor, TensorRef):
+        return type(value) is TensorRef or value.numel() == 1      # (a file's, before its data is read: any)
     return _kind(now) == _kind(value)
 
 

@@ -198,13 +198,14 @@ def test_a_moved_fits_own_callbacks_keep_what_they_counted(monkeypatch, tmp_path
     """A callback of the script's own with no state_dict(), counting batches in an attribute (here: it cuts the
     learning rate once it has seen 20), was built anew by the moved process, which never cut it: the run trained on
     with another LR while it said it was movable. Its plain attributes are carried now, put back after the new
-    process's on_train_start (which resets the count here) and the epoch start it does again."""
+    process's on_train_start (which resets the count here) and the epoch start it does again. So is a tensor: its
+    worst loss, a tensor since max() took the step's output over -inf, was refused a move before."""
     import lightning.pytorch as pl
     ckpt = _patched(monkeypatch, tmp_path)
 
     class CutAfter(pl.Callback):
         def __init__(self):
-            self.seen, self.cut_at, self.epoch_batches = 0, None, 0
+            self.seen, self.cut_at, self.epoch_batches, self.worst = 0, None, 0, float("-inf")
 
         def on_train_start(self, trainer, pl_module):
             self.seen = 0
@@ -215,6 +216,7 @@ def test_a_moved_fits_own_callbacks_keep_what_they_counted(monkeypatch, tmp_path
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             self.seen += 1
             self.epoch_batches += 1
+            self.worst = max(self.worst, outputs["loss"])
             if self.seen == 20:
                 self.cut_at = trainer.global_step
                 for group in trainer.optimizers[0].param_groups:
@@ -237,6 +239,7 @@ def test_a_moved_fits_own_callbacks_keep_what_they_counted(monkeypatch, tmp_path
     moved_cut, moved_lr, moved_weights = run(restore=ckpt)
     assert (moved_cut.seen, moved_cut.cut_at, moved_cut.epoch_batches, moved_lr) == (32, 20, 8, lr), vars(moved_cut)
     assert all(torch.equal(a, b) for a, b in zip(weights, moved_weights))
+    assert type(moved_cut.worst) is torch.Tensor and torch.equal(moved_cut.worst, cut.worst)
 
 
 def test_a_moved_fits_step_outputs_kept_for_the_epochs_end_count_the_steps_before_the_move(monkeypatch, tmp_path):

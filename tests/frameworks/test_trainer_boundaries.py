@@ -314,10 +314,16 @@ def test_callback_attributes_are_checked_against_what_the_new_callback_holds():
     cb = Own()
     callbacks = callback_attributes.own([cb], lambda cb: False)
     saved = {key: {"seen": 3, "order": [1, 2], "best": 0.5, "made_later": {"k": [1.5]}} for key in callbacks}
-    callback_attributes.put_back(callbacks, callback_attributes.check(callbacks, saved, "c.ckpt"))
+    callback_attributes.put_back(callbacks, callback_attributes.check(callbacks, saved, "c.ckpt"), None)
     assert (cb.seen, cb.order, cb.best, cb.made_later) == (3, [1, 2], 0.5, {"k": [1.5]})
+    # (a number made a tensor of one value by the moved process: taken; a tensor of several is not a number's)
+    callback_attributes.put_back(callbacks, callback_attributes.check(
+        callbacks, {key: {"seen": torch.tensor(4.0)} for key in callbacks}, "c.ckpt"), None)
+    assert torch.equal(cb.seen, torch.tensor(4.0))
+    cb.seen = 3
     for bad in ({"act": 1}, {"__class__": None}, {"name": 3}, {"seen": "3"}, {"name": "x" * 5000},
-                {"order": [[[[[[1]]]]]]}):
+                {"order": [[[[[[1]]]]]]}, {"seen": torch.zeros(2)}, {"__gmux_host__": ["nothing"]},
+                {"best": torch.zeros(1, requires_grad=True)}):
         with pytest.raises(CheckpointError, match="c.ckpt: state 'callback_attributes' of the script's callback Own"):
             callback_attributes.check(callbacks, {key: {"seen": 9, **bad} for key in callbacks}, "c.ckpt")
     with pytest.raises(CheckpointError, match=r"c.ckpt: state 'callback_attributes': \['0:x'\], the script's own"):
@@ -351,14 +357,14 @@ def test_a_callback_that_made_an_object_behind_a_flag_is_not_carried_without_it(
 
 
 @pytest.mark.parametrize("kind, named", [(lambda v: __import__("numpy").float64(v), "float64"),
-                                         (torch.tensor, "Tensor"), (float, None)])
+                                         (torch.tensor, None), (float, None)])
 def test_a_callback_counting_in_numbers_gmux_does_not_carry_keeps_the_job_where_it_is(monkeypatch, tmp_path,
                                                                                        kind, named):
-    """A callback of the script's own keeping its best loss as a NumPy float (np.mean of its logs) or a tensor, and
-    the count of its logs beside it (it ends the training at 12): gmux carries plain data only, and left such a
+    """A callback of the script's own keeping its best loss as a NumPy float (np.mean of its logs), and the count of
+    its logs beside it (it ends the training at 12): gmux carries plain data and tensors only, and left such a
     callback out whole. Before, the job said it was movable, and a moved run's callback counted from 0 again: it
     trained to step 18 where the unmoved one stopped at 12. Now a move is refused, naming the attribute; with a
-    plain float it moves, exactly."""
+    plain float, or a tensor (its best made one by min() from inf), it moves, exactly."""
     from transformers import TrainerCallback
     from gmux.job import movability
     ckpt = _patched_train(monkeypatch, tmp_path)
@@ -415,6 +421,33 @@ def test_numbers_a_move_does_not_carry_are_named_and_objects_a_callback_makes_ag
         assert plain_values.unkept_numbers(cb) is None
         change(cb)
         assert plain_values.unkept_numbers(cb) == named
+
+
+def test_a_callbacks_tensors_are_carried_to_the_models_device_and_one_of_the_graph_is_named():
+    """A callback's tensors are carried and put back on the model's device, but those the script kept on the host
+    (meta stands for a GPU here); one of the step's graph (a loss kept undetached) is named, even alone: no forward
+    makes a callback's again."""
+    from gmux.job.frameworks import callback_attributes
+
+    class Own:
+        def __init__(self):
+            self.best, self.history, self.last = float("inf"), [], None
+    cb = Own()
+    callbacks = callback_attributes.own([cb], lambda cb: False)
+    callback_attributes.remember(callbacks)
+    cb.best, cb.history = torch.tensor(0.5), [torch.tensor(1.0), torch.tensor(2.0)]
+    [kept] = callback_attributes.capture(callbacks).values()
+    assert kept["__gmux_host__"] == ["best", "history"] and callback_attributes.not_carried(callbacks) is None
+    kept["__gmux_host__"] = ["history"]        # (as a GPU's `best` is captured)
+    restored = Own()
+    again = callback_attributes.own([restored], lambda cb: False)
+    callback_attributes.put_back(again, callback_attributes.check(again, {k: kept for k in again}, "c.ckpt"), "meta")
+    assert restored.best.device.type == "meta" and [t.device.type for t in restored.history] == ["cpu", "cpu"]
+    assert not hasattr(restored, "__gmux_host__")
+    cb.last = torch.ones(1, requires_grad=True) * 2
+    assert callback_attributes.capture(callbacks) == {k: {} for k in callbacks}
+    assert callback_attributes.not_carried(callbacks).startswith(
+        "its callback Own's attribute 'last' holds a tensor of the step's graph")
 
 
 def test_a_deque_or_set_changed_in_place_at_its_length_is_named():

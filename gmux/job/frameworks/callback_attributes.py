@@ -7,11 +7,13 @@ puts back, unless the callback keeps a state of its own (Lightning's state_dict(
 which its framework restores. A moved run's callback started from its constructor's values, and acted otherwise
 than unmoved. gmux keeps the attributes of each such callback that hold plain data (None, booleans, numbers,
 strings, and lists, tuples and dicts of them) and puts them back once the framework's hooks that set a callback
-up for the run have run again in the new process. An attribute holding another object (a file, the trainer) is
-rebuilt by the callback as it is built now; one holding numbers gmux does not carry (a tensor, a NumPy value, a
-set, a deque) that changed keeps the job where it is (`not_carried`): the callback's counts would start again.
-Read from a checkpoint file, each value is checked first: plain, within bounds, and of the kind the new callback
-holds under its name (if it holds plain data there).
+up for the run have run again in the new process. Tensors are carried too, alone or inside such containers (a
+best value taken from the trainer's metrics, `self.best = min(self.best, metrics["val_loss"])`), and put back on
+the model's device (those the script kept on the host stay there). An attribute holding another object (a file,
+the trainer) is rebuilt by the callback as it is built now; one holding numbers gmux does not carry (a NumPy value,
+a set, a deque, a tensor of the step's graph) that changed keeps the job where it is (`not_carried`): the
+callback's counts would start again. Read from a checkpoint file, each value is checked first: plain, within
+bounds, and of the kind the new callback holds under its name (if it holds plain data there).
 """
 from __future__ import annotations
 
@@ -35,21 +37,28 @@ def remember(callbacks: dict) -> None:
 
 
 def capture(callbacks: dict) -> dict:
-    """{callback: {attribute: value}} of the attributes that hold plain data and changed since the Trainer started
-    (gmux.job.plain_values: a callback carried whole or not at all)."""
-    return {key: plain_values.changed(cb) for key, cb in callbacks.items()}
+    """{callback: {attribute: value}} of the attributes that hold plain data or tensors and changed since the
+    Trainer started (gmux.job.plain_values: a callback carried whole or not at all)."""
+    return {key: plain_values.with_places(plain_values.changed(cb, tensors=True)) for key, cb in callbacks.items()}
 
 
 def not_carried(callbacks: dict) -> Optional[str]:
     """Why a move would lose what a callback counted (None: it would not): one holds numbers that changed in a
-    value gmux does not carry (a NumPy float, a tensor, a set), and is left out whole (`capture`). Other objects
-    that changed (a writer, a file) are made again by the new process's callback, as before gmux carried any."""
+    value gmux does not carry (a NumPy float, a set, a tensor of the step's graph), and is left out whole
+    (`capture`). Other objects that changed (a writer, a file) are made again by the new process's callback, as
+    before gmux carried any."""
     for key, cb in callbacks.items():
-        found = plain_values.unkept_numbers(cb)
+        found = plain_values.unkept_numbers(cb, tensors=False)
         if found is not None:
             return (f"its callback {type(cb).__name__}'s attribute {found} changed as it trained, and gmux carries "
-                    f"only plain data (numbers, strings, lists, dicts): a new process would start the callback anew "
-                    f"(hold a float, a list: float(x), list(s))")
+                    f"only plain data and tensors (numbers, strings, lists, dicts): a new process would start the "
+                    f"callback anew (hold a float, a list: float(x), list(s))")
+        # (unlike a module's, which its next forward makes again, a callback's is read by the callback only)
+        graph = plain_values.graph_beside(cb, alone=True)
+        if graph is not None:
+            return (f"its callback {type(cb).__name__}'s attribute {graph} holds a tensor of the step's graph, which "
+                    f"a checkpoint does not carry: a new process would start the callback anew (keep it detached: "
+                    f".detach())")
     return None
 
 
@@ -64,15 +73,16 @@ def check(callbacks: dict, saved, path: str) -> Optional[dict]:
         raise CheckpointError(path, f"state 'callback_attributes': {found}, the script's own callbacks are "
                                     f"{sorted(callbacks)[:6]}")
     for key, values in saved.items():
-        why = plain_values.fits(callbacks[key], values)
+        why = plain_values.fits_placed(callbacks[key], values)
         if why is not None:
             raise CheckpointError(path, f"state 'callback_attributes' of the script's callback "
                                         f"{type(callbacks[key]).__name__}: {why}")
     return saved
 
 
-def put_back(callbacks: dict, checked: Optional[dict]) -> None:
-    """Only what check() returned: all of it was checked, so nothing is set half-way."""
+def put_back(callbacks: dict, checked: Optional[dict], device) -> None:
+    """Only what check() returned: all of it was checked, so nothing is set half-way. Tensors go to `device` (the
+    model's), but those the script kept on the host."""
     for key, values in (checked or {}).items():
-        for name, value in values.items():
+        for name, value in plain_values.placed(values, device).items():
             setattr(callbacks[key], name, value)

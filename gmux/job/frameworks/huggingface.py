@@ -324,7 +324,7 @@ def _callback_class(TrainerCallback):
 
         def on_epoch_begin(self, args, state, control, **kwargs):
             # (after what the script's callbacks set up at the run's and the epoch's start, again in this process)
-            callback_attributes.put_back(_own_callbacks(self.trainer), self.attributes)
+            callback_attributes.put_back(_own_callbacks(self.trainer), self.attributes, args.device)
             self.attributes = None
 
         def on_step_begin(self, args, state, control, **kwargs):

@@ -309,7 +309,7 @@ def _callback_class(Callback, call, version: str):
                 due = checked_plateaus(trainer, self.plateaus, self.restore_from)   # (before anything is restored)
                 put_back_unsaved(trainer, self.unsaved, self.restore_from)
                 # (after what the callbacks' on_train_start and, done again, on_train_epoch_start set up)
-                callback_attributes.put_back(_own_callbacks(trainer), self.attributes)
+                callback_attributes.put_back(_own_callbacks(trainer), self.attributes, pl_module.device)
                 carry_epoch_sums(trainer, self.sums, self.restore_from)
                 self.job.restore(self.restore_from)
                 self.job.restored_from = self.restore_from   # gmux-launch checks that the move was restored
