@@ -80,7 +80,7 @@ def capture(module: nn.Module) -> dict:
     held = None         # (looked up once an attribute holds a tensor: most hold none, and 2000 blocks' are slow)
     out = {}
     for name, m, keys in _modules(module):
-        kept = plain_values.changed(m, keys, tensors=True)
+        kept = plain_values.changed(m, keys)
         tensors = {k: found for k, v in kept.items() if (found := plain_values.tensors_in(v))}
         if tensors:
             held = held if held is not None else \
@@ -94,16 +94,16 @@ def capture(module: nn.Module) -> dict:
 
 def not_carried(module: nn.Module):
     """Why a move would lose what one of the module's own submodules counted (None: it would not): an attribute
-    that changed into (or in) numbers gmux does not carry, a NumPy value, a set or a deque, which leaves the
-    submodule out whole (`capture`): a best loss kept as np.float64 took the count beside it. A tensor held in an
+    that changed into (or in) numbers gmux does not carry, a set or a NumPy value of no number's dtype, which leaves
+    the submodule out whole (`capture`): the count beside it would start again. A tensor held in an
     attribute is carried (plain_values), or, one in the step's graph, made again by the new process's forward; but
     that too leaves the submodule out whole, and a count beside it (of the forward's calls) would start again."""
     for name, m, keys in _modules(module):
-        found = plain_values.unkept_numbers(m, keys, tensors=False)
+        found = plain_values.unkept_numbers(m, keys)
         if found is not None:
             return (f"its module {name or type(m).__name__}'s attribute {found} changed as it trained, and gmux "
-                    f"carries only plain data and tensors (numbers, strings, lists, dicts): a new process would "
-                    f"start the module's attributes anew (hold a float, a list: float(x), list(s))")
+                    f"carries only plain data (numbers, strings, tensors, NumPy numbers, lists, dicts, deques): a "
+                    f"new process would start the module's attributes anew (hold a list: list(s))")
         graph = plain_values.graph_beside(m, keys)
         if graph is not None:
             return (f"its module {name or type(m).__name__}'s attribute {graph} holds a tensor of the step's graph, "

@@ -1,8 +1,8 @@
 """Plain data among an object's attributes (a Trainer callback's, a module's) that changed since the object was
 attached, which a move carries to the process it continues the job in: None, booleans, numbers, strings, and lists,
-tuples and dicts of them, within bounds; and, where asked, tensors, alone (a running statistic) or inside such a
-container (a LightningModule's list of its steps' losses). Read back from a checkpoint file, each value is checked
-against what the new process's object holds under its name first.
+tuples and dicts of them, within bounds; tensors, alone (a running statistic) or inside such a container (a
+LightningModule's list of its steps' losses); and NumPy values and deques (gmux.job.tagged_values). Read back from
+a checkpoint file, each value is checked against what the new process's object holds under its name first.
 
 Only what changed since `remember` (at attach, or as a Trainer starts) is carried: an attribute the script set from
 its own process (a device name from LOCAL_RANK, a path) stays what the new process sets. And an object is carried
@@ -19,6 +19,7 @@ import weakref
 
 import torch
 
+from . import tagged_values
 from .checkpoint import DTYPES, TensorRef
 
 # values in one attribute, nested ones counted: an epoch of 100,000 steps appending (loss, accuracy) to a list
@@ -37,7 +38,7 @@ def remember(obj) -> None:
         pass
 
 
-def changed(obj, skip=frozenset(), tensors: bool = False) -> dict:
+def changed(obj, skip=frozenset()) -> dict:
     """{name: value} of `obj`'s attributes (those not in `skip`) that hold plain data and changed since `remember`;
     {} for an object not remembered, or one another attribute of which changed (not plain, or over the bounds)."""
     try:
@@ -53,16 +54,16 @@ def changed(obj, skip=frozenset(), tensors: bool = False) -> dict:
             continue
         # (each attribute within its own bound: a vocabulary of 50,000 words built in __init__ does not use up
         # what a count after it may take)
-        if not _plain(value, [MAX_ITEMS], 0, tensors):
+        if not _plain(value, [MAX_ITEMS], 0):
             return {}
-        out[name] = value
+        out[name] = tagged_values.encode(value)
     return out
 
 
-def unkept_numbers(obj, skip=frozenset(), tensors: bool = True) -> str | None:
+def unkept_numbers(obj, skip=frozenset()) -> str | None:
     """What `obj` holds that changed since `remember` and is numbers a move does not carry: an attribute (not in
-    `skip`) holding a tensor (where `tensors`), a NumPy value, a set or a deque (or a list, tuple or dict with one
-    inside), as "'name' (a float64)"; None if there is none. `changed` leaves such an object out whole, and the new
+    `skip`) holding a set, or a NumPy value of a kind a checkpoint does not hold (or a list, tuple, dict or deque
+    with one inside), as "'name' (a set)"; None if there is none. `changed` leaves such an object out whole, and the new
     process's object would start from its constructor's values (a best loss that became a NumPy float took its
     patience counter with it)."""
     try:
@@ -74,7 +75,7 @@ def unkept_numbers(obj, skip=frozenset(), tensors: bool = True) -> str | None:
     for name, value in vars(obj).items():
         if isinstance(name, str) and name not in skip and not issubclass(type(value), _WIRING) and \
                 then.get(name, _NEW) != _look(value):
-            found = _numbers_in(value, [MAX_ITEMS], 0, tensors)
+            found = _numbers_in(value, [MAX_ITEMS], 0)
             if found is not None:
                 return f"{name!r} (a {found})"
     return None
@@ -97,7 +98,7 @@ def graph_beside(obj, skip=frozenset(), alone: bool = False) -> str | None:
         if type(value) is torch.Tensor and value.requires_grad:
             graph = graph or repr(name)
         else:       # (one `changed` would carry: another object is made again by the new process, as before)
-            other = other or _plain(value, [MAX_ITEMS], 0, True)
+            other = other or _plain(value, [MAX_ITEMS], 0)
     return graph if other or alone else None
 
 
@@ -112,12 +113,12 @@ def with_places(kept: dict) -> dict:
     return {**kept, HOST: host} if host else kept
 
 
-def fits_placed(obj, values, tensors: bool = True) -> str | None:
+def fits_placed(obj, values) -> str | None:
     """`fits` for what `with_places` made (from a file): the values, and HOST naming only attributes among them."""
     if not isinstance(values, dict):
         return f"a {type(values).__name__}, not a dict"
     host = values.get(HOST, [])
-    why = fits(obj, {k: v for k, v in values.items() if k != HOST}, tensors)
+    why = fits(obj, {k: v for k, v in values.items() if k != HOST})
     if why is None and not (type(host) is list and all(type(k) is str and k in values for k in host)):
         why = f"{HOST!r} is {host!r:.40}, not names of its attributes"
     return why
@@ -130,11 +131,12 @@ def placed(values: dict, device) -> dict:
 
 
 def tensors_in(value, out=None) -> list:
-    """The tensors in a plain value (exactly torch.Tensor, in lists, tuples and dicts)."""
+    """The tensors in a plain value (exactly torch.Tensor, in lists, tuples and dicts; not a NumPy value's bytes,
+    which are the host's)."""
     out = [] if out is None else out
     if type(value) is torch.Tensor:
         out.append(value)
-    elif type(value) in (list, tuple, dict):
+    elif type(value) in (list, tuple, dict) and tagged_values.tagged(value) != tagged_values.NUMPY:
         for v in value.values() if type(value) is dict else value:
             if type(v) not in _SCALARS:
                 tensors_in(v, out)
@@ -147,6 +149,8 @@ _SCALARS = (type(None), bool, int, float, str)
 def _to(value, device):
     if isinstance(value, torch.Tensor):
         return value if device is None else value.to(device)
+    if tagged_values.tagged(value):
+        return tagged_values.decode(value, lambda v: _to(v, device))
     if type(value) in (list, tuple):
         return type(value)(_to(v, device) for v in value)
     if type(value) is dict:
@@ -154,31 +158,29 @@ def _to(value, device):
     return value
 
 
-def _numbers_in(value, budget: list, depth: int, tensors: bool):
-    """The type name of the first tensor (where `tensors`: those inside a list are a module's, carried), NumPy
-    value, set or deque in `value` (looked into within bounds)."""
+def _numbers_in(value, budget: list, depth: int):
+    """The type name of the first set or NumPy value a checkpoint does not hold in `value` (looked into within
+    bounds)."""
     budget[0] -= 1
     kind = type(value)
-    if issubclass(type(value), torch.Tensor):
-        return kind.__name__ if tensors else None
-    if issubclass(type(value), _HELD) or kind.__module__ == "numpy":
+    if issubclass(kind, (set, frozenset)) or (kind.__module__ == "numpy" and not tagged_values.numpy_value(value)):
         return kind.__name__
-    if budget[0] < 0 or depth > MAX_DEPTH or kind not in (list, tuple, dict):
+    if budget[0] < 0 or depth > MAX_DEPTH or kind not in (list, tuple, dict, collections.deque):
         return None
     for v in (value.values() if kind is dict else value):
-        found = _numbers_in(v, budget, depth + 1, tensors)
+        found = _numbers_in(v, budget, depth + 1)
         if found is not None:
             return found
     return None
 
 
-def fits(obj, values, tensors: bool = False) -> str | None:
+def fits(obj, values) -> str | None:
     """Why `values` (from a file) may not be set on `obj` (None: all of them may): each plain, within bounds, and
     of the kind `obj` holds under its name (`may_take`)."""
     if not isinstance(values, dict):
         return f"a {type(values).__name__}, not a dict"
     for name, value in values.items():
-        if not (isinstance(name, str) and _plain(value, [MAX_ITEMS], 0, tensors) and may_take(obj, name, value)):
+        if not (isinstance(name, str) and _plain(value, [MAX_ITEMS], 0) and may_take(obj, name, value)):
             return f"{str(name)[:40]!r} is {str(value)[:40]!r}, not plain data of the kind the object holds"
     return None
 
@@ -192,7 +194,7 @@ def may_take(obj, name: str, value) -> bool:
     now = vars(obj).get(name, _NEW)
     if now is _NEW:
         return not name.startswith("__") and not callable(getattr(type(obj), name, None))
-    if now is None or value is None or type(now) is torch.Tensor or not _plain(now, [MAX_ITEMS], 0, True):
+    if now is None or value is None or type(now) is torch.Tensor or not _plain(now, [MAX_ITEMS], 0):
         return True
     if _kind(now) == "number" and type(value) in (torch.Tensor, TensorRef):
         return type(value) is TensorRef or value.numel() == 1      # (a file's, before its data is read: any)
@@ -202,8 +204,6 @@ def may_take(obj, name: str, value) -> bool:
 _NEW = object()
 # (an attribute's value is known by its type throughout: isinstance() asks a weak proxy its referent's class, and a
 # module holding one whose referent is gone raised ReferenceError out of attach())
-# containers of numbers a move does not carry (their NumPy kin are known by their module: numpy is not imported here)
-_HELD = (set, frozenset, collections.deque)
 # Functions an object was given, not state it keeps (Lightning sets each callback's log to the module's)
 _WIRING = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
 _seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # object -> {attribute: _look(value)} then
@@ -234,6 +234,9 @@ def _look(value, budget: list | None = None):
         # (.flat's slice copies only the sample, of a transposed array too)
         return ("array", _Same(value), value.dtype.str, value.shape,
                 (value if value.nbytes <= _ARRAY_BYTES else value.flat[::max(1, value.size // 4096)]).tobytes())
+    if type(value).__module__ == "numpy" and hasattr(value, "dtype") and hasattr(value, "tobytes"):
+        # (a NumPy scalar takes no weak reference, and one made again at the address of the last was unchanged)
+        return ("scalar", value.dtype.str, value.tobytes())
     return ("object", _Same(value), len(value) if type(value) in (list, tuple, dict) else None)
 
 
@@ -265,13 +268,13 @@ class _Same:
 
 
 def _kind(v):
-    # (a flag that becomes a count, `warm = False` then `warm = 3`: both numbers)
+    # (a flag that becomes a count, `warm = False` then `warm = 3`: both numbers; a NumPy float too)
     # (a tensor read back from a file is a TensorRef until its data is read)
     return "number" if type(v) in (bool, int, float) else list if type(v) is tuple else \
-        torch.Tensor if type(v) is TensorRef else type(v)
+        torch.Tensor if type(v) is TensorRef else tagged_values.kind(v) or type(v)
 
 
-def _plain(value, budget: list, depth: int, tensors: bool) -> bool:
+def _plain(value, budget: list, depth: int) -> bool:
     budget[0] -= 1
     if budget[0] < 0 or depth > MAX_DEPTH:
         return False
@@ -279,7 +282,7 @@ def _plain(value, budget: list, depth: int, tensors: bool) -> bool:
         return True
     if type(value) is str:
         return len(value) <= MAX_TEXT
-    if tensors and type(value) is torch.Tensor:
+    if type(value) is torch.Tensor:
         # An attribute that is a tensor itself is state as much as one in a list: a running statistic the forward
         # makes anew (`self.stat = 0.9 * self.stat + 0.1 * x.abs().mean()`), left to the new process, started
         # again there, and a moved run's weights ended up 0.10 from an unmoved one's. One in a graph (an
@@ -287,10 +290,14 @@ def _plain(value, budget: list, depth: int, tensors: bool) -> bool:
         # process, as before. (One a checkpoint cannot hold, a uint16 or a nested tensor, failed every checkpoint.)
         return not (depth == 0 and value.requires_grad) and value.layout == torch.strided and \
             not (value.is_meta or value.is_nested) and str(value.dtype).removeprefix("torch.") in DTYPES
-    if tensors and type(value) is TensorRef:       # (a checkpoint's, before its data is read)
+    if type(value) is TensorRef:       # (a checkpoint's, before its data is read)
         return True
-    if type(value) in (list, tuple):
-        return all(_plain(v, budget, depth + 1, tensors) for v in value)
+    if tagged_values.numpy_value(value):
+        return True
+    if type(value) in (list, tuple, collections.deque):
+        return all(_plain(v, budget, depth + 1) for v in value)
+    if tagged_values.tagged(value):         # (a file's)
+        return tagged_values.fits(value, lambda v: _plain(v, budget, depth + 1))
     if type(value) is dict:
-        return all(type(k) in (str, int) and _plain(v, budget, depth + 1, tensors) for k, v in value.items())
+        return all(type(k) in (str, int) and _plain(v, budget, depth + 1) for k, v in value.items())
     return False

@@ -325,13 +325,15 @@ def test_a_moved_fit_takes_the_step_interval_plateau_step_due_after_its_boundary
             lightning_state.checked_plateaus(moved, bad, "c.ckpt")
 
 
-@pytest.mark.parametrize("kind, named", [(lambda v: __import__("numpy").float64(v), "'best' (a float64)"),
-                                         (lambda v: {v}, "'best' (a set)"), (float, None)])
+@pytest.mark.parametrize("kind, named", [(lambda v: {v}, "'best' (a set)"), (float, None),
+                                         (lambda v: __import__("numpy").float32(v), None),
+                                         (lambda v: __import__("collections").deque([v], maxlen=2), None)])
 def test_a_module_counting_in_numbers_gmux_does_not_carry_is_refused_a_move(monkeypatch, tmp_path, kind, named):
-    """A LightningModule keeping its best loss as a NumPy float (or in a set) beside a count of its batches (it cuts
-    the LR at the 20th): gmux carries a module's plain attributes and tensors, and left this module's out whole.
-    Before, the job said it was movable, and a moved run's module counted from 0 again, cut the LR 17 batches late
-    and ended with other weights. Now a move is refused, naming the attribute; with a float it moves, exactly."""
+    """A LightningModule keeping its best loss in a set beside a count of its batches (it cuts the LR at the 20th):
+    gmux carries a module's plain attributes, tensors, NumPy numbers and deques, not a set, and left this module's
+    out whole. Before, the job said it was movable, and a moved run's module counted from 0 again, cut the LR 17
+    batches late and ended with other weights. Now a move is refused, naming the attribute; with a float, a NumPy
+    float32 or a deque it moves, exactly, and its best comes back of its kind."""
     from gmux.job import movability
     ckpt = _patched(monkeypatch, tmp_path)
 
@@ -363,7 +365,7 @@ def test_a_module_counting_in_numbers_gmux_does_not_carry_is_refused_a_move(monk
     assert module.problems == [None]
     moved = Module()
     _fit(monkeypatch, moved, ckpt, restore=ckpt)
-    assert (moved.count, moved.best) == (module.count, module.best), \
+    assert (moved.count, moved.best, type(moved.best)) == (module.count, module.best, type(module.best)), \
         (moved.count, module.count, moved.best, module.best)
     assert all(torch.equal(a, b) for a, b in zip(module.parameters(), moved.parameters()))
 

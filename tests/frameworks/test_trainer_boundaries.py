@@ -356,15 +356,16 @@ def test_a_callback_that_made_an_object_behind_a_flag_is_not_carried_without_it(
     assert list(callback_attributes.capture(callbacks).values()) == [{}, {"count": 2}]
 
 
-@pytest.mark.parametrize("kind, named", [(lambda v: __import__("numpy").float64(v), "float64"),
+@pytest.mark.parametrize("kind, named", [(lambda v: frozenset((v,)), "frozenset"),
+                                         (lambda v: __import__("numpy").float64(v), None),
                                          (torch.tensor, None), (float, None)])
 def test_a_callback_counting_in_numbers_gmux_does_not_carry_keeps_the_job_where_it_is(monkeypatch, tmp_path,
                                                                                        kind, named):
-    """A callback of the script's own keeping its best loss as a NumPy float (np.mean of its logs), and the count of
-    its logs beside it (it ends the training at 12): gmux carries plain data and tensors only, and left such a
-    callback out whole. Before, the job said it was movable, and a moved run's callback counted from 0 again: it
-    trained to step 18 where the unmoved one stopped at 12. Now a move is refused, naming the attribute; with a
-    plain float, or a tensor (its best made one by min() from inf), it moves, exactly."""
+    """A callback of the script's own keeping its best loss in a (frozen) set, and the count of its logs beside it (it ends
+    the training at 12): gmux does not carry a set, and left such a callback out whole. Before, the job said it was
+    movable, and a moved run's callback counted from 0 again: it trained to step 18 where the unmoved one stopped at
+    12. Now a move is refused, naming the attribute; with a plain float, a NumPy float (np.mean of its logs) or a
+    tensor (its best made one by min() from inf), it moves, exactly."""
     from transformers import TrainerCallback
     from gmux.job import movability
     ckpt = _patched_train(monkeypatch, tmp_path)
@@ -375,7 +376,9 @@ def test_a_callback_counting_in_numbers_gmux_does_not_carry_keeps_the_job_where_
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if "loss" in logs:
-                self.best, self.seen = min(self.best, kind(logs["loss"])), self.seen + 1
+                loss = kind(logs["loss"])
+                self.best = loss if type(loss) is frozenset else min(self.best, loss)
+                self.seen += 1
                 control.should_training_stop = self.seen >= 12
 
     def run(restore=None):
@@ -401,8 +404,9 @@ def test_a_callback_counting_in_numbers_gmux_does_not_carry_keeps_the_job_where_
 
 
 def test_numbers_a_move_does_not_carry_are_named_and_objects_a_callback_makes_again_are_not():
-    """A set or deque grown in place (the same object: seen by its length), a NumPy value inside a list: named. A
-    writer made at the first step, a method, and plain data: not (the new process's callback makes its writer)."""
+    """A set grown in place (the same object: seen by its length), a NumPy string inside a list: named. A writer
+    made at the first step, a method, and plain data, a deque and a NumPy number among it: not (the new process's
+    callback makes its writer; the rest is carried)."""
     import collections
     import numpy as np
     from gmux.job import plain_values
@@ -411,8 +415,9 @@ def test_numbers_a_move_does_not_carry_are_named_and_objects_a_callback_makes_ag
         def __init__(self):
             self.steps, self.recent, self.history, self.writer, self.count = set(), collections.deque(), [], None, 0
     for change, named in ((lambda cb: cb.steps.add(3), "'steps' (a set)"),
-                          (lambda cb: cb.recent.append(0.5), "'recent' (a deque)"),
-                          (lambda cb: cb.history.append(np.float32(0.5)), "'history' (a float32)"),
+                          (lambda cb: cb.recent.append(0.5), None),
+                          (lambda cb: cb.history.append(np.str_("0.5")), "'history' (a str_)"),
+                          (lambda cb: cb.history.append(np.float32(0.5)), None),
                           (lambda cb: setattr(cb, "writer", object()), None),
                           (lambda cb: setattr(cb, "act", cb.__init__), None),
                           (lambda cb: cb.history.append(0.5) or setattr(cb, "count", 2), None)):
@@ -453,34 +458,36 @@ def test_a_callbacks_tensors_are_carried_to_the_models_device_and_one_of_the_gra
 def test_a_deque_or_set_changed_in_place_at_its_length_is_named():
     """A window of the last values made full at its maxlen keeps its length as it changes (so does a set an item is
     swapped in): seen by its length alone, it was taken for unchanged, neither carried nor named, and a module's
-    forward that reads it went on from its first values in a new process while the job said movable."""
+    forward that reads it went on from its first values in a new process while the job said movable. The deque is
+    carried now, the set named."""
     import collections
     from gmux.job import plain_values
 
     class Own:
         def __init__(self):
             self.window, self.ids = collections.deque([1.0] * 4, maxlen=4), {1, 2}
-    for change, named in ((lambda cb: cb.window.append(0.5), "'window' (a deque)"),
-                          (lambda cb: cb.ids.discard(1) or cb.ids.add(3), "'ids' (a set)")):
+    for change, named, carried in ((lambda cb: cb.window.append(0.5), None, ["window"]),
+                                   (lambda cb: cb.ids.discard(1) or cb.ids.add(3), "'ids' (a set)", [])):
         cb = Own()
         plain_values.remember(cb)
         change(cb)
-        assert plain_values.unkept_numbers(cb) == named
+        assert plain_values.unkept_numbers(cb) == named and list(plain_values.changed(cb)) == carried
 
 
 def test_a_numpy_array_counted_into_in_place_is_named():
     """`self.seen[y] += 1` keeps the same array: seen by identity alone, it was taken for unchanged, neither carried
-    nor named, and a module whose loss weights it set was reported movable. A large one is looked at by a sample."""
+    nor named, and a module whose loss weights it set was reported movable. A large one is looked at by a sample.
+    (Seen changed, it is carried now.)"""
     import numpy as np
     from gmux.job import plain_values
 
     class Own:
         def __init__(self):
             self.seen, self.big = np.ones(3), np.zeros(1 << 20)
-    for change, named in ((lambda cb: cb.seen.__setitem__(1, 5.0), "'seen' (a ndarray)"),
-                          (lambda cb: cb.big.__iadd__(1.0), "'big' (a ndarray)")):
+    for change, carried in ((lambda cb: cb.seen.__setitem__(1, 5.0), "seen"),
+                            (lambda cb: cb.big.__iadd__(1.0), "big")):
         cb = Own()
         plain_values.remember(cb)
-        assert plain_values.unkept_numbers(cb) is None
+        assert plain_values.changed(cb) == {}
         change(cb)
-        assert plain_values.unkept_numbers(cb) == named
+        assert list(plain_values.changed(cb)) == [carried] and plain_values.unkept_numbers(cb) is None

@@ -9,10 +9,10 @@ than unmoved. gmux keeps the attributes of each such callback that hold plain da
 strings, and lists, tuples and dicts of them) and puts them back once the framework's hooks that set a callback
 up for the run have run again in the new process. Tensors are carried too, alone or inside such containers (a
 best value taken from the trainer's metrics, `self.best = min(self.best, metrics["val_loss"])`), and put back on
-the model's device (those the script kept on the host stay there). An attribute holding another object (a file,
-the trainer) is rebuilt by the callback as it is built now; one holding numbers gmux does not carry (a NumPy value,
-a set, a deque, a tensor of the step's graph) that changed keeps the job where it is (`not_carried`): the
-callback's counts would start again. Read from a checkpoint file, each value is checked first: plain, within
+the model's device (those the script kept on the host stay there), and NumPy values and deques, as they were
+(gmux.job.tagged_values). An attribute holding another object (a file, the trainer) is rebuilt by the callback as
+it is built now; one holding numbers gmux does not carry (a set, a tensor of the step's graph) that changed keeps
+the job where it is (`not_carried`): the callback's counts would start again. Read from a checkpoint file, each value is checked first: plain, within
 bounds, and of the kind the new callback holds under its name (if it holds plain data there).
 """
 from __future__ import annotations
@@ -37,22 +37,22 @@ def remember(callbacks: dict) -> None:
 
 
 def capture(callbacks: dict) -> dict:
-    """{callback: {attribute: value}} of the attributes that hold plain data or tensors and changed since the
-    Trainer started (gmux.job.plain_values: a callback carried whole or not at all)."""
-    return {key: plain_values.with_places(plain_values.changed(cb, tensors=True)) for key, cb in callbacks.items()}
+    """{callback: {attribute: value}} of the attributes that hold plain data (tensors, NumPy values and deques
+    among it) and changed since the Trainer started (gmux.job.plain_values: a callback carried whole or not at all)."""
+    return {key: plain_values.with_places(plain_values.changed(cb)) for key, cb in callbacks.items()}
 
 
 def not_carried(callbacks: dict) -> Optional[str]:
     """Why a move would lose what a callback counted (None: it would not): one holds numbers that changed in a
-    value gmux does not carry (a NumPy float, a set, a tensor of the step's graph), and is left out whole
+    value gmux does not carry (a set, a NumPy string, a tensor of the step's graph), and is left out whole
     (`capture`). Other objects that changed (a writer, a file) are made again by the new process's callback, as
     before gmux carried any."""
     for key, cb in callbacks.items():
-        found = plain_values.unkept_numbers(cb, tensors=False)
+        found = plain_values.unkept_numbers(cb)
         if found is not None:
             return (f"its callback {type(cb).__name__}'s attribute {found} changed as it trained, and gmux carries "
-                    f"only plain data and tensors (numbers, strings, lists, dicts): a new process would start the "
-                    f"callback anew (hold a float, a list: float(x), list(s))")
+                    f"only plain data (numbers, strings, tensors, NumPy numbers, lists, dicts, deques): a new "
+                    f"process would start the callback anew (hold a list: list(s))")
         # (unlike a module's, which its next forward makes again, a callback's is read by the callback only)
         graph = plain_values.graph_beside(cb, alone=True)
         if graph is not None:

@@ -1,0 +1,103 @@
+"""NumPy values and deques among the attributes a move carries (gmux.job.plain_values), in a form a checkpoint
+holds and back, exactly: a NumPy scalar or array as its bytes in a tensor, tagged with which it was; a deque as its
+items and its maxlen.
+
+A best loss that np.mean() made a NumPy float, a count of correct predictions kept in an array (`self.hits[y] +=
+1`), a window of the last losses in a deque(maxlen=100): a move refused such a job rather than lose them, or (a
+callback's, before it was named) lost them. Put back, each is what it was: an np.float32 stays one (its arithmetic
+is float32's), an array keeps its dtype and shape, a deque its maxlen. Only native-endian NumPy values of the dtypes
+a checkpoint holds are carried (a string or object array is not); a set is not (its order of iteration is not
+carried with it).
+"""
+from __future__ import annotations
+
+import collections
+from typing import Callable, Optional
+
+import torch
+
+from .checkpoint import DTYPES, TensorRef
+
+NUMPY = "__gmux_numpy__"    # -> "scalar" or "array"; beside it "data", a tensor of its bytes
+DEQUE = "__gmux_deque__"    # -> its maxlen (None or a count); beside it "items", a list
+_TORCH_ONLY = ("bfloat16", "float8_e4m3fn", "float8_e5m2")      # (NumPy has no such dtype)
+
+
+def numpy_value(value) -> bool:
+    """A NumPy scalar or array (exactly) a checkpoint holds."""
+    kind = type(value)
+    if kind.__module__ != "numpy" or not hasattr(value, "dtype"):
+        return False
+    import numpy as np
+    return (kind is np.ndarray or isinstance(value, np.generic)) and value.dtype.isnative and \
+        value.dtype.name in DTYPES and value.dtype.name not in _TORCH_ONLY
+
+
+def encode(value):
+    """`value` with the NumPy values and deques in it tagged (the same object where it holds none: its tensors
+    stay the script's, read as a checkpoint is written)."""
+    if numpy_value(value):
+        import numpy as np
+        array = value if type(value) is np.ndarray and value.flags.c_contiguous and value.flags.writeable else \
+            np.array(value, order="C")      # (a scalar's 0-d array; torch takes no read-only memory)
+        return {NUMPY: "array" if type(value) is np.ndarray else "scalar", "data": torch.from_numpy(array)}
+    if type(value) is collections.deque:
+        return {DEQUE: value.maxlen, "items": [encode(v) for v in value]}
+    if type(value) in (list, tuple):
+        items = [encode(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
+    if type(value) is dict:
+        items = {k: encode(v) for k, v in value.items()}
+        return value if all(items[k] is v for k, v in value.items()) else items
+    return value
+
+
+def tagged(value) -> Optional[str]:
+    """Which tag a dict carries (NUMPY, DEQUE), or None."""
+    if type(value) is dict:
+        for tag in (NUMPY, DEQUE):
+            if tag in value:
+                return tag
+    return None
+
+
+def fits(value: dict, plain: Callable) -> bool:
+    """Whether a tagged dict read from a file decodes to what it claims: a NumPy value's data a tensor (a
+    TensorRef before it is read) of a dtype NumPy has, one value for a scalar; a deque's items a list of plain
+    values (`plain`) no longer than its maxlen."""
+    tag = tagged(value)
+    if tag == NUMPY:
+        data = value.get("data")
+        if set(value) != {NUMPY, "data"} or value[NUMPY] not in ("scalar", "array"):
+            return False
+        if type(data) is TensorRef:
+            return True
+        return type(data) is torch.Tensor and data.layout == torch.strided and not data.requires_grad and \
+            str(data.dtype).removeprefix("torch.") in DTYPES and \
+            str(data.dtype).removeprefix("torch.") not in _TORCH_ONLY and \
+            (value[NUMPY] == "array" or data.dim() == 0)
+    if tag == DEQUE:
+        items, maxlen = value.get("items"), value[DEQUE]
+        return set(value) == {DEQUE, "items"} and type(items) is list and \
+            (maxlen is None or (type(maxlen) is int and len(items) <= maxlen)) and all(map(plain, items))
+    return False
+
+
+def decode(value: dict, inner: Callable):
+    """What a tagged dict `fits` passed stood for; `inner` puts a deque's items back."""
+    if tagged(value) == NUMPY:
+        array = value["data"].detach().cpu().numpy()
+        return array[()] if value[NUMPY] == "scalar" else array
+    return collections.deque((inner(v) for v in value["items"]), maxlen=value[DEQUE])
+
+
+def kind(value) -> Optional[str]:
+    """"number" for a NumPy scalar, "ndarray" for an array, "deque" for a deque, tagged or not; else None."""
+    tag = tagged(value)
+    if tag == NUMPY:
+        return "number" if value[NUMPY] == "scalar" else "ndarray"
+    if tag == DEQUE or type(value) is collections.deque:
+        return "deque"
+    if numpy_value(value):
+        return "ndarray" if type(value).__name__ == "ndarray" else "number"
+    return None

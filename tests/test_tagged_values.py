@@ -1,0 +1,117 @@
+"""NumPy values and deques among a module's or callback's attributes: carried through a real checkpoint file exactly
+(type, dtype, shape, maxlen, bytes), and a crafted file's tags refused before anything is set."""
+import collections
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
+
+from gmux.job import checkpoint, plain_values, tagged_values
+
+CARRIED = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64,
+           np.complex64, np.complex128]
+
+
+class Holder:
+    def __init__(self):
+        self.best, self.hits, self.window, self.log, self.count = math.inf, np.zeros(3), \
+            collections.deque(maxlen=3), [], 0
+
+
+def _through_a_file(tmp_path, obj) -> Holder:
+    """What a move does with `obj`'s changed attributes: written to a checkpoint file, read back, checked against a
+    new Holder, put back into it."""
+    kept = plain_values.with_places(plain_values.changed(obj))
+    path = str(tmp_path / "a.ckpt")
+    checkpoint.save({"state": {"kept": kept}}, path)
+    read = checkpoint.load(path)["state"]["kept"]
+    new = Holder()
+    assert plain_values.fits_placed(new, read) is None, read
+    for name, value in plain_values.placed(read, None).items():
+        setattr(new, name, value)
+    return new
+
+
+def _same(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if type(a) is collections.deque:
+        return a.maxlen == b.maxlen and len(a) == len(b) and all(map(_same, a, b))
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, (np.ndarray, np.generic)):
+        return a.dtype == b.dtype and np.shape(a) == np.shape(b) and a.tobytes() == b.tobytes()
+    return a == b or (a != a and b != b)
+
+
+def test_numpy_values_and_deques_come_back_as_they_were(tmp_path):
+    """A best loss np.mean() made a float64, a float32 one (its arithmetic stays float32's), counts in an int64
+    array changed in place, a deque window at its maxlen, NumPy scalars inside a list: all of them exact."""
+    obj = Holder()
+    plain_values.remember(obj)
+    obj.best = np.mean(np.array([0.25, 0.5]))
+    obj.hits[1] += 2
+    obj.window.extend([1.0, np.float32(2.5), 3.0, 4.0])
+    obj.log += [np.float32(0.1), np.int64(3), (np.bool_(True), 2)]
+    new = _through_a_file(tmp_path, obj)
+    for name in ("best", "hits", "window", "log"):
+        assert _same(getattr(new, name), getattr(obj, name)), (name, getattr(new, name), getattr(obj, name))
+    assert type(new.log[0] + np.float32(1)) is np.float32 and new.window.maxlen == 3 and new.count == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(CARRIED).flatmap(lambda t: hnp.arrays(t, hnp.array_shapes(min_dims=0, max_dims=3,
+                                                                                   max_side=4))),
+       st.booleans(), st.booleans())
+def test_any_numpy_value_of_a_carried_dtype_comes_back_exactly(tmp_path_factory, array, scalar, transposed):
+    """Any shape, any of the dtypes a checkpoint holds, a 0-d array or a scalar, a transposed (not contiguous) view:
+    the same type, dtype, shape and bytes (NaNs among them)."""
+    value = array[()] if scalar else array.T if transposed else array
+    obj = Holder()
+    plain_values.remember(obj)
+    obj.made_later = value
+    new = _through_a_file(tmp_path_factory.mktemp("t"), obj)
+    assert _same(new.made_later, value)
+
+
+def test_numpy_values_a_checkpoint_cannot_hold_and_sets_are_still_named():
+    """A string array, a big-endian one, a set: not carried, so named (the object is left out whole)."""
+    for value, named in ((np.array(["a", "b"]), "'hits' (a ndarray)"), (np.arange(3, dtype=">i4"), "'hits' (a ndarray)"),
+                         (np.str_("x"), "'hits' (a str_)"), ({1, 2}, "'hits' (a set)"),
+                         ([np.datetime64("2026-12-07")], "'hits' (a datetime64)")):
+        obj = Holder()
+        plain_values.remember(obj)
+        obj.hits = value
+        assert plain_values.changed(obj) == {} and plain_values.unkept_numbers(obj) == named, value
+
+
+@pytest.mark.parametrize("crafted", [
+    {"__gmux_numpy__": "scalar", "data": torch.zeros(2)},              # a scalar of two values
+    {"__gmux_numpy__": "matrix", "data": torch.zeros(2)},
+    {"__gmux_numpy__": "array", "data": torch.zeros(2, dtype=torch.bfloat16)},   # no NumPy dtype
+    {"__gmux_numpy__": "array", "data": [1, 2]},
+    {"__gmux_numpy__": "array", "data": torch.zeros(2), "extra": 1},
+    {"__gmux_deque__": 2, "items": [1, 2, 3]},                          # longer than its maxlen
+    {"__gmux_deque__": -1, "items": []},
+    {"__gmux_deque__": None, "items": [object()]},
+    {"__gmux_deque__": None, "items": (1, 2)},
+])
+def test_a_crafted_tag_is_refused_and_nothing_is_set(crafted):
+    new = Holder()
+    before = dict(vars(new))
+    assert plain_values.fits(new, {"window": crafted, "hits": crafted}) is not None
+    assert vars(new) == before
+
+
+def test_a_tag_must_decode_to_what_the_new_object_holds_there():
+    """A NumPy scalar may replace a number, an array an array, a deque a deque; not across."""
+    new = Holder()
+    scalar = tagged_values.encode(np.float32(1.5))
+    array = tagged_values.encode(np.ones(2))
+    deque = tagged_values.encode(collections.deque([1], maxlen=2))
+    assert plain_values.fits(new, {"best": scalar, "hits": array, "window": deque, "count": scalar}) is None
+    for bad in ({"best": array}, {"hits": scalar}, {"window": array}, {"count": deque}):
+        assert plain_values.fits(new, bad) is not None, bad
