@@ -115,3 +115,27 @@ def test_a_tag_must_decode_to_what_the_new_object_holds_there():
     assert plain_values.fits(new, {"best": scalar, "hits": array, "window": deque, "count": scalar}) is None
     for bad in ({"best": array}, {"hits": scalar}, {"window": array}, {"count": deque}):
         assert plain_values.fits(new, bad) is not None, bad
+
+
+def test_an_array_or_deque_the_script_holds_elsewhere_too_is_filled_in_place(tmp_path):
+    """Counts kept in an array that a loss weight is made over (torch.from_numpy shares its memory), a window
+    another object reads: put back into the new object's own, which those still see; one of another shape or
+    maxlen is replaced."""
+    obj = Holder()
+    plain_values.remember(obj)
+    obj.hits += [1.0, 2.0, 3.0]
+    obj.window.extend([4.0, 5.0])
+    kept = plain_values.with_places(plain_values.changed(obj))
+    path = str(tmp_path / "a.ckpt")
+    checkpoint.save({"state": {"kept": kept}}, path)
+    new = Holder()
+    weight, reader = torch.from_numpy(new.hits), new.window
+    for name, value in plain_values.placed(checkpoint.load(path)["state"]["kept"], None).items():
+        plain_values.put(new, name, value)
+    assert new.window is reader and list(reader) == [4.0, 5.0]
+    assert weight.tolist() == [1.0, 2.0, 3.0] and torch.from_numpy(new.hits).data_ptr() == weight.data_ptr()
+    other = Holder()
+    other.hits, other.window = np.zeros(4), collections.deque(maxlen=5)
+    plain_values.put(other, "hits", new.hits)
+    plain_values.put(other, "window", new.window)
+    assert other.hits is new.hits and other.window is new.window

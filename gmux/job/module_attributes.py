@@ -130,21 +130,14 @@ def check(fit, saved, modules: list) -> None:
 
 def apply(module: nn.Module, saved: dict) -> None:
     """Only for what check() passed. Tensors go to the submodule's device (those the script kept on the host stay
-    there); a list or dict the module holds is filled in place (the script may hold it too)."""
+    there); a container the module holds is filled in place (plain_values.put)."""
     live = dict(module.named_modules())
     default = _device(module)
     for name, values in saved.items():
         m = live[name]
         device = _device(m) or default      # (the submodule's own: a model split over GPUs)
         for attribute, value in plain_values.placed(values, device).items():
-            now = vars(m).get(attribute)
-            if type(now) is list and type(value) is list:
-                now[:] = value
-            elif type(now) is dict and type(value) is dict:
-                now.clear()
-                now.update(value)
-            else:
-                setattr(m, attribute, value)
+            plain_values.put(m, attribute, value)
 
 
 def _device(m: nn.Module):

@@ -130,6 +130,23 @@ def placed(values: dict, device) -> dict:
     return {k: _to(v, None if k in host else device) for k, v in values.items() if k != HOST}
 
 
+def put(obj, name: str, value) -> None:
+    """Sets what `placed` gave back, into the list, dict or deque (of its maxlen), or NumPy array (of its dtype and
+    shape), that `obj` holds there where there is one: the script may hold it elsewhere too (a loss weight made
+    with torch.from_numpy over the counts), and a new one put there instead was no longer what that one saw."""
+    now = vars(obj).get(name)
+    if type(now) is list and type(value) is list:
+        now[:] = value
+    elif type(now) is dict and type(value) is dict:
+        now.clear()
+        now.update(value)
+    elif type(now) is collections.deque and type(value) is collections.deque and now.maxlen == value.maxlen:
+        now.clear()
+        now.extend(value)
+    elif not tagged_values.fill(now, value):
+        setattr(obj, name, value)
+
+
 def tensors_in(value, out=None) -> list:
     """The tensors in a plain value (exactly torch.Tensor, in lists, tuples and dicts; not a NumPy value's bytes,
     which are the host's)."""

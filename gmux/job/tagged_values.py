@@ -91,6 +91,15 @@ def decode(value: dict, inner: Callable):
     return collections.deque((inner(v) for v in value["items"]), maxlen=value[DEQUE])
 
 
+def fill(now, value) -> bool:
+    """Copies an array into `now` where `now` is a writable array of its dtype and shape; whether it did."""
+    if type(now).__name__ != "ndarray" or type(value) is not type(now) or now.dtype != value.dtype or \
+            now.shape != value.shape or not now.flags.writeable:
+        return False
+    now[...] = value
+    return True
+
+
 def kind(value) -> Optional[str]:
     """"number" for a NumPy scalar, "ndarray" for an array, "deque" for a deque, tagged or not; else None."""
     tag = tagged(value)

@@ -85,4 +85,4 @@ def put_back(callbacks: dict, checked: Optional[dict], device) -> None:
     model's), but those the script kept on the host."""
     for key, values in (checked or {}).items():
         for name, value in plain_values.placed(values, device).items():
-            setattr(callbacks[key], name, value)
+            plain_values.put(callbacks[key], name, value)
