@@ -493,6 +493,32 @@ def test_torchs_scheduler_warnings_name_the_scripts_line_and_not_gmuxs():
     assert torch.optim.lr_scheduler.StepLR.step is torch.optim.lr_scheduler.LRScheduler.step
 
 
+def test_torchs_gradscaler_warnings_name_the_scripts_line_and_an_unattached_scaler_is_still_seen(tmp):
+    """gmux watched GradScaler.step() through a wrapper of its own: torch's warning raised in step() (stacklevel=2,
+    for an optimizer whose step() takes grad_scaler) named gmux/job/stray_scalers.py, and a traceback from step()
+    ran through gmux's frame. Now what a scaler steps is read from the scaler as its update() is looked up."""
+    class TakesScaler(torch.optim.SGD):
+        _step_supports_amp_scaling = True       # (torch then hands the scaler to step(), and warns that it will stop)
+
+        def step(self, closure=None, grad_scaler=None):
+            grad_scaler.unscale_(self)
+            return super().step(closure)
+    model = nn.Linear(4, 1)
+    opt = TakesScaler(model.parameters(), lr=0.1)
+    job = gj.attach(model, opt)
+    scaler = torch.amp.GradScaler("cpu")
+    assert torch.amp.GradScaler.step is vars(torch.amp.GradScaler)["step"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert [w.filename for w in caught if "GradScaler is going to stop" in str(w.message)] == [__file__], \
+        [(w.filename, str(w.message)) for w in caught]
+    _says_unmovable_and_refuses(job, tmp, "an AMP GradScaler attach() was not given steps an optimizer of the job "
+                                          "(TakesScaler)")
+
+
 def test_a_second_scheduler_beside_an_attached_one_is_seen_and_attached_parts_are_not(tmp):
     """An unattached scheduler on an optimizer an attached one drives hid behind it ("initial_lr" is there
     either way). The parts of an attached SequentialLR step too, and are the job's."""

@@ -6,10 +6,13 @@ builds the scaler anew at its initial scale, skips again what the first process 
 otherwise (a run moved at step 7 of 36 ended with 5 steps skipped instead of 4, its weights up to 0.31 apart),
 while every report said it was movable. So each scaler's step() notes the optimizers it steps: one that is
 enabled, alive, not attached, and steps one of the job's optimizers keeps the job where it is, naming why.
+
+What a scaler steps is read from the scaler itself, as its update() is looked up (strays.NotedAtLookup: no frame
+of gmux's between the script and torch's code), once an iteration: the optimizers it unscaled and stepped since the
+last update, by id.
 """
 from __future__ import annotations
 
-import functools
 import weakref
 from typing import Optional
 
@@ -17,27 +20,31 @@ import torch
 
 from . import strays
 
-# scaler -> the optimizers it stepped (weakly: neither is kept alive for this)
+# scaler -> the ids of the optimizers it stepped (the scaler weakly: it is not kept alive for this)
 _stepped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_installed = False
 
 
 def watch() -> None:
-    """Once per process: torch's GradScaler.step (its CUDA and CPU subclasses inherit it) notes what it steps."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
-    step = torch.amp.GradScaler.step
+    """At each attach: the update() of torch's GradScaler and of each subclass that defines its own (FSDP's
+    ShardedGradScaler: imported by then where the script uses it) notes what the scaler steps."""
+    classes, seen = [torch.amp.GradScaler], set()
+    while classes:
+        cls = classes.pop()
+        if cls not in seen:
+            seen.add(cls)
+            classes += cls.__subclasses__()
+            update = vars(cls).get("update")
+            if update is not None and type(update) is not strays.NotedAtLookup:
+                cls.update = strays.NotedAtLookup(update, _note)
 
-    @functools.wraps(step)
-    def noting(self, optimizer, *args, **kwargs):
+
+def _note(scaler) -> None:
+    states = getattr(scaler, "_per_optimizer_states", None)     # (id(optimizer) -> its stage, until update())
+    if states:
         try:
-            _stepped.setdefault(self, weakref.WeakSet()).add(optimizer)
-        except TypeError:       # (an object that takes no weak reference is not one of the job's optimizers)
+            _stepped.setdefault(scaler, set()).update(states)
+        except TypeError:       # (a scaler that takes no weak reference is none of torch's)
             pass
-        return step(self, optimizer, *args, **kwargs)
-    torch.amp.GradScaler.step = noting
 
 
 def problem(job) -> Optional[str]:
@@ -46,13 +53,12 @@ def problem(job) -> Optional[str]:
         return None
     mine = {id(s) for s in job.tracked.scalers}
     ours = strays._owned(job)
-    for scaler, optimizers in list(_stepped.items()):
-        if id(scaler) in mine or not scaler.is_enabled():
+    for scaler, stepped in list(_stepped.items()):
+        if id(scaler) in mine or not scaler.is_enabled() or not stepped & ours:
             continue
-        for opt in list(optimizers):
-            if id(opt) in ours:
-                return (f"an AMP GradScaler attach() was not given steps an optimizer of the job "
-                        f"({type(opt).__name__}): a new process builds it anew at its initial scale (now "
-                        f"{scaler.get_scale():g}) and would skip and scale other steps, so the job stays where it "
-                        f"is (suspend and resume still work); give it to attach()")
+        opt = next((o for o in job.tracked.optimizers if id(o) in stepped), None)
+        return (f"an AMP GradScaler attach() was not given steps an optimizer of the job "
+                f"({type(opt).__name__ if opt is not None else 'one an optimizer of the job wraps'}): a new process "
+                f"builds it anew at its initial scale (now {scaler.get_scale():g}) and would skip and scale other "
+                f"steps, so the job stays where it is (suspend and resume still work); give it to attach()")
     return None

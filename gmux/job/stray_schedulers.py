@@ -14,46 +14,31 @@ A subclass that overrides step() without calling torch's through super() is not 
 """
 from __future__ import annotations
 
+import functools
 import weakref
-from typing import Callable, Optional
+from typing import Optional
 
 from torch.optim import lr_scheduler
 
 from . import strays
 
 _stepped: weakref.WeakSet = weakref.WeakSet()
-_installed = False
 
 
+@functools.cache
 def watch() -> None:
     """Once per process: watches the step() of every scheduler class torch defines one in."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
     for cls in vars(lr_scheduler).values():
         if (isinstance(cls, type) and issubclass(cls, (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau))
                 and "step" in vars(cls)):
-            cls.step = _Noting(vars(cls)["step"])
+            cls.step = strays.NotedAtLookup(vars(cls)["step"], _note)
 
 
-class _Noting:
-    """A scheduler's step, noting the scheduler as the method is looked up and handing back torch's own bound
-    method: no frame of gmux's stands between the caller and step(), whose warnings (stacklevel=2: "step() before
-    optimizer.step()") name the caller's line. Looked up on the class, it is torch's function itself."""
-    __slots__ = ("step",)
-
-    def __init__(self, step: Callable):
-        self.step = step
-
-    def __get__(self, obj, owner=None):
-        if obj is None:
-            return self.step
-        # A constructor's own step runs with the count at 0 (LRScheduler._initial_step); ReduceLROnPlateau has no
-        # count and takes no step when built.
-        if getattr(obj, "_step_count", 1) != 0:
-            _stepped.add(obj)
-        return self.step.__get__(obj, owner)
+def _note(scheduler) -> None:
+    # A constructor's own step runs with the count at 0 (LRScheduler._initial_step); ReduceLROnPlateau has no count
+    # and takes no step when built.
+    if getattr(scheduler, "_step_count", 1) != 0:
+        _stepped.add(scheduler)
 
 
 def problem(job) -> Optional[str]:

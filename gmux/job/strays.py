@@ -10,27 +10,41 @@ train (a linear probe built at each evaluation) is rebuilt by the new process as
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 _SKIPPED = {"state", "param_groups", "defaults"}    # an optimizer's own bookkeeping: no optimizer in there
-_installed = False
 
 
+@functools.cache
 def watch(current: Callable[[], Optional[object]]) -> None:
     """Once per process: each optimizer step not of the explicit job `current()` returns is noted in its `strays`."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
 
     def stepped(opt, _args, _kwargs) -> None:
         job = current()
         if job is not None and job.control == "explicit" and id(opt) not in _owned(job):
             job.strays.add(opt)
     register_optimizer_step_post_hook(stepped)
+
+
+class NotedAtLookup:
+    """A method of torch's that calls `note(obj)` as it is looked up on an object (which nearly always is to call
+    it) and hands back torch's own bound method: no frame of gmux's stands between the caller and the method, whose
+    warnings (stacklevel=2) name the caller's line and whose tracebacks end in torch's code. Looked up on the
+    class, it is torch's function itself."""
+    __slots__ = ("method", "note")
+
+    def __init__(self, method: Callable, note: Callable[[object], None]):
+        self.method, self.note = method, note
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self.method
+        self.note(obj)
+        return self.method.__get__(obj, owner)
 
 
 def problem(job) -> Optional[str]:
