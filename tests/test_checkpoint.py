@@ -1048,6 +1048,32 @@ def test_a_crafted_list_of_host_attributes_is_refused_and_nothing_changes(tmp):
         assert other.preds == [] and other.calls == 0
 
 
+def test_a_crafted_numpy_value_or_deque_among_module_attributes_is_refused_and_nothing_changes(tmp):
+    """A NumPy value's data is a TensorRef when the layout is checked: a "scalar" of three values was put back as
+    an array, and one of bfloat16, or a deque's maxlen of 2**63, failed the restore (a TypeError, an
+    OverflowError) once the weights were loaded."""
+    import collections
+    import numpy as np
+    model = _Collecting()
+    job = gj.attach(model)
+    model.calls, model.best, model.window = 1, np.float64(0.5), collections.deque([1.0], maxlen=3)
+    path = os.path.join(tmp, "job.ckpt")
+    job.checkpoint(path)
+    saved = ckpt.load(path)
+    for bad in ({"best": {"__gmux_numpy__": "scalar", "data": torch.zeros(3, dtype=torch.float64)}},
+                {"best": {"__gmux_numpy__": "scalar", "data": torch.zeros((), dtype=torch.bfloat16)}},
+                {"window": {"__gmux_deque__": 2 ** 63, "items": [1.0]}}):
+        forged = os.path.join(tmp, "forged.ckpt")
+        ckpt.save({**saved, "attributes": [{"": {**saved["attributes"][0][""], **bad}}]}, forged)
+        other = _Collecting()
+        other.best, other.window = np.float64(np.inf), collections.deque(maxlen=3)
+        with torch.no_grad():
+            other.linear.weight.fill_(7.0)
+        with pytest.raises(gj.CheckpointError, match=f"module 0 attributes of 'the module': '{next(iter(bad))}'"):
+            gj.attach(other).restore(forged)
+        assert other.calls == 0 and other.best == np.inf and not other.window and (other.linear.weight == 7).all()
+
+
 def test_an_epoch_of_many_steps_outputs_is_carried(tmp):
     """The bound on an attribute's items was 4,096: a LightningModule's list of (loss, accuracy) over a longer
     epoch was silently left out, and the moved run's epoch average counted the steps after the move only."""

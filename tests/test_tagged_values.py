@@ -96,6 +96,7 @@ def test_numpy_values_a_checkpoint_cannot_hold_and_sets_are_still_named():
     {"__gmux_numpy__": "array", "data": torch.zeros(2), "extra": 1},
     {"__gmux_deque__": 2, "items": [1, 2, 3]},                          # longer than its maxlen
     {"__gmux_deque__": -1, "items": []},
+    {"__gmux_deque__": 2 ** 63, "items": []},                           # more than a deque takes
     {"__gmux_deque__": None, "items": [object()]},
     {"__gmux_deque__": None, "items": (1, 2)},
 ])

@@ -10,7 +10,8 @@ Python random state is tried on a scratch generator. It returns the bytes of ten
 tensors inside state=, are bounded by the file's length).
 
 `Fit.values(snap)` runs once the data is read and checksummed, still before anything is applied: the torch,
-CUDA and NumPy random states (and the data position's) are tried on scratch generators, so that applying them
+CUDA and NumPy random states (and the data position's) are tried on scratch generators, and the plain attributes
+of the script's modules checked again with their data (a NumPy value's dtype and shape), so that applying them
 cannot fail half-way. Every refusal is a CheckpointError naming the file and the field (StateMismatch, a
 CheckpointError, where the checkpoint is sound but was taken from another model or optimizer).
 """
@@ -440,6 +441,10 @@ class Fit:
             self.streams(reading["streams"]["rng"], reading["streams"]["generators"], f"position 'beside'[{i}] ")
             for state in reading["generators"]:
                 self.generator(state, f"position 'beside'[{i}] 'generators'")
+        # (pass 1 took a NumPy value's data on trust, a TensorRef: a "scalar" of three values was put back as an
+        # array, one of bfloat16 failed with a TypeError once the weights were loaded)
+        if "attributes" in snap:
+            module_attributes.check(self, snap["attributes"], self.job.tracked.modules)
 
     def streams(self, rng: dict, generators: list, where: str) -> None:
         self.generator(rng["torch"], f"{where}rng 'torch'")

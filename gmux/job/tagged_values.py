@@ -12,6 +12,7 @@ carried with it).
 from __future__ import annotations
 
 import collections
+import sys
 from typing import Callable, Optional
 
 import torch
@@ -64,7 +65,8 @@ def tagged(value) -> Optional[str]:
 def fits(value: dict, plain: Callable) -> bool:
     """Whether a tagged dict read from a file decodes to what it claims: a NumPy value's data a tensor (a
     TensorRef before it is read) of a dtype NumPy has, one value for a scalar; a deque's items a list of plain
-    values (`plain`) no longer than its maxlen."""
+    values (`plain`) no longer than its maxlen, which a deque can take (a file's maxlen of 2**63 passed, and the
+    restore failed with an OverflowError half-way through putting the job back)."""
     tag = tagged(value)
     if tag == NUMPY:
         data = value.get("data")
@@ -79,7 +81,7 @@ def fits(value: dict, plain: Callable) -> bool:
     if tag == DEQUE:
         items, maxlen = value.get("items"), value[DEQUE]
         return set(value) == {DEQUE, "items"} and type(items) is list and \
-            (maxlen is None or (type(maxlen) is int and len(items) <= maxlen)) and all(map(plain, items))
+            (maxlen is None or (type(maxlen) is int and len(items) <= maxlen <= sys.maxsize)) and all(map(plain, items))
     return False
 
 
