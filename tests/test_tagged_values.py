@@ -88,6 +88,19 @@ def test_numpy_values_a_checkpoint_cannot_hold_and_sets_are_still_named():
         assert plain_values.changed(obj) == {} and plain_values.unkept_numbers(obj) == named, value
 
 
+@pytest.mark.parametrize("held", [{"__gmux_deque__": None, "items": [1, 2]},
+                                  {"__gmux_numpy__": "scalar", "data": torch.tensor(2.0)},
+                                  {"__gmux_numpy__": 1, "seen": 2}, {np.int64(3): 1}])
+def test_a_dict_of_the_scripts_keyed_as_a_tag_or_by_numpy_numbers_is_named(held):
+    """A dict the script keeps that holds a tag's key came back a deque or an np.float32 (it was taken for a
+    tagged one), or, not a tag's shape, was left out unnamed with its object; one keyed by the NumPy labels it
+    counted (`self.counts[y] += 1`) too. Named now, and not carried."""
+    obj = Holder()
+    plain_values.remember(obj)
+    obj.count, obj.log = 5, held
+    assert plain_values.changed(obj) == {} and plain_values.unkept_numbers(obj).startswith("'log' (a dict keyed")
+
+
 @pytest.mark.parametrize("crafted", [
     {"__gmux_numpy__": "scalar", "data": torch.zeros(2)},              # a scalar of two values
     {"__gmux_numpy__": "matrix", "data": torch.zeros(2)},

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import types
 import weakref
 
@@ -56,14 +57,17 @@ def changed(obj, skip=frozenset()) -> dict:
         # what a count after it may take)
         if not _plain(value, [MAX_ITEMS], 0):
             return {}
-        out[name] = tagged_values.encode(value)
+        try:
+            out[name] = tagged_values.encode(value)
+        except ValueError:      # (a dict of its own keyed as gmux tags one: named by `unkept_numbers`)
+            return {}
     return out
 
 
 def unkept_numbers(obj, skip=frozenset()) -> str | None:
     """What `obj` holds that changed since `remember` and is numbers a move does not carry: an attribute (not in
     `skip`) holding a set, or a NumPy value of a kind a checkpoint does not hold (or a list, tuple, dict or deque
-    with one inside), as "'name' (a set)"; None if there is none. `changed` leaves such an object out whole, and the new
+    with one inside, or a dict keyed by NumPy numbers: `_numbers_in`), as "'name' (a set)"; None if there is none. `changed` leaves such an object out whole, and the new
     process's object would start from its constructor's values (a best loss that became a NumPy float took its
     patience counter with it)."""
     try:
@@ -176,15 +180,20 @@ def _to(value, device):
 
 
 def _numbers_in(value, budget: list, depth: int):
-    """The type name of the first set or NumPy value a checkpoint does not hold in `value` (looked into within
-    bounds)."""
+    """The type name of the first set or NumPy value a checkpoint does not hold in `value`, or of a NumPy number
+    keying a dict (`self.counts[y] += 1` over an array's labels), or a dict keyed as gmux tags one (looked into
+    within bounds). `changed` leaves each out, with the object; unnamed, the move went on without its counts."""
     budget[0] -= 1
     kind = type(value)
     if issubclass(kind, (set, frozenset)) or (kind.__module__ == "numpy" and not tagged_values.numpy_value(value)):
         return kind.__name__
     if budget[0] < 0 or depth > MAX_DEPTH or kind not in (list, tuple, dict, collections.deque):
         return None
-    for v in (value.values() if kind is dict else value):
+    if kind is dict and tagged_values.tagged(value):
+        return f"dict keyed {tagged_values.tagged(value)!r}"
+    for key, v in (value.items() if kind is dict else zip(itertools.repeat(None), value)):
+        if type(key).__module__ == "numpy":
+            return f"dict keyed by {type(key).__name__} {key!r:.20}"
         found = _numbers_in(v, budget, depth + 1)
         if found is not None:
             return found

@@ -36,7 +36,9 @@ def numpy_value(value) -> bool:
 
 def encode(value):
     """`value` with the NumPy values and deques in it tagged (the same object where it holds none: its tensors
-    stay the script's, read as a checkpoint is written)."""
+    stay the script's, read as a checkpoint is written). ValueError for a dict of the script's that holds a tag's
+    key: read back, it would be taken for a tagged one (`{"__gmux_deque__": None, "items": [1]}` came back a
+    deque)."""
     if numpy_value(value):
         import numpy as np
         array = value if type(value) is np.ndarray and value.flags.c_contiguous and value.flags.writeable else \
@@ -48,6 +50,8 @@ def encode(value):
         items = [encode(v) for v in value]
         return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
     if type(value) is dict:
+        if tagged(value):
+            raise ValueError(f"a dict keyed {tagged(value)!r}")
         items = {k: encode(v) for k, v in value.items()}
         return value if all(items[k] is v for k, v in value.items()) else items
     return value
