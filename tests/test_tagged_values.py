@@ -153,3 +153,30 @@ def test_an_array_or_deque_the_script_holds_elsewhere_too_is_filled_in_place(tmp
     plain_values.put(other, "hits", new.hits)
     plain_values.put(other, "window", new.window)
     assert other.hits is new.hits and other.window is new.window
+    fortran = Holder()
+    fortran.hits = np.asfortranarray(np.zeros((2, 3)))
+    plain_values.put(fortran, "hits", np.ones((2, 3)))
+    assert fortran.hits.flags.c_contiguous, "an array of another memory order is replaced, not filled"
+
+
+@pytest.mark.parametrize("order", ["transposed", "fortran", "permuted"])
+def test_an_array_comes_back_in_the_order_its_memory_held_it(tmp_path, order):
+    """NumPy sums an array in the order of its memory: a transposed or Fortran-ordered array came back C-ordered,
+    and its float32 sum differed from the unmoved run's in the last bit."""
+    values = np.random.default_rng(0).standard_normal((40, 30, 20)).astype(np.float32)
+    value = {"transposed": values[0].T, "fortran": np.asfortranarray(values[0]),
+             "permuted": values.transpose(1, 0, 2)}[order]
+    obj = Holder()
+    plain_values.remember(obj)
+    obj.hits = value
+    new = _through_a_file(tmp_path, obj)
+    assert _same(new.hits, value) and new.hits.strides == value.strides and new.hits.sum() == value.sum()
+
+
+@pytest.mark.parametrize("axes", [[], [0], [1, 1], ["a", 0], [0, 1.0], [True, False], [2, 0]])
+def test_crafted_axes_are_refused(axes):
+    new = Holder()
+    assert plain_values.fits(new, {"hits": {"__gmux_numpy__": "array", "data": torch.zeros(2, 3),
+                                            "axes": axes}}) is not None
+    assert plain_values.fits(new, {"hits": {"__gmux_numpy__": "array", "data": torch.zeros(2, 3),
+                                            "axes": [1, 0]}}) is None

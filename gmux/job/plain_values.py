@@ -67,9 +67,9 @@ def changed(obj, skip=frozenset()) -> dict:
 def unkept_numbers(obj, skip=frozenset()) -> str | None:
     """What `obj` holds that changed since `remember` and is numbers a move does not carry: an attribute (not in
     `skip`) holding a set, or a NumPy value of a kind a checkpoint does not hold (or a list, tuple, dict or deque
-    with one inside, or a dict keyed by NumPy numbers: `_numbers_in`), as "'name' (a set)"; None if there is none. `changed` leaves such an object out whole, and the new
-    process's object would start from its constructor's values (a best loss that became a NumPy float took its
-    patience counter with it)."""
+    with one inside, or a dict keyed by NumPy numbers: `_numbers_in`), as "'name' (a set)"; None if there is none.
+    `changed` leaves such an object out whole, and the new process's object would start from its constructor's
+    values (a best loss that became a NumPy float took its patience counter with it)."""
     try:
         then = _seen.get(obj)
     except TypeError:

@@ -41,9 +41,18 @@ def encode(value):
     deque)."""
     if numpy_value(value):
         import numpy as np
-        array = value if type(value) is np.ndarray and value.flags.c_contiguous and value.flags.writeable else \
-            np.array(value, order="C")      # (a scalar's 0-d array; torch takes no read-only memory)
-        return {NUMPY: "array" if type(value) is np.ndarray else "scalar", "data": torch.from_numpy(array)}
+        if type(value) is not np.ndarray:
+            return {NUMPY: "scalar", "data": torch.from_numpy(np.array(value))}
+        # Its axes in the order its memory holds them (a transposed array's, a Fortran-ordered one's), under
+        # "axes": NumPy sums in the order of memory, and the C-ordered copy put back summed otherwise (another
+        # float32 total, in its last bit)
+        axes = list(range(value.ndim)) if value.flags.c_contiguous else \
+            sorted(range(value.ndim), key=lambda i: -abs(value.strides[i]))
+        array = value.transpose(axes)
+        array = array if array.flags.c_contiguous and array.flags.writeable else \
+            np.array(array, order="C")      # (torch takes no read-only memory)
+        out = {NUMPY: "array", "data": torch.from_numpy(array)}
+        return out if axes == sorted(axes) else {**out, "axes": axes}
     if type(value) is collections.deque:
         return {DEQUE: value.maxlen, "items": [encode(v) for v in value]}
     if type(value) in (list, tuple):
@@ -68,24 +77,29 @@ def tagged(value) -> Optional[str]:
 
 def fits(value: dict, plain: Callable) -> bool:
     """Whether a tagged dict read from a file decodes to what it claims: a NumPy value's data a tensor (a
-    TensorRef before it is read) of a dtype NumPy has, one value for a scalar; a deque's items a list of plain
-    values (`plain`) no longer than its maxlen, which a deque can take (a file's maxlen of 2**63 passed, and the
-    restore failed with an OverflowError half-way through putting the job back)."""
+    TensorRef before it is read) of a dtype NumPy has, one value for a scalar, an array's "axes" (where given) an
+    order of its dimensions; a deque's items a list of plain values (`plain`) no longer than its maxlen, which a
+    deque can take (a file's maxlen of 2**63 passed, and the restore failed with an OverflowError half-way through
+    putting the job back)."""
     tag = tagged(value)
     if tag == NUMPY:
         data = value.get("data")
-        if set(value) != {NUMPY, "data"} or value[NUMPY] not in ("scalar", "array"):
+        axes = value.get("axes")
+        if set(value) - {"axes"} != {NUMPY, "data"} or value[NUMPY] not in ("scalar", "array") or \
+                not (axes is None or (type(axes) is list and all(type(a) is int for a in axes) and
+                                      value[NUMPY] == "array")):
             return False
         if type(data) is TensorRef:
             return True
-        return type(data) is torch.Tensor and data.layout == torch.strided and not data.requires_grad and \
+        return type(data) is torch.Tensor and (axes is None or sorted(axes) == list(range(data.dim()))) and \
+            data.layout == torch.strided and not data.requires_grad and \
             str(data.dtype).removeprefix("torch.") in DTYPES and \
             str(data.dtype).removeprefix("torch.") not in _TORCH_ONLY and \
             (value[NUMPY] == "array" or data.dim() == 0)
     if tag == DEQUE:
         items, maxlen = value.get("items"), value[DEQUE]
-        return set(value) == {DEQUE, "items"} and type(items) is list and \
-            (maxlen is None or (type(maxlen) is int and len(items) <= maxlen <= sys.maxsize)) and all(map(plain, items))
+        return set(value) == {DEQUE, "items"} and type(items) is list and all(map(plain, items)) and \
+            (maxlen is None or (type(maxlen) is int and len(items) <= maxlen <= sys.maxsize))
     return False
 
 
@@ -93,14 +107,18 @@ def decode(value: dict, inner: Callable):
     """What a tagged dict `fits` passed stood for; `inner` puts a deque's items back."""
     if tagged(value) == NUMPY:
         array = value["data"].detach().cpu().numpy()
+        if "axes" in value:
+            import numpy as np
+            array = array.transpose(np.argsort(value["axes"]))
         return array[()] if value[NUMPY] == "scalar" else array
     return collections.deque((inner(v) for v in value["items"]), maxlen=value[DEQUE])
 
 
 def fill(now, value) -> bool:
-    """Copies an array into `now` where `now` is a writable array of its dtype and shape; whether it did."""
+    """Copies an array into `now` where `now` is a writable array of its dtype, shape and memory order (NumPy sums
+    in that order: one of another is replaced); whether it did."""
     if type(now).__name__ != "ndarray" or type(value) is not type(now) or now.dtype != value.dtype or \
-            now.shape != value.shape or not now.flags.writeable:
+            now.shape != value.shape or now.strides != value.strides or not now.flags.writeable:
         return False
     now[...] = value
     return True
