@@ -187,7 +187,8 @@ def _numbers_in(value, budget: list, depth: int):
     kind = type(value)
     if issubclass(kind, (set, frozenset)) or (kind.__module__ == "numpy" and not tagged_values.numpy_value(value)):
         return kind.__name__
-    if budget[0] < 0 or depth > MAX_DEPTH or kind not in (list, tuple, dict, collections.deque):
+    if budget[0] < 0 or depth > MAX_DEPTH or kind not in (list, tuple, dict, collections.deque) or \
+            tagged_values.scalars(value):
         return None
     if kind is dict and tagged_values.tagged(value):
         return f"dict keyed {tagged_values.tagged(value)!r}"
@@ -251,6 +252,10 @@ def _look(value, budget: list | None = None):
         # made full at its maxlen, keeps its length as it changes, and was taken for unchanged and left behind)
         items = tuple(_look(v, budget) for v in value) if budget[0] >= 0 else None
         return ("object", id(value), len(value), items)
+    if tagged_values.scalars(value):        # (a loss per step from np.mean: by its bytes, at once)
+        import numpy as np
+        budget[0] -= len(value)
+        return (type(value).__name__, id(value), type(value[0]).__name__, np.array(value).tobytes())
     if type(value) in (list, tuple, dict) and budget[0] >= 0:
         items = value.items() if type(value) is dict else enumerate(value)
         return (type(value).__name__, id(value), tuple((k, _look(v, budget)) for k, v in items))
@@ -320,6 +325,9 @@ def _plain(value, budget: list, depth: int) -> bool:
         return True
     if tagged_values.numpy_value(value):
         return True
+    if tagged_values.scalars(value):
+        budget[0] -= len(value)
+        return budget[0] >= 0
     if type(value) in (list, tuple, collections.deque):
         return all(_plain(v, budget, depth + 1) for v in value)
     if tagged_values.tagged(value):         # (a file's)
