@@ -315,3 +315,33 @@ def test_a_lazy_module_not_made_yet_is_refused_by_attach_naming_what_to_do():
         gj.attach(model, opt)
     model(torch.randn(2, 3))
     assert gj.attach(model, opt).report()["movable"] is True
+
+
+def test_a_submodule_switched_to_eval_mode_mid_run_stays_so_after_a_move(tmp):
+    """BatchNorm's statistics frozen and dropout turned off at a step (`if step == 10: model.bn.eval()`), which a
+    new process does not run again: its model was built in training mode, and a run moved after that step ended
+    with weights up to 0.08 from an unmoved run's (BatchNorm's num_batches_tracked 21 more), its reports saying
+    movable."""
+    def build():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.2), nn.Linear(16, 1))
+        return model, torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+
+    def train(model, opt, steps):
+        for _ in range(steps):
+            x = torch.randn(8, 8)
+            nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+            opt.step()
+            opt.zero_grad()
+    model, opt = build()
+    job = gj.attach(model, opt)
+    train(model, opt, 5)
+    model[1].eval()
+    model[2].eval()
+    job.checkpoint(f"{tmp}/a.ckpt")
+    train(model, opt, 5)
+    again, again_opt = build()
+    gj.attach(again, again_opt).restore(f"{tmp}/a.ckpt")
+    assert [m.training for m in again.modules()] == [True, True, False, False, True]
+    train(again, again_opt, 5)
+    assert_identical(model.state_dict(), again.state_dict(), "model")

@@ -129,6 +129,15 @@ def test_a_bad_frozen_section_is_refused_before_anything_changes(tmp):
     refused(tmp, forge.written(snap), r"holding each that cannot require gradients", live=live)
 
 
+def test_a_bad_eval_section_is_refused_before_anything_changes(tmp):
+    """Which submodules were in eval mode comes from the file: a name the model does not have is refused first."""
+    snap = small_job().snapshot()
+    snap["eval"] = [["0", "9"]]
+    refused(tmp, forge.written(snap), r"module 0 submodules in eval mode: \['0', '9'\], not a list")
+    snap["eval"] = [[], []]
+    refused(tmp, forge.written(snap), r"'eval': a list, the job has a list of 1")
+
+
 def test_a_bad_rng_state_is_refused_before_the_weights_change(tmp):
     """Before: refused by torch.set_rng_state only after load_state_dict had overwritten the weights."""
     snap = small_job().snapshot()

@@ -31,9 +31,9 @@ from .data import generator_states
 from .state import WRAPPED, StateMismatch, wrapped
 
 SECTIONS = ("modules", "buffers", "grads", "optimizers", "schedulers", "scalers", "extras", "state", "rng",
-            "position", "steps", "generators", "frozen", "metrics", "attributes")
+            "position", "steps", "generators", "frozen", "eval", "metrics", "attributes")
 # (absent from checkpoints written before they existed)
-OPTIONAL = ("generators", "buffers", "frozen", "metrics", "attributes")
+OPTIONAL = ("generators", "buffers", "frozen", "eval", "metrics", "attributes")
 
 
 def describe(v) -> str:
@@ -142,7 +142,7 @@ class Fit:
             self.fail(f"'grads': {len(skel['grads'])} items, the job has {len(skel['modules'])}")
         self.modules(skel["modules"], skel["grads"])
         modules = self.job.tracked.modules
-        for key, check in (("buffers", self.buffers), ("frozen", self.frozen),
+        for key, check in (("buffers", self.buffers), ("frozen", self.frozen), ("eval", self.eval_modes),
                            ("metrics", lambda saved: metric_states.check(self, saved, modules, StateMismatch)),
                            ("attributes", lambda saved: module_attributes.check(self, saved, modules))):
             if key in skel:
@@ -310,6 +310,16 @@ class Fit:
                     n not in names and not (p.is_floating_point() or p.is_complex()) for n, p in known.items()):
                 self.fail(f"module {i} frozen parameters: {str(names)[:80]}, not a list of its parameters' names "
                           f"holding each that cannot require gradients", StateMismatch)
+
+    def eval_modes(self, saved) -> None:
+        """The names of the module's submodules that were in eval mode."""
+        if not isinstance(saved, list) or len(saved) != len(self.live["eval"]):
+            self.fail(f"'eval': {describe(saved)}, the job has a list of {len(self.live['eval'])}")
+        for i, (names, module) in enumerate(zip(saved, self.job.tracked.modules)):
+            known = dict(module.named_modules())
+            if not isinstance(names, list) or not all(isinstance(n, str) and n in known for n in names):
+                self.fail(f"module {i} submodules in eval mode: {str(names)[:80]}, not a list of its submodules' "
+                          f"names", StateMismatch)
 
     def extras(self, extras) -> None:
         if not isinstance(extras, dict):

@@ -203,6 +203,9 @@ class TrackedState:
             "attributes": [module_attributes.capture(m) for m in self.modules],
             # (frozen or unfrozen by the script since it built them: an `if epoch == 5` unfreezing is not run again)
             "frozen": [[n for n, p in m.named_parameters() if not p.requires_grad] for m in self.modules],
+            # (and the submodules in eval mode: BatchNorm frozen or dropout turned off at `if step == N`, not run
+            # again, which a new process built in training mode)
+            "eval": [[n for n, sub in m.named_modules() if not sub.training] for m in self.modules],
             "grads": grads,
             "optimizers": [optimizer_state(o) for o in self.optimizers],
             "schedulers": [s.state_dict() for s in self.schedulers],
@@ -262,6 +265,9 @@ class TrackedState:
             for m, frozen in zip(self.modules, snap.get("frozen", [])):
                 for name, p in m.named_parameters():
                     p.requires_grad_(name not in frozen)
+            for m, names in zip(self.modules, snap.get("eval", [])):
+                for name, sub in m.named_modules():
+                    sub.training = name not in names     # (each one's own: train() goes on into its children)
             for m, saved in zip(self.modules, snap.get("buffers", [])):
                 live = dict(transient_buffers(m))
                 for name, t in saved.items():
