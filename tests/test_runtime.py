@@ -653,8 +653,8 @@ def test_an_ema_copy_attach_was_not_given_keeps_the_job_where_it_is_and_a_frozen
     job.boundary()
     assert not job.controller.result(move, timeout=5)["ok"] and not os.path.exists(f"{tmp}/moved.ckpt")
     # (reports look at most once a minute; the move's look is theirs from then on)
-    assert job.report()["unmovable"].startswith("a Sequential attach() was not given is changed in place as the "
-                                                "job trains (an EMA copy of the model?)"), job.report()
+    assert job.report()["unmovable"].startswith("a module attach() was not given (Sequential) is changed in place as "
+                                                "the job trains (an EMA copy of the model?)"), job.report()
     attached = gj.attach(model, sgd, ema)
     attached.not_rebuilt = None     # (attached again in one process; a script attaches once)
     train(attached, 2, update_ema=True)
@@ -678,8 +678,8 @@ def test_an_ema_copy_built_after_attach_is_seen_by_the_next_full_look(monkeypatc
     with torch.no_grad():
         ema.weight.lerp_(model.weight, 0.5)
     report = job.report()
-    assert not report["movable"] and report["unmovable"].startswith("a Linear attach() was not given is changed in "
-                                                                    "place"), report
+    assert not report["movable"] and report["unmovable"].startswith("a module attach() was not given (Linear) is "
+                                                                    "changed in place"), report
 
 
 def test_a_momentum_encoder_updated_through_data_keeps_the_job_where_it_is(tmp, monkeypatch):
