@@ -2,6 +2,7 @@
 (type, dtype, shape, maxlen, bytes), and a crafted file's tags refused before anything is set."""
 import collections
 import math
+import random
 
 import numpy as np
 import pytest
@@ -99,6 +100,33 @@ def test_a_dict_of_the_scripts_keyed_as_a_tag_or_by_numpy_numbers_is_named(held)
     plain_values.remember(obj)
     obj.count, obj.log = 5, held
     assert plain_values.changed(obj) == {} and plain_values.unkept_numbers(obj).startswith("'log' (a dict keyed")
+
+
+@pytest.mark.parametrize("held, act, named", [
+    (collections.defaultdict(list), lambda d: d["loss"].append(0.5), "'log' (a defaultdict)"),
+    (collections.Counter(), lambda c: c.update([3]), "'log' (a Counter)"),
+    (collections.OrderedDict(), lambda d: d.setdefault("s1", 0.5), "'log' (a OrderedDict)"),
+    ({}, lambda d: d.setdefault(0.5, 1), "'log' (a dict keyed by float 0.5)"),
+    ({}, lambda d: d.setdefault(True, 1), "'log' (a dict keyed by bool True)"),
+    ({}, lambda d: d.setdefault((0, 1), 1), "'log' (a dict keyed by tuple (0, 1))"),
+    (random.Random(0), lambda r: r.random(), "'log' (a Random)"),
+    (torch.Generator().manual_seed(0), lambda g: torch.rand(1, generator=g), "'log' (a Generator)"),
+    (np.random.default_rng(0), lambda g: g.random(), "'log' (a Generator)"),
+    (np.random.RandomState(0), lambda g: g.rand(), "'log' (a RandomState)"),
+])
+def test_counts_in_a_dict_type_or_generator_gmux_does_not_carry_are_named_changed_in_place_too(held, act, named):
+    """A callback's defaultdict(list) of losses, a Counter of labels, a dict keyed by a bool or float, a random.Random
+    it jitters the LR with: not carried, and left out unnamed with the whole object (a count counted into in place,
+    or a generator drawn from, was taken for unchanged by identity; a float key was not plain). A moved Trainer run
+    counted from 0 again, and trained 9 steps past where the unmoved one stopped, while it said it was movable.
+    Named now; one left as it was (a generator not drawn from) keeps nothing from a move."""
+    obj = Holder()
+    obj.log = held
+    plain_values.remember(obj)
+    obj.count = 5
+    assert plain_values.changed(obj) == {"count": 5} and plain_values.unkept_numbers(obj) is None
+    act(held)
+    assert plain_values.changed(obj) == {} and plain_values.unkept_numbers(obj) == named
 
 
 @pytest.mark.parametrize("crafted", [

@@ -20,7 +20,7 @@ import weakref
 
 import torch
 
-from . import tagged_values
+from . import generators, tagged_values
 from .checkpoint import DTYPES, TensorRef
 
 # values in one attribute, nested ones counted: an epoch of 100,000 steps appending (loss, accuracy) to a list
@@ -180,12 +180,14 @@ def _to(value, device):
 
 
 def _numbers_in(value, budget: list, depth: int):
-    """The type name of the first set or NumPy value a checkpoint does not hold in `value`, or of a NumPy number
-    keying a dict (`self.counts[y] += 1` over an array's labels), or a dict keyed as gmux tags one (looked into
-    within bounds). `changed` leaves each out, with the object; unnamed, the move went on without its counts."""
+    """The type name of the first set or NumPy value a checkpoint does not hold in `value` (or defaultdict, Counter,
+    OrderedDict, random generator), or of a key of a dict that is no str or int (a NumPy number, `self.counts[y] +=
+    1` over an array's labels; a float, a bool), or a dict keyed as gmux tags one (looked into within bounds).
+    `changed` leaves each out, with the object; unnamed, the move went on without its counts."""
     budget[0] -= 1
     kind = type(value)
-    if issubclass(kind, (set, frozenset)) or (kind.__module__ == "numpy" and not tagged_values.numpy_value(value)):
+    if issubclass(kind, (set, frozenset, *_DICTS, *_GENERATORS)) or \
+            (kind.__module__ == "numpy" and not tagged_values.numpy_value(value)):
         return kind.__name__
     if budget[0] < 0 or depth > MAX_DEPTH or kind not in (list, tuple, dict, collections.deque) or \
             tagged_values.scalars(value):
@@ -193,7 +195,9 @@ def _numbers_in(value, budget: list, depth: int):
     if kind is dict and tagged_values.tagged(value):
         return f"dict keyed {tagged_values.tagged(value)!r}"
     for key, v in (value.items() if kind is dict else zip(itertools.repeat(None), value)):
-        if type(key).__module__ == "numpy":
+        # (a key `_plain` takes not, a float or a bool, `counts[label == y] += 1`, left the object out unnamed:
+        # a moved run's callback counted from 0 again, and trained 9 steps past where the unmoved one stopped)
+        if kind is dict and type(key) not in (str, int):
             return f"dict keyed by {type(key).__name__} {key!r:.20}"
         found = _numbers_in(v, budget, depth + 1)
         if found is not None:
@@ -256,8 +260,10 @@ def _look(value, budget: list | None = None):
         import numpy as np
         budget[0] -= len(value)
         return (type(value).__name__, id(value), type(value[0]).__name__, np.array(value).tobytes())
-    if type(value) in (list, tuple, dict) and budget[0] >= 0:
-        items = value.items() if type(value) is dict else enumerate(value)
+    if type(value) in (list, tuple, dict, *_DICTS) and budget[0] >= 0:
+        # (a defaultdict, a Counter, an OrderedDict counted into in place too: by identity alone it was taken for
+        # unchanged, neither carried nor named)
+        items = value.items() if issubclass(type(value), dict) else enumerate(value)
         return (type(value).__name__, id(value), tuple((k, _look(v, budget)) for k, v in items))
     if type(value).__name__ == "ndarray" and type(value).__module__ == "numpy":
         # (counted into in place, `self.seen[y] += 1`, it is the same object: by its bytes, a sample of a large one.
@@ -265,10 +271,37 @@ def _look(value, budget: list | None = None):
         # (.flat's slice copies only the sample, of a transposed array too)
         return ("array", _Same(value), value.dtype.str, value.shape,
                 (value if value.nbytes <= _ARRAY_BYTES else value.flat[::max(1, value.size // 4096)]).tobytes())
+    if issubclass(type(value), _GENERATORS):
+        # (drawn from, it is the same object: by its state. By identity a callback's random.Random was taken for
+        # unchanged, and a moved run's drew from its seed again, unnamed)
+        return ("generator", _Same(value), _state_of(value))
     if type(value).__module__ == "numpy" and hasattr(value, "dtype") and hasattr(value, "tobytes"):
         # (a NumPy scalar takes no weak reference, and one made again at the address of the last was unchanged)
         return ("scalar", value.dtype.str, value.tobytes())
     return ("object", _Same(value), len(value) if type(value) in (list, tuple, dict) else None)
+
+
+_DICTS = (collections.defaultdict, collections.Counter, collections.OrderedDict)     # (not carried: named)
+
+
+# A script's own random generator (a random.Random a callback jitters with) is an object a move does not carry,
+# with numbers in it: named, as a set is
+_GENERATORS = tuple(generators.KINDS.values())
+
+
+def _state_of(generator):
+    try:
+        kind = generators.kind_of(generator)
+        if kind == "torch":
+            return generator.get_state().numpy().tobytes()
+        if kind == "numpy":
+            return repr(generator.bit_generator.state)
+        if kind == "numpy_legacy":
+            name, keys, *rest = generator.get_state()
+            return (name, keys.tobytes(), *rest)
+        return generator.getstate()
+    except Exception:       # (a look runs at a boundary: it must not end the training; unread, as by identity)
+        return None
 
 
 _ARRAY_BYTES = 1 << 16      # an array's bytes compared whole up to this; a larger one's by 4096 of its items
