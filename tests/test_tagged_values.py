@@ -80,7 +80,8 @@ def test_any_numpy_value_of_a_carried_dtype_comes_back_exactly(tmp_path_factory,
 
 def test_numpy_values_a_checkpoint_cannot_hold_and_sets_are_still_named():
     """A string array, a big-endian one, a set: not carried, so named (the object is left out whole)."""
-    for value, named in ((np.array(["a", "b"]), "'hits' (a ndarray)"), (np.arange(3, dtype=">i4"), "'hits' (a ndarray)"),
+    for value, named in ((np.array(["a", "b"]), "'hits' (a ndarray)"),
+                         (np.arange(3, dtype=">i4"), "'hits' (a ndarray)"),
                          (np.str_("x"), "'hits' (a str_)"), ({1, 2}, "'hits' (a set)"),
                          ([np.datetime64("2026-12-07")], "'hits' (a datetime64)")):
         obj = Holder()
@@ -103,23 +104,16 @@ def test_a_dict_of_the_scripts_keyed_as_a_tag_or_by_numpy_numbers_is_named(held)
 
 
 @pytest.mark.parametrize("held, act, named", [
-    (collections.defaultdict(list), lambda d: d["loss"].append(0.5), "'log' (a defaultdict)"),
-    (collections.Counter(), lambda c: c.update([3]), "'log' (a Counter)"),
-    (collections.OrderedDict(), lambda d: d.setdefault("s1", 0.5), "'log' (a OrderedDict)"),
     ({}, lambda d: d.setdefault(0.5, 1), "'log' (a dict keyed by float 0.5)"),
     ({}, lambda d: d.setdefault(True, 1), "'log' (a dict keyed by bool True)"),
     ({}, lambda d: d.setdefault((0, 1), 1), "'log' (a dict keyed by tuple (0, 1))"),
-    (random.Random(0), lambda r: r.random(), "'log' (a Random)"),
-    (torch.Generator().manual_seed(0), lambda g: torch.rand(1, generator=g), "'log' (a Generator)"),
-    (np.random.default_rng(0), lambda g: g.random(), "'log' (a Generator)"),
-    (np.random.RandomState(0), lambda g: g.rand(), "'log' (a RandomState)"),
+    ([random.Random(0)], lambda rs: rs[0].random(), "'log' (a Random)"),
 ])
-def test_counts_in_a_dict_type_or_generator_gmux_does_not_carry_are_named_changed_in_place_too(held, act, named):
-    """A callback's defaultdict(list) of losses, a Counter of labels, a dict keyed by a bool or float, a random.Random
-    it jitters the LR with: not carried, and left out unnamed with the whole object (a count counted into in place,
-    or a generator drawn from, was taken for unchanged by identity; a float key was not plain). A moved Trainer run
-    counted from 0 again, and trained 9 steps past where the unmoved one stopped, while it said it was movable.
-    Named now; one left as it was (a generator not drawn from) keeps nothing from a move."""
+def test_counts_gmux_does_not_carry_are_named_changed_in_place_too(held, act, named):
+    """A dict keyed by a bool or float, a random.Random inside a list: not carried, and left out unnamed with the
+    whole object (a float key was not plain; a generator drawn from was taken for unchanged by identity). A moved
+    Trainer run counted from 0 again, and trained 9 steps past where the unmoved one stopped, while it said it was
+    movable. Named now."""
     obj = Holder()
     obj.log = held
     plain_values.remember(obj)
@@ -127,6 +121,67 @@ def test_counts_in_a_dict_type_or_generator_gmux_does_not_carry_are_named_change
     assert plain_values.changed(obj) == {"count": 5} and plain_values.unkept_numbers(obj) is None
     act(held)
     assert plain_values.changed(obj) == {} and plain_values.unkept_numbers(obj) == named
+
+
+def _lambda_counts():
+    return collections.defaultdict(lambda: 0)
+
+
+@pytest.mark.parametrize("make, act, draw", [
+    (lambda: collections.defaultdict(list), lambda d: d["loss"].append(0.5), lambda d: d["new"]),
+    (_lambda_counts, lambda d: d.__setitem__("a", d["a"] + 3), lambda d: d["new"]),
+    (collections.Counter, lambda c: c.update([3, 3, 1]), lambda c: c.most_common()),
+    (collections.OrderedDict, lambda d: d.update(b=1, a=2), lambda d: list(d)),
+    (lambda: random.Random(0), lambda r: r.random(), lambda r: r.random()),
+    (lambda: torch.Generator().manual_seed(0), lambda g: torch.rand(1, generator=g),
+     lambda g: torch.rand(2, generator=g).tolist()),
+    (lambda: np.random.default_rng(0), lambda g: g.random(), lambda g: g.random()),
+    (lambda: np.random.RandomState(0), lambda g: g.rand(), lambda g: g.rand()),
+])
+def test_a_dict_of_collections_kinds_or_a_generator_is_carried_into_the_new_objects_own(tmp_path, make, act,
+                                                                                          draw):
+    """A callback's defaultdict(list) of losses (or one whose factory is a lambda), a Counter of labels, an
+    OrderedDict, a generator it jitters the LR with: counted into or drawn from in place, they were taken for
+    unchanged and left behind; then refused. Now carried: the new object's own gets what the moved one held (a
+    defaultdict keeps making its defaults, a generator draws on from where the moved one was)."""
+    class Keeps:
+        def __init__(self):
+            self.held, self.count = make(), 0
+    obj = Keeps()
+    plain_values.remember(obj)
+    act(obj.held)
+    obj.count = 5
+    assert plain_values.unkept_numbers(obj) is None
+    path = str(tmp_path / "a.ckpt")
+    checkpoint.save({"state": {"kept": plain_values.with_places(plain_values.changed(obj))}}, path)
+    read = checkpoint.load(path)["state"]["kept"]
+    new = Keeps()
+    assert plain_values.fits_placed(new, read) is None
+    for name, value in plain_values.placed(read, None).items():
+        plain_values.put(new, name, value)
+    assert type(new.held) is type(obj.held) and new.count == 5
+    assert draw(new.held) == draw(obj.held)
+    if isinstance(obj.held, dict):
+        assert list(new.held.items()) == list(obj.held.items())
+
+
+def test_a_generator_or_lambda_defaultdict_needs_its_own_in_the_new_object():
+    """A generator's state, and a defaultdict's items whose factory is the script's lambda, are put into the new
+    object's own: where it holds none there (or a generator of another kind, or a state its generator refuses),
+    the restore is refused and nothing is set."""
+    class Keeps:
+        def __init__(self):
+            self.held = None
+    rng = tagged_values.encode(random.Random(1))
+    lam = tagged_values.encode(_lambda_counts())
+    for value in (rng, lam, {**rng, "state": (3, (1, 2), None)},
+                  {"__gmux_generator__": "torch", "state": rng["state"]}):
+        new = Keeps()
+        assert plain_values.fits(new, {"held": value}) is not None, value
+        assert new.held is None
+    other = Keeps()
+    other.held = np.random.default_rng(0)
+    assert plain_values.fits(other, {"held": rng}) is not None
 
 
 @pytest.mark.parametrize("crafted", [
@@ -140,6 +195,13 @@ def test_counts_in_a_dict_type_or_generator_gmux_does_not_carry_are_named_change
     {"__gmux_deque__": 2 ** 63, "items": []},                           # more than a deque takes
     {"__gmux_deque__": None, "items": [object()]},
     {"__gmux_deque__": None, "items": (1, 2)},
+    {"__gmux_dict__": "dict", "items": {}},                             # no kind of collections'
+    {"__gmux_dict__": "Counter", "items": {0.5: 1}},
+    {"__gmux_dict__": "OrderedDict", "items": [("a", 1)]},
+    {"__gmux_dict__": "defaultdict", "items": {}, "factory": "os.system"},
+    {"__gmux_dict__": "Counter", "items": {}, "factory": "int"},
+    {"__gmux_generator__": "python", "state": (3, (1,), None), "x": 1},
+    {"__gmux_generator__": "cupy", "state": 1},
 ])
 def test_a_crafted_tag_is_refused_and_nothing_is_set(crafted):
     new = Holder()

@@ -102,8 +102,8 @@ def not_carried(module: nn.Module):
         found = plain_values.unkept_numbers(m, keys)
         if found is not None:
             return (f"its module {name or type(m).__name__}'s attribute {found} changed as it trained, and gmux "
-                    f"carries only plain data (numbers, strings, tensors, NumPy numbers, lists, dicts, deques): a "
-                    f"new process would start the module's attributes anew (hold a list: list(s))")
+                    f"carries only plain data (numbers, strings, tensors, NumPy numbers, lists, dicts, deques, str "
+                    f"or int keys): a new process would start the module's attributes anew (hold a list: list(s))")
         graph = plain_values.graph_beside(m, keys)
         if graph is not None:
             return (f"its module {name or type(m).__name__}'s attribute {graph} holds a tensor of the step's graph, "

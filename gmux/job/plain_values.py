@@ -139,9 +139,11 @@ def put(obj, name: str, value) -> None:
     shape), that `obj` holds there where there is one: the script may hold it elsewhere too (a loss weight made
     with torch.from_numpy over the counts), and a new one put there instead was no longer what that one saw."""
     now = vars(obj).get(name)
-    if type(now) is list and type(value) is list:
+    if tagged_values.tagged(value) == tagged_values.GENERATOR:      # (may_take found `now` one of its kind)
+        generators.apply(now, {"kind": value[tagged_values.GENERATOR], "state": value["state"]})
+    elif type(now) is list and type(value) is list:
         now[:] = value
-    elif type(now) is dict and type(value) is dict:
+    elif isinstance(now, dict) and type(now) is type(value):       # (a defaultdict keeps its own factory)
         now.clear()
         now.update(value)
     elif type(now) is collections.deque and type(value) is collections.deque and now.maxlen == value.maxlen:
@@ -157,7 +159,8 @@ def tensors_in(value, out=None) -> list:
     out = [] if out is None else out
     if type(value) is torch.Tensor:
         out.append(value)
-    elif type(value) in (list, tuple, dict) and tagged_values.tagged(value) != tagged_values.NUMPY:
+    elif type(value) in (list, tuple, dict) and tagged_values.tagged(value) not in (tagged_values.NUMPY,
+                                                                                    tagged_values.GENERATOR):
         for v in value.values() if type(value) is dict else value:
             if type(v) not in _SCALARS:
                 tensors_in(v, out)
@@ -180,24 +183,26 @@ def _to(value, device):
 
 
 def _numbers_in(value, budget: list, depth: int):
-    """The type name of the first set or NumPy value a checkpoint does not hold in `value` (or defaultdict, Counter,
-    OrderedDict, random generator), or of a key of a dict that is no str or int (a NumPy number, `self.counts[y] +=
-    1` over an array's labels; a float, a bool), or a dict keyed as gmux tags one (looked into within bounds).
-    `changed` leaves each out, with the object; unnamed, the move went on without its counts."""
+    """The type name of the first set or NumPy value a checkpoint does not hold in `value` (or random generator
+    inside a container: one an attribute holds itself is carried), or of a key of a dict that is no str or int (a
+    NumPy number, `self.counts[y] += 1` over an array's labels; a float, a bool), or a dict keyed as gmux tags one
+    (looked into within bounds). `changed` leaves each out, with the object; unnamed, the move went on without its
+    counts."""
     budget[0] -= 1
     kind = type(value)
-    if issubclass(kind, (set, frozenset, *_DICTS, *_GENERATORS)) or \
+    if issubclass(kind, (set, frozenset)) or (depth and tagged_values.generator(value)) or \
             (kind.__module__ == "numpy" and not tagged_values.numpy_value(value)):
         return kind.__name__
-    if budget[0] < 0 or depth > MAX_DEPTH or kind not in (list, tuple, dict, collections.deque) or \
+    dicts = (dict, *tagged_values.DICTS.values())
+    if budget[0] < 0 or depth > MAX_DEPTH or kind not in (list, tuple, collections.deque, *dicts) or \
             tagged_values.scalars(value):
         return None
     if kind is dict and tagged_values.tagged(value):
         return f"dict keyed {tagged_values.tagged(value)!r}"
-    for key, v in (value.items() if kind is dict else zip(itertools.repeat(None), value)):
+    for key, v in (value.items() if kind in dicts else zip(itertools.repeat(None), value)):
         # (a key `_plain` takes not, a float or a bool, `counts[label == y] += 1`, left the object out unnamed:
         # a moved run's callback counted from 0 again, and trained 9 steps past where the unmoved one stopped)
-        if kind is dict and type(key) not in (str, int):
+        if kind in dicts and type(key) not in (str, int):
             return f"dict keyed by {type(key).__name__} {key!r:.20}"
         found = _numbers_in(v, budget, depth + 1)
         if found is not None:
@@ -223,6 +228,14 @@ def may_take(obj, name: str, value) -> bool:
     become anything plain: the moved process made it a number (`self.best = loss.item()`) or a new tensor; and a
     number may become a tensor of one value (`self.best = min(self.best, metrics["val_loss"])` from inf)."""
     now = vars(obj).get(name, _NEW)
+    tag = tagged_values.tagged(value)
+    if tag == tagged_values.GENERATOR or (tag == tagged_values.DICT and value[tag] == "defaultdict" and
+                                          value.get("factory") is None):
+        # (put into the new object's own: a generator of its kind, the state tried on a scratch one first; a
+        # defaultdict, whose factory is a lambda of the script's)
+        return generators.problem({"kind": value[tag], "state": value["state"]}, now) is None \
+            if tag == tagged_values.GENERATOR and tagged_values.generator(now) else \
+            type(now) is collections.defaultdict
     if now is _NEW:
         return not name.startswith("__") and not callable(getattr(type(obj), name, None))
     if now is None or value is None or type(now) is torch.Tensor or not _plain(now, [MAX_ITEMS], 0):
@@ -260,7 +273,7 @@ def _look(value, budget: list | None = None):
         import numpy as np
         budget[0] -= len(value)
         return (type(value).__name__, id(value), type(value[0]).__name__, np.array(value).tobytes())
-    if type(value) in (list, tuple, dict, *_DICTS) and budget[0] >= 0:
+    if type(value) in (list, tuple, dict, *tagged_values.DICTS.values()) and budget[0] >= 0:
         # (a defaultdict, a Counter, an OrderedDict counted into in place too: by identity alone it was taken for
         # unchanged, neither carried nor named)
         items = value.items() if issubclass(type(value), dict) else enumerate(value)
@@ -271,7 +284,7 @@ def _look(value, budget: list | None = None):
         # (.flat's slice copies only the sample, of a transposed array too)
         return ("array", _Same(value), value.dtype.str, value.shape,
                 (value if value.nbytes <= _ARRAY_BYTES else value.flat[::max(1, value.size // 4096)]).tobytes())
-    if issubclass(type(value), _GENERATORS):
+    if tagged_values.generator(value):
         # (drawn from, it is the same object: by its state. By identity a callback's random.Random was taken for
         # unchanged, and a moved run's drew from its seed again, unnamed)
         return ("generator", _Same(value), _state_of(value))
@@ -279,14 +292,6 @@ def _look(value, budget: list | None = None):
         # (a NumPy scalar takes no weak reference, and one made again at the address of the last was unchanged)
         return ("scalar", value.dtype.str, value.tobytes())
     return ("object", _Same(value), len(value) if type(value) in (list, tuple, dict) else None)
-
-
-_DICTS = (collections.defaultdict, collections.Counter, collections.OrderedDict)     # (not carried: named)
-
-
-# A script's own random generator (a random.Random a callback jitters with) is an object a move does not carry,
-# with numbers in it: named, as a set is
-_GENERATORS = tuple(generators.KINDS.values())
 
 
 def _state_of(generator):
@@ -356,8 +361,8 @@ def _plain(value, budget: list, depth: int) -> bool:
             not (value.is_meta or value.is_nested) and str(value.dtype).removeprefix("torch.") in DTYPES
     if type(value) is TensorRef:       # (a checkpoint's, before its data is read)
         return True
-    if tagged_values.numpy_value(value):
-        return True
+    if tagged_values.numpy_value(value) or (depth == 0 and tagged_values.generator(value)):
+        return True     # (a generator inside a container is not: put() fills the one an attribute holds)
     if tagged_values.scalars(value):
         budget[0] -= len(value)
         return budget[0] >= 0
@@ -365,6 +370,6 @@ def _plain(value, budget: list, depth: int) -> bool:
         return all(_plain(v, budget, depth + 1) for v in value)
     if tagged_values.tagged(value):         # (a file's)
         return tagged_values.fits(value, lambda v: _plain(v, budget, depth + 1))
-    if type(value) is dict:
+    if type(value) is dict or type(value) in tagged_values.DICTS.values():
         return all(type(k) in (str, int) and _plain(v, budget, depth + 1) for k, v in value.items())
     return False

@@ -90,8 +90,8 @@ def _look(job, modules: list, attached: set, full: bool) -> Optional[str]:
                    f"where it is (suspend and resume still work); give it to attach(), which keeps its counts")
         elif why is None and version[:2] != first:
             why = (f"a module attach() was not given ({type(m).__name__}) is changed in place as the job trains (an "
-                   f"EMA copy of the model?): a new process builds it anew and would train on without what it holds, so the "
-                   f"job stays where it is (suspend and resume still work); give it to attach()")
+                   f"EMA copy of the model?): a new process builds it anew and would train on without what it holds, "
+                   f"so the job stays where it is (suspend and resume still work); give it to attach()")
     if full:
         for key in set(_versions) - alive:
             del _versions[key]

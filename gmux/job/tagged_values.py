@@ -1,13 +1,15 @@
-"""NumPy values and deques among the attributes a move carries (gmux.job.plain_values), in a form a checkpoint
-holds and back, exactly: a NumPy scalar or array as its bytes in a tensor, tagged with which it was; a deque as its
-items and its maxlen.
+"""NumPy values, deques, dicts of collections' kinds and random generators among the attributes a move carries
+(gmux.job.plain_values), in a form a checkpoint holds and back, exactly: a NumPy scalar or array as its bytes in a
+tensor, tagged with which it was; a deque as its items and its maxlen; a defaultdict, Counter or OrderedDict as its
+items and its kind; a generator as its state, put into the one the new object holds.
 
 A best loss that np.mean() made a NumPy float, a count of correct predictions kept in an array (`self.hits[y] +=
 1`), a window of the last losses in a deque(maxlen=100): a move refused such a job rather than lose them, or (a
 callback's, before it was named) lost them. Put back, each is what it was: an np.float32 stays one (its arithmetic
 is float32's), an array keeps its dtype and shape, a deque its maxlen. Only native-endian NumPy values of the dtypes
 a checkpoint holds are carried (a string or object array is not); a set is not (its order of iteration is not
-carried with it).
+carried with it). A defaultdict whose factory is not a builtin type (a lambda) is put into the one the new object
+holds, and a generator into its own generator of the same kind: where there is none, the restore is refused.
 """
 from __future__ import annotations
 
@@ -17,11 +19,26 @@ from typing import Callable, Optional
 
 import torch
 
+from . import generators
 from .checkpoint import DTYPES, TensorRef
 
 NUMPY = "__gmux_numpy__"    # -> "scalar", "array", or "list"/"tuple" of scalars; beside it "data", a tensor
 DEQUE = "__gmux_deque__"    # -> its maxlen (None or a count); beside it "items", a list
+DICT = "__gmux_dict__"      # -> its class's name; beside it "items", a dict, and a defaultdict's "factory"
+GENERATOR = "__gmux_generator__"    # -> its kind (gmux.job.generators); beside it "state"
+DICTS = {cls.__name__: cls for cls in (collections.defaultdict, collections.Counter, collections.OrderedDict)}
+# a defaultdict's factory, by name, where it is a builtin type (any other is the new object's own defaultdict's)
+FACTORIES = {cls.__name__: cls for cls in (list, dict, int, float, str, tuple, bool)}
 _TORCH_ONLY = ("bfloat16", "float8_e4m3fn", "float8_e5m2")      # (NumPy has no such dtype)
+
+
+def generator(value) -> bool:
+    """A random generator of a kind gmux.job.generators keeps (by its type: isinstance() asks a weak proxy its
+    referent's class, and raised for one whose referent is gone)."""
+    return issubclass(type(value), _GENERATORS)
+
+
+_GENERATORS = tuple(generators.KINDS.values())
 
 
 def numpy_value(value) -> bool:
@@ -68,6 +85,15 @@ def encode(value):
         return {NUMPY: type(value).__name__, "data": torch.from_numpy(np.array(value))}
     if type(value) is collections.deque:
         return {DEQUE: value.maxlen, "items": [encode(v) for v in value]}
+    if type(value) in DICTS.values():
+        out = {DICT: type(value).__name__, "items": {k: encode(v) for k, v in value.items()}}
+        if type(value) is collections.defaultdict:
+            factory = value.default_factory
+            out["factory"] = factory.__name__ if factory is not None and FACTORIES.get(factory.__name__) is factory \
+                else None
+        return out
+    if generator(value):
+        return {GENERATOR: generators.kind_of(value), "state": generators.capture(value)["state"]}
     if type(value) in (list, tuple):
         items = [encode(v) for v in value]
         return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
@@ -82,7 +108,7 @@ def encode(value):
 def tagged(value) -> Optional[str]:
     """Which tag a dict carries (NUMPY, DEQUE), or None."""
     if type(value) is dict:
-        for tag in (NUMPY, DEQUE):
+        for tag in (NUMPY, DEQUE, DICT, GENERATOR):
             if tag in value:
                 return tag
     return None
@@ -109,6 +135,13 @@ def fits(value: dict, plain: Callable) -> bool:
             str(data.dtype).removeprefix("torch.") in DTYPES and \
             str(data.dtype).removeprefix("torch.") not in _TORCH_ONLY and \
             data.dim() == {"scalar": 0, "list": 1, "tuple": 1}.get(value[NUMPY], data.dim())
+    if tag == DICT:
+        items, factory = value.get("items"), value.get("factory")
+        return value[DICT] in DICTS and set(value) - {"factory"} == {DICT, "items"} and type(items) is dict and \
+            (factory is None or (value[DICT] == "defaultdict" and factory in FACTORIES)) and \
+            all(type(k) in (str, int) and plain(v) for k, v in items.items())
+    if tag == GENERATOR:        # (its state is checked against the generator it is put into: plain_values.may_take)
+        return set(value) == {GENERATOR, "state"} and value[GENERATOR] in generators.KINDS
     if tag == DEQUE:
         items, maxlen = value.get("items"), value[DEQUE]
         return set(value) == {DEQUE, "items"} and type(items) is list and all(map(plain, items)) and \
@@ -117,7 +150,15 @@ def fits(value: dict, plain: Callable) -> bool:
 
 
 def decode(value: dict, inner: Callable):
-    """What a tagged dict `fits` passed stood for; `inner` puts a deque's items back."""
+    """What a tagged dict `fits` passed stood for; `inner` puts a deque's and a dict's items back. A generator's
+    stays tagged: it is put into the new object's own (plain_values.put)."""
+    if tagged(value) == GENERATOR:
+        return value
+    if tagged(value) == DICT:
+        items = {k: inner(v) for k, v in value["items"].items()}
+        if value[DICT] == "defaultdict":
+            return collections.defaultdict(FACTORIES.get(value.get("factory")), items)
+        return DICTS[value[DICT]](items)
     if tagged(value) == NUMPY:
         array = value["data"].detach().cpu().numpy()
         if "axes" in value:
@@ -140,9 +181,14 @@ def fill(now, value) -> bool:
 
 
 def kind(value):
-    """"number" for a NumPy scalar, "ndarray" for an array, "deque" for a deque, tagged or not, list for a tagged
-    list or tuple of scalars; else None."""
+    """"number" for a NumPy scalar, "ndarray" for an array, "deque" for a deque, dict for a dict of any of DICTS,
+    "generator" for a generator, tagged or not; list for a tagged list or tuple of scalars; else None. (A `{}` the
+    script made a Counter is of a kind.)"""
     tag = tagged(value)
+    if tag == DICT or type(value) in DICTS.values():
+        return dict
+    if tag == GENERATOR or generator(value):
+        return "generator"
     if tag == NUMPY:
         return {"scalar": "number", "array": "ndarray"}.get(value[NUMPY], list)
     if tag == DEQUE or type(value) is collections.deque:

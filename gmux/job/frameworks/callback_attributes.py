@@ -7,13 +7,14 @@ puts back, unless the callback keeps a state of its own (Lightning's state_dict(
 which its framework restores. A moved run's callback started from its constructor's values, and acted otherwise
 than unmoved. gmux keeps the attributes of each such callback that hold plain data (None, booleans, numbers,
 strings, and lists, tuples and dicts of them) and puts them back once the framework's hooks that set a callback
-up for the run have run again in the new process. Tensors are carried too, alone or inside such containers (a
-best value taken from the trainer's metrics, `self.best = min(self.best, metrics["val_loss"])`), and put back on
-the model's device (those the script kept on the host stay there), and NumPy values and deques, as they were
-(gmux.job.tagged_values). An attribute holding another object (a file, the trainer) is rebuilt by the callback as
-it is built now; one holding numbers gmux does not carry (a set, a tensor of the step's graph) that changed keeps
-the job where it is (`not_carried`): the callback's counts would start again. Read from a checkpoint file, each value is checked first: plain, within
-bounds, and of the kind the new callback holds under its name (if it holds plain data there).
+up for the run have run again in the new process. Tensors are carried too, alone or inside such containers (a best
+value taken from the trainer's metrics, `self.best = min(self.best, metrics["val_loss"])`), and put back on the
+model's device (those the script kept on the host stay there), and NumPy values, deques, defaultdicts, Counters,
+OrderedDicts and random generators, as they were (gmux.job.tagged_values). An attribute holding another object (a
+file, the trainer) is rebuilt by the callback as it is built now; one holding numbers gmux does not carry (a set, a
+tensor of the step's graph) that changed keeps the job where it is (`not_carried`): the callback's counts would
+start again. Read from a checkpoint file, each value is checked first: plain, within bounds, and of the kind the new
+callback holds under its name (if it holds plain data there).
 """
 from __future__ import annotations
 
@@ -51,8 +52,8 @@ def not_carried(callbacks: dict) -> Optional[str]:
         found = plain_values.unkept_numbers(cb)
         if found is not None:
             return (f"its callback {type(cb).__name__}'s attribute {found} changed as it trained, and gmux carries "
-                    f"only plain data (numbers, strings, tensors, NumPy numbers, lists, dicts, deques): a new "
-                    f"process would start the callback anew (hold a list: list(s))")
+                    f"only plain data (numbers, strings, tensors, NumPy numbers, lists, dicts, deques, str or int "
+                    f"keys): a new process would start the callback anew (hold a list: list(s))")
         # (unlike a module's, which its next forward makes again, a callback's is read by the callback only)
         graph = plain_values.graph_beside(cb, alone=True)
         if graph is not None:
