@@ -288,3 +288,39 @@ def test_a_long_list_of_numpy_scalars_is_carried_as_one_array(tmp_path, kind):
     mixed.log = [np.float32(1), np.float64(2)]       # (two types: each its own)
     assert _same(_through_a_file(tmp_path, mixed).log, mixed.log)
     assert plain_values.fits(Holder(), {"log": {"__gmux_numpy__": "list", "data": torch.zeros(2, 2)}}) is not None
+
+
+def test_a_modules_generators_and_counters_come_back_through_a_jobs_checkpoint(tmp_path):
+    """Through a job's own checkpoint and restore (whose first pass reads no tensor data: a torch generator's state
+    is still a TensorRef there), a module's torch, NumPy and Python generators and its Counter come back; a file
+    whose generator state its generator refuses is refused before anything changes."""
+    import gmux.job as gj
+    from torch import nn
+
+    class Noisy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 1)
+            self.g, self.legacy = torch.Generator().manual_seed(0), np.random.RandomState(0)
+            self.r, self.seen = random.Random(0), collections.Counter()
+
+        def draw(self):
+            self.seen[int(torch.randint(3, (1,), generator=self.g))] += 1
+            return torch.rand(2, generator=self.g).tolist(), self.legacy.rand(), self.r.random()
+    model = Noisy()
+    job = gj.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model.draw()
+    path = str(tmp_path / "c.ckpt")
+    job.checkpoint(path)
+    moved = Noisy()
+    gj.attach(moved, torch.optim.SGD(moved.parameters(), lr=0.1)).restore(path)
+    assert moved.seen == model.seen and moved.draw() == model.draw()
+    saved = checkpoint.load(path)
+    saved["attributes"][0][""]["g"]["state"] = torch.zeros(7, dtype=torch.uint8)     # (no MT19937 state)
+    checkpoint.save(saved, path)
+    other = Noisy()
+    before = (other.g.get_state().clone(), other.lin.weight.detach().clone(), other.r.getstate())
+    with pytest.raises(gj.CheckpointError, match="module 0 attributes of 'the module': 'g'"):
+        gj.attach(other, torch.optim.SGD(other.parameters(), lr=0.1)).restore(path)
+    assert torch.equal(before[0], other.g.get_state()) and torch.equal(before[1], other.lin.weight)
+    assert before[2] == other.r.getstate() and not other.seen

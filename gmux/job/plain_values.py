@@ -233,9 +233,11 @@ def may_take(obj, name: str, value) -> bool:
                                           value.get("factory") is None):
         # (put into the new object's own: a generator of its kind, the state tried on a scratch one first; a
         # defaultdict, whose factory is a lambda of the script's)
-        return generators.problem({"kind": value[tag], "state": value["state"]}, now) is None \
-            if tag == tagged_values.GENERATOR and tagged_values.generator(now) else \
-            type(now) is collections.defaultdict
+        if tag == tagged_values.DICT:
+            return type(now) is collections.defaultdict
+        # (a file's torch generator state is a TensorRef until its data is read: looked at again then)
+        return tagged_values.generator(now) and (_unread(value["state"]) or generators.problem(
+            {"kind": value[tag], "state": value["state"]}, now) is None)
     if now is _NEW:
         return not name.startswith("__") and not callable(getattr(type(obj), name, None))
     if now is None or value is None or type(now) is torch.Tensor or not _plain(now, [MAX_ITEMS], 0):
@@ -246,6 +248,10 @@ def may_take(obj, name: str, value) -> bool:
 
 
 _NEW = object()
+
+
+def _unread(state) -> bool:
+    return type(state) is TensorRef or (type(state) in (list, tuple) and any(type(v) is TensorRef for v in state))
 # (an attribute's value is known by its type throughout: isinstance() asks a weak proxy its referent's class, and a
 # module holding one whose referent is gone raised ReferenceError out of attach())
 # Functions an object was given, not state it keeps (Lightning sets each callback's log to the module's)
