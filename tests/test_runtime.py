@@ -907,6 +907,39 @@ print("REPORTED", job.report()["mem_boundary"])
     assert reported >= (1 << 22) + weights, (reported, weights)     # the 4-MiB buffer and the weights
 
 
+def test_state_the_epochs_top_changes_is_as_at_the_epochs_start_while_a_restore_runs_the_top_again():
+    """A list kept in state= and shuffled in place at each epoch's top (the README's advice for such a list), a
+    count the top adds to, a sum the top resets: a restore runs the top again, and it shuffled the restored (already
+    shuffled) list a second time and counted the epoch twice. Now the top sees state= as at the epoch's start, and
+    the body the checkpoint's values."""
+    import random
+
+    def run(restore=None):
+        random.seed(0)
+        order, state = list(range(6)), {}
+        state.update(order=order, epochs_begun=0, running=0.0, seen=[])
+        job = gj.attach(nn.Linear(2, 1), state=state)
+        if restore is not None:
+            job.restore(io.BytesIO(restore))
+        sink = None
+        for epoch in job.epochs(3):
+            random.shuffle(order)
+            state["epochs_begun"] += 1
+            state["running"] = 0.0
+            for i, k in job.enumerate(order):
+                state["running"] += k
+                state["seen"].append((epoch, k))
+                if (epoch, i) == (1, 2) and restore is None:
+                    sink = io.BytesIO()
+                    job.checkpoint(sink)
+        assert state["order"] is order
+        return dict(state), sink
+
+    unmoved, sink = run()
+    moved, _ = run(restore=sink.getvalue())
+    assert moved == unmoved and unmoved["epochs_begun"] == 3
+
+
 def test_a_restored_epoch_is_counted_on_by_job_enumerate_and_enumerate_is_warned_of(capfd):
     """enumerate(job.data(...)) starts at 0 again mid-epoch after a restore (not fixable: the builtin counts);
     job.enumerate goes on from the restored index, and the builtin's use (or itertools.islice's) is named on stderr."""

@@ -75,20 +75,27 @@ class DataPosition:
     ends_at: Optional[int] = None       # the epoch loader's length, where it has one: its batches this epoch
     others: list = field(default_factory=list)
     aside: int = 0
+    # state='s values holding no tensor as job.epochs entered the epoch (TrackedState.plain_state): a restore puts
+    # them back while the epoch's top runs again, and the checkpoint's once its loader is read. A list shuffled in
+    # place at the top (in state=, as the README advised) was shuffled twice, and a count the top adds to counted
+    # twice; a value the top resets (`running = 0.0`) is the checkpoint's again for the body.
+    epoch_state: Optional[dict] = None
+    state_at_checkpoint: Optional[dict] = None      # (while the restored epoch's top runs again)
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "index": self.index, "epoch_rng": self.epoch_rng,
                 "epoch_generator": self.epoch_generator, "marked_by_script": self.marked_by_script,
                 "epoch_streams": self.epoch_streams, "data_streams": self.data_streams,
                 "beside": [r.to_dict() for r in self.others], "reused_workers": self.reused_workers,
-                "fetch_streams": self.fetch_streams}
+                "fetch_streams": self.fetch_streams, "epoch_state": self.epoch_state}
 
     @classmethod
     def from_dict(cls, d: dict) -> "DataPosition":
         return cls(int(d["epoch"]), int(d["index"]), d["epoch_rng"], d["epoch_generator"],
                    bool(d["marked_by_script"]), d.get("epoch_streams"), d.get("data_streams"),
                    list(d.get("beside") or []), replay=d["index"] > 0,
-                   reused_workers=bool(d.get("reused_workers", False)), fetch_streams=d.get("fetch_streams"))
+                   reused_workers=bool(d.get("reused_workers", False)), fetch_streams=d.get("fetch_streams"),
+                   epoch_state=d.get("epoch_state"))
 
     def movable(self) -> bool:
         """Whether a new process could resume at a boundary now: inside the epoch loader's reading, with a batch
@@ -205,8 +212,12 @@ def epochs(position: DataPosition, count: int, tracked) -> Iterator[int]:
         if position.replay and position.epoch_streams is not None:
             position.at_checkpoint = tracked.streams()
             tracked.set_streams(position.epoch_streams)
+            if position.epoch_state is not None:
+                position.state_at_checkpoint = tracked.plain_state()
+                tracked.put_state(position.epoch_state)
         else:
             position.epoch_streams = tracked.streams()
+            position.epoch_state = tracked.plain_state()
         yield position.epoch
         position.epoch += 1
         position.start_epoch()
@@ -275,6 +286,9 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
         it = _fast_forward(loader, position.index, tracked, position.data_streams, zip(generators, states),
                            back if ahead is None else ahead, seeded_apart=apart)
         position.replay, position.at_checkpoint, position.fetch_streams = False, None, None
+        if position.state_at_checkpoint is not None:
+            tracked.put_state(position.state_at_checkpoint)
+            position.state_at_checkpoint = None
         reading.index = reading.restored_at = position.index
     else:
         position.index = 0

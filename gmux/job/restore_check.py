@@ -387,10 +387,12 @@ class Fit:
         if not isinstance(pos, dict):
             self.fail(f"'position': {describe(pos)}, the job has a dict")
         live = self.job.position.to_dict()
-        for key in ("epoch_streams", "data_streams", "beside", "reused_workers", "fetch_streams"):
+        for key in ("epoch_streams", "data_streams", "beside", "reused_workers", "fetch_streams", "epoch_state"):
             if key not in pos:      # (written before it existed)
                 live.pop(key)
         self.keys(pos, live, "'position'")
+        if not isinstance(pos.get("epoch_state") or {}, dict):
+            self.fail(f"position 'epoch_state': {describe(pos['epoch_state'])}, the job has a dict")
         self.counter(pos["epoch"], "position 'epoch'")
         self.counter(pos["index"], "position 'index'")
         for key in ("marked_by_script", "reused_workers"):

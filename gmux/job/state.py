@@ -7,6 +7,7 @@ found that it fits.
 """
 from __future__ import annotations
 
+import copy
 import random
 import weakref
 from dataclasses import dataclass, field
@@ -215,6 +216,17 @@ class TrackedState:
             **self.streams(),
         }
 
+    def plain_state(self) -> dict:
+        """state='s values that hold no tensor, copied (gmux.job.data keeps them at an epoch's start; a tensor
+        keeps the checkpoint's value throughout)."""
+        return copy.deepcopy({k: v for k, v in self.state.items() if not _inside(v)})
+
+    def put_state(self, values: dict) -> None:
+        """`values` (a copy: they are kept) into state='s own lists and dicts, for the keys state= has."""
+        for k, v in values.items():
+            if k in self.state:
+                self.state[k] = _refill(self.state[k], copy.deepcopy(v))
+
     def streams(self) -> dict:
         """The process's random streams and the script's own generators, as a checkpoint holds them."""
         return {"rng": capture_rng(), "generators": [gens.capture(g) for g in self.generators]}
@@ -338,6 +350,15 @@ def transient_buffers(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             t = sub._buffers.get(name)
             if t is not None:
                 yield f"{prefix}.{name}" if prefix else name, t
+
+
+def _inside(value, depth: int = 0) -> bool:
+    """Whether a tensor is in `value` (in its lists, tuples and dicts)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth > 8 or not isinstance(value, (list, tuple, dict)):
+        return False
+    return any(_inside(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
 
 
 def _refill(live, saved):
