@@ -189,8 +189,12 @@ def test_bad_epoch_start_streams_are_refused_before_anything_changes(tmp):
     refused(tmp, forge.written(snap), r"position 'beside'\[0\] 'generators': uint8 \(16,\), the job has a")
     snap["position"]["beside"] = [{}] * 65
     refused(tmp, forge.written(snap), r"position 'beside': a list")
+    # (and state= as at the epoch's start: a dict, what state= itself holds)
+    snap = job.snapshot()
+    snap["position"]["epoch_state"] = [1, 2]
+    refused(tmp, forge.written(snap), r"position 'epoch_state': a list, the job has a dict")
     snap = small_job().snapshot()
-    for key in ("epoch_streams", "data_streams", "beside"):
+    for key in ("epoch_streams", "data_streams", "beside", "epoch_state"):
         del snap["position"][key]
     snap["position"]["epoch_rng"] = torch.Generator().manual_seed(5).get_state()   # (not the checkpoint's own)
     path = os.path.join(tmp, "old.ckpt")
