@@ -324,3 +324,34 @@ def test_a_modules_generators_and_counters_come_back_through_a_jobs_checkpoint(t
         gj.attach(other, torch.optim.SGD(other.parameters(), lr=0.1)).restore(path)
     assert torch.equal(before[0], other.g.get_state()) and torch.equal(before[1], other.lin.weight)
     assert before[2] == other.r.getstate() and not other.seen
+
+
+def test_a_defaultdict_of_the_scripts_factory_inside_a_container_is_named_and_a_partials_is_carried(tmp_path):
+    """One inside a dict came back without its factory (a KeyError at the next count after the move), unnamed; one
+    whose factory is a functools.partial (no __name__) raised an AttributeError out of the capture."""
+    import functools
+
+    class Nested:
+        def __init__(self):
+            self.stats = {"train": collections.defaultdict(lambda: 0)}
+    obj = Nested()
+    plain_values.remember(obj)
+    obj.stats["train"]["a"] += 1
+    assert plain_values.unkept_numbers(obj) == "'stats' (a defaultdict)" and plain_values.changed(obj) == {}
+
+    class Partial:
+        def __init__(self):
+            self.counts = collections.defaultdict(functools.partial(int))
+    obj = Partial()
+    plain_values.remember(obj)
+    obj.counts["a"] += 2
+    assert plain_values.unkept_numbers(obj) is None
+    kept = plain_values.with_places(plain_values.changed(obj))
+    path = str(tmp_path / "p.ckpt")
+    checkpoint.save({"state": {"kept": kept}}, path)
+    read, new = checkpoint.load(path)["state"]["kept"], Partial()
+    assert plain_values.fits_placed(new, read) is None
+    for name, value in plain_values.placed(read, None).items():
+        plain_values.put(new, name, value)
+    new.counts["b"] += 1
+    assert dict(new.counts) == {"a": 2, "b": 1} and isinstance(new.counts.default_factory, functools.partial)

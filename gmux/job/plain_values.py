@@ -183,14 +183,15 @@ def _to(value, device):
 
 
 def _numbers_in(value, budget: list, depth: int):
-    """The type name of the first set or NumPy value a checkpoint does not hold in `value` (or random generator
-    inside a container: one an attribute holds itself is carried), or of a key of a dict that is no str or int (a
-    NumPy number, `self.counts[y] += 1` over an array's labels; a float, a bool), or a dict keyed as gmux tags one
-    (looked into within bounds). `changed` leaves each out, with the object; unnamed, the move went on without its
-    counts."""
+    """The type name of the first set or NumPy value a checkpoint does not hold in `value` (or random generator or
+    defaultdict of the script's factory inside a container: one an attribute holds itself is carried), or of a key
+    of a dict that is no str or int (a NumPy number, `self.counts[y] += 1` over an array's labels; a float, a
+    bool), or a dict keyed as gmux tags one (looked into within bounds). `changed` leaves each out, with the
+    object; unnamed, the move went on without its counts."""
     budget[0] -= 1
     kind = type(value)
-    if issubclass(kind, (set, frozenset)) or (depth and tagged_values.generator(value)) or \
+    if issubclass(kind, (set, frozenset)) or (depth and (tagged_values.generator(value) or
+                                                         tagged_values.own_factory(value))) or \
             (kind.__module__ == "numpy" and not tagged_values.numpy_value(value)):
         return kind.__name__
     dicts = (dict, *tagged_values.DICTS.values())
@@ -369,6 +370,8 @@ def _plain(value, budget: list, depth: int) -> bool:
         return True
     if tagged_values.numpy_value(value) or (depth == 0 and tagged_values.generator(value)):
         return True     # (a generator inside a container is not: put() fills the one an attribute holds)
+    if depth and tagged_values.own_factory(value):
+        return False    # (nor a defaultdict of the script's factory: put() fills the one an attribute holds)
     if tagged_values.scalars(value):
         budget[0] -= len(value)
         return budget[0] >= 0

@@ -32,6 +32,17 @@ FACTORIES = {cls.__name__: cls for cls in (list, dict, int, float, str, tuple, b
 _TORCH_ONLY = ("bfloat16", "float8_e4m3fn", "float8_e5m2")      # (NumPy has no such dtype)
 
 
+def own_factory(value) -> bool:
+    """A defaultdict whose factory is the script's (a lambda, a functools.partial, a class of its own), not a builtin
+    type: its items are put into the new object's own defaultdict, which has it (one inside a list or dict is not
+    carried: put back without a factory, `counts[key] += 1` raised a KeyError after the move). Read by its type and
+    getattr: a partial has no __name__, and raised an AttributeError out of the checkpoint at a boundary."""
+    if type(value) is not collections.defaultdict or value.default_factory is None:
+        return False
+    factory = value.default_factory
+    return FACTORIES.get(getattr(factory, "__name__", None)) is not factory
+
+
 def generator(value) -> bool:
     """A random generator of a kind gmux.job.generators keeps (by its type: isinstance() asks a weak proxy its
     referent's class, and raised for one whose referent is gone)."""
@@ -88,9 +99,7 @@ def encode(value):
     if type(value) in DICTS.values():
         out = {DICT: type(value).__name__, "items": {k: encode(v) for k, v in value.items()}}
         if type(value) is collections.defaultdict:
-            factory = value.default_factory
-            out["factory"] = factory.__name__ if factory is not None and FACTORIES.get(factory.__name__) is factory \
-                else None
+            out["factory"] = None if own_factory(value) else getattr(value.default_factory, "__name__", None)
         return out
     if generator(value):
         return {GENERATOR: generators.kind_of(value), "state": generators.capture(value)["state"]}
