@@ -940,6 +940,17 @@ def test_state_the_epochs_top_changes_is_as_at_the_epochs_start_while_a_restore_
     assert moved == unmoved and unmoved["epochs_begun"] == 3
 
 
+def test_a_value_in_state_deepcopy_refuses_does_not_end_the_epochs_loop():
+    """job.epochs copies state= at each epoch's top: a lock or an iterator kept there raised a TypeError out of it
+    into the training loop, where it ran before (a checkpoint refuses such a value by name)."""
+    import threading
+    state = {"lock": threading.Lock(), "it": (k for k in range(3)), "count": 0}
+    job = gj.attach(nn.Linear(2, 1), state=state)
+    for _ in job.epochs(2):
+        state["count"] += 1
+    assert state["count"] == 2 and job.position.epoch_state == {"count": 1}
+
+
 def test_a_restored_epoch_is_counted_on_by_job_enumerate_and_enumerate_is_warned_of(capfd):
     """enumerate(job.data(...)) starts at 0 again mid-epoch after a restore (not fixable: the builtin counts);
     job.enumerate goes on from the restored index, and the builtin's use (or itertools.islice's) is named on stderr."""

@@ -218,8 +218,17 @@ class TrackedState:
 
     def plain_state(self) -> dict:
         """state='s values that hold no tensor, copied (gmux.job.data keeps them at an epoch's start; a tensor
-        keeps the checkpoint's value throughout)."""
-        return copy.deepcopy({k: v for k, v in self.state.items() if not _inside(v)})
+        keeps the checkpoint's value throughout, as does one deepcopy() refuses). Nothing raises: job.epochs calls it
+        at every epoch's top, and a lock or an iterator kept in state= (which a checkpoint refuses by name, as a
+        move asks) raised a TypeError into the training loop at the first epoch."""
+        out = {}
+        for k, v in self.state.items():
+            try:
+                if not _inside(v):
+                    out[k] = copy.deepcopy(v)
+            except Exception:
+                pass
+        return out
 
     def put_state(self, values: dict) -> None:
         """`values` (a copy: they are kept) into state='s own lists and dicts, for the keys state= has."""
