@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from gmux.job import checkpoint, plain_values, tagged_values
+from gmux.job import checkpoint, generators, plain_values, tagged_values
 
 CARRIED = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64,
            np.complex64, np.complex128]
@@ -165,23 +165,43 @@ def test_a_dict_of_collections_kinds_or_a_generator_is_carried_into_the_new_obje
         assert list(new.held.items()) == list(obj.held.items())
 
 
-def test_a_generator_or_lambda_defaultdict_needs_its_own_in_the_new_object():
-    """A generator's state, and a defaultdict's items whose factory is the script's lambda, are put into the new
-    object's own: where it holds none there (or a generator of another kind, or a state its generator refuses),
-    the restore is refused and nothing is set."""
+def test_a_generator_goes_into_a_new_one_and_a_lambda_defaultdict_needs_the_new_objects_own():
+    """A generator's state is put into the new object's own generator of its kind, or, where it holds none there (a
+    callback that makes its own in a hook a restore has not run yet), a new one; a defaultdict's items whose factory
+    is the script's lambda need the new object's own defaultdict, and one made after the object was first seen is
+    named. A state no generator of its kind takes, a bit generator NumPy has not, are refused, nothing set."""
     class Keeps:
         def __init__(self):
             self.held = None
-    rng = tagged_values.encode(random.Random(1))
+    rng = random.Random(1)
+    rng.random()
+    for made, tag in ((rng, None), (np.random.default_rng(3), None), (torch.Generator().manual_seed(2), "cpu")):
+        encoded = tagged_values.encode(made)
+        assert encoded.get("device") == tag
+        for holds in (None, np.random.RandomState(0)):     # (none there; one of another kind: replaced)
+            new = Keeps()
+            new.held = holds
+            assert plain_values.fits(new, {"held": encoded}) is None
+            plain_values.put(new, "held", plain_values.placed({"held": encoded}, None)["held"])
+            assert type(new.held) is type(made) and generators.capture(new.held)["kind"] == \
+                generators.capture(made)["kind"]
+            assert repr(generators.capture(new.held)["state"]) == repr(generators.capture(made)["state"])
     lam = tagged_values.encode(_lambda_counts())
-    for value in (rng, lam, {**rng, "state": (3, (1, 2), None)},
-                  {"__gmux_generator__": "torch", "state": rng["state"]}):
+    bad_numpy = {**tagged_values.encode(np.random.default_rng(0))}
+    bad_numpy["state"] = bad_numpy["state"].replace("PCG64", "os.system")
+    for value in (lam, {**tagged_values.encode(rng), "state": (3, (1, 2), None)}, bad_numpy,
+                  {"__gmux_generator__": "torch", "state": tagged_values.encode(rng)["state"]},
+                  {**tagged_values.encode(torch.Generator()), "device": "cuda"} if not torch.cuda.is_available()
+                  else lam):
         new = Keeps()
         assert plain_values.fits(new, {"held": value}) is not None, value
         assert new.held is None
-    other = Keeps()
-    other.held = np.random.default_rng(0)
-    assert plain_values.fits(other, {"held": rng}) is not None
+    late = Keeps()
+    plain_values.remember(late)
+    late.held = _lambda_counts()
+    late.held["a"] += 1
+    assert plain_values.unkept_numbers(late) == "'held' (a defaultdict of the script's own factory, made since it " \
+                                                "started)"
 
 
 @pytest.mark.parametrize("crafted", [

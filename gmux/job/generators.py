@@ -96,6 +96,26 @@ def problem(saved, g) -> Optional[str]:
     return None
 
 
+BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")     # NumPy's own, made by name
+
+
+def new(kind: str, state, device: str = "cpu"):
+    """A generator of `kind` (on `device`, a torch one) that `state` can be put into, where the script's object
+    holds none (a callback makes its own in a hook the restore has not run yet); ValueError where none can be made
+    (a bit generator NumPy does not have, a CUDA one without CUDA)."""
+    try:
+        if kind == "torch":
+            return torch.Generator(device=device)
+        if kind == "numpy":
+            name = json.loads(state).get("bit_generator") if isinstance(state, str) else None
+            if name not in BIT_GENERATORS:
+                raise ValueError(f"a bit generator {str(name)[:40]!r}")
+            return np.random.Generator(getattr(np.random, name)())
+        return {"numpy_legacy": np.random.RandomState, "python": random.Random}[kind]()
+    except (RuntimeError, ValueError, TypeError, AttributeError, KeyError, RecursionError) as e:
+        raise ValueError(f"no {kind} generator can take it ({str(e).splitlines()[0] if str(e) else e!r})") from None
+
+
 def apply(g, saved: dict) -> None:
     """Only for a record `problem` has passed."""
     _put(g, saved["kind"], saved["state"], g)

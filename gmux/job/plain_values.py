@@ -82,6 +82,11 @@ def unkept_numbers(obj, skip=frozenset()) -> str | None:
             found = _numbers_in(value, [MAX_ITEMS], 0)
             if found is not None:
                 return f"{name!r} (a {found})"
+            then_kind = then.get(name)
+            if tagged_values.own_factory(value) and not (type(then_kind) is tuple and then_kind[0] == "defaultdict"):
+                # (its items go into the new object's own defaultdict, which one made since has not: the restore
+                # refused what the reports had called movable)
+                return f"{name!r} (a defaultdict of the script's own factory, made since it started)"
     return None
 
 
@@ -139,8 +144,11 @@ def put(obj, name: str, value) -> None:
     shape), that `obj` holds there where there is one: the script may hold it elsewhere too (a loss weight made
     with torch.from_numpy over the counts), and a new one put there instead was no longer what that one saw."""
     now = vars(obj).get(name)
-    if tagged_values.tagged(value) == tagged_values.GENERATOR:      # (may_take found `now` one of its kind)
-        generators.apply(now, {"kind": value[tagged_values.GENERATOR], "state": value["state"]})
+    if tagged_values.tagged(value) == tagged_values.GENERATOR:      # (may_take found one to take it)
+        target = _generator_for(now, value)
+        generators.apply(target, {"kind": value[tagged_values.GENERATOR], "state": value["state"]})
+        if target is not now:
+            setattr(obj, name, target)
     elif type(now) is list and type(value) is list:
         now[:] = value
     elif isinstance(now, dict) and type(now) is type(value):       # (a defaultdict keeps its own factory)
@@ -232,13 +240,17 @@ def may_take(obj, name: str, value) -> bool:
     tag = tagged_values.tagged(value)
     if tag == tagged_values.GENERATOR or (tag == tagged_values.DICT and value[tag] == "defaultdict" and
                                           value.get("factory") is None):
-        # (put into the new object's own: a generator of its kind, the state tried on a scratch one first; a
-        # defaultdict, whose factory is a lambda of the script's)
+        # (put into the new object's own: a defaultdict, whose factory is a lambda of the script's; a generator of
+        # its kind, or a new one, the state tried on a scratch one first)
         if tag == tagged_values.DICT:
             return type(now) is collections.defaultdict
+        try:
+            target = _generator_for(now, value)
+        except ValueError:
+            return False
         # (a file's torch generator state is a TensorRef until its data is read: looked at again then)
-        return tagged_values.generator(now) and (_unread(value["state"]) or generators.problem(
-            {"kind": value[tag], "state": value["state"]}, now) is None)
+        return _unread(value["state"]) or generators.problem({"kind": value[tag], "state": value["state"]},
+                                                              target) is None
     if now is _NEW:
         return not name.startswith("__") and not callable(getattr(type(obj), name, None))
     if now is None or value is None or type(now) is torch.Tensor or not _plain(now, [MAX_ITEMS], 0):
@@ -249,6 +261,16 @@ def may_take(obj, name: str, value) -> bool:
 
 
 _NEW = object()
+
+
+def _generator_for(now, value):
+    """The generator a tagged one's state goes into: the new object's own, of its kind (and device), or a new one
+    (a callback that makes its own in a hook a restore has not run yet); ValueError where none can be made."""
+    kind, device = value[tagged_values.GENERATOR], value.get("device", "cpu")
+    if tagged_values.generator(now) and generators.kind_of(now) == kind and \
+            (kind != "torch" or now.device.type == device):
+        return now
+    return generators.new(kind, value["state"], device)
 
 
 def _unread(state) -> bool:

@@ -1,7 +1,7 @@
 """NumPy values, deques, dicts of collections' kinds and random generators among the attributes a move carries
 (gmux.job.plain_values), in a form a checkpoint holds and back, exactly: a NumPy scalar or array as its bytes in a
 tensor, tagged with which it was; a deque as its items and its maxlen; a defaultdict, Counter or OrderedDict as its
-items and its kind; a generator as its state, put into the one the new object holds.
+items and its kind; a generator as its state, put into the one the new object holds (or a new one of its kind).
 
 A best loss that np.mean() made a NumPy float, a count of correct predictions kept in an array (`self.hits[y] +=
 1`), a window of the last losses in a deque(maxlen=100): a move refused such a job rather than lose them, or (a
@@ -9,7 +9,7 @@ callback's, before it was named) lost them. Put back, each is what it was: an np
 is float32's), an array keeps its dtype and shape, a deque its maxlen. Only native-endian NumPy values of the dtypes
 a checkpoint holds are carried (a string or object array is not); a set is not (its order of iteration is not
 carried with it). A defaultdict whose factory is not a builtin type (a lambda) is put into the one the new object
-holds, and a generator into its own generator of the same kind: where there is none, the restore is refused.
+holds (where it holds none, the restore is refused).
 """
 from __future__ import annotations
 
@@ -102,7 +102,8 @@ def encode(value):
             out["factory"] = None if own_factory(value) else getattr(value.default_factory, "__name__", None)
         return out
     if generator(value):
-        return {GENERATOR: generators.kind_of(value), "state": generators.capture(value)["state"]}
+        out = {GENERATOR: generators.kind_of(value), "state": generators.capture(value)["state"]}
+        return {**out, "device": value.device.type} if out[GENERATOR] == "torch" else out
     if type(value) in (list, tuple):
         items = [encode(v) for v in value]
         return value if all(a is b for a, b in zip(items, value)) else type(value)(items)
@@ -150,7 +151,8 @@ def fits(value: dict, plain: Callable) -> bool:
             (factory is None or (value[DICT] == "defaultdict" and factory in FACTORIES)) and \
             all(type(k) in (str, int) and plain(v) for k, v in items.items())
     if tag == GENERATOR:        # (its state is checked against the generator it is put into: plain_values.may_take)
-        return set(value) == {GENERATOR, "state"} and value[GENERATOR] in generators.KINDS
+        return set(value) - {"device"} == {GENERATOR, "state"} and value[GENERATOR] in generators.KINDS and \
+            value.get("device", "cpu") in ("cpu", "cuda")
     if tag == DEQUE:
         items, maxlen = value.get("items"), value[DEQUE]
         return set(value) == {DEQUE, "items"} and type(items) is list and all(map(plain, items)) and \
