@@ -204,7 +204,7 @@ def _numbers_in(value, budget: list, depth: int):
         return kind.__name__
     dicts = (dict, *tagged_values.DICTS.values())
     if budget[0] < 0 or depth > MAX_DEPTH or kind not in (list, tuple, collections.deque, *dicts) or \
-            tagged_values.scalars(value):
+            tagged_values.scalars(value) or (kind in (list, tuple) and set(map(type, value)) <= _NUMBERS):
         return None
     if kind is dict and tagged_values.tagged(value):
         return f"dict keyed {tagged_values.tagged(value)!r}"
@@ -212,7 +212,7 @@ def _numbers_in(value, budget: list, depth: int):
         # (a key `_plain` takes not, a float or a bool, `counts[label == y] += 1`, left the object out unnamed:
         # a moved run's callback counted from 0 again, and trained 9 steps past where the unmoved one stopped)
         if kind in dicts and type(key) not in (str, int):
-            return f"dict keyed by {type(key).__name__} {key!r:.20}"
+            return f"dict keyed by {type(key).__name__} {_shown(key)}"
         found = _numbers_in(v, budget, depth + 1)
         if found is not None:
             return found
@@ -261,6 +261,7 @@ def may_take(obj, name: str, value) -> bool:
 
 
 _NEW = object()
+_NUMBERS = frozenset((type(None), bool, int, float))
 
 
 def _generator_for(now, value):
@@ -271,6 +272,13 @@ def _generator_for(now, value):
             (kind != "torch" or now.device.type == device):
         return now
     return generators.new(kind, value["state"], device)
+
+
+def _shown(value) -> str:
+    try:
+        return f"{value!r:.20}"
+    except Exception:       # (a key of the script's whose repr raises: named by its type alone, at a boundary)
+        return ""
 
 
 def _unread(state) -> bool:
@@ -302,6 +310,9 @@ def _look(value, budget: list | None = None):
         import numpy as np
         budget[0] -= len(value)
         return (type(value).__name__, id(value), type(value[0]).__name__, np.array(value).tobytes())
+    if type(value) in (list, tuple) and set(map(type, value)) <= _NUMBERS:
+        budget[0] -= len(value)     # (as they are: a NaN among them is taken for a change, and carried)
+        return (type(value).__name__, id(value), tuple(value))
     if type(value) in (list, tuple, dict, *tagged_values.DICTS.values()) and budget[0] >= 0:
         # (a defaultdict, a Counter, an OrderedDict counted into in place too: by identity alone it was taken for
         # unchanged, neither carried nor named)
@@ -394,8 +405,8 @@ def _plain(value, budget: list, depth: int) -> bool:
         return True     # (a generator inside a container is not: put() fills the one an attribute holds)
     if depth and tagged_values.own_factory(value):
         return False    # (nor a defaultdict of the script's factory: put() fills the one an attribute holds)
-    if tagged_values.scalars(value):
-        budget[0] -= len(value)
+    if tagged_values.scalars(value) or (type(value) in (list, tuple) and set(map(type, value)) <= _NUMBERS):
+        budget[0] -= len(value)      # (a list of 100,000 losses, at every command: looked at by C loops only)
         return budget[0] >= 0
     if type(value) in (list, tuple, collections.deque):
         return all(_plain(v, budget, depth + 1) for v in value)
