@@ -42,6 +42,8 @@ def test_a_scripts_trainer_import_is_what_warm_up_imports(tmp_path, monkeypatch)
     imported = []
     monkeypatch.setattr(frameworks.importlib, "import_module", imported.append)
     monkeypatch.delenv(frameworks.WARM_ENV, raising=False)
+    for name in frameworks.WATCHED:     # (a test before this one in the same worker may have imported them)
+        monkeypatch.delitem(sys.modules, name, raising=False)
     for source, expected in (("from transformers import Trainer, TrainingArguments\n", "transformers.trainer"),
                              ("import lightning.pytorch as pl\n", "lightning.pytorch.trainer.trainer"),
                              ("import lightning as L\n", "lightning.pytorch.trainer.trainer"),
