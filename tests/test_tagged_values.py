@@ -375,3 +375,63 @@ def test_a_defaultdict_of_the_scripts_factory_inside_a_container_is_named_and_a_
         plain_values.put(new, name, value)
     new.counts["b"] += 1
     assert dict(new.counts) == {"a": 2, "b": 1} and isinstance(new.counts.default_factory, functools.partial)
+
+
+_LEAVES = st.one_of(
+    st.none(), st.booleans(), st.integers(-2 ** 62, 2 ** 62), st.floats(allow_nan=True), st.text(max_size=5),
+    st.sampled_from(CARRIED).flatmap(lambda t: hnp.arrays(t, hnp.array_shapes(min_dims=0, max_dims=2, max_side=3))),
+    st.sampled_from(CARRIED).map(lambda t: t(1)), st.lists(st.floats(-9, 9), max_size=3).map(torch.tensor),
+    st.sets(st.integers(0, 5), max_size=3), st.just(np.array(["a"])), st.just(np.str_("x")))
+_KEYS = st.one_of(st.text(max_size=3), st.integers(-5, 5), st.floats(-2, 2), st.booleans())
+
+
+def _nested(children):
+    return st.one_of(
+        st.lists(children, max_size=4), st.lists(children, max_size=4).map(tuple),
+        st.dictionaries(_KEYS, children, max_size=3), st.dictionaries(_KEYS, children, max_size=3).map(
+            collections.OrderedDict), st.dictionaries(_KEYS, st.integers(0, 9), max_size=3).map(collections.Counter),
+        st.dictionaries(_KEYS, children, max_size=3).map(lambda d: collections.defaultdict(list, d)),
+        st.tuples(st.lists(children, max_size=4), st.one_of(st.none(), st.integers(0, 5))).map(
+            lambda t: collections.deque(t[0], maxlen=t[1])))
+
+
+def _alike(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if type(a) is torch.Tensor:
+        return a.dtype == b.dtype and a.shape == b.shape and a.numpy().tobytes() == b.numpy().tobytes()
+    if isinstance(a, (np.ndarray, np.generic)):
+        return _same(a, b)
+    if type(a) is collections.deque:
+        return a.maxlen == b.maxlen and len(a) == len(b) and all(map(_alike, a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and getattr(a, "default_factory", None) is getattr(b, "default_factory", None) \
+            and all(_alike(a[k], b[k]) for k in a)
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(map(_alike, a, b))
+    return a == b or (a != a and b != b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.recursive(_LEAVES, _nested, max_leaves=10))
+def test_any_value_is_carried_exactly_or_named(tmp_path_factory, value):
+    """Any nesting of plain data, tensors, NumPy values, deques and dicts of collections' kinds, with sets, NumPy
+    strings and keys that are no str or int among them: either carried through a checkpoint file and put back
+    exactly (types, dtypes, maxlen, factory, order), or left out and named; never left out silently."""
+    obj = Holder()
+    plain_values.remember(obj)
+    obj.made_later = value
+    kept = plain_values.changed(obj)
+    named = plain_values.unkept_numbers(obj)
+    if not kept:
+        assert named is not None, value
+        return
+    assert named is None, (named, value)
+    path = str(tmp_path_factory.mktemp("t") / "a.ckpt")
+    checkpoint.save({"state": {"kept": plain_values.with_places(kept)}}, path)
+    read = checkpoint.load(path)["state"]["kept"]
+    new = Holder()
+    assert plain_values.fits_placed(new, read) is None
+    for name, carried in plain_values.placed(read, None).items():
+        plain_values.put(new, name, carried)
+    assert _alike(new.made_later, value), (value, new.made_later)
