@@ -1,8 +1,9 @@
 """Plain data among an object's attributes (a Trainer callback's, a module's) that changed since the object was
 attached, which a move carries to the process it continues the job in: None, booleans, numbers, strings, and lists,
 tuples and dicts of them, within bounds; tensors, alone (a running statistic) or inside such a container (a
-LightningModule's list of its steps' losses); and NumPy values and deques (gmux.job.tagged_values). Read back from
-a checkpoint file, each value is checked against what the new process's object holds under its name first.
+LightningModule's list of its steps' losses); and NumPy values, deques, dicts of collections' kinds and random
+generators (gmux.job.tagged_values). Read back from a checkpoint file, each value is checked against what the new
+process's object holds under its name first.
 
 Only what changed since `remember` (at attach, or as a Trainer starts) is carried: an attribute the script set from
 its own process (a device name from LOCAL_RANK, a path) stays what the new process sets. And an object is carried
@@ -175,7 +176,6 @@ def tensors_in(value, out=None) -> list:
     return out
 
 
-_SCALARS = (type(None), bool, int, float, str)
 
 
 def _to(value, device):
@@ -262,6 +262,12 @@ def may_take(obj, name: str, value) -> bool:
 
 _NEW = object()
 _NUMBERS = frozenset((type(None), bool, int, float))
+_SCALARS = _NUMBERS | {str}
+# (an attribute's value is known by its type throughout: isinstance() asks a weak proxy its referent's class, and a
+# module holding one whose referent is gone raised ReferenceError out of attach())
+# Functions an object was given, not state it keeps (Lightning sets each callback's log to the module's)
+_WIRING = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
+_seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # object -> {attribute: _look(value)} then
 
 
 def _generator_for(now, value):
@@ -283,11 +289,6 @@ def _shown(value) -> str:
 
 def _unread(state) -> bool:
     return type(state) is TensorRef or (type(state) in (list, tuple) and any(type(v) is TensorRef for v in state))
-# (an attribute's value is known by its type throughout: isinstance() asks a weak proxy its referent's class, and a
-# module holding one whose referent is gone raised ReferenceError out of attach())
-# Functions an object was given, not state it keeps (Lightning sets each callback's log to the module's)
-_WIRING = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
-_seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # object -> {attribute: _look(value)} then
 
 
 def _look(value, budget: list | None = None):

@@ -224,7 +224,7 @@ class TrackedState:
         out = {}
         for k, v in self.state.items():
             try:
-                if not _inside(v):
+                if not tensors_inside(v):
                     out[k] = copy.deepcopy(v)
             except Exception:
                 pass
@@ -361,13 +361,13 @@ def transient_buffers(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                 yield f"{prefix}.{name}" if prefix else name, t
 
 
-def _inside(value, depth: int = 0) -> bool:
-    """Whether a tensor is in `value` (in its lists, tuples and dicts)."""
+def tensors_inside(value, depth: int = 0) -> list:
+    """The tensors in a state= value, in its lists, tuples and dicts (as deep as a checkpoint keeps them)."""
     if isinstance(value, torch.Tensor):
-        return True
+        return [value]
     if depth > 8 or not isinstance(value, (list, tuple, dict)):
-        return False
-    return any(_inside(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+        return []
+    return [t for v in (value.values() if isinstance(value, dict) else value) for t in tensors_inside(v, depth + 1)]
 
 
 def _refill(live, saved):

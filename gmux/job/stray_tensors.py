@@ -29,6 +29,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .state import tensors_inside
+
 REPORT_LOOK_S = 60.0
 LOOK_SHARE = 200        # a look that took t seconds is taken again for the reports no sooner than 200 t later
 _SAMPLE = 64        # bytes of each tensor compared (spread over its storage): an EMA moves all of its elements
@@ -65,7 +67,7 @@ def _look(job) -> Optional[str]:
     if not names:
         return None
     # (what state= holds is carried too: an EMA dict kept there is the job's)
-    held = {_pointer(t) for t in (*job.tracked.tensors(), *_inside(job.tracked.state))}
+    held = {_pointer(t) for t in (*job.tracked.tensors(), *tensors_inside(job.tracked.state))}
     found, why = {}, None
     most = len(names)
     for o in gc.get_objects():
@@ -150,15 +152,6 @@ def _shape(t: torch.Tensor) -> Optional[tuple]:
         return tuple(t.shape)
     except (RuntimeError, ValueError, NotImplementedError, TypeError):
         return None
-
-
-def _inside(value, depth: int = 0) -> list:
-    """The tensors in state=, in its lists, tuples and dicts (as deep as a checkpoint keeps them)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if depth > 8 or not isinstance(value, (list, tuple, dict)):
-        return []
-    return [t for v in (value.values() if isinstance(value, dict) else value) for t in _inside(v, depth + 1)]
 
 
 def _pointer(t: torch.Tensor) -> Optional[int]:

@@ -122,7 +122,7 @@ _AS_THEY_ARE = frozenset((type(None), bool, int, float, str, torch.Tensor))
 
 
 def tagged(value) -> Optional[str]:
-    """Which tag a dict carries (NUMPY, DEQUE), or None."""
+    """Which tag a dict carries (NUMPY, DEQUE, DICT, GENERATOR), or None."""
     if type(value) is dict:
         for tag in (NUMPY, DEQUE, DICT, GENERATOR):
             if tag in value:
