@@ -95,9 +95,9 @@ def capture(module: nn.Module) -> dict:
 def not_carried(module: nn.Module):
     """Why a move would lose what one of the module's own submodules counted (None: it would not): an attribute
     that changed into (or in) numbers gmux does not carry, a set or a NumPy value of no number's dtype, which leaves
-    the submodule out whole (`capture`): the count beside it would start again. A tensor held in an
-    attribute is carried (plain_values), or, one in the step's graph, made again by the new process's forward; but
-    that too leaves the submodule out whole, and a count beside it (of the forward's calls) would start again."""
+    the submodule out whole (`capture`): the count beside it would start again. A tensor held in an attribute is
+    carried (plain_values), or, one in the step's graph, made again by the new process's forward; but that too
+    leaves the submodule out whole, and a count beside it (of the forward's calls) would start again."""
     for name, m, keys in _modules(module):
         found = plain_values.unkept_numbers(m, keys)
         if found is not None:
