@@ -1062,3 +1062,46 @@ def test_an_optimizer_a_tracked_one_wraps_stepping_inside_it_leaves_the_job_mova
     wrapper.step()
     assert len(job.strays) == 0
     job._check_rebuildable()
+
+
+def test_a_job_data_read_again_reads_its_loader_again_as_the_loader_itself_would():
+    """`batches = job.data(loader)` made once and read each epoch, or cycled by a generator of the script's own: an
+    ended iterator gave nothing (each later epoch trained on nothing, silently; the generator spun without end).
+    Read again it is a new epoch of its loader, shuffled as a `for` over the loader itself shuffles."""
+    def loader():
+        return torch.utils.data.DataLoader(torch.arange(12.0), batch_size=4, shuffle=True,
+                                           generator=torch.Generator().manual_seed(3))
+    plain = loader()
+    expected = [[b.tolist() for b in plain] for _ in range(3)]
+    job = gj.attach(nn.Linear(2, 1))
+    kept, counted = job.data(loader()), job.enumerate(loader())
+    assert [[b.tolist() for b in kept] for _ in range(3)] == expected
+    assert [[(i, b.tolist()) for i, b in counted] for _ in range(2)] == [list(enumerate(e)) for e in expected[:2]]
+
+    def forever(batches):
+        while True:
+            yield from batches
+    endless = forever(job.data(loader()))
+    assert [next(endless).tolist() for _ in range(9)] == [b for e in expected for b in e]
+    assert job.position.index == 3 and job.position.cycled is None
+
+
+def test_itertools_cycle_over_job_data_refuses_a_move_in_its_first_pass_and_says_so_when_it_gives_it_again(
+        tmp, capfd):
+    """cycle() keeps the batches of its first pass and then gives them again without reading job.data: a new
+    process's cycle would keep only those after the checkpoint, and after the first pass no boundary is marked
+    and nothing could resume. A move in the first pass is refused by name and the job runs on; once the pass
+    ends, stderr says so once and the reports say unmovable."""
+    data = [torch.full((2,), float(k)) for k in range(4)]
+    job = gj.attach(nn.Linear(2, 1))
+    batches = itertools.cycle(job.data(data))
+    assert [int(next(batches)[0]) for _ in range(2)] == [0, 1]
+    move = job.controller.send("migrate", path=os.path.join(tmp, "m.ckpt"))
+    assert [int(next(batches)[0]) for _ in range(2)] == [2, 3]     # (the move's answer: at the next fetch)
+    reply = job.controller.result(move, timeout=5)
+    assert not reply["ok"] and "through itertools.cycle, which keeps the batches of its first pass" in reply["error"]
+    assert not os.path.exists(os.path.join(tmp, "m.ckpt")) and job.report()["movable"]
+    assert [int(next(batches)[0]) for _ in range(6)] == [0, 1, 2, 3, 0, 1]
+    err = capfd.readouterr().err
+    assert err.count("gmux: itertools.cycle(job.data(...)) gives the batches of its first pass again") == 1
+    assert not job.report()["movable"] and "itertools.cycle(job.data(...))" in job.report()["unmovable"]

@@ -28,8 +28,6 @@ first process drew none that epoch; a generator the script draws from of its own
 from __future__ import annotations
 
 import contextlib
-import gc
-import itertools
 import sys
 import weakref
 from dataclasses import dataclass, field
@@ -81,6 +79,11 @@ class DataPosition:
     # twice; a value the top resets (`running = 0.0`) is the checkpoint's again for the body.
     epoch_state: Optional[dict] = None
     state_at_checkpoint: Optional[dict] = None      # (while the restored epoch's top runs again)
+    # Why no move is exact any more: itertools.cycle over job.data gives its first pass again (gmux.job.data_epoch;
+    # not kept in a checkpoint, as no move is taken once it is set), and the lines of the script whose job.data's
+    # end was looked at for one.
+    cycled: Optional[str] = None
+    sites_looked: set = field(default_factory=set)
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "index": self.index, "epoch_rng": self.epoch_rng,
@@ -407,50 +410,3 @@ def workers_seeded_apart(loaders: Iterable):
     finally:
         for dl, generator in swapped:
             dl.generator = generator
-
-
-class Epoch:
-    """job.data's iterator: the batches, and a warning where a restored epoch is counted by enumerate() or cut by
-    itertools.islice(), whose counts start at 0 again in the middle of the epoch (any `i % n` or `i < k` the
-    script computes from them, or the batches islice lets through, then differ from the run it continues)."""
-
-    def __init__(self, batches: Iterator[Any], reading: Reading):
-        self._batches, self.reading, self._first = batches, reading, True
-        reading.epoch = weakref.ref(self)
-
-    def __iter__(self) -> "Epoch":
-        return self
-
-    def __next__(self) -> Any:
-        batch = next(self._batches)
-        if self._first and self.reading.restored_at:
-            counting = counted_by(self)
-            if counting:
-                print(f"gmux: this epoch was restored {self.reading.restored_at} batches in, and {counting}"
-                      f"(job.data(...)) counts from 0 again: use `for i, batch in job.enumerate(loader)`, or "
-                      f"job.position.index, where the count matters", file=sys.stderr)
-        self._first = False
-        return batch
-
-
-_COUNTERS = (enumerate, itertools.islice)
-
-
-def counted_by(epoch: Optional[Epoch]) -> Optional[str]:
-    """The name of what counts `epoch`'s batches from 0 (enumerate, islice), or None. Once per restore or move:
-    finding the referrers walks every object the collector tracks."""
-    if epoch is None:
-        return None
-    return next((type(r).__name__ for r in gc.get_referrers(epoch) if type(r) in _COUNTERS), None)
-
-
-def count_restarts(reading: Optional[Reading]) -> Optional[str]:
-    """Why a new process would count the epoch under way differently (`reading`: the epoch's loader's), or None."""
-    if reading is None or not reading.index or reading.epoch is None:
-        return None
-    counting = counted_by(reading.epoch())
-    if counting is None:
-        return None
-    return (f"the script counts this epoch's batches with {counting}(job.data(...)), which counts from 0 again in "
-            f"the new process ({reading.index} batches in): any i % n or i < k it computes from that count differs "
-            f"from the run it continues; job.enumerate(loader) counts on")

@@ -29,7 +29,8 @@ import torch
 from gmux.util.splice import PipeWriter
 from . import checkpoint as ckpt, held_signals, holdings, movability
 from .control import Command, Controller, LocalController
-from .data import DataPosition, Epoch, Reading, batches, count_restarts, epochs
+from .data import DataPosition, Reading, batches, epochs
+from .data_epoch import Epoch, count_restarts
 from .memory import choose_tier
 from .memory.tier import exact_device
 from .memory.limit import adopt, host_memory
@@ -148,10 +149,14 @@ class Job:
 
     def data(self, loader: Iterable) -> Iterator[Any]:
         """One epoch of `loader`, with its position tracked; marks a boundary before each fetch unless the
-        script marks them itself."""
+        script marks them itself. Iterated again once read to its end, it reads `loader` again (Epoch)."""
+        return self._epoch(loader, False, sys._getframe(1))
+
+    def _epoch(self, loader: Iterable, counted: bool, site) -> Epoch:
         reading = Reading()
         return Epoch(batches(self.position, loader, self._boundary_from_iterator, self.tracked, reading,
-                             lambda: self._held is not None, self._take_held), reading)
+                             lambda: self._held is not None, self._take_held), reading,
+                     lambda: self._epoch(loader, counted, None), self.position, counted, site)
 
     def _take_held(self) -> None:
         """The epoch loader's next batch is fetched, not yet given to the script: a move held at a boundary no new
@@ -164,9 +169,7 @@ class Job:
     def enumerate(self, loader: Iterable) -> Iterator[tuple[int, Any]]:
         """`for i, batch in job.enumerate(loader)`: job.data with each batch's index in its epoch, which goes on
         from where a restore put the epoch (enumerate() would count from 0 again)."""
-        epoch = self.data(loader)
-        for batch in epoch:
-            yield epoch.reading.index - 1, batch
+        return self._epoch(loader, True, sys._getframe(1))
 
     def _report(self, now: float) -> None:
         self._next_report = now + REPORT_EVERY_S

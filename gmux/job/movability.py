@@ -11,8 +11,9 @@ where an LR scheduler attach() was not given drives an optimizer (the new proces
 gmux.job.stray_schedulers), or an AMP GradScaler does (its scale would start again: gmux.job.stray_scalers), where a
 gradient is sparse at the boundary (a checkpoint holds dense tensors only), where a module attach() was not given
 is changed in place (an EMA copy: gmux.job.stray_modules; one kept as a dict of tensors: gmux.job.stray_tensors),
-where a torchmetrics MetricTracker has made metrics as it trained (gmux.job.metric_states), or where a module's
-own attribute changed into numbers a checkpoint does not carry (a NumPy float: gmux.job.module_attributes).
+where a torchmetrics MetricTracker has made metrics as it trained (gmux.job.metric_states), where itertools.cycle
+reads job.data (gmux.job.data_epoch: a new process's would not hold the batches it kept to give again), or where a
+module's own attribute changed into numbers a checkpoint does not carry (a NumPy float: gmux.job.module_attributes).
 Each of these can change while the job runs (a new epoch, an optimizer freed), so every report asks again.
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Optional
 
 import torch
 
-from . import metric_states, module_attributes, stray_modules, stray_scalers, stray_schedulers, stray_tensors, strays
+from . import (data_epoch, metric_states, module_attributes, stray_modules, stray_scalers, stray_schedulers, stray_tensors,
+               strays)
 
 
 def problem(job, fresh: bool = False) -> Optional[str]:
@@ -38,7 +40,8 @@ def problem(job, fresh: bool = False) -> Optional[str]:
 
 
 def _problem(job, fresh: bool) -> Optional[str]:
-    why = job.position.unmovable or job.not_rebuilt or (strays.problem(job) if job.strays else None)
+    why = job.position.unmovable or data_epoch.cycled(job.position, look=fresh) or job.not_rebuilt or \
+        (strays.problem(job) if job.strays else None)
     if why:
         return why
     if job.tracked.weak:

@@ -15,6 +15,8 @@ modes:
   epoch-end    StepLR stepped after each epoch's loop, then job.boundary(): the move is asked for there (it waits
                for the next epoch's first boundary);
   steps        no job.epochs: job.data made again whenever it ends, a sampler shuffling with numpy, a step budget;
+  forever      no job.epochs: one job.data, cycled by a generator of the script's own (read again once ended, it
+               reads its loader again), next() to a step budget;
   last-batch   the loop's last loss kept after each epoch's loop (a loop variable the script reads after the loop):
                a move asked for at an epoch's last batch waits for the next epoch's first fetch;
   stream       the same over an IterableDataset with no length that draws noise as it is read: no boundary says
@@ -65,7 +67,7 @@ def main() -> int:
     p.add_argument("out")
     p.add_argument("--mode", required=True,
                    choices=["validate", "made-early", "eval-inside", "zip", "zip-global", "tqdm", "map", "epoch-end",
-                            "steps", "last-batch", "stream"])
+                            "steps", "forever", "last-batch", "stream"])
     p.add_argument("--migrate-at", type=int)
     p.add_argument("--checkpoint")
     p.add_argument("--restore")
@@ -119,7 +121,14 @@ def main() -> int:
                 step(x, y)
                 if job.state["step"] == 17:
                     break
-    for _ in job.epochs(0 if a.mode == "steps" else 3):
+    if a.mode == "forever":
+        def forever(batches):
+            while True:
+                yield from batches
+        endless = forever(job.data(train))
+        while job.state["step"] < 17:
+            step(*next(endless))
+    for _ in job.epochs(0 if a.mode in ("steps", "forever") else 3):
         early = job.data(other) if a.mode == "made-early" else None
         if a.mode in ("zip", "zip-global"):
             for (x, y), (x2, y2) in zip(job.data(train), job.data(other)):
