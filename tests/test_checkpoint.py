@@ -739,6 +739,28 @@ def test_a_checkpoint_whose_module_attributes_do_not_fit_is_refused_and_nothing_
         assert other[0].calls == 0 and other[0].seen == {"last": None} and other[0].losses == []
 
 
+def test_a_module_attribute_that_changed_its_kind_keeps_the_job_where_it_is(tmp):
+    """A count the script turned into a string (`self.calls = "done"`): the reports said movable, the move's new
+    process built the module with a count, and its restore refused the string: the move ended there. Now the
+    move is refused in the job, naming it, and the job runs on; back to a count, it moves."""
+    from gmux.job.job import JobExit
+    model = nn.Sequential(_Annealed())
+    job = gj.attach(model)
+    model[0].calls = "done"
+    move = job.controller.send("migrate", path=os.path.join(tmp, "m.ckpt"))
+    job.boundary()
+    reply = job.controller.result(move, timeout=5)
+    assert not reply["ok"] and "'calls' was a number at the start and is a str now" in reply["error"]
+    assert not os.path.exists(os.path.join(tmp, "m.ckpt"))
+    model[0].calls = 3
+    job.controller.send("migrate", path=os.path.join(tmp, "m.ckpt"))
+    with pytest.raises(JobExit):
+        job.boundary()
+    other = nn.Sequential(_Annealed())
+    gj.attach(other).restore(os.path.join(tmp, "m.ckpt"))
+    assert other[0].calls == 3
+
+
 def test_a_metric_made_persistent_restores_its_list_states_into_a_fresh_job(tmp):
     """metric.persistent(True) puts a CatMetric's list of the epoch's batches in state_dict() too: a new process's
     list is empty, and the restore was refused ("'seen.value': 4 items, the job has 0"), the move with it."""

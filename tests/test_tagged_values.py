@@ -1,6 +1,7 @@
 """NumPy values and deques among a module's or callback's attributes: carried through a real checkpoint file exactly
 (type, dtype, shape, maxlen, bytes), and a crafted file's tags refused before anything is set."""
 import collections
+import copy
 import math
 import random
 
@@ -435,3 +436,35 @@ def test_any_value_is_carried_exactly_or_named(tmp_path_factory, value):
     for name, carried in plain_values.placed(read, None).items():
         plain_values.put(new, name, carried)
     assert _alike(new.made_later, value), (value, new.made_later)
+
+
+class Started:
+    def __init__(self, start):
+        self.held = copy.deepcopy(start)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.recursive(_LEAVES, _nested, max_leaves=4), st.recursive(_LEAVES, _nested, max_leaves=6))
+def test_what_the_move_check_passes_a_new_object_built_alike_takes(tmp_path_factory, start, later):
+    """An attribute the object started with, changed as the job ran into any value: the checks a move asks
+    (unkept_numbers, kind_changed) pass it only where the new process's object, built alike, takes it and ends up
+    holding it exactly. Before, a count that became a string passed them (the reports said movable) and the restore
+    in the new process refused it: the move ended there."""
+    obj = Started(start)
+    plain_values.remember(obj)
+    obj.held = later
+    kept = plain_values.changed(obj)
+    if not kept or plain_values.unkept_numbers(obj) is not None:
+        return
+    kind = plain_values.kind_changed(obj)
+    path = str(tmp_path_factory.mktemp("t") / "a.ckpt")
+    checkpoint.save({"state": {"kept": plain_values.with_places(kept)}}, path)
+    read, new = checkpoint.load(path)["state"]["kept"], Started(start)
+    refused = plain_values.fits_placed(new, read)
+    assert (kind is None) == (refused is None), (kind, refused, start, later)
+    if kind is None:
+        for name, carried in plain_values.placed(read, None).items():
+            plain_values.put(new, name, carried)
+        assert _alike(new.held, later), (later, new.held)
+    else:
+        assert kind.startswith("'held' was a "), kind

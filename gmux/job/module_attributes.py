@@ -95,7 +95,8 @@ def capture(module: nn.Module) -> dict:
 def not_carried(module: nn.Module):
     """Why a move would lose what one of the module's own submodules counted (None: it would not): an attribute
     that changed into (or in) numbers gmux does not carry, a set or a NumPy value of no number's dtype, which leaves
-    the submodule out whole (`capture`): the count beside it would start again. A tensor held in an attribute is
+    the submodule out whole (`capture`): the count beside it would start again; or one whose value changed its
+    kind (a restore would refuse it: plain_values.kind_changed). A tensor held in an attribute is
     carried (plain_values), or, one in the step's graph, made again by the new process's forward; but that too
     leaves the submodule out whole, and a count beside it (of the forward's calls) would start again."""
     for name, m, keys in _modules(module):
@@ -104,6 +105,11 @@ def not_carried(module: nn.Module):
             return (f"its module {name or type(m).__name__}'s attribute {found} changed as it trained, and gmux "
                     f"carries only plain data (numbers, strings, tensors, NumPy numbers, lists, dicts, deques, str "
                     f"or int keys): a new process would start the module's attributes anew (hold a list: list(s))")
+        kind = plain_values.kind_changed(m, keys)
+        if kind is not None:
+            return (f"its module {name or type(m).__name__}'s attribute {kind}: a "
+                    f"new process builds the module as the script does, and its restore would not put the other "
+                    f"kind there (keep one kind in it, or None until it is set)")
         graph = plain_values.graph_beside(m, keys)
         if graph is not None:
             return (f"its module {name or type(m).__name__}'s attribute {graph} holds a tensor of the step's graph, "

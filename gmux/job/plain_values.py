@@ -36,6 +36,7 @@ def remember(obj) -> None:
     try:
         if obj not in _seen:
             _seen[obj] = {name: _look(value) for name, value in vars(obj).items()}
+            _takes_then[obj] = {name: _takes(value) for name, value in vars(obj).items()}
     except TypeError:
         pass
 
@@ -253,13 +254,41 @@ def may_take(obj, name: str, value) -> bool:
                                                               target) is None
     if now is _NEW:
         return not name.startswith("__") and not callable(getattr(type(obj), name, None))
-    if now is None or value is None or type(now) is torch.Tensor or not _plain(now, [MAX_ITEMS], 0):
+    return _of_kind(_takes(now), value)
+
+
+def _takes(now):
+    """The kind of value an attribute holding `now` may take: ANY where it holds None, a tensor or what is not plain
+    data (the moved process held another value there), else `now`'s kind."""
+    return ANY if now is None or type(now) is torch.Tensor or not _plain(now, [MAX_ITEMS], 0) else _kind(now)
+
+
+def _of_kind(takes, value) -> bool:
+    if takes is ANY or value is None:
         return True
-    if _kind(now) == "number" and type(value) in (torch.Tensor, TensorRef):
+    if takes == "number" and type(value) in (torch.Tensor, TensorRef):
         return type(value) is TensorRef or value.numel() == 1      # (a file's, before its data is read: any)
-    return _kind(now) == _kind(value)
+    return takes == _kind(value)
 
 
+def kind_changed(obj, skip=frozenset()) -> str | None:
+    """An attribute of `obj` (not in `skip`) that holds plain data of another kind than when `remember` saw it (a
+    count that became a string), as "'name' was a number at the start and is a str now"; None if there is none. The new process's
+    object, built alike, holds the first kind, and its restore (`may_take`) refuses the other: the reports had said
+    movable, and the move ended in the new process."""
+    try:
+        then = _takes_then.get(obj)
+    except TypeError:
+        return None
+    for name, value in vars(obj).items() if then else ():
+        takes = then.get(name, ANY)
+        if name not in skip and not issubclass(type(value), _WIRING) and not tagged_values.generator(value) and \
+                not _of_kind(takes, value) and _plain(value, [MAX_ITEMS], 0):
+            return f"{name!r} was a {getattr(takes, '__name__', takes)} at the start and is a {type(value).__name__} now"
+    return None
+
+
+ANY = "any"
 _NEW = object()
 _NUMBERS = frozenset((type(None), bool, int, float))
 _SCALARS = _NUMBERS | {str}
@@ -268,6 +297,7 @@ _SCALARS = _NUMBERS | {str}
 # Functions an object was given, not state it keeps (Lightning sets each callback's log to the module's)
 _WIRING = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, functools.partial)
 _seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # object -> {attribute: _look(value)} then
+_takes_then: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # object -> {attribute: _takes(value)} then
 
 
 def _generator_for(now, value):

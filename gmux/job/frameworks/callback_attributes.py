@@ -46,7 +46,7 @@ def capture(callbacks: dict) -> dict:
 def not_carried(callbacks: dict) -> Optional[str]:
     """Why a move would lose what a callback counted (None: it would not): one holds numbers that changed in a
     value gmux does not carry (a set, a NumPy string, a tensor of the step's graph), and is left out whole
-    (`capture`). Other objects that changed (a writer, a file) are made again by the new process's callback, as
+    (`capture`), or one changed its kind, which a restore refuses (plain_values.kind_changed). Other objects that changed (a writer, a file) are made again by the new process's callback, as
     before gmux carried any."""
     for key, cb in callbacks.items():
         found = plain_values.unkept_numbers(cb)
@@ -54,6 +54,11 @@ def not_carried(callbacks: dict) -> Optional[str]:
             return (f"its callback {type(cb).__name__}'s attribute {found} changed as it trained, and gmux carries "
                     f"only plain data (numbers, strings, tensors, NumPy numbers, lists, dicts, deques, str or int "
                     f"keys): a new process would start the callback anew (hold a list: list(s))")
+        kind = plain_values.kind_changed(cb)
+        if kind is not None:
+            return (f"its callback {type(cb).__name__}'s attribute {kind}: a new "
+                    f"process builds the callback as the script does, and its restore would not put the other kind "
+                    f"there (keep one kind in it, or None until it is set)")
         # (unlike a module's, which its next forward makes again, a callback's is read by the callback only)
         graph = plain_values.graph_beside(cb, alone=True)
         if graph is not None:
