@@ -420,19 +420,41 @@ def proc_starttime(pid: int) -> Optional[int]:
 
     With the pid it identifies a process uniquely: a pid reused by another process has another start time.
     """
+    rest = _stat_after_name(pid)
+    if rest and rest[0] == b"Z":   # a zombie has exited; only its parent's wait is missing
+        return None
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError, TypeError):
+        return None
+
+
+def proc_exiting(pid: int) -> bool:
+    """Whether the process is on its way out and not yet a zombie (the kernel's PF_EXITING in field 9 of
+    /proc/PID/stat): killed or ended, and what it held (its sockets) may be closed already, so a peer may have
+    seen it end."""
+    return exiting_from_stat(_stat_after_name(pid))
+
+
+def exiting_from_stat(rest: Optional[list]) -> bool:
+    try:
+        return bool(rest) and rest[0] != b"Z" and bool(int(rest[6]) & PF_EXITING)
+    except (IndexError, ValueError):
+        return False
+
+
+PF_EXITING = 0x4        # (include/linux/sched.h)
+
+
+def _stat_after_name(pid: int) -> Optional[list]:
+    """/proc/PID/stat's fields from the third (the state) on; None if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
     # The command name (field 2) may contain spaces and parentheses: split after its last ')'.
-    rest = data[data.rfind(b")") + 2:].split()
-    if rest and rest[0] == b"Z":   # a zombie has exited; only its parent's wait is missing
-        return None
-    try:
-        return int(rest[19])
-    except (IndexError, ValueError):
-        return None
+    return data[data.rfind(b")") + 2:].split()
 
 
 def alive(pid: int, starttime: Optional[int]) -> bool:

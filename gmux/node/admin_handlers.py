@@ -235,8 +235,8 @@ class AdminHandlers:
         unit = unit_of(node.jobs, job)
         for m in unit:
             m.kill_requested, m.kill_reason = True, req.msg.get("reason") or "killed by gmux kill"
-        for m, killed in zip(unit, node.sup.kill_together(unit)):
-            if not killed:
+        for m, end in zip(unit, node.sup.kill_together(unit)):
+            if end == "ended":      # (one "ending" is reaped as it ends: killed, or its own failure)
                 node.finish(m, "killed", None, m.kill_reason)
         return {"job": job.id, "signal": "SIGKILL", "jobs": [m.id for m in unit]}
 

@@ -335,11 +335,12 @@ class Daemon:
             if peers:
                 self.decide(job.gpu, "gang", [p.id for p in peers], {"gang": job.gang["id"], "rank": job.gang["rank"]},
                             f"{why} ({job.gang['id']}, {job.id}): killing its peers {', '.join(p.id for p in peers)}")
-            for p, killed in zip(peers, self.sup.kill_together(peers)):
-                if killed:      # (reaped later: said killed for this, not lost to a signal from outside gmux)
+            for p, end in zip(peers, self.sup.kill_together(peers)):
+                if end == "killed":     # (reaped later: said killed for this, not lost to a signal from outside gmux)
                     p.kill_requested, p.kill_reason = True, why
-                else:           # (ended already, on its own account: that end is its own, told as it was)
+                elif end == "ended":    # (ended already, on its own account: that end is its own, told as it was)
                     self.finish(p, *(self.sup.ended(p) or ("killed", None, why)))
+                # ("ending" on its own account, as "ended", once it is reaped)
 
     def sync_accounting(self, now: float) -> None:
         for slicer in self.slicers.values():

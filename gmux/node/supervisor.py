@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 from gmux.node.access import user_groups
 from gmux.node.jobs import Job
-from gmux.rundir import MAX_LEFT, RuntimeDir, alive, proc_starttime, read_exit, started_environ
+from gmux.rundir import MAX_LEFT, RuntimeDir, alive, proc_exiting, proc_starttime, read_exit, started_environ
 from gmux.util.job_command import interpreter_options
 from gmux.util.process_tree import descendants
 
@@ -228,15 +228,19 @@ class Supervisor:
         on, unseen, holding memory."""
         return self._signal_tree(job, sig)
 
-    def kill_together(self, jobs: list) -> list[bool]:
+    def kill_together(self, jobs: list) -> list[str]:
         """`kill` for jobs that end as one (a gang's ranks): each one's process is stopped first, all at once, so
         that none sees another die and ends on its own account. (Each kill scans /proc for what the job started:
-        a rank whose peer's connection reset under it ended "failed" with gloo's error before its own kill came.)"""
-        for job in jobs:
-            if self._identified(job):
+        a rank whose peer's connection reset under it ended "failed" with gloo's error before its own kill came.)
+        For each job: "killed"; "ended" (no process of it was left); or "ending", on its way out already (killed
+        from outside, or failed), not signalled: that end is its own, reaped as it ends. (Its sockets close before
+        it is a zombie: a peer can see it end, fail and be reaped first.)"""
+        ending = [self._identified(job) and proc_exiting(job.pid) for job in jobs]
+        for job, out in zip(jobs, ending):
+            if not out and self._identified(job):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(job.pid, signal.SIGSTOP)
-        return [self.kill(job) for job in jobs]
+        return ["ending" if out else "killed" if self.kill(job) else "ended" for job, out in zip(jobs, ending)]
 
     def end_leftovers(self, job: Job) -> None:
         """What is left of a submitted job's process group once its process has ended (a child it forked and

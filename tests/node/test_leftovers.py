@@ -527,9 +527,42 @@ def test_ranks_killed_together_are_all_killed_none_ends_on_its_own_account(tmp_p
             time.sleep(0.5)
             jobs = [Job(f"j{n}", f"t{n}", "", ["python", "rank.py"], pid=p.pid, starttime=proc_starttime(p.pid))
                     for n, p in enumerate((first, peer))]
-            assert Supervisor(RuntimeDir(str(tmp_path / "rt"))).kill_together(jobs) == [True, True]
+            assert Supervisor(RuntimeDir(str(tmp_path / "rt"))).kill_together(jobs) == ["killed", "killed"]
             assert (first.wait(30), peer.wait(30)) == (-signal.SIGKILL, -signal.SIGKILL), f"attempt {attempt}"
         finally:
             for p in (first, peer):
                 p.kill()
                 p.wait()
+
+
+def test_a_rank_already_on_its_way_out_is_not_killed_for_its_peer(tmp_path, monkeypatch):
+    """kill -9 of rank 1 (CI, loaded): its sockets closed before it was a zombie, rank 0 saw its connection reset,
+    failed, and was reaped first; gmuxd then killed rank 1 "for its peer", and said so, where it had been killed
+    from outside. A process the kernel is ending (PF_EXITING) is said "ending", neither stopped nor signalled: its
+    own end is reaped and told. (Ending, a 3 GB process shows the flag for about 0.25 s here.)"""
+    import os
+    import subprocess
+    import sys
+
+    from gmux.node import supervisor
+    from gmux.node.jobs import Job
+    from gmux.rundir import RuntimeDir, _stat_after_name, exiting_from_stat, proc_starttime
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(2)]
+    try:
+        time.sleep(0.3)
+        jobs = [Job(f"j{n}", f"t{n}", "", ["python", "rank.py"], pid=p.pid, starttime=proc_starttime(p.pid))
+                for n, p in enumerate(procs)]
+        assert not exiting_from_stat(_stat_after_name(procs[1].pid))
+        monkeypatch.setattr(supervisor, "proc_exiting", lambda pid: pid == procs[1].pid)
+        assert supervisor.Supervisor(RuntimeDir(str(tmp_path / "rt"))).kill_together(jobs) == ["killed", "ending"]
+        assert procs[0].wait(30) == -9
+        time.sleep(0.2)
+        assert procs[1].poll() is None and _stat_after_name(procs[1].pid)[0] == b"S"    # (not stopped either)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    fields = _stat_after_name(os.getpid())
+    flagged = [fields[0], *fields[1:6], str(int(fields[6]) | 0x4).encode(), *fields[7:]]
+    assert exiting_from_stat(flagged) and not exiting_from_stat([b"Z", *flagged[1:]])
+    assert not exiting_from_stat(fields[:3]) and not exiting_from_stat(None)
