@@ -366,18 +366,16 @@ def _look(value, budget: list | None = None):
 
 
 def _state_of(generator):
+    """The generator's state as a checkpoint captures it, its tensors as bytes (compared with ==)."""
     try:
-        kind = generators.kind_of(generator)
-        if kind == "torch":
-            return generator.get_state().numpy().tobytes()
-        if kind == "numpy":
-            return repr(generator.bit_generator.state)
-        if kind == "numpy_legacy":
-            name, keys, *rest = generator.get_state()
-            return (name, keys.tobytes(), *rest)
-        return generator.getstate()
+        state = generators.capture(generator)["state"]
     except Exception:       # (a look runs at a boundary: it must not end the training; unread, as by identity)
         return None
+    return tuple(map(_bytes_of, state)) if type(state) is tuple else _bytes_of(state)
+
+
+def _bytes_of(value):
+    return value.numpy().tobytes() if type(value) is torch.Tensor else value
 
 
 _ARRAY_BYTES = 1 << 16      # an array's bytes compared whole up to this; a larger one's by 4096 of its items
