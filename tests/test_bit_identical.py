@@ -229,18 +229,18 @@ def test_persistent_workers_that_draw_nothing_move_in_any_epoch(tmp, bar):
 
 @pytest.mark.parametrize("mode, steps", [("validate", (5, 10)), ("made-early", (3, 7)), ("eval-inside", (3, 7)),
                                          ("zip", (2, 5)), ("zip-global", (2, 4)), ("tqdm", (3, 7)), ("map", (3, 7)),
-                                         ("epoch-end", (5, 8)), ("steps", (3, 13)), ("forever", (5, 12)),
+                                         ("epoch-end", (5, 8)), ("steps", (3, 13)), ("kept", (3, 7)), ("forever", (5, 12)),
                                          ("last-batch", (5, 10)),
                                          ("stream", (5, 7, 10))])
 def test_loops_beyond_one_loader_per_epoch_move_exactly(mode, steps, tmp):
     """Validation through job.data after training or inside it (or made before the loop), two loaders zipped, a
     loader inside a progress bar or map(), a boundary after the epoch's scheduler step, a loop by steps without
-    job.epochs, one job.data cycled by a generator of the script's own: each moved at two steps, once each, ends as the run never moved. Before: validation's position
+    job.epochs, one job.data read on across epochs or cycled by a generator of the script's own: each moved at two steps, once each, ends as the run never moved. Before: validation's position
     replaced the training loader's (the move trained the rest of the epoch again), zip crashed with StopIteration
     or drifted, the bar and map() hid the loader's generator, the epoch's tail ran twice, the numpy sampler drew
     another order; moved at an epoch's last batch, the new process replayed the whole epoch, ran none of its loop's
     body, and the script found no loss after the loop (NameError); the generator spun without end on the ended
-    job.data."""
+    job.data, and a pass read on in a later epoch was replayed from its start there."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "data_loops.py")
     run_py(script, f"{tmp}/solo.pt", "--mode", mode)
     solo = torch.load(f"{tmp}/solo.pt")

@@ -1105,3 +1105,21 @@ def test_itertools_cycle_over_job_data_refuses_a_move_in_its_first_pass_and_says
     err = capfd.readouterr().err
     assert err.count("gmux: itertools.cycle(job.data(...)) gives the batches of its first pass again") == 1
     assert not job.report()["movable"] and "itertools.cycle(job.data(...))" in job.report()["unmovable"]
+
+
+def test_a_pass_read_on_in_a_later_epoch_after_another_loader_there_keeps_the_job_where_it_is():
+    """A job.data made once, broken out of in one epoch and read on in the next after another loader became that
+    epoch's: a new process could not replay both, so no move that epoch (the next one's loader moves again)."""
+    a, b = [torch.full((2,), float(k)) for k in range(6)], [torch.zeros(2)] * 2
+    job = gj.attach(nn.Linear(2, 1))
+    kept, seen = job.data(a), []
+    for epoch in job.epochs(3):
+        if epoch == 1:
+            seen += [0 for _ in job.data(b)]
+        for x in kept:
+            seen.append(int(x[0]))
+            if len(seen) == 2:
+                break
+        if epoch == 1:
+            assert "a pass over an earlier epoch's loader goes on" in job.report()["unmovable"]
+    assert seen == [0, 1, 0, 0, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5] and job.report()["movable"]

@@ -325,9 +325,25 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
                 finally:
                     position.fetch_streams = None
             yield batch
+            if position.current is not reading:
+                _go_on_in_a_later_epoch(position, loader, reading)
     finally:
         if position.current is reading:
             position.current = None
+
+
+def _go_on_in_a_later_epoch(position: DataPosition, loader: Iterable, reading: Reading) -> None:
+    """The script left this pass over the epoch's loader (a job.data made once, broken out of at a step budget) and
+    reads on in a later epoch: it is that epoch's loader, its index the pass's, its streams those the pass began
+    with, so a new process replays the pass to here as it does a pass begun in this epoch. Where another loader
+    became this epoch's meanwhile, a new process could not: no move this epoch."""
+    if position.current is None and position.loader is None:
+        position.loader, position.current, position.ends_at = unwrapped(loader), reading, length(loader)
+        position.index = reading.index
+    else:
+        position.unmovable = position.unmovable or (
+            "a pass over an earlier epoch's loader goes on in this epoch beside this epoch's own (job.data made "
+            "once and broken out of): a new process could not replay both (no move this epoch)")
 
 
 def _beside(position: DataPosition, loader: Iterable, before_fetch: Callable[[bool], None], tracked,

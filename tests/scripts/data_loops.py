@@ -15,6 +15,8 @@ modes:
   epoch-end    StepLR stepped after each epoch's loop, then job.boundary(): the move is asked for there (it waits
                for the next epoch's first boundary);
   steps        no job.epochs: job.data made again whenever it ends, a sampler shuffling with numpy, a step budget;
+  kept         one job.data made before job.epochs and read in each, three batches an epoch (a step budget): a pass
+               goes on in the next epoch, and once it ends the next is read;
   forever      no job.epochs: one job.data, cycled by a generator of the script's own (read again once ended, it
                reads its loader again), next() to a step budget;
   last-batch   the loop's last loss kept after each epoch's loop (a loop variable the script reads after the loop):
@@ -67,7 +69,7 @@ def main() -> int:
     p.add_argument("out")
     p.add_argument("--mode", required=True,
                    choices=["validate", "made-early", "eval-inside", "zip", "zip-global", "tqdm", "map", "epoch-end",
-                            "steps", "forever", "last-batch", "stream"])
+                            "steps", "kept", "forever", "last-batch", "stream"])
     p.add_argument("--migrate-at", type=int)
     p.add_argument("--checkpoint")
     p.add_argument("--restore")
@@ -128,8 +130,15 @@ def main() -> int:
         endless = forever(job.data(train))
         while job.state["step"] < 17:
             step(*next(endless))
-    for _ in job.epochs(0 if a.mode in ("steps", "forever") else 3):
+    kept = job.data(train) if a.mode == "kept" else None
+    for epoch in job.epochs(0 if a.mode in ("steps", "forever") else 3):
         early = job.data(other) if a.mode == "made-early" else None
+        if a.mode == "kept":
+            for x, y in kept:
+                step(x, y)
+                if job.state["step"] == 3 * (epoch + 1):
+                    break
+            continue
         if a.mode in ("zip", "zip-global"):
             for (x, y), (x2, y2) in zip(job.data(train), job.data(other)):
                 step(torch.cat([x, x2]), torch.cat([y, y2]))
