@@ -1123,3 +1123,28 @@ def test_a_pass_read_on_in_a_later_epoch_after_another_loader_there_keeps_the_jo
         if epoch == 1:
             assert "a pass over an earlier epoch's loader goes on" in job.report()["unmovable"]
     assert seen == [0, 1, 0, 0, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5] and job.report()["movable"]
+
+
+def test_a_move_after_passes_read_outside_job_epochs_warns_that_an_own_epoch_loop_starts_again(tmp, capfd):
+    """`for epoch in range(n)` of the script's own: the new process's loop starts from its first epoch again and
+    trains the passes before the move once more, silently. The move's answer and the restore say so; within
+    job.epochs nothing is said."""
+    from gmux.job.job import JobExit
+    data = [torch.zeros(2)] * 3
+    for loop in ("own", "job.epochs"):
+        job = gj.attach(nn.Linear(2, 1))
+        with pytest.raises(JobExit):
+            for epoch in (range(3) if loop == "own" else job.epochs(3)):
+                for _ in job.data(data):
+                    if epoch == 2 and job.position.index == 1:
+                        move = job.controller.send("migrate", path=f"{tmp}/{loop}.ckpt")
+        reply = job.controller.result(move, timeout=5)
+        assert reply["ok"]
+        capfd.readouterr()
+        gj.attach(nn.Linear(2, 1)).restore(f"{tmp}/{loop}.ckpt")
+        err = capfd.readouterr().err
+        if loop == "own":
+            assert "the job read 2 passes over its loader to the end outside job.epochs" in reply["warning"]
+            assert err.count("gmux: restored: the job read 2 passes over its loader") == 1
+        else:
+            assert "warning" not in reply and "gmux:" not in err

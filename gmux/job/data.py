@@ -78,6 +78,9 @@ class DataPosition:
     # place at the top (in state=, as the README advised) was shuffled twice, and a count the top adds to counted
     # twice; a value the top resets (`running = 0.0`) is the checkpoint's again for the body.
     epoch_state: Optional[dict] = None
+    # Passes over the epoch's loader read to their end outside job.epochs (a loop by steps, or over epochs of the
+    # script's own, which a new process starts again from its first: Job.restore says so)
+    passes: int = 0
     state_at_checkpoint: Optional[dict] = None      # (while the restored epoch's top runs again)
     # Why no move is exact any more: itertools.cycle over job.data gives its first pass again (gmux.job.data_epoch;
     # not kept in a checkpoint, as no move is taken once it is set), and the lines of the script whose job.data's
@@ -90,7 +93,7 @@ class DataPosition:
                 "epoch_generator": self.epoch_generator, "marked_by_script": self.marked_by_script,
                 "epoch_streams": self.epoch_streams, "data_streams": self.data_streams,
                 "beside": [r.to_dict() for r in self.others], "reused_workers": self.reused_workers,
-                "fetch_streams": self.fetch_streams, "epoch_state": self.epoch_state}
+                "fetch_streams": self.fetch_streams, "epoch_state": self.epoch_state, "passes": self.passes}
 
     @classmethod
     def from_dict(cls, d: dict) -> "DataPosition":
@@ -98,7 +101,7 @@ class DataPosition:
                    bool(d["marked_by_script"]), d.get("epoch_streams"), d.get("data_streams"),
                    list(d.get("beside") or []), replay=d["index"] > 0,
                    reused_workers=bool(d.get("reused_workers", False)), fetch_streams=d.get("fetch_streams"),
-                   epoch_state=d.get("epoch_state"))
+                   epoch_state=d.get("epoch_state"), passes=d.get("passes", 0))
 
     def movable(self) -> bool:
         """Whether a new process could resume at a boundary now: inside the epoch loader's reading, with a batch
@@ -226,6 +229,17 @@ def epochs(position: DataPosition, count: int, tracked) -> Iterator[int]:
         position.start_epoch()
 
 
+def own_epochs(position: DataPosition) -> Optional[str]:
+    """What a new process may do again where the script read its loader to the end outside job.epochs, or None."""
+    if not position.passes or position.epoch_streams is not None:
+        return None
+    n = position.passes
+    return (f"the job read {n} pass{'es' if n > 1 else ''} over its loader to the end outside job.epochs: a loop of "
+            f"the script's own over epochs (for epoch in range(n)) starts again from its first in the new process "
+            f"and trains {n} more; job.epochs(n) goes on from the restored epoch (a loop by steps whose count is in "
+            f"state= goes on as it was)")
+
+
 def length(loader) -> Optional[int]:
     """How many batches an epoch of `loader` gives, where it says (a DataLoader, a list, a progress bar); None
     where it cannot (a generator, an IterableDataset's loader without __len__)."""
@@ -312,6 +326,7 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
             try:
                 batch = next(it)
             except StopIteration:
+                position.passes += position.epoch_streams is None
                 return
             position.index += 1
             reading.index = position.index

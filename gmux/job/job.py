@@ -29,7 +29,7 @@ import torch
 from gmux.util.splice import PipeWriter
 from . import checkpoint as ckpt, held_signals, holdings, movability
 from .control import Command, Controller, LocalController
-from .data import DataPosition, Reading, batches, epochs
+from .data import DataPosition, Reading, batches, epochs, own_epochs
 from .data_epoch import Epoch, count_restarts
 from .memory import choose_tier
 from .memory.tier import exact_device
@@ -270,7 +270,7 @@ class Job:
             if command.kind == "migrate":
                 self._check_rebuildable()
             figures = self.checkpoint(_target(command), command.args.get("holds") or b"")
-            warning = count_restarts(self.position.current)
+            warning = "; ".join(filter(None, (count_restarts(self.position.current), own_epochs(self.position))))
             return {**figures, "warning": warning} if warning else figures
         if self._answer(command, write) and command.kind == "migrate":
             if self.on_leave is not None:
@@ -401,6 +401,8 @@ class Job:
         self.unchanged.mark()
         adopt(self.tracked.tensors())
         self.position = position
+        if own_epochs(position):
+            print(f"gmux: restored: {own_epochs(position)}", file=sys.stderr)
         self.profile.steps = snap["steps"]
         # Its first boundary after the restore reports at once: a move's source holds the job until gmuxd hears
         # it (gmux.node.cluster_link), and a regular report could be a second away.

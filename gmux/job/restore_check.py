@@ -387,7 +387,8 @@ class Fit:
         if not isinstance(pos, dict):
             self.fail(f"'position': {describe(pos)}, the job has a dict")
         live = self.job.position.to_dict()
-        for key in ("epoch_streams", "data_streams", "beside", "reused_workers", "fetch_streams", "epoch_state"):
+        for key in ("epoch_streams", "data_streams", "beside", "reused_workers", "fetch_streams", "epoch_state",
+                    "passes"):
             if key not in pos:      # (written before it existed)
                 live.pop(key)
         self.keys(pos, live, "'position'")
@@ -395,6 +396,7 @@ class Fit:
             self.fail(f"position 'epoch_state': {describe(pos['epoch_state'])}, the job has a dict")
         self.counter(pos["epoch"], "position 'epoch'")
         self.counter(pos["index"], "position 'index'")
+        self.counter(pos.get("passes", 0), "position 'passes'")
         for key in ("marked_by_script", "reused_workers"):
             if not isinstance(pos.get(key, False), bool):
                 self.fail(f"position '{key}': {describe(pos[key])}, the job has a bool")
