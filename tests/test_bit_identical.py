@@ -240,7 +240,8 @@ def test_loops_beyond_one_loader_per_epoch_move_exactly(mode, steps, tmp):
     or drifted, the bar and map() hid the loader's generator, the epoch's tail ran twice, the numpy sampler drew
     another order; moved at an epoch's last batch, the new process replayed the whole epoch, ran none of its loop's
     body, and the script found no loss after the loop (NameError); the generator spun without end on the ended
-    job.data, and a pass read on in a later epoch was replayed from its start there."""
+    job.data, and a pass read on in a later epoch was replayed from its start there; what the script drew between
+    attach and its loop was drawn from the checkpoint's streams, and the loop's draws after it were not."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "data_loops.py")
     run_py(script, f"{tmp}/solo.pt", "--mode", mode)
     solo = torch.load(f"{tmp}/solo.pt")
@@ -250,7 +251,7 @@ def test_loops_beyond_one_loader_per_epoch_move_exactly(mode, steps, tmp):
         run_py(script, f"{tmp}/moved.pt", "--mode", mode, "--restore", f"{tmp}/{at}.ckpt")
         moved = torch.load(f"{tmp}/moved.pt")
         assert_identical(solo["model"], moved["model"], f"model, moved at step {at}")
-        assert solo["val"] == moved["val"] and solo["lr"] == moved["lr"], at
+        assert solo["val"] == moved["val"] and solo["lr"] == moved["lr"] and solo["probe"] == moved["probe"], at
 
 
 @pytest.mark.parametrize("sampler", ["weighted", "subset"])

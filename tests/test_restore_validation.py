@@ -77,10 +77,14 @@ def test_a_sound_checkpoint_still_restores_into_a_fresh_job(tmp):
     source.checkpoint(path)
     expect = frozen(source)
     fresh = small_job(seed=5, steps=0)
+    own = torch.get_rng_state()
     fresh.restore(path)
     got = frozen(fresh)
     expect["position"]["replay"] = True
     assert_identical(expect, got)
+    # (a replay to come: the script runs on to its loop on its own streams, the checkpoint's wait for the replay,
+    # and a snapshot meanwhile holds them)
+    assert torch.equal(torch.get_rng_state(), own)
 
 
 # -- the failures found by the adversarial tester ---------------------------------------------------------
@@ -204,7 +208,7 @@ def test_bad_epoch_start_streams_are_refused_before_anything_changes(tmp):
     other.restore(path)
     assert other.position.epoch_streams is None and other.position.index == 2
     # Its replay draws the epoch's order from its torch state, then leaves the streams as the checkpoint had them.
-    restored = torch.get_rng_state()
+    restored = other.position.at_checkpoint["rng"]["torch"]
     batches = iter(other.data(torch.utils.data.DataLoader(list(range(8)), batch_size=2, shuffle=True)))
     assert len(next(batches)) == 2 and torch.equal(torch.get_rng_state(), restored)
 

@@ -1148,3 +1148,43 @@ def test_a_move_after_passes_read_outside_job_epochs_warns_that_an_own_epoch_loo
             assert err.count("gmux: restored: the job read 2 passes over its loader") == 1
         else:
             assert "warning" not in reply and "gmux:" not in err
+
+
+def _drawing_run(restore=None, stop_at=None, again=None):
+    """job.epochs over a shuffled loader, a draw between attach and the loop and at each epoch's top, dropout-like
+    noise in each step; `stop_at`: the checkpoint taken there (returned); `again`: one taken right after the
+    restore ("restore") or at the restored epoch's top ("top"), before its replay (returned)."""
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(torch.arange(12.0).view(6, 2), batch_size=2, shuffle=True)
+    job = gj.attach(nn.Linear(2, 1), state={"seen": [], "tops": []})
+    sink = io.BytesIO()
+    if restore is not None:
+        job.restore(io.BytesIO(restore))
+        if again == "restore":
+            job.checkpoint(sink)
+            return sink.getvalue()
+    probe = torch.rand(2).tolist()
+    for _ in job.epochs(3):
+        job.state["tops"].append(torch.rand(1).item())
+        if again == "top":
+            job.checkpoint(sink)
+            return sink.getvalue()
+        for b in job.data(loader):
+            job.state["seen"].append((b[0, 0] + torch.rand(1)).item())
+            if len(job.state["seen"]) == stop_at:
+                job.checkpoint(sink)
+                return sink.getvalue()
+    return probe, job.state["seen"], job.state["tops"]
+
+
+def test_a_restored_job_draws_before_its_loop_as_the_first_did_and_a_checkpoint_then_holds_the_first_ones():
+    """Restored, the streams were the checkpoint's at once: what the script drew between attach and its loop took
+    them, and the loop's draws after the replay differed from an unmoved run's. They stay the process's own until
+    the replay; a checkpoint taken before it (a move again at once, or at the restored epoch's top) writes the
+    streams and state= the first checkpoint held, not what the script drew meanwhile."""
+    solo = _drawing_run()
+    for at in (2, 3, 5):
+        first = _drawing_run(stop_at=at)
+        assert _drawing_run(restore=first) == solo, at
+        for again in ("restore", "top"):
+            assert _drawing_run(restore=_drawing_run(restore=first, again=again)) == solo, (at, again)

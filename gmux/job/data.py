@@ -216,7 +216,8 @@ def epochs(position: DataPosition, count: int, tracked) -> Iterator[int]:
     """`tracked`: the job's TrackedState, whose random streams an epoch's start keeps."""
     while position.epoch < count:
         if position.replay and position.epoch_streams is not None:
-            position.at_checkpoint = tracked.streams()
+            if position.at_checkpoint is None:      # (Job.restore keeps them as the checkpoint has them)
+                position.at_checkpoint = tracked.streams()
             tracked.set_streams(position.epoch_streams)
             if position.epoch_state is not None:
                 position.state_at_checkpoint = tracked.plain_state()

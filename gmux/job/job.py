@@ -330,6 +330,12 @@ class Job:
 
     def snapshot(self) -> dict:
         snap = self.tracked.capture(self.suspended)
+        # (a restored epoch still to be replayed: the streams and state= as the checkpoint restored from holds them,
+        # which the replay puts back; the script's top, run again meanwhile, drew from others)
+        if self.position.at_checkpoint is not None:
+            snap.update(self.position.at_checkpoint)
+        if self.position.state_at_checkpoint is not None:
+            snap["state"] = {**snap["state"], **self.position.state_at_checkpoint}
         snap["position"] = self.position.to_dict()
         snap["steps"] = self.profile.steps
         return snap
@@ -397,7 +403,14 @@ class Job:
                                  offer.find if offer is not None else None)
         fit.values(snap)
         position = DataPosition.from_dict(snap["position"])
+        own = self.tracked.streams() if position.replay else None
         self.tracked.apply(snap)
+        if own is not None:
+            # The script runs on from here to its loop as the first process ran from its attach, drawing from the
+            # streams as they were then (a probe, a fixed noise): they stay this process's own until the loop's
+            # replay (gmux.job.data) puts the checkpoint's back. Set now, those draws took the checkpoint's.
+            position.at_checkpoint = self.tracked.streams()
+            self.tracked.set_streams(own)
         self.unchanged.mark()
         adopt(self.tracked.tensors())
         self.position = position

@@ -91,6 +91,9 @@ def main() -> int:
     job = gmux.job.attach(model, opt, sched, state={"step": 0, "val": [], "asked": False})
     if a.restore:
         job.restore(a.restore)
+    # Drawn between attach and the loop (a probe, a fixed noise), from each stream: a restored process draws it as
+    # the first process did, and the loop's draws after the move are the checkpoint's.
+    probe = [torch.rand(2).tolist(), np.random.rand(2).tolist()]
 
     def ask(where: str):
         asked_here = {"validate": "validate", "epoch-end": "epoch-end"}.get(a.mode, "step")
@@ -165,7 +168,8 @@ def main() -> int:
             sched.step()
             ask("epoch-end")
             job.boundary()
-    torch.save({"model": model.state_dict(), "val": job.state["val"], "lr": sched.get_last_lr()}, a.out)
+    torch.save({"model": model.state_dict(), "val": job.state["val"], "lr": sched.get_last_lr(), "probe": probe},
+               a.out)
     return 0
 
 
