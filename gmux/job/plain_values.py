@@ -275,10 +275,13 @@ def kind_changed(obj, skip=frozenset()) -> str | None:
     """An attribute of `obj` (not in `skip`) that holds plain data of another kind than when `remember` saw it (a
     count that became a string), as "'name' was a number at the start and is a str now"; None if there is none. The new process's
     object, built alike, holds the first kind, and its restore (`may_take`) refuses the other: the reports had said
-    movable, and the move ended in the new process."""
+    movable, and the move ended in the new process. None too where `changed` leaves the object out whole (another
+    attribute changed into what is not plain data): the restore puts none of its attributes back, as before."""
     try:
         then = _takes_then.get(obj)
     except TypeError:
+        return None
+    if then and not changed(obj, skip):
         return None
     for name, value in vars(obj).items() if then else ():
         takes = then.get(name, ANY)
