@@ -22,8 +22,8 @@ from typing import Optional
 
 import torch
 
-from . import (data_epoch, metric_states, module_attributes, stray_modules, stray_scalers, stray_schedulers, stray_tensors,
-               strays)
+from . import (data_epoch, metric_states, module_attributes, stray_modules, stray_scalers, stray_schedulers,
+               stray_tensors, strays)
 
 
 def problem(job, fresh: bool = False) -> Optional[str]:

@@ -273,10 +273,11 @@ def _of_kind(takes, value) -> bool:
 
 def kind_changed(obj, skip=frozenset()) -> str | None:
     """An attribute of `obj` (not in `skip`) that holds plain data of another kind than when `remember` saw it (a
-    count that became a string), as "'name' was a number at the start and is a str now"; None if there is none. The new process's
-    object, built alike, holds the first kind, and its restore (`may_take`) refuses the other: the reports had said
-    movable, and the move ended in the new process. None too where `changed` leaves the object out whole (another
-    attribute changed into what is not plain data): the restore puts none of its attributes back, as before."""
+    count that became a string), as "'name' was a number at the start and is a str now"; None if there is none.
+    The new process's object, built alike, holds the first kind, and its restore (`may_take`) refuses the other:
+    the reports had said movable, and the move ended in the new process. None too where `changed` leaves the
+    object out whole (another attribute changed into what is not plain data): the restore puts none of its
+    attributes back, as before."""
     try:
         then = _takes_then.get(obj)
     except TypeError:
@@ -287,7 +288,8 @@ def kind_changed(obj, skip=frozenset()) -> str | None:
         takes = then.get(name, ANY)
         if name not in skip and not issubclass(type(value), _WIRING) and not tagged_values.generator(value) and \
                 not _of_kind(takes, value) and _plain(value, [MAX_ITEMS], 0):
-            return f"{name!r} was a {getattr(takes, '__name__', takes)} at the start and is a {type(value).__name__} now"
+            then_kind = getattr(takes, "__name__", takes)
+            return f"{name!r} was a {then_kind} at the start and is a {type(value).__name__} now"
     return None
 
 

@@ -46,8 +46,8 @@ def capture(callbacks: dict) -> dict:
 def not_carried(callbacks: dict) -> Optional[str]:
     """Why a move would lose what a callback counted (None: it would not): one holds numbers that changed in a
     value gmux does not carry (a set, a NumPy string, a tensor of the step's graph), and is left out whole
-    (`capture`), or one changed its kind, which a restore refuses (plain_values.kind_changed). Other objects that changed (a writer, a file) are made again by the new process's callback, as
-    before gmux carried any."""
+    (`capture`), or one changed its kind, which a restore refuses (plain_values.kind_changed). Other objects that
+    changed (a writer, a file) are made again by the new process's callback, as before gmux carried any."""
     for key, cb in callbacks.items():
         found = plain_values.unkept_numbers(cb)
         if found is not None:
