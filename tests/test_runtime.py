@@ -1188,3 +1188,25 @@ def test_a_restored_job_draws_before_its_loop_as_the_first_did_and_a_checkpoint_
         assert _drawing_run(restore=first) == solo, at
         for again in ("restore", "top"):
             assert _drawing_run(restore=_drawing_run(restore=first, again=again)) == solo, (at, again)
+
+
+def test_a_boundary_at_an_epochs_top_before_a_pass_left_in_the_last_one_is_read_on_is_no_place_for_a_move(tmp):
+    """job.data made once, broken out of in one epoch and read on in the next: a job.boundary() at the next epoch's
+    top, before the pass is read on, took a move at index 0 of that epoch (no loader read yet), and the new process
+    began the epoch with a new pass from its start where this one went on with the pass. The move waits for the
+    pass's next fetch, and goes on from there."""
+    from gmux.job.job import JobExit
+    data = [torch.full((2,), float(k)) for k in range(6)]
+    job = gj.attach(nn.Linear(2, 1))
+    kept = job.data(data)
+    with pytest.raises(JobExit):
+        for epoch in job.epochs(3):
+            if epoch == 1:
+                move = job.controller.send("migrate", path=f"{tmp}/m.ckpt")
+                job.boundary()
+                assert not job.position.movable()
+            for _ in kept:
+                if job.position.index == 2:
+                    break
+    assert job.controller.result(move, timeout=5)["ok"]
+    assert (job.position.epoch, job.position.index) == (1, 2)

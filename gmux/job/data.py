@@ -87,6 +87,8 @@ class DataPosition:
     # end was looked at for one.
     cycled: Optional[str] = None
     sites_looked: set = field(default_factory=set)
+    # The epoch loader's pass under way as the last epoch ended, which the script may read on in this one
+    left: Optional["Reading"] = None
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "index": self.index, "epoch_rng": self.epoch_rng,
@@ -109,13 +111,23 @@ class DataPosition:
         process would replay the whole epoch and run none of the loop's body, and what the script does after the
         loop with the loop's variables (the epoch's last loss) would find none: a move waits for the next batch
         to be fetched (Job._take_held)."""
-        return self.loader is None or (self.current is not None and not self.aside and self.has_next())
+        return (self.loader is None and not self.pass_left()) or \
+            (self.current is not None and not self.aside and self.has_next())
+
+    def pass_left(self) -> bool:
+        """Whether a pass over an earlier epoch's loader that the script broke out of (a job.data made once) is
+        under way, not read on yet in this epoch: a boundary before it is (job.boundary() at the epoch's top) is no
+        place for a move, as a new process would start that epoch's reading from its start (_go_on_in_a_later_epoch
+        makes it this epoch's loader once it is read on)."""
+        epoch = self.left.epoch() if self.left is not None and self.left.epoch is not None else None
+        return epoch is not None
 
     def has_next(self) -> bool:
         """Whether the epoch's loader says it has a batch left."""
         return self.ends_at is not None and self.index < self.ends_at
 
     def start_epoch(self) -> None:
+        self.left = self.current
         self.index, self.replay, self.loader, self.current, self.ends_at = 0, False, None, None, None
         self.beside, self.others, self.aside = [], [], 0
 
