@@ -1229,12 +1229,11 @@ def test_a_boundary_after_breaking_out_of_a_job_data_made_once_is_no_place_for_a
         assert not job.position.movable()
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: the end of a pass is looked at once per line calling job.data, "
-                                       "and itertools.cycle lets its Epoch go once its first pass ends")
 def test_itertools_cycle_over_job_data_made_on_a_line_that_made_another_first_is_seen(tmp):
     """job.data called from one helper for validation and for a cycled training loader: validation's pass ended
     first, the line was marked looked, the cycle's end went unseen, and a move in a later validation (then the
-    epoch's loader, outside job.epochs) was taken while the cycle gives kept batches."""
+    epoch's loader, outside job.epochs) was taken while the cycle gives kept batches. Each loader of a line is
+    looked at (a few)."""
     train, val = [torch.full((2,), float(k)) for k in range(4)], [torch.zeros(2)] * 3
     job = gj.attach(nn.Linear(2, 1))
 

@@ -83,10 +83,10 @@ class DataPosition:
     passes: int = 0
     state_at_checkpoint: Optional[dict] = None      # (while the restored epoch's top runs again)
     # Why no move is exact any more: itertools.cycle over job.data gives its first pass again (gmux.job.data_epoch;
-    # not kept in a checkpoint, as no move is taken once it is set), and the lines of the script whose job.data's
-    # end was looked at for one.
+    # not kept in a checkpoint, as no move is taken once it is set), and the lines of the script and the loaders
+    # whose job.data's end was looked at for one.
     cycled: Optional[str] = None
-    sites_looked: set = field(default_factory=set)
+    sites_looked: dict = field(default_factory=dict)     # (a line's (code, number) -> ids of loaders looked at)
     # The epoch loader's pass under way as the last epoch ended, which the script may read on in this one
     left: Optional["Reading"] = None
 

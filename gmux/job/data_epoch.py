@@ -23,14 +23,16 @@ class Epoch:
     it), where an ended iterator would give nothing, and such a generator spin without end. itertools.cycle over it
     reads it once and gives what it kept after that: a move during that pass is refused (cycled), and its end is
     said once and keeps the job where it is (position.cycled). Seeing the cycle walks every object, so the end of
-    a pass is looked at once per line of the script that calls job.data (`site`, its frame): a script calling
-    job.data for each step pays it once, and a line that cycles one job.data cycles each."""
+    a pass is looked at once per loader and line of the script that calls job.data (`site`, its frame), for a few
+    loaders a line: a helper making validation's job.data and the cycled training one is looked at for each, and a
+    script making job.data of a new list for each step pays a few walks."""
 
     def __init__(self, batches: Iterator[Any], reading: Reading, again: Callable[[], "Epoch"],
-                 position: DataPosition, counted: bool, site):
+                 position: DataPosition, counted: bool, site, loader):
         self._batches, self.reading, self._again, self._first = batches, reading, again, True
         self._position, self._counted, self._ended = position, counted, False
         self._site = None if site is None else (site.f_code, site.f_lineno)
+        self._loader = id(loader)
         reading.epoch = weakref.ref(self)
 
     def __iter__(self) -> "Epoch":
@@ -40,9 +42,10 @@ class Epoch:
         try:
             batch = next(self._batches)
         except StopIteration:
-            looked = self._position.sites_looked
-            if not self._ended and self.reading.index and self._site is not None and self._site not in looked:
-                looked.add(self._site)
+            looked = self._position.sites_looked.setdefault(self._site, set())
+            if not self._ended and self.reading.index and self._site is not None and self._loader not in looked \
+                    and len(looked) < LOOKS_PER_LINE:
+                looked.add(self._loader)
                 if wrapped_by(self) == "cycle":
                     self._position.cycled = CYCLED
                     print(f"gmux: {CYCLED}", file=sys.stderr)
@@ -58,6 +61,7 @@ class Epoch:
         return (self.reading.index - 1, batch) if self._counted else batch
 
 
+LOOKS_PER_LINE = 8
 CYCLED = ("itertools.cycle(job.data(...)) gives the batches of its first pass again without reading the loader: "
           "job.data marks no boundary in them (unless the script marks its own with job.boundary(), gmuxd can only "
           "stop and continue the process) and a new process would not have them to give, so the job is not moved "

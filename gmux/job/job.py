@@ -156,7 +156,7 @@ class Job:
         reading = Reading()
         return Epoch(batches(self.position, loader, self._boundary_from_iterator, self.tracked, reading,
                              lambda: self._held is not None, self._take_held), reading,
-                     lambda: self._epoch(loader, counted, None), self.position, counted, site)
+                     lambda: self._epoch(loader, counted, None), self.position, counted, site, loader)
 
     def _take_held(self) -> None:
         """The epoch loader's next batch is fetched, not yet given to the script: a move held at a boundary no new
