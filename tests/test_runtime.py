@@ -1067,7 +1067,8 @@ def test_an_optimizer_a_tracked_one_wraps_stepping_inside_it_leaves_the_job_mova
 def test_a_job_data_read_again_reads_its_loader_again_as_the_loader_itself_would():
     """`batches = job.data(loader)` made once and read each epoch, or cycled by a generator of the script's own: an
     ended iterator gave nothing (each later epoch trained on nothing, silently; the generator spun without end).
-    Read again it is a new epoch of its loader, shuffled as a `for` over the loader itself shuffles."""
+    Read again it is a new epoch of its loader, shuffled as a `for` over the loader itself shuffles; its length is
+    the loader's (it had none)."""
     def loader():
         return torch.utils.data.DataLoader(torch.arange(12.0), batch_size=4, shuffle=True,
                                            generator=torch.Generator().manual_seed(3))
@@ -1084,6 +1085,11 @@ def test_a_job_data_read_again_reads_its_loader_again_as_the_loader_itself_would
     endless = forever(job.data(loader()))
     assert [next(endless).tolist() for _ in range(9)] == [b for e in expected for b in e]
     assert job.position.index == 3 and job.position.cycled is None
+    # (and its length is the loader's: a progress bar's total, steps per epoch from a job.data kept for each)
+    from tqdm import tqdm
+    assert len(kept) == len(counted) == 3 and tqdm(job.data(loader()), disable=True).total == 3
+    with pytest.raises(TypeError, match=r"job.data's loader \(generator\) has no length"):
+        len(job.data(x for x in range(3)))
 
 
 def test_itertools_cycle_over_job_data_refuses_a_move_in_its_first_pass_and_says_so_when_it_gives_it_again(

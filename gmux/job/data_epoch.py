@@ -9,7 +9,7 @@ import sys
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
-from .data import DataPosition, Reading
+from .data import DataPosition, Reading, length
 
 
 class Epoch:
@@ -32,20 +32,28 @@ class Epoch:
         self._batches, self.reading, self._again, self._first = batches, reading, again, True
         self._position, self._counted, self._ended = position, counted, False
         self._site = None if site is None else (site.f_code, site.f_lineno)
-        self._loader = id(loader)
+        self._loader = loader
         reading.epoch = weakref.ref(self)
 
     def __iter__(self) -> "Epoch":
         return self._again() if self._ended else self
+
+    def __len__(self) -> int:
+        """The loader's length (batches in an epoch of it), as len(loader) says: a progress bar's total, a count of
+        steps per epoch made from a job.data kept for every epoch."""
+        n = length(self._loader)
+        if n is None:
+            raise TypeError(f"job.data's loader ({type(self._loader).__name__}) has no length")
+        return n
 
     def __next__(self) -> Any:
         try:
             batch = next(self._batches)
         except StopIteration:
             looked = self._position.sites_looked.setdefault(self._site, set())
-            if not self._ended and self.reading.index and self._site is not None and self._loader not in looked \
+            if not self._ended and self.reading.index and self._site is not None and id(self._loader) not in looked \
                     and len(looked) < LOOKS_PER_LINE:
-                looked.add(self._loader)
+                looked.add(id(self._loader))
                 if wrapped_by(self) == "cycle":
                     self._position.cycled = CYCLED
                     print(f"gmux: {CYCLED}", file=sys.stderr)
