@@ -119,8 +119,7 @@ class DataPosition:
         under way, not read on yet in this epoch: a boundary before it is (job.boundary() at the epoch's top) is no
         place for a move, as a new process would start that epoch's reading from its start (_go_on_in_a_later_epoch
         makes it this epoch's loader once it is read on)."""
-        epoch = self.left.epoch() if self.left is not None and self.left.epoch is not None else None
-        return epoch is not None
+        return self.left is not None and self.left.epoch is not None and self.left.epoch() is not None
 
     def has_next(self) -> bool:
         """Whether the epoch's loader says it has a batch left."""

@@ -50,13 +50,13 @@ class Epoch:
         try:
             batch = next(self._batches)
         except StopIteration:
-            looked = self._position.sites_looked.setdefault(self._site, set())
-            if not self._ended and self.reading.index and self._site is not None and id(self._loader) not in looked \
-                    and len(looked) < LOOKS_PER_LINE:
-                looked.add(id(self._loader))
-                if wrapped_by(self) == "cycle":
-                    self._position.cycled = CYCLED
-                    print(f"gmux: {CYCLED}", file=sys.stderr)
+            if not self._ended and self.reading.index and self._site is not None:
+                looked = self._position.sites_looked.setdefault(self._site, set())
+                if id(self._loader) not in looked and len(looked) < LOOKS_PER_LINE:
+                    looked.add(id(self._loader))
+                    if wrapped_by(self) == "cycle":
+                        self._position.cycled = CYCLED
+                        print(f"gmux: {CYCLED}", file=sys.stderr)
             self._ended = True
             raise
         if self._first and self.reading.restored_at:

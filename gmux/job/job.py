@@ -414,8 +414,8 @@ class Job:
         self.unchanged.mark()
         adopt(self.tracked.tensors())
         self.position = position
-        if own_epochs(position):
-            print(f"gmux: restored: {own_epochs(position)}", file=sys.stderr)
+        if again := own_epochs(position):
+            print(f"gmux: restored: {again}", file=sys.stderr)
         self.profile.steps = snap["steps"]
         # Its first boundary after the restore reports at once: a move's source holds the job until gmuxd hears
         # it (gmux.node.cluster_link), and a regular report could be a second away.

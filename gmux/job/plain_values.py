@@ -282,12 +282,12 @@ def kind_changed(obj, skip=frozenset()) -> str | None:
         then = _takes_then.get(obj)
     except TypeError:
         return None
-    if then and not changed(obj, skip):
-        return None
     for name, value in vars(obj).items() if then else ():
         takes = then.get(name, ANY)
         if name not in skip and not issubclass(type(value), _WIRING) and not tagged_values.generator(value) and \
                 not _of_kind(takes, value) and _plain(value, [MAX_ITEMS], 0):
+            if not changed(obj, skip):      # (looked at only once one is found: a look of every attribute)
+                return None
             then_kind = getattr(takes, "__name__", takes)
             return f"{name!r} was a {then_kind} at the start and is a {type(value).__name__} now"
     return None
