@@ -227,6 +227,10 @@ def test_a_non_numeric_step_count_or_position_is_refused_before_anything_changes
     snap = small_job().snapshot()
     snap["position"]["reused_workers"] = "yes"
     refused(tmp, forge.written(snap), r"position 'reused_workers': a str, the job has a bool")
+    for loop, said in ((7, "an int"), ("x" * 301, "301 characters")):
+        snap = small_job().snapshot()
+        snap["position"]["own_loop"] = loop
+        refused(tmp, forge.written(snap), rf"position 'own_loop': {said}, the job has a line of its script")
 
 
 def test_a_shared_reference_bomb_is_refused_while_decoding(tmp):

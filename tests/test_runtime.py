@@ -1131,29 +1131,58 @@ def test_a_pass_read_on_in_a_later_epoch_after_another_loader_there_keeps_the_jo
     assert seen == [0, 1, 0, 0, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5] and job.report()["movable"]
 
 
-def test_a_move_after_passes_read_outside_job_epochs_warns_that_an_own_epoch_loop_starts_again(tmp, capfd):
+def test_a_move_after_passes_read_outside_job_epochs_inside_a_for_loop_warns_that_it_starts_again(tmp, capfd):
     """`for epoch in range(n)` of the script's own: the new process's loop starts from its first epoch again and
-    trains the passes before the move once more, silently. The move's answer and the restore say so; within
-    job.epochs nothing is said."""
+    trains the passes before the move once more, silently. The move's answer and the restore say so, naming the
+    loop; a while loop by steps (its count kept in state=) goes on as it was and nothing is said (it was warned
+    of too), nor within job.epochs, nor of a loop around attach() (each turn a job of its own)."""
     from gmux.job.job import JobExit
     data = [torch.zeros(2)] * 3
-    for loop in ("own", "job.epochs"):
-        job = gj.attach(nn.Linear(2, 1))
+
+    def one_epoch(job, epoch):
+        for _ in job.data(data):
+            if epoch == 2 and job.position.index == 1:
+                moves.append(job.controller.send("migrate", path=f"{tmp}/{loop}.ckpt"))
+
+    for loop in ("own", "while", "job.epochs"):
+        job, moves = gj.attach(nn.Linear(2, 1), state={"step": 0}), []
         with pytest.raises(JobExit):
-            for epoch in (range(3) if loop == "own" else job.epochs(3)):
-                for _ in job.data(data):
-                    if epoch == 2 and job.position.index == 1:
-                        move = job.controller.send("migrate", path=f"{tmp}/{loop}.ckpt")
-        reply = job.controller.result(move, timeout=5)
+            if loop == "while":
+                while job.state["step"] < 9:
+                    for _ in job.data(data):
+                        job.state["step"] += 1
+                        if job.state["step"] == 7:
+                            moves.append(job.controller.send("migrate", path=f"{tmp}/{loop}.ckpt"))
+            else:
+                for epoch in (range(3) if loop == "own" else job.epochs(3)):
+                    one_epoch(job, epoch)
+        reply = job.controller.result(moves[0], timeout=5)
         assert reply["ok"]
         capfd.readouterr()
-        gj.attach(nn.Linear(2, 1)).restore(f"{tmp}/{loop}.ckpt")
+        gj.attach(nn.Linear(2, 1), state={"step": 0}).restore(f"{tmp}/{loop}.ckpt")
         err = capfd.readouterr().err
         if loop == "own":
-            assert "the job read 2 passes over its loader to the end outside job.epochs" in reply["warning"]
-            assert err.count("gmux: restored: the job read 2 passes over its loader") == 1
+            line = next(i for i, text in enumerate(open(__file__), 1) if "in (range(3) if loop ==" in text)
+            said = (f"the job read 2 passes over its loader to the end outside job.epochs: the script's loop "
+                    f"`for epoch in (range(3) if loop == \"own\" else job.epochs(3)):` at test_runtime.py:{line} "
+                    f"starts again from its first iteration in the new process and trains 2 more")
+            assert said in reply["warning"], reply
+            assert err.count(f"gmux: restored: {said}") == 1, err
         else:
-            assert "warning" not in reply and "gmux:" not in err
+            assert "warning" not in reply and "gmux:" not in err, (reply, err)
+
+
+def test_a_crafted_loop_in_a_checkpoint_is_said_with_its_escape_codes_escaped(tmp, capfd):
+    """The loop a checkpoint names is the file's to say: read from a crafted one, it must not reach the terminal
+    as control codes."""
+    from gmux.job.data import DataPosition
+    job = gj.attach(nn.Linear(2, 1))
+    job.position = DataPosition(passes=1, own_loop="`for e in x:` \x1b[2J\x1b]0;owned\x07 at t.py:1")
+    job.checkpoint(f"{tmp}/c.ckpt")
+    capfd.readouterr()
+    gj.attach(nn.Linear(2, 1)).restore(f"{tmp}/c.ckpt")
+    err = capfd.readouterr().err
+    assert "\x1b" not in err and "\\x1b[2J\\x1b]0;owned\\x07" in err, err
 
 
 def _drawing_run(restore=None, stop_at=None, again=None):

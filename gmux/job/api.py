@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Optional
 
 import torch
@@ -56,6 +57,8 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
         # commands beside this one (two step counts, two CONTROLs).
         previous.stop_watching_loop()
     _current = Job(tracked, controller=controller, pool=pool, device=device)
+    caller = sys._getframe(1)      # (loops around this call are not the job's: gmux.job.own_loops)
+    _current.position.attached_at = (caller.f_code, caller.f_lineno)
     strays.watch(current)
     stray_schedulers.watch()
     stray_scalers.watch()

@@ -35,7 +35,10 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
+from gmux.util.text import printable
+
 from .data_draws import draws
+from .own_loops import restarting_loop
 
 
 @dataclass
@@ -79,8 +82,11 @@ class DataPosition:
     # twice; a value the top resets (`running = 0.0`) is the checkpoint's again for the body.
     epoch_state: Optional[dict] = None
     # Passes over the epoch's loader read to their end outside job.epochs (a loop by steps, or over epochs of the
-    # script's own, which a new process starts again from its first: Job.restore says so)
+    # script's own, which a new process starts again from its first: Job.restore says so), and the script's `for`
+    # loop around one (gmux.job.own_loops: "" where its source could not be read; None: while loops only)
     passes: int = 0
+    own_loop: Optional[str] = None
+    attached_at: Any = None         # (code, line) of the attach() call, where loops around the job's begin
     state_at_checkpoint: Optional[dict] = None      # (while the restored epoch's top runs again)
     # Why no move is exact any more: itertools.cycle over job.data gives its first pass again (gmux.job.data_epoch;
     # not kept in a checkpoint, as no move is taken once it is set), and the lines of the script and the loaders
@@ -95,7 +101,8 @@ class DataPosition:
                 "epoch_generator": self.epoch_generator, "marked_by_script": self.marked_by_script,
                 "epoch_streams": self.epoch_streams, "data_streams": self.data_streams,
                 "beside": [r.to_dict() for r in self.others], "reused_workers": self.reused_workers,
-                "fetch_streams": self.fetch_streams, "epoch_state": self.epoch_state, "passes": self.passes}
+                "fetch_streams": self.fetch_streams, "epoch_state": self.epoch_state, "passes": self.passes,
+                "own_loop": self.own_loop}
 
     @classmethod
     def from_dict(cls, d: dict) -> "DataPosition":
@@ -103,7 +110,7 @@ class DataPosition:
                    bool(d["marked_by_script"]), d.get("epoch_streams"), d.get("data_streams"),
                    list(d.get("beside") or []), replay=d["index"] > 0,
                    reused_workers=bool(d.get("reused_workers", False)), fetch_streams=d.get("fetch_streams"),
-                   epoch_state=d.get("epoch_state"), passes=d.get("passes", 0))
+                   epoch_state=d.get("epoch_state"), passes=d.get("passes", 0), own_loop=d.get("own_loop"))
 
     def movable(self) -> bool:
         """Whether a new process could resume at a boundary now: inside the epoch loader's reading, with a batch
@@ -242,14 +249,17 @@ def epochs(position: DataPosition, count: int, tracked) -> Iterator[int]:
 
 
 def own_epochs(position: DataPosition) -> Optional[str]:
-    """What a new process may do again where the script read its loader to the end outside job.epochs, or None."""
-    if not position.passes or position.epoch_streams is not None:
+    """What a new process may do again where the script read its loader to the end outside job.epochs, inside a
+    `for` loop of its own (or where that could not be seen), or None."""
+    if not position.passes or position.epoch_streams is not None or position.own_loop is None:
         return None
     n = position.passes
-    return (f"the job read {n} pass{'es' if n > 1 else ''} over its loader to the end outside job.epochs: a loop of "
-            f"the script's own over epochs (for epoch in range(n)) starts again from its first in the new process "
-            f"and trains {n} more; job.epochs(n) goes on from the restored epoch (a loop by steps whose count is in "
-            f"state= goes on as it was)")
+    loop = (f"the script's loop {printable(position.own_loop, limit=160)}" if position.own_loop else
+            "a loop of the script's own over epochs (for epoch in range(n))")
+    return (f"the job read {n} pass{'es' if n > 1 else ''} over its loader to the end outside job.epochs: {loop} "
+            f"starts again from its first iteration in the new process and trains {n} more, unless it starts "
+            f"from a count kept in state= (range(state['epoch'], n)); job.epochs(n) goes on from the restored "
+            f"epoch")
 
 
 def length(loader) -> Optional[int]:
@@ -338,7 +348,11 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
             try:
                 batch = next(it)
             except StopIteration:
-                position.passes += position.epoch_streams is None
+                if position.epoch_streams is None:
+                    position.passes += 1
+                    # (the frames above this generator's are the script's that read it)
+                    position.own_loop = position.own_loop or restarting_loop(sys._getframe(1),
+                                                                             position.attached_at)
                 return
             position.index += 1
             reading.index = position.index

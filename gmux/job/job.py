@@ -413,7 +413,7 @@ class Job:
             self.tracked.set_streams(own)
         self.unchanged.mark()
         adopt(self.tracked.tensors())
-        self.position = position
+        position.attached_at, self.position = self.position.attached_at, position
         if again := own_epochs(position):
             print(f"gmux: restored: {again}", file=sys.stderr)
         self.profile.steps = snap["steps"]

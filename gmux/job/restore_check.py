@@ -388,15 +388,17 @@ class Fit:
             self.fail(f"'position': {describe(pos)}, the job has a dict")
         live = self.job.position.to_dict()
         for key in ("epoch_streams", "data_streams", "beside", "reused_workers", "fetch_streams", "epoch_state",
-                    "passes"):
+                    "passes", "own_loop"):
             if key not in pos:      # (written before it existed)
                 live.pop(key)
         self.keys(pos, live, "'position'")
         if not isinstance(pos.get("epoch_state") or {}, dict):
             self.fail(f"position 'epoch_state': {describe(pos['epoch_state'])}, the job has a dict")
-        self.counter(pos["epoch"], "position 'epoch'")
-        self.counter(pos["index"], "position 'index'")
-        self.counter(pos.get("passes", 0), "position 'passes'")
+        for key in ("epoch", "index", "passes"):
+            self.counter(pos.get(key, 0), f"position '{key}'")
+        if not ((loop := pos.get("own_loop")) is None or isinstance(loop, str) and len(loop) <= 300):
+            self.fail(f"position 'own_loop': {f'{len(loop)} characters' if isinstance(loop, str) else describe(loop)}"
+                      f", the job has a line of its script (at most 300 characters) or None")
         for key in ("marked_by_script", "reused_workers"):
             if not isinstance(pos.get(key, False), bool):
                 self.fail(f"position '{key}': {describe(pos[key])}, the job has a bool")
