@@ -110,7 +110,8 @@ class DataPosition:
                    bool(d["marked_by_script"]), d.get("epoch_streams"), d.get("data_streams"),
                    list(d.get("beside") or []), replay=d["index"] > 0,
                    reused_workers=bool(d.get("reused_workers", False)), fetch_streams=d.get("fetch_streams"),
-                   epoch_state=d.get("epoch_state"), passes=d.get("passes", 0), own_loop=d.get("own_loop"))
+                   epoch_state=d.get("epoch_state"), passes=d.get("passes", 0),
+                   own_loop=d.get("own_loop", ""))      # (a file from before it was kept: not known)
 
     def movable(self) -> bool:
         """Whether a new process could resume at a boundary now: inside the epoch loader's reading, with a batch
