@@ -345,3 +345,15 @@ def test_a_submodule_switched_to_eval_mode_mid_run_stays_so_after_a_move(tmp):
     assert [m.training for m in again.modules()] == [True, True, False, False, True]
     train(again, again_opt, 5)
     assert_identical(model.state_dict(), again.state_dict(), "model")
+
+
+def test_a_tensor_in_state_set_anew_at_the_epochs_top_is_the_checkpoints_in_the_body(tmp):
+    """A running loss kept in state= as a tensor (no .item() sync per step) and reset at the epoch's top: a restored
+    epoch's body got back the checkpoint's plain values but not its tensors, so the moved run's epoch sum missed
+    the steps before the move (1.52 against 18.78); an LSTM's hidden state carried across batches in state= was
+    lost alike, and the weights differed."""
+    script = os.path.join(os.path.dirname(IDIOMS), "state_tensor_top.py")
+    run_py(script, f"{tmp}/solo.pt")
+    run_py(script, f"{tmp}/first.pt", "--migrate-at", "5", "--checkpoint", f"{tmp}/a.ckpt")
+    run_py(script, f"{tmp}/moved.pt", "--restore", f"{tmp}/a.ckpt")
+    assert_identical(torch.load(f"{tmp}/solo.pt"), torch.load(f"{tmp}/moved.pt"), "state_tensor_top")

@@ -239,7 +239,7 @@ def epochs(position: DataPosition, count: int, tracked) -> Iterator[int]:
                 position.at_checkpoint = tracked.streams()
             tracked.set_streams(position.epoch_streams)
             if position.epoch_state is not None:
-                position.state_at_checkpoint = tracked.plain_state()
+                position.state_at_checkpoint = tracked.plain_state(tensors=True)
                 tracked.put_state(position.epoch_state)
         else:
             position.epoch_streams = tracked.streams()

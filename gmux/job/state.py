@@ -216,15 +216,17 @@ class TrackedState:
             **self.streams(),
         }
 
-    def plain_state(self) -> dict:
+    def plain_state(self, tensors: bool = False) -> dict:
         """state='s values that hold no tensor, copied (gmux.job.data keeps them at an epoch's start; a tensor
         keeps the checkpoint's value throughout, as does one deepcopy() refuses). Nothing raises: job.epochs calls it
         at every epoch's top, and a lock or an iterator kept in state= (which a checkpoint refuses by name, as a
-        move asks) raised a TypeError into the training loop at the first epoch."""
+        move asks) raised a TypeError into the training loop at the first epoch. `tensors`: those holding tensors
+        too (the checkpoint's values, which the body of a restored epoch gets back: a tensor the epoch's top sets
+        anew, a running loss or an RNN's hidden state, was left at the top's value)."""
         out = {}
         for k, v in self.state.items():
             try:
-                if not tensors_inside(v):
+                if tensors or not tensors_inside(v):
                     out[k] = copy.deepcopy(v)
             except Exception:
                 pass
