@@ -347,6 +347,39 @@ def test_a_move_of_a_job_whose_optimizer_gained_groups_is_refused_and_it_runs_on
     assert job.controller.result(ckpt, timeout=5)["ok"] and os.path.exists(f"{tmp}/periodic.ckpt")
 
 
+@pytest.mark.parametrize("change", ["pruned", "replaced", "half"])
+def test_a_move_of_a_job_whose_module_changed_after_attach_is_refused_and_it_runs_on(tmp, change):
+    """Pruning at an epoch (prune.l1_unstructured: weight becomes weight_orig and weight_mask), a layer replaced, a
+    dtype changed after attach: the move was answered done, the first process left, and the new process, which
+    builds the model as the script does before attach(), died restoring (StateMismatch), the job lost mid-move.
+    Refused up front instead, naming the change, and the job trains on."""
+    from torch.nn.utils import prune
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, opt)
+    job.boundary()
+    assert job.report()["movable"]
+    said = {"pruned": "gone: 0.weight; new: 0.weight_orig, 0.weight_mask",
+            "replaced": "1.weight (1, 4) torch.float32 now (2, 4) torch.float32",
+            "half": "0.weight (4, 4) torch.float32 now (4, 4) torch.float16"}[change]
+    if change == "pruned":
+        prune.l1_unstructured(model[0], "weight", amount=0.5)
+    elif change == "replaced":
+        model[1] = torch.nn.Linear(4, 2)
+    else:
+        model[0].half()
+    why = job.report()["unmovable"]
+    assert why.startswith(f"module 0's parameters and buffers changed since attach ({said}") and \
+        "could not take this state" in why, why     # said up front, so that gmuxd neither accepts nor plans it
+    move = job.controller.send("migrate", path=f"{tmp}/moved.ckpt")
+    job.boundary()
+    reply = job.controller.result(move, timeout=5)
+    assert not reply["ok"] and reply["error"] == why, reply
+    assert not os.path.exists(f"{tmp}/moved.ckpt")
+    job.boundary()          # and it runs on
+
+
 def test_a_move_of_a_job_that_trains_with_an_optimizer_built_after_attach_is_refused(tmp):
     """A later stage's new optimizer (fine-tuning with Adam after SGD): a move's new process ran the script from
     its start, never reached the stage again, and trained on with SGD; the run ended "finished" with other

@@ -73,7 +73,7 @@ class Job:
         # What a framework does when its process leaves at this boundary (a move, a spill), once the checkpoint
         # is safe: what it would have done after the boundary and must not lose (Lightning: the step's log row)
         self.on_leave: Optional[Callable[[], None]] = None
-        self.groups_at_attach = movability.group_sizes(self)
+        self.at_attach = movability.layout(self)     # what a new process's attach() finds (movability)
         self.not_rebuilt: Optional[str] = None     # why a new process would not rebuild this state (api.attach)
         self.strays: weakref.WeakSet = weakref.WeakSet()   # optimizers that stepped outside its state (strays.py)
         me = weakref.ref(self)

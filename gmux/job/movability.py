@@ -6,7 +6,8 @@ A move's new process runs the script from its start and restores at attach(). It
 the epoch's loader cannot be put back (gmux.job.data: workers that drew their seeds in an earlier epoch), where the
 script attached again, where an optimizer attach() was not given trains the job's parameters (gmux.job.strays),
 where the job's state was found by the optimizer hook rather than given, where an optimizer was given parameter
-groups since attach (add_param_group: progressive unfreezing), which the new process would rebuild without them, or
+groups since attach (add_param_group: progressive unfreezing), or a module's parameters or buffers changed (pruned,
+a layer replaced), which the new process would rebuild as they were, or
 where an LR scheduler attach() was not given drives an optimizer (the new process's would count from 0:
 gmux.job.stray_schedulers), or an AMP GradScaler does (its scale would start again: gmux.job.stray_scalers), where a
 gradient is sparse at the boundary (a checkpoint holds dense tensors only), where a module attach() was not given
@@ -48,11 +49,18 @@ def _problem(job, fresh: bool) -> Optional[str]:
         return ("a transparent-mode job (its state found by the optimizer hook) is not restored by a new process, "
                 "which would start the script from its beginning: attach() it to make it movable (suspend and "
                 "resume still work)")
-    for i, (then, now) in enumerate(zip(job.groups_at_attach, group_sizes(job))):
+    groups, modules = job.at_attach
+    for i, (then, now) in enumerate(zip(groups, group_sizes(job))):
         if then != now:
             return (f"optimizer {i}'s parameter groups changed since attach (sizes {then} then, {now} now): a new "
                     f"process rebuilds the optimizer as the script builds it and could not take this state, so the "
                     f"job stays where it is (suspend and resume still work)")
+    for i, (then, now) in enumerate(zip(modules, map(_module_layout, job.tracked.modules))):
+        if then != now:
+            return (f"module {i}'s parameters and buffers changed since attach ({_changes(then, now)}): a new process "
+                    f"builds the module as the script builds it before attach() and could not take this state (a "
+                    f"layer pruned, replaced or added, a dtype changed), so the job stays where it is (suspend and "
+                    f"resume still work)")
     return (stray_schedulers.problem(job) or stray_scalers.problem(job) or _unmarked_groups(job)
             or _sparse_gradient(job) or metric_states.problem(job) or stray_modules.problem(job, fresh)
             or stray_tensors.problem(job, fresh) or (_unkept_attributes(job) if fresh else None))
@@ -87,8 +95,27 @@ def _unmarked_groups(job) -> Optional[str]:
     return None
 
 
+def layout(job) -> tuple:
+    """What a new process's attach() finds as the script built it: each optimizer's parameter group sizes, and each
+    module's parameters and buffers (names, shapes, dtypes)."""
+    return group_sizes(job), [_module_layout(m) for m in job.tracked.modules]
+
+
 def group_sizes(job) -> list:
     return [[len(g["params"]) for g in o.param_groups] for o in job.tracked.optimizers]
+
+
+def _module_layout(module) -> dict:
+    return {name: (tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else None
+            for name, t in module.state_dict(keep_vars=True).items()}
+
+
+def _changes(then: dict, now: dict) -> str:
+    gone, new = [k for k in then if k not in now], [k for k in now if k not in then]
+    changed = [f"{k} {then[k][0]} {then[k][1]} now {now[k][0]} {now[k][1]}"
+               for k in then if k in now and then[k] != now[k] and then[k] and now[k]]
+    said = ([f"gone: {', '.join(gone[:4])}"] if gone else []) + ([f"new: {', '.join(new[:4])}"] if new else [])
+    return "; ".join(said + changed[:3]) or "their kinds"
 
 
 def report(job) -> dict:

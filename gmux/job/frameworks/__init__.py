@@ -25,6 +25,8 @@ import re
 import sys
 from typing import Callable, Optional
 
+from gmux.job import movability
+
 # module whose loading defines a framework's Trainer -> the gmux module that patches it
 WATCHED = {
     "transformers.trainer": "huggingface",
@@ -92,6 +94,7 @@ def attach(job, framework: str, objects: list, why_not_movable: Optional[str], r
                 f"with state_dict() and load_state_dict()): a new process would start it anew")
     tracked.state = {"framework": framework}
     job.tracked = tracked
+    job.at_attach = movability.layout(job)       # (what a new process's restore, just after this, finds)
     first = next((p for m in tracked.modules for p in m.parameters()), None)
     if first is not None and first.device != job.device and not job.suspended:
         job.move_to(first.device)
