@@ -225,7 +225,8 @@ class Moves:
         """A job of a previous gmuxd that may have died during its rebind: a process left locked by the driver
         is unlocked, one left checkpointed is restored onto its old GPU first (its next CUDA call would block for
         ever otherwise). Without --rebind-gpus only a job whose record says a move was under way is checked."""
-        if not job.pid or job.gpu is None or self.node.gpus[job.gpu].virtual:
+        gpu = self.node.gpus.get(job.gpu)      # None: a GPU this gmuxd does not have (started with fewer)
+        if not job.pid or gpu is None or gpu.virtual:
             return
         driver = self.driver or (self._driver_to_put_back(job) if job.target_gpu is not None else None)
         if driver is None:

@@ -257,3 +257,17 @@ def test_a_claim_of_an_id_the_table_never_gave_moves_no_id(daemon_factory, tmp_p
     r = ask(lost, "register", b"x", pid=lost.stand_in_pid, argv=["python", "t.py"], job="j1000000000000",
             token="t" * 32, adopt="running", on_gpu=0)
     assert not r["ok"] and "is past any id a gmuxd gives" in r["error"] and lost.store.mark() == "j1", r
+
+
+def test_a_gmuxd_restarted_with_fewer_gpus_takes_back_a_job_on_one_it_lacks(daemon_factory, tmp_path):
+    """gmuxd restarted with fewer virtual GPUs (`--virtual-gpus 1x1GiB` after 2x1GiB) while a job ran on GPU 1
+    died at start with a KeyError traceback from the re-attachment's rebind check (moves.recover), and could not
+    be started again on that runtime dir; the job is taken back onto a GPU it has, as recover() intends."""
+    root = str(tmp_path / "rt")
+    d = daemon_factory(sizes=(1 << 30, 1 << 30), root=root)
+    reg = register(d, b"a", gpu=1)
+    assert d.jobs[reg["job"]].gpu == 1
+    d._flush(force=True)
+    again = daemon_factory(sizes=(1 << 30,), root=root)
+    job = again.jobs[reg["job"]]
+    assert not job.final and job.gpu == 0
