@@ -45,3 +45,9 @@ def test_a_long_what_happened_is_cut_at_a_word_with_an_ellipsis():
     assert "(a fresh interpreter restored from its checkpoint, which took 2.1…" in text
     assert "s) after" not in text
     assert "killed by gmux kill" in _row(detail="killed by gmux kill") and "…" not in _row(detail="short")
+
+
+def test_an_ended_job_that_was_held_is_not_shown_held():
+    """A job killed while held by `gmux suspend` was listed "killed (held)": its hold ended with it."""
+    assert "killed (held)" not in _row(state="killed", held=True) and "killed" in _row(state="killed", held=True)
+    assert "suspended (held)" in _row(state="suspended", held=True)

@@ -9,6 +9,7 @@ from rich.cells import set_cell_size
 from rich.table import Table
 from rich.text import Text
 
+from gmux.protocol import FINAL_STATES
 from gmux.util.sizes import format_size
 from gmux.util.text import printable
 
@@ -87,7 +88,7 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
         gpu = (",".join(map(str, j["exclusive_gpus"])) + " (own)" if j.get("exclusive_gpus") else
                ",".join(map(str, j["parked_gpus"])) + " (lent)" if j.get("parked_gpus") else
                "-" if j.get("gpu") is None else str(j["gpu"]))
-        held = j.get("held") and j["state"] != "held"
+        held = j.get("held") and j["state"] != "held" and j["state"] not in FINAL_STATES  # (not "killed (held)")
         t.add_row(*_cells(j["id"], name, gpu, j["state"] + (" (held)" if held else ""), _control(j),
                   str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
                   _mem(j),
