@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import math
 import os
 import sys
 import time
@@ -75,6 +76,17 @@ def main(argv=None) -> int:
         mem_limit = parse_size(a.mem) if a.mem else None
     except ValueError as e:
         p.error(f"--pool/--mem: {e}")
+    # (each was a traceback, or worse: --hold nan/-1/inf from inside the job after its first suspend, --cycle-every
+    # -1 a ValueError, and a --pool past the machine's memory faulted in until the kernel's OOM killer came)
+    if a.cycle_every < 0:
+        p.error(f"--cycle-every: {a.cycle_every} is not an integer >= 0 (0: never)")
+    if not 0 <= a.hold < math.inf:
+        p.error(f"--hold: {a.hold:g} is not a finite number >= 0")
+    if a.mem is not None and not mem_limit:
+        p.error(f"--mem: {a.mem} is not a size > 0")
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if pool_bytes > ram:
+        p.error(f"--pool: {a.pool} is more than this machine's memory ({ram / 2**30:.1f} GiB)")
     controller = CycleController(a.cycle_every, a.hold) if a.cycle_every else None
     # a script that attaches itself (gmux.job.attach) is cycled too, as gmux-launch drives it
     control.set_default(controller)
