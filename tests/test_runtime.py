@@ -1314,3 +1314,32 @@ def test_itertools_cycle_over_job_data_made_on_a_line_that_made_another_first_is
             for _ in batches(val):
                 pass
     assert job.position.cycled is not None
+
+
+def test_a_failing_scripts_status_and_reason_survive_a_broken_stderr(tmp, monkeypatch):
+    """`gmux-launch -- python train.py 2>&1 | tee log` ended by Ctrl-C (tee gone first), or `... | head`: the
+    traceback's write raised BrokenPipeError out of the runner, no exit record was written and gmux ps said the job
+    was "lost: ... killed by a signal from outside gmux (kill, the OOM killer)"."""
+    import sys
+
+    from gmux.job.runner import run_script
+
+    class Broken:
+        def write(self, _):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    saved_path = list(sys.path)
+    monkeypatch.setattr(sys, "stderr", Broken())
+    try:
+        for i, (body, expected) in enumerate({"raise ValueError('boom')": (1, "ValueError: boom"),
+                                              "raise KeyboardInterrupt": (130, "interrupted (SIGINT)"),
+                                              "import sys; sys.exit('bad input')": (1, "exit status 1")}.items()):
+            path = f"{tmp}/b{i}.py"
+            with open(path, "w") as f:
+                f.write(body + "\n")
+            assert run_script("path", path, [path]) == expected, body
+    finally:
+        sys.path[:] = saved_path

@@ -83,7 +83,10 @@ def run_script(kind: str, target: str, argv: list, setup: Optional[Callable[[], 
         status = exit_status(code)
         reason = "finished" if status == 0 else f"exit status {status}"
         if code is not None and not isinstance(code, int):
-            print(code, file=sys.stderr)
+            try:
+                print(code, file=sys.stderr)
+            except (OSError, ValueError):
+                pass    # (as above, in print_script_traceback)
     except KeyboardInterrupt as e:   # (Ctrl-C, or SIGINT sent to it: the script's traceback, as Python shows it)
         _LEFT_BY_SCRIPTS.append(e)
         print_script_traceback(e, target if kind == "path" else None)
@@ -109,7 +112,13 @@ def print_script_traceback(e: BaseException, script: Optional[str] = None) -> No
     shown = traceback.TracebackException(type(e), e, tb if tb is not None else e.__traceback__)
     if script is not None:
         _absolute(shown, script, os.path.abspath(script), set())
-    print("".join(shown.format()), end="", file=sys.stderr)
+    try:
+        print("".join(shown.format()), end="", file=sys.stderr)
+    except (OSError, ValueError):
+        # stderr a pipe whose reader is gone (`| head`, a `| tee` ended by the same Ctrl-C) or closed: the job's
+        # exit record still says why it ended, where a BrokenPipeError here left none (gmux ps: "lost", "the OOM
+        # killer")
+        pass
 
 
 def _absolute(shown: traceback.TracebackException, typed: str, path: str, seen: set) -> None:
