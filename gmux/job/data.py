@@ -22,8 +22,10 @@ Limits, stated where users look: a loader whose persistent_workers were started 
 their seed and random state from then, which a new process cannot give new workers: a move is refused in such an
 epoch if its dataset or collate function draws random numbers (reused_workers; tried once on a first batch),
 and where they draw nothing the new process's workers draw their seed from a generator of their own, as the
-first process drew none that epoch; a generator the script draws from of its own and did not attach is not seen
-(attached, gmux.job.generators keeps it). Suspend/resume in one process is always exact.
+first process drew none that epoch; a generator the loader's dataset or sampler holds of its own is kept with the
+loader's, or, where its kind cannot be, a move is refused once it has drawn (gmux.job.held_generators); one the
+script's loop draws from of its own and did not attach is not seen (attached, gmux.job.generators keeps it).
+Suspend/resume in one process is always exact.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ import torch
 
 from gmux.util.text import printable
 
+from . import held_generators
 from .data_draws import draws
 from .own_loops import restarting_loop
 
@@ -95,6 +98,7 @@ class DataPosition:
     sites_looked: dict = field(default_factory=dict)     # (a line's (code, number) -> ids of loaders looked at)
     # The epoch loader's pass under way as the last epoch ended, which the script may read on in this one
     left: Optional["Reading"] = None
+    watched: dict = field(default_factory=dict)     # generators the loaders hold that no state keeps (held_generators)
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "index": self.index, "epoch_rng": self.epoch_rng,
@@ -165,6 +169,8 @@ def loader_generators(loader, depth: int = 3) -> list:
         g = getattr(owner, "generator", None)
         if isinstance(g, torch.Generator) and all(g is not f for f in found):
             found.append(g)
+    # and those its dataset and sampler hold of their own (gmux.job.held_generators)
+    found += [g for _, g in held_generators.held(loader) if held_generators.kept(g) and all(g is not f for f in found)]
     for inner in (wrapped(loader) if depth else []):
         found += [g for g in loader_generators(inner, depth - 1) if all(g is not f for f in found)]
     return found
@@ -303,6 +309,7 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
     # steps that broke out of it), which this one replaces.
     position.loader, position.current, position.ends_at = inner, reading, length(loader)
     generators = loader_generators(inner)
+    held_generators.watch(position.watched, inner, tracked.generators)
     skip_mark, ahead = position.replay, None
     if position.replay:
         # The streams are as the checkpoint left them (it holds them), or job.epochs kept them so while the
@@ -393,6 +400,7 @@ def _beside(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
     """`aside`: started after the epoch's loader ended (validation): its fetches are boundaries, but no place for a
     move (a suspend is fine). One read while the epoch's loader is has the boundaries of that one."""
     generators = loader_generators(unwrapped(loader))
+    held_generators.watch(position.watched, unwrapped(loader), tracked.generators)
     saved = position.beside.pop(0) if position.beside else None
     if saved is not None:
         reading.streams, reading.generators, reading.index = saved["streams"], saved["generators"], saved["index"]
