@@ -17,7 +17,7 @@ import importlib
 
 # Public name -> the module of this package that defines it.
 _EXPORTS = {
-    "attach": "api", "current": "api",
+    "attach": "api", "current": "api", "resident": "own_threads",
     "install_hook": "hook",
     "Job": "job", "JobExit": "job",
     "Command": "control", "Controller": "control", "LocalController": "control",

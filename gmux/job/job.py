@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
 import torch
 
 from gmux.util.splice import PipeWriter
-from . import checkpoint as ckpt, held_signals, holdings, movability
+from . import checkpoint as ckpt, held_signals, holdings, movability, own_threads
 from .control import Command, Controller, LocalController
 from .data import DataPosition, Reading, batches, epochs, own_epochs
 from .data_epoch import Epoch, count_restarts
@@ -205,12 +205,13 @@ class Job:
 
     @contextlib.contextmanager
     def _held_by_driver(self):
-        """Around a suspend, from its first copy to its resume's last, where the script's own code must not run
-        (its state is off the device): a driver's `while_held` says what a Ctrl-C does there (gmux-launch's ends
-        the job), and the script's signal handlers wait (gmux.job.held_signals)."""
+        """Around a suspend, from its first copy to its resume's last, where the script's own code must not run (its
+        state is off the device): a driver's `while_held` says what a Ctrl-C does (gmux-launch's ends the job), the
+        script's signal handlers wait (gmux.job.held_signals), as do its threads' reads (gmux.job.own_threads)."""
         self.under_suspend = True
         try:
-            with held_signals.deferred(), getattr(self.controller, "while_held", contextlib.nullcontext)():
+            with held_signals.deferred(), own_threads.suspending(), \
+                    getattr(self.controller, "while_held", contextlib.nullcontext)():
                 yield
         finally:
             self.under_suspend = False
