@@ -156,6 +156,11 @@ class Job:
             return None
         return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
 
+    def rate_running(self) -> Optional[float]:
+        """Its rate now: none unless it runs (rate_now stays the last residency's until the next starts, which the
+        packer reads; a suspended, held or ended job does no mini-batches now)."""
+        return self.rate_now if self.state == "running" else None
+
     def window_span(self) -> float:
         pts = self._window[1:]
         return pts[-1][0] - pts[0][0] if len(pts) >= 2 else 0.0
@@ -173,6 +178,7 @@ class Job:
         d["argv"] = [a[:128] for a in self.argv[:16]] + (["..."] if len(self.argv) > 16 else [])
         d["cwd"], d["detail"] = self.cwd[:256], self.detail[:300]
         d["env"] = len(self.env)
+        d["rate_now"] = self.rate_running()
         # (why it is unmovable in full: `gmux ps` and the cluster scheduler's refusals quote it)
         figures = ((k[:32], v[:512 if k == "unmovable" else 64] if isinstance(v, str) else v)
                    for k, v in self.last_report.items() if not isinstance(v, dict))

@@ -34,7 +34,7 @@ class Metrics:
             return
         self._last = now
         d = self.daemon
-        jobs = [(j.id, j.gpu, j.state, j.rate_now or 0.0, j.rate_solo or 0.0, j.mem_boundary or 0,
+        jobs = [(j.id, j.gpu, j.state, j.rate_running() or 0.0, j.rate_solo or 0.0, j.mem_boundary or 0,
                  j.mem_peak or 0, j.suspends, j.suspend_seconds, j.host_bytes, j.gpu_seconds, j.step)
                 for j in d.jobs.values() if not j.final]
         gpus = [(g.index, g.mem_total, len(d.slicers[g.index].entries), len(d.slicers[g.index].resident),

@@ -57,6 +57,10 @@ def test_cli_controls_a_submitted_job_and_metrics(node_factory, tmp_path):
     # the job stamps the boundary at which it took the command: the wait for it is part of the job's latency
     assert 0 <= r["boundary_wait_s"] <= r["job_latency_s"] <= r["latency_s"]
     assert node.job(job)["state"] == "held"
+    # (its rate now is none: it kept the last residency's, in `gmux ps` and the metrics, until it ran again)
+    assert node.job(job)["rate_now"] is None and node.job(job)["rate_solo"], node.job(job)
+    rates = next(line for line in gmux(node.rt, "ps").stdout.splitlines() if job in line)
+    assert " -/" in rates, rates
     step = node.job(job)["step"]
     node.wait_for(lambda: node.job(job)["host_bytes"] > 0, 30, "suspended state measured")
     assert gmux(node.rt, "resume", job).returncode == 0
@@ -70,6 +74,7 @@ def test_cli_controls_a_submitted_job_and_metrics(node_factory, tmp_path):
     assert logs.returncode == 0
     said = gmux(node.rt, "suspend", job).stdout
     assert said.startswith(f"suspended {job} in ") and "ms of it waiting for the mini-batch to end" in said, said
+    node.wait_for(lambda: f'gmux_job_rate{{gpu="0",job="{job}"}} 0.0' in scrape(), 20, "no rate while held")
     kill = gmux(node.rt, "kill", job)
     assert kill.returncode == 0
     node.wait_for(lambda: node.job(job)["state"] == "killed", 20, "killed")
