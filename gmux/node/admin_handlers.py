@@ -48,6 +48,18 @@ def _unrestorable(job: Job, unit: list) -> Optional[str]:
     return None
 
 
+def _unnamed_gang(jobs: dict, first: str, ranks: int) -> str:
+    """gang-jN, after its first rank jN, unless a live job has that name or one of its ranks' (a job the user
+    named gang-j5 earlier: `gmux suspend gang-j5` then found both and acted on neither): gang-jN.2, .3, ..."""
+    taken = {n for j in jobs.values() if not j.final for n in (j.name, (j.gang or {}).get("id"))}
+    k = 1
+    while True:
+        gang = f"gang-{first}" + (f".{k}" if k > 1 else "")
+        if gang not in taken and not any(f"{gang}-{r}" in taken for r in range(ranks)):
+            return gang
+        k += 1
+
+
 class AdminHandlers:
     def __init__(self, node: "Daemon"):
         self.node = node
@@ -351,7 +363,7 @@ class AdminHandlers:
             if ranks is not None:
                 # Unnamed: after its first rank, whose id that rank is about to take. An id of its own would
                 # leave a gap in the jobs' numbering (gang gangj12's ranks were j13, j14; no j12 was ever listed)
-                gang = msg.get("name") or f"gang-{ids_from}"
+                gang = msg.get("name") or _unnamed_gang(node.jobs, ids_from, ranks)
                 if gang_members(node.jobs, gang):
                     raise Refused(f"submit: a gang named {gang} is running; choose another --name")
                 port = free_port()

@@ -407,6 +407,20 @@ def test_an_unnamed_gang_is_named_after_its_first_rank_and_takes_no_id(node_fact
     assert after["job"] == "j3", after
 
 
+def test_an_unnamed_gang_takes_no_name_a_live_job_has(node_factory, tmp_path):
+    """A job named gang-j2 (itself j1), then an unnamed gang whose first rank is j2: the gang was named gang-j2
+    too, and `gmux suspend gang-j2` said "3 live jobs are named 'gang-j2'", acting on neither."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    alone = json.loads(gmux(node.rt, "--json", "submit", "--name", "gang-j2", "--no-hook", "--", "python",
+                            str(script)).stdout)
+    sub = json.loads(gmux(node.rt, "--json", "submit", "--ranks", "2", "--no-hook", "--", "python", str(script)).stdout)
+    assert (alone["job"], sub["gang"], sub["jobs"]) == ("j1", "gang-j2.2", ["j2", "j3"]), (alone, sub)
+    assert json.loads(gmux(node.rt, "--json", "kill", "gang-j2").stdout)["jobs"] == ["j1"]
+    assert json.loads(gmux(node.rt, "--json", "kill", "gang-j2.2").stdout)["jobs"] == ["j2", "j3"]
+
+
 @pytest.mark.parametrize("fields, needle", [
     ({"type": "submit", "argv": ["python", "x.py"], "cwd": "/", "name": "ј45"}, "submit.name: 'ј45' looks like a job"),
     ({"type": "submit", "argv": ["python", "x.py"], "cwd": "/", "name": "J7"}, "submit.name: 'J7' looks like a job"),
