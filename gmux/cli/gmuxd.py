@@ -10,6 +10,7 @@ import sys
 import threading
 
 from gmux.cli.argtypes import checked, nonneg, nonneg_int, port, positive, positive_int, size, tcp_endpoint
+from gmux.cli.output import NEGATIVE_NUMBER
 from gmux.node.access import SystemMode
 from gmux.node.daemon import Daemon, Options
 from gmux.node.inventory import discover
@@ -24,14 +25,15 @@ LOW_FILE_LIMIT = 16384    # gmux.wire.connection_guard ends connections past a q
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gmuxd", description="Time-slice, pack and migrate training jobs on this "
                                                           "machine's GPUs.")
+    p._negative_number_matcher = NEGATIVE_NUMBER    # (--host-budget -1GiB: refused by its check, not "expected one
+    #                                                  argument", as gmux's Parser does)
     p.add_argument("--runtime-dir", help="dir for socket, db, logs (default: a private one of yours, "
                                          f"{SYSTEM_RUNTIME_DIR} with --system)")
     p.add_argument("--system", action="store_true",
                    help="serve every member of --socket-group through one socket, as root: users act on their own "
                         "jobs (told apart by the kernel), admins on all, and jobs run as their users "
                         "(docs/security.md, contrib/systemd/gmuxd.service)")
-    p.add_argument("--socket-group", default="gmux", help="with --system: the group that may use gmuxd "
-                                                          "(default gmux)")
+    p.add_argument("--socket-group", help="with --system: the group that may use gmuxd (default gmux)")
     p.add_argument("--admin-group", help="with --system: members of this group may act on every job (root "
                                          "always may)")
     p.add_argument("--virtual-gpus", help="e.g. 2x16GiB: virtual GPUs (jobs compute on the CPU); automatic "
@@ -42,7 +44,8 @@ def main(argv=None) -> int:
                         "it is stopped (SIGSTOP) instead; a job's own deadline is 3 of its mini-batches where "
                         f"longer (default {Pacing.floor:g}; more on a machine so loaded that jobs miss it)")
     p.add_argument("--host-budget", type=size, default="8GiB",
-                   help="host RAM for suspended jobs' state; beyond it state spills to disk (default 8GiB)")
+                   help="host RAM for suspended jobs' state; beyond it state spills to disk (default 8GiB; 0: "
+                        "every suspended job's state goes to disk)")
     p.add_argument("--no-pack", dest="pack", action="store_false", help="never pack jobs; only time-slice")
     p.add_argument("--pack-margin", type=nonneg, default=0.1, help="keep a pack if sum of packed/solo rates > 1+margin")
     p.add_argument("--pack-window", type=positive, default=5.0, help="seconds of packed measurement before judging")
@@ -75,6 +78,11 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.scheduler and not (a.keys and a.name):
         p.error("--scheduler needs --keys DIR and --name NAME")
+    for flag, given in (("--name", a.name), ("--keys", a.keys)):
+        if given is not None and not a.scheduler:
+            p.error(f"{flag} is for cluster mode: it needs --scheduler tcp://HOST:PORT")
+    if a.socket_group is not None and not a.system:
+        p.error("--socket-group is for --system (a per-user gmuxd's socket is its user's alone)")
     system = _system_mode(p, a) if a.system else None
     if a.admin_group and not a.system:
         p.error("--admin-group is for --system (a per-user gmuxd's admin is its user)")
@@ -147,7 +155,7 @@ def _system_mode(p: argparse.ArgumentParser, a: argparse.Namespace) -> SystemMod
         # the cluster link would read users' checkpoint files as root and send them off this machine
         p.error("--system with --scheduler is not supported yet: run a per-user gmuxd in cluster mode")
     groups = {}
-    for flag, name in (("--socket-group", a.socket_group), ("--admin-group", a.admin_group)):
+    for flag, name in (("--socket-group", a.socket_group or "gmux"), ("--admin-group", a.admin_group)):
         if name is None:
             continue
         try:

@@ -66,6 +66,9 @@ class UsageError(Exception):
         return failed(f"{self.parser.prog}: {self}", True, 2, usage=self.parser.format_usage().strip())
 
 
+NEGATIVE_NUMBER = re.compile(r"^-(\.?\d|inf(inity)?$|nan$)", re.IGNORECASE)
+
+
 class Parser(argparse.ArgumentParser):
     """Its errors are raised as UsageError for the caller to say (as text or JSON). An option that a command does
     not take is refused by that command, with its usage: argparse passes it up to the program's parser, whose
@@ -76,7 +79,7 @@ class Parser(argparse.ArgumentParser):
         # A word that starts like a negative number is a value, as Python 3.13's argparse reads it: `--mem -1GiB`
         # was refused as "expected one argument" instead of by --mem's own check; so are -inf and -nan, which
         # float() reads (`--weight -inf`).
-        self._negative_number_matcher = re.compile(r"^-(\.?\d|inf(inity)?$|nan$)", re.IGNORECASE)
+        self._negative_number_matcher = NEGATIVE_NUMBER
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extra = super().parse_known_args(args, namespace)

@@ -183,6 +183,28 @@ def test_careless_arguments_get_one_line_that_names_the_problem(node_factory, tm
         assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+GMUXD_CARELESS = [
+    # (argparse took a value starting with '-' for a flag: "expected one argument", where --mem -1GiB had its own
+    # check's words; a flag of another mode was silently ignored)
+    (["--host-budget", "-1GiB"], "gmuxd: error: argument --host-budget: '-1GiB' is not a size"),
+    (["--log-limit", "-1GiB"], "gmuxd: error: argument --log-limit: '-1GiB' is not a size"),
+    (["--socket-group", "gmux"], "gmuxd: error: --socket-group is for --system"),
+    (["--name", "m1"], "gmuxd: error: --name is for cluster mode: it needs --scheduler tcp://HOST:PORT"),
+    (["--keys", "keys"], "gmuxd: error: --keys is for cluster mode: it needs --scheduler tcp://HOST:PORT"),
+]
+
+
+def test_gmuxd_says_which_flag_is_wrong_and_why(tmp_path):
+    for args, needle in GMUXD_CARELESS:
+        out = subprocess.run([PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", str(tmp_path / "rt"), *args], env=env(),
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and needle in out.stderr, (args, out.stderr)
+    assert not (tmp_path / "rt").exists()
+    said = subprocess.run([PY, "-m", "gmux.cli.gmuxd", "--help"], env={**env(), "COLUMNS": "200"}, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "0: every suspended job's state goes to disk" in said, said      # (what --host-budget 0 means)
+
+
 def test_a_command_to_a_killed_gmuxd_fails_in_seconds(node_factory):
     """suspend, resume, kill and migrate wait up to 130 s for a job's boundary; against a gmuxd killed with -9
     (its socket file left behind) they waited all of it, where ps gave up after 5 s."""
