@@ -31,6 +31,7 @@ MAX_FRAME = 1 << 20
 LOGS_REPLY_BYTES = MAX_FRAME // 2    # what one `logs` reply holds at most: the log's end
 MAX_STR = 4096          # any single string field
 MAX_LIST = 1024         # argv, env entries, ...
+MAX_LISTED = 100_000    # what one ps or decisions lists at most
 HEARTBEAT_S = 1.0       # a job waiting for a command says so this often (gmuxd takes a silent one as computing)
 
 
@@ -419,7 +420,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
     "bye": {**_AUTH, "status": (_int, True), "reason": (_str, False)},
     # --- administration (the CLI, the scheduler): authenticated by the admin token in the runtime dir ---
     "ps": {"admin": (lambda v: _str(v, 128), True), "all": (_bool, False),
-           "limit": (lambda v: _int(v, 1, 100_000), False)},   # jobs listed: the live first, then the newest ended
+           "limit": (lambda v: _int(v, 1, MAX_LISTED), False)},   # jobs listed: the live first, then the newest ended
     # to_boundary: the caller needs the job at its boundary (a cross-machine move): at its deadline it is
     # stopped only if another job needs the GPU's compute, and continued once none does; in_place: its suspend
     # copies nothing out, its memory stays where it is until it resumes (the move checkpoints it from there)
@@ -455,7 +456,7 @@ MESSAGES: dict[str, dict[str, tuple]] = {
         "ranks": (lambda v: _int(v, 1, 64), False),
         "hook": (_bool, False),   # false: the script attach()es itself (gmux-launch --no-hook)
     },
-    "decisions": {"admin": (lambda v: _str(v, 128), True), "limit": (_nonneg_int, False)},
+    "decisions": {"admin": (lambda v: _str(v, 128), True), "limit": (lambda v: _int(v, 1, MAX_LISTED), False)},
     "shutdown": {"admin": (lambda v: _str(v, 128), True), "kill_jobs": (_bool, False)},
     # --- daemon -> client ---
     # busy: refused only for now (the job is in the middle of something that ends by itself): ask again later

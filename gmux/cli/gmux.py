@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     s = sub.add_parser("shutdown", help="stop gmuxd (jobs keep running unless --kill-jobs)")
     s.add_argument("--kill-jobs", action="store_true", help="kill every job too")
     sub.add_parser("ping", help="is gmuxd there?")
+    sub.add_parser("keys", help="create CurveZMQ key pairs for cluster mode (gmux keys --help)")   # (its own module's)
     for s in sub.choices.values():      # (after the command too: gmux decisions --json)
         s.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
     as_json = json_asked(argv, p)

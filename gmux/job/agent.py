@@ -35,6 +35,13 @@ class DaemonUnavailable(ConnectionError):
     """gmuxd did not answer; the message says how to start it."""
 
 
+def _refused(mtype: str, error: str) -> str:
+    # (gmuxd's refusals start with the request's type, its wire checks with "type.field": said once)
+    for said in (f"{mtype}: ", f"{mtype}."):
+        error = error.removeprefix(said)
+    return f"gmuxd refused {mtype}: {error}"
+
+
 class Agent:
     def __init__(self, endpoint: str, job: Optional[str] = None, token: Optional[str] = None,
                  context: Optional[zmq.Context] = None, gone: Optional[Callable[[], Optional[str]]] = None):
@@ -48,7 +55,7 @@ class Agent:
         self.sock.connect(endpoint)
         self.requests = Requester(self.sock, "gmuxd", RuntimeError, lambda waited: unavailable_message(endpoint, waited),
                                   on_message=self._dispatch, on_bad=self._bad, unanswered=DaemonUnavailable,
-                                  refused=lambda mtype, error: f"gmuxd refused {mtype}: {error}", gone=gone)
+                                  refused=_refused, gone=gone)
         self._commands: deque[Command] = deque()
         self.state = "waiting"           # running / suspended / waiting (not started yet)
         self.in_place = False            # suspended in place: waiting at a boundary, its memory where it was

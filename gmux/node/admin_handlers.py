@@ -86,11 +86,22 @@ class AdminHandlers:
         who = self._who(req)
         job = self.node.jobs.get(msg["job"]) or self._named(msg, who)
         if job is None:
+            ended = self._ended_named(msg["job"], who) if msg.type != "logs" else None
+            if ended is not None:    # (as the job's id would say: not "no job")
+                raise Refused(f"{msg.type}: job {ended.id} named {msg['job']!r} has ended ({ended.state}: "
+                              f"{ended.detail}); no live job has that name")
             raise Refused(f"{msg.type}: no job {msg['job']!r} (an id, or the name of a live job" +
                           ("; for logs, of a submitted one that ended" if msg.type == "logs" else "") +
                           "); `gmux ps` lists the jobs")
         self.node.access.check(msg, who, [job] + ([] if job.final else unit_of(self.node.jobs, job)))
         return job
+
+    def _ended_named(self, key: str, who: Caller) -> Optional[Job]:
+        """The newest ended job of the caller's (any, to an admin) with that name, or of the gang of that name."""
+        admin = self.node.access.is_admin(who)
+        ended = [j for j in self.node.jobs.values() if j.final and key in (j.name, (j.gang or {}).get("id"))
+                 and (admin or j.uid == who.uid)]
+        return max(ended, key=lambda j: j.created) if ended else None
 
     def _named(self, msg, who: Caller) -> Optional[Job]:
         """The one live job of the caller's (any, to an admin) that has the name given for a job id, or a rank of

@@ -237,7 +237,8 @@ def test_logs_of_a_name_whose_runs_have_ended_are_its_newest_runs(node_factory, 
     out = gmux(node.rt, "logs", "hello")
     assert out.returncode == 0 and out.stdout == "run 2\n", out
     out = gmux(node.rt, "kill", "hello")
-    assert out.returncode == 1 and "no job 'hello'" in out.stderr, out
+    # (ended: said so, as of an id, not "no job 'hello'")
+    assert out.returncode == 1 and "named 'hello' has ended (exited: finished)" in out.stderr, out
 
 
 BAD_IDS = [["suspend", "nosuch"], ["resume", "nosuch"], ["kill", "nosuch"], ["migrate", "nosuch", "--gpu", "1"],

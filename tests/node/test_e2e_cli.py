@@ -31,6 +31,11 @@ def test_daemon_not_running_says_how_to_start_it(tmp_path):
     assert launch.returncode == 2 and "Start it with `gmuxd" in launch.stderr
 
 
+def test_the_help_lists_every_command(tmp_path):
+    said = gmux(str(tmp_path / "nowhere"), "--help").stdout
+    assert all(f"    {cmd} " in said for cmd in ("ps", "submit", "decisions", "keys")), said   # (keys was left out)
+
+
 def test_cli_controls_a_submitted_job_and_metrics(node_factory, tmp_path):
     port = free_port()
     # (a generous deadline: a job slowed past the 1 s default on a loaded machine is stopped, and the reply to
@@ -81,6 +86,10 @@ def test_cli_controls_a_submitted_job_and_metrics(node_factory, tmp_path):
     assert node.job(job)["detail"] == "killed by gmux kill"
     again = gmux(node.rt, "suspend", job)
     assert again.returncode == 1 and "has ended" in again.stderr
+    # (by its name as by its id: it said "no job 'demo1' (an id, or the name of a live job)")
+    again = gmux(node.rt, "kill", "demo1")
+    assert again.returncode == 1 and f"kill: job {job} named 'demo1' has ended (killed: killed by gmux kill)" in \
+        again.stderr, again.stderr
     top = gmux(node.rt, "--json", "top", "--count", "1")
     assert top.returncode == 0 and json.loads(top.stdout.splitlines()[-1])["jobs"][0]["id"] == job
     dec = json.loads(gmux(node.rt, "--json", "decisions").stdout)["decisions"]
@@ -164,6 +173,7 @@ CARELESS = [  # (arguments, what the one-line refusal says)
     (["top", "--interval", "nan"], "--interval: nan is not a finite number > 0"),
     (["logs", "j1", "--tail", "-5"], "--tail: -5 is not an integer >= 0"),
     (["decisions", "--limit", "-1"], "--limit: -1 is not a positive integer"),
+    (["decisions", "--limit", "9" * 20], f"decisions: --limit: {'9' * 20} is outside [1, 100000]"),   # (was [0, 2**62])
 ]
 
 

@@ -117,7 +117,8 @@ def test_gang_submitted_with_ranks_suspends_and_resumes_as_one_bit_identical(nod
 def test_bad_multi_gpu_and_gang_requests_are_refused_by_name(node_factory, tmp_path):
     node = node_factory("--virtual-gpus", "2x1GiB")
     assert "argument --gpus: 0 is not a positive integer" in launch_refused(node.rt, "--gpus", "0")
-    assert "asks for 3 GPUs; this machine has 2" in launch_refused(node.rt, "--gpus", "3")
+    said = launch_refused(node.rt, "--gpus", "3")    # (the request named once: "refused register: register: ...")
+    assert "gmux-launch: gmuxd refused register: the job asks for 3 GPUs; this machine has 2" in said, said
     assert "--rank 2 --world 2: the rank must be in 0..WORLD-1" in launch_refused(
         node.rt, "--gang", "g", "--rank", "2", "--world", "2")
     assert "needs all of --gang NAME, --rank R and --world N" in launch_refused(node.rt, "--gang", "g")
