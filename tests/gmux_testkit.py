@@ -37,6 +37,7 @@ def env() -> dict:
     e = dict(os.environ)
     e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
     e.setdefault("OMP_NUM_THREADS", "1")
+    e.pop("COLUMNS", None)      # (piped `gmux ps` is laid out for COLUMNS where set: tests read it at 160)
     return e
 
 

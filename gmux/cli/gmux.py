@@ -52,6 +52,11 @@ def _outcome(cmd: str, data: dict) -> str:
     return f"{cmd}: {jobs} " + ", ".join(f"{k}={v}" for k, v in data.items() if k not in ("job", "jobs"))
 
 
+def _columns_said() -> bool:
+    """COLUMNS set: the width piped output is laid out for (rich reads it), rather than 160."""
+    return os.environ.get("COLUMNS", "").isdigit()
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from gmux.cli import cluster_commands   # `gmux keys`, and submit/ps/kill --cluster ADDR
@@ -161,7 +166,7 @@ def run(a) -> int:
         else:
             from rich.console import Console
             from gmux.cli.tables import gpus_table, jobs_table
-            con = Console(width=None if sys.stdout.isatty() else 160)
+            con = Console(width=None if sys.stdout.isatty() or _columns_said() else 160)
             con.print(jobs_table(data))
             if data.get("jobs_shown", 0) < data.get("jobs_total", 0):
                 con.print(f"({data['jobs_shown']} of {data['jobs_total']} jobs shown: gmux ps --limit N for more)",
@@ -299,7 +304,7 @@ def top(c: Client, a) -> int:
             elif live is not None:
                 live.update(view)
             else:
-                Console(width=160).print(view)
+                Console(width=None if _columns_said() else 160).print(view)
                 sys.stdout.flush()
             n += 1
             if a.count and n >= a.count:

@@ -74,8 +74,38 @@ def _host(j: dict) -> str:
     return format_size(j.get("host_bytes") or 0) + (f" ({format_size(disk)} on disk)" if disk else "")
 
 
+FREE_TEXT = ("NAME", "CONTROL", "WHAT HAPPENED")     # wrapped, a word too long folded; the rest stay whole
+FREE_TEXT_WIDTH = 8     # what free text keeps before the other columns wrap at their spaces (then 4)
+WHOLE = ("JOB", "GPU", "STATE")    # the last to be cut, after the numbers: what a user types and looks for
+
+
+class _WholeWords(Table):
+    """A table short of width narrows its free text first, then wraps the other columns at their spaces, never
+    within a word: rich narrowed every column alike, and folded ids, states and numbers mid-word ('suspende|d',
+    '1234|567'). Where even that does not fit, the numbers are folded, then the free text narrowed to a
+    column, and only then rich's own way."""
+
+    def _calculate_column_widths(self, console, options) -> list:
+        ranges = [self._measure_column(console, options, c) for c in self.columns]
+        widths = [r.maximum for r in ranges]
+        free = [i for i, c in enumerate(self.columns) if c.header in FREE_TEXT]
+        rest = [i for i in range(len(widths)) if i not in free]
+        pad = [self._get_padding_width(i) for i in range(len(widths))]
+        numbers = [i for i in rest if self.columns[i].header not in WHOLE]
+        for cols, floor in ((free, lambda i: min(widths[i], FREE_TEXT_WIDTH + pad[i])),
+                            (rest, lambda i: ranges[i].minimum), (free, lambda i: min(widths[i], 4 + pad[i])),
+                            (numbers, lambda i: min(widths[i], 4 + pad[i])), (free, lambda i: 1 + pad[i])):
+            floors = {i: floor(i) for i in cols}
+            while sum(widths) > options.max_width:
+                wide = [i for i in cols if widths[i] > floors[i]]
+                if not wide:
+                    break
+                widths[max(wide, key=lambda i: widths[i])] -= 1
+        return widths if sum(widths) <= options.max_width else super()._calculate_column_widths(console, options)
+
+
 def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
-    t = Table(title=title, title_justify="left")
+    t = _WholeWords(title=title, title_justify="left")
     for col in ("JOB", "NAME", "GPU", "STATE", "CONTROL", "STEP", "RATE now/solo", "MEM use/peak/limit", "GPU-s",
                 "SUSPENDS (s)", "HOST", "WHAT HAPPENED"):
         t.add_column(col, overflow="fold")

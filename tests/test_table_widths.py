@@ -1,0 +1,58 @@
+"""`gmux ps` short of width: ids, states and numbers stay whole (wrapped at their spaces at most), the free text
+(NAME, CONTROL, WHAT HAPPENED) gives up its width first. Every column folded alike ('suspende|d', '1234|567')."""
+import io
+import subprocess
+
+from rich.console import Console
+
+from gmux.cli.tables import jobs_table
+from gmux_testkit import PY, ROOT, env
+
+HELD = {"id": "j12", "name": "resnet50-sweep-lr3", "state": "suspended", "held": True, "gpu": 0, "step": 45678,
+        "rate_now": 123.4, "rate_solo": 456.7, "mem_boundary": 3 << 30, "mem_peak": 5 << 30, "mem": 8 << 30,
+        "gpu_seconds": 845.6, "suspends": 34, "suspend_seconds": 3.45, "host_bytes": 3 << 30, "disk_bytes": 1 << 30,
+        "report": {"control": "optimizer hook"}, "hook": True, "exclusive_gpus": [], "parked_gpus": [],
+        "detail": "suspended by gmux suspend; its share of GPU 0 is free"}
+RUNNING = {"id": "j13", "name": "bert", "state": "running", "gpu": 1, "step": 99, "rate_now": 3.2,
+           "mem_boundary": 1 << 30, "mem_peak": 2 << 30, "gpu_seconds": 1.0, "suspends": 0, "suspend_seconds": 0.0,
+           "host_bytes": 0, "report": {"control": "explicit"}, "migratable": True, "detail": "",
+           "exclusive_gpus": [], "parked_gpus": []}
+
+
+def _table(width: int) -> str:
+    buf = io.StringIO()
+    Console(file=buf, width=width, color_system=None).print(jobs_table({"jobs": [HELD, RUNNING]}))
+    return buf.getvalue()
+
+
+def _words(text: str) -> set:
+    return {w for line in text.splitlines() for cell in line.split("│") for w in cell.split()}
+
+
+def test_at_120_columns_ids_states_and_numbers_stay_whole():
+    text = _table(120)
+    assert max(map(len, text.splitlines())) <= 120, text
+    assert {"j12", "j13", "suspended", "(held)", "running", "45678", "123.4/456.7", "3.0GiB/5.0GiB/8.0GiB", "845.6",
+            "(3.45)", "3.0GiB", "(1.0GiB", "1.0GiB/2.0GiB/-", "3.2/-"} <= _words(text), text
+
+
+def test_at_80_columns_ids_and_states_stay_whole():
+    text = _table(80)
+    assert max(map(len, text.splitlines())) <= 80, text
+    assert {"j12", "j13", "suspended", "(held)", "running", "0", "1"} <= _words(text), text
+
+
+def test_piped_ps_is_laid_out_for_columns_where_it_is_set(tmp_path):
+    """Piped, it was 160 columns whatever COLUMNS said (and `gmux ps | less` on a narrow terminal wrapped it)."""
+    script = ("import sys; from gmux.cli import gmux; from gmux.wire import daemon_client\n"
+              "class C:\n"
+              "    def __init__(self, *a, **k): pass\n"
+              f"    def call(self, *a, **k): return {{'jobs': [{HELD!r}], 'gpus': [], 'daemon': {{}}}}\n"
+              "gmux.Client = C\n"
+              "sys.exit(gmux.main(['--runtime-dir', sys.argv[1], 'ps']))\n")
+    for columns, widest in (("80", 80), ("120", 120), (None, 160)):
+        e = env() | ({"COLUMNS": columns} if columns else {})
+        out = subprocess.run([PY, "-c", script, str(tmp_path)], env=e, cwd=ROOT, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert max(map(len, out.stdout.splitlines())) == widest, (columns, out.stdout)
