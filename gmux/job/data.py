@@ -140,7 +140,10 @@ class DataPosition:
     def start_epoch(self) -> None:
         self.left = self.current
         self.index, self.replay, self.loader, self.current, self.ends_at = 0, False, None, None, None
-        self.beside, self.others, self.aside = [], [], 0
+        # Another loader's pass read beside the epoch's and still under way (an auxiliary task's iterator made again
+        # only when it ends) goes on beside the next epoch's: kept, so a checkpoint there fast-forwards it too. One
+        # read after the epoch's loop (validation) is no concern of the next epoch.
+        self.beside, self.others, self.aside = [], [r for r in self.others if not r.aside], 0
 
 
 class Reading:
@@ -149,6 +152,7 @@ class Reading:
 
     def __init__(self):
         self.index, self.streams, self.generators, self.restored_at = 0, None, [], 0
+        self.aside = False      # read beside the epoch's loader after it ended (validation)
         self.epoch: Optional[Callable[[], Optional["Epoch"]]] = None    # its Epoch (a weak reference), once made
 
     def to_dict(self) -> dict:
@@ -415,6 +419,7 @@ def _beside(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
                 "a new process could not give new ones")
         position.unmovable = position.unmovable or hidden_workers(loader, position.epoch)
         it = iter(loader)
+    reading.aside = aside
     position.others.append(reading)
     position.aside += aside
     try:
