@@ -94,3 +94,19 @@ def test_a_script_ignoring_sigchld_still_gets_an_answer():
         assert data_draws.draws(TensorDataset(torch.arange(8.0)), default_collate, 4) is not None
     finally:
         signal.signal(signal.SIGCHLD, old)
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __init__(self, draw=False):
+        self.draw = draw
+
+    def __iter__(self):
+        for i in range(6):
+            yield torch.tensor(float(i)) + (torch.rand(()) if self.draw else 0)
+
+
+def test_a_stream_is_tried_from_a_new_iterator_of_it():
+    """An IterableDataset has no dataset[i]: the trial failed, and a loader of one over persistent workers was
+    refused every move after its first epoch, as data that 'could not be tried' (a reviewer's repro)."""
+    assert data_draws.draws(_Stream(), default_collate, 4) == (False, False, False)
+    assert data_draws.draws(_Stream(draw=True), default_collate, 4) == (True, True, False)

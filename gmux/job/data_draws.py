@@ -12,6 +12,7 @@ and its random states are untouched. Items drawn from only now and then can pass
 """
 from __future__ import annotations
 
+import itertools
 import os
 import select
 from typing import NamedTuple, Optional
@@ -66,16 +67,24 @@ def draws(dataset, collate, size: int) -> Optional[Draws]:
 def _tried(dataset, collate, size: int) -> bytes:
     try:
         before = capture_rng()
-        items = [dataset[i] for i in range(min(size, len(dataset)))]
+        items = _first(dataset, size)
         indexed = not same(before, capture_rng())
         batch = collate(items)
         collated = not same(before, capture_rng())
         restore_rng(before)
-        again = [dataset[i] for i in range(min(size, len(dataset)))]
+        again = _first(dataset, size)
         own = not (_equal(items, again) and _equal(batch, collate(again)))
         return b"%d%d%d" % (indexed, collated, own)
     except BaseException:
         return b"?"
+
+
+def _first(dataset, size: int) -> list:
+    """The dataset's first `size` items: indexed, or a stream's (an IterableDataset, which has no dataset[i]) read
+    from a new iterator of it, as a worker does."""
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        return list(itertools.islice(iter(dataset), size))
+    return [dataset[i] for i in range(min(size, len(dataset)))]
 
 
 def _equal(a, b) -> bool:
