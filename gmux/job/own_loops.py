@@ -11,10 +11,15 @@ import os
 from types import FrameType
 from typing import Optional
 
-_GMUX = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # (gmux's own frames are not the script's)
+_GMUX = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _UNKNOWN = ""          # a frame whose source cannot be read: a loop may be there, unseen
 _trees: dict = {}      # file -> (its lines, its parsed tree, or None)
-_answers: dict = {}    # (file, line, from line) -> the restarting loop there, _UNKNOWN or None
+_answers: dict = {}    # (file, line, loops from line, innermost) -> the restarting loop there, _UNKNOWN or None
+
+
+def gmux_file(path: str) -> bool:
+    """Whether `path` is gmux's own code (a frame or thread running it is not the script's)."""
+    return os.path.abspath(path).startswith(_GMUX + os.sep)
 
 
 def restarting_loop(frame: Optional[FrameType], attached_at=None) -> Optional[str]:
@@ -32,7 +37,7 @@ def _restarting_loop(frame: Optional[FrameType], attached_at) -> Optional[str]:
     unknown, innermost = False, True
     while frame is not None:
         code = frame.f_code
-        if code.co_filename.startswith("<frozen") or os.path.abspath(code.co_filename).startswith(_GMUX + os.sep):
+        if code.co_filename.startswith("<frozen") or gmux_file(code.co_filename):
             frame = frame.f_back
             continue
         attach_here = attached_at is not None and attached_at[0] is code

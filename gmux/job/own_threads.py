@@ -15,10 +15,11 @@ from typing import Iterator, Optional
 
 from gmux.util.text import printable
 
+from .own_loops import gmux_file
+
 _lock = threading.RLock()      # (reentrant: a suspend met inside the loop thread's own `resident()` goes on)
 _used = False                  # a thread of the script's has said where it reads the tensors
 _looked = False                # the first suspend looked for threads of the script's own
-_GMUX = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARIES = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
 
 
@@ -70,5 +71,5 @@ def _is_scripts(path: Optional[str]) -> bool:
         return False
     path = os.path.abspath(path)
     parts = path.split(os.sep)
-    return not ("site-packages" in parts or "dist-packages" in parts or path.startswith(_GMUX + os.sep) or
+    return not ("site-packages" in parts or "dist-packages" in parts or gmux_file(path) or
                 any(path.startswith(lib + os.sep) for lib in _LIBRARIES))
