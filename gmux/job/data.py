@@ -72,13 +72,12 @@ class DataPosition:
     # (Job._take_held): every random stream just before that fetch, under which a new process fetches it again.
     fetch_streams: Optional[dict] = None
     unmovable: Optional[str] = None     # why this epoch cannot continue exactly in a new process (a move refuses)
-    # The loader that marks the boundaries this epoch, its reading under way (None: none is), the readings of
-    # other loaders under way, and how many of those were started after the epoch's loader had ended.
+    # The loader that marks the boundaries this epoch, its reading under way (None: none is), and the readings of
+    # other loaders under way (Reading.aside: one started after the epoch's loader had ended).
     loader: Any = None
     current: Optional["Reading"] = None
     ends_at: Optional[int] = None       # the epoch loader's length, where it has one: its batches this epoch
     others: list = field(default_factory=list)
-    aside: int = 0
     # state='s values holding no tensor as job.epochs entered the epoch (TrackedState.plain_state): a restore puts
     # them back while the epoch's top runs again, and the checkpoint's once its loader is read. A list shuffled in
     # place at the top (in state=, as the README advised) was shuffled twice, and a count the top adds to counted
@@ -124,7 +123,7 @@ class DataPosition:
         loop with the loop's variables (the epoch's last loss) would find none: a move waits for the next batch
         to be fetched (Job._take_held)."""
         return (self.loader is None and not self.pass_left()) or \
-            (self.current is not None and not self.aside and self.has_next())
+            (self.current is not None and not any(r.aside for r in self.others) and self.has_next())
 
     def pass_left(self) -> bool:
         """Whether a pass over an earlier epoch's loader that the script broke out of (a job.data made once) is
@@ -143,7 +142,7 @@ class DataPosition:
         # Another loader's pass read beside the epoch's and still under way (an auxiliary task's iterator made again
         # only when it ends) goes on beside the next epoch's: kept, so a checkpoint there fast-forwards it too. One
         # read after the epoch's loop (validation) is no concern of the next epoch.
-        self.beside, self.others, self.aside = [], [r for r in self.others if not r.aside], 0
+        self.beside, self.others = [], [r for r in self.others if not r.aside]
 
 
 class Reading:
@@ -159,11 +158,13 @@ class Reading:
         return {"index": self.index, "streams": self.streams, "generators": self.generators}
 
 
-def loader_generators(loader, depth: int = 3) -> list:
+def loader_generators(loader, depth: int = 3) -> tuple[list, list]:
     """The torch.Generators an epoch of `loader` draws from, each once: the loader's own (its shuffle, its workers'
     seeds) and its sampler's (a RandomSampler, SubsetRandomSampler or WeightedRandomSampler given one), found
     through what wraps it too (a progress bar, map(), a generator expression: `wrapped`), and through the
-    iterator a wrapper made of it already (its `_index_sampler`)."""
+    iterator a wrapper made of it already (its `_index_sampler`); and apart, (where, generator) for each one its
+    dataset, sampler and collate function hold of their own (gmux.job.held_generators), the CPU torch ones of which
+    are among the first."""
     found: list = []
     # (not `or`: a sampler without a length, an IterableDataset's, raises on truthiness)
     batch_sampler = getattr(loader, "batch_sampler", None)
@@ -173,11 +174,13 @@ def loader_generators(loader, depth: int = 3) -> list:
         g = getattr(owner, "generator", None)
         if isinstance(g, torch.Generator) and all(g is not f for f in found):
             found.append(g)
-    # and those its dataset and sampler hold of their own (gmux.job.held_generators)
-    found += [g for _, g in held_generators.held(loader) if held_generators.kept(g) and all(g is not f for f in found)]
+    held = held_generators.held(loader)
+    found += [g for _, g in held if held_generators.kept(g) and all(g is not f for f in found)]
     for inner in (wrapped(loader) if depth else []):
-        found += [g for g in loader_generators(inner, depth - 1) if all(g is not f for f in found)]
-    return found
+        more, more_held = loader_generators(inner, depth - 1)
+        found += [g for g in more if all(g is not f for f in found)]
+        held += [(where, g) for where, g in more_held if all(g is not h for _, h in held)]
+    return found, held
 
 
 def wrapped(obj) -> list:
@@ -312,8 +315,8 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
     # The epoch's loader: first read, or made again while an earlier pass over it is left unfinished (a loop by
     # steps that broke out of it), which this one replaces.
     position.loader, position.current, position.ends_at = inner, reading, length(loader)
-    generators = loader_generators(inner)
-    held_generators.watch(position.watched, inner, tracked.generators)
+    generators, held = loader_generators(inner)
+    held_generators.watch(position.watched, held, tracked.generators)
     skip_mark, ahead = position.replay, None
     if position.replay:
         # The streams are as the checkpoint left them (it holds them), or job.epochs kept them so while the
@@ -403,8 +406,8 @@ def _beside(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
             reading: Reading, aside: bool) -> Iterator[Any]:
     """`aside`: started after the epoch's loader ended (validation): its fetches are boundaries, but no place for a
     move (a suspend is fine). One read while the epoch's loader is has the boundaries of that one."""
-    generators = loader_generators(unwrapped(loader))
-    held_generators.watch(position.watched, unwrapped(loader), tracked.generators)
+    generators, held = loader_generators(unwrapped(loader))
+    held_generators.watch(position.watched, held, tracked.generators)
     saved = position.beside.pop(0) if position.beside else None
     if saved is not None:
         reading.streams, reading.generators, reading.index = saved["streams"], saved["generators"], saved["index"]
@@ -421,7 +424,6 @@ def _beside(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
         it = iter(loader)
     reading.aside = aside
     position.others.append(reading)
-    position.aside += aside
     try:
         while True:
             if aside and reading.index:
@@ -435,7 +437,6 @@ def _beside(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
     finally:
         if reading in position.others:
             position.others.remove(reading)
-            position.aside -= aside
 
 
 def _fast_forward(loader: Iterable, count: int, tracked, streams: Optional[dict], generators, back: dict,

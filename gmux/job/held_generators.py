@@ -65,10 +65,10 @@ def kept(g) -> bool:
     return isinstance(g, torch.Generator) and g.device.type == "cpu"
 
 
-def watch(watched: dict, loader, attached: list) -> None:
-    """Notes each generator `loader` holds that neither its state keeps nor attach() was given, as it is now (the
-    first time it is seen)."""
-    for where, g in held(loader):
+def watch(watched: dict, found: list, attached: list) -> None:
+    """Notes each generator `held` found (a loader's: (where, generator)) that neither the loader's state keeps nor
+    attach() was given, as it is now (the first time it is seen)."""
+    for where, g in found:
         if not kept(g) and id(g) not in watched and len(watched) < MAX_WATCHED and all(g is not a for a in attached):
             watched[id(g)] = (where, g, _fingerprint(g))
 
