@@ -14,6 +14,7 @@ SCRIPT = os.path.join(ROOT, "tests", "scripts", "state_and_grab.py")
     (["--cycle-every", "2", "--hold", "-1"], "--hold: -1 is not a finite number >= 0"),    # the job, after its first
     (["--cycle-every", "2", "--hold", "inf"], "--hold: inf is not a finite number >= 0"),  # suspend
     (["--mem", "0"], "--mem: 0 is not a size > 0"),                                   # was taken for no limit
+    (["--pool", "0"], "--pool: 0 is not a size > 0"),                                 # was taken for no pool
     (["--pool", "99999GiB"], "--pool: 99999GiB is more than this machine's memory"),  # was faulted in: the OOM killer
 ])
 def test_bad_numbers_are_refused_in_one_line_before_the_script_runs(args, said):

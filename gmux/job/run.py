@@ -84,6 +84,8 @@ def main(argv=None) -> int:
         p.error(f"--hold: {a.hold:g} is not a finite number >= 0")
     if a.mem is not None and not mem_limit:
         p.error(f"--mem: {a.mem} is not a size > 0")
+    if a.pool is not None and not pool_bytes:
+        p.error(f"--pool: {a.pool} is not a size > 0 (leave it out for no virtual GPU)")
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if pool_bytes > ram:
         p.error(f"--pool: {a.pool} is more than this machine's memory ({ram / 2**30:.1f} GiB)")
