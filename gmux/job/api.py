@@ -14,7 +14,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 
 from gmux.wire.arriving import Arriving
 from gmux.wire.transfer import TransferError
-from . import control, holdings, stray_modules, stray_scalers, stray_schedulers, stray_tensors, strays
+from . import control, holdings, step_starts, stray_modules, stray_scalers, stray_schedulers, stray_tensors, strays
 from .checkpoint import CheckpointError
 from .control import Controller
 from .job import Job
@@ -60,6 +60,7 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     caller = sys._getframe(1)      # (loops around this call are not the job's: gmux.job.own_loops)
     _current.position.attached_at = (caller.f_code, caller.f_lineno)
     strays.watch(current)
+    step_starts.count(current)
     stray_schedulers.watch()
     stray_scalers.watch()
     if previous is not None and not previous.tracked.weak and controller is not None and \

@@ -293,11 +293,13 @@ def unwrapped(loader):
 
 def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bool], None], tracked,
             reading: Reading, move_waits: Callable[[], bool] = lambda: False,
-            take_move: Callable[[], None] = lambda: None) -> Iterator[Any]:
+            take_move: Callable[[], None] = lambda: None, begins_step: Callable[[], bool] = lambda: True
+            ) -> Iterator[Any]:
     """One epoch of `loader`, its role decided when it is first read; calls `before_fetch(movable)` before every
     fetch after the first. Where a move waits for the epoch loader's next batch (`move_waits()`: the last
     boundary was no place for one), `take_move()` is called once that batch is fetched, before it is given, with
-    the random streams as they were before the fetch in position.fetch_streams. `tracked`: the job's
+    the random streams as they were before the fetch in position.fetch_streams. A fetch where `begins_step()` is
+    false is no boundary (gmux.job.step_starts: asked once per fetch). `tracked`: the job's
     TrackedState (its random streams, which a replay draws from); `reading`: where this call stands, for
     job.enumerate.
 
@@ -355,10 +357,11 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
     try:
         while True:
             # (a restored job resumes just after the boundary its checkpoint was taken at: not marked twice)
-            if position.index and not skip_mark:
+            starts = begins_step()
+            if position.index and not skip_mark and starts:
                 before_fetch(position.has_next())
             replayed, skip_mark = skip_mark, False
-            waiting = not replayed and move_waits()
+            waiting = not replayed and starts and move_waits()
             before = tracked.streams() if waiting else None
             try:
                 batch = next(it)

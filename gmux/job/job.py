@@ -14,11 +14,8 @@ or is told to suspend for real.
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import os
-import stat
-import struct
 import sys
 import time
 import weakref
@@ -26,8 +23,8 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from gmux.util.splice import PipeWriter
 from . import checkpoint as ckpt, held_signals, holdings, movability, own_threads
+from .checkpoint_pipe import is_fifo, stream
 from .control import Command, Controller, LocalController
 from .data import DataPosition, Reading, batches, epochs, own_epochs
 from .data_epoch import Epoch, count_restarts
@@ -37,6 +34,7 @@ from .memory.limit import adopt, host_memory
 from .profile import Profile
 from .restore_check import Fit
 from .state import TrackedState
+from .step_starts import StepStarts
 
 REPORT_EVERY_S = 1.0
 NOTHING_COPIED = {"in_place": True, "bytes": 0, "total_s": 0.0}   # a suspend's or resume's figures, in place
@@ -76,6 +74,7 @@ class Job:
         self.at_attach = movability.layout(self)     # what a new process's attach() finds (movability)
         self.not_rebuilt: Optional[str] = None     # why a new process would not rebuild this state (api.attach)
         self.strays: weakref.WeakSet = weakref.WeakSet()   # optimizers that stepped outside its state (strays.py)
+        self.step_starts = StepStarts()     # which of job.data's fetches a move may fall at
         me = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: (job := me()) is not None and job._forked())
 
@@ -148,14 +147,15 @@ class Job:
         return epochs(self.position, count, self.tracked)
 
     def data(self, loader: Iterable) -> Iterator[Any]:
-        """One epoch of `loader`, with its position tracked; marks a boundary before each fetch unless the
-        script marks them itself. Iterated again once read to its end, it reads `loader` again (Epoch)."""
+        """One epoch of `loader`, with its position tracked; marks a boundary before each fetch that begins a step
+        (step_starts) unless the script marks them itself. Iterated again once read to its end, it reads `loader` again (Epoch)."""
         return self._epoch(loader, False, sys._getframe(1))
 
     def _epoch(self, loader: Iterable, counted: bool, site) -> Epoch:
         reading = Reading()
         return Epoch(batches(self.position, loader, self._boundary_from_iterator, self.tracked, reading,
-                             lambda: self._held is not None, self._take_held), reading,
+                             lambda: self._held is not None, self._take_held,
+                             lambda: self.step_starts.fetch(bool(self.tracked.optimizers))), reading,
                      lambda: self._epoch(loader, counted, None), self.position, counted, site, loader)
 
     def _take_held(self) -> None:
@@ -365,9 +365,9 @@ class Job:
         snap = self.snapshot()
         if self.grads_overwritten:
             snap["grads"] = [{name: ckpt.Zeros(g) for name, g in grads.items()} for grads in snap["grads"]]
-        if isinstance(target, (str, os.PathLike)) and _is_fifo(target):
+        if isinstance(target, (str, os.PathLike)) and is_fifo(target):
             held = self.unchanged.held(holdings.parse(holds), resolve) if holds else None
-            nbytes = _stream(snap, os.fspath(target), resolve, held)
+            nbytes = stream(snap, os.fspath(target), resolve, held)
         elif isinstance(target, (str, os.PathLike)):
             nbytes = ckpt.save(snap, os.fspath(target), resolve)
         else:
@@ -427,39 +427,6 @@ class Job:
         """Device memory still held while suspended, by name: what the runtime does not track."""
         from .residue import residue
         return residue(self)
-
-
-def _is_fifo(path) -> bool:
-    try:
-        return stat.S_ISFIFO(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _stream(snap: dict, path: str, resolve, held=None, wait_s: float = 30.0) -> int:
-    """A checkpoint into a pipe whose reader sends it on as it comes (a cross-machine move: gmux.node.cluster_link):
-    no file, no fsync, nothing held whole. Its size's upper bound goes first (gmux.wire.transfer's streams).
-    The reader opened it before asking for the checkpoint; should it be gone, wait_s bounds the wait."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)   # fails (ENXIO) while no reader holds it open
-            break
-        except OSError as e:
-            if e.errno != errno.ENXIO or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-    os.set_blocking(fd, True)
-    try:
-        # Spliced, not copied (gmux.util.splice): the job stands still until this returns, and it returns only
-        # once its reader has read every byte that refers to its memory.
-        pipe = PipeWriter(fd)
-        nbytes = ckpt.write(snap, pipe.write_all, resolve,
-                            announce=lambda n: pipe.write_all(struct.pack("<Q", n)), held=held)
-        pipe.drain()
-        return nbytes
-    finally:
-        os.close(fd)
 
 
 def _target(command: Command):

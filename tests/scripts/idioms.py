@@ -21,7 +21,10 @@ IDIOM:
       LambdaLR with a closure over a warmup length: each attached;
   bf16-clip: autocast to bfloat16 on the CPU, gradients clipped by norm;
   accum: 3 batches per step, counted by job.enumerate's index, the script marking its own boundaries;
-  accum-fetch: the same, the boundaries job.data's fetches (--migrate-at counts batches: a move mid-accumulation).
+  accum-fetch: the same, the boundaries job.data's fetches (--migrate-at counts batches: a move asked for
+      mid-accumulation);
+  pairs: two batches per step, the second fetched by the loop's own next() (--migrate-at counts steps: a move asked
+      for between the two fetches).
 """
 import argparse
 import sys
@@ -103,6 +106,20 @@ def main() -> int:
         job.restore(a.restore)
     accum = 3 if a.idiom.startswith("accum") else 1
     for _ in job.epochs(9 if a.idiom == "plateau" else 3):
+        if a.idiom == "pairs":
+            it = iter(job.data(loader))
+            for xa, ya in it:
+                if len(job.state["losses"]) == a.migrate_at:
+                    job.controller.send("migrate", path=a.checkpoint)
+                xb, yb = next(it, (None, None))
+                if xb is None:
+                    break
+                loss = torch.nn.functional.mse_loss(model(torch.cat([xa, xb])), torch.cat([ya, yb]))
+                job.state["losses"].append(loss.item())
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            continue
         for i, (xb, yb) in job.enumerate(loader):
             if a.idiom == "bf16-clip":
                 with torch.autocast("cpu", dtype=torch.bfloat16):
