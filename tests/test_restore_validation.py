@@ -326,3 +326,25 @@ def test_a_restore_wait_that_is_no_number_of_seconds_is_refused_naming_the_varia
     with pytest.raises(ValueError, match=f"GMUX_RESTORE_WAIT='{wait}': expected the seconds"):
         gj.attach(nn.Linear(2, 2))
     assert gj.current() is before
+
+
+def test_a_bad_optimizer_attributes_section_is_refused_before_anything_changes(tmp):
+    """What an optimizer of the script's own keeps in its attributes comes from the file: attributes for torch's own
+    Adam, which keeps none there, a value of another kind than the optimizer holds, or a list of the wrong length
+    are refused first."""
+    snap = small_job().snapshot()
+    snap["optimizer_attributes"] = [{"t": 3}]
+    refused(tmp, forge.written(snap), r"optimizer 0 attributes: its Adam is a library's, which keeps none")
+    snap["optimizer_attributes"] = [{}, {}]
+    refused(tmp, forge.written(snap), r"'optimizer_attributes': a list, the job has a list of 1")
+
+    class Counting(torch.optim.Adam):
+        def __init__(self, params):
+            super().__init__(params, lr=0.01)
+            self.t = 0
+    live = small_job()
+    live.tracked.optimizers[0].__class__ = Counting
+    live.tracked.optimizers[0].t = 0
+    snap = live.snapshot()
+    snap["optimizer_attributes"] = [{"t": "three"}]
+    refused(tmp, forge.written(snap), r"optimizer 0 attributes: 't' is 'three', not plain data of the kind", live=live)

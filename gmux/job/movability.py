@@ -16,7 +16,7 @@ where a torchmetrics MetricTracker has made metrics as it trained (gmux.job.metr
 reads job.data (gmux.job.data_epoch: a new process's would not hold the batches it kept to give again), where a
 loader's dataset or sampler holds a NumPy or Python random generator of its own that has drawn
 (gmux.job.held_generators), or where a module's own attribute changed into numbers a checkpoint does not carry (a
-NumPy float: gmux.job.module_attributes).
+NumPy float: gmux.job.module_attributes; an optimizer's of the script's own: gmux.job.optimizer_attributes).
 Each of these can change while the job runs (a new epoch, an optimizer freed), so every report asks again.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Optional
 
 import torch
 
-from . import (data_epoch, held_generators, metric_states, module_attributes, stray_modules, stray_scalers,
-               stray_schedulers, stray_tensors, strays)
+from . import (data_epoch, held_generators, metric_states, module_attributes, optimizer_attributes, stray_modules,
+               stray_scalers, stray_schedulers, stray_tensors, strays)
 
 
 def problem(job, fresh: bool = False) -> Optional[str]:
@@ -71,7 +71,8 @@ def _problem(job, fresh: bool) -> Optional[str]:
 
 def _unkept_attributes(job) -> Optional[str]:
     # (a move asks only: a walk of every submodule's attributes, as a checkpoint's capture of them takes)
-    return next(filter(None, map(module_attributes.not_carried, job.tracked.modules)), None)
+    return next(filter(None, map(module_attributes.not_carried, job.tracked.modules)), None) or \
+        next(filter(None, map(optimizer_attributes.not_carried, job.tracked.optimizers)), None)
 
 
 def _sparse_gradient(job) -> Optional[str]:

@@ -11,8 +11,8 @@ tensors inside state=, are bounded by the file's length).
 
 `Fit.values(snap)` runs once the data is read and checksummed, still before anything is applied: the torch,
 CUDA and NumPy random states (and the data position's) are tried on scratch generators, and the plain attributes
-of the script's modules checked again with their data (a NumPy value's dtype and shape), so that applying them
-cannot fail half-way. Every refusal is a CheckpointError naming the file and the field (StateMismatch, a
+of the script's modules and optimizers checked with their data (a NumPy value's dtype and shape), so that applying
+them cannot fail half-way. Every refusal is a CheckpointError naming the file and the field (StateMismatch, a
 CheckpointError, where the checkpoint is sound but was taken from another model or optimizer).
 """
 from __future__ import annotations
@@ -24,16 +24,16 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import generators as gens, metric_states, module_attributes
+from . import generators as gens, metric_states, module_attributes, optimizer_attributes
 from .optimizer_states import PARAM, SCALAR, fresh_state
 from .checkpoint import DTYPES, CheckpointError, Row, TensorRef
 from .data import generator_states
 from .state import WRAPPED, StateMismatch, wrapped
 
 SECTIONS = ("modules", "buffers", "grads", "optimizers", "schedulers", "scalers", "extras", "state", "rng",
-            "position", "steps", "generators", "frozen", "eval", "metrics", "attributes")
+            "position", "steps", "generators", "frozen", "eval", "metrics", "attributes", "optimizer_attributes")
 # (absent from checkpoints written before they existed)
-OPTIONAL = ("generators", "buffers", "frozen", "eval", "metrics", "attributes")
+OPTIONAL = ("generators", "buffers", "frozen", "eval", "metrics", "attributes", "optimizer_attributes")
 
 
 def describe(v) -> str:
@@ -459,8 +459,8 @@ class Fit:
                 self.generator(state, f"position 'beside'[{i}] 'generators'")
         # (pass 1 took a NumPy value's data on trust, a TensorRef: a "scalar" of three values was put back as an
         # array, one of bfloat16 failed with a TypeError once the weights were loaded)
-        if "attributes" in snap:
-            module_attributes.check(self, snap["attributes"], self.job.tracked.modules)
+        module_attributes.check(self, snap.get("attributes", [{}] * len(modules := self.job.tracked.modules)), modules)
+        optimizer_attributes.check(self, snap.get("optimizer_attributes"), self.job.tracked.optimizers)
 
     def streams(self, rng: dict, generators: list, where: str) -> None:
         self.generator(rng["torch"], f"{where}rng 'torch'")

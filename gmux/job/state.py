@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from . import generators as gens
-from . import metric_states, module_attributes
+from . import metric_states, module_attributes, optimizer_attributes
 from .checkpoint import CheckpointError
 
 
@@ -115,6 +115,8 @@ class TrackedState:
             self.added += 1
             if target is self.modules and not self.weak:
                 module_attributes.remember(obj)     # (what its attributes hold now: a move carries what changes)
+            elif target is self.optimizers and not self.weak:
+                optimizer_attributes.remember(obj)
 
     def set_extras(self, extras: dict) -> None:
         """extras= as the script holds it, by reference (as state= is): an EMA kept as a dict of tensors and updated
@@ -209,6 +211,7 @@ class TrackedState:
             "eval": [[n for n, sub in m.named_modules() if not sub.training] for m in self.modules],
             "grads": grads,
             "optimizers": [optimizer_state(o) for o in self.optimizers],
+            "optimizer_attributes": [optimizer_attributes.capture(o) for o in self.optimizers],
             "schedulers": [s.state_dict() for s in self.schedulers],
             "scalers": [s.state_dict() for s in self.scalers],
             "extras": self.live_extras(layout=not suspended),
@@ -281,6 +284,8 @@ class TrackedState:
                         p.grad = g.to(device=p.device, dtype=p.dtype)
             for opt, sd in zip(self.optimizers, snap["optimizers"]):
                 load_optimizer(opt, sd)
+            for opt, saved in zip(self.optimizers, snap.get("optimizer_attributes") or []):
+                optimizer_attributes.apply(opt, saved)
             for s, sd in zip(self.schedulers, snap["schedulers"]):
                 s.load_state_dict(sd)
             for s, sd in zip(self.scalers, snap["scalers"]):
