@@ -1,4 +1,5 @@
 """Checkpoints: streamed or written atomically, and every kind of bad file refused by name, changing nothing."""
+import collections
 import io
 import os
 import pickle
@@ -403,6 +404,31 @@ def test_a_restore_refills_the_containers_the_script_holds():
     assert losses == [0.5, 0.25] and job.state["losses"] is losses
     assert metrics == {"best": 0.25, "seen": [1, 2]} and job.state["metrics"] is metrics and metrics["seen"] is seen
     assert job.state["step"] == 2 and job.state["note"] == ("a", 1)
+
+
+def test_a_replay_buffer_kept_as_a_deque_in_state_is_carried_into_the_deque_the_script_holds(tmp):
+    """A DQN's replay buffer, deque(maxlen=N) of (state, action) transitions in state=: every checkpoint was refused
+    ("a value of type collections.deque"), so the job could never move, though a restore can give it back exactly.
+    Inside a dict too; the epoch-start copy job.epochs keeps of state= holds one (a deque with no tensor yet)."""
+    def job_with(buffer, window):
+        model = nn.Linear(4, 2)
+        return gj.attach(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         state={"buffer": buffer, "stats": {"window": window}})
+    buffer, window = collections.deque(maxlen=3), collections.deque([0.5], maxlen=2)
+    saved_by = job_with(buffer, window)
+    for epoch in saved_by.epochs(1):
+        for i in range(4):
+            buffer.append((torch.full((2,), float(i)), i % 2))
+        window.append(0.25)
+        saved_by.checkpoint(f"{tmp}/a.ckpt")
+    again, again_window = collections.deque(maxlen=3), collections.deque(maxlen=2)
+    job = job_with(again, again_window)
+    job.restore(f"{tmp}/a.ckpt")
+    assert job.state["buffer"] is again and job.state["stats"]["window"] is again_window
+    assert [a for _, a in again] == [1, 0, 1] and again.maxlen == 3
+    assert_identical([t for t, _ in again], [t for t, _ in buffer], "buffer")
+    assert list(again_window) == [0.5, 0.25]
+    assert job.position.epoch_state["stats"]["window"] == collections.deque([0.5], 2)
 
 
 def test_a_numpy_array_in_state_is_refused_by_name():

@@ -141,8 +141,9 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
         _load_skeleton(skeleton)
     except _skeleton.SkeletonError as e:
         at = _skeleton.unstorable(snapshot, (torch.Tensor, Zeros, TensorRef, np.float64, np.int64, np.bool_))
-        raise CheckpointError("(being written)", f"the job's state holds a value gmux cannot store{at}: {e}. A check"
-                              f"point holds numbers, strings, bytes, lists, tuples, dicts, sets, tensors") from None
+        raise CheckpointError("(being written)", f"the job's state holds a value gmux cannot store{at}: {e}. A "
+                              f"checkpoint holds numbers, strings, bytes, lists, tuples, dicts, deques, sets, tensors"
+                              ) from None
     table = [[str(t.dtype).removeprefix("torch."), list(t.shape), t.numel() * t.element_size()] for t in tensors]
     for (dtype, *_), t in zip(table, tensors):
         if dtype not in DTYPES:

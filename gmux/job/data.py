@@ -39,7 +39,7 @@ import torch
 
 from gmux.util.text import printable
 
-from . import held_generators
+from . import held_generators, state_deques
 from .data_draws import draws
 from .own_loops import restarting_loop
 
@@ -104,8 +104,8 @@ class DataPosition:
                 "epoch_generator": self.epoch_generator, "marked_by_script": self.marked_by_script,
                 "epoch_streams": self.epoch_streams, "data_streams": self.data_streams,
                 "beside": [r.to_dict() for r in self.others], "reused_workers": self.reused_workers,
-                "fetch_streams": self.fetch_streams, "epoch_state": self.epoch_state, "passes": self.passes,
-                "own_loop": self.own_loop}
+                "fetch_streams": self.fetch_streams, "epoch_state": state_deques.stored(self.epoch_state),
+                "passes": self.passes, "own_loop": self.own_loop}
 
     @classmethod
     def from_dict(cls, d: dict) -> "DataPosition":
@@ -113,7 +113,7 @@ class DataPosition:
                    bool(d["marked_by_script"]), d.get("epoch_streams"), d.get("data_streams"),
                    list(d.get("beside") or []), replay=d["index"] > 0,
                    reused_workers=bool(d.get("reused_workers", False)), fetch_streams=d.get("fetch_streams"),
-                   epoch_state=d.get("epoch_state"), passes=d.get("passes", 0),
+                   epoch_state=state_deques.loaded(d.get("epoch_state")), passes=d.get("passes", 0),
                    own_loop=d.get("own_loop", ""))      # (a file from before it was kept: not known)
 
     def movable(self) -> bool:

@@ -7,6 +7,7 @@ found that it fits.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import random
 import weakref
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from . import generators as gens
-from . import metric_states, module_attributes, optimizer_attributes
+from . import metric_states, module_attributes, optimizer_attributes, state_deques
 from .checkpoint import CheckpointError
 
 
@@ -215,7 +216,7 @@ class TrackedState:
             "schedulers": [s.state_dict() for s in self.schedulers],
             "scalers": [s.state_dict() for s in self.scalers],
             "extras": self.live_extras(layout=not suspended),
-            "state": dict(self.state),
+            "state": {k: state_deques.stored(v) for k, v in self.state.items()},
             **self.streams(),
         }
 
@@ -306,7 +307,7 @@ class TrackedState:
                 module_attributes.apply(m, saved)
             for name, t in self.extras.items():
                 t.copy_(snap["extras"][name])
-        restored = {k: _refill(self.state.get(k), v) for k, v in snap["state"].items()}
+        restored = {k: _refill(self.state.get(k), state_deques.loaded(v)) for k, v in snap["state"].items()}
         self.state.clear()
         self.state.update(restored)
         self.set_streams(snap)
@@ -369,24 +370,28 @@ def transient_buffers(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def tensors_inside(value, depth: int = 0) -> list:
-    """The tensors in a state= value, in its lists, tuples and dicts (as deep as a checkpoint keeps them)."""
+    """The tensors in a state= value, in its lists, tuples, dicts and deques (as deep as a checkpoint keeps them)."""
     if isinstance(value, torch.Tensor):
         return [value]
-    if depth > 8 or not isinstance(value, (list, tuple, dict)):
+    if depth > 8 or not isinstance(value, (list, tuple, dict, collections.deque)):
         return []
     return [t for v in (value.values() if isinstance(value, dict) else value) for t in tensors_inside(v, depth + 1)]
 
 
 def _refill(live, saved):
-    """The restored value, put into the list or dict the script holds (inside them too), so that a script that
-    kept one (`losses = []; attach(state={"losses": losses})`) goes on with the restored values, not the ones it
-    had at its start. Anything else (numbers, strings, tuples, tensors) comes back as the restored object."""
+    """The restored value, put into the list, dict or deque (of its maxlen) the script holds (inside them too), so
+    that a script that kept one (`losses = []; attach(state={"losses": losses})`) goes on with the restored values,
+    not the ones it had at its start. Anything else (numbers, strings, tuples, tensors) comes back as the restored
+    object."""
     if type(live) is list and type(saved) is list:
         live[:] = [_refill(a, b) for a, b in zip(live, saved)] + saved[len(live):]
     elif type(live) is dict and type(saved) is dict:
         values = {k: _refill(live.get(k), v) for k, v in saved.items()}
         live.clear()
         live.update(values)
+    elif type(live) is collections.deque and type(saved) is collections.deque and live.maxlen == saved.maxlen:
+        live.clear()       # (a replay buffer the script holds as `buffer = job.state["buffer"]`)
+        live.extend(saved)
     else:
         return saved
     return live
