@@ -1173,23 +1173,25 @@ def test_a_move_after_passes_read_outside_job_epochs_inside_a_for_loop_warns_tha
     data = [torch.zeros(2)] * 3
 
     def one_epoch(job, epoch):
+        nonlocal move
         for _ in job.data(data):
             if epoch == 2 and job.position.index == 1:
-                moves.append(job.controller.send("migrate", path=f"{tmp}/{loop}.ckpt"))
+                move = job.controller.send("migrate", path=f"{tmp}/{loop}.ckpt")
 
+    move = None
     for loop in ("own", "while", "job.epochs"):
-        job, moves = gj.attach(nn.Linear(2, 1), state={"step": 0}), []
+        job = gj.attach(nn.Linear(2, 1), state={"step": 0})
         with pytest.raises(JobExit):
             if loop == "while":
                 while job.state["step"] < 9:
                     for _ in job.data(data):
                         job.state["step"] += 1
                         if job.state["step"] == 7:
-                            moves.append(job.controller.send("migrate", path=f"{tmp}/{loop}.ckpt"))
+                            move = job.controller.send("migrate", path=f"{tmp}/{loop}.ckpt")
             else:
                 for epoch in (range(3) if loop == "own" else job.epochs(3)):
                     one_epoch(job, epoch)
-        reply = job.controller.result(moves[0], timeout=5)
+        reply = job.controller.result(move, timeout=5)
         assert reply["ok"]
         capfd.readouterr()
         gj.attach(nn.Linear(2, 1), state={"step": 0}).restore(f"{tmp}/{loop}.ckpt")

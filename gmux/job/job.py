@@ -23,7 +23,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from . import checkpoint as ckpt, held_signals, holdings, movability, own_threads
+from . import checkpoint as ckpt, held_signals, holdings, loop_carried, movability, own_threads
 from .checkpoint_pipe import is_fifo, stream
 from .control import Command, Controller, LocalController
 from .data import DataPosition, Reading, batches, epochs, own_epochs
@@ -271,7 +271,8 @@ class Job:
             if command.kind == "migrate":
                 self._check_rebuildable()
             figures = self.checkpoint(_target(command), command.args.get("holds") or b"")
-            warning = "; ".join(filter(None, (count_restarts(self.position.current), own_epochs(self.position))))
+            warning = "; ".join(filter(None, (count_restarts(self.position.current), own_epochs(self.position),
+                                              loop_carried.warning(self, sys._getframe()))))
             return {**figures, "warning": warning} if warning else figures
         if self._answer(command, write) and command.kind == "migrate":
             if self.on_leave is not None:

@@ -59,14 +59,19 @@ def _loop_in(path: str, line: int, after: int, innermost: bool, module_globals) 
     return _answers[key]
 
 
-def _find(path: str, line: int, after: int, innermost: bool, module_globals) -> Optional[str]:
+def source(path: str, module_globals) -> tuple[list, Optional[ast.Module]]:
+    """The lines of a script's file and its parsed tree (None where it cannot be read or parsed), read once."""
     if path not in _trees:
         lines = linecache.getlines(path, module_globals)
         try:
             _trees[path] = (lines, ast.parse("".join(lines)) if lines else None)
         except (SyntaxError, ValueError, RecursionError, MemoryError):      # (changed on disk since it ran)
             _trees[path] = (lines, None)
-    lines, tree = _trees[path]
+    return _trees[path]
+
+
+def _find(path: str, line: int, after: int, innermost: bool, module_globals) -> Optional[str]:
+    lines, tree = source(path, module_globals)
     if tree is None:
         return _UNKNOWN
     loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.AsyncFor)) and n.lineno > after and
