@@ -1,5 +1,6 @@
 """A move names the variables of the script's own that its loops carry from one step to the next (gmux.job.loop_carried):
 a new process sets them again as the script does before its loop, and before, nothing said so."""
+import pytest
 import torch
 from torch import nn
 
@@ -49,6 +50,24 @@ def test_a_checkpoint_names_what_the_loops_carry_in_their_own_variables_and_not_
     # (state='s list, an attached optimizer, the loop's own target, what each step assigns before it reads, a
     # comprehension's variable, a value the epoch's top sets again)
     assert not any(f"`{n}`" in warning for n in ("losses", "opt", "x", "out", "loss", "scaled", "v", "best")), warning
+
+
+def test_a_move_says_it_in_the_jobs_log_too(tmp, capfd):
+    """gmuxd moves jobs of its own accord, and nobody reads those answers: the job's stderr has the warning."""
+    from gmux.job.job import JobExit
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job, count = gj.attach(model, opt), 0
+    with pytest.raises(JobExit):
+        for x in job.data([torch.randn(4, 2) for _ in range(5)]):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            count += 1
+            if count == 2:
+                job.controller.send("migrate", path=f"{tmp}/a.ckpt")
+    err = capfd.readouterr().err
+    assert err.count("gmux: moved to a new process: the script's loops carry `count` (test_loop_carried.py:") == 1, err
 
 
 def test_a_loop_that_keeps_its_state_in_the_job_moves_without_a_warning(tmp):

@@ -273,6 +273,8 @@ class Job:
             figures = self.checkpoint(_target(command), command.args.get("holds") or b"")
             warning = "; ".join(filter(None, (count_restarts(self.position.current), own_epochs(self.position),
                                               loop_carried.warning(self, sys._getframe()))))
+            if warning and command.kind == "migrate":    # (the job's log says it too: most moves are gmuxd's own)
+                print(f"gmux: moved to a new process: {warning}", file=sys.stderr, flush=True)
             return {**figures, "warning": warning} if warning else figures
         if self._answer(command, write) and command.kind == "migrate":
             if self.on_leave is not None:
