@@ -4,6 +4,7 @@ Thin wrapper: argument checking here, all work in gmux.cluster.sim.run."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -63,9 +64,10 @@ def _duration(text: str):
 
 
 
-def _unwritable(json_path: str | None, plots: str | None) -> str | None:
+def _unwritable(json_path: str | None, plots: str | None, made: list) -> str | None:
     """Why the results could not be written where asked, found before a run that may take minutes: the
-    directories they go into are made now."""
+    directories they go into are made now, and added to `made` (parents first) to be removed again if the run
+    is refused or fails."""
     for flag, target, directory in (("--json", json_path, False), ("--plots", plots, True)):
         if target is None:
             continue
@@ -74,7 +76,12 @@ def _unwritable(json_path: str | None, plots: str | None) -> str | None:
         if not directory and os.path.exists(target) and not os.path.isfile(target):
             # (an atomic write would put a file in place of the device or pipe, and a reader would get nothing)
             return f"{flag} {target}: not a regular file (a device, pipe or socket); give a file name"
-        where = target if directory else os.path.dirname(os.path.abspath(target))
+        where = os.path.abspath(target) if directory else os.path.dirname(os.path.abspath(target))
+        missing, part = [], where
+        while not os.path.lexists(part):
+            missing.append(part)
+            part = os.path.dirname(part)
+        made.extend(reversed(missing))      # (before: a makedirs that fails half-way has made some)
         try:
             os.makedirs(where, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
@@ -178,20 +185,28 @@ ERROR_LIMIT = 2000     # characters of one error line: a trace's names can be an
 
 
 def main(argv=None) -> int:
+    made: list[str] = []    # directories made for the results: a run refused or failed leaves none behind
+    status = 2
     try:
-        return _main(argv)
+        status = _main(argv, made)
+        return status
     except KeyboardInterrupt:
         print("gmux-sim: interrupted (nothing written)", file=sys.stderr)
         return 130
     except BrokenPipeError:     # (`gmux-sim | head`)
         return reader_gone()
+    finally:
+        if status != 0:
+            for directory in reversed(made):
+                with contextlib.suppress(OSError):     # (not empty: a result was written there after all)
+                    os.rmdir(directory)
 
 
-def _main(argv) -> int:
+def _main(argv, made: list) -> int:
     from gmux.cluster.policies import POLICIES, PolicyError, make_policy
     from gmux.cluster.sim.cluster import Costs
     from gmux.cluster.sim.engine import SimulationError
-    from gmux.cluster.sim.metrics import render_table, write_json
+    from gmux.cluster.sim.metrics import write_json
     from gmux.cluster.sim.run import SimConfig, prepare, report, simulate
     from gmux.cluster.sim.trace import TraceError
 
@@ -250,7 +265,7 @@ def _main(argv) -> int:
     for label, file, _ in inputs:
         if args.json and file is not None and os.path.exists(args.json) and os.path.samefile(args.json, file):
             fail(f"--json {args.json} is the {label} read: the results would overwrite it")
-    unwritable = _unwritable(args.json, args.plots)
+    unwritable = _unwritable(args.json, args.plots, made)
     if unwritable:
         fail(unwritable)
     try:
@@ -278,6 +293,36 @@ def _main(argv) -> int:
         return 2
     payload = report(cfg, prep, out, baseline="fifo")
     payload["seconds"] = time.perf_counter() - t0
+    status, lost = 0, None
+    try:
+        _show(args, prep, costs, payload, trace)
+    except OSError as e:
+        # The results files are still written: `gmux-sim --json r.json | head -1` lost them, and so did a table
+        # sent to a full disk. A reader gone has what it wanted; a device that failed is said once they are.
+        status = reader_gone()
+        lost = None if isinstance(e, BrokenPipeError) else f"cannot write to standard output ({e.strerror or e})"
+    target = None
+    try:
+        if args.json:
+            target = args.json
+            write_json(os.path.realpath(args.json), payload)     # (through a link: the file it names is replaced)
+        if args.plots:
+            from gmux.cluster.sim.plots import plot_jct_cdf, plot_utilisation
+            for name, plot in (("jct_cdf.png", plot_jct_cdf), ("utilisation.png", plot_utilisation)):
+                target = os.path.join(args.plots, name)
+                plot(out, target)
+    except OSError as e:
+        shown = "" if args.quiet or status or lost else " (the table above has the results)"
+        lost = f"cannot write {target} ({e.strerror or e}){shown}" + (f"; {lost}" if lost else "")
+    if lost:
+        print(f"gmux-sim: error: {printable(lost, limit=ERROR_LIMIT)}", file=sys.stderr)
+        return 1
+    return status
+
+
+def _show(args, prep, costs, payload: dict, trace: str) -> None:
+    """The notes, the costs and the results table, flushed here, so that a failed write is raised here."""
+    from gmux.cluster.sim.metrics import render_table
     for note in prep.notes:     # (under --quiet too: rows left out are not left out without a word)
         print(f"note: {printable(note, limit=ERROR_LIMIT)}", file=sys.stderr if args.quiet else sys.stdout)
     if not args.quiet:
@@ -288,13 +333,7 @@ def _main(argv) -> int:
         print(render_table(payload["summary"], ratios, title=f"gmux-sim: {printable(os.path.basename(trace))}, "
                            f"{n} job{'s' if n != 1 else ''}"), end="")
         print(f"simulated in {payload['seconds']:.1f} s")
-    if args.json:
-        write_json(os.path.realpath(args.json), payload)     # (through a link: the file it names is replaced)
-    if args.plots:
-        from gmux.cluster.sim.plots import plot_jct_cdf, plot_utilisation
-        plot_jct_cdf(out, os.path.join(args.plots, "jct_cdf.png"))
-        plot_utilisation(out, os.path.join(args.plots, "utilisation.png"))
-    return 0
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

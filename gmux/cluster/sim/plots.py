@@ -6,6 +6,7 @@ import os
 import numpy as np
 
 from gmux.cluster.sim.metrics import job_table, utilisation_series
+from gmux.util.atomic import atomic_open
 
 
 def _pyplot():
@@ -16,11 +17,16 @@ def _pyplot():
 
 
 def _save(plt, fig, ax, path: str) -> str:
-    ax.legend()
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """Written atomically: a disk that fills up mid-write left a truncated PNG under the plot's name."""
+    try:
+        ax.legend()
+        fig.tight_layout()
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        # (through a link: the file it names is replaced, as --json's; a plot is for everyone to read)
+        with atomic_open(os.path.realpath(path), mode=0o644) as f:
+            fig.savefig(f, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -1,0 +1,85 @@
+"""gmux-sim's results files: written whatever becomes of standard output, never half-written, and a run refused
+or failed leaves no directory it made for them."""
+import errno
+import io
+import json
+import os
+import sys
+
+import pytest
+
+from sim_harness import write_table
+from gmux.cli.sim import main
+
+ROWS = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-01 00:00:00,10,1,10,vcA\n"
+
+
+def _files(tmp_path, rows=ROWS):
+    (tmp_path / "philly.csv").write_text(rows)
+    (tmp_path / "philly_vc.csv").write_text("vc,node num\nvcA,1\n")
+    write_table(tmp_path / "gavel_throughputs.json", {("A", "B"): [0.8, 0.7]})
+    return ["--traces", str(tmp_path), "--policy", "fifo"]
+
+
+class _FailingOutput(io.TextIOBase):
+    """Standard output whose every write fails as `error` (a reader gone, a full disk); its file descriptor is a
+    file of the test's, which the command points at /dev/null."""
+
+    def __init__(self, error: OSError, fd: int):
+        self.error, self.fd = error, fd
+
+    def write(self, text):
+        raise self.error
+
+    def fileno(self):
+        return self.fd
+
+
+@pytest.mark.parametrize("error,said", [(BrokenPipeError(errno.EPIPE, "Broken pipe"), ""),
+                                        (OSError(errno.ENOSPC, "No space left on device"),
+                                         "gmux-sim: error: cannot write to standard output (No space left on "
+                                         "device)\n")])
+def test_the_results_file_is_written_when_standard_output_fails(tmp_path, monkeypatch, capsys, error, said):
+    """`gmux-sim --json r.json | head -1` ended at the broken pipe before writing r.json; a table sent to a full
+    disk ended in a traceback, with r.json not written either."""
+    args = _files(tmp_path)
+    with open(tmp_path / "stdout", "w") as f:
+        monkeypatch.setattr(sys, "stdout", _FailingOutput(error, f.fileno()))
+        assert main(args + ["--json", str(tmp_path / "out" / "r.json")]) == 1
+    assert json.loads((tmp_path / "out" / "r.json").read_text())["summary"]["fifo"]["jobs"] == 1
+    assert capsys.readouterr().err == said
+
+
+def test_a_results_file_that_cannot_be_written_is_said_and_no_plot_is_left_half_written(tmp_path, monkeypatch,
+                                                                                        capsys):
+    import matplotlib.figure
+
+    def disk_full(fig, target, **kwargs):
+        target.write(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", disk_full)
+    args = _files(tmp_path)
+    assert main(args + ["--json", str(tmp_path / "r.json"), "--plots", str(tmp_path / "plots")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().endswith(
+        f"cannot write {tmp_path / 'plots' / 'jct_cdf.png'} (No space left on device) (the table above has the "
+        f"results)")
+    assert json.loads((tmp_path / "r.json").read_text())["summary"]["fifo"]["jobs"] == 1
+    assert not os.path.exists(tmp_path / "plots")      # (made for the plots, and nothing was written there)
+
+    def refused(path, payload):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr("gmux.cluster.sim.metrics.write_json", refused)
+    assert main(args + ["--quiet", "--json", str(tmp_path / "r2.json")]) == 1
+    assert capsys.readouterr().err.strip().endswith(f"cannot write {tmp_path / 'r2.json'} (Read-only file system)")
+
+
+def test_a_refused_run_leaves_no_directory_it_made_for_its_results(tmp_path, capsys):
+    args = _files(tmp_path, ROWS + "2017-10-01 00:00:00,nan,1,nan,vcA\n")
+    assert main(args + ["--json", str(tmp_path / "a" / "b" / "r.json"), "--plots", str(tmp_path / "p" / "q")]) == 2
+    assert "duration 'nan' is not a number >= 0" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["gavel_throughputs.json", "philly.csv", "philly_vc.csv"]
+    (tmp_path / "kept").mkdir()         # a directory that was there before is left, even empty
+    with pytest.raises(SystemExit):
+        main(args + ["--json", str(tmp_path / "kept" / "new" / "r.json"), "--copy-gbps", "0"])
+    assert os.listdir(tmp_path / "kept") == []
