@@ -81,6 +81,24 @@ def test_unusable_trace_files_are_refused(tmp_path, content, problem):
         load_trace(str(tmp_path / "t.csv"))
 
 
+def test_a_line_past_the_limit_is_refused_by_its_number_and_never_read_whole(tmp_path, monkeypatch):
+    """A line of commas of gigabytes made a field per comma, exhausting memory before any check; a file of one
+    binary line was read whole to find its first byte not in UTF-8."""
+    from gmux.cluster.sim import lines
+    monkeypatch.setattr(lines, "MAX_LINE", 1000)
+    (tmp_path / "t.csv").write_text(HEADER + GOOD + "," * 5000 + "\n")
+    with pytest.raises(TraceError, match="t.csv: line 4 is longer than 1,000 characters: not a line of a CSV"):
+        load_trace(str(tmp_path / "t.csv"))
+    (tmp_path / "v.csv").write_text("vc,node num\n" + "v" * 1001)
+    with pytest.raises(TraceError, match="v.csv: line 2 is longer than 1,000"):
+        load_vcs(str(tmp_path / "v.csv"))
+    # read in pieces of 1,000 bytes: a character cut between two is no error, a bad byte is found on its line
+    (tmp_path / "u.csv").write_bytes(("a" + "\u00e9" * 999 + "\n").encode() + b"x\n" + "\u00e9".encode()[:1])
+    assert lines.first_undecodable(str(tmp_path / "u.csv")) == 3
+    (tmp_path / "u.csv").write_bytes(("a" + "\u00e9" * 999).encode() + b"\xff")
+    assert lines.first_undecodable(str(tmp_path / "u.csv")) == 1
+
+
 def test_times_no_date_can_show_and_files_that_cannot_be_read_are_refused_by_name(tmp_path):
     (tmp_path / "t.csv").write_text("timestamp,duration,num_gpus,cluster\n1e300,10,1,a\n-1e18,10,1,a\n5,10,1,a\n")
     with pytest.raises(TraceError) as e:

@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 
+from gmux.cluster.sim.lines import LineTooLong, bounded_lines, first_undecodable
+
 
 class TraceError(Exception):
     """An input file cannot be used; the message names the file and the problem."""
@@ -266,7 +268,7 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
     reader = None
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f, strict=True)     # a quote left open would swallow the rest of the file
+            reader = csv.reader(bounded_lines(f), strict=True)    # a quote left open would swallow the rest of the file
             header = next((r for r in reader if r), None)      # blank lines before the header are no header
             if header is None:
                 raise TraceError(f"{path}: empty file")
@@ -327,9 +329,9 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
                 disagree += disagrees
                 shared += part < 1000
                 rows.append((line, ts, dur, g, vc, user))
-    except (UnicodeDecodeError, csv.Error, OSError) as e:
+    except (UnicodeDecodeError, csv.Error, OSError, LineTooLong) as e:
         line = reader.line_num if reader and isinstance(e, csv.Error) else \
-            _first_undecodable(path) if isinstance(e, UnicodeDecodeError) else None
+            first_undecodable(path) if isinstance(e, UnicodeDecodeError) else None
         raise unreadable(path, e, line) from None
     if bad and bad_rows == "refuse":
         shown = "; ".join(f"line {ln}: {msg}" for ln, msg in bad[:max_report])
@@ -387,26 +389,13 @@ def _instances(row: list[str], col: dict[str, int], name: dict[str, str]) -> int
     return int(n)
 
 
-def _first_undecodable(path: str) -> int | None:
-    """The line of a file's first byte that is not UTF-8 (the decoder reads ahead by blocks, so its own error
-    has only an offset in a block)."""
-    try:
-        with open(path, "rb") as f:
-            for number, raw in enumerate(f, 1):
-                try:
-                    raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    return number
-    except OSError:
-        pass
-    return None
-
-
 def unreadable(path: str, e: Exception, line: int | None = None) -> TraceError:
     if isinstance(e, UnicodeDecodeError):
         where = f" at line {line}" if line else ""
         return TraceError(f"{path}: not a text file in UTF-8{where} (byte {e.object[e.start]:#04x}: "
                           f"{e.reason}); save it as UTF-8")
+    if isinstance(e, LineTooLong):
+        return TraceError(f"{path}: {e}")
     if isinstance(e, csv.Error):
         return TraceError(f"{path}: malformed CSV{f' by line {line}' if line else ''} ({e})")
     return TraceError(f"{path}: cannot be read ({e.strerror or e})")
@@ -419,11 +408,11 @@ def load_vcs(path: str) -> dict[str, int]:
     reader = None
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f, strict=True)
+            reader = csv.reader(bounded_lines(f), strict=True)
             return _read_vcs(path, reader)
-    except (UnicodeDecodeError, csv.Error, OSError) as e:
+    except (UnicodeDecodeError, csv.Error, OSError, LineTooLong) as e:
         line = reader.line_num if reader and isinstance(e, csv.Error) else \
-            _first_undecodable(path) if isinstance(e, UnicodeDecodeError) else None
+            first_undecodable(path) if isinstance(e, UnicodeDecodeError) else None
         raise unreadable(path, e, line) from None
 
 
