@@ -9,7 +9,7 @@ import sqlite3
 import sys
 
 from gmux.wire import keys
-from gmux.cluster.policies import POLICIES
+from gmux.cluster.policies import POLICIES, make_policy
 from gmux.cluster.scheduler.service import Options, Scheduler
 from gmux.cli.argtypes import json_object, nonneg, positive, tcp_endpoint
 from gmux.util.fd_limit import raise_soft_limit
@@ -43,7 +43,8 @@ def main(argv=None) -> int:
             p.error(f"{flag} {where}: a file, not a directory")
     try:
         params = json_object(a.params, "--params", "gmux-scheduler")
-    except ValueError as e:
+        make_policy(a.policy, **params)     # a parameter it does not take is a usage error, as in gmux-sim
+    except (ValueError, TypeError) as e:
         p.error(str(e))
     log_to_stderr("gmux-scheduler", a.verbose)
     raise_soft_limit()     # a file per machine and client, and per stranger until its handshake fails

@@ -207,9 +207,9 @@ def test_a_policy_that_needs_durations_is_refused_before_anything_is_created(tmp
     (["--params", "{nope"], 2, "--params is not JSON: Expecting property name"),
     (["--params", "[1]"], 2, "--params must be a JSON object ({...}), got list"),
     (["--params", "[" * 100000 + "]" * 100000], 2, "--params is not JSON gmux-scheduler reads: nested too deeply"),
-    (["--params", '{"nope": 1}'], 1, "gmux: unknown parameter 'nope'; it takes base_gpu_s,"),
-    (["--policy", "tiresias", "--params", '{"thresholds": [5, 1]}'], 1, "finite positive numbers in increasing order"),
-    (["--params", '{"min_run_s": "\\u001b[31m"}'], 1, "'min_run_s' must be a finite number, got '\\x1b[31m'")])
+    (["--params", '{"nope": 1}'], 2, "gmux: unknown parameter 'nope'; it takes base_gpu_s,"),
+    (["--policy", "tiresias", "--params", '{"thresholds": [5, 1]}'], 2, "finite positive numbers in increasing order"),
+    (["--params", '{"min_run_s": "\\u001b[31m"}'], 2, "'min_run_s' must be a finite number, got '\\x1b[31m'")])
 def test_bad_policy_parameters_are_refused_by_name_before_anything_is_created(tmp_path, capsys, args, code, needle):
     from gmux.cli import scheduler as cli
     from gmux.wire import keys
