@@ -27,7 +27,8 @@ sys.path.insert(0, ROOT)
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from gmux.cluster.policies import make_policy  # noqa: E402
+from gmux.cli.argtypes import positive  # noqa: E402
+from gmux.cluster.policies import POLICIES, make_policy  # noqa: E402
 from gmux.cluster.sim.engine import Engine, make_machines  # noqa: E402
 from gmux.cluster.sim.run import SimConfig, prepare  # noqa: E402
 
@@ -73,15 +74,23 @@ def idle_by_class(scale: float, vc: str, policy: str, traces: str) -> dict:
             "idle_gpu_days_per_gpu": {k: v / DAY / gpus for k, v in idle.items()}}
 
 
+def _policies(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",")]
+    bad = [x for x in names if x not in POLICIES]
+    if bad or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: give policies once each, from {', '.join(POLICIES)}")
+    return names
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--vc-scale", type=float, default=0.25)
+    p.add_argument("--vc-scale", type=positive, default=0.25)
     p.add_argument("--vc", default="103959")
-    p.add_argument("--policies", default="fifo-bf,srtf,tiresias,gmux")
+    p.add_argument("--policies", type=_policies, default="fifo-bf,srtf,tiresias,gmux")
     p.add_argument("--traces", default=os.path.join(ROOT, "..", "shared", "traces"))
     a = p.parse_args()
     t0 = time.perf_counter()
-    out = {pol: idle_by_class(a.vc_scale, a.vc, pol, a.traces) for pol in a.policies.split(",")}
+    out = {pol: idle_by_class(a.vc_scale, a.vc, pol, a.traces) for pol in a.policies}
     table = Table(title=f"Idle GPU-days per GPU in VC {a.vc} at x{a.vc_scale}")
     for col in ("policy", "avg JCT h", "makespan d", *CLASSES):
         table.add_column(col, justify="left" if col == "policy" else "right")

@@ -30,13 +30,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from gmux.cli.argtypes import output_dir, positive, positive_int  # noqa: E402
 from gmux.cluster.policies import POLICIES, Event, EventKind, make_policy  # noqa: E402
 from gmux.cluster.sim.engine import Engine, make_machines  # noqa: E402
 from gmux.cluster.sim.metrics import summarize, write_json  # noqa: E402
 from gmux.cluster.sim.plots import plot_load_curve  # noqa: E402
 from gmux.cluster.sim.run import SimConfig, prepare, simulate  # noqa: E402
 from gmux.cluster.sim.throughputs import Throughputs  # noqa: E402
-from gmux.cluster.sim.trace import TraceJob  # noqa: E402
+from gmux.cluster.sim.trace import TraceError, TraceJob  # noqa: E402
 
 # HeliosArtifact (SC'21), per-VC Philly on these VC sizes (from ../shared/traces/README.md).
 PUBLISHED = {"fifo": 86072, "sjf": 34272, "srtf": 30683}
@@ -117,13 +118,20 @@ def _row(s: dict, srtf: dict) -> dict:
     return out
 
 
+def _loads(text: str) -> list[float]:
+    loads = [positive(x) for x in text.split(",")]
+    if len(set(loads)) != len(loads):
+        raise argparse.ArgumentTypeError(f"{text}: a load is given twice")
+    return loads
+
+
 def main() -> int:
     t_start = time.perf_counter()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=os.path.normpath(os.path.join(ROOT, "..", "shared", "traces")))
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--loads", default="1,0.5,0.35,0.25", help="VC scales to run (comma-separated)")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--workers", type=positive_int, default=2)
+    ap.add_argument("--loads", type=_loads, default="1,0.5,0.35,0.25", help="VC scales to run (comma-separated)")
+    ap.add_argument("--out", type=output_dir, default=os.path.join(HERE, "results"))
     ap.add_argument("--no-decision-bench", action="store_true")
     args = ap.parse_args()
     paths = {n: os.path.join(args.traces, n) for n in ("philly.csv", "philly_vc.csv", "gavel_throughputs.json")}
@@ -131,17 +139,26 @@ def main() -> int:
     if missing:
         print(f"simulate: trace files not found: {', '.join(missing)} (expected ../shared/traces)", file=sys.stderr)
         return 1
-    loads = [float(x) for x in args.loads.split(",")]
+    loads = args.loads
     policies = list(POLICIES)
     curve: dict = {}
     split: dict = {}
-    prep = None
+    # Every load's clusters are built before any is simulated: a load that cannot be (a VC scaled past the
+    # largest cluster) ended the run with a traceback after the hours the loads before it took.
+    runs = []
     for load in loads:
         cfg = SimConfig(trace=paths["philly.csv"], vcs=paths["philly_vc.csv"],
                         throughputs=paths["gavel_throughputs.json"], vc_scale=load, bad_rows="skip",
                         workers=args.workers)
         t0 = time.perf_counter()
-        prep = prepare(cfg)
+        try:
+            runs.append((load, cfg, prepare(cfg), time.perf_counter() - t0))
+        except (TraceError, ValueError) as e:
+            print(f"simulate: x{load:g}: {e}", file=sys.stderr)
+            return 2
+    prep = None
+    for load, cfg, prep, prepared_s in runs:
+        t0 = time.perf_counter() - prepared_s
         out = simulate(cfg, policies, prep)
         wall = time.perf_counter() - t0
         summ = {p: summarize(r) for p, r in out.items()}
@@ -211,7 +228,6 @@ def main() -> int:
     seconds = time.perf_counter() - t_start
     payload.update({"gmux_vs_srtf_worst": vs_srtf, "gmux_vs_tiresias_worst": vs_tir,
                     "suspends_vs_tiresias_worst": sus, "seconds": seconds})
-    os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "simulate.json"), payload)
     plot_load_curve({p: {x: curve[x][p]["avg_jct_s"] for x in loads} for p in policies},
                     os.path.join(args.out, "sim_load_curve.png"), "Philly per-VC: average JCT against load")

@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
+from gmux.cli.argtypes import output_dir, positive_int  # noqa: E402
 from gmux.cluster.policies import make_policy  # noqa: E402
 from gmux.cluster.sim.engine import Engine, make_machines  # noqa: E402
 from gmux.cluster.sim.metrics import summarize, write_json  # noqa: E402
@@ -63,10 +64,10 @@ def main() -> int:
     t0 = time.perf_counter()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=os.path.normpath(os.path.join(ROOT, "..", "shared", "traces")))
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--jobs", type=int, default=4000)
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--workers", type=positive_int, default=2)
+    ap.add_argument("--jobs", type=positive_int, default=4000)
+    ap.add_argument("--seeds", type=positive_int, default=3)
+    ap.add_argument("--out", type=output_dir, default=os.path.join(HERE, "results"))
     args = ap.parse_args()
     table = os.path.join(args.traces, "gavel_throughputs.json")
     if not os.path.isfile(table):
@@ -120,7 +121,6 @@ def main() -> int:
                                                    "suspends_vs_tiresias_worst", "best_util_vs_gmux_worst",
                                                    "best_util_vs_srtf_worst")}
     seconds = time.perf_counter() - t0
-    os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "synthetic.json"), {"rows": rows, "jobs": args.jobs, "seeds": args.seeds,
                                                           **worst, "seconds": seconds})
     print(f"wrote {os.path.join(args.out, 'synthetic.json')}")

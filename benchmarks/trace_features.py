@@ -38,7 +38,9 @@ sys.path.insert(0, ROOT)
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from gmux.cluster.sim.trace import load_trace  # noqa: E402
+from gmux.cli.argtypes import nonneg_int, output_dir  # noqa: E402
+from gmux.cluster.sim.trace import TraceError, load_trace  # noqa: E402
+from gmux.util.atomic import atomic_open  # noqa: E402
 
 SWEEP_GAP_S = 1800.0
 AT_ARRIVAL = ("hour", "weekday", "gap", "position")
@@ -100,14 +102,26 @@ def weighted(rows: list[dict], key) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trace", default=os.path.join(ROOT, "..", "shared", "traces", "philly.csv"))
-    p.add_argument("--min-jobs", type=int, default=100)
+    p.add_argument("--min-jobs", type=nonneg_int, default=100)
     p.add_argument("--out", default=os.path.join(HERE, "results", "trace_features.json"))
     a = p.parse_args(argv)
+    try:
+        output_dir(os.path.dirname(os.path.abspath(a.out)))
+    except argparse.ArgumentTypeError as e:
+        p.error(f"--out {a.out}: {e}")
     if not os.path.isfile(a.trace):
         print(f"trace_features: skipped: no trace at {a.trace} (../shared/traces beside the project)")
         return 0
     t0 = time.perf_counter()
-    rows = classes(a.trace, a.min_jobs)
+    try:
+        rows = classes(a.trace, a.min_jobs)
+    except TraceError as e:
+        print(f"trace_features: {e}", file=sys.stderr)
+        return 2
+    if not rows:
+        print(f"trace_features: no class (a VC and a GPU count) has {a.min_jobs} jobs or more in {a.trace}: give a "
+              f"smaller --min-jobs", file=sys.stderr)
+        return 2
     t = Table(title=f"R^2 of log(duration) within each class (chance in brackets), {os.path.basename(a.trace)}",
               title_justify="left")
     for col in ("VC", "GPUs", "jobs", "job-h", "sd log", *AT_ARRIVAL, "sibling (after it ends)", "has one"):
@@ -129,8 +143,7 @@ def main(argv=None) -> int:
     Console(width=200).print(t)
     best = max(summary[n] - summary[n + "_chance"] for n in AT_ARRIVAL)
     seconds = time.perf_counter() - t0
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
+    with atomic_open(a.out, mode=0o644, text=True) as f:
         json.dump({"trace": a.trace, "classes": rows, "summary": summary, "seconds": seconds}, f, indent=1)
     print(f"trace_features: best_at_arrival_excess_r2={best:.3f} sibling_r2={summary['sibling']:.3f} "
           f"seconds={seconds:.0f}")

@@ -84,6 +84,21 @@ def path(text: str) -> str:
     return text
 
 
+def output_dir(text: str) -> str:
+    """A directory results go into (a benchmark's --out), made now and found writable: a run of an hour found it
+    was not only at its end, and lost what it had measured."""
+    path(text)
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text}: a file, not a directory")
+    try:
+        os.makedirs(text, exist_ok=True)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{text}: cannot make it ({e.strerror or e})") from None
+    if not os.access(text, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: cannot write into it")
+    return text
+
+
 def runtime_dir(text: str) -> str:
     """--runtime-dir (or GMUX_RUNTIME_DIR, argparse's default): refused where a file stands in the way, which
     would otherwise read as "no gmuxd runs there"."""
