@@ -65,3 +65,28 @@ def test_a_link_beside_a_system_daemon_is_refused(tmp_path):
                         "--name", "m1", "--scheduler", "tcp://127.0.0.1:1", "--keys", str(tmp_path / "keys")],
                        env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "cluster mode is not supported" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args,said", [(["--scheduler", "nope"], "--scheduler: 'nope' is not tcp://HOST:PORT"),
+                                       (["--listen", "garbage"], "--listen: 'garbage' is not tcp://HOST:PORT"),
+                                       (["--name", "../m1"], "--name: key name '../m1': use letters, digits")])
+def test_a_link_started_on_its_own_refuses_a_bad_argument_as_a_usage_error(tmp_path, capsys, args, said):
+    """Each ended in a traceback from ZeroMQ or the key loader, after the link had begun to start."""
+    from gmux.cli.cluster_link import main
+    with pytest.raises(SystemExit) as e:
+        main(["--runtime-dir", str(tmp_path / "run"), "--name", "m1", "--scheduler", "tcp://127.0.0.1:1",
+              "--keys", str(tmp_path / "keys"), *args])
+    assert e.value.code == 2 and said in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_link_whose_key_is_missing_says_so_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+    from cluster_harness import ROOT, env
+    keys.create_all(str(tmp_path / "keys"), [("scheduler", None), ("daemon", "m1")])
+    r = subprocess.run([sys.executable, "-m", "gmux.cli.cluster_link", "--runtime-dir", str(tmp_path / "run"),
+                        "--name", "m2", "--scheduler", "tcp://127.0.0.1:1", "--keys", str(tmp_path / "keys")],
+                       env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith(f"gmux-cluster-link: no key file {tmp_path / 'keys' / 'daemon.m2.pub'}")
