@@ -32,7 +32,8 @@ def main(argv: list) -> int:
     p.add_argument("--runtime-dir", help=argparse.SUPPRESS)    # (a local gmuxd's: no cluster command uses it)
     sub = p.add_subparsers(dest="cmd", required=True)
     k = sub.add_parser("keys", help="create CurveZMQ key pairs for cluster mode")
-    k.add_argument("--dir", default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"))
+    k.add_argument("--dir", default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"),
+                   help="the cluster's key directory, made mode 0700 (default: GMUX_KEYS)")
     k.add_argument("--scheduler", action="store_true", help="the scheduler's pair")
     k.add_argument("--daemon", action="append", default=[], metavar="NAME", help="a machine's pair (repeatable)")
     k.add_argument("--client", action="append", default=[], metavar="NAME", help="a user's pair (repeatable)")
@@ -90,6 +91,9 @@ def run(a) -> int:
         if not pairs:
             raise ValueError("say which pairs to create: --scheduler, --daemon NAME, --client NAME")
         made = keys.create_all(a.dir, pairs, a.force)
+        if a.json:      # (--json was taken, and the paths printed as text all the same)
+            print(json.dumps({"created": [{"public": pub, "secret": sec} for pub, sec in made]}))
+            return 0
         for pub, sec in made:
             print(f"{pub}\n{sec}  (secret: give it only to its owner)")
         return 0

@@ -1,5 +1,6 @@
 """The policy driver: the snapshot it builds from the scheduler's tables, and how each action becomes a daemon
 intent (pure: no processes)."""
+import json
 import os
 
 import pytest
@@ -291,7 +292,9 @@ def test_keys_refused_for_one_bad_or_repeated_name_makes_none(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "key name '\\x1b[31mbad'" in err and "client.a asked for twice" in err
     assert not keydir.exists() or not os.listdir(keydir)
-    assert gmux_main(["keys", "--dir", str(keydir), "--client", "a"]) == 0
+    assert gmux_main(["keys", "--dir", str(keydir), "--client", "a", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"created": [{"public": str(keydir / "client.a.pub"),
+                                                                "secret": str(keydir / "client.a.secret")}]}
     assert gmux_main(["keys", "--dir", str(keydir), "--client", "b", "--client", "a"]) == 1
     assert sorted(os.listdir(keydir)) == ["client.a.pub", "client.a.secret"]
 
