@@ -68,6 +68,9 @@ def _unwritable(json_path: str | None, plots: str | None, made: list) -> str | N
     """Why the results could not be written where asked, found before a run that may take minutes: the
     directories they go into are made now, and added to `made` (parents first) to be removed again if the run
     is refused or fails."""
+    if json_path and plots and os.path.abspath(json_path) == os.path.abspath(plots):
+        # (the plots' directory was made there, and the results file found it in its way only at the end)
+        return f"--json and --plots name one path, {json_path}: the plots go into a directory beside the file"
     for flag, target, directory in (("--json", json_path, False), ("--plots", plots, True)):
         if target is None:
             continue

@@ -83,3 +83,6 @@ def test_a_refused_run_leaves_no_directory_it_made_for_its_results(tmp_path, cap
     with pytest.raises(SystemExit):
         main(args + ["--json", str(tmp_path / "kept" / "new" / "r.json"), "--copy-gbps", "0"])
     assert os.listdir(tmp_path / "kept") == []
+    with pytest.raises(SystemExit):
+        main(args + ["--json", str(tmp_path / "kept" / "r"), "--plots", str(tmp_path / "kept" / "." / "r")])
+    assert "--json and --plots name one path" in capsys.readouterr().err and os.listdir(tmp_path / "kept") == []
