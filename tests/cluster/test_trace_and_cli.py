@@ -149,6 +149,10 @@ def test_vc_and_throughput_files_are_validated(tmp_path):
     (tmp_path / "t.json").write_text(json.dumps({"k80": {}}))
     with pytest.raises(TraceError, match="no GPU type 'v100'"):
         Throughputs(str(tmp_path / "t.json"))
+    with open(tmp_path / "t.json", "a") as f:       # (sparse: read whole, gigabytes would exhaust memory)
+        f.truncate(65 << 20)
+    with pytest.raises(TraceError, match="t.json: 68,157,440 bytes, more than a throughput table's 64 MiB"):
+        Throughputs(str(tmp_path / "t.json"))
 
 
 def test_job_types_are_seeded_and_match_the_scale(tmp_path):

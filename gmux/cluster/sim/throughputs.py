@@ -29,6 +29,8 @@ from gmux.cluster.sim.trace import Trace, TraceError, unreadable
 
 SCALES = (1, 2, 4, 8)
 SOLO = "null"           # the key of a type's solo rate among its pair entries
+# Gavel's table is 1.2 MB; a file of gigabytes is not one, and json.load would hold several times its size.
+MAX_TABLE_BYTES = 64 << 20
 
 
 def _type_key(name: str) -> tuple[str, int]:
@@ -80,6 +82,9 @@ class Throughputs:
         if not os.path.isfile(path):
             raise TraceError(f"{path}: no such throughput file")
         try:
+            if os.path.getsize(path) > MAX_TABLE_BYTES:
+                raise TraceError(f"{path}: {os.path.getsize(path):,} bytes, more than a throughput table's "
+                                 f"{MAX_TABLE_BYTES >> 20} MiB (Gavel's is 1.2 MB)")
             with open(path) as f:
                 data = json.load(f)
         except json.JSONDecodeError as e:
