@@ -124,10 +124,13 @@ def _gpu_index(v):
     return _int(v, 0, 4096)
 
 
+MAX_SECONDS = 1e6      # the longest time a message carries (a checkpoint period, a deadline): about 11 days
+
+
 def _pos_float(v):
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return f"expected a number, got {type(v).__name__}"
-    if not math.isfinite(v) or v <= 0 or v > 1e6:
+    if not math.isfinite(v) or v <= 0 or v > MAX_SECONDS:
         return f"{v} is not a finite number in (0, 1e6]"
     return None
 

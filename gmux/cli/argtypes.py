@@ -8,7 +8,7 @@ import math
 import os
 import re
 
-from gmux.protocol import WEIGHTS, cluster_job_name_problem, job_name_problem
+from gmux.protocol import MAX_SECONDS, WEIGHTS, cluster_job_name_problem, job_name_problem
 from gmux.rundir import not_a_directory
 from gmux.util.sizes import parse_size
 from gmux.util.text import digits
@@ -33,6 +33,13 @@ positive = checked(float, "a number", lambda v: 0 < v < math.inf, "a finite numb
 nonneg_int = checked(int, "an integer", lambda v: v >= 0, "an integer >= 0")
 positive_int = checked(int, "an integer", lambda v: v >= 1, "a positive integer")
 port = checked(int, "a port number", lambda v: 1 <= v <= 65535, "a port in 1..65535")
+# A cluster job's checkpoint period: one the wire refuses (gmux-scheduler --ckpt-every 2e6) left every job it
+# started unstartable, each start refused by the machine's link.
+ckpt_every = checked(float, "a number", lambda v: 0 <= v <= MAX_SECONDS,
+                     f"a number of seconds from 0 (never) to {MAX_SECONDS:,.0f}")
+# --lost-after: the scheduler sends its shares (a job's lease, a link's fence) in messages the wire bounds alike.
+lost_after = checked(float, "a number", lambda v: 0 < v <= MAX_SECONDS,
+                     f"a number of seconds > 0 and at most {MAX_SECONDS:,.0f}")
 weight = checked(float, "a number", lambda v: WEIGHTS[0] <= v <= WEIGHTS[1], f"a weight in [{WEIGHTS[0]:g}, "
                                                                                f"{WEIGHTS[1]:g}]")
 

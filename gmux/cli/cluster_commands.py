@@ -11,7 +11,7 @@ import os
 
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
-from gmux.cli.argtypes import nonneg, nonneg_int, positive_int, tcp_endpoint
+from gmux.cli.argtypes import ckpt_every, nonneg_int, positive_int, tcp_endpoint
 from gmux.cli.job_options import add_job_options
 from gmux.cli.output import Parser, UsageError, failed, json_asked, reader_gone
 from gmux.cli.submit_env import check_text, submit_cwd, submit_env
@@ -54,7 +54,7 @@ def main(argv: list) -> int:
                        help="your client key's name (client.NAME in --keys)")
         if name == "submit":
             add_job_options(s, cluster=True)
-            s.add_argument("--ckpt-every", type=nonneg,
+            s.add_argument("--ckpt-every", type=ckpt_every,
                            help="periodic checkpoint interval, seconds (0: never; default: gmux-scheduler's "
                                 "--ckpt-every)")
             s.add_argument("--ranks", type=positive_int, default=1,

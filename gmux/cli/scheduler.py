@@ -11,7 +11,7 @@ import sys
 from gmux.wire import keys
 from gmux.cluster.policies import POLICIES, make_policy
 from gmux.cluster.scheduler.service import Options, Scheduler
-from gmux.cli.argtypes import json_object, nonneg, positive, tcp_endpoint
+from gmux.cli.argtypes import ckpt_every, json_object, lost_after, positive, tcp_endpoint
 from gmux.util.fd_limit import raise_soft_limit
 from gmux.util.text import log_to_stderr
 
@@ -30,8 +30,9 @@ def main(argv=None) -> int:
                    help='the policy\'s parameters as a JSON object, e.g. \'{"base_gpu_s": 600}\' for gmux '
                         '(gmux-sim --params takes the same, per policy); a name the policy does not take is refused')
     p.add_argument("--tick", type=positive, default=1.0, help="seconds between policy decisions (default 1)")
-    p.add_argument("--lost-after", type=positive, default=5.0, help="a machine silent this long is lost (default 5 s)")
-    p.add_argument("--ckpt-every", type=nonneg, default=30.0,
+    p.add_argument("--lost-after", type=lost_after, default=5.0,
+                   help="a machine silent this long is lost (default 5 s)")
+    p.add_argument("--ckpt-every", type=ckpt_every, default=30.0,
                    help="default periodic checkpoint interval of a job, seconds (0: never)")
     p.add_argument("--admin", action="append", default=[], metavar="NAME",
                    help="a client key name that may kill or move every user's jobs (repeatable); any other client "

@@ -210,7 +210,10 @@ def test_a_policy_that_needs_durations_is_refused_before_anything_is_created(tmp
     (["--params", "[" * 100000 + "]" * 100000], 2, "--params is not JSON gmux-scheduler reads: nested too deeply"),
     (["--params", '{"nope": 1}'], 2, "gmux: unknown parameter 'nope'; it takes base_gpu_s,"),
     (["--policy", "tiresias", "--params", '{"thresholds": [5, 1]}'], 2, "finite positive numbers in increasing order"),
-    (["--params", '{"min_run_s": "\\u001b[31m"}'], 2, "'min_run_s' must be a finite number, got '\\x1b[31m'")])
+    (["--params", '{"min_run_s": "\\u001b[31m"}'], 2, "'min_run_s' must be a finite number, got '\\x1b[31m'"),
+    # taken, then every job's start (its checkpoint period, its lease) was refused by the machines' links
+    (["--ckpt-every", "2e6"], 2, "--ckpt-every: 2e6 is not a number of seconds from 0 (never) to 1,000,000"),
+    (["--lost-after", "2e6"], 2, "--lost-after: 2e6 is not a number of seconds > 0 and at most 1,000,000")])
 def test_bad_policy_parameters_are_refused_by_name_before_anything_is_created(tmp_path, capsys, args, code, needle):
     from gmux.cli import scheduler as cli
     from gmux.wire import keys
@@ -270,6 +273,10 @@ def test_one_scheduler_per_state_directory_and_bad_addresses_are_refused_by_name
         with pytest.raises(SystemExit):
             gmux_main(["ps", "--cluster", bad, "--keys", keydir])
         assert f"{bad!r} is not tcp://HOST:PORT" in capsys.readouterr().err
+    with pytest.raises(SystemExit):     # (the scheduler refused it as a wire field: c_submit.ckpt_every)
+        gmux_main(["submit", "--cluster", "tcp://127.0.0.1:9", "--keys", keydir, "--ckpt-every", "2e6", "--",
+                   "python", "x.py"])
+    assert "--ckpt-every: 2e6 is not a number of seconds from 0 (never) to 1,000,000" in capsys.readouterr().err
     # A damaged state database: named, left as it is (it was a traceback)
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "scheduler.db").write_bytes(b"\x00garbage" * 500)
