@@ -210,7 +210,7 @@ def _main(argv, made: list) -> int:
     from gmux.cluster.sim.cluster import Costs
     from gmux.cluster.sim.engine import SimulationError
     from gmux.cluster.sim.metrics import write_json
-    from gmux.cluster.sim.run import SimConfig, prepare, report, simulate
+    from gmux.cluster.sim.run import SimConfig, WorkerDied, prepare, report, simulate
     from gmux.cluster.sim.trace import TraceError
 
     parser = build_parser()
@@ -290,6 +290,9 @@ def _main(argv, made: list) -> int:
     except (TraceError, ValueError, TypeError, SimulationError) as e:
         print(f"gmux-sim: error: {printable(e, limit=ERROR_LIMIT)}", file=sys.stderr)
         return 2
+    except WorkerDied as e:
+        print(f"gmux-sim: error: {e}", file=sys.stderr)
+        return 1
     except PolicyError as e:
         print(f"gmux-sim: error: a policy made a decision the cluster refused (its --params, or a bug in it): "
               f"{printable(e, limit=ERROR_LIMIT)}", file=sys.stderr)

@@ -1,15 +1,19 @@
-"""gmux-sim's results files: written whatever becomes of standard output, never half-written, and a run refused
-or failed leaves no directory it made for them."""
+"""How gmux-sim ends when something goes wrong around the simulation: its results files are written whatever
+becomes of standard output, never half-written, a run refused or failed leaves no directory it made for them, and
+a worker process killed mid-run ends the run instead of leaving it waiting for ever."""
 import errno
 import io
 import json
 import os
+import signal
 import sys
 
 import pytest
 
 from sim_harness import write_table
 from gmux.cli.sim import main
+from gmux.cluster.sim import run
+from gmux.cluster.sim.run import _run_one
 
 ROWS = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-01 00:00:00,10,1,10,vcA\n"
 
@@ -86,3 +90,20 @@ def test_a_refused_run_leaves_no_directory_it_made_for_its_results(tmp_path, cap
     with pytest.raises(SystemExit):
         main(args + ["--json", str(tmp_path / "kept" / "r"), "--plots", str(tmp_path / "kept" / "." / "r")])
     assert "--json and --plots name one path" in capsys.readouterr().err and os.listdir(tmp_path / "kept") == []
+
+
+def _killed_on_gmux(task):
+    """A worker's task (found by name in the forked worker) that kills its worker when it is gmux's."""
+    if task[0] == "gmux":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _run_one(task)
+
+
+def test_a_worker_killed_mid_run_ends_the_run_with_a_message(tmp_path, monkeypatch, capsys):
+    """The pool started another worker in a killed one's place and never did its task: gmux-sim waited for ever."""
+    monkeypatch.setattr(run, "_run_one", _killed_on_gmux)
+    monkeypatch.setattr(run, "WORKER_POLL_S", 0.05)
+    args = _files(tmp_path)
+    assert main(args + ["--policy", "fifo,gmux", "--workers", "2", "--json", str(tmp_path / "out" / "r.json")]) == 1
+    assert "ended mid-run (killed by signal 9; out of memory?)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

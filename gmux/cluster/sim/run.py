@@ -188,6 +188,11 @@ def _by_line(rows: list) -> str:
 
 
 _WORK: dict = {}
+WORKER_POLL_S = 1.0     # how often a wait for a worker's result looks whether the workers are all alive
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended mid-run (killed, out of memory): its task will never be done."""
 
 
 def _ignore_interrupts() -> None:
@@ -222,9 +227,13 @@ def simulate(cfg: SimConfig, policies: list[str], prep: Prepared | None = None,
     out: dict[str, list[RunResult]] = {p: [] for p in policies}
     if cfg.workers > 1 and len(tasks) > 1 and "fork" in mp.get_all_start_methods():
         # (Ctrl-C is the parent's to report once; leaving the block terminates the workers)
+        before = set(mp.active_children())
         with mp.get_context("fork").Pool(min(cfg.workers, os.cpu_count() or 1, len(tasks)), _ignore_interrupts) \
                 as pool:
-            for res in pool.imap_unordered(_run_one, tasks):
+            workers = [p for p in mp.active_children() if p not in before]
+            results = pool.imap_unordered(_run_one, tasks)
+            for _ in tasks:
+                res = _next(results, workers)
                 out[res.policy].append(res)
     else:
         for t in tasks:
@@ -233,6 +242,20 @@ def simulate(cfg: SimConfig, policies: list[str], prep: Prepared | None = None,
     for p in out:
         out[p].sort(key=lambda r: r.cluster)
     return out
+
+
+def _next(results, workers: list) -> RunResult:
+    """The next result; WorkerDied once a worker has ended. The pool starts another in a killed one's place and
+    never does its task again: the run waited for ever."""
+    while True:
+        try:
+            return results.next(timeout=WORKER_POLL_S)
+        except mp.TimeoutError:
+            gone = next((p for p in workers if p.exitcode is not None), None)
+            if gone is not None:
+                how = f"killed by signal {-gone.exitcode}" if gone.exitcode < 0 else f"exit status {gone.exitcode}"
+                raise WorkerDied(f"worker process {gone.pid} ended mid-run ({how}; out of memory?): its clusters "
+                                 f"were not simulated") from None
 
 
 def report(cfg: SimConfig, prep: Prepared, out: dict, baseline: str = "fifo") -> dict:
