@@ -124,6 +124,17 @@ def job_name(text: str) -> str:
     return _named_by(job_name_problem, text)
 
 
+def key_name(text: str) -> str:
+    """A key's NAME (daemon.NAME, client.NAME): gmux-cluster-link --name, gmux-scheduler --admin. A bad one ended
+    in a traceback from the key loader, or (--admin '') was taken and could never match a key."""
+    from gmux.wire.keys import stem     # (here only: ZeroMQ is imported with it)
+    try:
+        stem("client", text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def cluster_job_name(text: str) -> str:
     """gmux submit --cluster --name: the scheduler's rule (protocol.cluster_job_name_problem)."""
     return _named_by(cluster_job_name_problem, text)

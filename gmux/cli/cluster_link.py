@@ -7,27 +7,18 @@ import sys
 
 import zmq
 
-from gmux.cli.argtypes import runtime_dir, tcp_endpoint
+from gmux.cli.argtypes import key_name, runtime_dir, tcp_endpoint
 from gmux.node.cluster_link import ClusterLink
 from gmux.rundir import RuntimeDirError
 from gmux.util.text import log_to_stderr, printable
 from gmux.wire import keys
 
 
-def _machine_name(text: str) -> str:
-    """--name, by the rule of the key it names (daemon.NAME): a bad one ended in a traceback from the key loader."""
-    try:
-        keys.stem("daemon", text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gmux-cluster-link")
     p.add_argument("--runtime-dir", type=runtime_dir, required=True, help="the runtime directory of this machine's "
                    "gmuxd (gmuxd --runtime-dir)")
-    p.add_argument("--name", type=_machine_name, required=True,
+    p.add_argument("--name", type=key_name, required=True,
                    help="this machine's name: its key is daemon.NAME in --keys")
     p.add_argument("--scheduler", type=tcp_endpoint, required=True, help="tcp://HOST:PORT of gmux-scheduler")
     p.add_argument("--keys", required=True, help="the cluster's key directory")

@@ -11,7 +11,7 @@ import sys
 from gmux.wire import keys
 from gmux.cluster.policies import POLICIES, make_policy
 from gmux.cluster.scheduler.service import Options, Scheduler
-from gmux.cli.argtypes import ckpt_every, json_object, lost_after, positive, tcp_endpoint
+from gmux.cli.argtypes import ckpt_every, json_object, key_name, lost_after, positive, tcp_endpoint
 from gmux.util.fd_limit import raise_soft_limit
 from gmux.util.text import log_to_stderr
 
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
                    help="a machine silent this long is lost (default 5 s)")
     p.add_argument("--ckpt-every", type=ckpt_every, default=30.0,
                    help="default periodic checkpoint interval of a job, seconds (0: never)")
-    p.add_argument("--admin", action="append", default=[], metavar="NAME",
+    p.add_argument("--admin", action="append", type=key_name, default=[], metavar="NAME",
                    help="a client key name that may kill or move every user's jobs (repeatable); any other client "
                         "acts only on the jobs it submitted")
     p.add_argument("-v", "--verbose", action="store_true")

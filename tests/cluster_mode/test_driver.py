@@ -213,7 +213,8 @@ def test_a_policy_that_needs_durations_is_refused_before_anything_is_created(tmp
     (["--params", '{"min_run_s": "\\u001b[31m"}'], 2, "'min_run_s' must be a finite number, got '\\x1b[31m'"),
     # taken, then every job's start (its checkpoint period, its lease) was refused by the machines' links
     (["--ckpt-every", "2e6"], 2, "--ckpt-every: 2e6 is not a number of seconds from 0 (never) to 1,000,000"),
-    (["--lost-after", "2e6"], 2, "--lost-after: 2e6 is not a number of seconds > 0 and at most 1,000,000")])
+    (["--lost-after", "2e6"], 2, "--lost-after: 2e6 is not a number of seconds > 0 and at most 1,000,000"),
+    (["--admin", ""], 2, "--admin: key name '': use letters, digits")])
 def test_bad_policy_parameters_are_refused_by_name_before_anything_is_created(tmp_path, capsys, args, code, needle):
     from gmux.cli import scheduler as cli
     from gmux.wire import keys
