@@ -189,12 +189,13 @@ ERROR_LIMIT = 2000     # characters of one error line: a trace's names can be an
 
 def main(argv=None) -> int:
     made: list[str] = []    # directories made for the results: a run refused or failed leaves none behind
+    written: list[str] = []     # the results files written, for an interrupt to say
     status = 2
     try:
-        status = _main(argv, made)
+        status = _main(argv, made, written)
         return status
     except KeyboardInterrupt:
-        print("gmux-sim: interrupted (nothing written)", file=sys.stderr)
+        print(f"gmux-sim: interrupted ({', '.join(map(printable, written)) or 'nothing'} written)", file=sys.stderr)
         return 130
     except BrokenPipeError:     # (`gmux-sim | head`)
         return reader_gone()
@@ -205,7 +206,7 @@ def main(argv=None) -> int:
                     os.rmdir(directory)
 
 
-def _main(argv, made: list) -> int:
+def _main(argv, made: list, written: list) -> int:
     from gmux.cluster.policies import POLICIES, PolicyError, make_policy
     from gmux.cluster.sim.cluster import Costs
     from gmux.cluster.sim.engine import SimulationError
@@ -312,11 +313,13 @@ def _main(argv, made: list) -> int:
         if args.json:
             target = args.json
             write_json(os.path.realpath(args.json), payload)     # (through a link: the file it names is replaced)
+            written.append(target)
         if args.plots:
             from gmux.cluster.sim.plots import plot_jct_cdf, plot_utilisation
             for name, plot in (("jct_cdf.png", plot_jct_cdf), ("utilisation.png", plot_utilisation)):
                 target = os.path.join(args.plots, name)
                 plot(out, target)
+                written.append(target)
     except OSError as e:
         shown = "" if args.quiet or status or lost else " (the table above has the results)"
         lost = f"cannot write {target} ({e.strerror or e}){shown}" + (f"; {lost}" if lost else "")

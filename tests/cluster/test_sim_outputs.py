@@ -78,6 +78,17 @@ def test_a_results_file_that_cannot_be_written_is_said_and_no_plot_is_left_half_
     assert capsys.readouterr().err.strip().endswith(f"cannot write {tmp_path / 'r2.json'} (Read-only file system)")
 
 
+def test_an_interrupt_while_the_results_are_written_says_which_were(tmp_path, monkeypatch, capsys):
+    """It said "nothing written" with the JSON file already written."""
+    def interrupted(results, path):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("gmux.cluster.sim.plots.plot_jct_cdf", interrupted)
+    args = _files(tmp_path)
+    assert main(args + ["--quiet", "--json", str(tmp_path / "r.json"), "--plots", str(tmp_path / "p")]) == 130
+    assert capsys.readouterr().err.endswith(f"gmux-sim: interrupted ({tmp_path / 'r.json'} written)\n")
+    assert (tmp_path / "r.json").exists() and not (tmp_path / "p").exists()
+
+
 def test_a_refused_run_leaves_no_directory_it_made_for_its_results(tmp_path, capsys):
     args = _files(tmp_path, ROWS + "2017-10-01 00:00:00,nan,1,nan,vcA\n")
     assert main(args + ["--json", str(tmp_path / "a" / "b" / "r.json"), "--plots", str(tmp_path / "p" / "q")]) == 2
