@@ -133,8 +133,8 @@ def run(a) -> int:
                 print(json.dumps(data, indent=1, default=str))
             else:
                 from gmux.cli.tables import CLUSTER_HEADER, cluster_job_line, cluster_rank_line
-                print(f"policy {data['policy']}; machines: " + ", ".join(
-                    f"{m['name']}({m['state']}, {m['gpus']} GPU)" for m in data["machines"]))
+                print(f"policy {data['policy']}; machines: " + (", ".join(
+                    f"{m['name']}({m['state']}, {m['gpus']} GPU)" for m in data["machines"]) or "none has joined"))
                 if data.get("store"):
                     print(f"the scheduler is serving from memory: {printable(data['store'])}")
                 print(CLUSTER_HEADER)

@@ -32,6 +32,14 @@ def scheduler(tmp_path):
     t.join(10)
 
 
+def test_the_cluster_table_says_when_no_machine_has_joined(scheduler, tmp_path, capsys):
+    """Its first line ended in "machines: " and nothing after it."""
+    from gmux.cli.gmux import main as gmux_main
+    s, _ = scheduler
+    assert gmux_main(["ps", "--cluster", s.endpoint, "--keys", str(tmp_path / "keys"), "--as", "alice"]) == 0
+    assert capsys.readouterr().out.startswith("policy gmux; machines: none has joined\n")
+
+
 def test_only_the_owner_or_an_admin_acts_on_a_job(scheduler):
     s, client = scheduler
     alice, bob, ops = client("alice"), client("bob"), client("ops")
