@@ -120,8 +120,11 @@ def _nonneg_int(v):
     return _int(v, 0)
 
 
+MAX_GPU_INDEX = 4096
+
+
 def _gpu_index(v):
-    return _int(v, 0, 4096)
+    return _int(v, 0, MAX_GPU_INDEX)
 
 
 MAX_SECONDS = 1e6      # the longest time a message carries (a checkpoint period, a deadline): about 11 days

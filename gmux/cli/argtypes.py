@@ -8,7 +8,8 @@ import math
 import os
 import re
 
-from gmux.protocol import MAX_SECONDS, WEIGHTS, cluster_job_name_problem, job_name_problem
+from gmux.protocol import (MAX_GPU_INDEX, MAX_RANKS, MAX_SECONDS, WEIGHTS, cluster_job_name_problem,
+                           job_name_problem)
 from gmux.rundir import not_a_directory
 from gmux.util.sizes import parse_size
 from gmux.util.text import digits
@@ -37,6 +38,10 @@ port = checked(int, "a port number", lambda v: 1 <= v <= 65535, "a port in 1..65
 # started unstartable, each start refused by the machine's link.
 ckpt_every = checked(float, "a number", lambda v: 0 <= v <= MAX_SECONDS,
                      f"a number of seconds from 0 (never) to {MAX_SECONDS:,.0f}")
+# gmux submit --cluster --ranks, gmux migrate --cluster --gpu: the scheduler refused larger ones as wire fields
+ranks = checked(int, "an integer", lambda v: 1 <= v <= MAX_RANKS,
+                f"a number of ranks from 1 to {MAX_RANKS} (one process per GPU of one machine)")
+gpu_index = checked(int, "an integer", lambda v: 0 <= v <= MAX_GPU_INDEX, f"a GPU index from 0 to {MAX_GPU_INDEX}")
 # --lost-after: the scheduler sends its shares (a job's lease, a link's fence) in messages the wire bounds alike.
 lost_after = checked(float, "a number", lambda v: 0 < v <= MAX_SECONDS,
                      f"a number of seconds > 0 and at most {MAX_SECONDS:,.0f}")

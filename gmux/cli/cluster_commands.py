@@ -11,7 +11,7 @@ import os
 
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
-from gmux.cli.argtypes import ckpt_every, nonneg_int, positive_int, tcp_endpoint
+from gmux.cli.argtypes import ckpt_every, gpu_index, ranks, tcp_endpoint
 from gmux.cli.job_options import add_job_options
 from gmux.cli.output import Parser, UsageError, failed, json_asked, reader_gone
 from gmux.cli.submit_env import check_text, submit_cwd, submit_env
@@ -57,7 +57,7 @@ def main(argv: list) -> int:
             s.add_argument("--ckpt-every", type=ckpt_every,
                            help="periodic checkpoint interval, seconds (0: never; default: gmux-scheduler's "
                                 "--ckpt-every)")
-            s.add_argument("--ranks", type=positive_int, default=1,
+            s.add_argument("--ranks", type=ranks, default=1,
                            help="a gang of N processes, one per GPU of one machine (torch.distributed: RANK, "
                                 "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT are set for each)")
             s.add_argument("argv", nargs=argparse.REMAINDER)
@@ -65,7 +65,7 @@ def main(argv: list) -> int:
             s.add_argument("job", help="the cluster job (cN, as gmux ps --cluster lists it)")
             if name == "migrate":
                 s.add_argument("--machine", required=True, help="where it goes (a machine gmux ps --cluster lists)")
-                s.add_argument("--gpu", type=nonneg_int, required=True,
+                s.add_argument("--gpu", type=gpu_index, required=True,
                                help="its GPU there (a gang's rank r goes to GPU + r)")
         else:
             s.add_argument("--live", action="store_true", help="hide ended jobs")

@@ -50,7 +50,7 @@ def test_gang_through_the_scheduler_bit_identical_and_bad_ranks_refused(cluster_
     c = cluster_factory(policy="gandiva", machines=("m1", "m2"))
     ref = _plain(tmp_path, steps)
     c.wait_machines(2)
-    for ranks, code, problem in (("0", 2, "--ranks: 0 is not a positive integer"),     # refused by the CLI
+    for ranks, code, problem in (("0", 2, "--ranks: 0 is not a number of ranks from 1 to 64"),     # by the CLI
                                  ("3", 1, "no machine has 3 GPUs")):                  # by the scheduler
         r = _cli(c, "submit", "--ranks", ranks, "--", PY, GANG, str(tmp_path / "x.json"), steps)
         assert r.returncode == code and problem in r.stderr, (ranks, r.stdout, r.stderr)

@@ -278,6 +278,12 @@ def test_one_scheduler_per_state_directory_and_bad_addresses_are_refused_by_name
         gmux_main(["submit", "--cluster", "tcp://127.0.0.1:9", "--keys", keydir, "--ckpt-every", "2e6", "--",
                    "python", "x.py"])
     assert "--ckpt-every: 2e6 is not a number of seconds from 0 (never) to 1,000,000" in capsys.readouterr().err
+    for command, said in ((["submit", "--ranks", "65", "--", "python", "x.py"], "--ranks: 65 is not a number of "
+                           "ranks from 1 to 64"), (["migrate", "c1", "--machine", "m1", "--gpu", "5000"],
+                                                   "--gpu: 5000 is not a GPU index from 0 to 4096")):
+        with pytest.raises(SystemExit):
+            gmux_main([command[0], "--cluster", "tcp://127.0.0.1:9", "--keys", keydir, *command[1:]])
+        assert said in capsys.readouterr().err
     # A damaged state database: named, left as it is (it was a traceback)
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "scheduler.db").write_bytes(b"\x00garbage" * 500)
