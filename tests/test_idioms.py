@@ -14,6 +14,14 @@ from gmux_testkit import assert_identical, run_py
 IDIOMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "idioms.py")
 
 
+def _train(model, opt, steps):
+    for _ in range(steps):
+        x = torch.randn(8, 8)
+        nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+        opt.step()
+        opt.zero_grad()
+
+
 def _solo_and_moved(tmp, idiom, at=7):
     """idioms.py IDIOM run alone, and moved into a new process at step `at`: (the solo run's
     output, the first process; the moved run's output is moved.pt)."""
@@ -327,23 +335,17 @@ def test_a_submodule_switched_to_eval_mode_mid_run_stays_so_after_a_move(tmp):
         model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.2), nn.Linear(16, 1))
         return model, torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
 
-    def train(model, opt, steps):
-        for _ in range(steps):
-            x = torch.randn(8, 8)
-            nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
-            opt.step()
-            opt.zero_grad()
     model, opt = build()
     job = gj.attach(model, opt)
-    train(model, opt, 5)
+    _train(model, opt, 5)
     model[1].eval()
     model[2].eval()
     job.checkpoint(f"{tmp}/a.ckpt")
-    train(model, opt, 5)
+    _train(model, opt, 5)
     again, again_opt = build()
     gj.attach(again, again_opt).restore(f"{tmp}/a.ckpt")
     assert [m.training for m in again.modules()] == [True, True, False, False, True]
-    train(again, again_opt, 5)
+    _train(again, again_opt, 5)
     assert_identical(model.state_dict(), again.state_dict(), "model")
 
 
@@ -400,22 +402,16 @@ def test_a_step_count_an_optimizer_of_the_scripts_own_keeps_in_an_attribute_move
         model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
         return model, _BiasCorrected(model.parameters())
 
-    def train(model, opt, steps):
-        for _ in range(steps):
-            x = torch.randn(8, 8)
-            nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
-            opt.step()
-            opt.zero_grad()
     model, opt = build()
     job = gj.attach(model, opt)
-    train(model, opt, 5)
+    _train(model, opt, 5)
     assert movability.problem(job, fresh=True) is None
     job.checkpoint(f"{tmp}/a.ckpt")
-    train(model, opt, 5)
+    _train(model, opt, 5)
     again, again_opt = build()
     gj.attach(again, again_opt).restore(f"{tmp}/a.ckpt")
     assert again_opt.t == 5
-    train(again, again_opt, 5)
+    _train(again, again_opt, 5)
     assert opt.t == again_opt.t == 10
     assert_identical(model.state_dict(), again.state_dict(), "model")
 

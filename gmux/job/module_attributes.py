@@ -100,21 +100,9 @@ def not_carried(module: nn.Module):
     carried (plain_values), or, one in the step's graph, made again by the new process's forward; but that too
     leaves the submodule out whole, and a count beside it (of the forward's calls) would start again."""
     for name, m, keys in _modules(module):
-        found = plain_values.unkept_numbers(m, keys)
-        if found is not None:
-            return (f"its module {name or type(m).__name__}'s attribute {found} changed as it trained, and gmux "
-                    f"carries only plain data (numbers, strings, tensors, NumPy numbers, lists, dicts, deques, str "
-                    f"or int keys): a new process would start the module's attributes anew (hold a list: list(s))")
-        kind = plain_values.kind_changed(m, keys)
-        if kind is not None:
-            return (f"its module {name or type(m).__name__}'s attribute {kind}: a "
-                    f"new process builds the module as the script does, and its restore would not put the other "
-                    f"kind there (keep one kind in it, or None until it is set)")
-        graph = plain_values.graph_beside(m, keys)
-        if graph is not None:
-            return (f"its module {name or type(m).__name__}'s attribute {graph} holds a tensor of the step's graph, "
-                    f"which a checkpoint does not carry, beside attributes that changed as it trained: a new process "
-                    f"would start the module's attributes anew (keep it detached: .detach())")
+        why = plain_values.not_carried(m, keys, "module", name or type(m).__name__, " (hold a list: list(s))")
+        if why is not None:
+            return why
     return None
 
 

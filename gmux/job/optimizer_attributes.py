@@ -81,22 +81,7 @@ def not_carried(opt: torch.optim.Optimizer):
     keys = _own(opt)
     if keys is None:
         return None
-    name = type(opt).__name__
-    found = plain_values.unkept_numbers(opt, keys)
-    if found is not None:
-        return (f"its optimizer {name}'s attribute {found} changed as it trained, and gmux carries only plain data "
-                f"(numbers, strings, tensors, NumPy numbers, lists, dicts, deques, str or int keys): a new process "
-                f"would start the optimizer's attributes anew")
-    kind = plain_values.kind_changed(opt, keys)
-    if kind is not None:
-        return (f"its optimizer {name}'s attribute {kind}: a new process builds the optimizer as the script does, and "
-                f"its restore would not put the other kind there (keep one kind in it, or None until it is set)")
-    graph = plain_values.graph_beside(opt, keys)
-    if graph is not None:
-        return (f"its optimizer {name}'s attribute {graph} holds a tensor of the step's graph, which a checkpoint "
-                f"does not carry, beside attributes that changed as it trained: a new process would start the "
-                f"optimizer's attributes anew (keep it detached: .detach())")
-    return None
+    return plain_values.not_carried(opt, keys, "optimizer", type(opt).__name__)
 
 
 def check(fit, saved, optimizers: list) -> None:

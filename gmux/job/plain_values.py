@@ -116,6 +116,27 @@ def graph_beside(obj, skip=frozenset(), alone: bool = False) -> str | None:
 HOST = "__gmux_host__"     # beside the attributes carried: those whose tensors the script kept on the host
 
 
+def not_carried(obj, keys, kind: str, name: str, hint: str = "") -> str | None:
+    """Why a move would lose what `obj` (a `kind`, "module" or "optimizer", of the script's own, called `name`)
+    counted in its attributes, leaving out `keys`; `hint` follows the first reason (None: it would lose nothing)."""
+    who = f"{kind} {name}"
+    found = unkept_numbers(obj, keys)
+    if found is not None:
+        return (f"its {who}'s attribute {found} changed as it trained, and gmux carries only plain data (numbers, "
+                f"strings, tensors, NumPy numbers, lists, dicts, deques, str or int keys): a new process would start "
+                f"the {kind}'s attributes anew{hint}")
+    other = kind_changed(obj, keys)
+    if other is not None:
+        return (f"its {who}'s attribute {other}: a new process builds the {kind} as the script does, and its "
+                f"restore would not put the other kind there (keep one kind in it, or None until it is set)")
+    graph = graph_beside(obj, keys)
+    if graph is not None:
+        return (f"its {who}'s attribute {graph} holds a tensor of the step's graph, which a checkpoint does not "
+                f"carry, beside attributes that changed as it trained: a new process would start the "
+                f"{kind}'s attributes anew (keep it detached: .detach())")
+    return None
+
+
 def with_places(kept: dict) -> dict:
     """`changed`'s attributes, with the names of those holding a tensor on the host under HOST: a restore puts the
     others' on the object's device, and these stay where the script kept them (`preds.cpu()` for a NumPy metric at
