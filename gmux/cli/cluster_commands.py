@@ -46,8 +46,8 @@ def main(argv: list) -> int:
                         "between machines, at its next boundary within one"}
     for name in ("submit", "ps", "kill", "suspend", "resume", "migrate"):
         s = sub.add_parser(name, help=helps[name])
-        s.add_argument("--cluster", type=tcp_endpoint, default=os.environ.get("GMUX_CLUSTER"),
-                       required=not os.environ.get("GMUX_CLUSTER"), help="gmux-scheduler's tcp://HOST:PORT")
+        # (on the command line, never from the environment: its presence is what sends the command to the cluster)
+        s.add_argument("--cluster", type=tcp_endpoint, required=True, help="gmux-scheduler's tcp://HOST:PORT")
         s.add_argument("--keys", default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"),
                        help="the directory holding your client key (gmux keys --help; or GMUX_KEYS)")
         s.add_argument("--as", dest="who", default=os.environ.get("GMUX_KEY_NAME") or getpass.getuser(),

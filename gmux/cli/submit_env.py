@@ -15,7 +15,7 @@ from gmux.util.job_command import missing_script, script_of
 # (PYTHONHASHSEED and CUBLAS_WORKSPACE_CONFIG: a deterministic run's settings, which gmuxd's own would replace)
 PASSED = ("PATH", "PYTHONPATH", "HOME", "USER", "LANG", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "CUBLAS_WORKSPACE_CONFIG")
 PASSED_PREFIXES = ("OMP_", "MKL_", "TORCH_", "GMUX_", "NCCL_", "HF_")
-WITHHELD = ("GMUX_RUNTIME_DIR", "GMUX_JOB_ID", "GMUX_JOB_TOKEN", "GMUX_KEYS", "GMUX_CLUSTER", "GMUX_KEY_NAME")
+WITHHELD = ("GMUX_RUNTIME_DIR", "GMUX_JOB_ID", "GMUX_JOB_TOKEN", "GMUX_KEYS", "GMUX_KEY_NAME")
 
 
 def submit_env(environ: Optional[Mapping[str, str]] = None) -> dict:

@@ -40,7 +40,7 @@ from gmux.util.process_tree import descendants
 # What a system daemon's own environment says about root, which a job started as its user must not inherit (the
 # rest, e.g. an admin's CUDA or NCCL settings in the unit, reaches every job).
 _ROOTS_OWN = ("HOME", "USER", "LOGNAME", "MAIL", "SHELL", "NOTIFY_SOCKET", "CREDENTIALS_DIRECTORY",
-              "GMUX_KEYS", "GMUX_CLUSTER", "GMUX_KEY_NAME")
+              "GMUX_KEYS", "GMUX_KEY_NAME")
 
 
 # How long what a job left running has to end after SIGTERM before it is killed (as `docker stop` gives).
