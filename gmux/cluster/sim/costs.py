@@ -142,7 +142,7 @@ class Costs:
             switch = self.suspend(job_type) + self.resume(job_type)
             if self.quantum_s <= switch:
                 raise ValueError(f"time-slicing {job_type}: quantum_s ({self.quantum_s:g} s) must exceed its suspend "
-                                 f"+ resume ({switch:.2f} s), or it makes no progress")
+                                 f"+ resume ({switch:.6g} s), or it makes no progress")
             f = self._memo[job_type] = 1.0 - switch / self.quantum_s
         return f
 
