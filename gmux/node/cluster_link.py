@@ -83,6 +83,8 @@ class ClusterLink:
                                 unknown="{type} is not accepted on a transfer endpoint")
         self.transfer_endpoint = self.inbox.getsockopt_string(zmq.LAST_ENDPOINT)
         self.bulk, bulk_port = sealed.bulk_socket(self.ctx, self.transfer_endpoint)
+        # (private, as gmuxd makes it: made first with the default mode, gmuxd refused it as open to others)
+        self.rundir.create()
         # No fsync: a move's source holds the job until the target restored, the scheduler its own checkpoints.
         self.receiver = Receiver(os.path.join(self.rundir.root, "cluster-in"), durable=False, bulk_port=bulk_port)
         self.guard.bulk_login = self.receiver.bulk_login

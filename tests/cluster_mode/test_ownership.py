@@ -98,3 +98,21 @@ def test_a_link_whose_key_is_missing_says_so_without_a_traceback(tmp_path):
                        env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.startswith(f"gmux-cluster-link: no key file {tmp_path / 'keys' / 'daemon.m2.pub'}")
+
+
+def test_a_link_started_before_its_gmuxd_makes_the_runtime_directory_private_and_gmuxd_takes_it(tmp_path):
+    """The link made the directory with the default mode (0755) and its logs in it: gmuxd, started after, refused
+    it as open to others and not empty."""
+    from gmux.node.cluster_link import ClusterLink
+    from gmux.rundir import RuntimeDir
+    keys.create_all(str(tmp_path / "keys"), [("scheduler", None), ("daemon", "m1")])
+    run = tmp_path / "run"
+    link = ClusterLink(str(run), "m1", "tcp://127.0.0.1:1", str(tmp_path / "keys"))
+    try:
+        link.warm.fill()        # (what its loop does first: the warm interpreters' log goes in logs/)
+        assert (run / "logs" / "warm.log").exists()
+        assert {p.name: oct(p.stat().st_mode & 0o777) for p in (run, run / "logs")} == \
+            {"run": "0o700", "logs": "0o700"}
+        RuntimeDir(str(run)).create()       # (gmuxd's start)
+    finally:
+        link.close()
