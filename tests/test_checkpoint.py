@@ -431,6 +431,15 @@ def test_a_replay_buffer_kept_as_a_deque_in_state_is_carried_into_the_deque_the_
     assert job.position.epoch_state["stats"]["window"] == collections.deque([0.5], 2)
 
 
+def test_a_crafted_deque_in_state_stays_the_dict_the_file_holds():
+    """A maxlen no deque takes (2**63) raised an OverflowError from the restore's last step, the weights already
+    put back; more items than the maxlen were cut silently. Such a tag is no deque's (tagged_values.fits)."""
+    from gmux.job import state_deques
+    from gmux.job.tagged_values import DEQUE
+    for crafted in ({DEQUE: 2 ** 63, "items": [1]}, {DEQUE: 1, "items": [1, 2, 3]}, {DEQUE: -1, "items": []}):
+        assert state_deques.loaded({"buffer": crafted}) == {"buffer": crafted}
+
+
 def test_a_numpy_array_in_state_is_refused_by_name():
     import numpy as np
     job, _ = _job()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 
+from . import tagged_values
 from .tagged_values import DEQUE
 
 _DEPTH = 8          # (as deep as a checkpoint keeps state='s tensors: gmux.job.state.tensors_inside)
@@ -31,13 +32,12 @@ def _holds_deque(value, depth: int) -> bool:
 
 
 def loaded(value):
-    """`stored`'s value (from a file) with each tagged deque made again; a tag that is not a deque's (a negative
-    maxlen, items not a list) stays the dict the file holds, so that a restore cannot fail half-way on it."""
+    """`stored`'s value (from a file) with each tagged deque made again; a tag that is not a deque's
+    (tagged_values.fits: items not a list, more of them than its maxlen, a maxlen no deque takes) stays the dict the
+    file holds, so that a restore cannot fail half-way on it."""
     if type(value) is dict:
-        maxlen, items = value.get(DEQUE, ...), value.get("items")
-        if set(value) == {DEQUE, "items"} and type(items) is list and \
-                (maxlen is None or (type(maxlen) is int and maxlen >= 0)):
-            return collections.deque(map(loaded, items), maxlen)
+        if tagged_values.tagged(value) == DEQUE and tagged_values.fits(value, lambda _: True):
+            return tagged_values.decode(value, loaded)
         return {k: loaded(v) for k, v in value.items()}
     if type(value) in (list, tuple):
         return type(value)(map(loaded, value))
