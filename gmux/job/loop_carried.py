@@ -10,20 +10,21 @@ as a warning: a running sum for a log does no harm there, a hidden state or a co
 from __future__ import annotations
 
 import ast
+import os
 import sysconfig
 from types import FrameType, ModuleType
 from typing import Iterator, Optional
 
 from gmux.util.text import printable
 
-from .own_loops import gmux_file, source
+from .own_loops import script_frames, source
 
 # (and `step`: a warmup or schedule of the script's own, an environment; the job's own are known by identity)
 MUTATORS = {"append", "appendleft", "extend", "extendleft", "insert", "add", "update", "pop", "popleft", "clear",
             "remove", "discard", "setdefault", "sort", "reverse", "rotate", "step"}
 _LIBRARIES = tuple(p for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"]} if p)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
-_carried: dict = {}     # (file, loop's line) -> [(name, line)] the loop carries
+_carried: dict = {}     # (file, line, loops from line) -> [(name, line)] the loops around it carry
 SHOWN = 5
 
 
@@ -42,22 +43,13 @@ def warning(job, frame: Optional[FrameType]) -> Optional[str]:
 
 
 def _found(job, frame: Optional[FrameType]) -> Iterator[tuple[str, str]]:
-    attached = job.position.attached_at
     ours = _ours(job)
-    while frame is not None:
-        code = frame.f_code
-        path = code.co_filename
-        if path.startswith("<frozen") or path.startswith(_LIBRARIES) or gmux_file(path):
-            frame = frame.f_back     # (a library's loop, a framework's: its Trainer carries its own counters)
-            continue
-        attach_here = attached is not None and attached[0] is code
-        values = frame.f_locals
-        for name, line in _names(path, frame.f_lineno or 0, attached[1] if attach_here else 0, frame.f_globals):
+    # (a library's loop, a framework's, is passed over: its Trainer carries its own counters)
+    for f, after in script_frames(frame, job.position.attached_at, _LIBRARIES):
+        path, values = f.f_code.co_filename, f.f_locals
+        for name, line in _names(path, f.f_lineno or 0, after, f.f_globals):
             if name in values and id(values[name]) not in ours and not isinstance(values[name], ModuleType):
-                yield name, f"{path.rsplit('/', 1)[-1]}:{line}"
-        if attach_here or code.co_name == "<module>":
-            return
-        frame = frame.f_back
+                yield name, f"{os.path.basename(path)}:{line}"
 
 
 def _ours(job) -> set:
@@ -68,18 +60,17 @@ def _ours(job) -> set:
 
 
 def _names(path: str, line: int, after: int, module_globals) -> list:
-    lines, tree = source(path, module_globals)
-    if tree is None:
-        return []
-    loops = [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.AsyncFor, ast.While)) and n.lineno > after
-             and n.lineno <= line <= n.end_lineno]
-    names: dict = {}
-    for loop in loops:
-        key = (path, loop.lineno)
-        if key not in _carried:
-            _carried[key] = _carried_by(loop)
-        names.update((n, at) for n, at in _carried[key] if n not in names)
-    return list(names.items())
+    """[(name, line)] the loops around `line` that begin after `after` carry, outermost first (kept per key)."""
+    key = (path, line, after)
+    if key not in _carried:
+        _, tree = source(path, module_globals)
+        loops = [] if tree is None else [n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))
+                                         and after < n.lineno <= line <= n.end_lineno]
+        names: dict = {}
+        for loop in loops:
+            names.update((n, at) for n, at in _carried_by(loop) if n not in names)
+        _carried[key] = list(names.items())
+    return _carried[key]
 
 
 def _carried_by(loop) -> list:

@@ -9,7 +9,7 @@ import ast
 import linecache
 import os
 from types import FrameType
-from typing import Optional
+from typing import Iterator, Optional
 
 _GMUX = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _UNKNOWN = ""          # a frame whose source cannot be read: a loop may be there, unseen
@@ -33,22 +33,30 @@ def restarting_loop(frame: Optional[FrameType], attached_at=None) -> Optional[st
         return _UNKNOWN
 
 
-def _restarting_loop(frame: Optional[FrameType], attached_at) -> Optional[str]:
-    unknown, innermost = False, True
+def script_frames(frame: Optional[FrameType], attached_at, past=()) -> Iterator[tuple[FrameType, int]]:
+    """The script's frames from `frame` up, each with the line after which its loops are the job's (the attach's
+    line in the frame that attached the job, `attached_at` (code, line); else 0), to that frame or the script's top
+    level. gmux's own frames are passed over, and those of files under the directories in `past`."""
     while frame is not None:
         code = frame.f_code
-        if code.co_filename.startswith("<frozen") or gmux_file(code.co_filename):
+        path = code.co_filename
+        if path.startswith("<frozen") or path.startswith(past) or gmux_file(path):
             frame = frame.f_back
             continue
         attach_here = attached_at is not None and attached_at[0] is code
-        found = _loop_in(code.co_filename, frame.f_lineno or 0, attached_at[1] if attach_here else 0, innermost,
-                         frame.f_globals)
+        yield frame, attached_at[1] if attach_here else 0
+        if attach_here or (code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__"):
+            return
+        frame = frame.f_back
+
+
+def _restarting_loop(frame: Optional[FrameType], attached_at) -> Optional[str]:
+    unknown = False
+    for i, (f, after) in enumerate(script_frames(frame, attached_at)):
+        found = _loop_in(f.f_code.co_filename, f.f_lineno or 0, after, i == 0, f.f_globals)
         if found:
             return found
         unknown = unknown or found == _UNKNOWN
-        if attach_here or (code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__"):
-            break
-        frame, innermost = frame.f_back, False
     return _UNKNOWN if unknown else None
 
 
