@@ -338,9 +338,10 @@ class Daemon:
             for p, end in zip(peers, self.sup.kill_together(peers)):
                 if end == "killed":     # (reaped later: said killed for this, not lost to a signal from outside gmux)
                     p.kill_requested, p.kill_reason = True, why
-                elif end == "ended":    # (ended already, on its own account: that end is its own, told as it was)
-                    self.finish(p, *(self.sup.ended(p) or ("killed", None, why)))
-                # ("ending" on its own account, as "ended", once it is reaped)
+                elif end == "ended" and (own := self.sup.ended(p)) is not None:
+                    self.finish(p, *own)    # (ended already, on its own account: that end is its own, told as it was)
+                # ("ending", or "ended" but not yet to be reaped: a killed process whose first thread has exited
+                # while its others still close what it held, as its own end once it is reaped)
 
     def sync_accounting(self, now: float) -> None:
         for slicer in self.slicers.values():

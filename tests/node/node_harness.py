@@ -194,7 +194,7 @@ def ask(d, mtype, identity=b"c", **fields):
 
 
 def register(d, identity=b"job-a", argv=("python", "t.py"), **kw):
-    r = ask(d, "register", identity, pid=d.stand_in_pid, argv=list(argv), **kw)
+    r = ask(d, "register", identity, **{"pid": d.stand_in_pid, "argv": list(argv), **kw})
     assert r["ok"], r
     return r["data"]
 

@@ -566,3 +566,42 @@ def test_a_rank_already_on_its_way_out_is_not_killed_for_its_peer(tmp_path, monk
     flagged = [fields[0], *fields[1:6], str(int(fields[6]) | 0x4).encode(), *fields[7:]]
     assert exiting_from_stat(flagged) and not exiting_from_stat([b"Z", *flagged[1:]])
     assert not exiting_from_stat(fields[:3]) and not exiting_from_stat(None)
+
+
+LEADER_GONE = """import ctypes, sys, threading, time
+threading.Thread(target=time.sleep, args=(600,)).start()
+sys.stdin.readline()
+ctypes.CDLL(None).syscall(60, 0)      # SYS_exit (x86-64): this thread alone, the process lives on
+"""
+
+
+def test_a_process_whose_first_thread_has_exited_is_ended_for_a_kill_yet_cannot_be_reaped(tmp_path):
+    """The state a killed rank is in while its threads end one by one: its first thread a zombie (nothing to
+    signal, `kill_together` says "ended"), the process not yet to be reaped (`ended` says None). gmuxd must wait
+    for its end there, not tell one of its own (test_exclusive: ...not_yet_reapable...)."""
+    import platform
+    import subprocess
+    import sys
+
+    from gmux.node.jobs import Job
+    from gmux.node.supervisor import Supervisor
+    from gmux.rundir import RuntimeDir, _stat_after_name, proc_starttime
+    if platform.machine() != "x86_64":
+        pytest.skip("the exit syscall's number is x86-64's")
+    p = subprocess.Popen([sys.executable, "-c", LEADER_GONE], stdin=subprocess.PIPE)
+    try:
+        job = Job("j1", "t1", "", ["python", "rank.py"], pid=p.pid, starttime=proc_starttime(p.pid))
+        sup = Supervisor(RuntimeDir(str(tmp_path / "rt")))
+        sup.children[p.pid] = p
+        assert job.starttime is not None and sup.ended(job) is None
+        p.stdin.write(b"go\n")
+        p.stdin.flush()
+        deadline = time.monotonic() + 30
+        while _stat_after_name(p.pid)[0] != b"Z":
+            assert time.monotonic() < deadline, _stat_after_name(p.pid)
+            time.sleep(0.01)
+        assert sup.kill_together([job]) == ["ended"]
+        assert sup.ended(job) is None and p.poll() is None
+    finally:
+        p.kill()
+        p.wait()
