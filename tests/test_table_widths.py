@@ -32,14 +32,30 @@ def _words(text: str) -> set:
 def test_at_120_columns_ids_states_and_numbers_stay_whole():
     text = _table(120)
     assert max(map(len, text.splitlines())) <= 120, text
-    assert {"j12", "j13", "suspended", "(held)", "running", "45678", "123.4/456.7", "3.0GiB/5.0GiB/8.0GiB", "845.6",
-            "(3.45)", "3.0GiB", "(1.0GiB", "1.0GiB/2.0GiB/-", "3.2/-"} <= _words(text), text
+    assert {"j12", "j13", "suspended", "(held)", "running", "45678", "123.4/456.7", "3.0GiB/5.0GiB/8.0GiB",
+            "(3.45)", "1.0GiB/2.0GiB/-", "3.2/-"} <= _words(text), text
+    assert "too narrow to show HOST, GPU-s: gmux ps --json has them" in " ".join(text.split()), text
+    assert "845.6" not in text and "on disk" not in text
 
 
-def test_at_80_columns_ids_and_states_stay_whole():
+def test_at_80_columns_the_least_looked_at_columns_are_left_out_and_the_rest_stay_whole():
+    """At 80 columns every cell was folded into two-letter pieces ('jo|b-|1', 'no|ne|ye|t:'), names and numbers
+    alike: the columns could not all fit. The least looked-at are left out, and the caption says which."""
     text = _table(80)
     assert max(map(len, text.splitlines())) <= 80, text
-    assert {"j12", "j13", "suspended", "(held)", "running", "0", "1"} <= _words(text), text
+    assert {"j12", "j13", "suspended", "(held)", "running", "45678", "99", "bert", "hook:", "suspend;"} <= _words(
+        text), text
+    said = " ".join(text.split())
+    assert ("too narrow to show HOST, GPU-s, RATE now/solo, SUSPENDS (s), MEM use/peak/limit: gmux ps --json has "
+            "them" in said), text
+    for width in (40, 60):
+        narrow = _table(width)
+        assert max(map(len, narrow.splitlines())) <= width and {"j12", "j13", "running"} <= _words(narrow), narrow
+
+
+def test_wide_enough_every_column_is_shown_and_nothing_said():
+    text = _table(220)
+    assert "too narrow" not in text and {"845.6", "3.0GiB", "(1.0GiB", "34", "(3.45)"} <= _words(text), text
 
 
 def test_piped_ps_is_laid_out_for_columns_where_it_is_set(tmp_path):

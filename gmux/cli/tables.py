@@ -79,13 +79,17 @@ FREE_TEXT_WIDTH = 8     # what free text keeps before the other columns wrap at 
 WHOLE = ("JOB", "GPU", "STATE")    # the last to be cut, after the numbers: what a user types and looks for
 
 
+HIDDEN_FIRST = ("HOST", "GPU-s", "RATE now/solo", "SUSPENDS (s)", "MEM use/peak/limit", "STEP", "CONTROL")
+
+
 class _WholeWords(Table):
     """A table short of width narrows its free text first, then wraps the other columns at their spaces, never
     within a word: rich narrowed every column alike, and folded ids, states and numbers mid-word ('suspende|d',
     '1234|567'). Where even that does not fit, the numbers are folded, then the free text narrowed to a
     column, and only then rich's own way."""
 
-    def _calculate_column_widths(self, console, options) -> list:
+    def fitted_widths(self, console, options, steps: int = 5):
+        """The columns' widths by the rule above, its first `steps` steps, or None where they cannot fit so."""
         ranges = [self._measure_column(console, options, c) for c in self.columns]
         widths = [r.maximum for r in ranges]
         free = [i for i, c in enumerate(self.columns) if c.header in FREE_TEXT]
@@ -94,20 +98,47 @@ class _WholeWords(Table):
         numbers = [i for i in rest if self.columns[i].header not in WHOLE]
         for cols, floor in ((free, lambda i: min(widths[i], FREE_TEXT_WIDTH + pad[i])),
                             (rest, lambda i: ranges[i].minimum), (free, lambda i: min(widths[i], 4 + pad[i])),
-                            (numbers, lambda i: min(widths[i], 4 + pad[i])), (free, lambda i: 1 + pad[i])):
+                            (numbers, lambda i: min(widths[i], 4 + pad[i])), (free, lambda i: 1 + pad[i]))[:steps]:
             floors = {i: floor(i) for i in cols}
             while sum(widths) > options.max_width:
                 wide = [i for i in cols if widths[i] > floors[i]]
                 if not wide:
                     break
                 widths[max(wide, key=lambda i: widths[i])] -= 1
-        return widths if sum(widths) <= options.max_width else super()._calculate_column_widths(console, options)
+        return widths if sum(widths) <= options.max_width else None
+
+    def _calculate_column_widths(self, console, options) -> list:
+        return self.fitted_widths(console, options) or super()._calculate_column_widths(console, options)
 
 
-def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
-    t = _WholeWords(title=title, title_justify="left")
-    for col in ("JOB", "NAME", "GPU", "STATE", "CONTROL", "STEP", "RATE now/solo", "MEM use/peak/limit", "GPU-s",
-                "SUSPENDS (s)", "HOST", "WHAT HAPPENED"):
+class JobsTable:
+    """The jobs table at the width it is shown in: where its columns cannot all fit with their words whole and
+    the free text FREE_TEXT_WIDTH wide (`gmux ps` on an 80-column terminal folded every cell into a ladder of
+    two-letter pieces), the least looked-at columns are left out, in HIDDEN_FIRST's order, and its caption says
+    which (`gmux ps --json` has them all)."""
+
+    def __init__(self, ps: dict, title: str = "gmux jobs"):
+        self.ps, self.title = ps, title
+
+    def __rich_console__(self, console, options):
+        for n in range(len(HIDDEN_FIRST) + 1):
+            table = _jobs_table(self.ps, self.title, HIDDEN_FIRST[:n])
+            if table.fitted_widths(console, options.update_width(options.max_width - table._extra_width), steps=2):
+                break
+        yield table
+
+
+def jobs_table(ps: dict, title: str = "gmux jobs") -> JobsTable:
+    return JobsTable(ps, title)
+
+
+def _jobs_table(ps: dict, title: str, hidden: tuple) -> _WholeWords:
+    t = _WholeWords(title=title, title_justify="left",
+                    caption=f"too narrow to show {', '.join(hidden)}: gmux ps --json has them" if hidden else None,
+                    caption_justify="left")
+    columns = [c for c in ("JOB", "NAME", "GPU", "STATE", "CONTROL", "STEP", "RATE now/solo", "MEM use/peak/limit",
+                           "GPU-s", "SUSPENDS (s)", "HOST", "WHAT HAPPENED") if c not in hidden]
+    for col in columns:
         t.add_column(col, overflow="fold")
     system = bool((ps.get("daemon") or {}).get("system"))   # a system gmuxd's jobs have owners: show them
     if system:
@@ -119,12 +150,13 @@ def jobs_table(ps: dict, title: str = "gmux jobs") -> Table:
                ",".join(map(str, j["parked_gpus"])) + " (lent)" if j.get("parked_gpus") else
                "-" if j.get("gpu") is None else str(j["gpu"]))
         held = j.get("held") and j["state"] != "held" and j["state"] not in FINAL_STATES  # (not "killed (held)")
-        t.add_row(*_cells(j["id"], name, gpu, j["state"] + (" (held)" if held else ""), _control(j),
-                  str(j.get("step", 0)), f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
-                  _mem(j),
-                  f"{j.get('gpu_seconds', 0):.1f}", f"{j.get('suspends', 0)} ({j.get('suspend_seconds', 0):.2f})",
-                  _host(j), _detail(j.get("detail")),
-                  *([j.get("user") or "?"] if system else [])))
+        cells = {"JOB": j["id"], "NAME": name, "GPU": gpu, "STATE": j["state"] + (" (held)" if held else ""),
+                 "CONTROL": _control(j), "STEP": str(j.get("step", 0)),
+                 "RATE now/solo": f"{_rate(j.get('rate_now'))}/{_rate(j.get('rate_solo'))}",
+                 "MEM use/peak/limit": _mem(j), "GPU-s": f"{j.get('gpu_seconds', 0):.1f}",
+                 "SUSPENDS (s)": f"{j.get('suspends', 0)} ({j.get('suspend_seconds', 0):.2f})",
+                 "HOST": _host(j), "WHAT HAPPENED": _detail(j.get("detail"))}
+        t.add_row(*_cells(*(cells[c] for c in columns), *([j.get("user") or "?"] if system else [])))
     return t
 
 
