@@ -60,6 +60,19 @@ def _unnamed_gang(jobs: dict, first: str, ranks: int) -> str:
         k += 1
 
 
+def _refuse_names_taken(jobs: dict, uid: int, names: list) -> None:
+    """A name picks a job out (gmux suspend NAME), and a gang's id picks out its ranks: a new job of the same
+    user's under a name a live job or gang of theirs has would make that name pick neither (a job named gang-j5
+    beside gang gang-j5), and a submit sent again after a timeout would run the script twice."""
+    for j in sorted((j for j in jobs.values() if not j.final and j.uid == uid), key=lambda j: j.created):
+        gang = (j.gang or {}).get("id")
+        if j.name in names:
+            raise Refused(f"submit: your job {j.id} named {j.name!r} has not ended ({j.state}); choose another --name")
+        if gang in names:
+            raise Refused(f"submit: your gang {gang!r} has not ended (its rank {j.gang['rank']} is {j.id}, "
+                          f"{j.state}); choose another --name")
+
+
 class AdminHandlers:
     def __init__(self, node: "Daemon"):
         self.node = node
@@ -377,18 +390,13 @@ class AdminHandlers:
                 gang = msg.get("name") or _unnamed_gang(node.jobs, ids_from, ranks)
                 if gang_members(node.jobs, gang):
                     raise Refused(f"submit: a gang named {gang} is running; choose another --name")
+                _refuse_names_taken(node.jobs, who.uid, [gang] + [f"{gang}-{r}" for r in range(ranks)])
                 port = free_port()
                 jobs = [self._new_submitted(msg, who, {**env, **rendezvous_env(ranks, port, r)}, f"{gang}-{r}",
                                             gang={"id": gang, "rank": r, "size": ranks}) for r in range(ranks)]
             else:
                 name = msg.get("name") or ""
-                same = sorted((j.id, j.state) for j in node.jobs.values() if name and not j.final and j.name == name
-                              and j.uid == who.uid)
-                if same:
-                    # A name picks a job out (gmux suspend NAME); a submit sent again after a timeout would also
-                    # run the script twice.
-                    raise Refused(f"submit: your job {same[0][0]} named {name!r} has not ended ({same[0][1]}); "
-                                  f"choose another --name")
+                _refuse_names_taken(node.jobs, who.uid, [name] if name else [])
                 jobs = [self._new_submitted(msg, who, env, name)]
             for job in jobs:
                 job.pid = node.sup.spawn(job)

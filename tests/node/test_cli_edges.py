@@ -422,6 +422,25 @@ def test_an_unnamed_gang_takes_no_name_a_live_job_has(node_factory, tmp_path):
     assert json.loads(gmux(node.rt, "--json", "kill", "gang-j2.2").stdout)["jobs"] == ["j2", "j3"]
 
 
+def test_a_name_a_live_job_or_gang_has_is_refused_to_a_gang_or_a_job(node_factory, tmp_path):
+    """A gang submitted with --name g beside a job named g (or g-1, its rank 1's name), or a job named after a
+    live gang: each was taken, and the name then picked out neither (`gmux suspend g`: "3 live jobs are named")."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    submit = lambda *args: gmux(node.rt, "--json", "submit", *args, "--no-hook", "--", "python", str(script))
+    assert submit("--name", "g").returncode == 0 and submit("--name", "h-1").returncode == 0
+    assert submit("--ranks", "2", "--name", "k").returncode == 0
+    for args, said in ((("--ranks", "2", "--name", "g"), "your job j1 named 'g' has not ended"),
+                       (("--ranks", "2", "--name", "h"), "your job j2 named 'h-1' has not ended"),
+                       (("--name", "k"), "your gang 'k' has not ended (its rank 0 is j3,")):
+        out = submit(*args)
+        assert out.returncode == 1 and said in out.stdout and "choose another --name" in out.stdout, (args, out)
+    assert [j["id"] for j in node.ps()["jobs"]] == ["j1", "j2", "j3", "j4"]
+    assert json.loads(gmux(node.rt, "--json", "kill", "k").stdout)["jobs"] == ["j3", "j4"]
+    assert submit("--name", "k").returncode == 0        # (its gang has ended: the name is free again)
+
+
 @pytest.mark.parametrize("fields, needle", [
     ({"type": "submit", "argv": ["python", "x.py"], "cwd": "/", "name": "ј45"}, "submit.name: 'ј45' looks like a job"),
     ({"type": "submit", "argv": ["python", "x.py"], "cwd": "/", "name": "J7"}, "submit.name: 'J7' looks like a job"),
