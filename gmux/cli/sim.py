@@ -31,6 +31,7 @@ examples:
   gmux-sim --sample 0.1 --seed 3             a seeded 10% sample of the jobs
   gmux-sim --machines 16 --policy gandiva    one 16-machine (128-GPU) cluster running every job
   gmux-sim --json out.json --plots out/      results as JSON and PNG plots
+  gmux-sim --json - | jq .summary            results as JSON on standard output (the table on standard error)
   gmux-sim --vc-scale 0.25 --policy gmux --clusters 2869ce,103959 --params '{"gmux": {"sweep_quantile": 0}}'
                                              two VCs at a quarter of their size, gmux without sweep evidence
   gmux-sim --trace cluster_log.csv --vcs my_vcs.csv
@@ -67,7 +68,13 @@ def _duration(text: str):
 def _unwritable(json_path: str | None, plots: str | None, made: list) -> str | None:
     """Why the results could not be written where asked, found before a run that may take minutes: the
     directories they go into are made now, and added to `made` (parents first) to be removed again if the run
-    is refused or fails."""
+    is refused or fails. A --json of - is standard output, which needs nothing made."""
+    if plots == "-":
+        # (- is standard output for --json; here it made a directory named -, which no user meant)
+        return "--plots -: the plots are two PNG files, which standard output cannot take; give a directory " \
+               "(./- for one named -)"
+    if json_path == "-":
+        json_path = None
     if json_path and plots and os.path.abspath(json_path) == os.path.abspath(plots):
         # (the plots' directory was made there, and the results file found it in its way only at the end)
         return f"--json and --plots name one path, {json_path}: the plots go into a directory beside the file"
@@ -177,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--quantum-s", type=nonneg, default=d.quantum_s, help="time slice (default: %(default)s)")
     g.add_argument("--measure-s", type=nonneg, default=d.measure_s, help="pack measurement window (default: %(default)s)")
     g = p.add_argument_group("output")
-    g.add_argument("--json", type=path, metavar="PATH", help="write results as JSON")
+    g.add_argument("--json", type=path, metavar="PATH",
+                   help="write results as JSON to PATH; - writes them to standard output, and the notes and the "
+                        "table then go to standard error (./- for a file named -)")
     g.add_argument("--plots", type=path, metavar="DIR", help="write jct_cdf.png and utilisation.png into DIR")
     g.add_argument("--workers", type=positive_int, default=1, help="worker processes (default: %(default)s)")
     g.add_argument("--quiet", action="store_true", help="no table, only errors")
@@ -210,7 +219,7 @@ def _main(argv, made: list, written: list) -> int:
     from gmux.cluster.policies import POLICIES, PolicyError, make_policy
     from gmux.cluster.sim.cluster import Costs
     from gmux.cluster.sim.engine import SimulationError
-    from gmux.cluster.sim.metrics import write_json
+    from gmux.cluster.sim.metrics import dump_json, write_json
     from gmux.cluster.sim.run import SimConfig, WorkerDied, prepare, report, simulate
     from gmux.cluster.sim.trace import TraceError
 
@@ -267,7 +276,8 @@ def _main(argv, made: list, written: list) -> int:
                 "no such file"
             fail(f"{label} {file}: {what} (use {hint})")
     for label, file, _ in inputs:
-        if args.json and file is not None and os.path.exists(args.json) and os.path.samefile(args.json, file):
+        if args.json not in (None, "-") and file is not None and os.path.exists(args.json) and \
+                os.path.samefile(args.json, file):
             fail(f"--json {args.json} is the {label} read: the results would overwrite it")
     unwritable = _unwritable(args.json, args.plots, made)
     if unwritable:
@@ -301,16 +311,32 @@ def _main(argv, made: list, written: list) -> int:
     payload = report(cfg, prep, out, baseline="fifo")
     payload["seconds"] = time.perf_counter() - t0
     status, lost = 0, None
+    # Under --json - standard output carries the JSON alone, for a program to read: a table there would not parse.
+    table = sys.stderr if args.json == "-" else sys.stdout
     try:
-        _show(args, prep, costs, payload, trace)
+        _show(args, prep, costs, payload, trace, table)
     except OSError as e:
-        # The results files are still written: `gmux-sim --json r.json | head -1` lost them, and so did a table
-        # sent to a full disk. A reader gone has what it wanted; a device that failed is said once they are.
-        status = reader_gone()
-        lost = None if isinstance(e, BrokenPipeError) else f"cannot write to standard output ({e.strerror or e})"
+        if table is sys.stderr:
+            status = 1      # (nothing to say it on: standard error is what failed; the JSON still goes out)
+        else:
+            # The results files are still written: `gmux-sim --json r.json | head -1` lost them, and so did a
+            # table sent to a full disk. A reader gone has what it wanted; a device that failed is said once they
+            # are.
+            status = reader_gone()
+            lost = None if isinstance(e, BrokenPipeError) else \
+                f"cannot write to standard output ({e.strerror or e})"
     target = None
     try:
-        if args.json:
+        if args.json == "-":
+            target = "standard output"
+            try:
+                dump_json(payload, sys.stdout)
+                print(flush=True)
+            except BrokenPipeError:     # (`gmux-sim --json - | head -1`: the reader has what it wanted)
+                status = reader_gone()
+            else:
+                written.append(target)
+        elif args.json:
             target = args.json
             write_json(os.path.realpath(args.json), payload)     # (through a link: the file it names is replaced)
             written.append(target)
@@ -329,20 +355,20 @@ def _main(argv, made: list, written: list) -> int:
     return status
 
 
-def _show(args, prep, costs, payload: dict, trace: str) -> None:
-    """The notes, the costs and the results table, flushed here, so that a failed write is raised here."""
+def _show(args, prep, costs, payload: dict, trace: str, out) -> None:
+    """The notes, the costs and the results table on `out`, flushed here, so that a failed write is raised here."""
     from gmux.cluster.sim.metrics import render_table
     for note in prep.notes:     # (under --quiet too: rows left out are not left out without a word)
-        print(f"note: {printable(note, limit=ERROR_LIMIT)}", file=sys.stderr if args.quiet else sys.stdout)
+        print(f"note: {printable(note, limit=ERROR_LIMIT)}", file=sys.stderr if args.quiet else out)
     if not args.quiet:
         for line in costs.summary_lines():
-            print(line)
+            print(line, file=out)
         ratios = payload.get("jct_ratio_to_fifo", {})
         n = sum(len(j) for _, j in prep.clusters.values())
         print(render_table(payload["summary"], ratios, title=f"gmux-sim: {printable(os.path.basename(trace))}, "
-                           f"{n} job{'s' if n != 1 else ''}"), end="")
-        print(f"simulated in {payload['seconds']:.1f} s")
-    sys.stdout.flush()
+                           f"{n} job{'s' if n != 1 else ''}"), end="", file=out)
+        print(f"simulated in {payload['seconds']:.1f} s", file=out)
+    out.flush()
 
 
 if __name__ == "__main__":

@@ -118,3 +118,36 @@ def test_a_worker_killed_mid_run_ends_the_run_with_a_message(tmp_path, monkeypat
     assert main(args + ["--policy", "fifo,gmux", "--workers", "2", "--json", str(tmp_path / "out" / "r.json")]) == 1
     assert "ended mid-run (killed by signal 9; out of memory?)" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_json_dash_writes_the_results_to_standard_output_alone(tmp_path, monkeypatch, capsys):
+    """`gmux-sim --json -` wrote a file named - and the table to standard output, where `| jq` wanted JSON."""
+    args = _files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(args + ["--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["summary"]["fifo"]["jobs"] == 1      # (nothing else on standard output)
+    assert "fifo" in err and "simulated in" in err
+    assert not os.path.exists(tmp_path / "-")
+    assert main(args + ["--json", "./-", "--quiet"]) == 0       # (a file named - is still one away)
+    assert capsys.readouterr().out == "" and json.loads((tmp_path / "-").read_text())["summary"]["fifo"]["jobs"] == 1
+
+
+def test_json_dash_with_its_reader_gone_still_writes_the_plots(tmp_path, monkeypatch, capsys):
+    """`gmux-sim --json - --plots p | head -1`: the reader has what it wanted; the plots are still written."""
+    args = _files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with open(tmp_path / "stdout", "w") as f:
+        monkeypatch.setattr(sys, "stdout", _FailingOutput(BrokenPipeError(errno.EPIPE, "Broken pipe"), f.fileno()))
+        assert main(args + ["--json", "-", "--plots", str(tmp_path / "p")]) == 1
+    assert sorted(os.listdir(tmp_path / "p")) == ["jct_cdf.png", "utilisation.png"]
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_plots_dash_is_refused_with_no_directory_made(tmp_path, monkeypatch, capsys):
+    args = _files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(args + ["--plots", "-"])
+    assert e.value.code == 2 and "--plots -: the plots are two PNG files" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "-")

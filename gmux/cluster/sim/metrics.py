@@ -183,17 +183,24 @@ def write_json(path: str, payload: dict) -> None:
 
     from gmux.util.atomic import atomic_open
 
-    def clean(o):
-        if isinstance(o, float) and not math.isfinite(o):
-            return None
-        if isinstance(o, dict):
-            return {str(k): clean(v) for k, v in o.items()}
-        if isinstance(o, (list, tuple)):
-            return [clean(v) for v in o]
-        if isinstance(o, (np.floating, np.integer)):
-            return o.item()
-        return o
-
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_open(path, mode=0o644, text=True) as f:   # a result file is for everyone to read
-        json.dump(clean(payload), f, indent=1, sort_keys=True)
+        dump_json(payload, f)
+
+
+def dump_json(payload: dict, f) -> None:
+    """The results as JSON into an open text file (a results file, or standard output under `--json -`)."""
+    json.dump(_plain(payload), f, indent=1, sort_keys=True)
+
+
+def _plain(o):
+    """`o` as JSON can hold it: NaN and infinities (no JSON number) become null, numpy numbers Python's."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {str(k): _plain(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_plain(v) for v in o]
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    return o
