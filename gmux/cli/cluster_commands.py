@@ -11,7 +11,7 @@ import os
 
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
-from gmux.cli.argtypes import ckpt_every, gpu_index, ranks, tcp_endpoint
+from gmux.cli.argtypes import ckpt_every, gpu_index, key_name, path, ranks, tcp_endpoint
 from gmux.cli.job_options import add_job_options
 from gmux.cli.output import Parser, UsageError, failed, json_asked, reader_gone
 from gmux.cli.submit_env import check_text, submit_cwd, submit_env
@@ -32,11 +32,13 @@ def main(argv: list) -> int:
     p.add_argument("--runtime-dir", help=argparse.SUPPRESS)    # (a local gmuxd's: no cluster command uses it)
     sub = p.add_subparsers(dest="cmd", required=True)
     k = sub.add_parser("keys", help="create CurveZMQ key pairs for cluster mode")
-    k.add_argument("--dir", default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"),
+    k.add_argument("--dir", type=path, default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"),
                    help="the cluster's key directory, made mode 0700 (default: GMUX_KEYS)")
     k.add_argument("--scheduler", action="store_true", help="the scheduler's pair")
-    k.add_argument("--daemon", action="append", default=[], metavar="NAME", help="a machine's pair (repeatable)")
-    k.add_argument("--client", action="append", default=[], metavar="NAME", help="a user's pair (repeatable)")
+    k.add_argument("--daemon", action="append", type=key_name, default=[], metavar="NAME",
+                   help="a machine's pair (repeatable)")
+    k.add_argument("--client", action="append", type=key_name, default=[], metavar="NAME",
+                   help="a user's pair (repeatable)")
     k.add_argument("--force", action="store_true", help="replace existing pairs (revokes the old keys)")
     helps = {"submit": "submit a job to the cluster: gmux submit --cluster ADDR [opts] -- python train.py",
              "ps": "the cluster's jobs and machines", "kill": "kill a cluster job",
@@ -48,7 +50,8 @@ def main(argv: list) -> int:
         s = sub.add_parser(name, help=helps[name])
         # (on the command line, never from the environment: its presence is what sends the command to the cluster)
         s.add_argument("--cluster", type=tcp_endpoint, required=True, help="gmux-scheduler's tcp://HOST:PORT")
-        s.add_argument("--keys", default=os.environ.get("GMUX_KEYS"), required=not os.environ.get("GMUX_KEYS"),
+        s.add_argument("--keys", type=path, default=os.environ.get("GMUX_KEYS"),
+                       required=not os.environ.get("GMUX_KEYS"),
                        help="the directory holding your client key (gmux keys --help; or GMUX_KEYS)")
         s.add_argument("--as", dest="who", default=os.environ.get("GMUX_KEY_NAME") or getpass.getuser(),
                        help="your client key's name (client.NAME in --keys)")
@@ -74,6 +77,7 @@ def main(argv: list) -> int:
     as_json = json_asked(argv, p)
     try:
         a = p.parse_args(argv)
+        _check(a, sub.choices[a.cmd])
     except UsageError as e:
         return e.report(as_json)
     try:
@@ -84,13 +88,26 @@ def main(argv: list) -> int:
         return failed(str(e), a.json)
 
 
+def _check(a, command: Parser) -> None:
+    """What argparse cannot see, refused as a usage error of `command` (status 2, its usage), before any key is
+    made or the scheduler is asked: a command line missing its point is the user's slip, not a failure."""
+    if a.cmd == "keys":
+        a.pairs = ([("scheduler", None)] if a.scheduler else []) + [("daemon", n) for n in a.daemon] + \
+            [("client", n) for n in a.client]
+        if not a.pairs:
+            command.error("say which pairs to create: --scheduler, --daemon NAME, --client NAME")
+        twice = sorted({f"--{role} {name}" for role, name in a.pairs if a.pairs.count((role, name)) > 1})
+        if twice:
+            command.error(f"{', '.join(twice)} given twice")
+    elif a.cmd == "submit":
+        a.argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+        if not a.argv:
+            command.error("give the command after --, e.g. gmux submit --cluster ADDR -- python train.py")
+
+
 def run(a) -> int:
     if a.cmd == "keys":
-        pairs = ([("scheduler", None)] if a.scheduler else []) + [("daemon", n) for n in a.daemon] + \
-            [("client", n) for n in a.client]
-        if not pairs:
-            raise ValueError("say which pairs to create: --scheduler, --daemon NAME, --client NAME")
-        made = keys.create_all(a.dir, pairs, a.force)
+        made = keys.create_all(a.dir, a.pairs, a.force)
         if a.json:      # (--json was taken, and the paths printed as text all the same)
             print(json.dumps({"created": [{"public": pub, "secret": sec} for pub, sec in made]}))
             return 0
@@ -100,9 +117,7 @@ def run(a) -> int:
     c = ClusterClient(a.cluster, a.keys, a.who)
     try:
         if a.cmd == "submit":
-            argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
-            if not argv:
-                raise ClusterError("give the command after --, e.g. gmux submit --cluster ADDR -- python train.py")
+            argv = a.argv
             try:
                 cwd = submit_cwd(argv, here=False)     # (the job starts on another machine)
                 check_text(argv, submit_env(), cwd)

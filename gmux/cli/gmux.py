@@ -121,6 +121,10 @@ def main(argv=None) -> int:
         if a.cmd == "logs" and a.raw and a.json:
             sub.choices["logs"].error("--raw writes the log's bytes as the job wrote them, --json a JSON object: "
                                       "give one of them")
+        if a.cmd == "submit":
+            a.argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+            if not a.argv:      # (a usage error, status 2, as every other slip on the command line)
+                sub.choices["submit"].error("give the command after --, e.g. gmux submit -- python train.py")
     except UsageError as e:
         return e.report(as_json)
     try:
@@ -200,9 +204,7 @@ def run(a) -> int:
     if a.cmd == "logs":
         return logs(c, a)
     if a.cmd == "submit":
-        argv = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
-        if not argv:
-            raise GmuxError("give the command after --, e.g. gmux submit -- python train.py")
+        argv = a.argv
         env = submit_env()
         try:
             cwd = submit_cwd(argv)

@@ -301,10 +301,12 @@ def test_one_scheduler_per_state_directory_and_bad_addresses_are_refused_by_name
 def test_keys_refused_for_one_bad_or_repeated_name_makes_none(tmp_path, capsys):
     from gmux.cli.gmux import main as gmux_main
     keydir = tmp_path / "k"
-    assert gmux_main(["keys", "--dir", str(keydir), "--daemon", "good", "--daemon", "\x1b[31mbad"]) == 1
-    assert gmux_main(["keys", "--dir", str(keydir), "--client", "a", "--client", "a"]) == 1
+    for args in (["--daemon", "good", "--daemon", "\x1b[31mbad"], ["--client", "a", "--client", "a"]):
+        with pytest.raises(SystemExit) as e:    # (the command line's slips: usage errors)
+            gmux_main(["keys", "--dir", str(keydir), *args])
+        assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "key name '\\x1b[31mbad'" in err and "client.a asked for twice" in err
+    assert "key name '\\x1b[31mbad'" in err and "--client a given twice" in err
     assert not keydir.exists() or not os.listdir(keydir)
     assert gmux_main(["keys", "--dir", str(keydir), "--client", "a", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"created": [{"public": str(keydir / "client.a.pub"),

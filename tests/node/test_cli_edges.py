@@ -480,7 +480,7 @@ def test_cluster_commands_errors_under_json_are_json_and_bad_options_get_the_com
     cluster = ["--cluster", "tcp://127.0.0.1:1", "--keys", str(tmp_path / "nokeys")]
     for args, status, needle in ((["ps", *cluster], 1, "no key file"),
                                  (["kill", *cluster, "c1"], 1, "no key file"),
-                                 (["keys", "--dir", str(tmp_path)], 1, "say which pairs to create"),
+                                 (["keys", "--dir", str(tmp_path)], 2, "say which pairs to create"),
                                  (["ps", *cluster, "--tail", "3"], 2, "unrecognized arguments: --tail 3"),
                                  (["kill", *cluster], 2, "required: job")):
         for out in (gmux(str(tmp_path), "--json", *args), gmux(str(tmp_path), *args, "--json")):
@@ -490,6 +490,30 @@ def test_cluster_commands_errors_under_json_are_json_and_bad_options_get_the_com
         out = gmux(str(tmp_path), *args)
         assert out.returncode == status and needle in out.stderr and out.stdout == "", out
         assert status == 1 or out.stderr.startswith(f"usage: gmux {args[0]} "), out.stderr
+
+
+def test_a_command_line_missing_its_point_is_a_usage_error(tmp_path):
+    """`gmux keys` with no pair to make and `gmux submit` with no command exited 1, as a failure does, where every
+    other slip on a gmux command line is argparse's status 2 with the command's usage."""
+    cluster = ["--cluster", "tcp://127.0.0.1:1", "--keys", str(tmp_path / "nokeys")]
+    keydir = ["--dir", str(tmp_path / "k")]
+    no_command = "give the command after --, e.g. gmux submit"
+    for args, needle in ((["keys", *keydir], "say which pairs to create: --scheduler, --daemon NAME, --client NAME"),
+                         (["keys", *keydir, "--client", "a", "--scheduler", "--client", "a"], "--client a given twice"),
+                         (["keys", *keydir, "--daemon", "a/b"], "argument --daemon: key name 'a/b'"),
+                         (["keys", "--dir", "", "--scheduler"], "argument --dir: an empty path"),
+                         (["ps", "--cluster", "tcp://127.0.0.1:1", "--keys", ""], "argument --keys: an empty path"),
+                         (["submit", *cluster], f"{no_command} --cluster ADDR -- python train.py"),
+                         (["submit", *cluster, "--name", "x", "--"], f"{no_command} --cluster ADDR -- python"),
+                         (["submit"], f"{no_command} -- python train.py"),
+                         (["submit", "--name", "x", "--"], f"{no_command} -- python train.py")):
+        out = gmux(str(tmp_path), *args)
+        assert out.returncode == 2 and out.stderr.startswith(f"usage: gmux {args[0]} "), (args, out)
+        assert f"gmux {args[0]}: error: {needle}" in out.stderr, (args, out.stderr)
+        out = gmux(str(tmp_path), "--json", *args)
+        said = json.loads(out.stdout)
+        assert out.returncode == 2 == said["status"] and needle in said["error"], (args, out)
+    assert not (tmp_path / "k").exists()      # (refused before any key was made)
 
 
 def test_a_submitted_job_suspended_before_its_process_registers_is_held_and_resumes(node_factory, tmp_path):
