@@ -16,28 +16,36 @@ from gmux.util.fd_limit import raise_soft_limit
 from gmux.util.text import log_to_stderr
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gmux-scheduler", description="Schedule training jobs across machines "
                                 "running gmuxd, with the same policies as gmux-sim.")
     p.add_argument("--listen", type=tcp_endpoint, default="tcp://127.0.0.1:7700",
-                   help="TCP endpoint (CurveZMQ) for daemons and clients")
+                   help="TCP endpoint (CurveZMQ) for daemons and clients (default: %(default)s)")
     p.add_argument("--keys", required=True, help="the cluster's key directory (gmux keys --dir DIR --scheduler)")
     p.add_argument("--state", required=True, help="directory for the SQLite state and received checkpoints")
     p.add_argument("--policy", default="gmux", choices=sorted(n for n, c in POLICIES.items() if not c.uses_oracle),
-                   help="the scheduling policy (default gmux); sjf, srtf and gmux-law need every job's duration in "
-                        "advance and run only in gmux-sim")
+                   help="the scheduling policy (default: %(default)s); sjf, srtf and gmux-law need every job's "
+                        "duration in advance and run only in gmux-sim")
     p.add_argument("--params", metavar="JSON", default="{}",
                    help='the policy\'s parameters as a JSON object, e.g. \'{"base_gpu_s": 600}\' for gmux '
-                        '(gmux-sim --params takes the same, per policy); a name the policy does not take is refused')
-    p.add_argument("--tick", type=positive, default=1.0, help="seconds between policy decisions (default 1)")
+                        '(gmux-sim --params takes the same, per policy); a name the policy does not take is refused '
+                        '(default: %(default)s, the policy\'s own defaults)')
+    p.add_argument("--tick", type=positive, default=1.0,
+                   help="seconds between policy decisions (default: %(default)g)")
     p.add_argument("--lost-after", type=lost_after, default=5.0,
-                   help="a machine silent this long is lost (default 5 s)")
+                   help="a machine silent this long is lost (default: %(default)g s)")
     p.add_argument("--ckpt-every", type=ckpt_every, default=30.0,
-                   help="default periodic checkpoint interval of a job, seconds (0: never)")
+                   help="default periodic checkpoint interval of a job, seconds (0: never; default: "
+                        "%(default)g)")
     p.add_argument("--admin", action="append", type=key_name, default=[], metavar="NAME",
                    help="a client key name that may kill or move every user's jobs (repeatable); any other client "
                         "acts only on the jobs it submitted")
     p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     a = p.parse_args(argv)
     for flag, where in (("--keys", a.keys), ("--state", a.state)):
         if os.path.exists(where) and not os.path.isdir(where):

@@ -392,3 +392,17 @@ def test_a_suspended_gang_gives_its_gpus_back_and_takes_them_back_once_they_are_
     intents, _ = d.decide(jobs, machines, Event(EventKind.TICK), now=8.0)
     assert [(i.what, i.gpus) for i in intents] == [("resume", (0,))]
     assert 4 in p.seen.machines[2].gpu_ids and 5 not in p.seen.machines[2].gpu_ids
+
+
+def test_the_schedulers_help_shows_every_default():
+    """--listen's default, where the scheduler listens unless told, was not in its --help, nor --ckpt-every's."""
+    import argparse
+    from gmux.cli import scheduler as cli
+    p = cli.build_parser()
+    formatter = p._get_formatter()
+    for action in p._actions:
+        if action.default in (None, False, [], argparse.SUPPRESS):
+            continue
+        said = formatter._expand_help(action)
+        shown = {str(action.default)} | ({format(action.default, "g")} if isinstance(action.default, float) else set())
+        assert "default" in said and any(s in said for s in shown), (action.option_strings, said)
