@@ -17,7 +17,7 @@ requests go out together. Slow work (waiting for a job's boundary, streaming a c
 processes) runs on worker threads; only this loop touches its sockets.
 
 Starts, until the job is past its first boundary here, are gmux.node.cluster_starts'; a move's checkpoint
-leaves through gmux.node.cluster_send.
+leaves through gmux.node.cluster_send; what it asks gmuxd goes through gmux.node.cluster_gmuxd.
 """
 from __future__ import annotations
 
@@ -36,11 +36,12 @@ import zmq
 from gmux import protocol
 from gmux.wire import keys, sealed
 from gmux.wire.receiver import Receiver
-from gmux.wire.daemon_client import Client, GmuxError
+from gmux.wire.daemon_client import GmuxError
 from gmux.wire.handshake_watch import HandshakeWatch
 from gmux.wire.server import Server, configure
 from gmux.node.checkpoint_clock import CheckpointClock
 from gmux.node.cluster_fence import Fence
+from gmux.node.cluster_gmuxd import LocalGmuxd
 from gmux.node.cluster_records import busy_data, gang_record, kill_reason, ranks_by_job, taken_at
 from gmux.node.cluster_starts import Starts
 from gmux.node.cluster_send import each, migrate_out
@@ -64,6 +65,7 @@ class ClusterLink:
     def __init__(self, runtime_dir: str, name: str, scheduler: str, keydir: str, listen: str = "tcp://127.0.0.1:0",
                  warm_starts: int = 1):
         self.rundir = RuntimeDir(runtime_dir)
+        self.gmuxd = LocalGmuxd(self.rundir.root)
         if self.rundir.system:
             # (the link would start users' jobs and read their checkpoints as root; docs/security.md)
             raise RuntimeDirError(f"{runtime_dir} is a system daemon's: cluster mode is not supported there yet; "
@@ -121,11 +123,7 @@ class ClusterLink:
 
     # --- plumbing ---
     def admin(self, mtype: str, timeout: float = 130.0, **fields):
-        c = Client(self.rundir.root, timeout=timeout)   # one per call and thread: zmq sockets are not shared
-        try:
-            return c.call(mtype, timeout=timeout, **fields)
-        finally:
-            c.close()
+        return self.gmuxd.call(mtype, timeout, **fields)
 
     def _event(self, event: str, cjob: str, detail: str = "", **data) -> None:
         self.outbox.put((event, cjob, detail, data))
@@ -214,10 +212,8 @@ class ClusterLink:
         scheduler and periodic checkpoints. Not `full`: a look at the live jobs only, for the starts under way
         (what has ended, a start that failed, waits for the next full report)."""
         self.starts.reap()
-        try:
-            ps = self.admin("ps", timeout=5.0, all=full, limit=LINK_PS_LIMIT)
-        except GmuxError as e:
-            log.warning("gmuxd not answering: %s", e)
+        ps = self.gmuxd.look(all=full, limit=LINK_PS_LIMIT)
+        if ps is None:
             return
         if not full:
             self.starts.look(ps["jobs"], self.world)

@@ -1,6 +1,7 @@
 """A cluster link tells the scheduler what its workers learn as they learn it: an event queued by a worker thread
 (a move's "migrate_sent", a failed action) wakes the link's loop instead of waiting for its next look at gmuxd.
 A real link, real CurveZMQ sockets, a stand-in scheduler; no gmuxd (its looks fail and are logged)."""
+import logging
 import threading
 import time
 
@@ -152,3 +153,30 @@ def test_a_failed_send_resumes_the_job_only_if_it_was_not_suspended_before(tmp_p
     # The move failed before it began: a running job runs on; one the policy had suspended stays suspended
     # (before: resumed here, beside what the scheduler had since put on its GPUs).
     assert said == ([("resume", "j3"), ("resume", "j4")] if resume else []) + [("migrate_failed", "c7")]
+
+
+def test_a_gmuxd_not_answering_is_said_once_and_again_once_it_answers(tmp_path, caplog):
+    """A link with no gmuxd (run as its own process before one started, or after it stopped) logged "gmuxd not
+    answering" at every look at it, twice a second for ever."""
+    kd = str(tmp_path / "keys")
+    keys.create(kd, "scheduler")
+    keys.create(kd, "daemon", "m1")
+    (tmp_path / "run").mkdir()
+    link = ClusterLink(str(tmp_path / "run"), "m1", "tcp://127.0.0.1:1", kd, warm_starts=0)
+    try:
+        with caplog.at_level(logging.INFO, logger="gmux.cluster_link"):
+            for full in (True, False, True, True):
+                link._report(time.monotonic(), full=full)
+            assert len(caplog.records) == 1, caplog.text
+            away = link.gmuxd.call
+            link.gmuxd.call = lambda mtype, timeout=130.0, **fields: {"jobs": [], "gpus": []}
+            for _ in range(3):
+                link._report(time.monotonic())
+            link.gmuxd.call = away
+            for _ in range(3):
+                link._report(time.monotonic())
+    finally:
+        link.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "gmux.cluster_link"]
+    assert [m.split(":")[0].split(",")[0] for m in said] == ["gmuxd not answering", "gmuxd answers again",
+                                                              "gmuxd not answering"], said
