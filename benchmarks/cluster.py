@@ -7,9 +7,10 @@ ZeroMQ socket; gmux-scheduler's decision latency with 3 real daemons and with 10
 (a) Migration. A real gmux-scheduler and two real gmuxd (virtual GPUs, loopback TCP, CurveZMQ) run one training
     job (demo_train.py, a hidden-to-hidden layer sized so that the checkpoint, weights + grads + momentum, is the target
     size); `c_migrate` moves it to the other daemon and back, three times (--moves; each figure is the median
-    of the three: one move's vary by a fifth on this shared 2-core VM). Timed from the request until the target has restored it
-    and passed a boundary (what the scheduler waits for before the source releases): suspend at a boundary,
-    checkpoint written, streamed (chunked, crc32, CurveZMQ), new process, torch import, restore, first step.
+    of the three: one move's vary by a fifth on this shared 2-core VM). Timed from the request until the target
+    has restored it and passed a boundary (what the scheduler waits for before the source releases): suspend at a
+    boundary, checkpoint written, streamed (chunked, crc32, CurveZMQ), new process, torch import, restore, first
+    step.
     Beside it, in the same run: the checkpoint file's bytes over a plain ZeroMQ DEALER->ROUTER TCP socket
     (2 MiB messages, pipelined, memory to memory), the floor for moving those bytes between two processes, and
     over a CurveZMQ one, the floor for a secured move. Downtime apart: from the job's last boundary at the
@@ -28,9 +29,9 @@ ZeroMQ socket; gmux-scheduler's decision latency with 3 real daemons and with 10
     (GMUX_HOLDINGS=off, the whole checkpoint sent); `downtime offered/whole` compares the two.
     The two daemons' CPU time during each move (gmuxd and its cluster link: the sending, the receiving and
     everything else they do meanwhile; the job's processes, which also train, are not in it): a figure the VM's
-    load hardly changes, where wall times vary by a fifth or more from run to run. `--bulk` measures each size with the bytes sealed beside CurveZMQ (gmux's
-    way, gmux.wire.sealed) and through it (GMUX_BULK=curve), with a third floor in the same run: the bytes
-    sealed with AES-GCM over plain ZeroMQ, memory to memory.
+    load hardly changes, where wall times vary by a fifth or more from run to run. `--bulk` measures each size
+    with the bytes sealed beside CurveZMQ (gmux's way, gmux.wire.sealed) and through it (GMUX_BULK=curve), with a
+    third floor in the same run: the bytes sealed with AES-GCM over plain ZeroMQ, memory to memory.
 (c) Decisions. The time of one scheduling decision (snapshot from SQLite-backed tables, policy, actions) as
     gmux-scheduler measures it, while (a) runs against 3 daemons; and with 100 simulated daemons (CurveZMQ
     DEALERs that report 2 GPUs each and run whatever they are told for a few seconds) and 300 jobs.
@@ -186,8 +187,9 @@ def hidden_for(size_bytes: int) -> int:
 def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib: int = 0,
               holdings: bool = True, moves: int = 3, bulk: str = "sealed", starts: str = "warm") -> dict:
     """`moves` moves of one job, back and forth (the medians reported: one move's figures vary by a fifth on a
-    2-core VM shared by two daemons, their links, the scheduler and the job); `frozen_mib` of the `size_mib` are a frozen table (demo_train --frozen-mib) that the target
-    builds too, offered to the source unless `holdings` is False (GMUX_HOLDINGS=off: the whole is sent)."""
+    2-core VM shared by two daemons, their links, the scheduler and the job); `frozen_mib` of the `size_mib` are a
+    frozen table (demo_train --frozen-mib) that the target builds too, offered to the source unless `holdings` is
+    False (GMUX_HOLDINGS=off: the whole is sent)."""
     from cluster_harness import PY, ROOT as R, TRAIN, Cluster, wait_for
     os.environ["GMUX_BULK"] = bulk        # read by the source's link (bulk=curve: every byte through CurveZMQ)
     c = Cluster(tmp, machines=("a", "b"), policy="gandiva", gpus="2x8GiB", sched_args=["--ckpt-every", "0"],
@@ -199,7 +201,8 @@ def migration(tmp: pathlib.Path, size_mib: int, grads: str = "kept", frozen_mib:
         # GMUX_GRADS=overwritten: the checkpoint leaves the gradients out (demo_train zeroes them every step)
         log = tmp / "boundaries.log"
         cjob = c.call("c_submit", argv=[PY, TRAIN, str(tmp / "out.json"), "1000000", "--hidden", str(h), "--depth",
-                                        "1", "--batch", "8", "--lr", str(min(0.001, 1 / h)), "--attach", "--boundary-log", str(log), *frozen],
+                                        "1", "--batch", "8", "--lr", str(min(0.001, 1 / h)), "--attach",
+                                        "--boundary-log", str(log), *frozen],
                       cwd=R, env={"OMP_NUM_THREADS": "1", "GMUX_GRADS": grads,
                                   **({} if holdings else {"GMUX_HOLDINGS": "off"})})["cjob"]
         totals, sent, cpus = [], [], []
@@ -298,7 +301,8 @@ class FakeDaemons:
                                      "step": int((now - j["t0"]) * 100) + 1, "gpu": j["gpu"], "exit_status": 0,
                                      "gpu_seconds": now - j["t0"], "rate_now": 100.0, "rate_solo": 100.0})
                     s.send(protocol.encode("node_report", 0, table=C, name=name,
-                                           gpus=[{"index": 0, "mem_total": 16 << 30}, {"index": 1, "mem_total": 16 << 30}],
+                                           gpus=[{"index": 0, "mem_total": 16 << 30},
+                                                 {"index": 1, "mem_total": 16 << 30}],
                                            transfer="tcp://127.0.0.1:9", jobs=recs))
 
     def close(self):
@@ -320,9 +324,9 @@ def decisions_100(tmp: pathlib.Path, jobs: int = 300, policy: str = "gmux") -> d
         keys.create(kd, "daemon", f"sim{i}")
     ep = f"tcp://127.0.0.1:{free_port()}"
     log = open(tmp / "sched100.log", "ab")
-    sched = subprocess.Popen([PY, "-m", "gmux.cli.scheduler", "--listen", ep, "--keys", kd, "--state", str(tmp / "s100"),
-                              "--policy", policy, "--tick", "0.5", "--ckpt-every", "0"], env=env(), stdout=log,
-                             stderr=subprocess.STDOUT, cwd=R)
+    sched = subprocess.Popen([PY, "-m", "gmux.cli.scheduler", "--listen", ep, "--keys", kd,
+                              "--state", str(tmp / "s100"), "--policy", policy, "--tick", "0.5", "--ckpt-every", "0"],
+                             env=env(), stdout=log, stderr=subprocess.STDOUT, cwd=R)
     fake = FakeDaemons(kd, ep, 100)
     try:
         cl = ClusterClient(ep, kd, "bench", timeout=30)
@@ -375,10 +379,10 @@ def main() -> int:
             with tempfile.TemporaryDirectory(prefix=f"gmux-bench-{size}-") as d:
                 r = migration(pathlib.Path(d), size, a.grads, moves=a.moves, bulk=bulk, starts=start)
             rows.append(r)
-            print(f"migrate {size:5d} MiB ({bulk:6s}, {start}): downtime {r['downtime_s']:.2f} s (mini-batch {r['batch_s']:.2f} s), "
-                  f"total {r['migrate_s']:6.2f} s (suspend {r['suspend_s']:.2f}, checkpoint {r['checkpoint_s']:.2f}, "
-                  f"transfer {r['transfer_s']:.2f}), daemons' CPU {r['cpu_s']:.2f} s; raw zmq {r['raw_zmq_s']:.3f} s, "
-                  f"sealed zmq {r['sealed_zmq_s']:.3f} s, "
+            print(f"migrate {size:5d} MiB ({bulk:6s}, {start}): downtime {r['downtime_s']:.2f} s (mini-batch "
+                  f"{r['batch_s']:.2f} s), total {r['migrate_s']:6.2f} s (suspend {r['suspend_s']:.2f}, checkpoint "
+                  f"{r['checkpoint_s']:.2f}, transfer {r['transfer_s']:.2f}), daemons' CPU {r['cpu_s']:.2f} s; "
+                  f"raw zmq {r['raw_zmq_s']:.3f} s, sealed zmq {r['sealed_zmq_s']:.3f} s, "
                   f"curve zmq {r['curve_zmq_s']:.3f} s  total/raw {r['migrate_vs_raw']:.1f} (floor: the target's "
                   f"model build {r['build_s']:.2f} s + raw + batch = {r['total_floor_vs_raw']:.1f}; secured, with the "
                   f"sealed or Curve floor: {r['total_floor_secured_vs_raw']:.1f}; any secured move, its bytes and "
@@ -397,9 +401,10 @@ def main() -> int:
         incremental.append({"size_mib": size, "frozen_mib": size * 7 // 8, "offered": held, "whole": whole,
                             "downtime_vs_whole": ratio, "bytes_vs_whole": held["bytes"] / whole["bytes"]})
         print(f"migrate {size:5d} MiB, {size * 7 // 8} MiB frozen: offered: sent {held['bytes'] / 2**20:.1f} MiB, "
-              f"downtime {held['downtime_s']:.2f} s, total {held['migrate_s']:.2f} s, daemons' CPU {held['cpu_s']:.2f} s; "
-              f"whole: sent {whole['bytes'] / 2**20:.1f} MiB, downtime {whole['downtime_s']:.2f} s, total "
-              f"{whole['migrate_s']:.2f} s, daemons' CPU {whole['cpu_s']:.2f} s  downtime offered/whole {ratio:.2f}", flush=True)
+              f"downtime {held['downtime_s']:.2f} s, total {held['migrate_s']:.2f} s, daemons' CPU "
+              f"{held['cpu_s']:.2f} s; whole: sent {whole['bytes'] / 2**20:.1f} MiB, downtime "
+              f"{whole['downtime_s']:.2f} s, total {whole['migrate_s']:.2f} s, daemons' CPU {whole['cpu_s']:.2f} s  "
+              f"downtime offered/whole {ratio:.2f}", flush=True)
     if a.no_decisions:
         dec = {"jobs": 0, "policy": "-", "decision_ms_n": 0, "decision_ms_p50": float("nan"),
                "decision_ms_p99": float("nan")}
@@ -416,7 +421,8 @@ def main() -> int:
     big = next((r for r in rows if r["size_mib"] == 1024 and r["bulk"] == bulks[0] and r["starts"] == starts[0]),
                rows[0])
     print(f"cluster: migrate_1GiB_vs_raw={big['migrate_vs_raw']:.1f} "
-          f"downtime_1GiB_vs_curve_raw={_ratio(big['downtime_vs_curve_raw'])} decision_ms_p99={dec['decision_ms_p99']:.2f}")
+          f"downtime_1GiB_vs_curve_raw={_ratio(big['downtime_vs_curve_raw'])} "
+          f"decision_ms_p99={dec['decision_ms_p99']:.2f}")
     return 0
 
 

@@ -116,7 +116,8 @@ def run(total: int, fractions, reps: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "native_swap.json"))
+    ap.add_argument("--out",
+                    default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "native_swap.json"))
     args = ap.parse_args()
     if not na.available():
         raise SystemExit("gmux._native is not built: pip install -e . first")
@@ -126,9 +127,10 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     for r in results:
-        print(f"{r['total_bytes'] >> 20:>4}Mi {r['live_fraction']:>5.0%} {r['copy_GBps']:>9.2f} {r['memcpy_GBps']:>11.2f} "
-              f"{r['copy_vs_memcpy']:>11.2f} {r['unmap_s'] * 1e3:>8.1f} {r['map_s'] * 1e3:>7.1f} {r['stage_s'] * 1e3:>8.1f} "
-              f"{r['suspend_s'] * 1e3:>10.1f} {r['resume_s'] * 1e3:>9.1f}")
+        print(f"{r['total_bytes'] >> 20:>4}Mi {r['live_fraction']:>5.0%} {r['copy_GBps']:>9.2f} "
+              f"{r['memcpy_GBps']:>11.2f} {r['copy_vs_memcpy']:>11.2f} {r['unmap_s'] * 1e3:>8.1f} "
+              f"{r['map_s'] * 1e3:>7.1f} {r['stage_s'] * 1e3:>8.1f} {r['suspend_s'] * 1e3:>10.1f} "
+              f"{r['resume_s'] * 1e3:>9.1f}")
     big = {r["live_fraction"]: r for r in results if r["total_bytes"] == 1024 * MiB}
     summary = {"copy_vs_memcpy": big[1.0]["copy_vs_memcpy"],
                "live_only_speedup_at_10pct": big[1.0]["copy_s"] / big[0.1]["copy_s"],
@@ -138,7 +140,8 @@ def main() -> None:
         json.dump({"benchmark": "native_swap", "backend": "host", "results": results, "summary": summary,
                    "cpu_count": os.cpu_count()}, f, indent=2)
     print(f"(best of {args.reps}, fractions interleaved; copy phases: both directions; unmap/map run on the helper "
-          f"thread, overlapping the copies; stage = mapping+unmapping the host store; JSON in {os.path.relpath(args.out)})")
+          f"thread, overlapping the copies; stage = mapping+unmapping the host store; JSON in "
+          f"{os.path.relpath(args.out)})")
     print(f"native_swap_1GiB: copy_vs_memcpy={summary['copy_vs_memcpy']:.2f} "
           f"live_only_speedup_at_10pct={summary['live_only_speedup_at_10pct']:.2f} "
           f"end_to_end_ms={summary['end_to_end_ms']:.0f}")

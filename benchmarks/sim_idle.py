@@ -105,7 +105,8 @@ def main() -> int:
         g, b = out["gmux"], out["fifo-bf"]
         print(f"sim_idle: gmux_vs_fifo_bf_idle_nothing_waiting="
               f"{g['idle_gpu_days_per_gpu']['none waits'] / max(b['idle_gpu_days_per_gpu']['none waits'], 1e-9):.2f} "
-              f"gmux_vs_fifo_bf_makespan={g['makespan_d'] / b['makespan_d']:.3f} seconds={time.perf_counter() - t0:.0f}")
+              f"gmux_vs_fifo_bf_makespan={g['makespan_d'] / b['makespan_d']:.3f} "
+              f"seconds={time.perf_counter() - t0:.0f}")
     return 0
 
 

@@ -195,7 +195,8 @@ def main() -> int:
         c = curve[load]
         print(f"  x{load:<5g} FIFO/SJF {c['fifo']['avg_jct_s'] / c['sjf']['avg_jct_s']:.2f} "
               f"(theirs {PUBLISHED['fifo'] / PUBLISHED['sjf']:.2f})  FIFO/SRTF "
-              f"{c['fifo']['avg_jct_s'] / c['srtf']['avg_jct_s']:.2f} (theirs {PUBLISHED['fifo'] / PUBLISHED['srtf']:.2f})")
+              f"{c['fifo']['avg_jct_s'] / c['srtf']['avg_jct_s']:.2f} "
+              f"(theirs {PUBLISHED['fifo'] / PUBLISHED['srtf']:.2f})")
 
     print("\nThe issue's table (average JCT, hours; gmux/SRTF; gmux vs Tiresias), markdown:")
     print("| Philly | " + " | ".join(policies) + " | gmux/SRTF | gmux vs Tiresias | gmux-law/SRTF |")
@@ -207,9 +208,9 @@ def main() -> int:
               f"{100 * (c['gmux']['avg_jct_s'] / c['tiresias']['avg_jct_s'] - 1):+.1f}% | "
               f"{c['gmux-law']['vs_srtf']:.2f} |")
 
-    payload = {"loads": {str(k): v for k, v in curve.items()}, "cross_validation": {str(k): v for k, v in split.items()},
-               "costs": cfg.costs.table(), "tune_vcs": list(TUNE_VCS), "published_helios_avg_jct_s": PUBLISHED,
-               "workers": args.workers}
+    payload = {"loads": {str(k): v for k, v in curve.items()},
+               "cross_validation": {str(k): v for k, v in split.items()}, "costs": cfg.costs.table(),
+               "tune_vcs": list(TUNE_VCS), "published_helios_avg_jct_s": PUBLISHED, "workers": args.workers}
     if not args.no_decision_bench and prep is not None:
         print("\nOne scheduling decision, 1,000 machines x 8 GPUs, 10,000 active jobs (arrival | completion):")
         dec = []

@@ -7,8 +7,9 @@ Tiresias and gmux (Gandiva is left out: its time slices make it ten times slower
 gmux must beat here). Prints, per shape and load, average JCT (mean over seeds), gmux over SRTF and over Tiresias
 (worst seed), suspends per job, and the utilisation gap: the best baseline's work utilisation (the jobs' work
 over the capacity up to the last completion, as in simulate.py) over gmux's, worst seed, and the same gap for the
-SRTF oracle against FIFO-bf and Tiresias; writes benchmarks/results/synthetic.json. On the shape whose jobs name their users, gmux also runs with the users
-hidden, and the ratio of average JCTs per seed says what sweeps by user are worth. The last line is
+SRTF oracle against FIFO-bf and Tiresias; writes benchmarks/results/synthetic.json. On the shape whose jobs name
+their users, gmux also runs with the users hidden, and the ratio of average JCTs per seed says what sweeps by user
+are worth. The last line is
 
     synthetic: gmux_vs_tiresias_worst=<r> gmux_vs_srtf_worst=<r> suspends_vs_tiresias_worst=<r>
                best_util_vs_gmux_worst=<r> best_util_vs_srtf_worst=<r> seconds=<n>   (one line)

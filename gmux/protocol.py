@@ -374,7 +374,8 @@ REPORT = {"step": (_opt_count, False), "mem_boundary": (_opt_count, False), "mem
           # a framework job (control "framework"): whether it can continue exactly in a new process, or why not
           "movable": (_optional(_bool), False), "unmovable": (_optional(lambda v: _str(v, 1024)), False),
           # the job's memory limit (its --mem; 0: none) and what counts against it now (gmux/job/memory/limit.py)
-          "mem_limit": (_opt_count, False), "mem_in_use": (_opt_count, False), "mem_limit_soft": (_optional(_bool), False)}
+          "mem_limit": (_opt_count, False), "mem_in_use": (_opt_count, False),
+          "mem_limit_soft": (_optional(_bool), False)}
 
 # Fields every job-authenticated message carries: a job can only act on itself, proven by its token.
 _AUTH = {"job": (_name, True), "token": (lambda v: _str(v, 128), True)}
@@ -633,7 +634,8 @@ def _records(spec: dict, max_items: int = MAX_LIST):
         if len(v) > max_items:
             return f"list of {len(v)} items exceeds {max_items}"
         for i, item in enumerate(v):
-            problem = f"expected a map, got {type(item).__name__}" if not isinstance(item, dict) else _fields(item, spec)
+            problem = f"expected a map, got {type(item).__name__}" if not isinstance(item, dict) else \
+                _fields(item, spec)
             if problem:
                 return f"item {i}: {problem}"
         return None
@@ -793,8 +795,8 @@ CLUSTER_MESSAGES: dict[str, dict[str, tuple]] = {
 
 # A transfer's bulk socket (plain ZeroMQ, beside the CurveZMQ one: gmux.wire.sealed): only sealed chunks, each
 # [header, AES-GCM sealed bytes] with this header as the seal's associated data, and the receiver's answers,
-# replies whose data is {"nonce", "sealed"}: {"have": n[, "room": n]} or {"error": text} sealed the other way. Anyone may
-# connect here, so nothing in a frame is believed before it opened with the transfer's key.
+# replies whose data is {"nonce", "sealed"}: {"have": n[, "room": n]} or {"error": text} sealed the other way.
+# Anyone may connect here, so nothing in a frame is believed before it opened with the transfer's key.
 BULK_MESSAGES = {
     "xfer_sealed": {"xfer": (_name, True), "offset": (lambda v: _int(v, 0, XFER_MAX_SIZE), True),
                     "nonce": (lambda v: _int(v, 0, (1 << 62)), True)},

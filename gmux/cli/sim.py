@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--copy-gbps", type=nonneg, default=d.copy_gbps,
                    help="state copy rate of the cost model, GB/s (default: %(default)s, measured by native_swap)")
     g.add_argument("--quantum-s", type=nonneg, default=d.quantum_s, help="time slice (default: %(default)s)")
-    g.add_argument("--measure-s", type=nonneg, default=d.measure_s, help="pack measurement window (default: %(default)s)")
+    g.add_argument("--measure-s", type=nonneg, default=d.measure_s,
+                   help="pack measurement window (default: %(default)s)")
     g = p.add_argument_group("output")
     g.add_argument("--json", type=path, metavar="PATH",
                    help="write results as JSON to PATH; - writes them to standard output, and the notes and the "

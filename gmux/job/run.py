@@ -98,9 +98,9 @@ def main(argv=None) -> int:
         from .api import current
         job = current() or hooked          # (the script's own job, where it attached one)
         s, r = job.profile.last_suspend, job.profile.last_resume
-        print(f"gmux: {job.profile.steps} boundaries ({job.control}), {job.profile.suspends} suspends, {job.tier.name} tier "
-              f"({job.profile.bytes_moved / 2**20:.1f} MiB moved; last suspend {s.get('total_s', 0) * 1e3:.2f} ms, "
-              f"resume {r.get('total_s', 0) * 1e3:.2f} ms)", file=sys.stderr)
+        print(f"gmux: {job.profile.steps} boundaries ({job.control}), {job.profile.suspends} suspends, "
+              f"{job.tier.name} tier ({job.profile.bytes_moved / 2**20:.1f} MiB moved; last suspend "
+              f"{s.get('total_s', 0) * 1e3:.2f} ms, resume {r.get('total_s', 0) * 1e3:.2f} ms)", file=sys.stderr)
     atexit.register(summary)
     status, _ = runner.run_script("path", a.script, [a.script, *a.args])
     return status

@@ -336,7 +336,8 @@ def load_trace(path: str, bad_rows: str = "refuse", max_report: int = 20,
     if bad and bad_rows == "refuse":
         shown = "; ".join(f"line {ln}: {msg}" for ln, msg in bad[:max_report])
         more = f" (and {len(bad) - max_report} more)" if len(bad) > max_report else ""
-        raise TraceError(f"{path}: {len(bad)} bad row(s): {shown}{more}. Skip them with --bad-rows skip (bad_rows='skip').")
+        raise TraceError(f"{path}: {len(bad)} bad row(s): {shown}{more}. Skip them with --bad-rows skip "
+                         f"(bad_rows='skip').")
     if not rows:
         left_out = ", ".join(f"{n} {why}" for why, n in skipped.items() if n)
         left_out += f"{', ' if left_out else ''}{len(bad)} bad (skipped)" if bad else ""
