@@ -72,3 +72,22 @@ def test_piped_ps_is_laid_out_for_columns_where_it_is_set(tmp_path):
                              timeout=60)
         assert out.returncode == 0, out.stderr
         assert max(map(len, out.stdout.splitlines())) == widest, (columns, out.stdout)
+
+
+def test_a_columns_of_zero_or_next_to_nothing_still_shows_the_table(tmp_path):
+    """COLUMNS=0 (a careless export) printed nothing at all, status 0: rich took it for a width of 0; COLUMNS=5
+    printed five columns of box lines, no cell readable. Piped, COLUMNS=0 is as if unset (160 columns), and one
+    too narrow is the narrowest width that keeps ids and states whole; gmux ps and gmux top alike."""
+    script = ("import sys; from gmux.cli import gmux; from gmux.wire import daemon_client\n"
+              "class C:\n"
+              "    def __init__(self, *a, **k): pass\n"
+              f"    def call(self, *a, **k): return {{'jobs': [{HELD!r}, {RUNNING!r}], 'gpus': [], 'daemon': {{}}}}\n"
+              "gmux.Client = C\n"
+              "sys.exit(gmux.main(['--runtime-dir', sys.argv[1], *sys.argv[2:]]))\n")
+    for command in (["ps"], ["top", "--count", "1"]):
+        for columns, widest in (("0", 160), ("5", 40), ("39", 40)):
+            out = subprocess.run([PY, "-c", script, str(tmp_path), *command], env=env() | {"COLUMNS": columns},
+                                 cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            assert max(map(len, out.stdout.splitlines()), default=0) == widest, (command, columns, out.stdout)
+            assert {"j12", "j13", "running"} <= _words(out.stdout), (command, columns, out.stdout)

@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import time
+from typing import Optional
 
 from gmux.protocol import LOGS_REPLY_BYTES, ProtocolError
 from gmux.wire.daemon_client import Client, GmuxError, GmuxUnanswered
@@ -52,9 +53,26 @@ def _outcome(cmd: str, data: dict) -> str:
     return f"{cmd}: {jobs} " + ", ".join(f"{k}={v}" for k, v in data.items() if k not in ("job", "jobs"))
 
 
-def _columns_said() -> bool:
-    """COLUMNS set: the width piped output is laid out for (rich reads it), rather than 160."""
-    return os.environ.get("COLUMNS", "").isdigit()
+# The narrowest layout of the tables that keeps their ids and states whole (tests/test_table_widths.py): below
+# it every cell is folded into single characters and nothing can be read.
+NARROWEST = 40
+
+
+def _width() -> Optional[int]:
+    """The width the tables are laid out for: COLUMNS where it is set (piped too, rather than 160), else the
+    terminal's (None: rich asks it), else 160. A COLUMNS below NARROWEST is taken for NARROWEST: rich took
+    COLUMNS=0 for a width of 0 and printed nothing at all, and COLUMNS=5 for five columns of box lines."""
+    said = os.environ.get("COLUMNS", "")
+    if said.isdigit() and int(said) > 0:
+        return max(int(said), NARROWEST)
+    if not sys.stdout.isatty():
+        return 160
+    if not said.isdigit():
+        return None
+    try:    # (rich reads COLUMNS=0 itself: the terminal's own width is asked here)
+        return max(os.get_terminal_size(sys.stdout.fileno()).columns, NARROWEST)
+    except OSError:
+        return 80
 
 
 def main(argv=None) -> int:
@@ -170,7 +188,7 @@ def run(a) -> int:
         else:
             from rich.console import Console
             from gmux.cli.tables import gpus_table, jobs_table
-            con = Console(width=None if sys.stdout.isatty() or _columns_said() else 160)
+            con = Console(width=_width())
             con.print(jobs_table(data))
             if data.get("jobs_shown", 0) < data.get("jobs_total", 0):
                 con.print(f"({data['jobs_shown']} of {data['jobs_total']} jobs shown: gmux ps --limit N for more)",
@@ -293,7 +311,8 @@ def top(c: Client, a) -> int:
     from gmux.cli.tables import gpus_table, jobs_table
     n = 0
     # Into a file or a pipe, a snapshot after another: a live display redraws only on a terminal.
-    live = Live(refresh_per_second=4, screen=False) if sys.stdout.isatty() and not a.json else None
+    live = Live(console=Console(width=_width()), refresh_per_second=4, screen=False) \
+        if sys.stdout.isatty() and not a.json else None
     with live or contextlib.nullcontext():
         while True:
             data = c.call("ps", all=True)
@@ -306,7 +325,7 @@ def top(c: Client, a) -> int:
             elif live is not None:
                 live.update(view)
             else:
-                Console(width=None if _columns_said() else 160).print(view)
+                Console(width=_width()).print(view)
                 sys.stdout.flush()
             n += 1
             if a.count and n >= a.count:
