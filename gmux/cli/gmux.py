@@ -276,6 +276,9 @@ def logs(c: Client, a) -> int:
     cut = _left_out(c, data, body, a.tail)
     if a.raw:
         sys.stdout.buffer.write(body)
+        if data.get("note"):    # (a log deleted: said as the text form says it, but apart from the log's bytes)
+            sys.stdout.flush()
+            print(printable(f"gmux: {data['note'].strip().strip('[]')}"), file=sys.stderr)
     else:
         _print({**data, **cut}, a.json, data["text"].rstrip("\n"), keep="\n\t")
     if cut and not a.json:

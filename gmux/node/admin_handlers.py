@@ -362,8 +362,8 @@ class AdminHandlers:
                     f"goes when it ends]\n" if held is not None else f"[gmuxd: {path} was deleted]\n")
             data, before = held or (b"", 0)
         # left_out: the log's bytes before what one reply holds, counted here (the client may not read the file)
-        if req.msg.get("raw"):
-            return {"job": job.id, "bytes": data, "left_out": before}
+        if req.msg.get("raw"):     # (the note apart: the bytes are the log's alone, and the client says it)
+            return {"job": job.id, "bytes": data, "left_out": before, **({"note": note} if note else {})}
         return {"job": job.id, "text": note + text_of(data), "left_out": before}
 
     def submit(self, req: Request):

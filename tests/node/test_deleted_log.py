@@ -48,3 +48,22 @@ def test_a_job_pointing_its_output_elsewhere_does_not_get_that_file_shown(node_f
     shown = node.call("logs", job=job)["text"]
     assert "not the log" not in shown and "was deleted]" in shown, shown
     flag.unlink()
+
+
+def test_logs_raw_says_the_log_was_deleted_apart_from_its_bytes(node_factory, tmp_path):
+    """gmux logs --raw of a deleted log printed nothing and exited 0, where gmux logs said it was deleted: the
+    note went into the text form only. It is said on standard error, the bytes on standard output stay the log's."""
+    import subprocess
+
+    from node_harness import PY, ROOT, env
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    job, flag = _run(node, tmp_path)
+    path = os.path.join(node.rt, "logs", f"{job}.log")
+    for ended in (False, True):
+        out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "logs", "--raw", job], env=env(),
+                             cwd=ROOT, capture_output=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == (b"" if ended else b"written after the rm\nline two\n"), out.stdout
+        assert f"gmux: gmuxd: {path} was deleted".encode() in out.stderr, out.stderr
+        flag.unlink(missing_ok=True)
+        node.wait_for(lambda: node.job(job)["state"] == "exited", 60, "the job's end")
