@@ -156,15 +156,16 @@ def _waiting_in(frame, code) -> bool:
 
 
 def left_running() -> list:
-    """What this job leaves running outside its process group (a server in a session of its own, a daemon it
-    double-forked and adopted back, whatever its environment says now), [pid, start time] each: gmuxd ends them
-    with the job, as it ends what is left in the job's group."""
-    group, out = os.getpgrp(), []
+    """What this job leaves running, [pid, start time] each, for gmuxd to end with the job: outside its process
+    group first (a server in a session of its own, a daemon it double-forked and adopted back, whatever its
+    environment says now), then its own descendants in its group. gmuxd ends the group of a job it started, but
+    a gmux-launch job's group is its shell's and is left alone: a child the script forked (os.fork carries no
+    marks in its starting environment) ran on after the job's end, holding a copy of its memory."""
+    group, outside, inside = os.getpgrp(), [], []
     for pid in descendants(os.getpid()):
         try:
-            start = proc_starttime(pid) if os.getpgid(pid) != group else None
+            start = proc_starttime(pid)
+            (outside if os.getpgid(pid) != group else inside).append([pid, start])
         except ProcessLookupError:
             continue
-        if start is not None:
-            out.append([pid, start])
-    return out
+    return [entry for entry in outside + inside if entry[1] is not None]

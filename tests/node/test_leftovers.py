@@ -482,6 +482,46 @@ def test_what_a_gmux_launch_job_left_outside_its_shells_group_ends_with_it(node_
         sibling.wait()
 
 
+FORKS = """import os, sys, time
+child = os.fork()
+if child == 0:
+    time.sleep(600)
+    os._exit(0)
+open(sys.argv[1] + ".part", "w").write(str(child))
+os.rename(sys.argv[1] + ".part", sys.argv[1])
+"""
+
+
+def test_a_child_a_gmux_launch_job_forked_in_its_shells_group_ends_with_it(node_factory, tmp_path):
+    """A child the script os.fork()ed ran on after the job's end ("exited: finished"): it stays in the shell's group,
+    which gmuxd leaves alone, and a fork carries none of the job's marks in its starting environment. The shell's
+    group itself (a pipeline's other commands) is still left alone."""
+    import subprocess
+
+    from gmux_testkit import PY, ROOT, env
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    script = tmp_path / "forks.py"
+    script.write_text(FORKS)
+    pidfile = tmp_path / "pid"
+    sibling = subprocess.Popen([PY, "-c", "import time; time.sleep(600)"], process_group=0)
+    forked = None
+    try:
+        launcher = subprocess.Popen([PY, "-m", "gmux.cli.launch", "--runtime-dir", node.rt, "--name", "fk", "--",
+                                     "python", str(script), str(pidfile)], cwd=ROOT, env=env(),
+                                    process_group=sibling.pid)
+        assert launcher.wait(60) == 0
+        forked = int(pidfile.read_text())
+        node.wait_for(lambda: next(j for j in node.ps()["jobs"] if j["name"] == "fk")["state"] == "exited", 30,
+                      "the job to end")
+        node.wait_for(lambda: not _alive(forked), 15, f"the job's forked child {forked} to end with it")
+        time.sleep(0.5)
+        assert sibling.poll() is None, "the shell's group was signalled"
+    finally:
+        _kill_all([forked] if forked else [])
+        sibling.kill()
+        sibling.wait()
+
+
 def test_gmuxd_never_signals_itself_when_it_carries_a_jobs_marks(tmp_path):
     """A gmuxd started from a shell inside a job carries that job's marks (GMUX_JOB_ID, GMUX_RUNTIME_DIR) in its
     starting environment: killing the job killed gmuxd too."""
