@@ -85,7 +85,7 @@ def run(opt: LaunchOptions) -> int:
                                    gpu=None if opt.job else opt.gpu, migratable=not opt.hook,
                                    gang=None if opt.job else opt.gang, agrees=bool(opt.gang and opt.hook))
     except Exception as e:
-        print(f"gmux-launch: {e}", file=sys.stderr)
+        print(f"gmux-launch: {_in_option_words(e)}", file=sys.stderr)
         return 2
     job_id = reg["job"]
     held["agent"] = agent
@@ -179,6 +179,18 @@ def _wait_for_start(agent: Agent):
             agent.reply(start, {"ok": True, "started": False})
             return None
         agent.reply(start, {"ok": False, "error": f"{start.kind}: the job has not started"})
+
+
+# The register request's fields as gmux-launch's options spell them: a value the wire format refuses (--gpus 65)
+# was said as "register.gpus: 65 is outside [1, 64]", naming a field the user never typed.
+_OPTIONS = {"gpus": "--gpus", "gpu": "--gpu", "name": "--name", "mem": "--mem", "weight": "--weight"}
+
+
+def _in_option_words(error: Exception) -> str:
+    field, _, rest = str(error).partition(": ")
+    prefix, _, name = field.partition(".")
+    ours = isinstance(error, protocol.ProtocolError) and prefix == "register" and name in _OPTIONS
+    return f"{_OPTIONS[name]}: {rest}" if ours else str(error)
 
 
 def _register(rundir: RuntimeDir, opt: LaunchOptions, **fields) -> tuple[Agent, dict]:

@@ -475,6 +475,19 @@ def test_gmux_launch_refuses_a_lookalike_gang_name(tmp_path):
     assert out.returncode == 2 and "argument --gang: 'ј45' looks like a job id" in out.stderr, out.stderr
 
 
+def test_gmux_launch_names_its_own_option_for_a_value_the_wire_refuses(node_factory, tmp_path):
+    """gmux-launch --gpus 65 said "register.gpus: 65 is outside [1, 64]", a field of the wire the user never typed."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    script = tmp_path / "x.py"
+    script.write_text("pass\n")
+    for args, said in ((["--gpus", "65"], "gmux-launch: --gpus: 65 is outside [1, 64]\n"),
+                       (["--gpu", "70000"], "gmux-launch: --gpu: 70000 is outside [0, 4096]\n")):
+        out = subprocess.run([PY, "-m", "gmux.cli.launch", "--runtime-dir", node.rt, *args, "--", "python",
+                              str(script)], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and out.stderr == said, (args, out.stderr)
+    assert node.ps()["jobs"] == []
+
+
 def test_cluster_commands_errors_under_json_are_json_and_bad_options_get_the_commands_usage(tmp_path):
     """`gmux ps --cluster ADDR --json` said its errors as text, and a command's unknown option showed gmux's usage."""
     cluster = ["--cluster", "tcp://127.0.0.1:1", "--keys", str(tmp_path / "nokeys")]
