@@ -54,6 +54,10 @@ def script_of(argv: list, cwd: Optional[str] = None) -> tuple[str, str, list]:
         if len(args) < 2:
             raise ValueError("python -m needs a module name")
         return "module", args[1], args[1:]
+    # (a directory named *.py reaches missing_script, which says it is not a file)
+    if args and not args[0].endswith(".py") and os.path.isdir(os.path.join(cwd or ".", args[0])):
+        raise ValueError(f"{args[0]!r} is a directory, not a script: a job is a Python training script, run in gmux's "
+                         f"own process. Write: -- python train.py ARGS")
     if not args or not args[0].endswith(".py") and not os.path.isfile(os.path.join(cwd or ".", args[0])):
         raise ValueError(f"a job is a Python training script, run in gmux's own process; got {argv!r}. "
                          f"Write: -- python train.py ARGS")

@@ -97,6 +97,14 @@ def test_a_command_that_is_not_python_is_refused_before_it_starts(tmp_path):
     assert os.path.exists(tmp_path / "t.sh")
 
 
+def test_a_directory_given_as_the_script_is_said_to_be_a_directory(tmp_path):
+    """`-- python /tmp` was answered "a job is a Python training script; got ['python', '/tmp']. Write: -- python
+    train.py ARGS", which is what the user wrote: the words never said that /tmp is a directory."""
+    for argv in (["python", str(tmp_path)], [str(tmp_path)]):
+        with pytest.raises(ValueError, match=r"is a directory, not a script"):
+            script_of(argv, str(tmp_path))
+
+
 class _Nvml:
     """pynvml's calls that Readings makes, answering from `used` (bytes per GPU index); `broken` makes every
     call raise as a driver gone away does. (No GPU result is claimed: this is gmuxd's use of the answers.)"""
