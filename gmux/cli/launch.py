@@ -69,8 +69,8 @@ def main(argv=None) -> int:
         gang = {"id": a.gang, "rank": a.rank, "size": a.world}
     token = os.environ.pop("GMUX_JOB_TOKEN", None) if a.job else None
     return run(LaunchOptions(argv=argv[split + 1:], runtime_dir=a.runtime_dir, mem=a.mem, mem_soft=a.mem_soft,
-                             weight=a.weight, gpus=a.gpus, gpu=a.gpu, name=a.name, hook=a.hook, job=a.job, token=token, restore=a.restore,
-                             gang=gang, torchrun=a.torchrun_worker))
+                             weight=a.weight, gpus=a.gpus, gpu=a.gpu, name=a.name, hook=a.hook, job=a.job, token=token,
+                             restore=a.restore, gang=gang, torchrun=a.torchrun_worker))
 
 
 def _torchrun(p: argparse.ArgumentParser, a: argparse.Namespace, args: list) -> int:

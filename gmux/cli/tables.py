@@ -167,7 +167,8 @@ def gpus_table(ps: dict) -> Table:
     for g in ps["gpus"]:
         t.add_row(*_cells(g["index"], "virtual" if g["virtual"] else g["name"], _memory(g),
                           ",".join(g["jobs"]), ",".join(g["resident"]), " ".join("+".join(p) for p in g["packs"]),
-                          g["switches"], g.get("owner") or (f"(freeing for {g['reserved']})" if g.get("reserved") else "")))
+                          g["switches"],
+                          g.get("owner") or (f"(freeing for {g['reserved']})" if g.get("reserved") else "")))
     return t
 
 

@@ -53,9 +53,9 @@ class Agent:
         self.sock.setsockopt(zmq.LINGER, 2000)   # a final result/bye gets 2 s to leave when the process exits
         self.sock.setsockopt(zmq.SNDHWM, 1000)
         self.sock.connect(endpoint)
-        self.requests = Requester(self.sock, "gmuxd", RuntimeError, lambda waited: unavailable_message(endpoint, waited),
-                                  on_message=self._dispatch, on_bad=self._bad, unanswered=DaemonUnavailable,
-                                  refused=_refused, gone=gone)
+        self.requests = Requester(self.sock, "gmuxd", RuntimeError,
+                                  lambda waited: unavailable_message(endpoint, waited), on_message=self._dispatch,
+                                  on_bad=self._bad, unanswered=DaemonUnavailable, refused=_refused, gone=gone)
         self._commands: deque[Command] = deque()
         self.state = "waiting"           # running / suspended / waiting (not started yet)
         self.in_place = False            # suspended in place: waiting at a boundary, its memory where it was

@@ -148,7 +148,8 @@ class Job:
 
     def data(self, loader: Iterable) -> Iterator[Any]:
         """One epoch of `loader`, with its position tracked; marks a boundary before each fetch that begins a step
-        (step_starts) unless the script marks them itself. Iterated again once read to its end, it reads `loader` again (Epoch)."""
+        (step_starts) unless the script marks them itself. Iterated again once read to its end, it reads `loader`
+        again (Epoch)."""
         return self._epoch(loader, False, sys._getframe(1))
 
     def _epoch(self, loader: Iterable, counted: bool, site) -> Epoch:

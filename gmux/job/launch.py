@@ -202,7 +202,8 @@ def _register(rundir: RuntimeDir, opt: LaunchOptions, **fields) -> tuple[Agent, 
     cluster job (a lease) gives up at once: its scheduler starts it elsewhere."""
     waits = opt.job is not None and not os.environ.get("GMUX_LEASE_S")
     if waits and not_alone(fields) is None:
-        fields["adopt"] = "waiting"    # a gmuxd whose table lost the job takes it back, to start (gmux/node/adoption.py)
+        # a gmuxd whose table lost the job takes it back, to start (gmux/node/adoption.py)
+        fields["adopt"] = "waiting"
     give_up = time.monotonic() + REGISTER_WAIT_S
     told = False
     while True:
@@ -304,8 +305,8 @@ def _check_restored(agent: Agent, rundir: RuntimeDir, path: str) -> None:
     if job is not None and (job.profile.steps > 1 or getattr(job, "restored_from", None) == path):
         return
     msg = (f"job {agent.job} was moved with its state in {path}, but the script did not restore it: attach "
-           f"its state with gmux.job.attach() (which restores it) before its first step; stopped instead of training from "
-           f"scratch (the checkpoint is kept)")
+           f"its state with gmux.job.attach() (which restores it) before its first step; stopped instead of training "
+           f"from scratch (the checkpoint is kept)")
     print(f"gmux-launch: {msg}", file=sys.stderr)
     write_exit(rundir, agent.job, 3, msg)
     agent.bye(3, msg)

@@ -58,5 +58,5 @@ class Profile:
         times = list(self.batch_s)
         median = statistics.median(times) if times else None
         return {"step": self.steps, "batch_s": median, "rate": (1.0 / median) if median else None,
-                **self.memory(tracked_bytes), "suspends": self.suspends, "spills": self.spills, "suspend_s": self.suspend_s,
-                "resume_s": self.resume_s, "bytes_moved": self.bytes_moved}
+                **self.memory(tracked_bytes), "suspends": self.suspends, "spills": self.spills,
+                "suspend_s": self.suspend_s, "resume_s": self.resume_s, "bytes_moved": self.bytes_moved}

@@ -90,7 +90,8 @@ class ClusterLink:
         # No fsync: a move's source holds the job until the target restored, the scheduler its own checkpoints.
         self.receiver = Receiver(os.path.join(self.rundir.root, "cluster-in"), durable=False, bulk_port=bulk_port)
         self.guard.bulk_login = self.receiver.bulk_login
-        self.up = keys.client_socket(self.ctx, zmq.DEALER, keydir, "daemon", name, keys.load_public(keydir, "scheduler"))
+        self.up = keys.client_socket(self.ctx, zmq.DEALER, keydir, "daemon", name,
+                                     keys.load_public(keydir, "scheduler"))
         # (NAME/BOOT: the scheduler tells this gmuxd from another given the same name, or a restarted one)
         self.up.setsockopt(zmq.IDENTITY, f"{name}/{secrets.token_hex(4)}".encode())
         self.up.setsockopt(zmq.LINGER, 0)

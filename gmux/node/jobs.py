@@ -13,8 +13,8 @@ from typing import Optional
 # Persisted columns (everything else is measurement, persisted as a JSON blob).
 IDENTITY = ("id", "token", "name", "argv", "cwd", "pid", "starttime", "gpu", "weight", "mem", "state",
             "managed", "created", "detail", "exit_status")
-TRANSIENT = ("identity", "outbox", "kill_requested", "kill_reason", "_window", "_solo_now", "_solo_hist", "_step_offset",
-             "registered", "_late_told", "_note")
+TRANSIENT = ("identity", "outbox", "kill_requested", "kill_reason", "_window", "_solo_now", "_solo_hist",
+             "_step_offset", "registered", "_late_told", "_note")
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Processes: spawning submitted jobs with their logs, and finding out how any job's process ended.
 
-gmuxd spawns a submitted job as `gmux-launch --job ID -- argv` (token in its environment) in its own session (so a daemon
-restart or a terminal hang-up does not take the job with it), output appended to logs/ID.log. A job started
+gmuxd spawns a submitted job as `gmux-launch --job ID -- argv` (token in its environment) in its own session (so a
+daemon restart or a terminal hang-up does not take the job with it), output appended to logs/ID.log. A job started
 by gmux-launch from a shell is not gmuxd's child, and neither are its own children after a daemon restart:
 for those the launcher leaves an exit record (exits/ID.exit) and a missing record means the process was
 killed outright (SIGKILL, the OOM killer).

@@ -34,9 +34,9 @@ mix drifts (new projects, sweeps of near-identical jobs, deadlines), and a distr
 start answers for a workload that is gone. What it bought on Philly at x0.25 (gmux_default.py has the commands):
 suspends per job 0.31 -> 0.19 (in 6214e9, 41,226 one-GPU jobs, 0.38 -> 0.13), average JCT within noise (held-out
 VCs 11.25 -> 11.19 h, tuned 8.62 -> 8.58; re-evaluating the model one completion earlier or later moves such
-figures by up to 1%). The window was chosen on the tuned VCs: of completions, 50, 100, 200 and 400 gave 8.69, 8.68, 8.58 and
-8.63 h there; of arrivals for the censored law, 200, 400, 800 and 1,600 gave 8.73, 8.67, 8.57 and 8.60 h (x0.35:
-6.16, 6.08, 6.05, 6.05), so it is 800.
+figures by up to 1%). The window was chosen on the tuned VCs: of completions, 50, 100, 200 and 400 gave 8.69, 8.68,
+8.58 and 8.63 h there; of arrivals for the censored law, 200, 400, 800 and 1,600 gave 8.73, 8.67, 8.57 and 8.60 h
+(x0.35: 6.16, 6.08, 6.05, 6.05), so it is 800.
 
 Cost: the index is evaluated on a geometric grid of attained service (factor 2 from 60 GPU-seconds, or
 `per_octave` points per doubling) against 32 quantiles of the remaining samples, and only once a tenth of the

@@ -20,8 +20,9 @@ It is told no durations. What it relies on, and why each part should carry over 
 - **Coarse queues** (one per octave of effective size): a waiting job never preempts a running one of its own
   queue (Tiresias' rule), so preemptions come only from a job that is at least twice as short, which bounds
   suspends per job near Tiresias'; inside a queue, waiting jobs start in order of their exact effective size
-  (then arrival), which costs no preemption (at x0.5 it took p99 JCT from 85.9 to 82.5 h, the mean unchanged). (The previous gmux promoted starving
-  jobs to the top queue, where they were preempted again, thousands of times each.)
+  (then arrival), which costs no preemption (at x0.5 it took p99 JCT from 85.9 to 82.5 h, the mean unchanged).
+  (The previous gmux promoted starving jobs to the top queue, where they were preempted again, thousands of times
+  each.)
 - **A preemption that would idle GPUs is ranked by what it holds:** suspending a gang wider than the job needs
   leaves the rest idle unless waiting jobs take them (a suspended 4-GPU job does not fit the 3 GPUs a 1-GPU job
   leaves). Then the job counts as its effective size times (its GPUs + the idle ones) / its GPUs, the GPU-seconds

@@ -23,8 +23,8 @@ unconsolidated/consolidated ratio of its type. An elastic job on m != n GPUs run
 """
 from __future__ import annotations
 
-from gmux.cluster.policies.api import (Grow, JobState, JobView, Migrate, Pack, Place, PolicyError, Resume, SetTimer, Shrink,
-                           Suspend, Unpack)
+from gmux.cluster.policies.api import (Grow, JobState, JobView, Migrate, Pack, Place, PolicyError, Resume, SetTimer,
+                                       Shrink, Suspend, Unpack)
 from gmux.cluster.policies.snapshot import Snapshot
 from gmux.cluster.sim.costs import Costs
 from gmux.cluster.sim.throughputs import Throughputs
@@ -121,7 +121,8 @@ class SimCluster:
         if n > 1 and len(self.snap.machines_of(v.gpus)) > sj.consolidated_machines:
             rate *= sj.uncons_rate
         if n != v.num_gpus:
-            rate *= n / v.num_gpus if n < v.num_gpus else 1.0 + (n - v.num_gpus) / v.num_gpus * self.costs.elastic_efficiency
+            rate *= (n / v.num_gpus if n < v.num_gpus else
+                     1.0 + (n - v.num_gpus) / v.num_gpus * self.costs.elastic_efficiency)
         v.rate = rate
         v.service_rate = n / depth
 
@@ -220,7 +221,8 @@ class SimCluster:
             if len(pv.gpus) != v.num_gpus:
                 raise PolicyError(f"pack {action.job_id!r} with {action.partner!r}: GPU counts differ")
             if not self.tput.fits(v.job_type, pv.job_type):
-                raise PolicyError(f"pack {action.job_id!r} with {action.partner!r}: the pair does not fit in GPU memory")
+                raise PolicyError(f"pack {action.job_id!r} with {action.partner!r}: the pair does not fit in GPU "
+                                  f"memory")
             if self.tput.pair(v.job_type, pv.job_type) is None:
                 raise PolicyError(f"pack {action.job_id!r} with {action.partner!r}: pair never measured, refused")
             was_suspended = v.state is JobState.SUSPENDED

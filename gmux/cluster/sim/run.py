@@ -90,7 +90,8 @@ def prepare(cfg: SimConfig) -> Prepared:
         raise TraceError(f"{cfg.trace}: no jobs in the selected window/sample")
     notes = list(trace.notes)
     if trace.skipped:
-        notes.append("rows of no finished GPU job left out: " + ", ".join(f"{n} {why}" for why, n in trace.skipped.items()))
+        notes.append("rows of no finished GPU job left out: "
+                     + ", ".join(f"{n} {why}" for why, n in trace.skipped.items()))
     if trace.bad_rows:
         notes.append(f"skipped {len(trace.bad_rows)} bad row(s): " + _by_line(trace.bad_rows))
     if tput.cannot_run:

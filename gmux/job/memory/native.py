@@ -45,7 +45,8 @@ def _require():
 def _check(rc: int, what: str) -> None:
     if rc != 0:
         ffi, lib = _native.ffi, _native.lib
-        detail = ffi.string(lib.gmux_last_error()).decode(errors="replace") or ffi.string(lib.gmux_strerror(rc)).decode()
+        detail = (ffi.string(lib.gmux_last_error()).decode(errors="replace")
+                  or ffi.string(lib.gmux_strerror(rc)).decode())
         raise NativeError(rc, what, detail)
 
 
@@ -200,7 +201,8 @@ class Allocator:
         return address
 
     def free(self, address: int, size: int = 0) -> None:
-        _check(_native.lib.gmux_mfree(self._handle(), _native.ffi.cast("void *", address), size), f"free of 0x{address:x}")
+        _check(_native.lib.gmux_mfree(self._handle(), _native.ffi.cast("void *", address), size),
+               f"free of 0x{address:x}")
 
     def set_tag(self, address: int, tag: str | int) -> None:
         _check(_native.lib.gmux_set_tag(self._handle(), _native.ffi.cast("void *", address), _tag(tag)), "set_tag")
@@ -407,4 +409,5 @@ def cupy_allocator(allocator: Allocator):
         raise RuntimeError("cupy is not installed") from e
     ffi, lib = _require()
     fn = lambda name: int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
-    return cupy.cuda.memory.CFunctionAllocator(allocator.address, fn("gmux_cupy_malloc"), fn("gmux_cupy_free"), allocator)
+    return cupy.cuda.memory.CFunctionAllocator(allocator.address, fn("gmux_cupy_malloc"), fn("gmux_cupy_free"),
+                                               allocator)
