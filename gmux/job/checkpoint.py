@@ -47,6 +47,7 @@ import torch
 from gmux.util.atomic import atomic_open
 from gmux.util.bounded_read import BoundedReader
 from . import skeleton as _skeleton
+from .checkpoint_error import CheckpointError
 from .crc import crc32
 
 MAGIC = b"GMUXCKPT"
@@ -63,15 +64,6 @@ MAX_RANK = 64
 DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex128, torch.int64,
     torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2)}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint refused: `origin` names the file (or stream), `problem` the field and what is wrong."""
-    def __init__(self, origin: str, problem: Optional[str] = None):
-        if problem is None:             # one-argument form: a message that names the file itself
-            origin, problem = None, origin
-        super().__init__(problem if origin is None else f"checkpoint {origin}: {problem}")
-        self.origin, self.problem = origin, problem
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ from their seed, so that a moved job drew different augmentations or samples fro
 
 Each is captured as {"kind", "state"} in values the checkpoint format stores (a NumPy Generator's state as JSON
 text: its PCG64 words exceed 64 bits), checked against the live generator without touching it, and put back
-in place, so the script's references stay the ones it uses."""
+in place, so the script's references stay the ones it uses. `random_states` tries the process-wide streams a
+framework keeps in the job's free-form state the same way."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,8 @@ from typing import Optional
 
 import numpy as np
 import torch
+
+from .checkpoint_error import CheckpointError
 
 MT_WORDS = 624
 KINDS = {"torch": torch.Generator, "numpy": np.random.Generator, "numpy_legacy": np.random.RandomState,
@@ -159,3 +162,18 @@ def _arrays(saved, live):
     if isinstance(live, dict) and isinstance(saved, dict):
         return {k: _arrays(v, live.get(k)) for k, v in saved.items()}
     return saved
+
+
+def random_states(rng, origin: str, where: str) -> dict:
+    """`rng` if it is random states as `capture_rng` takes them (each tried on a scratch generator), or
+    CheckpointError naming `where`: for states a framework keeps in the job's free-form `state`."""
+    try:
+        random.Random().setstate(rng["python"])
+        np.random.RandomState().set_state(legacy_state(rng["numpy"]))
+        torch.Generator().set_state(rng["torch"])
+        if not isinstance(rng["cuda"], list) or not all(isinstance(s, torch.Tensor) and s.dtype == torch.uint8
+                                                        for s in rng["cuda"]):
+            raise TypeError("'cuda' is not a list of uint8 tensors")
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise CheckpointError(origin, f"{where}: not the random states of a job ({str(e).splitlines()[0]})")
+    return rng

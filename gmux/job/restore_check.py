@@ -484,17 +484,3 @@ class Fit:
         except (RuntimeError, TypeError, ValueError) as e:
             self.fail(f"{where}: {str(e).splitlines()[0]}")
 
-
-def random_states(rng, origin: str, where: str) -> dict:
-    """`rng` if it is random states as `capture_rng` takes them (each tried on a scratch generator), or
-    CheckpointError naming `where`: for states a framework keeps in the job's free-form `state`."""
-    try:
-        random.Random().setstate(rng["python"])
-        np.random.RandomState().set_state(gens.legacy_state(rng["numpy"]))
-        torch.Generator().set_state(rng["torch"])
-        if not isinstance(rng["cuda"], list) or not all(isinstance(s, torch.Tensor) and s.dtype == torch.uint8
-                                                        for s in rng["cuda"]):
-            raise TypeError("'cuda' is not a list of uint8 tensors")
-    except (KeyError, IndexError, AttributeError, TypeError, ValueError, RuntimeError, OverflowError) as e:
-        raise CheckpointError(origin, f"{where}: not the random states of a job ({str(e).splitlines()[0]})")
-    return rng

@@ -302,7 +302,7 @@ def test_random_states_kept_by_a_framework_are_checked_before_use():
     """A Trainer's own random states (the batch fetched ahead, the epoch's start) sit in the checkpoint's free-form
     state; a damaged or crafted one is refused naming the field, not applied half-way."""
     from gmux.job.checkpoint import CheckpointError
-    from gmux.job.restore_check import random_states
+    from gmux.job.generators import random_states
     from gmux.job.state import capture_rng
     good = capture_rng()
     assert random_states(good, "ckpt", "state 'fetch_rng'") is good

@@ -98,7 +98,7 @@ def patch(module) -> None:
                           f"{resume_from_checkpoint!r}", file=sys.stderr)
                 scratch = tempfile.mkdtemp(prefix="gmux-hf-")
                 saved = frameworks.saved_state(path, FRAMEWORK)
-                from gmux.job.restore_check import random_states
+                from gmux.job.generators import random_states
                 for name in ("fetch_rng", "order_rng"):
                     if saved.get(name) is not None:
                         setattr(callback, name, random_states(saved[name], path, f"state '{name}'"))

@@ -244,7 +244,7 @@ def _callback_class(Callback, call, version: str):
 
         # -- restoring -----------------------------------------------------------------------------------
         def resume(self, path: str, saved: dict) -> None:
-            from gmux.job.restore_check import random_states
+            from gmux.job.generators import random_states
             random_states(saved["data"].get("rng"), path, "state 'data' 'rng'")
             self.restore_from, self.position = path, saved["data"]
             self.unsaved = saved.get("unsaved")     # put back once Lightning has restored the callbacks
