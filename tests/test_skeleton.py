@@ -30,7 +30,7 @@ VALUES = {
 
 
 def decode(data: bytes, budget=None):
-    return skeleton.decode(data, ckpt._make_ref, ckpt._ALLOWED, budget)
+    return skeleton.decode(data, (ckpt._make_ref,), ckpt._ALLOWED, budget)
 
 
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
@@ -71,6 +71,17 @@ def test_a_tensor_reference_needs_an_integer_index():
     for bad in ("x", None, 1.5, True):
         with pytest.raises(SkeletonError, match="without an integer index"):
             decode(pickle.dumps(ckpt.TensorRef(bad), protocol=5))
+
+
+def test_only_a_builder_is_made_by_NEWOBJ_and_BUILD_and_once():
+    """NEWOBJ then BUILD make the builders' classes (a TensorRef; a SparseRef next to it), each from its fields, once;
+    an allowed class that is built otherwise (an OrderedDict) is no builder, and a reference is not built twice."""
+    with pytest.raises(SkeletonError, match="NEWOBJ at byte .* of OrderedDict"):
+        decode(b"\x80\x02ccollections\nOrderedDict\n)\x81.")
+    ref = pickle.dumps(ckpt.TensorRef(0), protocol=2)
+    assert ref.endswith(b"b.") and decode(ref) == ckpt.TensorRef(0)
+    with pytest.raises(SkeletonError, match="BUILD at byte"):
+        decode(ref[:-1] + b"}b.")
 
 
 def test_a_cycle_is_refused():

@@ -200,7 +200,7 @@ _ALLOWED = {("collections", "OrderedDict"): collections.OrderedDict, ("collectio
 
 
 def _load_skeleton(data: bytes):
-    return _skeleton.decode(data, _make_ref, _ALLOWED)
+    return _skeleton.decode(data, (_make_ref,), _ALLOWED)
 
 
 class _Frames:

@@ -14,23 +14,31 @@ opcodes (each opcode takes at least a byte, so a skeleton under MAX_VALUES bytes
 about 1 us an opcode, the worst case (a skeleton of 16 MiB or more) is refused within seconds.
 
 What gmux writes (pickle protocol 5 of dicts, lists, tuples, sets, str, bytes, numbers, None, OrderedDict,
-Counter, complex and TensorRef) decodes to the same value as pickle.loads; protocol 2-4 files of the same values too.
+Counter, complex, TensorRef and SparseRef) decodes to the same value as pickle.loads; protocol 2-4 files of the
+same values too.
 """
 from __future__ import annotations
 
 import collections
 import struct
-from typing import Callable
 
 MAX_DEPTH = 100          # gmux's own snapshot is about 7 deep; the rest is the job's state= values
 SLACK = 4096             # values allowed beyond one per byte of skeleton (see decode)
 MAX_VALUES = 1 << 21     # whatever its length: a model with 100,000 tensors and Adam has about 10**6 values
-OPS_PER_VALUE = 8        # a TensorRef in a dict costs 12 opcodes for 2 values (its key and itself)
-_OPEN, _GLOBAL = object(), object()
+OPS_PER_VALUE = 8        # a TensorRef in a dict costs 12 opcodes for 5 values (its key, itself, its dict of one)
+_GLOBAL = object()
 
 
 class SkeletonError(ValueError):
     """The skeleton is not one gmux writes, or costs more to decode than it could legitimately."""
+
+
+class _Unbuilt:
+    """What NEWOBJ pushes: an object of one of the `builders`' classes, whose fields the BUILD that follows gives."""
+    __slots__ = ("ctor",)
+
+    def __init__(self, ctor):
+        self.ctor = ctor
 
 
 class _Value:
@@ -42,11 +50,12 @@ class _Value:
         self.open = kind is not None     # a container being filled, not yet placed anywhere
 
 
-def decode(data: bytes, make_ref: Callable[[object], object], allowed: dict, budget: int | None = None):
-    """Decodes a pickled skeleton. `allowed` maps (module, name) to the constructor used for it; `make_ref`
-    builds a TensorRef from its state dict. `budget` bounds the expanded size (default: one value per byte of
-    skeleton plus SLACK; gmux's own skeletons share only strings, so they expand to fewer values than bytes)."""
-    decoder = _Decoder(bytes(data), make_ref, allowed,
+def decode(data: bytes, builders: tuple, allowed: dict, budget: int | None = None):
+    """Decodes a pickled skeleton. `allowed` maps (module, name) to the constructor used for it; `builders` are
+    those of its constructors that NEWOBJ and BUILD make, each from its state dict (a TensorRef, a SparseRef).
+    `budget` bounds the expanded size (default: one value per byte of skeleton plus SLACK; gmux's own skeletons
+    share only strings, so they expand to fewer values than bytes)."""
+    decoder = _Decoder(bytes(data), builders, allowed,
                        min(len(data) + SLACK, MAX_VALUES) if budget is None else budget)
     try:
         return decoder.run()
@@ -84,9 +93,9 @@ def _unstorable(obj, leaves: tuple, where: str) -> str:
 
 
 class _Decoder:
-    def __init__(self, data, make_ref, allowed, budget):
+    def __init__(self, data, builders, allowed, budget):
         self.data, self.at = data, 0
-        self.make_ref, self.allowed, self.budget = make_ref, allowed, budget
+        self.builders, self.allowed, self.budget = builders, allowed, budget
         self.stack: list[_Value] = []
         self.marks: list[int] = []
         self.memo: dict[int, _Value] = {}
@@ -134,7 +143,7 @@ class _Decoder:
 
     def placed(self, v: _Value):
         """`v` goes into a container: it must be whole, and can no longer change."""
-        if v.obj is _GLOBAL or v.obj is _OPEN:
+        if v.obj is _GLOBAL or type(v.obj) is _Unbuilt:
             raise SkeletonError(f"a class or an unfinished value used as data at byte {self.at}")
         v.open = False
         return v.obj
@@ -344,18 +353,19 @@ def _reduce(d: _Decoder):
 
 def _newobj(d: _Decoder):
     ctor, args = _callable(d, "NEWOBJ")
-    if ctor is not d.make_ref or args.obj != ():
+    if ctor not in d.builders or args.obj != ():
         raise SkeletonError(f"NEWOBJ at byte {d.at} of {getattr(ctor, '__name__', ctor)}")
-    d.push(_Value(_OPEN, kind="ref"))                             # made whole by the BUILD that follows
+    d.push(_Value(_Unbuilt(ctor), kind="ref"))                    # made whole by the BUILD that follows
 
 
 def _build(d: _Decoder):
     state = d.pop()
     ref = d.target("ref", "BUILD")
-    if ref.obj is not _OPEN:
+    if type(ref.obj) is not _Unbuilt:
         raise SkeletonError(f"BUILD at byte {d.at} of a reference already built")
-    ref.obj = d.make_ref(d.placed(state))
+    ref.obj = ref.obj.ctor(d.placed(state))
     ref.kind = "built"
+    d.grow(ref, [state])          # (a SparseRef's fields are values of the skeleton too)
 
 
 def _stop(d: _Decoder):   # handled in run(); here to be found in _OPS
