@@ -22,8 +22,8 @@ def frame(kind: int, payload: bytes) -> bytes:
 
 
 def split(data: bytes) -> list:
-    """The frames of a well-formed checkpoint, as [kind, payload] pairs."""
-    assert data.startswith(PREFIX)
+    """The frames of a well-formed checkpoint (of any version this gmux reads), as [kind, payload] pairs."""
+    assert data[:len(PREFIX)] in [ckpt.MAGIC + struct.pack("<H", v) for v in ckpt.READS]
     out, at = [], len(PREFIX)
     while at < len(data):
         kind, length = _FRAME.unpack_from(data, at)
@@ -52,7 +52,7 @@ def skeleton_of(data: bytes):
 def with_skeleton(data: bytes, skel: bytes) -> bytes:
     frames = split(data)
     frames[1][1] = skel
-    return join(frames)
+    return join(frames, data[:len(PREFIX)])
 
 
 SENTINEL = "@@gmux-forge-sentinel@@"
@@ -101,4 +101,4 @@ def table_of(data: bytes) -> list:
 def with_table(data: bytes, rows: list) -> bytes:
     frames = split(data)
     frames[0][1] = msgpack.packb({"tensors": rows})
-    return join(frames)
+    return join(frames, data[:len(PREFIX)])

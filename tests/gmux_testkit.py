@@ -103,8 +103,14 @@ def run_ranks(script: str, world: int, tmp_path, args_of, timeout: float = 60) -
 
 
 def assert_identical(a, b, where="state"):
-    """Bit-for-bit equality of nested tensors, numbers and containers, naming the first difference."""
-    if isinstance(a, torch.Tensor):
+    """Bit-for-bit equality of nested tensors, numbers and containers, naming the first difference. A sparse COO
+    tensor's indices and values are compared in their order, with its coalesced flag."""
+    if isinstance(a, torch.Tensor) and a.layout == torch.sparse_coo:
+        assert isinstance(b, torch.Tensor) and b.layout == a.layout and a.dtype == b.dtype and a.shape == b.shape, where
+        assert a.is_coalesced() == b.is_coalesced(), f"{where}: coalesced {a.is_coalesced()} != {b.is_coalesced()}"
+        assert_identical(a._indices(), b._indices(), f"{where} indices")
+        assert_identical(a._values(), b._values(), f"{where} values")
+    elif isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
         assert torch.equal(a.view(torch.uint8) if a.dim() else a, b.view(torch.uint8) if b.dim() else b), \
             f"{where} differs"

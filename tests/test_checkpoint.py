@@ -1,5 +1,6 @@
 """Checkpoints: streamed or written atomically, and every kind of bad file refused by name, changing nothing."""
 import collections
+import copy
 import io
 import os
 import pickle
@@ -106,7 +107,7 @@ def test_wrong_version_is_refused(tmp):
     data = bytearray(open(path, "rb").read())
     data[8:10] = struct.pack("<H", 99)
     open(path, "wb").write(bytes(data))
-    _refused(path, "format version 99; this gmux reads versions 1, 2")
+    _refused(path, "format version 99; this gmux reads versions 1, 2, 3$")
 
 
 def test_not_a_checkpoint_and_missing_file(tmp):
@@ -292,21 +293,101 @@ def test_optimizers_with_state_unlike_their_parameters_restore_into_a_fresh_job(
     assert_identical(opt.state_dict(), moved_opt.state_dict(), "optimizer")
 
 
-def test_a_sparse_gradient_is_refused_by_name_and_nothing_written(tmp):
-    """torch's own error was 'reshape is not implemented for sparse tensors', and a move was refused without
-    saying why."""
-    emb = nn.Embedding(10, 4, sparse=True)
-    opt = torch.optim.SparseAdam(emb.parameters())
-    job = gj.attach(emb, opt)
-    emb(torch.tensor([1, 2])).sum().backward()
-    opt.step()
+def _sparse_job(mode: str, seed: int = 0):
+    """An Embedding(sparse=True) beside a dense head, as tests/scripts/sparse_embeddings.py trains it."""
+    torch.manual_seed(seed)
+    emb, head = nn.Embedding(20, 4, sparse=True), nn.Linear(4, 1)
+    if mode == "sparseadam":
+        opts = [torch.optim.SparseAdam(emb.parameters(), lr=0.01), torch.optim.Adam(head.parameters(), lr=0.01)]
+    else:
+        opts = [torch.optim.SGD([*emb.parameters(), *head.parameters()], lr=0.1,
+                                momentum=0.9 if mode == "sgd-momentum" else 0.0)]
+    return emb, head, opts, gj.attach(emb, head, *opts)
+
+
+def _sparse_step(emb, head, opts, step: int):
+    for opt in opts:        # (at the top, as most loops do: the last step's gradients are there at the boundary)
+        opt.zero_grad()
+    ids = torch.tensor([[step % 20, 3, 7, (5 * step) % 20, 3], [1, 3, 11, 7, step % 13]])
+    head(emb(ids)).pow(2).mean().backward()
+    for opt in opts:
+        opt.step()
+
+
+def _sparse_state(emb, head, opts) -> dict:
+    return {"model": {**emb.state_dict(), **head.state_dict()}, "grads": [emb.weight.grad, head.weight.grad],
+            "opts": [copy.deepcopy(o.state_dict()) for o in opts]}
+
+
+@pytest.mark.parametrize("mode", ["sgd", "sgd-momentum", "sparseadam"])
+@pytest.mark.parametrize("overwritten", [False, True])
+def test_sparse_gradients_restore_into_a_fresh_job_and_train_on_exactly(mode, overwritten, tmp):
+    """An Embedding(sparse=True) under SGD (with momentum its buffer is sparse too) or SparseAdam, zero_grad() at
+    the loop's top, holds its last sparse gradient at every boundary: a checkpoint refused it ('checkpoints hold
+    dense tensors only'), and no such job could move. Restored into a fresh job, the gradient comes back with its
+    indices in their order, its values and its uncoalesced flag, and the next steps are the uninterrupted run's.
+    (grads_overwritten: a sparse gradient is carried whole, not as zeros.)"""
+    emb, head, opts, job = _sparse_job(mode)
+    job.grads_overwritten = overwritten
+    for step in range(3):
+        _sparse_step(emb, head, opts, step)
+    assert emb.weight.grad.layout == torch.sparse_coo and not emb.weight.grad.is_coalesced()
     path = os.path.join(tmp, "job.ckpt")
-    with pytest.raises(ckpt.CheckpointError, match="sparse_coo tensor.*zero_grad"):
-        job.checkpoint(path)
-    assert not os.path.exists(path) and os.listdir(tmp) == []
-    opt.zero_grad()
     job.checkpoint(path)
-    assert os.path.getsize(path) > 0
+    at_checkpoint = _sparse_state(emb, head, opts)
+    moved_emb, moved_head, moved_opts, moved = _sparse_job(mode, seed=1)
+    _sparse_step(moved_emb, moved_head, moved_opts, 7)     # (a fresh job's own gradients and state, replaced)
+    moved.restore(path)
+    restored = _sparse_state(moved_emb, moved_head, moved_opts)
+    assert_identical(at_checkpoint["model"], restored["model"], "model")
+    assert_identical(at_checkpoint["opts"], restored["opts"], "optimizers")
+    assert_identical(at_checkpoint["grads"][0], restored["grads"][0], "sparse gradient")
+    for step in (3, 4):
+        _sparse_step(emb, head, opts, step)
+        _sparse_step(moved_emb, moved_head, moved_opts, step)
+    assert_identical(_sparse_state(emb, head, opts), _sparse_state(moved_emb, moved_head, moved_opts))
+
+
+def test_a_gradient_restored_over_one_of_the_other_layout_is_taken_whole(tmp):
+    """A job whose embedding's gradient is dense restored from one whose was sparse (and back): copy_() between the
+    layouts raised once the weights were loaded, leaving the job half restored."""
+    def job_of(sparse: bool):
+        torch.manual_seed(0)
+        emb = nn.Embedding(10, 3, sparse=sparse)
+        emb(torch.tensor([1, 2, 1])).sum().backward()
+        return emb, gj.attach(emb, torch.optim.SGD(emb.parameters(), lr=0.1))
+    for saved, live in ((True, False), (False, True)):
+        emb, job = job_of(saved)
+        path = os.path.join(tmp, f"{saved}.ckpt")
+        job.checkpoint(path)
+        other, moved = job_of(live)
+        moved.restore(path)
+        assert_identical(emb.weight.grad, other.weight.grad)
+
+
+def test_a_stream_holding_a_sparse_tensor_is_version_3_which_a_reader_of_2_refuses(tmp, monkeypatch):
+    """Only a stream that holds a sparse tensor is written as version 3: a gmux that reads versions 1 and 2 reads
+    any other, and refuses one it could not read by its version, not by a class its skeleton decoder never met."""
+    assert open(_written(tmp), "rb").read()[8:10] == struct.pack("<H", 2)
+    emb, head, opts, job = _sparse_job("sgd")
+    _sparse_step(emb, head, opts, 0)
+    path = os.path.join(tmp, "sparse.ckpt")
+    job.checkpoint(path)
+    assert open(path, "rb").read()[8:10] == struct.pack("<H", 3)
+    monkeypatch.setattr(ckpt, "READS", (1, 2))
+    _refused(path, "format version 3; this gmux reads versions 1, 2$")
+
+
+def test_a_compressed_sparse_tensor_is_refused_by_name_and_nothing_written(tmp):
+    """A checkpoint holds dense and sparse COO tensors: a CSR one (a graph's adjacency) is refused by its layout
+    before a byte is written."""
+    job, _ = _job()
+    job.state["adjacency"] = torch.eye(3).to_sparse_csr()
+    path = os.path.join(tmp, "job.ckpt")
+    with pytest.raises(ckpt.CheckpointError, match="the job holds a sparse_csr tensor: checkpoints hold dense and "
+                                                   "sparse COO tensors only"):
+        job.checkpoint(path)
+    assert os.listdir(tmp) == []
 
 
 def test_numpy_numbers_in_state_are_kept_as_numbers():

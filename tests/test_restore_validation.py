@@ -348,3 +348,97 @@ def test_a_bad_optimizer_attributes_section_is_refused_before_anything_changes(t
     snap = live.snapshot()
     snap["optimizer_attributes"] = [{"t": "three"}]
     refused(tmp, forge.written(snap), r"optimizer 0 attributes: 't' is 'three', not plain data of the kind", live=live)
+
+
+# -- sparse COO tensors (format version 3: gmux.job.sparse_tensors) ------------------------------------------
+def sparse_job(seed=0, steps=2):
+    """An Embedding(sparse=True) under SGD with momentum, zero_grad() at the loop's top: its gradient and its
+    momentum buffer are sparse (uncoalesced) at the boundary."""
+    torch.manual_seed(seed)
+    emb = nn.Embedding(10, 3, sparse=True)
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1, momentum=0.9)
+    job = gj.attach(emb, opt)
+    for step in range(steps):
+        opt.zero_grad()
+        emb(torch.tensor([1, 2, 1, 7 + step])).sum().backward()
+        opt.step()
+    return job
+
+
+def _unsafe(indices, size=(10, 3), coalesced=False, values=None):
+    """A sparse tensor torch would refuse (check_invariants): what a crafted file holds."""
+    indices = torch.tensor(indices)
+    values = torch.ones(indices.shape[1], *size[indices.shape[0]:]) if values is None else values
+    return torch.sparse_coo_tensor(indices, values, size, is_coalesced=coalesced, check_invariants=False)
+
+
+def test_a_sound_sparse_checkpoint_restores_and_each_crafted_sparse_entry_is_refused_naming_it(tmp):
+    """A checkpoint holds sparse COO tensors as two table rows and a SparseRef: each thing a crafted file can get
+    wrong about one is refused before the job changes, naming it, where torch would have taken it unchecked (an
+    index outside the table, read later out of bounds; a coalesced flag on repeated or unordered indices, summed
+    or looked up wrong by the next step)."""
+    def grad(t):
+        snap = sparse_job().snapshot()
+        snap["grads"][0]["weight"] = t
+        return forge.written(snap)
+    live = sparse_job(seed=1)
+    path = os.path.join(tmp, "ok.ckpt")
+    sparse_job().checkpoint(path)
+    live.restore(path)          # (the live job is the source's from here: the refusals below leave it so)
+    assert_identical(frozen(sparse_job()), frozen(live))
+    refused(tmp, grad(_unsafe([[1, 99, 2]])), r"corrupt: a sparse tensor of size \[10, 3\] has indices from 1 to 99 "
+                                              r"in dim 0, outside its 10", live)
+    refused(tmp, grad(_unsafe([[-1, 2]])), r"indices from -1 to 2 in dim 0, outside its 10", live)
+    refused(tmp, grad(_unsafe([[0, 2], [1, 9]], size=(10, 3))), r"indices from 1 to 9 in dim 1, outside its 3", live)
+    for unordered in ([[2, 1]], [[1, 1]]):
+        refused(tmp, grad(_unsafe(unordered, coalesced=True)), r"corrupt: a sparse tensor says it is coalesced, and "
+                                                               r"its indices are not in order and unique", live)
+    refused(tmp, grad(_unsafe([list(range(10)) + [9]], coalesced=True)),
+            r"a coalesced sparse tensor of size \[10, 3\] claims 11 entries, more than its 10 places", live)
+    refused(tmp, grad(_unsafe([[1, 2]], size=(12, 3))),
+            r"gradient of 'weight': a sparse tensor of size \[12, 3\], the job's is \[10, 3\]", live)
+    refused(tmp, grad(_unsafe([[1, 2]], values=torch.ones(2, 3, dtype=torch.float64))),
+            r"gradient of 'weight': a sparse tensor of dtype float64, the job has float32", live)
+    snap = sparse_job().snapshot()
+    snap["optimizers"][0]["state"][0]["momentum_buffer"] = _unsafe([[1, 2]], size=(10, 4))
+    refused(tmp, forge.written(snap), r"optimizer 0 state for param 0 'momentum_buffer': a sparse tensor of size "
+                                      r"\[10, 4\], the job's is \[10, 3\]", live)
+    snap = sparse_job().snapshot()
+    snap["modules"][0]["weight"] = snap["grads"][0]["weight"]
+    snap["grads"][0]["weight"] = torch.zeros(10, 3)
+    refused(tmp, forge.written(snap), r"parameter or buffer 'weight': a sparse tensor, the job has a tensor", live)
+
+
+def test_a_sparse_entrys_table_rows_and_fields_are_checked_before_anything_is_read(tmp):
+    """The table rows a SparseRef names (checked before any buffer is allocated) and its own fields (as the
+    skeleton is decoded): int64 indices shaped [sparse dims, nnz], values shaped [nnz, *dense dims]."""
+    import dataclasses
+    import pickle
+    from gmux.job.sparse_tensors import SparseRef
+    live = sparse_job(seed=1)
+    data = forge.written(sparse_job().snapshot())
+    rows = forge.table_of(data)
+    refs = [v for v in forge.skeleton_of(data)["grads"][0].values()] + \
+        [v for st in forge.skeleton_of(data)["optimizers"][0]["state"].values() for v in st.values()]
+    assert all(isinstance(r, SparseRef) for r in refs) and len(refs) == 2
+    indices, values = refs[0].indices.index, refs[0].values.index
+    nnz = rows[indices][1][1]
+    assert rows[indices] == ["int64", [1, nnz], 8 * nnz] and rows[values] == ["float32", [nnz, 3], 12 * nnz]
+    crafted = [r[:] for r in rows]
+    crafted[indices] = ["int32", [1, nnz], 4 * nnz]
+    refused(tmp, forge.with_table(data, crafted), r"corrupt: a sparse tensor's indices are int32, not int64", live)
+    crafted = [r[:] for r in rows]
+    crafted[values] = ["float32", [nnz + 1, 3], 12 * (nnz + 1)]
+    refused(tmp, forge.with_table(data, crafted), rf"corrupt: a sparse tensor of size \[10, 3\] has {nnz} indices and "
+                                                  rf"values shaped \[{nnz + 1}, 3\], not \[{nnz}, 3\]", live)
+    crafted = [r[:] for r in rows]
+    crafted[indices] = ["int64", [nnz], 8 * nnz]
+    refused(tmp, forge.with_table(data, crafted), r"has indices shaped \[\d+\], not \[sparse dims, nnz\]", live)
+    skel = forge.skeleton_of(data)
+    for change, why in ((dict(size=[10, 3]), "whose size is not a tuple"), (dict(size=(10, -3)), "whose size is not"),
+                        (dict(layout="sparse_csr"), r"of layout 'sparse_csr', not one of \['sparse_coo'\]"),
+                        (dict(coalesced=1), "whose coalesced flag is not a bool"),
+                        (dict(indices=refs[0].indices.index), "whose indices or values are not tensor references")):
+        skel["grads"][0]["weight"] = dataclasses.replace(refs[0], **change)
+        refused(tmp, forge.with_skeleton(data, pickle.dumps(skel, protocol=5)),
+                rf"refused: the state holds a sparse tensor reference {why}", live)

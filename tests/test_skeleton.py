@@ -12,6 +12,7 @@ import torch
 from gmux.job import checkpoint as ckpt
 from gmux.job import skeleton
 from gmux.job.skeleton import MAX_DEPTH, SkeletonError
+from gmux.job.sparse_tensors import SparseRef
 
 import ckpt_forge as forge
 
@@ -23,6 +24,7 @@ VALUES = {
     "ordered": collections.OrderedDict(b=1, a=2),
     "counted": collections.Counter({30: 1, 60: 2}),       # (MultiStepLR's milestones)
     "refs": [ckpt.TensorRef(0), ckpt.TensorRef(1)],
+    "sparse": [SparseRef("sparse_coo", (4, 3), False, ckpt.TensorRef(2), ckpt.TensorRef(3))],
     "long": list(range(2500)),               # more than one APPENDS batch of 1000
     "map": {i: str(i) for i in range(2500)},
     "shared": ["same string"] * 10,
@@ -30,7 +32,7 @@ VALUES = {
 
 
 def decode(data: bytes, budget=None):
-    return skeleton.decode(data, (ckpt._make_ref,), ckpt._ALLOWED, budget)
+    return skeleton.decode(data, (ckpt._make_ref, ckpt._make_sparse), ckpt._ALLOWED, budget)
 
 
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
@@ -54,7 +56,7 @@ def test_a_real_snapshot_decodes_as_pickle_does():
     model(torch.randn(4, 3)).sum().backward()
     opt.step()
     tensors = []
-    skel = ckpt._split({"modules": [model.state_dict()], "optimizers": [opt.state_dict()]}, tensors, [])
+    skel = ckpt._split({"modules": [model.state_dict()], "optimizers": [opt.state_dict()]}, tensors, [], [])
     data = pickle.dumps(skel, protocol=5)
     assert decode(data) == pickle.loads(data)
 

@@ -13,7 +13,8 @@ stream is damaged.
 
 Each byte of tensor data is checksummed once on each side (a move's bytes, 1 GiB of them, cross a link whose
 own encryption authenticates them: these checksums are the end-to-end check, and the only ones). Version 1,
-still read, checksummed the data a second time for END's data_crc32 (absent in its oldest files).
+still read, checksummed the data a second time for END's data_crc32 (absent in its oldest files). Version 3 adds
+sparse COO tensors (gmux.job.sparse_tensors); a stream without one is still written as version 2, as before.
 
 A writer may mark tensors as zeros (`Zeros`): their rows stay in the table (dtype and shape) and are listed
 in HEAD's "zeros", but no DATA carries them, and a reader gives them zeros. A job uses it for gradients its
@@ -46,13 +47,13 @@ import torch
 
 from gmux.util.atomic import atomic_open
 from gmux.util.bounded_read import BoundedReader
-from . import skeleton as _skeleton
+from . import skeleton as _skeleton, sparse_tensors
 from .checkpoint_error import CheckpointError
 from .crc import crc32
 
 MAGIC = b"GMUXCKPT"
-VERSION = 2
-READS = (1, 2)
+VERSION, SPARSE_VERSION = 2, 3      # a stream of dense tensors only (older gmux reads it); one holding a sparse one
+READS = (1, 2, 3)
 HEAD, SKEL, DATA, END = 1, 2, 3, 4
 _FRAME = struct.Struct("<BQ")
 _CRC = struct.Struct("<I")
@@ -85,27 +86,28 @@ class Row(NamedTuple):
 
 
 # -- writing ------------------------------------------------------------------------------------------------
-def _split(obj, tensors: list, zeros: list):
+def _split(obj, tensors: list, zeros: list, sparse: list):
     if isinstance(obj, (np.float64, np.int64, np.bool_)):   # state["best"] = np.mean(...): computes as .item()
         return obj.item()
     if isinstance(obj, (np.generic, np.ndarray)):   # (a Python number or list would not compute like it)
         raise CheckpointError(f"the job's state holds a NumPy {obj.dtype} {'array' if obj.ndim else 'value'} "
                               f"({str(obj)[:40]}): store it as a tensor (torch.from_numpy), float(), int() or a list")
     if isinstance(obj, Zeros):
-        zeros.append(len(tensors))
         obj = obj.tensor
+        if obj.layout == torch.strided:      # (a sparse one is carried whole: zeroed indices are no tensor's)
+            zeros.append(len(tensors))
     if isinstance(obj, torch.Tensor):
-        if obj.is_nested or obj.layout != torch.strided:
-            kind = "nested" if obj.is_nested else obj.layout
-            raise CheckpointError(f"the job holds a {kind} tensor (an Embedding(sparse=True)'s gradient?): checkpoints "
-                                  f"hold dense tensors only; clear sparse gradients (optimizer.zero_grad()) before "
-                                  f"the boundary where the job may move")
+        if why := sparse_tensors.unstorable(obj):
+            raise CheckpointError(f"the job holds {why}")
+        if obj.layout != torch.strided:
+            sparse.append(sparse_tensors.split(obj, lambda part: _split(part, tensors, zeros, sparse)))
+            return sparse[-1]
         tensors.append(obj)
         return TensorRef(len(tensors) - 1)
     if type(obj) in _skeleton.MAPPINGS:        # (any other dict type is refused, by name, once pickled)
-        return type(obj)({k: _split(v, tensors, zeros) for k, v in obj.items()})
+        return type(obj)({k: _split(v, tensors, zeros, sparse) for k, v in obj.items()})
     if type(obj) in (list, tuple):
-        return type(obj)(_split(v, tensors, zeros) for v in obj)
+        return type(obj)(_split(v, tensors, zeros, sparse) for v in obj)
     return obj
 
 
@@ -125,9 +127,8 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
     for the END frame's checksum, whose encoding takes 1 to 5 bytes): what a stream tells its receiver first.
     `held`, given the live tensors in table order, names the rows the reader holds already ({row: digest}, a
     move's target: gmux.job.holdings); they are listed, not carried."""
-    live: list[torch.Tensor] = []
-    zeros: list[int] = []
-    skeleton = pickle.dumps(_split(snapshot, live, zeros), protocol=5)
+    live, zeros, sparse = [], [], []     # the table's tensors, the rows of them written as zeros, the SparseRefs
+    skeleton = pickle.dumps(_split(snapshot, live, zeros, sparse), protocol=5)
     tensors = [resolve(t) for t in live]
     try:
         _load_skeleton(skeleton)
@@ -163,7 +164,7 @@ def write(snapshot: dict, sink: Callable[[bytes], object],
         end = msgpack.packb({"data_frames": count, "data_bytes": sum(carried), "frames_crc32": 0xFFFFFFFF})
         overhead = _FRAME.size + _CRC.size
         announce(len(MAGIC) + 2 + len(head) + len(skeleton) + len(end) + sum(carried) + overhead * (count + 3))
-    sink(MAGIC + struct.pack("<H", VERSION))
+    sink(MAGIC + struct.pack("<H", SPARSE_VERSION if sparse else VERSION))
     written += len(MAGIC) + 2
     frame(HEAD, head)
     frame(SKEL, skeleton)
@@ -194,13 +195,15 @@ def _make_ref(state) -> TensorRef:
     return TensorRef(state["index"])
 
 
+_make_sparse = sparse_tensors.builder(TensorRef, MAX_RANK)
 _ALLOWED = {("collections", "OrderedDict"): collections.OrderedDict, ("collections", "Counter"): collections.Counter,
             ("builtins", "set"): set, ("builtins", "frozenset"): frozenset, ("builtins", "complex"): complex,
-            ("builtins", "bytearray"): bytearray, ("gmux.job.checkpoint", "TensorRef"): _make_ref}
+            ("builtins", "bytearray"): bytearray, ("gmux.job.checkpoint", "TensorRef"): _make_ref,
+            ("gmux.job.sparse_tensors", "SparseRef"): _make_sparse}
 
 
 def _load_skeleton(data: bytes):
-    return _skeleton.decode(data, (_make_ref,), _ALLOWED)
+    return _skeleton.decode(data, (_make_ref, _make_sparse), _ALLOWED)
 
 
 class _Frames:
@@ -296,7 +299,7 @@ def read(source: BinaryIO, origin: str, check: Optional[Check] = None, into: Opt
             skeleton = _load_skeleton(skel)
         except _skeleton.SkeletonError as e:
             raise CheckpointError(origin, f"refused: the state holds {e}, which gmux never writes") from None
-        _each_referred_once(skeleton, len(table), origin)
+        _each_referred_once(skeleton, table, origin)
         vouched = check(skeleton, table) if check is not None else None
         _fits(table, zeros, held, reader.left, vouched, origin)
         buffers = _read_data(frames, table, zeros, held, origin, into or {})
@@ -460,10 +463,11 @@ def _short(value, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _each_referred_once(skeleton, count: int, origin: str) -> None:
-    """Every tensor of the table appears exactly once in the skeleton (as gmux writes it): no table row is
-    read without a place to go, and no place receives another's data. The skeleton is bounded (size and depth,
-    gmux.job.skeleton), so this walk is too."""
+def _each_referred_once(skeleton, table: list, origin: str) -> None:
+    """Every tensor of the table appears exactly once in the skeleton (as gmux writes it; a sparse tensor's two
+    rows by its SparseRef, which they must fit): no table row is read without a place to go, and no place receives
+    another's data. The skeleton is bounded (size and depth, gmux.job.skeleton), so this walk is too."""
+    count = len(table)
     seen = [False] * count
     stack = [skeleton]
     while stack:
@@ -474,6 +478,8 @@ def _each_referred_once(skeleton, count: int, origin: str) -> None:
             if seen[obj.index]:
                 raise CheckpointError(origin, f"corrupt: tensor {obj.index} is referred to twice")
             seen[obj.index] = True
+        elif isinstance(obj, sparse_tensors.SparseRef):
+            stack.extend(sparse_tensors.rows(obj, table, origin))
         elif isinstance(obj, dict):
             stack.extend(obj.values())
         elif isinstance(obj, (list, tuple)):
@@ -485,6 +491,8 @@ def _each_referred_once(skeleton, count: int, origin: str) -> None:
 def _join(obj, tensors: list, origin: str):
     if isinstance(obj, TensorRef):
         return tensors[obj.index]                     # in range: _each_referred_once
+    if isinstance(obj, sparse_tensors.SparseRef):     # (its indices checked here: still before read returns)
+        return sparse_tensors.join(obj, tensors, origin)
     if isinstance(obj, dict):      # dict, OrderedDict or Counter (the decoder builds no other): from a mapping
         return type(obj)({k: _join(v, tensors, origin) for k, v in obj.items()})
     if isinstance(obj, (list, tuple)):

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
 
 import torch
 
-from . import checkpoint as ckpt, held_signals, holdings, loop_carried, movability, own_threads
+from . import checkpoint as ckpt, held_signals, holdings, loop_carried, movability, own_threads, sparse_tensors
 from .checkpoint_pipe import is_fifo, stream
 from .control import Command, Controller, LocalController
 from .data import DataPosition, Reading, batches, epochs, own_epochs
@@ -417,7 +417,7 @@ class Job:
             position.at_checkpoint = self.tracked.streams()
             self.tracked.set_streams(own)
         self.unchanged.mark()
-        adopt(self.tracked.tensors())
+        adopt([part for t in self.tracked.tensors() for part in sparse_tensors.parts(t)])   # (a sparse gradient's)
         position.attached_at, self.position = self.position.attached_at, position
         if again := own_epochs(position):
             print(f"gmux: restored: {again}", file=sys.stderr)
@@ -449,21 +449,9 @@ def _device_of(tracked: TrackedState) -> torch.device:
     return torch.device("cpu")
 
 
-def _parts(t: torch.Tensor) -> tuple:
-    """A sparse tensor (an Embedding(sparse=True)'s gradient, a graph's CSR adjacency) has no storage of its own:
-    its indices and values do."""
-    if t.layout == torch.sparse_coo:
-        return t._indices(), t._values()
-    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
-        return t.crow_indices(), t.col_indices(), t.values()
-    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
-        return t.ccol_indices(), t.row_indices(), t.values()
-    return (t,)
-
-
 def _storage_bytes(tensors: list[torch.Tensor]) -> int:
     seen, total = set(), 0
-    for t in (part for t in tensors for part in _parts(t)):
+    for t in (part for t in tensors for part in sparse_tensors.parts(t)):
         s = t.untyped_storage()
         if s.data_ptr() not in seen:
             seen.add(s.data_ptr())

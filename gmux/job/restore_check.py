@@ -24,8 +24,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import generators as gens, metric_states, module_attributes, optimizer_attributes
-from .optimizer_states import PARAM, SCALAR, fresh_state
+from . import generators as gens, metric_states, module_attributes, optimizer_attributes, sparse_tensors
+from .optimizer_states import PARAM, fresh_state
 from .checkpoint import DTYPES, CheckpointError, Row, TensorRef
 from .data import generator_states
 from .state import WRAPPED, StateMismatch, wrapped
@@ -37,8 +37,8 @@ OPTIONAL = ("generators", "buffers", "frozen", "eval", "metrics", "attributes", 
 
 
 def describe(v) -> str:
-    if isinstance(v, (TensorRef, torch.Tensor)):
-        return "a tensor"
+    if isinstance(v, (TensorRef, torch.Tensor, sparse_tensors.SparseRef)):
+        return "a sparse tensor" if isinstance(v, sparse_tensors.SparseRef) else "a tensor"
     if v is None:
         return "None"
     name = type(v).__name__
@@ -69,14 +69,16 @@ class Fit:
             self.fail(f"{where}: {describe(saved)}, the job has a tensor")
         return self.table[saved.index]
 
-    def tensor(self, saved, dtype: str, shape: tuple, where: str) -> Row:
+    def tensor(self, saved, dtype: str, shape: tuple, where: str, sparse: bool = False) -> None:
+        if sparse and isinstance(saved, sparse_tensors.SparseRef):     # (a gradient, or state made like one)
+            self.vouched += sparse_tensors.fits(saved, self.table, dtype, shape, self.origin, where)
+            return
         row = self.row(saved, where)
         if row.dtype != dtype:
             self.fail(f"{where}: dtype {row.dtype}, the job has {dtype}")
         if row.shape != tuple(shape):
             self.fail(f"{where}: shape {row.shape}, the job has {tuple(shape)}")
         self.vouched += row.nbytes
-        return row
 
     def keys(self, saved: dict, live: dict, where: str) -> None:
         missing = [k for k in live if k not in saved]
@@ -84,11 +86,11 @@ class Fit:
         if missing or extra:
             self.fail(f"{where}: keys {sorted(map(str, saved))}, the job has {sorted(map(str, live))}")
 
-    def alike(self, saved, live, where: str) -> None:
+    def alike(self, saved, live, where: str, sparse: bool = False) -> None:
         """`saved` has the structure of the job's `live` value: same container types, keys and lengths, the
         same kind of leaf (numbers int and float alike, bool apart), tensors of the same dtype and shape."""
         if isinstance(live, torch.Tensor):
-            self.tensor(saved, _dtype(live), tuple(live.shape), where)
+            self.tensor(saved, _dtype(live), tuple(live.shape), where, sparse)
         elif isinstance(live, dict):
             if not isinstance(saved, dict):
                 self.fail(f"{where}: {describe(saved)}, the job has a dict")
@@ -190,7 +192,7 @@ class Fit:
                 if name not in params:
                     self.fail(f"gradient of unknown parameter {str(name)[:80]!r}", StateMismatch)
                 p = params[name]
-                self.tensor(g, _dtype(p), tuple(p.shape), f"gradient of '{name}'")
+                self.tensor(g, _dtype(p), tuple(p.shape), f"gradient of '{name}'", sparse=True)
 
     def optimizer(self, i: int, sd, opt: torch.optim.Optimizer, live: dict) -> None:
         where = f"optimizer {i}"
@@ -248,7 +250,7 @@ class Fit:
         if live and expected is not None:   # the job's optimizer has state for it: exactly that structure
             self.keys(saved, live, where)
             for k, v in live.items():
-                self.alike(saved[k], v, f"{where} '{k}'")
+                self.alike(saved[k], v, f"{where} '{k}'", sparse=expected.get(k) == PARAM)
             return
         if expected is not None:
             self.keys(saved, expected, where)
@@ -258,16 +260,15 @@ class Fit:
             what = expected[k] if expected is not None else None
             if what is None:
                 self.any_state(v, f"{where} '{k}'", opt)
+            elif what == PARAM:       # (a sparse one too: SGD's momentum under sparse gradients)
+                self.tensor(v, _dtype(p), tuple(p.shape), f"{where} '{k}'", sparse=True)
             elif isinstance(v, TensorRef):
                 row = self.table[v.index]
-                if what == SCALAR or (what is None and row.shape == ()):
-                    if row.shape != () or not torch.empty(0, dtype=DTYPES[row.dtype]).is_floating_point():
-                        self.fail(f"{where} '{k}': {row.dtype} {row.shape}, the job has a floating-point scalar")
-                    self.vouched += row.nbytes
-                else:
-                    self.tensor(v, _dtype(p), tuple(p.shape), f"{where} '{k}'")
-            elif type(v) not in (int, float) or what == PARAM:
-                self.fail(f"{where} '{k}': {describe(v)}, the job has {'a tensor' if what == PARAM else 'a number'}")
+                if row.shape != () or not torch.empty(0, dtype=DTYPES[row.dtype]).is_floating_point():
+                    self.fail(f"{where} '{k}': {row.dtype} {row.shape}, the job has a floating-point scalar")
+                self.vouched += row.nbytes
+            elif type(v) not in (int, float):
+                self.fail(f"{where} '{k}': {describe(v)}, the job has a number")
 
     def any_state(self, v, where: str, opt) -> None:
         """An optimizer not known here keeps what it likes: tensors of any shape (Adafactor's factored row and
@@ -276,8 +277,8 @@ class Fit:
         tensor vouches for no more bytes than all the optimizer's parameters hold, so a forged row stays bounded."""
         cap = sum(p.numel() * p.element_size() for g in opt.param_groups for p in g["params"])
         for item in (v if isinstance(v, list) else [v]):
-            if isinstance(item, TensorRef):
-                self.vouched += min(self.row(item, where).nbytes, cap)
+            if isinstance(item, (TensorRef, sparse_tensors.SparseRef)):
+                self.vouched += min(sparse_tensors.nbytes(item, self.table), cap)
             elif item is not None and type(item) not in (int, float, bool):
                 self.fail(f"{where}: {describe(item)}, which is none of a tensor, a number or a list of them")
 

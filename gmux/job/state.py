@@ -279,9 +279,10 @@ class TrackedState:
                     g = grads.get(name)
                     if g is None:
                         p.grad = None
-                    elif p.grad is not None and p.grad.shape == g.shape:
+                    elif p.grad is not None and p.grad.shape == g.shape and p.grad.layout == g.layout == torch.strided:
                         p.grad.copy_(g)
-                    else:      # (a restored snapshot's tensors are buffers of its own: taken, not copied)
+                    else:      # (a restored snapshot's tensors are buffers of its own: taken, not copied; a sparse
+                        # one always, whose entries are its own and which copy_ refuses between layouts)
                         p.grad = g.to(device=p.device, dtype=p.dtype)
             for opt, sd in zip(self.optimizers, snap["optimizers"]):
                 load_optimizer(opt, sd)
