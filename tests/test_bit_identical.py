@@ -151,6 +151,22 @@ def test_a_torch_compiled_model_attached_moves_to_a_new_process(tmp):
     assert solo["losses"] == moved["losses"]
 
 
+@pytest.mark.parametrize("mode", ["sgd", "sparseadam"])
+def test_sparse_gradients_at_the_boundary_move_to_a_new_process_exactly(mode, tmp):
+    """Embedding(sparse=True) under SGD with momentum (its buffers sparse too) or SparseAdam, zero_grad() at the
+    loop's top: every move was refused (a checkpoint held dense tensors only). Moved at step 9, the new process ends
+    with the uninterrupted run's weights, sparse gradients (indices in their order, coalesced flag) and optimizer
+    state."""
+    script = os.path.join(os.path.dirname(SEEDED), "sparse_embeddings.py")
+    run_py(script, f"{tmp}/solo.pt", mode)
+    run_py(script, f"{tmp}/x.pt", mode, "--migrate-at", "9", "--checkpoint", f"{tmp}/m.ckpt")
+    assert not os.path.exists(f"{tmp}/x.pt")       # the first process ended at its move
+    run_py(script, f"{tmp}/moved.pt", mode, "--restore", f"{tmp}/m.ckpt")
+    solo, moved = _final(f"{tmp}/solo.pt"), _final(f"{tmp}/moved.pt")
+    assert all(g.layout == torch.sparse_coo for k, g in solo["grads"].items() if not k.startswith("head"))
+    assert_identical(solo, moved)
+
+
 def test_a_move_keeps_the_loaders_generator_and_numpy_and_random_streams(tmp):
     """The epoch's batches fetched again after a move draw from numpy and `random` too (a dataset adding noise),
     and leave the loader's own generator where the first process had it: two moves, mid-epoch, in epochs 0

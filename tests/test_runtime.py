@@ -607,18 +607,26 @@ def test_a_scheduler_that_is_not_torchs_is_attached_by_its_state_dict_and_seen_u
     assert attached.tracked.schedulers == [own] and attached.report()["movable"], attached.report()
 
 
-def test_a_sparse_gradient_at_the_boundary_is_said_up_front(tmp):
+def test_a_sparse_gradient_at_the_boundary_leaves_the_job_movable(tmp):
     """An Embedding(sparse=True) with zero_grad() at the loop's top holds a sparse gradient at every boundary, which
-    a checkpoint cannot hold: every move failed while the reports said movable."""
+    a checkpoint could not hold: its reports said unmovable and every move was refused. A checkpoint holds sparse
+    COO tensors now: its reports say movable, and a move asked for is carried out at the boundary, the gradient in
+    its checkpoint as it was."""
     emb = nn.Embedding(10, 3, sparse=True)
     sparse = torch.optim.SparseAdam(emb.parameters())
     job = gj.attach(emb, sparse)
     sparse.zero_grad()
-    emb(torch.tensor([1, 2])).sum().backward()
+    emb(torch.tensor([1, 2, 1])).sum().backward()
     sparse.step()
-    _says_unmovable_and_refuses(job, tmp, "module 0's 'weight' has a sparse gradient at this boundary")
-    sparse.zero_grad(set_to_none=True)
-    assert job.report()["movable"], job.report()
+    assert emb.weight.grad.layout == torch.sparse_coo
+    report = job.report()
+    assert report["movable"] and report["unmovable"] is None, report
+    move = job.controller.send("migrate", path=f"{tmp}/moved.ckpt")
+    with pytest.raises(gj.JobExit):
+        job.boundary()
+    assert job.controller.result(move, timeout=5)["ok"]
+    from gmux.job import checkpoint as ckpt
+    assert_identical(ckpt.load(f"{tmp}/moved.ckpt")["grads"][0]["weight"], emb.weight.grad)
 
 
 def test_an_optimizer_wrapper_kept_by_its_state_dict_owns_its_base():

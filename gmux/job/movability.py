@@ -10,7 +10,8 @@ groups since attach (add_param_group: progressive unfreezing), or a module's par
 a layer replaced), which the new process would rebuild as they were, or
 where an LR scheduler attach() was not given drives an optimizer (the new process's would count from 0:
 gmux.job.stray_schedulers), or an AMP GradScaler does (its scale would start again: gmux.job.stray_scalers), where a
-gradient is sparse at the boundary (a checkpoint holds dense tensors only), where a module attach() was not given
+gradient at the boundary is of a layout no checkpoint holds (a compressed sparse one: gmux.job.sparse_tensors; an
+Embedding(sparse=True)'s, sparse COO, moves), where a module attach() was not given
 is changed in place (an EMA copy: gmux.job.stray_modules; one kept as a dict of tensors: gmux.job.stray_tensors),
 where a torchmetrics MetricTracker has made metrics as it trained (gmux.job.metric_states), where itertools.cycle
 reads job.data (gmux.job.data_epoch: a new process's would not hold the batches it kept to give again), where a
@@ -25,8 +26,8 @@ from typing import Optional
 
 import torch
 
-from . import (data_epoch, held_generators, metric_states, module_attributes, optimizer_attributes, stray_modules,
-               stray_scalers, stray_schedulers, stray_tensors, strays)
+from . import (data_epoch, held_generators, metric_states, module_attributes, optimizer_attributes, sparse_tensors,
+               stray_modules, stray_scalers, stray_schedulers, stray_tensors, strays)
 
 
 def problem(job, fresh: bool = False) -> Optional[str]:
@@ -65,7 +66,7 @@ def _problem(job, fresh: bool) -> Optional[str]:
                     f"resume still work)")
     return (held_generators.problem(job.position.watched) or stray_schedulers.problem(job) or
             stray_scalers.problem(job) or _unmarked_groups(job)
-            or _sparse_gradient(job) or metric_states.problem(job) or stray_modules.problem(job, fresh)
+            or _unheld_gradient(job) or metric_states.problem(job) or stray_modules.problem(job, fresh)
             or stray_tensors.problem(job, fresh) or (_unkept_attributes(job) if fresh else None))
 
 
@@ -75,14 +76,14 @@ def _unkept_attributes(job) -> Optional[str]:
         next(filter(None, map(optimizer_attributes.not_carried, job.tracked.optimizers)), None)
 
 
-def _sparse_gradient(job) -> Optional[str]:
-    # A checkpoint holds dense tensors only (gmux.job.checkpoint): its reports said movable, and every move failed.
+def _unheld_gradient(job) -> Optional[str]:
+    # (one a checkpoint refuses: its reports said movable, and every move failed)
     for i, m in enumerate(job.tracked.modules):
         for name, p in m.named_parameters():
-            if p.grad is not None and p.grad.layout != torch.strided:
-                return (f"module {i}'s '{name}' has a sparse gradient at this boundary (an Embedding(sparse=True)'s), "
-                        f"which a checkpoint does not hold: clear it (optimizer.zero_grad()) before the boundary to "
-                        f"make the job movable (suspend and resume still work)")
+            if p.grad is not None and (why := sparse_tensors.unstorable(p.grad)):
+                return (f"module {i}'s '{name}' has a gradient at this boundary that is {why}: clear it "
+                        f"(optimizer.zero_grad()) before the boundary to make the job movable (suspend and resume "
+                        f"still work)")
     return None
 
 

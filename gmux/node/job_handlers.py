@@ -296,7 +296,7 @@ class JobHandlers:
             else:
                 # A spill by checkpoint and exit that failed (a full disk): the job stays suspended here, in host
                 # memory; asked again, it would write the same bytes to fail again. A move the job refused (a
-                # state no checkpoint holds: a sparse gradient) leaves it running here, free to be moved later.
+                # state no checkpoint holds: a CSR tensor) leaves it running here, free to be moved later.
                 job.spill_refused = job.spill_refused or job.target_gpu == job.gpu
                 job.target_gpu = None
         node.show_states()     # the requester's next question may come before the next tick (a held job: "held")
