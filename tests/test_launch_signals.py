@@ -37,6 +37,7 @@ def test_a_move_waiting_for_a_gmuxd_ended_by_sigterm_says_so(tmp_path):
         f.write("999999999 1")                # (a gmuxd that has ended: the launch says it waits for another)
     out = tmp_path / "out"
     (tmp_path / "train.py").write_text("print('never runs')\n")
+    (tmp_path / "j1.ckpt").write_bytes(b"")     # (one not there ends the launch at once)
     with open(out, "wb") as log:
         p = subprocess.Popen([PY, "-m", "gmux.cli.launch", "--runtime-dir", rt.root, "--job", "j1", "--restore",
                               str(tmp_path / "j1.ckpt"), "--", "python", "train.py"],

@@ -77,6 +77,8 @@ def _torchrun(p: argparse.ArgumentParser, a: argparse.Namespace, args: list) -> 
     """Runs torchrun with each worker a gmux-launch rank of one gang, named after --name or this process."""
     if a.gang is not None or a.rank is not None or a.world is not None or a.gpu is not None:
         p.error("with torchrun, gmux-launch makes the gang itself: no --gang, --rank, --world or --gpu")
+    if a.restore is not None or a.job is not None:      # (ignored, its ranks would start from scratch)
+        p.error("--restore and --job are for a job's new process that gmuxd starts, never through torchrun")
     gang = a.name or f"torchrun-{os.getpid()}"
     opts = ["--runtime-dir", a.runtime_dir, "--gang", gang, "--weight", repr(a.weight)]
     opts += (["--mem", f"{a.mem}B"] if a.mem is not None else []) + (["--name", a.name] if a.name else [])

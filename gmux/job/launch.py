@@ -16,6 +16,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -64,10 +65,12 @@ def run(opt: LaunchOptions) -> int:
     except ValueError as e:
         print(f"gmux-launch: {e}", file=sys.stderr)
         return 2
+    rundir = RuntimeDir(opt.runtime_dir)
+    if _restore_lost(rundir, opt.job, opt.restore):
+        return 2
     if opt.job is None and not opt.torchrun:
         fork_if_in_foreground()     # (an interactive shell would see gmuxd's stops as its job stopped)
     keep_orphans()      # a daemon the job double-forks stays in its tree: stopped, continued and killed with it
-    rundir = RuntimeDir(opt.runtime_dir)
     held = launch_signals.held_ends(rundir, opt.job, opt.restore)
     carried = held_signals.carried(os.environ.pop(held_signals.ENV, None))   # (from a move's old process)
     handled = held_signals.carried(os.environ.pop(held_signals.HANDLED, None))
@@ -113,6 +116,11 @@ def run(opt: LaunchOptions) -> int:
         write_exit(rundir, job_id, 0, "told to exit before starting")
         agent.bye(0, "told to exit before starting")
         return 0
+    lost = _restore_lost(rundir, job_id, opt.restore)     # (deleted while the job waited for its turn)
+    if lost:
+        agent.bye(2, lost)
+        agent.close()
+        return 2
     os.environ.update(start.args.get("env") or {})
     if opt.torchrun and len(os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")) == 1 \
             and os.environ.get("CUDA_VISIBLE_DEVICES"):
@@ -294,6 +302,39 @@ def _lease_lost(agent: Agent, rundir: RuntimeDir, waited: float) -> None:
     print(f"gmux-launch: {msg}", file=sys.stderr, flush=True)
     write_exit(rundir, agent.job, protocol.LEASE_LOST_STATUS, msg)
     os._exit(protocol.LEASE_LOST_STATUS)
+
+
+def _restore_lost(rundir: RuntimeDir, job: Optional[str], path: Optional[str]) -> Optional[str]:
+    """Why the checkpoint the job is to restore from (--restore: a move's or a spill's new process) cannot be
+    read, said on stderr and, for a job gmuxd knows, in its exit record. Its script is not run: it would start from
+    scratch with the job's state lost, in silence where it never reaches a boundary. A cluster start whose
+    checkpoint is still on the way (GMUX_RESTORE_WAIT) waits for it in attach() instead."""
+    if not path or _arriving():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)    # (a FIFO must not hold the launch in open())
+        try:
+            why = None if stat.S_ISREG(os.fstat(fd).st_mode) else "not a regular file"
+        finally:
+            os.close(fd)
+    except OSError as e:
+        why = e.strerror or str(e)
+    if why is None:
+        return None
+    msg = (f"cannot restore {'job ' + job if job else 'the job'} from {path}: {why}; its script is not run, "
+           f"which would start from scratch")
+    print(f"gmux-launch: {msg}", file=sys.stderr, flush=True)
+    if job is not None:
+        write_exit(rundir, job, 2, msg)
+    return msg
+
+
+def _arriving() -> bool:
+    """A checkpoint still on its way to this machine: a cluster start's GMUX_RESTORE_WAIT of more than 0 s."""
+    try:
+        return float(os.environ.get("GMUX_RESTORE_WAIT") or 0) > 0
+    except ValueError:
+        return False    # (attach() says what is wrong with it)
 
 
 def _check_restored(agent: Agent, rundir: RuntimeDir, path: str) -> None:

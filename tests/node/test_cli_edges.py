@@ -579,6 +579,7 @@ def test_ctrl_c_to_a_moved_jobs_new_process_before_it_registers_says_where_its_s
     node.kill_daemon()          # (the new process waits for a gmuxd to take it up)
     kept, script = tmp_path / "j9.ckpt", tmp_path / "never.py"
     script.write_text("raise SystemExit('it ran')\n")
+    kept.write_bytes(b"")     # (one not there ends the launch at once)
     proc = subprocess.Popen([PY, "-m", "gmux.cli.launch", "--runtime-dir", node.rt, "--job", "j9", "--restore",
                              str(kept), "--", "python", str(script)],
                             env={**env(), "GMUX_JOB_TOKEN": "t" * 32}, stdout=subprocess.PIPE,
