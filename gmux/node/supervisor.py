@@ -232,7 +232,8 @@ class Supervisor:
         """`kill` for jobs that end as one (a gang's ranks): each one's process is stopped first, all at once, so
         that none sees another die and ends on its own account. (Each kill scans /proc for what the job started:
         a rank whose peer's connection reset under it ended "failed" with gloo's error before its own kill came.)
-        For each job: "killed"; "ended" (no process of it was left); or "ending", on its way out already (killed
+        For each job: "killed"; "ended" (nothing of it left to signal: gone, or its first thread a zombie while its
+        others still end, so that ended() says None until it can be reaped); or "ending", on its way out (killed
         from outside, or failed), not signalled: that end is its own, reaped as it ends. (Its sockets close before
         it is a zombie: a peer can see it end, fail and be reaped first.)"""
         ending = [self._identified(job) and proc_exiting(job.pid) for job in jobs]
