@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 from typing import Optional
@@ -14,6 +13,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 
 from gmux.wire.arriving import Arriving
 from gmux.wire.transfer import TransferError
+from .restore_wait import restore_wait
 from . import control, holdings, step_starts, stray_modules, stray_scalers, stray_schedulers, stray_tensors, strays
 from .checkpoint import CheckpointError
 from .control import Controller
@@ -50,7 +50,7 @@ def attach(*objects, extras: Optional[dict] = None, state: Optional[dict] = None
     if state is not None:
         tracked.state = state
     restore = restore or os.environ.get("GMUX_RESTORE")
-    wait = _restore_wait(os.environ.get("GMUX_RESTORE_WAIT"))     # (before anything is attached)
+    wait = restore_wait()     # (before anything is attached)
     previous, controller = _current, controller if controller is not None else control.default()
     if previous is not None:
         # Attached under the transparent hook: the hook's job, left watching, went on reporting and taking
@@ -109,19 +109,6 @@ def _made(modules) -> None:
                 raise ValueError(f"attach(): {type(sub).__name__} {name or type(m).__name__!r} has parameters not "
                                  f"made yet (a lazy module makes them at its first forward): run one forward, on a "
                                  f"batch of the data or a dummy one, before attach()")
-
-
-def _restore_wait(text: Optional[str]) -> float:
-    """GMUX_RESTORE_WAIT (set by a cluster start; by hand, checked): seconds to wait for a checkpoint still
-    arriving, 0 (unset) for one that is there."""
-    try:
-        value = float(text) if text else 0.0
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:    # (nan waited for ever)
-        raise ValueError(f"GMUX_RESTORE_WAIT={text!r}: expected the seconds to wait for a checkpoint still "
-                         f"arriving, a number of at least 0")
-    return value
 
 
 def current() -> Optional[Job]:

@@ -28,6 +28,7 @@ from gmux.job.agent import Agent, DaemonUnavailable, not_alone
 from gmux.job.foreground import fork_if_in_foreground
 from gmux.job.log_output import keep_going_on_full_disk
 from gmux.job.open_files import WAIT_S, flush_open_files, within
+from gmux.job.restore_wait import restore_wait
 from gmux.util.job_command import interpreter_options, missing_script, script_of
 from gmux.rundir import RuntimeDir, alive, my_starttime, write_exit
 from gmux.util.process_tree import keep_orphans
@@ -332,7 +333,7 @@ def _restore_lost(rundir: RuntimeDir, job: Optional[str], path: Optional[str]) -
 def _arriving() -> bool:
     """A checkpoint still on its way to this machine: a cluster start's GMUX_RESTORE_WAIT of more than 0 s."""
     try:
-        return float(os.environ.get("GMUX_RESTORE_WAIT") or 0) > 0
+        return restore_wait() > 0
     except ValueError:
         return False    # (attach() says what is wrong with it)
 
