@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 
 PS_LIMIT = 100     # jobs a `ps` lists unless asked for another number: the live ones first, then the newest ended
+KILL_REAP_WAIT_S = 1.0   # how long a kill waits for its SIGKILLed processes to be reaped before it answers
 
 
 def _unrestorable(job: Job, unit: list) -> Optional[str]:
@@ -274,6 +275,16 @@ class AdminHandlers:
         for m, end in zip(unit, node.sup.kill_together(unit)):
             if end == "ended":      # (one "ending" is reaped as it ends: killed, or its own failure)
                 node.finish(m, "killed", None, m.kill_reason)
+        # Answered once they have ended, not at the next reap: a name they held is then free (gmux kill k; gmux
+        # submit --name k was refused "your gang 'k' has not ended"). One the kernel is slow to tear down (a large
+        # address space) is reaped by the tick as before: the daemon serves no one while it waits here.
+        deadline = time.monotonic() + KILL_REAP_WAIT_S
+        while (left := [m for m in unit if not m.final and m.pid]) and time.monotonic() < deadline:
+            for m in left:
+                if (own := node.sup.ended(m)) is not None:
+                    node.finish(m, *own)
+            if any(not m.final and m.pid for m in unit):
+                time.sleep(0.002)
         return {"job": job.id, "signal": "SIGKILL", "jobs": [m.id for m in unit]}
 
     def migrate(self, req: Request):

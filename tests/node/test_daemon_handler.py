@@ -342,3 +342,19 @@ def test_logs_of_a_gang_by_its_name_are_its_first_ranks_live_or_ended(daemon):
     for job_id in ranks:
         daemon.jobs[job_id].state = "exited"
     assert ask(daemon, "logs", admin=daemon.admin, job="ranks")["data"]["text"] == "rank 0 says\n"
+
+
+def test_a_killed_gangs_name_is_free_once_the_kill_is_answered(daemon, tmp_path):
+    """`gmux kill k` answered before the next reap: `gmux submit --name k` straight after was refused "your gang
+    'k' has not ended (its rank 0 is j3, waiting)" (CI). No tick runs here between the two."""
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    submit = dict(admin=daemon.admin, argv=["python", str(script)], cwd=str(tmp_path), name="k")
+    assert ask(daemon, "submit", ranks=2, **submit)["data"]["jobs"] == ["j1", "j2"]
+    assert ask(daemon, "kill", admin=daemon.admin, job="k")["data"]["jobs"] == ["j1", "j2"]
+    ended = [(daemon.jobs[j].state, daemon.jobs[j].detail) for j in ("j1", "j2")]
+    assert ended == [("killed", "killed by gmux kill")] * 2, ended
+    again = ask(daemon, "submit", **submit)
+    assert again["ok"] and again["data"]["job"] == "j3", again
+    assert ask(daemon, "kill", admin=daemon.admin, job="k")["data"]["jobs"] == ["j3"]
+    assert daemon.jobs["j3"].final and not daemon.sup.children
