@@ -14,7 +14,9 @@ from torch import nn
 import gmux.job as gj
 from gmux.job import checkpoint as ckpt
 from gmux.job import module_attributes as gmux_module_attributes
+from gmux.job import movability
 from gmux.job import restore_check as gmux_restore_check
+from gmux.job.state import StateMismatch
 from gmux_testkit import OwnCosine, assert_identical
 
 
@@ -388,6 +390,74 @@ def test_a_compressed_sparse_tensor_is_refused_by_name_and_nothing_written(tmp):
                                                    "sparse COO tensors only"):
         job.checkpoint(path)
     assert os.listdir(tmp) == []
+
+
+class _Graph(nn.Module):
+    """A graph convolution over a fixed adjacency held as a sparse COO buffer, uncoalesced as it was built (an
+    entry given twice: coalescing would sum it, and sparse.mm would round otherwise)."""
+    def __init__(self):
+        super().__init__()
+        edges = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 2, 2], [1, 2, 3, 4, 5, 0, 0, 2, 2]])
+        self.register_buffer("adj", torch.sparse_coo_tensor(edges, torch.rand(9), (6, 6), check_invariants=True))
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.sparse.mm(self.adj, self.lin(x))
+
+
+def _graph_job(seed: int):
+    torch.manual_seed(seed)
+    model = _Graph()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    return model, opt, gj.attach(model, opt)
+
+
+def _graph_step(model, opt, step: int):
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(step))
+    opt.zero_grad()
+    model(x).pow(2).sum().backward()
+    opt.step()
+
+
+def test_a_sparse_buffer_is_checkpointed_as_it_is_and_the_job_trains_on_exactly(tmp):
+    """A module whose buffer is a sparse COO tensor (a GCN's adjacency) could not be checkpointed at all: "Cannot
+    access storage of SparseTensorImpl", from the check that every parameter is held, and then "parameter or
+    buffer 'adj': a sparse tensor, the job has a tensor" at its restore; a move's look for unchanged tensors
+    (holdings) failed alike."""
+    from gmux.job.holdings import Unchanged
+    model, opt, job = _graph_job(0)
+    for step in range(3):
+        _graph_step(model, opt, step)
+    assert movability.problem(job) is None and Unchanged([model]).keys()
+    path = os.path.join(tmp, "graph.ckpt")
+    job.checkpoint(path)
+    moved_model, moved_opt, moved = _graph_job(1)
+    moved.restore(path)
+    assert not moved_model.adj.is_coalesced() and moved_model.adj._nnz() == 9
+    assert_identical(model.adj._indices(), moved_model.adj._indices(), "adjacency indices")
+    assert_identical(model.adj._values(), moved_model.adj._values(), "adjacency values")
+    for step in range(3, 6):
+        _graph_step(model, opt, step)
+        _graph_step(moved_model, moved_opt, step)
+    assert_identical(model.lin.state_dict(), moved_model.lin.state_dict(), "model")
+    assert_identical(opt.state_dict(), moved_opt.state_dict(), "optimizer")
+
+    dense_model, _, dense = _graph_job(2)
+    dense_model.adj = dense_model.adj.to_dense()
+    before = copy.deepcopy(dense_model.state_dict())
+    with pytest.raises(StateMismatch, match="parameter or buffer 'adj' is not sparse in this job, "
+                                                "a sparse tensor in the checkpoint"):
+        dense.restore(path)
+    assert_identical(before, dense_model.state_dict(), "a refused restore's job")
+
+
+def test_a_compressed_sparse_buffer_makes_the_job_unmovable_naming_it():
+    """A CSR buffer made every move fail at its checkpoint while the job's reports said it was movable."""
+    model, _, job = _graph_job(0)
+    model.adj = model.adj.to_sparse_csr()
+    assert movability.problem(job) == ("module 0's 'adj' is a sparse_csr tensor: checkpoints hold dense and sparse COO "
+                                      "tensors only: a new process could not be given it, so the job stays where it "
+                                      "is (suspend and resume still work); hold it as COO (.to_sparse()) or dense")
 
 
 def test_numpy_numbers_in_state_are_kept_as_numbers():

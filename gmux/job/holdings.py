@@ -140,7 +140,8 @@ class Unchanged:
     def mark(self) -> None:
         self._marks = [(weakref.ref(t), t._version) for m in self.modules
                        for t in list(m.parameters()) + list(m.buffers())
-                       if not t.is_inference()]     # (made under inference_mode: no version counter)
+                       if not t.is_inference() and t.layout == torch.strided]
+        # (one made under inference_mode has no version counter; a sparse one no storage: its parts are new views)
 
     def keys(self) -> set:
         return {_key(t) for t, v in ((ref(), v) for ref, v in self._marks) if t is not None and t._version == v}

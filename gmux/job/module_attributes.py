@@ -18,7 +18,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from . import metric_states, plain_values
+from . import metric_states, plain_values, sparse_tensors
 
 LIBRARIES = ("torch.", "torchvision.", "torchaudio.", "torchmetrics.", "transformers.", "lightning.",
              "pytorch_lightning.", "lightning_fabric.", "timm.", "accelerate.", "peft.", "diffusers.", "gmux.")
@@ -84,8 +84,8 @@ def capture(module: nn.Module) -> dict:
         tensors = {k: found for k, v in kept.items() if (found := plain_values.tensors_in(v))}
         if tensors:
             held = held if held is not None else \
-                {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers()) if t.numel()}
-            kept = {k: v for k, v in kept.items() if not any(t.numel() and t.untyped_storage().data_ptr() in held
+                set().union(*map(sparse_tensors.memory, (*module.parameters(), *module.buffers())))
+            kept = {k: v for k, v in kept.items() if not any(sparse_tensors.memory(t) & held
                                                              for t in tensors.get(k, ()))}
         if kept:
             out[name] = plain_values.with_places(kept)

@@ -66,7 +66,7 @@ def _problem(job, fresh: bool) -> Optional[str]:
                     f"resume still work)")
     return (held_generators.problem(job.position.watched) or stray_schedulers.problem(job) or
             stray_scalers.problem(job) or _unmarked_groups(job)
-            or _unheld_gradient(job) or metric_states.problem(job) or stray_modules.problem(job, fresh)
+            or _unheld_tensor(job) or metric_states.problem(job) or stray_modules.problem(job, fresh)
             or stray_tensors.problem(job, fresh) or (_unkept_attributes(job) if fresh else None))
 
 
@@ -76,9 +76,13 @@ def _unkept_attributes(job) -> Optional[str]:
         next(filter(None, map(optimizer_attributes.not_carried, job.tracked.optimizers)), None)
 
 
-def _unheld_gradient(job) -> Optional[str]:
+def _unheld_tensor(job) -> Optional[str]:
     # (one a checkpoint refuses: its reports said movable, and every move failed)
     for i, m in enumerate(job.tracked.modules):
+        for name, t in (*m.named_parameters(), *m.named_buffers()):
+            if why := sparse_tensors.unstorable(t):
+                return (f"module {i}'s '{name}' is {why}: a new process could not be given it, so the job stays "
+                        f"where it is (suspend and resume still work); hold it as COO (.to_sparse()) or dense")
         for name, p in m.named_parameters():
             if p.grad is not None and (why := sparse_tensors.unstorable(p.grad)):
                 return (f"module {i}'s '{name}' has a gradient at this boundary that is {why}: clear it "

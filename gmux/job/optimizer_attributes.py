@@ -15,7 +15,7 @@ import warnings
 
 import torch
 
-from . import plain_values
+from . import plain_values, sparse_tensors
 from .module_attributes import LIBRARIES
 
 _library_keys: dict = {}        # class -> the attribute names its library bases set (None: a library's own class)
@@ -64,9 +64,9 @@ def capture(opt: torch.optim.Optimizer) -> dict:
     # An attribute holding the optimizer's parameters or their state (`self.params = list(params)`) is the
     # optimizer's structure, which the new process builds alike and load_state_dict() refills: values put there
     # instead would no longer be the parameters it steps.
-    held = {t.untyped_storage().data_ptr() for t in _structure(opt) if t.numel()}
+    held = set().union(*map(sparse_tensors.memory, _structure(opt)))
     kept = {k: v for k, v in kept.items()
-            if not any(t.numel() and t.untyped_storage().data_ptr() in held for t in plain_values.tensors_in(v))}
+            if not any(sparse_tensors.memory(t) & held for t in plain_values.tensors_in(v))}
     return plain_values.with_places(kept) if kept else {}
 
 

@@ -178,6 +178,9 @@ class Fit:
                 if not isinstance(t, torch.Tensor):
                     metric_states.alike(self, module, name, sd[name], t, f"module {i} '{name}'")
                     continue
+                if t.layout == torch.sparse_coo or isinstance(sd[name], sparse_tensors.SparseRef):
+                    self.sparse_buffer(sd[name], t, f"parameter or buffer '{name}'")
+                    continue
                 row = self.row(sd[name], f"parameter or buffer '{name}'")
                 if row.shape != tuple(t.shape) or row.dtype != _dtype(t):
                     self.fail(f"it was taken from a different model: parameter or buffer '{name}' is {row.shape} "
@@ -193,6 +196,13 @@ class Fit:
                     self.fail(f"gradient of unknown parameter {str(name)[:80]!r}", StateMismatch)
                 p = params[name]
                 self.tensor(g, _dtype(p), tuple(p.shape), f"gradient of '{name}'", sparse=True)
+
+    def sparse_buffer(self, saved, t: torch.Tensor, where: str) -> None:
+        """A sparse COO buffer (a graph's adjacency) is held as one (its copy_ takes the saved one's entries)."""
+        if (t.layout == torch.sparse_coo) != isinstance(saved, sparse_tensors.SparseRef):
+            self.fail(f"it was taken from a different model: {where} is {'' if t.is_sparse else 'not '}sparse in "
+                      f"this job, {describe(saved)} in the checkpoint", StateMismatch)
+        self.vouched += sparse_tensors.fits(saved, self.table, _dtype(t), tuple(t.shape), self.origin, where)
 
     def optimizer(self, i: int, sd, opt: torch.optim.Optimizer, live: dict) -> None:
         where = f"optimizer {i}"

@@ -70,6 +70,11 @@ def parts(t: torch.Tensor) -> tuple:
     return (t,)
 
 
+def memory(t: torch.Tensor) -> set:
+    """Where `t`'s data lies (its storages' addresses): of a sparse tensor, its parts'. An empty tensor's is none."""
+    return {p.untyped_storage().data_ptr() for p in parts(t) if p.numel()}
+
+
 # -- reading ------------------------------------------------------------------------------------------------
 def builder(ref_type: type, max_rank: int) -> Callable[[object], SparseRef]:
     """The decoder's constructor of a SparseRef (gmux.job.skeleton: BUILD, from a dict the file chose): only the

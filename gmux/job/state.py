@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from . import generators as gens
-from . import metric_states, module_attributes, optimizer_attributes, state_deques
+from . import metric_states, module_attributes, optimizer_attributes, sparse_tensors, state_deques
 from .checkpoint import CheckpointError
 
 
@@ -261,10 +261,10 @@ class TrackedState:
         tensors = [t for m in self.modules for t in (*m.parameters(), *m.buffers())]
         for v in self.extras.values():
             tensors += [*v.parameters(), *v.buffers()] if isinstance(v, nn.Module) else [v]
-        held = {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor) and t.numel()}
+        held = set().union(*(sparse_tensors.memory(t) for t in tensors if isinstance(t, torch.Tensor)))
         for i, opt in enumerate(self.optimizers):
             for j, p in enumerate(p for g in opt.param_groups for p in g["params"]):
-                if p.numel() and p.untyped_storage().data_ptr() not in held:
+                if not sparse_tensors.memory(p) <= held:
                     raise StateMismatch(f"optimizer {i}'s parameter {j} (shape {tuple(p.shape)}) is in no attached "
                                         f"module: attach the module that holds it, or pass it in extras=, or a "
                                         f"restore would give it back at its initial value")
