@@ -96,3 +96,25 @@ def test_a_loop_whose_source_cannot_be_read_moves_without_a_warning(tmp):
                  "<generated>", "exec"), scope)
     reply = scope["job"].controller.result(scope["move"], timeout=5)
     assert reply["ok"] and "warning" not in reply, reply
+
+
+def test_an_optional_scheduler_left_none_is_not_named(tmp):
+    """`sched = None` (a flag turned it off) and `if sched is not None: sched.step()` in the loop: the move's
+    answer and the job's stderr named `sched` as carried from one step to the next, on every move of such a
+    script, though None carries nothing. A variable only changed in place is named when it holds an object."""
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job = gj.attach(model, opt, state={"step": 0})
+    sched, seen = None, []
+    for x in job.data([torch.randn(4, 2) for _ in range(5)]):
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if sched is not None:
+            sched.step()
+        seen.append(x.sum().item())
+        job.state["step"] += 1
+        if job.state["step"] == 3:
+            move = job.controller.send("checkpoint", path=f"{tmp}/a.ckpt")
+    warning = job.controller.result(move, timeout=5)["warning"]
+    assert "`seen`" in warning and "`sched`" not in warning, warning

@@ -26,6 +26,7 @@ _LIBRARIES = tuple(p for p in {sysconfig.get_paths()["purelib"], sysconfig.get_p
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _carried: dict = {}     # (file, line, loops from line) -> [(name, line)] the loops around it carry
 SHOWN = 5
+_UNCHANGEABLE = (type(None), bool, int, float, complex, str, bytes)
 
 
 def warning(job, frame: Optional[FrameType]) -> Optional[str]:
@@ -47,8 +48,11 @@ def _found(job, frame: Optional[FrameType]) -> Iterator[tuple[str, str]]:
     # (a library's loop, a framework's, is passed over: its Trainer carries its own counters)
     for f, after in script_frames(frame, job.position.attached_at, _LIBRARIES):
         path, values = f.f_code.co_filename, f.f_locals
-        for name, line in _names(path, f.f_lineno or 0, after, f.f_globals):
-            if name in values and id(values[name]) not in ours and not isinstance(values[name], ModuleType):
+        for name, line, in_place in _names(path, f.f_lineno or 0, after, f.f_globals):
+            # (one only changed in place that holds None or a number carries nothing: an optional scheduler
+            # `if sched is not None: sched.step()` left None was named at every move)
+            if name in values and id(values[name]) not in ours and not isinstance(values[name], ModuleType) and \
+                    not (in_place and isinstance(values[name], _UNCHANGEABLE)):
                 yield name, f"{os.path.basename(path)}:{line}"
 
 
@@ -60,7 +64,8 @@ def _ours(job) -> set:
 
 
 def _names(path: str, line: int, after: int, module_globals) -> list:
-    """[(name, line)] the loops around `line` that begin after `after` carry, outermost first (kept per key)."""
+    """[(name, line, changed in place only)] the loops around `line` that begin after `after` carry, outermost
+    first (kept per key)."""
     key = (path, line, after)
     if key not in _carried:
         _, tree = source(path, module_globals)
@@ -68,14 +73,14 @@ def _names(path: str, line: int, after: int, module_globals) -> list:
                                          and after < n.lineno <= line <= n.end_lineno]
         names: dict = {}
         for loop in loops:
-            names.update((n, at) for n, at in _carried_by(loop) if n not in names)
-        _carried[key] = list(names.items())
+            names.update((n, (at, in_place)) for n, at, in_place in _carried_by(loop) if n not in names)
+        _carried[key] = [(n, at, in_place) for n, (at, in_place) in names.items()]
     return _carried[key]
 
 
 def _carried_by(loop) -> list:
-    """[(name, line)] the loop carries: assigned in its body and read there first, or changed in place and never
-    assigned there."""
+    """[(name, line, changed in place only)] the loop carries: assigned in its body and read there first, or
+    changed in place and never assigned there."""
     events = Events()
     for statement in loop.body:
         events.visit(statement)
@@ -87,9 +92,9 @@ def _carried_by(loop) -> list:
             assigned.add(name)
         elif kind == "change":
             changed.setdefault(name, line)
-    carried = [(n, line) for n, (kind, line) in first.items()
+    carried = [(n, line, False) for n, (kind, line) in first.items()
                if n in assigned and kind in ("load", "augment", "change") and n not in own]
-    carried += [(n, line) for n, line in changed.items() if n not in assigned and n not in own]
+    carried += [(n, line, True) for n, line in changed.items() if n not in assigned and n not in own]
     return sorted(carried, key=lambda c: c[1])
 
 
