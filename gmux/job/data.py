@@ -39,7 +39,7 @@ import torch
 
 from gmux.util.text import printable
 
-from . import held_generators, state_deques
+from . import held_generators, script_generators, state_deques
 from .data_draws import draws
 from .own_loops import restarting_loop
 
@@ -98,6 +98,7 @@ class DataPosition:
     # The epoch loader's pass under way as the last epoch ended, which the script may read on in this one
     left: Optional["Reading"] = None
     watched: dict = field(default_factory=dict)     # generators the loaders hold that no state keeps (held_generators)
+    script_gens: script_generators.Watch = field(default_factory=script_generators.Watch)     # (the script's own)
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "index": self.index, "epoch_rng": self.epoch_rng,
@@ -319,6 +320,7 @@ def batches(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
     position.loader, position.current, position.ends_at = inner, reading, length(loader)
     generators, held = loader_generators(inner)
     held_generators.watch(position.watched, held, tracked.generators)
+    script_generators.look(position, generators, held)
     skip_mark, ahead = position.replay, None
     if position.replay:
         # The streams are as the checkpoint left them (it holds them), or job.epochs kept them so while the
@@ -411,6 +413,7 @@ def _beside(position: DataPosition, loader: Iterable, before_fetch: Callable[[bo
     move (a suspend is fine). One read while the epoch's loader is has the boundaries of that one."""
     generators, held = loader_generators(unwrapped(loader))
     held_generators.watch(position.watched, held, tracked.generators)
+    script_generators.look(position, generators, held)
     saved = position.beside.pop(0) if position.beside else None
     if saved is not None:
         reading.streams, reading.generators, reading.index = saved["streams"], saved["generators"], saved["index"]

@@ -70,13 +70,13 @@ def watch(watched: dict, found: list, attached: list) -> None:
     attach() was given, as it is now (the first time it is seen)."""
     for where, g in found:
         if not kept(g) and id(g) not in watched and len(watched) < MAX_WATCHED and all(g is not a for a in attached):
-            watched[id(g)] = (where, g, _fingerprint(g))
+            watched[id(g)] = (where, g, fingerprint(g))
 
 
 def problem(watched: dict) -> Optional[str]:
     """Why a new process could not continue the loaders read: one of the generators watched has drawn, or None."""
     for where, g, first in watched.values():
-        if _fingerprint(g) != first:
+        if fingerprint(g) != first:
             return (f"{where} (a {NAMES[gens.kind_of(g)]} held by the loader's own objects) has drawn since "
                     f"the job first read that loader, and attach() was not given it: a new process would build it "
                     f"anew from its seed and draw other numbers, so the job stays where it is (suspend and resume "
@@ -84,7 +84,7 @@ def problem(watched: dict) -> Optional[str]:
     return None
 
 
-def _fingerprint(g):
+def fingerprint(g):
     state = gens.capture(g)["state"]
     if isinstance(state, torch.Tensor):
         return state.numpy().tobytes()

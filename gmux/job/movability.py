@@ -16,7 +16,8 @@ is changed in place (an EMA copy: gmux.job.stray_modules; one kept as a dict of 
 where a torchmetrics MetricTracker has made metrics as it trained (gmux.job.metric_states), where itertools.cycle
 reads job.data (gmux.job.data_epoch: a new process's would not hold the batches it kept to give again), where a
 loader's dataset or sampler holds a NumPy or Python random generator of its own that has drawn
-(gmux.job.held_generators), or where a module's own attribute changed into numbers a checkpoint does not carry (a
+(gmux.job.held_generators), or a variable of the script's holds one not attached that drew in its loop
+(gmux.job.script_generators), or where a module's own attribute changed into numbers a checkpoint does not carry (a
 NumPy float: gmux.job.module_attributes; an optimizer's of the script's own: gmux.job.optimizer_attributes).
 Each of these can change while the job runs (a new epoch, an optimizer freed), so every report asks again.
 """
@@ -26,8 +27,8 @@ from typing import Optional
 
 import torch
 
-from . import (data_epoch, held_generators, metric_states, module_attributes, optimizer_attributes, sparse_tensors,
-               stray_modules, stray_scalers, stray_schedulers, stray_tensors, strays)
+from . import (data_epoch, held_generators, metric_states, module_attributes, optimizer_attributes, script_generators,
+               sparse_tensors, stray_modules, stray_scalers, stray_schedulers, stray_tensors, strays)
 
 
 def problem(job, fresh: bool = False) -> Optional[str]:
@@ -64,7 +65,8 @@ def _problem(job, fresh: bool) -> Optional[str]:
                     f"builds the module as the script builds it before attach() and could not take this state (a "
                     f"layer pruned, replaced or added, a dtype changed), so the job stays where it is (suspend and "
                     f"resume still work)")
-    return (held_generators.problem(job.position.watched) or stray_schedulers.problem(job) or
+    return (held_generators.problem(job.position.watched) or script_generators.problem(job) or
+            stray_schedulers.problem(job) or
             stray_scalers.problem(job) or _unmarked_groups(job)
             or _unheld_tensor(job) or metric_states.problem(job) or stray_modules.problem(job, fresh)
             or stray_tensors.problem(job, fresh) or (_unkept_attributes(job) if fresh else None))
