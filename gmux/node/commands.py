@@ -135,13 +135,16 @@ class Commands:
                 self.waiters.setdefault(job_id, []).append(w)
                 continue
             w.done = True
+            # (a gang's ranks are held together: the reply names them all, as the one for a suspend taken does;
+            # it named the rank that missed the deadline alone, and `gmux suspend GANG` spoke of one rank)
+            jobs = {"jobs": list(w.jobs)} if len(w.jobs) > 1 else {}
             if stopped:
                 self.server.reply(w.identity, w.msg_id, {"job": w.job, "kind": "stop", "state": "stopped",
                                                          "detail": text, "latency_s": time.monotonic() - w.t0,
-                                                         **numbers})
+                                                         **jobs, **numbers})
             else:
                 self.server.reply(w.identity, w.msg_id, {"job": w.job, "kind": "late", "detail": text,
-                                                         "latency_s": time.monotonic() - w.t0, **numbers})
+                                                         "latency_s": time.monotonic() - w.t0, **jobs, **numbers})
 
     def ended(self, job: Job, why: str) -> None:
         """The job has ended: nothing more goes to it, and every request waiting on it hears why."""

@@ -592,3 +592,22 @@ def test_ctrl_c_to_a_moved_jobs_new_process_before_it_registers_says_where_its_s
     record = json.loads(open(RuntimeDir(node.rt).exit_file("j9")).read())
     assert record["status"] == 130 and record["reason"] == f"interrupted (SIGINT) before it registered; its state " \
         f"is kept in {kept}", record
+
+
+def test_a_gangs_suspend_answered_by_its_deadline_names_every_rank(node_factory, tmp_path):
+    """`gmux suspend g` of a gang whose ranks reach no boundary by their deadline (stopped, SIGSTOP, instead)
+    answered "j1: GPU 0: j1 did not reach a boundary ...": every rank was held and stopped, but the answer (and its
+    --json, without "jobs") named rank 0 alone, where a suspend taken at a boundary names them all."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    sub = json.loads(gmux(node.rt, "--json", "submit", "--ranks", "2", "--name", "g", "--", "python",
+                          str(script)).stdout)
+    node.wait_for(lambda: all(node.job(j)["state"] == "running" for j in sub["jobs"]), 60, lambda: node.ps()["jobs"])
+    out = gmux(node.rt, "--json", "suspend", "g")
+    said = json.loads(out.stdout)
+    assert out.returncode == 0 and said["kind"] in ("stop", "late") and said["jobs"] == ["j1", "j2"], said
+    node.wait_for(lambda: all(node.job(j)["held"] for j in sub["jobs"]), 30, lambda: node.ps()["jobs"])
+    gmux(node.rt, "resume", "g")
+    out = gmux(node.rt, "suspend", "g")
+    assert out.returncode == 0 and out.stdout.startswith("j1, j2: "), out
