@@ -45,6 +45,9 @@ gpu_index = checked(int, "an integer", lambda v: 0 <= v <= MAX_GPU_INDEX, f"a GP
 # --lost-after: the scheduler sends its shares (a job's lease, a link's fence) in messages the wire bounds alike.
 lost_after = checked(float, "a number", lambda v: 0 < v <= MAX_SECONDS,
                      f"a number of seconds > 0 and at most {MAX_SECONDS:,.0f}")
+# gmux top --interval: time.sleep took 1e300 with a traceback (OverflowError: timestamp out of range)
+interval = checked(float, "a number", lambda v: 0 < v <= MAX_SECONDS,
+                   f"a number of seconds > 0 and at most {MAX_SECONDS:,.0f}")
 weight = checked(float, "a number", lambda v: WEIGHTS[0] <= v <= WEIGHTS[1], f"a weight in [{WEIGHTS[0]:g}, "
                                                                                f"{WEIGHTS[1]:g}]")
 

@@ -13,7 +13,7 @@ from typing import Optional
 from gmux.protocol import LOGS_REPLY_BYTES, ProtocolError
 from gmux.wire.daemon_client import Client, GmuxError, GmuxUnanswered
 from gmux.rundir import default_runtime_dir
-from gmux.cli.argtypes import nonneg_int, positive, positive_int, runtime_dir
+from gmux.cli.argtypes import interval, nonneg_int, positive_int, runtime_dir
 from gmux.cli.job_options import add_job_options
 from gmux.cli.output import Parser, UsageError, failed, json_asked, reader_gone
 from gmux.cli.submit_env import check_text, submit_cwd, submit_env
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     s.add_argument("--limit", type=positive_int, help="list at most N jobs: the live ones first, then the newest "
                                                       "ended (default 100)")
     s = sub.add_parser("top", help="the jobs table, live")
-    s.add_argument("--interval", type=positive, default=1.0, help="seconds between refreshes (default 1)")
+    s.add_argument("--interval", type=interval, default=1.0, help="seconds between refreshes (default 1)")
     s.add_argument("--count", type=nonneg_int, default=0, help="stop after this many refreshes (0: never)")
     for name, helptext in (("suspend", "suspend a job at its next boundary and keep it suspended"),
                            ("resume", "let a suspended job run again in its turn"),

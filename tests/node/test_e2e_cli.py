@@ -170,7 +170,9 @@ CARELESS = [  # (arguments, what the one-line refusal says)
     (["submit", "--", "python", "-c", "print(1)"], "submit: a job runs a script or a module (-m), not python -c"),
     (["submit", "--", "python", "-m"], "submit: python -m needs a module name"),
     (["submit", "--", "python", "-i", "x.py"], "submit: python -i: a job runs unattended"),
-    (["top", "--interval", "nan"], "--interval: nan is not a finite number > 0"),
+    (["top", "--interval", "nan"], "--interval: nan is not a number of seconds > 0 and at most 1,000,000"),
+    (["top", "--interval", "1e300", "--count", "2"], "--interval: 1e300 is not a number of seconds > 0"),  # (was a
+                                                                # traceback from time.sleep after the first table)
     (["logs", "j1", "--tail", "-5"], "--tail: -5 is not an integer >= 0"),
     (["decisions", "--limit", "-1"], "--limit: -1 is not a positive integer"),
     (["decisions", "--limit", "9" * 20], f"decisions: --limit: {'9' * 20} is outside [1, 100000]"),   # (was [0, 2**62])
