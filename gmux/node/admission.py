@@ -206,6 +206,10 @@ class Admission:
         return ("it is moving now" if j.target_gpu is not None else
                 f"pinned to GPU {j.pinned} with --gpu" if j.pinned is not None else
                 _not_restorable(j) if j.started and not j.migratable and not self.in_process(j) else
+                # (its start is a resume that awaits its first boundary: one that reaches none waited "busy with a
+                # resume" for good, as if that were a moment's work)
+                "it has reached no boundary yet (it is moved at one)"
+                if not j.started and j.gpu is not None and self.slicers[j.gpu].busy_with(j.id) == "resume" else
                 f"busy with a {self.slicers[j.gpu].busy_with(j.id)}"
                 if j.gpu is not None and self.slicers[j.gpu].busy_with(j.id) else "")
 

@@ -611,3 +611,19 @@ def test_a_gangs_suspend_answered_by_its_deadline_names_every_rank(node_factory,
     gmux(node.rt, "resume", "g")
     out = gmux(node.rt, "suspend", "g")
     assert out.returncode == 0 and out.stdout.startswith("j1, j2: "), out
+
+
+def test_a_job_waiting_behind_one_without_a_boundary_says_so(node_factory, tmp_path):
+    """A 2-GPU job waiting behind a script that never reaches a boundary (its start, a resume, never acknowledged)
+    said, for as long as it waited, "GPU 0 holds j1, which cannot move (busy with a resume)", as if that were a
+    moment's work: it says that j1 has reached no boundary yet."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    first = json.loads(gmux(node.rt, "--json", "submit", "--", "python", str(script)).stdout)["job"]
+    node.wait_for(lambda: node.job(first)["state"] == "running", 60, lambda: node.ps()["jobs"])
+    wide = json.loads(gmux(node.rt, "--json", "submit", "--gpus", "2", "--", "python", str(script)).stdout)["job"]
+    node.wait_for(lambda: "which cannot move (" in node.job(wide)["detail"], 60, lambda: node.job(wide))
+    detail = node.job(wide)["detail"]
+    assert f"holds {first}, which cannot move (it has reached no boundary yet" in detail, detail
+    assert "busy with" not in detail, detail
