@@ -156,6 +156,10 @@ class Stopping:
         elif e.overdue and waited is not None and e.late_told:
             note = (f"no boundary yet: not stopped (gmux decisions says why), computes on, keeps {kept}" if never
                     else f"no boundary in {waited:.1f} s: not stopped (gmux decisions says why), computes on")
+        elif e.overdue and waited is not None and not e.stoppable:
+            # (GPUs of its own, a gang's or several: never stopped for others; it was said to be, between turns)
+            note = (f"no boundary yet: computes on, never stopped (its GPUs are its own), keeps {kept}" if never
+                    else f"no boundary in {waited:.1f} s: computes on, never stopped (its GPUs are its own)")
         elif e.overdue and waited is not None:
             note = (f"no boundary yet: computes in its turns, stopped (SIGSTOP) between them, keeps {kept}"
                     if never else f"no boundary in {waited:.1f} s: sliced by SIGSTOP/SIGCONT")

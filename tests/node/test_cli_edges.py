@@ -627,3 +627,22 @@ def test_a_job_waiting_behind_one_without_a_boundary_says_so(node_factory, tmp_p
     detail = node.job(wide)["detail"]
     assert f"holds {first}, which cannot move (it has reached no boundary yet" in detail, detail
     assert "busy with" not in detail, detail
+
+
+def test_a_job_on_gpus_of_its_own_without_a_boundary_is_not_said_to_be_stopped(node_factory, tmp_path):
+    """A --gpus 2 job (and a gang's ranks) that reaches no boundary showed "no boundary yet: computes in its turns,
+    stopped (SIGSTOP) between them": such a job is never stopped for others (its GPUs are its own), and was not."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    for opts in (["--gpus", "2"], ["--ranks", "2"]):
+        sub = json.loads(gmux(node.rt, "--json", "submit", *opts, "--", "python", str(script)).stdout)
+        jobs = sub.get("jobs") or [sub["job"]]
+        node.wait_for(lambda: all("no boundary yet" in node.job(j)["detail"] for j in jobs), 60,
+                      lambda: node.ps()["jobs"])
+        for j in jobs:
+            detail = node.job(j)["detail"]
+            assert "SIGSTOP" not in detail and "never stopped (its GPUs are its own)" in detail, detail
+            with open(f"/proc/{node.job(j)['pid']}/stat") as f:
+                assert f.read().rsplit(")", 1)[1].split()[0] != "T"
+        assert json.loads(gmux(node.rt, "--json", "kill", jobs[0]).stdout)["jobs" if len(jobs) > 1 else "job"]
