@@ -36,7 +36,9 @@ def _outcome(cmd: str, data: dict) -> str:
     if cmd == "suspend" and data.get("kind") == "suspend":
         text = f"suspended {jobs} in {data['latency_s'] * 1e3:.1f} ms"
         if data.get("boundary_wait_s") is not None:
-            text += f" ({data['boundary_wait_s'] * 1e3:.1f} ms of it waiting for " + (
+            # (the job's wait, from the command's sending: a second suspend sent meanwhile waited less of it)
+            waited = min(data["boundary_wait_s"], data["latency_s"])
+            text += f" ({waited * 1e3:.1f} ms of it waiting for " + (
                 "its first boundary: it was still starting)" if data.get("first_boundary") else
                 "the mini-batch to end)")
         return text

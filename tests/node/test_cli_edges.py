@@ -6,6 +6,7 @@ words worked out by the table alone, the cluster commands' errors under --json a
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -646,3 +647,32 @@ def test_a_job_on_gpus_of_its_own_without_a_boundary_is_not_said_to_be_stopped(n
             with open(f"/proc/{node.job(j)['pid']}/stat") as f:
                 assert f.read().rsplit(")", 1)[1].split()[0] != "T"
         assert json.loads(gmux(node.rt, "--json", "kill", jobs[0]).stdout)["jobs" if len(jobs) > 1 else "job"]
+
+
+def test_a_second_suspend_sent_while_the_first_waits_says_no_more_wait_than_its_own(node_factory, tmp_path):
+    """Two `gmux suspend J` a moment apart, the job's mini-batch long: the second answered "suspended j1 in 2547.5
+    ms (2823.7 ms of it waiting for the mini-batch to end)", a part longer than the whole (the job's wait counts
+    from the first command's sending)."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    script = tmp_path / "slow.py"
+    script.write_text("import time, torch\n"
+                      "m = torch.nn.Linear(2, 1)\n"
+                      "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "while True:\n"
+                      "    m(torch.ones(1, 2)).sum().backward()\n"
+                      "    opt.step()\n"
+                      "    opt.zero_grad()\n"
+                      "    time.sleep(4)\n")
+    job = json.loads(gmux(node.rt, "--json", "submit", "--", "python", str(script)).stdout)["job"]
+    node.wait_for(lambda: node.job(job)["step"] >= 2, 60, lambda: node.job(job))
+    step = node.job(job)["step"]
+    node.wait_for(lambda: node.job(job)["step"] > step, 60, lambda: node.job(job))    # (a mini-batch just began)
+    cmd = [PY, "-m", "gmux.cli.gmux", "--runtime-dir", node.rt, "suspend", job]
+    first = subprocess.Popen(cmd, env=env(), cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    second = subprocess.Popen(cmd, env=env(), cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    for proc in (first, second):
+        out = proc.communicate(timeout=60)[0]
+        m = re.fullmatch(rf"suspended {job} in ([\d.]+) ms \(([\d.]+) ms of it waiting for the mini-batch to end\)\n",
+                         out)
+        assert proc.returncode == 0 and m and float(m[2]) <= float(m[1]), out
