@@ -132,8 +132,9 @@ class AdminHandlers:
                           f"({', '.join(j.id for j in named)}): give one of their ids")
         if named or msg.type != "logs":
             return named[0] if named else None
-        ended = [j for j in self.node.jobs.values() if j.final and j.managed and key in (j.name, (j.gang or {}).get(
-            "id")) and (admin or j.uid == who.uid)]   # (logs of a run that ended: its newest submitted one's)
+        ended = [j for j in self.node.jobs.values() if j.final and key in (j.name, (j.gang or {}).get("id"))
+                 and (admin or j.uid == who.uid)]   # (logs of a run that ended: its newest submitted one's; with
+        ended = [j for j in ended if j.managed] or ended    # none, a gmux-launch one's, refused as such, not "no job")
         newest = max(ended, key=lambda j: j.created) if ended else None
         if newest is not None and newest.gang:      # (of a gang's, its newest run's first rank)
             return max((j for j in ended if j.gang and j.gang["id"] == newest.gang["id"] and j.gang["rank"] == 0),

@@ -676,3 +676,18 @@ def test_a_second_suspend_sent_while_the_first_waits_says_no_more_wait_than_its_
         m = re.fullmatch(rf"suspended {job} in ([\d.]+) ms \(([\d.]+) ms of it waiting for the mini-batch to end\)\n",
                          out)
         assert proc.returncode == 0 and m and float(m[2]) <= float(m[1]), out
+
+
+def test_logs_of_an_ended_gmux_launch_job_by_its_name_says_where_its_output_went(node_factory, tmp_path):
+    """`gmux logs NAME` of a gmux-launch job said where its output goes while it ran, and "no job 'NAME'" once it
+    had ended (by its id it still said where)."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    proc = node.launch(str(script), opts=["--name", "launched"])
+    job = node.job_of(proc.pid)
+    assert gmux(node.rt, "kill", "launched").returncode == 0
+    node.wait_for(lambda: node.job(job)["state"] == "killed", 30, lambda: node.job(job))
+    for key in ("launched", job):
+        out = gmux(node.rt, "logs", key)
+        assert out.returncode == 1 and f"logs: {job} was started with gmux-launch" in out.stderr, (key, out.stderr)
