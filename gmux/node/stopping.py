@@ -85,9 +85,12 @@ class Stopping:
             self._settle(slicer, job, False, self._late_text(slicer, job, now, numbers), numbers)
 
     def _stop_text(self, slicer: Slicer, job: Job, now: float, outside: bool) -> str:
+        # (held by `gmux suspend`, it has no turns: it said "continued at each of its turns" and stayed stopped)
+        held = job.held and not slicer.entries[job.id].to_boundary
         return (f"GPU {slicer.gpu}: {job.id} " + self._why(slicer, job, now) +
                 (": it was found stopped by someone else (SIGSTOP, a debugger), and gets no turns until it is "
                  "continued (SIGCONT)" if outside else
+                 ": stopped (SIGSTOP) while held, until `gmux resume` gives it its turns again (SIGCONT)" if held else
                  ": stopped (SIGSTOP), and continued (SIGCONT) at each of its turns until it reaches a boundary") +
                 _keeps_beside(slicer, job))
 

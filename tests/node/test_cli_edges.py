@@ -598,7 +598,8 @@ def test_ctrl_c_to_a_moved_jobs_new_process_before_it_registers_says_where_its_s
 def test_a_gangs_suspend_answered_by_its_deadline_names_every_rank(node_factory, tmp_path):
     """`gmux suspend g` of a gang whose ranks reach no boundary by their deadline (stopped, SIGSTOP, instead)
     answered "j1: GPU 0: j1 did not reach a boundary ...": every rank was held and stopped, but the answer (and its
-    --json, without "jobs") named rank 0 alone, where a suspend taken at a boundary names them all."""
+    --json, without "jobs") named rank 0 alone, where a suspend taken at a boundary names them all. It said they
+    were "continued (SIGCONT) at each of [their] turns": held, they stay stopped until `gmux resume`."""
     node = node_factory("--virtual-gpus", "2x1GiB")
     script = tmp_path / "sleeps.py"
     script.write_text("import time\ntime.sleep(600)\n")
@@ -607,8 +608,14 @@ def test_a_gangs_suspend_answered_by_its_deadline_names_every_rank(node_factory,
     node.wait_for(lambda: all(node.job(j)["state"] == "running" for j in sub["jobs"]), 60, lambda: node.ps()["jobs"])
     out = gmux(node.rt, "--json", "suspend", "g")
     said = json.loads(out.stdout)
-    assert out.returncode == 0 and said["kind"] in ("stop", "late") and said["jobs"] == ["j1", "j2"], said
+    assert out.returncode == 0 and said["kind"] == "stop" and said["jobs"] == ["j1", "j2"], said
+    # (held, a rank gets no turns until resumed: it was said to be "continued (SIGCONT) at each of its turns")
+    assert "stopped (SIGSTOP) while held, until `gmux resume`" in said["detail"], said
     node.wait_for(lambda: all(node.job(j)["held"] for j in sub["jobs"]), 30, lambda: node.ps()["jobs"])
+    time.sleep(2)
+    for j in sub["jobs"]:
+        with open(f"/proc/{node.job(j)['pid']}/stat") as f:
+            assert f.read().rsplit(")", 1)[1].split()[0] == "T"
     gmux(node.rt, "resume", "g")
     out = gmux(node.rt, "suspend", "g")
     assert out.returncode == 0 and out.stdout.startswith("j1, j2: "), out
