@@ -262,7 +262,10 @@ class AdminHandlers:
         release(node, unit, time.monotonic())
         node.store.save_many(unit)    # (said runnable, it is not held again by a gmuxd that dies a moment later)
         parked = sorted({g for m in unit for g in m.parked_gpus})     # (every rank's, not the named one's)
-        where = (f"runs in its turn on GPU {job.gpu}" if job.gpu is not None else
+        # (every GPU of a gang's or a multi-GPU job's: a gang on GPUs 0 and 1 was said to run "on GPU 0")
+        on = sorted({g for m in unit for g in (m.exclusive_gpus or [m.gpu]) if g is not None})
+        where = (f"runs in its turn on GPU{'s' if len(on) > 1 else ''} {', '.join(map(str, on))}"
+                 if job.gpu is not None and on else
                  f"takes back GPU{'s' if len(parked) > 1 else ''} {','.join(map(str, parked))} (given back while "
                  f"suspended) once {'they are' if len(parked) > 1 else 'it is'} free"
                  if parked else "waits for a GPU")

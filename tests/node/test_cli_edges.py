@@ -599,7 +599,8 @@ def test_a_gangs_suspend_answered_by_its_deadline_names_every_rank(node_factory,
     """`gmux suspend g` of a gang whose ranks reach no boundary by their deadline (stopped, SIGSTOP, instead)
     answered "j1: GPU 0: j1 did not reach a boundary ...": every rank was held and stopped, but the answer (and its
     --json, without "jobs") named rank 0 alone, where a suspend taken at a boundary names them all. It said they
-    were "continued (SIGCONT) at each of [their] turns": held, they stay stopped until `gmux resume`."""
+    were "continued (SIGCONT) at each of [their] turns": held, they stay stopped until `gmux resume`; which said
+    the gang "runs in its turn on GPU 0", its rank 0's GPU alone."""
     node = node_factory("--virtual-gpus", "2x1GiB")
     script = tmp_path / "sleeps.py"
     script.write_text("import time\ntime.sleep(600)\n")
@@ -616,7 +617,8 @@ def test_a_gangs_suspend_answered_by_its_deadline_names_every_rank(node_factory,
     for j in sub["jobs"]:
         with open(f"/proc/{node.job(j)['pid']}/stat") as f:
             assert f.read().rsplit(")", 1)[1].split()[0] == "T"
-    gmux(node.rt, "resume", "g")
+    out = gmux(node.rt, "resume", "g")     # (its ranks on GPUs 0 and 1: it said "runs in its turn on GPU 0")
+    assert out.stdout == "j1, j2: runnable: runs in its turn on GPUs 0, 1\n", out
     out = gmux(node.rt, "suspend", "g")
     assert out.returncode == 0 and out.stdout.startswith("j1, j2: "), out
 
