@@ -10,7 +10,7 @@ import re
 
 from gmux.protocol import (MAX_GPU_INDEX, MAX_RANKS, MAX_SECONDS, WEIGHTS, cluster_job_name_problem,
                            job_name_problem)
-from gmux.rundir import not_a_directory
+from gmux.rundir import SOCKET_PATH_MAX, RuntimeDir, not_a_directory
 from gmux.util.sizes import parse_size
 from gmux.util.text import digits
 
@@ -124,6 +124,13 @@ def runtime_dir(text: str) -> str:
                 "a device or a socket")
         raise argparse.ArgumentTypeError(f"{part} is {what}, not a directory (the runtime directory: --runtime-dir "
                                          f"or GMUX_RUNTIME_DIR)")
+    # (no gmuxd can serve there, and gmux said "gmuxd is not running ... Start it with `gmuxd --runtime-dir ...`",
+    # which gmuxd then refused for this reason)
+    socket = len(RuntimeDir(text).socket.encode(errors="surrogateescape"))
+    if socket > SOCKET_PATH_MAX:
+        raise argparse.ArgumentTypeError(f"runtime directory {text}: its socket's path would be {socket} bytes, over "
+                                         f"the {SOCKET_PATH_MAX} a Unix socket allows, so no gmuxd can serve there; "
+                                         f"choose a shorter one with --runtime-dir or GMUX_RUNTIME_DIR")
     return text
 
 

@@ -700,3 +700,19 @@ def test_logs_of_an_ended_gmux_launch_job_by_its_name_says_where_its_output_went
     for key in ("launched", job):
         out = gmux(node.rt, "logs", key)
         assert out.returncode == 1 and f"logs: {job} was started with gmux-launch" in out.stderr, (key, out.stderr)
+
+
+def test_a_runtime_directory_too_long_for_a_socket_is_refused_by_the_clients_as_by_gmuxd(tmp_path):
+    """`gmux --runtime-dir LONG ps` said "gmuxd is not running ... Start it with `gmuxd --runtime-dir LONG &`",
+    which gmuxd then refused: its socket's path would be over what a Unix socket allows. gmux and gmux-launch say
+    so themselves."""
+    long = tmp_path / ("d" * 120)
+    long.mkdir()
+    for cmd in ([PY, "-m", "gmux.cli.gmux", "--runtime-dir", str(long), "ps"],
+                [PY, "-m", "gmux.cli.launch", "--runtime-dir", str(long), "--", "python", "x.py"]):
+        out = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "a Unix socket allows, so no gmuxd can serve there" in out.stderr, out.stderr
+        assert "Start it with" not in out.stderr, out.stderr
+    gmuxd = subprocess.run([PY, "-m", "gmux.cli.gmuxd", "--runtime-dir", str(long), "--virtual-gpus", "1x1GiB"],
+                           env=env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert gmuxd.returncode != 0 and "a Unix socket allows" in gmuxd.stderr, gmuxd.stderr
