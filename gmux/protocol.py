@@ -79,6 +79,9 @@ def job_name_problem(v) -> Optional[str]:
     problem = _name(v)
     if problem:
         return problem
+    if v.startswith("-"):   # (taken, the job could not be named: `gmux kill -foo` read it as an option)
+        return (f"{v!r} starts with '-', which reads as an option on the command line (gmux kill {v}); choose "
+                f"another name")
     folded = unicodedata.normalize("NFKC", v)
     unusual = ", ".join(map(_char, [c for c in dict.fromkeys(v) if not c.isascii()][:3]))
     if re.fullmatch(r"[^\W\d_]\d+", folded) and (folded[0] in "jJ" or not folded[0].isascii()):

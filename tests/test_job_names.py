@@ -86,6 +86,7 @@ def test_a_name_taken_is_written_one_way_reads_as_no_id_and_each_word_is_of_one_
         folded = unicodedata.normalize("NFKC", name)
         assert folded == name
         assert not (folded[0] in "jJ" and folded[1:].isdecimal())
+        assert not name.startswith("-")     # (gmux kill -foo reads it as an option)
         for word in re.findall(r"[^\W\d_]+", name):
             scripts = {unicodedata.name(c, "").split(" ")[0] for c in word}
             assert len(scripts & {"LATIN", "GREEK", "CYRILLIC"}) <= 1, name

@@ -447,6 +447,11 @@ def test_a_name_a_live_job_or_gang_has_is_refused_to_a_gang_or_a_job(node_factor
     ({"type": "submit", "argv": ["python", "x.py"], "cwd": "/", "name": "J7"}, "submit.name: 'J7' looks like a job"),
     ({"type": "register", "argv": ["python", "x.py"], "name": "Ｊ99"}, "register: name: 'Ｊ99' looks like"),
     ({"type": "register", "argv": ["python", "x.py"], "name": "ﬁne"}, "register: name: 'ﬁne' reads as 'fine'"),
+    # (taken, `gmux kill -foo` said "the following arguments are required: job": only `gmux kill -- -foo` named it)
+    ({"type": "submit", "argv": ["python", "x.py"], "cwd": "/", "name": "-foo"}, "submit.name: '-foo' starts with "
+                                                                                 "'-', which reads as an option"),
+    ({"type": "register", "argv": ["python", "x.py"], "gang": {"id": "-g", "rank": 0, "size": 2}},
+     "register: gang: id: '-g' starts with '-'"),
     ({"type": "register", "argv": ["python", "x.py"], "gang": {"id": "rеsnet", "rank": 0, "size": 2}},
      "register: gang: id: 'rеsnet' mixes Latin and Cyrillic letters"),
     # (and a command gmuxd could not start: an internal error, from the spawn)
