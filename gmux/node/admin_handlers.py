@@ -280,14 +280,16 @@ class AdminHandlers:
             if end == "ended":      # (one "ending" is reaped as it ends: killed, or its own failure)
                 node.finish(m, "killed", None, m.kill_reason)
         # Answered once they have ended, not at the next reap: a name they held is then free (gmux kill k; gmux
-        # submit --name k was refused "your gang 'k' has not ended"). One the kernel is slow to tear down (a large
-        # address space) is reaped by the tick as before: the daemon serves no one while it waits here.
+        # submit --name k was refused "your gang 'k' has not ended"). Only gmuxd's own children: another's process
+        # stays a zombie until its parent reaps it. One the kernel is slow to tear down (a large address space) is
+        # reaped by the tick as before: the daemon serves no one while it waits here.
         deadline = time.monotonic() + KILL_REAP_WAIT_S
-        while (left := [m for m in unit if not m.final and m.pid]) and time.monotonic() < deadline:
+        while (left := [m for m in unit if not m.final and m.pid in node.sup.children]) and \
+                time.monotonic() < deadline:
             for m in left:
                 if (own := node.sup.ended(m)) is not None:
                     node.finish(m, *own)
-            if any(not m.final and m.pid for m in unit):
+            if any(not m.final for m in left):
                 time.sleep(0.002)
         return {"job": job.id, "signal": "SIGKILL", "jobs": [m.id for m in unit]}
 
