@@ -60,7 +60,11 @@ def _duration(text: str):
         raise argparse.ArgumentTypeError(f"{text!r} is neither an offset like 36h or 7d nor a date like 2017-10-01 "
                                          f"or 2017-10-01T06:00:00Z") from None
     # (a trace's times are UTC where they carry no zone: gmux.cluster.sim.trace)
-    return when.astimezone(timezone.utc).replace(tzinfo=None) if when.tzinfo else when
+    try:
+        return when.astimezone(timezone.utc).replace(tzinfo=None) if when.tzinfo else when
+    except OverflowError:     # (0001-01-01T00:00+05:00 is in year 0 in UTC: a traceback)
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time a date can show in UTC (0001-01-01 to "
+                                         f"9999-12-31)") from None
 
 
 

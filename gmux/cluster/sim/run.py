@@ -118,8 +118,10 @@ def prepare(cfg: SimConfig) -> Prepared:
         if not cfg.vc_scale > 0:
             raise ValueError(f"vc_scale must be positive, not {cfg.vc_scale}")
         if cfg.vc_scale != 1.0:
-            sizes = {v: max(1, round(n * cfg.vc_scale)) for v, n in sizes.items()}
-            if max(sizes.values()) > MAX_MACHINES:
+            # (judged before rounding: a product past the largest float is infinite, which round() refuses)
+            too_big = max(sizes.values()) * cfg.vc_scale > 2 * MAX_MACHINES
+            sizes = {v: 0 if too_big else max(1, round(n * cfg.vc_scale)) for v, n in sizes.items()}
+            if too_big or max(sizes.values()) > MAX_MACHINES:
                 raise ValueError(f"vc_scale {cfg.vc_scale} makes a VC of more than {MAX_MACHINES:,} machines")
             notes.append(f"VC sizes scaled by {cfg.vc_scale}: {sum(sizes.values())} machines in all")
         smallest = min(sizes.values())
