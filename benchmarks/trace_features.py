@@ -37,10 +37,12 @@ sys.path.insert(0, ROOT)
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+from rich.text import Text  # noqa: E402
 
 from gmux.cli.argtypes import nonneg_int, output_dir  # noqa: E402
 from gmux.cluster.sim.trace import TraceError, load_trace  # noqa: E402
 from gmux.util.atomic import atomic_open  # noqa: E402
+from gmux.util.text import printable  # noqa: E402
 
 SWEEP_GAP_S = 1800.0
 AT_ARRIVAL = ("hour", "weekday", "gap", "position")
@@ -87,16 +89,23 @@ def classes(trace_path: str, min_jobs: int, seed: int = 0) -> list[dict]:
             row[name] = explained(y, groups)
             row[name + "_chance"] = float(np.mean([explained(y, rng.permutation(groups)) for _ in range(SHUFFLES)]))
         follows = np.diff(submits) <= SWEEP_GAP_S
-        row["with_sibling"] = float(follows.mean())
+        row["with_sibling"] = float(follows.mean()) if len(follows) else 0.0     # (one job: none; NaN in the JSON)
         row["sibling"] = float(np.corrcoef(y[:-1][follows], y[1:][follows])[0, 1] ** 2) \
             if follows.sum() >= 10 and y[1:][follows].std() > 0 and y[:-1][follows].std() > 0 else None
         out.append(row)
     return out
 
 
-def weighted(rows: list[dict], key) -> float:
+def weighted(rows: list[dict], key) -> float | None:
+    """The job-hour-weighted mean of `key` over the rows that have it; None where none has (no class has a
+    sweep of ten jobs to fit a sibling's R^2 on: a small trace, or a small --min-jobs, ended in a ZeroDivisionError)."""
     pairs = [(r["job_hours"], key(r)) for r in rows if key(r) is not None]
-    return sum(w * v for w, v in pairs) / sum(w for w, _ in pairs)
+    total = sum(w for w, _ in pairs)
+    return sum(w * v for w, v in pairs) / total if total > 0 else None
+
+
+def _shown(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def main(argv=None) -> int:
@@ -116,21 +125,24 @@ def main(argv=None) -> int:
     try:
         rows = classes(a.trace, a.min_jobs)
     except TraceError as e:
-        print(f"trace_features: {e}", file=sys.stderr)
+        print(f"trace_features: {printable(e)}", file=sys.stderr)
         return 2
     if not rows:
         print(f"trace_features: no class (a VC and a GPU count) has {a.min_jobs} jobs or more in {a.trace}: give a "
               f"smaller --min-jobs", file=sys.stderr)
         return 2
-    t = Table(title=f"R^2 of log(duration) within each class (chance in brackets), {os.path.basename(a.trace)}",
-              title_justify="left")
+    # A VC's name and the file's are the trace's words: shown as Text, never read as rich markup ('[/x]' was a
+    # MarkupError), and with their control characters escaped (an escape code drove the terminal).
+    t = Table(title=Text(f"R^2 of log(duration) within each class (chance in brackets), "
+                         f"{printable(os.path.basename(a.trace))}"), title_justify="left")
     for col in ("VC", "GPUs", "jobs", "job-h", "sd log", *AT_ARRIVAL, "sibling (after it ends)", "has one"):
         t.add_column(col, justify="left" if col == "VC" else "right")
 
     def cell(r, name):
         return f"{r[name]:.2f} ({r[name + '_chance']:.2f})"
     for r in rows:
-        t.add_row(r["vc"], str(r["gpus"]), str(r["jobs"]), f"{r['job_hours']:,.0f}", f"{r['sd_log']:.2f}",
+        t.add_row(Text(printable(r["vc"])), str(r["gpus"]), str(r["jobs"]), f"{r['job_hours']:,.0f}",
+                  f"{r['sd_log']:.2f}",
                   *(cell(r, n) for n in AT_ARRIVAL), "-" if r["sibling"] is None else f"{r['sibling']:.2f}",
                   f"{r['with_sibling']:.2f}")
     summary = {n: weighted(rows, lambda r, n=n: r[n]) for n in AT_ARRIVAL}
@@ -139,14 +151,14 @@ def main(argv=None) -> int:
     summary["with_sibling"] = weighted(rows, lambda r: r["with_sibling"])
     t.add_row("by job-hours", "", str(sum(r["jobs"] for r in rows)), f"{sum(r['job_hours'] for r in rows):,.0f}",
               "", *(f"{summary[n]:.2f} ({summary[n + '_chance']:.2f})" for n in AT_ARRIVAL),
-              f"{summary['sibling']:.2f}", f"{summary['with_sibling']:.2f}")
+              _shown(summary["sibling"]), _shown(summary["with_sibling"]))
     Console(width=200).print(t)
     best = max(summary[n] - summary[n + "_chance"] for n in AT_ARRIVAL)
     seconds = time.perf_counter() - t0
     with atomic_open(a.out, mode=0o644, text=True) as f:
         json.dump({"trace": a.trace, "classes": rows, "summary": summary, "seconds": seconds}, f, indent=1)
-    print(f"trace_features: best_at_arrival_excess_r2={best:.3f} sibling_r2={summary['sibling']:.3f} "
-          f"seconds={seconds:.0f}")
+    sibling = "none" if summary["sibling"] is None else f"{summary['sibling']:.3f}"
+    print(f"trace_features: best_at_arrival_excess_r2={best:.3f} sibling_r2={sibling} seconds={seconds:.0f}")
     return 0
 
 

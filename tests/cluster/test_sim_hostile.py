@@ -1,9 +1,16 @@
 """gmux-sim and the simulator benchmarks given hostile inputs an outside tester found to end in a traceback or in a
 file that is not what it says: each is refused with a usage error or handled, and says so."""
+import importlib.util
+import json
+import os
+import sys
+
 import pytest
 
 from sim_harness import write_table
 from gmux.cli.sim import main
+
+BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
 
 
 def _files(tmp_path, rows="2017-10-01 00:00:00,10,1,vcA\n", vcs="vc,node num\nvcA,1\n"):
@@ -32,3 +39,29 @@ def test_a_vc_scale_whose_product_overflows_is_refused_in_words(tmp_path, capsys
     _files(tmp_path, vcs="vc,node num\nvcA,64\n")
     assert main(["--traces", str(tmp_path), "--policy", "fifo", "--vc-scale", scale]) == 2
     assert "makes a VC of more than 100,000 machines" in capsys.readouterr().err
+
+
+def _trace_features():
+    spec = importlib.util.spec_from_file_location("benchmark_trace_features",
+                                                  os.path.join(BENCHMARKS, "trace_features.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_trace_features_on_a_small_trace_with_crafted_vc_names(tmp_path, monkeypatch, capsys):
+    """trace_features.py on a trace where no class has a sweep of ten jobs ended in a ZeroDivisionError (the
+    job-hour-weighted sibling R^2 of no class); a class of one job wrote NaN into the JSON (not JSON); and a VC
+    named '[/x]' ended in rich's MarkupError, one with an escape code drove the terminal."""
+    rows = "".join(f"2017-10-01 00:0{i}:00,{10 * (i + 1)},1,{vc}\n"
+                   for i, vc in enumerate(["[/x]", "[/x]", "r\x1b[31mX", "a"]))
+    trace = _files(tmp_path, rows) / "philly.csv"
+    monkeypatch.setattr(sys, "argv", ["trace_features", "--trace", str(trace), "--min-jobs", "1",
+                                      "--out", str(tmp_path / "f.json")])
+    assert _trace_features().main() == 0
+    out = capsys.readouterr().out
+    assert "[/x]" in out and "r\\x1b[31mX" in out and "\x1b" not in out
+    assert "sibling_r2=none" in out.splitlines()[-1]
+    result = json.loads((tmp_path / "f.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert result["summary"]["sibling"] is None
+    assert {r["vc"]: r["with_sibling"] for r in result["classes"]}["a"] == 0.0
