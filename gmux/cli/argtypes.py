@@ -170,6 +170,8 @@ def json_object(text: str, flag: str, reader: str) -> dict:
         raise ValueError(f"{flag} is not JSON: {e}") from None
     except RecursionError:
         raise ValueError(f"{flag} is not JSON {reader} reads: nested too deeply") from None
+    except ValueError as e:     # (an integer of more digits than Python converts: the error named no flag)
+        raise ValueError(f"{flag} is not JSON {reader} reads: {e}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{flag} must be a JSON object ({{...}}), got {type(value).__name__}")
     return value

@@ -65,3 +65,37 @@ def test_trace_features_on_a_small_trace_with_crafted_vc_names(tmp_path, monkeyp
     result = json.loads((tmp_path / "f.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
     assert result["summary"]["sibling"] is None
     assert {r["vc"]: r["with_sibling"] for r in result["classes"]}["a"] == 0.0
+
+
+BIG = "1" + "0" * 400         # an integer JSON holds and no float does
+HUGE = "1" + "0" * 5000       # more digits than Python converts from text
+
+
+@pytest.mark.parametrize("params,said", [
+    ('{"gmux": {"factor": %s}}' % BIG, "gmux: parameter 'factor' must be a finite number"),
+    ('{"tiresias": {"thresholds": [%s]}}' % BIG, "tiresias: thresholds must be numbers of GPU-seconds"),
+    ('{"gmux": {"factor": %s}}' % HUGE, "--params is not JSON gmux-sim reads: Exceeds the limit")])
+def test_policy_parameters_past_the_largest_float_are_a_usage_error(tmp_path, capsys, params, said):
+    """--params '{"gmux": {"factor": 1e400 written out}}' (and a Tiresias threshold so) ended in an OverflowError
+    traceback from math.isfinite / float(); an integer of 5,000 digits was refused without naming --params."""
+    _files(tmp_path)
+    policy = next(iter(json.loads(params.replace(HUGE, "0"))))
+    with pytest.raises(SystemExit) as e:
+        main(["--traces", str(tmp_path), "--policy", policy, "--params", params])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and said in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("number,said", [(BIG, "solo: an integer of 401 digits is not a throughput"),
+                                         (HUGE, "not JSON gmux-sim reads (Exceeds the limit")])
+def test_a_throughput_table_with_an_integer_past_the_largest_float_is_refused_by_name(tmp_path, capsys, number,
+                                                                                      said):
+    """A throughput table whose rate is an integer of 401 digits ended in an OverflowError traceback; one of 5,000
+    digits was refused without naming the file."""
+    _files(tmp_path)
+    table = tmp_path / "gavel_throughputs.json"
+    text = table.read_text()
+    table.write_text(text.replace('"null": 10.0', f'"null": {number}', 1))
+    assert main(["--traces", str(tmp_path), "--policy", "fifo"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {table}: " in err and said in err

@@ -63,7 +63,7 @@ def _check(name: str, accepted: dict, params: dict) -> dict:
                 value = params[key] = int(value)
             ok, kind = isinstance(value, int) and not isinstance(value, bool), "a whole number"
         elif isinstance(default, float):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
             kind = "a finite number"
         elif isinstance(default, (tuple, list)):
             ok, kind = isinstance(value, (tuple, list)), "a list"
@@ -72,6 +72,13 @@ def _check(name: str, accepted: dict, params: dict) -> dict:
         if not ok:
             raise ValueError(f"{name}: parameter {key!r} must be {kind}, got {value!r}")
     return params
+
+
+def _finite(value) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:       # (a JSON integer past the largest float: a traceback from math.isfinite)
+        return False
 
 
 __all__ = ["POLICIES", "make_policy", "Snapshot", "Policy", "PolicyError", "Event", "EventKind", "JobState",

@@ -35,7 +35,7 @@ class TiresiasPolicy(PriorityPolicy):
         super().__init__()
         try:
             th = tuple(float(t) for t in thresholds)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):      # (overflow: an integer past the largest float)
             raise ValueError(f"tiresias: thresholds must be numbers of GPU-seconds, got {thresholds!r}") from None
         if not all(0 < t < math.inf for t in th) or any(a >= b for a, b in zip(th, th[1:])) or \
                 len(th) > MAX_THRESHOLDS:

@@ -48,7 +48,11 @@ def _type_key(name: str) -> tuple[str, int]:
 def _rate(value, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         raise ValueError(f"{where}: {value!r} is not a throughput (a finite number >= 0)")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:       # (an integer past the largest float, which JSON may hold: it was a traceback)
+        raise ValueError(f"{where}: an integer of {len(str(value))} digits is not a throughput (a finite "
+                         f"number >= 0)") from None
 
 
 def _section(data: dict, name: str) -> dict[str, tuple[float, dict[str, tuple[float, float]]]]:
@@ -93,6 +97,8 @@ class Throughputs:
             raise TraceError(f"{path}: not JSON gmux-sim reads (nested too deeply)") from None
         except (UnicodeDecodeError, OSError) as e:
             raise unreadable(path, e) from None
+        except ValueError as e:     # (an integer of more digits than Python converts: the error named no file)
+            raise TraceError(f"{path}: not JSON gmux-sim reads ({e})") from None
         if not isinstance(data, dict) or gpu_type not in data:
             raise TraceError(f"{path}: no GPU type {gpu_type!r} (has "
                              f"{', '.join(sorted(data)) if isinstance(data, dict) else 'nothing'})")
