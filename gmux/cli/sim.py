@@ -82,6 +82,11 @@ def _unwritable(json_path: str | None, plots: str | None, made: list) -> str | N
     if json_path and plots and os.path.abspath(json_path) == os.path.abspath(plots):
         # (the plots' directory was made there, and the results file found it in its way only at the end)
         return f"--json and --plots name one path, {json_path}: the plots go into a directory beside the file"
+    if json_path and plots and os.path.realpath(json_path) in (os.path.realpath(os.path.join(plots, name))
+                                                               for name in PLOTS):
+        # (the results were written, then the plot replaced them: exit 0 and no results)
+        return f"--json {json_path} is a file the plots write ({', '.join(PLOTS)} in {plots}): the plot would " \
+               f"replace the results"
     for flag, target, directory in (("--json", json_path, False), ("--plots", plots, True)):
         if target is None:
             continue
@@ -198,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+PLOTS = ("jct_cdf.png", "utilisation.png")     # the files --plots DIR writes
 ERROR_LIMIT = 2000     # characters of one error line: a trace's names can be any length
 
 
@@ -347,7 +353,7 @@ def _main(argv, made: list, written: list) -> int:
             written.append(target)
         if args.plots:
             from gmux.cluster.sim.plots import plot_jct_cdf, plot_utilisation
-            for name, plot in (("jct_cdf.png", plot_jct_cdf), ("utilisation.png", plot_utilisation)):
+            for name, plot in zip(PLOTS, (plot_jct_cdf, plot_utilisation)):
                 target = os.path.join(args.plots, name)
                 plot(out, target)
                 written.append(target)

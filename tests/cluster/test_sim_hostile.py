@@ -99,3 +99,15 @@ def test_a_throughput_table_with_an_integer_past_the_largest_float_is_refused_by
     assert main(["--traces", str(tmp_path), "--policy", "fifo"]) == 2
     err = capsys.readouterr().err
     assert f"error: {table}: " in err and said in err
+
+
+def test_results_file_that_a_plot_would_replace_is_refused_before_the_run(tmp_path, capsys):
+    """`--json out/utilisation.png --plots out` wrote the results, then the plot over them, and exited 0: the run
+    said nothing and left no results. Refused before anything is made (out/ is not left behind)."""
+    _files(tmp_path)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        main(["--traces", str(tmp_path), "--policy", "fifo", "--json", str(out / "utilisation.png"),
+              "--plots", str(out)])
+    assert e.value.code == 2 and "the plot would replace the results" in capsys.readouterr().err
+    assert not out.exists()
