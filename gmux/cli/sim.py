@@ -11,8 +11,9 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from gmux.cli.argtypes import fraction, json_object, nonneg, nonneg_int, path, positive, positive_int
+from gmux.cli.argtypes import checked, fraction, json_object, nonneg_int, path, positive, positive_int
 from gmux.cli.output import reader_gone
+from gmux.cluster.sim.costs import COPY_GBPS, MAX_COST_S
 from gmux.util.text import printable
 
 
@@ -184,14 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sample", type=fraction, metavar="F", help="keep a seeded fraction F of the jobs")
     g.add_argument("--seed", type=nonneg_int, default=0, help="seed for job types and sampling (default: %(default)s)")
     g = p.add_argument_group("costs (seconds; see gmux/cluster/sim/costs.py for where each default comes from)")
-    g.add_argument("--suspend-s", type=nonneg, default=None,
+    g.add_argument("--suspend-s", type=cost_seconds, default=None,
                    help="flat copy-out time of every suspend (default: per job type, from the cost model)")
-    g.add_argument("--resume-s", type=nonneg, default=None, help="flat copy-in time (default: the cost model)")
-    g.add_argument("--migrate-s", type=nonneg, default=None, help="flat migration time (default: the cost model)")
-    g.add_argument("--copy-gbps", type=nonneg, default=d.copy_gbps,
+    g.add_argument("--resume-s", type=cost_seconds, default=None, help="flat copy-in time (default: the cost model)")
+    g.add_argument("--migrate-s", type=cost_seconds, default=None,
+                   help="flat migration time (default: the cost model)")
+    g.add_argument("--copy-gbps", type=copy_rate, default=d.copy_gbps,
                    help="state copy rate of the cost model, GB/s (default: %(default)s, measured by native_swap)")
-    g.add_argument("--quantum-s", type=nonneg, default=d.quantum_s, help="time slice (default: %(default)s)")
-    g.add_argument("--measure-s", type=nonneg, default=d.measure_s,
+    g.add_argument("--quantum-s", type=cost_seconds, default=d.quantum_s, help="time slice (default: %(default)s)")
+    g.add_argument("--measure-s", type=cost_seconds, default=d.measure_s,
                    help="pack measurement window (default: %(default)s)")
     g = p.add_argument_group("output")
     g.add_argument("--json", type=path, metavar="PATH",
@@ -203,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+cost_seconds = checked(float, "a number", lambda v: 0 <= v <= MAX_COST_S, "a number of seconds from 0 to "
+                                                                         f"{MAX_COST_S:.4g} (100 years)")
+copy_rate = checked(float, "a number", lambda v: COPY_GBPS[0] <= v <= COPY_GBPS[1],
+                    f"a rate from {COPY_GBPS[0]:g} to {COPY_GBPS[1]:g} GB/s")
 PLOTS = ("jct_cdf.png", "utilisation.png")     # the files --plots DIR writes
 ERROR_LIMIT = 2000     # characters of one error line: a trace's names can be any length
 

@@ -318,6 +318,6 @@ def test_switches_longer_than_a_quantum_are_refused_only_where_a_policy_time_sli
     with pytest.raises(ValueError, match=r"time-slicing \('D', 8\): quantum_s \(60 s\) must exceed its suspend "
                                          r"\+ resume \(60 s\)"):
         run("gandiva", over, table({}), machines=1, per=8, costs=slow)
-    # (--suspend-s 1e300 was said in 301 digits)
-    with pytest.raises(ValueError, match=r"\+ resume \(1e\+300 s\), or it makes no progress"):
-        run("gandiva", over, table({}), machines=1, per=8, costs=Costs(suspend_s=1e300, resume_s=0, migrate_s=2.0))
+    # (--suspend-s 1e300, refused now, was said in 301 digits)
+    with pytest.raises(ValueError, match=r"\+ resume \(1e\+09 s\), or it makes no progress"):
+        run("gandiva", over, table({}), machines=1, per=8, costs=Costs(suspend_s=1e9, resume_s=0, migrate_s=2.0))

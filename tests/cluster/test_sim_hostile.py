@@ -111,3 +111,23 @@ def test_results_file_that_a_plot_would_replace_is_refused_before_the_run(tmp_pa
               "--plots", str(out)])
     assert e.value.code == 2 and "the plot would replace the results" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("flag,value,said", [
+    ("--suspend-s", "1e300", "a number of seconds from 0 to 3.156e+09 (100 years)"),
+    ("--quantum-s", "4e9", "a number of seconds from 0 to 3.156e+09 (100 years)"),
+    ("--copy-gbps", "1e-300", "a rate from 1e-06 to 1e+06 GB/s"),
+    ("--copy-gbps", "0", "a rate from 1e-06 to 1e+06 GB/s")])
+def test_a_cost_no_clock_can_count_is_a_usage_error(tmp_path, capsys, flag, value, said):
+    """`--suspend-s 1e300` (or `--copy-gbps 1e-300`) ran, and reported an average JCT of 6.7e299 s for a 3-job trace:
+    at that scale the clock no longer counts a 50 s job. The cost model refuses it too, for a caller of the library."""
+    from gmux.cluster.sim.costs import Costs
+    _files(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["--traces", str(tmp_path), "--policy", "srtf", flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}: {value} is not {said}" in err, err
+    with pytest.raises(ValueError, match="cost suspend_s is 1e\\+300 s, more than 3.16e\\+09 s"):
+        Costs(suspend_s=1e300)
+    with pytest.raises(ValueError, match="copy_gbps must be from 1e-06 to 1e\\+06 GB/s, not 1e-300"):
+        Costs(copy_gbps=1e-300)

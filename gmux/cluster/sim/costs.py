@@ -68,6 +68,10 @@ def model_of(job_type: str) -> str:
     return name.split(" (", 1)[0]
 
 
+MAX_COST_S = 100 * 365.25 * 86400    # any time a cost is: as long as a trace's longest job may be (trace.py)
+COPY_GBPS = (1e-6, 1e6)               # a copy rate from a kilobyte to a petabyte a second
+
+
 @dataclass
 class Costs:
     copy_gbps: float = 5.0
@@ -94,8 +98,12 @@ class Costs:
                 continue
             if not (isinstance(v, (int, float)) and v >= 0):
                 raise ValueError(f"cost {k} must be a non-negative number, not {v!r}")
-        if not self.copy_gbps > 0:
-            raise ValueError("copy_gbps must be positive")
+            if k.endswith("_s") and v > MAX_COST_S:
+                # (a suspend of 1e300 s ran, and gave JCTs of 6.7e299 s on a clock that no longer counts seconds)
+                raise ValueError(f"cost {k} is {v:.3g} s, more than {MAX_COST_S:.3g} s (100 years)")
+        if not COPY_GBPS[0] <= self.copy_gbps <= COPY_GBPS[1]:
+            raise ValueError(f"copy_gbps must be from {COPY_GBPS[0]:g} to {COPY_GBPS[1]:g} GB/s, not "
+                             f"{self.copy_gbps:.3g}")
         if self.max_units_per_gpu < 1:
             raise ValueError("max_units_per_gpu must be at least 1")
         self._memo: dict = {}
