@@ -247,8 +247,10 @@ def run(a) -> int:
                             f"submitting again") from None
         where = "waiting for a GPU" if data["gpu"] is None else f"on GPU {data['gpu']}"
         if "gang" in data:
-            _print(data, a.json, f"submitted gang {data['gang']}: ranks {', '.join(data['jobs'])} (pids "
-                                 f"{', '.join(map(str, data['pids']))}); logs: gmux logs JOB")
+            many = len(data["jobs"]) > 1        # (a gang of one rank: "rank j1 (pid 10)")
+            _print(data, a.json, f"submitted gang {data['gang']}: rank{'s' * many} {', '.join(data['jobs'])} "
+                                 f"(pid{'s' * many} {', '.join(map(str, data['pids']))}); logs: gmux logs "
+                                 f"{'JOB' if many else data['jobs'][0]}")
         else:
             _print(data, a.json, f"submitted {data['job']} {where} (pid {data['pid']}); logs: gmux logs {data['job']}")
         return 0

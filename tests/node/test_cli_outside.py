@@ -1,0 +1,30 @@
+"""Node CLI edges an outside tester of cluster mode found on the way: a gang of one rank said "ranks j1 (pids
+..)", jobs killed by `gmux shutdown --kill-jobs` had no exit status where `gmux kill`'s had -9, and a move onto a
+GPU held for a gang did not say whose."""
+import json
+import re
+import subprocess
+
+from node_harness import PY, ROOT, env
+
+
+def gmux(rt, *args, timeout=60):
+    return subprocess.run([PY, "-m", "gmux.cli.gmux", "--runtime-dir", rt, *args], env=env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _sleeper(tmp_path):
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    return str(script)
+
+
+def test_a_gang_of_one_rank_is_said_in_the_singular(node_factory, tmp_path):
+    """`gmux submit --ranks 1` printed "ranks j1 (pids 10562); logs: gmux logs JOB"."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    script = _sleeper(tmp_path)
+    out = gmux(node.rt, "submit", "--ranks", "1", "--no-hook", "--", "python", script)
+    assert out.returncode == 0, out
+    assert re.fullmatch(r"submitted gang gang-j1: rank j1 \(pid \d+\); logs: gmux logs j1\n", out.stdout), out.stdout
+    two = gmux(node.rt, "submit", "--ranks", "2", "--no-hook", "--", "python", script)
+    assert re.match(r"submitted gang \S+: ranks j2, j3 \(pids \d+, \d+\); logs: gmux logs JOB\n", two.stdout), two
