@@ -104,13 +104,19 @@ class Admission:
 
     def move_refusal(self, job: Job, gpu: int) -> Optional[str]:
         """Why `gpu` cannot take the single-GPU `job` moving there (None: it can): too small for its working set,
-        or held (or being freed) for a multi-GPU job or gang. A GPU whose jobs are running is not refused: the job
-        time-slices with them there, as a job admitted there would."""
+        or held (or being freed) for a multi-GPU job or gang, which it names. A GPU whose jobs are running is not
+        refused: the job time-slices with them there, as a job admitted there would."""
         need = job.working_set() or 0
         if need > self.gpus[gpu].mem_total:
             return f"{job.id} needs {format_size(need)}, GPU {gpu} has {format_size(self.gpus[gpu].mem_total)}"
-        if self.reserved.get(gpu) or any(gpu in j.exclusive_gpus for j in self.jobs.values() if not j.final):
-            return f"GPU {gpu} is held (or being freed) for a multi-GPU job or gang"
+        # (named as the GPU table names them to every caller: its HELD BY column)
+        holder = next((j for j in self.jobs.values() if not j.final and gpu in j.exclusive_gpus), None)
+        if holder is not None:
+            what = (f"rank {holder.gang['rank']} of gang {holder.gang['id']}" if holder.gang else
+                    f"a job on {holder.gpus_wanted} GPUs")
+            return f"GPU {gpu} is held by {holder.id} ({what}) to itself"
+        if self.reserved.get(gpu):
+            return f"GPU {gpu} is being freed for {self.reserved[gpu]}, which waits for GPUs to itself"
         return None
 
     def admit(self, job: Job, what: str) -> None:

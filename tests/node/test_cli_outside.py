@@ -28,3 +28,18 @@ def test_a_gang_of_one_rank_is_said_in_the_singular(node_factory, tmp_path):
     assert re.fullmatch(r"submitted gang gang-j1: rank j1 \(pid \d+\); logs: gmux logs j1\n", out.stdout), out.stdout
     two = gmux(node.rt, "submit", "--ranks", "2", "--no-hook", "--", "python", script)
     assert re.match(r"submitted gang \S+: ranks j2, j3 \(pids \d+, \d+\); logs: gmux logs JOB\n", two.stdout), two
+
+
+def test_a_move_onto_a_gpu_held_for_a_gang_names_the_gang(node_factory, tmp_path):
+    """`gmux migrate j2 --gpu 0` onto the GPU a gang holds said "GPU 0 is held (or being freed) for a multi-GPU
+    job or gang", naming neither, though the GPU table's HELD BY column names it to every caller."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    script = _sleeper(tmp_path)
+    gang = json.loads(gmux(node.rt, "--json", "submit", "--ranks", "1", "--no-hook", "--", "python", script).stdout)
+    node.wait_for(lambda: node.job("j1")["state"] == "running", 60, lambda: node.ps()["jobs"])
+    alone = json.loads(gmux(node.rt, "--json", "submit", "--no-hook", "--", "python", script).stdout)
+    assert (gang["jobs"], alone["gpu"]) == (["j1"], 1), (gang, alone)
+    node.wait_for(lambda: node.job(alone["job"])["state"] == "running", 60, lambda: node.ps()["jobs"])
+    moved = gmux(node.rt, "migrate", alone["job"], "--gpu", "0")
+    assert moved.returncode == 1, moved
+    assert "GPU 0 is held by j1 (rank 0 of gang gang-j1) to itself" in moved.stderr, moved.stderr
