@@ -10,6 +10,7 @@ handler takes a gmux.wire.server.Request and returns the reply's data.
 from __future__ import annotations
 
 import os
+import signal
 import secrets
 import time
 from typing import TYPE_CHECKING, Optional
@@ -476,7 +477,8 @@ class AdminHandlers:
             for job in ending:      # (all asked first: a gang's ranks ended as their peer was, "rank 0 ... killed")
                 job.kill_requested, job.kill_reason = True, "killed at daemon shutdown"
             for job in ending:
-                node.sup.kill(job)
-                node.finish(job, "killed", None, job.kill_reason)
+                # (its status as gmux kill's, which reaps the process it signalled: -9; None where none was left)
+                signalled = node.sup.kill(job)
+                node.finish(job, "killed", -signal.SIGKILL if signalled else None, job.kill_reason)
         node.stop()
         return {"stopping": True}

@@ -43,3 +43,20 @@ def test_a_move_onto_a_gpu_held_for_a_gang_names_the_gang(node_factory, tmp_path
     moved = gmux(node.rt, "migrate", alone["job"], "--gpu", "0")
     assert moved.returncode == 1, moved
     assert "GPU 0 is held by j1 (rank 0 of gang gang-j1) to itself" in moved.stderr, moved.stderr
+
+
+def test_jobs_killed_at_shutdown_have_the_exit_status_of_jobs_gmux_kill_killed(node_factory, tmp_path):
+    """`gmux ps --json` after `gmux shutdown --kill-jobs` listed its jobs killed with exit_status null, where a job
+    `gmux kill` killed had -9 (SIGKILL, as each was sent)."""
+    node = node_factory("--virtual-gpus", "2x1GiB")
+    script = _sleeper(tmp_path)
+    jobs = [json.loads(gmux(node.rt, "--json", "submit", "--no-hook", "--", "python", script).stdout)["job"]
+            for _ in range(2)]
+    node.wait_for(lambda: all(node.job(j)["state"] == "running" for j in jobs), 60, lambda: node.ps()["jobs"])
+    assert gmux(node.rt, "kill", jobs[0]).returncode == 0
+    assert gmux(node.rt, "shutdown", "--kill-jobs").returncode == 0
+    node.daemon.wait(30)
+    node.start()
+    ended = {j["id"]: j for j in node.ps()["jobs"]}
+    assert [(ended[j]["state"], ended[j]["exit_status"]) for j in jobs] == [("killed", -9)] * 2, ended
+    assert ended[jobs[1]]["detail"] == "killed at daemon shutdown", ended[jobs[1]]
