@@ -20,6 +20,7 @@ from typing import Optional
 
 from gmux import protocol
 from gmux.cluster.policies import Event, EventKind
+from gmux.cluster.scheduler.driver import gang_problem
 from gmux.cluster.scheduler.state import CJob
 from gmux.cluster.scheduler.waiting import waiting_reasons
 from gmux.util.sizes import format_size
@@ -43,19 +44,19 @@ class ClientHandlers:
         ranks = msg.get("ranks", 1)
         most = max((len(m.gpus) for m in self.s.machines.values()), default=None)
         if most is not None and ranks > most:
-            raise protocol.ProtocolError(f"c_submit: --ranks {ranks}: no machine has {ranks} GPUs (the most any "
+            raise protocol.ProtocolError(f"submit: --ranks {ranks}: no machine has {ranks} GPUs (the most any "
                                          f"machine of this cluster has is {most}); a gang runs on one machine, "
                                          f"one rank per GPU")
         mem = msg.get("mem")
         largest = max(((r["mem_total"], m.name) for m in self.s.machines.values() for r in m.gpus), default=None)
         if mem is not None and largest is not None and mem > largest[0]:
             # (gmuxd would refuse it on every machine, and each refusal count as a failed start)
-            raise protocol.ProtocolError(f"c_submit: --mem {format_size(mem)}: no machine has a GPU that large (the "
+            raise protocol.ProtocolError(f"submit: --mem {format_size(mem)}: no machine has a GPU that large (the "
                                          f"largest: {format_size(largest[0])}, on {largest[1]})")
         same = next((j.cjob for j in self.s.jobs.values() if msg.get("name") and j.name == msg["name"]
                      and j.owner == name and not j.final), None)
         if same:    # (following a submit's "try again" must not run the script twice)
-            raise protocol.ProtocolError(f"c_submit: your job {same} is named {msg['name']!r} and runs on: give "
+            raise protocol.ProtocolError(f"submit: your job {same} is named {msg['name']!r} and runs on: give "
                                          f"this one another --name, or end that one first")
         job = CJob(self.s.state.next_id(), list(msg["argv"]), msg["cwd"], dict(msg.get("env") or {}),
                    msg.get("name") or "", ranks, mem, float(msg.get("weight", 1.0)),
@@ -89,8 +90,8 @@ class ClientHandlers:
                                 "mean": statistics.fmean(dm) if dm else None}}
 
     def kill(self, name, ident, msg, data):
-        job = self._live(msg["cjob"], "c_kill", name)
-        self._own(name, job, "c_kill")
+        job = self._live(msg["cjob"], "kill", name)
+        self._own(name, job, "kill")
         job.kill_requested = True
         if job.machine is None:
             job.set("killed", f"killed by {name} before it started")
@@ -107,10 +108,10 @@ class ClientHandlers:
         return {"cjob": job.cjob}
 
     def hold(self, name, ident, msg, data):
-        job = self._live(msg["cjob"], "c_suspend", name)
-        self._own(name, job, "c_suspend")
+        job = self._live(msg["cjob"], "suspend", name)
+        self._own(name, job, "suspend")
         if job.state in ("starting", "migrating"):
-            raise protocol.ProtocolError(f"c_suspend: {job.cjob} is {job.state} (to {job.machine}); hold it once it "
+            raise protocol.ProtocolError(f"suspend: {job.cjob} is {job.state} (to {job.machine}); hold it once it "
                                          f"runs there")
         if job.state != "held":
             running, where = job.state == "running", f" on {job.machine}" if job.machine else ""
@@ -122,12 +123,12 @@ class ClientHandlers:
         return {"cjob": job.cjob, "state": job.state}
 
     def release(self, name, ident, msg, data):
-        job = self._live(msg["cjob"], "c_resume", name)
-        self._own(name, job, "c_resume")
+        job = self._live(msg["cjob"], "resume", name)
+        self._own(name, job, "resume")
         if job.kill_requested:
-            raise protocol.ProtocolError(f"c_resume: {job.cjob} is being killed")
+            raise protocol.ProtocolError(f"resume: {job.cjob} is being killed")
         if job.state != "held":
-            raise protocol.ProtocolError(f"c_resume: {job.cjob} is not held by its user (it is {job.state}); "
+            raise protocol.ProtocolError(f"resume: {job.cjob} is not held by its user (it is {job.state}); "
                                          f"the policy decides when it runs")
         placed = job.machine is not None
         job.start_failures = 0
@@ -153,36 +154,40 @@ class ClientHandlers:
         job = self._find(msg["cjob"], name)
         m = self.s.machines.get(msg["machine"])
         if job is None or job.state != "running":
-            raise protocol.ProtocolError(f"c_migrate: {msg['cjob']!r} is not a running job (it is "
+            raise protocol.ProtocolError(f"migrate: {msg['cjob']!r} is not a running job (it is "
                                          f"{job.state if job else 'unknown'})")
-        self._own(name, job, "c_migrate")
+        self._own(name, job, "migrate")
         if job.boundless:
             # (a copy elsewhere would start from the beginning while this one computed on, for minutes)
-            raise protocol.ProtocolError(f"c_migrate: {job.cjob} has reached no boundary since it started (its "
+            raise protocol.ProtocolError(f"migrate: {job.cjob} has reached no boundary since it started (its "
                                          f"script has not called gmux.job.attach() and trained a step), so it "
                                          f"cannot be checkpointed and moved; a script that never does (an "
                                          f"unmodified one) is never moved, and a machine lost under it restarts it "
                                          f"from the beginning")
         if job.unmovable and (m is None or m.name != job.machine):
-            raise protocol.ProtocolError(f"c_migrate: {job.cjob} would not continue exactly in a new process: "
+            raise protocol.ProtocolError(f"migrate: {job.cjob} would not continue exactly in a new process: "
                                          f"{job.unmovable}; it runs on at {job.machine}")
         gpus = [msg["gpu"] + r for r in range(job.gpus)]
         if m is None or m.state != "up" or not set(gpus) <= {g["index"] for g in m.gpus}:
-            raise protocol.ProtocolError(f"c_migrate: no GPU{'s' if job.gpus > 1 else ''} "
+            raise protocol.ProtocolError(f"migrate: no GPU{'s' if job.gpus > 1 else ''} "
                                          f"{', '.join(map(str, gpus))} on an up machine {msg['machine']!r}"
                                          + (f" (rank r of {job.cjob}'s {job.gpus} goes to GPU {msg['gpu']}+r)"
                                             if job.gpus > 1 else ""))
         if m.name == job.machine and gpus == (job.rank_gpus or [job.gpu]):
-            raise protocol.ProtocolError(f"c_migrate: {job.cjob} is already on {m.name} GPU {msg['gpu']}")
+            raise protocol.ProtocolError(f"migrate: {job.cjob} is already on {m.name} GPU {msg['gpu']}")
+        problem = gang_problem(job, m.name, tuple(gpus), self.s.jobs)
+        if problem:     # (a start there would wait for the gang's GPU while its source gave up its own)
+            raise protocol.ProtocolError(f"migrate: {job.cjob} cannot go to {m.name} GPU {msg['gpu']}: {problem}; "
+                                         f"it runs on at {job.machine}")
         if m.name == job.machine:
             if job.gpus > 1:
-                raise protocol.ProtocolError(f"c_migrate: {job.cjob} is a gang: it moves between machines only")
+                raise protocol.ProtocolError(f"migrate: {job.cjob} is a gang: it moves between machines only")
             job.gpu, job.rank_gpus = msg["gpu"], [msg["gpu"]]
             self.s._action(job.machine, "move", job.cjob, gpu=msg["gpu"])
         else:
             self.s.moves.start(job, m.name, gpus, f"asked by {name}")
             if job.state != "migrating":        # given up at once (its target's link is not connected)
-                raise protocol.ProtocolError(f"c_migrate: {job.detail}; it runs on at {job.machine}: try again "
+                raise protocol.ProtocolError(f"migrate: {job.detail}; it runs on at {job.machine}: try again "
                                              f"in a moment")
         self.s.state.save(job)
         return {"cjob": job.cjob, "from": job.source or job.machine, "to": m.name}

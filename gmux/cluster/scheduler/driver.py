@@ -115,11 +115,7 @@ class Driver:
         snap = self.snapshot(jobs, machines, now)
         actions = self.policy.decide(snap, event)
         intents, timers, acted = [], [], set()      # acted: jobs this decision starts, resumes or moves
-        occupants: dict[tuple, list] = {}      # (machine, gpu) -> jobs there, save those parked or parking
-        for j in jobs.values():
-            if not j.final and j.machine is not None and not _off_its_gpus(j):
-                for g in j.rank_gpus or [j.gpu]:
-                    occupants.setdefault((j.machine, g), []).append(j)
+        occupants = occupants_of(jobs)
         for a in actions:
             if isinstance(a, SetTimer):
                 timers.append((a.at, a.key))
@@ -191,6 +187,21 @@ def _held_gpus(jobs: dict[str, CJob]) -> set:
     busy = {(j.machine, g) for j in jobs.values() if j.state in ("starting", "running", "migrating", "suspended")
             for g in j.rank_gpus or [j.gpu]}
     return held - busy
+
+
+def occupants_of(jobs: dict[str, CJob]) -> dict[tuple, list]:
+    """(machine, gpu) -> the jobs there, save those parked or parking."""
+    occupants: dict[tuple, list] = {}
+    for j in jobs.values():
+        if not j.final and j.machine is not None and not _off_its_gpus(j):
+            for g in j.rank_gpus or [j.gpu]:
+                occupants.setdefault((j.machine, g), []).append(j)
+    return occupants
+
+
+def gang_problem(job: CJob, machine: str, gpus: tuple, jobs: dict[str, CJob]) -> Optional[str]:
+    """Why a move the user asked for may not put `job` on `gpus` of `machine`, as a policy's may not."""
+    return _gang_problem(job, machine, gpus, occupants_of(jobs), set())
 
 
 def _gang_problem(job: CJob, machine: str, gpus: tuple, occupants: dict, acted: set) -> Optional[str]:

@@ -1,0 +1,80 @@
+"""What an outside tester of cluster mode found in gmux-scheduler's answers to its clients: a user's move of a job
+onto a GPU a gang holds was taken (its new process waited on that machine for the gang's GPU, and after two
+minutes its source suspended it to send its checkpoint there: the job stopped training until the gang ended),
+and refusals spoke the wire's words ("gmux: c_kill: no live job ..."), not the command the user typed. The
+scheduler here has no daemons: what it sends them is recorded."""
+import time
+
+import msgpack
+import pytest
+
+from gmux import protocol
+from gmux.cluster.scheduler.service import Options, Scheduler
+from gmux.cluster.scheduler.state import CJob, Machine
+from gmux.wire import keys
+from gmux.wire.server import Request
+
+C = protocol.CLUSTER_MESSAGES
+
+
+@pytest.fixture
+def sched(tmp_path):
+    keydir = str(tmp_path / "keys")
+    keys.create(keydir, "scheduler")
+    s = Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*"))
+    gpus = [{"index": 0, "mem_total": 8 << 30}, {"index": 1, "mem_total": 8 << 30}]
+    s.machines = {m: Machine(m, gpus, "tcp://127.0.0.1:1", last_seen=time.time()) for m in ("m1", "m2")}
+    now = time.time()
+    s.jobs = {"c1": CJob("c1", ["python", "train.py"], "/", state="running", machine="m1", gpu=0, rank_gpus=[0],
+                         local="j1", owner="alice", first_run=now),
+              "c2": CJob("c2", ["python", "ddp.py"], "/", gpus=2, state="running", machine="m2", gpu=0,
+                         rank_gpus=[0, 1], local="j1", owner="bob", first_run=now)}
+    s.wire = []
+
+    def send(ident, frame):
+        msg = msgpack.unpackb(frame)
+        s.wire.append((ident.decode(), msg["action"], msg["cjob"]))
+        return True
+    s.server.send = send
+    yield s
+    s.close()
+
+
+def client(s, who, mtype, **fields):
+    msg = protocol.decode(protocol.encode(mtype, 1, table=C, **fields), C)
+    return s.server.handlers["client"][mtype](Request(b"x", msg, time.monotonic(), peer=("client", who)))
+
+
+def test_a_move_onto_a_gpu_a_gang_holds_is_refused_and_changes_nothing(sched):
+    """`gmux migrate --cluster c1 --machine m2 --gpu 0` onto a GPU of gang c2 answered "moving c1 from m1 to m2
+    GPU 0"; its copy on m2 waited "every GPU it fits is held by a multi-GPU job or gang" while c1 showed migrating,
+    and after WARM_WAIT_S its source stopped it to send its checkpoint. A policy's move there is refused already
+    (gmux.cluster.scheduler.driver); a user's is too, in the same words, before anything is sent."""
+    for machine, gpu in (("m2", 0), ("m2", 1)):
+        with pytest.raises(protocol.ProtocolError) as e:
+            client(sched, "alice", "c_migrate", cjob="c1", machine=machine, gpu=gpu)
+        assert str(e.value) == (f"migrate: c1 cannot go to m2 GPU {gpu}: GPU {gpu} of m2 holds c2; a gang shares no "
+                                f"GPU (gmuxd slices each GPU on its own); it runs on at m1"), str(e.value)
+    job = sched.jobs["c1"]
+    assert (job.state, job.machine, job.gpu, job.move, sched.wire) == ("running", "m1", 0, {}, [])
+    # The gang onto m1, where c1 runs: refused alike (a gang shares no GPU); to GPU 1 of m1, which is free, c1 goes.
+    with pytest.raises(protocol.ProtocolError, match="GPU 0 of m1 holds c1; a gang shares no GPU"):
+        client(sched, "bob", "c_migrate", cjob="c2", machine="m1", gpu=0)
+    assert client(sched, "alice", "c_migrate", cjob="c1", machine="m1", gpu=1)["to"] == "m1"
+    assert sched.wire == [("m1", "move", "c1")]
+
+
+@pytest.mark.parametrize("mtype, fields, said", [
+    ("c_kill", {"cjob": "nosuch"}, "kill: no live job 'nosuch'"),
+    ("c_suspend", {"cjob": "nosuch"}, "suspend: no live job 'nosuch'"),
+    ("c_resume", {"cjob": "c1"}, "resume: c1 is not held by its user (it is running)"),
+    ("c_migrate", {"cjob": "c1", "machine": "m9", "gpu": 0}, "migrate: no GPU 0 on an up machine 'm9'"),
+    ("c_kill", {"cjob": "c2"}, "kill: c2 belongs to bob, not to alice"),
+    ("c_submit", {"argv": ["python", "t.py"], "cwd": "/", "ranks": 3}, "submit: --ranks 3: no machine has 3 GPUs"),
+])
+def test_refusals_speak_the_commands_words_not_the_wires(sched, mtype, fields, said):
+    """`gmux kill --cluster ADDR nosuch` said "gmux: c_kill: no live job 'nosuch' ...": the message type on the
+    wire, where the user typed kill (and c_suspend, c_resume, c_migrate, c_submit alike)."""
+    with pytest.raises(protocol.ProtocolError) as e:
+        client(sched, "alice", mtype, **fields)
+    assert str(e.value).startswith(said), str(e.value)
