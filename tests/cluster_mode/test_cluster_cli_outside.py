@@ -78,3 +78,23 @@ def test_refusals_speak_the_commands_words_not_the_wires(sched, mtype, fields, s
     with pytest.raises(protocol.ProtocolError) as e:
         client(sched, "alice", mtype, **fields)
     assert str(e.value).startswith(said), str(e.value)
+
+
+@pytest.mark.parametrize("after", ["start_failed", "the kill alone"])
+def test_a_kill_once_a_moves_checkpoint_is_sent_kills_the_copy_at_its_source_too(sched, after):
+    """`gmux kill --cluster c4` while c4's checkpoint had been sent to a target that had not restored it yet
+    (waiting there for a GPU): the kill went to the target alone; its copy there ended, the move was given up
+    with "migration target m2 failed: killed", and the source was told to resume the job, which trained on
+    (125 steps here) until the scheduler saw it had not heard the kill and sent it there, 10 s later."""
+    job = sched.jobs["c1"]
+    job.state, job.machine, job.source, job.source_gpus = "migrating", "m2", "m1", [0]
+    job.gpu, job.rank_gpus = 1, [1]
+    job.move = {"stage": "sent", "since": time.monotonic(), "target": "m2", "endpoint": "tcp://127.0.0.1:1",
+                "xfer": "c1-m1-1", "was": "running"}
+    assert client(sched, "alice", "c_kill", cjob="c1") == {"cjob": "c1"}
+    assert sorted(sched.wire) == [("m1", "kill", "c1"), ("m2", "kill", "c1")]
+    if after == "start_failed":
+        sched._daemon_node_event("m2", b"m2", {"cjob": "c1", "event": "start_failed",
+                                               "detail": "killed: killed through the cluster"}, None)
+        assert job.machine == "m1" and job.detail.startswith("killing it: "), job.detail
+    assert not [w for w in sched.wire if w[1] == "resume"], sched.wire

@@ -137,6 +137,9 @@ class Moves:
         suspended if it was before, and not resumed (a policy's resume elsewhere that failed: its GPUs there may
         be another's now)."""
         suspended = not _runs_on(job)
+        if job.kill_requested:      # (killed during the move: it ends where it is back, never resumed there)
+            self.s._action(job.source, "kill", job.cjob)
+            resume, why = False, f"killing it: {why}"
         if resume and not suspended:
             self.s._action(job.source, "resume", job.cjob)
         _back_to_source(job)
@@ -193,8 +196,14 @@ class Moves:
     def give_up_for_kill(self, job: CJob) -> None:
         """A kill during a move ends the job where it runs: until its checkpoints are on the target ("sent") that is
         the source, so the target's new processes are killed and the job is back on its source, which the kill
-        then reaches (sent only to the target, it ended nothing there and the move never completed)."""
-        if job.state != "migrating" or not job.source or job.move.get("stage") == "sent":
+        then reaches (sent only to the target, it ended nothing there and the move never completed); once they
+        are, both copies are killed."""
+        if job.state != "migrating" or not job.source:
+            return
+        if job.move.get("stage") == "sent":
+            # Its copy at the source waits suspended for the target's restore: killed too (left, it was resumed
+            # there once the target's copy had been killed, and trained until the kill was sent again, 10 s on).
+            self.s._action(job.source, "kill", job.cjob)
             return
         self.s._action(job.machine, "kill", job.cjob)
         _back_to_source(job)
