@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import pwd
+import signal
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -303,6 +304,9 @@ class Daemon:
             return
         self.moves.refused.pop(job.id, None)
         if job.kill_requested and state in ("killed", "lost"):
+            # (gone without an exit record after gmux's SIGKILL, as a job not its child is (gmux-launch's, a cluster
+            # job's): -9, as one it reaps says, not null)
+            status = -signal.SIGKILL if state == "lost" and status is None else status
             state, detail = "killed", job.kill_reason
         self.leave_gpu(job, time.monotonic())
         # A checkpoint still here was not restored from (a new process restores it, then deletes it): a move or

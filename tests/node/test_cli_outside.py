@@ -60,3 +60,16 @@ def test_jobs_killed_at_shutdown_have_the_exit_status_of_jobs_gmux_kill_killed(n
     ended = {j["id"]: j for j in node.ps()["jobs"]}
     assert [(ended[j]["state"], ended[j]["exit_status"]) for j in jobs] == [("killed", -9)] * 2, ended
     assert ended[jobs[1]]["detail"] == "killed at daemon shutdown", ended[jobs[1]]
+
+
+def test_a_gmux_launch_job_gmux_kill_killed_has_its_exit_status(node_factory, tmp_path):
+    """A job gmuxd did not start (gmux-launch's; a cluster job's, which its link starts so) killed by `gmux kill`
+    (or through the cluster) ended without an exit record, and was listed killed with exit_status null, where a
+    `gmux submit` job gmuxd reaps had -9."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    launched = node.launch(_sleeper(tmp_path))
+    job = node.job_of(launched.pid)
+    assert gmux(node.rt, "kill", job).returncode == 0
+    launched.wait(30)
+    node.wait_for(lambda: node.job(job)["state"] == "killed", 30, lambda: node.job(job))
+    assert (node.job(job)["exit_status"], node.job(job)["detail"]) == (-9, "killed by gmux kill"), node.job(job)
