@@ -8,6 +8,7 @@ import argparse
 import getpass
 import json
 import os
+import re
 
 from gmux.wire import keys
 from gmux.wire.scheduler_client import ClusterClient, ClusterError
@@ -85,7 +86,20 @@ def main(argv: list) -> int:
     except BrokenPipeError:
         return reader_gone()
     except (ClusterError, keys.KeyError_, FileExistsError, ValueError) as e:   # ValueError: ProtocolError too
-        return failed(str(e), a.json)
+        return failed(in_user_words(str(e)), a.json)
+
+
+# The wire's fields as the command line spells them: a value the wire format refuses names what the user typed.
+_OPTIONS = {"cjob": "JOB", "machine": "--machine", "gpu": "--gpu", "name": "--name", "mem": "--mem",
+            "weight": "--weight", "ranks": "--ranks", "ckpt_every": "--ckpt-every", "argv": "the command",
+            "cwd": "this directory", "env": "the environment"}
+
+
+def in_user_words(error: str) -> str:
+    """"c_kill.cjob: 'x' is not a valid name ..." (a ProtocolError's words: the message type and its field) as
+    "kill: JOB: 'x' is not ...", the command and the argument the user typed."""
+    m = re.fullmatch(r"c_(\w+)\.(\w+): (.*)", error, re.S)
+    return f"{m[1]}: {_OPTIONS[m[2]]}: {m[3]}" if m and m[2] in _OPTIONS else error
 
 
 def _check(a, command: Parser) -> None:

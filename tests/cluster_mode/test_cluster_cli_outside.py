@@ -98,3 +98,25 @@ def test_a_kill_once_a_moves_checkpoint_is_sent_kills_the_copy_at_its_source_too
                                                "detail": "killed: killed through the cluster"}, None)
         assert job.machine == "m1" and job.detail.startswith("killing it: "), job.detail
     assert not [w for w in sched.wire if w[1] == "resume"], sched.wire
+
+
+def test_a_value_the_wire_refuses_is_named_by_the_commands_argument(tmp_path):
+    """`gmux migrate --cluster ADDR c1 --machine 'm<ESC>1' --gpu 0` said "gmux: c_migrate.machine: ... is not a
+    valid name", and `gmux kill --cluster ADDR 'c<ESC>1'` "c_kill.cjob: ...": the wire's message and field, where the
+    node CLI names the option typed. Refused before anything is sent (no scheduler answers here)."""
+    import json
+    import subprocess
+    from cluster_harness import PY, ROOT, env
+    keydir = str(tmp_path / "keys")
+    keys.create(keydir, "scheduler")
+    keys.create(keydir, "client", "tester")
+    base = ["--cluster", "tcp://127.0.0.1:9", "--keys", keydir, "--as", "tester"]
+    for args, said in ((["migrate", *base, "c1", "--machine", "m\x1b[31m1", "--gpu", "0"],
+                        "gmux: migrate: --machine: 'm\\x1b[31m1' is not a valid name"),
+                       (["kill", *base, "c\x1b[2J1"], "gmux: kill: JOB: 'c\\x1b[2J1' is not a valid name")):
+        out = subprocess.run([PY, "-m", "gmux.cli.gmux", *args], env=env(), cwd=ROOT, capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 1 and out.stderr.startswith(said), out
+        out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--json", *args], env=env(), cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+        assert json.loads(out.stdout)["error"].startswith(said[len("gmux: "):]), out
