@@ -147,9 +147,7 @@ def run(a) -> int:
             print(json.dumps(data) if a.json else f"killing {data['cjob']}")
         elif a.cmd == "migrate":
             data = c.call("c_migrate", cjob=a.job, machine=a.machine, gpu=a.gpu)
-            print(json.dumps(data) if a.json else f"moving {data['cjob']} from {data['from']} to {a.machine} GPU "
-                                                  f"{a.gpu} (gmux ps --cluster shows it migrating, then running "
-                                                  f"there)")
+            print(json.dumps(data) if a.json else moving_said(data, a.gpu))
         elif a.cmd in ("suspend", "resume"):
             data = c.call("c_" + a.cmd, cjob=a.job)
             said = {"suspend": f"{a.job} held until `gmux resume --cluster {a.cluster} {a.job}` (if it runs, it "
@@ -174,3 +172,13 @@ def run(a) -> int:
     finally:
         c.close()
     return 0
+
+
+def moving_said(data: dict, gpu: int) -> str:
+    """What `gmux migrate --cluster` says of a move it asked for: one within a machine is no migration (its
+    process moves at its next boundary; gmux ps --cluster shows it running on the new GPU at once)."""
+    if data["from"] == data["to"]:
+        return (f"moving {data['cjob']} to GPU {gpu} of {data['to']} at its next boundary (within its machine: gmux ps "
+                f"--cluster lists it there at once)")
+    return (f"moving {data['cjob']} from {data['from']} to {data['to']} GPU {gpu} (gmux ps --cluster shows it "
+            f"migrating, then running there)")

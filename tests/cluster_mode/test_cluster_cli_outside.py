@@ -120,3 +120,14 @@ def test_a_value_the_wire_refuses_is_named_by_the_commands_argument(tmp_path):
         out = subprocess.run([PY, "-m", "gmux.cli.gmux", "--json", *args], env=env(), cwd=ROOT, capture_output=True,
                              text=True, timeout=60)
         assert json.loads(out.stdout)["error"].startswith(said[len("gmux: "):]), out
+
+
+def test_a_move_within_a_machine_is_not_said_to_show_migrating():
+    """`gmux migrate --cluster ADDR c10 --machine m2 --gpu 1` of a job on m2's GPU 0 said "moving c10 from m2 to m2
+    GPU 1 (gmux ps --cluster shows it migrating, then running there)"; it never shows migrating: gmuxd moves it
+    at its next boundary, and it is listed on GPU 1 at once."""
+    from gmux.cli.cluster_commands import moving_said
+    assert moving_said({"cjob": "c10", "from": "m2", "to": "m2"}, 1) == \
+        "moving c10 to GPU 1 of m2 at its next boundary (within its machine: gmux ps --cluster lists it there at once)"
+    assert moving_said({"cjob": "c10", "from": "m2", "to": "m1"}, 0) == \
+        "moving c10 from m2 to m1 GPU 0 (gmux ps --cluster shows it migrating, then running there)"
