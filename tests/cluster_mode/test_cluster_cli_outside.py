@@ -131,3 +131,13 @@ def test_a_move_within_a_machine_is_not_said_to_show_migrating():
         "moving c10 to GPU 1 of m2 at its next boundary (within its machine: gmux ps --cluster lists it there at once)"
     assert moving_said({"cjob": "c10", "from": "m2", "to": "m1"}, 0) == \
         "moving c10 from m2 to m1 GPU 0 (gmux ps --cluster shows it migrating, then running there)"
+
+
+def test_a_released_job_resumed_by_the_policy_is_not_said_to_wait_for_its_turn(sched):
+    """`gmux resume --cluster` of a held job: gmux ps --cluster said "released by root: runs in its turn" of it
+    for as long as it then ran."""
+    assert client(sched, "alice", "c_suspend", cjob="c1")["state"] == "held"
+    assert client(sched, "alice", "c_resume", cjob="c1")["state"] == "suspended"
+    sched.tick(time.time())
+    job = sched.jobs["c1"]
+    assert sched.wire[-1] == ("m1", "resume", "c1") and (job.state, job.detail) == ("running", ""), job.detail

@@ -47,7 +47,7 @@ class Intents:
             s._action(job.machine, "suspend", job.cjob)
             s._log("suspend", job.cjob, f"suspend {job.cjob} on {job.machine} ({it.why})")
         elif it.what == "resume":
-            job.set("running")
+            job.set("running", "")      # (what it said while suspended, "released by alice: runs in its turn", is over)
             job.gpu, job.rank_gpus = it.gpu, list(it.gpus)
             s._action(job.machine, "resume", job.cjob, gpu=it.gpu)
             s._log("resume", job.cjob, f"resume {job.cjob} on {job.machine} GPU {it.gpu}")
