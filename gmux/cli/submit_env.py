@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from gmux.util.job_command import missing_script, script_of
+from gmux.util.job_command import foreign_program, missing_script, script_of
 
 # (PYTHONHASHSEED and CUBLAS_WORKSPACE_CONFIG: a deterministic run's settings, which gmuxd's own would replace)
 PASSED = ("PATH", "PYTHONPATH", "HOME", "USER", "LANG", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "CUBLAS_WORKSPACE_CONFIG")
@@ -34,7 +34,7 @@ def submit_cwd(argv: list, here: bool = True) -> str:
         raise ValueError("this shell's directory no longer exists; cd to the job's directory and submit again") \
             from None
     kind, target, _ = script_of(argv, cwd)
-    problem = missing_script(kind, target, cwd) if here else None
+    problem = missing_script(kind, target, cwd) if here else foreign_program(kind, target, cwd)
     if problem:
         raise ValueError(problem)
     return cwd

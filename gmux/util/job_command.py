@@ -75,6 +75,17 @@ def missing_script(kind: str, target: str, cwd: str) -> Optional[str]:
     return None
 
 
+def foreign_program(kind: str, target: str, cwd: str) -> Optional[str]:
+    """For a job that starts on another machine (a cluster's), where its script is looked for: why a file at its
+    path here is not a Python script (a program, a shell script), or None. One found here is taken for what is
+    there too (machines share such paths: /bin/sleep, /usr/bin/env), refused here rather than after the start
+    failed on every machine tried."""
+    path = os.path.join(cwd, target)
+    if kind == "path" and not target.endswith(".py") and os.path.isfile(path):
+        return _not_python(path, target)
+    return None
+
+
 def _not_python(path: str, target: str) -> Optional[str]:
     """Why a script without .py is not Python (a program, a shell script), or None: run as Python it would fail
     in the job's log with a SyntaxError."""

@@ -141,3 +141,19 @@ def test_a_released_job_resumed_by_the_policy_is_not_said_to_wait_for_its_turn(s
     sched.tick(time.time())
     job = sched.jobs["c1"]
     assert sched.wire[-1] == ("m1", "resume", "c1") and (job.state, job.detail) == ("running", ""), job.detail
+
+
+def test_a_program_is_refused_by_the_cluster_submit_as_by_the_node_one(tmp_path):
+    """`gmux submit --cluster ADDR -- /bin/sleep 100` was sent (`gmux submit -- /bin/sleep 100` is refused: "a
+    program, not a Python script"): its start then failed on the machines three times over and it was held. A
+    script not here is still sent, to be looked for where it starts."""
+    from gmux.cli.submit_env import submit_cwd
+    for argv, said in ((["/bin/sleep", "100"], "'/bin/sleep' is a program, not a Python script"),
+                       (["/usr/bin/env", "python", "x.py"], "'/usr/bin/env' is a program, not a Python script")):
+        with pytest.raises(ValueError, match=said):
+            submit_cwd(argv, here=False)
+    shell = tmp_path / "run"
+    shell.write_text("#!/bin/sh\nsleep 1\n")
+    with pytest.raises(ValueError, match="is a script for '/bin/sh', not Python"):
+        submit_cwd([str(shell)], here=False)
+    assert submit_cwd(["python", str(tmp_path / "elsewhere.py")], here=False)
