@@ -29,6 +29,7 @@ def sched(tmp_path):
                          local="j1", owner="alice", first_run=now),
               "c2": CJob("c2", ["python", "ddp.py"], "/", gpus=2, state="running", machine="m2", gpu=0,
                          rank_gpus=[0, 1], local="j1", owner="bob", first_run=now)}
+    s.state.ids_past("c2")
     s.wire = []
 
     def send(ident, frame):
@@ -157,3 +158,16 @@ def test_a_program_is_refused_by_the_cluster_submit_as_by_the_node_one(tmp_path)
     with pytest.raises(ValueError, match="is a script for '/bin/sh', not Python"):
         submit_cwd([str(shell)], here=False)
     assert submit_cwd(["python", str(tmp_path / "elsewhere.py")], here=False)
+
+
+def test_a_name_is_free_again_once_its_job_is_killed(sched):
+    """`gmux kill --cluster ADDR k1; gmux submit --cluster ADDR --name k1 -- ...` was refused "your job c1 is named
+    'k1' and runs on: ... end that one first", though the user just had; the kill answers before the job's machine
+    has ended it (the node CLI's kill waits for that). The name then picks out the new job alone."""
+    sched.jobs["c1"].name = "k1"
+    assert client(sched, "alice", "c_kill", cjob="k1") == {"cjob": "c1"}
+    new = client(sched, "alice", "c_submit", argv=["python", "t.py"], cwd="/", name="k1")["cjob"]
+    assert new != "c1" and not sched.jobs["c1"].final
+    assert client(sched, "alice", "c_suspend", cjob="k1") == {"cjob": new, "state": "held"}
+    with pytest.raises(protocol.ProtocolError, match="your job .* is named 'k1' and runs on"):
+        client(sched, "alice", "c_submit", argv=["python", "t.py"], cwd="/", name="k1")

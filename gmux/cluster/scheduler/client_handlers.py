@@ -54,7 +54,7 @@ class ClientHandlers:
             raise protocol.ProtocolError(f"submit: --mem {format_size(mem)}: no machine has a GPU that large (the "
                                          f"largest: {format_size(largest[0])}, on {largest[1]})")
         same = next((j.cjob for j in self.s.jobs.values() if msg.get("name") and j.name == msg["name"]
-                     and j.owner == name and not j.final), None)
+                     and j.owner == name and not j.final and not j.kill_requested), None)
         if same:    # (following a submit's "try again" must not run the script twice)
             raise protocol.ProtocolError(f"submit: your job {same} is named {msg['name']!r} and runs on: give "
                                          f"this one another --name, or end that one first")
@@ -139,9 +139,11 @@ class ClientHandlers:
         return {"cjob": job.cjob, "state": job.state}
 
     def _find(self, cjob: str, who: str) -> Optional[CJob]:
-        """The job of that id, or the caller's live job of that --name (one at most: submit refuses a second)."""
-        return self.s.jobs.get(cjob) or next((j for j in self.s.jobs.values()
-                                              if j.name == cjob and not j.final and j.owner == who), None)
+        """The job of that id, or the caller's live job of that --name (one at most: submit refuses a second). One
+        being killed has given its name up: `gmux kill --cluster x; gmux submit --cluster --name x` was refused
+        ("your job c18 is named 'x' and runs on") while the kill reached its machine."""
+        return self.s.jobs.get(cjob) or next((j for j in self.s.jobs.values() if j.name == cjob and not j.final
+                                              and not j.kill_requested and j.owner == who), None)
 
     def _live(self, cjob: str, what: str, who: str) -> CJob:
         job = self._find(cjob, who)
