@@ -171,3 +171,23 @@ def test_a_name_is_free_again_once_its_job_is_killed(sched):
     assert client(sched, "alice", "c_suspend", cjob="k1") == {"cjob": new, "state": "held"}
     with pytest.raises(protocol.ProtocolError, match="your job .* is named 'k1' and runs on"):
         client(sched, "alice", "c_submit", argv=["python", "t.py"], cwd="/", name="k1")
+
+
+def test_a_job_killed_while_its_machine_is_silent_ends_with_it_and_is_not_started_elsewhere(sched):
+    """`gmux kill --cluster G3` just after its machine's gmuxd was killed (-9): the kill could not reach m2, and
+    once m2 was counted lost the job was started on m1 from its checkpoint ("c19 -> m1 GPU 0,1"), restored there,
+    and killed again 3.6 s later when m1's report lacked the kill. A copy the lost machine shows once it is heard
+    again is killed, as the copy of a job that left it."""
+    job = sched.jobs["c1"]
+    sched.jobs["c2"].state = "done"                     # (m2 free: where it would have been started)
+    assert client(sched, "alice", "c_kill", cjob="c1") == {"cjob": "c1"}
+    assert sched.wire == [("m1", "kill", "c1")]
+    sched.machines["m1"].last_seen = time.time() - 3600
+    sched.tick(time.time())
+    assert (job.state, job.detail) == ("killed", "killed; its machine m1 was lost before it said so"), job.detail
+    assert sched.wire == [("m1", "kill", "c1")] and job.machine is None
+    sched._daemon_node_report("m1", b"m1", {"name": "m1", "gpus": sched.machines["m1"].gpus,
+                                            "transfer": "tcp://127.0.0.1:1",
+                                            "jobs": [{"cjob": "c1", "local": "j1", "state": "running", "step": 10,
+                                                      "gpu": 0, "held": False}]}, None)
+    assert sched.wire == [("m1", "kill", "c1")] * 2 and job.state == "killed"

@@ -257,20 +257,22 @@ class Scheduler:
                 state = "killed"
             else:
                 state = "failed"
-            job.exit_status = status
-            job.finished = now
-            self.unheard.forget(job.cjob)
-            self._drop_checkpoints(job.cjob)   # an ended job is never restarted: its checkpoints are dead weight
-            job.set(state, r.get("detail") or r["state"])
-            self._log("end", job.cjob, f"{job.cjob} {state} on {job.machine} at step {job.step}: {job.detail}",
-                      {"step": job.step, "status": status})
-            self.events.append(Event(EventKind.COMPLETION, job_id=job.cjob))
+            self._end(job, state, status, r.get("detail") or r["state"], now)
         elif job.state == "starting" and r["state"] in ("running", "suspended", "stopped") and \
                 (r["step"] > 0 or r.get("boundless") and not job.ckpt_paths):    # (a restore shows its step)
             job.start_failures = 0
             job.set("running", "")      # (what it was starting with, "restoring its checkpoint", is over)
             job.first_run = job.first_run or now
             self.state.save(job)      # a state change is written at once, measurements at the tick
+
+    def _end(self, job: CJob, state: str, status: Optional[int], detail: str, now: float) -> None:
+        job.exit_status, job.finished = status, now
+        self.unheard.forget(job.cjob)
+        self._drop_checkpoints(job.cjob)   # an ended job is never restarted: its checkpoints are dead weight
+        job.set(state, detail)
+        self._log("end", job.cjob, f"{job.cjob} {state} on {job.machine} at step {job.step}: {job.detail}",
+                  {"step": job.step, "status": status})
+        self.events.append(Event(EventKind.COMPLETION, job_id=job.cjob))
 
     def _speaks_for(self, m: Machine, who: str, now: float) -> None:
         """gmux.cluster.scheduler.speakers: the gmuxd that speaks for `m`, or a refusal of this one."""
@@ -457,7 +459,10 @@ class Scheduler:
                 for job in self.jobs.values():
                     if job.final or self.moves.machine_lost(job, m.name):
                         continue
-                    if job.machine == m.name:
+                    if job.machine == m.name and job.kill_requested:    # (started elsewhere, it was killed there)
+                        self._end(job, "killed", None, f"killed; its machine {m.name} was lost before it said so", now)
+                        job.machine = job.gpu = None    # (a copy there, if it is heard again, is killed as stale)
+                    elif job.machine == m.name:
                         self._restart_elsewhere(job, f"machine {m.name} lost")
                         moved.append(job.cjob)
                 self._log("lost", None, f"machine {m.name} silent for {now - m.last_seen:.1f} s: lost; "
