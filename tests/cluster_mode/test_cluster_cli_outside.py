@@ -191,3 +191,17 @@ def test_a_job_killed_while_its_machine_is_silent_ends_with_it_and_is_not_starte
                                             "jobs": [{"cjob": "c1", "local": "j1", "state": "running", "step": 10,
                                                       "gpu": 0, "held": False}]}, None)
     assert sched.wire == [("m1", "kill", "c1")] * 2 and job.state == "killed"
+
+
+def test_a_job_being_killed_is_not_held_or_moved_and_a_second_kill_by_name_is_taken(sched):
+    """Once `gmux kill --cluster k1` had given its name up, a second `gmux kill --cluster k1` said "no live job
+    'k1'"; and a job being killed (its machine has not said so yet) could be held (a suspend sent to it) or moved
+    (new processes started for it on another machine, while its kill ended it at the source)."""
+    sched.jobs["c1"].name = "k1"
+    assert client(sched, "alice", "c_kill", cjob="k1") == {"cjob": "c1"}
+    assert client(sched, "alice", "c_kill", cjob="k1") == {"cjob": "c1"}
+    for mtype, fields in (("c_suspend", {"cjob": "k1"}), ("c_resume", {"cjob": "c1"}),
+                          ("c_migrate", {"cjob": "c1", "machine": "m1", "gpu": 1})):
+        with pytest.raises(protocol.ProtocolError, match=f"{mtype[2:]}: c1 is being killed"):
+            client(sched, "alice", mtype, **fields)
+    assert sched.wire == [("m1", "kill", "c1")] * 2 and sched.jobs["c1"].state == "running"

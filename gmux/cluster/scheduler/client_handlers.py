@@ -125,8 +125,6 @@ class ClientHandlers:
     def release(self, name, ident, msg, data):
         job = self._live(msg["cjob"], "resume", name)
         self._own(name, job, "resume")
-        if job.kill_requested:
-            raise protocol.ProtocolError(f"resume: {job.cjob} is being killed")
         if job.state != "held":
             raise protocol.ProtocolError(f"resume: {job.cjob} is not held by its user (it is {job.state}); "
                                          f"the policy decides when it runs")
@@ -142,11 +140,14 @@ class ClientHandlers:
         """The job of that id, or the caller's live job of that --name (one at most: submit refuses a second). One
         being killed has given its name up: `gmux kill --cluster x; gmux submit --cluster --name x` was refused
         ("your job c18 is named 'x' and runs on") while the kill reached its machine."""
-        return self.s.jobs.get(cjob) or next((j for j in self.s.jobs.values() if j.name == cjob and not j.final
-                                              and not j.kill_requested and j.owner == who), None)
+        named = [j for j in self.s.jobs.values() if j.name == cjob and not j.final and j.owner == who]
+        return self.s.jobs.get(cjob) or next((j for j in named if not j.kill_requested), None) or \
+            next(iter(named), None)
 
     def _live(self, cjob: str, what: str, who: str) -> CJob:
         job = self._find(cjob, who)
+        if job is not None and job.kill_requested and what != "kill" and not job.final:
+            raise protocol.ProtocolError(f"{what}: {job.cjob} is being killed")
         if job is None or job.final:
             raise protocol.ProtocolError(f"{what}: no live job {cjob!r} (an id, or the --name of a live job of "
                                          f"yours); gmux ps --cluster lists them")
@@ -159,6 +160,8 @@ class ClientHandlers:
             raise protocol.ProtocolError(f"migrate: {msg['cjob']!r} is not a running job (it is "
                                          f"{job.state if job else 'unknown'})")
         self._own(name, job, "migrate")
+        if job.kill_requested:      # (a move's new processes would be started for it on the target)
+            raise protocol.ProtocolError(f"migrate: {job.cjob} is being killed")
         if job.boundless:
             # (a copy elsewhere would start from the beginning while this one computed on, for minutes)
             raise protocol.ProtocolError(f"migrate: {job.cjob} has reached no boundary since it started (its "
