@@ -10,8 +10,8 @@ handler takes a gmux.wire.server.Request and returns the reply's data.
 from __future__ import annotations
 
 import os
-import signal
 import secrets
+import signal
 import time
 from typing import TYPE_CHECKING, Optional
 
