@@ -205,3 +205,14 @@ def test_a_job_being_killed_is_not_held_or_moved_and_a_second_kill_by_name_is_ta
         with pytest.raises(protocol.ProtocolError, match=f"{mtype[2:]}: c1 is being killed"):
             client(sched, "alice", mtype, **fields)
     assert sched.wire == [("m1", "kill", "c1")] * 2 and sched.jobs["c1"].state == "running"
+
+
+def test_a_gang_moved_within_its_machine_is_told_it_moves_between_machines_only(sched):
+    """With a user's move onto a gang's GPUs refused, a gang moved to other GPUs of its own machine, where another
+    job ran, was told that job's GPU was in its way rather than that a gang moves between machines only."""
+    sched.jobs["c3"] = CJob("c3", ["python", "train.py"], "/", state="running", machine="m2", gpu=1, rank_gpus=[1],
+                            local="j3", owner="bob")
+    sched.jobs["c2"].rank_gpus, sched.machines["m2"].gpus = [0, 1], [{"index": i, "mem_total": 8 << 30}
+                                                                     for i in range(3)]
+    with pytest.raises(protocol.ProtocolError, match="^migrate: c2 is a gang: it moves between machines only$"):
+        client(sched, "bob", "c_migrate", cjob="c2", machine="m2", gpu=1)

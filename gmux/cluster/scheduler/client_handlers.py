@@ -180,13 +180,13 @@ class ClientHandlers:
                                             if job.gpus > 1 else ""))
         if m.name == job.machine and gpus == (job.rank_gpus or [job.gpu]):
             raise protocol.ProtocolError(f"migrate: {job.cjob} is already on {m.name} GPU {msg['gpu']}")
+        if m.name == job.machine and job.gpus > 1:
+            raise protocol.ProtocolError(f"migrate: {job.cjob} is a gang: it moves between machines only")
         problem = gang_problem(job, m.name, tuple(gpus), self.s.jobs)
         if problem:     # (a start there would wait for the gang's GPU while its source gave up its own)
             raise protocol.ProtocolError(f"migrate: {job.cjob} cannot go to {m.name} GPU {msg['gpu']}: {problem}; "
                                          f"it runs on at {job.machine}")
         if m.name == job.machine:
-            if job.gpus > 1:
-                raise protocol.ProtocolError(f"migrate: {job.cjob} is a gang: it moves between machines only")
             job.gpu, job.rank_gpus = msg["gpu"], [msg["gpu"]]
             self.s._action(job.machine, "move", job.cjob, gpu=msg["gpu"])
         else:
