@@ -5,45 +5,27 @@ and refusals spoke the wire's words ("gmux: c_kill: no live job ..."), not the c
 scheduler here has no daemons: what it sends them is recorded."""
 import time
 
-import msgpack
 import pytest
 
 from gmux import protocol
-from gmux.cluster.scheduler.service import Options, Scheduler
 from gmux.cluster.scheduler.state import CJob, Machine
 from gmux.wire import keys
-from gmux.wire.server import Request
-
-C = protocol.CLUSTER_MESSAGES
+from scheduler_alone import client, scheduler_alone
 
 
 @pytest.fixture
 def sched(tmp_path):
-    keydir = str(tmp_path / "keys")
-    keys.create(keydir, "scheduler")
-    s = Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*"))
     gpus = [{"index": 0, "mem_total": 8 << 30}, {"index": 1, "mem_total": 8 << 30}]
-    s.machines = {m: Machine(m, gpus, "tcp://127.0.0.1:1", last_seen=time.time()) for m in ("m1", "m2")}
     now = time.time()
-    s.jobs = {"c1": CJob("c1", ["python", "train.py"], "/", state="running", machine="m1", gpu=0, rank_gpus=[0],
-                         local="j1", owner="alice", first_run=now),
-              "c2": CJob("c2", ["python", "ddp.py"], "/", gpus=2, state="running", machine="m2", gpu=0,
-                         rank_gpus=[0, 1], local="j1", owner="bob", first_run=now)}
+    s = scheduler_alone(
+        tmp_path, {m: Machine(m, gpus, "tcp://127.0.0.1:1", last_seen=now) for m in ("m1", "m2")},
+        {"c1": CJob("c1", ["python", "train.py"], "/", state="running", machine="m1", gpu=0, rank_gpus=[0],
+                    local="j1", owner="alice", first_run=now),
+         "c2": CJob("c2", ["python", "ddp.py"], "/", gpus=2, state="running", machine="m2", gpu=0,
+                    rank_gpus=[0, 1], local="j1", owner="bob", first_run=now)})
     s.state.ids_past("c2")
-    s.wire = []
-
-    def send(ident, frame):
-        msg = msgpack.unpackb(frame)
-        s.wire.append((ident.decode(), msg["action"], msg["cjob"]))
-        return True
-    s.server.send = send
     yield s
     s.close()
-
-
-def client(s, who, mtype, **fields):
-    msg = protocol.decode(protocol.encode(mtype, 1, table=C, **fields), C)
-    return s.server.handlers["client"][mtype](Request(b"x", msg, time.monotonic(), peer=("client", who)))
 
 
 def test_a_move_onto_a_gpu_a_gang_holds_is_refused_and_changes_nothing(sched):

@@ -10,40 +10,22 @@ import pytest
 
 from gmux import protocol
 from gmux.cluster.scheduler import unheard
-from gmux.cluster.scheduler.service import Options, Scheduler
 from gmux.cluster.scheduler.state import CJob, Machine
-from gmux.wire import keys
-from gmux.wire.server import Request
+from scheduler_alone import C, client, scheduler_alone
 
 GRACE = 0.3
-C = protocol.CLUSTER_MESSAGES
 
 
 @pytest.fixture
 def sched(tmp_path, monkeypatch):
     monkeypatch.setattr(unheard, "GRACE_S", GRACE)
-    keydir = str(tmp_path / "keys")
-    keys.create(keydir, "scheduler")
-    s = Scheduler(str(tmp_path / "state"), keydir, Options(listen="tcp://127.0.0.1:*", admins=("ops",)))
-    s.machines = {"m1": Machine("m1", [{"index": 0, "mem_total": 8 << 30}, {"index": 1, "mem_total": 8 << 30}],
-                                "tcp://127.0.0.1:1", last_seen=time.time())}
-    s.jobs = {"c1": CJob("c1", ["python", "train.py"], "/", state="running", machine="m1", gpu=0, rank_gpus=[0],
-                         local="j1", owner="alice", first_run=time.time())}
-    s.wire = []
-
-    def send(ident, frame):
-        msg = msgpack.unpackb(frame)
-        s.wire.append((ident.decode(), msg["action"], msg["cjob"]))
-        return True
-    s.server.send = send
+    s = scheduler_alone(
+        tmp_path, {"m1": Machine("m1", [{"index": 0, "mem_total": 8 << 30}, {"index": 1, "mem_total": 8 << 30}],
+                                 "tcp://127.0.0.1:1", last_seen=time.time())},
+        {"c1": CJob("c1", ["python", "train.py"], "/", state="running", machine="m1", gpu=0, rank_gpus=[0],
+                    local="j1", owner="alice", first_run=time.time())}, admins=("ops",))
     yield s
     s.close()
-
-
-def client(s, who, mtype, **fields):
-    """A client's request as the scheduler's server hands it over: validated against the wire format first."""
-    msg = protocol.decode(protocol.encode(mtype, 1, table=C, **fields), C)
-    return s.server.handlers["client"][mtype](Request(b"x", msg, time.monotonic(), peer=("client", who)))
 
 
 def report(s, state="running", held=False, cjob="c1"):
