@@ -163,6 +163,12 @@ class Stopping:
             # (GPUs of its own, a gang's or several: never stopped for others; it was said to be, between turns)
             note = (f"no boundary yet: computes on, never stopped (its GPUs are its own), keeps {kept}" if never
                     else f"no boundary in {waited:.1f} s: computes on, never stopped (its GPUs are its own)")
+        elif e.overdue and waited is not None and len(slicer.entries) == 1:
+            # (alone on its GPU it has no turns to be stopped between: it was said to be)
+            note = (f"no boundary yet: computes on alone, keeps {kept}; stopped (SIGSTOP) between turns once another "
+                    f"job shares GPU {slicer.gpu}" if never else
+                    f"no boundary in {waited:.1f} s: computes on alone; sliced by SIGSTOP/SIGCONT once another job "
+                    f"shares GPU {slicer.gpu}")
         elif e.overdue and waited is not None:
             note = (f"no boundary yet: computes in its turns, stopped (SIGSTOP) between them, keeps {kept}"
                     if never else f"no boundary in {waited:.1f} s: sliced by SIGSTOP/SIGCONT")

@@ -663,6 +663,26 @@ def test_a_job_on_gpus_of_its_own_without_a_boundary_is_not_said_to_be_stopped(n
         assert json.loads(gmux(node.rt, "--json", "kill", jobs[0]).stdout)["jobs" if len(jobs) > 1 else "job"]
 
 
+def test_a_job_alone_without_a_boundary_is_not_said_to_be_stopped_between_turns(node_factory, tmp_path):
+    """A job alone on its GPU that reaches no boundary showed "computes in its turns, stopped (SIGSTOP) between
+    them": alone it has no turns, and it was never stopped. A second job on that GPU makes turns of it again."""
+    node = node_factory("--virtual-gpus", "1x1GiB")
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    submit = lambda: json.loads(gmux(node.rt, "--json", "submit", "--no-hook", "--", "python", str(script)).stdout)
+    job = submit()["job"]
+    node.wait_for(lambda: "no boundary yet" in node.job(job)["detail"], 60, lambda: node.ps()["jobs"])
+    detail = node.job(job)["detail"]
+    assert detail.startswith("no boundary yet: computes on alone") and "once another job shares GPU 0" in detail, \
+        detail
+    with open(f"/proc/{node.job(job)['pid']}/stat") as f:
+        assert f.read().rsplit(")", 1)[1].split()[0] != "T"
+    other = submit()["job"]
+    node.wait_for(lambda: "computes on alone" not in node.job(job)["detail"], 60, lambda: node.ps()["jobs"])
+    for j in (job, other):
+        gmux(node.rt, "kill", j)
+
+
 def test_a_second_suspend_sent_while_the_first_waits_says_no_more_wait_than_its_own(node_factory, tmp_path):
     """Two `gmux suspend J` a moment apart, the job's mini-batch long: the second answered "suspended j1 in 2547.5
     ms (2823.7 ms of it waiting for the mini-batch to end)", a part longer than the whole (the job's wait counts
