@@ -110,7 +110,7 @@ def _shown(value: float | None) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trace", default=os.path.join(ROOT, "..", "shared", "traces", "philly.csv"))
+    p.add_argument("--trace", help="a Philly-format trace (default: ../shared/traces/philly.csv, skipped where absent)")
     p.add_argument("--min-jobs", type=nonneg_int, default=100)
     p.add_argument("--out", default=os.path.join(HERE, "results", "trace_features.json"))
     a = p.parse_args(argv)
@@ -118,9 +118,14 @@ def main(argv=None) -> int:
         output_dir(os.path.dirname(os.path.abspath(a.out)))
     except argparse.ArgumentTypeError as e:
         p.error(f"--out {a.out}: {e}")
-    if not os.path.isfile(a.trace):
-        print(f"trace_features: skipped: no trace at {a.trace} (../shared/traces beside the project)")
-        return 0
+    if a.trace is not None and not os.path.isfile(a.trace):
+        # (skipped in silence with exit 0, as the default is where ../shared is not: a mistyped path hid)
+        p.error(f"--trace {a.trace}: " + ("a directory, not a file" if os.path.isdir(a.trace) else "no such file"))
+    if a.trace is None:
+        a.trace = os.path.join(ROOT, "..", "shared", "traces", "philly.csv")
+        if not os.path.isfile(a.trace):
+            print(f"trace_features: skipped: no trace at {a.trace} (../shared/traces beside the project)")
+            return 0
     t0 = time.perf_counter()
     try:
         rows = classes(a.trace, a.min_jobs)

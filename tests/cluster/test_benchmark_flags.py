@@ -45,6 +45,8 @@ def traces(tmp_path):
     ("synthetic", ["--out", "{afile}"], "a file, not a directory"),
     ("trace_features", ["--min-jobs", "-1"], "--min-jobs: -1 is not an integer >= 0"),
     ("trace_features", ["--out", "{afile}/x.json"], "a file, not a directory"),
+    ("trace_features", ["--trace", "{afile}.csv"], "afile.csv: no such file"),     # (it was "skipped", exit 0)
+    ("trace_features", ["--trace", "/"], "--trace /: a directory, not a file"),
     ("sim_idle", ["--policies", "gmux,nope"], "give policies once each, from fifo,"),
     ("sim_idle", ["--vc-scale", "0"], "--vc-scale: 0 is not a finite number > 0")])
 def test_a_bad_flag_is_a_usage_error(monkeypatch, capsys, traces, name, args, said):
